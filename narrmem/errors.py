@@ -1,0 +1,52 @@
+"""Typed errors. Each one says which field, file or line is at fault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class NarrmemError(Exception):
+    """Base class of every error narrmem raises on purpose."""
+
+
+class InputError(NarrmemError, ValueError):
+    """Bad input at a boundary (a message, a tool call, a file line). ``field`` names the culprit."""
+
+    def __init__(self, message: str, *, field: str | None = None, line: int | None = None) -> None:
+        self.field = field
+        self.line = line
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if field:
+            where.append(f"field '{field}'")
+        prefix = (", ".join(where) + ": ") if where else ""
+        super().__init__(prefix + message)
+
+    @classmethod
+    def from_pydantic(cls, exc: Any, *, line: int | None = None, prefix: str = "") -> InputError:
+        """Build from a ``pydantic.ValidationError``, naming the first failing field and listing all."""
+        errors = exc.errors(include_url=False)
+        parts = []
+        for err in errors:
+            loc = prefix + ".".join(str(p) for p in err["loc"]) if err["loc"] else prefix.rstrip(".")
+            parts.append(f"{loc or '<root>'}: {err['msg']}")
+        first = errors[0]["loc"] if errors else ()
+        field = prefix + ".".join(str(p) for p in first) if first else (prefix.rstrip(".") or None)
+        return cls("; ".join(parts), field=field, line=line)
+
+
+class ConfigError(NarrmemError):
+    """A config file, environment variable or plugin table is wrong."""
+
+
+class UnknownToolError(InputError):
+    """A tool call names a tool nobody registered."""
+
+
+class StoreError(NarrmemError):
+    """The store could not do what was asked (for example an import that conflicts with stored rows)."""
+
+
+class PluginError(NarrmemError):
+    """A plugin is missing or misbehaves in a way the host cannot recover from."""

@@ -1,0 +1,192 @@
+"""Every hook narrmem calls. Each docstring is the contract a plugin implements against.
+
+Conventions (read once, they hold for every hook below):
+
+* Implementations may be ``def`` or ``async def``; the host awaits what they return.
+* Arguments are keyword-only and grow additively: an implementation names only the
+  arguments it uses, so new arguments never break an old plugin.
+* Order is pluggy's: plugins registered later run first; ``tryfirst``/``trylast`` adjust it.
+  Built-ins are registered before third-party plugins, so a third-party plugin can override
+  a built-in ``firstresult`` hook simply by answering.
+* ``firstresult`` hooks stop at the first implementation that returns something other than
+  ``None`` (the host emulates this *after* awaiting, so async implementations work).
+* A plugin that raises inside a per-message or per-query hook does not take the message down:
+  the host logs it with the plugin's name, calls :func:`narrmem_plugin_error`, and carries on
+  with the other implementations. Errors in set-up hooks (configure, register, startup) abort
+  ``Memory.open`` instead, because a half-configured memory is worse than none.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
+
+    from narrmem.config import Settings
+    from narrmem.memory import Memory
+    from narrmem.models import (
+        Candidate,
+        Hit,
+        IngestResult,
+        MemoryRecord,
+        Message,
+        RecallRequest,
+        TriageDecision,
+        TriggerEvent,
+    )
+
+hookspec = pluggy.HookspecMarker("narrmem")
+
+
+# --- set-up and lifecycle -------------------------------------------------------------------
+
+
+@hookspec
+def narrmem_configure(memory: Memory, settings: Settings) -> None:
+    """Read and validate this plugin's options.
+
+    Called once per ``Memory`` before anything else, with the loaded settings. Plugins read
+    their ``[plugin.<name>]`` table with :func:`narrmem.config.plugin_options`, which raises
+    :class:`~narrmem.errors.ConfigError` naming any bad key. Raising aborts ``Memory.open``.
+    """
+
+
+@hookspec
+def narrmem_register_stores(register: Callable[[str, Callable[[Memory], Any]], None]) -> None:
+    """Contribute store backends: ``register(name, factory)``.
+
+    ``factory(memory)`` returns an object implementing :class:`narrmem.store.Store` (not yet
+    opened). ``[storage] backend`` in the settings chooses one by name. Registering a name
+    twice is an error.
+    """
+
+
+@hookspec
+def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
+    """Contribute embedders: ``register(name, factory)``.
+
+    ``factory(settings)`` returns an object implementing :class:`narrmem.embed.Embedder`.
+    ``[embedder] backend`` chooses one by name. The embedder must not download anything.
+    """
+
+
+@hookspec
+def narrmem_register_tools(register: Callable[[Any], None]) -> None:
+    """Contribute tools for ``Memory.call_tool``: ``register(tool)`` with a :class:`narrmem.tools.Tool`.
+
+    A tool's input and output are pydantic models (``extra="forbid"``, with bounds); tools
+    that touch someone's memory take the scope (``tenant``, ``user_id``, ``chat_id``) as arguments.
+    """
+
+
+@hookspec
+def narrmem_startup(memory: Memory) -> None:
+    """The store and embedder are open; start background work or load state.
+
+    Runs in registration order's reverse like every hook. Raising aborts ``Memory.open``.
+    """
+
+
+@hookspec
+def narrmem_shutdown(memory: Memory) -> None:
+    """``Memory`` is closing: stop background work and flush state. The store is still open.
+
+    Errors are logged and reported; every plugin's shutdown runs.
+    """
+
+
+# --- ingest ------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def narrmem_triage(memory: Memory, message: Message) -> TriageDecision | None:
+    """Decide what a message deserves: ``ignore``, ``accumulate`` (keep as an episode and count)
+    or ``scene`` (write a narrative memory).
+
+    firstresult: the first non-``None`` decision wins. Ignored messages must cost microseconds:
+    cheap rules first, no embedding, no I/O. If every implementation returns ``None`` or
+    raises, the host keeps the message as an episode (``accumulate``), so nothing is lost.
+    """
+
+
+@hookspec
+def narrmem_before_store(
+    memory: Memory, message: Message, decision: TriageDecision, records: list[MemoryRecord]
+) -> None:
+    """Shape what is about to be written for a message triage did not ignore.
+
+    ``records`` starts with the episode (the raw message with its provenance). Plugins may
+    edit the records in place (``embed_text``, ``importance``, ``meta``) or append new ones
+    (a scene, a fact) that are written in the same transaction. Nothing is stored yet.
+    """
+
+
+@hookspec
+def narrmem_after_store(
+    memory: Memory,
+    message: Message,
+    decision: TriageDecision,
+    records: list[MemoryRecord],
+    result: IngestResult,
+) -> None:
+    """The message's records are committed (they now carry their ids).
+
+    Update counters, link scenes, refresh summaries. Plugins may append to ``result.triggers``
+    and ``result.notes``; the host delivers triggers after every plugin has run.
+    """
+
+
+@hookspec
+def narrmem_on_trigger(memory: Memory, event: TriggerEvent) -> None:
+    """A trigger event (a topic mentioned N times, a repeated emotion, a habit) was emitted.
+
+    Called once per event after ingest; a raising implementation is logged and reported and
+    never breaks ingest.
+    """
+
+
+# --- recall -----------------------------------------------------------------------------
+
+
+@hookspec
+def narrmem_recall_candidates(
+    memory: Memory, request: RecallRequest, query_vector: np.ndarray
+) -> list[Candidate] | None:
+    """Propose memories for a query, each with its rank in this source.
+
+    Every implementation must filter by ``request.scope`` in its query (never by ranking):
+    a candidate outside the scope is a leak. ``query_vector`` is the normalized query
+    embedding. The host also re-checks the scope when it loads the records.
+    """
+
+
+@hookspec(firstresult=True)
+def narrmem_rank(
+    memory: Memory,
+    request: RecallRequest,
+    candidates: list[Candidate],
+    records: dict[int, MemoryRecord],
+) -> list[tuple[int, float]] | None:
+    """Fuse all candidates into one ranking: return ``[(memory_id, score), ...]`` best first.
+
+    firstresult. ``records`` holds the in-scope stored records for the candidate ids (with
+    importance and timestamps). If nobody answers, the host ranks by reciprocal rank fusion.
+    """
+
+
+@hookspec
+def narrmem_after_recall(memory: Memory, request: RecallRequest, hits: list[Hit]) -> None:
+    """These hits were returned to the caller (reinforcement belongs here)."""
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+@hookspec
+def narrmem_plugin_error(memory: Memory, plugin_name: str, hook_name: str, error: BaseException) -> None:
+    """A plugin raised inside ``hook_name``. Errors raised here are only logged."""

@@ -1,0 +1,146 @@
+"""The plugin host: one pluggy ``PluginManager`` per ``Memory`` and an async dispatcher over it.
+
+pluggy itself is synchronous. The host walks ``hook.get_hookimpls()`` in pluggy's call order,
+passes each implementation only the arguments it names, awaits coroutine results, emulates
+``firstresult`` after awaiting, and isolates a raising plugin.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from narrmem import hookspecs
+from narrmem.errors import PluginError
+
+log = logging.getLogger("narrmem.host")
+
+GROUP = "narrmem"
+DISTRIBUTION = "narrmem"
+
+hookimpl = pluggy.HookimplMarker(GROUP)
+
+
+class PluginHost:
+    def __init__(self, memory: Any) -> None:
+        self.memory = memory
+        self.pm = pluggy.PluginManager(GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.errors: list[tuple[str, str, BaseException]] = []
+
+    # --- loading ---------------------------------------------------------------------------
+
+    def load(
+        self,
+        *,
+        builtins: bool,
+        load_entrypoints: bool,
+        extra: Iterable[object],
+        disabled: Iterable[str],
+    ) -> None:
+        """Register built-ins and third-party plugins from the entry-point group, then ``extra``.
+
+        Built-ins are the entry points declared by the narrmem distribution itself; they are
+        loaded exactly as a third-party plugin's are.
+        """
+        for name in disabled:
+            self.pm.set_blocked(name)
+        for ep in sorted(entry_points(group=GROUP), key=_builtin_first):
+            is_builtin = ep.dist is not None and ep.dist.name == DISTRIBUTION
+            if not (builtins if is_builtin else load_entrypoints):
+                continue
+            if self.pm.is_blocked(ep.name) or self.pm.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+                if inspect.isclass(plugin):
+                    plugin = plugin()  # one instance per Memory: no state shared between memories
+            except Exception as exc:
+                raise PluginError(f"plugin '{ep.name}' ({ep.value}) failed to import: {exc}") from exc
+            self.pm.register(plugin, name=ep.name)
+        for plugin in extra:
+            name = getattr(plugin, "narrmem_name", None) or _default_name(plugin)
+            if not self.pm.is_blocked(name):
+                self.pm.register(plugin, name=name)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(str(exc)) from exc
+
+    def plugin_names(self) -> list[str]:
+        return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]
+
+    # --- calling ---------------------------------------------------------------------------
+
+    async def call(self, hook_name: str, *, isolate: bool = True, **kwargs: Any) -> list[Any]:
+        """Call every implementation; return the non-``None`` results in call order."""
+        results = []
+        for impl in self._ordered(hook_name):
+            ok, value = await self._invoke(impl, hook_name, kwargs, isolate)
+            if ok and value is not None:
+                results.append(value)
+        return results
+
+    async def call_first(self, hook_name: str, **kwargs: Any) -> Any:
+        """Call implementations in order until one returns something other than ``None``."""
+        for impl in self._ordered(hook_name):
+            ok, value = await self._invoke(impl, hook_name, kwargs, True)
+            if ok and value is not None:
+                return value
+        return None
+
+    def _ordered(self, hook_name: str) -> list[Any]:
+        hook = getattr(self.pm.hook, hook_name)
+        # pluggy calls the last implementation in this list first.
+        return list(reversed(hook.get_hookimpls()))
+
+    async def _invoke(
+        self, impl: Any, hook_name: str, kwargs: dict[str, Any], isolate: bool
+    ) -> tuple[bool, Any]:
+        args = {name: kwargs[name] for name in impl.argnames if name in kwargs}
+        try:
+            value = impl.function(**args)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            if not isolate:
+                raise
+            await self._report(impl.plugin_name, hook_name, exc)
+            return False, None
+        return True, value
+
+    async def _report(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
+        log.error("plugin %r failed in %s: %r", plugin_name, hook_name, error, exc_info=error)
+        self.errors.append((plugin_name, hook_name, error))
+        del self.errors[:-100]
+        if hook_name == "narrmem_plugin_error":
+            return
+        for impl in self._ordered("narrmem_plugin_error"):
+            args = {
+                "memory": self.memory,
+                "plugin_name": plugin_name,
+                "hook_name": hook_name,
+                "error": error,
+            }
+            try:
+                value = impl.function(**{k: v for k, v in args.items() if k in impl.argnames})
+                if inspect.isawaitable(value):
+                    await value
+            except Exception:
+                log.exception("plugin %r failed while handling an error report", impl.plugin_name)
+
+
+def _builtin_first(ep: Any) -> tuple[int, str]:
+    is_builtin = ep.dist is not None and ep.dist.name == DISTRIBUTION
+    return (0 if is_builtin else 1, ep.name)
+
+
+def _default_name(plugin: object) -> str:
+    if inspect.ismodule(plugin):
+        return plugin.__name__
+    return f"{type(plugin).__module__}.{type(plugin).__qualname__}"

@@ -1,0 +1,436 @@
+"""``Memory``: the public async API. It owns one plugin host, one store and one embedder."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from narrmem.clock import Clock, SystemClock
+from narrmem.config import Settings, load_settings
+from narrmem.embed import Embedder
+from narrmem.errors import ConfigError, InputError, PluginError
+from narrmem.host import PluginHost
+from narrmem.models import (
+    Candidate,
+    ContextPack,
+    Hit,
+    IngestResult,
+    MemoryRecord,
+    Message,
+    RecallRequest,
+    Scope,
+    TriageDecision,
+    TriggerEvent,
+)
+from narrmem.ranking import reciprocal_rank_fusion
+from narrmem.store import Store
+from narrmem.tools import ToolRegistry
+
+log = logging.getLogger("narrmem")
+
+TriggerCallback = Callable[[TriggerEvent], Awaitable[None]]
+FALLBACK_DECISION = TriageDecision(layer="accumulate", reason="no triage plugin answered")
+
+
+class Memory:
+    """Open with ``async with Memory.open("folder") as mem:`` (or ``mem = await Memory.open(...)``
+    and ``await mem.close()``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        plugins: Iterable[object] = (),
+        load_entrypoints: bool | None = None,
+        builtins: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self.data_dir = Path(settings.data_dir)
+        self.host = PluginHost(self)
+        self.tools = ToolRegistry()
+        self._extra_plugins = list(plugins)
+        self._load_entrypoints = (
+            settings.plugins.load_entrypoints if load_entrypoints is None else load_entrypoints
+        )
+        self._builtins = builtins
+        self._store: Store | None = None
+        self._embedder: Embedder | None = None
+        self._trigger_callbacks: list[TriggerCallback] = []
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+
+    # --- opening and closing -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | Path | None = None,
+        *,
+        settings: Settings | None = None,
+        config_file: str | Path | None = None,
+        clock: Clock | None = None,
+        plugins: Iterable[object] = (),
+        load_entrypoints: bool | None = None,
+        builtins: bool = True,
+        warm: bool = True,
+    ) -> _Opening:
+        """Open a memory. ``data_dir`` overrides the settings' folder; ``warm`` loads the model now
+        (set it to ``False`` for commands that never embed)."""
+        if settings is None:
+            settings = load_settings(config_file)
+        if data_dir is not None:
+            settings = settings.model_copy(update={"data_dir": str(data_dir)})
+        memory = cls(
+            settings, clock=clock, plugins=plugins, load_entrypoints=load_entrypoints, builtins=builtins
+        )
+        return _Opening(memory, warm)
+
+    async def _start(self, warm: bool) -> None:
+        settings = self.settings
+        self.host.load(
+            builtins=self._builtins,
+            load_entrypoints=self._load_entrypoints,
+            extra=self._extra_plugins,
+            disabled=settings.plugins.disabled,
+        )
+        await self.host.call("narrmem_configure", isolate=False, memory=self, settings=settings)
+        unknown = sorted(set(settings.plugin) - set(self.host.plugin_names()))
+        if unknown:
+            raise ConfigError(f"plugin.{unknown[0]}: no plugin of that name is loaded")
+        stores = await self._collect("narrmem_register_stores")
+        embedders = await self._collect("narrmem_register_embedders")
+        await self.host.call("narrmem_register_tools", isolate=False, register=self.tools.register)
+        self._embedder = _pick(embedders, settings.embedder.backend, "embedder.backend")(settings)
+        if warm:
+            await self._embedder.start()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        store = _pick(stores, settings.storage.backend, "storage.backend")(self)
+        await store.open(dim=self._embedder.dim, model=self._embedder.name)
+        self._store = store
+        await self.host.call("narrmem_startup", isolate=False, memory=self)
+
+    async def _collect(self, hook_name: str) -> dict[str, Callable[..., Any]]:
+        found: dict[str, Callable[..., Any]] = {}
+
+        def register(name: str, factory: Callable[..., Any]) -> None:
+            if name in found:
+                raise PluginError(f"{hook_name}: '{name}' is registered twice")
+            found[name] = factory
+
+        await self.host.call(hook_name, isolate=False, register=register)
+        return found
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._store is not None:
+            await self.host.call("narrmem_shutdown", memory=self)
+            await self._store.close()
+        if self._embedder is not None:
+            await self._embedder.close()
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise PluginError("the memory is not open")
+        return self._store
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            raise PluginError("the memory is not open")
+        return self._embedder
+
+    # --- ingest -----------------------------------------------------------------------------
+
+    async def ingest(self, message: Message | dict[str, Any]) -> IngestResult:
+        """Triage one message and store what it deserves. Ignored messages return at once."""
+        [result] = await self.ingest_many([message])
+        return result
+
+    async def ingest_many(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[IngestResult]:
+        """Ingest in order with batched embeddings and one transaction per batch.
+
+        Every message is validated before anything is written: one bad message is an
+        :class:`InputError` naming its index and field, and nothing from the call is stored.
+        """
+        validated = [_as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
+        results: list[IngestResult] = []
+        batch_size = self.settings.storage.batch_size
+        for start in range(0, len(validated), batch_size):
+            chunk = validated[start : start + batch_size]
+            results.extend(await self._ingest_batch(chunk))
+            if progress is not None:
+                progress(len(chunk))
+        return results
+
+    async def _ingest_batch(self, messages: list[Message]) -> list[IngestResult]:
+        decisions = [await self._triage(m) for m in messages]
+        results: list[IngestResult | None] = [None] * len(messages)
+        pending: list[tuple[int, list[MemoryRecord]]] = []
+        seen: set[tuple[str, str, str]] = set()
+        stored = await self._already_stored(messages, decisions)
+        for i, (message, decision) in enumerate(zip(messages, decisions, strict=True)):
+            key = (message.tenant, message.chat_id, message.message_id)
+            if decision.layer == "ignore":
+                results[i] = IngestResult(
+                    message_id=message.message_id, layer="ignore", stored=False, reason=decision.reason
+                )
+            elif key in seen or key in stored:
+                results[i] = IngestResult(
+                    message_id=message.message_id,
+                    layer=decision.layer,
+                    stored=False,
+                    duplicate=True,
+                    reason="this message id is already stored in this chat",
+                )
+            else:
+                seen.add(key)
+                records = [self._episode(message, decision)]
+                await self.host.call(
+                    "narrmem_before_store", memory=self, message=message, decision=decision, records=records
+                )
+                pending.append((i, records))
+        if pending:
+            flat = [r for _, records in pending for r in records]
+            vectors = await self.embedder.embed([r.index_text for r in flat])
+            async with self._write_lock:
+                await self.store.add(flat, vectors)
+        for i, records in pending:
+            message, decision = messages[i], decisions[i]
+            result = IngestResult(
+                message_id=message.message_id,
+                layer=decision.layer,
+                stored=True,
+                reason=decision.reason,
+                memory_ids=[r.id for r in records if r.id is not None],
+                records=records,
+            )
+            await self.host.call(
+                "narrmem_after_store",
+                memory=self,
+                message=message,
+                decision=decision,
+                records=records,
+                result=result,
+            )
+            result.notes.extend(self._drain_errors())
+            await self._deliver(result.triggers)
+            results[i] = result
+        return [r for r in results if r is not None]
+
+    async def _triage(self, message: Message) -> TriageDecision:
+        decision = await self.host.call_first("narrmem_triage", memory=self, message=message)
+        if decision is None:
+            return FALLBACK_DECISION
+        if not isinstance(decision, TriageDecision):
+            log.error("triage returned %r, not a TriageDecision; keeping the message", decision)
+            return FALLBACK_DECISION
+        return decision
+
+    async def _already_stored(self, messages: list[Message], decisions: list[TriageDecision]) -> set[Any]:
+        by_chat: dict[tuple[str, str], list[str]] = {}
+        for m, d in zip(messages, decisions, strict=True):
+            if d.layer != "ignore":
+                by_chat.setdefault((m.tenant, m.chat_id), []).append(m.message_id)
+        found: set[tuple[str, str, str]] = set()
+        for (tenant, chat_id), ids in by_chat.items():
+            for mid in await self.store.stored_message_ids(tenant, chat_id, ids):
+                found.add((tenant, chat_id, mid))
+        return found
+
+    def _episode(self, message: Message, decision: TriageDecision) -> MemoryRecord:
+        return MemoryRecord(
+            kind="episode",
+            tenant=message.tenant,
+            user_id=message.user_id,
+            chat_id=message.chat_id,
+            speaker=message.speaker,
+            text=message.text,
+            importance=decision.importance,
+            created_at=message.ts,
+            stored_at=self.clock.now(),
+            message_ids=[message.message_id],
+            meta={**message.meta, "layer": decision.layer},
+        )
+
+    def _drain_errors(self) -> list[str]:
+        notes = [f"plugin '{p}' failed in {h}: {e!r}" for p, h, e in self.host.errors]
+        self.host.errors.clear()
+        return notes
+
+    # --- triggers ---------------------------------------------------------------------------
+
+    def on_trigger(self, callback: TriggerCallback) -> None:
+        """Call ``await callback(event)`` for every trigger event; a raising callback is logged."""
+        self._trigger_callbacks.append(callback)
+
+    async def _deliver(self, events: list[TriggerEvent]) -> None:
+        for event in events:
+            await self.host.call("narrmem_on_trigger", memory=self, event=event)
+            for callback in self._trigger_callbacks:
+                try:
+                    await callback(event)
+                except Exception:
+                    log.exception("trigger callback %r failed", callback)
+
+    # --- recall -----------------------------------------------------------------------------
+
+    async def recall(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str = "default",
+        k: int = 5,
+    ) -> list[Hit]:
+        """The ``k`` memories that best answer ``query`` inside the scope, best first."""
+        try:
+            request = RecallRequest(
+                query=query, scope=Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), k=k
+            )
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+        return await self._recall(request)
+
+    async def _recall(self, request: RecallRequest) -> list[Hit]:
+        [query_vector] = await self.embedder.embed([request.query])
+        proposals = await self.host.call(
+            "narrmem_recall_candidates", memory=self, request=request, query_vector=query_vector
+        )
+        candidates: list[Candidate] = [c for batch in proposals for c in batch]
+        records = await self.store.get(sorted({c.memory_id for c in candidates}), request.scope)
+        candidates = [c for c in candidates if c.memory_id in records]
+        ranking = await self.host.call_first(
+            "narrmem_rank", memory=self, request=request, candidates=candidates, records=records
+        )
+        if ranking is None:
+            ranking = reciprocal_rank_fusion(candidates)
+        sources: dict[int, dict[str, int]] = {}
+        for c in candidates:
+            sources.setdefault(c.memory_id, {})[c.source] = c.rank
+        hits = [
+            _hit(records[mid], score, sources.get(mid, {}))
+            for mid, score in ranking[: request.k]
+            if mid in records
+        ]
+        await self.host.call("narrmem_after_recall", memory=self, request=request, hits=hits)
+        return hits
+
+    async def context(
+        self,
+        text: str,
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str = "default",
+        k: int = 8,
+    ) -> ContextPack:
+        """What to put in front of the bot's next answer to ``text``: ``pack.render(token_budget)``."""
+        hits = await self.recall(text, user_id=user_id, chat_id=chat_id, tenant=tenant, k=k)
+        return ContextPack(query=text, scope=Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), hits=hits)
+
+    # --- tools, maintenance ------------------------------------------------------------------
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """Run a registered tool with JSON arguments; returns its typed result as a JSON-ready dict."""
+        tool, args = self.tools.validate(name, arguments)
+        output = await tool.handler(self, args)
+        if isinstance(output, dict):
+            output = tool.output_model.model_validate(output)
+        return dict(output.model_dump(mode="json"))
+
+    async def forget(
+        self, *, user_id: str | None = None, chat_id: str | None = None, tenant: str = "default"
+    ) -> dict[str, int]:
+        """Delete every trace of a user (and/or a chat): rows, keyword index and vectors."""
+        try:
+            scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+        async with self._write_lock:
+            return await self.store.forget(tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return {
+            **(await self.store.stats()),
+            "data_dir": str(self.data_dir),
+            "embedder": {"backend": self.settings.embedder.backend, "model": self.embedder.name},
+            "plugins": self.host.plugin_names(),
+            "tools": self.tools.names(),
+        }
+
+
+class _Opening:
+    """Lets ``Memory.open`` be both awaited and used with ``async with``."""
+
+    def __init__(self, memory: Memory, warm: bool) -> None:
+        self._memory = memory
+        self._warm = warm
+
+    async def _open(self) -> Memory:
+        try:
+            await self._memory._start(self._warm)
+        except BaseException:
+            await self._memory.close()
+            raise
+        return self._memory
+
+    def __await__(self) -> Generator[Any, None, Memory]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Memory:
+        return await self._open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._memory.close()
+
+
+def _as_message(message: Message | dict[str, Any], index: int | None) -> Message:
+    if isinstance(message, Message):
+        return message
+    try:
+        return Message.model_validate(message)
+    except ValidationError as exc:
+        prefix = f"messages[{index}]." if index is not None else ""
+        raise InputError.from_pydantic(exc, prefix=prefix) from exc
+
+
+def _pick(registry: dict[str, Callable[..., Any]], name: str, setting: str) -> Callable[..., Any]:
+    if name not in registry:
+        known = ", ".join(sorted(registry)) or "none"
+        raise ConfigError(f"{setting}: no backend named '{name}' is registered (known: {known})")
+    return registry[name]
+
+
+def _hit(record: MemoryRecord, score: float, sources: dict[str, int]) -> Hit:
+    assert record.id is not None
+    return Hit(
+        id=record.id,
+        kind=record.kind,
+        text=record.text,
+        score=float(score),
+        importance=record.importance,
+        created_at=record.created_at,
+        message_ids=record.message_ids,
+        tenant=record.tenant,
+        user_id=record.user_id,
+        chat_id=record.chat_id,
+        speaker=record.speaker,
+        sources=sources,
+    )
+

@@ -1,0 +1,163 @@
+"""Pydantic models shared by the core and the plugins. Every boundary model forbids unknown fields."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from narrmem.text import estimate_tokens
+
+MAX_TEXT_CHARS = 16_000
+MAX_ID_CHARS = 200
+MAX_QUERY_CHARS = 4_000
+
+IdStr = Field(min_length=1, max_length=MAX_ID_CHARS)
+
+Layer = Literal["ignore", "accumulate", "scene"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Message(_Strict):
+    """One chat message as a bot sees it. ``ts`` must carry a timezone."""
+
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+    user_id: str = IdStr
+    chat_id: str = IdStr
+    ts: AwareDatetime
+    message_id: str = IdStr
+    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+    speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class Scope(_Strict):
+    """Whose memories a query may see. A user scope sees only that user; a chat scope only that chat."""
+
+    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+    user_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    chat_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+
+    @model_validator(mode="after")
+    def _needs_user_or_chat(self) -> Scope:
+        if self.user_id is None and self.chat_id is None:
+            raise ValueError("a scope needs user_id or chat_id (or both)")
+        return self
+
+    def key(self) -> tuple[str, str | None, str | None]:
+        return (self.tenant, self.user_id, self.chat_id)
+
+
+class TriageDecision(_Strict):
+    """What triage decided for one message. ``type`` names a scene signal when ``layer`` is ``scene``."""
+
+    layer: Layer
+    reason: str = ""
+    type: str | None = None
+    importance: float = Field(default=0.3, ge=0.0, le=1.0)
+    signals: dict[str, Any] = Field(default_factory=dict)
+
+
+class MemoryRecord(_Strict):
+    """A stored memory. ``embed_text`` is what gets embedded and keyword-indexed (defaults to ``text``)."""
+
+    id: int | None = None
+    kind: str = Field(default="episode", pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+    user_id: str = IdStr
+    chat_id: str = IdStr
+    speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS * 4)
+    embed_text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS * 4)
+    importance: float = Field(default=0.3, ge=0.0, le=1.0)
+    created_at: AwareDatetime
+    stored_at: AwareDatetime | None = None
+    message_ids: list[str] = Field(default_factory=list)
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def index_text(self) -> str:
+        return self.embed_text or self.text
+
+
+class TriggerEvent(_Strict):
+    """Something that keeps coming back (a topic, a mood, a habit), for the bot to act on."""
+
+    kind: str
+    label: str
+    count: int = Field(ge=1)
+    tenant: str = "default"
+    user_id: str
+    chat_id: str | None = None
+    message_ids: list[str] = Field(default_factory=list)
+    suggestion: str = ""
+
+
+class IngestResult(_Strict):
+    message_id: str
+    layer: Layer
+    stored: bool
+    duplicate: bool = False
+    reason: str = ""
+    memory_ids: list[int] = Field(default_factory=list)
+    records: list[MemoryRecord] = Field(default_factory=list)
+    triggers: list[TriggerEvent] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class Candidate(_Strict):
+    """One memory proposed by one recall source, with its rank (0 = best) in that source."""
+
+    memory_id: int
+    source: str
+    rank: int = Field(ge=0)
+    score: float
+
+
+class Hit(_Strict):
+    id: int
+    kind: str
+    text: str
+    score: float
+    importance: float
+    created_at: datetime
+    message_ids: list[str]
+    tenant: str
+    user_id: str
+    chat_id: str
+    speaker: str | None = None
+    sources: dict[str, int] = Field(default_factory=dict)
+
+
+class RecallRequest(_Strict):
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
+    scope: Scope
+    k: int = Field(default=5, ge=1, le=200)
+
+
+class ContextPack(_Strict):
+    """What narrmem knows that fits this turn, ready to be rendered into a prompt."""
+
+    query: str
+    scope: Scope
+    hits: list[Hit] = Field(default_factory=list)
+
+    def render(self, token_budget: int | None = None) -> str:
+        """A prompt block, best hits first, cut to ``token_budget`` (estimated tokens) if given."""
+        header = "What you remember about this conversation:"
+        lines = [header]
+        used = estimate_tokens(header)
+        for hit in self.hits:
+            when = hit.created_at.strftime("%Y-%m-%d")
+            who = f"{hit.speaker}: " if hit.speaker else ""
+            line = f"- [{when}, {hit.kind}] {who}{hit.text}"
+            cost = estimate_tokens(line)
+            if token_budget is not None and used + cost > token_budget:
+                break
+            lines.append(line)
+            used += cost
+        return "\n".join(lines) if len(lines) > 1 else ""

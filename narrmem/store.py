@@ -1,0 +1,68 @@
+"""The storage interface plugins write against. A backend (SQLite + FAISS, PostgreSQL + pgvector,
+...) implements this protocol and registers a factory through ``narrmem_register_stores``.
+
+Contract shared by every method: scope is enforced *inside* the query. A method that takes a
+``Scope`` must never return a row outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from narrmem.models import MemoryRecord, Scope
+
+
+@runtime_checkable
+class Store(Protocol):
+    async def open(self, *, dim: int, model: str) -> None:
+        """Open or create the store for vectors of ``dim`` from ``model``.
+
+        Raises :class:`~narrmem.errors.StoreError` if the store holds vectors from another model.
+        """
+        ...
+
+    async def close(self) -> None: ...
+
+    async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
+        """Write records with their vectors in one transaction; set and return their ids.
+
+        A record counts as stored only once this returns.
+        """
+        ...
+
+    async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
+        """Which of these message ids already have an episode in this chat (for idempotent ingest)."""
+        ...
+
+    async def search_vectors(self, scope: Scope, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
+        """Nearest in-scope memories by inner product, best first."""
+        ...
+
+    async def search_keywords(self, scope: Scope, query: str, k: int) -> list[tuple[int, float]]:
+        """In-scope memories matching the query's words (BM25; higher is better), best first."""
+        ...
+
+    async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
+        """Records by id; with a scope, ids outside it are silently absent."""
+        ...
+
+    async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
+        """Delete every trace of a user and/or chat (rows, keyword index, vectors); return counts."""
+        ...
+
+    def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
+        """Every record with its vector, in id order."""
+        ...
+
+    async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
+        """Write exported records keeping their ids, in one transaction.
+
+        An id already stored with identical content is skipped; one stored with different
+        content is a conflict and nothing is written.
+        """
+        ...
+
+    async def stats(self) -> dict[str, Any]: ...

@@ -1,0 +1,76 @@
+"""The tools registry behind ``Memory.call_tool``: named, validated, typed operations an LLM
+(or an MCP client, or a bot) can call with JSON arguments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from narrmem.errors import InputError, PluginError, UnknownToolError
+
+if TYPE_CHECKING:
+    from narrmem.memory import Memory
+
+MAX_ARGUMENT_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Tool:
+    """``handler(memory, arguments)`` gets a validated ``input_model`` instance and returns an
+    ``output_model`` instance (or a dict that validates as one)."""
+
+    name: str
+    description: str
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    handler: Callable[[Memory, Any], Awaitable[Any]]
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema()
+
+    def output_schema(self) -> dict[str, Any]:
+        return self.output_model.model_json_schema()
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, tool: Tool) -> None:
+        if not isinstance(tool, Tool):
+            raise PluginError(f"register() takes a narrmem.tools.Tool, not {type(tool).__name__}")
+        if tool.name in self._tools:
+            raise PluginError(f"tool '{tool.name}' is registered twice")
+        self._tools[tool.name] = tool
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def get(self, name: str) -> Tool:
+        try:
+            return self._tools[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "none"
+            raise UnknownToolError(f"unknown tool '{name}' (known: {known})", field="name") from None
+
+    def validate(self, name: str, arguments: dict[str, Any] | str | None) -> tuple[Tool, BaseModel]:
+        tool = self.get(name)
+        if isinstance(arguments, str | bytes):
+            if len(arguments) > MAX_ARGUMENT_BYTES:
+                raise InputError(f"arguments exceed {MAX_ARGUMENT_BYTES} bytes", field="arguments")
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError as exc:
+                raise InputError(f"arguments are not valid JSON: {exc}", field="arguments") from exc
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            raise InputError("arguments must be a JSON object", field="arguments")
+        try:
+            return tool, tool.input_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc

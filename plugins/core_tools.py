@@ -1,0 +1,83 @@
+"""The first tools: ``narrmem_ingest`` and ``narrmem_recall``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from narrmem import hookimpl
+from narrmem.models import MAX_QUERY_CHARS, Hit, Layer, Message, Scope
+from narrmem.tools import Tool
+
+
+class IngestOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    message_id: str
+    layer: Layer
+    stored: bool
+    duplicate: bool
+    reason: str
+    memory_ids: list[int]
+
+
+class RecallInput(Scope):
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="what to remember about")
+    k: int = Field(default=5, ge=1, le=50, description="how many memories to return")
+
+
+class RecallOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hits: list[Hit]
+
+
+async def ingest(memory: Any, args: Message) -> IngestOutput:
+    result = await memory.ingest(args)
+    return IngestOutput(
+        message_id=result.message_id,
+        layer=result.layer,
+        stored=result.stored,
+        duplicate=result.duplicate,
+        reason=result.reason,
+        memory_ids=result.memory_ids,
+    )
+
+
+async def recall(memory: Any, args: RecallInput) -> RecallOutput:
+    hits = await memory.recall(
+        args.query, user_id=args.user_id, chat_id=args.chat_id, tenant=args.tenant, k=args.k
+    )
+    return RecallOutput(hits=hits)
+
+
+@hookimpl
+def narrmem_register_tools(register: Callable[[Tool], None]) -> None:
+    register(
+        Tool(
+            name="narrmem_ingest",
+            description=(
+                "Hand one chat message to memory. Call it for every message the user sends; memory "
+                "decides whether it is worth keeping. Arguments: text, user_id (who wrote it), chat_id "
+                "(where), ts (ISO-8601 with timezone), message_id (unique in the chat), optional tenant, "
+                "speaker and meta."
+            ),
+            input_model=Message,
+            output_model=IngestOutput,
+            handler=ingest,
+        )
+    )
+    register(
+        Tool(
+            name="narrmem_recall",
+            description=(
+                "Find what memory holds that answers a question about a user or a chat, best first. "
+                "Give query and user_id (that person's memories) and/or chat_id (that chat's); k is how "
+                "many memories to return. Each hit has text, kind, score, importance, created_at and "
+                "the message_ids it came from."
+            ),
+            input_model=RecallInput,
+            output_model=RecallOutput,
+            handler=recall,
+        )
+    )

@@ -1,0 +1,21 @@
+"""Registers the default embedder: all-MiniLM-L6-v2 through sentence-transformers, offline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from narrmem import hookimpl
+from narrmem.config import Settings
+from narrmem.embed import SentenceTransformerEmbedder
+
+
+@hookimpl
+def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
+    def factory(settings: Settings) -> SentenceTransformerEmbedder:
+        options = settings.embedder
+        return SentenceTransformerEmbedder(
+            options.model_path, threads=options.threads, batch_size=options.batch_size, device=options.device
+        )
+
+    register("sentence-transformers", factory)

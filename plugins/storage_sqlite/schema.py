@@ -1,0 +1,71 @@
+"""The SQLite schema and its migrations, versioned with ``PRAGMA user_version``."""
+
+from __future__ import annotations
+
+import aiosqlite
+
+MIGRATIONS: list[str] = [
+    # 1: memories with scope, provenance and vectors; keyword index; provenance lookup.
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE memories (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused, so stale vectors cannot alias
+        kind        TEXT NOT NULL,
+        tenant      TEXT NOT NULL,
+        user_id     TEXT NOT NULL,
+        chat_id     TEXT NOT NULL,
+        speaker     TEXT,
+        text        TEXT NOT NULL,
+        embed_text  TEXT,
+        importance  REAL NOT NULL CHECK (importance BETWEEN 0 AND 1),
+        created_at  TEXT NOT NULL,       -- ISO 8601 with the original offset (lossless)
+        created_ts  REAL NOT NULL,       -- the same instant as epoch seconds, for ordering
+        stored_at   TEXT,
+        message_ids TEXT NOT NULL,       -- JSON array: provenance
+        meta        TEXT NOT NULL,       -- JSON object
+        vector      BLOB                 -- float32; the source of truth the FAISS index derives from
+    );
+    CREATE INDEX memories_user ON memories (tenant, user_id, created_ts);
+    CREATE INDEX memories_chat ON memories (tenant, chat_id, created_ts);
+    CREATE TABLE memory_sources (
+        memory_id  INTEGER NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        tenant     TEXT NOT NULL,
+        chat_id    TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        is_episode INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (memory_id, message_id)
+    );
+    CREATE INDEX memory_sources_message ON memory_sources (tenant, chat_id, message_id);
+    CREATE UNIQUE INDEX memory_sources_one_episode
+        ON memory_sources (tenant, chat_id, message_id) WHERE is_episode = 1;
+    CREATE VIRTUAL TABLE memories_fts USING fts5 (body, tokenize = 'porter unicode61 remove_diacritics 2');
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+async def migrate(db: aiosqlite.Connection) -> int:
+    """Bring the database to ``SCHEMA_VERSION``; each step runs in its own transaction."""
+    async with db.execute("PRAGMA user_version") as cur:
+        row = await cur.fetchone()
+    version = int(row[0]) if row else 0
+    if version > SCHEMA_VERSION:
+        from narrmem.errors import StoreError
+
+        raise StoreError(
+            f"database schema version {version} is newer than this narrmem ({SCHEMA_VERSION}); upgrade narrmem"
+        )
+    for number in range(version, SCHEMA_VERSION):
+        script = MIGRATIONS[number]
+        statements = [s.strip() for s in script.split(";\n") if s.strip()]
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in statements:
+                await db.execute(statement)
+            await db.execute(f"PRAGMA user_version = {number + 1}")
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+    return SCHEMA_VERSION

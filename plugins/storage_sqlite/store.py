@@ -1,0 +1,382 @@
+"""The embedded store: aiosqlite (WAL) is the source of truth; the FAISS index derives from it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import numpy as np
+
+from narrmem.errors import StoreError
+from narrmem.models import MemoryRecord, Scope
+from narrmem.text import keyword_terms, fts_document
+from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
+from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
+from narrmem_plugins.storage_sqlite.vector_index import VectorIndex
+
+COLUMNS = (
+    "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "
+    "stored_at, message_ids, meta"
+)
+CHUNK = 500  # stays under SQLite's bound-parameter limit
+
+
+class SQLiteStore:
+    def __init__(self, folder: Path, *, database: str, index: str, busy_timeout_ms: int) -> None:
+        self.db_path = folder / database
+        self.index_path = folder / index
+        self.busy_timeout_ms = busy_timeout_ms
+        self._db: aiosqlite.Connection | None = None
+        self._index: VectorIndex | None = None
+        self._scope_ids: dict[tuple[str, str | None, str | None], np.ndarray] = {}
+        self.dim = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def open(self, *, dim: int, model: str) -> None:
+        self.dim = dim
+        db = await aiosqlite.connect(self.db_path, isolation_level=None)
+        self._db = db
+        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+            await db.execute(f"PRAGMA {pragma}")
+        await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        await migrate(db)
+        await self._check_model(dim, model)
+        self._index = VectorIndex(self.index_path, dim)
+        expected = await self._vector_ids()
+        if not await self._index.load(expected):
+            await self._rebuild_index()
+
+    async def _check_model(self, dim: int, model: str) -> None:
+        stored = {k: v for k, v in await self._fetchall("SELECT key, value FROM meta")}
+        if not stored:
+            await self._write(
+                "INSERT INTO meta (key, value) VALUES (?, ?)", [("model", model), ("dim", str(dim))], many=True
+            )
+        elif stored.get("model") != model or stored.get("dim") != str(dim):
+            raise StoreError(
+                f"{self.db_path} holds vectors of model {stored.get('model')} ({stored.get('dim')} dims), "
+                f"not {model} ({dim} dims): export the text and re-import it into a new folder"
+            )
+
+    async def _rebuild_index(self) -> None:
+        index = self.index
+        last = 0
+        while True:
+            rows = await self._fetchall(
+                "SELECT id, vector FROM memories WHERE vector IS NOT NULL AND id > ? ORDER BY id LIMIT 10000",
+                (last,),
+            )
+            if not rows:
+                break
+            ids = np.array([r[0] for r in rows], dtype=np.int64)
+            await index.add(ids, np.vstack([_vector(r[1], self.dim) for r in rows]))
+            last = int(ids[-1])
+        await index.save()
+
+    async def close(self) -> None:
+        if self._index is not None:
+            if self._index.dirty:
+                await self._index.save()
+            await self._index.close()
+            self._index = None
+        if self._db is not None:
+            await self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise StoreError("the store is not open")
+        return self._db
+
+    @property
+    def index(self) -> VectorIndex:
+        if self._index is None:
+            raise StoreError("the store is not open")
+        return self._index
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
+        if len(records) != len(vectors):
+            raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
+        db = self.db
+        ids: list[int] = []
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            for record, vector in zip(records, vectors, strict=True):
+                ids.append(await self._insert(record, vector, keep_id=False))
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        for record, new_id in zip(records, ids, strict=True):
+            record.id = new_id
+            self._forget_scope_cache(record)
+        await self.index.add(np.array(ids, dtype=np.int64), vectors)
+        return ids
+
+    async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> int:
+        """One row with its provenance and keyword entry; the caller holds the transaction."""
+        db = self.db
+        blob = None if vector is None else np.asarray(vector, dtype=np.float32).tobytes()
+        values = (
+            record.kind,
+            record.tenant,
+            record.user_id,
+            record.chat_id,
+            record.speaker,
+            record.text,
+            record.embed_text,
+            record.importance,
+            record.created_at.isoformat(),
+            record.created_at.timestamp(),
+            record.stored_at.isoformat() if record.stored_at else None,
+            json.dumps(record.message_ids, ensure_ascii=False),
+            json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
+            blob,
+        )
+        sql = (
+            "INSERT INTO memories (kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, "
+            "created_at, created_ts, stored_at, message_ids, meta, vector{extra}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{marks})"
+        )
+        if keep_id:
+            cur = await db.execute(sql.format(extra=", id", marks=", ?"), (*values, record.id))
+        else:
+            cur = await db.execute(sql.format(extra="", marks=""), values)
+        new_id = int(cur.lastrowid or 0)
+        is_episode = 1 if record.kind == "episode" else 0
+        await db.executemany(
+            "INSERT OR IGNORE INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(new_id, record.tenant, record.chat_id, mid, is_episode) for mid in record.message_ids],
+        )
+        await db.execute(
+            "INSERT INTO memories_fts (rowid, body) VALUES (?, ?)", (new_id, fts_document(record.index_text))
+        )
+        return new_id
+
+    async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for part in _chunks(list(message_ids)):
+            rows = await self._fetchall(
+                f"SELECT message_id FROM memory_sources WHERE is_episode = 1 AND tenant = ? AND chat_id = ? "
+                f"AND message_id IN ({_marks(part)})",
+                (tenant, chat_id, *part),
+            )
+            found.update(r[0] for r in rows)
+        return found
+
+    async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
+        where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
+        db = self.db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = await self._fetchall(f"SELECT id, kind FROM memories WHERE {where}", params)
+            ids = [r[0] for r in rows]
+            fts_rows = 0
+            for part in _chunks(ids):
+                cur = await db.execute(f"DELETE FROM memories_fts WHERE rowid IN ({_marks(part)})", part)
+                fts_rows += cur.rowcount
+                await db.execute(f"DELETE FROM memories WHERE id IN ({_marks(part)})", part)
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        self._scope_ids.clear()
+        vectors = await self.index.remove(np.array(ids, dtype=np.int64))
+        if ids:
+            await self.index.save()  # a forgotten vector must not survive in the file either
+        by_kind: dict[str, int] = {}
+        for _, kind in rows:
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+        return {"memories": len(ids), "keyword_rows": fts_rows, "vectors": vectors, **by_kind}
+
+    async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
+        db = self.db
+        added: list[tuple[int, np.ndarray]] = []
+        skipped = 0
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            for record, vector in items:
+                if record.id is not None:
+                    existing = await self.get([record.id], None)
+                    if record.id in existing:
+                        if existing[record.id].model_dump() != record.model_dump():
+                            raise StoreError(f"record {record.id} is already stored with other content")
+                        skipped += 1
+                        continue
+                new_id = await self._insert(record, vector, keep_id=record.id is not None)
+                added.append((new_id, vector))
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        self._scope_ids.clear()
+        if added:
+            await self.index.add(np.array([a[0] for a in added]), np.vstack([a[1] for a in added]))
+        return {"imported": len(added), "skipped": skipped}
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def search_vectors(self, scope: Scope, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
+        return await self.index.search(vector, k, await self._ids_in_scope(scope))
+
+    async def _ids_in_scope(self, scope: Scope) -> np.ndarray:
+        key = scope.key()
+        ids = self._scope_ids.get(key)
+        if ids is None:
+            where, params = _scope_clause(scope)
+            rows = await self._fetchall(f"SELECT id FROM memories WHERE {where} AND vector IS NOT NULL", params)
+            ids = np.array([r[0] for r in rows], dtype=np.int64)
+            self._scope_ids[key] = ids
+        return ids
+
+    def _forget_scope_cache(self, record: MemoryRecord) -> None:
+        for key in (
+            (record.tenant, record.user_id, None),
+            (record.tenant, None, record.chat_id),
+            (record.tenant, record.user_id, record.chat_id),
+        ):
+            self._scope_ids.pop(key, None)
+
+    async def search_keywords(self, scope: Scope, query: str, k: int) -> list[tuple[int, float]]:
+        match = fts_query(query)
+        if not match:
+            return []
+        where, params = _scope_clause(scope, alias="m")
+        rows = await self._fetchall(
+            "SELECT m.id, bm25(memories_fts) AS rank FROM memories_fts "
+            "JOIN memories m ON m.id = memories_fts.rowid "
+            f"WHERE memories_fts MATCH ? AND {where} ORDER BY rank LIMIT ?",
+            (match, *params, k),
+        )
+        return [(int(r[0]), -float(r[1])) for r in rows]
+
+    async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
+        out: dict[int, MemoryRecord] = {}
+        where, params = _scope_clause(scope) if scope is not None else ("1", ())
+        for part in _chunks(list(ids)):
+            rows = await self._fetchall(
+                f"SELECT {COLUMNS} FROM memories WHERE id IN ({_marks(part)}) AND {where}", (*part, *params)
+            )
+            for row in rows:
+                out[row[0]] = _record(row)
+        return out
+
+    async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:  # type: ignore[override]
+        last = 0
+        while True:
+            rows = await self._fetchall(
+                f"SELECT {COLUMNS}, vector FROM memories WHERE id > ? ORDER BY id LIMIT 1000", (last,)
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield _record(row[:-1]), _vector(row[-1], self.dim)
+            last = rows[-1][0]
+
+    async def stats(self) -> dict[str, Any]:
+        kinds = dict(await self._fetchall("SELECT kind, COUNT(*) FROM memories GROUP BY kind ORDER BY kind"))
+        [(users, chats, tenants)] = await self._fetchall(
+            "SELECT COUNT(DISTINCT tenant || char(0) || user_id), COUNT(DISTINCT tenant || char(0) || chat_id), "
+            "COUNT(DISTINCT tenant) FROM memories"
+        )
+        return {
+            "memories": sum(kinds.values()),
+            "by_kind": kinds,
+            "users": users,
+            "chats": chats,
+            "tenants": tenants,
+            "vectors_indexed": self.index.size,
+            "schema_version": SCHEMA_VERSION,
+            "database": str(self.db_path),
+            "database_bytes": _size(self.db_path) + _size(Path(str(self.db_path) + "-wal")),
+            "index_bytes": _size(self.index_path),
+        }
+
+    async def _vector_ids(self) -> np.ndarray:
+        rows = await self._fetchall("SELECT id FROM memories WHERE vector IS NOT NULL ORDER BY id")
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+    async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        async with self.db.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def _write(self, sql: str, params: Any, *, many: bool = False) -> None:
+        db = self.db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            if many:
+                await db.executemany(sql, params)
+            else:
+                await db.execute(sql, params)
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+
+
+def fts_query(query: str) -> str:
+    """An FTS5 OR-query of the query's distinct content words (each quoted, so no syntax leaks in)."""
+    terms: list[str] = []
+    for term in keyword_terms(query):
+        if term in STOPWORDS or term in terms:
+            continue
+        terms.append(term)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+def _scope_clause(scope: Scope, alias: str = "") -> tuple[str, tuple[str, ...]]:
+    prefix = f"{alias}." if alias else ""
+    clauses, params = [f"{prefix}tenant = ?"], [scope.tenant]
+    if scope.user_id is not None:
+        clauses.append(f"{prefix}user_id = ?")
+        params.append(scope.user_id)
+    if scope.chat_id is not None:
+        clauses.append(f"{prefix}chat_id = ?")
+        params.append(scope.chat_id)
+    return " AND ".join(clauses), tuple(params)
+
+
+def _record(row: Sequence[Any]) -> MemoryRecord:
+    return MemoryRecord(
+        id=row[0],
+        kind=row[1],
+        tenant=row[2],
+        user_id=row[3],
+        chat_id=row[4],
+        speaker=row[5],
+        text=row[6],
+        embed_text=row[7],
+        importance=row[8],
+        created_at=datetime.fromisoformat(row[9]),
+        stored_at=datetime.fromisoformat(row[10]) if row[10] else None,
+        message_ids=json.loads(row[11]),
+        meta=json.loads(row[12]),
+    )
+
+
+def _vector(blob: bytes, dim: int) -> np.ndarray:
+    vector = np.frombuffer(blob, dtype=np.float32)
+    if vector.shape != (dim,):
+        raise StoreError(f"a stored vector has {vector.size} dimensions, expected {dim}")
+    return vector
+
+
+def _chunks(items: list[Any]) -> list[list[Any]]:
+    return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+
+
+def _marks(items: Sequence[Any]) -> str:
+    return ", ".join("?" * len(items))
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
