@@ -1,0 +1,195 @@
+"""The ``narrmem`` command. Exit codes: 0 success, 2 bad usage or bad input, 1 internal error."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from narrmem.config import Settings, load_settings
+from narrmem.errors import NarrmemError
+
+Handler = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data", metavar="DIR", help="data folder (default: settings' data_dir)")
+    common.add_argument("--config", metavar="FILE", help="TOML config file")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON")
+
+    parser = argparse.ArgumentParser(prog="narrmem", description="Memory middleware for chatbots.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what plugins do")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", parents=[common], help="ingest a sample chat and answer questions")
+    demo.add_argument("--k", type=int, default=2, help="hits per question")
+
+    ingest = sub.add_parser("ingest", parents=[common, as_json], help="ingest a JSONL file of messages")
+    ingest.add_argument("file", help="JSONL: text, user_id, chat_id, ts, message_id[, tenant, speaker, meta]")
+
+    recall = sub.add_parser("recall", parents=[common, as_json], help="recall memories for a query")
+    recall.add_argument("query")
+    recall.add_argument("--user", help="user id (user scope)")
+    recall.add_argument("--chat", help="chat id (chat scope)")
+    recall.add_argument("--tenant", default="default")
+    recall.add_argument("--k", type=int, default=5)
+
+    sub.add_parser("stats", parents=[common, as_json], help="what is stored")
+
+    export = sub.add_parser("export", parents=[common, as_json], help="export every record to JSONL")
+    export.add_argument("file")
+    imp = sub.add_parser("import", parents=[common, as_json], help="import a JSONL export")
+    imp.add_argument("file")
+
+    forget = sub.add_parser("forget", parents=[common, as_json], help="delete every trace of a user or chat")
+    forget.add_argument("--user")
+    forget.add_argument("--chat")
+    forget.add_argument("--tenant", default="default")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if args.command == "forget" and not (args.user or args.chat):
+        parser.error("forget needs --user or --chat")
+    if args.command == "recall" and not (args.user or args.chat):
+        parser.error("recall needs --user or --chat")
+    try:
+        settings = load_settings(args.config)
+        if args.data:
+            settings = settings.model_copy(update={"data_dir": args.data})
+        return asyncio.run(COMMANDS[args.command](args, settings))
+    except NarrmemError as exc:
+        print(f"narrmem: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        logging.getLogger("narrmem").debug("internal error", exc_info=exc)
+        print(f"narrmem: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _open(settings: Settings, *, warm: bool = True) -> Any:
+    from narrmem.memory import Memory  # keeps `narrmem --help` light
+
+    return Memory.open(settings=settings, warm=warm)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, ensure_ascii=False, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.demo import run_demo
+
+    async with _open(settings) as memory:
+        await run_demo(memory, sys.stdout, k=args.k)
+    return 0
+
+
+async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from tqdm import tqdm
+
+    from narrmem.transfer import read_messages
+
+    messages = read_messages(args.file)  # validated whole before the store is touched
+    async with _open(settings) as memory:
+        with tqdm(total=len(messages), unit="msg", desc="ingest", file=sys.stderr, disable=None) as bar:
+            results = await memory.ingest_many(messages, progress=bar.update)
+    summary = {
+        "messages": len(results),
+        "stored": sum(r.stored for r in results),
+        "ignored": sum(r.layer == "ignore" for r in results),
+        "duplicates": sum(r.duplicate for r in results),
+    }
+    if args.json:
+        _print_json(summary)
+    else:
+        print(", ".join(f"{k} {v}" for k, v in summary.items()))
+    return 0
+
+
+async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings) as memory:
+        hits = await memory.recall(args.query, user_id=args.user, chat_id=args.chat, tenant=args.tenant, k=args.k)
+    if args.json:
+        _print_json([h.model_dump(mode="json") for h in hits])
+        return 0
+    if not hits:
+        print("nothing remembered for that")
+    for hit in hits:
+        print(f"{hit.score:.4f}  {hit.created_at:%Y-%m-%d %H:%M}  [{hit.kind}] {hit.text}  <- {hit.message_ids}")
+    return 0
+
+
+async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, warm=False) as memory:
+        stats = await memory.stats()
+    if args.json:
+        _print_json(stats)
+    else:
+        for key, value in stats.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.transfer import export_jsonl
+
+    async with _open(settings, warm=False) as memory:
+        count = await export_jsonl(memory, args.file)
+    _report(args, {"exported": count, "file": args.file})
+    return 0
+
+
+async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.transfer import import_jsonl
+
+    async with _open(settings, warm=False) as memory:
+        counts = await import_jsonl(memory, args.file)
+    _report(args, counts)
+    return 0
+
+
+async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, warm=False) as memory:
+        counts = await memory.forget(user_id=args.user, chat_id=args.chat, tenant=args.tenant)
+    _report(args, counts)
+    return 0
+
+
+def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    if args.json:
+        _print_json(data)
+    else:
+        print(", ".join(f"{k} {v}" for k, v in data.items()))
+
+
+COMMANDS: dict[str, Handler] = {
+    "demo": cmd_demo,
+    "ingest": cmd_ingest,
+    "recall": cmd_recall,
+    "stats": cmd_stats,
+    "export": cmd_export,
+    "import": cmd_import,
+    "forget": cmd_forget,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

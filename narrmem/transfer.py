@@ -1,0 +1,131 @@
+"""JSONL in and out: messages to ingest, and a lossless export/import of a whole store.
+
+Files are read and validated whole before anything is written, so a bad line is an error that
+names the line and field, and nothing from that file is half-written.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from narrmem.errors import InputError
+from narrmem.models import MemoryRecord, Message
+
+if TYPE_CHECKING:
+    from narrmem.memory import Memory
+
+EXPORT_FORMAT = "narrmem-export"
+EXPORT_VERSION = 1
+
+
+class ExportHeader(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: str
+    version: int
+    model: str
+    dim: int
+
+
+class ExportLine(MemoryRecord):
+    vector: str  # base64 of little-endian float32: exact, unlike decimal floats
+
+
+def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield number, json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}: not valid JSON ({exc.msg})", line=number) from exc
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}: not UTF-8", line=number) from exc
+
+
+def read_messages(path: str | Path) -> list[Message]:
+    """Every message of a JSONL file, validated; the first bad line raises naming line and field."""
+    path = Path(path)
+    messages = []
+    for number, data in _lines(path):
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: a line must be a JSON object", line=number)
+        try:
+            messages.append(Message.model_validate(data))
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc, line=number) from exc
+    return messages
+
+
+async def export_jsonl(memory: Memory, path: str | Path) -> int:
+    """Write every record with its vector; returns how many. The file appears only when complete."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    header = ExportHeader(
+        format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
+    )
+    count = 0
+    with tmp.open("w", encoding="utf-8") as out:
+        out.write(header.model_dump_json() + "\n")
+        async for record, vector in memory.store.export():
+            line = record.model_dump(mode="json")
+            line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+            out.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
+            count += 1
+    os.replace(tmp, path)
+    return count
+
+
+async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
+    """Validate a whole export file, then write it in one transaction (ids kept)."""
+    path = Path(path)
+    items: list[tuple[MemoryRecord, np.ndarray]] = []
+    header: ExportHeader | None = None
+    for number, data in _lines(path):
+        if header is None:
+            header = _header(data, path, number, memory)
+            continue
+        try:
+            line = ExportLine.model_validate(data)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc, line=number) from exc
+        try:
+            vector = np.frombuffer(base64.b64decode(line.vector, validate=True), dtype="<f4")
+        except ValueError as exc:
+            raise InputError("not valid base64", field="vector", line=number) from exc
+        if vector.shape != (header.dim,):
+            raise InputError(f"has {vector.size} dimensions, expected {header.dim}", field="vector", line=number)
+        record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
+        items.append((record, vector.astype(np.float32)))
+    if header is None:
+        raise InputError(f"{path} is empty: an export starts with a header line", line=1)
+    return await memory.store.import_records(items)
+
+
+def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
+    try:
+        header = ExportHeader.model_validate(data)
+    except ValidationError as exc:
+        raise InputError.from_pydantic(exc, line=number, prefix="header.") from exc
+    if header.format != EXPORT_FORMAT or header.version != EXPORT_VERSION:
+        raise InputError(f"{path} is not a narrmem export (version {EXPORT_VERSION})", field="format", line=number)
+    if header.model != memory.embedder.name or header.dim != memory.embedder.dim:
+        raise InputError(
+            f"vectors come from {header.model} ({header.dim} dims), this memory uses "
+            f"{memory.embedder.name} ({memory.embedder.dim} dims)",
+            field="model",
+            line=number,
+        )
+    return header
