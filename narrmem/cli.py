@@ -7,14 +7,14 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any
 
 from narrmem.config import Settings, load_settings
 from narrmem.errors import NarrmemError
 
-Handler = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,7 +58,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s"
+    )
     if args.command == "forget" and not (args.user or args.chat):
         parser.error("forget needs --user or --chat")
     if args.command == "recall" and not (args.user or args.chat):
@@ -127,14 +129,18 @@ async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
     async with _open(settings) as memory:
-        hits = await memory.recall(args.query, user_id=args.user, chat_id=args.chat, tenant=args.tenant, k=args.k)
+        hits = await memory.recall(
+            args.query, user_id=args.user, chat_id=args.chat, tenant=args.tenant, k=args.k
+        )
     if args.json:
         _print_json([h.model_dump(mode="json") for h in hits])
         return 0
     if not hits:
         print("nothing remembered for that")
     for hit in hits:
-        print(f"{hit.score:.4f}  {hit.created_at:%Y-%m-%d %H:%M}  [{hit.kind}] {hit.text}  <- {hit.message_ids}")
+        print(
+            f"{hit.score:.4f}  {hit.created_at:%Y-%m-%d %H:%M}  [{hit.kind}] {hit.text}  <- {hit.message_ids}"
+        )
     return 0
 
 

@@ -40,7 +40,9 @@ class StorageSettings(_Section):
 
 class EmbedderSettings(_Section):
     backend: str = Field(default="sentence-transformers", description="name of a registered embedder")
-    model_path: str | None = Field(default=None, description="a local model folder; default: the packaged one")
+    model_path: str | None = Field(
+        default=None, description="a local model folder; default: the packaged one"
+    )
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for the model")
     batch_size: int = Field(default=64, ge=1, le=4096)
     device: Literal["cpu", "cuda", "mps"] = "cpu"

@@ -54,7 +54,9 @@ class SentenceTransformerEmbedder:
         self.model_path = model_path or packaged_model_path()
         if not os.path.isdir(self.model_path):
             raise ConfigError(f"embedder.model_path: {self.model_path} is not a folder")
-        self.name = "all-MiniLM-L6-v2" if model_path is None else os.path.basename(self.model_path.rstrip("/"))
+        self.name = (
+            "all-MiniLM-L6-v2" if model_path is None else os.path.basename(self.model_path.rstrip("/"))
+        )
         self.threads = threads
         self.batch_size = batch_size
         self.device = device

@@ -342,7 +342,9 @@ class Memory:
     ) -> ContextPack:
         """What to put in front of the bot's next answer to ``text``: ``pack.render(token_budget)``."""
         hits = await self.recall(text, user_id=user_id, chat_id=chat_id, tenant=tenant, k=k)
-        return ContextPack(query=text, scope=Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), hits=hits)
+        return ContextPack(
+            query=text, scope=Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), hits=hits
+        )
 
     # --- tools, maintenance ------------------------------------------------------------------
 
@@ -433,4 +435,3 @@ def _hit(record: MemoryRecord, score: float, sources: dict[str, int]) -> Hit:
         speaker=record.speaker,
         sources=sources,
     )
-

@@ -106,7 +106,9 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
         except ValueError as exc:
             raise InputError("not valid base64", field="vector", line=number) from exc
         if vector.shape != (header.dim,):
-            raise InputError(f"has {vector.size} dimensions, expected {header.dim}", field="vector", line=number)
+            raise InputError(
+                f"has {vector.size} dimensions, expected {header.dim}", field="vector", line=number
+            )
         record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
         items.append((record, vector.astype(np.float32)))
     if header is None:
@@ -120,7 +122,9 @@ def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
     except ValidationError as exc:
         raise InputError.from_pydantic(exc, line=number, prefix="header.") from exc
     if header.format != EXPORT_FORMAT or header.version != EXPORT_VERSION:
-        raise InputError(f"{path} is not a narrmem export (version {EXPORT_VERSION})", field="format", line=number)
+        raise InputError(
+            f"{path} is not a narrmem export (version {EXPORT_VERSION})", field="format", line=number
+        )
     if header.model != memory.embedder.name or header.dim != memory.embedder.dim:
         raise InputError(
             f"vectors come from {header.model} ({header.dim} dims), this memory uses "

@@ -20,7 +20,16 @@ ACKNOWLEDGEMENTS = (
     "哦 噢 行 可以 对 是 是的 谢谢 多谢 哈哈 哈哈哈 知道了 明白"
 )
 _PHRASES = frozenset(
-    {"thank you", "got it", "sounds good", "no problem", "all right", "ok thanks", "okay thanks", "thanks a lot"}
+    {
+        "thank you",
+        "got it",
+        "sounds good",
+        "no problem",
+        "all right",
+        "ok thanks",
+        "okay thanks",
+        "thanks a lot",
+    }
 )
 _WORDS = frozenset(ACKNOWLEDGEMENTS.split())
 _TRIM = re.compile(r"^[\s\W_]+|[\s\W_]+$")
@@ -56,4 +65,3 @@ class DefaultTriage:
         if len(raw) + cjk_count(raw) < self.options.min_chars:
             return TriageDecision(layer="ignore", reason="too short")
         return TriageDecision(layer="accumulate", reason="kept as an episode", importance=0.3)
-

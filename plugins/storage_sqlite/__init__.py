@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from narrmem import hookimpl
 from narrmem_plugins.storage_sqlite.store import SQLiteStore
+
+from narrmem import hookimpl
 
 __all__ = ["SQLiteStore"]
 

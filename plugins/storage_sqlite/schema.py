@@ -54,7 +54,8 @@ async def migrate(db: aiosqlite.Connection) -> int:
         from narrmem.errors import StoreError
 
         raise StoreError(
-            f"database schema version {version} is newer than this narrmem ({SCHEMA_VERSION}); upgrade narrmem"
+            f"database schema version {version} is newer than this narrmem ({SCHEMA_VERSION}): "
+            "upgrade narrmem"
         )
     for number in range(version, SCHEMA_VERSION):
         script = MIGRATIONS[number]

@@ -10,13 +10,13 @@ from typing import Any
 
 import aiosqlite
 import numpy as np
-
-from narrmem.errors import StoreError
-from narrmem.models import MemoryRecord, Scope
-from narrmem.text import keyword_terms, fts_document
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
 from narrmem_plugins.storage_sqlite.vector_index import VectorIndex
+
+from narrmem.errors import StoreError
+from narrmem.models import MemoryRecord, Scope
+from narrmem.text import fts_document, keyword_terms
 
 COLUMNS = (
     "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "
@@ -55,7 +55,9 @@ class SQLiteStore:
         stored = {k: v for k, v in await self._fetchall("SELECT key, value FROM meta")}
         if not stored:
             await self._write(
-                "INSERT INTO meta (key, value) VALUES (?, ?)", [("model", model), ("dim", str(dim))], many=True
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("model", model), ("dim", str(dim))],
+                many=True,
             )
         elif stored.get("model") != model or stored.get("dim") != str(dim):
             raise StoreError(
@@ -233,7 +235,9 @@ class SQLiteStore:
         ids = self._scope_ids.get(key)
         if ids is None:
             where, params = _scope_clause(scope)
-            rows = await self._fetchall(f"SELECT id FROM memories WHERE {where} AND vector IS NOT NULL", params)
+            rows = await self._fetchall(
+                f"SELECT id FROM memories WHERE {where} AND vector IS NOT NULL", params
+            )
             ids = np.array([r[0] for r in rows], dtype=np.int64)
             self._scope_ids[key] = ids
         return ids
@@ -285,8 +289,8 @@ class SQLiteStore:
     async def stats(self) -> dict[str, Any]:
         kinds = dict(await self._fetchall("SELECT kind, COUNT(*) FROM memories GROUP BY kind ORDER BY kind"))
         [(users, chats, tenants)] = await self._fetchall(
-            "SELECT COUNT(DISTINCT tenant || char(0) || user_id), COUNT(DISTINCT tenant || char(0) || chat_id), "
-            "COUNT(DISTINCT tenant) FROM memories"
+            "SELECT COUNT(DISTINCT tenant || char(0) || user_id), "
+            "COUNT(DISTINCT tenant || char(0) || chat_id), COUNT(DISTINCT tenant) FROM memories"
         )
         return {
             "memories": sum(kinds.values()),

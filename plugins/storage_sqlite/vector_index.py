@@ -50,7 +50,8 @@ class VectorIndex:
         if reason is not None:
             level = logging.WARNING if len(expected_ids) else logging.DEBUG
             log.log(
-                level,"vector index %s will be rebuilt from SQLite: %s",
+                level,
+                "vector index %s will be rebuilt from SQLite: %s",
                 self.path,
                 reason,
             )

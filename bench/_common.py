@@ -1,0 +1,234 @@
+"""Helpers shared by the benchmark scripts: percentiles, a plain-text table, machine facts, JSON output,
+and a plugin that lends one loaded embedder to every ``Memory`` a benchmark opens.
+
+The scripts import this module as ``_common`` (run them as ``python bench/NAME.py``: the script's own
+folder is first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from narrmem import Settings, hookimpl
+from narrmem.embed import SentenceTransformerEmbedder
+
+SHARED_BACKEND = "bench-shared"
+
+
+# --- statistics -------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation; NaN for no values."""
+    if not values:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """p50/p99/mean/max in milliseconds, and the sample count."""
+    ms = [s * 1000.0 for s in seconds]
+    return {
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "mean_ms": float(np.mean(ms)) if ms else math.nan,
+        "max_ms": max(ms) if ms else math.nan,
+        "samples": len(ms),
+    }
+
+
+def mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def format_cell(value: Any, digits: int = 3) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 100:
+            return f"{value:.1f}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 3) -> str:
+    """A fixed-width text table; the first column is left-aligned, the others right-aligned."""
+    cells = [[format_cell(v, digits) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.ljust(widths[0]) if i == 0 else v.rjust(widths[i]) for i, v in enumerate(values)]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(list(headers)), rule, *(line(r) for r in cells)])
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` atomically (a temp file renamed into place); NaN becomes null."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(payload), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else round(value, 6)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return _jsonable(value.item())
+    return value
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+# --- machine ----------------------------------------------------------------------------------
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (``ru_maxrss`` is KiB on Linux)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if sys.platform == "darwin":  # bytes there
+        kib //= 1024
+    return kib / 1024.0
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for raw in Path("/proc/cpuinfo").read_text().splitlines():
+            if raw.startswith("model name"):
+                return raw.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        for raw in Path("/proc/meminfo").read_text().splitlines():
+            if raw.startswith("MemTotal:"):
+                return round(int(raw.split()[1]) / 1024 / 1024, 1)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def machine_info(settings: Settings | None = None) -> dict[str, Any]:
+    """What ran the benchmark: CPUs, memory, Python and the versions of the libraries that matter."""
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": _cpu_model(),
+        "memory_gib": _memory_gib(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": {
+            name: _version(name)
+            for name in ("narrmem", "torch", "sentence-transformers", "faiss-cpu", "numpy", "bm25s")
+        },
+    }
+    if settings is not None:
+        info["embedder"] = settings.embedder.model_dump()
+        info["storage_batch_size"] = settings.storage.batch_size
+    return info
+
+
+# --- one embedder for many memories -------------------------------------------------------------
+
+
+class BorrowedEmbedder:
+    """An embedder handed to a ``Memory`` that does not own it: ``close()`` leaves the model loaded."""
+
+    def __init__(self, inner: SentenceTransformerEmbedder) -> None:
+        self.inner = inner
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def batch_size(self) -> int:
+        return self.inner.batch_size
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return await self.inner.embed(texts)
+
+    async def close(self) -> None:
+        """The owner closes ``inner`` once the run is over."""
+
+
+class SharedEmbedderPlugin:
+    """Registers the embedder backend ``bench-shared``, which returns the same loaded model to every
+    ``Memory``. Everything else (triage, store, recall) stays the default plugins."""
+
+    narrmem_name = "bench_shared_embedder"
+
+    def __init__(self, embedder: BorrowedEmbedder) -> None:
+        self.embedder = embedder
+
+    @hookimpl
+    def narrmem_register_embedders(self, register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
+        register(SHARED_BACKEND, lambda settings: self.embedder)
+
+
+def default_embedder(settings: Settings) -> SentenceTransformerEmbedder:
+    """The embedder the built-in plugin would build from these settings."""
+    options = settings.embedder
+    return SentenceTransformerEmbedder(
+        options.model_path, threads=options.threads, batch_size=options.batch_size, device=options.device
+    )
+
+
+def with_shared_embedder(settings: Settings) -> Settings:
+    """The same settings with ``embedder.backend`` pointing at the shared embedder."""
+    embedder = settings.embedder.model_copy(update={"backend": SHARED_BACKEND})
+    return settings.model_copy(update={"embedder": embedder})
+
+
+def with_threads(settings: Settings, threads: int | None) -> Settings:
+    if threads is None:
+        return settings
+    embedder = settings.embedder.model_copy(update={"threads": threads})
+    return settings.model_copy(update={"embedder": embedder})
