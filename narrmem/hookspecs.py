@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         MemoryRecord,
         Message,
         RecallRequest,
+        SceneDraft,
         TriageDecision,
         TriggerEvent,
     )
@@ -126,18 +127,32 @@ def narrmem_before_store(
     """
 
 
+@hookspec(firstresult=True)
+def narrmem_compose_scene(
+    memory: Memory, message: Message, decision: TriageDecision, window: list[MemoryRecord]
+) -> SceneDraft | None:
+    """Write the narrative fragment for a message triage marked ``scene``.
+
+    firstresult: an LLM plugin can answer with a richer fragment; the built-in composer needs no
+    LLM. ``window`` is the chat's recent episodes (oldest first, this message excluded), for the
+    Scene and Vibe fields. Return ``None`` to leave it to the next composer.
+    """
+
+
 @hookspec
 def narrmem_after_store(
     memory: Memory,
     message: Message,
     decision: TriageDecision,
     records: list[MemoryRecord],
+    vectors: np.ndarray,
     result: IngestResult,
 ) -> None:
-    """The message's records are committed (they now carry their ids).
+    """The message's records are committed (they now carry their ids); ``vectors`` holds their
+    embeddings, row for row.
 
-    Update counters, link scenes, refresh summaries. Plugins may append to ``result.triggers``
-    and ``result.notes``; the host delivers triggers after every plugin has run.
+    Update counters, link scenes, refresh summaries. Plugins may append to ``result.counts``,
+    ``result.triggers`` and ``result.notes``; the host delivers triggers after every plugin has run.
     """
 
 

@@ -64,6 +64,8 @@ class PluginHost:
                 raise PluginError(f"plugin '{ep.name}' ({ep.value}) failed to import: {exc}") from exc
             self.pm.register(plugin, name=ep.name)
         for plugin in extra:
+            if isinstance(plugin, str | bytes | dict | int | float) or plugin is None:
+                raise PluginError(f"{plugin!r} is not a plugin: pass modules or objects with hook methods")
             name = getattr(plugin, "narrmem_name", None) or _default_name(plugin)
             if not self.pm.is_blocked(name):
                 self.pm.register(plugin, name=name)
@@ -77,19 +79,24 @@ class PluginHost:
 
     # --- calling ---------------------------------------------------------------------------
 
-    async def call(self, hook_name: str, *, isolate: bool = True, **kwargs: Any) -> list[Any]:
-        """Call every implementation; return the non-``None`` results in call order."""
+    async def call(
+        self, hook_name: str, *, isolate: bool = True, errors: list[str] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Call every implementation; return the non-``None`` results in call order.
+
+        A plugin's failure is described in ``errors`` when given (so it can be reported with the
+        message it concerns)."""
         results = []
         for impl in self._ordered(hook_name):
-            ok, value = await self._invoke(impl, hook_name, kwargs, isolate)
+            ok, value = await self._invoke(impl, hook_name, kwargs, isolate, errors)
             if ok and value is not None:
                 results.append(value)
         return results
 
-    async def call_first(self, hook_name: str, **kwargs: Any) -> Any:
+    async def call_first(self, hook_name: str, *, errors: list[str] | None = None, **kwargs: Any) -> Any:
         """Call implementations in order until one returns something other than ``None``."""
         for impl in self._ordered(hook_name):
-            ok, value = await self._invoke(impl, hook_name, kwargs, True)
+            ok, value = await self._invoke(impl, hook_name, kwargs, True, errors)
             if ok and value is not None:
                 return value
         return None
@@ -100,7 +107,7 @@ class PluginHost:
         return list(reversed(hook.get_hookimpls()))
 
     async def _invoke(
-        self, impl: Any, hook_name: str, kwargs: dict[str, Any], isolate: bool
+        self, impl: Any, hook_name: str, kwargs: dict[str, Any], isolate: bool, errors: list[str] | None
     ) -> tuple[bool, Any]:
         args = {name: kwargs[name] for name in impl.argnames if name in kwargs}
         try:
@@ -110,6 +117,8 @@ class PluginHost:
         except Exception as exc:
             if not isolate:
                 raise
+            if errors is not None:
+                errors.append(f"plugin '{impl.plugin_name}' failed in {hook_name}: {exc!r}")
             await self._report(impl.plugin_name, hook_name, exc)
             return False, None
         return True, value

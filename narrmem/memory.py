@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from narrmem.clock import Clock, SystemClock
@@ -178,46 +179,76 @@ class Memory:
         return results
 
     async def _ingest_batch(self, messages: list[Message]) -> list[IngestResult]:
-        decisions = [await self._triage(m) for m in messages]
+        errors: dict[int, list[str]] = {i: [] for i in range(len(messages))}
+        decisions = [await self._triage(m, errors[i]) for i, m in enumerate(messages)]
         results: list[IngestResult | None] = [None] * len(messages)
         pending: list[tuple[int, list[MemoryRecord]]] = []
         seen: set[tuple[str, str, str]] = set()
-        stored = await self._already_stored(messages, decisions)
+        stored = await self._already_stored([(m, d) for m, d in zip(messages, decisions, strict=True)])
         for i, (message, decision) in enumerate(zip(messages, decisions, strict=True)):
-            key = (message.tenant, message.chat_id, message.message_id)
+            key = _key(message)
             if decision.layer == "ignore":
                 results[i] = IngestResult(
-                    message_id=message.message_id, layer="ignore", stored=False, reason=decision.reason
+                    message_id=message.message_id,
+                    layer="ignore",
+                    stored=False,
+                    reason=decision.reason,
+                    notes=errors[i],
                 )
             elif key in seen or key in stored:
-                results[i] = IngestResult(
-                    message_id=message.message_id,
-                    layer=decision.layer,
-                    stored=False,
-                    duplicate=True,
-                    reason="this message id is already stored in this chat",
-                )
+                results[i] = self._duplicate(message, decision)
             else:
                 seen.add(key)
                 records = [self._episode(message, decision)]
                 await self.host.call(
-                    "narrmem_before_store", memory=self, message=message, decision=decision, records=records
+                    "narrmem_before_store",
+                    memory=self,
+                    message=message,
+                    decision=decision,
+                    records=records,
+                    errors=errors[i],
                 )
                 pending.append((i, records))
         if pending:
-            flat = [r for _, records in pending for r in records]
-            vectors = await self.embedder.embed([r.index_text for r in flat])
-            async with self._write_lock:
-                await self.store.add(flat, vectors)
-        for i, records in pending:
+            await self._write(messages, decisions, pending, results, errors)
+        return [r for r in results if r is not None]
+
+    async def _write(
+        self,
+        messages: list[Message],
+        decisions: list[TriageDecision],
+        pending: list[tuple[int, list[MemoryRecord]]],
+        results: list[IngestResult | None],
+        errors: dict[int, list[str]],
+    ) -> None:
+        vectors = await self.embedder.embed([r.index_text for _, records in pending for r in records])
+        async with self._write_lock:
+            # A concurrent ingest may have stored the same message while this one was embedding.
+            stored = await self._already_stored([(messages[i], decisions[i]) for i, _ in pending])
+            keep: list[tuple[int, list[MemoryRecord], np.ndarray]] = []
+            offset = 0
+            for i, records in pending:
+                own = vectors[offset : offset + len(records)]
+                offset += len(records)
+                if _key(messages[i]) in stored:
+                    results[i] = self._duplicate(messages[i], decisions[i])
+                else:
+                    keep.append((i, records, own))
+            if keep:
+                await self.store.add(
+                    [r for _, records, _ in keep for r in records], np.vstack([own for _, _, own in keep])
+                )
+        for i, records, own in keep:
             message, decision = messages[i], decisions[i]
             result = IngestResult(
                 message_id=message.message_id,
                 layer=decision.layer,
                 stored=True,
                 reason=decision.reason,
+                type=decision.type,
                 memory_ids=[r.id for r in records if r.id is not None],
                 records=records,
+                scene=next((r for r in records if r.kind == "scene"), None),
             )
             await self.host.call(
                 "narrmem_after_store",
@@ -225,15 +256,29 @@ class Memory:
                 message=message,
                 decision=decision,
                 records=records,
+                vectors=own,
                 result=result,
+                errors=errors[i],
             )
-            result.notes.extend(self._drain_errors())
+            result.notes.extend(errors[i])
             await self._deliver(result.triggers)
             results[i] = result
-        return [r for r in results if r is not None]
 
-    async def _triage(self, message: Message) -> TriageDecision:
-        decision = await self.host.call_first("narrmem_triage", memory=self, message=message)
+    def _duplicate(self, message: Message, decision: TriageDecision) -> IngestResult:
+        return IngestResult(
+            message_id=message.message_id,
+            layer=decision.layer,
+            stored=False,
+            duplicate=True,
+            reason="this message id is already stored in this chat",
+        )
+
+    async def triage(self, message: Message | dict[str, Any]) -> TriageDecision:
+        """What triage decides for a message, without storing anything (a dry run)."""
+        return await self._triage(_as_message(message, None), [])
+
+    async def _triage(self, message: Message, errors: list[str]) -> TriageDecision:
+        decision = await self.host.call_first("narrmem_triage", memory=self, message=message, errors=errors)
         if decision is None:
             return FALLBACK_DECISION
         if not isinstance(decision, TriageDecision):
@@ -241,9 +286,9 @@ class Memory:
             return FALLBACK_DECISION
         return decision
 
-    async def _already_stored(self, messages: list[Message], decisions: list[TriageDecision]) -> set[Any]:
+    async def _already_stored(self, pairs: list[tuple[Message, TriageDecision]]) -> set[tuple[str, str, str]]:
         by_chat: dict[tuple[str, str], list[str]] = {}
-        for m, d in zip(messages, decisions, strict=True):
+        for m, d in pairs:
             if d.layer != "ignore":
                 by_chat.setdefault((m.tenant, m.chat_id), []).append(m.message_id)
         found: set[tuple[str, str, str]] = set()
@@ -266,11 +311,6 @@ class Memory:
             message_ids=[message.message_id],
             meta={**message.meta, "layer": decision.layer},
         )
-
-    def _drain_errors(self) -> list[str]:
-        notes = [f"plugin '{p}' failed in {h}: {e!r}" for p, h, e in self.host.errors]
-        self.host.errors.clear()
-        return notes
 
     # --- triggers ---------------------------------------------------------------------------
 
@@ -300,9 +340,8 @@ class Memory:
     ) -> list[Hit]:
         """The ``k`` memories that best answer ``query`` inside the scope, best first."""
         try:
-            request = RecallRequest(
-                query=query, scope=Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), k=k
-            )
+            scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+            request = RecallRequest(query=query, scope=scope, k=k)
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
         return await self._recall(request)
@@ -400,6 +439,10 @@ class _Opening:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._memory.close()
+
+
+def _key(message: Message) -> tuple[str, str, str]:
+    return (message.tenant, message.chat_id, message.message_id)
 
 
 def _as_message(message: Message | dict[str, Any], index: int | None) -> Message:

@@ -5,13 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+import json
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from narrmem.text import estimate_tokens
 
 MAX_TEXT_CHARS = 16_000
 MAX_ID_CHARS = 200
 MAX_QUERY_CHARS = 4_000
+MAX_META_BYTES = 64_000
 
 IdStr = Field(min_length=1, max_length=MAX_ID_CHARS)
 
@@ -34,19 +37,37 @@ class Message(_Strict):
     speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     meta: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("meta")
+    @classmethod
+    def _meta_is_json(cls, meta: dict[str, Any]) -> dict[str, Any]:
+        return json_object(meta)
+
+
+def json_object(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` if it is plain JSON of a bounded size (it is stored and exported as JSON)."""
+    try:
+        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must be plain JSON ({exc})") from None
+    if len(encoded.encode()) > MAX_META_BYTES:
+        raise ValueError(f"must be at most {MAX_META_BYTES} bytes as JSON")
+    return value
+
 
 class Scope(_Strict):
     """Whose memories a query may see. A user scope sees only that user; a chat scope only that chat."""
 
     tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
     user_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
-    chat_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    chat_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS, validate_default=True)
 
-    @model_validator(mode="after")
-    def _needs_user_or_chat(self) -> Scope:
-        if self.user_id is None and self.chat_id is None:
+    @field_validator("chat_id")
+    @classmethod
+    def _needs_user_or_chat(cls, chat_id: str | None, info: ValidationInfo) -> str | None:
+        # A field validator (not a model validator) so the error names a field.
+        if chat_id is None and info.data.get("user_id") is None:
             raise ValueError("a scope needs user_id or chat_id (or both)")
-        return self
+        return chat_id
 
     def key(self) -> tuple[str, str | None, str | None]:
         return (self.tenant, self.user_id, self.chat_id)
@@ -79,6 +100,11 @@ class MemoryRecord(_Strict):
     message_ids: list[str] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("meta")
+    @classmethod
+    def _meta_is_json(cls, meta: dict[str, Any]) -> dict[str, Any]:
+        return json_object(meta)
+
     @property
     def index_text(self) -> str:
         return self.embed_text or self.text
@@ -97,14 +123,59 @@ class TriggerEvent(_Strict):
     suggestion: str = ""
 
 
+class PatternCount(_Strict):
+    """How often something came back for a user: a topic, an emotion, a value, a habit."""
+
+    kind: str
+    label: str
+    count: int = Field(ge=1)
+    message_ids: list[str] = Field(default_factory=list)
+
+
+class SceneDraft(_Strict):
+    """The narrative fragment of a scene: the fields and the rendered paragraph."""
+
+    time: str
+    scene: str
+    vibe: str
+    core: str
+    impact: str = ""
+    category: Literal["decision", "emotion_change", "milestone", "preference", "general"] = "general"
+    tags: list[str] = Field(default_factory=list)
+    language: Literal["en", "zh"] = "en"
+
+    def render(self) -> str:
+        """The descriptive paragraph, labelled in the user's language; the Core stays verbatim."""
+        if self.language == "zh":
+            labels, quote = ("【场景】", "时间", "场景", "氛围", "核心", "影响", "尚无"), "「{}」"
+            sep = "："
+        else:
+            labels, quote = ("【Scene】", "Time", "Scene", "Vibe", "Core", "Impact", "not yet known"), '"{}"'
+            sep = ": "
+        title, time, scene, vibe, core, impact, unknown = labels
+        return "\n".join(
+            [
+                title,
+                f"{time}{sep}{self.time}",
+                f"{scene}{sep}{self.scene}",
+                f"{vibe}{sep}{self.vibe}",
+                f"{core}{sep}{quote.format(self.core)}",
+                f"{impact}{sep}{self.impact or unknown}",
+            ]
+        )
+
+
 class IngestResult(_Strict):
     message_id: str
     layer: Layer
     stored: bool
     duplicate: bool = False
     reason: str = ""
+    type: str | None = None
     memory_ids: list[int] = Field(default_factory=list)
     records: list[MemoryRecord] = Field(default_factory=list)
+    scene: MemoryRecord | None = None
+    counts: list[PatternCount] = Field(default_factory=list)
     triggers: list[TriggerEvent] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
@@ -148,16 +219,13 @@ class ContextPack(_Strict):
 
     def render(self, token_budget: int | None = None) -> str:
         """A prompt block, best hits first, cut to ``token_budget`` (estimated tokens) if given."""
-        header = "What you remember about this conversation:"
-        lines = [header]
-        used = estimate_tokens(header)
+        lines = ["What you remember about this conversation:"]
         for hit in self.hits:
             when = hit.created_at.strftime("%Y-%m-%d")
             who = f"{hit.speaker}: " if hit.speaker else ""
             line = f"- [{when}, {hit.kind}] {who}{hit.text}"
-            cost = estimate_tokens(line)
-            if token_budget is not None and used + cost > token_budget:
+            # Measured on the joined text: the estimate is not additive across line breaks.
+            if token_budget is not None and estimate_tokens("\n".join([*lines, line])) > token_budget:
                 break
             lines.append(line)
-            used += cost
         return "\n".join(lines) if len(lines) > 1 else ""

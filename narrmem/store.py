@@ -8,6 +8,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -47,6 +48,22 @@ class Store(Protocol):
 
     async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
         """Records by id; with a scope, ids outside it are silently absent."""
+        ...
+
+    async def recent(
+        self,
+        scope: Scope,
+        *,
+        since: datetime | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[MemoryRecord]:
+        """In-scope records created at or after ``since``, newest first, at most ``limit``."""
+        ...
+
+    async def update(self, record: MemoryRecord) -> None:
+        """Rewrite a stored record's text, importance and meta (scope, kind, provenance and vector
+        stay as they are); the keyword index follows."""
         ...
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:

@@ -72,7 +72,13 @@ def open_memory(
     config_file: str | Path | None = None,
     **overrides: Any,
 ) -> Any:
-    """``Memory.open`` for tests: third-party entry points off, the hash embedder unless ``real_model``."""
+    """``Memory.open`` for tests: third-party entry points off, the hash embedder unless ``real_model``.
+
+    ``plugins`` takes plugin objects; a dict is taken as the ``[plugins]`` settings table instead.
+    """
+    if isinstance(plugins, dict):
+        overrides["plugins"] = plugins
+        plugins = ()
     if not real_model:
         overrides.setdefault("embedder", {"backend": HASH_EMBEDDER})
     settings = load_settings(config_file, data_dir=str(folder), **overrides)

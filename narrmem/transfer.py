@@ -40,19 +40,21 @@ class ExportLine(MemoryRecord):
 
 def _lines(path: Path) -> Iterator[tuple[int, Any]]:
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from exc
     with handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, data in enumerate(handle, start=1):
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}: not UTF-8 ({exc.reason})", line=number) from exc
             if not raw.strip():
                 continue
             try:
                 yield number, json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}: not valid JSON ({exc.msg})", line=number) from exc
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{path}: not UTF-8", line=number) from exc
 
 
 def read_messages(path: str | Path) -> list[Message]:

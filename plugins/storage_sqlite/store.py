@@ -48,8 +48,16 @@ class SQLiteStore:
         await self._check_model(dim, model)
         self._index = VectorIndex(self.index_path, dim)
         expected = await self._vector_ids()
-        if not await self._index.load(expected):
+        if not await self._index.load(expected, await self._sample_vectors(expected)):
             await self._rebuild_index()
+
+    async def _sample_vectors(self, ids: np.ndarray, count: int = 64) -> dict[int, np.ndarray]:
+        """Up to ``count`` evenly spaced stored vectors, to check an index file holds the same data."""
+        if not len(ids):
+            return {}
+        picks = sorted({int(ids[i]) for i in np.linspace(0, len(ids) - 1, min(count, len(ids))).astype(int)})
+        rows = await self._fetchall(f"SELECT id, vector FROM memories WHERE id IN ({_marks(picks)})", picks)
+        return {int(r[0]): _vector(r[1], self.dim) for r in rows}
 
     async def _check_model(self, dim: int, model: str) -> None:
         stored = {k: v for k, v in await self._fetchall("SELECT key, value FROM meta")}
@@ -154,9 +162,10 @@ class SQLiteStore:
             cur = await db.execute(sql.format(extra="", marks=""), values)
         new_id = int(cur.lastrowid or 0)
         is_episode = 1 if record.kind == "episode" else 0
+        # An episode's source row is unique per chat, so a second copy of a message fails loudly.
         await db.executemany(
-            "INSERT OR IGNORE INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
-            "VALUES (?, ?, ?, ?, ?)",
+            f"INSERT {'' if is_episode else 'OR IGNORE '}INTO memory_sources "
+            "(memory_id, tenant, chat_id, message_id, is_episode) VALUES (?, ?, ?, ?, ?)",
             [(new_id, record.tenant, record.chat_id, mid, is_episode) for mid in record.message_ids],
         )
         await db.execute(
@@ -174,6 +183,48 @@ class SQLiteStore:
             )
             found.update(r[0] for r in rows)
         return found
+
+    async def recent(
+        self,
+        scope: Scope,
+        *,
+        since: datetime | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[MemoryRecord]:
+        where, params = _scope_clause(scope)
+        clauses, values = [where], list(params)
+        if since is not None:
+            clauses.append("created_ts >= ?")
+            values.append(since.timestamp())
+        if kinds:
+            clauses.append(f"kind IN ({_marks(kinds)})")
+            values.extend(kinds)
+        rows = await self._fetchall(
+            f"SELECT {COLUMNS} FROM memories WHERE {' AND '.join(clauses)} ORDER BY created_ts DESC, id DESC "
+            "LIMIT ?",
+            (*values, limit),
+        )
+        return [_record(row) for row in rows]
+
+    async def update(self, record: MemoryRecord) -> None:
+        if record.id is None:
+            raise StoreError("update needs a stored record (it has no id)")
+        await self._write_many(
+            [
+                (
+                    "UPDATE memories SET text = ?, embed_text = ?, importance = ?, meta = ? WHERE id = ?",
+                    (
+                        record.text,
+                        record.embed_text,
+                        record.importance,
+                        json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
+                        record.id,
+                    ),
+                ),
+                ("UPDATE memories_fts SET body = ? WHERE rowid = ?", (fts_document(record.index_text), record.id)),
+            ]
+        )
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
@@ -312,6 +363,17 @@ class SQLiteStore:
     async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         async with self.db.execute(sql, params) as cur:
             return list(await cur.fetchall())
+
+    async def _write_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        db = self.db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in statements:
+                await db.execute(sql, params)
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
 
     async def _write(self, sql: str, params: Any, *, many: bool = False) -> None:
         db = self.db

@@ -42,10 +42,11 @@ class VectorIndex:
     def ids(self) -> np.ndarray:
         return np.sort(faiss.vector_to_array(self._index.id_map).astype(np.int64))
 
-    async def load(self, expected_ids: np.ndarray) -> bool:
+    async def load(self, expected_ids: np.ndarray, samples: dict[int, np.ndarray]) -> bool:
         """Load the persisted index; return ``False`` (and stay empty) if it is missing, unreadable,
-        of another dimension, or holds a different id set than SQLite."""
-        reason = await self._run(self._load_sync, expected_ids)
+        of another dimension, holds a different id set than SQLite, or other vectors under the
+        sampled ids (an index copied from another store)."""
+        reason = await self._run(self._load_sync, expected_ids, samples)
         self.rebuilt_reason = reason
         if reason is not None:
             level = logging.WARNING if len(expected_ids) else logging.DEBUG
@@ -59,7 +60,7 @@ class VectorIndex:
             return False
         return True
 
-    def _load_sync(self, expected_ids: np.ndarray) -> str | None:
+    def _load_sync(self, expected_ids: np.ndarray, samples: dict[int, np.ndarray]) -> str | None:
         if not self.path.exists():
             return "the index file is missing"
         try:
@@ -71,6 +72,9 @@ class VectorIndex:
         self._index = index
         if not np.array_equal(self.ids(), expected_ids):
             return "the index holds other ids than SQLite"
+        for memory_id, vector in samples.items():
+            if not np.allclose(index.reconstruct(memory_id), vector, atol=1e-6):
+                return f"the index holds another vector for id {memory_id}"
         return None
 
     async def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:

@@ -1,0 +1,160 @@
+"""Settings: TOML, environment and explicit values, every unknown key an error that names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _helpers import msg
+from narrmem_plugins.recall_hybrid import HybridOptions
+
+from narrmem import ConfigError, load_settings, plugin_options
+from narrmem.testing import open_memory
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "narrmem.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults() -> None:
+    settings = load_settings()
+    assert settings.storage.batch_size == 256
+    assert settings.embedder.backend == "sentence-transformers"
+    assert settings.plugins.disabled == []
+
+
+def test_toml_values_are_read(tmp_path: Path) -> None:
+    path = _toml(tmp_path, 'data_dir = "somewhere"\n[storage]\nbatch_size = 3\n[embedder]\nthreads = 2\n')
+    settings = load_settings(path)
+    assert settings.data_dir == "somewhere"
+    assert settings.storage.batch_size == 3
+    assert settings.embedder.threads == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('datadir = "x"\n', "datadir"),
+        ("[storage]\nbatchsize = 5\n", "storage.batchsize"),
+        ("[embedder]\nmodel = 'x'\n", "embedder.model"),
+        ("[plugins]\ndisable = ['x']\n", "plugins.disable"),
+        ("[storag]\nbatch_size = 5\n", "storag"),
+    ],
+)
+def test_unknown_toml_key_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    path = _toml(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert key in str(info.value)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[storage]\nbatch_size = 0\n", "storage.batch_size"),
+        ("[storage]\nbatch_size = 'lots'\n", "storage.batch_size"),
+        ("[embedder]\ndevice = 'tpu'\n", "embedder.device"),
+    ],
+)
+def test_bad_toml_value_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(_toml(tmp_path, text))
+
+
+def test_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(_toml(tmp_path, "[storage\nbatch_size = 3\n"))
+
+
+def test_bad_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NARRMEM_STORAGE__BATCH_SIZE", "abc")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "storage.batch_size" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["NARRMEM_BOGUS", "NARRMEM_DATADIR", "NARRMEM_STORAGES__BATCH_SIZE"])
+def test_unknown_environment_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(ConfigError, match=name):
+        load_settings()
+
+
+def test_unknown_nested_environment_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NARRMEM_STORAGE__BATCHSIZE", "5")
+    with pytest.raises(ConfigError, match="batchsize"):
+        load_settings()
+
+
+def test_precedence_explicit_over_environment_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _toml(tmp_path, "[storage]\nbatch_size = 3\nbusy_timeout_ms = 10\n")
+    assert load_settings(path).storage.batch_size == 3
+    monkeypatch.setenv("NARRMEM_STORAGE__BATCH_SIZE", "7")
+    settings = load_settings(path)
+    assert settings.storage.batch_size == 7
+    assert settings.storage.busy_timeout_ms == 10  # the file's other keys survive the merge
+    assert load_settings(path, storage={"batch_size": 9}).storage.batch_size == 9
+
+
+async def test_unknown_plugin_table_is_an_error(tmp_path: Path) -> None:
+    path = _toml(tmp_path, "[plugin.nope]\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"plugin\.nope"):
+        await open_memory(tmp_path / "m", config_file=path)
+
+
+async def test_table_of_a_disabled_plugin_is_an_error(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path, '[plugins]\ndisabled = ["recall_hybrid"]\n[plugin.recall_hybrid]\ncandidates = 5\n'
+    )
+    with pytest.raises(ConfigError, match=r"plugin\.recall_hybrid"):
+        await open_memory(tmp_path / "m", config_file=path)
+
+
+async def test_unknown_key_in_a_plugin_table_names_it(tmp_path: Path) -> None:
+    path = _toml(tmp_path, "[plugin.recall_hybrid]\ncandidate = 5\n")
+    with pytest.raises(ConfigError, match=r"plugin\.recall_hybrid\.candidate"):
+        await open_memory(tmp_path / "m", config_file=path)
+    path = _toml(tmp_path, "[plugin.triage_default]\nmin_chars = -1\n")
+    with pytest.raises(ConfigError, match=r"plugin\.triage_default\.min_chars"):
+        await open_memory(tmp_path / "m2", config_file=path)
+
+
+def test_plugin_options_helper(tmp_path: Path) -> None:
+    settings = load_settings(_toml(tmp_path, "[plugin.recall_hybrid]\ncandidates = 7\nrrf_k = 10\n"))
+    options = plugin_options(settings, "recall_hybrid", HybridOptions)
+    assert (options.candidates, options.rrf_k) == (7, 10.0)
+    assert plugin_options(settings, "absent", HybridOptions) == HybridOptions()
+
+
+async def test_plugin_options_take_effect(tmp_path: Path) -> None:
+    path = _toml(
+        tmp_path, '[plugin.triage_default]\nextra_acknowledgements = ["Roger that"]\nmin_chars = 6\n'
+    )
+    async with open_memory(tmp_path / "m", config_file=path) as mem:
+        roger = await mem.ingest(msg("1", "roger that!"))
+        short = await mem.ingest(msg("2", "hey u"))
+        kept = await mem.ingest(msg("3", "roger that, see you at the harbour"))
+    assert (roger.layer, roger.reason) == ("ignore", "acknowledgement")
+    assert (short.layer, short.reason) == ("ignore", "too short")
+    assert kept.stored
+
+
+async def test_batch_size_setting_controls_write_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NARRMEM_STORAGE__BATCH_SIZE", "2")
+    chunks: list[int] = []
+    async with open_memory(tmp_path / "m") as mem:
+        assert mem.settings.storage.batch_size == 2
+        results = await mem.ingest_many(
+            [msg(str(i), f"message number {i} about sailing") for i in range(5)], progress=chunks.append
+        )
+    assert chunks == [2, 2, 1]
+    assert all(r.stored for r in results)

@@ -1,0 +1,368 @@
+"""The SQLite + FAISS store (hash embedder): the index is derived and rebuilt when it is missing,
+corrupt or foreign; forget removes every trace; ingest is idempotent; keyword search handles CJK."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import pytest
+from _helpers import INDEX_NAME, count_rows, hit_keys, index_file_ids, msg, sql
+
+import narrmem
+from narrmem import Memory, Scope
+from narrmem.config import load_settings
+from narrmem.testing import open_memory
+
+CORPUS = [
+    msg("1", "I adopted a greyhound named Pixel from the shelter", user="u1", chat="c1"),
+    msg("2", "Pixel sleeps on the sofa all afternoon", user="u1", chat="c1"),
+    msg("3", "my favourite food is spicy ramen with extra egg", user="u1", chat="c2"),
+    msg("4", "I am training for a half marathon in October", user="u2", chat="c1"),
+    msg("5", "the marathon training plan says long runs on Sunday", user="u2", chat="c2"),
+    msg("6", "ramen shop near the station closed down", user="u2", chat="c2"),
+    msg("7", "I play chess online every evening", user="u3", chat="c3"),
+    msg("8", "my greyhound hates the rain", user="u3", chat="c3"),
+]
+QUERIES: list[tuple[str, dict[str, str]]] = [
+    ("greyhound Pixel sofa", {"user_id": "u1"}),
+    ("ramen egg", {"user_id": "u1"}),
+    ("marathon training", {"user_id": "u2"}),
+    ("ramen station", {"chat_id": "c2"}),
+    ("greyhound rain", {"chat_id": "c3"}),
+    ("greyhound", {"chat_id": "c1", "user_id": "u1"}),
+]
+
+
+async def _results(mem: Memory) -> list[list[tuple[int, tuple[str, ...]]]]:
+    return [hit_keys(await mem.recall(q, k=10, **scope)) for q, scope in QUERIES]
+
+
+async def _scores(mem: Memory) -> list[tuple[int, float]]:
+    """Raw vector search (ids and cosine scores): what a wrong index would change first."""
+    out: list[tuple[int, float]] = []
+    for query, scope in QUERIES:
+        [vector] = await mem.embedder.embed([query])
+        out.extend(await mem.store.search_vectors(Scope(**scope), vector, 10))
+    return out
+
+
+def _same_scores(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> bool:
+    return [i for i, _ in got] == [i for i, _ in want] and [s for _, s in got] == pytest.approx(
+        [s for _, s in want], abs=1e-6
+    )
+
+
+@pytest.fixture
+async def built(tmp_path: Path) -> tuple[Path, list[Any], list[Any]]:
+    """A closed store with CORPUS, and its recall results."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS)
+        results = await _results(mem)
+        scores = await _scores(mem)
+    assert all(results), "every query must find something, or the comparisons below prove nothing"
+    return folder, results, scores
+
+
+# --- the derived FAISS index ---------------------------------------------------------------------
+
+
+async def test_persisted_index_is_loaded_not_rebuilt(built: Any) -> None:
+    folder, results, scores = built
+    assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
+    async with open_memory(folder) as mem:
+        assert mem.store.index.rebuilt_reason is None
+        assert await _results(mem) == results
+        assert _same_scores(await _scores(mem), scores)
+
+
+async def test_deleted_index_is_rebuilt_with_identical_results(built: Any) -> None:
+    folder, results, scores = built
+    (folder / INDEX_NAME).unlink()
+    async with open_memory(folder) as mem:
+        assert "missing" in (mem.store.index.rebuilt_reason or "")
+        assert mem.store.index.size == len(CORPUS)
+        assert await _results(mem) == results
+        assert _same_scores(await _scores(mem), scores)
+    # The rebuilt index was written back, so the next open loads it.
+    assert (folder / INDEX_NAME).exists()
+    async with open_memory(folder) as mem:
+        assert mem.store.index.rebuilt_reason is None
+        assert await _results(mem) == results
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"this is not a faiss index at all" * 10, b"", b"\x00" * 4096, bytes(range(256)) * 3],
+    ids=["text", "empty", "zeros", "bytes"],
+)
+async def test_corrupt_index_is_rebuilt_with_identical_results(built: Any, garbage: bytes) -> None:
+    folder, results, _ = built
+    (folder / INDEX_NAME).write_bytes(garbage)
+    async with open_memory(folder) as mem:
+        assert mem.store.index.rebuilt_reason is not None
+        assert await _results(mem) == results
+    assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
+
+
+async def test_truncated_index_is_rebuilt(built: Any) -> None:
+    folder, results, _ = built
+    data = (folder / INDEX_NAME).read_bytes()
+    (folder / INDEX_NAME).write_bytes(data[: len(data) // 2])
+    async with open_memory(folder) as mem:
+        assert mem.store.index.rebuilt_reason is not None
+        assert await _results(mem) == results
+
+
+async def test_index_of_other_dimension_is_rebuilt(built: Any) -> None:
+    folder, results, _ = built
+    other = faiss.IndexIDMap2(faiss.IndexFlatIP(8))
+    other.add_with_ids(np.eye(8, dtype=np.float32), np.arange(1, 9, dtype=np.int64))
+    faiss.write_index(other, str(folder / INDEX_NAME))
+    async with open_memory(folder) as mem:
+        assert "dimension" in (mem.store.index.rebuilt_reason or "")
+        assert await _results(mem) == results
+
+
+async def test_index_from_another_store_with_other_ids_is_rebuilt(built: Any, tmp_path: Path) -> None:
+    folder, results, _ = built
+    other = tmp_path / "other"
+    async with open_memory(other) as mem:
+        await mem.ingest_many([msg(f"x{i}", f"unrelated words number {i} about tax forms") for i in range(3)])
+    shutil.copy(other / INDEX_NAME, folder / INDEX_NAME)
+    async with open_memory(folder) as mem:
+        assert "other ids" in (mem.store.index.rebuilt_reason or "")
+        assert await _results(mem) == results
+
+
+async def test_index_from_another_store_with_the_same_ids_is_not_trusted(built: Any, tmp_path: Path) -> None:
+    """A foreign index that happens to hold the same ids (another store with as many rows) has
+    the wrong vectors: it must be rebuilt, not silently used."""
+    folder, results, scores = built
+    other = tmp_path / "other"
+    async with open_memory(other) as mem:
+        await mem.ingest_many(
+            [msg(f"x{i}", f"unrelated words number {i} about tax forms") for i in range(len(CORPUS))]
+        )
+    assert index_file_ids(other) == index_file_ids(folder)
+    shutil.copy(other / INDEX_NAME, folder / INDEX_NAME)
+    async with open_memory(folder) as mem:
+        assert await _results(mem) == results
+        assert _same_scores(await _scores(mem), scores)
+
+
+async def test_stale_index_after_a_crash_is_rebuilt(tmp_path: Path) -> None:
+    """Rows committed after the index file was last saved (a crash before close) are not lost."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS[:4])
+    stale = (folder / INDEX_NAME).read_bytes()
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS[4:])
+        expected = await _results(mem)
+    (folder / INDEX_NAME).write_bytes(stale)  # as if the process died before saving the index
+    async with open_memory(folder) as mem:
+        assert "other ids" in (mem.store.index.rebuilt_reason or "")
+        assert mem.store.index.size == len(CORPUS)
+        assert await _results(mem) == expected
+
+
+async def test_store_refuses_vectors_of_another_model(built: Any) -> None:
+    folder, _, _ = built
+    settings = load_settings(data_dir=str(folder))  # the real sentence-transformers embedder
+    with pytest.raises(narrmem.StoreError, match="hash-test"):
+        await Memory.open(settings=settings, load_entrypoints=False, warm=False)
+    assert count_rows(folder) == len(CORPUS)
+
+
+# --- forget --------------------------------------------------------------------------------------
+
+
+async def test_forget_user_removes_every_trace(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(
+            [
+                *CORPUS,
+                msg(
+                    "t2-1",
+                    "I adopted a greyhound named Pixel from the shelter",
+                    user="u1",
+                    chat="c1",
+                    tenant="t2",
+                ),
+            ]
+        )
+        u1_ids = [
+            r[0] for r in sql(folder, "SELECT id FROM memories WHERE tenant='default' AND user_id='u1'")
+        ]
+        kept_ids = [
+            r[0] for r in sql(folder, "SELECT id FROM memories WHERE NOT (tenant='default' AND user_id='u1')")
+        ]
+        assert len(u1_ids) == 3 and len(kept_ids) == 6
+        u2_before = hit_keys(await mem.recall("marathon ramen", user_id="u2", k=10))
+
+        counts = await mem.forget(user_id="u1")
+
+        assert counts["memories"] == 3
+        assert counts["keyword_rows"] == 3
+        assert counts["vectors"] == 3
+        assert counts["episode"] == 3
+        marks = ",".join("?" * len(u1_ids))
+        assert sql(folder, "SELECT COUNT(*) FROM memories WHERE tenant='default' AND user_id='u1'") == [(0,)]
+        assert sql(folder, f"SELECT COUNT(*) FROM memories WHERE id IN ({marks})", u1_ids) == [(0,)]
+        assert sql(folder, f"SELECT COUNT(*) FROM memory_sources WHERE memory_id IN ({marks})", u1_ids) == [
+            (0,)
+        ]
+        assert sql(folder, f"SELECT COUNT(*) FROM memories_fts WHERE rowid IN ({marks})", u1_ids) == [(0,)]
+        assert sql(folder, "SELECT COUNT(*) FROM memories_fts WHERE memories_fts MATCH 'pixel'") == [
+            (1,)
+        ]  # t2's
+        in_memory_ids = set(mem.store.index.ids().tolist())
+        assert not in_memory_ids & set(u1_ids)
+        assert in_memory_ids == set(kept_ids)
+        # The persisted file was rewritten at forget time, not only at close.
+        assert not set(index_file_ids(folder)) & set(u1_ids)
+
+        # Nothing of u1 is recallable any more, in any scope of this tenant.
+        for query in ("greyhound Pixel shelter", "spicy ramen egg"):
+            assert await mem.recall(query, user_id="u1") == []
+            assert all(h.user_id != "u1" for h in await mem.recall(query, chat_id="c1", k=50))
+            assert all(h.user_id != "u1" for h in await mem.recall(query, chat_id="c2", k=50))
+        # Other users and the other tenant are untouched.
+        assert hit_keys(await mem.recall("marathon ramen", user_id="u2", k=10)) == u2_before
+        other_tenant = await mem.recall("greyhound Pixel", user_id="u1", tenant="t2")
+        assert [h.message_ids for h in other_tenant] == [["t2-1"]]
+        # Forgetting again finds nothing.
+        assert (await mem.forget(user_id="u1"))["memories"] == 0
+        stats = await mem.stats()
+        assert stats["memories"] == 6 and stats["vectors_indexed"] == 6
+
+    assert sorted(index_file_ids(folder)) == sorted(kept_ids)
+    async with open_memory(folder) as mem:
+        assert mem.store.index.rebuilt_reason is None  # the file agrees with SQLite
+        assert not set(mem.store.index.ids().tolist()) & set(u1_ids)
+        assert await mem.recall("greyhound Pixel shelter", user_id="u1") == []
+        # A forgotten message can be ingested again (its message id is free).
+        again = await mem.ingest(CORPUS[0])
+        assert again.stored and not again.duplicate
+
+
+async def test_forget_chat_removes_only_that_chat(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS)
+        counts = await mem.forget(chat_id="c2")
+        assert counts["memories"] == 3
+        assert sql(folder, "SELECT COUNT(*) FROM memories WHERE chat_id='c2'") == [(0,)]
+        assert sql(folder, "SELECT COUNT(*) FROM memory_sources WHERE chat_id='c2'") == [(0,)]
+        assert count_rows(folder) == 5
+        assert count_rows(folder, "memories_fts") == 5
+        assert mem.store.index.size == 5
+        assert await mem.recall("spicy ramen egg", chat_id="c2", k=10) == []
+        hits = await mem.recall("spicy ramen egg greyhound", user_id="u1", k=10)
+        assert [h.message_ids for h in hits] and all(h.chat_id == "c1" for h in hits)
+
+
+async def test_forget_needs_a_scope(memory: Memory) -> None:
+    await memory.ingest(msg("1", "something worth keeping"))
+    with pytest.raises(narrmem.InputError):
+        await memory.forget()
+    assert (await memory.stats())["memories"] == 1
+
+
+# --- idempotent ingest -------------------------------------------------------------------------
+
+
+async def test_same_message_id_twice_is_a_duplicate(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        first = await mem.ingest(msg("m1", "I started learning the violin"))
+        second = await mem.ingest(msg("m1", "I started learning the violin"))
+        edited = await mem.ingest(msg("m1", "an edited text under the same id"))
+        assert (first.stored, first.duplicate) == (True, False)
+        assert (second.stored, second.duplicate, second.memory_ids) == (False, True, [])
+        assert (edited.stored, edited.duplicate) == (False, True)
+        assert count_rows(folder) == 1
+        assert mem.store.index.size == 1
+    # Still a duplicate after reopening: the check is against the store, not a cache.
+    async with open_memory(folder) as mem:
+        again = await mem.ingest(msg("m1", "I started learning the violin"))
+        assert again.duplicate and not again.stored
+    assert count_rows(folder) == 1
+    assert count_rows(folder, "memory_sources") == 1
+
+
+async def test_duplicates_inside_one_batch_and_per_chat_and_tenant(memory: Memory) -> None:
+    results = await memory.ingest_many(
+        [
+            msg("m1", "the first copy of this message"),
+            msg("m1", "the first copy of this message"),
+            msg("m1", "same id, another chat", chat="c2"),
+            msg("m1", "same id, another tenant", tenant="t2"),
+        ]
+    )
+    assert [(r.stored, r.duplicate) for r in results] == [
+        (True, False),
+        (False, True),
+        (True, False),
+        (True, False),
+    ]
+    assert (await memory.stats())["memories"] == 3
+
+
+async def test_ignored_message_is_not_stored_and_not_a_duplicate(memory: Memory) -> None:
+    first = await memory.ingest(msg("m1", "ok"))
+    second = await memory.ingest(msg("m1", "ok"))
+    assert (first.layer, first.stored, first.duplicate) == ("ignore", False, False)
+    assert (second.layer, second.stored, second.duplicate) == ("ignore", False, False)
+    assert (await memory.stats())["memories"] == 0
+
+
+async def test_concurrent_ingest_of_the_same_message_stores_it_once(tmp_path: Path) -> None:
+    """Two bots (or two retries) hand in the same message at the same time."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        results = await asyncio.gather(
+            mem.ingest(msg("m1", "I started learning the violin")),
+            mem.ingest(msg("m1", "I started learning the violin")),
+        )
+    assert sorted((r.stored, r.duplicate) for r in results) == [(False, True), (True, False)]
+    assert count_rows(folder) == 1
+
+
+# --- keyword search ----------------------------------------------------------------------------
+
+
+async def test_chinese_keyword_search_finds_two_character_word(memory: Memory) -> None:
+    await memory.ingest_many(
+        [
+            msg("zh1", "我喜欢摇滚乐", user="wei", chat="dm-wei"),
+            msg("zh2", "我最近在做一个开源的天气预报项目", user="wei", chat="dm-wei"),
+            msg("en1", "I like rock music too", user="wei", chat="dm-wei"),
+        ]
+    )
+    hits = await memory.recall("摇滚", user_id="wei")
+    assert hits[0].text == "我喜欢摇滚乐"
+    assert hits[0].message_ids == ["zh1"]
+    assert "keyword" in hits[0].sources
+    keyword = await memory.store.search_keywords(Scope(user_id="wei"), "摇滚", 10)
+    assert [mid for mid, _ in keyword] == [hits[0].id]
+    # Another user's scope never sees it, even by keyword.
+    assert await memory.store.search_keywords(Scope(user_id="someone-else"), "摇滚", 10) == []
+    # A two-character word from the middle of a longer run is found as well.
+    assert await memory.store.search_keywords(Scope(user_id="wei"), "项目", 10) != []
+
+
+async def test_keyword_search_ignores_stopwords_and_syntax(memory: Memory) -> None:
+    await memory.ingest(msg("1", "The quick brown fox"))
+    scope = Scope(user_id="u1")
+    assert await memory.store.search_keywords(scope, "the and of", 10) == []
+    for nasty in ['fox"', '"fox', "fox AND", "NEAR(fox", "fox*", "-fox", "fox:", "(fox", "^fox", "{fox}"]:
+        found = await memory.store.search_keywords(scope, nasty, 10)
+        assert len(found) == 1, nasty

@@ -1,0 +1,238 @@
+"""Lossless JSONL export/import, idempotent imports, and bad export lines named precisely."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _helpers import count_rows, hit_keys, index_file_ids, msg, sql
+
+import narrmem
+from narrmem import InputError, StoreError
+from narrmem.testing import open_memory
+from narrmem.transfer import export_jsonl, import_jsonl, read_messages
+
+MESSAGES = [
+    msg("1", "I adopted a greyhound named Pixel", user="u1", chat="c1", speaker="Ana", meta={"k": [1, 2.5]}),
+    msg("2", "我喜欢摇滚乐，尤其是九十年代的乐队。", user="u2", chat="c2", ts="2026-05-05T19:30:00+08:00"),
+    msg("3", "emoji 🎸 and accents: café, naïve, Ελληνικά", user="u1", chat="c2", tenant="t2"),
+    msg("4", 'quotes "inside" and a backslash \\ and a tab\tand newline\nend', user="u3", chat="c1"),
+    msg("5", "ok", user="u3", chat="c1"),  # ignored by triage, never exported
+]
+
+
+@pytest.fixture
+async def exported(tmp_path: Path) -> tuple[Path, Path]:
+    """A source store and its export file."""
+    source = tmp_path / "source"
+    path = tmp_path / "export.jsonl"
+    async with open_memory(source) as mem:
+        await mem.ingest_many(MESSAGES)
+        assert await export_jsonl(mem, path) == 4
+    return source, path
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _write(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+async def test_export_import_export_is_byte_identical(exported: Any, tmp_path: Path) -> None:
+    source, path = exported
+    target = tmp_path / "target"
+    again = tmp_path / "again.jsonl"
+    async with open_memory(target) as mem:
+        assert await import_jsonl(mem, path) == {"imported": 4, "skipped": 0}
+        assert await export_jsonl(mem, again) == 4
+        imported_hits = hit_keys(await mem.recall("greyhound Pixel", user_id="u1"))
+    assert again.read_bytes() == path.read_bytes()
+    assert not (tmp_path / "again.jsonl.partial").exists()
+
+    # Same ids, same texts, same vectors, and the derived index agrees.
+    assert sql(target, "SELECT id, text, message_ids, meta FROM memories ORDER BY id") == sql(
+        source, "SELECT id, text, message_ids, meta FROM memories ORDER BY id"
+    )
+    assert sql(target, "SELECT vector FROM memories ORDER BY id") == sql(
+        source, "SELECT vector FROM memories ORDER BY id"
+    )
+    assert index_file_ids(target) == index_file_ids(source)
+    async with open_memory(source) as mem:
+        assert hit_keys(await mem.recall("greyhound Pixel", user_id="u1")) == imported_hits
+    async with open_memory(target) as mem:
+        assert mem.store.index.rebuilt_reason is None
+        hits = await mem.recall("摇滚", user_id="u2")
+        assert hits[0].message_ids == ["2"] and "keyword" in hits[0].sources  # keyword index rebuilt too
+        # Provenance survives: the imported episode still makes its message id a duplicate.
+        dup = await mem.ingest(MESSAGES[0])
+        assert dup.duplicate and not dup.stored
+
+
+async def test_export_format(exported: Any) -> None:
+    _, path = exported
+    header, *records = _lines(path)
+    assert header == {"format": "narrmem-export", "version": 1, "model": "hash-test", "dim": 384}
+    assert [r["message_ids"] for r in records] == [["1"], ["2"], ["3"], ["4"]]
+    assert [r["id"] for r in records] == sorted(r["id"] for r in records)
+    first = records[0]
+    assert first["speaker"] == "Ana" and first["meta"] == {"k": [1, 2.5], "layer": "accumulate"}
+    vector = np.frombuffer(base64.b64decode(first["vector"]), dtype="<f4")
+    assert vector.shape == (384,) and float(np.linalg.norm(vector)) == pytest.approx(1.0, abs=1e-5)
+    assert records[1]["created_at"] == "2026-05-05T19:30:00+08:00"  # the original offset is kept
+    assert records[3]["text"] == MESSAGES[3]["text"]
+
+
+async def test_importing_twice_is_idempotent(exported: Any, tmp_path: Path) -> None:
+    source, path = exported
+    target = tmp_path / "target"
+    async with open_memory(target) as mem:
+        assert await import_jsonl(mem, path) == {"imported": 4, "skipped": 0}
+        assert await import_jsonl(mem, path) == {"imported": 0, "skipped": 4}
+        assert (await mem.stats())["memories"] == 4
+        assert mem.store.index.size == 4
+    assert count_rows(target) == 4
+    assert count_rows(target, "memories_fts") == 4
+    assert count_rows(target, "memory_sources") == 4
+    # Importing a store's own export into itself changes nothing either.
+    async with open_memory(source) as mem:
+        assert await import_jsonl(mem, path) == {"imported": 0, "skipped": 4}
+    assert count_rows(source) == 4
+
+
+async def test_conflicting_import_writes_nothing(exported: Any, tmp_path: Path) -> None:
+    _, path = exported
+    header, *records = _lines(path)
+    records[2]["text"] = "the same id with other content"
+    changed = _write(tmp_path / "changed.jsonl", [header, *records])
+    target = tmp_path / "target"
+    async with open_memory(target) as mem:
+        await import_jsonl(mem, _write(tmp_path / "first.jsonl", [header, records[0], _lines(path)[3]]))
+        before = count_rows(target)
+        with pytest.raises(StoreError, match=str(records[2]["id"])):
+            await import_jsonl(mem, changed)
+        assert mem.store.index.size == before
+    assert count_rows(target) == before == 2
+
+
+def _corrupt(records: list[dict[str, Any]], how: str) -> tuple[int, str]:
+    """Spoil the third record (file line 4); return the line number and the field to be named."""
+    bad = records[2]
+    if how == "bad base64":
+        bad["vector"] = "!!!not base64!!!"
+        return 4, "vector"
+    if how == "wrong dim":
+        bad["vector"] = base64.b64encode(np.zeros(10, dtype="<f4").tobytes()).decode()
+        return 4, "vector"
+    if how == "odd byte count":
+        bad["vector"] = base64.b64encode(b"\x00" * 7).decode()
+        return 4, "vector"
+    if how == "missing field":
+        del bad["user_id"]
+        return 4, "user_id"
+    if how == "wrong type":
+        bad["importance"] = "high"
+        return 4, "importance"
+    if how == "extra field":
+        bad["colour"] = "red"
+        return 4, "colour"
+    if how == "naive created_at":
+        bad["created_at"] = "2026-05-05T19:30:00"
+        return 4, "created_at"
+    raise AssertionError(how)
+
+
+CORRUPTIONS = [
+    "bad base64",
+    "wrong dim",
+    "odd byte count",
+    "missing field",
+    "wrong type",
+    "extra field",
+    "naive created_at",
+]
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+async def test_corrupted_export_line_names_line_and_field_and_writes_nothing(
+    exported: Any, tmp_path: Path, how: str
+) -> None:
+    _, path = exported
+    header, *records = _lines(path)
+    line, field = _corrupt(records, how)
+    bad = _write(tmp_path / "bad.jsonl", [header, *records])
+    target = tmp_path / "target"
+    async with open_memory(target) as mem:
+        with pytest.raises(InputError) as info:
+            await import_jsonl(mem, bad)
+        assert info.value.line == line
+        assert info.value.field == field
+        assert f"line {line}" in str(info.value) and field in str(info.value)
+        assert (await mem.stats())["memories"] == 0
+        assert mem.store.index.size == 0
+    assert count_rows(target) == 0
+
+
+async def test_bad_json_line_and_bad_header(exported: Any, tmp_path: Path) -> None:
+    _, path = exported
+    text = path.read_text(encoding="utf-8").splitlines()
+    target = tmp_path / "target"
+    async with open_memory(target) as mem:
+        broken = tmp_path / "broken.jsonl"
+        broken.write_text("\n".join([*text[:3], "{not json", *text[3:]]) + "\n", encoding="utf-8")
+        with pytest.raises(InputError) as info:
+            await import_jsonl(mem, broken)
+        assert info.value.line == 4
+
+        header = json.loads(text[0])
+        other_model = _write(
+            tmp_path / "model.jsonl", [{**header, "model": "other-model"}, *_lines(path)[1:]]
+        )
+        with pytest.raises(InputError) as info:
+            await import_jsonl(mem, other_model)
+        assert (info.value.line, info.value.field) == (1, "model")
+
+        not_export = _write(tmp_path / "fmt.jsonl", [{**header, "format": "something-else"}])
+        with pytest.raises(InputError) as info:
+            await import_jsonl(mem, not_export)
+        assert (info.value.line, info.value.field) == (1, "format")
+
+        headerless = _write(tmp_path / "headerless.jsonl", _lines(path)[1:])
+        with pytest.raises(InputError) as info:
+            await import_jsonl(mem, headerless)
+        assert info.value.line == 1 and (info.value.field or "").startswith("header.")
+
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text("\n\n", encoding="utf-8")
+        with pytest.raises(InputError, match="empty"):
+            await import_jsonl(mem, empty)
+
+        with pytest.raises(InputError, match="cannot read"):
+            await import_jsonl(mem, tmp_path / "missing.jsonl")
+        assert (await mem.stats())["memories"] == 0
+
+
+def test_read_messages_names_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    good = json.dumps(msg("1", "hello there"))
+    path.write_text(f"{good}\n\n{json.dumps(msg('2', 'x', ts='2026-01-01T00:00:00'))}\n", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        read_messages(path)
+    assert (info.value.line, info.value.field) == (3, "ts")
+    path.write_text(f"{good}\n[1, 2]\n", encoding="utf-8")
+    with pytest.raises(InputError) as info:
+        read_messages(path)
+    assert info.value.line == 2
+    path.write_bytes(good.encode() + b"\n" + b'{"text": "\xff\xfe"}\n')
+    with pytest.raises(InputError) as info:
+        read_messages(path)
+    assert info.value.line == 2
+    path.write_text(f"{good}\n", encoding="utf-8")
+    [message] = read_messages(path)
+    assert isinstance(message, narrmem.Message) and message.text == "hello there"
