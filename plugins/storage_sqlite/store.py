@@ -222,7 +222,10 @@ class SQLiteStore:
                         record.id,
                     ),
                 ),
-                ("UPDATE memories_fts SET body = ? WHERE rowid = ?", (fts_document(record.index_text), record.id)),
+                (
+                    "UPDATE memories_fts SET body = ? WHERE rowid = ?",
+                    (fts_document(record.index_text), record.id),
+                ),
             ]
         )
 
