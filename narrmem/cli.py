@@ -41,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     recall.add_argument("--tenant", default="default")
     recall.add_argument("--k", type=int, default=5)
 
+    triage = sub.add_parser(
+        "triage", parents=[common, as_json], help="classify messages without storing anything (dry run)"
+    )
+    triage.add_argument("text", nargs="?", help="one message")
+    triage.add_argument("--file", help="JSONL with a 'text' on each line (other message fields optional)")
+
     sub.add_parser("stats", parents=[common, as_json], help="what is stored")
 
     export = sub.add_parser("export", parents=[common, as_json], help="export every record to JSONL")
@@ -65,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("forget needs --user or --chat")
     if args.command == "recall" and not (args.user or args.chat):
         parser.error("recall needs --user or --chat")
+    if args.command == "triage" and (args.text is None) == (args.file is None):
+        parser.error("triage needs TEXT or --file (one of them)")
     try:
         settings = load_settings(args.config)
         if args.data:
@@ -144,6 +152,33 @@ async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def cmd_triage(args: argparse.Namespace, settings: Settings) -> int:
+    """Each message as if it were the first message of a new user, in a throwaway folder."""
+    import tempfile
+
+    from narrmem.transfer import read_dry_run_messages
+
+    messages = read_dry_run_messages(args.file) if args.file else read_dry_run_messages(None, text=args.text)
+    with tempfile.TemporaryDirectory(prefix="narrmem-triage-") as folder:
+        async with _open(settings.model_copy(update={"data_dir": folder})) as memory:
+            for message in messages:
+                decision = await memory.triage(message)
+                line = {
+                    "text": message.text,
+                    "layer": decision.layer,
+                    "type": decision.type,
+                    "importance": decision.importance,
+                    "reason": decision.reason,
+                    "category": decision.signals.get("category"),
+                }
+                if args.json:
+                    print(json.dumps(line, ensure_ascii=False))
+                else:
+                    kind = f"/{decision.type}" if decision.type else ""
+                    print(f"{decision.layer}{kind}\t{decision.importance:.2f}\t{message.text}")
+    return 0
+
+
 async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     async with _open(settings, warm=False) as memory:
         stats = await memory.stats()
@@ -191,6 +226,7 @@ COMMANDS: dict[str, Handler] = {
     "demo": cmd_demo,
     "ingest": cmd_ingest,
     "recall": cmd_recall,
+    "triage": cmd_triage,
     "stats": cmd_stats,
     "export": cmd_export,
     "import": cmd_import,

@@ -199,6 +199,18 @@ def narrmem_after_recall(memory: Memory, request: RecallRequest, hits: list[Hit]
     """These hits were returned to the caller (reinforcement belongs here)."""
 
 
+# --- forgetting ------------------------------------------------------------------------
+
+
+@hookspec
+def narrmem_after_forget(
+    memory: Memory, tenant: str, user_id: str | None, chat_id: str | None, removed: list[MemoryRecord]
+) -> None:
+    """These records were deleted by ``Memory.forget``. A plugin that copied any of their content
+    elsewhere (a summary, another memory's keyword context, a counter) must scrub it here:
+    forgetting a user removes every trace."""
+
+
 # --- errors -----------------------------------------------------------------------------
 
 

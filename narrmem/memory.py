@@ -30,6 +30,7 @@ from narrmem.models import (
 )
 from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.store import Store
+from narrmem.text import cjk_count
 from narrmem.tools import ToolRegistry
 
 log = logging.getLogger("narrmem")
@@ -66,6 +67,7 @@ class Memory:
         self._trigger_callbacks: list[TriggerCallback] = []
         self._write_lock = asyncio.Lock()
         self._closed = False
+        self._started = False
 
     # --- opening and closing -------------------------------------------------------------------
 
@@ -113,8 +115,9 @@ class Memory:
             await self._embedder.start()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         store = _pick(stores, settings.storage.backend, "storage.backend")(self)
+        self._store = store  # set before opening, so a failed open is still closed
         await store.open(dim=self._embedder.dim, model=self._embedder.name)
-        self._store = store
+        self._started = True
         await self.host.call("narrmem_startup", isolate=False, memory=self)
 
     async def _collect(self, hook_name: str) -> dict[str, Callable[..., Any]]:
@@ -132,8 +135,9 @@ class Memory:
         if self._closed:
             return
         self._closed = True
-        if self._store is not None:
+        if self._started:
             await self.host.call("narrmem_shutdown", memory=self)
+        if self._store is not None:
             await self._store.close()
         if self._embedder is not None:
             await self._embedder.close()
@@ -305,6 +309,7 @@ class Memory:
             chat_id=message.chat_id,
             speaker=message.speaker,
             text=message.text,
+            embed_text=attributed(message),
             importance=decision.importance,
             created_at=message.ts,
             stored_at=self.clock.now(),
@@ -362,11 +367,19 @@ class Memory:
         sources: dict[int, dict[str, int]] = {}
         for c in candidates:
             sources.setdefault(c.memory_id, {})[c.source] = c.rank
-        hits = [
-            _hit(records[mid], score, sources.get(mid, {}))
-            for mid, score in ranking[: request.k]
-            if mid in records
-        ]
+        hits: list[Hit] = []
+        covered: list[set[str]] = []
+        for mid, score in ranking:
+            if len(hits) == request.k:
+                break
+            if mid not in records:
+                continue
+            origin = set(records[mid].message_ids)
+            # A scene and the episode it came from say the same thing: return the better ranked.
+            if origin and any(origin <= seen for seen in covered):
+                continue
+            covered.append(origin)
+            hits.append(_hit(records[mid], score, sources.get(mid, {})))
         await self.host.call("narrmem_after_recall", memory=self, request=request, hits=hits)
         return hits
 
@@ -404,7 +417,20 @@ class Memory:
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
         async with self._write_lock:
-            return await self.store.forget(tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id)
+            removed = await self.store.recent(scope, limit=2**62)
+            counts = await self.store.forget(
+                tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
+            )
+            await self.host.call(
+                "narrmem_after_forget",
+                isolate=False,
+                memory=self,
+                tenant=scope.tenant,
+                user_id=scope.user_id,
+                chat_id=scope.chat_id,
+                removed=removed,
+            )
+        return counts
 
     async def stats(self) -> dict[str, Any]:
         return {
@@ -439,6 +465,16 @@ class _Opening:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._memory.close()
+
+
+def attributed(message: Message) -> str | None:
+    """The message as reported speech ("Ann said, "…""): who said it is part of what it means,
+    and questions name people ("what did Ann decide?")."""
+    if not message.speaker:
+        return None
+    if cjk_count(message.text) * 2 > len(message.text):
+        return f"{message.speaker}说：“{message.text}”"
+    return f'{message.speaker} said, "{message.text}"'
 
 
 def _key(message: Message) -> tuple[str, str, str]:

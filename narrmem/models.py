@@ -83,7 +83,9 @@ class TriageDecision(_Strict):
 
 
 class MemoryRecord(_Strict):
-    """A stored memory. ``embed_text`` is what gets embedded and keyword-indexed (defaults to ``text``)."""
+    """A stored memory. ``text`` is what recall returns; ``embed_text`` is what gets embedded and
+    keyword-indexed (defaults to ``text``); ``context_text`` is what the keyword index sees beside
+    it, with less weight (the date, the turns just before)."""
 
     id: int | None = None
     kind: str = Field(default="episode", pattern=r"^[a-z][a-z0-9_]{0,31}$")
@@ -93,6 +95,7 @@ class MemoryRecord(_Strict):
     speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS * 4)
     embed_text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS * 4)
+    context_text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS * 8)
     importance: float = Field(default=0.3, ge=0.0, le=1.0)
     created_at: AwareDatetime
     stored_at: AwareDatetime | None = None

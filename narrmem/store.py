@@ -42,8 +42,11 @@ class Store(Protocol):
         """Nearest in-scope memories by inner product, best first."""
         ...
 
-    async def search_keywords(self, scope: Scope, query: str, k: int) -> list[tuple[int, float]]:
-        """In-scope memories matching the query's words (BM25; higher is better), best first."""
+    async def search_keywords(
+        self, scope: Scope, query: str, k: int, *, context_weight: float = 0.5
+    ) -> list[tuple[int, float]]:
+        """In-scope memories matching the query's words (BM25; higher is better), best first.
+        Words found only in a memory's ``context_text`` count ``context_weight`` as much."""
         ...
 
     async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:

@@ -71,6 +71,33 @@ def read_messages(path: str | Path) -> list[Message]:
     return messages
 
 
+def read_dry_run_messages(path: str | Path | None, *, text: str | None = None) -> list[Message]:
+    """Messages for a triage dry run: only ``text`` is required; each is a new user's first message.
+
+    Keys that are not message fields (labels of an evaluation set, say) are left out: a dry run
+    stores nothing, so they cannot do harm."""
+    from datetime import UTC, datetime
+
+    rows: list[tuple[int, Any]] = [(1, {"text": text})] if path is None else list(_lines(Path(path)))
+    now = datetime.now(UTC)
+    messages = []
+    for index, (number, data) in enumerate(rows):
+        if not isinstance(data, dict):
+            raise InputError("a line must be a JSON object", line=number)
+        filled = {
+            "user_id": f"dry-run-user-{index}",
+            "chat_id": f"dry-run-chat-{index}",
+            "ts": now,
+            "message_id": f"dry-run-{index}",
+            **{key: value for key, value in data.items() if key in Message.model_fields},
+        }
+        try:
+            messages.append(Message.model_validate(filled))
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc, line=number if path is not None else None) from exc
+    return messages
+
+
 async def export_jsonl(memory: Memory, path: str | Path) -> int:
     """Write every record with its vector; returns how many. The file appears only when complete."""
     path = Path(path)

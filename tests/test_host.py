@@ -120,18 +120,17 @@ async def test_disabled_builtin_via_environment(tmp_path: Path, monkeypatch: pyt
         assert (await mem.ingest(msg("1", "ok"))).stored is True
 
 
-async def test_open_memory_plugins_settings_are_not_silently_ignored(tmp_path: Path) -> None:
-    """``open_memory(folder, plugins={"disabled": [...]})`` (the form the issue asks for) must either
-    disable the plugin or fail loudly; it must not register the dict's keys as plugins."""
-    try:
-        async with open_memory(tmp_path / "m", plugins={"disabled": ["triage_default"]}) as mem:  # type: ignore[arg-type]
-            names = mem.host.plugin_names()
-            result = await mem.ingest(msg("1", "ok"))
-    except (TypeError, narrmem.PluginError, narrmem.ConfigError):
-        return  # rejected loudly: acceptable
-    assert not [n for n in names if n.startswith("builtins.")], f"a non-plugin object was registered: {names}"
+async def test_disabled_builtin_via_open_memory_plugins_table(tmp_path: Path) -> None:
+    """``open_memory(folder, plugins={"disabled": [...]})``: a dict is the ``[plugins]`` table."""
+    folder = tmp_path / "m"
+    async with open_memory(folder, plugins={"disabled": ["triage_default"]}) as mem:  # type: ignore[arg-type]
+        names = mem.host.plugin_names()
+        result = await mem.ingest(msg("1", "ok"))
     assert "triage_default" not in names
-    assert result.stored is True
+    assert not [n for n in names if n.startswith("builtins.")], f"a non-plugin object was registered: {names}"
+    assert {"storage_sqlite", "recall_hybrid", "core_tools"} <= set(names)
+    assert (result.stored, result.layer) == (True, "accumulate")
+    assert count_rows(folder) == 1
 
 
 async def test_disabled_third_party_plugin_object_is_not_registered(tmp_path: Path) -> None:

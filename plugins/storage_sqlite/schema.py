@@ -23,7 +23,8 @@ MIGRATIONS: list[str] = [
         stored_at   TEXT,
         message_ids TEXT NOT NULL,       -- JSON array: provenance
         meta        TEXT NOT NULL,       -- JSON object
-        vector      BLOB                 -- float32; the source of truth the FAISS index derives from
+        vector      BLOB,                -- float32; the source of truth the FAISS index derives from
+        context_text TEXT                -- indexed for keywords beside the text, with less weight
     );
     CREATE INDEX memories_user ON memories (tenant, user_id, created_ts);
     CREATE INDEX memories_chat ON memories (tenant, chat_id, created_ts);
@@ -38,7 +39,9 @@ MIGRATIONS: list[str] = [
     CREATE INDEX memory_sources_message ON memory_sources (tenant, chat_id, message_id);
     CREATE UNIQUE INDEX memory_sources_one_episode
         ON memory_sources (tenant, chat_id, message_id) WHERE is_episode = 1;
-    CREATE VIRTUAL TABLE memories_fts USING fts5 (body, tokenize = 'porter unicode61 remove_diacritics 2');
+    CREATE VIRTUAL TABLE memories_fts USING fts5 (
+        body, context, tokenize = 'porter unicode61 remove_diacritics 2'
+    );
     """,
 ]
 

@@ -20,7 +20,7 @@ from narrmem.text import fts_document, keyword_terms
 
 COLUMNS = (
     "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "
-    "stored_at, message_ids, meta"
+    "stored_at, message_ids, meta, context_text"
 )
 CHUNK = 500  # stays under SQLite's bound-parameter limit
 
@@ -150,11 +150,12 @@ class SQLiteStore:
             json.dumps(record.message_ids, ensure_ascii=False),
             json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
             blob,
+            record.context_text,
         )
         sql = (
             "INSERT INTO memories (kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, "
-            "created_at, created_ts, stored_at, message_ids, meta, vector{extra}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{marks})"
+            "created_at, created_ts, stored_at, message_ids, meta, vector, context_text{extra}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{marks})"
         )
         if keep_id:
             cur = await db.execute(sql.format(extra=", id", marks=", ?"), (*values, record.id))
@@ -169,7 +170,8 @@ class SQLiteStore:
             [(new_id, record.tenant, record.chat_id, mid, is_episode) for mid in record.message_ids],
         )
         await db.execute(
-            "INSERT INTO memories_fts (rowid, body) VALUES (?, ?)", (new_id, fts_document(record.index_text))
+            "INSERT INTO memories_fts (rowid, body, context) VALUES (?, ?, ?)",
+            (new_id, fts_document(record.index_text), fts_document(record.context_text or "")),
         )
         return new_id
 
@@ -213,18 +215,20 @@ class SQLiteStore:
         await self._write_many(
             [
                 (
-                    "UPDATE memories SET text = ?, embed_text = ?, importance = ?, meta = ? WHERE id = ?",
+                    "UPDATE memories SET text = ?, embed_text = ?, context_text = ?, importance = ?, meta = ? "
+                    "WHERE id = ?",
                     (
                         record.text,
                         record.embed_text,
+                        record.context_text,
                         record.importance,
                         json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
                         record.id,
                     ),
                 ),
                 (
-                    "UPDATE memories_fts SET body = ? WHERE rowid = ?",
-                    (fts_document(record.index_text), record.id),
+                    "UPDATE memories_fts SET body = ?, context = ? WHERE rowid = ?",
+                    (fts_document(record.index_text), fts_document(record.context_text or ""), record.id),
                 ),
             ]
         )
@@ -304,16 +308,18 @@ class SQLiteStore:
         ):
             self._scope_ids.pop(key, None)
 
-    async def search_keywords(self, scope: Scope, query: str, k: int) -> list[tuple[int, float]]:
+    async def search_keywords(
+        self, scope: Scope, query: str, k: int, *, context_weight: float = 0.5
+    ) -> list[tuple[int, float]]:
         match = fts_query(query)
         if not match:
             return []
         where, params = _scope_clause(scope, alias="m")
         rows = await self._fetchall(
-            "SELECT m.id, bm25(memories_fts) AS rank FROM memories_fts "
+            "SELECT m.id, bm25(memories_fts, 1.0, ?) AS rank FROM memories_fts "
             "JOIN memories m ON m.id = memories_fts.rowid "
             f"WHERE memories_fts MATCH ? AND {where} ORDER BY rank LIMIT ?",
-            (match, *params, k),
+            (float(context_weight), match, *params, k),
         )
         return [(int(r[0]), -float(r[1])) for r in rows]
 
@@ -429,6 +435,7 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         stored_at=datetime.fromisoformat(row[10]) if row[10] else None,
         message_ids=json.loads(row[11]),
         meta=json.loads(row[12]),
+        context_text=row[13],
     )
 
 
