@@ -25,6 +25,7 @@ from narrmem import Settings, hookimpl
 from narrmem.embed import SentenceTransformerEmbedder
 
 SHARED_BACKEND = "bench-shared"
+_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NARRMEM_", "TORCH_")
 
 
 # --- statistics -------------------------------------------------------------------------------
@@ -161,6 +162,8 @@ def machine_info(settings: Settings | None = None) -> dict[str, Any]:
             name: _version(name)
             for name in ("narrmem", "torch", "sentence-transformers", "faiss-cpu", "numpy", "bm25s")
         },
+        # Thread and BLAS settings change the timings a lot on a small machine.
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
     }
     if settings is not None:
         info["embedder"] = settings.embedder.model_dump()

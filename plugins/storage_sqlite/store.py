@@ -215,8 +215,8 @@ class SQLiteStore:
         await self._write_many(
             [
                 (
-                    "UPDATE memories SET text = ?, embed_text = ?, context_text = ?, importance = ?, meta = ? "
-                    "WHERE id = ?",
+                    "UPDATE memories SET text = ?, embed_text = ?, context_text = ?, importance = ?, "
+                    "meta = ? WHERE id = ?",
                     (
                         record.text,
                         record.embed_text,
