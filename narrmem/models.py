@@ -225,7 +225,8 @@ class ContextPack(_Strict):
         for hit in self.hits:
             when = hit.created_at.strftime("%Y-%m-%d")
             who = f"{hit.speaker}: " if hit.speaker else ""
-            line = f"- [{when}, {hit.kind}] {who}{hit.text}"
+            text = " | ".join(part.strip() for part in hit.text.splitlines() if part.strip())
+            line = f"- [{when}, {hit.kind}] {who}{text}"
             # Measured on the joined text: the estimate is not additive across line breaks.
             if token_budget is not None and estimate_tokens("\n".join([*lines, line])) > token_budget:
                 break

@@ -22,6 +22,9 @@ from _helpers import count_rows, msg, sql
 pytestmark = pytest.mark.slow
 
 KEPT = [m for m in MESSAGES if m["text"] != "ok"]
+# Triage writes a scene beside the episode for the one decision in the corpus.
+SCENES = [m for m in MESSAGES if m["text"].startswith("I decided")]
+RECORDS = len(KEPT) + len(SCENES)
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")} | {"HF_HUB_OFFLINE": "1"}
 
 
@@ -67,7 +70,7 @@ def _stats(store: CliStore, data: Path | None = None) -> dict[str, Any]:
 
 def test_ingest_summary(store: CliStore) -> None:
     assert store.summary == {"messages": len(MESSAGES), "stored": len(KEPT), "ignored": 1, "duplicates": 0}
-    assert count_rows(store.data) == len(KEPT)
+    assert count_rows(store.data) == RECORDS
     assert not (store.work / "narrmem-data").exists()  # --data was honoured
 
 
@@ -95,15 +98,15 @@ def test_recall_json_top_hit(store: CliStore) -> None:
 
 def test_stats_json(store: CliStore) -> None:
     stats = _stats(store)
-    assert stats["memories"] == len(KEPT)
-    assert stats["by_kind"] == {"episode": len(KEPT)}
+    assert stats["memories"] == RECORDS
+    assert stats["by_kind"] == {"episode": len(KEPT), "scene": len(SCENES)}
     assert (stats["users"], stats["chats"], stats["tenants"]) == (3, 4, 1)
-    assert stats["vectors_indexed"] == len(KEPT)
+    assert stats["vectors_indexed"] == RECORDS
     assert stats["embedder"]["model"] == "all-MiniLM-L6-v2"
     assert {
         "storage_sqlite",
         "embedder_sentence_transformers",
-        "triage_default",
+        "triage",
         "recall_hybrid",
         "core_tools",
     } <= set(stats["plugins"])
@@ -175,7 +178,7 @@ def test_malformed_jsonl_leaves_stats_unchanged(store: CliStore) -> None:
     assert done.returncode == 2
     assert "line 2" in done.stderr and "user_id" in done.stderr
     after = _stats(store)
-    assert after["memories"] == before["memories"] == len(KEPT)
+    assert after["memories"] == before["memories"] == RECORDS
     assert after["users"] == before["users"]
 
 
@@ -187,7 +190,7 @@ def test_non_utf8_input_is_bad_input_not_an_internal_error(store: CliStore) -> N
     done = narrmem("ingest", str(path), "--data", str(store.data), cwd=store.work)
     assert done.returncode == 2, done.stderr
     assert "line 2" in done.stderr
-    assert count_rows(store.data) == len(KEPT)
+    assert count_rows(store.data) == RECORDS
 
 
 def test_bad_config_exits_2_naming_the_key(store: CliStore) -> None:
@@ -210,8 +213,8 @@ def test_forget_json(store: CliStore, tmp_path: Path) -> None:
     marks = ",".join("?" * len(bob))
     assert sql(data, f"SELECT COUNT(*) FROM memories_fts WHERE rowid IN ({marks})", bob) == [(0,)]
     stats = _stats(store, data)
-    assert stats["memories"] == len(KEPT) - 6
-    assert stats["vectors_indexed"] == len(KEPT) - 6
+    assert stats["memories"] == RECORDS - 6
+    assert stats["vectors_indexed"] == RECORDS - 6
     assert stats["users"] == 2
     # Plain output too.
     again = narrmem("forget", "--user", "bob", "--data", str(data), cwd=store.work)
@@ -224,15 +227,15 @@ def test_export_import_round_trip(store: CliStore, tmp_path: Path) -> None:
     target = tmp_path / "target"
     done = narrmem("export", str(first), "--json", "--data", str(store.data), cwd=store.work)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"exported": len(KEPT), "file": str(first)}
+    assert json.loads(done.stdout) == {"exported": RECORDS, "file": str(first)}
     done = narrmem("import", str(first), "--json", "--data", str(target), cwd=store.work)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"imported": len(KEPT), "skipped": 0}
+    assert json.loads(done.stdout) == {"imported": RECORDS, "skipped": 0}
     done = narrmem("export", str(second), "--data", str(target), cwd=store.work)
     assert done.returncode == 0, done.stderr
     assert second.read_bytes() == first.read_bytes()
     done = narrmem("import", str(first), "--json", "--data", str(target), cwd=store.work)
-    assert json.loads(done.stdout) == {"imported": 0, "skipped": len(KEPT)}
+    assert json.loads(done.stdout) == {"imported": 0, "skipped": RECORDS}
     # A corrupted export is rejected (exit 2) naming the line, and nothing is written.
     lines = first.read_text(encoding="utf-8").splitlines()
     record = json.loads(lines[3])

@@ -121,8 +121,8 @@ async def test_unknown_key_in_a_plugin_table_names_it(tmp_path: Path) -> None:
     path = _toml(tmp_path, "[plugin.recall_hybrid]\ncandidate = 5\n")
     with pytest.raises(ConfigError, match=r"plugin\.recall_hybrid\.candidate"):
         await open_memory(tmp_path / "m", config_file=path)
-    path = _toml(tmp_path, "[plugin.triage_default]\nmin_chars = -1\n")
-    with pytest.raises(ConfigError, match=r"plugin\.triage_default\.min_chars"):
+    path = _toml(tmp_path, "[plugin.triage]\nmin_chars = -1\n")
+    with pytest.raises(ConfigError, match=r"plugin\.triage\.min_chars"):
         await open_memory(tmp_path / "m2", config_file=path)
 
 
@@ -134,9 +134,7 @@ def test_plugin_options_helper(tmp_path: Path) -> None:
 
 
 async def test_plugin_options_take_effect(tmp_path: Path) -> None:
-    path = _toml(
-        tmp_path, '[plugin.triage_default]\nextra_acknowledgements = ["Roger that"]\nmin_chars = 6\n'
-    )
+    path = _toml(tmp_path, '[plugin.triage]\nextra_acknowledgements = ["Roger that"]\nmin_chars = 6\n')
     async with open_memory(tmp_path / "m", config_file=path) as mem:
         roger = await mem.ingest(msg("1", "roger that!"))
         short = await mem.ingest(msg("2", "hey u"))

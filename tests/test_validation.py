@@ -149,7 +149,7 @@ async def test_tools_ingest_and_recall_with_dict_and_json_string(memory: Memory)
         "layer": "accumulate",
         "stored": True,
         "duplicate": False,
-        "reason": "kept as an episode",
+        "reason": "says something about the user's world",
         "memory_ids": out["memory_ids"],
     }
     assert len(out["memory_ids"]) == 1

@@ -1,0 +1,205 @@
+"""Triage and scenes: the three layers (ignore / accumulate / write a scene), narrative fragments,
+importance, and the counters that notice what keeps coming back. English and Chinese.
+
+Importance of a scene (documented in the README):
+``base(type) + 0.10·strength + 0.10·intensity + 0.10·novelty + 0.05·prototype similarity``,
+clamped to [0, 1]; an explicit "remember this" is at least 0.9. Accumulated messages get 0.30,
+0.35 when they state a mood.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from narrmem_plugins.triage.counters import Counters
+from narrmem_plugins.triage.emotions import emotions_in, intensity
+from narrmem_plugins.triage.ignore_rules import ignore_reason
+from narrmem_plugins.triage.options import TriageOptions
+from narrmem_plugins.triage.prototypes import PROTOTYPES
+from narrmem_plugins.triage.scene import compose
+from narrmem_plugins.triage.signals import CATEGORY, Signal, candidates
+
+from narrmem import hookimpl
+from narrmem.config import Settings, plugin_options
+from narrmem.models import MemoryRecord, Message, SceneDraft, Scope, TriageDecision
+
+NAME = "triage"
+
+BASE_IMPORTANCE = {
+    "decision": 0.55,
+    "value": 0.5,
+    "emotional_turn": 0.5,
+    "milestone": 0.5,
+    "first_time": 0.45,
+    "regret": 0.5,
+    None: 0.6,
+}
+ACCUMULATE_IMPORTANCE = 0.30
+MOOD_IMPORTANCE = 0.35
+EXPLICIT_IMPORTANCE = 0.9
+
+
+class Triage:
+    def __init__(self) -> None:
+        self.options = TriageOptions()
+        self._prototypes: dict[str, np.ndarray] | None = None
+        self.counters = Counters(self.options)
+
+    @hookimpl
+    def narrmem_configure(self, settings: Settings) -> None:
+        self.options = plugin_options(settings, NAME, TriageOptions)
+        self.counters = Counters(self.options)
+
+    # --- layer decision ---------------------------------------------------------------------
+
+    @hookimpl(trylast=True)
+    async def narrmem_triage(self, memory: Any, message: Message) -> TriageDecision:
+        reason = ignore_reason(
+            message.text, min_chars=self.options.min_chars, extra=self.options.ignore_phrases
+        )
+        if reason is not None:
+            return TriageDecision(layer="ignore", reason=reason)
+        found = candidates(message.text)
+        if not found:
+            moods = emotions_in(message.text)
+            return TriageDecision(
+                layer="accumulate",
+                reason="says something about the user's world",
+                importance=MOOD_IMPORTANCE if moods else ACCUMULATE_IMPORTANCE,
+                signals={"emotions": moods} if moods else {},
+            )
+        return await self._scene_decision(memory, message, found)
+
+    async def _scene_decision(self, memory: Any, message: Message, found: list[Signal]) -> TriageDecision:
+        await self._load_prototypes(memory)
+        vectors = await memory.embedder.embed([s.sentence for s in found])
+        similarity = [
+            self._prototype_similarity(s.type, v) if s.type else 0.0
+            for s, v in zip(found, vectors, strict=True)
+        ]
+        scored = sorted(
+            zip(found, similarity, vectors, strict=True),
+            key=lambda item: item[0].strength + self.options.prototype_weight * item[1],
+            reverse=True,
+        )
+        signal, prototype_similarity, vector = scored[0]
+        novelty = await self._novelty(memory, message, vector)
+        feeling = intensity(message.text)
+        importance = (
+            BASE_IMPORTANCE[signal.type]
+            + 0.10 * signal.strength
+            + 0.10 * feeling
+            + 0.10 * novelty
+            + 0.05 * max(0.0, prototype_similarity)
+        )
+        if signal.explicit:
+            importance = max(importance, EXPLICIT_IMPORTANCE)
+        return TriageDecision(
+            layer="scene",
+            type=signal.type,
+            reason=signal.reason,
+            importance=round(min(1.0, max(0.0, importance)), 4),
+            signals={
+                "core": signal.sentence,
+                "strength": signal.strength,
+                "prototype_similarity": round(prototype_similarity, 4),
+                "intensity": round(feeling, 4),
+                "novelty": round(novelty, 4),
+                "explicit": signal.explicit,
+                "category": CATEGORY[signal.type],
+                "other_types": [s.type for s, _, _ in scored[1:]],
+            },
+        )
+
+    def _prototype_similarity(self, scene_type: str, vector: np.ndarray) -> float:
+        assert self._prototypes is not None
+        return float(np.max(self._prototypes[scene_type] @ vector))
+
+    async def _load_prototypes(self, memory: Any) -> None:
+        if self._prototypes is None:
+            self._prototypes = {
+                kind: await memory.embedder.embed(list(sentences)) for kind, sentences in PROTOTYPES.items()
+            }
+
+    async def _novelty(self, memory: Any, message: Message, vector: np.ndarray) -> float:
+        """1 minus the similarity to the closest scene this user already has (1 for a first scene)."""
+        scope = Scope(tenant=message.tenant, user_id=message.user_id)
+        nearest = await memory.store.search_vectors(scope, vector, 16)
+        records = await memory.store.get([mid for mid, _ in nearest], scope)
+        scores = [score for mid, score in nearest if mid in records and records[mid].kind == "scene"]
+        return 1.0 - max(0.0, max(scores, default=0.0))
+
+    # --- writing the scene -------------------------------------------------------------------
+
+    @hookimpl
+    async def narrmem_before_store(
+        self, memory: Any, message: Message, decision: TriageDecision, records: list[MemoryRecord]
+    ) -> None:
+        episode = records[0]
+        moods = emotions_in(message.text)
+        if moods:
+            episode.meta["emotions"] = moods
+        if decision.layer != "scene":
+            return
+        window = await self._window(memory, message)
+        draft = await memory.host.call_first(
+            "narrmem_compose_scene", memory=memory, message=message, decision=decision, window=window
+        )
+        if not isinstance(draft, SceneDraft):
+            return
+        records.append(
+            MemoryRecord(
+                kind="scene",
+                tenant=message.tenant,
+                user_id=message.user_id,
+                chat_id=message.chat_id,
+                speaker=message.speaker,
+                text=draft.render(),
+                embed_text=draft.core,
+                importance=decision.importance,
+                created_at=message.ts,
+                stored_at=memory.clock.now(),
+                message_ids=[message.message_id],
+                meta={
+                    "type": decision.type,
+                    "category": draft.category,
+                    "tags": draft.tags,
+                    "fields": draft.model_dump(),
+                    "explicit": bool(decision.signals.get("explicit")),
+                },
+            )
+        )
+
+    async def _window(self, memory: Any, message: Message) -> list[MemoryRecord]:
+        since = message.ts - timedelta(minutes=self.options.window_minutes)
+        recent = await memory.store.recent(
+            Scope(tenant=message.tenant, chat_id=message.chat_id), since=since, kinds=["episode"], limit=12
+        )
+        return [
+            r
+            for r in reversed(recent)
+            if message.message_id not in r.message_ids and r.created_at <= message.ts
+        ]
+
+    @hookimpl(trylast=True)
+    def narrmem_compose_scene(
+        self, message: Message, decision: TriageDecision, window: list[MemoryRecord]
+    ) -> SceneDraft:
+        core = str(decision.signals.get("core") or message.text)
+        return compose(message, decision.type, core, window)
+
+    # --- counting ----------------------------------------------------------------------------
+
+    @hookimpl
+    async def narrmem_after_store(
+        self,
+        memory: Any,
+        message: Message,
+        decision: TriageDecision,
+        records: list[MemoryRecord],
+        vectors: np.ndarray,
+        result: Any,
+    ) -> None:
+        await self.counters.update(memory, message, decision, records, vectors, result)

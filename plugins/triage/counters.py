@@ -1,0 +1,355 @@
+"""Layer 2 counters: topics (by meaning), moods, value judgements and habits, per user.
+
+Counts are derived from stored memories rather than kept in a table of their own: a topic's
+count is the number of this user's episodes close to this one in meaning, a mood's count the
+number of this week's episodes that state it. So forgetting a user, importing a store or
+replaying a chat leaves the counts right, and each count carries the message ids behind it.
+Counts are taken as of the message (memories with a larger id do not count), so a batch ingest
+counts exactly as one-by-one ingest does.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from narrmem_plugins.triage.language import has_cjk
+from narrmem_plugins.triage.options import TriageOptions
+from narrmem_plugins.triage.scene import describe_time, topic_words
+
+from narrmem.models import (
+    MemoryRecord,
+    Message,
+    PatternCount,
+    SceneDraft,
+    Scope,
+    TriageDecision,
+    TriggerEvent,
+)
+from narrmem.text import keyword_terms
+
+_ORDINAL = {1: "st", 2: "nd", 3: "rd"}
+SAME_SCENE = 0.95  # cosine above which a later scene restates an earlier one
+MAX_IMPACTS = 3  # the Impact field keeps the latest few consequences
+CJK_TOPIC_SIMILARITY = 0.3
+_MOOD_WORDS = {
+    "tired": "tired",
+    "stressed": "stressed",
+    "anxious": "anxious",
+    "sad": "down",
+    "angry": "angry",
+    "lonely": "lonely",
+    "happy": "happy",
+}
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else _ORDINAL.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+class Counters:
+    def __init__(self, options: TriageOptions) -> None:
+        self.options = options
+
+    async def update(
+        self,
+        memory: Any,
+        message: Message,
+        decision: TriageDecision,
+        records: list[MemoryRecord],
+        vectors: np.ndarray,
+        result: Any,
+    ) -> None:
+        episode, episode_vector = records[0], vectors[0]
+        user = Scope(tenant=message.tenant, user_id=message.user_id)
+        await self._moods(memory, message, episode, user, result)
+        members = await self._topic(memory, message, episode, episode_vector, user, result)
+        self._habit(message, episode, members, result)
+        for record, vector in zip(records[1:], vectors[1:], strict=True):
+            if record.kind == "scene":
+                if record.meta.get("type") == "value":
+                    await self._values(memory, message, record, vector, user, result)
+                await self._link(memory, record, vector, user, result)
+
+    # --- moods -----------------------------------------------------------------------------
+
+    async def _moods(
+        self, memory: Any, message: Message, episode: MemoryRecord, user: Scope, result: Any
+    ) -> None:
+        moods = episode.meta.get("emotions") or []
+        if not moods:
+            return
+        since = message.ts - timedelta(days=self.options.emotion_window_days)
+        recent = await memory.store.recent(user, since=since, kinds=["episode"], limit=1000)
+        for mood in moods:
+            said = [r for r in recent if mood in (r.meta.get("emotions") or []) and _not_after(r, episode)]
+            said.sort(key=lambda r: r.id or 0)
+            count = len(said)
+            ids = [mid for r in said for mid in r.message_ids]
+            result.counts.append(PatternCount(kind="emotion", label=mood, count=count, message_ids=ids))
+            if count >= 2:
+                result.notes.append(f"said '{_MOOD_WORDS[mood]}' for the {ordinal(count)} time this week")
+            if count == self.options.emotion_threshold:
+                result.triggers.append(
+                    TriggerEvent(
+                        kind="emotion",
+                        label=mood,
+                        count=count,
+                        tenant=message.tenant,
+                        user_id=message.user_id,
+                        chat_id=message.chat_id,
+                        message_ids=ids,
+                        suggestion=(
+                            f"You've mentioned feeling {_MOOD_WORDS[mood]} {count} times this week. "
+                            "Is something wearing you down?"
+                        ),
+                    )
+                )
+                if self.options.promote_patterns:
+                    await self._promote(memory, message, mood, count, said)
+
+    async def _promote(
+        self, memory: Any, message: Message, mood: str, count: int, said: list[MemoryRecord]
+    ) -> None:
+        """A repeated mood becomes a scene of its own: "said 'tired' 3 times this week"."""
+        core = f"said '{_MOOD_WORDS[mood]}' {count} times this week"
+        draft = SceneDraft(
+            time=describe_time(message.ts, "en"),
+            scene="A pattern across the week: " + " / ".join(r.text[:60] for r in said[-3:]),
+            vibe=_MOOD_WORDS[mood],
+            core=core,
+            category="emotion_change",
+            tags=["pattern", mood],
+        )
+        scene = MemoryRecord(
+            kind="scene",
+            tenant=message.tenant,
+            user_id=message.user_id,
+            chat_id=message.chat_id,
+            speaker=message.speaker,
+            text=draft.render(),
+            embed_text=f"{message.speaker or 'the user'} {core}",
+            importance=0.6,
+            created_at=message.ts,
+            stored_at=memory.clock.now(),
+            message_ids=[mid for r in said for mid in r.message_ids],
+            meta={
+                "type": "pattern",
+                "category": "emotion_change",
+                "tags": draft.tags,
+                "fields": draft.model_dump(),
+            },
+        )
+        vectors = await memory.embedder.embed([scene.index_text])
+        await memory.store.add([scene], vectors)
+
+    # --- topics and habits ------------------------------------------------------------------
+
+    async def _topic(
+        self,
+        memory: Any,
+        message: Message,
+        episode: MemoryRecord,
+        vector: np.ndarray,
+        user: Scope,
+        result: Any,
+    ) -> list[MemoryRecord]:
+        nearest = await memory.store.search_vectors(user, vector, 64)
+        # For Chinese the (English) model's cosine is weak evidence: shared words decide instead.
+        threshold = CJK_TOPIC_SIMILARITY if has_cjk(episode.text) else self.options.topic_similarity
+        close = [mid for mid, score in nearest if score >= threshold]
+        found = await memory.store.get(close, user)
+        since = message.ts - timedelta(days=self.options.topic_window_days)
+        members = sorted(
+            (
+                r
+                for r in found.values()
+                if r.kind == "episode"
+                and _not_after(r, episode)
+                and r.created_at >= since
+                and _same_words_if_chinese(episode.text, r.text)
+            ),
+            key=lambda r: r.id or 0,
+        )
+        count = len(members)
+        shared_moods = (
+            set.intersection(*(set(r.meta.get("emotions") or []) for r in members)) if members else set()
+        )
+        if count < 2 or shared_moods:
+            # Messages alike because they state the same mood are the mood counter's business.
+            return members
+        label = topic_label([r.text for r in members])
+        ids = [mid for r in members for mid in r.message_ids]
+        result.counts.append(PatternCount(kind="topic", label=label, count=count, message_ids=ids))
+        result.notes.append(f"topic '{label}' mentioned for the {ordinal(count)} time")
+        if count == self.options.topic_threshold:
+            result.triggers.append(
+                TriggerEvent(
+                    kind="topic",
+                    label=label,
+                    count=count,
+                    tenant=message.tenant,
+                    user_id=message.user_id,
+                    chat_id=message.chat_id,
+                    message_ids=ids,
+                    suggestion=f"This is the {ordinal(count)} time '{label}' comes up. Want to dig into it?",
+                )
+            )
+        return members
+
+    def _habit(
+        self, message: Message, episode: MemoryRecord, members: list[MemoryRecord], result: Any
+    ) -> None:
+        weekday = episode.created_at.weekday()
+        same_day = [r for r in members if r.created_at.weekday() == weekday]
+        weeks = sorted({tuple(r.created_at.isocalendar())[:2] for r in same_day})
+        if len(weeks) < 2:
+            return
+        day = describe_time(episode.created_at, "en").split()[0]
+        label = f"{topic_label([r.text for r in members])} on {day}s"
+        ids = [mid for r in same_day for mid in r.message_ids]
+        result.counts.append(PatternCount(kind="habit", label=label, count=len(weeks), message_ids=ids))
+        this_week = tuple(episode.created_at.isocalendar())[:2]
+        # Fire once: on the first mention of the week that makes the count.
+        first_of_week = min(
+            (r.id or 0) for r in same_day if tuple(r.created_at.isocalendar())[:2] == this_week
+        ) == (episode.id or 0)
+        if len(weeks) == self.options.habit_weeks and first_of_week:
+            result.triggers.append(
+                TriggerEvent(
+                    kind="habit",
+                    label=label,
+                    count=len(weeks),
+                    tenant=message.tenant,
+                    user_id=message.user_id,
+                    chat_id=message.chat_id,
+                    message_ids=ids,
+                    suggestion=f"It's {day} again: {len(weeks)} weeks running this comes up. A ritual?",
+                )
+            )
+
+    # --- values and links -------------------------------------------------------------------
+
+    async def _values(
+        self, memory: Any, message: Message, scene: MemoryRecord, vector: np.ndarray, user: Scope, result: Any
+    ) -> None:
+        similar = await _similar_scenes(memory, scene, vector, user, self.options.value_similarity)
+        values = [r for r in similar if r.meta.get("type") == "value"] + [scene]
+        count = len(values)
+        label = _core(scene)[:80]
+        ids = [mid for r in values for mid in r.message_ids]
+        result.counts.append(PatternCount(kind="value", label=label, count=count, message_ids=ids))
+        if count == self.options.value_threshold:
+            result.triggers.append(
+                TriggerEvent(
+                    kind="value",
+                    label=label,
+                    count=count,
+                    tenant=message.tenant,
+                    user_id=message.user_id,
+                    chat_id=message.chat_id,
+                    message_ids=ids,
+                    suggestion="This value keeps guiding them; it may help frame the next decision.",
+                )
+            )
+
+    async def _link(
+        self, memory: Any, scene: MemoryRecord, vector: np.ndarray, user: Scope, result: Any
+    ) -> None:
+        """Fill the Impact of the earlier scene this one builds on.
+
+        A decision that cites a value rarely paraphrases it, so the link score is the cosine plus
+        a bonus when the two cores share a content word ("friends"); the best score above
+        ``link_similarity`` wins.
+        """
+        if scene.meta.get("type") == "pattern":
+            return
+        own_words = set(topic_words([_core(scene)], limit=20))
+        scored = []
+        for record, similarity in await _scored_scenes(
+            memory, scene, vector, user, self.options.link_similarity - 0.15
+        ):
+            if record.meta.get("type") == "pattern" or "fields" not in record.meta:
+                continue
+            if similarity >= SAME_SCENE:
+                continue  # a restatement, not a moment that builds on the earlier one
+            shared = own_words & set(topic_words([_core(record)], limit=20))
+            score = similarity + (0.15 if shared else 0.0)
+            if score >= self.options.link_similarity:
+                scored.append((score, record))
+        if not scored:
+            return
+        target = max(scored, key=lambda item: item[0])[1]
+        fields = SceneDraft.model_validate(target.meta["fields"])
+        core = _core(scene)
+        impact = f'{scene.meta.get("type") or "later"} on {scene.created_at:%Y-%m-%d}: "{core}"'
+        earlier_impacts = [part for part in fields.impact.split("; ") if part][-(MAX_IMPACTS - 1) :]
+        fields.impact = "; ".join([*earlier_impacts, impact])
+        target.meta = {
+            **target.meta,
+            "fields": fields.model_dump(),
+            "impacts": [*target.meta.get("impacts", []), scene.id],
+        }
+        target.text = fields.render()
+        scene.meta = {**scene.meta, "builds_on": target.id}
+        await memory.store.update(target)
+        await memory.store.update(scene)
+        result.notes.append(f"scene builds on scene {target.id}")
+
+
+async def _scored_scenes(
+    memory: Any, scene: MemoryRecord, vector: np.ndarray, user: Scope, threshold: float
+) -> list[tuple[MemoryRecord, float]]:
+    """Earlier scenes of this user at least ``threshold`` close to ``scene``, closest first."""
+    nearest = await memory.store.search_vectors(user, vector, 32)
+    scores = {mid: score for mid, score in nearest if score >= threshold and mid != scene.id}
+    found = await memory.store.get(list(scores), user)
+    earlier = [r for r in found.values() if r.kind == "scene" and _not_after(r, scene)]
+    return sorted(((r, scores[r.id or 0]) for r in earlier), key=lambda item: -item[1])
+
+
+async def _similar_scenes(
+    memory: Any, scene: MemoryRecord, vector: np.ndarray, user: Scope, threshold: float
+) -> list[MemoryRecord]:
+    return [record for record, _ in await _scored_scenes(memory, scene, vector, user, threshold)]
+
+
+def _core(scene: MemoryRecord) -> str:
+    return str(scene.meta.get("fields", {}).get("core", scene.text))
+
+
+def _not_after(record: MemoryRecord, reference: MemoryRecord) -> bool:
+    return (record.id or 0) <= (reference.id or 0)
+
+
+# Two-character sequences too common in Chinese chat to say what a message is about.
+_COMMON_BIGRAMS = frozenset(
+    "我的 我们 一个 今天 昨天 明天 现在 还是 就是 什么 怎么 这个 那个 "
+    "因为 所以 但是 觉得 真的 有点 已经 一下".split()
+)
+
+
+def _content_bigrams(text: str) -> set[str]:
+    return {t for t in keyword_terms(text) if len(t) == 2 and has_cjk(t) and t not in _COMMON_BIGRAMS}
+
+
+def _same_words_if_chinese(a: str, b: str) -> bool:
+    """The embedding model reads English; for Chinese, a shared topic must also share words."""
+    if not (has_cjk(a) or has_cjk(b)):
+        return True
+    return a == b or len(_content_bigrams(a) & _content_bigrams(b)) >= 2
+
+
+def topic_label(texts: list[str]) -> str:
+    """A short name for a topic: its most frequent content words (for Chinese, shared bigrams)."""
+    words = topic_words(texts, limit=2)
+    if words:
+        return " ".join(words)
+    counts: dict[str, int] = {}
+    for text in texts:
+        for bigram in _content_bigrams(text):
+            counts[bigram] = counts.get(bigram, 0) + 1
+    shared = sorted(counts, key=lambda b: (-counts[b], b))[:2]
+    return "".join(shared) if shared else texts[0][:8]

@@ -1,0 +1,114 @@
+"""Word lists the triage rules use, English and Chinese. Kept apart from the rules so they can be
+read and extended without reading regular expressions."""
+
+from __future__ import annotations
+
+ACKNOWLEDGEMENTS = frozenset(
+    """ok okay k kk okk okie okey yes yep yeah yup ya yea sure no nope nah thanks thank thx ty tysm cool
+    nice fine alright right lol lmao rofl haha hahaha hehe hmm hm mm mhm ah oh ooh wow great good noted
+    roger understood gotcha agreed same true indeed exactly perfect awesome np nw yw ikr wtf omg smh ugh
+    yikes damn dang welp oof bruh first 👍 🙏 😂 🤣 ❤️ 👌 🙂 😊 +1
+    好 好的 好滴 好嘞 嗯 嗯嗯 嗯呢 收到 哦 噢 喔 行 行吧 可以 对 对的 是 是的 谢谢 多谢 谢啦 哈哈 哈哈哈 呵呵
+    知道了 明白 明白了 了解 懂了 没问题 ok的 好吧 记住了 离谱 无语 绝了 服了 醉了 晕 哎 唉 天哪 我去""".split()
+)
+
+ACKNOWLEDGEMENT_PHRASES = frozenset(
+    {
+        "thank you",
+        "thanks a lot",
+        "thanks so much",
+        "thank you so much",
+        "got it",
+        "sounds good",
+        "no problem",
+        "no worries",
+        "all right",
+        "ok thanks",
+        "okay thanks",
+        "ok cool",
+        "oh ok",
+        "oh okay",
+        "makes sense",
+        "fair enough",
+        "will do",
+        "i'll remember",
+        "i will remember",
+        "i'll remember that",
+        "记住了",
+        "好的记住了",
+        "知道啦",
+        "明白啦",
+        "i see",
+        "i know",
+        "of course",
+        "sure thing",
+        "you bet",
+        "good to know",
+        "yes please",
+        "no thanks",
+        "ok got it",
+        "okay got it",
+        "好的谢谢",
+        "好的收到",
+    }
+)
+
+GREETINGS_EN = (
+    r"hi|hello|hey|heya|hiya|yo|sup|howdy|hi there|hey there|hello there|good morning|good afternoon|"
+    r"good evening|good night|morning|evening|night|gm|gn|nite|bye|bye bye|goodbye|see you|see ya|cya|"
+    r"later|ttyl|take care|have a nice day|have a good day|have a good one|welcome back|long time no see|"
+    r"how are you|how are you doing|how r u|how's it going|hows it going|how's your day|what's up|whats up|"
+    r"wassup|how have you been|nice to meet you|you there|are you there|anyone there"
+)
+GREETINGS_ZH = (
+    r"你好|您好|嗨|哈喽|哈啰|早|早上好|早安|中午好|下午好|晚上好|晚安|拜拜|再见|回头见|明天见|在吗|在不在|"
+    r"你在吗|最近怎么样|最近好吗|你好吗|吃了吗|吃饭了吗|好久不见"
+)
+BOT_NAMES = r"(?:bot|buddy|friend|there|everyone|all|guys|folks|mate|man|dude|朋友|大家)"
+
+WEATHER = (
+    r"weather|rain|raining|rainy|sunny|sunshine|cloudy|snow|snowing|windy|humid|foggy|storm|stormy|"
+    r"thunder|hot today|cold today|so hot|so cold|freezing|chilly|heatwave|forecast|temperature|degrees|"
+    r"pouring|drizzl\w*|hail\w*|sleet|humidity|breeze|sunny|snowfall|blizzard"
+)
+WEATHER_ZH = r"天气|下雨|下雪|晴天|阴天|刮风|好热|好冷|真热|真冷|太热|太冷|降温|升温|气温|温度|台风|雾霾|闷热"
+
+# Emotion labels for counting repeated moods. Each label lists English words and Chinese words.
+EMOTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "tired": (
+        (
+            "tired",
+            "exhausted",
+            "drained",
+            "worn out",
+            "burnt out",
+            "burned out",
+            "sleepy",
+            "knackered",
+            "wiped out",
+            "fatigued",
+        ),
+        ("累", "疲惫", "疲倦", "困", "乏", "没精神", "心累"),
+    ),
+    "stressed": (
+        ("stressed", "stress", "overwhelmed", "under pressure", "swamped", "overloaded"),
+        ("压力", "焦头烂额", "忙死", "喘不过气"),
+    ),
+    "anxious": (
+        ("anxious", "worried", "worry", "worrying", "nervous", "scared", "afraid", "panicking", "uneasy"),
+        ("焦虑", "担心", "紧张", "害怕", "不安", "慌"),
+    ),
+    "sad": (
+        ("sad", "down", "depressed", "unhappy", "miserable", "heartbroken", "blue", "crying", "cried"),
+        ("难过", "伤心", "郁闷", "沮丧", "失落", "哭", "抑郁"),
+    ),
+    "angry": (
+        ("angry", "furious", "pissed", "annoyed", "frustrated", "mad at", "irritated", "fed up"),
+        ("生气", "气死", "烦", "恼火", "愤怒", "火大"),
+    ),
+    "lonely": (("lonely", "alone", "isolated", "left out"), ("孤独", "寂寞", "孤单")),
+    "happy": (
+        ("happy", "excited", "thrilled", "glad", "delighted", "overjoyed", "proud", "grateful", "relieved"),
+        ("开心", "高兴", "快乐", "兴奋", "激动", "骄傲", "欣慰", "幸福"),
+    ),
+}

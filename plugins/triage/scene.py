@@ -1,0 +1,99 @@
+"""The built-in scene composer: a narrative fragment from the message and the chat's recent
+window, without an LLM. Time in the user's own clock, Scene from the window's words, Vibe from
+its moods, Core quoted verbatim."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+
+from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
+from narrmem_plugins.triage.emotions import emotions_in
+from narrmem_plugins.triage.language import has_cjk
+from narrmem_plugins.triage.signals import CATEGORY
+
+from narrmem.models import MemoryRecord, Message, SceneDraft
+from narrmem.text import keyword_terms
+
+_WEEKDAYS_EN = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_WEEKDAYS_ZH = ("周一", "周二", "周三", "周四", "周五", "周六", "周日")
+_DEFAULT_VIBE = {
+    "decision": ("resolute", "坚定"),
+    "value": ("thoughtful", "认真思考"),
+    "emotional_turn": ("reflective", "回望与释然"),
+    "milestone": ("proud, relieved", "自豪、松了口气"),
+    "first_time": ("excited, curious", "兴奋、新奇"),
+    "regret": ("rueful", "懊悔"),
+    None: ("matter-of-fact", "平静"),
+}
+_MOODS_ZH = {
+    "tired": "疲惫",
+    "stressed": "压力大",
+    "anxious": "焦虑",
+    "sad": "低落",
+    "angry": "生气",
+    "lonely": "孤独",
+    "happy": "开心",
+}
+_FILLER = frozenset(
+    "just really like know think get got going want also lol yeah today one much still".split()
+)
+
+
+def describe_time(ts: datetime, language: str) -> str:
+    """ "Friday 11pm" / "周五晚上11点", in the offset the message was sent with."""
+    weekday = ts.weekday()
+    hour = ts.hour
+    if language == "zh":
+        part = (
+            "凌晨"
+            if hour < 5
+            else "早上"
+            if hour < 9
+            else "上午"
+            if hour < 12
+            else "中午"
+            if hour < 13
+            else ("下午" if hour < 18 else "晚上")
+        )
+        shown = hour if hour <= 12 else hour - 12
+        return f"{_WEEKDAYS_ZH[weekday]}{part}{shown}点"
+    suffix = "am" if hour < 12 else "pm"
+    shown = hour % 12 or 12
+    return f"{_WEEKDAYS_EN[weekday]} {shown}{suffix}"
+
+
+def topic_words(texts: list[str], limit: int = 3) -> list[str]:
+    counts: Counter[str] = Counter()
+    for text in texts:
+        for term in keyword_terms(text):
+            if len(term) > 2 and term not in STOPWORDS and term not in _FILLER and not term.isdigit():
+                counts[term] += 1
+    return [word for word, _ in counts.most_common(limit)]
+
+
+def compose(message: Message, scene_type: str | None, core: str, window: list[MemoryRecord]) -> SceneDraft:
+    language = "zh" if has_cjk(core) else "en"
+    texts = [r.text for r in window[-6:]] + [message.text]
+    moods: list[str] = []
+    for text in texts:
+        moods.extend(m for m in emotions_in(text) if m not in moods)
+    default_en, default_zh = _DEFAULT_VIBE.get(scene_type, _DEFAULT_VIBE[None])
+    if language == "zh":
+        recent = window[-1].text if window else message.text
+        scene = "聊到：" + (recent[:40] + ("…" if len(recent) > 40 else ""))
+        vibe = "、".join(_MOODS_ZH[m] for m in moods) or default_zh
+        words: list[str] = []
+    else:
+        words = topic_words(texts)
+        scene = ("Talking about " + ", ".join(words)) if words else "A passing remark"
+        vibe = ", ".join(moods) or default_en
+    return SceneDraft(
+        time=describe_time(message.ts, language),
+        scene=scene,
+        vibe=vibe,
+        core=core,
+        category=CATEGORY.get(scene_type, "general"),  # type: ignore[arg-type]
+        tags=[t for t in [scene_type, *moods, *words] if t],
+        language=language,  # type: ignore[arg-type]
+    )
