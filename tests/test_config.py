@@ -156,3 +156,25 @@ async def test_batch_size_setting_controls_write_batches(
         )
     assert chunks == [2, 2, 1]
     assert all(r.stored for r in results)
+
+
+def test_example_config_documents_every_key_with_its_default() -> None:
+    import tomllib
+
+    from narrmem.config import EmbedderSettings, PluginsSettings, StorageSettings, plugin_options
+    from narrmem_plugins.recall_hybrid import HybridOptions
+    from narrmem_plugins.triage.options import TriageOptions
+
+    path = Path(__file__).parent.parent / "config.example.toml"
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    sections = {"storage": StorageSettings, "embedder": EmbedderSettings, "plugins": PluginsSettings}
+    for name, model in sections.items():
+        documented = set(raw[name]) | ({"model_path"} if name == "embedder" else set())  # commented out
+        assert documented == set(model.model_fields), name
+        assert model.model_validate(raw[name]) == model(), name
+    plugins = {"triage": TriageOptions, "recall_hybrid": HybridOptions}
+    assert set(raw["plugin"]) == set(plugins)
+    settings = load_settings(path)
+    for name, model in plugins.items():
+        assert set(raw["plugin"][name]) == set(model.model_fields), name
+        assert plugin_options(settings, name, model) == model(), name
