@@ -500,10 +500,13 @@ def _pick(registry: dict[str, Callable[..., Any]], name: str, setting: str) -> C
 
 def _hit(record: MemoryRecord, score: float, sources: dict[str, int]) -> Hit:
     assert record.id is not None
+    fields = record.meta.get("fields")
+    core = fields.get("core") if isinstance(fields, dict) else None
     return Hit(
         id=record.id,
         kind=record.kind,
-        text=record.text,
+        text=core if isinstance(core, str) and core else record.text,
+        detail=record.text if isinstance(core, str) and core else None,
         score=float(score),
         importance=record.importance,
         created_at=record.created_at,

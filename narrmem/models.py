@@ -192,9 +192,13 @@ class Candidate(_Strict):
 
 
 class Hit(_Strict):
+    """One recalled memory. For a scene, ``text`` is its Core in the user's words (what a prompt
+    pays for) and ``detail`` the whole narrative fragment."""
+
     id: int
     kind: str
     text: str
+    detail: str | None = None
     score: float
     importance: float
     created_at: datetime

@@ -32,8 +32,8 @@ RECORDS = len(KEPT) + 1
 
 
 def says(hit: Hit, text: str) -> bool:
-    """The hit is that message: its episode, or a scene that quotes it as its Core."""
-    return hit.text == text or (hit.kind == "scene" and f'"{text}"' in hit.text)
+    """The hit is that message: its episode, or a scene whose Core quotes it (whole narrative in detail)."""
+    return hit.text == text and (hit.kind == "episode" or f'"{text}"' in (hit.detail or ""))
 
 
 @dataclass

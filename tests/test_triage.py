@@ -136,6 +136,8 @@ async def test_a_scene_is_a_narrative_fragment(real: Memory) -> None:
     # Recall finds it, once (the scene and its episode are one hit).
     hits = await real.recall("what did Ann decide about work?", user_id="ann", k=5)
     assert hits and hits[0].message_ids == ["s1"]
+    if hits[0].kind == "scene":  # a scene hit costs its Core; the fragment rides in detail
+        assert hits[0].text == fields.core and hits[0].detail == scene.text
     assert [h.message_ids for h in hits].count(["s1"]) == 1
 
 
