@@ -47,6 +47,8 @@ async def run_demo(memory: Memory, out: TextIO, k: int = 2) -> None:
         for hit in hits:
             when = hit.created_at.strftime("%d %b")
             text = " | ".join(line for line in hit.text.splitlines() if line.strip())
-            print(f"  {hit.score:.3f}  {when}  [{hit.kind}] {text}  <- {', '.join(hit.message_ids)}", file=out)
+            print(
+                f"  {hit.score:.3f}  {when}  [{hit.kind}] {text}  <- {', '.join(hit.message_ids)}", file=out
+            )
     stats = await memory.stats()
     print(f"\nStored in {memory.data_dir}: {stats['memories']} memories, {stats['users']} users.", file=out)

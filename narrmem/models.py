@@ -99,6 +99,7 @@ class MemoryRecord(_Strict):
     importance: float = Field(default=0.3, ge=0.0, le=1.0)
     created_at: AwareDatetime
     stored_at: AwareDatetime | None = None
+    reinforced_at: AwareDatetime | None = None  # the decay clock's start; None means created_at
     message_ids: list[str] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
 
@@ -110,6 +111,17 @@ class MemoryRecord(_Strict):
     @property
     def index_text(self) -> str:
         return self.embed_text or self.text
+
+
+class ImportanceChange(_Strict):
+    """A change to a memory's stored importance, kept in its history (who, when, why)."""
+
+    memory_id: int
+    importance: float = Field(ge=0.0, le=1.0)
+    reinforced_at: AwareDatetime
+    old: float | None = None
+    who: str
+    why: str
 
 
 class TriggerEvent(_Strict):
@@ -214,6 +226,8 @@ class RecallRequest(_Strict):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
     scope: Scope
     k: int = Field(default=5, ge=1, le=200)
+    kinds: list[str] | None = Field(default=None, description="only these kinds of memory")
+    reinforce: bool = Field(default=True, description="recalled memories gain importance")
 
 
 class ContextPack(_Strict):

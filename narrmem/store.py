@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from narrmem.models import MemoryRecord, Scope
+from narrmem.models import ImportanceChange, MemoryRecord, Scope
 
 
 @runtime_checkable
@@ -38,12 +38,20 @@ class Store(Protocol):
         """Which of these message ids already have an episode in this chat (for idempotent ingest)."""
         ...
 
-    async def search_vectors(self, scope: Scope, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
-        """Nearest in-scope memories by inner product, best first."""
+    async def search_vectors(
+        self, scope: Scope, vector: np.ndarray, k: int, *, kinds: Sequence[str] | None = None
+    ) -> list[tuple[int, float]]:
+        """Nearest in-scope memories (of these kinds) by inner product, best first."""
         ...
 
     async def search_keywords(
-        self, scope: Scope, query: str, k: int, *, context_weight: float = 0.5
+        self,
+        scope: Scope,
+        query: str,
+        k: int,
+        *,
+        context_weight: float = 0.5,
+        kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
         """In-scope memories matching the query's words (BM25; higher is better), best first.
         Words found only in a memory's ``context_text`` count ``context_weight`` as much."""
@@ -67,6 +75,48 @@ class Store(Protocol):
     async def update(self, record: MemoryRecord) -> None:
         """Rewrite a stored record's text, importance and meta (scope, kind, provenance and vector
         stay as they are); the keyword index follows."""
+        ...
+
+    async def delete(self, ids: Sequence[int], scope: Scope) -> int:
+        """Delete these in-scope memories (rows, keyword index, vectors); return how many."""
+        ...
+
+    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
+        """Write new stored importance and decay-clock starts, with a history row each, in one
+        transaction."""
+        ...
+
+    async def importance_states(
+        self, after_id: int, limit: int
+    ) -> list[tuple[int, float, datetime, float | None]]:
+        """``(id, importance, decay clock start, importance after decay at the last pass)`` in id order."""
+        ...
+
+    async def set_current_importance(
+        self,
+        values: Sequence[tuple[int, float]],
+        history: Sequence[tuple[int, str, str, float, float]],
+        at: datetime,
+    ) -> None:
+        """Cache importance after decay; ``history`` rows are ``(id, who, why, old, new)``."""
+        ...
+
+    async def history(self, memory_id: int) -> list[dict[str, Any]]:
+        """A memory's importance history, oldest first."""
+        ...
+
+    async def count_below(self, threshold: float) -> int:
+        """How many memories had importance after decay below ``threshold`` at the last pass."""
+        ...
+
+    async def state_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        """A plugin's small piece of persistent state."""
+        ...
+
+    async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None: ...
+
+    async def state_delete(self, namespace: str, key_prefix: str) -> int:
+        """Delete a plugin's state whose key starts with ``key_prefix``; return how many."""
         ...
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import aiosqlite
 
 MIGRATIONS: list[str] = [
@@ -43,9 +45,43 @@ MIGRATIONS: list[str] = [
         body, context, tokenize = 'porter unicode61 remove_diacritics 2'
     );
     """,
+    # 2: decay and reinforcement state, the importance history, and small per-plugin state.
+    """
+    ALTER TABLE memories ADD COLUMN reinforced_at TEXT;   -- decay clock start; NULL = created_at
+    ALTER TABLE memories ADD COLUMN current_importance REAL;  -- importance after decay at the last pass
+    CREATE TABLE memory_history (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        memory_id  INTEGER NOT NULL REFERENCES memories (id) ON DELETE CASCADE,
+        at         TEXT NOT NULL,
+        who        TEXT NOT NULL,
+        why        TEXT NOT NULL,
+        old        REAL,
+        new        REAL
+    );
+    CREATE INDEX memory_history_memory ON memory_history (memory_id, id);
+    CREATE TABLE plugin_state (
+        namespace  TEXT NOT NULL,
+        key        TEXT NOT NULL,
+        value      TEXT NOT NULL,            -- JSON
+        PRIMARY KEY (namespace, key)
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def split_statements(script: str) -> list[str]:
+    """The script's statements, split where SQLite itself says a statement is complete."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements
 
 
 async def migrate(db: aiosqlite.Connection) -> int:
@@ -62,7 +98,7 @@ async def migrate(db: aiosqlite.Connection) -> int:
         )
     for number in range(version, SCHEMA_VERSION):
         script = MIGRATIONS[number]
-        statements = [s.strip() for s in script.split(";\n") if s.strip()]
+        statements = split_statements(script)
         await db.execute("BEGIN IMMEDIATE")
         try:
             for statement in statements:

@@ -15,12 +15,12 @@ from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
 from narrmem_plugins.storage_sqlite.vector_index import VectorIndex
 
 from narrmem.errors import StoreError
-from narrmem.models import MemoryRecord, Scope
+from narrmem.models import ImportanceChange, MemoryRecord, Scope
 from narrmem.text import fts_document, keyword_terms
 
 COLUMNS = (
     "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "
-    "stored_at, message_ids, meta, context_text"
+    "stored_at, message_ids, meta, context_text, reinforced_at"
 )
 CHUNK = 500  # stays under SQLite's bound-parameter limit
 
@@ -151,11 +151,13 @@ class SQLiteStore:
             json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
             blob,
             record.context_text,
+            record.reinforced_at.isoformat() if record.reinforced_at else None,
         )
         sql = (
             "INSERT INTO memories (kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, "
-            "created_at, created_ts, stored_at, message_ids, meta, vector, context_text{extra}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{marks})"
+            "created_at, created_ts, stored_at, message_ids, meta, vector, context_text, reinforced_at"
+            "{extra}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{marks})"
         )
         if keep_id:
             cur = await db.execute(sql.format(extra=", id", marks=", ?"), (*values, record.id))
@@ -233,6 +235,123 @@ class SQLiteStore:
             ]
         )
 
+    async def delete(self, ids: Sequence[int], scope: Scope) -> int:
+        where, params = _scope_clause(scope)
+        found = [
+            r[0]
+            for part in _chunks(list(ids))
+            for r in await self._fetchall(
+                f"SELECT id FROM memories WHERE id IN ({_marks(part)}) AND {where}", (*part, *params)
+            )
+        ]
+        if not found:
+            return 0
+        await self._write_many(
+            [
+                (f"DELETE FROM memories_fts WHERE rowid IN ({_marks(found)})", found),
+                (f"DELETE FROM memories WHERE id IN ({_marks(found)})", found),
+            ]
+        )
+        self._scope_ids.clear()
+        await self.index.remove(np.array(found, dtype=np.int64))
+        await self.index.save()
+        return len(found)
+
+    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
+        statements: list[tuple[str, Sequence[Any]]] = []
+        for change in changes:
+            statements.append(
+                (
+                    "UPDATE memories SET importance = ?, reinforced_at = ?, current_importance = ? "
+                    "WHERE id = ?",
+                    (
+                        change.importance,
+                        change.reinforced_at.isoformat(),
+                        change.importance,
+                        change.memory_id,
+                    ),
+                )
+            )
+            statements.append(
+                (
+                    "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (change.memory_id, at.isoformat(), change.who, change.why, change.old, change.importance),
+                )
+            )
+        if statements:
+            await self._write_many(statements)
+
+    async def importance_states(
+        self, after_id: int, limit: int
+    ) -> list[tuple[int, float, datetime, float | None]]:
+        rows = await self._fetchall(
+            "SELECT id, importance, COALESCE(reinforced_at, created_at), current_importance FROM memories "
+            "WHERE id > ? ORDER BY id LIMIT ?",
+            (after_id, limit),
+        )
+        return [(int(r[0]), float(r[1]), datetime.fromisoformat(r[2]), r[3]) for r in rows]
+
+    async def set_current_importance(
+        self,
+        values: Sequence[tuple[int, float]],
+        history: Sequence[tuple[int, str, str, float, float]],
+        at: datetime,
+    ) -> None:
+        statements: list[tuple[str, Sequence[Any]]] = [
+            ("UPDATE memories SET current_importance = ? WHERE id = ?", (value, memory_id))
+            for memory_id, value in values
+        ]
+        statements.extend(
+            (
+                "INSERT INTO memory_history (memory_id, at, who, why, old, new) VALUES (?, ?, ?, ?, ?, ?)",
+                (memory_id, at.isoformat(), who, why, old, new),
+            )
+            for memory_id, who, why, old, new in history
+        )
+        if statements:
+            await self._write_many(statements)
+
+    async def history(self, memory_id: int) -> list[dict[str, Any]]:
+        rows = await self._fetchall(
+            "SELECT at, who, why, old, new FROM memory_history WHERE memory_id = ? ORDER BY id", (memory_id,)
+        )
+        return [{"at": r[0], "who": r[1], "why": r[2], "old": r[3], "new": r[4]} for r in rows]
+
+    async def count_below(self, threshold: float) -> int:
+        [(count,)] = await self._fetchall(
+            "SELECT COUNT(*) FROM memories WHERE current_importance IS NOT NULL AND current_importance < ?",
+            (threshold,),
+        )
+        return int(count)
+
+    async def state_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        rows = await self._fetchall(
+            "SELECT value FROM plugin_state WHERE namespace = ? AND key = ?", (namespace, key)
+        )
+        return dict(json.loads(rows[0][0])) if rows else None
+
+    async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None:
+        await self._write(
+            "INSERT INTO plugin_state (namespace, key, value) VALUES (?, ?, ?) "
+            "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
+            (namespace, key, json.dumps(value, ensure_ascii=False, sort_keys=True)),
+        )
+
+    async def state_delete(self, namespace: str, key_prefix: str) -> int:
+        rows = await self._fetchall(
+            "SELECT key FROM plugin_state WHERE namespace = ? AND substr(key, 1, ?) = ?",
+            (namespace, len(key_prefix), key_prefix),
+        )
+        if rows:
+            await self._write_many(
+                [
+                    ("DELETE FROM plugin_state WHERE namespace = ? AND key = ?", (namespace, r[0]))
+                    for r in rows
+                ]
+            )
+        return len(rows)
+
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
         db = self.db
@@ -309,12 +428,21 @@ class SQLiteStore:
             self._scope_ids.pop(key, None)
 
     async def search_keywords(
-        self, scope: Scope, query: str, k: int, *, context_weight: float = 0.5
+        self,
+        scope: Scope,
+        query: str,
+        k: int,
+        *,
+        context_weight: float = 0.5,
+        kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
         match = fts_query(query)
         if not match:
             return []
         where, params = _scope_clause(scope, alias="m")
+        if kinds:
+            where += f" AND m.kind IN ({_marks(kinds)})"
+            params = (*params, *kinds)
         rows = await self._fetchall(
             "SELECT m.id, bm25(memories_fts, 1.0, ?) AS rank FROM memories_fts "
             "JOIN memories m ON m.id = memories_fts.rowid "
@@ -436,6 +564,7 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         message_ids=json.loads(row[11]),
         meta=json.loads(row[12]),
         context_text=row[13],
+        reinforced_at=datetime.fromisoformat(row[14]) if row[14] else None,
     )
 
 
