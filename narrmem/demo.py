@@ -41,7 +41,7 @@ async def run_demo(memory: Memory, out: TextIO, k: int = 2) -> None:
             print(f"  {message.speaker}: {message.text!r}  ({result.reason})", file=out)
     print("\nRecall:", file=out)
     for question, scope in QUESTIONS:
-        hits = await memory.recall(question, k=k, **scope)
+        hits = await memory.recall(question, k=k, user_id=scope.get("user_id"), chat_id=scope.get("chat_id"))
         where = ", ".join(f"{key}={value}" for key, value in scope.items())
         print(f"\n? {question}  [{where}]", file=out)
         for hit in hits:

@@ -29,6 +29,7 @@ from narrmem.models import (
     TriggerEvent,
 )
 from narrmem.ranking import reciprocal_rank_fusion
+from narrmem.snippets import snippet
 from narrmem.store import Store
 from narrmem.text import cjk_count
 from narrmem.tools import ToolRegistry
@@ -342,11 +343,16 @@ class Memory:
         chat_id: str | None = None,
         tenant: str = "default",
         k: int = 5,
+        kinds: list[str] | None = None,
+        snippet_tokens: int | None = 48,
     ) -> list[Hit]:
-        """The ``k`` memories that best answer ``query`` inside the scope, best first."""
+        """The ``k`` memories that best answer ``query`` inside the scope, best first.
+
+        A memory longer than ``snippet_tokens`` comes back as its sentences most relevant to the
+        query (the whole text in ``Hit.detail``); ``None`` returns whole texts."""
         try:
             scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
-            request = RecallRequest(query=query, scope=scope, k=k)
+            request = RecallRequest(query=query, scope=scope, k=k, kinds=kinds, snippet_tokens=snippet_tokens)
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
         return await self._recall(request)
@@ -379,7 +385,12 @@ class Memory:
             if origin and any(origin <= seen for seen in covered):
                 continue
             covered.append(origin)
-            hits.append(_hit(records[mid], score, sources.get(mid, {})))
+            hit = _hit(records[mid], score, sources.get(mid, {}))
+            if request.snippet_tokens is not None:
+                short = snippet(hit.text, request.query, request.snippet_tokens)
+                if short != hit.text:
+                    hit.detail, hit.text = hit.detail or hit.text, short
+            hits.append(hit)
         await self.host.call("narrmem_after_recall", memory=self, request=request, hits=hits)
         return hits
 

@@ -204,8 +204,9 @@ class Candidate(_Strict):
 
 
 class Hit(_Strict):
-    """One recalled memory. For a scene, ``text`` is its Core in the user's words (what a prompt
-    pays for) and ``detail`` the whole narrative fragment."""
+    """One recalled memory. ``text`` is what a prompt pays for: for a scene its Core in the user's
+    words, for a long memory its sentences most relevant to the query; ``detail`` then holds the
+    whole narrative fragment or message."""
 
     id: int
     kind: str
@@ -228,6 +229,7 @@ class RecallRequest(_Strict):
     k: int = Field(default=5, ge=1, le=200)
     kinds: list[str] | None = Field(default=None, description="only these kinds of memory")
     reinforce: bool = Field(default=True, description="recalled memories gain importance")
+    snippet_tokens: int | None = Field(default=48, ge=8, le=100_000, description="longer memories are cut")
 
 
 class ContextPack(_Strict):
