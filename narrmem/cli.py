@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("stats", parents=[common, as_json], help="what is stored")
 
+    decay = sub.add_parser("decay", parents=[common, as_json], help="run the decay pass and report counts")
+    decay.add_argument("--now", help="ISO-8601 time with timezone (default: now)")
+
+    history = sub.add_parser("history", parents=[common, as_json], help="a memory's importance over time")
+    history.add_argument("memory_id", type=int)
+
     export = sub.add_parser("export", parents=[common, as_json], help="export every record to JSONL")
     export.add_argument("file")
     imp = sub.add_parser("import", parents=[common, as_json], help="import a JSONL export")
@@ -190,6 +196,39 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def cmd_decay(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.errors import InputError
+
+    now = None
+    if args.now:
+        try:
+            now = datetime.fromisoformat(args.now)
+        except ValueError as exc:
+            raise InputError(f"not an ISO-8601 time: {args.now!r}", field="--now") from exc
+        if now.tzinfo is None:
+            raise InputError("needs a timezone, e.g. 2026-05-01T12:00:00+00:00", field="--now")
+    async with _open(settings, warm=False) as memory:
+        counts = await memory.decay(now)
+    _report(args, counts)
+    return 0
+
+
+async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    async with _open(settings, warm=False) as memory:
+        history = await memory.history(args.memory_id)
+    if args.json:
+        _print_json(history)
+        return 0
+    record = history["memory"]
+    print(f"memory {record['id']} ({record['kind']}): {record['text'][:80]}")
+    print(f"stored importance {record['importance']}, now {history.get('importance_now', '?')}")
+    for event in history["events"]:
+        print(f"  {event['at']}  {event['who']}: {event['old']} -> {event['new']}  ({event['why']})")
+    for point in history.get("projection", []):
+        print(f"  in {point['days']:>3} days: {point['importance']}")
+    return 0
+
+
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.transfer import export_jsonl
 
@@ -228,6 +267,8 @@ COMMANDS: dict[str, Handler] = {
     "recall": cmd_recall,
     "triage": cmd_triage,
     "stats": cmd_stats,
+    "decay": cmd_decay,
+    "history": cmd_history,
     "export": cmd_export,
     "import": cmd_import,
     "forget": cmd_forget,

@@ -72,6 +72,8 @@ class SentenceTransformerEmbedder:
         # Never reach for a hub: the weights are on disk.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        # Idle OpenMP threads that spin steal the core a bot's event loop and FAISS need.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import torch
         from sentence_transformers import SentenceTransformer
 

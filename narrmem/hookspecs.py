@@ -24,6 +24,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from datetime import datetime
 
     import numpy as np
 
@@ -195,8 +196,38 @@ def narrmem_rank(
 
 
 @hookspec
+def narrmem_weigh(
+    memory: Memory, request: RecallRequest, records: dict[int, MemoryRecord]
+) -> dict[int, float] | None:
+    """Multiplicative weights for ranked memories (importance after decay, say): each returned
+    ``{memory_id: weight}`` multiplies that memory's fused score before the final cut to ``k``.
+    Weights must be positive; a memory a plugin does not mention keeps weight 1."""
+
+
+@hookspec
 def narrmem_after_recall(memory: Memory, request: RecallRequest, hits: list[Hit]) -> None:
-    """These hits were returned to the caller (reinforcement belongs here)."""
+    """These hits are about to be returned to the caller (reinforcement belongs here; a plugin
+    may update ``hit.importance`` to what it stored)."""
+
+
+# --- maintenance ------------------------------------------------------------------------
+
+
+@hookspec
+def narrmem_decay(memory: Memory, now: datetime) -> dict[str, int] | None:
+    """Run a decay pass as of ``now`` and return counts. Must be idempotent: the outcome depends
+    on the stored state and ``now`` only, so a second pass at the same ``now`` changes nothing."""
+
+
+@hookspec
+def narrmem_stats(memory: Memory) -> dict[str, Any] | None:
+    """Figures this plugin adds to ``Memory.stats()`` (merged into the result)."""
+
+
+@hookspec
+def narrmem_history(memory: Memory, record: MemoryRecord, now: datetime) -> dict[str, Any] | None:
+    """What this plugin can tell about a memory's importance over time (merged into
+    ``Memory.history``)."""
 
 
 # --- forgetting ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,12 @@ class Memory:
             await self._store.close()
         if self._embedder is not None:
             await self._embedder.close()
+
+    async def __aenter__(self) -> Memory:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     @property
     def store(self) -> Store:
@@ -370,6 +377,7 @@ class Memory:
         )
         if ranking is None:
             ranking = reciprocal_rank_fusion(candidates)
+        ranking = await self._weighted(request, ranking, records)
         sources: dict[int, dict[str, int]] = {}
         for c in candidates:
             sources.setdefault(c.memory_id, {})[c.source] = c.rank
@@ -393,6 +401,43 @@ class Memory:
             hits.append(hit)
         await self.host.call("narrmem_after_recall", memory=self, request=request, hits=hits)
         return hits
+
+    async def _weighted(
+        self, request: RecallRequest, ranking: list[tuple[int, float]], records: dict[int, MemoryRecord]
+    ) -> list[tuple[int, float]]:
+        weights = await self.host.call("narrmem_weigh", memory=self, request=request, records=records)
+        if not weights:
+            return ranking
+        scored = []
+        for memory_id, score in ranking:
+            for table in weights:
+                score *= max(1e-6, float(table.get(memory_id, 1.0)))
+            scored.append((memory_id, score))
+        return sorted(scored, key=lambda item: (-item[1], item[0]))
+
+    async def decay(self, now: datetime | None = None) -> dict[str, int]:
+        """Run the decay pass as of ``now`` (default: the clock); returns counts."""
+        when = now or self.clock.now()
+        if when.tzinfo is None:
+            raise InputError("must carry a timezone", field="now")
+        counts: dict[str, int] = {}
+        for part in await self.host.call("narrmem_decay", memory=self, now=when):
+            counts.update(part)
+        return counts
+
+    async def history(self, memory_id: int) -> dict[str, Any]:
+        """A memory's importance over time: its stored state, the recorded changes, and what the
+        decay plugin projects."""
+        record = (await self.store.get([memory_id], None)).get(memory_id)
+        if record is None:
+            raise InputError(f"no memory with id {memory_id}", field="memory_id")
+        result: dict[str, Any] = {
+            "memory": record.model_dump(mode="json", exclude={"embed_text", "context_text"}),
+            "events": await self.store.history(memory_id),
+        }
+        for part in await self.host.call("narrmem_history", memory=self, record=record, now=self.clock.now()):
+            result.update(part)
+        return result
 
     async def context(
         self,
@@ -444,8 +489,12 @@ class Memory:
         return counts
 
     async def stats(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        for part in await self.host.call("narrmem_stats", memory=self):
+            extra.update(part)
         return {
             **(await self.store.stats()),
+            **extra,
             "data_dir": str(self.data_dir),
             "embedder": {"backend": self.settings.embedder.backend, "model": self.embedder.name},
             "plugins": self.host.plugin_names(),

@@ -144,6 +144,7 @@ class PatternCount(_Strict):
     label: str
     count: int = Field(ge=1)
     message_ids: list[str] = Field(default_factory=list)
+    times: list[AwareDatetime] = Field(default_factory=list, description="when each counted mention was")
 
 
 class SceneDraft(_Strict):

@@ -120,9 +120,9 @@ class HybridRecall:
         store = memory.store  # type: ignore[attr-defined]
         n = max(self.options.candidates, request.k)
         found: list[Candidate] = []
-        vector_hits = await store.search_vectors(request.scope, query_vector, n)
+        vector_hits = await store.search_vectors(request.scope, query_vector, n, kinds=request.kinds)
         keyword_hits = await store.search_keywords(
-            request.scope, request.query, n, context_weight=self.options.context_weight
+            request.scope, request.query, n, context_weight=self.options.context_weight, kinds=request.kinds
         )
         for source, hits in (("vector", vector_hits), ("keyword", keyword_hits)):
             found.extend(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,23 @@ if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
 
+# Recall reinforces what it returns, so a test that asks twice would see its own first answer
+# change the second. Tests run without it (CLI subprocesses included) unless they turn it on
+# explicitly, as the hippocampus tests do with plugin={"hippocampus": {"reinforce": True}}.
+NO_REINFORCEMENT = ("NARRMEM_PLUGIN__HIPPOCAMPUS__REINFORCE", "false")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_reinforcement() -> Iterator[None]:
+    key, value = NO_REINFORCEMENT
+    os.environ[key] = value
+    yield
+    os.environ.pop(key, None)
+
+
 @pytest.fixture(autouse=True)
 def _clean_narrmem_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No NARRMEM_* variable from the outside world may change what a test sees."""
-    import os
-
     for key in list(os.environ):
-        if key.startswith("NARRMEM_"):
+        if key.startswith("NARRMEM_") and key != NO_REINFORCEMENT[0]:
             monkeypatch.delenv(key)

@@ -161,9 +161,10 @@ async def test_batch_size_setting_controls_write_batches(
 def test_example_config_documents_every_key_with_its_default() -> None:
     import tomllib
 
-    from narrmem.config import EmbedderSettings, PluginsSettings, StorageSettings, plugin_options
     from narrmem_plugins.recall_hybrid import HybridOptions
     from narrmem_plugins.triage.options import TriageOptions
+
+    from narrmem.config import EmbedderSettings, PluginsSettings, StorageSettings, plugin_options
 
     path = Path(__file__).parent.parent / "config.example.toml"
     raw = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -42,4 +42,6 @@ def test_chinese_is_cut_by_characters() -> None:
 def test_never_over_budget_and_never_empty(text: str, query: str, budget: int) -> None:
     short = snippet(text, query, budget)
     assert short.strip() or not text.strip()
-    assert estimate_tokens(short) <= max(budget, estimate_tokens(text) if estimate_tokens(text) <= budget else budget)
+    assert estimate_tokens(short) <= max(
+        budget, estimate_tokens(text) if estimate_tokens(text) <= budget else budget
+    )

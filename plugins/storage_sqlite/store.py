@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
@@ -33,6 +35,7 @@ class SQLiteStore:
         self._db: aiosqlite.Connection | None = None
         self._index: VectorIndex | None = None
         self._scope_ids: dict[tuple[str, str | None, str | None], np.ndarray] = {}
+        self._lock = asyncio.Lock()
         self.dim = 0
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -112,22 +115,30 @@ class SQLiteStore:
 
     # --- writing --------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction at a time on this connection, whoever asks (ingest, a plugin,
+        a decay pass): SQLite cannot nest them."""
+        async with self._lock:
+            db = self.db
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                await db.execute("COMMIT")
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
-        db = self.db
         ids: list[int] = []
-        await db.execute("BEGIN IMMEDIATE")
-        try:
+        async with self._transaction():
             for record, vector in zip(records, vectors, strict=True):
                 ids.append(await self._insert(record, vector, keep_id=False))
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
         for record, new_id in zip(records, ids, strict=True):
             record.id = new_id
-            self._forget_scope_cache(record)
+            self._extend_scope_cache(record, new_id)
         await self.index.add(np.array(ids, dtype=np.int64), vectors)
         return ids
 
@@ -355,8 +366,7 @@ class SQLiteStore:
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
         db = self.db
-        await db.execute("BEGIN IMMEDIATE")
-        try:
+        async with self._transaction():
             rows = await self._fetchall(f"SELECT id, kind FROM memories WHERE {where}", params)
             ids = [r[0] for r in rows]
             fts_rows = 0
@@ -364,10 +374,6 @@ class SQLiteStore:
                 cur = await db.execute(f"DELETE FROM memories_fts WHERE rowid IN ({_marks(part)})", part)
                 fts_rows += cur.rowcount
                 await db.execute(f"DELETE FROM memories WHERE id IN ({_marks(part)})", part)
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
         self._scope_ids.clear()
         vectors = await self.index.remove(np.array(ids, dtype=np.int64))
         if ids:
@@ -378,11 +384,9 @@ class SQLiteStore:
         return {"memories": len(ids), "keyword_rows": fts_rows, "vectors": vectors, **by_kind}
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
-        db = self.db
         added: list[tuple[int, np.ndarray]] = []
         skipped = 0
-        await db.execute("BEGIN IMMEDIATE")
-        try:
+        async with self._transaction():
             for record, vector in items:
                 if record.id is not None:
                     existing = await self.get([record.id], None)
@@ -393,10 +397,6 @@ class SQLiteStore:
                         continue
                 new_id = await self._insert(record, vector, keep_id=record.id is not None)
                 added.append((new_id, vector))
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
         self._scope_ids.clear()
         if added:
             await self.index.add(np.array([a[0] for a in added]), np.vstack([a[1] for a in added]))
@@ -404,28 +404,36 @@ class SQLiteStore:
 
     # --- reading --------------------------------------------------------------------------
 
-    async def search_vectors(self, scope: Scope, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
-        return await self.index.search(vector, k, await self._ids_in_scope(scope))
+    async def search_vectors(
+        self, scope: Scope, vector: np.ndarray, k: int, *, kinds: Sequence[str] | None = None
+    ) -> list[tuple[int, float]]:
+        return await self.index.search(vector, k, await self._ids_in_scope(scope, kinds))
 
-    async def _ids_in_scope(self, scope: Scope) -> np.ndarray:
+    async def _ids_in_scope(self, scope: Scope, kinds: Sequence[str] | None = None) -> np.ndarray:
+        """The scope's memory ids (every row has a vector); cached per scope, kept current on add."""
+        where, params = _scope_clause(scope)
+        if kinds:
+            rows = await self._fetchall(
+                f"SELECT id FROM memories WHERE {where} AND kind IN ({_marks(kinds)})", (*params, *kinds)
+            )
+            return np.array([r[0] for r in rows], dtype=np.int64)
         key = scope.key()
         ids = self._scope_ids.get(key)
         if ids is None:
-            where, params = _scope_clause(scope)
-            rows = await self._fetchall(
-                f"SELECT id FROM memories WHERE {where} AND vector IS NOT NULL", params
-            )
+            rows = await self._fetchall(f"SELECT id FROM memories WHERE {where}", params)
             ids = np.array([r[0] for r in rows], dtype=np.int64)
             self._scope_ids[key] = ids
         return ids
 
-    def _forget_scope_cache(self, record: MemoryRecord) -> None:
+    def _extend_scope_cache(self, record: MemoryRecord, new_id: int) -> None:
         for key in (
             (record.tenant, record.user_id, None),
             (record.tenant, None, record.chat_id),
             (record.tenant, record.user_id, record.chat_id),
         ):
-            self._scope_ids.pop(key, None)
+            cached = self._scope_ids.get(key)
+            if cached is not None:
+                self._scope_ids[key] = np.append(cached, np.int64(new_id))
 
     async def search_keywords(
         self,
@@ -503,27 +511,17 @@ class SQLiteStore:
 
     async def _write_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         db = self.db
-        await db.execute("BEGIN IMMEDIATE")
-        try:
+        async with self._transaction():
             for sql, params in statements:
                 await db.execute(sql, params)
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
 
     async def _write(self, sql: str, params: Any, *, many: bool = False) -> None:
         db = self.db
-        await db.execute("BEGIN IMMEDIATE")
-        try:
+        async with self._transaction():
             if many:
                 await db.executemany(sql, params)
             else:
                 await db.execute(sql, params)
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
 
 
 def fts_query(query: str) -> str:

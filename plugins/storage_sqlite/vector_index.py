@@ -22,6 +22,8 @@ log = logging.getLogger("narrmem.storage_sqlite")
 
 class VectorIndex:
     def __init__(self, path: Path, dim: int) -> None:
+        # Searches are per scope and small; FAISS's own threads would only fight the embedder.
+        faiss.omp_set_num_threads(1)
         self.path = path
         self.dim = dim
         self._index: Any = self._empty()

@@ -82,13 +82,26 @@ class Counters:
         if not moods:
             return
         since = message.ts - timedelta(days=self.options.emotion_window_days)
-        recent = await memory.store.recent(user, since=since, kinds=["episode"], limit=1000)
+        recent = await memory.store.recent(user, since=since, kinds=["episode"], limit=10_000)
         for mood in moods:
-            said = [r for r in recent if mood in (r.meta.get("emotions") or []) and _not_after(r, episode)]
-            said.sort(key=lambda r: r.id or 0)
+            said = [
+                r
+                for r in recent
+                if mood in (r.meta.get("emotions") or []) and _not_after(r, episode) and r.id != episode.id
+            ]
+            # The message itself always counts, even when it is older than what `recent` returned.
+            said = [*sorted(said, key=lambda r: r.id or 0), episode]
             count = len(said)
             ids = [mid for r in said for mid in r.message_ids]
-            result.counts.append(PatternCount(kind="emotion", label=mood, count=count, message_ids=ids))
+            result.counts.append(
+                PatternCount(
+                    kind="emotion",
+                    label=mood,
+                    count=count,
+                    message_ids=ids,
+                    times=[r.created_at for r in said],
+                )
+            )
             if count >= 2:
                 result.notes.append(f"said '{_MOOD_WORDS[mood]}' for the {ordinal(count)} time this week")
             if count == self.options.emotion_threshold:
@@ -182,7 +195,11 @@ class Counters:
             return members
         label = topic_label([r.text for r in members])
         ids = [mid for r in members for mid in r.message_ids]
-        result.counts.append(PatternCount(kind="topic", label=label, count=count, message_ids=ids))
+        result.counts.append(
+            PatternCount(
+                kind="topic", label=label, count=count, message_ids=ids, times=[r.created_at for r in members]
+            )
+        )
         result.notes.append(f"topic '{label}' mentioned for the {ordinal(count)} time")
         if count == self.options.topic_threshold:
             result.triggers.append(
@@ -210,7 +227,15 @@ class Counters:
         day = describe_time(episode.created_at, "en").split()[0]
         label = f"{topic_label([r.text for r in members])} on {day}s"
         ids = [mid for r in same_day for mid in r.message_ids]
-        result.counts.append(PatternCount(kind="habit", label=label, count=len(weeks), message_ids=ids))
+        result.counts.append(
+            PatternCount(
+                kind="habit",
+                label=label,
+                count=len(weeks),
+                message_ids=ids,
+                times=[r.created_at for r in same_day],
+            )
+        )
         this_week = tuple(episode.created_at.isocalendar())[:2]
         # Fire once: on the first mention of the week that makes the count.
         first_of_week = min(
@@ -240,7 +265,11 @@ class Counters:
         count = len(values)
         label = _core(scene)[:80]
         ids = [mid for r in values for mid in r.message_ids]
-        result.counts.append(PatternCount(kind="value", label=label, count=count, message_ids=ids))
+        result.counts.append(
+            PatternCount(
+                kind="value", label=label, count=count, message_ids=ids, times=[r.created_at for r in values]
+            )
+        )
         if count == self.options.value_threshold:
             result.triggers.append(
                 TriggerEvent(

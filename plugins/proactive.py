@@ -1,0 +1,122 @@
+"""Proactive triggers: decide which of the counted patterns are worth telling the bot about.
+
+Triage counts what comes back (topics, moods, values, habits). This plugin turns counts into
+trigger events with a memory of what it already said:
+
+* Topic heat fades: each mention counts ``0.5 ** (age / half_life)`` with a half-life of 14 days,
+  so a mention a month ago counts about a fifth of one today. A topic fires when it has reached
+  its count threshold *and* its heat is at least three quarters of it: three mentions this week
+  fire, three mentions over three months do not.
+* The same trigger does not fire again inside the cooldown (7 days) nor before its count has
+  doubled since it last fired (3 → 6 → 12 ...).
+* A topic that went quiet for ``quiet_days`` (30) and comes back is an event of its own
+  (``topic_return``).
+
+What was fired is kept per user in the store's plugin state, and forgetting a user forgets it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from narrmem import hookimpl
+from narrmem.config import Settings, plugin_options
+from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, TriggerEvent
+
+NAME = "proactive"
+
+
+class ProactiveOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topic_half_life_days: float = Field(default=14.0, gt=0, le=3650)
+    heat_ratio: float = Field(
+        default=0.75, ge=0, le=1, description="heat needed, as a share of the threshold"
+    )
+    cooldown_days: float = Field(default=7.0, ge=0, le=3650)
+    quiet_days: float = Field(default=30.0, gt=0, le=3650, description="silence after which a topic returns")
+    topic_threshold: int = Field(default=3, ge=2, le=1000)
+    emotion_threshold: int = Field(default=3, ge=2, le=1000)
+    value_threshold: int = Field(default=2, ge=2, le=1000)
+    habit_weeks: int = Field(default=3, ge=2, le=52)
+
+
+class Proactive:
+    def __init__(self) -> None:
+        self.options = ProactiveOptions()
+
+    @hookimpl
+    def narrmem_configure(self, settings: Settings) -> None:
+        self.options = plugin_options(settings, NAME, ProactiveOptions)
+
+    def threshold(self, kind: str) -> int:
+        return {
+            "topic": self.options.topic_threshold,
+            "emotion": self.options.emotion_threshold,
+            "value": self.options.value_threshold,
+            "habit": self.options.habit_weeks,
+        }.get(kind, self.options.topic_threshold)
+
+    def heat(self, times: list[datetime], now: datetime) -> float:
+        half_life = self.options.topic_half_life_days
+        return sum(0.5 ** (max(0.0, (now - t).total_seconds()) / 86_400 / half_life) for t in times)
+
+    @hookimpl(trylast=True)
+    async def narrmem_after_store(self, memory: Any, message: Message, result: IngestResult) -> None:
+        """Replace the raw threshold crossings with the events this policy lets through."""
+        suggested = {(t.kind, t.label): t.suggestion for t in result.triggers}
+        counted = {(c.kind, c.label) for c in result.counts}
+        # Events that do not come from a count (another plugin's) pass through untouched.
+        events: list[TriggerEvent] = [t for t in result.triggers if (t.kind, t.label) not in counted]
+        for count in result.counts:
+            for kind in await self._fire(memory, message, count):
+                events.append(
+                    TriggerEvent(
+                        kind=kind,
+                        label=count.label,
+                        count=count.count,
+                        tenant=message.tenant,
+                        user_id=message.user_id,
+                        chat_id=message.chat_id,
+                        message_ids=count.message_ids,
+                        suggestion=suggested.get((kind, count.label)) or _suggestion(kind, count),
+                    )
+                )
+        result.triggers = events
+
+    async def _fire(self, memory: Any, message: Message, count: PatternCount) -> list[str]:
+        now = message.ts
+        key = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
+        state = await memory.store.state_get(NAME, key) or {}
+        fired: list[str] = []
+        times = sorted(count.times)
+        if (
+            count.kind == "topic"
+            and len(times) >= 2
+            and times[-1] - times[-2] >= timedelta(days=self.options.quiet_days)
+        ):
+            fired.append("topic_return")
+        last_at = datetime.fromisoformat(state["fired_at"]) if "fired_at" in state else None
+        cooling = last_at is not None and now - last_at < timedelta(days=self.options.cooldown_days)
+        due = count.count >= self.threshold(count.kind) and count.count >= 2 * int(state.get("count", 0))
+        hot = count.kind != "topic" or self.heat(times, now) >= self.options.heat_ratio * self.threshold(
+            "topic"
+        )
+        if due and hot and not cooling:
+            fired.append(count.kind)
+        if fired:
+            await memory.store.state_put(NAME, key, {"fired_at": now.isoformat(), "count": count.count})
+        return fired
+
+    @hookimpl
+    async def narrmem_after_forget(self, memory: Any, tenant: str, removed: list[MemoryRecord]) -> None:
+        for user_id in {r.user_id for r in removed}:
+            await memory.store.state_delete(NAME, f"{tenant}\0{user_id}\0")
+
+
+def _suggestion(kind: str, count: PatternCount) -> str:
+    if kind == "topic_return":
+        return f"'{count.label}' is back after a long quiet. Ask what changed?"
+    return f"'{count.label}' has come up {count.count} times. Worth asking about?"

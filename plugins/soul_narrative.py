@@ -1,0 +1,177 @@
+"""The ``soul_narrative`` tool: add, search, list, get and forget narrative scenes by hand (or by an
+LLM). ``add`` writes a scene exactly as triage would (same table, same decay), with provenance
+"tool"; ``get`` is a read, not a recall, so it reinforces nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from narrmem import hookimpl
+from narrmem.errors import InputError
+from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, MAX_TEXT_CHARS, MemoryRecord, Scope
+from narrmem.tools import Tool
+
+Category = Literal["decision", "emotion_change", "milestone", "preference", "general"]
+DIRECT_CHAT = "_direct"  # the chat of a scene added without one
+
+# Which optional fields each action takes; any other given field is an error naming it.
+FIELDS = {
+    "add": {"event", "category", "importance", "tags"},
+    "search": {"query", "k"},
+    "list": {"category", "min_importance", "tag", "k"},
+    "get": {"id"},
+    "forget": {"id"},
+}
+REQUIRED = {"add": ("event",), "search": ("query",), "get": ("id",), "forget": ("id",), "list": ()}
+DEFAULTS = {"k": 5, "tags": []}
+
+
+class SoulNarrativeInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["add", "search", "list", "get", "forget"] = Field(description="what to do")
+    user_id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="whose narrative")
+    chat_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+    event: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TEXT_CHARS,
+        description="add: the complete narrative fragment",
+    )
+    category: Category | None = Field(default=None, description="add: the kind of moment; list: filter")
+    importance: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="add: 0-1, sets how fast it fades"
+    )
+    tags: list[str] = Field(default_factory=list, max_length=20, description="add: related tags")
+    query: str | None = Field(default=None, min_length=1, max_length=MAX_QUERY_CHARS, description="search")
+    k: int = Field(default=5, ge=1, le=200, description="search and list: how many")
+    id: int | None = Field(default=None, ge=1, description="get and forget: the scene's id")
+    min_importance: float | None = Field(default=None, ge=0.0, le=1.0, description="list: filter")
+    tag: str | None = Field(default=None, min_length=1, max_length=100, description="list: filter")
+
+
+class SceneOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: int
+    text: str
+    category: str
+    importance: float
+    tags: list[str]
+    created_at: datetime
+    message_ids: list[str]
+    source: str
+
+
+class SoulNarrativeOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: str
+    scenes: list[SceneOut]
+    count: int
+
+
+def _check(args: SoulNarrativeInput) -> None:
+    given = {name for name in args.model_fields_set if name not in {"action", "user_id", "chat_id", "tenant"}}
+    for name in sorted(given - FIELDS[args.action]):
+        if getattr(args, name) != DEFAULTS.get(name, None):
+            raise InputError(f"is not used by action '{args.action}'", field=name)
+    for name in REQUIRED[args.action]:
+        if getattr(args, name) is None:
+            raise InputError(f"is required by action '{args.action}'", field=name)
+    if args.action == "add" and any(not tag.strip() or len(tag) > 50 for tag in args.tags):
+        raise InputError("each tag must be 1 to 50 characters", field="tags")
+
+
+def _out(record: MemoryRecord) -> SceneOut:
+    assert record.id is not None
+    return SceneOut(
+        id=record.id,
+        text=record.text,
+        category=str(record.meta.get("category", "general")),
+        importance=record.importance,
+        tags=[str(t) for t in record.meta.get("tags", [])],
+        created_at=record.created_at,
+        message_ids=record.message_ids,
+        source=str(record.meta.get("source", "message")),
+    )
+
+
+async def soul_narrative(memory: Any, args: SoulNarrativeInput) -> SoulNarrativeOutput:
+    _check(args)
+    scope = Scope(tenant=args.tenant, user_id=args.user_id, chat_id=args.chat_id)
+    scenes: list[MemoryRecord] = []
+    if args.action == "add":
+        scenes = [await _add(memory, args)]
+    elif args.action == "search":
+        hits = await memory.recall(
+            args.query,
+            user_id=args.user_id,
+            chat_id=args.chat_id,
+            tenant=args.tenant,
+            k=args.k,
+            kinds=["scene"],
+        )
+        found = await memory.store.get([h.id for h in hits], scope)
+        scenes = [found[h.id] for h in hits if h.id in found]
+    elif args.action == "list":
+        recent = await memory.store.recent(scope, kinds=["scene"], limit=10_000)
+        scenes = [
+            r
+            for r in recent
+            if (args.category is None or r.meta.get("category") == args.category)
+            and (args.min_importance is None or r.importance >= args.min_importance)
+            and (args.tag is None or args.tag in r.meta.get("tags", []))
+        ][: args.k]
+    else:
+        found = await memory.store.get([args.id], scope)
+        record = found.get(args.id or 0)
+        if record is None or record.kind != "scene":
+            raise InputError("no scene with this id in this scope", field="id")
+        scenes = [record]
+        if args.action == "forget":
+            await memory.store.delete([record.id], scope)
+    return SoulNarrativeOutput(action=args.action, scenes=[_out(r) for r in scenes], count=len(scenes))
+
+
+async def _add(memory: Any, args: SoulNarrativeInput) -> MemoryRecord:
+    assert args.event is not None
+    now = memory.clock.now()
+    record = MemoryRecord(
+        kind="scene",
+        tenant=args.tenant,
+        user_id=args.user_id,
+        chat_id=args.chat_id or DIRECT_CHAT,
+        text=args.event,
+        importance=0.5 if args.importance is None else args.importance,
+        created_at=now,
+        stored_at=now,
+        message_ids=[],
+        meta={"type": None, "category": args.category or "general", "tags": args.tags, "source": "tool"},
+    )
+    vectors = await memory.embedder.embed([record.index_text])
+    await memory.store.add([record], vectors)
+    return record
+
+
+@hookimpl
+def narrmem_register_tools(register: Callable[[Tool], None]) -> None:
+    register(
+        Tool(
+            name="soul_narrative",
+            description=(
+                "Keep the user's life story as narrative scenes. action='add' stores a complete "
+                "narrative fragment (event) with a category (decision, emotion_change, milestone, "
+                "preference, general), importance 0-1 (how slowly it fades) and tags; 'search' finds "
+                "scenes for a query (k results; found scenes are reinforced); 'list' shows scenes "
+                "filtered by category, min_importance or tag; 'get' reads one scene by id without "
+                "reinforcing it; 'forget' deletes one scene by id. Every action needs user_id (and "
+                "takes chat_id and tenant) and sees only that user's scenes."
+            ),
+            input_model=SoulNarrativeInput,
+            output_model=SoulNarrativeOutput,
+            handler=soul_narrative,
+        )
+    )

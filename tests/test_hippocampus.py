@@ -1,0 +1,259 @@
+"""Decay, reinforcement, history, trigger delivery and the soul_narrative tool, with an injected
+clock. Reinforcement is on here (the rest of the suite turns it off, see conftest)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg, sql
+from narrmem_plugins.hippocampus.curve import effective
+
+from narrmem import InputError, ManualClock, Memory, Message, TriageDecision, hookimpl
+from narrmem.testing import open_memory
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+REINFORCE = {"hippocampus": {"reinforce": True, "interval_minutes": 0}}
+
+
+class FixedImportance:
+    """Keeps every message with the importance written in its meta."""
+
+    narrmem_name = "fixed_importance"
+
+    @hookimpl(tryfirst=True)
+    def narrmem_triage(self, message: Message) -> TriageDecision:
+        return TriageDecision(layer="accumulate", importance=float(message.meta["importance"]))
+
+
+async def _memory(tmp_path: Path, clock: ManualClock) -> Memory:
+    return await open_memory(tmp_path / "m", clock=clock, plugins=[FixedImportance()], plugin=REINFORCE)
+
+
+async def _one(mem: Memory, importance: float, text: str = "the allotment tomatoes ripened early") -> int:
+    result = await mem.ingest(msg(f"m{importance}", text, ts=T0.isoformat(), meta={"importance": importance}))
+    return result.memory_ids[0]
+
+
+async def _now_importance(mem: Memory, memory_id: int, day: float) -> float:
+    await mem.decay(T0 + timedelta(days=day))
+    [(current,)] = sql(mem.data_dir, "SELECT current_importance FROM memories WHERE id = ?", [memory_id])
+    return float(current)
+
+
+@pytest.mark.parametrize(
+    ("importance", "unchanged_day", "lower_day"),
+    [(0.4, 6, 8), (0.6, 29, 31), (0.75, 89, 91), (0.9, 1000, None)],
+)
+async def test_the_decay_curve(
+    tmp_path: Path, importance: float, unchanged_day: int, lower_day: int | None
+) -> None:
+    clock = ManualClock(T0)
+    async with await _memory(tmp_path, clock) as mem:
+        memory_id = await _one(mem, importance)
+        assert await _now_importance(mem, memory_id, unchanged_day) == pytest.approx(importance)
+        if lower_day is not None:
+            assert await _now_importance(mem, memory_id, lower_day) < importance
+
+
+async def test_below_half_fades_to_a_twentieth_within_a_year(tmp_path: Path) -> None:
+    async with await _memory(tmp_path, ManualClock(T0)) as mem:
+        memory_id = await _one(mem, 0.49)
+        assert await _now_importance(mem, memory_id, 7 + 365) <= 0.05
+        assert (await mem.stats())["faded"] == 1
+        # Faded is not deleted: a query that matches it well still finds it.
+        hits = await mem.recall("allotment tomatoes ripened", user_id="u1")
+        assert [h.id for h in hits] == [memory_id]
+
+
+def test_the_curve_is_monotone_and_never_negative() -> None:
+    for importance in (0.0, 0.1, 0.49, 0.5, 0.69, 0.7, 0.79):
+        values = [effective(importance, T0, T0 + timedelta(days=d)) for d in range(0, 2000, 7)]
+        assert all(a >= b >= 0 for a, b in itertools.pairwise(values))
+
+
+async def test_a_decay_pass_twice_at_the_same_time_changes_nothing(tmp_path: Path) -> None:
+    async with await _memory(tmp_path, ManualClock(T0)) as mem:
+        await _one(mem, 0.3, "first")
+        await _one(mem, 0.45, "second one")
+        later = T0 + timedelta(days=400)
+        first = await mem.decay(later)
+        rows = sql(mem.data_dir, "SELECT id, importance, current_importance FROM memories ORDER BY id")
+        history = sql(mem.data_dir, "SELECT * FROM memory_history ORDER BY id")
+        second = await mem.decay(later)
+        assert first["updated"] == 2 and second["updated"] == 0
+        assert (
+            sql(mem.data_dir, "SELECT id, importance, current_importance FROM memories ORDER BY id") == rows
+        )
+        assert sql(mem.data_dir, "SELECT * FROM memory_history ORDER BY id") == history
+
+
+async def test_recall_reinforces_and_restarts_the_clock(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with await _memory(tmp_path, clock) as mem:
+        memory_id = await _one(mem, 0.40)
+        clock.set(T0 + timedelta(days=5))
+        [hit] = await mem.recall("allotment tomatoes", user_id="u1")
+        assert hit.importance == pytest.approx(0.45)
+        # The clock restarted at day 5: still 0.45 six days later, lower after seven.
+        assert await _now_importance(mem, memory_id, 5 + 6) == pytest.approx(0.45)
+        assert await _now_importance(mem, memory_id, 5 + 8) < 0.45
+        events = (await mem.history(memory_id))["events"]
+        assert [(e["who"], e["old"], e["new"]) for e in events] == [("recall", 0.4, 0.45)]
+
+
+async def test_reinforced_to_core_becomes_permanent_and_caps_at_one(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with await _memory(tmp_path, clock) as mem:
+        core = await _one(mem, 0.78, "my daughter was born in March")
+        capped = await _one(mem, 0.98, "our wedding anniversary is in June")
+        await mem.recall("daughter born March", user_id="u1", k=1)
+        await mem.recall("wedding anniversary June", user_id="u1", k=1)
+        assert await _now_importance(mem, core, 1000) == pytest.approx(0.83)
+        assert await _now_importance(mem, capped, 1000) == pytest.approx(1.0)
+        history = await mem.history(core)
+        assert history["permanent"] is True and history["projection"][-1]["importance"] == pytest.approx(0.83)
+
+
+async def test_get_is_a_read_not_a_recall(tmp_path: Path) -> None:
+    async with await _memory(tmp_path, ManualClock(T0)) as mem:
+        added = await mem.call_tool(
+            "soul_narrative",
+            {"action": "add", "user_id": "u1", "event": "Finally moved to Lisbon.", "importance": 0.4},
+        )
+        scene_id = added["scenes"][0]["id"]
+        got = await mem.call_tool("soul_narrative", {"action": "get", "user_id": "u1", "id": scene_id})
+        assert got["scenes"][0]["importance"] == 0.4
+        assert (await mem.history(scene_id))["events"] == []
+        found = await mem.call_tool(
+            "soul_narrative", {"action": "search", "user_id": "u1", "query": "Lisbon move"}
+        )
+        assert found["scenes"][0]["id"] == scene_id
+        assert (await mem.history(scene_id))["events"][0]["who"] == "recall"
+
+
+async def test_soul_narrative_actions(tmp_path: Path) -> None:
+    async with await _memory(tmp_path, ManualClock(T0)) as mem:
+
+        async def call(**arguments: Any) -> dict[str, Any]:
+            return await mem.call_tool("soul_narrative", {"user_id": "u1", **arguments})
+
+        a = await call(
+            action="add",
+            event="Decided to leave the bank.",
+            category="decision",
+            importance=0.8,
+            tags=["work"],
+        )
+        b = await call(action="add", event="First time surfing.", category="milestone", importance=0.5)
+        other = await mem.call_tool(
+            "soul_narrative", {"action": "add", "user_id": "u2", "event": "Secret of u2."}
+        )
+        assert a["scenes"][0]["source"] == "tool" and a["scenes"][0]["message_ids"] == []
+        listed = await call(action="list", k=10)
+        assert {s["id"] for s in listed["scenes"]} == {a["scenes"][0]["id"], b["scenes"][0]["id"]}
+        assert [s["text"] for s in (await call(action="list", category="decision"))["scenes"]] == [
+            "Decided to leave the bank."
+        ]
+        assert (await call(action="list", min_importance=0.7))["count"] == 1
+        assert (await call(action="list", tag="work"))["count"] == 1
+        # Another user's scene is out of reach, by id too.
+        with pytest.raises(InputError) as info:
+            await call(action="get", id=other["scenes"][0]["id"])
+        assert info.value.field == "id"
+        forgotten = await call(action="forget", id=b["scenes"][0]["id"])
+        assert forgotten["count"] == 1 and (await call(action="list"))["count"] == 1
+        # Same table and decay as triage's scenes.
+        kinds = sql(mem.data_dir, "SELECT DISTINCT kind FROM memories")
+        assert kinds == [("scene",)]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"action": "fly", "user_id": "u1"}, "action"),
+        ({"action": "add", "user_id": "u1", "event": "x", "category": "hobby"}, "category"),
+        ({"action": "add", "user_id": "u1", "event": "x", "importance": 1.5}, "importance"),
+        ({"action": "add", "user_id": "u1", "event": ""}, "event"),
+        ({"action": "add", "user_id": "u1"}, "event"),
+        ({"action": "add", "user_id": "u1", "event": "x", "mood": "happy"}, "mood"),
+        ({"action": "get", "user_id": "u1"}, "id"),
+        ({"action": "get", "user_id": "u1", "id": 1, "event": "x"}, "event"),
+        ({"action": "search", "event": "x"}, "user_id"),
+    ],
+)
+async def test_bad_soul_narrative_calls_name_the_field_and_write_nothing(
+    tmp_path: Path, arguments: dict[str, Any], field: str
+) -> None:
+    async with await _memory(tmp_path, ManualClock(T0)) as mem:
+        with pytest.raises(InputError) as info:
+            await mem.call_tool("soul_narrative", arguments)
+        assert info.value.field == field, info.value
+        assert (await mem.stats())["memories"] == 0
+
+
+def _tired(i: int, when: datetime) -> dict[str, Any]:
+    texts = ["so tired today", "I'm exhausted after work", "tired again, can't sleep", "still tired honestly"]
+    return msg(f"t{i}", texts[i % 4], ts=when.isoformat())
+
+
+async def test_trigger_fires_once_then_cools_down_and_a_raising_callback_is_harmless(tmp_path: Path) -> None:
+    fired: list[Any] = []
+
+    async def record(event: Any) -> None:
+        fired.append(event)
+
+    async def broken(event: Any) -> None:
+        raise RuntimeError("the bot's handler is broken")
+
+    async with await open_memory(tmp_path / "m", plugin=REINFORCE) as mem:
+        mem.on_trigger(broken)
+        mem.on_trigger(record)
+        days = [0, 2, 4, 5]
+        results = [await mem.ingest(_tired(i, T0 + timedelta(days=d))) for i, d in enumerate(days)]
+        assert all(r.stored for r in results)
+        assert [len([t for t in r.triggers if t.kind == "emotion"]) for r in results] == [0, 0, 1, 0]
+        assert [e.count for e in fired if e.kind == "emotion"] == [3]
+        # Six in a row doubles the count: the next event, once the cooldown is over.
+        later = [await mem.ingest(_tired(i, T0 + timedelta(days=12, hours=i))) for i in range(4, 7)]
+        assert sum(len(r.triggers) for r in later) <= 1
+
+
+async def test_a_topic_back_after_a_long_quiet_is_its_own_event(tmp_path: Path) -> None:
+    async with await open_memory(tmp_path / "m", plugin=REINFORCE) as mem:
+        first = await mem.ingest(msg("r1", "product roadmap review with the team", ts=T0.isoformat()))
+        back = await mem.ingest(
+            msg("r2", "product roadmap review with the team again", ts=(T0 + timedelta(days=45)).isoformat())
+        )
+        assert not first.triggers
+        assert [t.kind for t in back.triggers] == ["topic_return"]
+
+
+def test_decay_and_history_commands(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    lines = [json.dumps(msg("h1", "I adopted a greyhound named Pixel", ts=T0.isoformat()))]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "narrmem.cli", *args, "--data", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    assert run("ingest", str(tmp_path / "in.jsonl")).returncode == 0
+    done = run("decay", "--now", "2027-06-01T00:00:00+00:00", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["faded"] == 1
+    history = run("history", "1", "--json")
+    assert json.loads(history.stdout)["memory"]["text"] == "I adopted a greyhound named Pixel"
+    bad = run("decay", "--now", "2027-06-01T00:00:00")
+    assert bad.returncode == 2 and "--now" in bad.stderr
