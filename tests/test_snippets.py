@@ -32,7 +32,10 @@ def test_sentences_stay_in_their_order() -> None:
 
 
 def test_chinese_is_cut_by_characters() -> None:
-    text = "我最近在做一个开源的天气预报项目，用 Rust 写的，已经有五十个星了，下个月准备发布第二个版本。还有很多工作要做。"
+    text = (
+        "我最近在做一个开源的天气预报项目，用 Rust 写的，已经有五十个星了，"
+        "下个月准备发布第二个版本。还有很多工作要做。"
+    )
     short = snippet(text, "天气预报项目", 20)
     assert short.startswith("我最近在做一个开源的天气预报项目") and short.endswith("…")
     assert estimate_tokens(short) <= 20

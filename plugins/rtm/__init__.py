@@ -1,0 +1,120 @@
+"""RTM narrative trees (Random Tree Model of narrative memory): encode a text as a tree of clause
+spans and recall it at any depth of abstraction.
+
+* :mod:`.segment` cuts text into clauses (pysbd sentences, then clause rules; English, Chinese).
+* :mod:`.tree` and :mod:`.partition` shape the tree (``semantic`` or the paper's ``random`` model).
+* :mod:`.summarize` writes node summaries (extractive, or a pluggable / hooked summarizer).
+* :mod:`.traverse` reads it: recall sequences, statistics, optimal depth, token budgets.
+* :mod:`.ensemble` and :mod:`.theory` model population variance and its exact expectation.
+* :mod:`.store` keeps trees in the plugin's ``rtm_trees`` table; :mod:`.tools` exposes four tools.
+* :mod:`.user` retells one user's memories (``user_summary``).
+
+Options live in ``[plugin.rtm]`` (:class:`~narrmem_plugins.rtm.options.RTMOptions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from narrmem_plugins.rtm.build import TreeRequest, build_tree, get_or_build
+from narrmem_plugins.rtm.options import RTMOptions
+from narrmem_plugins.rtm.segment import segment
+from narrmem_plugins.rtm.store import MemoryTreeStore, TreeStore, open_tree_store
+from narrmem_plugins.rtm.summarize import Summarizer
+from narrmem_plugins.rtm.theory import expected_recall_lengths, suggest_parameters
+from narrmem_plugins.rtm.tools import make_tools
+from narrmem_plugins.rtm.traverse import depth_for_budget, find_optimal_depth, recall_lengths, retelling
+from narrmem_plugins.rtm.tree import Tree
+from narrmem_plugins.rtm.user import UserSummaries
+
+from narrmem import hookimpl
+from narrmem.config import Settings, plugin_options
+from narrmem.errors import PluginError
+from narrmem.tools import Tool
+
+NAME = "rtm"
+
+__all__ = [
+    "RTMOptions",
+    "RTMPlugin",
+    "Summarizer",
+    "Tree",
+    "TreeRequest",
+    "build_tree",
+    "depth_for_budget",
+    "expected_recall_lengths",
+    "find_optimal_depth",
+    "get_or_build",
+    "recall_lengths",
+    "retelling",
+    "segment",
+    "suggest_parameters",
+    "user_summary",
+]
+
+
+class RTMPlugin:
+    """One instance per ``Memory``. ``summarizer(clauses, language)`` (sync or async), if given,
+    writes internal-node summaries before the ``narrmem_summarize`` hook and the built-in
+    extractive summary are asked."""
+
+    narrmem_name = NAME
+
+    def __init__(self, summarizer: Summarizer | None = None) -> None:
+        self.summarizer = summarizer
+        self.options = RTMOptions()
+        # Until startup knows the store, trees live in memory (tools only run on an open memory).
+        self.trees: TreeStore = MemoryTreeStore()
+        self.users = UserSummaries()
+
+    @hookimpl
+    def narrmem_configure(self, settings: Settings) -> None:
+        self.options = plugin_options(settings, NAME, RTMOptions)
+
+    @hookimpl
+    def narrmem_register_tools(self, register: Callable[[Tool], None]) -> None:
+        for tool in make_tools(self):
+            register(tool)
+
+    @hookimpl
+    async def narrmem_startup(self, memory: Any) -> None:
+        self.trees = open_tree_store(memory)
+        await self.trees.setup()
+
+    @hookimpl
+    def narrmem_after_forget(self, tenant: str, user_id: str | None) -> None:
+        # Tool trees belong to a tenant, not a user; only cached user retellings hold user content.
+        self.users.forget(tenant, user_id)
+
+
+def plugin_of(memory: Any) -> RTMPlugin:
+    """The :class:`RTMPlugin` registered with ``memory``."""
+    for plugin in memory.host.pm.get_plugins():
+        if isinstance(plugin, RTMPlugin):
+            return plugin
+    raise PluginError("the rtm plugin is not loaded (add narrmem_plugins.rtm:RTMPlugin)")
+
+
+async def user_summary(
+    memory: Any,
+    *,
+    user_id: str,
+    depth: int | None = None,
+    token_budget: int | None = None,
+    tenant: str = "default",
+) -> dict[str, Any]:
+    """A retelling of ``user_id``'s memories (oldest first) at ``depth`` (1 = one line) or at the
+    deepest depth that fits ``token_budget`` estimated tokens; both: the shallower; neither: the
+    deepest that fits ``[plugin.rtm] user_token_budget``. Returns the retelling, its depth, the
+    tree's depth, the units with the periods they cover, and the memory count."""
+    plugin = plugin_of(memory)
+    return await plugin.users.summary(
+        memory,
+        plugin.options,
+        plugin.summarizer,
+        user_id=user_id,
+        depth=depth,
+        token_budget=token_budget,
+        tenant=tenant,
+    )

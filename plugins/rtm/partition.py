@@ -10,6 +10,8 @@ before a gap is least similar to the mean of the clauses just after it.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 
 # Weight of the pull towards even parts in the semantic model. Without it, lone odd clauses at the
@@ -48,15 +50,17 @@ def semantic_parts(
     ``prefix`` holds cumulative sums of the unit clause vectors (row ``i`` = sum of rows ``< i``),
     so every window mean costs one subtraction. The score of the gap before clause ``b`` is the
     cosine between the windows ``[b-w, b)`` and ``[b, b+w)`` plus ``balance`` times its distance
-    from the nearest even cut (in part lengths, 0..0.5); the lowest scores win, the earliest on
-    ties. Gaps closer than a third of an even part to a chosen one are passed over while others
+    from the nearest interior even cut (in part lengths, 0..1); the lowest scores win, the earliest
+    on ties. Gaps closer than a third of an even part to a chosen one are passed over while others
     remain, so one shift is not cut twice.
     """
     n = end - start
     if n <= branching:
         return [1] * n
     window = min(MAX_WINDOW, max(1, n // (2 * branching)))
-    gaps = np.arange(start + 1, end)
+    # Only gaps with a full window on both sides compete: a window cut short by the span's edge
+    # averages fewer clauses, looks less similar to its neighbour, and would win for that alone.
+    gaps = np.arange(start + window, end - window + 1)
     lo = np.maximum(start, gaps - window)
     hi = np.minimum(end, gaps + window)
     left = prefix[gaps] - prefix[lo]
@@ -65,8 +69,9 @@ def semantic_parts(
     cosine = np.einsum("ij,ij->i", left, right) / np.maximum(norms, 1e-12)
     part = n / branching
     offset = (gaps - start) / part
-    distance = np.abs(offset - np.round(offset))
-    score = cosine + balance * distance
+    # Distance to the nearest interior even cut (1..K-1 parts in), up to 1 next to the edges.
+    distance = np.abs(offset - np.clip(np.round(offset), 1, branching - 1))
+    score = cosine + balance * np.minimum(distance, 1.0)
     order = np.argsort(score, kind="stable")
     radius = int(part // 3)
     picked: list[int] = []
@@ -82,4 +87,4 @@ def semantic_parts(
             picked.append(int(g))
     cuts = sorted(int(gaps[p]) for p in picked)
     bounds = [start, *cuts, end]
-    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [b - a for a, b in pairwise(bounds)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 from typing import Literal
 
 import pysbd
@@ -40,6 +41,7 @@ _INTERNAL_END = re.compile(r"[.!?…][\"'”’)\]]*\s+\S|[。！？][”’」�
 _LINE_END_PUNCT = re.compile(r"[.!?;:,…。！？；：，\"'”’)\]」』）]$")
 
 _PRONOUNS = r"(?:I|you|he|she|it|we|they|there)"
+_ADVERBS = r"(?:then|so|now|also|still|soon|later|suddenly)"  # ", and then I ..."
 _DETERMINERS = r"(?:the|a|an|his|her|their|its|my|our|your|this|that|these|those)"
 _FINITE = (
     r"(?:was|were|is|are|am|had|has|have|did|does|do|could|would|will|can|should|might|must|shall|may"
@@ -52,7 +54,7 @@ _EN_SPLITS = [
     re.compile(r"\s*(?:—|--)\s*(?=\w)"),
     re.compile(r"\s+[–-]\s+"),
     # ", and I ...", ", but they ...": a conjunction and a subject pronoun.
-    re.compile(rf",\s+(?=(?:and|but|or|so|yet|nor|for)\s+{_PRONOUNS}\b)"),
+    re.compile(rf",\s+(?=(?:and|but|or|so|yet|nor|for)\s+(?:{_ADVERBS}\s+)?{_PRONOUNS}\b)"),
     # ", but ...", ", yet ...", ", so ...": these conjunctions after a comma nearly always begin a clause.
     re.compile(r",\s+(?=(?:but|yet|so)\s+\w)"),
     # ", and the king rode ...": a determiner, a noun and something verb-like.
@@ -78,7 +80,7 @@ class Segmentation:
 
 def detect_language(text: str) -> Language:
     """``zh`` when CJK characters make up at least a third of the non-space characters."""
-    visible = len(text) - sum(ch.isspace() for ch in text)
+    visible = len(_SPACES.sub("", text))
     return "zh" if visible and cjk_count(text) * 3 >= visible else "en"
 
 
@@ -101,6 +103,15 @@ def segment(text: str, *, language: Language | Literal["auto"] = "auto", mode: M
         for sentence in sentences(paragraph, para_lang):
             clauses.extend(split_clauses(sentence, para_lang))
     return Segmentation(clauses=clauses, language=lang, mode="prose")
+
+
+@lru_cache(maxsize=4)
+def segment_cached(
+    text: str, language: Language | Literal["auto"] = "auto", mode: Mode = "auto"
+) -> Segmentation:
+    """:func:`segment`, remembered for the last few texts: a create, traverse and ensemble of the same
+    long text segment it once (pysbd takes seconds on a book). Do not mutate the result."""
+    return segment(text, language=language, mode=mode)
 
 
 def looks_like_clause_lines(text: str, lines: list[str]) -> bool:
@@ -179,7 +190,7 @@ def split_clauses(sentence: str, language: Language) -> list[str]:
 
 def _cut(sentence: str, cuts: list[int]) -> list[str]:
     bounds = [0, *(c for c in cuts if 0 < c < len(sentence)), len(sentence)]
-    return [sentence[a:b].strip() for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [sentence[a:b].strip() for a, b in pairwise(bounds)]
 
 
 def _merge_short(parts: list[str], *, min_chars: int, glue: str) -> list[str]:
