@@ -60,6 +60,22 @@ def _parser() -> argparse.ArgumentParser:
     imp = sub.add_parser("import", parents=[common, as_json], help="import a JSONL export")
     imp.add_argument("file")
 
+    rtm = sub.add_parser(
+        "rtm", parents=[common, as_json], help="RTM narrative trees: build, traverse, ensemble, depth"
+    )
+    rtm.add_argument("action", choices=["build", "traverse", "ensemble", "depth"])
+    rtm.add_argument("file", help="the narrative, UTF-8 text ('-' reads standard input)")
+    rtm.add_argument("--title", help="the narrative's title (default: the file name without extension)")
+    rtm.add_argument("--tenant", default="default")
+    rtm.add_argument("--k", type=int, help="maxBranchingFactor K, 2..10 (default 4)")
+    rtm.add_argument("--max-depth", type=int, help="maxRecallDepth D, 1..12 (default: suggested)")
+    rtm.add_argument("--partition", choices=["semantic", "random"], help="build, traverse, depth")
+    rtm.add_argument("--seed", type=int, help="seed of the random partition / ensemble")
+    rtm.add_argument("--type", default="story", help="build: story, conversation, essay, ...")
+    rtm.add_argument("--level", type=int, default=1, help="traverse: traversalDepth (1 = most abstract)")
+    rtm.add_argument("--target", type=int, help="depth: targetRecallLength")
+    rtm.add_argument("--trees", type=int, default=200, help="ensemble: ensembleSize")
+
     forget = sub.add_parser("forget", parents=[common, as_json], help="delete every trace of a user or chat")
     forget.add_argument("--user")
     forget.add_argument("--chat")
@@ -77,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("forget needs --user or --chat")
     if args.command == "recall" and not (args.user or args.chat):
         parser.error("recall needs --user or --chat")
+    if args.command == "rtm" and args.action == "depth" and args.target is None:
+        parser.error("rtm depth needs --target")
     if args.command == "triage" and (args.text is None) == (args.file is None):
         parser.error("triage needs TEXT or --file (one of them)")
     try:
@@ -254,6 +272,99 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+RTM_TOOLS = {
+    "build": "rtm_create_narrative_tree",
+    "traverse": "rtm_traverse_narrative",
+    "ensemble": "rtm_generate_ensemble",
+    "depth": "rtm_find_optimal_depth",
+}
+
+
+async def cmd_rtm(args: argparse.Namespace, settings: Settings) -> int:
+    """``narrmem rtm build|traverse|ensemble|depth FILE``: the rtm plugin's tools on a text file."""
+    from narrmem.errors import InputError
+
+    name, arguments = _rtm_arguments(args)
+    # The ensemble never embeds: no need to load the model for it.
+    async with _open(settings, warm=args.action != "ensemble") as memory:
+        if name not in memory.tools.names():
+            raise InputError("the rtm plugin is not loaded (is it in plugins.disabled?)", field="command")
+        result = await memory.call_tool(name, arguments)
+    if args.json:
+        _print_json(result)
+    else:
+        _print_rtm(args.action, result)
+    return 0
+
+
+def _rtm_arguments(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The tool and its JSON arguments; options left unset fall to the tool's defaults."""
+    from pathlib import Path
+
+    from narrmem.errors import InputError
+
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {args.file}: {exc}", field="file") from exc
+    title = args.title or ("stdin" if args.file == "-" else Path(args.file).stem) or "untitled"
+    arguments: dict[str, Any] = {
+        "text": text,
+        "title": title,
+        "maxBranchingFactor": args.k,
+        "maxRecallDepth": args.max_depth,
+        "seed": args.seed,
+    }
+    if args.action == "ensemble":
+        arguments["ensembleSize"] = args.trees
+    else:
+        arguments.update(tenant=args.tenant, partition=args.partition)
+    if args.action == "build":
+        arguments["type"] = args.type
+    elif args.action == "traverse":
+        arguments["traversalDepth"] = args.level
+    elif args.action == "depth":
+        arguments["targetRecallLength"] = args.target
+    return RTM_TOOLS[args.action], {k: v for k, v in arguments.items() if v is not None}
+
+
+def _print_rtm(action: str, result: dict[str, Any]) -> None:
+    if action == "build":
+        stats = result["stats"]
+        state = "built" if result["created"] else "stored"
+        print(
+            f"{result['treeId']} ({state}): {stats['clauseCount']} clauses, {stats['totalNodes']} nodes, "
+            f"{stats['leafCount']} leaves, depth {stats['depth']}, avg branching {stats['avgBranching']:.2f}"
+        )
+        for depth, ratio in result["compressionRatio"].items():
+            print(f"  {depth}: {stats['recallLength'][depth]} units, compression {ratio:.4f}")
+        print(f"  scale: {result['scale']['note']}")
+    elif action == "traverse":
+        print(
+            f"{result['treeId']} depth {result['traversalDepth']}: {result['recallLength']} units, "
+            f"{result['clausesPerUnit']:.2f} clauses per unit"
+        )
+        print(result["retelling"])
+    elif action == "depth":
+        print(
+            f"{result['treeId']} optimal depth {result['optimalDepth']}: {result['actualRecallLength']} "
+            f"units for a target of {result['targetRecallLength']} (accuracy {result['accuracy']:.3f})"
+        )
+    else:
+        print(
+            f"{result['ensembleSize']} random trees, K={result['maxBranchingFactor']}, "
+            f"D={result['maxRecallDepth']}, {result['leafCount']} clauses, seed {result['seed']}"
+        )
+        print("depth  mean recall    std    sem  theory       z")
+        for row in result["depths"]:
+            z = "-" if row["zScore"] is None else f"{row['zScore']:+.2f}"
+            print(
+                f"{row['depth']:>5}  {row['recallLengthMean']:>11.3f}  {row['recallLengthStd']:>5.2f}  "
+                f"{row['recallLengthSem']:>5.3f}  {row['theoryRecallLength']:>6.2f}  {z:>6}"
+            )
+        print(f"scale: {result['scale']['note']}")
+
+
 def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if args.json:
         _print_json(data)
@@ -268,6 +379,7 @@ COMMANDS: dict[str, Handler] = {
     "triage": cmd_triage,
     "stats": cmd_stats,
     "decay": cmd_decay,
+    "rtm": cmd_rtm,
     "history": cmd_history,
     "export": cmd_export,
     "import": cmd_import,

@@ -230,6 +230,28 @@ def narrmem_history(memory: Memory, record: MemoryRecord, now: datetime) -> dict
     ``Memory.history``)."""
 
 
+# --- summaries --------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def narrmem_summarize(memory: Memory, clauses: list[str], language: str) -> str | None:
+    """Write an abstractive summary of one narrative span (``language`` is ``en`` or ``zh``), for
+    the rtm plugin's tree nodes and anything else that summarises spans.
+
+    firstresult: the first non-``None`` string wins; ``None`` leaves the span to the next
+    implementation and finally to the built-in extractive summary. Called once per distinct span,
+    so an LLM implementation should be fast or cache.
+    """
+
+
+@hookspec(firstresult=True)
+def narrmem_user_summary(
+    memory: Memory, tenant: str, user_id: str, depth: int | None, token_budget: int | None
+) -> dict[str, Any] | None:
+    """Who this user is, told at an abstraction level: at ``depth`` or, given a ``token_budget``,
+    the most detailed telling that fits. Returns at least ``{"depth", "retelling"}``."""
+
+
 # --- forgetting ------------------------------------------------------------------------
 
 

@@ -439,6 +439,32 @@ class Memory:
             result.update(part)
         return result
 
+    async def summary(
+        self,
+        *,
+        user_id: str,
+        depth: int | None = None,
+        token_budget: int | None = None,
+        tenant: str = "default",
+    ) -> dict[str, Any]:
+        """ "Who is this person" at an abstraction level (``depth``, 1 = most abstract) or the most
+        detailed telling that fits ``token_budget``; from the rtm plugin or whichever answers."""
+        try:
+            Scope(tenant=tenant, user_id=user_id)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+        answer = await self.host.call_first(
+            "narrmem_user_summary",
+            memory=self,
+            tenant=tenant,
+            user_id=user_id,
+            depth=depth,
+            token_budget=token_budget,
+        )
+        if answer is None:
+            raise PluginError("no plugin tells user summaries (is the rtm plugin disabled?)")
+        return dict(answer)
+
     async def context(
         self,
         text: str,

@@ -25,6 +25,7 @@ BUILTINS = {
     "hippocampus",
     "proactive",
     "soul_narrative",
+    "rtm",
 }
 
 

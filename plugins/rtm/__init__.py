@@ -46,6 +46,7 @@ __all__ = [
     "expected_recall_lengths",
     "find_optimal_depth",
     "get_or_build",
+    "plugin_of",
     "recall_lengths",
     "retelling",
     "segment",
@@ -81,6 +82,14 @@ class RTMPlugin:
     async def narrmem_startup(self, memory: Any) -> None:
         self.trees = open_tree_store(memory)
         await self.trees.setup()
+
+    @hookimpl
+    async def narrmem_user_summary(
+        self, memory: Any, tenant: str, user_id: str, depth: int | None, token_budget: int | None
+    ) -> dict[str, Any]:
+        return await user_summary(
+            memory, user_id=user_id, depth=depth, token_budget=token_budget, tenant=tenant
+        )
 
     @hookimpl
     def narrmem_after_forget(self, tenant: str, user_id: str | None) -> None:

@@ -43,6 +43,9 @@ _LINE_END_PUNCT = re.compile(r"[.!?;:,…。！？；：，\"'”’)\]」』）
 _PRONOUNS = r"(?:I|you|he|she|it|we|they|there)"
 _ADVERBS = r"(?:then|so|now|also|still|soon|later|suddenly)"  # ", and then I ..."
 _DETERMINERS = r"(?:the|a|an|his|her|their|its|my|our|your|this|that|these|those)"
+# Verb-like words: auxiliaries, regular pasts, and the endings of common irregular pasts
+# (flew, thought, sang, drank, rode, took, spoke). A heuristic, not a parser: it only decides
+# whether ", and <noun phrase> <word>" starts a clause.
 _FINITE = (
     r"(?:was|were|is|are|am|had|has|have|did|does|do|could|would|will|can|should|might|must|shall|may"
     r"|\w+ed|\w+ew|\w+ought|\w+ang|\w+ank|\w+ode|\w+ook|\w+oke)"
@@ -54,7 +57,8 @@ _EN_SPLITS = [
     re.compile(r"\s*(?:—|--)\s*(?=\w)"),
     re.compile(r"\s+[–-]\s+"),
     # ", and I ...", ", but they ...": a conjunction and a subject pronoun.
-    re.compile(rf",\s+(?=(?:and|but|or|so|yet|nor|for)\s+(?:{_ADVERBS}\s+)?{_PRONOUNS}\b)"),
+    # ("for" is left out: ", for you" is far more often a phrase than "for" starting a clause.)
+    re.compile(rf",\s+(?=(?:and|but|or|so|yet|nor)\s+(?:{_ADVERBS}\s+)?{_PRONOUNS}\b)"),
     # ", but ...", ", yet ...", ", so ...": these conjunctions after a comma nearly always begin a clause.
     re.compile(r",\s+(?=(?:but|yet|so)\s+\w)"),
     # ", and the king rode ...": a determiner, a noun and something verb-like.

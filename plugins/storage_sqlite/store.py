@@ -116,9 +116,9 @@ class SQLiteStore:
     # --- writing --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """One write transaction at a time on this connection, whoever asks (ingest, a plugin,
-        a decay pass): SQLite cannot nest them."""
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction at a time on this connection, whoever asks (ingest, a plugin with
+        tables of its own, a decay pass): SQLite cannot nest them."""
         async with self._lock:
             db = self.db
             await db.execute("BEGIN IMMEDIATE")
@@ -133,7 +133,7 @@ class SQLiteStore:
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
         ids: list[int] = []
-        async with self._transaction():
+        async with self.transaction():
             for record, vector in zip(records, vectors, strict=True):
                 ids.append(await self._insert(record, vector, keep_id=False))
         for record, new_id in zip(records, ids, strict=True):
@@ -366,7 +366,7 @@ class SQLiteStore:
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
         db = self.db
-        async with self._transaction():
+        async with self.transaction():
             rows = await self._fetchall(f"SELECT id, kind FROM memories WHERE {where}", params)
             ids = [r[0] for r in rows]
             fts_rows = 0
@@ -386,7 +386,7 @@ class SQLiteStore:
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
         added: list[tuple[int, np.ndarray]] = []
         skipped = 0
-        async with self._transaction():
+        async with self.transaction():
             for record, vector in items:
                 if record.id is not None:
                     existing = await self.get([record.id], None)
@@ -511,13 +511,13 @@ class SQLiteStore:
 
     async def _write_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         db = self.db
-        async with self._transaction():
+        async with self.transaction():
             for sql, params in statements:
                 await db.execute(sql, params)
 
     async def _write(self, sql: str, params: Any, *, many: bool = False) -> None:
         db = self.db
-        async with self._transaction():
+        async with self.transaction():
             if many:
                 await db.executemany(sql, params)
             else:

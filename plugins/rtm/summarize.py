@@ -1,0 +1,156 @@
+"""Node summaries. A leaf says its own clause(s); an internal node says what its span is about.
+
+Who writes an internal node's summary, first answer wins:
+
+1. the ``summarizer`` callable the plugin was built with (``RTMPlugin(summarizer=...)``);
+2. the ``narrmem_summarize`` hook (firstresult), when the host declares it, so an LLM plugin can
+   write abstractive summaries;
+3. the built-in extractive summary: the clause(s) of the span closest to the span's centroid
+   embedding, in narrative order, cut to a token budget, in the text's own language.
+
+Identical spans share one summary (a random tree can give a node a single child with the same
+span), so a paid summarizer is asked once per span.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from narrmem_plugins.rtm.segment import joiner
+from narrmem_plugins.rtm.tree import Shape
+
+from narrmem.text import cjk_count, estimate_tokens
+
+Summarizer = Callable[[list[str], str], Awaitable[str | None] | str | None]
+HOOK = "narrmem_summarize"
+ELLIPSIS = "…"
+_LEADING_CONJUNCTION = re.compile(r"^(?:and|but|or|so|yet|nor|for)\s+(?=\w)", re.IGNORECASE)
+_EN_TRAILING = re.compile(r"\s*[,;:—–-]+$")
+_ZH_TRAILING = re.compile(r"[，；：、—]+$")
+
+
+def hook_available(memory: Any) -> bool:
+    """Whether the host declares ``narrmem_summarize`` and some plugin implements it."""
+    hook = getattr(memory.host.pm.hook, HOOK, None)
+    return hook is not None and bool(hook.get_hookimpls())
+
+
+def summarizer_label(memory: Any, custom: Summarizer | None) -> str:
+    """Names who writes summaries; part of a tree's identity, so switching summarizer rebuilds."""
+    if custom is not None:
+        return f"custom:{getattr(custom, '__qualname__', type(custom).__name__)}"
+    if memory is not None and hook_available(memory):
+        names = sorted(impl.plugin_name for impl in getattr(memory.host.pm.hook, HOOK).get_hookimpls())
+        return "hook:" + ",".join(names)
+    return "extractive"
+
+
+async def summarize_shape(
+    shape: Shape,
+    clauses: list[str],
+    unit: np.ndarray,
+    prefix: np.ndarray,
+    language: str,
+    *,
+    max_tokens: int,
+    max_clauses: int,
+    memory: Any = None,
+    custom: Summarizer | None = None,
+) -> list[str]:
+    """One summary per node, pre-order. ``unit`` are the unit clause vectors, ``prefix`` their
+    cumulative sums (see :func:`narrmem_plugins.rtm.tree.prefix_sums`)."""
+    glue = joiner(language)
+    use_hook = memory is not None and hook_available(memory)
+    leaf = shape.is_leaf
+    done: dict[tuple[int, int, bool], str] = {}
+    out: list[str] = []
+    for i, (s, e) in enumerate(zip(shape.start.tolist(), shape.end.tolist(), strict=True)):
+        # Keyed by leafness too: a random tree's chain can end in a depth-D leaf with the span of
+        # the internal node above it, and that leaf must still hold its whole span.
+        key = (s, e, bool(leaf[i]))
+        if key in done:
+            out.append(done[key])
+            continue
+        span = clauses[s:e]
+        if e - s == 1 or leaf[i]:
+            # A leaf-level node at depth D holds its span: at the deepest level the retelling
+            # is the whole text, which is what a compression ratio of 1.0 promises.
+            text = glue.join(span)
+        else:
+            text = await _abstractive(span, language, memory, custom, use_hook)
+            if not text:
+                text = extractive(span, unit[s:e], prefix[e] - prefix[s], language, max_tokens, max_clauses)
+        done[key] = text
+        out.append(text)
+    return out
+
+
+async def _abstractive(
+    span: list[str], language: str, memory: Any, custom: Summarizer | None, use_hook: bool
+) -> str | None:
+    if custom is not None:
+        value = custom(list(span), language)
+        if inspect.isawaitable(value):
+            value = await value
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    if use_hook:
+        value = await memory.host.call_first(HOOK, memory=memory, clauses=list(span), language=language)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+def extractive(
+    span: list[str],
+    vectors: np.ndarray,
+    centroid: np.ndarray,
+    language: str,
+    max_tokens: int,
+    max_clauses: int,
+) -> str:
+    """The clause nearest the centroid, then the next nearest while they fit ``max_tokens`` and
+    ``max_clauses``; in narrative order. A first clause over budget is cut at a word boundary."""
+    scores = vectors @ centroid
+    order = np.argsort(-scores, kind="stable")
+    glue = joiner(language)
+    picked = [int(order[0])]
+    for candidate in order[1:].tolist():
+        if len(picked) >= max_clauses:
+            break
+        trial = glue.join(span[i] for i in sorted([*picked, candidate]))
+        if estimate_tokens(trial) <= max_tokens:
+            picked.append(candidate)
+    text = glue.join(tidy(span[i], language) for i in sorted(picked))
+    return clip(text, max_tokens)
+
+
+def tidy(clause: str, language: str) -> str:
+    """A clause made to stand alone: no leading conjunction, a capital, a full stop instead of the
+    comma, semicolon or dash that tied it to its neighbour."""
+    if language == "zh":
+        return _ZH_TRAILING.sub("。", clause)
+    text = _LEADING_CONJUNCTION.sub("", clause)
+    text = _EN_TRAILING.sub(".", text)
+    return text[:1].upper() + text[1:] if text else clause
+
+
+def clip(text: str, max_tokens: int) -> str:
+    """``text`` cut to about ``max_tokens`` estimated tokens, at a word boundary where there is one."""
+    if estimate_tokens(text) <= max_tokens:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:  # longest prefix (plus the ellipsis) that fits
+        mid = (lo + hi + 1) // 2
+        if estimate_tokens(text[:mid] + ELLIPSIS) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    cut = text[:lo]
+    if lo < len(text) and not cjk_count(text[lo - 1 : lo + 1]) and " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:—-，；：") + ELLIPSIS

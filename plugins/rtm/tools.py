@@ -1,0 +1,224 @@
+"""The four RTM tools for ``Memory.call_tool``: handlers over :mod:`.schemas` and registration."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from narrmem_plugins.rtm.build import TreeRequest, get_or_build, stats_of, text_sha
+from narrmem_plugins.rtm.ensemble import simulate, summarize
+from narrmem_plugins.rtm.options import RTMOptions
+from narrmem_plugins.rtm.schemas import (
+    CreateTreeInput,
+    CreateTreeOutput,
+    EnsembleInput,
+    EnsembleOutput,
+    FindDepthInput,
+    FindDepthOutput,
+    RecallUnit,
+    ScaleCheck,
+    TextOrTree,
+    TraverseInput,
+    TraverseOutput,
+    TreeParameters,
+    TreeStats,
+)
+from narrmem_plugins.rtm.segment import joiner, segment_cached
+from narrmem_plugins.rtm.store import StoredTree, TreeStore
+from narrmem_plugins.rtm.summarize import Summarizer
+from narrmem_plugins.rtm.theory import suggest_parameters
+from narrmem_plugins.rtm.traverse import find_optimal_depth, recall_lengths, recall_units
+
+from narrmem.errors import InputError
+from narrmem.tools import Tool
+
+
+class RTMContext(Protocol):
+    options: RTMOptions
+    trees: TreeStore
+    summarizer: Summarizer | None
+
+
+# --- handlers -------------------------------------------------------------------------------
+
+
+async def _resolve(memory: Any, ctx: RTMContext, args: TextOrTree) -> StoredTree:
+    if args.treeId is not None:
+        given = args.tree_parameters_given()
+        if given:
+            raise InputError(
+                "tree parameters come from the stored tree; drop them or pass text", field=given[0]
+            )
+        found = await ctx.trees.get(args.tenant, args.treeId)
+        if found is None:
+            raise InputError(f"no tree {args.treeId} in tenant '{args.tenant}'", field="treeId")
+        if args.title is not None and args.title != found.title:
+            raise InputError(f"tree {args.treeId} is titled {found.title!r}", field="title")
+        return found
+    assert args.text is not None and args.title is not None
+    request = TreeRequest(
+        text=args.text,
+        title=args.title,
+        tenant=args.tenant,
+        branching=args.maxBranchingFactor,
+        max_depth=args.maxRecallDepth,
+        partition=args.partition,
+        seed=args.seed,
+        language=args.language,
+        segmentation=args.segmentation,
+    )
+    if not request.pinned:
+        # Same text and title, no parameters: whatever tree was built for it last.
+        latest = await ctx.trees.latest(args.tenant, args.title, text_sha(args.text))
+        if latest is not None:
+            return latest
+    stored, _ = await get_or_build(memory, ctx.trees, request, ctx.options, ctx.summarizer)
+    return stored
+
+
+def make_tools(ctx: RTMContext) -> list[Tool]:
+    async def create(memory: Any, args: CreateTreeInput) -> CreateTreeOutput:
+        request = TreeRequest(
+            text=args.text,
+            title=args.title,
+            tenant=args.tenant,
+            type=args.type,
+            branching=args.maxBranchingFactor,
+            max_depth=args.maxRecallDepth,
+            partition=args.partition,
+            seed=args.seed,
+            language=args.language,
+            segmentation=args.segmentation,
+        )
+        stored, created = await get_or_build(memory, ctx.trees, request, ctx.options, ctx.summarizer)
+        stats = stats_of(stored.tree)
+        p = stored.params
+        return CreateTreeOutput(
+            treeId=stored.tree_id,
+            title=stored.title,
+            created=created,
+            parameters=TreeParameters(
+                maxBranchingFactor=p["maxBranchingFactor"],
+                maxRecallDepth=p["maxRecallDepth"],
+                depthSuggested=p["depthSuggested"],
+                partition=p["partition"],
+                seed=p["seed"],
+                language=p["detectedLanguage"],
+                segmentation=p["segmentationUsed"],
+                summarizer=p["summarizer"],
+                type=p["type"],
+            ),
+            stats=TreeStats(**{k: stats[k] for k in TreeStats.model_fields}),
+            compressionRatio=stats["compressionRatio"],
+            scale=ScaleCheck(**stats["scale"]),
+        )
+
+    async def traverse(memory: Any, args: TraverseInput) -> TraverseOutput:
+        stored = await _resolve(memory, ctx, args)
+        tree, shape = stored.tree, stored.tree.shape
+        units = recall_units(shape, args.traversalDepth).tolist()
+        leaf = shape.is_leaf
+        leaf_count = int(leaf.sum())
+        texts = [tree.summaries[i] for i in units]
+        return TraverseOutput(
+            treeId=stored.tree_id,
+            traversalDepth=args.traversalDepth,
+            summaries=texts,
+            recallSequence=list(texts),
+            units=[
+                RecallUnit(
+                    node=i,
+                    depth=int(shape.depth[i]),
+                    clauseStart=int(shape.start[i]),
+                    clauseEnd=int(shape.end[i]),
+                    leaf=bool(leaf[i]),
+                )
+                for i in units
+            ],
+            retelling=joiner(tree.language).join(texts),
+            recallLength=len(units),
+            leafCount=leaf_count,
+            compressionRatio=round(len(units) / leaf_count, 6),
+            clausesPerUnit=round(leaf_count / len(units), 6),
+        )
+
+    async def find_depth(memory: Any, args: FindDepthInput) -> FindDepthOutput:
+        stored = await _resolve(memory, ctx, args)
+        lengths = recall_lengths(stored.tree.shape)
+        found = find_optimal_depth(lengths, int(stored.params["maxBranchingFactor"]), args.targetRecallLength)
+        return FindDepthOutput(treeId=stored.tree_id, targetRecallLength=args.targetRecallLength, **found)
+
+    async def generate_ensemble(memory: Any, args: EnsembleInput) -> EnsembleOutput:
+        sections = segment_cached(args.text, args.language, args.segmentation)
+        clauses = len(sections.clauses)
+        if clauses == 0:
+            raise InputError("the text holds no clause (no letter or digit)", field="text")
+        if clauses > ctx.options.max_clauses:
+            raise InputError(
+                f"the text has {clauses} clauses; at most {ctx.options.max_clauses}", field="text"
+            )
+        k = args.maxBranchingFactor or ctx.options.branching
+        depth = args.maxRecallDepth or suggest_parameters(clauses, 1 / k)[1]
+        seed = 0 if args.seed is None else args.seed
+        sim = simulate(clauses, k, depth, args.ensembleSize, seed)
+        summary = summarize(sim, clauses, k, depth)
+        return EnsembleOutput(
+            title=args.title,
+            leafCount=clauses,
+            ensembleSize=args.ensembleSize,
+            maxBranchingFactor=k,
+            maxRecallDepth=depth,
+            seed=seed,
+            **summary,
+        )
+
+    return [
+        Tool(
+            name="rtm_create_narrative_tree",
+            description=(
+                "Encode a narrative as a Random Tree Model tree: clauses are leaves, every node of at "
+                "most maxBranchingFactor (K) children summarises its span, the root (depth 1) the whole "
+                "text, down to maxRecallDepth (D). partition 'semantic' (default) cuts at topic shifts, "
+                "'random' draws the paper's uniform compositions (seeded). Returns a treeId reused by the "
+                "other tools, node statistics and the compression ratio at each depth. Same inputs, "
+                "same treeId: a repeated call reuses the stored tree."
+            ),
+            input_model=CreateTreeInput,
+            output_model=CreateTreeOutput,
+            handler=create,
+        ),
+        Tool(
+            name="rtm_traverse_narrative",
+            description=(
+                "Recall a narrative at a depth: the summaries of the nodes at traversalDepth (and of "
+                "leaves above it) in story order, joined as a retelling. Depth 1 is a one-line abstract; "
+                "deeper is more detailed. Give treeId, or text and title (the tree built for them is "
+                "reused, or built with default parameters)."
+            ),
+            input_model=TraverseInput,
+            output_model=TraverseOutput,
+            handler=traverse,
+        ),
+        Tool(
+            name="rtm_generate_ensemble",
+            description=(
+                "Model population-level recall: ensembleSize random trees of the same text (seeded). "
+                "Per depth: mean, standard deviation and standard error of the recall length and the "
+                "compression ratio, the exact theoretical expectation and the z-score against it; node "
+                "statistics and a scale check."
+            ),
+            input_model=EnsembleInput,
+            output_model=EnsembleOutput,
+            handler=generate_ensemble,
+        ),
+        Tool(
+            name="rtm_find_optimal_depth",
+            description=(
+                "Find the traversal depth whose recall length is closest to targetRecallLength "
+                "(estimated as 2 + log_K(target / root branches), then refined by adjacent depths). "
+                "Returns optimalDepth, actualRecallLength and accuracy = 1 - |actual - target| / target."
+            ),
+            input_model=FindDepthInput,
+            output_model=FindDepthOutput,
+            handler=find_depth,
+        ),
+    ]

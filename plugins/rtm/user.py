@@ -1,0 +1,167 @@
+"""A narrative tree over one user's memories: a retelling of who they are, at any depth or budget.
+
+Each memory is one clause, oldest first (scenes by their core sentence, episodes as attributed
+speech; an episode a scene was made from is left out, the scene says it better). The tree is
+semantic, built lazily and cached per (tenant, user) under the id of the newest memory: a new
+memory rebuilds it on the next call, forgetting drops it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from narrmem_plugins.rtm.build import build_tree
+from narrmem_plugins.rtm.options import RTMOptions
+from narrmem_plugins.rtm.segment import detect_language
+from narrmem_plugins.rtm.summarize import Summarizer
+from narrmem_plugins.rtm.theory import suggest_parameters
+from narrmem_plugins.rtm.traverse import depth_for_budget, recall_sequence, recall_units, retelling
+from narrmem_plugins.rtm.tree import Tree
+from pydantic import ValidationError
+
+from narrmem.errors import InputError
+from narrmem.models import MemoryRecord, Scope
+from narrmem.text import estimate_tokens
+
+_SPACES = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class _Cached:
+    newest_id: int
+    records: list[MemoryRecord]
+    tree: Tree
+
+
+class UserSummaries:
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], _Cached] = {}
+
+    def forget(self, tenant: str, user_id: str | None) -> None:
+        """Drop cached trees a forget may have touched (a chat forget touches every user in it)."""
+        for key in list(self._cache):
+            if key[0] == tenant and (user_id is None or key[1] == user_id):
+                del self._cache[key]
+
+    async def summary(
+        self,
+        memory: Any,
+        options: RTMOptions,
+        summarizer: Summarizer | None,
+        *,
+        user_id: str,
+        depth: int | None = None,
+        token_budget: int | None = None,
+        tenant: str = "default",
+    ) -> dict[str, Any]:
+        try:
+            scope = Scope(tenant=tenant, user_id=user_id)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+        if depth is not None and depth < 1:
+            raise InputError("depth must be at least 1", field="depth")
+        if token_budget is not None and token_budget < 1:
+            raise InputError("token_budget must be at least 1", field="token_budget")
+        cached = await self._tree(memory, options, summarizer, scope)
+        if cached is None:
+            return _empty(tenant, user_id)
+        tree = cached.tree
+        chosen = _choose_depth(tree, depth, token_budget, options)
+        text = retelling(tree, chosen)
+        units = recall_units(tree.shape, chosen).tolist()
+        records = cached.records
+        return {
+            "tenant": tenant,
+            "user_id": user_id,
+            "memoryCount": len(records),
+            "newestMemoryId": cached.newest_id,
+            "depth": chosen,
+            "maxDepth": tree.max_depth,
+            "retelling": text,
+            "tokens": estimate_tokens(text),
+            "fits": token_budget is None or estimate_tokens(text) <= token_budget,
+            "recallSequence": recall_sequence(tree, chosen),
+            "units": [
+                {
+                    "text": tree.summaries[i],
+                    "memories": int(tree.shape.end[i] - tree.shape.start[i]),
+                    "from": records[int(tree.shape.start[i])].created_at.isoformat(),
+                    "to": records[int(tree.shape.end[i]) - 1].created_at.isoformat(),
+                }
+                for i in units
+            ],
+        }
+
+    async def _tree(
+        self, memory: Any, options: RTMOptions, summarizer: Summarizer | None, scope: Scope
+    ) -> _Cached | None:
+        kinds = list(options.user_kinds)
+        newest = await memory.store.recent(scope, kinds=kinds, limit=1)
+        if not newest or newest[0].id is None:
+            return None
+        key = (scope.tenant, str(scope.user_id))
+        cached = self._cache.get(key)
+        if cached is not None and cached.newest_id == newest[0].id:
+            return cached
+        recent = await memory.store.recent(scope, kinds=kinds, limit=options.user_memory_limit)
+        records = _distinct(list(reversed(recent)))
+        clauses = [clause_of(r) for r in records]
+        branching, max_depth = suggest_parameters(len(clauses), options.compression)
+        tree = await build_tree(
+            memory,
+            clauses,
+            detect_language(" ".join(clauses)),
+            branching=branching,
+            max_depth=max_depth,
+            partition="semantic",
+            seed=None,
+            options=options,
+            summarizer=summarizer,
+        )
+        cached = _Cached(newest_id=int(newest[0].id), records=records, tree=tree)
+        self._cache[key] = cached
+        return cached
+
+
+def clause_of(record: MemoryRecord) -> str:
+    """One line per memory: a scene's core sentence, an episode as attributed speech."""
+    return _SPACES.sub(" ", record.index_text).strip() or record.text.strip()
+
+
+def _distinct(records: list[MemoryRecord]) -> list[MemoryRecord]:
+    """Leave out episodes whose messages a scene already tells."""
+    told = [set(r.message_ids) for r in records if r.kind == "scene" and r.message_ids]
+    return [
+        r
+        for r in records
+        if r.kind == "scene" or not r.message_ids or not any(set(r.message_ids) <= s for s in told)
+    ]
+
+
+def _choose_depth(tree: Tree, depth: int | None, token_budget: int | None, options: RTMOptions) -> int:
+    """``depth`` if given (capped at the tree's), ``token_budget`` if given (the deepest that fits),
+    both: the shallower; neither: the deepest that fits the options' default budget."""
+    if token_budget is None and depth is None:
+        return depth_for_budget(tree, options.user_token_budget)
+    chosen = tree.max_depth if depth is None else min(depth, tree.max_depth)
+    if token_budget is not None:
+        chosen = min(chosen, depth_for_budget(tree, token_budget))
+    return chosen
+
+
+def _empty(tenant: str, user_id: str) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "user_id": user_id,
+        "memoryCount": 0,
+        "newestMemoryId": None,
+        "depth": 0,
+        "maxDepth": 0,
+        "retelling": "",
+        "tokens": 0,
+        "fits": True,
+        "recallSequence": [],
+        "units": [],
+    }
