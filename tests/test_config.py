@@ -175,12 +175,14 @@ def test_example_config_documents_every_key_with_its_default() -> None:
         assert model.model_validate(raw[name]) == model(), name
     from narrmem_plugins.hippocampus import HippocampusOptions
     from narrmem_plugins.proactive import ProactiveOptions
+    from narrmem_plugins.rtm.options import RTMOptions
 
     plugins = {
         "triage": TriageOptions,
         "recall_hybrid": HybridOptions,
         "hippocampus": HippocampusOptions,
         "proactive": ProactiveOptions,
+        "rtm": RTMOptions,
     }
     assert set(raw["plugin"]) == set(plugins)
     load_settings(path)  # the whole file loads
