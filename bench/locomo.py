@@ -12,8 +12,9 @@ What runs
     * text = the turn's text, plus " [shares a photo: <blip_caption>]" when the turn shares an image.
 
     Every question of categories 1-4 (multi-hop, temporal, open-domain, single-hop) that has evidence is
-    asked with ``recall(question, chat_id=sample_id, k=max(--k))``; each hit maps back to dia_ids through
-    its ``message_ids`` (its provenance). Category 5 (adversarial, no answer) is skipped.
+    asked with ``recall(question, chat_id=sample_id, k=max(--k), reinforce=False)`` (questions are
+    probes of one stored state, so they do not reinforce what later questions see); each hit maps back
+    to dia_ids through its ``message_ids`` (its provenance). Category 5 (adversarial, no answer) is skipped.
 
     Two baselines run in the same process over the raw turns of the same conversation, each written as
     ``Speaker said, "text"`` (caption appended the same way):
@@ -424,7 +425,8 @@ async def recall_conversation(
 ) -> None:
     start = time.perf_counter()
     for q in conv.questions:
-        hits = await mem.recall(q.text, chat_id=conv.sample_id, k=max(ks))
+        # Questions are probes of one stored state: they must not reinforce what later ones see.
+        hits = await mem.recall(q.text, chat_id=conv.sample_id, k=max(ks), reinforce=False)
         ranked = [Retrieved(ids=tuple(h.message_ids), text=h.text) for h in hits]
         state.scores.setdefault(system, []).append((q.category, score_question(q, ranked, ks)))
         bar.update(1)

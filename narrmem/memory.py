@@ -352,14 +352,18 @@ class Memory:
         k: int = 5,
         kinds: list[str] | None = None,
         snippet_tokens: int | None = 48,
+        reinforce: bool = True,
     ) -> list[Hit]:
         """The ``k`` memories that best answer ``query`` inside the scope, best first.
 
         A memory longer than ``snippet_tokens`` comes back as its sentences most relevant to the
-        query (the whole text in ``Hit.detail``); ``None`` returns whole texts."""
+        query (the whole text in ``Hit.detail``); ``None`` returns whole texts. ``reinforce=False``
+        makes a read-only probe: what it returns gains no importance."""
         try:
             scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
-            request = RecallRequest(query=query, scope=scope, k=k, kinds=kinds, snippet_tokens=snippet_tokens)
+            request = RecallRequest(
+                query=query, scope=scope, k=k, kinds=kinds, snippet_tokens=snippet_tokens, reinforce=reinforce
+            )
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
         return await self._recall(request)
