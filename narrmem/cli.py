@@ -76,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     rtm.add_argument("--target", type=int, help="depth: targetRecallLength")
     rtm.add_argument("--trees", type=int, default=200, help="ensemble: ensembleSize")
 
+    serve = sub.add_parser("mcp", parents=[common], help="serve every tool over MCP (stdio, or HTTP)")
+    serve.add_argument(
+        "--http", metavar="[HOST:]PORT", help="streamable HTTP instead of stdio (host 127.0.0.1)"
+    )
+    serve.add_argument("--tenant", default="default", help="the one tenant this server serves")
+
+    tools = sub.add_parser("tools", parents=[common], help="print the tool schemas for function calling")
+    tools.add_argument("--format", choices=["openai", "anthropic", "mcp"], default="openai")
+
     forget = sub.add_parser("forget", parents=[common, as_json], help="delete every trace of a user or chat")
     forget.add_argument("--user")
     forget.add_argument("--chat")
@@ -272,6 +281,31 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.mcp_server import serve_http, serve_stdio
+
+    # stdout is the protocol on stdio: logs go to stderr only.
+    async with _open(settings) as memory:
+        if args.http:
+            host, _, port = args.http.rpartition(":")
+            if not port.isdigit():
+                from narrmem.errors import InputError
+
+                raise InputError(f"expected [HOST:]PORT, got {args.http!r}", field="--http")
+            await serve_http(memory, tenant=args.tenant, host=host or "127.0.0.1", port=int(port))
+        else:
+            await serve_stdio(memory, tenant=args.tenant)
+    return 0
+
+
+async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.tools import tool_schemas
+
+    async with _open(settings, warm=False) as memory:
+        _print_json(tool_schemas(memory.tools, args.format))
+    return 0
+
+
 RTM_TOOLS = {
     "build": "rtm_create_narrative_tree",
     "traverse": "rtm_traverse_narrative",
@@ -380,6 +414,8 @@ COMMANDS: dict[str, Handler] = {
     "stats": cmd_stats,
     "decay": cmd_decay,
     "rtm": cmd_rtm,
+    "mcp": cmd_mcp,
+    "tools": cmd_tools,
     "history": cmd_history,
     "export": cmd_export,
     "import": cmd_import,

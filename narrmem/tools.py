@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -74,3 +74,33 @@ class ToolRegistry:
             return tool, tool.input_model.model_validate(arguments)
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
+
+
+SchemaFormat = Literal["openai", "anthropic", "mcp"]
+
+
+def tool_schemas(registry: ToolRegistry, format: SchemaFormat = "openai") -> list[dict[str, Any]]:
+    """Every tool's schema for an LLM's function calling (``openai``, ``anthropic``) or MCP."""
+    out: list[dict[str, Any]] = []
+    for name in registry.names():
+        tool = registry.get(name)
+        schema = tool.input_schema()
+        if format == "openai":
+            out.append(
+                {
+                    "type": "function",
+                    "function": {"name": name, "description": tool.description, "parameters": schema},
+                }
+            )
+        elif format == "anthropic":
+            out.append({"name": name, "description": tool.description, "input_schema": schema})
+        else:
+            out.append(
+                {
+                    "name": name,
+                    "description": tool.description,
+                    "inputSchema": schema,
+                    "outputSchema": tool.output_schema(),
+                }
+            )
+    return out

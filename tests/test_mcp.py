@@ -1,0 +1,167 @@
+"""The MCP server, talked to by the official SDK's own client: over stdio (``narrmem mcp`` as a
+subprocess) and over streamable HTTP on loopback. Every tool is listed with its schemas, answers a
+valid call with structured content that matches its output schema, and answers bad calls with a
+tool error that names the field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from narrmem.testing import open_memory
+from narrmem.tools import tool_schemas
+
+pytestmark = pytest.mark.slow
+
+STORY = (
+    "Once upon a time a wise king ruled a small kingdom by the sea. A growing threat came from the "
+    "north, and the king called his council. The youngest knight offered to ride out alone. She "
+    "crossed the mountains in winter; she found the source of the threat. It was a starving village, "
+    "not an army. The king sent grain instead of soldiers, and the kingdom had peace for a generation."
+)
+SCOPE = {"user_id": "u1", "chat_id": "c1"}
+VALID: dict[str, dict[str, Any]] = {
+    "narrmem_ingest": {
+        "text": "I adopted a greyhound named Pixel",
+        "ts": "2026-05-01T10:00:00+00:00",
+        "message_id": "m1",
+        **SCOPE,
+    },
+    "narrmem_recall": {"query": "what pet do I have?", "k": 3, **SCOPE},
+    "soul_narrative": {
+        "action": "add",
+        "event": "Decided to leave the bank.",
+        "category": "decision",
+        **SCOPE,
+    },
+    "rtm_create_narrative_tree": {
+        "text": STORY,
+        "title": "The Lost Kingdom",
+        "type": "story",
+        "maxBranchingFactor": 4,
+        "maxRecallDepth": 4,
+    },
+    "rtm_traverse_narrative": {"text": STORY, "title": "The Lost Kingdom", "traversalDepth": 1},
+    "rtm_generate_ensemble": {"text": STORY, "title": "The Lost Kingdom", "ensembleSize": 50},
+    "rtm_find_optimal_depth": {"text": STORY, "title": "The Lost Kingdom", "targetRecallLength": 3},
+}
+SEED_TOOLS = {
+    "rtm_create_narrative_tree",
+    "rtm_traverse_narrative",
+    "rtm_generate_ensemble",
+    "rtm_find_optimal_depth",
+    "soul_narrative",
+}
+
+
+def _bad_calls(name: str, schema: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """(arguments, the field the error must name): an unknown field, a missing required one, and a
+    wrong type, derived from the tool's own input schema."""
+    valid = VALID[name]
+    calls = [({**valid, "bogus_field": 1}, "bogus_field")]
+    required = [r for r in schema.get("required", []) if r in valid]
+    if required:
+        calls.append(({k: v for k, v in valid.items() if k != required[0]}, required[0]))
+    field = next(k for k, v in valid.items() if isinstance(v, str | int) and k in schema["properties"])
+    calls.append(({**valid, field: {"not": "this type"}}, field))
+    return calls
+
+
+async def _exercise(client: Any, expected: set[str]) -> set[str]:
+    listed = (await client.list_tools()).tools
+    names = {t.name for t in listed}
+    assert expected <= names
+    for tool in listed:
+        assert tool.description and len(tool.description) > 40, tool.name
+        assert tool.input_schema.get("additionalProperties") is False, tool.name
+        assert tool.output_schema and tool.output_schema["type"] == "object", tool.name
+        assert tool.name in VALID, f"no sample call for {tool.name}"
+        result = await client.call_tool(tool.name, VALID[tool.name])
+        assert not result.is_error, (tool.name, result.content)
+        jsonschema.validate(result.structured_content, tool.output_schema)
+        for arguments, field in _bad_calls(tool.name, tool.input_schema):
+            bad = await client.call_tool(tool.name, arguments)
+            assert bad.is_error, (tool.name, arguments)
+            assert field in bad.content[0].text, (tool.name, field, bad.content[0].text)
+    unknown = await client.call_tool("no_such_tool", {})
+    assert unknown.is_error and "no_such_tool" in unknown.content[0].text
+    other_tenant = await client.call_tool("narrmem_recall", {**VALID["narrmem_recall"], "tenant": "other"})
+    assert other_tenant.is_error and "tenant" in other_tenant.content[0].text
+    return names
+
+
+async def test_stdio_server_with_the_sdk_client(tmp_path: Path) -> None:
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "narrmem.cli", "mcp", "--data", str(tmp_path / "data")]
+    )
+    async with Client(params) as client:
+        names = await _exercise(client, SEED_TOOLS | {"narrmem_ingest", "narrmem_recall"})
+        # The store survived every bad call: the valid ingest and the valid scene are there, no more.
+        arguments = {**VALID["narrmem_recall"], "k": 50}
+        hits = (await client.call_tool("narrmem_recall", arguments)).structured_content["hits"]
+        assert sorted((h["kind"], tuple(h["message_ids"])) for h in hits) == [
+            ("episode", ("m1",)),
+            ("scene", ()),
+        ]
+    assert names
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_streamable_http_on_loopback(tmp_path: Path) -> None:
+    port = _free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "narrmem.cli",
+        "mcp",
+        "--http",
+        f"127.0.0.1:{port}",
+        "--data",
+        str(tmp_path / "d"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        for _ in range(300):  # the model loads first: up to 30 s
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            await _exercise(client, SEED_TOOLS)
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), timeout=30)
+
+
+async def test_schemas_for_function_calling(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m") as memory:
+        openai = tool_schemas(memory.tools, "openai")
+        anthropic = tool_schemas(memory.tools, "anthropic")
+        mcp = tool_schemas(memory.tools, "mcp")
+        # A call an LLM produced, arguments as a JSON string.
+        produced = json.dumps({"query": "pets", "user_id": "u1"})
+        assert (await memory.call_tool("narrmem_recall", produced))["hits"] == []
+    assert (
+        {t["function"]["name"] for t in openai} == {t["name"] for t in anthropic} == {t["name"] for t in mcp}
+    )
+    recall = next(t for t in openai if t["function"]["name"] == "narrmem_recall")["function"]
+    assert (
+        recall["parameters"]["additionalProperties"] is False and "query" in recall["parameters"]["required"]
+    )
+    assert all("outputSchema" in t for t in mcp)
