@@ -518,6 +518,42 @@ class Memory:
             )
         return counts
 
+    async def forget_messages(
+        self, *, chat_id: str, message_ids: Sequence[str], tenant: str = "default"
+    ) -> dict[str, int]:
+        """Delete what these messages left (episodes and the scenes built from them), as when a
+        chat reports a message deleted."""
+        scope = Scope(tenant=tenant, chat_id=chat_id)
+        async with self._write_lock:
+            ids = await self.store.from_messages(tenant, chat_id, message_ids)
+            removed = list((await self.store.get(ids, scope)).values())
+            count = await self.store.delete(ids, scope)
+            await self.host.call(
+                "narrmem_after_forget",
+                isolate=False,
+                memory=self,
+                tenant=tenant,
+                user_id=None,
+                chat_id=chat_id,
+                removed=removed,
+            )
+        return {"memories": count}
+
+    async def edit(self, message: Message | dict[str, Any]) -> IngestResult:
+        """A message was edited: what it left is replaced by what the new text deserves, and the
+        earlier texts are kept in the new episode's ``meta["edits"]``."""
+        edited = _as_message(message, None)
+        scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
+        ids = await self.store.from_messages(edited.tenant, edited.chat_id, [edited.message_id])
+        before = [r for r in (await self.store.get(ids, scope)).values() if r.kind == "episode"]
+        edits = [e for r in before for e in r.meta.get("edits", [])]
+        edits += [{"text": r.text, "replaced_at": self.clock.now().isoformat()} for r in before]
+        await self.forget_messages(
+            chat_id=edited.chat_id, message_ids=[edited.message_id], tenant=edited.tenant
+        )
+        meta = {**edited.meta, "edits": edits} if edits else edited.meta
+        return await self.ingest(edited.model_copy(update={"meta": meta}))
+
     async def stats(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         for part in await self.host.call("narrmem_stats", memory=self):

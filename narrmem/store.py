@@ -77,6 +77,10 @@ class Store(Protocol):
         stay as they are); the keyword index follows."""
         ...
 
+    async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
+        """Ids of the memories whose provenance includes any of these messages of this chat."""
+        ...
+
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
         """Delete these in-scope memories (rows, keyword index, vectors); return how many."""
         ...

@@ -111,8 +111,11 @@ class Proactive:
         return fired
 
     @hookimpl
-    async def narrmem_after_forget(self, memory: Any, tenant: str, removed: list[MemoryRecord]) -> None:
-        for user_id in {r.user_id for r in removed}:
+    async def narrmem_after_forget(
+        self, memory: Any, tenant: str, user_id: str | None, removed: list[MemoryRecord]
+    ) -> None:
+        """Forgetting a user forgets what was said to them; deleting one message does not."""
+        if user_id is not None:
             await memory.store.state_delete(NAME, f"{tenant}\0{user_id}\0")
 
 

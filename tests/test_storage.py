@@ -412,3 +412,18 @@ async def test_keyword_search_ignores_stopwords_and_syntax(memory: Memory) -> No
     for nasty in ['fox"', '"fox', "fox AND", "NEAR(fox", "fox*", "-fox", "fox:", "(fox", "^fox", "{fox}"]:
         found = await memory.store.search_keywords(scope, nasty, 10)
         assert len(found) == 1, nasty
+
+
+async def test_edit_replaces_and_keeps_history_and_delete_forgets_the_message(memory: Memory) -> None:
+    first = await memory.ingest(msg("e1", "my favourite band is Radiohead"))
+    edited = await memory.edit(msg("e1", "my favourite band is Portishead"))
+    assert edited.stored and not edited.duplicate
+    assert edited.records[0].meta["edits"][0]["text"] == "my favourite band is Radiohead"
+    stored = await memory.store.get(first.memory_ids + edited.memory_ids, None)
+    assert set(stored) == set(edited.memory_ids)  # the old episode is gone, the new one is there
+    assert [h.text for h in await memory.recall("Radiohead Portishead", user_id="u1")] == [
+        "my favourite band is Portishead"
+    ]
+    assert await memory.forget_messages(chat_id="c1", message_ids=["e1"]) == {"memories": 1}
+    assert await memory.recall("Portishead", user_id="u1") == []
+    assert memory.store.index.size == 0

@@ -246,6 +246,17 @@ class SQLiteStore:
             ]
         )
 
+    async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
+        found: set[int] = set()
+        for part in _chunks(list(message_ids)):
+            rows = await self._fetchall(
+                f"SELECT memory_id FROM memory_sources WHERE tenant = ? AND chat_id = ? "
+                f"AND message_id IN ({_marks(part)})",
+                (tenant, chat_id, *part),
+            )
+            found.update(int(r[0]) for r in rows)
+        return sorted(found)
+
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
         where, params = _scope_clause(scope)
         found = [
