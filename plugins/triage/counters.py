@@ -49,6 +49,43 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+def _count(
+    result: Any,
+    message: Message,
+    kind: str,
+    label: str,
+    members: list[MemoryRecord],
+    *,
+    count: int,
+    threshold: int,
+    suggestion: str,
+) -> None:
+    """Put a count in the ingest result, and a trigger event when it just reached its threshold."""
+    message_ids = [mid for r in members for mid in r.message_ids]
+    result.counts.append(
+        PatternCount(
+            kind=kind,
+            label=label,
+            count=count,
+            message_ids=message_ids,
+            times=[r.created_at for r in members],
+        )
+    )
+    if count == threshold:
+        result.triggers.append(
+            TriggerEvent(
+                kind=kind,
+                label=label,
+                count=count,
+                tenant=message.tenant,
+                user_id=message.user_id,
+                chat_id=message.chat_id,
+                message_ids=message_ids,
+                suggestion=suggestion,
+            )
+        )
+
+
 class Counters:
     def __init__(self, options: TriageOptions) -> None:
         self.options = options
@@ -92,34 +129,22 @@ class Counters:
             # The message itself always counts, even when it is older than what `recent` returned.
             said = [*sorted(said, key=lambda r: r.id or 0), episode]
             count = len(said)
-            ids = [mid for r in said for mid in r.message_ids]
-            result.counts.append(
-                PatternCount(
-                    kind="emotion",
-                    label=mood,
-                    count=count,
-                    message_ids=ids,
-                    times=[r.created_at for r in said],
-                )
-            )
             if count >= 2:
                 result.notes.append(f"said '{_MOOD_WORDS[mood]}' for the {ordinal(count)} time this week")
+            _count(
+                result,
+                message,
+                "emotion",
+                mood,
+                said,
+                count=count,
+                threshold=self.options.emotion_threshold,
+                suggestion=(
+                    f"You've mentioned feeling {_MOOD_WORDS[mood]} {count} times this week. "
+                    "Is something wearing you down?"
+                ),
+            )
             if count == self.options.emotion_threshold:
-                result.triggers.append(
-                    TriggerEvent(
-                        kind="emotion",
-                        label=mood,
-                        count=count,
-                        tenant=message.tenant,
-                        user_id=message.user_id,
-                        chat_id=message.chat_id,
-                        message_ids=ids,
-                        suggestion=(
-                            f"You've mentioned feeling {_MOOD_WORDS[mood]} {count} times this week. "
-                            "Is something wearing you down?"
-                        ),
-                    )
-                )
                 if self.options.promote_patterns:
                     await self._promote(memory, message, mood, count, said)
 
@@ -194,26 +219,17 @@ class Counters:
             # Messages alike because they state the same mood are the mood counter's business.
             return members
         label = topic_label([r.text for r in members])
-        ids = [mid for r in members for mid in r.message_ids]
-        result.counts.append(
-            PatternCount(
-                kind="topic", label=label, count=count, message_ids=ids, times=[r.created_at for r in members]
-            )
-        )
         result.notes.append(f"topic '{label}' mentioned for the {ordinal(count)} time")
-        if count == self.options.topic_threshold:
-            result.triggers.append(
-                TriggerEvent(
-                    kind="topic",
-                    label=label,
-                    count=count,
-                    tenant=message.tenant,
-                    user_id=message.user_id,
-                    chat_id=message.chat_id,
-                    message_ids=ids,
-                    suggestion=f"This is the {ordinal(count)} time '{label}' comes up. Want to dig into it?",
-                )
-            )
+        _count(
+            result,
+            message,
+            "topic",
+            label,
+            members,
+            count=count,
+            threshold=self.options.topic_threshold,
+            suggestion=f"This is the {ordinal(count)} time '{label}' comes up. Want to dig into it?",
+        )
         return members
 
     def _habit(
@@ -226,34 +242,21 @@ class Counters:
             return
         day = describe_time(episode.created_at, "en").split()[0]
         label = f"{topic_label([r.text for r in members])} on {day}s"
-        ids = [mid for r in same_day for mid in r.message_ids]
-        result.counts.append(
-            PatternCount(
-                kind="habit",
-                label=label,
-                count=len(weeks),
-                message_ids=ids,
-                times=[r.created_at for r in same_day],
-            )
-        )
         this_week = tuple(episode.created_at.isocalendar())[:2]
         # Fire once: on the first mention of the week that makes the count.
         first_of_week = min(
             (r.id or 0) for r in same_day if tuple(r.created_at.isocalendar())[:2] == this_week
         ) == (episode.id or 0)
-        if len(weeks) == self.options.habit_weeks and first_of_week:
-            result.triggers.append(
-                TriggerEvent(
-                    kind="habit",
-                    label=label,
-                    count=len(weeks),
-                    tenant=message.tenant,
-                    user_id=message.user_id,
-                    chat_id=message.chat_id,
-                    message_ids=ids,
-                    suggestion=f"It's {day} again: {len(weeks)} weeks running this comes up. A ritual?",
-                )
-            )
+        _count(
+            result,
+            message,
+            "habit",
+            label,
+            same_day,
+            count=len(weeks),
+            threshold=self.options.habit_weeks if first_of_week else -1,
+            suggestion=f"It's {day} again: {len(weeks)} weeks running this comes up. A ritual?",
+        )
 
     # --- values and links -------------------------------------------------------------------
 
@@ -264,25 +267,16 @@ class Counters:
         values = [r for r in similar if r.meta.get("type") == "value"] + [scene]
         count = len(values)
         label = _core(scene)[:80]
-        ids = [mid for r in values for mid in r.message_ids]
-        result.counts.append(
-            PatternCount(
-                kind="value", label=label, count=count, message_ids=ids, times=[r.created_at for r in values]
-            )
+        _count(
+            result,
+            message,
+            "value",
+            label,
+            values,
+            count=count,
+            threshold=self.options.value_threshold,
+            suggestion="This value keeps guiding them; it may help frame the next decision.",
         )
-        if count == self.options.value_threshold:
-            result.triggers.append(
-                TriggerEvent(
-                    kind="value",
-                    label=label,
-                    count=count,
-                    tenant=message.tenant,
-                    user_id=message.user_id,
-                    chat_id=message.chat_id,
-                    message_ids=ids,
-                    suggestion="This value keeps guiding them; it may help frame the next decision.",
-                )
-            )
 
     async def _link(
         self, memory: Any, scene: MemoryRecord, vector: np.ndarray, user: Scope, result: Any
