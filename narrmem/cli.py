@@ -34,6 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     ingest = sub.add_parser("ingest", parents=[common, as_json], help="ingest a JSONL file of messages")
     ingest.add_argument("file", help="JSONL: text, user_id, chat_id, ts, message_id[, tenant, speaker, meta]")
 
+    chat = sub.add_parser(
+        "import-chat", parents=[common, as_json], help="ingest a Telegram or Discord chat export"
+    )
+    chat.add_argument("file", help="Telegram Desktop result.json, DiscordChatExporter JSON, or narrmem JSONL")
+    chat.add_argument("--format", required=True, choices=["telegram", "discord", "jsonl"])
+    chat.add_argument("--user-map", metavar="FILE", help="JSON object: platform user id -> narrmem user id")
+    chat.add_argument(
+        "--tenant", help="default: 'default' for telegram, 'discord:<guild id>' for discord (not for jsonl)"
+    )
+
     recall = sub.add_parser("recall", parents=[common, as_json], help="recall memories for a query")
     recall.add_argument("query")
     recall.add_argument("--user", help="user id (user scope)")
@@ -165,6 +175,35 @@ async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
         _print_json(summary)
     else:
         print(", ".join(f"{k} {v}" for k, v in summary.items()))
+    return 0
+
+
+async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
+    """``narrmem import-chat FILE --format telegram|discord|jsonl``: a chat export, parsed whole first."""
+    from tqdm import tqdm
+
+    from narrmem.chat_import import read_chat, read_user_map
+
+    # Validated whole before the store is touched (or the model loaded): nothing is half-imported.
+    user_map = read_user_map(args.user_map) if args.user_map else None
+    batch = read_chat(args.file, args.format, tenant=args.tenant, user_map=user_map)
+    results = []
+    if batch.messages:
+        async with _open(settings) as memory:
+            with tqdm(
+                total=len(batch.messages), unit="msg", desc="import", file=sys.stderr, disable=None
+            ) as bar:
+                results = await memory.ingest_many(batch.messages, progress=bar.update)
+    _report(
+        args,
+        {
+            "messages": len(results),
+            "stored": sum(r.stored for r in results),
+            "ignored": sum(r.layer == "ignore" for r in results),
+            "duplicates": sum(r.duplicate for r in results),
+            "skipped_service": batch.skipped_service,
+        },
+    )
     return 0
 
 
@@ -409,6 +448,7 @@ def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
 COMMANDS: dict[str, Handler] = {
     "demo": cmd_demo,
     "ingest": cmd_ingest,
+    "import-chat": cmd_import_chat,
     "recall": cmd_recall,
     "triage": cmd_triage,
     "stats": cmd_stats,

@@ -1,0 +1,516 @@
+"""Chat exports in: Telegram Desktop's ``result.json``, DiscordChatExporter's JSON, narrmem's JSONL.
+
+Pure functions: they read one file and return validated :class:`~narrmem.models.Message` objects,
+and touch no store. A file is parsed whole before anything is returned, so a bad message is an
+:class:`~narrmem.errors.InputError` whose ``field`` names it in the export (for example
+``messages[12].date_unixtime``) and nothing from that file is half-imported.
+
+Choices, so that an import is predictable:
+
+* Re-importing is idempotent: ``message_id`` is the platform's id and ``chat_id`` is
+  ``telegram:<chat id>`` / ``discord:<channel id>``, and ``Memory.ingest_many`` skips a
+  ``(tenant, chat_id, message_id)`` it already holds. The same file imported under another tenant
+  is another copy. Edits made after the first import are not applied by a re-import (use
+  ``Memory.edit``).
+* Service / system messages (joins, pins, group renames, calls) are skipped and counted in
+  :attr:`ImportBatch.skipped_service`: they say nothing a person said.
+* A Telegram message with no text but media becomes a placeholder (``[photo]``, ``[sticker 😍]``,
+  ``[file: plan.pdf]``) put before any caption, with the kind in ``meta["media"]``: the message
+  keeps its id, so replies to it keep their provenance. A message with neither text nor known
+  media keeps empty text, and triage then ignores it (counted as ignored, not lost silently).
+* Discord attachments and stickers are noted after the text (``[attachment: rules.pdf]``); embeds
+  (link previews, bot cards) are left out: they are not what the author wrote.
+* Bot authors on Discord are kept (their answers are part of the conversation) and marked
+  ``meta["bot"] = True`` so a caller can filter them. Only ``Default`` and ``Reply`` messages are
+  messages; every other Discord type is a system message.
+* Text longer than ``MAX_TEXT_CHARS`` is an error, not truncated: a cut message would be stored
+  as if it had been said that way. Neither platform allows messages that long.
+* Timestamps become UTC. Telegram's ``date`` has no timezone (it is the exporting machine's local
+  time), so ``date_unixtime`` is required; an export without it is an error.
+* Messages are returned oldest first (a stable sort by time), so triage sees each user's history
+  in the order it happened, also across the chats of a full export.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, get_args
+
+from pydantic import ValidationError
+
+from narrmem.errors import InputError
+from narrmem.models import MAX_ID_CHARS, MAX_TEXT_CHARS, Message
+from narrmem.transfer import read_messages
+
+ChatFormat = Literal["telegram", "discord", "jsonl"]
+FORMATS: tuple[ChatFormat, ...] = get_args(ChatFormat)
+
+# DiscordChatExporter names message types after Discord's enum; only these two are people talking.
+DISCORD_MESSAGE_TYPES = frozenset({"Default", "Reply"})
+
+# Telegram's media_type values, as the placeholder names them.
+_TELEGRAM_MEDIA = {
+    "animation": "GIF",
+    "video_file": "video",
+    "video_message": "video message",
+    "voice_message": "voice message",
+    "audio_file": "audio",
+}
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ImportBatch:
+    """What one export file holds, ready for ``Memory.ingest_many(batch.messages)``."""
+
+    messages: list[Message]
+    skipped_service: int
+    format: ChatFormat
+
+
+def read_chat(
+    path: str | Path,
+    format: str,
+    *,
+    tenant: str | None = None,
+    user_map: Mapping[str, str] | None = None,
+) -> ImportBatch:
+    """Read a chat export of ``format`` (one of :data:`FORMATS`).
+
+    ``tenant`` defaults to ``"default"`` for Telegram and ``"discord:<guild id>"`` for Discord.
+    ``user_map`` maps platform user ids (Telegram ``from_id`` such as ``"user123"``, Discord author
+    ids) to narrmem user ids; unmapped authors keep their platform id. A JSONL file names its own
+    tenant and user ids, so neither option is accepted with it.
+    """
+    if format == "jsonl":
+        # Refused rather than ignored: silently dropping an option would import under the wrong ids.
+        if tenant is not None:
+            raise InputError("a JSONL file names its own tenant on each line", field="tenant")
+        if user_map is not None:
+            raise InputError("a JSONL file names its own user ids on each line", field="user_map")
+        return ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl")
+    users = check_user_map(user_map) if user_map is not None else {}
+    if tenant is not None:
+        _check_id(tenant, "tenant")
+    if format == "telegram":
+        return _telegram(Path(path), tenant or "default", users)
+    if format == "discord":
+        return _discord(Path(path), tenant, users)
+    raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
+
+
+def read_telegram(
+    path: str | Path, *, tenant: str = "default", user_map: Mapping[str, str] | None = None
+) -> list[Message]:
+    """Messages of a Telegram Desktop JSON export: one chat, or a full export (every chat in
+    ``chats.list`` and ``left_chats.list``)."""
+    return read_chat(path, "telegram", tenant=tenant, user_map=user_map).messages
+
+
+def read_discord(
+    path: str | Path, *, tenant: str | None = None, user_map: Mapping[str, str] | None = None
+) -> list[Message]:
+    """Messages of one DiscordChatExporter JSON file (one channel)."""
+    return read_chat(path, "discord", tenant=tenant, user_map=user_map).messages
+
+
+def read_jsonl(path: str | Path) -> list[Message]:
+    """narrmem's own JSONL message format (what ``narrmem ingest`` reads)."""
+    return read_messages(path)
+
+
+def read_user_map(path: str | Path) -> dict[str, str]:
+    """A user map file: a JSON object of platform user id -> narrmem user id."""
+    return check_user_map(_load_json(Path(path)), source=str(path))
+
+
+def check_user_map(data: object, *, source: str = "user map") -> dict[str, str]:
+    """``data`` as a user map, or an :class:`InputError` naming the bad key."""
+    if not isinstance(data, Mapping):
+        raise InputError(
+            f"{source}: must be a JSON object of platform user id -> user id, not {_kind(data)}",
+            field="user_map",
+        )
+    checked: dict[str, str] = {}
+    for key, value in data.items():
+        field = f"user_map[{json.dumps(key, ensure_ascii=False)}]"
+        if not isinstance(key, str):
+            raise InputError(f"keys must be strings, not {_kind(key)}", field=field)
+        _check_id(value, field)
+        checked[key] = value
+    return checked
+
+
+# --- Telegram ------------------------------------------------------------------------------------
+
+
+def _telegram(path: Path, tenant: str, users: Mapping[str, str]) -> ImportBatch:
+    data = _load_json(path)
+    messages: list[Message] = []
+    skipped = 0
+    for prefix, chat in _telegram_chats(data, path):
+        chat_messages, chat_skipped = _telegram_chat(chat, prefix, tenant, users)
+        messages.extend(chat_messages)
+        skipped += chat_skipped
+    messages.sort(key=lambda m: m.ts)
+    return ImportBatch(messages, skipped_service=skipped, format="telegram")
+
+
+def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
+    """Each chat with the field prefix that locates it in the file."""
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a Telegram export is a JSON object, not {_kind(data)}")
+    if "messages" in data:
+        if "guild" in data and "channel" in data:
+            raise InputError(f"{path}: this is a DiscordChatExporter file (use the discord format)")
+        return [("", data)]
+    if "chats" in data or "left_chats" in data:
+        chats: list[tuple[str, Json]] = []
+        for section in ("chats", "left_chats"):
+            if section not in data:
+                continue
+            listing = _object(data[section], section)
+            for j, chat in enumerate(_array(listing, "list", section)):
+                chats.append((f"{section}.list[{j}]", _object(chat, f"{section}.list[{j}]")))
+        return chats
+    raise InputError(
+        f"{path}: not a Telegram Desktop export: expected one chat {{'messages': [...]}} "
+        "or a full export {'chats': {'list': [...]}}"
+    )
+
+
+def _telegram_chat(
+    chat: Json, prefix: str, tenant: str, users: Mapping[str, str]
+) -> tuple[list[Message], int]:
+    chat_id = f"telegram:{_scalar_id(_required(chat, 'id', prefix), _join(prefix, 'id'))}"
+    name = chat.get("name") if isinstance(chat.get("name"), str) else None
+    messages: list[Message] = []
+    skipped = 0
+    for i, item in enumerate(_array(chat, "messages", prefix)):
+        where = _join(prefix, f"messages[{i}]")
+        raw = _object(item, where)
+        kind = _string(raw, "type", where)
+        if kind == "service":
+            skipped += 1
+            continue
+        if kind != "message":
+            raise InputError(
+                f"unknown type {kind!r} (expected 'message' or 'service')", field=f"{where}.type"
+            )
+        messages.append(_telegram_message(raw, where, chat_id, name, tenant, users))
+    return messages, skipped
+
+
+def _telegram_message(
+    raw: Json, where: str, chat_id: str, chat_name: str | None, tenant: str, users: Mapping[str, str]
+) -> Message:
+    message_id = _scalar_id(_required(raw, "id", where), f"{where}.id")
+    if "date_unixtime" not in raw:
+        hint = " ('date' is local time without a timezone)" if "date" in raw else ""
+        raise InputError(
+            f"missing{hint}; export again with a current Telegram Desktop", field=f"{where}.date_unixtime"
+        )
+    ts = _unix(raw["date_unixtime"], f"{where}.date_unixtime")
+    from_id = _string(raw, "from_id", where)
+    speaker = raw.get("from")
+    if speaker is not None and not isinstance(speaker, str):
+        raise InputError(f"must be a string or null, not {_kind(speaker)}", field=f"{where}.from")
+
+    text = _telegram_text(_required(raw, "text", where), f"{where}.text")
+    media, placeholder = _telegram_media(raw)
+    if placeholder:
+        text = f"{placeholder} {text}" if text else placeholder
+    _check_length(text, f"{where}.text")
+
+    meta: Json = {"source": "telegram"}
+    if chat_name:
+        meta["chat"] = chat_name
+    if media:
+        meta["media"] = media
+    if raw.get("reply_to_message_id") is not None:
+        meta["reply_to"] = _scalar_id(raw["reply_to_message_id"], f"{where}.reply_to_message_id")
+    if raw.get("edited_unixtime") is not None:
+        meta["edited"] = _unix(raw["edited_unixtime"], f"{where}.edited_unixtime").isoformat()
+    if isinstance(raw.get("forwarded_from"), str):
+        # The author of a forward is someone else: "Ann said ..." would misattribute it.
+        meta["forwarded_from"] = raw["forwarded_from"]
+    return _message(
+        where,
+        _TELEGRAM_FIELDS,
+        text=text,
+        user_id=users.get(from_id, from_id),
+        chat_id=chat_id,
+        ts=ts,
+        message_id=message_id,
+        tenant=tenant,
+        speaker=speaker or None,
+        meta=meta,
+    )
+
+
+_TELEGRAM_FIELDS = {"user_id": "from_id", "speaker": "from", "message_id": "id", "ts": "date_unixtime"}
+
+
+def _telegram_text(value: Any, field: str) -> str:
+    """Telegram writes plain text as a string, formatted text as a list of strings and entity
+    objects (``{"type": "bold", "text": "..."}``); the text is their concatenation."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InputError(f"must be a string or a list of text parts, not {_kind(value)}", field=field)
+    parts: list[str] = []
+    for j, part in enumerate(value):
+        if isinstance(part, str):
+            parts.append(part)
+        elif isinstance(part, dict) and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        else:
+            raise InputError(
+                "must be a string or an entity object with a 'text' string", field=f"{field}[{j}]"
+            )
+    return "".join(parts)
+
+
+def _telegram_media(raw: Json) -> tuple[str | None, str | None]:
+    """(kind, placeholder) of a message's media, or (None, None). These fields only decorate the
+    text, so odd values make a vaguer placeholder rather than an error."""
+    if "photo" in raw:
+        return "photo", "[photo]"
+    kind = raw.get("media_type")
+    if kind == "sticker":
+        emoji = raw.get("sticker_emoji")
+        return "sticker", f"[sticker {emoji}]" if isinstance(emoji, str) and emoji else "[sticker]"
+    if isinstance(kind, str) and kind:
+        return kind, f"[{_TELEGRAM_MEDIA.get(kind, kind.replace('_', ' '))}]"
+    if "file" in raw:
+        name = raw.get("file_name")
+        if not isinstance(name, str) or not name:
+            file = raw.get("file")
+            # "(File not included. ...)" is what Telegram writes when media was not downloaded.
+            name = PurePosixPath(file).name if isinstance(file, str) and not file.startswith("(") else None
+        return "file", f"[file: {name}]" if name else "[file]"
+    poll = raw.get("poll")
+    if isinstance(poll, dict):
+        question = poll.get("question")
+        return "poll", f"[poll: {question}]" if isinstance(question, str) and question else "[poll]"
+    if "location_information" in raw:
+        return "location", "[location]"
+    if "contact_information" in raw:
+        return "contact", "[contact]"
+    return None, None
+
+
+# --- Discord -------------------------------------------------------------------------------------
+
+
+def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> ImportBatch:
+    data = _load_json(path)
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a DiscordChatExporter file is a JSON object, not {_kind(data)}")
+    # A Telegram chat has "id" and "type" at the top; a Discord export never does.
+    if "guild" not in data and ("chats" in data or {"id", "type", "messages"} <= data.keys()):
+        raise InputError(f"{path}: this is a Telegram export (use the telegram format)")
+    guild = _object(_required(data, "guild", ""), "guild")
+    channel = _object(_required(data, "channel", ""), "channel")
+    guild_id = _scalar_id(_required(guild, "id", "guild"), "guild.id")
+    channel_id = _scalar_id(_required(channel, "id", "channel"), "channel.id")
+    tenant = tenant or f"discord:{guild_id}"
+    context: Json = {"source": "discord"}
+    for key, part in (("guild", guild), ("channel", channel)):
+        if isinstance(part.get("name"), str):
+            context[key] = part["name"]
+
+    messages: list[Message] = []
+    skipped = 0
+    for i, item in enumerate(_array(data, "messages", "")):
+        where = f"messages[{i}]"
+        raw = _object(item, where)
+        if _string(raw, "type", where) not in DISCORD_MESSAGE_TYPES:
+            skipped += 1
+            continue
+        messages.append(_discord_message(raw, where, f"discord:{channel_id}", tenant, users, context))
+    messages.sort(key=lambda m: m.ts)
+    return ImportBatch(messages, skipped_service=skipped, format="discord")
+
+
+def _discord_message(
+    raw: Json, where: str, chat_id: str, tenant: str, users: Mapping[str, str], context: Json
+) -> Message:
+    message_id = _scalar_id(_required(raw, "id", where), f"{where}.id")
+    ts = _iso(_required(raw, "timestamp", where), f"{where}.timestamp")
+    author = _object(_required(raw, "author", where), f"{where}.author")
+    author_id = _scalar_id(_required(author, "id", f"{where}.author"), f"{where}.author.id")
+    speaker = next(
+        (v for v in (author.get("nickname"), author.get("name")) if isinstance(v, str) and v), None
+    )
+
+    content = raw.get("content", "")
+    if not isinstance(content, str):
+        raise InputError(f"must be a string, not {_kind(content)}", field=f"{where}.content")
+    notes = []
+    for j, attachment in enumerate(_array(raw, "attachments", where, optional=True)):
+        ref = f"{where}.attachments[{j}]"
+        notes.append(f"[attachment: {_string(_object(attachment, ref), 'fileName', ref)}]")
+    for sticker in _array(raw, "stickers", where, optional=True):
+        name = sticker.get("name") if isinstance(sticker, dict) else None
+        notes.append(f"[sticker: {name}]" if isinstance(name, str) and name else "[sticker]")
+    text = " ".join([content, *notes]) if content else " ".join(notes)
+    _check_length(text, f"{where}.content")
+
+    meta: Json = dict(context)
+    if author.get("isBot") is True:
+        meta["bot"] = True
+    reference = raw.get("reference")
+    if isinstance(reference, dict) and reference.get("messageId") is not None:
+        meta["reply_to"] = _scalar_id(reference["messageId"], f"{where}.reference.messageId")
+    if raw.get("timestampEdited") is not None:
+        meta["edited"] = _iso(raw["timestampEdited"], f"{where}.timestampEdited").isoformat()
+    return _message(
+        where,
+        _DISCORD_FIELDS,
+        text=text,
+        user_id=users.get(author_id, author_id),
+        chat_id=chat_id,
+        ts=ts,
+        message_id=message_id,
+        tenant=tenant,
+        speaker=speaker,
+        meta=meta,
+    )
+
+
+_DISCORD_FIELDS = {
+    "user_id": "author.id",
+    "speaker": "author.nickname",
+    "message_id": "id",
+    "ts": "timestamp",
+}
+
+
+# --- shared helpers ------------------------------------------------------------------------------
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8-sig")  # a BOM is harmless; Windows editors add one
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 ({exc.reason})") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg}, column {exc.colno})", line=exc.lineno) from exc
+
+
+def _message(where: str, source_fields: Mapping[str, str], **values: Any) -> Message:
+    """The Message, or an error that names the export's field rather than narrmem's."""
+    try:
+        return Message.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        name = str(error["loc"][0]) if error["loc"] else "message"
+        raise InputError(error["msg"], field=f"{where}.{source_fields.get(name, name)}") from exc
+
+
+def _unix(value: Any, field: str) -> datetime:
+    """Seconds since the epoch (Telegram writes them as a string) as an aware UTC datetime."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InputError(f"not a number ({_kind(value)})", field=field)
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise InputError(f"not a number: {value!r}", field=field) from None
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise InputError(f"out of range: {value!r}", field=field) from None
+
+
+def _iso(value: Any, field: str) -> datetime:
+    if not isinstance(value, str):
+        raise InputError(f"must be an ISO-8601 string, not {_kind(value)}", field=field)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise InputError(f"not an ISO-8601 time: {value!r}", field=field) from None
+    if parsed.tzinfo is None:
+        raise InputError(f"has no timezone: {value!r}", field=field)
+    return parsed.astimezone(UTC)
+
+
+def _check_length(text: str, field: str) -> None:
+    if len(text) > MAX_TEXT_CHARS:
+        raise InputError(f"has {len(text)} characters, at most {MAX_TEXT_CHARS} are allowed", field=field)
+
+
+def _check_id(value: object, field: str) -> None:
+    if not isinstance(value, str):
+        raise InputError(f"must be a string, not {_kind(value)}", field=field)
+    if not value or len(value) > MAX_ID_CHARS:
+        raise InputError(f"must be 1 to {MAX_ID_CHARS} characters", field=field)
+
+
+def _scalar_id(value: Any, field: str) -> str:
+    """Platform ids are integers (Telegram) or digit strings (Discord snowflakes); both become str."""
+    if isinstance(value, bool) or not isinstance(value, int | str) or value == "":
+        raise InputError(f"must be an integer or a non-empty string, not {_kind(value)}", field=field)
+    return str(value)
+
+
+def _required(obj: Json, key: str, where: str) -> Any:
+    if obj.get(key) is None:
+        raise InputError("missing", field=_join(where, key))
+    return obj[key]
+
+
+def _string(obj: Json, key: str, where: str) -> str:
+    value = _required(obj, key, where)
+    if not isinstance(value, str) or not value:
+        raise InputError(f"must be a non-empty string, not {_kind(value)}", field=_join(where, key))
+    return value
+
+
+def _object(value: Any, field: str) -> Json:
+    if not isinstance(value, dict):
+        raise InputError(f"must be a JSON object, not {_kind(value)}", field=field or None)
+    return value
+
+
+def _array(obj: Json, key: str, where: str, *, optional: bool = False) -> list[Any]:
+    value = obj.get(key)
+    if value is None and optional:
+        return []
+    if value is None:
+        raise InputError("missing", field=_join(where, key))
+    if not isinstance(value, list):
+        raise InputError(f"must be a JSON array, not {_kind(value)}", field=_join(where, key))
+    return value
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _kind(value: object) -> str:
+    """The JSON name of a value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

@@ -1,0 +1,85 @@
+"""``narrmem import-chat`` end to end through the real CLI and the real model: an import of each
+fixture format, then ``narrmem recall`` finds the right message; a second import stores nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+EXPORTS = Path(__file__).parent / "data" / "chat_exports"
+
+
+def narrmem(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "narrmem.cli", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("fmt", "export", "tenant", "question", "user", "expected"),
+    [
+        ("telegram", "telegram_result.json", "default", "is anyone allergic to insects?", "carla", "105"),
+        (
+            "discord",
+            "discord_export.json",
+            "discord:905123456789012345",
+            "what does she not eat?",
+            "322222222222222222",
+            "123000000000000009",
+        ),
+    ],
+)
+def test_import_then_recall(
+    tmp_path: Path, fmt: str, export: str, tenant: str, question: str, user: str, expected: str
+) -> None:
+    data = str(tmp_path / "data")
+    users = tmp_path / "users.json"
+    users.write_text(json.dumps({"user1003": "carla"}))
+    first = narrmem(
+        "import-chat",
+        str(EXPORTS / export),
+        "--format",
+        fmt,
+        "--user-map",
+        str(users),
+        "--json",
+        "--data",
+        data,
+    )
+    assert first.returncode == 0, first.stderr
+    counts = json.loads(first.stdout)
+    assert counts["stored"] > 0 and counts["skipped_service"] >= 1
+    again = narrmem(
+        "import-chat",
+        str(EXPORTS / export),
+        "--format",
+        fmt,
+        "--user-map",
+        str(users),
+        "--json",
+        "--data",
+        data,
+    )
+    assert json.loads(again.stdout)["stored"] == 0
+    found = narrmem(
+        "recall", question, "--user", user, "--tenant", tenant, "--k", "3", "--json", "--data", data
+    )
+    assert found.returncode == 0, found.stderr
+    hits = json.loads(found.stdout)
+    assert hits[0]["message_ids"] == [expected], hits
+
+
+def test_a_malformed_export_names_the_message_and_field(tmp_path: Path) -> None:
+    bad = json.loads((EXPORTS / "telegram_result.json").read_text(encoding="utf-8"))
+    bad["messages"][3]["date_unixtime"] = "yesterday"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad, ensure_ascii=False), encoding="utf-8")
+    done = narrmem("import-chat", str(path), "--format", "telegram", "--data", str(tmp_path / "d"))
+    assert done.returncode == 2 and "messages[3].date_unixtime" in done.stderr
+    assert not (tmp_path / "d").exists()
