@@ -252,6 +252,38 @@ def narrmem_user_summary(
     the most detailed telling that fits. Returns at least ``{"depth", "retelling"}``."""
 
 
+# --- the graph and the per-turn flow ------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def narrmem_extract_facts(
+    memory: Memory, message: Message, decision: TriageDecision
+) -> list[dict[str, Any]] | None:
+    """The facts a stored message states about its author, for the graph plugin: a list of
+    ``{"subject", "relation", "object", "speculative"?, "confidence"?, "subject_type"?, "object_type"?}``
+    (subject ``"user"`` is the message's author; ``subject`` defaults to it).
+
+    firstresult: an LLM plugin can answer with richer facts; an empty list means "no facts", ``None``
+    leaves the message to the next implementation and finally to the graph plugin's built-in rules.
+    Anything the message implies but does not say must come back with ``speculative: True``. Invalid
+    items are skipped with a note in ``IngestResult.notes``.
+    """
+
+
+@hookspec(firstresult=True)
+def narrmem_turn_context(
+    memory: Memory, tenant: str, user_id: str, chat_id: str, text: str
+) -> dict[str, Any] | None:
+    """What the bot must know before it answers ``text`` in this chat: the per-turn flow as one dict,
+    ``{"persona", "refers_back", "tasks", "task_facts", "facts", "memories", "rendered"}``: 1 the
+    persona, 2 the working memory chain (the task in progress, or the chain when the message refers
+    back: "just now", "last time", 刚才, 上次…), 3 the user's facts and recalled memories;
+    ``rendered`` is the prompt block.
+
+    firstresult: the first non-``None`` answer wins (the graph plugin answers).
+    """
+
+
 # --- forgetting ------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from narrmem.embed import Embedder
 from narrmem.errors import ConfigError, InputError, PluginError
 from narrmem.host import PluginHost
 from narrmem.models import (
+    MAX_QUERY_CHARS,
     Candidate,
     ContextPack,
     Hit,
@@ -467,6 +468,25 @@ class Memory:
         )
         if answer is None:
             raise PluginError("no plugin tells user summaries (is the rtm plugin disabled?)")
+        return dict(answer)
+
+    async def turn_context(
+        self, text: str, *, user_id: str, chat_id: str, tenant: str = "default"
+    ) -> dict[str, Any]:
+        """What to know before answering ``text``: the persona, the working memory chain and the
+        relevant facts and memories (the per-turn flow), from the graph plugin or whichever answers
+        ``narrmem_turn_context``. ``result["rendered"]`` is the prompt block."""
+        try:
+            Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+        if len(text) > MAX_QUERY_CHARS:
+            raise InputError(f"must be at most {MAX_QUERY_CHARS} characters", field="text")
+        answer = await self.host.call_first(
+            "narrmem_turn_context", memory=self, tenant=tenant, user_id=user_id, chat_id=chat_id, text=text
+        )
+        if answer is None:
+            raise PluginError("no plugin builds turn contexts (is the graph plugin disabled?)")
         return dict(answer)
 
     async def context(

@@ -173,6 +173,7 @@ def test_example_config_documents_every_key_with_its_default() -> None:
         documented = set(raw[name]) | ({"model_path"} if name == "embedder" else set())  # commented out
         assert documented == set(model.model_fields), name
         assert model.model_validate(raw[name]) == model(), name
+    from narrmem_plugins.graph.options import GraphOptions
     from narrmem_plugins.hippocampus import HippocampusOptions
     from narrmem_plugins.proactive import ProactiveOptions
     from narrmem_plugins.rtm.options import RTMOptions
@@ -183,6 +184,7 @@ def test_example_config_documents_every_key_with_its_default() -> None:
         "hippocampus": HippocampusOptions,
         "proactive": ProactiveOptions,
         "rtm": RTMOptions,
+        "graph": GraphOptions,
     }
     assert set(raw["plugin"]) == set(plugins)
     load_settings(path)  # the whole file loads

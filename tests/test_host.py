@@ -26,6 +26,7 @@ BUILTINS = {
     "proactive",
     "soul_narrative",
     "rtm",
+    "graph",
 }
 
 

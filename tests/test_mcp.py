@@ -53,8 +53,44 @@ VALID: dict[str, dict[str, Any]] = {
     "rtm_traverse_narrative": {"text": STORY, "title": "The Lost Kingdom", "traversalDepth": 1},
     "rtm_generate_ensemble": {"text": STORY, "title": "The Lost Kingdom", "ensembleSize": 50},
     "rtm_find_optimal_depth": {"text": STORY, "title": "The Lost Kingdom", "targetRecallLength": 3},
+    "memory_commit": {
+        "triplets": [{"subject": "idiom_chain_current", "relation": "content", "object": "为所欲为"}],
+        **SCOPE,
+    },
+    "memory_recall": {"query_intent": "idiom_chain_current,content", "depth": 2, **SCOPE},
+    "memory_purge": {"filters": {"subject": "nothing_like_this"}, "mode": "soft", "dry_run": True, **SCOPE},
+    "task_create": {
+        "task_id": "Task_idiom_chain",
+        "description": "Idiom chain game",
+        "info_nodes": ["idiom_chain_current"],
+        **SCOPE,
+    },
+    "task_set_state": {"task_id": "Task_idiom_chain", "state": "paused", **SCOPE},
+    "task_query": {"limit": 5, **SCOPE},
+    "persona_set": {"description": "a cheerful catgirl", "tone": "playful", **SCOPE},
+    "persona_get": {**SCOPE},
+    "context_rewrite": {
+        "messages": [
+            {"role": "user", "content": "what do you remember?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c0", "type": "function", "function": {"name": "memory_recall", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c0", "content": "{}"},
+        ],
+        "summary": "I made 1 tool call: memory_recall found nothing relevant.",
+    },
 }
 SEED_TOOLS = {
+    "memory_commit",
+    "memory_purge",
+    "memory_recall",
+    "task_create",
+    "task_set_state",
+    "context_rewrite",
     "rtm_create_narrative_tree",
     "rtm_traverse_narrative",
     "rtm_generate_ensemble",

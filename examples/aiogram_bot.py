@@ -1,0 +1,61 @@
+"""A Telegram bot on aiogram 3 that remembers its users with narrmem.
+
+    pip install "narrmem[aiogram]"
+    TELEGRAM_BOT_TOKEN=123456:ABC... python examples/aiogram_bot.py
+
+Every message is remembered (in ./narrmem-data); in a private chat the bot answers with a
+placeholder and prints the prompt an LLM would get. ``/memory`` shows what it remembers about you,
+``/forgetme`` forgets it, and when something keeps coming back it says so in the chat. In groups
+the bot sees every message only with privacy mode off (BotFather, /setprivacy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+from aiogram import Bot, Dispatcher
+from aiogram.types import Message as TgMessage
+
+from narrmem import ContextPack, Memory, TriggerEvent
+from narrmem.integrations.aiogram import setup
+
+TOKEN_BUDGET = 400
+
+
+async def send_suggestion(bot: Bot, event: TriggerEvent) -> None:
+    """A topic, mood or habit came back often enough: say so where it came up."""
+    if event.chat_id is not None and event.suggestion:
+        await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion)
+
+
+async def answer(message: TgMessage, memory_context: ContextPack | None) -> None:
+    # Answering every message in a group would be noise: this bot talks in private chats only.
+    if message.chat.type != "private" or memory_context is None or not message.text:
+        return
+    prompt = memory_context.render(token_budget=TOKEN_BUDGET)
+    print(f"--- prompt for the LLM ---\n{prompt}\n\nUser: {message.text}\n", flush=True)
+    await message.answer(
+        f"(An LLM would answer here, knowing {len(memory_context.hits)} things about you. "
+        "Try /memory or /forgetme.)"
+    )
+
+
+async def main() -> None:
+    token = os.environ.get("TELEGRAM_BOT_TOKEN")
+    if not token:
+        sys.exit("Set TELEGRAM_BOT_TOKEN to the token BotFather gave you.")
+    logging.basicConfig(level=logging.INFO)
+    async with Memory.open("narrmem-data") as memory:
+        bot = Bot(token)
+        dispatcher = Dispatcher()
+        # First, so that /forgetme and /memory answer before the catch-all handler below.
+        setup(dispatcher, memory, tenant="telegram", token_budget=TOKEN_BUDGET, on_trigger=send_suggestion)
+        dispatcher.message.register(answer)
+        await dispatcher.start_polling(bot)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

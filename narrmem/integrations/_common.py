@@ -1,0 +1,240 @@
+"""What the bot integrations share: building messages, one ingest or edit per turn, the context for a
+turn, and the texts of the ``forgetme`` and ``memory`` replies. Nothing here imports a bot library."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from narrmem.errors import NarrmemError
+from narrmem.memory import Memory
+from narrmem.models import (
+    MAX_ID_CHARS,
+    MAX_QUERY_CHARS,
+    MAX_TEXT_CHARS,
+    ContextPack,
+    IngestResult,
+    MemoryRecord,
+    Message,
+    Scope,
+    TriggerEvent,
+)
+from narrmem.text import estimate_tokens
+
+log = logging.getLogger("narrmem.integrations")
+
+ContextScope = Literal["user", "chat", "user_in_chat"]
+"""Whose memories the context for a turn is drawn from: the person across all their chats (in the
+tenant), everyone in this chat, or the person in this chat only (nothing said elsewhere leaks in)."""
+
+Notify = Callable[[TriggerEvent], Awaitable[None]]
+
+COMMANDS = ("forgetme", "memory")
+DEFAULT_K = 8
+DEFAULT_TOKEN_BUDGET = 400
+
+
+def build_message(
+    *,
+    text: str | None,
+    user_id: object,
+    chat_id: object,
+    message_id: object,
+    ts: datetime,
+    tenant: str,
+    speaker: str | None,
+    meta: Mapping[str, Any] | None = None,
+) -> Message | None:
+    """A narrmem ``Message``, or ``None`` when there is no text to remember (a sticker, a photo
+    without a caption, a service message)."""
+    if text is None or not text.strip():
+        return None
+    return Message(
+        # Platforms allow less than narrmem does, but a limit raised there must not make ingest fail here.
+        text=text[:MAX_TEXT_CHARS],
+        user_id=str(user_id),
+        chat_id=str(chat_id),
+        message_id=str(message_id),
+        ts=ts,
+        tenant=tenant,
+        speaker=speaker[:MAX_ID_CHARS] if speaker else None,
+        meta={key: value for key, value in (meta or {}).items() if value is not None},
+    )
+
+
+def command_name(text: str | None) -> str | None:
+    """``"forgetme"`` for ``"/forgetme@my_bot please"`` (or ``"!forgetme"``); ``None`` if not a command."""
+    if not text or text[0] not in "/!":
+        return None
+    head = text[1:].split(maxsplit=1)[0] if text[1:].strip() else ""
+    return head.split("@", 1)[0].lower() or None
+
+
+def is_own_command(text: str | None, commands: Collection[str] = COMMANDS) -> bool:
+    """Our own commands are not remembered: "/memory" says nothing about the person, and a "/forgetme"
+    stored just before the forget would be wasted work."""
+    return command_name(text) in commands
+
+
+async def ingest(memory: Memory, message: Message, notify: Notify | None = None) -> IngestResult | None:
+    """Ingest one message and hand its trigger events to ``notify``.
+
+    The events come from this message's own result (not ``Memory.on_trigger``), so the integration
+    knows which chat they belong to. Memory is an aid to the bot, never a reason for it to stop
+    answering: a failure is logged and ``None`` returned.
+    """
+    try:
+        result = await memory.ingest(message)
+    except Exception:
+        log.exception("narrmem could not ingest message %s in chat %s", message.message_id, message.chat_id)
+        return None
+    if notify is not None:
+        for event in result.triggers:
+            try:
+                await notify(event)
+            except Exception:
+                log.exception("the trigger callback failed for %s '%s'", event.kind, event.label)
+    return result
+
+
+async def edit(memory: Memory, message: Message) -> IngestResult | None:
+    """Replace what an edited message left (its earlier texts stay in the episode's history)."""
+    try:
+        return await memory.edit(message)
+    except Exception:
+        log.exception("narrmem could not apply the edit of message %s", message.message_id)
+        return None
+
+
+async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_ids: list[str]) -> int:
+    """Forget what deleted messages left; returns how many memories went."""
+    if not message_ids:
+        return 0
+    try:
+        counts = await memory.forget_messages(chat_id=chat_id, message_ids=message_ids, tenant=tenant)
+    except Exception:
+        log.exception("narrmem could not forget deleted messages in chat %s", chat_id)
+        return 0
+    return counts.get("memories", 0)
+
+
+def scope_of(message: Message, scope: ContextScope) -> Scope:
+    return Scope(
+        tenant=message.tenant,
+        user_id=None if scope == "chat" else message.user_id,
+        chat_id=None if scope == "user" else message.chat_id,
+    )
+
+
+async def turn_context(memory: Memory, message: Message, *, k: int, scope: ContextScope) -> ContextPack:
+    """What narrmem knows that fits the answer to ``message``, leaving out the message itself.
+
+    The message is usually stored already (ingest runs first, so it is kept even when no handler
+    asks for context), and it would otherwise be its own best match.
+    """
+    where = scope_of(message, scope)
+    query = message.text[:MAX_QUERY_CHARS]
+    try:
+        hits = await memory.recall(
+            query, user_id=where.user_id, chat_id=where.chat_id, tenant=where.tenant, k=min(k + 1, 200)
+        )
+    except Exception:
+        log.exception("narrmem could not recall for message %s", message.message_id)
+        hits = []
+    own = [message.message_id]
+    hits = [h for h in hits if not (h.chat_id == message.chat_id and h.message_ids and h.message_ids == own)]
+    return ContextPack(query=query, scope=where, hits=hits[:k])
+
+
+def forget_reply(counts: Mapping[str, int]) -> str:
+    """The answer to ``forgetme``: what was deleted, by kind."""
+    total = counts.get("memories", 0)
+    if not total:
+        return "I had nothing stored about you."
+    kinds = {k: v for k, v in counts.items() if k not in ("memories", "keyword_rows", "vectors") and v}
+    detail = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in sorted(kinds.items()))
+    noun = "memory" if total == 1 else "memories"
+    return f"Done: I forgot {total} {noun} about you" + (f" ({detail})." if detail else ".")
+
+
+async def forget_user(memory: Memory, *, tenants: Collection[str], user_id: str) -> str:
+    """Forget the person in every tenant the integration writes to; returns the reply."""
+    total: dict[str, int] = {}
+    try:
+        for tenant in sorted(set(tenants)):
+            for key, value in (await memory.forget(user_id=user_id, tenant=tenant)).items():
+                total[key] = total.get(key, 0) + value
+    except Exception:
+        log.exception("narrmem could not forget user %s", user_id)
+        return "Sorry, I could not forget you just now; please try again."
+    return forget_reply(total)
+
+
+async def describe_user(
+    memory: Memory,
+    *,
+    tenant: str,
+    user_id: str,
+    chat_id: str | None,
+    token_budget: int,
+    max_chars: int,
+) -> str:
+    """The answer to ``memory``: what is remembered about the person, in at most ``max_chars``.
+
+    In a private chat (``chat_id=None``) it is everything, told by the user summary (the rtm
+    plugin's retelling). In a group only what the person said in that group is listed, because the
+    reply is read by everyone there.
+    """
+    try:
+        text = await _describe(
+            memory, tenant=tenant, user_id=user_id, chat_id=chat_id, token_budget=token_budget
+        )
+    except Exception:
+        log.exception("narrmem could not describe user %s", user_id)
+        return "Sorry, I could not look that up just now."
+    return clip(text, max_chars)
+
+
+async def _describe(
+    memory: Memory, *, tenant: str, user_id: str, chat_id: str | None, token_budget: int
+) -> str:
+    scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+    records = await memory.store.recent(scope, limit=50)
+    if not records:
+        return "I don't remember anything about you yet."
+    where = "" if chat_id is None else " in this chat"
+    if chat_id is None:
+        retelling = await _retelling(memory, tenant=tenant, user_id=user_id, token_budget=token_budget)
+        if retelling:
+            return f"What I remember about you:\n{retelling}"
+    return f"What I remember about you{where} (newest first):\n" + _listing(records, token_budget)
+
+
+async def _retelling(memory: Memory, *, tenant: str, user_id: str, token_budget: int) -> str:
+    try:
+        summary = await memory.summary(user_id=user_id, tenant=tenant, token_budget=token_budget)
+    except NarrmemError:
+        # No plugin tells summaries (rtm disabled): the caller lists the memories instead.
+        return ""
+    # The retelling runs its clauses together; one line per unit reads better in a chat.
+    units = [str(unit.get("text") or "").strip() for unit in summary.get("units") or []]
+    lines = [f"- {' | '.join(part.strip() for part in u.splitlines() if part.strip())}" for u in units if u]
+    return "\n".join(lines) or str(summary.get("retelling") or "").strip()
+
+
+def _listing(records: list[MemoryRecord], token_budget: int) -> str:
+    lines: list[str] = []
+    for record in records:
+        text = " | ".join(part.strip() for part in record.text.splitlines() if part.strip())
+        line = f"- [{record.created_at:%Y-%m-%d}, {record.kind}] {text}"
+        if lines and estimate_tokens("\n".join([*lines, line])) > token_budget:
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def clip(text: str, max_chars: int) -> str:
+    """Platforms reject longer messages outright (Telegram 4096 characters, Discord 2000)."""
+    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"

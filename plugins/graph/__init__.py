@@ -1,0 +1,168 @@
+"""A memory graph (after TrulyMEM): typed nodes and triplets per user, facts taken from messages,
+a working memory chain of tasks per chat, a persona, and the per-turn flow.
+
+* :mod:`.vocabulary`: node and edge types, relation names, contradicting relations.
+* :mod:`.schema`, :mod:`.backend`: the plugin's tables in narrmem's SQLite database.
+* :mod:`.nodes`, :mod:`.edges`, :mod:`.writer`, :mod:`.history`: storage; every write goes through
+  :func:`.writer.write_triplet` (no duplicates, contradictions supersede).
+* :mod:`.extract`, :mod:`.facts`: facts from messages without an LLM (or from ``narrmem_extract_facts``).
+* :mod:`.recall`, :mod:`.purge`, :mod:`.tasks`, :mod:`.persona`, :mod:`.rewrite`: what the tools do;
+  :mod:`.schemas` and :mod:`.tools` expose them.
+* :mod:`.turn`, :mod:`.refer`, :mod:`.render`: ``narrmem_turn_context``; :mod:`.auto_tasks`: the chain
+  kept from messages when ``auto_tasks`` is on.
+
+Options live in ``[plugin.graph]`` (:class:`~narrmem_plugins.graph.options.GraphOptions`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from narrmem_plugins.graph import auto_tasks, facts, turn
+from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.options import GraphOptions
+from narrmem_plugins.graph.schema import fetchall
+from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.tools import make_tools
+
+from narrmem import hookimpl
+from narrmem.config import Settings, plugin_options
+from narrmem.errors import PluginError
+from narrmem.models import IngestResult, MemoryRecord, Message, TriageDecision
+from narrmem.tools import Tool
+
+NAME = "graph"
+log = logging.getLogger("narrmem.graph")
+
+__all__ = ["GraphOptions", "GraphPlugin", "GraphScope", "plugin_of", "turn_context"]
+
+
+class GraphPlugin:
+    """One instance per ``Memory``."""
+
+    narrmem_name = NAME
+
+    def __init__(self) -> None:
+        self.options = GraphOptions()
+        self._graph: GraphBackend | None = None
+
+    def backend(self) -> GraphBackend:
+        if self._graph is None:
+            raise PluginError("the graph plugin needs narrmem's SQLite store (storage.backend = 'sqlite')")
+        return self._graph
+
+    @hookimpl
+    def narrmem_configure(self, settings: Settings) -> None:
+        self.options = plugin_options(settings, NAME, GraphOptions)
+
+    @hookimpl
+    def narrmem_register_tools(self, register: Callable[[Tool], None]) -> None:
+        for tool in make_tools(self):
+            register(tool)
+
+    @hookimpl
+    async def narrmem_startup(self, memory: Any) -> None:
+        if not GraphBackend.supports(memory.store):
+            log.warning(
+                "graph plugin idle: store %s has no SQLite transaction()", type(memory.store).__name__
+            )
+            return
+        graph = GraphBackend(memory)
+        await graph.setup()
+        self._graph = graph
+
+    @hookimpl
+    async def narrmem_after_store(
+        self,
+        memory: Any,
+        message: Message,
+        decision: TriageDecision,
+        records: list[MemoryRecord],
+        vectors: np.ndarray,
+        result: IngestResult,
+    ) -> None:
+        if self._graph is None:
+            return
+        if self.options.extract_facts:
+            drafts = await facts.drafts_for(memory, message, decision, result.notes)
+            if drafts:
+                outcomes = await facts.store_facts(memory, self._graph.transaction, message, drafts)
+                result.notes.extend(facts.notes_for(outcomes))
+        if self.options.auto_tasks and len(vectors):
+            # Row 0 is the episode: the message itself.
+            result.notes.extend(
+                await auto_tasks.follow_topic(memory, self._graph, self.options, message, vectors[0])
+            )
+
+    # Optional until narrmem/hookspecs.py declares it; then it is an ordinary firstresult hook.
+    @hookimpl
+    async def narrmem_turn_context(
+        self, memory: Any, tenant: str, user_id: str, chat_id: str, text: str
+    ) -> dict[str, Any] | None:
+        if self._graph is None:
+            return None
+        return await turn.build(
+            memory, self._graph, self.options, tenant=tenant, user_id=user_id, chat_id=chat_id, text=text
+        )
+
+    @hookimpl
+    async def narrmem_after_forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> None:
+        """Forgetting a user (or a chat) erases their graph and its purge history too."""
+        if self._graph is None:
+            return
+        clauses, params = ["tenant = ?"], [tenant]
+        for column, value in (("user_id", user_id), ("chat_id", chat_id)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        where = " AND ".join(clauses)
+        async with self._graph.transaction() as db:
+            for table in ("graph_edges", "graph_nodes", "graph_purges"):
+                await db.execute(f"DELETE FROM {table} WHERE {where}", params)
+            if user_id is None and chat_id is not None:
+                # A supersession across the user's chats is recorded without a chat; its record still
+                # names the triplets of this chat, so it goes too.
+                mention = json.dumps({"chat_id": chat_id}, ensure_ascii=False)[1:-1]
+                await db.execute(
+                    "DELETE FROM graph_purges WHERE tenant = ? AND chat_id IS NULL AND instr(edges, ?) > 0",
+                    (tenant, mention),
+                )
+
+    @hookimpl
+    async def narrmem_stats(self) -> dict[str, Any] | None:
+        if self._graph is None:
+            return None
+        db = self._graph.db
+        [(nodes,)] = await fetchall(db, "SELECT COUNT(*) FROM graph_nodes")
+        by_status = dict(await fetchall(db, "SELECT status, COUNT(*) FROM graph_edges GROUP BY status"))
+        [(purges,)] = await fetchall(db, "SELECT COUNT(*) FROM graph_purges")
+        return {
+            "graph": {
+                "nodes": int(nodes),
+                "edges": {k: int(v) for k, v in by_status.items()},
+                "purges": int(purges),
+            }
+        }
+
+
+def plugin_of(memory: Any) -> GraphPlugin:
+    """The :class:`GraphPlugin` registered with ``memory``."""
+    for plugin in memory.host.pm.get_plugins():
+        if isinstance(plugin, GraphPlugin):
+            return plugin
+    raise PluginError("the graph plugin is not loaded (add narrmem_plugins.graph:GraphPlugin)")
+
+
+async def turn_context(
+    memory: Any, text: str, *, user_id: str, chat_id: str, tenant: str = "default"
+) -> dict[str, Any]:
+    """The per-turn context (persona, working memory chain, facts, ``rendered``) straight from the
+    plugin, for code that cannot wait for ``Memory.turn_context``."""
+    plugin = plugin_of(memory)
+    return await turn.build(
+        memory, plugin.backend(), plugin.options, tenant=tenant, user_id=user_id, chat_id=chat_id, text=text
+    )

@@ -1,0 +1,105 @@
+"""``auto_tasks``: the working memory chain kept from the messages, for bots whose LLM calls no tools.
+
+Each chat has one task per topic. A stored message whose embedding is within ``topic_similarity``
+(cosine) of the in-progress task's topic continues it (the topic is the running mean of its
+messages); otherwise the closest paused task within reach is resumed, or a new ``Task_auto_<n>`` is
+started with the message's opening as its description. Either way the task that was in progress is
+paused. Tasks made by the tools take part too: their topic is their description's embedding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.nodes import set_props, set_topic
+from narrmem_plugins.graph.options import GraphOptions
+from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.tasks import TaskView, create_task, load_tasks, set_state
+from narrmem_plugins.graph.vocabulary import label
+
+from narrmem.models import Message
+
+MAX_WEIGHT = 20  # the topic follows the last ~20 messages rather than freezing on the first ones
+DESCRIPTION_CHARS = 80
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm else vector
+
+
+async def _topics(memory: Any, tasks: list[TaskView]) -> dict[int, np.ndarray]:
+    topics: dict[int, np.ndarray] = {}
+    missing = []
+    for task in tasks:
+        assert task.node is not None
+        topic = task.node.topic()
+        if topic is not None and topic.shape == (memory.embedder.dim,):
+            topics[task.node.id] = topic
+        else:
+            missing.append(task)
+    if missing:
+        vectors = await memory.embedder.embed(
+            [label(t.task_id, {"description": t.description}) for t in missing]
+        )
+        for task, vector in zip(missing, vectors, strict=True):
+            assert task.node is not None
+            topics[task.node.id] = _unit(np.asarray(vector, dtype=np.float32))
+    return topics
+
+
+async def follow_topic(
+    memory: Any, graph: GraphBackend, options: GraphOptions, message: Message, vector: np.ndarray
+) -> list[str]:
+    """Move the chat's chain along with ``message``; returns notes for the ingest result."""
+    chat = GraphScope(message.tenant, message.user_id, message.chat_id)
+    v = _unit(np.asarray(vector, dtype=np.float32))
+    # Embed outside the write transaction: it would hold every other writer up meanwhile.
+    topics = await _topics(memory, await load_tasks(graph.db, chat))
+    at, provenance = message.ts, [message.message_id]
+    async with graph.transaction() as db:
+        tasks = await load_tasks(db, chat)
+        current = next((t for t in tasks if t.state == "in_progress"), None)
+
+        def similarity(task: TaskView) -> float:
+            assert task.node is not None
+            topic = topics.get(task.node.id)
+            return -1.0 if topic is None else float(topic @ v)
+
+        if current is not None and similarity(current) >= options.topic_similarity:
+            assert current.node is not None
+            weight = min(int(current.node.props.get("messages", 1)), MAX_WEIGHT)
+            await set_topic(db, current.node.id, _unit(topics[current.node.id] * weight + v))
+            await set_props(db, current.node, {**current.node.props, "messages": weight + 1})
+            return []
+        notes = []
+        if current is not None:
+            await set_state(db, chat, current.task_id, "paused", at, source="auto", provenance=provenance)
+            notes.append(f"task paused: {current.task_id}")
+        paused = [t for t in tasks if t.state == "paused" and t is not current]
+        best = max(paused, key=similarity, default=None)
+        if best is not None and similarity(best) >= options.topic_similarity:
+            await set_state(db, chat, best.task_id, "in_progress", at, source="auto", provenance=provenance)
+            return [*notes, f"task resumed: {best.task_id}"]
+        number = len(tasks) + 1
+        names = {t.task_id.lower() for t in tasks}
+        while f"task_auto_{number}" in names:
+            number += 1
+        description = " ".join(message.text.split())[:DESCRIPTION_CHARS]
+        task, _ = await create_task(
+            db,
+            chat,
+            f"Task_auto_{number}",
+            description,
+            [],
+            at,
+            source="auto",
+            provenance=provenance,
+            actor="auto_tasks",
+            props={"messages": 1},
+        )
+        assert task.node is not None
+        await set_topic(db, task.node.id, v)
+        return [*notes, f"task started: {task.task_id}"]

@@ -1,0 +1,244 @@
+"""Edges (triplets): select them through a scope with filters, insert, confirm and close them.
+
+Every select joins both nodes *within the edge's own scope* and filters the edge by the caller's
+scope, so no statement here can return another user's triplet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from narrmem_plugins.graph.nodes import Node
+from narrmem_plugins.graph.schema import chunks, fetchall, marks
+from narrmem_plugins.graph.scope import GraphScope
+
+MAX_PROVENANCE = 20  # message ids kept per triplet: the first ones and the latest
+
+_SELECT = (
+    "SELECT e.id, e.chat_id, s.name, s.type, e.relation, o.name, o.type, e.confidence, e.speculative, "
+    "e.status, e.source, e.provenance, e.valid_from, e.valid_to, e.superseded_by, e.count, e.last_seen, "
+    "e.valid_from_ts, e.last_seen_ts, e.subject_id, e.object_id "
+    "FROM graph_edges e "
+    "JOIN graph_nodes s ON s.id = e.subject_id AND s.tenant = e.tenant AND s.user_id = e.user_id "
+    "AND s.chat_id = e.chat_id "
+    "JOIN graph_nodes o ON o.id = e.object_id AND o.tenant = e.tenant AND o.user_id = e.user_id "
+    "AND o.chat_id = e.chat_id"
+)
+
+
+@dataclass
+class Edge:
+    id: int
+    chat_id: str
+    subject: str
+    subject_type: str
+    relation: str
+    object: str
+    object_type: str
+    confidence: float
+    speculative: bool
+    status: str
+    source: str
+    provenance: list[str]
+    valid_from: str
+    valid_to: str | None
+    superseded_by: int | None
+    count: int
+    last_seen: str
+    valid_from_ts: float = 0.0
+    last_seen_ts: float = 0.0
+    subject_id: int = 0
+    object_id: int = 0
+
+    @classmethod
+    def from_row(cls, row: Any) -> Edge:
+        return cls(
+            id=int(row[0]),
+            chat_id=row[1],
+            subject=row[2],
+            subject_type=row[3],
+            relation=row[4],
+            object=row[5],
+            object_type=row[6],
+            confidence=float(row[7]),
+            speculative=bool(row[8]),
+            status=row[9],
+            source=row[10],
+            provenance=list(json.loads(row[11])),
+            valid_from=row[12],
+            valid_to=row[13],
+            superseded_by=row[14],
+            count=int(row[15]),
+            last_seen=row[16],
+            valid_from_ts=float(row[17]),
+            last_seen_ts=float(row[18]),
+            subject_id=int(row[19]),
+            object_id=int(row[20]),
+        )
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What a triplet says, whatever chat it was said in (names compare case-insensitively)."""
+        return (self.subject.lower(), self.relation, self.object.lower())
+
+
+@dataclass
+class EdgeQuery:
+    """Conditions on edges, joined with AND: an empty condition list would select the whole scope,
+    so callers that must not widen (purge) check for that themselves."""
+
+    conditions: list[str] = field(default_factory=list)
+    params: list[Any] = field(default_factory=list)
+
+    def where(self, sql: str, *params: Any) -> EdgeQuery:
+        self.conditions.append(sql)
+        self.params.extend(params)
+        return self
+
+    def names_in(self, column: str, names: Sequence[str]) -> EdgeQuery:
+        return self.where(f"{column} IN ({marks(names)})", *names)
+
+
+async def select_edges(
+    db: Any,
+    scope: GraphScope,
+    query: EdgeQuery | None = None,
+    *,
+    order: str = "e.last_seen_ts DESC, e.id DESC",
+    limit: int | None = None,
+) -> list[Edge]:
+    where, params = scope.clause("e")
+    conditions = [where, *(query.conditions if query else [])]
+    values: list[Any] = [*params, *(query.params if query else [])]
+    sql = f"{_SELECT} WHERE {' AND '.join(f'({c})' for c in conditions)} ORDER BY {order}"
+    if limit is not None:
+        sql += " LIMIT ?"
+        values.append(limit)
+    return [Edge.from_row(r) for r in await fetchall(db, sql, values)]
+
+
+async def touching(
+    db: Any, scope: GraphScope, names: Sequence[str], query: EdgeQuery, limit: int
+) -> list[Edge]:
+    """Edges matching ``query`` whose subject or object is one of ``names``, newest first."""
+    found: dict[int, Edge] = {}
+    for part in chunks(list(names)):
+        q = EdgeQuery(list(query.conditions), list(query.params))
+        q.where(f"s.name IN ({marks(part)}) OR o.name IN ({marks(part)})", *part, *part)
+        for edge in await select_edges(db, scope, q, limit=limit):
+            found[edge.id] = edge
+    return sorted(found.values(), key=lambda e: (-e.last_seen_ts, -e.id))[:limit]
+
+
+async def active_between(db: Any, scope: GraphScope, subject: Node, relation: str, obj: Node) -> Edge | None:
+    q = EdgeQuery().where("e.status = 'active'").where("e.subject_id = ?", subject.id)
+    q.where("e.relation = ?", relation).where("e.object_id = ?", obj.id)
+    found = await select_edges(db, scope.writing(), q, limit=1)
+    return found[0] if found else None
+
+
+async def insert_edge(
+    db: Any,
+    scope: GraphScope,
+    subject: Node,
+    relation: str,
+    obj: Node,
+    *,
+    confidence: float,
+    speculative: bool,
+    source: str,
+    provenance: Sequence[str],
+    at: datetime,
+    status: str = "active",
+) -> int:
+    cursor = await db.execute(
+        "INSERT INTO graph_edges (tenant, user_id, chat_id, subject_id, relation, object_id, confidence, "
+        "speculative, status, source, provenance, valid_from, valid_from_ts, last_seen, last_seen_ts) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            scope.tenant,
+            scope.user_id,
+            scope.write_chat,
+            subject.id,
+            relation,
+            obj.id,
+            confidence,
+            int(speculative),
+            status,
+            source,
+            json.dumps(list(provenance), ensure_ascii=False),
+            at.isoformat(),
+            at.timestamp(),
+            at.isoformat(),
+            at.timestamp(),
+        ),
+    )
+    return int(cursor.lastrowid or 0)
+
+
+async def confirm_edge(
+    db: Any, edge: Edge, *, confidence: float, speculative: bool, provenance: Sequence[str], at: datetime
+) -> None:
+    """Stating a triplet again: one more count, seen now; said plainly it stops being speculation."""
+    merged = _merge_provenance(edge.provenance, provenance)
+    seen = max(edge.last_seen_ts, at.timestamp())
+    await db.execute(
+        "UPDATE graph_edges SET count = count + 1, confidence = MAX(confidence, ?), "
+        "speculative = MIN(speculative, ?), provenance = ?, last_seen = ?, last_seen_ts = ? WHERE id = ?",
+        (
+            confidence,
+            int(speculative),
+            json.dumps(merged, ensure_ascii=False),
+            at.isoformat() if seen == at.timestamp() else edge.last_seen,
+            seen,
+            edge.id,
+        ),
+    )
+    edge.count += 1
+    edge.confidence = max(edge.confidence, confidence)
+    edge.speculative = edge.speculative and speculative
+    edge.provenance = merged
+    if seen == at.timestamp():
+        edge.last_seen, edge.last_seen_ts = at.isoformat(), seen
+
+
+async def close_edges(
+    db: Any, ids: Sequence[int], status: str, at: datetime, superseded_by: int | None = None
+) -> None:
+    """Mark active edges deleted or superseded as of ``at`` (they stay, with their history)."""
+    for part in chunks(list(ids)):
+        await db.execute(
+            f"UPDATE graph_edges SET status = ?, valid_to = ?, valid_to_ts = ?, superseded_by = ? "
+            f"WHERE status = 'active' AND id IN ({marks(part)})",
+            (status, at.isoformat(), at.timestamp(), superseded_by, *part),
+        )
+
+
+async def set_superseded_by(db: Any, ids: Sequence[int], new_id: int) -> None:
+    for part in chunks(list(ids)):
+        await db.execute(
+            f"UPDATE graph_edges SET superseded_by = ? WHERE id IN ({marks(part)})", (new_id, *part)
+        )
+
+
+async def delete_edges(db: Any, ids: Sequence[int]) -> int:
+    deleted = 0
+    for part in chunks(list(ids)):
+        cursor = await db.execute(f"DELETE FROM graph_edges WHERE id IN ({marks(part)})", tuple(part))
+        deleted += max(0, cursor.rowcount)
+    return deleted
+
+
+def _merge_provenance(old: Sequence[str], new: Sequence[str]) -> list[str]:
+    merged = list(old)
+    for item in new:
+        if item not in merged:
+            merged.append(item)
+    if len(merged) > MAX_PROVENANCE:
+        # Keep where it came from first and what confirmed it last.
+        merged = merged[: MAX_PROVENANCE // 2] + merged[-(MAX_PROVENANCE // 2) :]
+    return merged

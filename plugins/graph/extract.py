@@ -1,0 +1,362 @@
+"""Facts a message states about its author, without an LLM: a documented rule set for English and
+Chinese (the seed's must-write table: preferences, what the user works on, plans, where they are).
+
+How a message is read:
+
+1. It is cut into sentences, and each sentence into clauses (at , ; ， ； and at "but/because"/
+   但是/因为…). A sentence whose first clause asks states nothing; otherwise each clause that asks
+   (ends with ?/？, starts like an English question, or in Chinese ends with 吗/么 or asks with
+   什么/谁/哪/怎么/多少/是不是…) is dropped: "I like rock, do you?" keeps "I like rock".
+2. Leading fillers ("so", "btw", "honestly", 其实, 对了…) are dropped; a leading hedge ("I think",
+   "maybe", "probably", 我觉得, 可能, 好像…) is dropped and makes the fact speculative.
+3. The clause must then *start* with the speaker ("I", "I'm", 我): reported speech ("he said I like…"),
+   conditionals ("if I like…"), and third-person clauses ("my brother likes…", 他喜欢…) never match.
+4. The first rule that matches gives the relation; negated forms have their own rules and their own
+   relation ("I don't like rock (anymore)", 我不再喜欢摇滚了 → ``dislikes``), so a negation can never be
+   read as the positive fact. Hedging adverbs inside the clause ("I might like", 我可能喜欢) make it
+   speculative too.
+5. The object is cut at connectors and trailing time words ("anymore", "right now", 了/呢/吧) and
+   leading articles; pronouns ("it", "you", 你, 这个), prepositional starts and objects of more than
+   8 words (20 Chinese characters) are dropped.
+
+Relations: ``likes``/``dislikes``, ``works_on``/``stopped_working_on``, ``plans``/``dropped_plan``,
+``located_at``/``left`` (needs a present-time marker: "I'm currently at X", "I'm at X right now",
+我现在在X), ``lives_in`` ("I live in X", "I moved to X", 我住在X). Inferred, never said: going to a
+concert of X ("I went to a Coldplay concert", 我去了周杰伦的演唱会) gives a speculative ``likes``.
+The subject of every fact is ``user``, the message's author.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from narrmem_plugins.graph.vocabulary import USER
+from narrmem_plugins.triage.language import has_cjk, is_question, sentences, third_person_start
+
+EXPLICIT = 0.9
+HEDGED = 0.5
+INFERRED = 0.4
+MAX_WORDS = 8
+MAX_ZH_CHARS = 20
+
+
+@dataclass(frozen=True)
+class Fact:
+    relation: str
+    object: str
+    speculative: bool
+    confidence: float
+    rule: str
+    subject: str = USER
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    relation: str
+    pattern: re.Pattern[str]
+    inferred: bool = False
+
+
+# --- English ----------------------------------------------------------------------------------
+
+_ADV = (
+    r"(?:(?:really|truly|absolutely|totally|just|still|also|actually|definitely|honestly|kinda|kind\s+of|"
+    r"sort\s+of|probably|might|may|do|currently|now|busy|mostly|mainly|always|genuinely|seriously)\s+)*"
+)
+_IM = r"(?:i'm|i\s+am|im)"
+_OBJ = r"(?P<obj>.+)$"
+
+
+def _en(name: str, relation: str, body: str, *, inferred: bool = False) -> Rule:
+    return Rule(name, relation, re.compile("^" + body, re.IGNORECASE), inferred)
+
+
+EN_RULES = [
+    _en(
+        "en_not_like",
+        "dislikes",
+        rf"i\s+{_ADV}(?:don't|do\s+not|dont|no\s+longer|never)\s+(?:(?:really|much|particularly|actually|even|"
+        rf"ever|quite)\s+)*(?:like|love|enjoy|care\s+for|dig)\s+{_OBJ}",
+    ),
+    _en(
+        "en_hate",
+        "dislikes",
+        rf"i\s+{_ADV}(?:hate|dislike|detest|loathe|can't\s+stand|cannot\s+stand)\s+{_OBJ}",
+    ),
+    _en(
+        "en_not_fan",
+        "dislikes",
+        rf"{_IM}\s+{_ADV}(?:not|no\s+longer)\s+(?:(?:really|that|so|much\s+of)\s+)*(?:(?:a\s+)?(?:big\s+|huge\s+)?"
+        rf"fan\s+of|into)\s+{_OBJ}",
+    ),
+    _en("en_like", "likes", rf"i\s+{_ADV}(?:like|love|enjoy|adore|prefer|dig)\s+{_OBJ}"),
+    _en(
+        "en_fan",
+        "likes",
+        rf"{_IM}\s+{_ADV}(?:(?:a\s+)?(?:big\s+|huge\s+|massive\s+)?fan\s+of|into|obsessed\s+with|crazy\s+about|"
+        rf"passionate\s+about)\s+{_OBJ}",
+    ),
+    _en(
+        "en_stopped_work",
+        "stopped_working_on",
+        rf"(?:{_IM}\s+{_ADV}(?:not|no\s+longer)\s+(?:working\s+on|building|developing)|i\s+{_ADV}(?:stopped|quit|"
+        rf"have\s+stopped|'ve\s+stopped)\s+(?:working\s+on|building|developing)|i\s+{_ADV}(?:don't|do\s+not|"
+        rf"no\s+longer)\s+work\s+on)\s+{_OBJ}",
+    ),
+    _en(
+        "en_work",
+        "works_on",
+        rf"(?:{_IM}|i've\s+been|i\s+have\s+been|ive\s+been)\s+{_ADV}(?:working\s+on|building|developing|coding|"
+        rf"designing|writing)\s+{_OBJ}",
+    ),
+    _en("en_work_on", "works_on", rf"i\s+{_ADV}work\s+on\s+{_OBJ}"),
+    _en(
+        "en_drop_plan",
+        "dropped_plan",
+        rf"(?:i\s+{_ADV}(?:don't|do\s+not|dont|no\s+longer)\s+(?:plan|intend)\s+(?:to|on)|{_IM}\s+{_ADV}(?:not|"
+        rf"no\s+longer)\s+(?:planning|going|intending)\s+(?:to|on)|i\s+{_ADV}(?:gave\s+up|have\s+given\s+up|"
+        rf"'ve\s+given\s+up|dropped|abandoned)\s+(?:on\s+)?(?:the\s+|my\s+)?(?:plan\s+to|idea\s+of|plans?\s+to))"
+        rf"\s+{_OBJ}",
+    ),
+    _en(
+        "en_plan",
+        "plans",
+        rf"(?:i\s+{_ADV}(?:plan|intend|aim|decided|have\s+decided|'ve\s+decided)\s+(?:to|on)|{_IM}\s+{_ADV}"
+        rf"(?:planning|intending|aiming)\s+(?:to|on)|my\s+plan\s+is\s+to)\s+{_OBJ}",
+    ),
+    _en(
+        "en_left",
+        "left",
+        rf"{_IM}\s+(?:no\s+longer\s+(?:at|in)\s+{_OBJ}|not\s+(?:at|in)\s+(?P<obj2>.+?)\s+any\s*more$)",
+    ),
+    _en(
+        "en_at",
+        "located_at",
+        rf"{_IM}\s+(?:(?:currently|now|right\s+now|at\s+the\s+moment|still|already)\s+)+(?:at|in)\s+{_OBJ}",
+    ),
+    _en(
+        "en_at_now",
+        "located_at",
+        rf"{_IM}\s+(?:at|in)\s+(?P<obj>.+?)\s+(?:right\s+now|now|at\s+the\s+moment|currently)$",
+    ),
+    _en(
+        "en_live",
+        "lives_in",
+        rf"(?:i\s+{_ADV}(?:live|am\s+living)\s+in|{_IM}\s+{_ADV}living\s+in|i\s+{_ADV}(?:moved|have\s+moved|"
+        rf"'ve\s+moved|relocated)\s+to)\s+{_OBJ}",
+    ),
+    _en(
+        "en_concert",
+        "likes",
+        rf"i\s+{_ADV}(?:went\s+to|saw|attended|got\s+tickets\s+(?:for|to)|bought\s+tickets\s+(?:for|to))\s+"
+        rf"(?:(?:a|an|the|another)\s+)?(?P<obj>[\w'&.\- ]{{1,40}}?)(?:'s)?\s+"
+        rf"(?:concert|gig|show|festival)\b.*$",
+        inferred=True,
+    ),
+]
+
+_EN_FILLER = re.compile(
+    r"^(?:so|well|btw|honestly|actually|also|and|but|oh|anyway|anyways|ok|okay|yeah|yes|yep|lol|haha|hey|hi|"
+    r"hmm|um|uh|fun\s+fact|by\s+the\s+way|you\s+know\s+what|you\s+know|to\s+be\s+honest|tbh|fyi|guess\s+what|"
+    r"plus)\b[\s,:!\-]*",
+    re.IGNORECASE,
+)
+_EN_HEDGE = re.compile(
+    r"^(?:i\s+think|i\s+guess|i\s+suppose|i\s+believe|i\s+feel\s+like|i'd\s+say|maybe|perhaps|probably|"
+    r"apparently|it\s+seems)\b[\s,]*(?:that\s+)?",
+    re.IGNORECASE,
+)
+_EN_HEDGE_INSIDE = re.compile(r"\b(?:probably|might|may|kinda|kind\s+of|sort\s+of)\b", re.IGNORECASE)
+_EN_CUT = re.compile(
+    r"\s+(?:because|cause|since|but|although|though|which|who|when|whenever|if|unless|so\s+that|so|"
+    r"and\s+then|while|as\s+well\s+as|like\s+i\s+said)\b.*$",
+    re.IGNORECASE,
+)
+_EN_CUT_PLACE = re.compile(r"\s+(?:for|with|waiting|doing|to|on\s+(?:a|my|the)\s+\w+)\b.*$", re.IGNORECASE)
+_EN_TAIL = re.compile(
+    r"(?:\s+(?:anymore|any\s+more|now|right\s+now|these\s+days|nowadays|lately|recently|currently|"
+    r"at\s+the\s+moment|today|tonight|a\s+lot|so\s+much|very\s+much|too|as\s+well|either|haha|lol|still|"
+    r"again|really|next\s+(?:week|month|year|weekend)|this\s+(?:week|month|year|weekend)|tomorrow|soon|"
+    r"someday|one\s+day|later))+$",
+    re.IGNORECASE,
+)
+_EN_LEAD = re.compile(r"^(?:the|a|an|my|our|some)\s+", re.IGNORECASE)
+_EN_PRONOUNS = frozenset(
+    "it that this them you him her me us those these everything something anything nothing what how when "
+    "where why who whom which there here one".split()
+)
+_EN_BAD_START = frozenset("about for with from at in on of if because and or but as by".split())
+
+# --- Chinese ----------------------------------------------------------------------------------
+
+_ZADV = (
+    r"(?:真的|真|很|挺|特别|超级|超|非常|最|也|还|一直|比较|蛮|好|都|可能|也许|大概|好像|应该|确实|其实|"
+    r"最近|现在|目前|正|这段时间|这阵子|这几天)*"
+)
+_ZH_VERB_START = re.compile(
+    r"^(?:做|搞|弄|开发|写|学|看|玩|吃|忙|想|听|打|上班|上学|上课|等|准备|考虑|研究|找|用|跑|休息|睡|工作)"
+)
+_ZH_PLACE_TAIL = re.compile(r"(?:出差|工作|上班|上学|旅游|旅行|玩|度假|开会|读书|学习|呆着|待着)$")
+
+
+def _zh(name: str, relation: str, body: str, *, inferred: bool = False) -> Rule:
+    return Rule(name, relation, re.compile("^" + body), inferred)
+
+
+ZH_RULES = [
+    _zh(
+        "zh_not_like",
+        "dislikes",
+        rf"我{_ZADV}(?:(?:已经|现在)?(?:不再|没那么|没有那么|再也不|不是很|不太|不怎么|不)(?:喜欢|爱)|讨厌|厌恶|受不了|"
+        rf"反感){_OBJ}",
+    ),
+    _zh("zh_like", "likes", rf"我{_ZADV}(?:喜欢|爱|热爱|迷上了?|偏爱|钟爱)(?:上了?)?{_OBJ}"),
+    _zh(
+        "zh_stopped_work",
+        "stopped_working_on",
+        rf"我{_ZADV}(?:已经)?(?:不再(?:做|搞|开发|负责)(?P<obj>.+)$|"
+        rf"(?:不|没)(?:在)?(?:做|搞|开发|负责)(?P<obj2>.+?)了$)",
+    ),
+    _zh("zh_work", "works_on", rf"我{_ZADV}(?:(?:正)?在(?:做|搞|弄|开发|写|忙|研究)|负责){_OBJ}"),
+    _zh(
+        "zh_drop_plan",
+        "dropped_plan",
+        rf"我{_ZADV}(?:已经)?(?:不打算|不准备|不计划|不再打算|放弃了?(?:计划)?)(?:要|去|再)?{_OBJ}",
+    ),
+    _zh("zh_plan", "plans", rf"我{_ZADV}(?:打算|计划|准备|决定)(?:要|去)?{_OBJ}"),
+    _zh("zh_left", "left", r"我(?:已经)?(?:不在(?P<obj>.+?)了$|离开了?(?P<obj2>.+?)了?$)"),
+    _zh(
+        "zh_at",
+        "located_at",
+        rf"(?:(?:现在|目前|此刻)我|我(?:现在|目前|此刻|这会儿|人))(?:正|还|已经)?在{_OBJ}",
+    ),
+    _zh("zh_live", "lives_in", rf"我{_ZADV}(?:住在|搬到了?|搬去了?){_OBJ}"),
+    _zh(
+        "zh_concert",
+        "likes",
+        r"我(?:昨天|今天|上周|刚|刚刚|前几天|周末)*(?:去|去看|看)了?(?:一场|一个|场)?(?P<obj>[^，。]{1,12}?)的?"
+        r"(?:演唱会|音乐节|现场|livehouse)",
+        inferred=True,
+    ),
+]
+
+_ZH_FILLER = re.compile(
+    r"^(?:其实|对了|嗯+|哈哈+|说真的|话说|顺便说一下|老实说|不过|但是|而且|还有|另外|然后|所以)[，,\s]*"
+)
+_ZH_HEDGE = re.compile(r"^(?:我觉得|我感觉|感觉|好像|可能|也许|大概|估计|应该)[，,\s]*")
+_ZH_HEDGE_INSIDE = re.compile(r"可能|也许|大概|好像|应该|估计")
+_ZH_CUT = re.compile(r"(?:因为|但是|可是|不过|所以|而且|然后|的时候).*$")
+_ZH_TAIL = re.compile(r"[了呢吧啊呀哦啦嘛哈~～!！。.…\s]+$")
+_ZH_LEAD = re.compile(r"^(?:一个|一款|一场|一份|一些|一部|一本|一家|个)")
+_ZH_PRONOUNS = frozenset("你 他 她 它 你们 他们 她们 这个 那个 这 那 这些 那些 自己 谁 什么 您".split())
+_ZH_QUESTION = re.compile(
+    r"(?:吗|么)[\s?？。!！~～]*$|什么|啥|谁|哪|为什么|为啥|怎么|怎样|如何|多少|几(?:个|年|月|天|点|号|岁|次|种)|"
+    r"是不是|有没有|要不要|能不能|会不会|对不对|好不好"
+)
+
+_CLAUSES = re.compile(
+    r"[,;，；:：]\s*|\s+(?:but|because|and\s+then|although|though|while)\s+|但是|可是|因为|不过|而且",
+    re.IGNORECASE,
+)
+_APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "＇": "'"})
+
+
+def asks(sentence: str) -> bool:
+    """Whether the sentence is a question (it then states no fact)."""
+    stripped = sentence.strip()
+    if stripped.endswith(("?", "？")):
+        return True
+    if has_cjk(stripped):
+        return bool(_ZH_QUESTION.search(stripped))
+    return is_question(stripped.lower())
+
+
+def extract(text: str) -> list[Fact]:
+    """The facts ``text`` states about its author, in order, each once."""
+    facts: list[Fact] = []
+    seen: set[tuple[str, str]] = set()
+    for sentence in sentences(text.translate(_APOSTROPHES)):
+        clauses = _CLAUSES.split(sentence)
+        if asks(clauses[0]):
+            continue  # "Do you think I like rock, or not?": the whole sentence asks
+        for clause in clauses:
+            if asks(clause):
+                continue  # "I like rock, do you?" / 我喜欢摇滚，你呢？: only the question is dropped
+            fact = _clause_fact(clause)
+            if fact is not None and (fact.relation, fact.object.lower()) not in seen:
+                seen.add((fact.relation, fact.object.lower()))
+                facts.append(fact)
+    return facts
+
+
+def _clause_fact(clause: str) -> Fact | None:
+    body, hedged = _strip_lead(clause.strip())
+    if not body or third_person_start(body.lower()):
+        return None
+    chinese = has_cjk(body[:2]) or body.startswith("我")
+    for rule in ZH_RULES if chinese else EN_RULES:
+        match = rule.pattern.match(body)
+        if match is None:
+            continue
+        raw = match.group("obj") or (match.groupdict().get("obj2") or "")
+        obj = _clean_zh(raw, rule.relation) if chinese else _clean_en(raw, rule.relation)
+        if obj is None:
+            return None
+        prefix = body[: match.start("obj") if match.group("obj") else match.start("obj2")]
+        inside = (_ZH_HEDGE_INSIDE if chinese else _EN_HEDGE_INSIDE).search(prefix) is not None
+        speculative = rule.inferred or hedged or inside
+        confidence = INFERRED if rule.inferred else HEDGED if speculative else EXPLICIT
+        return Fact(rule.relation, obj, speculative, confidence, rule.name)
+    return None
+
+
+def _strip_lead(clause: str) -> tuple[str, bool]:
+    hedged = False
+    while True:
+        for pattern, is_hedge in (
+            (_EN_FILLER, False),
+            (_ZH_FILLER, False),
+            (_EN_HEDGE, True),
+            (_ZH_HEDGE, True),
+        ):
+            match = pattern.match(clause)
+            if match and match.end() > 0:
+                clause = clause[match.end() :].strip()
+                hedged = hedged or is_hedge
+                break
+        else:
+            return clause, hedged
+
+
+def _clean_en(raw: str, relation: str) -> str | None:
+    obj = raw.strip().rstrip(".!?~… ")
+    obj = _EN_CUT.sub("", obj)
+    if relation in ("located_at", "left", "lives_in"):
+        obj = _EN_CUT_PLACE.sub("", obj)
+    previous = None
+    while previous != obj:
+        previous = obj
+        obj = _EN_TAIL.sub("", obj).strip().rstrip(".!?~…, ")
+        obj = _EN_LEAD.sub("", obj)
+    words = obj.split()
+    if not words or len(words) > MAX_WORDS or "?" in obj:
+        return None
+    first = words[0].lower()
+    if first in _EN_PRONOUNS or first in _EN_BAD_START:
+        return None
+    return obj
+
+
+def _clean_zh(raw: str, relation: str) -> str | None:
+    obj = _ZH_CUT.sub("", raw.strip())
+    obj = _ZH_TAIL.sub("", obj)
+    if relation in ("located_at", "left", "lives_in"):
+        if _ZH_VERB_START.match(obj):
+            return None  # 我现在在上班: doing, not somewhere
+        obj = _ZH_PLACE_TAIL.sub("", obj)
+    obj = _ZH_LEAD.sub("", obj).strip()
+    if not obj or len(obj) > MAX_ZH_CHARS or obj in _ZH_PRONOUNS or "？" in obj or "?" in obj:
+        return None
+    return obj

@@ -1,0 +1,148 @@
+"""Nodes: find, create and refine them inside one scope. Callers hold the write transaction for the
+writing functions (``db`` is the connection it yields)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from narrmem_plugins.graph.schema import fetchall
+from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.vocabulary import DEFAULT_NODE_TYPE, label
+
+from narrmem.errors import InputError
+
+NODE_COLUMNS = "id, chat_id, name, type, props, created_at, vector, vector_text, topic_vector"
+
+
+@dataclass
+class Node:
+    id: int
+    chat_id: str
+    name: str
+    type: str
+    props: dict[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+    vector: bytes | None = None
+    vector_text: str | None = None
+    topic_vector: bytes | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Node:
+        return cls(
+            id=int(row[0]),
+            chat_id=row[1],
+            name=row[2],
+            type=row[3],
+            props=dict(json.loads(row[4] or "{}")),
+            created_at=row[5],
+            vector=row[6],
+            vector_text=row[7],
+            topic_vector=row[8],
+        )
+
+    def topic(self) -> np.ndarray | None:
+        return None if self.topic_vector is None else np.frombuffer(self.topic_vector, dtype=np.float32)
+
+
+async def find_node(db: Any, scope: GraphScope, name: str) -> Node | None:
+    """The node called ``name`` in the write chat of ``scope`` (names compare case-insensitively)."""
+    rows = await fetchall(
+        db,
+        f"SELECT {NODE_COLUMNS} FROM graph_nodes "
+        "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND name = ?",
+        (scope.tenant, scope.user_id, scope.write_chat, name),
+    )
+    return Node.from_row(rows[0]) if rows else None
+
+
+async def ensure_node(
+    db: Any,
+    scope: GraphScope,
+    name: str,
+    node_type: str | None,
+    at: datetime,
+    *,
+    field_name: str,
+    props: dict[str, Any] | None = None,
+) -> Node:
+    """The node ``name`` in the write chat, created with ``node_type`` (default ``EntityNode``) if new.
+
+    An explicit type refines a node still typed ``EntityNode``; any other disagreement is an
+    :class:`InputError` on ``field_name`` (a node has one type, or edges would mean different things).
+    """
+    found = await find_node(db, scope, name)
+    if found is not None:
+        if node_type is None or node_type == found.type:
+            return found
+        if found.type != DEFAULT_NODE_TYPE:
+            raise InputError(f"node '{found.name}' is a {found.type}, not a {node_type}", field=field_name)
+        await db.execute("UPDATE graph_nodes SET type = ? WHERE id = ?", (node_type, found.id))
+        found.type = node_type
+        return found
+    cursor = await db.execute(
+        "INSERT INTO graph_nodes (tenant, user_id, chat_id, name, type, props, created_at, created_ts) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            scope.tenant,
+            scope.user_id,
+            scope.write_chat,
+            name,
+            node_type or DEFAULT_NODE_TYPE,
+            json.dumps(props or {}, ensure_ascii=False, sort_keys=True),
+            at.isoformat(),
+            at.timestamp(),
+        ),
+    )
+    return Node(
+        id=int(cursor.lastrowid or 0),
+        chat_id=scope.write_chat,
+        name=name,
+        type=node_type or DEFAULT_NODE_TYPE,
+        props=dict(props or {}),
+        created_at=at.isoformat(),
+    )
+
+
+async def set_props(db: Any, node: Node, props: dict[str, Any]) -> None:
+    # The cached embedding is of the label, so it goes only when the label changes.
+    stale = label(node.name, props) != label(node.name, node.props)
+    await db.execute(
+        "UPDATE graph_nodes SET props = ? WHERE id = ?",
+        (json.dumps(props, ensure_ascii=False, sort_keys=True), node.id),
+    )
+    if stale:
+        await db.execute("UPDATE graph_nodes SET vector = NULL, vector_text = NULL WHERE id = ?", (node.id,))
+        node.vector = node.vector_text = None
+    node.props = props
+
+
+async def set_topic(db: Any, node_id: int, vector: np.ndarray) -> None:
+    await db.execute(
+        "UPDATE graph_nodes SET topic_vector = ? WHERE id = ?",
+        (np.asarray(vector, dtype=np.float32).tobytes(), node_id),
+    )
+
+
+async def nodes_in_scope(db: Any, scope: GraphScope, *, node_type: str | None = None) -> list[Node]:
+    where, params = scope.clause()
+    sql = f"SELECT {NODE_COLUMNS} FROM graph_nodes WHERE {where}"
+    if node_type is not None:
+        sql += " AND type = ?"
+        params = (*params, node_type)
+    rows = await fetchall(db, sql + " ORDER BY created_ts, id", params)
+    return [Node.from_row(r) for r in rows]
+
+
+async def delete_orphans(db: Any, scope: GraphScope) -> int:
+    """Delete nodes of ``scope`` that no edge touches any more (after a hard purge)."""
+    where, params = scope.clause()
+    cursor = await db.execute(
+        f"DELETE FROM graph_nodes WHERE {where} AND NOT EXISTS (SELECT 1 FROM graph_edges e "
+        "WHERE e.subject_id = graph_nodes.id OR e.object_id = graph_nodes.id)",
+        params,
+    )
+    return max(0, cursor.rowcount)

@@ -1,0 +1,56 @@
+"""Prompt text: triplets, tasks and personas as short lines. Speculation is always marked
+``[speculation]`` on the subject, as the seed writes it ("user[speculation] likes music")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from narrmem_plugins.graph.edges import Edge
+from narrmem_plugins.graph.persona import PersonaView
+from narrmem_plugins.graph.tasks import TaskView
+
+SPECULATION = "[speculation]"
+
+
+def triplet_line(edge: Edge) -> str:
+    mark = SPECULATION if edge.speculative else ""
+    return f"{edge.subject}{mark} {edge.relation} {edge.object}"
+
+
+def merged(edges: Iterable[Edge]) -> list[Edge]:
+    """One edge per triplet: the same triplet stated in several chats is one line (the newest row,
+    speculative only if every row is)."""
+    best: dict[tuple[str, str, str], Edge] = {}
+    plain: dict[tuple[str, str, str], bool] = {}
+    for edge in edges:
+        key = edge.key
+        plain[key] = plain.get(key, False) or not edge.speculative
+        if key not in best or edge.last_seen_ts > best[key].last_seen_ts:
+            best[key] = edge
+    out = []
+    for key, edge in best.items():
+        if plain[key] and edge.speculative:
+            edge = Edge(**{**edge.__dict__, "speculative": False})
+        out.append(edge)
+    return out
+
+
+def triplet_block(title: str, edges: Sequence[Edge]) -> str:
+    lines = [f"- {triplet_line(e)}" for e in merged(edges)]
+    return "\n".join([title, *lines]) if lines else ""
+
+
+def task_line(task: TaskView) -> str:
+    info = f" (info: {', '.join(task.info_nodes)})" if task.info_nodes else ""
+    return f"- {task.task_id} [{task.state}] {task.description}{info}"
+
+
+def persona_text(persona: PersonaView | None) -> str:
+    if persona is None:
+        return ""
+    parts = [f"Persona: {persona.description}"]
+    if persona.traits:
+        parts.append(f"Traits: {', '.join(persona.traits)}")
+    if persona.tone:
+        parts.append(f"Tone: {persona.tone}")
+    return "\n".join(parts)

@@ -1,0 +1,95 @@
+"""The graph's tables, in narrmem's SQLite database beside the memories.
+
+* ``graph_nodes``: one row per node name in a (tenant, user, chat); names compare case-insensitively
+  (ASCII), so "Rock" and "rock" are one node. ``type`` is checked by SQLite itself. ``vector`` caches the
+  embedding of the node's label (``vector_text`` says of which text, so an edited label is re-embedded);
+  ``topic_vector`` is the running topic of an automatic task.
+* ``graph_edges``: the triplets, with scope, provenance, confidence, the speculative flag, status,
+  validity interval, ``superseded_by``, and how often and when last the triplet was stated. At most one
+  *active* row per (scope, subject, relation, object): stating it again confirms it.
+* ``graph_purges``: every purge and supersession, who asked, with which filters, and what it touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from narrmem_plugins.graph.vocabulary import NODE_TYPES
+
+_TYPES = ", ".join(f"'{t}'" for t in NODE_TYPES)
+
+SCHEMA = [
+    f"""CREATE TABLE IF NOT EXISTS graph_nodes (
+        id INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        name TEXT NOT NULL COLLATE NOCASE,
+        type TEXT NOT NULL CHECK (type IN ({_TYPES})),
+        props TEXT NOT NULL DEFAULT '{{}}',
+        created_at TEXT NOT NULL,
+        created_ts REAL NOT NULL,
+        vector BLOB,
+        vector_text TEXT,
+        topic_vector BLOB,
+        UNIQUE (tenant, user_id, chat_id, name)
+    )""",
+    "CREATE INDEX IF NOT EXISTS graph_nodes_by_type "
+    "ON graph_nodes (tenant, user_id, chat_id, type, created_ts)",
+    """CREATE TABLE IF NOT EXISTS graph_edges (
+        id INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        subject_id INTEGER NOT NULL REFERENCES graph_nodes (id) ON DELETE CASCADE,
+        relation TEXT NOT NULL,
+        object_id INTEGER NOT NULL REFERENCES graph_nodes (id) ON DELETE CASCADE,
+        confidence REAL NOT NULL CHECK (confidence >= 0 AND confidence <= 1),
+        speculative INTEGER NOT NULL CHECK (speculative IN (0, 1)),
+        status TEXT NOT NULL CHECK (status IN ('active', 'deleted', 'superseded')),
+        source TEXT NOT NULL CHECK (source IN ('message', 'tool', 'auto')),
+        provenance TEXT NOT NULL,
+        valid_from TEXT NOT NULL,
+        valid_from_ts REAL NOT NULL,
+        valid_to TEXT,
+        valid_to_ts REAL,
+        superseded_by INTEGER REFERENCES graph_edges (id) ON DELETE SET NULL,
+        count INTEGER NOT NULL DEFAULT 1 CHECK (count >= 1),
+        last_seen TEXT NOT NULL,
+        last_seen_ts REAL NOT NULL
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS graph_edges_one_active ON graph_edges "
+    "(tenant, user_id, chat_id, subject_id, relation, object_id) WHERE status = 'active'",
+    "CREATE INDEX IF NOT EXISTS graph_edges_by_subject ON graph_edges (subject_id, status)",
+    "CREATE INDEX IF NOT EXISTS graph_edges_by_object ON graph_edges (object_id, status)",
+    "CREATE INDEX IF NOT EXISTS graph_edges_by_scope ON graph_edges (tenant, user_id, chat_id, status)",
+    """CREATE TABLE IF NOT EXISTS graph_purges (
+        id INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT,
+        mode TEXT NOT NULL CHECK (mode IN ('soft', 'hard', 'supersede')),
+        actor TEXT NOT NULL,
+        filters TEXT NOT NULL,
+        edges TEXT NOT NULL,
+        new_edge_id INTEGER,
+        at TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS graph_purges_by_scope ON graph_purges (tenant, user_id, chat_id, at)",
+]
+
+CHUNK = 400  # stays under SQLite's bound-parameter limit with the scope parameters beside it
+
+
+async def fetchall(db: Any, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    async with db.execute(sql, tuple(params)) as cursor:
+        return list(await cursor.fetchall())
+
+
+def marks(items: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in items)
+
+
+def chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
+    return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]

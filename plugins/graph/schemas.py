@@ -1,0 +1,346 @@
+"""The tools' inputs and outputs: strict pydantic models (unknown fields are errors, every string and
+list is bounded) and the typed JSON results."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from narrmem_plugins.graph.edges import Edge
+from narrmem_plugins.graph.vocabulary import (
+    MAX_NAME_CHARS,
+    NodeType,
+    TaskState,
+    check_name,
+    check_relation,
+)
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from narrmem.models import MAX_ID_CHARS
+
+NodeName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_NAME_CHARS),
+    AfterValidator(check_name),
+]
+RelationName = Annotated[str, AfterValidator(check_relation)]
+TaskId = Annotated[str, StringConstraints(pattern=r"^[\w.:\-]{1,128}$")]
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+Trait = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+MAX_TRIPLETS = 50
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScopeArgs(_Strict):
+    """Whose graph: a user (required), optionally one of their chats, in a tenant."""
+
+    user_id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="whose graph")
+    chat_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description="reads: only this chat (default: all of the user's chats); writes: this chat "
+        "(default: '_direct')",
+    )
+    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+
+
+class ChatScopeArgs(ScopeArgs):
+    """The task chain belongs to one chat, so task tools need it."""
+
+    chat_id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="the chat whose task chain")
+
+
+# --- triplets -----------------------------------------------------------------------------
+
+
+class TripletIn(_Strict):
+    subject: NodeName = Field(description="a node name; 'user' is the user whose graph it is")
+    relation: RelationName = Field(description="lower_snake (likes, works_on) or UPPER_SNAKE (RELATES_TO)")
+    object: NodeName
+    subject_type: NodeType | None = Field(default=None, description="default EntityNode")
+    object_type: NodeType | None = Field(default=None, description="default EntityNode")
+    confidence: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="default 1.0, or 0.5 when speculative"
+    )
+
+
+class TripletOut(_Strict):
+    id: int
+    subject: str
+    subject_type: str
+    relation: str
+    object: str
+    object_type: str
+    chat_id: str
+    speculative: bool
+    confidence: float
+    status: Literal["active", "deleted", "superseded"]
+    source: Literal["message", "tool", "auto"]
+    provenance: list[str] = Field(description="message ids it was stated in, or ['tool']")
+    count: int = Field(description="how many times it was stated")
+    valid_from: AwareDatetime
+    valid_to: AwareDatetime | None
+    last_seen: AwareDatetime
+    superseded_by: int | None
+
+
+def triplet_out(edge: Edge) -> TripletOut:
+    return TripletOut(
+        id=edge.id,
+        subject=edge.subject,
+        subject_type=edge.subject_type,
+        relation=edge.relation,
+        object=edge.object,
+        object_type=edge.object_type,
+        chat_id=edge.chat_id,
+        speculative=edge.speculative,
+        confidence=edge.confidence,
+        status=edge.status,
+        source=edge.source,
+        provenance=edge.provenance,
+        count=edge.count,
+        valid_from=edge.valid_from,
+        valid_to=edge.valid_to,
+        last_seen=edge.last_seen,
+        superseded_by=edge.superseded_by,
+    )
+
+
+class CommitInput(ScopeArgs):
+    triplets: list[TripletIn] = Field(min_length=1, max_length=MAX_TRIPLETS)
+    speculative: bool = Field(
+        default=False, description="true for anything inferred rather than said (shown as [speculation])"
+    )
+
+
+class CommitOutput(_Strict):
+    triplets: list[TripletOut]
+    created: int
+    confirmed: int
+    superseded: list[TripletOut] = Field(description="active triplets these contradicted")
+
+
+# --- purge --------------------------------------------------------------------------------
+
+
+class PurgeFilters(_Strict):
+    """Exact by default (names compare case-insensitively); substring only through the *_contains keys.
+    All given filters must hold. At least one is required."""
+
+    subject: NodeName | None = None
+    relation: RelationName | None = None
+    object: NodeName | None = None
+    subject_contains: NodeName | None = None
+    relation_contains: NodeName | None = None
+    object_contains: NodeName | None = None
+    speculative: bool | None = Field(default=None, description="only speculative (true) or stated (false)")
+
+    def given(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class PurgeInput(ScopeArgs):
+    filters: PurgeFilters
+    mode: Literal["soft", "hard", "supersede"] = Field(
+        default="soft",
+        description="soft: mark deleted (kept as history); hard: erase the rows; supersede: mark "
+        "superseded by new_triplet",
+    )
+    new_triplet: TripletIn | None = Field(default=None, description="supersede only: what replaces them")
+    dry_run: bool = Field(default=False, description="say what would be affected, change nothing")
+    max_affected: int = Field(default=100, ge=1, le=10_000, description="refuse to touch more than this")
+
+
+class PurgeOutput(_Strict):
+    mode: str
+    dry_run: bool
+    matched: int
+    triplets: list[TripletOut] = Field(description="the affected triplets as they were before the purge")
+    new_triplet: TripletOut | None
+    purge_id: int | None
+
+
+# --- recall -------------------------------------------------------------------------------
+
+
+class TimeRange(_Strict):
+    from_: AwareDatetime | None = Field(default=None, alias="from")
+    to: AwareDatetime | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeRange:
+        if self.from_ is None and self.to is None:
+            raise ValueError("give from, to or both")
+        if self.from_ is not None and self.to is not None and self.from_ > self.to:
+            raise ValueError("from must not be after to")
+        return self
+
+
+class RecallInput(ScopeArgs):
+    query_intent: str = Field(
+        min_length=1, max_length=1000, description="comma-separated keywords, e.g. 'persona,tone'"
+    )
+    depth: int = Field(default=2, ge=1, le=5, description="hops walked from the matching nodes")
+    time_range: TimeRange | None = Field(
+        default=None, description="only triplets stated within {from, to} (ISO-8601 with timezone)"
+    )
+    include_speculative: bool = True
+    limit: int = Field(default=100, ge=1, le=1000, description="most triplets returned")
+
+    @field_validator("query_intent")
+    @classmethod
+    def _has_keywords(cls, value: str) -> str:
+        if not split_keywords(value):
+            raise ValueError("needs at least one keyword")
+        return value
+
+
+def split_keywords(text: str) -> list[str]:
+    """The keywords of a ``query_intent`` ("a,b,c"; Chinese commas too), without repeats, at most 20."""
+    seen: list[str] = []
+    for part in re.split(r"[,，、;；\n]+", text):
+        word = part.strip()
+        if word and word.lower() not in (w.lower() for w in seen):
+            seen.append(word)
+    return seen[:20]
+
+
+class NodeOut(_Strict):
+    name: str
+    type: str
+    distance: int = Field(description="hops from the nearest matching node (0 = it matched)")
+    description: str | None = None
+
+
+class RecallOutput(_Strict):
+    keywords: list[str]
+    seeds: list[str]
+    nodes: list[NodeOut]
+    edges: list[TripletOut]
+    rendered: str
+    truncated: bool
+
+
+# --- tasks ------------------------------------------------------------------------------
+
+
+class TaskCreateInput(ChatScopeArgs):
+    task_id: TaskId = Field(description="unique in the chat: letters, digits, _ . : -")
+    description: Text
+    info_nodes: list[NodeName] = Field(default_factory=list, max_length=20)
+
+
+class TaskOut(_Strict):
+    task_id: str
+    description: str
+    state: TaskState
+    created_at: AwareDatetime
+    info_nodes: list[str]
+
+
+class TaskCreateOutput(_Strict):
+    task: TaskOut
+    previous_task: str | None = Field(description="the task this one follows (NEXT_TASK)")
+
+
+class TaskSetStateInput(ChatScopeArgs):
+    task_id: TaskId
+    state: TaskState
+
+
+class TaskSetStateOutput(_Strict):
+    task: TaskOut
+    previous_state: TaskState
+    changed: bool
+
+
+class TaskQueryInput(ChatScopeArgs):
+    state: TaskState | None = None
+    limit: int = Field(default=20, ge=1, le=200)
+
+
+class TaskQueryOutput(_Strict):
+    tasks: list[TaskOut]
+
+
+# --- persona ------------------------------------------------------------------------------
+
+
+class PersonaSetInput(ScopeArgs):
+    description: Text
+    traits: list[Trait] = Field(default_factory=list, max_length=20)
+    tone: (
+        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_NAME_CHARS)]
+        | None
+    ) = None
+
+
+class PersonaOut(_Strict):
+    version: int
+    description: str
+    traits: list[str]
+    tone: str | None
+    chat_id: str
+    set_at: AwareDatetime
+
+
+class PersonaSetOutput(_Strict):
+    persona: PersonaOut
+    replaced: PersonaOut | None
+    superseded_edges: int
+
+
+class PersonaGetInput(ScopeArgs):
+    pass
+
+
+class PersonaGetOutput(_Strict):
+    persona: PersonaOut | None
+    rendered: str
+
+
+# --- context rewrite --------------------------------------------------------------------------
+
+
+class FunctionCall(_Strict):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    arguments: str | dict[str, Any] = Field(default="{}", description="JSON text, as OpenAI sends it")
+
+
+class ToolCall(_Strict):
+    id: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(default=None, max_length=200_000)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=100)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=200)
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+
+
+class RewriteInput(_Strict):
+    messages: list[ChatMessage] = Field(min_length=2, max_length=1000)
+    summary: str = Field(min_length=1, max_length=8000)
+
+
+class RewriteOutput(_Strict):
+    messages: list[ChatMessage] = Field(description="[the user message, the summary as an assistant message]")
+    tool_calls: int
+    tools: list[str]
+    replaced: int = Field(description="messages the summary replaces")

@@ -1,0 +1,167 @@
+"""The working memory chain of a chat: TaskNodes linked ``NEXT_TASK`` in creation order, each with
+one active ``HAS_STATE`` edge to a StateNode (earlier states stay as superseded edges, so a task's
+state history is kept) and ``CONTAINS_INFO`` edges to the nodes it is about.
+
+Task ids are exact names in their chat: ``Task_a`` and ``Task_ab`` are different tasks, and nothing
+here matches by substring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from narrmem_plugins.graph.edges import EdgeQuery, close_edges, select_edges
+from narrmem_plugins.graph.nodes import Node, ensure_node, find_node, nodes_in_scope
+from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.vocabulary import (
+    CONTAINS_INFO,
+    HAS_STATE,
+    NEXT_TASK,
+    STATE_PREFIX,
+    canonical_name,
+    state_node,
+)
+from narrmem_plugins.graph.writer import TripletDraft, write_triplet
+
+from narrmem.errors import InputError
+
+
+@dataclass
+class TaskView:
+    task_id: str
+    description: str
+    state: str
+    created_at: str
+    info_nodes: list[str] = field(default_factory=list)
+    node: Node | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "description": self.description,
+            "state": self.state,
+            "created_at": self.created_at,
+            "info_nodes": self.info_nodes,
+        }
+
+
+async def load_tasks(
+    db: Any, chat: GraphScope, *, state: str | None = None, limit: int | None = None
+) -> list[TaskView]:
+    """The chat's chain, newest first, with each task's current state and info nodes."""
+    nodes = list(reversed(await nodes_in_scope(db, chat, node_type="TaskNode")))
+    if not nodes:
+        return []
+    by_id = {n.id: n for n in nodes}
+    q = EdgeQuery().where("e.status = 'active'").where("e.relation IN (?, ?)", HAS_STATE, CONTAINS_INFO)
+    q.where(f"e.subject_id IN ({', '.join('?' for _ in by_id)})", *by_id)
+    states: dict[int, str] = {}
+    info: dict[int, list[str]] = {}
+    for edge in await select_edges(db, chat, q, order="e.id"):
+        if edge.relation == HAS_STATE:
+            states[edge.subject_id] = edge.object.removeprefix(STATE_PREFIX)
+        else:
+            info.setdefault(edge.subject_id, []).append(edge.object)
+    tasks = [
+        TaskView(
+            task_id=n.name,
+            description=str(n.props.get("description", "")),
+            state=states.get(n.id, "in_progress"),
+            created_at=n.created_at,
+            info_nodes=info.get(n.id, []),
+            node=n,
+        )
+        for n in nodes
+    ]
+    if state is not None:
+        tasks = [t for t in tasks if t.state == state]
+    return tasks if limit is None else tasks[:limit]
+
+
+async def create_task(
+    db: Any,
+    chat: GraphScope,
+    task_id: str,
+    description: str,
+    info_nodes: Sequence[str],
+    at: datetime,
+    *,
+    source: str = "tool",
+    provenance: Sequence[str] = ("tool",),
+    actor: str = "task_create",
+    props: dict[str, Any] | None = None,
+) -> tuple[TaskView, str | None]:
+    """Create ``task_id`` after the chat's newest task, in progress; returns it and its predecessor."""
+    existing = await find_node(db, chat, task_id)
+    if existing is not None:
+        what = "task" if existing.type == "TaskNode" else f"node ({existing.type})"
+        raise InputError(f"a {what} named '{existing.name}' already exists in this chat", field="task_id")
+    chain = await load_tasks(db, chat, limit=1)
+    previous = chain[0].task_id if chain else None
+    node = await ensure_node(
+        db,
+        chat,
+        task_id,
+        "TaskNode",
+        at,
+        field_name="task_id",
+        props={"description": description, **(props or {})},
+    )
+    drafts = [TripletDraft(task_id, HAS_STATE, state_node("in_progress"), "TaskNode", "StateNode")]
+    if previous is not None:
+        drafts.append(TripletDraft(previous, NEXT_TASK, task_id, "TaskNode", "TaskNode"))
+    for raw in info_nodes:
+        # A name nobody wrote yet becomes an InfoNode; an existing node keeps its type.
+        name = canonical_name(raw, chat.user_id)
+        known = await find_node(db, chat, name)
+        drafts.append(TripletDraft(task_id, CONTAINS_INFO, name, "TaskNode", None if known else "InfoNode"))
+    for draft in drafts:
+        await write_triplet(db, chat, draft, source=source, provenance=provenance, at=at, actor=actor)
+    return await find_task(db, chat, node.name), previous
+
+
+async def find_task(db: Any, chat: GraphScope, task_id: str) -> TaskView:
+    """The task named exactly ``task_id`` in the chat, or an InputError on ``task_id``."""
+    node = await find_node(db, chat, task_id)
+    if node is None or node.type != "TaskNode":
+        raise InputError(f"no task '{task_id}' in this chat", field="task_id")
+    for task in await load_tasks(db, chat):
+        if task.node is not None and task.node.id == node.id:
+            return task
+    raise InputError(f"no task '{task_id}' in this chat", field="task_id")  # pragma: no cover
+
+
+async def set_state(
+    db: Any,
+    chat: GraphScope,
+    task_id: str,
+    state: str,
+    at: datetime,
+    *,
+    source: str = "tool",
+    provenance: Sequence[str] = ("tool",),
+) -> tuple[TaskView, str, bool]:
+    """Move exactly ``task_id`` to ``state``: the old HAS_STATE edge is superseded by the new one."""
+    task = await find_task(db, chat, task_id)
+    previous = task.state
+    if previous == state:
+        return task, previous, False
+    assert task.node is not None
+    q = EdgeQuery().where("e.status = 'active'").where("e.relation = ?", HAS_STATE)
+    q.where("e.subject_id = ?", task.node.id)
+    old = await select_edges(db, chat, q)
+    outcome = await write_triplet(
+        db,
+        chat,
+        TripletDraft(task.node.name, HAS_STATE, state_node(state), "TaskNode", "StateNode"),
+        source=source,
+        provenance=provenance,
+        at=at,
+        actor="task_set_state",
+    )
+    await close_edges(db, [e.id for e in old if e.id != outcome.edge.id], "superseded", at, outcome.edge.id)
+    task.state = state
+    return task, previous, True

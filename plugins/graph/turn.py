@@ -1,0 +1,125 @@
+"""The per-turn flow as one call (``narrmem_turn_context``): what a bot must know before it answers.
+
+1. The persona: the chat's own, else the user's default.
+2. The working memory chain: the task in progress, or, when the message refers back ("just now",
+   "last time", 刚才, 上次…), the chat's chain newest first; each task with the triplets of its info
+   nodes (the seed's "query info node" step).
+3. The relevant facts: what the user's graph says about the user (every chat, merged), the ones sharing
+   words with the message first, plus ``memory.recall(text)`` hits.
+
+``rendered`` is the prompt block with all three.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges
+from narrmem_plugins.graph.options import GraphOptions
+from narrmem_plugins.graph.persona import persona_for
+from narrmem_plugins.graph.refer import refers_back
+from narrmem_plugins.graph.render import merged, persona_text, task_line, triplet_line
+from narrmem_plugins.graph.schemas import triplet_out
+from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.tasks import TaskView, load_tasks
+from narrmem_plugins.graph.vocabulary import STRUCTURAL, USER
+
+from narrmem.models import MAX_QUERY_CHARS
+from narrmem.text import keyword_terms
+
+NO_PERSONA = "No persona is set: answer as your default identity."
+
+
+def _facts_query(include_speculative: bool) -> EdgeQuery:
+    q = EdgeQuery().where("e.status = 'active'")
+    q.where(f"e.relation NOT IN ({', '.join('?' for _ in STRUCTURAL)})", *sorted(STRUCTURAL))
+    if not include_speculative:
+        q.where("e.speculative = 0")
+    return q
+
+
+async def user_facts(db: Any, scope: GraphScope, text: str, options: GraphOptions) -> list[Edge]:
+    """The user's facts from every chat, those sharing words with ``text`` first, then the most
+    confirmed, then the newest."""
+    if options.context_facts == 0:
+        return []
+    q = _facts_query(options.context_speculative).where("s.name = ?", USER)
+    edges = merged(await select_edges(db, scope.user_wide(), q, limit=5000))
+    words = set(keyword_terms(text))
+
+    def rank(edge: Edge) -> tuple[int, int, int, float]:
+        overlap = len(words & set(keyword_terms(edge.object)))
+        return (-overlap, int(edge.speculative), -edge.count, -edge.last_seen_ts)
+
+    return sorted(edges, key=rank)[: options.context_facts]
+
+
+async def info_facts(db: Any, scope: GraphScope, tasks: list[TaskView], options: GraphOptions) -> list[Edge]:
+    names = sorted({name for task in tasks for name in task.info_nodes})
+    if not names:
+        return []
+    q = _facts_query(options.context_speculative).names_in("s.name", names)
+    return merged(await select_edges(db, scope, q, limit=500))
+
+
+async def build(
+    memory: Any,
+    graph: GraphBackend,
+    options: GraphOptions,
+    *,
+    tenant: str,
+    user_id: str,
+    chat_id: str,
+    text: str,
+) -> dict[str, Any]:
+    scope = GraphScope(tenant, user_id, chat_id)
+    db = graph.db
+    persona = await persona_for(db, scope)
+    back = refers_back(text, options.reference_phrases)
+    chain = await load_tasks(db, scope)
+    if back:
+        tasks = chain[: options.chain_limit]
+    else:
+        tasks = [t for t in chain if t.state == "in_progress"][:1]
+    task_facts = await info_facts(db, scope, tasks, options)
+    facts = await user_facts(db, scope, text, options)
+    query = text.strip()[:MAX_QUERY_CHARS]
+    hits = []
+    if options.context_memories and query:
+        hits = await memory.recall(
+            query, user_id=user_id, chat_id=chat_id, tenant=tenant, k=options.context_memories
+        )
+    return {
+        "persona": persona.as_dict() if persona else None,
+        "refers_back": back,
+        "tasks": [t.as_dict() for t in tasks],
+        "task_facts": [triplet_out(e).model_dump(mode="json") for e in task_facts],
+        "facts": [triplet_out(e).model_dump(mode="json") for e in facts],
+        "memories": [h.model_dump(mode="json") for h in hits],
+        "rendered": render(persona_text(persona), tasks, task_facts, facts, hits),
+    }
+
+
+def render(
+    persona: str, tasks: list[TaskView], task_facts: list[Edge], facts: list[Edge], hits: list[Any]
+) -> str:
+    sections = [f"[Persona]\n{persona or NO_PERSONA}"]
+    if tasks:
+        lines = []
+        for task in tasks:
+            lines.append(task_line(task))
+            own = {n.lower() for n in task.info_nodes}
+            lines += [f"  - {triplet_line(e)}" for e in task_facts if e.subject.lower() in own]
+        sections.append("[Working memory]\n" + "\n".join(lines))
+    else:
+        sections.append("[Working memory]\nNo task in progress.")
+    if facts:
+        sections.append("[About the user]\n" + "\n".join(f"- {triplet_line(e)}" for e in facts))
+    if hits:
+        lines = []
+        for hit in hits:
+            text = " | ".join(part.strip() for part in hit.text.splitlines() if part.strip())
+            lines.append(f"- [{hit.created_at.strftime('%Y-%m-%d')}, {hit.kind}] {text}")
+        sections.append("[Memories]\n" + "\n".join(lines))
+    return "\n\n".join(sections)

@@ -1,0 +1,166 @@
+"""Writing one triplet: the single path every write takes (tools, extracted facts, tasks, persona).
+
+* The same triplet in the same chat is never stored twice: stating it again confirms it (count + 1,
+  last seen now, said plainly it stops being speculation).
+* A plainly stated triplet supersedes the active triplets it contradicts (``likes`` ↔ ``dislikes``
+  between the same nodes, another object of a functional relation such as ``located_at``): anywhere in
+  the user's graph when the subject is ``user``, in the same chat otherwise. A speculative triplet only
+  supersedes speculation. The old rows stay, marked
+  ``superseded`` with ``valid_to`` and ``superseded_by``, and the supersession is in the purge history.
+* A fact from a message said *before* what already contradicts it (an old log ingested late) is
+  stored as history: superseded by the newer fact from the start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from narrmem_plugins.graph import history
+from narrmem_plugins.graph.edges import (
+    Edge,
+    EdgeQuery,
+    active_between,
+    close_edges,
+    confirm_edge,
+    insert_edge,
+    select_edges,
+)
+from narrmem_plugins.graph.nodes import ensure_node
+from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.vocabulary import FUNCTIONAL, OPPOSITES, USER, canonical_name
+
+from narrmem.errors import StoreError
+
+EXPLICIT_CONFIDENCE = 1.0
+SPECULATIVE_CONFIDENCE = 0.5
+
+
+@dataclass
+class TripletDraft:
+    subject: str
+    relation: str
+    object: str
+    subject_type: str | None = None
+    object_type: str | None = None
+    confidence: float | None = None
+    speculative: bool = False
+
+
+@dataclass
+class WriteOutcome:
+    edge: Edge
+    created: bool
+    superseded: list[Edge] = field(default_factory=list)
+
+
+async def edge_by_id(db: Any, scope: GraphScope, edge_id: int) -> Edge:
+    found = await select_edges(db, scope.user_wide(), EdgeQuery().where("e.id = ?", edge_id), limit=1)
+    if not found:
+        raise StoreError(f"graph edge {edge_id} vanished inside its own transaction")
+    return found[0]
+
+
+async def write_triplet(
+    db: Any,
+    scope: GraphScope,
+    draft: TripletDraft,
+    *,
+    source: str,
+    provenance: Sequence[str],
+    at: datetime,
+    actor: str,
+    field_prefix: str = "",
+) -> WriteOutcome:
+    """Write ``draft`` into the write chat of ``scope``; the caller holds the transaction."""
+    subject_name = canonical_name(draft.subject, scope.user_id)
+    object_name = canonical_name(draft.object, scope.user_id)
+    subject = await ensure_node(
+        db, scope, subject_name, draft.subject_type, at, field_name=f"{field_prefix}subject_type"
+    )
+    obj = await ensure_node(
+        db, scope, object_name, draft.object_type, at, field_name=f"{field_prefix}object_type"
+    )
+    confidence = draft.confidence
+    if confidence is None:
+        confidence = SPECULATIVE_CONFIDENCE if draft.speculative else EXPLICIT_CONFIDENCE
+    existing = await active_between(db, scope, subject, draft.relation, obj)
+    if existing is not None:
+        await confirm_edge(
+            db, existing, confidence=confidence, speculative=draft.speculative, provenance=provenance, at=at
+        )
+        return WriteOutcome(existing, created=False)
+    rivals = await _contradicted(db, scope, subject.name, draft.relation, obj.name, draft.speculative)
+    # Only message times compare: a tool writes "now" by the server's clock, a message carries the time
+    # it was said, and the two clocks need not agree.
+    newer = [
+        r for r in rivals if source == "message" and r.source == "message" and r.last_seen_ts > at.timestamp()
+    ]
+    new_id = await insert_edge(
+        db,
+        scope,
+        subject,
+        draft.relation,
+        obj,
+        confidence=confidence,
+        speculative=draft.speculative,
+        source=source,
+        provenance=provenance,
+        at=at,
+    )
+    if newer:
+        # Superseded by the first contradicting statement after it: the rival's first statement if that
+        # came later, else its latest confirmation (the only later time a row keeps).
+        def said_after(rival: Edge) -> tuple[float, str]:
+            if rival.valid_from_ts > at.timestamp():
+                return rival.valid_from_ts, rival.valid_from
+            return rival.last_seen_ts, rival.last_seen
+
+        winner = min(newer, key=lambda r: (said_after(r), r.id))
+        end_ts, end = said_after(winner)
+        await db.execute(
+            "UPDATE graph_edges SET status = 'superseded', valid_to = ?, valid_to_ts = ?, superseded_by = ? "
+            "WHERE id = ?",
+            (end, end_ts, winner.id, new_id),
+        )
+        return WriteOutcome(await edge_by_id(db, scope, new_id), created=True)
+    if rivals:
+        await close_edges(db, [r.id for r in rivals], "superseded", at, superseded_by=new_id)
+        await history.record(
+            db,
+            scope.user_wide() if subject.name == USER else scope.writing(),
+            mode="supersede",
+            actor=actor,
+            filters={"contradicted_by": [subject.name, draft.relation, obj.name]},
+            edges=rivals,
+            at=at,
+            new_edge_id=new_id,
+        )
+    return WriteOutcome(await edge_by_id(db, scope, new_id), created=True, superseded=rivals)
+
+
+async def _contradicted(
+    db: Any, scope: GraphScope, subject: str, relation: str, obj: str, speculative: bool
+) -> list[Edge]:
+    """Active triplets that ``subject relation obj`` contradicts: in all of the user's chats when the
+    subject is the user, in the write chat otherwise."""
+    opposite = OPPOSITES.get(relation)
+    if opposite is None and relation not in FUNCTIONAL:
+        return []
+    q = EdgeQuery().where("e.status = 'active'").where("s.name = ?", subject)
+    # What the user says about themselves holds in every chat; anything else is a name local to its chat.
+    where = scope.user_wide() if subject == USER else scope.writing()
+    alternatives = []
+    values: list[Any] = []
+    if opposite is not None:
+        alternatives.append("(e.relation = ? AND o.name = ?)")
+        values.extend([opposite, obj])
+    if relation in FUNCTIONAL:
+        alternatives.append("(e.relation = ? AND o.name <> ?)")
+        values.extend([relation, obj])
+    q.where(" OR ".join(alternatives), *values)
+    if speculative:
+        q.where("e.speculative = 1")  # a guess never overrides what the user said
+    return await select_edges(db, where, q)

@@ -1,0 +1,896 @@
+"""The bot integrations, driven through the real libraries with no token and no network.
+
+Each library gets the updates a platform would send, parsed by the library itself: aiogram through
+``Dispatcher.feed_update`` with a fake ``BaseSession``, python-telegram-bot through
+``Application.process_update`` with a fake ``BaseRequest``, discord.py through its gateway parsers
+(``ConnectionState.parse_message_create`` and friends) with a fake HTTP ``request``. The fakes
+record what the bot sends (replies, trigger suggestions) and answer as the platform would.
+
+The behaviour every integration shares runs against all three through a small :class:`Harness`;
+what only one platform has (Discord's deletions, Telegram captions) is tested on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import pytest_asyncio
+
+from narrmem import ContextPack, Memory, MemoryRecord, Scope, TriggerEvent
+from narrmem.integrations import _common
+
+if TYPE_CHECKING:
+    import discord
+
+T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
+TG_TENANT = "tg"
+DC_TENANT = "dc"
+GUILD_ID = 100
+ANN, BOB = 1001, 1002
+GROUP = -500  # a Telegram group id; for Discord, a channel of the guild
+
+
+def when(n: int) -> datetime:
+    """Message ``n`` is sent ``n`` seconds after T0 (Discord derives the time from the id)."""
+    return T0 + timedelta(seconds=n)
+
+
+async def episodes(memory: Memory, *, tenant: str, user_id: str) -> list[MemoryRecord]:
+    """A person's stored episodes, oldest first."""
+    scope = Scope(tenant=tenant, user_id=user_id)
+    return list(reversed(await memory.store.recent(scope, kinds=["episode"], limit=10_000)))
+
+
+async def everything(memory: Memory) -> list[MemoryRecord]:
+    """Every stored record, from the store's export (the one way to list across scopes)."""
+    return [record async for record, _ in memory.store.export()]
+
+
+# --- the harnesses ---------------------------------------------------------------------------
+
+
+class Harness:
+    """One bot, built on one library, wired to narrmem; it delivers messages as the platform would."""
+
+    name = ""
+    prefix = "/"
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[str, str]] = []  # (platform chat id, text) of everything sent
+        self.contexts: dict[str, ContextPack | None] = {}  # message id -> what the bot's handler got
+
+    def where(self, chat: int, group: bool) -> tuple[str, str]:
+        """(tenant, chat id) narrmem stores a message of this chat under."""
+        return TG_TENANT, str(chat)
+
+    def message_id(self, n: int) -> str:
+        return str(n)
+
+    async def send(
+        self,
+        n: int,
+        text: str,
+        *,
+        user: int,
+        chat: int,
+        group: bool,
+        name: str = "Ann Lee",
+        bot: bool = False,
+    ) -> None:
+        raise NotImplementedError
+
+    async def edit(
+        self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
+    ) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def command(self, n: int, command: str, *, user: int, chat: int, group: bool) -> str:
+        """Send ``command`` and return the reply it got in that chat."""
+        before = len(self.replies)
+        await self.send(n, self.prefix + command, user=user, chat=chat, group=group)
+        replies = self.replies[before:]
+        assert len(replies) == 1, replies
+        return replies[0][1]
+
+
+async def suggest_telegram(bot: Any, event: TriggerEvent) -> None:
+    """What a bot does with a trigger: say the suggestion in the chat it came from."""
+    assert event.chat_id is not None
+    await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion)
+
+
+def telegram_payload(
+    update_id: int,
+    n: int,
+    text: str | None,
+    *,
+    user: int,
+    chat: int,
+    group: bool,
+    name: str,
+    bot: bool = False,
+    edited: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A Bot API update carrying message ``n``, as Telegram sends it."""
+    first, _, last = name.partition(" ")
+    sender: dict[str, Any] = {"id": user, "is_bot": bot, "first_name": first}
+    if last:
+        sender["last_name"] = last
+    chat_data: dict[str, Any] = (
+        {"id": chat, "type": "supergroup", "title": "Team"}
+        if group
+        else {"id": chat, "type": "private", "first_name": first}
+    )
+    message: dict[str, Any] = {
+        "message_id": n,
+        "date": int(when(n).timestamp()),
+        "chat": chat_data,
+        "from": sender,
+        **(extra or {}),
+    }
+    if text is not None:
+        message["text"] = text
+        if text.startswith("/"):
+            message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]
+    if edited:
+        message["edit_date"] = int(when(n).timestamp()) + 60
+    return {"update_id": update_id, "edited_message" if edited else "message": message}
+
+
+class AiogramHarness(Harness):
+    name = "aiogram"
+
+    def __init__(self, memory: Memory) -> None:
+        super().__init__()
+        from aiogram import Bot, Dispatcher
+        from aiogram.client.session.base import BaseSession
+        from aiogram.methods import GetMe, SendMessage, TelegramMethod
+        from aiogram.types import Chat, User
+        from aiogram.types import Message as TgMessage
+
+        from narrmem.integrations.aiogram import setup
+
+        replies = self.replies
+
+        class RecordingSession(BaseSession):
+            """Answers the Bot API calls the bot makes, as aiogram's own tests do with a mocked session."""
+
+            async def make_request(
+                self,
+                bot: Bot,
+                method: TelegramMethod[Any],
+                timeout: int | None = None,  # noqa: ASYNC109 (aiogram's signature)
+            ) -> Any:
+                if isinstance(method, GetMe):
+                    return User(id=42, is_bot=True, first_name="Bot", username="test_bot")
+                if isinstance(method, SendMessage):
+                    replies.append((str(method.chat_id), method.text))
+                    chat = Chat(id=int(method.chat_id), type="private")
+                    return TgMessage(message_id=10**6 + len(replies), date=T0, chat=chat, text=method.text)
+                raise AssertionError(f"unexpected Bot API call {type(method).__name__}")
+
+            async def close(self) -> None:
+                return None
+
+            async def stream_content(self, *args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
+                raise AssertionError("no downloads")
+                yield b""
+
+        self.bot = Bot("42:TEST", session=RecordingSession())
+        self.dispatcher = Dispatcher()
+        setup(self.dispatcher, memory, tenant=TG_TENANT, on_trigger=suggest_telegram)
+        contexts = self.contexts
+
+        # The bot's own handler, registered after setup() as the integration asks.
+        @self.dispatcher.message()
+        async def answer(message: TgMessage, memory_context: ContextPack | None, memory_prompt: str) -> None:
+            contexts[str(message.message_id)] = memory_context
+            assert memory_prompt == (memory_context.render(token_budget=400) if memory_context else "")
+
+        self.update_ids = iter(range(1, 10**9))
+
+    async def feed(self, payload: dict[str, Any]) -> None:
+        from aiogram.types import Update
+
+        await self.dispatcher.feed_update(self.bot, Update.model_validate(payload))
+
+    async def send(
+        self,
+        n: int,
+        text: str,
+        *,
+        user: int,
+        chat: int,
+        group: bool,
+        name: str = "Ann Lee",
+        bot: bool = False,
+    ) -> None:
+        payload = telegram_payload(
+            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, bot=bot
+        )
+        await self.feed(payload)
+
+    async def edit(
+        self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
+    ) -> None:
+        payload = telegram_payload(
+            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, edited=True
+        )
+        await self.feed(payload)
+
+    async def close(self) -> None:
+        await self.bot.session.close()
+
+
+class PtbHarness(Harness):
+    name = "python-telegram-bot"
+
+    def __init__(self, memory: Memory) -> None:
+        super().__init__()
+        from telegram import Update
+        from telegram.ext import Application, ContextTypes, MessageHandler, filters
+        from telegram.request import BaseRequest, RequestData
+
+        from narrmem.integrations.telegram import install
+
+        replies = self.replies
+
+        class RecordingRequest(BaseRequest):
+            """Answers the Bot API as Telegram would (PTB's supported seam for a custom transport)."""
+
+            @property
+            def read_timeout(self) -> float | None:
+                return None
+
+            async def initialize(self) -> None:
+                return None
+
+            async def shutdown(self) -> None:
+                return None
+
+            async def do_request(
+                self, url: str, method: str, request_data: RequestData | None = None, **timeouts: Any
+            ) -> tuple[int, bytes]:
+                endpoint = url.rsplit("/", 1)[-1]
+                params = request_data.parameters if request_data is not None else {}
+                result: Any
+                if endpoint == "getMe":
+                    result = {"id": 42, "is_bot": True, "first_name": "Bot", "username": "test_bot"}
+                elif endpoint == "sendMessage":
+                    replies.append((str(params["chat_id"]), str(params["text"])))
+                    chat = {"id": int(params["chat_id"]), "type": "private", "first_name": "x"}
+                    result = {
+                        "message_id": 10**6 + len(replies),
+                        "date": 0,
+                        "chat": chat,
+                        "text": params["text"],
+                    }
+                else:
+                    raise AssertionError(f"unexpected Bot API call {endpoint}")
+                return 200, json.dumps({"ok": True, "result": result}).encode()
+
+        self.application = (
+            Application.builder()
+            .token("42:TEST")
+            .request(RecordingRequest())
+            .get_updates_request(RecordingRequest())
+            .updater(None)
+            .build()
+        )
+        self.integration = install(self.application, memory, tenant=TG_TENANT, on_trigger=suggest_telegram)
+        contexts = self.contexts
+
+        async def answer(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+            assert update.effective_message is not None
+            contexts[str(update.effective_message.message_id)] = await self.integration.context_for(update)
+
+        # The bot's own handler in the default group 0: it still sees what group -1 ingested.
+        self.application.add_handler(MessageHandler(filters.ALL, answer))
+        self.update_class = Update
+        self.update_ids = iter(range(1, 10**9))
+
+    async def start(self) -> None:
+        await self.application.initialize()  # calls getMe: answered by the fake request
+
+    async def feed(self, payload: dict[str, Any]) -> None:
+        update = self.update_class.de_json(payload, self.application.bot)
+        await self.application.process_update(update)
+
+    async def send(
+        self,
+        n: int,
+        text: str,
+        *,
+        user: int,
+        chat: int,
+        group: bool,
+        name: str = "Ann Lee",
+        bot: bool = False,
+    ) -> None:
+        payload = telegram_payload(
+            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, bot=bot
+        )
+        await self.feed(payload)
+
+    async def edit(
+        self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
+    ) -> None:
+        payload = telegram_payload(
+            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, edited=True
+        )
+        await self.feed(payload)
+
+    async def close(self) -> None:
+        await self.application.shutdown()
+
+
+class DiscordHarness(Harness):
+    """A ``commands.Bot`` that never logs in: gateway payloads go straight to its state's parsers,
+    which build real ``discord.Message`` objects and dispatch the events to the cog."""
+
+    name = "discord.py"
+    prefix = "!"
+
+    def __init__(self, memory: Memory, *, guild_as: str = "chat") -> None:
+        super().__init__()
+        import discord
+        from discord.ext import commands
+
+        from narrmem.integrations.discord import NarrmemCog
+
+        class OfflineBot(commands.Bot):
+            """Keeps the tasks of dispatched events, so a test can wait for every listener."""
+
+            pending: list[asyncio.Task[Any]]
+
+            def _schedule_event(  # type: ignore[override]
+                self, coro: Callable[..., Awaitable[Any]], event_name: str, *args: Any, **kwargs: Any
+            ) -> asyncio.Task[Any]:
+                task = super()._schedule_event(coro, event_name, *args, **kwargs)
+                self.pending.append(task)
+                return task
+
+        intents = discord.Intents.default()
+        intents.message_content = True
+        self.bot = OfflineBot(command_prefix="!", intents=intents)
+        self.bot.pending = []
+        self.bot.http.request = self._request  # type: ignore[method-assign]
+        self.guild_as = guild_as
+        self.cog = NarrmemCog(
+            self.bot,
+            memory,
+            guild_as=guild_as,
+            tenant=DC_TENANT,
+            on_trigger=self._suggest,  # type: ignore[arg-type]
+        )
+        self.discord = discord
+        self.commands = commands
+        self.authors: dict[int, bool] = {}
+
+    async def start(self) -> None:
+        await self.bot.__aenter__()  # binds the loop, as login would; nothing connects
+        state = self.bot._connection
+        me = {"id": "42", "username": "bot", "discriminator": "0", "avatar": None, "bot": True}
+        state.user = self.discord.ClientUser(state=state, data=me)  # type: ignore[arg-type]
+        guild = {"id": str(GUILD_ID), "name": "Team", "channels": [], "roles": [], "members": []}
+        self.guild = state._add_guild_from_data(guild)  # type: ignore[arg-type]
+        await self.bot.add_cog(self.cog)
+        contexts = self.contexts
+
+        @self.bot.listen("on_message")
+        async def answer(message: discord.Message) -> None:
+            contexts[str(message.id)] = await self.cog.context_for(message)
+
+    async def close(self) -> None:
+        await self.bot.close()
+
+    async def _suggest(self, channel: discord.abc.Messageable, event: TriggerEvent) -> None:
+        await channel.send(event.suggestion)
+
+    async def _request(self, route: Any, **kwargs: Any) -> Any:
+        if route.method == "POST" and route.path == "/channels/{channel_id}/messages":
+            content = kwargs["json"]["content"]
+            self.replies.append((str(route.channel_id), content))
+            return self._payload(
+                10**6 + len(self.replies), content, user=42, chat=route.channel_id, group=False
+            )
+        raise AssertionError(f"unexpected Discord API call {route.method} {route.path}")
+
+    def where(self, chat: int, group: bool) -> tuple[str, str]:
+        if not group:
+            return DC_TENANT, str(chat)
+        if self.guild_as == "tenant":
+            return str(GUILD_ID), str(chat)
+        return DC_TENANT, str(GUILD_ID)
+
+    def message_id(self, n: int) -> str:
+        return str(self._snowflake(n))
+
+    def _snowflake(self, n: int) -> int:
+        return int(self.discord.utils.time_snowflake(when(n)))
+
+    def _payload(
+        self,
+        snowflake: int,
+        text: str,
+        *,
+        user: int,
+        chat: int,
+        group: bool,
+        name: str = "x",
+        bot: bool = False,
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": str(snowflake),
+            "channel_id": str(chat),
+            "content": text,
+            "author": {
+                "id": str(user),
+                "username": name.lower().replace(" ", "_"),
+                "global_name": name,
+                "discriminator": "0",
+                "avatar": None,
+                "bot": bot,
+            },
+            "timestamp": self.discord.utils.snowflake_time(snowflake).isoformat(),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": [],
+            "pinned": False,
+            "type": 0,
+        }
+        if group:
+            self._ensure_channel(chat)
+            data["guild_id"] = str(GUILD_ID)
+            member = {"roles": [], "joined_at": T0.isoformat(), "deaf": False, "mute": False, "flags": 0}
+            data["member"] = member
+        return data
+
+    def _ensure_channel(self, chat: int) -> None:
+        if self.guild.get_channel(chat) is None:
+            channel = {
+                "id": str(chat),
+                "type": 0,
+                "name": f"c{chat}",
+                "position": 0,
+                "permission_overwrites": [],
+            }
+            text_channel = self.discord.TextChannel(
+                state=self.bot._connection, guild=self.guild, data=channel
+            )  # type: ignore[arg-type]
+            self.guild._add_channel(text_channel)
+
+    async def settle(self) -> None:
+        while self.bot.pending:
+            tasks, self.bot.pending = self.bot.pending, []
+            await asyncio.gather(*tasks)
+
+    async def send(
+        self,
+        n: int,
+        text: str,
+        *,
+        user: int,
+        chat: int,
+        group: bool,
+        name: str = "Ann Lee",
+        bot: bool = False,
+    ) -> None:
+        payload = self._payload(
+            self._snowflake(n), text, user=user, chat=chat, group=group, name=name, bot=bot
+        )
+        self.bot._connection.parse_message_create(payload)  # type: ignore[arg-type]
+        await self.settle()
+
+    async def edit(
+        self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
+    ) -> None:
+        payload = self._payload(self._snowflake(n), text, user=user, chat=chat, group=group, name=name)
+        payload["edited_timestamp"] = (when(n) + timedelta(minutes=1)).isoformat()
+        self.bot._connection.parse_message_update(payload)  # type: ignore[arg-type]
+        await self.settle()
+
+    async def delete(self, ns: list[int], *, chat: int, group: bool) -> None:
+        data: dict[str, Any] = {"channel_id": str(chat)}
+        if group:
+            data["guild_id"] = str(GUILD_ID)
+        if len(ns) == 1:
+            self.bot._connection.parse_message_delete({**data, "id": str(self._snowflake(ns[0]))})  # type: ignore[arg-type]
+        else:
+            ids = [str(self._snowflake(n)) for n in ns]
+            self.bot._connection.parse_message_delete_bulk({**data, "ids": ids})  # type: ignore[arg-type]
+        await self.settle()
+
+
+LIBRARIES = ["aiogram", "python-telegram-bot", "discord.py"]
+IMPORTS = {"aiogram": "aiogram", "python-telegram-bot": "telegram", "discord.py": "discord"}
+
+
+async def open_harness(name: str, memory: Memory, **options: Any) -> Harness:
+    pytest.importorskip(IMPORTS[name])
+    harness: Harness
+    if name == "aiogram":
+        harness = AiogramHarness(memory)
+    elif name == "python-telegram-bot":
+        harness = PtbHarness(memory)
+    else:
+        harness = DiscordHarness(memory, **options)
+    await harness.start()
+    return harness
+
+
+@pytest_asyncio.fixture(params=LIBRARIES)
+async def bot(request: pytest.FixtureRequest, memory: Memory) -> AsyncIterator[Harness]:
+    harness = await open_harness(request.param, memory)
+    yield harness
+    await harness.close()
+
+
+@pytest_asyncio.fixture
+async def discord_bot(memory: Memory) -> AsyncIterator[DiscordHarness]:
+    harness = await open_harness("discord.py", memory, guild_as="tenant")
+    assert isinstance(harness, DiscordHarness)
+    yield harness
+    await harness.close()
+
+
+# --- what every integration does ---------------------------------------------------------------
+
+
+async def test_a_private_message_is_stored_with_the_platform_identity(bot: Harness, memory: Memory) -> None:
+    await bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=ANN, group=False)
+
+    tenant, chat_id = bot.where(ANN, group=False)
+    [episode] = await episodes(memory, tenant=tenant, user_id=str(ANN))
+    assert episode.text == "I decided to quit my job at the bank"
+    assert (episode.tenant, episode.chat_id, episode.user_id) == (tenant, chat_id, str(ANN))
+    assert episode.message_ids == [bot.message_id(1)]
+    assert episode.speaker == "Ann Lee"
+    assert episode.created_at == when(1)
+
+
+async def test_the_handler_gets_the_context_for_the_turn_without_the_message_itself(
+    bot: Harness, memory: Memory
+) -> None:
+    await bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=ANN, group=False)
+    await bot.send(2, "should I quit my job at the bank or stay?", user=ANN, chat=ANN, group=False)
+
+    first, second = bot.contexts[bot.message_id(1)], bot.contexts[bot.message_id(2)]
+    assert first is not None and second is not None
+    # Each message is stored before the handler runs, yet never offered as its own context.
+    assert first.hits == []
+    assert second.scope == Scope(tenant=bot.where(ANN, False)[0], user_id=str(ANN))
+    assert second.query == "should I quit my job at the bank or stay?"
+    assert {h.message_ids[0] for h in second.hits} == {bot.message_id(1)}
+    assert "I decided to quit my job at the bank" in second.render(token_budget=400)
+
+
+async def test_in_a_group_each_person_keeps_their_own_memories(bot: Harness, memory: Memory) -> None:
+    await bot.send(1, "I love hiking in the mountains", user=ANN, chat=GROUP, group=True, name="Ann Lee")
+    await bot.send(2, "I love sailing on the lake", user=BOB, chat=GROUP, group=True, name="Bob Stone")
+    await bot.send(3, "I love hiking and sailing", user=BOB, chat=GROUP, group=True, name="Bob Stone")
+
+    tenant, chat_id = bot.where(GROUP, group=True)
+    ann = await episodes(memory, tenant=tenant, user_id=str(ANN))
+    bob = await episodes(memory, tenant=tenant, user_id=str(BOB))
+    assert [(r.text, r.speaker, r.chat_id) for r in ann] == [
+        ("I love hiking in the mountains", "Ann Lee", chat_id)
+    ]
+    assert {r.speaker for r in bob} == {"Bob Stone"} and len(bob) == 2
+    # Bob's context mentions hiking, but Ann's hiking is hers: a user scope never crosses people.
+    pack = bot.contexts[bot.message_id(3)]
+    assert pack is not None and pack.hits
+    assert {h.user_id for h in pack.hits} == {str(BOB)}
+
+
+async def test_an_edit_replaces_the_text_and_keeps_its_history(bot: Harness, memory: Memory) -> None:
+    await bot.send(1, "I love hiking in the mountains", user=ANN, chat=GROUP, group=True)
+    await bot.edit(1, "I love climbing in the mountains", user=ANN, chat=GROUP, group=True)
+
+    tenant, _ = bot.where(GROUP, group=True)
+    [episode] = await episodes(memory, tenant=tenant, user_id=str(ANN))
+    assert episode.text == "I love climbing in the mountains"
+    assert episode.message_ids == [bot.message_id(1)]
+    assert episode.created_at == when(1)  # when it was said, not when it was corrected
+    assert [e["text"] for e in episode.meta["edits"]] == ["I love hiking in the mountains"]
+
+
+async def test_messages_from_bots_are_not_remembered(bot: Harness, memory: Memory) -> None:
+    await bot.send(1, "I decided to quit my job at the bank", user=77, chat=GROUP, group=True, bot=True)
+    assert await everything(memory) == []
+
+
+async def test_memory_and_forgetme_commands(bot: Harness, memory: Memory) -> None:
+    await bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=ANN, group=False)
+    await bot.send(2, "I love hiking in the mountains", user=ANN, chat=GROUP, group=True)
+    await bot.send(3, "I adopted a cat named Miso last spring", user=BOB, chat=GROUP, group=True, name="Bob")
+
+    private = await bot.command(10, "memory", user=ANN, chat=ANN, group=False)
+    assert private.startswith("What I remember about you")
+    assert "quit my job" in private and "hiking" in private and "Miso" not in private
+    # In the group everyone reads the answer: what Ann said in private stays out of it.
+    in_group = await bot.command(11, "memory", user=ANN, chat=GROUP, group=True)
+    assert "hiking" in in_group and "quit my job" not in in_group and "Miso" not in in_group
+    assert bot.replies[-1][0] == str(GROUP)
+
+    tenant, _ = bot.where(ANN, group=False)
+    anns = await memory.store.recent(Scope(tenant=tenant, user_id=str(ANN)), limit=100)
+    assert len(anns) == 3  # the decision is an episode and a scene, the hike an episode
+    reply = await bot.command(12, "forgetme", user=ANN, chat=GROUP, group=True)
+    assert reply.startswith("Done: I forgot 3 memories about you")
+    assert await memory.store.recent(Scope(tenant=tenant, user_id=str(ANN)), limit=100) == []
+    assert [r.text for r in await everything(memory)] == ["I adopted a cat named Miso last spring"]
+
+    assert await bot.command(13, "memory", user=ANN, chat=ANN, group=False) == (
+        "I don't remember anything about you yet."
+    )
+    assert (
+        await bot.command(14, "forgetme", user=ANN, chat=ANN, group=False)
+        == "I had nothing stored about you."
+    )
+    # The commands themselves were never remembered.
+    assert [r.text for r in await everything(memory)] == ["I adopted a cat named Miso last spring"]
+
+
+async def test_a_trigger_suggestion_is_sent_to_the_chat_it_came_from(bot: Harness, memory: Memory) -> None:
+    texts = [
+        "I keep thinking about the product roadmap",
+        "the product roadmap worries me again",
+        "product roadmap meeting again, I hate the product roadmap",
+    ]
+    for n, text in enumerate(texts, start=1):
+        await bot.send(n, text, user=ANN, chat=GROUP, group=True)
+
+    platform_chat = str(GROUP)
+    [(chat, suggestion)] = bot.replies
+    assert chat == platform_chat
+    assert "product roadmap" in suggestion and "3rd time" in suggestion
+
+
+async def test_many_people_at_once_are_never_mixed_up(bot: Harness, memory: Memory) -> None:
+    """200 messages from 50 people, half in one shared group, delivered concurrently."""
+    users = [5000 + u for u in range(50)]
+    sent: list[tuple[int, int, bool, str]] = []  # (n, user, group, text)
+    for u, user in enumerate(users):
+        for i in range(4):
+            group = i % 2 == 0
+            text = f"I really enjoy hobby{u} and practise it with friend{u}x{i} every week"
+            sent.append((1 + u * 4 + i, user, group, text))
+
+    await asyncio.gather(
+        *(
+            bot.send(n, text, user=user, chat=GROUP if group else user, group=group, name=f"User {user}")
+            for n, user, group, text in sent
+        )
+    )
+
+    stored = {(r.user_id, r.chat_id, r.message_ids[0], r.text) for r in await everything(memory)}
+    expected = {
+        (str(user), bot.where(GROUP if group else user, group)[1], bot.message_id(n), text)
+        for n, user, group, text in sent
+    }
+    assert stored == expected
+    for u, user in enumerate(users):
+        tenant = bot.where(user, group=False)[0]
+        hits = await memory.recall(f"hobby{u} friend{u}x0", user_id=str(user), tenant=tenant, k=10)
+        assert len(hits) == 4 and {h.user_id for h in hits} == {str(user)}
+        assert all(f"hobby{u} " in h.text for h in hits)
+    # And every handler got a context drawn from its own sender only.
+    assert len(bot.contexts) == len(sent)
+    for n, user, _, _ in sent:
+        pack = bot.contexts[bot.message_id(n)]
+        assert pack is not None and pack.scope.user_id == str(user)
+        assert {h.user_id for h in pack.hits} <= {str(user)}
+        assert bot.message_id(n) not in {m for h in pack.hits for m in h.message_ids}
+
+
+# --- Telegram only -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+async def test_telegram_captions_are_remembered_and_photos_alone_are_not(
+    library: str, memory: Memory
+) -> None:
+    harness = await open_harness(library, memory)
+    assert isinstance(harness, AiogramHarness | PtbHarness)
+    try:
+        photo = {"photo": [{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]}
+        caption = {**photo, "caption": "my first marathon finish, I finally did it"}
+        for n, extra in [(1, photo), (2, caption)]:
+            payload = telegram_payload(n, n, None, user=ANN, chat=ANN, group=False, name="Ann", extra=extra)
+            await harness.feed(payload)
+    finally:
+        await harness.close()
+
+    assert [r.text for r in await episodes(memory, tenant=TG_TENANT, user_id=str(ANN))] == [
+        "my first marathon finish, I finally did it"
+    ]
+    # The bot's handler still ran for the photo: memory is there, with no context to give.
+    assert harness.contexts["1"] is None
+    assert harness.contexts["2"] is not None
+
+
+async def test_aiogram_commands_answer_before_a_catch_all_handler(memory: Memory) -> None:
+    harness = await open_harness("aiogram", memory)
+    assert isinstance(harness, AiogramHarness)
+    try:
+        reply = await harness.command(1, "memory@test_bot", user=ANN, chat=ANN, group=False)
+    finally:
+        await harness.close()
+    assert reply == "I don't remember anything about you yet."
+    assert "1" not in harness.contexts  # the command was answered, not passed on
+
+
+async def test_aiogram_polling_asks_for_edits_and_the_bots_edit_handler_still_runs(memory: Memory) -> None:
+    harness = await open_harness("aiogram", memory)
+    assert isinstance(harness, AiogramHarness)
+    seen: list[str | None] = []
+
+    @harness.dispatcher.edited_message()
+    async def on_edit(message: Any) -> None:
+        seen.append(message.text)
+
+    try:
+        # start_polling's default allowed_updates: edits must be among them or Telegram never sends any.
+        assert "edited_message" in harness.dispatcher.resolve_used_update_types()
+        await harness.send(1, "I love hiking in the mountains", user=ANN, chat=ANN, group=False)
+        await harness.edit(1, "I love climbing in the mountains", user=ANN, chat=ANN, group=False)
+    finally:
+        await harness.close()
+    assert seen == ["I love climbing in the mountains"]
+    [episode] = await episodes(memory, tenant=TG_TENANT, user_id=str(ANN))
+    assert episode.text == "I love climbing in the mountains"
+
+
+# --- Discord only --------------------------------------------------------------------------
+
+
+async def test_discord_deleted_messages_are_forgotten(discord_bot: DiscordHarness, memory: Memory) -> None:
+    for n in range(1, 6):
+        await discord_bot.send(
+            n, f"I love hiking trail number {n} in the mountains", user=ANN, chat=7, group=True
+        )
+    # Message 2 drops out of discord.py's cache: only the raw event reports its deletion.
+    state = discord_bot.bot._connection
+    assert state._messages is not None
+    state._messages.remove(next(m for m in state._messages if m.id == discord_bot._snowflake(2)))
+
+    await discord_bot.delete([1], chat=7, group=True)
+    await discord_bot.delete([2], chat=7, group=True)
+    await discord_bot.delete([3, 4], chat=7, group=True)
+
+    left = await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))
+    assert [r.message_ids for r in left] == [[discord_bot.message_id(5)]]
+
+
+async def test_discord_maps_guilds_to_tenants_and_forgets_everywhere(
+    discord_bot: DiscordHarness, memory: Memory
+) -> None:
+    await discord_bot.send(1, "I love hiking in the mountains", user=ANN, chat=7, group=True)
+    await discord_bot.send(2, "I decided to quit my job at the bank", user=ANN, chat=ANN, group=False)
+
+    by_place = sorted((r.tenant, r.chat_id, r.kind) for r in await everything(memory))
+    assert by_place == [
+        (str(GUILD_ID), "7", "episode"),
+        (DC_TENANT, str(ANN), "episode"),
+        (DC_TENANT, str(ANN), "scene"),
+    ]
+    # A server is a tenant of its own: its memories never reach a direct message's context.
+    await discord_bot.send(3, "should I go hiking in the mountains?", user=ANN, chat=ANN, group=False)
+    pack = discord_bot.contexts[discord_bot.message_id(3)]
+    assert pack is not None and all(h.tenant == DC_TENANT for h in pack.hits)
+
+    reply = await discord_bot.command(4, "forgetme", user=ANN, chat=ANN, group=False)
+    assert reply.startswith("Done: I forgot 4 memories about you")
+    assert await everything(memory) == []
+
+
+async def test_discord_an_update_with_the_same_text_is_not_an_edit(
+    discord_bot: DiscordHarness, memory: Memory
+) -> None:
+    await discord_bot.send(1, "I love hiking https://example.org/trail", user=ANN, chat=7, group=True)
+    # Discord sends an update when it adds the link preview; the text is unchanged.
+    await discord_bot.edit(1, "I love hiking https://example.org/trail", user=ANN, chat=7, group=True)
+
+    [episode] = await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))
+    assert "edits" not in episode.meta
+
+
+async def test_discord_mentions_are_stored_as_names(discord_bot: DiscordHarness, memory: Memory) -> None:
+    bob_id = 412345678901234567  # real ids are snowflakes; discord.py resolves only those
+    text = f"<@{bob_id}> and I decided to run a marathon"
+    payload = discord_bot._payload(discord_bot._snowflake(1), text, user=ANN, chat=7, group=True)
+    bob = {"id": str(bob_id), "username": "bob", "global_name": "Bob", "discriminator": "0", "avatar": None}
+    payload["mentions"] = [bob]
+    discord_bot.bot._connection.parse_message_create(payload)  # type: ignore[arg-type]
+    await discord_bot.settle()
+
+    [episode] = await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))
+    assert episode.text == "@Bob and I decided to run a marathon"
+
+
+# --- the examples ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("example", "library", "variable"),
+    [
+        ("aiogram_bot", "aiogram", "TELEGRAM_BOT_TOKEN"),
+        ("ptb_bot", "telegram", "TELEGRAM_BOT_TOKEN"),
+        ("discord_bot", "discord", "DISCORD_BOT_TOKEN"),
+    ],
+)
+async def test_examples_import_and_ask_for_a_token(
+    example: str, library: str, variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+    import inspect
+
+    pytest.importorskip(library)
+    path = Path(__file__).parent.parent / "examples" / f"{example}.py"
+    spec = importlib.util.spec_from_file_location(f"narrmem_example_{example}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # importing runs nothing: main() is behind __name__ == "__main__"
+    monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(SystemExit, match=variable):
+        result = module.main()
+        if inspect.isawaitable(result):
+            await result
+
+
+# --- the shared pieces ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("/forgetme", "forgetme"),
+        ("/Memory@my_bot please", "memory"),
+        ("!memory", "memory"),
+        ("/", None),
+        ("hello /memory", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_command_name(text: str | None, name: str | None) -> None:
+    assert _common.command_name(text) == name
+
+
+def test_forget_reply_counts_by_kind() -> None:
+    counts = {"memories": 3, "keyword_rows": 3, "vectors": 3, "episode": 2, "scene": 1}
+    assert _common.forget_reply(counts) == "Done: I forgot 3 memories about you (2 episodes, 1 scene)."
+    assert _common.forget_reply({"memories": 0}) == "I had nothing stored about you."
+
+
+def test_clip_keeps_replies_within_the_platform_limit() -> None:
+    assert _common.clip("x" * 5000, 4096) == "x" * 4095 + "…"
+    assert _common.clip("short", 2000) == "short"
+
+
+def test_importing_narrmem_needs_no_bot_library() -> None:
+    import subprocess
+    import sys
+
+    libraries = "{'aiogram', 'discord', 'telegram'}"
+    code = f"import sys, narrmem, narrmem.integrations; print(sorted({libraries} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
