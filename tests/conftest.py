@@ -8,8 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 pytest_plugins = ["narrmem.testing"]
+
+# Property tests draw the same examples on every run (and in CI): a failure is reproducible.
+settings.register_profile("narrmem", derandomize=True)
+settings.load_profile("narrmem")
 
 TESTS_DIR = Path(__file__).parent
 if str(TESTS_DIR) not in sys.path:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from narrmem_plugins.storage_sqlite.store import fts_query
 
-from narrmem import Memory, Scope
+from narrmem import Memory, Scope, TriageDecision, hookimpl
 from narrmem.models import MAX_QUERY_CHARS
 from narrmem.testing import open_memory
 from narrmem.text import fts_document
@@ -26,6 +26,16 @@ from narrmem.transfer import export_jsonl, import_jsonl
 PROFILE = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
+
+
+class KeepEverything:
+    """Round trips are about storage, not triage: every message is kept as one episode."""
+
+    narrmem_name = "keep_everything"
+
+    @hookimpl(tryfirst=True)
+    def narrmem_triage(self) -> TriageDecision:
+        return TriageDecision(layer="accumulate", reason="kept for the round trip")
 
 
 class Runner:
@@ -39,7 +49,7 @@ class Runner:
 
     def open(self, folder: Path) -> Memory:
         async def _open() -> Memory:
-            return await open_memory(folder)
+            return await open_memory(folder, plugins=[KeepEverything()])
 
         return self.run(_open())
 
@@ -109,7 +119,7 @@ def test_arbitrary_text_round_trips_through_export_and_import(
     source: Memory = roundtrip["source"]
     target: Memory = roundtrip["target"]
     n = next(roundtrip["counter"])
-    body = "memo: " + text  # never an acknowledgement, so triage keeps it
+    body = "memo: " + text
     message = msg(f"m{n}", body, user=user, chat=chat, ts=ts.isoformat(), speaker=speaker, meta=meta)
 
     result = runner.run(source.ingest(message))
