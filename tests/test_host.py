@@ -19,6 +19,7 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 BUILTINS = {
     "storage_sqlite",
     "embedder_sentence_transformers",
+    "embedder_onnx",
     "triage",
     "recall_hybrid",
     "core_tools",

@@ -1,0 +1,55 @@
+"""The ``onnx`` embedder gives the default backend's vectors, caches its export, and serves a Memory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _helpers import msg
+from narrmem_plugins.embedder_onnx import OnnxEmbedder
+
+from narrmem.embed import SentenceTransformerEmbedder
+from narrmem.testing import open_memory
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "I decided to quit my job at the bank",
+    "我喜欢摇滚乐，尤其是崔健的老歌。",
+    "ok",
+    "A much longer message about hiking in the mountains with friends on a sunny weekend in May, "
+    "with a picnic at the top and a thunderstorm on the way down that soaked everyone to the bone.",
+    "",
+]
+
+
+async def test_same_vectors_as_sentence_transformers_and_a_cached_export(tmp_path: Path) -> None:
+    onnx = OnnxEmbedder(None, tmp_path, batch_size=2)
+    torch_backend = SentenceTransformerEmbedder()
+    try:
+        ours = await onnx.embed(TEXTS)
+        reference = await torch_backend.embed(TEXTS)
+    finally:
+        await torch_backend.close()
+        await onnx.close()
+    assert ours.shape == reference.shape == (len(TEXTS), 384)
+    assert np.min(np.sum(ours * reference, axis=1)) >= 0.9999
+    exported = onnx.model_file()
+    assert exported.exists()
+    first = exported.stat().st_mtime_ns
+    again = OnnxEmbedder(None, tmp_path)
+    await again.start()  # loads the cached file, exports nothing
+    await again.close()
+    assert exported.stat().st_mtime_ns == first and not list(exported.parent.glob("*.partial"))
+
+
+async def test_a_memory_on_the_onnx_backend(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", real_model=True, embedder={"backend": "onnx"}) as memory:
+        await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
+        await memory.ingest(msg("p2", "my favourite food is spicy ramen with extra egg"))
+        hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
+        assert hits[0].message_ids == ["p1"]
+        assert (await memory.stats())["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2"}
+    assert any(name.endswith(".onnx") for name in os.listdir(tmp_path / "m" / "onnx"))
