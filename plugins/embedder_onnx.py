@@ -22,8 +22,7 @@ import numpy as np
 
 from narrmem import hookimpl
 from narrmem.config import Settings
-from narrmem.embed import packaged_model_path
-from narrmem.errors import ConfigError
+from narrmem.embed import resolve_model
 
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -35,13 +34,8 @@ class OnnxEmbedder:
     def __init__(
         self, model_path: str | None, cache_dir: Path, *, threads: int = 1, batch_size: int = 64
     ) -> None:
-        self.model_path = model_path or packaged_model_path()
-        if not os.path.isdir(self.model_path):
-            raise ConfigError(f"embedder.model_path: {self.model_path} is not a folder")
         # The same name as the sentence-transformers backend: the vectors are the same.
-        self.name = (
-            "all-MiniLM-L6-v2" if model_path is None else os.path.basename(self.model_path.rstrip("/"))
-        )
+        self.model_path, self.name = resolve_model(model_path)
         self.cache_dir = cache_dir
         self.threads = threads
         self.batch_size = batch_size
