@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from narrmem_plugins import embedder_onnx, embedder_sentence_transformers
 
 from narrmem import Settings, hookimpl
-from narrmem.embed import SentenceTransformerEmbedder
+from narrmem.embed import Embedder
 
 SHARED_BACKEND = "bench-shared"
 _ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NARRMEM_", "TORCH_")
@@ -177,7 +178,7 @@ def machine_info(settings: Settings | None = None) -> dict[str, Any]:
 class BorrowedEmbedder:
     """An embedder handed to a ``Memory`` that does not own it: ``close()`` leaves the model loaded."""
 
-    def __init__(self, inner: SentenceTransformerEmbedder) -> None:
+    def __init__(self, inner: Embedder) -> None:
         self.inner = inner
 
     @property
@@ -216,12 +217,16 @@ class SharedEmbedderPlugin:
         register(SHARED_BACKEND, lambda settings: self.embedder)
 
 
-def default_embedder(settings: Settings) -> SentenceTransformerEmbedder:
-    """The embedder the built-in plugin would build from these settings."""
-    options = settings.embedder
-    return SentenceTransformerEmbedder(
-        options.model_path, threads=options.threads, batch_size=options.batch_size, device=options.device
-    )
+def default_embedder(settings: Settings) -> Embedder:
+    """The embedder the built-in plugin of ``settings.embedder.backend`` would build."""
+    built: dict[str, Callable[[Settings], Any]] = {}
+    for module in (embedder_onnx, embedder_sentence_transformers):
+        module.narrmem_register_embedders(register=built.__setitem__)
+    backend = settings.embedder.backend
+    if backend not in built:
+        raise SystemExit(f"embedder.backend {backend!r} is not a built-in backend ({', '.join(built)})")
+    embedder: Embedder = built[backend](settings)
+    return embedder
 
 
 def with_shared_embedder(settings: Settings) -> Settings:

@@ -44,7 +44,7 @@ Diagnostics (``--variants``, off by default)
     variant whose options the installed plugin does not accept is skipped and listed under ``skipped``.
 
 One embedding model is loaded for the whole run: the bench plugin ``bench-shared`` (see ``_common.py``)
-hands the same loaded ``SentenceTransformerEmbedder`` to every ``Memory``; storage, triage and recall are
+hands the same loaded embedder (of ``embedder.backend``) to every ``Memory``; storage, triage and recall are
 the default plugins and settings (``NARRMEM_*`` environment variables and ``--config`` apply).
 
 Usage:  python bench/locomo.py --data /path/to/locomo-dev.json --out bench/results/locomo-dev.json

@@ -33,15 +33,31 @@ class _Section(BaseModel):
 class StorageSettings(_Section):
     backend: str = Field(default="sqlite", description="name of a registered store")
     database: str = Field(default="narrmem.sqlite3", description="file name inside the data folder")
-    index: str = Field(default="vectors.faiss", description="FAISS index file inside the data folder")
+    index: str = Field(default="vectors", description="vector index folder inside the data folder")
     busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
     batch_size: int = Field(default=256, ge=1, le=100_000, description="messages per write transaction")
+    hnsw_threshold: int = Field(
+        default=10_000, ge=2, le=100_000_000, description="a user's vectors searched by HNSW from this many"
+    )
+    hnsw_m: int = Field(default=32, ge=4, le=128, description="HNSW links per node")
+    hnsw_ef_construction: int = Field(default=80, ge=8, le=2048)
+    hnsw_ef_search: int = Field(default=96, ge=8, le=4096, description="HNSW candidates kept per search")
+    hnsw_rebuild_ratio: float = Field(
+        default=0.2, gt=0.0, le=1.0, description="rebuild a graph when this share of it is deleted"
+    )
 
 
 class EmbedderSettings(_Section):
-    backend: str = Field(default="sentence-transformers", description="name of a registered embedder")
+    backend: str = Field(default="onnx", description="name of a registered embedder")
     model_path: str | None = Field(
         default=None, description="a local model folder; default: the packaged one"
+    )
+    cache_dir: str | None = Field(
+        default=None,
+        description="where the onnx backend keeps its exported model; default: the user cache folder",
+    )
+    quantize: Literal["none", "int8"] = Field(
+        default="none", description="onnx backend: int8 weights (faster, vectors differ slightly)"
     )
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for the model")
     batch_size: int = Field(default=64, ge=1, le=4096)

@@ -3,9 +3,11 @@ fast ``tokenizers`` tokenizer; same pooling (attention-masked mean) and normaliz
 sentence-transformers, so its vectors equal the default backend's (tested: cosine >= 0.9999) and a
 store can switch between them.
 
-The export needs torch once; the file is cached in the data folder under the model's hash, and
-later opens load only onnxruntime and tokenizers (no torch import). Install with
-``pip install "narrmem[onnx]"`` and set ``[embedder] backend = "onnx"``.
+This is the default backend. The export needs torch once per machine; the file is cached under the
+model's hash in ``embedder.cache_dir`` (default: the user cache folder, so every data folder shares
+it), and later opens load only onnxruntime and tokenizers (no torch import). ``quantize = "int8"``
+derives a dynamically quantized copy (per-channel int8 weights): faster, but its vectors differ a
+little, so it is stored under its own model name and a store keeps to one or the other.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,10 +35,18 @@ class OnnxEmbedder:
     dim = 384
 
     def __init__(
-        self, model_path: str | None, cache_dir: Path, *, threads: int = 1, batch_size: int = 64
+        self,
+        model_path: str | None,
+        cache_dir: Path,
+        *,
+        threads: int = 1,
+        batch_size: int = 64,
+        quantize: str = "none",
     ) -> None:
-        # The same name as the sentence-transformers backend: the vectors are the same.
-        self.model_path, self.name = resolve_model(model_path)
+        # fp32 keeps the sentence-transformers backend's name: the vectors are the same.
+        self.model_path, name = resolve_model(model_path)
+        self.quantize = quantize
+        self.name = name if quantize == "none" else f"{name}-{quantize}"
         self.cache_dir = cache_dir
         self.threads = threads
         self.batch_size = batch_size
@@ -43,10 +54,13 @@ class OnnxEmbedder:
         self._tokenizer: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-onnx")
 
-    def model_file(self) -> Path:
+    def model_file(self, quantize: str | None = None) -> Path:
         weights = Path(self.model_path) / "model.safetensors"
         digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.exists() else "unknown"
-        return self.cache_dir / "onnx" / f"{self.name}-{digest}.onnx"
+        base = os.path.basename(self.model_path.rstrip("/"))
+        variant = self.quantize if quantize is None else quantize
+        suffix = "" if variant == "none" else f"-{variant}"
+        return self.cache_dir / "onnx" / f"{base}-{digest}{suffix}.onnx"
 
     async def start(self) -> None:
         if self._session is None:
@@ -58,32 +72,45 @@ class OnnxEmbedder:
 
         path = self.model_file()
         if not path.exists():
-            export(self.model_path, path)
+            full = self.model_file("none")
+            if not full.exists():
+                export(self.model_path, full)
+            if path != full:
+                quantize_int8(full, path)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
         tokenizer.enable_truncation(MAX_TOKENS)
-        tokenizer.enable_padding()
+        tokenizer.no_padding()
         self._tokenizer = tokenizer
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         if self._session is None:
             self._load()
-        parts = []
-        for start in range(0, len(texts), self.batch_size):
-            encoded = self._tokenizer.encode_batch(texts[start : start + self.batch_size])
-            feeds = {
-                "input_ids": np.array([e.ids for e in encoded], dtype=np.int64),
-                "attention_mask": np.array([e.attention_mask for e in encoded], dtype=np.int64),
-                "token_type_ids": np.array([e.type_ids for e in encoded], dtype=np.int64),
-            }
-            [hidden] = self._session.run(None, feeds)
-            mask = feeds["attention_mask"][..., None].astype(np.float32)
-            pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
-            parts.append(pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None))
-        return np.ascontiguousarray(np.vstack(parts), dtype=np.float32)
+        encoded = self._tokenizer.encode_batch(texts)
+        # Batches of similar length waste little on padding (sentence-transformers sorts too).
+        order = sorted(range(len(texts)), key=lambda i: len(encoded[i].ids))
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            out[batch] = self._run([encoded[i] for i in batch])
+        return out
+
+    def _run(self, encoded: list[Any]) -> np.ndarray:
+        width = max(len(e.ids) for e in encoded)
+        feeds = {name: np.zeros((len(encoded), width), dtype=np.int64) for name in INPUTS}
+        for row, item in enumerate(encoded):
+            n = len(item.ids)
+            feeds["input_ids"][row, :n] = item.ids
+            feeds["attention_mask"][row, :n] = item.attention_mask
+            feeds["token_type_ids"][row, :n] = item.type_ids
+        [hidden] = self._session.run(None, feeds)
+        mask = feeds["attention_mask"][..., None].astype(np.float32)
+        pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+        normed: np.ndarray = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        return normed
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -118,8 +145,10 @@ def export(model_path: str, target: Path) -> None:
 
     sample = tuple(torch.ones((2, 8), dtype=torch.long) for _ in INPUTS)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
-    with torch.no_grad():
+    partial = _partial(target)
+    with torch.no_grad(), warnings.catch_warnings():
+        # The tracer warns about shape-dependent branches that are constant for this model.
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             LastHiddenState(model),
             sample,
@@ -133,15 +162,36 @@ def export(model_path: str, target: Path) -> None:
     os.replace(partial, target)
 
 
+def quantize_int8(source: Path, target: Path) -> None:
+    """Dynamic int8 quantization of the exported model's weights, per output channel."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    partial = _partial(target)
+    quantize_dynamic(str(source), str(partial), per_channel=True, weight_type=QuantType.QInt8)
+    os.replace(partial, target)
+
+
+def _partial(target: Path) -> Path:
+    # Per process: two processes exporting at once each write their own file; the rename is atomic.
+    return target.with_name(f"{target.name}.{os.getpid()}.partial")
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/narrmem`` or ``~/.cache/narrmem``: one export serves every data folder."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "narrmem"
+
+
 @hookimpl
 def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
     def factory(settings: Settings) -> OnnxEmbedder:
         options = settings.embedder
         return OnnxEmbedder(
             options.model_path,
-            Path(settings.data_dir),
+            Path(options.cache_dir) if options.cache_dir else default_cache_dir(),
             threads=options.threads,
             batch_size=options.batch_size,
+            quantize=options.quantize,
         )
 
     register("onnx", factory)

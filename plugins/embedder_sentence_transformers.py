@@ -8,12 +8,15 @@ from typing import Any
 from narrmem import hookimpl
 from narrmem.config import Settings
 from narrmem.embed import SentenceTransformerEmbedder
+from narrmem.errors import ConfigError
 
 
 @hookimpl
 def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
     def factory(settings: Settings) -> SentenceTransformerEmbedder:
         options = settings.embedder
+        if options.quantize != "none":
+            raise ConfigError('embedder.quantize: int8 needs backend = "onnx"')
         return SentenceTransformerEmbedder(
             options.model_path, threads=options.threads, batch_size=options.batch_size, device=options.device
         )

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 
 DB_NAME = "narrmem.sqlite3"
-INDEX_NAME = "vectors.faiss"
+INDEX_NAME = "vectors"
+MANIFEST = "vectors/manifest.json"
 
 
 def msg(
@@ -52,9 +52,21 @@ def count_rows(folder: Path, table: str = "memories") -> int:
 
 
 def index_file_ids(folder: Path) -> list[int]:
-    """The ids stored in the persisted FAISS file, read with FAISS directly."""
-    index = faiss.read_index(str(folder / INDEX_NAME))
-    return sorted(int(i) for i in faiss.vector_to_array(index.id_map).astype(np.int64))
+    """The ids stored in the persisted index's row files, read with numpy directly."""
+    ids: list[int] = []
+    for rows in sorted((folder / INDEX_NAME).glob("rows-*.npz")):
+        with np.load(rows) as arrays:
+            ids.extend(int(i) for name in arrays.files if name.endswith("_ids") for i in arrays[name])
+    return sorted(ids)
+
+
+def index_file_vectors(folder: Path) -> np.ndarray:
+    """Every vector in the persisted index's row files (to prove a forgotten one is gone)."""
+    parts = []
+    for rows in sorted((folder / INDEX_NAME).glob("rows-*.npz")):
+        with np.load(rows) as arrays:
+            parts.extend(arrays[name] for name in arrays.files if name.endswith("_vectors"))
+    return np.vstack(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
 
 def hit_keys(hits: Sequence[Any]) -> list[tuple[int, tuple[str, ...]]]:

@@ -35,6 +35,19 @@ def _no_reinforcement() -> Iterator[None]:
     os.environ.pop(key, None)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The onnx backend's export goes to a cache of this session (subprocesses inherit it): the
+    export path runs in every test session, and nothing is written to the user's own cache."""
+    previous = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = previous
+
+
 @pytest.fixture(autouse=True)
 def _clean_narrmem_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No NARRMEM_* variable from the outside world may change what a test sees."""

@@ -21,7 +21,7 @@ def _toml(tmp_path: Path, text: str) -> Path:
 def test_defaults() -> None:
     settings = load_settings()
     assert settings.storage.batch_size == 256
-    assert settings.embedder.backend == "sentence-transformers"
+    assert settings.embedder.backend == "onnx"
     assert settings.plugins.disabled == []
 
 
@@ -170,7 +170,9 @@ def test_example_config_documents_every_key_with_its_default() -> None:
     raw = tomllib.loads(path.read_text(encoding="utf-8"))
     sections = {"storage": StorageSettings, "embedder": EmbedderSettings, "plugins": PluginsSettings}
     for name, model in sections.items():
-        documented = set(raw[name]) | ({"model_path"} if name == "embedder" else set())  # commented out
+        documented = set(raw[name]) | (
+            {"model_path", "cache_dir"} if name == "embedder" else set()
+        )  # commented
         assert documented == set(model.model_fields), name
         assert model.model_validate(raw[name]) == model(), name
     from narrmem_plugins.graph.options import GraphOptions

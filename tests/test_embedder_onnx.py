@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ from _helpers import msg
 from narrmem_plugins.embedder_onnx import OnnxEmbedder
 
 from narrmem.embed import SentenceTransformerEmbedder
+from narrmem.errors import ConfigError, StoreError
 from narrmem.testing import open_memory
 
 pytestmark = pytest.mark.slow
@@ -45,11 +45,45 @@ async def test_same_vectors_as_sentence_transformers_and_a_cached_export(tmp_pat
     assert exported.stat().st_mtime_ns == first and not list(exported.parent.glob("*.partial"))
 
 
-async def test_a_memory_on_the_onnx_backend(tmp_path: Path) -> None:
-    async with open_memory(tmp_path / "m", real_model=True, embedder={"backend": "onnx"}) as memory:
+async def test_a_memory_on_the_default_backend_shares_one_export(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    for folder in ("m1", "m2"):
+        async with open_memory(
+            tmp_path / folder, real_model=True, embedder={"cache_dir": str(cache)}
+        ) as memory:
+            await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
+            await memory.ingest(msg("p2", "my favourite food is spicy ramen with extra egg"))
+            hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
+            assert hits[0].message_ids == ["p1"]
+            stats = await memory.stats()
+            assert stats["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2"}
+    assert [p.name.endswith(".onnx") for p in (cache / "onnx").iterdir()] == [True]
+    assert not (tmp_path / "m1" / "onnx").exists()
+
+
+async def test_int8_is_close_to_fp32_and_kept_apart_in_a_store(tmp_path: Path) -> None:
+    full = OnnxEmbedder(None, tmp_path)
+    int8 = OnnxEmbedder(None, tmp_path, quantize="int8")
+    try:
+        reference = await full.embed(TEXTS[:4])
+        quantized = await int8.embed(TEXTS[:4])
+    finally:
+        await full.close()
+        await int8.close()
+    cosines = np.sum(reference * quantized, axis=1)
+    assert 0.95 <= float(np.min(cosines)) < 0.99999  # close, but not the same vectors
+    assert int8.name == "all-MiniLM-L6-v2-int8" and int8.model_file().name.endswith("-int8.onnx")
+    cache = {"cache_dir": str(tmp_path)}
+    async with open_memory(tmp_path / "m", real_model=True, embedder=cache) as memory:
         await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
-        await memory.ingest(msg("p2", "my favourite food is spicy ramen with extra egg"))
-        hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
-        assert hits[0].message_ids == ["p1"]
-        assert (await memory.stats())["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2"}
-    assert any(name.endswith(".onnx") for name in os.listdir(tmp_path / "m" / "onnx"))
+    with pytest.raises(StoreError, match="all-MiniLM-L6-v2"):
+        async with open_memory(tmp_path / "m", real_model=True, embedder={**cache, "quantize": "int8"}):
+            pass
+
+
+async def test_quantize_needs_the_onnx_backend(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"embedder\.quantize"):
+        async with open_memory(
+            tmp_path / "m", real_model=True, embedder={"backend": "sentence-transformers", "quantize": "int8"}
+        ):
+            pass

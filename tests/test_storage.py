@@ -11,10 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import faiss
-import numpy as np
 import pytest
-from _helpers import INDEX_NAME, count_rows, hit_keys, index_file_ids, msg, sql
+from _helpers import INDEX_NAME, MANIFEST, count_rows, hit_keys, index_file_ids, msg, sql
 
 import narrmem
 from narrmem import Memory, Scope
@@ -86,7 +84,7 @@ async def test_persisted_index_is_loaded_not_rebuilt(built: Any) -> None:
 
 async def test_deleted_index_is_rebuilt_with_identical_results(built: Any) -> None:
     folder, results, scores = built
-    (folder / INDEX_NAME).unlink()
+    shutil.rmtree(folder / INDEX_NAME)
     async with open_memory(folder) as mem:
         assert "missing" in (mem.store.index.rebuilt_reason or "")
         assert mem.store.index.size == len(CORPUS)
@@ -104,19 +102,25 @@ async def test_deleted_index_is_rebuilt_with_identical_results(built: Any) -> No
     [b"this is not a faiss index at all" * 10, b"", b"\x00" * 4096, bytes(range(256)) * 3],
     ids=["text", "empty", "zeros", "bytes"],
 )
-async def test_corrupt_index_is_rebuilt_with_identical_results(built: Any, garbage: bytes) -> None:
+@pytest.mark.parametrize("target", ["manifest", "rows"])
+async def test_corrupt_index_is_rebuilt_with_identical_results(
+    built: Any, garbage: bytes, target: str
+) -> None:
     folder, results, _ = built
-    (folder / INDEX_NAME).write_bytes(garbage)
+    victim = folder / MANIFEST if target == "manifest" else _row_files(folder)[0]
+    victim.write_bytes(garbage)
     async with open_memory(folder) as mem:
         assert mem.store.index.rebuilt_reason is not None
         assert await _results(mem) == results
     assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
 
 
-async def test_truncated_index_is_rebuilt(built: Any) -> None:
+@pytest.mark.parametrize("target", ["manifest", "rows"])
+async def test_truncated_index_is_rebuilt(built: Any, target: str) -> None:
     folder, results, _ = built
-    data = (folder / INDEX_NAME).read_bytes()
-    (folder / INDEX_NAME).write_bytes(data[: len(data) // 2])
+    victim = folder / MANIFEST if target == "manifest" else _row_files(folder)[0]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
     async with open_memory(folder) as mem:
         assert mem.store.index.rebuilt_reason is not None
         assert await _results(mem) == results
@@ -124,12 +128,15 @@ async def test_truncated_index_is_rebuilt(built: Any) -> None:
 
 async def test_index_of_other_dimension_is_rebuilt(built: Any) -> None:
     folder, results, _ = built
-    other = faiss.IndexIDMap2(faiss.IndexFlatIP(8))
-    other.add_with_ids(np.eye(8, dtype=np.float32), np.arange(1, 9, dtype=np.int64))
-    faiss.write_index(other, str(folder / INDEX_NAME))
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "dim": 8}))
     async with open_memory(folder) as mem:
         assert "dimension" in (mem.store.index.rebuilt_reason or "")
         assert await _results(mem) == results
+
+
+def _row_files(folder: Path) -> list[Path]:
+    return sorted((folder / INDEX_NAME).glob("rows-*.npz"))
 
 
 async def test_index_from_another_store_with_other_ids_is_rebuilt(built: Any, tmp_path: Path) -> None:
@@ -137,7 +144,8 @@ async def test_index_from_another_store_with_other_ids_is_rebuilt(built: Any, tm
     other = tmp_path / "other"
     async with open_memory(other) as mem:
         await mem.ingest_many([msg(f"x{i}", f"unrelated words number {i} about tax forms") for i in range(3)])
-    shutil.copy(other / INDEX_NAME, folder / INDEX_NAME)
+    shutil.rmtree(folder / INDEX_NAME)
+    shutil.copytree(other / INDEX_NAME, folder / INDEX_NAME)
     async with open_memory(folder) as mem:
         assert "other ids" in (mem.store.index.rebuilt_reason or "")
         assert await _results(mem) == results
@@ -153,7 +161,8 @@ async def test_index_from_another_store_with_the_same_ids_is_not_trusted(built: 
             [msg(f"x{i}", f"unrelated words number {i} about tax forms") for i in range(len(CORPUS))]
         )
     assert index_file_ids(other) == index_file_ids(folder)
-    shutil.copy(other / INDEX_NAME, folder / INDEX_NAME)
+    shutil.rmtree(folder / INDEX_NAME)
+    shutil.copytree(other / INDEX_NAME, folder / INDEX_NAME)
     async with open_memory(folder) as mem:
         assert await _results(mem) == results
         assert _same_scores(await _scores(mem), scores)
@@ -164,11 +173,13 @@ async def test_stale_index_after_a_crash_is_rebuilt(tmp_path: Path) -> None:
     folder = tmp_path / "store"
     async with open_memory(folder) as mem:
         await mem.ingest_many(CORPUS[:4])
-    stale = (folder / INDEX_NAME).read_bytes()
+    stale = tmp_path / "stale"
+    shutil.copytree(folder / INDEX_NAME, stale)
     async with open_memory(folder) as mem:
         await mem.ingest_many(CORPUS[4:])
         expected = await _results(mem)
-    (folder / INDEX_NAME).write_bytes(stale)  # as if the process died before saving the index
+    shutil.rmtree(folder / INDEX_NAME)
+    shutil.copytree(stale, folder / INDEX_NAME)  # as if the process died before saving the index
     async with open_memory(folder) as mem:
         assert "other ids" in (mem.store.index.rebuilt_reason or "")
         assert mem.store.index.size == len(CORPUS)

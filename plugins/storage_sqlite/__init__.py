@@ -1,4 +1,5 @@
-"""The default store: SQLite (WAL) as the source of truth plus a FAISS index in the data folder."""
+"""The default store: SQLite (WAL) as the source of truth plus a vector index sharded by user
+(exact search for small users, HNSW for large ones) in the data folder."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from narrmem_plugins.storage_sqlite.store import SQLiteStore
+from narrmem_plugins.storage_sqlite.vector_index import IndexOptions
 
 from narrmem import hookimpl
 
@@ -21,6 +23,13 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             database=storage.database,
             index=storage.index,
             busy_timeout_ms=storage.busy_timeout_ms,
+            index_options=IndexOptions(
+                hnsw_threshold=storage.hnsw_threshold,
+                hnsw_m=storage.hnsw_m,
+                ef_construction=storage.hnsw_ef_construction,
+                ef_search=storage.hnsw_ef_search,
+                rebuild_ratio=storage.hnsw_rebuild_ratio,
+            ),
         )
 
     register("sqlite", factory)

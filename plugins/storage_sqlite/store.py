@@ -14,7 +14,7 @@ import aiosqlite
 import numpy as np
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
-from narrmem_plugins.storage_sqlite.vector_index import VectorIndex
+from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, ShardKey, VectorIndex
 
 from narrmem.errors import StoreError
 from narrmem.models import ImportanceChange, MemoryRecord, Scope
@@ -28,13 +28,21 @@ CHUNK = 500  # stays under SQLite's bound-parameter limit
 
 
 class SQLiteStore:
-    def __init__(self, folder: Path, *, database: str, index: str, busy_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        database: str,
+        index: str,
+        busy_timeout_ms: int,
+        index_options: IndexOptions | None = None,
+    ) -> None:
         self.db_path = folder / database
         self.index_path = folder / index
         self.busy_timeout_ms = busy_timeout_ms
+        self.index_options = index_options or IndexOptions()
         self._db: aiosqlite.Connection | None = None
         self._index: VectorIndex | None = None
-        self._scope_ids: dict[tuple[str, str | None, str | None], np.ndarray] = {}
         self._lock = asyncio.Lock()
         self.dim = 0
 
@@ -49,18 +57,23 @@ class SQLiteStore:
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         await migrate(db)
         await self._check_model(dim, model)
-        self._index = VectorIndex(self.index_path, dim)
+        self._index = VectorIndex(self.index_path, dim, self.index_options)
         expected = await self._vector_ids()
         if not await self._index.load(expected, await self._sample_vectors(expected)):
             await self._rebuild_index()
 
-    async def _sample_vectors(self, ids: np.ndarray, count: int = 64) -> dict[int, np.ndarray]:
-        """Up to ``count`` evenly spaced stored vectors, to check an index file holds the same data."""
+    async def _sample_vectors(
+        self, ids: np.ndarray, count: int = 64
+    ) -> dict[int, tuple[np.ndarray, ShardKey]]:
+        """Up to ``count`` evenly spaced stored vectors and their owners, to check an index file
+        holds the same data filed under the same users."""
         if not len(ids):
             return {}
         picks = sorted({int(ids[i]) for i in np.linspace(0, len(ids) - 1, min(count, len(ids))).astype(int)})
-        rows = await self._fetchall(f"SELECT id, vector FROM memories WHERE id IN ({_marks(picks)})", picks)
-        return {int(r[0]): _vector(r[1], self.dim) for r in rows}
+        rows = await self._fetchall(
+            f"SELECT id, vector, tenant, user_id FROM memories WHERE id IN ({_marks(picks)})", picks
+        )
+        return {int(r[0]): (_vector(r[1], self.dim), (r[2], r[3])) for r in rows}
 
     async def _check_model(self, dim: int, model: str) -> None:
         stored = {k: v for k, v in await self._fetchall("SELECT key, value FROM meta")}
@@ -81,18 +94,21 @@ class SQLiteStore:
         last = 0
         while True:
             rows = await self._fetchall(
-                "SELECT id, vector FROM memories WHERE vector IS NOT NULL AND id > ? ORDER BY id LIMIT 10000",
+                "SELECT id, vector, tenant, user_id, chat_id FROM memories "
+                "WHERE vector IS NOT NULL AND id > ? ORDER BY id LIMIT 10000",
                 (last,),
             )
             if not rows:
                 break
             ids = np.array([r[0] for r in rows], dtype=np.int64)
-            await index.add(ids, np.vstack([_vector(r[1], self.dim) for r in rows]))
+            owners = [Owner(r[2], r[3], r[4]) for r in rows]
+            await index.add(ids, np.vstack([_vector(r[1], self.dim) for r in rows]), owners)
             last = int(ids[-1])
         await index.save()
 
     async def close(self) -> None:
         if self._index is not None:
+            await self._index.stop_builds()
             if self._index.dirty:
                 await self._index.save()
             await self._index.close()
@@ -138,8 +154,7 @@ class SQLiteStore:
                 ids.append(await self._insert(record, vector, keep_id=False))
         for record, new_id in zip(records, ids, strict=True):
             record.id = new_id
-            self._extend_scope_cache(record, new_id)
-        await self.index.add(np.array(ids, dtype=np.int64), vectors)
+        await self.index.add(np.array(ids, dtype=np.int64), vectors, [_owner(r) for r in records])
         return ids
 
     async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> int:
@@ -259,13 +274,15 @@ class SQLiteStore:
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
         where, params = _scope_clause(scope)
-        found = [
-            r[0]
+        rows = [
+            r
             for part in _chunks(list(ids))
             for r in await self._fetchall(
-                f"SELECT id FROM memories WHERE id IN ({_marks(part)}) AND {where}", (*part, *params)
+                f"SELECT id, tenant, user_id FROM memories WHERE id IN ({_marks(part)}) AND {where}",
+                (*part, *params),
             )
         ]
+        found = [r[0] for r in rows]
         if not found:
             return 0
         await self._write_many(
@@ -274,8 +291,7 @@ class SQLiteStore:
                 (f"DELETE FROM memories WHERE id IN ({_marks(found)})", found),
             ]
         )
-        self._scope_ids.clear()
-        await self.index.remove(np.array(found, dtype=np.int64))
+        await self.index.remove(np.array(found, dtype=np.int64), {(r[1], r[2]) for r in rows})
         await self.index.save()
         return len(found)
 
@@ -378,24 +394,25 @@ class SQLiteStore:
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
         db = self.db
         async with self.transaction():
-            rows = await self._fetchall(f"SELECT id, kind FROM memories WHERE {where}", params)
+            rows = await self._fetchall(
+                f"SELECT id, kind, tenant, user_id FROM memories WHERE {where}", params
+            )
             ids = [r[0] for r in rows]
             fts_rows = 0
             for part in _chunks(ids):
                 cur = await db.execute(f"DELETE FROM memories_fts WHERE rowid IN ({_marks(part)})", part)
                 fts_rows += cur.rowcount
                 await db.execute(f"DELETE FROM memories WHERE id IN ({_marks(part)})", part)
-        self._scope_ids.clear()
-        vectors = await self.index.remove(np.array(ids, dtype=np.int64))
+        vectors = await self.index.remove(np.array(ids, dtype=np.int64), {(r[2], r[3]) for r in rows})
         if ids:
             await self.index.save()  # a forgotten vector must not survive in the file either
         by_kind: dict[str, int] = {}
-        for _, kind in rows:
+        for _, kind, _, _ in rows:
             by_kind[kind] = by_kind.get(kind, 0) + 1
         return {"memories": len(ids), "keyword_rows": fts_rows, "vectors": vectors, **by_kind}
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
-        added: list[tuple[int, np.ndarray]] = []
+        added: list[tuple[int, np.ndarray, Owner]] = []
         skipped = 0
         async with self.transaction():
             for record, vector in items:
@@ -407,10 +424,11 @@ class SQLiteStore:
                         skipped += 1
                         continue
                 new_id = await self._insert(record, vector, keep_id=record.id is not None)
-                added.append((new_id, vector))
-        self._scope_ids.clear()
+                added.append((new_id, vector, _owner(record)))
         if added:
-            await self.index.add(np.array([a[0] for a in added]), np.vstack([a[1] for a in added]))
+            await self.index.add(
+                np.array([a[0] for a in added]), np.vstack([a[1] for a in added]), [a[2] for a in added]
+            )
         return {"imported": len(added), "skipped": skipped}
 
     # --- reading --------------------------------------------------------------------------
@@ -418,33 +436,18 @@ class SQLiteStore:
     async def search_vectors(
         self, scope: Scope, vector: np.ndarray, k: int, *, kinds: Sequence[str] | None = None
     ) -> list[tuple[int, float]]:
-        return await self.index.search(vector, k, await self._ids_in_scope(scope, kinds))
-
-    async def _ids_in_scope(self, scope: Scope, kinds: Sequence[str] | None = None) -> np.ndarray:
-        """The scope's memory ids (every row has a vector); cached per scope, kept current on add."""
-        where, params = _scope_clause(scope)
+        allowed = None
         if kinds:
+            where, params = _scope_clause(scope)
             rows = await self._fetchall(
                 f"SELECT id FROM memories WHERE {where} AND kind IN ({_marks(kinds)})", (*params, *kinds)
             )
-            return np.array([r[0] for r in rows], dtype=np.int64)
-        key = scope.key()
-        ids = self._scope_ids.get(key)
-        if ids is None:
-            rows = await self._fetchall(f"SELECT id FROM memories WHERE {where}", params)
-            ids = np.array([r[0] for r in rows], dtype=np.int64)
-            self._scope_ids[key] = ids
-        return ids
-
-    def _extend_scope_cache(self, record: MemoryRecord, new_id: int) -> None:
-        for key in (
-            (record.tenant, record.user_id, None),
-            (record.tenant, None, record.chat_id),
-            (record.tenant, record.user_id, record.chat_id),
-        ):
-            cached = self._scope_ids.get(key)
-            if cached is not None:
-                self._scope_ids[key] = np.append(cached, np.int64(new_id))
+            allowed = np.array([r[0] for r in rows], dtype=np.int64)
+            if not len(allowed):
+                return []
+        return await self.index.search(
+            vector, k, tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id, allowed=allowed
+        )
 
     async def search_keywords(
         self,
@@ -506,10 +509,11 @@ class SQLiteStore:
             "chats": chats,
             "tenants": tenants,
             "vectors_indexed": self.index.size,
+            **self.index.describe(),
             "schema_version": SCHEMA_VERSION,
             "database": str(self.db_path),
             "database_bytes": _size(self.db_path) + _size(Path(str(self.db_path) + "-wal")),
-            "index_bytes": _size(self.index_path),
+            "index_bytes": _folder_size(self.index_path),
         }
 
     async def _vector_ids(self) -> np.ndarray:
@@ -590,6 +594,14 @@ def _chunks(items: list[Any]) -> list[list[Any]]:
 
 def _marks(items: Sequence[Any]) -> str:
     return ", ".join("?" * len(items))
+
+
+def _owner(record: MemoryRecord) -> Owner:
+    return Owner(record.tenant, record.user_id, record.chat_id)
+
+
+def _folder_size(path: Path) -> int:
+    return sum(_size(p) for p in path.iterdir()) if path.is_dir() else _size(path)
 
 
 def _size(path: Path) -> int:

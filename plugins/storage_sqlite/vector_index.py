@@ -1,16 +1,33 @@
-"""The FAISS index derived from the vectors in SQLite.
+"""The vector index derived from the vectors in SQLite, sharded by user.
 
-An ``IndexIDMap2`` over a flat inner-product index: exact search, ids are the SQLite row ids,
-and ids can be removed (which HNSW cannot). Every FAISS call runs on one dedicated thread, so
-the event loop never waits on a search and adds never race searches.
+Each ``(tenant, user_id)`` owns a shard; a search only ever touches the shards its scope names (one
+user's, or the shards of the users who wrote in a chat), so other users' vectors are never read,
+let alone ranked. A shard is searched exactly (a matrix product over its rows) while it is small;
+once it holds ``hnsw_threshold`` rows a FAISS HNSW graph is built for it in the background and
+searched instead. HNSW cannot remove points, so deletes there are tombstones, filtered inside the
+FAISS query; when tombstones pass ``rebuild_ratio`` of a shard its graph is rebuilt in the
+background from the live rows, and searches keep using the old graph (with its tombstones) until
+the new one is swapped in.
+
+Every read and write of the shards runs on one dedicated thread (searches never race writes, and
+the event loop never waits on FAISS); graph builds run on a second thread from a snapshot.
+
+On disk the index is a folder: rows in 64 bucket files (a shard's bucket is a hash of its key, so a
+``forget`` rewrites one bucket, not the whole index) and one FAISS file per graph. A graph is saved
+only while its shard has no tombstones: deleted vectors never stay in a file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import os
+import zlib
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,101 +36,517 @@ import numpy as np
 
 log = logging.getLogger("narrmem.storage_sqlite")
 
+BUCKETS = 64
+MAX_FAILED_BUILDS = 3  # then the shard stays on exact search (it is logged) instead of retrying forever
+BUILD_CHUNK = 2_000  # rows added to a graph between checks for a closing index
+FORMAT = 1
+ShardKey = tuple[str, str]  # (tenant, user_id)
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    hnsw_threshold: int = 10_000
+    hnsw_m: int = 32
+    ef_construction: int = 80
+    ef_search: int = 96
+    rebuild_ratio: float = 0.2
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Where a vector belongs: the shard is the user, the chat narrows a search inside it."""
+
+    tenant: str
+    user_id: str
+    chat_id: str
+
+    @property
+    def shard(self) -> ShardKey:
+        return (self.tenant, self.user_id)
+
+
+class Shard:
+    """One user's rows: ids, chats (as codes) and vectors in growable arrays, plus a graph."""
+
+    def __init__(self, key: ShardKey, dim: int, capacity: int = 16) -> None:
+        self.key = key
+        self.dim = dim
+        self.n = 0
+        self.ids = np.empty(capacity, dtype=np.int64)
+        self.chats = np.empty(capacity, dtype=np.int32)
+        self.vectors = np.empty((capacity, dim), dtype=np.float32)
+        self.alive = np.empty(capacity, dtype=bool)
+        self.dead = 0
+        self.graph: Any = None  # an IndexHNSWFlat whose labels are row numbers
+        self.graph_saved = False
+        self.building = False
+        self.failed_builds = 0
+        self._dead_selector: Any = None
+
+    @property
+    def live(self) -> int:
+        return self.n - self.dead
+
+    def append(self, ids: np.ndarray, chats: np.ndarray, vectors: np.ndarray) -> None:
+        need = self.n + len(ids)
+        if need > len(self.ids):
+            capacity = max(need, 2 * len(self.ids))
+            self.ids = _grow(self.ids, capacity)
+            self.chats = _grow(self.chats, capacity)
+            self.vectors = _grow(self.vectors, capacity)
+            self.alive = _grow(self.alive, capacity)
+        rows = slice(self.n, need)
+        self.ids[rows] = ids
+        self.chats[rows] = chats
+        self.vectors[rows] = vectors
+        self.alive[rows] = True
+        if self.graph is not None:
+            self.graph.add(vectors)
+            self.graph_saved = False
+        self.n = need
+
+    def remove(self, ids: np.ndarray) -> int:
+        rows = np.flatnonzero(self.alive[: self.n] & np.isin(self.ids[: self.n], ids))
+        if not len(rows):
+            return 0
+        if self.graph is None:
+            keep = np.ones(self.n, dtype=bool)
+            keep[rows] = False
+            self._compact(keep)
+        else:
+            self.alive[rows] = False
+            self.vectors[rows] = 0.0  # the graph keeps its own copy until the rebuild drops it
+            self.dead += len(rows)
+            self.forget_dead_selector()
+        return len(rows)
+
+    def forget_dead_selector(self) -> None:
+        self._dead_selector = None
+
+    def _compact(self, keep: np.ndarray) -> None:
+        self.ids = self.ids[: self.n][keep].copy()
+        self.chats = self.chats[: self.n][keep].copy()
+        self.vectors = self.vectors[: self.n][keep].copy()
+        self.alive = np.ones(len(self.ids), dtype=bool)
+        self.n = len(self.ids)
+
+    def live_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keep = self.alive[: self.n]
+        return self.ids[: self.n][keep], self.chats[: self.n][keep], self.vectors[: self.n][keep]
+
+    def search(
+        self, query: np.ndarray, k: int, chat: int | None, allowed: np.ndarray | None, options: IndexOptions
+    ) -> list[tuple[int, float]]:
+        if self.live == 0:
+            return []
+        mask: np.ndarray | None = None
+        if chat is not None:
+            mask = self.chats[: self.n] == chat
+        if allowed is not None:
+            inside = np.isin(self.ids[: self.n], allowed)
+            mask = inside if mask is None else mask & inside
+        if self.dead and mask is not None:
+            mask &= self.alive[: self.n]
+        if self.graph is not None and (mask is None or np.count_nonzero(mask) >= options.hnsw_threshold):
+            return self._search_graph(query, k, mask, options)
+        if mask is None:
+            rows = None if not self.dead else np.flatnonzero(self.alive[: self.n])
+        else:
+            rows = np.flatnonzero(mask)
+        return self._search_exact(query, k, rows)
+
+    def _search_exact(self, query: np.ndarray, k: int, rows: np.ndarray | None) -> list[tuple[int, float]]:
+        matrix = self.vectors[: self.n] if rows is None else self.vectors[rows]
+        if not len(matrix):
+            return []
+        scores = matrix @ query
+        k = min(k, len(scores))
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        picked = top if rows is None else rows[top]
+        return [(int(self.ids[r]), float(s)) for r, s in zip(picked, scores[top], strict=True)]
+
+    def _search_graph(
+        self, query: np.ndarray, k: int, mask: np.ndarray | None, options: IndexOptions
+    ) -> list[tuple[int, float]]:
+        params = faiss.SearchParametersHNSW()
+        params.efSearch = max(options.ef_search, k)
+        keep_alive: Any = None
+        if mask is not None:
+            keep_alive = np.flatnonzero(mask).astype(np.int64)
+            params.sel = faiss.IDSelectorBatch(keep_alive)
+        elif self.dead:
+            if self._dead_selector is None:
+                dead = faiss.IDSelectorBatch(np.flatnonzero(~self.alive[: self.n]).astype(np.int64))
+                # The wrapper keeps ``dead`` referenced: FAISS holds only a pointer to it.
+                self._dead_selector = (faiss.IDSelectorNot(dead), dead)
+            params.sel = self._dead_selector[0]
+        scores, rows = self.graph.search(query.reshape(1, -1), min(k, self.live), params=params)
+        del keep_alive
+        return [(int(self.ids[r]), float(s)) for r, s in zip(rows[0], scores[0], strict=True) if r >= 0]
+
 
 class VectorIndex:
-    def __init__(self, path: Path, dim: int) -> None:
-        # Searches are per scope and small; FAISS's own threads would only fight the embedder.
+    def __init__(self, path: Path, dim: int, options: IndexOptions | None = None) -> None:
+        # Searches are per shard and small; FAISS's own threads would only fight the embedder.
         faiss.omp_set_num_threads(1)
         self.path = path
         self.dim = dim
-        self._index: Any = self._empty()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-faiss")
+        self.options = options or IndexOptions()
+        self._shards: dict[ShardKey, Shard] = {}
+        self._chat_members: dict[tuple[str, str], set[ShardKey]] = {}
+        self._chat_codes: dict[str, int] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-vectors")
+        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-hnsw")
+        self._builds: set[asyncio.Future[Any]] = set()
+        self._dirty_buckets: set[int] = set()
+        self._closing = False
         self.dirty = False
         self.rebuilt_reason: str | None = None
 
-    def _empty(self) -> Any:
-        return faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+    # --- plumbing -------------------------------------------------------------------------
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    def _chat_code(self, chat_id: str) -> int:
+        code = self._chat_codes.get(chat_id)
+        if code is None:
+            code = self._chat_codes[chat_id] = len(self._chat_codes)
+        return code
+
+    def _mark(self, key: ShardKey) -> None:
+        self._dirty_buckets.add(_bucket(key))
+        self.dirty = True
+
     @property
     def size(self) -> int:
-        return int(self._index.ntotal)
+        return sum(shard.live for shard in self._shards.values())
 
     def ids(self) -> np.ndarray:
-        return np.sort(faiss.vector_to_array(self._index.id_map).astype(np.int64))
+        parts = [shard.live_rows()[0] for shard in self._shards.values()]
+        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
-    async def load(self, expected_ids: np.ndarray, samples: dict[int, np.ndarray]) -> bool:
+    def describe(self) -> dict[str, int]:
+        shards = list(self._shards.values())
+        return {
+            "vector_shards": len(shards),
+            "hnsw_shards": sum(s.graph is not None for s in shards),
+            "tombstones": sum(s.dead for s in shards),
+            "hnsw_builds_running": len(self._builds),
+        }
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def add(self, ids: np.ndarray, vectors: np.ndarray, owners: Sequence[Owner]) -> None:
+        if len(ids):
+            await self._run(self._add_sync, np.asarray(ids, dtype=np.int64), _matrix(vectors), list(owners))
+            self._schedule_builds()
+
+    def _add_sync(self, ids: np.ndarray, vectors: np.ndarray, owners: list[Owner]) -> None:
+        if not (len(ids) == len(vectors) == len(owners)):
+            raise ValueError(f"{len(ids)} ids, {len(vectors)} vectors and {len(owners)} owners")
+        groups: dict[ShardKey, list[int]] = {}
+        for i, owner in enumerate(owners):
+            groups.setdefault(owner.shard, []).append(i)
+            self._chat_members.setdefault((owner.tenant, owner.chat_id), set()).add(owner.shard)
+        for key, rows in groups.items():
+            shard = self._shards.get(key)
+            if shard is None:
+                shard = self._shards[key] = Shard(key, self.dim)
+            chats = np.array([self._chat_code(owners[i].chat_id) for i in rows], dtype=np.int32)
+            shard.append(ids[rows], chats, vectors[rows])
+            self._mark(key)
+
+    async def remove(self, ids: np.ndarray, shards: Iterable[ShardKey]) -> int:
+        """Remove ``ids`` from the named shards (the store knows whose rows it deleted)."""
+        if not len(ids):
+            return 0
+        removed = int(await self._run(self._remove_sync, np.asarray(ids, dtype=np.int64), set(shards)))
+        self._schedule_builds()
+        return removed
+
+    def _remove_sync(self, ids: np.ndarray, keys: set[ShardKey]) -> int:
+        removed = 0
+        for key in keys:
+            shard = self._shards.get(key)
+            if shard is None:
+                continue
+            removed += shard.remove(ids)
+            self._mark(key)
+            if shard.live == 0 and not shard.building:
+                del self._shards[key]
+                for members in self._chat_members.values():
+                    members.discard(key)
+        return removed
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def search(
+        self,
+        vector: np.ndarray,
+        k: int,
+        *,
+        tenant: str,
+        user_id: str | None,
+        chat_id: str | None,
+        allowed: np.ndarray | None = None,
+    ) -> list[tuple[int, float]]:
+        """Top ``k`` inside the scope only: the shards searched are the scope's, nothing else."""
+        if k <= 0:
+            return []
+        return list(
+            await self._run(
+                self._search_sync, _matrix(vector.reshape(-1)), k, tenant, user_id, chat_id, allowed
+            )
+        )
+
+    def _search_sync(
+        self,
+        query: np.ndarray,
+        k: int,
+        tenant: str,
+        user_id: str | None,
+        chat_id: str | None,
+        allowed: np.ndarray | None,
+    ) -> list[tuple[int, float]]:
+        if user_id is not None:
+            keys: Iterable[ShardKey] = [(tenant, user_id)]
+        elif chat_id is not None:
+            keys = sorted(self._chat_members.get((tenant, chat_id), ()))
+        else:
+            raise ValueError("a vector search needs a user or a chat")
+        chat = None
+        if chat_id is not None:
+            chat = self._chat_codes.get(chat_id)
+            if chat is None:
+                return []
+        found: list[tuple[int, float]] = []
+        for key in keys:
+            shard = self._shards.get(key)
+            if shard is not None:
+                found.extend(shard.search(query, k, chat, allowed, self.options))
+        found.sort(key=lambda hit: (-hit[1], hit[0]))
+        return found[:k]
+
+    # --- graphs ---------------------------------------------------------------------------
+
+    def _schedule_builds(self) -> None:
+        if self._closing:
+            return
+        for shard in list(self._shards.values()):
+            if shard.building or shard.failed_builds >= MAX_FAILED_BUILDS:
+                continue
+            grow = shard.graph is None and shard.live >= self.options.hnsw_threshold
+            shrink = shard.graph is not None and shard.dead > self.options.rebuild_ratio * shard.n
+            if grow or shrink:
+                self._start_build(shard)
+
+    def _start_build(self, shard: Shard) -> None:
+        shard.building = True
+        task = asyncio.ensure_future(self._build(shard))
+        self._builds.add(task)
+        task.add_done_callback(self._builds.discard)
+
+    async def _build(self, shard: Shard) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            ids, chats, vectors = await self._run(_snapshot, shard)
+            graph = await loop.run_in_executor(self._builder, self._new_graph, vectors)
+            if graph is not None:
+                await self._run(self._swap, shard, ids, chats, vectors, graph)
+        except Exception:  # a failed build leaves the shard searchable as it was
+            shard.failed_builds += 1
+            log.exception("building the HNSW graph of a vector shard failed")
+        finally:
+            shard.building = False
+        self._schedule_builds()
+
+    def _new_graph(self, vectors: np.ndarray) -> Any:
+        """The graph over ``vectors`` (labels are their row numbers), or ``None`` if the index closes
+        first: it is built in chunks so that closing never waits long for a large shard."""
+        graph = faiss.IndexHNSWFlat(self.dim, self.options.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        graph.hnsw.efConstruction = self.options.ef_construction
+        for start in range(0, len(vectors), BUILD_CHUNK):
+            if self._closing:
+                return None
+            graph.add(vectors[start : start + BUILD_CHUNK])
+        return graph
+
+    def _swap(
+        self, shard: Shard, ids: np.ndarray, chats: np.ndarray, vectors: np.ndarray, graph: Any
+    ) -> None:
+        """Install the graph built from a snapshot, replaying the adds and deletes made since."""
+        if self._shards.get(shard.key) is not shard:
+            return  # the shard was forgotten meanwhile
+        now_ids, now_chats, now_vectors = shard.live_rows()
+        added = ~np.isin(now_ids, ids)
+        removed = ids[~np.isin(ids, now_ids)]
+        added_ids, added_chats, added_vectors = now_ids[added], now_chats[added], now_vectors[added]
+        shard.ids, shard.chats, shard.vectors = ids, chats, vectors
+        shard.alive = np.ones(len(ids), dtype=bool)
+        shard.n, shard.dead = len(ids), 0
+        shard.graph, shard.graph_saved = graph, False
+        shard.forget_dead_selector()
+        if len(added_ids):
+            shard.append(added_ids, added_chats, added_vectors)
+        if len(removed):
+            shard.remove(removed)
+        self._mark(shard.key)
+
+    async def settle(self) -> None:
+        """Wait until no graph build is running (tests, benchmarks, a clean shutdown)."""
+        while self._builds:
+            await asyncio.gather(*list(self._builds), return_exceptions=True)
+
+    # --- files ----------------------------------------------------------------------------
+
+    async def load(self, expected_ids: np.ndarray, samples: dict[int, tuple[np.ndarray, ShardKey]]) -> bool:
         """Load the persisted index; return ``False`` (and stay empty) if it is missing, unreadable,
-        of another dimension, holds a different id set than SQLite, or other vectors under the
-        sampled ids (an index copied from another store)."""
+        of another dimension, holds a different id set than SQLite, or other vectors or owners under
+        the sampled ids (an index copied from another store)."""
         reason = await self._run(self._load_sync, expected_ids, samples)
         self.rebuilt_reason = reason
         if reason is not None:
             level = logging.WARNING if len(expected_ids) else logging.DEBUG
-            log.log(
-                level,
-                "vector index %s will be rebuilt from SQLite: %s",
-                self.path,
-                reason,
-            )
-            self._index = self._empty()
+            log.log(level, "vector index %s will be rebuilt from SQLite: %s", self.path, reason)
+            self._shards.clear()
+            self._chat_members.clear()
+            self._chat_codes.clear()
             return False
+        self.dirty = False
+        self._dirty_buckets.clear()
+        self._schedule_builds()
         return True
 
-    def _load_sync(self, expected_ids: np.ndarray, samples: dict[int, np.ndarray]) -> str | None:
-        if not self.path.exists():
+    def _load_sync(
+        self, expected_ids: np.ndarray, samples: dict[int, tuple[np.ndarray, ShardKey]]
+    ) -> str | None:
+        manifest_path = self.path / "manifest.json"
+        if not manifest_path.exists():
             return "the index file is missing"
         try:
-            index = faiss.read_index(str(self.path))
-        except Exception as exc:  # FAISS raises RuntimeError subclasses with C++ messages
-            return f"the index file is unreadable ({exc})"
-        if not isinstance(index, faiss.IndexIDMap2) or index.d != self.dim:
-            return "the index file has another type or dimension"
-        self._index = index
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            if manifest.get("format") != FORMAT or manifest.get("dim") != self.dim:
+                return "the index file has another format or dimension"
+            self._chat_codes = {str(k): int(v) for k, v in manifest["chats"].items()}
+            for entry in manifest["shards"]:
+                self._load_shard(entry)
+        except Exception as exc:  # numpy, json and FAISS all raise their own errors on a bad file
+            return f"the index file is unreadable ({type(exc).__name__}: {exc})"
         if not np.array_equal(self.ids(), expected_ids):
             return "the index holds other ids than SQLite"
-        for memory_id, vector in samples.items():
-            if not np.allclose(index.reconstruct(memory_id), vector, atol=1e-6):
+        for memory_id, (vector, key) in samples.items():
+            shard = self._shards.get(key)
+            rows = np.flatnonzero(shard.ids[: shard.n] == memory_id) if shard is not None else []
+            if shard is None or not len(rows):
+                return f"the index files id {memory_id} under another user"
+            if not np.allclose(shard.vectors[int(rows[0])], vector, atol=1e-6):
                 return f"the index holds another vector for id {memory_id}"
         return None
 
-    async def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        if len(ids):
-            await self._run(self._index.add_with_ids, _matrix(vectors), np.asarray(ids, dtype=np.int64))
-            self.dirty = True
-
-    async def remove(self, ids: np.ndarray) -> int:
-        if not len(ids):
-            return 0
-        selector = faiss.IDSelectorBatch(np.asarray(ids, dtype=np.int64))
-        removed = int(await self._run(self._index.remove_ids, selector))
-        self.dirty = True
-        return removed
-
-    async def search(self, vector: np.ndarray, k: int, allowed: np.ndarray) -> list[tuple[int, float]]:
-        """Top ``k`` among ``allowed`` ids only: the scope filter is part of the FAISS query."""
-        if not len(allowed) or self.size == 0:
-            return []
-        return list(await self._run(self._search_sync, vector, min(k, len(allowed)), allowed))
-
-    def _search_sync(self, vector: np.ndarray, k: int, allowed: np.ndarray) -> list[tuple[int, float]]:
-        params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(allowed))
-        scores, ids = self._index.search(_matrix(vector.reshape(1, -1)), k, params=params)
-        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
+    def _load_shard(self, entry: dict[str, Any]) -> None:
+        key: ShardKey = (str(entry["tenant"]), str(entry["user_id"]))
+        with np.load(self.path / entry["rows"], allow_pickle=False) as rows:
+            prefix = entry["prefix"]
+            ids = rows[f"{prefix}ids"]
+            chats = rows[f"{prefix}chats"]
+            vectors = rows[f"{prefix}vectors"]
+        if vectors.shape != (len(ids), self.dim) or chats.shape != ids.shape:
+            raise ValueError(f"shard {prefix} has rows of another shape")
+        shard = Shard(key, self.dim, capacity=max(16, len(ids)))
+        shard.append(ids, chats, vectors)
+        graph_file = entry.get("graph")
+        if graph_file:
+            graph = faiss.read_index(str(self.path / graph_file))
+            if graph.ntotal == shard.n and graph.d == self.dim:
+                shard.graph, shard.graph_saved = graph, True
+        self._shards[key] = shard
+        names = {code: name for name, code in self._chat_codes.items()}
+        for code in np.unique(chats):
+            self._chat_members.setdefault((key[0], names[int(code)]), set()).add(key)
 
     async def save(self) -> None:
         await self._run(self._save_sync)
         self.dirty = False
 
     def _save_sync(self) -> None:
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        faiss.write_index(self._index, str(tmp))
-        os.replace(tmp, self.path)  # atomic: a crash leaves the old file or the new one
+        self.path.mkdir(parents=True, exist_ok=True)
+        by_bucket: dict[int, list[Shard]] = {}
+        for key, shard in sorted(self._shards.items()):
+            by_bucket.setdefault(_bucket(key), []).append(shard)
+        entries = []
+        for bucket in range(BUCKETS):
+            shards = by_bucket.get(bucket, [])
+            name = f"rows-{bucket:02d}.npz"
+            if bucket in self._dirty_buckets or not (self.path / name).exists():
+                arrays: dict[str, np.ndarray] = {}
+                for number, shard in enumerate(shards):
+                    ids, chats, vectors = shard.live_rows()
+                    arrays[f"s{number}_ids"] = ids
+                    arrays[f"s{number}_chats"] = chats
+                    arrays[f"s{number}_vectors"] = vectors
+                _atomic(self.path / name, lambda tmp, a=arrays: np.savez(tmp, **a))
+            for number, shard in enumerate(shards):
+                entry = {
+                    "tenant": shard.key[0],
+                    "user_id": shard.key[1],
+                    "rows": name,
+                    "prefix": f"s{number}_",
+                }
+                if shard.graph is not None and not shard.dead:
+                    graph_name = f"graph-{_digest(shard.key)}.faiss"
+                    if not shard.graph_saved or not (self.path / graph_name).exists():
+                        _atomic(self.path / graph_name, lambda tmp, g=shard.graph: faiss.write_index(g, tmp))
+                        shard.graph_saved = True
+                    entry["graph"] = graph_name
+                entries.append(entry)
+        manifest = {"format": FORMAT, "dim": self.dim, "chats": self._chat_codes, "shards": entries}
+        _atomic(
+            self.path / "manifest.json",
+            lambda tmp: Path(tmp).write_text(json.dumps(manifest, ensure_ascii=False), encoding="utf-8"),
+        )
+        used = {"manifest.json", *(e["rows"] for e in entries), *(e.get("graph", "") for e in entries)}
+        for stale in self.path.iterdir():
+            if stale.name not in used and (stale.suffix in {".faiss", ".npz"}):
+                stale.unlink()
+        self._dirty_buckets.clear()
+
+    async def stop_builds(self) -> None:
+        """Abandon running graph builds (within one chunk); the shards stay searchable exactly."""
+        self._closing = True
+        await self.settle()
 
     async def close(self) -> None:
+        await self.stop_builds()
+        self._builder.shutdown(wait=True)
         self._executor.shutdown(wait=True)
+
+
+def _snapshot(shard: Shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids, chats, vectors = shard.live_rows()
+    return ids.copy(), chats.copy(), np.array(vectors, dtype=np.float32, order="C")
+
+
+def _digest(key: ShardKey) -> str:
+    return hashlib.sha1(f"{key[0]}\x00{key[1]}".encode()).hexdigest()[:20]
+
+
+def _bucket(key: ShardKey) -> int:
+    return zlib.crc32(f"{key[0]}\x00{key[1]}".encode()) % BUCKETS
+
+
+def _grow(array: np.ndarray, capacity: int) -> np.ndarray:
+    grown = np.empty((capacity, *array.shape[1:]), dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
+def _atomic(target: Path, write: Any) -> None:
+    """Write beside and rename: a crash leaves the old file or the new one, never half of one."""
+    tmp = target.with_name(target.name + ".tmp" + target.suffix)
+    write(str(tmp))
+    os.replace(tmp, target)
 
 
 def _matrix(vectors: np.ndarray) -> np.ndarray:

@@ -1,0 +1,206 @@
+"""The sharded vector index: exact search for small users, HNSW for large ones, tombstones,
+background rebuilds, files that never keep a deleted vector, and searches that only read the shards
+of their scope."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _helpers import index_file_ids, index_file_vectors, msg
+from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, Shard, VectorIndex
+
+from narrmem import Scope
+from narrmem.testing import open_memory
+
+DIM = 32
+SMALL = IndexOptions(hnsw_threshold=400, hnsw_m=16, ef_construction=64, ef_search=64, rebuild_ratio=0.2)
+
+
+def clustered(n: int, seed: int, dim: int = DIM) -> np.ndarray:
+    """Unit vectors around 20 centres: near neighbours exist, as with real text embeddings."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((20, dim))
+    vectors = centres[rng.integers(0, 20, n)] + 0.35 * rng.standard_normal((n, dim))
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+def owners(user: str, n: int, chats: tuple[str, ...] = ("dm", "group")) -> list[Owner]:
+    return [Owner("t", user, chats[i % len(chats)]) for i in range(n)]
+
+
+def exact_top(vectors: np.ndarray, ids: np.ndarray, query: np.ndarray, k: int) -> list[int]:
+    scores = vectors @ query
+    return [int(ids[i]) for i in np.argsort(-scores, kind="stable")[:k]]
+
+
+async def filled(tmp_path: Path, n: int = 1500, options: IndexOptions = SMALL) -> tuple[VectorIndex, Any]:
+    index = VectorIndex(tmp_path / "vectors", DIM, options)
+    vectors = clustered(n, seed=1)
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    await index.add(ids, vectors, owners("big", n))
+    await index.add(ids[:50] + 100_000, clustered(50, seed=2), owners("small", 50))
+    await index.settle()
+    return index, (ids, vectors)
+
+
+async def test_a_large_user_gets_a_graph_with_the_recall_of_exact_search(tmp_path: Path) -> None:
+    index, (ids, vectors) = await filled(tmp_path)
+    try:
+        assert index.describe()["hnsw_shards"] == 1 and index.describe()["vector_shards"] == 2
+        queries = clustered(100, seed=3)
+        overlap = []
+        for query in queries:
+            got = [i for i, _ in await index.search(query, 10, tenant="t", user_id="big", chat_id=None)]
+            overlap.append(len(set(got) & set(exact_top(vectors, ids, query, 10))) / 10)
+        assert np.mean(overlap) >= 0.95
+        # Below the threshold a chat's rows are searched exactly: the same answer as brute force.
+        in_dm = np.arange(0, len(ids), 2)
+        got = [i for i, _ in await index.search(queries[0], 10, tenant="t", user_id="big", chat_id="dm")]
+        assert got == exact_top(vectors[in_dm], ids[in_dm], queries[0], 10)
+    finally:
+        await index.close()
+
+
+async def test_a_search_reads_only_the_shards_of_its_scope(tmp_path: Path, monkeypatch: Any) -> None:
+    index, (ids, _) = await filled(tmp_path)
+    await index.add(np.array([900_001]), clustered(1, seed=9), [Owner("t", "third", "group")])
+    await index.add(np.array([900_002]), clustered(1, seed=9), [Owner("other-tenant", "big", "group")])
+    searched: list[tuple[str, str]] = []
+    original = Shard.search
+
+    def spy(self: Shard, *args: Any) -> Any:
+        searched.append(self.key)
+        return original(self, *args)
+
+    monkeypatch.setattr(Shard, "search", spy)
+    try:
+        query = clustered(1, seed=9)[0]
+        mine = await index.search(query, 2000, tenant="t", user_id="small", chat_id=None)
+        assert searched == [("t", "small")]
+        assert {i for i, _ in mine} == set(range(100_001, 100_051))
+        searched.clear()
+        group = await index.search(query, 5000, tenant="t", user_id=None, chat_id="group")
+        assert sorted(searched) == [("t", "big"), ("t", "small"), ("t", "third")]
+        found = {i for i, _ in group}
+        assert 900_002 not in found and 900_001 in found
+        assert found <= {int(i) for i in ids[1::2]} | set(range(100_002, 100_051, 2)) | {900_001}
+        searched.clear()
+        assert await index.search(query, 5, tenant="t", user_id=None, chat_id="nowhere") == []
+        assert searched == []
+    finally:
+        await index.close()
+
+
+async def test_deletes_are_tombstones_until_a_background_rebuild(tmp_path: Path) -> None:
+    index, (ids, vectors) = await filled(tmp_path)
+    try:
+        query = vectors[10]
+        [(first, _)] = await index.search(query, 1, tenant="t", user_id="big", chat_id=None)
+        assert first == ids[10]
+        await index.remove(ids[10:11], [("t", "big")])
+        assert index.describe()["tombstones"] == 1  # below the ratio: no rebuild yet
+        hits = await index.search(query, 50, tenant="t", user_id="big", chat_id=None)
+        assert int(ids[10]) not in {i for i, _ in hits} and len(hits) == 50
+        await index.remove(ids[:400], [("t", "big")])  # past 20 % of the shard
+        await index.settle()
+        assert index.describe()["tombstones"] == 0 and index.describe()["hnsw_shards"] == 1
+        assert index.size == len(ids) - 400 + 50
+        hits = await index.search(query, 50, tenant="t", user_id="big", chat_id=None)
+        assert not {i for i, _ in hits} & {int(i) for i in ids[:400]}
+    finally:
+        await index.close()
+
+
+async def test_writes_during_a_build_survive_the_swap(tmp_path: Path) -> None:
+    index = VectorIndex(tmp_path / "vectors", DIM, SMALL)
+    vectors = clustered(1200, seed=4)
+    ids = np.arange(1, 1201, dtype=np.int64)
+    try:
+        await index.add(ids[:1000], vectors[:1000], owners("big", 1000))
+        assert index.describe()["hnsw_builds_running"] == 1
+        await index.add(ids[1000:], vectors[1000:], owners("big", 200))  # while the graph builds
+        await index.remove(ids[:5], [("t", "big")])
+        await index.settle()
+        assert index.describe()["hnsw_shards"] == 1
+        assert np.array_equal(index.ids(), ids[5:])
+        for row in (0, 3, 1100, 1199):
+            hits = await index.search(vectors[row], 1, tenant="t", user_id="big", chat_id=None)
+            assert (hits[0][0] == ids[row]) == (row >= 5)
+    finally:
+        await index.close()
+
+
+async def test_a_saved_graph_loads_as_is_and_a_deleted_vector_leaves_no_file(tmp_path: Path) -> None:
+    index, (ids, vectors) = await filled(tmp_path)
+    queries = clustered(20, seed=5)
+    before = [await index.search(q, 10, tenant="t", user_id="big", chat_id=None) for q in queries]
+    await index.save()
+    await index.close()
+    assert (tmp_path / "vectors").is_dir() and list((tmp_path / "vectors").glob("graph-*.faiss"))
+
+    again = VectorIndex(tmp_path / "vectors", DIM, SMALL)
+    expected = np.sort(np.concatenate([ids, ids[:50] + 100_000]))
+    assert await again.load(expected, {int(ids[7]): (vectors[7], ("t", "big"))})
+    try:
+        assert again.describe()["hnsw_shards"] == 1 and not again.describe()["hnsw_builds_running"]
+        after = [await again.search(q, 10, tenant="t", user_id="big", chat_id=None) for q in queries]
+        assert after == before
+        await again.remove(ids[7:8], [("t", "big")])
+        await again.save()
+    finally:
+        await again.close()
+    # The shard has a tombstone now: its graph (which still holds the vector) is not kept on disk.
+    assert not list((tmp_path / "vectors").glob("graph-*.faiss"))
+    assert int(ids[7]) not in index_file_ids(tmp_path)
+    assert not np.any(np.all(np.isclose(index_file_vectors(tmp_path), vectors[7]), axis=1))
+
+
+async def test_an_index_filed_under_other_users_is_rebuilt(tmp_path: Path) -> None:
+    index, (ids, vectors) = await filled(tmp_path, n=100)
+    await index.save()
+    await index.close()
+    again = VectorIndex(tmp_path / "vectors", DIM, SMALL)
+    expected = np.sort(np.concatenate([ids, ids[:50] + 100_000]))
+    assert not await again.load(expected, {int(ids[7]): (vectors[7], ("t", "small"))})
+    assert "another user" in (again.rebuilt_reason or "") and again.size == 0
+    await again.close()
+
+
+async def test_closing_does_not_wait_for_a_large_build(tmp_path: Path) -> None:
+    index = VectorIndex(tmp_path / "vectors", DIM, IndexOptions(hnsw_threshold=1000, ef_construction=400))
+    n = 60_000
+    await index.add(np.arange(1, n + 1, dtype=np.int64), clustered(n, seed=6), owners("big", n))
+    assert index.describe()["hnsw_builds_running"] == 1
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await index.close()
+    assert loop.time() - start < 5.0  # the build stops within one chunk; a full one takes far longer
+
+
+@pytest.mark.slow
+async def test_recall_through_hnsw_matches_exact_with_the_real_model(tmp_path: Path) -> None:
+    """The same Memory traffic under an exact-only index and under HNSW (real embeddings)."""
+    topics = ["dog", "ramen", "marathon", "chess", "guitar", "tax forms", "rain", "Lisbon", "python"]
+    messages = [
+        msg(f"m{i}", f"note {i}: thinking about {topics[i % len(topics)]} and {topics[(i * 7) % 9]} today")
+        for i in range(300)
+    ]
+    queries = [f"what did I say about {t}?" for t in topics]
+    found: dict[str, list[list[int]]] = {}
+    for name, threshold in (("exact", 100_000), ("hnsw", 100)):
+        async with open_memory(
+            tmp_path / name, real_model=True, storage={"hnsw_threshold": threshold}
+        ) as memory:
+            await memory.ingest_many(messages)
+            await memory.store.index.settle()
+            assert memory.store.index.describe()["hnsw_shards"] == (name == "hnsw")
+            vectors = await memory.embedder.embed(queries)
+            found[name] = [
+                [i for i, _ in await memory.store.search_vectors(Scope(user_id="u1"), v, 10)] for v in vectors
+            ]
+    overlap = [len(set(a) & set(b)) / 10 for a, b in zip(found["exact"], found["hnsw"], strict=True)]
+    assert np.mean(overlap) >= 0.95
