@@ -205,9 +205,12 @@ def narrmem_weigh(
 
 
 @hookspec
-def narrmem_after_recall(memory: Memory, request: RecallRequest, hits: list[Hit]) -> None:
+def narrmem_after_recall(
+    memory: Memory, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
+) -> None:
     """These hits are about to be returned to the caller (reinforcement belongs here; a plugin
-    may update ``hit.importance`` to what it stored)."""
+    may update ``hit.importance`` to what it stored). ``records`` holds the stored records of the
+    hits (and of the other candidates), as read for this recall."""
 
 
 # --- maintenance ------------------------------------------------------------------------

@@ -404,7 +404,7 @@ class Memory:
                 if short != hit.text:
                     hit.detail, hit.text = hit.detail or hit.text, short
             hits.append(hit)
-        await self.host.call("narrmem_after_recall", memory=self, request=request, hits=hits)
+        await self.host.call("narrmem_after_recall", memory=self, request=request, hits=hits, records=records)
         return hits
 
     async def _weighted(

@@ -106,11 +106,12 @@ class Hippocampus:
         }
 
     @hookimpl
-    async def narrmem_after_recall(self, memory: Any, request: RecallRequest, hits: list[Hit]) -> None:
+    async def narrmem_after_recall(
+        self, memory: Any, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
+    ) -> None:
         if not (self.options.reinforce and request.reinforce and hits):
             return
         now = memory.clock.now()
-        records = await memory.store.get([h.id for h in hits], request.scope)
         changes = []
         for hit in hits:
             record = records.get(hit.id)

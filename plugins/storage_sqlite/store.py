@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
@@ -273,7 +274,7 @@ class SQLiteStore:
         return sorted(found)
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
-        where, params = _scope_clause(scope)
+        where, params = _scope_clause(scope, by_id=True)
         rows = [
             r
             for part in _chunks(list(ids))
@@ -475,7 +476,7 @@ class SQLiteStore:
 
     async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
         out: dict[int, MemoryRecord] = {}
-        where, params = _scope_clause(scope) if scope is not None else ("1", ())
+        where, params = _scope_clause(scope, by_id=True) if scope is not None else ("1", ())
         for part in _chunks(list(ids)):
             rows = await self._fetchall(
                 f"SELECT {COLUMNS} FROM memories WHERE id IN ({_marks(part)}) AND {where}", (*part, *params)
@@ -525,10 +526,12 @@ class SQLiteStore:
             return list(await cur.fetchall())
 
     async def _write_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """One transaction; runs of the same statement go as one ``executemany`` (one hop to the
+        database thread instead of one per row)."""
         db = self.db
         async with self.transaction():
-            for sql, params in statements:
-                await db.execute(sql, params)
+            for sql, group in itertools.groupby(statements, key=lambda statement: statement[0]):
+                await db.executemany(sql, [params for _, params in group])
 
     async def _write(self, sql: str, params: Any, *, many: bool = False) -> None:
         db = self.db
@@ -549,8 +552,11 @@ def fts_query(query: str) -> str:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
 
-def _scope_clause(scope: Scope, alias: str = "") -> tuple[str, tuple[str, ...]]:
-    prefix = f"{alias}." if alias else ""
+def _scope_clause(scope: Scope, alias: str = "", *, by_id: bool = False) -> tuple[str, tuple[str, ...]]:
+    """The SQL that keeps a query inside ``scope``. ``by_id``: the query names its rows by id, so
+    the scope columns must not drive the plan (a unary ``+`` keeps SQLite on the primary key
+    instead of walking every row of a large user)."""
+    prefix = ("+" if by_id else "") + (f"{alias}." if alias else "")
     clauses, params = [f"{prefix}tenant = ?"], [scope.tenant]
     if scope.user_id is not None:
         clauses.append(f"{prefix}user_id = ?")
@@ -562,7 +568,9 @@ def _scope_clause(scope: Scope, alias: str = "") -> tuple[str, tuple[str, ...]]:
 
 
 def _record(row: Sequence[Any]) -> MemoryRecord:
-    return MemoryRecord(
+    # Every row was validated as a MemoryRecord on its way in; validating it again on each read
+    # was most of the cost of a recall.
+    return MemoryRecord.model_construct(
         id=row[0],
         kind=row[1],
         tenant=row[2],
