@@ -7,12 +7,15 @@ folder is first on ``sys.path``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import os
 import platform
 import resource
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
@@ -40,10 +43,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
-    """p50/p99/mean/max in milliseconds, and the sample count."""
+    """p50/p95/p99/mean/max in milliseconds, and the sample count."""
     ms = [s * 1000.0 for s in seconds]
     return {
         "p50_ms": percentile(ms, 50),
+        "p95_ms": percentile(ms, 95),
         "p99_ms": percentile(ms, 99),
         "mean_ms": float(np.mean(ms)) if ms else math.nan,
         "max_ms": max(ms) if ms else math.nan,
@@ -53,6 +57,42 @@ def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
 
 def mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if len(values) else math.nan
+
+
+class LoopStallMonitor:
+    """How long the event loop stays unavailable: a task asks to wake every ``interval`` seconds and
+    records how late each wake-up is. Used as ``async with LoopStallMonitor() as stalls: ...``."""
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.late: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self.late.append(time.perf_counter() - start - self.interval)
+
+    async def __aenter__(self) -> LoopStallMonitor:
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def summary(self) -> dict[str, float]:
+        ms = [x * 1000.0 for x in self.late]
+        return {
+            "max_ms": max(ms) if ms else math.nan,
+            "p99_ms": percentile(ms, 99),
+            "p50_ms": percentile(ms, 50),
+            "wakeups": len(ms),
+        }
 
 
 # --- output -----------------------------------------------------------------------------------

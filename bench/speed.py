@@ -30,13 +30,19 @@ What is measured, in this order (all times with ``time.perf_counter``):
    reported on its own, and so is recall right after a write to the same user (``--samples`` / 4 pairs of
    ingest-then-recall: every write drops that user's cached scope ids). A per-stage breakdown of recall
    (query embedding, ``store.search_vectors``, ``store.search_keywords``) is timed separately.
-4. Start-up, cold, in fresh subprocesses (``--repeat`` runs each, medians): time from spawning the process
+4. Start-up, cold, in fresh subprocesses (``--repeat`` runs each, medians; once with no model export
+   cached, the first start on a machine, which exports the onnx model): time from spawning the process
    to its first embedding done, with its parts (interpreter start, ``import narrmem``, ``Memory.open``
    with the model load, first embedding); once for an empty folder and once for the folder holding the
    largest size (opening it loads the FAISS file and checks it against SQLite). The OS page cache is warm
    (the model files were read before), so "cold" means a new process, not a cold disk. A third kind of
    child only imports torch and sentence_transformers, to show how much of ``Memory.open`` is imports.
 5. Peak RSS (``ru_maxrss``) of this process after each size, and of the start-up subprocesses.
+6. Event-loop lateness: a 1 ms timer runs beside every ``ingest_many`` and beside the timed single
+   ingests and recalls; how late it wakes (p50/p99/max) is how long the loop was unavailable to a bot.
+
+After each fill the bench waits for background HNSW builds (``graph_wait_s``) so that every size is timed
+in its steady state.
 
 Usage:  python bench/speed.py --out bench/results/speed.json          (default sizes 10000 100000)
 """
@@ -62,6 +68,7 @@ from typing import Any
 import numpy as np
 from _chatgen import ChatGenerator, Person
 from _common import (
+    LoopStallMonitor,
     latency_summary,
     machine_info,
     now_iso,
@@ -227,7 +234,10 @@ async def bulk_ingest(
     mixed_s, mixed_results = await _timed_ingest_many(mem, mixed)
     pop.counts.update(m.user_id for m, x in zip(mixed, mixed_results, strict=True) if x.stored)
 
+    stalls = LoopStallMonitor()
+    stalls.late = list(STALLS)
     return {
+        "loop_stall_during_ingest_many": stalls.summary(),
         "messages": n,
         "rounds": len(raw_s),
         "stored": stored,
@@ -245,10 +255,16 @@ async def bulk_ingest(
     }
 
 
+STALLS: list[float] = []  # event-loop lateness seen during every ingest_many of the run
+
+
 async def _timed_ingest_many(mem: Memory, messages: list[Message]) -> tuple[float, list[IngestResult]]:
-    start = time.perf_counter()
-    results = await mem.ingest_many(messages)
-    return time.perf_counter() - start, results
+    async with LoopStallMonitor() as monitor:
+        start = time.perf_counter()
+        results = await mem.ingest_many(messages)
+        seconds = time.perf_counter() - start
+    STALLS.extend(monitor.late)
+    return seconds, results
 
 
 async def fill(
@@ -402,18 +418,24 @@ async def measure(args: argparse.Namespace, settings: Settings, folder: Path) ->
         quarter = max(1, args.samples // 4)
         for size in sorted(args.sizes):
             fill_stats = await fill(mem, pop, pool_texts, pool_vectors, size, args.noise, rng)
+            start = time.perf_counter()
+            await mem.store.index.settle()  # large users' HNSW graphs finish building in the background
+            fill_stats["graph_wait_s"] = time.perf_counter() - start
+            fill_stats["index"] = mem.store.index.describe()
             out["fill"].append({"target": size, **fill_stats})
             print(f"size {size:,}: timing ingest and recall ...", file=sys.stderr)
-            row: dict[str, Any] = {
-                "ingest_ignored": await time_ingest(mem, pop, args.samples, ignored=True),
-                "ingest_stored": await time_ingest(mem, pop, args.samples, ignored=False),
-                "recall_heavy_user": await time_recall(mem, pop, pop.heavy, args.samples, args.k),
-                "recall_typical_user": await time_recall(mem, pop, pop.typical, args.samples, args.k),
-                "recall_heavy_user_after_write": await time_recall_after_write(
-                    mem, pop, pop.heavy, quarter, args.k
-                ),
-                "breakdown_heavy_user": await recall_breakdown(mem, pop, pop.heavy, quarter, args.k),
-            }
+            async with LoopStallMonitor() as monitor:
+                row: dict[str, Any] = {
+                    "ingest_ignored": await time_ingest(mem, pop, args.samples, ignored=True),
+                    "ingest_stored": await time_ingest(mem, pop, args.samples, ignored=False),
+                    "recall_heavy_user": await time_recall(mem, pop, pop.heavy, args.samples, args.k),
+                    "recall_typical_user": await time_recall(mem, pop, pop.typical, args.samples, args.k),
+                    "recall_heavy_user_after_write": await time_recall_after_write(
+                        mem, pop, pop.heavy, quarter, args.k
+                    ),
+                    "breakdown_heavy_user": await recall_breakdown(mem, pop, pop.heavy, quarter, args.k),
+                }
+            row["loop_stall"] = monitor.summary()
             stats = await mem.store.stats()
             row["memories"] = stats["memories"]
             row["users"] = stats["users"]
@@ -436,15 +458,23 @@ async def measure(args: argparse.Namespace, settings: Settings, folder: Path) ->
     return out
 
 
-def cold_start(folder: Path | None, repeat: int) -> dict[str, Any]:
-    """``repeat`` fresh interpreters opening ``folder`` (a new empty one each time if ``None``)."""
+def cold_start(folder: Path | None, repeat: int, *, empty_model_cache: bool = False) -> dict[str, Any]:
+    """``repeat`` fresh interpreters opening ``folder`` (a new empty one each time if ``None``);
+    ``empty_model_cache``: with no onnx export cached yet (the first start on a machine)."""
     runs = []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="narrmem-speed-start-") as empty:
-            target = folder or Path(empty)
+            target = folder or Path(empty) / "data"
+            env = dict(os.environ)
+            if empty_model_cache:
+                env["XDG_CACHE_HOME"] = str(Path(empty) / "cache")
             spawn = time.perf_counter()
             proc = subprocess.run(
-                [sys.executable, "-c", CHILD, str(target)], capture_output=True, text=True, check=False
+                [sys.executable, "-c", CHILD, str(target)],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=env,
             )
             exited = time.perf_counter()
         if proc.returncode != 0:
@@ -528,7 +558,9 @@ def print_report(report: dict[str, Any]) -> None:
             ("recall after write, heavy", "recall_heavy_user_after_write", "-"),
         ):
             m = row[key]
-            rows.append([label, name, scope, m["p50_ms"], m["p99_ms"], m["mean_ms"], m["samples"]])
+            rows.append(
+                [label, name, scope, m["p50_ms"], m["p95_ms"], m["p99_ms"], m["mean_ms"], m["samples"]]
+            )
         b = row["breakdown_heavy_user"]
         for stage in ("embed_query", "search_vectors", "search_keywords"):
             rows.append(
@@ -537,13 +569,29 @@ def print_report(report: dict[str, Any]) -> None:
                     f"  stage: {stage}",
                     "-",
                     b[stage]["p50_ms"],
+                    b[stage]["p95_ms"],
                     b[stage]["p99_ms"],
                     b[stage]["mean_ms"],
                     b[stage]["samples"],
                 ]
             )
     print("\nLatency (ms); scope = memories of the user searched")
-    print(render_table(["memories", "operation", "scope", "p50", "p99", "mean", "n"], rows, digits=2))
+    print(render_table(["memories", "operation", "scope", "p50", "p95", "p99", "mean", "n"], rows, digits=2))
+    stall_rows = [
+        [
+            f"{int(size):,}",
+            row["loop_stall"]["p50_ms"],
+            row["loop_stall"]["p99_ms"],
+            row["loop_stall"]["max_ms"],
+        ]
+        for size, row in report["by_size"].items()
+    ]
+    bulk_stall = report["bulk_ingest"]["loop_stall_during_ingest_many"]
+    stall_rows.append(
+        ["during ingest_many", bulk_stall["p50_ms"], bulk_stall["p99_ms"], bulk_stall["max_ms"]]
+    )
+    print("\nEvent-loop lateness of a 1 ms timer (ms): while the single ingests and recalls above ran")
+    print(render_table(["memories", "p50", "p99", "max"], stall_rows, digits=2))
 
     first = [
         [
@@ -633,6 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = asyncio.run(measure(args, settings, folder))
         print("cold start-ups ...", file=sys.stderr)
         startup = {
+            "first_start_on_the_machine": cold_start(None, 1, empty_model_cache=True),
             "empty_folder": cold_start(None, args.repeat),
             f"folder_with_{max(args.sizes)}": cold_start(folder, args.repeat),
         }

@@ -182,16 +182,27 @@ class Memory:
         :class:`InputError` naming its index and field, and nothing from the call is stored.
         """
         validated = [_as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
-        results: list[IngestResult] = []
+        batches: list[list[IngestResult | None]] = []
         batch_size = self.settings.storage.batch_size
-        for start in range(0, len(validated), batch_size):
-            chunk = validated[start : start + batch_size]
-            results.extend(await self._ingest_batch(chunk))
-            if progress is not None:
-                progress(len(chunk))
-        return results
+        finishing: asyncio.Task[None] | None = None
+        try:
+            for start in range(0, len(validated), batch_size):
+                chunk = validated[start : start + batch_size]
+                results, finishing = await self._ingest_batch(chunk, finishing)
+                batches.append(results)
+                if progress is not None:
+                    progress(len(chunk))
+        finally:
+            if finishing is not None:
+                await finishing
+        return [r for results in batches for r in results if r is not None]
 
-    async def _ingest_batch(self, messages: list[Message]) -> list[IngestResult]:
+    async def _ingest_batch(
+        self, messages: list[Message], previous: asyncio.Task[None] | None
+    ) -> tuple[list[IngestResult | None], asyncio.Task[None] | None]:
+        """Triage, embed and write one batch; return its results and the task running its
+        after-store hooks. That task overlaps the next batch's embedding (``previous`` is the last
+        batch's), so in bulk the model never waits for counters, facts and triggers."""
         errors: dict[int, list[str]] = {i: [] for i in range(len(messages))}
         decisions = [await self._triage(m, errors[i]) for i, m in enumerate(messages)]
         results: list[IngestResult | None] = [None] * len(messages)
@@ -222,19 +233,31 @@ class Memory:
                     errors=errors[i],
                 )
                 pending.append((i, records))
-        if pending:
-            await self._write(messages, decisions, pending, results, errors)
-        return [r for r in results if r is not None]
+        if not pending:
+            if previous is not None:
+                await previous
+            return results, None
+        texts = [r.index_text for _, records in pending for r in records]
+        embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.embedder.embed(texts))
+        try:
+            if previous is not None:
+                await previous
+            vectors = await embedding
+        finally:
+            if not embedding.done():
+                embedding.cancel()
+        kept = await self._write(messages, decisions, pending, vectors, results)
+        finishing = asyncio.ensure_future(self._after_store(messages, decisions, kept, results, errors))
+        return results, finishing
 
     async def _write(
         self,
         messages: list[Message],
         decisions: list[TriageDecision],
         pending: list[tuple[int, list[MemoryRecord]]],
+        vectors: np.ndarray,
         results: list[IngestResult | None],
-        errors: dict[int, list[str]],
-    ) -> None:
-        vectors = await self.embedder.embed([r.index_text for _, records in pending for r in records])
+    ) -> list[tuple[int, list[MemoryRecord], np.ndarray]]:
         async with self._write_lock:
             # A concurrent ingest may have stored the same message while this one was embedding.
             stored = await self._already_stored([(messages[i], decisions[i]) for i, _ in pending])
@@ -251,6 +274,16 @@ class Memory:
                 await self.store.add(
                     [r for _, records, _ in keep for r in records], np.vstack([own for _, _, own in keep])
                 )
+        return keep
+
+    async def _after_store(
+        self,
+        messages: list[Message],
+        decisions: list[TriageDecision],
+        keep: list[tuple[int, list[MemoryRecord], np.ndarray]],
+        results: list[IngestResult | None],
+        errors: dict[int, list[str]],
+    ) -> None:
         for i, records, own in keep:
             message, decision = messages[i], decisions[i]
             result = IngestResult(

@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""narrmem vector index benchmark: one user's shard at each of ``--sizes`` vectors, searched exactly and
+through its HNSW graph, with the recall of HNSW against exact search and the latency of both.
+
+Vectors: ``--pool`` distinct generated chat messages (``_chatgen``) embedded for real with the configured
+embedder, and each indexed vector a pool vector plus Gaussian noise (sigma ``--noise`` per dimension),
+renormalised; queries are other generated messages, embedded for real. Everything goes through the
+product's ``VectorIndex`` (the thread hop included), with the configured ``[storage]`` HNSW settings:
+
+1. exact: the shard with no graph (``hnsw_threshold`` above the size), a matrix product per query;
+2. hnsw: the same rows after the background build (its time is reported), searched at ``ef_search`` and
+   at each of ``--ef`` (recall@10 against exact and latency for each);
+3. tombstones: ``--delete`` of the rows removed (below the rebuild ratio, so the graph keeps them as
+   tombstones), then searched again (recall against exact search over the live rows).
+
+Usage:  python bench/index.py --out bench/results/index.json            (default sizes 100000 1000000)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _chatgen import ChatGenerator
+from _common import default_embedder, latency_summary, machine_info, now_iso, peak_rss_mib, render_table
+from _common import write_json as write_report
+from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, VectorIndex
+
+from narrmem import load_settings
+
+CHUNK = 50_000
+USER = ("default", "heavy")
+
+
+async def embed_all(embedder: Any, texts: list[str]) -> np.ndarray:
+    parts = [await embedder.embed(texts[i : i + 256]) for i in range(0, len(texts), 256)]
+    return np.vstack(parts).astype(np.float32)
+
+
+def noisy(pool: np.ndarray, n: int, noise: float, rng: np.random.Generator) -> np.ndarray:
+    out = np.empty((n, pool.shape[1]), dtype=np.float32)
+    for start in range(0, n, CHUNK):
+        m = min(CHUNK, n - start)
+        block = pool[rng.integers(0, len(pool), m)] + rng.normal(0.0, noise, (m, pool.shape[1]))
+        out[start : start + m] = block / np.linalg.norm(block, axis=1, keepdims=True)
+    return out
+
+
+async def fill(index: VectorIndex, vectors: np.ndarray) -> None:
+    for start in range(0, len(vectors), CHUNK):
+        part = vectors[start : start + CHUNK]
+        ids = np.arange(start + 1, start + len(part) + 1, dtype=np.int64)
+        await index.add(ids, part, [Owner(USER[0], USER[1], "dm")] * len(part))
+
+
+async def timed_searches(
+    index: VectorIndex, queries: np.ndarray, k: int
+) -> tuple[list[list[int]], dict[str, float]]:
+    found, seconds = [], []
+    for query in queries:
+        start = time.perf_counter()
+        hits = await index.search(query, k, tenant=USER[0], user_id=USER[1], chat_id=None)
+        seconds.append(time.perf_counter() - start)
+        found.append([i for i, _ in hits])
+    summary = latency_summary(seconds)
+    summary["p95_ms"] = float(np.percentile(np.asarray(seconds) * 1000, 95))
+    return found, summary
+
+
+def recall_at(found: list[list[int]], truth: list[list[int]], k: int) -> float:
+    return float(np.mean([len(set(f[:k]) & set(t[:k])) / k for f, t in zip(found, truth, strict=True)]))
+
+
+async def measure_size(
+    args: argparse.Namespace, options: IndexOptions, vectors: np.ndarray, queries: np.ndarray, folder: Path
+) -> dict[str, Any]:
+    n = len(vectors)
+    out: dict[str, Any] = {"vectors": n}
+    exact_options = IndexOptions(**{**options.__dict__, "hnsw_threshold": n + 1})
+    exact = VectorIndex(folder / f"exact-{n}", vectors.shape[1], exact_options)
+    await fill(exact, vectors)
+    truth, out["exact"] = await timed_searches(exact, queries, args.k)
+    await exact.close()
+    del exact
+
+    index = VectorIndex(folder / f"hnsw-{n}", vectors.shape[1], options)
+    start = time.perf_counter()
+    await fill(index, vectors)
+    await index.settle()
+    out["hnsw_build_s"] = time.perf_counter() - start
+    assert index.describe()["hnsw_shards"] == 1, index.describe()
+    found, out["hnsw"] = await timed_searches(index, queries, args.k)
+    out["hnsw"]["recall_at_k"] = recall_at(found, truth, args.k)
+    out["hnsw"]["ef_search"] = options.ef_search
+    out["ef_sweep"] = []
+    for ef in args.ef:
+        index.options = IndexOptions(**{**options.__dict__, "ef_search": ef})
+        swept, summary = await timed_searches(index, queries, args.k)
+        out["ef_sweep"].append({"ef_search": ef, "recall_at_k": recall_at(swept, truth, args.k), **summary})
+    index.options = options
+
+    deleted = np.random.default_rng(args.seed).choice(n, int(n * args.delete), replace=False) + 1
+    await index.remove(deleted.astype(np.int64), [USER])
+    assert index.describe()["tombstones"] == len(deleted) and not index.describe()["hnsw_builds_running"]
+    found, out["hnsw_tombstones"] = await timed_searches(index, queries, args.k)
+    live = np.ones(n, dtype=bool)
+    live[deleted - 1] = False
+    scores = queries @ vectors[live].T
+    live_ids = np.flatnonzero(live) + 1
+    live_truth = [[int(live_ids[i]) for i in np.argsort(-row)[: args.k]] for row in scores]
+    out["hnsw_tombstones"]["recall_at_k"] = recall_at(found, live_truth, args.k)
+    out["hnsw_tombstones"]["deleted"] = len(deleted)
+    out["hnsw_tombstones"]["returned_deleted"] = len(
+        {i for f in found for i in f} & {int(d) for d in deleted}
+    )
+    await index.close()
+    out["peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = load_settings(args.config)
+    storage = settings.storage
+    options = IndexOptions(
+        hnsw_threshold=storage.hnsw_threshold,
+        hnsw_m=storage.hnsw_m,
+        ef_construction=storage.hnsw_ef_construction,
+        ef_search=storage.hnsw_ef_search,
+        rebuild_ratio=storage.hnsw_rebuild_ratio,
+    )
+    embedder = default_embedder(settings)
+    await embedder.start()
+    gen = ChatGenerator(args.seed)
+    pool = await embed_all(embedder, gen.unique_contents(args.pool))
+    queries = await embed_all(embedder, [gen.query() for _ in range(args.queries)])
+    await embedder.close()
+    rng = np.random.default_rng(args.seed)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="narrmem-index-") as tmp:
+        for size in sorted(args.sizes):
+            print(f"size {size:,} ...", file=sys.stderr)
+            vectors = noisy(pool, size, args.noise, rng)
+            results.append(await measure_size(args, options, vectors, queries, Path(tmp)))
+            del vectors
+    return {
+        "options": options.__dict__,
+        "results": results,
+        "settings": settings.model_dump(),
+        "m": machine_info(),
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = []
+    for r in report["results"]:
+        n = f"{r['vectors']:,}"
+        rows.append([n, "exact", "-", r["exact"]["p50_ms"], r["exact"]["p95_ms"], 1.0])
+        rows.append(
+            [
+                n,
+                "hnsw",
+                r["hnsw"]["ef_search"],
+                r["hnsw"]["p50_ms"],
+                r["hnsw"]["p95_ms"],
+                r["hnsw"]["recall_at_k"],
+            ]
+        )
+        for s in r["ef_sweep"]:
+            rows.append([n, "  hnsw ef sweep", s["ef_search"], s["p50_ms"], s["p95_ms"], s["recall_at_k"]])
+        t = r["hnsw_tombstones"]
+        rows.append(
+            [
+                n,
+                f"hnsw, {t['deleted']:,} tombstones",
+                r["hnsw"]["ef_search"],
+                t["p50_ms"],
+                t["p95_ms"],
+                t["recall_at_k"],
+            ]
+        )
+    print(
+        f"\nOne user's shard, k={report['params']['k']}: search latency (ms, thread hop included) "
+        "and recall@k vs exact"
+    )
+    print(render_table(["vectors", "search", "ef", "p50", "p95", "recall@k"], rows, digits=3))
+    for r in report["results"]:
+        print(
+            f"{r['vectors']:,}: HNSW build {r['hnsw_build_s']:.1f}s (background, one thread); "
+            f"deleted rows returned: {r['hnsw_tombstones']['returned_deleted']}; "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB"
+        )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="vectors in the shard"
+    )
+    parser.add_argument("--out", help="write the JSON report here")
+    parser.add_argument("--queries", type=int, default=500)
+    parser.add_argument("--pool", type=int, default=4000, help="distinct messages embedded for real")
+    parser.add_argument("--noise", type=float, default=0.02)
+    parser.add_argument(
+        "--ef", type=int, nargs="*", default=[32, 64, 128, 256], help="ef_search values to sweep"
+    )
+    parser.add_argument("--delete", type=float, default=0.1, help="share of rows deleted (tombstoned)")
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--config", help="a narrmem TOML config file (default: defaults + NARRMEM_ env)")
+    args = parser.parse_args(argv)
+    if min(args.sizes) < 2 or args.queries < 1 or args.pool < 1 or not 0 <= args.delete < 1:
+        parser.error("--sizes must be >= 2, --queries and --pool positive, --delete in [0, 1)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    body = asyncio.run(run(args))
+    report = {
+        "benchmark": "index",
+        "params": {k: v for k, v in vars(args).items() if k not in {"out", "config"}},
+        "options": body["options"],
+        "results": body["results"],
+        "date": now_iso(),
+        "machine": body["m"],
+        "seconds": time.perf_counter() - started,
+    }
+    print_report(report)
+    if args.out:
+        write_report(args.out, report)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
