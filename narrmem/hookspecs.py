@@ -170,6 +170,16 @@ def narrmem_on_trigger(memory: Memory, event: TriggerEvent) -> None:
 
 
 @hookspec
+def narrmem_recall_prefetch(memory: Memory, request: RecallRequest) -> list[Candidate] | None:
+    """Propose memories for a query without its vector (keyword search, say).
+
+    Called while the query is being embedded, so this source's I/O overlaps the model instead of
+    following it. The same contract as ``narrmem_recall_candidates``: filter by ``request.scope``
+    in the query itself; ranks are per source.
+    """
+
+
+@hookspec
 def narrmem_recall_candidates(
     memory: Memory, request: RecallRequest, query_vector: np.ndarray
 ) -> list[Candidate] | None:

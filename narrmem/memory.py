@@ -403,11 +403,17 @@ class Memory:
         return await self._recall(request)
 
     async def _recall(self, request: RecallRequest) -> list[Hit]:
-        [query_vector] = await self.embedder.embed([request.query])
+        embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.embedder.embed([request.query]))
+        try:
+            early = await self.host.call("narrmem_recall_prefetch", memory=self, request=request)
+            [query_vector] = await embedding
+        finally:
+            if not embedding.done():
+                embedding.cancel()
         proposals = await self.host.call(
             "narrmem_recall_candidates", memory=self, request=request, query_vector=query_vector
         )
-        candidates: list[Candidate] = [c for batch in proposals for c in batch]
+        candidates: list[Candidate] = [c for batch in (*proposals, *early) for c in batch]
         records = await self.store.get(sorted({c.memory_id for c in candidates}), request.scope)
         candidates = [c for c in candidates if c.memory_id in records]
         ranking = await self.host.call_first(

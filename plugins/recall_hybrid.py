@@ -114,22 +114,27 @@ class HybridRecall:
             self._recent.popitem(last=False)
 
     @hookimpl
+    async def narrmem_recall_prefetch(self, memory: object, request: RecallRequest) -> list[Candidate]:
+        """Keyword candidates: they need no query vector, so they are searched while it is embedded."""
+        store = memory.store  # type: ignore[attr-defined]
+        hits = await store.search_keywords(
+            request.scope,
+            request.query,
+            max(self.options.candidates, request.k),
+            context_weight=self.options.context_weight,
+            kinds=request.kinds,
+        )
+        return _candidates("keyword", hits)
+
+    @hookimpl
     async def narrmem_recall_candidates(
         self, memory: object, request: RecallRequest, query_vector: np.ndarray
     ) -> list[Candidate]:
         store = memory.store  # type: ignore[attr-defined]
         n = max(self.options.candidates, request.k)
-        found: list[Candidate] = []
-        vector_hits = await store.search_vectors(request.scope, query_vector, n, kinds=request.kinds)
-        keyword_hits = await store.search_keywords(
-            request.scope, request.query, n, context_weight=self.options.context_weight, kinds=request.kinds
+        return _candidates(
+            "vector", await store.search_vectors(request.scope, query_vector, n, kinds=request.kinds)
         )
-        for source, hits in (("vector", vector_hits), ("keyword", keyword_hits)):
-            found.extend(
-                Candidate(memory_id=mid, source=source, rank=rank, score=score)
-                for rank, (mid, score) in enumerate(hits)
-            )
-        return found
 
     @hookimpl
     def narrmem_rank(
@@ -137,3 +142,10 @@ class HybridRecall:
     ) -> list[tuple[int, float]]:
         weights = {"vector": self.options.vector_weight, "keyword": self.options.keyword_weight}
         return reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights)
+
+
+def _candidates(source: str, hits: list[tuple[int, float]]) -> list[Candidate]:
+    return [
+        Candidate(memory_id=mid, source=source, rank=rank, score=score)
+        for rank, (mid, score) in enumerate(hits)
+    ]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _helpers import msg
-from narrmem_plugins.embedder_onnx import OnnxEmbedder
+from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir
 
 from narrmem.embed import SentenceTransformerEmbedder
 from narrmem.errors import ConfigError, StoreError
@@ -87,3 +91,46 @@ async def test_quantize_needs_the_onnx_backend(tmp_path: Path) -> None:
             tmp_path / "m", real_model=True, embedder={"backend": "sentence-transformers", "quantize": "int8"}
         ):
             pass
+
+
+CHILD = """
+import asyncio, json, sys
+from narrmem import Memory
+
+
+async def main(folder):
+    async with await Memory.open(folder) as memory:
+        decision = await memory.triage({"text": "ok", "user_id": "u", "chat_id": "c", "message_id": "1"})
+        ignored = await memory.ingest({"text": "thanks!", "user_id": "u", "chat_id": "c", "message_id": "2"})
+        stored = await memory.ingest(
+            {"text": "I adopted a greyhound named Pixel", "user_id": "u", "chat_id": "c", "message_id": "3"}
+        )
+        hits = await memory.recall("what dog do I have?", user_id="u")
+    heavy = sorted({"torch", "sentence_transformers", "transformers"} & set(sys.modules))
+    print(json.dumps([decision.layer, ignored.layer, stored.stored, hits[0].message_ids, heavy]))
+
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_help_and_a_working_memory_never_import_torch(tmp_path: Path) -> None:
+    """Once the export is cached, neither the CLI's help nor a Memory that triages, stores and
+    recalls imports torch, sentence-transformers or transformers (seconds and hundreds of MB)."""
+    asyncio.run(_export_once())  # this process may import torch for it; the children must not
+    code = (
+        "import sys; from narrmem.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    )
+    code += "print(sorted({'torch', 'sentence_transformers', 'transformers'} & set(sys.modules)))"
+    helped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert helped.stdout.strip().splitlines()[-1] == "[]"
+    ran = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "m")], capture_output=True, text=True, check=True
+    )
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == ["ignore", "ignore", True, ["3"], []]
+
+
+async def _export_once() -> None:
+    embedder = OnnxEmbedder(None, default_cache_dir())
+    await embedder.start()
+    await embedder.close()

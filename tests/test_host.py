@@ -78,6 +78,10 @@ class Raiser:
         self._maybe_raise("narrmem_recall_candidates")
 
     @hookimpl
+    async def narrmem_recall_prefetch(self) -> None:
+        self._maybe_raise("narrmem_recall_prefetch")
+
+    @hookimpl
     def narrmem_after_recall(self) -> None:
         self._maybe_raise("narrmem_after_recall")
 
@@ -342,13 +346,15 @@ async def test_raising_plugin_does_not_lose_the_message(tmp_path: Path, hook: st
     assert "raiser" in result.notes[0] and hook in result.notes[0] and "boom" in result.notes[0]
 
 
-async def test_raising_recall_source_still_returns_other_sources_hits(memory_factory: Any) -> None:
+@pytest.mark.parametrize("hook", ["narrmem_recall_candidates", "narrmem_recall_prefetch"])
+async def test_raising_recall_source_still_returns_other_sources_hits(memory_factory: Any, hook: str) -> None:
     recorder = ErrorRecorder()
-    mem = await memory_factory(plugins=[Raiser("narrmem_recall_candidates"), recorder])
+    mem = await memory_factory(plugins=[Raiser(hook), recorder])
     await mem.ingest(msg("1", "I adopted a greyhound named Pixel"))
     hits = await mem.recall("greyhound", user_id="u1")
     assert [h.message_ids for h in hits] == [["1"]]
-    assert [(p, h) for p, h, _ in recorder.reports] == [("raiser", "narrmem_recall_candidates")]
+    assert {"vector", "keyword"} <= set(hits[0].sources)  # the built-in sources both answered
+    assert [(p, h) for p, h, _ in recorder.reports] == [("raiser", hook)]
 
 
 async def test_raising_error_handler_is_contained(memory_factory: Any) -> None:
