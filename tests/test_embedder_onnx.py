@@ -98,13 +98,15 @@ import asyncio, json, sys
 from narrmem import Memory
 
 
+def message(mid, text):
+    return {"text": text, "user_id": "u", "chat_id": "c", "message_id": mid, "ts": "2026-05-04T09:00:00Z"}
+
+
 async def main(folder):
     async with await Memory.open(folder) as memory:
-        decision = await memory.triage({"text": "ok", "user_id": "u", "chat_id": "c", "message_id": "1"})
-        ignored = await memory.ingest({"text": "thanks!", "user_id": "u", "chat_id": "c", "message_id": "2"})
-        stored = await memory.ingest(
-            {"text": "I adopted a greyhound named Pixel", "user_id": "u", "chat_id": "c", "message_id": "3"}
-        )
+        decision = await memory.triage(message("1", "ok"))
+        ignored = await memory.ingest(message("2", "thanks!"))
+        stored = await memory.ingest(message("3", "I adopted a greyhound named Pixel"))
         hits = await memory.recall("what dog do I have?", user_id="u")
     heavy = sorted({"torch", "sentence_transformers", "transformers"} & set(sys.modules))
     print(json.dumps([decision.layer, ignored.layer, stored.stored, hits[0].message_ids, heavy]))
