@@ -4,7 +4,9 @@ through its HNSW graph, with the recall of HNSW against exact search and the lat
 
 Vectors: ``--pool`` distinct generated chat messages (``_chatgen``) embedded for real with the configured
 embedder, and each indexed vector a pool vector plus Gaussian noise (sigma ``--noise`` per dimension),
-renormalised; queries are other generated messages, embedded for real. Everything goes through the
+renormalised; queries are generated questions ("what did I say about ...?", far from any stored message,
+the hard case for a graph) and, in one row, held-out generated statements (close to stored ones, as a
+paraphrase is), both embedded for real. Everything goes through the
 product's ``VectorIndex`` (the thread hop included), with the configured ``[storage]`` HNSW settings:
 
 1. exact: the shard with no graph (``hnsw_threshold`` above the size), a matrix product per query;
@@ -102,7 +104,12 @@ def score_recall_at(
 
 
 async def measure_size(
-    args: argparse.Namespace, options: IndexOptions, vectors: np.ndarray, queries: np.ndarray, folder: Path
+    args: argparse.Namespace,
+    options: IndexOptions,
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    statements: np.ndarray,
+    folder: Path,
 ) -> dict[str, Any]:
     n = len(vectors)
     out: dict[str, Any] = {"vectors": n}
@@ -110,6 +117,7 @@ async def measure_size(
     exact = VectorIndex(folder / f"exact-{n}", vectors.shape[1], exact_options)
     await fill(exact, vectors)
     truth, out["exact"] = await timed_searches(exact, queries, args.k)
+    statement_truth, _ = await timed_searches(exact, statements, args.k)
     await exact.close()
     del exact
 
@@ -122,6 +130,9 @@ async def measure_size(
     found, out["hnsw"] = await timed_searches(index, queries, args.k)
     out["hnsw"]["recall_at_k"] = recall_at(found, truth, args.k)
     out["hnsw"]["score_recall_at_k"] = score_recall_at(found, truth, args.k)
+    found, out["hnsw_statements"] = await timed_searches(index, statements, args.k)
+    out["hnsw_statements"]["recall_at_k"] = recall_at(found, statement_truth, args.k)
+    out["hnsw_statements"]["score_recall_at_k"] = score_recall_at(found, statement_truth, args.k)
     out["hnsw"]["ef_search"] = options.ef_search
     out["ef_sweep"] = []
     for ef in args.ef:
@@ -172,6 +183,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     gen = ChatGenerator(args.seed)
     pool = await embed_all(embedder, gen.unique_contents(args.pool))
     queries = await embed_all(embedder, [gen.query() for _ in range(args.queries)])
+    statements = await embed_all(embedder, gen.unique_contents(args.pool + args.queries)[args.pool :])
     await embedder.close()
     rng = np.random.default_rng(args.seed)
     results = []
@@ -179,7 +191,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for size in sorted(args.sizes):
             print(f"size {size:,} ...", file=sys.stderr)
             vectors = noisy(pool, size, args.noise, rng)
-            results.append(await measure_size(args, options, vectors, queries, Path(tmp)))
+            results.append(await measure_size(args, options, vectors, queries, statements, Path(tmp)))
             del vectors
     return {
         "options": options.__dict__,
@@ -198,6 +210,7 @@ def print_report(report: dict[str, Any]) -> None:
         runs = [("hnsw", h["ef_search"], h)]
         runs += [("  hnsw ef sweep", s["ef_search"], s) for s in r["ef_sweep"]]
         runs.append((f"hnsw, {t['deleted']:,} tombstones", h["ef_search"], t))
+        runs.append(("hnsw, statement queries", h["ef_search"], r["hnsw_statements"]))
         for label, ef, m in runs:
             rows.append([n, label, ef, m["p50_ms"], m["p95_ms"], m["recall_at_k"], m["score_recall_at_k"]])
     print(

@@ -47,8 +47,8 @@ ShardKey = tuple[str, str]  # (tenant, user_id)
 class IndexOptions:
     hnsw_threshold: int = 10_000
     hnsw_m: int = 32
-    ef_construction: int = 80
-    ef_search: int = 96
+    ef_construction: int = 200
+    ef_search: int = 128
     rebuild_ratio: float = 0.2
 
 
