@@ -240,10 +240,12 @@ class VectorIndex:
 
     async def add(self, ids: np.ndarray, vectors: np.ndarray, owners: Sequence[Owner]) -> None:
         if len(ids):
-            await self._run(self._add_sync, np.asarray(ids, dtype=np.int64), _matrix(vectors), list(owners))
-            self._schedule_builds()
+            touched = await self._run(
+                self._add_sync, np.asarray(ids, dtype=np.int64), _matrix(vectors), list(owners)
+            )
+            self._schedule_builds(touched)
 
-    def _add_sync(self, ids: np.ndarray, vectors: np.ndarray, owners: list[Owner]) -> None:
+    def _add_sync(self, ids: np.ndarray, vectors: np.ndarray, owners: list[Owner]) -> list[ShardKey]:
         if not (len(ids) == len(vectors) == len(owners)):
             raise ValueError(f"{len(ids)} ids, {len(vectors)} vectors and {len(owners)} owners")
         groups: dict[ShardKey, list[int]] = {}
@@ -257,13 +259,15 @@ class VectorIndex:
             chats = np.array([self._chat_code(owners[i].chat_id) for i in rows], dtype=np.int32)
             shard.append(ids[rows], chats, vectors[rows])
             self._mark(key)
+        return list(groups)
 
     async def remove(self, ids: np.ndarray, shards: Iterable[ShardKey]) -> int:
         """Remove ``ids`` from the named shards (the store knows whose rows it deleted)."""
         if not len(ids):
             return 0
-        removed = int(await self._run(self._remove_sync, np.asarray(ids, dtype=np.int64), set(shards)))
-        self._schedule_builds()
+        keys = set(shards)
+        removed = int(await self._run(self._remove_sync, np.asarray(ids, dtype=np.int64), keys))
+        self._schedule_builds(keys)
         return removed
 
     def _remove_sync(self, ids: np.ndarray, keys: set[ShardKey]) -> int:
@@ -331,11 +335,14 @@ class VectorIndex:
 
     # --- graphs ---------------------------------------------------------------------------
 
-    def _schedule_builds(self) -> None:
+    def _schedule_builds(self, keys: Iterable[ShardKey] | None = None) -> None:
+        """Start background builds for the shards that need one (``keys``: only these; a write
+        checks the shards it touched, not every user's)."""
         if self._closing:
             return
-        for shard in list(self._shards.values()):
-            if shard.building or shard.failed_builds >= MAX_FAILED_BUILDS:
+        shards = list(self._shards.values()) if keys is None else [self._shards.get(k) for k in keys]
+        for shard in shards:
+            if shard is None or shard.building or shard.failed_builds >= MAX_FAILED_BUILDS:
                 continue
             grow = shard.graph is None and shard.live >= self.options.hnsw_threshold
             shrink = shard.graph is not None and shard.dead > self.options.rebuild_ratio * shard.n
@@ -360,7 +367,7 @@ class VectorIndex:
             log.exception("building the HNSW graph of a vector shard failed")
         finally:
             shard.building = False
-        self._schedule_builds()
+        self._schedule_builds([shard.key])
 
     def _new_graph(self, vectors: np.ndarray) -> Any:
         """The graph over ``vectors`` (labels are their row numbers), or ``None`` if the index closes
