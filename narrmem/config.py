@@ -41,7 +41,7 @@ class StorageSettings(_Section):
     )
     hnsw_m: int = Field(default=32, ge=4, le=128, description="HNSW links per node")
     hnsw_ef_construction: int = Field(default=200, ge=8, le=2048)
-    hnsw_ef_search: int = Field(default=128, ge=8, le=4096, description="HNSW candidates kept per search")
+    hnsw_ef_search: int = Field(default=256, ge=8, le=4096, description="HNSW candidates kept per search")
     hnsw_rebuild_ratio: float = Field(
         default=0.2, gt=0.0, le=1.0, description="rebuild a graph when this share of it is deleted"
     )

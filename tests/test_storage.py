@@ -7,12 +7,16 @@ import asyncio
 import gc
 import json
 import shutil
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import pytest
 from _helpers import INDEX_NAME, MANIFEST, count_rows, hit_keys, index_file_ids, msg, sql
+from narrmem_plugins.storage_sqlite import schema
+from narrmem_plugins.storage_sqlite.store import chat_token, user_token
 
 import narrmem
 from narrmem import Memory, Scope
@@ -438,3 +442,37 @@ async def test_edit_replaces_and_keeps_history_and_delete_forgets_the_message(me
     assert await memory.forget_messages(chat_id="c1", message_ids=["e1"]) == {"memories": 1}
     assert await memory.recall("Portishead", user_id="u1") == []
     assert memory.store.index.size == 0
+
+
+async def test_schema_3_gives_existing_keyword_rows_their_owners(tmp_path: Path) -> None:
+    """A version-2 database keeps its keyword rows and gains the scope tokens it is searched by."""
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:
+        for script in schema.MIGRATIONS[:2]:
+            for statement in schema.split_statements(script):
+                old.execute(statement)
+        old.execute(
+            "INSERT INTO memories (kind, tenant, user_id, chat_id, text, importance, created_at, created_ts, "
+            "message_ids, meta) VALUES ('episode', 'dëfault', '用户 1', 'c:9', 'x', 0.3, 'x', 0, '[]', '{}')"
+        )
+        old.execute("INSERT INTO memories_fts (rowid, body, context) VALUES (1, 'greyhound pixel', '')")
+        old.execute("PRAGMA user_version = 2")
+    db = await aiosqlite.connect(path, isolation_level=None)
+    try:
+        assert await schema.migrate(db) is not None
+        async with db.execute("SELECT rowid, body, owner FROM memories_fts") as cursor:
+            rows = list(await cursor.fetchall())
+        owner = f"{user_token('dëfault', '用户 1')} {chat_token('dëfault', 'c:9')}"
+        assert rows == [(1, "greyhound pixel", owner)]
+        match = f'owner:"{user_token("dëfault", "用户 1")}" AND ("greyhound")'
+        async with db.execute(
+            "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?", (match,)
+        ) as cursor:
+            assert list(await cursor.fetchall()) == [(1,)]
+        other = f'owner:"{user_token("dëfault", "用户 2")}" AND ("greyhound")'
+        async with db.execute(
+            "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?", (other,)
+        ) as cursor:
+            assert list(await cursor.fetchall()) == []
+    finally:
+        await db.close()

@@ -198,9 +198,10 @@ class SQLiteStore:
             "(memory_id, tenant, chat_id, message_id, is_episode) VALUES (?, ?, ?, ?, ?)",
             [(new_id, record.tenant, record.chat_id, mid, is_episode) for mid in record.message_ids],
         )
+        owner = f"{user_token(record.tenant, record.user_id)} {chat_token(record.tenant, record.chat_id)}"
         await db.execute(
-            "INSERT INTO memories_fts (rowid, body, context) VALUES (?, ?, ?)",
-            (new_id, fts_document(record.index_text), fts_document(record.context_text or "")),
+            "INSERT INTO memories_fts (rowid, body, context, owner) VALUES (?, ?, ?, ?)",
+            (new_id, fts_document(record.index_text), fts_document(record.context_text or ""), owner),
         )
         return new_id
 
@@ -466,11 +467,16 @@ class SQLiteStore:
         if kinds:
             where += f" AND m.kind IN ({_marks(kinds)})"
             params = (*params, *kinds)
+        tokens = []
+        if scope.user_id is not None:
+            tokens.append(f'owner:"{user_token(scope.tenant, scope.user_id)}"')
+        if scope.chat_id is not None:
+            tokens.append(f'owner:"{chat_token(scope.tenant, scope.chat_id)}"')
         rows = await self._fetchall(
-            "SELECT m.id, bm25(memories_fts, 1.0, ?) AS rank FROM memories_fts "
+            "SELECT m.id, bm25(memories_fts, 1.0, ?, 0.0) AS rank FROM memories_fts "
             "JOIN memories m ON m.id = memories_fts.rowid "
             f"WHERE memories_fts MATCH ? AND {where} ORDER BY rank LIMIT ?",
-            (float(context_weight), match, *params, k),
+            (float(context_weight), f"{' AND '.join(tokens)} AND ({match})", *params, k),
         )
         return [(int(r[0]), -float(r[1])) for r in rows]
 
@@ -540,6 +546,15 @@ class SQLiteStore:
                 await db.executemany(sql, params)
             else:
                 await db.execute(sql, params)
+
+
+def user_token(tenant: str, user_id: str) -> str:
+    """The keyword index's token for a user (hex keeps any id one token; ``x`` separates)."""
+    return f"u{tenant.encode().hex()}x{user_id.encode().hex()}"
+
+
+def chat_token(tenant: str, chat_id: str) -> str:
+    return f"c{tenant.encode().hex()}x{chat_id.encode().hex()}"
 
 
 def fts_query(query: str) -> str:

@@ -48,7 +48,7 @@ class IndexOptions:
     hnsw_threshold: int = 10_000
     hnsw_m: int = 32
     ef_construction: int = 200
-    ef_search: int = 128
+    ef_search: int = 256
     rebuild_ratio: float = 0.2
 
 
