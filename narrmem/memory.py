@@ -204,12 +204,16 @@ class Memory:
         after-store hooks. That task overlaps the next batch's embedding (``previous`` is the last
         batch's), so in bulk the model never waits for counters, facts and triggers."""
         errors: dict[int, list[str]] = {i: [] for i in range(len(messages))}
-        decisions = [await self._triage(m, errors[i]) for i, m in enumerate(messages)]
+        decisions = []
+        for i, message in enumerate(messages):
+            decisions.append(await self._triage(message, errors[i]))
+            await _yield_every(i)
         results: list[IngestResult | None] = [None] * len(messages)
         pending: list[tuple[int, list[MemoryRecord]]] = []
         seen: set[tuple[str, str, str]] = set()
         stored = await self._already_stored([(m, d) for m, d in zip(messages, decisions, strict=True)])
         for i, (message, decision) in enumerate(zip(messages, decisions, strict=True)):
+            await _yield_every(i)
             key = _key(message)
             if decision.layer == "ignore":
                 results[i] = IngestResult(
@@ -284,7 +288,8 @@ class Memory:
         results: list[IngestResult | None],
         errors: dict[int, list[str]],
     ) -> None:
-        for i, records, own in keep:
+        for n, (i, records, own) in enumerate(keep):
+            await _yield_every(n)
             message, decision = messages[i], decisions[i]
             result = IngestResult(
                 message_id=message.message_id,
@@ -664,6 +669,13 @@ def attributed(message: Message) -> str | None:
 
 def _key(message: Message) -> tuple[str, str, str]:
     return (message.tenant, message.chat_id, message.message_id)
+
+
+async def _yield_every(n: int, every: int = 8) -> None:
+    """Let the event loop run between messages of a batch: a hook whose awaits complete at once
+    never suspends, and a batch of them would otherwise hold the loop for tens of milliseconds."""
+    if n % every == every - 1:
+        await asyncio.sleep(0)
 
 
 def _as_message(message: Message | dict[str, Any], index: int | None) -> Message:
