@@ -476,3 +476,14 @@ async def test_schema_3_gives_existing_keyword_rows_their_owners(tmp_path: Path)
             assert list(await cursor.fetchall()) == []
     finally:
         await db.close()
+
+
+async def test_an_index_file_of_the_older_format_is_replaced(built: Any) -> None:
+    folder, results, _ = built
+    shutil.rmtree(folder / INDEX_NAME)
+    (folder / INDEX_NAME).write_bytes(b"a single FAISS file, as older versions wrote")
+    async with open_memory(folder) as mem:
+        assert mem.store.index.rebuilt_reason is not None
+        assert await _results(mem) == results
+    assert (folder / MANIFEST).exists()
+    assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]

@@ -478,6 +478,8 @@ class VectorIndex:
         self.dirty = False
 
     def _save_sync(self) -> None:
+        if self.path.is_file():  # the single FAISS file of an older narrmem: derived, so replaced
+            self.path.unlink()
         self.path.mkdir(parents=True, exist_ok=True)
         by_bucket: dict[int, list[Shard]] = {}
         for key, shard in sorted(self._shards.items()):
