@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import tempfile
 import time
@@ -113,7 +114,7 @@ async def measure_size(
 ) -> dict[str, Any]:
     n = len(vectors)
     out: dict[str, Any] = {"vectors": n}
-    exact_options = IndexOptions(**{**options.__dict__, "hnsw_threshold": n + 1})
+    exact_options = dataclasses.replace(options, hnsw_threshold=n + 1)
     exact = VectorIndex(folder / f"exact-{n}", vectors.shape[1], exact_options)
     await fill(exact, vectors)
     truth, out["exact"] = await timed_searches(exact, queries, args.k)
@@ -136,7 +137,7 @@ async def measure_size(
     out["hnsw"]["ef_search"] = options.ef_search
     out["ef_sweep"] = []
     for ef in args.ef:
-        index.options = IndexOptions(**{**options.__dict__, "ef_search": ef})
+        index.options = dataclasses.replace(options, ef_search=ef)
         swept, summary = await timed_searches(index, queries, args.k)
         out["ef_sweep"].append(
             {
@@ -170,14 +171,7 @@ async def measure_size(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = load_settings(args.config)
-    storage = settings.storage
-    options = IndexOptions(
-        hnsw_threshold=storage.hnsw_threshold,
-        hnsw_m=storage.hnsw_m,
-        ef_construction=storage.hnsw_ef_construction,
-        ef_search=storage.hnsw_ef_search,
-        rebuild_ratio=storage.hnsw_rebuild_ratio,
-    )
+    options = IndexOptions.from_settings(settings.storage)
     embedder = default_embedder(settings)
     await embedder.start()
     gen = ChatGenerator(args.seed)

@@ -23,13 +23,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             database=storage.database,
             index=storage.index,
             busy_timeout_ms=storage.busy_timeout_ms,
-            index_options=IndexOptions(
-                hnsw_threshold=storage.hnsw_threshold,
-                hnsw_m=storage.hnsw_m,
-                ef_construction=storage.hnsw_ef_construction,
-                ef_search=storage.hnsw_ef_search,
-                rebuild_ratio=storage.hnsw_rebuild_ratio,
-            ),
+            index_options=IndexOptions.from_settings(storage),
         )
 
     register("sqlite", factory)

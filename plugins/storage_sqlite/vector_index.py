@@ -51,6 +51,17 @@ class IndexOptions:
     ef_search: int = 256
     rebuild_ratio: float = 0.2
 
+    @classmethod
+    def from_settings(cls, storage: Any) -> IndexOptions:
+        """The options a ``[storage]`` table (``StorageSettings``) sets."""
+        return cls(
+            hnsw_threshold=storage.hnsw_threshold,
+            hnsw_m=storage.hnsw_m,
+            ef_construction=storage.hnsw_ef_construction,
+            ef_search=storage.hnsw_ef_search,
+            rebuild_ratio=storage.hnsw_rebuild_ratio,
+        )
+
 
 @dataclass(frozen=True)
 class Owner:
