@@ -132,10 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _open(settings: Settings, *, warm: bool = True) -> Any:
+def _open(settings: Settings, *, warm: bool = True, read_only: bool = False) -> Any:
+    """``read_only``: inspection commands read beside a running bot (which holds the folder's lock)
+    and change nothing, not even importance."""
     from narrmem.memory import Memory  # keeps `narrmem --help` light
 
-    return Memory.open(settings=settings, warm=warm)
+    return Memory.open(settings=settings, warm=warm, read_only=read_only)
 
 
 def _print_json(data: Any) -> None:
@@ -208,7 +210,7 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
-    async with _open(settings) as memory:
+    async with _open(settings, read_only=True) as memory:
         hits = await memory.recall(
             args.query, user_id=args.user, chat_id=args.chat, tenant=args.tenant, k=args.k
         )
@@ -252,7 +254,7 @@ async def cmd_triage(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    async with _open(settings, warm=False) as memory:
+    async with _open(settings, warm=False, read_only=True) as memory:
         stats = await memory.stats()
     if args.json:
         _print_json(stats)
@@ -280,7 +282,7 @@ async def cmd_decay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
-    async with _open(settings, warm=False) as memory:
+    async with _open(settings, warm=False, read_only=True) as memory:
         history = await memory.history(args.memory_id)
     if args.json:
         _print_json(history)
@@ -298,7 +300,7 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.transfer import export_jsonl
 
-    async with _open(settings, warm=False) as memory:
+    async with _open(settings, warm=False, read_only=True) as memory:
         count = await export_jsonl(memory, args.file)
     _report(args, {"exported": count, "file": args.file})
     return 0

@@ -8,18 +8,21 @@ through :func:`plugin_options`.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
+from narrmem.checks import MAX_JSON_DEPTH, json_text_too_deep
 from narrmem.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
@@ -30,10 +33,42 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Files SQLite and narrmem keep beside the database file.
+DATABASE_COMPANIONS = ("", "-wal", "-shm", "-journal", ".lock")
+
+
+def data_folder_entry(name: str) -> str:
+    """``name`` if it is a plain name inside the data folder: narrmem writes only where it
+    created, so a setting cannot point it at a path outside the folder or at the folder itself."""
+    if not name or not name.strip():
+        raise ValueError("must be a file or folder name inside the data folder, not empty")
+    if "\x00" in name or "/" in name or "\\" in name or name in {".", ".."}:
+        raise ValueError(f"'{name}' must be a plain name inside the data folder (no path)")
+    return name
+
+
 class StorageSettings(_Section):
     backend: str = Field(default="sqlite", description="name of a registered store")
     database: str = Field(default="narrmem.sqlite3", description="file name inside the data folder")
     index: str = Field(default="vectors", description="vector index folder inside the data folder")
+
+    @field_validator("database", "index")
+    @classmethod
+    def _inside_data_folder(cls, name: str) -> str:
+        return data_folder_entry(name)
+
+    @model_validator(mode="after")
+    def _no_collision(self) -> StorageSettings:
+        # The index folder named like the database (or its WAL, lock, ...) would put one on top of
+        # the other; case-folded, since some file systems do too.
+        taken = {self.database + suffix for suffix in DATABASE_COMPANIONS}
+        if self.index.casefold() in {name.casefold() for name in taken}:
+            raise ValueError(
+                f"storage.index '{self.index}' collides with the database file '{self.database}' "
+                "or its companion files: give them different names"
+            )
+        return self
+
     busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
     batch_size: int = Field(default=256, ge=1, le=100_000, description="messages per write transaction")
     hnsw_threshold: int = Field(
@@ -100,32 +135,72 @@ class Settings(BaseSettings):
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Read settings from ``config_file`` (TOML), the environment and ``overrides``."""
     if config_file is not None:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            with path.open("rb") as fh:
-                tomllib.load(fh)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        _check_config_file(Path(config_file))
 
     class _FileSettings(Settings):
         model_config = SettingsConfigDict(toml_file=str(config_file) if config_file else None)
 
-    _reject_unknown_environment()
+    _check_environment()
     try:
         return _FileSettings(**overrides)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, config_file)) from exc
+    except SettingsError as exc:  # a NARRMEM_ variable that should hold JSON and does not
+        raise ConfigError(_describe_environment(exc)) from exc
 
 
-def _reject_unknown_environment() -> None:
+def _check_config_file(path: Path) -> None:
+    """Read the file once before pydantic-settings does, so that every way it can be wrong is an
+    error naming it."""
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} is not a file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    # tomllib parses arrays and inline tables recursively: a deep enough file exhausts the stack.
+    if _toml_too_deep(text):
+        raise ConfigError(f"config file {path} nests arrays or tables deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+_TOML_NOT_NESTING = re.compile(
+    r'''"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"[^"\\\n]*(?:\\.[^"\\\n]*)*"|'[^'\n]*'|#[^\n]*'''
+)
+
+
+def _toml_too_deep(text: str) -> bool:
+    """Brackets nested deeper than the JSON limit outside strings and comments (a table header
+    counts one level)."""
+    return json_text_too_deep(_TOML_NOT_NESTING.sub("", text))
+
+
+def _check_environment() -> None:
     known = {name.upper() for name in Settings.model_fields}
-    for key in os.environ:
+    for key, value in os.environ.items():
         if key.startswith(ENV_PREFIX):
             top = key[len(ENV_PREFIX) :].split("__", 1)[0]
             if top not in known:
                 raise ConfigError(f"environment variable {key}: unknown setting '{top.lower()}'")
+            # pydantic-settings decodes JSON values recursively: refuse a hostile one first.
+            if json_text_too_deep(value):
+                raise ConfigError(f"environment variable {key}: nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def _describe_environment(exc: SettingsError) -> str:
+    found = re.search(r'field "([^"]+)"', str(exc))
+    name = found.group(1) if found else ""
+    keys = sorted(k for k in os.environ if name and k.startswith(f"{ENV_PREFIX}{name.upper()}"))
+    cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+    where = ", ".join(keys) or ENV_PREFIX + "*"
+    return f"environment variable {where}: not valid JSON for setting '{name}'{cause}"
 
 
 def plugin_options(settings: Settings, name: str, model: type[M]) -> M:

@@ -135,8 +135,10 @@ def narrmem_compose_scene(
     """Write the narrative fragment for a message triage marked ``scene``.
 
     firstresult: an LLM plugin can answer with a richer fragment; the built-in composer needs no
-    LLM. ``window`` is the chat's recent episodes (oldest first, this message excluded), for the
-    Scene and Vibe fields. Return ``None`` to leave it to the next composer.
+    LLM. ``window`` is the speaker's own recent episodes in this chat (oldest first, this message
+    excluded), for the Scene and Vibe fields. A scene belongs to its speaker: it must hold no one
+    else's words, or they would be shown to the speaker and outlive their own forget. Return
+    ``None`` to leave it to the next composer.
     """
 
 
@@ -302,11 +304,29 @@ def narrmem_turn_context(
 
 @hookspec
 def narrmem_after_forget(
-    memory: Memory, tenant: str, user_id: str | None, chat_id: str | None, removed: list[MemoryRecord]
+    memory: Memory,
+    tenant: str,
+    user_id: str | None,
+    chat_id: str | None,
+    removed: list[MemoryRecord],
+    sources: dict[str, list[str]],
+    messages: list[str] | None,
 ) -> None:
-    """These records were deleted by ``Memory.forget``. A plugin that copied any of their content
-    elsewhere (a summary, another memory's keyword context, a counter) must scrub it here:
-    forgetting a user removes every trace."""
+    """A forget deleted memories: everything of a user and/or chat (``user_id``/``chat_id``;
+    ``messages`` is ``None``), or only what the messages ``messages`` of ``chat_id`` left (a
+    deleted or edited message; ``user_id`` is ``None``, and the rest of the chat stays).
+    A plugin that copied any of their content elsewhere (a summary, another memory's keyword
+    context, a counter, a graph) must scrub it here: forgetting a user removes every trace.
+
+    ``sources`` are the message ids the forgotten memories came from, by chat id. ``removed`` are
+    the records deleted in this call; it is empty when a forget interrupted by a crash is finished
+    on the next open (the records went before the crash), so find copies by scope and ``sources``,
+    not by ``removed`` alone.
+
+    Implementations must be idempotent (a finished step may run again after a crash) and must
+    raise rather than give up: the forget is reported done, and its job deleted, only once every
+    implementation has returned.
+    """
 
 
 # --- errors -----------------------------------------------------------------------------

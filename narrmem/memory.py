@@ -12,15 +12,24 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from narrmem.checks import (
+    aware_time_argument,
+    int_argument,
+    optional_int_argument,
+    sequence_argument,
+    text_argument,
+)
 from narrmem.clock import Clock, SystemClock
 from narrmem.config import Settings, load_settings
 from narrmem.embed import Embedder
-from narrmem.errors import ConfigError, InputError, PluginError
+from narrmem.errors import ConfigError, InputError, PluginError, StoreError
 from narrmem.host import PluginHost
 from narrmem.models import (
+    MAX_ID_CHARS,
     MAX_QUERY_CHARS,
     Candidate,
     ContextPack,
+    ForgetJob,
     Hit,
     IngestResult,
     MemoryRecord,
@@ -54,8 +63,10 @@ class Memory:
         plugins: Iterable[object] = (),
         load_entrypoints: bool | None = None,
         builtins: bool = True,
+        read_only: bool = False,
     ) -> None:
         self.settings = settings
+        self.read_only = read_only
         self.clock: Clock = clock or SystemClock()
         self.data_dir = Path(settings.data_dir)
         self.host = PluginHost(self)
@@ -86,15 +97,23 @@ class Memory:
         load_entrypoints: bool | None = None,
         builtins: bool = True,
         warm: bool = True,
+        read_only: bool = False,
     ) -> _Opening:
         """Open a memory. ``data_dir`` overrides the settings' folder; ``warm`` loads the model now
-        (set it to ``False`` for commands that never embed)."""
+        (set it to ``False`` for commands that never embed). ``read_only`` opens an existing store
+        beside the process that writes it: every write is refused with a ``StoreError``, and
+        recall reinforces nothing."""
         if settings is None:
             settings = load_settings(config_file)
         if data_dir is not None:
             settings = settings.model_copy(update={"data_dir": str(data_dir)})
         memory = cls(
-            settings, clock=clock, plugins=plugins, load_entrypoints=load_entrypoints, builtins=builtins
+            settings,
+            clock=clock,
+            plugins=plugins,
+            load_entrypoints=load_entrypoints,
+            builtins=builtins,
+            read_only=read_only,
         )
         return _Opening(memory, warm)
 
@@ -116,12 +135,17 @@ class Memory:
         self._embedder = _pick(embedders, settings.embedder.backend, "embedder.backend")(settings)
         if warm:
             await self._embedder.start()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.read_only:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"data folder {self.data_dir}: cannot create it ({exc.strerror})") from exc
         store = _pick(stores, settings.storage.backend, "storage.backend")(self)
         self._store = store  # set before opening, so a failed open is still closed
         await store.open(dim=self._embedder.dim, model=self._embedder.name)
         self._started = True
         await self.host.call("narrmem_startup", isolate=False, memory=self)
+        await self._resume_forgets()
 
     async def _collect(self, hook_name: str) -> dict[str, Callable[..., Any]]:
         found: dict[str, Callable[..., Any]] = {}
@@ -181,6 +205,7 @@ class Memory:
         Every message is validated before anything is written: one bad message is an
         :class:`InputError` naming its index and field, and nothing from the call is stored.
         """
+        messages = sequence_argument(messages, "messages")
         validated = [_as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         batches: list[list[IngestResult | None]] = []
         batch_size = self.settings.storage.batch_size
@@ -401,7 +426,12 @@ class Memory:
         try:
             scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
             request = RecallRequest(
-                query=query, scope=scope, k=k, kinds=kinds, snippet_tokens=snippet_tokens, reinforce=reinforce
+                query=query,
+                scope=scope,
+                k=k,
+                kinds=kinds,
+                snippet_tokens=snippet_tokens,
+                reinforce=reinforce and not self.read_only,
             )
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
@@ -466,9 +496,7 @@ class Memory:
 
     async def decay(self, now: datetime | None = None) -> dict[str, int]:
         """Run the decay pass as of ``now`` (default: the clock); returns counts."""
-        when = now or self.clock.now()
-        if when.tzinfo is None:
-            raise InputError("must carry a timezone", field="now")
+        when = self.clock.now() if now is None else aware_time_argument(now, "now")
         counts: dict[str, int] = {}
         for part in await self.host.call("narrmem_decay", memory=self, now=when):
             counts.update(part)
@@ -477,6 +505,7 @@ class Memory:
     async def history(self, memory_id: int) -> dict[str, Any]:
         """A memory's importance over time: its stored state, the recorded changes, and what the
         decay plugin projects."""
+        memory_id = int_argument(memory_id, "memory_id")
         record = (await self.store.get([memory_id], None)).get(memory_id)
         if record is None:
             raise InputError(f"no memory with id {memory_id}", field="memory_id")
@@ -502,6 +531,9 @@ class Memory:
             Scope(tenant=tenant, user_id=user_id)
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
+        # Checked here: a plugin's own refusal would be isolated and reported as no answer at all.
+        depth = optional_int_argument(depth, "depth")
+        token_budget = optional_int_argument(token_budget, "token_budget")
         answer = await self.host.call_first(
             "narrmem_user_summary",
             memory=self,
@@ -524,8 +556,7 @@ class Memory:
             Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
-        if len(text) > MAX_QUERY_CHARS:
-            raise InputError(f"must be at most {MAX_QUERY_CHARS} characters", field="text")
+        text = text_argument(text, "text", max_chars=MAX_QUERY_CHARS)
         answer = await self.host.call_first(
             "narrmem_turn_context", memory=self, tenant=tenant, user_id=user_id, chat_id=chat_id, text=text
         )
@@ -561,47 +592,73 @@ class Memory:
     async def forget(
         self, *, user_id: str | None = None, chat_id: str | None = None, tenant: str = "default"
     ) -> dict[str, int]:
-        """Delete every trace of a user (and/or a chat): rows, keyword index and vectors."""
+        """Delete every trace of a user (and/or a chat): rows, keyword index, vectors, history, and
+        every plugin's copies (graph, summaries, counters, other memories' keyword context).
+
+        The forget is written down before anything is deleted and reported done only when every
+        plugin has finished; one interrupted by a crash is finished on the next open."""
         try:
             scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
         async with self._write_lock:
-            removed = await self.store.recent(scope, limit=2**62)
-            counts = await self.store.forget(
+            job = await self.store.begin_forget(
                 tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
             )
-            await self.host.call(
-                "narrmem_after_forget",
-                isolate=False,
-                memory=self,
-                tenant=scope.tenant,
-                user_id=scope.user_id,
-                chat_id=scope.chat_id,
-                removed=removed,
-            )
-        return counts
+            return await self._finish_forget(job)
 
     async def forget_messages(
         self, *, chat_id: str, message_ids: Sequence[str], tenant: str = "default"
     ) -> dict[str, int]:
         """Delete what these messages left (episodes and the scenes built from them), as when a
         chat reports a message deleted."""
-        scope = Scope(tenant=tenant, chat_id=chat_id)
+        try:
+            scope = Scope(tenant=tenant, chat_id=chat_id)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+        ids = _message_ids(message_ids)
         async with self._write_lock:
-            ids = await self.store.from_messages(tenant, chat_id, message_ids)
-            removed = list((await self.store.get(ids, scope)).values())
-            count = await self.store.delete(ids, scope)
-            await self.host.call(
-                "narrmem_after_forget",
-                isolate=False,
-                memory=self,
-                tenant=tenant,
-                user_id=None,
-                chat_id=chat_id,
-                removed=removed,
+            job = await self.store.begin_forget(
+                tenant=scope.tenant, user_id=None, chat_id=chat_id, messages=ids
             )
-        return {"memories": count}
+            counts = await self._finish_forget(job)
+        return {"memories": counts.get("memories", 0)}
+
+    async def _finish_forget(self, job: ForgetJob) -> dict[str, int]:
+        """Delete what ``job`` names and let every plugin scrub its copies; safe to run again."""
+        scope = job.scope
+        if job.messages is None:
+            removed = await self.store.recent(scope, limit=2**62)
+            counts = await self.store.forget(tenant=job.tenant, user_id=job.user_id, chat_id=job.chat_id)
+        else:
+            assert job.chat_id is not None
+            ids = await self.store.from_messages(job.tenant, job.chat_id, job.messages)
+            removed = list((await self.store.get(ids, scope)).values())
+            counts = {"memories": await self.store.delete(ids, scope)}
+        await self.host.call(
+            "narrmem_after_forget",
+            isolate=False,
+            memory=self,
+            tenant=job.tenant,
+            user_id=job.user_id,
+            chat_id=job.chat_id,
+            removed=removed,
+            sources=job.sources,
+            messages=job.messages,
+        )
+        # A deleted message (an edit does this too) is gone from every row; merging the keyword
+        # index and emptying the log on each one would cost a bot every edit. A user's or a
+        # chat's forget leaves no byte.
+        await self.store.finish_forget(job, purge=job.messages is None)
+        return counts
+
+    async def _resume_forgets(self) -> None:
+        if self.read_only:
+            return  # the process that writes the folder finishes them
+        for job in await self.store.pending_forgets():
+            log.warning("finishing a forget that was interrupted (job %d)", job.id)
+            async with self._write_lock:
+                await self._finish_forget(job)
 
     async def edit(self, message: Message | dict[str, Any]) -> IngestResult:
         """A message was edited: what it left is replaced by what the new text deserves, and the
@@ -679,13 +736,20 @@ async def _yield_every(n: int, every: int = 8) -> None:
 
 
 def _as_message(message: Message | dict[str, Any], index: int | None) -> Message:
-    if isinstance(message, Message):
-        return message
     try:
         return Message.model_validate(message)
     except ValidationError as exc:
         prefix = f"messages[{index}]." if index is not None else ""
         raise InputError.from_pydantic(exc, prefix=prefix) from exc
+
+
+def _message_ids(message_ids: Sequence[str]) -> list[str]:
+    if isinstance(message_ids, str) or not isinstance(message_ids, Sequence):
+        raise InputError("must be a list of message ids", field="message_ids")
+    for i, mid in enumerate(message_ids):
+        if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID_CHARS:
+            raise InputError(f"must be a string of 1 to {MAX_ID_CHARS} characters", field=f"message_ids[{i}]")
+    return list(message_ids)
 
 
 def _pick(registry: dict[str, Callable[..., Any]], name: str, setting: str) -> Callable[..., Any]:

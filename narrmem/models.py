@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from narrmem.checks import JsonShapeError, check_plain_json
 from narrmem.text import estimate_tokens
 
 MAX_TEXT_CHARS = 16_000
@@ -27,6 +28,10 @@ class _Strict(BaseModel):
 class Message(_Strict):
     """One chat message as a bot sees it. ``ts`` must carry a timezone."""
 
+    # A Message handed in as an object is checked again: its fields may have been set after it
+    # was built (assignment is not validated), and a bad value would fail later, mid-write.
+    model_config = ConfigDict(extra="forbid", revalidate_instances="always")
+
     text: str = Field(max_length=MAX_TEXT_CHARS)
     user_id: str = IdStr
     chat_id: str = IdStr
@@ -43,11 +48,12 @@ class Message(_Strict):
 
 
 def json_object(value: dict[str, Any]) -> dict[str, Any]:
-    """``value`` if it is plain JSON of a bounded size (it is stored and exported as JSON)."""
+    """``value`` if it is plain JSON of a bounded size and depth (it is stored and exported as JSON)."""
     try:
-        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        check_plain_json(value)
+    except JsonShapeError as exc:
         raise ValueError(f"must be plain JSON ({exc})") from None
+    encoded = json.dumps(value, ensure_ascii=False)
     if len(encoded.encode()) > MAX_META_BYTES:
         raise ValueError(f"must be at most {MAX_META_BYTES} bytes as JSON")
     return value
@@ -122,6 +128,25 @@ class ImportanceChange(_Strict):
     old: float | None = None
     who: str
     why: str
+
+
+class ForgetJob(_Strict):
+    """A forget written down before anything is deleted, so that a crash midway is finished on the
+    next open. ``messages`` set: forget only what those messages of ``chat_id`` left (a deleted
+    message); unset: everything in the scope. ``sources`` are the message ids the forgotten memories
+    came from, by chat: plugins that copied words of them elsewhere find the copies by these ids,
+    even once the memories themselves are gone."""
+
+    id: int
+    tenant: str
+    user_id: str | None = None
+    chat_id: str | None = None
+    messages: list[str] | None = None
+    sources: dict[str, list[str]] = Field(default_factory=dict)
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(tenant=self.tenant, user_id=self.user_id, chat_id=self.chat_id)
 
 
 class TriggerEvent(_Strict):

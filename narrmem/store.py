@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from narrmem.models import ImportanceChange, MemoryRecord, Scope
+from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
 
 
 @runtime_checkable
@@ -125,6 +125,27 @@ class Store(Protocol):
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         """Delete every trace of a user and/or chat (rows, keyword index, vectors); return counts."""
+        ...
+
+    async def begin_forget(
+        self,
+        *,
+        tenant: str,
+        user_id: str | None,
+        chat_id: str | None,
+        messages: Sequence[str] | None = None,
+    ) -> ForgetJob:
+        """Durably record a forget (of a scope, or of what ``messages`` of ``chat_id`` left) with
+        the message ids its memories came from, before anything is deleted."""
+        ...
+
+    async def pending_forgets(self) -> list[ForgetJob]:
+        """Recorded forgets not yet finished (a crash interrupted them), oldest first."""
+        ...
+
+    async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
+        """Delete the job's record. ``purge``: also overwrite what the deletions left in the
+        backend's files (freed pages, index segments, logs), so no byte of it stays."""
         ...
 
     def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:

@@ -70,6 +70,7 @@ def open_memory(
     clock: Clock | None = None,
     plugins: Iterable[object] = (),
     config_file: str | Path | None = None,
+    read_only: bool = False,
     **overrides: Any,
 ) -> Any:
     """``Memory.open`` for tests: third-party entry points off, the hash embedder unless ``real_model``.
@@ -87,6 +88,7 @@ def open_memory(
         clock=clock,
         plugins=[TestingPlugin(), *plugins],
         load_entrypoints=False,
+        read_only=read_only,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,22 +100,49 @@ def read_dry_run_messages(path: str | Path | None, *, text: str | None = None) -
 
 
 async def export_jsonl(memory: Memory, path: str | Path) -> int:
-    """Write every record with its vector; returns how many. The file appears only when complete."""
+    """Write every record with its vector; returns how many. The file appears only when complete,
+    and only a file that is itself a narrmem export is ever replaced."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
+    _check_replaceable(path)
     header = ExportHeader(
         format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
     )
     count = 0
-    with tmp.open("w", encoding="utf-8") as out:
-        out.write(header.model_dump_json() + "\n")
-        async for record, vector in memory.store.export():
-            line = record.model_dump(mode="json")
-            line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-            out.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
-            count += 1
-    os.replace(tmp, path)
+    # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(header.model_dump_json() + "\n")
+            async for record, vector in memory.store.export():
+                line = record.model_dump(mode="json")
+                line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+                out.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
+                count += 1
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)  # ours: made by mkstemp above
+        raise
     return count
+
+
+def _check_replaceable(path: Path) -> None:
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise InputError(f"folder {path.parent} does not exist", field="file")
+        return
+    if not path.is_file():
+        raise InputError(f"{path} exists and is not a file", field="file")
+    with path.open("rb") as fh:
+        first = fh.readline(4096)
+    try:
+        header = json.loads(first)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
+        raise InputError(
+            f"{path} exists and is not a narrmem export: narrmem replaces only files it wrote", field="file"
+        )
 
 
 async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:

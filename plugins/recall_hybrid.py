@@ -74,16 +74,15 @@ class HybridRecall:
         self._remember(message, own)
 
     @hookimpl
-    async def narrmem_after_forget(self, memory: Any, tenant: str, removed: list[MemoryRecord]) -> None:
-        """Scrub forgotten turns from the keyword context of the turns that followed them."""
-        gone: dict[str, set[str]] = {}
-        for record in removed:
-            gone.setdefault(record.chat_id, set()).update(record.message_ids)
-        for chat_id, message_ids in gone.items():
+    async def narrmem_after_forget(self, memory: Any, tenant: str, sources: dict[str, list[str]]) -> None:
+        """Scrub forgotten turns from the keyword context of the turns that followed them: other
+        speakers' rows in a group chat held those words too."""
+        for chat_id, message_ids in sources.items():
+            gone = set(message_ids)
             self._recent.pop((tenant, chat_id), None)
             chat = Scope(tenant=tenant, chat_id=chat_id)
             for record in await memory.store.recent(chat, kinds=["episode"], limit=2**62):
-                if message_ids & set(record.meta.get("context_message_ids", [])):
+                if gone & set(record.meta.get("context_message_ids", [])):
                     record.meta = {k: v for k, v in record.meta.items() if k != "context_message_ids"}
                     dated = self.options.dates_in_keywords and record.context_text
                     record.context_text = (record.context_text or "").split("\n")[0] if dated else None

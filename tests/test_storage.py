@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import faiss
 import pytest
 from _helpers import INDEX_NAME, MANIFEST, count_rows, hit_keys, index_file_ids, msg, sql
 from narrmem_plugins.storage_sqlite import schema
@@ -481,9 +482,33 @@ async def test_schema_3_gives_existing_keyword_rows_their_owners(tmp_path: Path)
 async def test_an_index_file_of_the_older_format_is_replaced(built: Any) -> None:
     folder, results, _ = built
     shutil.rmtree(folder / INDEX_NAME)
-    (folder / INDEX_NAME).write_bytes(b"a single FAISS file, as older versions wrote")
+    # The single FAISS file older versions wrote: an IndexIDMap2 over a flat index.
+    faiss.write_index(faiss.IndexIDMap2(faiss.IndexFlatIP(384)), str(folder / INDEX_NAME))
     async with open_memory(folder) as mem:
         assert mem.store.index.rebuilt_reason is not None
         assert await _results(mem) == results
     assert (folder / MANIFEST).exists()
     assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
+
+
+async def test_an_index_path_that_is_someone_elses_file_is_refused_and_kept(built: Any) -> None:
+    folder, _, _ = built
+    shutil.rmtree(folder / INDEX_NAME)
+    (folder / INDEX_NAME).write_bytes(b"the user's own file")
+    with pytest.raises(narrmem.StoreError, match="did not write"):
+        async with open_memory(folder):
+            pass
+    assert (folder / INDEX_NAME).read_bytes() == b"the user's own file"
+
+
+async def test_an_index_folder_of_someone_elses_files_is_refused_and_untouched(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    theirs = folder / "vectors"
+    theirs.mkdir(parents=True)
+    for name in ("photos.npz", "model.faiss", "manifest.json"):
+        (theirs / name).write_bytes(b"theirs " + name.encode())
+    with pytest.raises(narrmem.StoreError, match="did not write"):
+        async with open_memory(folder):
+            pass
+    assert sorted(p.name for p in theirs.iterdir()) == ["manifest.json", "model.faiss", "photos.npz"]
+    assert (theirs / "model.faiss").read_bytes() == b"theirs model.faiss"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,20 @@ def test_read_messages_names_line_and_field(tmp_path: Path) -> None:
     path.write_text(f"{good}\n", encoding="utf-8")
     [message] = read_messages(path)
     assert isinstance(message, narrmem.Message) and message.text == "hello there"
+
+
+async def test_export_replaces_only_a_file_narrmem_wrote(tmp_path: Path) -> None:
+    target = tmp_path / "notes.jsonl"
+    target.write_text("the user's own notes\n")
+    async with open_memory(tmp_path / "store") as mem:
+        await mem.ingest(msg("m1", "I decided to learn the cello"))
+        with pytest.raises(InputError, match="not a narrmem export") as info:
+            await export_jsonl(mem, target)
+        assert info.value.field == "file"
+        assert target.read_text() == "the user's own notes\n"
+        fresh = tmp_path / "export.jsonl"
+        assert await export_jsonl(mem, fresh) >= 1
+        first = fresh.read_bytes()
+        assert await export_jsonl(mem, fresh) >= 1  # its own export: replaced
+        assert fresh.read_bytes() == first
+    assert sorted(os.listdir(tmp_path)) == ["export.jsonl", "notes.jsonl", "store"]

@@ -16,13 +16,12 @@ Options live in ``[plugin.graph]`` (:class:`~narrmem_plugins.graph.options.Graph
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from narrmem_plugins.graph import auto_tasks, facts, turn
+from narrmem_plugins.graph import auto_tasks, facts, forget, turn
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.schema import fetchall
@@ -110,27 +109,18 @@ class GraphPlugin:
         )
 
     @hookimpl
-    async def narrmem_after_forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> None:
-        """Forgetting a user (or a chat) erases their graph and its purge history too."""
+    async def narrmem_after_forget(
+        self, tenant: str, user_id: str | None, chat_id: str | None, messages: list[str] | None
+    ) -> None:
+        """Forgetting a user (or a chat) erases their graph and its purge history too; a deleted
+        message takes only what it stated."""
         if self._graph is None:
             return
-        clauses, params = ["tenant = ?"], [tenant]
-        for column, value in (("user_id", user_id), ("chat_id", chat_id)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        where = " AND ".join(clauses)
         async with self._graph.transaction() as db:
-            for table in ("graph_edges", "graph_nodes", "graph_purges"):
-                await db.execute(f"DELETE FROM {table} WHERE {where}", params)
-            if user_id is None and chat_id is not None:
-                # A supersession across the user's chats is recorded without a chat; its record still
-                # names the triplets of this chat, so it goes too.
-                mention = json.dumps({"chat_id": chat_id}, ensure_ascii=False)[1:-1]
-                await db.execute(
-                    "DELETE FROM graph_purges WHERE tenant = ? AND chat_id IS NULL AND instr(edges, ?) > 0",
-                    (tenant, mention),
-                )
+            if messages is not None and chat_id is not None:
+                await forget.forget_messages(db, tenant, chat_id, messages)
+            else:
+                await forget.forget_scope(db, tenant, user_id, chat_id)
 
     @hookimpl
     async def narrmem_stats(self) -> dict[str, Any] | None:

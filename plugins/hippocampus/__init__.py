@@ -125,7 +125,8 @@ class Hippocampus:
                     reinforced_at=now,
                     old=record.importance,
                     who="recall",
-                    why=f"recalled for: {request.query[:80]}",
+                    # The reason, never the query: a copy of what someone asked would outlive them.
+                    why="recalled",
                 )
             )
             hit.importance = new

@@ -81,6 +81,23 @@ MIGRATIONS: list[str] = [
     DROP TABLE memories_fts;
     ALTER TABLE memories_fts_scoped RENAME TO memories_fts;
     """,
+    # 4: forgetting is a durable job: written down before anything is deleted, finished (and its row
+    # deleted) only when every plugin has scrubbed its copies, resumed on the next open after a crash.
+    # ``sources`` holds the message ids the forgotten memories came from, by chat, so that plugins
+    # can still find their copies when the memories themselves are already gone. History rows no
+    # longer quote what was asked: a reason, never a query.
+    """
+    CREATE TABLE forget_jobs (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant     TEXT NOT NULL,
+        user_id    TEXT,
+        chat_id    TEXT,
+        messages   TEXT,                 -- JSON array: forget only what these messages left (or NULL)
+        sources    TEXT NOT NULL,        -- JSON object: chat id -> message ids of what is forgotten
+        created_at TEXT NOT NULL
+    );
+    UPDATE memory_history SET why = 'recalled' WHERE why LIKE 'recalled for:%';
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

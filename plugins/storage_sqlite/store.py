@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -13,13 +15,16 @@ from typing import Any
 
 import aiosqlite
 import numpy as np
+from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
 from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, ShardKey, VectorIndex
 
 from narrmem.errors import StoreError
-from narrmem.models import ImportanceChange, MemoryRecord, Scope
+from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.text import fts_document, keyword_terms
+
+log = logging.getLogger("narrmem.storage_sqlite")
 
 COLUMNS = (
     "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "
@@ -37,7 +42,10 @@ class SQLiteStore:
         index: str,
         busy_timeout_ms: int,
         index_options: IndexOptions | None = None,
+        read_only: bool = False,
     ) -> None:
+        self.read_only = read_only
+        self.folder = folder
         self.db_path = folder / database
         self.index_path = folder / index
         self.busy_timeout_ms = busy_timeout_ms
@@ -45,23 +53,76 @@ class SQLiteStore:
         self._db: aiosqlite.Connection | None = None
         self._index: VectorIndex | None = None
         self._lock = asyncio.Lock()
+        self._folder_lock = FolderLock(folder / f"{database}.lock")
         self.dim = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def open(self, *, dim: int, model: str) -> None:
         self.dim = dim
-        db = await aiosqlite.connect(self.db_path, isolation_level=None)
+        if self.read_only:
+            await self._open_read_only(dim, model)
+            return
+        # One writer per folder: a second process would see neither the other's vectors nor its
+        # forgets, so it is refused here, before anything is read or written.
+        self._folder_lock.acquire(self.folder)
+        db = await self._connect(self.db_path)
         self._db = db
-        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+        # secure_delete: what a forget deletes is overwritten, not left in freed pages.
+        # auto_vacuum must be chosen before the first table exists (see _vacuum_mode for old files).
+        for pragma in (
+            "auto_vacuum=INCREMENTAL",
+            "journal_mode=WAL",
+            "synchronous=NORMAL",
+            "foreign_keys=ON",
+        ):
             await db.execute(f"PRAGMA {pragma}")
+        await db.execute("PRAGMA secure_delete=ON")
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         await migrate(db)
+        await self._vacuum_mode()
+        await self._check_model(dim, model)
+        self._index = VectorIndex(self.index_path, dim, self.index_options)
+        self._index.claim()
+        expected = await self._vector_ids()
+        if not await self._index.load(expected, await self._sample_vectors(expected)):
+            await self._rebuild_index()
+
+    async def _open_read_only(self, dim: int, model: str) -> None:
+        """Beside the writing process: no lock, no migration, no file written. The index is read
+        from its files, or rebuilt in memory when the writer has not saved its latest rows yet."""
+        if not self.db_path.is_file():
+            raise StoreError(f"no narrmem store at {self.folder} (no {self.db_path.name} to open read-only)")
+        db = await self._connect(f"file:{self.db_path}?mode=ro", uri=True)
+        self._db = db
+        await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        [(version,)] = await self._fetchall("PRAGMA user_version")
+        if int(version) != SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.db_path} has schema version {version}, this narrmem reads {SCHEMA_VERSION}: "
+                "open it once for writing to migrate it"
+            )
         await self._check_model(dim, model)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         expected = await self._vector_ids()
         if not await self._index.load(expected, await self._sample_vectors(expected)):
-            await self._rebuild_index()
+            await self._rebuild_index(save=False)
+
+    async def _connect(self, target: str | Path, *, uri: bool = False) -> aiosqlite.Connection:
+        try:
+            # A failed aiosqlite connect is reported by its worker thread after the call has
+            # returned, into an event loop that may be closed by then (a traceback at exit): a
+            # plain connection in a thread that is awaited meets the failure first.
+            await asyncio.to_thread(lambda: sqlite3.connect(target, uri=uri).close())
+            db = await aiosqlite.connect(target, isolation_level=None, uri=uri)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.db_path} cannot be opened as a narrmem store: {exc}") from exc
+        try:
+            await db.execute("SELECT COUNT(*) FROM sqlite_master")
+        except sqlite3.Error as exc:
+            await db.close()
+            raise StoreError(f"{self.db_path} cannot be opened as a narrmem store: {exc}") from exc
+        return db
 
     async def _sample_vectors(
         self, ids: np.ndarray, count: int = 64
@@ -78,6 +139,8 @@ class SQLiteStore:
 
     async def _check_model(self, dim: int, model: str) -> None:
         stored = {k: v for k, v in await self._fetchall("SELECT key, value FROM meta")}
+        if not stored and self.read_only:
+            raise StoreError(f"no narrmem store at {self.folder} (its database is empty)")
         if not stored:
             await self._write(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
@@ -90,7 +153,7 @@ class SQLiteStore:
                 f"not {model} ({dim} dims): export the text and re-import it into a new folder"
             )
 
-    async def _rebuild_index(self) -> None:
+    async def _rebuild_index(self, *, save: bool = True) -> None:
         index = self.index
         last = 0
         while True:
@@ -105,18 +168,31 @@ class SQLiteStore:
             owners = [Owner(r[2], r[3], r[4]) for r in rows]
             await index.add(ids, np.vstack([_vector(r[1], self.dim) for r in rows]), owners)
             last = int(ids[-1])
-        await index.save()
+        if save:
+            await index.save()
+
+    async def _vacuum_mode(self) -> None:
+        """A database made before incremental vacuum was on is rewritten once to turn it on, so
+        that a forget can hand its freed pages back instead of leaving them in the file."""
+        [(mode,)] = await self._fetchall("PRAGMA auto_vacuum")
+        if int(mode) != 2:
+            log.info("turning on incremental vacuum for %s (a one-time rewrite)", self.db_path)
+            await self.db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            await self.db.execute("VACUUM")
 
     async def close(self) -> None:
-        if self._index is not None:
-            await self._index.stop_builds()
-            if self._index.dirty:
-                await self._index.save()
-            await self._index.close()
-            self._index = None
-        if self._db is not None:
-            await self._db.close()
-            self._db = None
+        try:
+            if self._index is not None:
+                await self._index.stop_builds()
+                if self._index.dirty and not self.read_only:
+                    await self._index.save()
+                await self._index.close()
+                self._index = None
+            if self._db is not None:
+                await self._db.close()
+                self._db = None
+        finally:
+            self._folder_lock.release()
 
     @property
     def db(self) -> aiosqlite.Connection:
@@ -138,10 +214,17 @@ class SQLiteStore:
         tables of its own, a decay pass): SQLite cannot nest them."""
         async with self._lock:
             db = self.db
-            await db.execute("BEGIN IMMEDIATE")
+            # Read-only, a plain BEGIN still lets a plugin check its tables (CREATE TABLE IF NOT
+            # EXISTS of a table that exists writes nothing); any real write fails and says why.
+            await db.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
             try:
                 yield db
                 await db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                await db.execute("ROLLBACK")
+                if self.read_only and "readonly" in str(exc):
+                    raise StoreError(f"{self.folder} is open read-only: nothing can be written") from exc
+                raise
             except BaseException:
                 await db.execute("ROLLBACK")
                 raise
@@ -412,6 +495,87 @@ class SQLiteStore:
         for _, kind, _, _ in rows:
             by_kind[kind] = by_kind.get(kind, 0) + 1
         return {"memories": len(ids), "keyword_rows": fts_rows, "vectors": vectors, **by_kind}
+
+    # --- forgetting as a durable job ---------------------------------------------------------
+
+    async def begin_forget(
+        self,
+        *,
+        tenant: str,
+        user_id: str | None,
+        chat_id: str | None,
+        messages: Sequence[str] | None = None,
+    ) -> ForgetJob:
+        """Write the job down (with the provenance of what it will delete) before deleting anything."""
+        if messages is not None:
+            if chat_id is None:
+                raise StoreError("forgetting messages needs their chat")
+            sources = {chat_id: sorted(set(messages))}
+        else:
+            where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), alias="m")
+            rows = await self._fetchall(
+                "SELECT DISTINCT s.chat_id, s.message_id FROM memory_sources s "
+                f"JOIN memories m ON m.id = s.memory_id WHERE {where}",
+                params,
+            )
+            found: dict[str, set[str]] = {}
+            for chat, message_id in rows:
+                found.setdefault(chat, set()).add(message_id)
+            sources = {chat: sorted(ids) for chat, ids in sorted(found.items())}
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "INSERT INTO forget_jobs (tenant, user_id, chat_id, messages, sources, created_at) "
+                "VALUES (?, ?, ?, ?, ?, datetime('now'))",
+                (
+                    tenant,
+                    user_id,
+                    chat_id,
+                    None if messages is None else json.dumps(sorted(set(messages)), ensure_ascii=False),
+                    json.dumps(sources, ensure_ascii=False),
+                ),
+            )
+            job_id = int(cur.lastrowid or 0)
+        return ForgetJob(
+            id=job_id,
+            tenant=tenant,
+            user_id=user_id,
+            chat_id=chat_id,
+            messages=None if messages is None else sorted(set(messages)),
+            sources=sources,
+        )
+
+    async def pending_forgets(self) -> list[ForgetJob]:
+        """Forgets that a crash interrupted, oldest first."""
+        rows = await self._fetchall(
+            "SELECT id, tenant, user_id, chat_id, messages, sources FROM forget_jobs ORDER BY id"
+        )
+        return [
+            ForgetJob(
+                id=int(r[0]),
+                tenant=r[1],
+                user_id=r[2],
+                chat_id=r[3],
+                messages=None if r[4] is None else json.loads(r[4]),
+                sources=json.loads(r[5]),
+            )
+            for r in rows
+        ]
+
+    async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
+        """Mark the job done, then leave no byte of what it deleted in the files: the keyword
+        index merged into fresh segments (an FTS5 delete only adds a tombstone beside the old
+        terms), freed pages handed back, and the write-ahead log emptied into the database."""
+        await self._write("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
+        if purge:
+            await self.purge_deleted()
+
+    async def purge_deleted(self) -> None:
+        """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""
+        async with self._lock:
+            await self.db.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
+            # Both pragmas work one row (one page) per step: read them to the end.
+            await self._fetchall("PRAGMA incremental_vacuum")
+            await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
         added: list[tuple[int, np.ndarray, Owner]] = []

@@ -33,6 +33,7 @@ from typing import Any
 
 import faiss
 import numpy as np
+from narrmem_plugins.storage_sqlite import index_folder
 
 log = logging.getLogger("narrmem.storage_sqlite")
 
@@ -488,10 +489,12 @@ class VectorIndex:
         await self._run(self._save_sync)
         self.dirty = False
 
+    def claim(self) -> None:
+        """Refuse an index path that is not narrmem's own (see index_folder)."""
+        index_folder.claim(self.path, FORMAT)
+
     def _save_sync(self) -> None:
-        if self.path.is_file():  # the single FAISS file of an older narrmem: derived, so replaced
-            self.path.unlink()
-        self.path.mkdir(parents=True, exist_ok=True)
+        index_folder.claim(self.path, FORMAT)
         by_bucket: dict[int, list[Shard]] = {}
         for key, shard in sorted(self._shards.items()):
             by_bucket.setdefault(_bucket(key), []).append(shard)
@@ -528,7 +531,7 @@ class VectorIndex:
         )
         used = {"manifest.json", *(e["rows"] for e in entries), *(e.get("graph", "") for e in entries)}
         for stale in self.path.iterdir():
-            if stale.name not in used and (stale.suffix in {".faiss", ".npz"}):
+            if stale.name not in used and index_folder.is_own_file(stale.name):
                 stale.unlink()
         self._dirty_buckets.clear()
 

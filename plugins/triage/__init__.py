@@ -173,9 +173,15 @@ class Triage:
         )
 
     async def _window(self, memory: Any, message: Message) -> list[MemoryRecord]:
+        """The speaker's own recent messages in this chat. Only theirs: a scene is the speaker's
+        memory, and other people's words in it would be shown to the speaker and outlive those
+        people's forget."""
         since = message.ts - timedelta(minutes=self.options.window_minutes)
         recent = await memory.store.recent(
-            Scope(tenant=message.tenant, chat_id=message.chat_id), since=since, kinds=["episode"], limit=12
+            Scope(tenant=message.tenant, user_id=message.user_id, chat_id=message.chat_id),
+            since=since,
+            kinds=["episode"],
+            limit=12,
         )
         return [
             r

@@ -1,5 +1,5 @@
-"""The built-in scene composer: a narrative fragment from the message and the chat's recent
-window, without an LLM. Time in the user's own clock, Scene from the window's words, Vibe from
+"""The built-in scene composer: a narrative fragment from the message and the speaker's recent
+messages in the chat, without an LLM. Time in the user's own clock, Scene from the window's words, Vibe from
 its moods, Core quoted verbatim."""
 
 from __future__ import annotations

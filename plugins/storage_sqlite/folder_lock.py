@@ -1,0 +1,57 @@
+"""One process at a time on a data folder: an OS file lock held while the store is open.
+
+SQLite itself would let a second process in, but the vector index lives in that process's memory:
+it would not see the first one's vectors, and a forget in one would leave the other's index files
+holding the forgotten vectors. The lock (``flock``) goes with the process, so a crash or a
+``kill -9`` never leaves a stale lock behind; the pid written in the file only names the holder in
+the error a second process gets.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from narrmem.errors import StoreError
+
+
+class FolderLock:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, folder: Path) -> None:
+        if self._fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f"process {holder}" if holder else "another process"
+            raise StoreError(
+                f"the data folder {folder} is in use by {who}: one process opens a data folder at a "
+                "time (close the other one, or give this process its own folder)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        # The file stays: removing it would let a third process lock a new file while a second
+        # still waits on the old one.
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

@@ -1,0 +1,59 @@
+"""The vector index folder is narrmem's own, and provably so: it carries a marker file, and only
+files of narrmem's own naming inside a marked folder are ever replaced or removed. A setting that
+points the index at a folder or a file of someone else's is refused, never emptied."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from narrmem.errors import StoreError
+
+MARKER = ".narrmem-index"
+# What narrmem writes in its index folder (and the temporary names it writes them under first).
+OWN_FILE = re.compile(
+    r"^(manifest\.json|rows-\d{2}\.npz|graph-[0-9a-f]{20}\.faiss)(\.tmp(\.json|\.npz|\.faiss))?$"
+)
+# The single FAISS file of an older narrmem (an IndexIDMap2 over a flat index).
+OLD_INDEX_MAGIC = (b"IxM2", b"IxMp")
+
+
+def claim(path: Path, index_format: int) -> None:
+    """Make sure ``path`` is narrmem's index folder, creating and marking it if it is new."""
+    if path.is_file():
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+        if magic not in OLD_INDEX_MAGIC:
+            raise StoreError(
+                f"{path} is a file narrmem did not write: set [storage] index to a name of its own"
+            )
+        path.unlink()  # an older narrmem's index: derived from SQLite, rebuilt as a folder
+    elif path.exists() and not path.is_dir():
+        raise StoreError(f"{path} is not a folder: set [storage] index to a name of its own")
+    if path.is_dir() and not (path / MARKER).exists():
+        entries = [p.name for p in path.iterdir()]
+        if entries and not _older_narrmem_folder(path, index_format):
+            raise StoreError(
+                f"{path} holds files narrmem did not write ({', '.join(sorted(entries)[:3])}): "
+                "set [storage] index to a folder of its own"
+            )
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / MARKER
+    if not marker.exists():
+        marker.write_text(json.dumps({"narrmem": "vector index", "format": index_format}) + "\n")
+
+
+def is_own_file(name: str) -> bool:
+    return OWN_FILE.match(name) is not None
+
+
+def _older_narrmem_folder(path: Path, index_format: int) -> bool:
+    """A folder written before the marker existed: its manifest says so, and every file in it has
+    one of narrmem's own names."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    own = all(is_own_file(p.name) for p in path.iterdir())
+    return isinstance(manifest, dict) and manifest.get("format") == index_format and own

@@ -1,0 +1,218 @@
+"""Forget means gone: a durable job finished after a crash, nothing of the user left in any byte of
+the data folder, other people's words never in a user's scenes, one process per folder."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg, sql
+
+import narrmem
+from narrmem import hookimpl
+from narrmem.testing import open_memory
+
+GROUP = "group-1"
+
+
+def _group_chat() -> list[dict[str, Any]]:
+    """A busy group chat: bob's words carry his secret, and ann writes scenes right after him."""
+    lines = [
+        ("b1", "bob", "my locker code is zqlocker77 and I keep zqbike12 in the hall"),
+        ("a1", "ann", "so tired after that locker talk, honestly"),
+        ("b2", "bob", "zqlocker77 again, I decided to change zqbike12 tomorrow"),
+        ("a2", "ann", "I decided to quit my job at the bank"),
+        ("b3", "bob", "remember this: zqbike12 lives in the garage now"),
+        ("a3", "ann", "I finally finished the marathon!"),
+        ("b4", "bob", "I live in Lisbon near zqlocker77 street"),
+    ]
+    return [
+        msg(mid, text, user=user, chat=GROUP, speaker=user.title(), ts=f"2026-05-04T09:1{n}:00+00:00")
+        for n, (mid, user, text) in enumerate(lines)
+    ]
+
+
+BOB_MARKERS = (b"zqlocker77", b"zqbike12")
+
+
+def _files_with(folder: Path, markers: tuple[bytes, ...]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for path in folder.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            hits = sum(data.count(m) for m in markers)
+            if hits:
+                found[str(path.relative_to(folder))] = hits
+    return found
+
+
+async def test_a_scene_holds_only_its_speakers_words(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "store") as mem:
+        await mem.ingest_many(_group_chat())
+        scenes = await mem.store.recent(narrmem.Scope(user_id="ann"), kinds=["scene"])
+        assert len(scenes) >= 2
+        for scene in scenes:
+            assert "zq" not in scene.text and "zq" not in (scene.embed_text or "")
+            assert all("zq" not in str(tag) for tag in scene.meta.get("tags", []))
+
+
+async def test_forget_leaves_no_byte_of_the_user_in_the_data_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(_group_chat())
+        # Bob's words reach other rows too: ann's keyword context, a chat-scope recall's history.
+        await mem.recall("zqlocker77 zqbike12", chat_id=GROUP, reinforce=True)
+        await mem.recall("what is the zqlocker77 code", user_id="bob", reinforce=True)
+        assert _files_with(folder, BOB_MARKERS)
+        await mem.forget(user_id="bob")
+        hits = await mem.recall("zqlocker77 zqbike12 locker bike", chat_id=GROUP, k=20)
+        assert all("zq" not in h.text for h in hits)
+        assert [h.user_id for h in hits] and {h.user_id for h in hits} == {"ann"}
+    assert _files_with(folder, BOB_MARKERS) == {}
+    assert sql(folder, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
+    assert sql(folder, "SELECT COUNT(*) FROM memory_history WHERE why LIKE '%zq%'") == [(0,)]
+
+
+class _CrashingScrubber:
+    """A plugin whose scrub fails the first time, as a kill -9 inside the after-forget hooks would."""
+
+    narrmem_name = "crashing_scrubber"
+
+    def __init__(self) -> None:
+        self.fail = True
+
+    @hookimpl(tryfirst=True)
+    def narrmem_after_forget(self, user_id: str | None) -> None:
+        if self.fail and user_id == "bob":
+            raise RuntimeError("killed in the middle of forgetting")
+
+
+async def test_an_interrupted_forget_is_finished_on_the_next_open(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    scrubber = _CrashingScrubber()
+    async with open_memory(folder, plugins=[scrubber]) as mem:
+        await mem.ingest_many(_group_chat())
+        with pytest.raises(RuntimeError, match="killed"):
+            await mem.forget(user_id="bob")
+    # The memories went before the crash, ann's keyword context (bob's words) had not yet.
+    assert sql(folder, "SELECT COUNT(*) FROM memories WHERE user_id = 'bob'") == [(0,)]
+    assert sql(folder, "SELECT COUNT(*) FROM forget_jobs") == [(1,)]
+    async with open_memory(folder):
+        pass  # no forget asked: the open finishes the one that was interrupted
+    assert sql(folder, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
+    assert _files_with(folder, BOB_MARKERS) == {}
+
+
+async def test_deleting_a_message_takes_only_what_it_stated(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    edges = "SELECT n.name FROM graph_edges e JOIN graph_nodes n ON n.id = e.object_id ORDER BY n.name"
+    async with open_memory(folder) as mem:
+        await mem.ingest(msg("m1", "I live in Lisbon", user="ann", chat="c"))
+        await mem.ingest(msg("m2", "I like rock music", user="ann", chat="c"))
+        before = sql(folder, edges)
+        await mem.forget_messages(chat_id="c", message_ids=["m2"])
+        after = sql(folder, edges)
+    assert {name.lower() for (name,) in before} == {"lisbon", "rock music"}
+    assert {name.lower() for (name,) in after} == {"lisbon"}
+
+
+async def test_history_rows_say_why_never_what_was_asked(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    async with open_memory(folder, plugin={"hippocampus": {"reinforce": True}}) as mem:
+        await mem.ingest(msg("m1", "I decided to quit my job at the bank", user="ann"))
+        hits = await mem.recall("my quitting secret zqasked55 about the bank", user_id="ann")
+        assert hits
+        events = (await mem.history(hits[0].id))["events"]
+    assert [e["why"] for e in events if e["who"] == "recall"] == ["recalled"]
+    assert sql(folder, "SELECT COUNT(*) FROM memory_history WHERE why LIKE '%zqasked55%'") == [(0,)]
+
+
+def test_an_old_stores_history_loses_its_query_text_on_open(tmp_path: Path) -> None:
+    from narrmem_plugins.storage_sqlite import schema
+
+    folder = tmp_path / "store"
+    folder.mkdir()
+    con = sqlite3.connect(folder / "narrmem.sqlite3")
+    for script in schema.MIGRATIONS[:3]:
+        con.executescript(script)
+    con.execute("PRAGMA user_version = 3")
+    con.execute(
+        "INSERT INTO memories (kind, tenant, user_id, chat_id, text, importance, created_at, created_ts, "
+        "message_ids, meta) VALUES ('episode', 'default', 'u', 'c', 'hello', 0.3, "
+        "'2026-01-01T00:00:00+00:00', 0, '[]', '{}')"
+    )
+    con.execute(
+        "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
+        "VALUES (1, '2026-01-02T00:00:00+00:00', 'recall', 'recalled for: my locker code is 1234', 0.3, 0.35)"
+    )
+    con.commit()
+    con.close()
+    code = (
+        "import asyncio, sys\n"
+        "from narrmem.testing import open_memory\n"
+        "async def main():\n"
+        "    async with open_memory(sys.argv[1]):\n"
+        "        pass\n"
+        "asyncio.run(main())\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(folder)], check=True, timeout=120)
+    assert sql(folder, "SELECT why FROM memory_history") == [("recalled",)]
+    assert sql(folder, "PRAGMA auto_vacuum") == [(2,)]
+    assert b"1234" not in (folder / "narrmem.sqlite3").read_bytes()
+
+
+HOLD_OPEN = """
+import asyncio, sys
+from datetime import datetime, timezone
+from narrmem.testing import open_memory
+async def main():
+    async with open_memory(sys.argv[1]) as mem:
+        await mem.ingest({"text": "I decided to learn the cello", "user_id": "u", "chat_id": "c",
+                          "ts": datetime(2026, 5, 1, tzinfo=timezone.utc), "message_id": "m1"})
+        print("open", flush=True)
+        sys.stdin.readline()
+asyncio.run(main())
+"""
+
+
+def test_a_second_process_on_the_same_folder_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_OPEN, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    async def open_and_count() -> int:
+        async with open_memory(folder) as mem:
+            return int((await mem.stats())["memories"])
+
+    async def read_beside(message: dict[str, Any]) -> list[str]:
+        async with open_memory(folder, read_only=True) as mem:
+            hits = await mem.recall("cello", user_id="u", reinforce=True)
+            with pytest.raises(narrmem.StoreError, match="read-only"):
+                await mem.ingest(message)
+            with pytest.raises(narrmem.StoreError, match="read-only"):
+                await mem.forget(user_id="u")
+            return [h.text for h in hits]
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(narrmem.StoreError) as info:
+            asyncio.run(open_and_count())
+        assert str(folder) in str(info.value) and str(holder.pid) in str(info.value)
+        # Reading beside the holder works and sees its rows; writing is refused.
+        assert asyncio.run(read_beside(msg("m2", "I decided to sell the car"))) == [
+            "I decided to learn the cello"
+        ]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert asyncio.run(open_and_count()) >= 1  # free again once the holder closed
