@@ -1,0 +1,518 @@
+"""Crash harness: a child process works on a data folder and is killed with SIGKILL at a random
+moment; then the folder is reopened and checked.
+
+Kinds of run (``run_crash`` cycles through them):
+
+* ``ingest``: single ``Memory.ingest`` calls; each message is acknowledged once its call returned.
+* ``bulk``: ``ingest_many`` batches of 1 to 80 messages (16 per write transaction, so a batch spans
+  several); a batch is acknowledged once its call returned.
+* ``forget``: the folder is filled first (group chats with several speakers, so other users' keyword
+  context, scenes and graph facts exist; personas, tasks and hand-written scenes from the tools),
+  then the child forgets one user after another and is killed during it.
+
+After each kill the folder is reopened with a fresh ``Memory.open`` and checked: the open succeeds;
+every acknowledged message is stored (and its scene, when triage made one); the vector index holds
+exactly the ids SQLite holds vectors for (whether the open had to rebuild it is counted), and a
+search finds sampled vectors; SQLite and its keyword index pass their integrity checks; a second
+open after a clean close needs no rebuild. For forget runs: a forget that returned, and one that was
+interrupted once the reopen has finished it, leave no trace (no recall, graph recall, summary or
+export shows the user's tokens, and no byte of the data folder holds them); an interrupted forget
+either completed on reopen or never started (the user fully intact), never half done; users the
+child never reached are intact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from narrmem import ManualClock, Memory, Scope
+from narrmem.testing import open_memory
+from narrmem.transfer import export_jsonl
+
+from .common import (
+    BASE_TS,
+    DB_NAME,
+    Corpus,
+    Owner,
+    build_corpus,
+    folder_files,
+    marker_needles,
+    occurrences,
+    scene_message_ids,
+    sql,
+    sqlite_vector_ids,
+    stored_message_ids,
+    to_json,
+    tokens_in,
+)
+
+CHILD = Path(__file__).with_name("crash_child.py")
+KINDS = ("ingest", "bulk", "forget")
+CLOCK_START = BASE_TS.replace(month=6)
+READY_TIMEOUT_S = 180.0  # the first start of the real model on a machine exports it
+BULK_TRANSACTION = 16
+
+
+@dataclass
+class Acks:
+    ready: bool = False
+    messages: list[tuple[str, str, str, str]] = field(default_factory=list)  # tenant, chat, id, layer
+    forgetting: list[tuple[str, str]] = field(default_factory=list)
+    forgot: list[tuple[str, str]] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class Figures:
+    runs: int = 0
+    runs_by_kind: Counter[str] = field(default_factory=Counter)
+    real_model_runs: Counter[str] = field(default_factory=Counter)
+    acknowledged: int = 0
+    lost: int = 0
+    scenes_lost: int = 0
+    lost_examples: list[str] = field(default_factory=list)
+    failed_reopens: int = 0
+    reopen_errors: list[str] = field(default_factory=list)
+    rebuilds_needed: int = 0
+    index_mismatches: int = 0
+    search_misses: int = 0
+    integrity_failures: list[str] = field(default_factory=list)
+    rebuilds_after_clean_close: int = 0
+    children_finished_before_kill: int = 0
+    details: list[dict[str, Any]] = field(default_factory=list)
+    forgets_returned: int = 0
+    forgets_interrupted: int = 0
+    forgets_completed_on_reopen: int = 0
+    forgets_not_started: int = 0
+    forgets_half_done: int = 0
+    users_over_deleted: int = 0
+    leftover_traces: int = 0
+    leftover_examples: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in self.__dict__.items():
+            out[name] = dict(sorted(value.items())) if isinstance(value, Counter) else value
+        out["integrity_failures"] = len(self.integrity_failures)
+        out["integrity_examples"] = self.integrity_failures[:5]
+        out["lost_examples"] = self.lost_examples[:10]
+        out["leftover_examples"] = self.leftover_examples[:10]
+        out["reopen_errors"] = self.reopen_errors[:5]
+        out["seconds"] = round(self.seconds, 1)
+        return out
+
+
+def run_crash(
+    runs: int,
+    seed: int,
+    workdir: Path,
+    *,
+    real_model_runs: bool = True,
+    kinds: tuple[str, ...] = KINDS,
+) -> dict[str, Any]:
+    """``runs`` kill-and-reopen cycles over ``kinds`` (ingest, bulk and forget), in turn. With
+    ``real_model_runs`` the first run of each kind uses the real default embedder (the rest the
+    hash embedder). Returns the figures (see :class:`Figures`)."""
+    started = time.perf_counter()
+    rng = random.Random(seed)
+    workdir.mkdir(parents=True, exist_ok=True)
+    figures = Figures()
+    real_kinds = set(kinds) if real_model_runs else set()
+    if real_kinds and runs:
+        # The first start of the model on a machine exports it; do that here, not in a child that
+        # may be killed half-way through it.
+        asyncio.run(_warm_real_model(workdir / "warm"))
+    for number in range(runs):
+        kind = kinds[number % len(kinds)]
+        real = kind in real_kinds
+        real_kinds.discard(kind)
+        folder = workdir / f"run-{number:03d}-{kind}"
+        _one_run(kind, real, folder, random.Random(rng.getrandbits(64)), figures)
+    figures.seconds = time.perf_counter() - started
+    return figures.as_dict()
+
+
+async def _warm_real_model(folder: Path) -> None:
+    async with open_memory(folder, real_model=True):
+        pass
+
+
+def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: Figures) -> None:
+    figures.runs += 1
+    figures.runs_by_kind[kind] += 1
+    if real:
+        figures.real_model_runs[kind] += 1
+    folder.mkdir(parents=True)
+    data = folder / "data"
+    plan: dict[str, Any] = {"kind": kind, "real_model": real, "clock": CLOCK_START.isoformat()}
+    before: dict[tuple[str, str], tuple[int, int]] = {}
+    corpus = build_corpus(
+        rng, users=16 if kind != "forget" else 10, tenants=("default", "t1"), per_chat=(4, 7), token_length=10
+    )
+    if kind == "forget":
+        before = asyncio.run(_fill(data, corpus, real, rng))
+        order = list(corpus.people)
+        rng.shuffle(order)
+        plan["forget"] = [list(p) for p in order]
+        trigger, delay = "forgetting", rng.uniform(0.0, 0.6)
+    else:
+        messages = [m.model_dump(mode="json") for m in sorted(corpus.messages, key=lambda m: m.ts)]
+        if kind == "ingest":
+            plan["batches"] = [[m] for m in messages]
+        else:
+            batches, start = [], 0
+            while start < len(messages):
+                size = rng.randint(1, 80)
+                batches.append(messages[start : start + size])
+                start += size
+            plan["batches"] = batches
+        trigger, delay = "ready", rng.uniform(0.0, 2.5 if real else 2.0)
+    plan_path = folder / "plan.json"
+    plan_path.write_text(json.dumps(plan), encoding="utf-8")
+    ack_path = folder / "ack.txt"
+    acks = _run_child(data, ack_path, plan_path, folder / "child.log", trigger, delay, kind)
+    if acks.done:
+        figures.children_finished_before_kill += 1
+    figures.details.append(
+        {
+            "run": folder.name,
+            "real_model": real,
+            "kill_after_s": round(delay, 3),
+            "after": trigger,
+            "acknowledged": len(acks.messages),
+            "forgets_returned": len(acks.forgot),
+            "forgets_started": len(acks.forgetting),
+            "finished_before_kill": acks.done,
+        }
+    )
+    asyncio.run(_check(kind, real, data, folder, corpus, acks, before, rng, figures))
+
+
+def _run_child(
+    data: Path, ack_path: Path, plan_path: Path, log_path: Path, trigger: str, delay: float, kind: str
+) -> Acks:
+    """Start the child, wait for ``trigger`` in its acknowledgements, wait ``delay`` more, SIGKILL it."""
+    settings = {"storage": {"batch_size": BULK_TRANSACTION}} if kind == "bulk" else {}
+    env = dict(os.environ)
+    for section, values in settings.items():
+        for key, value in values.items():
+            env[f"NARRMEM_{section.upper()}__{key.upper()}"] = str(value)
+    with log_path.open("wb") as log:
+        child = subprocess.Popen(
+            [sys.executable, str(CHILD), str(data), str(ack_path), str(plan_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not _has_line(ack_path, trigger):
+                if child.poll() is not None:
+                    raise RuntimeError(f"the crash child exited with {child.returncode}: {_tail(log_path)}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the crash child never said '{trigger}': {_tail(log_path)}")
+                time.sleep(0.005)
+            time.sleep(delay)
+            if child.poll() is not None:
+                raise RuntimeError(f"the crash child exited with {child.returncode}: {_tail(log_path)}")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=30)
+    return _read_acks(ack_path)
+
+
+def _has_line(path: Path, word: str) -> bool:
+    if not path.exists():
+        return False
+    return any(line.split(" ", 1)[0] == word for line in path.read_text(encoding="utf-8").splitlines())
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")[-2000:]
+
+
+def _read_acks(path: Path) -> Acks:
+    acks = Acks()
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    # A line cut by the kill has no newline: it was not acknowledged.
+    complete = text[: text.rfind("\n") + 1]
+    for line in complete.splitlines():
+        word, *rest = line.split(" ")
+        if word == "ready":
+            acks.ready = True
+        elif word == "ack":
+            tenant, chat, message_id, layer = rest
+            acks.messages.append((tenant, chat, message_id, layer))
+        elif word == "forgetting":
+            acks.forgetting.append((rest[0], rest[1]))
+        elif word == "forgot":
+            acks.forgot.append((rest[0], rest[1]))
+        elif word == "done":
+            acks.done = True
+    return acks
+
+
+# --- the forget runs' folder --------------------------------------------------------------------
+
+
+async def _fill(
+    data: Path, corpus: Corpus, real: bool, rng: random.Random
+) -> dict[tuple[str, str], tuple[int, int]]:
+    """Ingest the corpus and write with the tools; returns each person's (memories, graph rows)."""
+    clock = ManualClock(CLOCK_START)
+    async with open_memory(data, real_model=real, clock=clock) as mem:
+        await mem.ingest_many(sorted(corpus.messages, key=lambda m: m.ts))
+        for tenant, user in corpus.people:
+            chats = corpus.chats_of(tenant, user)
+            chat = rng.choice(chats)
+            token = corpus.token_for(Owner(tenant, user, chat), rng, 10)
+            await mem.call_tool(
+                "soul_narrative",
+                {
+                    "action": "add",
+                    "user_id": user,
+                    "chat_id": chat,
+                    "tenant": tenant,
+                    "event": f"I kept {token}",
+                },
+            )
+            token = corpus.token_for(Owner(tenant, user, chat), rng, 10)
+            await mem.call_tool(
+                "persona_set",
+                {
+                    "user_id": user,
+                    "chat_id": chat,
+                    "tenant": tenant,
+                    "description": f"a friend who knows {token}",
+                },
+            )
+            token = corpus.token_for(Owner(tenant, user, chat), rng, 10)
+            await mem.call_tool(
+                "task_create",
+                {
+                    "user_id": user,
+                    "chat_id": chat,
+                    "tenant": tenant,
+                    "task_id": f"task-{token}",
+                    "description": f"plan the {token} visit",
+                },
+            )
+            await mem.summary(user_id=user, tenant=tenant)
+            await mem.recall(f"what about {token}", user_id=user, tenant=tenant)
+    return {person: _person_rows(data, *person) for person in corpus.people}
+
+
+def _person_rows(data: Path, tenant: str, user: str) -> tuple[int, int]:
+    [(memories,)] = sql(
+        data, "SELECT COUNT(*) FROM memories WHERE tenant = ? AND user_id = ?", (tenant, user)
+    )
+    [(edges,)] = sql(
+        data, "SELECT COUNT(*) FROM graph_edges WHERE tenant = ? AND user_id = ?", (tenant, user)
+    )
+    return int(memories), int(edges)
+
+
+# --- after the kill ----------------------------------------------------------------------------
+
+
+async def _check(
+    kind: str,
+    real: bool,
+    data: Path,
+    folder: Path,
+    corpus: Corpus,
+    acks: Acks,
+    before: dict[tuple[str, str], tuple[int, int]],
+    rng: random.Random,
+    figures: Figures,
+) -> None:
+    clock = ManualClock(CLOCK_START.replace(month=7))
+    try:
+        mem = await open_memory(data, real_model=real, clock=clock)
+    except Exception as exc:
+        figures.failed_reopens += 1
+        figures.reopen_errors.append(f"{folder.name}: {type(exc).__name__}: {exc}")
+        return
+    gone: list[tuple[str, str]] = []
+    try:
+        await _check_index(mem, data, rng, figures)
+        if kind == "forget":
+            gone = await _check_forgets(mem, data, folder, corpus, acks, before, figures)
+        else:
+            _check_acknowledged(data, acks, figures)
+    finally:
+        await mem.close()
+    _check_integrity(data, folder.name, figures)
+    if gone:
+        _check_bytes(data, corpus, gone, figures)
+    try:
+        async with open_memory(data, real_model=real, clock=clock) as again:
+            if _index_of(again).rebuilt_reason is not None:
+                figures.rebuilds_after_clean_close += 1
+    except Exception as exc:
+        figures.failed_reopens += 1
+        figures.reopen_errors.append(f"{folder.name} (second open): {type(exc).__name__}: {exc}")
+
+
+def _index_of(mem: Memory) -> Any:
+    """The SQLite store's vector index (this harness runs on the embedded store)."""
+    return getattr(mem.store, "index")  # noqa: B009 - not part of the Store protocol
+
+
+async def _check_index(mem: Memory, data: Path, rng: random.Random, figures: Figures) -> None:
+    index = _index_of(mem)
+    if index.rebuilt_reason is not None:
+        figures.rebuilds_needed += 1
+    held = {int(i) for i in index.ids()}
+    expected = sqlite_vector_ids(data)
+    if held != expected:
+        figures.index_mismatches += 1
+    rows = sql(data, "SELECT id, tenant, user_id, vector FROM memories WHERE vector IS NOT NULL ORDER BY id")
+    for memory_id, tenant, user, blob in rng.sample(rows, min(5, len(rows))):
+        vector = np.frombuffer(blob, dtype=np.float32)
+        found = await mem.store.search_vectors(Scope(tenant=tenant, user_id=user), vector, 5)
+        if memory_id not in {mid for mid, _ in found}:
+            figures.search_misses += 1
+
+
+def _check_acknowledged(data: Path, acks: Acks, figures: Figures) -> None:
+    stored = stored_message_ids(data)
+    scenes = scene_message_ids(data)
+    for tenant, chat, message_id, layer in acks.messages:
+        if layer == "ignore":
+            continue
+        figures.acknowledged += 1
+        key = (tenant, chat, message_id)
+        if key not in stored:
+            figures.lost += 1
+            figures.lost_examples.append(f"{data.parent.name}: {key}")
+        elif layer == "scene" and key not in scenes:
+            figures.scenes_lost += 1
+            figures.lost_examples.append(f"{data.parent.name}: scene of {key}")
+
+
+def _check_integrity(data: Path, run: str, figures: Figures) -> None:
+    con = sqlite3.connect(data / DB_NAME, timeout=30)
+    try:
+        [(verdict,)] = con.execute("PRAGMA integrity_check").fetchall()
+        if verdict != "ok":
+            figures.integrity_failures.append(f"{run}: {verdict}")
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE sql LIKE '%USING fts5%'")]
+        for table in tables:
+            try:
+                con.execute(f"INSERT INTO {table} ({table}) VALUES ('integrity-check')")
+            except sqlite3.DatabaseError as exc:
+                figures.integrity_failures.append(f"{run}: {table}: {exc}")
+    finally:
+        con.close()
+
+
+async def _check_forgets(
+    mem: Memory,
+    data: Path,
+    folder: Path,
+    corpus: Corpus,
+    acks: Acks,
+    before: dict[tuple[str, str], tuple[int, int]],
+    figures: Figures,
+) -> list[tuple[str, str]]:
+    """Classify every person; return those that must be gone (for the byte scan after close)."""
+    returned = set(acks.forgot)
+    interrupted = [p for p in acks.forgetting if p not in returned]
+    figures.forgets_returned += len(returned)
+    figures.forgets_interrupted += len(interrupted)
+    must_go = sorted(returned)
+    for person in interrupted:
+        rows = _person_rows(data, *person)
+        if rows == before[person]:
+            figures.forgets_not_started += 1
+        elif rows == (0, 0):
+            figures.forgets_completed_on_reopen += 1
+            must_go.append(person)
+        else:
+            figures.forgets_half_done += 1
+            must_go.append(person)
+            figures.leftover_examples.append(
+                f"{folder.name}: {person} half forgotten: {before[person]} -> {rows}"
+            )
+    for person in corpus.people:
+        if person in acks.forgetting:
+            continue
+        if _person_rows(data, *person) != before[person]:
+            figures.users_over_deleted += 1
+    if must_go:
+        export = folder / "export.jsonl"
+        await export_jsonl(mem, export)
+        exported = export.read_text(encoding="utf-8")
+        for tenant, user in must_go:
+            secrets = {t: o for t, o in corpus.owners.items() if (o.tenant, o.user_id) == (tenant, user)}
+            places = await _answers(mem, corpus, tenant, user, secrets)
+            places["export"] = exported
+            for place, text in places.items():
+                found = tokens_in(text, secrets)
+                if found:
+                    figures.leftover_traces += 1
+                    figures.leftover_examples.append(
+                        f"{folder.name}: {tenant}/{user} in {place}: {found[:3]}"
+                    )
+    return must_go
+
+
+async def _answers(
+    mem: Memory, corpus: Corpus, tenant: str, user: str, secrets: dict[str, Any]
+) -> dict[str, str]:
+    """What every read path answers about a forgotten user, asked with the user's own tokens."""
+    query = " ".join(sorted(secrets)[:12])
+    out: dict[str, str] = {}
+    out["recall user"] = to_json(await mem.recall(query, user_id=user, tenant=tenant, k=50))
+    for chat in corpus.chats_of(tenant, user):
+        out[f"recall chat {chat}"] = to_json(await mem.recall(query, chat_id=chat, tenant=tenant, k=50))
+        for member in [m for m in corpus.members[(tenant, chat)] if m != user][:2]:
+            turn = await mem.turn_context(query, user_id=member, chat_id=chat, tenant=tenant)
+            out[f"turn_context {member} {chat}"] = to_json(turn)
+    out["summary"] = to_json(await mem.summary(user_id=user, tenant=tenant))
+    graph = await mem.call_tool(
+        "memory_recall", {"user_id": user, "tenant": tenant, "query_intent": ",".join(sorted(secrets)[:12])}
+    )
+    out["memory_recall"] = to_json(graph)
+    out["persona_get"] = to_json(await mem.call_tool("persona_get", {"user_id": user, "tenant": tenant}))
+    scenes = await mem.call_tool(
+        "soul_narrative", {"action": "list", "user_id": user, "tenant": tenant, "k": 200}
+    )
+    out["soul_narrative list"] = to_json(scenes)
+    return out
+
+
+def _check_bytes(data: Path, corpus: Corpus, gone: list[tuple[str, str]], figures: Figures) -> None:
+    files = folder_files(data)
+    for tenant, user in gone:
+        for token, owner in corpus.owners.items():
+            if (owner.tenant, owner.user_id) != (tenant, user):
+                continue
+            for needle in marker_needles(token, tail=7):
+                where = occurrences(files, needle)
+                if where:
+                    figures.leftover_traces += 1
+                    figures.leftover_examples.append(
+                        f"{data.parent.name}: {tenant}/{user} token {token} ({needle.decode()}) in bytes of "
+                        f"{sorted(where)}"
+                    )
+                    break

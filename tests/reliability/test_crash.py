@@ -1,0 +1,51 @@
+"""Kill -9 at a random moment while ingesting (single and bulk) or forgetting, then reopen: nothing
+acknowledged is lost, the vector index agrees with SQLite, an interrupted forget is finished."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .common import LONG
+from .crash import run_crash
+
+pytestmark = pytest.mark.reliability
+
+# Quick: 10 runs in all (6 ingest and bulk, 4 forget); long: 48.
+INGEST_RUNS = 32 if LONG else 6
+FORGET_RUNS = 16 if LONG else 4
+
+
+def test_kill_during_ingest_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    figures = run_crash(INGEST_RUNS, seed=20260504, workdir=tmp_path, kinds=("ingest", "bulk"))
+    assert figures["runs_by_kind"] == {"bulk": INGEST_RUNS // 2, "ingest": INGEST_RUNS - INGEST_RUNS // 2}
+    assert figures["real_model_runs"] == {"bulk": 1, "ingest": 1}
+    # The kills landed while the child was writing: there was something to lose.
+    assert figures["acknowledged"] > 50 * INGEST_RUNS
+    assert figures["children_finished_before_kill"] < INGEST_RUNS
+    assert figures["failed_reopens"] == 0, figures["reopen_errors"]
+    assert figures["lost"] == 0 and figures["scenes_lost"] == 0, figures["lost_examples"]
+    assert figures["index_mismatches"] == 0
+    assert figures["search_misses"] == 0
+    assert figures["integrity_failures"] == 0, figures["integrity_examples"]
+    assert figures["rebuilds_after_clean_close"] == 0
+
+
+def test_kill_during_forget_is_finished_on_reopen(tmp_path: Path) -> None:
+    figures = run_crash(FORGET_RUNS, seed=20260505, workdir=tmp_path, kinds=("forget",))
+    assert figures["runs_by_kind"] == {"forget": FORGET_RUNS}
+    assert figures["real_model_runs"] == {"forget": 1}
+    assert figures["forgets_interrupted"] >= FORGET_RUNS // 2
+    assert figures["forgets_returned"] > 0
+    assert figures["failed_reopens"] == 0, figures["reopen_errors"]
+    assert figures["forgets_half_done"] == 0, figures["leftover_examples"]
+    assert figures["users_over_deleted"] == 0
+    assert figures["leftover_traces"] == 0, figures["leftover_examples"]
+    assert (
+        figures["forgets_completed_on_reopen"] + figures["forgets_not_started"]
+        == figures["forgets_interrupted"]
+    )
+    assert figures["index_mismatches"] == 0
+    assert figures["integrity_failures"] == 0, figures["integrity_examples"]
+    assert figures["rebuilds_after_clean_close"] == 0
