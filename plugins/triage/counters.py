@@ -108,7 +108,10 @@ class Counters:
             if record.kind == "scene":
                 if record.meta.get("type") == "value":
                     await self._values(memory, message, record, vector, user, result)
-                await self._link(memory, record, vector, user, result)
+                # A link writes this scene's words into the earlier scene: only within one chat,
+                # or a chat's readers would see what the user said elsewhere.
+                chat = Scope(tenant=message.tenant, user_id=message.user_id, chat_id=message.chat_id)
+                await self._link(memory, record, vector, chat, result)
 
     # --- moods -----------------------------------------------------------------------------
 
@@ -151,8 +154,11 @@ class Counters:
     async def _promote(
         self, memory: Any, message: Message, mood: str, count: int, said: list[MemoryRecord]
     ) -> None:
-        """A repeated mood becomes a scene of its own: "said 'tired' 3 times this week"."""
+        """A repeated mood becomes a scene of its own: "said 'tired' 3 times this week". The count
+        is the user's, but the scene belongs to this chat: it quotes and cites only this chat's
+        messages (a chat's readers must not see what the user said elsewhere)."""
         core = f"said '{_MOOD_WORDS[mood]}' {count} times this week"
+        said = [r for r in said if r.chat_id == message.chat_id]
         draft = SceneDraft(
             time=describe_time(message.ts, "en"),
             scene="A pattern across the week: " + " / ".join(r.text[:60] for r in said[-3:]),
@@ -279,9 +285,10 @@ class Counters:
         )
 
     async def _link(
-        self, memory: Any, scene: MemoryRecord, vector: np.ndarray, user: Scope, result: Any
+        self, memory: Any, scene: MemoryRecord, vector: np.ndarray, chat: Scope, result: Any
     ) -> None:
-        """Fill the Impact of the earlier scene this one builds on.
+        """Fill the Impact of the earlier scene of this user in this chat (``chat``) this one
+        builds on.
 
         A decision that cites a value rarely paraphrases it, so the link score is the cosine plus
         a bonus when the two cores share a content word ("friends"); the best score above
@@ -292,7 +299,7 @@ class Counters:
         own_words = set(topic_words([_core(scene)], limit=20))
         scored = []
         for record, similarity in await _scored_scenes(
-            memory, scene, vector, user, self.options.link_similarity - 0.15
+            memory, scene, vector, chat, self.options.link_similarity - 0.15
         ):
             if record.meta.get("type") == "pattern" or "fields" not in record.meta:
                 continue
@@ -323,12 +330,12 @@ class Counters:
 
 
 async def _scored_scenes(
-    memory: Any, scene: MemoryRecord, vector: np.ndarray, user: Scope, threshold: float
+    memory: Any, scene: MemoryRecord, vector: np.ndarray, scope: Scope, threshold: float
 ) -> list[tuple[MemoryRecord, float]]:
-    """Earlier scenes of this user at least ``threshold`` close to ``scene``, closest first."""
-    nearest = await memory.store.search_vectors(user, vector, 32)
+    """Earlier scenes in ``scope`` at least ``threshold`` close to ``scene``, closest first."""
+    nearest = await memory.store.search_vectors(scope, vector, 32)
     scores = {mid: score for mid, score in nearest if score >= threshold and mid != scene.id}
-    found = await memory.store.get(list(scores), user)
+    found = await memory.store.get(list(scores), scope)
     earlier = [r for r in found.values() if r.kind == "scene" and _not_after(r, scene)]
     return sorted(((r, scores[r.id or 0]) for r in earlier), key=lambda item: -item[1])
 
