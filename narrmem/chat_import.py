@@ -42,6 +42,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import ValidationError
 
+from narrmem.checks import JsonShapeError, loads_json
 from narrmem.errors import InputError
 from narrmem.models import MAX_ID_CHARS, MAX_TEXT_CHARS, Message
 from narrmem.transfer import read_messages
@@ -405,7 +406,9 @@ def _load_json(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 ({exc.reason})") from exc
     try:
-        return json.loads(text)
+        return loads_json(text)
+    except JsonShapeError as exc:
+        raise InputError(f"{path}: not plain JSON ({exc.reason})", field=exc.path or None) from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc.msg}, column {exc.colno})", line=exc.lineno) from exc
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from narrmem.checks import JsonShapeError, check_plain_json
+from narrmem.checks import JsonShapeError, check_plain_json, check_time_range
 from narrmem.text import estimate_tokens
 
 MAX_TEXT_CHARS = 16_000
@@ -45,6 +45,11 @@ class Message(_Strict):
     @classmethod
     def _meta_is_json(cls, meta: dict[str, Any]) -> dict[str, Any]:
         return json_object(meta)
+
+    @field_validator("ts")
+    @classmethod
+    def _ts_in_range(cls, ts: datetime) -> datetime:
+        return check_time_range(ts)
 
 
 def json_object(value: dict[str, Any]) -> dict[str, Any]:

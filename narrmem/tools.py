@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from narrmem.checks import JsonShapeError, check_plain_json, loads_json
 from narrmem.errors import InputError, PluginError, UnknownToolError
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ class ToolRegistry:
         return sorted(self._tools)
 
     def get(self, name: str) -> Tool:
+        if not isinstance(name, str):
+            raise UnknownToolError(f"a tool name is a string, not {type(name).__name__}", field="name")
         try:
             return self._tools[name]
         except KeyError:
@@ -63,17 +65,28 @@ class ToolRegistry:
             if len(arguments) > MAX_ARGUMENT_BYTES:
                 raise InputError(f"arguments exceed {MAX_ARGUMENT_BYTES} bytes", field="arguments")
             try:
-                arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError as exc:
+                arguments = loads_json(arguments or "{}")
+            except JsonShapeError as exc:
+                raise _not_plain(exc) from exc
+            except ValueError as exc:  # bad syntax, or bytes that are not UTF-8
                 raise InputError(f"arguments are not valid JSON: {exc}", field="arguments") from exc
         if arguments is None:
             arguments = {}
         if not isinstance(arguments, dict):
             raise InputError("arguments must be a JSON object", field="arguments")
         try:
+            # Before pydantic: a free-form field (a dict of anything) would let any depth through.
+            check_plain_json(arguments)
+        except JsonShapeError as exc:
+            raise _not_plain(exc) from exc
+        try:
             return tool, tool.input_model.model_validate(arguments)
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
+
+
+def _not_plain(exc: JsonShapeError) -> InputError:
+    return InputError(f"not plain JSON: {exc.reason}", field=exc.path or "arguments")
 
 
 SchemaFormat = Literal["openai", "anthropic", "mcp"]

@@ -11,12 +11,14 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, loads_json
 from narrmem.errors import InputError
 from narrmem.models import MemoryRecord, Message
 
@@ -36,7 +38,13 @@ class ExportHeader(BaseModel):
 
 
 class ExportLine(MemoryRecord):
+    id: int | None = Field(default=None, ge=1, le=SQLITE_MAX_INT)  # kept as the row id
     vector: str  # base64 of little-endian float32: exact, unlike decimal floats
+
+    @field_validator("created_at", "stored_at", "reinforced_at")
+    @classmethod
+    def _in_range(cls, when: datetime | None) -> datetime | None:
+        return None if when is None else check_time_range(when)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, Any]]:
@@ -53,9 +61,14 @@ def _lines(path: Path) -> Iterator[tuple[int, Any]]:
             if not raw.strip():
                 continue
             try:
-                yield number, json.loads(raw)
+                value = loads_json(raw)
+            except JsonShapeError as exc:
+                raise InputError(
+                    f"{path}: not plain JSON ({exc.reason})", field=exc.path or None, line=number
+                ) from exc
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}: not valid JSON ({exc.msg})", line=number) from exc
+            yield number, value
 
 
 def read_messages(path: str | Path) -> list[Message]:
@@ -149,6 +162,7 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
     """Validate a whole export file, then write it in one transaction (ids kept)."""
     path = Path(path)
     items: list[tuple[MemoryRecord, np.ndarray]] = []
+    numbers: list[int] = []
     header: ExportHeader | None = None
     for number, data in _lines(path):
         if header is None:
@@ -168,9 +182,46 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
             )
         record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
         items.append((record, vector.astype(np.float32)))
+        numbers.append(number)
     if header is None:
         raise InputError(f"{path} is empty: an export starts with a header line", line=1)
+    await _check_episode_sources(memory, [record for record, _ in items], numbers)
     return await memory.store.import_records(items)
+
+
+async def _check_episode_sources(memory: Memory, records: list[MemoryRecord], numbers: list[int]) -> None:
+    """One message of a chat is one episode: an episode whose message another episode already
+    holds (earlier in the file, or stored under another id) is refused, naming its line."""
+    owners: dict[tuple[str, str, str], tuple[int | None, int]] = {}  # -> (record id, line)
+    for record, number in zip(records, numbers, strict=True):
+        if record.kind != "episode":
+            continue
+        for mid in record.message_ids:
+            key = (record.tenant, record.chat_id, mid)
+            earlier = owners.get(key)
+            if earlier is not None and (record.id is None or earlier[0] != record.id):
+                raise InputError(
+                    f"message {mid!r} of chat {record.chat_id!r} has another episode on line {earlier[1]}",
+                    field="message_ids",
+                    line=number,
+                )
+            owners[key] = (record.id, number)
+    by_chat: dict[tuple[str, str], list[str]] = {}
+    for tenant, chat_id, mid in owners:
+        by_chat.setdefault((tenant, chat_id), []).append(mid)
+    for (tenant, chat_id), mids in by_chat.items():
+        stored = await memory.store.from_messages(tenant, chat_id, mids)
+        for other in (await memory.store.get(stored, None)).values():
+            if other.kind != "episode":
+                continue
+            for mid in other.message_ids:
+                mine = owners.get((tenant, chat_id, mid))
+                if mine is not None and mine[0] != other.id:
+                    raise InputError(
+                        f"message {mid!r} of chat {chat_id!r} is already stored as memory {other.id}",
+                        field="message_ids",
+                        line=mine[1],
+                    )
 
 
 def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
+from narrmem.checks import SQLITE_MAX_INT
 from narrmem.errors import InputError
 from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, MAX_TEXT_CHARS, MemoryRecord, Scope
 from narrmem.tools import Tool
@@ -49,7 +50,9 @@ class SoulNarrativeInput(BaseModel):
     tags: list[str] = Field(default_factory=list, max_length=20, description="add: related tags")
     query: str | None = Field(default=None, min_length=1, max_length=MAX_QUERY_CHARS, description="search")
     k: int = Field(default=5, ge=1, le=200, description="search and list: how many")
-    id: int | None = Field(default=None, ge=1, description="get and forget: the scene's id")
+    id: int | None = Field(
+        default=None, ge=1, le=SQLITE_MAX_INT, description="get and forget: the scene's id"
+    )
     min_importance: float | None = Field(default=None, ge=0.0, le=1.0, description="list: filter")
     tag: str | None = Field(default=None, min_length=1, max_length=100, description="list: filter")
 
