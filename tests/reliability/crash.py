@@ -24,17 +24,15 @@ child never reached are intact.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
+import multiprocessing
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +42,7 @@ from narrmem import ManualClock, Memory, Scope
 from narrmem.testing import open_memory
 from narrmem.transfer import export_jsonl
 
+from . import crash_child
 from .common import (
     BASE_TS,
     DB_NAME,
@@ -61,7 +60,6 @@ from .common import (
     tokens_in,
 )
 
-CHILD = Path(__file__).with_name("crash_child.py")
 KINDS = ("ingest", "bulk", "forget")
 CLOCK_START = BASE_TS.replace(month=6)
 READY_TIMEOUT_S = 180.0  # the first start of the real model on a machine exports it
@@ -134,10 +132,6 @@ def run_crash(
     workdir.mkdir(parents=True, exist_ok=True)
     figures = Figures()
     real_kinds = set(kinds) if real_model_runs else set()
-    if real_kinds and runs:
-        # The first start of the model on a machine exports it; do that here, not in a child that
-        # may be killed half-way through it.
-        asyncio.run(_warm_real_model(workdir / "warm"))
     for number in range(runs):
         kind = kinds[number % len(kinds)]
         real = kind in real_kinds
@@ -148,11 +142,6 @@ def run_crash(
     return figures.as_dict()
 
 
-async def _warm_real_model(folder: Path) -> None:
-    async with open_memory(folder, real_model=True):
-        pass
-
-
 def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: Figures) -> None:
     figures.runs += 1
     figures.runs_by_kind[kind] += 1
@@ -161,6 +150,8 @@ def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: F
     folder.mkdir(parents=True)
     data = folder / "data"
     plan: dict[str, Any] = {"kind": kind, "real_model": real, "clock": CLOCK_START.isoformat()}
+    if kind == "bulk":  # a batch spans several write transactions
+        plan["environment"] = {"NARRMEM_STORAGE__BATCH_SIZE": str(BULK_TRANSACTION)}
     before: dict[tuple[str, str], tuple[int, int]] = {}
     corpus = build_corpus(
         rng, users=16 if kind != "forget" else 10, tenants=("default", "t1"), per_chat=(4, 7), token_length=10
@@ -170,7 +161,7 @@ def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: F
         order = list(corpus.people)
         rng.shuffle(order)
         plan["forget"] = [list(p) for p in order]
-        trigger, delay = "forgetting", rng.uniform(0.0, 0.6)
+        trigger, delay = "forgetting", rng.uniform(0.0, 0.5)
     else:
         messages = [m.model_dump(mode="json") for m in sorted(corpus.messages, key=lambda m: m.ts)]
         if kind == "ingest":
@@ -182,11 +173,11 @@ def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: F
                 batches.append(messages[start : start + size])
                 start += size
             plan["batches"] = batches
-        trigger, delay = "ready", rng.uniform(0.0, 2.5 if real else 2.0)
+        trigger, delay = "ready", rng.uniform(0.05, 1.5 if real else 1.2)
     plan_path = folder / "plan.json"
     plan_path.write_text(json.dumps(plan), encoding="utf-8")
     ack_path = folder / "ack.txt"
-    acks = _run_child(data, ack_path, plan_path, folder / "child.log", trigger, delay, kind)
+    acks = _run_child(data, ack_path, plan_path, folder / "child.log", trigger, delay)
     if acks.done:
         figures.children_finished_before_kill += 1
     figures.details.append(
@@ -205,38 +196,45 @@ def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: F
 
 
 def _run_child(
-    data: Path, ack_path: Path, plan_path: Path, log_path: Path, trigger: str, delay: float, kind: str
+    data: Path, ack_path: Path, plan_path: Path, log_path: Path, trigger: str, delay: float
 ) -> Acks:
     """Start the child, wait for ``trigger`` in its acknowledgements, wait ``delay`` more, SIGKILL it."""
-    settings = {"storage": {"batch_size": BULK_TRANSACTION}} if kind == "bulk" else {}
-    env = dict(os.environ)
-    for section, values in settings.items():
-        for key, value in values.items():
-            env[f"NARRMEM_{section.upper()}__{key.upper()}"] = str(value)
-    with log_path.open("wb") as log:
-        child = subprocess.Popen(
-            [sys.executable, str(CHILD), str(data), str(ack_path), str(plan_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while not _has_line(ack_path, trigger):
-                if child.poll() is not None:
-                    raise RuntimeError(f"the crash child exited with {child.returncode}: {_tail(log_path)}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the crash child never said '{trigger}': {_tail(log_path)}")
-                time.sleep(0.005)
-            time.sleep(delay)
-            if child.poll() is not None:
-                raise RuntimeError(f"the crash child exited with {child.returncode}: {_tail(log_path)}")
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGKILL)
-            child.wait(timeout=30)
+    child = _children().Process(
+        target=crash_child.child_main, args=(str(data), str(ack_path), str(plan_path), str(log_path))
+    )
+    child.start()
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not _has_line(ack_path, trigger):
+            if not child.is_alive():
+                raise RuntimeError(f"the crash child exited with {child.exitcode}: {_tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the crash child never said '{trigger}': {_tail(log_path)}")
+            time.sleep(0.005)
+        time.sleep(delay)
+        if not child.is_alive():
+            raise RuntimeError(f"the crash child exited with {child.exitcode}: {_tail(log_path)}")
+    finally:
+        if child.is_alive():
+            child.kill()  # SIGKILL
+        child.join(timeout=30)
+    if child.exitcode != -signal.SIGKILL:
+        raise RuntimeError(f"the crash child ended with {child.exitcode}, not by the kill: {_tail(log_path)}")
     return _read_acks(ack_path)
+
+
+_CONTEXT: Any = None
+
+
+def _children() -> Any:
+    """Processes forked from a server that imported narrmem and its plugins once."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        context = multiprocessing.get_context("forkserver")
+        plugins = sorted({e.module for e in entry_points(group="narrmem")})
+        context.set_forkserver_preload(["narrmem.testing", "narrmem.memory", *plugins])
+        _CONTEXT = context
+    return _CONTEXT
 
 
 def _has_line(path: Path, word: str) -> bool:

@@ -1,11 +1,15 @@
 """The process the crash harness kills: it opens a memory on a data folder and works until it is
 killed, writing to an acknowledgement file (flushed and fsync'd) what it has done.
 
+The harness starts it as ``child_main`` in a process forked from a server that has imported narrmem
+once (a fresh interpreter costs seconds per run); by hand it runs as
+
     python crash_child.py FOLDER ACK_FILE PLAN_FILE
 
 ``PLAN_FILE`` is JSON: ``{"kind": "ingest" | "bulk" | "forget", "real_model": bool, "batches": [...],
-"forget": [[tenant, user], ...], "clock": ISO}``. For ``ingest`` every batch has one message and
-goes through ``Memory.ingest``; for ``bulk`` a batch goes through one ``ingest_many``. After a call
+"forget": [[tenant, user], ...], "clock": ISO, "environment": {NAME: VALUE}}``. For ``ingest``
+every batch has one message and goes through ``Memory.ingest``; for ``bulk`` a batch goes through
+one ``ingest_many``. After a call
 returns, each of its messages is acknowledged as ``ack TENANT CHAT MESSAGE_ID LAYER``. For
 ``forget`` the child writes ``forgetting TENANT USER`` before each ``forget`` and ``forgot TENANT
 USER`` after it returned. ``ready`` follows the open; ``done`` the last call. Then it waits to be
@@ -64,7 +68,16 @@ async def _run(folder: Path, ack_path: Path, plan: dict[str, Any]) -> None:
 def main(argv: list[str]) -> None:
     folder, ack_path, plan_path = (Path(a) for a in argv)
     plan = json.loads(plan_path.read_text(encoding="utf-8"))
+    os.environ.update(plan.get("environment", {}))
     asyncio.run(_run(folder, ack_path, plan))
+
+
+def child_main(folder: str, ack_path: str, plan_path: str, log_path: str) -> None:
+    """The entry point in a forked process: output goes to ``log_path``."""
+    with open(log_path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    main([folder, ack_path, plan_path])
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def test_kill_during_ingest_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert figures["runs_by_kind"] == {"bulk": INGEST_RUNS // 2, "ingest": INGEST_RUNS - INGEST_RUNS // 2}
     assert figures["real_model_runs"] == {"bulk": 1, "ingest": 1}
     # The kills landed while the child was writing: there was something to lose.
-    assert figures["acknowledged"] > 50 * INGEST_RUNS
+    assert figures["acknowledged"] > 10 * INGEST_RUNS
     assert figures["children_finished_before_kill"] < INGEST_RUNS
     assert figures["failed_reopens"] == 0, figures["reopen_errors"]
     assert figures["lost"] == 0 and figures["scenes_lost"] == 0, figures["lost_examples"]

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from narrmem import Message, SceneDraft, TriageDecision, hookimpl
-from narrmem.models import MemoryRecord
+from narrmem import Message, SceneDraft, Scope, hookimpl
 
 from .common import LONG
 from .isolation import PATHS, run_isolation
@@ -34,16 +33,16 @@ def test_no_read_path_shows_another_scope(tmp_path: Path) -> None:
 
 
 class QuotingComposer:
-    """A scene composer that writes its Scene line from the whole chat window, every speaker's
+    """A scene composer that writes its Scene line from the chat's last turns, every speaker's
     words included: the leak the probes must see."""
 
     narrmem_name = "quoting_composer"
 
     @hookimpl(tryfirst=True)
-    def narrmem_compose_scene(
-        self, message: Message, decision: TriageDecision, window: list[MemoryRecord]
-    ) -> SceneDraft:
-        words = " ".join(r.text for r in window[-4:])
+    async def narrmem_compose_scene(self, memory: Any, message: Message) -> SceneDraft:
+        chat = Scope(tenant=message.tenant, chat_id=message.chat_id)
+        turns = await memory.store.recent(chat, kinds=["episode"], limit=4)
+        words = " ".join(r.text for r in turns)
         return SceneDraft(time="now", scene=f"Talking about {words}", vibe="calm", core=message.text)
 
 
