@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from narrmem.checks import (
     aware_time_argument,
+    has_surrogate,
     int_argument,
     optional_int_argument,
     sequence_argument,
@@ -749,6 +750,8 @@ def _message_ids(message_ids: Sequence[str]) -> list[str]:
     for i, mid in enumerate(message_ids):
         if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID_CHARS:
             raise InputError(f"must be a string of 1 to {MAX_ID_CHARS} characters", field=f"message_ids[{i}]")
+        if has_surrogate(mid):
+            raise InputError("holds a lone surrogate (not valid Unicode)", field=f"message_ids[{i}]")
     return list(message_ids)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -17,6 +17,7 @@ MAX_QUERY_CHARS = 4_000
 MAX_META_BYTES = 64_000
 
 IdStr = Field(min_length=1, max_length=MAX_ID_CHARS)
+KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
 Layer = Literal["ignore", "accumulate", "scene"]
 
@@ -67,6 +68,10 @@ def json_object(value: dict[str, Any]) -> dict[str, Any]:
 class Scope(_Strict):
     """Whose memories a query may see. A user scope sees only that user; a chat scope only that chat."""
 
+    # Strict: bytes are not taken for text (a caller's raw argument would then differ from the
+    # validated one, and go on to SQL and JSON as bytes).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
     user_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
     chat_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS, validate_default=True)
@@ -99,7 +104,7 @@ class MemoryRecord(_Strict):
     it, with less weight (the date, the turns just before)."""
 
     id: int | None = None
-    kind: str = Field(default="episode", pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    kind: str = Field(default="episode", pattern=KIND_PATTERN)
     tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
     user_id: str = IdStr
     chat_id: str = IdStr
@@ -258,7 +263,9 @@ class RecallRequest(_Strict):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
     scope: Scope
     k: int = Field(default=5, ge=1, le=200)
-    kinds: list[str] | None = Field(default=None, description="only these kinds of memory")
+    kinds: list[Annotated[str, Field(pattern=KIND_PATTERN)]] | None = Field(
+        default=None, max_length=32, description="only these kinds of memory"
+    )
     reinforce: bool = Field(default=True, description="recalled memories gain importance")
     snippet_tokens: int | None = Field(default=48, ge=8, le=100_000, description="longer memories are cut")
 

@@ -1,0 +1,404 @@
+"""Each kind of crash the fuzz harness found, pinned: bad input is a typed narrmem error naming its
+field, key or file, and changes nothing. (The harness itself: tests/reliability/fuzz.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import count_rows, msg
+
+from narrmem import ConfigError, InputError, Memory, Message, StoreError, UnknownToolError, load_settings
+from narrmem.chat_import import read_chat
+from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
+from narrmem.testing import open_memory
+from narrmem.transfer import export_jsonl, import_jsonl, read_messages
+
+DEEP = 10_000
+
+
+def deep_list(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def deep_json(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> Any:
+    """A memory with one message in it, and its folder (to count rows behind its back)."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest(msg("m1", "I keep bees on the roof of my building"))
+        assert count_rows(folder) == 1
+        yield mem, folder
+
+
+# --- 1. JSON nested 10,000 deep: RecursionError -------------------------------------------------
+
+
+async def test_deep_tool_arguments_are_refused_before_parsing(store: tuple[Memory, Path]) -> None:
+    mem, folder = store
+    before = count_rows(folder)
+    for arguments in ("[" * DEEP + "]" * DEEP, deep_json(DEEP), '{"user_id": ' + "[" * DEEP):
+        with pytest.raises(InputError) as info:
+            await mem.call_tool("persona_set", arguments)
+        assert info.value.field == "arguments"
+        assert "64 levels" in str(info.value)
+    # The same depth handed in as a dict, inside a free-form field.
+    with pytest.raises(InputError) as info:
+        await mem.call_tool(
+            "context_rewrite",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "summary": "none",
+                "extra": deep_list(DEEP),
+            },
+        )
+    assert info.value.field is not None and info.value.field.startswith("extra")
+    assert count_rows(folder) == before
+
+
+async def test_deep_message_meta_is_an_input_error(store: tuple[Memory, Path]) -> None:
+    mem, folder = store
+    before = count_rows(folder)
+    with pytest.raises(InputError) as info:
+        await mem.ingest(msg("m2", "hello there", meta={"a": deep_list(DEEP)}))
+    assert info.value.field == "meta"
+    assert "64 levels" in str(info.value)
+    assert count_rows(folder) == before
+    # 64 levels is the limit: within it, the message is kept.
+    kept = await mem.ingest(msg("m3", "nested but fine", meta={"a": deep_list(MAX_JSON_DEPTH - 2)}))
+    assert kept.stored
+
+
+def test_deep_files_name_the_line(tmp_path: Path) -> None:
+    jsonl = tmp_path / "messages.jsonl"
+    good = json.dumps(msg("m1", "hi there"))
+    jsonl.write_text(
+        good + "\n" + json.dumps({**msg("m2", "x"), "meta": {}})[:-1] + ', "x": ' + deep_json(DEEP) + "}\n"
+    )
+    with pytest.raises(InputError) as info:
+        read_messages(jsonl)
+    assert info.value.line == 2
+    export = tmp_path / "telegram.json"
+    export.write_text('{"name": "x", "id": 1, "messages": ' + "[" * DEEP + "]" * DEEP + "}")
+    with pytest.raises(InputError, match="64 levels"):
+        read_chat(export, "telegram")
+
+
+def test_depth_is_counted_without_recursion() -> None:
+    # Brackets inside strings are not nesting; a text far past the limit is refused unparsed.
+    assert loads_json('{"a": "' + "[" * 500 + '"}') == {"a": "[" * 500}
+    with pytest.raises(ValueError, match="64 levels"):
+        loads_json("[" * 1_000_000)
+    with pytest.raises(ValueError, match="64 levels"):
+        check_plain_json({"a": deep_list(DEEP)})
+
+
+# --- 2. A config file that is not UTF-8 (UnicodeDecodeError) or nests too deep ------------------
+
+
+def test_config_file_not_utf8_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "narrmem.toml"
+    path.write_bytes(b"\xff\xfe[storage]\nbatch_size = 5\n")
+    with pytest.raises(ConfigError, match="not UTF-8") as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a = " + "[" * DEEP + "]" * DEEP + "\n", "[plugin.graph]\nx = " + "{ a = " * DEEP + "1" + " }" * DEEP],
+    ids=["array", "inline table"],
+)
+def test_config_file_nested_too_deep_names_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "narrmem.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="deeper than 64") as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+
+
+def test_config_path_that_is_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_settings(tmp_path)
+
+
+# --- 3. A bad NARRMEM_ variable: pydantic-settings' SettingsError, RecursionError ---------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "named"),
+    [
+        ("NARRMEM_STORAGE", "{", "NARRMEM_STORAGE"),
+        ("NARRMEM_PLUGINS__DISABLED", "x", "NARRMEM_PLUGINS__DISABLED"),
+        ("NARRMEM_PLUGIN__GRAPH", deep_json(DEEP), "NARRMEM_PLUGIN__GRAPH"),
+        ("NARRMEM_STORAGE__BATCH_SIZE", "abc", "storage.batch_size"),
+    ],
+)
+def test_bad_environment_variable_is_a_config_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert named in str(info.value)
+
+
+# --- 4. Scope arguments of the wrong type or empty: raw ValidationError, TypeError ---------------
+
+
+async def test_forget_messages_with_an_empty_chat_is_an_input_error(store: tuple[Memory, Path]) -> None:
+    mem, folder = store
+    with pytest.raises(InputError) as info:
+        await mem.forget_messages(chat_id="", message_ids=["m1"])
+    assert info.value.field == "chat_id"
+    for ids, field in (([1], "message_ids[0]"), ("m1", "message_ids"), ([{}], "message_ids[0]")):
+        with pytest.raises(InputError) as info:
+            await mem.forget_messages(chat_id="c1", message_ids=ids)  # type: ignore[arg-type]
+        assert info.value.field == field
+    assert count_rows(folder) == 1
+
+
+async def test_wrong_python_types_name_the_argument(store: tuple[Memory, Path]) -> None:
+    mem, folder = store
+    calls: list[tuple[Any, str]] = [
+        (lambda: mem.recall("cello", user_id={"a": 1}), "user_id"),  # type: ignore[arg-type]
+        (lambda: mem.forget_messages(chat_id=b"c1", message_ids=["m1"]), "chat_id"),  # type: ignore[arg-type]
+        (lambda: mem.summary(user_id=b"u1"), "user_id"),  # type: ignore[arg-type]
+        (lambda: mem.forget(user_id=["u1"]), "user_id"),  # type: ignore[arg-type]
+        (lambda: mem.turn_context(5, user_id="u1", chat_id="c1"), "text"),  # type: ignore[arg-type]
+        (lambda: mem.summary(user_id="u1", depth="deep"), "depth"),  # type: ignore[arg-type]
+        (lambda: mem.summary(user_id="u1", token_budget=0), "token_budget"),
+        (lambda: mem.ingest_many(5), "messages"),  # type: ignore[arg-type]
+        (lambda: mem.ingest_many("text"), "messages"),  # type: ignore[arg-type]
+        (lambda: mem.decay(5), "now"),  # type: ignore[arg-type]
+        (lambda: mem.decay("2026-05-04T00:00:00+00:00"), "now"),  # type: ignore[arg-type]
+    ]
+    for call, field in calls:
+        with pytest.raises(InputError) as info:
+            await call()
+        assert info.value.field == field, field
+    with pytest.raises(UnknownToolError) as info:
+        await mem.call_tool(["persona_get"], {})  # type: ignore[arg-type]
+    assert info.value.field == "name"
+    assert count_rows(folder) == 1
+
+
+async def test_a_message_object_changed_after_it_was_built_is_checked_again(
+    store: tuple[Memory, Path],
+) -> None:
+    mem, folder = store
+    message = Message.model_validate(msg("m9", "I decided to move"))
+    message.text = 5  # type: ignore[assignment]  # assignment is not validated
+    with pytest.raises(InputError) as info:
+        await mem.ingest(message)
+    assert info.value.field == "text"
+    message.text, message.meta = "fine now", {"a": {1, 2}}
+    with pytest.raises(InputError) as info:
+        await mem.ingest_many([msg("m10", "good"), message])
+    assert info.value.field == "messages[1].meta"
+    assert count_rows(folder) == 1
+
+
+# --- 5. Integers past SQLite's range: OverflowError; a list as an id: ProgrammingError ----------
+
+
+@pytest.mark.parametrize("memory_id", [10**18 * 10, 2**63, -(2**63) - 1, 0, [1], "1", 1.0, True, None])
+async def test_history_of_a_bad_id(store: tuple[Memory, Path], memory_id: Any) -> None:
+    mem, _ = store
+    with pytest.raises(InputError) as info:
+        await mem.history(memory_id)
+    assert info.value.field == "memory_id"
+
+
+async def test_history_of_an_unknown_id_in_range(store: tuple[Memory, Path]) -> None:
+    mem, _ = store
+    with pytest.raises(InputError, match="no memory with id"):
+        await mem.history(SQLITE_MAX_INT)
+
+
+@pytest.mark.parametrize("scene_id", [2**63, 10**30])
+async def test_tool_ids_stay_in_sqlite_range(store: tuple[Memory, Path], scene_id: int) -> None:
+    mem, _ = store
+    with pytest.raises(InputError) as info:
+        await mem.call_tool("soul_narrative", {"action": "get", "user_id": "u1", "id": scene_id})
+    assert info.value.field == "id"
+
+
+# --- 6. Lone surrogates: UnicodeEncodeError when the store or a JSON file met them ------------
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [{"a": "\ud800"}, {"\udfff": 1}, {"list": ["ok", "a\ud83d"]}, {"nan": float("nan")}],
+    ids=["value", "key", "in a list", "NaN"],
+)
+async def test_meta_that_cannot_be_stored_as_json(store: tuple[Memory, Path], meta: dict[str, Any]) -> None:
+    mem, folder = store
+    with pytest.raises(InputError) as info:
+        await mem.ingest(msg("m2", "hello there", meta=meta))
+    assert info.value.field == "meta"
+    assert count_rows(folder) == 1
+
+
+async def test_lone_surrogates_elsewhere(store: tuple[Memory, Path], tmp_path: Path) -> None:
+    mem, folder = store
+    with pytest.raises(InputError) as info:
+        await mem.ingest(msg("\ud800", "hello"))
+    assert info.value.field == "message_id"
+    with pytest.raises(InputError) as info:
+        await mem.turn_context("about \udcff", user_id="u1", chat_id="c1")
+    assert info.value.field == "text"
+    with pytest.raises(InputError) as info:
+        await mem.call_tool("persona_set", '{"user_id": "u1", "description": "\\ud800"}')
+    assert info.value.field == "description"
+    # Fields without a length or pattern: pydantic lets lone surrogates through those by itself.
+    with pytest.raises(InputError) as info:
+        await mem.recall("bees", user_id="u1", kinds=["\ud800"])
+    assert info.value.field == "kinds.0"
+    with pytest.raises(InputError) as info:
+        await mem.forget_messages(chat_id="c1", message_ids=["m1", "\ud800"])
+    assert info.value.field == "message_ids[1]"
+    export = tmp_path / "result.json"
+    chat = json.loads((Path(__file__).parent / "data/chat_exports/telegram_result.json").read_text())
+    chat["name"] = "\ud800"
+    export.write_text(json.dumps(chat))  # written as the escape \ud800, as a broken exporter would
+    with pytest.raises(InputError, match="surrogate") as info:
+        read_chat(export, "telegram")
+    assert info.value.field == "name"
+    assert count_rows(folder) == 1
+
+
+# --- 7. Times next to datetime's limits: OverflowError in plugins' date arithmetic --------------
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        "0001-01-01T00:00:00+00:00",
+        "0001-01-01T00:00:00+14:00",
+        "9999-12-31T23:59:59-14:00",
+        "1899-12-31T23:59:59+00:00",
+        "3000-01-01T00:00:00+00:00",
+    ],
+)
+async def test_message_time_out_of_range(store: tuple[Memory, Path], ts: str) -> None:
+    mem, folder = store
+    with pytest.raises(InputError) as info:
+        await mem.ingest(msg("m2", "I decided to move", ts=ts))
+    assert info.value.field == "ts"
+    assert count_rows(folder) == 1
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        datetime.max.replace(tzinfo=timezone(timedelta(hours=-14))),
+        datetime.min.replace(tzinfo=UTC),
+        datetime(2026, 5, 4),
+    ],
+)
+async def test_decay_now_out_of_range(store: tuple[Memory, Path], now: datetime) -> None:
+    mem, _ = store
+    with pytest.raises(InputError) as info:
+        await mem.decay(now)
+    assert info.value.field == "now"
+
+
+# --- 8. An import whose episode another episode holds: IntegrityError ---------------------------
+
+
+async def test_import_of_a_conflicting_episode_names_its_line(tmp_path: Path) -> None:
+    source, target = tmp_path / "source", tmp_path / "target"
+    export = tmp_path / "export.jsonl"
+    async with open_memory(source) as mem:
+        await mem.ingest(msg("m1", "I keep bees on the roof"))
+        await export_jsonl(mem, export)
+    async with open_memory(target) as mem:
+        # The same chat message, stored here first under another id.
+        await mem.ingest(msg("other", "a first message"))
+        await mem.ingest(msg("m1", "I keep bees on the roof"))
+        before = count_rows(target)
+        with pytest.raises(InputError) as info:
+            await import_jsonl(mem, export)
+        assert info.value.field == "message_ids"
+        assert info.value.line == 2
+        assert count_rows(target) == before
+    # The same record twice in one file with different ids: the second line is named.
+    lines = export.read_text().splitlines()
+    record = json.loads(lines[1])
+    duplicate = json.dumps({**record, "id": record["id"] + 100})
+    export.write_text("\n".join([*lines, duplicate]) + "\n")
+    async with open_memory(tmp_path / "third") as mem:
+        with pytest.raises(InputError) as info:
+            await import_jsonl(mem, export)
+        assert (info.value.field, info.value.line) == ("message_ids", 3)
+        assert (await mem.stats())["memories"] == 0
+
+
+# --- 9. A data folder the store cannot use: sqlite3 errors, FileExistsError ---------------------
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "narrmem.sqlite3").write_bytes(b"this is not a database " * 100)
+    db_folder = tmp_path / "db-is-a-folder"
+    (db_folder / "narrmem.sqlite3").mkdir(parents=True)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("the user's notes")
+    yield {"garbage": garbage, "db-folder": db_folder, "file": a_file, "under-file": a_file / "sub"}
+    assert a_file.read_text() == "the user's notes"
+    assert (garbage / "narrmem.sqlite3").read_bytes() == b"this is not a database " * 100
+
+
+@pytest.mark.parametrize("which", ["garbage", "db-folder", "file", "under-file"])
+async def test_a_folder_that_cannot_hold_a_store_is_a_store_error(
+    folders: dict[str, Path], which: str
+) -> None:
+    with pytest.raises(StoreError) as info:
+        async with open_memory(folders[which]):
+            pass
+    assert str(folders[which]) in str(info.value)
+
+
+def test_cli_reports_an_unopenable_store_in_one_line(folders: dict[str, Path], tmp_path: Path) -> None:
+    """aiosqlite's worker thread used to report the failed connect after ``asyncio.run`` had closed
+    the loop: "RuntimeError: Event loop is closed" and a traceback at exit, in most runs."""
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    for _ in range(3):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "narrmem.cli",
+                "forget",
+                "--user",
+                "u1",
+                "--data",
+                str(folders["db-folder"]),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith("narrmem: error:") and "narrmem.sqlite3" in line
