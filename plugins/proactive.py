@@ -17,6 +17,7 @@ What was fired is kept per user in the store's plugin state, and forgetting a us
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -88,8 +89,11 @@ class Proactive:
 
     async def _fire(self, memory: Any, message: Message, count: PatternCount) -> list[str]:
         now = message.ts
-        key = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
-        state = await memory.store.state_get(NAME, key) or {}
+        key = state_key(message.tenant, message.user_id, count.kind, count.label)
+        state = await memory.store.state_get(NAME, key)
+        if state is None:  # written before labels were hashed in keys
+            legacy = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
+            state = await memory.store.state_get(NAME, legacy) or {}
         fired: list[str] = []
         times = sorted(count.times)
         if (
@@ -117,6 +121,14 @@ class Proactive:
         """Forgetting a user forgets what was said to them; deleting one message does not."""
         if user_id is not None:
             await memory.store.state_delete(NAME, f"{tenant}\0{user_id}\0")
+
+
+def state_key(tenant: str, user_id: str, kind: str, label: str) -> str:
+    """Where a pattern's firing is kept. The label (the user's own words) goes in as a digest: a
+    key is copied into index pages and can outlive its row in the file's free space, and what
+    the user said must not."""
+    digest = hashlib.sha256(label.encode("utf-8")).hexdigest()[:32]
+    return f"{tenant}\0{user_id}\0{kind}\0{digest}"
 
 
 def _suggestion(kind: str, count: PatternCount) -> str:

@@ -1,0 +1,66 @@
+"""The proactive plugin's memory of what it fired keeps no words of the user: a topic's label goes
+into its state key as a digest (a key can outlive its row in the database file's free space)."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from narrmem_plugins.proactive import NAME, state_key
+
+from narrmem import Memory, Message
+from narrmem.testing import open_memory
+
+START = datetime(2026, 5, 4, 9, tzinfo=UTC)
+
+
+def _mention(day: int, marker: str) -> Message:
+    return Message(
+        text=f"the {marker} roadmap review came up again",
+        user_id="u1",
+        chat_id="c1",
+        ts=START + timedelta(days=day),
+        message_id=f"m{day}",
+    )
+
+
+def _state_rows(folder: Path) -> list[tuple[Any, ...]]:
+    con = sqlite3.connect(folder / "narrmem.sqlite3")
+    try:
+        return list(con.execute("SELECT key, value FROM plugin_state WHERE namespace = ?", (NAME,)))
+    finally:
+        con.close()
+
+
+async def _topic_events(mem: Memory, day: int, marker: str) -> list[Any]:
+    result = await mem.ingest(_mention(day, marker))
+    return [t for t in result.triggers if t.kind == "topic"]
+
+
+async def test_a_fired_topic_is_remembered_without_its_words(tmp_path: Path) -> None:
+    marker = "zqharbour7"
+    async with open_memory(tmp_path / "m") as mem:
+        fired = [await _topic_events(mem, day, marker) for day in range(3)]
+        assert [len(f) for f in fired] == [0, 0, 1]
+        assert marker in fired[2][0].label
+        # Within the cooldown the same topic does not fire again: the state is found.
+        assert await _topic_events(mem, 3, marker) == []
+    rows = _state_rows(tmp_path / "m")
+    assert rows
+    assert not any(marker in key or marker in value for key, value in rows)
+    assert any(key == state_key("default", "u1", "topic", fired[2][0].label) for key, _ in rows)
+
+
+async def test_state_written_under_the_old_plain_key_still_counts(tmp_path: Path) -> None:
+    marker = "zqlantern5"
+    async with open_memory(tmp_path / "m") as mem:
+        for day in range(2):
+            assert await _topic_events(mem, day, marker) == []
+        label = f"{marker} roadmap"
+        plain = f"default\0u1\0topic\0{label}"
+        fired_at = (START + timedelta(days=1)).isoformat()
+        await mem.store.state_put(NAME, plain, {"fired_at": fired_at, "count": 2})
+        # The third mention would fire, but the old record says it fired a day ago (cooldown).
+        assert await _topic_events(mem, 2, marker) == []
