@@ -1589,7 +1589,7 @@ def run_subprocess(argv: list[str], env: dict[str, str], cwd: Path) -> subproces
 
 
 def _shares(count: int) -> dict[str, int]:
-    subprocesses = 0 if count < 20 else min(30, max(2, count // 350))
+    subprocesses = 0 if count < 500 else min(30, max(2, count // 350))
     rest = count - subprocesses
     shares = {door: int(rest * weight) for door, weight in WEIGHTS.items()}
     shares["api"] += rest - sum(shares.values())
