@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import os
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -151,6 +152,21 @@ def aware_time_argument(value: Any, field: str) -> datetime:
         return check_time_range(value)
     except ValueError as exc:
         raise InputError(str(exc), field=field) from None
+
+
+def folder_argument(value: Any, field: str) -> str:
+    """A folder given as ``str`` or a path object: not blank, no NUL byte (which no file system
+    takes)."""
+    if not isinstance(value, str | os.PathLike):
+        raise InputError(f"must be a path, not {type(value).__name__}", field=field)
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise InputError("must be a text path, not bytes", field=field)
+    if not path.strip():
+        raise InputError("must name a folder, not be empty", field=field)
+    if "\x00" in path:
+        raise InputError("holds a NUL byte", field=field)
+    return path
 
 
 def sequence_argument(value: Any, field: str) -> Sequence[Any]:

@@ -113,6 +113,14 @@ class Settings(BaseSettings):
     )
 
     data_dir: str = Field(default="narrmem-data", description="folder of the embedded store")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _a_folder(cls, data_dir: str) -> str:
+        if not data_dir.strip() or "\x00" in data_dir:
+            raise ValueError("must name a folder (not empty, no NUL byte)")
+        return data_dir
+
     storage: StorageSettings = Field(default_factory=StorageSettings)
     embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
     plugins: PluginsSettings = Field(default_factory=PluginsSettings)
@@ -134,6 +142,8 @@ class Settings(BaseSettings):
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Read settings from ``config_file`` (TOML), the environment and ``overrides``."""
+    if config_file is not None and not isinstance(config_file, str | os.PathLike):
+        raise ConfigError(f"config file: must be a path, not {type(config_file).__name__}")
     if config_file is not None:
         _check_config_file(Path(config_file))
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from narrmem.checks import (
     aware_time_argument,
+    folder_argument,
     has_surrogate,
     int_argument,
     optional_int_argument,
@@ -104,10 +105,14 @@ class Memory:
         (set it to ``False`` for commands that never embed). ``read_only`` opens an existing store
         beside the process that writes it: every write is refused with a ``StoreError``, and
         recall reinforces nothing."""
+        if settings is not None and not isinstance(settings, Settings):
+            raise InputError(f"must be narrmem Settings, not {type(settings).__name__}", field="settings")
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise InputError("must be a clock: an object with a now() method", field="clock")
         if settings is None:
             settings = load_settings(config_file)
         if data_dir is not None:
-            settings = settings.model_copy(update={"data_dir": str(data_dir)})
+            settings = settings.model_copy(update={"data_dir": folder_argument(data_dir, "data_dir")})
         memory = cls(
             settings,
             clock=clock,

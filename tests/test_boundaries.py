@@ -4,6 +4,7 @@ field, key or file, and changes nothing. (The harness itself: tests/reliability/
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -402,3 +403,33 @@ def test_cli_reports_an_unopenable_store_in_one_line(folders: dict[str, Path], t
         assert "Traceback" not in done.stderr
         [line] = done.stderr.strip().splitlines()
         assert line.startswith("narrmem: error:") and "narrmem.sqlite3" in line
+
+
+# --- 10. Memory.open's own arguments: TypeError, AttributeError, ValueError (NUL byte) ------------
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"data_dir": 5}, "data_dir"),
+        ({"data_dir": ""}, "data_dir"),
+        ({"data_dir": "a\x00b"}, "data_dir"),
+        ({"data_dir": b"folder"}, "data_dir"),
+        ({"settings": "narrmem.toml"}, "settings"),
+        ({"clock": 5}, "clock"),
+    ],
+)
+async def test_open_arguments_of_the_wrong_kind(tmp_path: Path, options: dict[str, Any], field: str) -> None:
+    options.setdefault("data_dir", tmp_path / "store")
+    with pytest.raises(InputError) as info:
+        async with Memory.open(warm=False, **options):
+            pass
+    assert info.value.field == field
+    assert not os.listdir(tmp_path)  # nothing created anywhere
+
+
+def test_config_file_argument_of_the_wrong_kind() -> None:
+    with pytest.raises(ConfigError, match="must be a path, not int"):
+        load_settings(5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="data_dir"):
+        load_settings(data_dir="a\x00b")

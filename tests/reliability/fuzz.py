@@ -57,7 +57,7 @@ START = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 QUIET = {"hippocampus": {"interval_minutes": 0, "reinforce": False}}
 
 # Share of the inputs each door gets; the CLI subprocesses are counted apart (they are slow).
-WEIGHTS = {"api": 0.40, "tool": 0.33, "import": 0.10, "cli": 0.07, "config": 0.10}
+WEIGHTS = {"api": 0.41, "tool": 0.33, "import": 0.10, "cli": 0.06, "config": 0.10}
 
 _short = reprlib.Repr()
 _short.maxlevel = 3
@@ -84,6 +84,8 @@ class Report:
     untyped_kinds: dict[str, str] = field(default_factory=dict)
     cli_tracebacks: int = 0
     cli_traceback_examples: list[str] = field(default_factory=list)
+    cli_messages_not_one_line: int = 0
+    cli_message_examples: list[str] = field(default_factory=list)
     rows_changed_by_refused: int = 0
     rows_changed_examples: list[str] = field(default_factory=list)
     foreign_files_touched: int = 0
@@ -135,6 +137,8 @@ class Report:
             "untyped_kinds": dict(self.untyped_kinds),
             "cli_tracebacks": self.cli_tracebacks,
             "cli_traceback_examples": list(self.cli_traceback_examples),
+            "cli_messages_not_one_line": self.cli_messages_not_one_line,
+            "cli_message_examples": list(self.cli_message_examples),
             "rows_changed_by_refused": self.rows_changed_by_refused,
             "rows_changed_examples": list(self.rows_changed_examples),
             "foreign_files_touched": self.foreign_files_touched,
@@ -1713,7 +1717,20 @@ def _judge_cli(report: Report, label: str, run: CliRun) -> str:
     if run.code not in (0, 2, 130) or (run.code == 2 and not message):
         report.untyped_exit("cli", label, f"exit {run.code}", message or "(nothing on stderr)")
         return "untyped"
+    if run.code == 2:
+        _check_one_line(report, label, message)
     return report.record("cli", label, None if run.code == 0 else _Refused(message))
+
+
+def _check_one_line(report: Report, label: str, message: str) -> None:
+    """A refusal is one line naming what is wrong (argparse's usage line before it is fine)."""
+    lines = message.splitlines()
+    if lines and lines[0].startswith("usage:"):
+        lines = [line for line in lines if line.startswith("narrmem")][-1:]
+    if len(lines) != 1 or not lines[0].startswith("narrmem"):
+        report.cli_messages_not_one_line += 1
+        if len(report.cli_message_examples) < 10:
+            report.cli_message_examples.append(f"{label}: {message[-400:]}")
 
 
 class _Refused(NarrmemError):
@@ -1736,6 +1753,11 @@ def _config_door(
             touched = user.touched()
             if touched and len(report.foreign_files) < 20:
                 report.foreign_files.extend(f"{label}: {t}" for t in touched if t not in report.foreign_files)
+            continue
+        if roll < 0.3:
+            label, options = open_arguments(rng, work, files)
+            error = asyncio.run(_open_with(options))
+            report.record("config", label, error)
             continue
         if roll < 0.6:
             content, fault = config_text(rng)
@@ -1773,6 +1795,48 @@ def _call(function: Callable[[], Any]) -> BaseException | None:
     return None
 
 
+def open_arguments(rng: random.Random, work: Path, files: Files) -> tuple[str, dict[str, Any]]:
+    """``Memory.open`` keyword arguments with one of them wrong, or a data folder no store fits."""
+    garbage = work / "open-garbage"
+    if not garbage.exists():
+        garbage.mkdir()
+        (garbage / DB_NAME).write_bytes(b"not a database " * 64)
+        (work / "open-dbdir" / DB_NAME).mkdir(parents=True)
+    name, value = rng.choice(
+        [
+            ("data_dir", rng.choice([5, "", " ", "a\x00b", b"folder", [], Opaque()])),
+            (
+                "data_dir",
+                rng.choice([garbage, work / "open-dbdir", work / "notes.txt", work / "notes.txt" / "x"]),
+            ),
+            ("settings", rng.choice(["settings", {"data_dir": "x"}, 5, Opaque()])),
+            (
+                "config_file",
+                rng.choice([5, b"x.toml", "a\x00b", files.folder, work / "missing.toml", Opaque()]),
+            ),
+            ("clock", rng.choice([5, "now", Opaque(), datetime.now])),
+            ("plugins", rng.choice(["abc", [5], [None], 5])),
+        ]
+    )
+    options: dict[str, Any] = {"data_dir": work / "open-store", name: value}
+    return f"Memory.open({name}={describe(value)})", options
+
+
+async def _open_with(options: dict[str, Any]) -> BaseException | None:
+    try:
+        plugins = options.pop("plugins", [])
+        async with Memory.open(
+            plugins=[TestingPlugin(), *plugins] if isinstance(plugins, list) else plugins,
+            load_entrypoints=False,
+            warm=False,
+            **options,
+        ) as memory:
+            await memory.stats()
+    except Exception as exc:
+        return exc
+    return None
+
+
 async def _open_and_write(folder: Path, config: Path) -> BaseException | None:
     """Open a store with ``config`` and write to it: where a bad path setting would do harm."""
     try:
@@ -1798,6 +1862,7 @@ def _subprocess_door(report: Report, rng: random.Random, count: int, work: Path,
         if done.returncode == 0:
             report.record("subprocess", label, None)
         elif done.returncode == 2 and done.stderr.strip():
+            _check_one_line(report, label, done.stderr.strip())
             report.record("subprocess", label, _Refused(done.stderr))
         else:
             report.untyped_exit("subprocess", label, f"exit {done.returncode}", done.stderr.strip()[-300:])
