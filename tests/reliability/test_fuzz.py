@@ -32,6 +32,7 @@ def test_fuzz_every_door(tmp_path: Path) -> None:
     assert all(counts.get("refused", 0) > 0 for counts in figures["by_door"].values()), figures["by_door"]
     assert figures["untyped"] == 0, figures["untyped_kinds"]
     assert figures["cli_tracebacks"] == 0, figures["cli_traceback_examples"]
+    assert figures["cli_messages_not_one_line"] == 0, figures["cli_message_examples"]
     assert figures["rows_changed_by_refused"] == 0, figures["rows_changed_examples"]
     assert figures["foreign_files_touched"] == 0, figures["foreign_files"]
     # An exception a plugin raised and the host isolated is a crash nobody typed either.
