@@ -29,8 +29,14 @@ M = TypeVar("M", bound=BaseModel)
 ENV_PREFIX = "NARRMEM_"
 
 
+# Every text setting is bounded: besides refusing absurd values, a bound makes pydantic check that
+# the text is valid Unicode (a NARRMEM_ variable made of undecodable bytes holds lone surrogates,
+# which crash pydantic's own error report when a validator quotes them).
+MAX_SETTING_CHARS = 4096
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", str_max_length=MAX_SETTING_CHARS)
 
 
 # Files SQLite and narrmem keep beside the database file.
@@ -110,6 +116,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         toml_file=None,
+        str_max_length=MAX_SETTING_CHARS,
     )
 
     data_dir: str = Field(default="narrmem-data", description="folder of the embedded store")

@@ -146,6 +146,8 @@ def test_config_path_that_is_a_folder(tmp_path: Path) -> None:
         ("NARRMEM_PLUGINS__DISABLED", "x", "NARRMEM_PLUGINS__DISABLED"),
         ("NARRMEM_PLUGIN__GRAPH", deep_json(DEEP), "NARRMEM_PLUGIN__GRAPH"),
         ("NARRMEM_STORAGE__BATCH_SIZE", "abc", "storage.batch_size"),
+        # Bytes that are not UTF-8 come in as lone surrogates; a validator quoting them crashed pydantic.
+        ("NARRMEM_STORAGE__INDEX", "\udcff", "storage.index"),
     ],
 )
 def test_bad_environment_variable_is_a_config_error_naming_it(
