@@ -1765,8 +1765,7 @@ def _config_door(
             if rng.random() < 0.05:
                 target, fault = files.odd_path(rng)
             label = f"load_settings({fault})"
-            with environment({}):
-                error = _call(functools.partial(load_settings, target))
+            error = _call(functools.partial(load_settings, target))
             report.record("config", label, error)
             continue
         variables = {rng.choice(ENV_NAMES): rng.choice(ENV_VALUES) for _ in range(rng.choice([1, 1, 2]))}
@@ -1870,8 +1869,12 @@ def _subprocess_door(report: Report, rng: random.Random, count: int, work: Path,
 
 def run_fuzz(count: int, seed: int, workdir: Path) -> dict[str, Any]:
     """Run ``count`` fuzzed inputs (``seed`` fixes which) in ``workdir``; returns the figures:
-    ``inputs``, ``accepted``, ``refused``, ``untyped`` and ``untyped_kinds`` (kind -> example),
-    ``cli_tracebacks``, ``rows_changed_by_refused``, ``foreign_files_touched`` and more."""
+    ``inputs``, ``accepted``, ``refused``, ``untyped`` and ``untyped_kinds`` (kind -> one example),
+    ``cli_tracebacks``, ``cli_messages_not_one_line``, ``rows_changed_by_refused``,
+    ``foreign_files_touched`` (user files deleted, overwritten, or added to the user's folder),
+    ``logged_errors`` (exceptions a plugin raised and the host isolated), each with examples, and
+    ``by_door`` / ``seconds_by_door``. ``NARRMEM_`` variables of the caller are set aside while it
+    runs (each input sets its own)."""
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -1906,9 +1909,9 @@ def run_fuzz(count: int, seed: int, workdir: Path) -> dict[str, Any]:
             asyncio.run(_in_memory_doors(report, rng, shares, work, files, handler))
             threads.door = "cli"
             _cli_door(report, rng, shares["cli"], work, files, handler)
-        threads.door = "config"
-        _config_door(report, rng, shares["config"], work, files, user)
-        with environment({}):
+            threads.door = "config"
+            _config_door(report, rng, shares["config"], work, files, user)
+            threads.door = "subprocess"
             _subprocess_door(report, rng, shares["subprocess"], work, files)
     finally:
         threading.excepthook = previous_hook
