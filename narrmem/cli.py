@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     recall.add_argument("--chat", help="chat id (chat scope)")
     recall.add_argument("--tenant", default="default")
     recall.add_argument("--k", type=int, default=5)
+    recall.add_argument("--explain", action="store_true", help="print why each hit ranked")
+    recall.add_argument(
+        "--reinforce", action="store_true", help="reinforce what is used, as the bot's recall does"
+    )
 
     triage = sub.add_parser(
         "triage", parents=[common, as_json], help="classify messages without storing anything (dry run)"
@@ -210,9 +214,16 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
-    async with _open(settings, read_only=True) as memory:
+    # Inspection reads beside a running bot and changes nothing; --reinforce asks for the bot's
+    # path instead (it needs the folder for writing).
+    async with _open(settings, read_only=not args.reinforce) as memory:
         hits = await memory.recall(
-            args.query, user_id=args.user, chat_id=args.chat, tenant=args.tenant, k=args.k
+            args.query,
+            user_id=args.user,
+            chat_id=args.chat,
+            tenant=args.tenant,
+            k=args.k,
+            reinforce=args.reinforce,
         )
     if args.json:
         _print_json([h.model_dump(mode="json") for h in hits])
@@ -223,7 +234,50 @@ async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f"{hit.score:.4f}  {hit.created_at:%Y-%m-%d %H:%M}  [{hit.kind}] {hit.text}  <- {hit.message_ids}"
         )
+    if args.explain and hits:
+        print()
+        print(explain_table(hits))
     return 0
+
+
+def explain_table(hits: list[Any]) -> str:
+    """Why each hit ranked: the score and what made it."""
+    header = (
+        "#",
+        "id",
+        "score",
+        "dense",
+        "keyword",
+        "matched",
+        "sources",
+        "fused",
+        "imp. now",
+        "factor",
+        "age d",
+    )
+    rows = [header]
+    for n, hit in enumerate(hits, 1):
+        why = hit.why
+        sources = " ".join(f"{name}:{rank}" for name, rank in sorted(why.sources.items()))
+        rows.append(
+            (
+                str(n),
+                str(hit.id),
+                f"{hit.score:.3f}",
+                "-" if why.dense is None else f"{why.dense:.3f}",
+                "-" if why.keyword is None else f"{why.keyword:.2f}",
+                ",".join(why.matched) or "-",
+                sources or "-",
+                f"{why.fused:.3f}",
+                f"{why.importance_now:.3f}",
+                f"{why.importance_factor:.3f}",
+                f"{why.age_days:.1f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows
+    )
 
 
 async def cmd_triage(args: argparse.Namespace, settings: Settings) -> int:

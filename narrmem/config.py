@@ -105,6 +105,22 @@ class EmbedderSettings(_Section):
     device: Literal["cpu", "cuda", "mps"] = "cpu"
 
 
+class RecallSettings(_Section):
+    min_similarity: float = Field(
+        default=0.2,
+        ge=-1.0,
+        le=1.0,
+        description="relevance floor: a hit needs this cosine similarity to the query (or a keyword match)",
+    )
+    min_keyword_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="a hit containing this share of the query's content words is relevant whatever its "
+        "similarity (0 turns keyword rescue off)",
+    )
+
+
 class PluginsSettings(_Section):
     disabled: list[str] = Field(default_factory=list, description="plugin names to block")
     load_entrypoints: bool = Field(default=True, description="load third-party plugins")
@@ -130,6 +146,7 @@ class Settings(BaseSettings):
 
     storage: StorageSettings = Field(default_factory=StorageSettings)
     embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
+    recall: RecallSettings = Field(default_factory=RecallSettings)
     plugins: PluginsSettings = Field(default_factory=PluginsSettings)
     plugin: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-plugin option tables, validated by each plugin"

@@ -200,10 +200,13 @@ def narrmem_rank(
     candidates: list[Candidate],
     records: dict[int, MemoryRecord],
 ) -> list[tuple[int, float]] | None:
-    """Fuse all candidates into one ranking: return ``[(memory_id, score), ...]`` best first.
+    """Fuse all candidates into one ranking: return ``[(memory_id, score), ...]`` best first,
+    with scores in [0, 1] (1 = every source's first choice): the score is what ``Hit.score``
+    shows a person, after importance.
 
     firstresult. ``records`` holds the in-scope stored records for the candidate ids (with
-    importance and timestamps). If nobody answers, the host ranks by reciprocal rank fusion.
+    importance and timestamps). If nobody answers, the host ranks by normalized reciprocal rank
+    fusion.
     """
 
 
@@ -213,16 +216,35 @@ def narrmem_weigh(
 ) -> dict[int, float] | None:
     """Multiplicative weights for ranked memories (importance after decay, say): each returned
     ``{memory_id: weight}`` multiplies that memory's fused score before the final cut to ``k``.
-    Weights must be positive; a memory a plugin does not mention keeps weight 1."""
+    Weights must be in (0, 1] (the product is capped at 1, so scores stay in [0, 1]); a memory a
+    plugin does not mention keeps weight 1."""
 
 
 @hookspec
 def narrmem_after_recall(
     memory: Memory, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
 ) -> None:
-    """These hits are about to be returned to the caller (reinforcement belongs here; a plugin
-    may update ``hit.importance`` to what it stored). ``records`` holds the stored records of the
-    hits (and of the other candidates), as read for this recall."""
+    """These hits are about to be returned to the caller. Every hit cleared the relevance floor;
+    ``hit.why`` says how (``dense`` similarity, ``matched`` words). Reinforcement belongs here, and
+    only when ``request.reinforce`` is set: a recall from inspection never changes a memory. A
+    plugin may update ``hit.importance`` to what it stored. ``records`` holds the stored records
+    of the hits (and of the other candidates), as read for this recall."""
+
+
+@hookspec(firstresult=True)
+def narrmem_importance_now(
+    memory: Memory, records: list[MemoryRecord], now: datetime
+) -> dict[int, float] | None:
+    """Each record's importance after decay at ``now`` (``{memory_id: value}``), for everything a
+    person or a filter sees (``Hit.importance``, tool listings, ``min_importance``).
+
+    firstresult: the hippocampus answers; without an answer the stored importance is shown."""
+
+
+@hookspec
+def narrmem_used(memory: Memory, records: list[MemoryRecord]) -> list[int] | None:
+    """The bot says it used these (in-scope) memories in its answer (``Memory.mark_used``).
+    Return the ids this plugin reinforced."""
 
 
 # --- maintenance ------------------------------------------------------------------------

@@ -7,11 +7,12 @@ import logging
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import ValidationError
 
+from narrmem import recall as recall_pipeline
 from narrmem.checks import (
     aware_time_argument,
     folder_argument,
@@ -29,7 +30,6 @@ from narrmem.host import PluginHost
 from narrmem.models import (
     MAX_ID_CHARS,
     MAX_QUERY_CHARS,
-    Candidate,
     ContextPack,
     ForgetJob,
     Hit,
@@ -41,8 +41,6 @@ from narrmem.models import (
     TriageDecision,
     TriggerEvent,
 )
-from narrmem.ranking import reciprocal_rank_fusion
-from narrmem.snippets import snippet
 from narrmem.store import Store
 from narrmem.text import cjk_count
 from narrmem.tools import ToolRegistry
@@ -423,12 +421,19 @@ class Memory:
         kinds: list[str] | None = None,
         snippet_tokens: int | None = 48,
         reinforce: bool = True,
+        reinforce_reason: Literal["relevance", "tool"] = "relevance",
+        exclude_message_ids: Sequence[str] = (),
     ) -> list[Hit]:
-        """The ``k`` memories that best answer ``query`` inside the scope, best first.
+        """At most ``k`` memories that answer ``query`` inside the scope, best first: only those
+        that clear the relevance floor (``[recall]``), so a query about something never said
+        returns nothing. Each hit says why it ranked (``Hit.why``).
 
         A memory longer than ``snippet_tokens`` comes back as its sentences most relevant to the
-        query (the whole text in ``Hit.detail``); ``None`` returns whole texts. ``reinforce=False``
-        makes a read-only probe: what it returns gains no importance."""
+        query (the whole text in ``Hit.detail``); ``None`` returns whole texts. This is the bot's
+        path: a few of the most relevant hits are reinforced (see the hippocampus), noted in their
+        history as ``reinforce_reason``. ``reinforce=False`` makes a read-only probe.
+        ``exclude_message_ids``: memories that came only from these messages are left out (the
+        message being answered, already stored, is no context for itself)."""
         try:
             scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
             request = RecallRequest(
@@ -438,67 +443,47 @@ class Memory:
                 kinds=kinds,
                 snippet_tokens=snippet_tokens,
                 reinforce=reinforce and not self.read_only,
+                reason=reinforce_reason,
+                exclude_message_ids=list(exclude_message_ids),
             )
         except ValidationError as exc:
             raise InputError.from_pydantic(exc) from exc
         return await self._recall(request)
 
     async def _recall(self, request: RecallRequest) -> list[Hit]:
-        embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.embedder.embed([request.query]))
-        try:
-            early = await self.host.call("narrmem_recall_prefetch", memory=self, request=request)
-            [query_vector] = await embedding
-        finally:
-            if not embedding.done():
-                embedding.cancel()
-        proposals = await self.host.call(
-            "narrmem_recall_candidates", memory=self, request=request, query_vector=query_vector
-        )
-        candidates: list[Candidate] = [c for batch in (*proposals, *early) for c in batch]
-        records = await self.store.get(sorted({c.memory_id for c in candidates}), request.scope)
-        candidates = [c for c in candidates if c.memory_id in records]
-        ranking = await self.host.call_first(
-            "narrmem_rank", memory=self, request=request, candidates=candidates, records=records
-        )
-        if ranking is None:
-            ranking = reciprocal_rank_fusion(candidates)
-        ranking = await self._weighted(request, ranking, records)
-        sources: dict[int, dict[str, int]] = {}
-        for c in candidates:
-            sources.setdefault(c.memory_id, {})[c.source] = c.rank
-        hits: list[Hit] = []
-        covered: list[set[str]] = []
-        for mid, score in ranking:
-            if len(hits) == request.k:
-                break
-            if mid not in records:
-                continue
-            origin = set(records[mid].message_ids)
-            # A scene and the episode it came from say the same thing: return the better ranked.
-            if origin and any(origin <= seen for seen in covered):
-                continue
-            covered.append(origin)
-            hit = _hit(records[mid], score, sources.get(mid, {}))
-            if request.snippet_tokens is not None:
-                short = snippet(hit.text, request.query, request.snippet_tokens)
-                if short != hit.text:
-                    hit.detail, hit.text = hit.detail or hit.text, short
-            hits.append(hit)
-        await self.host.call("narrmem_after_recall", memory=self, request=request, hits=hits, records=records)
-        return hits
+        return await recall_pipeline.run(self, request)
 
-    async def _weighted(
-        self, request: RecallRequest, ranking: list[tuple[int, float]], records: dict[int, MemoryRecord]
-    ) -> list[tuple[int, float]]:
-        weights = await self.host.call("narrmem_weigh", memory=self, request=request, records=records)
-        if not weights:
-            return ranking
-        scored = []
-        for memory_id, score in ranking:
-            for table in weights:
-                score *= max(1e-6, float(table.get(memory_id, 1.0)))
-            scored.append((memory_id, score))
-        return sorted(scored, key=lambda item: (-item[1], item[0]))
+    async def importance_now(self, records: Sequence[MemoryRecord]) -> dict[int, float]:
+        """Each record's importance after decay as of the clock's now (the stored value when no
+        plugin models decay)."""
+        answer = await self.host.call_first(
+            "narrmem_importance_now", memory=self, records=list(records), now=self.clock.now()
+        )
+        now_values = {int(k): float(v) for k, v in (answer or {}).items()}
+        return {r.id: now_values.get(r.id, r.importance) for r in records if r.id is not None}
+
+    async def mark_used(
+        self,
+        memory_ids: Sequence[int],
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str = "default",
+    ) -> list[int]:
+        """The bot used these memories in its answer: they are reinforced (at most once per spacing
+        window, see the hippocampus). Ids outside the scope are ignored. Returns the ids reinforced."""
+        try:
+            scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+        ids = _memory_ids(memory_ids)
+        if self.read_only:
+            raise StoreError(f"{self.data_dir} is open read-only: nothing can be reinforced")
+        records = list((await self.store.get(ids, scope)).values())
+        reinforced: list[int] = []
+        for part in await self.host.call("narrmem_used", memory=self, records=records):
+            reinforced.extend(part or [])
+        return sorted(set(reinforced))
 
     async def decay(self, now: datetime | None = None) -> dict[str, int]:
         """Run the decay pass as of ``now`` (default: the clock); returns counts."""
@@ -578,9 +563,18 @@ class Memory:
         chat_id: str | None = None,
         tenant: str = "default",
         k: int = 8,
+        exclude_message_ids: Sequence[str] = (),
     ) -> ContextPack:
-        """What to put in front of the bot's next answer to ``text``: ``pack.render(token_budget)``."""
-        hits = await self.recall(text, user_id=user_id, chat_id=chat_id, tenant=tenant, k=k)
+        """What to put in front of the bot's next answer to ``text``: ``pack.render(token_budget)``.
+        Pass the id of the message being answered in ``exclude_message_ids`` once it is stored."""
+        hits = await self.recall(
+            text,
+            user_id=user_id,
+            chat_id=chat_id,
+            tenant=tenant,
+            k=k,
+            exclude_message_ids=exclude_message_ids,
+        )
         return ContextPack(
             query=text, scope=Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), hits=hits
         )
@@ -720,14 +714,29 @@ class _Opening:
         await self._memory.close()
 
 
-def attributed(message: Message) -> str | None:
+# Where bot libraries and chat exports put a person's display name in ``meta``.
+DISPLAY_NAME_KEYS = ("display_name", "name", "username", "first_name")
+
+
+def speaker_of(message: Message) -> str:
+    """Who said it: ``speaker``, else a display name from ``meta``, else the user id. Recall needs
+    the attribution (questions name people), so a message never goes without one."""
+    if message.speaker:
+        return message.speaker
+    for key in DISPLAY_NAME_KEYS:
+        value = message.meta.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:MAX_ID_CHARS]
+    return message.user_id
+
+
+def attributed(message: Message) -> str:
     """The message as reported speech ("Ann said, "…""): who said it is part of what it means,
     and questions name people ("what did Ann decide?")."""
-    if not message.speaker:
-        return None
+    speaker = speaker_of(message)
     if cjk_count(message.text) * 2 > len(message.text):
-        return f"{message.speaker}说：“{message.text}”"
-    return f'{message.speaker} said, "{message.text}"'
+        return f"{speaker}说：“{message.text}”"
+    return f'{speaker} said, "{message.text}"'
 
 
 def _key(message: Message) -> tuple[str, str, str]:
@@ -760,29 +769,17 @@ def _message_ids(message_ids: Sequence[str]) -> list[str]:
     return list(message_ids)
 
 
+def _memory_ids(memory_ids: Sequence[int]) -> list[int]:
+    if isinstance(memory_ids, str | bytes) or not isinstance(memory_ids, Sequence):
+        raise InputError("must be a list of memory ids", field="memory_ids")
+    for i, memory_id in enumerate(memory_ids):
+        if isinstance(memory_id, bool) or not isinstance(memory_id, int) or not 0 < memory_id < 2**63:
+            raise InputError("must be a positive integer", field=f"memory_ids[{i}]")
+    return list(memory_ids)
+
+
 def _pick(registry: dict[str, Callable[..., Any]], name: str, setting: str) -> Callable[..., Any]:
     if name not in registry:
         known = ", ".join(sorted(registry)) or "none"
         raise ConfigError(f"{setting}: no backend named '{name}' is registered (known: {known})")
     return registry[name]
-
-
-def _hit(record: MemoryRecord, score: float, sources: dict[str, int]) -> Hit:
-    assert record.id is not None
-    fields = record.meta.get("fields")
-    core = fields.get("core") if isinstance(fields, dict) else None
-    return Hit(
-        id=record.id,
-        kind=record.kind,
-        text=core if isinstance(core, str) and core else record.text,
-        detail=record.text if isinstance(core, str) and core else None,
-        score=float(score),
-        importance=record.importance,
-        created_at=record.created_at,
-        message_ids=record.message_ids,
-        tenant=record.tenant,
-        user_id=record.user_id,
-        chat_id=record.chat_id,
-        speaker=record.speaker,
-        sources=sources,
-    )

@@ -239,17 +239,49 @@ class Candidate(_Strict):
     score: float
 
 
+class Why(_Strict):
+    """What made a hit rank where it did, in numbers a person can check.
+
+    ``dense`` is the cosine similarity of the query and the memory (the embedding model's notion of
+    "about the same thing", -1 to 1; unrelated sentences sit near 0.1); ``keyword`` is the BM25
+    score of the query's words in the memory when the keyword source found it, and ``matched`` the
+    query words it contains; ``sources`` is each recall source's rank for it (0 = its best);
+    ``fused`` is the sources' agreement before importance (0 to 1, 1 = first in every source);
+    ``importance_now`` the importance after decay and ``importance_factor`` what it multiplied the
+    fused score by; ``boosts`` any other plugin's factors; ``age_days`` how old the memory is.
+    ``relevant`` says whether the hit cleared the relevance floor (``[recall] min_similarity`` or
+    a keyword match); only relevant hits are returned, and only relevant ones can be reinforced.
+    """
+
+    dense: float | None = None
+    keyword: float | None = None
+    matched: list[str] = Field(default_factory=list)
+    sources: dict[str, int] = Field(default_factory=dict)
+    fused: float = 0.0
+    importance_now: float = 0.0
+    importance_factor: float = 1.0
+    boosts: dict[str, float] = Field(default_factory=dict)
+    age_days: float = 0.0
+    relevant: bool = True
+
+
 class Hit(_Strict):
     """One recalled memory. ``text`` is what a prompt pays for: for a scene its Core in the user's
     words, for a long memory its sentences most relevant to the query; ``detail`` then holds the
-    whole narrative fragment or message."""
+    whole narrative fragment or message.
+
+    ``score`` is in [0, 1]: how strongly the recall sources agree that this memory answers the
+    query (1 = ranked first by every source), times the importance-after-decay factor; hits come
+    best first. ``importance`` is the importance now, after decay; ``base_importance`` the stored
+    value decay starts from. ``why`` breaks the score down."""
 
     id: int
     kind: str
     text: str
     detail: str | None = None
-    score: float
+    score: float = Field(ge=0.0, le=1.0)
     importance: float
+    base_importance: float | None = None
     created_at: datetime
     message_ids: list[str]
     tenant: str
@@ -257,6 +289,7 @@ class Hit(_Strict):
     chat_id: str
     speaker: str | None = None
     sources: dict[str, int] = Field(default_factory=dict)
+    why: Why | None = None
 
 
 class RecallRequest(_Strict):
@@ -266,8 +299,16 @@ class RecallRequest(_Strict):
     kinds: list[Annotated[str, Field(pattern=KIND_PATTERN)]] | None = Field(
         default=None, max_length=32, description="only these kinds of memory"
     )
-    reinforce: bool = Field(default=True, description="recalled memories gain importance")
+    reinforce: bool = Field(default=True, description="relevant recalled memories may gain importance")
+    reason: Literal["relevance", "tool"] = Field(
+        default="relevance", description="why a reinforcement from this recall happened, for the history"
+    )
     snippet_tokens: int | None = Field(default=48, ge=8, le=100_000, description="longer memories are cut")
+    exclude_message_ids: list[str] = Field(
+        default_factory=list,
+        max_length=200,
+        description="leave out memories that came only from these messages (the one being answered)",
+    )
 
 
 class ContextPack(_Strict):

@@ -61,6 +61,10 @@ class Store(Protocol):
         """Records by id; with a scope, ids outside it are silently absent."""
         ...
 
+    async def vectors(self, ids: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
+        """The stored vectors of these in-scope memories (ids outside it are absent)."""
+        ...
+
     async def recent(
         self,
         scope: Scope,

@@ -45,8 +45,14 @@ async def ingest(memory: Any, args: Message) -> IngestOutput:
 
 
 async def recall(memory: Any, args: RecallInput) -> RecallOutput:
+    # An agent recalls to answer: the relevant hits may be reinforced, noted as the tool's doing.
     hits = await memory.recall(
-        args.query, user_id=args.user_id, chat_id=args.chat_id, tenant=args.tenant, k=args.k
+        args.query,
+        user_id=args.user_id,
+        chat_id=args.chat_id,
+        tenant=args.tenant,
+        k=args.k,
+        reinforce_reason="tool",
     )
     return RecallOutput(hits=hits)
 

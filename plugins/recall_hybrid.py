@@ -140,7 +140,7 @@ class HybridRecall:
         self, candidates: list[Candidate], records: dict[int, MemoryRecord]
     ) -> list[tuple[int, float]]:
         weights = {"vector": self.options.vector_weight, "keyword": self.options.keyword_weight}
-        return reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights)
+        return reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights, normalize=True)
 
 
 def _candidates(source: str, hits: list[tuple[int, float]]) -> list[Candidate]:

@@ -1,6 +1,7 @@
 """The ``soul_narrative`` tool: add, search, list, get and forget narrative scenes by hand (or by an
 LLM). ``add`` writes a scene exactly as triage would (same table, same decay), with provenance
-"tool"; ``get`` is a read, not a recall, so it reinforces nothing."""
+"tool". ``search``, ``list`` and ``get`` are inspection: they reinforce nothing, and show
+importance as it is now, after decay."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ class SceneOut(BaseModel):
     id: int
     text: str
     category: str
-    importance: float
+    importance: float = Field(description="importance now, after decay")
+    base_importance: float = Field(description="the stored importance decay starts from")
     tags: list[str]
     created_at: datetime
     message_ids: list[str]
@@ -88,13 +90,14 @@ def _check(args: SoulNarrativeInput) -> None:
         raise InputError("each tag must be 1 to 50 characters", field="tags")
 
 
-def _out(record: MemoryRecord) -> SceneOut:
+def _out(record: MemoryRecord, now: dict[int, float]) -> SceneOut:
     assert record.id is not None
     return SceneOut(
         id=record.id,
         text=record.text,
         category=str(record.meta.get("category", "general")),
-        importance=record.importance,
+        importance=now.get(record.id, record.importance),
+        base_importance=record.importance,
         tags=[str(t) for t in record.meta.get("tags", [])],
         created_at=record.created_at,
         message_ids=record.message_ids,
@@ -116,16 +119,18 @@ async def soul_narrative(memory: Any, args: SoulNarrativeInput) -> SoulNarrative
             tenant=args.tenant,
             k=args.k,
             kinds=["scene"],
+            reinforce=False,  # looking scenes up is inspection, not use
         )
         found = await memory.store.get([h.id for h in hits], scope)
         scenes = [found[h.id] for h in hits if h.id in found]
     elif args.action == "list":
         recent = await memory.store.recent(scope, kinds=["scene"], limit=10_000)
+        now = await memory.importance_now(recent) if args.min_importance is not None else {}
         scenes = [
             r
             for r in recent
             if (args.category is None or r.meta.get("category") == args.category)
-            and (args.min_importance is None or r.importance >= args.min_importance)
+            and (args.min_importance is None or now.get(r.id, r.importance) >= args.min_importance)
             and (args.tag is None or args.tag in r.meta.get("tags", []))
         ][: args.k]
     else:
@@ -136,7 +141,8 @@ async def soul_narrative(memory: Any, args: SoulNarrativeInput) -> SoulNarrative
         scenes = [record]
         if args.action == "forget":
             await memory.store.delete([record.id], scope)
-    return SoulNarrativeOutput(action=args.action, scenes=[_out(r) for r in scenes], count=len(scenes))
+    now = await memory.importance_now(scenes)
+    return SoulNarrativeOutput(action=args.action, scenes=[_out(r, now) for r in scenes], count=len(scenes))
 
 
 async def _add(memory: Any, args: SoulNarrativeInput) -> MemoryRecord:
@@ -168,9 +174,9 @@ def narrmem_register_tools(register: Callable[[Tool], None]) -> None:
                 "Keep the user's life story as narrative scenes. action='add' stores a complete "
                 "narrative fragment (event) with a category (decision, emotion_change, milestone, "
                 "preference, general), importance 0-1 (how slowly it fades) and tags; 'search' finds "
-                "scenes for a query (k results; found scenes are reinforced); 'list' shows scenes "
-                "filtered by category, min_importance or tag; 'get' reads one scene by id without "
-                "reinforcing it; 'forget' deletes one scene by id. Every action needs user_id (and "
+                "scenes for a query (k results); 'list' shows scenes filtered by category, "
+                "min_importance (importance now, after decay) or tag; 'get' reads one scene by id; "
+                "reading never reinforces; 'forget' deletes one scene by id. Every action needs user_id (and "
                 "takes chat_id and tenant) and sees only that user's scenes."
             ),
             input_model=SoulNarrativeInput,

@@ -89,7 +89,7 @@ def test_recall_json_top_hit(store: CliStore) -> None:
     )  # model load 2
     assert done.returncode == 0, done.stderr
     hits = json.loads(done.stdout)
-    assert isinstance(hits, list) and len(hits) == 3
+    assert isinstance(hits, list) and 1 <= len(hits) <= 3  # only what clears the relevance floor
     assert hits[0]["text"] == "My cat Miso knocked over the plant again this morning."
     assert hits[0]["message_ids"] == ["a3"]
     assert all(h["user_id"] == "alice" for h in hits)

@@ -121,7 +121,7 @@ async def test_reinforced_to_core_becomes_permanent_and_caps_at_one(tmp_path: Pa
         assert history["permanent"] is True and history["projection"][-1]["importance"] == pytest.approx(0.83)
 
 
-async def test_get_is_a_read_not_a_recall(tmp_path: Path) -> None:
+async def test_get_and_search_are_reads_not_recalls(tmp_path: Path) -> None:
     async with await _memory(tmp_path, ManualClock(T0)) as mem:
         added = await mem.call_tool(
             "soul_narrative",
@@ -135,7 +135,7 @@ async def test_get_is_a_read_not_a_recall(tmp_path: Path) -> None:
             "soul_narrative", {"action": "search", "user_id": "u1", "query": "Lisbon move"}
         )
         assert found["scenes"][0]["id"] == scene_id
-        assert (await mem.history(scene_id))["events"][0]["who"] == "recall"
+        assert (await mem.history(scene_id))["events"] == []  # looking scenes up is inspection
 
 
 async def test_soul_narrative_actions(tmp_path: Path) -> None:

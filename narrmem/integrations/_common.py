@@ -4,7 +4,7 @@ turn, and the texts of the ``forgetme`` and ``memory`` replies. Nothing here imp
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -15,6 +15,7 @@ from narrmem.models import (
     MAX_QUERY_CHARS,
     MAX_TEXT_CHARS,
     ContextPack,
+    Hit,
     IngestResult,
     MemoryRecord,
     Message,
@@ -138,14 +139,31 @@ async def turn_context(memory: Memory, message: Message, *, k: int, scope: Conte
     query = message.text[:MAX_QUERY_CHARS]
     try:
         hits = await memory.recall(
-            query, user_id=where.user_id, chat_id=where.chat_id, tenant=where.tenant, k=min(k + 1, 200)
+            query,
+            user_id=where.user_id,
+            chat_id=where.chat_id,
+            tenant=where.tenant,
+            k=k,
+            exclude_message_ids=[message.message_id],
         )
     except Exception:
         log.exception("narrmem could not recall for message %s", message.message_id)
         hits = []
-    own = [message.message_id]
-    hits = [h for h in hits if not (h.chat_id == message.chat_id and h.message_ids and h.message_ids == own)]
-    return ContextPack(query=query, scope=where, hits=hits[:k])
+    return ContextPack(query=query, scope=where, hits=hits)
+
+
+async def mark_used(memory: Memory, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
+    """The bot's answer used these hits of ``pack`` (all of them when ``used`` is ``None``): they
+    are reinforced, at most once a day each. Returns the ids reinforced."""
+    ids = [h.id if isinstance(h, Hit) else int(h) for h in (pack.hits if used is None else used)]
+    if not ids:
+        return []
+    where = pack.scope
+    try:
+        return await memory.mark_used(ids, user_id=where.user_id, chat_id=where.chat_id, tenant=where.tenant)
+    except Exception:
+        log.exception("narrmem could not mark memories used")
+        return []
 
 
 def forget_reply(counts: Mapping[str, int]) -> str:

@@ -22,6 +22,7 @@ otherwise Telegram sends it commands, replies to it and mentions only, and only 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
@@ -83,8 +84,10 @@ def to_message(message: TgMessage, *, tenant: str = "default") -> Message | None
 
 class NarrmemMiddleware(aiogram.BaseMiddleware):
     """Remembers every message and edit, and gives handlers ``memory`` (the :class:`Memory`),
-    ``memory_context`` (the :class:`ContextPack` for this turn, ``None`` for a message without text)
-    and ``memory_prompt`` (that pack rendered to ``token_budget``, ``""`` when there is nothing).
+    ``memory_context`` (the :class:`ContextPack` for this turn, ``None`` for a message without text),
+    ``memory_prompt`` (that pack rendered to ``token_budget``, ``""`` when there is nothing) and
+    ``memory_mark_used`` (``await memory_mark_used()`` or ``(hits)``: the answer used them, so they
+    are reinforced).
 
     Register it on the dispatcher for both ``message`` and ``edited_message`` (:func:`setup` does).
     ``on_trigger(bot, event)`` is awaited for every trigger event a message causes.
@@ -126,6 +129,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         pack = await _common.turn_context(self.memory, message, k=self.k, scope=self.context_scope)
         data["memory_context"] = pack
         data["memory_prompt"] = pack.render(token_budget=self.token_budget)
+        data["memory_mark_used"] = functools.partial(_common.mark_used, self.memory, pack)
         return await handler(event, data)
 
     def _notifier(self, bot: Bot | None) -> _common.Notify | None:

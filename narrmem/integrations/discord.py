@@ -21,7 +21,7 @@ everything older than the cache), and adds the prefix commands ``forgetme`` and 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal, TypeAlias
 
 import discord
@@ -30,7 +30,7 @@ from discord.ext import commands
 from narrmem.integrations import _common
 from narrmem.integrations._common import DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
 from narrmem.memory import Memory
-from narrmem.models import ContextPack, Message, TriggerEvent
+from narrmem.models import ContextPack, Hit, Message, TriggerEvent
 
 __all__ = ["GuildAs", "NarrmemCog", "TriggerHandler"]
 
@@ -176,6 +176,11 @@ class NarrmemCog(commands.Cog):
         if converted is None:
             return None
         return await _common.turn_context(self.memory, converted, k=self.k, scope=self.context_scope)
+
+    async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
+        """Tell memory which hits of ``pack`` your answer used (all by default): they are
+        reinforced, at most once a day each."""
+        return await _common.mark_used(self.memory, pack, used)
 
     async def prompt_for(self, message: discord.Message) -> str:
         """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""

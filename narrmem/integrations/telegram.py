@@ -25,7 +25,7 @@ otherwise Telegram sends it commands, replies to it and mentions only, and only 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any, TypeAlias
 
 import telegram
@@ -34,7 +34,7 @@ from telegram.ext import Application, BaseHandler, CallbackContext, CommandHandl
 from narrmem.integrations import _common
 from narrmem.integrations._common import COMMANDS, DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
 from narrmem.memory import Memory
-from narrmem.models import ContextPack, Message, TriggerEvent
+from narrmem.models import ContextPack, Hit, Message, TriggerEvent
 
 __all__ = ["NarrmemTelegram", "TriggerHandler", "install", "sender", "to_message"]
 
@@ -147,6 +147,11 @@ class NarrmemTelegram:
         if message is None:
             return None
         return await _common.turn_context(self.memory, message, k=self.k, scope=self.context_scope)
+
+    async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
+        """Tell memory which hits of ``pack`` your answer used (all by default): they are
+        reinforced, at most once a day each."""
+        return await _common.mark_used(self.memory, pack, used)
 
     async def prompt_for(self, update: telegram.Update) -> str:
         """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""

@@ -1,5 +1,10 @@
-"""The hippocampus: memories fade unless recalled. Decay lowers the chance of being recalled (a
-weight in the ranking), it never deletes; every recall reinforces what it returned.
+"""The hippocampus: memories fade unless used. Decay lowers the chance of being recalled (a
+weight in the ranking), it never deletes. A memory is reinforced (+0.05) when it is brought back
+and used, as a brain would: a recall reinforces at most ``reinforce_max_hits`` hits whose
+similarity to the query clears ``reinforce_min_similarity``; ``Memory.mark_used`` reinforces what
+the bot says it used; either at most once per ``reinforce_spacing_days``. Inspection never
+reinforces. Each reinforcement is a history row with its reason (relevance, tool, used), never
+the query.
 
 The curve is in ``curve.py``. The pass runs on a schedule inside a long-lived ``Memory``
 (``[plugin.hippocampus] interval_minutes``) and on demand (``Memory.decay``, ``narrmem decay``).
@@ -31,7 +36,19 @@ class HippocampusOptions(BaseModel):
     ranking_weight: float = Field(
         default=0.2, ge=0, le=1, description="how much importance after decay moves the ranking"
     )
-    reinforce: bool = Field(default=True, description="recalled memories gain importance")
+    reinforce: bool = Field(default=True, description="relevant recalled memories gain importance")
+    reinforce_min_similarity: float = Field(
+        default=0.45,
+        ge=-1.0,
+        le=1.0,
+        description="a recalled memory is reinforced only with at least this cosine similarity to the query",
+    )
+    reinforce_max_hits: int = Field(
+        default=3, ge=0, le=200, description="most memories reinforced per recall"
+    )
+    reinforce_spacing_days: float = Field(
+        default=1.0, ge=0, le=3650, description="a memory is reinforced at most once in this many days"
+    )
 
 
 class Hippocampus:
@@ -109,28 +126,63 @@ class Hippocampus:
     async def narrmem_after_recall(
         self, memory: Any, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
     ) -> None:
+        """Reinforce what was brought back *and* is about the query: the best few hits whose
+        similarity to the query clears ``reinforce_min_similarity`` (a keyword match alone is not
+        enough), each at most once per spacing window. A search passing over a memory is not use."""
         if not (self.options.reinforce and request.reinforce and hits):
             return
-        now = memory.clock.now()
-        changes = []
+        chosen = [
+            records[hit.id]
+            for hit in hits
+            if hit.id in records
+            and hit.why is not None
+            and hit.why.dense is not None
+            and hit.why.dense >= self.options.reinforce_min_similarity
+        ][: self.options.reinforce_max_hits]
+        done = await self._reinforce(memory, chosen, request.reason)
         for hit in hits:
-            record = records.get(hit.id)
-            if record is None:
-                continue
-            new = round(reinforced(record.importance, record.reinforced_at or record.created_at, now), 6)
+            if hit.id in done:
+                hit.importance = done[hit.id]
+
+    @hookimpl
+    async def narrmem_used(self, memory: Any, records: list[MemoryRecord]) -> list[int]:
+        if not self.options.reinforce:
+            return []
+        return sorted(await self._reinforce(memory, records, "used"))
+
+    async def _reinforce(self, memory: Any, records: list[MemoryRecord], why: str) -> dict[int, float]:
+        now = memory.clock.now()
+        spacing = timedelta(days=self.options.reinforce_spacing_days)
+        changes = []
+        for record in records:
+            assert record.id is not None
+            last = record.reinforced_at
+            if last is not None and now - last < spacing:
+                continue  # spaced repetition: recalling twice in a day is not learning twice
+            since = last or record.created_at
+            new = round(reinforced(record.importance, since, now), 6)
             changes.append(
                 ImportanceChange(
-                    memory_id=hit.id,
+                    memory_id=record.id,
                     importance=new,
                     reinforced_at=now,
                     old=record.importance,
-                    who="recall",
+                    who="recall" if why != "used" else "bot",
                     # The reason, never the query: a copy of what someone asked would outlive them.
-                    why="recalled",
+                    why=why,
                 )
             )
-            hit.importance = new
-        await memory.store.set_importance(changes, now)
+        if changes:
+            await memory.store.set_importance(changes, now)
+        return {c.memory_id: c.importance for c in changes}
+
+    @hookimpl
+    def narrmem_importance_now(self, records: list[MemoryRecord], now: datetime) -> dict[int, float]:
+        return {
+            r.id: round(effective(r.importance, r.reinforced_at or r.created_at, now), 6)
+            for r in records
+            if r.id is not None
+        }
 
     # --- reporting --------------------------------------------------------------------------
 

@@ -17,12 +17,11 @@ import aiosqlite
 import numpy as np
 from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
-from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
 from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, ShardKey, VectorIndex
 
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.text import fts_document, keyword_terms
+from narrmem.text import STOPWORDS, fts_document, keyword_terms
 
 log = logging.getLogger("narrmem.storage_sqlite")
 
@@ -653,6 +652,18 @@ class SQLiteStore:
             )
             for row in rows:
                 out[row[0]] = _record(row)
+        return out
+
+    async def vectors(self, ids: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
+        where, params = _scope_clause(scope, by_id=True)
+        out: dict[int, np.ndarray] = {}
+        for part in _chunks(list(ids)):
+            rows = await self._fetchall(
+                f"SELECT id, vector FROM memories WHERE id IN ({_marks(part)}) AND {where} "
+                "AND vector IS NOT NULL",
+                (*part, *params),
+            )
+            out.update((int(r[0]), _vector(r[1], self.dim)) for r in rows)
         return out
 
     async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:  # type: ignore[override]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
 from narrmem_plugins.triage.language import (
     FIRST_PERSON_EN,
     FIRST_PERSON_ZH,
@@ -21,6 +20,8 @@ from narrmem_plugins.triage.lexicon import (
     WEATHER,
     WEATHER_ZH,
 )
+
+from narrmem.text import STOPWORDS
 
 _TOKEN = re.compile(r"[^\s,.!?;:~…。，！？；：、]+")
 _NO_WORDS = re.compile(r"^[\W_\d]*$")

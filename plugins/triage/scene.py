@@ -7,13 +7,12 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-from narrmem_plugins.storage_sqlite.stopwords import STOPWORDS
 from narrmem_plugins.triage.emotions import emotions_in
 from narrmem_plugins.triage.language import has_cjk
 from narrmem_plugins.triage.signals import CATEGORY
 
 from narrmem.models import MemoryRecord, Message, SceneDraft
-from narrmem.text import keyword_terms
+from narrmem.text import STOPWORDS, keyword_terms
 
 _WEEKDAYS_EN = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _WEEKDAYS_ZH = ("周一", "周二", "周三", "周四", "周五", "周六", "周日")

@@ -1,0 +1,184 @@
+"""The recall pipeline: sources → fusion → importance → relevance floor → reinforcement → snippets.
+
+Every source proposes candidates inside the request's scope (the store filters in its queries);
+``narrmem_rank`` fuses them into one ranking with scores in [0, 1]; ``narrmem_weigh`` multiplies in
+importance after decay; then each hit is explained (``Hit.why``) and must clear the relevance
+floor: a cosine similarity to the query of at least ``[recall] min_similarity``, or a memory that
+contains at least ``[recall] min_keyword_share`` of the query's content words. Fewer than ``k``
+hits is a fine answer; a query about something never said gets none. ``narrmem_after_recall``
+then sees only relevant hits (the hippocampus reinforces a few of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from narrmem.models import Candidate, Hit, MemoryRecord, RecallRequest, Why
+from narrmem.ranking import reciprocal_rank_fusion
+from narrmem.snippets import snippet
+from narrmem.text import content_terms, keyword_terms
+
+if TYPE_CHECKING:
+    from narrmem.memory import Memory
+
+# How many ranked candidates are explained (and may need their vector read) per hit asked for:
+# the floor drops some, and a scene and its episode collapse into one.
+EXPLAINED_PER_HIT = 4
+
+
+async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
+    embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(memory.embedder.embed([request.query]))
+    try:
+        early = await memory.host.call("narrmem_recall_prefetch", memory=memory, request=request)
+        [query_vector] = await embedding
+    finally:
+        if not embedding.done():
+            embedding.cancel()
+    proposals = await memory.host.call(
+        "narrmem_recall_candidates", memory=memory, request=request, query_vector=query_vector
+    )
+    candidates: list[Candidate] = [c for batch in (*proposals, *early) for c in batch]
+    records = await memory.store.get(sorted({c.memory_id for c in candidates}), request.scope)
+    candidates = [c for c in candidates if c.memory_id in records]
+    ranking = await memory.host.call_first(
+        "narrmem_rank", memory=memory, request=request, candidates=candidates, records=records
+    )
+    if ranking is None:
+        ranking = reciprocal_rank_fusion(candidates, normalize=True)
+    factors = await _importance_factors(memory, request, records)
+    weighted = sorted(
+        ((mid, min(1.0, max(0.0, score)) * factors.get(mid, 1.0)) for mid, score in ranking),
+        key=lambda item: (-item[1], item[0]),
+    )
+    fused = dict(ranking)
+    top = [mid for mid, _ in weighted[: request.k * EXPLAINED_PER_HIT] if mid in records]
+    dense = await _similarities(memory, request, query_vector, candidates, top)
+    now_values = await memory.importance_now([records[mid] for mid in top])
+    explain = _Explainer(memory, request, candidates, memory.clock.now())
+    excluded = set(request.exclude_message_ids)
+    hits: list[Hit] = []
+    covered: list[set[str]] = []
+    for mid, score in weighted:
+        if len(hits) == request.k or mid not in dense:
+            break
+        record = records[mid]
+        origin = set(record.message_ids)
+        if origin and origin <= excluded:
+            continue  # the message being answered is not context for itself (nor reinforced by it)
+        # A scene and the episode it came from say the same thing: return the better ranked.
+        if origin and any(origin <= seen for seen in covered):
+            continue
+        why = explain(
+            record, dense[mid], fused[mid], now_values.get(mid, record.importance), factors.get(mid, 1.0)
+        )
+        if not why.relevant:
+            continue
+        covered.append(origin)
+        hits.append(_hit(record, score, why, now_values.get(mid, record.importance), request))
+    await memory.host.call("narrmem_after_recall", memory=memory, request=request, hits=hits, records=records)
+    return hits
+
+
+async def _importance_factors(
+    memory: Memory, request: RecallRequest, records: dict[int, MemoryRecord]
+) -> dict[int, float]:
+    tables = await memory.host.call("narrmem_weigh", memory=memory, request=request, records=records)
+    factors: dict[int, float] = {}
+    for memory_id in records:
+        factor = 1.0
+        for table in tables:
+            factor *= max(1e-6, float(table.get(memory_id, 1.0)))
+        factors[memory_id] = min(1.0, factor)
+    return factors
+
+
+async def _similarities(
+    memory: Memory,
+    request: RecallRequest,
+    query_vector: np.ndarray,
+    candidates: Sequence[Candidate],
+    ids: Sequence[int],
+) -> dict[int, float]:
+    """Cosine similarity of the query to each memory: the vector source already measured most of
+    them; the rest (found by keywords alone) have their stored vector read."""
+    known = {c.memory_id: float(c.score) for c in candidates if c.source == "vector"}
+    missing = [mid for mid in ids if mid not in known]
+    if missing:
+        vectors = await memory.store.vectors(missing, request.scope)
+        for mid, vector in vectors.items():
+            known[mid] = float(np.dot(np.asarray(vector, dtype=np.float32), query_vector))
+    return {mid: known[mid] for mid in ids if mid in known}
+
+
+class _Explainer:
+    def __init__(
+        self, memory: Memory, request: RecallRequest, candidates: Sequence[Candidate], now: datetime
+    ) -> None:
+        self.settings = memory.settings.recall
+        self.query_terms = content_terms(request.query)
+        self.now = now
+        self.sources: dict[int, dict[str, int]] = {}
+        self.keyword: dict[int, float] = {}
+        for c in candidates:
+            self.sources.setdefault(c.memory_id, {})[c.source] = c.rank
+            if c.source == "keyword":
+                self.keyword[c.memory_id] = float(c.score)
+
+    def __call__(
+        self, record: MemoryRecord, dense: float, fused: float, importance_now: float, factor: float
+    ) -> Why:
+        assert record.id is not None
+        own = set(keyword_terms(record.index_text))
+        matched = [t for t in self.query_terms if t in own]
+        share = len(matched) / len(self.query_terms) if self.query_terms else 0.0
+        rescued = self.settings.min_keyword_share > 0 and share >= self.settings.min_keyword_share
+        return Why(
+            dense=round(dense, 4),
+            keyword=round(self.keyword[record.id], 4) if record.id in self.keyword else None,
+            matched=matched,
+            sources=self.sources.get(record.id, {}),
+            fused=round(min(1.0, max(0.0, fused)), 4),
+            importance_now=round(importance_now, 4),
+            importance_factor=round(factor, 4),
+            age_days=round(max(0.0, (self.now - record.created_at).total_seconds() / 86_400), 2),
+            relevant=dense >= self.settings.min_similarity or rescued,
+        )
+
+
+def _hit(record: MemoryRecord, score: float, why: Why, importance_now: float, request: RecallRequest) -> Hit:
+    assert record.id is not None
+    core = scene_core(record)
+    hit = Hit(
+        id=record.id,
+        kind=record.kind,
+        text=core or record.text,
+        detail=record.text if core else None,
+        score=round(min(1.0, max(0.0, score)), 6),
+        importance=round(importance_now, 6),
+        base_importance=record.importance,
+        created_at=record.created_at,
+        message_ids=record.message_ids,
+        tenant=record.tenant,
+        user_id=record.user_id,
+        chat_id=record.chat_id,
+        speaker=record.speaker,
+        sources=why.sources,
+        why=why,
+    )
+    if request.snippet_tokens is not None:
+        short = snippet(hit.text, request.query, request.snippet_tokens)
+        if short != hit.text:
+            hit.detail, hit.text = hit.detail or hit.text, short
+    return hit
+
+
+def scene_core(record: MemoryRecord) -> str | None:
+    """A scene's Core (the user's own words), which is what a prompt needs of it."""
+    fields = record.meta.get("fields")
+    core = fields.get("core") if isinstance(fields, dict) else None
+    return core if isinstance(core, str) and core else None

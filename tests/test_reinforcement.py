@@ -1,0 +1,209 @@
+"""Reinforcement with meaning, with the real model: only what is relevant to the query, at most a
+few per recall, at most once a day each, never from inspection, and never a query's words kept."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from _helpers import msg
+
+from narrmem import ManualClock, Memory, Scope
+from narrmem.cli import main as cli_main
+from narrmem.testing import open_memory
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+REINFORCE = {"hippocampus": {"reinforce": True, "interval_minutes": 0}}
+LIFE = [
+    ("m1", "I decided to quit my job at the bank to become a carpenter."),
+    ("m2", "My cat Miso knocked over the basil plant again this morning."),
+    ("m3", "I finally finished restoring the old oak dining table!"),
+    ("m4", "My sister Clara is getting married in Porto next June."),
+    ("m5", "I started taking cello lessons on Thursday evenings."),
+    ("m6", "So tired after sanding chairs all day in the workshop."),
+]
+UNRELATED = [
+    "What is the boiling point of mercury in kelvin?",
+    "How do I configure a BGP route reflector?",
+    "Who won the 1954 World Cup final?",
+    "How many moons does Neptune have?",
+    "What is the derivative of arctan x?",
+    "How do I set up a Kubernetes ingress controller with TLS?",
+    "What is the melting point of tungsten?",
+    "What is the half-life of carbon-14?",
+    "How do submarines regulate buoyancy?",
+    "What is the population of Reykjavik?",
+]
+
+
+def _history(folder: Path) -> list[tuple[int, str, str]]:
+    con = sqlite3.connect(folder / "narrmem.sqlite3")
+    try:
+        return list(con.execute("SELECT memory_id, who, why FROM memory_history ORDER BY id"))
+    finally:
+        con.close()
+
+
+def _importance(folder: Path) -> dict[int, float]:
+    con = sqlite3.connect(folder / "narrmem.sqlite3")
+    try:
+        return dict(con.execute("SELECT id, importance FROM memories"))
+    finally:
+        con.close()
+
+
+@pytest_asyncio.fixture
+async def life(tmp_path: Path) -> AsyncIterator[tuple[Memory, ManualClock, Path]]:
+    clock = ManualClock(T0)
+    folder = tmp_path / "store"
+    async with open_memory(folder, real_model=True, clock=clock, plugin=REINFORCE) as mem:
+        await mem.ingest_many(
+            [
+                msg(
+                    mid,
+                    text,
+                    user="ann",
+                    chat="dm",
+                    speaker="Ann",
+                    ts=(T0 - timedelta(hours=len(LIFE) - n)).isoformat(),
+                )
+                for n, (mid, text) in enumerate(LIFE)
+            ]
+        )
+        yield mem, clock, folder
+
+
+async def test_unrelated_turn_contexts_change_no_importance(life: tuple[Memory, ManualClock, Path]) -> None:
+    mem, clock, folder = life
+    before = _importance(folder)
+    for n, text in enumerate(UNRELATED):
+        clock.set(clock.now() + timedelta(days=1, minutes=n))  # past every spacing window
+        await mem.turn_context(text, user_id="ann", chat_id="dm")
+        await mem.context(text, user_id="ann")
+    assert _importance(folder) == before
+    assert _history(folder) == []
+
+
+async def test_a_query_about_something_never_said_returns_nothing(
+    life: tuple[Memory, ManualClock, Path],
+) -> None:
+    mem, _, _ = life
+    for text in UNRELATED:
+        assert await mem.recall(text, user_id="ann", k=5, reinforce=False) == [], text
+    hits = await mem.recall("what is her cat called?", user_id="ann", k=5, reinforce=False)
+    assert hits and hits[0].message_ids == ["m2"]
+    assert all(h.why is not None and h.why.relevant for h in hits)
+    assert 0.0 <= hits[-1].score <= hits[0].score <= 1.0
+
+
+async def test_a_relevant_recall_reinforces_a_few_at_most_once_a_day(
+    life: tuple[Memory, ManualClock, Path],
+) -> None:
+    mem, clock, folder = life
+    hits = await mem.recall("Ann's furniture restoration and woodworking", user_id="ann", k=6)
+    reinforced = _history(folder)
+    assert 1 <= len(reinforced) <= 3
+    assert {why for _, _, why in reinforced} == {"relevance"}
+    chosen = {memory_id for memory_id, _, _ in reinforced}
+    assert chosen <= {h.id for h in hits if h.why is not None and (h.why.dense or 0) >= 0.45}
+    clock.set(clock.now() + timedelta(hours=5))
+    await mem.recall("Ann's furniture restoration and woodworking", user_id="ann", k=6)
+    assert _history(folder) == reinforced  # the same day: spaced, not counted again
+    clock.set(clock.now() + timedelta(days=1))
+    await mem.recall("Ann's furniture restoration and woodworking", user_id="ann", k=6)
+    assert len(_history(folder)) > len(reinforced)
+
+
+async def test_a_used_memory_is_reinforced_once_a_day(life: tuple[Memory, ManualClock, Path]) -> None:
+    mem, clock, folder = life
+    pack = await mem.context("tell me about the wedding", user_id="ann")
+    wedding = next(h for h in pack.hits if h.message_ids == ["m4"])
+    clock.set(clock.now() + timedelta(days=2))
+    assert await mem.mark_used([wedding.id], user_id="ann") == [wedding.id]
+    assert await mem.mark_used([wedding.id], user_id="ann") == []
+    clock.set(clock.now() + timedelta(days=1, seconds=1))
+    assert await mem.mark_used([wedding.id], user_id="ann") == [wedding.id]
+    used = [row for row in _history(folder) if row[2] == "used"]
+    assert [row[0] for row in used] == [wedding.id, wedding.id]
+    assert await mem.mark_used([wedding.id], user_id="bob") == []  # out of scope: ignored
+
+
+async def test_no_history_row_holds_a_querys_words(life: tuple[Memory, ManualClock, Path]) -> None:
+    mem, clock, folder = life
+    for query in ("zqsecret carpenter career change", "zqpassword cat Miso basil plant"):
+        clock.set(clock.now() + timedelta(days=2))
+        await mem.recall(query, user_id="ann", k=3)
+    rows = _history(folder)
+    assert rows
+    assert not any("zq" in why or "carpenter" in why or "Miso" in why for _, _, why in rows)
+
+
+async def test_importance_shown_is_the_decayed_value(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "s", real_model=True, clock=clock, plugin=REINFORCE) as mem:
+        added = await mem.call_tool(
+            "soul_narrative",
+            {"action": "add", "user_id": "ann", "event": "I finally moved to Lisbon.", "importance": 0.4},
+        )
+        scene_id = added["scenes"][0]["id"]
+        clock.set(clock.now() + timedelta(days=7 + 365))
+        [hit] = await mem.recall("moving to Lisbon", user_id="ann", k=1, reinforce=False)
+        assert hit.id == scene_id and hit.importance <= 0.05 and hit.base_importance == 0.4
+        got = await mem.call_tool("soul_narrative", {"action": "get", "user_id": "ann", "id": scene_id})
+        assert got["scenes"][0]["importance"] <= 0.05 and got["scenes"][0]["base_importance"] == 0.4
+        listed = await mem.call_tool(
+            "soul_narrative", {"action": "list", "user_id": "ann", "min_importance": 0.1}
+        )
+        assert listed["scenes"] == []
+
+
+READS = [
+    ("soul_narrative", {"action": "list", "user_id": "ann"}),
+    ("soul_narrative", {"action": "search", "user_id": "ann", "query": "carpenter job"}),
+    ("memory_recall", {"user_id": "ann", "chat_id": "dm", "query_intent": "job,cat,cello"}),
+    ("task_query", {"user_id": "ann", "chat_id": "dm"}),
+    ("persona_get", {"user_id": "ann"}),
+]
+
+
+async def test_read_tools_and_inspection_leave_history_unchanged(
+    life: tuple[Memory, ManualClock, Path], tmp_path: Path
+) -> None:
+    mem, clock, folder = life
+    clock.set(clock.now() + timedelta(days=3))
+    scene = (await mem.store.recent(Scope(user_id="ann"), kinds=["scene"]))[0]
+    reads = [*READS, ("soul_narrative", {"action": "get", "user_id": "ann", "id": scene.id})]
+    for name, arguments in reads:
+        await mem.call_tool(name, arguments)
+    await mem.history(scene.id)
+    await mem.stats()
+    await mem.summary(user_id="ann")
+    assert _history(folder) == []
+    assert _importance(folder)[scene.id] == scene.importance
+
+
+def test_cli_recall_reads_without_reinforcing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    folder = tmp_path / "store"
+
+    async def fill() -> None:
+        async with open_memory(folder, real_model=True) as mem:
+            await mem.ingest_many(
+                [msg(mid, text, user="ann", chat="dm", speaker="Ann") for mid, text in LIFE]
+            )
+
+    asyncio.run(fill())
+    env_args = ["--data", str(folder)]
+    assert cli_main(["recall", "what is her cat called?", "--user", "ann", "--explain", *env_args]) == 0
+    out = capsys.readouterr().out
+    assert "Miso" in out and "dense" in out and "imp. now" in out
+    assert cli_main(["recall", "what is her cat called?", "--user", "ann", "--json", *env_args]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert hits[0]["why"]["relevant"] is True and hits[0]["message_ids"] == ["m2"]
+    assert _history(folder) == []
