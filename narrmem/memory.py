@@ -107,6 +107,8 @@ class Memory:
             raise InputError(f"must be narrmem Settings, not {type(settings).__name__}", field="settings")
         if clock is not None and not callable(getattr(clock, "now", None)):
             raise InputError("must be a clock: an object with a now() method", field="clock")
+        if isinstance(plugins, str | bytes | dict) or not isinstance(plugins, Iterable):
+            raise InputError(f"must be a list of plugins, not {type(plugins).__name__}", field="plugins")
         if settings is None:
             settings = load_settings(config_file)
         if data_dir is not None:

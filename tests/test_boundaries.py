@@ -419,6 +419,8 @@ def test_cli_reports_an_unopenable_store_in_one_line(folders: dict[str, Path], t
         ({"data_dir": b"folder"}, "data_dir"),
         ({"settings": "narrmem.toml"}, "settings"),
         ({"clock": 5}, "clock"),
+        ({"plugins": 5}, "plugins"),
+        ({"plugins": "narrmem_plugins.rtm"}, "plugins"),
     ],
 )
 async def test_open_arguments_of_the_wrong_kind(tmp_path: Path, options: dict[str, Any], field: str) -> None:
