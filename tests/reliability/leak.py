@@ -15,6 +15,8 @@ marker of a forgotten user: the marker's bytes, and its last seven characters (t
 stores a term as the suffix it does not share with the term before it). The vectors SQLite held
 for them (memories and graph nodes) are searched too, by slices of their float32 bytes that no
 remaining vector holds. As a control, the markers of the users that stay must still be found.
+Markers of messages deleted with ``forget_messages`` that are still on disk are listed too
+(``deleted_messages_found``; an edit keeps the earlier text on purpose).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class LeakReport:
     kept_vectors_checked: int = 0
     kept_vectors_found: int = 0
     answers_with_forgotten: int = 0
-    kept_deleted_found: list[str] = field(default_factory=list)
+    deleted_messages_found: list[str] = field(default_factory=list)
     files: dict[str, int] = field(default_factory=dict)
     real_model: bool = False
     seconds: float = 0.0
@@ -292,10 +294,11 @@ def _scan(
         for user in ids:
             if tenant == "default" and user in forgotten:
                 continue
-            for surface in ("edited away", "deleted message"):
+            # An edit keeps the earlier text on purpose (meta "edits"); a deleted message is gone.
+            for surface in ("deleted message",):
                 marker = markers[(tenant, user, surface)]
                 if any(occurrences(files, needle) for needle in marker_needles(marker, tail=7)):
-                    report.kept_deleted_found.append(f"{tenant}/{user} {surface} {marker}")
+                    report.deleted_messages_found.append(f"{tenant}/{user} {surface} {marker}")
     remaining = all_vectors(folder)
     for user in forgotten:
         for vector in vectors[user]:

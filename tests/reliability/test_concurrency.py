@@ -141,7 +141,7 @@ class Calls:
 
 async def test_concurrent_calls_on_one_memory(tmp_path: Path) -> None:
     rng = random.Random(4242)
-    corpus = build_corpus(rng, users=max(12, CALLS // 20), per_chat=(3, 5))
+    corpus = build_corpus(rng, users=max(12, CALLS // 50), per_chat=(3, 5))
     messages = sorted(corpus.messages, key=lambda m: m.ts)
     early, late = messages[: len(messages) // 3], messages[len(messages) // 3 :]
     folder = tmp_path / "data"
@@ -152,6 +152,7 @@ async def test_concurrent_calls_on_one_memory(tmp_path: Path) -> None:
         work: list[Callable[[], Awaitable[None]]] = [calls.forget_messages(m) for m in doomed]
         pending = list(late)
         rng.shuffle(pending)
+        pending = pending[: CALLS // 2]  # the rest of the calls read
         twice = set(rng.sample(range(len(pending)), len(pending) // 8))
         batch: list[Message] = []
         for number, message in enumerate(pending):
