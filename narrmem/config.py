@@ -13,7 +13,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -75,6 +83,11 @@ class StorageSettings(_Section):
             )
         return self
 
+    dsn: SecretStr | None = Field(
+        default=None,
+        description="postgres backend: the server to use (postgresql://user:password@host/db); "
+        "secret, so a dump or repr of the settings never shows the password",
+    )
     busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
     batch_size: int = Field(default=256, ge=1, le=100_000, description="messages per write transaction")
     hnsw_threshold: int = Field(

@@ -309,6 +309,12 @@ class Memory:
                 await self.store.add(
                     [r for _, records, _ in keep for r in records], np.vstack([own for _, _, own in keep])
                 )
+                # Another process sharing the store may have stored a message since the check above:
+                # the store skipped its episode (its id stays None), so it is a duplicate here too.
+                for i, records, _ in keep:
+                    if records[0].id is None:
+                        results[i] = self._duplicate(messages[i], decisions[i])
+                keep = [entry for entry in keep if entry[1][0].id is not None]
         return keep
 
     async def _after_store(

@@ -8,6 +8,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,9 +29,13 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
-        """Write records with their vectors in one transaction; set and return their ids.
+        """Write records with their vectors in one transaction; set and return the ids written.
 
-        A record counts as stored only once this returns.
+        An episode whose source message (tenant, chat, message id) already has an episode is not
+        written, nor is any other record of the call made from that message: their ``id`` stays
+        ``None``. The check is the store's own unique constraint, not a read before the write, so
+        two processes storing the same message store it once. A record counts as stored only once
+        this returns.
         """
         ...
 
@@ -122,6 +127,20 @@ class Store(Protocol):
         ...
 
     async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None: ...
+
+    async def state_put_if(
+        self, namespace: str, key: str, value: dict[str, Any], expected: dict[str, Any] | None
+    ) -> bool:
+        """Compare-and-set: write ``value`` only if the stored value is ``expected`` (``None``: no
+        value stored), atomically; ``True`` if written. Of several processes putting from the same
+        ``expected``, exactly one wins."""
+        ...
+
+    def exclusive(self, name: str) -> AbstractAsyncContextManager[bool]:
+        """``async with store.exclusive("decay") as mine:`` -- ``mine`` is ``True`` in the one
+        process (of all using the store) that holds the named job for the block, ``False`` at once
+        elsewhere, so a periodic job runs in one worker at a time."""
+        ...
 
     async def state_delete(self, namespace: str, key_prefix: str) -> int:
         """Delete a plugin's state whose key starts with ``key_prefix``; return how many."""

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
 from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, TriggerEvent
+from narrmem.view import MemoryView
 
 NAME = "proactive"
 
@@ -65,7 +65,7 @@ class Proactive:
         return sum(0.5 ** (max(0.0, (now - t).total_seconds()) / 86_400 / half_life) for t in times)
 
     @hookimpl(trylast=True)
-    async def narrmem_after_store(self, memory: Any, message: Message, result: IngestResult) -> None:
+    async def narrmem_after_store(self, memory: MemoryView, message: Message, result: IngestResult) -> None:
         """Replace the raw threshold crossings with the events this policy lets through."""
         suggested = {(t.kind, t.label): t.suggestion for t in result.triggers}
         counted = {(c.kind, c.label) for c in result.counts}
@@ -87,10 +87,10 @@ class Proactive:
                 )
         result.triggers = events
 
-    async def _fire(self, memory: Any, message: Message, count: PatternCount) -> list[str]:
+    async def _fire(self, memory: MemoryView, message: Message, count: PatternCount) -> list[str]:
         now = message.ts
         key = state_key(message.tenant, message.user_id, count.kind, count.label)
-        state = await memory.store.state_get(NAME, key)
+        stored = state = await memory.store.state_get(NAME, key)
         if state is None:  # written before labels were hashed in keys
             legacy = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
             state = await memory.store.state_get(NAME, legacy) or {}
@@ -110,13 +110,17 @@ class Proactive:
         )
         if due and hot and not cooling:
             fired.append(count.kind)
-        if fired:
-            await memory.store.state_put(NAME, key, {"fired_at": now.isoformat(), "count": count.count})
+        # Compare-and-set: workers sharing a store may count the same topic at once; only the one
+        # whose write finds the state it read fires.
+        if fired and not await memory.store.state_put_if(
+            NAME, key, {"fired_at": now.isoformat(), "count": count.count}, stored
+        ):
+            return []
         return fired
 
     @hookimpl
     async def narrmem_after_forget(
-        self, memory: Any, tenant: str, user_id: str | None, removed: list[MemoryRecord]
+        self, memory: MemoryView, tenant: str, user_id: str | None, removed: list[MemoryRecord]
     ) -> None:
         """Forgetting a user forgets what was said to them; deleting one message does not."""
         if user_id is not None:

@@ -52,6 +52,7 @@ class SQLiteStore:
         self._db: aiosqlite.Connection | None = None
         self._index: VectorIndex | None = None
         self._lock = asyncio.Lock()
+        self._jobs: dict[str, asyncio.Lock] = {}
         self._folder_lock = FolderLock(folder / f"{database}.lock")
         self.dim = 0
 
@@ -231,14 +232,43 @@ class SQLiteStore:
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
-        ids: list[int] = []
+        written: list[tuple[MemoryRecord, int, np.ndarray]] = []
         async with self.transaction():
+            # Checked inside the write transaction (BEGIN IMMEDIATE), so no other writer slips in
+            # between: an episode of a message that has one, and what was made from it, are skipped.
+            taken = await self._episode_sources(records)
+            skipped: set[tuple[str, str, str]] = set()
             for record, vector in zip(records, vectors, strict=True):
-                ids.append(await self._insert(record, vector, keep_id=False))
-        for record, new_id in zip(records, ids, strict=True):
+                sources = {(record.tenant, record.chat_id, mid) for mid in record.message_ids}
+                if record.kind == "episode" and sources & taken:
+                    skipped |= sources
+                    continue
+                if record.kind != "episode" and sources & skipped:
+                    continue
+                written.append((record, await self._insert(record, vector, keep_id=False), vector))
+                if record.kind == "episode":
+                    taken |= sources
+        for record, new_id, _ in written:
             record.id = new_id
-        await self.index.add(np.array(ids, dtype=np.int64), vectors, [_owner(r) for r in records])
-        return ids
+        if written:
+            await self.index.add(
+                np.array([w[1] for w in written], dtype=np.int64),
+                np.vstack([w[2] for w in written]),
+                [_owner(w[0]) for w in written],
+            )
+        return [w[1] for w in written]
+
+    async def _episode_sources(self, records: Sequence[MemoryRecord]) -> set[tuple[str, str, str]]:
+        """Which of the episodes' (tenant, chat, message) sources already have an episode."""
+        by_chat: dict[tuple[str, str], list[str]] = {}
+        for record in records:
+            if record.kind == "episode":
+                by_chat.setdefault((record.tenant, record.chat_id), []).extend(record.message_ids)
+        return {
+            (tenant, chat_id, mid)
+            for (tenant, chat_id), mids in by_chat.items()
+            for mid in await self.stored_message_ids(tenant, chat_id, mids)
+        }
 
     async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> int:
         """One row with its provenance and keyword entry; the caller holds the transaction."""
@@ -459,6 +489,73 @@ class SQLiteStore:
             "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
             (namespace, key, json.dumps(value, ensure_ascii=False, sort_keys=True)),
         )
+
+    async def state_put_if(
+        self, namespace: str, key: str, value: dict[str, Any], expected: dict[str, Any] | None
+    ) -> bool:
+        async with self.transaction() as db:
+            async with db.execute(
+                "SELECT value FROM plugin_state WHERE namespace = ? AND key = ?", (namespace, key)
+            ) as cur:
+                row = await cur.fetchone()
+            if (None if row is None else json.loads(row[0])) != expected:
+                return False
+            await db.execute(
+                "INSERT INTO plugin_state (namespace, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
+                (namespace, key, json.dumps(value, ensure_ascii=False, sort_keys=True)),
+            )
+        return True
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, name: str) -> AsyncIterator[bool]:
+        """The folder lock already keeps other processes out; inside this one, a job runs once at
+        a time."""
+        lock = self._jobs.setdefault(name, asyncio.Lock())
+        if lock.locked():
+            yield False
+            return
+        async with lock:
+            yield True
+
+    async def dump_rows(self, table: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        """Rows of a side table (``memory_history``, ``plugin_state``, ``forget_jobs``) for migration,
+        in key order; ``after`` is the last id seen (an offset for ``plugin_state``)."""
+        if table == "plugin_state":
+            sql = "SELECT namespace, key, value FROM plugin_state ORDER BY namespace, key LIMIT ? OFFSET ?"
+            params: tuple[Any, ...] = (limit, after)
+        elif table in ("memory_history", "forget_jobs"):
+            sql, params = f"SELECT * FROM {table} WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+        else:
+            raise StoreError(f"no side table named {table!r}")
+        async with self.db.execute(sql, params) as cur:
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in await cur.fetchall()]
+
+    async def load_rows(self, table: str, rows: Sequence[dict[str, Any]]) -> int:
+        """Write migrated side-table rows keeping their keys; rows already there are skipped."""
+        if table not in ("memory_history", "plugin_state", "forget_jobs"):
+            raise StoreError(f"no side table named {table!r}")
+        if not rows:
+            return 0
+        columns = list(rows[0])
+        async with self.transaction() as db:
+            before = db.total_changes
+            await db.executemany(
+                f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({_marks(columns)})",
+                [tuple(row[c] for c in columns) for row in rows],
+            )
+            return int(db.total_changes - before)
+
+    async def table_counts(self) -> dict[str, int]:
+        """Rows per table, for checking a migration."""
+        counts: dict[str, int] = {}
+        for table in ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs"):
+            [(counts[table],)] = await self._fetchall(f"SELECT COUNT(*) FROM {table}")
+        [(counts["vectors"],)] = await self._fetchall(
+            "SELECT COUNT(*) FROM memories WHERE vector IS NOT NULL"
+        )
+        return counts
 
     async def state_delete(self, namespace: str, key_prefix: str) -> int:
         rows = await self._fetchall(

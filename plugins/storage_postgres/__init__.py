@@ -1,0 +1,38 @@
+"""The shared store: PostgreSQL + pgvector, for several bot workers on one memory
+(``[storage] backend = "postgres"`` and ``[storage] dsn``; install ``narrmem[postgres]``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from narrmem import hookimpl
+from narrmem.errors import ConfigError
+
+
+@hookimpl
+def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None]) -> None:
+    def factory(memory: Any) -> Any:
+        storage = memory.settings.storage
+        if storage.dsn is None:
+            raise ConfigError(
+                "storage.dsn: the postgres backend needs the server to use "
+                "(postgresql://user:password@host/database, or NARRMEM_STORAGE__DSN)"
+            )
+        try:
+            # Imported only when chosen: asyncpg and pgvector are the optional narrmem[postgres] extra.
+            from narrmem_plugins.storage_postgres.store import PostgresStore
+        except ImportError as exc:
+            raise ConfigError(
+                "storage.backend: 'postgres' needs asyncpg and pgvector "
+                f"(pip install 'narrmem[postgres]'): {exc}"
+            ) from exc
+        return PostgresStore(
+            storage.dsn.get_secret_value(),
+            hnsw_m=storage.hnsw_m,
+            hnsw_ef_construction=storage.hnsw_ef_construction,
+            hnsw_ef_search=storage.hnsw_ef_search,
+            read_only=bool(getattr(memory, "read_only", False)),
+        )
+
+    register("postgres", factory)

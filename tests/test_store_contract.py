@@ -1,0 +1,353 @@
+"""The storage contract: what every backend must do, run against each one (SQLite in a temporary
+folder, PostgreSQL on a real private server with a fresh database per test)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _postgres import fresh_database
+from narrmem_plugins.storage_postgres.store import PostgresStore
+from narrmem_plugins.storage_sqlite.store import SQLiteStore
+
+from narrmem.errors import StoreError
+from narrmem.models import ImportanceChange, MemoryRecord, Scope
+
+DIM = 8
+MODEL = "contract-test-model"
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone(timedelta(hours=8)))
+
+
+async def make_store(backend: str, tmp_path: Path, dsn: str | None = None, **kwargs: Any) -> Any:
+    if backend == "sqlite":
+        return SQLiteStore(
+            tmp_path, database="narrmem.sqlite3", index="vectors", busy_timeout_ms=5000, **kwargs
+        )
+    return PostgresStore(dsn or await fresh_database("contract"), **kwargs)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    store = await make_store(request.param, tmp_path)
+    await store.open(dim=DIM, model=MODEL)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def unit(seed: int) -> np.ndarray:
+    vector = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def record(
+    text: str,
+    *,
+    user: str = "u1",
+    chat: str = "c1",
+    tenant: str = "default",
+    kind: str = "episode",
+    mid: str | None = None,
+    minutes: int = 0,
+    **extra: Any,
+) -> MemoryRecord:
+    return MemoryRecord(
+        kind=kind,
+        tenant=tenant,
+        user_id=user,
+        chat_id=chat,
+        speaker=user,
+        text=text,
+        importance=0.3,
+        created_at=T0 + timedelta(minutes=minutes),
+        stored_at=T0 + timedelta(minutes=minutes, seconds=1),
+        message_ids=[mid or f"m-{text[:12]}-{minutes}"],
+        meta={"layer": "accumulate", "z": 1, "a": [1, 2]},
+        **extra,
+    )
+
+
+async def add(store: Any, *records: MemoryRecord, seeds: list[int] | None = None) -> list[int]:
+    vectors = np.vstack([unit(s) for s in (seeds or list(range(len(records))))])
+    return list(await store.add(list(records), vectors))
+
+
+# --- writing and reading in scope -----------------------------------------------------------------
+
+
+async def test_add_sets_ids_and_get_and_recent_stay_in_scope(store: Any) -> None:
+    mine = [record(f"mine {i}", minutes=i) for i in range(3)]
+    other_user = record("theirs", user="u2", chat="c1", minutes=5)
+    other_tenant = record("elsewhere", tenant="t2", minutes=6)
+    ids = await add(store, *mine, other_user, other_tenant)
+    assert ids == [r.id for r in [*mine, other_user, other_tenant]]
+    assert len(set(ids)) == 5
+
+    got = await store.get(ids, Scope(user_id="u1"))
+    assert set(got) == {r.id for r in mine}
+    assert got[mine[0].id].model_dump() == mine[0].model_dump()  # lossless: offset, meta, provenance
+    assert set(await store.get(ids, None)) == set(ids)
+    assert set(await store.get(ids, Scope(chat_id="c1"))) == {*(r.id for r in mine), other_user.id}
+    assert await store.get(ids, Scope(tenant="t2", user_id="u2")) == {}
+
+    recent = await store.recent(Scope(user_id="u1"))
+    assert [r.text for r in recent] == ["mine 2", "mine 1", "mine 0"]
+    assert [r.text for r in await store.recent(Scope(user_id="u1"), limit=1)] == ["mine 2"]
+    since = await store.recent(Scope(user_id="u1"), since=T0 + timedelta(minutes=1))
+    assert [r.text for r in since] == ["mine 2", "mine 1"]
+    assert [r.text for r in await store.recent(Scope(tenant="t2", user_id="u1"))] == ["elsewhere"]
+    assert await store.recent(Scope(user_id="u1"), kinds=["scene"]) == []
+
+
+async def test_search_vectors_is_nearest_first_in_scope_and_kind(store: Any) -> None:
+    records = [record(f"r{i}", minutes=i) for i in range(6)]
+    records.append(record("scene", kind="scene", minutes=7))
+    records.append(record("other user's twin", user="u2", minutes=8))
+    ids = await add(store, *records, seeds=[0, 1, 2, 3, 4, 10, 10, 10])
+    found = await store.search_vectors(Scope(user_id="u1"), unit(10), 3)
+    assert found[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert {found[0][0], found[1][0]} == {ids[5], ids[6]}  # both exact twins, never u2's
+    assert ids[7] not in [i for i, _ in found]
+    assert all(a[1] >= b[1] for a, b in itertools.pairwise(found))
+    scenes = await store.search_vectors(Scope(user_id="u1"), unit(10), 5, kinds=["scene"])
+    assert [i for i, _ in scenes] == [ids[6]]
+    assert await store.search_vectors(Scope(user_id="nobody"), unit(10), 5) == []
+    assert [i for i, _ in await store.search_vectors(Scope(user_id="u2"), unit(10), 5)] == [ids[7]]
+
+
+async def test_search_keywords_english_and_chinese_in_scope(store: Any) -> None:
+    ids = await add(
+        store,
+        record("I finally quit my job at the bank", minutes=1),
+        record("我最近迷上了摇滚乐，每天都听", minutes=2),
+        record("Bought a new guitar", minutes=3, context_text="we talked about the bank"),
+        record("The bank called me again", user="u2", minutes=4),
+    )
+    scope = Scope(user_id="u1")
+    bank = await store.search_keywords(scope, "what about the bank?", 10)
+    assert bank[0][0] == ids[0]  # the body outranks the context
+    assert {i for i, _ in bank} == {ids[0], ids[2]}  # never u2's row
+    assert (await store.search_keywords(scope, "bank", 10, context_weight=0.0))[0][0] == ids[0]
+    assert [i for i, _ in await store.search_keywords(scope, "摇滚", 10)] == [ids[1]]
+    assert await store.search_keywords(Scope(user_id="u2"), "摇滚", 10) == []
+    assert await store.search_keywords(scope, "the and of", 10) == []
+    for nasty in ['bank" OR "', "bank) & !(x", "'; DROP TABLE memories; --", "bank:*", "NEAR(bank guitar)"]:
+        assert {i for i, _ in await store.search_keywords(scope, nasty, 10)} <= {ids[0], ids[2]}
+    assert [i for i, _ in await store.search_keywords(scope, "guitar", 10, kinds=["scene"])] == []
+    assert len(await store.search_keywords(scope, "bank guitar", 1)) == 1
+
+
+async def test_update_rewrites_text_and_keywords_not_scope(store: Any) -> None:
+    [rid] = await add(store, record("likes jazz"))
+    [stored] = (await store.get([rid], None)).values()
+    stored.text = "likes opera"
+    stored.importance = 0.8
+    stored.meta = {"changed": True}
+    stored.user_id = "someone-else"  # scope is not rewritten
+    await store.update(stored)
+    [again] = (await store.get([rid], Scope(user_id="u1"))).values()
+    assert (again.text, again.importance, again.meta) == ("likes opera", 0.8, {"changed": True})
+    assert await store.search_keywords(Scope(user_id="u1"), "jazz", 5) == []
+    assert [i for i, _ in await store.search_keywords(Scope(user_id="u1"), "opera", 5)] == [rid]
+
+
+async def test_delete_only_in_scope(store: Any) -> None:
+    mine, theirs = await add(store, record("mine"), record("theirs", user="u2"))
+    assert await store.delete([mine, theirs], Scope(user_id="u1")) == 1
+    assert set(await store.get([mine, theirs], None)) == {theirs}
+    assert await store.search_vectors(Scope(user_id="u1"), unit(0), 5) == []
+    assert await store.search_keywords(Scope(user_id="u1"), "mine", 5) == []
+    assert await store.delete([theirs], Scope(user_id="u1")) == 0
+
+
+# --- provenance and idempotent ingest ------------------------------------------------------------
+
+
+async def test_stored_message_ids_and_from_messages(store: Any) -> None:
+    episode = record("said it", mid="m1")
+    scene = record("the scene of it", kind="scene", mid="m1")
+    ids = await add(store, episode, scene)
+    assert await store.stored_message_ids("default", "c1", ["m1", "m2"]) == {"m1"}
+    assert await store.stored_message_ids("default", "c2", ["m1"]) == set()
+    assert await store.stored_message_ids("t2", "c1", ["m1"]) == set()
+    assert await store.from_messages("default", "c1", ["m1"]) == sorted(ids)
+    assert await store.from_messages("default", "c9", ["m1"]) == []
+
+
+async def test_add_skips_an_episode_already_stored_and_what_was_made_from_it(store: Any) -> None:
+    await add(store, record("first copy", mid="m1"))
+    again = record("second copy", mid="m1")
+    scene = record("scene of the second copy", kind="scene", mid="m1")
+    fresh = record("another message", mid="m2")
+    fresh_scene = record("scene of m2", kind="scene", mid="m2")
+    elsewhere = record("same id, other chat", chat="c2", mid="m1")
+    ids = await add(store, again, scene, fresh, fresh_scene, elsewhere)
+    assert again.id is None and scene.id is None
+    assert ids == [fresh.id, fresh_scene.id, elsewhere.id]
+    texts = {r.text for r in (await store.get(range(1, 100), None)).values()}
+    assert texts == {"first copy", "another message", "scene of m2", "same id, other chat"}
+    # The same message twice in one call is stored once.
+    one, two = record("dup a", mid="m3"), record("dup b", mid="m3")
+    assert await add(store, one, two) == [one.id]
+    assert two.id is None
+    assert await store.search_keywords(Scope(user_id="u1"), "second", 5) == []
+
+
+# --- forgetting -------------------------------------------------------------------------------------
+
+
+async def test_forget_and_forget_jobs(store: Any) -> None:
+    ids = await add(
+        store,
+        record("u1 in c1", mid="a"),
+        record("u1 in c2", chat="c2", mid="b"),
+        record("scene", kind="scene", mid="a"),
+        record("u2 in c1", user="u2", mid="c"),
+    )
+    await store.set_importance(
+        [ImportanceChange(memory_id=ids[0], importance=0.5, reinforced_at=T0, who="t", why="w")], T0
+    )
+    job = await store.begin_forget(tenant="default", user_id="u1", chat_id=None)
+    assert job.sources == {"c1": ["a"], "c2": ["b"]}
+    assert [j.id for j in await store.pending_forgets()] == [job.id]
+    counts = await store.forget(tenant="default", user_id="u1", chat_id=None)
+    assert counts["memories"] == 3 and counts["vectors"] == 3 and counts["episode"] == 2
+    assert counts["scene"] == 1
+    assert set(await store.get(ids, None)) == {ids[3]}
+    assert await store.history(ids[0]) == []
+    assert await store.search_vectors(Scope(user_id="u1"), unit(0), 5) == []
+    assert await store.search_keywords(Scope(chat_id="c1"), "c1", 5) == [(ids[3], pytest.approx(1, abs=1))]
+    assert await store.stored_message_ids("default", "c1", ["a", "c"]) == {"c"}
+    await store.finish_forget(job)
+    assert await store.pending_forgets() == []
+
+    messages = await store.begin_forget(tenant="default", user_id=None, chat_id="c1", messages=["c", "c"])
+    assert messages.messages == ["c"] and messages.sources == {"c1": ["c"]}
+    with pytest.raises(StoreError):
+        await store.begin_forget(tenant="default", user_id=None, chat_id=None, messages=["x"])
+    [pending] = await store.pending_forgets()
+    assert pending == messages
+    await store.finish_forget(pending, purge=False)
+    assert await store.pending_forgets() == []
+
+
+async def test_forget_a_chat_keeps_the_users_other_chats(store: Any) -> None:
+    ids = await add(store, record("c1 row", mid="a"), record("c2 row", chat="c2", mid="b"))
+    counts = await store.forget(tenant="default", user_id=None, chat_id="c1")
+    assert counts["memories"] == 1
+    assert set(await store.get(ids, None)) == {ids[1]}
+    other_tenant = await store.forget(tenant="t2", user_id="u1", chat_id=None)
+    assert other_tenant["memories"] == 0
+
+
+# --- import and export ------------------------------------------------------------------------------
+
+
+async def test_export_import_round_trip_keeps_ids_and_vectors(
+    store: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    ids = await add(store, record("one", mid="a"), record("两个", mid="b", context_text="ctx"), seeds=[3, 4])
+    await store.delete([ids[0]], Scope(user_id="u1"))
+    exported = [(r, v) async for r, v in store.export()]
+    assert [r.id for r, _ in exported] == [ids[1]]
+    assert np.allclose(exported[0][1], unit(4))
+
+    target = await make_store(request.node.callspec.params["store"], tmp_path / "target")
+    (tmp_path / "target").mkdir(exist_ok=True)
+    await target.open(dim=DIM, model=MODEL)
+    try:
+        assert await target.import_records(exported) == {"imported": 1, "skipped": 0}
+        assert await target.import_records(exported) == {"imported": 0, "skipped": 1}
+        again = [(r, v) async for r, v in target.export()]
+        assert [r.model_dump() for r, _ in again] == [r.model_dump() for r, _ in exported]
+        assert np.array_equal(again[0][1], exported[0][1])
+        changed = exported[0][0].model_copy(update={"text": "changed"})
+        with pytest.raises(StoreError):
+            await target.import_records([(changed, exported[0][1])])
+        # New rows after an import with ids do not collide with the imported ones.
+        [new_id] = await add(target, record("new", mid="n"))
+        assert new_id > ids[1]
+        assert [i for i, _ in await target.search_keywords(Scope(user_id="u1"), "两个", 5)] == [ids[1]]
+    finally:
+        await target.close()
+
+
+# --- state, importance, vectors -------------------------------------------------------------------
+
+
+async def test_plugin_state_and_compare_and_set(store: Any) -> None:
+    assert await store.state_get("p", "k") is None
+    await store.state_put("p", "k", {"n": 1, "s": "文"})
+    assert await store.state_get("p", "k") == {"n": 1, "s": "文"}
+    assert await store.state_put_if("p", "k", {"n": 2}, None) is False  # something is stored
+    assert await store.state_put_if("p", "k", {"n": 2}, {"n": 0}) is False
+    assert await store.state_put_if("p", "k", {"n": 2}, {"s": "文", "n": 1}) is True
+    assert await store.state_get("p", "k") == {"n": 2}
+    assert await store.state_put_if("p", "new", {"x": 1}, None) is True
+    assert await store.state_put_if("p", "new", {"x": 2}, None) is False
+    await store.state_put("p", "k2", {})
+    await store.state_put("q", "k", {})
+    assert await store.state_delete("p", "k") == 2
+    assert await store.state_get("p", "new") == {"x": 1}
+    assert await store.state_get("q", "k") == {}
+
+
+async def test_importance_history_and_decay_state(store: Any) -> None:
+    a, b = await add(store, record("a", mid="a"), record("b", mid="b"))
+    later = T0 + timedelta(days=3)
+    await store.set_importance(
+        [
+            ImportanceChange(
+                memory_id=a, importance=0.6, reinforced_at=later, old=0.3, who="hippo", why="used"
+            )
+        ],
+        later,
+    )
+    [(at, who, why, old, new)] = [tuple(h.values()) for h in await store.history(a)]
+    assert (who, why, old, new) == ("hippo", "used", 0.3, 0.6)
+    assert datetime.fromisoformat(at) == later
+    states = await store.importance_states(0, 10)
+    assert [(s[0], s[1], s[2], s[3]) for s in states] == [
+        (a, 0.6, later, 0.6),
+        (b, 0.3, T0 + timedelta(0), None),
+    ]
+    assert await store.importance_states(a, 10) == [states[1]]
+    await store.set_current_importance([(b, 0.05)], [(b, "hippo", "faded", 0.3, 0.05)], later)
+    assert await store.count_below(0.1) == 1
+    assert [h["why"] for h in await store.history(b)] == ["faded"]
+    assert (await store.get([a], None))[a].importance == 0.6
+
+
+async def test_vectors_in_scope(store: Any) -> None:
+    a, b = await add(store, record("a", mid="a"), record("b", user="u2", mid="b"), seeds=[5, 6])
+    found = await store.vectors([a, b], Scope(user_id="u1"))
+    assert set(found) == {a}
+    assert np.allclose(found[a], unit(5))
+
+
+async def test_exclusive_lets_one_holder_in(store: Any) -> None:
+    async with store.exclusive("decay") as first:
+        async with store.exclusive("decay") as second:
+            assert (first, second) == (True, False)
+        async with store.exclusive("other") as other:
+            assert other is True
+    async with store.exclusive("decay") as again:
+        assert again is True
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_reopen_with_another_model_is_refused(backend: str, tmp_path: Path) -> None:
+    dsn = await fresh_database("model") if backend == "postgres" else None
+    first = await make_store(backend, tmp_path, dsn)
+    await first.open(dim=DIM, model=MODEL)
+    await first.close()
+    second = await make_store(backend, tmp_path, dsn)
+    with pytest.raises(StoreError, match="holds vectors of model"):
+        await second.open(dim=DIM, model="another-model")
+    await second.close()
