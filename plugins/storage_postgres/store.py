@@ -113,6 +113,8 @@ class PostgresStore:
             return
         try:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except asyncpg.UniqueViolationError:
+            return  # another worker created it at the same moment
         except asyncpg.PostgresError as exc:
             raise StoreError(
                 f"PostgreSQL at {self.where} has no pgvector: run CREATE EXTENSION vector in that database "
