@@ -73,6 +73,8 @@ class Acks:
     forgetting: list[tuple[str, str]] = field(default_factory=list)
     forgot: list[tuple[str, str]] = field(default_factory=list)
     done: bool = False
+    died_at: str | None = None
+    missing_step: str | None = None
 
 
 @dataclass
@@ -92,6 +94,8 @@ class Figures:
     integrity_failures: list[str] = field(default_factory=list)
     rebuilds_after_clean_close: int = 0
     children_finished_before_kill: int = 0
+    steps_killed_at: Counter[str] = field(default_factory=Counter)
+    steps_not_reached: list[str] = field(default_factory=list)
     details: list[dict[str, Any]] = field(default_factory=list)
     forgets_returned: int = 0
     forgets_interrupted: int = 0
@@ -123,26 +127,32 @@ def run_crash(
     *,
     real_model_runs: bool = True,
     kinds: tuple[str, ...] = KINDS,
+    steps: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """``runs`` kill-and-reopen cycles over ``kinds`` (ingest, bulk and forget), in turn. With
     ``real_model_runs`` the first run of each kind uses the real default embedder (the rest the
-    hash embedder). Returns the figures (see :class:`Figures`)."""
+    hash embedder). With ``steps`` (names of store methods a forget calls) the runs are forget runs
+    whose child kills itself on entering each step in turn instead of at a random moment.
+    Returns the figures (see :class:`Figures`)."""
     started = time.perf_counter()
     rng = random.Random(seed)
     workdir.mkdir(parents=True, exist_ok=True)
     figures = Figures()
     real_kinds = set(kinds) if real_model_runs else set()
     for number in range(runs):
-        kind = kinds[number % len(kinds)]
+        kind = "forget" if steps else kinds[number % len(kinds)]
         real = kind in real_kinds
         real_kinds.discard(kind)
-        folder = workdir / f"run-{number:03d}-{kind}"
-        _one_run(kind, real, folder, random.Random(rng.getrandbits(64)), figures)
+        step = steps[number % len(steps)] if steps else None
+        folder = workdir / (f"run-{number:03d}-{kind}" + (f"-at-{step}" if step else ""))
+        _one_run(kind, real, folder, random.Random(rng.getrandbits(64)), figures, step)
     figures.seconds = time.perf_counter() - started
     return figures.as_dict()
 
 
-def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: Figures) -> None:
+def _one_run(
+    kind: str, real: bool, folder: Path, rng: random.Random, figures: Figures, step: str | None = None
+) -> None:
     figures.runs += 1
     figures.runs_by_kind[kind] += 1
     if real:
@@ -174,12 +184,20 @@ def _one_run(kind: str, real: bool, folder: Path, rng: random.Random, figures: F
                 start += size
             plan["batches"] = batches
         trigger, delay = "ready", rng.uniform(0.05, 1.5 if real else 1.2)
+    if step is not None:
+        plan["kill_at"] = step
+        trigger, delay = "", 0.0  # the child kills itself
     plan_path = folder / "plan.json"
     plan_path.write_text(json.dumps(plan), encoding="utf-8")
     ack_path = folder / "ack.txt"
     acks = _run_child(data, ack_path, plan_path, folder / "child.log", trigger, delay)
     if acks.done:
         figures.children_finished_before_kill += 1
+    if step is not None:
+        if acks.died_at == step:
+            figures.steps_killed_at[step] += 1
+        else:
+            figures.steps_not_reached.append(step)
     figures.details.append(
         {
             "run": folder.name,
@@ -205,6 +223,12 @@ def _run_child(
     child.start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
+        if not trigger:  # it kills itself at a step, or says "done" if it never reached it
+            while child.is_alive() and not _has_line(ack_path, "done"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the crash child neither died nor finished: {_tail(log_path)}")
+                time.sleep(0.005)
+            return _read_acks(ack_path)
         while not _has_line(ack_path, trigger):
             if not child.is_alive():
                 raise RuntimeError(f"the crash child exited with {child.exitcode}: {_tail(log_path)}")
@@ -265,6 +289,10 @@ def _read_acks(path: Path) -> Acks:
             acks.forgot.append((rest[0], rest[1]))
         elif word == "done":
             acks.done = True
+        elif word == "dying":
+            acks.died_at = rest[0]
+        elif word == "nostep":
+            acks.missing_step = rest[0]
     return acks
 
 

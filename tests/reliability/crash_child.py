@@ -13,7 +13,8 @@ one ``ingest_many``. After a call
 returns, each of its messages is acknowledged as ``ack TENANT CHAT MESSAGE_ID LAYER``. For
 ``forget`` the child writes ``forgetting TENANT USER`` before each ``forget`` and ``forgot TENANT
 USER`` after it returned. ``ready`` follows the open; ``done`` the last call. Then it waits to be
-killed (it never closes the memory: the kill is the end it is meant to have).
+killed (it never closes the memory: the kill is the end it is meant to have). With ``"kill_at":
+METHOD`` the child kills itself when it first enters that method of the store (``dying METHOD``).
 
 The script imports only narrmem, so it runs the same from pytest and from the bench.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -43,6 +45,8 @@ async def _run(folder: Path, ack_path: Path, plan: dict[str, Any]) -> None:
     with ack_path.open("a", encoding="utf-8") as ack:
         mem = await open_memory(folder, real_model=bool(plan["real_model"]), clock=clock)
         _say(ack, f"ready {os.getpid()}")
+        if plan.get("kill_at"):
+            _die_on_entering(mem.store, plan["kill_at"], ack)
         if plan["kind"] == "forget":
             for tenant, user in plan["forget"]:
                 _say(ack, f"forgetting {tenant} {user}")
@@ -63,6 +67,20 @@ async def _run(folder: Path, ack_path: Path, plan: dict[str, Any]) -> None:
                 clock.advance(seconds=1)
         _say(ack, "done")
         await asyncio.sleep(3600)
+
+
+def _die_on_entering(store: Any, step: str, ack: IO[str]) -> None:
+    """Kill this process (SIGKILL, as the harness would) when the store's method ``step`` is first
+    called: a crash at a chosen step of a forget rather than at a random moment."""
+    if not hasattr(store, step):
+        _say(ack, f"nostep {step}")
+        return
+
+    async def die(*args: Any, **kwargs: Any) -> Any:
+        _say(ack, f"dying {step}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    setattr(store, step, die)
 
 
 def main(argv: list[str]) -> None:
