@@ -103,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
     forget.add_argument("--user")
     forget.add_argument("--chat")
     forget.add_argument("--tenant", default="default")
+
+    move = sub.add_parser(
+        "migrate", parents=[common, as_json], help="copy a memory between a data folder and PostgreSQL"
+    )
+    move.add_argument("--from", dest="source", required=True, metavar="DATA_DIR|DSN")
+    move.add_argument("--to", dest="target", required=True, metavar="DATA_DIR|DSN")
+    move.add_argument("--queries", type=int, default=20, help="recalls compared at the end (0: none)")
     return parser
 
 
@@ -501,6 +508,24 @@ def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
         print(", ".join(f"{k} {v}" for k, v in data.items()))
 
 
+async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    """``narrmem migrate --from DATA_DIR|DSN --to DATA_DIR|DSN``: see :mod:`narrmem.migrate`."""
+    from narrmem.migrate import migrate
+
+    report = await migrate(args.source, args.target, settings=settings, queries=args.queries)
+    if args.json:
+        _print_json(report)
+    else:
+        for table, counts in report["counts"].items():
+            print(f"{table}: {counts['source']} -> {counts['target']}")
+        if report["recall"]:
+            print(f"recall agreement (top {report['recall']['k']}): {report['recall']['agreement']}")
+        for table, rows in report["not_migrated"].items():
+            print(f"not migrated: {table} ({rows} rows; the target has no place for it)")
+        print("verified" if report["verified"] else "NOT verified: counts or recall differ")
+    return 0 if report["verified"] else 1
+
+
 COMMANDS: dict[str, Handler] = {
     "demo": cmd_demo,
     "ingest": cmd_ingest,
@@ -516,6 +541,7 @@ COMMANDS: dict[str, Handler] = {
     "export": cmd_export,
     "import": cmd_import,
     "forget": cmd_forget,
+    "migrate": cmd_migrate,
 }
 
 if __name__ == "__main__":

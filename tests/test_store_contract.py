@@ -252,7 +252,12 @@ async def test_forget_a_chat_keeps_the_users_other_chats(store: Any) -> None:
 async def test_export_import_round_trip_keeps_ids_and_vectors(
     store: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    ids = await add(store, record("one", mid="a"), record("两个", mid="b", context_text="ctx"), seeds=[3, 4])
+    ids = await add(
+        store,
+        record("one", mid="a"),
+        record("两个 with a NUL \x00 and a backslash \\0", mid="b", context_text="ctx \\ \x00"),
+        seeds=[3, 4],
+    )
     await store.delete([ids[0]], Scope(user_id="u1"))
     exported = [(r, v) async for r, v in store.export()]
     assert [r.id for r, _ in exported] == [ids[1]]
@@ -291,6 +296,14 @@ async def test_plugin_state_and_compare_and_set(store: Any) -> None:
     assert await store.state_get("p", "k") == {"n": 2}
     assert await store.state_put_if("p", "new", {"x": 1}, None) is True
     assert await store.state_put_if("p", "new", {"x": 2}, None) is False
+    # Keys may join their parts with NUL (proactive's do); backslashes are kept as they are.
+    await store.state_put("p", "t\0u1\0topic", {"n": 1})
+    await store.state_put("p", "t\\0u1", {"n": 2})
+    assert await store.state_get("p", "t\0u1\0topic") == {"n": 1}
+    assert await store.state_put_if("p", "t\0u1\0topic", {"n": 3}, {"n": 1}) is True
+    assert await store.state_delete("p", "t\0u1\0") == 1
+    assert await store.state_get("p", "t\\0u1") == {"n": 2}
+    assert await store.state_delete("p", "t\\") == 1
     await store.state_put("p", "k2", {})
     await store.state_put("q", "k", {})
     assert await store.state_delete("p", "k") == 2

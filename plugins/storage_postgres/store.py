@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -220,14 +221,15 @@ class PostgresStore:
     ) -> int | None:
         """One row with its provenance; ``None`` (and nothing written) when it is an episode of a
         message that already has one. The caller holds the transaction."""
+        _check_ids(record)
         values = (
             record.kind,
             record.tenant,
             record.user_id,
             record.chat_id,
-            record.speaker,
-            record.text,
-            record.embed_text,
+            _esc(record.speaker),
+            _esc(record.text),
+            _esc(record.embed_text),
             record.importance,
             record.created_at.isoformat(),
             record.created_at.timestamp(),
@@ -235,7 +237,7 @@ class PostgresStore:
             json.dumps(record.message_ids, ensure_ascii=False),
             json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
             None if vector is None else np.asarray(vector, dtype=np.float32),
-            record.context_text,
+            _esc(record.context_text),
             record.reinforced_at.isoformat() if record.reinforced_at else None,
             fts_document(record.index_text),
             fts_document(record.context_text or ""),
@@ -308,9 +310,9 @@ class PostgresStore:
                 "meta = $5, "
                 "keywords = setweight(to_tsvector($8::regconfig, $6), 'A') "
                 "|| setweight(to_tsvector($8::regconfig, $7), 'B') WHERE id = $9",
-                record.text,
-                record.embed_text,
-                record.context_text,
+                _esc(record.text),
+                _esc(record.embed_text),
+                _esc(record.context_text),
                 record.importance,
                 json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
                 fts_document(record.index_text),
@@ -409,7 +411,7 @@ class PostgresStore:
 
     async def state_get(self, namespace: str, key: str) -> dict[str, Any] | None:
         value = await self.pool.fetchval(
-            "SELECT value FROM plugin_state WHERE namespace = $1 AND key = $2", namespace, key
+            "SELECT value FROM plugin_state WHERE namespace = $1 AND key = $2", _esc(namespace), _esc(key)
         )
         return None if value is None else dict(json.loads(value))
 
@@ -418,8 +420,8 @@ class PostgresStore:
             await conn.execute(
                 "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
                 "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
-                namespace,
-                key,
+                _esc(namespace),
+                _esc(key),
                 _state_json(value),
             )
 
@@ -432,8 +434,8 @@ class PostgresStore:
                 done = await conn.fetchval(
                     "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
                     "ON CONFLICT (namespace, key) DO NOTHING RETURNING TRUE",
-                    namespace,
-                    key,
+                    _esc(namespace),
+                    _esc(key),
                     _state_json(value),
                 )
             else:
@@ -442,8 +444,8 @@ class PostgresStore:
                 done = await conn.fetchval(
                     "UPDATE plugin_state SET value = $3 WHERE namespace = $1 AND key = $2 AND value = $4 "
                     "RETURNING TRUE",
-                    namespace,
-                    key,
+                    _esc(namespace),
+                    _esc(key),
                     _state_json(value),
                     _state_json(expected),
                 )
@@ -453,9 +455,9 @@ class PostgresStore:
         async with self.transaction() as conn:
             rows = await conn.fetch(
                 "DELETE FROM plugin_state WHERE namespace = $1 AND left(key, $2) = $3 RETURNING key",
-                namespace,
-                len(key_prefix),
-                key_prefix,
+                _esc(namespace),
+                len(_esc(key_prefix)),
+                _esc(key_prefix),
             )
         return len(rows)
 
@@ -602,7 +604,11 @@ class PostgresStore:
             )
         else:
             raise StoreError(f"no side table named {table!r}")
-        return [dict(r) for r in rows]
+        out = [dict(r) for r in rows]
+        if table == "plugin_state":
+            for row in out:
+                row["namespace"], row["key"] = _unesc(row["namespace"]), _unesc(row["key"])
+        return out
 
     async def load_rows(self, table: str, rows: Sequence[dict[str, Any]]) -> int:
         """Write migrated side-table rows keeping their keys; rows already there are skipped."""
@@ -612,6 +618,8 @@ class PostgresStore:
         if table not in ("memory_history", "plugin_state", "forget_jobs"):
             raise StoreError(f"no side table named {table!r}")
         marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
+        if table == "plugin_state":
+            rows = [{**row, "namespace": _esc(row["namespace"]), "key": _esc(row["key"])} for row in rows]
         async with self.transaction() as conn:
             before = await conn.fetchval(f"SELECT COUNT(*) FROM {table}")
             await conn.executemany(
@@ -806,17 +814,45 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         tenant=row[2],
         user_id=row[3],
         chat_id=row[4],
-        speaker=row[5],
-        text=row[6],
-        embed_text=row[7],
+        speaker=_unesc(row[5]),
+        text=_unesc(row[6]),
+        embed_text=_unesc(row[7]),
         importance=float(row[8]),
         created_at=datetime.fromisoformat(row[9]),
         stored_at=datetime.fromisoformat(row[10]) if row[10] else None,
         message_ids=json.loads(row[11]),
         meta=json.loads(row[12]),
-        context_text=row[13],
+        context_text=_unesc(row[13]),
         reinforced_at=datetime.fromisoformat(row[14]) if row[14] else None,
     )
+
+
+def _esc(text: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL, which narrmem's texts and state keys may (proactive's keys
+    join their parts with it): NUL is stored as ``\\0`` and a backslash as ``\\\\``. The mapping
+    keeps prefixes, so a key-prefix match still works on the stored form."""
+    if text is None or ("\x00" not in text and "\\" not in text):
+        return text
+    return text.replace("\\", "\\\\").replace("\x00", "\\0")
+
+
+def _unesc(text: str | None) -> str | None:
+    if text is None or "\\" not in text:
+        return text
+    return _ESCAPED.sub(lambda m: "\x00" if m.group(1) == "0" else "\\", text)
+
+
+_ESCAPED = re.compile(r"\\(\\|0)")
+
+
+def _check_ids(record: MemoryRecord) -> None:
+    """Scope and message ids are matched as stored, so they are not escaped: one holding NUL
+    cannot be stored here."""
+    for field in ("tenant", "user_id", "chat_id"):
+        if "\x00" in getattr(record, field):
+            raise StoreError(f"{field} holds a NUL character, which PostgreSQL text cannot store")
+    if any("\x00" in mid for mid in record.message_ids):
+        raise StoreError("a message id holds a NUL character, which PostgreSQL text cannot store")
 
 
 def _state_json(value: dict[str, Any]) -> str:

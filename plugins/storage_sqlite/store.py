@@ -558,10 +558,15 @@ class SQLiteStore:
         return counts
 
     async def state_delete(self, namespace: str, key_prefix: str) -> int:
-        rows = await self._fetchall(
-            "SELECT key FROM plugin_state WHERE namespace = ? AND substr(key, 1, ?) = ?",
-            (namespace, len(key_prefix), key_prefix),
-        )
+        # Compared in Python: SQLite's substr() and length() stop at a NUL character, and keys join
+        # their parts with it (proactive's do), so a prefix match in SQL deleted nothing.
+        rows = [
+            r
+            for r in await self._fetchall(
+                "SELECT key FROM plugin_state WHERE namespace = ? AND key >= ?", (namespace, key_prefix)
+            )
+            if r[0].startswith(key_prefix)
+        ]
         if rows:
             await self._write_many(
                 [
