@@ -675,13 +675,16 @@ class Memory:
         scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
         ids = await self.store.from_messages(edited.tenant, edited.chat_id, [edited.message_id])
         before = [r for r in (await self.store.get(ids, scope)).values() if r.kind == "episode"]
-        edits = [e for r in before for e in r.meta.get("edits", [])]
+        edits = [e for r in before for e in _earlier_edits(r)]
         edits += [{"text": r.text, "replaced_at": self.clock.now().isoformat()} for r in before]
+        meta = {**edited.meta, "edits": edits} if edits else edited.meta
+        # Checked before the old message is forgotten: the earlier texts can take meta past its
+        # limit, and a refused edit must leave the old message as it was.
+        replacement = _as_message(edited.model_copy(update={"meta": meta}), None)
         await self.forget_messages(
             chat_id=edited.chat_id, message_ids=[edited.message_id], tenant=edited.tenant
         )
-        meta = {**edited.meta, "edits": edits} if edits else edited.meta
-        return await self.ingest(edited.model_copy(update={"meta": meta}))
+        return await self.ingest(replacement)
 
     async def stats(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
@@ -784,6 +787,12 @@ def _memory_ids(memory_ids: Sequence[int]) -> list[int]:
         if isinstance(memory_id, bool) or not isinstance(memory_id, int) or not 0 < memory_id < 2**63:
             raise InputError("must be a positive integer", field=f"memory_ids[{i}]")
     return list(memory_ids)
+
+
+def _earlier_edits(record: MemoryRecord) -> list[Any]:
+    """The texts an episode replaced; a caller's own ``meta["edits"]`` of another shape is not ours."""
+    edits = record.meta.get("edits", [])
+    return edits if isinstance(edits, list) else []
 
 
 def _pick(registry: dict[str, Callable[..., Any]], name: str, setting: str) -> Callable[..., Any]:

@@ -15,6 +15,8 @@ MAX_TEXT_CHARS = 16_000
 MAX_ID_CHARS = 200
 MAX_QUERY_CHARS = 4_000
 MAX_META_BYTES = 64_000
+# A record keeps its message's meta with narrmem's own keys beside it (layer, moods, edits).
+MAX_RECORD_META_BYTES = 2 * MAX_META_BYTES
 
 IdStr = Field(min_length=1, max_length=MAX_ID_CHARS)
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
@@ -53,15 +55,15 @@ class Message(_Strict):
         return check_time_range(ts)
 
 
-def json_object(value: dict[str, Any]) -> dict[str, Any]:
+def json_object(value: dict[str, Any], limit: int = MAX_META_BYTES) -> dict[str, Any]:
     """``value`` if it is plain JSON of a bounded size and depth (it is stored and exported as JSON)."""
     try:
         check_plain_json(value)
     except JsonShapeError as exc:
         raise ValueError(f"must be plain JSON ({exc})") from None
     encoded = json.dumps(value, ensure_ascii=False)
-    if len(encoded.encode()) > MAX_META_BYTES:
-        raise ValueError(f"must be at most {MAX_META_BYTES} bytes as JSON")
+    if len(encoded.encode()) > limit:
+        raise ValueError(f"must be at most {limit} bytes as JSON")
     return value
 
 
@@ -122,7 +124,7 @@ class MemoryRecord(_Strict):
     @field_validator("meta")
     @classmethod
     def _meta_is_json(cls, meta: dict[str, Any]) -> dict[str, Any]:
-        return json_object(meta)
+        return json_object(meta, MAX_RECORD_META_BYTES)
 
     @property
     def index_text(self) -> str:

@@ -18,6 +18,7 @@ from _helpers import count_rows, msg
 from narrmem import ConfigError, InputError, Memory, Message, StoreError, UnknownToolError, load_settings
 from narrmem.chat_import import read_chat
 from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
+from narrmem.models import MAX_META_BYTES
 from narrmem.testing import open_memory
 from narrmem.transfer import export_jsonl, import_jsonl, read_messages
 
@@ -437,3 +438,32 @@ def test_config_file_argument_of_the_wrong_kind() -> None:
         load_settings(5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="data_dir"):
         load_settings(data_dir="a\x00b")
+
+
+# --- 11. An edit refused after the old message was already forgotten -----------------------------
+
+
+async def test_an_edit_refused_for_its_size_keeps_the_old_message(store: tuple[Memory, Path]) -> None:
+    """The earlier texts go into the new episode's meta: near the size limit that makes the
+    replacement too big, and that must be found before the old message is forgotten."""
+    mem, folder = store
+    big = {"a": "x" * (MAX_META_BYTES - len('{"a": ""}') - 10)}  # 10 bytes under the limit
+    assert len(json.dumps(big).encode()) == MAX_META_BYTES - 10
+    # Kept: the episode adds narrmem's own keys beside the message's meta, within its own limit.
+    assert (await mem.ingest(msg("m2", "I keep bees", meta=big))).stored
+    before = count_rows(folder)
+    with pytest.raises(InputError) as info:
+        await mem.edit(msg("m2", "I keep bees and wasps " * 100, meta=big))
+    assert info.value.field == "meta"
+    assert count_rows(folder) == before
+    hits = await mem.recall("bees", user_id="u1", reinforce=False)
+    assert "m2" in {mid for hit in hits for mid in hit.message_ids}
+
+
+async def test_an_edit_of_a_message_whose_own_meta_says_edits(store: tuple[Memory, Path]) -> None:
+    mem, _ = store
+    await mem.ingest(msg("m2", "I keep bees", meta={"edits": 5}))
+    result = await mem.edit(msg("m2", "I keep wasps"))
+    assert result.stored
+    [record] = result.records[:1]
+    assert [e["text"] for e in record.meta["edits"]] == ["I keep bees"]
