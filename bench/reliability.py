@@ -5,7 +5,7 @@
    folder and is killed with SIGKILL at a random moment; the folder is reopened and checked
    (acknowledged messages lost, failed reopens, vector index against SQLite, interrupted forgets
    finished on reopen, traces of forgotten users left). The first run of each kind uses the real
-   model.
+   model. Then one forget is killed on entering each step of the store's forget in turn.
 2. Isolation: probes of every read path (recall, context, turn_context, summary, every tool that
    reads memory) with other owners' secret tokens in three tenants' group and direct chats; then some
    people are forgotten and probed for again.
@@ -46,6 +46,12 @@ def run_crash_part(runs: int, seed: int, workdir: Path) -> dict[str, Any]:
     return run_crash(runs, seed, workdir)
 
 
+def run_crash_steps_part(seed: int, workdir: Path) -> dict[str, Any]:
+    from tests.reliability.crash import FORGET_STEPS, run_crash
+
+    return run_crash(len(FORGET_STEPS), seed, workdir, steps=FORGET_STEPS, real_model_runs=False)
+
+
 def run_isolation_part(probes: int, seed: int, workdir: Path, real: bool) -> dict[str, Any]:
     from tests.reliability.isolation import run_isolation
 
@@ -78,27 +84,8 @@ def _timed(name: str, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
     """(part, what was run, what failed, verdict) for the table."""
     out: list[tuple[str, str, str, str]] = []
-    crash = results.get("crash")
-    if crash is not None:
-        if "error" in crash:
-            out.append(("crash", "-", crash["error"], "error"))
-        else:
-            bad = {
-                "lost": crash["lost"] + crash["scenes_lost"],
-                "failed reopens": crash["failed_reopens"],
-                "index mismatches": crash["index_mismatches"],
-                "half-done forgets": crash["forgets_half_done"],
-                "leftover traces": crash["leftover_traces"],
-                "integrity failures": crash["integrity_failures"],
-            }
-            kinds = ", ".join(f"{k} {v}" for k, v in crash["runs_by_kind"].items())
-            ran = (
-                f"{crash['runs']} runs ({kinds}); {crash['acknowledged']:,} acknowledged; "
-                f"{crash['forgets_interrupted']} forgets interrupted, "
-                f"{crash['forgets_completed_on_reopen']} finished on reopen; "
-                f"{crash['rebuilds_needed']} index rebuilds on reopen"
-            )
-            out.append(("crash", ran, _failures(bad), _verdict(bad)))
+    for name in ("crash", "crash at forget steps"):
+        _crash_row(out, name, results.get(name))
     isolation = results.get("isolation")
     if isolation is not None:
         if "error" in isolation:
@@ -150,6 +137,35 @@ def rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _crash_row(out: list[tuple[str, str, str, str]], name: str, crash: dict[str, Any] | None) -> None:
+    if crash is None:
+        return
+    if "error" in crash:
+        out.append((name, "-", crash["error"], "error"))
+        return
+    bad = {
+        "lost": crash["lost"] + crash["scenes_lost"],
+        "failed reopens": crash["failed_reopens"],
+        "index mismatches": crash["index_mismatches"],
+        "half-done forgets": crash["forgets_half_done"],
+        "leftover traces": crash["leftover_traces"],
+        "integrity failures": crash["integrity_failures"],
+        "steps not reached": len(crash["steps_not_reached"]),
+    }
+    steps = crash.get("steps_killed_at") or {}
+    if steps:
+        kinds = "killed on entering " + ", ".join(steps)
+    else:
+        kinds = ", ".join(f"{k} {v}" for k, v in crash["runs_by_kind"].items())
+    ran = (
+        f"{crash['runs']} runs ({kinds}); {crash['acknowledged']:,} acknowledged; "
+        f"{crash['forgets_interrupted']} forgets interrupted, "
+        f"{crash['forgets_completed_on_reopen']} finished on reopen; "
+        f"{crash['rebuilds_needed']} index rebuilds on reopen"
+    )
+    out.append((name, ran, _failures(bad), _verdict(bad)))
+
+
 def _failures(bad: dict[str, int]) -> str:
     return ", ".join(f"{name} {count}" for name, count in bad.items() if count) or "none"
 
@@ -188,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         if "crash" in parts:
             results["crash"] = _timed(
                 "crash", lambda: run_crash_part(sizes["crash_runs"], seed, work / "crash")
+            )
+            results["crash at forget steps"] = _timed(
+                "crash at forget steps", lambda: run_crash_steps_part(seed, work / "crash-steps")
             )
         if "isolation" in parts:
             results["isolation"] = _timed(

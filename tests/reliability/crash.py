@@ -64,6 +64,11 @@ KINDS = ("ingest", "bulk", "forget")
 CLOCK_START = BASE_TS.replace(month=6)
 READY_TIMEOUT_S = 180.0  # the first start of the real model on a machine exports it
 BULK_TRANSACTION = 16
+# The store steps a forget goes through, in order (a kill on entering each one): before the job is
+# written down, while rows are deleted, while a plugin scrubs its copies, before the job is marked
+# done, and before the freed pages and the keyword index are purged. A step of another name (the
+# store changed) is reported as not reached rather than passing unseen.
+FORGET_STEPS = ("begin_forget", "forget", "state_delete", "finish_forget", "purge_deleted")
 
 
 @dataclass

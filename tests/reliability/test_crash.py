@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from .common import LONG
-from .crash import run_crash
+from .crash import FORGET_STEPS, run_crash
 
 pytestmark = pytest.mark.reliability
 
@@ -49,13 +49,6 @@ def test_kill_during_forget_is_finished_on_reopen(tmp_path: Path) -> None:
     assert figures["index_mismatches"] == 0
     assert figures["integrity_failures"] == 0, figures["integrity_examples"]
     assert figures["rebuilds_after_clean_close"] == 0
-
-
-# The store steps a forget goes through, in order (a kill on entering each one): before the job is
-# written down, while rows are deleted, while a plugin scrubs its copies, before the job is marked
-# done, and before the freed pages and the keyword index are purged. A step of another name (the
-# store changed) fails the test as "not reached" rather than passing unseen.
-FORGET_STEPS = ("begin_forget", "forget", "state_delete", "finish_forget", "purge_deleted")
 
 
 def test_kill_at_each_step_of_a_forget(tmp_path: Path) -> None:
