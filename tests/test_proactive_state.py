@@ -1,5 +1,5 @@
 """The proactive plugin's memory of what it fired keeps no words of the user: a topic's label goes
-into its state key as a digest (a key can outlive its row in the database file's free space)."""
+into its state key as a digest."""
 
 from __future__ import annotations
 
