@@ -214,7 +214,8 @@ async def replay(
 
 
 def _reinforced(hit: Any) -> bool:
-    return hit.why is not None and hit.importance > hit.why.importance_now
+    # A reinforcement adds 0.05; the margin keeps rounding (why holds 4 decimals) from counting.
+    return hit.why is not None and hit.importance > hit.why.importance_now + 0.01
 
 
 def _weak(hit: Any) -> bool:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from narrmem.config import Settings
-    from narrmem.memory import Memory
     from narrmem.models import (
         Candidate,
         Hit,
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
         TriageDecision,
         TriggerEvent,
     )
+    from narrmem.view import MemoryView
 
 hookspec = pluggy.HookspecMarker("narrmem")
 
@@ -49,7 +49,7 @@ hookspec = pluggy.HookspecMarker("narrmem")
 
 
 @hookspec
-def narrmem_configure(memory: Memory, settings: Settings) -> None:
+def narrmem_configure(memory: MemoryView, settings: Settings) -> None:
     """Read and validate this plugin's options.
 
     Called once per ``Memory`` before anything else, with the loaded settings. Plugins read
@@ -59,7 +59,7 @@ def narrmem_configure(memory: Memory, settings: Settings) -> None:
 
 
 @hookspec
-def narrmem_register_stores(register: Callable[[str, Callable[[Memory], Any]], None]) -> None:
+def narrmem_register_stores(register: Callable[[str, Callable[[MemoryView], Any]], None]) -> None:
     """Contribute store backends: ``register(name, factory)``.
 
     ``factory(memory)`` returns an object implementing :class:`narrmem.store.Store` (not yet
@@ -87,7 +87,7 @@ def narrmem_register_tools(register: Callable[[Any], None]) -> None:
 
 
 @hookspec
-def narrmem_startup(memory: Memory) -> None:
+def narrmem_startup(memory: MemoryView) -> None:
     """The store and embedder are open; start background work or load state.
 
     Runs in registration order's reverse like every hook. Raising aborts ``Memory.open``.
@@ -95,7 +95,7 @@ def narrmem_startup(memory: Memory) -> None:
 
 
 @hookspec
-def narrmem_shutdown(memory: Memory) -> None:
+def narrmem_shutdown(memory: MemoryView) -> None:
     """``Memory`` is closing: stop background work and flush state. The store is still open.
 
     Errors are logged and reported; every plugin's shutdown runs.
@@ -106,7 +106,7 @@ def narrmem_shutdown(memory: Memory) -> None:
 
 
 @hookspec(firstresult=True)
-def narrmem_triage(memory: Memory, message: Message) -> TriageDecision | None:
+def narrmem_triage(memory: MemoryView, message: Message) -> TriageDecision | None:
     """Decide what a message deserves: ``ignore``, ``accumulate`` (keep as an episode and count)
     or ``scene`` (write a narrative memory).
 
@@ -118,7 +118,7 @@ def narrmem_triage(memory: Memory, message: Message) -> TriageDecision | None:
 
 @hookspec
 def narrmem_before_store(
-    memory: Memory, message: Message, decision: TriageDecision, records: list[MemoryRecord]
+    memory: MemoryView, message: Message, decision: TriageDecision, records: list[MemoryRecord]
 ) -> None:
     """Shape what is about to be written for a message triage did not ignore.
 
@@ -130,7 +130,7 @@ def narrmem_before_store(
 
 @hookspec(firstresult=True)
 def narrmem_compose_scene(
-    memory: Memory, message: Message, decision: TriageDecision, window: list[MemoryRecord]
+    memory: MemoryView, message: Message, decision: TriageDecision, window: list[MemoryRecord]
 ) -> SceneDraft | None:
     """Write the narrative fragment for a message triage marked ``scene``.
 
@@ -144,7 +144,7 @@ def narrmem_compose_scene(
 
 @hookspec
 def narrmem_after_store(
-    memory: Memory,
+    memory: MemoryView,
     message: Message,
     decision: TriageDecision,
     records: list[MemoryRecord],
@@ -160,7 +160,7 @@ def narrmem_after_store(
 
 
 @hookspec
-def narrmem_on_trigger(memory: Memory, event: TriggerEvent) -> None:
+def narrmem_on_trigger(memory: MemoryView, event: TriggerEvent) -> None:
     """A trigger event (a topic mentioned N times, a repeated emotion, a habit) was emitted.
 
     Called once per event after ingest; a raising implementation is logged and reported and
@@ -172,7 +172,7 @@ def narrmem_on_trigger(memory: Memory, event: TriggerEvent) -> None:
 
 
 @hookspec
-def narrmem_recall_prefetch(memory: Memory, request: RecallRequest) -> list[Candidate] | None:
+def narrmem_recall_prefetch(memory: MemoryView, request: RecallRequest) -> list[Candidate] | None:
     """Propose memories for a query without its vector (keyword search, say).
 
     Called while the query is being embedded, so this source's I/O overlaps the model instead of
@@ -183,7 +183,7 @@ def narrmem_recall_prefetch(memory: Memory, request: RecallRequest) -> list[Cand
 
 @hookspec
 def narrmem_recall_candidates(
-    memory: Memory, request: RecallRequest, query_vector: np.ndarray
+    memory: MemoryView, request: RecallRequest, query_vector: np.ndarray
 ) -> list[Candidate] | None:
     """Propose memories for a query, each with its rank in this source.
 
@@ -195,7 +195,7 @@ def narrmem_recall_candidates(
 
 @hookspec(firstresult=True)
 def narrmem_rank(
-    memory: Memory,
+    memory: MemoryView,
     request: RecallRequest,
     candidates: list[Candidate],
     records: dict[int, MemoryRecord],
@@ -212,7 +212,7 @@ def narrmem_rank(
 
 @hookspec
 def narrmem_weigh(
-    memory: Memory, request: RecallRequest, records: dict[int, MemoryRecord]
+    memory: MemoryView, request: RecallRequest, records: dict[int, MemoryRecord]
 ) -> dict[int, float] | None:
     """Multiplicative weights for ranked memories (importance after decay, say): each returned
     ``{memory_id: weight}`` multiplies that memory's fused score before the final cut to ``k``.
@@ -222,7 +222,7 @@ def narrmem_weigh(
 
 @hookspec
 def narrmem_after_recall(
-    memory: Memory, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
+    memory: MemoryView, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
 ) -> None:
     """These hits are about to be returned to the caller. Every hit cleared the relevance floor;
     ``hit.why`` says how (``dense`` similarity, ``matched`` words). Reinforcement belongs here, and
@@ -233,7 +233,7 @@ def narrmem_after_recall(
 
 @hookspec(firstresult=True)
 def narrmem_importance_now(
-    memory: Memory, records: list[MemoryRecord], now: datetime
+    memory: MemoryView, records: list[MemoryRecord], now: datetime
 ) -> dict[int, float] | None:
     """Each record's importance after decay at ``now`` (``{memory_id: value}``), for everything a
     person or a filter sees (``Hit.importance``, tool listings, ``min_importance``).
@@ -242,7 +242,7 @@ def narrmem_importance_now(
 
 
 @hookspec
-def narrmem_used(memory: Memory, records: list[MemoryRecord]) -> list[int] | None:
+def narrmem_used(memory: MemoryView, records: list[MemoryRecord]) -> list[int] | None:
     """The bot says it used these (in-scope) memories in its answer (``Memory.mark_used``).
     Return the ids this plugin reinforced."""
 
@@ -251,18 +251,18 @@ def narrmem_used(memory: Memory, records: list[MemoryRecord]) -> list[int] | Non
 
 
 @hookspec
-def narrmem_decay(memory: Memory, now: datetime) -> dict[str, int] | None:
+def narrmem_decay(memory: MemoryView, now: datetime) -> dict[str, int] | None:
     """Run a decay pass as of ``now`` and return counts. Must be idempotent: the outcome depends
     on the stored state and ``now`` only, so a second pass at the same ``now`` changes nothing."""
 
 
 @hookspec
-def narrmem_stats(memory: Memory) -> dict[str, Any] | None:
+def narrmem_stats(memory: MemoryView) -> dict[str, Any] | None:
     """Figures this plugin adds to ``Memory.stats()`` (merged into the result)."""
 
 
 @hookspec
-def narrmem_history(memory: Memory, record: MemoryRecord, now: datetime) -> dict[str, Any] | None:
+def narrmem_history(memory: MemoryView, record: MemoryRecord, now: datetime) -> dict[str, Any] | None:
     """What this plugin can tell about a memory's importance over time (merged into
     ``Memory.history``)."""
 
@@ -271,7 +271,7 @@ def narrmem_history(memory: Memory, record: MemoryRecord, now: datetime) -> dict
 
 
 @hookspec(firstresult=True)
-def narrmem_summarize(memory: Memory, clauses: list[str], language: str) -> str | None:
+def narrmem_summarize(memory: MemoryView, clauses: list[str], language: str) -> str | None:
     """Write an abstractive summary of one narrative span (``language`` is ``en`` or ``zh``), for
     the rtm plugin's tree nodes and anything else that summarises spans.
 
@@ -283,7 +283,7 @@ def narrmem_summarize(memory: Memory, clauses: list[str], language: str) -> str 
 
 @hookspec(firstresult=True)
 def narrmem_user_summary(
-    memory: Memory, tenant: str, user_id: str, depth: int | None, token_budget: int | None
+    memory: MemoryView, tenant: str, user_id: str, depth: int | None, token_budget: int | None
 ) -> dict[str, Any] | None:
     """Who this user is, told at an abstraction level: at ``depth`` or, given a ``token_budget``,
     the most detailed telling that fits. Returns at least ``{"depth", "retelling"}``."""
@@ -294,7 +294,7 @@ def narrmem_user_summary(
 
 @hookspec(firstresult=True)
 def narrmem_extract_facts(
-    memory: Memory, message: Message, decision: TriageDecision
+    memory: MemoryView, message: Message, decision: TriageDecision
 ) -> list[dict[str, Any]] | None:
     """The facts a stored message states about its author, for the graph plugin: a list of
     ``{"subject", "relation", "object", "speculative"?, "confidence"?, "subject_type"?, "object_type"?}``
@@ -309,7 +309,7 @@ def narrmem_extract_facts(
 
 @hookspec(firstresult=True)
 def narrmem_turn_context(
-    memory: Memory, tenant: str, user_id: str, chat_id: str, text: str
+    memory: MemoryView, tenant: str, user_id: str, chat_id: str, text: str
 ) -> dict[str, Any] | None:
     """What the bot must know before it answers ``text`` in this chat: the per-turn flow as one dict,
     ``{"persona", "refers_back", "tasks", "task_facts", "facts", "memories", "rendered"}``: 1 the
@@ -326,7 +326,7 @@ def narrmem_turn_context(
 
 @hookspec
 def narrmem_after_forget(
-    memory: Memory,
+    memory: MemoryView,
     tenant: str,
     user_id: str | None,
     chat_id: str | None,
@@ -355,5 +355,5 @@ def narrmem_after_forget(
 
 
 @hookspec
-def narrmem_plugin_error(memory: Memory, plugin_name: str, hook_name: str, error: BaseException) -> None:
+def narrmem_plugin_error(memory: MemoryView, plugin_name: str, hook_name: str, error: BaseException) -> None:
     """A plugin raised inside ``hook_name``. Errors raised here are only logged."""

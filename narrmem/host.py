@@ -11,12 +11,15 @@ import inspect
 import logging
 from collections.abc import Iterable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from narrmem import hookspecs
 from narrmem.errors import PluginError
+
+if TYPE_CHECKING:
+    from narrmem.view import MemoryView
 
 log = logging.getLogger("narrmem.host")
 
@@ -24,10 +27,11 @@ GROUP = "narrmem"
 DISTRIBUTION = "narrmem"
 
 hookimpl = pluggy.HookimplMarker(GROUP)
+P = TypeVar("P")
 
 
 class PluginHost:
-    def __init__(self, memory: Any) -> None:
+    def __init__(self, memory: MemoryView) -> None:
         self.memory = memory
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
@@ -73,9 +77,32 @@ class PluginHost:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(str(exc)) from exc
+        self._refuse_wrappers()
+
+    def _refuse_wrappers(self) -> None:
+        """The host awaits each implementation itself (pluggy is synchronous), so a wrapper's
+        generator would be taken for the plugin's answer: a triage wrapper would silently break
+        triage. Refused at registration, naming the plugin and the hook."""
+        for name in self.pm.hook.__dict__:
+            caller = getattr(self.pm.hook, name)
+            for impl in caller.get_hookimpls():
+                if impl.wrapper or impl.hookwrapper:
+                    raise PluginError(
+                        f"plugin '{impl.plugin_name}' implements {name} as a wrapper "
+                        "(wrapper=True / hookwrapper=True), which narrmem cannot honour: use the "
+                        "hook's before/after counterparts, or tryfirst/trylast for ordering"
+                    )
 
     def plugin_names(self) -> list[str]:
         return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]
+
+    def plugin(self, cls: type[P]) -> P:
+        """The registered plugin object of class ``cls`` (a plugin's helpers use this to find
+        their own per-memory instance)."""
+        for plugin in self.pm.get_plugins():
+            if isinstance(plugin, cls):
+                return plugin
+        raise PluginError(f"no plugin of type {cls.__name__} is loaded (is it disabled?)")
 
     # --- calling ---------------------------------------------------------------------------
 

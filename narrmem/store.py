@@ -12,6 +12,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+import aiosqlite
 import numpy as np
 
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
@@ -27,6 +28,14 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]:
+        """One write transaction, serialised with every other writer of this process (ingest, a
+        decay pass, a plugin with tables of its own): ``async with store.transaction() as conn:``.
+        It commits when the block ends and rolls back if it raises. ``conn`` is the backend's
+        connection, speaking its SQL; a plugin that writes SQL checks the backend first (see
+        :class:`SQLiteCapable`). A plugin never takes a lock of its own around the store."""
+        ...
 
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
         """Write records with their vectors in one transaction; set and return the ids written.
@@ -108,7 +117,7 @@ class Store(Protocol):
     async def set_current_importance(
         self,
         values: Sequence[tuple[int, float]],
-        history: Sequence[tuple[int, str, str, float, float]],
+        history: Sequence[tuple[int, str, str, float | None, float]],
         at: datetime,
     ) -> None:
         """Cache importance after decay; ``history`` rows are ``(id, who, why, old, new)``."""
@@ -184,3 +193,15 @@ class Store(Protocol):
         ...
 
     async def stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class SQLiteCapable(Protocol):
+    """A store that lends plugins its SQLite connection (the built-in ``sqlite`` store): ``db`` for
+    reads, ``transaction()`` for writes. Plugins with tables of their own (graph, RTM trees) need
+    it and stay idle on a store without it."""
+
+    @property
+    def db(self) -> aiosqlite.Connection: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...

@@ -104,7 +104,7 @@ async def memory_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     counter = iter(range(1_000_000))
 
     async def factory(folder: str | Path | None = None, **kwargs: Any) -> Memory:
-        mem = await open_memory(folder or tmp_path / f"memory-{next(counter)}", **kwargs)
+        mem: Memory = await open_memory(folder or tmp_path / f"memory-{next(counter)}", **kwargs)
         opened.append(mem)
         return mem
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
 from narrmem.models import MAX_QUERY_CHARS, Hit, Layer, Message, Scope
 from narrmem.tools import Tool
+from narrmem.view import MemoryView
 
 
 class IngestOutput(BaseModel):
@@ -32,7 +32,7 @@ class RecallOutput(BaseModel):
     hits: list[Hit]
 
 
-async def ingest(memory: Any, args: Message) -> IngestOutput:
+async def ingest(memory: MemoryView, args: Message) -> IngestOutput:
     result = await memory.ingest(args)
     return IngestOutput(
         message_id=result.message_id,
@@ -44,7 +44,7 @@ async def ingest(memory: Any, args: Message) -> IngestOutput:
     )
 
 
-async def recall(memory: Any, args: RecallInput) -> RecallOutput:
+async def recall(memory: MemoryView, args: RecallInput) -> RecallOutput:
     # An agent recalls to answer: the relevant hits may be reinforced, noted as the tool's doing.
     hits = await memory.recall(
         args.query,

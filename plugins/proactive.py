@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
 from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, TriggerEvent
+from narrmem.view import MemoryView
 
 NAME = "proactive"
 
@@ -62,10 +62,10 @@ class Proactive:
 
     def heat(self, times: list[datetime], now: datetime) -> float:
         half_life = self.options.topic_half_life_days
-        return sum(0.5 ** (max(0.0, (now - t).total_seconds()) / 86_400 / half_life) for t in times)
+        return float(sum(0.5 ** (max(0.0, (now - t).total_seconds()) / 86_400 / half_life) for t in times))
 
     @hookimpl(trylast=True)
-    async def narrmem_after_store(self, memory: Any, message: Message, result: IngestResult) -> None:
+    async def narrmem_after_store(self, memory: MemoryView, message: Message, result: IngestResult) -> None:
         """Replace the raw threshold crossings with the events this policy lets through."""
         suggested = {(t.kind, t.label): t.suggestion for t in result.triggers}
         counted = {(c.kind, c.label) for c in result.counts}
@@ -87,7 +87,7 @@ class Proactive:
                 )
         result.triggers = events
 
-    async def _fire(self, memory: Any, message: Message, count: PatternCount) -> list[str]:
+    async def _fire(self, memory: MemoryView, message: Message, count: PatternCount) -> list[str]:
         now = message.ts
         key = state_key(message.tenant, message.user_id, count.kind, count.label)
         stored = state = await memory.store.state_get(NAME, key)
@@ -120,7 +120,7 @@ class Proactive:
 
     @hookimpl
     async def narrmem_after_forget(
-        self, memory: Any, tenant: str, user_id: str | None, removed: list[MemoryRecord]
+        self, memory: MemoryView, tenant: str, user_id: str | None, removed: list[MemoryRecord]
     ) -> None:
         """Forgetting a user forgets what was said to them; deleting one message does not."""
         if user_id is not None:

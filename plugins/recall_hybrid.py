@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from datetime import datetime, timedelta
-from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +25,7 @@ from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
 from narrmem.models import Candidate, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
+from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
 CHATS_KEPT = 10_000
@@ -59,7 +59,9 @@ class HybridRecall:
         self.options = plugin_options(settings, NAME, HybridOptions)
 
     @hookimpl
-    async def narrmem_before_store(self, memory: Any, message: Message, records: list[MemoryRecord]) -> None:
+    async def narrmem_before_store(
+        self, memory: MemoryView, message: Message, records: list[MemoryRecord]
+    ) -> None:
         episode = records[0]
         own = episode.index_text
         parts: list[str] = []
@@ -74,7 +76,9 @@ class HybridRecall:
         self._remember(message, own)
 
     @hookimpl
-    async def narrmem_after_forget(self, memory: Any, tenant: str, sources: dict[str, list[str]]) -> None:
+    async def narrmem_after_forget(
+        self, memory: MemoryView, tenant: str, sources: dict[str, list[str]]
+    ) -> None:
         """Scrub forgotten turns from the keyword context of the turns that followed them: other
         speakers' rows in a group chat held those words too."""
         for chat_id, message_ids in sources.items():
@@ -88,7 +92,7 @@ class HybridRecall:
                     record.context_text = (record.context_text or "").split("\n")[0] if dated else None
                     await memory.store.update(record)
 
-    async def _context(self, memory: Any, message: Message) -> list[str]:
+    async def _context(self, memory: MemoryView, message: Message) -> list[tuple[str, str]]:
         key = (message.tenant, message.chat_id)
         turns = self._recent.get(key)
         if turns is None:
@@ -113,9 +117,9 @@ class HybridRecall:
             self._recent.popitem(last=False)
 
     @hookimpl
-    async def narrmem_recall_prefetch(self, memory: object, request: RecallRequest) -> list[Candidate]:
+    async def narrmem_recall_prefetch(self, memory: MemoryView, request: RecallRequest) -> list[Candidate]:
         """Keyword candidates: they need no query vector, so they are searched while it is embedded."""
-        store = memory.store  # type: ignore[attr-defined]
+        store = memory.store
         hits = await store.search_keywords(
             request.scope,
             request.query,
@@ -127,9 +131,9 @@ class HybridRecall:
 
     @hookimpl
     async def narrmem_recall_candidates(
-        self, memory: object, request: RecallRequest, query_vector: np.ndarray
+        self, memory: MemoryView, request: RecallRequest, query_vector: np.ndarray
     ) -> list[Candidate]:
-        store = memory.store  # type: ignore[attr-defined]
+        store = memory.store
         n = max(self.options.candidates, request.k)
         return _candidates(
             "vector", await store.search_vectors(request.scope, query_vector, n, kinds=request.kinds)

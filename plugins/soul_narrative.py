@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,7 @@ from narrmem.checks import SQLITE_MAX_INT
 from narrmem.errors import InputError
 from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, MAX_TEXT_CHARS, MemoryRecord, Scope
 from narrmem.tools import Tool
+from narrmem.view import MemoryView
 
 Category = Literal["decision", "emotion_change", "milestone", "preference", "general"]
 DIRECT_CHAT = "_direct"  # the chat of a scene added without one
@@ -105,13 +106,14 @@ def _out(record: MemoryRecord, now: dict[int, float]) -> SceneOut:
     )
 
 
-async def soul_narrative(memory: Any, args: SoulNarrativeInput) -> SoulNarrativeOutput:
+async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNarrativeOutput:
     _check(args)
     scope = Scope(tenant=args.tenant, user_id=args.user_id, chat_id=args.chat_id)
     scenes: list[MemoryRecord] = []
     if args.action == "add":
         scenes = [await _add(memory, args)]
     elif args.action == "search":
+        assert args.query is not None  # _check: search requires it
         hits = await memory.recall(
             args.query,
             user_id=args.user_id,
@@ -130,22 +132,23 @@ async def soul_narrative(memory: Any, args: SoulNarrativeInput) -> SoulNarrative
             r
             for r in recent
             if (args.category is None or r.meta.get("category") == args.category)
-            and (args.min_importance is None or now.get(r.id, r.importance) >= args.min_importance)
+            and (args.min_importance is None or now.get(r.id or 0, r.importance) >= args.min_importance)
             and (args.tag is None or args.tag in r.meta.get("tags", []))
         ][: args.k]
     else:
+        assert args.id is not None  # _check: get and forget require it
         found = await memory.store.get([args.id], scope)
-        record = found.get(args.id or 0)
+        record = found.get(args.id)
         if record is None or record.kind != "scene":
             raise InputError("no scene with this id in this scope", field="id")
         scenes = [record]
         if args.action == "forget":
-            await memory.store.delete([record.id], scope)
+            await memory.store.delete([args.id], scope)
     now = await memory.importance_now(scenes)
     return SoulNarrativeOutput(action=args.action, scenes=[_out(r, now) for r in scenes], count=len(scenes))
 
 
-async def _add(memory: Any, args: SoulNarrativeInput) -> MemoryRecord:
+async def _add(memory: MemoryView, args: SoulNarrativeInput) -> MemoryRecord:
     assert args.event is not None
     now = memory.clock.now()
     record = MemoryRecord(

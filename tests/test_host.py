@@ -12,7 +12,7 @@ import pytest
 from _helpers import count_rows, msg
 
 import narrmem
-from narrmem import TriageDecision, TriggerEvent, hookimpl
+from narrmem import PluginError, TriageDecision, TriggerEvent, hookimpl
 from narrmem.testing import open_memory
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
@@ -394,3 +394,37 @@ async def test_error_notes_do_not_leak_into_a_later_ingest(memory_factory: Any) 
     later = await mem.ingest(msg("2", "a later message that nothing goes wrong with"))
     assert later.stored
     assert later.notes == [], f"a recall error was attributed to an unrelated message: {later.notes}"
+
+
+class _TriageWrapper:
+    narrmem_name = "triage_wrapper"
+
+    @hookimpl(wrapper=True)
+    def narrmem_triage(self, message: Any) -> Any:
+        return (yield)
+
+
+class _OldStyleWrapper:
+    narrmem_name = "old_style_wrapper"
+
+    @hookimpl(hookwrapper=True)
+    def narrmem_after_store(self) -> Any:
+        yield
+
+
+@pytest.mark.parametrize("plugin", [_TriageWrapper(), _OldStyleWrapper()], ids=["wrapper", "hookwrapper"])
+async def test_a_wrapper_hookimpl_is_refused_naming_plugin_and_hook(tmp_path: Path, plugin: Any) -> None:
+    with pytest.raises(PluginError) as info:
+        async with open_memory(tmp_path / "m", plugins=[plugin]):
+            pass
+    assert plugin.narrmem_name in str(info.value)
+    assert ("narrmem_triage" if "triage" in plugin.narrmem_name else "narrmem_after_store") in str(info.value)
+
+
+async def test_host_finds_a_plugin_by_class(tmp_path: Path) -> None:
+    from narrmem_plugins.graph import GraphPlugin
+
+    async with open_memory(tmp_path / "m") as mem:
+        assert isinstance(mem.host.plugin(GraphPlugin), GraphPlugin)
+        with pytest.raises(PluginError, match="_TriageWrapper"):
+            mem.host.plugin(_TriageWrapper)

@@ -33,6 +33,7 @@ from narrmem.config import Settings, plugin_options
 from narrmem.errors import PluginError
 from narrmem.models import IngestResult, MemoryRecord, Message, TriageDecision
 from narrmem.tools import Tool
+from narrmem.view import MemoryView
 
 NAME = "graph"
 log = logging.getLogger("narrmem.graph")
@@ -64,7 +65,7 @@ class GraphPlugin:
             register(tool)
 
     @hookimpl
-    async def narrmem_startup(self, memory: Any) -> None:
+    async def narrmem_startup(self, memory: MemoryView) -> None:
         if not GraphBackend.supports(memory.store):
             log.warning(
                 "graph plugin idle: store %s has no SQLite transaction()", type(memory.store).__name__
@@ -77,7 +78,7 @@ class GraphPlugin:
     @hookimpl
     async def narrmem_after_store(
         self,
-        memory: Any,
+        memory: MemoryView,
         message: Message,
         decision: TriageDecision,
         records: list[MemoryRecord],
@@ -100,7 +101,7 @@ class GraphPlugin:
     # Optional until narrmem/hookspecs.py declares it; then it is an ordinary firstresult hook.
     @hookimpl
     async def narrmem_turn_context(
-        self, memory: Any, tenant: str, user_id: str, chat_id: str, text: str
+        self, memory: MemoryView, tenant: str, user_id: str, chat_id: str, text: str
     ) -> dict[str, Any] | None:
         if self._graph is None:
             return None
@@ -139,16 +140,13 @@ class GraphPlugin:
         }
 
 
-def plugin_of(memory: Any) -> GraphPlugin:
+def plugin_of(memory: MemoryView) -> GraphPlugin:
     """The :class:`GraphPlugin` registered with ``memory``."""
-    for plugin in memory.host.pm.get_plugins():
-        if isinstance(plugin, GraphPlugin):
-            return plugin
-    raise PluginError("the graph plugin is not loaded (add narrmem_plugins.graph:GraphPlugin)")
+    return memory.host.plugin(GraphPlugin)
 
 
 async def turn_context(
-    memory: Any, text: str, *, user_id: str, chat_id: str, tenant: str = "default"
+    memory: MemoryView, text: str, *, user_id: str, chat_id: str, tenant: str = "default"
 ) -> dict[str, Any]:
     """The per-turn context (persona, working memory chain, facts, ``rendered``) straight from the
     plugin, for code that cannot wait for ``Memory.turn_context``."""

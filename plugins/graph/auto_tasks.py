@@ -9,8 +9,6 @@ paused. Tasks made by the tools take part too: their topic is their description'
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.nodes import set_props, set_topic
@@ -20,6 +18,7 @@ from narrmem_plugins.graph.tasks import TaskView, create_task, load_tasks, set_s
 from narrmem_plugins.graph.vocabulary import label
 
 from narrmem.models import Message
+from narrmem.view import MemoryView
 
 MAX_WEIGHT = 20  # the topic follows the last ~20 messages rather than freezing on the first ones
 DESCRIPTION_CHARS = 80
@@ -30,7 +29,7 @@ def _unit(vector: np.ndarray) -> np.ndarray:
     return vector / norm if norm else vector
 
 
-async def _topics(memory: Any, tasks: list[TaskView]) -> dict[int, np.ndarray]:
+async def _topics(memory: MemoryView, tasks: list[TaskView]) -> dict[int, np.ndarray]:
     topics: dict[int, np.ndarray] = {}
     missing = []
     for task in tasks:
@@ -51,7 +50,7 @@ async def _topics(memory: Any, tasks: list[TaskView]) -> dict[int, np.ndarray]:
 
 
 async def follow_topic(
-    memory: Any, graph: GraphBackend, options: GraphOptions, message: Message, vector: np.ndarray
+    memory: MemoryView, graph: GraphBackend, options: GraphOptions, message: Message, vector: np.ndarray
 ) -> list[str]:
     """Move the chat's chain along with ``message``; returns notes for the ingest result."""
     chat = GraphScope(message.tenant, message.user_id, message.chat_id)

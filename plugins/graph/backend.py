@@ -9,25 +9,36 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
 
+import aiosqlite
 from narrmem_plugins.graph.schema import SCHEMA
+
+from narrmem.errors import StoreError
+from narrmem.store import SQLiteCapable
+from narrmem.view import MemoryView
 
 
 class GraphBackend:
-    def __init__(self, memory: Any) -> None:
+    def __init__(self, memory: MemoryView) -> None:
         self.memory = memory
 
     @staticmethod
-    def supports(store: Any) -> bool:
-        return callable(getattr(store, "transaction", None)) and hasattr(store, "db")
+    def supports(store: object) -> bool:
+        return isinstance(store, SQLiteCapable)
 
     @property
-    def db(self) -> Any:
-        return self.memory.store.db
+    def db(self) -> aiosqlite.Connection:
+        return self._store.db
 
-    def transaction(self) -> AbstractAsyncContextManager[Any]:
-        return self.memory.store.transaction()
+    def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]:
+        return self._store.transaction()
+
+    @property
+    def _store(self) -> SQLiteCapable:
+        store = self.memory.store
+        if not isinstance(store, SQLiteCapable):
+            raise StoreError(f"the graph needs the sqlite store, not {type(store).__name__}")
+        return store
 
     def now(self) -> datetime:
         return self.memory.clock.now()

@@ -270,7 +270,7 @@ def asks(sentence: str) -> bool:
         return True
     if has_cjk(stripped):
         return bool(_ZH_QUESTION.search(stripped))
-    return is_question(stripped.lower())
+    return bool(is_question(stripped.lower()))
 
 
 def extract(text: str) -> list[Fact]:

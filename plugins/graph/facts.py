@@ -18,6 +18,7 @@ from narrmem_plugins.graph.writer import TripletDraft, WriteOutcome, write_tripl
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from narrmem.models import Message, TriageDecision
+from narrmem.view import MemoryView
 
 log = logging.getLogger("narrmem.graph")
 HOOK = "narrmem_extract_facts"
@@ -44,7 +45,7 @@ class FactIn(BaseModel):
 
 
 async def drafts_for(
-    memory: Any, message: Message, decision: TriageDecision, notes: list[str]
+    memory: MemoryView, message: Message, decision: TriageDecision, notes: list[str]
 ) -> list[TripletDraft]:
     """The message's facts: from the hook when an implementation answers, else from the rules."""
     answer = None
@@ -88,7 +89,7 @@ async def drafts_for(
 
 
 async def store_facts(
-    memory: Any,
+    memory: MemoryView,
     transaction: Callable[[], AbstractAsyncContextManager[Any]],
     message: Message,
     drafts: list[TripletDraft],

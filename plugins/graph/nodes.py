@@ -145,4 +145,4 @@ async def delete_orphans(db: Any, scope: GraphScope) -> int:
         "WHERE e.subject_id = graph_nodes.id OR e.object_id = graph_nodes.id)",
         params,
     )
-    return max(0, cursor.rowcount)
+    return max(0, int(cursor.rowcount))

@@ -31,6 +31,7 @@ from narrmem_plugins.graph.vocabulary import label
 from narrmem_plugins.triage.language import has_cjk
 
 from narrmem.text import keyword_terms
+from narrmem.view import MemoryView
 
 TYPE_WORDS = {
     "persona": "PersonaNode",
@@ -96,7 +97,7 @@ def type_of_keyword(keyword: str) -> str | None:
 
 
 async def seeds(
-    memory: Any,
+    memory: MemoryView,
     transaction: Callable[[], AbstractAsyncContextManager[Any]],
     nodes: Sequence[Node],
     params: RecallParams,
@@ -119,7 +120,7 @@ async def seeds(
 
 
 async def recall_graph(
-    memory: Any,
+    memory: MemoryView,
     db: Any,
     transaction: Callable[[], AbstractAsyncContextManager[Any]],
     scope: GraphScope,

@@ -7,7 +7,7 @@ scope in every statement.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.options import GraphOptions
@@ -50,6 +50,7 @@ from narrmem_plugins.graph.writer import TripletDraft, write_triplet
 
 from narrmem.errors import InputError
 from narrmem.tools import Tool
+from narrmem.view import MemoryView
 
 
 class GraphContext(Protocol):
@@ -81,7 +82,7 @@ def _draft(triplet: TripletIn, speculative: bool, field: str) -> TripletDraft:
 
 
 def make_tools(ctx: GraphContext) -> list[Tool]:
-    async def commit(memory: Any, args: CommitInput) -> CommitOutput:
+    async def commit(memory: MemoryView, args: CommitInput) -> CommitOutput:
         drafts = [_draft(t, args.speculative, f"triplets.{i}") for i, t in enumerate(args.triplets)]
         graph = ctx.backend()
         scope, at = _scope(args), graph.now()
@@ -106,7 +107,7 @@ def make_tools(ctx: GraphContext) -> list[Tool]:
             superseded=[triplet_out(old) for o in outcomes for old in o.superseded],
         )
 
-    async def purge_tool(memory: Any, args: PurgeInput) -> PurgeOutput:
+    async def purge_tool(memory: MemoryView, args: PurgeInput) -> PurgeOutput:
         new = _draft(args.new_triplet, False, "new_triplet") if args.new_triplet is not None else None
         graph = ctx.backend()
         async with graph.transaction() as db:
@@ -129,7 +130,7 @@ def make_tools(ctx: GraphContext) -> list[Tool]:
             purge_id=result.purge_id,
         )
 
-    async def recall(memory: Any, args: RecallInput) -> RecallOutput:
+    async def recall(memory: MemoryView, args: RecallInput) -> RecallOutput:
         graph = ctx.backend()
         window = args.time_range
         params = RecallParams(
@@ -161,7 +162,7 @@ def make_tools(ctx: GraphContext) -> list[Tool]:
             truncated=view.truncated,
         )
 
-    async def task_create_tool(memory: Any, args: TaskCreateInput) -> TaskCreateOutput:
+    async def task_create_tool(memory: MemoryView, args: TaskCreateInput) -> TaskCreateOutput:
         graph = ctx.backend()
         async with graph.transaction() as db:
             task, previous = await create_task(
@@ -169,17 +170,17 @@ def make_tools(ctx: GraphContext) -> list[Tool]:
             )
         return TaskCreateOutput(task=TaskOut(**task.as_dict()), previous_task=previous)
 
-    async def task_set_state_tool(memory: Any, args: TaskSetStateInput) -> TaskSetStateOutput:
+    async def task_set_state_tool(memory: MemoryView, args: TaskSetStateInput) -> TaskSetStateOutput:
         graph = ctx.backend()
         async with graph.transaction() as db:
             task, previous, changed = await set_state(db, _scope(args), args.task_id, args.state, graph.now())
         return TaskSetStateOutput(task=TaskOut(**task.as_dict()), previous_state=previous, changed=changed)
 
-    async def task_query_tool(memory: Any, args: TaskQueryInput) -> TaskQueryOutput:
+    async def task_query_tool(memory: MemoryView, args: TaskQueryInput) -> TaskQueryOutput:
         tasks = await load_tasks(ctx.backend().db, _scope(args), state=args.state, limit=args.limit)
         return TaskQueryOutput(tasks=[TaskOut(**t.as_dict()) for t in tasks])
 
-    async def persona_set_tool(memory: Any, args: PersonaSetInput) -> PersonaSetOutput:
+    async def persona_set_tool(memory: MemoryView, args: PersonaSetInput) -> PersonaSetOutput:
         graph = ctx.backend()
         async with graph.transaction() as db:
             current, old, superseded = await set_persona(
@@ -191,13 +192,13 @@ def make_tools(ctx: GraphContext) -> list[Tool]:
             superseded_edges=superseded,
         )
 
-    async def persona_get_tool(memory: Any, args: PersonaGetInput) -> PersonaGetOutput:
+    async def persona_get_tool(memory: MemoryView, args: PersonaGetInput) -> PersonaGetOutput:
         found = await persona_for(ctx.backend().db, _scope(args))
         return PersonaGetOutput(
             persona=PersonaOut(**found.as_dict()) if found else None, rendered=persona_text(found)
         )
 
-    async def context_rewrite_tool(memory: Any, args: RewriteInput) -> RewriteOutput:
+    async def context_rewrite_tool(memory: MemoryView, args: RewriteInput) -> RewriteOutput:
         messages, turn = rewrite(args.messages, args.summary)
         return RewriteOutput(
             messages=messages,

@@ -27,6 +27,7 @@ from narrmem_plugins.graph.vocabulary import STRUCTURAL, USER
 
 from narrmem.models import MAX_QUERY_CHARS
 from narrmem.text import keyword_terms
+from narrmem.view import MemoryView
 
 NO_PERSONA = "No persona is set: answer as your default identity."
 
@@ -60,11 +61,11 @@ async def info_facts(db: Any, scope: GraphScope, tasks: list[TaskView], options:
     if not names:
         return []
     q = _facts_query(options.context_speculative).names_in("s.name", names)
-    return merged(await select_edges(db, scope, q, limit=500))
+    return list(merged(await select_edges(db, scope, q, limit=500)))
 
 
 async def build(
-    memory: Any,
+    memory: MemoryView,
     graph: GraphBackend,
     options: GraphOptions,
     *,

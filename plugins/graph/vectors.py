@@ -11,9 +11,11 @@ import numpy as np
 from narrmem_plugins.graph.nodes import Node
 from narrmem_plugins.graph.vocabulary import label
 
+from narrmem.view import MemoryView
+
 
 async def node_vectors(
-    memory: Any, transaction: Callable[[], AbstractAsyncContextManager[Any]], nodes: Sequence[Node]
+    memory: MemoryView, transaction: Callable[[], AbstractAsyncContextManager[Any]], nodes: Sequence[Node]
 ) -> np.ndarray:
     """One normalized row per node, embedding (and caching) the ones not cached yet."""
     dim = int(memory.embedder.dim)

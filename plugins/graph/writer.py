@@ -163,4 +163,4 @@ async def _contradicted(
     q.where(" OR ".join(alternatives), *values)
     if speculative:
         q.where("e.speculative = 1")  # a guess never overrides what the user said
-    return await select_edges(db, where, q)
+    return list(await select_edges(db, where, q))

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
 from narrmem.models import Hit, ImportanceChange, MemoryRecord, RecallRequest
+from narrmem.view import MemoryView
 
 NAME = "hippocampus"
 PAGE = 5_000
@@ -63,11 +64,11 @@ class Hippocampus:
     # --- schedule ---------------------------------------------------------------------------
 
     @hookimpl
-    def narrmem_startup(self, memory: Any) -> None:
+    def narrmem_startup(self, memory: MemoryView) -> None:
         if self.options.interval_minutes > 0:
             self._task = asyncio.get_running_loop().create_task(self._every_interval(memory))
 
-    async def _every_interval(self, memory: Any) -> None:
+    async def _every_interval(self, memory: MemoryView) -> None:
         while True:
             await asyncio.sleep(self.options.interval_minutes * 60)
             try:
@@ -87,7 +88,7 @@ class Hippocampus:
     # --- the pass ---------------------------------------------------------------------------
 
     @hookimpl
-    async def narrmem_decay(self, memory: Any, now: datetime) -> dict[str, int]:
+    async def narrmem_decay(self, memory: MemoryView, now: datetime) -> dict[str, int]:
         exclusive = getattr(memory.store, "exclusive", None)
         if exclusive is None:  # a store older than the protocol's exclusive()
             return await self._decay_pass(memory, now)
@@ -97,7 +98,7 @@ class Hippocampus:
                 return {"memories": 0, "decaying": 0, "faded": 0, "permanent": 0, "updated": 0, "skipped": 1}
             return await self._decay_pass(memory, now)
 
-    async def _decay_pass(self, memory: Any, now: datetime) -> dict[str, int]:
+    async def _decay_pass(self, memory: MemoryView, now: datetime) -> dict[str, int]:
         store = memory.store
         counts = {"memories": 0, "decaying": 0, "faded": 0, "permanent": 0, "updated": 0}
         after = 0
@@ -124,7 +125,7 @@ class Hippocampus:
     # --- recall -----------------------------------------------------------------------------
 
     @hookimpl
-    def narrmem_weigh(self, memory: Any, records: dict[int, MemoryRecord]) -> dict[int, float]:
+    def narrmem_weigh(self, memory: MemoryView, records: dict[int, MemoryRecord]) -> dict[int, float]:
         now = memory.clock.now()
         beta = self.options.ranking_weight
         return {
@@ -134,7 +135,7 @@ class Hippocampus:
 
     @hookimpl
     async def narrmem_after_recall(
-        self, memory: Any, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
+        self, memory: MemoryView, request: RecallRequest, hits: list[Hit], records: dict[int, MemoryRecord]
     ) -> None:
         """Reinforce what was brought back *and* is about the query: the best few hits whose
         similarity to the query clears ``reinforce_min_similarity`` (a keyword match alone is not
@@ -155,12 +156,12 @@ class Hippocampus:
                 hit.importance = done[hit.id]
 
     @hookimpl
-    async def narrmem_used(self, memory: Any, records: list[MemoryRecord]) -> list[int]:
+    async def narrmem_used(self, memory: MemoryView, records: list[MemoryRecord]) -> list[int]:
         if not self.options.reinforce:
             return []
         return sorted(await self._reinforce(memory, records, "used"))
 
-    async def _reinforce(self, memory: Any, records: list[MemoryRecord], why: str) -> dict[int, float]:
+    async def _reinforce(self, memory: MemoryView, records: list[MemoryRecord], why: str) -> dict[int, float]:
         now = memory.clock.now()
         spacing = timedelta(days=self.options.reinforce_spacing_days)
         changes = []
@@ -197,7 +198,7 @@ class Hippocampus:
     # --- reporting --------------------------------------------------------------------------
 
     @hookimpl
-    async def narrmem_stats(self, memory: Any) -> dict[str, Any]:
+    async def narrmem_stats(self, memory: MemoryView) -> dict[str, Any]:
         return {"faded": await memory.store.count_below(FADED)}
 
     @hookimpl

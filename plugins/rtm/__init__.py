@@ -30,8 +30,8 @@ from narrmem_plugins.rtm.user import UserSummaries
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
-from narrmem.errors import PluginError
 from narrmem.tools import Tool
+from narrmem.view import MemoryView
 
 NAME = "rtm"
 
@@ -79,13 +79,13 @@ class RTMPlugin:
             register(tool)
 
     @hookimpl
-    async def narrmem_startup(self, memory: Any) -> None:
+    async def narrmem_startup(self, memory: MemoryView) -> None:
         self.trees = open_tree_store(memory)
         await self.trees.setup()
 
     @hookimpl
     async def narrmem_user_summary(
-        self, memory: Any, tenant: str, user_id: str, depth: int | None, token_budget: int | None
+        self, memory: MemoryView, tenant: str, user_id: str, depth: int | None, token_budget: int | None
     ) -> dict[str, Any]:
         return await user_summary(
             memory, user_id=user_id, depth=depth, token_budget=token_budget, tenant=tenant
@@ -97,16 +97,13 @@ class RTMPlugin:
         self.users.forget(tenant, user_id)
 
 
-def plugin_of(memory: Any) -> RTMPlugin:
+def plugin_of(memory: MemoryView) -> RTMPlugin:
     """The :class:`RTMPlugin` registered with ``memory``."""
-    for plugin in memory.host.pm.get_plugins():
-        if isinstance(plugin, RTMPlugin):
-            return plugin
-    raise PluginError("the rtm plugin is not loaded (add narrmem_plugins.rtm:RTMPlugin)")
+    return memory.host.plugin(RTMPlugin)
 
 
 async def user_summary(
-    memory: Any,
+    memory: MemoryView,
     *,
     user_id: str,
     depth: int | None = None,

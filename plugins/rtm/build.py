@@ -23,6 +23,7 @@ from narrmem_plugins.rtm.traverse import balanced_recall_lengths, tree_stats
 from narrmem_plugins.rtm.tree import FORMAT_VERSION, Partition, Tree, build_shape, prefix_sums, unit_rows
 
 from narrmem.errors import InputError
+from narrmem.view import MemoryView
 
 DEFAULT_SEED = 0  # the random model without a seed still builds the same tree every time
 
@@ -82,7 +83,7 @@ def tree_id(ident: dict[str, Any]) -> str:
 
 
 async def get_or_build(
-    memory: Any,
+    memory: MemoryView,
     trees: TreeStore,
     request: TreeRequest,
     options: RTMOptions,
@@ -144,7 +145,7 @@ async def get_or_build(
 
 
 async def build_tree(
-    memory: Any,
+    memory: MemoryView,
     clauses: list[str],
     language: str,
     *,
@@ -191,4 +192,4 @@ def stats_of(tree: Tree) -> dict[str, Any]:
         reference: list[float] = expected_recall_lengths(len(tree.clauses), k, depth)
     else:
         reference = [float(x) for x in balanced_recall_lengths(len(tree.clauses), k, depth)]
-    return tree_stats(tree, reference)
+    return dict(tree_stats(tree, reference))

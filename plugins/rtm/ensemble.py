@@ -29,7 +29,8 @@ class Simulation:
 
     @property
     def internal(self) -> np.ndarray:
-        return self.total_nodes - self.leaves
+        internal: np.ndarray = self.total_nodes - self.leaves
+        return internal
 
 
 def simulate(clauses: int, branching: int, max_depth: int, trees: int, seed: int) -> Simulation:

@@ -1,12 +1,10 @@
 """Where trees live: the plugin's own table in narrmem's SQLite database.
 
-``rtm_trees`` sits in the same file as the memories, reached through ``memory.store.db`` (the
-built-in SQLite store's aiosqlite connection, opened in autocommit mode). Writes run in
-``BEGIN IMMEDIATE``/``COMMIT``: the connection is shared and SQLite cannot nest transactions, so
-ours go through the store's own transaction helper (which serialises every writer on the
-connection) when it has one, and otherwise hold the memory's write lock.
+``rtm_trees`` sits in the same file as the memories, reached through the store's SQLite
+capability (:class:`narrmem.store.SQLiteCapable`): reads on ``store.db``, writes in the store's
+own ``transaction()``, which serialises every writer on the shared connection.
 
-A store backend without a ``db`` attribute (PostgreSQL, a test double) gets
+A store without that capability (PostgreSQL, a test double) gets
 :class:`MemoryTreeStore` instead: trees then live in this process only and are rebuilt after a
 restart (same ids, since ids derive from the inputs).
 
@@ -16,14 +14,17 @@ nothing in another.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import aiosqlite
 from narrmem_plugins.rtm.tree import Tree
+
+from narrmem.errors import StoreError
+from narrmem.store import SQLiteCapable
+from narrmem.view import MemoryView
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS rtm_trees (
@@ -69,9 +70,9 @@ class TreeStore(Protocol):
     async def count(self) -> int: ...
 
 
-def open_tree_store(memory: Any) -> TreeStore:
+def open_tree_store(memory: MemoryView) -> TreeStore:
     store = memory.store
-    if hasattr(store, "db"):
+    if isinstance(store, SQLiteCapable):
         return SQLiteTreeStore(memory)
     return MemoryTreeStore()
 
@@ -79,48 +80,32 @@ def open_tree_store(memory: Any) -> TreeStore:
 class SQLiteTreeStore:
     persistent = True
 
-    def __init__(self, memory: Any) -> None:
+    def __init__(self, memory: MemoryView) -> None:
         self.memory = memory
         self._parsed: OrderedDict[str, StoredTree] = OrderedDict()
 
     @property
-    def _db(self) -> Any:
-        return self.memory.store.db
+    def _db(self) -> aiosqlite.Connection:
+        return self._store.db
+
+    @property
+    def _store(self) -> SQLiteCapable:
+        store = self.memory.store
+        if not isinstance(store, SQLiteCapable):
+            raise StoreError(f"RTM trees need the sqlite store, not {type(store).__name__}")
+        return store
 
     async def setup(self) -> None:
         await self._transaction([(sql, ()) for sql in SCHEMA])
 
     async def _transaction(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
-        """Run ``statements`` in one write transaction; return the rows they changed."""
+        """Run ``statements`` in one of the store's write transactions; return the rows changed."""
         changed = 0
-        async with self._begin() as db:
+        async with self._store.transaction() as db:
             for sql, params in statements:
                 cursor = await db.execute(sql, params)
                 changed += max(0, cursor.rowcount)
         return changed
-
-    def _begin(self) -> Any:
-        """The store's own write transaction when it offers one (``BEGIN IMMEDIATE`` under the lock
-        every writer on the connection takes); otherwise ours, under the memory's write lock."""
-        store = self.memory.store
-        for name in ("transaction",):
-            begin = getattr(store, name, None)
-            if callable(begin):
-                return begin()
-        return self._own_transaction()
-
-    @contextlib.asynccontextmanager
-    async def _own_transaction(self) -> AsyncIterator[Any]:
-        lock = getattr(self.memory, "_write_lock", None)
-        async with lock if lock is not None else contextlib.nullcontext():
-            db = self._db
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
 
     async def get(self, tenant: str, tree_id: str) -> StoredTree | None:
         cached = self._parsed.get(tree_id)

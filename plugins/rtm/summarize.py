@@ -17,13 +17,13 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import numpy as np
 from narrmem_plugins.rtm.segment import joiner
 from narrmem_plugins.rtm.tree import Shape
 
 from narrmem.text import cjk_count, estimate_tokens
+from narrmem.view import MemoryView
 
 Summarizer = Callable[[list[str], str], Awaitable[str | None] | str | None]
 HOOK = "narrmem_summarize"
@@ -33,13 +33,13 @@ _EN_TRAILING = re.compile(r"\s*[,;:—–-]+$")
 _ZH_TRAILING = re.compile(r"[，；：、—]+$")
 
 
-def hook_available(memory: Any) -> bool:
+def hook_available(memory: MemoryView) -> bool:
     """Whether the host declares ``narrmem_summarize`` and some plugin implements it."""
     hook = getattr(memory.host.pm.hook, HOOK, None)
     return hook is not None and bool(hook.get_hookimpls())
 
 
-def summarizer_label(memory: Any, custom: Summarizer | None) -> str:
+def summarizer_label(memory: MemoryView, custom: Summarizer | None) -> str:
     """Names who writes summaries; part of a tree's identity, so switching summarizer rebuilds."""
     if custom is not None:
         return f"custom:{getattr(custom, '__qualname__', type(custom).__name__)}"
@@ -58,7 +58,7 @@ async def summarize_shape(
     *,
     max_tokens: int,
     max_clauses: int,
-    memory: Any = None,
+    memory: MemoryView | None = None,
     custom: Summarizer | None = None,
 ) -> list[str]:
     """One summary per node, pre-order. ``unit`` are the unit clause vectors, ``prefix`` their
@@ -81,7 +81,8 @@ async def summarize_shape(
             # is the whole text, which is what a compression ratio of 1.0 promises.
             text = glue.join(span)
         else:
-            text = await _abstractive(span, language, memory, custom, use_hook)
+            gist = await _abstractive(span, language, memory, custom, use_hook)
+            text = gist or ""
             if not text:
                 text = extractive(span, unit[s:e], prefix[e] - prefix[s], language, max_tokens, max_clauses)
         done[key] = text
@@ -90,7 +91,7 @@ async def summarize_shape(
 
 
 async def _abstractive(
-    span: list[str], language: str, memory: Any, custom: Summarizer | None, use_hook: bool
+    span: list[str], language: str, memory: MemoryView | None, custom: Summarizer | None, use_hook: bool
 ) -> str | None:
     if custom is not None:
         value = custom(list(span), language)
@@ -98,7 +99,7 @@ async def _abstractive(
             value = await value
         if isinstance(value, str) and value.strip():
             return value.strip()
-    if use_hook:
+    if use_hook and memory is not None:
         value = await memory.host.call_first(HOOK, memory=memory, clauses=list(span), language=language)
         if isinstance(value, str) and value.strip():
             return value.strip()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from narrmem_plugins.rtm.build import TreeRequest, get_or_build, stats_of, text_sha
 from narrmem_plugins.rtm.ensemble import simulate, summarize
@@ -30,6 +30,7 @@ from narrmem_plugins.rtm.traverse import find_optimal_depth, recall_lengths, rec
 
 from narrmem.errors import InputError
 from narrmem.tools import Tool
+from narrmem.view import MemoryView
 
 
 class RTMContext(Protocol):
@@ -41,7 +42,7 @@ class RTMContext(Protocol):
 # --- handlers -------------------------------------------------------------------------------
 
 
-async def _resolve(memory: Any, ctx: RTMContext, args: TextOrTree) -> StoredTree:
+async def _resolve(memory: MemoryView, ctx: RTMContext, args: TextOrTree) -> StoredTree:
     if args.treeId is not None:
         given = args.tree_parameters_given()
         if given:
@@ -76,7 +77,7 @@ async def _resolve(memory: Any, ctx: RTMContext, args: TextOrTree) -> StoredTree
 
 
 def make_tools(ctx: RTMContext) -> list[Tool]:
-    async def create(memory: Any, args: CreateTreeInput) -> CreateTreeOutput:
+    async def create(memory: MemoryView, args: CreateTreeInput) -> CreateTreeOutput:
         request = TreeRequest(
             text=args.text,
             title=args.title,
@@ -112,7 +113,7 @@ def make_tools(ctx: RTMContext) -> list[Tool]:
             scale=ScaleCheck(**stats["scale"]),
         )
 
-    async def traverse(memory: Any, args: TraverseInput) -> TraverseOutput:
+    async def traverse(memory: MemoryView, args: TraverseInput) -> TraverseOutput:
         stored = await _resolve(memory, ctx, args)
         tree, shape = stored.tree, stored.tree.shape
         units = recall_units(shape, args.traversalDepth).tolist()
@@ -141,13 +142,13 @@ def make_tools(ctx: RTMContext) -> list[Tool]:
             clausesPerUnit=round(leaf_count / len(units), 6),
         )
 
-    async def find_depth(memory: Any, args: FindDepthInput) -> FindDepthOutput:
+    async def find_depth(memory: MemoryView, args: FindDepthInput) -> FindDepthOutput:
         stored = await _resolve(memory, ctx, args)
         lengths = recall_lengths(stored.tree.shape)
         found = find_optimal_depth(lengths, int(stored.params["maxBranchingFactor"]), args.targetRecallLength)
         return FindDepthOutput(treeId=stored.tree_id, targetRecallLength=args.targetRecallLength, **found)
 
-    async def generate_ensemble(memory: Any, args: EnsembleInput) -> EnsembleOutput:
+    async def generate_ensemble(memory: MemoryView, args: EnsembleInput) -> EnsembleOutput:
         sections = segment_cached(args.text, args.language, args.segmentation)
         clauses = len(sections.clauses)
         if clauses == 0:

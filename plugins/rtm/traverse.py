@@ -43,7 +43,7 @@ def recall_sequence(tree: Tree, depth: int) -> list[str]:
 
 
 def retelling(tree: Tree, depth: int) -> str:
-    return joiner(tree.language).join(recall_sequence(tree, depth))
+    return str(joiner(tree.language).join(recall_sequence(tree, depth)))
 
 
 def tree_stats(tree: Tree, reference: Sequence[float] | None = None) -> dict[str, Any]:

@@ -41,7 +41,8 @@ class Shape:
 
     @property
     def is_leaf(self) -> np.ndarray:
-        return self.children == 0
+        leaves: np.ndarray = self.children == 0
+        return leaves
 
 
 @dataclass
@@ -164,7 +165,8 @@ def _semantic_matrix(
 def unit_rows(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to length 1 (float64); an all-zero row stays zero."""
     rows = np.asarray(vectors, dtype=np.float64)
-    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    unit: np.ndarray = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    return unit
 
 
 def prefix_sums(unit: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from narrmem.errors import InputError
 from narrmem.models import MemoryRecord, Scope
 from narrmem.text import estimate_tokens
+from narrmem.view import MemoryView
 
 _SPACES = re.compile(r"\s+")
 
@@ -47,7 +48,7 @@ class UserSummaries:
 
     async def summary(
         self,
-        memory: Any,
+        memory: MemoryView,
         options: RTMOptions,
         summarizer: Summarizer | None,
         *,
@@ -95,7 +96,7 @@ class UserSummaries:
         }
 
     async def _tree(
-        self, memory: Any, options: RTMOptions, summarizer: Summarizer | None, scope: Scope
+        self, memory: MemoryView, options: RTMOptions, summarizer: Summarizer | None, scope: Scope
     ) -> _Cached | None:
         kinds = list(options.user_kinds)
         newest = await memory.store.recent(scope, kinds=kinds, limit=1)
@@ -144,11 +145,11 @@ def _choose_depth(tree: Tree, depth: int | None, token_budget: int | None, optio
     """``depth`` if given (capped at the tree's), ``token_budget`` if given (the deepest that fits),
     both: the shallower; neither: the deepest that fits the options' default budget."""
     if token_budget is None and depth is None:
-        return depth_for_budget(tree, options.user_token_budget)
+        return int(depth_for_budget(tree, options.user_token_budget))
     chosen = tree.max_depth if depth is None else min(depth, tree.max_depth)
     if token_budget is not None:
         chosen = min(chosen, depth_for_budget(tree, token_budget))
-    return chosen
+    return int(chosen)
 
 
 def _empty(tenant: str, user_id: str) -> dict[str, Any]:

@@ -10,13 +10,14 @@ from narrmem_plugins.storage_sqlite.store import SQLiteStore
 from narrmem_plugins.storage_sqlite.vector_index import IndexOptions
 
 from narrmem import hookimpl
+from narrmem.view import MemoryView
 
 __all__ = ["SQLiteStore"]
 
 
 @hookimpl
 def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None]) -> None:
-    def factory(memory: Any) -> SQLiteStore:
+    def factory(memory: MemoryView) -> SQLiteStore:
         storage = memory.settings.storage
         return SQLiteStore(
             memory.data_dir,

@@ -337,7 +337,7 @@ class SQLiteStore:
         limit: int = 100,
     ) -> list[MemoryRecord]:
         where, params = _scope_clause(scope)
-        clauses, values = [where], list(params)
+        clauses, values = [where], list[str | float | int](params)
         if since is not None:
             clauses.append("created_ts >= ?")
             values.append(since.timestamp())
@@ -447,7 +447,7 @@ class SQLiteStore:
     async def set_current_importance(
         self,
         values: Sequence[tuple[int, float]],
-        history: Sequence[tuple[int, str, str, float, float]],
+        history: Sequence[tuple[int, str, str, float | None, float]],
         at: datetime,
     ) -> None:
         statements: list[tuple[str, Sequence[Any]]] = [
@@ -712,9 +712,10 @@ class SQLiteStore:
             allowed = np.array([r[0] for r in rows], dtype=np.int64)
             if not len(allowed):
                 return []
-        return await self.index.search(
+        found: list[tuple[int, float]] = await self.index.search(
             vector, k, tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id, allowed=allowed
         )
+        return found
 
     async def search_keywords(
         self,
@@ -768,7 +769,7 @@ class SQLiteStore:
             out.update((int(r[0]), _vector(r[1], self.dim)) for r in rows)
         return out
 
-    async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:  # type: ignore[override]
+    async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
         last = 0
         while True:
             rows = await self._fetchall(

@@ -181,7 +181,7 @@ class Shard:
     def _search_graph(
         self, query: np.ndarray, k: int, mask: np.ndarray | None, options: IndexOptions
     ) -> list[tuple[int, float]]:
-        params = faiss.SearchParametersHNSW()
+        params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
         params.efSearch = max(options.ef_search, k)
         keep_alive: Any = None
         if mask is not None:
@@ -457,7 +457,7 @@ class VectorIndex:
             return "the index holds other ids than SQLite"
         for memory_id, (vector, key) in samples.items():
             shard = self._shards.get(key)
-            rows = np.flatnonzero(shard.ids[: shard.n] == memory_id) if shard is not None else []
+            rows: Any = np.flatnonzero(shard.ids[: shard.n] == memory_id) if shard is not None else []
             if shard is None or not len(rows):
                 return f"the index files id {memory_id} under another user"
             if not np.allclose(shard.vectors[int(rows[0])], vector, atol=1e-6):

@@ -24,6 +24,7 @@ from narrmem_plugins.triage.signals import CATEGORY, Signal, candidates
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
 from narrmem.models import MemoryRecord, Message, SceneDraft, Scope, TriageDecision
+from narrmem.view import MemoryView
 
 NAME = "triage"
 
@@ -55,7 +56,7 @@ class Triage:
     # --- layer decision ---------------------------------------------------------------------
 
     @hookimpl(trylast=True)
-    async def narrmem_triage(self, memory: Any, message: Message) -> TriageDecision:
+    async def narrmem_triage(self, memory: MemoryView, message: Message) -> TriageDecision:
         reason = ignore_reason(
             message.text, min_chars=self.options.min_chars, extra=self.options.ignore_phrases
         )
@@ -72,7 +73,9 @@ class Triage:
             )
         return await self._scene_decision(memory, message, found)
 
-    async def _scene_decision(self, memory: Any, message: Message, found: list[Signal]) -> TriageDecision:
+    async def _scene_decision(
+        self, memory: MemoryView, message: Message, found: list[Signal]
+    ) -> TriageDecision:
         await self._load_prototypes(memory)
         vectors = await memory.embedder.embed([s.sentence for s in found])
         similarity = [
@@ -117,13 +120,13 @@ class Triage:
         assert self._prototypes is not None
         return float(np.max(self._prototypes[scene_type] @ vector))
 
-    async def _load_prototypes(self, memory: Any) -> None:
+    async def _load_prototypes(self, memory: MemoryView) -> None:
         if self._prototypes is None:
             self._prototypes = {
                 kind: await memory.embedder.embed(list(sentences)) for kind, sentences in PROTOTYPES.items()
             }
 
-    async def _novelty(self, memory: Any, message: Message, vector: np.ndarray) -> float:
+    async def _novelty(self, memory: MemoryView, message: Message, vector: np.ndarray) -> float:
         """1 minus the similarity to the closest scene this user already has (1 for a first scene)."""
         scope = Scope(tenant=message.tenant, user_id=message.user_id)
         nearest = await memory.store.search_vectors(scope, vector, 16)
@@ -135,7 +138,7 @@ class Triage:
 
     @hookimpl
     async def narrmem_before_store(
-        self, memory: Any, message: Message, decision: TriageDecision, records: list[MemoryRecord]
+        self, memory: MemoryView, message: Message, decision: TriageDecision, records: list[MemoryRecord]
     ) -> None:
         episode = records[0]
         moods = emotions_in(message.text)
@@ -172,7 +175,7 @@ class Triage:
             )
         )
 
-    async def _window(self, memory: Any, message: Message) -> list[MemoryRecord]:
+    async def _window(self, memory: MemoryView, message: Message) -> list[MemoryRecord]:
         """The speaker's own recent messages in this chat. Only theirs: a scene is the speaker's
         memory, and other people's words in it would be shown to the speaker and outlive those
         people's forget."""
@@ -194,14 +197,15 @@ class Triage:
         self, message: Message, decision: TriageDecision, window: list[MemoryRecord]
     ) -> SceneDraft:
         core = str(decision.signals.get("core") or message.text)
-        return compose(message, decision.type, core, window)
+        draft: SceneDraft = compose(message, decision.type, core, window)
+        return draft
 
     # --- counting ----------------------------------------------------------------------------
 
     @hookimpl
     async def narrmem_after_store(
         self,
-        memory: Any,
+        memory: MemoryView,
         message: Message,
         decision: TriageDecision,
         records: list[MemoryRecord],

@@ -28,6 +28,7 @@ from narrmem.models import (
     TriggerEvent,
 )
 from narrmem.text import keyword_terms
+from narrmem.view import MemoryView
 
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 SAME_SCENE = 0.95  # cosine above which a later scene restates an earlier one
@@ -92,7 +93,7 @@ class Counters:
 
     async def update(
         self,
-        memory: Any,
+        memory: MemoryView,
         message: Message,
         decision: TriageDecision,
         records: list[MemoryRecord],
@@ -116,7 +117,7 @@ class Counters:
     # --- moods -----------------------------------------------------------------------------
 
     async def _moods(
-        self, memory: Any, message: Message, episode: MemoryRecord, user: Scope, result: Any
+        self, memory: MemoryView, message: Message, episode: MemoryRecord, user: Scope, result: Any
     ) -> None:
         moods = episode.meta.get("emotions") or []
         if not moods:
@@ -152,7 +153,7 @@ class Counters:
                     await self._promote(memory, message, mood, count, said)
 
     async def _promote(
-        self, memory: Any, message: Message, mood: str, count: int, said: list[MemoryRecord]
+        self, memory: MemoryView, message: Message, mood: str, count: int, said: list[MemoryRecord]
     ) -> None:
         """A repeated mood becomes a scene of its own: "said 'tired' 3 times this week". The count
         is the user's, but the scene belongs to this chat: it quotes and cites only this chat's
@@ -193,7 +194,7 @@ class Counters:
 
     async def _topic(
         self,
-        memory: Any,
+        memory: MemoryView,
         message: Message,
         episode: MemoryRecord,
         vector: np.ndarray,
@@ -267,7 +268,13 @@ class Counters:
     # --- values and links -------------------------------------------------------------------
 
     async def _values(
-        self, memory: Any, message: Message, scene: MemoryRecord, vector: np.ndarray, user: Scope, result: Any
+        self,
+        memory: MemoryView,
+        message: Message,
+        scene: MemoryRecord,
+        vector: np.ndarray,
+        user: Scope,
+        result: Any,
     ) -> None:
         similar = await _similar_scenes(memory, scene, vector, user, self.options.value_similarity)
         values = [r for r in similar if r.meta.get("type") == "value"] + [scene]
@@ -285,7 +292,7 @@ class Counters:
         )
 
     async def _link(
-        self, memory: Any, scene: MemoryRecord, vector: np.ndarray, chat: Scope, result: Any
+        self, memory: MemoryView, scene: MemoryRecord, vector: np.ndarray, chat: Scope, result: Any
     ) -> None:
         """Fill the Impact of the earlier scene of this user in this chat (``chat``) this one
         builds on.
@@ -330,7 +337,7 @@ class Counters:
 
 
 async def _scored_scenes(
-    memory: Any, scene: MemoryRecord, vector: np.ndarray, scope: Scope, threshold: float
+    memory: MemoryView, scene: MemoryRecord, vector: np.ndarray, scope: Scope, threshold: float
 ) -> list[tuple[MemoryRecord, float]]:
     """Earlier scenes in ``scope`` at least ``threshold`` close to ``scene``, closest first."""
     nearest = await memory.store.search_vectors(scope, vector, 32)
@@ -341,7 +348,7 @@ async def _scored_scenes(
 
 
 async def _similar_scenes(
-    memory: Any, scene: MemoryRecord, vector: np.ndarray, user: Scope, threshold: float
+    memory: MemoryView, scene: MemoryRecord, vector: np.ndarray, user: Scope, threshold: float
 ) -> list[MemoryRecord]:
     return [record for record, _ in await _scored_scenes(memory, scene, vector, user, threshold)]
 

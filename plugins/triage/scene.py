@@ -92,7 +92,7 @@ def compose(message: Message, scene_type: str | None, core: str, window: list[Me
         scene=scene,
         vibe=vibe,
         core=core,
-        category=CATEGORY.get(scene_type, "general"),  # type: ignore[arg-type]
+        category=CATEGORY.get(scene_type, "general"),
         tags=[t for t in [scene_type, *moods, *words] if t],
-        language=language,  # type: ignore[arg-type]
+        language=language,
     )

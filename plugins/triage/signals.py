@@ -202,7 +202,7 @@ def explicit_request(text: str) -> str | None:
     """The sentence that asks the bot to remember something, if any."""
     for sentence in sentences(normalize(text)):
         if _EXPLICIT.search(sentence) and not _NOT_EXPLICIT.search(sentence):
-            return sentence
+            return str(sentence)
     return None
 
 

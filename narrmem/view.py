@@ -1,0 +1,77 @@
+"""``MemoryView``: what a plugin may read and call on the memory it is registered with.
+
+Every hook that hands a plugin the memory types it as this view, so an editor completes it and
+mypy checks the line between host and plugin. Nothing private is in it: a plugin that needs more
+asks for it to become part of the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+
+from narrmem.clock import Clock
+from narrmem.config import Settings
+from narrmem.embed import Embedder
+from narrmem.models import Hit, IngestResult, MemoryRecord, Message
+from narrmem.store import Store
+
+if TYPE_CHECKING:
+    from narrmem.host import PluginHost
+
+P = TypeVar("P")
+
+
+@runtime_checkable
+class MemoryView(Protocol):
+    """The plugin's handle on its memory.
+
+    - ``settings``: every setting (a plugin validates its own ``[plugin.<name>]`` table with
+      :func:`narrmem.config.plugin_options`); ``clock``: the injectable clock (never read the
+      system time); ``data_dir``: the data folder; ``read_only``: opened beside a writer, so
+      nothing may be written.
+    - ``store``: the :class:`~narrmem.store.Store` (scope is enforced inside its queries; its
+      ``transaction()`` is the one way to write several statements atomically); ``embedder``: the
+      loaded model.
+    - ``host``: the plugin host, to call other hooks (``call``, ``call_first``) and to find a
+      plugin object by class (``plugin(cls)``).
+    - ``recall``, ``ingest`` (for derived memories), ``importance_now``, ``decay``: the public
+      API, as a bot calls it.
+    """
+
+    settings: Settings
+    clock: Clock
+    data_dir: Path
+    read_only: bool
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def embedder(self) -> Embedder: ...
+
+    @property
+    def host(self) -> PluginHost: ...
+
+    async def recall(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str = "default",
+        k: int = 5,
+        kinds: list[str] | None = None,
+        snippet_tokens: int | None = 48,
+        reinforce: bool = True,
+        reinforce_reason: Literal["relevance", "tool"] = "relevance",
+        exclude_message_ids: Sequence[str] = (),
+    ) -> list[Hit]: ...
+
+    async def ingest(self, message: Message | dict[str, Any]) -> IngestResult: ...
+
+    async def importance_now(self, records: Sequence[MemoryRecord]) -> dict[int, float]: ...
+
+    async def decay(self, now: datetime | None = None) -> dict[str, int]: ...
