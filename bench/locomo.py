@@ -543,7 +543,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "data_notes": notes.as_dict(),
         "ingest": ingest,
         "timings_s": {"model_load": model_load, **{k: v for k, v in sorted(state.seconds.items())}},
-        "settings": base.model_dump(exclude={"data_dir"}),
+        "settings": base.model_dump(mode="json", exclude={"data_dir"}),
         "date": now_iso(),
         "machine": {**machine_info(base), "peak_rss_mib": peak_rss_mib()},
         "seconds": elapsed,
