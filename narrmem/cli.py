@@ -27,7 +27,20 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="narrmem", description="Memory middleware for chatbots.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what plugins do")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_input_commands(sub, common, as_json)
+    _add_read_commands(sub, common, as_json)
+    _add_store_commands(sub, common, as_json)
+    _add_rtm_command(sub, common, as_json)
+    _add_serving_commands(sub, common)
+    return parser
 
+
+Parents = argparse.ArgumentParser
+Subparsers = Any  # argparse's _SubParsersAction is private
+
+
+def _add_input_commands(sub: Subparsers, common: Parents, as_json: Parents) -> None:
+    """What puts messages into memory: the demo, JSONL ingest, chat exports, dry-run triage."""
     demo = sub.add_parser("demo", parents=[common], help="ingest a sample chat and answer questions")
     demo.add_argument("--k", type=int, default=2, help="hits per question")
 
@@ -44,6 +57,15 @@ def _parser() -> argparse.ArgumentParser:
         "--tenant", help="default: 'default' for telegram, 'discord:<guild id>' for discord (not for jsonl)"
     )
 
+    triage = sub.add_parser(
+        "triage", parents=[common, as_json], help="classify messages without storing anything (dry run)"
+    )
+    triage.add_argument("text", nargs="?", help="one message")
+    triage.add_argument("--file", help="JSONL with a 'text' on each line (other message fields optional)")
+
+
+def _add_read_commands(sub: Subparsers, common: Parents, as_json: Parents) -> None:
+    """Inspection: it reads beside a running bot and changes nothing."""
     recall = sub.add_parser("recall", parents=[common, as_json], help="recall memories for a query")
     recall.add_argument("query")
     recall.add_argument("--user", help="user id (user scope)")
@@ -55,25 +77,33 @@ def _parser() -> argparse.ArgumentParser:
         "--reinforce", action="store_true", help="reinforce what is used, as the bot's recall does"
     )
 
-    triage = sub.add_parser(
-        "triage", parents=[common, as_json], help="classify messages without storing anything (dry run)"
-    )
-    triage.add_argument("text", nargs="?", help="one message")
-    triage.add_argument("--file", help="JSONL with a 'text' on each line (other message fields optional)")
-
     sub.add_parser("stats", parents=[common, as_json], help="what is stored")
+    history = sub.add_parser("history", parents=[common, as_json], help="a memory's importance over time")
+    history.add_argument("memory_id", type=int)
+    export = sub.add_parser("export", parents=[common, as_json], help="export every record to JSONL")
+    export.add_argument("file")
 
+
+def _add_store_commands(sub: Subparsers, common: Parents, as_json: Parents) -> None:
+    """What changes the store as a whole: decay, import, forget, migration."""
     decay = sub.add_parser("decay", parents=[common, as_json], help="run the decay pass and report counts")
     decay.add_argument("--now", help="ISO-8601 time with timezone (default: now)")
 
-    history = sub.add_parser("history", parents=[common, as_json], help="a memory's importance over time")
-    history.add_argument("memory_id", type=int)
-
-    export = sub.add_parser("export", parents=[common, as_json], help="export every record to JSONL")
-    export.add_argument("file")
     imp = sub.add_parser("import", parents=[common, as_json], help="import a JSONL export")
     imp.add_argument("file")
+    forget = sub.add_parser("forget", parents=[common, as_json], help="delete every trace of a user or chat")
+    forget.add_argument("--user")
+    forget.add_argument("--chat")
+    forget.add_argument("--tenant", default="default")
+    move = sub.add_parser(
+        "migrate", parents=[common, as_json], help="copy a memory between a data folder and PostgreSQL"
+    )
+    move.add_argument("--from", dest="source", required=True, metavar="DATA_DIR|DSN")
+    move.add_argument("--to", dest="target", required=True, metavar="DATA_DIR|DSN")
+    move.add_argument("--queries", type=int, default=20, help="recalls compared at the end (0: none)")
 
+
+def _add_rtm_command(sub: Subparsers, common: Parents, as_json: Parents) -> None:
     rtm = sub.add_parser(
         "rtm", parents=[common, as_json], help="RTM narrative trees: build, traverse, ensemble, depth"
     )
@@ -90,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     rtm.add_argument("--target", type=int, help="depth: targetRecallLength")
     rtm.add_argument("--trees", type=int, default=200, help="ensemble: ensembleSize")
 
+
+def _add_serving_commands(sub: Subparsers, common: Parents) -> None:
+    """Memory for other programs: MCP, and tool schemas for function calling."""
     serve = sub.add_parser("mcp", parents=[common], help="serve every tool over MCP (stdio, or HTTP)")
     serve.add_argument(
         "--http", metavar="[HOST:]PORT", help="streamable HTTP instead of stdio (host 127.0.0.1)"
@@ -98,19 +131,6 @@ def _parser() -> argparse.ArgumentParser:
 
     tools = sub.add_parser("tools", parents=[common], help="print the tool schemas for function calling")
     tools.add_argument("--format", choices=["openai", "anthropic", "mcp"], default="openai")
-
-    forget = sub.add_parser("forget", parents=[common, as_json], help="delete every trace of a user or chat")
-    forget.add_argument("--user")
-    forget.add_argument("--chat")
-    forget.add_argument("--tenant", default="default")
-
-    move = sub.add_parser(
-        "migrate", parents=[common, as_json], help="copy a memory between a data folder and PostgreSQL"
-    )
-    move.add_argument("--from", dest="source", required=True, metavar="DATA_DIR|DSN")
-    move.add_argument("--to", dest="target", required=True, metavar="DATA_DIR|DSN")
-    move.add_argument("--queries", type=int, default=20, help="recalls compared at the end (0: none)")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -13,7 +14,7 @@ from narrmem.checks import JsonShapeError, check_plain_json, loads_json
 from narrmem.errors import InputError, PluginError, UnknownToolError
 
 if TYPE_CHECKING:
-    from narrmem.memory import Memory
+    from narrmem.view import MemoryView
 
 MAX_ARGUMENT_BYTES = 1_000_000
 
@@ -27,13 +28,43 @@ class Tool:
     description: str
     input_model: type[BaseModel]
     output_model: type[BaseModel]
-    handler: Callable[[Memory, Any], Awaitable[Any]]
+    handler: Callable[[MemoryView, Any], Awaitable[Any]]
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema()
 
     def output_schema(self) -> dict[str, Any]:
         return self.output_model.model_json_schema()
+
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class ToolSpec(Generic[C]):
+    """A tool written as a module-level handler that also takes its plugin's context
+    (``handler(context, memory, arguments)``): a plugin keeps a table of these next to their
+    schemas and binds them to its per-memory state with :func:`bind_tools`."""
+
+    name: str
+    description: str
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    handler: Callable[[C, MemoryView, Any], Awaitable[Any]]
+
+
+def bind_tools(specs: Iterable[ToolSpec[C]], context: C) -> list[Tool]:
+    """The :class:`Tool` objects to register, each handler bound to ``context``."""
+    return [
+        Tool(
+            name=spec.name,
+            description=spec.description,
+            input_model=spec.input_model,
+            output_model=spec.output_model,
+            handler=functools.partial(spec.handler, context),
+        )
+        for spec in specs
+    ]
 
 
 class ToolRegistry:

@@ -49,7 +49,7 @@ from narrmem_plugins.graph.vocabulary import STRUCTURAL
 from narrmem_plugins.graph.writer import TripletDraft, write_triplet
 
 from narrmem.errors import InputError
-from narrmem.tools import Tool
+from narrmem.tools import Tool, ToolSpec, bind_tools
 from narrmem.view import MemoryView
 
 
@@ -81,232 +81,249 @@ def _draft(triplet: TripletIn, speculative: bool, field: str) -> TripletDraft:
     )
 
 
-def make_tools(ctx: GraphContext) -> list[Tool]:
-    async def commit(memory: MemoryView, args: CommitInput) -> CommitOutput:
-        drafts = [_draft(t, args.speculative, f"triplets.{i}") for i, t in enumerate(args.triplets)]
-        graph = ctx.backend()
-        scope, at = _scope(args), graph.now()
-        async with graph.transaction() as db:
-            outcomes = [
-                await write_triplet(
-                    db,
-                    scope,
-                    draft,
-                    source="tool",
-                    provenance=["tool"],
-                    at=at,
-                    actor="memory_commit",
-                    field_prefix=f"triplets.{i}.",
-                )
-                for i, draft in enumerate(drafts)
-            ]
-        return CommitOutput(
-            triplets=[triplet_out(o.edge) for o in outcomes],
-            created=sum(o.created for o in outcomes),
-            confirmed=sum(not o.created for o in outcomes),
-            superseded=[triplet_out(old) for o in outcomes for old in o.superseded],
-        )
-
-    async def purge_tool(memory: MemoryView, args: PurgeInput) -> PurgeOutput:
-        new = _draft(args.new_triplet, False, "new_triplet") if args.new_triplet is not None else None
-        graph = ctx.backend()
-        async with graph.transaction() as db:
-            result = await purge(
+async def commit(ctx: GraphContext, memory: MemoryView, args: CommitInput) -> CommitOutput:
+    drafts = [_draft(t, args.speculative, f"triplets.{i}") for i, t in enumerate(args.triplets)]
+    graph = ctx.backend()
+    scope, at = _scope(args), graph.now()
+    async with graph.transaction() as db:
+        outcomes = [
+            await write_triplet(
                 db,
-                _scope(args),
-                args.filters.given(),
-                mode=args.mode,
-                new_triplet=new,
-                dry_run=args.dry_run,
-                max_affected=args.max_affected,
-                at=graph.now(),
+                scope,
+                draft,
+                source="tool",
+                provenance=["tool"],
+                at=at,
+                actor="memory_commit",
+                field_prefix=f"triplets.{i}.",
             )
-        return PurgeOutput(
-            mode=args.mode,
-            dry_run=args.dry_run,
-            matched=len(result.matched),
-            triplets=[triplet_out(e) for e in result.matched],
-            new_triplet=triplet_out(result.written.edge) if result.written else None,
-            purge_id=result.purge_id,
-        )
-
-    async def recall(memory: MemoryView, args: RecallInput) -> RecallOutput:
-        graph = ctx.backend()
-        window = args.time_range
-        params = RecallParams(
-            keywords=split_keywords(args.query_intent),
-            depth=args.depth,
-            since=window.from_ if window else None,
-            until=window.to if window else None,
-            include_speculative=args.include_speculative,
-            limit=args.limit,
-            seed_similarity=ctx.options.seed_similarity,
-            seed_limit=ctx.options.seed_limit,
-        )
-        view = await recall_graph(memory, graph.db, graph.transaction, _scope(args), params)
-        nodes = sorted(view.nodes.items(), key=lambda item: (view.distance[item[0]], item[1].name.lower()))
-        return RecallOutput(
-            keywords=view.keywords,
-            seeds=view.seeds,
-            nodes=[
-                NodeOut(
-                    name=node.name,
-                    type=node.type,
-                    distance=view.distance[key],
-                    description=node.props.get("description") if node.props else None,
-                )
-                for key, node in nodes
-            ],
-            edges=[triplet_out(e) for e in view.edges],
-            rendered=triplet_block(f"Memory graph ({', '.join(view.keywords)}):", view.edges),
-            truncated=view.truncated,
-        )
-
-    async def task_create_tool(memory: MemoryView, args: TaskCreateInput) -> TaskCreateOutput:
-        graph = ctx.backend()
-        async with graph.transaction() as db:
-            task, previous = await create_task(
-                db, _scope(args), args.task_id, args.description, args.info_nodes, graph.now()
-            )
-        return TaskCreateOutput(task=TaskOut(**task.as_dict()), previous_task=previous)
-
-    async def task_set_state_tool(memory: MemoryView, args: TaskSetStateInput) -> TaskSetStateOutput:
-        graph = ctx.backend()
-        async with graph.transaction() as db:
-            task, previous, changed = await set_state(db, _scope(args), args.task_id, args.state, graph.now())
-        return TaskSetStateOutput(task=TaskOut(**task.as_dict()), previous_state=previous, changed=changed)
-
-    async def task_query_tool(memory: MemoryView, args: TaskQueryInput) -> TaskQueryOutput:
-        tasks = await load_tasks(ctx.backend().db, _scope(args), state=args.state, limit=args.limit)
-        return TaskQueryOutput(tasks=[TaskOut(**t.as_dict()) for t in tasks])
-
-    async def persona_set_tool(memory: MemoryView, args: PersonaSetInput) -> PersonaSetOutput:
-        graph = ctx.backend()
-        async with graph.transaction() as db:
-            current, old, superseded = await set_persona(
-                db, _scope(args), args.description, args.traits, args.tone, graph.now()
-            )
-        return PersonaSetOutput(
-            persona=PersonaOut(**current.as_dict()),
-            replaced=PersonaOut(**old.as_dict()) if old else None,
-            superseded_edges=superseded,
-        )
-
-    async def persona_get_tool(memory: MemoryView, args: PersonaGetInput) -> PersonaGetOutput:
-        found = await persona_for(ctx.backend().db, _scope(args))
-        return PersonaGetOutput(
-            persona=PersonaOut(**found.as_dict()) if found else None, rendered=persona_text(found)
-        )
-
-    async def context_rewrite_tool(memory: MemoryView, args: RewriteInput) -> RewriteOutput:
-        messages, turn = rewrite(args.messages, args.summary)
-        return RewriteOutput(
-            messages=messages,
-            tool_calls=len(turn.calls),
-            tools=sorted({name for _, name in turn.calls}),
-            replaced=turn.replaced,
-        )
-
-    scope_note = (
-        " Takes user_id (whose graph), chat_id (reads: only that chat, default all of the user's chats; "
-        "writes: that chat, default '_direct') and tenant."
+            for i, draft in enumerate(drafts)
+        ]
+    return CommitOutput(
+        triplets=[triplet_out(o.edge) for o in outcomes],
+        created=sum(o.created for o in outcomes),
+        confirmed=sum(not o.created for o in outcomes),
+        superseded=[triplet_out(old) for o in outcomes for old in o.superseded],
     )
-    return [
-        Tool(
-            name="memory_commit",
-            description=(
-                "Write facts to the memory graph as triplets {subject, relation, object, subject_type?, "
-                "object_type?, confidence?}. 'user' is the user. Relations are lower_snake (likes, works_on, "
-                "plans, located_at) or RELATES_TO. Set speculative=true for anything inferred rather than "
-                "said. Writing a triplet again confirms it (count + 1); a contradicting one (dislikes after "
-                "likes) supersedes the old." + scope_note
-            ),
-            input_model=CommitInput,
-            output_model=CommitOutput,
-            handler=commit,
+
+
+async def purge_tool(ctx: GraphContext, memory: MemoryView, args: PurgeInput) -> PurgeOutput:
+    new = _draft(args.new_triplet, False, "new_triplet") if args.new_triplet is not None else None
+    graph = ctx.backend()
+    async with graph.transaction() as db:
+        result = await purge(
+            db,
+            _scope(args),
+            args.filters.given(),
+            mode=args.mode,
+            new_triplet=new,
+            dry_run=args.dry_run,
+            max_affected=args.max_affected,
+            at=graph.now(),
+        )
+    return PurgeOutput(
+        mode=args.mode,
+        dry_run=args.dry_run,
+        matched=len(result.matched),
+        triplets=[triplet_out(e) for e in result.matched],
+        new_triplet=triplet_out(result.written.edge) if result.written else None,
+        purge_id=result.purge_id,
+    )
+
+
+async def recall(ctx: GraphContext, memory: MemoryView, args: RecallInput) -> RecallOutput:
+    graph = ctx.backend()
+    window = args.time_range
+    params = RecallParams(
+        keywords=split_keywords(args.query_intent),
+        depth=args.depth,
+        since=window.from_ if window else None,
+        until=window.to if window else None,
+        include_speculative=args.include_speculative,
+        limit=args.limit,
+        seed_similarity=ctx.options.seed_similarity,
+        seed_limit=ctx.options.seed_limit,
+    )
+    view = await recall_graph(memory, graph.db, graph.transaction, _scope(args), params)
+    nodes = sorted(view.nodes.items(), key=lambda item: (view.distance[item[0]], item[1].name.lower()))
+    return RecallOutput(
+        keywords=view.keywords,
+        seeds=view.seeds,
+        nodes=[
+            NodeOut(
+                name=node.name,
+                type=node.type,
+                distance=view.distance[key],
+                description=node.props.get("description") if node.props else None,
+            )
+            for key, node in nodes
+        ],
+        edges=[triplet_out(e) for e in view.edges],
+        rendered=triplet_block(f"Memory graph ({', '.join(view.keywords)}):", view.edges),
+        truncated=view.truncated,
+    )
+
+
+async def task_create_tool(ctx: GraphContext, memory: MemoryView, args: TaskCreateInput) -> TaskCreateOutput:
+    graph = ctx.backend()
+    async with graph.transaction() as db:
+        task, previous = await create_task(
+            db, _scope(args), args.task_id, args.description, args.info_nodes, graph.now()
+        )
+    return TaskCreateOutput(task=TaskOut(**task.as_dict()), previous_task=previous)
+
+
+async def task_set_state_tool(
+    ctx: GraphContext, memory: MemoryView, args: TaskSetStateInput
+) -> TaskSetStateOutput:
+    graph = ctx.backend()
+    async with graph.transaction() as db:
+        task, previous, changed = await set_state(db, _scope(args), args.task_id, args.state, graph.now())
+    return TaskSetStateOutput(task=TaskOut(**task.as_dict()), previous_state=previous, changed=changed)
+
+
+async def task_query_tool(ctx: GraphContext, memory: MemoryView, args: TaskQueryInput) -> TaskQueryOutput:
+    tasks = await load_tasks(ctx.backend().db, _scope(args), state=args.state, limit=args.limit)
+    return TaskQueryOutput(tasks=[TaskOut(**t.as_dict()) for t in tasks])
+
+
+async def persona_set_tool(ctx: GraphContext, memory: MemoryView, args: PersonaSetInput) -> PersonaSetOutput:
+    graph = ctx.backend()
+    async with graph.transaction() as db:
+        current, old, superseded = await set_persona(
+            db, _scope(args), args.description, args.traits, args.tone, graph.now()
+        )
+    return PersonaSetOutput(
+        persona=PersonaOut(**current.as_dict()),
+        replaced=PersonaOut(**old.as_dict()) if old else None,
+        superseded_edges=superseded,
+    )
+
+
+async def persona_get_tool(ctx: GraphContext, memory: MemoryView, args: PersonaGetInput) -> PersonaGetOutput:
+    found = await persona_for(ctx.backend().db, _scope(args))
+    return PersonaGetOutput(
+        persona=PersonaOut(**found.as_dict()) if found else None, rendered=persona_text(found)
+    )
+
+
+async def context_rewrite_tool(ctx: GraphContext, memory: MemoryView, args: RewriteInput) -> RewriteOutput:
+    messages, turn = rewrite(args.messages, args.summary)
+    return RewriteOutput(
+        messages=messages,
+        tool_calls=len(turn.calls),
+        tools=sorted({name for _, name in turn.calls}),
+        replaced=turn.replaced,
+    )
+
+
+SCOPE_NOTE = (
+    " Takes user_id (whose graph), chat_id (reads: only that chat, default all of the user's chats; "
+    "writes: that chat, default '_direct') and tenant."
+)
+
+
+TOOLS: list[ToolSpec[GraphContext]] = [
+    ToolSpec(
+        name="memory_commit",
+        description=(
+            "Write facts to the memory graph as triplets {subject, relation, object, subject_type?, "
+            "object_type?, confidence?}. 'user' is the user. Relations are lower_snake (likes, works_on, "
+            "plans, located_at) or RELATES_TO. Set speculative=true for anything inferred rather than "
+            "said. Writing a triplet again confirms it (count + 1); a contradicting one (dislikes after "
+            "likes) supersedes the old." + SCOPE_NOTE
         ),
-        Tool(
-            name="memory_purge",
-            description=(
-                "Delete or correct triplets. filters: subject, relation, object (exact) or subject_contains, "
-                "relation_contains, object_contains (substring), speculative; all must hold; at least one. "
-                "mode: soft (mark deleted), hard (erase), supersede (mark superseded by new_triplet). "
-                "dry_run shows what would be affected." + scope_note
-            ),
-            input_model=PurgeInput,
-            output_model=PurgeOutput,
-            handler=purge_tool,
+        input_model=CommitInput,
+        output_model=CommitOutput,
+        handler=commit,
+    ),
+    ToolSpec(
+        name="memory_purge",
+        description=(
+            "Delete or correct triplets. filters: subject, relation, object (exact) or subject_contains, "
+            "relation_contains, object_contains (substring), speculative; all must hold; at least one. "
+            "mode: soft (mark deleted), hard (erase), supersede (mark superseded by new_triplet). "
+            "dry_run shows what would be affected." + SCOPE_NOTE
         ),
-        Tool(
-            name="memory_recall",
-            description=(
-                "Read the memory graph: query_intent is comma-separated keywords ('persona,tone' or "
-                "'TaskNode,working_memory'); nodes matching them by name, type or meaning are walked "
-                "depth hops (1-5) along active triplets; time_range {from, to} keeps triplets stated then. "
-                "Returns nodes, edges and a rendered text block." + scope_note
-            ),
-            input_model=RecallInput,
-            output_model=RecallOutput,
-            handler=recall,
+        input_model=PurgeInput,
+        output_model=PurgeOutput,
+        handler=purge_tool,
+    ),
+    ToolSpec(
+        name="memory_recall",
+        description=(
+            "Read the memory graph: query_intent is comma-separated keywords ('persona,tone' or "
+            "'TaskNode,working_memory'); nodes matching them by name, type or meaning are walked "
+            "depth hops (1-5) along active triplets; time_range {from, to} keeps triplets stated then. "
+            "Returns nodes, edges and a rendered text block." + SCOPE_NOTE
         ),
-        Tool(
-            name="task_create",
-            description=(
-                "Record this turn's task in the chat's working memory chain: task_id (unique in the chat), "
-                "description, info_nodes (names of nodes it is about). It follows the chat's previous task "
-                "(NEXT_TASK) and starts in_progress. Needs user_id and chat_id."
-            ),
-            input_model=TaskCreateInput,
-            output_model=TaskCreateOutput,
-            handler=task_create_tool,
+        input_model=RecallInput,
+        output_model=RecallOutput,
+        handler=recall,
+    ),
+    ToolSpec(
+        name="task_create",
+        description=(
+            "Record this turn's task in the chat's working memory chain: task_id (unique in the chat), "
+            "description, info_nodes (names of nodes it is about). It follows the chat's previous task "
+            "(NEXT_TASK) and starts in_progress. Needs user_id and chat_id."
         ),
-        Tool(
-            name="task_set_state",
-            description=(
-                "Set exactly one task's state (in_progress, paused, done, cancelled) by its exact task_id. "
-                "Needs user_id and chat_id."
-            ),
-            input_model=TaskSetStateInput,
-            output_model=TaskSetStateOutput,
-            handler=task_set_state_tool,
+        input_model=TaskCreateInput,
+        output_model=TaskCreateOutput,
+        handler=task_create_tool,
+    ),
+    ToolSpec(
+        name="task_set_state",
+        description=(
+            "Set exactly one task's state (in_progress, paused, done, cancelled) by its exact task_id. "
+            "Needs user_id and chat_id."
         ),
-        Tool(
-            name="task_query",
-            description=(
-                "The chat's working memory chain, newest first: task_id, description, state, created_at, "
-                "info_nodes; filter by state, at most limit. Needs user_id and chat_id."
-            ),
-            input_model=TaskQueryInput,
-            output_model=TaskQueryOutput,
-            handler=task_query_tool,
+        input_model=TaskSetStateInput,
+        output_model=TaskSetStateOutput,
+        handler=task_set_state_tool,
+    ),
+    ToolSpec(
+        name="task_query",
+        description=(
+            "The chat's working memory chain, newest first: task_id, description, state, created_at, "
+            "info_nodes; filter by state, at most limit. Needs user_id and chat_id."
         ),
-        Tool(
-            name="persona_set",
-            description=(
-                "Set the bot's persona: description, traits, tone. Replaces the previous persona (kept as "
-                "history) and touches nothing else. Without chat_id it is the user's default persona."
-                + scope_note
-            ),
-            input_model=PersonaSetInput,
-            output_model=PersonaSetOutput,
-            handler=persona_set_tool,
+        input_model=TaskQueryInput,
+        output_model=TaskQueryOutput,
+        handler=task_query_tool,
+    ),
+    ToolSpec(
+        name="persona_set",
+        description=(
+            "Set the bot's persona: description, traits, tone. Replaces the previous persona (kept as "
+            "history) and touches nothing else. Without chat_id it is the user's default persona."
+            + SCOPE_NOTE
         ),
-        Tool(
-            name="persona_get",
-            description="The current persona: the chat's own, else the user's default." + scope_note,
-            input_model=PersonaGetInput,
-            output_model=PersonaGetOutput,
-            handler=persona_get_tool,
+        input_model=PersonaSetInput,
+        output_model=PersonaSetOutput,
+        handler=persona_set_tool,
+    ),
+    ToolSpec(
+        name="persona_get",
+        description="The current persona: the chat's own, else the user's default." + SCOPE_NOTE,
+        input_model=PersonaGetInput,
+        output_model=PersonaGetOutput,
+        handler=persona_get_tool,
+    ),
+    ToolSpec(
+        name="context_rewrite",
+        description=(
+            "Compress this turn's tool-call messages (OpenAI format: user, assistant with tool_calls, "
+            "tool with tool_call_id) into [user message, summary]. The summary must name every tool "
+            "called and say how many calls it summarizes as a number, or it is refused."
         ),
-        Tool(
-            name="context_rewrite",
-            description=(
-                "Compress this turn's tool-call messages (OpenAI format: user, assistant with tool_calls, "
-                "tool with tool_call_id) into [user message, summary]. The summary must name every tool "
-                "called and say how many calls it summarizes as a number, or it is refused."
-            ),
-            input_model=RewriteInput,
-            output_model=RewriteOutput,
-            handler=context_rewrite_tool,
-        ),
-    ]
+        input_model=RewriteInput,
+        output_model=RewriteOutput,
+        handler=context_rewrite_tool,
+    ),
+]
+
+
+def make_tools(ctx: GraphContext) -> list[Tool]:
+    """The graph's tools bound to this memory's plugin (``ctx``)."""
+    return bind_tools(TOOLS, ctx)

@@ -29,7 +29,7 @@ from narrmem_plugins.rtm.theory import suggest_parameters
 from narrmem_plugins.rtm.traverse import find_optimal_depth, recall_lengths, recall_units
 
 from narrmem.errors import InputError
-from narrmem.tools import Tool
+from narrmem.tools import Tool, ToolSpec, bind_tools
 from narrmem.view import MemoryView
 
 
@@ -76,150 +76,156 @@ async def _resolve(memory: MemoryView, ctx: RTMContext, args: TextOrTree) -> Sto
     return stored
 
 
-def make_tools(ctx: RTMContext) -> list[Tool]:
-    async def create(memory: MemoryView, args: CreateTreeInput) -> CreateTreeOutput:
-        request = TreeRequest(
-            text=args.text,
-            title=args.title,
-            tenant=args.tenant,
-            type=args.type,
-            branching=args.maxBranchingFactor,
-            max_depth=args.maxRecallDepth,
-            partition=args.partition,
-            seed=args.seed,
-            language=args.language,
-            segmentation=args.segmentation,
-        )
-        stored, created = await get_or_build(memory, ctx.trees, request, ctx.options, ctx.summarizer)
-        stats = stats_of(stored.tree)
-        p = stored.params
-        return CreateTreeOutput(
-            treeId=stored.tree_id,
-            title=stored.title,
-            created=created,
-            parameters=TreeParameters(
-                maxBranchingFactor=p["maxBranchingFactor"],
-                maxRecallDepth=p["maxRecallDepth"],
-                depthSuggested=p["depthSuggested"],
-                partition=p["partition"],
-                seed=p["seed"],
-                language=p["detectedLanguage"],
-                segmentation=p["segmentationUsed"],
-                summarizer=p["summarizer"],
-                type=p["type"],
-            ),
-            stats=TreeStats(**{k: stats[k] for k in TreeStats.model_fields}),
-            compressionRatio=stats["compressionRatio"],
-            scale=ScaleCheck(**stats["scale"]),
-        )
+async def create(ctx: RTMContext, memory: MemoryView, args: CreateTreeInput) -> CreateTreeOutput:
+    request = TreeRequest(
+        text=args.text,
+        title=args.title,
+        tenant=args.tenant,
+        type=args.type,
+        branching=args.maxBranchingFactor,
+        max_depth=args.maxRecallDepth,
+        partition=args.partition,
+        seed=args.seed,
+        language=args.language,
+        segmentation=args.segmentation,
+    )
+    stored, created = await get_or_build(memory, ctx.trees, request, ctx.options, ctx.summarizer)
+    stats = stats_of(stored.tree)
+    p = stored.params
+    return CreateTreeOutput(
+        treeId=stored.tree_id,
+        title=stored.title,
+        created=created,
+        parameters=TreeParameters(
+            maxBranchingFactor=p["maxBranchingFactor"],
+            maxRecallDepth=p["maxRecallDepth"],
+            depthSuggested=p["depthSuggested"],
+            partition=p["partition"],
+            seed=p["seed"],
+            language=p["detectedLanguage"],
+            segmentation=p["segmentationUsed"],
+            summarizer=p["summarizer"],
+            type=p["type"],
+        ),
+        stats=TreeStats(**{k: stats[k] for k in TreeStats.model_fields}),
+        compressionRatio=stats["compressionRatio"],
+        scale=ScaleCheck(**stats["scale"]),
+    )
 
-    async def traverse(memory: MemoryView, args: TraverseInput) -> TraverseOutput:
-        stored = await _resolve(memory, ctx, args)
-        tree, shape = stored.tree, stored.tree.shape
-        units = recall_units(shape, args.traversalDepth).tolist()
-        leaf = shape.is_leaf
-        leaf_count = int(leaf.sum())
-        texts = [tree.summaries[i] for i in units]
-        return TraverseOutput(
-            treeId=stored.tree_id,
-            traversalDepth=args.traversalDepth,
-            summaries=texts,
-            recallSequence=list(texts),
-            units=[
-                RecallUnit(
-                    node=i,
-                    depth=int(shape.depth[i]),
-                    clauseStart=int(shape.start[i]),
-                    clauseEnd=int(shape.end[i]),
-                    leaf=bool(leaf[i]),
-                )
-                for i in units
-            ],
-            retelling=joiner(tree.language).join(texts),
-            recallLength=len(units),
-            leafCount=leaf_count,
-            compressionRatio=round(len(units) / leaf_count, 6),
-            clausesPerUnit=round(leaf_count / len(units), 6),
-        )
 
-    async def find_depth(memory: MemoryView, args: FindDepthInput) -> FindDepthOutput:
-        stored = await _resolve(memory, ctx, args)
-        lengths = recall_lengths(stored.tree.shape)
-        found = find_optimal_depth(lengths, int(stored.params["maxBranchingFactor"]), args.targetRecallLength)
-        return FindDepthOutput(treeId=stored.tree_id, targetRecallLength=args.targetRecallLength, **found)
-
-    async def generate_ensemble(memory: MemoryView, args: EnsembleInput) -> EnsembleOutput:
-        sections = segment_cached(args.text, args.language, args.segmentation)
-        clauses = len(sections.clauses)
-        if clauses == 0:
-            raise InputError("the text holds no clause (no letter or digit)", field="text")
-        if clauses > ctx.options.max_clauses:
-            raise InputError(
-                f"the text has {clauses} clauses; at most {ctx.options.max_clauses}", field="text"
+async def traverse(ctx: RTMContext, memory: MemoryView, args: TraverseInput) -> TraverseOutput:
+    stored = await _resolve(memory, ctx, args)
+    tree, shape = stored.tree, stored.tree.shape
+    units = recall_units(shape, args.traversalDepth).tolist()
+    leaf = shape.is_leaf
+    leaf_count = int(leaf.sum())
+    texts = [tree.summaries[i] for i in units]
+    return TraverseOutput(
+        treeId=stored.tree_id,
+        traversalDepth=args.traversalDepth,
+        summaries=texts,
+        recallSequence=list(texts),
+        units=[
+            RecallUnit(
+                node=i,
+                depth=int(shape.depth[i]),
+                clauseStart=int(shape.start[i]),
+                clauseEnd=int(shape.end[i]),
+                leaf=bool(leaf[i]),
             )
-        k = args.maxBranchingFactor or ctx.options.branching
-        depth = args.maxRecallDepth or suggest_parameters(clauses, 1 / k)[1]
-        seed = 0 if args.seed is None else args.seed
-        sim = simulate(clauses, k, depth, args.ensembleSize, seed)
-        summary = summarize(sim, clauses, k, depth)
-        return EnsembleOutput(
-            title=args.title,
-            leafCount=clauses,
-            ensembleSize=args.ensembleSize,
-            maxBranchingFactor=k,
-            maxRecallDepth=depth,
-            seed=seed,
-            **summary,
-        )
+            for i in units
+        ],
+        retelling=joiner(tree.language).join(texts),
+        recallLength=len(units),
+        leafCount=leaf_count,
+        compressionRatio=round(len(units) / leaf_count, 6),
+        clausesPerUnit=round(leaf_count / len(units), 6),
+    )
 
-    return [
-        Tool(
-            name="rtm_create_narrative_tree",
-            description=(
-                "Encode a narrative as a Random Tree Model tree: clauses are leaves, every node of at "
-                "most maxBranchingFactor (K) children summarises its span, the root (depth 1) the whole "
-                "text, down to maxRecallDepth (D). partition 'semantic' (default) cuts at topic shifts, "
-                "'random' draws the paper's uniform compositions (seeded). Returns a treeId reused by the "
-                "other tools, node statistics and the compression ratio at each depth. Same inputs, "
-                "same treeId: a repeated call reuses the stored tree."
-            ),
-            input_model=CreateTreeInput,
-            output_model=CreateTreeOutput,
-            handler=create,
+
+async def find_depth(ctx: RTMContext, memory: MemoryView, args: FindDepthInput) -> FindDepthOutput:
+    stored = await _resolve(memory, ctx, args)
+    lengths = recall_lengths(stored.tree.shape)
+    found = find_optimal_depth(lengths, int(stored.params["maxBranchingFactor"]), args.targetRecallLength)
+    return FindDepthOutput(treeId=stored.tree_id, targetRecallLength=args.targetRecallLength, **found)
+
+
+async def generate_ensemble(ctx: RTMContext, memory: MemoryView, args: EnsembleInput) -> EnsembleOutput:
+    sections = segment_cached(args.text, args.language, args.segmentation)
+    clauses = len(sections.clauses)
+    if clauses == 0:
+        raise InputError("the text holds no clause (no letter or digit)", field="text")
+    if clauses > ctx.options.max_clauses:
+        raise InputError(f"the text has {clauses} clauses; at most {ctx.options.max_clauses}", field="text")
+    k = args.maxBranchingFactor or ctx.options.branching
+    depth = args.maxRecallDepth or suggest_parameters(clauses, 1 / k)[1]
+    seed = 0 if args.seed is None else args.seed
+    sim = simulate(clauses, k, depth, args.ensembleSize, seed)
+    summary = summarize(sim, clauses, k, depth)
+    return EnsembleOutput(
+        title=args.title,
+        leafCount=clauses,
+        ensembleSize=args.ensembleSize,
+        maxBranchingFactor=k,
+        maxRecallDepth=depth,
+        seed=seed,
+        **summary,
+    )
+
+
+TOOLS: list[ToolSpec[RTMContext]] = [
+    ToolSpec(
+        name="rtm_create_narrative_tree",
+        description=(
+            "Encode a narrative as a Random Tree Model tree: clauses are leaves, every node of at "
+            "most maxBranchingFactor (K) children summarises its span, the root (depth 1) the whole "
+            "text, down to maxRecallDepth (D). partition 'semantic' (default) cuts at topic shifts, "
+            "'random' draws the paper's uniform compositions (seeded). Returns a treeId reused by the "
+            "other tools, node statistics and the compression ratio at each depth. Same inputs, "
+            "same treeId: a repeated call reuses the stored tree."
         ),
-        Tool(
-            name="rtm_traverse_narrative",
-            description=(
-                "Recall a narrative at a depth: the summaries of the nodes at traversalDepth (and of "
-                "leaves above it) in story order, joined as a retelling. Depth 1 is a one-line abstract; "
-                "deeper is more detailed. Give treeId, or text and title (the tree built for them is "
-                "reused, or built with default parameters)."
-            ),
-            input_model=TraverseInput,
-            output_model=TraverseOutput,
-            handler=traverse,
+        input_model=CreateTreeInput,
+        output_model=CreateTreeOutput,
+        handler=create,
+    ),
+    ToolSpec(
+        name="rtm_traverse_narrative",
+        description=(
+            "Recall a narrative at a depth: the summaries of the nodes at traversalDepth (and of "
+            "leaves above it) in story order, joined as a retelling. Depth 1 is a one-line abstract; "
+            "deeper is more detailed. Give treeId, or text and title (the tree built for them is "
+            "reused, or built with default parameters)."
         ),
-        Tool(
-            name="rtm_generate_ensemble",
-            description=(
-                "Model population-level recall: ensembleSize random trees of the same text (seeded). "
-                "Per depth: mean, standard deviation and standard error of the recall length and the "
-                "compression ratio, the exact theoretical expectation and the z-score against it; node "
-                "statistics and a scale check."
-            ),
-            input_model=EnsembleInput,
-            output_model=EnsembleOutput,
-            handler=generate_ensemble,
+        input_model=TraverseInput,
+        output_model=TraverseOutput,
+        handler=traverse,
+    ),
+    ToolSpec(
+        name="rtm_generate_ensemble",
+        description=(
+            "Model population-level recall: ensembleSize random trees of the same text (seeded). "
+            "Per depth: mean, standard deviation and standard error of the recall length and the "
+            "compression ratio, the exact theoretical expectation and the z-score against it; node "
+            "statistics and a scale check."
         ),
-        Tool(
-            name="rtm_find_optimal_depth",
-            description=(
-                "Find the traversal depth whose recall length is closest to targetRecallLength "
-                "(estimated as 2 + log_K(target / root branches), then refined by adjacent depths). "
-                "Returns optimalDepth, actualRecallLength and accuracy = 1 - |actual - target| / target."
-            ),
-            input_model=FindDepthInput,
-            output_model=FindDepthOutput,
-            handler=find_depth,
+        input_model=EnsembleInput,
+        output_model=EnsembleOutput,
+        handler=generate_ensemble,
+    ),
+    ToolSpec(
+        name="rtm_find_optimal_depth",
+        description=(
+            "Find the traversal depth whose recall length is closest to targetRecallLength "
+            "(estimated as 2 + log_K(target / root branches), then refined by adjacent depths). "
+            "Returns optimalDepth, actualRecallLength and accuracy = 1 - |actual - target| / target."
         ),
-    ]
+        input_model=FindDepthInput,
+        output_model=FindDepthOutput,
+        handler=find_depth,
+    ),
+]
+
+
+def make_tools(ctx: RTMContext) -> list[Tool]:
+    """The RTM tools bound to this memory's plugin (``ctx``)."""
+    return bind_tools(TOOLS, ctx)
