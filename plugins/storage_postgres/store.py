@@ -33,8 +33,10 @@ COLUMNS = (
     "stored_at, message_ids, meta, context_text, reinforced_at"
 )
 # The keyword documents are narrmem's own tokens (lower-cased words, CJK bigrams) joined by spaces;
-# the text-search configuration only splits them again and, for ``english``, stems the words.
-DEFAULT_TEXT_CONFIG = "simple"
+# the text-search configuration only splits them again and, for ``english``, stems the words and
+# drops English stopwords (CJK bigrams pass through unchanged). english over simple: LoCoMo dev
+# R@10 0.733 against 0.704 (R@5 0.636 against 0.615), as SQLite's porter stemming finds too.
+DEFAULT_TEXT_CONFIG = "english"
 TEXT_CONFIGS = ("simple", "english")
 # pgvector's bound on hnsw.ef_search.
 MAX_EF_SEARCH = 1000
