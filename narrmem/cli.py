@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from narrmem.config import Settings, load_settings
+from narrmem.doors.server.commands import SERVER_COMMANDS, add_server_commands
 from narrmem.errors import NarrmemError
 
 Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
@@ -131,6 +132,7 @@ def _add_serving_commands(sub: Subparsers, common: Parents) -> None:
 
     tools = sub.add_parser("tools", parents=[common], help="print the tool schemas for function calling")
     tools.add_argument("--format", choices=["openai", "anthropic", "mcp"], default="openai")
+    add_server_commands(sub, common)  # serve (HTTP API and inspector), keys
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -562,6 +564,7 @@ COMMANDS: dict[str, Handler] = {
     "import": cmd_import,
     "forget": cmd_forget,
     "migrate": cmd_migrate,
+    **SERVER_COMMANDS,
 }
 
 if __name__ == "__main__":

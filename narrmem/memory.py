@@ -699,6 +699,17 @@ class Memory:
             "tools": self.tools.names(),
         }
 
+    async def users(self, tenant: str | None = None, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """Who has memories: per user of ``tenant`` (every tenant if ``None``) how many memories and
+        scenes, in how many chats, and the time of the oldest and newest. For inspection; it reads
+        no memory's text and changes nothing."""
+        if tenant is not None:
+            tenant = text_argument(tenant, "tenant", max_chars=MAX_ID_CHARS)
+            if not tenant:
+                raise InputError("must not be empty", field="tenant")
+        limit = int_argument(limit, "limit", high=100_000)
+        return await self.store.users(tenant, limit=limit)
+
 
 class _Opening:
     """Lets ``Memory.open`` be both awaited and used with ``async with``."""

@@ -55,6 +55,26 @@ class Message(_Strict):
         return check_time_range(ts)
 
 
+class IncomingMessage(Message):
+    """A message from a tool or HTTP caller: ``ts`` may be left out, and is then the memory's
+    clock's now (see :meth:`at`). The Python API keeps to :class:`Message`, where ``ts`` is required."""
+
+    ts: AwareDatetime | None = None  # type: ignore[assignment]
+
+    # The same name replaces Message's validator, which would refuse a missing ts.
+    @field_validator("ts")
+    @classmethod
+    def _ts_in_range(cls, ts: datetime | None) -> datetime | None:  # type: ignore[override]
+        return None if ts is None else check_time_range(ts)
+
+    def at(self, now: datetime) -> Message:
+        """The message to ingest: its own ``ts``, else ``now``."""
+        data = self.model_dump()
+        if data["ts"] is None:
+            data["ts"] = now
+        return Message.model_validate(data)
+
+
 def json_object(value: dict[str, Any], limit: int = MAX_META_BYTES) -> dict[str, Any]:
     """``value`` if it is plain JSON of a bounded size and depth (it is stored and exported as JSON)."""
     try:

@@ -192,6 +192,13 @@ class Store(Protocol):
         """
         ...
 
+    async def users(self, tenant: str | None, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """The users with memories (of ``tenant``, or of every tenant when ``None``), ordered by
+        tenant and user id, at most ``limit``: ``tenant``, ``user_id``, ``memories``, ``scenes``,
+        ``chats``, ``first_at`` and ``last_at`` (creation times of their oldest and newest memory,
+        ISO 8601 UTC). Counts only: no text of any memory."""
+        ...
+
     async def stats(self) -> dict[str, Any]: ...
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
-from narrmem.models import MAX_QUERY_CHARS, Hit, Layer, Message, Scope
+from narrmem.models import MAX_QUERY_CHARS, Hit, IncomingMessage, Layer, Scope
 from narrmem.tools import Tool
 from narrmem.view import MemoryView
 
@@ -32,8 +32,9 @@ class RecallOutput(BaseModel):
     hits: list[Hit]
 
 
-async def ingest(memory: MemoryView, args: Message) -> IngestOutput:
-    result = await memory.ingest(args)
+async def ingest(memory: MemoryView, args: IncomingMessage) -> IngestOutput:
+    # A tool caller may leave ts out: the message is taken as said now, by the memory's clock.
+    result = await memory.ingest(args.at(memory.clock.now()))
     return IngestOutput(
         message_id=result.message_id,
         layer=result.layer,
@@ -65,10 +66,10 @@ def narrmem_register_tools(register: Callable[[Tool], None]) -> None:
             description=(
                 "Hand one chat message to memory. Call it for every message the user sends; memory "
                 "decides whether it is worth keeping. Arguments: text, user_id (who wrote it), chat_id "
-                "(where), ts (ISO-8601 with timezone), message_id (unique in the chat), optional tenant, "
-                "speaker and meta."
+                "(where), ts (ISO-8601 with timezone; default: now), message_id (unique in the chat), "
+                "optional tenant, speaker and meta."
             ),
-            input_model=Message,
+            input_model=IncomingMessage,
             output_model=IngestOutput,
             handler=ingest,
         )

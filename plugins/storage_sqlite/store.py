@@ -9,7 +9,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -800,6 +800,27 @@ class SQLiteStore:
             "database_bytes": _size(self.db_path) + _size(Path(str(self.db_path) + "-wal")),
             "index_bytes": _folder_size(self.index_path),
         }
+
+    async def users(self, tenant: str | None, *, limit: int = 1000) -> list[dict[str, Any]]:
+        where, params = ("WHERE tenant = ?", [tenant]) if tenant is not None else ("", [])
+        rows = await self._fetchall(
+            "SELECT tenant, user_id, COUNT(*), SUM(kind = 'scene'), COUNT(DISTINCT chat_id), "
+            f"MIN(created_ts), MAX(created_ts) FROM memories {where} "
+            "GROUP BY tenant, user_id ORDER BY tenant, user_id LIMIT ?",
+            [*params, limit],
+        )
+        return [
+            {
+                "tenant": t,
+                "user_id": u,
+                "memories": n,
+                "scenes": scenes,
+                "chats": chats,
+                "first_at": datetime.fromtimestamp(first, UTC).isoformat(),
+                "last_at": datetime.fromtimestamp(last, UTC).isoformat(),
+            }
+            for t, u, n, scenes, chats, first, last in rows
+        ]
 
     async def _vector_ids(self) -> np.ndarray:
         rows = await self._fetchall("SELECT id FROM memories WHERE vector IS NOT NULL ORDER BY id")

@@ -1,0 +1,466 @@
+"""The HTTP API of ``narrmem serve`` and its inspector page, as one FastAPI app over one ``Memory``.
+
+Only the public :class:`narrmem.Memory` API is used. Every request that names a tenant is checked
+against the caller's key before anything is read or written: a key of another tenant gets 403. A
+request body is one of the library's models (unknown fields are errors naming them); bad input is
+4xx naming the field, never a 500.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Annotated, Any, TypeVar
+
+import numpy as np
+from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+
+from narrmem import __version__
+from narrmem.doors.server.events import TriggerHub, WebhookOptions
+from narrmem.doors.server.keys import OPEN, KeyRing, Principal
+from narrmem.doors.server.limits import BodyLimit
+from narrmem.doors.server.schemas import (
+    ContextBody,
+    DeleteMessages,
+    IngestBatch,
+    MarkUsedBody,
+    RecallBody,
+    TurnContextBody,
+)
+from narrmem.errors import InputError, NarrmemError, PluginError, StoreError, UnknownToolError
+from narrmem.memory import Memory
+from narrmem.models import MAX_ID_CHARS, Hit, IncomingMessage, IngestResult, Scope
+from narrmem.transfer import EXPORT_FORMAT, EXPORT_VERSION, ExportHeader
+
+log = logging.getLogger("narrmem.server")
+
+DEFAULT_MAX_BODY = 2_000_000
+DEFAULT_MAX_BATCH = 500
+UI_PACKAGE = "narrmem.doors.server"
+
+TenantParam = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_CHARS)]
+UserParam = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS)]
+
+
+@dataclass
+class ServerState:
+    memory: Memory
+    keys: KeyRing | None
+    hub: TriggerHub
+    max_batch: int = DEFAULT_MAX_BATCH
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def create_app(
+    memory: Memory,
+    *,
+    keys: KeyRing | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    cors_origins: list[str] | None = None,
+    webhook: WebhookOptions | None = None,
+    ui: bool = True,
+) -> FastAPI:
+    """The app over ``memory``. ``keys``: the key ring (``None``: no keys, every tenant open, for a
+    server on a loopback address); ``cors_origins``: origins allowed to call from a browser (off
+    by default); ``webhook``: where trigger events are POSTed, with retries."""
+    hub = TriggerHub(webhook)
+    memory.on_trigger(hub.publish)
+    state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch)
+    app = _build(state, ui=ui)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type"],
+        )
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The API's OpenAPI schema (no memory needed: routes reach the memory only when called)."""
+    return _build(None, ui=False).openapi()
+
+
+def _build(state: ServerState | None, *, ui: bool) -> FastAPI:
+    app = FastAPI(
+        title="narrmem",
+        version=__version__,
+        summary="Memory middleware for chatbots, over HTTP.",
+        description=(
+            "Every call takes an API key (`Authorization: Bearer nmk_...` or `X-API-Key`) when the "
+            "server has keys; a key reaches only its own tenant (403 otherwise). Leave `tenant` out "
+            "and the key's tenant is used."
+        ),
+    )
+    app.state.narrmem = state
+    _errors(app)
+    app.include_router(_routes())
+    if ui:
+        ui_dir = resources.files(UI_PACKAGE) / "ui"
+        app.mount("/ui", StaticFiles(directory=str(ui_dir), html=True), name="ui")
+
+        @app.get("/", include_in_schema=False)
+        async def root() -> RedirectResponse:
+            return RedirectResponse("/ui/")
+
+    return app
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def _problem(status: int, detail: Any, **extra: Any) -> JSONResponse:
+    return JSONResponse({"detail": detail, **extra}, status_code=status)
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = jsonable_encoder(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return _problem(400, errors)
+        return _problem(422, errors)
+
+    @app.exception_handler(UnknownToolError)
+    async def unknown_tool(request: Request, exc: UnknownToolError) -> JSONResponse:
+        return _problem(404, str(exc), field=exc.field)
+
+    @app.exception_handler(InputError)
+    async def bad_input(request: Request, exc: InputError) -> JSONResponse:
+        loc = ["body", *(exc.field.split(".") if exc.field else [])]
+        return _problem(422, [{"loc": loc, "msg": str(exc), "type": "narrmem_input"}], field=exc.field)
+
+    @app.exception_handler(StoreError)
+    async def store_refused(request: Request, exc: StoreError) -> JSONResponse:
+        return _problem(409, str(exc))
+
+    @app.exception_handler(PluginError)
+    async def no_plugin(request: Request, exc: PluginError) -> JSONResponse:
+        return _problem(501, str(exc))
+
+    @app.exception_handler(NarrmemError)
+    async def other(request: Request, exc: NarrmemError) -> JSONResponse:
+        return _problem(500, str(exc))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return _problem(500, f"internal error: {type(exc).__name__}")
+
+
+# --- who is calling -------------------------------------------------------------------------
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState | None = request.app.state.narrmem
+    if state is None:
+        raise HTTPException(503, "this app has no memory (it was built for its schema only)")
+    return state
+
+
+def _token(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header and header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+async def _principal(request: Request) -> Principal:
+    state = _state(request)
+    if state.keys is None:
+        return OPEN
+    found = await state.keys.verify(_token(request))
+    if found is None:
+        raise HTTPException(401, "a valid API key is required", headers={"WWW-Authenticate": "Bearer"})
+    return found
+
+
+Caller = Annotated[Principal, Depends(_principal)]
+State = Annotated[ServerState, Depends(_state)]
+
+
+def _tenant(caller: Principal, given: str | None) -> str:
+    """The tenant a request acts on: as given (if the key reaches it), else the key's own."""
+    if given is None:
+        return caller.tenant or "default"
+    if not caller.allows(given):
+        raise HTTPException(403, f"this key cannot reach tenant {given!r}")
+    return given
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _settled(caller: Principal, model: M) -> M:
+    """``model`` with its tenant checked; a tenant left out becomes the key's."""
+    given = model.tenant if "tenant" in model.model_fields_set else None  # type: ignore[attr-defined]
+    tenant = _tenant(caller, given)
+    if getattr(model, "tenant", None) == tenant:
+        return model
+    return model.model_copy(update={"tenant": tenant})
+
+
+# --- routes ---------------------------------------------------------------------------------
+
+
+def _routes() -> Any:
+    from fastapi import APIRouter
+
+    r = APIRouter(prefix="/v1")
+
+    @r.post("/ingest", response_model=IngestResult, tags=["write"])
+    async def ingest(body: IncomingMessage, caller: Caller, state: State) -> IngestResult:
+        """Ingest one message (idempotent by ``message_id`` in its chat: a repeat is a duplicate).
+        ``ts`` left out is now, by the memory's clock."""
+        message = _settled(caller, body).at(state.memory.clock.now())
+        result = await state.memory.ingest(message)
+        state.hub.note(message.tenant, message.user_id, result)
+        return result
+
+    @r.post("/ingest/batch", response_model=list[IngestResult], tags=["write"])
+    async def ingest_batch(body: IngestBatch, caller: Caller, state: State) -> list[IngestResult]:
+        """Ingest messages in order; all are validated first, and one bad message stores nothing."""
+        if len(body.messages) > state.max_batch:
+            raise HTTPException(413, f"a batch holds at most {state.max_batch} messages")
+        now = state.memory.clock.now()
+        messages = [_settled(caller, m).at(now) for m in body.messages]
+        results = await state.memory.ingest_many(messages)
+        for message, result in zip(messages, results, strict=True):
+            state.hub.note(message.tenant, message.user_id, result)
+        return results
+
+    @r.post("/edit", response_model=IngestResult, tags=["write"])
+    async def edit(body: IncomingMessage, caller: Caller, state: State) -> IngestResult:
+        """A message was edited: what it left is replaced (earlier texts kept in ``meta.edits``)."""
+        message = _settled(caller, body).at(state.memory.clock.now())
+        state.hub.forget_messages(message.tenant, {message.message_id})
+        return await state.memory.edit(message)
+
+    @r.post("/messages/delete", tags=["write"])
+    async def delete_messages(body: DeleteMessages, caller: Caller, state: State) -> dict[str, int]:
+        """Forget what these messages left (episodes and the scenes built from them)."""
+        body = _settled(caller, body)
+        counts = await state.memory.forget_messages(
+            chat_id=body.chat_id, message_ids=body.message_ids, tenant=body.tenant
+        )
+        state.hub.forget_messages(body.tenant, set(body.message_ids))
+        return counts
+
+    @r.post("/forget", tags=["write"])
+    async def forget(body: Scope, caller: Caller, state: State) -> dict[str, int]:
+        """Delete every trace of a user and/or a chat."""
+        body = _settled(caller, body)
+        counts = await state.memory.forget(user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant)
+        state.hub.forget(body.tenant, body.user_id, body.chat_id)
+        return counts
+
+    @r.post("/mark-used", tags=["write"])
+    async def mark_used(body: MarkUsedBody, caller: Caller, state: State) -> dict[str, list[int]]:
+        """The bot used these memories in its answer: they are reinforced (spaced in time)."""
+        body = _settled(caller, body)
+        ids = await state.memory.mark_used(
+            body.memory_ids, user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant
+        )
+        return {"reinforced": ids}
+
+    @r.post("/decay", tags=["write"])
+    async def decay(caller: Caller, state: State) -> dict[str, int]:
+        """Run the decay pass now (every tenant: needs a server without keys)."""
+        if caller.tenant is not None:
+            raise HTTPException(403, "decay runs over every tenant: not with a tenant's key")
+        return await state.memory.decay()
+
+    @r.post("/recall", response_model=list[Hit], tags=["read"])
+    async def recall(body: RecallBody, caller: Caller, state: State) -> list[Hit]:
+        """At most ``k`` memories answering ``query`` in the scope; ``explain`` keeps each hit's
+        ``why``. ``reinforce: false`` makes a read-only probe (the inspector's)."""
+        scope = _settled(caller, body.scope)
+        hits = await state.memory.recall(
+            body.query,
+            user_id=scope.user_id,
+            chat_id=scope.chat_id,
+            tenant=scope.tenant,
+            k=body.k,
+            kinds=body.kinds,
+            snippet_tokens=body.snippet_tokens,
+            reinforce=body.reinforce,
+            reinforce_reason=body.reason,
+            exclude_message_ids=body.exclude_message_ids,
+        )
+        if not body.explain:
+            hits = [h.model_copy(update={"why": None}) for h in hits]
+        return hits
+
+    @r.post("/context", tags=["read"])
+    async def context(body: ContextBody, caller: Caller, state: State) -> dict[str, Any]:
+        """What to put before the bot's answer to ``text``: the hits and the rendered block."""
+        body = _settled(caller, body)
+        pack = await state.memory.context(
+            body.text,
+            user_id=body.user_id,
+            chat_id=body.chat_id,
+            tenant=body.tenant,
+            k=body.k,
+            exclude_message_ids=body.exclude_message_ids,
+        )
+        return {**pack.model_dump(mode="json"), "rendered": pack.render(body.token_budget)}
+
+    @r.post("/turn-context", tags=["read"])
+    async def turn_context(body: TurnContextBody, caller: Caller, state: State) -> dict[str, Any]:
+        """Persona, task chain, facts and memories for this turn (``rendered`` is the block)."""
+        body = _settled(caller, body)
+        return await state.memory.turn_context(
+            body.text, user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant
+        )
+
+    @r.get("/summary", tags=["read"])
+    async def summary(
+        caller: Caller,
+        state: State,
+        user_id: UserParam,
+        tenant: TenantParam = None,
+        depth: Annotated[int | None, Query(ge=1, le=64)] = None,
+        token_budget: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+    ) -> dict[str, Any]:
+        """Who this person is, at an abstraction level (1 = most abstract) or within a budget."""
+        return await state.memory.summary(
+            user_id=user_id, tenant=_tenant(caller, tenant), depth=depth, token_budget=token_budget
+        )
+
+    @r.get("/memories/{memory_id}/history", tags=["read"])
+    async def history(
+        memory_id: int, caller: Caller, state: State, tenant: TenantParam = None
+    ) -> dict[str, Any]:
+        """A memory's importance over time: stored state, recorded changes, decay's projection."""
+        tenant = _tenant(caller, tenant)
+        if not 0 < memory_id < 2**63:
+            raise HTTPException(404, f"no memory {memory_id} in tenant {tenant!r}")
+        try:
+            found = await state.memory.history(memory_id)
+        except InputError as exc:
+            if exc.field == "memory_id":
+                raise HTTPException(404, f"no memory {memory_id} in tenant {tenant!r}") from exc
+            raise
+        if found["memory"]["tenant"] != tenant:  # the same answer as for an id never used
+            raise HTTPException(404, f"no memory {memory_id} in tenant {tenant!r}")
+        return {**found, "now": state.memory.clock.now().isoformat()}
+
+    @r.get("/tenants", tags=["read"])
+    async def tenants(caller: Caller, state: State) -> list[str]:
+        """The tenants this caller reaches (with memories, for a server without keys)."""
+        if caller.tenant is not None:
+            return [caller.tenant]
+        return sorted({u["tenant"] for u in await state.memory.users(None, limit=100_000)})
+
+    @r.get("/users", tags=["read"])
+    async def users(
+        caller: Caller,
+        state: State,
+        tenant: TenantParam = None,
+        limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    ) -> list[dict[str, Any]]:
+        """The tenant's users with memory counts (no memory's text)."""
+        return await state.memory.users(_tenant(caller, tenant), limit=limit)
+
+    @r.get("/patterns", tags=["read"])
+    async def patterns(
+        caller: Caller, state: State, user_id: UserParam, tenant: TenantParam = None
+    ) -> dict[str, Any]:
+        """The pattern counts ingests reported for this user and the triggers that fired, as seen by
+        this server process since it started."""
+        return state.hub.patterns(_tenant(caller, tenant), user_id)
+
+    @r.get("/stats", tags=["read"])
+    async def stats(caller: Caller, state: State) -> dict[str, Any]:
+        """What is stored. A tenant's key sees its tenant's counts only."""
+        if caller.tenant is None:
+            return await state.memory.stats()
+        rows = await state.memory.users(caller.tenant, limit=100_000)
+        return {
+            "tenant": caller.tenant,
+            "users": len(rows),
+            "memories": sum(r["memories"] for r in rows),
+            "scenes": sum(r["scenes"] for r in rows),
+        }
+
+    @r.get("/tools", tags=["tools"])
+    async def list_tools(caller: Caller, state: State) -> list[dict[str, Any]]:
+        """Every registered tool with its input and output schema."""
+        registry = state.memory.tools
+        return [
+            {
+                "name": name,
+                "description": registry.get(name).description,
+                "input_schema": registry.get(name).input_schema(),
+                "output_schema": registry.get(name).output_schema(),
+            }
+            for name in registry.names()
+        ]
+
+    @r.post("/tools/{name}", tags=["tools"])
+    async def call_tool(
+        name: str, caller: Caller, state: State, arguments: Annotated[dict[str, Any], Body()]
+    ) -> dict[str, Any]:
+        """Run a registered tool with JSON arguments (the same registry and validation as
+        ``Memory.call_tool``). A tool that takes ``tenant`` gets the key's when it is left out."""
+        tool = state.memory.tools.get(name)
+        if "tenant" in tool.input_model.model_fields:
+            given = arguments.get("tenant")
+            if given is not None and not isinstance(given, str):
+                raise InputError("must be a string", field="tenant")
+            arguments = {**arguments, "tenant": _tenant(caller, given)}
+        return await state.memory.call_tool(name, arguments)
+
+    @r.get("/export", tags=["read"])
+    async def export(caller: Caller, state: State, tenant: TenantParam = None) -> StreamingResponse:
+        """Every record of the tenant (every tenant, for a server without keys and no ``tenant``)
+        with its vector, as narrmem's JSONL export (``narrmem import`` reads it)."""
+        only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
+        return StreamingResponse(_export_lines(state.memory, only), media_type="application/x-ndjson")
+
+    @r.get("/events", tags=["events"])
+    async def events(
+        caller: Caller,
+        state: State,
+        tenant: TenantParam = None,
+        max_events: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+        idle_seconds: Annotated[
+            float | None, Query(gt=0, le=86_400, description="end when quiet this long")
+        ] = None,
+        keepalive: Annotated[float, Query(ge=0.05, le=300)] = 15.0,
+    ) -> StreamingResponse:
+        """Trigger events as server-sent events (``event: trigger``, the event as JSON)."""
+        only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
+        stream = state.hub.stream(only, max_events=max_events, idle_timeout=idle_seconds, keepalive=keepalive)
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+        )
+
+    return r
+
+
+async def _export_lines(memory: Memory, tenant: str | None) -> AsyncIterator[str]:
+    header = ExportHeader(
+        format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
+    )
+    yield header.model_dump_json() + "\n"
+    async for record, vector in memory.store.export():
+        if tenant is not None and record.tenant != tenant:
+            continue
+        line = record.model_dump(mode="json")
+        line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+        yield json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n"

@@ -1,0 +1,124 @@
+"""``narrmem serve`` and ``narrmem keys``: their arguments and what they do. Nothing here imports
+the web framework until ``serve`` runs."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from narrmem.config import Settings
+from narrmem.errors import ConfigError, InputError
+
+DEFAULT_PORT = 8765
+Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
+
+
+def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    serve = sub.add_parser(
+        "serve", parents=[common], help="the HTTP API and the memory inspector (/ui) on 127.0.0.1"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    serve.add_argument(
+        "--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin"
+    )
+    serve.add_argument("--webhook", metavar="URL", help="POST every trigger event here (with retries)")
+    serve.add_argument("--max-body", type=int, default=2_000_000, metavar="BYTES", help="request body limit")
+    serve.add_argument("--max-batch", type=int, default=500, help="messages per batch ingest")
+
+    keys = sub.add_parser("keys", help="API keys of narrmem serve (per tenant)")
+    actions = keys.add_subparsers(dest="keys_action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", parents=[common], help="create a key for a tenant (shown once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--label", default="", help="a note: who or what uses it")
+    create.add_argument("--json", action="store_true")
+    listing = actions.add_parser("list", parents=[common], help="list keys (never their secrets)")
+    listing.add_argument("--json", action="store_true")
+    revoke = actions.add_parser("revoke", parents=[common], help="revoke a key by its id")
+    revoke.add_argument("id")
+    revoke.add_argument("--json", action="store_true")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name may resolve to anything
+
+
+async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.doors.server.keys import KeyRing
+
+    if not 0 < args.port < 65536:
+        raise InputError("must be 1 to 65535", field="--port")
+    if args.max_body < 1024 or args.max_batch < 1:
+        raise InputError("limits must be positive (--max-body at least 1024)", field="--max-body")
+    ring = KeyRing.in_folder(settings.data_dir)
+    if not is_loopback(args.host) and ring.active_count() == 0:
+        raise ConfigError(
+            f"--host {args.host} is not a loopback address and no API key is configured: create one "
+            "with `narrmem keys create --tenant TENANT` (or bind 127.0.0.1)"
+        )
+    import uvicorn
+
+    from narrmem.doors.server.app import create_app
+    from narrmem.doors.server.events import WebhookOptions
+    from narrmem.memory import Memory
+
+    webhook = WebhookOptions(url=args.webhook) if args.webhook else None
+    async with Memory.open(settings=settings) as memory:
+        app = create_app(
+            memory,
+            keys=ring,
+            max_body_bytes=args.max_body,
+            max_batch=args.max_batch,
+            cors_origins=args.cors_origin or None,
+            webhook=webhook,
+        )
+        mode = f"{ring.active_count()} active key(s)" if ring.required else "no keys (loopback only)"
+        print(
+            f"narrmem serving {memory.data_dir} on http://{args.host}:{args.port} "
+            f"(inspector: /ui/, API: /v1, schema: /docs; {mode})",
+            file=sys.stderr,
+        )
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+        await uvicorn.Server(config).serve()
+    return 0
+
+
+async def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.doors.server.keys import KeyFile
+
+    source = KeyFile(settings.data_dir)
+    if args.keys_action == "create":
+        entry, token = source.create(args.tenant, args.label)
+        if args.json:
+            print(json.dumps({**entry.public(), "key": token}, indent=2))
+        else:
+            print(f"key {entry.id} for tenant {entry.tenant!r} (shown once, keep it secret):")
+            print(token)
+    elif args.keys_action == "list":
+        entries = [e.public() for e in source.read()]
+        if args.json:
+            print(json.dumps(entries, indent=2))
+        elif not entries:
+            print("no keys")
+        for e in [] if args.json else entries:
+            state = f"revoked {e['revoked_at']}" if e["revoked_at"] else "active"
+            print(f"{e['id']}  tenant {e['tenant']!r}  {state}  created {e['created_at']}  {e['label']}")
+    else:
+        entry = source.revoke(args.id)
+        if args.json:
+            print(json.dumps(entry.public(), indent=2))
+        else:
+            print(f"key {entry.id} of tenant {entry.tenant!r} revoked")
+    return 0
+
+
+SERVER_COMMANDS: dict[str, Handler] = {"serve": cmd_serve, "keys": cmd_keys}

@@ -1,0 +1,211 @@
+"""Trigger events for HTTP callers: a server-sent events stream per tenant, an optional webhook
+with bounded retries, and a short log of what fired and what was counted (for the inspector).
+
+Nothing here slows ingest down: an event is put on bounded queues and the memory carries on; a
+slow stream loses its oldest events, a webhook that keeps failing loses the event after its
+retries. The log is this process's own (it starts empty with the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from narrmem.models import IngestResult, PatternCount, TriggerEvent
+
+log = logging.getLogger("narrmem.server")
+
+STREAM_QUEUE = 100
+WEBHOOK_QUEUE = 1000
+LOG_EVENTS = 500
+LOG_USERS = 10_000
+
+
+@dataclass
+class WebhookOptions:
+    url: str
+    attempts: int = 4
+    backoff: float = 0.5  # seconds before the 2nd attempt; doubled each time
+    timeout: float = 5.0
+
+
+@dataclass(eq=False)
+class _Subscriber:
+    tenant: str | None
+    queue: asyncio.Queue[TriggerEvent] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
+
+
+class TriggerHub:
+    def __init__(self, webhook: WebhookOptions | None = None) -> None:
+        self.webhook = webhook
+        self._subscribers: set[_Subscriber] = set()
+        self._fired: deque[TriggerEvent] = deque(maxlen=LOG_EVENTS)
+        self._counts: dict[tuple[str, str], dict[tuple[str, str], PatternCount]] = {}
+        self._outbox: asyncio.Queue[TriggerEvent] | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self.delivered = 0
+        self.dropped = 0
+
+    # --- in ---------------------------------------------------------------------------------
+
+    async def publish(self, event: TriggerEvent) -> None:
+        """The memory's trigger callback."""
+        self._fired.append(event)
+        for sub in list(self._subscribers):
+            if sub.tenant is not None and sub.tenant != event.tenant:
+                continue
+            if sub.queue.full():
+                sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
+            sub.queue.put_nowait(event)
+        if self.webhook is not None:
+            outbox = self._ensure_sender()
+            if outbox.full():
+                self.dropped += 1
+                log.warning("webhook queue full: trigger %s/%s dropped", event.kind, event.label)
+            else:
+                outbox.put_nowait(event)
+
+    def note(self, message_tenant: str, user_id: str, result: IngestResult) -> None:
+        """Keep the latest count of each pattern an ingest reported, per user."""
+        if not result.counts:
+            return
+        key = (message_tenant, user_id)
+        if key not in self._counts and len(self._counts) >= LOG_USERS:
+            self._counts.pop(next(iter(self._counts)))
+        patterns = self._counts.setdefault(key, {})
+        for count in result.counts:
+            patterns[(count.kind, count.label)] = count
+
+    # --- out --------------------------------------------------------------------------------
+
+    def patterns(self, tenant: str, user_id: str) -> dict[str, Any]:
+        counts = sorted(self._counts.get((tenant, user_id), {}).values(), key=lambda c: (-c.count, c.label))
+        fired = [e for e in self._fired if e.tenant == tenant and e.user_id == user_id]
+        return {
+            "counts": [c.model_dump(mode="json") for c in counts],
+            "triggers": [e.model_dump(mode="json") for e in fired],
+        }
+
+    def forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> None:
+        """A forget leaves nothing of the forgotten in the log either. Counts do not say which
+        chat they came from, so a chat's forget drops the tenant's counts."""
+        if user_id is not None:
+            self._counts.pop((tenant, user_id), None)
+        else:
+            for key in [k for k in self._counts if k[0] == tenant]:
+                self._counts.pop(key)
+        kept = [
+            e
+            for e in self._fired
+            if not (
+                e.tenant == tenant
+                and (user_id is None or e.user_id == user_id)
+                and (chat_id is None or e.chat_id == chat_id)
+            )
+        ]
+        self._fired.clear()
+        self._fired.extend(kept)
+
+    def forget_messages(self, tenant: str, message_ids: set[str]) -> None:
+        for (t, _), patterns in self._counts.items():
+            if t == tenant:
+                for key in [k for k, c in patterns.items() if message_ids & set(c.message_ids)]:
+                    patterns.pop(key)
+        kept = [e for e in self._fired if not (e.tenant == tenant and message_ids & set(e.message_ids))]
+        self._fired.clear()
+        self._fired.extend(kept)
+
+    async def stream(
+        self, tenant: str | None, *, max_events: int | None, idle_timeout: float | None, keepalive: float
+    ) -> AsyncIterator[str]:
+        """Server-sent events: ``event: trigger`` with the event as JSON; a comment line every
+        ``keepalive`` seconds keeps proxies from closing a quiet stream."""
+        sub = _Subscriber(tenant)
+        self._subscribers.add(sub)
+        sent = 0
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        try:
+            yield ": narrmem trigger stream\n\n"
+            while max_events is None or sent < max_events:
+                wait = keepalive
+                if idle_timeout is not None:
+                    left = idle_timeout - (loop.time() - last)
+                    if left <= 0:
+                        return
+                    wait = min(wait, left)
+                try:
+                    event = await asyncio.wait_for(sub.queue.get(), timeout=wait)
+                except TimeoutError:
+                    yield ": keepalive\n\n"
+                    continue
+                sent += 1
+                last = loop.time()
+                yield f"event: trigger\ndata: {event.model_dump_json()}\n\n"
+        finally:
+            self._subscribers.discard(sub)
+
+    # --- webhook ----------------------------------------------------------------------------
+
+    def _ensure_sender(self) -> asyncio.Queue[TriggerEvent]:
+        if self._outbox is None:
+            self._outbox = asyncio.Queue(WEBHOOK_QUEUE)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send_forever(self._outbox))
+        return self._outbox
+
+    async def _send_forever(self, outbox: asyncio.Queue[TriggerEvent]) -> None:
+        import httpx
+
+        assert self.webhook is not None
+        options = self.webhook
+        async with httpx.AsyncClient(timeout=options.timeout) as client:
+            while True:
+                event = await outbox.get()
+                await self._deliver(client, options, event)
+                outbox.task_done()
+
+    async def _deliver(self, client: Any, options: WebhookOptions, event: TriggerEvent) -> None:
+        import httpx
+
+        body = event.model_dump(mode="json")
+        delay = options.backoff
+        for attempt in range(1, options.attempts + 1):
+            try:
+                response = await client.post(options.url, json={"type": "trigger", "event": body})
+                if response.status_code < 300:
+                    self.delivered += 1
+                    return
+                problem = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                problem = type(exc).__name__
+            if attempt < options.attempts:
+                await asyncio.sleep(delay)
+                delay *= 2
+        self.dropped += 1
+        log.warning(
+            "webhook: trigger %s/%s not delivered after %d attempts (%s)",
+            event.kind,
+            event.label,
+            options.attempts,
+            problem,
+        )
+
+    async def drain(self, within: float = 5.0) -> None:
+        """Wait (bounded) for the webhook queue to empty; used at shutdown and in tests."""
+        if self._outbox is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._outbox.join(), within)
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None

@@ -1,0 +1,391 @@
+// The narrmem inspector: plain JS over the server's /v1 API. It only reads, except for the
+// forget buttons, which ask first. Recall runs with reinforce=false: looking changes nothing.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = {
+  decision: "#2f6f8f", emotion_change: "#b5651d", milestone: "#3c8d40",
+  preference: "#7b4fa0", general: "#6a7077",
+};
+const state = { tenant: null, user: null, scenes: [], selected: null };
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") el.className = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null) el.setAttribute(k, v);
+  }
+  for (const c of children.flat()) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return el;
+}
+
+function s(tag, attrs = {}, text) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+function status(text, isError = false) {
+  $("status").textContent = text;
+  $("status").className = isError ? "error" : "";
+}
+
+// --- the API ----------------------------------------------------------------------------------
+
+async function api(method, path, body) {
+  const headers = { "Content-Type": "application/json" };
+  const key = sessionStorage.getItem("narrmem-key");
+  if (key) headers["Authorization"] = "Bearer " + key;
+  const response = await fetch("/v1" + path, {
+    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => null);
+  if (!response.ok) {
+    const detail = data && data.detail;
+    const text = typeof detail === "string" ? detail
+      : Array.isArray(detail) ? detail.map((d) => `${(d.loc || []).join(".")}: ${d.msg}`).join("; ")
+      : response.statusText;
+    const error = new Error(`${response.status}: ${text}`);
+    error.status = response.status;
+    throw error;
+  }
+  return data;
+}
+
+const q = (params) => "?" + new URLSearchParams(
+  Object.entries(params).filter(([, v]) => v !== undefined && v !== null)).toString();
+const tool = (name, args) => api("POST", "/tools/" + encodeURIComponent(name),
+  { ...args, tenant: state.tenant });
+
+// --- tenants and users ------------------------------------------------------------------------
+
+async function loadTenants() {
+  try {
+    const tenants = await api("GET", "/tenants");
+    const select = $("tenant");
+    select.replaceChildren(...tenants.map((t) => h("option", { value: t }, t)));
+    if (!tenants.length) select.append(h("option", { value: "default" }, "default"));
+    state.tenant = select.value;
+    $("key-box").hidden = !sessionStorage.getItem("narrmem-key");
+    await loadUsers();
+  } catch (e) {
+    if (e.status === 401) {
+      $("key-box").hidden = false;
+      status("enter an API key", true);
+    } else status(e.message, true);
+  }
+}
+
+async function loadUsers() {
+  const users = await api("GET", "/users" + q({ tenant: state.tenant }));
+  $("users").replaceChildren(...users.map((u) => h("li", {},
+    h("button", { "data-user": u.user_id, onclick: () => pickUser(u) },
+      u.user_id, h("small", {}, `${u.memories} memories · ${u.scenes} scenes`)))));
+  status(`${users.length} users in ${state.tenant}`);
+}
+
+async function pickUser(u) {
+  state.user = u.user_id;
+  state.selected = null;
+  for (const b of document.querySelectorAll("#users button")) {
+    b.classList.toggle("selected", b.dataset.user === u.user_id);
+  }
+  $("empty-view").hidden = true;
+  $("user-view").hidden = false;
+  $("importance-panel").hidden = true;
+  $("recall-results").replaceChildren();
+  $("user-title").textContent = u.user_id;
+  $("user-meta").textContent = `${u.memories} memories, ${u.scenes} scenes, ${u.chats} chats · ` +
+    `first ${u.first_at.slice(0, 10)} · last ${u.last_at.slice(0, 10)}`;
+  await Promise.all([loadScenes(), loadSummary(), loadGraph(), loadPatterns()].map(
+    (p) => p.catch((e) => status(e.message, true))));
+}
+
+// --- scenes on a timeline ---------------------------------------------------------------------
+
+// A scene is stored as its rendered paragraph; its labelled lines give the Core and the Vibe.
+function sceneField(text, labels) {
+  for (const line of text.split("\n")) {
+    for (const label of labels) {
+      if (line.startsWith(label)) return line.slice(label.length).replace(/^["「]|["」]$/g, "");
+    }
+  }
+  return null;
+}
+
+async function loadScenes() {
+  const out = await tool("soul_narrative", { action: "list", user_id: state.user, k: 200 });
+  state.scenes = out.scenes.sort((a, b) => a.created_at.localeCompare(b.created_at));
+  drawTimeline();
+  $("scenes").replaceChildren(...state.scenes.map(sceneItem));
+}
+
+function sceneItem(scene) {
+  const core = sceneField(scene.text, ["Core: ", "核心："]) || scene.text;
+  const vibe = sceneField(scene.text, ["Vibe: ", "氛围："]);
+  const color = COLORS[scene.category] || COLORS.general;
+  return h("li", { "data-scene": scene.id, id: "scene-" + scene.id },
+    h("div", { class: "when" }, scene.created_at.slice(0, 16).replace("T", " ")),
+    h("div", {},
+      h("span", { class: "tag", style: `background:${color}` }, scene.category),
+      h("span", { class: "core" }, core),
+      vibe ? h("div", { class: "vibe" }, "vibe: " + vibe) : "",
+      h("div", { class: "sources" },
+        `importance ${scene.importance.toFixed(2)} (stored ${scene.base_importance.toFixed(2)}) · ` +
+        (scene.message_ids.length ? "from messages " + scene.message_ids.join(", ") : "added by " + scene.source))),
+    h("div", { class: "actions" },
+      h("button", { class: "show-importance", onclick: () => showImportance(scene) }, "Importance"),
+      h("button", { class: "danger forget-scene", onclick: () => forgetScene(scene) }, "Forget…")));
+}
+
+function drawTimeline() {
+  const box = $("timeline-plot");
+  const scenes = state.scenes;
+  if (!scenes.length) {
+    box.replaceChildren(h("p", { class: "muted" }, "No scenes yet."));
+    return;
+  }
+  const W = 900, H = 90, L = 30, R = 20;
+  const times = scenes.map((x) => Date.parse(x.created_at));
+  let lo = Math.min(...times), hi = Math.max(...times);
+  if (hi - lo < 86400e3) { lo -= 86400e3; hi += 86400e3; }
+  const x = (t) => L + ((t - lo) / (hi - lo)) * (W - L - R);
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "scenes over time" });
+  svg.append(s("line", { x1: L, x2: W - R, y1: 50, y2: 50, class: "axis", "stroke-width": 2 }));
+  svg.append(s("text", { x: L, y: 80 }, new Date(lo).toISOString().slice(0, 10)));
+  svg.append(s("text", { x: W - R, y: 80, "text-anchor": "end" }, new Date(hi).toISOString().slice(0, 10)));
+  scenes.forEach((scene, i) => {
+    const r = 5 + 9 * scene.importance;
+    const dot = s("circle", {
+      cx: x(times[i]), cy: 50, r, class: "dot", fill: COLORS[scene.category] || COLORS.general,
+      "fill-opacity": 0.8, stroke: "#fff", "data-scene": scene.id,
+    });
+    dot.append(s("title", {}, `${scene.created_at.slice(0, 10)} ${scene.category}: ` +
+      (sceneField(scene.text, ["Core: ", "核心："]) || scene.text)));
+    dot.addEventListener("click", () => showImportance(scene));
+    svg.append(dot);
+  });
+  box.replaceChildren(svg);
+}
+
+// --- importance over time ---------------------------------------------------------------------
+
+async function showImportance(scene) {
+  state.selected = scene.id;
+  for (const li of document.querySelectorAll("#scenes li")) {
+    li.classList.toggle("selected", li.dataset.scene === String(scene.id));
+  }
+  const history = await api("GET", `/memories/${scene.id}/history` + q({ tenant: state.tenant }));
+  $("importance-panel").hidden = false;
+  $("importance-title").textContent = `scene ${scene.id}, ${scene.category}`;
+  drawImportance(history);
+  const events = history.events.map((e) => h("li", {},
+    `${e.at.slice(0, 16).replace("T", " ")} · ${e.who}: ${fmt(e.old)} → ${fmt(e.new)} (${e.why})`));
+  if (!events.length) events.push(h("li", { class: "muted" }, "No reinforcement or decay recorded yet."));
+  $("importance-events").replaceChildren(...events);
+  $("importance-panel").scrollIntoView({ behavior: "instant", block: "nearest" });
+}
+
+const fmt = (v) => (v === null || v === undefined ? "–" : Number(v).toFixed(2));
+const DAY = 86400e3;
+
+function drawImportance(hist) {
+  const W = 900, H = 260, L = 44, R = 20, T = 14, B = 34;
+  const m = hist.memory;
+  const now = Date.parse(hist.now);
+  const start = Date.parse(hist.decay_clock_started || m.created_at);
+  const created = Date.parse(m.created_at);
+  const proj = (hist.projection || []).map((p) => [now + p.days * DAY, p.importance]);
+  const lo = Math.min(created, start), hi = proj.length ? proj[proj.length - 1][0] : now + 30 * DAY;
+  const x = (t) => L + ((t - lo) / (hi - lo || 1)) * (W - L - R);
+  const y = (v) => T + (1 - v) * (H - T - B);
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "importance over time", id: "importance-svg" });
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) {
+    svg.append(s("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "axis" }));
+    svg.append(s("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, v.toFixed(2)));
+  }
+  const ticks = [[lo, "created"], [now, "now"], [hi, "+1 year"]];
+  for (const [t, label] of ticks) {
+    svg.append(s("text", { x: x(t), y: H - 8, "text-anchor": t === hi ? "end" : "middle" },
+      `${label} ${new Date(t).toISOString().slice(0, 10)}`));
+  }
+  svg.append(s("line", { x1: x(now), x2: x(now), y1: T, y2: H - B, stroke: "#999", "stroke-dasharray": "2 3" }));
+  // Stored importance: what decay starts from.
+  svg.append(s("line", {
+    x1: L, x2: W - R, y1: y(m.importance), y2: y(m.importance), stroke: "#2f6f8f",
+    "stroke-dasharray": "6 4", "stroke-opacity": 0.6,
+  }));
+  svg.append(s("text", { x: W - R, y: y(m.importance) - 4, "text-anchor": "end", class: "base-label" },
+    `base ${m.importance.toFixed(2)}`));
+  // Importance after decay: flat until decay starts, then the hippocampus' projection.
+  const pts = [[start, m.importance]];
+  if (hist.decay_starts) {
+    const ds = Date.parse(hist.decay_starts);
+    if (ds > start && ds < now) pts.push([ds, m.importance]);
+  }
+  pts.push([now, hist.importance_now ?? m.importance], ...proj.slice(1));
+  svg.append(s("polyline", {
+    points: pts.map(([t, v]) => `${x(t)},${y(v)}`).join(" "), fill: "none", stroke: "#b5651d",
+    "stroke-width": 2.5, class: "decay-curve",
+  }));
+  svg.append(s("circle", { cx: x(now), cy: y(hist.importance_now ?? m.importance), r: 5, fill: "#b5651d" }));
+  for (const e of hist.events) {
+    const t = Date.parse(e.at);
+    const c = s("circle", { cx: x(t), cy: y(e.new), r: 6, fill: "#3c8d40", class: "reinforcement" });
+    c.append(s("title", {}, `${e.who}: ${fmt(e.old)} → ${fmt(e.new)} (${e.why})`));
+    svg.append(c);
+  }
+  const legend = [["#2f6f8f", "stored (base)"], ["#b5651d", "after decay (projected)"], ["#3c8d40", "reinforcements"]];
+  legend.forEach(([color, label], i) => {
+    svg.append(s("rect", { x: L + 10 + i * 190, y: T + 2, width: 12, height: 12, fill: color }));
+    svg.append(s("text", { x: L + 28 + i * 190, y: T + 12 }, label));
+  });
+  $("importance-plot").replaceChildren(svg);
+}
+
+// --- recall playground ------------------------------------------------------------------------
+
+async function runRecall(event) {
+  event.preventDefault();
+  const box = $("recall-results");
+  box.replaceChildren(h("p", { class: "muted" }, "recalling…"));
+  try {
+    const hits = await api("POST", "/recall", {
+      query: $("recall-query").value,
+      scope: { tenant: state.tenant, user_id: state.user },
+      k: Number($("recall-k").value) || 5,
+      reinforce: false,
+      explain: true,
+    });
+    if (!hits.length) {
+      box.replaceChildren(h("p", { class: "muted no-hits" }, "Nothing clears the relevance floor."));
+      return;
+    }
+    box.replaceChildren(...hits.map((hit, i) => {
+      const w = hit.why || {};
+      const sources = Object.entries(w.sources || {}).map(([k, v]) => `${k} #${v + 1}`).join(", ");
+      return h("div", { class: "hit", "data-memory": hit.id },
+        h("div", {}, h("span", { class: "score" }, `${i + 1}. ${hit.score.toFixed(3)}`), " ",
+          h("span", { class: "tag", style: `background:${hit.kind === "scene" ? "#2f6f8f" : "#6a7077"}` }, hit.kind),
+          hit.text),
+        h("div", { class: "why" },
+          h("span", {}, "dense ", h("b", {}, fmt(w.dense))),
+          h("span", {}, "keyword ", h("b", {}, w.keyword === null ? "–" : Number(w.keyword).toFixed(2))),
+          h("span", {}, "matched ", h("b", {}, (w.matched || []).join(", ") || "–")),
+          h("span", {}, "sources ", h("b", {}, sources || "–")),
+          h("span", {}, "fused ", h("b", {}, fmt(w.fused))),
+          h("span", {}, "importance now ", h("b", {}, fmt(w.importance_now))),
+          h("span", {}, "factor ", h("b", {}, fmt(w.importance_factor))),
+          h("span", {}, "age ", h("b", {}, `${Number(w.age_days || 0).toFixed(1)} d`))));
+    }));
+  } catch (e) {
+    box.replaceChildren(h("p", { class: "error" }, e.message));
+  }
+}
+
+// --- summary, graph, patterns -----------------------------------------------------------------
+
+async function loadSummary() {
+  const depth = Number($("summary-depth").value);
+  $("summary-depth-value").textContent = depth;
+  try {
+    const out = await api("GET", "/summary" + q({ tenant: state.tenant, user_id: state.user, depth }));
+    $("summary-depth").max = Math.max(1, out.maxDepth || 1);
+    $("summary").textContent = out.retelling || "(nothing to tell yet)";
+  } catch (e) {
+    $("summary").textContent = e.message;
+  }
+}
+
+async function loadGraph() {
+  const persona = await tool("persona_get", { user_id: state.user });
+  $("persona").replaceChildren(h("p", {}, h("b", {}, "Persona: "),
+    persona.persona ? persona.rendered : h("span", { class: "muted" }, "none set")));
+  const graph = await tool("memory_recall", { user_id: state.user, query_intent: "user", depth: 3 });
+  const rows = graph.edges.map((e) => h("tr", {},
+    h("td", {}, e.subject), h("td", {}, e.relation + (e.speculative ? " (speculative)" : "")),
+    h("td", {}, e.object), h("td", {}, fmt(e.confidence)), h("td", {}, `${e.count}×`)));
+  if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No facts.")));
+  $("facts").tBodies[0].replaceChildren(...rows);
+  const chats = [...new Set(graph.edges.map((e) => e.chat_id))].slice(0, 5);
+  const parts = [];
+  for (const chat of chats) {
+    const tasks = await tool("task_query", { user_id: state.user, chat_id: chat });
+    parts.push(h("p", {}, h("b", {}, `Task chain in ${chat}: `),
+      tasks.tasks.length ? tasks.tasks.map((t) => `${t.task_id} [${t.state}] ${t.description}`).join(" ← ")
+        : h("span", { class: "muted" }, "none")));
+  }
+  $("tasks").replaceChildren(...parts);
+}
+
+async function loadPatterns() {
+  const p = await api("GET", "/patterns" + q({ tenant: state.tenant, user_id: state.user }));
+  const rows = p.counts.map((c) => h("tr", {}, h("td", {}, c.kind), h("td", {}, c.label), h("td", {}, c.count)));
+  if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "None seen yet.")));
+  $("counts").tBodies[0].replaceChildren(...rows);
+  const fired = p.triggers.map((t) => h("li", {}, `${t.kind} “${t.label}” reached ${t.count}` +
+    (t.suggestion ? ` — ${t.suggestion}` : "")));
+  if (!fired.length) fired.push(h("li", { class: "muted" }, "No trigger fired."));
+  $("triggers").replaceChildren(...fired);
+}
+
+// --- forgetting, with a confirmation step -----------------------------------------------------
+
+function confirmStep(title, text, expected) {
+  return new Promise((resolve) => {
+    $("confirm-title").textContent = title;
+    $("confirm-text").textContent = text;
+    $("confirm-type-box").hidden = !expected;
+    $("confirm-expected").textContent = expected || "";
+    $("confirm-typed").value = "";
+    $("confirm-ok").disabled = Boolean(expected);
+    $("confirm").hidden = false;
+    const done = (answer) => {
+      $("confirm").hidden = true;
+      $("confirm-ok").onclick = $("confirm-cancel").onclick = $("confirm-typed").oninput = null;
+      resolve(answer);
+    };
+    $("confirm-typed").oninput = () => { $("confirm-ok").disabled = $("confirm-typed").value !== expected; };
+    $("confirm-ok").onclick = () => done(true);
+    $("confirm-cancel").onclick = () => done(false);
+  });
+}
+
+async function forgetScene(scene) {
+  const core = sceneField(scene.text, ["Core: ", "核心："]) || scene.text;
+  if (!await confirmStep("Forget this scene?", `“${core}” will be deleted for good.`)) return;
+  try {
+    await tool("soul_narrative", { action: "forget", user_id: state.user, id: scene.id });
+    status(`scene ${scene.id} forgotten`);
+    if (state.selected === scene.id) $("importance-panel").hidden = true;
+    await loadScenes();
+  } catch (e) { status(e.message, true); }
+}
+
+async function forgetUser() {
+  const user = state.user;
+  if (!await confirmStep("Forget this user?",
+    `Every memory, fact, summary and count of ${user} in ${state.tenant} will be deleted for good.`, user)) return;
+  try {
+    await api("POST", "/forget", { tenant: state.tenant, user_id: user });
+    status(`${user} forgotten`);
+    $("user-view").hidden = true;
+    $("empty-view").hidden = false;
+    await loadUsers();
+  } catch (e) { status(e.message, true); }
+}
+
+// --- wiring -----------------------------------------------------------------------------------
+
+$("tenant").addEventListener("change", () => { state.tenant = $("tenant").value; loadUsers(); });
+$("key").addEventListener("change", () => {
+  sessionStorage.setItem("narrmem-key", $("key").value.trim());
+  loadTenants();
+});
+$("recall-form").addEventListener("submit", runRecall);
+$("summary-depth").addEventListener("change", loadSummary);
+$("forget-user").addEventListener("click", forgetUser);
+loadTenants();

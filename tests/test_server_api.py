@@ -1,0 +1,426 @@
+"""The HTTP API of ``narrmem serve`` against the real app on a real store: every endpoint, every
+error class, tenant keys, and the store unchanged after every refused request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _helpers import msg
+
+from narrmem.cli import main
+from narrmem.clock import ManualClock
+from narrmem.doors.server import KeyFile, KeyRing, WebhookOptions, create_app
+from narrmem.doors.server.openapi import render
+from narrmem.errors import InputError
+from narrmem.memory import Memory
+from narrmem.testing import open_memory
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+DOCS = Path(__file__).parent.parent / "docs" / "openapi.json"
+
+
+def fingerprint(folder: Path) -> list[Any]:
+    """Everything a request could change: rows, history, plugin state, graph tables."""
+    con = sqlite3.connect(folder / "narrmem.sqlite3")
+    try:
+        tables = [
+            r[0]
+            for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+                "AND name NOT LIKE '%fts%' ORDER BY name"
+            )
+        ]
+        return [(t, sorted(map(repr, con.execute(f'SELECT * FROM "{t}"')))) for t in tables]
+    finally:
+        con.close()
+
+
+class Server:
+    def __init__(self, memory: Memory, folder: Path, client: httpx.AsyncClient) -> None:
+        self.memory = memory
+        self.folder = folder
+        self.client = client
+
+    async def refused(self, status: int, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The request gets ``status`` and leaves the store as it was."""
+        before = fingerprint(self.folder)
+        response = await self.client.request(method, path, **kwargs)
+        assert response.status_code == status, response.text
+        assert fingerprint(self.folder) == before
+        return response
+
+
+async def _server(folder: Path, **app_options: Any) -> AsyncIterator[Server]:
+    async with open_memory(folder, clock=ManualClock(NOW)) as memory:
+        app = create_app(memory, **app_options)
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test") as client:
+            yield Server(memory, folder, client)
+
+
+@pytest.fixture
+async def srv(tmp_path: Path) -> AsyncIterator[Server]:
+    async for server in _server(tmp_path / "m"):
+        yield server
+
+
+TIRED = ["so tired today", "so tired again today", "still so tired today", "tired today again"]
+
+
+# --- writing --------------------------------------------------------------------------------
+
+
+async def test_ingest_is_idempotent_and_recall_explains(srv: Server) -> None:
+    c = srv.client
+    first = await c.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
+    assert first.status_code == 200
+    body = first.json()
+    assert body["layer"] == "scene" and body["stored"] and len(body["memory_ids"]) == 2
+    again = (await c.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))).json()
+    assert again["duplicate"] and not again["stored"]
+    hits = (
+        await c.post("/v1/recall", json={"query": "quit job", "scope": {"user_id": "u1"}, "explain": True})
+    ).json()
+    assert hits and hits[0]["message_ids"] == ["m1"]
+    assert hits[0]["why"]["matched"] and hits[0]["why"]["dense"] > 0.2
+    plain = (await c.post("/v1/recall", json={"query": "quit job", "scope": {"user_id": "u1"}})).json()
+    assert [h["id"] for h in plain] == [h["id"] for h in hits] and plain[0]["why"] is None
+    assert (await c.get("/v1/stats")).json()["memories"] == 2
+
+
+async def test_ts_left_out_is_the_memory_clock_now_over_http_and_tools(srv: Server) -> None:
+    data = msg("m1", "I love hiking in the mountains")
+    del data["ts"]
+    result = (await srv.client.post("/v1/ingest", json=data)).json()
+    history = (await srv.client.get(f"/v1/memories/{result['memory_ids'][0]}/history")).json()
+    assert datetime.fromisoformat(history["memory"]["created_at"]) == NOW
+    tool = await srv.client.post("/v1/tools/narrmem_ingest", json={**data, "message_id": "m2"})
+    assert tool.status_code == 200 and tool.json()["stored"]
+    # The Python API stays strict.
+    with pytest.raises(InputError, match="ts"):
+        await srv.memory.ingest(data)
+
+
+async def test_batch_stores_in_order_and_one_bad_message_stores_nothing(srv: Server) -> None:
+    good = [msg(f"m{i}", f"I finally finished chapter {i} of my novel!") for i in range(3)]
+    bad = [*good, {**msg("m9", "I adopted a cat"), "ts": "2026-05-04T09:12:00"}]
+    response = await srv.refused(422, "POST", "/v1/ingest/batch", json={"messages": bad})
+    assert any(e["loc"] == ["body", "messages", 3, "ts"] for e in response.json()["detail"])
+    results = (await srv.client.post("/v1/ingest/batch", json={"messages": good})).json()
+    assert [r["message_id"] for r in results] == ["m0", "m1", "m2"] and all(r["stored"] for r in results)
+
+
+async def test_batch_over_the_limit_is_413(tmp_path: Path) -> None:
+    async for srv in _server(tmp_path / "m", max_batch=2):
+        batch = {"messages": [msg(f"m{i}", "I adopted a cat") for i in range(3)]}
+        response = await srv.refused(413, "POST", "/v1/ingest/batch", json=batch)
+        assert "at most 2" in response.json()["detail"]
+
+
+async def test_edit_delete_and_forget(srv: Server) -> None:
+    c = srv.client
+    await c.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
+    await c.post("/v1/ingest", json=msg("m2", "I adopted a greyhound named Pixel", chat="c2"))
+    edited = (await c.post("/v1/edit", json=msg("m1", "I decided to stay at my job"))).json()
+    assert edited["stored"]
+    episodes = [r for r in edited["records"] if r["kind"] == "episode"]
+    assert episodes[0]["meta"]["edits"][0]["text"] == "I decided to quit my job"
+    deleted = (await c.post("/v1/messages/delete", json={"chat_id": "c2", "message_ids": ["m2"]})).json()
+    assert deleted["memories"] >= 1
+    assert (
+        await c.post("/v1/recall", json={"query": "greyhound Pixel", "scope": {"user_id": "u1"}})
+    ).json() == []
+    counts = (await c.post("/v1/forget", json={"user_id": "u1"})).json()
+    assert counts["memories"] >= 1
+    assert (await c.get("/v1/users")).json() == []
+
+
+async def test_reads_context_turn_summary_history_users_tools(srv: Server) -> None:
+    c = srv.client
+    stored = (await c.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))).json()
+    await c.post("/v1/ingest", json=msg("m2", "I love hiking in the mountains", user="u2"))
+    pack = (await c.post("/v1/context", json={"text": "should I quit my job?", "user_id": "u1"})).json()
+    assert pack["hits"] and "quit my job" in pack["rendered"]
+    turn = (
+        await c.post("/v1/turn-context", json={"text": "my job", "user_id": "u1", "chat_id": "c1"})
+    ).json()
+    assert any(f["object"] == "quit my job" for f in turn["facts"])
+    summary = (await c.get("/v1/summary", params={"user_id": "u1", "depth": 1})).json()
+    assert "quit my job" in summary["retelling"]
+    scene = stored["memory_ids"][1]
+    history = (await c.get(f"/v1/memories/{scene}/history")).json()
+    assert history["memory"]["kind"] == "scene" and history["projection"] and history["now"]
+    users = (await c.get("/v1/users")).json()
+    assert [(u["user_id"], u["scenes"]) for u in users] == [("u1", 1), ("u2", 0)]
+    assert (await c.get("/v1/tenants")).json() == ["default"]
+    tools = (await c.get("/v1/tools")).json()
+    assert {"soul_narrative", "memory_recall"} <= {t["name"] for t in tools}
+    listed = (await c.post("/v1/tools/soul_narrative", json={"action": "list", "user_id": "u1"})).json()
+    assert [s["id"] for s in listed["scenes"]] == [scene]
+    used = (await c.post("/v1/mark-used", json={"user_id": "u1", "memory_ids": [scene]})).json()
+    assert "reinforced" in used
+    assert (await c.post("/v1/decay")).status_code == 200
+
+
+async def test_export_streams_jsonl(srv: Server) -> None:
+    await srv.client.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
+    await srv.client.post("/v1/ingest", json=msg("m2", "I adopted a cat", tenant="other"))
+    response = await srv.client.get("/v1/export", params={"tenant": "default"})
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert lines[0]["format"] == "narrmem-export" and lines[0]["dim"] == 384
+    assert {line["tenant"] for line in lines[1:]} == {"default"} and len(lines) == 3
+    assert all(line["vector"] for line in lines[1:])
+    everything = (await srv.client.get("/v1/export")).text.splitlines()
+    assert len(everything) == 4
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+async def test_bad_requests_are_4xx_naming_the_problem_and_change_nothing(srv: Server) -> None:
+    await srv.client.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
+    headers = {"content-type": "application/json"}
+    bad_json = await srv.refused(400, "POST", "/v1/ingest", content=b'{"text": ', headers=headers)
+    assert bad_json.json()["detail"][0]["type"] == "json_invalid"
+    unknown = await srv.refused(422, "POST", "/v1/ingest", json={**msg("m2", "hi there"), "colour": "red"})
+    assert unknown.json()["detail"][0]["loc"] == ["body", "colour"]
+    wrong = await srv.refused(
+        422, "POST", "/v1/recall", json={"query": "x", "scope": {"user_id": "u1"}, "k": 0}
+    )
+    assert wrong.json()["detail"][0]["loc"] == ["body", "k"]
+    no_scope = await srv.refused(422, "POST", "/v1/forget", json={})
+    assert "user_id or chat_id" in json.dumps(no_scope.json())
+    huge = await srv.refused(413, "POST", "/v1/ingest", content=b"x" * 2_100_000, headers=headers)
+    assert "exceeds" in huge.json()["detail"]
+    tool_arg = await srv.refused(
+        422, "POST", "/v1/tools/soul_narrative", json={"action": "fly", "user_id": "u1"}
+    )
+    assert tool_arg.json()["field"] == "action"
+    missing = await srv.refused(
+        422, "POST", "/v1/tools/soul_narrative", json={"action": "get", "user_id": "u1"}
+    )
+    assert missing.json()["field"] == "id"
+    await srv.refused(404, "POST", "/v1/tools/no_such_tool", json={})
+    await srv.refused(404, "GET", "/v1/memories/999/history")
+    not_object = await srv.refused(422, "POST", "/v1/tools/soul_narrative", json=[1, 2])
+    assert not_object.json()["detail"][0]["loc"] == ["body"]
+
+
+async def test_a_bounded_chunked_body_is_413(tmp_path: Path) -> None:
+    async for srv in _server(tmp_path / "m", max_body_bytes=4096):
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(10):
+                yield b" " * 1000
+
+        before = fingerprint(srv.folder)
+        response = await srv.client.post(
+            "/v1/ingest", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 413 and fingerprint(srv.folder) == before
+
+
+async def test_read_only_store_refusal_is_409(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m") as writer:
+        await writer.ingest(msg("m1", "I decided to quit my job"))
+        async with open_memory(tmp_path / "m", read_only=True) as reader:
+            app = create_app(reader)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+                response = await c.post("/v1/mark-used", json={"user_id": "u1", "memory_ids": [1]})
+                assert response.status_code == 409 and "read-only" in response.json()["detail"]
+
+
+# --- keys -----------------------------------------------------------------------------------
+
+
+async def test_a_key_reaches_only_its_tenant(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    _, key_a = KeyFile(folder).create("A")
+    entry_b, key_b = KeyFile(folder).create("B")
+    ring = KeyRing.in_folder(folder, reload_seconds=0)
+    async for srv in _server(folder, keys=ring):
+        a = {"Authorization": f"Bearer {key_a}"}
+        b = {"X-API-Key": key_b}
+        stored = await srv.client.post(
+            "/v1/ingest", json=msg("m1", "I decided to quit my job", tenant="B"), headers=b
+        )
+        assert stored.status_code == 200
+        scene = stored.json()["memory_ids"][1]
+        # Tenant A's key on tenant B: 403, nothing read or written.
+        for method, path, kwargs in [
+            ("POST", "/v1/ingest", {"json": msg("m2", "I adopted a cat", tenant="B")}),
+            ("POST", "/v1/recall", {"json": {"query": "job", "scope": {"tenant": "B", "user_id": "u1"}}}),
+            ("POST", "/v1/forget", {"json": {"tenant": "B", "user_id": "u1"}}),
+            (
+                "POST",
+                "/v1/messages/delete",
+                {"json": {"tenant": "B", "chat_id": "c1", "message_ids": ["m1"]}},
+            ),
+            (
+                "POST",
+                "/v1/tools/soul_narrative",
+                {"json": {"tenant": "B", "action": "forget", "user_id": "u1", "id": scene}},
+            ),
+            ("GET", "/v1/users", {"params": {"tenant": "B"}}),
+            ("GET", "/v1/export", {"params": {"tenant": "B"}}),
+            ("GET", f"/v1/memories/{scene}/history", {"params": {"tenant": "B"}}),
+            ("POST", "/v1/decay", {}),
+        ]:
+            response = await srv.refused(403, method, path, headers=a, **kwargs)
+            assert "tenant" in response.json()["detail"]
+        # Left out, the tenant is the key's own: A sees nothing of B.
+        assert (
+            await srv.client.post("/v1/recall", json={"query": "job", "scope": {"user_id": "u1"}}, headers=a)
+        ).json() == []
+        await srv.refused(404, "GET", f"/v1/memories/{scene}/history", headers=a)
+        assert (await srv.client.get("/v1/tenants", headers=a)).json() == ["A"]
+        assert (await srv.client.get("/v1/stats", headers=a)).json()["memories"] == 0
+        exported = (await srv.client.get("/v1/export", headers=a)).text.splitlines()
+        assert len(exported) == 1  # the header only
+        # No key, a wrong key, a revoked key: 401.
+        await srv.refused(401, "GET", "/v1/users")
+        await srv.refused(401, "GET", "/v1/users", headers={"X-API-Key": key_b[:-1] + "x"})
+        KeyFile(folder).revoke(entry_b.id)
+        await srv.refused(401, "GET", "/v1/users", headers=b)
+
+
+def test_keys_command_stores_only_a_salted_hash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = str(tmp_path / "d")
+    assert main(["keys", "create", "--tenant", "T", "--data", data, "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    text = (tmp_path / "d" / "server-keys.json").read_text()
+    assert created["key"] not in text and created["key"].split("_")[2] not in text
+    assert main(["keys", "list", "--data", data, "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert listed["id"] == created["id"] and "digest" not in listed
+    assert main(["keys", "revoke", created["id"], "--data", data]) == 0
+    assert json.loads((tmp_path / "d" / "server-keys.json").read_text())["keys"][0]["revoked_at"]
+    assert main(["keys", "revoke", "nope", "--data", data]) == 2
+
+
+def test_a_foreign_keys_file_is_never_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "server-keys.json").write_text('{"mine": true}')
+    assert main(["keys", "create", "--tenant", "T", "--data", str(tmp_path)]) == 2
+    assert "not a narrmem key file" in capsys.readouterr().err
+    assert (tmp_path / "server-keys.json").read_text() == '{"mine": true}'
+
+
+def test_serving_beyond_loopback_without_a_key_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--host", "0.0.0.0", "--data", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "not a loopback address" in err and "narrmem keys create" in err
+    assert not (tmp_path / "d").exists()  # refused before anything was opened
+
+
+# --- events, CORS, schema -------------------------------------------------------------------
+
+
+def _tired(i: int) -> dict[str, Any]:
+    when = (NOW - timedelta(days=6 - i)).isoformat()
+    return msg(f"t{i}", TIRED[i], user="tom", chat="dm-tom", ts=when)
+
+
+async def test_trigger_events_stream_and_patterns(srv: Server) -> None:
+    async def listen() -> str:
+        response = await srv.client.get("/v1/events", params={"max_events": 1, "idle_seconds": 20})
+        return response.text
+
+    listener = asyncio.ensure_future(listen())
+    await asyncio.sleep(0.2)
+    results = [(await srv.client.post("/v1/ingest", json=_tired(i))).json() for i in range(4)]
+    assert [len(r["triggers"]) for r in results] == [0, 0, 1, 0]
+    text = await asyncio.wait_for(listener, 20)
+    [data] = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    event = json.loads(data)
+    assert (event["kind"], event["label"], event["user_id"]) == ("emotion", "tired", "tom")
+    patterns = (await srv.client.get("/v1/patterns", params={"user_id": "tom"})).json()
+    assert any(c["label"] == "tired" and c["count"] == 4 for c in patterns["counts"])
+    assert [t["label"] for t in patterns["triggers"]] == ["tired"]
+    await srv.client.post("/v1/forget", json={"user_id": "tom"})
+    assert (await srv.client.get("/v1/patterns", params={"user_id": "tom"})).json() == {
+        "counts": [],
+        "triggers": [],
+    }
+
+
+async def test_webhook_is_retried_until_delivered(tmp_path: Path) -> None:
+    received: list[dict[str, Any]] = []
+    answers = iter([500, 200])
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        received.append(json.loads(await reader.readexactly(length)))
+        status = next(answers, 200)
+        writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    webhook = WebhookOptions(url=f"http://127.0.0.1:{port}/hook", attempts=3, backoff=0.05, timeout=5)
+    try:
+        async for srv in _server(tmp_path / "m", webhook=webhook):
+            for i in range(3):
+                await srv.client.post("/v1/ingest", json=_tired(i))
+            hub = srv.client._transport.app.state.narrmem.hub  # type: ignore[attr-defined]
+            await hub.drain(10)
+            assert len(received) == 2  # refused once, then delivered
+            assert received[1]["event"]["label"] == "tired" and hub.delivered == 1
+            await hub.close()
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_cors_is_off_by_default(tmp_path: Path) -> None:
+    preflight = {"Origin": "http://elsewhere.test", "Access-Control-Request-Method": "POST"}
+    async for srv in _server(tmp_path / "a"):
+        response = await srv.client.options("/v1/recall", headers=preflight)
+        assert "access-control-allow-origin" not in response.headers
+    async for srv in _server(tmp_path / "b", cors_origins=["http://elsewhere.test"]):
+        response = await srv.client.options("/v1/recall", headers=preflight)
+        assert response.headers["access-control-allow-origin"] == "http://elsewhere.test"
+
+
+def test_checked_in_openapi_schema_matches_the_app() -> None:
+    # Regenerate with: python -m narrmem.doors.server.openapi docs/openapi.json
+    assert DOCS.read_text(encoding="utf-8") == render()
+
+
+@pytest.mark.slow
+async def test_real_model_over_http(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", real_model=True) as memory:
+        app = create_app(memory)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+            await c.post(
+                "/v1/ingest/batch",
+                json={
+                    "messages": [
+                        msg("m1", "I decided to quit my job at the bank"),
+                        msg("m2", "I adopted a greyhound named Pixel"),
+                    ]
+                },
+            )
+            hits = (
+                await c.post(
+                    "/v1/recall",
+                    json={"query": "what pet do I have?", "scope": {"user_id": "u1"}, "explain": True},
+                )
+            ).json()
+            assert hits[0]["message_ids"] == ["m2"] and hits[0]["why"]["dense"] > 0.3
