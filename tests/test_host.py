@@ -18,6 +18,7 @@ from narrmem.testing import open_memory
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 BUILTINS = {
     "storage_sqlite",
+    "storage_postgres",
     "embedder_sentence_transformers",
     "embedder_onnx",
     "triage",

@@ -459,7 +459,7 @@ class PostgresStore:
             rows = await conn.fetch(
                 "DELETE FROM plugin_state WHERE namespace = $1 AND left(key, $2) = $3 RETURNING key",
                 _esc(namespace),
-                len(_esc(key_prefix)),
+                len(_esc(key_prefix) or ""),
                 _esc(key_prefix),
             )
         return len(rows)
@@ -538,10 +538,11 @@ class PostgresStore:
         """Delete the job's row; ``purge`` also vacuums the tables, so the deleted rows' space is
         marked free (and their index entries removed) at once rather than at autovacuum's leisure.
         PostgreSQL does not zero freed space: see the README for what that leaves on disk."""
-        async with self.transaction() as conn:
-            await conn.execute("DELETE FROM forget_jobs WHERE id = $1", job.id)
+        # Purge first: a crash between the two then repeats the (idempotent) purge on reopen.
         if purge:
             await self.purge_deleted()
+        async with self.transaction() as conn:
+            await conn.execute("DELETE FROM forget_jobs WHERE id = $1", job.id)
 
     async def purge_deleted(self) -> None:
         async with self.pool.acquire() as conn:
@@ -818,7 +819,7 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         user_id=row[3],
         chat_id=row[4],
         speaker=_unesc(row[5]),
-        text=_unesc(row[6]),
+        text=_unesc(row[6]) or "",
         embed_text=_unesc(row[7]),
         importance=float(row[8]),
         created_at=datetime.fromisoformat(row[9]),

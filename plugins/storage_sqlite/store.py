@@ -663,12 +663,17 @@ class SQLiteStore:
         ]
 
     async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
-        """Mark the job done, then leave no byte of what it deleted in the files: the keyword
-        index merged into fresh segments (an FTS5 delete only adds a tombstone beside the old
-        terms), freed pages handed back, and the write-ahead log emptied into the database."""
-        await self._write("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
+        """Leave no byte of what the job deleted in the files: the keyword index merged into fresh
+        segments (an FTS5 delete only adds a tombstone beside the old terms), freed pages handed
+        back, the write-ahead log emptied into the database; then mark the job done. In that
+        order: a crash between the two repeats the purge on the next open (it is idempotent),
+        while the other order would leave the terms behind with no job to finish."""
         if purge:
             await self.purge_deleted()
+        await self._write("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
+        if purge:
+            async with self._lock:
+                await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def purge_deleted(self) -> None:
         """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""

@@ -1,0 +1,88 @@
+"""Forgetting as a durable job: written down before anything is deleted, finished (its record
+deleted) only when every plugin has scrubbed its copies, resumed on the next open after a crash.
+
+A user's or a chat's forget then leaves no byte of what it deleted in the store's files; a deleted
+message (an edit does this too) is gone from every row without that cost on each edit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from narrmem.checks import has_surrogate
+from narrmem.errors import InputError
+from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
+
+if TYPE_CHECKING:
+    from narrmem.memory import Memory
+
+log = logging.getLogger("narrmem")
+
+
+class Forgetting:
+    def __init__(self, memory: Memory, write_lock: asyncio.Lock) -> None:
+        self.memory = memory
+        self.write_lock = write_lock
+
+    async def scope(self, scope: Scope) -> dict[str, int]:
+        async with self.write_lock:
+            job = await self.memory.store.begin_forget(
+                tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
+            )
+            return await self.finish(job)
+
+    async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
+        ids = message_id_list(message_ids)
+        async with self.write_lock:
+            job = await self.memory.store.begin_forget(
+                tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
+            )
+            counts = await self.finish(job)
+        return {"memories": counts.get("memories", 0)}
+
+    async def finish(self, job: ForgetJob) -> dict[str, int]:
+        """Delete what ``job`` names and let every plugin scrub its copies; safe to run again."""
+        store = self.memory.store
+        if job.messages is None:
+            removed = await store.recent(job.scope, limit=2**62)
+            counts = await store.forget(tenant=job.tenant, user_id=job.user_id, chat_id=job.chat_id)
+        else:
+            assert job.chat_id is not None
+            ids = await store.from_messages(job.tenant, job.chat_id, job.messages)
+            removed = list((await store.get(ids, job.scope)).values())
+            counts = {"memories": await store.delete(ids, job.scope)}
+        await self.memory.host.call(
+            "narrmem_after_forget",
+            isolate=False,
+            memory=self.memory,
+            tenant=job.tenant,
+            user_id=job.user_id,
+            chat_id=job.chat_id,
+            removed=removed,
+            sources=job.sources,
+            messages=job.messages,
+        )
+        await store.finish_forget(job, purge=job.messages is None)
+        return counts
+
+    async def resume(self) -> None:
+        if self.memory.read_only:
+            return  # the process that writes the folder finishes them
+        for job in await self.memory.store.pending_forgets():
+            log.warning("finishing a forget that was interrupted (job %d)", job.id)
+            async with self.write_lock:
+                await self.finish(job)
+
+
+def message_id_list(message_ids: Sequence[str]) -> list[str]:
+    if isinstance(message_ids, str) or not isinstance(message_ids, Sequence):
+        raise InputError("must be a list of message ids", field="message_ids")
+    for i, mid in enumerate(message_ids):
+        if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID_CHARS:
+            raise InputError(f"must be a string of 1 to {MAX_ID_CHARS} characters", field=f"message_ids[{i}]")
+        if has_surrogate(mid):
+            raise InputError("holds a lone surrogate (not valid Unicode)", field=f"message_ids[{i}]")
+    return list(message_ids)

@@ -1,0 +1,285 @@
+"""The ingest pipeline: validate → triage → dedupe → records → embed → write → after-store →
+triggers, for a batch of messages at a time.
+
+Every message is validated before anything is written. Ignored messages stop after triage (no
+embedding, no I/O). The kept ones are embedded in one call and written in one transaction, then
+the after-store hooks (counters, facts, triggers) run in a task that overlaps the next batch's
+embedding, so in bulk the model never waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from narrmem.errors import InputError
+from narrmem.models import MAX_ID_CHARS, IngestResult, MemoryRecord, Message, TriageDecision, TriggerEvent
+from narrmem.text import cjk_count
+
+if TYPE_CHECKING:
+    from narrmem.memory import Memory
+
+log = logging.getLogger("narrmem")
+
+TriggerCallback = Callable[[TriggerEvent], Awaitable[None]]
+FALLBACK_DECISION = TriageDecision(layer="accumulate", reason="no triage plugin answered")
+# Where bot libraries and chat exports put a person's display name in ``meta``.
+DISPLAY_NAME_KEYS = ("display_name", "name", "username", "first_name")
+MessageKey = tuple[str, str, str]  # (tenant, chat_id, message_id): a message's identity
+
+
+@dataclass
+class Pending:
+    """One message on its way through a batch: its place in the batch, what triage decided, the
+    records it will leave, their vectors, and what went wrong in plugins along the way."""
+
+    index: int
+    message: Message
+    decision: TriageDecision
+    errors: list[str] = field(default_factory=list)
+    records: list[MemoryRecord] = field(default_factory=list)
+    vectors: np.ndarray | None = None
+
+    @property
+    def key(self) -> MessageKey:
+        return (self.message.tenant, self.message.chat_id, self.message.message_id)
+
+
+class IngestPipeline:
+    def __init__(self, memory: Memory, write_lock: asyncio.Lock, callbacks: list[TriggerCallback]) -> None:
+        self.memory = memory
+        self.write_lock = write_lock
+        self.callbacks = callbacks
+
+    async def run(
+        self, messages: Sequence[Message | dict[str, Any]], progress: Callable[[int], None] | None
+    ) -> list[IngestResult]:
+        validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
+        # A batch's results are filled in by its after-store task, which may still run while the
+        # next batch embeds: the lists are read only once every task is done.
+        batches: list[list[IngestResult]] = []
+        batch_size = self.memory.settings.storage.batch_size
+        finishing: asyncio.Future[None] | None = None
+        try:
+            for start in range(0, len(validated), batch_size):
+                chunk = validated[start : start + batch_size]
+                batch, finishing = await self._batch(chunk, finishing)
+                batches.append(batch)
+                if progress is not None:
+                    progress(len(chunk))
+        finally:
+            if finishing is not None:
+                await finishing
+        return [result for batch in batches for result in batch]
+
+    async def _batch(
+        self, messages: list[Message], previous: asyncio.Future[None] | None
+    ) -> tuple[list[IngestResult], asyncio.Future[None] | None]:
+        """Triage, embed and write one batch; return its results (filled in by the after-store
+        task for kept messages) and that task. ``previous`` is the last batch's."""
+        results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
+        items = []
+        for i, message in enumerate(messages):
+            errors: list[str] = []
+            items.append(Pending(i, message, await self.triage(message, errors), errors))
+            await yield_every(i)
+        kept = await self._records(items, results)
+        if not kept:
+            if previous is not None:
+                await previous
+            return results, None
+        texts = [r.index_text for item in kept for r in item.records]
+        embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(texts))
+        try:
+            if previous is not None:
+                await previous
+            vectors = await embedding
+        finally:
+            if not embedding.done():
+                embedding.cancel()
+        offset = 0
+        for item in kept:
+            item.vectors = vectors[offset : offset + len(item.records)]
+            offset += len(item.records)
+        written = await self._write(kept, results)
+        return results, asyncio.ensure_future(self._after_store(written, results))
+
+    async def _records(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
+        """What each message leaves (the episode, plus what ``narrmem_before_store`` adds), or its
+        result when it leaves nothing: ignored, or already stored."""
+        kept: list[Pending] = []
+        seen: set[MessageKey] = set()
+        stored = await self._already_stored(items)
+        for item in items:
+            await yield_every(item.index)
+            if item.decision.layer == "ignore":
+                results[item.index] = IngestResult(
+                    message_id=item.message.message_id,
+                    layer="ignore",
+                    stored=False,
+                    reason=item.decision.reason,
+                    notes=item.errors,
+                )
+            elif item.key in seen or item.key in stored:
+                results[item.index] = duplicate(item.message, item.decision)
+            else:
+                seen.add(item.key)
+                item.records = [self.episode(item.message, item.decision)]
+                await self.memory.host.call(
+                    "narrmem_before_store",
+                    memory=self.memory,
+                    message=item.message,
+                    decision=item.decision,
+                    records=item.records,
+                    errors=item.errors,
+                )
+                kept.append(item)
+        return kept
+
+    async def _write(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
+        async with self.write_lock:
+            # A concurrent ingest may have stored the same message while this one was embedding.
+            stored = await self._already_stored(items)
+            keep = []
+            for item in items:
+                if item.key in stored:
+                    results[item.index] = duplicate(item.message, item.decision)
+                else:
+                    keep.append(item)
+            if keep:
+                vectors = np.vstack([item.vectors for item in keep if item.vectors is not None])
+                await self.memory.store.add([r for item in keep for r in item.records], vectors)
+                # Another process sharing the store may have stored a message since the check above:
+                # the store skipped its episode (its id stays None), so it is a duplicate here too.
+                for item in keep:
+                    if item.records[0].id is None:
+                        results[item.index] = duplicate(item.message, item.decision)
+                keep = [item for item in keep if item.records[0].id is not None]
+        return keep
+
+    async def _after_store(self, items: list[Pending], results: list[IngestResult]) -> None:
+        for n, item in enumerate(items):
+            await yield_every(n)
+            result = IngestResult(
+                message_id=item.message.message_id,
+                layer=item.decision.layer,
+                stored=True,
+                reason=item.decision.reason,
+                type=item.decision.type,
+                memory_ids=[r.id for r in item.records if r.id is not None],
+                records=item.records,
+                scene=next((r for r in item.records if r.kind == "scene"), None),
+            )
+            await self.memory.host.call(
+                "narrmem_after_store",
+                memory=self.memory,
+                message=item.message,
+                decision=item.decision,
+                records=item.records,
+                vectors=item.vectors,
+                result=result,
+                errors=item.errors,
+            )
+            result.notes.extend(item.errors)
+            await self.deliver(result.triggers)
+            results[item.index] = result
+
+    async def triage(self, message: Message, errors: list[str]) -> TriageDecision:
+        host = self.memory.host
+        decision = await host.call_first("narrmem_triage", memory=self.memory, message=message, errors=errors)
+        if decision is None:
+            return FALLBACK_DECISION
+        if not isinstance(decision, TriageDecision):
+            log.error("triage returned %r, not a TriageDecision; keeping the message", decision)
+            return FALLBACK_DECISION
+        return decision
+
+    async def _already_stored(self, items: list[Pending]) -> set[MessageKey]:
+        by_chat: dict[tuple[str, str], list[str]] = {}
+        for item in items:
+            if item.decision.layer != "ignore":
+                by_chat.setdefault((item.message.tenant, item.message.chat_id), []).append(
+                    item.message.message_id
+                )
+        found: set[MessageKey] = set()
+        for (tenant, chat_id), ids in by_chat.items():
+            for mid in await self.memory.store.stored_message_ids(tenant, chat_id, ids):
+                found.add((tenant, chat_id, mid))
+        return found
+
+    def episode(self, message: Message, decision: TriageDecision) -> MemoryRecord:
+        return MemoryRecord(
+            kind="episode",
+            tenant=message.tenant,
+            user_id=message.user_id,
+            chat_id=message.chat_id,
+            speaker=message.speaker,
+            text=message.text,
+            embed_text=attributed(message),
+            importance=decision.importance,
+            created_at=message.ts,
+            stored_at=self.memory.clock.now(),
+            message_ids=[message.message_id],
+            meta={**message.meta, "layer": decision.layer},
+        )
+
+    async def deliver(self, events: list[TriggerEvent]) -> None:
+        for event in events:
+            await self.memory.host.call("narrmem_on_trigger", memory=self.memory, event=event)
+            for callback in self.callbacks:
+                try:
+                    await callback(event)
+                except Exception:
+                    log.exception("trigger callback %r failed", callback)
+
+
+def duplicate(message: Message, decision: TriageDecision) -> IngestResult:
+    return IngestResult(
+        message_id=message.message_id,
+        layer=decision.layer,
+        stored=False,
+        duplicate=True,
+        reason="this message id is already stored in this chat",
+    )
+
+
+def speaker_of(message: Message) -> str:
+    """Who said it: ``speaker``, else a display name from ``meta``, else the user id. Recall needs
+    the attribution (questions name people), so a message never goes without one."""
+    if message.speaker:
+        return message.speaker
+    for key in DISPLAY_NAME_KEYS:
+        value = message.meta.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:MAX_ID_CHARS]
+    return message.user_id
+
+
+def attributed(message: Message) -> str:
+    """The message as reported speech ("Ann said, "…""): who said it is part of what it means,
+    and questions name people ("what did Ann decide?")."""
+    speaker = speaker_of(message)
+    if cjk_count(message.text) * 2 > len(message.text):
+        return f"{speaker}说：“{message.text}”"
+    return f'{speaker} said, "{message.text}"'
+
+
+async def yield_every(n: int, every: int = 8) -> None:
+    """Let the event loop run between messages of a batch: a hook whose awaits complete at once
+    never suspends, and a batch of them would otherwise hold the loop for tens of milliseconds."""
+    if n % every == every - 1:
+        await asyncio.sleep(0)
+
+
+def as_message(message: Message | dict[str, Any], index: int | None) -> Message:
+    try:
+        return Message.model_validate(message)
+    except ValidationError as exc:
+        prefix = f"messages[{index}]." if index is not None else ""
+        raise InputError.from_pydantic(exc, prefix=prefix) from exc

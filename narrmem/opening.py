@@ -1,0 +1,105 @@
+"""Opening a memory: plugins loaded and configured, the embedder and the store picked from what
+plugins registered, the store opened, plugins started, interrupted forgets finished."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from narrmem.errors import ConfigError, InputError, PluginError, StoreError
+from narrmem.models import Scope
+
+if TYPE_CHECKING:
+    from narrmem.memory import Memory
+
+
+async def start(
+    memory: Memory, *, warm: bool, builtins: bool, load_entrypoints: bool, extra: list[object]
+) -> None:
+    settings = memory.settings
+    host = memory.host
+    host.load(
+        builtins=builtins, load_entrypoints=load_entrypoints, extra=extra, disabled=settings.plugins.disabled
+    )
+    await host.call("narrmem_configure", isolate=False, memory=memory, settings=settings)
+    unknown = sorted(set(settings.plugin) - set(host.plugin_names()))
+    if unknown:
+        raise ConfigError(f"plugin.{unknown[0]}: no plugin of that name is loaded")
+    stores = await _collect(memory, "narrmem_register_stores")
+    embedders = await _collect(memory, "narrmem_register_embedders")
+    await host.call("narrmem_register_tools", isolate=False, register=memory.tools.register)
+    embedder = _pick(embedders, settings.embedder.backend, "embedder.backend")(settings)
+    memory.attach(embedder=embedder)
+    if warm:
+        await embedder.start()
+    try:
+        if not memory.read_only:
+            memory.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"data folder {memory.data_dir}: cannot create it ({exc.strerror})") from exc
+    store = _pick(stores, settings.storage.backend, "storage.backend")(memory)
+    memory.attach(store=store)  # before opening, so a failed open is still closed
+    await store.open(dim=embedder.dim, model=embedder.name)
+
+
+async def _collect(memory: Memory, hook_name: str) -> dict[str, Callable[..., Any]]:
+    found: dict[str, Callable[..., Any]] = {}
+
+    def register(name: str, factory: Callable[..., Any]) -> None:
+        if name in found:
+            raise PluginError(f"{hook_name}: '{name}' is registered twice")
+        found[name] = factory
+
+    await memory.host.call(hook_name, isolate=False, register=register)
+    return found
+
+
+def _pick(registry: dict[str, Callable[..., Any]], name: str, setting: str) -> Callable[..., Any]:
+    if name not in registry:
+        known = ", ".join(sorted(registry)) or "none"
+        raise ConfigError(f"{setting}: no backend named '{name}' is registered (known: {known})")
+    return registry[name]
+
+
+def check_open_arguments(settings: object, clock: object, plugins: object, settings_type: type) -> None:
+    if settings is not None and not isinstance(settings, settings_type):
+        raise InputError(f"must be narrmem Settings, not {type(settings).__name__}", field="settings")
+    if clock is not None and not callable(getattr(clock, "now", None)):
+        raise InputError("must be a clock: an object with a now() method", field="clock")
+    if isinstance(plugins, str | bytes | dict) or not isinstance(plugins, Iterable):
+        raise InputError(f"must be a list of plugins, not {type(plugins).__name__}", field="plugins")
+
+
+def scope_argument(tenant: str, user_id: str | None = None, chat_id: str | None = None) -> Scope:
+    """A :class:`Scope` from a public call's arguments; a bad one is an ``InputError`` naming it."""
+    try:
+        return Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+    except ValidationError as exc:
+        raise InputError.from_pydantic(exc) from exc
+
+
+class Opening:
+    """Lets ``Memory.open`` be both awaited and used with ``async with``."""
+
+    def __init__(self, memory: Memory, warm: bool) -> None:
+        self._memory = memory
+        self._warm = warm
+
+    async def _open(self) -> Memory:
+        try:
+            await self._memory.start(self._warm)
+        except BaseException:
+            await self._memory.close()
+            raise
+        return self._memory
+
+    def __await__(self) -> Generator[Any, None, Memory]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Memory:
+        return await self._open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._memory.close()
