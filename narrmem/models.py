@@ -6,7 +6,15 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from narrmem.checks import JsonShapeError, check_plain_json, check_time_range
 from narrmem.text import estimate_tokens
@@ -204,6 +212,9 @@ class PatternCount(_Strict):
     times: list[AwareDatetime] = Field(default_factory=list, description="when each counted mention was")
 
 
+SCENE_FIELDS = "fields"  # where a scene record keeps its SceneDraft in meta
+
+
 class SceneDraft(_Strict):
     """The narrative fragment of a scene: the fields and the rendered paragraph."""
 
@@ -215,6 +226,22 @@ class SceneDraft(_Strict):
     category: Literal["decision", "emotion_change", "milestone", "preference", "general"] = "general"
     tags: list[str] = Field(default_factory=list)
     language: Literal["en", "zh"] = "en"
+
+    @classmethod
+    def of(cls, record: MemoryRecord) -> SceneDraft | None:
+        """The fragment a scene record holds (``None`` for any other memory, or a scene written by
+        hand without fields). This and :meth:`stored` are the one way in and out of ``meta``."""
+        fields = record.meta.get(SCENE_FIELDS)
+        if not isinstance(fields, dict):
+            return None
+        try:
+            return cls.model_validate(fields)
+        except ValidationError:
+            return None
+
+    def stored(self) -> dict[str, Any]:
+        """The fields as kept in a scene record's ``meta``."""
+        return {SCENE_FIELDS: self.model_dump(mode="json")}
 
     def render(self) -> str:
         """The descriptive paragraph, labelled in the user's language; the Core stays verbatim."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from narrmem.models import Candidate, Hit, MemoryRecord, RecallRequest, Why
+from narrmem.models import Candidate, Hit, MemoryRecord, RecallRequest, SceneDraft, Why
 from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.snippets import snippet
 from narrmem.text import content_terms, keyword_terms
@@ -179,6 +179,5 @@ def _hit(record: MemoryRecord, score: float, why: Why, importance_now: float, re
 
 def scene_core(record: MemoryRecord) -> str | None:
     """A scene's Core (the user's own words), which is what a prompt needs of it."""
-    fields = record.meta.get("fields")
-    core = fields.get("core") if isinstance(fields, dict) else None
-    return core if isinstance(core, str) and core else None
+    draft = SceneDraft.of(record)
+    return draft.core if draft is not None and draft.core else None

@@ -216,3 +216,22 @@ def test_a_second_process_on_the_same_folder_is_refused_with_the_holders_pid(tmp
         holder.stdin.close()
         holder.wait(timeout=60)
     assert asyncio.run(open_and_count()) >= 1  # free again once the holder closed
+
+
+async def test_a_scene_is_read_and_written_through_its_model(tmp_path: Path) -> None:
+    from narrmem.models import MemoryRecord, SceneDraft
+
+    async with open_memory(tmp_path / "store") as mem:
+        result = await mem.ingest(msg("m1", "I decided to move to Lisbon next spring", user="ann"))
+        assert result.scene is not None
+        draft = SceneDraft.of(result.scene)
+        assert draft is not None and draft.core == "I decided to move to Lisbon next spring"
+        assert result.scene.text == draft.render()
+        episode = next(r for r in result.records if r.kind == "episode")
+        assert SceneDraft.of(episode) is None
+        broken = MemoryRecord.model_validate({**result.scene.model_dump(), "meta": {"fields": {"core": 5}}})
+        assert SceneDraft.of(broken) is None  # a hand-written meta of another shape is not a scene's
+        assert (
+            SceneDraft.of(MemoryRecord.model_validate({**result.scene.model_dump(), "meta": draft.stored()}))
+            == draft
+        )

@@ -169,7 +169,7 @@ class Triage:
                     "type": decision.type,
                     "category": draft.category,
                     "tags": draft.tags,
-                    "fields": draft.model_dump(),
+                    **draft.stored(),
                     "explicit": bool(decision.signals.get("explicit")),
                 },
             )

@@ -184,7 +184,7 @@ class Counters:
                 "type": "pattern",
                 "category": "emotion_change",
                 "tags": draft.tags,
-                "fields": draft.model_dump(),
+                **draft.stored(),
             },
         )
         vectors = await memory.embedder.embed([scene.index_text])
@@ -308,7 +308,7 @@ class Counters:
         for record, similarity in await _scored_scenes(
             memory, scene, vector, chat, self.options.link_similarity - 0.15
         ):
-            if record.meta.get("type") == "pattern" or "fields" not in record.meta:
+            if record.meta.get("type") == "pattern" or SceneDraft.of(record) is None:
                 continue
             if similarity >= SAME_SCENE:
                 continue  # a restatement, not a moment that builds on the earlier one
@@ -319,14 +319,15 @@ class Counters:
         if not scored:
             return
         target = max(scored, key=lambda item: item[0])[1]
-        fields = SceneDraft.model_validate(target.meta["fields"])
+        fields = SceneDraft.of(target)
+        assert fields is not None  # filtered above
         core = _core(scene)
         impact = f'{scene.meta.get("type") or "later"} on {scene.created_at:%Y-%m-%d}: "{core}"'
         earlier_impacts = [part for part in fields.impact.split("; ") if part][-(MAX_IMPACTS - 1) :]
         fields.impact = "; ".join([*earlier_impacts, impact])
         target.meta = {
             **target.meta,
-            "fields": fields.model_dump(),
+            **fields.stored(),
             "impacts": [*target.meta.get("impacts", []), scene.id],
         }
         target.text = fields.render()
@@ -354,7 +355,8 @@ async def _similar_scenes(
 
 
 def _core(scene: MemoryRecord) -> str:
-    return str(scene.meta.get("fields", {}).get("core", scene.text))
+    draft = SceneDraft.of(scene)
+    return draft.core if draft is not None else scene.text
 
 
 def _not_after(record: MemoryRecord, reference: MemoryRecord) -> bool:
