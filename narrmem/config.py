@@ -132,6 +132,19 @@ class RecallSettings(_Section):
         description="a hit containing this share of the query's content words is relevant whatever its "
         "similarity (0 turns keyword rescue off)",
     )
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="fusion weight per recall source (name -> weight >= 0); a source not named keeps "
+        "its plugin's default (vector 0.6, keyword 1.0), any other source 1.0",
+    )
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_are_weights(cls, weights: dict[str, float]) -> dict[str, float]:
+        for name, weight in weights.items():
+            if not 0 <= weight <= 100:
+                raise ValueError(f"the weight of '{name}' must be between 0 and 100")
+        return weights
 
 
 class PluginsSettings(_Section):

@@ -49,7 +49,8 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
         "narrmem_rank", memory=memory, request=request, candidates=candidates, records=records
     )
     if ranking is None:
-        ranking = reciprocal_rank_fusion(candidates, normalize=True)
+        weights = memory.settings.recall.weights
+        ranking = reciprocal_rank_fusion(candidates, weights=weights or None, normalize=True)
     factors = await _importance_factors(memory, request, records)
     weighted = sorted(
         ((mid, min(1.0, max(0.0, score)) * factors.get(mid, 1.0)) for mid, score in ranking),

@@ -50,6 +50,7 @@ class HybridOptions(BaseModel):
 class HybridRecall:
     def __init__(self) -> None:
         self.options = HybridOptions()
+        self.recall_weights: dict[str, float] = {}
         # The last few turns of each chat, newest last: context for the next message without a
         # query per message. Bounded; a miss falls back to the store.
         self._recent: OrderedDict[tuple[str, str], list[tuple[datetime, str, str]]] = OrderedDict()
@@ -57,6 +58,7 @@ class HybridRecall:
     @hookimpl
     def narrmem_configure(self, settings: Settings) -> None:
         self.options = plugin_options(settings, NAME, HybridOptions)
+        self.recall_weights = dict(settings.recall.weights)
 
     @hookimpl
     async def narrmem_before_store(
@@ -143,7 +145,11 @@ class HybridRecall:
     def narrmem_rank(
         self, candidates: list[Candidate], records: dict[int, MemoryRecord]
     ) -> list[tuple[int, float]]:
-        weights = {"vector": self.options.vector_weight, "keyword": self.options.keyword_weight}
+        weights = {
+            "vector": self.options.vector_weight,
+            "keyword": self.options.keyword_weight,
+            **self.recall_weights,
+        }
         return reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights, normalize=True)
 
 

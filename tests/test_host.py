@@ -429,3 +429,29 @@ async def test_host_finds_a_plugin_by_class(tmp_path: Path) -> None:
         assert isinstance(mem.host.plugin(GraphPlugin), GraphPlugin)
         with pytest.raises(PluginError, match="_TriageWrapper"):
             mem.host.plugin(_TriageWrapper)
+
+
+class _PinnedSource:
+    """A third-party recall source that always proposes one memory first."""
+
+    narrmem_name = "pinned_source"
+
+    def __init__(self) -> None:
+        self.memory_id = 0
+
+    @hookimpl
+    def narrmem_recall_prefetch(self) -> list[narrmem.Candidate]:
+        return [narrmem.Candidate(memory_id=self.memory_id, source="pinned", rank=0, score=1.0)]
+
+
+@pytest.mark.parametrize(("weight", "pinned_first"), [(5.0, True), (0.0, False)])
+async def test_a_recall_source_takes_its_fusion_weight_from_settings(
+    tmp_path: Path, weight: float, pinned_first: bool
+) -> None:
+    source = _PinnedSource()
+    async with open_memory(tmp_path / "m", plugins=[source], recall={"weights": {"pinned": weight}}) as mem:
+        await mem.ingest(msg("m1", "my garden tomatoes ripened early this year"))
+        other = await mem.ingest(msg("m2", "the garden tomatoes and the garden beans"))
+        source.memory_id = other.memory_ids[0]
+        hits = await mem.recall("my garden tomatoes ripened early this year", user_id="u1", k=2)
+    assert (hits[0].id == source.memory_id) is pinned_first
