@@ -209,7 +209,8 @@ function drawImportance(hist) {
   }
   const ticks = [[lo, "created"], [now, "now"], [hi, "+1 year"]];
   for (const [t, label] of ticks) {
-    svg.append(s("text", { x: x(t), y: H - 8, "text-anchor": t === hi ? "end" : "middle" },
+    const anchor = t === hi ? "end" : t === lo ? "start" : "middle";
+    svg.append(s("text", { x: x(t), y: H - 8, "text-anchor": anchor },
       `${label} ${new Date(t).toISOString().slice(0, 10)}`));
   }
   svg.append(s("line", { x1: x(now), x2: x(now), y1: T, y2: H - B, stroke: "#999", "stroke-dasharray": "2 3" }));
