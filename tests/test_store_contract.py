@@ -364,3 +364,22 @@ async def test_reopen_with_another_model_is_refused(backend: str, tmp_path: Path
     with pytest.raises(StoreError, match="holds vectors of model"):
         await second.open(dim=DIM, model="another-model")
     await second.close()
+
+
+async def test_users_are_listed_by_tenant_with_counts(store: Any) -> None:
+    await add(
+        store,
+        record("a", minutes=0),
+        record("b", chat="c2", kind="scene", minutes=3),
+        record("c", user="u2", minutes=1),
+        record("d", tenant="t2", minutes=2),
+    )
+    rows = await store.users("default")
+    assert [(r["tenant"], r["user_id"], r["memories"], r["scenes"], r["chats"]) for r in rows] == [
+        ("default", "u1", 2, 1, 2),
+        ("default", "u2", 1, 0, 1),
+    ]
+    first, last = (datetime.fromisoformat(rows[0][key]) for key in ("first_at", "last_at"))
+    assert (first, last) == (T0, T0 + timedelta(minutes=3))  # the same instants, told in UTC
+    assert [r["tenant"] for r in await store.users(None)] == ["default", "default", "t2"]
+    assert len(await store.users(None, limit=1)) == 1

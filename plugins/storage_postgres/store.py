@@ -751,6 +751,28 @@ class PostgresStore:
         )
         return [_record(r) for r in rows]
 
+    async def users(self, tenant: str | None, *, limit: int = 1000) -> list[dict[str, Any]]:
+        where, params = ("WHERE tenant = $2", [tenant]) if tenant is not None else ("", [])
+        rows = await self.pool.fetch(
+            "SELECT tenant, user_id, COUNT(*), COUNT(*) FILTER (WHERE kind = 'scene'), "
+            f"COUNT(DISTINCT chat_id), MIN(created_ts), MAX(created_ts) FROM memories {where} "
+            "GROUP BY tenant, user_id ORDER BY tenant, user_id LIMIT $1",
+            limit,
+            *params,
+        )
+        return [
+            {
+                "tenant": r[0],
+                "user_id": r[1],
+                "memories": int(r[2]),
+                "scenes": int(r[3]),
+                "chats": int(r[4]),
+                "first_at": datetime.fromtimestamp(float(r[5]), UTC).isoformat(),
+                "last_at": datetime.fromtimestamp(float(r[6]), UTC).isoformat(),
+            }
+            for r in rows
+        ]
+
     async def stats(self) -> dict[str, Any]:
         kinds = {
             r[0]: int(r[1])
