@@ -16,11 +16,11 @@ import pytest
 from _helpers import count_rows, msg
 
 from narrmem import ConfigError, InputError, Memory, Message, StoreError, UnknownToolError, load_settings
-from narrmem.chat_import import read_chat
 from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
+from narrmem.doors.chat_import import read_chat
+from narrmem.doors.transfer import export_jsonl, import_jsonl, read_messages
 from narrmem.models import MAX_META_BYTES
 from narrmem.testing import open_memory
-from narrmem.transfer import export_jsonl, import_jsonl, read_messages
 
 DEEP = 10_000
 
@@ -388,7 +388,7 @@ def test_cli_reports_an_unopenable_store_in_one_line(folders: dict[str, Path], t
             [
                 sys.executable,
                 "-m",
-                "narrmem.cli",
+                "narrmem.doors.cli",
                 "forget",
                 "--user",
                 "u1",

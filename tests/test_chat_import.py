@@ -19,7 +19,7 @@ import pytest
 from _helpers import msg
 
 from narrmem import InputError, Message
-from narrmem.chat_import import (
+from narrmem.doors.chat_import import (
     FORMATS,
     ImportBatch,
     check_user_map,

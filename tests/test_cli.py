@@ -30,7 +30,7 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")} | {"
 
 def narrmem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "narrmem.cli", *args],
+        [sys.executable, "-m", "narrmem.doors.cli", *args],
         capture_output=True,
         text=True,
         env=ENV,

@@ -120,9 +120,8 @@ def test_help_and_a_working_memory_never_import_torch(tmp_path: Path) -> None:
     """Once the export is cached, neither the CLI's help nor a Memory that triages, stores and
     recalls imports torch, sentence-transformers or transformers (seconds and hundreds of MB)."""
     asyncio.run(_export_once())  # this process may import torch for it; the children must not
-    code = (
-        "import sys; from narrmem.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-    )
+    code = "import sys; from narrmem.doors.cli import main\n"
+    code += "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
     code += "print(sorted({'torch', 'sentence_transformers', 'transformers'} & set(sys.modules)))"
     helped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert helped.stdout.strip().splitlines()[-1] == "[]"

@@ -242,7 +242,7 @@ def test_decay_and_history_commands(tmp_path: Path) -> None:
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "narrmem.cli", *args, "--data", str(data)],
+            [sys.executable, "-m", "narrmem.doors.cli", *args, "--data", str(data)],
             capture_output=True,
             text=True,
             timeout=300,

@@ -17,7 +17,11 @@ EXPORTS = Path(__file__).parent / "data" / "chat_exports"
 
 def narrmem(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "narrmem.cli", *args], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-m", "narrmem.doors.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from narrmem import ContextPack, Memory, MemoryRecord, Scope, TriggerEvent
-from narrmem.integrations import _common
+from narrmem.doors.integrations import _common
 
 if TYPE_CHECKING:
     import discord
@@ -161,7 +161,7 @@ class AiogramHarness(Harness):
         from aiogram.types import Chat, User
         from aiogram.types import Message as TgMessage
 
-        from narrmem.integrations.aiogram import setup
+        from narrmem.doors.integrations.aiogram import setup
 
         replies = self.replies
 
@@ -244,7 +244,7 @@ class PtbHarness(Harness):
         from telegram.ext import Application, ContextTypes, MessageHandler, filters
         from telegram.request import BaseRequest, RequestData
 
-        from narrmem.integrations.telegram import install
+        from narrmem.doors.integrations.telegram import install
 
         replies = self.replies
 
@@ -349,7 +349,7 @@ class DiscordHarness(Harness):
         import discord
         from discord.ext import commands
 
-        from narrmem.integrations.discord import NarrmemCog
+        from narrmem.doors.integrations.discord import NarrmemCog
 
         class OfflineBot(commands.Bot):
             """Keeps the tasks of dispatched events, so a test can wait for every listener."""
@@ -891,6 +891,6 @@ def test_importing_narrmem_needs_no_bot_library() -> None:
     import sys
 
     libraries = "{'aiogram', 'discord', 'telegram'}"
-    code = f"import sys, narrmem, narrmem.integrations; print(sorted({libraries} & set(sys.modules)))"
+    code = f"import sys, narrmem, narrmem.doors.integrations; print(sorted({libraries} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

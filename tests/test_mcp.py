@@ -138,7 +138,7 @@ async def _exercise(client: Any, expected: set[str]) -> set[str]:
 
 async def test_stdio_server_with_the_sdk_client(tmp_path: Path) -> None:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "narrmem.cli", "mcp", "--data", str(tmp_path / "data")]
+        command=sys.executable, args=["-m", "narrmem.doors.cli", "mcp", "--data", str(tmp_path / "data")]
     )
     async with Client(params) as client:
         names = await _exercise(client, SEED_TOOLS | {"narrmem_ingest", "narrmem_recall"})
@@ -160,7 +160,7 @@ async def test_streamable_http_on_loopback(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "narrmem.cli",
+        "narrmem.doors.cli",
         "mcp",
         "--http",
         f"127.0.0.1:{port}",

@@ -11,10 +11,10 @@ from typing import Any
 from _postgres import fresh_database
 
 from narrmem.config import load_settings
-from narrmem.migrate import migrate
+from narrmem.doors.migrate import migrate
+from narrmem.doors.transfer import export_jsonl
 from narrmem.models import ImportanceChange
 from narrmem.testing import TestingPlugin, open_memory
-from narrmem.transfer import export_jsonl
 
 T0 = datetime(2025, 1, 6, 20, 0, tzinfo=UTC)
 TEXTS = [

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from narrmem_plugins.storage_sqlite.store import fts_query
 
 from narrmem import Memory, Scope, TriageDecision, hookimpl
+from narrmem.doors.transfer import export_jsonl, import_jsonl
 from narrmem.models import MAX_QUERY_CHARS
 from narrmem.testing import open_memory
 from narrmem.text import fts_document
-from narrmem.transfer import export_jsonl, import_jsonl
 
 PROFILE = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -14,7 +14,7 @@ import pytest_asyncio
 from _helpers import msg
 
 from narrmem import ManualClock, Memory, Scope
-from narrmem.cli import main as cli_main
+from narrmem.doors.cli import main as cli_main
 from narrmem.testing import open_memory
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

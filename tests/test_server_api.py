@@ -15,8 +15,8 @@ import httpx
 import pytest
 from _helpers import msg
 
-from narrmem.cli import main
 from narrmem.clock import ManualClock
+from narrmem.doors.cli import main
 from narrmem.doors.server import KeyFile, KeyRing, WebhookOptions, create_app
 from narrmem.doors.server.openapi import render
 from narrmem.errors import InputError

@@ -14,8 +14,8 @@ from _helpers import count_rows, hit_keys, index_file_ids, msg, sql
 
 import narrmem
 from narrmem import InputError, StoreError
+from narrmem.doors.transfer import export_jsonl, import_jsonl, read_messages
 from narrmem.testing import open_memory
-from narrmem.transfer import export_jsonl, import_jsonl, read_messages
 
 MESSAGES = [
     msg("1", "I adopted a greyhound named Pixel", user="u1", chat="c1", speaker="Ana", meta={"k": [1, 2.5]}),

@@ -316,7 +316,7 @@ async def test_dry_run_cli_prints_one_json_object_per_message(tmp_path: Path) ->
     path.write_text(
         "\n".join(json.dumps({"text": r["text"]}, ensure_ascii=False) for r in rows), encoding="utf-8"
     )
-    command = [sys.executable, "-m", "narrmem.cli", "triage", "--file", str(path), "--json"]
+    command = [sys.executable, "-m", "narrmem.doors.cli", "triage", "--file", str(path), "--json"]
     process = await asyncio.create_subprocess_exec(
         *command, "--data", str(tmp_path / "d"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

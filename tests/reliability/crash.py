@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from narrmem import ManualClock, Memory, Scope
+from narrmem.doors.transfer import export_jsonl
 from narrmem.testing import open_memory
-from narrmem.transfer import export_jsonl
 
 from . import crash_child
 from .common import (

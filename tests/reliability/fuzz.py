@@ -38,15 +38,15 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from narrmem import cli
-from narrmem.chat_import import check_user_map, read_chat, read_user_map
 from narrmem.clock import ManualClock
 from narrmem.config import load_settings
+from narrmem.doors import cli
+from narrmem.doors.chat_import import check_user_map, read_chat, read_user_map
+from narrmem.doors.transfer import export_jsonl, import_jsonl, read_dry_run_messages, read_messages
 from narrmem.errors import NarrmemError
 from narrmem.memory import Memory
 from narrmem.models import Message
 from narrmem.testing import HASH_EMBEDDER, TestingPlugin, open_memory
-from narrmem.transfer import export_jsonl, import_jsonl, read_dry_run_messages, read_messages
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "chat_exports"
 DEEP = 10_000  # nesting depth of the deep inputs: far past Python's recursion limit
@@ -1365,7 +1365,7 @@ class CliRun:
 
 
 def run_cli(argv: list[str]) -> CliRun:
-    """``narrmem.cli.main(argv)`` in this process, its output captured."""
+    """``narrmem.doors.cli.main(argv)`` in this process, its output captured."""
     out, err = io.StringIO(), io.StringIO()
     code: int | None = None
     error: BaseException | None = None
@@ -1586,7 +1586,7 @@ def _deep_meta_line() -> bytes:
 def run_subprocess(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")}
     return subprocess.run(
-        [sys.executable, "-m", "narrmem.cli", *argv],
+        [sys.executable, "-m", "narrmem.doors.cli", *argv],
         capture_output=True,
         text=True,
         errors="backslashreplace",

@@ -38,10 +38,10 @@ from narrmem.doors.server.schemas import (
     RecallBody,
     TurnContextBody,
 )
+from narrmem.doors.transfer import EXPORT_FORMAT, EXPORT_VERSION, ExportHeader
 from narrmem.errors import InputError, NarrmemError, PluginError, StoreError, UnknownToolError
 from narrmem.memory import Memory
 from narrmem.models import MAX_ID_CHARS, Hit, IncomingMessage, IngestResult, Scope
-from narrmem.transfer import EXPORT_FORMAT, EXPORT_VERSION, ExportHeader
 
 log = logging.getLogger("narrmem.server")
 

@@ -43,9 +43,9 @@ from typing import Any, Literal, get_args
 from pydantic import ValidationError
 
 from narrmem.checks import JsonShapeError, loads_json
+from narrmem.doors.transfer import read_messages
 from narrmem.errors import InputError
 from narrmem.models import MAX_ID_CHARS, MAX_TEXT_CHARS, Message
-from narrmem.transfer import read_messages
 
 ChatFormat = Literal["telegram", "discord", "jsonl"]
 FORMATS: tuple[ChatFormat, ...] = get_args(ChatFormat)

@@ -6,8 +6,8 @@ from collections import Counter
 from importlib import resources
 from typing import TextIO
 
+from narrmem.doors.transfer import read_messages
 from narrmem.memory import Memory
-from narrmem.transfer import read_messages
 
 QUESTIONS: list[tuple[str, dict[str, str]]] = [
     ("What did Alice decide about her job?", {"user_id": "alice"}),

@@ -25,7 +25,7 @@ from narrmem.errors import InputError, StoreError
 from narrmem.memory import Memory
 from narrmem.models import MemoryRecord
 
-log = logging.getLogger("narrmem.migrate")
+log = logging.getLogger("narrmem.doors.migrate")
 
 BATCH = 500
 SIDE_TABLES = ("memory_history", "plugin_state", "forget_jobs")

@@ -24,7 +24,7 @@ from narrmem.models import (
 )
 from narrmem.text import estimate_tokens
 
-log = logging.getLogger("narrmem.integrations")
+log = logging.getLogger("narrmem.doors.integrations")
 
 ContextScope = Literal["user", "chat", "user_in_chat"]
 """Whose memories the context for a turn is drawn from: the person across all their chats (in the

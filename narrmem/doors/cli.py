@@ -184,7 +184,7 @@ def _json_default(value: Any) -> Any:
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.demo import run_demo
+    from narrmem.doors.demo import run_demo
 
     async with _open(settings) as memory:
         await run_demo(memory, sys.stdout, k=args.k)
@@ -194,7 +194,7 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from narrmem.transfer import read_messages
+    from narrmem.doors.transfer import read_messages
 
     messages = read_messages(args.file)  # validated whole before the store is touched
     async with _open(settings) as memory:
@@ -217,7 +217,7 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
     """``narrmem import-chat FILE --format telegram|discord|jsonl``: a chat export, parsed whole first."""
     from tqdm import tqdm
 
-    from narrmem.chat_import import read_chat, read_user_map
+    from narrmem.doors.chat_import import read_chat, read_user_map
 
     # Validated whole before the store is touched (or the model loaded): nothing is half-imported.
     user_map = read_user_map(args.user_map) if args.user_map else None
@@ -313,7 +313,7 @@ async def cmd_triage(args: argparse.Namespace, settings: Settings) -> int:
     """Each message as if it were the first message of a new user, in a throwaway folder."""
     import tempfile
 
-    from narrmem.transfer import read_dry_run_messages
+    from narrmem.doors.transfer import read_dry_run_messages
 
     messages = read_dry_run_messages(args.file) if args.file else read_dry_run_messages(None, text=args.text)
     with tempfile.TemporaryDirectory(prefix="narrmem-triage-") as folder:
@@ -381,7 +381,7 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.transfer import export_jsonl
+    from narrmem.doors.transfer import export_jsonl
 
     async with _open(settings, warm=False, read_only=True) as memory:
         count = await export_jsonl(memory, args.file)
@@ -390,7 +390,7 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.transfer import import_jsonl
+    from narrmem.doors.transfer import import_jsonl
 
     async with _open(settings, warm=False) as memory:
         counts = await import_jsonl(memory, args.file)
@@ -406,7 +406,7 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.mcp_server import serve_http, serve_stdio
+    from narrmem.doors.mcp_server import serve_http, serve_stdio
 
     # stdout is the protocol on stdio: logs go to stderr only.
     async with _open(settings) as memory:
@@ -531,8 +531,8 @@ def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    """``narrmem migrate --from DATA_DIR|DSN --to DATA_DIR|DSN``: see :mod:`narrmem.migrate`."""
-    from narrmem.migrate import migrate
+    """``narrmem migrate --from DATA_DIR|DSN --to DATA_DIR|DSN``: see :mod:`narrmem.doors.migrate`."""
+    from narrmem.doors.migrate import migrate
 
     report = await migrate(args.source, args.target, settings=settings, queries=args.queries)
     if args.json:

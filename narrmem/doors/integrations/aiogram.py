@@ -1,0 +1,234 @@
+"""narrmem for aiogram 3: a middleware that remembers every message and hands handlers the context.
+
+::
+
+    from narrmem.doors.integrations.aiogram import setup
+
+    dp = Dispatcher()
+    setup(dp, memory, tenant="telegram", on_trigger=send_suggestion)
+
+    @dp.message()
+    async def answer(message: Message, memory_context: ContextPack | None) -> None:
+        prompt = memory_context.render(token_budget=400) if memory_context else ""
+        ...
+
+``setup`` registers :class:`NarrmemMiddleware` as an outer middleware for ``message`` and
+``edited_message`` (outer, so a message is remembered even when no handler matches it) and the
+``/forgetme`` and ``/memory`` commands (:func:`register_commands`).
+
+In groups a bot sees every message only with privacy mode off (BotFather, ``/setprivacy``);
+otherwise Telegram sends it commands, replies to it and mentions only, and only those are remembered.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Collection
+from datetime import UTC, datetime
+from typing import Any
+
+import aiogram
+from aiogram import Bot, Router
+from aiogram.filters import Command
+from aiogram.types import Message as TgMessage
+from aiogram.types import TelegramObject, Update
+
+from narrmem.doors.integrations import _common
+from narrmem.doors.integrations._common import COMMANDS, DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
+from narrmem.memory import Memory
+from narrmem.models import ContextPack, Message, TriggerEvent
+
+__all__ = ["NarrmemMiddleware", "TriggerHandler", "register_commands", "sender", "setup", "to_message"]
+
+TriggerHandler = Callable[[Bot, TriggerEvent], Awaitable[None]]
+"""``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from."""
+
+TELEGRAM_MAX_CHARS = 4096
+Handler = Callable[[TelegramObject, dict[str, Any]], Awaitable[Any]]
+
+
+def sender(message: TgMessage) -> tuple[str, str] | None:
+    """Who said it, as (user id, display name); ``None`` for a bot's message."""
+    if message.sender_chat is not None:
+        # Anonymous group admins and channel posts: the chat speaks, from_user is a placeholder bot.
+        chat = message.sender_chat
+        return str(chat.id), chat.title or chat.full_name
+    if message.from_user is not None and not message.from_user.is_bot:
+        return str(message.from_user.id), message.from_user.full_name
+    return None
+
+
+def to_message(message: TgMessage, *, tenant: str = "default") -> Message | None:
+    """The narrmem ``Message`` for a Telegram message, or ``None`` when there is nothing to remember
+    (no text or caption, or sent by a bot)."""
+    who = sender(message)
+    if who is None:
+        return None
+    edited_at = datetime.fromtimestamp(message.edit_date, tz=UTC) if message.edit_date else None
+    return _common.build_message(
+        text=message.text if message.text is not None else message.caption,
+        user_id=who[0],
+        chat_id=message.chat.id,
+        message_id=message.message_id,
+        ts=message.date,
+        tenant=tenant,
+        speaker=who[1],
+        meta={
+            "platform": "telegram",
+            "chat_type": message.chat.type,
+            "thread_id": message.message_thread_id,
+            "edited_at": edited_at.isoformat() if edited_at else None,
+        },
+    )
+
+
+class NarrmemMiddleware(aiogram.BaseMiddleware):
+    """Remembers every message and edit, and gives handlers ``memory`` (the :class:`Memory`),
+    ``memory_context`` (the :class:`ContextPack` for this turn, ``None`` for a message without text),
+    ``memory_prompt`` (that pack rendered to ``token_budget``, ``""`` when there is nothing) and
+    ``memory_mark_used`` (``await memory_mark_used()`` or ``(hits)``: the answer used them, so they
+    are reinforced).
+
+    Register it on the dispatcher for both ``message`` and ``edited_message`` (:func:`setup` does).
+    ``on_trigger(bot, event)`` is awaited for every trigger event a message causes.
+    """
+
+    def __init__(
+        self,
+        memory: Memory,
+        *,
+        tenant: str = "default",
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        on_trigger: TriggerHandler | None = None,
+        k: int = DEFAULT_K,
+        context_scope: ContextScope = "user",
+        skip_commands: Collection[str] = COMMANDS,
+    ) -> None:
+        self.memory = memory
+        self.tenant = tenant
+        self.token_budget = token_budget
+        self.on_trigger = on_trigger
+        self.k = k
+        self.context_scope: ContextScope = context_scope
+        self.skip_commands = skip_commands
+
+    async def __call__(self, handler: Handler, event: TelegramObject, data: dict[str, Any]) -> Any:
+        data["memory"] = self.memory
+        data["memory_context"] = None
+        data["memory_prompt"] = ""
+        if not isinstance(event, TgMessage):
+            return await handler(event, data)
+        message = to_message(event, tenant=self.tenant)
+        if message is None or _common.is_own_command(message.text, self.skip_commands):
+            return await handler(event, data)
+        update = data.get("event_update")
+        if isinstance(update, Update) and update.edited_message is not None:
+            await _common.edit(self.memory, message)
+        else:
+            await _common.ingest(self.memory, message, self._notifier(data.get("bot")))
+        pack = await _common.turn_context(self.memory, message, k=self.k, scope=self.context_scope)
+        data["memory_context"] = pack
+        data["memory_prompt"] = pack.render(token_budget=self.token_budget)
+        data["memory_mark_used"] = functools.partial(_common.mark_used, self.memory, pack)
+        return await handler(event, data)
+
+    def _notifier(self, bot: Bot | None) -> _common.Notify | None:
+        callback = self.on_trigger
+        if callback is None or bot is None:
+            return None
+
+        async def notify(event: TriggerEvent) -> None:
+            await callback(bot, event)
+
+        return notify
+
+    async def context(self, message: TgMessage) -> ContextPack | None:
+        """The context for a message outside a handler (the middleware already gives it inside)."""
+        converted = to_message(message, tenant=self.tenant)
+        if converted is None:
+            return None
+        return await _common.turn_context(self.memory, converted, k=self.k, scope=self.context_scope)
+
+
+def register_commands(
+    router: Router,
+    memory: Memory,
+    *,
+    tenant: str = "default",
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    forget_command: str = "forgetme",
+    memory_command: str = "memory",
+) -> Router:
+    """Register ``/forgetme`` (forget everything about the sender in ``tenant``, reply with counts)
+    and ``/memory`` (reply with what is remembered about the sender) on ``router``.
+
+    Register them before any catch-all message handler of the same router: aiogram stops at the
+    first handler whose filters match.
+    """
+
+    async def forgetme(message: TgMessage) -> None:
+        who = sender(message)
+        if who is None:
+            return
+        await message.answer(await _common.forget_user(memory, tenants=[tenant], user_id=who[0]))
+
+    async def show_memory(message: TgMessage) -> None:
+        who = sender(message)
+        if who is None:
+            return
+        # Outside a private chat the reply is read by the whole group: only this chat's memories.
+        chat_id = None if message.chat.type == "private" else str(message.chat.id)
+        text = await _common.describe_user(
+            memory,
+            tenant=tenant,
+            user_id=who[0],
+            chat_id=chat_id,
+            token_budget=token_budget,
+            max_chars=TELEGRAM_MAX_CHARS,
+        )
+        await message.answer(text)
+
+    router.message.register(forgetme, Command(forget_command))
+    router.message.register(show_memory, Command(memory_command))
+    return router
+
+
+def setup(
+    router: Router,
+    memory: Memory,
+    *,
+    tenant: str = "default",
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    on_trigger: TriggerHandler | None = None,
+    k: int = DEFAULT_K,
+    context_scope: ContextScope = "user",
+    commands: bool = True,
+) -> NarrmemMiddleware:
+    """Register the middleware on ``router`` (the dispatcher, to see every message) and, with
+    ``commands``, the two commands on it too. Call it before registering the bot's own handlers:
+    aiogram tries a router's handlers in order and those of included routers only after them."""
+    middleware = NarrmemMiddleware(
+        memory,
+        tenant=tenant,
+        token_budget=token_budget,
+        on_trigger=on_trigger,
+        k=k,
+        context_scope=context_scope,
+    )
+    router.message.outer_middleware(middleware)
+    router.edited_message.outer_middleware(middleware)
+    # start_polling asks Telegram only for the update types that have handlers
+    # (resolve_used_update_types), and a middleware alone does not count: without a handler edits
+    # would never arrive. This one never matches, so the bot's own edit handlers still get every edit.
+    router.edited_message.register(_never_called, _never)
+    if commands:
+        register_commands(router, memory, tenant=tenant, token_budget=token_budget)
+    return middleware
+
+
+async def _never(event: TelegramObject) -> bool:
+    return False
+
+
+async def _never_called(event: TelegramObject) -> None:
+    return None

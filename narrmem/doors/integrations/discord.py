@@ -1,0 +1,218 @@
+"""narrmem for discord.py 2: a Cog that remembers what people say, follows edits and deletions.
+
+::
+
+    from narrmem.doors.integrations.discord import NarrmemCog
+
+    bot = commands.Bot(command_prefix="!", intents=intents)  # intents.message_content = True
+    cog = NarrmemCog(bot, memory, on_trigger=send_suggestion)
+    await bot.add_cog(cog)
+
+    @bot.listen("on_message")
+    async def answer(message: discord.Message) -> None:
+        pack = await cog.context_for(message)
+        ...
+
+The cog listens to ``on_message`` (bots, the bot itself and system messages are skipped),
+``on_raw_message_edit`` and ``on_raw_message_delete`` / ``on_raw_bulk_message_delete`` (the raw
+events fire whether or not the message is in discord.py's cache; the cached ones would miss
+everything older than the cache), and adds the prefix commands ``forgetme`` and ``memory``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Literal, TypeAlias
+
+import discord
+from discord.ext import commands
+
+from narrmem.doors.integrations import _common
+from narrmem.doors.integrations._common import DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
+from narrmem.memory import Memory
+from narrmem.models import ContextPack, Hit, Message, TriggerEvent
+
+__all__ = ["GuildAs", "NarrmemCog", "TriggerHandler"]
+
+GuildAs = Literal["tenant", "chat"]
+TriggerHandler = Callable[[discord.abc.Messageable, TriggerEvent], Awaitable[None]]
+"""``await on_trigger(channel, event)``: the channel is where the triggering message was sent."""
+
+DISCORD_MAX_CHARS = 2000
+# Explicit alias: it stays a valid type for mypy even where discord.py is not installed.
+AnyContext: TypeAlias = "commands.Context[Any]"
+
+
+class NarrmemCog(commands.Cog):
+    """Remembers every human message the bot can read.
+
+    ``guild_as="tenant"`` (the default) makes each server a tenant of its own (nothing said in one
+    server is recalled in another; direct messages go to ``tenant``) and each channel a chat.
+    ``guild_as="chat"`` keeps everything in ``tenant`` and makes each server one chat (the channel id
+    is kept in the memory's ``meta``), so what a person said in one channel is in context in another.
+    """
+
+    def __init__(
+        self,
+        bot: commands.Bot,
+        memory: Memory,
+        *,
+        guild_as: GuildAs = "tenant",
+        tenant: str = "default",
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        on_trigger: TriggerHandler | None = None,
+        k: int = DEFAULT_K,
+        context_scope: ContextScope = "user",
+    ) -> None:
+        if guild_as not in ("tenant", "chat"):
+            raise ValueError(f"guild_as must be 'tenant' or 'chat', not {guild_as!r}")
+        self.bot = bot
+        self.memory = memory
+        self.guild_as: GuildAs = guild_as
+        self.tenant = tenant
+        self.token_budget = token_budget
+        self.on_trigger = on_trigger
+        self.k = k
+        self.context_scope: ContextScope = context_scope
+
+    # --- mapping ---------------------------------------------------------------------------
+
+    def place(self, guild_id: int | None, channel_id: int) -> tuple[str, str]:
+        """(tenant, chat id) for a message in ``channel_id`` of ``guild_id`` (``None`` for a DM)."""
+        if guild_id is None:
+            return self.tenant, str(channel_id)
+        if self.guild_as == "tenant":
+            return str(guild_id), str(channel_id)
+        return self.tenant, str(guild_id)
+
+    def to_message(self, message: discord.Message) -> Message | None:
+        """The narrmem ``Message`` for a Discord message, or ``None`` when there is nothing to
+        remember (no text: an attachment alone, or the message content intent is off)."""
+        guild_id = message.guild.id if message.guild is not None else None
+        tenant, chat_id = self.place(guild_id, message.channel.id)
+        return _common.build_message(
+            # Mentions as "@name", not "<@1234>": the id means nothing to an embedding or a reader.
+            text=message.clean_content,
+            user_id=message.author.id,
+            chat_id=chat_id,
+            message_id=message.id,
+            ts=message.created_at,
+            tenant=tenant,
+            speaker=message.author.display_name,
+            meta={
+                "platform": "discord",
+                "guild_id": str(guild_id) if guild_id is not None else None,
+                "channel_id": str(message.channel.id),
+                "edited_at": message.edited_at.isoformat() if message.edited_at else None,
+            },
+        )
+
+    def _ignored(self, message: discord.Message) -> bool:
+        me = self.bot.user
+        return (
+            message.author.bot
+            or (me is not None and message.author.id == me.id)
+            # Joins, pins, boosts: Discord's words, not the person's.
+            or message.is_system()
+        )
+
+    async def _is_own_command(self, message: discord.Message) -> bool:
+        # Asking the bot (not a string test) follows whatever prefix and case rules it has.
+        ctx: AnyContext = await self.bot.get_context(message)
+        return ctx.command is not None and ctx.command.cog is self
+
+    # --- listeners ---------------------------------------------------------------------------
+
+    @commands.Cog.listener()
+    async def on_message(self, message: discord.Message) -> None:
+        if self._ignored(message) or await self._is_own_command(message):
+            return
+        converted = self.to_message(message)
+        if converted is not None:
+            await _common.ingest(self.memory, converted, self._notifier(message.channel))
+
+    def _notifier(self, channel: discord.abc.Messageable) -> _common.Notify | None:
+        callback = self.on_trigger
+        if callback is None:
+            return None
+
+        async def notify(event: TriggerEvent) -> None:
+            await callback(channel, event)
+
+        return notify
+
+    @commands.Cog.listener()
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        message = payload.message
+        before = payload.cached_message
+        # Discord also sends an update when it adds a link preview: same text, nothing to re-remember.
+        if before is not None and before.content == message.content:
+            return
+        if self._ignored(message):
+            return
+        converted = self.to_message(message)
+        if converted is not None:
+            await _common.edit(self.memory, converted)
+
+    @commands.Cog.listener()
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        tenant, chat_id = self.place(payload.guild_id, payload.channel_id)
+        await _common.forget_messages(
+            self.memory, tenant=tenant, chat_id=chat_id, message_ids=[str(payload.message_id)]
+        )
+
+    @commands.Cog.listener()
+    async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
+        tenant, chat_id = self.place(payload.guild_id, payload.channel_id)
+        ids = [str(i) for i in sorted(payload.message_ids)]
+        await _common.forget_messages(self.memory, tenant=tenant, chat_id=chat_id, message_ids=ids)
+
+    # --- for the bot's own handlers ----------------------------------------------------------
+
+    async def context_for(self, message: discord.Message) -> ContextPack | None:
+        """The :class:`ContextPack` for answering ``message`` (``None`` without text). The message
+        itself is left out, whether or not the listener has stored it yet."""
+        converted = self.to_message(message)
+        if converted is None:
+            return None
+        return await _common.turn_context(self.memory, converted, k=self.k, scope=self.context_scope)
+
+    async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
+        """Tell memory which hits of ``pack`` your answer used (all by default): they are
+        reinforced, at most once a day each."""
+        return await _common.mark_used(self.memory, pack, used)
+
+    async def prompt_for(self, message: discord.Message) -> str:
+        """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""
+        pack = await self.context_for(message)
+        return pack.render(token_budget=self.token_budget) if pack is not None else ""
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def tenants(self) -> set[str]:
+        """Every tenant this cog writes to: ``tenant`` and, with ``guild_as="tenant"``, each server
+        the bot is in."""
+        if self.guild_as == "chat":
+            return {self.tenant}
+        return {self.tenant, *(str(guild.id) for guild in self.bot.guilds)}
+
+    @commands.command(name="forgetme", help="Forget everything I remember about you, in every server.")
+    async def forgetme(self, ctx: AnyContext) -> None:
+        # Everywhere, not just here: someone who asks to be forgotten means it.
+        reply = await _common.forget_user(self.memory, tenants=self.tenants(), user_id=str(ctx.author.id))
+        await ctx.reply(reply, mention_author=False)
+
+    @commands.command(name="memory", help="Show what I remember about you.")
+    async def show_memory(self, ctx: AnyContext) -> None:
+        guild_id = ctx.guild.id if ctx.guild is not None else None
+        tenant, chat_id = self.place(guild_id, ctx.channel.id)
+        text = await _common.describe_user(
+            self.memory,
+            tenant=tenant,
+            user_id=str(ctx.author.id),
+            # In a server the reply is read by everyone there: only what was said in this chat.
+            chat_id=chat_id if guild_id is not None else None,
+            token_budget=self.token_budget,
+            max_chars=DISCORD_MAX_CHARS,
+        )
+        await ctx.reply(text, mention_author=False)

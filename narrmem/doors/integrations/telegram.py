@@ -1,0 +1,211 @@
+"""narrmem for python-telegram-bot 22: handlers in an early group that remember every message.
+
+::
+
+    from narrmem.doors.integrations.telegram import install
+
+    application = Application.builder().token(TOKEN).build()
+    narrmem = install(application, memory, tenant="telegram", on_trigger=send_suggestion)
+
+    async def answer(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        pack = await narrmem.context_for(update)
+        prompt = pack.render(token_budget=400) if pack else ""
+        ...
+
+    application.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, answer))
+
+``install`` adds, in ``group`` (default -1, before the bot's handlers in group 0, which still see
+every update: each group gives an update to at most one handler, and every group is tried), the
+``/forgetme`` and ``/memory`` commands and a ``MessageHandler`` that ingests new messages and applies
+edits.
+
+In groups a bot sees every message only with privacy mode off (BotFather, ``/setprivacy``);
+otherwise Telegram sends it commands, replies to it and mentions only, and only those are remembered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import Any, TypeAlias
+
+import telegram
+from telegram.ext import Application, BaseHandler, CallbackContext, CommandHandler, MessageHandler, filters
+
+from narrmem.doors.integrations import _common
+from narrmem.doors.integrations._common import COMMANDS, DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
+from narrmem.memory import Memory
+from narrmem.models import ContextPack, Hit, Message, TriggerEvent
+
+__all__ = ["NarrmemTelegram", "TriggerHandler", "install", "sender", "to_message"]
+
+TriggerHandler = Callable[[telegram.Bot, TriggerEvent], Awaitable[None]]
+"""``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from."""
+
+TELEGRAM_MAX_CHARS = 4096
+# Explicit aliases: they stay valid types for mypy even where the library is not installed.
+AnyContext: TypeAlias = "CallbackContext[Any, Any, Any, Any]"
+AnyApplication: TypeAlias = "Application[Any, Any, Any, Any, Any, Any]"
+
+
+def sender(message: telegram.Message) -> tuple[str, str] | None:
+    """Who said it, as (user id, display name); ``None`` for a bot's message."""
+    if message.sender_chat is not None:
+        # Anonymous group admins and channel posts: the chat speaks, from_user is a placeholder bot.
+        chat = message.sender_chat
+        return str(chat.id), chat.effective_name or str(chat.id)
+    if message.from_user is not None and not message.from_user.is_bot:
+        return str(message.from_user.id), message.from_user.full_name
+    return None
+
+
+def to_message(message: telegram.Message, *, tenant: str = "default") -> Message | None:
+    """The narrmem ``Message`` for a Telegram message, or ``None`` when there is nothing to remember
+    (no text or caption, or sent by a bot)."""
+    who = sender(message)
+    if who is None:
+        return None
+    return _common.build_message(
+        text=message.text if message.text is not None else message.caption,
+        user_id=who[0],
+        chat_id=message.chat.id,
+        message_id=message.message_id,
+        ts=message.date,
+        tenant=tenant,
+        speaker=who[1],
+        meta={
+            "platform": "telegram",
+            "chat_type": message.chat.type,
+            "thread_id": message.message_thread_id,
+            "edited_at": message.edit_date.isoformat() if message.edit_date else None,
+        },
+    )
+
+
+class NarrmemTelegram:
+    """The installed integration: its handlers, and :meth:`context_for` for the bot's own handlers."""
+
+    def __init__(
+        self,
+        memory: Memory,
+        *,
+        tenant: str = "default",
+        token_budget: int = DEFAULT_TOKEN_BUDGET,
+        on_trigger: TriggerHandler | None = None,
+        k: int = DEFAULT_K,
+        context_scope: ContextScope = "user",
+        commands: Collection[str] = COMMANDS,
+    ) -> None:
+        self.memory = memory
+        self.tenant = tenant
+        self.token_budget = token_budget
+        self.on_trigger = on_trigger
+        self.k = k
+        self.context_scope: ContextScope = context_scope
+        self.commands = commands
+
+    def handlers(self) -> list[BaseHandler[Any, Any, Any]]:
+        """The handlers, in the order they must be added to one group (commands first: a group gives
+        an update to its first matching handler, and our commands are not to be remembered)."""
+        found: list[BaseHandler[Any, Any, Any]] = []
+        # Only new messages: an edited "/forgetme" must not forget a second time.
+        new_only = filters.UpdateType.MESSAGE
+        if "forgetme" in self.commands:
+            found.append(CommandHandler("forgetme", self.forgetme, filters=new_only))
+        if "memory" in self.commands:
+            found.append(CommandHandler("memory", self.show_memory, filters=new_only))
+        messages = filters.UpdateType.MESSAGE | filters.UpdateType.EDITED_MESSAGE
+        found.append(MessageHandler((filters.TEXT | filters.CAPTION) & messages, self.remember))
+        return found
+
+    async def remember(self, update: telegram.Update, context: AnyContext) -> None:
+        """Ingest a new message, or apply an edit to the stored one."""
+        edited = update.edited_message is not None
+        source = update.edited_message or update.message
+        message = to_message(source, tenant=self.tenant) if source is not None else None
+        if message is None or _common.is_own_command(message.text, self.commands):
+            return
+        if edited:
+            await _common.edit(self.memory, message)
+        else:
+            await _common.ingest(self.memory, message, self._notifier(context.bot))
+
+    def _notifier(self, bot: telegram.Bot) -> _common.Notify | None:
+        callback = self.on_trigger
+        if callback is None:
+            return None
+
+        async def notify(event: TriggerEvent) -> None:
+            await callback(bot, event)
+
+        return notify
+
+    async def context_for(self, update: telegram.Update) -> ContextPack | None:
+        """The :class:`ContextPack` for answering this update's message (``None`` without text).
+        The message itself is left out: by the time group 0 runs it is already stored."""
+        source = update.effective_message
+        message = to_message(source, tenant=self.tenant) if source is not None else None
+        if message is None:
+            return None
+        return await _common.turn_context(self.memory, message, k=self.k, scope=self.context_scope)
+
+    async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
+        """Tell memory which hits of ``pack`` your answer used (all by default): they are
+        reinforced, at most once a day each."""
+        return await _common.mark_used(self.memory, pack, used)
+
+    async def prompt_for(self, update: telegram.Update) -> str:
+        """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""
+        pack = await self.context_for(update)
+        return pack.render(token_budget=self.token_budget) if pack is not None else ""
+
+    async def forgetme(self, update: telegram.Update, context: AnyContext) -> None:
+        message = update.effective_message
+        who = sender(message) if message is not None else None
+        if message is None or who is None:
+            return
+        reply = await _common.forget_user(self.memory, tenants=[self.tenant], user_id=who[0])
+        await message.reply_text(reply)
+
+    async def show_memory(self, update: telegram.Update, context: AnyContext) -> None:
+        message = update.effective_message
+        who = sender(message) if message is not None else None
+        if message is None or who is None:
+            return
+        # Outside a private chat the reply is read by the whole group: only this chat's memories.
+        chat_id = None if message.chat.type == "private" else str(message.chat.id)
+        text = await _common.describe_user(
+            self.memory,
+            tenant=self.tenant,
+            user_id=who[0],
+            chat_id=chat_id,
+            token_budget=self.token_budget,
+            max_chars=TELEGRAM_MAX_CHARS,
+        )
+        await message.reply_text(text)
+
+
+def install(
+    application: AnyApplication,
+    memory: Memory,
+    *,
+    tenant: str = "default",
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    on_trigger: TriggerHandler | None = None,
+    k: int = DEFAULT_K,
+    context_scope: ContextScope = "user",
+    commands: Collection[str] = COMMANDS,
+    group: int = -1,
+) -> NarrmemTelegram:
+    """Add the integration's handlers to ``application`` in ``group``; returns the integration
+    (keep it for :meth:`NarrmemTelegram.context_for`). ``commands=()`` leaves the commands out."""
+    integration = NarrmemTelegram(
+        memory,
+        tenant=tenant,
+        token_budget=token_budget,
+        on_trigger=on_trigger,
+        k=k,
+        context_scope=context_scope,
+        commands=commands,
+    )
+    application.add_handlers(integration.handlers(), group=group)
+    return integration
