@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -187,6 +188,19 @@ class ForgetJob(_Strict):
     @property
     def scope(self) -> Scope:
         return Scope(tenant=self.tenant, user_id=self.user_id, chat_id=self.chat_id)
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ForgetJob:
+        """A job from a store's ``(id, tenant, user_id, chat_id, messages, sources)`` row, the
+        last two as JSON text (every backend keeps them so)."""
+        return cls(
+            id=int(row[0]),
+            tenant=row[1],
+            user_id=row[2],
+            chat_id=row[3],
+            messages=None if row[4] is None else json.loads(row[4]),
+            sources=json.loads(row[5]),
+        )
 
 
 class TriggerEvent(_Strict):

@@ -522,17 +522,7 @@ class PostgresStore:
         rows = await self.pool.fetch(
             "SELECT id, tenant, user_id, chat_id, messages, sources FROM forget_jobs ORDER BY id"
         )
-        return [
-            ForgetJob(
-                id=int(r[0]),
-                tenant=r[1],
-                user_id=r[2],
-                chat_id=r[3],
-                messages=None if r[4] is None else json.loads(r[4]),
-                sources=json.loads(r[5]),
-            )
-            for r in rows
-        ]
+        return [ForgetJob.from_row(r) for r in rows]
 
     async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
         """Delete the job's row; ``purge`` also vacuums the tables, so the deleted rows' space is
