@@ -1,9 +1,14 @@
 """The tools registry behind ``Memory.call_tool``: named, validated, typed operations an LLM
-(or an MCP client, or a bot) can call with JSON arguments."""
+(or an MCP client, or a bot) can call with JSON arguments.
+
+Arguments are strict JSON: a value of the wrong JSON type (``"5"`` for a number, ``"true"`` for a
+boolean, ``1`` for a string) is an :class:`~narrmem.errors.InputError` naming the field, for every
+tool and every door (``Memory.call_tool``, MCP, HTTP)."""
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -38,6 +43,7 @@ class Tool:
 
 
 C = TypeVar("C")
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -110,10 +116,48 @@ class ToolRegistry:
             check_plain_json(arguments)
         except JsonShapeError as exc:
             raise _not_plain(exc) from exc
-        try:
-            return tool, tool.input_model.model_validate(arguments)
-        except ValidationError as exc:
-            raise InputError.from_pydantic(exc) from exc
+        return tool, strict_input(tool.input_model, arguments)
+
+
+def strict_input(model: type[M], arguments: dict[str, Any]) -> M:
+    """``arguments`` (plain JSON) as ``model``, validated the way JSON is read: types are strict, so
+    ``"5"`` is not a number and ``"true"`` not a boolean (a caller that sends them has a bug the
+    error should show); ISO-8601 text is still a datetime, as JSON has no other way to write one."""
+    try:
+        return model.model_validate_json(json.dumps(arguments, ensure_ascii=False), strict=True)
+    except ValidationError as exc:
+        raise _strict_error(exc) from exc
+
+
+def _strict_error(exc: ValidationError) -> InputError:
+    """Every failing field in the message, a type error saying which JSON type came instead, so
+    that ``"5"`` against ``5`` is visible; ``field`` names the first."""
+    parts, fields = [], []
+    for err in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in err["loc"]) or "arguments"
+        hint = f", not {_json_kind(err.get('input'))}" if _is_type_error(err["type"]) else ""
+        parts.append(f"{path}: {err['msg']}{hint}")
+        fields.append(path)
+    return InputError("; ".join(parts), field=fields[0] if fields else "arguments")
+
+
+_TYPE_ERRORS = frozenset({"literal_error", "enum"})  # besides every "*_type" error
+
+
+def _is_type_error(kind: str) -> bool:
+    return kind.endswith("_type") or kind in _TYPE_ERRORS
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"the boolean {json.dumps(value)}"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {json.dumps(value[:40], ensure_ascii=False)}"
+    if value is None:
+        return "null"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 def _not_plain(exc: JsonShapeError) -> InputError:

@@ -1,0 +1,92 @@
+"""Tool arguments are strict JSON: a value of the wrong JSON type is an InputError naming the field,
+for every registered tool, whether the call comes through ``Memory.call_tool`` (as MCP and HTTP do)
+as a dict or as JSON text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from narrmem import InputError, Memory
+from narrmem.testing import open_memory
+
+U1 = {"user_id": "u1", "chat_id": "c1"}
+# A string where JSON wants a number or a boolean, and a number where it wants a string.
+WRONG = {"integer": "5", "number": "0.5", "boolean": "true", "string": 5}
+
+
+@pytest_asyncio.fixture
+async def mem(tmp_path: Path) -> AsyncIterator[Memory]:
+    async with open_memory(tmp_path / "m") as memory:
+        yield memory
+
+
+def scalar_fields(schema: dict[str, Any]) -> dict[str, str]:
+    """Top-level properties of a tool's input schema with one scalar JSON type (optional or not)."""
+    out = {}
+    for name, prop in schema.get("properties", {}).items():
+        types = {p.get("type") for p in prop.get("anyOf", [prop])} - {"null"}
+        if len(types) == 1 and (kind := types.pop()) in WRONG:
+            out[name] = kind
+    return out
+
+
+async def test_every_tool_refuses_a_value_of_the_wrong_json_type(mem: Memory) -> None:
+    checked = 0
+    for name in mem.tools.names():
+        for field, kind in scalar_fields(mem.tools.get(name).input_schema()).items():
+            for arguments in ({field: WRONG[kind]}, json.dumps({field: WRONG[kind]})):
+                with pytest.raises(InputError) as info:
+                    await mem.call_tool(name, arguments)
+                message = str(info.value)
+                assert f"{field}: " in message and "not the " in message, (name, field, message)
+            checked += 1
+    # Every tool family is covered: graph, RTM and the core tools.
+    assert checked >= 40
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "field"),
+    [
+        ("memory_recall", {**U1, "query_intent": "rock", "depth": "2"}, "depth"),
+        ("memory_recall", {**U1, "query_intent": "rock", "include_speculative": "no"},
+         "include_speculative"),
+        ("memory_commit", {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock"}],
+                           "speculative": "true"}, "speculative"),
+        ("memory_commit", {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock",
+                                               "confidence": "0.5"}]}, "triplets.0.confidence"),
+        ("memory_purge", {**U1, "filters": {"relation": "likes"}, "dry_run": "true"}, "dry_run"),
+        ("task_query", {**U1, "limit": "5"}, "limit"),
+        ("rtm_traverse_narrative", {"text": "One. Two.", "title": "t", "traversalDepth": "1"},
+         "traversalDepth"),
+        ("rtm_generate_ensemble", {"text": "One. Two.", "title": "t", "ensembleSize": 1.0}, "ensembleSize"),
+        ("narrmem_recall", {"query": "rock", "user_id": "u1", "k": "3"}, "k"),
+        ("memory_recall", {"user_id": 7, "query_intent": "rock"}, "user_id"),
+    ],
+)  # fmt: skip
+async def test_wrong_types_name_the_field(
+    mem: Memory, tool: str, arguments: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InputError) as info:
+        await mem.call_tool(tool, arguments)
+    assert info.value.field == field, str(info.value)
+
+
+async def test_json_types_that_are_right_still_pass(mem: Memory) -> None:
+    out = await mem.call_tool(
+        "memory_recall",
+        {**U1, "query_intent": "rock", "depth": 2, "include_speculative": False,
+         "time_range": {"from": "2026-01-01T00:00:00+00:00"}},
+    )  # fmt: skip
+    assert out["edges"] == []
+    # An integer is a fine JSON number for a float field.
+    committed = await mem.call_tool(
+        "memory_commit",
+        {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock", "confidence": 1}]},
+    )
+    assert committed["triplets"][0]["confidence"] == 1.0
