@@ -150,7 +150,7 @@ def test_telegram_media_placeholders_and_captions(tmp_path: Path) -> None:
 
 
 def test_discord_channel() -> None:
-    batch = read_chat(DISCORD, "discord")
+    batch = read_chat(DISCORD, "discord", keep_bots=True)
     assert (batch.format, batch.skipped_service, len(batch.messages)) == ("discord", 2, 12)  # join, pin
     assert {m.tenant for m in batch.messages} == {DC_TENANT}
     assert {m.chat_id for m in batch.messages} == {DC_CHAT}
@@ -185,6 +185,30 @@ def test_discord_channel() -> None:
         "guild": "Board Game Night",
         "channel": "general",
     }
+
+
+def test_bots_are_skipped_by_default_and_kept_on_request(tmp_path: Path) -> None:
+    """Live integrations skip bots, and so does an import unless asked; JSONL's ``meta.bot`` too."""
+    batch = read_chat(DISCORD, "discord")
+    assert batch.skipped_bots == 2 and len(batch.messages) == 10
+    assert not [m for m in batch.messages if m.meta.get("bot")]
+    assert "944444444444444444" not in batch.scopes()["user_ids"]
+    kept = read_chat(DISCORD, "discord", keep_bots=True)
+    assert kept.skipped_bots == 0 and len(kept.messages) == 12
+    assert read_discord(DISCORD) == batch.messages
+
+    path = tmp_path / "messages.jsonl"
+    lines = [msg("1", "I adopted a greyhound"), {**msg("2", "Noted!"), "meta": {"bot": True}}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    assert [m.message_id for m in read_chat(path, "jsonl").messages] == ["1"]
+    assert [m.message_id for m in read_chat(path, "jsonl", keep_bots=True).messages] == ["1", "2"]
+
+
+def test_the_batch_names_the_scopes_it_used() -> None:
+    batch = read_chat(DISCORD, "discord", tenant="games", user_map={TOMAS: "tomas"})
+    scopes = batch.scopes()
+    assert scopes["tenants"] == ["games"] and scopes["chat_ids"] == [DC_CHAT]
+    assert "tomas" in scopes["user_ids"] and scopes["user_ids"] == sorted(scopes["user_ids"])
 
 
 def test_discord_tenant_and_user_map() -> None:

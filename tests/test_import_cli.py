@@ -59,6 +59,9 @@ def test_import_then_recall(
     assert first.returncode == 0, first.stderr
     counts = json.loads(first.stdout)
     assert counts["stored"] > 0 and counts["skipped_service"] >= 1
+    # The summary names the scopes it used, so the recall below is typed from it.
+    assert counts["tenants"] == [tenant] and user in counts["user_ids"]
+    assert counts["skipped_bots"] == (2 if fmt == "discord" else 0)
     again = narrmem(
         "import-chat",
         str(EXPORTS / export),
@@ -71,6 +74,10 @@ def test_import_then_recall(
         data,
     )
     assert json.loads(again.stdout)["stored"] == 0
+    text = narrmem("import-chat", str(EXPORTS / export), "--format", fmt, "--keep-bots", "--data", data)
+    assert text.returncode == 0, text.stderr
+    assert f"tenants: {tenant}\n" in text.stdout and "user_ids: " in text.stdout
+    assert "skipped_bots 0" in text.stdout
     found = narrmem(
         "recall", question, "--user", user, "--tenant", tenant, "--k", "3", "--json", "--data", data
     )

@@ -20,9 +20,12 @@ Choices, so that an import is predictable:
   media keeps empty text, and triage then ignores it (counted as ignored, not lost silently).
 * Discord attachments and stickers are noted after the text (``[attachment: rules.pdf]``); embeds
   (link previews, bot cards) are left out: they are not what the author wrote.
-* Bot authors on Discord are kept (their answers are part of the conversation) and marked
-  ``meta["bot"] = True`` so a caller can filter them. Only ``Default`` and ``Reply`` messages are
-  messages; every other Discord type is a system message.
+* Bots are skipped, as the live integrations skip them: what a bot said is not what a person said,
+  and it would be remembered as the bot user's own story. They are counted in
+  :attr:`ImportBatch.skipped_bots`. ``keep_bots=True`` keeps them, marked ``meta["bot"] = True``.
+  A bot is a Discord author with ``isBot``, or a JSONL line with ``meta.bot`` true; Telegram
+  exports do not mark bots. Only ``Default`` and ``Reply`` messages are Discord messages; every
+  other Discord type is a system message.
 * Text longer than ``MAX_TEXT_CHARS`` is an error, not truncated: a cut message would be stored
   as if it had been said that way. Neither platform allows messages that long.
 * Timestamps become UTC. Telegram's ``date`` has no timezone (it is the exporting machine's local
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
@@ -72,6 +75,16 @@ class ImportBatch:
     messages: list[Message]
     skipped_service: int
     format: ChatFormat
+    skipped_bots: int = 0
+
+    def scopes(self) -> dict[str, list[str]]:
+        """The tenants, chat ids and user ids the messages were imported under (sorted), so that
+        the next ``recall`` can name them without guessing."""
+        return {
+            "tenants": sorted({m.tenant for m in self.messages}),
+            "chat_ids": sorted({m.chat_id for m in self.messages}),
+            "user_ids": sorted({m.user_id for m in self.messages}),
+        }
 
 
 def read_chat(
@@ -80,8 +93,11 @@ def read_chat(
     *,
     tenant: str | None = None,
     user_map: Mapping[str, str] | None = None,
+    keep_bots: bool = False,
 ) -> ImportBatch:
     """Read a chat export of ``format`` (one of :data:`FORMATS`).
+
+    Bots' messages are left out (counted in ``skipped_bots``) unless ``keep_bots``.
 
     ``tenant`` defaults to ``"default"`` for Telegram and ``"discord:<guild id>"`` for Discord.
     ``user_map`` maps platform user ids (Telegram ``from_id`` such as ``"user123"``, Discord author
@@ -94,30 +110,45 @@ def read_chat(
             raise InputError("a JSONL file names its own tenant on each line", field="tenant")
         if user_map is not None:
             raise InputError("a JSONL file names its own user ids on each line", field="user_map")
-        return ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl")
+        return _without_bots(ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl"), keep_bots)
     users = check_user_map(user_map) if user_map is not None else {}
     if tenant is not None:
         _check_id(tenant, "tenant")
     if format == "telegram":
-        return _telegram(Path(path), tenant or "default", users)
+        return _without_bots(_telegram(Path(path), tenant or "default", users), keep_bots)
     if format == "discord":
-        return _discord(Path(path), tenant, users)
+        return _without_bots(_discord(Path(path), tenant, users), keep_bots)
     raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
 
 
+def _without_bots(batch: ImportBatch, keep_bots: bool) -> ImportBatch:
+    if keep_bots:
+        return batch
+    people = [m for m in batch.messages if m.meta.get("bot") is not True]
+    return replace(batch, messages=people, skipped_bots=len(batch.messages) - len(people))
+
+
 def read_telegram(
-    path: str | Path, *, tenant: str = "default", user_map: Mapping[str, str] | None = None
+    path: str | Path,
+    *,
+    tenant: str = "default",
+    user_map: Mapping[str, str] | None = None,
+    keep_bots: bool = False,
 ) -> list[Message]:
     """Messages of a Telegram Desktop JSON export: one chat, or a full export (every chat in
     ``chats.list`` and ``left_chats.list``)."""
-    return read_chat(path, "telegram", tenant=tenant, user_map=user_map).messages
+    return read_chat(path, "telegram", tenant=tenant, user_map=user_map, keep_bots=keep_bots).messages
 
 
 def read_discord(
-    path: str | Path, *, tenant: str | None = None, user_map: Mapping[str, str] | None = None
+    path: str | Path,
+    *,
+    tenant: str | None = None,
+    user_map: Mapping[str, str] | None = None,
+    keep_bots: bool = False,
 ) -> list[Message]:
     """Messages of one DiscordChatExporter JSON file (one channel)."""
-    return read_chat(path, "discord", tenant=tenant, user_map=user_map).messages
+    return read_chat(path, "discord", tenant=tenant, user_map=user_map, keep_bots=keep_bots).messages
 
 
 def read_jsonl(path: str | Path) -> list[Message]:

@@ -57,6 +57,9 @@ def _add_input_commands(sub: Subparsers, common: Parents, as_json: Parents) -> N
     chat.add_argument(
         "--tenant", help="default: 'default' for telegram, 'discord:<guild id>' for discord (not for jsonl)"
     )
+    chat.add_argument(
+        "--keep-bots", action="store_true", help="keep bots' messages (skipped by default, as live bots do)"
+    )
 
     triage = sub.add_parser(
         "triage", parents=[common, as_json], help="classify messages without storing anything (dry run)"
@@ -221,7 +224,7 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
 
     # Validated whole before the store is touched (or the model loaded): nothing is half-imported.
     user_map = read_user_map(args.user_map) if args.user_map else None
-    batch = read_chat(args.file, args.format, tenant=args.tenant, user_map=user_map)
+    batch = read_chat(args.file, args.format, tenant=args.tenant, user_map=user_map, keep_bots=args.keep_bots)
     results = []
     if batch.messages:
         async with _open(settings) as memory:
@@ -237,6 +240,8 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
             "ignored": sum(r.layer == "ignore" for r in results),
             "duplicates": sum(r.duplicate for r in results),
             "skipped_service": batch.skipped_service,
+            "skipped_bots": batch.skipped_bots,
+            **batch.scopes(),
         },
     )
     return 0
@@ -526,8 +531,12 @@ def _print_rtm(action: str, result: dict[str, Any]) -> None:
 def _report(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if args.json:
         _print_json(data)
-    else:
-        print(", ".join(f"{k} {v}" for k, v in data.items()))
+        return
+    counts = {k: v for k, v in data.items() if not isinstance(v, list)}
+    print(", ".join(f"{k} {v}" for k, v in counts.items()))
+    for key, values in data.items():
+        if isinstance(values, list):
+            print(f"{key}: {', '.join(values) or '-'}")
 
 
 async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
