@@ -7,9 +7,12 @@ through :func:`plugin_options`.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -24,6 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -35,6 +39,7 @@ from narrmem.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 ENV_PREFIX = "NARRMEM_"
+log = logging.getLogger("narrmem.config")
 
 
 # Every text setting is bounded: besides refusing absurd values, a bound makes pydantic check that
@@ -187,7 +192,19 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+        return (init_settings, _SettingsEnvironment(settings_cls), TomlConfigSettingsSource(settings_cls))
+
+
+class _SettingsEnvironment(EnvSettingsSource):
+    """The environment as pydantic-settings reads it, less every variable that is not a setting in
+    the documented form (see :func:`environment_setting`): those are warned about, never read."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {
+            key: value
+            for key, value in super()._load_env_vars().items()
+            if not key.upper().startswith(ENV_PREFIX) or environment_setting(key) is None
+        }
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
@@ -242,16 +259,45 @@ def _toml_too_deep(text: str) -> bool:
     return json_text_too_deep(_TOML_NOT_NESTING.sub("", text))
 
 
+def environment_setting(name: str) -> str | None:
+    """Why ``name`` (a ``NARRMEM_`` variable) is not read as a setting, or ``None`` if it is one.
+
+    The documented forms only: ``NARRMEM_<SETTING>`` for a top-level value (``NARRMEM_DATA_DIR``),
+    ``NARRMEM_<SECTION>__<KEY>`` for a key of a section (``NARRMEM_EMBEDDER__THREADS``), and
+    ``NARRMEM_PLUGIN__<NAME>__<KEY>`` for a plugin's option. A whole section as one JSON value
+    (``NARRMEM_STORAGE='{...}'``) is not one of them."""
+    parts = name[len(ENV_PREFIX) :].lower().split("__")
+    top, fields = parts[0], Settings.model_fields
+    if top not in fields:
+        near = difflib.get_close_matches(top, fields, n=1)
+        return f"not a setting{f' (did you mean {ENV_PREFIX}{near[0].upper()}?)' if near else ''}"
+    section = fields[top].annotation
+    if top == "plugin":
+        ok = len(parts) == 3 and all(parts[1:])
+        return None if ok else f"plugin options are set as {ENV_PREFIX}PLUGIN__<NAME>__<KEY>"
+    if not (isinstance(section, type) and issubclass(section, BaseModel)):
+        return None if len(parts) == 1 else f"{top} has no keys: set {ENV_PREFIX}{top.upper()}"
+    if len(parts) < 2:
+        return f"set one key at a time: {ENV_PREFIX}{top.upper()}__<KEY>"
+    if parts[1] not in section.model_fields:
+        near = difflib.get_close_matches(parts[1], section.model_fields, n=1)
+        hint = f" (did you mean {ENV_PREFIX}{top.upper()}__{near[0].upper()}?)" if near else ""
+        return f"{top} has no key '{parts[1]}'{hint}"
+    return None
+
+
 def _check_environment() -> None:
-    known = {name.upper() for name in Settings.model_fields}
+    """Warn about ``NARRMEM_`` variables that are not settings (they are not read: a variable of
+    someone's own script with our prefix must not stop narrmem), and refuse a hostile value."""
     for key, value in os.environ.items():
-        if key.startswith(ENV_PREFIX):
-            top = key[len(ENV_PREFIX) :].split("__", 1)[0]
-            if top not in known:
-                raise ConfigError(f"environment variable {key}: unknown setting '{top.lower()}'")
-            # pydantic-settings decodes JSON values recursively: refuse a hostile one first.
-            if json_text_too_deep(value):
-                raise ConfigError(f"environment variable {key}: nested deeper than {MAX_JSON_DEPTH} levels")
+        if not key.upper().startswith(ENV_PREFIX):
+            continue
+        why = environment_setting(key)
+        if why is not None:
+            log.warning("environment variable %s is not read: %s", key, why)
+        # pydantic-settings decodes JSON values recursively: refuse a hostile one first.
+        elif json_text_too_deep(value):
+            raise ConfigError(f"environment variable {key}: nested deeper than {MAX_JSON_DEPTH} levels")
 
 
 def _describe_environment(exc: SettingsError) -> str:

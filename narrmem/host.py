@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 
 from narrmem import hookspecs
-from narrmem.errors import PluginError
+from narrmem.errors import ConfigError, PluginError
 
 if TYPE_CHECKING:
     from narrmem.view import MemoryView
@@ -52,9 +52,12 @@ class PluginHost:
         Built-ins are the entry points declared by the narrmem distribution itself; they are
         loaded exactly as a third-party plugin's are.
         """
+        disabled = list(disabled)
         for name in disabled:
             self.pm.set_blocked(name)
+        known: set[str] = set()
         for ep in sorted(entry_points(group=GROUP), key=_builtin_first):
+            known.add(ep.name)
             is_builtin = ep.dist is not None and ep.dist.name == DISTRIBUTION
             if not (builtins if is_builtin else load_entrypoints):
                 continue
@@ -71,8 +74,14 @@ class PluginHost:
             if isinstance(plugin, str | bytes | dict | int | float) or plugin is None:
                 raise PluginError(f"{plugin!r} is not a plugin: pass modules or objects with hook methods")
             name = getattr(plugin, "narrmem_name", None) or _default_name(plugin)
+            known.add(name)
             if not self.pm.is_blocked(name):
                 self.pm.register(plugin, name=name)
+        unknown = sorted(set(disabled) - known)
+        if unknown:  # a typo would otherwise leave the plugin running while the user thinks it is off
+            raise ConfigError(
+                f"plugins.disabled: no plugin named {unknown[0]!r} (known: {', '.join(sorted(known))})"
+            )
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:

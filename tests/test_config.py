@@ -1,7 +1,9 @@
-"""Settings: TOML, environment and explicit values, every unknown key an error that names it."""
+"""Settings: TOML, environment and explicit values; every unknown key in a file is an error that names it,
+an unknown NARRMEM_ variable a warning."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from _helpers import msg
 from narrmem_plugins.recall_hybrid import HybridOptions
 
 from narrmem import ConfigError, load_settings, plugin_options
+from narrmem.config import Settings
 from narrmem.testing import open_memory
 
 
@@ -78,17 +81,52 @@ def test_bad_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch
     assert "storage.batch_size" in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["NARRMEM_BOGUS", "NARRMEM_DATADIR", "NARRMEM_STORAGES__BATCH_SIZE"])
-def test_unknown_environment_variable_is_a_config_error(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    monkeypatch.setenv(name, "1")
-    with pytest.raises(ConfigError, match=name):
-        load_settings()
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("NARRMEM_BOGUS", "not a setting"),
+        ("NARRMEM_RELIABILITY_LONG", "not a setting"),
+        ("NARRMEM_DATADIR", "did you mean NARRMEM_DATA_DIR"),
+        ("NARRMEM_STORAGES__BATCH_SIZE", "did you mean NARRMEM_STORAGE"),
+        ("NARRMEM_STORAGE__BATCHSIZE", "did you mean NARRMEM_STORAGE__BATCH_SIZE"),
+        ("NARRMEM_STORAGE", "set one key at a time"),
+        ("NARRMEM_DATA_DIR__X", "data_dir has no keys"),
+        ("NARRMEM_PLUGIN__GRAPH", "NARRMEM_PLUGIN__<NAME>__<KEY>"),
+    ],
+)
+def test_unknown_environment_variables_warn_and_are_not_read(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str, words: str
+) -> None:
+    """A variable of someone's own script that shares our prefix must not stop narrmem: it is
+    named in a warning and ignored, and the settings stay the defaults."""
+    value = '{"batch_size": 3}' if name == "NARRMEM_STORAGE" else "3"
+    monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.WARNING, logger="narrmem.config"):
+        settings = load_settings()
+    assert settings.model_dump() == Settings().model_dump()
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert name in warning and words in warning, warning
 
 
-def test_unknown_nested_environment_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NARRMEM_STORAGE__BATCHSIZE", "5")
-    with pytest.raises(ConfigError, match="batchsize"):
-        load_settings()
+def test_documented_environment_forms_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NARRMEM_DATA_DIR", "/srv/memory")
+    monkeypatch.setenv("NARRMEM_STORAGE__BATCH_SIZE", "3")
+    monkeypatch.setenv("NARRMEM_RECALL__WEIGHTS", '{"vector": 0.5}')
+    monkeypatch.setenv("NARRMEM_PLUGIN__GRAPH__AUTO_TASKS", "true")
+    settings = load_settings()
+    assert (settings.data_dir, settings.storage.batch_size) == ("/srv/memory", 3)
+    assert settings.recall.weights == {"vector": 0.5}
+    assert settings.plugin["graph"]["auto_tasks"] == "true"
+
+
+async def test_a_misspelt_disabled_plugin_names_the_known_ones(tmp_path: Path) -> None:
+    config = _toml(tmp_path, '[plugins]\ndisabled = ["triag"]\n')
+    with pytest.raises(ConfigError) as caught:
+        async with open_memory(tmp_path / "m", config_file=config):
+            pass
+    message = str(caught.value)
+    assert "plugins.disabled" in message and "'triag'" in message
+    assert "triage" in message and "graph" in message and "rtm" in message
 
 
 def test_precedence_explicit_over_environment_over_file(
