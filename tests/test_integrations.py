@@ -83,11 +83,15 @@ class Harness:
         name: str = "Ann Lee",
         bot: bool = False,
     ) -> None:
-        raise NotImplementedError
+        await self.deliver(n, text, edited=False, user=user, chat=chat, group=group, name=name, bot=bot)
 
     async def edit(
         self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
     ) -> None:
+        await self.deliver(n, text, edited=True, user=user, chat=chat, group=group, name=name)
+
+    async def deliver(self, n: int, text: str, *, edited: bool, **sender: Any) -> None:
+        """Deliver message ``n`` (or its edit) as the platform would; ``sender`` as ``send`` takes it."""
         raise NotImplementedError
 
     async def start(self) -> None:
@@ -150,46 +154,97 @@ def telegram_payload(
     return {"update_id": update_id, "edited_message" if edited else "message": message}
 
 
-class AiogramHarness(Harness):
+def bot_api(replies: list[tuple[str, str]], endpoint: str, params: dict[str, Any]) -> str:
+    """Telegram's answer to a Bot API call, as the JSON body it sends: who the bot is, or the
+    message the bot sent (recorded in ``replies`` as (chat id, text))."""
+    result: dict[str, Any]
+    if endpoint == "getMe":
+        result = {"id": 42, "is_bot": True, "first_name": "Bot", "username": "test_bot"}
+    elif endpoint == "sendMessage":
+        replies.append((str(params["chat_id"]), str(params["text"])))
+        chat = {"id": int(params["chat_id"]), "type": "private", "first_name": "x"}
+        result = {"message_id": 10**6 + len(replies), "date": 0, "chat": chat, "text": params["text"]}
+    else:
+        raise AssertionError(f"unexpected Bot API call {endpoint}")
+    return json.dumps({"ok": True, "result": result})
+
+
+def aiogram_session(replies: list[tuple[str, str]]) -> Any:
+    """An aiogram session answering the Bot API as Telegram would (aiogram's own tests mock it so)."""
+    from aiogram import Bot
+    from aiogram.client.session.base import BaseSession
+    from aiogram.methods import TelegramMethod
+
+    class RecordingSession(BaseSession):
+        async def make_request(
+            self,
+            bot: Bot,
+            method: TelegramMethod[Any],
+            timeout: int | None = None,  # noqa: ASYNC109 (aiogram's signature)
+        ) -> Any:
+            body = bot_api(replies, method.__api_method__, method.model_dump())
+            return self.check_response(bot=bot, method=method, status_code=200, content=body).result
+
+        async def close(self) -> None:
+            return None
+
+        async def stream_content(self, *args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
+            raise AssertionError("no downloads")
+            yield b""
+
+    return RecordingSession()
+
+
+def ptb_request(replies: list[tuple[str, str]]) -> Any:
+    """A python-telegram-bot transport answering the Bot API as Telegram would (PTB's supported seam
+    for a custom transport)."""
+    from telegram.request import BaseRequest, RequestData
+
+    class RecordingRequest(BaseRequest):
+        @property
+        def read_timeout(self) -> float | None:
+            return None
+
+        async def initialize(self) -> None:
+            return None
+
+        async def shutdown(self) -> None:
+            return None
+
+        async def do_request(
+            self, url: str, method: str, request_data: RequestData | None = None, **timeouts: Any
+        ) -> tuple[int, bytes]:
+            params = request_data.parameters if request_data is not None else {}
+            return 200, bot_api(replies, url.rsplit("/", 1)[-1], params).encode()
+
+    return RecordingRequest()
+
+
+class TelegramHarness(Harness):
+    """A Telegram bot: messages arrive as Bot API updates, each with the next update id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.update_ids = iter(range(1, 10**9))
+
+    async def feed(self, payload: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def deliver(self, n: int, text: str, *, edited: bool, **sender: Any) -> None:
+        await self.feed(telegram_payload(next(self.update_ids), n, text, edited=edited, **sender))
+
+
+class AiogramHarness(TelegramHarness):
     name = "aiogram"
 
     def __init__(self, memory: Memory) -> None:
         super().__init__()
         from aiogram import Bot, Dispatcher
-        from aiogram.client.session.base import BaseSession
-        from aiogram.methods import GetMe, SendMessage, TelegramMethod
-        from aiogram.types import Chat, User
         from aiogram.types import Message as TgMessage
 
         from narrmem.doors.integrations.aiogram import setup
 
-        replies = self.replies
-
-        class RecordingSession(BaseSession):
-            """Answers the Bot API calls the bot makes, as aiogram's own tests do with a mocked session."""
-
-            async def make_request(
-                self,
-                bot: Bot,
-                method: TelegramMethod[Any],
-                timeout: int | None = None,  # noqa: ASYNC109 (aiogram's signature)
-            ) -> Any:
-                if isinstance(method, GetMe):
-                    return User(id=42, is_bot=True, first_name="Bot", username="test_bot")
-                if isinstance(method, SendMessage):
-                    replies.append((str(method.chat_id), method.text))
-                    chat = Chat(id=int(method.chat_id), type="private")
-                    return TgMessage(message_id=10**6 + len(replies), date=T0, chat=chat, text=method.text)
-                raise AssertionError(f"unexpected Bot API call {type(method).__name__}")
-
-            async def close(self) -> None:
-                return None
-
-            async def stream_content(self, *args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
-                raise AssertionError("no downloads")
-                yield b""
-
-        self.bot = Bot("42:TEST", session=RecordingSession())
+        self.bot = Bot("42:TEST", session=aiogram_session(self.replies))
         self.dispatcher = Dispatcher()
         setup(self.dispatcher, memory, tenant=TG_TENANT, on_trigger=suggest_telegram)
         contexts = self.contexts
@@ -200,93 +255,30 @@ class AiogramHarness(Harness):
             contexts[str(message.message_id)] = memory_context
             assert memory_prompt == (memory_context.render(token_budget=400) if memory_context else "")
 
-        self.update_ids = iter(range(1, 10**9))
-
     async def feed(self, payload: dict[str, Any]) -> None:
         from aiogram.types import Update
 
         await self.dispatcher.feed_update(self.bot, Update.model_validate(payload))
 
-    async def send(
-        self,
-        n: int,
-        text: str,
-        *,
-        user: int,
-        chat: int,
-        group: bool,
-        name: str = "Ann Lee",
-        bot: bool = False,
-    ) -> None:
-        payload = telegram_payload(
-            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, bot=bot
-        )
-        await self.feed(payload)
-
-    async def edit(
-        self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
-    ) -> None:
-        payload = telegram_payload(
-            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, edited=True
-        )
-        await self.feed(payload)
-
     async def close(self) -> None:
         await self.bot.session.close()
 
 
-class PtbHarness(Harness):
+class PtbHarness(TelegramHarness):
     name = "python-telegram-bot"
 
     def __init__(self, memory: Memory) -> None:
         super().__init__()
         from telegram import Update
         from telegram.ext import Application, ContextTypes, MessageHandler, filters
-        from telegram.request import BaseRequest, RequestData
 
         from narrmem.doors.integrations.telegram import install
-
-        replies = self.replies
-
-        class RecordingRequest(BaseRequest):
-            """Answers the Bot API as Telegram would (PTB's supported seam for a custom transport)."""
-
-            @property
-            def read_timeout(self) -> float | None:
-                return None
-
-            async def initialize(self) -> None:
-                return None
-
-            async def shutdown(self) -> None:
-                return None
-
-            async def do_request(
-                self, url: str, method: str, request_data: RequestData | None = None, **timeouts: Any
-            ) -> tuple[int, bytes]:
-                endpoint = url.rsplit("/", 1)[-1]
-                params = request_data.parameters if request_data is not None else {}
-                result: Any
-                if endpoint == "getMe":
-                    result = {"id": 42, "is_bot": True, "first_name": "Bot", "username": "test_bot"}
-                elif endpoint == "sendMessage":
-                    replies.append((str(params["chat_id"]), str(params["text"])))
-                    chat = {"id": int(params["chat_id"]), "type": "private", "first_name": "x"}
-                    result = {
-                        "message_id": 10**6 + len(replies),
-                        "date": 0,
-                        "chat": chat,
-                        "text": params["text"],
-                    }
-                else:
-                    raise AssertionError(f"unexpected Bot API call {endpoint}")
-                return 200, json.dumps({"ok": True, "result": result}).encode()
 
         self.application = (
             Application.builder()
             .token("42:TEST")
-            .request(RecordingRequest())
-            .get_updates_request(RecordingRequest())
+            .request(ptb_request(self.replies))
+            .get_updates_request(ptb_request(self.replies))
             .updater(None)
             .build()
         )
@@ -300,7 +292,6 @@ class PtbHarness(Harness):
         # The bot's own handler in the default group 0: it still sees what group -1 ingested.
         self.application.add_handler(MessageHandler(filters.ALL, answer))
         self.update_class = Update
-        self.update_ids = iter(range(1, 10**9))
 
     async def start(self) -> None:
         await self.application.initialize()  # calls getMe: answered by the fake request
@@ -308,30 +299,6 @@ class PtbHarness(Harness):
     async def feed(self, payload: dict[str, Any]) -> None:
         update = self.update_class.de_json(payload, self.application.bot)
         await self.application.process_update(update)
-
-    async def send(
-        self,
-        n: int,
-        text: str,
-        *,
-        user: int,
-        chat: int,
-        group: bool,
-        name: str = "Ann Lee",
-        bot: bool = False,
-    ) -> None:
-        payload = telegram_payload(
-            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, bot=bot
-        )
-        await self.feed(payload)
-
-    async def edit(
-        self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
-    ) -> None:
-        payload = telegram_payload(
-            next(self.update_ids), n, text, user=user, chat=chat, group=group, name=name, edited=True
-        )
-        await self.feed(payload)
 
     async def close(self) -> None:
         await self.application.shutdown()
@@ -405,7 +372,7 @@ class DiscordHarness(Harness):
             content = kwargs["json"]["content"]
             self.replies.append((str(route.channel_id), content))
             return self._payload(
-                10**6 + len(self.replies), content, user=42, chat=route.channel_id, group=False
+                10**6 + len(self.replies), content, user=42, chat=route.channel_id, group=False, name="x"
             )
         raise AssertionError(f"unexpected Discord API call {route.method} {route.path}")
 
@@ -423,15 +390,7 @@ class DiscordHarness(Harness):
         return int(self.discord.utils.time_snowflake(when(n)))
 
     def _payload(
-        self,
-        snowflake: int,
-        text: str,
-        *,
-        user: int,
-        chat: int,
-        group: bool,
-        name: str = "x",
-        bot: bool = False,
+        self, snowflake: int, text: str, *, user: int, chat: int, group: bool, name: str, bot: bool = False
     ) -> dict[str, Any]:
         data: dict[str, Any] = {
             "id": str(snowflake),
@@ -482,29 +441,13 @@ class DiscordHarness(Harness):
             tasks, self.bot.pending = self.bot.pending, []
             await asyncio.gather(*tasks)
 
-    async def send(
-        self,
-        n: int,
-        text: str,
-        *,
-        user: int,
-        chat: int,
-        group: bool,
-        name: str = "Ann Lee",
-        bot: bool = False,
-    ) -> None:
-        payload = self._payload(
-            self._snowflake(n), text, user=user, chat=chat, group=group, name=name, bot=bot
-        )
-        self.bot._connection.parse_message_create(payload)  # type: ignore[arg-type]
-        await self.settle()
-
-    async def edit(
-        self, n: int, text: str, *, user: int, chat: int, group: bool, name: str = "Ann Lee"
-    ) -> None:
-        payload = self._payload(self._snowflake(n), text, user=user, chat=chat, group=group, name=name)
-        payload["edited_timestamp"] = (when(n) + timedelta(minutes=1)).isoformat()
-        self.bot._connection.parse_message_update(payload)  # type: ignore[arg-type]
+    async def deliver(self, n: int, text: str, *, edited: bool, **sender: Any) -> None:
+        payload = self._payload(self._snowflake(n), text, **sender)
+        if edited:
+            payload["edited_timestamp"] = (when(n) + timedelta(minutes=1)).isoformat()
+            self.bot._connection.parse_message_update(payload)  # type: ignore[arg-type]
+        else:
+            self.bot._connection.parse_message_create(payload)  # type: ignore[arg-type]
         await self.settle()
 
     async def delete(self, ns: list[int], *, chat: int, group: bool) -> None:
@@ -816,7 +759,7 @@ async def test_discord_an_update_with_the_same_text_is_not_an_edit(
 async def test_discord_mentions_are_stored_as_names(discord_bot: DiscordHarness, memory: Memory) -> None:
     bob_id = 412345678901234567  # real ids are snowflakes; discord.py resolves only those
     text = f"<@{bob_id}> and I decided to run a marathon"
-    payload = discord_bot._payload(discord_bot._snowflake(1), text, user=ANN, chat=7, group=True)
+    payload = discord_bot._payload(discord_bot._snowflake(1), text, user=ANN, chat=7, group=True, name="x")
     bob = {"id": str(bob_id), "username": "bob", "global_name": "Bob", "discriminator": "0", "avatar": None}
     payload["mentions"] = [bob]
     discord_bot.bot._connection.parse_message_create(payload)  # type: ignore[arg-type]
