@@ -6,60 +6,43 @@ from typing import Any
 
 from _helpers import msg
 
+
+def _said(user: str, chat: str, lines: list[tuple[str, str]], **extra: Any) -> list[dict[str, Any]]:
+    """Messages (id, text) one person sent in one chat."""
+    return [msg(message_id, text, user=user, chat=chat, **extra) for message_id, text in lines]
+
+
 MESSAGES: list[dict[str, Any]] = [
-    msg(
-        "a1",
-        "I just moved to Lisbon last week, my new apartment is still full of boxes.",
-        user="alice",
-        chat="dm-alice",
+    *_said(
+        "alice",
+        "dm-alice",
+        [
+            ("a1", "I just moved to Lisbon last week, my new apartment is still full of boxes."),
+            ("a2", "I decided to quit my job at the bank after ten years."),
+            ("a3", "My cat Miso knocked over the plant again this morning."),
+            ("a4", "I'm learning to play the cello, lessons are on Thursday evenings."),
+            ("a5", "My sister is getting married next spring and I'm giving a speech."),
+            ("a6", "I've been vegetarian since 2019, mostly for environmental reasons."),
+            ("a7", "The dentist said I need a root canal on my back molar."),
+            ("a8", "I'm reading a biography of Charles Darwin and can't put it down."),
+            ("a9", "ok"),
+        ],
     ),
-    msg("a2", "I decided to quit my job at the bank after ten years.", user="alice", chat="dm-alice"),
-    msg("a3", "My cat Miso knocked over the plant again this morning.", user="alice", chat="dm-alice"),
-    msg(
-        "a4",
-        "I'm learning to play the cello, lessons are on Thursday evenings.",
-        user="alice",
-        chat="dm-alice",
+    *_said(
+        "bob",
+        "dm-bob",
+        [
+            ("b1", "I twisted my ankle during the trail run on Saturday."),
+            ("b2", "I withdrew from the Berlin marathon because of the injury."),
+            ("b3", "My daughter starts kindergarten in September."),
+            ("b4", "I'm saving up to buy a used camper van for road trips."),
+            ("b5", "Our team finally shipped the billing system rewrite at work."),
+        ],
     ),
-    msg(
-        "a5",
-        "My sister is getting married next spring and I'm giving a speech.",
-        user="alice",
-        chat="dm-alice",
-    ),
-    msg(
-        "a6",
-        "I've been vegetarian since 2019, mostly for environmental reasons.",
-        user="alice",
-        chat="dm-alice",
-    ),
-    msg("a7", "The dentist said I need a root canal on my back molar.", user="alice", chat="dm-alice"),
-    msg(
-        "a8",
-        "I'm reading a biography of Charles Darwin and can't put it down.",
-        user="alice",
-        chat="dm-alice",
-    ),
-    msg("a9", "ok", user="alice", chat="dm-alice"),
-    msg("b1", "I twisted my ankle during the trail run on Saturday.", user="bob", chat="dm-bob"),
-    msg("b2", "I withdrew from the Berlin marathon because of the injury.", user="bob", chat="dm-bob"),
-    msg("b3", "My daughter starts kindergarten in September.", user="bob", chat="dm-bob"),
-    msg("b4", "I'm saving up to buy a used camper van for road trips.", user="bob", chat="dm-bob"),
-    msg("b5", "Our team finally shipped the billing system rewrite at work.", user="bob", chat="dm-bob"),
-    msg(
-        "w1",
-        "我喜欢摇滚乐，尤其是九十年代的乐队。",
-        user="wei",
-        chat="dm-wei",
-        ts="2026-05-05T19:30:00+08:00",
-    ),
-    msg(
-        "w2", "我最近在做一个开源的天气预报项目。", user="wei", chat="dm-wei", ts="2026-05-06T19:30:00+08:00"
-    ),
-    msg(
-        "g1", "For next month the club will read The Left Hand of Darkness.", user="alice", chat="guild-books"
-    ),
-    msg("g2", "Can someone bring snacks to the meeting on Friday?", user="bob", chat="guild-books"),
+    *_said("wei", "dm-wei", [("w1", "我喜欢摇滚乐，尤其是九十年代的乐队。")], ts="2026-05-05T19:30:00+08:00"),
+    *_said("wei", "dm-wei", [("w2", "我最近在做一个开源的天气预报项目。")], ts="2026-05-06T19:30:00+08:00"),
+    *_said("alice", "guild-books", [("g1", "For next month the club will read The Left Hand of Darkness.")]),
+    *_said("bob", "guild-books", [("g2", "Can someone bring snacks to the meeting on Friday?")]),
 ]
 
 # (question, scope, message id of the memory that answers it): paraphrases, not quotes.
