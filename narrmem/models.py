@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from narrmem.checks import JsonShapeError, check_plain_json, check_time_range
+from narrmem.errors import InputError
 from narrmem.text import estimate_tokens
 
 MAX_TEXT_CHARS = 16_000
@@ -52,6 +53,14 @@ class Message(_Strict):
     tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
     speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    def __init__(self, **data: Any) -> None:
+        """``Message(...)`` with a bad field (a naive ``ts``, say) raises narrmem's
+        :class:`~narrmem.errors.InputError` naming it, as every other door does."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
 
     @field_validator("meta")
     @classmethod

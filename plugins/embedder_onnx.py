@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from narrmem import hookimpl
 from narrmem.config import Settings
 from narrmem.embed import resolve_model
 
+log = logging.getLogger("narrmem.onnx")
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -74,6 +76,9 @@ class OnnxEmbedder:
         if not path.exists():
             full = self.model_file("none")
             if not full.exists():
+                log.warning(
+                    "first start: exporting the embedding model to ONNX once (%s), about a minute", full
+                )
                 export(self.model_path, full)
             if path != full:
                 quantize_int8(full, path)

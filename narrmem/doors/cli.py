@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any
 
+from narrmem import __version__
 from narrmem.config import Settings, load_settings
 from narrmem.doors.server.commands import SERVER_COMMANDS, add_server_commands
 from narrmem.errors import NarrmemError
@@ -26,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     as_json.add_argument("--json", action="store_true", help="print JSON")
 
     parser = argparse.ArgumentParser(prog="narrmem", description="Memory middleware for chatbots.")
+    parser.add_argument("--version", action="version", version=f"narrmem {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what plugins do")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_input_commands(sub, common, as_json)
@@ -162,10 +164,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        if exc.name not in MODEL_EXPORT_MODULES:
+            raise
+        print(
+            f"narrmem: error: the embedding model needs {exc.name} (the default onnx backend only on "
+            "its first start, to export the model): pip install 'narrmem[torch]' (the CPU build: "
+            "add --extra-index-url https://download.pytorch.org/whl/cpu)",
+            file=sys.stderr,
+        )
+        return 2
     except Exception as exc:
         logging.getLogger("narrmem").debug("internal error", exc_info=exc)
         print(f"narrmem: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+# What the ONNX export imports on a first start (``narrmem[torch]`` installs them).
+MODEL_EXPORT_MODULES = frozenset({"torch", "transformers", "sentence_transformers"})
+
+
+def _existing_store(settings: Settings) -> Settings:
+    """A read command never creates a store: a data folder without one is an error, found before
+    the model loads."""
+    from pathlib import Path
+
+    from narrmem.errors import StoreError
+
+    if settings.storage.backend == "sqlite":
+        folder = Path(settings.data_dir)
+        if not (folder / settings.storage.database).is_file():
+            raise StoreError(f"no narrmem store at {folder}")
+    return settings
 
 
 def _open(settings: Settings, *, warm: bool = True, read_only: bool = False) -> Any:
@@ -250,7 +280,7 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
     # Inspection reads beside a running bot and changes nothing; --reinforce asks for the bot's
     # path instead (it needs the folder for writing).
-    async with _open(settings, read_only=not args.reinforce) as memory:
+    async with _open(_existing_store(settings), read_only=not args.reinforce) as memory:
         hits = await memory.recall(
             args.query,
             user_id=args.user,
@@ -342,7 +372,7 @@ async def cmd_triage(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    async with _open(settings, warm=False, read_only=True) as memory:
+    async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
         stats = await memory.stats()
     if args.json:
         _print_json(stats)
@@ -370,7 +400,7 @@ async def cmd_decay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
-    async with _open(settings, warm=False, read_only=True) as memory:
+    async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
         history = await memory.history(args.memory_id)
     if args.json:
         _print_json(history)
@@ -388,7 +418,7 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.doors.transfer import export_jsonl
 
-    async with _open(settings, warm=False, read_only=True) as memory:
+    async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
         count = await export_jsonl(memory, args.file)
     _report(args, {"exported": count, "file": args.file})
     return 0
