@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from narrmem_plugins.triage.counters import Counters
 from narrmem_plugins.triage.emotions import emotions_in, intensity
-from narrmem_plugins.triage.ignore_rules import ignore_reason
+from narrmem_plugins.triage.ignore_rules import ignore_reason, without_media
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.prototypes import PROTOTYPES
 from narrmem_plugins.triage.scene import compose
@@ -62,7 +62,7 @@ class Triage:
         )
         if reason is not None:
             return TriageDecision(layer="ignore", reason=reason)
-        found = candidates(message.text)
+        found = candidates(without_media(message.text))
         if not found:
             moods = emotions_in(message.text)
             return TriageDecision(

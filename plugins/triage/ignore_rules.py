@@ -17,6 +17,10 @@ from narrmem_plugins.triage.lexicon import (
     BOT_NAMES,
     GREETINGS_EN,
     GREETINGS_ZH,
+    MEDIA_PLACEHOLDER,
+    PARTICLES_ZH,
+    SMALL_TALK_EN,
+    SMALL_TALK_ZH,
     WEATHER,
     WEATHER_ZH,
 )
@@ -33,10 +37,24 @@ _GREETING = re.compile(
 _LAUGHTER = re.compile(r"^(?:(?:ha|he|hi|ah|lo+l|lmf?ao|xd|呵|哈|嘿|嘻|233+)+)$")
 _SYMBOLS = re.compile(r"[^\w\s'一-鿿]+")
 _SMALL_TALK = re.compile(
-    r"^(?:not much|nothing much|not a lot|same here|me too|you too|same to you|just chilling|nm|nmu|not bad|"
+    r"^(?:(?:hey|hi|hello|yo|ok|okay|so|sorry|and)[ ,]+)?"
+    r"(?:not much|nothing much|not a lot|same here|me too|you too|same to you|just chilling|nm|nmu|not bad|"
     r"pretty good|all good|i'm good|im good|i'm fine|im fine|i'm ok|i'm okay|fine thanks|good thanks|"
     r"doing well|doing good|and you|you|hbu|wbu|how about you|what about you|same|likewise|"
-    r"还行|还好|一般般|一般|老样子|没什么|没事|挺好的|挺好|你呢|我也是|我很好|我也很好|都挺好)$"
+    r"还行|还好|一般般|一般|老样子|没什么|没事|挺好的|挺好|你呢|我也是|我很好|我也很好|都挺好|"
+    rf"{SMALL_TALK_EN}|{SMALL_TALK_ZH})$"
+)
+_MEDIA = re.compile(MEDIA_PLACEHOLDER, re.IGNORECASE)
+_PHRASES = tuple(tuple(p.split()) for p in ACKNOWLEDGEMENT_PHRASES if " " in p)
+_CJK_WORDS = sorted(
+    (w for w in ACKNOWLEDGEMENTS | ACKNOWLEDGEMENT_PHRASES if all("\u4e00" <= ch <= "\u9fff" for ch in w)),
+    key=len,
+    reverse=True,
+)
+# Chinese small talk has no spaces between its parts (嗯嗯好的, 收到收到, 哈哈哈笑死): a segment is
+# small talk when it is a run of such words and tone particles.
+_ZH_SMALL_RUN = re.compile(
+    rf"^(?:{GREETINGS_ZH}|{SMALL_TALK_ZH}|{'|'.join(_CJK_WORDS)}|哈+|嘿+|嘻+|呵+|[{PARTICLES_ZH}])+$"
 )
 _DATE_TIME = re.compile(
     r"\b(?:what(?:'s| is) the time|what time is it|what time it is|do you have the time|"
@@ -51,11 +69,20 @@ _REQUEST = re.compile(
 _PERSONAL = re.compile(FIRST_PERSON_EN + "|" + FIRST_PERSON_ZH)
 
 
+def without_media(text: str) -> str:
+    """``text`` without the placeholders chat exports write for media (``[photo]``, ``<attachment>``):
+    a caption is what the person wrote, the placeholder is not."""
+    return _MEDIA.sub(" ", text).strip()
+
+
 def ignore_reason(text: str, *, min_chars: int, extra: frozenset[str] = frozenset()) -> str | None:
     """Why the message is not worth remembering, or ``None`` if it may be."""
     raw = text.strip()
     if not raw:
         return "empty"
+    raw = without_media(raw)
+    if not raw:
+        return "media without words"
     if _NO_WORDS.match(raw):
         return "no words"
     lowered = normalize(raw)
@@ -64,9 +91,7 @@ def ignore_reason(text: str, *, min_chars: int, extra: frozenset[str] = frozense
     segments = [s for s in (_SYMBOLS.sub(" ", part).strip() for part in _SEGMENTS.split(lowered)) if s]
     if lowered in extra or (segments and all(_is_acknowledgement(s) or s in extra for s in segments)):
         return "acknowledgement"
-    if segments and all(
-        _GREETING.match(s) or _SMALL_TALK.match(s) or _is_acknowledgement(s) for s in segments
-    ):
+    if segments and all(_is_small_talk(s) for s in segments):
         return "greeting or small talk"
     personal = bool(_PERSONAL.search(_REQUEST.sub("", lowered)))
     if _DATE_TIME.search(lowered) and not personal:
@@ -99,8 +124,31 @@ def _is_weather(segment: str) -> bool:
     return len(words) <= 3
 
 
+def _is_small_talk(segment: str) -> bool:
+    return bool(
+        _GREETING.match(segment)
+        or _SMALL_TALK.match(segment)
+        or _is_acknowledgement(segment)
+        or _ZH_SMALL_RUN.match(segment.replace(" ", ""))
+    )
+
+
 def _is_acknowledgement(segment: str) -> bool:
     if segment in ACKNOWLEDGEMENT_PHRASES or _LAUGHTER.match(segment.replace(" ", "")):
         return True
     tokens = _TOKEN.findall(segment)
-    return bool(tokens) and all(t in ACKNOWLEDGEMENTS for t in tokens)
+    return bool(tokens) and _covered(tokens)
+
+
+def _covered(tokens: list[str]) -> bool:
+    """Whether ``tokens`` are a run of acknowledgement words and phrases ("yep that works")."""
+    reach = [True] + [False] * len(tokens)
+    for i, token in enumerate(tokens):
+        if not reach[i]:
+            continue
+        if token in ACKNOWLEDGEMENTS or _LAUGHTER.match(token):
+            reach[i + 1] = True
+        for phrase in _PHRASES:
+            if tuple(tokens[i : i + len(phrase)]) == phrase:
+                reach[i + len(phrase)] = True
+    return reach[-1]

@@ -24,10 +24,18 @@ _QUESTION_START = re.compile(
     rf"(?:did|do|does|didn't|don't|doesn't|have|has|haven't|had|are|aren't|is|isn't|was|wasn't|were|will|"
     rf"won't|would|wouldn't|should|shouldn't|could|couldn't|can|can't|may|shall) {_SUBJECT}\b)"
 )
+# "what matters most to me is ...", "what i need is ...": a statement that starts with "what".
+_CLEFT = re.compile(
+    r"^(?:(?:and|but|so|honestly|really)[ ,]+)?what "
+    r"(?!(?:is|was|are|were|do|does|did|should|would|could|can|will|if|about|time|day|date|year|month|"
+    r"kind|sort|type)\b)(?:[\w']+ ){1,6}(?:is|was)\b"
+)
 _STATEMENT_START = re.compile(r"^(?:i|i'm|im|i've|ive|we|we're|my|our|me)\b")
 _QUESTION_END_ZH = re.compile(r"(?:吗|呢|么|嘛|没有|没)[\s?？。!！~～]*$")
+# 几 asks "how many" except in 这几年 / 前几天 / 好几次 ("these few years", "a few days ago").
 _INTERROGATIVE_ZH = re.compile(
-    r"多少|哪(?:里|儿|个|些|条|位|年|天|国|种)?|什么|啥|谁|为什么|为啥|怎么|怎样|如何|几(?:个|年|月|天|点|号|岁|次|种|条|位)"
+    r"多少|哪(?:里|儿|个|些|条|位|年|天|国|种)?|什么|啥|谁|为什么|为啥|怎么|怎样|如何|有多(?:长|高|远|大|重|久|深|宽)|"
+    r"(?<![这那前后好十头最])几(?:个|年|月|天|点|号|岁|次|种|条|位)"
 )
 _FACTUAL_START = re.compile(
     r"^(?:(?:so|and|but|hey|ok|okay|btw|also|quick question)[ ,:]+)?"
@@ -41,7 +49,10 @@ _FACTUAL_START = re.compile(
 _EMBEDDED_QUESTION_ZH = re.compile(
     r"(?:想好|知道|确定|决定|记得|清楚|纠结|考虑|看看|想想|不懂|搞不懂).{0,8}(?:哪|什么|怎么|多少|谁|几)"
 )
-_ADVICE_ZH = re.compile(r"要注意什么|注意些什么|该怎么办|怎么办|有什么建议|求推荐|求建议|该选哪|选哪个好")
+_ADVICE_ZH = re.compile(
+    r"要注意什么|注意些什么|该怎么办|怎么办|有什么建议|求推荐|求建议|该选哪|选哪个好|"
+    r"(?:要|该|应该|得)(?:带|买|送|准备|穿|说)(?:点|些)?(?:什么|啥)"
+)
 _TAG_QUESTION = re.compile(r"[, ](?:right|correct|isn't it|aren't they|don't they|doesn't it|no)\s*\?+$")
 _FACTUAL_A_NOT_A = re.compile(r"是不是|有没有|对不对")
 _A_NOT_A = re.compile(r"是不是|有没有|要不要|能不能|会不会|对不对|好不好|可不可以|行不行")
@@ -72,8 +83,14 @@ THIRD_PERSON_START_EN = re.compile(
     r"boss|colleague|colleagues|coworker|coworkers|son|daughter|partner|boyfriend|girlfriend|roommate|"
     r"cousin|uncle|aunt|grandma|grandpa|grandmother|grandfather|kid|kids|team|manager|neighbor|neighbour|"
     r"teacher|classmate|classmates|family|bf|gf|bff|buddy|sis|bro|niece|nephew|client|landlord|"
-    r"doctor|therapist)|(?!(?:i|we|i've|we've|i'm|just|finally|so|and|today|then|also)\b)[a-z]+ "
-    r"(?:has|had|is|was|just|finally))\b"
+    r"doctor|therapist|ceo|founder|company|coach|principal|professor|supervisor|lead|in-laws|grandparents))\b"
+)
+# "sarah has ...", "jake finally ...": a name as the subject. An abstract noun looks the same
+# ("loyalty is worth more than talent"), so value judgements skip this check.
+NAMED_START_EN = re.compile(
+    r"^(?:(?:so|and|but|well|ok|okay|lol|omg|guess what|btw|also|yesterday|today|last \w+)[ ,]+)*"
+    r"(?!(?:i|we|i've|we've|i'm|just|finally|so|and|today|tonight|yesterday|this|that|there|here|then|also|"
+    r"life|everything|nothing)\b)[a-z]+ (?:has|had|is|was|just|finally)\b"
 )
 THIRD_PERSON_START_ZH = re.compile(
     r"^(?:昨天|今天|刚才|上周|听说)?(?:他|她|他们|她们|它|你|您|你们|别人|大家|有人|人们|"
@@ -109,7 +126,7 @@ def clause_at(sentence: str, position: int) -> tuple[str, int]:
 
 def is_question(text: str) -> bool:
     stripped = text.strip()
-    if not stripped:
+    if not stripped or (_CLEFT.match(stripped) and not stripped.endswith(("?", "？"))):
         return False
     if stripped.endswith(("?", "？")):
         # "i went from dreading mondays to loving them??" is an exclamation, not a question.
@@ -144,9 +161,15 @@ def first_person(text: str) -> bool:
     return bool(_FIRST_PERSON.search(text))
 
 
-def third_person_start(clause: str) -> bool:
+def third_person_start(clause: str, *, names: bool = True) -> bool:
+    """Whether ``clause`` starts with someone other than the speaker; ``names=False`` leaves out
+    the "<word> is/has ..." check for names."""
     clause = clause.strip()
-    return bool(THIRD_PERSON_START_EN.match(clause) or THIRD_PERSON_START_ZH.match(clause))
+    return bool(
+        THIRD_PERSON_START_EN.match(clause)
+        or THIRD_PERSON_START_ZH.match(clause)
+        or (names and NAMED_START_EN.match(clause))
+    )
 
 
 def has_cjk(text: str) -> bool:

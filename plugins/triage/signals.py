@@ -63,8 +63,8 @@ _add(
     "regret",
     0.9,
     r"\b(?:shouldn't have|should not have|should've never|should never have|shouldnt have|regret\w*|"
-    r"wish i (?:had|hadn't|hadnt|didn't|had not|could have|would have|'d)|if only i (?:had|hadn't|could)|"
-    r"my (?:biggest )?mistake was|i messed up|i screwed up|i blew it|i feel (?:so )?(?:bad|terrible|awful|"
+    r"wish i(?: had| hadn't| hadnt| didn't| had not| could have| would have|'d)|if only i (?:had|hadn't|could)|"
+    r"my mistake was|(?:my |the )?biggest mistake (?:of my life |i (?:ever )?made )?was|i messed up|i screwed up|i blew it|i feel (?:so )?(?:bad|terrible|awful|"
     r"guilty) (?:about|for|that)|lesson learned)\b",
     negation_inside=True,
 )
@@ -85,9 +85,10 @@ _add(
     "emotional_turn",
     0.85,
     rf"\bused to (?:\w+ ){{0,4}}(?:{_FEELING_EN})\b.{{0,80}}\b(?:now|these days|nowadays|anymore|no longer|"
-    rf"today)\b|\bi'?m no longer (?:\w+ )?(?:{_FEELING_EN})\b|\bi (?:don't|do not) (?:\w+ )?(?:{_FEELING_EN})"
+    rf"today)\b|\bi'?m no longer (?:\w+ )?(?:{_FEELING_EN})\b|"
+    rf"\bi'?m not (?:\w+ ){{0,2}}(?:{_FEELING_EN})\b.{{0,60}}\bany ?more\b|\bi (?:don't|do not) (?:\w+ )?(?:{_FEELING_EN})"
     rf"\b.{{0,30}}\banymore\b|\b(?:i've|i have) come to (?:love|accept|enjoy|appreciate|terms)\b|"
-    rf"\bi (?:finally )?(?:fell in love with|grew to (?:love|like|accept)|started to (?:love|enjoy|like|accept)|"
+    rf"\b(?:i|i've|i have) (?:finally )?(?:fell in love with|grew to (?:love|like|accept)|started to (?:love|enjoy|like|accept)|"
     rf"changed my mind about|made (?:my )?peace with)\b|\bused to (?:think|find|feel|believe|consider|see)\b"
     rf".{{0,80}}\b(?:now|these days|nowadays|anymore)\b|\b(?:i've|i have|i) (?:finally )?(?:forgiven|forgave|"
     rf"let go of|moved on from|gotten over|got over|overcome|overcame)\b|\bi finally feel (?:at peace|happy|okay|ok|better|"
@@ -99,7 +100,7 @@ _add(
     0.9,
     rf"从.{{0,20}}(?:{_FEELING_ZH}).{{0,20}}(?:到|变成|变得|转为).{{0,12}}|从.{{0,20}}(?:到|变成|变得).{{0,12}}"
     rf"(?:{_FEELING_ZH})|以前.{{0,24}}(?:{_FEELING_ZH}).{{0,24}}(?:现在|如今|后来|这几年)|"
-    rf"(?:以前|过去|原来|曾经)(?:总|一直)?(?:觉得|认为|以为|很|特别|超).{{0,30}}(?:现在|如今|后来)|"
+    rf"(?:以前|过去|原来|曾经)我?(?:总|一直)?(?:觉得|认为|以为|很|特别|超).{{0,30}}(?:现在|如今|后来)|"
     rf"不再(?:那么)?(?:{_FEELING_ZH})|再也不(?:怕|讨厌|恨|焦虑)|(?:爱上了|慢慢喜欢上|开始喜欢上?了|释然了|想开了|放下了)",
     negation_inside=True,
 )
@@ -112,19 +113,23 @@ _add(
     r"\bprefer .{1,40}? over\b|\bnothing is more important than\b|\bthe (?:most )?important thing "
     r"(?:is|in life|for me|to me)\b|\bwhat (?:really |truly )?matters (?:is|to me|most)\b|"
     r"\bi(?:'d| would) rather .{1,40}? (?:than|and have|instead)\b|\b(?:is|are) (?:my|the) (?:top |number one |first )?priority\b|"
-    r"\bprioriti[sz]e .{1,40}? over\b",
+    r"\bprioriti[sz]e .{1,40}? over\b|\bfor me,? .{1,40}?\b(?:beats|trumps|outweighs|comes before)\b|"
+    r"\b(?:always |will always )?comes? first\b",
 )
 _add(
     "value",
     0.85,
     r"比.{1,24}?(?:更重要|重要|更有意义|更值得|更关键|更珍贵|更要紧)|最重要的是|对我来说.{0,12}(?:最重要|更重要|意义)|"
-    r"我更在乎|我更看重|我更在意|宁(?:可|愿).{1,24}也不|(?:是|才是)(?:我的)?第一位",
+    r"(?:^|[，,])[^，,。]{1,8}?(?:才是)?最(?:重要|要紧)(?:[了的啊吧]|[。！!，,]|$)|我更在乎|我更看重|我更在意|宁(?:可|愿).{1,24}也不|(?:是|才是)(?:我的)?第一位|才是最重要的",
 )
 _add(
     "decision",
     0.9,
     r"\b(?:decided|decide|made (?:up )?my mind|made the (?:call|decision)|made a decision|chose|"
     r"have chosen|'ve chosen|settled on|opted (?:for|to)|gave up(?: on)?|giving up(?: on)?|quit|"
+    r"handed my (?:notice|resignation) in|(?:i'm|i am) (?:finally )?leaving my (?:job|company|position|team|"
+    r"husband|wife|partner|boyfriend|girlfriend)|turning down (?:the|their|an|a|that|this|my)|(?:told|informed) (?:my )?(?:boss|manager|team|landlord|"
+    r"parents|family)(?: today| yesterday| that)* i(?:'m| am) (?:leaving|quitting|resigning|moving out)|"
     r"quitting|resigned|handed in my (?:notice|resignation)|turned down|accepted (?:the|their|an|that|a) "
     r"(?:offer|job|position|proposal)|signed (?:the|a) (?:contract|lease|offer)|broke up with|"
     r"dropped out|dropping out|(?:i'm|i am|we're|we are) going with|(?:i'll|i will) go with|"
@@ -134,15 +139,15 @@ _add(
     "decision",
     0.9,
     r"决定|下定决心|最终选择|最后选择|选择了|放弃了|辞职了|提了辞职|递了辞呈|不干了|分手了|退学了|"
-    r"拒绝了.{0,8}(?:offer|工作|邀请|机会)|接受了.{0,8}(?:offer|工作|邀请|机会)|签了.{0,6}(?:合同|约)|定了[,，]",
+    r"提了离职|提离职了|退出了|(?:最后|最终)(?:还是)?选了|我还是选了|把.{1,12}?(?:拒了|辞了)|拒绝了.{0,8}(?:offer|工作|邀请|机会)|接受了.{0,8}(?:offer|工作|邀请|机会)|签了.{0,6}(?:合同|约)|定了[,，]",
 )
 _add(
     "milestone",
     0.9,
     r"\b(?:finally|at last|officially)\b.{0,24}\b(?:finished|completed|graduated|passed|shipped|launched|"
     r"released|published|submitted|defended|paid off|achieved|made it|did it|done|got|hit|reached|"
-    r"crossed|won|bought|moved|signed)\b|\b(?:just |)(?:finished|completed|submitted|defended) (?:my|our|the) "
-    r"(?:thesis|dissertation|degree|phd|master'?s|project|novel|book|first draft|manuscript|marathon|"
+    r"crossed|won|bought|moved|signed)\b|\b(?:just |)(?:finished|completed|submitted|defended|ran) (?:my|our|the) "
+    r"(?:(?:very )?first )?(?:half |full )?(?:thesis|dissertation|degree|phd|master'?s|project|novel|book|first draft|manuscript|marathon|"
     r"course|certification|bootcamp|album|app|renovation|report)\b|\bgraduated(?: from)?\b|\bgot "
     r"(?:promoted|engaged|married|hired|accepted|tenure|my (?:license|licence|degree|phd|visa|green card|"
     r"citizenship|black belt))\b|\b(?:we|i) (?:just )?(?:shipped|launched|released|published)\b|\bpassed "
@@ -153,7 +158,9 @@ _add(
 _add(
     "milestone",
     0.9,
-    r"终于.{0,12}(?:完成|做完|写完|毕业|拿到|通过|上线|发布|搞定|考过|考上|买了|实现|达成|跑完|成功|做到|还清)|"
+    r"终于.{0,12}(?:完成|做完|写完|毕业|拿到|通过|上线|发布|搞定|考过|考上|买了|实现|达成|跑完|成功|做到|还清|"
+    r"投出去|交上去|提交了|寄出去|发出去|开业|开张|出版|攒够|存够|还完)|(?:店|工作室|公司)(?:今天|终于|正式)?(?:开业|开张|上市)了|"
+    r"(?:书|专辑|小说|论文)(?:终于|正式)?(?:出版|发表)了|"
     r"终于把.{1,24}了|"
     r"(?:完成|写完|做完|跑完)了.{0,8}(?:论文|项目|报告|比赛|马拉松|课程|作品|书|毕设|初稿)|毕业了|升职了|转正了|"
     r"拿到了.{0,8}(?:offer|证|学位|驾照|签证|录取)|发布了第一|正式上线|上线了|订婚了|结婚了|领证了|"
@@ -162,13 +169,15 @@ _add(
 _add(
     "first_time",
     0.9,
+    r"\bnever (?:been|done|tried|seen|had|eaten|felt|ridden|driven|flown|played|sung|spoken) (?:\w+ ){1,4}before "
+    r"(?:today|tonight|this (?:week|weekend|morning|year|trip))\b|"
     r"\b(?:for the (?:very )?first time|(?:my )?first time (?:ever|in my life|in (?:years|ages|forever)|i|i've|"
     r"i have|that i|\w+ing)|the first time i|"
     r"first[- ]ever|never (?:done|tried|been|seen|had|eaten|felt) (?:this|that|it|anything like (?:this|that)|"
     r"\w+) before)\b|\bmy (?:very )?first (?!thought|reaction|question|guess|impression|instinct|choice|"
     r"name|language|time)\w+",
 )
-_add("first_time", 0.9, r"第一次|头一回|头一次|首次|生平第一")
+_add("first_time", 0.9, r"第一次|头一回|头一次|首次|生平第一|人生第一")
 
 _EXPLICIT = re.compile(
     r"^(?:(?:please|pls|plz|hey|ok|okay|and|also|btw)[ ,]+)*(?:remember|don't forget|do not forget|"
@@ -185,6 +194,14 @@ _SCHEDULED = re.compile(
     r"^[\w' ]{0,20}?\b(?:starts|begins|is (?:tomorrow|next|on|at)|will|tomorrow|next (?:week|month|year))\b"
 )
 _ROUTINE = re.compile(r"\b(?:again|as usual|like every|every (?:day|week|month))\b|又|照常|照例")
+
+# "tonight was my first stand-up set": the subject is a time, the moment the speaker's.
+_OWN_FIRST = re.compile(r"\b(?:was|is|'s) (?:my|our) (?:very )?first\b")
+# "tom regrets selling his guitar": a scene verb in the third person singular has someone else as
+# its subject ("i" never takes the -s).
+_SOMEONE_ELSES = re.compile(r"(?:regrets|decides|chooses|wishes)\b")
+# 我从来没觉得钱比家人重要: the judgement is denied, however far before the match the 没 is.
+_DENIED_JUDGEMENT_ZH = re.compile(r"(?:不|没|没有|从来?没|从不|并不|并没有?)(?:觉得|认为|以为|感觉)")
 
 PRIORITY = {"regret": 6, "emotional_turn": 5, "value": 4, "decision": 3, "milestone": 2, "first_time": 1}
 
@@ -208,8 +225,39 @@ def explicit_request(text: str) -> str | None:
 
 _TURN_ACROSS = re.compile(
     rf"\b(?:\w+ (?:years?|months?|weeks?) ago|back then|a while ago|last year|used to)\b.{{0,160}}?"
-    rf"\bnow (?:i|i'm|im|it's|i've)? ?(?:actually |finally |really |kinda |truly )?(?:{_FEELING_EN})\b"
+    rf"\bnow (?:i|i'm|im|it's|i've)? ?(?:actually |finally |really |kinda |truly |genuinely |so )?(?:{_FEELING_EN})\b|"
+    rf"\b(?:\w+ (?:years?|months?|weeks?) ago|back then|last year|at first)\b[^.!?]{{0,40}}?\bi "
+    rf"(?:was |felt |used to be )?(?:so |really |very )?(?:{_FEELING_EN})\b"
+    rf".{{0,80}}?\bnow\b"
 )
+# Said with a wink: "/s", "jk", "just kidding", 🙄, 才怪.
+_SARCASM = re.compile(
+    r"(?:^|\s)/s\b|\bjk\b|\bjust kidding\b|\bkidding\b|\blol not\b|\bnot!|\byeah,? right\b|"
+    r"\bsaid no one ever\b|\(not\)|🙄|才怪|呵呵|[(（]不是[)）]"
+)
+# Someone else's words in quotation marks ("she texted me "i regret everything""), unless the
+# speaker quotes themselves ("i told him "i'm leaving"").
+_OWN_QUOTE = re.compile(
+    r"\b(?:i|we) (?:said|say|told \w+|wrote|replied|answered|texted \w+|was like)[ ,:]*$|我(?:跟.{1,6})?(?:说|讲|回|告诉.{1,6})[:：，, ]*$"
+)
+_OPEN_QUOTES = {'"': None, "「": "」", "『": "』"}
+
+
+def quoted_positions(sentence: str, inside: bool) -> tuple[set[int], bool]:
+    """Positions of ``sentence`` inside someone else's quotation, and whether a quotation is still
+    open at its end (quotes span sentence breaks: ""i finally got the job!" he said")."""
+    quoted: set[int] = set()
+    own = False
+    for i, ch in enumerate(sentence):
+        opening = not inside and ch in _OPEN_QUOTES
+        closing = inside and ch in ('"', "」", "』")
+        if opening:
+            inside, own = True, bool(_OWN_QUOTE.search(sentence[:i]))
+        elif closing:
+            inside = False
+        elif inside and not own:
+            quoted.add(i)
+    return quoted, inside
 
 
 def candidates(text: str) -> list[Signal]:
@@ -220,19 +268,33 @@ def candidates(text: str) -> list[Signal]:
     normalized = [normalize(s) for s in original]
     explicit = explicit_request(text) is not None
     best: dict[str, Signal] = {}
+    # Said with a wink, a scene word is no moment; an explicit "remember this" still counts.
+    sarcastic = bool(_SARCASM.search(normalize(text)))
+    inside = False
     for raw, sentence in zip(original, normalized, strict=True):
+        if sarcastic:
+            break
+        quoted, inside = quoted_positions(sentence, inside)
         for kind, strength, pattern, negation_inside in _PATTERNS:
             for match in pattern.finditer(sentence):
-                if _problem(sentence, match, negation_inside, kind):
+                if match.start() in quoted or _problem(sentence, match, negation_inside, kind):
                     continue
                 if kind not in best or strength > best[kind].strength:
                     best[kind] = Signal(kind, strength, raw, explicit, f"{kind} signal")
                 break
     whole = normalize(text)
-    if "emotional_turn" not in best and _TURN_ACROSS.search(whole) and not third_person_start(whole):
+    if (
+        "emotional_turn" not in best
+        and not sarcastic
+        and _TURN_ACROSS.search(whole)
+        and not third_person_start(whole)
+    ):
         best["emotional_turn"] = Signal(
             "emotional_turn", 0.8, text.strip(), explicit, "emotional_turn signal"
         )
+    if "regret" in best and best.get("decision", best["regret"]).sentence == best["regret"].sentence:
+        # "i regret dropping out": the decision is what is regretted, the moment is the regret.
+        best.pop("decision", None)
     found = sorted(best.values(), key=lambda s: (s.strength, PRIORITY[s.type or ""]), reverse=True)
     if not found and explicit:
         found = [Signal(None, 1.0, text.strip(), True, "explicit request to remember")]
@@ -252,10 +314,13 @@ def _problem(sentence: str, match: re.Match[str], negation_inside: bool, kind: s
         clause.strip() == sentence.strip() and sentence.rstrip().endswith(("?", "？"))
     ):
         return "a question"
-    if third_person_start(clause):
+    someone = third_person_start(clause, names=kind != "value")
+    if (someone and not _OWN_FIRST.search(clause)) or _SOMEONE_ELSES.match(sentence[match.start() :]):
         return "about someone else"
     if HYPOTHETICAL_EN.search(before) or HYPOTHETICAL_ZH.search(before):
         return "hypothetical or planned"
+    if _DENIED_JUDGEMENT_ZH.search(before):
+        return "negated"
     if not negation_inside:
         words = before.split()[-4:]
         if NEGATION_EN.search(" ".join(words)) or NEGATION_ZH.search(before[-3:]):

@@ -1,0 +1,108 @@
+"""Layer and scene-type accuracy of the built-in triage on labelled JSONL sets, through the real
+pipeline (real embedding model, prototype check included). Not a test module: the triage tests
+import :func:`score`, and it runs on its own to print the figures::
+
+    python tests/_triage_eval.py tests/data/triage_fresh.jsonl [more.jsonl ...] [--errors]
+
+Each line: ``{"text", "layer", "type"}`` (``type`` only for scenes). Two scene-type figures:
+``type_accuracy`` over the messages both the label and triage call a scene (what the goal is set
+on), and ``type_strict`` over every labelled scene (a scene triage missed counts as wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from narrmem import Memory, Message
+from narrmem.testing import open_memory
+
+
+@dataclass
+class Score:
+    rows: int = 0
+    layer_right: int = 0
+    scenes: int = 0
+    typed: int = 0
+    type_right: int = 0
+    confusion: Counter[tuple[str, str]] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def layer_accuracy(self) -> float:
+        return self.layer_right / self.rows if self.rows else 0.0
+
+    @property
+    def type_accuracy(self) -> float:
+        return self.type_right / self.typed if self.typed else 0.0
+
+    @property
+    def type_strict(self) -> float:
+        return self.type_right / self.scenes if self.scenes else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "messages": self.rows,
+            "layer_accuracy": round(self.layer_accuracy, 4),
+            "type_accuracy": round(self.type_accuracy, 4),
+            "type_strict": round(self.type_strict, 4),
+            "scenes_labelled": self.scenes,
+            "scenes_both": self.typed,
+        }
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+async def score(memory: Memory, rows: list[dict[str, Any]], user_prefix: str) -> Score:
+    """Triage every row as a first message of a new user (novelty never depends on row order)."""
+    result = Score()
+    for i, row in enumerate(rows):
+        message = Message(
+            text=row["text"],
+            user_id=f"{user_prefix}-{i}",
+            chat_id="eval",
+            ts=datetime(2026, 5, 4, 9, 12, tzinfo=UTC),
+            message_id=f"e{i}",
+        )
+        decision = await memory.triage(message)
+        result.rows += 1
+        result.confusion[(row["layer"], decision.layer)] += 1
+        right = decision.layer == row["layer"]
+        result.layer_right += right
+        wrong_type = False
+        if row["layer"] == "scene":
+            result.scenes += 1
+            if decision.layer == "scene":
+                result.typed += 1
+                result.type_right += decision.type == row["type"]
+                wrong_type = decision.type != row["type"]
+        if not right or wrong_type:
+            got = f"{decision.layer}/{decision.type}" if decision.layer == "scene" else decision.layer
+            want = f"{row['layer']}/{row.get('type')}" if row["layer"] == "scene" else row["layer"]
+            result.errors.append(f"want {want:<22} got {got:<22} {row['text']}")
+    return result
+
+
+async def _main(paths: list[Path], show_errors: bool) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        async with open_memory(Path(folder) / "store", real_model=True) as memory:
+            for path in paths:
+                result = await score(memory, rows_of(path), path.stem)
+                print(json.dumps({"set": path.name, **result.summary()}))
+                if show_errors:
+                    print("\n".join(result.errors))
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    asyncio.run(_main([Path(a) for a in arguments if a != "--errors"], "--errors" in arguments))
