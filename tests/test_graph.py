@@ -708,7 +708,7 @@ async def test_a_contradicting_fact_supersedes_the_earlier_one(mem: Memory, tmp_
 async def test_an_old_message_ingested_late_is_history(mem: Memory, tmp_path: Path) -> None:
     await mem.ingest(msg("m2", "I don't like rock anymore", ts=at(60)))
     late = await mem.ingest(msg("m1", "I like rock", ts=at(0)))
-    assert "fact (already outdated, kept as history): user likes rock" in late.notes
+    assert "fact (already outdated, kept as history): user likes rock (past: until 2026-05-04)" in late.notes
     assert said(await recall(mem, "rock")) == {("user", "dislikes", "rock")}
     rows = {e["relation"]: e for e in edges(tmp_path / "m", "o.name = 'rock'")}
     likes, dislikes = rows["likes"], rows["dislikes"]

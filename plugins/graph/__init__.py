@@ -8,6 +8,7 @@ a working memory chain of tasks per chat, a persona, and the per-turn flow.
 * :mod:`.extract`, :mod:`.facts`: facts from messages without an LLM (or from ``narrmem_extract_facts``).
 * :mod:`.recall`, :mod:`.purge`, :mod:`.tasks`, :mod:`.persona`, :mod:`.rewrite`: what the tools do;
   :mod:`.schemas` and :mod:`.tools` expose them.
+* :mod:`.values`: what a one-value relation (lives_in, works_at…) holds now, and held before.
 * :mod:`.turn`, :mod:`.refer`, :mod:`.render`: ``narrmem_turn_context``; :mod:`.auto_tasks`: the chain
   kept from messages when ``auto_tasks`` is on.
 
@@ -27,6 +28,7 @@ from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.schema import fetchall
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tools import make_tools
+from narrmem_plugins.graph.values import FactValue, current_value, is_functional, value_history
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
@@ -38,7 +40,17 @@ from narrmem.view import MemoryView
 NAME = "graph"
 log = logging.getLogger("narrmem.graph")
 
-__all__ = ["GraphOptions", "GraphPlugin", "GraphScope", "plugin_of", "turn_context"]
+__all__ = [
+    "FactValue",
+    "GraphOptions",
+    "GraphPlugin",
+    "GraphScope",
+    "current_value",
+    "is_functional",
+    "plugin_of",
+    "turn_context",
+    "value_history",
+]
 
 
 class GraphPlugin:
@@ -90,7 +102,9 @@ class GraphPlugin:
         if self.options.extract_facts:
             drafts = await facts.drafts_for(memory, message, decision, result.notes)
             if drafts:
-                outcomes = await facts.store_facts(memory, self._graph.transaction, message, drafts)
+                outcomes = await facts.store_facts(
+                    memory, self._graph.transaction, message, drafts, self.options.functional
+                )
                 result.notes.extend(facts.notes_for(outcomes))
         if self.options.auto_tasks and len(vectors):
             # Row 0 is the episode: the message itself.

@@ -14,7 +14,7 @@ from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.nodes import set_props, set_topic
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.tasks import TaskView, create_task, load_tasks, set_state
+from narrmem_plugins.graph.tasks import TaskView, create_task, load_tasks, set_state, task_key
 from narrmem_plugins.graph.vocabulary import label
 
 from narrmem.models import Message
@@ -83,7 +83,7 @@ async def follow_topic(
             await set_state(db, chat, best.task_id, "in_progress", at, source="auto", provenance=provenance)
             return [*notes, f"task resumed: {best.task_id}"]
         number = len(tasks) + 1
-        names = {t.task_id.lower() for t in tasks}
+        names = {task_key(t.task_id) for t in tasks}
         while f"task_auto_{number}" in names:
             number += 1
         description = " ".join(message.text.split())[:DESCRIPTION_CHARS]

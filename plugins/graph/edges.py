@@ -81,6 +81,12 @@ class Edge:
         )
 
     @property
+    def superseded_at(self) -> str | None:
+        """When a newer statement replaced this one (a new value of a functional relation, or a
+        contradiction); ``None`` while it holds or when it was deleted instead."""
+        return self.valid_to if self.status == "superseded" else None
+
+    @property
     def key(self) -> tuple[str, str, str]:
         """What a triplet says, whatever chat it was said in (names compare case-insensitively)."""
         return (self.subject.lower(), self.relation, self.object.lower())
@@ -99,7 +105,7 @@ class EdgeQuery:
         self.params.extend(params)
         return self
 
-    def names_in(self, column: str, names: Sequence[str]) -> EdgeQuery:
+    def names_in(self, column: str, names: Sequence[str | int]) -> EdgeQuery:
         return self.where(f"{column} IN ({marks(names)})", *names)
 
 

@@ -21,7 +21,10 @@ How a message is read:
 
 Relations: ``likes``/``dislikes``, ``works_on``/``stopped_working_on``, ``plans``/``dropped_plan``,
 ``located_at``/``left`` (needs a present-time marker: "I'm currently at X", "I'm at X right now",
-我现在在X), ``lives_in`` ("I live in X", "I moved to X", 我住在X). Inferred, never said: going to a
+我现在在X), ``lives_in`` ("I live in X", "I moved to X", 我住在X), ``works_at`` ("I work at X", 我在X工作),
+``job`` ("I work as a X", "my job is X", 我是一名X), ``partner`` ("my girlfriend is X", "I'm dating
+X", 我男朋友叫X) and ``age`` ("I'm 30", "I just turned 30", 我今年30岁); these five and ``located_at``
+hold one value at a time (see :mod:`.vocabulary`). Inferred, never said: going to a
 concert of X ("I went to a Coldplay concert", 我去了周杰伦的演唱会) gives a speculative ``likes``.
 The subject of every fact is ``user``, the message's author.
 """
@@ -39,6 +42,7 @@ HEDGED = 0.5
 INFERRED = 0.4
 MAX_WORDS = 8
 MAX_ZH_CHARS = 20
+PLACES = ("located_at", "left", "lives_in", "works_at")  # objects are places: cut at "for", "with"…
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,19 @@ EN_RULES = [
         rf"have\s+stopped|'ve\s+stopped)\s+(?:working\s+on|building|developing)|i\s+{_ADV}(?:don't|do\s+not|"
         rf"no\s+longer)\s+work\s+on)\s+{_OBJ}",
     ),
+    _en(
+        "en_works_at",
+        "works_at",
+        rf"(?:i\s+{_ADV}(?:work|am\s+working)\s+(?:at|for)|{_IM}\s+{_ADV}working\s+(?:at|for)|"
+        rf"i\s+{_ADV}(?:got\s+a\s+job|started\s+a\s+(?:new\s+)?job)\s+at)\s+{_OBJ}",
+    ),
+    _en(
+        "en_job",
+        "job",
+        rf"(?:i\s+{_ADV}work\s+as|{_IM}\s+{_ADV}working\s+as|i\s+{_ADV}(?:got\s+a\s+job|started)\s+as)"
+        rf"\s+(?:an?\s+)?{_OBJ}",
+    ),
+    _en("en_age", "age", rf"(?:{_IM}\s+{_ADV}|i\s+{_ADV}turned\s+)(?P<obj>\d{{1,3}})(?:\s+years?\s+old)?$"),
     _en(
         "en_work",
         "works_on",
@@ -232,6 +249,13 @@ ZH_RULES = [
         "located_at",
         rf"(?:(?:现在|目前|此刻)我|我(?:现在|目前|此刻|这会儿|人))(?:正|还|已经)?在{_OBJ}",
     ),
+    _zh("zh_works_at", "works_at", rf"我{_ZADV}(?:在(?P<obj>.+?)(?:工作|上班|任职)$|入职了?(?P<obj2>.+)$)"),
+    _zh(
+        "zh_job",
+        "job",
+        rf"我{_ZADV}(?:是(?:一名|一个|个)?(?P<obj>.+?)(?:，|$)(?<=师|员|生|家|手|工)|是做(?P<obj2>.+?)的$)",
+    ),
+    _zh("zh_age", "age", r"我(?:今年)?(?P<obj>\d{1,3})岁(?:了)?$"),
     _zh("zh_live", "lives_in", rf"我{_ZADV}(?:住在|搬到了?|搬去了?){_OBJ}"),
     _zh(
         "zh_concert",
@@ -240,6 +264,29 @@ ZH_RULES = [
         r"(?:演唱会|音乐节|现场|livehouse)",
         inferred=True,
     ),
+]
+
+# "My partner is Sam", "my job is nursing": the speaker's own relation, although the clause starts
+# like third-person talk ("my partner likes…"), so these are tried before that check.
+OWN_RULES = [
+    _en(
+        "en_partner",
+        "partner",
+        r"(?:my\s+(?:partner|boyfriend|girlfriend|husband|wife|fianc[ée]e?|spouse)(?:'s\s+name)?\s+is|"
+        rf"{_IM}\s+{_ADV}(?:dating|married\s+to|engaged\s+to|seeing))\s+{_OBJ}",
+    ),
+    _en(
+        "en_my_job",
+        "job",
+        rf"my\s+(?:new\s+|current\s+)?(?:job|profession|occupation)\s+is\s+(?:an?\s+)?{_OBJ}",
+    ),
+    _en("en_my_age", "age", r"my\s+age\s+is\s+(?P<obj>\d{1,3})$"),
+    _zh(
+        "zh_partner",
+        "partner",
+        r"我(?:的)?(?:男朋友|女朋友|男友|女友|老公|老婆|对象|伴侣|先生|太太)(?:叫|是)(?P<obj>.+)$",
+    ),
+    _zh("zh_my_job", "job", r"我(?:的)?(?:工作|职业)是(?P<obj>.+)$"),
 ]
 
 _ZH_FILLER = re.compile(
@@ -293,10 +340,13 @@ def extract(text: str) -> list[Fact]:
 
 def _clause_fact(clause: str) -> Fact | None:
     body, hedged = _strip_lead(clause.strip())
-    if not body or third_person_start(body.lower()):
+    if not body:
         return None
     chinese = has_cjk(body[:2]) or body.startswith("我")
-    for rule in ZH_RULES if chinese else EN_RULES:
+    rules = OWN_RULES + (ZH_RULES if chinese else EN_RULES)
+    if third_person_start(body.lower()):
+        rules = OWN_RULES
+    for rule in rules:
         match = rule.pattern.match(body)
         if match is None:
             continue
@@ -333,7 +383,7 @@ def _strip_lead(clause: str) -> tuple[str, bool]:
 def _clean_en(raw: str, relation: str) -> str | None:
     obj = raw.strip().rstrip(".!?~… ")
     obj = _EN_CUT.sub("", obj)
-    if relation in ("located_at", "left", "lives_in"):
+    if relation in PLACES:
         obj = _EN_CUT_PLACE.sub("", obj)
     previous = None
     while previous != obj:
@@ -352,7 +402,7 @@ def _clean_en(raw: str, relation: str) -> str | None:
 def _clean_zh(raw: str, relation: str) -> str | None:
     obj = _ZH_CUT.sub("", raw.strip())
     obj = _ZH_TAIL.sub("", obj)
-    if relation in ("located_at", "left", "lives_in"):
+    if relation in PLACES:
         if _ZH_VERB_START.match(obj):
             return None  # 我现在在上班: doing, not somewhere
         obj = _ZH_PLACE_TAIL.sub("", obj)

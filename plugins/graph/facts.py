@@ -5,7 +5,7 @@ chat with the message id as provenance, and say what happened in ``result.notes`
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -13,7 +13,7 @@ from narrmem_plugins.graph.extract import extract
 from narrmem_plugins.graph.render import triplet_line
 from narrmem_plugins.graph.schemas import NodeName, RelationName
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.vocabulary import STRUCTURAL, USER, NodeType
+from narrmem_plugins.graph.vocabulary import FUNCTIONAL, STRUCTURAL, USER, NodeType
 from narrmem_plugins.graph.writer import TripletDraft, WriteOutcome, write_triplet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -93,6 +93,7 @@ async def store_facts(
     transaction: Callable[[], AbstractAsyncContextManager[Any]],
     message: Message,
     drafts: list[TripletDraft],
+    functional: Collection[str] = FUNCTIONAL,
 ) -> list[WriteOutcome]:
     scope = GraphScope(message.tenant, message.user_id, message.chat_id)
     async with transaction() as db:
@@ -105,6 +106,7 @@ async def store_facts(
                 provenance=[message.message_id],
                 at=message.ts,
                 actor=f"message:{message.message_id}",
+                functional=functional,
             )
             for draft in drafts
         ]

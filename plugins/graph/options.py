@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from narrmem_plugins.graph.vocabulary import FUNCTIONAL, check_relation
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class GraphOptions(BaseModel):
@@ -21,7 +22,11 @@ class GraphOptions(BaseModel):
         default=True, description="show speculative facts (marked [speculation]) in a turn context"
     )
     chain_limit: int = Field(
-        default=10, ge=1, le=200, description="tasks of the chain shown when the user refers back"
+        default=10,
+        ge=1,
+        le=200,
+        description="most tasks in a turn context (those in progress, or the chain when the user "
+        "refers back)",
     )
     reference_phrases: list[str] = Field(
         default_factory=list, description="more phrases that refer back to earlier conversation"
@@ -32,3 +37,18 @@ class GraphOptions(BaseModel):
     topic_similarity: float = Field(
         default=0.35, ge=0, le=1, description="auto_tasks: cosine at which a message stays on a task's topic"
     )
+    functional_relations: list[str] = Field(
+        default_factory=list,
+        description="more relations that hold one value at a time (a new value supersedes the old), "
+        "besides " + ", ".join(sorted(FUNCTIONAL)),
+    )
+
+    @field_validator("functional_relations")
+    @classmethod
+    def _relation_names(cls, names: list[str]) -> list[str]:
+        return [check_relation(name) for name in names]
+
+    @property
+    def functional(self) -> frozenset[str]:
+        """Every relation that holds one value at a time."""
+        return FUNCTIONAL | frozenset(self.functional_relations)

@@ -6,6 +6,10 @@
 * ``soft`` marks active triplets ``deleted`` (kept with ``valid_to``); ``supersede`` marks them
   ``superseded`` by ``new_triplet``, written in the call's chat; ``hard`` erases matching triplets in
   any status, and the nodes left without any triplet.
+* A purge never leaves a task without its state: when the filters reach a task's active
+  ``HAS_STATE`` triplet, it is refused (``filters``), unless ``whole_tasks`` asks to purge those
+  tasks whole (state, info and chain links; the chain is joined around them). A dry run reports the
+  tasks and, instead of raising, the refusal.
 * ``dry_run`` returns what would be affected and changes nothing. A purge matching more than
   ``max_affected`` triplets is refused. Every purge that changes something is recorded in
   ``graph_purges``.
@@ -13,7 +17,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -27,8 +32,9 @@ from narrmem_plugins.graph.edges import (
     set_superseded_by,
 )
 from narrmem_plugins.graph.nodes import delete_orphans
+from narrmem_plugins.graph.schema import marks
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.vocabulary import canonical_name
+from narrmem_plugins.graph.vocabulary import FUNCTIONAL, HAS_STATE, NEXT_TASK, canonical_name
 from narrmem_plugins.graph.writer import TripletDraft, WriteOutcome, write_triplet
 
 from narrmem.errors import InputError
@@ -39,6 +45,8 @@ class PurgeResult:
     matched: list[Edge]
     written: WriteOutcome | None
     purge_id: int | None
+    tasks: list[str] = field(default_factory=list)  # tasks whose state the filters reach
+    refused: str | None = None  # a dry run's answer where the purge itself would be refused
 
 
 def filter_query(scope: GraphScope, filters: dict[str, Any], mode: str) -> EdgeQuery:
@@ -74,6 +82,8 @@ async def purge(
     dry_run: bool,
     max_affected: int,
     at: datetime,
+    whole_tasks: bool = False,
+    functional: Collection[str] = FUNCTIONAL,
 ) -> PurgeResult:
     """Run one purge inside the caller's transaction (or read-only for a dry run)."""
     if mode == "supersede" and new_triplet is None:
@@ -84,6 +94,15 @@ async def purge(
         raise InputError(f"is only used by mode 'supersede', not '{mode}'", field="new_triplet")
     query = filter_query(scope, filters, mode)
     matched = await select_edges(db, scope, query, order="e.id", limit=max_affected + 1)
+    tasks = {e.subject_id: e.subject for e in matched if e.relation == HAS_STATE and e.status == "active"}
+    refused = None
+    if tasks and whole_tasks:
+        matched = await _with_whole_tasks(db, scope, matched, list(tasks), mode, max_affected)
+    elif tasks:
+        refused = (
+            f"the filters reach the state of task(s) {', '.join(sorted(tasks.values()))}; a task without "
+            "a state is broken: set its state with task_set_state, or purge it whole with whole_tasks"
+        )
     if len(matched) > max_affected:
         raise InputError(
             f"the filters match more than {max_affected} triplets; narrow them or raise max_affected",
@@ -91,9 +110,12 @@ async def purge(
         )
     if dry_run or not matched:
         # Nothing matched means nothing happens: in particular supersede writes no new triplet.
-        return PurgeResult(matched, None, None)
+        return PurgeResult(matched, None, None, sorted(tasks.values()), refused)
+    if refused is not None:
+        raise InputError(refused, field="filters")
     ids = [e.id for e in matched]
     written: WriteOutcome | None = None
+    chain = [e for e in matched if e.relation == NEXT_TASK and e.status == "active"]
     if mode == "soft":
         await close_edges(db, ids, "deleted", at)
     elif mode == "hard":
@@ -111,8 +133,10 @@ async def purge(
             at=at,
             actor="memory_purge",
             field_prefix="new_triplet.",
+            functional=functional,
         )
         await set_superseded_by(db, ids, written.edge.id)
+    await _relink(db, scope, chain, set(tasks), at)
     purge_id = await history.record(
         db,
         scope,
@@ -123,4 +147,38 @@ async def purge(
         at=at,
         new_edge_id=written.edge.id if written else None,
     )
-    return PurgeResult(matched, written, purge_id)
+    return PurgeResult(matched, written, purge_id, sorted(tasks.values()))
+
+
+async def _with_whole_tasks(
+    db: Any, scope: GraphScope, matched: list[Edge], task_ids: list[int], mode: str, limit: int
+) -> list[Edge]:
+    """``matched`` plus every other triplet of these tasks (state, info, chain links): in any status
+    for a hard purge, else the active ones."""
+    q = EdgeQuery().where(
+        f"e.subject_id IN ({marks(task_ids)}) OR e.object_id IN ({marks(task_ids)})", *task_ids, *task_ids
+    )
+    if mode != "hard":
+        q.where("e.status = 'active'")
+    extra = await select_edges(db, scope, q, order="e.id", limit=limit + 1)
+    seen = {e.id for e in matched}
+    return sorted([*matched, *(e for e in extra if e.id not in seen)], key=lambda e: e.id)
+
+
+async def _relink(db: Any, scope: GraphScope, links: list[Edge], removed: set[int], at: datetime) -> None:
+    """Join the chain around tasks purged whole: A → B → C without B becomes A → C."""
+    into = {e.object_id: e for e in links if e.object_id in removed}
+    out_of = {e.subject_id: e for e in links if e.subject_id in removed}
+    for first in removed:
+        prev = into.get(first)
+        if prev is None or prev.subject_id in removed:
+            continue  # not the first task of a purged run, or nothing before it
+        nxt = out_of.get(first)
+        while nxt is not None and nxt.object_id in removed:
+            nxt = out_of.get(nxt.object_id)
+        if nxt is not None:
+            link = TripletDraft(prev.subject, NEXT_TASK, nxt.object, "TaskNode", "TaskNode")
+            chat = GraphScope(scope.tenant, scope.user_id, prev.chat_id)
+            await write_triplet(
+                db, chat, link, source="tool", provenance=["tool"], at=at, actor="memory_purge"
+            )

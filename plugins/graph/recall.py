@@ -23,11 +23,11 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from narrmem_plugins.graph.edges import Edge, EdgeQuery, touching
+from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges, touching
 from narrmem_plugins.graph.nodes import Node, nodes_in_scope
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vectors import node_vectors
-from narrmem_plugins.graph.vocabulary import label
+from narrmem_plugins.graph.vocabulary import FUNCTIONAL, label
 from narrmem_plugins.triage.language import has_cjk
 
 from narrmem.text import keyword_terms
@@ -58,6 +58,7 @@ class RecallParams:
     limit: int = 100
     seed_similarity: float = 0.5
     seed_limit: int = 8
+    functional: frozenset[str] = FUNCTIONAL
 
 
 @dataclass
@@ -68,10 +69,12 @@ class GraphView:
     nodes: dict[str, Node] = field(default_factory=dict)  # lower-cased name -> a node of that name
     edges: list[Edge] = field(default_factory=list)
     truncated: bool = False
+    past: list[Edge] = field(default_factory=list)  # earlier values of functional relations
+    now: dict[int, str] = field(default_factory=dict)  # past edge id -> the value that holds now
 
 
-def edge_filter(params: RecallParams) -> EdgeQuery:
-    q = EdgeQuery().where("e.status = 'active'")
+def edge_filter(params: RecallParams, status: str = "active") -> EdgeQuery:
+    q = EdgeQuery().where("e.status = ?", status)
     if params.until is not None:
         q.where("e.valid_from_ts <= ?", params.until.timestamp())
     if params.since is not None:
@@ -166,10 +169,36 @@ async def recall_graph(
         if view.truncated:
             break
         frontier = next_frontier
+    await _past_values(db, scope, [n.name for n in found], params, view)
     # A node no visible triplet touches (all of its triplets purged, or outside the time range) says
     # nothing, and showing it would leak what was purged.
-    shown = {name.lower() for e in view.edges for name in (e.subject, e.object)}
+    shown = {name.lower() for e in [*view.edges, *view.past] for name in (e.subject, e.object)}
     view.seeds = [s for s in view.seeds if s.lower() in shown]
     view.nodes = {k: v for k, v in view.nodes.items() if k in shown}
     view.distance = {k: v for k, v in view.distance.items() if k in shown}
     return view
+
+
+async def _past_values(
+    db: Any, scope: GraphScope, names: Sequence[str], params: RecallParams, view: GraphView
+) -> None:
+    """Earlier values of functional relations touching the seeds ("Berlin" after a move to Paris),
+    each with what holds now, so that recall of an old value says it is past."""
+    if not names or not params.functional:
+        return
+    q = edge_filter(params, "superseded").names_in("e.relation", sorted(params.functional))
+    past = await touching(db, scope, names, q, params.limit)
+    for edge in past:
+        view.distance.setdefault(edge.subject.lower(), 1)
+        view.distance.setdefault(edge.object.lower(), 1)
+        for name, node_type in ((edge.subject, edge.subject_type), (edge.object, edge.object_type)):
+            view.nodes.setdefault(name.lower(), Node(id=0, chat_id=edge.chat_id, name=name, type=node_type))
+    view.past = past
+    subjects = sorted({e.subject_id for e in past})
+    if subjects:
+        current = EdgeQuery().where("e.status = 'active'").names_in("e.subject_id", subjects)
+        current.names_in("e.relation", sorted({e.relation for e in past}))
+        holding = {(e.subject_id, e.relation): e.object for e in await select_edges(db, scope, current)}
+        view.now = {
+            e.id: holding[(e.subject_id, e.relation)] for e in past if (e.subject_id, e.relation) in holding
+        }

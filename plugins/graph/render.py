@@ -7,14 +7,21 @@ from collections.abc import Iterable, Sequence
 
 from narrmem_plugins.graph.edges import Edge
 from narrmem_plugins.graph.persona import PersonaView
+from narrmem_plugins.graph.recall import GraphView
 from narrmem_plugins.graph.tasks import TaskView
 
 SPECULATION = "[speculation]"
 
 
-def triplet_line(edge: Edge) -> str:
+def triplet_line(edge: Edge, now: str | None = None) -> str:
+    """``user likes rock``; a superseded triplet says it is past, since when, and (``now``) what
+    holds instead: ``user lives_in Berlin (past: until 2026-05-04; now: Paris)``."""
     mark = SPECULATION if edge.speculative else ""
-    return f"{edge.subject}{mark} {edge.relation} {edge.object}"
+    line = f"{edge.subject}{mark} {edge.relation} {edge.object}"
+    if edge.superseded_at is not None:
+        instead = f"; now: {now}" if now else ""
+        line += f" (past: until {edge.superseded_at[:10]}{instead})"
+    return line
 
 
 def merged(edges: Iterable[Edge]) -> list[Edge]:
@@ -54,3 +61,12 @@ def persona_text(persona: PersonaView | None) -> str:
     if persona.tone:
         parts.append(f"Tone: {persona.tone}")
     return "\n".join(parts)
+
+
+def recall_text(view: GraphView) -> str:
+    """``memory_recall``'s text: the triplets that hold, then the past values that touch the query."""
+    text = triplet_block(f"Memory graph ({', '.join(view.keywords)}):", view.edges)
+    if view.past:
+        lines = [f"- {triplet_line(e, view.now.get(e.id))}" for e in view.past]
+        text = "\n".join(filter(None, [text, "No longer true:", *lines]))
+    return text

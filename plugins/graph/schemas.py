@@ -95,6 +95,9 @@ class TripletOut(_Strict):
     valid_to: AwareDatetime | None
     last_seen: AwareDatetime
     superseded_by: int | None
+    superseded_at: AwareDatetime | None = Field(
+        default=None, description="when a newer value or a contradiction replaced it (it is past since)"
+    )
 
 
 def triplet_out(edge: Edge) -> TripletOut:
@@ -116,6 +119,7 @@ def triplet_out(edge: Edge) -> TripletOut:
         valid_to=edge.valid_to,
         last_seen=edge.last_seen,
         superseded_by=edge.superseded_by,
+        superseded_at=edge.superseded_at,
     )
 
 
@@ -162,6 +166,11 @@ class PurgeInput(ScopeArgs):
     new_triplet: TripletIn | None = Field(default=None, description="supersede only: what replaces them")
     dry_run: bool = Field(default=False, description="say what would be affected, change nothing")
     max_affected: int = Field(default=100, ge=1, le=10_000, description="refuse to touch more than this")
+    whole_tasks: bool = Field(
+        default=False,
+        description="when the filters reach a task's state, purge the task whole (state, info, chain "
+        "links) instead of refusing",
+    )
 
 
 class PurgeOutput(_Strict):
@@ -171,6 +180,10 @@ class PurgeOutput(_Strict):
     triplets: list[TripletOut] = Field(description="the affected triplets as they were before the purge")
     new_triplet: TripletOut | None
     purge_id: int | None
+    tasks: list[str] = Field(
+        default_factory=list, description="tasks whose state the filters reach (purged whole, or refused)"
+    )
+    refused: str | None = Field(default=None, description="dry run: why the purge itself would be refused")
 
 
 # --- recall -------------------------------------------------------------------------------
@@ -230,6 +243,11 @@ class RecallOutput(_Strict):
     seeds: list[str]
     nodes: list[NodeOut]
     edges: list[TripletOut]
+    past: list[TripletOut] = Field(
+        default_factory=list,
+        description="earlier values of one-value relations (lives_in, works_at…) touching the matched "
+        "nodes: no longer true, each with superseded_at",
+    )
     rendered: str
     truncated: bool
 
@@ -238,7 +256,10 @@ class RecallOutput(_Strict):
 
 
 class TaskCreateInput(ChatScopeArgs):
-    task_id: TaskId = Field(description="unique in the chat: letters, digits, _ . : -")
+    task_id: TaskId = Field(
+        description="unique in the chat, ignoring case (Task_A and task_a are one task): letters, "
+        "digits, _ . : -"
+    )
     description: Text
     info_nodes: list[NodeName] = Field(default_factory=list, max_length=20)
 

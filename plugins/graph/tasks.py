@@ -2,8 +2,11 @@
 one active ``HAS_STATE`` edge to a StateNode (earlier states stay as superseded edges, so a task's
 state history is kept) and ``CONTAINS_INFO`` edges to the nodes it is about.
 
-Task ids are exact names in their chat: ``Task_a`` and ``Task_ab`` are different tasks, and nothing
-here matches by substring.
+Task ids are case-insensitive, in every script: ids that differ only in case (``Task_A`` and
+``task_a``, ``Задача`` and ``задача``) name one task, which keeps the spelling it was created with.
+Otherwise they are exact: ``Task_a`` and ``Task_ab`` are different tasks, and nothing here matches by
+substring. (Node names compare case-insensitively too, but SQLite folds ASCII letters only; task ids
+are compared with :func:`task_key`, the full Unicode case fold, so the rule holds for every id.)
 """
 
 from __future__ import annotations
@@ -65,16 +68,18 @@ async def load_tasks(
             states[edge.subject_id] = edge.object.removeprefix(STATE_PREFIX)
         else:
             info.setdefault(edge.subject_id, []).append(edge.object)
+    # A task purged whole (memory_purge with whole_tasks) keeps its node, but no state: it is gone.
     tasks = [
         TaskView(
             task_id=n.name,
             description=str(n.props.get("description", "")),
-            state=states.get(n.id, "in_progress"),
+            state=states[n.id],
             created_at=n.created_at,
             info_nodes=info.get(n.id, []),
             node=n,
         )
         for n in nodes
+        if n.id in states
     ]
     if state is not None:
         tasks = [t for t in tasks if t.state == state]
@@ -96,6 +101,9 @@ async def create_task(
 ) -> tuple[TaskView, str | None]:
     """Create ``task_id`` after the chat's newest task, in progress; returns it and its predecessor."""
     existing = await find_node(db, chat, task_id)
+    same = [t for t in await load_tasks(db, chat) if task_key(t.task_id) == task_key(task_id)]
+    if existing is None and same:
+        existing = same[0].node
     if existing is not None:
         what = "task" if existing.type == "TaskNode" else f"node ({existing.type})"
         raise InputError(f"a {what} named '{existing.name}' already exists in this chat", field="task_id")
@@ -124,14 +132,16 @@ async def create_task(
 
 
 async def find_task(db: Any, chat: GraphScope, task_id: str) -> TaskView:
-    """The task named exactly ``task_id`` in the chat, or an InputError on ``task_id``."""
-    node = await find_node(db, chat, task_id)
-    if node is None or node.type != "TaskNode":
-        raise InputError(f"no task '{task_id}' in this chat", field="task_id")
+    """The task ``task_id`` names in the chat (case-insensitively), or an InputError on ``task_id``."""
     for task in await load_tasks(db, chat):
-        if task.node is not None and task.node.id == node.id:
+        if task_key(task.task_id) == task_key(task_id):
             return task
-    raise InputError(f"no task '{task_id}' in this chat", field="task_id")  # pragma: no cover
+    raise InputError(f"no task '{task_id}' in this chat", field="task_id")
+
+
+def task_key(task_id: str) -> str:
+    """What two task ids must share to name one task: the id, case-folded."""
+    return task_id.casefold()
 
 
 async def set_state(

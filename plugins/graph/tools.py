@@ -14,7 +14,7 @@ from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.persona import persona_for, set_persona
 from narrmem_plugins.graph.purge import purge
 from narrmem_plugins.graph.recall import RecallParams, recall_graph
-from narrmem_plugins.graph.render import persona_text, triplet_block
+from narrmem_plugins.graph.render import persona_text, recall_text
 from narrmem_plugins.graph.rewrite import rewrite
 from narrmem_plugins.graph.schemas import (
     CommitInput,
@@ -96,6 +96,7 @@ async def commit(ctx: GraphContext, memory: MemoryView, args: CommitInput) -> Co
                 at=at,
                 actor="memory_commit",
                 field_prefix=f"triplets.{i}.",
+                functional=ctx.options.functional,
             )
             for i, draft in enumerate(drafts)
         ]
@@ -120,6 +121,8 @@ async def purge_tool(ctx: GraphContext, memory: MemoryView, args: PurgeInput) ->
             dry_run=args.dry_run,
             max_affected=args.max_affected,
             at=graph.now(),
+            whole_tasks=args.whole_tasks,
+            functional=ctx.options.functional,
         )
     return PurgeOutput(
         mode=args.mode,
@@ -128,6 +131,8 @@ async def purge_tool(ctx: GraphContext, memory: MemoryView, args: PurgeInput) ->
         triplets=[triplet_out(e) for e in result.matched],
         new_triplet=triplet_out(result.written.edge) if result.written else None,
         purge_id=result.purge_id,
+        tasks=result.tasks,
+        refused=result.refused,
     )
 
 
@@ -143,6 +148,7 @@ async def recall(ctx: GraphContext, memory: MemoryView, args: RecallInput) -> Re
         limit=args.limit,
         seed_similarity=ctx.options.seed_similarity,
         seed_limit=ctx.options.seed_limit,
+        functional=ctx.options.functional,
     )
     view = await recall_graph(memory, graph.db, graph.transaction, _scope(args), params)
     nodes = sorted(view.nodes.items(), key=lambda item: (view.distance[item[0]], item[1].name.lower()))
@@ -159,7 +165,8 @@ async def recall(ctx: GraphContext, memory: MemoryView, args: RecallInput) -> Re
             for key, node in nodes
         ],
         edges=[triplet_out(e) for e in view.edges],
-        rendered=triplet_block(f"Memory graph ({', '.join(view.keywords)}):", view.edges),
+        past=[triplet_out(e) for e in view.past],
+        rendered=recall_text(view),
         truncated=view.truncated,
     )
 
@@ -243,7 +250,8 @@ TOOLS: list[ToolSpec[GraphContext]] = [
             "Delete or correct triplets. filters: subject, relation, object (exact) or subject_contains, "
             "relation_contains, object_contains (substring), speculative; all must hold; at least one. "
             "mode: soft (mark deleted), hard (erase), supersede (mark superseded by new_triplet). "
-            "dry_run shows what would be affected." + SCOPE_NOTE
+            "dry_run shows what would be affected. A purge that would leave a task without its state "
+            "is refused unless whole_tasks=true, which purges those tasks whole." + SCOPE_NOTE
         ),
         input_model=PurgeInput,
         output_model=PurgeOutput,
@@ -264,7 +272,8 @@ TOOLS: list[ToolSpec[GraphContext]] = [
     ToolSpec(
         name="task_create",
         description=(
-            "Record this turn's task in the chat's working memory chain: task_id (unique in the chat), "
+            "Record this turn's task in the chat's working memory chain: task_id (unique in the chat, "
+            "ignoring case), "
             "description, info_nodes (names of nodes it is about). It follows the chat's previous task "
             "(NEXT_TASK) and starts in_progress. Needs user_id and chat_id."
         ),
@@ -275,7 +284,8 @@ TOOLS: list[ToolSpec[GraphContext]] = [
     ToolSpec(
         name="task_set_state",
         description=(
-            "Set exactly one task's state (in_progress, paused, done, cancelled) by its exact task_id. "
+            "Set exactly one task's state (in_progress, paused, done, cancelled) by its task_id "
+            "(case-insensitive: Task_A and task_a are one task; otherwise exact). "
             "Needs user_id and chat_id."
         ),
         input_model=TaskSetStateInput,

@@ -1,11 +1,13 @@
 """The per-turn flow as one call (``narrmem_turn_context``): what a bot must know before it answers.
 
 1. The persona: the chat's own, else the user's default.
-2. The working memory chain: the task in progress, or, when the message refers back ("just now",
-   "last time", 刚才, 上次…), the chat's chain newest first; each task with the triplets of its info
-   nodes (the seed's "query info node" step).
+2. The working memory chain: every task in progress, in chain order (oldest first, so a task resumed
+   after another started is there too), or, when the message refers back ("just now", "last time",
+   刚才, 上次…), the chat's chain newest first; each task with the triplets of its info nodes (the
+   seed's "query info node" step).
 3. The relevant facts: what the user's graph says about the user (every chat, merged), the ones sharing
-   words with the message first, plus ``memory.recall(text)`` hits.
+   words with the message first, plus ``memory.recall(text)`` hits; a recap question ("What did we
+   talk about?", 我们聊过什么) gets the chat's recent narrative instead, oldest first (see :mod:`.refer`).
 
 ``rendered`` is the prompt block with all three.
 """
@@ -18,14 +20,14 @@ from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.persona import persona_for
-from narrmem_plugins.graph.refer import refers_back
+from narrmem_plugins.graph.refer import asks_for_recap, refers_back
 from narrmem_plugins.graph.render import merged, persona_text, task_line, triplet_line
 from narrmem_plugins.graph.schemas import triplet_out
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tasks import TaskView, load_tasks
 from narrmem_plugins.graph.vocabulary import STRUCTURAL, USER
 
-from narrmem.models import MAX_QUERY_CHARS
+from narrmem.models import MAX_QUERY_CHARS, Hit, Scope
 from narrmem.text import keyword_terms
 from narrmem.view import MemoryView
 
@@ -82,12 +84,16 @@ async def build(
     if back:
         tasks = chain[: options.chain_limit]
     else:
-        tasks = [t for t in chain if t.state == "in_progress"][:1]
+        # Every task in progress (a resumed one too), in chain order: the chain runs oldest first.
+        tasks = list(reversed([t for t in chain if t.state == "in_progress"][: options.chain_limit]))
     task_facts = await info_facts(db, scope, tasks, options)
     facts = await user_facts(db, scope, text, options)
     query = text.strip()[:MAX_QUERY_CHARS]
-    hits = []
-    if options.context_memories and query:
+    hits: list[Hit] = []
+    recap = asks_for_recap(text)
+    if options.context_memories and recap:
+        hits = await recent_narrative(memory, scope, query, options.context_memories)
+    elif options.context_memories and query:
         hits = await memory.recall(
             query, user_id=user_id, chat_id=chat_id, tenant=tenant, k=options.context_memories
         )
@@ -98,12 +104,51 @@ async def build(
         "task_facts": [triplet_out(e).model_dump(mode="json") for e in task_facts],
         "facts": [triplet_out(e).model_dump(mode="json") for e in facts],
         "memories": [h.model_dump(mode="json") for h in hits],
-        "rendered": render(persona_text(persona), tasks, task_facts, facts, hits),
+        "rendered": render(persona_text(persona), tasks, task_facts, facts, hits, recap=recap),
     }
 
 
+async def recent_narrative(memory: MemoryView, scope: GraphScope, question: str, limit: int) -> list[Hit]:
+    """The chat's last ``limit`` memories, oldest first, for a recap question: scenes, and episodes
+    no fetched scene already tells; the question itself (if already stored) left out."""
+    assert scope.chat_id is not None
+    where = Scope(tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id)
+    records = await memory.store.recent(where, kinds=["scene", "episode"], limit=limit * 3)
+    told = {m for r in records if r.kind == "scene" for m in r.message_ids}
+    kept = [
+        r
+        for r in records
+        if r.id is not None
+        and question not in r.text
+        and (r.kind == "scene" or not r.message_ids or not set(r.message_ids) <= told)
+    ][:limit]
+    return [
+        Hit(
+            id=int(r.id or 0),
+            kind=r.kind,
+            text=r.text,
+            score=1.0,
+            importance=r.importance,
+            created_at=r.created_at,
+            message_ids=r.message_ids,
+            tenant=r.tenant,
+            user_id=r.user_id,
+            chat_id=r.chat_id,
+            speaker=r.speaker,
+            sources={"recent": rank},
+        )
+        for rank, r in enumerate(reversed(kept), start=1)
+    ]
+
+
 def render(
-    persona: str, tasks: list[TaskView], task_facts: list[Edge], facts: list[Edge], hits: list[Any]
+    persona: str,
+    tasks: list[TaskView],
+    task_facts: list[Edge],
+    facts: list[Edge],
+    hits: list[Any],
+    *,
+    recap: bool = False,
 ) -> str:
     sections = [f"[Persona]\n{persona or NO_PERSONA}"]
     if tasks:
@@ -122,5 +167,6 @@ def render(
         for hit in hits:
             text = " | ".join(part.strip() for part in hit.text.splitlines() if part.strip())
             lines.append(f"- [{hit.created_at.strftime('%Y-%m-%d')}, {hit.kind}] {text}")
-        sections.append("[Memories]\n" + "\n".join(lines))
+        title = "[Recent conversation, oldest first]" if recap else "[Memories]"
+        sections.append(title + "\n" + "\n".join(lines))
     return "\n\n".join(sections)

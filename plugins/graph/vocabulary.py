@@ -41,7 +41,8 @@ _RELATION = re.compile(r"^(?:[a-z][a-z0-9]*(?:_[a-z0-9]+)*|[A-Z][A-Z0-9]*(?:_[A-
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Writing one relation of a pair supersedes the other between the same two nodes ("I don't like rock
-# anymore" after "I like rock"); a functional relation holds one object at a time (one location).
+# anymore" after "I like rock"); a functional relation holds one object at a time: a new value
+# supersedes the old one (kept as history, with the time it stopped holding).
 OPPOSITES = {
     "likes": "dislikes",
     "dislikes": "likes",
@@ -52,7 +53,7 @@ OPPOSITES = {
     "located_at": "left",
     "left": "located_at",
 }
-FUNCTIONAL = frozenset({"located_at", "lives_in"})
+FUNCTIONAL = frozenset({"located_at", "lives_in", "works_at", "job", "partner", "age"})
 
 
 def is_relation_name(name: str) -> bool:

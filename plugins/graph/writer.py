@@ -3,17 +3,18 @@
 * The same triplet in the same chat is never stored twice: stating it again confirms it (count + 1,
   last seen now, said plainly it stops being speculation).
 * A plainly stated triplet supersedes the active triplets it contradicts (``likes`` ↔ ``dislikes``
-  between the same nodes, another object of a functional relation such as ``located_at``): anywhere in
+  between the same nodes, another object of a functional relation such as ``lives_in``): anywhere in
   the user's graph when the subject is ``user``, in the same chat otherwise. A speculative triplet only
-  supersedes speculation. The old rows stay, marked
-  ``superseded`` with ``valid_to`` and ``superseded_by``, and the supersession is in the purge history.
+  supersedes speculation; confirmed plainly later, it supersedes what it contradicts then. The old
+  rows stay, marked ``superseded`` with ``valid_to`` and ``superseded_by``, and the supersession is in
+  the purge history.
 * A fact from a message said *before* what already contradicts it (an old log ingested late) is
   stored as history: superseded by the newer fact from the start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -73,8 +74,11 @@ async def write_triplet(
     at: datetime,
     actor: str,
     field_prefix: str = "",
+    functional: Collection[str] = FUNCTIONAL,
 ) -> WriteOutcome:
-    """Write ``draft`` into the write chat of ``scope``; the caller holds the transaction."""
+    """Write ``draft`` into the write chat of ``scope``; the caller holds the transaction.
+    ``functional`` are the relations that hold one object at a time (the vocabulary's and the
+    ``[plugin.graph] functional_relations``)."""
     subject_name = canonical_name(draft.subject, scope.user_id)
     object_name = canonical_name(draft.object, scope.user_id)
     subject = await ensure_node(
@@ -88,11 +92,23 @@ async def write_triplet(
         confidence = SPECULATIVE_CONFIDENCE if draft.speculative else EXPLICIT_CONFIDENCE
     existing = await active_between(db, scope, subject, draft.relation, obj)
     if existing is not None:
+        was_speculation = existing.speculative
         await confirm_edge(
             db, existing, confidence=confidence, speculative=draft.speculative, provenance=provenance, at=at
         )
-        return WriteOutcome(existing, created=False)
-    rivals = await _contradicted(db, scope, subject.name, draft.relation, obj.name, draft.speculative)
+        if not (was_speculation and not draft.speculative):
+            return WriteOutcome(existing, created=False)
+        # A guess the user now states plainly is a statement: it retires what it contradicts, as a
+        # statement written fresh would (only what was said before this confirmation).
+        rivals = await _contradicted(
+            db, scope, subject.name, draft.relation, obj.name, False, functional, exclude=existing.id
+        )
+        rivals = [r for r in rivals if source != "message" or r.last_seen_ts <= at.timestamp()]
+        await _retire(db, scope, subject.name, draft.relation, obj.name, rivals, existing.id, at, actor)
+        return WriteOutcome(existing, created=False, superseded=rivals)
+    rivals = await _contradicted(
+        db, scope, subject.name, draft.relation, obj.name, draft.speculative, functional
+    )
     # Only message times compare: a tool writes "now" by the server's clock, a message carries the time
     # it was said, and the two clocks need not agree.
     newer = [
@@ -126,30 +142,56 @@ async def write_triplet(
             (end, end_ts, winner.id, new_id),
         )
         return WriteOutcome(await edge_by_id(db, scope, new_id), created=True)
-    if rivals:
-        await close_edges(db, [r.id for r in rivals], "superseded", at, superseded_by=new_id)
-        await history.record(
-            db,
-            scope.user_wide() if subject.name == USER else scope.writing(),
-            mode="supersede",
-            actor=actor,
-            filters={"contradicted_by": [subject.name, draft.relation, obj.name]},
-            edges=rivals,
-            at=at,
-            new_edge_id=new_id,
-        )
+    await _retire(db, scope, subject.name, draft.relation, obj.name, rivals, new_id, at, actor)
     return WriteOutcome(await edge_by_id(db, scope, new_id), created=True, superseded=rivals)
 
 
+async def _retire(
+    db: Any,
+    scope: GraphScope,
+    subject: str,
+    relation: str,
+    obj: str,
+    rivals: Sequence[Edge],
+    by: int,
+    at: datetime,
+    actor: str,
+) -> None:
+    """Mark ``rivals`` superseded by edge ``by`` as of ``at``, and say so in the purge history."""
+    if not rivals:
+        return
+    await close_edges(db, [r.id for r in rivals], "superseded", at, superseded_by=by)
+    await history.record(
+        db,
+        scope.user_wide() if subject == USER else scope.writing(),
+        mode="supersede",
+        actor=actor,
+        filters={"contradicted_by": [subject, relation, obj]},
+        edges=rivals,
+        at=at,
+        new_edge_id=by,
+    )
+
+
 async def _contradicted(
-    db: Any, scope: GraphScope, subject: str, relation: str, obj: str, speculative: bool
+    db: Any,
+    scope: GraphScope,
+    subject: str,
+    relation: str,
+    obj: str,
+    speculative: bool,
+    functional: Collection[str],
+    *,
+    exclude: int | None = None,
 ) -> list[Edge]:
     """Active triplets that ``subject relation obj`` contradicts: in all of the user's chats when the
     subject is the user, in the write chat otherwise."""
     opposite = OPPOSITES.get(relation)
-    if opposite is None and relation not in FUNCTIONAL:
+    if opposite is None and relation not in functional:
         return []
     q = EdgeQuery().where("e.status = 'active'").where("s.name = ?", subject)
+    if exclude is not None:
+        q.where("e.id <> ?", exclude)
     # What the user says about themselves holds in every chat; anything else is a name local to its chat.
     where = scope.user_wide() if subject == USER else scope.writing()
     alternatives = []
@@ -157,7 +199,7 @@ async def _contradicted(
     if opposite is not None:
         alternatives.append("(e.relation = ? AND o.name = ?)")
         values.extend([opposite, obj])
-    if relation in FUNCTIONAL:
+    if relation in functional:
         alternatives.append("(e.relation = ? AND o.name <> ?)")
         values.extend([relation, obj])
     q.where(" OR ".join(alternatives), *values)
