@@ -7,7 +7,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import aiosqlite
 import numpy as np
 
+from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
 
 
@@ -212,3 +213,62 @@ class SQLiteCapable(Protocol):
     def db(self) -> aiosqlite.Connection: ...
 
     def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
+
+
+@runtime_checkable
+class SQLConnection(Protocol):
+    """A connection a store lends a plugin for tables of its own, speaking one SQL on every
+    backend (see :class:`SQLCapable`). Rows come back as tuples; a database error as
+    :class:`~narrmem.errors.StoreError`."""
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgres"``: for the rare statement that cannot be written once."""
+        ...
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; how many rows it changed."""
+        ...
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
+
+
+@runtime_checkable
+class SQLCapable(Protocol):
+    """A store that gives plugins tables of their own in its database, on every backend that
+    implements it (both built-in stores do): ``async with store.sql() as db`` to read,
+    ``async with store.sql(write=True) as db`` for one write transaction (committed when the block
+    ends, rolled back if it raises, serialised with the store's own writers as
+    :meth:`Store.transaction` is).
+
+    The SQL is SQLite's, with what PostgreSQL reads the same way:
+
+    * ``?`` placeholders, in order (PostgreSQL's ``$n`` are made from them outside quotes);
+    * in ``CREATE TABLE`` and ``ALTER TABLE``, SQLite's types: ``INTEGER`` (64 bits), ``REAL``,
+      ``TEXT``, ``BLOB``, and ``INTEGER PRIMARY KEY [AUTOINCREMENT]`` for an id the database assigns;
+    * ``INSERT ... ON CONFLICT (...) DO NOTHING | DO UPDATE SET x = excluded.x`` and
+      ``RETURNING`` instead of ``INSERT OR ...``, ``lastrowid`` and ``rowid``;
+    * ``CREATE TABLE | INDEX IF NOT EXISTS`` to set tables up when the plugin starts: several
+      workers doing it at once on PostgreSQL take turns, and on a store open read-only it passes
+      when the table or index is already there (and fails with a ``StoreError`` otherwise);
+    * text parameters without NUL characters (PostgreSQL cannot store them: a ``StoreError``).
+
+    A plugin names its tables after itself, never touches the store's own, and deletes its rows
+    of a forgotten user or chat itself (the ``narrmem_after_forget`` hook).
+    """
+
+    def sql(self, *, write: bool = False) -> AbstractAsyncContextManager[SQLConnection]: ...
+
+
+def check_sql_params(params: Sequence[Any]) -> None:
+    """Refuse a text parameter holding NUL (see :class:`SQLCapable`), on every backend alike, so
+    that a plugin that runs on one runs on the other."""
+    for i, value in enumerate(params):
+        if isinstance(value, str) and "\x00" in value:
+            raise StoreError(
+                f"SQL parameter {i + 1} holds a NUL character, which PostgreSQL text cannot store"
+            )

@@ -1,12 +1,13 @@
-"""Where trees live: the plugin's own table in narrmem's SQLite database.
+"""Where trees live: the plugin's own table in the store's database.
 
-``rtm_trees`` sits in the same file as the memories, reached through the store's SQLite
-capability (:class:`narrmem.store.SQLiteCapable`): reads on ``store.db``, writes in the store's
-own ``transaction()``, which serialises every writer on the shared connection.
+``rtm_trees`` sits beside the memories, reached through the store's SQL capability
+(:class:`narrmem.store.SQLCapable`, which both built-in stores lend): reads on ``store.sql()``,
+writes in ``store.sql(write=True)``, one of the store's own transactions. On SQLite that is the
+same file as the memories; on PostgreSQL the same database, so every worker sees every tree.
 
-A store without that capability (PostgreSQL, a test double) gets
-:class:`MemoryTreeStore` instead: trees then live in this process only and are rebuilt after a
-restart (same ids, since ids derive from the inputs).
+A store without that capability (a test double) gets :class:`MemoryTreeStore` instead: trees
+then live in this process only and are rebuilt after a restart (same ids, since ids derive from
+the inputs).
 
 Trees belong to a tenant: every read filters by it, so a tree id leaked from one tenant opens
 nothing in another.
@@ -19,11 +20,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiosqlite
 from narrmem_plugins.rtm.tree import Tree
 
 from narrmem.errors import StoreError
-from narrmem.store import SQLiteCapable
+from narrmem.store import SQLCapable
 from narrmem.view import MemoryView
 
 SCHEMA = [
@@ -34,10 +34,16 @@ SCHEMA = [
         text_sha TEXT NOT NULL,
         params TEXT NOT NULL,
         tree TEXT NOT NULL,
-        created_at TEXT NOT NULL
+        created_at TEXT NOT NULL{order}
     )""",
     "CREATE INDEX IF NOT EXISTS rtm_trees_by_text ON rtm_trees (tenant, title, text_sha, created_at)",
 ]
+# Trees written in the same instant are told apart by the order they were written in: SQLite's
+# rowid, on PostgreSQL a column of its own.
+WRITE_ORDER = {
+    "sqlite": ("rowid", ""),
+    "postgres": ("written", ",\n        written BIGINT GENERATED ALWAYS AS IDENTITY"),
+}
 PARSED_CACHE = 8  # parsed trees kept in memory; a 10,000-clause tree parses in tens of ms
 
 
@@ -71,41 +77,31 @@ class TreeStore(Protocol):
 
 
 def open_tree_store(memory: MemoryView) -> TreeStore:
-    store = memory.store
-    if isinstance(store, SQLiteCapable):
-        return SQLiteTreeStore(memory)
+    if isinstance(memory.store, SQLCapable):
+        return SQLTreeStore(memory)
     return MemoryTreeStore()
 
 
-class SQLiteTreeStore:
+class SQLTreeStore:
     persistent = True
 
     def __init__(self, memory: MemoryView) -> None:
         self.memory = memory
         self._parsed: OrderedDict[str, StoredTree] = OrderedDict()
+        self._order = "rowid"
 
     @property
-    def _db(self) -> aiosqlite.Connection:
-        return self._store.db
-
-    @property
-    def _store(self) -> SQLiteCapable:
+    def _store(self) -> SQLCapable:
         store = self.memory.store
-        if not isinstance(store, SQLiteCapable):
-            raise StoreError(f"RTM trees need the sqlite store, not {type(store).__name__}")
+        if not isinstance(store, SQLCapable):
+            raise StoreError(f"RTM trees need a store with SQL tables, not {type(store).__name__}")
         return store
 
     async def setup(self) -> None:
-        await self._transaction([(sql, ()) for sql in SCHEMA])
-
-    async def _transaction(self, statements: list[tuple[str, tuple[Any, ...]]]) -> int:
-        """Run ``statements`` in one of the store's write transactions; return the rows changed."""
-        changed = 0
-        async with self._store.transaction() as db:
-            for sql, params in statements:
-                cursor = await db.execute(sql, params)
-                changed += max(0, cursor.rowcount)
-        return changed
+        async with self._store.sql(write=True) as db:
+            self._order, column = WRITE_ORDER.get(db.dialect, WRITE_ORDER["postgres"])
+            for sql in SCHEMA:
+                await db.execute(sql.format(order=column))
 
     async def get(self, tenant: str, tree_id: str) -> StoredTree | None:
         cached = self._parsed.get(tree_id)
@@ -115,16 +111,17 @@ class SQLiteTreeStore:
 
     async def latest(self, tenant: str, title: str, text_sha: str) -> StoredTree | None:
         return await self._one(
-            "WHERE tenant = ? AND title = ? AND text_sha = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            "WHERE tenant = ? AND title = ? AND text_sha = ? "
+            f"ORDER BY created_at DESC, {self._order} DESC LIMIT 1",
             (tenant, title, text_sha),
         )
 
     async def _one(self, where: str, params: tuple[Any, ...]) -> StoredTree | None:
-        async with self._db.execute(
-            f"SELECT tree_id, tenant, title, text_sha, params, tree, created_at FROM rtm_trees {where}",
-            params,
-        ) as cursor:
-            row = await cursor.fetchone()
+        async with self._store.sql() as db:
+            row = await db.fetchone(
+                f"SELECT tree_id, tenant, title, text_sha, params, tree, created_at FROM rtm_trees {where}",
+                params,
+            )
         if row is None:
             return None
         cached = self._parsed.get(row[0])
@@ -144,27 +141,27 @@ class SQLiteTreeStore:
         return found
 
     async def put(self, row: StoredTree) -> bool:
-        statement = (
-            "INSERT OR IGNORE INTO rtm_trees (tree_id, tenant, title, text_sha, params, tree, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                row.tree_id,
-                row.tenant,
-                row.title,
-                row.text_sha,
-                json.dumps(row.params, ensure_ascii=False, sort_keys=True),
-                json.dumps(row.tree.to_json(), ensure_ascii=False, separators=(",", ":")),
-                row.created_at,
-            ),
-        )
-        written = await self._transaction([statement])
+        async with self._store.sql(write=True) as db:
+            written = await db.execute(
+                "INSERT INTO rtm_trees (tree_id, tenant, title, text_sha, params, tree, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tree_id) DO NOTHING",
+                (
+                    row.tree_id,
+                    row.tenant,
+                    row.title,
+                    row.text_sha,
+                    json.dumps(row.params, ensure_ascii=False, sort_keys=True),
+                    json.dumps(row.tree.to_json(), ensure_ascii=False, separators=(",", ":")),
+                    row.created_at,
+                ),
+            )
         if written:
             self._remember(row)
         return bool(written)
 
     async def count(self) -> int:
-        async with self._db.execute("SELECT COUNT(*) FROM rtm_trees") as cursor:
-            row = await cursor.fetchone()
+        async with self._store.sql() as db:
+            row = await db.fetchone("SELECT COUNT(*) FROM rtm_trees")
         return int(row[0]) if row else 0
 
     def _remember(self, row: StoredTree) -> None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from narrmem_plugins.storage_postgres.escape import unesc
+from narrmem_plugins.storage_postgres.keywords import keyword_tokens
+
 from narrmem.errors import StoreError
 
 # Held (per transaction) while the schema is created or migrated, so that workers starting
@@ -86,7 +89,32 @@ def migrations(dim: int, *, m: int, ef_construction: int) -> list[list[str]]:
                 created_at TEXT NOT NULL
             )""",
         ],
+        # 2: each row's keyword length in tokens, for BM25 (see keywords.py); rows written before
+        # get theirs counted by :func:`count_keyword_tokens`, which runs right after this step.
+        ["ALTER TABLE memories ADD COLUMN keyword_tokens INTEGER"],
     ]
+
+
+async def count_keyword_tokens(conn: Any) -> None:
+    """Fill ``keyword_tokens`` of rows that have none, from their texts (a batch at a time)."""
+    last = 0
+    while True:
+        rows = await conn.fetch(
+            "SELECT id, COALESCE(embed_text, text), context_text FROM memories "
+            "WHERE keyword_tokens IS NULL AND id > $1 ORDER BY id LIMIT 5000",
+            last,
+        )
+        if not rows:
+            return
+        await conn.executemany(
+            "UPDATE memories SET keyword_tokens = $1 WHERE id = $2",
+            [(keyword_tokens(unesc(r[1]) or "", unesc(r[2])), r[0]) for r in rows],
+        )
+        last = rows[-1][0]
+
+
+# Work in Python that follows a step of SQL, by the version the step brings the schema to.
+AFTER_STEP = {2: count_keyword_tokens}
 
 
 async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int) -> int:
@@ -105,8 +133,10 @@ async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int) -> int:
         for number in range(version, len(steps)):
             for statement in steps[number]:
                 await conn.execute(statement)
+            if number + 1 in AFTER_STEP:
+                await AFTER_STEP[number + 1](conn)
             await conn.execute("INSERT INTO narrmem_schema (version) VALUES ($1)", number + 1)
     return len(steps)
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2

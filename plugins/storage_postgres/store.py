@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -19,12 +18,15 @@ from typing import Any
 import asyncpg
 import numpy as np
 from narrmem_plugins.storage_postgres.dsn import mask_dsn, scrub
+from narrmem_plugins.storage_postgres.escape import esc, unesc
+from narrmem_plugins.storage_postgres.keywords import bm25_sql, keyword_tokens
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
+from narrmem_plugins.storage_postgres.sql import PostgresSQL
 from pgvector.asyncpg import register_vector
 
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.text import STOPWORDS, fts_document, keyword_terms
+from narrmem.text import content_terms, fts_document
 
 log = logging.getLogger("narrmem.storage_postgres")
 
@@ -185,6 +187,17 @@ class PostgresStore:
                 raise StoreError(f"{self.where} is open read-only: nothing can be written") from exc
 
     @contextlib.asynccontextmanager
+    async def sql(self, *, write: bool = False) -> AsyncIterator[PostgresSQL]:
+        """A connection for a plugin's own tables (:class:`narrmem.store.SQLCapable`): pooled for
+        reading, inside one transaction for writing."""
+        if write:
+            async with self.transaction() as conn:
+                yield PostgresSQL(conn, read_only=self.read_only)
+        else:
+            async with self.pool.acquire() as conn:
+                yield PostgresSQL(conn, read_only=self.read_only)
+
+    @contextlib.asynccontextmanager
     async def exclusive(self, name: str) -> AsyncIterator[bool]:
         """Whether this worker holds the named job (a session advisory lock) for the block: one
         worker at a time runs it, the others get ``False`` at once and skip it."""
@@ -230,9 +243,9 @@ class PostgresStore:
             record.tenant,
             record.user_id,
             record.chat_id,
-            _esc(record.speaker),
-            _esc(record.text),
-            _esc(record.embed_text),
+            esc(record.speaker),
+            esc(record.text),
+            esc(record.embed_text),
             record.importance,
             record.created_at.isoformat(),
             record.created_at.timestamp(),
@@ -240,24 +253,25 @@ class PostgresStore:
             json.dumps(record.message_ids, ensure_ascii=False),
             json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
             None if vector is None else np.asarray(vector, dtype=np.float32),
-            _esc(record.context_text),
+            esc(record.context_text),
             record.reinforced_at.isoformat() if record.reinforced_at else None,
+            keyword_tokens(record.index_text, record.context_text),
             fts_document(record.index_text),
             fts_document(record.context_text or ""),
             self.text_config,
         )
         columns = (
             "kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, created_ts, "
-            "stored_at, message_ids, meta, vector, context_text, reinforced_at, keywords"
+            "stored_at, message_ids, meta, vector, context_text, reinforced_at, keyword_tokens, keywords"
         )
         marks = (
-            "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, "
-            "setweight(to_tsvector($19::regconfig, $17), 'A') "
-            "|| setweight(to_tsvector($19::regconfig, $18), 'B')"
+            "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, "
+            "setweight(to_tsvector($20::regconfig, $18), 'A') "
+            "|| setweight(to_tsvector($20::regconfig, $19), 'B')"
         )
         if keep_id:
             new_id = await conn.fetchval(
-                f"INSERT INTO memories (id, {columns}) VALUES ($20, {marks}) RETURNING id", *values, record.id
+                f"INSERT INTO memories (id, {columns}) VALUES ($21, {marks}) RETURNING id", *values, record.id
             )
         else:
             new_id = await conn.fetchval(
@@ -310,18 +324,19 @@ class PostgresStore:
         async with self.transaction() as conn:
             await conn.execute(
                 "UPDATE memories SET text = $1, embed_text = $2, context_text = $3, importance = $4, "
-                "meta = $5, "
+                "meta = $5, keyword_tokens = $10, "
                 "keywords = setweight(to_tsvector($8::regconfig, $6), 'A') "
                 "|| setweight(to_tsvector($8::regconfig, $7), 'B') WHERE id = $9",
-                _esc(record.text),
-                _esc(record.embed_text),
-                _esc(record.context_text),
+                esc(record.text),
+                esc(record.embed_text),
+                esc(record.context_text),
                 record.importance,
                 json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
                 fts_document(record.index_text),
                 fts_document(record.context_text or ""),
                 self.text_config,
                 record.id,
+                keyword_tokens(record.index_text, record.context_text),
             )
 
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
@@ -414,7 +429,7 @@ class PostgresStore:
 
     async def state_get(self, namespace: str, key: str) -> dict[str, Any] | None:
         value = await self.pool.fetchval(
-            "SELECT value FROM plugin_state WHERE namespace = $1 AND key = $2", _esc(namespace), _esc(key)
+            "SELECT value FROM plugin_state WHERE namespace = $1 AND key = $2", esc(namespace), esc(key)
         )
         return None if value is None else dict(json.loads(value))
 
@@ -423,8 +438,8 @@ class PostgresStore:
             await conn.execute(
                 "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
                 "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
-                _esc(namespace),
-                _esc(key),
+                esc(namespace),
+                esc(key),
                 _state_json(value),
             )
 
@@ -437,8 +452,8 @@ class PostgresStore:
                 done = await conn.fetchval(
                     "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
                     "ON CONFLICT (namespace, key) DO NOTHING RETURNING TRUE",
-                    _esc(namespace),
-                    _esc(key),
+                    esc(namespace),
+                    esc(key),
                     _state_json(value),
                 )
             else:
@@ -447,8 +462,8 @@ class PostgresStore:
                 done = await conn.fetchval(
                     "UPDATE plugin_state SET value = $3 WHERE namespace = $1 AND key = $2 AND value = $4 "
                     "RETURNING TRUE",
-                    _esc(namespace),
-                    _esc(key),
+                    esc(namespace),
+                    esc(key),
                     _state_json(value),
                     _state_json(expected),
                 )
@@ -458,9 +473,9 @@ class PostgresStore:
         async with self.transaction() as conn:
             rows = await conn.fetch(
                 "DELETE FROM plugin_state WHERE namespace = $1 AND left(key, $2) = $3 RETURNING key",
-                _esc(namespace),
-                len(_esc(key_prefix) or ""),
-                _esc(key_prefix),
+                esc(namespace),
+                len(esc(key_prefix) or ""),
+                esc(key_prefix),
             )
         return len(rows)
 
@@ -601,7 +616,7 @@ class PostgresStore:
         out = [dict(r) for r in rows]
         if table == "plugin_state":
             for row in out:
-                row["namespace"], row["key"] = _unesc(row["namespace"]), _unesc(row["key"])
+                row["namespace"], row["key"] = unesc(row["namespace"]), unesc(row["key"])
         return out
 
     async def load_rows(self, table: str, rows: Sequence[dict[str, Any]]) -> int:
@@ -613,7 +628,7 @@ class PostgresStore:
             raise StoreError(f"no side table named {table!r}")
         marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
         if table == "plugin_state":
-            rows = [{**row, "namespace": _esc(row["namespace"]), "key": _esc(row["key"])} for row in rows]
+            rows = [{**row, "namespace": esc(row["namespace"]), "key": esc(row["key"])} for row in rows]
         async with self.transaction() as conn:
             before = await conn.fetchval(f"SELECT COUNT(*) FROM {table}")
             await conn.executemany(
@@ -669,29 +684,19 @@ class PostgresStore:
         context_weight: float = 0.5,
         kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
-        terms = query_terms(query)
+        terms = content_terms(query)
         if not terms:
             return []
         where, scoped = _scope_clause(scope, start=5)
-        params: tuple[Any, ...] = scoped
+        params: list[Any] = list(scoped)
+        kinds_clause = "TRUE"
         if kinds:
-            where += f" AND kind = ANY(${len(params) + 5}::text[])"
-            params = (*params, list(kinds))
-        # The query is built from a list of terms, never parsed as query syntax: each term goes
-        # through the same configuration the documents did, and the terms are OR-ed.
+            kinds_clause = f"f.kind = ANY(${len(params) + 5}::text[])"
+            params.append(list(kinds))
+        # The query is a list of terms, never parsed as query syntax: each term goes through the
+        # configuration the documents did, and any of them matches.
         rows = await self.pool.fetch(
-            "WITH q AS (SELECT NULLIF(array_to_string(array_agg(x), ' | '), '')::tsquery AS q "
-            "FROM (SELECT plainto_tsquery($1::regconfig, t)::text AS x "
-            "FROM unnest($2::text[]) AS t) AS terms "
-            "WHERE x <> '') "
-            "SELECT id, ts_rank(ARRAY[0, 0, $3::float4, 1]::float4[], keywords, q.q, 1) AS rank "
-            "FROM memories, q "
-            f"WHERE keywords @@ q.q AND {where} ORDER BY rank DESC, id LIMIT $4",
-            self.text_config,
-            terms,
-            float(context_weight),
-            int(k),
-            *params,
+            bm25_sql(where, kinds_clause), self.text_config, terms, float(context_weight), int(k), *params
         )
         return [(int(r[0]), float(r[1])) for r in rows]
 
@@ -801,15 +806,6 @@ class PostgresStore:
         return vector
 
 
-def query_terms(query: str) -> list[str]:
-    """The query's distinct content words, as the keyword documents hold them."""
-    terms: list[str] = []
-    for term in keyword_terms(query):
-        if term not in STOPWORDS and term not in terms:
-            terms.append(term)
-    return terms
-
-
 def _scope_clause(scope: Scope, alias: str = "", *, start: int = 1) -> tuple[str, tuple[str, ...]]:
     """The SQL that keeps a statement inside ``scope``, numbered from placeholder ``$start``."""
     prefix = f"{alias}." if alias else ""
@@ -830,35 +826,17 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         tenant=row[2],
         user_id=row[3],
         chat_id=row[4],
-        speaker=_unesc(row[5]),
-        text=_unesc(row[6]) or "",
-        embed_text=_unesc(row[7]),
+        speaker=unesc(row[5]),
+        text=unesc(row[6]) or "",
+        embed_text=unesc(row[7]),
         importance=float(row[8]),
         created_at=datetime.fromisoformat(row[9]),
         stored_at=datetime.fromisoformat(row[10]) if row[10] else None,
         message_ids=json.loads(row[11]),
         meta=json.loads(row[12]),
-        context_text=_unesc(row[13]),
+        context_text=unesc(row[13]),
         reinforced_at=datetime.fromisoformat(row[14]) if row[14] else None,
     )
-
-
-def _esc(text: str | None) -> str | None:
-    """PostgreSQL text cannot hold NUL, which narrmem's texts and state keys may (proactive's keys
-    join their parts with it): NUL is stored as ``\\0`` and a backslash as ``\\\\``. The mapping
-    keeps prefixes, so a key-prefix match still works on the stored form."""
-    if text is None or ("\x00" not in text and "\\" not in text):
-        return text
-    return text.replace("\\", "\\\\").replace("\x00", "\\0")
-
-
-def _unesc(text: str | None) -> str | None:
-    if text is None or "\\" not in text:
-        return text
-    return _ESCAPED.sub(lambda m: "\x00" if m.group(1) == "0" else "\\", text)
-
-
-_ESCAPED = re.compile(r"\\(\\|0)")
 
 
 def _check_ids(record: MemoryRecord) -> None:

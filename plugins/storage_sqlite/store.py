@@ -17,6 +17,7 @@ import aiosqlite
 import numpy as np
 from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
+from narrmem_plugins.storage_sqlite.sql import SQLiteSQL
 from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, ShardKey, VectorIndex
 
 from narrmem.errors import StoreError
@@ -228,6 +229,16 @@ class SQLiteStore:
             except BaseException:
                 await db.execute("ROLLBACK")
                 raise
+
+    @contextlib.asynccontextmanager
+    async def sql(self, *, write: bool = False) -> AsyncIterator[SQLiteSQL]:
+        """The store's connection for a plugin's own tables (:class:`narrmem.store.SQLCapable`):
+        as it is for reading, inside :meth:`transaction` for writing."""
+        if write:
+            async with self.transaction() as db:
+                yield SQLiteSQL(db)
+        else:
+            yield SQLiteSQL(self.db)
 
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
         if len(records) != len(vectors):

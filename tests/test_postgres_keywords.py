@@ -1,0 +1,123 @@
+"""Keyword ranking on PostgreSQL is SQLite's: the same BM25 over the same tokens, so both stores
+hand recall the same keyword candidates in the same order with the same scores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+import pytest
+from _postgres import fresh_database
+from narrmem_plugins.storage_postgres.schema import migrations
+from narrmem_plugins.storage_postgres.store import PostgresStore
+from test_store_contract import DIM, MODEL, make_store, record, unit
+
+from narrmem.models import Scope
+
+# One chat of varied lengths: a word in every row (common), words in a few (rare), context-only
+# matches, a long row that repeats a word, and CJK bigrams.
+ROWS: list[dict[str, Any]] = [
+    {"text": "Jon lost his job as a banker yesterday"},
+    {"text": "Gina lost her job at Door Dash this month", "context_text": "Jon lost his job as a banker"},
+    {"text": "Jon is opening a dance studio downtown"},
+    {"text": "Gina sells clothes online and the store is busy"},
+    {"text": "The studio floor is finally finished, Jon said, after weeks of work on the studio"},
+    {"text": "Gina went to Paris with her friends", "context_text": "Friday 20 January 2023"},
+    {"text": "Jon and Gina talked about the banker job and the dance studio and the clothes store " * 3},
+    {"text": "I think the studio will open in spring", "context_text": "Jon is opening a dance studio"},
+    {"text": "我最近迷上了摇滚乐，每天都听"},
+    {"text": "摇滚乐队下周来演出"},
+    {"text": "job job job", "kind": "scene"},
+    {"text": "A photo of the banker's old office", "embed_text": "Jon said, a photo of the old office"},
+]
+QUERIES = [
+    "When did Jon lose his job as a banker?",
+    "What does Gina sell online?",
+    "Where is the dance studio?",
+    "摇滚乐",
+    "Paris friends Friday",
+    "job",
+    "studio studio opening",
+]
+
+
+async def filled(backend: str, tmp_path: Path) -> Any:
+    store = await make_store(backend, tmp_path)
+    await store.open(dim=DIM, model=MODEL)
+    records = [record(user="u1" if i % 2 else "u2", minutes=i, **row) for i, row in enumerate(ROWS)]
+    await store.add(records, np.vstack([unit(i) for i in range(len(records))]))
+    return store
+
+
+async def test_keyword_candidates_and_scores_are_sqlites(tmp_path: Path) -> None:
+    sqlite = await filled("sqlite", tmp_path)
+    postgres = await filled("postgres", tmp_path)
+    try:
+        scope = Scope(chat_id="c1")
+        for query in QUERIES:
+            for weight in (0.5, 0.0, 1.0):
+                want = await sqlite.search_keywords(scope, query, 20, context_weight=weight)
+                got = await postgres.search_keywords(scope, query, 20, context_weight=weight)
+                assert want, query
+                assert [i for i, _ in got] == [i for i, _ in want], (query, weight)
+                assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-6), query
+        # Kinds filter the hits, not the counts the scores come from.
+        scenes = await postgres.search_keywords(scope, "job", 20, kinds=["scene"])
+        every = dict(await postgres.search_keywords(scope, "job", 20))
+        assert [(i, s) for i, s in scenes] == [(i, every[i]) for i, _ in scenes] and len(scenes) == 1
+    finally:
+        await sqlite.close()
+        await postgres.close()
+
+
+async def test_a_rare_word_outranks_a_common_one(tmp_path: Path) -> None:
+    store = await filled("postgres", tmp_path)
+    try:
+        # "jon" is in most rows, "paris" in one: a row with the rare word comes first, although
+        # another row has "jon" twice.
+        hits = await store.search_keywords(Scope(chat_id="c1"), "jon paris", 20)
+        [paris] = (await store.get([hits[0][0]], None)).values()
+        assert "Paris" in paris.text
+        # A long row repeating a word ranks below a short row holding it once (length matters).
+        hits = await store.search_keywords(Scope(chat_id="c1"), "clothes", 20)
+        first = (await store.get([hits[0][0]], None))[hits[0][0]]
+        assert first.text.startswith("Gina sells clothes")
+    finally:
+        await store.close()
+
+
+async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path: Path) -> None:
+    dsn = await fresh_database("keywords")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        for statement in migrations(DIM, m=16, ef_construction=64)[0]:
+            await conn.execute(statement)
+        await conn.execute("CREATE TABLE narrmem_schema (version INTEGER NOT NULL)")
+        await conn.execute("INSERT INTO narrmem_schema VALUES (1)")
+        await conn.execute(
+            "INSERT INTO meta VALUES ('model', $1), ('dim', $2), ('text_config', 'english')", MODEL, str(DIM)
+        )
+        for i, text in enumerate(["the banker lost his job", "a job a job a job at the bank\\0 today"]):
+            await conn.execute(
+                "INSERT INTO memories (kind, tenant, user_id, chat_id, text, importance, created_at, "
+                "created_ts, message_ids, meta, keywords) VALUES ('episode', 'default', 'u1', 'c1', $1, 0.5, "
+                "'2025-01-01T00:00:00+00:00', $2, '[]', '{}', setweight(to_tsvector('english', $1), 'A'))",
+                text,
+                float(i),
+            )
+    finally:
+        await conn.close()
+    store = PostgresStore(dsn)
+    await store.open(dim=DIM, model=MODEL)
+    try:
+        lengths = await store.pool.fetch("SELECT keyword_tokens FROM memories ORDER BY id")
+        # Counted from the texts as stored: the escaped NUL is one separator, not a token "0".
+        assert [r[0] for r in lengths] == [5, 10]
+        assert (await store.stats())["schema_version"] == 2
+        hits = await store.search_keywords(Scope(user_id="u1"), "banker", 5)
+        assert len(hits) == 1 and hits[0][1] > 0
+    finally:
+        await store.close()
