@@ -157,6 +157,14 @@ class PluginsSettings(_Section):
     load_entrypoints: bool = Field(default=True, description="load third-party plugins")
 
 
+class McpSettings(_Section):
+    tools: list[str] = Field(
+        default_factory=lambda: ["all"],
+        description="what `narrmem mcp` serves: tool groups (all, core, graph, tasks, persona, narrative, "
+        "rtm, other) and tool names; each listed tool's schema costs the client tokens on every request",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -179,6 +187,7 @@ class Settings(BaseSettings):
     embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
     recall: RecallSettings = Field(default_factory=RecallSettings)
     plugins: PluginsSettings = Field(default_factory=PluginsSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     plugin: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-plugin option tables, validated by each plugin"
     )

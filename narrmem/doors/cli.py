@@ -129,13 +129,24 @@ def _add_rtm_command(sub: Subparsers, common: Parents, as_json: Parents) -> None
 
 def _add_serving_commands(sub: Subparsers, common: Parents) -> None:
     """Memory for other programs: MCP, and tool schemas for function calling."""
-    serve = sub.add_parser("mcp", parents=[common], help="serve every tool over MCP (stdio, or HTTP)")
+    tool_choice = argparse.ArgumentParser(add_help=False)
+    tool_choice.add_argument(
+        "--tools",
+        metavar="GROUP|TOOL,...",
+        help="serve only these tool groups (all, core, graph, tasks, persona, narrative, rtm, other) or "
+        "tools, comma-separated (default: [mcp] tools, else all)",
+    )
+    serve = sub.add_parser(
+        "mcp", parents=[common, tool_choice], help="serve the tools over MCP (stdio, or HTTP)"
+    )
     serve.add_argument(
         "--http", metavar="[HOST:]PORT", help="streamable HTTP instead of stdio (host 127.0.0.1)"
     )
     serve.add_argument("--tenant", default="default", help="the one tenant this server serves")
 
-    tools = sub.add_parser("tools", parents=[common], help="print the tool schemas for function calling")
+    tools = sub.add_parser(
+        "tools", parents=[common, tool_choice], help="print the tool schemas for function calling"
+    )
     tools.add_argument("--format", choices=["openai", "anthropic", "mcp"], default="openai")
     add_server_commands(sub, common)  # serve (HTTP API and inspector), keys
 
@@ -445,24 +456,42 @@ async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
 
     # stdout is the protocol on stdio: logs go to stderr only.
     async with _open(settings) as memory:
+        tools = _served_tools(args, settings, memory)
         if args.http:
             host, _, port = args.http.rpartition(":")
             if not port.isdigit():
                 from narrmem.errors import InputError
 
                 raise InputError(f"expected [HOST:]PORT, got {args.http!r}", field="--http")
-            await serve_http(memory, tenant=args.tenant, host=host or "127.0.0.1", port=int(port))
+            await serve_http(
+                memory, tenant=args.tenant, host=host or "127.0.0.1", port=int(port), tools=tools
+            )
         else:
-            await serve_stdio(memory, tenant=args.tenant)
+            await serve_stdio(memory, tenant=args.tenant, tools=tools)
     return 0
+
+
+def _served_tools(args: argparse.Namespace, settings: Settings, memory: Any) -> list[str]:
+    """``--tools`` (comma-separated), else ``[mcp] tools``; checked against the registered tools."""
+    from narrmem.doors.mcp_server import select_tools
+
+    if args.tools is not None:
+        return select_tools(memory.tools.names(), args.tools.split(","), field="--tools")
+    return select_tools(memory.tools.names(), settings.mcp.tools, field="mcp.tools")
 
 
 async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.tools import tool_schemas
 
     async with _open(settings, warm=False) as memory:
-        _print_json(tool_schemas(memory.tools, args.format))
+        served = set(_served_tools(args, settings, memory))
+        schemas = tool_schemas(memory.tools, args.format)
+        _print_json([s for s in schemas if _schema_name(s) in served])
     return 0
+
+
+def _schema_name(schema: dict[str, Any]) -> str:
+    return str(schema["function"]["name"] if "function" in schema else schema["name"])
 
 
 RTM_TOOLS = {

@@ -1,17 +1,27 @@
-"""``narrmem mcp``: every registered tool over the Model Context Protocol (the official ``mcp``
+"""``narrmem mcp``: the registered tools over the Model Context Protocol (the official ``mcp``
 SDK's low-level ``Server``), on stdio or streamable HTTP.
 
 Tools are listed with their descriptions, input schemas generated from their pydantic models
 (``additionalProperties: false``, required fields, enums, bounds) and output schemas; results come
 back as structured content matching the output schema. A bad call is a tool error whose message
 names the field; it never crashes the server and writes nothing.
+
+A client pays for every listed tool's schema on every request, so the server can list a subset:
+named groups (:data:`TOOL_GROUPS`) or tool names (``--tools`` or ``[mcp] tools``). A tool that is
+not served cannot be called either.
+
+Besides tools the server offers, for its one tenant, two resources per user (their persona and the
+summary of who they are, read-only) and a prompt, ``narrmem_memory_guide``, that tells a model how
+to use the tools it serves.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import quote, unquote
 
 from narrmem import __version__
 from narrmem.errors import InputError, NarrmemError
@@ -19,15 +29,83 @@ from narrmem.memory import Memory
 
 log = logging.getLogger("narrmem.mcp")
 
+# Built-in tools by what they are for. A tool of a third-party plugin is in no group: it is served
+# by "all", by its own name, or by "other" (every tool in no group).
+TOOL_GROUPS: dict[str, tuple[str, ...]] = {
+    "core": ("narrmem_ingest", "narrmem_recall"),
+    "graph": ("memory_commit", "memory_recall", "memory_purge", "context_rewrite"),
+    "tasks": ("task_create", "task_set_state", "task_query"),
+    "persona": ("persona_set", "persona_get"),
+    "narrative": ("soul_narrative",),
+    "rtm": (
+        "rtm_create_narrative_tree",
+        "rtm_traverse_narrative",
+        "rtm_generate_ensemble",
+        "rtm_find_optimal_depth",
+    ),
+}
+ALL, OTHER = "all", "other"
+PROMPT = "narrmem_memory_guide"
+RESOURCE_USERS = 100  # users whose resources are listed (any user's can be read by its address)
+RESOURCE_KINDS = ("persona", "summary")
 
-def build_server(memory: Memory, *, tenant: str = "default") -> Any:
-    """An MCP ``Server`` over ``memory``'s tools, serving one tenant."""
-    import mcp_types as types
+
+def select_tools(available: Sequence[str], wanted: Iterable[str], *, field: str = "--tools") -> list[str]:
+    """The tools to serve, in registration order: ``wanted`` holds group names (``all``, ``other``,
+    :data:`TOOL_GROUPS`) and tool names. An unknown name is an error listing the known ones."""
+    grouped = {name for names in TOOL_GROUPS.values() for name in names}
+    chosen: set[str] = set()
+    for raw in wanted:
+        item = raw.strip()
+        if item == ALL:
+            chosen.update(available)
+        elif item == OTHER:
+            chosen.update(name for name in available if name not in grouped)
+        elif item in TOOL_GROUPS:
+            chosen.update(name for name in TOOL_GROUPS[item] if name in available)
+        elif item in available:
+            chosen.add(item)
+        else:
+            groups = ", ".join([ALL, *TOOL_GROUPS, OTHER])
+            raise InputError(
+                f"no tool or group named {item!r} (groups: {groups}; tools: {', '.join(available)})",
+                field=field,
+            )
+    if not chosen:
+        raise InputError("serves no tool: name at least one group or tool", field=field)
+    return [name for name in available if name in chosen]
+
+
+def build_server(memory: Memory, *, tenant: str = "default", tools: Iterable[str] = (ALL,)) -> Any:
+    """An MCP ``Server`` over ``memory``, serving one tenant and the ``tools`` chosen (see
+    :func:`select_tools`), with the users' resources and the memory guide prompt."""
     from mcp.server.lowlevel import Server
+
+    served = select_tools(memory.tools.names(), tools)
+    resources = _Resources(memory, tenant)
+    return Server(
+        "narrmem",
+        version=__version__,
+        instructions=(
+            "Long-term memory of the people this assistant talks to. Recall before answering, ingest "
+            f"what users say, and read the prompt '{PROMPT}' for how to use the tools."
+        ),
+        on_list_tools=_tool_lister(memory, served),
+        on_call_tool=_tool_caller(memory, served, tenant),
+        on_list_resources=resources.list,
+        on_list_resource_templates=resources.templates,
+        on_read_resource=resources.read,
+        on_list_prompts=_prompt_lister(),
+        on_get_prompt=_prompt_getter(served, tenant),
+    )
+
+
+def _tool_lister(memory: Memory, served: list[str]) -> Any:
+    import mcp_types as types
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         tools = []
-        for name in memory.tools.names():
+        for name in served:
             tool = memory.tools.get(name)
             tools.append(
                 types.Tool(
@@ -39,33 +117,34 @@ def build_server(memory: Memory, *, tenant: str = "default") -> Any:
             )
         return types.ListToolsResult(tools=tools)
 
+    return list_tools
+
+
+def _tool_caller(memory: Memory, served: list[str], tenant: str) -> Any:
+    import mcp_types as types
+
+    def error(message: str) -> Any:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
     async def call_tool(ctx: Any, params: Any) -> Any:
         try:
+            if params.name not in served and params.name in memory.tools.names():
+                raise InputError(
+                    f"tool {params.name!r} is not served here (narrmem mcp --tools)", field="name"
+                )
             arguments = _in_tenant(memory, params.name, dict(params.arguments or {}), tenant)
             result = await memory.call_tool(params.name, arguments)
         except NarrmemError as exc:
-            return _error(str(exc))
+            return error(str(exc))
         except Exception as exc:
             log.exception("tool %s failed", params.name)
-            return _error(f"internal error in {params.name}: {type(exc).__name__}")
+            return error(f"internal error in {params.name}: {type(exc).__name__}")
         text = json.dumps(result, ensure_ascii=False)
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=text)], structured_content=result
         )
 
-    def _error(message: str) -> Any:
-        return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
-
-    return Server(
-        "narrmem",
-        version=__version__,
-        instructions=(
-            "Long-term memory of the people this assistant talks to. Recall before answering, ingest "
-            "what users say, and use the narrative and graph tools to keep their story."
-        ),
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-    )
+    return call_tool
 
 
 def _in_tenant(memory: Memory, name: str, arguments: dict[str, Any], tenant: str) -> dict[str, Any]:
@@ -78,18 +157,183 @@ def _in_tenant(memory: Memory, name: str, arguments: dict[str, Any], tenant: str
     return arguments
 
 
-async def serve_stdio(memory: Memory, *, tenant: str) -> None:
+# --- resources ---------------------------------------------------------------------------------
+
+
+def resource_uri(user_id: str, kind: str) -> str:
+    """``narrmem://users/<user id, percent-encoded>/<persona|summary>``."""
+    return f"narrmem://users/{quote(user_id, safe='')}/{kind}"
+
+
+class _Resources:
+    """A user's persona (the graph plugin's ``persona_get``) and summary (``Memory.summary``), as
+    plain text. Reading them changes nothing."""
+
+    def __init__(self, memory: Memory, tenant: str) -> None:
+        self.memory = memory
+        self.tenant = tenant
+
+    def kinds(self) -> list[str]:
+        return [k for k in RESOURCE_KINDS if k != "persona" or "persona_get" in self.memory.tools.names()]
+
+    async def list(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        users = await self.memory.users(self.tenant, limit=RESOURCE_USERS)
+        return types.ListResourcesResult(
+            resources=[
+                types.Resource(
+                    name=f"{kind} of {user['user_id']}",
+                    uri=resource_uri(user["user_id"], kind),
+                    description=_RESOURCE_TEXT[kind],
+                    mime_type="text/plain",
+                )
+                for user in users
+                for kind in self.kinds()
+            ]
+        )
+
+    async def templates(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+
+        return types.ListResourceTemplatesResult(
+            resource_templates=[
+                types.ResourceTemplate(
+                    name=f"a user's {kind}",
+                    uri_template=f"narrmem://users/{{user_id}}/{kind}",
+                    description=_RESOURCE_TEXT[kind],
+                    mime_type="text/plain",
+                )
+                for kind in self.kinds()
+            ]
+        )
+
+    async def read(self, ctx: Any, params: Any) -> Any:
+        import mcp_types as types
+        from mcp.shared.exceptions import MCPError
+
+        uri = str(params.uri)
+        prefix, _, rest = uri.partition("narrmem://users/")
+        user, _, kind = rest.rpartition("/")
+        if prefix or not user or kind not in self.kinds():
+            known = ", ".join(f"narrmem://users/{{user_id}}/{k}" for k in self.kinds())
+            raise MCPError(types.INVALID_PARAMS, f"unknown resource {uri!r} (known: {known})")
+        try:
+            text = await self._text(unquote(user), kind)
+        except NarrmemError as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="text/plain", text=text)]
+        )
+
+    async def _text(self, user_id: str, kind: str) -> str:
+        if kind == "persona":
+            persona = await self.memory.call_tool("persona_get", {"user_id": user_id, "tenant": self.tenant})
+            return str(persona["rendered"]) or "(no persona set)"
+        summary = await self.memory.summary(user_id=user_id, tenant=self.tenant)
+        return str(summary.get("retelling") or "") or "(nothing remembered yet)"
+
+
+_RESOURCE_TEXT = {
+    "persona": "The persona the bot keeps with this user (description, traits, tone).",
+    "summary": "Who this user is, retold from their memories (oldest first), within a token budget.",
+}
+
+
+# --- the prompt --------------------------------------------------------------------------------
+
+_GUIDE = {
+    "core": (
+        "Before you answer, call narrmem_recall with the user's message as the query; use what comes "
+        "back, and say so when nothing does. After each user message, call narrmem_ingest with its "
+        "text, user_id, chat_id and a message_id unique in the chat (leave ts out: the memory's clock "
+        "gives now). Triage decides what is worth keeping; you need not judge it."
+    ),
+    "graph": (
+        "When the user states a fact about themselves, call memory_commit with a triplet "
+        "(subject 'user', a lower_snake relation, the object); mark what you only infer as speculative. "
+        "memory_recall reads the graph by keywords; memory_purge corrects or removes facts (dry_run "
+        "first)."
+    ),
+    "tasks": (
+        "For work that spans turns, task_create records the task in the chat's chain, task_set_state "
+        "moves it (in_progress, paused, done, cancelled) and task_query lists the chain."
+    ),
+    "persona": "persona_get tells who you are for this user; persona_set changes it only when asked.",
+    "narrative": "soul_narrative keeps the user's life events (decisions, turning points) as a story.",
+    "rtm": "The rtm_ tools build and retell long texts at any level of detail.",
+}
+
+
+def _prompt_lister() -> Any:
+    import mcp_types as types
+
+    async def list_prompts(ctx: Any, params: Any) -> Any:
+        return types.ListPromptsResult(
+            prompts=[
+                types.Prompt(
+                    name=PROMPT,
+                    description="How to use this memory's tools in a conversation.",
+                    arguments=[
+                        types.PromptArgument(name="user_id", description="whom you talk to", required=False),
+                        types.PromptArgument(name="chat_id", description="the chat", required=False),
+                    ],
+                )
+            ]
+        )
+
+    return list_prompts
+
+
+def memory_guide(served: Sequence[str], tenant: str, user_id: str | None, chat_id: str | None) -> str:
+    """What a model should do with the tools served, group by group (only those served)."""
+    lines = [f"You have a long-term memory of the people you talk to (tenant '{tenant}')."]
+    if user_id or chat_id:
+        lines.append(f"Use user_id '{user_id or '?'}' and chat_id '{chat_id or '?'}' in every call.")
+    for group, text in _GUIDE.items():
+        if any(name in served for name in TOOL_GROUPS[group]):
+            lines.append(text)
+    lines.append(
+        "Resources narrmem://users/{user_id}/persona and narrmem://users/{user_id}/summary hold who "
+        "the user is; read them at the start of a conversation. Never tell one user another's memories."
+    )
+    return "\n\n".join(lines)
+
+
+def _prompt_getter(served: list[str], tenant: str) -> Any:
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+
+    async def get_prompt(ctx: Any, params: Any) -> Any:
+        if params.name != PROMPT:
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r} (known: {PROMPT})")
+        arguments = params.arguments or {}
+        text = memory_guide(served, tenant, arguments.get("user_id"), arguments.get("chat_id"))
+        return types.GetPromptResult(
+            description="How to use this memory's tools",
+            messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))],
+        )
+
+    return get_prompt
+
+
+# --- serving -----------------------------------------------------------------------------------
+
+
+async def serve_stdio(memory: Memory, *, tenant: str, tools: Iterable[str] = (ALL,)) -> None:
     from mcp.server.stdio import stdio_server
 
-    server = build_server(memory, tenant=tenant)
+    server = build_server(memory, tenant=tenant, tools=tools)
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def serve_http(memory: Memory, *, tenant: str, host: str, port: int) -> None:
+async def serve_http(
+    memory: Memory, *, tenant: str, host: str, port: int, tools: Iterable[str] = (ALL,)
+) -> None:
     import uvicorn
 
-    server = build_server(memory, tenant=tenant)
+    server = build_server(memory, tenant=tenant, tools=tools)
     app = server.streamable_http_app(host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()
