@@ -202,11 +202,16 @@ def test_example_config_documents_every_key_with_its_default() -> None:
     from narrmem_plugins.recall_hybrid import HybridOptions
     from narrmem_plugins.triage.options import TriageOptions
 
-    from narrmem.config import EmbedderSettings, PluginsSettings, StorageSettings
+    from narrmem.config import EmbedderSettings, McpSettings, PluginsSettings, StorageSettings
 
     path = Path(__file__).parent.parent / "config.example.toml"
     raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    sections = {"storage": StorageSettings, "embedder": EmbedderSettings, "plugins": PluginsSettings}
+    sections = {
+        "storage": StorageSettings,
+        "embedder": EmbedderSettings,
+        "plugins": PluginsSettings,
+        "mcp": McpSettings,
+    }
     for name, model in sections.items():
         commented = {"embedder": {"model_path", "cache_dir"}, "storage": {"dsn"}}
         documented = set(raw[name]) | commented.get(name, set())
