@@ -58,7 +58,10 @@ class Triage:
     @hookimpl(trylast=True)
     async def narrmem_triage(self, memory: MemoryView, message: Message) -> TriageDecision:
         reason = ignore_reason(
-            message.text, min_chars=self.options.min_chars, extra=self.options.ignore_phrases
+            message.text,
+            min_chars=self.options.min_chars,
+            extra=self.options.ignore_phrases,
+            names=self.options.names,
         )
         if reason is not None:
             return TriageDecision(layer="ignore", reason=reason)
@@ -197,7 +200,7 @@ class Triage:
         self, message: Message, decision: TriageDecision, window: list[MemoryRecord]
     ) -> SceneDraft:
         core = str(decision.signals.get("core") or message.text)
-        draft: SceneDraft = compose(message, decision.type, core, window)
+        draft: SceneDraft = compose(message, decision.type, core, window, self.options.names)
         return draft
 
     # --- counting ----------------------------------------------------------------------------

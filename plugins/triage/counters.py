@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from narrmem_plugins.triage.language import has_cjk
 from narrmem_plugins.triage.options import TriageOptions
-from narrmem_plugins.triage.scene import describe_time, topic_words
+from narrmem_plugins.triage.scene import describe_time
+from narrmem_plugins.triage.topics import shares_words, topic_words
 
 from narrmem.models import (
     MemoryRecord,
@@ -214,7 +215,7 @@ class Counters:
                 if r.kind == "episode"
                 and _not_after(r, episode)
                 and r.created_at >= since
-                and _same_words_if_chinese(episode.text, r.text)
+                and self._same_topic(episode, r)
             ),
             key=lambda r: r.id or 0,
         )
@@ -225,7 +226,7 @@ class Counters:
         if count < 2 or shared_moods:
             # Messages alike because they state the same mood are the mood counter's business.
             return members
-        label = topic_label([r.text for r in members])
+        label = topic_label([r.text for r in members], self.options.names)
         result.notes.append(f"topic '{label}' mentioned for the {ordinal(count)} time")
         _count(
             result,
@@ -239,6 +240,15 @@ class Counters:
         )
         return members
 
+    def _same_topic(self, episode: MemoryRecord, other: MemoryRecord) -> bool:
+        """Close in meaning is not enough: the two must also share words that carry meaning, so
+        greetings, the bot's name and media placeholders never make a topic."""
+        if other.id == episode.id:
+            return True
+        if has_cjk(episode.text) or has_cjk(other.text):
+            return _same_words_if_chinese(episode.text, other.text)
+        return shares_words(episode.text, other.text, self.options.names)
+
     def _habit(
         self, message: Message, episode: MemoryRecord, members: list[MemoryRecord], result: Any
     ) -> None:
@@ -248,7 +258,7 @@ class Counters:
         if len(weeks) < 2:
             return
         day = describe_time(episode.created_at, "en").split()[0]
-        label = f"{topic_label([r.text for r in members])} on {day}s"
+        label = f"{topic_label([r.text for r in members], self.options.names)} on {day}s"
         this_week = tuple(episode.created_at.isocalendar())[:2]
         # Fire once: on the first mention of the week that makes the count.
         first_of_week = min(
@@ -303,7 +313,7 @@ class Counters:
         """
         if scene.meta.get("type") == "pattern":
             return
-        own_words = set(topic_words([_core(scene)], limit=20))
+        own_words = set(topic_words([_core(scene)], limit=20, names=self.options.names))
         scored = []
         for record, similarity in await _scored_scenes(
             memory, scene, vector, chat, self.options.link_similarity - 0.15
@@ -312,7 +322,7 @@ class Counters:
                 continue
             if similarity >= SAME_SCENE:
                 continue  # a restatement, not a moment that builds on the earlier one
-            shared = own_words & set(topic_words([_core(record)], limit=20))
+            shared = own_words & set(topic_words([_core(record)], limit=20, names=self.options.names))
             score = similarity + (0.15 if shared else 0.0)
             if score >= self.options.link_similarity:
                 scored.append((score, record))
@@ -381,9 +391,10 @@ def _same_words_if_chinese(a: str, b: str) -> bool:
     return a == b or len(_content_bigrams(a) & _content_bigrams(b)) >= 2
 
 
-def topic_label(texts: list[str]) -> str:
-    """A short name for a topic: its most frequent content words (for Chinese, shared bigrams)."""
-    words = topic_words(texts, limit=2)
+def topic_label(texts: list[str], names: frozenset[str] = frozenset()) -> str:
+    """A short name for a topic: the content words most of its messages use (for Chinese, shared
+    bigrams); never a greeting, a placeholder or the bot's name."""
+    words = topic_words(texts, limit=2, names=names, min_share=0.5)
     if words:
         return " ".join(words)
     counts: dict[str, int] = {}

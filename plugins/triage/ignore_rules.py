@@ -69,20 +69,37 @@ _REQUEST = re.compile(
 _PERSONAL = re.compile(FIRST_PERSON_EN + "|" + FIRST_PERSON_ZH)
 
 
+def without_names(text: str, names: frozenset[str]) -> str:
+    """``text`` without the bot's names said as a vocative or mention ("@Nori", "thanks Nori")."""
+    pattern = r"@?\b(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")\b"
+    return re.sub(pattern, " ", text, flags=re.IGNORECASE).strip(" ,")
+
+
 def without_media(text: str) -> str:
     """``text`` without the placeholders chat exports write for media (``[photo]``, ``<attachment>``):
     a caption is what the person wrote, the placeholder is not."""
     return _MEDIA.sub(" ", text).strip()
 
 
-def ignore_reason(text: str, *, min_chars: int, extra: frozenset[str] = frozenset()) -> str | None:
-    """Why the message is not worth remembering, or ``None`` if it may be."""
+def ignore_reason(
+    text: str,
+    *,
+    min_chars: int,
+    extra: frozenset[str] = frozenset(),
+    names: frozenset[str] = frozenset(),
+) -> str | None:
+    """Why the message is not worth remembering, or ``None`` if it may be. ``names`` are the bot's
+    own names: calling it by name ("thanks Nori", "Nori you there?") adds nothing."""
     raw = text.strip()
     if not raw:
         return "empty"
     raw = without_media(raw)
     if not raw:
         return "media without words"
+    if names:
+        raw = without_names(raw, names)
+        if not _NO_WORDS.sub("", raw):
+            return "greeting or small talk"  # the bot's name alone: a ping
     if _NO_WORDS.match(raw):
         return "no words"
     lowered = normalize(raw)

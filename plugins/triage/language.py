@@ -39,12 +39,14 @@ _INTERROGATIVE_ZH = re.compile(
 )
 _FACTUAL_START = re.compile(
     r"^(?:(?:so|and|but|hey|ok|okay|btw|also|quick question)[ ,:]+)?"
-    r"(?:what|what's|whats|who|who's|whom|whose|where|where's|when|which|how (?:many|much|long|far|old|big|"
-    r"tall|fast|often|deep|high|do you say|does)|why (?:is|are|do|does|did|was|were)|is (?:the|a|an|there)|"
+    r"(?P<ask>what|what's|whats|who|who's|whom|whose|where|where's|when|which|"
+    r"how (?:many|much|long|far|old|big|tall|fast|often|deep|high|do you say|does)|"
+    r"why (?:is|are|do|does|did|was|were)|is (?:the|a|an|there)|"
     r"is it true|convert|calculate|spell|"
     r"are (?:the|there)|was (?:the|a|an|there)|were (?:the|there)|does (?:the|a|an)|do (?:the|cats|dogs|"
     r"people)|did (?:the|a|an)|can (?:a|an|the|cats|dogs|you tell me)|define|explain|translate)\b"
 )
+_AUXILIARY_START = re.compile(r"(?:is|are|was|were|does|do|did|can)\b")
 # "还没想好选哪个专业": a question embedded in a statement about oneself, not a question.
 _EMBEDDED_QUESTION_ZH = re.compile(
     r"(?:想好|知道|确定|决定|记得|清楚|纠结|考虑|看看|想想|不懂|搞不懂).{0,8}(?:哪|什么|怎么|多少|谁|几)"
@@ -143,7 +145,11 @@ def is_factual_question(text: str) -> bool:
     """A question about the world (not about the speaker's own life): starts like a quiz question,
     or in Chinese asks with an interrogative word."""
     stripped = text.strip()
-    if _FACTUAL_START.match(stripped) and (stripped.endswith(("?", "？")) or len(stripped) < 80):
+    start = _FACTUAL_START.match(stripped)
+    asked = stripped.endswith(("?", "？"))
+    # "did a 10k run today" is a statement with its subject left out: an auxiliary start asks only
+    # with a question mark; "who wrote 1984" asks without one.
+    if start and (asked or (len(stripped) < 80 and not _AUXILIARY_START.match(stripped, start.start("ask")))):
         return True
     if _TAG_QUESTION.search(stripped):
         return True

@@ -10,6 +10,10 @@ class TriageOptions(BaseModel):
 
     min_chars: int = Field(default=2, ge=0, le=1000, description="shorter messages are ignored")
     extra_acknowledgements: list[str] = Field(default_factory=list, description="more phrases to ignore")
+    bot_names: list[str] = Field(
+        default_factory=list,
+        description="the bot's own names: never a topic, and 'thanks <name>' is an acknowledgement",
+    )
     prototype_weight: float = Field(
         default=0.5, ge=0, le=10, description="weight of prototype similarity when several scene types match"
     )
@@ -34,6 +38,10 @@ class TriageOptions(BaseModel):
     emotion_window_days: float = Field(default=7, gt=0, le=365)
     topic_window_days: float = Field(default=90, gt=0, le=3650)
     promote_patterns: bool = Field(default=True, description="write a scene when a mood pattern fires")
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(n.strip().lower() for n in self.bot_names if n.strip())
 
     @property
     def ignore_phrases(self) -> frozenset[str]:

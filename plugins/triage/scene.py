@@ -1,18 +1,18 @@
 """The built-in scene composer: a narrative fragment from the message and the speaker's recent
-messages in the chat, without an LLM. Time in the user's own clock, Scene from the window's words, Vibe from
-its moods, Core quoted verbatim."""
+messages in the chat, without an LLM. Time in the user's own clock, Scene a short phrase from the
+message's own structure (see ``phrase.py``), Vibe from the window's moods, Core quoted verbatim."""
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import datetime
 
 from narrmem_plugins.triage.emotions import emotions_in
 from narrmem_plugins.triage.language import has_cjk
+from narrmem_plugins.triage.phrase import chinese_phrase, english_phrase, fallback_phrase
 from narrmem_plugins.triage.signals import CATEGORY
+from narrmem_plugins.triage.topics import topic_words
 
 from narrmem.models import MemoryRecord, Message, SceneDraft
-from narrmem.text import STOPWORDS, keyword_terms
 
 _WEEKDAYS_EN = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _WEEKDAYS_ZH = ("周一", "周二", "周三", "周四", "周五", "周六", "周日")
@@ -34,9 +34,6 @@ _MOODS_ZH = {
     "lonely": "孤独",
     "happy": "开心",
 }
-_FILLER = frozenset(
-    "just really like know think get got going want also lol yeah today one much still".split()
-)
 
 
 def describe_time(ts: datetime, language: str) -> str:
@@ -62,16 +59,13 @@ def describe_time(ts: datetime, language: str) -> str:
     return f"{_WEEKDAYS_EN[weekday]} {shown}{suffix}"
 
 
-def topic_words(texts: list[str], limit: int = 3) -> list[str]:
-    counts: Counter[str] = Counter()
-    for text in texts:
-        for term in keyword_terms(text):
-            if len(term) > 2 and term not in STOPWORDS and term not in _FILLER and not term.isdigit():
-                counts[term] += 1
-    return [word for word, _ in counts.most_common(limit)]
-
-
-def compose(message: Message, scene_type: str | None, core: str, window: list[MemoryRecord]) -> SceneDraft:
+def compose(
+    message: Message,
+    scene_type: str | None,
+    core: str,
+    window: list[MemoryRecord],
+    names: frozenset[str] = frozenset(),
+) -> SceneDraft:
     language = "zh" if has_cjk(core) else "en"
     texts = [r.text for r in window[-6:]] + [message.text]
     moods: list[str] = []
@@ -79,13 +73,12 @@ def compose(message: Message, scene_type: str | None, core: str, window: list[Me
         moods.extend(m for m in emotions_in(text) if m not in moods)
     default_en, default_zh = _DEFAULT_VIBE.get(scene_type, _DEFAULT_VIBE[None])
     if language == "zh":
-        recent = window[-1].text if window else message.text
-        scene = "聊到：" + (recent[:40] + ("…" if len(recent) > 40 else ""))
+        scene = chinese_phrase(core)
         vibe = "、".join(_MOODS_ZH[m] for m in moods) or default_zh
         words: list[str] = []
     else:
-        words = topic_words(texts)
-        scene = ("Talking about " + ", ".join(words)) if words else "A passing remark"
+        words = topic_words(texts, names=names)
+        scene = english_phrase(core) or fallback_phrase(core, scene_type)
         vibe = ", ".join(moods) or default_en
     return SceneDraft(
         time=describe_time(message.ts, language),

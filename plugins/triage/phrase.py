@@ -1,0 +1,251 @@
+"""The Scene field without an LLM: a short phrase from the message's own structure, who did what
+to what, in the narrator's voice ("I decided to move to Lisbon next spring for a design job" →
+"Deciding to move to Lisbon for a design job"; "我决定明年去考研了" → "决定去考研").
+
+English: find the clause that carries the scene signal, its first-person subject and verb; the
+verb becomes a gerund and the rest follows in the third person, without time words, fillers and
+trailing reasons. Value judgements read "Putting A before B"; "used to …, now …" reads "From … to …".
+Chinese: the signal's clause without the subject, time words and final particles.
+A phrase is at most ``MAX_WORDS`` words (``MAX_ZH_CHARS`` characters).
+"""
+
+from __future__ import annotations
+
+import re
+
+from narrmem_plugins.triage.person import third_person
+from narrmem_plugins.triage.signals import candidates
+
+MAX_WORDS = 12
+MAX_ZH_CHARS = 20
+
+_IRREGULAR = {
+    "am": "being", "'m": "being", "was": "being", "is": "being", "be": "being", "are": "being",
+    "were": "being", "chose": "choosing", "choose": "choosing", "gave": "giving", "give": "giving",
+    "went": "going", "go": "going", "quit": "quitting", "got": "getting", "get": "getting",
+    "made": "making", "make": "making", "took": "taking", "take": "taking", "told": "telling",
+    "said": "saying", "left": "leaving", "leave": "leaving", "sold": "selling", "bought": "buying",
+    "ran": "running", "run": "running", "won": "winning", "win": "winning", "began": "beginning",
+    "wrote": "writing", "felt": "feeling", "fell": "falling", "forgave": "forgiving",
+    "found": "finding", "kept": "keeping", "met": "meeting", "paid": "paying", "put": "putting",
+    "saw": "seeing", "sent": "sending", "spent": "spending", "stood": "standing", "swam": "swimming",
+    "swim": "swimming", "thought": "thinking", "threw": "throwing", "broke": "breaking",
+    "drove": "driving", "flew": "flying", "ate": "eating", "did": "doing", "do": "doing",
+    "had": "having", "have": "having", "hit": "hitting", "let": "letting", "lost": "losing",
+    "rode": "riding", "sang": "singing", "set": "setting", "slept": "sleeping", "spoke": "speaking",
+    "taught": "teaching", "woke": "waking", "became": "becoming", "came": "coming", "grew": "growing",
+    "knew": "knowing", "held": "holding", "built": "building", "learnt": "learning", "shut": "shutting",
+    "stop": "stopping", "plan": "planning", "shop": "shopping", "begin": "beginning", "die": "dying",
+    "lie": "lying", "see": "seeing", "agree": "agreeing", "agreed": "agreeing", "flee": "fleeing",
+    "overcame": "overcoming", "hated": "hating", "used": "using", "regret": "regretting",
+    "forget": "forgetting", "admit": "admitting", "commit": "committing", "prefer": "preferring",
+    "sit": "sitting", "cut": "cutting", "drop": "dropping", "jog": "jogging", "skip": "skipping",
+}  # fmt: skip
+_NOT_VERBS = frozenset(
+    "finally just really actually officially already never eventually ultimately totally also still "
+    "so kinda honestly literally somehow".split()
+)
+_SUBJECT = re.compile(
+    r"(?:^|(?<=[\s,;:]))(?:i|we)(?P<aux>'ve|'d|'m|'re| have| had| am| are| was| were| did| do)?"
+    r"(?P<adverbs>(?: (?:finally|just|really|actually|officially|already|never|eventually|ultimately|"
+    r"totally|also|still|so|kinda|honestly|literally|somehow))*)"
+    r" (?P<verb>[a-z']+)(?P<rest>.*)$",
+    re.IGNORECASE,
+)
+_SUBJECTLESS = re.compile(
+    r"^(?:(?:ok|okay|so|well|and|btw|yeah|finally|just|officially|today|tonight|yesterday|guess what)[ ,!]+)*"
+    r"(?P<verb>[a-z]+ed|got|went|made|quit|chose|gave|ran|won|hit|paid|did|took|tried)\b(?P<rest>.*)$",
+    re.IGNORECASE,
+)
+_HEDGE = re.compile(
+    r"^(?:(?:so|ok|okay|well|honestly|anyway|btw|also|and|but|yeah|lol|for me|to me|looking back|"
+    r"i (?:think|guess|feel like|believe|realized|realised)(?: that)?)[ ,:]+)+",
+    re.IGNORECASE,
+)
+_TIME = re.compile(
+    r"\s+(?:next|last|this) (?:spring|summer|autumn|fall|winter|week|month|year|weekend|morning|"
+    r"evening|time)\b|\s+(?:today|tonight|yesterday|tomorrow|finally|at last|again|already|anymore|"
+    r"any more|now|these days|last night|this morning|right now|in the end|honestly|lol|haha)\b",
+    re.IGNORECASE,
+)
+_CUT = re.compile(
+    r"\s*(?:[,;:(—–]|\s-\s|\.\s|!|\?|\.$)|\s+(?:because|cause|since|but|so that|so|which|after all|"
+    r"even though|though|although|and then|while)\s|"
+    r"\s+and (?=(?:nobody|everybody|everyone|it|he|she|they|i|we)\b)",
+    re.IGNORECASE,
+)
+_VALUE = re.compile(
+    r"^(?P<a>.+?)\s+(?:is|are|matters?|means?)\s+(?:(?:so|much|way|far)\s+)?(?:more important|worth more|"
+    r"more valuable|more)\s+(?:to (?:me|us)\s+)?than\s+(?P<b>.+)$|^i(?:'d| would) rather (?P<r>.+)$|"
+    r"^(?P<c>.+?)\s+(?:beats|trumps|outweighs|comes before)\s+(?P<d>.+)$|"
+    r"^what (?:really |truly )?matters(?: most)?(?: to (?:me|us))? is(?: that)? (?P<m>.+)$",
+    re.IGNORECASE,
+)
+_REGRET = re.compile(
+    r"\bi (?:shouldn't|should not|should never|shouldnt) have (?P<verb>\w+)(?P<rest>.*)$|"
+    r"\bif only i (?P<wish>.+)$",
+    re.IGNORECASE,
+)
+_MODALS = frozenset("should could would might will can must shall may".split())
+_TURN = re.compile(r"used to (?P<old>.+?)[,;.]?\s+(?:but\s+)?now\s+(?P<new>.+)$", re.IGNORECASE)
+_FIRST_TIME = re.compile(
+    r"^(?:my )?first time (?:ever )?(?P<act>\w+ing\b.*)$|"
+    r"\b(?:it|this|that|today|tonight) (?:was|is) (?:my|our) (?:very )?first (?:ever )?"
+    r"(?P<noun>\w+)(?: ever)?(?P<rest>.*)$",
+    re.IGNORECASE,
+)
+_AND_PAST = re.compile(r"\band (\w+ed|went|got|made|took|quit|left|gave|came|ran)\b")
+_TAIL = re.compile(r"[\s\W_]+$")
+_EMOJI = re.compile(r"[\U0001F000-\U0001FAFF\u2600-\u27BF\uFE0F]+")
+
+
+def gerund(verb: str) -> str:
+    """The -ing form of an English verb given in the base or past form ("decided" → "deciding")."""
+    word = verb.lower()
+    if word in _IRREGULAR:
+        return _IRREGULAR[word]
+    if word.endswith("ing"):
+        return word
+    if word.endswith("ied"):
+        return word[:-3] + "ying"
+    if word.endswith("eed"):
+        return word[:-1] + "ing"
+    if word.endswith("ed"):
+        return word[:-2] + "ing"
+    if word.endswith("ie"):
+        return word[:-2] + "ying"
+    if word.endswith("e") and not word.endswith(("ee", "ye", "oe")):
+        return word[:-1] + "ing"
+    return word + "ing"
+
+
+def _trim(text: str) -> str:
+    """The words up to the first clause break, without time words, in at most MAX_WORDS words."""
+    text = _EMOJI.sub(" ", text)
+    cut = _CUT.search(text)
+    if cut is not None and cut.start() > 0:
+        text = text[: cut.start()]
+    previous = None
+    while previous != text:
+        previous = text
+        text = _TIME.sub("", text)
+    words = text.split()[:MAX_WORDS]
+    return _TAIL.sub("", " ".join(words))
+
+
+def _lower_start(text: str) -> str:
+    """A sentence's first word loses the capital it had for starting the sentence ("Health")."""
+    head = text.split(" ", 1)[0]
+    return text[:1].lower() + text[1:] if head[1:].islower() else text
+
+
+def _capital(phrase: str) -> str:
+    return phrase[:1].upper() + phrase[1:]
+
+
+def _english_act(clause: str) -> str | None:
+    """Gerund + object for the clause's first-person act, or None when it has no such act."""
+    match = _SUBJECT.search(clause)
+    if match is not None:
+        verb, rest = match.group("verb"), match.group("rest")
+        aux = (match.group("aux") or "").strip().lower()
+        if verb.lower() in _NOT_VERBS or verb.lower().rstrip("n't") in _MODALS:
+            return None
+        if aux in {"'m", "am", "'re", "are", "was", "were"} and not verb.lower().endswith("ing"):
+            if verb.lower() in {"no", "not"}:
+                return "No longer" + _strip_not(rest) if verb.lower() == "not" else "No" + rest
+            return "Being " + verb + rest
+        if verb.lower() == "not" or (verb.lower() in {"didn't", "don't"}):
+            return "Not " + rest.strip()
+        return gerund(verb) + rest
+    match = _SUBJECTLESS.search(clause)
+    if match is not None:
+        return gerund(match.group("verb")) + match.group("rest")
+    return None
+
+
+def _strip_not(rest: str) -> str:
+    return re.sub(r"\s+any ?more\b", "", rest)
+
+
+def _english_special(clause: str) -> str | None:
+    value = _VALUE.search(clause)
+    if value is not None:
+        first, second = (value.group("a"), value.group("b")) if value.group("a") else value.groups()[3:5]
+        if first:
+            return f"Putting {_lower_start(_trim(first))} before {_trim(second)}"
+        if value.group("r"):
+            return "Preferring to " + value.group("r")
+        return "Caring most that " + value.group("m")
+    turn = _TURN.search(clause)
+    if turn is not None:
+        old = _english_act("i " + turn.group("old")) or turn.group("old")
+        new = _english_act(turn.group("new")) or turn.group("new")
+        return f"From {_trim(old).lower()} to {_trim(new).lower()}"
+    regret = _REGRET.search(clause)
+    if regret is not None:
+        if regret.group("wish"):
+            return "Wishing they " + regret.group("wish")
+        return "Regretting " + gerund(regret.group("verb")) + regret.group("rest")
+    first = _FIRST_TIME.search(clause)
+    if first is not None and first.group("act"):
+        return f"{_trim(first.group('act'))} for the first time"
+    if first is not None:
+        return f"First {first.group('noun')}{first.group('rest')}"
+    return None
+
+
+def english_phrase(core: str) -> str | None:
+    """The Scene phrase for an English sentence, or None when it has no first-person act."""
+    clause = _HEDGE.sub("", core.strip())
+    special = _english_special(clause)
+    if special is not None:
+        return _capital(third_person(_trim(special) if not special.startswith("From") else special))
+    act = _english_act(clause)
+    if act is None:
+        return None
+    phrase = _AND_PAST.sub(lambda m: "and " + gerund(m.group(1)), _trim(third_person(act)))
+    return _capital(phrase) if len(phrase.split()) >= 2 else None
+
+
+_ZH_CLAUSES = re.compile(r"[，,；;。！!？?…～~]+")
+_ZH_SUBJECT = re.compile(r"(^|[，,]|以前|过去|原来|曾经|现在|如今)(?:我们|咱们|我)")
+_ZH_TIME = re.compile(
+    r"今天|昨天|明天|今年|明年|去年|刚刚|刚才|刚|最后还是|最后|最终|终于|已经|这次|那天|当初|当时|下周|上周|"
+    r"下个月|上个月|周末|今晚|早上|晚上|真的|其实|还是"
+)
+_ZH_PARTICLES = re.compile(r"(?<!多)[了啦呀啊吧呢哦嘛的]+$")
+
+
+def chinese_phrase(core: str) -> str:
+    """The Scene phrase for a Chinese sentence: the clause with the scene signal (else the first
+    one), without its subject, time words and final particles."""
+    clauses = [c.strip() for c in _ZH_CLAUSES.split(core) if c.strip()]
+    chosen = next((c for c in clauses if candidates(c)), None)
+    # A signal only the whole sentence carries (以前…，现在…) keeps the sentence.
+    clause = chosen or _TAIL.sub("", core.strip())
+    clause = _EMOJI.sub("", clause)
+    clause = _ZH_SUBJECT.sub(r"\1", clause)
+    clause = _ZH_TIME.sub("", clause)
+    clause = _ZH_SUBJECT.sub(r"\1", clause)
+    if "把" not in clause:  # 把offer拒了 needs its 了
+        clause = _ZH_PARTICLES.sub("", clause).strip()
+    return third_person(clause)[:MAX_ZH_CHARS] or core.strip()[:MAX_ZH_CHARS]
+
+
+_KIND = {
+    "decision": "A decision",
+    "value": "What matters",
+    "emotional_turn": "A change of heart",
+    "milestone": "A milestone",
+    "first_time": "A first",
+    "regret": "A regret",
+}
+
+
+def fallback_phrase(core: str, scene_type: str | None) -> str:
+    """When the sentence has no first-person act to build on: the kind of moment and the sentence's
+    first clause in the third person ("A decision: ten years was enough")."""
+    head = _trim(third_person(_HEDGE.sub("", core.strip())))
+    kind = _KIND.get(scene_type or "", "A note to keep")
+    return f"{kind}: {_lower_start(head)}" if head else kind
