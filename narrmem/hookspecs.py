@@ -351,6 +351,51 @@ def narrmem_after_forget(
     """
 
 
+# --- export and import -------------------------------------------------------------------
+
+
+@hookspec
+def narrmem_export_records(memory: MemoryView) -> dict[str, list[dict[str, Any]]] | None:
+    """This plugin's part of a full export (``narrmem export``): ``{section: [record, ...]}``.
+
+    * Section names start with the plugin's name and a dot (``graph.nodes``); the store's own data
+      (memories with their vectors, importance history, plugin state) is exported by narrmem itself.
+    * A record is a JSON object of plain JSON values (bytes as base64 text) with no key named
+      ``section``, and the records of a section come in a stable order (by id, say): exporting a
+      store, importing the file into a fresh store and exporting that must give the same file.
+    * Everything the plugin keeps goes in, ids included, so that an import restores it as it was;
+      what the plugin can derive again (caches, indexes) may stay out.
+    * Reading only: the memory may be open read-only, and an export never changes it.
+
+    Return ``None`` when the plugin has nothing to export (idle on this store, say). Errors are not
+    isolated: a plugin that cannot export fails the export rather than leave a file that lacks it.
+    :mod:`narrmem.table_transfer` exports a table of the store's database in this shape.
+    """
+
+
+@hookspec
+def narrmem_import_records(
+    memory: MemoryView, sections: dict[str, list[dict[str, Any]]], dry_run: bool
+) -> dict[str, int] | None:
+    """Take this plugin's sections of a file being imported (``narrmem import``).
+
+    ``sections`` holds every plugin section of the file (``{section: [record, ...]}``, each
+    record without its ``section`` key); an implementation takes those it exported and returns
+    ``{section: records imported}`` for each of them (``None`` if none is its own). The host calls
+    every implementation twice:
+
+    1. ``dry_run=True`` before anything of the file is written: check every record and raise
+       :class:`~narrmem.errors.InputError` naming the section, the record's index and the field
+       (``graph.edges[3].status``), and any conflict with what is stored. Write nothing.
+    2. ``dry_run=False``, after the memories are written: write the records in one transaction,
+       keeping their ids. A record already stored with identical content is skipped (importing a
+       file twice changes nothing); one stored with other content is a conflict.
+
+    A section no loaded plugin takes is an error naming it, so an import never drops data silently.
+    Errors are not isolated. :mod:`narrmem.table_transfer` checks and writes a table's records.
+    """
+
+
 # --- errors -----------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.schema import fetchall
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tools import make_tools
+from narrmem_plugins.graph.transfer import GraphTransfer
 from narrmem_plugins.graph.values import FactValue, current_value, is_functional, value_history
 
 from narrmem import hookimpl
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 
-class GraphPlugin:
+class GraphPlugin(GraphTransfer):
     """One instance per ``Memory``."""
 
     narrmem_name = NAME

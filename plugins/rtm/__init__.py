@@ -24,6 +24,7 @@ from narrmem_plugins.rtm.store import MemoryTreeStore, TreeStore, open_tree_stor
 from narrmem_plugins.rtm.summarize import Summarizer
 from narrmem_plugins.rtm.theory import expected_recall_lengths, suggest_parameters
 from narrmem_plugins.rtm.tools import make_tools
+from narrmem_plugins.rtm.transfer import RTMTransfer
 from narrmem_plugins.rtm.traverse import depth_for_budget, find_optimal_depth, recall_lengths, retelling
 from narrmem_plugins.rtm.tree import Tree
 from narrmem_plugins.rtm.user import UserSummaries
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 
-class RTMPlugin:
+class RTMPlugin(RTMTransfer):
     """One instance per ``Memory``. ``summarizer(clauses, language)`` (sync or async), if given,
     writes internal-node summaries before the ``narrmem_summarize`` hook and the built-in
     extractive summary are asked."""

@@ -1,0 +1,209 @@
+"""A plugin's own table in and out of a full export, for ``narrmem_export_records`` and
+``narrmem_import_records`` (see :mod:`narrmem.hookspecs`).
+
+A row becomes a JSON object of its columns, read from the database itself, so a column added to the
+table is exported without a change here; ``BLOB`` values are base64 text. Rows are read in a stable
+order and written back with their keys, so export → import into a fresh store → export gives the
+same records. Importing checks every record first (shape, JSON types per column, conflicts with what
+is stored) and names the record and the column at fault; a record already stored with identical
+content is skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from narrmem.errors import InputError
+from narrmem.store import SQLCapable, SQLConnection
+
+_COLUMNS_SQL = {
+    "sqlite": "SELECT name, type FROM pragma_table_info(?) ORDER BY cid",
+    "postgres": "SELECT column_name, data_type FROM information_schema.columns "
+    "WHERE table_name = ? AND table_schema = current_schema() ORDER BY ordinal_position",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: str  # "blob", "integer", "real", "text" or "any"
+
+    def check(self, value: Any) -> str | None:
+        """Why ``value`` (from JSON) cannot go in this column, or ``None``."""
+        if value is None:
+            return None
+        allowed: dict[str, tuple[type, ...]] = {
+            "blob": (str,),
+            "integer": (int,),
+            "real": (int, float),
+            "text": (str,),
+            "any": (str, int, float),
+        }
+        ok = isinstance(value, allowed[self.kind]) and not isinstance(value, bool)
+        return None if ok else f"must be {'base64 text' if self.kind == 'blob' else self.kind} or null"
+
+    def to_json(self, value: Any) -> Any:
+        if self.kind == "blob" and isinstance(value, bytes | bytearray | memoryview):
+            return base64.b64encode(bytes(value)).decode("ascii")
+        return value
+
+    def from_json(self, value: Any) -> Any:
+        if self.kind == "blob" and value is not None:
+            return base64.b64decode(value, validate=True)
+        return value
+
+
+def _kind(declared: str) -> str:
+    declared = declared.upper()
+    if "BLOB" in declared or "BYTEA" in declared:
+        return "blob"
+    if "INT" in declared:
+        return "integer"
+    if any(word in declared for word in ("REAL", "FLOA", "DOUB", "NUMERIC")):
+        return "real"
+    if any(word in declared for word in ("TEXT", "CHAR", "CLOB")):
+        return "text"
+    return "any"
+
+
+async def table_columns(db: SQLConnection, table: str, exclude: Collection[str] = ()) -> list[Column]:
+    """The table's columns, in their order, less ``exclude`` (a column the database fills itself)."""
+    rows = await db.fetchall(_COLUMNS_SQL.get(db.dialect, _COLUMNS_SQL["postgres"]), (table,))
+    return [Column(str(name), _kind(str(declared))) for name, declared in rows if name not in exclude]
+
+
+async def export_table(
+    db: SQLConnection, table: str, *, order_by: str, exclude: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """Every row of ``table`` as a JSON object, ordered by ``order_by`` (SQL)."""
+    columns = await table_columns(db, table, exclude)
+    names = ", ".join(c.name for c in columns)
+    rows = await db.fetchall(f"SELECT {names} FROM {table} ORDER BY {order_by}")
+    return [{c.name: c.to_json(v) for c, v in zip(columns, row, strict=True)} for row in rows]
+
+
+async def check_table_records(
+    db: SQLConnection,
+    table: str,
+    records: Sequence[Any],
+    *,
+    key: Sequence[str],
+    section: str,
+    exclude: Collection[str] = (),
+) -> list[tuple[Any, ...]]:
+    """The rows to insert for ``records`` (those not stored yet), as tuples in the table's column
+    order; a malformed record or one that conflicts with a stored row raises an ``InputError``
+    naming ``section[index].column``. A column a record leaves out is refused: an export holds them
+    all."""
+    columns = await table_columns(db, table, exclude)
+    by_name = {c.name: c for c in columns}
+    rows: list[tuple[Any, ...]] = []
+    for index, record in enumerate(records):
+        where = f"{section}[{index}]"
+        if not isinstance(record, dict):
+            raise InputError("must be a JSON object", field=where)
+        for name in record:
+            if name not in by_name:
+                raise InputError(f"{table} has no column '{name}'", field=f"{where}.{name}")
+        values = []
+        for column in columns:
+            if column.name not in record:
+                raise InputError("missing", field=f"{where}.{column.name}")
+            problem = column.check(record[column.name])
+            try:
+                values.append(column.from_json(record[column.name]) if problem is None else None)
+            except (binascii.Error, ValueError):
+                problem = "not valid base64"
+            if problem:
+                raise InputError(problem, field=f"{where}.{column.name}")
+        row = tuple(values)
+        if not await _stored_same(db, table, columns, key, row, where):
+            rows.append(row)
+    return rows
+
+
+async def _stored_same(
+    db: SQLConnection, table: str, columns: list[Column], key: Sequence[str], row: tuple[Any, ...], where: str
+) -> bool:
+    """``True`` if the row is stored as it is; an error if its key is stored with other content."""
+    index = {c.name: i for i, c in enumerate(columns)}
+    names = ", ".join(c.name for c in columns)
+    condition = " AND ".join(f"{k} = ?" for k in key)
+    stored = await db.fetchone(f"SELECT {names} FROM {table} WHERE {condition}", [row[index[k]] for k in key])
+    if stored is None:
+        return False
+    if tuple(bytes(v) if isinstance(v, memoryview) else v for v in stored) != row:
+        shown = ", ".join(f"{k} {row[index[k]]!r}" for k in key)
+        raise InputError(f"{table} already holds {shown} with other content", field=where)
+    return True
+
+
+async def insert_rows(
+    db: SQLConnection, table: str, rows: Sequence[tuple[Any, ...]], exclude: Collection[str] = ()
+) -> None:
+    """Write rows :func:`check_table_records` returned, keys included, in the caller's transaction."""
+    if not rows:
+        return
+    columns = await table_columns(db, table, exclude)
+    names = ", ".join(c.name for c in columns)
+    marks = ", ".join("?" for _ in columns)
+    await db.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table of a plugin as one section of an export."""
+
+    section: str  # "<plugin>.<name>"
+    table: str
+    key: tuple[str, ...] = ("id",)
+    order_by: str = "id"
+    exclude: tuple[str, ...] = ()  # columns the database fills itself
+
+
+async def export_tables(store: object, specs: Sequence[TableSpec]) -> dict[str, list[dict[str, Any]]] | None:
+    """Each table as its section (``None`` on a store that lends no tables)."""
+    if not isinstance(store, SQLCapable):
+        return None
+    async with store.sql() as db:
+        return {
+            s.section: await export_table(db, s.table, order_by=s.order_by, exclude=s.exclude) for s in specs
+        }
+
+
+async def import_tables(
+    store: object,
+    specs: Sequence[TableSpec],
+    sections: dict[str, list[dict[str, Any]]],
+    *,
+    dry_run: bool,
+) -> dict[str, int] | None:
+    """The ``narrmem_import_records`` contract for these tables, in the order given (a table that
+    others refer to first): checked on a dry run, written in one transaction otherwise. Foreign keys
+    are checked when it commits (on SQLite), since a row may name a later one of its own table."""
+    mine = [s for s in specs if s.section in sections]
+    if not mine:
+        return None
+    if not isinstance(store, SQLCapable):
+        raise InputError(f"this store has no tables for section {mine[0].section}", field=mine[0].section)
+    counts: dict[str, int] = {}
+    async with store.sql(write=not dry_run) as db:
+        if not dry_run and db.dialect == "sqlite":
+            await db.execute("PRAGMA defer_foreign_keys = ON")  # reset when the transaction ends
+        for spec in mine:
+            rows = await check_table_records(
+                db,
+                spec.table,
+                sections[spec.section],
+                key=spec.key,
+                section=spec.section,
+                exclude=spec.exclude,
+            )
+            if not dry_run:
+                await insert_rows(db, spec.table, rows, spec.exclude)
+            counts[spec.section] = len(rows)
+    return counts

@@ -1,0 +1,52 @@
+"""RTM trees in a full export (``narrmem export`` / ``narrmem import``): the ``rtm_trees`` table as the
+section ``rtm.trees``, every stored tree with its parameters, its text digest and the tree itself, in
+the order the trees were written (which tells apart trees built in the same instant), so that a
+stored tree id opens the same tree after an import. Cached user retellings are derived and stay out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from narrmem_plugins.rtm.store import WRITE_ORDER, TreeStore
+
+from narrmem import hookimpl
+from narrmem.store import SQLCapable
+from narrmem.table_transfer import TableSpec, export_tables, import_tables
+from narrmem.view import MemoryView
+
+SECTION = "rtm.trees"
+
+
+async def _tables(memory: MemoryView) -> list[TableSpec]:
+    store = memory.store
+    dialect = "sqlite"
+    if isinstance(store, SQLCapable):
+        async with store.sql() as db:
+            dialect = db.dialect
+    order, _ = WRITE_ORDER.get(dialect, WRITE_ORDER["postgres"])
+    # PostgreSQL numbers the rows itself (``written``): they are imported in order, not with it.
+    return [
+        TableSpec(section=SECTION, table="rtm_trees", key=("tree_id",), order_by=order, exclude=("written",))
+    ]
+
+
+class RTMTransfer:
+    """The export hooks of :class:`~narrmem_plugins.rtm.RTMPlugin` (a base class of it); idle when
+    trees live in this process only (a store that lends no tables)."""
+
+    trees: TreeStore
+
+    @hookimpl
+    async def narrmem_export_records(self, memory: MemoryView) -> dict[str, list[dict[str, Any]]] | None:
+        if not self.trees.persistent:
+            return None
+        return await export_tables(memory.store, await _tables(memory))
+
+    @hookimpl
+    async def narrmem_import_records(
+        self, memory: MemoryView, sections: dict[str, list[dict[str, Any]]], dry_run: bool
+    ) -> dict[str, int] | None:
+        if SECTION not in sections or not self.trees.persistent:
+            return None
+        return await import_tables(memory.store, await _tables(memory), sections, dry_run=dry_run)
