@@ -12,7 +12,7 @@ ACKNOWLEDGEMENTS = frozenset(
     好 好的 好滴 好嘞 嗯 嗯嗯 嗯呢 收到 哦 噢 喔 行 行吧 可以 对 对的 是 是的 谢谢 多谢 谢啦 哈哈 哈哈哈 呵呵
     知道了 明白 明白了 了解 懂了 没问题 ok的 好吧 记住了 离谱 无语 绝了 服了 醉了 晕 哎 唉 天哪 我去
     好哦 好呀 好啊 嗯呢 嗯啊 对对 对对对 是啊 是呀 可以可以 行行 笑死 笑死我了 牛 厉害 棒 太棒了 酷
-    辛苦了 辛苦啦 谢了 感谢 那就这样 就这样 知道啦""".split()
+    辛苦了 辛苦啦 谢了 嗯哼 好笑 感谢 那就这样 就这样 知道啦""".split()
 )
 
 ACKNOWLEDGEMENT_PHRASES = frozenset(
@@ -68,15 +68,17 @@ ACKNOWLEDGEMENT_PHRASES = frozenset(
         "perfect thank you",
         "thanks again",
         "thanks a bunch",
+        "thank u",
+        "太好笑了",
     }
 )
 
 # Checking whether the other side is there, leaving and coming back: conversation about the
 # conversation, never about the user's life.
 SMALL_TALK_EN = (
-    r"(?:are |r )?(?:you|u|ya) (?:there|around|up|free|busy|online|home|still there|still up|about)|"
+    r"(?:are |r )?(?:you|u|ya) (?:there|around|up|awake|free|busy|online|home|still there|still up|about)|"
     r"(?:is )?any(?:one|body) (?:there|home|around|up|here|online)|you busy|got a (?:sec|second|minute|min)|"
-    r"ping|still there|brb|be right back|gtg|g2g|got(?:ta| to) (?:go|run)|(?:i )?(?:have|need) to (?:go|run)|afk|"
+    r"ping|still there|brb|be right back|gtg|g2g|got(?:ta| to) (?:go|run)|(?:i )?(?:have|need) to (?:go|run)|afk(?: for a (?:bit|sec|second|while|minute))?|"
     r"off to bed|going to bed|heading (?:out|off)|"
     r"(?:sorry,? )?(?:i )?was afk|(?:i'?m )?back(?: now)?|i'?m here|talk (?:to you )?(?:later|tomorrow|soon)|"
     r"ttyl|catch you later|speak soon|see you (?:tomorrow|later|soon)|later|night night|nighty night|"

@@ -42,12 +42,13 @@ _FEELING_EN = (
     r"broken|whole|okay|ok|fine|better|worse|worried|stressed|burn\w* out|overwhelmed|resent\w*|"
     r"excited|curious|indifferent|obsess\w*|comfortable|uncomfortable|shy|open|closed|cynical|optimistic|"
     r"cry\w*|cried|laugh\w*|smil\w*|look\w* forward|bor\w*|"
-    r"pessimistic|skeptical|sceptical|embrac\w*|accept\w*|avoid\w*|dislik\w*|tolerat\w*|apprecia\w*"
+    r"pessimistic|skeptical|sceptical|embrac\w*|accept\w*|avoid\w*|dislik\w*|tolerat\w*|apprecia\w*|"
+    r"jealous|envious|bitter|insecure|shy"
 )
 _FEELING_ZH = (
     r"讨厌|喜欢|害怕|焦虑|平静|开心|难过|绝望|希望|紧张|放松|自信|自卑|迷茫|爱上|享受|抗拒|排斥|接受|恐惧|"
     r"痛苦|快乐|期待|失望|愤怒|释然|坦然|热爱|厌倦|抵触|怕|爱|恨|烦|乐在其中|不安|安心|踏实|无聊|酷刑|难受|"
-    r"离不开|上瘾|痛恨|头疼|崩溃|哭"
+    r"离不开|上瘾|痛恨|头疼|崩溃|哭|不敢"
 )
 
 # Each pattern: (type, strength, compiled regex, negation-is-part-of-pattern).
@@ -64,7 +65,8 @@ _add(
     0.9,
     r"\b(?:shouldn't have|should not have|should've never|should never have|shouldnt have|regret\w*|"
     r"wish i(?: had| hadn't| hadnt| didn't| had not| could have| would have|'d)|if only i (?:had|hadn't|could)|"
-    r"my mistake was|(?:my |the )?biggest mistake (?:of my life |i (?:ever )?made )?was|i messed up|i screwed up|i blew it|i feel (?:so )?(?:bad|terrible|awful|"
+    r"\bi should(?:'ve| have) (?:\w+ed|been|done|gone|known|taken|told|said|left|stayed|seen|spent|kept|"
+    r"bought|sold|quit|gotten|got)\b|my mistake was|(?:my |the )?biggest mistake (?:of my life |i (?:ever )?made )?was|i messed up|i screwed up|i blew it|i feel (?:so )?(?:bad|terrible|awful|"
     r"guilty) (?:about|for|that)|lesson learned)\b",
     negation_inside=True,
 )
@@ -127,7 +129,7 @@ _add(
     0.9,
     r"\b(?:decided|decide|made (?:up )?my mind|made the (?:call|decision)|made a decision|chose|"
     r"have chosen|'ve chosen|settled on|opted (?:for|to)|gave up(?: on)?|giving up(?: on)?|quit|"
-    r"handed my (?:notice|resignation) in|(?:i'm|i am) (?:finally )?leaving my (?:job|company|position|team|"
+    r"from now on|handed my (?:notice|resignation) in|(?:i'm|i am) (?:finally )?leaving my (?:job|company|position|team|"
     r"husband|wife|partner|boyfriend|girlfriend)|turning down (?:the|their|an|a|that|this|my)|(?:told|informed) (?:my )?(?:boss|manager|team|landlord|"
     r"parents|family)(?: today| yesterday| that)* i(?:'m| am) (?:leaving|quitting|resigning|moving out)|"
     r"quitting|resigned|handed in my (?:notice|resignation)|turned down|accepted (?:the|their|an|that|a) "
