@@ -114,7 +114,9 @@ async def user_summary(
     """A retelling of ``user_id``'s memories (oldest first) at ``depth`` (1 = one line) or at the
     deepest depth that fits ``token_budget`` estimated tokens; both: the shallower; neither: the
     deepest that fits ``[plugin.rtm] user_token_budget``. Returns the retelling, its depth, the
-    tree's depth, the units with the periods they cover, and the memory count."""
+    tree's depth, the units with the periods they cover, the memory count, and the compression
+    (``compressionRatio``: units / memories; ``tokenCompressionRatio``: tokens of the retelling /
+    of every memory's line; the same definition as ``rtm_traverse_narrative``'s)."""
     plugin = plugin_of(memory)
     return await plugin.users.summary(
         memory,

@@ -131,15 +131,21 @@ class FindDepthInput(TextOrTree):
     targetRecallLength: int = Field(ge=1, le=MAX_TARGET, description="wanted number of recall units")
 
 
-class EnsembleInput(_Input):
-    text: str = _text_field()
-    title: str = _title_field()
+class EnsembleInput(TextOrTree):
+    """The text's clause count, K and D come from a stored tree when there is one: ``treeId``, or the
+    tree last built for ``text`` and ``title`` when no K or D is given. ``seed`` seeds the ensemble."""
+
     ensembleSize: int = Field(ge=1, le=MAX_ENSEMBLE, description="number of random trees")
-    maxBranchingFactor: int | None = Branching
-    maxRecallDepth: int | None = Depth
-    seed: int | None = Seed
-    language: Literal["auto", "en", "zh"] = _language_field()
-    segmentation: Literal["auto", "lines", "prose"] = _segmentation_field()
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_needs_random(cls, seed: int | None, info: ValidationInfo) -> int | None:
+        return seed  # every tree of an ensemble is random: the seed is the ensemble's
+
+    def tree_parameters_given(self) -> list[str]:
+        given = [n for n in ("maxBranchingFactor", "maxRecallDepth", "partition") if getattr(self, n)]
+        modes = [n for n in ("language", "segmentation") if getattr(self, n) != "auto"]
+        return given + modes
 
 
 # --- outputs --------------------------------------------------------------------------------
@@ -186,7 +192,7 @@ class CreateTreeOutput(_Output):
     created: bool = Field(description="false when the same tree was already stored")
     parameters: TreeParameters
     stats: TreeStats
-    compressionRatio: dict[str, float] = Field(description="recall length / leafCount per depth")
+    compressionRatio: dict[str, float] = Field(description="recall length / clauses in the story, per depth")
     scale: ScaleCheck
 
 
@@ -207,8 +213,12 @@ class TraverseOutput(_Output):
     retelling: str = Field(description="the summaries joined: a depth-appropriate retelling")
     recallLength: int
     leafCount: int
-    compressionRatio: float = Field(description="recallLength / leafCount")
-    clausesPerUnit: float = Field(description="leafCount / recallLength")
+    clauseCount: int = Field(description="clauses in the story")
+    compressionRatio: float = Field(
+        description="recallLength / clauseCount: clauses recalled per clause told"
+    )
+    tokenCompressionRatio: float = Field(description="estimated tokens of the retelling / of the story")
+    clausesPerUnit: float = Field(description="clauseCount / recallLength")
 
 
 class SearchStep(_Output):
@@ -253,6 +263,11 @@ class NodeStats(_Output):
 
 class EnsembleOutput(_Output):
     title: str
+    trees: list[str] = Field(
+        description="stored trees whose clauses, K and D the ensemble used (empty: the request's or the "
+        "defaults)"
+    )
+    parameterSource: Literal["tree", "request", "defaults"]
     leafCount: int = Field(description="clauses of the text: the leaves of an unlimited tree")
     ensembleSize: int
     maxBranchingFactor: int

@@ -5,8 +5,9 @@ Who writes an internal node's summary, first answer wins:
 1. the ``summarizer`` callable the plugin was built with (``RTMPlugin(summarizer=...)``);
 2. the ``narrmem_summarize`` hook (firstresult), when the host declares it, so an LLM plugin can
    write abstractive summaries;
-3. the built-in extractive summary: the clause(s) of the span closest to the span's centroid
-   embedding, in narrative order, cut to a token budget, in the text's own language.
+3. the built-in extractive summary: the span's most central clauses (embedding centrality, chosen
+   to cover the span rather than restate one theme) that fit the token budget, in narrative order,
+   in the text's own language (:func:`extractive`).
 
 Identical spans share one summary (a random tree can give a node a single child with the same
 span), so a paid summarizer is asked once per span.
@@ -114,20 +115,59 @@ def extractive(
     max_tokens: int,
     max_clauses: int,
 ) -> str:
-    """The clause nearest the centroid, then the next nearest while they fit ``max_tokens`` and
-    ``max_clauses``; in narrative order. A first clause over budget is cut at a word boundary."""
-    scores = vectors @ centroid
-    order = np.argsort(-scores, kind="stable")
+    """The span's most central clauses that fit ``max_tokens`` (at most ``max_clauses``), in
+    narrative order: a gist of the span, not its opening.
+
+    Centrality is embedding centrality: how much of the span a clause stands for, the sum of its
+    positive cosine similarities to the other clauses of the span. Clauses are chosen greedily by how
+    much of the rest of the span they cover that the chosen ones do not yet (the coverage objective of
+    extractive summarisation: ``sum_j max_i∈chosen sim(j, i)``), so a second clause adds a second theme
+    instead of restating the first, and an outlier, which covers only itself, is never chosen; only
+    whole clauses that still fit the budget are candidates. Only when no
+    clause fits is the most central one cut at a word boundary. Long spans are judged on the
+    :data:`CANDIDATES` clauses nearest their centroid, so the cost stays linear in the span.
+    """
+    chosen = central_clauses(span, vectors, centroid, language, max_tokens, max_clauses)
     glue = joiner(language)
-    picked = [int(order[0])]
-    for candidate in order[1:].tolist():
-        if len(picked) >= max_clauses:
-            break
-        trial = glue.join(span[i] for i in sorted([*picked, candidate]))
-        if estimate_tokens(trial) <= max_tokens:
-            picked.append(candidate)
-    text = glue.join(tidy(span[i], language) for i in sorted(picked))
+    text = glue.join(tidy(span[i], language) for i in chosen)
     return clip(text, max_tokens)
+
+
+CANDIDATES = 64  # clauses of a long span considered for its summary (the nearest to its centroid)
+
+
+def central_clauses(
+    span: list[str],
+    vectors: np.ndarray,
+    centroid: np.ndarray,
+    language: str,
+    max_tokens: int,
+    max_clauses: int,
+) -> list[int]:
+    """Indices (narrative order) of the clauses :func:`extractive` quotes."""
+    near = np.argsort(-(vectors @ centroid), kind="stable")[:CANDIDATES]
+    sims = np.clip(vectors @ vectors[near].T, 0.0, None)  # (span, candidates)
+    # A clause's gain is what it says of the *other* clauses: an outlier covers only itself.
+    others = sims.copy()
+    others[near, np.arange(len(near))] = 0.0
+    glue = joiner(language)
+    covered = np.zeros(len(span))
+    picked: list[int] = []
+    while len(picked) < max_clauses:
+        gains = np.maximum(others - covered[:, None], 0.0).sum(axis=0)
+        best = None
+        for c in np.argsort(-gains, kind="stable").tolist():
+            index = int(near[c])
+            if index in picked or (gains[c] <= 0 and picked):
+                continue
+            if estimate_tokens(glue.join(span[i] for i in sorted([*picked, index]))) <= max_tokens:
+                best = c
+                break
+        if best is None:
+            break
+        picked.append(int(near[best]))
+        covered = np.maximum(covered, sims[:, best])
+    return sorted(picked) or [int(near[0])]
 
 
 def tidy(clause: str, language: str) -> str:

@@ -26,7 +26,7 @@ from narrmem_plugins.rtm.segment import joiner, segment_cached
 from narrmem_plugins.rtm.store import StoredTree, TreeStore
 from narrmem_plugins.rtm.summarize import Summarizer
 from narrmem_plugins.rtm.theory import suggest_parameters
-from narrmem_plugins.rtm.traverse import find_optimal_depth, recall_lengths, recall_units
+from narrmem_plugins.rtm.traverse import compression, find_optimal_depth, recall_lengths, recall_units
 
 from narrmem.errors import InputError
 from narrmem.tools import Tool, ToolSpec, bind_tools
@@ -42,19 +42,22 @@ class RTMContext(Protocol):
 # --- handlers -------------------------------------------------------------------------------
 
 
+async def _by_id(ctx: RTMContext, args: TextOrTree, tree_id: str) -> StoredTree:
+    """The stored tree ``tree_id``; the call may give no tree parameters beside it."""
+    given = args.tree_parameters_given()
+    if given:
+        raise InputError("tree parameters come from the stored tree; drop them or pass text", field=given[0])
+    found = await ctx.trees.get(args.tenant, tree_id)
+    if found is None:
+        raise InputError(f"no tree {tree_id} in tenant '{args.tenant}'", field="treeId")
+    if args.title is not None and args.title != found.title:
+        raise InputError(f"tree {tree_id} is titled {found.title!r}", field="title")
+    return found
+
+
 async def _resolve(memory: MemoryView, ctx: RTMContext, args: TextOrTree) -> StoredTree:
     if args.treeId is not None:
-        given = args.tree_parameters_given()
-        if given:
-            raise InputError(
-                "tree parameters come from the stored tree; drop them or pass text", field=given[0]
-            )
-        found = await ctx.trees.get(args.tenant, args.treeId)
-        if found is None:
-            raise InputError(f"no tree {args.treeId} in tenant '{args.tenant}'", field="treeId")
-        if args.title is not None and args.title != found.title:
-            raise InputError(f"tree {args.treeId} is titled {found.title!r}", field="title")
-        return found
+        return await _by_id(ctx, args, args.treeId)
     assert args.text is not None and args.title is not None
     request = TreeRequest(
         text=args.text,
@@ -138,8 +141,9 @@ async def traverse(ctx: RTMContext, memory: MemoryView, args: TraverseInput) -> 
         retelling=joiner(tree.language).join(texts),
         recallLength=len(units),
         leafCount=leaf_count,
-        compressionRatio=round(len(units) / leaf_count, 6),
-        clausesPerUnit=round(leaf_count / len(units), 6),
+        clauseCount=len(tree.clauses),
+        clausesPerUnit=round(len(tree.clauses) / len(units), 6),
+        **compression(tree, args.traversalDepth),
     )
 
 
@@ -151,26 +155,51 @@ async def find_depth(ctx: RTMContext, memory: MemoryView, args: FindDepthInput) 
 
 
 async def generate_ensemble(ctx: RTMContext, memory: MemoryView, args: EnsembleInput) -> EnsembleOutput:
-    sections = segment_cached(args.text, args.language, args.segmentation)
-    clauses = len(sections.clauses)
-    if clauses == 0:
-        raise InputError("the text holds no clause (no letter or digit)", field="text")
-    if clauses > ctx.options.max_clauses:
-        raise InputError(f"the text has {clauses} clauses; at most {ctx.options.max_clauses}", field="text")
-    k = args.maxBranchingFactor or ctx.options.branching
-    depth = args.maxRecallDepth or suggest_parameters(clauses, 1 / k)[1]
+    if args.partition is not None:
+        raise InputError("every tree of an ensemble is random; drop partition", field="partition")
+    stored = await _stored_for_ensemble(ctx, args)
+    if stored is not None:
+        clauses = len(stored.tree.clauses)
+        k, depth = int(stored.params["maxBranchingFactor"]), int(stored.params["maxRecallDepth"])
+        source, title = "tree", stored.title
+    else:
+        assert args.text is not None and args.title is not None
+        sections = segment_cached(args.text, args.language, args.segmentation)
+        clauses = len(sections.clauses)
+        if clauses == 0:
+            raise InputError("the text holds no clause (no letter or digit)", field="text")
+        if clauses > ctx.options.max_clauses:
+            raise InputError(
+                f"the text has {clauses} clauses; at most {ctx.options.max_clauses}", field="text"
+            )
+        k = args.maxBranchingFactor or ctx.options.branching
+        depth = args.maxRecallDepth or suggest_parameters(clauses, 1 / k)[1]
+        given = args.maxBranchingFactor is not None or args.maxRecallDepth is not None
+        source, title = ("request" if given else "defaults"), args.title
     seed = 0 if args.seed is None else args.seed
     sim = simulate(clauses, k, depth, args.ensembleSize, seed)
-    summary = summarize(sim, clauses, k, depth)
     return EnsembleOutput(
-        title=args.title,
+        title=title,
+        trees=[stored.tree_id] if stored is not None else [],
+        parameterSource=source,
         leafCount=clauses,
         ensembleSize=args.ensembleSize,
         maxBranchingFactor=k,
         maxRecallDepth=depth,
         seed=seed,
-        **summary,
+        **summarize(sim, clauses, k, depth),
     )
+
+
+async def _stored_for_ensemble(ctx: RTMContext, args: EnsembleInput) -> StoredTree | None:
+    """The tree ``treeId`` names (no tree parameters beside it), or, for a text given without K and
+    D, the tree last built for it; ``None`` when the request's parameters or the defaults apply."""
+    if args.treeId is not None:
+        return await _by_id(ctx, args, args.treeId)
+    if args.maxBranchingFactor is not None or args.maxRecallDepth is not None:
+        return None
+    assert args.text is not None and args.title is not None
+    return await ctx.trees.latest(args.tenant, args.title, text_sha(args.text))
 
 
 TOOLS: list[ToolSpec[RTMContext]] = [
@@ -204,6 +233,8 @@ TOOLS: list[ToolSpec[RTMContext]] = [
         name="rtm_generate_ensemble",
         description=(
             "Model population-level recall: ensembleSize random trees of the same text (seeded). "
+            "Give treeId (a stored tree: its clauses, K and D are used) or text and title (the tree "
+            "last built for them is used when no K or D is given; trees lists the ones used). "
             "Per depth: mean, standard deviation and standard error of the recall length and the "
             "compression ratio, the exact theoretical expectation and the z-score against it; node "
             "statistics and a scale check."

@@ -3,7 +3,13 @@ depth that best matches a target length or a token budget, and the scale check.
 
 The recall sequence at depth ``d`` is every node at level ``d`` plus every leaf above level
 ``d``, in narrative order: together they cover each clause exactly once. Its length is the
-number of units; ``compressionRatio = length / leafCount`` and ``clausesPerUnit`` is the inverse.
+number of units.
+
+The compression ratio has one definition, everywhere (the tools, the user summary, the ensemble):
+``compressionRatio = recall length / clauses in the story`` (clauses recalled per clause told) and
+``tokenCompressionRatio = tokens of the retelling / tokens of the story`` (estimated tokens); see
+:func:`compression`. Depth 1 gives ``1 / clauses``; at the deepest level the token ratio is 1.0 and
+the clause ratio is 1.0 unless the depth cap left leaves holding several clauses.
 """
 
 from __future__ import annotations
@@ -38,6 +44,17 @@ def recall_lengths(shape: Shape, max_depth: int | None = None) -> list[int]:
     return [int(at[d] + leaves[d - 1]) if d < len(at) else int(leaves[-1]) for d in range(1, top + 1)]
 
 
+def compression(tree: Tree, depth: int) -> dict[str, float]:
+    """``compressionRatio`` (recall length / clauses in the story) and ``tokenCompressionRatio``
+    (tokens of the retelling at ``depth`` / tokens of the story) of ``tree`` at ``depth``."""
+    units = len(recall_units(tree.shape, depth))
+    story = estimate_tokens(joiner(tree.language).join(tree.clauses))
+    return {
+        "compressionRatio": round(units / len(tree.clauses), 6),
+        "tokenCompressionRatio": round(estimate_tokens(retelling(tree, depth)) / max(story, 1), 6),
+    }
+
+
 def recall_sequence(tree: Tree, depth: int) -> list[str]:
     return [tree.summaries[i] for i in recall_units(tree.shape, depth).tolist()]
 
@@ -69,7 +86,9 @@ def tree_stats(tree: Tree, reference: Sequence[float] | None = None) -> dict[str
         "avgBranching": round(float(internal.mean()), 4) if len(internal) else 0.0,
         "branching": {str(k): int(v) for k, v in enumerate(distribution) if v},
         "recallLength": {f"depth{d}": n for d, n in enumerate(lengths, start=1)},
-        "compressionRatio": {f"depth{d}": round(n / leaf_count, 6) for d, n in enumerate(lengths, start=1)},
+        "compressionRatio": {
+            f"depth{d}": round(n / len(tree.clauses), 6) for d, n in enumerate(lengths, start=1)
+        },
         "scale": scale_check(lengths, reference, leaf_count),
     }
 

@@ -17,8 +17,9 @@ from narrmem_plugins.rtm.partition import DEFAULT_BALANCE, random_compositions, 
 
 Partition = Literal["semantic", "random"]
 # Part of every tree id: bump it when shapes, summaries or the JSON change, so trees stored by an
-# older version are rebuilt rather than reused.
-FORMAT_VERSION = 1
+# older version are rebuilt rather than reused. 2: summaries quote the span's most central clauses
+# chosen for coverage within the budget (1 quoted those nearest the centroid).
+FORMAT_VERSION = 2
 
 
 @dataclass

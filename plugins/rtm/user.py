@@ -17,7 +17,13 @@ from narrmem_plugins.rtm.options import RTMOptions
 from narrmem_plugins.rtm.segment import detect_language
 from narrmem_plugins.rtm.summarize import Summarizer
 from narrmem_plugins.rtm.theory import suggest_parameters
-from narrmem_plugins.rtm.traverse import depth_for_budget, recall_sequence, recall_units, retelling
+from narrmem_plugins.rtm.traverse import (
+    compression,
+    depth_for_budget,
+    recall_sequence,
+    recall_units,
+    retelling,
+)
 from narrmem_plugins.rtm.tree import Tree
 from pydantic import ValidationError
 
@@ -83,6 +89,7 @@ class UserSummaries:
             "retelling": text,
             "tokens": estimate_tokens(text),
             "fits": token_budget is None or estimate_tokens(text) <= token_budget,
+            **compression(tree, chosen),
             "recallSequence": recall_sequence(tree, chosen),
             "units": [
                 {
@@ -163,6 +170,8 @@ def _empty(tenant: str, user_id: str) -> dict[str, Any]:
         "retelling": "",
         "tokens": 0,
         "fits": True,
+        "compressionRatio": 0.0,
+        "tokenCompressionRatio": 0.0,
         "recallSequence": [],
         "units": [],
     }
