@@ -16,6 +16,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic._internal._model_construction import ModelMetaclass
 
 from narrmem.checks import JsonShapeError, check_plain_json, check_time_range
 from narrmem.errors import InputError
@@ -38,7 +39,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Message(_Strict):
+class _InputErrors(ModelMetaclass):
+    """``Message(...)`` with a bad field (a naive ``ts``, say) raises narrmem's
+    :class:`~narrmem.errors.InputError` naming it, as every other door does. Only the call is
+    wrapped: validation itself (``model_validate``, a Message inside another model) is pydantic's,
+    with its errors' locations intact."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
+
+
+class Message(_Strict, metaclass=_InputErrors):
     """One chat message as a bot sees it. ``ts`` must carry a timezone."""
 
     # A Message handed in as an object is checked again: its fields may have been set after it
@@ -53,14 +67,6 @@ class Message(_Strict):
     tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
     speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     meta: dict[str, Any] = Field(default_factory=dict)
-
-    def __init__(self, **data: Any) -> None:
-        """``Message(...)`` with a bad field (a naive ``ts``, say) raises narrmem's
-        :class:`~narrmem.errors.InputError` naming it, as every other door does."""
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise InputError.from_pydantic(exc) from exc
 
     @field_validator("meta")
     @classmethod
