@@ -14,6 +14,7 @@ import random
 import re
 import sqlite3
 import string
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,18 @@ BASE_TS = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
 TOKEN_RE = re.compile(r"zq[a-z0-9]{4,}")
 _ALPHABET = string.ascii_lowercase + string.digits
 TREE = "*tree*"  # the owner user and chat of text given to the rtm tools (trees belong to a tenant)
+
+
+def figures_dict(figures: Any, **shown: Any) -> dict[str, Any]:
+    """A harness's figures (a dataclass) as JSON-ready values, in field order: counters become
+    sorted dicts, private fields stay out, and ``shown`` replaces or adds values (examples cut
+    short, seconds rounded)."""
+    out: dict[str, Any] = {}
+    for name, value in vars(figures).items():
+        if not name.startswith("_"):
+            out[name] = dict(sorted(value.items())) if isinstance(value, Counter) else value
+    out.update(shown)
+    return out
 
 
 @dataclass(frozen=True, order=True)

@@ -49,6 +49,7 @@ from .common import (
     Corpus,
     Owner,
     build_corpus,
+    figures_dict,
     folder_files,
     marker_needles,
     occurrences,
@@ -113,16 +114,15 @@ class Figures:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, value in self.__dict__.items():
-            out[name] = dict(sorted(value.items())) if isinstance(value, Counter) else value
-        out["integrity_failures"] = len(self.integrity_failures)
-        out["integrity_examples"] = self.integrity_failures[:5]
-        out["lost_examples"] = self.lost_examples[:10]
-        out["leftover_examples"] = self.leftover_examples[:10]
-        out["reopen_errors"] = self.reopen_errors[:5]
-        out["seconds"] = round(self.seconds, 1)
-        return out
+        return figures_dict(
+            self,
+            integrity_failures=len(self.integrity_failures),
+            integrity_examples=self.integrity_failures[:5],
+            lost_examples=self.lost_examples[:10],
+            leftover_examples=self.leftover_examples[:10],
+            reopen_errors=self.reopen_errors[:5],
+            seconds=round(self.seconds, 1),
+        )
 
 
 def run_crash(
@@ -314,38 +314,15 @@ async def _fill(
         for tenant, user in corpus.people:
             chats = corpus.chats_of(tenant, user)
             chat = rng.choice(chats)
-            token = corpus.token_for(Owner(tenant, user, chat), rng, 10)
-            await mem.call_tool(
-                "soul_narrative",
-                {
-                    "action": "add",
-                    "user_id": user,
-                    "chat_id": chat,
-                    "tenant": tenant,
-                    "event": f"I kept {token}",
-                },
-            )
-            token = corpus.token_for(Owner(tenant, user, chat), rng, 10)
-            await mem.call_tool(
-                "persona_set",
-                {
-                    "user_id": user,
-                    "chat_id": chat,
-                    "tenant": tenant,
-                    "description": f"a friend who knows {token}",
-                },
-            )
-            token = corpus.token_for(Owner(tenant, user, chat), rng, 10)
-            await mem.call_tool(
-                "task_create",
-                {
-                    "user_id": user,
-                    "chat_id": chat,
-                    "tenant": tenant,
-                    "task_id": f"task-{token}",
-                    "description": f"plan the {token} visit",
-                },
-            )
+            # Each tool writes a fresh token of this person's; ``{token}`` in an argument stands for it.
+            for tool, arguments in (
+                ("soul_narrative", {"action": "add", "event": "I kept {token}"}),
+                ("persona_set", {"description": "a friend who knows {token}"}),
+                ("task_create", {"task_id": "task-{token}", "description": "plan the {token} visit"}),
+            ):
+                token = corpus.token_for(Owner(tenant, user, chat), rng, 10)
+                filled = {key: value.format(token=token) for key, value in arguments.items()}
+                await mem.call_tool(tool, {**filled, "user_id": user, "chat_id": chat, "tenant": tenant})
             await mem.summary(user_id=user, tenant=tenant)
             await mem.recall(f"what about {token}", user_id=user, tenant=tenant)
     return {person: _person_rows(data, *person) for person in corpus.people}

@@ -48,6 +48,8 @@ from narrmem.memory import Memory
 from narrmem.models import Message
 from narrmem.testing import HASH_EMBEDDER, TestingPlugin, open_memory
 
+from .common import figures_dict
+
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "chat_exports"
 DEEP = 10_000  # nesting depth of the deep inputs: far past Python's recursion limit
 DB_NAME = "narrmem.sqlite3"
@@ -129,25 +131,12 @@ class Report:
         self.by_door.setdefault(door, Counter())["untyped"] += 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "inputs": self.inputs,
-            "accepted": self.accepted,
-            "refused": self.refused,
-            "untyped": self.untyped,
-            "untyped_kinds": dict(self.untyped_kinds),
-            "cli_tracebacks": self.cli_tracebacks,
-            "cli_traceback_examples": list(self.cli_traceback_examples),
-            "cli_messages_not_one_line": self.cli_messages_not_one_line,
-            "cli_message_examples": list(self.cli_message_examples),
-            "rows_changed_by_refused": self.rows_changed_by_refused,
-            "rows_changed_examples": list(self.rows_changed_examples),
-            "foreign_files_touched": self.foreign_files_touched,
-            "foreign_files": list(self.foreign_files),
-            "logged_errors": self.logged_errors,
-            "logged_error_kinds": dict(self.logged_error_kinds),
-            "by_door": {door: dict(counts) for door, counts in sorted(self.by_door.items())},
-            "seconds_by_door": {door: round(spent, 1) for door, spent in sorted(self.seconds.items())},
-        }
+        out = figures_dict(
+            self, by_door={door: dict(counts) for door, counts in sorted(self.by_door.items())}
+        )
+        del out["seconds"]  # time by door, rounded, under its own name
+        out["seconds_by_door"] = {door: round(spent, 1) for door, spent in sorted(self.seconds.items())}
+        return out
 
 
 def _origin(error: BaseException) -> str:

@@ -31,7 +31,18 @@ from typing import Any
 from narrmem import ManualClock, Memory, NarrmemError
 from narrmem.testing import open_memory
 
-from .common import BASE_TS, TREE, Corpus, Owner, build_corpus, excerpt, sql, to_json, tokens_in
+from .common import (
+    BASE_TS,
+    TREE,
+    Corpus,
+    Owner,
+    build_corpus,
+    excerpt,
+    figures_dict,
+    sql,
+    to_json,
+    tokens_in,
+)
 
 PATHS = (
     "recall user",
@@ -93,15 +104,14 @@ class Report:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, value in self.__dict__.items():
-            out[name] = dict(sorted(value.items())) if isinstance(value, Counter) else value
-        out["causes"] = dict(sorted(Counter(_cause(e) for e in self.examples).items()))
-        out["examples"] = self.examples[:10]
-        out["forgotten_examples"] = self.forgotten_examples[:10]
-        out["error_examples"] = self.error_examples[:10]
-        out["seconds"] = round(self.seconds, 1)
-        return out
+        return figures_dict(
+            self,
+            causes=dict(sorted(Counter(_cause(e) for e in self.examples).items())),
+            examples=self.examples[:10],
+            forgotten_examples=self.forgotten_examples[:10],
+            error_examples=self.error_examples[:10],
+            seconds=round(self.seconds, 1),
+        )
 
 
 def _cause(example: dict[str, Any]) -> str:
@@ -354,20 +364,13 @@ def _sweep(rng: random.Random, corpus: Corpus, forgotten: set[tuple[str, str]]) 
 # --- running probes -------------------------------------------------------------------------------
 
 
+@dataclass
 class _Runner:
-    def __init__(
-        self,
-        mem: Memory,
-        corpus: Corpus,
-        trees: dict[str, str],
-        scenes: list[tuple[int, Owner]],
-        report: Report,
-    ) -> None:
-        self.mem = mem
-        self.corpus = corpus
-        self.trees = trees
-        self.scenes = scenes
-        self.report = report
+    mem: Memory
+    corpus: Corpus
+    trees: dict[str, str]
+    scenes: list[tuple[int, Owner]]
+    report: Report
 
     async def run(self, probe: Probe, *, forgotten: set[str]) -> None:
         report = self.report

@@ -35,6 +35,7 @@ from narrmem.testing import open_memory
 from .common import (
     BASE_TS,
     all_vectors,
+    figures_dict,
     folder_files,
     marker_needles,
     new_token,
@@ -92,13 +93,12 @@ class LeakReport:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, value in self.__dict__.items():
-            out[name] = dict(sorted(value.items())) if isinstance(value, Counter) else value
-        out["examples"] = self.examples[:12]
-        out["kept_missing"] = self.kept_missing[:12]
-        out["seconds"] = round(self.seconds, 1)
-        return out
+        return figures_dict(
+            self,
+            examples=self.examples[:12],
+            kept_missing=self.kept_missing[:12],
+            seconds=round(self.seconds, 1),
+        )
 
 
 def run_leak(users: int, seed: int, workdir: Path, *, real_model: bool = False) -> dict[str, Any]:
