@@ -313,9 +313,10 @@ def narrmem_turn_context(
 ) -> dict[str, Any] | None:
     """What the bot must know before it answers ``text`` in this chat: the per-turn flow as one dict,
     ``{"persona", "refers_back", "tasks", "task_facts", "facts", "memories", "rendered"}``: 1 the
-    persona, 2 the working memory chain (the task in progress, or the chain when the message refers
-    back: "just now", "last time", 刚才, 上次…), 3 the user's facts and recalled memories;
-    ``rendered`` is the prompt block.
+    persona, 2 the working memory chain (every task in progress, in chain order, or the chain when the
+    message refers back: "just now", "last time", 刚才, 上次…), 3 the user's facts and recalled memories
+    (for a recap question, "What did we talk about?", 我们聊过什么: the chat's recent memories, oldest
+    first); ``rendered`` is the prompt block.
 
     firstresult: the first non-``None`` answer wins (the graph plugin answers).
     """

@@ -218,7 +218,7 @@ async def test_a_recap_question_gets_the_recent_narrative(mem: Memory, question:
 
 
 @pytest.mark.parametrize(
-    ("created", "other"), [("Task_A", "task_a"), ("Задача_1", "задача_1"), ("Étape", "ÉTAPE")]
+    ("created", "other"), [("Task_A", "task_a"), ("Задача_1", "задача_1"), ("étape", "ÉTAPE")]
 )
 async def test_task_ids_ignore_case_in_every_script(mem: Memory, created: str, other: str) -> None:
     await mem.call_tool("task_create", {**U1, "task_id": created, "description": "first"})
@@ -289,3 +289,16 @@ async def test_whole_tasks_purges_the_task_and_joins_the_chain(
     assert [t["task_id"] for t in tasks] == ["Task_c", "Task_a"]
     assert ("Task_a", "NEXT_TASK", "Task_c") in active(tmp_path / "m")
     assert not any("Task_b" in (s, o) for s, _, o in active(tmp_path / "m"))
+
+
+async def test_a_task_purged_whole_frees_its_id(mem: Memory, clock: ManualClock) -> None:
+    await _chain(mem)
+    await mem.call_tool(
+        "memory_purge", {**U1, "filters": {"subject": "Task_a"}, "whole_tasks": True, "mode": "soft"}
+    )
+    clock.advance(minutes=5)
+    again = await mem.call_tool("task_create", {**U1, "task_id": "task_A", "description": "again"})
+    assert again["previous_task"] == "Task_c"
+    tasks = (await mem.call_tool("task_query", U1))["tasks"]
+    assert (tasks[0]["task_id"], tasks[0]["description"]) == ("Task_a", "again")
+    assert [t["task_id"] for t in tasks] == ["Task_a", "Task_c", "Task_b"]

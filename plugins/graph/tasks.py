@@ -11,6 +11,7 @@ are compared with :func:`task_key`, the full Unicode case fold, so the rule hold
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -101,14 +102,19 @@ async def create_task(
 ) -> tuple[TaskView, str | None]:
     """Create ``task_id`` after the chat's newest task, in progress; returns it and its predecessor."""
     existing = await find_node(db, chat, task_id)
-    same = [t for t in await load_tasks(db, chat) if task_key(t.task_id) == task_key(task_id)]
+    tasks = await load_tasks(db, chat)
+    same = [t for t in tasks if task_key(t.task_id) == task_key(task_id)]
     if existing is None and same:
         existing = same[0].node
-    if existing is not None:
+    purged = existing is not None and existing.type == "TaskNode" and not same
+    if existing is not None and not purged:
         what = "task" if existing.type == "TaskNode" else f"node ({existing.type})"
         raise InputError(f"a {what} named '{existing.name}' already exists in this chat", field="task_id")
-    chain = await load_tasks(db, chat, limit=1)
-    previous = chain[0].task_id if chain else None
+    if existing is not None:
+        # A task purged whole keeps its node (and the history of its triplets): its id is free again,
+        # and the task made with it is the newest of the chain.
+        await renew_task_node(db, existing, {"description": description, **(props or {})}, at)
+    previous = tasks[0].task_id if tasks else None
     node = await ensure_node(
         db,
         chat,
@@ -129,6 +135,13 @@ async def create_task(
     for draft in drafts:
         await write_triplet(db, chat, draft, source=source, provenance=provenance, at=at, actor=actor)
     return await find_task(db, chat, node.name), previous
+
+
+async def renew_task_node(db: Any, node: Node, props: dict[str, Any], at: datetime) -> None:
+    await db.execute(
+        "UPDATE graph_nodes SET props = ?, created_at = ?, created_ts = ? WHERE id = ?",
+        (json.dumps(props, ensure_ascii=False, sort_keys=True), at.isoformat(), at.timestamp(), node.id),
+    )
 
 
 async def find_task(db: Any, chat: GraphScope, task_id: str) -> TaskView:
