@@ -7,6 +7,7 @@ folder is first on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -134,6 +135,21 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(_jsonable(payload), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, target)
+
+
+def params_of(args: argparse.Namespace) -> dict[str, Any]:
+    """A run's parameters for its report: the command-line arguments but where the report and the
+    config file are."""
+    return {k: v for k, v in vars(args).items() if k not in {"out", "config"}}
+
+
+def publish(report: dict[str, Any], out: str | None, show: Callable[[dict[str, Any]], None]) -> int:
+    """Show ``report`` with ``show``, write it as JSON to ``out`` when given; the exit code (0)."""
+    show(report)
+    if out:
+        write_json(out, report)
+        print(f"wrote {out}")
+    return 0
 
 
 def _jsonable(value: Any) -> Any:

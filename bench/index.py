@@ -35,8 +35,16 @@ from typing import Any
 
 import numpy as np
 from _chatgen import ChatGenerator
-from _common import default_embedder, latency_summary, machine_info, now_iso, peak_rss_mib, render_table
-from _common import write_json as write_report
+from _common import (
+    default_embedder,
+    latency_summary,
+    machine_info,
+    now_iso,
+    params_of,
+    peak_rss_mib,
+    publish,
+    render_table,
+)
 from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, VectorIndex
 
 from narrmem import load_settings
@@ -250,18 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     body = asyncio.run(run(args))
     report = {
         "benchmark": "index",
-        "params": {k: v for k, v in vars(args).items() if k not in {"out", "config"}},
+        "params": params_of(args),
         "options": body["options"],
         "results": body["results"],
         "date": now_iso(),
         "machine": body["m"],
         "seconds": time.perf_counter() - started,
     }
-    print_report(report)
-    if args.out:
-        write_report(args.out, report)
-        print(f"wrote {args.out}")
-    return 0
+    return publish(report, args.out, print_report)
 
 
 if __name__ == "__main__":

@@ -83,66 +83,28 @@ def _timed(name: str, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def rows(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
     """(part, what was run, what failed, verdict) for the table."""
+    readers: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, int]]]] = {
+        "crash": _crash,
+        "crash at forget steps": _crash,
+        "isolation": _isolation,
+        "leak": _leak,
+        "fuzz": _fuzz,
+    }
     out: list[tuple[str, str, str, str]] = []
-    for name in ("crash", "crash at forget steps"):
-        _crash_row(out, name, results.get(name))
-    isolation = results.get("isolation")
-    if isolation is not None:
-        if "error" in isolation:
-            out.append(("isolation", "-", isolation["error"], "error"))
-        else:
-            bad = {
-                "foreign tokens": isolation["foreign_tokens"],
-                "forgotten tokens": isolation["forgotten_found"],
-                "unexpected errors": isolation["unexpected_errors"],
-            }
-            ran = (
-                f"{isolation['probes']:,} probes over {len(isolation['by_path'])} paths "
-                f"({'real model' if isolation['real_model'] else 'hash embedder'}); "
-                f"{isolation['population']['people']} people, "
-                f"{isolation['population']['messages']:,} messages; "
-                f"own token found {isolation['own_found']}/{isolation['own_asked']}"
-            )
-            out.append(("isolation", ran, _failures(bad), _verdict(bad)))
-    leak = results.get("leak")
-    if leak is not None:
-        if "error" in leak:
-            out.append(("leak", "-", leak["error"], "error"))
-        else:
-            bad = {
-                "markers left": leak["leaked_markers"],
-                "vectors left": leak["vectors_found"],
-                "answers": leak["answers_with_forgotten"],
-                "kept markers missed": leak["kept_markers"] - leak["kept_markers_found"],
-            }
-            ran = (
-                f"{leak['forgotten']} of {leak['users']} users forgotten; "
-                f"{leak['markers_forgotten']} markers, "
-                f"{leak['vectors_checked']} vectors searched in {len(leak['files'])} files"
-            )
-            out.append(("leak", ran, _failures(bad), _verdict(bad)))
-    fuzz = results.get("fuzz")
-    if fuzz is not None:
-        if "error" in fuzz:
-            out.append(("fuzz", "-", fuzz["error"], "error"))
-        else:
-            bad = {
-                key: value
-                for key, value in fuzz.items()
-                if key in ("untyped", "cli_tracebacks", "rows_changed_by_refused", "foreign_files_touched")
-                and isinstance(value, int)
-            }
-            ran = f"{fuzz.get('inputs', 0):,} inputs; {fuzz.get('refused', 0):,} refused with a typed error"
-            out.append(("fuzz", ran, _failures(bad), _verdict(bad)))
+    for name, read in readers.items():
+        figures = results.get(name)
+        if figures is None:
+            continue
+        if "error" in figures:
+            out.append((name, "-", figures["error"], "error"))
+            continue
+        ran, bad = read(figures)
+        out.append((name, ran, _failures(bad), _verdict(bad)))
     return out
 
 
-def _crash_row(out: list[tuple[str, str, str, str]], name: str, crash: dict[str, Any] | None) -> None:
-    if crash is None:
-        return
-    if "error" in crash:
-        out.append((name, "-", crash["error"], "error"))
-        return
+def _crash(crash: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    """What a crash part ran, and its failures by kind (as for each part below)."""
     bad = {
         "lost": crash["lost"] + crash["scenes_lost"],
         "failed reopens": crash["failed_reopens"],
@@ -163,7 +125,49 @@ def _crash_row(out: list[tuple[str, str, str, str]], name: str, crash: dict[str,
         f"{crash['forgets_completed_on_reopen']} finished on reopen; "
         f"{crash['rebuilds_needed']} index rebuilds on reopen"
     )
-    out.append((name, ran, _failures(bad), _verdict(bad)))
+    return ran, bad
+
+
+def _isolation(isolation: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    bad = {
+        "foreign tokens": isolation["foreign_tokens"],
+        "forgotten tokens": isolation["forgotten_found"],
+        "unexpected errors": isolation["unexpected_errors"],
+    }
+    ran = (
+        f"{isolation['probes']:,} probes over {len(isolation['by_path'])} paths "
+        f"({'real model' if isolation['real_model'] else 'hash embedder'}); "
+        f"{isolation['population']['people']} people, "
+        f"{isolation['population']['messages']:,} messages; "
+        f"own token found {isolation['own_found']}/{isolation['own_asked']}"
+    )
+    return ran, bad
+
+
+def _leak(leak: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    bad = {
+        "markers left": leak["leaked_markers"],
+        "vectors left": leak["vectors_found"],
+        "answers": leak["answers_with_forgotten"],
+        "kept markers missed": leak["kept_markers"] - leak["kept_markers_found"],
+    }
+    ran = (
+        f"{leak['forgotten']} of {leak['users']} users forgotten; "
+        f"{leak['markers_forgotten']} markers, "
+        f"{leak['vectors_checked']} vectors searched in {len(leak['files'])} files"
+    )
+    return ran, bad
+
+
+def _fuzz(fuzz: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    bad = {
+        key: value
+        for key, value in fuzz.items()
+        if key in ("untyped", "cli_tracebacks", "rows_changed_by_refused", "foreign_files_touched")
+        and isinstance(value, int)
+    }
+    ran = f"{fuzz.get('inputs', 0):,} inputs; {fuzz.get('refused', 0):,} refused with a typed error"
+    return ran, bad
 
 
 def _failures(bad: dict[str, int]) -> str:

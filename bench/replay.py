@@ -52,10 +52,10 @@ from _common import (
     machine_info,
     mean,
     now_iso,
+    publish,
     render_table,
     with_shared_embedder,
     with_threads,
-    write_json,
 )
 from locomo import Conversation, DataNotes, Retrieved, load_conversations, score_question
 from tqdm import tqdm
@@ -362,12 +362,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    report = asyncio.run(run(args))
-    print_report(report)
-    if args.out:
-        write_json(args.out, report)
-        print(f"wrote {args.out}")
-    return 0
+    return publish(asyncio.run(run(args)), args.out, print_report)
 
 
 if __name__ == "__main__":
