@@ -3,7 +3,9 @@ hard negatives, narrative fragments, importance, and the counters behind trigger
 
 The labelled sets in ``tests/data`` are judged through the real pipeline (real model, prototype
 check included): ``triage_labelled`` was written with the rules, ``triage_validation`` and
-``triage_holdout`` were written independently of them.
+``triage_holdout`` were written independently of them, ``triage_tuning`` (small talk, media
+placeholders, quotes, sarcasm, more scene phrasings) was written to tune the rules on. The held-out
+``triage_blind`` set is checked in ``test_triage_quality.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from narrmem.testing import open_memory
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 DATA = Path(__file__).parent / "data"
-SETS = ["triage_labelled.jsonl", "triage_validation.jsonl", "triage_holdout.jsonl"]
+SETS = ["triage_labelled.jsonl", "triage_validation.jsonl", "triage_holdout.jsonl", "triage_tuning.jsonl"]
 CET = timezone(timedelta(hours=1))
 
 

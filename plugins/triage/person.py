@@ -44,8 +44,11 @@ _ZH_I = re.compile(r"我")
 
 
 def _english(match: re.Match[str]) -> str:
-    word = _EN[match.group().lower().replace("’", "'")]
-    return word.capitalize() if match.group()[0].isupper() and match.group() != "I" else word
+    """The third-person word, capitalised where the original was for its own sake ("My", not "I")."""
+    original = match.group()
+    word = _EN[original.lower().replace("’", "'")]
+    capital = original[0].isupper() and (match.start() == 0 or not original.lower().startswith("i"))
+    return word.capitalize() if capital else word
 
 
 def third_person(text: str) -> str:

@@ -240,7 +240,8 @@ _SARCASM = re.compile(
 # Someone else's words in quotation marks ("she texted me "i regret everything""), unless the
 # speaker quotes themselves ("i told him "i'm leaving"").
 _OWN_QUOTE = re.compile(
-    r"\b(?:i|we) (?:said|say|told \w+|wrote|replied|answered|texted \w+|was like)[ ,:]*$|我(?:跟.{1,6})?(?:说|讲|回|告诉.{1,6})[:：，, ]*$"
+    r"\b(?:i|we) (?:said|say|told(?: \w+){1,3}|wrote|replied|answered|texted(?: \w+){1,3}|was like)[ ,:]*$|"
+    r"我(?:跟.{1,6})?(?:说|讲|回|告诉.{1,6})[:：，, ]*$"
 )
 _OPEN_QUOTES = {'"': None, "「": "」", "『": "』"}
 
