@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,12 @@ def _random_query(rng: random.Random) -> str:
     return " ".join(rng.sample(SHARED, rng.randint(1, 4)))
 
 
+def _probes(rng: random.Random, count: int) -> Iterator[tuple[dict[str, Any], str]]:
+    """``count`` random (scope, query) probes, drawn lazily: a caller may draw from ``rng`` between them."""
+    for _ in range(count):
+        yield _random_scope(rng), _random_query(rng)
+
+
 @pytest_asyncio.fixture
 async def populated(tmp_path: Path) -> AsyncIterator[tuple[Memory, Path, dict[int, dict[str, Any]]]]:
     folder = tmp_path / "store"
@@ -89,9 +95,7 @@ async def test_two_hundred_cross_probes_leak_nothing(populated: Any) -> None:
     mem, folder, by_id = populated
     rng = random.Random(2024)
     answered = exact_found = exact_asked = 0
-    for _ in range(200):
-        scope = _random_scope(rng)
-        query = _random_query(rng)
+    for scope, query in _probes(rng, 200):
         k = rng.randint(1, 30)
         hits = await mem.recall(query, k=k, **scope)
         assert len(hits) <= k
@@ -128,10 +132,7 @@ async def test_full_scope_recall_returns_exactly_the_scope(populated: Any) -> No
 async def test_store_level_searches_filter_by_scope(populated: Any) -> None:
     """The store contract itself (not just the host's re-check) keeps scopes apart."""
     mem, _, by_id = populated
-    rng = random.Random(99)
-    for _ in range(60):
-        scope = _random_scope(rng)
-        query = _random_query(rng)
+    for scope, query in _probes(random.Random(99), 60):
         [vector] = await mem.embedder.embed([query])
         vector_hits = await mem.store.search_vectors(Scope(**scope), vector, 50)
         keyword_hits = await mem.store.search_keywords(Scope(**scope), query, 50)
@@ -155,10 +156,7 @@ async def test_tenant_isolation(populated: Any) -> None:
 
 async def test_tool_calls_and_context_respect_scope(populated: Any) -> None:
     mem, _, _ = populated
-    rng = random.Random(5)
-    for _ in range(40):
-        scope = _random_scope(rng)
-        query = _random_query(rng)
+    for scope, query in _probes(random.Random(5), 40):
         out = await mem.call_tool("narrmem_recall", json.dumps({"query": query, "k": 20, **scope}))
         for hit in out["hits"]:
             assert hit["tenant"] == scope["tenant"]

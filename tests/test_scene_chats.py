@@ -23,24 +23,18 @@ async def real(tmp_path: Path) -> AsyncIterator[Memory]:
         yield mem
 
 
+def _val_says(message_id: str, day: int, text: str, chat: str) -> Message:
+    """What Val said in ``chat`` at 20:00 on ``day`` August."""
+    ts = datetime(2026, 8, day, 20, tzinfo=CET)
+    return Message(text=text, user_id="val", chat_id=chat, ts=ts, message_id=message_id)
+
+
 def _value(chat: str) -> Message:
-    return Message(
-        text="I think time with friends matters more than a bigger salary.",
-        user_id="val",
-        chat_id=chat,
-        ts=datetime(2026, 8, 1, 20, tzinfo=CET),
-        message_id="v1",
-    )
+    return _val_says("v1", 1, "I think time with friends matters more than a bigger salary.", chat)
 
 
 def _decision(chat: str) -> Message:
-    return Message(
-        text="I decided to turn down the promotion so I can see my friends more.",
-        user_id="val",
-        chat_id=chat,
-        ts=datetime(2026, 8, 20, 20, tzinfo=CET),
-        message_id="v2",
-    )
+    return _val_says("v2", 20, "I decided to turn down the promotion so I can see my friends more.", chat)
 
 
 async def test_a_decision_in_another_chat_leaves_the_earlier_scene_alone(real: Memory) -> None:
