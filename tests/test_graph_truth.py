@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +18,14 @@ import pytest_asyncio
 from _helpers import msg
 from narrmem_plugins.graph import current_value, is_functional, turn_context, value_history
 from narrmem_plugins.graph.refer import asks_for_recap
+from test_graph import START, U1
 
 from narrmem import InputError, ManualClock, Memory
 from narrmem.testing import open_memory
 
-START = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
-U1 = {"user_id": "u1", "chat_id": "c1"}
 
-
-@pytest_asyncio.fixture
-async def clock() -> ManualClock:
+@pytest.fixture
+def clock() -> ManualClock:
     return ManualClock(START)
 
 

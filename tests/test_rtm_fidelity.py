@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from _helpers import msg
 from narrmem_plugins.rtm.segment import joiner, segment
-from narrmem_plugins.rtm.summarize import central_clauses, extractive
+from narrmem_plugins.rtm.summarize import extractive, tidy
 from test_rtm import STORY, TITLE, USER_LINES, rtm_plugins
 
 from narrmem import InputError, Memory
@@ -172,7 +172,9 @@ async def test_real_model_summaries_cover_their_spans(tmp_path: Path) -> None:
         ours, centroid = [], []
         for start, end in spans:
             span = vectors[start:end]
-            quoted = central_clauses(clauses[start:end], span, span.sum(axis=0), "en", 48, 2)
+            text = extractive(clauses[start:end], span, span.sum(axis=0), "en", 48, 2)
+            quoted = [i for i, clause in enumerate(clauses[start:end]) if tidy(clause, "en") in text]
+            assert quoted and "…" not in text
             nearest = np.argsort(-(span @ span.sum(axis=0)), kind="stable")[:2]
             ours.append(float((span @ span[quoted].T).max(axis=1).mean()))
             centroid.append(float((span @ span[nearest].T).max(axis=1).mean()))

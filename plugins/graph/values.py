@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges
 from narrmem_plugins.graph.scope import GraphScope
@@ -87,19 +87,10 @@ async def value_history(
     return [FactValue.of(e) for e in edges]
 
 
-async def current_value(
-    memory: MemoryView,
-    *,
-    user_id: str,
-    relation: str,
-    subject: str = USER,
-    tenant: str = "default",
-    chat_id: str | None = None,
-) -> FactValue | None:
-    """The value ``subject relation ?`` holds now (a stated one before a guess), or ``None``."""
-    history = await value_history(
-        memory, user_id=user_id, relation=relation, subject=subject, tenant=tenant, chat_id=chat_id
-    )
+async def current_value(memory: MemoryView, **where: Any) -> FactValue | None:
+    """The value ``subject relation ?`` holds now (a stated one before a guess), or ``None``; takes
+    :func:`value_history`'s arguments (``user_id``, ``relation``, ``subject``, ``tenant``, ``chat_id``)."""
+    history = await value_history(memory, **where)
     return history[0] if history and history[0].current else None
 
 

@@ -107,6 +107,9 @@ async def _abstractive(
     return None
 
 
+CANDIDATES = 64  # clauses of a long span considered for its summary (the nearest to its centroid)
+
+
 def extractive(
     span: list[str],
     vectors: np.ndarray,
@@ -123,34 +126,16 @@ def extractive(
     much of the rest of the span they cover that the chosen ones do not yet (the coverage objective of
     extractive summarisation: ``sum_j max_i∈chosen sim(j, i)``), so a second clause adds a second theme
     instead of restating the first, and an outlier, which covers only itself, is never chosen; only
-    whole clauses that still fit the budget are candidates. Only when no
-    clause fits is the most central one cut at a word boundary. Long spans are judged on the
+    whole clauses that still fit the budget are candidates. Only when no clause fits is the most
+    central one cut at a word boundary. Long spans are judged on the
     :data:`CANDIDATES` clauses nearest their centroid, so the cost stays linear in the span.
     """
-    chosen = central_clauses(span, vectors, centroid, language, max_tokens, max_clauses)
     glue = joiner(language)
-    text = glue.join(tidy(span[i], language) for i in chosen)
-    return clip(text, max_tokens)
-
-
-CANDIDATES = 64  # clauses of a long span considered for its summary (the nearest to its centroid)
-
-
-def central_clauses(
-    span: list[str],
-    vectors: np.ndarray,
-    centroid: np.ndarray,
-    language: str,
-    max_tokens: int,
-    max_clauses: int,
-) -> list[int]:
-    """Indices (narrative order) of the clauses :func:`extractive` quotes."""
     near = np.argsort(-(vectors @ centroid), kind="stable")[:CANDIDATES]
     sims = np.clip(vectors @ vectors[near].T, 0.0, None)  # (span, candidates)
     # A clause's gain is what it says of the *other* clauses: an outlier covers only itself.
     others = sims.copy()
     others[near, np.arange(len(near))] = 0.0
-    glue = joiner(language)
     covered = np.zeros(len(span))
     picked: list[int] = []
     while len(picked) < max_clauses:
@@ -167,7 +152,9 @@ def central_clauses(
             break
         picked.append(int(near[best]))
         covered = np.maximum(covered, sims[:, best])
-    return sorted(picked) or [int(near[0])]
+    chosen = sorted(picked) or [int(near[0])]
+    text = glue.join(tidy(span[i], language) for i in chosen)
+    return clip(text, max_tokens)
 
 
 def tidy(clause: str, language: str) -> str:
