@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +74,23 @@ def index_file_vectors(folder: Path) -> np.ndarray:
 def hit_keys(hits: Sequence[Any]) -> list[tuple[int, tuple[str, ...]]]:
     """What identifies a recall result: ids and provenance, in order."""
     return [(h.id, tuple(h.message_ids)) for h in hits]
+
+
+def run_narrmem(
+    *args: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout: float = 300,
+    entry: Sequence[str] = ("-m", "narrmem.doors.cli"),
+) -> subprocess.CompletedProcess[str]:
+    """The ``narrmem`` command in a child process started as ``python ENTRY ARGS``, its output
+    captured as text; the exit code is the caller's to check."""
+    return subprocess.run(
+        [sys.executable, *entry, *args],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )

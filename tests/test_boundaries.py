@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import count_rows, msg
+from _helpers import count_rows, msg, run_narrmem
 
 from narrmem import ConfigError, InputError, Memory, Message, StoreError, UnknownToolError, load_settings
 from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
@@ -143,9 +141,9 @@ def test_config_path_that_is_a_folder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "named"),
     [
-        ("NARRMEM_STORAGE", "{", "NARRMEM_STORAGE"),
+        ("NARRMEM_RECALL__WEIGHTS", "{", "NARRMEM_RECALL__WEIGHTS"),
         ("NARRMEM_PLUGINS__DISABLED", "x", "NARRMEM_PLUGINS__DISABLED"),
-        ("NARRMEM_PLUGIN__GRAPH", deep_json(DEEP), "NARRMEM_PLUGIN__GRAPH"),
+        ("NARRMEM_PLUGIN__GRAPH__AUTO_TASKS", deep_json(DEEP), "NARRMEM_PLUGIN__GRAPH__AUTO_TASKS"),
         ("NARRMEM_STORAGE__BATCH_SIZE", "abc", "storage.batch_size"),
         # Bytes that are not UTF-8 come in as lone surrogates; a validator quoting them crashed pydantic.
         ("NARRMEM_STORAGE__INDEX", "\udcff", "storage.index"),
@@ -383,25 +381,9 @@ def test_cli_reports_an_unopenable_store_in_one_line(folders: dict[str, Path], t
     """aiosqlite's worker thread used to report the failed connect after ``asyncio.run`` had closed
     the loop: "RuntimeError: Event loop is closed" and a traceback at exit, in most runs."""
     env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    forget = ["forget", "--user", "u1", "--data", str(folders["db-folder"])]
     for _ in range(3):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "narrmem.doors.cli",
-                "forget",
-                "--user",
-                "u1",
-                "--data",
-                str(folders["db-folder"]),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=300,
-            check=False,
-        )
+        done = run_narrmem(*forget, cwd=tmp_path, env=env)
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         [line] = done.stderr.strip().splitlines()
