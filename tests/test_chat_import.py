@@ -527,7 +527,9 @@ async def test_ignored_messages_are_counted(tmp_path: Path) -> None:
     async with open_memory(tmp_path / "m") as mem:
         results = {r.message_id: r for r in await mem.ingest_many(list(messages.values()))}
     assert results["111"].layer == "ignore"  # "ok"
-    assert results["104"].stored and results["107"].stored  # the entity text; the photo placeholder
+    assert results["104"].stored  # the entity text
+    # A photo without a caption says nothing a person wrote: layer 1, counted as ignored.
+    assert (results["107"].layer, results["107"].reason) == ("ignore", "media without words")
 
 
 @pytest.mark.slow
