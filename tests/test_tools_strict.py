@@ -1,6 +1,6 @@
 """Tool arguments are strict JSON: a value of the wrong JSON type is an InputError naming the field,
-for every registered tool, whether the call comes through ``Memory.call_tool`` (as MCP and HTTP do)
-as a dict or as JSON text."""
+for every registered tool, through ``Memory.call_tool`` (a dict or JSON text) and through an MCP
+client connected to the server in process."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from mcp import Client
 
 from narrmem import InputError, Memory
+from narrmem.doors.mcp_server import build_server
 from narrmem.testing import open_memory
 
 U1 = {"user_id": "u1", "chat_id": "c1"}
@@ -50,25 +52,25 @@ async def test_every_tool_refuses_a_value_of_the_wrong_json_type(mem: Memory) ->
     assert checked >= 40
 
 
-@pytest.mark.parametrize(
-    ("tool", "arguments", "field"),
-    [
-        ("memory_recall", {**U1, "query_intent": "rock", "depth": "2"}, "depth"),
-        ("memory_recall", {**U1, "query_intent": "rock", "include_speculative": "no"},
-         "include_speculative"),
-        ("memory_commit", {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock"}],
-                           "speculative": "true"}, "speculative"),
-        ("memory_commit", {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock",
-                                               "confidence": "0.5"}]}, "triplets.0.confidence"),
-        ("memory_purge", {**U1, "filters": {"relation": "likes"}, "dry_run": "true"}, "dry_run"),
-        ("task_query", {**U1, "limit": "5"}, "limit"),
-        ("rtm_traverse_narrative", {"text": "One. Two.", "title": "t", "traversalDepth": "1"},
-         "traversalDepth"),
-        ("rtm_generate_ensemble", {"text": "One. Two.", "title": "t", "ensembleSize": 1.0}, "ensembleSize"),
-        ("narrmem_recall", {"query": "rock", "user_id": "u1", "k": "3"}, "k"),
-        ("memory_recall", {"user_id": 7, "query_intent": "rock"}, "user_id"),
-    ],
-)  # fmt: skip
+WRONG_TYPES = [
+    ("memory_recall", {**U1, "query_intent": "rock", "depth": "2"}, "depth"),
+    ("memory_recall", {**U1, "query_intent": "rock", "include_speculative": "no"},
+     "include_speculative"),
+    ("memory_commit", {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock"}],
+                       "speculative": "true"}, "speculative"),
+    ("memory_commit", {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock",
+                                           "confidence": "0.5"}]}, "triplets.0.confidence"),
+    ("memory_purge", {**U1, "filters": {"relation": "likes"}, "dry_run": "true"}, "dry_run"),
+    ("task_query", {**U1, "limit": "5"}, "limit"),
+    ("rtm_traverse_narrative", {"text": "One. Two.", "title": "t", "traversalDepth": "1"},
+     "traversalDepth"),
+    ("rtm_generate_ensemble", {"text": "One. Two.", "title": "t", "ensembleSize": 1.0}, "ensembleSize"),
+    ("narrmem_recall", {"query": "rock", "user_id": "u1", "k": "3"}, "k"),
+    ("memory_recall", {"user_id": 7, "query_intent": "rock"}, "user_id"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("tool", "arguments", "field"), WRONG_TYPES)
 async def test_wrong_types_name_the_field(
     mem: Memory, tool: str, arguments: dict[str, Any], field: str
 ) -> None:
@@ -90,3 +92,11 @@ async def test_json_types_that_are_right_still_pass(mem: Memory) -> None:
         {**U1, "triplets": [{"subject": "user", "relation": "likes", "object": "rock", "confidence": 1}]},
     )
     assert committed["triplets"][0]["confidence"] == 1.0
+
+
+async def test_mcp_clients_get_the_same_typed_errors(mem: Memory) -> None:
+    async with Client(build_server(mem)) as client:
+        for tool, arguments, field in WRONG_TYPES:
+            result = await client.call_tool(tool, arguments)
+            assert result.is_error, (tool, arguments)
+            assert f"field '{field}'" in result.content[0].text, result.content[0].text
