@@ -53,6 +53,10 @@ async def test_the_ensemble_uses_a_stored_trees_own_parameters(mem: Memory) -> N
         ENSEMBLE, {"text": STORY, "title": TITLE, "ensembleSize": 5, "maxBranchingFactor": 5}
     )
     assert (asked["trees"], asked["parameterSource"], asked["maxBranchingFactor"]) == ([], "request", 5)
+    cut = await mem.call_tool(
+        ENSEMBLE, {"text": STORY, "title": TITLE, "ensembleSize": 5, "segmentation": "lines"}
+    )
+    assert cut["trees"] == [] and cut["leafCount"] != clauses  # cut another way: not that tree's clauses
     fresh = await mem.call_tool(ENSEMBLE, {"text": STORY, "title": "Another", "ensembleSize": 5})
     assert (fresh["trees"], fresh["parameterSource"], fresh["maxBranchingFactor"]) == ([], "defaults", 4)
 

@@ -192,12 +192,13 @@ async def generate_ensemble(ctx: RTMContext, memory: MemoryView, args: EnsembleI
 
 
 async def _stored_for_ensemble(ctx: RTMContext, args: EnsembleInput) -> StoredTree | None:
-    """The tree ``treeId`` names (no tree parameters beside it), or, for a text given without K and
-    D, the tree last built for it; ``None`` when the request's parameters or the defaults apply."""
+    """The tree ``treeId`` names (no tree parameters beside it), or, for a text given without K, D,
+    language or segmentation, the tree last built for it; ``None`` when the request's parameters or
+    the defaults apply."""
     if args.treeId is not None:
         return await _by_id(ctx, args, args.treeId)
-    if args.maxBranchingFactor is not None or args.maxRecallDepth is not None:
-        return None
+    if args.tree_parameters_given():
+        return None  # the request decides K, D or how the text is cut
     assert args.text is not None and args.title is not None
     return await ctx.trees.latest(args.tenant, args.title, text_sha(args.text))
 
