@@ -31,6 +31,18 @@ Metric (the LoCoMo paper's LLM-free "recall accuracy", see the data's README)
     top-k results (hit texts for narrmem, the ``Speaker said`` documents for the baselines), averaged.
     Everything is reported overall and per category, for every k of ``--k``.
 
+    The session-level figure that retrievers without an LLM publish is a different, easier measure:
+    sessions_hit@k = share of questions with any evidence session among the first k *distinct* sessions
+    the ranking touches (k = 5 and 10), whatever the turns; a prompt built that way holds those whole
+    sessions, so its cost, sessions_tokens@k, is the estimated tokens of every raw turn of those sessions.
+
+Tuning and validation
+    The first ``--tuning`` conversations of the file (3 by default: conv-26, conv-30 and conv-41 of the
+    development split) are the tuning part, the rest (conv-42, conv-43) the validation part. Settings are
+    chosen on the tuning part only; a change is kept when it raises validation recall too. Every figure is
+    reported for each part and for all conversations together. ``--conversations`` runs a subset (by
+    sample_id) for quick iterations; the parts keep their meaning.
+
 Evidence parsing (lenient)
     Each evidence string is split on ";", "," and whitespace; each piece is normalised to "D<session>:<turn>"
     (so "D8:6; D9:17" is two turns and "D:11:26" is D11:26; leading zeros are dropped). A piece that names
@@ -60,7 +72,8 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -89,6 +102,8 @@ from narrmem.text import estimate_tokens
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 SYSTEMS = ("narrmem", "bm25_turns", "dense_turns")
+SESSION_KS = (5, 10)  # the session-level cut-offs peers publish
+PARTS = ("tuning", "validation", "all")
 TURN_SPACING = timedelta(seconds=30)
 MAX_RECALL_K = 200  # RecallRequest.k's bound
 DEFAULT_KS = (1, 5, 10, 25)
@@ -129,6 +144,14 @@ class Conversation:
     sample_id: str
     turns: list[Turn]
     questions: list[Question]
+    part: str = "tuning"
+
+    def session_tokens(self) -> dict[int, int]:
+        """What each whole session costs in a prompt (every raw turn's text)."""
+        tokens: Counter[int] = Counter()
+        for turn in self.turns:
+            tokens[turn.session] += estimate_tokens(turn.text)
+        return dict(tokens)
 
 
 @dataclass
@@ -256,12 +279,24 @@ def parse_conversation(sample: dict[str, Any], notes: DataNotes) -> Conversation
     return Conversation(sample_id=sample_id, turns=turns, questions=questions)
 
 
-def load_conversations(path: Path, limit: int | None, notes: DataNotes) -> list[Conversation]:
+def load_conversations(
+    path: Path, limit: int | None, notes: DataNotes, tuning: int = 3, only: Sequence[str] = ()
+) -> list[Conversation]:
+    """The file's conversations in order, the first ``tuning`` marked as the tuning part and the rest
+    as the validation part (before any subset is taken, so a part always means the same conversations)."""
     data = json.loads(path.read_text(encoding="utf-8"))
     samples = data if isinstance(data, list) else [data]
     if limit is not None:
         samples = samples[:limit]
-    return [parse_conversation(s, notes) for s in samples if isinstance(s, dict)]
+    conversations = [parse_conversation(s, notes) for s in samples if isinstance(s, dict)]
+    for index, conv in enumerate(conversations):
+        conv.part = "tuning" if index < tuning else "validation"
+    if only:
+        unknown = set(only) - {c.sample_id for c in conversations}
+        if unknown:
+            raise SystemExit(f"--conversations: not in the file: {', '.join(sorted(unknown))}")
+        conversations = [c for c in conversations if c.sample_id in only]
+    return conversations
 
 
 # --- scoring ----------------------------------------------------------------------------------
@@ -275,10 +310,17 @@ class Retrieved:
     text: str
 
 
-def score_question(question: Question, ranked: Sequence[Retrieved], ks: Sequence[int]) -> dict[str, float]:
+def score_question(
+    question: Question, ranked: Sequence[Retrieved], ks: Sequence[int], session_tokens: dict[int, int]
+) -> dict[str, float]:
     evidence = set(question.evidence)
     evidence_sessions = {s for s in map(session_of, evidence) if s is not None}
     out: dict[str, float] = {}
+    order = distinct_sessions(ranked)
+    for k in SESSION_KS:
+        first = order[:k]
+        out[f"sessions_hit@{k}"] = 1.0 if evidence_sessions & set(first) else 0.0
+        out[f"sessions_tokens@{k}"] = float(sum(session_tokens.get(s, 0) for s in first))
     for k in ks:
         top = ranked[:k]
         ids = {i for r in top for i in r.ids}
@@ -291,6 +333,17 @@ def score_question(question: Question, ranked: Sequence[Retrieved], ks: Sequence
         )
         out[f"tokens@{k}"] = float(sum(estimate_tokens(r.text) for r in top))
     return out
+
+
+def distinct_sessions(ranked: Sequence[Retrieved]) -> list[int]:
+    """Sessions in the order the ranking first touches them."""
+    order: list[int] = []
+    for result in ranked:
+        for dia_id in result.ids:
+            session = session_of(dia_id)
+            if session is not None and session not in order:
+                order.append(session)
+    return order
 
 
 def aggregate(rows: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
@@ -359,7 +412,8 @@ async def embed_chunked(
 
 @dataclass
 class RunState:
-    scores: dict[str, list[tuple[int, dict[str, float]]]] = field(
+    # system -> (part, category, scores) per question
+    scores: dict[str, list[tuple[str, int, dict[str, float]]]] = field(
         default_factory=lambda: {name: [] for name in SYSTEMS}
     )
     seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -429,7 +483,8 @@ async def recall_conversation(
         # Questions are probes of one stored state: they must not reinforce what later ones see.
         hits = await mem.recall(q.text, chat_id=conv.sample_id, k=max(ks), reinforce=False)
         ranked = [Retrieved(ids=tuple(h.message_ids), text=h.text) for h in hits]
-        state.scores.setdefault(system, []).append((q.category, score_question(q, ranked, ks)))
+        scores = score_question(q, ranked, ks, conv.session_tokens())
+        state.scores.setdefault(system, []).append((conv.part, q.category, scores))
         bar.update(1)
     state.seconds[f"{system}_recall"] += time.perf_counter() - start
 
@@ -442,13 +497,20 @@ async def run_narrmem(
     variants: Sequence[Variant],
     state: RunState,
     bar: tqdm,
+    keep: Path | None = None,
 ) -> None:
     if settings.storage.backend == "postgres":
         settings = await _pgserver.fresh_settings(settings)  # one database per conversation
-    with tempfile.TemporaryDirectory(prefix="narrmem-locomo-") as folder:
+    with _folder(conv, keep) as (folder, ingested):
         async with Memory.open(folder, settings=settings, plugins=[shared]) as mem:
-            bar.set_description(f"{conv.sample_id} ingest")
-            await ingest_conversation(mem, conv, state, bar)
+            if ingested:
+                state.ingest["reused_folders"] += 1
+                bar.update(len(conv.turns))
+            else:
+                bar.set_description(f"{conv.sample_id} ingest")
+                await ingest_conversation(mem, conv, state, bar)
+                if keep is not None:
+                    (Path(folder) / INGESTED_MARK).write_text(conv.sample_id, encoding="utf-8")
             bar.set_description(f"{conv.sample_id} recall")
             await recall_conversation(mem, conv, "narrmem", ks, state, bar)
         for variant in variants:
@@ -463,6 +525,22 @@ async def run_narrmem(
                 bar.update(len(conv.questions))
 
 
+INGESTED_MARK = "locomo-ingested"
+
+
+@contextmanager
+def _folder(conv: Conversation, keep: Path | None) -> Iterator[tuple[str, bool]]:
+    """A temporary folder, or with ``--keep`` a lasting one per conversation that a later run reuses
+    without ingesting again (only valid while ingest and its settings are unchanged)."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix="narrmem-locomo-") as folder:
+            yield folder, False
+        return
+    folder = keep / conv.sample_id
+    folder.mkdir(parents=True, exist_ok=True)
+    yield str(folder), (folder / INGESTED_MARK).exists()
+
+
 async def run_baselines(
     conv: Conversation, embedder: BorrowedEmbedder, chunk: int, ks: Sequence[int], state: RunState, bar: tqdm
 ) -> None:
@@ -470,11 +548,14 @@ async def run_baselines(
     documents = [t.document for t in conv.turns]
     turn_results = [Retrieved(ids=(t.dia_id,), text=t.document) for t in conv.turns]
 
+    session_tokens = conv.session_tokens()
     start = time.perf_counter()
     bm25 = BM25Turns(documents)
     for q in conv.questions:
         ranked = [turn_results[i] for i, _ in bm25.search(q.text, k_max)]
-        state.scores["bm25_turns"].append((q.category, score_question(q, ranked, ks)))
+        state.scores["bm25_turns"].append(
+            (conv.part, q.category, score_question(q, ranked, ks, session_tokens))
+        )
     state.seconds["bm25_turns"] += time.perf_counter() - start
 
     bar.set_description(f"{conv.sample_id} dense")
@@ -483,7 +564,9 @@ async def run_baselines(
     query_vectors = await embedder.embed([q.text for q in conv.questions])
     for q, order in zip(conv.questions, dense_search(query_vectors, doc_vectors, k_max), strict=True):
         ranked = [turn_results[i] for i in order]
-        state.scores["dense_turns"].append((q.category, score_question(q, ranked, ks)))
+        state.scores["dense_turns"].append(
+            (conv.part, q.category, score_question(q, ranked, ks, session_tokens))
+        )
     state.seconds["dense_turns"] += time.perf_counter() - start
 
 
@@ -495,7 +578,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if max(ks) > MAX_RECALL_K:
         raise SystemExit(f"--k: recall returns at most {MAX_RECALL_K} memories")
     notes = DataNotes()
-    conversations = load_conversations(Path(args.data), args.limit_conversations, notes)
+    only = [c for c in (args.conversations or "").split(",") if c]
+    conversations = load_conversations(Path(args.data), args.limit_conversations, notes, args.tuning, only)
     if not conversations:
         raise SystemExit(f"{args.data}: no conversation found")
 
@@ -514,12 +598,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     state = RunState()
     turns = sum(len(c.turns) for c in conversations)
     questions = sum(len(c.questions) for c in conversations)
-    total = 2 * turns + (1 + len(variants)) * questions
+    total = (1 if args.no_baselines else 2) * turns + (1 + len(variants)) * questions
     try:
         with tqdm(total=total, unit="item", file=sys.stderr, dynamic_ncols=True) as bar:
             for conv in conversations:
-                await run_narrmem(conv, settings, plugin, ks, variants, state, bar)
-                await run_baselines(conv, plugin.embedder, settings.storage.batch_size, ks, state, bar)
+                keep = Path(args.keep) if args.keep else None
+                await run_narrmem(conv, settings, plugin, ks, variants, state, bar, keep)
+                if not args.no_baselines:
+                    await run_baselines(conv, plugin.embedder, settings.storage.batch_size, ks, state, bar)
     finally:
         await inner.close()
 
@@ -531,7 +617,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "locomo-retrieval",
         "data": args.data,
         "k": ks,
-        "systems": {name: aggregate(rows) for name, rows in state.scores.items()},
+        "systems": {
+            name: aggregate([(c, r) for _, c, r in rows]) for name, rows in state.scores.items() if rows
+        },
+        "parts": parts_report(conversations, state),
         "skipped": state.skipped,
         "questions": questions,
         "conversations": len(conversations),
@@ -550,28 +639,78 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def parts_report(conversations: Sequence[Conversation], state: RunState) -> dict[str, Any]:
+    """The same figures for the tuning part, the validation part and all conversations."""
+    out: dict[str, Any] = {}
+    for part in PARTS:
+        members = [c.sample_id for c in conversations if part in ("all", c.part)]
+        if not members:
+            continue
+        systems = {
+            name: aggregate([(c, r) for p, c, r in rows if part in ("all", p)])
+            for name, rows in state.scores.items()
+            if rows
+        }
+        out[part] = {"conversations": members, "systems": systems}
+    return out
+
+
 def print_report(report: dict[str, Any]) -> None:
     ks: list[int] = report["k"]
     ref = 10 if 10 in ks else max(ks)
-    headers = ["system", *(f"R@{k}" for k in ks), f"hit@{ref}", f"session_R@{ref}", f"tokens@{ref}"]
-    rows = [
-        [name, *(m[f"R@{k}"] for k in ks), m[f"hit@{ref}"], m[f"session_R@{ref}"], m[f"tokens@{ref}"]]
-        for name, m in report["systems"].items()
-    ]
     print(
         f"\nLoCoMo retrieval: {report['conversations']} conversations, {report['turns']} turns, "
-        f"{report['questions']} questions (categories 1-4)\n"
+        f"{report['questions']} questions (categories 1-4)"
     )
-    print(render_table(headers, rows))
+    for part, data in report["parts"].items():
+        print(f"  {part}: {', '.join(data['conversations'])}")
+    rows = _part_rows(report)
+    headers = ["system", "part", "n", *(f"R@{k}" for k in ks), f"hit@{ref}", f"tokens@{ref}"]
+    print("\nTurn level (the evidence turns themselves):")
+    print(
+        render_table(
+            headers,
+            [
+                [s, p, m["questions"], *(m[f"R@{k}"] for k in ks), m[f"hit@{ref}"], m[f"tokens@{ref}"]]
+                for s, p, m in rows
+            ],
+        )
+    )
     if "tokens_of_ten_raw_turns" in report:
         print(f"(ten raw turns cost {report['tokens_of_ten_raw_turns']:.1f} tokens on average)")
     print(f"\nR@{ref} by category:")
-    cat_headers = ["system", *(f"{c} {n} (n={_count(report, c)})" for c, n in CATEGORIES.items())]
-    cat_rows = [
-        [name, *(m["per_category"].get(str(c), {}).get(f"R@{ref}", float("nan")) for c in CATEGORIES)]
-        for name, m in report["systems"].items()
+    cat_headers = ["system", "part", *(f"{c} {n}" for c, n in CATEGORIES.items())]
+    print(
+        render_table(
+            cat_headers,
+            [[s, p, *(_category(m, c, f"R@{ref}") for c in CATEGORIES)] for s, p, m in rows],
+        )
+    )
+    print("\nSession level, as peers publish it (any evidence session among the first k distinct sessions):")
+    session_headers = ["system", "part", *(f"{what}@{k}" for k in SESSION_KS for what in ("hit", "tokens"))]
+    session_rows = [
+        [s, p, *(m[f"sessions_{what}@{k}"] for k in SESSION_KS for what in ("hit", "tokens"))]
+        for s, p, m in rows
     ]
-    print(render_table(cat_headers, cat_rows))
+    print(render_table(session_headers, session_rows))
+    _print_run_notes(report)
+
+
+def _part_rows(report: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    systems = next(iter(report["parts"].values()))["systems"]
+    return [
+        (system, part, data["systems"][system])
+        for system in systems
+        for part, data in report["parts"].items()
+        if system in data["systems"]
+    ]
+
+
+def _category(metrics: dict[str, Any], category: int, key: str) -> float:
+    return float(metrics["per_category"].get(str(category), {}).get(key, float("nan")))
+
+
+def _print_run_notes(report: dict[str, Any]) -> None:
     ingest = report["ingest"]
     print(
         f"\nnarrmem ingest: {ingest.get('stored', 0)} stored, {ingest.get('ignored', 0)} ignored by triage, "
@@ -586,11 +725,6 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"elapsed: {report['seconds']:.1f}s, peak RSS {report['machine']['peak_rss_mib']:.0f} MiB")
 
 
-def _count(report: dict[str, Any], category: int) -> int:
-    first = next(iter(report["systems"].values()))
-    return int(first["per_category"].get(str(category), {}).get("questions", 0))
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--data", required=True, help="a LoCoMo-format JSON file (a list of conversations)")
@@ -599,12 +733,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", help="write the JSON report here")
     parser.add_argument("--limit-conversations", type=int, default=None, metavar="N", help="only the first N")
+    parser.add_argument(
+        "--tuning", type=int, default=3, metavar="N", help="the first N conversations are the tuning part (3)"
+    )
+    parser.add_argument(
+        "--conversations", default=None, metavar="IDS", help="only these sample_ids (comma-separated)"
+    )
     parser.add_argument("--config", help="a narrmem TOML config file (default: defaults + NARRMEM_ env)")
     parser.add_argument(
         "--variants",
         action="store_true",
         help="also run diagnostic narrmem variants: " + ", ".join(v.name for v in VARIANTS),
     )
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="ingest into DIR/<sample_id> once and reuse it in later runs (recall-only changes)",
+    )
+    parser.add_argument("--no-baselines", action="store_true", help="run narrmem only")
     parser.add_argument("--threads", type=int, default=None, help="embedder CPU threads (default: settings)")
     parser.add_argument(
         "--backend",

@@ -1,0 +1,168 @@
+"""What a question asks for, read without a model, as factors on the fused ranking.
+
+Two readings, each a rule about how people ask rather than about any particular conversation:
+
+* **Whose memory.** A question that names one of the people who speak in the memories it searches
+  ("What did Melanie paint?") is about that person: memories of the speakers it does not name get
+  ``unnamed_speaker_factor``. When it names every speaker, or none, nothing changes (in a user's own
+  scope every memory is the user's).
+* **A name for an answer.** "Where", "who", "whom" and "which" questions are answered by a name: a
+  place, a person, a title. An English memory that names nothing (no capitalised word inside a
+  sentence other than the question's own words, the speakers, "I" and calendar words) gets
+  ``nameless_answer_factor``: "Where does she live now?" is answered by "I moved to Lisbon", not by
+  "the movers broke my lamp", however close the second is in words.
+
+Both only lower scores (factors in [0, 1], through ``narrmem_weigh``, so ``Hit.why.importance_factor``
+includes them), and a factor of 1 turns a reading off: ``[plugin.recall_intent]`` options. The
+defaults were chosen on the LoCoMo tuning conversations and kept because they raised recall on the
+validation conversations too (see the README's Benchmarks).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from narrmem_plugins.triage.language import has_cjk
+from pydantic import BaseModel, ConfigDict, Field
+
+from narrmem import hookimpl
+from narrmem.config import Settings, plugin_options
+from narrmem.models import MemoryRecord, RecallRequest, SceneDraft
+
+NAME = "recall_intent"
+
+_WORD = re.compile(r"[^\W\d_][\w'’-]*")
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|\n+")
+_NAME_QUESTION = frozenset({"where", "who", "whom", "which"})
+_NOT_NAMES = frozenset(
+    {
+        "i",
+        "i'm",
+        "i've",
+        "i'll",
+        "i'd",
+        "i’m",
+        "i’ve",
+        "i’ll",
+        "i’d",
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+    }
+)
+
+
+class IntentOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unnamed_speaker_factor: float = Field(
+        default=0.8,
+        ge=0,
+        le=1,
+        description="score factor for the memories of speakers a question does not name, when it names one",
+    )
+    nameless_answer_factor: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="score factor for memories that name nothing, when a where/who/which question asks "
+        "for a name",
+    )
+
+
+class RecallIntent:
+    narrmem_name = NAME
+
+    def __init__(self) -> None:
+        self.options = IntentOptions()
+
+    @hookimpl
+    def narrmem_configure(self, settings: Settings) -> None:
+        self.options = plugin_options(settings, NAME, IntentOptions)
+
+    @hookimpl
+    def narrmem_weigh(self, request: RecallRequest, records: dict[int, MemoryRecord]) -> dict[int, float]:
+        return intent_factors(
+            request.query,
+            records,
+            unnamed_speaker_factor=self.options.unnamed_speaker_factor,
+            nameless_answer_factor=self.options.nameless_answer_factor,
+        )
+
+
+def words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def named_speakers(query: str, speakers: Iterable[str]) -> set[str]:
+    """The speakers the query names: every word of the name as a word of the query (a CJK name as
+    a substring, since Chinese has no spaces)."""
+    said = set(words(query))
+    named: set[str] = set()
+    for speaker in speakers:
+        if has_cjk(speaker):
+            if speaker in query:
+                named.add(speaker)
+        elif (parts := words(speaker)) and all(p in said for p in parts):
+            named.add(speaker)
+    return named
+
+
+def asks_for_a_name(query: str) -> bool:
+    """A where/who/whom/which question (its first three words hold the question word)."""
+    return any(w in _NAME_QUESTION for w in words(query)[:3])
+
+
+def names_something(text: str, known: set[str]) -> bool:
+    """Whether ``text`` holds a capitalised word inside a sentence that is not in ``known``."""
+    for sentence in _SENTENCE_END.split(text):
+        for word in _WORD.findall(sentence)[1:]:
+            lowered = word.lower()
+            if word[0].isupper() and lowered not in _NOT_NAMES and lowered not in known:
+                return True
+    return False
+
+
+def intent_factors(
+    query: str,
+    records: Mapping[int, MemoryRecord],
+    *,
+    unnamed_speaker_factor: float,
+    nameless_answer_factor: float,
+) -> dict[int, float]:
+    """A factor in [0, 1] per memory id that one of the readings lowers (the rest keep 1)."""
+    factors: dict[int, float] = {}
+    speakers = {r.speaker for r in records.values() if r.speaker}
+    named = named_speakers(query, speakers)
+    if unnamed_speaker_factor < 1 and named and named != speakers:
+        for memory_id, record in records.items():
+            if record.speaker not in named:
+                factors[memory_id] = unnamed_speaker_factor
+    if nameless_answer_factor < 1 and asks_for_a_name(query) and not has_cjk(query):
+        known = set(words(query)) | {w for s in speakers for w in words(s)}
+        for memory_id, record in records.items():
+            if not names_something(_said(record), known):
+                factors[memory_id] = factors.get(memory_id, 1.0) * nameless_answer_factor
+    return factors
+
+
+def _said(record: MemoryRecord) -> str:
+    """A scene's Core (the speaker's words; its other lines are labels), else the memory's text."""
+    draft = SceneDraft.of(record)
+    return draft.core if draft is not None and draft.core else record.text
