@@ -36,15 +36,19 @@ _ALPHABET = string.ascii_lowercase + string.digits
 TREE = "*tree*"  # the owner user and chat of text given to the rtm tools (trees belong to a tenant)
 
 
-def figures_dict(figures: Any, **shown: Any) -> dict[str, Any]:
+def figures_dict(figures: Any, cut: Mapping[str, int] | None = None, **shown: Any) -> dict[str, Any]:
     """A harness's figures (a dataclass) as JSON-ready values, in field order: counters become
-    sorted dicts, private fields stay out, and ``shown`` replaces or adds values (examples cut
-    short, seconds rounded)."""
+    sorted dicts, a float ``seconds`` is rounded to tenths, private fields stay out, the lists
+    named in ``cut`` keep their first N items, and ``shown`` replaces or adds values."""
     out: dict[str, Any] = {}
     for name, value in vars(figures).items():
         if not name.startswith("_"):
             out[name] = dict(sorted(value.items())) if isinstance(value, Counter) else value
+    if isinstance(out.get("seconds"), float):
+        out["seconds"] = round(out["seconds"], 1)
     out.update(shown)
+    for name, keep in (cut or {}).items():
+        out[name] = out[name][:keep]
     return out
 
 

@@ -116,12 +116,9 @@ class Figures:
     def as_dict(self) -> dict[str, Any]:
         return figures_dict(
             self,
+            cut={"lost_examples": 10, "leftover_examples": 10, "reopen_errors": 5},
             integrity_failures=len(self.integrity_failures),
             integrity_examples=self.integrity_failures[:5],
-            lost_examples=self.lost_examples[:10],
-            leftover_examples=self.leftover_examples[:10],
-            reopen_errors=self.reopen_errors[:5],
-            seconds=round(self.seconds, 1),
         )
 
 

@@ -104,14 +104,9 @@ class Report:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return figures_dict(
-            self,
-            causes=dict(sorted(Counter(_cause(e) for e in self.examples).items())),
-            examples=self.examples[:10],
-            forgotten_examples=self.forgotten_examples[:10],
-            error_examples=self.error_examples[:10],
-            seconds=round(self.seconds, 1),
-        )
+        causes = Counter(_cause(e) for e in self.examples)
+        cut = {"examples": 10, "forgotten_examples": 10, "error_examples": 10}
+        return figures_dict(self, cut=cut, causes=dict(sorted(causes.items())))
 
 
 def _cause(example: dict[str, Any]) -> str:

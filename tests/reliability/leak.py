@@ -93,12 +93,7 @@ class LeakReport:
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return figures_dict(
-            self,
-            examples=self.examples[:12],
-            kept_missing=self.kept_missing[:12],
-            seconds=round(self.seconds, 1),
-        )
+        return figures_dict(self, cut={"examples": 12, "kept_missing": 12})
 
 
 def run_leak(users: int, seed: int, workdir: Path, *, real_model: bool = False) -> dict[str, Any]:
