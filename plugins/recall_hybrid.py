@@ -6,6 +6,13 @@ said (so "in May" and "on Friday" can match), and the chat's turns just before i
 reply ("yes, twice, it was amazing") often only makes sense with the question it answers.
 The text returned by recall stays the message alone, so context costs no prompt tokens.
 
+The earlier turns come from a small per-process cache of each chat's last turns (it also holds the
+turns of a batch not written yet). On a store that several processes share (PostgreSQL) another
+worker may have stored a later turn, or forgotten a user whose words the cache still holds: there
+the turns the store holds are read for every message and merged with the cache, and the cache is
+dropped whenever any worker has forgotten anything since (a token in the plugin's state that each
+forget replaces; two indexed reads per message).
+
 Defaults were chosen on the LoCoMo development split (see the README's Benchmarks): the keyword
 side, which matches names and rare words exactly, is the stronger source on conversational
 memory, so it weighs 1.0 against the vector side's 0.6, and RRF's damping k is 20 rather than
@@ -15,6 +22,7 @@ found only in the context count half as much as the message's own words.
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 from datetime import datetime, timedelta
 
@@ -28,6 +36,7 @@ from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
+FORGETS_KEY = "forgets"  # plugin state replaced by every forget on a shared store
 CHATS_KEPT = 10_000
 
 
@@ -54,6 +63,7 @@ class HybridRecall:
         # The last few turns of each chat, newest last: context for the next message without a
         # query per message. Bounded; a miss falls back to the store.
         self._recent: OrderedDict[tuple[str, str], list[tuple[datetime, str, str]]] = OrderedDict()
+        self._forgets_seen: str | None = None  # the forget token the cache is valid for (shared stores)
 
     @hookimpl
     def narrmem_configure(self, settings: Settings) -> None:
@@ -83,6 +93,9 @@ class HybridRecall:
     ) -> None:
         """Scrub forgotten turns from the keyword context of the turns that followed them: other
         speakers' rows in a group chat held those words too."""
+        if _shared(memory):
+            # Every worker drops its cached turns before it next uses them.
+            await memory.store.state_put(NAME, FORGETS_KEY, {"token": uuid.uuid4().hex})
         for chat_id, message_ids in sources.items():
             gone = set(message_ids)
             self._recent.pop((tenant, chat_id), None)
@@ -96,19 +109,32 @@ class HybridRecall:
 
     async def _context(self, memory: MemoryView, message: Message) -> list[tuple[str, str]]:
         key = (message.tenant, message.chat_id)
+        shared = _shared(memory)
+        if shared:
+            await self._drop_cache_after_forgets(memory)
         turns = self._recent.get(key)
-        if turns is None:
+        if turns is None or shared:
             recent = await memory.store.recent(
                 Scope(tenant=message.tenant, chat_id=message.chat_id),
                 kinds=["episode"],
                 limit=self.options.context_turns,
             )
-            turns = [
+            stored = [
                 (r.created_at, r.message_ids[0], r.index_text) for r in reversed(recent) if r.message_ids
             ]
+            # Stored turns (any worker's) and this process's turns not written yet, once each.
+            merged = {mid: (ts, mid, text) for ts, mid, text in [*stored, *(turns or [])]}
+            turns = sorted(merged.values(), key=lambda turn: turn[0])
         oldest = message.ts - timedelta(minutes=self.options.context_minutes)
         earlier = [(mid, text) for ts, mid, text in turns if oldest <= ts <= message.ts]
         return earlier[-self.options.context_turns :]
+
+    async def _drop_cache_after_forgets(self, memory: MemoryView) -> None:
+        state = await memory.store.state_get(NAME, FORGETS_KEY)
+        token = None if state is None else str(state.get("token"))
+        if token != self._forgets_seen:
+            self._recent.clear()
+            self._forgets_seen = token
 
     def _remember(self, message: Message, text: str) -> None:
         key = (message.tenant, message.chat_id)
@@ -151,6 +177,11 @@ class HybridRecall:
             **self.recall_weights,
         }
         return reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights, normalize=True)
+
+
+def _shared(memory: MemoryView) -> bool:
+    """Whether other processes write to the same store (the PostgreSQL store says so)."""
+    return bool(getattr(memory.store, "shared", False))
 
 
 def _candidates(source: str, hits: list[tuple[int, float]]) -> list[Candidate]:

@@ -116,7 +116,13 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         lengths = await store.pool.fetch("SELECT keyword_tokens FROM memories ORDER BY id")
         # Counted from the texts as stored: the escaped NUL is one separator, not a token "0".
         assert [r[0] for r in lengths] == [5, 10]
-        assert (await store.stats())["schema_version"] == 2
+        assert (await store.stats())["schema_version"] == 3
+        # Keyword documents live in the row, not in the TOAST table (a search reads them often).
+        storage = await store.pool.fetchval(
+            "SELECT attstorage FROM pg_attribute "
+            "WHERE attrelid = 'memories'::regclass AND attname = 'keywords'"
+        )
+        assert storage == b"m"
         hits = await store.search_keywords(Scope(user_id="u1"), "banker", 5)
         assert len(hits) == 1 and hits[0][1] > 0
     finally:

@@ -25,6 +25,8 @@ What differs, and why:
   the length.
 * A ``tsvector`` keeps at most 256 positions of one word and none past 16383: a word repeated more
   often than that in one memory counts 256 times.
+* A query term the configuration splits into several lexemes (rare with narrmem's tokens) is
+  matched as all of them, not as a phrase.
 """
 
 from __future__ import annotations
@@ -43,47 +45,37 @@ def keyword_tokens(index_text: str, context_text: str | None) -> int:
     return len(keyword_terms(index_text)) + len(keyword_terms(context_text or ""))
 
 
-def bm25_sql(where: str, kinds: str) -> str:
-    """The ranking statement. ``$1`` text-search configuration, ``$2`` the query terms, ``$3`` the
-    context weight, ``$4`` k; ``where`` is the scope (and ``kinds`` the kind filter) on ``memories``.
+def bm25_sql(terms: int, where: str, kinds: str) -> str:
+    """The ranking statement for ``terms`` query terms. ``$1`` the context weight, ``$2`` k, ``$3``
+    any term (a ``tsquery``), ``$4`` ... each term's own ``tsquery``; ``where`` is the scope and
+    ``kinds`` the kind filter, with placeholders numbered after those.
 
-    ``terms`` holds each query term's lexemes, numbered by term; ``hits`` every in-scope row that
-    matches any of them (of any kind: the counts are the scope's); ``freq`` the weighted frequency
-    of each term in each hit; ``df`` each term's IDF over the scope.
+    One pass over the rows that match any term (``hits``) gives, per term, whether the row holds it
+    (``m``, for its document count) and its frequency (``f``): ``ts_rank_cd`` of a one-word query
+    without normalisation is the sum of the weights of the word's positions, so with weights
+    A = 1 (the body) and B = the context weight it is FTS5's weighted frequency. The scope's row
+    count and average length come from the index (``keyword_tokens`` is in it).
     """
+    n = range(terms)
+    match = [f"keywords @@ ${4 + i}::tsquery AS m{i}" for i in n]
+    weights = "ARRAY[0, 0, $1::float4, 1]"  # D, C, B (context), A (body)
+    freq = [f"ts_rank_cd({weights}, keywords, ${4 + i}::tsquery, 0)::float8 AS f{i}" for i in n]
+    counts = ", ".join(f"COUNT(*) FILTER (WHERE m{i}) AS d{i}" for i in n)
+    idf = ", ".join(f"GREATEST(ln((s.rows - d{i} + 0.5) / (d{i} + 0.5)), 1e-6) AS i{i}" for i in n)
+    norm = f"{K1} * ({1 - B} + {B} * h.dl / s.avgdl)"
+    score = " + ".join(f"i{i} * f{i} * {K1 + 1} / (f{i} + {norm})" for i in n)
     return f"""
-    WITH terms AS (
-        SELECT t.n, lexeme FROM unnest($2::text[]) WITH ORDINALITY AS t (term, n),
-        LATERAL unnest(tsvector_to_array(to_tsvector($1::regconfig, t.term))) AS lexeme
-    ),
-    q AS (
-        SELECT NULLIF(array_to_string(array_agg(x), ' | '), '')::tsquery AS q
-        FROM (SELECT plainto_tsquery($1::regconfig, t)::text AS x FROM unnest($2::text[]) AS t) AS p
-        WHERE x <> ''
-    ),
-    scoped AS (
+    WITH scoped AS MATERIALIZED (
         SELECT COUNT(*)::float8 AS rows, AVG(keyword_tokens + {SCOPE_TOKENS})::float8 AS avgdl
         FROM memories WHERE {where}
     ),
-    hits AS (
-        SELECT id, kind, keywords, (keyword_tokens + {SCOPE_TOKENS})::float8 AS dl
-        FROM memories, q WHERE keywords @@ q.q AND {where}
+    hits AS MATERIALIZED (
+        SELECT id, kind, (keyword_tokens + {SCOPE_TOKENS})::float8 AS dl, {", ".join(match + freq)}
+        FROM memories WHERE keywords @@ $3::tsquery AND {where}
     ),
-    freq AS (
-        SELECT h.id, h.kind, h.dl, t.n,
-            COUNT(*) FILTER (WHERE w = 'A') + $3::float8 * COUNT(*) FILTER (WHERE w = 'B') AS f
-        FROM hits h
-        CROSS JOIN LATERAL unnest(h.keywords) AS u (lexeme, positions, weights)
-        JOIN terms t ON t.lexeme = u.lexeme
-        CROSS JOIN LATERAL unnest(u.weights) AS w
-        GROUP BY h.id, h.kind, h.dl, t.n
-    ),
-    df AS (
-        SELECT freq.n, GREATEST(ln((s.rows - COUNT(*) + 0.5) / (COUNT(*) + 0.5)), 1e-6) AS idf
-        FROM freq CROSS JOIN scoped s GROUP BY freq.n, s.rows
+    idf AS MATERIALIZED (
+        SELECT {idf} FROM (SELECT {counts} FROM hits) AS d, scoped AS s
     )
-    SELECT f.id, SUM(df.idf * f.f * {K1 + 1} / (f.f + {K1} * ({1 - B} + {B} * f.dl / s.avgdl))) AS rank
-    FROM freq f JOIN df ON df.n = f.n CROSS JOIN scoped s
-    WHERE {kinds}
-    GROUP BY f.id ORDER BY rank DESC, f.id LIMIT $4
+    SELECT h.id, {score} AS rank FROM hits AS h, idf, scoped AS s
+    WHERE {kinds} ORDER BY rank DESC, h.id LIMIT $2
     """

@@ -91,12 +91,28 @@ def migrations(dim: int, *, m: int, ef_construction: int) -> list[list[str]]:
         ],
         # 2: each row's keyword length in tokens, for BM25 (see keywords.py); rows written before
         # get theirs counted by :func:`count_keyword_tokens`, which runs right after this step.
-        ["ALTER TABLE memories ADD COLUMN keyword_tokens INTEGER"],
+        # The keyword document stays in the row (MAIN) rather than in the TOAST table beside it,
+        # where each of the several reads a search makes of it cost a lookup of its own.
+        [
+            "ALTER TABLE memories ADD COLUMN keyword_tokens INTEGER",
+            "ALTER TABLE memories ALTER COLUMN keywords SET STORAGE MAIN",
+        ],
+        # 3: the scope indexes carry the lengths, so a keyword search counts its scope's rows and
+        # their average length from the index alone.
+        [
+            "DROP INDEX memories_user",
+            "DROP INDEX memories_chat",
+            "CREATE INDEX memories_user ON memories (tenant, user_id, created_ts) "
+            "INCLUDE (chat_id, keyword_tokens)",
+            "CREATE INDEX memories_chat ON memories (tenant, chat_id, created_ts) "
+            "INCLUDE (user_id, keyword_tokens)",
+        ],
     ]
 
 
 async def count_keyword_tokens(conn: Any) -> None:
-    """Fill ``keyword_tokens`` of rows that have none, from their texts (a batch at a time)."""
+    """Fill ``keyword_tokens`` of rows that have none, from their texts (a batch at a time), and
+    write their keyword documents again so that they move into the row."""
     last = 0
     while True:
         rows = await conn.fetch(
@@ -107,7 +123,7 @@ async def count_keyword_tokens(conn: Any) -> None:
         if not rows:
             return
         await conn.executemany(
-            "UPDATE memories SET keyword_tokens = $1 WHERE id = $2",
+            "UPDATE memories SET keyword_tokens = $1, keywords = keywords || ''::tsvector WHERE id = $2",
             [(keyword_tokens(unesc(r[1]) or "", unesc(r[2])), r[0]) for r in rows],
         )
         last = rows[-1][0]
@@ -139,4 +155,4 @@ async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int) -> int:
     return len(steps)
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3

@@ -40,6 +40,7 @@ COLUMNS = (
 # R@10 0.733 against 0.704 (R@5 0.636 against 0.615), as SQLite's porter stemming finds too.
 DEFAULT_TEXT_CONFIG = "english"
 TEXT_CONFIGS = ("simple", "english")
+TERMS_CACHED = 50_000  # query terms whose tsquery is kept (cleared when full)
 # pgvector's bound on hnsw.ef_search.
 MAX_EF_SEARCH = 1000
 TABLES = ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs", "meta")
@@ -73,6 +74,7 @@ class PostgresStore:
         self.read_only = read_only
         self.text_config = text_config
         self._pool: asyncpg.Pool | None = None
+        self._term_cache: dict[str, str] = {}  # query term -> its tsquery in text_config
         self.dim = 0
 
     def __repr__(self) -> str:
@@ -82,6 +84,7 @@ class PostgresStore:
 
     async def open(self, *, dim: int, model: str) -> None:
         self.dim = dim
+        self._term_cache.clear()
         try:
             conn = await asyncpg.connect(self._dsn)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
@@ -684,21 +687,42 @@ class PostgresStore:
         context_weight: float = 0.5,
         kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
-        terms = content_terms(query)
-        if not terms:
+        queries = await self._term_queries(content_terms(query))
+        if not queries:
             return []
-        where, scoped = _scope_clause(scope, start=5)
+        where, scoped = _scope_clause(scope, start=4 + len(queries))
         params: list[Any] = list(scoped)
         kinds_clause = "TRUE"
         if kinds:
-            kinds_clause = f"f.kind = ANY(${len(params) + 5}::text[])"
+            kinds_clause = f"h.kind = ANY(${len(params) + 4 + len(queries)}::text[])"
             params.append(list(kinds))
-        # The query is a list of terms, never parsed as query syntax: each term goes through the
-        # configuration the documents did, and any of them matches.
         rows = await self.pool.fetch(
-            bm25_sql(where, kinds_clause), self.text_config, terms, float(context_weight), int(k), *params
+            bm25_sql(len(queries), where, kinds_clause),
+            float(context_weight),
+            int(k),
+            " | ".join(f"({q})" for q in queries),
+            *queries,
+            *params,
         )
         return [(int(r[0]), float(r[1])) for r in rows]
+
+    async def _term_queries(self, terms: Sequence[str]) -> list[str]:
+        """Each term as the configuration reads it (a ``tsquery``), in order; terms it drops (its
+        stopwords) are left out. Never parsed as query syntax: a term is only ever plain text."""
+        known = {t: self._term_cache[t] for t in terms if t in self._term_cache}
+        missing = [t for t in dict.fromkeys(terms) if t not in known]
+        if missing:
+            rows = await self.pool.fetch(
+                "SELECT t, plainto_tsquery($1::regconfig, t)::text FROM unnest($2::text[]) AS t",
+                self.text_config,
+                missing,
+            )
+            fetched = {str(r[0]): str(r[1]) for r in rows}
+            known.update(fetched)
+            if len(self._term_cache) + len(fetched) > TERMS_CACHED:
+                self._term_cache.clear()
+            self._term_cache.update(fetched)
+        return [known[t] for t in terms if known.get(t)]
 
     async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
         params: tuple[str, ...] = ()

@@ -1,0 +1,76 @@
+"""The keyword context of an episode (the chat's earlier turns) with two workers on one PostgreSQL:
+a user forgotten in one worker leaves no word in what the other stores next, and a turn stored by
+one worker is context for the other's next message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from _helpers import msg
+from _postgres import fresh_database
+
+from narrmem import Memory
+from narrmem.models import Scope
+from narrmem.testing import open_memory
+
+
+async def context_of(mem: Memory, message_id: str, chat: str = "g") -> str:
+    [memory_id] = await mem.store.from_messages("default", chat, [message_id])
+    record = (await mem.store.get([memory_id], None))[memory_id]
+    return record.context_text or ""
+
+
+def at(minute: int) -> str:
+    return f"2026-05-04T09:{minute:02d}:00+00:00"
+
+
+async def test_a_forget_in_one_worker_reaches_the_others_context(tmp_path: Path) -> None:
+    storage: dict[str, Any] = {"backend": "postgres", "dsn": await fresh_database("hybrid")}
+    async with (
+        open_memory(tmp_path / "a", storage=storage) as one,
+        open_memory(tmp_path / "b", storage=storage) as two,
+    ):
+        # Worker two handles u1's message (it is in its cache of the chat's last turns), and both
+        # workers receive u3's (one stores it, the other is told it is a duplicate).
+        stored = await two.ingest(
+            msg(
+                "m1",
+                "My locker code at the gym is zanzibar, do not tell anyone",
+                user="u1",
+                chat="g",
+                ts=at(0),
+            )
+        )
+        assert stored.stored
+        both = [
+            await mem.ingest(
+                msg(
+                    "m2", "I keep my spare key under the blue quokka flowerpot", user="u3", chat="g", ts=at(1)
+                )
+            )
+            for mem in (one, two)
+        ]
+        assert sorted(r.stored for r in both) == [False, True]
+        assert "zanzibar" in await context_of(one, "m2")
+        await one.forget(user_id="u1")
+        await one.forget(user_id="u3")
+
+        # Worker two's next message in the chat: neither forgotten user's words come with it.
+        await two.ingest(
+            msg("m3", "Has anyone tried the new climbing wall at the gym", user="u2", chat="g", ts=at(2))
+        )
+        context = await context_of(two, "m3")
+        assert "zanzibar" not in context and "quokka" not in context
+        for word in ("zanzibar", "quokka"):
+            assert await two.store.search_keywords(Scope(chat_id="g"), word, 10) == []
+            assert await one.store.search_keywords(Scope(chat_id="g"), word, 10) == []
+
+        # A turn stored by worker one is context for worker two's next message.
+        await one.ingest(
+            msg("m4", "We should go hiking at Mount Tamalpais on Saturday", user="u2", chat="g", ts=at(3))
+        )
+        await two.ingest(
+            msg("m5", "Count me in, I will bring sandwiches for the hike", user="u4", chat="g", ts=at(4))
+        )
+        assert "tamalpais" in (await context_of(two, "m5")).lower()
