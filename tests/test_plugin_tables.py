@@ -5,7 +5,6 @@ so that every worker on one PostgreSQL sees them and they survive a restart."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -15,31 +14,11 @@ import pytest
 from _postgres import fresh_database
 from narrmem_plugins.rtm import RTMPlugin, plugin_of
 from narrmem_plugins.storage_postgres.sql import translate
-from test_store_contract import DIM, MODEL, make_store
+from test_store_contract import DIM, MODEL, TABLE, make_store
 
 from narrmem.clock import ManualClock
 from narrmem.errors import StoreError
-from narrmem.store import SQLCapable
 from narrmem.testing import open_memory
-
-TABLE = """CREATE TABLE IF NOT EXISTS demo_notes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    owner TEXT NOT NULL,       -- who wrote it? (a question mark in a comment is not a placeholder)
-    score REAL NOT NULL,
-    count INTEGER NOT NULL DEFAULT 0,
-    blob BLOB,
-    UNIQUE (owner, score)
-)"""
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    store = await make_store(request.param, tmp_path)
-    await store.open(dim=DIM, model=MODEL)
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 def test_placeholders_and_types_are_translated_outside_quotes() -> None:
@@ -55,49 +34,6 @@ def test_placeholders_and_types_are_translated_outside_quotes() -> None:
     )
     # Outside CREATE/ALTER TABLE the words are left alone (a column may be called "real").
     assert translate("SELECT real FROM x WHERE n = ?") == "SELECT real FROM x WHERE n = $1"
-
-
-async def test_one_sql_on_both_stores(store: Any) -> None:
-    assert isinstance(store, SQLCapable)
-    async with store.sql(write=True) as db:
-        assert db.dialect in ("sqlite", "postgres")
-        await db.execute(TABLE)
-        await db.execute(TABLE)  # set up twice: nothing happens
-        first = await db.fetchone(
-            "INSERT INTO demo_notes (owner, score, count, blob) VALUES (?, ?, ?, ?) RETURNING id",
-            ("ann?", 0.5, 2**40, b"\x00\x01"),
-        )
-        await db.executemany(
-            "INSERT INTO demo_notes (owner, score) VALUES (?, ?)", [("bob", 1.0), ("cy", 2.0)]
-        )
-        again = await db.execute(
-            "INSERT INTO demo_notes (owner, score) VALUES (?, ?) ON CONFLICT (owner, score) DO NOTHING",
-            ("bob", 1.0),
-        )
-        bumped = await db.execute("UPDATE demo_notes SET count = count + 1 WHERE score >= ?", (1.0,))
-    assert first is not None and isinstance(first[0], int)
-    assert (again, bumped) == (0, 2)
-    async with store.sql() as db:
-        rows = await db.fetchall("SELECT owner, score, count, blob FROM demo_notes ORDER BY id")
-        assert rows == [("ann?", 0.5, 2**40, b"\x00\x01"), ("bob", 1.0, 1, None), ("cy", 2.0, 1, None)]
-        assert await db.fetchone("SELECT owner FROM demo_notes WHERE owner = ?", ("nobody",)) is None
-
-
-async def test_a_failed_write_rolls_back_and_errors_are_typed(store: Any) -> None:
-    async with store.sql(write=True) as db:
-        await db.execute(TABLE)
-    with pytest.raises(RuntimeError):
-        async with store.sql(write=True) as db:
-            await db.execute("INSERT INTO demo_notes (owner, score) VALUES (?, ?)", ("gone", 1.0))
-            raise RuntimeError("the plugin failed half way")
-    async with store.sql() as db:
-        assert await db.fetchall("SELECT owner FROM demo_notes") == []
-    with pytest.raises(StoreError, match="demo_notes"):
-        async with store.sql(write=True) as db:
-            await db.execute("INSERT INTO demo_notes (owner) VALUES (?)", ("no score",))
-    with pytest.raises(StoreError, match="NUL"):
-        async with store.sql(write=True) as db:
-            await db.execute("INSERT INTO demo_notes (owner, score) VALUES (?, ?)", ("a\x00b", 1.0))
 
 
 async def test_workers_setting_up_the_same_tables_at_once_take_turns() -> None:

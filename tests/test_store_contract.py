@@ -17,6 +17,7 @@ from narrmem_plugins.storage_sqlite.store import SQLiteStore
 
 from narrmem.errors import StoreError
 from narrmem.models import ImportanceChange, MemoryRecord, Scope
+from narrmem.store import SQLCapable
 
 DIM = 8
 MODEL = "contract-test-model"
@@ -383,3 +384,58 @@ async def test_users_are_listed_by_tenant_with_counts(store: Any) -> None:
     assert (first, last) == (T0, T0 + timedelta(minutes=3))  # the same instants, told in UTC
     assert [r["tenant"] for r in await store.users(None)] == ["default", "default", "t2"]
     assert len(await store.users(None, limit=1)) == 1
+
+
+# --- plugin tables (store.sql()) ------------------------------------------------------------------
+
+TABLE = """CREATE TABLE IF NOT EXISTS demo_notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL,       -- who wrote it? (a question mark in a comment is not a placeholder)
+    score REAL NOT NULL,
+    count INTEGER NOT NULL DEFAULT 0,
+    blob BLOB,
+    UNIQUE (owner, score)
+)"""
+
+
+async def test_one_sql_on_both_stores(store: Any) -> None:
+    assert isinstance(store, SQLCapable)
+    async with store.sql(write=True) as db:
+        assert db.dialect in ("sqlite", "postgres")
+        await db.execute(TABLE)
+        await db.execute(TABLE)  # set up twice: nothing happens
+        first = await db.fetchone(
+            "INSERT INTO demo_notes (owner, score, count, blob) VALUES (?, ?, ?, ?) RETURNING id",
+            ("ann?", 0.5, 2**40, b"\x00\x01"),
+        )
+        await db.executemany(
+            "INSERT INTO demo_notes (owner, score) VALUES (?, ?)", [("bob", 1.0), ("cy", 2.0)]
+        )
+        again = await db.execute(
+            "INSERT INTO demo_notes (owner, score) VALUES (?, ?) ON CONFLICT (owner, score) DO NOTHING",
+            ("bob", 1.0),
+        )
+        bumped = await db.execute("UPDATE demo_notes SET count = count + 1 WHERE score >= ?", (1.0,))
+    assert first is not None and isinstance(first[0], int)
+    assert (again, bumped) == (0, 2)
+    async with store.sql() as db:
+        rows = await db.fetchall("SELECT owner, score, count, blob FROM demo_notes ORDER BY id")
+        assert rows == [("ann?", 0.5, 2**40, b"\x00\x01"), ("bob", 1.0, 1, None), ("cy", 2.0, 1, None)]
+        assert await db.fetchone("SELECT owner FROM demo_notes WHERE owner = ?", ("nobody",)) is None
+
+
+async def test_a_failed_write_rolls_back_and_errors_are_typed(store: Any) -> None:
+    async with store.sql(write=True) as db:
+        await db.execute(TABLE)
+    with pytest.raises(RuntimeError):
+        async with store.sql(write=True) as db:
+            await db.execute("INSERT INTO demo_notes (owner, score) VALUES (?, ?)", ("gone", 1.0))
+            raise RuntimeError("the plugin failed half way")
+    async with store.sql() as db:
+        assert await db.fetchall("SELECT owner FROM demo_notes") == []
+    with pytest.raises(StoreError, match="demo_notes"):
+        async with store.sql(write=True) as db:
+            await db.execute("INSERT INTO demo_notes (owner) VALUES (?)", ("no score",))
+    with pytest.raises(StoreError, match="NUL"):
+        async with store.sql(write=True) as db:
+            await db.execute("INSERT INTO demo_notes (owner, score) VALUES (?, ?)", ("a\x00b", 1.0))
