@@ -17,13 +17,13 @@ from narrmem.errors import InputError
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 
 if TYPE_CHECKING:
-    from narrmem.memory import Memory
+    from narrmem.lifecycle import MemoryLifecycle
 
 log = logging.getLogger("narrmem")
 
 
 class Forgetting:
-    def __init__(self, memory: Memory, write_lock: asyncio.Lock) -> None:
+    def __init__(self, memory: MemoryLifecycle, write_lock: asyncio.Lock) -> None:
         self.memory = memory
         self.write_lock = write_lock
 

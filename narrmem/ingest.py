@@ -23,7 +23,7 @@ from narrmem.models import MAX_ID_CHARS, IngestResult, MemoryRecord, Message, Tr
 from narrmem.text import cjk_count
 
 if TYPE_CHECKING:
-    from narrmem.memory import Memory
+    from narrmem.lifecycle import MemoryLifecycle
 
 log = logging.getLogger("narrmem")
 
@@ -52,7 +52,9 @@ class Pending:
 
 
 class IngestPipeline:
-    def __init__(self, memory: Memory, write_lock: asyncio.Lock, callbacks: list[TriggerCallback]) -> None:
+    def __init__(
+        self, memory: MemoryLifecycle, write_lock: asyncio.Lock, callbacks: list[TriggerCallback]
+    ) -> None:
         self.memory = memory
         self.write_lock = write_lock
         self.callbacks = callbacks

@@ -4,19 +4,22 @@ plugins registered, the store opened, plugins started, interrupted forgets finis
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from narrmem.errors import ConfigError, InputError, PluginError, StoreError
 from narrmem.models import Scope
 
 if TYPE_CHECKING:
-    from narrmem.memory import Memory
+    from narrmem.lifecycle import MemoryLifecycle
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T", bound="MemoryLifecycle")
 
 
 async def start(
-    memory: Memory, *, warm: bool, builtins: bool, load_entrypoints: bool, extra: list[object]
+    memory: MemoryLifecycle, *, warm: bool, builtins: bool, load_entrypoints: bool, extra: list[object]
 ) -> None:
     settings = memory.settings
     host = memory.host
@@ -44,7 +47,7 @@ async def start(
     await store.open(dim=embedder.dim, model=embedder.name)
 
 
-async def _collect(memory: Memory, hook_name: str) -> dict[str, Callable[..., Any]]:
+async def _collect(memory: MemoryLifecycle, hook_name: str) -> dict[str, Callable[..., Any]]:
     found: dict[str, Callable[..., Any]] = {}
 
     def register(name: str, factory: Callable[..., Any]) -> None:
@@ -74,20 +77,25 @@ def check_open_arguments(settings: object, clock: object, plugins: object, setti
 
 def scope_argument(tenant: str, user_id: str | None = None, chat_id: str | None = None) -> Scope:
     """A :class:`Scope` from a public call's arguments; a bad one is an ``InputError`` naming it."""
+    return model_argument(Scope, tenant=tenant, user_id=user_id, chat_id=chat_id)
+
+
+def model_argument(model: type[M], **fields: Any) -> M:
+    """``model(**fields)`` from a public call's arguments; a bad field is an ``InputError`` naming it."""
     try:
-        return Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+        return model(**fields)
     except ValidationError as exc:
         raise InputError.from_pydantic(exc) from exc
 
 
-class Opening:
+class Opening(Generic[T]):
     """Lets ``Memory.open`` be both awaited and used with ``async with``."""
 
-    def __init__(self, memory: Memory, warm: bool) -> None:
+    def __init__(self, memory: T, warm: bool) -> None:
         self._memory = memory
         self._warm = warm
 
-    async def _open(self) -> Memory:
+    async def _open(self) -> T:
         try:
             await self._memory.start(self._warm)
         except BaseException:
@@ -95,10 +103,10 @@ class Opening:
             raise
         return self._memory
 
-    def __await__(self) -> Generator[Any, None, Memory]:
+    def __await__(self) -> Generator[Any, None, T]:
         return self._open().__await__()
 
-    async def __aenter__(self) -> Memory:
+    async def __aenter__(self) -> T:
         return await self._open()
 
     async def __aexit__(self, *exc_info: object) -> None:

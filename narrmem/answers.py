@@ -1,0 +1,76 @@
+"""Public calls that a plugin answers: the per-turn context (the graph by default), the user
+summary (RTM), store-wide figures and the list of users. Arguments are checked here, before any
+plugin runs: a plugin's own refusal would be isolated by the host and read as no answer at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from narrmem.checks import int_argument, optional_int_argument, text_argument
+from narrmem.errors import InputError, PluginError
+from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, Scope
+from narrmem.tools import ToolRegistry
+from narrmem.view import MemoryView
+
+
+async def turn_context(memory: MemoryView, scope: Scope, text: str) -> dict[str, Any]:
+    text = text_argument(text, "text", max_chars=MAX_QUERY_CHARS)
+    answer = await memory.host.call_first(
+        "narrmem_turn_context",
+        memory=memory,
+        tenant=scope.tenant,
+        user_id=scope.user_id,
+        chat_id=scope.chat_id,
+        text=text,
+    )
+    if answer is None:
+        raise PluginError("no plugin builds turn contexts (is the graph plugin disabled?)")
+    return dict(answer)
+
+
+async def summary(
+    memory: MemoryView, scope: Scope, depth: int | None, token_budget: int | None
+) -> dict[str, Any]:
+    answer = await memory.host.call_first(
+        "narrmem_user_summary",
+        memory=memory,
+        tenant=scope.tenant,
+        user_id=scope.user_id,
+        depth=optional_int_argument(depth, "depth"),
+        token_budget=optional_int_argument(token_budget, "token_budget"),
+    )
+    if answer is None:
+        raise PluginError("no plugin tells user summaries (is the rtm plugin disabled?)")
+    return dict(answer)
+
+
+async def stats(memory: MemoryView, tools: ToolRegistry) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    for part in await memory.host.call("narrmem_stats", memory=memory):
+        extra.update(part)
+    return {
+        **(await memory.store.stats()),
+        **extra,
+        "data_dir": str(memory.data_dir),
+        "embedder": {"backend": memory.settings.embedder.backend, "model": memory.embedder.name},
+        "plugins": memory.host.plugin_names(),
+        "tools": tools.names(),
+    }
+
+
+async def users(memory: MemoryView, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+    if tenant is not None:
+        tenant = text_argument(tenant, "tenant", max_chars=MAX_ID_CHARS)
+        if not tenant:
+            raise InputError("must not be empty", field="tenant")
+    return await memory.store.users(tenant, limit=int_argument(limit, "limit", high=100_000))
+
+
+async def call_tool(
+    memory: MemoryView, tools: ToolRegistry, name: str, arguments: dict[str, Any] | str | None
+) -> dict[str, Any]:
+    tool, args = tools.validate(name, arguments)
+    output = await tool.handler(memory, args)
+    if isinstance(output, dict):
+        output = tool.output_model.model_validate(output)
+    return dict(output.model_dump(mode="json"))

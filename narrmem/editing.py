@@ -1,0 +1,35 @@
+"""An edited message: what the old text left is forgotten and the new text is ingested in its
+place, with the earlier texts kept in the new episode's ``meta["edits"]``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from narrmem.ingest import as_message
+from narrmem.models import IngestResult, MemoryRecord, Message, Scope
+
+if TYPE_CHECKING:
+    from narrmem.memory import Memory
+
+
+async def edit(memory: Memory, message: Message | dict[str, Any]) -> IngestResult:
+    edited = as_message(message, None)
+    scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
+    ids = await memory.store.from_messages(edited.tenant, edited.chat_id, [edited.message_id])
+    before = [r for r in (await memory.store.get(ids, scope)).values() if r.kind == "episode"]
+    edits = [e for r in before for e in _earlier_edits(r)]
+    edits += [{"text": r.text, "replaced_at": memory.clock.now().isoformat()} for r in before]
+    meta = {**edited.meta, "edits": edits} if edits else edited.meta
+    # Checked before the old message is forgotten: the earlier texts can take meta past its limit,
+    # and a refused edit must leave the old message as it was.
+    replacement = as_message(edited.model_copy(update={"meta": meta}), None)
+    await memory.forget_messages(
+        chat_id=edited.chat_id, message_ids=[edited.message_id], tenant=edited.tenant
+    )
+    return await memory.ingest(replacement)
+
+
+def _earlier_edits(record: MemoryRecord) -> list[Any]:
+    """The texts an episode replaced; a caller's own ``meta["edits"]`` of another shape is not ours."""
+    edits = record.meta.get("edits", [])
+    return edits if isinstance(edits, list) else []

@@ -1,0 +1,131 @@
+"""How a memory opens and closes, and the parts it owns while open: the settings and clock, one
+plugin host and tool registry, the store and embedder the plugins registered, the ingest pipeline
+and durable forgetting. :class:`~narrmem.memory.Memory` adds the public calls on top."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Self, cast
+
+from narrmem import opening
+from narrmem.checks import folder_argument
+from narrmem.clock import Clock, SystemClock
+from narrmem.config import Settings, load_settings
+from narrmem.embed import Embedder
+from narrmem.errors import PluginError
+from narrmem.forgetting import Forgetting
+from narrmem.host import PluginHost
+from narrmem.ingest import IngestPipeline, TriggerCallback
+from narrmem.store import Store
+from narrmem.tools import ToolRegistry
+
+if TYPE_CHECKING:
+    from narrmem.view import MemoryView
+
+
+class MemoryLifecycle:
+    """What a :class:`~narrmem.memory.Memory` owns (settings, clock, plugin host, tools, store,
+    embedder, the ingest pipeline and forgetting) and how it opens and closes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        plugins: Iterable[object] = (),
+        load_entrypoints: bool | None = None,
+        builtins: bool = True,
+        read_only: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.read_only = read_only
+        self.clock: Clock = clock or SystemClock()
+        self.data_dir = Path(settings.data_dir)
+        # Hooks receive the finished Memory (this class's one subclass), which is the plugins' view.
+        self.host = PluginHost(cast("MemoryView", self))
+        self.tools = ToolRegistry()
+        entrypoints = settings.plugins.load_entrypoints if load_entrypoints is None else load_entrypoints
+        self._plugins = (builtins, entrypoints, list(plugins))
+        self._store: Store | None = None
+        self._embedder: Embedder | None = None
+        self._trigger_callbacks: list[TriggerCallback] = []
+        write_lock = asyncio.Lock()  # one writer at a time in this process
+        self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks)
+        self._forgetting = Forgetting(self, write_lock)
+        self._closed = False
+        self._started = False
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | Path | None = None,
+        *,
+        settings: Settings | None = None,
+        config_file: str | Path | None = None,
+        clock: Clock | None = None,
+        plugins: Iterable[object] = (),
+        load_entrypoints: bool | None = None,
+        builtins: bool = True,
+        warm: bool = True,
+        read_only: bool = False,
+    ) -> opening.Opening[Self]:
+        """Open a memory. ``data_dir`` overrides the settings' folder; ``warm`` loads the model now
+        (set it to ``False`` for commands that never embed). ``read_only`` opens an existing store
+        beside the process that writes it: every write is refused with a ``StoreError``, and
+        recall reinforces nothing."""
+        opening.check_open_arguments(settings, clock, plugins, Settings)
+        settings = settings or load_settings(config_file)
+        if data_dir is not None:
+            settings = settings.model_copy(update={"data_dir": folder_argument(data_dir, "data_dir")})
+        memory = cls(
+            settings,
+            clock=clock,
+            plugins=plugins,
+            load_entrypoints=load_entrypoints,
+            builtins=builtins,
+            read_only=read_only,
+        )
+        return opening.Opening(memory, warm)
+
+    async def start(self, warm: bool) -> None:
+        """Load plugins, the model and the store (``Memory.open`` calls it)."""
+        builtins, entrypoints, extra = self._plugins
+        await opening.start(self, warm=warm, builtins=builtins, load_entrypoints=entrypoints, extra=extra)
+        self._started = True
+        await self.host.call("narrmem_startup", isolate=False, memory=self)
+        await self._forgetting.resume()
+
+    def attach(self, *, store: Store | None = None, embedder: Embedder | None = None) -> None:
+        """Set the store and embedder the plugins registered (used while opening)."""
+        self._store = store or self._store
+        self._embedder = embedder or self._embedder
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._started:
+            await self.host.call("narrmem_shutdown", memory=self)
+        for part in (self._store, self._embedder):
+            if part is not None:
+                await part.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise PluginError("the memory is not open")
+        return self._store
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            raise PluginError("the memory is not open")
+        return self._embedder
