@@ -152,10 +152,11 @@ def _reinforcements(folder: Path, database: str) -> int:
 
 async def _questions(mem: Memory, conv: Conversation) -> list[dict[str, float]]:
     scores = []
+    session_tokens = conv.session_tokens()
     for q in conv.questions:
         hits = await mem.recall(q.text, chat_id=conv.sample_id, k=QUESTION_K, reinforce=False)
         ranked = [Retrieved(ids=tuple(h.message_ids), text=h.text) for h in hits]
-        scores.append(score_question(q, ranked, KS))
+        scores.append(score_question(q, ranked, KS, session_tokens))
     return scores
 
 
