@@ -34,8 +34,8 @@ class Store(Protocol):
         """One write transaction, serialised with every other writer of this process (ingest, a
         decay pass, a plugin with tables of its own): ``async with store.transaction() as conn:``.
         It commits when the block ends and rolls back if it raises. ``conn`` is the backend's
-        connection, speaking its SQL; a plugin that writes SQL checks the backend first (see
-        :class:`SQLiteCapable`). A plugin never takes a lock of its own around the store."""
+        connection, speaking its SQL; a plugin with tables of its own uses :class:`SQLCapable`
+        instead (one SQL on every backend). A plugin never takes a lock of its own around the store."""
         ...
 
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
@@ -206,8 +206,8 @@ class Store(Protocol):
 @runtime_checkable
 class SQLiteCapable(Protocol):
     """A store that lends plugins its SQLite connection (the built-in ``sqlite`` store): ``db`` for
-    reads, ``transaction()`` for writes. Plugins with tables of their own (graph, RTM trees) need
-    it and stay idle on a store without it."""
+    reads, ``transaction()`` for writes. The graph plugin still needs it and stays idle on a store
+    without it; a new plugin writes against :class:`SQLCapable` instead, which both stores lend."""
 
     @property
     def db(self) -> aiosqlite.Connection: ...

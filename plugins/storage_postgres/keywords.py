@@ -59,7 +59,11 @@ def bm25_sql(terms: int, where: str, kinds: str) -> str:
     n = range(terms)
     match = [f"keywords @@ ${4 + i}::tsquery AS m{i}" for i in n]
     weights = "ARRAY[0, 0, $1::float4, 1]"  # D, C, B (context), A (body)
-    freq = [f"ts_rank_cd({weights}, keywords, ${4 + i}::tsquery, 0)::float8 AS f{i}" for i in n]
+    freq = [
+        f"CASE WHEN keywords @@ ${4 + i}::tsquery "
+        f"THEN ts_rank_cd({weights}, keywords, ${4 + i}::tsquery, 0)::float8 ELSE 0 END AS f{i}"
+        for i in n
+    ]
     counts = ", ".join(f"COUNT(*) FILTER (WHERE m{i}) AS d{i}" for i in n)
     idf = ", ".join(f"GREATEST(ln((s.rows - d{i} + 0.5) / (d{i} + 0.5)), 1e-6) AS i{i}" for i in n)
     norm = f"{K1} * ({1 - B} + {B} * h.dl / s.avgdl)"
