@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypedDict, TypeVar, get_args
 
-from narrmem.errors import NarrmemError
+from narrmem.errors import InputError, NarrmemError
 from narrmem.memory import Memory
 from narrmem.models import (
     MAX_ID_CHARS,
@@ -35,6 +36,62 @@ Notify = Callable[[TriggerEvent], Awaitable[None]]
 COMMANDS = ("forgetme", "memory")
 DEFAULT_K = 8
 DEFAULT_TOKEN_BUDGET = 400
+
+T = TypeVar("T")
+"""Where a platform's trigger handler is told to speak: aiogram's and python-telegram-bot's ``Bot``,
+discord.py's channel."""
+
+
+class TurnArgs(TypedDict, Generic[T], total=False):
+    """The keyword options every integration takes; their meaning and defaults: :class:`TurnOptions`."""
+
+    tenant: str
+    token_budget: int
+    on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None
+    k: int
+    context_scope: ContextScope
+
+
+@dataclass(frozen=True)
+class TurnOptions(Generic[T]):
+    """One options model for the three bot integrations: the ``tenant`` messages go to, the
+    ``token_budget`` of a rendered context, ``on_trigger(target, event)`` awaited for every trigger
+    event a message causes, and how many memories (``k``) a turn's context holds and whose
+    (``context_scope``)."""
+
+    tenant: str = "default"
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None = None
+    k: int = DEFAULT_K
+    context_scope: ContextScope = "user"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise InputError("must be a non-empty string", field="tenant")
+        for name in ("token_budget", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError("must be a positive integer", field=name)
+        if self.context_scope not in get_args(ContextScope):
+            raise InputError(f"must be one of {', '.join(get_args(ContextScope))}", field="context_scope")
+
+    def notifier(self, target: T | None) -> Notify | None:
+        """The trigger callback for one message, bound to where the handler should speak."""
+        callback = self.on_trigger
+        if callback is None or target is None:
+            return None
+
+        async def notify(event: TriggerEvent) -> None:
+            await callback(target, event)
+
+        return notify
+
+    async def context(self, memory: Memory, message: Message) -> ContextPack:
+        return await turn_context(memory, message, k=self.k, scope=self.context_scope)
+
+    def render(self, pack: ContextPack | None) -> str:
+        """``pack`` rendered to the token budget (``""`` when nothing is remembered)."""
+        return pack.render(token_budget=self.token_budget) if pack is not None else ""
 
 
 def build_message(

@@ -32,9 +32,10 @@ from aiogram import Bot, Router
 from aiogram.filters import Command
 from aiogram.types import Message as TgMessage
 from aiogram.types import TelegramObject, Update
+from typing_extensions import Unpack
 
 from narrmem.doors.integrations import _common
-from narrmem.doors.integrations._common import COMMANDS, DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
+from narrmem.doors.integrations._common import COMMANDS, DEFAULT_TOKEN_BUDGET, TurnArgs, TurnOptions
 from narrmem.memory import Memory
 from narrmem.models import ContextPack, Message, TriggerEvent
 
@@ -94,22 +95,10 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
     """
 
     def __init__(
-        self,
-        memory: Memory,
-        *,
-        tenant: str = "default",
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
-        on_trigger: TriggerHandler | None = None,
-        k: int = DEFAULT_K,
-        context_scope: ContextScope = "user",
-        skip_commands: Collection[str] = COMMANDS,
+        self, memory: Memory, *, skip_commands: Collection[str] = COMMANDS, **options: Unpack[TurnArgs[Bot]]
     ) -> None:
         self.memory = memory
-        self.tenant = tenant
-        self.token_budget = token_budget
-        self.on_trigger = on_trigger
-        self.k = k
-        self.context_scope: ContextScope = context_scope
+        self.options = TurnOptions[Bot](**options)
         self.skip_commands = skip_commands
 
     async def __call__(self, handler: Handler, event: TelegramObject, data: dict[str, Any]) -> Any:
@@ -118,36 +107,24 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         data["memory_prompt"] = ""
         if not isinstance(event, TgMessage):
             return await handler(event, data)
-        message = to_message(event, tenant=self.tenant)
+        message = to_message(event, tenant=self.options.tenant)
         if message is None or _common.is_own_command(message.text, self.skip_commands):
             return await handler(event, data)
         update = data.get("event_update")
         if isinstance(update, Update) and update.edited_message is not None:
             await _common.edit(self.memory, message)
         else:
-            await _common.ingest(self.memory, message, self._notifier(data.get("bot")))
-        pack = await _common.turn_context(self.memory, message, k=self.k, scope=self.context_scope)
+            await _common.ingest(self.memory, message, self.options.notifier(data.get("bot")))
+        pack = await self.options.context(self.memory, message)
         data["memory_context"] = pack
-        data["memory_prompt"] = pack.render(token_budget=self.token_budget)
+        data["memory_prompt"] = self.options.render(pack)
         data["memory_mark_used"] = functools.partial(_common.mark_used, self.memory, pack)
         return await handler(event, data)
 
-    def _notifier(self, bot: Bot | None) -> _common.Notify | None:
-        callback = self.on_trigger
-        if callback is None or bot is None:
-            return None
-
-        async def notify(event: TriggerEvent) -> None:
-            await callback(bot, event)
-
-        return notify
-
     async def context(self, message: TgMessage) -> ContextPack | None:
         """The context for a message outside a handler (the middleware already gives it inside)."""
-        converted = to_message(message, tenant=self.tenant)
-        if converted is None:
-            return None
-        return await _common.turn_context(self.memory, converted, k=self.k, scope=self.context_scope)
+        converted = to_message(message, tenant=self.options.tenant)
+        return await self.options.context(self.memory, converted) if converted is not None else None
 
 
 def register_commands(
@@ -194,27 +171,12 @@ def register_commands(
 
 
 def setup(
-    router: Router,
-    memory: Memory,
-    *,
-    tenant: str = "default",
-    token_budget: int = DEFAULT_TOKEN_BUDGET,
-    on_trigger: TriggerHandler | None = None,
-    k: int = DEFAULT_K,
-    context_scope: ContextScope = "user",
-    commands: bool = True,
+    router: Router, memory: Memory, *, commands: bool = True, **options: Unpack[TurnArgs[Bot]]
 ) -> NarrmemMiddleware:
     """Register the middleware on ``router`` (the dispatcher, to see every message) and, with
     ``commands``, the two commands on it too. Call it before registering the bot's own handlers:
     aiogram tries a router's handlers in order and those of included routers only after them."""
-    middleware = NarrmemMiddleware(
-        memory,
-        tenant=tenant,
-        token_budget=token_budget,
-        on_trigger=on_trigger,
-        k=k,
-        context_scope=context_scope,
-    )
+    middleware = NarrmemMiddleware(memory, **options)
     router.message.outer_middleware(middleware)
     router.edited_message.outer_middleware(middleware)
     # start_polling asks Telegram only for the update types that have handlers
@@ -222,7 +184,8 @@ def setup(
     # would never arrive. This one never matches, so the bot's own edit handlers still get every edit.
     router.edited_message.register(_never_called, _never)
     if commands:
-        register_commands(router, memory, tenant=tenant, token_budget=token_budget)
+        given = middleware.options
+        register_commands(router, memory, tenant=given.tenant, token_budget=given.token_budget)
     return middleware
 
 

@@ -26,9 +26,10 @@ from typing import Any, Literal, TypeAlias
 
 import discord
 from discord.ext import commands
+from typing_extensions import Unpack
 
 from narrmem.doors.integrations import _common
-from narrmem.doors.integrations._common import DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
+from narrmem.doors.integrations._common import TurnArgs, TurnOptions
 from narrmem.memory import Memory
 from narrmem.models import ContextPack, Hit, Message, TriggerEvent
 
@@ -58,32 +59,24 @@ class NarrmemCog(commands.Cog):
         memory: Memory,
         *,
         guild_as: GuildAs = "tenant",
-        tenant: str = "default",
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
-        on_trigger: TriggerHandler | None = None,
-        k: int = DEFAULT_K,
-        context_scope: ContextScope = "user",
+        **options: Unpack[TurnArgs[discord.abc.Messageable]],
     ) -> None:
         if guild_as not in ("tenant", "chat"):
             raise ValueError(f"guild_as must be 'tenant' or 'chat', not {guild_as!r}")
         self.bot = bot
         self.memory = memory
         self.guild_as: GuildAs = guild_as
-        self.tenant = tenant
-        self.token_budget = token_budget
-        self.on_trigger = on_trigger
-        self.k = k
-        self.context_scope: ContextScope = context_scope
+        self.options = TurnOptions[discord.abc.Messageable](**options)
 
     # --- mapping ---------------------------------------------------------------------------
 
     def place(self, guild_id: int | None, channel_id: int) -> tuple[str, str]:
         """(tenant, chat id) for a message in ``channel_id`` of ``guild_id`` (``None`` for a DM)."""
         if guild_id is None:
-            return self.tenant, str(channel_id)
+            return self.options.tenant, str(channel_id)
         if self.guild_as == "tenant":
             return str(guild_id), str(channel_id)
-        return self.tenant, str(guild_id)
+        return self.options.tenant, str(guild_id)
 
     def to_message(self, message: discord.Message) -> Message | None:
         """The narrmem ``Message`` for a Discord message, or ``None`` when there is nothing to
@@ -129,17 +122,7 @@ class NarrmemCog(commands.Cog):
             return
         converted = self.to_message(message)
         if converted is not None:
-            await _common.ingest(self.memory, converted, self._notifier(message.channel))
-
-    def _notifier(self, channel: discord.abc.Messageable) -> _common.Notify | None:
-        callback = self.on_trigger
-        if callback is None:
-            return None
-
-        async def notify(event: TriggerEvent) -> None:
-            await callback(channel, event)
-
-        return notify
+            await _common.ingest(self.memory, converted, self.options.notifier(message.channel))
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -173,9 +156,7 @@ class NarrmemCog(commands.Cog):
         """The :class:`ContextPack` for answering ``message`` (``None`` without text). The message
         itself is left out, whether or not the listener has stored it yet."""
         converted = self.to_message(message)
-        if converted is None:
-            return None
-        return await _common.turn_context(self.memory, converted, k=self.k, scope=self.context_scope)
+        return await self.options.context(self.memory, converted) if converted is not None else None
 
     async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
         """Tell memory which hits of ``pack`` your answer used (all by default): they are
@@ -184,8 +165,7 @@ class NarrmemCog(commands.Cog):
 
     async def prompt_for(self, message: discord.Message) -> str:
         """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""
-        pack = await self.context_for(message)
-        return pack.render(token_budget=self.token_budget) if pack is not None else ""
+        return self.options.render(await self.context_for(message))
 
     # --- commands ----------------------------------------------------------------------------
 
@@ -193,8 +173,8 @@ class NarrmemCog(commands.Cog):
         """Every tenant this cog writes to: ``tenant`` and, with ``guild_as="tenant"``, each server
         the bot is in."""
         if self.guild_as == "chat":
-            return {self.tenant}
-        return {self.tenant, *(str(guild.id) for guild in self.bot.guilds)}
+            return {self.options.tenant}
+        return {self.options.tenant, *(str(guild.id) for guild in self.bot.guilds)}
 
     @commands.command(name="forgetme", help="Forget everything I remember about you, in every server.")
     async def forgetme(self, ctx: AnyContext) -> None:
@@ -212,7 +192,7 @@ class NarrmemCog(commands.Cog):
             user_id=str(ctx.author.id),
             # In a server the reply is read by everyone there: only what was said in this chat.
             chat_id=chat_id if guild_id is not None else None,
-            token_budget=self.token_budget,
+            token_budget=self.options.token_budget,
             max_chars=DISCORD_MAX_CHARS,
         )
         await ctx.reply(text, mention_author=False)

@@ -30,9 +30,10 @@ from typing import Any, TypeAlias
 
 import telegram
 from telegram.ext import Application, BaseHandler, CallbackContext, CommandHandler, MessageHandler, filters
+from typing_extensions import Unpack
 
 from narrmem.doors.integrations import _common
-from narrmem.doors.integrations._common import COMMANDS, DEFAULT_K, DEFAULT_TOKEN_BUDGET, ContextScope
+from narrmem.doors.integrations._common import COMMANDS, TurnArgs, TurnOptions
 from narrmem.memory import Memory
 from narrmem.models import ContextPack, Hit, Message, TriggerEvent
 
@@ -88,19 +89,11 @@ class NarrmemTelegram:
         self,
         memory: Memory,
         *,
-        tenant: str = "default",
-        token_budget: int = DEFAULT_TOKEN_BUDGET,
-        on_trigger: TriggerHandler | None = None,
-        k: int = DEFAULT_K,
-        context_scope: ContextScope = "user",
         commands: Collection[str] = COMMANDS,
+        **options: Unpack[TurnArgs[telegram.Bot]],
     ) -> None:
         self.memory = memory
-        self.tenant = tenant
-        self.token_budget = token_budget
-        self.on_trigger = on_trigger
-        self.k = k
-        self.context_scope: ContextScope = context_scope
+        self.options = TurnOptions[telegram.Bot](**options)
         self.commands = commands
 
     def handlers(self) -> list[BaseHandler[Any, Any, Any]]:
@@ -121,32 +114,20 @@ class NarrmemTelegram:
         """Ingest a new message, or apply an edit to the stored one."""
         edited = update.edited_message is not None
         source = update.edited_message or update.message
-        message = to_message(source, tenant=self.tenant) if source is not None else None
+        message = to_message(source, tenant=self.options.tenant) if source is not None else None
         if message is None or _common.is_own_command(message.text, self.commands):
             return
         if edited:
             await _common.edit(self.memory, message)
         else:
-            await _common.ingest(self.memory, message, self._notifier(context.bot))
-
-    def _notifier(self, bot: telegram.Bot) -> _common.Notify | None:
-        callback = self.on_trigger
-        if callback is None:
-            return None
-
-        async def notify(event: TriggerEvent) -> None:
-            await callback(bot, event)
-
-        return notify
+            await _common.ingest(self.memory, message, self.options.notifier(context.bot))
 
     async def context_for(self, update: telegram.Update) -> ContextPack | None:
         """The :class:`ContextPack` for answering this update's message (``None`` without text).
         The message itself is left out: by the time group 0 runs it is already stored."""
         source = update.effective_message
-        message = to_message(source, tenant=self.tenant) if source is not None else None
-        if message is None:
-            return None
-        return await _common.turn_context(self.memory, message, k=self.k, scope=self.context_scope)
+        message = to_message(source, tenant=self.options.tenant) if source is not None else None
+        return await self.options.context(self.memory, message) if message is not None else None
 
     async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
         """Tell memory which hits of ``pack`` your answer used (all by default): they are
@@ -155,15 +136,14 @@ class NarrmemTelegram:
 
     async def prompt_for(self, update: telegram.Update) -> str:
         """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""
-        pack = await self.context_for(update)
-        return pack.render(token_budget=self.token_budget) if pack is not None else ""
+        return self.options.render(await self.context_for(update))
 
     async def forgetme(self, update: telegram.Update, context: AnyContext) -> None:
         message = update.effective_message
         who = sender(message) if message is not None else None
         if message is None or who is None:
             return
-        reply = await _common.forget_user(self.memory, tenants=[self.tenant], user_id=who[0])
+        reply = await _common.forget_user(self.memory, tenants=[self.options.tenant], user_id=who[0])
         await message.reply_text(reply)
 
     async def show_memory(self, update: telegram.Update, context: AnyContext) -> None:
@@ -175,10 +155,10 @@ class NarrmemTelegram:
         chat_id = None if message.chat.type == "private" else str(message.chat.id)
         text = await _common.describe_user(
             self.memory,
-            tenant=self.tenant,
+            tenant=self.options.tenant,
             user_id=who[0],
             chat_id=chat_id,
-            token_budget=self.token_budget,
+            token_budget=self.options.token_budget,
             max_chars=TELEGRAM_MAX_CHARS,
         )
         await message.reply_text(text)
@@ -188,24 +168,12 @@ def install(
     application: AnyApplication,
     memory: Memory,
     *,
-    tenant: str = "default",
-    token_budget: int = DEFAULT_TOKEN_BUDGET,
-    on_trigger: TriggerHandler | None = None,
-    k: int = DEFAULT_K,
-    context_scope: ContextScope = "user",
     commands: Collection[str] = COMMANDS,
     group: int = -1,
+    **options: Unpack[TurnArgs[telegram.Bot]],
 ) -> NarrmemTelegram:
     """Add the integration's handlers to ``application`` in ``group``; returns the integration
     (keep it for :meth:`NarrmemTelegram.context_for`). ``commands=()`` leaves the commands out."""
-    integration = NarrmemTelegram(
-        memory,
-        tenant=tenant,
-        token_budget=token_budget,
-        on_trigger=on_trigger,
-        k=k,
-        context_scope=context_scope,
-        commands=commands,
-    )
+    integration = NarrmemTelegram(memory, commands=commands, **options)
     application.add_handlers(integration.handlers(), group=group)
     return integration
