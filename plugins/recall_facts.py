@@ -1,0 +1,130 @@
+"""Stated facts as a recall source: a question about where someone lives, what they like, work on or
+plan is answered by the messages in which they said so.
+
+The graph plugin keeps such statements as triplets with their provenance (the message ids) and
+retires a fact when a later one contradicts it (a functional relation such as ``lives_in`` holds one
+object at a time: "I moved to Porto" supersedes "I live in Lisbon"). This source reads the question's
+relation words, takes the *active* triplets of those relations in the request's scope and proposes the
+memories of the messages that stated them: the facts that hold now first (newest statement first),
+so "where does she live now?" ranks the latest city above the earlier one, which no longer has an
+active fact. Without the graph plugin (or on a store it cannot use) the source proposes nothing.
+
+It answers questions about the present state only: one asking where someone lives, or one that
+says "now" (currently, still, these days, 现在…). Proposing stated preferences for every "would she
+like…" question was tried: it raised open-domain recall on the LoCoMo validation conversations but
+lowered overall recall there, so it is not done (see the README's Benchmarks).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from narrmem_plugins.graph import GraphPlugin
+from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges
+from narrmem_plugins.graph.schema import fetchall
+from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.vocabulary import FUNCTIONAL
+from pydantic import BaseModel, ConfigDict, Field
+
+from narrmem import hookimpl
+from narrmem.config import Settings, plugin_options
+from narrmem.errors import PluginError
+from narrmem.models import Candidate, RecallRequest, Scope
+from narrmem.view import MemoryView
+
+NAME = "recall_facts"
+SOURCE = "facts"
+
+# The words that ask about each relation the fact extractor writes (English and Chinese).
+RELATION_WORDS: dict[str, re.Pattern[str]] = {
+    "lives_in": re.compile(
+        r"\b(?:live|lives|living|lived|reside|resides|home|hometown|moved?)\b|住|搬", re.I
+    ),
+    "located_at": re.compile(r"\bwhere\b.*\b(?:now|currently|these days|at the moment)\b|现在在哪", re.I),
+    "likes": re.compile(r"\b(?:like|likes|love|loves|enjoys?|favou?rite|prefers?|fan of)\b|喜欢|爱", re.I),
+    "works_on": re.compile(r"\b(?:projects?|working on|works on|work on)\b|项目|在做", re.I),
+    "plans": re.compile(r"\b(?:plans?|planning|going to)\b|打算|计划", re.I),
+}
+
+
+class FactsOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    candidates: int = Field(default=5, ge=1, le=100, description="memories proposed per question")
+    facts: int = Field(default=50, ge=1, le=10_000, description="active facts read per user and question")
+
+
+NOW = re.compile(
+    r"\b(?:now|currently|current|these days|at the moment|still|anymore|any more|latest)\b|现在|目前|最近",
+    re.I,
+)
+
+
+def relations_asked(query: str) -> list[str]:
+    """The relations a question about the present state asks about (none for other questions)."""
+    asked = [relation for relation, words in RELATION_WORDS.items() if words.search(query)]
+    return asked if NOW.search(query) or any(r in FUNCTIONAL for r in asked) else []
+
+
+class RecallFacts:
+    narrmem_name = NAME
+
+    def __init__(self) -> None:
+        self.options = FactsOptions()
+
+    @hookimpl
+    def narrmem_configure(self, settings: Settings) -> None:
+        self.options = plugin_options(settings, NAME, FactsOptions)
+
+    @hookimpl
+    async def narrmem_recall_candidates(
+        self, memory: MemoryView, request: RecallRequest, query_vector: np.ndarray
+    ) -> list[Candidate]:
+        relations = relations_asked(request.query)
+        if not relations:
+            return []
+        try:
+            db = memory.host.plugin(GraphPlugin).backend().db
+        except PluginError:
+            return []
+        edges = await _active_facts(db, request.scope, relations, self.options.facts)
+        ids = await _memories_of(memory, request.scope, edges)
+        now = [mid for edge in edges if edge.relation in FUNCTIONAL for mid in ids.get(edge.id, [])]
+        rest = [mid for edge in edges if edge.relation not in FUNCTIONAL for mid in ids.get(edge.id, [])]
+        if rest:
+            # Preferences and plans can be many: the ones closest to the question come first.
+            vectors = await memory.store.vectors(sorted(set(rest)), request.scope)
+            rest.sort(key=lambda mid: -float(np.dot(vectors[mid], query_vector)) if mid in vectors else 0.0)
+        ranked = list(dict.fromkeys([*now, *rest]))[: self.options.candidates]
+        return [
+            Candidate(memory_id=mid, source=SOURCE, rank=rank, score=1.0) for rank, mid in enumerate(ranked)
+        ]
+
+
+async def _active_facts(db: object, scope: Scope, relations: list[str], limit: int) -> list[Edge]:
+    """The active facts of these relations in the scope, newest statement first."""
+    if scope.user_id is not None:
+        users = [scope.user_id]
+    else:
+        rows = await fetchall(
+            db,
+            "SELECT DISTINCT user_id FROM graph_edges WHERE tenant = ? AND chat_id = ? AND status = 'active'",
+            (scope.tenant, scope.chat_id),
+        )
+        users = [str(row[0]) for row in rows]
+    found: list[Edge] = []
+    for user in users:
+        query = EdgeQuery().where("e.status = 'active'").names_in("e.relation", relations)
+        found.extend(
+            await select_edges(db, GraphScope(scope.tenant, user, scope.chat_id), query, limit=limit)
+        )
+    return sorted(found, key=lambda e: (-e.last_seen_ts, -e.id))
+
+
+async def _memories_of(memory: MemoryView, scope: Scope, edges: list[Edge]) -> dict[int, list[int]]:
+    """The memories of the messages that stated each fact (the host re-checks their scope)."""
+    out: dict[int, list[int]] = {}
+    for edge in edges:
+        if edge.provenance:
+            out[edge.id] = await memory.store.from_messages(scope.tenant, edge.chat_id, edge.provenance)
+    return out
