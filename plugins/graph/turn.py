@@ -110,9 +110,9 @@ async def build(
 
 async def recent_narrative(memory: MemoryView, scope: GraphScope, question: str, limit: int) -> list[Hit]:
     """The chat's last ``limit`` memories, oldest first, for a recap question: scenes, and episodes
-    no fetched scene already tells; the question itself (if already stored) left out."""
-    assert scope.chat_id is not None
-    where = Scope(tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id)
+    no fetched scene already tells; the question itself (if already stored) left out. They are not
+    ranked, so each has score 1 and ``sources = {"recent": its place in time}``."""
+    where = Scope(tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.write_chat)
     records = await memory.store.recent(where, kinds=["scene", "episode"], limit=limit * 3)
     told = {m for r in records if r.kind == "scene" for m in r.message_ids}
     kept = [

@@ -103,7 +103,7 @@ async def write_triplet(
         rivals = await _contradicted(
             db, scope, subject.name, draft.relation, obj.name, False, functional, exclude=existing.id
         )
-        rivals = [r for r in rivals if source != "message" or r.last_seen_ts <= at.timestamp()]
+        rivals = [r for r in rivals if not _said_later(r, source, at)]
         await _retire(db, scope, subject.name, draft.relation, obj.name, rivals, existing.id, at, actor)
         return WriteOutcome(existing, created=False, superseded=rivals)
     rivals = await _contradicted(
@@ -111,9 +111,7 @@ async def write_triplet(
     )
     # Only message times compare: a tool writes "now" by the server's clock, a message carries the time
     # it was said, and the two clocks need not agree.
-    newer = [
-        r for r in rivals if source == "message" and r.source == "message" and r.last_seen_ts > at.timestamp()
-    ]
+    newer = [r for r in rivals if _said_later(r, source, at)]
     new_id = await insert_edge(
         db,
         scope,
@@ -144,6 +142,11 @@ async def write_triplet(
         return WriteOutcome(await edge_by_id(db, scope, new_id), created=True)
     await _retire(db, scope, subject.name, draft.relation, obj.name, rivals, new_id, at, actor)
     return WriteOutcome(await edge_by_id(db, scope, new_id), created=True, superseded=rivals)
+
+
+def _said_later(rival: Edge, source: str, at: datetime) -> bool:
+    """Whether ``rival`` was said after a message stated at ``at`` (only message times compare)."""
+    return source == "message" and rival.source == "message" and rival.last_seen_ts > at.timestamp()
 
 
 async def _retire(
