@@ -11,6 +11,9 @@ Two readings, each a rule about how people ask rather than about any particular 
   sentence other than the question's own words, the speakers, "I" and calendar words) gets
   ``nameless_answer_factor``: "Where does she live now?" is answered by "I moved to Lisbon", not by
   "the movers broke my lamp", however close the second is in words.
+* **What comes next.** A question about the future ("which book do we read next?", "what is she going
+  to do?") is answered by a memory that speaks of the future ("next month's pick should be…", "I
+  plan to…"): memories with no word of the future get ``future_factor``.
 
 Both only lower scores (factors in [0, 1], through ``narrmem_weigh``, so ``Hit.why.importance_factor``
 includes them), and a factor of 1 turns a reading off: ``[plugin.recall_intent]`` options. The
@@ -35,6 +38,11 @@ NAME = "recall_intent"
 _WORD = re.compile(r"[^\W\d_][\w'’-]*")
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|\n+")
 _NAME_QUESTION = frozenset({"where", "who", "whom", "which"})
+_FUTURE = re.compile(
+    r"\b(?:next|upcoming|will|going to|gonna|plan|plans|planning|planned|soon|tomorrow|future|someday)\b"
+    r"|'ll\b|’ll\b|下个|下周|下次|明天|明年|打算|计划|将要",
+    re.IGNORECASE,
+)
 _NOT_NAMES = frozenset(
     {
         "i",
@@ -84,6 +92,12 @@ class IntentOptions(BaseModel):
         description="score factor for memories that name nothing, when a where/who/which question asks "
         "for a name",
     )
+    future_factor: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="score factor for memories that speak of no future, when a question asks what comes next",
+    )
 
 
 class RecallIntent:
@@ -103,6 +117,7 @@ class RecallIntent:
             records,
             unnamed_speaker_factor=self.options.unnamed_speaker_factor,
             nameless_answer_factor=self.options.nameless_answer_factor,
+            future_factor=self.options.future_factor,
         )
 
 
@@ -145,6 +160,7 @@ def intent_factors(
     *,
     unnamed_speaker_factor: float,
     nameless_answer_factor: float,
+    future_factor: float = 1.0,
 ) -> dict[int, float]:
     """A factor in [0, 1] per memory id that one of the readings lowers (the rest keep 1)."""
     factors: dict[int, float] = {}
@@ -159,6 +175,10 @@ def intent_factors(
         for memory_id, record in records.items():
             if not names_something(_said(record), known):
                 factors[memory_id] = factors.get(memory_id, 1.0) * nameless_answer_factor
+    if future_factor < 1 and _FUTURE.search(query):
+        for memory_id, record in records.items():
+            if not _FUTURE.search(_said(record)):
+                factors[memory_id] = factors.get(memory_id, 1.0) * future_factor
     return factors
 
 
