@@ -300,3 +300,29 @@ async def test_a_task_purged_whole_frees_its_id(mem: Memory, clock: ManualClock)
     tasks = (await mem.call_tool("task_query", U1))["tasks"]
     assert (tasks[0]["task_id"], tasks[0]["description"]) == ("Task_a", "again")
     assert [t["task_id"] for t in tasks] == ["Task_a", "Task_c", "Task_b"]
+
+
+async def test_a_task_an_older_purge_left_without_state_still_shows(tmp_path: Path) -> None:
+    """A store written before purges kept states: the old memory_purge could delete a task's state edge
+    alone. Such a task still shows, in progress, as it did; only a task purged whole is gone."""
+    async with open_memory(tmp_path / "m") as mem:
+        await _chain(mem)
+    con = sqlite3.connect(tmp_path / "m" / "narrmem.sqlite3")
+    with con:  # what the old purge did: {"subject": "Task_b", "relation": "HAS_STATE"}, soft
+        con.execute(
+            "UPDATE graph_edges SET status = 'deleted', valid_to = '2026-05-04T10:00:00+00:00', "
+            "valid_to_ts = 0 "
+            "WHERE relation = 'HAS_STATE' AND subject_id = (SELECT id FROM graph_nodes WHERE name = 'Task_b')"
+        )
+    con.close()
+    async with open_memory(tmp_path / "m") as mem:
+        states = {t["task_id"]: t["state"] for t in (await mem.call_tool("task_query", U1))["tasks"]}
+        assert states == {"Task_a": "in_progress", "Task_b": "in_progress", "Task_c": "in_progress"}
+        ctx = await turn_context(mem, "hello", **U1)
+        assert [t["task_id"] for t in ctx["tasks"]] == ["Task_a", "Task_b", "Task_c"]
+        # Purging it whole now takes its remaining triplets and it is gone.
+        out = await mem.call_tool("memory_purge", {**U1, "filters": {"subject": "Task_b"}})
+        assert out["tasks"] == [] and out["matched"] == 2  # its info and its link to Task_c
+        await mem.call_tool("memory_purge", {**U1, "filters": {"object": "Task_b"}})
+        names = [t["task_id"] for t in (await mem.call_tool("task_query", U1))["tasks"]]
+        assert names == ["Task_c", "Task_a"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from narrmem_plugins.graph.edges import EdgeQuery, close_edges, select_edges
 from narrmem_plugins.graph.nodes import Node, ensure_node, find_node, nodes_in_scope
+from narrmem_plugins.graph.schema import marks
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import (
     CONTAINS_INFO,
@@ -60,27 +61,31 @@ async def load_tasks(
     if not nodes:
         return []
     by_id = {n.id: n for n in nodes}
-    q = EdgeQuery().where("e.status = 'active'").where("e.relation IN (?, ?)", HAS_STATE, CONTAINS_INFO)
-    q.where(f"e.subject_id IN ({', '.join('?' for _ in by_id)})", *by_id)
+    q = EdgeQuery().where("e.status = 'active'").names_in("e.relation", [HAS_STATE, CONTAINS_INFO, NEXT_TASK])
+    q.where(f"e.subject_id IN ({marks(by_id)}) OR e.object_id IN ({marks(by_id)})", *by_id, *by_id)
     states: dict[int, str] = {}
     info: dict[int, list[str]] = {}
+    linked: set[int] = set()
     for edge in await select_edges(db, chat, q, order="e.id"):
+        linked.update((edge.subject_id, edge.object_id))
         if edge.relation == HAS_STATE:
             states[edge.subject_id] = edge.object.removeprefix(STATE_PREFIX)
-        else:
+        elif edge.relation == CONTAINS_INFO:
             info.setdefault(edge.subject_id, []).append(edge.object)
-    # A task purged whole (memory_purge with whole_tasks) keeps its node, but no state: it is gone.
+    # A task purged whole (memory_purge with whole_tasks) keeps its node but no active triplet: it
+    # is gone. One that lost only its state (a purge before purges kept states) still counts, in
+    # progress, as it always showed.
     tasks = [
         TaskView(
             task_id=n.name,
             description=str(n.props.get("description", "")),
-            state=states[n.id],
+            state=states.get(n.id, "in_progress"),
             created_at=n.created_at,
             info_nodes=info.get(n.id, []),
             node=n,
         )
         for n in nodes
-        if n.id in states
+        if n.id in linked
     ]
     if state is not None:
         tasks = [t for t in tasks if t.state == state]
