@@ -62,7 +62,8 @@ async def load_tasks(
         return []
     by_id = {n.id: n for n in nodes}
     q = EdgeQuery().where("e.status = 'active'").names_in("e.relation", [HAS_STATE, CONTAINS_INFO, NEXT_TASK])
-    q.where(f"e.subject_id IN ({marks(by_id)}) OR e.object_id IN ({marks(by_id)})", *by_id, *by_id)
+    ids = list(by_id)
+    q.where(f"e.subject_id IN ({marks(ids)}) OR e.object_id IN ({marks(ids)})", *ids, *ids)
     states: dict[int, str] = {}
     info: dict[int, list[str]] = {}
     linked: set[int] = set()
