@@ -94,6 +94,7 @@ async def check_table_records(
     key: Sequence[str],
     section: str,
     exclude: Collection[str] = (),
+    derived: Collection[str] = (),
 ) -> list[tuple[Any, ...]]:
     """The rows to insert for ``records`` (those not stored yet), as tuples in the table's column
     order; a malformed record or one that conflicts with a stored row raises an ``InputError``
@@ -121,22 +122,31 @@ async def check_table_records(
             if problem:
                 raise InputError(problem, field=f"{where}.{column.name}")
         row = tuple(values)
-        if not await _stored_same(db, table, columns, key, row, where):
+        if not await _stored_same(db, table, columns, (key, derived), row, where):
             rows.append(row)
     return rows
 
 
 async def _stored_same(
-    db: SQLConnection, table: str, columns: list[Column], key: Sequence[str], row: tuple[Any, ...], where: str
+    db: SQLConnection,
+    table: str,
+    columns: list[Column],
+    key_and_derived: tuple[Sequence[str], Collection[str]],
+    row: tuple[Any, ...],
+    where: str,
 ) -> bool:
-    """``True`` if the row is stored as it is; an error if its key is stored with other content."""
+    """``True`` if the row is stored as it is (derived columns, caches the plugin fills again, aside);
+    an error if its key is stored with other content."""
+    key, derived = key_and_derived
     index = {c.name: i for i, c in enumerate(columns)}
     names = ", ".join(c.name for c in columns)
     condition = " AND ".join(f"{k} = ?" for k in key)
     stored = await db.fetchone(f"SELECT {names} FROM {table} WHERE {condition}", [row[index[k]] for k in key])
     if stored is None:
         return False
-    if tuple(bytes(v) if isinstance(v, memoryview) else v for v in stored) != row:
+    kept = [i for i, c in enumerate(columns) if c.name not in derived]
+    stored = tuple(bytes(v) if isinstance(v, memoryview) else v for v in stored)
+    if [stored[i] for i in kept] != [row[i] for i in kept]:
         shown = ", ".join(f"{k} {row[index[k]]!r}" for k in key)
         raise InputError(f"{table} already holds {shown} with other content", field=where)
     return True
@@ -163,6 +173,7 @@ class TableSpec:
     key: tuple[str, ...] = ("id",)
     order_by: str = "id"
     exclude: tuple[str, ...] = ()  # columns the database fills itself
+    derived: tuple[str, ...] = ()  # caches: exported, but not a conflict when they differ
 
 
 async def export_tables(store: object, specs: Sequence[TableSpec]) -> dict[str, list[dict[str, Any]]] | None:
@@ -202,6 +213,7 @@ async def import_tables(
                 key=spec.key,
                 section=spec.section,
                 exclude=spec.exclude,
+                derived=spec.derived,
             )
             if not dry_run:
                 await insert_rows(db, spec.table, rows, spec.exclude)

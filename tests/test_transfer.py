@@ -37,6 +37,10 @@ async def exported(tmp_path: Path) -> tuple[Path, Path]:
     return source, path
 
 
+def _memories(counts: dict[str, int]) -> tuple[int, int]:
+    return counts["imported"], counts["skipped"]
+
+
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -51,7 +55,7 @@ async def test_export_import_export_is_byte_identical(exported: Any, tmp_path: P
     target = tmp_path / "target"
     again = tmp_path / "again.jsonl"
     async with open_memory(target) as mem:
-        assert await import_jsonl(mem, path) == {"imported": 4, "skipped": 0}
+        assert _memories(await import_jsonl(mem, path)) == (4, 0)
         assert await export_jsonl(mem, again) == 4
         imported_hits = hit_keys(await mem.recall("greyhound Pixel", user_id="u1"))
     assert again.read_bytes() == path.read_bytes()
@@ -78,8 +82,10 @@ async def test_export_import_export_is_byte_identical(exported: Any, tmp_path: P
 
 async def test_export_format(exported: Any) -> None:
     _, path = exported
-    header, *records = _lines(path)
-    assert header == {"format": "narrmem-export", "version": 1, "model": "hash-test", "dim": 384}
+    header, *lines = _lines(path)
+    assert header == {"format": "narrmem-export", "version": 2, "model": "hash-test", "dim": 384}
+    records = [line for line in lines if line.pop("section") == "memories"]
+    assert lines[: len(records)] == records  # memories first, then the other sections
     assert [r["message_ids"] for r in records] == [["1"], ["2"], ["3"], ["4"]]
     assert [r["id"] for r in records] == sorted(r["id"] for r in records)
     first = records[0]
@@ -94,8 +100,10 @@ async def test_importing_twice_is_idempotent(exported: Any, tmp_path: Path) -> N
     source, path = exported
     target = tmp_path / "target"
     async with open_memory(target) as mem:
-        assert await import_jsonl(mem, path) == {"imported": 4, "skipped": 0}
-        assert await import_jsonl(mem, path) == {"imported": 0, "skipped": 4}
+        first = await import_jsonl(mem, path)
+        assert _memories(first) == (4, 0) and first["graph.nodes"] > 0  # the facts' graph came too
+        again = await import_jsonl(mem, path)
+        assert again == {**{k: 0 for k in first}, "skipped": 4}
         assert (await mem.stats())["memories"] == 4
         assert mem.store.index.size == 4
     assert count_rows(target) == 4
@@ -103,7 +111,7 @@ async def test_importing_twice_is_idempotent(exported: Any, tmp_path: Path) -> N
     assert count_rows(target, "memory_sources") == 4
     # Importing a store's own export into itself changes nothing either.
     async with open_memory(source) as mem:
-        assert await import_jsonl(mem, path) == {"imported": 0, "skipped": 4}
+        assert _memories(await import_jsonl(mem, path)) == (0, 4)
     assert count_rows(source) == 4
 
 

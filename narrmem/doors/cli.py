@@ -86,7 +86,11 @@ def _add_read_commands(sub: Subparsers, common: Parents, as_json: Parents) -> No
     sub.add_parser("stats", parents=[common, as_json], help="what is stored")
     history = sub.add_parser("history", parents=[common, as_json], help="a memory's importance over time")
     history.add_argument("memory_id", type=int)
-    export = sub.add_parser("export", parents=[common, as_json], help="export every record to JSONL")
+    export = sub.add_parser(
+        "export",
+        parents=[common, as_json],
+        help="export the whole store to JSONL (graph, trees, history too)",
+    )
     export.add_argument("file")
 
 
@@ -427,11 +431,11 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.doors.transfer import export_jsonl
+    from narrmem.doors.transfer import export_store
 
     async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
-        count = await export_jsonl(memory, args.file)
-    _report(args, {"exported": count, "file": args.file})
+        counts = await export_store(memory, args.file)
+    _report(args, {"exported": counts.pop("memories"), **counts, "file": args.file})
     return 0
 
 

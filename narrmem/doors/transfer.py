@@ -1,4 +1,5 @@
-"""JSONL in and out: messages to ingest, and a lossless export/import of a whole store.
+"""JSONL in and out: messages to ingest, and a lossless export/import of a whole store (memories,
+importance history, plugin state, and every plugin's own sections).
 
 Files are read and validated whole before anything is written, so a bad line is an error that
 names the line and field, and nothing from that file is half-written.
@@ -8,12 +9,16 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
+import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import groupby
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -21,12 +26,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, loads_json
 from narrmem.errors import InputError
 from narrmem.models import MemoryRecord, Message
+from narrmem.store import SQLCapable
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
 
 EXPORT_FORMAT = "narrmem-export"
-EXPORT_VERSION = 1
+# 1: memories with their vectors. 2: every line names its section: memories, their importance
+# history, the plugins' state, and each plugin's own sections (graph, RTM trees).
+EXPORT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+MEMORIES, IMPORTANCE, STATE = "memories", "importance", "state"
+PLUGIN_SECTION = re.compile(r"[A-Za-z0-9_]+\.[A-Za-z0-9_.]+")  # "<plugin>.<name>"
+log = logging.getLogger("narrmem.transfer")
+V = TypeVar("V", bound=BaseModel)
 
 
 class ExportHeader(BaseModel):
@@ -45,6 +58,43 @@ class ExportLine(MemoryRecord):
     @classmethod
     def _in_range(cls, when: datetime | None) -> datetime | None:
         return None if when is None else check_time_range(when)
+
+
+class HistoryEvent(BaseModel):
+    """One row of a memory's importance history, as ``Store.history`` gives it."""
+
+    model_config = ConfigDict(extra="forbid")
+    at: str
+    who: str = Field(max_length=200)
+    why: str = Field(max_length=2000)
+    old: float | None = None
+    new: float
+
+    @field_validator("at")
+    @classmethod
+    def _a_time(cls, at: str) -> str:
+        try:
+            when = datetime.fromisoformat(at)
+        except ValueError as exc:
+            raise ValueError("not an ISO-8601 time") from exc
+        if when.tzinfo is None:
+            raise ValueError("needs a timezone")
+        check_time_range(when)
+        return at
+
+
+class ImportanceLine(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    memory_id: int = Field(ge=1, le=SQLITE_MAX_INT)
+    current: float | None = Field(default=None, ge=0.0, le=1.0)
+    events: list[HistoryEvent] = Field(default_factory=list)
+
+
+class StateLine(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    namespace: str = Field(min_length=1, max_length=200)
+    key: str = Field(min_length=1, max_length=4000)
+    value: dict[str, Any]
 
 
 def _lines(path: Path) -> Iterator[tuple[int, Any]]:
@@ -113,30 +163,73 @@ def read_dry_run_messages(path: str | Path | None, *, text: str | None = None) -
 
 
 async def export_jsonl(memory: Memory, path: str | Path) -> int:
-    """Write every record with its vector; returns how many. The file appears only when complete,
-    and only a file that is itself a narrmem export is ever replaced."""
+    """Write a full export of the store (see :func:`export_store`); returns how many memories."""
+    return (await export_store(memory, path))["memories"]
+
+
+async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
+    """Everything the memory keeps, as JSONL: a header, then each memory with its vector, each
+    memory's importance history, the plugins' small state, and every plugin's own sections (the
+    graph, RTM trees; ``narrmem_export_records``). Returns the lines written per section.
+
+    Reading only. The file appears only when complete, and only a file that is itself a narrmem
+    export is ever replaced. Exporting, importing into a fresh store and exporting again gives the
+    same bytes."""
     path = Path(path)
     _check_replaceable(path)
     header = ExportHeader(
         format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
     )
-    count = 0
+    counts: dict[str, int] = {MEMORIES: 0}
     # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(header.model_dump_json() + "\n")
-            async for record, vector in memory.store.export():
-                line = record.model_dump(mode="json")
-                line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-                out.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
-                count += 1
+            async for section, line in _export_lines(memory):
+                out.write(json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n")
+                counts[section] = counts.get(section, 0) + 1
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)  # ours: made by mkstemp above
         raise
-    return count
+    return counts
+
+
+async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async for record, vector in memory.store.export():
+        line = record.model_dump(mode="json")
+        line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+        yield MEMORIES, line
+    last = 0
+    while states := await memory.store.importance_states(last, 1000):
+        for memory_id, _, _, current in states:
+            events = await memory.store.history(memory_id)
+            if events or current is not None:
+                yield IMPORTANCE, {"memory_id": memory_id, "current": current, "events": events}
+        last = states[-1][0]
+    for namespace, key, value in await _plugin_state(memory):
+        yield STATE, {"namespace": namespace, "key": key, "value": value}
+    sections: dict[str, list[dict[str, Any]]] = {}
+    for part in await memory.host.call("narrmem_export_records", isolate=False, memory=memory):
+        sections.update(part)
+    for section in sorted(sections):
+        for row in sections[section]:
+            yield section, row
+
+
+async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]:
+    """The plugins' small state (``Store.state_put``), by namespace and key. The store protocol has
+    no listing of it, so it is read from the store's ``plugin_state`` table where the store lends
+    its database (both built-in stores do); elsewhere it is left out, with a warning."""
+    store = memory.store
+    if not isinstance(store, SQLCapable):
+        log.warning("plugin state not exported: store %s lends no tables", type(store).__name__)
+        return []
+    async with store.sql() as db:
+        rows = await db.fetchall("SELECT namespace, key, value FROM plugin_state ORDER BY namespace, key")
+    return [(str(n), str(k), v if isinstance(v, dict) else json.loads(v)) for n, k, v in rows]
 
 
 def _check_replaceable(path: Path) -> None:
@@ -158,35 +251,140 @@ def _check_replaceable(path: Path) -> None:
         )
 
 
+@dataclass
+class _ExportFile:
+    """An export file read and checked whole, before anything of it is written."""
+
+    items: list[tuple[MemoryRecord, np.ndarray]] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)  # the line of each item
+    importance: list[tuple[int, ImportanceLine]] = field(default_factory=list)
+    state: list[tuple[int, StateLine]] = field(default_factory=list)
+    sections: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    first_line: dict[str, int] = field(default_factory=dict)  # of each plugin section
+
+
 async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
-    """Validate a whole export file, then write it in one transaction (ids kept)."""
+    """Validate a whole export file (the current format, or version 1's memories only), then write
+    it: the memories in one transaction (ids kept), their importance history, the plugins' state,
+    and each plugin's sections (``narrmem_import_records``, checked on a dry run first). What is
+    already stored as it is in the file is skipped; other content under the same id is an error,
+    except plugin state, where the file's value replaces the stored one.
+
+    Returns ``imported`` and ``skipped`` memories, and the lines imported of every other section."""
     path = Path(path)
-    items: list[tuple[MemoryRecord, np.ndarray]] = []
-    numbers: list[int] = []
+    parsed = _read_export(memory, path)
+    await _check_episode_sources(memory, [record for record, _ in parsed.items], parsed.numbers)
+    stored_state = await _stored_state(memory, parsed.state)
+    claimed = await _plugin_import(memory, parsed, dry_run=True)
+    for section, line in parsed.first_line.items():
+        if section not in claimed:
+            raise InputError(
+                f"no loaded plugin takes section {section!r} (is its plugin disabled?)",
+                field="section",
+                line=line,
+            )
+    ids = [record.id for record, _ in parsed.items if record.id is not None]
+    already = set(await memory.store.get(ids, None)) if ids else set()
+    counts = await memory.store.import_records(parsed.items)
+    if parsed.importance:
+        new = [line for _, line in parsed.importance if line.memory_id not in already]
+        counts[IMPORTANCE] = await _write_importance(memory, new)
+    if parsed.state:
+        fresh = [entry for _, entry in parsed.state if (entry.namespace, entry.key) not in stored_state]
+        for entry in fresh:
+            await memory.store.state_put(entry.namespace, entry.key, entry.value)
+        counts[STATE] = len(fresh)
+    counts.update(await _plugin_import(memory, parsed, dry_run=False))
+    return counts
+
+
+def _read_export(memory: Memory, path: Path) -> _ExportFile:
+    parsed = _ExportFile()
     header: ExportHeader | None = None
     for number, data in _lines(path):
         if header is None:
             header = _header(data, path, number, memory)
             continue
-        try:
-            line = ExportLine.model_validate(data)
-        except ValidationError as exc:
-            raise InputError.from_pydantic(exc, line=number) from exc
-        try:
-            vector = np.frombuffer(base64.b64decode(line.vector, validate=True), dtype="<f4")
-        except ValueError as exc:
-            raise InputError("not valid base64", field="vector", line=number) from exc
-        if vector.shape != (header.dim,):
-            raise InputError(
-                f"has {vector.size} dimensions, expected {header.dim}", field="vector", line=number
-            )
-        record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
-        items.append((record, vector.astype(np.float32)))
-        numbers.append(number)
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: a line must be a JSON object", line=number)
+        section = data.pop("section", MEMORIES) if header.version > 1 else MEMORIES
+        if section == MEMORIES:
+            parsed.items.append(_memory_line(data, number, header.dim))
+            parsed.numbers.append(number)
+        elif section == IMPORTANCE:
+            parsed.importance.append((number, _validated(ImportanceLine, data, number)))
+        elif section == STATE:
+            parsed.state.append((number, _validated(StateLine, data, number)))
+        elif isinstance(section, str) and PLUGIN_SECTION.fullmatch(section):
+            parsed.sections.setdefault(section, []).append(data)
+            parsed.first_line.setdefault(section, number)
+        else:
+            raise InputError(f"unknown section {section!r}", field="section", line=number)
     if header is None:
         raise InputError(f"{path} is empty: an export starts with a header line", line=1)
-    await _check_episode_sources(memory, [record for record, _ in items], numbers)
-    return await memory.store.import_records(items)
+    in_file = {record.id for record, _ in parsed.items}
+    for number, line in parsed.importance:
+        if line.memory_id not in in_file:
+            raise InputError(f"memory {line.memory_id} is not in the file", field="memory_id", line=number)
+    return parsed
+
+
+def _validated(model: type[V], data: dict[str, Any], number: int) -> V:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InputError.from_pydantic(exc, line=number) from exc
+
+
+def _memory_line(data: dict[str, Any], number: int, dim: int) -> tuple[MemoryRecord, np.ndarray]:
+    line = _validated(ExportLine, data, number)
+    try:
+        vector = np.frombuffer(base64.b64decode(line.vector, validate=True), dtype="<f4")
+    except ValueError as exc:
+        raise InputError("not valid base64", field="vector", line=number) from exc
+    if vector.shape != (dim,):
+        raise InputError(f"has {vector.size} dimensions, expected {dim}", field="vector", line=number)
+    record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
+    return record, vector.astype(np.float32)
+
+
+async def _stored_state(memory: Memory, lines: list[tuple[int, StateLine]]) -> set[tuple[str, str]]:
+    """The state entries already stored as in the file. An entry stored with another value is
+    replaced by the file's: plugin state is the plugins' latest word (when a trigger last fired),
+    and a newer export restored over an older copy must bring it."""
+    stored: set[tuple[str, str]] = set()
+    for _, line in lines:
+        if await memory.store.state_get(line.namespace, line.key) == line.value:
+            stored.add((line.namespace, line.key))
+    return stored
+
+
+async def _plugin_import(memory: Memory, parsed: _ExportFile, *, dry_run: bool) -> dict[str, int]:
+    if not parsed.sections:
+        return {}
+    counts: dict[str, int] = {}
+    for part in await memory.host.call(
+        "narrmem_import_records", isolate=False, memory=memory, sections=parsed.sections, dry_run=dry_run
+    ):
+        counts.update(part)
+    return counts
+
+
+async def _write_importance(memory: Memory, lines: list[ImportanceLine]) -> int:
+    """Each memory's history rows in their order (one write per run of rows of the same instant),
+    and its importance after decay at the last pass."""
+    written = 0
+    for line in lines:
+        values = [] if line.current is None else [(line.memory_id, line.current)]
+        runs = groupby(line.events, key=lambda event: event.at)
+        for at, events in runs:
+            rows = [(line.memory_id, e.who, e.why, e.old, e.new) for e in events]
+            await memory.store.set_current_importance(values, rows, datetime.fromisoformat(at))
+            written += len(rows)
+            values = []
+        if values:
+            await memory.store.set_current_importance(values, [], memory.clock.now())
+    return written
 
 
 async def _check_episode_sources(memory: Memory, records: list[MemoryRecord], numbers: list[int]) -> None:
@@ -229,9 +427,11 @@ def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
         header = ExportHeader.model_validate(data)
     except ValidationError as exc:
         raise InputError.from_pydantic(exc, line=number, prefix="header.") from exc
-    if header.format != EXPORT_FORMAT or header.version != EXPORT_VERSION:
+    if header.format != EXPORT_FORMAT or header.version not in READABLE_VERSIONS:
         raise InputError(
-            f"{path} is not a narrmem export (version {EXPORT_VERSION})", field="format", line=number
+            f"{path} is not a narrmem export (versions {', '.join(map(str, READABLE_VERSIONS))})",
+            field="format",
+            line=number,
         )
     if header.model != memory.embedder.name or header.dim != memory.embedder.dim:
         raise InputError(

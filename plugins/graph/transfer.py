@@ -15,9 +15,14 @@ from narrmem import hookimpl
 from narrmem.table_transfer import TableSpec, export_tables, import_tables
 from narrmem.view import MemoryView
 
-# Every table the schema creates, in creation order: a table others refer to comes first.
+# Every table the schema creates, in creation order: a table others refer to comes first. A node's
+# label vector is a cache (filled when a recall first needs it): a later import does not conflict on it.
 TABLES = [
-    TableSpec(section=f"graph.{name.removeprefix('graph_')}", table=name)
+    TableSpec(
+        section=f"graph.{name.removeprefix('graph_')}",
+        table=name,
+        derived=("vector", "vector_text") if name == "graph_nodes" else (),
+    )
     for name in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", "\n".join(SCHEMA))
 ]
 
