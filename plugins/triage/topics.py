@@ -53,8 +53,7 @@ def content_words(text: str, names: Iterable[str] = ()) -> list[str]:
         for term in keyword_terms(without_media(text))
         if len(term) > 2
         and term.isascii()
-        and not term.isdigit()
-        and not any(ch.isdigit() for ch in term)
+        and not term[0].isdigit()  # "14k", "6x800m", "2024": amounts, not topics
         and term not in STOPWORDS
         and term not in skip
     ]
