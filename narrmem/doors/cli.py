@@ -44,7 +44,12 @@ Subparsers = Any  # argparse's _SubParsersAction is private
 
 def _add_input_commands(sub: Subparsers, common: Parents, as_json: Parents) -> None:
     """What puts messages into memory: the demo, JSONL ingest, chat exports, dry-run triage."""
-    demo = sub.add_parser("demo", parents=[common], help="ingest a sample chat and answer questions")
+    demo = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="what narrmem does with a sample chat: scenes, graph facts, triggers, recall, fading "
+        "(in a temporary folder, or a new --data folder)",
+    )
     demo.add_argument("--k", type=int, default=2, help="hits per question")
 
     ingest = sub.add_parser("ingest", parents=[common, as_json], help="ingest a JSONL file of messages")
@@ -232,10 +237,9 @@ def _json_default(value: Any) -> Any:
 
 
 async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.doors.demo import run_demo
+    from narrmem.doors.demo import demo
 
-    async with _open(settings) as memory:
-        await run_demo(memory, sys.stdout, k=args.k)
+    await demo(settings, sys.stdout, k=args.k, folder=args.data)
     return 0
 
 
