@@ -74,3 +74,17 @@ async def call_tool(
     if isinstance(output, dict):
         output = tool.output_model.model_validate(output)
     return dict(output.model_dump(mode="json"))
+
+
+async def patterns(memory: MemoryView, user: Scope) -> dict[str, Any]:
+    now = memory.clock.now()
+    found = [
+        p
+        for part in await memory.host.call("narrmem_patterns", memory=memory, user=user, now=now)
+        for p in part
+    ]
+    parts = await memory.host.call("narrmem_pattern_firings", memory=memory, user=user, patterns=found)
+    return {
+        "counts": [p.model_dump(mode="json") for p in found],
+        "triggers": [fired for part in parts for fired in part],
+    }

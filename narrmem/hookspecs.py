@@ -35,8 +35,10 @@ if TYPE_CHECKING:
         IngestResult,
         MemoryRecord,
         Message,
+        PatternCount,
         RecallRequest,
         SceneDraft,
+        Scope,
         TriageDecision,
         TriggerEvent,
     )
@@ -265,6 +267,22 @@ def narrmem_stats(memory: MemoryView) -> dict[str, Any] | None:
 def narrmem_history(memory: MemoryView, record: MemoryRecord, now: datetime) -> dict[str, Any] | None:
     """What this plugin can tell about a memory's importance over time (merged into
     ``Memory.history``)."""
+
+
+@hookspec
+def narrmem_patterns(memory: MemoryView, user: Scope, now: datetime) -> list[PatternCount] | None:
+    """The patterns this plugin counts for ``user`` (a tenant and user scope) as of ``now``: what
+    keeps coming back, read from what is stored (``Memory.patterns``; the lists are joined).
+    Reading only: an implementation writes nothing, and what was forgotten is not counted."""
+
+
+@hookspec
+def narrmem_pattern_firings(
+    memory: MemoryView, user: Scope, patterns: list[PatternCount]
+) -> list[dict[str, Any]] | None:
+    """For ``patterns`` of ``user``, the ones that fired a trigger, as dicts with at least
+    ``kind``, ``label``, ``count`` (the count it fired at) and ``fired_at`` (ISO time), read from
+    the plugin's own state (``Memory.patterns``; the lists are joined). Reading only."""
 
 
 # --- summaries --------------------------------------------------------------------------

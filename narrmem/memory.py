@@ -129,6 +129,12 @@ class Memory(MemoryLifecycle):
         detailed telling that fits ``token_budget``; from the rtm plugin or whichever answers."""
         return await answers.summary(self, scope_of(tenant, user_id), depth, token_budget)
 
+    async def patterns(self, *, user_id: str, tenant: str = "default") -> dict[str, Any]:
+        """What keeps coming back for a user as of the clock's now: ``counts`` (topics, moods, each
+        with its count and message ids) and the ``triggers`` that fired for them. Read from what is
+        stored, so it survives restarts and is the same in every worker; it changes nothing."""
+        return await answers.patterns(self, scope_of(tenant, user_id))
+
     async def importance_now(self, records: Sequence[MemoryRecord]) -> dict[int, float]:
         """Each record's importance after decay as of the clock's now (the stored value when no
         plugin models decay)."""

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
-from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, TriggerEvent
+from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, Scope, TriggerEvent
 from narrmem.view import MemoryView
 
 NAME = "proactive"
@@ -116,6 +117,20 @@ class Proactive:
             NAME, key, {"fired_at": now.isoformat(), "count": count.count}, stored
         ):
             return []
+        return fired
+
+    @hookimpl
+    async def narrmem_pattern_firings(
+        self, memory: MemoryView, user: Scope, patterns: list[PatternCount]
+    ) -> list[dict[str, Any]]:
+        """Read the firing state of each pattern; the label is known from ``patterns`` only (keys
+        hold digests)."""
+        fired: list[dict[str, Any]] = []
+        for pattern in patterns:
+            key = state_key(user.tenant, user.user_id or "", pattern.kind, pattern.label)
+            state = await memory.store.state_get(NAME, key)
+            if state is not None and "fired_at" in state:
+                fired.append({"kind": pattern.kind, "label": pattern.label, **state})
         return fired
 
     @hookimpl

@@ -9,10 +9,11 @@ clamped to [0, 1]; an explicit "remember this" is at least 0.9. Accumulated mess
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from narrmem_plugins.triage import readout
 from narrmem_plugins.triage.counters import Counters
 from narrmem_plugins.triage.emotions import emotions_in, intensity
 from narrmem_plugins.triage.ignore_rules import ignore_reason, without_media
@@ -23,7 +24,7 @@ from narrmem_plugins.triage.signals import CATEGORY, Signal, candidates
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
-from narrmem.models import MemoryRecord, Message, SceneDraft, Scope, TriageDecision
+from narrmem.models import MemoryRecord, Message, PatternCount, SceneDraft, Scope, TriageDecision
 from narrmem.view import MemoryView
 
 NAME = "triage"
@@ -204,6 +205,10 @@ class Triage:
         return draft
 
     # --- counting ----------------------------------------------------------------------------
+
+    @hookimpl
+    async def narrmem_patterns(self, memory: MemoryView, user: Scope, now: datetime) -> list[PatternCount]:
+        return await readout.patterns(memory, self.counters, user, now)
 
     @hookimpl
     async def narrmem_after_store(

@@ -215,7 +215,7 @@ class Counters:
                 if r.kind == "episode"
                 and _not_after(r, episode)
                 and r.created_at >= since
-                and self._same_topic(episode, r)
+                and self.same_topic(episode, r)
             ),
             key=lambda r: r.id or 0,
         )
@@ -240,7 +240,7 @@ class Counters:
         )
         return members
 
-    def _same_topic(self, episode: MemoryRecord, other: MemoryRecord) -> bool:
+    def same_topic(self, episode: MemoryRecord, other: MemoryRecord) -> bool:
         """Close in meaning is not enough: the two must also share words that carry meaning, so
         greetings, the bot's name and media placeholders never make a topic."""
         if other.id == episode.id:

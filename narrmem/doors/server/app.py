@@ -227,9 +227,7 @@ def _routes() -> Any:
         """Ingest one message (idempotent by ``message_id`` in its chat: a repeat is a duplicate).
         ``ts`` left out is now, by the memory's clock."""
         message = _settled(caller, body).at(state.memory.clock.now())
-        result = await state.memory.ingest(message)
-        state.hub.note(message.tenant, message.user_id, result)
-        return result
+        return await state.memory.ingest(message)
 
     @r.post("/ingest/batch", response_model=list[IngestResult], tags=["write"])
     async def ingest_batch(body: IngestBatch, caller: Caller, state: State) -> list[IngestResult]:
@@ -239,15 +237,12 @@ def _routes() -> Any:
         now = state.memory.clock.now()
         messages = [_settled(caller, m).at(now) for m in body.messages]
         results = await state.memory.ingest_many(messages)
-        for message, result in zip(messages, results, strict=True):
-            state.hub.note(message.tenant, message.user_id, result)
         return results
 
     @r.post("/edit", response_model=IngestResult, tags=["write"])
     async def edit(body: IncomingMessage, caller: Caller, state: State) -> IngestResult:
         """A message was edited: what it left is replaced (earlier texts kept in ``meta.edits``)."""
         message = _settled(caller, body).at(state.memory.clock.now())
-        state.hub.forget_messages(message.tenant, {message.message_id})
         return await state.memory.edit(message)
 
     @r.post("/messages/delete", tags=["write"])
@@ -257,7 +252,6 @@ def _routes() -> Any:
         counts = await state.memory.forget_messages(
             chat_id=body.chat_id, message_ids=body.message_ids, tenant=body.tenant
         )
-        state.hub.forget_messages(body.tenant, set(body.message_ids))
         return counts
 
     @r.post("/forget", tags=["write"])
@@ -265,7 +259,6 @@ def _routes() -> Any:
         """Delete every trace of a user and/or a chat."""
         body = _settled(caller, body)
         counts = await state.memory.forget(user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant)
-        state.hub.forget(body.tenant, body.user_id, body.chat_id)
         return counts
 
     @r.post("/mark-used", tags=["write"])
@@ -380,9 +373,10 @@ def _routes() -> Any:
     async def patterns(
         caller: Caller, state: State, user_id: UserParam, tenant: TenantParam = None
     ) -> dict[str, Any]:
-        """The pattern counts ingests reported for this user and the triggers that fired, as seen by
-        this server process since it started."""
-        return state.hub.patterns(_tenant(caller, tenant), user_id)
+        """What keeps coming back for this user (topics, moods, with counts and message ids) and the
+        triggers that fired for them, read from the store (the same in every worker, after a
+        restart too)."""
+        return await state.memory.patterns(user_id=user_id, tenant=_tenant(caller, tenant))
 
     @r.get("/stats", tags=["read"])
     async def stats(caller: Caller, state: State) -> dict[str, Any]:

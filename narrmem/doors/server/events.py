@@ -1,9 +1,10 @@
-"""Trigger events for HTTP callers: a server-sent events stream per tenant, an optional webhook
-with bounded retries, and a short log of what fired and what was counted (for the inspector).
+"""Trigger events for HTTP callers: a server-sent events stream per tenant and an optional webhook
+with bounded retries. (What was counted and what fired, for the inspector, is read from the
+store: ``Memory.patterns``.)
 
 Nothing here slows ingest down: an event is put on bounded queues and the memory carries on; a
 slow stream loses its oldest events, a webhook that keeps failing loses the event after its
-retries. The log is this process's own (it starts empty with the server).
+retries.
 """
 
 from __future__ import annotations
@@ -11,19 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from narrmem.models import IngestResult, PatternCount, TriggerEvent
+from narrmem.models import TriggerEvent
 
 log = logging.getLogger("narrmem.server")
 
 STREAM_QUEUE = 100
 WEBHOOK_QUEUE = 1000
-LOG_EVENTS = 500
-LOG_USERS = 10_000
 
 
 @dataclass
@@ -44,8 +42,6 @@ class TriggerHub:
     def __init__(self, webhook: WebhookOptions | None = None) -> None:
         self.webhook = webhook
         self._subscribers: set[_Subscriber] = set()
-        self._fired: deque[TriggerEvent] = deque(maxlen=LOG_EVENTS)
-        self._counts: dict[tuple[str, str], dict[tuple[str, str], PatternCount]] = {}
         self._outbox: asyncio.Queue[TriggerEvent] | None = None
         self._sender: asyncio.Task[None] | None = None
         self.delivered = 0
@@ -55,7 +51,6 @@ class TriggerHub:
 
     async def publish(self, event: TriggerEvent) -> None:
         """The memory's trigger callback."""
-        self._fired.append(event)
         for sub in list(self._subscribers):
             if sub.tenant is not None and sub.tenant != event.tenant:
                 continue
@@ -69,56 +64,6 @@ class TriggerHub:
                 log.warning("webhook queue full: trigger %s/%s dropped", event.kind, event.label)
             else:
                 outbox.put_nowait(event)
-
-    def note(self, message_tenant: str, user_id: str, result: IngestResult) -> None:
-        """Keep the latest count of each pattern an ingest reported, per user."""
-        if not result.counts:
-            return
-        key = (message_tenant, user_id)
-        if key not in self._counts and len(self._counts) >= LOG_USERS:
-            self._counts.pop(next(iter(self._counts)))
-        patterns = self._counts.setdefault(key, {})
-        for count in result.counts:
-            patterns[(count.kind, count.label)] = count
-
-    # --- out --------------------------------------------------------------------------------
-
-    def patterns(self, tenant: str, user_id: str) -> dict[str, Any]:
-        counts = sorted(self._counts.get((tenant, user_id), {}).values(), key=lambda c: (-c.count, c.label))
-        fired = [e for e in self._fired if e.tenant == tenant and e.user_id == user_id]
-        return {
-            "counts": [c.model_dump(mode="json") for c in counts],
-            "triggers": [e.model_dump(mode="json") for e in fired],
-        }
-
-    def forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> None:
-        """A forget leaves nothing of the forgotten in the log either. Counts do not say which
-        chat they came from, so a chat's forget drops the tenant's counts."""
-        if user_id is not None:
-            self._counts.pop((tenant, user_id), None)
-        else:
-            for key in [k for k in self._counts if k[0] == tenant]:
-                self._counts.pop(key)
-        kept = [
-            e
-            for e in self._fired
-            if not (
-                e.tenant == tenant
-                and (user_id is None or e.user_id == user_id)
-                and (chat_id is None or e.chat_id == chat_id)
-            )
-        ]
-        self._fired.clear()
-        self._fired.extend(kept)
-
-    def forget_messages(self, tenant: str, message_ids: set[str]) -> None:
-        for (t, _), patterns in self._counts.items():
-            if t == tenant:
-                for key in [k for k, c in patterns.items() if message_ids & set(c.message_ids)]:
-                    patterns.pop(key)
-        kept = [e for e in self._fired if not (e.tenant == tenant and message_ids & set(e.message_ids))]
-        self._fired.clear()
-        self._fired.extend(kept)
 
     async def stream(
         self, tenant: str | None, *, max_events: int | None, idle_timeout: float | None, keepalive: float

@@ -1,0 +1,82 @@
+"""``Memory.patterns``: what keeps coming back for a person, read from the store, so it is the same
+after a restart and in a process that only reads, agrees with what ingest counted, writes nothing,
+and loses what is forgotten."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from _helpers import msg
+
+from narrmem import Memory
+from narrmem.clock import ManualClock
+
+START = datetime(2026, 7, 1, 9, tzinfo=UTC)
+ROADMAP = [
+    "we talked about the product roadmap again",
+    "our roadmap for the product is a mess",
+    "spent the whole afternoon on the product roadmap",
+]
+TIRED = ["so tired today", "so tired again today", "still so tired today", "tired today again"]
+
+
+def _messages() -> list[dict[str, Any]]:
+    texts = [*ROADMAP, *TIRED, "hey, are you around?"]
+    return [
+        msg(f"m{i}", text, user="ann", chat="dm-ann", ts=(START + timedelta(days=i % 6, hours=i)).isoformat())
+        for i, text in enumerate(texts)
+    ]
+
+
+def _rows(folder: Path) -> list[Any]:
+    con = sqlite3.connect(folder / "narrmem.sqlite3")
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return [(t, sorted(map(repr, con.execute(f'SELECT * FROM "{t}"')))) for t in sorted(tables)]
+    finally:
+        con.close()
+
+
+def _by_label(patterns: dict[str, Any]) -> dict[tuple[str, str], int]:
+    return {(c["kind"], c["label"]): c["count"] for c in patterns["counts"]}
+
+
+async def test_patterns_survive_a_restart_match_ingest_and_read_nothing_into_the_store(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(START + timedelta(days=6))
+    async with Memory.open(tmp_path, clock=clock) as memory:
+        results = await memory.ingest_many(_messages())
+    counted = {(c.kind, c.label): c.count for r in results for c in r.counts}
+    fired = {(t.kind, t.label) for r in results for t in r.triggers}
+    assert ("emotion", "tired") in fired
+
+    before = _rows(tmp_path)
+    async with Memory.open(tmp_path, clock=clock, read_only=True) as reader:
+        found = await reader.patterns(user_id="ann")
+        assert await reader.patterns(user_id="bob") == {"counts": [], "triggers": []}
+    assert _rows(tmp_path) == before  # reading wrote nothing
+
+    seen = _by_label(found)
+    assert seen[("emotion", "tired")] == counted[("emotion", "tired")] == 4
+    [topic] = [key for key in seen if key[0] == "topic"]
+    assert "roadmap" in topic[1] and seen[topic] == counted[topic] == 3
+    assert {(t["kind"], t["label"]) for t in found["triggers"]} >= {("emotion", "tired")}
+    assert all("fired_at" in t and t["count"] >= 2 for t in found["triggers"])
+
+
+async def test_a_deleted_message_is_no_longer_counted_and_forget_leaves_no_pattern(tmp_path: Path) -> None:
+    clock = ManualClock(START + timedelta(days=6))
+    async with Memory.open(tmp_path, clock=clock) as memory:
+        await memory.ingest_many(_messages())
+        await memory.forget_messages(chat_id="dm-ann", message_ids=["m0"])
+        seen = _by_label(await memory.patterns(user_id="ann"))
+        assert [count for (kind, _), count in seen.items() if kind == "topic"] == [2]
+        clock.advance(days=100)  # past both windows (90 and 7 days): nothing is coming back now
+        assert (await memory.patterns(user_id="ann"))["counts"] == []
+        clock.advance(days=-100)
+        await memory.forget(user_id="ann")
+        assert await memory.patterns(user_id="ann") == {"counts": [], "triggers": []}
