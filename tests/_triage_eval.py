@@ -2,7 +2,11 @@
 pipeline (real embedding model, prototype check included). Not a test module: the triage tests
 import :func:`score`, and it runs on its own to print the figures::
 
-    python tests/_triage_eval.py tests/data/triage_fresh.jsonl [more.jsonl ...] [--errors]
+    python tests/_triage_eval.py tests/data/triage_blind.jsonl [more.jsonl ...] [--errors]
+    python tests/_triage_eval.py --locomo /path/to/locomo-dev.json
+
+``--locomo`` triages every turn of the LoCoMo file that ``bench/locomo.py`` reads (as that benchmark
+ingests them, each speaker a user) and counts the layers and the evidence turns triage ignores.
 
 Each line: ``{"text", "layer", "type"}`` (``type`` only for scenes). Two scene-type figures:
 ``type_accuracy`` over the messages both the label and triage call a scene (what the goal is set
@@ -93,6 +97,38 @@ async def score(memory: Memory, rows: list[dict[str, Any]], user_prefix: str) ->
     return result
 
 
+async def _locomo(path: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    from locomo import DataNotes, load_conversations  # type: ignore[import-not-found]
+
+    conversations = load_conversations(path, None, DataNotes())
+    layers: Counter[str] = Counter()
+    ignored: list[str] = []
+    evidence = {(c.sample_id, e) for c in conversations for q in c.questions for e in q.evidence}
+    with tempfile.TemporaryDirectory() as folder:
+        async with open_memory(Path(folder) / "store", real_model=True) as memory:
+            for conv in conversations:
+                for turn in conv.turns:
+                    message = Message(
+                        text=turn.text,
+                        user_id=turn.speaker,
+                        chat_id=conv.sample_id,
+                        ts=turn.ts,
+                        message_id=turn.dia_id,
+                        speaker=turn.speaker,
+                    )
+                    decision = await memory.triage(message)
+                    layers[decision.layer] += 1
+                    if decision.layer == "ignore":
+                        ignored.append(f"{conv.sample_id}:{turn.dia_id}")
+    return {
+        "turns": sum(layers.values()),
+        "layers": dict(layers),
+        "evidence_turns": len(evidence),
+        "evidence_turns_ignored": sum(1 for i in ignored if tuple(i.split(":", 1)) in evidence),
+    }
+
+
 async def _main(paths: list[Path], show_errors: bool) -> None:
     with tempfile.TemporaryDirectory() as folder:
         async with open_memory(Path(folder) / "store", real_model=True) as memory:
@@ -105,4 +141,7 @@ async def _main(paths: list[Path], show_errors: bool) -> None:
 
 if __name__ == "__main__":
     arguments = sys.argv[1:]
-    asyncio.run(_main([Path(a) for a in arguments if a != "--errors"], "--errors" in arguments))
+    if arguments[:1] == ["--locomo"]:
+        print(json.dumps(asyncio.run(_locomo(Path(arguments[1])))))
+    else:
+        asyncio.run(_main([Path(a) for a in arguments if a != "--errors"], "--errors" in arguments))
