@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
-from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -217,10 +217,15 @@ def _settled(caller: Principal, model: M) -> M:
 # --- routes ---------------------------------------------------------------------------------
 
 
-def _routes() -> Any:
-    from fastapi import APIRouter
-
+def _routes() -> APIRouter:
     r = APIRouter(prefix="/v1")
+    for add in (_write_routes, _read_routes, _inspect_routes, _tool_and_event_routes):
+        add(r)
+    return r
+
+
+def _write_routes(r: APIRouter) -> None:
+    """Ingest, edits, deletions, forgetting, reinforcement and decay."""
 
     @r.post("/ingest", response_model=IngestResult, tags=["write"])
     async def ingest(body: IncomingMessage, caller: Caller, state: State) -> IngestResult:
@@ -276,6 +281,10 @@ def _routes() -> Any:
         if caller.tenant is not None:
             raise HTTPException(403, "decay runs over every tenant: not with a tenant's key")
         return await state.memory.decay()
+
+
+def _read_routes(r: APIRouter) -> None:
+    """Recall, contexts, the user summary and a memory's history."""
 
     @r.post("/recall", response_model=list[Hit], tags=["read"])
     async def recall(body: RecallBody, caller: Caller, state: State) -> list[Hit]:
@@ -352,6 +361,10 @@ def _routes() -> Any:
             raise HTTPException(404, f"no memory {memory_id} in tenant {tenant!r}")
         return {**found, "now": state.memory.clock.now().isoformat()}
 
+
+def _inspect_routes(r: APIRouter) -> None:
+    """Who is remembered, their patterns, figures and the export."""
+
     @r.get("/tenants", tags=["read"])
     async def tenants(caller: Caller, state: State) -> list[str]:
         """The tenants this caller reaches (with memories, for a server without keys)."""
@@ -390,6 +403,10 @@ def _routes() -> Any:
             "memories": sum(r["memories"] for r in rows),
             "scenes": sum(r["scenes"] for r in rows),
         }
+
+
+def _tool_and_event_routes(r: APIRouter) -> None:
+    """The tool registry and the trigger event stream."""
 
     @r.get("/tools", tags=["tools"])
     async def list_tools(caller: Caller, state: State) -> list[dict[str, Any]]:
@@ -443,8 +460,6 @@ def _routes() -> Any:
         return StreamingResponse(
             stream, media_type="text/event-stream", headers={"Cache-Control": "no-store"}
         )
-
-    return r
 
 
 async def _export_lines(memory: Memory, tenant: str | None) -> AsyncIterator[str]:
