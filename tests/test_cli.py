@@ -10,14 +10,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _corpus import MESSAGES
-from _helpers import count_rows, msg, sql
+from _helpers import count_rows, msg, run_narrmem, sql
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +28,7 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")} | {"
 
 
 def narrmem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "narrmem.doors.cli", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        cwd=cwd,
-        timeout=600,
-        check=False,
-    )
+    return run_narrmem(*args, cwd=cwd, env=ENV, timeout=600)
 
 
 def _jsonl(path: Path, items: list[Any]) -> Path:

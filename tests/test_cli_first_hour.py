@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import tomllib
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from _helpers import run_narrmem
 from narrmem_plugins.embedder_onnx import OnnxEmbedder
 
 from narrmem import InputError, Message, __version__
@@ -20,16 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")} | {"HF_HUB_OFFLINE": "1"}
 
 
-def narrmem(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "narrmem.doors.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env or ENV,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-    )
+def narrmem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_narrmem(*args, cwd=cwd, env=ENV)
 
 
 def test_version(tmp_path: Path) -> None:
@@ -72,15 +64,8 @@ def test_a_missing_torch_on_first_start_names_the_extra(tmp_path: Path) -> None:
         "from narrmem.doors.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     env = ENV | {"NARRMEM_EMBEDDER__CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [sys.executable, "-c", code, "triage", "I moved to Lisbon last spring"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-        check=False,
-    )
+    args = ("triage", "I moved to Lisbon last spring")
+    done = run_narrmem(*args, cwd=tmp_path, env=env, entry=("-c", code))
     assert done.returncode == 2, done.stderr
     assert "narrmem[torch]" in done.stderr and "internal error" not in done.stderr
     assert "exporting the embedding model to ONNX" in done.stderr  # said before the export starts

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _helpers import run_narrmem
 
 pytestmark = pytest.mark.slow
 
@@ -18,15 +18,7 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")} | {"
 
 
 def narrmem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "narrmem.doors.cli", *args],
-        capture_output=True,
-        text=True,
-        env=ENV | {"TMPDIR": str(cwd)},
-        cwd=cwd,
-        timeout=600,
-        check=False,
-    )
+    return run_narrmem(*args, cwd=cwd, env=ENV | {"TMPDIR": str(cwd)}, timeout=600)
 
 
 def _number(label: str, text: str) -> float:

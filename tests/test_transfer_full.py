@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from _helpers import count_rows, msg, sql
+from test_mcp import STORY
 
 from narrmem import InputError
 from narrmem.clock import ManualClock
@@ -22,12 +23,6 @@ from narrmem.testing import open_memory
 pytestmark = pytest.mark.slow
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-STORY = (
-    "Once upon a time a wise king ruled a small kingdom by the sea. A growing threat came from the "
-    "north, and the king called his council. The youngest knight offered to ride out alone. She "
-    "crossed the mountains in winter; she found the source of the threat. It was a starving village, "
-    "not an army. The king sent grain instead of soldiers, and the kingdom had peace for a generation."
-)
 SCOPE = {"user_id": "u1", "chat_id": "c1"}
 REINFORCE = {"hippocampus": {"reinforce": True}}
 
