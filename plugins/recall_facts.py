@@ -10,9 +10,10 @@ so "where does she live now?" ranks the latest city above the earlier one, which
 active fact. Without the graph plugin (or on a store it cannot use) the source proposes nothing.
 
 It answers questions about the present state only: one asking where someone lives, or one that
-says "now" (currently, still, these days, 现在…). Proposing stated preferences for every "would she
-like…" question was tried: it raised open-domain recall on the LoCoMo validation conversations but
-lowered overall recall there, so it is not done (see the README's Benchmarks).
+says "now" (currently, still, these days, "working on", 现在, 在做…). Proposing stated
+preferences for every "would she like…" question was tried: it raised open-domain recall on the
+LoCoMo validation conversations but lowered overall recall there, so it is not done (see the
+README's Benchmarks).
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ class FactsOptions(BaseModel):
     facts: int = Field(default=50, ge=1, le=10_000, description="active facts read per user and question")
 
 
+# Words of the present state, the progressive included ("what is she working on?", 在做/正在).
 NOW = re.compile(
-    r"\b(?:now|currently|current|these days|at the moment|still|anymore|any more|latest)\b|现在|目前|最近",
+    r"\b(?:now|currently|current|these days|at the moment|still|anymore|any more|latest|working on)\b"
+    r"|现在|目前|最近|正在|在做",
     re.I,
 )
 
