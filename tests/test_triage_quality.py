@@ -1,6 +1,6 @@
 """Triage quality through the real pipeline (real model, real SQLite and FAISS): topic counts on real
-chat exports, what layer 1 keeps out, hard negatives, facts in the third person, the untouched
-held-out set, and the Scene phrase.
+chat exports, what layer 1 keeps out, hard negatives, the untouched held-out set, and the Scene
+phrase. The pure text helpers (topic words, third person) are tested in ``test_triage_text.py``.
 
 ``triage_blind.jsonl`` (200 EN+ZH messages) was written before any tuning for it and the rules were
 never tuned on it: only its overall figures were ever looked at. Tuning used
@@ -18,8 +18,6 @@ import pytest
 import pytest_asyncio
 from _helpers import msg
 from _triage_eval import rows_of, score
-from narrmem_plugins.triage.person import fact_line, third_person
-from narrmem_plugins.triage.topics import topic_words
 
 from narrmem import Memory, Message, SceneDraft
 from narrmem.doors.chat_import import read_chat
@@ -74,16 +72,6 @@ async def test_topics_of_a_discord_export_leave_out_the_bot_and_greetings(real: 
     top = await _top_topics(real, EXPORTS / "discord_campaign.json", "discord", "402200000000000001")
     assert top and top[0][0].startswith("dungeon"), top
     assert not [label for label, _ in top if NOISE.search(label)], top
-
-
-def test_topic_words_leave_out_greetings_placeholders_and_the_bot_name() -> None:
-    texts = [
-        "hey Nori, long run this morning, knee held up",
-        "morning Nori! [photo] another long run, 16k",
-        "Nori, thanks, the runs are getting easier",
-    ]
-    assert topic_words(texts, limit=2, names=["Nori"]) == ["run", "long"]
-    assert "nori" in topic_words(texts, limit=5)  # a name is only noise once it is configured
 
 
 # --- layer 1: small talk and media ------------------------------------------------------------
@@ -150,32 +138,6 @@ async def test_quotes_sarcasm_and_denials_stay_in_layer_2(real: Memory, text: st
 async def test_the_speaker_quoting_themselves_is_still_their_moment(real: Memory) -> None:
     decision = await real.triage(msg("own", 'I told my boss "I\'m quitting" and walked out', user="own"))
     assert decision.layer == "scene" and decision.type == "decision"
-
-
-# --- facts in the third person ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("relation", "obj", "line"),
-    [
-        ("plans", "quit my job", "user plans to quit their job"),
-        ("plans", "moving to Lisbon with my partner", "user plans on moving to Lisbon with their partner"),
-        ("dropped_plan", "sell my flat", "user dropped the plan to sell their flat"),
-        ("likes", "my cat's snoring", "user likes their cat's snoring"),
-        ("works_on", "a game with my brother", "user works_on a game with their brother"),
-        ("plans", "辞掉我的工作", "user plans 辞掉自己的工作"),
-    ],
-)
-def test_facts_read_as_a_third_person_would_say_them(relation: str, obj: str, line: str) -> None:
-    assert fact_line("user", relation, obj) == line
-
-
-def test_third_person_keeps_words_that_only_contain_a_pronoun() -> None:
-    assert third_person("I told my mum I'm fine, me and myself") == (
-        "They told their mum they're fine, them and themselves"
-    )
-    assert third_person("user music mine") == "user music theirs"
-    assert third_person("我们和我的朋友") == "他们和自己的朋友"
 
 
 # --- the untouched held-out set -------------------------------------------------------------------
