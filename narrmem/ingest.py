@@ -50,6 +50,17 @@ class Pending:
     def key(self) -> MessageKey:
         return (self.message.tenant, self.message.chat_id, self.message.message_id)
 
+    def hook_arguments(self, memory: MemoryLifecycle) -> dict[str, Any]:
+        """What the before- and after-store hooks are told of this message (``errors`` collects
+        the names of plugins that failed on it)."""
+        return {
+            "memory": memory,
+            "message": self.message,
+            "decision": self.decision,
+            "records": self.records,
+            "errors": self.errors,
+        }
+
 
 class IngestPipeline:
     def __init__(
@@ -133,14 +144,7 @@ class IngestPipeline:
             else:
                 seen.add(item.key)
                 item.records = [self.episode(item.message, item.decision)]
-                await self.memory.host.call(
-                    "narrmem_before_store",
-                    memory=self.memory,
-                    message=item.message,
-                    decision=item.decision,
-                    records=item.records,
-                    errors=item.errors,
-                )
+                await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
                 kept.append(item)
         return kept
 
@@ -179,14 +183,7 @@ class IngestPipeline:
                 scene=next((r for r in item.records if r.kind == "scene"), None),
             )
             await self.memory.host.call(
-                "narrmem_after_store",
-                memory=self.memory,
-                message=item.message,
-                decision=item.decision,
-                records=item.records,
-                vectors=item.vectors,
-                result=result,
-                errors=item.errors,
+                "narrmem_after_store", **item.hook_arguments(self.memory), vectors=item.vectors, result=result
             )
             result.notes.extend(item.errors)
             await self.deliver(result.triggers)
