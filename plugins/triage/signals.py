@@ -234,7 +234,7 @@ _TURN_ACROSS = re.compile(
 )
 # Said with a wink: "/s", "jk", "just kidding", 🙄, 才怪.
 _SARCASM = re.compile(
-    r"(?:^|\s)/s\b|\bjk\b|\bjust kidding\b|\bkidding\b|\blol not\b|\bnot!|\byeah,? right\b|"
+    r"(?:^|\s)/s\b|\bjk\b|\b(?:just|only) kidding\b|\blol not\b|\bnot!|\byeah,? right\b|"
     r"\bsaid no one ever\b|\(not\)|🙄|才怪|呵呵|[(（]不是[)）]"
 )
 # Someone else's words in quotation marks ("she texted me "i regret everything""), unless the
@@ -243,24 +243,25 @@ _OWN_QUOTE = re.compile(
     r"\b(?:i|we) (?:said|say|told(?: \w+){1,3}|wrote|replied|answered|texted(?: \w+){1,3}|was like)[ ,:]*$|"
     r"我(?:跟.{1,6})?(?:说|讲|回|告诉.{1,6})[:：，, ]*$"
 )
-_OPEN_QUOTES = {'"': None, "「": "」", "『": "』"}
+_OPEN_QUOTES = frozenset('"「『')
+_CLOSE_QUOTES = frozenset('"」』')
 
 
-def quoted_positions(sentence: str, inside: bool) -> tuple[set[int], bool]:
-    """Positions of ``sentence`` inside someone else's quotation, and whether a quotation is still
-    open at its end (quotes span sentence breaks: ""i finally got the job!" he said")."""
+def quoted_positions(sentence: str, state: tuple[bool, bool]) -> tuple[set[int], tuple[bool, bool]]:
+    """Positions of ``sentence`` inside someone else's quotation, and the state at its end (inside a
+    quotation, the speaker's own): quotes span sentence breaks (""i finally got the job!" he said")."""
     quoted: set[int] = set()
-    own = False
+    inside, own = state
     for i, ch in enumerate(sentence):
         opening = not inside and ch in _OPEN_QUOTES
-        closing = inside and ch in ('"', "」", "』")
+        closing = inside and ch in _CLOSE_QUOTES
         if opening:
             inside, own = True, bool(_OWN_QUOTE.search(sentence[:i]))
         elif closing:
             inside = False
         elif inside and not own:
             quoted.add(i)
-    return quoted, inside
+    return quoted, (inside, own)
 
 
 def candidates(text: str) -> list[Signal]:
@@ -273,11 +274,11 @@ def candidates(text: str) -> list[Signal]:
     best: dict[str, Signal] = {}
     # Said with a wink, a scene word is no moment; an explicit "remember this" still counts.
     sarcastic = bool(_SARCASM.search(normalize(text)))
-    inside = False
+    state = (False, False)
     for raw, sentence in zip(original, normalized, strict=True):
         if sarcastic:
             break
-        quoted, inside = quoted_positions(sentence, inside)
+        quoted, state = quoted_positions(sentence, state)
         for kind, strength, pattern, negation_inside in _PATTERNS:
             for match in pattern.finditer(sentence):
                 if match.start() in quoted or _problem(sentence, match, negation_inside, kind):
