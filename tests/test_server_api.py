@@ -19,6 +19,7 @@ from narrmem.clock import ManualClock
 from narrmem.doors.cli import main
 from narrmem.doors.server import KeyFile, KeyRing, WebhookOptions, create_app
 from narrmem.doors.server.openapi import render
+from narrmem.doors.transfer import export_store
 from narrmem.errors import InputError
 from narrmem.memory import Memory
 from narrmem.testing import open_memory
@@ -178,8 +179,13 @@ async def test_export_streams_jsonl(srv: Server) -> None:
     assert lines[0]["format"] == "narrmem-export" and lines[0]["dim"] == 384
     assert {line["tenant"] for line in lines[1:]} == {"default"} and len(lines) == 3
     assert all(line["vector"] for line in lines[1:])
-    everything = (await srv.client.get("/v1/export")).text.splitlines()
-    assert len(everything) == 4
+    everything = (await srv.client.get("/v1/export")).text
+    # The whole store over HTTP is the same lossless export as `narrmem export` writes.
+    await export_store(srv.memory, srv.folder / "whole.jsonl")
+    assert everything == (srv.folder / "whole.jsonl").read_text(encoding="utf-8")
+    memories = [json.loads(line) for line in everything.splitlines()[1:]]
+    assert {line["tenant"] for line in memories if line["section"] == "memories"} == {"default", "other"}
+    assert {line["section"] for line in memories} > {"memories"}
 
 
 # --- errors ---------------------------------------------------------------------------------

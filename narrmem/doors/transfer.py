@@ -177,18 +177,15 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
     same bytes."""
     path = Path(path)
     _check_replaceable(path)
-    header = ExportHeader(
-        format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
-    )
     counts: dict[str, int] = {MEMORIES: 0}
     # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(header.model_dump_json() + "\n")
-            async for section, line in _export_lines(memory):
-                out.write(json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n")
+            out.write(export_header(memory))
+            async for section, text in export_text(memory):
+                out.write(text)
                 counts[section] = counts.get(section, 0) + 1
         os.replace(tmp, path)
     except BaseException:
@@ -197,11 +194,34 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
     return counts
 
 
-async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+def export_header(memory: Memory) -> str:
+    """An export's first line: its format and version, and the model its vectors come from."""
+    header = ExportHeader(
+        format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
+    )
+    return header.model_dump_json() + "\n"
+
+
+async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIterator[tuple[str, str]]:
+    """Every line of an export after the header, as (section, JSON text with its newline). With
+    ``tenant``, only that tenant's memories: a partial export (importance history, plugin state,
+    the graph and RTM trees are left out), for a caller that may see one tenant only."""
+    lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant)
+    async for section, line in lines:
+        yield section, json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+async def _memory_lines(memory: Memory, tenant: str | None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     async for record, vector in memory.store.export():
-        line = record.model_dump(mode="json")
-        line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-        yield MEMORIES, line
+        if tenant is None or record.tenant == tenant:
+            line = record.model_dump(mode="json")
+            line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+            yield MEMORIES, line
+
+
+async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async for section, line in _memory_lines(memory, None):
+        yield section, line
     last = 0
     while states := await memory.store.importance_states(last, 1000):
         for memory_id, _, _, current in states:

@@ -8,15 +8,12 @@ request body is one of the library's models (unknown fields are errors naming th
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Annotated, Any, TypeVar
 
-import numpy as np
 from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -38,7 +35,7 @@ from narrmem.doors.server.schemas import (
     RecallBody,
     TurnContextBody,
 )
-from narrmem.doors.transfer import EXPORT_FORMAT, EXPORT_VERSION, ExportHeader
+from narrmem.doors.transfer import export_header, export_text
 from narrmem.errors import InputError, NarrmemError, PluginError, StoreError, UnknownToolError
 from narrmem.memory import Memory
 from narrmem.models import MAX_ID_CHARS, Hit, IncomingMessage, IngestResult, Scope
@@ -438,8 +435,9 @@ def _tool_and_event_routes(r: APIRouter) -> None:
 
     @r.get("/export", tags=["read"])
     async def export(caller: Caller, state: State, tenant: TenantParam = None) -> StreamingResponse:
-        """Every record of the tenant (every tenant, for a server without keys and no ``tenant``)
-        with its vector, as narrmem's JSONL export (``narrmem import`` reads it)."""
+        """narrmem's JSONL export (``narrmem import`` reads it). A server without keys asked for no
+        ``tenant`` streams the whole store, lossless (graph, RTM trees, importance history, plugin
+        state); a tenant's export holds that tenant's memories with their vectors only."""
         only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
         return StreamingResponse(_export_lines(state.memory, only), media_type="application/x-ndjson")
 
@@ -463,13 +461,6 @@ def _tool_and_event_routes(r: APIRouter) -> None:
 
 
 async def _export_lines(memory: Memory, tenant: str | None) -> AsyncIterator[str]:
-    header = ExportHeader(
-        format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
-    )
-    yield header.model_dump_json() + "\n"
-    async for record, vector in memory.store.export():
-        if tenant is not None and record.tenant != tenant:
-            continue
-        line = record.model_dump(mode="json")
-        line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-        yield json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n"
+    yield export_header(memory)
+    async for _, text in export_text(memory, tenant=tenant):
+        yield text
