@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from narrmem_plugins.triage.person import fact_line, third_person
+from narrmem_plugins.triage.phrase import chinese_phrase, english_phrase
 from narrmem_plugins.triage.topics import topic_words
 
 
@@ -39,3 +40,43 @@ def test_third_person_keeps_words_that_only_contain_a_pronoun() -> None:
     )
     assert third_person("user music mine") == "user music theirs"
     assert third_person("我们和我的朋友") == "他们和自己的朋友"
+
+
+@pytest.mark.parametrize(
+    ("core", "phrase"),
+    [
+        (
+            "idk man, for me sleep is more important than grinding for another promotion",
+            "Putting sleep before grinding for another promotion",
+        ),
+        (
+            "for me, having my weekends free > making more money.",
+            "Putting having their weekends free before making more money",
+        ),
+        (
+            "first time i ever spoke up in a meeting with the VPs.",
+            "Speaking up in a meeting with the VPs for the first time",
+        ),
+        (
+            "I used to panic whenever my baby cried, now I'm calmer",
+            "From panicking whenever their baby cried to being calmer",
+        ),
+        ("pls remember — i've decided to go vegetarian starting today", "Deciding to go vegetarian"),
+        ("shouldn't have bought that coin.", "Regretting buying that coin"),
+    ],
+)
+def test_english_scene_phrases_from_messy_chat(core: str, phrase: str) -> None:
+    assert english_phrase(core) == phrase
+
+
+@pytest.mark.parametrize(
+    ("core", "phrase"),
+    [
+        ("帮我记一下，我决定明年去读研了", "决定去读研"),
+        ("记住这一天，我终于拿到驾照了！", "拿到驾照"),
+        ("说真的，对我来说身体比KPI重要一百倍", "身体比KPI重要一百倍"),
+        ("以前我很焦虑，现在平静多了。", "以前很焦虑，现在平静多了"),
+    ],
+)
+def test_chinese_scene_phrases_drop_the_subject_time_words_and_the_request(core: str, phrase: str) -> None:
+    assert chinese_phrase(core) == phrase
