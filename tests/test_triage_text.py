@@ -4,9 +4,10 @@ words in the third person for facts and scenes."""
 from __future__ import annotations
 
 import pytest
-from narrmem_plugins.triage.person import fact_line, third_person
 from narrmem_plugins.triage.phrase import chinese_phrase, english_phrase
 from narrmem_plugins.triage.topics import topic_words
+
+from narrmem.person import fact_line, third_person
 
 
 def test_topic_words_leave_out_greetings_placeholders_and_the_bot_name() -> None:

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from narrmem_plugins.graph.vocabulary import USER
 from narrmem_plugins.triage.language import has_cjk, is_question, sentences, third_person_start
 
+from narrmem.person import third_person
+
 EXPLICIT = 0.9
 HEDGED = 0.5
 INFERRED = 0.4
@@ -396,7 +398,7 @@ def _clean_en(raw: str, relation: str) -> str | None:
     first = words[0].lower()
     if first in _EN_PRONOUNS or first in _EN_BAD_START:
         return None
-    return obj
+    return third_person(obj)
 
 
 def _clean_zh(raw: str, relation: str) -> str | None:
@@ -409,4 +411,4 @@ def _clean_zh(raw: str, relation: str) -> str | None:
     obj = _ZH_LEAD.sub("", obj).strip()
     if not obj or len(obj) > MAX_ZH_CHARS or obj in _ZH_PRONOUNS or "？" in obj or "?" in obj:
         return None
-    return obj
+    return third_person(obj)

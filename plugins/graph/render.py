@@ -10,6 +10,8 @@ from narrmem_plugins.graph.persona import PersonaView
 from narrmem_plugins.graph.recall import GraphView
 from narrmem_plugins.graph.tasks import TaskView
 
+from narrmem.person import fact_line
+
 SPECULATION = "[speculation]"
 
 
@@ -17,7 +19,7 @@ def triplet_line(edge: Edge, now: str | None = None) -> str:
     """``user likes rock``; a superseded triplet says it is past, since when, and (``now``) what
     holds instead: ``user lives_in Berlin (past: until 2026-05-04; now: Paris)``."""
     mark = SPECULATION if edge.speculative else ""
-    line = f"{edge.subject}{mark} {edge.relation} {edge.object}"
+    line = fact_line(f"{edge.subject}{mark}", edge.relation, edge.object)
     if edge.superseded_at is not None:
         instead = f"; now: {now}" if now else ""
         line += f" (past: until {edge.superseded_at[:10]}{instead})"

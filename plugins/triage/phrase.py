@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 
-from narrmem_plugins.triage.person import third_person
 from narrmem_plugins.triage.signals import candidates
+
+from narrmem.person import third_person
 
 MAX_WORDS = 12
 MAX_ZH_CHARS = 20
