@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from narrmem.checks import JsonShapeError, check_plain_json, loads_json
 from narrmem.errors import InputError, PluginError, UnknownToolError
+from narrmem.host import hookimpl
 
 if TYPE_CHECKING:
     from narrmem.view import MemoryView
@@ -71,6 +72,18 @@ def bind_tools(specs: Iterable[ToolSpec[C]], context: C) -> list[Tool]:
         )
         for spec in specs
     ]
+
+
+class ToolTable:
+    """A plugin whose tools are a table of :class:`ToolSpec` bound to the plugin object itself:
+    subclass it, set ``tool_specs``, and ``narrmem_register_tools`` registers them."""
+
+    tool_specs: ClassVar[Sequence[ToolSpec[Any]]] = ()
+
+    @hookimpl
+    def narrmem_register_tools(self, register: Callable[[Tool], None]) -> None:
+        for tool in bind_tools(self.tool_specs, self):
+            register(tool)
 
 
 class ToolRegistry:

@@ -35,56 +35,45 @@ class RecallOutput(BaseModel):
 async def ingest(memory: MemoryView, args: IncomingMessage) -> IngestOutput:
     # A tool caller may leave ts out: the message is taken as said now, by the memory's clock.
     result = await memory.ingest(args.at(memory.clock.now()))
-    return IngestOutput(
-        message_id=result.message_id,
-        layer=result.layer,
-        stored=result.stored,
-        duplicate=result.duplicate,
-        reason=result.reason,
-        memory_ids=result.memory_ids,
-    )
+    return IngestOutput.model_validate(result, from_attributes=True)
 
 
 async def recall(memory: MemoryView, args: RecallInput) -> RecallOutput:
     # An agent recalls to answer: the relevant hits may be reinforced, noted as the tool's doing.
-    hits = await memory.recall(
-        args.query,
-        user_id=args.user_id,
-        chat_id=args.chat_id,
-        tenant=args.tenant,
-        k=args.k,
-        reinforce_reason="tool",
-    )
+    scope = args.model_dump(include=set(Scope.model_fields))
+    hits = await memory.recall(args.query, **scope, k=args.k, reinforce_reason="tool")
     return RecallOutput(hits=hits)
+
+
+TOOLS = [
+    Tool(
+        name="narrmem_ingest",
+        description=(
+            "Hand one chat message to memory. Call it for every message the user sends; memory "
+            "decides whether it is worth keeping. Arguments: text, user_id (who wrote it), chat_id "
+            "(where), ts (ISO-8601 with timezone; default: now), message_id (unique in the chat), "
+            "optional tenant, speaker and meta."
+        ),
+        input_model=IncomingMessage,
+        output_model=IngestOutput,
+        handler=ingest,
+    ),
+    Tool(
+        name="narrmem_recall",
+        description=(
+            "Find what memory holds that answers a question about a user or a chat, best first. "
+            "Give query and user_id (that person's memories) and/or chat_id (that chat's); k is how "
+            "many memories to return. Each hit has text, kind, score, importance, created_at and "
+            "the message_ids it came from."
+        ),
+        input_model=RecallInput,
+        output_model=RecallOutput,
+        handler=recall,
+    ),
+]
 
 
 @hookimpl
 def narrmem_register_tools(register: Callable[[Tool], None]) -> None:
-    register(
-        Tool(
-            name="narrmem_ingest",
-            description=(
-                "Hand one chat message to memory. Call it for every message the user sends; memory "
-                "decides whether it is worth keeping. Arguments: text, user_id (who wrote it), chat_id "
-                "(where), ts (ISO-8601 with timezone; default: now), message_id (unique in the chat), "
-                "optional tenant, speaker and meta."
-            ),
-            input_model=IncomingMessage,
-            output_model=IngestOutput,
-            handler=ingest,
-        )
-    )
-    register(
-        Tool(
-            name="narrmem_recall",
-            description=(
-                "Find what memory holds that answers a question about a user or a chat, best first. "
-                "Give query and user_id (that person's memories) and/or chat_id (that chat's); k is how "
-                "many memories to return. Each hit has text, kind, score, importance, created_at and "
-                "the message_ids it came from."
-            ),
-            input_model=RecallInput,
-            output_model=RecallOutput,
-            handler=recall,
-        )
-    )
+    for tool in TOOLS:
+        register(tool)

@@ -114,14 +114,9 @@ async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNa
         scenes = [await _add(memory, args)]
     elif args.action == "search":
         assert args.query is not None  # _check: search requires it
+        # Looking scenes up is inspection, not use: nothing is reinforced.
         hits = await memory.recall(
-            args.query,
-            user_id=args.user_id,
-            chat_id=args.chat_id,
-            tenant=args.tenant,
-            k=args.k,
-            kinds=["scene"],
-            reinforce=False,  # looking scenes up is inspection, not use
+            args.query, **scope.model_dump(), k=args.k, kinds=["scene"], reinforce=False
         )
         found = await memory.store.get([h.id for h in hits], scope)
         scenes = [found[h.id] for h in hits if h.id in found]

@@ -10,6 +10,7 @@ The end check compares row counts per table and the top hits of a sample of reca
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import tempfile
 from collections.abc import AsyncIterator, Iterable
@@ -101,24 +102,10 @@ async def migrate(
     settings = settings or load_settings(config_file)
     plugins = list(plugins)
     report: dict[str, Any] = {"source": _shown(source), "target": _shown(target)}
-    async with (
-        _open(
-            source,
-            settings,
-            read_only=True,
-            plugins=plugins,
-            load_entrypoints=load_entrypoints,
-            warm=queries > 0,
-        ) as src,
-        _open(
-            target,
-            settings,
-            read_only=False,
-            plugins=plugins,
-            load_entrypoints=load_entrypoints,
-            warm=queries > 0,
-        ) as dst,
-    ):
+    opening = functools.partial(
+        _open, settings=settings, plugins=plugins, load_entrypoints=load_entrypoints, warm=queries > 0
+    )
+    async with opening(source, read_only=True) as src, opening(target, read_only=False) as dst:
         for side in (src, dst):
             for method in ("dump_rows", "load_rows", "table_counts"):
                 if not callable(getattr(side.store, method, None)):

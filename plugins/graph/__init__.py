@@ -18,7 +18,6 @@ Options live in ``[plugin.graph]`` (:class:`~narrmem_plugins.graph.options.Graph
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,15 +26,16 @@ from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.schema import fetchall
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.tools import make_tools
+from narrmem_plugins.graph.tools import TOOLS
 from narrmem_plugins.graph.transfer import GraphTransfer
 from narrmem_plugins.graph.values import FactValue, current_value, is_functional, value_history
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
 from narrmem.errors import PluginError
-from narrmem.models import IngestResult, MemoryRecord, Message, TriageDecision
-from narrmem.tools import Tool
+from narrmem.models import IngestResult, Message, TriageDecision
+from narrmem.store import SQLiteCapable
+from narrmem.tools import ToolTable
 from narrmem.view import MemoryView
 
 NAME = "graph"
@@ -54,10 +54,11 @@ __all__ = [
 ]
 
 
-class GraphPlugin(GraphTransfer):
+class GraphPlugin(GraphTransfer, ToolTable):
     """One instance per ``Memory``."""
 
     narrmem_name = NAME
+    tool_specs = TOOLS
 
     def __init__(self) -> None:
         self.options = GraphOptions()
@@ -73,18 +74,12 @@ class GraphPlugin(GraphTransfer):
         self.options = plugin_options(settings, NAME, GraphOptions)
 
     @hookimpl
-    def narrmem_register_tools(self, register: Callable[[Tool], None]) -> None:
-        for tool in make_tools(self):
-            register(tool)
-
-    @hookimpl
     async def narrmem_startup(self, memory: MemoryView) -> None:
-        if not GraphBackend.supports(memory.store):
-            log.warning(
-                "graph plugin idle: store %s has no SQLite transaction()", type(memory.store).__name__
-            )
+        store = memory.store
+        if not isinstance(store, SQLiteCapable):
+            log.warning("graph plugin idle: store %s has no SQLite transaction()", type(store).__name__)
             return
-        graph = GraphBackend(memory)
+        graph = GraphBackend(store, memory.clock)
         await graph.setup()
         self._graph = graph
 
@@ -94,7 +89,6 @@ class GraphPlugin(GraphTransfer):
         memory: MemoryView,
         message: Message,
         decision: TriageDecision,
-        records: list[MemoryRecord],
         vectors: np.ndarray,
         result: IngestResult,
     ) -> None:

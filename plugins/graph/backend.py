@@ -13,18 +13,16 @@ from datetime import datetime
 import aiosqlite
 from narrmem_plugins.graph.schema import SCHEMA
 
-from narrmem.errors import StoreError
+from narrmem.clock import Clock
 from narrmem.store import SQLiteCapable
-from narrmem.view import MemoryView
 
 
 class GraphBackend:
-    def __init__(self, memory: MemoryView) -> None:
-        self.memory = memory
+    """The graph's tables on ``store``; ``clock`` dates what is written."""
 
-    @staticmethod
-    def supports(store: object) -> bool:
-        return isinstance(store, SQLiteCapable)
+    def __init__(self, store: SQLiteCapable, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
 
     @property
     def db(self) -> aiosqlite.Connection:
@@ -33,15 +31,8 @@ class GraphBackend:
     def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]:
         return self._store.transaction()
 
-    @property
-    def _store(self) -> SQLiteCapable:
-        store = self.memory.store
-        if not isinstance(store, SQLiteCapable):
-            raise StoreError(f"the graph needs the sqlite store, not {type(store).__name__}")
-        return store
-
     def now(self) -> datetime:
-        return self.memory.clock.now()
+        return self._clock.now()
 
     async def setup(self) -> None:
         async with self.transaction() as db:

@@ -7,13 +7,13 @@ scope, so no statement here can return another user's triplet.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from narrmem_plugins.graph.nodes import Node
-from narrmem_plugins.graph.schema import chunks, fetchall, marks
+from narrmem_plugins.graph.schema import chunks, fetchall, from_row, marks
 from narrmem_plugins.graph.scope import GraphScope
 
 MAX_PROVENANCE = 20  # message ids kept per triplet: the first ones and the latest
@@ -28,6 +28,21 @@ _SELECT = (
     "JOIN graph_nodes o ON o.id = e.object_id AND o.tenant = e.tenant AND o.user_id = e.user_id "
     "AND o.chat_id = e.chat_id"
 )
+
+
+# How the columns of ``_SELECT`` that SQLite does not hand back as the field's type are read
+# (the others are taken as they come).
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "id": int,
+    "confidence": float,
+    "speculative": bool,
+    "provenance": lambda text: list(json.loads(text)),
+    "count": int,
+    "valid_from_ts": float,
+    "last_seen_ts": float,
+    "subject_id": int,
+    "object_id": int,
+}
 
 
 @dataclass
@@ -53,32 +68,6 @@ class Edge:
     last_seen_ts: float = 0.0
     subject_id: int = 0
     object_id: int = 0
-
-    @classmethod
-    def from_row(cls, row: Any) -> Edge:
-        return cls(
-            id=int(row[0]),
-            chat_id=row[1],
-            subject=row[2],
-            subject_type=row[3],
-            relation=row[4],
-            object=row[5],
-            object_type=row[6],
-            confidence=float(row[7]),
-            speculative=bool(row[8]),
-            status=row[9],
-            source=row[10],
-            provenance=list(json.loads(row[11])),
-            valid_from=row[12],
-            valid_to=row[13],
-            superseded_by=row[14],
-            count=int(row[15]),
-            last_seen=row[16],
-            valid_from_ts=float(row[17]),
-            last_seen_ts=float(row[18]),
-            subject_id=int(row[19]),
-            object_id=int(row[20]),
-        )
 
     @property
     def superseded_at(self) -> str | None:
@@ -124,7 +113,7 @@ async def select_edges(
     if limit is not None:
         sql += " LIMIT ?"
         values.append(limit)
-    return [Edge.from_row(r) for r in await fetchall(db, sql, values)]
+    return [from_row(Edge, r, _CONVERT) for r in await fetchall(db, sql, values)]
 
 
 async def touching(

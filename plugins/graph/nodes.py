@@ -4,18 +4,21 @@ writing functions (``db`` is the connection it yields)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import numpy as np
-from narrmem_plugins.graph.schema import fetchall
+from narrmem_plugins.graph.schema import fetchall, from_row
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import DEFAULT_NODE_TYPE, label
 
 from narrmem.errors import InputError
 
 NODE_COLUMNS = "id, chat_id, name, type, props, created_at, vector, vector_text, topic_vector"
+# How the columns that SQLite does not hand back as the field's type are read.
+_CONVERT: dict[str, Callable[[Any], Any]] = {"id": int, "props": lambda text: dict(json.loads(text or "{}"))}
 
 
 @dataclass
@@ -30,20 +33,6 @@ class Node:
     vector_text: str | None = None
     topic_vector: bytes | None = None
 
-    @classmethod
-    def from_row(cls, row: Any) -> Node:
-        return cls(
-            id=int(row[0]),
-            chat_id=row[1],
-            name=row[2],
-            type=row[3],
-            props=dict(json.loads(row[4] or "{}")),
-            created_at=row[5],
-            vector=row[6],
-            vector_text=row[7],
-            topic_vector=row[8],
-        )
-
     def topic(self) -> np.ndarray | None:
         return None if self.topic_vector is None else np.frombuffer(self.topic_vector, dtype=np.float32)
 
@@ -56,7 +45,7 @@ async def find_node(db: Any, scope: GraphScope, name: str) -> Node | None:
         "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND name = ?",
         (scope.tenant, scope.user_id, scope.write_chat, name),
     )
-    return Node.from_row(rows[0]) if rows else None
+    return from_row(Node, rows[0], _CONVERT) if rows else None
 
 
 async def ensure_node(
@@ -134,7 +123,7 @@ async def nodes_in_scope(db: Any, scope: GraphScope, *, node_type: str | None = 
         sql += " AND type = ?"
         params = (*params, node_type)
     rows = await fetchall(db, sql + " ORDER BY created_ts, id", params)
-    return [Node.from_row(r) for r in rows]
+    return [from_row(Node, r, _CONVERT) for r in rows]
 
 
 async def delete_orphans(db: Any, scope: GraphScope) -> int:

@@ -13,7 +13,7 @@ own persona falls back to.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -37,14 +37,8 @@ class PersonaView:
     node_id: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "description": self.description,
-            "traits": self.traits,
-            "tone": self.tone,
-            "chat_id": self.chat_id,
-            "set_at": self.set_at,
-        }
+        # The node id is the graph's own key, not part of the persona a caller sees.
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "node_id"}
 
 
 async def current_persona(db: Any, chat: GraphScope) -> PersonaView | None:

@@ -12,10 +12,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from narrmem_plugins.graph.vocabulary import NODE_TYPES
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
 
 _TYPES = ", ".join(f"'{t}'" for t in NODE_TYPES)
 
@@ -93,3 +99,10 @@ def marks(items: Sequence[Any]) -> str:
 
 def chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
     return [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+
+
+def from_row(cls: type[D], row: Sequence[Any], convert: Mapping[str, Callable[[Any], Any]]) -> D:
+    """``row`` as a ``cls``, a dataclass whose fields are the row's columns in order; a value whose
+    field ``convert`` names goes through that converter, the others are taken as SQLite gave them."""
+    named = zip((f.name for f in fields(cls)), row, strict=True)
+    return cls(**{name: convert[name](value) if name in convert else value for name, value in named})

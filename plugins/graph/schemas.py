@@ -101,26 +101,8 @@ class TripletOut(_Strict):
 
 
 def triplet_out(edge: Edge) -> TripletOut:
-    return TripletOut(
-        id=edge.id,
-        subject=edge.subject,
-        subject_type=edge.subject_type,
-        relation=edge.relation,
-        object=edge.object,
-        object_type=edge.object_type,
-        chat_id=edge.chat_id,
-        speculative=edge.speculative,
-        confidence=edge.confidence,
-        status=edge.status,
-        source=edge.source,
-        provenance=edge.provenance,
-        count=edge.count,
-        valid_from=edge.valid_from,
-        valid_to=edge.valid_to,
-        last_seen=edge.last_seen,
-        superseded_by=edge.superseded_by,
-        superseded_at=edge.superseded_at,
-    )
+    # The output's fields are the edge's own attributes (``superseded_at`` is its property).
+    return TripletOut.model_validate(edge, from_attributes=True)
 
 
 class CommitInput(ScopeArgs):

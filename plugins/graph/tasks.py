@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -44,13 +44,8 @@ class TaskView:
     node: Node | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "description": self.description,
-            "state": self.state,
-            "created_at": self.created_at,
-            "info_nodes": self.info_nodes,
-        }
+        # The node is the graph's own row, not part of the task a caller sees.
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "node"}
 
 
 async def load_tasks(

@@ -49,7 +49,7 @@ from narrmem_plugins.graph.vocabulary import STRUCTURAL
 from narrmem_plugins.graph.writer import TripletDraft, write_triplet
 
 from narrmem.errors import InputError
-from narrmem.tools import Tool, ToolSpec, bind_tools
+from narrmem.tools import ToolSpec
 from narrmem.view import MemoryView
 
 
@@ -332,8 +332,3 @@ TOOLS: list[ToolSpec[GraphContext]] = [
         handler=context_rewrite_tool,
     ),
 ]
-
-
-def make_tools(ctx: GraphContext) -> list[Tool]:
-    """The graph's tools bound to this memory's plugin (``ctx``)."""
-    return bind_tools(TOOLS, ctx)

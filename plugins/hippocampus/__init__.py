@@ -79,11 +79,12 @@ class Hippocampus:
 
     @hookimpl
     async def narrmem_shutdown(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        # Taken off the plugin before the wait, so a second shutdown finds nothing to cancel.
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
 
     # --- the pass ---------------------------------------------------------------------------
 

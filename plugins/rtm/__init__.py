@@ -14,7 +14,6 @@ Options live in ``[plugin.rtm]`` (:class:`~narrmem_plugins.rtm.options.RTMOption
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from narrmem_plugins.rtm.build import TreeRequest, build_tree, get_or_build
@@ -23,7 +22,7 @@ from narrmem_plugins.rtm.segment import segment
 from narrmem_plugins.rtm.store import MemoryTreeStore, TreeStore, open_tree_store
 from narrmem_plugins.rtm.summarize import Summarizer
 from narrmem_plugins.rtm.theory import expected_recall_lengths, suggest_parameters
-from narrmem_plugins.rtm.tools import make_tools
+from narrmem_plugins.rtm.tools import TOOLS
 from narrmem_plugins.rtm.transfer import RTMTransfer
 from narrmem_plugins.rtm.traverse import depth_for_budget, find_optimal_depth, recall_lengths, retelling
 from narrmem_plugins.rtm.tree import Tree
@@ -31,7 +30,7 @@ from narrmem_plugins.rtm.user import UserSummaries
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
-from narrmem.tools import Tool
+from narrmem.tools import ToolTable
 from narrmem.view import MemoryView
 
 NAME = "rtm"
@@ -56,12 +55,13 @@ __all__ = [
 ]
 
 
-class RTMPlugin(RTMTransfer):
+class RTMPlugin(RTMTransfer, ToolTable):
     """One instance per ``Memory``. ``summarizer(clauses, language)`` (sync or async), if given,
     writes internal-node summaries before the ``narrmem_summarize`` hook and the built-in
     extractive summary are asked."""
 
     narrmem_name = NAME
+    tool_specs = TOOLS
 
     def __init__(self, summarizer: Summarizer | None = None) -> None:
         self.summarizer = summarizer
@@ -73,11 +73,6 @@ class RTMPlugin(RTMTransfer):
     @hookimpl
     def narrmem_configure(self, settings: Settings) -> None:
         self.options = plugin_options(settings, NAME, RTMOptions)
-
-    @hookimpl
-    def narrmem_register_tools(self, register: Callable[[Tool], None]) -> None:
-        for tool in make_tools(self):
-            register(tool)
 
     @hookimpl
     async def narrmem_startup(self, memory: MemoryView) -> None:

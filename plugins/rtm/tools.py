@@ -29,7 +29,7 @@ from narrmem_plugins.rtm.theory import suggest_parameters
 from narrmem_plugins.rtm.traverse import compression, find_optimal_depth, recall_lengths, recall_units
 
 from narrmem.errors import InputError
-from narrmem.tools import Tool, ToolSpec, bind_tools
+from narrmem.tools import ToolSpec
 from narrmem.view import MemoryView
 
 
@@ -40,6 +40,20 @@ class RTMContext(Protocol):
 
 
 # --- handlers -------------------------------------------------------------------------------
+
+
+def _tree_request(
+    args: CreateTreeInput | TextOrTree, text: str, title: str, type: str = "story"
+) -> TreeRequest:
+    """What the call asks to build: its tree parameters, renamed from the schema's camelCase."""
+    return TreeRequest(
+        text=text,
+        title=title,
+        type=type,
+        branching=args.maxBranchingFactor,
+        max_depth=args.maxRecallDepth,
+        **args.model_dump(include={"tenant", "partition", "seed", "language", "segmentation"}),
+    )
 
 
 async def _by_id(ctx: RTMContext, args: TextOrTree, tree_id: str) -> StoredTree:
@@ -59,17 +73,7 @@ async def _resolve(memory: MemoryView, ctx: RTMContext, args: TextOrTree) -> Sto
     if args.treeId is not None:
         return await _by_id(ctx, args, args.treeId)
     assert args.text is not None and args.title is not None
-    request = TreeRequest(
-        text=args.text,
-        title=args.title,
-        tenant=args.tenant,
-        branching=args.maxBranchingFactor,
-        max_depth=args.maxRecallDepth,
-        partition=args.partition,
-        seed=args.seed,
-        language=args.language,
-        segmentation=args.segmentation,
-    )
+    request = _tree_request(args, args.text, args.title)
     if not request.pinned:
         # Same text and title, no parameters: whatever tree was built for it last.
         latest = await ctx.trees.latest(args.tenant, args.title, text_sha(args.text))
@@ -80,18 +84,7 @@ async def _resolve(memory: MemoryView, ctx: RTMContext, args: TextOrTree) -> Sto
 
 
 async def create(ctx: RTMContext, memory: MemoryView, args: CreateTreeInput) -> CreateTreeOutput:
-    request = TreeRequest(
-        text=args.text,
-        title=args.title,
-        tenant=args.tenant,
-        type=args.type,
-        branching=args.maxBranchingFactor,
-        max_depth=args.maxRecallDepth,
-        partition=args.partition,
-        seed=args.seed,
-        language=args.language,
-        segmentation=args.segmentation,
-    )
+    request = _tree_request(args, args.text, args.title, args.type)
     stored, created = await get_or_build(memory, ctx.trees, request, ctx.options, ctx.summarizer)
     stats = stats_of(stored.tree)
     p = stored.params
@@ -256,8 +249,3 @@ TOOLS: list[ToolSpec[RTMContext]] = [
         handler=find_depth,
     ),
 ]
-
-
-def make_tools(ctx: RTMContext) -> list[Tool]:
-    """The RTM tools bound to this memory's plugin (``ctx``)."""
-    return bind_tools(TOOLS, ctx)

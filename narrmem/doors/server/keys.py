@@ -20,7 +20,7 @@ import secrets
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,13 +53,7 @@ class KeyEntry:
 
     def public(self) -> dict[str, Any]:
         """What ``keys list`` shows: never the digest or the salt."""
-        return {
-            "id": self.id,
-            "tenant": self.tenant,
-            "label": self.label,
-            "created_at": self.created_at,
-            "revoked_at": self.revoked_at,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in {"salt", "digest"}}
 
 
 def _digest(salt: str, secret: str) -> str:
