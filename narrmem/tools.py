@@ -51,7 +51,7 @@ M = TypeVar("M", bound=BaseModel)
 class ToolSpec(Generic[C]):
     """A tool written as a module-level handler that also takes its plugin's context
     (``handler(context, memory, arguments)``): a plugin keeps a table of these next to their
-    schemas and binds them to its per-memory state with :func:`bind_tools`."""
+    schemas and binds them to its per-memory state with :func:`bind_tools` (or :class:`ToolTable`)."""
 
     name: str
     description: str
