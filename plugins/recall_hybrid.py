@@ -11,7 +11,8 @@ turns of a batch not written yet). On a store that several processes share (Post
 worker may have stored a later turn, or forgotten a user whose words the cache still holds: there
 the turns the store holds are read for every message and merged with the cache, and the cache is
 dropped whenever any worker has forgotten anything since (a token in the plugin's state that each
-forget replaces; two indexed reads per message).
+forget replaces; two indexed reads per message). A forget that lands between reading a message's
+context and writing it is caught after the write: a context turn no longer stored is scrubbed.
 
 Defaults were chosen on the LoCoMo development split (see the README's Benchmarks): the keyword
 side, which matches names and rare words exactly, is the stronger source on conversational
@@ -102,10 +103,30 @@ class HybridRecall:
             chat = Scope(tenant=tenant, chat_id=chat_id)
             for record in await memory.store.recent(chat, kinds=["episode"], limit=2**62):
                 if gone & set(record.meta.get("context_message_ids", [])):
-                    record.meta = {k: v for k, v in record.meta.items() if k != "context_message_ids"}
-                    dated = self.options.dates_in_keywords and record.context_text
-                    record.context_text = (record.context_text or "").split("\n")[0] if dated else None
-                    await memory.store.update(record)
+                    await memory.store.update(self._without_context(record))
+
+    @hookimpl
+    async def narrmem_after_store(
+        self, memory: MemoryView, message: Message, records: list[MemoryRecord]
+    ) -> None:
+        """On a shared store another worker may forget a turn after this message's context was
+        read and before it was written, too late for that worker's scrub to see it: a context
+        turn that is gone by now is scrubbed here."""
+        episode = records[0] if records else None
+        context = [] if episode is None else list(episode.meta.get("context_message_ids", []))
+        if episode is None or episode.id is None or not context or not _shared(memory):
+            return
+        stored = await memory.store.stored_message_ids(message.tenant, message.chat_id, context)
+        if set(context) - stored:
+            self._recent.pop((message.tenant, message.chat_id), None)
+            await memory.store.update(self._without_context(episode))
+
+    def _without_context(self, record: MemoryRecord) -> MemoryRecord:
+        """``record`` with its earlier turns taken out of its keyword context (the date stays)."""
+        record.meta = {k: v for k, v in record.meta.items() if k != "context_message_ids"}
+        dated = self.options.dates_in_keywords and record.context_text
+        record.context_text = (record.context_text or "").split("\n")[0] if dated else None
+        return record
 
     async def _context(self, memory: MemoryView, message: Message) -> list[tuple[str, str]]:
         key = (message.tenant, message.chat_id)

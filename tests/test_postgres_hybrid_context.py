@@ -10,7 +10,7 @@ from typing import Any
 from _helpers import msg
 from _postgres import fresh_database
 
-from narrmem import Memory
+from narrmem import Memory, Message, hookimpl
 from narrmem.models import Scope
 from narrmem.testing import open_memory
 
@@ -74,3 +74,36 @@ async def test_a_forget_in_one_worker_reaches_the_others_context(tmp_path: Path)
             msg("m5", "Count me in, I will bring sandwiches for the hike", user="u4", chat="g", ts=at(4))
         )
         assert "tamalpais" in (await context_of(two, "m5")).lower()
+
+
+class ForgetWhileStoring:
+    """Runs a forget in the other worker after this worker read a message's context (the hybrid
+    plugin's ``narrmem_before_store`` ran) and before the message is written."""
+
+    narrmem_name = "forget_while_storing"
+
+    def __init__(self) -> None:
+        self.other: Memory | None = None
+
+    @hookimpl(trylast=True)
+    async def narrmem_before_store(self, message: Message) -> None:
+        if message.message_id == "m2" and self.other is not None:
+            await self.other.forget(user_id="u1")
+
+
+async def test_a_forget_between_reading_context_and_writing_is_caught(tmp_path: Path) -> None:
+    storage: dict[str, Any] = {"backend": "postgres", "dsn": await fresh_database("hybrid")}
+    race = ForgetWhileStoring()
+    async with (
+        open_memory(tmp_path / "a", storage=storage) as one,
+        open_memory(tmp_path / "b", storage=storage, plugins=[race]) as two,
+    ):
+        await one.ingest(
+            msg("m1", "My locker code at the gym is zanzibar, keep it secret", user="u1", chat="g", ts=at(0))
+        )
+        race.other = one
+        await two.ingest(
+            msg("m2", "Did anyone see the new climbing wall at the gym", user="u2", chat="g", ts=at(1))
+        )
+        assert "zanzibar" not in await context_of(two, "m2")
+        assert await two.store.search_keywords(Scope(chat_id="g"), "zanzibar", 10) == []
