@@ -153,7 +153,7 @@ async def test_reads_context_turn_summary_history_users_tools(srv: Server) -> No
     turn = (
         await c.post("/v1/turn-context", json={"text": "my job", "user_id": "u1", "chat_id": "c1"})
     ).json()
-    assert any(f["object"] == "quit my job" for f in turn["facts"])
+    assert any(f["object"] == "quit their job" for f in turn["facts"])
     summary = (await c.get("/v1/summary", params={"user_id": "u1", "depth": 1})).json()
     assert "quit my job" in summary["retelling"]
     scene = stored["memory_ids"][1]
