@@ -23,6 +23,8 @@ BUILTINS = {
     "embedder_onnx",
     "triage",
     "recall_hybrid",
+    "recall_intent",
+    "recall_facts",
     "core_tools",
     "hippocampus",
     "proactive",
