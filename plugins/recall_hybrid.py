@@ -9,10 +9,9 @@ The text returned by recall stays the message alone, so context costs no prompt 
 The earlier turns come from a small per-process cache of each chat's last turns (it also holds the
 turns of a batch not written yet). On a store that several processes share (PostgreSQL) another
 worker may have stored a later turn, or forgotten a user whose words the cache still holds: there
-the turns the store holds are read for every message and merged with the cache, and the cache is
-dropped whenever any worker has forgotten anything since (a token in the plugin's state that each
-forget replaces; two indexed reads per message). A forget that lands between reading a message's
-context and writing it is caught after the write: a context turn no longer stored is scrubbed.
+the turns the store holds are read for every message (one indexed query), and the cache adds only
+this process's turns not written yet. A forget that lands between reading a message's context and
+writing it is caught after the write: a context turn no longer stored is scrubbed.
 
 Defaults were chosen on the LoCoMo development split (see the README's Benchmarks): the keyword
 side, which matches names and rare words exactly, is the stronger source on conversational
@@ -23,7 +22,6 @@ found only in the context count half as much as the message's own words.
 
 from __future__ import annotations
 
-import uuid
 from collections import OrderedDict
 from datetime import datetime, timedelta
 
@@ -37,7 +35,6 @@ from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
-FORGETS_KEY = "forgets"  # plugin state replaced by every forget on a shared store
 CHATS_KEPT = 10_000
 
 
@@ -64,7 +61,8 @@ class HybridRecall:
         # The last few turns of each chat, newest last: context for the next message without a
         # query per message. Bounded; a miss falls back to the store.
         self._recent: OrderedDict[tuple[str, str], list[tuple[datetime, str, str]]] = OrderedDict()
-        self._forgets_seen: str | None = None  # the forget token the cache is valid for (shared stores)
+        # Shared store: this process's turns not written yet, by chat (the cache's only use there).
+        self._unwritten: dict[tuple[str, str], set[str]] = {}
 
     @hookimpl
     def narrmem_configure(self, settings: Settings) -> None:
@@ -87,6 +85,10 @@ class HybridRecall:
                 episode.meta["context_message_ids"] = [mid for mid, _ in context]
         episode.context_text = "\n".join(parts) or None
         self._remember(message, own)
+        if _shared(memory):
+            key = (message.tenant, message.chat_id)
+            kept = {mid for _, mid, _ in self._recent[key]}
+            self._unwritten[key] = (self._unwritten.get(key, set()) | {message.message_id}) & kept
 
     @hookimpl
     async def narrmem_after_forget(
@@ -94,12 +96,10 @@ class HybridRecall:
     ) -> None:
         """Scrub forgotten turns from the keyword context of the turns that followed them: other
         speakers' rows in a group chat held those words too."""
-        if _shared(memory):
-            # Every worker drops its cached turns before it next uses them.
-            await memory.store.state_put(NAME, FORGETS_KEY, {"token": uuid.uuid4().hex})
         for chat_id, message_ids in sources.items():
             gone = set(message_ids)
             self._recent.pop((tenant, chat_id), None)
+            self._unwritten.pop((tenant, chat_id), None)
             chat = Scope(tenant=tenant, chat_id=chat_id)
             for record in await memory.store.recent(chat, kinds=["episode"], limit=2**62):
                 if gone & set(record.meta.get("context_message_ids", [])):
@@ -112,9 +112,12 @@ class HybridRecall:
         """On a shared store another worker may forget a turn after this message's context was
         read and before it was written, too late for that worker's scrub to see it: a context
         turn that is gone by now is scrubbed here."""
+        if not _shared(memory):
+            return
+        self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
         episode = records[0] if records else None
         context = [] if episode is None else list(episode.meta.get("context_message_ids", []))
-        if episode is None or episode.id is None or not context or not _shared(memory):
+        if episode is None or episode.id is None or not context:
             return
         stored = await memory.store.stored_message_ids(message.tenant, message.chat_id, context)
         if set(context) - stored:
@@ -130,11 +133,11 @@ class HybridRecall:
 
     async def _context(self, memory: MemoryView, message: Message) -> list[tuple[str, str]]:
         key = (message.tenant, message.chat_id)
-        shared = _shared(memory)
-        if shared:
-            await self._drop_cache_after_forgets(memory)
         turns = self._recent.get(key)
-        if turns is None or shared:
+        if _shared(memory):
+            unwritten = self._unwritten.get(key, set())
+            turns = [turn for turn in turns or [] if turn[1] in unwritten]
+        if turns is None or _shared(memory):
             recent = await memory.store.recent(
                 Scope(tenant=message.tenant, chat_id=message.chat_id),
                 kinds=["episode"],
@@ -150,20 +153,14 @@ class HybridRecall:
         earlier = [(mid, text) for ts, mid, text in turns if oldest <= ts <= message.ts]
         return earlier[-self.options.context_turns :]
 
-    async def _drop_cache_after_forgets(self, memory: MemoryView) -> None:
-        state = await memory.store.state_get(NAME, FORGETS_KEY)
-        token = None if state is None else str(state.get("token"))
-        if token != self._forgets_seen:
-            self._recent.clear()
-            self._forgets_seen = token
-
     def _remember(self, message: Message, text: str) -> None:
         key = (message.tenant, message.chat_id)
         turns = self._recent.pop(key, [])
         turns.append((message.ts, message.message_id, text))
         self._recent[key] = turns[-max(1, self.options.context_turns) :]
         while len(self._recent) > CHATS_KEPT:
-            self._recent.popitem(last=False)
+            evicted, _ = self._recent.popitem(last=False)
+            self._unwritten.pop(evicted, None)
 
     @hookimpl
     async def narrmem_recall_prefetch(self, memory: MemoryView, request: RecallRequest) -> list[Candidate]:
