@@ -56,19 +56,30 @@ def test_a_naive_timestamp_is_an_input_error_naming_ts() -> None:
     assert caught.value.field == "ts" and "timezone" in str(caught.value)
 
 
-def test_a_missing_torch_on_first_start_names_the_extra(tmp_path: Path) -> None:
-    """The first start exports the model with torch; without it the user is told what to install,
-    not 'internal error: ModuleNotFoundError'."""
+def test_a_first_start_without_torch_exports_and_runs(tmp_path: Path) -> None:
+    """The default onnx backend builds its export from the weights without torch: a first start
+    with torch unimportable says it exports, then answers."""
     code = (
         "import sys; sys.modules['torch'] = None; "
         "from narrmem.doors.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     env = ENV | {"NARRMEM_EMBEDDER__CACHE_DIR": str(tmp_path / "cache")}
-    args = ("triage", "I moved to Lisbon last spring")
-    done = run_narrmem(*args, cwd=tmp_path, env=env, entry=("-c", code))
+    done = run_narrmem("triage", "I moved to Lisbon last spring", cwd=tmp_path, env=env, entry=("-c", code))
+    assert done.returncode == 0, done.stderr
+    assert "exporting the embedding model to ONNX" in done.stderr  # said before the export starts
+
+
+def test_the_torch_backend_without_torch_names_the_extra(tmp_path: Path) -> None:
+    """The sentence-transformers backend does need torch: the user is told what to install, not
+    'internal error: ModuleNotFoundError'."""
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['sentence_transformers'] = None; "
+        "from narrmem.doors.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    env = ENV | {"NARRMEM_EMBEDDER__BACKEND": "sentence-transformers"}
+    done = run_narrmem("triage", "I moved to Lisbon last spring", cwd=tmp_path, env=env, entry=("-c", code))
     assert done.returncode == 2, done.stderr
     assert "narrmem[torch]" in done.stderr and "internal error" not in done.stderr
-    assert "exporting the embedding model to ONNX" in done.stderr  # said before the export starts
 
 
 @pytest.mark.slow

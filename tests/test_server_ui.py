@@ -136,7 +136,7 @@ def test_inspector_in_chromium(live: LiveServer, tmp_path: Path) -> None:
         expect(page.locator("#scenes")).to_contain_text("I decided to quit my job at the bank")
         expect(page.locator("#scenes")).to_contain_text("from messages a1")
         expect(page.locator("#scenes .tag").first).to_have_text("decision")
-        expect(page.locator("#facts")).to_contain_text("quit my job at the bank")
+        expect(page.locator("#facts")).to_contain_text("quit their job at the bank")
         expect(page.locator("#summary")).not_to_be_empty()
         shot(page, "timeline")
 

@@ -188,9 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.name not in MODEL_EXPORT_MODULES:
             raise
         print(
-            f"narrmem: error: the embedding model needs {exc.name} (the default onnx backend only on "
-            "its first start, to export the model): pip install 'narrmem[torch]' (the CPU build: "
-            "add --extra-index-url https://download.pytorch.org/whl/cpu)",
+            f"narrmem: error: the sentence-transformers embedder needs {exc.name}: pip install "
+            "'narrmem[torch]' (the CPU build: add --extra-index-url "
+            "https://download.pytorch.org/whl/cpu), or use the default onnx backend, which needs no torch",
             file=sys.stderr,
         )
         return 2
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-# What the ONNX export imports on a first start (``narrmem[torch]`` installs them).
+# What the sentence-transformers embedder imports (``narrmem[torch]`` installs them).
 MODEL_EXPORT_MODULES = frozenset({"torch", "transformers", "sentence_transformers"})
 
 

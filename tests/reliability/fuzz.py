@@ -1720,8 +1720,9 @@ def _judge_cli(report: Report, label: str, run: CliRun) -> str:
 
 
 def _check_one_line(report: Report, label: str, message: str) -> None:
-    """A refusal is one line naming what is wrong (argparse's usage line before it is fine)."""
-    lines = message.splitlines()
+    """A refusal is one line naming what is wrong (argparse's usage line before it is fine, and so
+    are logged warnings such as an ignored ``NARRMEM_`` variable's, "narrmem.config: ...")."""
+    lines = [line for line in message.splitlines() if not line.startswith("narrmem.")]
     if lines and lines[0].startswith("usage:"):
         lines = [line for line in lines if line.startswith("narrmem")][-1:]
     if len(lines) != 1 or not lines[0].startswith("narrmem"):
