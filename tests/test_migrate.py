@@ -93,7 +93,21 @@ async def test_folder_to_postgres_and_back_is_lossless_and_resumable(tmp_path: P
     assert home["verified"], home
     original, original_side = await dump(source, tmp_path / "a.jsonl")
     returned, returned_side = await dump(back, tmp_path / "b.jsonl")
-    assert original == returned
+    # The graph runs on SQLite only: PostgreSQL cannot hold its sections, and says so; everything
+    # else (memories, history, importance after decay, plugin state, RTM trees) comes back as it was.
+    left = there["not_migrated"]
+    assert left and all(name.startswith("graph.") for name in left)
+    assert sum(
+        b'"section": "%s"' % name.encode() in line for line in original.splitlines() for name in left
+    ) == sum(left.values())
+    assert _without(original, left) == returned
     memories = [line for line in original.splitlines() if b'"section": "memories"' in line]
     assert len(memories) == there["counts"]["memories"]["source"]
     assert returned_side == original_side
+
+
+def _without(export: bytes, sections: dict[str, int]) -> bytes:
+    lines = export.splitlines(keepends=True)
+    return b"".join(
+        line for line in lines if not any(b'"section": "%s"' % n.encode() in line for n in sections)
+    )

@@ -619,7 +619,7 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         if report["recall"]:
             print(f"recall agreement (top {report['recall']['k']}): {report['recall']['agreement']}")
         for table, rows in report["not_migrated"].items():
-            print(f"not migrated: {table} ({rows} rows; the target has no place for it)")
+            print(f"not migrated: {table} ({rows} rows; no plugin of the target holds them)")
         print("verified" if report["verified"] else "NOT verified: counts or recall differ")
     return 0 if report["verified"] else 1
 

@@ -1,8 +1,10 @@
 """``narrmem migrate``: move a whole memory between backends (a data folder and a PostgreSQL DSN,
 either way), losslessly and resumably, and check the result.
 
-What moves: every memory with its vector, provenance and ids, the importance history, plugin state
-and pending forget jobs. Re-running skips what the target already holds (records by id with
+What moves: every memory with its vector, provenance and ids, the importance history and each
+memory's importance after decay, plugin state, pending forget jobs, and every plugin's own data
+that the target's plugins can hold (RTM trees on both backends; the graph only between data
+folders, as it runs on SQLite only). Re-running skips what the target already holds (records by id with
 identical content, side rows by key), so an interrupted migration is finished by running it again.
 The end check compares row counts per table and the top hits of a sample of recalls.
 """
@@ -32,8 +34,6 @@ BATCH = 500
 SIDE_TABLES = ("memory_history", "plugin_state", "forget_jobs")
 # Tables of the memories themselves, compared after the copy.
 COUNTED = ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs", "vectors")
-# SQLite tables that belong to the store itself; any other table is a plugin's (graph, rtm, ...).
-STORE_TABLES = {"meta", "memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs"}
 
 
 def is_dsn(where: str) -> bool:
@@ -117,7 +117,8 @@ async def migrate(
         report["side_tables"] = {
             table: await _copy_side(src, dst, table, before[table], progress) for table in SIDE_TABLES
         }
-        report["not_migrated"] = await _plugin_tables(src, dst)
+        report["current_importance"] = await _copy_current_importance(src, dst)
+        report["plugin_sections"], report["not_migrated"] = await _copy_plugin_sections(src, dst)
         after = await dst.store.table_counts()  # type: ignore[attr-defined]
         report["counts"] = {table: {"source": before[table], "target": after[table]} for table in COUNTED}
         report["counts_match"] = all(before[t] == after[t] for t in COUNTED)
@@ -159,25 +160,42 @@ async def _copy_side(src: Memory, dst: Memory, table: str, total: int, progress:
     return {"copied": copied, "skipped": seen - copied}
 
 
-async def _plugin_tables(src: Memory, dst: Memory) -> dict[str, int]:
-    """Tables of plugins (graph, RTM trees) the source holds and the target cannot: rows per table.
-    Between two data folders they are not copied either (copy the folder itself for that)."""
-    db = getattr(src.store, "db", None)
-    if db is None:
-        return {}
-    async with db.execute("SELECT name FROM sqlite_master WHERE type = 'table'") as cur:
-        names = [r[0] for r in await cur.fetchall()]
-    left: dict[str, int] = {}
-    for name in names:
-        if name in STORE_TABLES or name.startswith(("sqlite_", "memories_fts")):
-            continue
-        async with db.execute(f'SELECT COUNT(*) FROM "{name}"') as cur:
-            row = await cur.fetchone()
-        if row and row[0]:
-            left[name] = int(row[0])
+async def _copy_current_importance(src: Memory, dst: Memory) -> int:
+    """Each memory's importance after decay at the source's last pass (its history rows travel
+    with the side tables)."""
+    copied = last = 0
+    while states := await src.store.importance_states(last, BATCH):
+        values = [(memory_id, current) for memory_id, _, _, current in states if current is not None]
+        if values:
+            await dst.store.set_current_importance(values, [], src.clock.now())
+            copied += len(values)
+        last = states[-1][0]
+    return copied
+
+
+async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int], dict[str, int]]:
+    """Every plugin's own data (``narrmem_export_records``: graph, RTM trees), imported into the
+    target by its plugins the way ``narrmem import`` does it (checked on a dry run first). Sections
+    no plugin of the target takes (a plugin idle on that backend) are left out, with their row
+    counts returned as not migrated and a warning."""
+    sections: dict[str, list[dict[str, Any]]] = {}
+    for part in await src.host.call("narrmem_export_records", isolate=False, memory=src):
+        sections.update(part or {})
+    sections = {name: rows for name, rows in sections.items() if rows}
+    if not sections:
+        return {}, {}
+    claimed: dict[str, int] = {}
+    for dry_run in (True, False):
+        claimed = {}
+        parts = await dst.host.call(
+            "narrmem_import_records", isolate=False, memory=dst, sections=sections, dry_run=dry_run
+        )
+        for part in parts:
+            claimed.update(part or {})
+    left = {name: len(rows) for name, rows in sections.items() if name not in claimed}
     if left:
-        log.warning("not migrated (the target has no place for plugin tables): %s", left)
-    return left
+        log.warning("not migrated (no plugin of the target takes them): %s", left)
+    return claimed, left
 
 
 async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int) -> dict[str, Any]:
