@@ -220,11 +220,15 @@ def test_example_config_documents_every_key_with_its_default() -> None:
     from narrmem_plugins.graph.options import GraphOptions
     from narrmem_plugins.hippocampus import HippocampusOptions
     from narrmem_plugins.proactive import ProactiveOptions
+    from narrmem_plugins.recall_facts import FactsOptions
+    from narrmem_plugins.recall_intent import IntentOptions
     from narrmem_plugins.rtm.options import RTMOptions
 
     plugins = {
         "triage": TriageOptions,
         "recall_hybrid": HybridOptions,
+        "recall_intent": IntentOptions,
+        "recall_facts": FactsOptions,
         "hippocampus": HippocampusOptions,
         "proactive": ProactiveOptions,
         "rtm": RTMOptions,
