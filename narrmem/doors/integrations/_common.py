@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, Literal, TypedDict, TypeVar, get_args
+from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
 
 from narrmem.errors import InputError, NarrmemError
 from narrmem.memory import Memory
@@ -119,6 +119,54 @@ def build_message(
         tenant=tenant,
         speaker=speaker[:MAX_ID_CHARS] if speaker else None,
         meta={key: value for key, value in (meta or {}).items() if value is not None},
+    )
+
+
+class _TelegramChat(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+
+
+class TelegramMessage(Protocol):
+    """What aiogram's and python-telegram-bot's messages both have (read-only)."""
+
+    @property
+    def text(self) -> str | None: ...
+    @property
+    def caption(self) -> str | None: ...
+    @property
+    def chat(self) -> _TelegramChat: ...
+    @property
+    def message_id(self) -> int: ...
+    @property
+    def date(self) -> datetime: ...
+    @property
+    def message_thread_id(self) -> int | None: ...
+
+
+def telegram_message(
+    message: TelegramMessage, who: tuple[str, str] | None, edited_at: datetime | None, tenant: str
+) -> Message | None:
+    """The narrmem ``Message`` for a Telegram message from either library, or ``None`` when there is
+    nothing to remember (no text or caption, or ``who`` is ``None``: sent by a bot)."""
+    if who is None:
+        return None
+    return build_message(
+        text=message.text if message.text is not None else message.caption,
+        user_id=who[0],
+        chat_id=message.chat.id,
+        message_id=message.message_id,
+        ts=message.date,
+        tenant=tenant,
+        speaker=who[1],
+        meta={
+            "platform": "telegram",
+            "chat_type": message.chat.type,
+            "thread_id": message.message_thread_id,
+            "edited_at": edited_at.isoformat() if edited_at else None,
+        },
     )
 
 

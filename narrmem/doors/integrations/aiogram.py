@@ -62,25 +62,8 @@ def sender(message: TgMessage) -> tuple[str, str] | None:
 def to_message(message: TgMessage, *, tenant: str = "default") -> Message | None:
     """The narrmem ``Message`` for a Telegram message, or ``None`` when there is nothing to remember
     (no text or caption, or sent by a bot)."""
-    who = sender(message)
-    if who is None:
-        return None
     edited_at = datetime.fromtimestamp(message.edit_date, tz=UTC) if message.edit_date else None
-    return _common.build_message(
-        text=message.text if message.text is not None else message.caption,
-        user_id=who[0],
-        chat_id=message.chat.id,
-        message_id=message.message_id,
-        ts=message.date,
-        tenant=tenant,
-        speaker=who[1],
-        meta={
-            "platform": "telegram",
-            "chat_type": message.chat.type,
-            "thread_id": message.message_thread_id,
-            "edited_at": edited_at.isoformat() if edited_at else None,
-        },
-    )
+    return _common.telegram_message(message, sender(message), edited_at, tenant)
 
 
 class NarrmemMiddleware(aiogram.BaseMiddleware):

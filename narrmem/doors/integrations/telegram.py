@@ -62,24 +62,7 @@ def sender(message: telegram.Message) -> tuple[str, str] | None:
 def to_message(message: telegram.Message, *, tenant: str = "default") -> Message | None:
     """The narrmem ``Message`` for a Telegram message, or ``None`` when there is nothing to remember
     (no text or caption, or sent by a bot)."""
-    who = sender(message)
-    if who is None:
-        return None
-    return _common.build_message(
-        text=message.text if message.text is not None else message.caption,
-        user_id=who[0],
-        chat_id=message.chat.id,
-        message_id=message.message_id,
-        ts=message.date,
-        tenant=tenant,
-        speaker=who[1],
-        meta={
-            "platform": "telegram",
-            "chat_type": message.chat.type,
-            "thread_id": message.message_thread_id,
-            "edited_at": message.edit_date.isoformat() if message.edit_date else None,
-        },
-    )
+    return _common.telegram_message(message, sender(message), message.edit_date, tenant)
 
 
 class NarrmemTelegram:
