@@ -290,9 +290,7 @@ def _read_routes(r: APIRouter) -> None:
         scope = _settled(caller, body.scope)
         hits = await state.memory.recall(
             body.query,
-            user_id=scope.user_id,
-            chat_id=scope.chat_id,
-            tenant=scope.tenant,
+            **scope.model_dump(),
             k=body.k,
             kinds=body.kinds,
             snippet_tokens=body.snippet_tokens,
