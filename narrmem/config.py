@@ -38,6 +38,18 @@ from narrmem.checks import MAX_JSON_DEPTH, json_text_too_deep
 from narrmem.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def share(default: float, description: str) -> Any:
+    """A setting that is a share, from 0 to 1."""
+    return Field(default=default, ge=0.0, le=1.0, description=description)
+
+
+def similarity(default: float, description: str) -> Any:
+    """A setting that is a cosine similarity, from -1 to 1."""
+    return Field(default=default, ge=-1.0, le=1.0, description=description)
+
+
 ENV_PREFIX = "NARRMEM_"
 log = logging.getLogger("narrmem.config")
 
@@ -124,17 +136,13 @@ class EmbedderSettings(_Section):
 
 
 class RecallSettings(_Section):
-    min_similarity: float = Field(
-        default=0.2,
-        ge=-1.0,
-        le=1.0,
-        description="relevance floor: a hit needs this cosine similarity to the query (or a keyword match)",
+    min_similarity: float = similarity(
+        0.2,
+        "relevance floor: a hit needs this cosine similarity to the query (or a keyword match)",
     )
-    min_keyword_share: float = Field(
-        default=0.5,
-        ge=0.0,
-        le=1.0,
-        description="a hit containing this share of the query's content words is relevant whatever its "
+    min_keyword_share: float = share(
+        0.5,
+        "a hit containing this share of the query's content words is relevant whatever its "
         "similarity (0 turns keyword rescue off)",
     )
     weights: dict[str, float] = Field(

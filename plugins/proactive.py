@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.configured import Configured
 from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, Scope, TriggerEvent
 from narrmem.view import MemoryView
 
@@ -45,13 +45,11 @@ class ProactiveOptions(BaseModel):
     habit_weeks: int = Field(default=3, ge=2, le=52)
 
 
-class Proactive:
-    def __init__(self) -> None:
-        self.options = ProactiveOptions()
+class Proactive(Configured[ProactiveOptions]):
+    narrmem_name = NAME
 
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, ProactiveOptions)
+    def __init__(self) -> None:
+        super().__init__(ProactiveOptions)
 
     def threshold(self, kind: str) -> int:
         return {

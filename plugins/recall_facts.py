@@ -29,7 +29,7 @@ from narrmem_plugins.graph.vocabulary import FUNCTIONAL
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.configured import Configured
 from narrmem.errors import PluginError
 from narrmem.models import Candidate, RecallRequest, Scope
 from narrmem.view import MemoryView
@@ -69,15 +69,11 @@ def relations_asked(query: str) -> list[str]:
     return asked if NOW.search(query) or any(r in FUNCTIONAL for r in asked) else []
 
 
-class RecallFacts:
+class RecallFacts(Configured[FactsOptions]):
     narrmem_name = NAME
 
     def __init__(self) -> None:
-        self.options = FactsOptions()
-
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, FactsOptions)
+        super().__init__(FactsOptions)
 
     @hookimpl
     async def narrmem_recall_candidates(

@@ -29,7 +29,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.config import Settings
+from narrmem.configured import Configured
 from narrmem.models import Candidate, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.view import MemoryView
@@ -54,9 +55,11 @@ class HybridOptions(BaseModel):
     )
 
 
-class HybridRecall:
+class HybridRecall(Configured[HybridOptions]):
+    narrmem_name = NAME
+
     def __init__(self) -> None:
-        self.options = HybridOptions()
+        super().__init__(HybridOptions)
         self.recall_weights: dict[str, float] = {}
         # The last few turns of each chat, newest last: context for the next message without a
         # query per message. Bounded; a miss falls back to the store.
@@ -64,9 +67,7 @@ class HybridRecall:
         # Shared store: this process's turns not written yet, by chat (the cache's only use there).
         self._unwritten: dict[tuple[str, str], set[str]] = {}
 
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, HybridOptions)
+    def configured(self, settings: Settings) -> None:
         self.recall_weights = dict(settings.recall.weights)
 
     @hookimpl

@@ -27,10 +27,11 @@ import re
 from collections.abc import Iterable, Mapping
 
 from narrmem_plugins.triage.language import has_cjk
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from narrmem import hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.config import share
+from narrmem.configured import Configured
 from narrmem.models import MemoryRecord, RecallRequest, SceneDraft
 
 NAME = "recall_intent"
@@ -79,36 +80,25 @@ _NOT_NAMES = frozenset(
 
 class IntentOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    unnamed_speaker_factor: float = Field(
-        default=0.8,
-        ge=0,
-        le=1,
-        description="score factor for the memories of speakers a question does not name, when it names one",
+    unnamed_speaker_factor: float = share(
+        0.8,
+        "score factor for the memories of speakers a question does not name, when it names one",
     )
-    nameless_answer_factor: float = Field(
-        default=0.7,
-        ge=0,
-        le=1,
-        description="score factor for memories that name nothing, when a where/who/which question asks "
-        "for a name",
+    nameless_answer_factor: float = share(
+        0.7,
+        "score factor for memories that name nothing, when a where/who/which question asks for a name",
     )
-    future_factor: float = Field(
-        default=0.9,
-        ge=0,
-        le=1,
-        description="score factor for memories that speak of no future, when a question asks what comes next",
+    future_factor: float = share(
+        0.9,
+        "score factor for memories that speak of no future, when a question asks what comes next",
     )
 
 
-class RecallIntent:
+class RecallIntent(Configured[IntentOptions]):
     narrmem_name = NAME
 
     def __init__(self) -> None:
-        self.options = IntentOptions()
-
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, IntentOptions)
+        super().__init__(IntentOptions)
 
     @hookimpl
     def narrmem_weigh(self, request: RecallRequest, records: dict[int, MemoryRecord]) -> dict[int, float]:

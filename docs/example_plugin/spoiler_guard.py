@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import Message, TriageDecision, hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.configured import Configured
 from narrmem.tools import Tool
 from narrmem.view import MemoryView
 
@@ -38,17 +38,13 @@ class SpoilerCountOutput(BaseModel):
     refused: int
 
 
-class SpoilerGuard:
+class SpoilerGuard(Configured[SpoilerOptions]):
     """A class is instantiated once per Memory, so its state is never shared between memories."""
 
     narrmem_name = NAME
 
     def __init__(self) -> None:
-        self.options = SpoilerOptions()
-
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, SpoilerOptions)
+        super().__init__(SpoilerOptions)
 
     @hookimpl(tryfirst=True)
     async def narrmem_triage(self, memory: MemoryView, message: Message) -> TriageDecision | None:

@@ -22,7 +22,8 @@ from narrmem_plugins.hippocampus.curve import FADED, PERMANENT, decay_starts_aft
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.config import similarity
+from narrmem.configured import Configured
 from narrmem.models import Hit, ImportanceChange, MemoryRecord, RecallRequest
 from narrmem.view import MemoryView
 
@@ -38,11 +39,9 @@ class HippocampusOptions(BaseModel):
         default=0.2, ge=0, le=1, description="how much importance after decay moves the ranking"
     )
     reinforce: bool = Field(default=True, description="relevant recalled memories gain importance")
-    reinforce_min_similarity: float = Field(
-        default=0.45,
-        ge=-1.0,
-        le=1.0,
-        description="a recalled memory is reinforced only with at least this cosine similarity to the query",
+    reinforce_min_similarity: float = similarity(
+        0.45,
+        "a recalled memory is reinforced only with at least this cosine similarity to the query",
     )
     reinforce_max_hits: int = Field(
         default=3, ge=0, le=200, description="most memories reinforced per recall"
@@ -52,14 +51,12 @@ class HippocampusOptions(BaseModel):
     )
 
 
-class Hippocampus:
-    def __init__(self) -> None:
-        self.options = HippocampusOptions()
-        self._task: asyncio.Task[None] | None = None
+class Hippocampus(Configured[HippocampusOptions]):
+    narrmem_name = NAME
 
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, HippocampusOptions)
+    def __init__(self) -> None:
+        super().__init__(HippocampusOptions)
+        self._task: asyncio.Task[None] | None = None
 
     # --- schedule ---------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from narrmem_plugins.rtm.tree import Tree
 from narrmem_plugins.rtm.user import UserSummaries
 
 from narrmem import hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.configured import Configured
 from narrmem.tools import ToolTable
 from narrmem.view import MemoryView
 
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 
-class RTMPlugin(RTMTransfer, ToolTable):
+class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable):
     """One instance per ``Memory``. ``summarizer(clauses, language)`` (sync or async), if given,
     writes internal-node summaries before the ``narrmem_summarize`` hook and the built-in
     extractive summary are asked."""
@@ -64,15 +64,11 @@ class RTMPlugin(RTMTransfer, ToolTable):
     tool_specs = TOOLS
 
     def __init__(self, summarizer: Summarizer | None = None) -> None:
+        super().__init__(RTMOptions)
         self.summarizer = summarizer
-        self.options = RTMOptions()
         # Until startup knows the store, trees live in memory (tools only run on an open memory).
         self.trees: TreeStore = MemoryTreeStore()
         self.users = UserSummaries()
-
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, RTMOptions)
 
     @hookimpl
     async def narrmem_startup(self, memory: MemoryView) -> None:

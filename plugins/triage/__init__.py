@@ -23,7 +23,8 @@ from narrmem_plugins.triage.scene import compose
 from narrmem_plugins.triage.signals import CATEGORY, Signal, candidates
 
 from narrmem import hookimpl
-from narrmem.config import Settings, plugin_options
+from narrmem.config import Settings
+from narrmem.configured import Configured
 from narrmem.models import MemoryRecord, Message, PatternCount, SceneDraft, Scope, TriageDecision
 from narrmem.view import MemoryView
 
@@ -43,15 +44,15 @@ MOOD_IMPORTANCE = 0.35
 EXPLICIT_IMPORTANCE = 0.9
 
 
-class Triage:
+class Triage(Configured[TriageOptions]):
+    narrmem_name = NAME
+
     def __init__(self) -> None:
-        self.options = TriageOptions()
+        super().__init__(TriageOptions)
         self._prototypes: dict[str, np.ndarray] | None = None
         self.counters = Counters(self.options)
 
-    @hookimpl
-    def narrmem_configure(self, settings: Settings) -> None:
-        self.options = plugin_options(settings, NAME, TriageOptions)
+    def configured(self, settings: Settings) -> None:
         self.counters = Counters(self.options)
 
     # --- layer decision ---------------------------------------------------------------------
