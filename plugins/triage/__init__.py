@@ -19,7 +19,7 @@ from narrmem_plugins.triage.emotions import emotions_in, intensity
 from narrmem_plugins.triage.ignore_rules import ignore_reason, without_media
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.prototypes import PROTOTYPES
-from narrmem_plugins.triage.scene import compose
+from narrmem_plugins.triage.scene import compose, scene_record
 from narrmem_plugins.triage.signals import CATEGORY, Signal, candidates
 
 from narrmem import hookimpl
@@ -158,27 +158,17 @@ class Triage(Configured[TriageOptions]):
         if not isinstance(draft, SceneDraft):
             return
         records.append(
-            MemoryRecord(
-                kind="scene",
-                tenant=message.tenant,
-                user_id=message.user_id,
-                chat_id=message.chat_id,
-                speaker=message.speaker,
-                text=draft.render(),
+            scene_record(
+                message,
+                draft,
                 embed_text=draft.core,
                 importance=decision.importance,
-                created_at=message.ts,
                 stored_at=memory.clock.now(),
                 message_ids=[message.message_id],
-                meta={
-                    "type": decision.type,
-                    "category": draft.category,
-                    "tags": draft.tags,
-                    **draft.stored(),
-                    "explicit": bool(decision.signals.get("explicit")),
-                },
+                meta={"type": decision.type},
             )
         )
+        records[-1].meta["explicit"] = bool(decision.signals.get("explicit"))
 
     async def _window(self, memory: MemoryView, message: Message) -> list[MemoryRecord]:
         """The speaker's own recent messages in this chat. Only theirs: a scene is the speaker's
@@ -216,9 +206,8 @@ class Triage(Configured[TriageOptions]):
         self,
         memory: MemoryView,
         message: Message,
-        decision: TriageDecision,
         records: list[MemoryRecord],
         vectors: np.ndarray,
         result: Any,
     ) -> None:
-        await self.counters.update(memory, message, decision, records, vectors, result)
+        await self.counters.update(memory, message, list(zip(records, vectors, strict=True)), result)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from narrmem_plugins.triage.language import has_cjk
 from narrmem_plugins.triage.options import TriageOptions
-from narrmem_plugins.triage.scene import describe_time
+from narrmem_plugins.triage.scene import describe_time, scene_record
 from narrmem_plugins.triage.topics import shares_words, topic_words
 
 from narrmem.models import (
@@ -25,7 +25,6 @@ from narrmem.models import (
     PatternCount,
     SceneDraft,
     Scope,
-    TriageDecision,
     TriggerEvent,
 )
 from narrmem.text import keyword_terms
@@ -93,20 +92,16 @@ class Counters:
         self.options = options
 
     async def update(
-        self,
-        memory: MemoryView,
-        message: Message,
-        decision: TriageDecision,
-        records: list[MemoryRecord],
-        vectors: np.ndarray,
-        result: Any,
+        self, memory: MemoryView, message: Message, stored: list[tuple[MemoryRecord, np.ndarray]], result: Any
     ) -> None:
-        episode, episode_vector = records[0], vectors[0]
+        """After a message is stored (its records with their vectors, the episode first): count its
+        moods, topic, habit and values, and link its scenes."""
+        (episode, episode_vector), *others = stored
         user = Scope(tenant=message.tenant, user_id=message.user_id)
         await self._moods(memory, message, episode, user, result)
         members = await self._topic(memory, message, episode, episode_vector, user, result)
         self._habit(message, episode, members, result)
-        for record, vector in zip(records[1:], vectors[1:], strict=True):
+        for record, vector in others:
             if record.kind == "scene":
                 if record.meta.get("type") == "value":
                     await self._values(memory, message, record, vector, user, result)
@@ -169,24 +164,14 @@ class Counters:
             category="emotion_change",
             tags=["pattern", mood],
         )
-        scene = MemoryRecord(
-            kind="scene",
-            tenant=message.tenant,
-            user_id=message.user_id,
-            chat_id=message.chat_id,
-            speaker=message.speaker,
-            text=draft.render(),
+        scene = scene_record(
+            message,
+            draft,
             embed_text=f"{message.speaker or 'the user'} {core}",
             importance=0.6,
-            created_at=message.ts,
             stored_at=memory.clock.now(),
             message_ids=[mid for r in said for mid in r.message_ids],
-            meta={
-                "type": "pattern",
-                "category": "emotion_change",
-                "tags": draft.tags,
-                **draft.stored(),
-            },
+            meta={"type": "pattern"},
         )
         vectors = await memory.embedder.embed([scene.index_text])
         await memory.store.add([scene], vectors)

@@ -5,6 +5,7 @@ message's own structure (see ``phrase.py``), Vibe from the window's moods, Core 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from narrmem_plugins.triage.emotions import emotions_in
 from narrmem_plugins.triage.language import has_cjk
@@ -88,4 +89,32 @@ def compose(
         category=CATEGORY.get(scene_type, "general"),
         tags=[t for t in [scene_type, *moods, *words] if t],
         language=language,
+    )
+
+
+def scene_record(
+    message: Message,
+    draft: SceneDraft,
+    *,
+    embed_text: str,
+    importance: float,
+    stored_at: datetime,
+    message_ids: list[str],
+    meta: dict[str, Any],
+) -> MemoryRecord:
+    """The scene ``draft`` tells, as the speaker's memory in the message's chat. ``meta`` starts
+    with the scene's ``type``; the draft's fields follow it."""
+    return MemoryRecord(
+        kind="scene",
+        tenant=message.tenant,
+        user_id=message.user_id,
+        chat_id=message.chat_id,
+        speaker=message.speaker,
+        text=draft.render(),
+        embed_text=embed_text,
+        importance=importance,
+        created_at=message.ts,
+        stored_at=stored_at,
+        message_ids=message_ids,
+        meta={**meta, "category": draft.category, "tags": draft.tags, **draft.stored()},
     )
