@@ -285,6 +285,14 @@ def default_embedder(settings: Settings) -> Embedder:
     return embedder
 
 
+async def start_shared_embedder(base: Settings) -> tuple[Embedder, SharedEmbedderPlugin, Settings]:
+    """Load the model ``base`` names once: the loaded embedder (close it at the end), the plugin
+    that lends it to every ``Memory``, and the settings that select it."""
+    inner = default_embedder(base)
+    await inner.start()
+    return inner, SharedEmbedderPlugin(BorrowedEmbedder(inner)), with_shared_embedder(base)
+
+
 def with_shared_embedder(settings: Settings) -> Settings:
     """The same settings with ``embedder.backend`` pointing at the shared embedder."""
     embedder = settings.embedder.model_copy(update={"backend": SHARED_BACKEND})

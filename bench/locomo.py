@@ -85,15 +85,14 @@ import numpy as np
 from _common import (
     BorrowedEmbedder,
     SharedEmbedderPlugin,
-    default_embedder,
     machine_info,
     mean,
     now_iso,
     peak_rss_mib,
+    publish,
     render_table,
-    with_shared_embedder,
+    start_shared_embedder,
     with_threads,
-    write_json,
 )
 from tqdm import tqdm
 
@@ -588,11 +587,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         _pgserver.set_text_config(args.pg_text_config)
         base = await _pgserver.fresh_settings(base)
     start = time.perf_counter()
-    inner = default_embedder(base)
-    await inner.start()
+    inner, plugin, settings = await start_shared_embedder(base)
     model_load = time.perf_counter() - start
-    plugin = SharedEmbedderPlugin(BorrowedEmbedder(inner))
-    settings = with_shared_embedder(base)
 
     variants = VARIANTS if args.variants else ()
     state = RunState()
@@ -766,11 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.data = str(Path(args.data).resolve())
     report = asyncio.run(run(args))
-    print_report(report)
-    if args.out:
-        write_json(args.out, report)
-        print(f"wrote {args.out}")
-    return 0
+    return publish(report, args.out, print_report)
 
 
 if __name__ == "__main__":

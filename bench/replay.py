@@ -46,15 +46,13 @@ from typing import Any
 
 import numpy as np
 from _common import (
-    BorrowedEmbedder,
     SharedEmbedderPlugin,
-    default_embedder,
     machine_info,
     mean,
     now_iso,
     publish,
     render_table,
-    with_shared_embedder,
+    start_shared_embedder,
     with_threads,
 )
 from locomo import Conversation, DataNotes, Retrieved, load_conversations, score_question
@@ -239,10 +237,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     plugin_tables = {**base.plugin, "hippocampus": {**base.plugin.get("hippocampus", {}), "reinforce": True}}
     plugin_tables["hippocampus"]["interval_minutes"] = 0
     base = base.model_copy(update={"plugin": plugin_tables})
-    inner = default_embedder(base)
-    await inner.start()
-    shared = SharedEmbedderPlugin(BorrowedEmbedder(inner))
-    settings = with_shared_embedder(base)
+    inner, shared, settings = await start_shared_embedder(base)
     rows: dict[str, Any] = {}
     try:
         with tqdm(total=sum(len(c.turns) for c in conversations), file=sys.stderr, unit="turn") as bar:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
@@ -50,101 +51,10 @@ from narrmem_plugins.rtm.theory import expected_recall_lengths
 
 from narrmem.testing import open_memory
 
-TOPICS: dict[str, dict[str, list[str]]] = {
-    "court": {
-        "who": ["the old king", "the queen", "the chancellor", "the young prince", "the royal scribe"],
-        "did": [
-            "summoned the council",
-            "read the sealed letter",
-            "signed a new decree",
-            "counted the taxes",
-            "argued about the harvest",
-            "dismissed the envoy",
-        ],
-        "where": [
-            "in the throne room",
-            "in the council chamber",
-            "beside the great hearth",
-            "in the library",
-        ],
-    },
-    "journey": {
-        "who": ["the queen", "the shepherd girl", "the guide", "the two riders", "the tired horse"],
-        "did": [
-            "crossed the frozen river",
-            "climbed the narrow pass",
-            "lost the northern road",
-            "found shelter in a cave",
-            "shared the last bread",
-            "followed the old stars",
-        ],
-        "where": [
-            "under the grey mountains",
-            "on the icy ridge",
-            "near the high pass",
-            "through the pine forest",
-        ],
-    },
-    "dragon": {
-        "who": ["the dragon", "the great beast", "the winged shadow", "the sleeping serpent"],
-        "did": [
-            "woke beneath the ice",
-            "circled the tower",
-            "burned the southern fields",
-            "closed its golden eyes",
-            "roared over the valley",
-            "landed in the meadow",
-        ],
-        "where": [
-            "above the valley",
-            "over the burning fields",
-            "by the frozen lake",
-            "near the tallest tower",
-        ],
-    },
-    "village": {
-        "who": ["the farmers", "the blacksmith", "the miller's wife", "the children", "the village elder"],
-        "did": [
-            "stored grain in the cellars",
-            "forged spears all night",
-            "repaired the mill wheel",
-            "sang by the fire",
-            "carried water from the well",
-            "sold apples at the market",
-        ],
-        "where": ["in the market square", "behind the old mill", "at the village well", "near the bakery"],
-    },
-    "war": {
-        "who": ["the general", "the archers", "the clan warriors", "the scouts", "the captain of the guard"],
-        "did": [
-            "built a wooden wall",
-            "sharpened their arrows",
-            "watched the northern road",
-            "planned the defence",
-            "drilled in the yard",
-            "sent riders to the clans",
-        ],
-        "where": ["on the city walls", "at the eastern gate", "in the barracks", "along the river"],
-    },
-    "feast": {
-        "who": ["the cooks", "the musicians", "the guests", "the royal singer", "the happy crowd"],
-        "did": [
-            "roasted a whole ox",
-            "played until dawn",
-            "raised their cups",
-            "sang the ancient song",
-            "danced in the great hall",
-            "told old stories",
-        ],
-        "where": ["in the great hall", "under the lanterns", "in the palace garden", "by the long tables"],
-    },
-}
-PRONOUN = {
-    "the queen": "she",
-    "the shepherd girl": "she",
-    "the miller's wife": "she",
-    "the royal singer": "she",
-}
+_STORY = json.loads((Path(__file__).parent / "data" / "rtm_story.json").read_text(encoding="utf-8"))
+# Who did what where, by topic: the story's sentences are drawn from these.
+TOPICS: dict[str, dict[str, list[str]]] = _STORY["topics"]
+PRONOUN: dict[str, str] = _STORY["pronoun"]
 
 
 def _sentence(rng: random.Random, topic: dict[str, list[str]]) -> tuple[str, int]:

@@ -45,34 +45,15 @@ def test_import_then_recall(
     data = str(tmp_path / "data")
     users = tmp_path / "users.json"
     users.write_text(json.dumps({"user1003": "carla"}))
-    first = narrmem(
-        "import-chat",
-        str(EXPORTS / export),
-        "--format",
-        fmt,
-        "--user-map",
-        str(users),
-        "--json",
-        "--data",
-        data,
-    )
+    mapped_import = ("import-chat", str(EXPORTS / export), "--format", fmt, "--user-map", str(users))
+    first = narrmem(*mapped_import, "--json", "--data", data)
     assert first.returncode == 0, first.stderr
     counts = json.loads(first.stdout)
     assert counts["stored"] > 0 and counts["skipped_service"] >= 1
     # The summary names the scopes it used, so the recall below is typed from it.
     assert counts["tenants"] == [tenant] and user in counts["user_ids"]
     assert counts["skipped_bots"] == (2 if fmt == "discord" else 0)
-    again = narrmem(
-        "import-chat",
-        str(EXPORTS / export),
-        "--format",
-        fmt,
-        "--user-map",
-        str(users),
-        "--json",
-        "--data",
-        data,
-    )
+    again = narrmem(*mapped_import, "--json", "--data", data)
     assert json.loads(again.stdout)["stored"] == 0
     text = narrmem("import-chat", str(EXPORTS / export), "--format", fmt, "--keep-bots", "--data", data)
     assert text.returncode == 0, text.stderr

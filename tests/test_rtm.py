@@ -365,31 +365,19 @@ def test_find_optimal_depth_prefers_the_shallower_tie_and_stays_in_range() -> No
 
 
 async def test_ensemble_tool(mem: Memory) -> None:
-    out = await mem.call_tool(
-        ENSEMBLE,
-        {
-            "text": lines(100),
-            "title": "numbers",
-            "ensembleSize": 400,
-            "maxBranchingFactor": 4,
-            "maxRecallDepth": 4,
-            "seed": 3,
-        },
-    )
+    numbers = {
+        "text": lines(100),
+        "title": "numbers",
+        "ensembleSize": 400,
+        "maxBranchingFactor": 4,
+        "maxRecallDepth": 4,
+        "seed": 3,
+    }
+    out = await mem.call_tool(ENSEMBLE, numbers)
     assert out["leafCount"] == 100 and [d["depth"] for d in out["depths"]] == [1, 2, 3, 4]
     assert out["depths"][3]["theoryRecallLength"] == pytest.approx(29.98, abs=0.01)
     assert out["maxAbsZScore"] < 3
-    again = await mem.call_tool(
-        ENSEMBLE,
-        {
-            "text": lines(100),
-            "title": "numbers",
-            "ensembleSize": 400,
-            "maxBranchingFactor": 4,
-            "maxRecallDepth": 4,
-            "seed": 3,
-        },
-    )
+    again = await mem.call_tool(ENSEMBLE, dict(numbers))
     assert again == out
     story = await mem.call_tool(ENSEMBLE, {"text": STORY, "title": TITLE, "ensembleSize": 200})
     assert story["seed"] == 0 and story["maxBranchingFactor"] == 4
