@@ -22,8 +22,8 @@ import re
 
 import numpy as np
 from narrmem_plugins.graph import GraphPlugin
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges
-from narrmem_plugins.graph.schema import fetchall
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import FUNCTIONAL
 from pydantic import BaseModel, ConfigDict, Field
@@ -83,10 +83,11 @@ class RecallFacts(Configured[FactsOptions]):
         if not relations:
             return []
         try:
-            db = memory.host.plugin(GraphPlugin).backend().db
+            graph = memory.host.plugin(GraphPlugin).backend()
         except PluginError:
             return []
-        edges = await _active_facts(db, request.scope, relations, self.options.facts)
+        async with graph.read() as db:
+            edges = await _active_facts(db, request.scope, relations, self.options.facts)
         ids = await _memories_of(memory, request.scope, edges)
         now = [mid for edge in edges if edge.relation in FUNCTIONAL for mid in ids.get(edge.id, [])]
         rest = [mid for edge in edges if edge.relation not in FUNCTIONAL for mid in ids.get(edge.id, [])]
@@ -100,13 +101,12 @@ class RecallFacts(Configured[FactsOptions]):
         ]
 
 
-async def _active_facts(db: object, scope: Scope, relations: list[str], limit: int) -> list[Edge]:
+async def _active_facts(db: GraphSQL, scope: Scope, relations: list[str], limit: int) -> list[Edge]:
     """The active facts of these relations in the scope, newest statement first."""
     if scope.user_id is not None:
         users = [scope.user_id]
     else:
-        rows = await fetchall(
-            db,
+        rows = await db.fetchall(
             "SELECT DISTINCT user_id FROM graph_edges WHERE tenant = ? AND chat_id = ? AND status = 'active'",
             (scope.tenant, scope.chat_id),
         )

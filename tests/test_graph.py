@@ -981,7 +981,7 @@ async def test_the_graph_survives_reopening(tmp_path: Path) -> None:
 
 
 def test_tools_need_an_open_graph() -> None:
-    with pytest.raises(PluginError, match="SQLite store"):
+    with pytest.raises(PluginError, match="not started"):
         GraphPlugin().backend()
 
 

@@ -2,7 +2,7 @@
 a working memory chain of tasks per chat, a persona, and the per-turn flow.
 
 * :mod:`.vocabulary`: node and edge types, relation names, contradicting relations.
-* :mod:`.schema`, :mod:`.backend`: the plugin's tables in narrmem's SQLite database.
+* :mod:`.schema`, :mod:`.backend`: the plugin's tables in the store's database (SQLite or PostgreSQL).
 * :mod:`.nodes`, :mod:`.edges`, :mod:`.writer`, :mod:`.history`: storage; every write goes through
   :func:`.writer.write_triplet` (no duplicates, contradictions supersede).
 * :mod:`.extract`, :mod:`.facts`: facts from messages without an LLM (or from ``narrmem_extract_facts``).
@@ -24,7 +24,6 @@ import numpy as np
 from narrmem_plugins.graph import auto_tasks, facts, forget, turn
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.options import GraphOptions
-from narrmem_plugins.graph.schema import fetchall
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tools import TOOLS
 from narrmem_plugins.graph.transfer import GraphTransfer
@@ -34,7 +33,7 @@ from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
 from narrmem.errors import PluginError
 from narrmem.models import IngestResult, Message, TriageDecision
-from narrmem.store import SQLiteCapable
+from narrmem.store import SQLCapable
 from narrmem.tools import ToolTable
 from narrmem.view import MemoryView
 
@@ -66,7 +65,9 @@ class GraphPlugin(GraphTransfer, ToolTable):
 
     def backend(self) -> GraphBackend:
         if self._graph is None:
-            raise PluginError("the graph plugin needs narrmem's SQLite store (storage.backend = 'sqlite')")
+            raise PluginError(
+                "the graph plugin is not started, or its store has no SQL tables to hold the graph"
+            )
         return self._graph
 
     @hookimpl
@@ -76,8 +77,8 @@ class GraphPlugin(GraphTransfer, ToolTable):
     @hookimpl
     async def narrmem_startup(self, memory: MemoryView) -> None:
         store = memory.store
-        if not isinstance(store, SQLiteCapable):
-            log.warning("graph plugin idle: store %s has no SQLite transaction()", type(store).__name__)
+        if not isinstance(store, SQLCapable):
+            log.warning("graph plugin idle: store %s lends no SQL tables (sql())", type(store).__name__)
             return
         graph = GraphBackend(store, memory.clock)
         await graph.setup()
@@ -136,10 +137,10 @@ class GraphPlugin(GraphTransfer, ToolTable):
     async def narrmem_stats(self) -> dict[str, Any] | None:
         if self._graph is None:
             return None
-        db = self._graph.db
-        [(nodes,)] = await fetchall(db, "SELECT COUNT(*) FROM graph_nodes")
-        by_status = dict(await fetchall(db, "SELECT status, COUNT(*) FROM graph_edges GROUP BY status"))
-        [(purges,)] = await fetchall(db, "SELECT COUNT(*) FROM graph_purges")
+        async with self._graph.read() as db:
+            [(nodes,)] = await db.fetchall("SELECT COUNT(*) FROM graph_nodes")
+            by_status = dict(await db.fetchall("SELECT status, COUNT(*) FROM graph_edges GROUP BY status"))
+            [(purges,)] = await db.fetchall("SELECT COUNT(*) FROM graph_purges")
         return {
             "graph": {
                 "nodes": int(nodes),

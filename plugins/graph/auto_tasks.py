@@ -56,7 +56,9 @@ async def follow_topic(
     chat = GraphScope(message.tenant, message.user_id, message.chat_id)
     v = _unit(np.asarray(vector, dtype=np.float32))
     # Embed outside the write transaction: it would hold every other writer up meanwhile.
-    topics = await _topics(memory, await load_tasks(graph.db, chat))
+    async with graph.read() as db:
+        known = await load_tasks(db, chat)
+    topics = await _topics(memory, known)
     at, provenance = message.ts, [message.message_id]
     async with graph.transaction() as db:
         tasks = await load_tasks(db, chat)

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.nodes import Node
-from narrmem_plugins.graph.schema import chunks, fetchall, from_row, marks
+from narrmem_plugins.graph.schema import chunks, from_row, marks, name_marks
 from narrmem_plugins.graph.scope import GraphScope
 
 MAX_PROVENANCE = 20  # message ids kept per triplet: the first ones and the latest
@@ -30,7 +31,7 @@ _SELECT = (
 )
 
 
-# How the columns of ``_SELECT`` that SQLite does not hand back as the field's type are read
+# How the columns of ``_SELECT`` the database does not hand back as the field's type are read
 # (the others are taken as they come).
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "id": int,
@@ -97,9 +98,13 @@ class EdgeQuery:
     def names_in(self, column: str, names: Sequence[str | int]) -> EdgeQuery:
         return self.where(f"{column} IN ({marks(names)})", *names)
 
+    def node_names_in(self, column: str, names: Sequence[str]) -> EdgeQuery:
+        """``column`` (a node's name) is one of ``names``, compared as names compare."""
+        return self.where(f"nocase({column}) IN ({name_marks(names)})", *names)
+
 
 async def select_edges(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     query: EdgeQuery | None = None,
     *,
@@ -113,23 +118,27 @@ async def select_edges(
     if limit is not None:
         sql += " LIMIT ?"
         values.append(limit)
-    return [from_row(Edge, r, _CONVERT) for r in await fetchall(db, sql, values)]
+    return [from_row(Edge, r, _CONVERT) for r in await db.fetchall(sql, values)]
 
 
 async def touching(
-    db: Any, scope: GraphScope, names: Sequence[str], query: EdgeQuery, limit: int
+    db: GraphSQL, scope: GraphScope, names: Sequence[str], query: EdgeQuery, limit: int
 ) -> list[Edge]:
     """Edges matching ``query`` whose subject or object is one of ``names``, newest first."""
     found: dict[int, Edge] = {}
     for part in chunks(list(names)):
         q = EdgeQuery(list(query.conditions), list(query.params))
-        q.where(f"s.name IN ({marks(part)}) OR o.name IN ({marks(part)})", *part, *part)
+        q.where(
+            f"nocase(s.name) IN ({name_marks(part)}) OR nocase(o.name) IN ({name_marks(part)})", *part, *part
+        )
         for edge in await select_edges(db, scope, q, limit=limit):
             found[edge.id] = edge
     return sorted(found.values(), key=lambda e: (-e.last_seen_ts, -e.id))[:limit]
 
 
-async def active_between(db: Any, scope: GraphScope, subject: Node, relation: str, obj: Node) -> Edge | None:
+async def active_between(
+    db: GraphSQL, scope: GraphScope, subject: Node, relation: str, obj: Node
+) -> Edge | None:
     q = EdgeQuery().where("e.status = 'active'").where("e.subject_id = ?", subject.id)
     q.where("e.relation = ?", relation).where("e.object_id = ?", obj.id)
     found = await select_edges(db, scope.writing(), q, limit=1)
@@ -137,7 +146,7 @@ async def active_between(db: Any, scope: GraphScope, subject: Node, relation: st
 
 
 async def insert_edge(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     subject: Node,
     relation: str,
@@ -150,10 +159,10 @@ async def insert_edge(
     at: datetime,
     status: str = "active",
 ) -> int:
-    cursor = await db.execute(
+    return await db.insert(
         "INSERT INTO graph_edges (tenant, user_id, chat_id, subject_id, relation, object_id, confidence, "
         "speculative, status, source, provenance, valid_from, valid_from_ts, last_seen, last_seen_ts) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (
             scope.tenant,
             scope.user_id,
@@ -172,21 +181,23 @@ async def insert_edge(
             at.timestamp(),
         ),
     )
-    return int(cursor.lastrowid or 0)
 
 
 async def confirm_edge(
-    db: Any, edge: Edge, *, confidence: float, speculative: bool, provenance: Sequence[str], at: datetime
+    db: GraphSQL, edge: Edge, *, confidence: float, speculative: bool, provenance: Sequence[str], at: datetime
 ) -> None:
     """Stating a triplet again: one more count, seen now; said plainly it stops being speculation."""
+    # ``edge`` was read in this transaction, and graph writes take turns: its values are current.
     merged = _merge_provenance(edge.provenance, provenance)
     seen = max(edge.last_seen_ts, at.timestamp())
+    edge.confidence = max(edge.confidence, confidence)
+    edge.speculative = edge.speculative and speculative
     await db.execute(
-        "UPDATE graph_edges SET count = count + 1, confidence = MAX(confidence, ?), "
-        "speculative = MIN(speculative, ?), provenance = ?, last_seen = ?, last_seen_ts = ? WHERE id = ?",
+        "UPDATE graph_edges SET count = count + 1, confidence = ?, speculative = ?, provenance = ?, "
+        "last_seen = ?, last_seen_ts = ? WHERE id = ?",
         (
-            confidence,
-            int(speculative),
+            edge.confidence,
+            int(edge.speculative),
             json.dumps(merged, ensure_ascii=False),
             at.isoformat() if seen == at.timestamp() else edge.last_seen,
             seen,
@@ -194,15 +205,13 @@ async def confirm_edge(
         ),
     )
     edge.count += 1
-    edge.confidence = max(edge.confidence, confidence)
-    edge.speculative = edge.speculative and speculative
     edge.provenance = merged
     if seen == at.timestamp():
         edge.last_seen, edge.last_seen_ts = at.isoformat(), seen
 
 
 async def close_edges(
-    db: Any, ids: Sequence[int], status: str, at: datetime, superseded_by: int | None = None
+    db: GraphSQL, ids: Sequence[int], status: str, at: datetime, superseded_by: int | None = None
 ) -> None:
     """Mark active edges deleted or superseded as of ``at`` (they stay, with their history)."""
     for part in chunks(list(ids)):
@@ -213,18 +222,17 @@ async def close_edges(
         )
 
 
-async def set_superseded_by(db: Any, ids: Sequence[int], new_id: int) -> None:
+async def set_superseded_by(db: GraphSQL, ids: Sequence[int], new_id: int) -> None:
     for part in chunks(list(ids)):
         await db.execute(
             f"UPDATE graph_edges SET superseded_by = ? WHERE id IN ({marks(part)})", (new_id, *part)
         )
 
 
-async def delete_edges(db: Any, ids: Sequence[int]) -> int:
+async def delete_edges(db: GraphSQL, ids: Sequence[int]) -> int:
     deleted = 0
     for part in chunks(list(ids)):
-        cursor = await db.execute(f"DELETE FROM graph_edges WHERE id IN ({marks(part)})", tuple(part))
-        deleted += max(0, cursor.rowcount)
+        deleted += await db.execute(f"DELETE FROM graph_edges WHERE id IN ({marks(part)})", tuple(part))
     return deleted
 
 

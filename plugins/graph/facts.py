@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.extract import extract
 from narrmem_plugins.graph.render import triplet_line
 from narrmem_plugins.graph.schemas import NodeName, RelationName
@@ -90,7 +90,7 @@ async def drafts_for(
 
 async def store_facts(
     memory: MemoryView,
-    transaction: Callable[[], AbstractAsyncContextManager[Any]],
+    transaction: Callable[[], AbstractAsyncContextManager[GraphSQL]],
     message: Message,
     drafts: list[TripletDraft],
     functional: Collection[str] = FUNCTIONAL,

@@ -5,16 +5,16 @@ supports any more goes, with the nodes nothing links to then)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from narrmem_plugins.graph.schema import chunks, fetchall, marks
+from narrmem_plugins.graph.backend import GraphSQL
+from narrmem_plugins.graph.schema import chunks, marks
 
 GRAPH_TABLES = ("graph_edges", "graph_nodes", "graph_purges")
 # Nodes the task chain and persona keep on purpose, whether or not an edge links them.
 KEPT_WHEN_UNLINKED = ("PersonaNode", "TaskNode", "StateNode")
 
 
-async def forget_scope(db: Any, tenant: str, user_id: str | None, chat_id: str | None) -> None:
+async def forget_scope(db: GraphSQL, tenant: str, user_id: str | None, chat_id: str | None) -> None:
     clauses, params = ["tenant = ?"], [tenant]
     for column, value in (("user_id", user_id), ("chat_id", chat_id)):
         if value is not None:
@@ -32,10 +32,9 @@ async def forget_scope(db: Any, tenant: str, user_id: str | None, chat_id: str |
         )
 
 
-async def forget_messages(db: Any, tenant: str, chat_id: str, messages: list[str]) -> None:
+async def forget_messages(db: GraphSQL, tenant: str, chat_id: str, messages: list[str]) -> None:
     gone = set(messages)
-    rows = await fetchall(
-        db,
+    rows = await db.fetchall(
         "SELECT id, provenance, source, user_id FROM graph_edges WHERE tenant = ? AND chat_id = ?",
         (tenant, chat_id),
     )

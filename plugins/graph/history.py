@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import Edge
 from narrmem_plugins.graph.scope import GraphScope
 
 
 async def record(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     *,
     mode: str,
@@ -37,9 +38,9 @@ async def record(
             }
             for e in edges
         ]
-    cursor = await db.execute(
+    return await db.insert(
         "INSERT INTO graph_purges (tenant, user_id, chat_id, mode, actor, filters, edges, new_edge_id, at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (
             scope.tenant,
             scope.user_id,
@@ -52,4 +53,3 @@ async def record(
             at.isoformat(),
         ),
     )
-    return int(cursor.lastrowid or 0)

@@ -10,14 +10,15 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from narrmem_plugins.graph.schema import fetchall, from_row
+from narrmem_plugins.graph.backend import GraphSQL
+from narrmem_plugins.graph.schema import from_row
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import DEFAULT_NODE_TYPE, label
 
 from narrmem.errors import InputError
 
 NODE_COLUMNS = "id, chat_id, name, type, props, created_at, vector, vector_text, topic_vector"
-# How the columns that SQLite does not hand back as the field's type are read.
+# How the columns the database does not hand back as the field's type are read.
 _CONVERT: dict[str, Callable[[Any], Any]] = {"id": int, "props": lambda text: dict(json.loads(text or "{}"))}
 
 
@@ -37,19 +38,18 @@ class Node:
         return None if self.topic_vector is None else np.frombuffer(self.topic_vector, dtype=np.float32)
 
 
-async def find_node(db: Any, scope: GraphScope, name: str) -> Node | None:
+async def find_node(db: GraphSQL, scope: GraphScope, name: str) -> Node | None:
     """The node called ``name`` in the write chat of ``scope`` (names compare case-insensitively)."""
-    rows = await fetchall(
-        db,
+    row = await db.fetchone(
         f"SELECT {NODE_COLUMNS} FROM graph_nodes "
-        "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND name = ?",
+        "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND nocase(name) = nocase(?)",
         (scope.tenant, scope.user_id, scope.write_chat, name),
     )
-    return from_row(Node, rows[0], _CONVERT) if rows else None
+    return from_row(Node, row, _CONVERT) if row else None
 
 
 async def ensure_node(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     name: str,
     node_type: str | None,
@@ -72,9 +72,9 @@ async def ensure_node(
         await db.execute("UPDATE graph_nodes SET type = ? WHERE id = ?", (node_type, found.id))
         found.type = node_type
         return found
-    cursor = await db.execute(
+    node_id = await db.insert(
         "INSERT INTO graph_nodes (tenant, user_id, chat_id, name, type, props, created_at, created_ts) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (
             scope.tenant,
             scope.user_id,
@@ -87,7 +87,7 @@ async def ensure_node(
         ),
     )
     return Node(
-        id=int(cursor.lastrowid or 0),
+        id=node_id,
         chat_id=scope.write_chat,
         name=name,
         type=node_type or DEFAULT_NODE_TYPE,
@@ -96,7 +96,7 @@ async def ensure_node(
     )
 
 
-async def set_props(db: Any, node: Node, props: dict[str, Any]) -> None:
+async def set_props(db: GraphSQL, node: Node, props: dict[str, Any]) -> None:
     # The cached embedding is of the label, so it goes only when the label changes.
     stale = label(node.name, props) != label(node.name, node.props)
     await db.execute(
@@ -109,29 +109,28 @@ async def set_props(db: Any, node: Node, props: dict[str, Any]) -> None:
     node.props = props
 
 
-async def set_topic(db: Any, node_id: int, vector: np.ndarray) -> None:
+async def set_topic(db: GraphSQL, node_id: int, vector: np.ndarray) -> None:
     await db.execute(
         "UPDATE graph_nodes SET topic_vector = ? WHERE id = ?",
         (np.asarray(vector, dtype=np.float32).tobytes(), node_id),
     )
 
 
-async def nodes_in_scope(db: Any, scope: GraphScope, *, node_type: str | None = None) -> list[Node]:
+async def nodes_in_scope(db: GraphSQL, scope: GraphScope, *, node_type: str | None = None) -> list[Node]:
     where, params = scope.clause()
     sql = f"SELECT {NODE_COLUMNS} FROM graph_nodes WHERE {where}"
     if node_type is not None:
         sql += " AND type = ?"
         params = (*params, node_type)
-    rows = await fetchall(db, sql + " ORDER BY created_ts, id", params)
+    rows = await db.fetchall(sql + " ORDER BY created_ts, id", params)
     return [from_row(Node, r, _CONVERT) for r in rows]
 
 
-async def delete_orphans(db: Any, scope: GraphScope) -> int:
+async def delete_orphans(db: GraphSQL, scope: GraphScope) -> int:
     """Delete nodes of ``scope`` that no edge touches any more (after a hard purge)."""
     where, params = scope.clause()
-    cursor = await db.execute(
+    return await db.execute(
         f"DELETE FROM graph_nodes WHERE {where} AND NOT EXISTS (SELECT 1 FROM graph_edges e "
         "WHERE e.subject_id = graph_nodes.id OR e.object_id = graph_nodes.id)",
         params,
     )
-    return max(0, int(cursor.rowcount))

@@ -18,9 +18,9 @@ from datetime import datetime
 from typing import Any
 
 from narrmem_plugins.graph import history
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import EdgeQuery, close_edges, select_edges
 from narrmem_plugins.graph.nodes import ensure_node, find_node
-from narrmem_plugins.graph.schema import fetchall
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import AI, DIRECT_CHAT, HAS_PERSONA, HAS_TONE, HAS_TRAIT, PERSONA_PREFIX
 from narrmem_plugins.graph.writer import TripletDraft, write_triplet
@@ -41,9 +41,14 @@ class PersonaView:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "node_id"}
 
 
-async def current_persona(db: Any, chat: GraphScope) -> PersonaView | None:
+async def current_persona(db: GraphSQL, chat: GraphScope) -> PersonaView | None:
     """The active persona of exactly this chat (``chat.write_chat``)."""
-    q = EdgeQuery().where("e.status = 'active'").where("e.relation = ?", HAS_PERSONA).where("s.name = ?", AI)
+    q = (
+        EdgeQuery()
+        .where("e.status = 'active'")
+        .where("e.relation = ?", HAS_PERSONA)
+        .where("nocase(s.name) = nocase(?)", AI)
+    )
     edges = await select_edges(db, chat.writing(), q, order="e.valid_from_ts DESC, e.id DESC", limit=1)
     if not edges:
         return None
@@ -63,7 +68,7 @@ async def current_persona(db: Any, chat: GraphScope) -> PersonaView | None:
     )
 
 
-async def persona_for(db: Any, scope: GraphScope) -> PersonaView | None:
+async def persona_for(db: GraphSQL, scope: GraphScope) -> PersonaView | None:
     """The chat's own persona, else the user's default (set without a chat)."""
     found = await current_persona(db, scope.writing())
     if found is None and scope.write_chat != DIRECT_CHAT:
@@ -72,7 +77,7 @@ async def persona_for(db: Any, scope: GraphScope) -> PersonaView | None:
 
 
 async def set_persona(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     description: str,
     traits: Sequence[str],
@@ -83,8 +88,8 @@ async def set_persona(
     chat = scope.writing()
     old = await current_persona(db, chat)
     where, params = chat.clause()
-    [(count,)] = await fetchall(
-        db, f"SELECT COUNT(*) FROM graph_nodes WHERE {where} AND type = 'PersonaNode'", params
+    [(count,)] = await db.fetchall(
+        f"SELECT COUNT(*) FROM graph_nodes WHERE {where} AND type = 'PersonaNode'", params
     )
     version = int(count) + 1
     while await find_node(db, chat, f"{PERSONA_PREFIX}{version}") is not None:

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from narrmem_plugins.graph import history
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import (
     Edge,
     EdgeQuery,
@@ -57,7 +58,7 @@ def filter_query(scope: GraphScope, filters: dict[str, Any], mode: str) -> EdgeQ
         q.where("e.status = 'active'")
     for key, column in (("subject", "s.name"), ("object", "o.name")):
         if key in filters:
-            q.where(f"{column} = ?", canonical_name(filters[key], scope.user_id))
+            q.where(f"nocase({column}) = nocase(?)", canonical_name(filters[key], scope.user_id))
     if "relation" in filters:
         q.where("e.relation = ?", filters["relation"])
     for key, column in (
@@ -73,7 +74,7 @@ def filter_query(scope: GraphScope, filters: dict[str, Any], mode: str) -> EdgeQ
 
 
 async def purge(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     filters: dict[str, Any],
     *,
@@ -151,7 +152,7 @@ async def purge(
 
 
 async def _with_whole_tasks(
-    db: Any, scope: GraphScope, matched: list[Edge], task_ids: list[int], mode: str, limit: int
+    db: GraphSQL, scope: GraphScope, matched: list[Edge], task_ids: list[int], mode: str, limit: int
 ) -> list[Edge]:
     """``matched`` plus every other triplet of these tasks (state, info, chain links): in any status
     for a hard purge, else the active ones."""
@@ -165,7 +166,9 @@ async def _with_whole_tasks(
     return sorted([*matched, *(e for e in extra if e.id not in seen)], key=lambda e: e.id)
 
 
-async def _relink(db: Any, scope: GraphScope, links: list[Edge], removed: set[int], at: datetime) -> None:
+async def _relink(
+    db: GraphSQL, scope: GraphScope, links: list[Edge], removed: set[int], at: datetime
+) -> None:
     """Join the chain around tasks purged whole: A → B → C without B becomes A → C."""
     into = {e.object_id: e for e in links if e.object_id in removed}
     out_of = {e.subject_id: e for e in links if e.subject_id in removed}

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import numpy as np
+from narrmem_plugins.graph.backend import GraphBackend, GraphSQL
 from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges, touching
 from narrmem_plugins.graph.nodes import Node, nodes_in_scope
 from narrmem_plugins.graph.scope import GraphScope
@@ -101,7 +101,7 @@ def type_of_keyword(keyword: str) -> str | None:
 
 async def seeds(
     memory: MemoryView,
-    transaction: Callable[[], AbstractAsyncContextManager[Any]],
+    transaction: Callable[[], AbstractAsyncContextManager[GraphSQL]],
     nodes: Sequence[Node],
     params: RecallParams,
 ) -> list[Node]:
@@ -123,24 +123,43 @@ async def seeds(
 
 
 async def recall_graph(
-    memory: MemoryView,
-    db: Any,
-    transaction: Callable[[], AbstractAsyncContextManager[Any]],
-    scope: GraphScope,
-    params: RecallParams,
+    memory: MemoryView, graph: GraphBackend, scope: GraphScope, params: RecallParams
 ) -> GraphView:
-    nodes = await nodes_in_scope(db, scope)
+    async with graph.read() as db:
+        nodes = await nodes_in_scope(db, scope)
     view = GraphView(keywords=params.keywords)
     by_name: dict[str, Node] = {}
     for node in nodes:
         by_name.setdefault(node.name.lower(), node)
-    found = await seeds(memory, transaction, nodes, params)
+    # Outside a read: caching new label vectors takes a write transaction of its own.
+    found = await seeds(memory, graph.transaction, nodes, params)
     for node in found:
         key = node.name.lower()
         if key not in view.distance:
             view.seeds.append(node.name)
             view.distance[key] = 0
             view.nodes[key] = node
+    async with graph.read() as db:
+        await _walk(db, scope, found, by_name, params, view)
+        await _past_values(db, scope, [n.name for n in found], params, view)
+    # A node no visible triplet touches (all of its triplets purged, or outside the time range) says
+    # nothing, and showing it would leak what was purged.
+    shown = {name.lower() for e in [*view.edges, *view.past] for name in (e.subject, e.object)}
+    view.seeds = [s for s in view.seeds if s.lower() in shown]
+    view.nodes = {k: v for k, v in view.nodes.items() if k in shown}
+    view.distance = {k: v for k, v in view.distance.items() if k in shown}
+    return view
+
+
+async def _walk(
+    db: GraphSQL,
+    scope: GraphScope,
+    found: Sequence[Node],
+    by_name: dict[str, Node],
+    params: RecallParams,
+    view: GraphView,
+) -> None:
+    """Follow active edges from the seeds, ``params.depth`` hops, into ``view``."""
     frontier = [n.name for n in found if n.type != "StateNode"]
     seen_edges: set[int] = set()
     query = edge_filter(params)
@@ -169,18 +188,10 @@ async def recall_graph(
         if view.truncated:
             break
         frontier = next_frontier
-    await _past_values(db, scope, [n.name for n in found], params, view)
-    # A node no visible triplet touches (all of its triplets purged, or outside the time range) says
-    # nothing, and showing it would leak what was purged.
-    shown = {name.lower() for e in [*view.edges, *view.past] for name in (e.subject, e.object)}
-    view.seeds = [s for s in view.seeds if s.lower() in shown]
-    view.nodes = {k: v for k, v in view.nodes.items() if k in shown}
-    view.distance = {k: v for k, v in view.distance.items() if k in shown}
-    return view
 
 
 async def _past_values(
-    db: Any, scope: GraphScope, names: Sequence[str], params: RecallParams, view: GraphView
+    db: GraphSQL, scope: GraphScope, names: Sequence[str], params: RecallParams, view: GraphView
 ) -> None:
     """Earlier values of functional relations touching the seeds ("Berlin" after a move to Paris),
     each with what holds now, so that recall of an old value says it is past."""

@@ -1,17 +1,24 @@
-"""The graph's tables, in narrmem's SQLite database beside the memories.
+"""The graph's tables, in the store's database beside the memories (SQLite or PostgreSQL).
 
 * ``graph_nodes``: one row per node name in a (tenant, user, chat); names compare case-insensitively
-  (ASCII), so "Rock" and "rock" are one node. ``type`` is checked by SQLite itself. ``vector`` caches the
-  embedding of the node's label (``vector_text`` says of which text, so an edited label is re-embedded);
-  ``topic_vector`` is the running topic of an automatic task.
-* ``graph_edges``: the triplets, with scope, provenance, confidence, the speculative flag, status,
-  validity interval, ``superseded_by``, and how often and when last the triplet was stated. At most one
-  *active* row per (scope, subject, relation, object): stating it again confirms it.
+  (ASCII letters, as SQLite's ``NOCASE``), so "Rock" and "rock" are one node. ``type`` is checked by
+  the database itself. ``vector`` caches the embedding of the node's label (``vector_text`` says of
+  which text, so an edited label is re-embedded); ``topic_vector`` is the running topic of an
+  automatic task.
+* ``graph_edges``: the triplets, with scope, provenance, confidence, the speculative flag (0 or 1),
+  status, validity interval, ``superseded_by``, and how often and when last the triplet was stated. At
+  most one *active* row per (scope, subject, relation, object): stating it again confirms it.
 * ``graph_purges``: every purge and supersession, who asked, with which filters, and what it touched.
+
+Both backends hold the same columns in the same order. What SQLite says in the table itself,
+PostgreSQL says otherwise (:data:`DIALECT`): the names' uniqueness is an index on the folded name,
+and references to rows are checked when the transaction commits, so an import may write an edge
+before the edge that superseded it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,21 +32,20 @@ D = TypeVar("D", bound="DataclassInstance")
 
 _TYPES = ", ".join(f"'{t}'" for t in NODE_TYPES)
 
-SCHEMA = [
-    f"""CREATE TABLE IF NOT EXISTS graph_nodes (
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS graph_nodes (
         id INTEGER PRIMARY KEY,
         tenant TEXT NOT NULL,
         user_id TEXT NOT NULL,
         chat_id TEXT NOT NULL,
-        name TEXT NOT NULL COLLATE NOCASE,
-        type TEXT NOT NULL CHECK (type IN ({_TYPES})),
+        name TEXT NOT NULL{nocase},
+        type TEXT NOT NULL CHECK (type IN ({types})),
         props TEXT NOT NULL DEFAULT '{{}}',
         created_at TEXT NOT NULL,
         created_ts REAL NOT NULL,
         vector BLOB,
         vector_text TEXT,
-        topic_vector BLOB,
-        UNIQUE (tenant, user_id, chat_id, name)
+        topic_vector BLOB{unique_name}
     )""",
     "CREATE INDEX IF NOT EXISTS graph_nodes_by_type "
     "ON graph_nodes (tenant, user_id, chat_id, type, created_ts)",
@@ -48,9 +54,9 @@ SCHEMA = [
         tenant TEXT NOT NULL,
         user_id TEXT NOT NULL,
         chat_id TEXT NOT NULL,
-        subject_id INTEGER NOT NULL REFERENCES graph_nodes (id) ON DELETE CASCADE,
+        subject_id INTEGER NOT NULL REFERENCES graph_nodes (id) ON DELETE CASCADE{checked},
         relation TEXT NOT NULL,
-        object_id INTEGER NOT NULL REFERENCES graph_nodes (id) ON DELETE CASCADE,
+        object_id INTEGER NOT NULL REFERENCES graph_nodes (id) ON DELETE CASCADE{checked},
         confidence REAL NOT NULL CHECK (confidence >= 0 AND confidence <= 1),
         speculative INTEGER NOT NULL CHECK (speculative IN (0, 1)),
         status TEXT NOT NULL CHECK (status IN ('active', 'deleted', 'superseded')),
@@ -60,7 +66,7 @@ SCHEMA = [
         valid_from_ts REAL NOT NULL,
         valid_to TEXT,
         valid_to_ts REAL,
-        superseded_by INTEGER REFERENCES graph_edges (id) ON DELETE SET NULL,
+        superseded_by INTEGER REFERENCES graph_edges (id) ON DELETE SET NULL{checked},
         count INTEGER NOT NULL DEFAULT 1 CHECK (count >= 1),
         last_seen TEXT NOT NULL,
         last_seen_ts REAL NOT NULL
@@ -84,17 +90,44 @@ SCHEMA = [
     )""",
     "CREATE INDEX IF NOT EXISTS graph_purges_by_scope ON graph_purges (tenant, user_id, chat_id, at)",
 ]
+# What each backend puts in the statements above, and the statements it adds.
+DIALECT: dict[str, tuple[dict[str, str], list[str]]] = {
+    "sqlite": (
+        {
+            "nocase": " COLLATE NOCASE",
+            "unique_name": ",\n        UNIQUE (tenant, user_id, chat_id, name)",
+            "checked": "",
+        },
+        [],
+    ),
+    "postgres": (
+        {"nocase": "", "unique_name": "", "checked": " DEFERRABLE INITIALLY DEFERRED"},
+        [
+            "CREATE UNIQUE INDEX IF NOT EXISTS graph_nodes_one_name "
+            "ON graph_nodes (tenant, user_id, chat_id, nocase(name))"
+        ],
+    ),
+}
+TABLES = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", "\n".join(_SCHEMA))  # in creation order
+
+
+def schema_for(dialect: str) -> list[str]:
+    """The statements that set the graph's tables up on ``dialect`` (in the graph's SQL, see
+    :func:`narrmem_plugins.graph.backend.dialect_sql`)."""
+    parts, extra = DIALECT.get(dialect, DIALECT["postgres"])
+    return [statement.format(types=_TYPES, **parts) for statement in _SCHEMA] + extra
+
 
 CHUNK = 400  # stays under SQLite's bound-parameter limit with the scope parameters beside it
 
 
-async def fetchall(db: Any, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    async with db.execute(sql, tuple(params)) as cursor:
-        return list(await cursor.fetchall())
-
-
 def marks(items: Sequence[Any]) -> str:
     return ", ".join("?" for _ in items)
+
+
+def name_marks(items: Sequence[Any]) -> str:
+    """Placeholders for node names in ``nocase(column) IN (...)``."""
+    return ", ".join("nocase(?)" for _ in items)
 
 
 def chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
@@ -103,6 +136,6 @@ def chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
 
 def from_row(cls: type[D], row: Sequence[Any], convert: Mapping[str, Callable[[Any], Any]]) -> D:
     """``row`` as a ``cls``, a dataclass whose fields are the row's columns in order; a value whose
-    field ``convert`` names goes through that converter, the others are taken as SQLite gave them."""
+    field ``convert`` names goes through that converter, the others are taken as the database gave them."""
     named = zip((f.name for f in fields(cls)), row, strict=True)
     return cls(**{name: convert[name](value) if name in convert else value for name, value in named})

@@ -5,7 +5,7 @@ state history is kept) and ``CONTAINS_INFO`` edges to the nodes it is about.
 Task ids are case-insensitive, in every script: ids that differ only in case (``Task_A`` and
 ``task_a``, ``Задача`` and ``задача``) name one task, which keeps the spelling it was created with.
 Otherwise they are exact: ``Task_a`` and ``Task_ab`` are different tasks, and nothing here matches by
-substring. (Node names compare case-insensitively too, but SQLite folds ASCII letters only; task ids
+substring. (Node names compare case-insensitively too, but fold ASCII letters only; task ids
 are compared with :func:`task_key`, the full Unicode case fold, so the rule holds for every id.)
 """
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import EdgeQuery, close_edges, select_edges
 from narrmem_plugins.graph.nodes import Node, ensure_node, find_node, nodes_in_scope
 from narrmem_plugins.graph.schema import marks
@@ -49,7 +50,7 @@ class TaskView:
 
 
 async def load_tasks(
-    db: Any, chat: GraphScope, *, state: str | None = None, limit: int | None = None
+    db: GraphSQL, chat: GraphScope, *, state: str | None = None, limit: int | None = None
 ) -> list[TaskView]:
     """The chat's chain, newest first, with each task's current state and info nodes."""
     nodes = list(reversed(await nodes_in_scope(db, chat, node_type="TaskNode")))
@@ -89,7 +90,7 @@ async def load_tasks(
 
 
 async def create_task(
-    db: Any,
+    db: GraphSQL,
     chat: GraphScope,
     task_id: str,
     description: str,
@@ -138,14 +139,14 @@ async def create_task(
     return await find_task(db, chat, node.name), previous
 
 
-async def renew_task_node(db: Any, node: Node, props: dict[str, Any], at: datetime) -> None:
+async def renew_task_node(db: GraphSQL, node: Node, props: dict[str, Any], at: datetime) -> None:
     await db.execute(
         "UPDATE graph_nodes SET props = ?, created_at = ?, created_ts = ? WHERE id = ?",
         (json.dumps(props, ensure_ascii=False, sort_keys=True), at.isoformat(), at.timestamp(), node.id),
     )
 
 
-async def find_task(db: Any, chat: GraphScope, task_id: str) -> TaskView:
+async def find_task(db: GraphSQL, chat: GraphScope, task_id: str) -> TaskView:
     """The task ``task_id`` names in the chat (case-insensitively), or an InputError on ``task_id``."""
     for task in await load_tasks(db, chat):
         if task_key(task.task_id) == task_key(task_id):
@@ -159,7 +160,7 @@ def task_key(task_id: str) -> str:
 
 
 async def set_state(
-    db: Any,
+    db: GraphSQL,
     chat: GraphScope,
     task_id: str,
     state: str,

@@ -150,7 +150,7 @@ async def recall(ctx: GraphContext, memory: MemoryView, args: RecallInput) -> Re
         seed_limit=ctx.options.seed_limit,
         functional=ctx.options.functional,
     )
-    view = await recall_graph(memory, graph.db, graph.transaction, _scope(args), params)
+    view = await recall_graph(memory, graph, _scope(args), params)
     nodes = sorted(view.nodes.items(), key=lambda item: (view.distance[item[0]], item[1].name.lower()))
     return RecallOutput(
         keywords=view.keywords,
@@ -190,7 +190,8 @@ async def task_set_state_tool(
 
 
 async def task_query_tool(ctx: GraphContext, memory: MemoryView, args: TaskQueryInput) -> TaskQueryOutput:
-    tasks = await load_tasks(ctx.backend().db, _scope(args), state=args.state, limit=args.limit)
+    async with ctx.backend().read() as db:
+        tasks = await load_tasks(db, _scope(args), state=args.state, limit=args.limit)
     return TaskQueryOutput(tasks=[TaskOut(**t.as_dict()) for t in tasks])
 
 
@@ -208,7 +209,8 @@ async def persona_set_tool(ctx: GraphContext, memory: MemoryView, args: PersonaS
 
 
 async def persona_get_tool(ctx: GraphContext, memory: MemoryView, args: PersonaGetInput) -> PersonaGetOutput:
-    found = await persona_for(ctx.backend().db, _scope(args))
+    async with ctx.backend().read() as db:
+        found = await persona_for(db, _scope(args))
     return PersonaGetOutput(
         persona=PersonaOut(**found.as_dict()) if found else None, rendered=persona_text(found)
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.backend import GraphBackend, GraphSQL
 from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.persona import persona_for
@@ -42,12 +42,12 @@ def _facts_query(include_speculative: bool) -> EdgeQuery:
     return q
 
 
-async def user_facts(db: Any, scope: GraphScope, text: str, options: GraphOptions) -> list[Edge]:
+async def user_facts(db: GraphSQL, scope: GraphScope, text: str, options: GraphOptions) -> list[Edge]:
     """The user's facts from every chat, those sharing words with ``text`` first, then the most
     confirmed, then the newest."""
     if options.context_facts == 0:
         return []
-    q = _facts_query(options.context_speculative).where("s.name = ?", USER)
+    q = _facts_query(options.context_speculative).where("nocase(s.name) = nocase(?)", USER)
     edges = merged(await select_edges(db, scope.user_wide(), q, limit=5000))
     words = set(keyword_terms(text))
 
@@ -58,11 +58,13 @@ async def user_facts(db: Any, scope: GraphScope, text: str, options: GraphOption
     return sorted(edges, key=rank)[: options.context_facts]
 
 
-async def info_facts(db: Any, scope: GraphScope, tasks: list[TaskView], options: GraphOptions) -> list[Edge]:
+async def info_facts(
+    db: GraphSQL, scope: GraphScope, tasks: list[TaskView], options: GraphOptions
+) -> list[Edge]:
     names = sorted({name for task in tasks for name in task.info_nodes})
     if not names:
         return []
-    q = _facts_query(options.context_speculative).names_in("s.name", names)
+    q = _facts_query(options.context_speculative).node_names_in("s.name", names)
     return list(merged(await select_edges(db, scope, q, limit=500)))
 
 
@@ -77,17 +79,17 @@ async def build(
     text: str,
 ) -> dict[str, Any]:
     scope = GraphScope(tenant, user_id, chat_id)
-    db = graph.db
-    persona = await persona_for(db, scope)
     back = refers_back(text, options.reference_phrases)
-    chain = await load_tasks(db, scope)
-    if back:
-        tasks = chain[: options.chain_limit]
-    else:
-        # Every task in progress (a resumed one too), in chain order: the chain runs oldest first.
-        tasks = list(reversed([t for t in chain if t.state == "in_progress"][: options.chain_limit]))
-    task_facts = await info_facts(db, scope, tasks, options)
-    facts = await user_facts(db, scope, text, options)
+    async with graph.read() as db:
+        persona = await persona_for(db, scope)
+        chain = await load_tasks(db, scope)
+        if back:
+            tasks = chain[: options.chain_limit]
+        else:
+            # Every task in progress (a resumed one too), in chain order: the chain runs oldest first.
+            tasks = list(reversed([t for t in chain if t.state == "in_progress"][: options.chain_limit]))
+        task_facts = await info_facts(db, scope, tasks, options)
+        facts = await user_facts(db, scope, text, options)
     query = text.strip()[:MAX_QUERY_CHARS]
     hits: list[Hit] = []
     recap = asks_for_recap(text)

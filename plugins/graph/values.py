@@ -78,10 +78,9 @@ async def value_history(
         text_argument(value, name, max_chars=MAX_ID_CHARS)
     scope = GraphScope(tenant, user_id, chat_id)
     q = EdgeQuery().where("e.status IN ('active', 'superseded')").where("e.relation = ?", relation)
-    q.where("s.name = ?", canonical_name(subject, user_id))
-    edges = await select_edges(
-        _plugin(memory).backend().db, scope, q, order="e.valid_from_ts DESC, e.id DESC"
-    )
+    q.where("nocase(s.name) = nocase(?)", canonical_name(subject, user_id))
+    async with _plugin(memory).backend().read() as db:
+        edges = await select_edges(db, scope, q, order="e.valid_from_ts DESC, e.id DESC")
     # What holds first (a plain statement before a guess), then the past, latest ended first.
     edges.sort(key=lambda e: (e.status != "active", e.speculative, -(_ended(e) or e.valid_from_ts)))
     return [FactValue.of(e) for e in edges]

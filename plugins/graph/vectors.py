@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import numpy as np
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.nodes import Node
 from narrmem_plugins.graph.vocabulary import label
 
@@ -15,7 +15,9 @@ from narrmem.view import MemoryView
 
 
 async def node_vectors(
-    memory: MemoryView, transaction: Callable[[], AbstractAsyncContextManager[Any]], nodes: Sequence[Node]
+    memory: MemoryView,
+    transaction: Callable[[], AbstractAsyncContextManager[GraphSQL]],
+    nodes: Sequence[Node],
 ) -> np.ndarray:
     """One normalized row per node, embedding (and caching) the ones not cached yet."""
     dim = int(memory.embedder.dim)

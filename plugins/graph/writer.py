@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from narrmem_plugins.graph import history
+from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import (
     Edge,
     EdgeQuery,
@@ -57,7 +58,7 @@ class WriteOutcome:
     superseded: list[Edge] = field(default_factory=list)
 
 
-async def edge_by_id(db: Any, scope: GraphScope, edge_id: int) -> Edge:
+async def edge_by_id(db: GraphSQL, scope: GraphScope, edge_id: int) -> Edge:
     found = await select_edges(db, scope.user_wide(), EdgeQuery().where("e.id = ?", edge_id), limit=1)
     if not found:
         raise StoreError(f"graph edge {edge_id} vanished inside its own transaction")
@@ -65,7 +66,7 @@ async def edge_by_id(db: Any, scope: GraphScope, edge_id: int) -> Edge:
 
 
 async def write_triplet(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     draft: TripletDraft,
     *,
@@ -150,7 +151,7 @@ def _said_later(rival: Edge, source: str, at: datetime) -> bool:
 
 
 async def _retire(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     subject: str,
     relation: str,
@@ -177,7 +178,7 @@ async def _retire(
 
 
 async def _contradicted(
-    db: Any,
+    db: GraphSQL,
     scope: GraphScope,
     subject: str,
     relation: str,
@@ -192,7 +193,7 @@ async def _contradicted(
     opposite = OPPOSITES.get(relation)
     if opposite is None and relation not in functional:
         return []
-    q = EdgeQuery().where("e.status = 'active'").where("s.name = ?", subject)
+    q = EdgeQuery().where("e.status = 'active'").where("nocase(s.name) = nocase(?)", subject)
     if exclude is not None:
         q.where("e.id <> ?", exclude)
     # What the user says about themselves holds in every chat; anything else is a name local to its chat.
@@ -200,10 +201,10 @@ async def _contradicted(
     alternatives = []
     values: list[Any] = []
     if opposite is not None:
-        alternatives.append("(e.relation = ? AND o.name = ?)")
+        alternatives.append("(e.relation = ? AND nocase(o.name) = nocase(?))")
         values.extend([opposite, obj])
     if relation in functional:
-        alternatives.append("(e.relation = ? AND o.name <> ?)")
+        alternatives.append("(e.relation = ? AND nocase(o.name) <> nocase(?))")
         values.extend([relation, obj])
     q.where(" OR ".join(alternatives), *values)
     if speculative:
