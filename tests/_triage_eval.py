@@ -31,34 +31,30 @@ from narrmem.testing import open_memory
 
 @dataclass
 class Score:
-    rows: int = 0
-    layer_right: int = 0
-    scenes: int = 0
-    typed: int = 0
-    type_right: int = 0
+    counts: Counter[str] = field(default_factory=Counter)  # rows, layer_right, scenes, typed, type_right
     confusion: Counter[tuple[str, str]] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
 
     @property
     def layer_accuracy(self) -> float:
-        return self.layer_right / self.rows if self.rows else 0.0
+        return self.counts["layer_right"] / self.counts["rows"] if self.counts["rows"] else 0.0
 
     @property
     def type_accuracy(self) -> float:
-        return self.type_right / self.typed if self.typed else 0.0
+        return self.counts["type_right"] / self.counts["typed"] if self.counts["typed"] else 0.0
 
     @property
     def type_strict(self) -> float:
-        return self.type_right / self.scenes if self.scenes else 0.0
+        return self.counts["type_right"] / self.counts["scenes"] if self.counts["scenes"] else 0.0
 
     def summary(self) -> dict[str, Any]:
         return {
-            "messages": self.rows,
+            "messages": self.counts["rows"],
             "layer_accuracy": round(self.layer_accuracy, 4),
             "type_accuracy": round(self.type_accuracy, 4),
             "type_strict": round(self.type_strict, 4),
-            "scenes_labelled": self.scenes,
-            "scenes_both": self.typed,
+            "scenes_labelled": self.counts["scenes"],
+            "scenes_both": self.counts["typed"],
         }
 
 
@@ -79,16 +75,16 @@ async def score(memory: Memory, rows: list[dict[str, Any]], user_prefix: str) ->
             message_id=f"e{i}",
         )
         decision = await memory.triage(message)
-        result.rows += 1
+        result.counts["rows"] += 1
         result.confusion[(row["layer"], decision.layer)] += 1
         right = decision.layer == row["layer"]
-        result.layer_right += right
+        result.counts["layer_right"] += right
         wrong_type = False
         if row["layer"] == "scene":
-            result.scenes += 1
+            result.counts["scenes"] += 1
             if decision.layer == "scene":
-                result.typed += 1
-                result.type_right += decision.type == row["type"]
+                result.counts["typed"] += 1
+                result.counts["type_right"] += decision.type == row["type"]
                 wrong_type = decision.type != row["type"]
         if not right or wrong_type:
             got = f"{decision.layer}/{decision.type}" if decision.layer == "scene" else decision.layer

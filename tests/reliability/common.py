@@ -15,7 +15,7 @@ import re
 import sqlite3
 import string
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,13 +36,22 @@ _ALPHABET = string.ascii_lowercase + string.digits
 TREE = "*tree*"  # the owner user and chat of text given to the rtm tools (trees belong to a tenant)
 
 
+def tallies(names: str) -> Callable[[], Counter[str]]:
+    """The factory of a harness's ``counts`` field: a Counter of its tallies, each of the
+    space-separated ``names`` at 0 to start, so that every one is in the figures (flat, beside the
+    other fields)."""
+    return lambda: Counter(dict.fromkeys(names.split(), 0))
+
+
 def figures_dict(figures: Any, cut: Mapping[str, int] | None = None, **shown: Any) -> dict[str, Any]:
     """A harness's figures (a dataclass) as JSON-ready values, in field order: counters become
     sorted dicts, a float ``seconds`` is rounded to tenths, private fields stay out, the lists
     named in ``cut`` keep their first N items, and ``shown`` replaces or adds values."""
     out: dict[str, Any] = {}
     for name, value in vars(figures).items():
-        if not name.startswith("_"):
+        if name == "counts":
+            out.update(value)
+        elif not name.startswith("_"):
             out[name] = dict(sorted(value.items())) if isinstance(value, Counter) else value
     if isinstance(out.get("seconds"), float):
         out["seconds"] = round(out["seconds"], 1)

@@ -57,6 +57,7 @@ from .common import (
     sql,
     sqlite_vector_ids,
     stored_message_ids,
+    tallies,
     to_json,
     tokens_in,
 )
@@ -85,32 +86,23 @@ class Acks:
 
 @dataclass
 class Figures:
-    runs: int = 0
+    counts: Counter[str] = field(
+        default_factory=tallies(
+            "runs acknowledged lost scenes_lost failed_reopens rebuilds_needed index_mismatches "
+            "search_misses rebuilds_after_clean_close children_finished_before_kill forgets_returned "
+            "forgets_interrupted forgets_completed_on_reopen forgets_not_started forgets_half_done "
+            "users_over_deleted leftover_traces"
+        )
+    )
     runs_by_kind: Counter[str] = field(default_factory=Counter)
     real_model_runs: Counter[str] = field(default_factory=Counter)
-    acknowledged: int = 0
-    lost: int = 0
-    scenes_lost: int = 0
     lost_examples: list[str] = field(default_factory=list)
-    failed_reopens: int = 0
     reopen_errors: list[str] = field(default_factory=list)
-    rebuilds_needed: int = 0
-    index_mismatches: int = 0
-    search_misses: int = 0
     integrity_failures: list[str] = field(default_factory=list)
-    rebuilds_after_clean_close: int = 0
-    children_finished_before_kill: int = 0
-    steps_killed_at: Counter[str] = field(default_factory=Counter)
     steps_not_reached: list[str] = field(default_factory=list)
-    details: list[dict[str, Any]] = field(default_factory=list)
-    forgets_returned: int = 0
-    forgets_interrupted: int = 0
-    forgets_completed_on_reopen: int = 0
-    forgets_not_started: int = 0
-    forgets_half_done: int = 0
-    users_over_deleted: int = 0
-    leftover_traces: int = 0
     leftover_examples: list[str] = field(default_factory=list)
+    steps_killed_at: Counter[str] = field(default_factory=Counter)
+    details: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -155,7 +147,7 @@ def run_crash(
 def _one_run(
     kind: str, real: bool, folder: Path, rng: random.Random, figures: Figures, step: str | None = None
 ) -> None:
-    figures.runs += 1
+    figures.counts["runs"] += 1
     figures.runs_by_kind[kind] += 1
     if real:
         figures.real_model_runs[kind] += 1
@@ -194,7 +186,7 @@ def _one_run(
     ack_path = folder / "ack.txt"
     acks = _run_child(data, ack_path, plan_path, folder / "child.log", trigger, delay)
     if acks.done:
-        figures.children_finished_before_kill += 1
+        figures.counts["children_finished_before_kill"] += 1
     if step is not None:
         if acks.died_at == step:
             figures.steps_killed_at[step] += 1
@@ -353,7 +345,7 @@ async def _check(
     try:
         mem = await open_memory(data, real_model=real, clock=clock)
     except Exception as exc:
-        figures.failed_reopens += 1
+        figures.counts["failed_reopens"] += 1
         figures.reopen_errors.append(f"{folder.name}: {type(exc).__name__}: {exc}")
         return
     gone: list[tuple[str, str]] = []
@@ -371,9 +363,9 @@ async def _check(
     try:
         async with open_memory(data, real_model=real, clock=clock) as again:
             if _index_of(again).rebuilt_reason is not None:
-                figures.rebuilds_after_clean_close += 1
+                figures.counts["rebuilds_after_clean_close"] += 1
     except Exception as exc:
-        figures.failed_reopens += 1
+        figures.counts["failed_reopens"] += 1
         figures.reopen_errors.append(f"{folder.name} (second open): {type(exc).__name__}: {exc}")
 
 
@@ -385,17 +377,17 @@ def _index_of(mem: Memory) -> Any:
 async def _check_index(mem: Memory, data: Path, rng: random.Random, figures: Figures) -> None:
     index = _index_of(mem)
     if index.rebuilt_reason is not None:
-        figures.rebuilds_needed += 1
+        figures.counts["rebuilds_needed"] += 1
     held = {int(i) for i in index.ids()}
     expected = sqlite_vector_ids(data)
     if held != expected:
-        figures.index_mismatches += 1
+        figures.counts["index_mismatches"] += 1
     rows = sql(data, "SELECT id, tenant, user_id, vector FROM memories WHERE vector IS NOT NULL ORDER BY id")
     for memory_id, tenant, user, blob in rng.sample(rows, min(5, len(rows))):
         vector = np.frombuffer(blob, dtype=np.float32)
         found = await mem.store.search_vectors(Scope(tenant=tenant, user_id=user), vector, 5)
         if memory_id not in {mid for mid, _ in found}:
-            figures.search_misses += 1
+            figures.counts["search_misses"] += 1
 
 
 def _check_acknowledged(data: Path, acks: Acks, figures: Figures) -> None:
@@ -404,13 +396,13 @@ def _check_acknowledged(data: Path, acks: Acks, figures: Figures) -> None:
     for tenant, chat, message_id, layer in acks.messages:
         if layer == "ignore":
             continue
-        figures.acknowledged += 1
+        figures.counts["acknowledged"] += 1
         key = (tenant, chat, message_id)
         if key not in stored:
-            figures.lost += 1
+            figures.counts["lost"] += 1
             figures.lost_examples.append(f"{data.parent.name}: {key}")
         elif layer == "scene" and key not in scenes:
-            figures.scenes_lost += 1
+            figures.counts["scenes_lost"] += 1
             figures.lost_examples.append(f"{data.parent.name}: scene of {key}")
 
 
@@ -442,18 +434,18 @@ async def _check_forgets(
     """Classify every person; return those that must be gone (for the byte scan after close)."""
     returned = set(acks.forgot)
     interrupted = [p for p in acks.forgetting if p not in returned]
-    figures.forgets_returned += len(returned)
-    figures.forgets_interrupted += len(interrupted)
+    figures.counts["forgets_returned"] += len(returned)
+    figures.counts["forgets_interrupted"] += len(interrupted)
     must_go = sorted(returned)
     for person in interrupted:
         rows = _person_rows(data, *person)
         if rows == before[person]:
-            figures.forgets_not_started += 1
+            figures.counts["forgets_not_started"] += 1
         elif rows == (0, 0):
-            figures.forgets_completed_on_reopen += 1
+            figures.counts["forgets_completed_on_reopen"] += 1
             must_go.append(person)
         else:
-            figures.forgets_half_done += 1
+            figures.counts["forgets_half_done"] += 1
             must_go.append(person)
             figures.leftover_examples.append(
                 f"{folder.name}: {person} half forgotten: {before[person]} -> {rows}"
@@ -462,7 +454,7 @@ async def _check_forgets(
         if person in acks.forgetting:
             continue
         if _person_rows(data, *person) != before[person]:
-            figures.users_over_deleted += 1
+            figures.counts["users_over_deleted"] += 1
     if must_go:
         export = folder / "export.jsonl"
         await export_jsonl(mem, export)
@@ -474,7 +466,7 @@ async def _check_forgets(
             for place, text in places.items():
                 found = tokens_in(text, secrets)
                 if found:
-                    figures.leftover_traces += 1
+                    figures.counts["leftover_traces"] += 1
                     figures.leftover_examples.append(
                         f"{folder.name}: {tenant}/{user} in {place}: {found[:3]}"
                     )
@@ -515,7 +507,7 @@ def _check_bytes(data: Path, corpus: Corpus, gone: list[tuple[str, str]], figure
             for needle in marker_needles(token, tail=7):
                 where = occurrences(files, needle)
                 if where:
-                    figures.leftover_traces += 1
+                    figures.counts["leftover_traces"] += 1
                     figures.leftover_examples.append(
                         f"{data.parent.name}: {tenant}/{user} token {token} ({needle.decode()}) in bytes of "
                         f"{sorted(where)}"

@@ -48,7 +48,7 @@ from narrmem.memory import Memory
 from narrmem.models import Message
 from narrmem.testing import HASH_EMBEDDER, TestingPlugin, open_memory
 
-from .common import figures_dict
+from .common import figures_dict, tallies
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "chat_exports"
 DEEP = 10_000  # nesting depth of the deep inputs: far past Python's recursion limit
@@ -79,20 +79,17 @@ def describe(value: Any) -> str:
 
 @dataclass
 class Report:
-    inputs: int = 0
-    accepted: int = 0
-    refused: int = 0
-    untyped: int = 0
+    counts: Counter[str] = field(
+        default_factory=tallies(
+            "inputs accepted refused untyped cli_tracebacks cli_messages_not_one_line "
+            "rows_changed_by_refused foreign_files_touched logged_errors"
+        )
+    )
     untyped_kinds: dict[str, str] = field(default_factory=dict)
-    cli_tracebacks: int = 0
     cli_traceback_examples: list[str] = field(default_factory=list)
-    cli_messages_not_one_line: int = 0
     cli_message_examples: list[str] = field(default_factory=list)
-    rows_changed_by_refused: int = 0
     rows_changed_examples: list[str] = field(default_factory=list)
-    foreign_files_touched: int = 0
     foreign_files: list[str] = field(default_factory=list)
-    logged_errors: int = 0
     logged_error_kinds: dict[str, str] = field(default_factory=dict)
     by_door: dict[str, Counter[str]] = field(default_factory=dict)
     seconds: Counter[str] = field(default_factory=Counter)
@@ -107,16 +104,16 @@ class Report:
     def record(self, door: str, label: str, error: BaseException | None) -> str:
         """Count one input's outcome; returns ``accepted``, ``refused`` or ``untyped``."""
         self._spent(door)
-        self.inputs += 1
+        self.counts["inputs"] += 1
         if error is None:
             outcome = "accepted"
-            self.accepted += 1
+            self.counts["accepted"] += 1
         elif isinstance(error, NarrmemError):
             outcome = "refused"
-            self.refused += 1
+            self.counts["refused"] += 1
         else:
             outcome = "untyped"
-            self.untyped += 1
+            self.counts["untyped"] += 1
             kind = f"{type(error).__name__} in {door} at {_origin(error)}"
             self.untyped_kinds.setdefault(kind, f"{label}: {str(error)[:300]}")
         self.by_door.setdefault(door, Counter())[outcome] += 1
@@ -125,8 +122,8 @@ class Report:
     def untyped_exit(self, door: str, label: str, kind: str, message: str) -> None:
         """A CLI run that exited 1 (an internal error) or raised: an untyped failure."""
         self._spent(door)
-        self.inputs += 1
-        self.untyped += 1
+        self.counts["inputs"] += 1
+        self.counts["untyped"] += 1
         self.untyped_kinds.setdefault(f"{kind} in {door}", f"{label}: {message[:300]}")
         self.by_door.setdefault(door, Counter())["untyped"] += 1
 
@@ -163,11 +160,11 @@ class _ThreadErrors:
         error = args.exc_value
         if error is None:
             return
-        self.report.untyped += 1
+        self.report.counts["untyped"] += 1
         kind = f"{type(error).__name__} in a thread ({self.door}) at {_origin(error)}"
         self.report.untyped_kinds.setdefault(kind, f"{self.log.label}: {str(error)[:300]}")
         if self.door == "cli":
-            self.report.cli_tracebacks += 1
+            self.report.counts["cli_tracebacks"] += 1
             if len(self.report.cli_traceback_examples) < 10:
                 self.report.cli_traceback_examples.append(f"{self.log.label}: thread died: {error!r}")
 
@@ -187,7 +184,7 @@ class _LoggedErrors(logging.Handler):
         error = record.exc_info[1]
         if isinstance(error, NarrmemError):
             return
-        self.report.logged_errors += 1
+        self.report.counts["logged_errors"] += 1
         kind = f"{type(error).__name__} logged by {record.name} at {_origin(error)}"
         self.report.logged_error_kinds.setdefault(kind, f"{self.label}: {str(error)[:300]}")
 
@@ -1658,7 +1655,7 @@ async def _in_memory_doors(
                 error = await _outcome(functools.partial(call, memory, {}))
                 outcome = report.record(door, label, error)
                 if rows.changed() and outcome == "refused":
-                    report.rows_changed_by_refused += 1
+                    report.counts["rows_changed_by_refused"] += 1
                     if len(report.rows_changed_examples) < 10:
                         report.rows_changed_examples.append(f"{label}: {error}"[:400])
         finally:
@@ -1690,7 +1687,7 @@ def _cli_door(
             log.label = label
             outcome = _judge_cli(report, label, run_cli(argv))
             if rows.changed() and outcome == "refused":
-                report.rows_changed_by_refused += 1
+                report.counts["rows_changed_by_refused"] += 1
                 if len(report.rows_changed_examples) < 10:
                     report.rows_changed_examples.append(label[:400])
     finally:
@@ -1701,7 +1698,7 @@ def _judge_cli(report: Report, label: str, run: CliRun) -> str:
     """Exit 0 is accepted, 2 with a message refused; 1 (an internal error), anything raised but
     SystemExit, or a traceback on stderr is a failure."""
     if "Traceback (most recent call last)" in run.stderr:
-        report.cli_tracebacks += 1
+        report.counts["cli_tracebacks"] += 1
         if len(report.cli_traceback_examples) < 10:
             report.cli_traceback_examples.append(f"{label}: {run.stderr[-400:]}")
     if run.error is not None:
@@ -1726,7 +1723,7 @@ def _check_one_line(report: Report, label: str, message: str) -> None:
     if lines and lines[0].startswith("usage:"):
         lines = [line for line in lines if line.startswith("narrmem")][-1:]
     if len(lines) != 1 or not lines[0].startswith("narrmem"):
-        report.cli_messages_not_one_line += 1
+        report.counts["cli_messages_not_one_line"] += 1
         if len(report.cli_message_examples) < 10:
             report.cli_message_examples.append(f"{label}: {message[-400:]}")
 
@@ -1853,7 +1850,7 @@ def _subprocess_door(report: Report, rng: random.Random, count: int, work: Path,
         done = run_subprocess(argv, env, work)
         label = f"subprocess: {name}"
         if "Traceback (most recent call last)" in done.stderr:
-            report.cli_tracebacks += 1
+            report.counts["cli_tracebacks"] += 1
             if len(report.cli_traceback_examples) < 10:
                 report.cli_traceback_examples.append(f"{label}: {done.stderr[-600:]}")
         if done.returncode == 0:
@@ -1917,7 +1914,7 @@ def run_fuzz(count: int, seed: int, workdir: Path) -> dict[str, Any]:
         narrmem_log.propagate, narrmem_log.level = propagate, level
 
     touched = user.touched()
-    report.foreign_files_touched = len(touched)
+    report.counts["foreign_files_touched"] = len(touched)
     report.foreign_files = sorted(set(report.foreign_files) | set(touched))
     figures = report.as_dict()
     figures["seed"] = seed

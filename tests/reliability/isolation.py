@@ -40,6 +40,7 @@ from .common import (
     excerpt,
     figures_dict,
     sql,
+    tallies,
     to_json,
     tokens_in,
 )
@@ -83,21 +84,17 @@ class Probe:
 
 @dataclass
 class Report:
-    probes: int = 0
+    counts: Counter[str] = field(
+        default_factory=tallies(
+            "probes foreign_probes foreign_tokens own_asked own_found answers_with_own_tokens "
+            "unexpected_errors forgotten_people after_forget_probes forgotten_found"
+        )
+    )
     by_path: Counter[str] = field(default_factory=Counter)
-    foreign_probes: int = 0
-    foreign_tokens: int = 0
     foreign_by_path: Counter[str] = field(default_factory=Counter)
     examples: list[dict[str, Any]] = field(default_factory=list)
-    own_asked: int = 0
-    own_found: int = 0
-    answers_with_own_tokens: int = 0
     refused: Counter[str] = field(default_factory=Counter)
-    unexpected_errors: int = 0
     error_examples: list[str] = field(default_factory=list)
-    forgotten_people: int = 0
-    after_forget_probes: int = 0
-    forgotten_found: int = 0
     forgotten_examples: list[dict[str, Any]] = field(default_factory=list)
     population: dict[str, Any] = field(default_factory=dict)
     real_model: bool = False
@@ -176,14 +173,14 @@ async def _run(
         forgotten = _pick_forgotten(rng, corpus)
         for tenant, user in sorted(forgotten):
             await mem.forget(user_id=user, tenant=tenant)
-        report.forgotten_people = len(forgotten)
+        report.counts["forgotten_people"] = len(forgotten)
         gone = {t for t, o in corpus.owners.items() if (o.tenant, o.user_id) in forgotten}
         runner.scenes = [(i, o) for i, o in scenes if (o.tenant, o.user_id) not in forgotten]
         after = [_draw(rng, corpus, trees, runner.scenes) for _ in range(max(1, probes // 5))]
         after += _sweep(rng, corpus, forgotten)
         for probe in after:
             await runner.run(probe, forgotten=gone)
-        report.after_forget_probes = len(after)
+        report.counts["after_forget_probes"] = len(after)
     report.seconds = time.perf_counter() - started
     return report.as_dict()
 
@@ -369,7 +366,7 @@ class _Runner:
 
     async def run(self, probe: Probe, *, forgotten: set[str]) -> None:
         report = self.report
-        report.probes += 1
+        report.counts["probes"] += 1
         report.by_path[probe.path] += 1
         try:
             answer = await self._call(probe)
@@ -377,7 +374,7 @@ class _Runner:
             report.refused[probe.path] += 1
             answer = exc
         except Exception as exc:  # a read path that crashes is a failure of its own
-            report.unexpected_errors += 1
+            report.counts["unexpected_errors"] += 1
             report.error_examples.append(f"{probe.path} {probe.scope}: {type(exc).__name__}: {exc}")
             return
         checks = [(to_json(answer), probe.scope)]
@@ -394,7 +391,7 @@ class _Runner:
             for token in tokens_in(text, self.corpus.owners):
                 owner = self.corpus.owners[token]
                 if token in forgotten:
-                    report.forgotten_found += 1
+                    report.counts["forgotten_found"] += 1
                     report.forgotten_examples.append(self._example(probe, token, owner, text))
                     continue
                 if _visible(owner, scope) or any(_visible(owner, s) for s in extra_scopes):
@@ -402,14 +399,14 @@ class _Runner:
                     continue
                 found_foreign += 1
                 report.examples.append(self._example(probe, token, owner, text))
-        report.answers_with_own_tokens += seen_own
+        report.counts["answers_with_own_tokens"] += seen_own
         if found_foreign:
-            report.foreign_probes += 1
-            report.foreign_tokens += found_foreign
+            report.counts["foreign_probes"] += 1
+            report.counts["foreign_tokens"] += found_foreign
             report.foreign_by_path[probe.path] += found_foreign
         if probe.own is not None and probe.path in FINDING_PATHS and not forgotten:
-            report.own_asked += 1
-            report.own_found += probe.own in checks[0][0]
+            report.counts["own_asked"] += 1
+            report.counts["own_found"] += probe.own in checks[0][0]
 
     def _example(self, probe: Probe, token: str, owner: Owner, text: str) -> dict[str, Any]:
         return {

@@ -40,6 +40,7 @@ from .common import (
     marker_needles,
     new_token,
     occurrences,
+    tallies,
     to_json,
     user_vectors,
     vector_windows,
@@ -68,26 +69,19 @@ SURFACES = STORED + TRANSIENT
 
 @dataclass
 class LeakReport:
-    users: int = 0
-    forgotten: int = 0
-    markers_forgotten: int = 0
-    marker_hits: int = 0
-    tail_hits: int = 0
-    leaked_markers: int = 0
+    counts: Counter[str] = field(
+        default_factory=tallies(
+            "users forgotten markers_forgotten marker_hits tail_hits leaked_markers kept_markers "
+            "kept_markers_found vectors_checked vectors_unverifiable vectors_found "
+            "kept_vectors_checked kept_vectors_found answers_with_forgotten"
+        )
+    )
     by_surface: Counter[str] = field(default_factory=Counter)
     by_file: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
-    kept_markers: int = 0
-    kept_markers_found: int = 0
     kept_missing: list[str] = field(default_factory=list)
-    vectors_checked: int = 0
-    vectors_unverifiable: int = 0
-    vectors_found: int = 0
-    vectors_by_file: Counter[str] = field(default_factory=Counter)
-    kept_vectors_checked: int = 0
-    kept_vectors_found: int = 0
-    answers_with_forgotten: int = 0
     deleted_messages_found: list[str] = field(default_factory=list)
+    vectors_by_file: Counter[str] = field(default_factory=Counter)
     files: dict[str, int] = field(default_factory=dict)
     real_model: bool = False
     seconds: float = 0.0
@@ -105,7 +99,8 @@ def run_leak(users: int, seed: int, workdir: Path, *, real_model: bool = False) 
 async def _run(users: int, seed: int, workdir: Path, real_model: bool) -> dict[str, Any]:
     started = time.perf_counter()
     rng = random.Random(seed)
-    report = LeakReport(users=users, real_model=real_model)
+    report = LeakReport(real_model=real_model)
+    report.counts["users"] = users
     folder = workdir / "leak"
     ids = [f"u{i:03d}" for i in range(max(2, users))]
     forgotten = sorted(rng.sample(ids, max(1, len(ids) // 2)))
@@ -130,9 +125,9 @@ async def _run(users: int, seed: int, workdir: Path, real_model: bool) -> dict[s
         vectors = {user: user_vectors(folder, "default", user) for user in forgotten}
         for user in forgotten:
             await mem.forget(user_id=user, tenant="default")
-        report.forgotten = len(forgotten)
+        report.counts["forgotten"] = len(forgotten)
         for user in forgotten:
-            report.answers_with_forgotten += await _answers_hold(mem, user, ids, markers)
+            report.counts["answers_with_forgotten"] += await _answers_hold(mem, user, ids, markers)
     _scan(folder, forgotten, ids, markers, vectors, report)
     report.seconds = time.perf_counter() - started
     return report.as_dict()
@@ -260,14 +255,14 @@ def _scan(
     for user in forgotten:
         for surface in SURFACES:
             marker = markers[("default", user, surface)]
-            report.markers_forgotten += 1
+            report.counts["markers_forgotten"] += 1
             full, tail = marker_needles(marker, tail=7)
             where_full = occurrences(files, full)
             where_tail = occurrences(files, tail)
-            report.marker_hits += sum(where_full.values())
-            report.tail_hits += sum(where_tail.values())
+            report.counts["marker_hits"] += sum(where_full.values())
+            report.counts["tail_hits"] += sum(where_tail.values())
             if where_full or where_tail:
-                report.leaked_markers += 1
+                report.counts["leaked_markers"] += 1
                 report.by_surface[surface] += 1
                 for name in {**where_tail, **where_full}:
                     report.by_file[name] += 1
@@ -280,9 +275,9 @@ def _scan(
                 continue
             for surface in STORED:
                 marker = markers[(tenant, user, surface)]
-                report.kept_markers += 1
+                report.counts["kept_markers"] += 1
                 if any(occurrences(files, needle) for needle in marker_needles(marker, tail=7)):
-                    report.kept_markers_found += 1
+                    report.counts["kept_markers_found"] += 1
                 else:
                     report.kept_missing.append(f"{tenant}/{user} {surface} {marker}")
     for tenant in TENANTS:
@@ -299,14 +294,14 @@ def _scan(
         for vector in vectors[user]:
             windows = vector_windows(vector, remaining)
             if not windows:
-                report.vectors_unverifiable += 1
+                report.counts["vectors_unverifiable"] += 1
                 continue
-            report.vectors_checked += 1
+            report.counts["vectors_checked"] += 1
             where: set[str] = set()
             for window in windows:
                 where.update(occurrences(files, window))
             if where:
-                report.vectors_found += 1
+                report.counts["vectors_found"] += 1
                 for name in where:
                     report.vectors_by_file[name] += 1
     # The control: vectors that stay are found by the same search.
@@ -314,5 +309,5 @@ def _scan(
         others = [v for v in remaining if v != vector]
         windows = vector_windows(vector, others)
         if windows:
-            report.kept_vectors_checked += 1
-            report.kept_vectors_found += any(occurrences(files, w) for w in windows)
+            report.counts["kept_vectors_checked"] += 1
+            report.counts["kept_vectors_found"] += any(occurrences(files, w) for w in windows)
