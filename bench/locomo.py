@@ -442,19 +442,21 @@ def with_recall_options(settings: Settings, options: dict[str, float]) -> Settin
     return settings.model_copy(update={"plugin": plugin})
 
 
+def turn_message(conv: Conversation, turn: Turn) -> Message:
+    """A turn as the benchmarks ingest it: its speaker is the user, the conversation the chat."""
+    return Message(
+        text=turn.text,
+        user_id=turn.speaker,
+        chat_id=conv.sample_id,
+        ts=turn.ts,
+        message_id=turn.dia_id,
+        speaker=turn.speaker,
+        meta={"session": turn.session},
+    )
+
+
 async def ingest_conversation(mem: Memory, conv: Conversation, state: RunState, bar: tqdm) -> None:
-    messages = [
-        Message(
-            text=t.text,
-            user_id=t.speaker,
-            chat_id=conv.sample_id,
-            ts=t.ts,
-            message_id=t.dia_id,
-            speaker=t.speaker,
-            meta={"session": t.session},
-        )
-        for t in conv.turns
-    ]
+    messages = [turn_message(conv, t) for t in conv.turns]
     start = time.perf_counter()
     results = await mem.ingest_many(messages, progress=bar.update)
     state.seconds["narrmem_ingest"] += time.perf_counter() - start

@@ -55,10 +55,10 @@ from _common import (
     start_shared_embedder,
     with_threads,
 )
-from locomo import Conversation, DataNotes, Retrieved, load_conversations, score_question
+from locomo import Conversation, DataNotes, Retrieved, load_conversations, score_question, turn_message
 from tqdm import tqdm
 
-from narrmem import ManualClock, Memory, Message
+from narrmem import ManualClock, Memory
 from narrmem.config import Settings, load_settings
 
 KS = (5, 10)
@@ -119,18 +119,6 @@ OFFTOPIC = (
 )
 
 
-def _message(conv: Conversation, turn: Any) -> Message:
-    return Message(
-        text=turn.text,
-        user_id=turn.speaker,
-        chat_id=conv.sample_id,
-        ts=turn.ts,
-        message_id=turn.dia_id,
-        speaker=turn.speaker,
-        meta={"session": turn.session},
-    )
-
-
 def _importances(folder: Path, database: str) -> list[float]:
     con = sqlite3.connect(folder / database)
     try:
@@ -170,7 +158,7 @@ async def plain(conv: Conversation, settings: Settings, shared: SharedEmbedderPl
     end = conv.turns[-1].ts
     with tempfile.TemporaryDirectory(prefix="narrmem-replay-") as folder:
         async with Memory.open(folder, settings=settings, plugins=[shared], clock=ManualClock(end)) as mem:
-            await mem.ingest_many([_message(conv, t) for t in conv.turns])
+            await mem.ingest_many([turn_message(conv, t) for t in conv.turns])
             scores = await _questions(mem, conv)
         values = _importances(Path(folder), settings.storage.database)
     return {"scores": scores, **_importance_summary(values)}
@@ -191,7 +179,7 @@ async def replay(
         async with Memory.open(folder, settings=settings, plugins=[shared], clock=clock) as mem:
             for n, turn in enumerate(turns):
                 clock.set(max(clock.now(), turn.ts))
-                await mem.ingest(_message(conv, turn))
+                await mem.ingest(turn_message(conv, turn))
                 pack = await mem.context(
                     turn.text, user_id=turn.speaker, chat_id=conv.sample_id, exclude_message_ids=[turn.dia_id]
                 )

@@ -213,16 +213,12 @@ class IngestPipeline:
         return found
 
     def episode(self, message: Message, decision: TriageDecision) -> MemoryRecord:
-        return MemoryRecord(
+        return MemoryRecord.from_message(
+            message,
             kind="episode",
-            tenant=message.tenant,
-            user_id=message.user_id,
-            chat_id=message.chat_id,
-            speaker=message.speaker,
             text=message.text,
             embed_text=attributed(message),
             importance=decision.importance,
-            created_at=message.ts,
             stored_at=self.memory.clock.now(),
             message_ids=[message.message_id],
             meta={**message.meta, "layer": decision.layer},

@@ -174,6 +174,19 @@ class MemoryRecord(_Strict):
     def index_text(self) -> str:
         return self.embed_text or self.text
 
+    @classmethod
+    def from_message(cls, message: Message, **fields: Any) -> MemoryRecord:
+        """A memory ``message`` leaves: the speaker's, in the message's tenant and chat, dated by
+        the message; ``fields`` set the rest (``kind``, ``text``, ...)."""
+        return cls(
+            tenant=message.tenant,
+            user_id=message.user_id,
+            chat_id=message.chat_id,
+            speaker=message.speaker,
+            created_at=message.ts,
+            **fields,
+        )
+
 
 class ImportanceChange(_Strict):
     """A change to a memory's stored importance, kept in its history (who, when, why)."""

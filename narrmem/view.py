@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar, Unpack, runtime_checkable
 
 from narrmem.clock import Clock
 from narrmem.config import Settings
@@ -22,6 +22,21 @@ if TYPE_CHECKING:
     from narrmem.host import PluginHost
 
 P = TypeVar("P")
+
+
+class RecallOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`narrmem.Memory.recall` (its docstring says what each does;
+    the defaults are its own)."""
+
+    user_id: str | None
+    chat_id: str | None
+    tenant: str
+    k: int
+    kinds: list[str] | None
+    snippet_tokens: int | None
+    reinforce: bool
+    reinforce_reason: Literal["relevance", "tool"]
+    exclude_message_ids: Sequence[str]
 
 
 @runtime_checkable
@@ -55,20 +70,7 @@ class MemoryView(Protocol):
     @property
     def host(self) -> PluginHost: ...
 
-    async def recall(
-        self,
-        query: str,
-        *,
-        user_id: str | None = None,
-        chat_id: str | None = None,
-        tenant: str = "default",
-        k: int = 5,
-        kinds: list[str] | None = None,
-        snippet_tokens: int | None = 48,
-        reinforce: bool = True,
-        reinforce_reason: Literal["relevance", "tool"] = "relevance",
-        exclude_message_ids: Sequence[str] = (),
-    ) -> list[Hit]: ...
+    async def recall(self, query: str, **options: Unpack[RecallOptions]) -> list[Hit]: ...
 
     async def ingest(self, message: Message | dict[str, Any]) -> IngestResult: ...
 

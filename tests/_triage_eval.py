@@ -95,8 +95,7 @@ async def score(memory: Memory, rows: list[dict[str, Any]], user_prefix: str) ->
 
 async def _locomo(path: Path) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
-    from locomo import DataNotes, load_conversations  # type: ignore[import-not-found]
-    from replay import _message  # type: ignore[import-not-found]  # a turn as the benchmarks ingest it
+    from locomo import DataNotes, load_conversations, turn_message  # type: ignore[import-not-found]
 
     conversations = load_conversations(path, None, DataNotes())
     layers: Counter[str] = Counter()
@@ -106,7 +105,7 @@ async def _locomo(path: Path) -> dict[str, Any]:
         async with open_memory(Path(folder) / "store", real_model=True) as memory:
             for conv in conversations:
                 for turn in conv.turns:
-                    decision = await memory.triage(_message(conv, turn))
+                    decision = await memory.triage(turn_message(conv, turn))
                     layers[decision.layer] += 1
                     if decision.layer == "ignore":
                         ignored.append(f"{conv.sample_id}:{turn.dia_id}")

@@ -104,16 +104,12 @@ def scene_record(
 ) -> MemoryRecord:
     """The scene ``draft`` tells, as the speaker's memory in the message's chat. ``meta`` starts
     with the scene's ``type``; the draft's fields follow it."""
-    return MemoryRecord(
+    return MemoryRecord.from_message(
+        message,
         kind="scene",
-        tenant=message.tenant,
-        user_id=message.user_id,
-        chat_id=message.chat_id,
-        speaker=message.speaker,
         text=draft.render(),
         embed_text=embed_text,
         importance=importance,
-        created_at=message.ts,
         stored_at=stored_at,
         message_ids=message_ids,
         meta={**meta, "category": draft.category, "tags": draft.tags, **draft.stored()},
