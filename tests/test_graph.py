@@ -2,14 +2,14 @@
 tools (commit, purge, recall, tasks, persona, context rewrite), the per-turn context, auto tasks, and
 scope isolation. The seed's idiom-chain example runs end to end through the tools.
 
-Everything runs on the hash embedder and real SQLite; one test, marked slow, checks with the real
-model that memory_recall seeds by meaning.
+Everything runs on the hash embedder, on both stores: real SQLite and a real PostgreSQL (the
+``storage`` fixture); one test, marked slow, checks with the real model that memory_recall seeds by
+meaning. The tables are read through the store's SQL capability, the same way on both.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,13 +17,16 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from _helpers import msg, sql
+from _helpers import msg
 from narrmem_plugins.graph import GraphPlugin, turn_context
 from narrmem_plugins.graph.extract import extract
 from narrmem_plugins.graph.rewrite import check_summary, read_turn
 from narrmem_plugins.graph.schemas import ChatMessage
+from test_plugin_tables import storage_for
 
-from narrmem import ConfigError, InputError, ManualClock, Memory, PluginError, hookimpl
+from narrmem import ConfigError, InputError, ManualClock, Memory, PluginError, StoreError, hookimpl
+from narrmem.store import SQLCapable
+from narrmem.table_transfer import table_columns
 from narrmem.testing import open_memory
 
 START = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
@@ -39,9 +42,15 @@ async def clock() -> ManualClock:
     return ManualClock(START)
 
 
+@pytest_asyncio.fixture(params=["sqlite", "postgres"])
+async def storage(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The settings of a store of each backend (a fresh PostgreSQL database for each test)."""
+    return await storage_for(request.param)
+
+
 @pytest_asyncio.fixture
-async def mem(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Memory]:
-    async with open_memory(tmp_path / "m", clock=clock) as memory:
+async def mem(tmp_path: Path, clock: ManualClock, storage: dict[str, Any]) -> AsyncIterator[Memory]:
+    async with open_memory(tmp_path / "m", clock=clock, **storage) as memory:
         yield memory
 
 
@@ -67,19 +76,28 @@ def said(result: dict[str, Any]) -> set[tuple[str, str, str]]:
     return {(e["subject"], e["relation"], e["object"]) for e in result["edges"]}
 
 
-def edges(folder: Path, where: str = "1", params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    con = sqlite3.connect(folder / "narrmem.sqlite3")
-    con.row_factory = sqlite3.Row
-    try:
-        rows = con.execute(
-            "SELECT e.*, s.name AS subject, o.name AS object FROM graph_edges e "
+def tables(mem: Memory) -> SQLCapable:
+    assert isinstance(mem.store, SQLCapable)
+    return mem.store
+
+
+async def rows(mem: Memory, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """``query`` on the store's database (SQLite or PostgreSQL), through its SQL capability."""
+    async with tables(mem).sql() as db:
+        return await db.fetchall(query, params)
+
+
+async def edges(mem: Memory, where: str = "TRUE", params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Every column of the graph_edges rows ``where`` selects, with ``subject`` and ``object`` named."""
+    async with tables(mem).sql() as db:
+        names = [c.name for c in await table_columns(db, "graph_edges")]
+        found = await db.fetchall(
+            f"SELECT {', '.join(f'e.{n}' for n in names)}, s.name, o.name FROM graph_edges e "
             "JOIN graph_nodes s ON s.id = e.subject_id JOIN graph_nodes o ON o.id = e.object_id "
             f"WHERE {where} ORDER BY e.id",
             params,
-        ).fetchall()
-        return [dict(r) for r in rows]
-    finally:
-        con.close()
+        )
+    return [dict(zip([*names, "subject", "object"], row, strict=True)) for row in found]
 
 
 @contextlib.contextmanager
@@ -93,7 +111,7 @@ def raises_on(field: str) -> Iterator[pytest.ExceptionInfo[InputError]]:
 # --- the graph: types, relation names, one row per triplet -----------------------------------
 
 
-async def test_node_types_are_stored_and_checked(mem: Memory, tmp_path: Path) -> None:
+async def test_node_types_are_stored_and_checked(mem: Memory) -> None:
     out = await mem.call_tool(
         "memory_commit",
         {
@@ -113,7 +131,7 @@ async def test_node_types_are_stored_and_checked(mem: Memory, tmp_path: Path) ->
         ("TaskNode", "EntityNode"),
         ("EntityNode", "InfoNode"),
     ]
-    stored = dict(sql(tmp_path / "m", "SELECT name, type FROM graph_nodes"))
+    stored = dict(await rows(mem, "SELECT name, type FROM graph_nodes"))
     assert stored == {"Task_x": "TaskNode", "notes": "EntityNode", "user": "EntityNode", "rock": "InfoNode"}
     with raises_on("triplets.0.subject_type"):
         await mem.call_tool(
@@ -134,14 +152,13 @@ async def test_node_types_are_stored_and_checked(mem: Memory, tmp_path: Path) ->
                 ],
             },
         )
-    # SQLite itself refuses a type outside the five.
-    con = sqlite3.connect(tmp_path / "m" / "narrmem.sqlite3")
-    with pytest.raises(sqlite3.IntegrityError):
-        con.execute(
-            "INSERT INTO graph_nodes (tenant, user_id, chat_id, name, type, created_at, created_ts) "
-            "VALUES ('default', 'u1', 'c1', 'z', 'FooNode', '', 0)"
-        )
-    con.close()
+    # The database itself refuses a type outside the five.
+    with pytest.raises(StoreError, match=r"(?i)check"):
+        async with tables(mem).sql(write=True) as db:
+            await db.execute(
+                "INSERT INTO graph_nodes (tenant, user_id, chat_id, name, type, created_at, created_ts) "
+                "VALUES ('default', 'u1', 'c1', 'z', 'FooNode', '', 0)"
+            )
 
 
 @pytest.mark.parametrize(
@@ -174,9 +191,7 @@ async def test_structural_edges_belong_to_the_task_and_persona_tools(mem: Memory
             await commit(mem, ("Task_a", relation, "Task_b"))
 
 
-async def test_committing_twice_confirms_instead_of_duplicating(
-    mem: Memory, clock: ManualClock, tmp_path: Path
-) -> None:
+async def test_committing_twice_confirms_instead_of_duplicating(mem: Memory, clock: ManualClock) -> None:
     first = await commit(mem, ("user", "likes", "rock"))
     clock.advance(hours=1)
     second = await commit(mem, ("user", "likes", "Rock"))  # names compare case-insensitively
@@ -185,7 +200,7 @@ async def test_committing_twice_confirms_instead_of_duplicating(
     assert row["count"] == 2 and row["id"] == first["triplets"][0]["id"]
     assert datetime.fromisoformat(row["last_seen"]) == START + timedelta(hours=1)
     assert datetime.fromisoformat(row["valid_from"]) == START
-    assert len(edges(tmp_path / "m")) == 1
+    assert len(await edges(mem)) == 1
     assert said(await recall(mem, "rock")) == {("user", "likes", "rock")}
 
 
@@ -207,7 +222,7 @@ async def test_speculation_is_marked_filterable_and_overridden_by_a_statement(me
 # --- memory_purge -----------------------------------------------------------------------------
 
 
-async def test_a_filter_that_matches_nothing_deletes_nothing(mem: Memory, tmp_path: Path) -> None:
+async def test_a_filter_that_matches_nothing_deletes_nothing(mem: Memory) -> None:
     await commit(mem, ("user", "likes", "rock"), ("user", "likes", "jazz"), ("user", "works_on", "narrmem"))
     for filters in (
         {"subject": "user", "object": "no such thing"},
@@ -229,8 +244,8 @@ async def test_a_filter_that_matches_nothing_deletes_nothing(mem: Memory, tmp_pa
             },
         )
         assert out["matched"] == 0 and out["new_triplet"] is None  # nothing matched: nothing written
-    assert [e["status"] for e in edges(tmp_path / "m")] == ["active"] * 3
-    assert sql(tmp_path / "m", "SELECT COUNT(*) FROM graph_purges") == [(0,)]
+    assert [e["status"] for e in await edges(mem)] == ["active"] * 3
+    assert await rows(mem, "SELECT COUNT(*) FROM graph_purges") == [(0,)]
 
 
 async def test_purge_without_filters_is_refused(mem: Memory) -> None:
@@ -267,7 +282,7 @@ async def test_purge_refuses_more_than_max_affected(mem: Memory) -> None:
     assert out["matched"] == 5
 
 
-async def test_supersede_keeps_history(mem: Memory, clock: ManualClock, tmp_path: Path) -> None:
+async def test_supersede_keeps_history(mem: Memory, clock: ManualClock) -> None:
     old = (await commit(mem, ("user", "located_at", "Paris")))["triplets"][0]
     clock.advance(days=1)
     out = await mem.call_tool(
@@ -281,12 +296,12 @@ async def test_supersede_keeps_history(mem: Memory, clock: ManualClock, tmp_path
     )
     new = out["new_triplet"]
     assert out["matched"] == 1 and new["object"] == "Berlin" and new["status"] == "active"
-    [row] = edges(tmp_path / "m", "e.id = ?", (old["id"],))
+    [row] = await edges(mem, "e.id = ?", (old["id"],))
     assert row["status"] == "superseded" and row["superseded_by"] == new["id"]
     assert datetime.fromisoformat(row["valid_to"]) == START + timedelta(days=1)
     assert said(await recall(mem, "user")) == {("user", "located_at", "Berlin")}
-    [(mode, actor, filters, touched, new_id)] = sql(
-        tmp_path / "m", "SELECT mode, actor, filters, edges, new_edge_id FROM graph_purges"
+    [(mode, actor, filters, touched, new_id)] = await rows(
+        mem, "SELECT mode, actor, filters, edges, new_edge_id FROM graph_purges"
     )
     assert (mode, actor, new_id) == ("supersede", "memory_purge", new["id"])
     assert '"relation": "located_at"' in filters and "Paris" in touched
@@ -303,17 +318,17 @@ async def test_supersede_keeps_history(mem: Memory, clock: ManualClock, tmp_path
         )
 
 
-async def test_soft_and_hard_purge(mem: Memory, tmp_path: Path) -> None:
+async def test_soft_and_hard_purge(mem: Memory) -> None:
     await commit(mem, ("user", "likes", "rock"), ("user", "likes", "jazz"))
     soft = await mem.call_tool("memory_purge", {**U1, "filters": {"object": "rock"}, "mode": "soft"})
-    [row] = edges(tmp_path / "m", "o.name = 'rock'")
+    [row] = await edges(mem, "o.name = 'rock'")
     assert soft["matched"] == 1 and row["status"] == "deleted" and row["valid_to"] is not None
     assert said(await recall(mem, "rock")) == set()  # soft-deleted triplets are not recalled
     # Hard erases in any status, with the nodes nothing points to any more; history keeps ids only.
     hard = await mem.call_tool("memory_purge", {**U1, "filters": {"object": "rock"}, "mode": "hard"})
-    assert hard["matched"] == 1 and edges(tmp_path / "m", "o.name = 'rock'") == []
-    assert sql(tmp_path / "m", "SELECT COUNT(*) FROM graph_nodes WHERE name = 'rock'") == [(0,)]
-    [(touched,)] = sql(tmp_path / "m", "SELECT edges FROM graph_purges WHERE mode = 'hard'")
+    assert hard["matched"] == 1 and await edges(mem, "o.name = 'rock'") == []
+    assert await rows(mem, "SELECT COUNT(*) FROM graph_nodes WHERE name = 'rock'") == [(0,)]
+    [(touched,)] = await rows(mem, "SELECT edges FROM graph_purges WHERE mode = 'hard'")
     assert "rock" not in touched
 
 
@@ -383,7 +398,7 @@ async def test_time_range_is_honoured(mem: Memory, clock: ManualClock) -> None:
 # --- scope -----------------------------------------------------------------------------------------
 
 
-async def test_graphs_never_mix_scopes(mem: Memory, tmp_path: Path) -> None:
+async def test_graphs_never_mix_scopes(mem: Memory) -> None:
     await commit(mem, ("user", "likes", "rock"))
     await commit(mem, ("user", "likes", "opera"), user_id="u2", chat_id="c1")
     await commit(mem, ("user", "likes", "folk"), user_id="u1", chat_id="c1", tenant="other")
@@ -402,7 +417,7 @@ async def test_graphs_never_mix_scopes(mem: Memory, tmp_path: Path) -> None:
     # A purge matching the other user's triplets by name touches none of them.
     out = await mem.call_tool("memory_purge", {**U1, "filters": {"subject": "user"}, "mode": "hard"})
     assert [t["object"] for t in out["triplets"]] == ["rock"]
-    assert {e["object"] for e in edges(tmp_path / "m", "e.relation = 'likes'")} == {"opera", "folk"}
+    assert {e["object"] for e in await edges(mem, "e.relation = 'likes'")} == {"opera", "folk"}
 
 
 async def test_reads_without_chat_see_all_of_the_users_chats(mem: Memory) -> None:
@@ -436,13 +451,13 @@ async def test_task_ids_are_exact(mem: Memory) -> None:
     assert same["changed"] is False
 
 
-async def test_task_chain_order_states_and_history(mem: Memory, clock: ManualClock, tmp_path: Path) -> None:
+async def test_task_chain_order_states_and_history(mem: Memory, clock: ManualClock) -> None:
     await commit(mem, ("user", "likes", "rock"))
     first = await mem.call_tool(
         "task_create", {**U1, "task_id": "T1", "description": "one", "info_nodes": ["n1", "user:u1"]}
     )
     assert first["previous_task"] is None and first["task"]["info_nodes"] == ["n1", "user"]
-    types = dict(sql(tmp_path / "m", "SELECT name, type FROM graph_nodes WHERE name IN ('n1', 'user')"))
+    types = dict(await rows(mem, "SELECT name, type FROM graph_nodes WHERE name IN ('n1', 'user')"))
     # A name nobody wrote yet becomes an InfoNode; a known node keeps its type.
     assert types == {"n1": "InfoNode", "user": "EntityNode"}
     clock.advance(minutes=1)
@@ -463,11 +478,10 @@ async def test_task_chain_order_states_and_history(mem: Memory, clock: ManualClo
     done = await mem.call_tool("task_query", {**U1, "state": "done"})
     assert [t["task_id"] for t in done["tasks"]] == ["T1"]
     assert len((await mem.call_tool("task_query", {**U1, "limit": 2}))["tasks"]) == 2
-    links = {(e["subject"], e["object"]) for e in edges(tmp_path / "m", "e.relation = 'NEXT_TASK'")}
+    links = {(e["subject"], e["object"]) for e in await edges(mem, "e.relation = 'NEXT_TASK'")}
     assert links == {("T1", "T2"), ("T2", "T3")}
     t2_states = [
-        (e["object"], e["status"])
-        for e in edges(tmp_path / "m", "s.name = 'T2' AND e.relation = 'HAS_STATE'")
+        (e["object"], e["status"]) for e in await edges(mem, "s.name = 'T2' AND e.relation = 'HAS_STATE'")
     ]
     assert t2_states == [
         ("state:in_progress", "superseded"),
@@ -481,7 +495,7 @@ async def test_task_chain_order_states_and_history(mem: Memory, clock: ManualClo
 # --- persona ---------------------------------------------------------------------------------------
 
 
-async def test_replacing_the_persona_touches_only_its_own_edges(mem: Memory, tmp_path: Path) -> None:
+async def test_replacing_the_persona_touches_only_its_own_edges(mem: Memory) -> None:
     await commit(
         mem, ("AI assistant fan", "likes", "robots"), ("AI", "likes", "cats"), ("user", "likes", "AI")
     )
@@ -493,12 +507,10 @@ async def test_replacing_the_persona_touches_only_its_own_edges(mem: Memory, tmp
     second = await mem.call_tool("persona_set", {**U1, "description": "a calm butler", "traits": ["polite"]})
     assert second["replaced"]["description"] == "a cheerful catgirl"
     assert second["superseded_edges"] == 4  # HAS_PERSONA and the old persona's two traits and tone
-    untouched = {(e["subject"], e["object"]) for e in edges(tmp_path / "m", "e.relation = 'likes'")}
+    untouched = {(e["subject"], e["object"]) for e in await edges(mem, "e.relation = 'likes'")}
     assert untouched == {("AI assistant fan", "robots"), ("AI", "cats"), ("user", "AI")}
-    assert {e["status"] for e in edges(tmp_path / "m", "e.relation = 'likes'")} == {"active"}
-    old = edges(
-        tmp_path / "m", "s.name = 'persona:v1' OR (e.relation = 'HAS_PERSONA' AND o.name = 'persona:v1')"
-    )
+    assert {e["status"] for e in await edges(mem, "e.relation = 'likes'")} == {"active"}
+    old = await edges(mem, "s.name = 'persona:v1' OR (e.relation = 'HAS_PERSONA' AND o.name = 'persona:v1')")
     assert {e["status"] for e in old} == {"superseded"} and len(old) == 4
     got = await mem.call_tool("persona_get", U1)
     assert got["persona"]["description"] == "a calm butler"
@@ -661,13 +673,13 @@ def test_questions_third_person_and_empty_objects_state_no_fact(text: str) -> No
     assert extract(text) == []
 
 
-async def test_ingest_writes_facts_and_notes(mem: Memory, tmp_path: Path) -> None:
+async def test_ingest_writes_facts_and_notes(mem: Memory) -> None:
     result = await mem.ingest(msg("m1", "I'm working on the narrmem project. I like rock", ts=at(0)))
     assert "fact: user works_on narrmem project" in result.notes
     assert "fact: user likes rock" in result.notes
     again = await mem.ingest(msg("m2", "I really like rock", ts=at(1)))
     assert "fact confirmed (2x): user likes rock" in again.notes
-    [row] = edges(tmp_path / "m", "o.name = 'rock'")
+    [row] = await edges(mem, "o.name = 'rock'")
     assert (row["source"], row["provenance"], row["count"], row["chat_id"]) == (
         "message",
         '["m1", "m2"]',
@@ -680,14 +692,14 @@ async def test_ingest_writes_facts_and_notes(mem: Memory, tmp_path: Path) -> Non
     assert "fact: user[speculation] likes Coldplay" in spec.notes
 
 
-async def test_a_contradicting_fact_supersedes_the_earlier_one(mem: Memory, tmp_path: Path) -> None:
+async def test_a_contradicting_fact_supersedes_the_earlier_one(mem: Memory) -> None:
     await mem.ingest(msg("m1", "I like rock", ts=at(0)))
     later = await mem.ingest(msg("m2", "I don't like rock anymore", ts=at(5)))
     assert "fact superseded: user likes rock -> user dislikes rock" in later.notes
     assert said(await recall(mem, "rock")) == {("user", "dislikes", "rock")}
-    old, new = edges(tmp_path / "m", "o.name = 'rock'")
+    old, new = await edges(mem, "o.name = 'rock'")
     assert (old["relation"], old["status"], old["superseded_by"]) == ("likes", "superseded", new["id"])
-    assert sql(tmp_path / "m", "SELECT mode, actor FROM graph_purges") == [("supersede", "message:m2")]
+    assert await rows(mem, "SELECT mode, actor FROM graph_purges") == [("supersede", "message:m2")]
     # Chinese, and across chats: what the user says about themselves holds everywhere.
     await mem.ingest(msg("z1", "我喜欢摇滚", ts=at(10), chat="c2"))
     await mem.ingest(msg("z2", "我不再喜欢摇滚了", ts=at(11), chat="c3"))
@@ -705,12 +717,12 @@ async def test_a_contradicting_fact_supersedes_the_earlier_one(mem: Memory, tmp_
     assert where == {("located_at", "hotel"), ("lives_in", "Lisbon")}
 
 
-async def test_an_old_message_ingested_late_is_history(mem: Memory, tmp_path: Path) -> None:
+async def test_an_old_message_ingested_late_is_history(mem: Memory) -> None:
     await mem.ingest(msg("m2", "I don't like rock anymore", ts=at(60)))
     late = await mem.ingest(msg("m1", "I like rock", ts=at(0)))
     assert "fact (already outdated, kept as history): user likes rock (past: until 2026-05-04)" in late.notes
     assert said(await recall(mem, "rock")) == {("user", "dislikes", "rock")}
-    rows = {e["relation"]: e for e in edges(tmp_path / "m", "o.name = 'rock'")}
+    rows = {e["relation"]: e for e in await edges(mem, "o.name = 'rock'")}
     likes, dislikes = rows["likes"], rows["dislikes"]
     assert (likes["status"], likes["superseded_by"], dislikes["status"]) == (
         "superseded",
@@ -736,8 +748,8 @@ class RichFacts:
         ]
 
 
-async def test_an_extractor_plugin_replaces_the_rules(tmp_path: Path) -> None:
-    async with open_memory(tmp_path / "m", plugins=[RichFacts()]) as mem:
+async def test_an_extractor_plugin_replaces_the_rules(tmp_path: Path, storage: dict[str, Any]) -> None:
+    async with open_memory(tmp_path / "m", plugins=[RichFacts()], **storage) as mem:
         result = await mem.ingest(msg("m1", "I built a robot and I like rock", ts=at(0)))
         assert "fact: user owns a robot" in result.notes
         assert "fact: user[speculation] likes robots" in result.notes
@@ -747,9 +759,9 @@ async def test_an_extractor_plugin_replaces_the_rules(tmp_path: Path) -> None:
         assert "fact: user likes jazz" in plain.notes  # None leaves the message to the rules
 
 
-async def test_fact_extraction_can_be_turned_off(tmp_path: Path) -> None:
+async def test_fact_extraction_can_be_turned_off(tmp_path: Path, storage: dict[str, Any]) -> None:
     plugin = {"graph": {"extract_facts": False}}
-    async with open_memory(tmp_path / "m", plugin=plugin) as mem:
+    async with open_memory(tmp_path / "m", plugin=plugin, **storage) as mem:
         result = await mem.ingest(msg("m1", "I like rock", ts=at(0)))
         assert not any(n.startswith("fact") for n in result.notes)
 
@@ -903,9 +915,9 @@ async def test_idiom_chain_game(mem: Memory, clock: ManualClock) -> None:
 # --- auto tasks, forgetting, options ----------------------------------------------------------------
 
 
-async def test_auto_tasks_follow_the_topic(tmp_path: Path) -> None:
+async def test_auto_tasks_follow_the_topic(tmp_path: Path, storage: dict[str, Any]) -> None:
     options = {"graph": {"auto_tasks": True, "extract_facts": False}}
-    async with open_memory(tmp_path / "m", plugin=options) as mem:
+    async with open_memory(tmp_path / "m", plugin=options, **storage) as mem:
         talk = [
             ("a1", "my garden tomatoes are growing fast this summer"),
             ("a2", "the garden tomatoes need more water this summer"),
@@ -928,23 +940,23 @@ async def test_auto_tasks_follow_the_topic(tmp_path: Path) -> None:
         assert chain[1]["description"].startswith("my garden tomatoes")
 
 
-async def test_forget_erases_the_graph(mem: Memory, tmp_path: Path) -> None:
+async def test_forget_erases_the_graph(mem: Memory) -> None:
     await mem.ingest(msg("m1", "I like rock", ts=at(0)))
     await mem.ingest(msg("m2", "I like jazz", ts=at(0), user="u2"))
     await mem.call_tool("task_create", {**U1, "task_id": "T", "description": "d"})
     await mem.call_tool("memory_purge", {**U1, "filters": {"object": "rock"}})
     await mem.forget(user_id="u1")
     for table in ("graph_nodes", "graph_edges", "graph_purges"):
-        assert sql(tmp_path / "m", f"SELECT COUNT(*) FROM {table} WHERE user_id = 'u1'") == [(0,)]
+        assert await rows(mem, f"SELECT COUNT(*) FROM {table} WHERE user_id = 'u1'") == [(0,)]
     assert said(await recall(mem, "jazz", user_id="u2", chat_id="c1")) == {("user", "likes", "jazz")}
     stats = (await mem.stats())["graph"]
     assert stats["edges"] == {"active": 1} and stats["purges"] == 0
     # Forgetting a chat takes the record of a supersession that crossed chats with it.
     await mem.ingest(msg("x1", "I like tea", ts=at(1), user="u3", chat="tea-chat"))
     await mem.ingest(msg("x2", "I don't like tea anymore", ts=at(2), user="u3", chat="other-chat"))
-    assert sql(tmp_path / "m", "SELECT COUNT(*) FROM graph_purges WHERE user_id = 'u3'") == [(1,)]
+    assert await rows(mem, "SELECT COUNT(*) FROM graph_purges WHERE user_id = 'u3'") == [(1,)]
     await mem.forget(chat_id="tea-chat")
-    assert sql(tmp_path / "m", "SELECT COUNT(*) FROM graph_purges WHERE user_id = 'u3'") == [(0,)]
+    assert await rows(mem, "SELECT COUNT(*) FROM graph_purges WHERE user_id = 'u3'") == [(0,)]
     assert said(await recall(mem, "tea", user_id="u3", depth=1)) == {("user", "dislikes", "tea")}
 
 
@@ -973,11 +985,16 @@ async def test_unknown_option_is_a_config_error(tmp_path: Path) -> None:
         await open_memory(tmp_path / "m", plugin={"graph": {"auto_task": True}})
 
 
-async def test_the_graph_survives_reopening(tmp_path: Path) -> None:
-    async with open_memory(tmp_path / "m") as mem:
+async def test_the_graph_survives_reopening(tmp_path: Path, storage: dict[str, Any]) -> None:
+    async with open_memory(tmp_path / "m", **storage) as mem:
         await commit(mem, ("user", "likes", "rock"))
-    async with open_memory(tmp_path / "m") as mem:
+    # On PostgreSQL the graph lives in the database: another folder (another worker) sees it too.
+    folder = tmp_path / ("m" if not storage else "n")
+    async with open_memory(folder, **storage) as mem:
         assert said(await recall(mem, "rock")) == {("user", "likes", "rock")}
+        # New rows continue after the ones there.
+        out = await commit(mem, ("user", "likes", "jazz"))
+        assert out["created"] == 1
 
 
 def test_tools_need_an_open_graph() -> None:

@@ -3,11 +3,11 @@ contradicts, one-value relations (lives_in, works_at, job, partner, age) hold on
 old ones as dated history, every task in progress shows in the turn context, one rule for task ids,
 a purge never leaves a task without its state, and a recap question gets the recent narrative.
 
-Real SQLite; the hash embedder (meaning plays no part in what is checked here)."""
+On both stores, real SQLite and a real PostgreSQL (``storage`` from :mod:`test_graph`); the hash
+embedder (meaning plays no part in what is checked here)."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,10 +18,12 @@ import pytest_asyncio
 from _helpers import msg
 from narrmem_plugins.graph import current_value, is_functional, turn_context, value_history
 from narrmem_plugins.graph.refer import asks_for_recap
-from test_graph import START, U1
+from test_graph import START, U1, rows, storage, tables
 
 from narrmem import InputError, ManualClock, Memory
 from narrmem.testing import open_memory
+
+__all__ = ["storage"]  # the fixture test_graph runs every test with on SQLite and on PostgreSQL
 
 
 @pytest.fixture
@@ -30,8 +32,8 @@ def clock() -> ManualClock:
 
 
 @pytest_asyncio.fixture
-async def mem(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Memory]:
-    async with open_memory(tmp_path / "m", clock=clock) as memory:
+async def mem(tmp_path: Path, clock: ManualClock, storage: dict[str, Any]) -> AsyncIterator[Memory]:
+    async with open_memory(tmp_path / "m", clock=clock, **storage) as memory:
         yield memory
 
 
@@ -40,16 +42,13 @@ async def commit(mem: Memory, *triplets: tuple[str, str, str], **extra: Any) -> 
     return await mem.call_tool("memory_commit", {**U1, "triplets": rows, **extra})
 
 
-def active(folder: Path) -> set[tuple[str, str, str]]:
-    con = sqlite3.connect(folder / "narrmem.sqlite3")
-    try:
-        rows = con.execute(
-            "SELECT s.name, e.relation, o.name FROM graph_edges e JOIN graph_nodes s ON s.id = e.subject_id "
-            "JOIN graph_nodes o ON o.id = e.object_id WHERE e.status = 'active'"
-        ).fetchall()
-    finally:
-        con.close()
-    return {(str(a), str(b), str(c)) for a, b, c in rows}
+async def active(mem: Memory) -> set[tuple[str, str, str]]:
+    found = await rows(
+        mem,
+        "SELECT s.name, e.relation, o.name FROM graph_edges e JOIN graph_nodes s ON s.id = e.subject_id "
+        "JOIN graph_nodes o ON o.id = e.object_id WHERE e.status = 'active'",
+    )
+    return {(str(a), str(b), str(c)) for a, b, c in found}
 
 
 def at(hours: float) -> str:
@@ -59,33 +58,31 @@ def at(hours: float) -> str:
 # --- 1: a confirmed guess retires what it contradicts -----------------------------------------
 
 
-async def test_confirming_a_speculation_retires_the_fact_it_contradicts(mem: Memory, tmp_path: Path) -> None:
+async def test_confirming_a_speculation_retires_the_fact_it_contradicts(mem: Memory) -> None:
     await commit(mem, ("user", "likes", "rock"))
     guess = await commit(mem, ("user", "dislikes", "rock"), speculative=True)
     assert guess["superseded"] == []  # a guess alone never overrides what the user said
     confirmed = await commit(mem, ("user", "dislikes", "rock"))
     assert [(e["relation"], e["object"]) for e in confirmed["superseded"]] == [("likes", "rock")]
     assert confirmed["triplets"][0]["speculative"] is False
-    assert ("user", "likes", "rock") not in active(tmp_path / "m")
+    assert ("user", "likes", "rock") not in await active(mem)
     found = await mem.call_tool("memory_recall", {**U1, "query_intent": "rock"})
     assert {(e["relation"], e["object"]) for e in found["edges"]} == {("dislikes", "rock")}
     # Kept as history, not deleted: superseded by the confirmed statement, with the time.
-    con = sqlite3.connect(tmp_path / "m" / "narrmem.sqlite3")
-    row = con.execute(
-        "SELECT status, valid_to, superseded_by FROM graph_edges WHERE relation = 'likes'"
-    ).fetchone()
-    con.close()
+    [row] = await rows(
+        mem, "SELECT status, valid_to, superseded_by FROM graph_edges WHERE relation = 'likes'"
+    )
     assert row[0] == "superseded" and row[1] is not None
     assert row[2] == confirmed["triplets"][0]["id"]
 
 
-async def test_a_message_confirming_a_guess_retires_the_old_statement(mem: Memory, tmp_path: Path) -> None:
+async def test_a_message_confirming_a_guess_retires_the_old_statement(mem: Memory) -> None:
     await mem.ingest(msg("m1", "I like rock", ts=at(0)))
     await commit(mem, ("user", "dislikes", "rock"), speculative=True)
     result = await mem.ingest(msg("m2", "I don't like rock anymore", ts=at(1)))
     assert any(n.startswith("fact superseded: user likes rock") for n in result.notes), result.notes
-    assert active(tmp_path / "m") >= {("user", "dislikes", "rock")}
-    assert ("user", "likes", "rock") not in active(tmp_path / "m")
+    assert await active(mem) >= {("user", "dislikes", "rock")}
+    assert ("user", "likes", "rock") not in await active(mem)
 
 
 # --- 2: one-value relations -----------------------------------------------------------------
@@ -104,12 +101,12 @@ async def test_a_message_confirming_a_guess_retires_the_old_statement(mem: Memor
     ],
 )
 async def test_a_new_value_supersedes_the_old_with_its_time(
-    mem: Memory, tmp_path: Path, texts: list[str], relation: str, now: str
+    mem: Memory, texts: list[str], relation: str, now: str
 ) -> None:
     for i, text in enumerate(texts):
         await mem.ingest(msg(f"m{i}", text, ts=at(i)))
     assert is_functional(mem, relation)
-    holding = [t for t in active(tmp_path / "m") if t[1] == relation]
+    holding = [t for t in await active(mem) if t[1] == relation]
     assert holding == [("user", relation, now)]
     current = await current_value(mem, user_id="u1", relation=relation)
     assert current is not None and current.object == now and current.current
@@ -136,8 +133,9 @@ async def test_recall_of_an_old_value_says_it_is_past(mem: Memory) -> None:
     assert {e["object"] for e in about["past"]} == {"Berlin", "Lisbon"}
 
 
-async def test_custom_functional_relations_from_the_config(tmp_path: Path) -> None:
-    async with open_memory(tmp_path / "m", plugin={"graph": {"functional_relations": ["drives"]}}) as mem:
+async def test_custom_functional_relations_from_the_config(tmp_path: Path, storage: dict[str, Any]) -> None:
+    drives = {"graph": {"functional_relations": ["drives"]}}
+    async with open_memory(tmp_path / "m", plugin=drives, **storage) as mem:
         assert is_functional(mem, "drives") and is_functional(mem, "lives_in")
         await commit(mem, ("user", "drives", "a Golf"))
         out = await commit(mem, ("user", "drives", "a Tesla"))
@@ -240,9 +238,9 @@ async def _chain(mem: Memory) -> None:
 
 
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-async def test_a_purge_that_would_orphan_a_task_is_refused(mem: Memory, tmp_path: Path, mode: str) -> None:
+async def test_a_purge_that_would_orphan_a_task_is_refused(mem: Memory, mode: str) -> None:
     await _chain(mem)
-    before = active(tmp_path / "m")
+    before = await active(mem)
     purge = {**U1, "filters": {"subject": "Task_b"}, "mode": mode}
     dry = await mem.call_tool("memory_purge", {**purge, "dry_run": True})
     assert dry["tasks"] == ["Task_b"] and dry["refused"] and "Task_b" in dry["refused"]
@@ -251,7 +249,7 @@ async def test_a_purge_that_would_orphan_a_task_is_refused(mem: Memory, tmp_path
     assert info.value.field == "filters" and "Task_b" in str(info.value)
     with pytest.raises(InputError):
         await mem.call_tool("memory_purge", {**U1, "filters": {"object": "state:in_progress"}})
-    assert active(tmp_path / "m") == before
+    assert await active(mem) == before
     states = {t["task_id"]: t["state"] for t in (await mem.call_tool("task_query", U1))["tasks"]}
     assert states == {"Task_a": "in_progress", "Task_b": "in_progress", "Task_c": "in_progress"}
     # Purging what does not hold a task together still works.
@@ -262,9 +260,7 @@ async def test_a_purge_that_would_orphan_a_task_is_refused(mem: Memory, tmp_path
 
 
 @pytest.mark.parametrize("mode", ["soft", "hard"])
-async def test_whole_tasks_purges_the_task_and_joins_the_chain(
-    mem: Memory, tmp_path: Path, mode: str
-) -> None:
+async def test_whole_tasks_purges_the_task_and_joins_the_chain(mem: Memory, mode: str) -> None:
     await _chain(mem)
     purge = {
         **U1,
@@ -285,8 +281,8 @@ async def test_whole_tasks_purges_the_task_and_joins_the_chain(
     assert out["matched"] == 4 and out["purge_id"] is not None
     tasks = (await mem.call_tool("task_query", U1))["tasks"]
     assert [t["task_id"] for t in tasks] == ["Task_c", "Task_a"]
-    assert ("Task_a", "NEXT_TASK", "Task_c") in active(tmp_path / "m")
-    assert not any("Task_b" in (s, o) for s, _, o in active(tmp_path / "m"))
+    assert ("Task_a", "NEXT_TASK", "Task_c") in await active(mem)
+    assert not any("Task_b" in (s, o) for s, _, o in await active(mem))
 
 
 async def test_a_task_purged_whole_frees_its_id(mem: Memory, clock: ManualClock) -> None:
@@ -302,20 +298,21 @@ async def test_a_task_purged_whole_frees_its_id(mem: Memory, clock: ManualClock)
     assert [t["task_id"] for t in tasks] == ["Task_a", "Task_c", "Task_b"]
 
 
-async def test_a_task_an_older_purge_left_without_state_still_shows(tmp_path: Path) -> None:
+async def test_a_task_an_older_purge_left_without_state_still_shows(
+    tmp_path: Path, storage: dict[str, Any]
+) -> None:
     """A store written before purges kept states: the old memory_purge could delete a task's state edge
     alone. Such a task still shows, in progress, as it did; only a task purged whole is gone."""
-    async with open_memory(tmp_path / "m") as mem:
+    async with open_memory(tmp_path / "m", **storage) as mem:
         await _chain(mem)
-    con = sqlite3.connect(tmp_path / "m" / "narrmem.sqlite3")
-    with con:  # what the old purge did: {"subject": "Task_b", "relation": "HAS_STATE"}, soft
-        con.execute(
-            "UPDATE graph_edges SET status = 'deleted', valid_to = '2026-05-04T10:00:00+00:00', "
-            "valid_to_ts = 0 "
-            "WHERE relation = 'HAS_STATE' AND subject_id = (SELECT id FROM graph_nodes WHERE name = 'Task_b')"
-        )
-    con.close()
-    async with open_memory(tmp_path / "m") as mem:
+        # What the old purge did: {"subject": "Task_b", "relation": "HAS_STATE"}, soft.
+        async with tables(mem).sql(write=True) as db:
+            await db.execute(
+                "UPDATE graph_edges SET status = 'deleted', valid_to = '2026-05-04T10:00:00+00:00', "
+                "valid_to_ts = 0 WHERE relation = 'HAS_STATE' "
+                "AND subject_id = (SELECT id FROM graph_nodes WHERE name = 'Task_b')"
+            )
+    async with open_memory(tmp_path / "m", **storage) as mem:
         states = {t["task_id"]: t["state"] for t in (await mem.call_tool("task_query", U1))["tasks"]}
         assert states == {"Task_a": "in_progress", "Task_b": "in_progress", "Task_c": "in_progress"}
         ctx = await turn_context(mem, "hello", **U1)
