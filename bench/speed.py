@@ -23,6 +23,10 @@ What is measured, in this order (all times with ``time.perf_counter``):
    about 0.93 cosine to the original at 0.02), renormalised. Records get real users, chats, speakers and
    timestamps spread over the year before the live traffic, which arrives in time order (1-120 s apart).
    Bulk-loaded records bypass the plugins (no triage signals, no scenes); the store.add rate is reported.
+   With ``--backend postgres`` each size is a fresh database instead, filled by one
+   ``store.import_records`` call into the empty store (the bulk import: rows written set-wise, the
+   indexes, HNSW included, built after loading), whose rate is reported; the bulk-ingest figures of
+   step 1 come from a database of their own.
 3. At each size, ``--samples`` single ``mem.ingest`` calls of messages triage ignores and of messages it
    stores (each stored one embeds one text); then ``--samples`` ``mem.recall(query, user_id=..., k=--k)``
    calls (query embedding included) for two user scopes: the heavy user and a typical user, with their
@@ -271,6 +275,38 @@ async def _timed_ingest_many(mem: Memory, messages: list[Message]) -> tuple[floa
     return seconds, results
 
 
+def fill_batch(
+    pop: Population,
+    pool_texts: list[str],
+    pool_vectors: np.ndarray,
+    n: int,
+    noise: float,
+    rng: np.random.Generator,
+) -> tuple[list[MemoryRecord], np.ndarray]:
+    """``n`` bulk records, each a pool message's text with its vector plus noise (see the module doc)."""
+    picks = rng.integers(0, len(pool_texts), n)
+    vectors = pool_vectors[picks] + rng.normal(0.0, noise, (n, pool_vectors.shape[1]))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    records = []
+    for i in picks:
+        person = pop.pick_person()
+        ts = pop.past()
+        records.append(
+            MemoryRecord(
+                user_id=person.user_id,
+                chat_id=pop.pick_chat(person),
+                speaker=person.name,
+                text=pool_texts[int(i)],
+                created_at=ts,
+                stored_at=ts,
+                message_ids=[pop.message_id("fill")],
+                meta={"layer": "accumulate", "synthetic": True},
+            )
+        )
+        pop.counts[person.user_id] += 1
+    return records, vectors.astype(np.float32)
+
+
 async def fill(
     mem: Memory,
     pop: Population,
@@ -280,34 +316,28 @@ async def fill(
     noise: float,
     rng: np.random.Generator,
 ) -> dict[str, Any]:
+    """SQLite: ``store.add`` in chunks of ``BULK_CHUNK`` up to ``target`` memories. PostgreSQL:
+    ``target`` memories into the empty store by one ``store.import_records`` call, the bulk path
+    (rows written set-wise, the indexes built after loading); the call alone is timed."""
+    bulk = not hasattr(mem.store, "index")
     current = int((await mem.store.stats())["memories"])
     need = max(0, target - current)
+    batches = (
+        fill_batch(pop, pool_texts, pool_vectors, min(BULK_CHUNK, need - offset), noise, rng)
+        for offset in range(0, need, BULK_CHUNK)
+    )
+    if bulk:
+        items = [item for records, vectors in batches for item in zip(records, vectors, strict=True)]
+        print(f"bulk import of {need:,} memories ...", file=sys.stderr)
+        start = time.perf_counter()
+        await mem.store.import_records(items)
+        seconds = time.perf_counter() - start
+        return {"records": need, "seconds": seconds, "per_s": need / seconds, "bulk": True}
     start = time.perf_counter()
     with tqdm(total=need, desc=f"fill to {target:,}", unit="rec", file=sys.stderr, leave=False) as bar:
-        for offset in range(0, need, BULK_CHUNK):
-            n = min(BULK_CHUNK, need - offset)
-            picks = rng.integers(0, len(pool_texts), n)
-            vectors = pool_vectors[picks] + rng.normal(0.0, noise, (n, pool_vectors.shape[1]))
-            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-            records = []
-            for i in picks:
-                person = pop.pick_person()
-                ts = pop.past()
-                records.append(
-                    MemoryRecord(
-                        user_id=person.user_id,
-                        chat_id=pop.pick_chat(person),
-                        speaker=person.name,
-                        text=pool_texts[int(i)],
-                        created_at=ts,
-                        stored_at=ts,
-                        message_ids=[pop.message_id("fill")],
-                        meta={"layer": "accumulate", "synthetic": True},
-                    )
-                )
-                pop.counts[person.user_id] += 1
-            await mem.store.add(records, vectors.astype(np.float32))
-            bar.update(n)
+        for records, vectors in batches:
+            await mem.store.add(records, vectors)
+            bar.update(len(records))
     seconds = time.perf_counter() - start
     return {"records": need, "seconds": seconds, "per_s": need / seconds if seconds else None}
 
@@ -407,10 +437,14 @@ async def settle_index(mem: Memory, pop: Population, k: int) -> dict[str, Any]:
 
 
 async def measure(args: argparse.Namespace, settings: Settings, folder: Path) -> dict[str, Any]:
+    """Everything but the start-ups. PostgreSQL: each size is a fresh database filled by the bulk
+    import (row-by-row HNSW inserts would take hours at 1M); ``args.largest`` is left pointing at
+    the largest one (its folder and settings), for the start-ups."""
     gen = ChatGenerator(args.seed)
     pop = Population(gen=gen, people=gen.people(args.users), heavy_share=args.heavy_share)
     rng = np.random.default_rng(args.seed)
     out: dict[str, Any] = {}
+    args.largest = (folder, settings)
 
     start = time.perf_counter()
     mem = await Memory.open(folder, settings=settings)
@@ -439,44 +473,54 @@ async def measure(args: argparse.Namespace, settings: Settings, folder: Path) ->
 
         out["fill"] = []
         out["by_size"] = {}
-        quarter = max(1, args.samples // 4)
         for size in sorted(args.sizes):
+            if args.backend == "postgres":
+                await mem.close()
+                args.largest = (folder / f"size-{size}", await _pgserver.fresh_settings(settings))
+                mem = await Memory.open(args.largest[0], settings=args.largest[1])
+                pop.counts = Counter()
             fill_stats = await fill(mem, pop, pool_texts, pool_vectors, size, args.noise, rng)
             fill_stats.update(await settle_index(mem, pop, args.k))
             out["fill"].append({"target": size, **fill_stats})
             print(f"size {size:,}: timing ingest and recall ...", file=sys.stderr)
-            async with LoopStallMonitor() as monitor:
-                row: dict[str, Any] = {
-                    "ingest_ignored": await time_ingest(mem, pop, args.samples, ignored=True),
-                    "ingest_stored": await time_ingest(mem, pop, args.samples, ignored=False),
-                    "recall_heavy_user": await time_recall(mem, pop, pop.heavy, args.samples, args.k),
-                    "recall_typical_user": await time_recall(mem, pop, pop.typical, args.samples, args.k),
-                    "recall_heavy_user_after_write": await time_recall_after_write(
-                        mem, pop, pop.heavy, quarter, args.k
-                    ),
-                    "breakdown_heavy_user": await recall_breakdown(mem, pop, pop.heavy, quarter, args.k),
-                }
-            row["loop_stall"] = monitor.summary()
-            stats = await mem.store.stats()
-            row["memories"] = stats["memories"]
-            row["users"] = stats["users"]
-            row["chats"] = stats["chats"]
-            row["scopes"] = {
-                "heavy_user": {"user_id": pop.heavy.user_id, "memories": pop.counts[pop.heavy.user_id]},
-                "typical_user": {"user_id": pop.typical.user_id, "memories": pop.counts[pop.typical.user_id]},
-                "median_user_memories": statistics.median(
-                    pop.counts[p.user_id] for p in pop.people[1:] if p.user_id in pop.counts
-                ),
-            }
-            row["database_bytes"] = stats["database_bytes"]
-            row["peak_rss_mib"] = peak_rss_mib()
-            out["by_size"][str(size)] = row
+            out["by_size"][str(size)] = await time_size(mem, pop, args)
     finally:
         start = time.perf_counter()
         await mem.close()
         out["close_s"] = time.perf_counter() - start  # writes the FAISS file
     out["peak_rss_mib"] = peak_rss_mib()
     return out
+
+
+async def time_size(mem: Memory, pop: Population, args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest and recall latencies at the store's current size, with its scopes and size."""
+    quarter = max(1, args.samples // 4)
+    async with LoopStallMonitor() as monitor:
+        row: dict[str, Any] = {
+            "ingest_ignored": await time_ingest(mem, pop, args.samples, ignored=True),
+            "ingest_stored": await time_ingest(mem, pop, args.samples, ignored=False),
+            "recall_heavy_user": await time_recall(mem, pop, pop.heavy, args.samples, args.k),
+            "recall_typical_user": await time_recall(mem, pop, pop.typical, args.samples, args.k),
+            "recall_heavy_user_after_write": await time_recall_after_write(
+                mem, pop, pop.heavy, quarter, args.k
+            ),
+            "breakdown_heavy_user": await recall_breakdown(mem, pop, pop.heavy, quarter, args.k),
+        }
+    row["loop_stall"] = monitor.summary()
+    stats = await mem.store.stats()
+    row["memories"] = stats["memories"]
+    row["users"] = stats["users"]
+    row["chats"] = stats["chats"]
+    row["scopes"] = {
+        "heavy_user": {"user_id": pop.heavy.user_id, "memories": pop.counts[pop.heavy.user_id]},
+        "typical_user": {"user_id": pop.typical.user_id, "memories": pop.counts[pop.typical.user_id]},
+        "median_user_memories": statistics.median(
+            pop.counts[p.user_id] for p in pop.people[1:] if p.user_id in pop.counts
+        ),
+    }
+    row["database_bytes"] = stats["database_bytes"]
+    row["peak_rss_mib"] = peak_rss_mib()
+    return row
 
 
 def cold_start(folder: Path | None, repeat: int, *, empty_model_cache: bool = False) -> dict[str, Any]:
@@ -558,7 +602,11 @@ def print_report(report: dict[str, Any]) -> None:
                     bulk["mixed_ingest_many_per_s"],
                 ],
                 *[
-                    [f"store.add bulk fill to {f['target']:,} (rec/s)", f["per_s"]]
+                    [
+                        f"{'bulk import_records, empty store,' if f.get('bulk') else 'store.add bulk fill'} "
+                        f"to {f['target']:,} (rec/s)",
+                        f["per_s"],
+                    ]
                     for f in report["fill"]
                     if f["per_s"]
                 ],
@@ -741,9 +789,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _children_open(asyncio.run(_pgserver.fresh_settings(settings)))
         startup["first_start_on_the_machine"] = cold_start(None, 1, empty_model_cache=True)
         startup["empty_folder"] = cold_start(None, args.repeat)
+        largest_folder, largest_settings = args.largest
         if args.backend == "postgres":
-            _children_open(settings)
-        startup[f"folder_with_{max(args.sizes)}"] = cold_start(folder, args.repeat)
+            _children_open(largest_settings)
+        startup[f"folder_with_{max(args.sizes)}"] = cold_start(largest_folder, args.repeat)
         for key in ("NARRMEM_STORAGE__BACKEND", "NARRMEM_STORAGE__DSN"):
             if args.backend == "postgres":
                 os.environ.pop(key, None)  # the report lists NARRMEM_ variables: no DSN in it
@@ -751,7 +800,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {
         "benchmark": "speed",
         "sizes": sorted(args.sizes),
-        "params": {k: v for k, v in vars(args).items() if k not in {"out", "config"}},
+        "params": {k: v for k, v in vars(args).items() if k not in {"out", "config", "largest"}},
         **results,
         "startup": startup,
         "startup_imports": imports,

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ from narrmem_plugins.storage_postgres.escape import esc, unesc
 from narrmem_plugins.storage_postgres.keywords import bm25_sql, keyword_tokens
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
+from pgvector import Vector
 from pgvector.asyncpg import register_vector
 
 from narrmem.errors import StoreError
@@ -44,6 +46,53 @@ TERMS_CACHED = 50_000  # query terms whose tsquery is kept (cleared when full)
 # pgvector's bound on hnsw.ef_search.
 MAX_EF_SEARCH = 1000
 TABLES = ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs", "meta")
+WRITE_CHUNK = 2_000  # rows per INSERT of a batch write
+ADD_ATTEMPTS = 5  # tries of one add() racing other workers for the same messages
+# An import of at least this many records into an empty store builds the indexes of the memories
+# after loading them: an HNSW graph built at once goes several times faster than row by row.
+BULK_BUILD_MIN = 1_000
+BUILD_MEMORY_MAX = 8 * 2**30  # maintenance_work_mem such a build may take (bytes)
+
+# One statement writes a chunk of rows: each column comes as one array ($1 ... $20, see
+# ``PostgresStore._row``), $21 is the text-search configuration of the keyword documents.
+_ROW_TYPES = (
+    ("id", "bigint"),
+    ("kind", "text"),
+    ("tenant", "text"),
+    ("user_id", "text"),
+    ("chat_id", "text"),
+    ("speaker", "text"),
+    ("text", "text"),
+    ("embed_text", "text"),
+    ("importance", "float8"),
+    ("created_at", "text"),
+    ("created_ts", "float8"),
+    ("stored_at", "text"),
+    ("message_ids", "text"),
+    ("meta", "text"),
+    ("vector", "vector"),
+    ("context_text", "text"),
+    ("reinforced_at", "text"),
+    ("keyword_tokens", "int4"),
+    ("body", "text"),
+    ("context", "text"),
+)
+_STORED = [name for name, _ in _ROW_TYPES[:18]]
+INSERT_ROWS = (
+    f"INSERT INTO memories ({', '.join(_STORED)}, keywords) "
+    f"SELECT {', '.join('u.' + name for name in _STORED)}, "
+    "setweight(to_tsvector($21::regconfig, u.body), 'A') "
+    "|| setweight(to_tsvector($21::regconfig, u.context), 'B') "
+    f"FROM unnest({', '.join(f'${i + 1}::{kind}[]' for i, (_, kind) in enumerate(_ROW_TYPES))}) "
+    f"AS u({', '.join(name for name, _ in _ROW_TYPES)})"
+)
+# Provenance of a chunk; an episode's claim on a message that has an episode is dropped (the
+# unique index), and the claims made come back, so the caller sees which episodes lost one.
+INSERT_SOURCES = (
+    "INSERT INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
+    "SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bool[]) "
+    "ON CONFLICT DO NOTHING RETURNING memory_id, is_episode"
+)
 
 
 class PostgresStore:
@@ -218,30 +267,66 @@ class PostgresStore:
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
-        written: list[tuple[MemoryRecord, int]] = []
+        for record in records:
+            _check_ids(record)
         async with self.transaction() as conn:
-            skipped: set[tuple[str, str, str]] = set()
-            for record, vector in zip(records, vectors, strict=True):
-                if record.kind != "episode" and any(
-                    (record.tenant, record.chat_id, mid) in skipped for mid in record.message_ids
-                ):
-                    continue  # built from a message another worker stored first
-                new_id = await self._insert(conn, record, vector, keep_id=False)
-                if new_id is None:
-                    skipped.update((record.tenant, record.chat_id, mid) for mid in record.message_ids)
-                else:
-                    written.append((record, new_id))
-        for record, new_id in written:
-            record.id = new_id
+            written = await self._add_rows(conn, records, vectors)
+        for index, new_id in written:
+            records[index].id = new_id
         return [new_id for _, new_id in written]
 
-    async def _insert(
-        self, conn: Any, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool
-    ) -> int | None:
-        """One row with its provenance; ``None`` (and nothing written) when it is an episode of a
-        message that already has one. The caller holds the transaction."""
-        _check_ids(record)
-        values = (
+    async def _add_rows(
+        self, conn: Any, records: Sequence[MemoryRecord], vectors: np.ndarray
+    ) -> list[tuple[int, int]]:
+        """``(position in records, id)`` of the rows written, set-wise: which episodes go is read
+        first (their messages' episodes already stored, and earlier episodes of the call), and the
+        unique constraint on claimed messages decides. An episode another worker claimed between the
+        read and the write rolls this attempt back (a savepoint) and the next one reads it."""
+        for _ in range(ADD_ATTEMPTS):
+            try:
+                async with conn.transaction():
+                    keep = _kept(records, await _episode_sources(conn, records))
+                    ids = await _new_ids(conn, len(keep))
+                    lost = await self._write_rows(
+                        conn, [records[i] for i in keep], [vectors[i] for i in keep], ids
+                    )
+                    if lost:
+                        raise _Raced
+                    return list(zip(keep, ids, strict=True))
+            except _Raced:
+                continue
+        raise StoreError(f"other workers kept storing the same messages: gave up after {ADD_ATTEMPTS} tries")
+
+    async def _write_rows(
+        self,
+        conn: Any,
+        records: Sequence[MemoryRecord],
+        vectors: Sequence[np.ndarray | None],
+        ids: Sequence[int],
+    ) -> set[int]:
+        """Write rows with these ids and their provenance, a few statements per
+        :data:`WRITE_CHUNK` rows; the ids of episodes that could not claim all their messages (the
+        caller holds the transaction and undoes it)."""
+        for first in range(0, len(records), WRITE_CHUNK):
+            part = range(first, min(first + WRITE_CHUNK, len(records)))
+            columns = zip(*(self._row(records[i], vectors[i], ids[i]) for i in part), strict=True)
+            await conn.execute(INSERT_ROWS, *map(list, columns), self.text_config)
+        sources = [
+            (new_id, r.tenant, r.chat_id, mid, r.kind == "episode")
+            for r, new_id in zip(records, ids, strict=True)
+            for mid in dict.fromkeys(r.message_ids)
+        ]
+        wanted = Counter(s[0] for s in sources if s[4])
+        for first in range(0, len(sources), WRITE_CHUNK):
+            columns = zip(*sources[first : first + WRITE_CHUNK], strict=True)
+            for row in await conn.fetch(INSERT_SOURCES, *map(list, columns)):
+                wanted[row[0]] -= 1
+        return {memory_id for memory_id, missing in wanted.items() if missing > 0}
+
+    def _row(self, record: MemoryRecord, vector: np.ndarray | None, new_id: int) -> tuple[Any, ...]:
+        """The values :data:`INSERT_ROWS` takes for one record, in its order."""
+        return (
+            new_id,
             record.kind,
             record.tenant,
             record.user_id,
@@ -255,61 +340,13 @@ class PostgresStore:
             record.stored_at.isoformat() if record.stored_at else None,
             json.dumps(record.message_ids, ensure_ascii=False),
             json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
-            None if vector is None else np.asarray(vector, dtype=np.float32),
+            None if vector is None else Vector(np.asarray(vector, dtype=np.float32).reshape(-1)),
             esc(record.context_text),
             record.reinforced_at.isoformat() if record.reinforced_at else None,
             keyword_tokens(record.index_text, record.context_text),
             fts_document(record.index_text),
             fts_document(record.context_text or ""),
-            self.text_config,
         )
-        columns = (
-            "kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, created_ts, "
-            "stored_at, message_ids, meta, vector, context_text, reinforced_at, keyword_tokens, keywords"
-        )
-        marks = (
-            "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, "
-            "setweight(to_tsvector($20::regconfig, $18), 'A') "
-            "|| setweight(to_tsvector($20::regconfig, $19), 'B')"
-        )
-        if keep_id:
-            new_id = await conn.fetchval(
-                f"INSERT INTO memories (id, {columns}) VALUES ($21, {marks}) RETURNING id", *values, record.id
-            )
-        else:
-            new_id = await conn.fetchval(
-                f"INSERT INTO memories ({columns}) VALUES ({marks}) RETURNING id", *values
-            )
-        if record.kind == "episode":
-            claimed = await conn.fetch(
-                "INSERT INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
-                "SELECT $1, $2, $3, m, TRUE FROM unnest($4::text[]) AS m "
-                "ON CONFLICT (tenant, chat_id, message_id) WHERE is_episode DO NOTHING RETURNING message_id",
-                new_id,
-                record.tenant,
-                record.chat_id,
-                list(dict.fromkeys(record.message_ids)),
-            )
-            if len(claimed) < len(set(record.message_ids)):
-                if keep_id:
-                    raise StoreError(
-                        f"record {record.id}: an episode of message(s) {record.message_ids} in chat "
-                        f"{record.chat_id!r} is already stored"
-                    )
-                # Another worker (or an earlier record of this call) holds the message: this copy
-                # goes, with its provenance rows (ON DELETE CASCADE).
-                await conn.execute("DELETE FROM memories WHERE id = $1", new_id)
-                return None
-        else:
-            await conn.execute(
-                "INSERT INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
-                "SELECT $1, $2, $3, m, FALSE FROM unnest($4::text[]) AS m ON CONFLICT DO NOTHING",
-                new_id,
-                record.tenant,
-                record.chat_id,
-                list(dict.fromkeys(record.message_ids)),
-            )
-        return int(new_id)
 
     async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
         rows = await self.pool.fetch(
@@ -560,34 +597,36 @@ class PostgresStore:
     # --- import and export ----------------------------------------------------------------
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
-        imported = skipped = 0
+        for record, _ in items:
+            _check_ids(record)
         async with self.transaction() as conn:
             # One importer at a time: two importing the same ids would otherwise both pass the check.
-            await conn.execute("LOCK TABLE memories IN SHARE ROW EXCLUSIVE MODE")
-            ids = [int(r.id) for r, _ in items if r.id is not None]
-            existing = {
-                row[0]: _record(row)
-                for row in await conn.fetch(
-                    f"SELECT {COLUMNS} FROM memories WHERE id = ANY($1::bigint[])", ids
-                )
-            }
-            for record, vector in items:
-                if record.id is not None and record.id in existing:
-                    if existing[record.id].model_dump() != record.model_dump():
-                        raise StoreError(f"record {record.id} is already stored with other content")
-                    skipped += 1
-                    continue
-                new_id = await self._insert(conn, record, vector, keep_id=record.id is not None)
-                if new_id is None:
+            deferred = await _lock_for_import(conn, len(items))
+            fresh = await _unstored(conn, items)
+            if fresh:
+                await _catch_up_sequence(conn, "memories", max((r.id or 0 for r, _ in fresh), default=0))
+                unnumbered = iter(await _new_ids(conn, sum(r.id is None for r, _ in fresh)))
+                ids = [r.id if r.id is not None else next(unnumbered) for r, _ in fresh]
+                lost = await self._write_rows(conn, [r for r, _ in fresh], [v for _, v in fresh], ids)
+                if lost:
+                    record = next(r for (r, _), i in zip(fresh, ids, strict=True) if i in lost)
                     raise StoreError(f"an episode of message(s) {record.message_ids} is already stored")
-                imported += 1
-            if imported:
                 # Rows written with their own ids leave the identity behind: new rows must not collide.
-                await conn.execute(
-                    "SELECT setval(pg_get_serial_sequence('memories', 'id'), "
-                    "GREATEST((SELECT max(id) FROM memories), 1))"
-                )
-        return {"imported": imported, "skipped": skipped}
+                await _catch_up_sequence(conn, "memories")
+            await self._build_indexes(conn, deferred, len(fresh))
+        return {"imported": len(fresh), "skipped": len(items) - len(fresh)}
+
+    async def _build_indexes(self, conn: Any, definitions: Sequence[str], rows: int) -> None:
+        """Create the indexes :func:`_lock_for_import` dropped, with enough memory for the HNSW
+        graph of ``rows`` vectors (within :data:`BUILD_MEMORY_MAX`; never less than configured)."""
+        if not definitions:
+            return
+        need = rows * (self.dim * 4 + self.hnsw_m * 40 + 200)
+        configured = int(await conn.fetchval("SELECT pg_size_bytes(current_setting('maintenance_work_mem'))"))
+        memory = max(configured, min(need, BUILD_MEMORY_MAX))
+        await conn.execute(f"SET LOCAL maintenance_work_mem = '{memory // 1024}kB'")
+        for definition in definitions:
+            await conn.execute(definition)
 
     async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
         last = 0
@@ -623,31 +662,27 @@ class PostgresStore:
         return out
 
     async def load_rows(self, table: str, rows: Sequence[dict[str, Any]]) -> int:
-        """Write migrated side-table rows keeping their keys; rows already there are skipped."""
+        """Write migrated side-table rows keeping their keys; rows already there are skipped. The
+        rows go in by ``COPY`` to a temporary table and one ``INSERT ... ON CONFLICT DO NOTHING``."""
         if not rows:
             return 0
         columns = list(rows[0])
         if table not in ("memory_history", "plugin_state", "forget_jobs"):
             raise StoreError(f"no side table named {table!r}")
-        marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
         if table == "plugin_state":
             rows = [{**row, "namespace": esc(row["namespace"]), "key": esc(row["key"])} for row in rows]
+        names = ", ".join(columns)
         async with self.transaction() as conn:
-            before = await conn.fetchval(f"SELECT COUNT(*) FROM {table}")
-            await conn.executemany(
-                f"INSERT INTO {table} ({', '.join(columns)}) OVERRIDING SYSTEM VALUE VALUES ({marks}) "
-                "ON CONFLICT DO NOTHING"
-                if table != "plugin_state"
-                else f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING",
-                [tuple(row[c] for c in columns) for row in rows],
+            await conn.execute(f"CREATE TEMPORARY TABLE narrmem_load (LIKE {table}) ON COMMIT DROP")
+            await conn.copy_records_to_table(
+                "narrmem_load", records=[tuple(row[c] for c in columns) for row in rows], columns=columns
+            )
+            status = await conn.execute(
+                f"INSERT INTO {table} ({names}) SELECT {names} FROM narrmem_load ON CONFLICT DO NOTHING"
             )
             if table != "plugin_state":
-                await conn.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
-                    f"GREATEST((SELECT max(id) FROM {table}), 1))"
-                )
-            after = await conn.fetchval(f"SELECT COUNT(*) FROM {table}")
-        return int(after - before)
+                await _catch_up_sequence(conn, table)
+        return int(status.rsplit(" ", 1)[-1])
 
     async def table_counts(self) -> dict[str, int]:
         """Rows per table, for checking a migration."""
@@ -861,6 +896,111 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         context_text=unesc(row[13]),
         reinforced_at=datetime.fromisoformat(row[14]) if row[14] else None,
     )
+
+
+class _Raced(Exception):
+    """Another worker stored an episode of one of the messages between the read and the write."""
+
+
+async def _episode_sources(conn: Any, records: Sequence[MemoryRecord]) -> set[tuple[str, str, str]]:
+    """Which of the episodes' (tenant, chat, message) sources already have an episode."""
+    wanted = {(r.tenant, r.chat_id, mid) for r in records if r.kind == "episode" for mid in r.message_ids}
+    if not wanted:
+        return set()
+    tenants, chats, mids = (list(column) for column in zip(*wanted, strict=True))
+    rows = await conn.fetch(
+        "SELECT s.tenant, s.chat_id, s.message_id FROM memory_sources AS s "
+        "JOIN unnest($1::text[], $2::text[], $3::text[]) AS w (tenant, chat_id, message_id) "
+        "USING (tenant, chat_id, message_id) WHERE s.is_episode",
+        tenants,
+        chats,
+        mids,
+    )
+    return {(r[0], r[1], r[2]) for r in rows}
+
+
+def _kept(records: Sequence[MemoryRecord], taken: set[tuple[str, str, str]]) -> list[int]:
+    """Positions of the records to write: episodes in order, each unless one of its messages has an
+    episode (stored, or kept earlier in the call); then every other record not made from a
+    message whose episode was dropped."""
+    taken = set(taken)
+    dropped: set[tuple[str, str, str]] = set()
+    keep: set[int] = set()
+    for i, record in enumerate(records):
+        if record.kind == "episode":
+            sources = {(record.tenant, record.chat_id, mid) for mid in record.message_ids}
+            if sources & taken:
+                dropped |= sources
+            else:
+                taken |= sources
+                keep.add(i)
+    for i, record in enumerate(records):
+        if record.kind != "episode" and not any(
+            (record.tenant, record.chat_id, mid) in dropped for mid in record.message_ids
+        ):
+            keep.add(i)
+    return sorted(keep)
+
+
+async def _lock_for_import(conn: Any, n: int) -> list[str]:
+    """Lock the memories against other writers for an import of ``n`` records. Into an empty store
+    and from :data:`BULK_BUILD_MIN` records, the lock is exclusive (readers wait too, for an empty
+    store) and the memories' indexes but the key are dropped, to be built after loading: their
+    definitions are returned. A failed import rolls the drop back with the rest."""
+    empty = "SELECT NOT EXISTS (SELECT 1 FROM memories)"
+    if n < BULK_BUILD_MIN or not await conn.fetchval(empty):
+        await conn.execute("LOCK TABLE memories IN SHARE ROW EXCLUSIVE MODE")
+        return []
+    await conn.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+    if not await conn.fetchval(empty):
+        return []  # another worker wrote first
+    rows = await conn.fetch(
+        "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index "
+        "WHERE indrelid = 'memories'::regclass AND NOT indisprimary ORDER BY indexrelid"
+    )
+    for row in rows:
+        await conn.execute(f"DROP INDEX {row[0]}")
+    return [str(row[1]) for row in rows]
+
+
+async def _unstored(
+    conn: Any, items: Sequence[tuple[MemoryRecord, np.ndarray]]
+) -> list[tuple[MemoryRecord, np.ndarray]]:
+    """The items an import writes: those whose id is not stored. One stored with other content is a
+    conflict (:class:`StoreError`, nothing written)."""
+    ids = [int(r.id) for r, _ in items if r.id is not None]
+    existing = {
+        row[0]: _record(row)
+        for row in await conn.fetch(f"SELECT {COLUMNS} FROM memories WHERE id = ANY($1::bigint[])", ids)
+    }
+    fresh = []
+    for record, vector in items:
+        if record.id is not None and record.id in existing:
+            if existing[record.id].model_dump() != record.model_dump():
+                raise StoreError(f"record {record.id} is already stored with other content")
+            continue
+        fresh.append((record, vector))
+    return fresh
+
+
+async def _catch_up_sequence(conn: Any, table: str, at_least: int = 0) -> None:
+    """Move ``table``'s id identity past its largest id (and ``at_least``), never back: ids it
+    already handed out stay taken."""
+    await conn.execute(
+        f"SELECT setval(s, GREATEST((SELECT max(id) FROM {table}), pg_sequence_last_value(s), $1, 1)) "
+        f"FROM (SELECT pg_get_serial_sequence('{table}', 'id')::regclass AS s) AS q",
+        at_least,
+    )
+
+
+async def _new_ids(conn: Any, n: int) -> list[int]:
+    """``n`` ids from the memories' identity, in order."""
+    if not n:
+        return []
+    rows = await conn.fetch(
+        "SELECT nextval(pg_get_serial_sequence('memories', 'id')) FROM generate_series(1, $1)", n
+    )
+    return [int(r[0]) for r in rows]
 
 
 def _check_ids(record: MemoryRecord) -> None:
