@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict, cast
 
 from pydantic import (
     AwareDatetime,
@@ -178,14 +178,7 @@ class MemoryRecord(_Strict):
     def from_message(cls, message: Message, **fields: Any) -> MemoryRecord:
         """A memory ``message`` leaves: the speaker's, in the message's tenant and chat, dated by
         the message; ``fields`` set the rest (``kind``, ``text``, ...)."""
-        return cls(
-            tenant=message.tenant,
-            user_id=message.user_id,
-            chat_id=message.chat_id,
-            speaker=message.speaker,
-            created_at=message.ts,
-            **fields,
-        )
+        return cls(**message.model_dump(include=_WHERE), created_at=message.ts, **fields)
 
 
 class ImportanceChange(_Strict):
@@ -356,6 +349,10 @@ class Why(_Strict):
     relevant: bool = True
 
 
+# Where a memory belongs and who said it: the same fields on a message, a record and a hit.
+_WHERE = {"tenant", "user_id", "chat_id", "speaker"}
+
+
 class Hit(_Strict):
     """One recalled memory. ``text`` is what a prompt pays for: for a scene its Core in the user's
     words, for a long memory its sentences most relevant to the query; ``detail`` then holds the
@@ -382,6 +379,31 @@ class Hit(_Strict):
     sources: dict[str, int] = Field(default_factory=dict)
     why: Why | None = None
 
+    @classmethod
+    def from_record(cls, record: MemoryRecord, **fields: Any) -> Hit:
+        """``record`` as a hit: its id, kind, date, sources and scope; ``fields`` set the rest."""
+        if record.id is None:
+            raise ValueError("a hit is a stored memory: the record has no id")
+        return cls(**record.model_dump(include=_FROM_RECORD), **fields)
+
+
+_FROM_RECORD = {"id", "kind", "created_at", "message_ids", *_WHERE}
+
+
+class RecallOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`narrmem.Memory.recall` (its docstring says what each does;
+    the defaults are its own)."""
+
+    user_id: str | None
+    chat_id: str | None
+    tenant: str
+    k: int
+    kinds: list[str] | None
+    snippet_tokens: int | None
+    reinforce: bool
+    reinforce_reason: Literal["relevance", "tool"]
+    exclude_message_ids: Sequence[str]
+
 
 class RecallRequest(_Strict):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
@@ -400,6 +422,11 @@ class RecallRequest(_Strict):
         max_length=200,
         description="leave out memories that came only from these messages (the one being answered)",
     )
+
+    def options(self) -> RecallOptions:
+        """This request as :meth:`narrmem.Memory.recall`'s keyword arguments."""
+        fields = self.model_dump(include=set(RecallRequest.model_fields) - {"query", "scope", "reason"})
+        return cast(RecallOptions, {**self.scope.model_dump(), **fields, "reinforce_reason": self.reason})
 
 
 class ContextPack(_Strict):

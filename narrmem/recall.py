@@ -152,22 +152,14 @@ class _Explainer:
 
 
 def _hit(record: MemoryRecord, score: float, why: Why, importance_now: float, request: RecallRequest) -> Hit:
-    assert record.id is not None
     core = scene_core(record)
-    hit = Hit(
-        id=record.id,
-        kind=record.kind,
+    hit = Hit.from_record(
+        record,
         text=core or record.text,
         detail=record.text if core else None,
         score=round(min(1.0, max(0.0, score)), 6),
         importance=round(importance_now, 6),
         base_importance=record.importance,
-        created_at=record.created_at,
-        message_ids=record.message_ids,
-        tenant=record.tenant,
-        user_id=record.user_id,
-        chat_id=record.chat_id,
-        speaker=record.speaker,
         sources=why.sources,
         why=why,
     )

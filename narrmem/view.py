@@ -10,33 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar, Unpack, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack, runtime_checkable
 
 from narrmem.clock import Clock
 from narrmem.config import Settings
 from narrmem.embed import Embedder
-from narrmem.models import Hit, IngestResult, MemoryRecord, Message
+from narrmem.models import Hit, IngestResult, MemoryRecord, Message, RecallOptions
 from narrmem.store import Store
 
 if TYPE_CHECKING:
     from narrmem.host import PluginHost
 
 P = TypeVar("P")
-
-
-class RecallOptions(TypedDict, total=False):
-    """The keyword arguments of :meth:`narrmem.Memory.recall` (its docstring says what each does;
-    the defaults are its own)."""
-
-    user_id: str | None
-    chat_id: str | None
-    tenant: str
-    k: int
-    kinds: list[str] | None
-    snippet_tokens: int | None
-    reinforce: bool
-    reinforce_reason: Literal["relevance", "tool"]
-    exclude_message_ids: Sequence[str]
 
 
 @runtime_checkable

@@ -287,17 +287,8 @@ def _read_routes(r: APIRouter) -> None:
     async def recall(body: RecallBody, caller: Caller, state: State) -> list[Hit]:
         """At most ``k`` memories answering ``query`` in the scope; ``explain`` keeps each hit's
         ``why``. ``reinforce: false`` makes a read-only probe (the inspector's)."""
-        scope = _settled(caller, body.scope)
-        hits = await state.memory.recall(
-            body.query,
-            **scope.model_dump(),
-            k=body.k,
-            kinds=body.kinds,
-            snippet_tokens=body.snippet_tokens,
-            reinforce=body.reinforce,
-            reinforce_reason=body.reason,
-            exclude_message_ids=body.exclude_message_ids,
-        )
+        settled = body.model_copy(update={"scope": _settled(caller, body.scope)})
+        hits = await state.memory.recall(body.query, **settled.options())
         if not body.explain:
             hits = [h.model_copy(update={"why": None}) for h in hits]
         return hits
