@@ -45,12 +45,7 @@ class ProactiveOptions(BaseModel):
     habit_weeks: int = Field(default=3, ge=2, le=52)
 
 
-class Proactive(Configured[ProactiveOptions]):
-    narrmem_name = NAME
-
-    def __init__(self) -> None:
-        super().__init__(ProactiveOptions)
-
+class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOptions):
     def threshold(self, kind: str) -> int:
         return {
             "topic": self.options.topic_threshold,

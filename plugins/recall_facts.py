@@ -69,12 +69,7 @@ def relations_asked(query: str) -> list[str]:
     return asked if NOW.search(query) or any(r in FUNCTIONAL for r in asked) else []
 
 
-class RecallFacts(Configured[FactsOptions]):
-    narrmem_name = NAME
-
-    def __init__(self) -> None:
-        super().__init__(FactsOptions)
-
+class RecallFacts(Configured[FactsOptions], name=NAME, options=FactsOptions):
     @hookimpl
     async def narrmem_recall_candidates(
         self, memory: MemoryView, request: RecallRequest, query_vector: np.ndarray

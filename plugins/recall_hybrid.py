@@ -55,11 +55,9 @@ class HybridOptions(BaseModel):
     )
 
 
-class HybridRecall(Configured[HybridOptions]):
-    narrmem_name = NAME
-
+class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
     def __init__(self) -> None:
-        super().__init__(HybridOptions)
+        super().__init__()
         self.recall_weights: dict[str, float] = {}
         # The last few turns of each chat, newest last: context for the next message without a
         # query per message. Bounded; a miss falls back to the store.

@@ -94,12 +94,7 @@ class IntentOptions(BaseModel):
     )
 
 
-class RecallIntent(Configured[IntentOptions]):
-    narrmem_name = NAME
-
-    def __init__(self) -> None:
-        super().__init__(IntentOptions)
-
+class RecallIntent(Configured[IntentOptions], name=NAME, options=IntentOptions):
     @hookimpl
     def narrmem_weigh(self, request: RecallRequest, records: dict[int, MemoryRecord]) -> dict[int, float]:
         return intent_factors(

@@ -38,13 +38,8 @@ class SpoilerCountOutput(BaseModel):
     refused: int
 
 
-class SpoilerGuard(Configured[SpoilerOptions]):
+class SpoilerGuard(Configured[SpoilerOptions], name=NAME, options=SpoilerOptions):
     """A class is instantiated once per Memory, so its state is never shared between memories."""
-
-    narrmem_name = NAME
-
-    def __init__(self) -> None:
-        super().__init__(SpoilerOptions)
 
     @hookimpl(tryfirst=True)
     async def narrmem_triage(self, memory: MemoryView, message: Message) -> TriageDecision | None:

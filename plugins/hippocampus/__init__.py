@@ -51,11 +51,9 @@ class HippocampusOptions(BaseModel):
     )
 
 
-class Hippocampus(Configured[HippocampusOptions]):
-    narrmem_name = NAME
-
+class Hippocampus(Configured[HippocampusOptions], name=NAME, options=HippocampusOptions):
     def __init__(self) -> None:
-        super().__init__(HippocampusOptions)
+        super().__init__()
         self._task: asyncio.Task[None] | None = None
 
     # --- schedule ---------------------------------------------------------------------------

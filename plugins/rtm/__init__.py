@@ -55,16 +55,15 @@ __all__ = [
 ]
 
 
-class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable):
+class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, options=RTMOptions):
     """One instance per ``Memory``. ``summarizer(clauses, language)`` (sync or async), if given,
     writes internal-node summaries before the ``narrmem_summarize`` hook and the built-in
     extractive summary are asked."""
 
-    narrmem_name = NAME
     tool_specs = TOOLS
 
     def __init__(self, summarizer: Summarizer | None = None) -> None:
-        super().__init__(RTMOptions)
+        super().__init__()
         self.summarizer = summarizer
         # Until startup knows the store, trees live in memory (tools only run on an open memory).
         self.trees: TreeStore = MemoryTreeStore()

@@ -44,11 +44,9 @@ MOOD_IMPORTANCE = 0.35
 EXPLICIT_IMPORTANCE = 0.9
 
 
-class Triage(Configured[TriageOptions]):
-    narrmem_name = NAME
-
+class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
     def __init__(self) -> None:
-        super().__init__(TriageOptions)
+        super().__init__()
         self._prototypes: dict[str, np.ndarray] | None = None
         self.counters = Counters(self.options)
 

@@ -38,6 +38,7 @@ DEFAULT_K = 8
 DEFAULT_TOKEN_BUDGET = 400
 
 T = TypeVar("T")
+U = TypeVar("U")
 """Where a platform's trigger handler is told to speak: aiogram's and python-telegram-bot's ``Bot``,
 discord.py's channel."""
 
@@ -269,6 +270,32 @@ async def mark_used(memory: Memory, pack: ContextPack, used: Iterable[Hit | int]
     except Exception:
         log.exception("narrmem could not mark memories used")
         return []
+
+
+class ForHandlers(Generic[U]):
+    """What a bot's own handlers call, for a library whose incoming messages are ``U``: the
+    integration says how one becomes a narrmem message (:meth:`incoming`)."""
+
+    memory: Memory
+    options: TurnOptions[Any]
+
+    def incoming(self, source: U) -> Message | None:
+        raise NotImplementedError
+
+    async def context_for(self, source: U) -> ContextPack | None:
+        """The :class:`ContextPack` for answering ``source`` (``None`` without text). The message
+        itself is left out, whether or not it is stored yet."""
+        message = self.incoming(source)
+        return await self.options.context(self.memory, message) if message is not None else None
+
+    async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
+        """Tell memory which hits of ``pack`` your answer used (all by default): they are
+        reinforced, at most once a day each."""
+        return await mark_used(self.memory, pack, used)
+
+    async def prompt_for(self, source: U) -> str:
+        """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""
+        return self.options.render(await self.context_for(source))
 
 
 def forget_reply(counts: Mapping[str, int]) -> str:

@@ -21,7 +21,7 @@ everything older than the cache), and adds the prefix commands ``forgetme`` and 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeAlias
 
 import discord
@@ -31,7 +31,7 @@ from typing_extensions import Unpack
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations._common import TurnArgs, TurnOptions
 from narrmem.memory import Memory
-from narrmem.models import ContextPack, Hit, Message, TriggerEvent
+from narrmem.models import Message, TriggerEvent
 
 __all__ = ["GuildAs", "NarrmemCog", "TriggerHandler"]
 
@@ -44,7 +44,7 @@ DISCORD_MAX_CHARS = 2000
 AnyContext: TypeAlias = "commands.Context[Any]"
 
 
-class NarrmemCog(commands.Cog):
+class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
     """Remembers every human message the bot can read.
 
     ``guild_as="tenant"`` (the default) makes each server a tenant of its own (nothing said in one
@@ -77,6 +77,9 @@ class NarrmemCog(commands.Cog):
         if self.guild_as == "tenant":
             return str(guild_id), str(channel_id)
         return self.options.tenant, str(guild_id)
+
+    def incoming(self, source: discord.Message) -> Message | None:
+        return self.to_message(source)
 
     def to_message(self, message: discord.Message) -> Message | None:
         """The narrmem ``Message`` for a Discord message, or ``None`` when there is nothing to
@@ -150,24 +153,7 @@ class NarrmemCog(commands.Cog):
         ids = [str(i) for i in sorted(payload.message_ids)]
         await _common.forget_messages(self.memory, tenant=tenant, chat_id=chat_id, message_ids=ids)
 
-    # --- for the bot's own handlers ----------------------------------------------------------
-
-    async def context_for(self, message: discord.Message) -> ContextPack | None:
-        """The :class:`ContextPack` for answering ``message`` (``None`` without text). The message
-        itself is left out, whether or not the listener has stored it yet."""
-        converted = self.to_message(message)
-        return await self.options.context(self.memory, converted) if converted is not None else None
-
-    async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
-        """Tell memory which hits of ``pack`` your answer used (all by default): they are
-        reinforced, at most once a day each."""
-        return await _common.mark_used(self.memory, pack, used)
-
-    async def prompt_for(self, message: discord.Message) -> str:
-        """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""
-        return self.options.render(await self.context_for(message))
-
-    # --- commands ----------------------------------------------------------------------------
+    # --- commands (context_for, mark_used and prompt_for come from ForHandlers) ------------
 
     def tenants(self) -> set[str]:
         """Every tenant this cog writes to: ``tenant`` and, with ``guild_as="tenant"``, each server

@@ -25,7 +25,7 @@ otherwise Telegram sends it commands, replies to it and mentions only, and only 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeAlias
 
 import telegram
@@ -35,7 +35,7 @@ from typing_extensions import Unpack
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations._common import COMMANDS, TurnArgs, TurnOptions
 from narrmem.memory import Memory
-from narrmem.models import ContextPack, Hit, Message, TriggerEvent
+from narrmem.models import Message, TriggerEvent
 
 __all__ = ["NarrmemTelegram", "TriggerHandler", "install", "sender", "to_message"]
 
@@ -65,7 +65,7 @@ def to_message(message: telegram.Message, *, tenant: str = "default") -> Message
     return _common.telegram_message(message, sender(message), message.edit_date, tenant)
 
 
-class NarrmemTelegram:
+class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
     """The installed integration: its handlers, and :meth:`context_for` for the bot's own handlers."""
 
     def __init__(
@@ -105,21 +105,9 @@ class NarrmemTelegram:
         else:
             await _common.ingest(self.memory, message, self.options.notifier(context.bot))
 
-    async def context_for(self, update: telegram.Update) -> ContextPack | None:
-        """The :class:`ContextPack` for answering this update's message (``None`` without text).
-        The message itself is left out: by the time group 0 runs it is already stored."""
-        source = update.effective_message
-        message = to_message(source, tenant=self.options.tenant) if source is not None else None
-        return await self.options.context(self.memory, message) if message is not None else None
-
-    async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
-        """Tell memory which hits of ``pack`` your answer used (all by default): they are
-        reinforced, at most once a day each."""
-        return await _common.mark_used(self.memory, pack, used)
-
-    async def prompt_for(self, update: telegram.Update) -> str:
-        """:meth:`context_for` rendered to ``token_budget`` (``""`` when nothing is remembered)."""
-        return self.options.render(await self.context_for(update))
+    def incoming(self, source: telegram.Update) -> Message | None:
+        message = source.effective_message
+        return to_message(message, tenant=self.options.tenant) if message is not None else None
 
     async def forgetme(self, update: telegram.Update, context: AnyContext) -> None:
         message = update.effective_message
