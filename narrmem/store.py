@@ -12,7 +12,6 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-import aiosqlite
 import numpy as np
 
 from narrmem.errors import StoreError
@@ -201,18 +200,6 @@ class Store(Protocol):
         ...
 
     async def stats(self) -> dict[str, Any]: ...
-
-
-@runtime_checkable
-class SQLiteCapable(Protocol):
-    """A store that lends plugins its SQLite connection (the built-in ``sqlite`` store): ``db`` for
-    reads, ``transaction()`` for writes. The graph plugin still needs it and stays idle on a store
-    without it; a new plugin writes against :class:`SQLCapable` instead, which both stores lend."""
-
-    @property
-    def db(self) -> aiosqlite.Connection: ...
-
-    def transaction(self) -> AbstractAsyncContextManager[aiosqlite.Connection]: ...
 
 
 @runtime_checkable

@@ -3,9 +3,9 @@ either way), losslessly and resumably, and check the result.
 
 What moves: every memory with its vector, provenance and ids, the importance history and each
 memory's importance after decay, plugin state, pending forget jobs, and every plugin's own data
-that the target's plugins can hold (RTM trees on both backends; the graph only between data
-folders, as it runs on SQLite only). Re-running skips what the target already holds (records by id with
-identical content, side rows by key), so an interrupted migration is finished by running it again.
+that the target's plugins can hold (the graph and RTM trees, on both backends). Re-running skips
+what the target already holds (records by id with identical content, side rows by key), so an
+interrupted migration is finished by running it again.
 The end check compares row counts per table and the top hits of a sample of recalls.
 """
 

@@ -157,30 +157,54 @@ async def insert_edge(
     source: str,
     provenance: Sequence[str],
     at: datetime,
-    status: str = "active",
-) -> int:
-    return await db.insert(
+) -> Edge:
+    """Write a new active triplet; returns it as :func:`select_edges` would read it."""
+    edge = Edge(
+        id=0,
+        chat_id=scope.write_chat,
+        subject=subject.name,
+        subject_type=subject.type,
+        relation=relation,
+        object=obj.name,
+        object_type=obj.type,
+        confidence=float(confidence),
+        speculative=speculative,
+        status="active",
+        source=source,
+        provenance=list(provenance),
+        valid_from=at.isoformat(),
+        valid_to=None,
+        superseded_by=None,
+        count=1,
+        last_seen=at.isoformat(),
+        valid_from_ts=at.timestamp(),
+        last_seen_ts=at.timestamp(),
+        subject_id=subject.id,
+        object_id=obj.id,
+    )
+    edge.id = await db.insert(
         "INSERT INTO graph_edges (tenant, user_id, chat_id, subject_id, relation, object_id, confidence, "
         "speculative, status, source, provenance, valid_from, valid_from_ts, last_seen, last_seen_ts) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (
             scope.tenant,
             scope.user_id,
-            scope.write_chat,
-            subject.id,
+            edge.chat_id,
+            edge.subject_id,
             relation,
-            obj.id,
-            confidence,
+            edge.object_id,
+            edge.confidence,
             int(speculative),
-            status,
+            edge.status,
             source,
-            json.dumps(list(provenance), ensure_ascii=False),
-            at.isoformat(),
-            at.timestamp(),
-            at.isoformat(),
-            at.timestamp(),
+            json.dumps(edge.provenance, ensure_ascii=False),
+            edge.valid_from,
+            edge.valid_from_ts,
+            edge.last_seen,
+            edge.last_seen_ts,
         ),
     )
+    return edge
 
 
 async def confirm_edge(

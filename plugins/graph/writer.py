@@ -34,8 +34,6 @@ from narrmem_plugins.graph.nodes import ensure_node
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import FUNCTIONAL, OPPOSITES, USER, canonical_name
 
-from narrmem.errors import StoreError
-
 EXPLICIT_CONFIDENCE = 1.0
 SPECULATIVE_CONFIDENCE = 0.5
 
@@ -56,13 +54,6 @@ class WriteOutcome:
     edge: Edge
     created: bool
     superseded: list[Edge] = field(default_factory=list)
-
-
-async def edge_by_id(db: GraphSQL, scope: GraphScope, edge_id: int) -> Edge:
-    found = await select_edges(db, scope.user_wide(), EdgeQuery().where("e.id = ?", edge_id), limit=1)
-    if not found:
-        raise StoreError(f"graph edge {edge_id} vanished inside its own transaction")
-    return found[0]
 
 
 async def write_triplet(
@@ -113,7 +104,7 @@ async def write_triplet(
     # Only message times compare: a tool writes "now" by the server's clock, a message carries the time
     # it was said, and the two clocks need not agree.
     newer = [r for r in rivals if _said_later(r, source, at)]
-    new_id = await insert_edge(
+    new = await insert_edge(
         db,
         scope,
         subject,
@@ -138,11 +129,12 @@ async def write_triplet(
         await db.execute(
             "UPDATE graph_edges SET status = 'superseded', valid_to = ?, valid_to_ts = ?, superseded_by = ? "
             "WHERE id = ?",
-            (end, end_ts, winner.id, new_id),
+            (end, end_ts, winner.id, new.id),
         )
-        return WriteOutcome(await edge_by_id(db, scope, new_id), created=True)
-    await _retire(db, scope, subject.name, draft.relation, obj.name, rivals, new_id, at, actor)
-    return WriteOutcome(await edge_by_id(db, scope, new_id), created=True, superseded=rivals)
+        new.status, new.valid_to, new.superseded_by = "superseded", end, winner.id
+        return WriteOutcome(new, created=True)
+    await _retire(db, scope, subject.name, draft.relation, obj.name, rivals, new.id, at, actor)
+    return WriteOutcome(new, created=True, superseded=rivals)
 
 
 def _said_later(rival: Edge, source: str, at: datetime) -> bool:
