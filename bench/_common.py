@@ -137,6 +137,17 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, target)
 
 
+def parser_for(doc: str | None) -> argparse.ArgumentParser:
+    """A bench script's argument parser, described by the first paragraph of its docstring."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, postgres_help: str) -> None:
+    """``--threads`` for the embedder and ``--backend`` (``postgres``: ``postgres_help``)."""
+    parser.add_argument("--threads", type=int, default=None, help="embedder CPU threads (default: settings)")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite", help=postgres_help)
+
+
 def params_of(args: argparse.Namespace) -> dict[str, Any]:
     """A run's parameters for its report: the command-line arguments but where the report and the
     config file are."""

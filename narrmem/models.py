@@ -246,6 +246,13 @@ class PatternCount(_Strict):
     message_ids: list[str] = Field(default_factory=list)
     times: list[AwareDatetime] = Field(default_factory=list, description="when each counted mention was")
 
+    def event(self, message: Message, *, suggestion: str, kind: str | None = None) -> TriggerEvent:
+        """The trigger this count makes, in the scope of ``message`` (the one that made it);
+        ``kind`` when the event is of another kind than the count (a habit from a topic)."""
+        fields = self.model_dump(include={"label", "count", "message_ids"})
+        where = message.model_dump(include={"tenant", "user_id", "chat_id"})
+        return TriggerEvent(kind=kind or self.kind, **fields, **where, suggestion=suggestion)
+
 
 SCENE_FIELDS = "fields"  # where a scene record keeps its SceneDraft in meta
 

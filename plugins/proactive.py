@@ -67,18 +67,8 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         events: list[TriggerEvent] = [t for t in result.triggers if (t.kind, t.label) not in counted]
         for count in result.counts:
             for kind in await self._fire(memory, message, count):
-                events.append(
-                    TriggerEvent(
-                        kind=kind,
-                        label=count.label,
-                        count=count.count,
-                        tenant=message.tenant,
-                        user_id=message.user_id,
-                        chat_id=message.chat_id,
-                        message_ids=count.message_ids,
-                        suggestion=suggested.get((kind, count.label)) or _suggestion(kind, count),
-                    )
-                )
+                suggestion = suggested.get((kind, count.label)) or _suggestion(kind, count)
+                events.append(count.event(message, kind=kind, suggestion=suggestion))
         result.triggers = events
 
     async def _fire(self, memory: MemoryView, message: Message, count: PatternCount) -> list[str]:

@@ -24,14 +24,10 @@ from narrmem.doors.server import create_app
 from narrmem.testing import open_memory
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
+CHROMIUM_ARGS = (
+    "--no-sandbox --disable-gpu --disable-background-networking --disable-component-update "
+    "--no-first-run --disable-sync"
+).split()
 SEED = [
     ("a1", "I decided to quit my job at the bank", 120),
     ("a2", "I finally finished my first marathon!", 90),

@@ -268,24 +268,14 @@ async def test_same_topic_on_the_same_weekday_is_a_habit(real: Memory) -> None:
 
 
 async def test_a_later_decision_fills_the_impact_of_the_value_it_builds_on(real: Memory) -> None:
-    value = await real.ingest(
-        Message(
-            text="I think time with friends matters more than a bigger salary.",
-            user_id="val",
-            chat_id="dm-val",
-            ts=datetime(2026, 8, 1, 20, tzinfo=CET),
-            message_id="v1",
-        )
-    )
-    decision = await real.ingest(
-        Message(
-            text="I decided to turn down the promotion so I can see my friends more.",
-            user_id="val",
-            chat_id="dm-val",
-            ts=datetime(2026, 8, 20, 20, tzinfo=CET),
-            message_id="v2",
-        )
-    )
+    said = [
+        ("v1", 1, "I think time with friends matters more than a bigger salary."),
+        ("v2", 20, "I decided to turn down the promotion so I can see my friends more."),
+    ]
+    value, decision = [
+        await real.ingest(msg(mid, text, user="val", chat="dm-val", ts=f"2026-08-{day:02d}T20:00:00+01:00"))
+        for mid, day, text in said
+    ]
     assert value.scene is not None and decision.scene is not None
     stored = await real.store.get([value.scene.id or 0, decision.scene.id or 0], None)
     earlier, later = stored[value.scene.id or 0], stored[decision.scene.id or 0]

@@ -296,18 +296,16 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _scope_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The scope a command's ``--user``, ``--chat`` and ``--tenant`` name, as keyword arguments."""
+    return {"user_id": args.user, "chat_id": args.chat, "tenant": args.tenant}
+
+
 async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
     # Inspection reads beside a running bot and changes nothing; --reinforce asks for the bot's
     # path instead (it needs the folder for writing).
     async with _open(_existing_store(settings), read_only=not args.reinforce) as memory:
-        hits = await memory.recall(
-            args.query,
-            user_id=args.user,
-            chat_id=args.chat,
-            tenant=args.tenant,
-            k=args.k,
-            reinforce=args.reinforce,
-        )
+        hits = await memory.recall(args.query, **_scope_args(args), k=args.k, reinforce=args.reinforce)
     if args.json:
         _print_json([h.model_dump(mode="json") for h in hits])
         return 0
@@ -454,7 +452,7 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 
 async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     async with _open(settings, warm=False) as memory:
-        counts = await memory.forget(user_id=args.user, chat_id=args.chat, tenant=args.tenant)
+        counts = await memory.forget(**_scope_args(args))
     _report(args, counts)
     return 0
 

@@ -25,7 +25,6 @@ from narrmem.models import (
     PatternCount,
     SceneDraft,
     Scope,
-    TriggerEvent,
 )
 from narrmem.text import keyword_terms
 from narrmem.view import MemoryView
@@ -63,28 +62,12 @@ def _count(
 ) -> None:
     """Put a count in the ingest result, and a trigger event when it just reached its threshold."""
     message_ids = [mid for r in members for mid in r.message_ids]
-    result.counts.append(
-        PatternCount(
-            kind=kind,
-            label=label,
-            count=count,
-            message_ids=message_ids,
-            times=[r.created_at for r in members],
-        )
+    pattern = PatternCount(
+        kind=kind, label=label, count=count, message_ids=message_ids, times=[r.created_at for r in members]
     )
+    result.counts.append(pattern)
     if count == threshold:
-        result.triggers.append(
-            TriggerEvent(
-                kind=kind,
-                label=label,
-                count=count,
-                tenant=message.tenant,
-                user_id=message.user_id,
-                chat_id=message.chat_id,
-                message_ids=message_ids,
-                suggestion=suggestion,
-            )
-        )
+        result.triggers.append(pattern.event(message, suggestion=suggestion))
 
 
 class Counters:
