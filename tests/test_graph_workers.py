@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+from _helpers import msg
 from narrmem_plugins.graph.backend import dialect_sql
-from test_graph import U1, clock, commit, edges, mem, recall, rows, said, storage
+from test_graph import START, U1, clock, commit, edges, mem, recall, rows, said, storage
 from test_plugin_tables import storage_for
 
-from narrmem import Memory
+from narrmem import Memory, PluginError
 from narrmem.testing import open_memory
 
 # The fixtures: a test taking ``mem`` runs on SQLite and on PostgreSQL.
@@ -85,3 +87,19 @@ def test_the_graph_sql_on_each_backend() -> None:
         f"SELECT 1 FROM t s WHERE translate(s.name, {fold}) IN (translate(?, {fold}), "
         f"translate(?, {fold})) AND strpos(translate(x, {fold}), ?) > 0"
     )
+
+
+async def test_read_only_on_a_database_without_the_graph_leaves_it_idle(tmp_path: Path) -> None:
+    """A PostgreSQL database written before the graph ran there has no graph tables; opened
+    read-only (an export, the source of a migration) the graph cannot make them and stays idle."""
+    shared = await storage_for("postgres")
+    async with open_memory(tmp_path / "w1", plugins={"disabled": ["graph"]}, **shared) as mem:
+        await mem.ingest(msg("m1", "I like rock", ts=START.isoformat()))
+    async with open_memory(tmp_path / "w2", read_only=True, **shared) as reader:
+        assert "graph" not in await reader.stats()
+        with pytest.raises(PluginError, match="not started"):
+            await recall(reader, "rock")
+    # Opened to write, the graph makes its tables and runs.
+    async with open_memory(tmp_path / "w3", **shared) as writer:
+        await commit(writer, ("user", "likes", "jazz"))
+        assert said(await recall(writer, "jazz")) == {("user", "likes", "jazz")}

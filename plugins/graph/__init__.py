@@ -31,7 +31,7 @@ from narrmem_plugins.graph.values import FactValue, current_value, is_functional
 
 from narrmem import hookimpl
 from narrmem.config import Settings, plugin_options
-from narrmem.errors import PluginError
+from narrmem.errors import PluginError, StoreError
 from narrmem.models import IngestResult, Message, TriageDecision
 from narrmem.store import SQLCapable
 from narrmem.tools import ToolTable
@@ -81,7 +81,15 @@ class GraphPlugin(GraphTransfer, ToolTable):
             log.warning("graph plugin idle: store %s lends no SQL tables (sql())", type(store).__name__)
             return
         graph = GraphBackend(store, memory.clock)
-        await graph.setup()
+        try:
+            await graph.setup()
+        except StoreError:
+            if not memory.read_only:
+                raise
+            # Opened read-only on a database that never held a graph (one written before the graph
+            # ran on PostgreSQL): there is no graph to read, and none can be made.
+            log.warning("graph plugin idle: the read-only store has no graph tables")
+            return
         self._graph = graph
 
     @hookimpl
