@@ -87,7 +87,7 @@ class GraphBackend:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[GraphSQL]:
         async with self._store.sql(write=True) as db:
-            if db.dialect != "sqlite":
+            if db.dialect == "postgres":
                 await db.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
             yield GraphSQL(db)
 
