@@ -19,16 +19,10 @@ import sys
 from aiogram import Bot, Dispatcher
 from aiogram.types import Message as TgMessage
 
-from narrmem import ContextPack, Memory, TriggerEvent
-from narrmem.integrations.aiogram import setup
+from narrmem import ContextPack, Memory
+from narrmem.integrations.aiogram import say_suggestion, setup
 
 TOKEN_BUDGET = 400
-
-
-async def send_suggestion(bot: Bot, event: TriggerEvent) -> None:
-    """A topic, mood or habit came back often enough: say so where it came up."""
-    if event.chat_id is not None and event.suggestion:
-        await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion)
 
 
 async def answer(message: TgMessage, memory_context: ContextPack | None) -> None:
@@ -52,7 +46,7 @@ async def main() -> None:
         bot = Bot(token)
         dispatcher = Dispatcher()
         # First, so that /forgetme and /memory answer before the catch-all handler below.
-        setup(dispatcher, memory, tenant="telegram", token_budget=TOKEN_BUDGET, on_trigger=send_suggestion)
+        setup(dispatcher, memory, tenant="telegram", token_budget=TOKEN_BUDGET, on_trigger=say_suggestion)
         dispatcher.message.register(answer)
         await dispatcher.start_polling(bot)
 

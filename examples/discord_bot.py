@@ -22,16 +22,10 @@ import sys
 import discord
 from discord.ext import commands
 
-from narrmem import Memory, TriggerEvent
-from narrmem.integrations.discord import NarrmemCog
+from narrmem import Memory
+from narrmem.integrations.discord import NarrmemCog, say_suggestion
 
 TOKEN_BUDGET = 400
-
-
-async def send_suggestion(channel: discord.abc.Messageable, event: TriggerEvent) -> None:
-    """A topic, mood or habit came back often enough: say so where it came up."""
-    if event.suggestion:
-        await channel.send(event.suggestion)
 
 
 async def main() -> None:
@@ -44,9 +38,7 @@ async def main() -> None:
     bot = commands.Bot(command_prefix="!", intents=intents)
 
     async with Memory.open("narrmem-data") as memory, bot:
-        cog = NarrmemCog(
-            bot, memory, guild_as="tenant", token_budget=TOKEN_BUDGET, on_trigger=send_suggestion
-        )
+        cog = NarrmemCog(bot, memory, guild_as="tenant", token_budget=TOKEN_BUDGET, on_trigger=say_suggestion)
         await bot.add_cog(cog)
 
         # A listener, not an on_message override, so the bot's commands keep working.

@@ -3,10 +3,11 @@
     pip install "narrmem[telegram]"
     TELEGRAM_BOT_TOKEN=123456:ABC... python examples/ptb_bot.py
 
-Every message is remembered (in ./narrmem-data); in a private chat the bot answers with a
-placeholder and prints the prompt an LLM would get. ``/memory`` shows what it remembers about you,
-``/forgetme`` forgets it, and when something keeps coming back it says so in the chat. In groups
-the bot sees every message only with privacy mode off (BotFather, /setprivacy).
+narrmem's handlers run in group -1, so every message (and every edit) is stored before the bot's
+own handler in group 0 asks for context; that handler answers private chats with a placeholder and
+prints the prompt an LLM would get. ``/memory`` lists what narrmem keeps about the sender and
+``/forgetme`` deletes it; a topic or mood that keeps coming back is said in the chat. Group
+messages reach the bot only with privacy mode off (BotFather, /setprivacy).
 """
 
 from __future__ import annotations
@@ -17,19 +18,13 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from telegram import Bot, Update
+from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
-from narrmem import Memory, TriggerEvent
-from narrmem.integrations.telegram import NarrmemTelegram, install
+from narrmem import Memory
+from narrmem.integrations.telegram import NarrmemTelegram, install, say_suggestion
 
 TOKEN_BUDGET = 400
-
-
-async def send_suggestion(bot: Bot, event: TriggerEvent) -> None:
-    """A topic, mood or habit came back often enough: say so where it came up."""
-    if event.chat_id is not None and event.suggestion:
-        await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion)
 
 
 Callback = Callable[[Update, ContextTypes.DEFAULT_TYPE], Coroutine[Any, Any, None]]
@@ -59,7 +54,7 @@ async def post_init(application: Application[Any, Any, Any, Any, Any, Any]) -> N
     memory = await Memory.open("narrmem-data")
     application.bot_data["memory"] = memory
     narrmem = install(
-        application, memory, tenant="telegram", token_budget=TOKEN_BUDGET, on_trigger=send_suggestion
+        application, memory, tenant="telegram", token_budget=TOKEN_BUDGET, on_trigger=say_suggestion
     )
     # Group 0 (the default) runs after narrmem's group -1 has stored the message.
     application.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, answerer(narrmem)))

@@ -17,7 +17,7 @@ from narrmem_plugins.embedder_onnx import OnnxEmbedder, export
 from narrmem_plugins.onnx_export import INPUTS, OUTPUT, build_bert_onnx
 from tokenizers import Tokenizer
 
-from narrmem.embed import SentenceTransformerEmbedder, packaged_model_path
+from narrmem.embed import Embedder, SentenceTransformerEmbedder, packaged_model_path
 from narrmem.errors import ConfigError
 
 pytestmark = pytest.mark.slow
@@ -41,15 +41,18 @@ TEXTS = [
 ]
 
 
+async def embed_texts(*embedders: Embedder) -> list[np.ndarray]:
+    """``TEXTS`` embedded by each, in order; every embedder is closed after."""
+    try:
+        return [await embedder.embed(TEXTS) for embedder in embedders]
+    finally:
+        for embedder in embedders:
+            await embedder.close()
+
+
 async def test_the_export_gives_sentence_transformers_vectors(tmp_path: Path) -> None:
     ours = OnnxEmbedder(None, tmp_path, batch_size=4)
-    reference = SentenceTransformerEmbedder()
-    try:
-        exported = await ours.embed(TEXTS)
-        expected = await reference.embed(TEXTS)
-    finally:
-        await reference.close()
-        await ours.close()
+    exported, expected = await embed_texts(ours, SentenceTransformerEmbedder())
     assert exported.shape == expected.shape == (len(TEXTS), 384)
     cosines = np.sum(exported * expected, axis=1)
     assert float(np.min(cosines)) >= 0.9999, cosines
@@ -70,14 +73,8 @@ def test_the_same_outputs_as_torch_onnx_export(tmp_path: Path) -> None:
 
 
 async def test_int8_quantizes_the_export(tmp_path: Path) -> None:
-    full = OnnxEmbedder(None, tmp_path)
     int8 = OnnxEmbedder(None, tmp_path, quantize="int8")
-    try:
-        reference = await full.embed(TEXTS)
-        quantized = await int8.embed(TEXTS)
-    finally:
-        await full.close()
-        await int8.close()
+    reference, quantized = await embed_texts(OnnxEmbedder(None, tmp_path), int8)
     ops = {node.op_type for node in onnx.load(str(int8.model_file())).graph.node}
     assert "DynamicQuantizeLinear" in ops or "MatMulInteger" in ops
     assert float(np.min(np.sum(reference * quantized, axis=1))) >= 0.95

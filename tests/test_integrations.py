@@ -837,3 +837,36 @@ def test_importing_narrmem_needs_no_bot_library() -> None:
     code = f"import sys, narrmem, narrmem.doors.integrations; print(sorted({libraries} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- the ready-made trigger handlers -----------------------------------------------------------
+
+
+async def test_say_suggestion_speaks_where_the_pattern_came_up_and_only_with_a_suggestion() -> None:
+    from aiogram import Bot as AiogramBot
+    from telegram import Bot as PtbBot
+
+    from narrmem.integrations import aiogram as narrmem_aiogram
+    from narrmem.integrations import telegram as narrmem_telegram
+
+    sent: list[tuple[str, int, str]] = []
+
+    class AiogramRecorder(AiogramBot):
+        async def send_message(self, chat_id: int | str, text: str, **_: Any) -> Any:  # type: ignore[override]
+            sent.append(("aiogram", int(chat_id), text))
+
+    class PtbRecorder(PtbBot):
+        async def send_message(self, chat_id: int | str, text: str, **_: Any) -> Any:  # type: ignore[override]
+            sent.append(("ptb", int(chat_id), text))
+
+    event = TriggerEvent(
+        kind="topic", label="running", count=3, user_id="7", chat_id="-1001", suggestion="Running again?"
+    )
+    silent = event.model_copy(update={"suggestion": ""})
+    aiogram_bot = AiogramRecorder("123456:" + "A" * 35)
+    await narrmem_aiogram.say_suggestion(aiogram_bot, event)
+    await narrmem_aiogram.say_suggestion(aiogram_bot, silent)
+    await narrmem_telegram.say_suggestion(PtbRecorder("123456:ABC"), event)
+    await narrmem_telegram.say_suggestion(PtbRecorder("123456:ABC"), silent)
+    await aiogram_bot.session.close()
+    assert sent == [("aiogram", -1001, "Running again?"), ("ptb", -1001, "Running again?")]

@@ -298,6 +298,18 @@ class ForHandlers(Generic[U]):
         return self.options.render(await self.context_for(source))
 
 
+class TelegramSender(Protocol):
+    """What aiogram's and python-telegram-bot's ``Bot`` both have."""
+
+    async def send_message(self, chat_id: int, text: str) -> Any: ...
+
+
+async def say_suggestion_on_telegram(bot: TelegramSender, event: TriggerEvent) -> None:
+    """An ``on_trigger``: say the event's suggestion in the chat where the pattern came up."""
+    if event.chat_id is not None and event.suggestion:
+        await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion)
+
+
 def forget_reply(counts: Mapping[str, int]) -> str:
     """The answer to ``forgetme``: what was deleted, by kind."""
     total = counts.get("memories", 0)

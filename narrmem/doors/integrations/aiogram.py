@@ -39,13 +39,24 @@ from narrmem.doors.integrations._common import COMMANDS, DEFAULT_TOKEN_BUDGET, T
 from narrmem.memory import Memory
 from narrmem.models import ContextPack, Message, TriggerEvent
 
-__all__ = ["NarrmemMiddleware", "TriggerHandler", "register_commands", "sender", "setup", "to_message"]
+__all__ = [
+    "NarrmemMiddleware",
+    "TriggerHandler",
+    "register_commands",
+    "say_suggestion",
+    "sender",
+    "setup",
+    "to_message",
+]
 
 TriggerHandler = Callable[[Bot, TriggerEvent], Awaitable[None]]
 """``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from."""
 
 TELEGRAM_MAX_CHARS = 4096
 Handler = Callable[[TelegramObject, dict[str, Any]], Awaitable[Any]]
+
+
+say_suggestion = _common.say_suggestion_on_telegram
 
 
 def sender(message: TgMessage) -> tuple[str, str] | None:

@@ -33,7 +33,7 @@ from narrmem.doors.integrations._common import TurnArgs, TurnOptions
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
 
-__all__ = ["GuildAs", "NarrmemCog", "TriggerHandler"]
+__all__ = ["GuildAs", "NarrmemCog", "TriggerHandler", "say_suggestion"]
 
 GuildAs = Literal["tenant", "chat"]
 TriggerHandler = Callable[[discord.abc.Messageable, TriggerEvent], Awaitable[None]]
@@ -42,6 +42,12 @@ TriggerHandler = Callable[[discord.abc.Messageable, TriggerEvent], Awaitable[Non
 DISCORD_MAX_CHARS = 2000
 # Explicit alias: it stays a valid type for mypy even where discord.py is not installed.
 AnyContext: TypeAlias = "commands.Context[Any]"
+
+
+async def say_suggestion(channel: discord.abc.Messageable, event: TriggerEvent) -> None:
+    """An ``on_trigger``: say the event's suggestion in the channel where the pattern came up."""
+    if event.suggestion:
+        await channel.send(event.suggestion)
 
 
 class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):

@@ -37,7 +37,7 @@ from narrmem.doors.integrations._common import COMMANDS, TurnArgs, TurnOptions
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
 
-__all__ = ["NarrmemTelegram", "TriggerHandler", "install", "sender", "to_message"]
+__all__ = ["NarrmemTelegram", "TriggerHandler", "install", "say_suggestion", "sender", "to_message"]
 
 TriggerHandler = Callable[[telegram.Bot, TriggerEvent], Awaitable[None]]
 """``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from."""
@@ -46,6 +46,9 @@ TELEGRAM_MAX_CHARS = 4096
 # Explicit aliases: they stay valid types for mypy even where the library is not installed.
 AnyContext: TypeAlias = "CallbackContext[Any, Any, Any, Any]"
 AnyApplication: TypeAlias = "Application[Any, Any, Any, Any, Any, Any]"
+
+
+say_suggestion = _common.say_suggestion_on_telegram
 
 
 def sender(message: telegram.Message) -> tuple[str, str] | None:
