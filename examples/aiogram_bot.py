@@ -19,22 +19,19 @@ import sys
 from aiogram import Bot, Dispatcher
 from aiogram.types import Message as TgMessage
 
-from narrmem import ContextPack, Memory
+from narrmem import Memory
 from narrmem.integrations.aiogram import say_suggestion, setup
 
 TOKEN_BUDGET = 400
 
 
-async def answer(message: TgMessage, memory_context: ContextPack | None) -> None:
+async def answer(message: TgMessage, memory_prompt: str) -> None:
     # Answering every message in a group would be noise: this bot talks in private chats only.
-    if message.chat.type != "private" or memory_context is None or not message.text:
+    if message.chat.type != "private" or not message.text:
         return
-    prompt = memory_context.render(token_budget=TOKEN_BUDGET)
-    print(f"--- prompt for the LLM ---\n{prompt}\n\nUser: {message.text}\n", flush=True)
-    await message.answer(
-        f"(An LLM would answer here, knowing {len(memory_context.hits)} things about you. "
-        "Try /memory or /forgetme.)"
-    )
+    # memory_prompt: what narrmem knows that fits this message, cut to TOKEN_BUDGET.
+    print(f"--- prompt for the LLM ---\n{memory_prompt}\n\nUser: {message.text}\n", flush=True)
+    await message.answer("(An LLM would answer here. Try /memory or /forgetme.)")
 
 
 async def main() -> None:

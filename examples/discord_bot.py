@@ -51,16 +51,10 @@ async def main() -> None:
                 return
             if (await bot.get_context(message)).valid:
                 return  # a command: it answers for itself
-            pack = await cog.context_for(message)
-            if pack is None:
-                return
-            prompt = pack.render(token_budget=TOKEN_BUDGET)
+            prompt = await cog.prompt_for(message)  # what narrmem knows, cut to TOKEN_BUDGET
             print(f"--- prompt for the LLM ---\n{prompt}\n\nUser: {message.clean_content}\n", flush=True)
-            await message.reply(
-                f"(An LLM would answer here, knowing {len(pack.hits)} things about you. "
-                "Try !memory or !forgetme.)",
-                mention_author=False,
-            )
+            reply = "(An LLM would answer here. Try !memory or !forgetme.)"
+            await message.reply(reply, mention_author=False)
 
         await bot.start(token)
 

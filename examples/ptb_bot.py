@@ -36,15 +36,10 @@ def answerer(narrmem: NarrmemTelegram) -> Callback:
         # Answering every message in a group would be noise: this bot talks in private chats only.
         if message is None or message.chat.type != "private" or not message.text:
             return
-        pack = await narrmem.context_for(update)  # the message itself is already stored, and left out
-        if pack is None:
-            return
-        prompt = pack.render(token_budget=TOKEN_BUDGET)
+        # What narrmem knows, cut to TOKEN_BUDGET (the message itself is already stored, and left out).
+        prompt = await narrmem.prompt_for(update)
         print(f"--- prompt for the LLM ---\n{prompt}\n\nUser: {message.text}\n", flush=True)
-        await message.reply_text(
-            f"(An LLM would answer here, knowing {len(pack.hits)} things about you. "
-            "Try /memory or /forgetme.)"
-        )
+        await message.reply_text("(An LLM would answer here. Try /memory or /forgetme.)")
 
     return answer
 

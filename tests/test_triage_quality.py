@@ -155,42 +155,8 @@ async def test_the_untouched_held_out_set_meets_the_goal(real: Memory) -> None:
 
 # --- the Scene phrase -----------------------------------------------------------------------------
 
-# (message, words the phrase must contain: the act and its object, in order)
-SCENES: list[tuple[str, list[str]]] = [
-    (
-        "I decided to move to Lisbon next spring for a design job",
-        ["Deciding to move", "Lisbon", "design job"],
-    ),
-    ("I finally quit my job at the bank.", ["Quitting", "their job at the bank"]),
-    ("We chose the smaller apartment near the park.", ["Choosing", "smaller apartment"]),
-    ("I turned down the offer from Google because of the commute.", ["Turning down", "offer from Google"]),
-    ("I gave up on my PhD and moved on.", ["Giving up", "their PhD"]),
-    ("I signed the lease for a studio in Porto!", ["Signing", "lease", "Porto"]),
-    ("I think family is more important than money.", ["Putting family before money"]),
-    ("For me, health matters more than any promotion.", ["Putting health before", "promotion"]),
-    ("I'd rather have free evenings than a bigger salary.", ["Preferring", "free evenings"]),
-    ("I went from hating mornings to loving my 6am runs.", ["Going from hating mornings", "loving"]),
-    ("I used to be scared of dogs, now I love them.", ["From being scared of dogs", "loving"]),
-    ("I'm no longer angry at my father.", ["No longer angry", "their father"]),
-    ("I've made peace with not getting the role.", ["Making peace", "role"]),
-    ("I finally finished my thesis!!!", ["Finishing", "their thesis"]),
-    ("We launched the app on the App Store today 🎉", ["Launching", "app", "App Store"]),
-    ("Got promoted to team lead this morning.", ["Getting promoted", "team lead"]),
-    ("I passed my driving test on the second try.", ["Passing", "driving test"]),
-    ("Today I went surfing for the first time.", ["Going surfing", "first time"]),
-    ("I tried oysters for the first time, not a fan.", ["Trying oysters", "first time"]),
-    ("It was my first time ever on a plane.", ["First time", "on a plane"]),
-    ("I shouldn't have yelled at my sister.", ["Regretting yelling", "their sister"]),
-    ("I regret not calling my grandfather more often.", ["Regretting not calling", "grandfather"]),
-    ("I wish I had studied harder in school.", ["Wishing they had studied", "harder"]),
-    ("please remember that I'm allergic to peanuts", ["allergic to peanuts"]),
-    ("我决定明年去考研了。", ["决定", "考研"]),
-    ("想了一个月，最后还是决定留在成都。", ["决定", "留在成都"]),
-    ("终于完成了毕业论文答辩！", ["完成", "毕业论文答辩"]),
-    ("我觉得健康比工作更重要。", ["健康比工作更重要"]),
-    ("我第一次一个人去旅行。", ["第一次", "去旅行"]),
-    ("我很后悔当初没有坚持学钢琴。", ["后悔", "坚持学钢琴"]),
-]
+# A message, and the words its phrase must contain: the act and its object, in order.
+SCENES = [(row["text"], row["parts"]) for row in rows_of(DATA / "scene_phrases.jsonl")]
 KEYWORD_LIST = re.compile(r"^(?:Talking about|聊到)|^\w+(?:, \w+)+$")
 
 
