@@ -329,15 +329,21 @@ class SQLiteStore:
         return new_id
 
     async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
-        found: set[str] = set()
+        rows = await self._sources("message_id", "is_episode = 1 AND", tenant, chat_id, message_ids)
+        return {r[0] for r in rows}
+
+    async def _sources(
+        self, column: str, condition: str, tenant: str, chat_id: str, message_ids: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """``column`` of the provenance rows of these messages of a chat that meet ``condition``."""
+        rows: list[tuple[Any, ...]] = []
         for part in _chunks(list(message_ids)):
-            rows = await self._fetchall(
-                f"SELECT message_id FROM memory_sources WHERE is_episode = 1 AND tenant = ? AND chat_id = ? "
+            rows += await self._fetchall(
+                f"SELECT {column} FROM memory_sources WHERE {condition} tenant = ? AND chat_id = ? "
                 f"AND message_id IN ({_marks(part)})",
                 (tenant, chat_id, *part),
             )
-            found.update(r[0] for r in rows)
-        return found
+        return rows
 
     async def recent(
         self,
@@ -387,15 +393,8 @@ class SQLiteStore:
         )
 
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
-        found: set[int] = set()
-        for part in _chunks(list(message_ids)):
-            rows = await self._fetchall(
-                f"SELECT memory_id FROM memory_sources WHERE tenant = ? AND chat_id = ? "
-                f"AND message_id IN ({_marks(part)})",
-                (tenant, chat_id, *part),
-            )
-            found.update(int(r[0]) for r in rows)
-        return sorted(found)
+        rows = await self._sources("memory_id", "", tenant, chat_id, message_ids)
+        return sorted({int(r[0]) for r in rows})
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
         where, params = _scope_clause(scope, by_id=True)

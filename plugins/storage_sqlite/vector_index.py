@@ -27,7 +27,7 @@ import os
 import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +54,8 @@ class IndexOptions:
 
     @classmethod
     def from_settings(cls, storage: Any) -> IndexOptions:
-        """The options a ``[storage]`` table (``StorageSettings``) sets."""
-        return cls(
-            hnsw_threshold=storage.hnsw_threshold,
-            hnsw_m=storage.hnsw_m,
-            ef_construction=storage.hnsw_ef_construction,
-            ef_search=storage.hnsw_ef_search,
-            rebuild_ratio=storage.hnsw_rebuild_ratio,
-        )
+        """The options a ``[storage]`` table (``StorageSettings``) sets: each is its ``hnsw_`` setting."""
+        return cls(**{f.name: getattr(storage, "hnsw_" + f.name.removeprefix("hnsw_")) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
