@@ -220,6 +220,7 @@ def _telegram_chat(
     chat: Json, prefix: str, tenant: str, users: Mapping[str, str]
 ) -> tuple[list[Message], int]:
     chat_id = f"telegram:{_scalar_id(_required(chat, 'id', prefix), _join(prefix, 'id'))}"
+    into = _Chat(tenant, chat_id, users, _TELEGRAM_FIELDS)
     name = chat.get("name") if isinstance(chat.get("name"), str) else None
     messages: list[Message] = []
     skipped = 0
@@ -234,13 +235,11 @@ def _telegram_chat(
             raise InputError(
                 f"unknown type {kind!r} (expected 'message' or 'service')", field=f"{where}.type"
             )
-        messages.append(_telegram_message(raw, where, chat_id, name, tenant, users))
+        messages.append(_telegram_message(raw, where, into, name))
     return messages, skipped
 
 
-def _telegram_message(
-    raw: Json, where: str, chat_id: str, chat_name: str | None, tenant: str, users: Mapping[str, str]
-) -> Message:
+def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None) -> Message:
     message_id = _scalar_id(_required(raw, "id", where), f"{where}.id")
     if "date_unixtime" not in raw:
         hint = " ('date' is local time without a timezone)" if "date" in raw else ""
@@ -252,6 +251,7 @@ def _telegram_message(
     speaker = raw.get("from")
     if speaker is not None and not isinstance(speaker, str):
         raise InputError(f"must be a string or null, not {_kind(speaker)}", field=f"{where}.from")
+    speaker = speaker or None
 
     text = _telegram_text(_required(raw, "text", where), f"{where}.text")
     media, placeholder = _telegram_media(raw)
@@ -271,18 +271,7 @@ def _telegram_message(
     if isinstance(raw.get("forwarded_from"), str):
         # The author of a forward is someone else: "Ann said ..." would misattribute it.
         meta["forwarded_from"] = raw["forwarded_from"]
-    return _message(
-        where,
-        _TELEGRAM_FIELDS,
-        text=text,
-        user_id=users.get(from_id, from_id),
-        chat_id=chat_id,
-        ts=ts,
-        message_id=message_id,
-        tenant=tenant,
-        speaker=speaker or None,
-        meta=meta,
-    )
+    return into.message(where, from_id, text=text, ts=ts, message_id=message_id, speaker=speaker, meta=meta)
 
 
 _TELEGRAM_FIELDS = {"user_id": "from_id", "speaker": "from", "message_id": "id", "ts": "date_unixtime"}
@@ -357,6 +346,7 @@ def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> Import
         if isinstance(part.get("name"), str):
             context[key] = part["name"]
 
+    into = _Chat(tenant, f"discord:{channel_id}", users, _DISCORD_FIELDS)
     messages: list[Message] = []
     skipped = 0
     for i, item in enumerate(_array(data, "messages", "")):
@@ -365,14 +355,12 @@ def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> Import
         if _string(raw, "type", where) not in DISCORD_MESSAGE_TYPES:
             skipped += 1
             continue
-        messages.append(_discord_message(raw, where, f"discord:{channel_id}", tenant, users, context))
+        messages.append(_discord_message(raw, where, into, context))
     messages.sort(key=lambda m: m.ts)
     return ImportBatch(messages, skipped_service=skipped, format="discord")
 
 
-def _discord_message(
-    raw: Json, where: str, chat_id: str, tenant: str, users: Mapping[str, str], context: Json
-) -> Message:
+def _discord_message(raw: Json, where: str, into: _Chat, context: Json) -> Message:
     message_id = _scalar_id(_required(raw, "id", where), f"{where}.id")
     ts = _iso(_required(raw, "timestamp", where), f"{where}.timestamp")
     author = _object(_required(raw, "author", where), f"{where}.author")
@@ -402,18 +390,7 @@ def _discord_message(
         meta["reply_to"] = _scalar_id(reference["messageId"], f"{where}.reference.messageId")
     if raw.get("timestampEdited") is not None:
         meta["edited"] = _iso(raw["timestampEdited"], f"{where}.timestampEdited").isoformat()
-    return _message(
-        where,
-        _DISCORD_FIELDS,
-        text=text,
-        user_id=users.get(author_id, author_id),
-        chat_id=chat_id,
-        ts=ts,
-        message_id=message_id,
-        tenant=tenant,
-        speaker=speaker,
-        meta=meta,
-    )
+    return into.message(where, author_id, text=text, ts=ts, message_id=message_id, speaker=speaker, meta=meta)
 
 
 _DISCORD_FIELDS = {
@@ -444,14 +421,27 @@ def _load_json(path: Path) -> Any:
         raise InputError(f"{path}: not valid JSON ({exc.msg}, column {exc.colno})", line=exc.lineno) from exc
 
 
-def _message(where: str, source_fields: Mapping[str, str], **values: Any) -> Message:
-    """The Message, or an error that names the export's field rather than narrmem's."""
-    try:
-        return Message.model_validate(values)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        name = str(error["loc"][0]) if error["loc"] else "message"
-        raise InputError(error["msg"], field=f"{where}.{source_fields.get(name, name)}") from exc
+@dataclass(frozen=True)
+class _Chat:
+    """Where an export's messages go (``tenant``, ``chat_id``), whose ids ``users`` maps, and the
+    export's name of each field, for errors."""
+
+    tenant: str
+    chat_id: str
+    users: Mapping[str, str]
+    source_fields: Mapping[str, str]
+
+    def message(self, where: str, author_id: str, **values: Any) -> Message:
+        """The Message, or an error that names the export's field rather than narrmem's."""
+        user_id = self.users.get(author_id, author_id)
+        try:
+            return Message.model_validate(
+                {**values, "user_id": user_id, "chat_id": self.chat_id, "tenant": self.tenant}
+            )
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            name = str(error["loc"][0]) if error["loc"] else "message"
+            raise InputError(error["msg"], field=f"{where}.{self.source_fields.get(name, name)}") from exc
 
 
 def _unix(value: Any, field: str) -> datetime:
