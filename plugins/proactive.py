@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
+from narrmem.config import share
 from narrmem.configured import Configured
 from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, Scope, TriggerEvent
 from narrmem.view import MemoryView
@@ -34,9 +35,7 @@ NAME = "proactive"
 class ProactiveOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     topic_half_life_days: float = Field(default=14.0, gt=0, le=3650)
-    heat_ratio: float = Field(
-        default=0.75, ge=0, le=1, description="heat needed, as a share of the threshold"
-    )
+    heat_ratio: float = share(0.75, "heat needed, as a share of the threshold")
     cooldown_days: float = Field(default=7.0, ge=0, le=3650)
     quiet_days: float = Field(default=30.0, gt=0, le=3650, description="silence after which a topic returns")
     topic_threshold: int = Field(default=3, ge=2, le=1000)

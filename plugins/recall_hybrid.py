@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
-from narrmem.config import Settings
+from narrmem.config import Settings, share
 from narrmem.configured import Configured
 from narrmem.models import Candidate, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
@@ -50,9 +50,7 @@ class HybridOptions(BaseModel):
         default=60.0, gt=0, le=10_080, description="earlier turns older than this are another conversation"
     )
     dates_in_keywords: bool = Field(default=True, description="index the weekday and date of each message")
-    context_weight: float = Field(
-        default=0.5, ge=0, le=1, description="weight of words found only in the date and earlier turns"
-    )
+    context_weight: float = share(0.5, "weight of words found only in the date and earlier turns")
 
 
 class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):

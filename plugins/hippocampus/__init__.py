@@ -22,7 +22,7 @@ from narrmem_plugins.hippocampus.curve import FADED, PERMANENT, decay_starts_aft
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
-from narrmem.config import similarity
+from narrmem.config import share, similarity
 from narrmem.configured import Configured
 from narrmem.models import Hit, ImportanceChange, MemoryRecord, RecallRequest
 from narrmem.view import MemoryView
@@ -35,9 +35,7 @@ log = logging.getLogger("narrmem.hippocampus")
 class HippocampusOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     interval_minutes: float = Field(default=60.0, ge=0, le=10_080, description="decay pass interval; 0 = off")
-    ranking_weight: float = Field(
-        default=0.2, ge=0, le=1, description="how much importance after decay moves the ranking"
-    )
+    ranking_weight: float = share(0.2, "how much importance after decay moves the ranking")
     reinforce: bool = Field(default=True, description="relevant recalled memories gain importance")
     reinforce_min_similarity: float = similarity(
         0.45,

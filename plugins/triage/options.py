@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from narrmem.config import share
+
 
 class TriageOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -28,13 +30,9 @@ class TriageOptions(BaseModel):
     )
     value_threshold: int = Field(default=2, ge=2, le=1000, description="repeats of a value judgement")
     habit_weeks: int = Field(default=3, ge=2, le=52, description="weeks with the topic on the same weekday")
-    topic_similarity: float = Field(
-        default=0.55, ge=0, le=1, description="cosine that makes two mentions one topic"
-    )
-    value_similarity: float = Field(default=0.5, ge=0, le=1, description="cosine that makes two values one")
-    link_similarity: float = Field(
-        default=0.4, ge=0, le=1, description="cosine that links a scene to an earlier one"
-    )
+    topic_similarity: float = share(0.55, "cosine that makes two mentions one topic")
+    value_similarity: float = share(0.5, "cosine that makes two values one")
+    link_similarity: float = share(0.4, "cosine that links a scene to an earlier one")
     emotion_window_days: float = Field(default=7, gt=0, le=365)
     topic_window_days: float = Field(default=90, gt=0, le=3650)
     promote_patterns: bool = Field(default=True, description="write a scene when a mood pattern fires")
