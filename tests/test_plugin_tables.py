@@ -138,3 +138,28 @@ async def test_two_workers_on_postgres_share_trees(tmp_path: Path) -> None:
         seen = await two.call_tool(CREATE, {"text": STORY, "title": "Bridge", "maxRecallDepth": 4})
         assert seen["treeId"] == made["treeId"] and seen["created"] is False
         assert await plugin_of(two).trees.count() == 1
+
+
+async def test_a_chat_forgotten_by_one_worker_leaves_the_others_retelling(tmp_path: Path) -> None:
+    """Worker one has built and cached ann's retelling; worker two forgets one of her chats (not her
+    newest memory). Worker one's next summary no longer tells what was said there."""
+    storage = await storage_for("postgres")
+    said = [
+        ("c-secret", "m1", "I keep my spare key under the blue flowerpot zqkey41", 1),
+        ("c-main", "m2", "I decided to quit my job at the bank", 2),
+        ("c-main", "m3", "I finally finished my first marathon!", 3),
+    ]
+    async with (
+        open_memory(tmp_path / "w1", plugins=rtm_plugins(), **storage) as one,
+        open_memory(tmp_path / "w2", plugins=rtm_plugins(), **storage) as two,
+    ):
+        for chat, mid, text, day in said:
+            ts = datetime(2026, 3, day, 20, 0, tzinfo=UTC).isoformat()
+            await one.ingest({"text": text, "user_id": "ann", "chat_id": chat, "message_id": mid, "ts": ts})
+        before = await one.summary(user_id="ann")
+        assert "zqkey41" in before["retelling"] and before["memoryCount"] >= 3
+        await two.forget(user_id="ann", chat_id="c-secret")
+        after = await one.summary(user_id="ann")
+        assert "zqkey41" not in after["retelling"]
+        assert after["memoryCount"] < before["memoryCount"]
+        assert after["newestMemoryId"] == before["newestMemoryId"]  # the newest memory was kept

@@ -2,8 +2,9 @@
 
 Each memory is one clause, oldest first (scenes by their core sentence, episodes as attributed
 speech; an episode a scene was made from is left out, the scene says it better). The tree is
-semantic, built lazily and cached per (tenant, user) under the id of the newest memory: a new
-memory rebuilds it on the next call, forgetting drops it.
+semantic, built lazily and cached per (tenant, user) under a fingerprint of the memories it tells
+(their ids and texts): a new, edited or forgotten memory rebuilds it on the next call, whichever
+worker wrote it. Forgetting in this process also drops it at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _SPACES = re.compile(r"\s+")
 
 @dataclass(frozen=True)
 class _Cached:
+    fingerprint: int
     newest_id: int
     records: list[MemoryRecord]
     tree: Tree
@@ -105,16 +107,19 @@ class UserSummaries:
     async def _tree(
         self, memory: MemoryView, options: RTMOptions, summarizer: Summarizer | None, scope: Scope
     ) -> _Cached | None:
-        kinds = list(options.user_kinds)
-        newest = await memory.store.recent(scope, kinds=kinds, limit=1)
-        if not newest or newest[0].id is None:
-            return None
         key = (scope.tenant, str(scope.user_id))
-        cached = self._cache.get(key)
-        if cached is not None and cached.newest_id == newest[0].id:
-            return cached
+        # Read every time: another worker may have added, edited or forgotten one of them (a cache
+        # kept under the newest id alone would go on telling what was forgotten there).
+        kinds = list(options.user_kinds)
         recent = await memory.store.recent(scope, kinds=kinds, limit=options.user_memory_limit)
         records = _distinct(list(reversed(recent)))
+        if not records:
+            self._cache.pop(key, None)
+            return None
+        fingerprint = hash(tuple((r.id, r.index_text) for r in records))
+        cached = self._cache.get(key)
+        if cached is not None and cached.fingerprint == fingerprint:
+            return cached
         clauses = [clause_of(r) for r in records]
         branching, max_depth = suggest_parameters(len(clauses), options.compression)
         tree = await build_tree(
@@ -128,7 +133,7 @@ class UserSummaries:
             options=options,
             summarizer=summarizer,
         )
-        cached = _Cached(newest_id=int(newest[0].id), records=records, tree=tree)
+        cached = _Cached(fingerprint, int(recent[0].id or 0), records, tree)
         self._cache[key] = cached
         return cached
 
