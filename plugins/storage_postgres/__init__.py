@@ -8,11 +8,13 @@ from typing import Any
 
 from narrmem import hookimpl
 from narrmem.errors import ConfigError
+from narrmem.store import Store
+from narrmem.view import MemoryView
 
 
 @hookimpl
 def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None]) -> None:
-    def factory(memory: Any) -> Any:
+    def factory(memory: MemoryView) -> Store:
         storage = memory.settings.storage
         if storage.dsn is None:
             raise ConfigError(
@@ -32,7 +34,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             hnsw_m=storage.hnsw_m,
             hnsw_ef_construction=storage.hnsw_ef_construction,
             hnsw_ef_search=storage.hnsw_ef_search,
-            read_only=bool(getattr(memory, "read_only", False)),
+            read_only=memory.read_only,
         )
 
     register("postgres", factory)

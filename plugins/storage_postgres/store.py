@@ -428,7 +428,7 @@ class PostgresStore:
     async def set_current_importance(
         self,
         values: Sequence[tuple[int, float]],
-        history: Sequence[tuple[int, str, str, float, float]],
+        history: Sequence[tuple[int, str, str, float | None, float]],
         at: datetime,
     ) -> None:
         if not values and not history:

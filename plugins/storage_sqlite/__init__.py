@@ -25,7 +25,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             index=storage.index,
             busy_timeout_ms=storage.busy_timeout_ms,
             index_options=IndexOptions.from_settings(storage),
-            read_only=bool(getattr(memory, "read_only", False)),
+            read_only=memory.read_only,
         )
 
     register("sqlite", factory)
