@@ -9,6 +9,7 @@ every run shows the same thing.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections import Counter
 from datetime import UTC, datetime
@@ -23,13 +24,10 @@ from narrmem.errors import InputError
 from narrmem.memory import Memory
 from narrmem.models import IngestResult, Message
 
+# The questions the demo asks of the sample chat, each in the scope it asks in.
+_QUESTIONS = resources.files("narrmem").joinpath("data/sample_questions.jsonl").read_text("utf-8")
 QUESTIONS: list[tuple[str, dict[str, str]]] = [
-    ("What did Alice decide about her job?", {"user_id": "alice"}),
-    ("Where does Alice live now?", {"user_id": "alice"}),
-    ("What is Bob's injury and what did he do about the marathon?", {"user_id": "bob"}),
-    ("伟喜欢什么音乐？", {"user_id": "wei"}),
-    ("伟在做什么项目？", {"user_id": "wei"}),
-    ("Which book does the club read next?", {"chat_id": "guild-books"}),
+    (row["question"], row["scope"]) for row in map(json.loads, _QUESTIONS.splitlines())
 ]
 DEMO_NOW = datetime(2026, 5, 30, 12, 0, tzinfo=UTC)  # the day after the sample's last message
 FADE_DAYS = 90  # how far the clock moves for the fading part
