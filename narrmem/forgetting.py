@@ -54,17 +54,8 @@ class Forgetting:
             ids = await store.from_messages(job.tenant, job.chat_id, job.messages)
             removed = list((await store.get(ids, job.scope)).values())
             counts = {"memories": await store.delete(ids, job.scope)}
-        await self.memory.host.call(
-            "narrmem_after_forget",
-            isolate=False,
-            memory=self.memory,
-            tenant=job.tenant,
-            user_id=job.user_id,
-            chat_id=job.chat_id,
-            removed=removed,
-            sources=job.sources,
-            messages=job.messages,
-        )
+        told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
+        await self.memory.host.call("narrmem_after_forget", isolate=False, **told)
         await store.finish_forget(job, purge=job.messages is None)
         return counts
 

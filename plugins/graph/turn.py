@@ -125,20 +125,7 @@ async def recent_narrative(memory: MemoryView, scope: GraphScope, question: str,
         and (r.kind == "scene" or not r.message_ids or not set(r.message_ids) <= told)
     ][:limit]
     return [
-        Hit(
-            id=int(r.id or 0),
-            kind=r.kind,
-            text=r.text,
-            score=1.0,
-            importance=r.importance,
-            created_at=r.created_at,
-            message_ids=r.message_ids,
-            tenant=r.tenant,
-            user_id=r.user_id,
-            chat_id=r.chat_id,
-            speaker=r.speaker,
-            sources={"recent": rank},
-        )
+        Hit.from_record(r, text=r.text, score=1.0, importance=r.importance, sources={"recent": rank})
         for rank, r in enumerate(reversed(kept), start=1)
     ]
 
