@@ -10,12 +10,40 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
 
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
+
+HistoryRow = tuple[int, str, str, float | None, float]
+"""An importance change for the history: ``(memory id, who, why, old value, new value)``; the
+old value is ``None`` for the first."""
+
+
+class KeywordOptions(TypedDict, total=False):
+    """The keyword-only arguments of :meth:`Store.search_keywords`."""
+
+    context_weight: float
+    kinds: Sequence[str] | None
+
+
+class RecentOptions(TypedDict, total=False):
+    """The keyword-only arguments of :meth:`Store.recent`."""
+
+    since: datetime | None
+    kinds: Sequence[str] | None
+    limit: int
+
+
+class ForgetWhat(TypedDict):
+    """The keyword-only arguments of :meth:`Store.begin_forget` (``messages`` is optional)."""
+
+    tenant: str
+    user_id: str | None
+    chat_id: str | None
+    messages: NotRequired[Sequence[str] | None]
 
 
 @runtime_checkable
@@ -59,16 +87,11 @@ class Store(Protocol):
         ...
 
     async def search_keywords(
-        self,
-        scope: Scope,
-        query: str,
-        k: int,
-        *,
-        context_weight: float = 0.5,
-        kinds: Sequence[str] | None = None,
+        self, scope: Scope, query: str, k: int, **options: Unpack[KeywordOptions]
     ) -> list[tuple[int, float]]:
         """In-scope memories matching the query's words (BM25; higher is better), best first.
-        Words found only in a memory's ``context_text`` count ``context_weight`` as much."""
+        Words found only in a memory's ``context_text`` count ``context_weight`` (0.5 unless
+        given) as much; ``kinds`` keeps only memories of these kinds."""
         ...
 
     async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
@@ -79,15 +102,9 @@ class Store(Protocol):
         """The stored vectors of these in-scope memories (ids outside it are absent)."""
         ...
 
-    async def recent(
-        self,
-        scope: Scope,
-        *,
-        since: datetime | None = None,
-        kinds: Sequence[str] | None = None,
-        limit: int = 100,
-    ) -> list[MemoryRecord]:
-        """In-scope records created at or after ``since``, newest first, at most ``limit``."""
+    async def recent(self, scope: Scope, **options: Unpack[RecentOptions]) -> list[MemoryRecord]:
+        """In-scope records (of ``kinds``) created at or after ``since``, newest first, at most
+        ``limit`` (100 unless given)."""
         ...
 
     async def update(self, record: MemoryRecord) -> None:
@@ -115,10 +132,7 @@ class Store(Protocol):
         ...
 
     async def set_current_importance(
-        self,
-        values: Sequence[tuple[int, float]],
-        history: Sequence[tuple[int, str, str, float | None, float]],
-        at: datetime,
+        self, values: Sequence[tuple[int, float]], history: Sequence[HistoryRow], at: datetime
     ) -> None:
         """Cache importance after decay; ``history`` rows are ``(id, who, why, old, new)``."""
         ...
@@ -159,14 +173,7 @@ class Store(Protocol):
         """Delete every trace of a user and/or chat (rows, keyword index, vectors); return counts."""
         ...
 
-    async def begin_forget(
-        self,
-        *,
-        tenant: str,
-        user_id: str | None,
-        chat_id: str | None,
-        messages: Sequence[str] | None = None,
-    ) -> ForgetJob:
+    async def begin_forget(self, **what: Unpack[ForgetWhat]) -> ForgetJob:
         """Durably record a forget (of a scope, or of what ``messages`` of ``chat_id`` left) with
         the message ids its memories came from, before anything is deleted."""
         ...
@@ -259,3 +266,43 @@ def check_sql_params(params: Sequence[Any]) -> None:
             raise StoreError(
                 f"SQL parameter {i + 1} holds a NUL character, which PostgreSQL text cannot store"
             )
+
+
+class ForgetJournal:
+    """:meth:`Store.begin_forget` for a store that says how to read a scope's provenance
+    (:meth:`scope_sources`) and how to write a job down (:meth:`write_forget`)."""
+
+    async def begin_forget(
+        self, *, tenant: str, user_id: str | None, chat_id: str | None, messages: Sequence[str] | None = None
+    ) -> ForgetJob:
+        """Write the job down (with the provenance of what it will delete) before deleting anything."""
+        if messages is not None:
+            if chat_id is None:
+                raise StoreError("forgetting messages needs their chat")
+            sources = {chat_id: sorted(set(messages))}
+        else:
+            found: dict[str, set[str]] = {}
+            scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+            for chat, message_id in await self.scope_sources(scope):
+                found.setdefault(chat, set()).add(message_id)
+            sources = {chat: sorted(ids) for chat, ids in sorted(found.items())}
+        listed = None if messages is None else sorted(set(messages))
+        job = ForgetJob(
+            id=0, tenant=tenant, user_id=user_id, chat_id=chat_id, messages=listed, sources=sources
+        )
+        return job.model_copy(update={"id": await self.write_forget(job)})
+
+    async def scope_sources(self, scope: Scope) -> Iterable[tuple[str, str]]:
+        """``(chat id, message id)`` of the provenance of the scope's memories."""
+        raise NotImplementedError
+
+    async def write_forget(self, job: ForgetJob) -> int:
+        """Store ``job`` (its ``id`` is not set yet) in one transaction; the id it was given."""
+        raise NotImplementedError
+
+
+SOURCES_IN_SCOPE = (
+    "SELECT DISTINCT s.chat_id, s.message_id FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
+    "WHERE {where}"
+)
+"""Both built-in stores' query of the provenance of a scope's memories (``{where}`` on ``m``)."""

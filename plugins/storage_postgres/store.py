@@ -28,6 +28,7 @@ from pgvector.asyncpg import register_vector
 
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
+from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow
 from narrmem.text import content_terms, fts_document
 
 log = logging.getLogger("narrmem.storage_postgres")
@@ -95,7 +96,7 @@ INSERT_SOURCES = (
 )
 
 
-class PostgresStore:
+class PostgresStore(ForgetJournal):
     """Implements :class:`narrmem.store.Store` on one PostgreSQL database (a pool of connections)."""
 
     shared = True  # several processes may use the same database at once
@@ -428,7 +429,7 @@ class PostgresStore:
     async def set_current_importance(
         self,
         values: Sequence[tuple[int, float]],
-        history: Sequence[tuple[int, str, str, float | None, float]],
+        history: Sequence[HistoryRow],
         at: datetime,
     ) -> None:
         if not values and not history:
@@ -534,44 +535,24 @@ class PostgresStore:
         # The keyword document is a column of the row: it went with it.
         return {"memories": len(rows), "keyword_rows": len(rows), "vectors": vectors, **by_kind}
 
-    async def begin_forget(
-        self,
-        *,
-        tenant: str,
-        user_id: str | None,
-        chat_id: str | None,
-        messages: Sequence[str] | None = None,
-    ) -> ForgetJob:
-        if messages is not None:
-            if chat_id is None:
-                raise StoreError("forgetting messages needs their chat")
-            sources = {chat_id: sorted(set(messages))}
-        else:
-            where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), alias="m")
-            rows = await self.pool.fetch(
-                "SELECT DISTINCT s.chat_id, s.message_id FROM memory_sources s "
-                f"JOIN memories m ON m.id = s.memory_id WHERE {where}",
-                *params,
-            )
-            found: dict[str, set[str]] = {}
-            for chat, message_id in rows:
-                found.setdefault(chat, set()).add(message_id)
-            sources = {chat: sorted(ids) for chat, ids in sorted(found.items())}
-        listed = None if messages is None else sorted(set(messages))
+    async def scope_sources(self, scope: Scope) -> list[tuple[str, str]]:
+        where, params = _scope_clause(scope, alias="m")
+        return [(r[0], r[1]) for r in await self.pool.fetch(SOURCES_IN_SCOPE.format(where=where), *params)]
+
+    async def write_forget(self, job: ForgetJob) -> int:
+        listed = None if job.messages is None else json.dumps(job.messages, ensure_ascii=False)
         async with self.transaction() as conn:
             job_id = await conn.fetchval(
                 "INSERT INTO forget_jobs (tenant, user_id, chat_id, messages, sources, created_at) "
                 "VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-                tenant,
-                user_id,
-                chat_id,
-                None if listed is None else json.dumps(listed, ensure_ascii=False),
-                json.dumps(sources, ensure_ascii=False),
+                job.tenant,
+                job.user_id,
+                job.chat_id,
+                listed,
+                json.dumps(job.sources, ensure_ascii=False),
                 datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S"),
             )
-        return ForgetJob(
-            id=int(job_id), tenant=tenant, user_id=user_id, chat_id=chat_id, messages=listed, sources=sources
-        )
+        return int(job_id)
 
     async def pending_forgets(self) -> list[ForgetJob]:
         rows = await self.pool.fetch(

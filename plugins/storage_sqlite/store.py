@@ -22,6 +22,7 @@ from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, Sha
 
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
+from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
 
 log = logging.getLogger("narrmem.storage_sqlite")
@@ -33,7 +34,7 @@ COLUMNS = (
 CHUNK = 500  # stays under SQLite's bound-parameter limit
 
 
-class SQLiteStore:
+class SQLiteStore(ForgetJournal):
     def __init__(
         self,
         folder: Path,
@@ -457,7 +458,7 @@ class SQLiteStore:
     async def set_current_importance(
         self,
         values: Sequence[tuple[int, float]],
-        history: Sequence[tuple[int, str, str, float | None, float]],
+        history: Sequence[HistoryRow],
         at: datetime,
     ) -> None:
         statements: list[tuple[str, Sequence[Any]]] = [
@@ -609,51 +610,20 @@ class SQLiteStore:
 
     # --- forgetting as a durable job ---------------------------------------------------------
 
-    async def begin_forget(
-        self,
-        *,
-        tenant: str,
-        user_id: str | None,
-        chat_id: str | None,
-        messages: Sequence[str] | None = None,
-    ) -> ForgetJob:
-        """Write the job down (with the provenance of what it will delete) before deleting anything."""
-        if messages is not None:
-            if chat_id is None:
-                raise StoreError("forgetting messages needs their chat")
-            sources = {chat_id: sorted(set(messages))}
-        else:
-            where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id), alias="m")
-            rows = await self._fetchall(
-                "SELECT DISTINCT s.chat_id, s.message_id FROM memory_sources s "
-                f"JOIN memories m ON m.id = s.memory_id WHERE {where}",
-                params,
-            )
-            found: dict[str, set[str]] = {}
-            for chat, message_id in rows:
-                found.setdefault(chat, set()).add(message_id)
-            sources = {chat: sorted(ids) for chat, ids in sorted(found.items())}
+    async def scope_sources(self, scope: Scope) -> list[tuple[str, str]]:
+        where, params = _scope_clause(scope, alias="m")
+        rows: list[tuple[str, str]] = await self._fetchall(SOURCES_IN_SCOPE.format(where=where), params)
+        return rows
+
+    async def write_forget(self, job: ForgetJob) -> int:
+        listed = None if job.messages is None else json.dumps(job.messages, ensure_ascii=False)
         async with self.transaction() as db:
             cur = await db.execute(
                 "INSERT INTO forget_jobs (tenant, user_id, chat_id, messages, sources, created_at) "
                 "VALUES (?, ?, ?, ?, ?, datetime('now'))",
-                (
-                    tenant,
-                    user_id,
-                    chat_id,
-                    None if messages is None else json.dumps(sorted(set(messages)), ensure_ascii=False),
-                    json.dumps(sources, ensure_ascii=False),
-                ),
+                (job.tenant, job.user_id, job.chat_id, listed, json.dumps(job.sources, ensure_ascii=False)),
             )
-            job_id = int(cur.lastrowid or 0)
-        return ForgetJob(
-            id=job_id,
-            tenant=tenant,
-            user_id=user_id,
-            chat_id=chat_id,
-            messages=None if messages is None else sorted(set(messages)),
-            sources=sources,
-        )
+            return int(cur.lastrowid or 0)
 
     async def pending_forgets(self) -> list[ForgetJob]:
         """Forgets that a crash interrupted, oldest first."""
