@@ -350,14 +350,22 @@ class PostgresStore(ForgetJournal):
         )
 
     async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
-        rows = await self.pool.fetch(
-            "SELECT message_id FROM memory_sources WHERE is_episode AND tenant = $1 AND chat_id = $2 "
-            "AND message_id = ANY($3::text[])",
-            tenant,
-            chat_id,
-            list(message_ids),
-        )
+        rows = await self._sources("message_id", "is_episode AND", tenant, chat_id, message_ids)
         return {r[0] for r in rows}
+
+    async def _sources(
+        self, column: str, condition: str, tenant: str, chat_id: str, message_ids: Sequence[str]
+    ) -> list[Any]:
+        """``column`` of the provenance rows of these messages of a chat that meet ``condition``."""
+        return list(
+            await self.pool.fetch(
+                f"SELECT DISTINCT {column} FROM memory_sources "
+                f"WHERE {condition} tenant = $1 AND chat_id = $2 AND message_id = ANY($3::text[])",
+                tenant,
+                chat_id,
+                list(message_ids),
+            )
+        )
 
     async def update(self, record: MemoryRecord) -> None:
         if record.id is None:
@@ -381,14 +389,7 @@ class PostgresStore(ForgetJournal):
             )
 
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
-        rows = await self.pool.fetch(
-            "SELECT DISTINCT memory_id FROM memory_sources WHERE tenant = $1 AND chat_id = $2 "
-            "AND message_id = ANY($3::text[]) ORDER BY memory_id",
-            tenant,
-            chat_id,
-            list(message_ids),
-        )
-        return [int(r[0]) for r in rows]
+        return sorted(int(r[0]) for r in await self._sources("memory_id", "", tenant, chat_id, message_ids))
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
         where, params = _scope_clause(scope, start=2)
