@@ -12,6 +12,7 @@ A phrase is at most ``MAX_WORDS`` words (``MAX_ZH_CHARS`` characters).
 from __future__ import annotations
 
 import re
+from importlib import resources
 
 from narrmem_plugins.triage.signals import candidates
 
@@ -20,28 +21,11 @@ from narrmem.person import third_person
 MAX_WORDS = 12
 MAX_ZH_CHARS = 20
 
-_IRREGULAR = {
-    "am": "being", "'m": "being", "was": "being", "is": "being", "be": "being", "are": "being",
-    "were": "being", "chose": "choosing", "choose": "choosing", "gave": "giving", "give": "giving",
-    "went": "going", "go": "going", "quit": "quitting", "got": "getting", "get": "getting",
-    "made": "making", "make": "making", "took": "taking", "take": "taking", "told": "telling",
-    "said": "saying", "left": "leaving", "leave": "leaving", "sold": "selling", "bought": "buying",
-    "ran": "running", "run": "running", "won": "winning", "win": "winning", "began": "beginning",
-    "wrote": "writing", "felt": "feeling", "fell": "falling", "forgave": "forgiving",
-    "found": "finding", "kept": "keeping", "met": "meeting", "paid": "paying", "put": "putting",
-    "saw": "seeing", "sent": "sending", "spent": "spending", "stood": "standing", "swam": "swimming",
-    "swim": "swimming", "thought": "thinking", "threw": "throwing", "broke": "breaking",
-    "drove": "driving", "flew": "flying", "ate": "eating", "did": "doing", "do": "doing",
-    "had": "having", "have": "having", "hit": "hitting", "let": "letting", "lost": "losing",
-    "rode": "riding", "sang": "singing", "set": "setting", "slept": "sleeping", "spoke": "speaking",
-    "taught": "teaching", "woke": "waking", "became": "becoming", "came": "coming", "grew": "growing",
-    "knew": "knowing", "held": "holding", "built": "building", "learnt": "learning", "shut": "shutting",
-    "stop": "stopping", "plan": "planning", "shop": "shopping", "begin": "beginning", "die": "dying",
-    "lie": "lying", "see": "seeing", "agree": "agreeing", "agreed": "agreeing", "flee": "fleeing",
-    "overcame": "overcoming", "hated": "hating", "used": "using", "regret": "regretting",
-    "forget": "forgetting", "admit": "admitting", "commit": "committing", "prefer": "preferring",
-    "sit": "sitting", "cut": "cutting", "drop": "dropping", "jog": "jogging", "skip": "skipping",
-}  # fmt: skip
+_IRREGULAR = dict(
+    line.split()
+    for line in resources.files(__package__).joinpath("irregular_gerunds.txt").read_text("utf-8").splitlines()
+    if line and not line.startswith("#")
+)
 _NOT_VERBS = frozenset(
     "finally just really actually officially already never eventually ultimately totally also still "
     "so kinda honestly literally somehow ever".split()
