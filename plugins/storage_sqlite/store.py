@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 import numpy as np
@@ -32,6 +32,8 @@ COLUMNS = (
     "stored_at, message_ids, meta, context_text, reinforced_at"
 )
 CHUNK = 500  # stays under SQLite's bound-parameter limit
+
+T = TypeVar("T")
 
 
 class SQLiteStore(ForgetJournal):
@@ -198,15 +200,11 @@ class SQLiteStore(ForgetJournal):
 
     @property
     def db(self) -> aiosqlite.Connection:
-        if self._db is None:
-            raise StoreError("the store is not open")
-        return self._db
+        return _while_open(self._db)
 
     @property
     def index(self) -> VectorIndex:
-        if self._index is None:
-            raise StoreError("the store is not open")
-        return self._index
+        return _while_open(self._index)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -883,6 +881,13 @@ def _vector(blob: bytes, dim: int) -> np.ndarray:
     if vector.shape != (dim,):
         raise StoreError(f"a stored vector has {vector.size} dimensions, expected {dim}")
     return vector
+
+
+def _while_open(part: T | None) -> T:
+    """A part of the store that exists only between ``open`` and ``close``."""
+    if part is None:
+        raise StoreError("the store is not open")
+    return part
 
 
 def _chunks(items: list[Any]) -> list[list[Any]]:
