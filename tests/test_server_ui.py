@@ -28,13 +28,14 @@ CHROMIUM_ARGS = (
     "--no-sandbox --disable-gpu --disable-background-networking --disable-component-update "
     "--no-first-run --disable-sync"
 ).split()
-SEED = [
-    ("a1", "I decided to quit my job at the bank", 120),
-    ("a2", "I finally finished my first marathon!", 90),
-    ("a3", "I love hiking in the mountains with my sister", 60),
-    ("a4", "I regret not calling my grandfather more often", 30),
-    ("a5", "so tired today after the night shift", 3),
-]
+# What ann said, and how many days before NOW.
+SEED = {
+    "I decided to quit my job at the bank": 120,
+    "I finally finished my first marathon!": 90,
+    "I love hiking in the mountains with my sister": 60,
+    "I regret not calling my grandfather more often": 30,
+    "so tired today after the night shift": 3,
+}
 
 
 def _free_port() -> int:
@@ -63,9 +64,9 @@ class LiveServer:
     async def _serve(self) -> None:
         clock = ManualClock(NOW)
         async with open_memory(self.folder, clock=clock, plugin={"hippocampus": {"reinforce": True}}) as mem:
-            for mid, text, days_ago in SEED:
+            for n, (text, days_ago) in enumerate(SEED.items(), start=1):
                 when = (NOW - timedelta(days=days_ago)).isoformat()
-                await mem.ingest(msg(mid, text, user="ann", chat="dm-ann", ts=when))
+                await mem.ingest(msg(f"a{n}", text, user="ann", chat="dm-ann", ts=when))
             await mem.ingest(msg("b1", "I adopted a greyhound named Pixel", user="bob", chat="dm-bob"))
             scenes = [r for r in await mem.users("default") if r["user_id"] == "ann"]
             assert scenes and scenes[0]["scenes"] >= 3

@@ -20,19 +20,19 @@ def test_topic_words_leave_out_greetings_placeholders_and_the_bot_name() -> None
     assert "nori" in topic_words(texts, limit=5)  # a name is only noise once it is configured
 
 
-@pytest.mark.parametrize(
-    ("relation", "obj", "line"),
-    [
-        ("plans", "quit my job", "user plans to quit their job"),
-        ("plans", "moving to Lisbon with my partner", "user plans on moving to Lisbon with their partner"),
-        ("dropped_plan", "sell my flat", "user dropped the plan to sell their flat"),
-        ("likes", "my cat's snoring", "user likes their cat's snoring"),
-        ("works_on", "a game with my brother", "user works_on a game with their brother"),
-        ("plans", "辞掉我的工作", "user plans 辞掉自己的工作"),
-    ],
-)
-def test_facts_read_as_a_third_person_would_say_them(relation: str, obj: str, line: str) -> None:
-    assert fact_line("user", relation, obj) == line
+FACT_LINES = {  # (relation, object as the user said it): the line a turn context shows
+    ("plans", "quit my job"): "user plans to quit their job",
+    ("plans", "moving to Lisbon with my partner"): "user plans on moving to Lisbon with their partner",
+    ("dropped_plan", "sell my flat"): "user dropped the plan to sell their flat",
+    ("likes", "my cat's snoring"): "user likes their cat's snoring",
+    ("works_on", "a game with my brother"): "user works_on a game with their brother",
+    ("plans", "辞掉我的工作"): "user plans 辞掉自己的工作",
+}
+
+
+@pytest.mark.parametrize(("fact", "line"), FACT_LINES.items())
+def test_facts_read_as_a_third_person_would_say_them(fact: tuple[str, str], line: str) -> None:
+    assert fact_line("user", *fact) == line
 
 
 def test_third_person_keeps_words_that_only_contain_a_pronoun() -> None:
