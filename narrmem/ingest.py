@@ -150,24 +150,15 @@ class IngestPipeline:
 
     async def _write(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
         async with self.write_lock:
-            # A concurrent ingest may have stored the same message while this one was embedding.
-            stored = await self._already_stored(items)
-            keep = []
-            for item in items:
-                if item.key in stored:
-                    results[item.index] = duplicate(item.message, item.decision)
-                else:
-                    keep.append(item)
-            if keep:
-                vectors = np.vstack([item.vectors for item in keep if item.vectors is not None])
-                await self.memory.store.add([r for item in keep for r in item.records], vectors)
-                # Another process sharing the store may have stored a message since the check above:
-                # the store skipped its episode (its id stays None), so it is a duplicate here too.
-                for item in keep:
-                    if item.records[0].id is None:
-                        results[item.index] = duplicate(item.message, item.decision)
-                keep = [item for item in keep if item.records[0].id is not None]
-        return keep
+            vectors = np.vstack([item.vectors for item in items if item.vectors is not None])
+            await self.memory.store.add([r for item in items for r in item.records], vectors)
+        # Another ingest (of this process or another sharing the store) may have stored a message
+        # since the check before embedding: the store skipped its episode and what came with it
+        # (the episode's id stays None; its own unique check decides), so it is a duplicate here.
+        for item in items:
+            if item.records[0].id is None:
+                results[item.index] = duplicate(item.message, item.decision)
+        return [item for item in items if item.records[0].id is not None]
 
     async def _after_store(self, items: list[Pending], results: list[IngestResult]) -> None:
         for n, item in enumerate(items):

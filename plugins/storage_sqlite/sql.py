@@ -39,8 +39,7 @@ class SQLiteSQL:
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         check_sql_params(params)
         try:
-            async with self._db.execute(sql, tuple(params)) as cursor:
-                return [tuple(row) for row in await cursor.fetchall()]
+            return [tuple(row) for row in await self._db.execute_fetchall(sql, tuple(params))]
         except sqlite3.Error as exc:
             raise _error(sql, exc) from exc
 

@@ -800,8 +800,8 @@ class SQLiteStore(ForgetJournal):
         return np.array([r[0] for r in rows], dtype=np.int64)
 
     async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        async with self.db.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        # One trip to the connection's thread (execute, fetch and close there), not three.
+        return list(await self.db.execute_fetchall(sql, params))
 
     async def _write_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         """One transaction; runs of the same statement go as one ``executemany`` (one hop to the
