@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, loads_json
 from narrmem.errors import InputError
 from narrmem.models import MemoryRecord, Message
-from narrmem.store import SQLCapable
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -241,15 +240,25 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
 
 async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]:
     """The plugins' small state (``Store.state_put``), by namespace and key. The store protocol has
-    no listing of it, so it is read from the store's ``plugin_state`` table where the store lends
-    its database (both built-in stores do); elsewhere it is left out, with a warning."""
-    store = memory.store
-    if not isinstance(store, SQLCapable):
-        log.warning("plugin state not exported: store %s lends no tables", type(store).__name__)
+    no listing of it, so it is read with the store's ``dump_rows`` (both built-in stores have it,
+    ``narrmem migrate`` reads it the same way), which gives the keys as they were put (the
+    PostgreSQL store keeps them escaped in its table); a store without it is left out, with a
+    warning."""
+    dump = getattr(memory.store, "dump_rows", None)
+    if not callable(dump):
+        log.warning("plugin state not exported: store %s cannot list it", type(memory.store).__name__)
         return []
-    async with store.sql() as db:
-        rows = await db.fetchall("SELECT namespace, key, value FROM plugin_state ORDER BY namespace, key")
-    return [(str(n), str(k), v if isinstance(v, dict) else json.loads(v)) for n, k, v in rows]
+    rows: list[dict[str, Any]] = []
+    while page := await dump("plugin_state", len(rows), 1000):
+        rows.extend(page)
+    return [
+        (
+            str(r["namespace"]),
+            str(r["key"]),
+            r["value"] if isinstance(r["value"], dict) else json.loads(r["value"]),
+        )
+        for r in rows
+    ]
 
 
 def _check_replaceable(path: Path) -> None:
