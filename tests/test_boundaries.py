@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import count_rows, msg, run_narrmem
+from _helpers import msg, run_narrmem, store_count
 
 from narrmem import ConfigError, InputError, Memory, Message, StoreError, UnknownToolError, load_settings
 from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
@@ -36,20 +36,19 @@ def deep_json(depth: int) -> str:
 
 @pytest.fixture
 async def store(tmp_path: Path) -> Any:
-    """A memory with one message in it, and its folder (to count rows behind its back)."""
-    folder = tmp_path / "store"
-    async with open_memory(folder) as mem:
+    """A memory with one message in it."""
+    async with open_memory(tmp_path / "store") as mem:
         await mem.ingest(msg("m1", "I keep bees on the roof of my building"))
-        assert count_rows(folder) == 1
-        yield mem, folder
+        assert await store_count(mem) == 1
+        yield mem
 
 
 # --- 1. JSON nested 10,000 deep: RecursionError -------------------------------------------------
 
 
-async def test_deep_tool_arguments_are_refused_before_parsing(store: tuple[Memory, Path]) -> None:
-    mem, folder = store
-    before = count_rows(folder)
+async def test_deep_tool_arguments_are_refused_before_parsing(store: Memory) -> None:
+    mem = store
+    before = await store_count(mem)
     for arguments in ("[" * DEEP + "]" * DEEP, deep_json(DEEP), '{"user_id": ' + "[" * DEEP):
         with pytest.raises(InputError) as info:
             await mem.call_tool("persona_set", arguments)
@@ -66,17 +65,17 @@ async def test_deep_tool_arguments_are_refused_before_parsing(store: tuple[Memor
             },
         )
     assert info.value.field is not None and info.value.field.startswith("extra")
-    assert count_rows(folder) == before
+    assert await store_count(mem) == before
 
 
-async def test_deep_message_meta_is_an_input_error(store: tuple[Memory, Path]) -> None:
-    mem, folder = store
-    before = count_rows(folder)
+async def test_deep_message_meta_is_an_input_error(store: Memory) -> None:
+    mem = store
+    before = await store_count(mem)
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("m2", "hello there", meta={"a": deep_list(DEEP)}))
     assert info.value.field == "meta"
     assert "64 levels" in str(info.value)
-    assert count_rows(folder) == before
+    assert await store_count(mem) == before
     # 64 levels is the limit: within it, the message is kept.
     kept = await mem.ingest(msg("m3", "nested but fine", meta={"a": deep_list(MAX_JSON_DEPTH - 2)}))
     assert kept.stored
@@ -161,8 +160,8 @@ def test_bad_environment_variable_is_a_config_error_naming_it(
 # --- 4. Scope arguments of the wrong type or empty: raw ValidationError, TypeError ---------------
 
 
-async def test_forget_messages_with_an_empty_chat_is_an_input_error(store: tuple[Memory, Path]) -> None:
-    mem, folder = store
+async def test_forget_messages_with_an_empty_chat_is_an_input_error(store: Memory) -> None:
+    mem = store
     with pytest.raises(InputError) as info:
         await mem.forget_messages(chat_id="", message_ids=["m1"])
     assert info.value.field == "chat_id"
@@ -170,11 +169,11 @@ async def test_forget_messages_with_an_empty_chat_is_an_input_error(store: tuple
         with pytest.raises(InputError) as info:
             await mem.forget_messages(chat_id="c1", message_ids=ids)  # type: ignore[arg-type]
         assert info.value.field == field
-    assert count_rows(folder) == 1
+    assert await store_count(mem) == 1
 
 
-async def test_wrong_python_types_name_the_argument(store: tuple[Memory, Path]) -> None:
-    mem, folder = store
+async def test_wrong_python_types_name_the_argument(store: Memory) -> None:
+    mem = store
     calls: list[tuple[Any, str]] = [
         (lambda: mem.recall("cello", user_id={"a": 1}), "user_id"),  # type: ignore[arg-type]
         (lambda: mem.forget_messages(chat_id=b"c1", message_ids=["m1"]), "chat_id"),  # type: ignore[arg-type]
@@ -195,13 +194,13 @@ async def test_wrong_python_types_name_the_argument(store: tuple[Memory, Path]) 
     with pytest.raises(UnknownToolError) as info:
         await mem.call_tool(["persona_get"], {})  # type: ignore[arg-type]
     assert info.value.field == "name"
-    assert count_rows(folder) == 1
+    assert await store_count(mem) == 1
 
 
 async def test_a_message_object_changed_after_it_was_built_is_checked_again(
-    store: tuple[Memory, Path],
+    store: Memory,
 ) -> None:
-    mem, folder = store
+    mem = store
     message = Message.model_validate(msg("m9", "I decided to move"))
     message.text = 5  # type: ignore[assignment]  # assignment is not validated
     with pytest.raises(InputError) as info:
@@ -211,29 +210,29 @@ async def test_a_message_object_changed_after_it_was_built_is_checked_again(
     with pytest.raises(InputError) as info:
         await mem.ingest_many([msg("m10", "good"), message])
     assert info.value.field == "messages[1].meta"
-    assert count_rows(folder) == 1
+    assert await store_count(mem) == 1
 
 
 # --- 5. Integers past SQLite's range: OverflowError; a list as an id: ProgrammingError ----------
 
 
 @pytest.mark.parametrize("memory_id", [10**18 * 10, 2**63, -(2**63) - 1, 0, [1], "1", 1.0, True, None])
-async def test_history_of_a_bad_id(store: tuple[Memory, Path], memory_id: Any) -> None:
-    mem, _ = store
+async def test_history_of_a_bad_id(store: Memory, memory_id: Any) -> None:
+    mem = store
     with pytest.raises(InputError) as info:
         await mem.history(memory_id)
     assert info.value.field == "memory_id"
 
 
-async def test_history_of_an_unknown_id_in_range(store: tuple[Memory, Path]) -> None:
-    mem, _ = store
+async def test_history_of_an_unknown_id_in_range(store: Memory) -> None:
+    mem = store
     with pytest.raises(InputError, match="no memory with id"):
         await mem.history(SQLITE_MAX_INT)
 
 
 @pytest.mark.parametrize("scene_id", [2**63, 10**30])
-async def test_tool_ids_stay_in_sqlite_range(store: tuple[Memory, Path], scene_id: int) -> None:
-    mem, _ = store
+async def test_tool_ids_stay_in_sqlite_range(store: Memory, scene_id: int) -> None:
+    mem = store
     with pytest.raises(InputError) as info:
         await mem.call_tool("soul_narrative", {"action": "get", "user_id": "u1", "id": scene_id})
     assert info.value.field == "id"
@@ -247,16 +246,16 @@ async def test_tool_ids_stay_in_sqlite_range(store: tuple[Memory, Path], scene_i
     [{"a": "\ud800"}, {"\udfff": 1}, {"list": ["ok", "a\ud83d"]}, {"nan": float("nan")}],
     ids=["value", "key", "in a list", "NaN"],
 )
-async def test_meta_that_cannot_be_stored_as_json(store: tuple[Memory, Path], meta: dict[str, Any]) -> None:
-    mem, folder = store
+async def test_meta_that_cannot_be_stored_as_json(store: Memory, meta: dict[str, Any]) -> None:
+    mem = store
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("m2", "hello there", meta=meta))
     assert info.value.field == "meta"
-    assert count_rows(folder) == 1
+    assert await store_count(mem) == 1
 
 
-async def test_lone_surrogates_elsewhere(store: tuple[Memory, Path], tmp_path: Path) -> None:
-    mem, folder = store
+async def test_lone_surrogates_elsewhere(store: Memory, tmp_path: Path) -> None:
+    mem = store
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("\ud800", "hello"))
     assert info.value.field == "message_id"
@@ -280,7 +279,7 @@ async def test_lone_surrogates_elsewhere(store: tuple[Memory, Path], tmp_path: P
     with pytest.raises(InputError, match="surrogate") as info:
         read_chat(export, "telegram")
     assert info.value.field == "name"
-    assert count_rows(folder) == 1
+    assert await store_count(mem) == 1
 
 
 # --- 7. Times next to datetime's limits: OverflowError in plugins' date arithmetic --------------
@@ -296,12 +295,12 @@ async def test_lone_surrogates_elsewhere(store: tuple[Memory, Path], tmp_path: P
         "3000-01-01T00:00:00+00:00",
     ],
 )
-async def test_message_time_out_of_range(store: tuple[Memory, Path], ts: str) -> None:
-    mem, folder = store
+async def test_message_time_out_of_range(store: Memory, ts: str) -> None:
+    mem = store
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("m2", "I decided to move", ts=ts))
     assert info.value.field == "ts"
-    assert count_rows(folder) == 1
+    assert await store_count(mem) == 1
 
 
 @pytest.mark.parametrize(
@@ -312,8 +311,8 @@ async def test_message_time_out_of_range(store: tuple[Memory, Path], ts: str) ->
         datetime(2026, 5, 4),
     ],
 )
-async def test_decay_now_out_of_range(store: tuple[Memory, Path], now: datetime) -> None:
-    mem, _ = store
+async def test_decay_now_out_of_range(store: Memory, now: datetime) -> None:
+    mem = store
     with pytest.raises(InputError) as info:
         await mem.decay(now)
     assert info.value.field == "now"
@@ -332,12 +331,12 @@ async def test_import_of_a_conflicting_episode_names_its_line(tmp_path: Path) ->
         # The same chat message, stored here first under another id.
         await mem.ingest(msg("other", "a first message"))
         await mem.ingest(msg("m1", "I keep bees on the roof"))
-        before = count_rows(target)
+        before = await store_count(mem)
         with pytest.raises(InputError) as info:
             await import_jsonl(mem, export)
         assert info.value.field == "message_ids"
         assert info.value.line == 2
-        assert count_rows(target) == before
+        assert await store_count(mem) == before
     # The same record twice in one file with different ids: the second line is named.
     lines = export.read_text().splitlines()
     record = json.loads(lines[1])
@@ -367,7 +366,18 @@ def folders(tmp_path: Path) -> Iterator[dict[str, Path]]:
     assert (garbage / "narrmem.sqlite3").read_bytes() == b"this is not a database " * 100
 
 
-@pytest.mark.parametrize("which", ["garbage", "db-folder", "file", "under-file"])
+NOT_A_DATABASE = pytest.mark.sqlite_only("the SQLite database file in the data folder is not one")
+
+
+@pytest.mark.parametrize(
+    "which",
+    [
+        pytest.param("garbage", marks=NOT_A_DATABASE),
+        pytest.param("db-folder", marks=NOT_A_DATABASE),
+        "file",
+        "under-file",
+    ],
+)
 async def test_a_folder_that_cannot_hold_a_store_is_a_store_error(
     folders: dict[str, Path], which: str
 ) -> None:
@@ -377,6 +387,7 @@ async def test_a_folder_that_cannot_hold_a_store_is_a_store_error(
     assert str(folders[which]) in str(info.value)
 
 
+@NOT_A_DATABASE
 def test_cli_reports_an_unopenable_store_in_one_line(folders: dict[str, Path], tmp_path: Path) -> None:
     """aiosqlite's worker thread used to report the failed connect after ``asyncio.run`` had closed
     the loop: "RuntimeError: Event loop is closed" and a traceback at exit, in most runs."""
@@ -425,25 +436,25 @@ def test_config_file_argument_of_the_wrong_kind() -> None:
 # --- 11. An edit refused after the old message was already forgotten -----------------------------
 
 
-async def test_an_edit_refused_for_its_size_keeps_the_old_message(store: tuple[Memory, Path]) -> None:
+async def test_an_edit_refused_for_its_size_keeps_the_old_message(store: Memory) -> None:
     """The earlier texts go into the new episode's meta: near the size limit that makes the
     replacement too big, and that must be found before the old message is forgotten."""
-    mem, folder = store
+    mem = store
     big = {"a": "x" * (MAX_META_BYTES - len('{"a": ""}') - 10)}  # 10 bytes under the limit
     assert len(json.dumps(big).encode()) == MAX_META_BYTES - 10
     # Kept: the episode adds narrmem's own keys beside the message's meta, within its own limit.
     assert (await mem.ingest(msg("m2", "I keep bees", meta=big))).stored
-    before = count_rows(folder)
+    before = await store_count(mem)
     with pytest.raises(InputError) as info:
         await mem.edit(msg("m2", "I keep bees and wasps " * 100, meta=big))
     assert info.value.field == "meta"
-    assert count_rows(folder) == before
+    assert await store_count(mem) == before
     hits = await mem.recall("bees", user_id="u1", reinforce=False)
     assert "m2" in {mid for hit in hits for mid in hit.message_ids}
 
 
-async def test_an_edit_of_a_message_whose_own_meta_says_edits(store: tuple[Memory, Path]) -> None:
-    mem, _ = store
+async def test_an_edit_of_a_message_whose_own_meta_says_edits(store: Memory) -> None:
+    mem = store
     await mem.ingest(msg("m2", "I keep bees", meta={"edits": 5}))
     result = await mem.edit(msg("m2", "I keep wasps"))
     assert result.stored

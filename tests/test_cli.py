@@ -18,7 +18,12 @@ import pytest
 from _corpus import MESSAGES
 from _helpers import count_rows, msg, run_narrmem, sql
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # Child processes without NARRMEM_* variables, so always on SQLite: data folders copied as
+    # files, their database read directly.
+    pytest.mark.sqlite_only("the CLI on --data folders of the SQLite store, copied and read as files"),
+]
 
 KEPT = [m for m in MESSAGES if m["text"] != "ok"]
 # Triage writes a scene beside the episode for the one decision in the corpus.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg, sql
+from _helpers import msg, on_sqlite, sql, store_sql
 
 import narrmem
 from narrmem import hookimpl
@@ -38,6 +38,11 @@ def _group_chat() -> list[dict[str, Any]]:
 
 
 BOB_MARKERS = (b"zqlocker77", b"zqbike12")
+# Rows that still hold bob's words: his own, or another's keyword context or embedded text.
+BOB_ROWS = (
+    "SELECT id FROM memories WHERE user_id = 'bob' OR text LIKE '%zq%' OR context_text LIKE '%zq%' "
+    "OR embed_text LIKE '%zq%'"
+)
 
 
 def _files_with(folder: Path, markers: tuple[bytes, ...]) -> dict[str, int]:
@@ -68,14 +73,17 @@ async def test_forget_leaves_no_byte_of_the_user_in_the_data_folder(tmp_path: Pa
         # Bob's words reach other rows too: ann's keyword context, a chat-scope recall's history.
         await mem.recall("zqlocker77 zqbike12", chat_id=GROUP, reinforce=True)
         await mem.recall("what is the zqlocker77 code", user_id="bob", reinforce=True)
-        assert _files_with(folder, BOB_MARKERS)
+        assert await store_sql(mem, BOB_ROWS)
+        if on_sqlite(mem):  # the bytes of the data folder are the SQLite store's
+            assert _files_with(folder, BOB_MARKERS)
         await mem.forget(user_id="bob")
         hits = await mem.recall("zqlocker77 tired after the locker talk", chat_id=GROUP, k=20)
         assert all("zq" not in h.text for h in hits)
         assert [h.user_id for h in hits] and {h.user_id for h in hits} == {"ann"}
+        assert await store_sql(mem, BOB_ROWS) == []
+        assert await store_sql(mem, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
+        assert await store_sql(mem, "SELECT COUNT(*) FROM memory_history WHERE why LIKE '%zq%'") == [(0,)]
     assert _files_with(folder, BOB_MARKERS) == {}
-    assert sql(folder, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
-    assert sql(folder, "SELECT COUNT(*) FROM memory_history WHERE why LIKE '%zq%'") == [(0,)]
 
 
 class _CrashingScrubber:
@@ -99,12 +107,13 @@ async def test_an_interrupted_forget_is_finished_on_the_next_open(tmp_path: Path
         await mem.ingest_many(_group_chat())
         with pytest.raises(RuntimeError, match="killed"):
             await mem.forget(user_id="bob")
-    # The memories went before the crash, ann's keyword context (bob's words) had not yet.
-    assert sql(folder, "SELECT COUNT(*) FROM memories WHERE user_id = 'bob'") == [(0,)]
-    assert sql(folder, "SELECT COUNT(*) FROM forget_jobs") == [(1,)]
-    async with open_memory(folder):
-        pass  # no forget asked: the open finishes the one that was interrupted
-    assert sql(folder, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
+        # The memories went before the crash, ann's keyword context (bob's words) had not yet.
+        assert await store_sql(mem, "SELECT COUNT(*) FROM memories WHERE user_id = 'bob'") == [(0,)]
+        assert await store_sql(mem, "SELECT COUNT(*) FROM forget_jobs") == [(1,)]
+    async with open_memory(folder) as mem:
+        # No forget asked: the open finished the one that was interrupted.
+        assert await store_sql(mem, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
+        assert await store_sql(mem, BOB_ROWS) == []
     assert _files_with(folder, BOB_MARKERS) == {}
 
 
@@ -114,9 +123,9 @@ async def test_deleting_a_message_takes_only_what_it_stated(tmp_path: Path) -> N
     async with open_memory(folder) as mem:
         await mem.ingest(msg("m1", "I live in Lisbon", user="ann", chat="c"))
         await mem.ingest(msg("m2", "I like rock music", user="ann", chat="c"))
-        before = sql(folder, edges)
+        before = await store_sql(mem, edges)
         await mem.forget_messages(chat_id="c", message_ids=["m2"])
-        after = sql(folder, edges)
+        after = await store_sql(mem, edges)
     assert {name.lower() for (name,) in before} == {"lisbon", "rock music"}
     assert {name.lower() for (name,) in after} == {"lisbon"}
 
@@ -128,10 +137,12 @@ async def test_history_rows_say_why_never_what_was_asked(tmp_path: Path) -> None
         hits = await mem.recall("zqasked55: I decided to quit my job at the bank", user_id="ann")
         assert hits
         events = (await mem.history(hits[0].id))["events"]
+        asked = await store_sql(mem, "SELECT COUNT(*) FROM memory_history WHERE why LIKE '%zqasked55%'")
     assert [e["why"] for e in events if e["who"] == "recall"] == ["relevance"]
-    assert sql(folder, "SELECT COUNT(*) FROM memory_history WHERE why LIKE '%zqasked55%'") == [(0,)]
+    assert asked == [(0,)]
 
 
+@pytest.mark.sqlite_only("migrates a database file written by an old version of the SQLite store")
 def test_an_old_stores_history_loses_its_query_text_on_open(tmp_path: Path) -> None:
     from narrmem_plugins.storage_sqlite import schema
 
@@ -180,6 +191,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.sqlite_only("one process per data folder is the SQLite store's lock; PostgreSQL is shared")
 def test_a_second_process_on_the_same_folder_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
     folder = tmp_path / "store"
     holder = subprocess.Popen(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg, sql
+from _helpers import msg, store_sql
 from narrmem_plugins.hippocampus.curve import effective
 
 from narrmem import InputError, ManualClock, Memory, Message, TriageDecision, hookimpl
@@ -43,7 +43,7 @@ async def _one(mem: Memory, importance: float, text: str = "the allotment tomato
 
 async def _now_importance(mem: Memory, memory_id: int, day: float) -> float:
     await mem.decay(T0 + timedelta(days=day))
-    [(current,)] = sql(mem.data_dir, "SELECT current_importance FROM memories WHERE id = ?", [memory_id])
+    [(current,)] = await store_sql(mem, "SELECT current_importance FROM memories WHERE id = ?", [memory_id])
     return float(current)
 
 
@@ -84,14 +84,12 @@ async def test_a_decay_pass_twice_at_the_same_time_changes_nothing(tmp_path: Pat
         await _one(mem, 0.45, "second one")
         later = T0 + timedelta(days=400)
         first = await mem.decay(later)
-        rows = sql(mem.data_dir, "SELECT id, importance, current_importance FROM memories ORDER BY id")
-        history = sql(mem.data_dir, "SELECT * FROM memory_history ORDER BY id")
+        memories = "SELECT id, importance, current_importance FROM memories ORDER BY id"
+        history = "SELECT * FROM memory_history ORDER BY id"
+        before = [await store_sql(mem, memories), await store_sql(mem, history)]
         second = await mem.decay(later)
         assert first["updated"] == 2 and second["updated"] == 0
-        assert (
-            sql(mem.data_dir, "SELECT id, importance, current_importance FROM memories ORDER BY id") == rows
-        )
-        assert sql(mem.data_dir, "SELECT * FROM memory_history ORDER BY id") == history
+        assert [await store_sql(mem, memories), await store_sql(mem, history)] == before
 
 
 async def test_recall_reinforces_and_restarts_the_clock(tmp_path: Path) -> None:
@@ -170,7 +168,7 @@ async def test_soul_narrative_actions(tmp_path: Path) -> None:
         forgotten = await call(action="forget", id=b["scenes"][0]["id"])
         assert forgotten["count"] == 1 and (await call(action="list"))["count"] == 1
         # Same table and decay as triage's scenes.
-        kinds = sql(mem.data_dir, "SELECT DISTINCT kind FROM memories")
+        kinds = await store_sql(mem, "SELECT DISTINCT kind FROM memories")
         assert kinds == [("scene",)]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
-from _helpers import msg, sql
+from _helpers import msg, store_sql
 
 from narrmem import Memory, Scope
 from narrmem.testing import open_memory
@@ -73,13 +73,12 @@ def _probes(rng: random.Random, count: int) -> Iterator[tuple[dict[str, Any], st
 
 
 @pytest_asyncio.fixture
-async def populated(tmp_path: Path) -> AsyncIterator[tuple[Memory, Path, dict[int, dict[str, Any]]]]:
-    folder = tmp_path / "store"
-    async with open_memory(folder) as mem:
+async def populated(tmp_path: Path) -> AsyncIterator[tuple[Memory, dict[int, dict[str, Any]]]]:
+    async with open_memory(tmp_path / "store") as mem:
         results = await mem.ingest_many(CORPUS)
         assert all(r.stored for r in results)
         by_id = {r.memory_ids[0]: item for r, item in zip(results, CORPUS, strict=True)}
-        yield mem, folder, by_id
+        yield mem, by_id
 
 
 def _check_hits(hits: list[Any], scope: dict[str, Any]) -> None:
@@ -92,7 +91,7 @@ def _check_hits(hits: list[Any], scope: dict[str, Any]) -> None:
 
 
 async def test_two_hundred_cross_probes_leak_nothing(populated: Any) -> None:
-    mem, folder, by_id = populated
+    mem, by_id = populated
     rng = random.Random(2024)
     answered = exact_found = exact_asked = 0
     for scope, query in _probes(rng, 200):
@@ -112,12 +111,12 @@ async def test_two_hundred_cross_probes_leak_nothing(populated: Any) -> None:
     assert answered > 150
     assert exact_asked > 0 and exact_found == exact_asked
     # And all of this was read-only.
-    assert sql(folder, "SELECT COUNT(*) FROM memories") == [(len(CORPUS),)]
+    assert await store_sql(mem, "SELECT COUNT(*) FROM memories") == [(len(CORPUS),)]
 
 
 async def test_full_scope_recall_returns_exactly_the_scope(populated: Any) -> None:
     """With k large enough, a probe that matches everything returns all of the scope and nothing else."""
-    mem, _, by_id = populated
+    mem, by_id = populated
     query = " ".join(SHARED) + " note"
     for tenant in TENANTS:
         scopes = [{"tenant": tenant, "user_id": u} for u in USERS]
@@ -131,7 +130,7 @@ async def test_full_scope_recall_returns_exactly_the_scope(populated: Any) -> No
 
 async def test_store_level_searches_filter_by_scope(populated: Any) -> None:
     """The store contract itself (not just the host's re-check) keeps scopes apart."""
-    mem, _, by_id = populated
+    mem, by_id = populated
     for scope, query in _probes(random.Random(99), 60):
         [vector] = await mem.embedder.embed([query])
         vector_hits = await mem.store.search_vectors(Scope(**scope), vector, 50)
@@ -143,7 +142,7 @@ async def test_store_level_searches_filter_by_scope(populated: Any) -> None:
 
 
 async def test_tenant_isolation(populated: Any) -> None:
-    mem, _, _ = populated
+    mem, _ = populated
     for item in CORPUS:
         other = "t2" if item["tenant"] == "default" else "default"
         hits = await mem.recall(item["text"], user_id=item["user_id"], chat_id=item["chat_id"], tenant=other)
@@ -155,7 +154,7 @@ async def test_tenant_isolation(populated: Any) -> None:
 
 
 async def test_tool_calls_and_context_respect_scope(populated: Any) -> None:
-    mem, _, _ = populated
+    mem, _ = populated
     for scope, query in _probes(random.Random(5), 40):
         out = await mem.call_tool("narrmem_recall", json.dumps({"query": query, "k": 20, **scope}))
         for hit in out["hits"]:

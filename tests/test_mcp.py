@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, get_default_environment
 
 from narrmem import Scope
 from narrmem.testing import open_memory
@@ -137,8 +138,12 @@ async def _exercise(client: Any, expected: set[str]) -> set[str]:
 
 
 async def test_stdio_server_with_the_sdk_client(tmp_path: Path) -> None:
+    # The client passes the server a few variables only: narrmem's own (the test's store) go too.
+    ours = {k: v for k, v in os.environ.items() if k.startswith("NARRMEM_")}
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "narrmem.doors.cli", "mcp", "--data", str(tmp_path / "data")]
+        command=sys.executable,
+        args=["-m", "narrmem.doors.cli", "mcp", "--data", str(tmp_path / "data")],
+        env={**get_default_environment(), **ours},
     )
     async with Client(params) as client:
         names = await _exercise(client, SEED_TOOLS | {"narrmem_ingest", "narrmem_recall"})

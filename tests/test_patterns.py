@@ -4,12 +4,11 @@ and loses what is forgotten."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _helpers import msg
+from _helpers import msg, store_fingerprint
 
 from narrmem import Memory
 from narrmem.clock import ManualClock
@@ -31,15 +30,6 @@ def _messages() -> list[dict[str, Any]]:
     ]
 
 
-def _rows(folder: Path) -> list[Any]:
-    con = sqlite3.connect(folder / "narrmem.sqlite3")
-    try:
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return [(t, sorted(map(repr, con.execute(f'SELECT * FROM "{t}"')))) for t in sorted(tables)]
-    finally:
-        con.close()
-
-
 def _by_label(patterns: dict[str, Any]) -> dict[tuple[str, str], int]:
     return {(c["kind"], c["label"]): c["count"] for c in patterns["counts"]}
 
@@ -54,11 +44,11 @@ async def test_patterns_survive_a_restart_match_ingest_and_read_nothing_into_the
     fired = {(t.kind, t.label) for r in results for t in r.triggers}
     assert ("emotion", "tired") in fired
 
-    before = _rows(tmp_path)
     async with Memory.open(tmp_path, clock=clock, read_only=True) as reader:
+        before = await store_fingerprint(reader)
         found = await reader.patterns(user_id="ann")
         assert await reader.patterns(user_id="bob") == {"counts": [], "triggers": []}
-    assert _rows(tmp_path) == before  # reading wrote nothing
+        assert await store_fingerprint(reader) == before  # reading wrote nothing
 
     seen = _by_label(found)
     assert seen[("emotion", "tired")] == counted[("emotion", "tired")] == 4

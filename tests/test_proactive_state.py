@@ -3,11 +3,11 @@ into its state key as a digest."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from _helpers import store_sql
 from narrmem_plugins.proactive import NAME, state_key
 
 from narrmem import Memory, Message
@@ -26,14 +26,6 @@ def _mention(day: int, marker: str) -> Message:
     )
 
 
-def _state_rows(folder: Path) -> list[tuple[Any, ...]]:
-    con = sqlite3.connect(folder / "narrmem.sqlite3")
-    try:
-        return list(con.execute("SELECT key, value FROM plugin_state WHERE namespace = ?", (NAME,)))
-    finally:
-        con.close()
-
-
 async def _topic_events(mem: Memory, day: int, marker: str) -> list[Any]:
     result = await mem.ingest(_mention(day, marker))
     return [t for t in result.triggers if t.kind == "topic"]
@@ -47,10 +39,10 @@ async def test_a_fired_topic_is_remembered_without_its_words(tmp_path: Path) -> 
         assert marker in fired[2][0].label
         # Within the cooldown the same topic does not fire again: the state is found.
         assert await _topic_events(mem, 3, marker) == []
-    rows = _state_rows(tmp_path / "m")
-    assert rows
-    assert not any(marker in key or marker in value for key, value in rows)
-    assert any(key == state_key("default", "u1", "topic", fired[2][0].label) for key, _ in rows)
+        rows = await store_sql(mem, "SELECT key, value FROM plugin_state WHERE namespace = ?", [NAME])
+        assert rows
+        assert not any(marker in key or marker in value for key, value in rows)
+        assert await mem.store.state_get(NAME, state_key("default", "u1", "topic", fired[2][0].label))
 
 
 async def test_state_written_under_the_old_plain_key_still_counts(tmp_path: Path) -> None:

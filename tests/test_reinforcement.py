@@ -4,14 +4,13 @@ few per recall, at most once a day each, never from inspection, and never a quer
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from _helpers import msg
+from _helpers import msg, store_sql
 
 from narrmem import ManualClock, Memory, Scope
 from narrmem.doors.cli import main as cli_main
@@ -41,24 +40,16 @@ UNRELATED = [
 ]
 
 
-def _history(folder: Path) -> list[tuple[int, str, str]]:
-    con = sqlite3.connect(folder / "narrmem.sqlite3")
-    try:
-        return list(con.execute("SELECT memory_id, who, why FROM memory_history ORDER BY id"))
-    finally:
-        con.close()
+async def _history(mem: Memory) -> list[tuple[int, str, str]]:
+    return await store_sql(mem, "SELECT memory_id, who, why FROM memory_history ORDER BY id")
 
 
-def _importance(folder: Path) -> dict[int, float]:
-    con = sqlite3.connect(folder / "narrmem.sqlite3")
-    try:
-        return dict(con.execute("SELECT id, importance FROM memories"))
-    finally:
-        con.close()
+async def _importance(mem: Memory) -> dict[int, float]:
+    return dict(await store_sql(mem, "SELECT id, importance FROM memories"))
 
 
 @pytest_asyncio.fixture
-async def life(tmp_path: Path) -> AsyncIterator[tuple[Memory, ManualClock, Path]]:
+async def life(tmp_path: Path) -> AsyncIterator[tuple[Memory, ManualClock]]:
     clock = ManualClock(T0)
     folder = tmp_path / "store"
     async with open_memory(folder, real_model=True, clock=clock, plugin=REINFORCE) as mem:
@@ -75,24 +66,24 @@ async def life(tmp_path: Path) -> AsyncIterator[tuple[Memory, ManualClock, Path]
                 for n, (mid, text) in enumerate(LIFE)
             ]
         )
-        yield mem, clock, folder
+        yield mem, clock
 
 
-async def test_unrelated_turn_contexts_change_no_importance(life: tuple[Memory, ManualClock, Path]) -> None:
-    mem, clock, folder = life
-    before = _importance(folder)
+async def test_unrelated_turn_contexts_change_no_importance(life: tuple[Memory, ManualClock]) -> None:
+    mem, clock = life
+    before = await _importance(mem)
     for n, text in enumerate(UNRELATED):
         clock.set(clock.now() + timedelta(days=1, minutes=n))  # past every spacing window
         await mem.turn_context(text, user_id="ann", chat_id="dm")
         await mem.context(text, user_id="ann")
-    assert _importance(folder) == before
-    assert _history(folder) == []
+    assert await _importance(mem) == before
+    assert await _history(mem) == []
 
 
 async def test_a_query_about_something_never_said_returns_nothing(
-    life: tuple[Memory, ManualClock, Path],
+    life: tuple[Memory, ManualClock],
 ) -> None:
-    mem, _, _ = life
+    mem, _ = life
     for text in UNRELATED:
         assert await mem.recall(text, user_id="ann", k=5, reinforce=False) == [], text
     hits = await mem.recall("what is her cat called?", user_id="ann", k=5, reinforce=False)
@@ -102,25 +93,25 @@ async def test_a_query_about_something_never_said_returns_nothing(
 
 
 async def test_a_relevant_recall_reinforces_a_few_at_most_once_a_day(
-    life: tuple[Memory, ManualClock, Path],
+    life: tuple[Memory, ManualClock],
 ) -> None:
-    mem, clock, folder = life
+    mem, clock = life
     hits = await mem.recall("Ann's furniture restoration and woodworking", user_id="ann", k=6)
-    reinforced = _history(folder)
+    reinforced = await _history(mem)
     assert 1 <= len(reinforced) <= 3
     assert {why for _, _, why in reinforced} == {"relevance"}
     chosen = {memory_id for memory_id, _, _ in reinforced}
     assert chosen <= {h.id for h in hits if h.why is not None and (h.why.dense or 0) >= 0.45}
     clock.set(clock.now() + timedelta(hours=5))
     await mem.recall("Ann's furniture restoration and woodworking", user_id="ann", k=6)
-    assert _history(folder) == reinforced  # the same day: spaced, not counted again
+    assert await _history(mem) == reinforced  # the same day: spaced, not counted again
     clock.set(clock.now() + timedelta(days=1))
     await mem.recall("Ann's furniture restoration and woodworking", user_id="ann", k=6)
-    assert len(_history(folder)) > len(reinforced)
+    assert len(await _history(mem)) > len(reinforced)
 
 
-async def test_a_used_memory_is_reinforced_once_a_day(life: tuple[Memory, ManualClock, Path]) -> None:
-    mem, clock, folder = life
+async def test_a_used_memory_is_reinforced_once_a_day(life: tuple[Memory, ManualClock]) -> None:
+    mem, clock = life
     pack = await mem.context("tell me about the wedding", user_id="ann")
     wedding = next(h for h in pack.hits if h.message_ids == ["m4"])
     clock.set(clock.now() + timedelta(days=2))
@@ -128,17 +119,17 @@ async def test_a_used_memory_is_reinforced_once_a_day(life: tuple[Memory, Manual
     assert await mem.mark_used([wedding.id], user_id="ann") == []
     clock.set(clock.now() + timedelta(days=1, seconds=1))
     assert await mem.mark_used([wedding.id], user_id="ann") == [wedding.id]
-    used = [row for row in _history(folder) if row[2] == "used"]
+    used = [row for row in await _history(mem) if row[2] == "used"]
     assert [row[0] for row in used] == [wedding.id, wedding.id]
     assert await mem.mark_used([wedding.id], user_id="bob") == []  # out of scope: ignored
 
 
-async def test_no_history_row_holds_a_querys_words(life: tuple[Memory, ManualClock, Path]) -> None:
-    mem, clock, folder = life
+async def test_no_history_row_holds_a_querys_words(life: tuple[Memory, ManualClock]) -> None:
+    mem, clock = life
     for query in ("zqsecret carpenter career change", "zqpassword cat Miso basil plant"):
         clock.set(clock.now() + timedelta(days=2))
         await mem.recall(query, user_id="ann", k=3)
-    rows = _history(folder)
+    rows = await _history(mem)
     assert rows
     assert not any("zq" in why or "carpenter" in why or "Miso" in why for _, _, why in rows)
 
@@ -172,9 +163,9 @@ READS = [
 
 
 async def test_read_tools_and_inspection_leave_history_unchanged(
-    life: tuple[Memory, ManualClock, Path], tmp_path: Path
+    life: tuple[Memory, ManualClock], tmp_path: Path
 ) -> None:
-    mem, clock, folder = life
+    mem, clock = life
     clock.set(clock.now() + timedelta(days=3))
     scene = (await mem.store.recent(Scope(user_id="ann"), kinds=["scene"]))[0]
     reads = [*READS, ("soul_narrative", {"action": "get", "user_id": "ann", "id": scene.id})]
@@ -183,8 +174,8 @@ async def test_read_tools_and_inspection_leave_history_unchanged(
     await mem.history(scene.id)
     await mem.stats()
     await mem.summary(user_id="ann")
-    assert _history(folder) == []
-    assert _importance(folder)[scene.id] == scene.importance
+    assert await _history(mem) == []
+    assert (await _importance(mem))[scene.id] == scene.importance
 
 
 def test_cli_recall_reads_without_reinforcing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -206,4 +197,9 @@ def test_cli_recall_reads_without_reinforcing(tmp_path: Path, capsys: pytest.Cap
     assert cli_main(["recall", "what is her cat called?", "--user", "ann", "--json", *env_args]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert hits[0]["why"]["relevant"] is True and hits[0]["message_ids"] == ["m2"]
-    assert _history(folder) == []
+
+    async def history() -> list[tuple[int, str, str]]:
+        async with open_memory(folder, real_model=True) as mem:
+            return await _history(mem)
+
+    assert asyncio.run(history()) == []

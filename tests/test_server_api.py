@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _helpers import msg
+from _helpers import msg, store_fingerprint
 
 from narrmem.clock import ManualClock
 from narrmem.doors.cli import main
@@ -28,20 +27,9 @@ NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DOCS = Path(__file__).parent.parent / "docs" / "openapi.json"
 
 
-def fingerprint(folder: Path) -> list[Any]:
+async def fingerprint(memory: Memory) -> list[Any]:
     """Everything a request could change: rows, history, plugin state, graph tables."""
-    con = sqlite3.connect(folder / "narrmem.sqlite3")
-    try:
-        tables = [
-            r[0]
-            for r in con.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-                "AND name NOT LIKE '%fts%' ORDER BY name"
-            )
-        ]
-        return [(t, sorted(map(repr, con.execute(f'SELECT * FROM "{t}"')))) for t in tables]
-    finally:
-        con.close()
+    return await store_fingerprint(memory, keyword_tables=False)
 
 
 class Server:
@@ -52,10 +40,10 @@ class Server:
 
     async def refused(self, status: int, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The request gets ``status`` and leaves the store as it was."""
-        before = fingerprint(self.folder)
+        before = await fingerprint(self.memory)
         response = await self.client.request(method, path, **kwargs)
         assert response.status_code == status, response.text
-        assert fingerprint(self.folder) == before
+        assert await fingerprint(self.memory) == before
         return response
 
 
@@ -227,11 +215,11 @@ async def test_a_bounded_chunked_body_is_413(tmp_path: Path) -> None:
             for _ in range(10):
                 yield b" " * 1000
 
-        before = fingerprint(srv.folder)
+        before = await fingerprint(srv.memory)
         response = await srv.client.post(
             "/v1/ingest", content=chunks(), headers={"content-type": "application/json"}
         )
-        assert response.status_code == 413 and fingerprint(srv.folder) == before
+        assert response.status_code == 413 and await fingerprint(srv.memory) == before
 
 
 async def test_read_only_store_refusal_is_409(tmp_path: Path) -> None:

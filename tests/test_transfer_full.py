@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import count_rows, msg, sql
+from _helpers import msg, store_sql
 from test_mcp import STORY
 
 from narrmem import InputError
@@ -118,7 +118,7 @@ async def test_an_old_export_still_imports(tmp_path: Path) -> None:
     )
     async with open_memory(tmp_path / "b") as memory:
         assert (await import_jsonl(memory, path))["imported"] == len(old)
-    assert count_rows(tmp_path / "b") == len(old)
+        assert (await memory.stats())["memories"] == len(old)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,7 @@ async def test_a_bad_plugin_section_writes_nothing(
     async with open_memory(tmp_path / "b", plugins=plugins) as memory:
         with pytest.raises(InputError) as caught:
             await import_jsonl(memory, path)
+        assert (await memory.stats())["memories"] == 0
+        if not plugins:
+            assert await store_sql(memory, "SELECT COUNT(*) FROM graph_nodes") == [(0,)]
     assert words in str(caught.value) and caught.value.field == field
-    assert count_rows(tmp_path / "b") == 0
-    if not plugins:
-        assert sql(tmp_path / "b", "SELECT COUNT(*) FROM graph_nodes") == [(0,)]
