@@ -52,6 +52,14 @@ class _InputErrors(ModelMetaclass):
             raise InputError.from_pydantic(exc) from exc
 
 
+def no_nul(value: str | None) -> str | None:
+    """An id as every store can keep it: PostgreSQL text cannot hold NUL, and an id one backend
+    takes and another refuses would fail a migration, or a write halfway."""
+    if value is not None and "\x00" in value:
+        raise ValueError("must not hold a NUL character")
+    return value
+
+
 class Message(_Strict, metaclass=_InputErrors):
     """One chat message as a bot sees it. ``ts`` must carry a timezone."""
 
@@ -77,6 +85,8 @@ class Message(_Strict, metaclass=_InputErrors):
     @classmethod
     def _ts_in_range(cls, ts: datetime) -> datetime:
         return check_time_range(ts)
+
+    _ids_without_nul = field_validator("user_id", "chat_id", "message_id", "tenant", "speaker")(no_nul)
 
 
 class IncomingMessage(Message):
@@ -121,6 +131,8 @@ class Scope(_Strict):
     tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
     user_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
     chat_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS, validate_default=True)
+
+    _ids_without_nul = field_validator("tenant", "user_id", "chat_id")(no_nul)
 
     @field_validator("chat_id")
     @classmethod
