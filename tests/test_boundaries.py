@@ -35,7 +35,7 @@ def deep_json(depth: int) -> str:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> Any:
+async def mem(tmp_path: Path) -> Any:
     """A memory with one message in it."""
     async with open_memory(tmp_path / "store") as mem:
         await mem.ingest(msg("m1", "I keep bees on the roof of my building"))
@@ -46,8 +46,7 @@ async def store(tmp_path: Path) -> Any:
 # --- 1. JSON nested 10,000 deep: RecursionError -------------------------------------------------
 
 
-async def test_deep_tool_arguments_are_refused_before_parsing(store: Memory) -> None:
-    mem = store
+async def test_deep_tool_arguments_are_refused_before_parsing(mem: Memory) -> None:
     before = await store_count(mem)
     for arguments in ("[" * DEEP + "]" * DEEP, deep_json(DEEP), '{"user_id": ' + "[" * DEEP):
         with pytest.raises(InputError) as info:
@@ -68,8 +67,7 @@ async def test_deep_tool_arguments_are_refused_before_parsing(store: Memory) -> 
     assert await store_count(mem) == before
 
 
-async def test_deep_message_meta_is_an_input_error(store: Memory) -> None:
-    mem = store
+async def test_deep_message_meta_is_an_input_error(mem: Memory) -> None:
     before = await store_count(mem)
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("m2", "hello there", meta={"a": deep_list(DEEP)}))
@@ -160,8 +158,7 @@ def test_bad_environment_variable_is_a_config_error_naming_it(
 # --- 4. Scope arguments of the wrong type or empty: raw ValidationError, TypeError ---------------
 
 
-async def test_forget_messages_with_an_empty_chat_is_an_input_error(store: Memory) -> None:
-    mem = store
+async def test_forget_messages_with_an_empty_chat_is_an_input_error(mem: Memory) -> None:
     with pytest.raises(InputError) as info:
         await mem.forget_messages(chat_id="", message_ids=["m1"])
     assert info.value.field == "chat_id"
@@ -172,8 +169,7 @@ async def test_forget_messages_with_an_empty_chat_is_an_input_error(store: Memor
     assert await store_count(mem) == 1
 
 
-async def test_wrong_python_types_name_the_argument(store: Memory) -> None:
-    mem = store
+async def test_wrong_python_types_name_the_argument(mem: Memory) -> None:
     calls: list[tuple[Any, str]] = [
         (lambda: mem.recall("cello", user_id={"a": 1}), "user_id"),  # type: ignore[arg-type]
         (lambda: mem.forget_messages(chat_id=b"c1", message_ids=["m1"]), "chat_id"),  # type: ignore[arg-type]
@@ -198,9 +194,8 @@ async def test_wrong_python_types_name_the_argument(store: Memory) -> None:
 
 
 async def test_a_message_object_changed_after_it_was_built_is_checked_again(
-    store: Memory,
+    mem: Memory,
 ) -> None:
-    mem = store
     message = Message.model_validate(msg("m9", "I decided to move"))
     message.text = 5  # type: ignore[assignment]  # assignment is not validated
     with pytest.raises(InputError) as info:
@@ -217,22 +212,19 @@ async def test_a_message_object_changed_after_it_was_built_is_checked_again(
 
 
 @pytest.mark.parametrize("memory_id", [10**18 * 10, 2**63, -(2**63) - 1, 0, [1], "1", 1.0, True, None])
-async def test_history_of_a_bad_id(store: Memory, memory_id: Any) -> None:
-    mem = store
+async def test_history_of_a_bad_id(mem: Memory, memory_id: Any) -> None:
     with pytest.raises(InputError) as info:
         await mem.history(memory_id)
     assert info.value.field == "memory_id"
 
 
-async def test_history_of_an_unknown_id_in_range(store: Memory) -> None:
-    mem = store
+async def test_history_of_an_unknown_id_in_range(mem: Memory) -> None:
     with pytest.raises(InputError, match="no memory with id"):
         await mem.history(SQLITE_MAX_INT)
 
 
 @pytest.mark.parametrize("scene_id", [2**63, 10**30])
-async def test_tool_ids_stay_in_sqlite_range(store: Memory, scene_id: int) -> None:
-    mem = store
+async def test_tool_ids_stay_in_sqlite_range(mem: Memory, scene_id: int) -> None:
     with pytest.raises(InputError) as info:
         await mem.call_tool("soul_narrative", {"action": "get", "user_id": "u1", "id": scene_id})
     assert info.value.field == "id"
@@ -246,16 +238,14 @@ async def test_tool_ids_stay_in_sqlite_range(store: Memory, scene_id: int) -> No
     [{"a": "\ud800"}, {"\udfff": 1}, {"list": ["ok", "a\ud83d"]}, {"nan": float("nan")}],
     ids=["value", "key", "in a list", "NaN"],
 )
-async def test_meta_that_cannot_be_stored_as_json(store: Memory, meta: dict[str, Any]) -> None:
-    mem = store
+async def test_meta_that_cannot_be_stored_as_json(mem: Memory, meta: dict[str, Any]) -> None:
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("m2", "hello there", meta=meta))
     assert info.value.field == "meta"
     assert await store_count(mem) == 1
 
 
-async def test_lone_surrogates_elsewhere(store: Memory, tmp_path: Path) -> None:
-    mem = store
+async def test_lone_surrogates_elsewhere(mem: Memory, tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("\ud800", "hello"))
     assert info.value.field == "message_id"
@@ -295,8 +285,7 @@ async def test_lone_surrogates_elsewhere(store: Memory, tmp_path: Path) -> None:
         "3000-01-01T00:00:00+00:00",
     ],
 )
-async def test_message_time_out_of_range(store: Memory, ts: str) -> None:
-    mem = store
+async def test_message_time_out_of_range(mem: Memory, ts: str) -> None:
     with pytest.raises(InputError) as info:
         await mem.ingest(msg("m2", "I decided to move", ts=ts))
     assert info.value.field == "ts"
@@ -311,8 +300,7 @@ async def test_message_time_out_of_range(store: Memory, ts: str) -> None:
         datetime(2026, 5, 4),
     ],
 )
-async def test_decay_now_out_of_range(store: Memory, now: datetime) -> None:
-    mem = store
+async def test_decay_now_out_of_range(mem: Memory, now: datetime) -> None:
     with pytest.raises(InputError) as info:
         await mem.decay(now)
     assert info.value.field == "now"
@@ -436,10 +424,9 @@ def test_config_file_argument_of_the_wrong_kind() -> None:
 # --- 11. An edit refused after the old message was already forgotten -----------------------------
 
 
-async def test_an_edit_refused_for_its_size_keeps_the_old_message(store: Memory) -> None:
+async def test_an_edit_refused_for_its_size_keeps_the_old_message(mem: Memory) -> None:
     """The earlier texts go into the new episode's meta: near the size limit that makes the
     replacement too big, and that must be found before the old message is forgotten."""
-    mem = store
     big = {"a": "x" * (MAX_META_BYTES - len('{"a": ""}') - 10)}  # 10 bytes under the limit
     assert len(json.dumps(big).encode()) == MAX_META_BYTES - 10
     # Kept: the episode adds narrmem's own keys beside the message's meta, within its own limit.
@@ -453,8 +440,7 @@ async def test_an_edit_refused_for_its_size_keeps_the_old_message(store: Memory)
     assert "m2" in {mid for hit in hits for mid in hit.message_ids}
 
 
-async def test_an_edit_of_a_message_whose_own_meta_says_edits(store: Memory) -> None:
-    mem = store
+async def test_an_edit_of_a_message_whose_own_meta_says_edits(mem: Memory) -> None:
     await mem.ingest(msg("m2", "I keep bees", meta={"edits": 5}))
     result = await mem.edit(msg("m2", "I keep wasps"))
     assert result.stored
