@@ -1,0 +1,59 @@
+"""``bench/ab.py`` compares two source trees in alternating child processes: each child imports
+the narrmem of its own tree, the stores are filled alike, and the report holds every round."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+
+import ab
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_two_trees_alternate_and_fill_alike(tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    code = ab.main(
+        [
+            "--a",
+            str(ROOT),
+            "--b",
+            str(ROOT),
+            "--size",
+            "300",
+            "--pairs",
+            "2",
+            "--samples",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert [r["order"] for r in report["rounds"]] == ["AB", "BA"]
+    assert report["fill"]["A"] == report["fill"]["B"]
+    assert report["fill"]["A"]["records"] == 300
+    for name in ("A", "B"):
+        figures = report["median"][name]
+        assert set(figures) == set(ab.FIGURES)
+        assert all(value > 0 for value in figures.values())
+    assert set(report["b_over_a"]) == set(ab.FIGURES)
+
+
+def test_a_child_runs_the_narrmem_of_its_tree(tmp_path: Path) -> None:
+    """A tree whose narrmem cannot be imported fails its child, named in the error: the child
+    does not fall back to the installed narrmem."""
+    broken = tmp_path / "tree"
+    (broken / "narrmem").mkdir(parents=True)
+    (broken / "plugins").mkdir()
+    (broken / "narrmem" / "__init__.py").write_text("raise ImportError('the broken tree')\n")
+    with pytest.raises(SystemExit, match="the broken tree"):
+        ab.run_child(broken, tmp_path / "shim", "fill", str(tmp_path / "store"), "10", "7")
