@@ -99,11 +99,13 @@ def index_file_ids(folder: Path) -> list[int]:
 
 
 def index_file_vectors(folder: Path) -> np.ndarray:
-    """Every vector in the persisted index's row files (to prove a forgotten one is gone)."""
-    parts = []
+    """Every vector in the persisted index's files (to prove a forgotten one is gone): the vector
+    files, and any vectors an older format kept in the row files."""
+    parts = [np.load(path) for path in sorted((folder / INDEX_NAME).glob("vectors-*.npy"))]
     for rows in sorted((folder / INDEX_NAME).glob("rows-*.npz")):
         with np.load(rows) as arrays:
             parts.extend(arrays[name] for name in arrays.files if name.endswith("_vectors"))
+    parts = [p for p in parts if len(p)]
     return np.vstack(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
 

@@ -107,12 +107,12 @@ async def test_deleted_index_is_rebuilt_with_identical_results(built: Any) -> No
     [b"this is not a faiss index at all" * 10, b"", b"\x00" * 4096, bytes(range(256)) * 3],
     ids=["text", "empty", "zeros", "bytes"],
 )
-@pytest.mark.parametrize("target", ["manifest", "rows"])
+@pytest.mark.parametrize("target", ["manifest", "rows", "vectors"])
 async def test_corrupt_index_is_rebuilt_with_identical_results(
     built: Any, garbage: bytes, target: str
 ) -> None:
     folder, results, _ = built
-    victim = folder / MANIFEST if target == "manifest" else _row_files(folder)[0]
+    victim = folder / MANIFEST if target == "manifest" else _index_file(folder, target)
     victim.write_bytes(garbage)
     async with open_memory(folder) as mem:
         assert mem.store.index.rebuilt_reason is not None
@@ -120,10 +120,10 @@ async def test_corrupt_index_is_rebuilt_with_identical_results(
     assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
 
 
-@pytest.mark.parametrize("target", ["manifest", "rows"])
+@pytest.mark.parametrize("target", ["manifest", "rows", "vectors"])
 async def test_truncated_index_is_rebuilt(built: Any, target: str) -> None:
     folder, results, _ = built
-    victim = folder / MANIFEST if target == "manifest" else _row_files(folder)[0]
+    victim = folder / MANIFEST if target == "manifest" else _index_file(folder, target)
     data = victim.read_bytes()
     victim.write_bytes(data[: len(data) // 2])
     async with open_memory(folder) as mem:
@@ -140,8 +140,10 @@ async def test_index_of_other_dimension_is_rebuilt(built: Any) -> None:
         assert await _results(mem) == results
 
 
-def _row_files(folder: Path) -> list[Path]:
-    return sorted((folder / INDEX_NAME).glob("rows-*.npz"))
+def _index_file(folder: Path, kind: str) -> Path:
+    """The rows or the vectors file of the first user's shard, as the manifest names it."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    return folder / INDEX_NAME / manifest["shards"][0][kind]
 
 
 async def test_index_from_another_store_with_other_ids_is_rebuilt(built: Any, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _helpers import index_file_ids, index_file_vectors, msg
-from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, Shard, VectorIndex
+from narrmem_plugins.storage_sqlite.vector_index import Consistency, IndexOptions, Owner, Shard, VectorIndex
 
 from narrmem import Scope
 from narrmem.testing import open_memory
@@ -144,7 +144,7 @@ async def test_a_saved_graph_loads_as_is_and_a_deleted_vector_leaves_no_file(tmp
 
     again = VectorIndex(tmp_path / "vectors", DIM, SMALL)
     expected = np.sort(np.concatenate([ids, ids[:50] + 100_000]))
-    assert await again.load(expected, {int(ids[7]): (vectors[7], ("t", "big"))})
+    assert await again.load(Consistency.known(expected, {int(ids[7]): (vectors[7], ("t", "big"))}))
     try:
         assert again.describe()["hnsw_shards"] == 1 and not again.describe()["hnsw_builds_running"]
         after = [await again.search(q, 10, tenant="t", user_id="big", chat_id=None) for q in queries]
@@ -165,7 +165,7 @@ async def test_an_index_filed_under_other_users_is_rebuilt(tmp_path: Path) -> No
     await index.close()
     again = VectorIndex(tmp_path / "vectors", DIM, SMALL)
     expected = np.sort(np.concatenate([ids, ids[:50] + 100_000]))
-    assert not await again.load(expected, {int(ids[7]): (vectors[7], ("t", "small"))})
+    assert not await again.load(Consistency.known(expected, {int(ids[7]): (vectors[7], ("t", "small"))}))
     assert "another user" in (again.rebuilt_reason or "") and again.size == 0
     await again.close()
 

@@ -13,7 +13,8 @@ from narrmem.errors import StoreError
 MARKER = ".narrmem-index"
 # What narrmem writes in its index folder (and the temporary names it writes them under first).
 OWN_FILE = re.compile(
-    r"^(manifest\.json|rows-\d{2}\.npz|graph-[0-9a-f]{20}\.faiss)(\.tmp(\.json|\.npz|\.faiss))?$"
+    r"^(manifest\.json|rows-\d{2}\.npz|vectors-\d{2}\.npy|graph-[0-9a-f]{20}\.faiss)"
+    r"(\.tmp(\.json|\.npz|\.npy|\.faiss))?$"
 )
 # The single FAISS file of an older narrmem (an IndexIDMap2 over a flat index).
 OLD_INDEX_MAGIC = (b"IxM2", b"IxMp")
@@ -56,4 +57,4 @@ def _older_narrmem_folder(path: Path, index_format: int) -> bool:
     except (OSError, ValueError):
         return False
     own = all(is_own_file(p.name) for p in path.iterdir())
-    return isinstance(manifest, dict) and manifest.get("format") == index_format and own
+    return isinstance(manifest, dict) and manifest.get("format") in (1, index_format) and own

@@ -98,6 +98,25 @@ MIGRATIONS: list[str] = [
     );
     UPDATE memory_history SET why = 'recalled' WHERE why LIKE 'recalled for:%';
     """,
+    # 5: a counter of every change to the stored vectors, kept by triggers in the transaction of the
+    # change. The vector index files record the count they were saved at: on open, an equal count
+    # (and the highest id ever given) proves the files hold SQLite's vectors without reading every id.
+    """
+    CREATE TABLE vector_changes (count INTEGER NOT NULL);
+    INSERT INTO vector_changes (count) VALUES (0);
+    CREATE TRIGGER vector_added AFTER INSERT ON memories WHEN NEW.vector IS NOT NULL
+    BEGIN
+        UPDATE vector_changes SET count = count + 1;
+    END;
+    CREATE TRIGGER vector_removed AFTER DELETE ON memories WHEN OLD.vector IS NOT NULL
+    BEGIN
+        UPDATE vector_changes SET count = count + 1;
+    END;
+    CREATE TRIGGER vector_replaced AFTER UPDATE OF vector ON memories
+    BEGIN
+        UPDATE vector_changes SET count = count + 1;
+    END;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

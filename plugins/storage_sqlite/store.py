@@ -18,7 +18,13 @@ import numpy as np
 from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_sqlite.sql import SQLiteSQL
-from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, ShardKey, VectorIndex
+from narrmem_plugins.storage_sqlite.vector_index import (
+    Consistency,
+    IndexOptions,
+    Owner,
+    ShardKey,
+    VectorIndex,
+)
 
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
@@ -56,6 +62,9 @@ class SQLiteStore(ForgetJournal):
         self._db: aiosqlite.Connection | None = None
         self._index: VectorIndex | None = None
         self._lock = asyncio.Lock()
+        # Held from a vector write's SQLite transaction until the index has it, and while the index
+        # is saved with SQLite's watermark: a saved watermark never counts a row the files lack.
+        self._vectors_lock = asyncio.Lock()
         self._jobs: dict[str, asyncio.Lock] = {}
         self._folder_lock = FolderLock(folder / f"{database}.lock")
         self.dim = 0
@@ -88,8 +97,7 @@ class SQLiteStore(ForgetJournal):
         await self._check_model(dim, model)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         self._index.claim()
-        expected = await self._vector_ids()
-        if not await self._index.load(expected, await self._sample_vectors(expected)):
+        if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
 
     async def _open_read_only(self, dim: int, model: str) -> None:
@@ -108,8 +116,7 @@ class SQLiteStore(ForgetJournal):
             )
         await self._check_model(dim, model)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
-        expected = await self._vector_ids()
-        if not await self._index.load(expected, await self._sample_vectors(expected)):
+        if not await self._index.load(await self._consistency()):
             await self._rebuild_index(save=False)
 
     async def _connect(self, target: str | Path, *, uri: bool = False) -> aiosqlite.Connection:
@@ -128,18 +135,38 @@ class SQLiteStore(ForgetJournal):
             raise StoreError(f"{self.db_path} cannot be opened as a narrmem store: {exc}") from exc
         return db
 
-    async def _sample_vectors(
-        self, ids: np.ndarray, count: int = 64
-    ) -> dict[int, tuple[np.ndarray, ShardKey]]:
-        """Up to ``count`` evenly spaced stored vectors and their owners, to check an index file
-        holds the same data filed under the same users."""
-        if not len(ids):
-            return {}
-        picks = sorted({int(ids[i]) for i in np.linspace(0, len(ids) - 1, min(count, len(ids))).astype(int)})
+    async def _consistency(self) -> Consistency:
+        """What the index files are checked against on open (see ``VectorIndex.load``)."""
+        return Consistency(
+            ids=self._vector_ids, samples=self._sample_vectors, watermark=await self._watermark()
+        )
+
+    async def _watermark(self) -> dict[str, int] | None:
+        """The count of vector changes the triggers keep, and the highest id ever given."""
         rows = await self._fetchall(
-            f"SELECT id, vector, tenant, user_id FROM memories WHERE id IN ({_marks(picks)})", picks
+            "SELECT (SELECT count FROM vector_changes), "
+            "(SELECT seq FROM sqlite_sequence WHERE name = 'memories')"
+        )
+        changes, last_id = rows[0]
+        return None if changes is None else {"changes": int(changes), "last_id": int(last_id or 0)}
+
+    async def _sample_vectors(self, picks: np.ndarray) -> dict[int, tuple[np.ndarray, ShardKey]]:
+        """The stored vectors and owners of ``picks``, to check an index file holds the same data
+        filed under the same users."""
+        ids = [int(i) for i in picks]
+        if not ids:
+            return {}
+        rows = await self._fetchall(
+            "SELECT id, vector, tenant, user_id FROM memories "
+            f"WHERE vector IS NOT NULL AND id IN ({_marks(ids)})",
+            ids,
         )
         return {int(r[0]): (_vector(r[1], self.dim), (r[2], r[3])) for r in rows}
+
+    async def _save_index(self) -> None:
+        """Save the index with SQLite's watermark; the caller holds ``_vectors_lock``, so no vector
+        write sits between its SQLite commit and the index."""
+        await self.index.save(await self._watermark())
 
     async def _check_model(self, dim: int, model: str) -> None:
         stored = {k: v for k, v in await self._fetchall("SELECT key, value FROM meta")}
@@ -173,7 +200,8 @@ class SQLiteStore(ForgetJournal):
             await index.add(ids, np.vstack([_vector(r[1], self.dim) for r in rows]), owners)
             last = int(ids[-1])
         if save:
-            await index.save()
+            async with self._vectors_lock:
+                await self._save_index()
 
     async def _vacuum_mode(self) -> None:
         """A database made before incremental vacuum was on is rewritten once to turn it on, so
@@ -189,7 +217,8 @@ class SQLiteStore(ForgetJournal):
             if self._index is not None:
                 await self._index.stop_builds()
                 if self._index.dirty and not self.read_only:
-                    await self._index.save()
+                    async with self._vectors_lock:
+                        await self._save_index()
                 await self._index.close()
                 self._index = None
             if self._db is not None:
@@ -242,6 +271,10 @@ class SQLiteStore(ForgetJournal):
     async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
+        async with self._vectors_lock:
+            return await self._add(records, vectors)
+
+    async def _add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
         written: list[tuple[MemoryRecord, int, np.ndarray]] = []
         async with self.transaction():
             # Checked inside the write transaction (BEGIN IMMEDIATE), so no other writer slips in
@@ -396,6 +429,10 @@ class SQLiteStore(ForgetJournal):
         return sorted({int(r[0]) for r in rows})
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
+        async with self._vectors_lock:
+            return await self._delete(ids, scope)
+
+    async def _delete(self, ids: Sequence[int], scope: Scope) -> int:
         where, params = _scope_clause(scope, by_id=True)
         rows = [
             r
@@ -415,7 +452,7 @@ class SQLiteStore(ForgetJournal):
             ]
         )
         await self.index.remove(np.array(found, dtype=np.int64), {(r[1], r[2]) for r in rows})
-        await self.index.save()
+        await self._save_index()
         return len(found)
 
     async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
@@ -586,6 +623,10 @@ class SQLiteStore(ForgetJournal):
         return len(rows)
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
+        async with self._vectors_lock:
+            return await self._forget(tenant, user_id, chat_id)
+
+    async def _forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
         db = self.db
         async with self.transaction():
@@ -600,7 +641,7 @@ class SQLiteStore(ForgetJournal):
                 await db.execute(f"DELETE FROM memories WHERE id IN ({_marks(part)})", part)
         vectors = await self.index.remove(np.array(ids, dtype=np.int64), {(r[2], r[3]) for r in rows})
         if ids:
-            await self.index.save()  # a forgotten vector must not survive in the file either
+            await self._save_index()  # a forgotten vector must not survive in the file either
         by_kind: dict[str, int] = {}
         for _, kind, _, _ in rows:
             by_kind[kind] = by_kind.get(kind, 0) + 1
@@ -652,6 +693,10 @@ class SQLiteStore(ForgetJournal):
             await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
+        async with self._vectors_lock:
+            return await self._import(items)
+
+    async def _import(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
         added: list[tuple[int, np.ndarray, Owner]] = []
         skipped = 0
         async with self.transaction():

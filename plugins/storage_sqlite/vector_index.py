@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -34,13 +34,15 @@ from typing import Any
 import faiss
 import numpy as np
 from narrmem_plugins.storage_sqlite import index_folder
+from narrmem_plugins.storage_sqlite.vector_rows import VectorRows
 
 log = logging.getLogger("narrmem.storage_sqlite")
 
 BUCKETS = 64
 MAX_FAILED_BUILDS = 3  # then the shard stays on exact search (it is logged) instead of retrying forever
 BUILD_CHUNK = 2_000  # rows added to a graph between checks for a closing index
-FORMAT = 1
+FORMAT = 2  # 1: vectors inside the rows files (read whole); 2: vectors in files of their own, mapped
+READABLE_FORMATS = (1, 2)
 ShardKey = tuple[str, str]  # (tenant, user_id)
 
 
@@ -80,14 +82,29 @@ class Shard:
         self.n = 0
         self.ids = np.empty(capacity, dtype=np.int64)
         self.chats = np.empty(capacity, dtype=np.int32)
-        self.vectors = np.empty((capacity, dim), dtype=np.float32)
+        self.vectors = VectorRows(dim, capacity=capacity)
         self.alive = np.empty(capacity, dtype=bool)
         self.dead = 0
         self.graph: Any = None  # an IndexHNSWFlat whose labels are row numbers
         self.graph_saved = False
+        # The file a graph was mapped from: FAISS cannot add to a mapped graph (it aborts the
+        # process), so the first add copies it into memory.
+        self.graph_mapped_from: Path | None = None
+        self.file_offset: int | None = None  # where its rows start in its bucket's vector file
         self.building = False
         self.failed_builds = 0
         self._dead_selector: Any = None
+
+    @classmethod
+    def mapped(cls, key: ShardKey, ids: np.ndarray, chats: np.ndarray, vectors: np.ndarray) -> Shard:
+        """A shard whose vectors are read from a mapped file (``vectors``, a read-only view)."""
+        shard = cls(key, vectors.shape[1], capacity=len(ids) + 16)
+        shard.n = len(ids)
+        shard.ids[: shard.n] = ids
+        shard.chats[: shard.n] = chats
+        shard.alive[: shard.n] = True
+        shard.vectors = VectorRows(vectors.shape[1], base=vectors)
+        return shard
 
     @property
     def live(self) -> int:
@@ -99,14 +116,20 @@ class Shard:
             capacity = max(need, 2 * len(self.ids))
             self.ids = _grow(self.ids, capacity)
             self.chats = _grow(self.chats, capacity)
-            self.vectors = _grow(self.vectors, capacity)
             self.alive = _grow(self.alive, capacity)
+        if need > self.vectors.capacity():
+            self.vectors.reserve(max(need, 2 * self.vectors.capacity()))
         rows = slice(self.n, need)
         self.ids[rows] = ids
         self.chats[rows] = chats
-        self.vectors[rows] = vectors
+        self.vectors.put(self.n, vectors)
         self.alive[rows] = True
         if self.graph is not None:
+            if self.graph_mapped_from is not None:
+                # Copied through memory, not read again: the file may be gone since (a save
+                # drops the graph file of a shard with tombstones).
+                self.graph = faiss.deserialize_index(faiss.serialize_index(self.graph))
+                self.graph_mapped_from = None
             self.graph.add(vectors)
             self.graph_saved = False
         self.n = need
@@ -121,7 +144,7 @@ class Shard:
             self._compact(keep)
         else:
             self.alive[rows] = False
-            self.vectors[rows] = 0.0  # the graph keeps its own copy until the rebuild drops it
+            self.vectors.zero(rows)  # the graph keeps its own copy until the rebuild drops it
             self.dead += len(rows)
             self.forget_dead_selector()
         return len(rows)
@@ -132,13 +155,17 @@ class Shard:
     def _compact(self, keep: np.ndarray) -> None:
         self.ids = self.ids[: self.n][keep].copy()
         self.chats = self.chats[: self.n][keep].copy()
-        self.vectors = self.vectors[: self.n][keep].copy()
+        self.vectors = VectorRows.owning(self.vectors.take(np.flatnonzero(keep)))
         self.alive = np.ones(len(self.ids), dtype=bool)
         self.n = len(self.ids)
 
+    def live_ids(self) -> np.ndarray:
+        return self.ids[: self.n][self.alive[: self.n]]
+
     def live_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         keep = self.alive[: self.n]
-        return self.ids[: self.n][keep], self.chats[: self.n][keep], self.vectors[: self.n][keep]
+        vectors = self.vectors.first(self.n) if not self.dead else self.vectors.take(np.flatnonzero(keep))
+        return self.ids[: self.n][keep], self.chats[: self.n][keep], vectors
 
     def search(
         self, query: np.ndarray, k: int, chat: int | None, allowed: np.ndarray | None, options: IndexOptions
@@ -162,10 +189,9 @@ class Shard:
         return self._search_exact(query, k, rows)
 
     def _search_exact(self, query: np.ndarray, k: int, rows: np.ndarray | None) -> list[tuple[int, float]]:
-        matrix = self.vectors[: self.n] if rows is None else self.vectors[rows]
-        if not len(matrix):
+        scores = self.vectors.scores(query, self.n) if rows is None else self.vectors.take(rows) @ query
+        if not len(scores):
             return []
-        scores = matrix @ query
         k = min(k, len(scores))
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]
@@ -209,6 +235,7 @@ class VectorIndex:
         self._closing = False
         self.dirty = False
         self.rebuilt_reason: str | None = None
+        self._saved_watermark: dict[str, int] | None = None
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -230,7 +257,7 @@ class VectorIndex:
         return sum(shard.live for shard in self._shards.values())
 
     def ids(self) -> np.ndarray:
-        parts = [shard.live_rows()[0] for shard in self._shards.values()]
+        parts = [shard.live_ids() for shard in self._shards.values()]
         return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def describe(self) -> dict[str, int]:
@@ -396,10 +423,10 @@ class VectorIndex:
         added = ~np.isin(now_ids, ids)
         removed = ids[~np.isin(ids, now_ids)]
         added_ids, added_chats, added_vectors = now_ids[added], now_chats[added], now_vectors[added]
-        shard.ids, shard.chats, shard.vectors = ids, chats, vectors
+        shard.ids, shard.chats, shard.vectors = ids, chats, VectorRows.owning(vectors)
         shard.alive = np.ones(len(ids), dtype=bool)
         shard.n, shard.dead = len(ids), 0
-        shard.graph, shard.graph_saved = graph, False
+        shard.graph, shard.graph_saved, shard.graph_mapped_from = graph, False, None
         shard.forget_dead_selector()
         if len(added_ids):
             shard.append(added_ids, added_chats, added_vectors)
@@ -414,102 +441,120 @@ class VectorIndex:
 
     # --- files ----------------------------------------------------------------------------
 
-    async def load(self, expected_ids: np.ndarray, samples: dict[int, tuple[np.ndarray, ShardKey]]) -> bool:
+    async def load(self, check: Consistency) -> bool:
         """Load the persisted index; return ``False`` (and stay empty) if it is missing, unreadable,
         of another dimension, holds a different id set than SQLite, or other vectors or owners under
-        the sampled ids (an index copied from another store)."""
-        reason = await self._run(self._load_sync, expected_ids, samples)
+        the sampled ids (an index copied from another store). The id sets are compared only when
+        the files' watermark is not SQLite's: an equal one proves them equal without reading
+        every id."""
+        reason = await self._run(self._read_files)
+        if reason is None:
+            reason = await self._check(check)
         self.rebuilt_reason = reason
         if reason is not None:
-            level = logging.WARNING if len(expected_ids) else logging.DEBUG
+            held = check.watermark.get("changes") if check.watermark is not None else len(self._shards)
+            level = logging.WARNING if held else logging.DEBUG
             log.log(level, "vector index %s will be rebuilt from SQLite: %s", self.path, reason)
             self._shards.clear()
             self._chat_members.clear()
             self._chat_codes.clear()
             return False
-        self.dirty = False
-        self._dirty_buckets.clear()
+        self.dirty = bool(self._dirty_buckets)  # an older format is rewritten by the next save
         self._schedule_builds()
         return True
 
-    def _load_sync(
-        self, expected_ids: np.ndarray, samples: dict[int, tuple[np.ndarray, ShardKey]]
-    ) -> str | None:
-        manifest_path = self.path / "manifest.json"
-        if not manifest_path.exists():
-            return "the index file is missing"
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            if manifest.get("format") != FORMAT or manifest.get("dim") != self.dim:
-                return "the index file has another format or dimension"
-            self._chat_codes = {str(k): int(v) for k, v in manifest["chats"].items()}
-            for entry in manifest["shards"]:
-                self._load_shard(entry)
-        except Exception as exc:  # numpy, json and FAISS all raise their own errors on a bad file
-            return f"the index file is unreadable ({type(exc).__name__}: {exc})"
-        if not np.array_equal(self.ids(), expected_ids):
-            return "the index holds other ids than SQLite"
+    async def _check(self, check: Consistency) -> str | None:
+        ids = self.ids()
+        trusted = check.watermark is not None and self._saved_watermark == check.watermark
+        if not trusted:
+            expected = await check.ids()
+            if not np.array_equal(ids, expected):
+                return "the index holds other ids than SQLite"
+        picks = ids[np.unique(np.linspace(0, len(ids) - 1, min(SAMPLES, len(ids))).astype(int))]
+        samples = await check.samples(picks)
+        if trusted and len(samples) != len(picks):
+            return "the index holds ids SQLite does not"
         for memory_id, (vector, key) in samples.items():
             shard = self._shards.get(key)
             rows: Any = np.flatnonzero(shard.ids[: shard.n] == memory_id) if shard is not None else []
             if shard is None or not len(rows):
                 return f"the index files id {memory_id} under another user"
-            if not np.allclose(shard.vectors[int(rows[0])], vector, atol=1e-6):
+            stored = await self._run(shard.vectors.take, rows[:1])
+            if not np.allclose(stored[0], vector, atol=1e-6):
                 return f"the index holds another vector for id {memory_id}"
         return None
 
-    def _load_shard(self, entry: dict[str, Any]) -> None:
+    def _read_files(self) -> str | None:
+        manifest_path = self.path / "manifest.json"
+        if not manifest_path.exists():
+            return "the index file is missing"
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            if manifest.get("format") not in READABLE_FORMATS or manifest.get("dim") != self.dim:
+                return "the index file has another format or dimension"
+            self._chat_codes = {str(k): int(v) for k, v in manifest["chats"].items()}
+            self._saved_watermark = manifest.get("watermark")
+            files = _BucketFiles(self.path, self.dim)
+            for entry in manifest["shards"]:
+                self._load_shard(entry, files)
+        except Exception as exc:  # numpy, json and FAISS all raise their own errors on a bad file
+            return f"the index file is unreadable ({type(exc).__name__}: {exc})"
+        return None
+
+    def _load_shard(self, entry: dict[str, Any], files: _BucketFiles) -> None:
         key: ShardKey = (str(entry["tenant"]), str(entry["user_id"]))
-        with np.load(self.path / entry["rows"], allow_pickle=False) as rows:
-            prefix = entry["prefix"]
-            ids = rows[f"{prefix}ids"]
-            chats = rows[f"{prefix}chats"]
-            vectors = rows[f"{prefix}vectors"]
-        if vectors.shape != (len(ids), self.dim) or chats.shape != ids.shape:
-            raise ValueError(f"shard {prefix} has rows of another shape")
-        shard = Shard(key, self.dim, capacity=max(16, len(ids)))
-        shard.append(ids, chats, vectors)
+        prefix = entry["prefix"]
+        ids, chats = files.rows(entry["rows"], prefix)
+        if "vectors" in entry:
+            vectors = files.vectors(entry["vectors"], int(entry["offset"]), len(ids))
+            shard = Shard.mapped(key, ids, chats, vectors)
+            shard.file_offset = int(entry["offset"])
+        else:  # format 1: the vectors sit in the rows file; read whole, written anew by the next save
+            shard = Shard(key, self.dim, capacity=max(16, len(ids)))
+            shard.append(ids, chats, files.rows_vectors(entry["rows"], prefix, len(ids)))
+            self._mark(key)
         graph_file = entry.get("graph")
         if graph_file:
-            graph = faiss.read_index(str(self.path / graph_file))
+            # Mapped, not read: the graph's vectors are paged in as searches walk it.
+            graph = faiss.read_index(str(self.path / graph_file), faiss.IO_FLAG_MMAP_IFC)
             if graph.ntotal == shard.n and graph.d == self.dim:
                 shard.graph, shard.graph_saved = graph, True
+                shard.graph_mapped_from = self.path / graph_file
         self._shards[key] = shard
         names = {code: name for name, code in self._chat_codes.items()}
         for code in np.unique(chats):
             self._chat_members.setdefault((key[0], names[int(code)]), set()).add(key)
 
-    async def save(self) -> None:
-        await self._run(self._save_sync)
+    async def save(self, watermark: dict[str, int] | None = None) -> None:
+        """Write what changed; ``watermark`` is SQLite's (see :meth:`load`) with the index in step
+        with it: the caller holds every vector write back while it reads it and this runs."""
+        await self._run(self._save_sync, watermark)
         self.dirty = False
 
     def claim(self) -> None:
         """Refuse an index path that is not narrmem's own (see index_folder)."""
         index_folder.claim(self.path, FORMAT)
 
-    def _save_sync(self) -> None:
+    def _save_sync(self, watermark: dict[str, int] | None) -> None:
         index_folder.claim(self.path, FORMAT)
         by_bucket: dict[int, list[Shard]] = {}
         for key, shard in sorted(self._shards.items()):
             by_bucket.setdefault(_bucket(key), []).append(shard)
-        entries = []
+        entries: list[dict[str, Any]] = []
         for bucket in range(BUCKETS):
             shards = by_bucket.get(bucket, [])
-            name = f"rows-{bucket:02d}.npz"
-            if bucket in self._dirty_buckets or not (self.path / name).exists():
-                arrays: dict[str, np.ndarray] = {}
-                for number, shard in enumerate(shards):
-                    ids, chats, vectors = shard.live_rows()
-                    arrays[f"s{number}_ids"] = ids
-                    arrays[f"s{number}_chats"] = chats
-                    arrays[f"s{number}_vectors"] = vectors
-                _atomic(self.path / name, lambda tmp, a=arrays: np.savez(tmp, **a))
+            rows_name, vectors_name = f"rows-{bucket:02d}.npz", f"vectors-{bucket:02d}.npy"
+            stale = not (self.path / rows_name).exists() or not (self.path / vectors_name).exists()
+            if bucket in self._dirty_buckets or stale or any(s.file_offset is None for s in shards):
+                self._write_bucket(shards, self.path / rows_name, self.path / vectors_name)
             for number, shard in enumerate(shards):
                 entry = {
                     "tenant": shard.key[0],
                     "user_id": shard.key[1],
-                    "rows": name,
+                    "rows": rows_name,
                     "prefix": f"s{number}_",
+                    "vectors": vectors_name,
+                    "offset": shard.file_offset,
                 }
                 if shard.graph is not None and not shard.dead:
                     graph_name = f"graph-{_digest(shard.key)}.faiss"
@@ -518,16 +563,57 @@ class VectorIndex:
                         shard.graph_saved = True
                     entry["graph"] = graph_name
                 entries.append(entry)
-        manifest = {"format": FORMAT, "dim": self.dim, "chats": self._chat_codes, "shards": entries}
+        manifest = {
+            "format": FORMAT,
+            "dim": self.dim,
+            "watermark": watermark,
+            "chats": self._chat_codes,
+            "shards": entries,
+        }
         _atomic(
             self.path / "manifest.json",
             lambda tmp: Path(tmp).write_text(json.dumps(manifest, ensure_ascii=False), encoding="utf-8"),
         )
-        used = {"manifest.json", *(e["rows"] for e in entries), *(e.get("graph", "") for e in entries)}
-        for stale in self.path.iterdir():
-            if stale.name not in used and index_folder.is_own_file(stale.name):
-                stale.unlink()
+        used = {"manifest.json", *(f"{kind}-{b:02d}.{ext}" for b in range(BUCKETS) for kind, ext in _FILES)}
+        used |= {e.get("graph", "") for e in entries}
+        for stale_file in self.path.iterdir():
+            if stale_file.name not in used and index_folder.is_own_file(stale_file.name):
+                stale_file.unlink()
         self._dirty_buckets.clear()
+        self._saved_watermark = watermark
+
+    def _write_bucket(self, shards: list[Shard], rows_path: Path, vectors_path: Path) -> None:
+        """Both files of one bucket, each replaced whole; then its shards without tombstones read
+        their vectors from the new file (a shard with tombstones keeps its rows: its graph's
+        labels are row numbers, and the file holds only the live rows)."""
+        arrays: dict[str, np.ndarray] = {}
+        total = 0
+        for number, shard in enumerate(shards):
+            ids = shard.live_ids()
+            arrays[f"s{number}_ids"] = ids
+            arrays[f"s{number}_chats"] = shard.chats[: shard.n][shard.alive[: shard.n]]
+            shard.file_offset = total
+            total += len(ids)
+
+        def write_vectors(tmp: str) -> None:
+            if not total:  # nothing to map: a file of no rows
+                np.save(tmp, np.empty((0, self.dim), dtype=np.float32))
+                return
+            out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total, self.dim))
+            for shard in shards:
+                assert shard.file_offset is not None
+                out[shard.file_offset : shard.file_offset + shard.live] = shard.live_rows()[2]
+            out.flush()
+            del out
+
+        _atomic(vectors_path, write_vectors)
+        _atomic(rows_path, lambda tmp, a=arrays: np.savez(tmp, **a))
+        mapped = _BucketFiles(self.path, self.dim)
+        for shard in shards:
+            if not shard.dead and shard.file_offset is not None:
+                shard.vectors = VectorRows(
+                    self.dim, base=mapped.vectors(vectors_path.name, shard.file_offset, shard.n)
+                )
 
     async def stop_builds(self) -> None:
         """Abandon running graph builds (within one chunk); the shards stay searchable exactly."""
@@ -538,6 +624,70 @@ class VectorIndex:
         await self.stop_builds()
         self._builder.shutdown(wait=True)
         self._executor.shutdown(wait=True)
+
+
+_FILES = (("rows", "npz"), ("vectors", "npy"))
+SAMPLES = 64  # stored vectors compared with SQLite's on open
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """What SQLite holds, for checking the index files against it: its watermark (``None``: not
+    known), its vector ids (sorted) and, for given ids, their vectors and owners."""
+
+    ids: Callable[[], Awaitable[np.ndarray]]
+    samples: Callable[[np.ndarray], Awaitable[dict[int, tuple[np.ndarray, ShardKey]]]]
+    watermark: dict[str, int] | None = None
+
+    @classmethod
+    def known(cls, ids: np.ndarray, samples: dict[int, tuple[np.ndarray, ShardKey]]) -> Consistency:
+        """Fixed answers: the ids, and the vectors and owners of some of them."""
+
+        async def all_ids() -> np.ndarray:
+            return ids
+
+        async def some(picks: np.ndarray) -> dict[int, tuple[np.ndarray, ShardKey]]:
+            return {int(i): samples[int(i)] for i in picks if int(i) in samples}
+
+        return cls(ids=all_ids, samples=some)
+
+
+class _BucketFiles:
+    """The files of an index folder, each opened once: rows read whole, vectors mapped."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        self.path = path
+        self.dim = dim
+        self._rows: dict[str, Any] = {}
+        self._vectors: dict[str, np.ndarray] = {}
+
+    def rows(self, name: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+        arrays = self._rows.get(name)
+        if arrays is None:
+            with np.load(self.path / name, allow_pickle=False) as npz:
+                arrays = self._rows[name] = {key: npz[key] for key in npz.files}
+        ids, chats = arrays[f"{prefix}ids"], arrays[f"{prefix}chats"]
+        if chats.shape != ids.shape:
+            raise ValueError(f"shard {prefix} has rows of another shape")
+        return ids, chats
+
+    def rows_vectors(self, name: str, prefix: str, count: int) -> np.ndarray:
+        vectors = np.ascontiguousarray(self._rows[name][f"{prefix}vectors"], dtype=np.float32)
+        if vectors.shape != (count, self.dim):
+            raise ValueError(f"shard {prefix} has rows of another shape")
+        return vectors
+
+    def vectors(self, name: str, offset: int, count: int) -> np.ndarray:
+        if not count:
+            return np.empty((0, self.dim), dtype=np.float32)
+        mapped = self._vectors.get(name)
+        if mapped is None:
+            mapped = self._vectors[name] = np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+        if mapped.dtype != np.float32 or mapped.ndim != 2 or mapped.shape[1] != self.dim:
+            raise ValueError(f"{name} holds vectors of another shape")
+        if offset < 0 or offset + count > len(mapped):
+            raise ValueError(f"{name} is shorter than its manifest says")
+        return mapped[offset : offset + count]
 
 
 def _snapshot(shard: Shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
