@@ -205,3 +205,19 @@ async def test_an_equal_watermark_opens_without_reading_every_id(
         [vector] = await mem.embedder.embed([values["embed_text"] or values["text"]])
         found = await mem.store.search_vectors(Scope(user_id=values["user_id"]), vector, 50)
         assert len(CORPUS) + 1 in {i for i, _ in found}
+
+
+def test_a_mapped_file_is_advised_random(tmp_path: Path) -> None:
+    """Where the OS allows it (Linux), a graph file's mapping is marked random, so a search maps
+    in what it touches and not the pages around it."""
+    import mmap
+    import sys
+
+    from narrmem_plugins.storage_sqlite.mapped import advise_random
+
+    path = tmp_path / "graph.bin"
+    path.write_bytes(b"\0" * (1 << 20))
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ):
+        advised = advise_random(path)
+    assert advised >= 1 if sys.platform == "linux" else advised == 0
+    assert advise_random(tmp_path / "not-mapped.bin") == 0

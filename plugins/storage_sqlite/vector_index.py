@@ -33,7 +33,7 @@ from typing import Any
 
 import faiss
 import numpy as np
-from narrmem_plugins.storage_sqlite import index_folder
+from narrmem_plugins.storage_sqlite import index_folder, mapped
 from narrmem_plugins.storage_sqlite.vector_rows import VectorRows
 
 log = logging.getLogger("narrmem.storage_sqlite")
@@ -517,6 +517,7 @@ class VectorIndex:
         if graph_file:
             # Mapped, not read: the graph's vectors are paged in as searches walk it.
             graph = faiss.read_index(str(self.path / graph_file), faiss.IO_FLAG_MMAP_IFC)
+            mapped.advise_random(self.path / graph_file)
             if graph.ntotal == shard.n and graph.d == self.dim:
                 shard.graph, shard.graph_saved = graph, True
                 shard.graph_mapped_from = self.path / graph_file
@@ -608,11 +609,11 @@ class VectorIndex:
 
         _atomic(vectors_path, write_vectors)
         _atomic(rows_path, lambda tmp, a=arrays: np.savez(tmp, **a))
-        mapped = _BucketFiles(self.path, self.dim)
+        files = _BucketFiles(self.path, self.dim)
         for shard in shards:
             if not shard.dead and shard.file_offset is not None:
                 shard.vectors = VectorRows(
-                    self.dim, base=mapped.vectors(vectors_path.name, shard.file_offset, shard.n)
+                    self.dim, base=files.vectors(vectors_path.name, shard.file_offset, shard.n)
                 )
 
     async def stop_builds(self) -> None:
