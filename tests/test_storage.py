@@ -514,3 +514,23 @@ async def test_an_index_folder_of_someone_elses_files_is_refused_and_untouched(t
             pass
     assert sorted(p.name for p in theirs.iterdir()) == ["manifest.json", "model.faiss", "photos.npz"]
     assert (theirs / "model.faiss").read_bytes() == b"theirs model.faiss"
+
+
+async def test_a_keyword_row_filed_under_the_wrong_owner_never_leaves_its_scope(tmp_path: Path) -> None:
+    """The scope tokens only speed a keyword search up: a row whose keyword entry names another
+    user (a damaged index) is still kept out of that user's results by the scope columns."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS)
+    [(victim,)] = sql(folder, "SELECT id FROM memories WHERE text LIKE '%chess%'")
+    with sqlite3.connect(folder / "narrmem.sqlite3") as con:
+        con.execute(
+            "UPDATE memories_fts SET owner = ? WHERE rowid = ?",
+            (f"{user_token('default', 'u1')} {chat_token('default', 'c1')}", victim),
+        )
+    async with open_memory(folder) as mem:
+        for scope in (Scope(user_id="u1"), Scope(chat_id="c1"), Scope(user_id="u1", chat_id="c1")):
+            found = await mem.store.search_keywords(scope, "chess online evening", 10)
+            assert victim not in {i for i, _ in found}
+        mine = await mem.store.search_keywords(Scope(user_id="u3"), "chess online evening", 10)
+        assert victim not in {i for i, _ in mine}  # its own owner token is gone: not found at all

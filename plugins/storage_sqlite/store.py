@@ -756,12 +756,25 @@ class SQLiteStore(ForgetJournal):
             tokens.append(f'owner:"{user_token(scope.tenant, scope.user_id)}"')
         if scope.chat_id is not None:
             tokens.append(f'owner:"{chat_token(scope.tenant, scope.chat_id)}"')
-        rows = await self._fetchall(
-            "SELECT m.id, bm25(memories_fts, 1.0, ?, 0.0) AS rank FROM memories_fts "
-            "JOIN memories m ON m.id = memories_fts.rowid "
-            f"WHERE memories_fts MATCH ? AND {where} ORDER BY rank LIMIT ?",
-            (float(context_weight), f"{' AND '.join(tokens)} AND ({match})", *params, k),
-        )
+        weight, full_match = float(context_weight), f"{' AND '.join(tokens)} AND ({match})"
+        if kinds:
+            # The kind is not in the keyword index: each match is checked against its row.
+            rows = await self._fetchall(
+                "SELECT m.id, bm25(memories_fts, 1.0, ?, 0.0) AS rank FROM memories_fts "
+                "JOIN memories m ON m.id = memories_fts.rowid "
+                f"WHERE memories_fts MATCH ? AND {where} ORDER BY rank LIMIT ?",
+                (weight, full_match, *params, k),
+            )
+        else:
+            # The scope tokens already keep the matches inside the scope, so the ranking runs in
+            # FTS5 alone and only the top k rows are read (a heavy user's broad query matches tens
+            # of thousands); the scope columns are still checked on them, the hard guarantee.
+            rows = await self._fetchall(
+                "SELECT m.id, f.rank FROM (SELECT rowid, bm25(memories_fts, 1.0, ?, 0.0) AS rank "
+                "FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?) f "
+                f"JOIN memories m ON m.id = f.rowid WHERE {where} ORDER BY f.rank",
+                (weight, full_match, k, *params),
+            )
         return [(int(r[0]), -float(r[1])) for r in rows]
 
     async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
