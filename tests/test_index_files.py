@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _helpers import MANIFEST, msg
+from narrmem_plugins.storage_sqlite import vector_index
 from narrmem_plugins.storage_sqlite.store import SQLiteStore
 from narrmem_plugins.storage_sqlite.vector_index import (
     Consistency,
@@ -63,12 +64,15 @@ async def test_vectors_and_graphs_are_mapped_and_take_writes(tmp_path: Path) -> 
         assert big.graph is not None and big.graph_mapped_from is not None
         [(first, _)] = await index.search(vectors[3], 1, tenant="t", user_id="big", chat_id=None)
         assert first == ids[3]
-        # A point added to a mapped graph: FAISS cannot grow a mapped graph, so it is read first.
+        # A row written after the open stays outside the mapped graph (FAISS cannot grow it) and
+        # is searched exactly beside it.
         extra = unit(1, seed=9)
         await index.add(np.array([9001]), extra, [Owner("t", "big", "dm")])
-        assert big.graph_mapped_from is None and big.graph.ntotal == 401
+        assert big.graph_mapped_from is not None and big.graph.ntotal == 400 and big.outside_graph == 1
         [(found, _)] = await index.search(extra[0], 1, tenant="t", user_id="big", chat_id=None)
         assert found == 9001
+        in_dm = await index.search(extra[0], 1, tenant="t", user_id="big", chat_id="dm")
+        assert in_dm[0][0] == 9001
         await index.add(np.array([9002]), unit(1, seed=10), [Owner("t", "small", "dm")])
         got = await index.search(vectors[450], 2, tenant="t", user_id="small", chat_id=None)
         assert got[0][0] == ids[450] and small.vectors.mapped == 100
@@ -84,6 +88,10 @@ async def test_vectors_and_graphs_are_mapped_and_take_writes(tmp_path: Path) -> 
     again = await reopen_after(tmp_path / "index")
     try:
         assert again.size == 500 + 2 - 1
+        # The saved graph still covers the first 400 rows; the row written after it stays outside.
+        assert again._shards[("t", "big")].outside_graph == 1
+        [(found, _)] = await again.search(extra[0], 1, tenant="t", user_id="big", chat_id=None)
+        assert found == 9001
         got = await again.search(vectors[450], 100, tenant="t", user_id="small", chat_id=None)
         assert int(ids[450]) not in {i for i, _ in got} and 9002 in {i for i, _ in got}
     finally:
@@ -221,3 +229,31 @@ def test_a_mapped_file_is_advised_random(tmp_path: Path) -> None:
         advised = advise_random(path)
     assert advised >= 1 if sys.platform == "linux" else advised == 0
     assert advise_random(tmp_path / "not-mapped.bin") == 0
+
+
+async def test_rows_outside_a_mapped_graph_are_taken_in_by_a_background_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vector_index, "OUTSIDE_GRAPH_LIMIT", 30)
+    ids, vectors = await saved_index(tmp_path / "index")
+    index = await reopen(tmp_path / "index", ids, vectors)
+    try:
+        big = index._shards[("t", "big")]
+        more = unit(40, seed=12)
+        await index.add(np.arange(7001, 7041), more, [Owner("t", "big", "dm")] * 40)
+        await index.remove(np.array([7005]), [("t", "big")])
+        await index.settle()
+        assert big.graph_mapped_from is None and big.outside_graph == 0 and big.graph.ntotal == 440
+        for row in (0, 4, 39):
+            [(found, _)] = await index.search(more[row], 1, tenant="t", user_id="big", chat_id=None)
+            assert (found == 7001 + row) == (row != 4)
+        await index.add(np.array([7100]), unit(1, seed=13), [Owner("t", "big", "dm")])
+        assert big.graph.ntotal == 441  # in memory again: the graph takes writes itself
+        await index.save()
+    finally:
+        await index.close()
+    again = await reopen_after(tmp_path / "index")
+    try:
+        assert again._shards[("t", "big")].graph is None or again._shards[("t", "big")].outside_graph == 0
+    finally:
+        await again.close()

@@ -39,6 +39,7 @@ from narrmem_plugins.storage_sqlite.vector_rows import VectorRows
 log = logging.getLogger("narrmem.storage_sqlite")
 
 BUCKETS = 64
+OUTSIDE_GRAPH_LIMIT = 2_000  # rows searched exactly beside a mapped graph before it is copied to memory
 MAX_FAILED_BUILDS = 3  # then the shard stays on exact search (it is logged) instead of retrying forever
 BUILD_CHUNK = 2_000  # rows added to a graph between checks for a closing index
 FORMAT = 2  # 1: vectors inside the rows files (read whole); 2: vectors in files of their own, mapped
@@ -87,8 +88,9 @@ class Shard:
         self.dead = 0
         self.graph: Any = None  # an IndexHNSWFlat whose labels are row numbers
         self.graph_saved = False
-        # The file a graph was mapped from: FAISS cannot add to a mapped graph (it aborts the
-        # process), so the first add copies it into memory.
+        # The file a graph was mapped from. FAISS cannot add to a mapped graph (it aborts the
+        # process): rows written after the open stay outside it, searched exactly beside it,
+        # until a background copy into memory takes them in (see VectorIndex._thaw).
         self.graph_mapped_from: Path | None = None
         self.file_offset: int | None = None  # where its rows start in its bucket's vector file
         self.building = False
@@ -124,15 +126,15 @@ class Shard:
         self.chats[rows] = chats
         self.vectors.put(self.n, vectors)
         self.alive[rows] = True
-        if self.graph is not None:
-            if self.graph_mapped_from is not None:
-                # Copied through memory, not read again: the file may be gone since (a save
-                # drops the graph file of a shard with tombstones).
-                self.graph = faiss.deserialize_index(faiss.serialize_index(self.graph))
-                self.graph_mapped_from = None
+        if self.graph is not None and self.graph_mapped_from is None:
             self.graph.add(vectors)
             self.graph_saved = False
         self.n = need
+
+    @property
+    def outside_graph(self) -> int:
+        """Rows after the last one the graph holds (written since a mapped graph was opened)."""
+        return self.n - int(self.graph.ntotal) if self.graph is not None else 0
 
     def remove(self, ids: np.ndarray) -> int:
         rows = np.flatnonzero(self.alive[: self.n] & np.isin(self.ids[: self.n], ids))
@@ -181,12 +183,23 @@ class Shard:
         if self.dead and mask is not None:
             mask &= self.alive[: self.n]
         if self.graph is not None and (mask is None or np.count_nonzero(mask) >= options.hnsw_threshold):
-            return self._search_graph(query, k, mask, options)
+            found = self._search_graph(query, k, mask, options)
+            if self.outside_graph:
+                found = _best(found, self._search_exact(query, k, self._rows_outside_graph(mask)), k)
+            return found
         if mask is None:
             rows = None if not self.dead else np.flatnonzero(self.alive[: self.n])
         else:
             rows = np.flatnonzero(mask)
         return self._search_exact(query, k, rows)
+
+    def _rows_outside_graph(self, mask: np.ndarray | None) -> np.ndarray:
+        rows = np.arange(self.n - self.outside_graph, self.n)
+        if mask is not None:
+            rows = rows[mask[rows]]
+        elif self.dead:
+            rows = rows[self.alive[rows]]
+        return rows
 
     def _search_exact(self, query: np.ndarray, k: int, rows: np.ndarray | None) -> list[tuple[int, float]]:
         scores = self.vectors.scores(query, self.n) if rows is None else self.vectors.take(rows) @ query
@@ -266,6 +279,7 @@ class VectorIndex:
             "vector_shards": len(shards),
             "hnsw_shards": sum(s.graph is not None for s in shards),
             "tombstones": sum(s.dead for s in shards),
+            "rows_outside_graphs": sum(s.outside_graph for s in shards),
             "hnsw_builds_running": len(self._builds),
         }
 
@@ -381,12 +395,39 @@ class VectorIndex:
             shrink = shard.graph is not None and shard.dead > self.options.rebuild_ratio * shard.n
             if grow or shrink:
                 self._start_build(shard)
+            elif shard.graph_mapped_from is not None and shard.outside_graph >= OUTSIDE_GRAPH_LIMIT:
+                self._start(shard, self._thaw(shard))
 
     def _start_build(self, shard: Shard) -> None:
+        self._start(shard, self._build(shard))
+
+    def _start(self, shard: Shard, work: Awaitable[None]) -> None:
         shard.building = True
-        task = asyncio.ensure_future(self._build(shard))
+        task = asyncio.ensure_future(work)
         self._builds.add(task)
         task.add_done_callback(self._builds.discard)
+
+    async def _thaw(self, shard: Shard) -> None:
+        """Copy a mapped graph into memory (on the builder thread; searches go on reading the
+        mapping) and add the rows written since the open, so that it takes writes again."""
+        loop = asyncio.get_running_loop()
+        try:
+            copy = await loop.run_in_executor(self._builder, _copy_graph, shard.graph)
+            await self._run(self._install_thawed, shard, copy)
+        except Exception:  # the shard stays searchable as it was: mapped graph and exact rows
+            shard.failed_builds += 1
+            log.exception("copying the HNSW graph of a vector shard into memory failed")
+        finally:
+            shard.building = False
+        self._schedule_builds([shard.key])
+
+    def _install_thawed(self, shard: Shard, graph: Any) -> None:
+        if self._shards.get(shard.key) is not shard or shard.graph_mapped_from is None:
+            return
+        if shard.n > graph.ntotal:
+            graph.add(shard.vectors.take(np.arange(int(graph.ntotal), shard.n)))
+        shard.graph, shard.graph_mapped_from, shard.graph_saved = graph, None, False
+        self.dirty = True
 
     async def _build(self, shard: Shard) -> None:
         loop = asyncio.get_running_loop()
@@ -518,7 +559,7 @@ class VectorIndex:
             # Mapped, not read: the graph's vectors are paged in as searches walk it.
             graph = faiss.read_index(str(self.path / graph_file), faiss.IO_FLAG_MMAP_IFC)
             mapped.advise_random(self.path / graph_file)
-            if graph.ntotal == shard.n and graph.d == self.dim:
+            if graph.ntotal <= shard.n and graph.d == self.dim:
                 shard.graph, shard.graph_saved = graph, True
                 shard.graph_mapped_from = self.path / graph_file
         self._shards[key] = shard
@@ -689,6 +730,16 @@ class _BucketFiles:
         if offset < 0 or offset + count > len(mapped):
             raise ValueError(f"{name} is shorter than its manifest says")
         return mapped[offset : offset + count]
+
+
+def _copy_graph(graph: Any) -> Any:
+    """An in-memory copy of a (mapped) graph: through its serialized form, since the file it was
+    mapped from may be gone (a save drops the graph file of a shard with tombstones)."""
+    return faiss.deserialize_index(faiss.serialize_index(graph))
+
+
+def _best(a: list[tuple[int, float]], b: list[tuple[int, float]], k: int) -> list[tuple[int, float]]:
+    return sorted([*a, *b], key=lambda hit: (-hit[1], hit[0]))[:k]
 
 
 def _snapshot(shard: Shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
