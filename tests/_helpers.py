@@ -91,7 +91,9 @@ def count_rows(folder: Path, table: str = "memories") -> int:
 
 def index_file_ids(folder: Path) -> list[int]:
     """The ids stored in the persisted index's row files, read with numpy directly."""
-    ids: list[int] = []
+    ids: list[int] = [
+        int(i) for path in sorted((folder / INDEX_NAME).glob("ids-*.npy")) for i in np.load(path)[:, 0]
+    ]
     for rows in sorted((folder / INDEX_NAME).glob("rows-*.npz")):
         with np.load(rows) as arrays:
             ids.extend(int(i) for name in arrays.files if name.endswith("_ids") for i in arrays[name])

@@ -103,7 +103,7 @@ async def reopen_after(path: Path) -> VectorIndex:
     manifest = json.loads((path / "manifest.json").read_text())
     held = np.sort(
         np.concatenate(
-            [np.load(path / e["rows"])[e["prefix"] + "ids"] for e in manifest["shards"]]  # type: ignore[index]
+            [np.load(path / e["ids"])[e["offset"] : e["offset"] + e["count"], 0] for e in manifest["shards"]]
         )
     )
     assert await index.load(Consistency.known(held, {})), index.rebuilt_reason

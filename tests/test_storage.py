@@ -107,7 +107,7 @@ async def test_deleted_index_is_rebuilt_with_identical_results(built: Any) -> No
     [b"this is not a faiss index at all" * 10, b"", b"\x00" * 4096, bytes(range(256)) * 3],
     ids=["text", "empty", "zeros", "bytes"],
 )
-@pytest.mark.parametrize("target", ["manifest", "rows", "vectors"])
+@pytest.mark.parametrize("target", ["manifest", "ids", "vectors"])
 async def test_corrupt_index_is_rebuilt_with_identical_results(
     built: Any, garbage: bytes, target: str
 ) -> None:
@@ -120,7 +120,7 @@ async def test_corrupt_index_is_rebuilt_with_identical_results(
     assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
 
 
-@pytest.mark.parametrize("target", ["manifest", "rows", "vectors"])
+@pytest.mark.parametrize("target", ["manifest", "ids", "vectors"])
 async def test_truncated_index_is_rebuilt(built: Any, target: str) -> None:
     folder, results, _ = built
     victim = folder / MANIFEST if target == "manifest" else _index_file(folder, target)
@@ -141,7 +141,7 @@ async def test_index_of_other_dimension_is_rebuilt(built: Any) -> None:
 
 
 def _index_file(folder: Path, kind: str) -> Path:
-    """The rows or the vectors file of the first user's shard, as the manifest names it."""
+    """The ids or the vectors file of the first user's shard, as the manifest names it."""
     manifest = json.loads((folder / MANIFEST).read_text())
     return folder / INDEX_NAME / manifest["shards"][0][kind]
 

@@ -13,7 +13,7 @@ from narrmem.errors import StoreError
 MARKER = ".narrmem-index"
 # What narrmem writes in its index folder (and the temporary names it writes them under first).
 OWN_FILE = re.compile(
-    r"^(manifest\.json|rows-\d{2}\.npz|vectors-\d{2}\.npy|graph-[0-9a-f]{20}\.faiss)"
+    r"^(manifest\.json|rows-\d{2}\.npz|ids-\d{2}\.npy|vectors-\d{2}\.npy|graph-[0-9a-f]{20}\.faiss)"
     r"(\.tmp(\.json|\.npz|\.npy|\.faiss))?$"
 )
 # The single FAISS file of an older narrmem (an IndexIDMap2 over a flat index).

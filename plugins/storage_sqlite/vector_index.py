@@ -544,15 +544,15 @@ class VectorIndex:
 
     def _load_shard(self, entry: dict[str, Any], files: _BucketFiles) -> None:
         key: ShardKey = (str(entry["tenant"]), str(entry["user_id"]))
-        prefix = entry["prefix"]
-        ids, chats = files.rows(entry["rows"], prefix)
         if "vectors" in entry:
-            vectors = files.vectors(entry["vectors"], int(entry["offset"]), len(ids))
-            shard = Shard.mapped(key, ids, chats, vectors)
-            shard.file_offset = int(entry["offset"])
+            offset, count = int(entry["offset"]), int(entry["count"])
+            ids, chats = files.ids(entry["ids"], offset, count)
+            shard = Shard.mapped(key, ids, chats, files.vectors(entry["vectors"], offset, count))
+            shard.file_offset = offset
         else:  # format 1: the vectors sit in the rows file; read whole, written anew by the next save
+            ids, chats = files.rows(entry["rows"], entry["prefix"])
             shard = Shard(key, self.dim, capacity=max(16, len(ids)))
-            shard.append(ids, chats, files.rows_vectors(entry["rows"], prefix, len(ids)))
+            shard.append(ids, chats, files.rows_vectors(entry["rows"], entry["prefix"], len(ids)))
             self._mark(key)
         graph_file = entry.get("graph")
         if graph_file:
@@ -585,18 +585,18 @@ class VectorIndex:
         entries: list[dict[str, Any]] = []
         for bucket in range(BUCKETS):
             shards = by_bucket.get(bucket, [])
-            rows_name, vectors_name = f"rows-{bucket:02d}.npz", f"vectors-{bucket:02d}.npy"
-            stale = not (self.path / rows_name).exists() or not (self.path / vectors_name).exists()
+            ids_name, vectors_name = f"ids-{bucket:02d}.npy", f"vectors-{bucket:02d}.npy"
+            stale = not (self.path / ids_name).exists() or not (self.path / vectors_name).exists()
             if bucket in self._dirty_buckets or stale or any(s.file_offset is None for s in shards):
-                self._write_bucket(shards, self.path / rows_name, self.path / vectors_name)
-            for number, shard in enumerate(shards):
+                self._write_bucket(shards, self.path / ids_name, self.path / vectors_name)
+            for shard in shards:
                 entry = {
                     "tenant": shard.key[0],
                     "user_id": shard.key[1],
-                    "rows": rows_name,
-                    "prefix": f"s{number}_",
+                    "ids": ids_name,
                     "vectors": vectors_name,
                     "offset": shard.file_offset,
+                    "count": shard.live,
                 }
                 if shard.graph is not None and not shard.dead:
                     graph_name = f"graph-{_digest(shard.key)}.faiss"
@@ -624,18 +624,21 @@ class VectorIndex:
         self._dirty_buckets.clear()
         self._saved_watermark = watermark
 
-    def _write_bucket(self, shards: list[Shard], rows_path: Path, vectors_path: Path) -> None:
-        """Both files of one bucket, each replaced whole; then its shards without tombstones read
-        their vectors from the new file (a shard with tombstones keeps its rows: its graph's
-        labels are row numbers, and the file holds only the live rows)."""
-        arrays: dict[str, np.ndarray] = {}
+    def _write_bucket(self, shards: list[Shard], ids_path: Path, vectors_path: Path) -> None:
+        """Both files of one bucket (ids with chat codes; vectors), the shards' live rows one
+        after another, each file replaced whole; then its shards without tombstones read their
+        vectors from the new file (a shard with tombstones keeps its rows: its graph's labels are
+        row numbers, and the file holds only the live rows)."""
         total = 0
-        for number, shard in enumerate(shards):
-            ids = shard.live_ids()
-            arrays[f"s{number}_ids"] = ids
-            arrays[f"s{number}_chats"] = shard.chats[: shard.n][shard.alive[: shard.n]]
+        for shard in shards:
             shard.file_offset = total
-            total += len(ids)
+            total += shard.live
+        table = np.empty((total, 2), dtype=np.int64)
+        for shard in shards:
+            assert shard.file_offset is not None
+            live = shard.alive[: shard.n]
+            table[shard.file_offset : shard.file_offset + shard.live, 0] = shard.ids[: shard.n][live]
+            table[shard.file_offset : shard.file_offset + shard.live, 1] = shard.chats[: shard.n][live]
 
         def write_vectors(tmp: str) -> None:
             if not total:  # nothing to map: a file of no rows
@@ -649,7 +652,7 @@ class VectorIndex:
             del out
 
         _atomic(vectors_path, write_vectors)
-        _atomic(rows_path, lambda tmp, a=arrays: np.savez(tmp, **a))
+        _atomic(ids_path, lambda tmp: np.save(tmp, table))
         files = _BucketFiles(self.path, self.dim)
         for shard in shards:
             if not shard.dead and shard.file_offset is not None:
@@ -668,7 +671,7 @@ class VectorIndex:
         self._executor.shutdown(wait=True)
 
 
-_FILES = (("rows", "npz"), ("vectors", "npy"))
+_FILES = (("ids", "npy"), ("vectors", "npy"))
 SAMPLES = 64  # stored vectors compared with SQLite's on open
 
 
@@ -701,9 +704,23 @@ class _BucketFiles:
         self.path = path
         self.dim = dim
         self._rows: dict[str, Any] = {}
+        self._ids: dict[str, np.ndarray] = {}
         self._vectors: dict[str, np.ndarray] = {}
 
+    def ids(self, name: str, offset: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """A shard's ids and chat codes (format 2): each bucket's file is read once, whole."""
+        table = self._ids.get(name)
+        if table is None:
+            table = self._ids[name] = np.load(self.path / name, allow_pickle=False)
+        if table.dtype != np.int64 or table.ndim != 2 or table.shape[1] != 2:
+            raise ValueError(f"{name} holds rows of another shape")
+        if offset < 0 or offset + count > len(table):
+            raise ValueError(f"{name} is shorter than its manifest says")
+        rows = table[offset : offset + count]
+        return rows[:, 0], rows[:, 1].astype(np.int32)
+
     def rows(self, name: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+        """A shard's ids and chat codes in a rows file of format 1."""
         arrays = self._rows.get(name)
         if arrays is None:
             with np.load(self.path / name, allow_pickle=False) as npz:
