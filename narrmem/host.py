@@ -56,10 +56,10 @@ class PluginHost:
         for name in disabled:
             self.pm.set_blocked(name)
         known: set[str] = set()
-        for ep in sorted(entry_points(group=GROUP), key=_builtin_first):
+        builtin = _BuiltinCheck()
+        for ep in sorted(entry_points(group=GROUP), key=lambda ep: (0 if builtin(ep) else 1, ep.name)):
             known.add(ep.name)
-            is_builtin = ep.dist is not None and ep.dist.name == DISTRIBUTION
-            if not (builtins if is_builtin else load_entrypoints):
+            if not (builtins if builtin(ep) else load_entrypoints):
                 continue
             if self.pm.is_blocked(ep.name) or self.pm.has_plugin(ep.name):
                 continue
@@ -180,9 +180,23 @@ class PluginHost:
                 log.exception("plugin %r failed while handling an error report", impl.plugin_name)
 
 
-def _builtin_first(ep: Any) -> tuple[int, str]:
-    is_builtin = ep.dist is not None and ep.dist.name == DISTRIBUTION
-    return (0 if is_builtin else 1, ep.name)
+class _BuiltinCheck:
+    """Whether an entry point is declared by the narrmem distribution itself. A distribution's
+    name is read from its whole METADATA file (narrmem's holds the README), so each distribution
+    is asked once per load, not once per entry point: the entry points of one distribution share
+    its object."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, str] = {}
+
+    def __call__(self, ep: Any) -> bool:
+        dist = ep.dist
+        if dist is None:
+            return False
+        name = self._names.get(id(dist))
+        if name is None:
+            name = self._names[id(dist)] = dist.name
+        return name == DISTRIBUTION
 
 
 def _default_name(plugin: object) -> str:
