@@ -119,8 +119,7 @@ class Shard:
             self.ids = _grow(self.ids, capacity)
             self.chats = _grow(self.chats, capacity)
             self.alive = _grow(self.alive, capacity)
-        if need > self.vectors.capacity():
-            self.vectors.reserve(max(need, 2 * self.vectors.capacity()))
+        self.vectors.reserve(need)
         rows = slice(self.n, need)
         self.ids[rows] = ids
         self.chats[rows] = chats

@@ -36,9 +36,13 @@ class VectorRows:
     def capacity(self) -> int:
         return len(self.base) + len(self.tail)
 
-    def reserve(self, capacity: int) -> None:
-        if capacity > self.capacity():
-            grown = np.empty((capacity - len(self.base), self.dim), dtype=np.float32)
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows in all; the rows in memory at least double when they grow (the
+        mapped ones do not count: a large mapped shard does not get a tail as large as itself)."""
+        if rows > self.capacity():
+            grown = np.empty(
+                (max(rows - len(self.base), 2 * len(self.tail), EMPTY_CAPACITY), self.dim), np.float32
+            )
             grown[: len(self.tail)] = self.tail
             self.tail = grown
 
