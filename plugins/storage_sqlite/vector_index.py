@@ -77,13 +77,15 @@ class Owner:
 class Shard:
     """One user's rows: ids, chats (as codes) and vectors in growable arrays, plus a graph."""
 
-    def __init__(self, key: ShardKey, dim: int, capacity: int = 16) -> None:
+    def __init__(
+        self, key: ShardKey, dim: int, capacity: int = 16, vectors: VectorRows | None = None
+    ) -> None:
         self.key = key
         self.dim = dim
         self.n = 0
         self.ids = np.empty(capacity, dtype=np.int64)
         self.chats = np.empty(capacity, dtype=np.int32)
-        self.vectors = VectorRows(dim, capacity=capacity)
+        self.vectors = vectors if vectors is not None else VectorRows(dim, capacity=capacity)
         self.alive = np.empty(capacity, dtype=bool)
         self.dead = 0
         self.graph: Any = None  # an IndexHNSWFlat whose labels are row numbers
@@ -100,12 +102,11 @@ class Shard:
     @classmethod
     def mapped(cls, key: ShardKey, ids: np.ndarray, chats: np.ndarray, vectors: np.ndarray) -> Shard:
         """A shard whose vectors are read from a mapped file (``vectors``, a read-only view)."""
-        shard = cls(key, vectors.shape[1], capacity=len(ids) + 16)
+        shard = cls(key, vectors.shape[1], len(ids) + 16, VectorRows(vectors.shape[1], base=vectors))
         shard.n = len(ids)
         shard.ids[: shard.n] = ids
         shard.chats[: shard.n] = chats
         shard.alive[: shard.n] = True
-        shard.vectors = VectorRows(vectors.shape[1], base=vectors)
         return shard
 
     @property
@@ -514,13 +515,16 @@ class VectorIndex:
         samples = await check.samples(picks)
         if trusted and len(samples) != len(picks):
             return "the index holds ids SQLite does not"
+        reason: str | None = await self._run(self._compare_samples, samples)
+        return reason
+
+    def _compare_samples(self, samples: dict[int, tuple[np.ndarray, ShardKey]]) -> str | None:
         for memory_id, (vector, key) in samples.items():
             shard = self._shards.get(key)
             rows: Any = np.flatnonzero(shard.ids[: shard.n] == memory_id) if shard is not None else []
             if shard is None or not len(rows):
                 return f"the index files id {memory_id} under another user"
-            stored = await self._run(shard.vectors.take, rows[:1])
-            if not np.allclose(stored[0], vector, atol=1e-6):
+            if not np.allclose(shard.vectors.take(rows[:1])[0], vector, atol=1e-6):
                 return f"the index holds another vector for id {memory_id}"
         return None
 
