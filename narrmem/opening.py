@@ -3,6 +3,7 @@ plugins registered, the store opened, plugins started, interrupted forgets finis
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -12,6 +13,7 @@ from narrmem.errors import ConfigError, InputError, PluginError, StoreError
 from narrmem.models import Scope
 
 if TYPE_CHECKING:
+    from narrmem.embed import Embedder
     from narrmem.lifecycle import MemoryLifecycle
 
 M = TypeVar("M", bound=BaseModel)
@@ -35,14 +37,31 @@ async def start(
     await host.call("narrmem_register_tools", isolate=False, register=memory.tools.register)
     embedder = _pick(embedders, settings.embedder.backend, "embedder.backend")(settings)
     memory.attach(embedder=embedder)
-    if warm:
-        await embedder.start()
+    # The model loads on its own thread while the store opens: both are mostly work outside the
+    # interpreter (onnxruntime, SQLite, reading index files), so on two cores the open costs the
+    # longer of the two rather than their sum.
+    loading = asyncio.ensure_future(embedder.start()) if warm else None
+    try:
+        await _open_store(memory, stores, embedder)
+    except BaseException:
+        if loading is not None:
+            # The load cannot be interrupted; it is waited for (its own failure aside) so that
+            # closing the memory never races a model still loading.
+            await asyncio.gather(loading, return_exceptions=True)
+        raise
+    if loading is not None:
+        await loading
+
+
+async def _open_store(
+    memory: MemoryLifecycle, stores: dict[str, Callable[..., Any]], embedder: Embedder
+) -> None:
     try:
         if not memory.read_only:
             memory.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"data folder {memory.data_dir}: cannot create it ({exc.strerror})") from exc
-    store = _pick(stores, settings.storage.backend, "storage.backend")(memory)
+    store = _pick(stores, memory.settings.storage.backend, "storage.backend")(memory)
     memory.attach(store=store)  # before opening, so a failed open is still closed
     await store.open(dim=embedder.dim, model=embedder.name)
 

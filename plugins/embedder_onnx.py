@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -62,7 +63,7 @@ class OnnxEmbedder:
 
     def model_file(self, quantize: str | None = None) -> Path:
         weights = Path(self.model_path) / "model.safetensors"
-        digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.exists() else "unknown"
+        digest = weights_digest(weights, self.cache_dir) if weights.exists() else "unknown"
         base = os.path.basename(self.model_path.rstrip("/"))
         variant = self.quantize if quantize is None else quantize
         suffix = "" if variant == "none" else f"-{variant}"
@@ -128,6 +129,33 @@ class OnnxEmbedder:
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def weights_digest(weights: Path, cache_dir: Path) -> str:
+    """The first 16 hex digits of the weights' SHA-256, which name their export. Hashing 90 MB costs
+    more than the rest of a start, so the digest is kept in the cache folder and reused while the
+    file's size and modification time are the ones it was computed for."""
+    stat = weights.stat()
+    key = hashlib.sha256(str(weights.resolve()).encode()).hexdigest()[:16]
+    stamp = cache_dir / "digests" / f"{key}.json"
+    seen = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    try:
+        kept = json.loads(stamp.read_text(encoding="utf-8"))
+        if isinstance(kept, dict) and {k: kept.get(k) for k in seen} == seen:
+            digest = kept.get("sha256")
+            if isinstance(digest, str) and len(digest) == 16:
+                return digest
+    except (OSError, ValueError):
+        pass
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        partial = _partial(stamp)
+        partial.write_text(json.dumps({**seen, "sha256": digest}), encoding="utf-8")
+        os.replace(partial, stamp)
+    except OSError as exc:  # a read-only cache still works: the digest is computed each start
+        log.debug("cannot keep the weights' digest in %s: %s", stamp, exc)
+    return digest
 
 
 def export(model_path: str, target: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _helpers import msg
-from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir
+from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir, weights_digest
 
 from narrmem.errors import ConfigError, StoreError
 from narrmem.testing import open_memory
@@ -45,6 +46,30 @@ async def test_the_export_is_cached_and_gives_the_same_vectors_again(tmp_path: P
     finally:
         await again.close()
     assert exported.stat().st_mtime_ns == first and not list(exported.parent.glob("*.partial"))
+
+
+def test_the_weights_digest_is_kept_while_the_file_is_unchanged(tmp_path: Path) -> None:
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights, first version")
+    cache = tmp_path / "cache"
+    first = weights_digest(weights, cache)
+    [stamp] = (cache / "digests").iterdir()
+    assert first == hashlib.sha256(b"weights, first version").hexdigest()[:16]
+    # The kept digest is what a later start reads: it is not computed again.
+    kept = json.loads(stamp.read_text())
+    stamp.write_text(json.dumps({**kept, "sha256": "0123456789abcdef"}))
+    assert weights_digest(weights, cache) == "0123456789abcdef"
+    # Another size or modification time: hashed again and kept anew.
+    weights.write_bytes(b"weights, second version, longer")
+    second = weights_digest(weights, cache)
+    assert second == hashlib.sha256(b"weights, second version, longer").hexdigest()[:16]
+    assert json.loads(stamp.read_text())["sha256"] == second
+    # A stamp that is not JSON, or a cache folder that cannot be written, costs only the hash.
+    stamp.write_text("{not json")
+    assert weights_digest(weights, cache) == second
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would be")
+    assert weights_digest(weights, blocked) == second
 
 
 async def test_a_memory_on_the_default_backend_shares_one_export(tmp_path: Path) -> None:

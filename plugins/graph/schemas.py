@@ -40,7 +40,7 @@ MAX_TRIPLETS = 50
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class ScopeArgs(_Strict):

@@ -27,7 +27,7 @@ TREE_PARAMETERS = ("maxBranchingFactor", "maxRecallDepth", "partition", "seed")
 
 
 class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 def _text_field() -> Any:
@@ -152,7 +152,7 @@ class EnsembleInput(TextOrTree):
 
 
 class _Output(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class ScaleCheck(_Output):
