@@ -106,6 +106,11 @@ class StorageSettings(_Section):
         "secret, so a dump or repr of the settings never shows the password",
     )
     busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
+    keyword_index: Literal["fts5", "tantivy"] = Field(
+        default="fts5",
+        description="sqlite backend: what keyword search runs on; 'tantivy' (narrmem[tantivy]) keeps "
+        "a second index that bounds a large user's search",
+    )
     batch_size: int = Field(default=256, ge=1, le=100_000, description="messages per write transaction")
     hnsw_threshold: int = Field(
         default=10_000, ge=2, le=100_000_000, description="a user's vectors searched by HNSW from this many"

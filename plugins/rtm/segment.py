@@ -18,11 +18,12 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
-from typing import Literal
-
-import pysbd
+from typing import TYPE_CHECKING, Literal
 
 from narrmem.text import cjk_count
+
+if TYPE_CHECKING:
+    import pysbd
 
 Language = Literal["en", "zh"]
 Mode = Literal["auto", "lines", "prose"]
@@ -149,6 +150,10 @@ def _paragraphs(text: str) -> list[str]:
 
 @lru_cache(maxsize=2)
 def _segmenter(language: Language) -> pysbd.Segmenter:
+    # Imported here: pysbd loads the rules of every language it knows, a cost every open would
+    # pay though only summarizing uses it.
+    import pysbd
+
     return pysbd.Segmenter(language=language, clean=False)
 
 

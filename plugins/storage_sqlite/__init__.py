@@ -26,6 +26,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             busy_timeout_ms=storage.busy_timeout_ms,
             index_options=IndexOptions.from_settings(storage),
             read_only=memory.read_only,
+            keyword_index=storage.keyword_index,
         )
 
     register("sqlite", factory)

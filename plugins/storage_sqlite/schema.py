@@ -117,6 +117,25 @@ MIGRATIONS: list[str] = [
         UPDATE vector_changes SET count = count + 1;
     END;
     """,
+    # 6: the same for what the keyword index holds of a row (its text, context, kind and scope), so
+    # a tantivy keyword index (``storage.keyword_index``) can prove on open that it is current.
+    """
+    CREATE TABLE keyword_changes (count INTEGER NOT NULL);
+    INSERT INTO keyword_changes (count) VALUES (0);
+    CREATE TRIGGER keywords_added AFTER INSERT ON memories
+    BEGIN
+        UPDATE keyword_changes SET count = count + 1;
+    END;
+    CREATE TRIGGER keywords_removed AFTER DELETE ON memories
+    BEGIN
+        UPDATE keyword_changes SET count = count + 1;
+    END;
+    CREATE TRIGGER keywords_replaced
+    AFTER UPDATE OF text, embed_text, context_text, kind, tenant, user_id, chat_id ON memories
+    BEGIN
+        UPDATE keyword_changes SET count = count + 1;
+    END;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import numpy as np
 from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
+from narrmem_plugins.storage_sqlite.keyword_index import CONTEXT_WEIGHT, KeywordDoc, TantivyKeywords
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_sqlite.sql import SQLiteSQL
 from narrmem_plugins.storage_sqlite.vector_index import (
@@ -38,6 +39,8 @@ COLUMNS = (
     "stored_at, message_ids, meta, context_text, reinforced_at"
 )
 CHUNK = 500  # stays under SQLite's bound-parameter limit
+KEYWORDS_FOLDER = "keywords"  # the tantivy keyword index, when storage.keyword_index = "tantivy"
+KEYWORD_BATCH = 5000  # rows read per step of a keyword index rebuild
 
 T = TypeVar("T")
 
@@ -52,8 +55,11 @@ class SQLiteStore(ForgetJournal):
         busy_timeout_ms: int,
         index_options: IndexOptions | None = None,
         read_only: bool = False,
+        keyword_index: str = "fts5",
     ) -> None:
         self.read_only = read_only
+        self.keyword_engine = keyword_index
+        self._keywords: TantivyKeywords | None = None
         self.folder = folder
         self.db_path = folder / database
         self.index_path = folder / index
@@ -64,6 +70,7 @@ class SQLiteStore(ForgetJournal):
         self._lock = asyncio.Lock()
         # Held from a vector write's SQLite transaction until the index has it, and while the index
         # is saved with SQLite's watermark: a saved watermark never counts a row the files lack.
+        # The tantivy keyword index, when there is one, records its change count under it too.
         self._vectors_lock = asyncio.Lock()
         self._jobs: dict[str, asyncio.Lock] = {}
         self._folder_lock = FolderLock(folder / f"{database}.lock")
@@ -99,6 +106,9 @@ class SQLiteStore(ForgetJournal):
         self._index.claim()
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
+        if self.keyword_engine == "tantivy":
+            # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
+            await self._open_keywords()
 
     async def _open_read_only(self, dim: int, model: str) -> None:
         """Beside the writing process: no lock, no migration, no file written. The index is read
@@ -203,6 +213,57 @@ class SQLiteStore(ForgetJournal):
             async with self._vectors_lock:
                 await self._save_index()
 
+    # --- the tantivy keyword index ------------------------------------------------------------
+
+    async def _open_keywords(self) -> None:
+        keywords = TantivyKeywords(self.folder / KEYWORDS_FOLDER)
+        self._keywords = keywords
+        if await keywords.open() != await self._keyword_changes():
+            log.info("building the keyword index %s from SQLite", keywords.folder)
+            await self._rebuild_keywords()
+
+    async def _rebuild_keywords(self) -> None:
+        async with self._vectors_lock:  # no write between the count and the rows read
+            await _while_open(self._keywords).rebuild(self._keyword_batches(), await self._keyword_changes())
+
+    async def _keyword_changes(self) -> int:
+        [(count,)] = await self._fetchall("SELECT count FROM keyword_changes")
+        return int(count)
+
+    async def _keyword_batches(self) -> AsyncIterator[list[KeywordDoc]]:
+        """Every keyword row, as FTS5 holds it, in id order."""
+        last = 0
+        while docs := await self._keyword_docs(f"f.rowid > ? ORDER BY f.rowid LIMIT {KEYWORD_BATCH}", [last]):
+            yield docs
+            last = docs[-1].id
+
+    async def _keyword_docs(self, condition: str, params: Sequence[Any]) -> list[KeywordDoc]:
+        rows = await self._fetchall(
+            "SELECT f.rowid, m.kind, f.owner, f.body, f.context FROM memories_fts f "
+            f"JOIN memories m ON m.id = f.rowid WHERE {condition}",
+            params,
+        )
+        return [KeywordDoc(int(r[0]), r[1], tuple(r[2].split()), r[3], r[4] or "") for r in rows]
+
+    async def _mirror_keywords(self, *, added: Sequence[int] = (), removed: Sequence[int] = ()) -> None:
+        """Give the tantivy index what SQLite just committed; the caller holds ``_vectors_lock``.
+        If it fails, searches go back to FTS5 and the next open rebuilds it."""
+        keywords = self._keywords
+        if keywords is None or keywords.changes is None:
+            return
+        try:
+            docs = [
+                doc
+                for part in _chunks(list(added))
+                for doc in await self._keyword_docs(f"f.rowid IN ({_marks(part)})", part)
+            ]
+            await keywords.apply(docs, removed, await self._keyword_changes())
+        except Exception:
+            log.exception(
+                "the keyword index %s missed a write: FTS5 serves until it is rebuilt", keywords.folder
+            )
+            keywords.changes = None
+
     async def _vacuum_mode(self) -> None:
         """A database made before incremental vacuum was on is rewritten once to turn it on, so
         that a forget can hand its freed pages back instead of leaving them in the file."""
@@ -214,6 +275,9 @@ class SQLiteStore(ForgetJournal):
 
     async def close(self) -> None:
         try:
+            if self._keywords is not None:
+                await self._keywords.close()
+                self._keywords = None
             if self._index is not None:
                 await self._index.stop_builds()
                 if self._index.dirty and not self.read_only:
@@ -299,6 +363,7 @@ class SQLiteStore(ForgetJournal):
                 np.vstack([w[2] for w in written]),
                 [_owner(w[0]) for w in written],
             )
+            await self._mirror_keywords(added=[w[1] for w in written])
         return [w[1] for w in written]
 
     async def _episode_sources(self, records: Sequence[MemoryRecord]) -> set[tuple[str, str, str]]:
@@ -403,6 +468,14 @@ class SQLiteStore(ForgetJournal):
     async def update(self, record: MemoryRecord) -> None:
         if record.id is None:
             raise StoreError("update needs a stored record (it has no id)")
+        if self._keywords is None:
+            await self._update(record, record.id)
+            return
+        async with self._vectors_lock:
+            await self._update(record, record.id)
+            await self._mirror_keywords(added=[record.id])
+
+    async def _update(self, record: MemoryRecord, memory_id: int) -> None:
         await self._write_many(
             [
                 (
@@ -414,12 +487,12 @@ class SQLiteStore(ForgetJournal):
                         record.context_text,
                         record.importance,
                         json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
-                        record.id,
+                        memory_id,
                     ),
                 ),
                 (
                     "UPDATE memories_fts SET body = ?, context = ? WHERE rowid = ?",
-                    (fts_document(record.index_text), fts_document(record.context_text or ""), record.id),
+                    (fts_document(record.index_text), fts_document(record.context_text or ""), memory_id),
                 ),
             ]
         )
@@ -453,6 +526,7 @@ class SQLiteStore(ForgetJournal):
         )
         await self.index.remove(np.array(found, dtype=np.int64), {(r[1], r[2]) for r in rows})
         await self._save_index()
+        await self._mirror_keywords(removed=found)
         return len(found)
 
     async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
@@ -642,6 +716,7 @@ class SQLiteStore(ForgetJournal):
         vectors = await self.index.remove(np.array(ids, dtype=np.int64), {(r[2], r[3]) for r in rows})
         if ids:
             await self._save_index()  # a forgotten vector must not survive in the file either
+            await self._mirror_keywords(removed=ids)
         by_kind: dict[str, int] = {}
         for _, kind, _, _ in rows:
             by_kind[kind] = by_kind.get(kind, 0) + 1
@@ -686,6 +761,8 @@ class SQLiteStore(ForgetJournal):
 
     async def purge_deleted(self) -> None:
         """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""
+        if self._keywords is not None:
+            await self._rebuild_keywords()
         async with self._lock:
             await self.db.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
             # Both pragmas work one row (one page) per step: read them to the end.
@@ -714,6 +791,7 @@ class SQLiteStore(ForgetJournal):
             await self.index.add(
                 np.array([a[0] for a in added]), np.vstack([a[1] for a in added]), [a[2] for a in added]
             )
+            await self._mirror_keywords(added=[a[0] for a in added])
         return {"imported": len(added), "skipped": skipped}
 
     # --- reading --------------------------------------------------------------------------
@@ -744,6 +822,14 @@ class SQLiteStore(ForgetJournal):
         context_weight: float = 0.5,
         kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
+        keywords = self._keywords
+        if (
+            keywords is not None
+            and keywords.changes is not None
+            and context_weight == CONTEXT_WEIGHT
+            and _scope_tokens(scope)
+        ):
+            return await self._search_tantivy(keywords, scope, query, k, kinds)
         match = fts_query(query)
         if not match:
             return []
@@ -751,11 +837,7 @@ class SQLiteStore(ForgetJournal):
         if kinds:
             where += f" AND m.kind IN ({_marks(kinds)})"
             params = (*params, *kinds)
-        tokens = []
-        if scope.user_id is not None:
-            tokens.append(f'owner:"{user_token(scope.tenant, scope.user_id)}"')
-        if scope.chat_id is not None:
-            tokens.append(f'owner:"{chat_token(scope.tenant, scope.chat_id)}"')
+        tokens = [f'owner:"{token}"' for token in _scope_tokens(scope)]
         weight, full_match = float(context_weight), f"{' AND '.join(tokens)} AND ({match})"
         if kinds:
             # The kind is not in the keyword index: each match is checked against its row.
@@ -776,6 +858,29 @@ class SQLiteStore(ForgetJournal):
                 (weight, full_match, k, *params),
             )
         return [(int(r[0]), -float(r[1])) for r in rows]
+
+    async def _search_tantivy(
+        self,
+        keywords: TantivyKeywords,
+        scope: Scope,
+        query: str,
+        k: int,
+        kinds: Sequence[str] | None,
+    ) -> list[tuple[int, float]]:
+        hits = await keywords.search(_scope_tokens(scope), query_terms(query), k, kinds=kinds)
+        if not hits:
+            return []
+        # The index's scope tokens only speed up; the rows' own scope columns decide.
+        where, params = _scope_clause(scope, by_id=True)
+        if kinds:
+            where += f" AND kind IN ({_marks(kinds)})"
+            params = (*params, *kinds)
+        ids = [memory_id for memory_id, _ in hits]
+        rows = await self._fetchall(
+            f"SELECT id FROM memories WHERE id IN ({_marks(ids)}) AND {where}", (*ids, *params)
+        )
+        kept = {int(r[0]) for r in rows}
+        return [(memory_id, score) for memory_id, score in hits if memory_id in kept]
 
     async def get(self, ids: Sequence[int], scope: Scope | None) -> dict[int, MemoryRecord]:
         out: dict[int, MemoryRecord] = {}
@@ -887,14 +992,29 @@ def chat_token(tenant: str, chat_id: str) -> str:
     return f"c{tenant.encode().hex()}x{chat_id.encode().hex()}"
 
 
-def fts_query(query: str) -> str:
-    """An FTS5 OR-query of the query's distinct content words (each quoted, so no syntax leaks in)."""
+def query_terms(query: str) -> list[str]:
+    """The query's distinct content words, in order."""
     terms: list[str] = []
     for term in keyword_terms(query):
         if term in STOPWORDS or term in terms:
             continue
         terms.append(term)
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+    return terms
+
+
+def fts_query(query: str) -> str:
+    """An FTS5 OR-query of the query's distinct content words (each quoted, so no syntax leaks in)."""
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in query_terms(query))
+
+
+def _scope_tokens(scope: Scope) -> list[str]:
+    """The keyword index's tokens a row in ``scope`` carries (none for a whole tenant)."""
+    tokens = []
+    if scope.user_id is not None:
+        tokens.append(user_token(scope.tenant, scope.user_id))
+    if scope.chat_id is not None:
+        tokens.append(chat_token(scope.tenant, scope.chat_id))
+    return tokens
 
 
 def _scope_clause(scope: Scope, alias: str = "", *, by_id: bool = False) -> tuple[str, tuple[str, ...]]:

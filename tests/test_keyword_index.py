@@ -1,0 +1,195 @@
+"""``storage.keyword_index = "tantivy"``: the same keyword hits as FTS5, scope checked on the rows,
+kept current with SQLite across crashes, rebuilt without a forgotten user's words, and FTS5 again
+whenever it cannot answer."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg, sql
+from narrmem_plugins.storage_sqlite.keyword_index import STATE_FILE, KeywordDoc
+from narrmem_plugins.storage_sqlite.store import user_token
+
+from narrmem import StoreError
+from narrmem.models import Scope
+from narrmem.testing import open_memory
+
+pytestmark = pytest.mark.sqlite_only
+
+TANTIVY = {"storage": {"keyword_index": "tantivy"}}
+CHAT = [
+    ("m1", "I adopted a greyhound named Pixel from the shelter", "u1"),
+    ("m2", "my favourite food is spicy ramen with an egg", "u1"),
+    ("m3", "we moved to Lisbon last spring, the light there is amazing", "u1"),
+    ("m4", "the bakery shifts start at five and I am always tired", "u1"),
+    ("m5", "I love ramen too, the spicier the better", "u2"),
+    ("m6", "我最喜欢的食物是拉面", "u1"),
+    ("m8", "I decided to quit my job at the bank", "u1"),
+]
+QUESTIONS = ["spicy ramen", "greyhound shelter", "Lisbon", "bakery tired", "拉面", "Pixel ramen Lisbon"]
+
+
+async def fill(memory: Any) -> None:
+    for message_id, text, user in CHAT:
+        await memory.ingest(msg(message_id, text, user=user, chat=f"dm-{user}"))
+
+
+def keyword_folder(folder: Path) -> Path:
+    return folder / "keywords"
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+async def test_hits_are_fts5s_and_stay_in_their_scope(tmp_path: Path) -> None:
+    hits: dict[str, list[list[int]]] = {}
+    for engine in ("fts5", "tantivy"):
+        async with open_memory(tmp_path / engine, storage={"keyword_index": engine}) as memory:
+            await fill(memory)
+            hits[engine] = [
+                [i for i, _ in await memory.store.search_keywords(Scope(user_id="u1"), q, 10)]
+                for q in QUESTIONS
+            ]
+            if engine == "tantivy":
+                ramen_u2 = await memory.store.search_keywords(Scope(user_id="u2"), "ramen", 10)
+                assert [i for i, _ in ramen_u2] == [5]
+                chat = await memory.store.search_keywords(Scope(user_id="u1", chat_id="dm-u2"), "ramen", 10)
+                assert chat == []
+                # Kinds are filtered inside the index too.
+                u1 = Scope(user_id="u1")
+                for kind in ("scene", "episode"):
+                    found = [
+                        i for i, _ in await memory.store.search_keywords(u1, "quit bank", 10, kinds=[kind])
+                    ]
+                    assert found and {r.kind for r in (await memory.store.get(found, u1)).values()} == {kind}
+    # The same rows come first: the text, its weighting and the scope are FTS5's.
+    assert [h[:1] for h in hits["tantivy"]] == [h[:1] for h in hits["fts5"]]
+    assert all(set(t) == set(f) for t, f in zip(hits["tantivy"], hits["fts5"], strict=True))
+
+
+async def test_a_row_filed_under_another_owner_never_leaves_its_scope(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        keywords = memory.store._keywords
+        # A corrupted index entry: u2's ramen row claims to be u1's.
+        stray = KeywordDoc(5, "episode", (user_token("default", "u1"),), "ramen ramen", "")
+        await keywords.apply([stray], [], keywords.changes)
+        raw = await keywords.search([user_token("default", "u1")], ["ramen"], 10)
+        assert 5 in [i for i, _ in raw]
+        found = await memory.store.search_keywords(Scope(user_id="u1"), "ramen", 10)
+        assert 5 not in [i for i, _ in found] and found
+
+
+async def test_an_index_behind_sqlite_is_rebuilt_on_open(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, **TANTIVY) as memory:
+        await fill(memory)
+    # Written while the index was not kept (as if the process died between the two commits).
+    async with open_memory(folder) as memory:
+        await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
+    state = json.loads((keyword_folder(folder) / STATE_FILE).read_text())
+    [(count,)] = sql(folder, "SELECT count FROM keyword_changes")
+    assert state["changes"] < count
+    async with open_memory(folder, **TANTIVY) as memory:
+        assert memory.store._keywords.changes == count
+        hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
+        assert len(hits) == 1
+    assert names(tmp_path) == ["m"]
+    assert not [name for name in names(folder) if name.startswith("keywords.")]
+
+
+async def test_a_damaged_index_is_rebuilt(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, **TANTIVY) as memory:
+        await fill(memory)
+    (keyword_folder(folder) / "meta.json").write_text("{ not json")
+    async with open_memory(folder, **TANTIVY) as memory:
+        hits = await memory.store.search_keywords(Scope(user_id="u1"), "greyhound", 10)
+        assert [i for i, _ in hits][:1] == [1]  # then the turns that had it as context
+
+
+async def test_a_forget_rebuilds_the_index_without_the_user(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, **TANTIVY) as memory:
+        await fill(memory)
+        before = set(names(keyword_folder(folder)))
+        await memory.forget(user_id="u1")
+        keywords = memory.store._keywords
+        assert await keywords.search([user_token("default", "u1")], ["greyhound", "ramen"], 10) == []
+        searcher = keywords._searcher
+        assert searcher.num_docs == 1  # u2's message alone, and no deleted document kept
+        after = set(names(keyword_folder(folder)))
+        segments = {name.split(".")[0] for name in before if re.fullmatch(r"[0-9a-f]{32}\.\w+", name)}
+        assert segments and not any(name.split(".")[0] in segments for name in after)
+        assert [i for i, _ in await memory.store.search_keywords(Scope(user_id="u2"), "ramen", 10)] == [5]
+
+
+async def test_when_the_index_fails_fts5_answers_and_the_next_open_rebuilds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, **TANTIVY) as memory:
+        await fill(memory)
+        keywords = memory.store._keywords
+
+        def broken(*args: object) -> None:
+            raise OSError("disk full")
+
+        monkeypatch.setattr(keywords, "_stage", broken)
+        await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
+        assert keywords.changes is None
+        hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
+        assert len(hits) == 1  # FTS5 has it
+        monkeypatch.undo()
+    async with open_memory(folder, **TANTIVY) as memory:
+        assert memory.store._keywords.changes is not None
+        assert len(await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)) == 1
+
+
+async def test_another_context_weight_and_a_reader_use_fts5(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, **TANTIVY) as memory:
+        await fill(memory)
+        weighted = await memory.store.search_keywords(Scope(user_id="u1"), "ramen", 10, context_weight=0.2)
+        assert [i for i, _ in weighted][:1] == [2]
+        async with open_memory(folder, read_only=True, **TANTIVY) as reader:
+            assert reader.store._keywords is None
+            hits = await reader.store.search_keywords(Scope(user_id="u1"), "ramen", 10)
+            assert [i for i, _ in hits][:1] == [2]
+
+
+async def test_updates_and_deletes_reach_the_index(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        [record] = (await memory.store.get([3], Scope(user_id="u1"))).values()
+        record.embed_text = "we moved to Porto last spring"
+        await memory.store.update(record)
+        u1 = Scope(user_id="u1")
+        # The later turns keep Lisbon in their context; the updated row no longer has it.
+        assert 3 not in [i for i, _ in await memory.store.search_keywords(u1, "Lisbon", 10)]
+        assert [i for i, _ in await memory.store.search_keywords(u1, "Porto", 10)] == [3]
+        await memory.store.delete([3], u1)
+        assert await memory.store.search_keywords(u1, "Porto", 10) == []
+
+
+async def test_without_the_package_the_error_names_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "tantivy", None)
+    with pytest.raises(StoreError, match=r"narrmem\[tantivy\]"):
+        await open_memory(tmp_path / "m", **TANTIVY)
+
+
+async def test_a_folder_of_someone_elses_files_is_not_replaced(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    keyword_folder(folder).mkdir(parents=True)
+    (keyword_folder(folder) / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not a narrmem keyword index"):
+        await open_memory(folder, **TANTIVY)
+    assert (keyword_folder(folder) / "notes.txt").read_text() == "mine"
