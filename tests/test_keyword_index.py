@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ async def test_a_row_filed_under_another_owner_never_leaves_its_scope(tmp_path: 
         keywords = memory.store._keywords
         # A corrupted index entry: u2's ramen row claims to be u1's.
         stray = KeywordDoc(5, "episode", (user_token("default", "u1"),), "ramen ramen", "")
-        await keywords.apply([stray], [], keywords.changes)
+        keywords.apply([stray], [], keywords.changes)
         raw = await keywords.search([user_token("default", "u1")], ["ramen"], 10)
         assert 5 in [i for i, _ in raw]
         found = await memory.store.search_keywords(Scope(user_id="u1"), "ramen", 10)
@@ -143,9 +144,9 @@ async def test_when_the_index_fails_fts5_answers_and_the_next_open_rebuilds(
 
         monkeypatch.setattr(keywords, "_stage", broken)
         await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
-        assert keywords.changes is None
         hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
-        assert len(hits) == 1  # FTS5 has it
+        assert len(hits) == 1  # FTS5 has it: the index, whose write failed, does not answer
+        assert keywords.changes is None
         monkeypatch.undo()
     async with open_memory(folder, **TANTIVY) as memory:
         assert memory.store._keywords.changes is not None
@@ -193,3 +194,35 @@ async def test_a_folder_of_someone_elses_files_is_not_replaced(tmp_path: Path) -
     with pytest.raises(StoreError, match="not a narrmem keyword index"):
         await open_memory(folder, **TANTIVY)
     assert (keyword_folder(folder) / "notes.txt").read_text() == "mine"
+
+
+class CountingWriter:
+    """Stands in for the index's writer, counting commits."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.commits = 0
+
+    def commit(self) -> Any:
+        self.commits += 1
+        return self.writer.commit()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.writer, name)
+
+
+async def test_queued_writes_share_one_commit_and_a_search_sees_them(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        keywords = memory.store._keywords
+        await memory.store.search_keywords(Scope(user_id="u1"), "ramen", 10)  # nothing left queued
+        writer = CountingWriter(keywords._writer)
+        keywords._writer = writer
+        release = threading.Event()
+        keywords._thread.submit(release.wait, 10)  # the index's thread is busy for now
+        for n, text in enumerate(["kayaking on the Tagus", "kayaking again", "more kayaking"]):
+            await memory.ingest(msg(f"k{n}", text, chat="dm-u1"))
+        release.set()
+        hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
+        assert len([i for i, _ in hits]) >= 3 and writer.commits == 1
+        assert keywords.changes == sql(tmp_path / "m", "SELECT count FROM keyword_changes")[0][0]

@@ -34,6 +34,8 @@ import json
 import logging
 import os
 import shutil
+import threading
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,7 +81,10 @@ class TantivyKeywords:
         self._index: Any = None
         self._writer: Any = None
         self._searcher: Any = None
-        self._staged: int | None = None  # the change count of written, uncommitted documents
+        # Writes not yet in the index, and whether a flush of them is already on the thread.
+        self._queue: deque[tuple[list[KeywordDoc], list[int], int]] = deque()
+        self._queue_lock = threading.Lock()
+        self._flush_queued = False
         self._schema = self._build_schema()
         self._analyzer = self._build_analyzer()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-keywords")
@@ -113,23 +118,30 @@ class TantivyKeywords:
 
     # --- writing --------------------------------------------------------------------------
 
-    async def apply(self, added: Sequence[KeywordDoc], removed: Sequence[int], changes: int) -> None:
+    def apply(self, added: Sequence[KeywordDoc], removed: Sequence[int], changes: int) -> None:
         """Remove ``removed`` ids and add ``added`` (an id in both is replaced); ``changes`` is
-        SQLite's count with them. The commit (10-20 ms, most of it waiting on the disk) runs after
-        the call returns, on the index's thread, so a write never waits for it; a search, queued
-        on the same thread, always runs after it."""
-        await self._run(self._stage, list(added), list(removed), changes)
-        self._thread.submit(self._commit_staged)
+        SQLite's count with them. Queued, not waited for: the index's thread writes what is queued
+        and commits it (10-20 ms, most of it waiting on the disk) in one go, so a write never
+        waits for a commit and the writes of one message share one; a search first takes in
+        whatever is still queued, so it always sees every write before it."""
+        self._queue.append((list(added), list(removed), changes))
+        with self._queue_lock:
+            if self._flush_queued:
+                return
+            self._flush_queued = True
+        self._thread.submit(self._flush)
 
     # --- reading --------------------------------------------------------------------------
 
     async def search(
         self, owner: Sequence[str], terms: Sequence[str], k: int, *, kinds: Sequence[str] | None = None
-    ) -> list[tuple[int, float]]:
+    ) -> list[tuple[int, float]] | None:
         """The top ``k`` (id, BM25 score) among documents holding every ``owner`` token (and one
         of ``kinds``) that match any of ``terms``; a word found only in the context counts
-        ``CONTEXT_WEIGHT``."""
-        hits: list[tuple[int, float]] = await self._run(self._search, list(owner), list(terms), k, kinds)
+        ``CONTEXT_WEIGHT``. None when the index missed a write and cannot answer."""
+        hits: list[tuple[int, float]] | None = await self._run(
+            self._search, list(owner), list(terms), k, kinds
+        )
         return hits
 
     # --- on the index's thread -------------------------------------------------------------
@@ -186,7 +198,7 @@ class TantivyKeywords:
 
     def _drop(self) -> None:
         self._writer = self._searcher = self._index = None
-        self._staged = None
+        self._queue.clear()
 
     def _start_building(self, building: Path) -> None:
         shutil.rmtree(building, ignore_errors=True)
@@ -225,32 +237,35 @@ class TantivyKeywords:
             self._drop()
         self.changes = None
 
-    def _stage(self, added: list[KeywordDoc], removed: list[int], changes: int) -> None:
+    def _stage(self, added: list[KeywordDoc], removed: list[int]) -> None:
         writer, query_type = self._writer, self._tantivy.Query
         for memory_id in {*removed, *(doc.id for doc in added)}:
             # By query: a delete by term does not match an unsigned field's terms.
             writer.delete_documents_by_query(query_type.term_query(self._schema, "id", memory_id))
         self._add_all(added)
-        self._staged = changes
 
-    def _commit_staged(self) -> None:
-        """Commit what was staged, if anything, and record its count; a failure leaves the index
-        unusable (FTS5 serves) until it is rebuilt."""
-        staged, self._staged = self._staged, None
-        if staged is None or self._writer is None:
+    def _flush(self) -> None:
+        """Write and commit every queued write, and record the last one's count; a failure leaves
+        the index unusable (FTS5 serves) until it is rebuilt."""
+        with self._queue_lock:
+            self._flush_queued = False
+        batch = []
+        while self._queue:
+            batch.append(self._queue.popleft())
+        if not batch or self._writer is None or self.changes is None:
             return
         try:
+            for added, removed, _ in batch:
+                self._stage(added, removed)
             self._writer.commit()
             self._index.reload()
             self._searcher = self._index.searcher()
-            _write_state(self.folder, staged)
+            _write_state(self.folder, batch[-1][2])
         except Exception:
-            log.exception(
-                "the keyword index %s failed to commit: FTS5 serves until it is rebuilt", self.folder
-            )
+            log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", self.folder)
             self.changes = None
             return
-        self.changes = staged
+        self.changes = batch[-1][2]
 
     def _document(self, doc: KeywordDoc) -> Any:
         out = self._tantivy.Document()
@@ -267,8 +282,10 @@ class TantivyKeywords:
         terms: list[str],
         k: int,
         kinds: Sequence[str] | None,
-    ) -> list[tuple[int, float]]:
-        self._commit_staged()
+    ) -> list[tuple[int, float]] | None:
+        self._flush()
+        if self.changes is None:
+            return None
         tv, schema = self._tantivy, self._schema
         words = list(dict.fromkeys(self._analyzer.analyze(" ".join(terms))))
         if not words or not owner:
@@ -285,7 +302,7 @@ class TantivyKeywords:
         return [(int(i), float(score)) for (score, _), i in zip(hits, ids, strict=True) if i is not None]
 
     def _close(self) -> None:
-        self._commit_staged()
+        self._flush()
         if self._writer is not None:
             self._writer.wait_merging_threads()
         self._drop()

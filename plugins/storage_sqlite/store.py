@@ -257,7 +257,7 @@ class SQLiteStore(ForgetJournal):
                 for part in _chunks(list(added))
                 for doc in await self._keyword_docs(f"f.rowid IN ({_marks(part)})", part)
             ]
-            await keywords.apply(docs, removed, await self._keyword_changes())
+            keywords.apply(docs, removed, await self._keyword_changes())
         except Exception:
             log.exception(
                 "the keyword index %s missed a write: FTS5 serves until it is rebuilt", keywords.folder
@@ -829,7 +829,9 @@ class SQLiteStore(ForgetJournal):
             and context_weight == CONTEXT_WEIGHT
             and _scope_tokens(scope)
         ):
-            return await self._search_tantivy(keywords, scope, query, k, kinds)
+            found = await self._search_tantivy(keywords, scope, query, k, kinds)
+            if found is not None:
+                return found
         match = fts_query(query)
         if not match:
             return []
@@ -866,10 +868,10 @@ class SQLiteStore(ForgetJournal):
         query: str,
         k: int,
         kinds: Sequence[str] | None,
-    ) -> list[tuple[int, float]]:
+    ) -> list[tuple[int, float]] | None:
         hits = await keywords.search(_scope_tokens(scope), query_terms(query), k, kinds=kinds)
         if not hits:
-            return []
+            return hits
         # The index's scope tokens only speed up; the rows' own scope columns decide.
         where, params = _scope_clause(scope, by_id=True)
         if kinds:
