@@ -15,7 +15,7 @@ FTS5 weighs a word found in the context (date, earlier turns) at half and normal
 row's length; so one field holds the text twice and the context once, which gives each word the
 same weighted frequency. Two fields with a 0.5 boost on the context's score (each field
 normalized on its own) were measured too: LoCoMo dev R@5 / R@10 0.659 / 0.752 against FTS5's
-0.696 / 0.783; one field gives 0.694 / 0.779. The weighting is fixed when a row is written, so a
+0.696 / 0.783; one field gives 0.698 / 0.780. The weighting is fixed when a row is written, so a
 search that asks another context weight than ``CONTEXT_WEIGHT`` is left to FTS5.
 
 SQLite stays the source of truth and FTS5 stays written: this index is derived. Its folder records
