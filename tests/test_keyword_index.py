@@ -4,10 +4,12 @@ whenever it cannot answer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +228,27 @@ async def test_queued_writes_share_one_commit_and_a_search_sees_them(tmp_path: P
         hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
         assert len([i for i, _ in hits]) >= 3 and writer.commits == 1
         assert keywords.changes == sql(tmp_path / "m", "SELECT count FROM keyword_changes")[0][0]
+
+
+async def test_searches_during_a_rebuild_are_answered_in_full(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        store = memory.store
+        u1 = Scope(user_id="u1")
+        complete = sorted(i for i, _ in await store.search_keywords(u1, "ramen Lisbon", 10))
+        gate = asyncio.Event()
+
+        async def slow_rows() -> AsyncIterator[list[KeywordDoc]]:
+            async for docs in store._keyword_batches():
+                yield docs[:2]
+                await gate.wait()  # the rebuild stops here with two rows in its new folder
+                yield docs[2:]
+
+        rebuild = asyncio.create_task(store._keywords.rebuild(slow_rows(), await store._keyword_changes()))
+        await asyncio.sleep(0.3)
+        assert not rebuild.done()
+        during = sorted(i for i, _ in await store.search_keywords(u1, "ramen Lisbon", 10))
+        gate.set()
+        await rebuild
+        after = sorted(i for i, _ in await store.search_keywords(u1, "ramen Lisbon", 10))
+        assert during == complete == after

@@ -201,9 +201,11 @@ class TantivyKeywords:
         self._queue.clear()
 
     def _start_building(self, building: Path) -> None:
+        self._close()
+        # Until the new folder is complete, searches go to FTS5, not to a half-built index.
+        self.changes = None
         shutil.rmtree(building, ignore_errors=True)
         building.mkdir(parents=True)
-        self._close()
         self._load(building)
 
     def _add_all(self, docs: Sequence[KeywordDoc]) -> None:
