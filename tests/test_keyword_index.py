@@ -252,3 +252,16 @@ async def test_searches_during_a_rebuild_are_answered_in_full(tmp_path: Path) ->
         await rebuild
         after = sorted(i for i, _ in await store.search_keywords(u1, "ramen Lisbon", 10))
         assert during == complete == after
+
+
+async def test_a_forgotten_speakers_words_leave_the_others_context_in_the_index(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await memory.ingest(msg("g1", "my secret word is zanzibarite", user="u2", chat="group"))
+        await memory.ingest(msg("g2", "that is a lovely word", user="u1", chat="group"))
+        u1 = Scope(user_id="u1")
+        assert await memory.store.search_keywords(u1, "zanzibarite", 10)  # u1's reply holds it as context
+        await memory.forget(user_id="u2")
+        assert await memory.store.search_keywords(u1, "zanzibarite", 10) == []
+        keywords = memory.store._keywords
+        assert keywords.changes is not None  # answered by the index itself
+        assert await keywords.search([user_token("default", "u1")], ["zanzibarite"], 10) == []
