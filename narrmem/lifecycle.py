@@ -38,9 +38,11 @@ class MemoryLifecycle:
         load_entrypoints: bool | None = None,
         builtins: bool = True,
         read_only: bool = False,
+        new_store_model: str | None = None,
     ) -> None:
         self.settings = settings
         self.read_only = read_only
+        self.new_store_model = new_store_model
         self.clock: Clock = clock or SystemClock()
         self.data_dir = Path(settings.data_dir)
         # Hooks receive the finished Memory (this class's one subclass), which is the plugins' view.
@@ -70,11 +72,14 @@ class MemoryLifecycle:
         builtins: bool = True,
         warm: bool = True,
         read_only: bool = False,
+        new_store_model: str | None = None,
     ) -> opening.Opening[Self]:
         """Open a memory. ``data_dir`` overrides the settings' folder; ``warm`` loads the model now
         (set it to ``False`` for commands that never embed). ``read_only`` opens an existing store
         beside the process that writes it: every write is refused with a ``StoreError``, and
-        recall reinforces nothing."""
+        recall reinforces nothing. ``new_store_model``: the model whose vectors a store this open
+        creates should hold, such as an export's before importing it; the embedder uses it if it
+        offers that model (``[embedder] quantize = "auto"``), and an existing store keeps its own."""
         opening.check_open_arguments(settings, clock, plugins, Settings)
         settings = settings or load_settings(config_file)
         if data_dir is not None:
@@ -86,6 +91,7 @@ class MemoryLifecycle:
             load_entrypoints=load_entrypoints,
             builtins=builtins,
             read_only=read_only,
+            new_store_model=new_store_model,
         )
         return opening.Opening(memory, warm)
 

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from narrmem.embed import ModelChooser
 from narrmem.errors import ConfigError, InputError, PluginError, StoreError
 from narrmem.models import Scope
+from narrmem.store import RecordsModel
 
 if TYPE_CHECKING:
-    from narrmem.embed import Embedder
     from narrmem.lifecycle import MemoryLifecycle
 
 M = TypeVar("M", bound=BaseModel)
@@ -37,12 +38,16 @@ async def start(
     await host.call("narrmem_register_tools", isolate=False, register=memory.tools.register)
     embedder = _pick(embedders, settings.embedder.backend, "embedder.backend")(settings)
     memory.attach(embedder=embedder)
+    store = _make_store(memory, stores)
+    if isinstance(embedder, ModelChooser):
+        recorded = await store.recorded_model() if isinstance(store, RecordsModel) else None
+        embedder.choose_model(recorded or memory.new_store_model)
     # The model loads on its own thread while the store opens: both are mostly work outside the
     # interpreter (onnxruntime, SQLite, reading index files), so on two cores the open costs the
     # longer of the two rather than their sum.
     loading = asyncio.ensure_future(embedder.start()) if warm else None
     try:
-        await _open_store(memory, stores, embedder)
+        await store.open(dim=embedder.dim, model=embedder.name)
     except BaseException:
         if loading is not None:
             # The load cannot be interrupted; it is waited for (its own failure aside) so that
@@ -53,9 +58,7 @@ async def start(
         await loading
 
 
-async def _open_store(
-    memory: MemoryLifecycle, stores: dict[str, Callable[..., Any]], embedder: Embedder
-) -> None:
+def _make_store(memory: MemoryLifecycle, stores: dict[str, Callable[..., Any]]) -> Any:
     try:
         if not memory.read_only:
             memory.data_dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +66,7 @@ async def _open_store(
         raise StoreError(f"data folder {memory.data_dir}: cannot create it ({exc.strerror})") from exc
     store = _pick(stores, memory.settings.storage.backend, "storage.backend")(memory)
     memory.attach(store=store)  # before opening, so a failed open is still closed
-    await store.open(dim=embedder.dim, model=embedder.name)
+    return store
 
 
 async def _collect(memory: MemoryLifecycle, hook_name: str) -> dict[str, Callable[..., Any]]:

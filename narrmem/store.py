@@ -47,6 +47,18 @@ class ForgetWhat(TypedDict):
 
 
 @runtime_checkable
+class RecordsModel(Protocol):
+    """A store that can say which model's vectors it holds before it is opened, so an embedder
+    that offers several (:class:`~narrmem.embed.ModelChooser`) loads the right one."""
+
+    async def recorded_model(self) -> str | None:
+        """The model recorded with the stored vectors, read without locking, creating or writing
+        anything; ``None`` for a store that does not exist yet or cannot be read (its open then
+        reports why)."""
+        ...
+
+
+@runtime_checkable
 class Store(Protocol):
     async def open(self, *, dim: int, model: str) -> None:
         """Open or create the store for vectors of ``dim`` from ``model``.

@@ -9,7 +9,8 @@ its outputs, as ``torch.onnx.export`` of transformers' BertModel gave), cached u
 in ``embedder.cache_dir`` (default: the user cache folder, so every data folder shares it); later
 opens load only onnxruntime and tokenizers. ``quantize = "int8"`` derives a dynamically quantized
 copy (per-channel int8 weights): faster, but its vectors differ a little, so it is stored under its
-own model name and a store keeps to one or the other.
+own model name and a store keeps to one or the other. ``"auto"``, the default, writes new stores with
+int8 and opens a store of float32 vectors with float32.
 """
 
 from __future__ import annotations
@@ -50,16 +51,27 @@ class OnnxEmbedder:
     ) -> None:
         if model_path is None:
             _require_packaged_weights()
-        # fp32 keeps the sentence-transformers backend's name: the vectors are the same.
-        self.model_path, name = resolve_model(model_path)
-        self.quantize = quantize
-        self.name = name if quantize == "none" else f"{name}-{quantize}"
+        self.model_path, self.base_name = resolve_model(model_path)
+        self.requested = quantize
+        # "auto" runs int8 unless the store already holds float32 vectors (see choose_model).
+        self._use("int8" if quantize == "auto" else quantize)
         self.cache_dir = cache_dir
         self.threads = threads
         self.batch_size = batch_size
         self._session: Any = None
         self._tokenizer: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-onnx")
+
+    def _use(self, quantize: str) -> None:
+        self.quantize = quantize
+        # fp32 keeps the sentence-transformers backend's name: the vectors are the same.
+        self.name = self.base_name if quantize == "none" else f"{self.base_name}-{quantize}"
+
+    def choose_model(self, recorded: str | None) -> None:
+        """With ``quantize = "auto"``: int8 for a new store or one written with int8, float32 for a
+        store of float32 vectors, so a store written before int8 was the default keeps working."""
+        if self.requested == "auto" and self._session is None:
+            self._use("none" if recorded == self.base_name else "int8")
 
     def model_file(self, quantize: str | None = None) -> Path:
         weights = Path(self.model_path) / "model.safetensors"
@@ -176,8 +188,25 @@ def quantize_int8(source: Path, target: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     partial = _partial(target)
-    quantize_dynamic(str(source), str(partial), per_channel=True, weight_type=QuantType.QInt8)
+    # onnxruntime logs advice meant for image models on the root logger; our own line says enough.
+    log.warning("first start: deriving the int8 copy of the embedding model once (%s)", target)
+    root = logging.getLogger()
+    quiet = _DropMessage("pre-processing before quantization")
+    root.addFilter(quiet)
+    try:
+        quantize_dynamic(str(source), str(partial), per_channel=True, weight_type=QuantType.QInt8)
+    finally:
+        root.removeFilter(quiet)
     os.replace(partial, target)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str) -> None:
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
 
 
 def _require_packaged_weights() -> None:

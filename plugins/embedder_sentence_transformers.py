@@ -15,7 +15,8 @@ from narrmem.errors import ConfigError
 def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
     def factory(settings: Settings) -> SentenceTransformerEmbedder:
         options = settings.embedder
-        if options.quantize != "none":
+        # "auto" is float32 here: these weights are the only ones this backend runs.
+        if options.quantize == "int8":
             raise ConfigError('embedder.quantize: int8 needs backend = "onnx"')
         return SentenceTransformerEmbedder(
             options.model_path, threads=options.threads, batch_size=options.batch_size, device=options.device

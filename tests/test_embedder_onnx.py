@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,10 @@ import pytest
 from _helpers import msg
 from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir, weights_digest
 
-from narrmem.errors import ConfigError, StoreError
+from narrmem.config import load_settings
+from narrmem.doors.migrate import migrate
+from narrmem.doors.transfer import export_jsonl, export_model, import_jsonl
+from narrmem.errors import ConfigError, InputError, StoreError
 from narrmem.testing import open_memory
 
 pytestmark = pytest.mark.slow
@@ -83,8 +87,11 @@ async def test_a_memory_on_the_default_backend_shares_one_export(tmp_path: Path)
             hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
             assert hits[0].message_ids == ["p1"]
             stats = await memory.stats()
-            assert stats["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2"}
-    assert [p.name.endswith(".onnx") for p in (cache / "onnx").iterdir()] == [True]
+            assert stats["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2-int8"}
+    # One float32 export and its int8 copy, made by the first memory, used by the second.
+    exports = {p.name for p in (cache / "onnx").iterdir()}
+    [full] = [name for name in exports if not name.endswith("-int8.onnx")]
+    assert exports == {full, full.replace(".onnx", "-int8.onnx")}
     assert not (tmp_path / "m1" / "onnx").exists()
 
 
@@ -101,11 +108,75 @@ async def test_int8_is_close_to_fp32_and_kept_apart_in_a_store(tmp_path: Path) -
     assert 0.95 <= float(np.min(cosines)) < 0.99999  # close, but not the same vectors
     assert int8.name == "all-MiniLM-L6-v2-int8" and int8.model_file().name.endswith("-int8.onnx")
     cache = {"cache_dir": str(tmp_path)}
-    async with open_memory(tmp_path / "m", real_model=True, embedder=cache) as memory:
+    async with open_memory(tmp_path / "m", real_model=True, embedder={**cache, "quantize": "none"}) as memory:
         await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
     with pytest.raises(StoreError, match="all-MiniLM-L6-v2"):
         async with open_memory(tmp_path / "m", real_model=True, embedder={**cache, "quantize": "int8"}):
             pass
+
+
+async def test_auto_writes_new_stores_with_int8_and_keeps_older_float32_stores(tmp_path: Path) -> None:
+    cache = {"cache_dir": str(tmp_path / "cache")}
+    async with open_memory(tmp_path / "new", real_model=True, embedder=cache) as memory:
+        await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
+        assert (await memory.stats())["embedder"]["model"] == "all-MiniLM-L6-v2-int8"
+    # A store written with float32 vectors (as every store was before int8 became the default).
+    older = tmp_path / "older"
+    async with open_memory(older, real_model=True, embedder={**cache, "quantize": "none"}) as memory:
+        await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
+        await memory.ingest(msg("p2", "my favourite food is spicy ramen with extra egg"))
+    for read_only in (False, True):
+        async with open_memory(older, real_model=True, embedder=cache, read_only=read_only) as memory:
+            assert (await memory.stats())["embedder"]["model"] == "all-MiniLM-L6-v2"
+            hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
+            assert hits[0].message_ids == ["p1"]
+    # Naming a variant is a promise: the other one is refused, not silently switched.
+    with pytest.raises(StoreError, match="all-MiniLM-L6-v2-int8"):
+        async with open_memory(tmp_path / "new", real_model=True, embedder={**cache, "quantize": "none"}):
+            pass
+
+
+async def test_an_import_or_a_migration_into_a_new_store_keeps_the_source_vectors(tmp_path: Path) -> None:
+    cache = {"cache_dir": str(tmp_path / "cache")}
+    older, export = tmp_path / "older", tmp_path / "older.jsonl"
+    async with open_memory(older, real_model=True, embedder={**cache, "quantize": "none"}) as memory:
+        await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
+        await memory.ingest(msg("p2", "my favourite food is spicy ramen with extra egg"))
+        await export_jsonl(memory, export)
+    assert export_model(export) == "all-MiniLM-L6-v2"
+    env = {**os.environ, "NARRMEM_EMBEDDER__CACHE_DIR": cache["cache_dir"]}
+    imported = tmp_path / "imported"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "narrmem.doors.cli", "import", str(export), "--data", str(imported)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    settings = load_settings(None, data_dir=str(tmp_path / "migrated"), embedder=cache)
+    report = await migrate(
+        str(older), str(tmp_path / "migrated"), settings=settings, queries=2, progress=False
+    )
+    assert report["verified"]
+    for folder in (imported, tmp_path / "migrated"):
+        async with open_memory(folder, real_model=True, embedder=cache) as memory:
+            assert (await memory.stats())["embedder"]["model"] == "all-MiniLM-L6-v2"
+            hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
+            assert hits[0].message_ids == ["p1"]
+    # Into a store that already holds int8 vectors, the import is refused with the setting to use.
+    async with open_memory(tmp_path / "new", real_model=True, embedder=cache) as memory:
+        with pytest.raises(InputError, match='quantize = "none"'):
+            await import_jsonl(memory, export)
+
+
+async def test_auto_is_float32_on_the_sentence_transformers_backend(tmp_path: Path) -> None:
+    async with open_memory(
+        tmp_path / "m", real_model=True, embedder={"backend": "sentence-transformers"}
+    ) as m:
+        assert (await m.stats())["embedder"]["model"] == "all-MiniLM-L6-v2"
 
 
 async def test_quantize_needs_the_onnx_backend(tmp_path: Path) -> None:

@@ -61,10 +61,21 @@ async def test_the_model_loads_while_the_store_opens(tmp_path: Path) -> None:
 
 
 async def test_a_store_that_fails_to_open_waits_for_the_model_then_closes(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "narrmem.sqlite3").write_bytes(b"not a database, " * 512)
+    watcher = LoadWatcher(folder, polls=20)
+    plugin = WatcherPlugin(watcher)
+    with pytest.raises(StoreError, match="cannot be opened as a narrmem store"):
+        await open_memory(folder, plugins=[plugin], embedder={"backend": "watched"})
+    assert watcher.loaded and watcher.closed
+
+
+async def test_a_data_folder_that_cannot_be_made_fails_before_the_model_loads(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     watcher = LoadWatcher(blocked, polls=20)
     plugin = WatcherPlugin(watcher)
     with pytest.raises(StoreError, match="cannot create it"):
         await open_memory(blocked, plugins=[plugin], embedder={"backend": "watched"})
-    assert watcher.loaded and not watcher.saw_the_store_open and watcher.closed
+    assert not watcher.loaded and watcher.closed

@@ -3,6 +3,7 @@ folder, PostgreSQL on a real private server with a fresh database per test)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -17,7 +18,7 @@ from narrmem_plugins.storage_sqlite.store import SQLiteStore
 
 from narrmem.errors import StoreError
 from narrmem.models import ImportanceChange, MemoryRecord, Scope
-from narrmem.store import SQLCapable
+from narrmem.store import RecordsModel, SQLCapable
 
 DIM = 8
 MODEL = "contract-test-model"
@@ -365,6 +366,28 @@ async def test_reopen_with_another_model_is_refused(backend: str, tmp_path: Path
     with pytest.raises(StoreError, match="holds vectors of model"):
         await second.open(dim=DIM, model="another-model")
     await second.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_the_recorded_model_is_read_before_opening_without_writing(
+    backend: str, tmp_path: Path
+) -> None:
+    dsn = await fresh_database("recorded") if backend == "postgres" else None
+    fresh = await make_store(backend, tmp_path, dsn)
+    assert isinstance(fresh, RecordsModel)
+    assert await fresh.recorded_model() is None
+    # Asking created nothing: no database file, no tables.
+    assert not list(await asyncio.to_thread(lambda: list(tmp_path.iterdir())))
+    await fresh.open(dim=DIM, model=MODEL)
+    await fresh.close()
+    again = await make_store(backend, tmp_path, dsn)
+    assert await again.recorded_model() == MODEL
+    await again.close()
+    unreachable = await make_store(
+        backend, tmp_path / "elsewhere", "postgresql://nobody@127.0.0.1:1/none" if dsn else None
+    )
+    assert await unreachable.recorded_model() is None
+    await unreachable.close()
 
 
 async def test_users_are_listed_by_tenant_with_counts(store: Any) -> None:

@@ -218,12 +218,14 @@ def _existing_store(settings: Settings) -> Settings:
     return settings
 
 
-def _open(settings: Settings, *, warm: bool = True, read_only: bool = False) -> Any:
+def _open(
+    settings: Settings, *, warm: bool = True, read_only: bool = False, new_store_model: str | None = None
+) -> Any:
     """``read_only``: inspection commands read beside a running bot (which holds the folder's lock)
     and change nothing, not even importance."""
     from narrmem.memory import Memory  # keeps `narrmem --help` light
 
-    return Memory.open(settings=settings, warm=warm, read_only=read_only)
+    return Memory.open(settings=settings, warm=warm, read_only=read_only, new_store_model=new_store_model)
 
 
 def _print_json(data: Any) -> None:
@@ -442,9 +444,9 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.doors.transfer import import_jsonl
+    from narrmem.doors.transfer import export_model, import_jsonl
 
-    async with _open(settings, warm=False) as memory:
+    async with _open(settings, warm=False, new_store_model=export_model(args.file)) as memory:
         counts = await import_jsonl(memory, args.file)
     _report(args, counts)
     return 0

@@ -65,6 +65,7 @@ async def _open(
     plugins: Iterable[object],
     load_entrypoints: bool | None,
     warm: bool,
+    new_store_model: str | None = None,
 ) -> AsyncIterator[Memory]:
     opened, dsn = endpoint_settings(where, settings)
     with contextlib.ExitStack() as stack:
@@ -78,6 +79,7 @@ async def _open(
             plugins=plugins,
             load_entrypoints=load_entrypoints,
             warm=warm,
+            new_store_model=new_store_model,
         ) as memory:
             yield memory
 
@@ -105,7 +107,11 @@ async def migrate(
     opening = functools.partial(
         _open, settings=settings, plugins=plugins, load_entrypoints=load_entrypoints, warm=queries > 0
     )
-    async with opening(source, read_only=True) as src, opening(target, read_only=False) as dst:
+    async with (
+        opening(source, read_only=True) as src,
+        # A target created here holds the source's vectors, which are copied as they are.
+        opening(target, read_only=False, new_store_model=src.embedder.name) as dst,
+    ):
         for side in (src, dst):
             for method in ("dump_rows", "load_rows", "table_counts"):
                 if not callable(getattr(side.store, method, None)):

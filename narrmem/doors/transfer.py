@@ -292,6 +292,18 @@ class _ExportFile:
     first_line: dict[str, int] = field(default_factory=dict)  # of each plugin section
 
 
+def export_model(path: str | Path) -> str | None:
+    """The model named in an export's header, read before a memory is opened to import it (so a
+    new store holds the same vectors); ``None`` when it cannot be read, which the import reports."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            header = json.loads(file.readline())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    model = header.get("model") if isinstance(header, dict) else None
+    return model if isinstance(model, str) else None
+
+
 async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
     """Validate a whole export file (the current format, or version 1's memories only), then write
     it: the memories in one transaction (ids kept), their importance history, the plugins' state,
@@ -465,8 +477,17 @@ def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
     if header.model != memory.embedder.name or header.dim != memory.embedder.dim:
         raise InputError(
             f"vectors come from {header.model} ({header.dim} dims), this memory uses "
-            f"{memory.embedder.name} ({memory.embedder.dim} dims)",
+            f"{memory.embedder.name} ({memory.embedder.dim} dims)" + _model_hint(header.model),
             field="model",
             line=number,
         )
     return header
+
+
+def _model_hint(model: str) -> str:
+    # New stores default to the int8 weights; an export of an older float32 store names the setting.
+    if model == "all-MiniLM-L6-v2":
+        return '; import it into a new store opened with [embedder] quantize = "none"'
+    if model == "all-MiniLM-L6-v2-int8":
+        return '; import it into a new store opened with [embedder] quantize = "int8" (backend "onnx")'
+    return ""

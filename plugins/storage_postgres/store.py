@@ -167,6 +167,21 @@ class PostgresStore(ForgetJournal):
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {self._scrub(exc)}") from exc
 
+    async def recorded_model(self) -> str | None:
+        try:
+            conn = await asyncpg.connect(self._dsn)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError):
+            return None  # the open that follows reports it
+        try:
+            if not await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL"):
+                return None
+            value = await conn.fetchval("SELECT value FROM meta WHERE key = 'model'")
+        except (asyncpg.PostgresError, asyncpg.InterfaceError):
+            return None
+        finally:
+            await conn.close()
+        return None if value is None else str(value)
+
     async def _create_extension(self, conn: Any) -> None:
         if await conn.fetchval("SELECT 1 FROM pg_extension WHERE extname = 'vector'"):
             return

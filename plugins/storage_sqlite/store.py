@@ -9,6 +9,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,6 +110,20 @@ class SQLiteStore(ForgetJournal):
         if self.keyword_engine == "tantivy":
             # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
             await self._open_keywords()
+
+    async def recorded_model(self) -> str | None:
+        if not self.db_path.is_file():
+            return None
+
+        def read() -> str | None:
+            try:
+                with closing(sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)) as db:
+                    row = db.execute("SELECT value FROM meta WHERE key = 'model'").fetchone()
+            except sqlite3.Error:
+                return None
+            return None if row is None else str(row[0])
+
+        return await asyncio.to_thread(read)
 
     async def _open_read_only(self, dim: int, model: str) -> None:
         """Beside the writing process: no lock, no migration, no file written. The index is read

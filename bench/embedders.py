@@ -1,0 +1,107 @@
+"""The onnx embedder's float32 and int8 weights side by side: one text per call on one thread, as a
+bot embeds a question or a message, alternated in one process so that both see the same machine.
+
+Questions are the speed benchmark's generated questions; stored messages are its generated
+messages in the speaker-attributed form a memory embeds (``Name said, "…"``). Also reported: how
+close the two models' vectors are (cosine) and how often they agree on a question's ten nearest
+messages.
+
+    python bench/embedders.py [--n 200] [--seed 7] [--out bench/results/embedders.json]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from _chatgen import ChatGenerator
+from _common import latency_summary, machine_info, now_iso, params_of, parser_for, publish, render_table
+from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir
+
+VARIANTS = ("none", "int8")
+
+
+async def timed(embedder: OnnxEmbedder, texts: list[str]) -> list[float]:
+    seconds = []
+    for text in texts:
+        start = time.perf_counter()
+        await embedder.embed([text])
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+async def run(n: int, seed: int, rounds: int) -> dict[str, Any]:
+    gen = ChatGenerator(seed)
+    people = gen.people(20)
+    questions = [gen.query() for _ in range(n)]
+    messages = [f'{people[i % len(people)].name} said, "{gen.content()}"' for i in range(n)]
+    embedders = {v: OnnxEmbedder(None, default_cache_dir(), quantize=v) for v in VARIANTS}
+    try:
+        for embedder in embedders.values():
+            await embedder.start()
+            await embedder.embed(questions[:20])  # warm the session's buffers
+        times: dict[str, dict[str, list[float]]] = {v: {"question": [], "message": []} for v in VARIANTS}
+        for round_ in range(rounds):
+            # Alternate the order so neither variant always runs on a warmer or cooler machine.
+            order = VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]
+            for variant in order:
+                times[variant]["question"] += await timed(embedders[variant], questions)
+                times[variant]["message"] += await timed(embedders[variant], messages)
+        vectors = {v: (await e.embed(questions), await e.embed(messages)) for v, e in embedders.items()}
+    finally:
+        for embedder in embedders.values():
+            await embedder.close()
+    (q32, m32), (q8, m8) = vectors["none"], vectors["int8"]
+    cosines = np.concatenate([np.sum(q32 * q8, axis=1), np.sum(m32 * m8, axis=1)])
+    top32 = np.argsort(-(q32 @ m32.T), axis=1)[:, :10]
+    top8 = np.argsort(-(q8 @ m8.T), axis=1)[:, :10]
+    overlap = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top32, top8, strict=True)]))
+    summary = {
+        v: {kind: latency_summary(seconds) for kind, seconds in kinds.items()} for v, kinds in times.items()
+    }
+    return {
+        "latency": summary,
+        "speedup_p50": {
+            kind: summary["none"][kind]["p50_ms"] / summary["int8"][kind]["p50_ms"]
+            for kind in ("question", "message")
+        },
+        "cosine": {"min": float(cosines.min()), "mean": float(cosines.mean())},
+        "top10_agreement": overlap,
+    }
+
+
+def show(report: dict[str, Any]) -> None:
+    rows = []
+    for variant, kinds in report["results"]["latency"].items():
+        for kind, s in kinds.items():
+            rows.append([variant, kind, s["p50_ms"], s["p95_ms"]])
+    print(render_table(["weights", "text", "p50 ms", "p95 ms"], rows, digits=2))
+    results = report["results"]
+    speedup = results["speedup_p50"]
+    print(
+        f"int8 speed-up at p50: questions {speedup['question']:.2f}x, "
+        f"stored messages {speedup['message']:.2f}x"
+    )
+    print(
+        f"cosine float32 vs int8: min {results['cosine']['min']:.4f}, mean {results['cosine']['mean']:.4f}; "
+        f"top-10 agreement {results['top10_agreement']:.3f}"
+    )
+
+
+def main() -> int:
+    parser = parser_for(__doc__)
+    parser.add_argument("--n", type=int, default=200, help="questions and messages per round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, each variant once per round")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    results = asyncio.run(run(args.n, args.seed, args.rounds))
+    report = {"when": now_iso(), "machine": machine_info(), "params": params_of(args), "results": results}
+    return publish(report, args.out, show)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
