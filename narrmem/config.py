@@ -156,7 +156,7 @@ class RecallSettings(_Section):
     weights: dict[str, float] = Field(
         default_factory=dict,
         description="fusion weight per recall source (name -> weight >= 0); a source not named keeps "
-        "its plugin's default (vector 0.6, keyword 1.0), any other source 1.0",
+        "its plugin's default (vector 0.45, keyword 1.0), any other source 1.0",
     )
 
     @field_validator("weights")

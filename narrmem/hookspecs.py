@@ -66,7 +66,9 @@ def narrmem_register_stores(register: Callable[[str, Callable[[MemoryView], Any]
 
     ``factory(memory)`` returns an object implementing :class:`narrmem.store.Store` (not yet
     opened). ``[storage] backend`` in the settings chooses one by name. Registering a name
-    twice is an error.
+    twice is an error. A store that also implements :class:`narrmem.store.RecordsModel` says
+    which model's vectors it holds before it is opened, so an embedder offering several loads
+    the right one.
     """
 
 
@@ -76,6 +78,8 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
 
     ``factory(settings)`` returns an object implementing :class:`narrmem.embed.Embedder`.
     ``[embedder] backend`` chooses one by name. The embedder must not download anything.
+    One that can give several models' vectors (float32 and int8 weights) also implements
+    :class:`narrmem.embed.ModelChooser`: before it loads, it is told the model the store holds.
     """
 
 

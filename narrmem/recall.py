@@ -35,6 +35,8 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
     embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(memory.embedder.embed([request.query]))
     try:
         early = await memory.host.call("narrmem_recall_prefetch", memory=memory, request=request)
+        # The query is usually still being embedded: read what the early sources found meanwhile.
+        records = await memory.store.get(sorted({c.memory_id for b in early for c in b}), request.scope)
         [query_vector] = await embedding
     finally:
         if not embedding.done():
@@ -43,7 +45,9 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
         "narrmem_recall_candidates", memory=memory, request=request, query_vector=query_vector
     )
     candidates: list[Candidate] = [c for batch in (*proposals, *early) for c in batch]
-    records = await memory.store.get(sorted({c.memory_id for c in candidates}), request.scope)
+    missing = sorted({c.memory_id for c in candidates} - records.keys())
+    if missing:
+        records.update(await memory.store.get(missing, request.scope))
     candidates = [c for c in candidates if c.memory_id in records]
     ranking = await memory.host.call_first(
         "narrmem_rank", memory=memory, request=request, candidates=candidates, records=records

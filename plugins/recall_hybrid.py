@@ -15,7 +15,7 @@ writing it is caught after the write: a context turn no longer stored is scrubbe
 
 Defaults were chosen on the LoCoMo development split (see the README's Benchmarks): the keyword
 side, which matches names and rare words exactly, is the stronger source on conversational
-memory, so it weighs 1.0 against the vector side's 0.6, and RRF's damping k is 20 rather than
+memory, so it weighs 1.0 against the vector side's 0.45, and RRF's damping k is 20 rather than
 the usual 60 so that agreement near the top of both lists counts more than long tails. Words
 found only in the context count half as much as the message's own words.
 """
@@ -43,7 +43,7 @@ class HybridOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     candidates: int = Field(default=50, ge=1, le=10_000, description="candidates taken from each source")
     rrf_k: float = Field(default=20.0, gt=0, le=10_000, description="RRF damping constant")
-    vector_weight: float = Field(default=0.6, ge=0, le=100)
+    vector_weight: float = Field(default=0.45, ge=0, le=100)
     keyword_weight: float = Field(default=1.0, ge=0, le=100)
     context_turns: int = Field(default=2, ge=0, le=20, description="earlier turns added to the keyword index")
     context_minutes: float = Field(
