@@ -112,11 +112,6 @@ class StorageSettings(_Section):
         "a second index that bounds a large user's search",
     )
     batch_size: int = Field(default=256, ge=1, le=100_000, description="messages per write transaction")
-    group_commit: bool = Field(
-        default=True,
-        description="single ingests that arrive while others are being stored (concurrent chats) "
-        "are stored with them: one embedding call and one transaction",
-    )
     hnsw_threshold: int = Field(
         default=10_000, ge=2, le=100_000_000, description="a user's vectors searched by HNSW from this many"
     )

@@ -102,20 +102,11 @@ class IngestPipeline:
             errors: list[str] = []
             items.append(Pending(i, message, await self.triage(message, errors), errors))
             await yield_every(i)
-        return results, await self.store_triaged(items, results, previous)
-
-    async def store_triaged(
-        self, items: list[Pending], results: list[IngestResult], previous: asyncio.Future[None] | None
-    ) -> asyncio.Future[None] | None:
-        """Store what triage kept of ``items`` (each one's result goes to ``results[item.index]``):
-        records, one embedding call, one transaction; return the after-store task, which fills
-        in the results of the messages stored. ``previous``: the last batch's task, which must
-        end before this batch's write."""
         kept = await self._records(items, results)
         if not kept:
             if previous is not None:
                 await previous
-            return None
+            return results, None
         texts = [r.index_text for item in kept for r in item.records]
         embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(texts))
         try:
@@ -130,7 +121,7 @@ class IngestPipeline:
             item.vectors = vectors[offset : offset + len(item.records)]
             offset += len(item.records)
         written = await self._write(kept, results)
-        return asyncio.ensure_future(self._after_store(written, results))
+        return results, asyncio.ensure_future(self._after_store(written, results))
 
     async def _records(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
         """What each message leaves (the episode, plus what ``narrmem_before_store`` adds), or its
@@ -141,7 +132,13 @@ class IngestPipeline:
         for item in items:
             await yield_every(item.index)
             if item.decision.layer == "ignore":
-                results[item.index] = ignored(item)
+                results[item.index] = IngestResult(
+                    message_id=item.message.message_id,
+                    layer="ignore",
+                    stored=False,
+                    reason=item.decision.reason,
+                    notes=item.errors,
+                )
             elif item.key in seen or item.key in stored:
                 results[item.index] = duplicate(item.message, item.decision)
             else:
@@ -226,16 +223,6 @@ class IngestPipeline:
                     await callback(event)
                 except Exception:
                     log.exception("trigger callback %r failed", callback)
-
-
-def ignored(item: Pending) -> IngestResult:
-    return IngestResult(
-        message_id=item.message.message_id,
-        layer="ignore",
-        stored=False,
-        reason=item.decision.reason,
-        notes=item.errors,
-    )
 
 
 def duplicate(message: Message, decision: TriageDecision) -> IngestResult:

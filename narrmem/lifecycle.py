@@ -16,7 +16,6 @@ from narrmem.config import Settings, load_settings
 from narrmem.embed import Embedder
 from narrmem.errors import PluginError
 from narrmem.forgetting import Forgetting
-from narrmem.group_commit import GroupCommit
 from narrmem.host import PluginHost
 from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.store import Store
@@ -56,7 +55,6 @@ class MemoryLifecycle:
         self._trigger_callbacks: list[TriggerCallback] = []
         write_lock = asyncio.Lock()  # one writer at a time in this process
         self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks)
-        self._group_commit = GroupCommit(self._ingest)
         self._forgetting = Forgetting(self, write_lock)
         self._closed = False
         self._started = False
@@ -115,7 +113,6 @@ class MemoryLifecycle:
             return
         self._closed = True
         if self._started:
-            await self._group_commit.drain()
             await self.host.call("narrmem_shutdown", memory=self)
         for part in (self._store, self._embedder):
             if part is not None:

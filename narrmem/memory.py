@@ -36,13 +36,9 @@ class Memory(MemoryLifecycle):
     :class:`~narrmem.lifecycle.MemoryLifecycle`, what a bot calls is here."""
 
     async def ingest(self, message: Message | dict[str, Any]) -> IngestResult:
-        """Triage one message and store what it deserves. Ignored messages return at once; kept
-        ones that arrive while others are being stored (concurrent chats) are stored with them,
-        in one embedding call and one transaction (``[storage] group_commit``)."""
-        if not self.settings.storage.group_commit:
-            [result] = await self.ingest_many([message])
-            return result
-        return await self._group_commit.ingest(as_message(message, None))
+        """Triage one message and store what it deserves. Ignored messages return at once."""
+        [result] = await self.ingest_many([message])
+        return result
 
     async def ingest_many(
         self, messages: Sequence[Message | dict[str, Any]], *, progress: Callable[[int], None] | None = None
