@@ -1,7 +1,7 @@
 """The ``onnx`` embedder: all-MiniLM-L6-v2 exported once to ONNX and run with onnxruntime and the
 fast ``tokenizers`` tokenizer; same pooling (attention-masked mean) and normalization as
-sentence-transformers, so its vectors equal the default backend's (tested: cosine >= 0.9999) and a
-store can switch between them.
+sentence-transformers, so with float32 weights its vectors equal the sentence-transformers
+backend's (tested: cosine >= 0.9999) and a float32 store can switch between them.
 
 This is the default backend, and it never needs torch: the ONNX graph is built once per machine from
 the model's ``model.safetensors`` with numpy and onnx (``onnx_export``; the same graph, bit for bit in
