@@ -17,7 +17,9 @@ Defaults were chosen on the LoCoMo development split (see the README's Benchmark
 side, which matches names and rare words exactly, is the stronger source on conversational
 memory, so it weighs 1.0 against the vector side's 0.45, and RRF's damping k is 20 rather than
 the usual 60 so that agreement near the top of both lists counts more than long tails. Words
-found only in the context count half as much as the message's own words.
+found only in the context count half as much as the message's own words. The fused ranking is
+then re-scored by a small model of what answers a question (``answer_ranking``: match strength,
+how much a memory says, whether it asks, names, its conversation), fitted the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections import OrderedDict
 from datetime import datetime, timedelta
 
 import numpy as np
+from narrmem_plugins.answer_ranking import AnswerWeights, answer_scores
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
@@ -51,6 +54,10 @@ class HybridOptions(BaseModel):
     )
     dates_in_keywords: bool = Field(default=True, description="index the weekday and date of each message")
     context_weight: float = share(0.5, "weight of words found only in the date and earlier turns")
+    rank_answers: bool = Field(
+        default=True, description="re-score the fused ranking by what answers (false: fusion alone)"
+    )
+    answer: AnswerWeights = Field(default_factory=AnswerWeights)
 
 
 class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
@@ -191,7 +198,10 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             "keyword": self.options.keyword_weight,
             **self.recall_weights,
         }
-        return reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights, normalize=True)
+        fused = reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights, normalize=True)
+        if not self.options.rank_answers:
+            return fused
+        return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k)
 
 
 def _shared(memory: MemoryView) -> bool:

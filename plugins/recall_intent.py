@@ -89,7 +89,7 @@ class IntentOptions(BaseModel):
         "score factor for memories that name nothing, when a where/who/which question asks for a name",
     )
     future_factor: float = share(
-        0.9,
+        0.5,
         "score factor for memories that speak of no future, when a question asks what comes next",
     )
 
