@@ -182,7 +182,7 @@ def _window_sums(
         high = max(high, i)
         while high + 1 < len(order) and stamps[high + 1] - stamps[i] <= span:
             high += 1
-        sums[mid] = prefix[high + 1] - prefix[low] - score
+        sums[mid] = max(0.0, prefix[high + 1] - prefix[low] - score)
     return sums
 
 
