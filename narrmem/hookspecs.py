@@ -207,8 +207,8 @@ def narrmem_rank(
     records: dict[int, MemoryRecord],
 ) -> list[tuple[int, float]] | None:
     """Fuse all candidates into one ranking: return ``[(memory_id, score), ...]`` best first,
-    with scores in [0, 1] (1 = every source's first choice): the score is what ``Hit.score``
-    shows a person, after importance.
+    with scores in [0, 1], higher is better (the built-in ranker's is its estimate that the memory
+    answers the query): the score is what ``Hit.score`` shows a person, after importance.
 
     firstresult. ``records`` holds the in-scope stored records for the candidate ids (with
     importance and timestamps). If nobody answers, the host ranks by normalized reciprocal rank
