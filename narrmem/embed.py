@@ -70,7 +70,7 @@ class SentenceTransformerEmbedder:
     dim = 384
 
     def __init__(
-        self, model_path: str | None = None, *, threads: int = 1, batch_size: int = 64, device: str = "cpu"
+        self, model_path: str | None = None, *, threads: int = 1, batch_size: int = 1, device: str = "cpu"
     ) -> None:
         self.model_path, self.name = resolve_model(model_path)
         self.threads = threads

@@ -46,7 +46,7 @@ class OnnxEmbedder:
         cache_dir: Path,
         *,
         threads: int = 1,
-        batch_size: int = 64,
+        batch_size: int = 1,
         quantize: str = "none",
     ) -> None:
         if model_path is None:

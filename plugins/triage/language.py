@@ -178,5 +178,8 @@ def third_person_start(clause: str, *, names: bool = True) -> bool:
     )
 
 
+_CJK = re.compile("[\u4e00-\u9fff]")
+
+
 def has_cjk(text: str) -> bool:
-    return any("\u4e00" <= ch <= "\u9fff" for ch in text)
+    return _CJK.search(text) is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
+from functools import lru_cache
 
 from narrmem_plugins.triage.ignore_rules import without_media
 
@@ -47,20 +48,11 @@ def stem(word: str) -> str:
 
 def content_words(text: str, names: Iterable[str] = ()) -> list[str]:
     """The English content words of ``text`` in order (repeats kept), noise and ``names`` left out."""
-    skip = NOISE | {n.lower() for n in names}
-    return [
-        term
-        for term in keyword_terms(without_media(text))
-        if len(term) > 2
-        and term.isascii()
-        and not term[0].isdigit()  # "14k", "6x800m", "2024": amounts, not topics
-        and term not in STOPWORDS
-        and term not in skip
-    ]
+    return list(_analysed(text, _lowered(names))[0])
 
 
 def content_stems(text: str, names: Iterable[str] = ()) -> set[str]:
-    return {stem(word) for word in content_words(text, names)}
+    return set(_analysed(text, _lowered(names))[1])
 
 
 def shares_words(a: str, b: str, names: Iterable[str] = ()) -> bool:
@@ -74,19 +66,41 @@ def topic_words(
     """The words most of ``texts`` use, in their most common spelling: the ones in most texts
     first, then the more frequent, then the earlier; only words in at least ``min_share`` of the
     texts (the first word always)."""
+    skip = _lowered(names)
     in_texts: Counter[str] = Counter()
     total: Counter[str] = Counter()
     spellings: dict[str, Counter[str]] = {}
     for text in texts:
-        words = content_words(text, names)
-        for word in words:
-            total[stem(word)] += 1
-            spellings.setdefault(stem(word), Counter())[word] += 1
-        in_texts.update({stem(word) for word in words})
-    order = list(spellings)
-    ranked = sorted(order, key=lambda s: (-in_texts[s], -total[s], order.index(s)))
+        words, stems = _analysed(text, skip)
+        for word, stemmed in zip(words, stems, strict=True):
+            total[stemmed] += 1
+            spellings.setdefault(stemmed, Counter())[word] += 1
+        in_texts.update(set(stems))
+    position = {s: i for i, s in enumerate(spellings)}
+    ranked = sorted(spellings, key=lambda s: (-in_texts[s], -total[s], position[s]))
     kept = [s for i, s in enumerate(ranked) if i == 0 or in_texts[s] >= min_share * len(texts)]
     return [_spelling(spellings[s]) for s in kept[:limit]]
+
+
+@lru_cache(maxsize=16_384)
+def _analysed(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``text``'s content words and their stems. Cached: the topic counter reads the same recent
+    messages again for every new one (a message's words are read once, not once per neighbour)."""
+    skip = NOISE | names
+    words = tuple(
+        term
+        for term in keyword_terms(without_media(text))
+        if len(term) > 2
+        and term.isascii()
+        and not term[0].isdigit()  # "14k", "6x800m", "2024": amounts, not topics
+        and term not in STOPWORDS
+        and term not in skip
+    )
+    return words, tuple(stem(word) for word in words)
+
+
+def _lowered(names: Iterable[str]) -> frozenset[str]:
+    return frozenset(n.lower() for n in names)
 
 
 def _spelling(counts: Counter[str]) -> str:
