@@ -4,10 +4,7 @@ triggers, for a batch of messages at a time.
 Every message is validated before anything is written. Ignored messages stop after triage (no
 embedding, no I/O). The kept ones are embedded in one call and written in one transaction, then
 the after-store hooks (counters, facts, triggers) run in a task that overlaps the next batch's
-embedding, and the next batch is triaged while this one embeds: in bulk the model, on its own
-thread, hardly waits for the event loop's work. A message is triaged before the batch just ahead
-of it is written, so what triage reads from the store (a scene's window of earlier messages) may
-miss up to two batches of the newest messages in bulk, as it always missed its own batch.
+embedding, so in bulk the model never waits for them.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ FALLBACK_DECISION = TriageDecision(layer="accumulate", reason="no triage plugin 
 # Where bot libraries and chat exports put a person's display name in ``meta``.
 DISPLAY_NAME_KEYS = ("display_name", "name", "username", "first_name")
 MessageKey = tuple[str, str, str]  # (tenant, chat_id, message_id): a message's identity
-EMBED_SLICE = 8  # texts per embedding call in bulk (see IngestPipeline._embed)
 
 
 @dataclass
@@ -66,14 +62,6 @@ class Pending:
         }
 
 
-@dataclass
-class Prepared:
-    """A triaged batch: every message's result so far and the ones that leave records."""
-
-    results: list[IngestResult]
-    kept: list[Pending]
-
-
 class IngestPipeline:
     def __init__(
         self, memory: MemoryLifecycle, write_lock: asyncio.Lock, callbacks: list[TriggerCallback]
@@ -86,84 +74,54 @@ class IngestPipeline:
         self, messages: Sequence[Message | dict[str, Any]], progress: Callable[[int], None] | None
     ) -> list[IngestResult]:
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
-        batch_size = self.memory.settings.storage.batch_size
-        chunks = [validated[start : start + batch_size] for start in range(0, len(validated), batch_size)]
         # A batch's results are filled in by its after-store task, which may still run while the
         # next batch embeds: the lists are read only once every task is done.
         batches: list[list[IngestResult]] = []
+        batch_size = self.memory.settings.storage.batch_size
         finishing: asyncio.Future[None] | None = None
-        ahead: asyncio.Future[Prepared] | None = None
         try:
-            for n, chunk in enumerate(chunks):
-                prepared = await ahead if ahead is not None else await self._prepare(chunk)
-                following = chunks[n + 1] if n + 1 < len(chunks) else None
-                finishing, ahead = await self._store(prepared, finishing, following)
-                batches.append(prepared.results)
+            for start in range(0, len(validated), batch_size):
+                chunk = validated[start : start + batch_size]
+                batch, finishing = await self._batch(chunk, finishing)
+                batches.append(batch)
                 if progress is not None:
                     progress(len(chunk))
         finally:
-            if ahead is not None and not ahead.done():
-                ahead.cancel()
             if finishing is not None:
                 await finishing
         return [result for batch in batches for result in batch]
 
-    async def _prepare(self, messages: list[Message]) -> Prepared:
-        """Triage a batch and build the records of what it keeps (before-store hooks included)."""
+    async def _batch(
+        self, messages: list[Message], previous: asyncio.Future[None] | None
+    ) -> tuple[list[IngestResult], asyncio.Future[None] | None]:
+        """Triage, embed and write one batch; return its results (filled in by the after-store
+        task for kept messages) and that task. ``previous`` is the last batch's."""
         results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
         items = []
         for i, message in enumerate(messages):
             errors: list[str] = []
             items.append(Pending(i, message, await self.triage(message, errors), errors))
             await yield_every(i)
-        return Prepared(results, await self._records(items, results))
-
-    async def _store(
-        self, prepared: Prepared, previous: asyncio.Future[None] | None, following: list[Message] | None
-    ) -> tuple[asyncio.Future[None] | None, asyncio.Future[Prepared] | None]:
-        """Embed and write a prepared batch; return its after-store task (which fills in its
-        results) and, when it had something to embed, the task preparing ``following``: the next
-        batch is triaged on the event loop while the model embeds this one on its thread, so in
-        bulk the model hardly waits. ``previous`` is the last batch's after-store task."""
-        kept, results = prepared.kept, prepared.results
+        kept = await self._records(items, results)
         if not kept:
             if previous is not None:
                 await previous
-            return None, None
+            return results, None
         texts = [r.index_text for item in kept for r in item.records]
-        embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self._embed(texts))
-        ahead = asyncio.ensure_future(self._prepare(following)) if following else None
+        embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(texts))
         try:
-            try:
-                if previous is not None:
-                    await previous
-                vectors = await embedding
-            finally:
-                if not embedding.done():
-                    embedding.cancel()
-            offset = 0
-            for item in kept:
-                item.vectors = vectors[offset : offset + len(item.records)]
-                offset += len(item.records)
-            written = await self._write(kept, results)
-        except BaseException:
-            if ahead is not None and not ahead.done():
-                ahead.cancel()
-            raise
-        return asyncio.ensure_future(self._after_store(written, results)), ahead
-
-    async def _embed(self, texts: list[str]) -> np.ndarray:
-        """The batch's vectors, a few texts per call: the next batch's triage embeds a scene's
-        sentences meanwhile, and the model serves one call at a time, so one long call would make
-        triage wait for the whole batch. Per text a small call costs what a large one does on a
-        CPU (``bench/speed.py``: 16 in one call 17.9 ms each, one by one 17.1 ms)."""
-        if len(texts) <= EMBED_SLICE:
-            return await self.memory.embedder.embed(texts)
-        parts = [
-            await self.memory.embedder.embed(texts[start : start + EMBED_SLICE])
-            for start in range(0, len(texts), EMBED_SLICE)
-        ]
-        return np.vstack(parts)
+            if previous is not None:
+                await previous
+            vectors = await embedding
+        finally:
+            if not embedding.done():
+                embedding.cancel()
+        offset = 0
+        for item in kept:
+            item.vectors = vectors[offset : offset + len(item.records)]
+            offset += len(item.records)
+        written = await self._write(kept, results)
+        return results, asyncio.ensure_future(self._after_store(written, results))
 
     async def _records(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
         """What each message leaves (the episode, plus what ``narrmem_before_store`` adds), or its
