@@ -86,6 +86,7 @@ async def collect(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, Hyb
                         records,
                         rrf_k=options.rrf_k,
                         window_minutes=options.answer.window_minutes,
+                        source_weights=weights,
                     )
                     evidence = set(question.evidence)
                     for mid, values in signals.items():

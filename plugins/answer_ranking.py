@@ -65,7 +65,7 @@ class AnswerWeights(BaseModel):
         default=3.79,
         ge=-1000,
         le=1000,
-        description="(rrf_k + 1) / (rrf_k + 1 + rank) in any other source (facts, a plugin's); not fitted",
+        description="source weight × (rrf_k + 1) / (rrf_k + 1 + rank) in any other source; not fitted",
     )
     window: float = Field(
         default=0.11, ge=-1000, le=1000, description="fused scores of the other candidates in its window"
@@ -104,6 +104,7 @@ def answer_signals(
     *,
     rrf_k: float,
     window_minutes: float,
+    source_weights: Mapping[str, float] | None = None,
 ) -> dict[int, tuple[float, ...]]:
     """Each fused memory's signals, in the order of ``SIGNALS`` (what ``bench/fit_ranker.py``
     fits the weights on)."""
@@ -119,7 +120,9 @@ def answer_signals(
         elif c.source == "keyword":
             keyword_score[c.memory_id] = max(float(c.score), keyword_score.get(c.memory_id, float(c.score)))
         else:
-            other[c.memory_id] = max(other.get(c.memory_id, 0.0), (rrf_k + 1) / (rrf_k + 1 + c.rank))
+            # A source's fusion weight ([recall] weights) scales its word here too: 0 silences it.
+            weight = 1.0 if source_weights is None else source_weights.get(c.source, 1.0)
+            other[c.memory_id] = max(other.get(c.memory_id, 0.0), weight * (rrf_k + 1) / (rrf_k + 1 + c.rank))
     best_keyword = max((s for s in keyword_score.values() if s > 0), default=1.0)
     # A memory the vector source did not return is at most as similar as its last one.
     best_similarity = max(similarity.values(), default=0.0)
@@ -148,9 +151,18 @@ def answer_scores(
     records: Mapping[int, MemoryRecord],
     weights: AnswerWeights,
     rrf_k: float,
+    source_weights: Mapping[str, float] | None = None,
 ) -> list[tuple[int, float]]:
-    """``fused`` re-scored by the model, best first (ties by id, as fusion breaks them)."""
-    signals = answer_signals(fused, candidates, records, rrf_k=rrf_k, window_minutes=weights.window_minutes)
+    """``fused`` re-scored by the model, best first (ties by id, as fusion breaks them).
+    ``source_weights`` are the fusion's weights by source name (a source not named weighs 1)."""
+    signals = answer_signals(
+        fused,
+        candidates,
+        records,
+        rrf_k=rrf_k,
+        window_minutes=weights.window_minutes,
+        source_weights=source_weights,
+    )
     coefficients = [getattr(weights, name) for name in SIGNALS]
     scored = [
         (

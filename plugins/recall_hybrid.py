@@ -201,7 +201,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         fused = reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights, normalize=True)
         if not self.options.rank_answers:
             return fused
-        return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k)
+        return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k, weights)
 
 
 def _shared(memory: MemoryView) -> bool:

@@ -92,6 +92,10 @@ def test_signals_are_what_the_docs_say() -> None:
     assert signals[3]["similarity"] == pytest.approx(-0.01)  # not a vector hit: at most the last one's
     assert (signals[1]["keyword"], signals[3]["keyword"], signals[2]["keyword"]) == (1.0, 0.5, 0.0)
     assert (signals[3]["other_sources"], signals[1]["other_sources"]) == (1.0, 0.0)
+    silenced = answer_signals(
+        fused, cands, records, rrf_k=20, window_minutes=60, source_weights={"facts": 0.0}
+    )
+    assert dict(zip(SIGNALS, silenced[3], strict=True))["other_sources"] == 0.0  # [recall] weights 0
     assert signals[1]["question"] == 1.0 and signals[2]["question"] == 0.0
     assert signals[1]["names"] == 2.0  # Tom, Paris; not the sentence's first word
     f = dict(fused)
