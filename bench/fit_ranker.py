@@ -60,7 +60,7 @@ async def collect(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, Hyb
     tuning = [c for c in conversations if c.part == "tuning"]
     inner, shared, settings = await start_shared_embedder(load_settings(args.config))
     options = HybridOptions.model_validate(settings.plugin.get("recall_hybrid", {}))
-    weights = {"vector": options.vector_weight, "keyword": options.keyword_weight, **settings.recall.weights}
+    weights = options.fusion_weights(settings.recall.weights)
     rows: list[tuple[float, ...]] = []
     labels: list[int] = []
     try:

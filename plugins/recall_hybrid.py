@@ -25,6 +25,7 @@ how much a memory says, whether it asks, names, its conversation), fitted the sa
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -58,6 +59,10 @@ class HybridOptions(BaseModel):
         default=True, description="re-score the fused ranking by what answers (false: fusion alone)"
     )
     answer: AnswerWeights = Field(default_factory=AnswerWeights)
+
+    def fusion_weights(self, overrides: Mapping[str, float]) -> dict[str, float]:
+        """Each source's weight in the fusion: these options', then ``[recall] weights``."""
+        return {"vector": self.vector_weight, "keyword": self.keyword_weight, **overrides}
 
 
 class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
@@ -193,11 +198,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
     def narrmem_rank(
         self, candidates: list[Candidate], records: dict[int, MemoryRecord]
     ) -> list[tuple[int, float]]:
-        weights = {
-            "vector": self.options.vector_weight,
-            "keyword": self.options.keyword_weight,
-            **self.recall_weights,
-        }
+        weights = self.options.fusion_weights(self.recall_weights)
         fused = reciprocal_rank_fusion(candidates, k=self.options.rrf_k, weights=weights, normalize=True)
         if not self.options.rank_answers:
             return fused

@@ -4,7 +4,6 @@ keep their order, and a batch whose embedding fails leaves nothing of itself."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -16,23 +15,20 @@ import pytest
 
 from narrmem import hookimpl
 from narrmem.config import Settings
-from narrmem.models import Message, Scope, TriageDecision
+from narrmem.models import Message, Scope
 from narrmem.testing import HashEmbedder, open_memory
 
 T0 = datetime(2026, 4, 1, 8, 0, tzinfo=UTC)
 
 
 class SlowEmbedder(HashEmbedder):
-    """Embeds on a thread, slowly, and notes when each call starts and ends; ``fail_on`` makes the
-    call that holds that text fail."""
+    """Embeds on a thread, slowly; ``fail_on`` makes a call that holds that text fail."""
 
     def __init__(self, seconds: float = 0.2, fail_on: str | None = None) -> None:
         self.seconds = seconds
         self.fail_on = fail_on
-        self.calls: list[tuple[float, float, list[str]]] = []
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        started = time.perf_counter()
         if self.fail_on is not None and any(self.fail_on in text for text in texts):
             raise RuntimeError("the model failed")
 
@@ -40,28 +36,18 @@ class SlowEmbedder(HashEmbedder):
             time.sleep(self.seconds)
             return np.vstack([self.vector(t) for t in texts])
 
-        vectors = await asyncio.to_thread(work)
-        self.calls.append((started, time.perf_counter(), list(texts)))
-        return vectors
+        return await asyncio.to_thread(work)
 
 
 class Plugins:
-    """Registers the slow embedder and notes when each message is triaged (then defers to the
-    built-in triage by answering nothing)."""
+    """Registers the slow embedder."""
 
     def __init__(self, embedder: SlowEmbedder) -> None:
         self.embedder = embedder
-        self.triaged: dict[str, float] = {}
-        self.lock = threading.Lock()
 
     @hookimpl
     def narrmem_register_embedders(self, register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
         register("slow", lambda settings: self.embedder)
-
-    @hookimpl(tryfirst=True)
-    def narrmem_triage(self, message: Message) -> TriageDecision | None:
-        self.triaged[message.message_id] = time.perf_counter()
-        return None
 
 
 def messages(n: int) -> list[dict[str, Any]]:
