@@ -247,3 +247,16 @@ async def test_a_scene_is_read_and_written_through_its_model(tmp_path: Path) -> 
             SceneDraft.of(MemoryRecord.model_validate({**result.scene.model_dump(), "meta": draft.stored()}))
             == draft
         )
+
+
+async def test_forget_empties_the_topic_counters_cache_of_message_words(tmp_path: Path) -> None:
+    from narrmem_plugins.triage.topics import _analysed
+
+    async with open_memory(tmp_path / "m") as mem:
+        for n in range(3):
+            await mem.ingest(
+                msg(f"r{n}", f"my sourdough starter smells of apples again, day {n}", user="bob")
+            )
+        assert _analysed.cache_info().currsize > 0  # the counter read bob's words
+        await mem.forget(user_id="bob")
+    assert _analysed.cache_info().currsize == 0

@@ -21,6 +21,7 @@ from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.prototypes import PROTOTYPES
 from narrmem_plugins.triage.scene import compose, scene_record
 from narrmem_plugins.triage.signals import CATEGORY, Signal, candidates
+from narrmem_plugins.triage.topics import forget_cached_words
 
 from narrmem import hookimpl
 from narrmem.config import Settings
@@ -198,6 +199,11 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
     @hookimpl
     async def narrmem_patterns(self, memory: MemoryView, user: Scope, now: datetime) -> list[PatternCount]:
         return await readout.patterns(memory, self.counters, user, now)
+
+    @hookimpl
+    async def narrmem_after_forget(self) -> None:
+        """The topic counter's cache of message words holds forgotten texts too: emptied."""
+        forget_cached_words()
 
     @hookimpl
     async def narrmem_after_store(

@@ -99,6 +99,11 @@ def _analysed(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[
     return words, tuple(stem(word) for word in words)
 
 
+def forget_cached_words() -> None:
+    """Drop every cached message text: a forgotten message's words must not stay in memory."""
+    _analysed.cache_clear()
+
+
 def _lowered(names: Iterable[str]) -> frozenset[str]:
     return frozenset(n.lower() for n in names)
 
