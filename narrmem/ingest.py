@@ -2,7 +2,8 @@
 triggers, for a batch of messages at a time.
 
 Every message is validated before anything is written. Ignored messages stop after triage (no
-embedding, no I/O). The kept ones are embedded in one call and written in one transaction, then
+embedding, no I/O). The kept ones are embedded in one call (started before the before-store hooks
+run, which it overlaps) and written in one transaction, then
 the after-store hooks (counters, facts, triggers) run in a task that overlaps the next batch's
 embedding, so in bulk the model never waits for them.
 """
@@ -102,35 +103,50 @@ class IngestPipeline:
             errors: list[str] = []
             items.append(Pending(i, message, await self.triage(message, errors), errors))
             await yield_every(i)
-        kept = await self._records(items, results)
+        kept = await self._new_messages(items, results)
         if not kept:
             if previous is not None:
                 await previous
             return results, None
-        texts = [r.index_text for item in kept for r in item.records]
-        embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(texts))
+        for item in kept:
+            item.records = [self.episode(item.message, item.decision)]
+        # The episodes' texts are known now: the model embeds them while the before-store hooks
+        # run. A hook may add records (a scene) or change what an episode embeds; those texts are
+        # embedded afterwards, so every record gets the vector of its own text.
+        early_texts = list(dict.fromkeys(item.records[0].index_text for item in kept))
+        early: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(early_texts))
+        later: asyncio.Future[np.ndarray] | None = None
         try:
+            await asyncio.sleep(0)  # hand the texts to the model before the hooks hold the loop
+            for n, item in enumerate(kept):
+                await yield_every(n)
+                await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
+            texts = [r.index_text for item in kept for r in item.records]
+            embedded = set(early_texts)
+            rest = sorted({text for text in texts if text not in embedded})
+            if rest:
+                later = asyncio.ensure_future(self.memory.embedder.embed(rest))
             if previous is not None:
                 await previous
-            vectors = await embedding
+            by_text = dict(zip(early_texts, await early, strict=True))
+            if later is not None:
+                by_text.update(zip(rest, await later, strict=True))
         finally:
-            if not embedding.done():
-                embedding.cancel()
-        offset = 0
+            for future in (early, later):
+                if future is not None and not future.done():
+                    future.cancel()
         for item in kept:
-            item.vectors = vectors[offset : offset + len(item.records)]
-            offset += len(item.records)
+            item.vectors = np.vstack([by_text[r.index_text] for r in item.records])
         written = await self._write(kept, results)
         return results, asyncio.ensure_future(self._after_store(written, results))
 
-    async def _records(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
-        """What each message leaves (the episode, plus what ``narrmem_before_store`` adds), or its
-        result when it leaves nothing: ignored, or already stored."""
+    async def _new_messages(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
+        """The messages that will leave memories; the others get their result: ignored, or
+        already stored."""
         kept: list[Pending] = []
         seen: set[MessageKey] = set()
         stored = await self._already_stored(items)
         for item in items:
-            await yield_every(item.index)
             if item.decision.layer == "ignore":
                 results[item.index] = IngestResult(
                     message_id=item.message.message_id,
@@ -143,8 +159,6 @@ class IngestPipeline:
                 results[item.index] = duplicate(item.message, item.decision)
             else:
                 seen.add(item.key)
-                item.records = [self.episode(item.message, item.decision)]
-                await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
                 kept.append(item)
         return kept
 

@@ -12,7 +12,7 @@ then sees only relevant hits (the hippocampus reinforces a few of them).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -34,9 +34,15 @@ EXPLAINED_PER_HIT = 4
 async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
     embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(memory.embedder.embed([request.query]))
     try:
+        # One turn of the loop hands the query to the model's thread before the early sources'
+        # synchronous work (query parsing, the first statement) holds the loop.
+        await asyncio.sleep(0)
         early = await memory.host.call("narrmem_recall_prefetch", memory=memory, request=request)
-        # The query is usually still being embedded: read what the early sources found meanwhile.
-        records = await memory.store.get(sorted({c.memory_id for b in early for c in b}), request.scope)
+        # The query is usually still being embedded: read what the early sources found, and
+        # their vectors (the similarity of a memory found by keywords alone), meanwhile.
+        early_ids = sorted({c.memory_id for b in early for c in b})
+        records = await memory.store.get(early_ids, request.scope)
+        early_vectors = await memory.store.vectors(early_ids, request.scope) if early_ids else {}
         [query_vector] = await embedding
     finally:
         if not embedding.done():
@@ -62,7 +68,7 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
     )
     fused = dict(ranking)
     top = [mid for mid, _ in weighted[: request.k * EXPLAINED_PER_HIT] if mid in records]
-    dense = await _similarities(memory, request, query_vector, candidates, top)
+    dense = await _similarities(memory, request, query_vector, candidates, top, early_vectors)
     now_values = await memory.importance_now([records[mid] for mid in top])
     explain = _Explainer(memory, request, candidates, memory.clock.now())
     excluded = set(request.exclude_message_ids)
@@ -108,15 +114,18 @@ async def _similarities(
     query_vector: np.ndarray,
     candidates: Sequence[Candidate],
     ids: Sequence[int],
+    read: Mapping[int, np.ndarray],
 ) -> dict[int, float]:
     """Cosine similarity of the query to each memory: the vector source already measured most of
-    them; the rest (found by keywords alone) have their stored vector read."""
+    them; the rest (found by other sources alone) have their stored vector taken from ``read``
+    (read while the query was embedded) or read now."""
     known = {c.memory_id: float(c.score) for c in candidates if c.source == "vector"}
-    missing = [mid for mid in ids if mid not in known]
+    missing = [mid for mid in ids if mid not in known and mid not in read]
+    vectors = {mid: read[mid] for mid in ids if mid not in known and mid in read}
     if missing:
-        vectors = await memory.store.vectors(missing, request.scope)
-        for mid, vector in vectors.items():
-            known[mid] = float(np.dot(np.asarray(vector, dtype=np.float32), query_vector))
+        vectors.update(await memory.store.vectors(missing, request.scope))
+    for mid, vector in vectors.items():
+        known[mid] = float(np.dot(np.asarray(vector, dtype=np.float32), query_vector))
     return {mid: known[mid] for mid in ids if mid in known}
 
 

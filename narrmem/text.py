@@ -10,9 +10,12 @@ _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\u3040-\u30ff\uac00-\ud7af"
 _CJK_RUN = re.compile(f"[{_CJK}]+")
 _WORD = re.compile(rf"[^\W_{_CJK}]+", re.UNICODE)
 _CJK_CHAR = re.compile(f"[{_CJK}]")
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+")  # what _WORD matches in ASCII text, found faster
 
 
 def cjk_count(text: str) -> int:
+    if text.isascii():  # most chat text: no scan needed
+        return 0
     return len(_CJK_CHAR.findall(text))
 
 
@@ -36,6 +39,8 @@ def cjk_bigrams(run: str) -> list[str]:
 
 def keyword_terms(text: str) -> list[str]:
     """Lower-cased word tokens plus CJK bigrams, in order."""
+    if text.isascii():
+        return _ASCII_WORD.findall(text.lower())
     terms: list[str] = []
     pos = 0
     for match in _CJK_RUN.finditer(text):

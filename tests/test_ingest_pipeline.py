@@ -110,3 +110,57 @@ async def test_a_failed_embedding_leaves_nothing_of_the_batches_after_it(tmp_pat
     # failed, and nothing of it was written.
     assert {"g8", "g9", "g10", "g11"}.isdisjoint(kept)
     assert {"g0", "g4"} <= kept
+
+
+class Rewriter:
+    """A before-store hook that changes what the episode embeds and adds a record of its own,
+    slowly (it waits on I/O), noting when it ran."""
+
+    def __init__(self) -> None:
+        self.ran: list[float] = []
+
+    @hookimpl
+    async def narrmem_before_store(self, message: Message, records: list[Any]) -> None:
+        self.ran.append(time.perf_counter())
+        await asyncio.sleep(0.1)
+        episode = records[0]
+        if "rewrite" in message.text:
+            episode.embed_text = f"rewritten: {message.text}"
+        records.append(episode.model_copy(update={"kind": "note", "embed_text": f"note on {message.text}"}))
+        self.ran.append(time.perf_counter())
+
+
+class TimedEmbedder(SlowEmbedder):
+    def __init__(self) -> None:
+        super().__init__(seconds=0.1)
+        self.calls: list[tuple[float, list[str]]] = []
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append((time.perf_counter(), list(texts)))
+        return await super().embed(texts)
+
+
+@pytest.mark.asyncio
+async def test_episodes_embed_while_the_before_store_hooks_run_and_every_record_gets_its_own_vector(
+    tmp_path: Path,
+) -> None:
+    """The model starts on the episodes' texts before the hooks finish; a text a hook changed or
+    added is embedded afterwards, so no record keeps a vector of a text it does not hold."""
+    embedder = TimedEmbedder()
+    rewriter = Rewriter()
+    settings: dict[str, Any] = {"embedder": {"backend": "slow"}, "storage": {"batch_size": 8}}
+    batch = messages(2)
+    batch[1]["text"] = "Please rewrite the garden plan: tomatoes go by the fence on Elm street."
+    async with open_memory(tmp_path / "m", plugins=[Plugins(embedder), rewriter], **settings) as mem:
+        results = await mem.ingest_many(batch)
+        assert all(r.stored for r in results)
+        first_start, first_texts = embedder.calls[0]
+        assert first_start < rewriter.ran[-1]  # the model was at work while the hooks ran
+        assert len(first_texts) == 2 and all(" said, " in t for t in first_texts)
+        records = [r for result in results for r in result.records]
+        assert len(records) == 4
+        vectors = await mem.store.vectors([r.id for r in records if r.id is not None], Scope(user_id="ann"))
+        for record in records:
+            assert record.id is not None
+            assert np.allclose(vectors[record.id], embedder.vector(record.index_text))
+        assert records[2].index_text.startswith("rewritten: ")
