@@ -14,8 +14,13 @@ Two readings, each a rule about how people ask rather than about any particular 
 * **What comes next.** A question about the future ("which book do we read next?", "what is she going
   to do?") is answered by a memory that speaks of the future ("next month's pick should be…", "I
   plan to…"): memories with no word of the future get ``future_factor``.
+* **A pattern answers how someone feels.** A scene that counts a repeated mood ("said 'tired' 3 times
+  this week", ``meta["type"] == "pattern"``) answers a question about feelings; to any other
+  question it is a name and a mood word that match without answering, so it gets
+  ``pattern_factor`` unless the question speaks of feelings (a mood triage knows, or feel, mood,
+  emotion, 心情, 感觉, 情绪).
 
-Both only lower scores (factors in [0, 1], through ``narrmem_weigh``, so ``Hit.why.importance_factor``
+All only lower scores (factors in [0, 1], through ``narrmem_weigh``, so ``Hit.why.importance_factor``
 includes them), and a factor of 1 turns a reading off: ``[plugin.recall_intent]`` options. The
 defaults were chosen on the LoCoMo tuning conversations and kept because they raised recall on the
 validation conversations too (see the README's Benchmarks).
@@ -26,6 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from narrmem_plugins.triage.emotions import emotions_in
 from narrmem_plugins.triage.language import has_cjk
 from pydantic import BaseModel, ConfigDict
 
@@ -44,6 +50,11 @@ _FUTURE = re.compile(
     r"|'ll\b|’ll\b|下个|下周|下次|明天|明年|打算|计划|将要",
     re.IGNORECASE,
 )
+_FEELINGS = re.compile(
+    r"\b(?:feel|feels|feeling|feelings|felt|mood|moods|emotion|emotions|emotional)\b|心情|感觉|情绪",
+    re.IGNORECASE,
+)
+PATTERN_TYPE = "pattern"  # meta["type"] of the scenes triage writes for a repeated mood
 _NOT_NAMES = frozenset(
     {
         "i",
@@ -92,6 +103,10 @@ class IntentOptions(BaseModel):
         0.5,
         "score factor for memories that speak of no future, when a question asks what comes next",
     )
+    pattern_factor: float = share(
+        0.5,
+        "score factor for a scene counting a repeated mood, when a question does not speak of feelings",
+    )
 
 
 class RecallIntent(Configured[IntentOptions], name=NAME, options=IntentOptions):
@@ -103,6 +118,7 @@ class RecallIntent(Configured[IntentOptions], name=NAME, options=IntentOptions):
             unnamed_speaker_factor=self.options.unnamed_speaker_factor,
             nameless_answer_factor=self.options.nameless_answer_factor,
             future_factor=self.options.future_factor,
+            pattern_factor=self.options.pattern_factor,
         )
 
 
@@ -146,6 +162,7 @@ def intent_factors(
     unnamed_speaker_factor: float,
     nameless_answer_factor: float,
     future_factor: float = 1.0,
+    pattern_factor: float = 1.0,
 ) -> dict[int, float]:
     """A factor in [0, 1] per memory id that one of the readings lowers (the rest keep 1)."""
     factors: dict[int, float] = {}
@@ -164,7 +181,16 @@ def intent_factors(
         for memory_id, record in records.items():
             if not _FUTURE.search(_said(record)):
                 factors[memory_id] = factors.get(memory_id, 1.0) * future_factor
+    if pattern_factor < 1 and not asks_about_feelings(query):
+        for memory_id, record in records.items():
+            if record.meta.get("type") == PATTERN_TYPE:
+                factors[memory_id] = factors.get(memory_id, 1.0) * pattern_factor
     return factors
+
+
+def asks_about_feelings(query: str) -> bool:
+    """Whether the question speaks of feelings: a mood triage counts, or a word for feelings."""
+    return bool(_FEELINGS.search(query) or emotions_in(query))
 
 
 def _said(record: MemoryRecord) -> str:
