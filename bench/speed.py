@@ -28,7 +28,9 @@ What is measured, in this order (all times with ``time.perf_counter``):
    indexes, HNSW included, built after loading), whose rate is reported; the bulk-ingest figures of
    step 1 come from a database of their own.
 3. At each size, ``--samples`` single ``mem.ingest`` calls of messages triage ignores and of messages it
-   stores (each stored one embeds one text); then ``--samples`` ``mem.recall(query, user_id=..., k=--k)``
+   stores (each stored one embeds one text, and after each the embedding of that text, ``Ann said,
+   "…"``, is timed alone: the model's share of the ingest, reported as ``own_embedding``); then
+   ``--samples`` ``mem.recall(query, user_id=..., k=--k)``
    calls (query embedding included) for two user scopes: the heavy user and a typical user, with their
    memory counts in the output; the first recall after the stores above (the scope-id cache is cold) is
    reported on its own, and so is recall right after a write to the same user (``--samples`` / 4 pairs of
@@ -90,6 +92,7 @@ from _common import (
 from tqdm import tqdm
 
 from narrmem import IngestResult, Memory, MemoryRecord, Message, Scope, Settings, load_settings
+from narrmem.ingest import attributed
 
 PG_INDEX_KEYS = ("index", "hnsw_m", "hnsw_ef_construction", "hnsw_ef_search")
 ANN_QUERIES = 50  # queries for the PostgreSQL index's recall against exact search
@@ -354,7 +357,10 @@ async def fill(
 
 
 async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> dict[str, Any]:
+    """Single ingests. For stored messages, each is followed by one embedding of the text its
+    episode embeds (``Ann said, "…"``), timed alone: the model's share of that ingest."""
     durations: list[float] = []
+    own: list[float] = []
     layers: Counter[str] = Counter()
     for _ in range(n):
         text = pop.gen.acknowledgement() if ignored else pop.gen.content()
@@ -365,7 +371,13 @@ async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> di
         layers[result.layer] += 1
         if result.stored:
             pop.counts[message.user_id] += 1
-    return {**latency_summary(durations), "layers": dict(layers)}
+            start = time.perf_counter()
+            await mem.embedder.embed([attributed(message)])
+            own.append(time.perf_counter() - start)
+    out: dict[str, Any] = {**latency_summary(durations), "layers": dict(layers)}
+    if own:
+        out["own_embedding"] = latency_summary(own)
+    return out
 
 
 async def time_recall(mem: Memory, pop: Population, person: Person, n: int, k: int) -> dict[str, Any]:
@@ -718,6 +730,28 @@ def print_report(report: dict[str, Any]) -> None:
                     b[stage]["samples"],
                 ]
             )
+    ratio_rows = []
+    for size, row in report["by_size"].items():
+        query = row["breakdown_heavy_user"]["embed_query"]["p50_ms"]
+        stored = row["ingest_stored"]
+        own = stored.get("own_embedding", {}).get("p50_ms")
+        ratio_rows.append(
+            [
+                f"{int(size):,}",
+                stored["p50_ms"] / query,
+                row["recall_heavy_user"]["p50_ms"] / query,
+                own,
+                stored["p50_ms"] / own if own else None,
+            ]
+        )
+    print("\nRatios of p50s: to one query embedding, and a stored message to the embedding of its own text")
+    print(
+        render_table(
+            ["memories", "stored / query emb.", "heavy recall / query emb.", "own emb. ms", "stored / own"],
+            ratio_rows,
+            digits=2,
+        )
+    )
     print("\nLatency (ms); scope = memories of the user searched")
     print(render_table(["memories", "operation", "scope", "p50", "p95", "p99", "mean", "n"], rows, digits=2))
     stall_rows = [
