@@ -21,7 +21,7 @@ from narrmem import Memory, Scope, TriageDecision, hookimpl
 from narrmem.doors.transfer import export_jsonl, import_jsonl
 from narrmem.models import MAX_QUERY_CHARS
 from narrmem.testing import open_memory
-from narrmem.text import fts_document
+from narrmem.text import cjk_count, fts_document, keyword_terms
 
 PROFILE = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -273,3 +273,11 @@ def test_utc_timestamps_keep_their_offset(runner: Runner, tmp_path: Path) -> Non
         assert record.created_at.utcoffset() == timedelta(0)
     finally:
         runner.run(mem.close())
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=80))
+def test_ascii_text_takes_the_fast_path_to_the_same_keyword_terms(text: str) -> None:
+    """ASCII text skips the Unicode scan; a CJK character after it sends the same text down the
+    general path, which must find the same words before it."""
+    assert keyword_terms(text + " 中") == [*keyword_terms(text), "中"]
+    assert cjk_count(text) == 0
