@@ -130,7 +130,9 @@ def narrmem_before_store(
 
     ``records`` starts with the episode (the raw message with its provenance). Plugins may
     edit the records in place (``embed_text``, ``importance``, ``meta``) or append new ones
-    (a scene, a fact) that are written in the same transaction. Nothing is stored yet.
+    (a scene, a fact) that are written in the same transaction. Nothing is stored yet. The
+    episode's text is already being embedded while this hook runs; a text a plugin changes or
+    adds is embedded after it, so every record is stored with the vector of its own text.
     """
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from narrmem_plugins.triage.counters import PATTERN_TYPE
 from narrmem_plugins.triage.emotions import emotions_in
 from narrmem_plugins.triage.language import has_cjk
 from pydantic import BaseModel, ConfigDict
@@ -54,7 +55,6 @@ _FEELINGS = re.compile(
     r"\b(?:feel|feels|feeling|feelings|felt|mood|moods|emotion|emotions|emotional)\b|心情|感觉|情绪",
     re.IGNORECASE,
 )
-PATTERN_TYPE = "pattern"  # meta["type"] of the scenes triage writes for a repeated mood
 _NOT_NAMES = frozenset(
     {
         "i",

@@ -33,6 +33,7 @@ _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 SAME_SCENE = 0.95  # cosine above which a later scene restates an earlier one
 MAX_IMPACTS = 3  # the Impact field keeps the latest few consequences
 CJK_TOPIC_SIMILARITY = 0.3
+PATTERN_TYPE = "pattern"  # meta["type"] of the scene a repeated mood becomes
 _MOOD_WORDS = {
     "tired": "tired",
     "stressed": "stressed",
@@ -154,7 +155,7 @@ class Counters:
             importance=0.6,
             stored_at=memory.clock.now(),
             message_ids=[mid for r in said for mid in r.message_ids],
-            meta={"type": "pattern"},
+            meta={"type": PATTERN_TYPE},
         )
         vectors = await memory.embedder.embed([scene.index_text])
         await memory.store.add([scene], vectors)
@@ -279,14 +280,14 @@ class Counters:
         a bonus when the two cores share a content word ("friends"); the best score above
         ``link_similarity`` wins.
         """
-        if scene.meta.get("type") == "pattern":
+        if scene.meta.get("type") == PATTERN_TYPE:
             return
         own_words = set(topic_words([_core(scene)], limit=20, names=self.options.names))
         scored = []
         for record, similarity in await _scored_scenes(
             memory, scene, vector, chat, self.options.link_similarity - 0.15
         ):
-            if record.meta.get("type") == "pattern" or SceneDraft.of(record) is None:
+            if record.meta.get("type") == PATTERN_TYPE or SceneDraft.of(record) is None:
                 continue
             if similarity >= SAME_SCENE:
                 continue  # a restatement, not a moment that builds on the earlier one
