@@ -35,6 +35,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem.models import Candidate, MemoryRecord
@@ -163,15 +164,14 @@ def answer_scores(
         window_minutes=weights.window_minutes,
         source_weights=source_weights,
     )
-    coefficients = [getattr(weights, name) for name in SIGNALS]
-    scored = [
-        (
-            mid,
-            _sigmoid(weights.bias + sum(w * x for w, x in zip(coefficients, values, strict=True)))
-            ** weights.exponent,
-        )
-        for mid, values in signals.items()
-    ]
+    if not signals:
+        return []
+    # One matrix product for all candidates: the per-candidate sums in Python were a tenth of a
+    # recall's own work.
+    coefficients = np.array([getattr(weights, name) for name in SIGNALS], dtype=np.float64)
+    z = weights.bias + np.array(list(signals.values()), dtype=np.float64) @ coefficients
+    estimates = np.exp(-np.logaddexp(0.0, -z)) ** weights.exponent  # sigmoid, without overflow
+    scored = zip(signals, estimates.tolist(), strict=True)
     return sorted(scored, key=lambda item: (-item[1], item[0]))
 
 
@@ -196,10 +196,3 @@ def _window_sums(
             high += 1
         sums[mid] = max(0.0, prefix[high + 1] - prefix[low] - score)
     return sums
-
-
-def _sigmoid(z: float) -> float:
-    if z >= 0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)

@@ -26,6 +26,7 @@ from narrmem_plugins.storage_postgres.sql import PostgresSQL
 from pgvector import Vector
 from pgvector.asyncpg import register_vector
 
+from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow
@@ -876,7 +877,7 @@ def _scope_clause(scope: Scope, alias: str = "", *, start: int = 1) -> tuple[str
 
 
 def _record(row: Sequence[Any]) -> MemoryRecord:
-    return MemoryRecord.model_construct(
+    return MemoryRecord.trusted(
         id=int(row[0]),
         kind=row[1],
         tenant=row[2],
@@ -888,8 +889,8 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         importance=float(row[8]),
         created_at=datetime.fromisoformat(row[9]),
         stored_at=datetime.fromisoformat(row[10]) if row[10] else None,
-        message_ids=json.loads(row[11]),
-        meta=json.loads(row[12]),
+        message_ids=jsonio.loads(row[11]),
+        meta=jsonio.loads(row[12]),
         context_text=unesc(row[13]),
         reinforced_at=datetime.fromisoformat(row[14]) if row[14] else None,
     )

@@ -28,6 +28,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
     VectorIndex,
 )
 
+from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow
@@ -1051,8 +1052,8 @@ def _scope_clause(scope: Scope, alias: str = "", *, by_id: bool = False) -> tupl
 
 def _record(row: Sequence[Any]) -> MemoryRecord:
     # Every row was validated as a MemoryRecord on its way in; validating it again on each read
-    # was most of the cost of a recall.
-    return MemoryRecord.model_construct(
+    # was most of the cost of a recall, and model_construct's defaulting most of what was left.
+    return MemoryRecord.trusted(
         id=row[0],
         kind=row[1],
         tenant=row[2],
@@ -1064,8 +1065,8 @@ def _record(row: Sequence[Any]) -> MemoryRecord:
         importance=row[8],
         created_at=datetime.fromisoformat(row[9]),
         stored_at=datetime.fromisoformat(row[10]) if row[10] else None,
-        message_ids=json.loads(row[11]),
-        meta=json.loads(row[12]),
+        message_ids=jsonio.loads(row[11]),
+        meta=jsonio.loads(row[12]),
         context_text=row[13],
         reinforced_at=datetime.fromisoformat(row[14]) if row[14] else None,
     )
