@@ -259,6 +259,7 @@ async def bulk_ingest(
     mixed = [pop.message(pop.gen.message(ack_share=0.2), prefix="mixed") for _ in range(n)]
     mixed_s, mixed_results = await _timed_ingest_many(mem, mixed)
     pop.counts.update(m.user_id for m, x in zip(mixed, mixed_results, strict=True) if x.stored)
+    during = await recall_during_ingest_many(mem, pop, n)
 
     stalls = LoopStallMonitor()
     stalls.late = list(STALLS)
@@ -278,7 +279,28 @@ async def bulk_ingest(
         "mixed_messages": n,
         "mixed_ignored": sum(x.layer == "ignore" for x in mixed_results),
         "mixed_ingest_many_per_s": n / mixed_s,
+        "recall_during_ingest_many": during,
     }
+
+
+async def recall_during_ingest_many(mem: Memory, pop: Population, n: int) -> dict[str, Any]:
+    """A bot that answers while an import runs: the typical user's recalls, one every 50 ms, while
+    ``ingest_many`` of ``n`` new messages embeds them in batches."""
+    messages = [pop.message(t, prefix="during") for t in pop.gen.unique_contents(n)]
+    person = pop.typical
+    importing = asyncio.ensure_future(mem.ingest_many(messages))
+    durations: list[float] = []
+    await asyncio.sleep(0.1)
+    while not importing.done():
+        query = pop.gen.query()
+        start = time.perf_counter()
+        await mem.recall(query, user_id=person.user_id, k=10)
+        durations.append(time.perf_counter() - start)
+        await asyncio.sleep(0.05)
+    results = await importing
+    pop.counts.update(m.user_id for m, x in zip(messages, results, strict=True) if x.stored)
+    stored = sum(x.stored for x in results)
+    return {"user_id": person.user_id, "messages": n, "stored": stored, **latency_summary(durations)}
 
 
 STALLS: list[float] = []  # event-loop lateness seen during every ingest_many of the run
@@ -671,6 +693,14 @@ def print_report(report: dict[str, Any]) -> None:
                 [
                     f"ingest_many, mixed, {bulk['mixed_ignored']}/{bulk['mixed_messages']} ignored (msg/s)",
                     bulk["mixed_ingest_many_per_s"],
+                ],
+                *[
+                    [
+                        f"recall p50 / p95 / max while ingest_many runs ({during['samples']} recalls, ms)",
+                        f"{during['p50_ms']:.1f} / {during['p95_ms']:.1f} / {during['max_ms']:.1f}",
+                    ]
+                    for during in [bulk.get("recall_during_ingest_many")]
+                    if during and during.get("samples")
                 ],
                 *[
                     [

@@ -1,20 +1,20 @@
 """The embedder interface and the default sentence-transformers embedder.
 
-Embedding is CPU work, so it runs on a dedicated single-thread executor: the event loop
-never waits on the model, and calls into the model never overlap.
+Embedding is CPU work, so it runs on the model's own thread (:mod:`narrmem.model_thread`): the
+event loop never waits on the model, calls into the model never overlap, and a short request (a
+query) does not wait behind a long one (an import's batch).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from narrmem.errors import ConfigError
+from narrmem.model_thread import SLICE_TEXTS, ModelThread
 
 
 @runtime_checkable
@@ -77,12 +77,11 @@ class SentenceTransformerEmbedder:
         self.batch_size = batch_size
         self.device = device
         self._model: Any = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-embed")
+        self._model_thread = ModelThread("narrmem-embed", slice_texts=max(SLICE_TEXTS, batch_size))
 
     async def start(self) -> None:
         if self._model is None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, self._load)
+            await self._model_thread.call(self._load)
 
     def _load(self) -> None:
         # Never reach for a hub: the weights are on disk.
@@ -116,8 +115,7 @@ class SentenceTransformerEmbedder:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._encode, list(texts))
+        return await self._model_thread.embed(self._encode, texts)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        await self._model_thread.close()

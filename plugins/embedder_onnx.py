@@ -15,13 +15,11 @@ int8 and opens a store of float32 vectors with float32.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from narrmem import hookimpl
 from narrmem.config import Settings
 from narrmem.embed import resolve_model
 from narrmem.errors import ConfigError
+from narrmem.model_thread import SLICE_TEXTS, ModelThread
 
 log = logging.getLogger("narrmem.onnx")
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
@@ -60,7 +59,7 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self._session: Any = None
         self._tokenizer: Any = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-onnx")
+        self._model_thread = ModelThread("narrmem-onnx", slice_texts=max(SLICE_TEXTS, batch_size))
 
     def _use(self, quantize: str) -> None:
         self.quantize = quantize
@@ -83,7 +82,7 @@ class OnnxEmbedder:
 
     async def start(self) -> None:
         if self._session is None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+            await self._model_thread.call(self._load)
 
     def _load(self) -> None:
         import onnxruntime
@@ -137,10 +136,10 @@ class OnnxEmbedder:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, list(texts))
+        return await self._model_thread.embed(self._encode, texts)
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        await self._model_thread.close()
 
 
 def weights_digest(weights: Path, cache_dir: Path) -> str:
