@@ -1,15 +1,19 @@
-"""The fast read path of stored rows: ``trusted`` models and the JSON columns' parser."""
+"""The fast read path of stored rows: ``trusted`` models, the JSON columns' parser, and the inner
+products of stored vectors with a query."""
 
 from __future__ import annotations
 
 import json
 import math
 from datetime import UTC, datetime
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from narrmem import jsonio
 from narrmem.models import Candidate, MemoryRecord
+from narrmem.products import inner_products
 
 
 def _fields() -> dict[str, object]:
@@ -68,3 +72,17 @@ def test_json_the_fast_parser_refuses_is_still_read() -> None:
     # json.dumps writes NaN and lone surrogates by default; what it wrote must stay readable.
     assert math.isnan(jsonio.loads(json.dumps({"x": float("nan")}))["x"])
     assert jsonio.loads(json.dumps("\ud800")) == "\ud800"
+
+
+def test_inner_products_are_numpy_s_without_its_thread_pool(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(2_000, 384)).astype(np.float32)
+    query = rng.normal(size=384).astype(np.float32)
+    path = tmp_path / "rows.f32"
+    rows.tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r", shape=rows.shape)  # read in place
+    np.testing.assert_allclose(inner_products(mapped, query), rows @ query, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(inner_products(rows[::2], query), rows[::2] @ query, rtol=1e-4, atol=1e-3)
+    assert inner_products(rows[:0], query).shape == (0,)
+    with pytest.raises(ValueError, match="shape"):
+        inner_products(rows, query[:100])

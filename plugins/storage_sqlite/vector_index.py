@@ -36,6 +36,8 @@ import numpy as np
 from narrmem_plugins.storage_sqlite import index_folder, mapped
 from narrmem_plugins.storage_sqlite.vector_rows import VectorRows
 
+from narrmem.products import inner_products
+
 log = logging.getLogger("narrmem.storage_sqlite")
 
 BUCKETS = 64
@@ -202,7 +204,11 @@ class Shard:
         return rows
 
     def _search_exact(self, query: np.ndarray, k: int, rows: np.ndarray | None) -> list[tuple[int, float]]:
-        scores = self.vectors.scores(query, self.n) if rows is None else self.vectors.take(rows) @ query
+        scores = (
+            self.vectors.scores(query, self.n)
+            if rows is None
+            else inner_products(self.vectors.take(rows), query)
+        )
         if not len(scores):
             return []
         k = min(k, len(scores))

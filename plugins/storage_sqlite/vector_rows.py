@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from narrmem.products import inner_products
+
 EMPTY_CAPACITY = 16
 
 
@@ -80,9 +82,9 @@ class VectorRows:
     def scores(self, query: np.ndarray, n: int) -> np.ndarray:
         """Inner products of rows ``0..n`` with ``query``, without copying the mapped rows."""
         mapped = min(n, len(self.base))
-        parts = [np.asarray(self.base[:mapped]) @ query] if mapped else []
+        parts = [inner_products(np.asarray(self.base[:mapped]), query)] if mapped else []
         if n > mapped:
-            parts.append(self.tail[: n - mapped] @ query)
+            parts.append(inner_products(self.tail[: n - mapped], query))
         if not parts:
             return np.zeros(0, dtype=np.float32)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -27,6 +27,7 @@ from narrmem import hookimpl
 from narrmem.config import Settings
 from narrmem.configured import Configured
 from narrmem.models import MemoryRecord, Message, PatternCount, SceneDraft, Scope, TriageDecision
+from narrmem.products import inner_products
 from narrmem.view import MemoryView
 
 NAME = "triage"
@@ -122,7 +123,7 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
 
     def _prototype_similarity(self, scene_type: str, vector: np.ndarray) -> float:
         assert self._prototypes is not None
-        return float(np.max(self._prototypes[scene_type] @ vector))
+        return float(np.max(inner_products(self._prototypes[scene_type], vector)))
 
     async def _load_prototypes(self, memory: MemoryView) -> None:
         if self._prototypes is None:
