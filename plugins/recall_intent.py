@@ -47,7 +47,9 @@ _WORD = re.compile(r"[^\W\d_][\w'’-]*")
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|\n+")
 _NAME_QUESTION = frozenset({"where", "who", "whom", "which"})
 _FUTURE = re.compile(
-    r"\b(?:next|upcoming|will|going to|gonna|plan|plans|planning|planned|soon|tomorrow|future|someday)\b"
+    r"\b(?:next|upcoming|will|gonna|plan|plans|planning|planned|soon|tomorrow|future|someday)\b"
+    # "going to" + a verb is the future; "going to the park" is a trip.
+    r"|\bgoing to\b(?!\s+(?:a|an|the|my|your|his|her|our|their|this|that|these|those|some)\b)"
     r"|'ll\b|’ll\b|下个|下周|下次|明天|明年|打算|计划|将要",
     re.IGNORECASE,
 )

@@ -87,6 +87,13 @@ def test_a_question_about_what_comes_next_lowers_memories_without_a_future() -> 
     assert factors("What do they read?", records) == {}
 
 
+def test_going_to_a_place_is_a_trip_not_the_future() -> None:
+    records = {1: record("I'm going to start a book club.", "Bob"), 2: record("We went camping.", "Bob")}
+    assert factors("What is Bob going to do?", records) == {2: 0.9}
+    assert factors("Would Bob enjoy going to a national park?", records) == {}
+    assert factors("Is Bob going to the beach with his kids?", records) == {}
+
+
 def test_readings_multiply() -> None:
     records = {1: record("I read on the treadmill.", "Bob"), 2: record("I will read Piranesi.", "Alice")}
     assert factors("Which book will Alice read?", records) == {1: 0.8 * 0.7 * 0.9}
