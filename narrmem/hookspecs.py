@@ -197,6 +197,8 @@ def narrmem_recall_candidates(
 ) -> list[Candidate] | None:
     """Propose memories for a query, each with its rank in this source.
 
+    Called as soon as the query is embedded, whether or not the early sources
+    (``narrmem_recall_prefetch``) have finished: the two run side by side.
     Every implementation must filter by ``request.scope`` in its query (never by ranking):
     a candidate outside the scope is a leak. ``query_vector`` is the normalized query
     embedding. The host also re-checks the scope when it loads the records.

@@ -32,24 +32,23 @@ EXPLAINED_PER_HIT = 4
 
 
 async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
-    embedding: asyncio.Future[np.ndarray] = asyncio.ensure_future(memory.embedder.embed([request.query]))
+    # Two chains run side by side: the query's embedding and then the sources that need its
+    # vector, and the early sources (keywords) and then the rows and vectors of what they found.
+    # On a large store either may be the longer one; neither waits for the other to start.
+    with_vector = asyncio.ensure_future(_vector_candidates(memory, request))
     try:
         # One turn of the loop hands the query to the model's thread before the early sources'
         # synchronous work (query parsing, the first statement) holds the loop.
         await asyncio.sleep(0)
         early = await memory.host.call("narrmem_recall_prefetch", memory=memory, request=request)
-        # The query is usually still being embedded: read what the early sources found, and
-        # their vectors (the similarity of a memory found by keywords alone), meanwhile.
         early_ids = sorted({c.memory_id for b in early for c in b})
         records = await memory.store.get(early_ids, request.scope)
+        # The similarity of a memory found by keywords alone needs its stored vector.
         early_vectors = await memory.store.vectors(early_ids, request.scope) if early_ids else {}
-        [query_vector] = await embedding
+        query_vector, proposals = await with_vector
     finally:
-        if not embedding.done():
-            embedding.cancel()
-    proposals = await memory.host.call(
-        "narrmem_recall_candidates", memory=memory, request=request, query_vector=query_vector
-    )
+        if not with_vector.done():
+            with_vector.cancel()
     candidates: list[Candidate] = [c for batch in (*proposals, *early) for c in batch]
     missing = sorted({c.memory_id for c in candidates} - records.keys())
     if missing:
@@ -93,6 +92,17 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
         hits.append(_hit(record, score, why, now_values.get(mid, record.importance), request))
     await memory.host.call("narrmem_after_recall", memory=memory, request=request, hits=hits, records=records)
     return hits
+
+
+async def _vector_candidates(
+    memory: Memory, request: RecallRequest
+) -> tuple[np.ndarray, list[list[Candidate]]]:
+    """The query's vector and what the sources that need it propose."""
+    [query_vector] = await memory.embedder.embed([request.query])
+    proposals = await memory.host.call(
+        "narrmem_recall_candidates", memory=memory, request=request, query_vector=query_vector
+    )
+    return query_vector, proposals
 
 
 async def _importance_factors(

@@ -360,6 +360,36 @@ async def test_raising_recall_source_still_returns_other_sources_hits(memory_fac
     assert [(p, h) for p, h, _ in recorder.reports] == [("raiser", hook)]
 
 
+async def test_vector_sources_run_while_the_early_sources_are_still_working(memory_factory: Any) -> None:
+    """The query's vector and the sources that need it do not wait for the early (keyword) chain:
+    an early source that waits for a vector source to have run is not a deadlock."""
+
+    class Waiter:
+        narrmem_name = "waiter"
+
+        def __init__(self) -> None:
+            self.vector_sources_ran = asyncio.Event()
+            self.waited = False
+
+        @hookimpl
+        async def narrmem_recall_prefetch(self) -> list[Any]:
+            await asyncio.wait_for(self.vector_sources_ran.wait(), timeout=10)
+            self.waited = True
+            return []
+
+        @hookimpl
+        def narrmem_recall_candidates(self) -> list[Any]:
+            self.vector_sources_ran.set()
+            return []
+
+    waiter, recorder = Waiter(), ErrorRecorder()
+    mem = await memory_factory(plugins=[waiter, recorder])
+    await mem.ingest(msg("1", "I adopted a greyhound named Pixel"))
+    hits = await mem.recall("greyhound", user_id="u1")
+    assert waiter.waited and recorder.reports == []
+    assert [h.message_ids for h in hits] == [["1"]]
+
+
 async def test_raising_error_handler_is_contained(memory_factory: Any) -> None:
     class BrokenHandler:
         narrmem_name = "broken_handler"
