@@ -34,6 +34,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from functools import lru_cache
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -131,7 +132,6 @@ def answer_signals(
     window = _window_sums(fused, {mid: records[mid].created_at for mid, _ in fused}, window_minutes)
     signals: dict[int, tuple[float, ...]] = {}
     for mid, score in fused:
-        text = records[mid].text
         signals[mid] = (
             score,
             (rrf_k + 1) / (rrf_k + 1 + vector_rank[mid]) if mid in vector_rank else 0.0,
@@ -139,11 +139,20 @@ def answer_signals(
             max(0.0, keyword_score.get(mid, 0.0)) / best_keyword,
             other.get(mid, 0.0),
             window[mid],
-            math.log1p(estimate_tokens(text)),
-            1.0 if "?" in text or "？" in text else 0.0,
-            float(min(NAMES_COUNTED, len(_NAME.findall(text)))),
+            *text_signals(records[mid].text),
         )
     return signals
+
+
+# A heavy user's recalls keep meeting the same memories: what their text says is read once.
+@lru_cache(maxsize=8192)
+def text_signals(text: str) -> tuple[float, float, float]:
+    """The signals a memory's text alone gives: log(1 + tokens), whether it asks, its names (≤ 3)."""
+    return (
+        math.log1p(estimate_tokens(text)),
+        1.0 if "?" in text or "？" in text else 0.0,
+        float(min(NAMES_COUNTED, len(_NAME.findall(text)))),
+    )
 
 
 def answer_scores(

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
-from narrmem_plugins.answer_ranking import AnswerWeights, answer_scores
+from narrmem_plugins.answer_ranking import AnswerWeights, answer_scores, text_signals
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
@@ -104,7 +104,9 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         self, memory: MemoryView, tenant: str, sources: dict[str, list[str]]
     ) -> None:
         """Scrub forgotten turns from the keyword context of the turns that followed them: other
-        speakers' rows in a group chat held those words too."""
+        speakers' rows in a group chat held those words too. The answer model's cache of texts
+        read goes too."""
+        text_signals.cache_clear()
         for chat_id, message_ids in sources.items():
             gone = set(message_ids)
             self._recent.pop((tenant, chat_id), None)

@@ -260,3 +260,14 @@ async def test_forget_empties_the_topic_counters_cache_of_message_words(tmp_path
         assert _analysed.cache_info().currsize > 0  # the counter read bob's words
         await mem.forget(user_id="bob")
     assert _analysed.cache_info().currsize == 0
+
+
+async def test_forget_empties_the_answer_models_cache_of_texts(tmp_path: Path) -> None:
+    from narrmem_plugins.answer_ranking import text_signals
+
+    async with open_memory(tmp_path / "m") as mem:
+        await mem.ingest(msg("a1", "I keep bees on the roof of the Brixton flat", user="bob"))
+        assert await mem.recall("Where are the bees kept?", user_id="bob")
+        assert text_signals.cache_info().currsize > 0  # the ranking read bob's words
+        await mem.forget(user_id="bob")
+    assert text_signals.cache_info().currsize == 0
