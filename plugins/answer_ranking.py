@@ -155,6 +155,11 @@ def text_signals(text: str) -> tuple[float, float, float]:
     )
 
 
+def forget_cached_texts() -> None:
+    """Drop every cached memory text: a forgotten memory's words must not stay in this process."""
+    text_signals.cache_clear()
+
+
 def answer_scores(
     fused: Iterable[tuple[int, float]],
     candidates: Iterable[Candidate],

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
-from narrmem_plugins.answer_ranking import AnswerWeights, answer_scores, text_signals
+from narrmem_plugins.answer_ranking import AnswerWeights, answer_scores, forget_cached_texts
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
@@ -106,7 +106,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         """Scrub forgotten turns from the keyword context of the turns that followed them: other
         speakers' rows in a group chat held those words too. The answer model's cache of texts
         read goes too."""
-        text_signals.cache_clear()
+        forget_cached_texts()
         for chat_id, message_ids in sources.items():
             gone = set(message_ids)
             self._recent.pop((tenant, chat_id), None)
