@@ -1,10 +1,10 @@
-"""The onnx embedder's float32 and int8 weights side by side: one text per call on one thread, as a
-bot embeds a question or a message, alternated in one process so that both see the same machine.
+"""The onnx embedder's float32, int8 and int7 weights side by side: one text per call on one thread,
+as a bot embeds a question or a message, alternated in one process so that all see the same machine.
 
 Questions are the speed benchmark's generated questions; stored messages are its generated
 messages in the speaker-attributed form a memory embeds (``Name said, "…"``). Also reported: how
-close the two models' vectors are (cosine) and how often they agree on a question's ten nearest
-messages.
+close each quantized model's vectors are to float32's (cosine) and how often they agree on a
+question's ten nearest messages.
 
     python bench/embedders.py [--n 200] [--seed 7] [--out bench/results/embedders.json]
 """
@@ -21,7 +21,8 @@ from _chatgen import ChatGenerator
 from _common import latency_summary, machine_info, now_iso, params_of, parser_for, publish, render_table
 from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir
 
-VARIANTS = ("none", "int8")
+VARIANTS = ("none", "int8", "int7")
+QUANTIZED = VARIANTS[1:]
 
 
 async def timed(embedder: OnnxEmbedder, texts: list[str]) -> list[float]:
@@ -46,7 +47,7 @@ async def run(n: int, seed: int, rounds: int) -> dict[str, Any]:
         times: dict[str, dict[str, list[float]]] = {v: {"question": [], "message": []} for v in VARIANTS}
         for round_ in range(rounds):
             # Alternate the order so neither variant always runs on a warmer or cooler machine.
-            order = VARIANTS if round_ % 2 == 0 else VARIANTS[::-1]
+            order = VARIANTS[round_ % len(VARIANTS) :] + VARIANTS[: round_ % len(VARIANTS)]
             for variant in order:
                 times[variant]["question"] += await timed(embedders[variant], questions)
                 times[variant]["message"] += await timed(embedders[variant], messages)
@@ -54,23 +55,25 @@ async def run(n: int, seed: int, rounds: int) -> dict[str, Any]:
     finally:
         for embedder in embedders.values():
             await embedder.close()
-    (q32, m32), (q8, m8) = vectors["none"], vectors["int8"]
-    cosines = np.concatenate([np.sum(q32 * q8, axis=1), np.sum(m32 * m8, axis=1)])
+    q32, m32 = vectors["none"]
     top32 = np.argsort(-(q32 @ m32.T), axis=1)[:, :10]
-    top8 = np.argsort(-(q8 @ m8.T), axis=1)[:, :10]
-    overlap = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top32, top8, strict=True)]))
     summary = {
         v: {kind: latency_summary(seconds) for kind, seconds in kinds.items()} for v, kinds in times.items()
     }
-    return {
-        "latency": summary,
-        "speedup_p50": {
-            kind: summary["none"][kind]["p50_ms"] / summary["int8"][kind]["p50_ms"]
+    out: dict[str, Any] = {"latency": summary, "speedup_p50": {}, "cosine": {}, "top10_agreement": {}}
+    for variant in QUANTIZED:
+        q, m = vectors[variant]
+        cosines = np.concatenate([np.sum(q32 * q, axis=1), np.sum(m32 * m, axis=1)])
+        top = np.argsort(-(q @ m.T), axis=1)[:, :10]
+        out["speedup_p50"][variant] = {
+            kind: summary["none"][kind]["p50_ms"] / summary[variant][kind]["p50_ms"]
             for kind in ("question", "message")
-        },
-        "cosine": {"min": float(cosines.min()), "mean": float(cosines.mean())},
-        "top10_agreement": overlap,
-    }
+        }
+        out["cosine"][variant] = {"min": float(cosines.min()), "mean": float(cosines.mean())}
+        out["top10_agreement"][variant] = float(
+            np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top32, top, strict=True)])
+        )
+    return out
 
 
 def show(report: dict[str, Any]) -> None:
@@ -80,15 +83,13 @@ def show(report: dict[str, Any]) -> None:
             rows.append([variant, kind, s["p50_ms"], s["p95_ms"]])
     print(render_table(["weights", "text", "p50 ms", "p95 ms"], rows, digits=2))
     results = report["results"]
-    speedup = results["speedup_p50"]
-    print(
-        f"int8 speed-up at p50: questions {speedup['question']:.2f}x, "
-        f"stored messages {speedup['message']:.2f}x"
-    )
-    print(
-        f"cosine float32 vs int8: min {results['cosine']['min']:.4f}, mean {results['cosine']['mean']:.4f}; "
-        f"top-10 agreement {results['top10_agreement']:.3f}"
-    )
+    for variant in QUANTIZED:
+        speedup, cosine = results["speedup_p50"][variant], results["cosine"][variant]
+        print(
+            f"{variant} against float32: speed-up at p50 questions {speedup['question']:.2f}x, stored "
+            f"messages {speedup['message']:.2f}x; cosine min {cosine['min']:.4f}, mean {cosine['mean']:.4f}; "
+            f"top-10 agreement {results['top10_agreement'][variant]:.3f}"
+        )
 
 
 def main() -> int:

@@ -91,6 +91,7 @@ from _common import (
     with_threads,
     write_json,
 )
+from narrmem_plugins.triage.gist import gist
 from tqdm import tqdm
 
 from narrmem import IngestResult, Memory, MemoryRecord, Message, Scope, Settings, load_settings
@@ -222,6 +223,12 @@ class Population:
 # --- measurements -----------------------------------------------------------------------------
 
 
+def embedded_text(message: Message) -> str:
+    """What ingest embeds for ``message``'s episode with the default triage: its gist (the message
+    less the small talk around what it says) or the whole message, attributed to the speaker."""
+    return attributed(message, gist(message.text))
+
+
 async def embed_raw(mem: Memory, texts: Sequence[str], chunk: int) -> float:
     start = time.perf_counter()
     for i in range(0, len(texts), chunk):
@@ -242,9 +249,10 @@ async def bulk_ingest(
     size = -(-n // rounds)
     for r, offset in enumerate(range(0, n, size)):
         messages = [pop.message(t, prefix="bulk") for t in texts[offset : offset + size]]
-        # The texts ingest embeds for these messages' episodes (speaker-attributed), not the bare
-        # texts, which are shorter: the ratio is the pipeline's cost beyond the model's own work.
-        embedded = [attributed(m) for m in messages]
+        # The texts ingest embeds for these messages' episodes (speaker-attributed, less the small
+        # talk around what a message says), not the bare texts, which are shorter: the ratio is the
+        # pipeline's cost beyond the model's own work.
+        embedded = [embedded_text(m) for m in messages]
         if r % 2:
             pipe, results = await _timed_ingest_many(mem, messages)
             raw = await embed_raw(mem, embedded, chunk)
@@ -398,7 +406,7 @@ async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> di
         if result.stored:
             pop.counts[message.user_id] += 1
             start = time.perf_counter()
-            await mem.embedder.embed([attributed(message)])
+            await mem.embedder.embed([embedded_text(message)])
             own.append(time.perf_counter() - start)
     out: dict[str, Any] = {**latency_summary(durations), "layers": dict(layers)}
     if own:

@@ -121,6 +121,12 @@ class StorageSettings(_Section):
     hnsw_rebuild_ratio: float = Field(
         default=0.2, gt=0.0, le=1.0, description="rebuild a graph when this share of it is deleted"
     )
+    forget_rewrites_file: bool = Field(
+        default=True,
+        description="sqlite backend: a user's or chat's forget ends by rewriting the database file "
+        "(VACUUM), the only way to leave no stale copy of their words in the file's pages; it takes "
+        "time in proportion to the store. false: faster forgets, stale copies possible",
+    )
 
 
 class EmbedderSettings(_Section):
@@ -132,10 +138,12 @@ class EmbedderSettings(_Section):
         default=None,
         description="where the onnx backend keeps its exported model; default: the user cache folder",
     )
-    quantize: Literal["auto", "none", "int8"] = Field(
+    quantize: Literal["auto", "none", "int7", "int8"] = Field(
         default="auto",
-        description="onnx backend: 'int8' weights are faster and their vectors differ slightly, 'none' "
-        "is float32 (the sentence-transformers backend's vectors); 'auto' writes a new store with int8 "
+        description="onnx backend: 'int7' (integer weights in 7 bits) is faster and its vectors differ "
+        "slightly from float32's, the same on every CPU; 'int8' (8-bit weights, the default of stores "
+        "written before int7) gives slightly different vectors on CPUs without AVX-512 VNNI; 'none' is "
+        "float32 (the sentence-transformers backend's vectors); 'auto' writes a new store with int7 "
         "and keeps an existing store to the vectors it holds",
     )
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for the model")

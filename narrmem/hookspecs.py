@@ -121,6 +121,8 @@ def narrmem_triage(memory: MemoryView, message: Message) -> TriageDecision | Non
     firstresult: the first non-``None`` decision wins. Ignored messages must cost microseconds:
     cheap rules first, no embedding, no I/O. If every implementation returns ``None`` or
     raises, the host keeps the message as an episode (``accumulate``), so nothing is lost.
+    A decision may carry a ``gist``, the message without the small talk around what it says:
+    the episode's vector is made of it, while the keyword index and recall keep the whole text.
     """
 
 

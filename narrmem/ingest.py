@@ -46,6 +46,17 @@ class Pending:
     errors: list[str] = field(default_factory=list)
     records: list[MemoryRecord] = field(default_factory=list)
     vectors: np.ndarray | None = None
+    # The episode's embed_text as ingest wrote it, and what its vector is made of instead (the
+    # decision's gist, attributed): a hook that rewrites the embed_text gets its own text embedded.
+    written_embed_text: str | None = None
+    gist_text: str | None = None
+
+    def vector_text(self, record: MemoryRecord) -> str:
+        """The text ``record``'s vector is made of."""
+        if self.gist_text is not None and record is self.records[0]:
+            if record.embed_text == self.written_embed_text:
+                return self.gist_text
+        return record.index_text
 
     @property
     def key(self) -> MessageKey:
@@ -109,11 +120,15 @@ class IngestPipeline:
                 await previous
             return results, None
         for item in kept:
-            item.records = [self.episode(item.message, item.decision)]
+            episode = self.episode(item.message, item.decision)
+            item.records = [episode]
+            item.written_embed_text = episode.embed_text
+            if item.decision.gist is not None:
+                item.gist_text = attributed(item.message, item.decision.gist)
         # The episodes' texts are known now: the model embeds them while the before-store hooks
         # run. A hook may add records (a scene) or change what an episode embeds; those texts are
         # embedded afterwards, so every record gets the vector of its own text.
-        early_texts = list(dict.fromkeys(item.records[0].index_text for item in kept))
+        early_texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
         early: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(early_texts))
         later: asyncio.Future[np.ndarray] | None = None
         try:
@@ -121,7 +136,7 @@ class IngestPipeline:
             for n, item in enumerate(kept):
                 await yield_every(n)
                 await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
-            texts = [r.index_text for item in kept for r in item.records]
+            texts = [item.vector_text(r) for item in kept for r in item.records]
             embedded = set(early_texts)
             rest = sorted({text for text in texts if text not in embedded})
             if rest:
@@ -136,7 +151,7 @@ class IngestPipeline:
                 if future is not None and not future.done():
                     future.cancel()
         for item in kept:
-            item.vectors = np.vstack([by_text[r.index_text] for r in item.records])
+            item.vectors = np.vstack([by_text[item.vector_text(r)] for r in item.records])
         written = await self._write(kept, results)
         return results, asyncio.ensure_future(self._after_store(written, results))
 
@@ -261,13 +276,14 @@ def speaker_of(message: Message) -> str:
     return message.user_id
 
 
-def attributed(message: Message) -> str:
-    """The message as reported speech ("Ann said, "…""): who said it is part of what it means,
-    and questions name people ("what did Ann decide?")."""
+def attributed(message: Message, text: str | None = None) -> str:
+    """The message (or ``text``, a part of it) as reported speech ("Ann said, "…""): who said it
+    is part of what it means, and questions name people ("what did Ann decide?")."""
     speaker = speaker_of(message)
-    if cjk_count(message.text) * 2 > len(message.text):
-        return f"{speaker}说：“{message.text}”"
-    return f'{speaker} said, "{message.text}"'
+    said = message.text if text is None else text
+    if cjk_count(said) * 2 > len(said):
+        return f"{speaker}说：“{said}”"
+    return f'{speaker} said, "{said}"'
 
 
 async def yield_every(n: int, every: int = 8) -> None:

@@ -174,13 +174,17 @@ class Scope(_Strict):
 
 
 class TriageDecision(_Strict):
-    """What triage decided for one message. ``type`` names a scene signal when ``layer`` is ``scene``."""
+    """What triage decided for one message. ``type`` names a scene signal when ``layer`` is ``scene``.
+    ``gist`` is the message without the small talk around what it says, when that is shorter: the
+    episode's vector is made of it (attributed to the speaker like the whole message), while the
+    keyword index and recall keep the whole message. ``None``: the whole message."""
 
     layer: Layer
     reason: str = ""
     type: str | None = None
     importance: float = Field(default=0.3, ge=0.0, le=1.0)
     signals: dict[str, Any] = Field(default_factory=dict)
+    gist: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT_CHARS)
 
 
 class MemoryRecord(_Strict):

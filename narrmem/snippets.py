@@ -3,11 +3,8 @@ query and not for the rest of a long message (the whole text stays in ``Hit.deta
 
 from __future__ import annotations
 
-import re
+from narrmem.text import estimate_tokens, keyword_terms, sentences
 
-from narrmem.text import estimate_tokens, keyword_terms
-
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？…])\s+|(?<=[。！？])")
 _FUNCTION_WORDS = frozenset(
     "a an the and or but of to in on at for with is are was were be been i you he she it we they my your "
     "what when where who how did do does that this".split()
@@ -19,23 +16,23 @@ def snippet(text: str, query: str, budget: int) -> str:
     query, in their original order, within the budget (a single long sentence is cut at a word)."""
     if estimate_tokens(text) <= budget:
         return text
-    sentences = [s for s in _SENTENCE_END.split(text) if s.strip()]
+    found = sentences(text)
     wanted = {t for t in keyword_terms(query) if t not in _FUNCTION_WORDS}
-    overlap = [len(wanted & set(keyword_terms(s))) for s in sentences]
-    ranked = sorted((i for i in range(len(sentences)) if overlap[i]), key=lambda i: (-overlap[i], i))
+    overlap = [len(wanted & set(keyword_terms(s))) for s in found]
+    ranked = sorted((i for i in range(len(found)) if overlap[i]), key=lambda i: (-overlap[i], i))
     if not ranked:  # nothing in common with the query: the opening is the best guess
         return _cut(text, budget)
     chosen: list[int] = []
     used = 0
     for i in ranked:
-        cost = estimate_tokens(sentences[i])
+        cost = estimate_tokens(found[i])
         if used + cost <= budget:
             chosen.append(i)
             used += cost
     if not chosen:
-        return _cut(sentences[ranked[0]], budget)
-    parts = [sentences[i].strip() for i in sorted(chosen)]
-    return " … ".join(parts) if len(parts) < len(sentences) else " ".join(parts)
+        return _cut(found[ranked[0]], budget)
+    parts = [found[i] for i in sorted(chosen)]
+    return " … ".join(parts) if len(parts) < len(found) else " ".join(parts)
 
 
 def _cut(sentence: str, budget: int) -> str:

@@ -13,6 +13,16 @@ _CJK_CHAR = re.compile(f"[{_CJK}]")
 _ASCII_WORD = re.compile(r"[A-Za-z0-9]+")  # what _WORD matches in ASCII text, found faster
 
 
+# After . ! ? … followed by a space, or after a CJK full stop (no space follows it): "3.5" and
+# "e.g.x" stay whole.
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？…])\s+|(?<=[。！？])")
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` cut into its sentences, each stripped, empty ones left out."""
+    return [part.strip() for part in _SENTENCE_END.split(text) if part.strip()]
+
+
 def cjk_count(text: str) -> int:
     if text.isascii():  # most chat text: no scan needed
         return 0

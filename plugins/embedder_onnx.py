@@ -7,10 +7,14 @@ This is the default backend, and it never needs torch: the ONNX graph is built o
 the model's ``model.safetensors`` with numpy and onnx (``onnx_export``; the same graph, bit for bit in
 its outputs, as ``torch.onnx.export`` of transformers' BertModel gave), cached under the model's hash
 in ``embedder.cache_dir`` (default: the user cache folder, so every data folder shares it); later
-opens load only onnxruntime and tokenizers. ``quantize = "int8"`` derives a dynamically quantized
-copy (per-channel int8 weights): faster, but its vectors differ a little, so it is stored under its
-own model name and a store keeps to one or the other. ``"auto"``, the default, writes new stores with
-int8 and opens a store of float32 vectors with float32.
+opens load only onnxruntime and tokenizers. ``quantize = "int7"`` derives a dynamically quantized
+copy (per-channel integer weights in 7 bits, run by onnxruntime's int8 kernels): faster, but its
+vectors differ a little, so it is stored under its own model name and a store keeps to one model.
+Its weights are 7 bits rather than 8 because onnxruntime's int8 products saturate on x86 CPUs
+without AVX-512 VNNI: with 8-bit weights (``"int8"``, the default of stores written before) the
+same text got slightly different vectors on different CPUs, so two workers, or a store moved to
+another machine, ranked alike texts differently. ``"auto"``, the default, writes new stores with
+int7 and keeps an existing store to the model it was written with (float32, int8 or int7).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from narrmem.model_thread import SLICE_TEXTS, ModelThread
 
 log = logging.getLogger("narrmem.onnx")
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
+NEW_STORES = "int7"  # what quantize = "auto" writes a new store with
 
 
 class OnnxEmbedder:
@@ -52,8 +57,8 @@ class OnnxEmbedder:
             _require_packaged_weights()
         self.model_path, self.base_name = resolve_model(model_path)
         self.requested = quantize
-        # "auto" runs int8 unless the store already holds float32 vectors (see choose_model).
-        self._use("int8" if quantize == "auto" else quantize)
+        # "auto" runs int7 unless the store already holds another model's vectors (see choose_model).
+        self._use(NEW_STORES if quantize == "auto" else quantize)
         self.cache_dir = cache_dir
         self.threads = threads
         self.batch_size = batch_size
@@ -67,10 +72,11 @@ class OnnxEmbedder:
         self.name = self.base_name if quantize == "none" else f"{self.base_name}-{quantize}"
 
     def choose_model(self, recorded: str | None) -> None:
-        """With ``quantize = "auto"``: int8 for a new store or one written with int8, float32 for a
-        store of float32 vectors, so a store written before int8 was the default keeps working."""
+        """With ``quantize = "auto"``: int7 for a new store, and for an existing one the model its
+        vectors came from (float32, or int8 before int7 was the default), so it keeps working."""
         if self.requested == "auto" and self._session is None:
-            self._use("none" if recorded == self.base_name else "int8")
+            by_name = {self.base_name: "none", f"{self.base_name}-int8": "int8"}
+            self._use(by_name.get(recorded or "", NEW_STORES))
 
     def model_file(self, quantize: str | None = None) -> Path:
         weights = Path(self.model_path) / "model.safetensors"
@@ -97,7 +103,7 @@ class OnnxEmbedder:
                 )
                 export(self.model_path, full)
             if path != full:
-                quantize_int8(full, path)
+                quantize_int8(full, path, seven_bit=self.quantize == "int7")
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
@@ -182,18 +188,22 @@ def export(model_path: str, target: Path) -> None:
     os.replace(partial, target)
 
 
-def quantize_int8(source: Path, target: Path) -> None:
-    """Dynamic int8 quantization of the exported model's weights, per output channel."""
+def quantize_int8(source: Path, target: Path, *, seven_bit: bool) -> None:
+    """Dynamic quantization of the exported model's weights, per output channel, for int8 kernels;
+    ``seven_bit`` keeps the weights in 7 bits (onnxruntime's ``reduce_range``), so that the
+    kernels of CPUs without VNNI do not saturate and every CPU gives the same vectors."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     partial = _partial(target)
     # onnxruntime logs advice meant for image models on the root logger; our own line says enough.
-    log.warning("first start: deriving the int8 copy of the embedding model once (%s)", target)
+    log.warning("first start: deriving the quantized copy of the embedding model once (%s)", target)
     root = logging.getLogger()
     quiet = _DropMessage("pre-processing before quantization")
     root.addFilter(quiet)
     try:
-        quantize_dynamic(str(source), str(partial), per_channel=True, weight_type=QuantType.QInt8)
+        quantize_dynamic(
+            str(source), str(partial), per_channel=True, reduce_range=seven_bit, weight_type=QuantType.QInt8
+        )
     finally:
         root.removeFilter(quiet)
     os.replace(partial, target)

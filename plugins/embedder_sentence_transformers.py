@@ -16,8 +16,8 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
     def factory(settings: Settings) -> SentenceTransformerEmbedder:
         options = settings.embedder
         # "auto" is float32 here: these weights are the only ones this backend runs.
-        if options.quantize == "int8":
-            raise ConfigError('embedder.quantize: int8 needs backend = "onnx"')
+        if options.quantize in ("int7", "int8"):
+            raise ConfigError(f'embedder.quantize: {options.quantize} needs backend = "onnx"')
         return SentenceTransformerEmbedder(
             options.model_path, threads=options.threads, batch_size=options.batch_size, device=options.device
         )

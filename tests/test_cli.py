@@ -98,7 +98,7 @@ def test_stats_json(store: CliStore) -> None:
     assert stats["by_kind"] == {"episode": len(KEPT), "scene": len(SCENES)}
     assert (stats["users"], stats["chats"], stats["tenants"]) == (3, 4, 1)
     assert stats["vectors_indexed"] == RECORDS
-    assert stats["embedder"]["model"] == "all-MiniLM-L6-v2-int8"
+    assert stats["embedder"]["model"] == "all-MiniLM-L6-v2-int7"
     assert {
         "storage_sqlite",
         "embedder_sentence_transformers",

@@ -87,51 +87,80 @@ async def test_a_memory_on_the_default_backend_shares_one_export(tmp_path: Path)
             hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
             assert hits[0].message_ids == ["p1"]
             stats = await memory.stats()
-            assert stats["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2-int8"}
-    # One float32 export and its int8 copy, made by the first memory, used by the second.
+            assert stats["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2-int7"}
+    # One float32 export and its int7 copy, made by the first memory, used by the second.
     exports = {p.name for p in (cache / "onnx").iterdir()}
-    [full] = [name for name in exports if not name.endswith("-int8.onnx")]
-    assert exports == {full, full.replace(".onnx", "-int8.onnx")}
+    [full] = [name for name in exports if not name.endswith("-int7.onnx")]
+    assert exports == {full, full.replace(".onnx", "-int7.onnx")}
     assert not (tmp_path / "m1" / "onnx").exists()
 
 
-async def test_int8_is_close_to_fp32_and_kept_apart_in_a_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["int7", "int8"])
+async def test_quantized_weights_are_close_to_fp32_and_kept_apart_in_a_store(
+    tmp_path: Path, variant: str
+) -> None:
     full = OnnxEmbedder(None, tmp_path)
-    int8 = OnnxEmbedder(None, tmp_path, quantize="int8")
+    quantized_model = OnnxEmbedder(None, tmp_path, quantize=variant)
     try:
         reference = await full.embed(TEXTS[:4])
-        quantized = await int8.embed(TEXTS[:4])
+        quantized = await quantized_model.embed(TEXTS[:4])
     finally:
         await full.close()
-        await int8.close()
+        await quantized_model.close()
     cosines = np.sum(reference * quantized, axis=1)
     assert 0.95 <= float(np.min(cosines)) < 0.99999  # close, but not the same vectors
-    assert int8.name == "all-MiniLM-L6-v2-int8" and int8.model_file().name.endswith("-int8.onnx")
+    assert quantized_model.name == f"all-MiniLM-L6-v2-{variant}"
+    assert quantized_model.model_file().name.endswith(f"-{variant}.onnx")
     cache = {"cache_dir": str(tmp_path)}
     async with open_memory(tmp_path / "m", real_model=True, embedder={**cache, "quantize": "none"}) as memory:
         await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
     with pytest.raises(StoreError, match="all-MiniLM-L6-v2"):
-        async with open_memory(tmp_path / "m", real_model=True, embedder={**cache, "quantize": "int8"}):
+        async with open_memory(tmp_path / "m", real_model=True, embedder={**cache, "quantize": variant}):
             pass
 
 
-async def test_auto_writes_new_stores_with_int8_and_keeps_older_float32_stores(tmp_path: Path) -> None:
+async def test_int7_weights_are_seven_bits_and_int8_weights_eight(tmp_path: Path) -> None:
+    """7-bit weights keep onnxruntime's int8 products from saturating on CPUs without VNNI, so
+    int7 vectors are the same on every CPU; 8-bit weights reach beyond 63."""
+    import onnx
+    from onnx import numpy_helper
+
+    largest: dict[str, int] = {}
+    for variant in ("int7", "int8"):
+        model = OnnxEmbedder(None, tmp_path, quantize=variant)
+        try:
+            await model.embed(["load"])
+        finally:
+            await model.close()
+        weights = [
+            numpy_helper.to_array(t)
+            for t in onnx.load(str(model.model_file())).graph.initializer
+            if t.data_type == onnx.TensorProto.INT8
+        ]
+        assert weights, variant
+        largest[variant] = max(int(np.abs(w.astype(np.int16)).max()) for w in weights)
+    assert largest["int7"] <= 64 < largest["int8"]
+
+
+async def test_auto_writes_new_stores_with_int7_and_keeps_older_stores_to_their_model(tmp_path: Path) -> None:
     cache = {"cache_dir": str(tmp_path / "cache")}
     async with open_memory(tmp_path / "new", real_model=True, embedder=cache) as memory:
         await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
-        assert (await memory.stats())["embedder"]["model"] == "all-MiniLM-L6-v2-int8"
-    # A store written with float32 vectors (as every store was before int8 became the default).
-    older = tmp_path / "older"
-    async with open_memory(older, real_model=True, embedder={**cache, "quantize": "none"}) as memory:
-        await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
-        await memory.ingest(msg("p2", "my favourite food is spicy ramen with extra egg"))
-    for read_only in (False, True):
-        async with open_memory(older, real_model=True, embedder=cache, read_only=read_only) as memory:
-            assert (await memory.stats())["embedder"]["model"] == "all-MiniLM-L6-v2"
-            hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
-            assert hits[0].message_ids == ["p1"]
+        assert (await memory.stats())["embedder"]["model"] == "all-MiniLM-L6-v2-int7"
+    # Stores written with float32 vectors (every store before int8 became the default) and with
+    # 8-bit int8 vectors (every store before int7).
+    for quantize, model in (("none", "all-MiniLM-L6-v2"), ("int8", "all-MiniLM-L6-v2-int8")):
+        older = tmp_path / f"older-{quantize}"
+        async with open_memory(older, real_model=True, embedder={**cache, "quantize": quantize}) as memory:
+            await memory.ingest(msg("p1", "I adopted a greyhound named Pixel from the shelter"))
+            await memory.ingest(msg("p2", "my favourite food is spicy ramen with extra egg"))
+        for read_only in (False, True):
+            async with open_memory(older, real_model=True, embedder=cache, read_only=read_only) as memory:
+                assert (await memory.stats())["embedder"]["model"] == model
+                hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
+                assert hits[0].message_ids == ["p1"]
     # Naming a variant is a promise: the other one is refused, not silently switched.
-    with pytest.raises(StoreError, match="all-MiniLM-L6-v2-int8"):
+    with pytest.raises(StoreError, match="all-MiniLM-L6-v2-int7"):
         async with open_memory(tmp_path / "new", real_model=True, embedder={**cache, "quantize": "none"}):
             pass
 
@@ -166,7 +195,7 @@ async def test_an_import_or_a_migration_into_a_new_store_keeps_the_source_vector
             assert (await memory.stats())["embedder"]["model"] == "all-MiniLM-L6-v2"
             hits = await memory.recall("what kind of dog do I have?", user_id="u1", k=1)
             assert hits[0].message_ids == ["p1"]
-    # Into a store that already holds int8 vectors, the import is refused with the setting to use.
+    # Into a store that already holds int7 vectors, the import is refused with the setting to use.
     async with open_memory(tmp_path / "new", real_model=True, embedder=cache) as memory:
         with pytest.raises(InputError, match='quantize = "none"'):
             await import_jsonl(memory, export)

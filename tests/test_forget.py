@@ -271,3 +271,50 @@ async def test_forget_empties_the_answer_models_cache_of_texts(tmp_path: Path) -
         assert text_signals.cache_info().currsize > 0  # the ranking read bob's words
         await mem.forget(user_id="bob")
     assert text_signals.cache_info().currsize == 0
+
+
+STALE = b"zqstale0gap42"
+
+
+def _plant_in_a_page_gap(database: Path) -> int:
+    """Write ``STALE`` into the unused gap of a b-tree leaf page (between its cell pointers and its
+    cells), where SQLite leaves bytes of cells it moved to another page while rebalancing, beyond
+    secure_delete's reach. Returns the page number."""
+    data = bytearray(database.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    for number in range(1, len(data) // page_size):  # page 0 starts with the file header
+        page = number * page_size
+        kind = data[page]
+        if kind not in (10, 13):  # index and table leaves
+            continue
+        cells = int.from_bytes(data[page + 3 : page + 5], "big")
+        content = int.from_bytes(data[page + 5 : page + 7], "big") or 65536
+        gap_start = page + 8 + 2 * cells
+        if page + content - gap_start > len(STALE) + 16:
+            data[gap_start + 8 : gap_start + 8 + len(STALE)] = STALE
+            database.write_bytes(bytes(data))
+            return number
+    raise AssertionError("no leaf page with room in its gap")
+
+
+@pytest.mark.sqlite_only("the bytes of the SQLite file's pages")
+@pytest.mark.parametrize("rewrite", [True, False])
+async def test_a_forget_rewrites_the_file_so_no_stale_bytes_stay_in_page_gaps(
+    tmp_path: Path, rewrite: bool
+) -> None:
+    folder = tmp_path / "store"
+    storage = {"forget_rewrites_file": rewrite}
+    async with open_memory(folder, storage=storage) as mem:
+        await mem.ingest_many(_group_chat())
+    database = folder / "narrmem.sqlite3"
+    assert (
+        not (folder / "narrmem.sqlite3-wal").exists() or not (folder / "narrmem.sqlite3-wal").stat().st_size
+    )
+    _plant_in_a_page_gap(database)
+    async with open_memory(folder, storage=storage) as mem:
+        assert await mem.recall("zqlocker77", user_id="bob", k=3, reinforce=False)  # the store reads fine
+        await mem.forget(user_id="bob")
+    # With the rewrite nothing of the old pages stays; without it, the gap keeps what it held.
+    assert (STALE in database.read_bytes()) is not rewrite
+    if rewrite:
+        assert _files_with(folder, BOB_MARKERS) == {}

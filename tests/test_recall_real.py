@@ -79,8 +79,8 @@ async def test_ingest_with_the_real_model(built: Built) -> None:
     assert all(by_id[m["message_id"]].stored for m in KEPT)
     assert built.stats["memories"] == RECORDS == built.stats["vectors_indexed"]
     assert built.stats["by_kind"] == {"episode": len(KEPT), "scene": 1}
-    assert built.stats["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2-int8"}
-    assert sql(built.folder, "SELECT value FROM meta WHERE key = 'model'") == [("all-MiniLM-L6-v2-int8",)]
+    assert built.stats["embedder"] == {"backend": "onnx", "model": "all-MiniLM-L6-v2-int7"}
+    assert sql(built.folder, "SELECT value FROM meta WHERE key = 'model'") == [("all-MiniLM-L6-v2-int7",)]
     # Real vectors are unit length, 384 floats.
     [(blob,)] = sql(built.folder, "SELECT vector FROM memories WHERE id = ?", [by_id["a1"].memory_ids[0]])
     assert len(blob) == 384 * 4

@@ -485,9 +485,11 @@ def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
 
 
 def _model_hint(model: str) -> str:
-    # New stores default to the int8 weights; an export of an older float32 store names the setting.
+    # New stores default to the int7 weights; an export of an older store names the setting.
     if model == "all-MiniLM-L6-v2":
         return '; import it into a new store opened with [embedder] quantize = "none"'
-    if model == "all-MiniLM-L6-v2-int8":
-        return '; import it into a new store opened with [embedder] quantize = "int8" (backend "onnx")'
+    for quantize in ("int7", "int8"):
+        if model == f"all-MiniLM-L6-v2-{quantize}":
+            setting = f'[embedder] quantize = "{quantize}" (backend "onnx")'
+            return f"; import it into a new store opened with {setting}"
     return ""

@@ -27,6 +27,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             index_options=IndexOptions.from_settings(storage),
             read_only=memory.read_only,
             keyword_index=storage.keyword_index,
+            rewrite_on_forget=storage.forget_rewrites_file,
         )
 
     register("sqlite", factory)

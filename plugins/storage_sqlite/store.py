@@ -58,8 +58,10 @@ class SQLiteStore(ForgetJournal):
         index_options: IndexOptions | None = None,
         read_only: bool = False,
         keyword_index: str = "fts5",
+        rewrite_on_forget: bool = True,
     ) -> None:
         self.read_only = read_only
+        self.rewrite_on_forget = rewrite_on_forget
         self.keyword_engine = keyword_index
         self._keywords: TantivyKeywords | None = None
         self.folder = folder
@@ -764,10 +766,10 @@ class SQLiteStore(ForgetJournal):
 
     async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
         """Leave no byte of what the job deleted in the files: the keyword index merged into fresh
-        segments (an FTS5 delete only adds a tombstone beside the old terms), freed pages handed
-        back, the write-ahead log emptied into the database; then mark the job done. In that
-        order: a crash between the two repeats the purge on the next open (it is idempotent),
-        while the other order would leave the terms behind with no job to finish."""
+        segments (an FTS5 delete only adds a tombstone beside the old terms), the database file
+        rewritten, the write-ahead log emptied into it; then mark the job done. In that order: a
+        crash between the two repeats the purge on the next open (it is idempotent), while the
+        other order would leave the terms behind with no job to finish."""
         if purge:
             await self.purge_deleted()
         await self._write("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
@@ -781,8 +783,16 @@ class SQLiteStore(ForgetJournal):
             await self._rebuild_keywords()
         async with self._lock:
             await self.db.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
-            # Both pragmas work one row (one page) per step: read them to the end.
-            await self._fetchall("PRAGMA incremental_vacuum")
+            # secure_delete zeroes the cells a delete frees, but when a b-tree page is rebuilt
+            # (rebalancing, or the merge above) the unused gap between its cell pointers and its
+            # cells keeps stale bytes of cells moved to other pages, which a later delete does not
+            # reach: a forgotten user's words were found there after a forget. Only rewriting the
+            # file leaves no such copy; it costs time in proportion to the store (see the README).
+            if self.rewrite_on_forget:
+                await self.db.execute("VACUUM")
+            else:
+                # Both pragmas work one row (one page) per step: read them to the end.
+                await self._fetchall("PRAGMA incremental_vacuum")
             await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:

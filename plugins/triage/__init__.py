@@ -16,6 +16,7 @@ import numpy as np
 from narrmem_plugins.triage import readout
 from narrmem_plugins.triage.counters import Counters
 from narrmem_plugins.triage.emotions import emotions_in, intensity
+from narrmem_plugins.triage.gist import gist
 from narrmem_plugins.triage.ignore_rules import ignore_reason, without_media
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.prototypes import PROTOTYPES
@@ -70,13 +71,17 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         found = candidates(without_media(message.text))
         if not found:
             moods = emotions_in(message.text)
-            return TriageDecision(
+            decision = TriageDecision(
                 layer="accumulate",
                 reason="says something about the user's world",
                 importance=MOOD_IMPORTANCE if moods else ACCUMULATE_IMPORTANCE,
                 signals={"emotions": moods} if moods else {},
             )
-        return await self._scene_decision(memory, message, found)
+        else:
+            decision = await self._scene_decision(memory, message, found)
+        if self.options.gist_vectors:
+            decision.gist = gist(message.text)
+        return decision
 
     async def _scene_decision(
         self, memory: MemoryView, message: Message, found: list[Signal]

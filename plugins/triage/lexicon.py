@@ -114,6 +114,16 @@ GREETINGS_ZH = (
     r"你好|您好|嗨|哈喽|哈啰|早|早上好|早安|中午好|下午好|晚上好|晚安|拜拜|再见|回头见|明天见|在吗|在不在|"
     r"你在吗|最近怎么样|最近好吗|你好吗|吃了吗|吃饭了吗|好久不见|嗨嗨|哈喽哈喽|早呀|早啊"
 )
+# Words that open a sentence of small talk inside a longer message ("Thanks, Mel!", "Wow, so
+# cool!", "Hey Jon!"): thanks, greetings, laughter and reactions. Not yes, no, sure or oh: a short
+# sentence opening with them is often an answer ("No, I'm allergic.").
+SMALL_TALK_OPENERS = frozenset(
+    """thanks thank thx ty wow woah whoa aw aww haha hahaha hehe lol lmao omg yay woohoo congrats
+    congratulations amazing awesome cool nice great lovely glad sweet totally definitely absolutely sounds
+    hi hello hey heya hiya yo howdy bye goodbye morning evening night later""".split()
+) | frozenset(
+    {"good morning", "good afternoon", "good evening", "good night", "see you", "see ya", "take care"}
+)
 BOT_NAMES = r"(?:bot|buddy|friend|there|everyone|all|guys|folks|mate|man|dude|朋友|大家)"
 
 WEATHER = (

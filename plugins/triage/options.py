@@ -36,6 +36,10 @@ class TriageOptions(BaseModel):
     emotion_window_days: float = Field(default=7, gt=0, le=365)
     topic_window_days: float = Field(default=90, gt=0, le=3650)
     promote_patterns: bool = Field(default=True, description="write a scene when a mood pattern fires")
+    gist_vectors: bool = Field(
+        default=True,
+        description="embed a message without the small talk around what it says (thanks, greetings)",
+    )
 
     @property
     def names(self) -> frozenset[str]:
