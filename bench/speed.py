@@ -91,7 +91,6 @@ from _common import (
     with_threads,
     write_json,
 )
-from narrmem_plugins.triage.gist import gist
 from tqdm import tqdm
 
 from narrmem import IngestResult, Memory, MemoryRecord, Message, Scope, Settings, load_settings
@@ -223,10 +222,19 @@ class Population:
 # --- measurements -----------------------------------------------------------------------------
 
 
+try:
+    from narrmem_plugins.triage.gist import gist
+except ImportError:  # bench/ab.py runs this file's helpers against trees from before the gist
+
+    def gist(text: str) -> str | None:
+        return None
+
+
 def embedded_text(message: Message) -> str:
     """What ingest embeds for ``message``'s episode with the default triage: its gist (the message
     less the small talk around what it says) or the whole message, attributed to the speaker."""
-    return attributed(message, gist(message.text))
+    part = gist(message.text)
+    return attributed(message) if part is None else attributed(message, part)
 
 
 async def embed_raw(mem: Memory, texts: Sequence[str], chunk: int) -> float:
