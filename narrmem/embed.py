@@ -36,8 +36,8 @@ class Embedder(Protocol):
 
 @runtime_checkable
 class ModelChooser(Protocol):
-    """An embedder that can give more than one model's vectors (the onnx backend's fp32 and int8
-    weights) and picks the one a store already holds: a store keeps one model's vectors for life."""
+    """An embedder that can give more than one model's vectors (the onnx backend's fp32, int7 and
+    int8 weights) and picks the one a store already holds: a store keeps one model's vectors for life."""
 
     def choose_model(self, recorded: str | None) -> None:
         """Called before :meth:`Embedder.start` with the model whose vectors the store holds

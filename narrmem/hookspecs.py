@@ -78,7 +78,7 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
 
     ``factory(settings)`` returns an object implementing :class:`narrmem.embed.Embedder`.
     ``[embedder] backend`` chooses one by name. The embedder must not download anything.
-    One that can give several models' vectors (float32 and int8 weights) also implements
+    One that can give several models' vectors (float32, int7 and int8 weights) also implements
     :class:`narrmem.embed.ModelChooser`: before it loads, it is told the model the store holds.
     The built-in embedders run the model on a :class:`narrmem.model_thread.ModelThread`, which
     takes a query before the rest of an import's batch; one's own embedder can do the same.

@@ -103,7 +103,7 @@ class OnnxEmbedder:
                 )
                 export(self.model_path, full)
             if path != full:
-                quantize_int8(full, path, seven_bit=self.quantize == "int7")
+                quantize_weights(full, path, seven_bit=self.quantize == "int7")
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
@@ -188,7 +188,7 @@ def export(model_path: str, target: Path) -> None:
     os.replace(partial, target)
 
 
-def quantize_int8(source: Path, target: Path, *, seven_bit: bool) -> None:
+def quantize_weights(source: Path, target: Path, *, seven_bit: bool) -> None:
     """Dynamic quantization of the exported model's weights, per output channel, for int8 kernels;
     ``seven_bit`` keeps the weights in 7 bits (onnxruntime's ``reduce_range``), so that the
     kernels of CPUs without VNNI do not saturate and every CPU gives the same vectors."""
