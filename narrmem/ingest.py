@@ -2,16 +2,10 @@
 triggers, for a batch of messages at a time.
 
 Every message is validated before anything is written. Ignored messages stop after triage (no
-embedding, no I/O). The model gets the kept messages' texts in groups while the rest of the batch
-is triaged and the before-store hooks run; the records are written in groups as their vectors
-arrive (one transaction each), so the store writes one group while the model embeds the next.
-Then the after-store hooks (counters, facts, triggers) run in a task that overlaps the next
-batch's embedding, so in bulk the model never waits for them. A batch is triaged only once the
-batches before it are written (what triage and the hooks read of the store includes them).
-
-A failure part-way (the model, the store) leaves the groups written before it whole, with their
-after-store hooks run, and nothing of the rest; ingesting the same messages again stores the rest
-(message ids make it idempotent).
+embedding, no I/O). The kept ones are embedded in one call (started before the before-store hooks
+run, which it overlaps) and written in one transaction, then
+the after-store hooks (counters, facts, triggers) run in a task that overlaps the next batch's
+embedding, so in bulk the model never waits for them.
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ from narrmem.models import MAX_ID_CHARS, IngestResult, MemoryRecord, Message, Tr
 from narrmem.text import cjk_count
 
 if TYPE_CHECKING:
-    from narrmem.embed import Embedder
     from narrmem.lifecycle import MemoryLifecycle
 
 log = logging.getLogger("narrmem")
@@ -40,10 +33,6 @@ FALLBACK_DECISION = TriageDecision(layer="accumulate", reason="no triage plugin 
 # Where bot libraries and chat exports put a person's display name in ``meta``.
 DISPLAY_NAME_KEYS = ("display_name", "name", "username", "first_name")
 MessageKey = tuple[str, str, str]  # (tenant, chat_id, message_id): a message's identity
-# Texts sent to the model at a time during a batch's triage (more than the model thread's short
-# lane holds, so an import's texts never go ahead of a query), and episodes written at a time.
-EMBED_GROUP = 16
-WRITE_GROUP = 32
 
 
 @dataclass
@@ -85,51 +74,6 @@ class Pending:
         }
 
 
-class _TextStream:
-    """The texts of a batch on their way to the model, in groups: a group goes as soon as it is
-    full, so the model works while the loop triages the rest; each text is embedded once."""
-
-    def __init__(self, embedder: Embedder) -> None:
-        self.embedder = embedder
-        self.vectors: dict[str, np.ndarray] = {}
-        self._waiting: list[str] = []
-        self._sent: set[str] = set()
-        self._groups: list[tuple[list[str], asyncio.Future[np.ndarray]]] = []
-
-    def add(self, text: str) -> None:
-        if text in self._sent:
-            return
-        self._sent.add(text)
-        self._waiting.append(text)
-        if len(self._waiting) >= EMBED_GROUP:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._waiting:
-            group, self._waiting = self._waiting, []
-            self._groups.append((group, asyncio.ensure_future(self.embedder.embed(group))))
-
-    @property
-    def done(self) -> bool:
-        return not self._groups and not self._waiting
-
-    async def next_group(self) -> None:
-        """Wait for the oldest group sent and keep its vectors."""
-        if self._groups:
-            group, future = self._groups.pop(0)
-            self.vectors.update(zip(group, await future, strict=True))
-
-    def has_all(self, item: Pending) -> bool:
-        return all(item.vector_text(r) in self.vectors for r in item.records)
-
-    def vector(self, text: str) -> np.ndarray:
-        return self.vectors[text]
-
-    def cancel(self) -> None:
-        for _, future in self._groups:
-            future.cancel()
-
-
 class IngestPipeline:
     def __init__(
         self, memory: MemoryLifecycle, write_lock: asyncio.Lock, callbacks: list[TriggerCallback]
@@ -165,82 +109,73 @@ class IngestPipeline:
         """Triage, embed and write one batch; return its results (filled in by the after-store
         task for kept messages) and that task. ``previous`` is the last batch's."""
         results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
-        # The duplicate check reads the store while triage runs; triage never writes messages.
-        checking = asyncio.ensure_future(self._already_stored(messages))
-        texts = _TextStream(self.memory.embedder)
-        kept: list[Pending] = []
-        written: list[Pending] = []
+        items = []
+        for i, message in enumerate(messages):
+            errors: list[str] = []
+            items.append(Pending(i, message, await self.triage(message, errors), errors))
+            await yield_every(i)
+        kept = await self._new_messages(items, results)
+        if not kept:
+            if previous is not None:
+                await previous
+            return results, None
+        for item in kept:
+            episode = self.episode(item.message, item.decision)
+            item.records = [episode]
+            item.written_embed_text = episode.embed_text
+            if item.decision.gist is not None:
+                item.gist_text = attributed(item.message, item.decision.gist)
+        # The episodes' texts are known now: the model embeds them while the before-store hooks
+        # run. A hook may add records (a scene) or change what an episode embeds; those texts are
+        # embedded afterwards, so every record gets the vector of its own text.
+        early_texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
+        early: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(early_texts))
+        later: asyncio.Future[np.ndarray] | None = None
         try:
-            stored: set[MessageKey] | None = None
-            seen: set[MessageKey] = set()
-            for i, message in enumerate(messages):
-                errors: list[str] = []
-                item = Pending(i, message, await self.triage(message, errors), errors)
-                await yield_every(i)
-                if item.decision.layer == "ignore":
-                    results[i] = ignored(item)
-                    continue
-                if stored is None:
-                    stored = await checking
-                if item.key in seen or item.key in stored:
-                    results[i] = duplicate(item.message, item.decision)
-                    continue
-                seen.add(item.key)
-                self._prepare(item)
-                kept.append(item)
-                # The model starts on the first texts while the rest of the batch is triaged.
-                texts.add(item.vector_text(item.records[0]))
-            texts.flush()
-            await asyncio.sleep(0)  # hand the last texts to the model before the hooks hold the loop
-            if not kept:
-                if previous is not None:
-                    await previous
-                return results, None
+            await asyncio.sleep(0)  # hand the texts to the model before the hooks hold the loop
             for n, item in enumerate(kept):
                 await yield_every(n)
                 await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
-            # A hook may add records (a scene) or change what an episode embeds: those texts are
-            # embedded now, so every record gets the vector of its own text.
-            for item in kept:
-                for record in item.records:
-                    texts.add(item.vector_text(record))
-            texts.flush()
+            texts = [item.vector_text(r) for item in kept for r in item.records]
+            embedded = set(early_texts)
+            rest = sorted({text for text in texts if text not in embedded})
+            if rest:
+                later = asyncio.ensure_future(self.memory.embedder.embed(rest))
             if previous is not None:
                 await previous
-            # Written in groups as their vectors arrive: the store writes one while the model
-            # embeds the next, and only the last group's write is left when the model is done.
-            ready = 0
-            while ready < len(kept):
-                await texts.next_group()
-                end = ready
-                while end < len(kept) and texts.has_all(kept[end]):
-                    end += 1
-                if end == ready and texts.done:
-                    raise RuntimeError(f"no vector for a record of message {kept[end].message.message_id!r}")
-                if end - ready >= WRITE_GROUP or (end > ready and texts.done):
-                    group = kept[ready:end]
-                    for item in group:
-                        item.vectors = np.vstack([texts.vector(item.vector_text(r)) for r in item.records])
-                    written.extend(await self._write(group, results))
-                    ready = end
-        except BaseException:
-            texts.cancel()
-            if written:
-                # What is written is kept whole: its after-store hooks (counters, facts) run.
-                await self._after_store(written, results)
-            raise
+            by_text = dict(zip(early_texts, await early, strict=True))
+            if later is not None:
+                by_text.update(zip(rest, await later, strict=True))
         finally:
-            if not checking.done():
-                checking.cancel()
+            for future in (early, later):
+                if future is not None and not future.done():
+                    future.cancel()
+        for item in kept:
+            item.vectors = np.vstack([by_text[item.vector_text(r)] for r in item.records])
+        written = await self._write(kept, results)
         return results, asyncio.ensure_future(self._after_store(written, results))
 
-    def _prepare(self, item: Pending) -> None:
-        """The episode a kept message leaves, and the text its vector is made of."""
-        episode = self.episode(item.message, item.decision)
-        item.records = [episode]
-        item.written_embed_text = episode.embed_text
-        if item.decision.gist is not None:
-            item.gist_text = attributed(item.message, item.decision.gist)
+    async def _new_messages(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
+        """The messages that will leave memories; the others get their result: ignored, or
+        already stored."""
+        kept: list[Pending] = []
+        seen: set[MessageKey] = set()
+        stored = await self._already_stored(items)
+        for item in items:
+            if item.decision.layer == "ignore":
+                results[item.index] = IngestResult(
+                    message_id=item.message.message_id,
+                    layer="ignore",
+                    stored=False,
+                    reason=item.decision.reason,
+                    notes=item.errors,
+                )
+            elif item.key in seen or item.key in stored:
+                results[item.index] = duplicate(item.message, item.decision)
+            else:
+                seen.add(item.key)
+                kept.append(item)
+        return kept
 
     async def _write(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
         async with self.write_lock:
@@ -284,10 +219,13 @@ class IngestPipeline:
             return FALLBACK_DECISION
         return decision
 
-    async def _already_stored(self, messages: list[Message]) -> set[MessageKey]:
+    async def _already_stored(self, items: list[Pending]) -> set[MessageKey]:
         by_chat: dict[tuple[str, str], list[str]] = {}
-        for message in messages:
-            by_chat.setdefault((message.tenant, message.chat_id), []).append(message.message_id)
+        for item in items:
+            if item.decision.layer != "ignore":
+                by_chat.setdefault((item.message.tenant, item.message.chat_id), []).append(
+                    item.message.message_id
+                )
         found: set[MessageKey] = set()
         for (tenant, chat_id), ids in by_chat.items():
             for mid in await self.memory.store.stored_message_ids(tenant, chat_id, ids):
@@ -314,16 +252,6 @@ class IngestPipeline:
                     await callback(event)
                 except Exception:
                     log.exception("trigger callback %r failed", callback)
-
-
-def ignored(item: Pending) -> IngestResult:
-    return IngestResult(
-        message_id=item.message.message_id,
-        layer="ignore",
-        stored=False,
-        reason=item.decision.reason,
-        notes=item.errors,
-    )
 
 
 def duplicate(message: Message, decision: TriageDecision) -> IngestResult:

@@ -43,9 +43,7 @@ class Memory(MemoryLifecycle):
     async def ingest_many(
         self, messages: Sequence[Message | dict[str, Any]], *, progress: Callable[[int], None] | None = None
     ) -> list[IngestResult]:
-        """Ingest in order, in batches of ``[storage] batch_size``: a batch is embedded and written
-        in groups while the next group is embedded (a failure part-way keeps the groups written
-        before it whole; ingesting again stores the rest). Every message is
+        """Ingest in order with batched embeddings and one transaction per batch. Every message is
         validated before anything is written: one bad message is an :class:`InputError` naming
         its index and field, and nothing from the call is stored."""
         return await self._ingest.run(sequence_argument(messages, "messages"), progress)

@@ -1,6 +1,5 @@
 """``ingest_many`` in batches: each batch is triaged with the batches before it written, results
-keep their order, the model starts while the batch is still being triaged, and a batch whose
-embedding fails part-way keeps only the groups written before it, whole."""
+keep their order, and a batch whose embedding fails leaves nothing of itself."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import pytest
 
 from narrmem import hookimpl
 from narrmem.config import Settings
-from narrmem.ingest import EMBED_GROUP, WRITE_GROUP
 from narrmem.models import Message, Scope
 from narrmem.testing import HashEmbedder, open_memory
 
@@ -112,62 +110,6 @@ async def test_a_failed_embedding_leaves_nothing_of_the_batches_after_it(tmp_pat
     # failed, and nothing of it was written.
     assert {"g8", "g9", "g10", "g11"}.isdisjoint(kept)
     assert {"g0", "g4"} <= kept
-
-
-class AfterStoreRecorder:
-    """Notes the messages whose after-store hooks ran."""
-
-    def __init__(self) -> None:
-        self.ran: list[str] = []
-
-    @hookimpl
-    async def narrmem_after_store(self, message: Message) -> None:
-        self.ran.append(message.message_id)
-
-
-@pytest.mark.asyncio
-async def test_a_failure_part_way_keeps_the_groups_written_before_it_whole(tmp_path: Path) -> None:
-    """One batch of three embedding groups whose third fails: the first two groups were written
-    (one write group) and their after-store hooks ran; nothing of the third is stored, and
-    ingesting the same messages again stores exactly it."""
-    assert WRITE_GROUP == 2 * EMBED_GROUP
-    texts = messages(3 * EMBED_GROUP)
-    embedder = SlowEmbedder(seconds=0.01, fail_on=f"tomato number {2 * EMBED_GROUP} ")
-    recorder = AfterStoreRecorder()
-    settings: dict[str, Any] = {"embedder": {"backend": "slow"}, "storage": {"batch_size": 256}}
-    async with open_memory(tmp_path / "m", plugins=[Plugins(embedder), recorder], **settings) as mem:
-        with pytest.raises(RuntimeError, match="the model failed"):
-            await mem.ingest_many(texts)
-        written = [f"g{i}" for i in range(WRITE_GROUP)]
-        assert recorder.ran == written
-        hits = await mem.recall("tomato garden Elm street", user_id="ann", k=100, reinforce=False)
-        assert sorted({mid for hit in hits for mid in hit.message_ids}, key=lambda m: int(m[1:])) == written
-        embedder.fail_on = None
-        again = await mem.ingest_many(texts)
-    assert [r.duplicate for r in again] == [True] * WRITE_GROUP + [False] * EMBED_GROUP
-    assert all(r.stored for r in again[WRITE_GROUP:])
-    assert recorder.ran == [f"g{i}" for i in range(3 * EMBED_GROUP)]
-
-
-@pytest.mark.asyncio
-async def test_the_model_starts_while_the_batch_is_still_being_triaged(tmp_path: Path) -> None:
-    """The first group of texts goes to the model before triage reaches the batch's last message."""
-    embedder = TimedEmbedder()
-    triaged: list[float] = []
-
-    class TriageClock:
-        @hookimpl(tryfirst=True)
-        def narrmem_triage(self) -> None:
-            triaged.append(time.perf_counter())  # answers nothing: the built-in triage decides
-
-    settings: dict[str, Any] = {"embedder": {"backend": "slow"}, "storage": {"batch_size": 256}}
-    async with open_memory(tmp_path / "m", plugins=[Plugins(embedder), TriageClock()], **settings) as mem:
-        results = await mem.ingest_many(messages(3 * EMBED_GROUP))
-    assert all(r.stored for r in results)
-    first_start, first_texts = embedder.calls[0]
-    assert len(first_texts) == EMBED_GROUP
-    assert first_start < triaged[-1]
-    assert [len(texts) for _, texts in embedder.calls] == [EMBED_GROUP] * 3
 
 
 class Rewriter:
