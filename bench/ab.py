@@ -14,13 +14,18 @@ one fixed workload, alternating A and B in fresh processes, so that drift hits b
    ``ingest`` calls of stored messages, then ``--samples`` heavy-user recalls three times (the
    middle of the three p50s is kept) and ``--samples`` typical-user recalls, all with the query
    embedding, and the process CPU time per stored ingest and per heavy-user recall.
-3. The report: each round's figures side by side, the median over rounds of each, and B / A.
+3. With ``--bulk N``, each round also runs a child per tree on a fresh, empty store: the bulk ratio
+   of ``bench/speed.py`` (``ingest_many`` of N new messages against raw embedding of the texts it
+   embeds for them, in 512-message parts, alternating which goes first; the store grows by each part,
+   as in that benchmark). ``--size 0`` skips the filled store and its latencies: bulk rounds only.
+4. The report: each round's figures side by side, the median over rounds of each, and B / A.
 
 The traffic generator and this script are the running tree's; only ``narrmem`` and its plugins
 come from the tree under test (``PYTHONPATH`` puts it first, ``narrmem_plugins`` pointing at its
 ``plugins`` folder).
 
 Usage:  python bench/ab.py --a /tmp/old --b . --out bench/results/ab.json
+        python bench/ab.py --a /tmp/old --b . --size 0 --bulk 2048 --pairs 6
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ FIGURES = (
     "cpu_ingest_ms",
     "cpu_recall_ms",
 )
+BULK_FIGURES = ("bulk_ratio", "bulk_msg_per_s", "raw_msg_per_s")
 
 
 def tree_environment(tree: Path, shim: Path) -> dict[str, str]:
@@ -125,6 +131,37 @@ async def workload(folder: Path, seed: int, round_no: int, samples: int) -> dict
     }
 
 
+async def bulk_ratio(seed: int, round_no: int, n: int) -> dict[str, Any]:
+    from speed import Population, embed_raw, embedded_text
+
+    from narrmem import Memory, load_settings
+
+    gen = ChatGenerator(seed * 1000 + round_no)
+    pop = Population(gen=gen, people=ChatGenerator(seed).people(500), heavy_share=0.2)
+    part = 512
+    raw_s = pipe_s = 0.0
+    with tempfile.TemporaryDirectory(prefix="narrmem-ab-bulk-") as folder:
+        mem = await Memory.open(folder, settings=load_settings())
+        try:
+            await mem.embedder.embed(["warm up the model"])
+            texts = gen.unique_contents(n)
+            chunk = mem.settings.storage.batch_size
+            for i, offset in enumerate(range(0, n, part)):
+                messages = [pop.message(t, prefix="bulk") for t in texts[offset : offset + part]]
+                embedded = [embedded_text(m) for m in messages]
+                for side in ("raw", "pipe") if i % 2 == 0 else ("pipe", "raw"):
+                    start = time.perf_counter()
+                    if side == "raw":
+                        await embed_raw(mem, embedded, chunk)
+                        raw_s += time.perf_counter() - start
+                    else:
+                        await mem.ingest_many(messages)
+                        pipe_s += time.perf_counter() - start
+        finally:
+            await mem.close()
+    return {"bulk_ratio": raw_s / pipe_s, "bulk_msg_per_s": n / pipe_s, "raw_msg_per_s": n / raw_s}
+
+
 def run_child(tree: Path, shim: Path, *args: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, __file__, "--child", *args],
@@ -141,8 +178,11 @@ def run_child(tree: Path, shim: Path, *args: str) -> dict[str, Any]:
 
 def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     trees = {"A": Path(args.a), "B": Path(args.b)}
+    figures = (FIGURES if args.size else ()) + (BULK_FIGURES if args.bulk else ())
     fills = {}
     for name, tree in trees.items():
+        if not args.size:
+            break
         print(f"filling {name} ({tree}) to {args.size:,} ...", file=sys.stderr)
         fills[name] = run_child(
             tree, work / f"shim-{name}", "fill", str(work / name), str(args.size), str(args.seed)
@@ -152,19 +192,26 @@ def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         order = ["A", "B"] if round_no % 2 == 0 else ["B", "A"]
         row: dict[str, Any] = {"order": "".join(order)}
         for name in order:
-            row[name] = run_child(
-                trees[name],
-                work / f"shim-{name}",
-                "work",
-                str(work / name),
-                str(args.seed),
-                str(round_no),
-                str(args.samples),
-            )
+            shim = work / f"shim-{name}"
+            row[name] = {}
+            if args.size:
+                row[name] |= run_child(
+                    trees[name],
+                    shim,
+                    "work",
+                    str(work / name),
+                    str(args.seed),
+                    str(round_no),
+                    str(args.samples),
+                )
+            if args.bulk:
+                row[name] |= run_child(
+                    trees[name], shim, "bulk", "-", str(args.seed), str(round_no), str(args.bulk)
+                )
         print(f"round {round_no + 1}: {json.dumps(row)}", file=sys.stderr)
         rounds.append(row)
     medians = {
-        name: {figure: statistics.median(r[name][figure] for r in rounds) for figure in FIGURES}
+        name: {figure: statistics.median(r[name][figure] for r in rounds) for figure in figures}
         for name in trees
     }
     return {
@@ -172,7 +219,7 @@ def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "fill": fills,
         "rounds": rounds,
         "median": medians,
-        "b_over_a": {figure: medians["B"][figure] / medians["A"][figure] for figure in FIGURES},
+        "b_over_a": {figure: medians["B"][figure] / medians["A"][figure] for figure in figures},
     }
 
 
@@ -188,25 +235,42 @@ def print_report(report: dict[str, Any]) -> None:
     ]
     print(render_table(["median over rounds", "A", "B", "B / A"], rows))
     for n, row in enumerate(report["rounds"], 1):
-        cells = "  ".join(f"{name} {row[name]['recall_heavy_p50_ms']:.1f}" for name in row["order"])
-        print(f"round {n} heavy-user recall p50 ms: {cells}")
+        for figure, label in (
+            ("recall_heavy_p50_ms", "heavy-user recall p50 ms"),
+            ("bulk_ratio", "bulk ratio"),
+        ):
+            if figure in row[row["order"][0]]:
+                cells = "  ".join(f"{name} {row[name][figure]:.2f}" for name in row["order"])
+                print(f"round {n} {label}: {cells}")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--a", required=True, help="the reference source tree (holds narrmem/ and plugins/)")
     parser.add_argument("--b", required=True, help="the source tree compared with it")
-    parser.add_argument("--size", type=int, default=100_000, help="memories in each store (default 100000)")
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=100_000,
+        help="memories in each store (default 100000; 0: bulk rounds only)",
+    )
+    parser.add_argument("--bulk", type=int, default=0, help="also the bulk ratio on this many new messages")
     parser.add_argument("--pairs", type=int, default=4, help="rounds of one A and one B child (default 4)")
     parser.add_argument("--samples", type=int, default=200, help="ingests and recalls per timed set")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", help="write the JSON report here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.size < 0 or args.bulk < 0 or (args.size == 0 and args.bulk == 0):
+        parser.error("--size and --bulk: not negative, and not both 0 (nothing to compare)")
+    return args
 
 
 def child(argv: list[str]) -> int:
     kind, folder, *rest = argv
-    if kind == "fill":
+    if kind == "bulk":
+        seed, round_no, n = (int(x) for x in rest)
+        result = asyncio.run(bulk_ratio(seed, round_no, n))
+    elif kind == "fill":
         size, seed = int(rest[0]), int(rest[1])
         Path(folder).mkdir(parents=True, exist_ok=True)
         result = asyncio.run(fill_store(Path(folder), size, seed))

@@ -57,3 +57,24 @@ def test_a_child_runs_the_narrmem_of_its_tree(tmp_path: Path) -> None:
     (broken / "narrmem" / "__init__.py").write_text("raise ImportError('the broken tree')\n")
     with pytest.raises(SystemExit, match="the broken tree"):
         ab.run_child(broken, tmp_path / "shim", "fill", str(tmp_path / "store"), "10", "7")
+
+
+def test_bulk_rounds_alone_compare_the_bulk_ratio(tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    code = ab.main(
+        ["--a", str(ROOT), "--b", str(ROOT), "--size", "0", "--bulk", "40", "--pairs", "1"]
+        + ["--out", str(out)]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["fill"] == {}
+    for name in ("A", "B"):
+        assert set(report["median"][name]) == set(ab.BULK_FIGURES)
+        assert 0 < report["median"][name]["bulk_ratio"] < 5
+    assert set(report["b_over_a"]) == set(ab.BULK_FIGURES)
+
+
+def test_nothing_to_compare_is_refused() -> None:
+    with pytest.raises(SystemExit) as exc:
+        ab.parse_args(["--a", ".", "--b", ".", "--size", "0"])
+    assert exc.value.code == 2
