@@ -7,6 +7,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
@@ -14,7 +15,7 @@ from typing import Any, NotRequired, Protocol, TypedDict, Unpack, runtime_checka
 
 import numpy as np
 
-from narrmem.errors import StoreError
+from narrmem.errors import InputError, StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
 
 HistoryRow = tuple[int, str, str, float | None, float]
@@ -35,6 +36,7 @@ class RecentOptions(TypedDict, total=False):
     since: datetime | None
     kinds: Sequence[str] | None
     limit: int
+    meta_has: tuple[str, str] | None
 
 
 class ForgetWhat(TypedDict):
@@ -116,7 +118,11 @@ class Store(Protocol):
 
     async def recent(self, scope: Scope, **options: Unpack[RecentOptions]) -> list[MemoryRecord]:
         """In-scope records (of ``kinds``) created at or after ``since``, newest first, at most
-        ``limit`` (100 unless given)."""
+        ``limit`` (100 unless given). ``meta_has=(key, value)`` keeps the records whose
+        ``meta[key]`` is the string ``value`` or a list holding it, filtered in the query (a counter
+        of one mood reads the few records that state it, not a heavy user's whole week); ``key``
+        is a name of letters, digits and underscores (:class:`~narrmem.errors.InputError`
+        otherwise)."""
         ...
 
     async def update(self, record: MemoryRecord) -> None:
@@ -318,3 +324,28 @@ SOURCES_IN_SCOPE = (
     "WHERE {where}"
 )
 """Both built-in stores' query of the provenance of a scope's memories (``{where}`` on ``m``)."""
+
+
+META_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# A value whose JSON text is itself (no escapes, whatever the encoder's settings): a plain
+# substring of the stored text can rule rows out before their JSON is parsed.
+PLAIN_VALUE = re.compile(r"[A-Za-z0-9 _.-]+")
+
+
+def meta_filter(meta_has: tuple[str, str] | None) -> tuple[str, str] | None:
+    """``recent``'s ``meta_has`` checked: a key that can go into a JSON path as it is, a string
+    value. A store may first rule out the rows whose meta text does not hold the value when
+    :func:`plain_value` says it can."""
+    if meta_has is None:
+        return None
+    key, value = meta_has
+    if not isinstance(key, str) or not META_KEY.fullmatch(key):
+        raise InputError(f"meta_has: the key must be letters, digits and underscores, not {key!r}")
+    if not isinstance(value, str):
+        raise InputError(f"meta_has: the value must be a string, not {type(value).__name__}")
+    return key, value
+
+
+def plain_value(value: str) -> bool:
+    """Whether ``value`` is written in JSON as it is (see ``PLAIN_VALUE``)."""
+    return PLAIN_VALUE.fullmatch(value) is not None

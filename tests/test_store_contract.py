@@ -16,7 +16,7 @@ from _postgres import fresh_database
 from narrmem_plugins.storage_postgres.store import PostgresStore
 from narrmem_plugins.storage_sqlite.store import SQLiteStore
 
-from narrmem.errors import StoreError
+from narrmem.errors import InputError, StoreError
 from narrmem.models import ImportanceChange, MemoryRecord, Scope
 from narrmem.store import RecordsModel, SQLCapable
 
@@ -105,6 +105,36 @@ async def test_add_sets_ids_and_get_and_recent_stay_in_scope(store: Any) -> None
     assert [r.text for r in since] == ["mine 2", "mine 1"]
     assert [r.text for r in await store.recent(Scope(tenant="t2", user_id="u1"))] == ["elsewhere"]
     assert await store.recent(Scope(user_id="u1"), kinds=["scene"]) == []
+
+
+async def test_recent_with_meta_has_keeps_the_records_that_state_the_value(store: Any) -> None:
+    """``meta_has`` filters in the query: a string equal to the value or a list holding it; a
+    value that only appears elsewhere in the meta, as part of a word, or under another user does
+    not count; a key that cannot be a JSON path is an input error."""
+
+    def said(text: str, minutes: int, meta: dict[str, Any], user: str = "u1") -> MemoryRecord:
+        return record(text, user=user, minutes=minutes).model_copy(update={"meta": meta})
+
+    rows = [
+        said("tired list", 1, {"emotions": ["tired", "sad"]}),
+        said("tired string", 2, {"emotions": "tired"}),
+        said("tiredness", 3, {"emotions": ["tiredness"]}),
+        said("elsewhere in meta", 4, {"emotions": ["happy"], "note": "tired"}),
+        said("no emotions", 5, {"layer": "accumulate"}),
+        said("quoted", 6, {"emotions": ['say "hi"', "tired"]}),
+        said("other user", 7, {"emotions": ["tired"]}, user="u2"),
+    ]
+    await add(store, *rows)
+    found = await store.recent(Scope(user_id="u1"), meta_has=("emotions", "tired"))
+    assert [r.text for r in found] == ["quoted", "tired string", "tired list"]
+    odd = await store.recent(Scope(user_id="u1"), meta_has=("emotions", 'say "hi"'))
+    assert [r.text for r in odd] == ["quoted"]
+    since = await store.recent(
+        Scope(user_id="u1"), since=T0 + timedelta(minutes=2), meta_has=("emotions", "tired")
+    )
+    assert [r.text for r in since] == ["quoted", "tired string"]
+    with pytest.raises(InputError, match="meta_has"):
+        await store.recent(Scope(user_id="u1"), meta_has=("emotions') OR 1=1 --", "tired"))
 
 
 async def test_search_vectors_is_nearest_first_in_scope_and_kind(store: Any) -> None:

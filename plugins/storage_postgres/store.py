@@ -29,7 +29,7 @@ from pgvector.asyncpg import register_vector
 from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow
+from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, meta_filter, plain_value
 from narrmem.text import content_terms, fts_document
 
 log = logging.getLogger("narrmem.storage_postgres")
@@ -787,6 +787,7 @@ class PostgresStore(ForgetJournal):
         since: datetime | None = None,
         kinds: Sequence[str] | None = None,
         limit: int = 100,
+        meta_has: tuple[str, str] | None = None,
     ) -> list[MemoryRecord]:
         where, params = _scope_clause(scope, start=2)
         values: list[Any] = list(params)
@@ -796,6 +797,16 @@ class PostgresStore(ForgetJournal):
         if kinds:
             values.append(list(kinds))
             where += f" AND kind = ANY(${len(values) + 1}::text[])"
+        checked = meta_filter(meta_has)
+        if checked is not None:
+            key, value = checked
+            if plain_value(value):
+                # A substring test rules most rows out before their JSON is parsed.
+                values.append(value)
+                where += f" AND strpos(meta, ${len(values) + 1}::text) > 0"
+            # A JSON list contains a string it holds, and a string contains itself.
+            values.extend((key, value))
+            where += f" AND (meta::jsonb -> ${len(values)}::text) @> to_jsonb(${len(values) + 1}::text)"
         rows = await self.pool.fetch(
             f"SELECT {COLUMNS} FROM memories WHERE {where} ORDER BY created_ts DESC, id DESC LIMIT $1",
             min(int(limit), 2**62),

@@ -31,7 +31,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow
+from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, meta_filter, plain_value
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
 
 log = logging.getLogger("narrmem.storage_sqlite")
@@ -467,6 +467,7 @@ class SQLiteStore(ForgetJournal):
         since: datetime | None = None,
         kinds: Sequence[str] | None = None,
         limit: int = 100,
+        meta_has: tuple[str, str] | None = None,
     ) -> list[MemoryRecord]:
         where, params = _scope_clause(scope)
         clauses, values = [where], list[str | float | int](params)
@@ -476,6 +477,16 @@ class SQLiteStore(ForgetJournal):
         if kinds:
             clauses.append(f"kind IN ({_marks(kinds)})")
             values.extend(kinds)
+        checked = meta_filter(meta_has)
+        if checked is not None:
+            key, value = checked
+            if plain_value(value):
+                # A substring test rules most rows out before their JSON is parsed.
+                clauses.append("instr(meta, ?) > 0")
+                values.append(value)
+            # json_each of a string is that string; of a list, its items; of nothing, no row.
+            clauses.append("EXISTS (SELECT 1 FROM json_each(meta, ?) WHERE value = ?)")
+            values.extend((f"$.{key}", value))
         rows = await self._fetchall(
             f"SELECT {COLUMNS} FROM memories WHERE {' AND '.join(clauses)} ORDER BY created_ts DESC, id DESC "
             "LIMIT ?",

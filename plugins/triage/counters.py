@@ -103,13 +103,12 @@ class Counters:
         if not moods:
             return
         since = message.ts - timedelta(days=self.options.emotion_window_days)
-        recent = await memory.store.recent(user, since=since, kinds=["episode"], limit=10_000)
         for mood in moods:
-            said = [
-                r
-                for r in recent
-                if mood in (r.meta.get("emotions") or []) and _not_after(r, episode) and r.id != episode.id
-            ]
+            # Only the records that state this mood: a heavy user's week is thousands of messages.
+            stated = await memory.store.recent(
+                user, since=since, kinds=["episode"], limit=10_000, meta_has=("emotions", mood)
+            )
+            said = [r for r in stated if _not_after(r, episode) and r.id != episode.id]
             # The message itself always counts, even when it is older than what `recent` returned.
             said = [*sorted(said, key=lambda r: r.id or 0), episode]
             count = len(said)
