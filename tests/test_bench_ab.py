@@ -62,8 +62,7 @@ def test_a_child_runs_the_narrmem_of_its_tree(tmp_path: Path) -> None:
 def test_bulk_rounds_alone_compare_the_bulk_ratio(tmp_path: Path) -> None:
     out = tmp_path / "ab.json"
     code = ab.main(
-        ["--a", str(ROOT), "--b", str(ROOT), "--size", "0", "--bulk", "40", "--pairs", "1"]
-        + ["--out", str(out)]
+        ["--a", str(ROOT), "--b", str(ROOT), "--size", "0", "--bulk", "40", "--pairs", "1", "--out", str(out)]
     )
     assert code == 0
     report = json.loads(out.read_text())
