@@ -83,8 +83,8 @@ class Counters:
         (episode, episode_vector), *others = stored
         user = Scope(tenant=message.tenant, user_id=message.user_id)
         await self._moods(memory, message, episode, user, result)
-        members = await self._topic(memory, message, episode, episode_vector, user, result)
-        self._habit(message, episode, members, result)
+        members, label = await self._topic(memory, message, episode, episode_vector, user, result)
+        self._habit(message, episode, members, label, result)
         for record, vector in others:
             if record.kind == "scene":
                 if record.meta.get("type") == "value":
@@ -169,7 +169,9 @@ class Counters:
         vector: np.ndarray,
         user: Scope,
         result: Any,
-    ) -> list[MemoryRecord]:
+    ) -> tuple[list[MemoryRecord], str | None]:
+        """The earlier mentions of this message's topic (itself included) and the topic's label
+        when it was counted (a heavy user's topic has dozens of mentions: named once)."""
         nearest = await memory.store.search_vectors(user, vector, 64)
         # For Chinese the (English) model's cosine is weak evidence: shared words decide instead.
         threshold = CJK_TOPIC_SIMILARITY if has_cjk(episode.text) else self.options.topic_similarity
@@ -193,7 +195,7 @@ class Counters:
         )
         if count < 2 or shared_moods:
             # Messages alike because they state the same mood are the mood counter's business.
-            return members
+            return members, None
         label = topic_label([r.text for r in members], self.options.names)
         result.notes.append(f"topic '{label}' mentioned for the {ordinal(count)} time")
         _count(
@@ -206,7 +208,7 @@ class Counters:
             threshold=self.options.topic_threshold,
             suggestion=f"This is the {ordinal(count)} time '{label}' comes up. Want to dig into it?",
         )
-        return members
+        return members, label
 
     def same_topic(self, episode: MemoryRecord, other: MemoryRecord) -> bool:
         """Close in meaning is not enough: the two must also share words that carry meaning, so
@@ -218,7 +220,12 @@ class Counters:
         return shares_words(episode.text, other.text, self.options.names)
 
     def _habit(
-        self, message: Message, episode: MemoryRecord, members: list[MemoryRecord], result: Any
+        self,
+        message: Message,
+        episode: MemoryRecord,
+        members: list[MemoryRecord],
+        topic: str | None,
+        result: Any,
     ) -> None:
         weekday = episode.created_at.weekday()
         same_day = [r for r in members if r.created_at.weekday() == weekday]
@@ -226,7 +233,9 @@ class Counters:
         if len(weeks) < 2:
             return
         day = describe_time(episode.created_at, "en").split()[0]
-        label = f"{topic_label([r.text for r in members], self.options.names)} on {day}s"
+        if topic is None:
+            topic = topic_label([r.text for r in members], self.options.names)
+        label = f"{topic} on {day}s"
         this_week = tuple(episode.created_at.isocalendar())[:2]
         # Fire once: on the first mention of the week that makes the count.
         first_of_week = min(

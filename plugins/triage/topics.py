@@ -74,7 +74,10 @@ def topic_words(
         words, stems = _analysed(text, skip)
         for word, stemmed in zip(words, stems, strict=True):
             total[stemmed] += 1
-            spellings.setdefault(stemmed, Counter())[word] += 1
+            spelled = spellings.get(stemmed)
+            if spelled is None:  # not setdefault: it would build a Counter for every word
+                spelled = spellings[stemmed] = Counter()
+            spelled[word] += 1
         in_texts.update(set(stems))
     position = {s: i for i, s in enumerate(spellings)}
     ranked = sorted(spellings, key=lambda s: (-in_texts[s], -total[s], position[s]))
