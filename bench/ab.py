@@ -8,7 +8,10 @@ one fixed workload, alternating A and B in fresh processes, so that drift hits b
 
 1. For each tree, one store of ``--size`` memories is filled once with ``store.add`` (the bulk fill of
    ``bench/speed.py``: the same seeded people, texts, vectors and times for both trees), in that
-   tree's code.
+   tree's code. With ``--same-store`` A's store is filled and B gets a copy of its files: the
+   vector index's graphs are built in the background while a store fills, so how much of a heavy
+   user's memories they cover (the rest is searched exactly) can differ from one fill to the
+   next, and a heavy user's recall time with it.
 2. ``--pairs`` rounds; each round runs a child process per tree (the order alternates by round). A
    child opens its tree's store and, with new seeded traffic of its round: ``--samples`` single
    ``ingest`` calls of stored messages, then ``--samples`` heavy-user recalls three times (the
@@ -34,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -183,6 +187,12 @@ def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     for name, tree in trees.items():
         if not args.size:
             break
+        if args.same_store and name == "B":
+            # One store's files for both: what the background graph builds cover can differ from
+            # one fill to the next, and a heavy user's search time with it.
+            shutil.copytree(work / "A", work / "B")
+            fills["B"] = fills["A"]
+            continue
         print(f"filling {name} ({tree}) to {args.size:,} ...", file=sys.stderr)
         fills[name] = run_child(
             tree, work / f"shim-{name}", "fill", str(work / name), str(args.size), str(args.seed)
@@ -255,6 +265,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="memories in each store (default 100000; 0: bulk rounds only)",
     )
     parser.add_argument("--bulk", type=int, default=0, help="also the bulk ratio on this many new messages")
+    parser.add_argument(
+        "--same-store",
+        action="store_true",
+        help="fill one store with A's code and give B a copy (trees that read the same store format)",
+    )
     parser.add_argument("--pairs", type=int, default=4, help="rounds of one A and one B child (default 4)")
     parser.add_argument("--samples", type=int, default=200, help="ingests and recalls per timed set")
     parser.add_argument("--seed", type=int, default=7)

@@ -77,3 +77,13 @@ def test_nothing_to_compare_is_refused() -> None:
     with pytest.raises(SystemExit) as exc:
         ab.parse_args(["--a", ".", "--b", ".", "--size", "0"])
     assert exc.value.code == 2
+
+
+def test_the_same_store_is_filled_once_and_copied(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ab.json"
+    args = ["--a", str(ROOT), "--b", str(ROOT), "--size", "200", "--pairs", "1", "--samples", "3"]
+    assert ab.main([*args, "--same-store", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["fill"]["A"] == report["fill"]["B"] and report["fill"]["A"]["records"] == 200
+    assert "filling B" not in capsys.readouterr().err
+    assert set(report["b_over_a"]) == set(ab.FIGURES)
