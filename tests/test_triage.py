@@ -249,6 +249,34 @@ async def test_paraphrased_topic_mentions_count_together(real: Memory) -> None:
     assert "topic" in results[1].notes[0] and "2nd time" in results[1].notes[0]
 
 
+async def test_an_imported_chat_counts_its_topics_as_it_would_arriving_message_by_message(
+    real: Memory,
+) -> None:
+    """In ``ingest_many`` a batch is written before its counts are made, so the messages after one
+    are already in the store; they must not take the nearest places its count looks at (64), or an
+    import undercounts what the same chat counts live."""
+
+    def walks(user: str) -> list[Message]:
+        return [
+            Message(
+                text=f"Took the dog for a long walk in the park again, walk {i} this week",
+                user_id=user,
+                chat_id=f"dm-{user}",
+                ts=datetime(2026, 7, 1, 8, tzinfo=CET) + timedelta(minutes=10 * i),
+                message_id=f"walk-{i}",
+            )
+            for i in range(100)
+        ]
+
+    def topic_count(result: Any) -> int:
+        return next((c.count for c in result.counts if c.kind == "topic"), 0)
+
+    imported = [topic_count(r) for r in await real.ingest_many(walks("importer"))]
+    live = [topic_count(await real.ingest(m)) for m in walks("talker")]
+    assert live[:3] == [0, 2, 3] and live[-1] == 64  # the count looks at the 64 nearest earlier ones
+    assert imported == live
+
+
 async def test_same_topic_on_the_same_weekday_is_a_habit(real: Memory) -> None:
     fridays = [datetime(2026, 9, 4, 18, tzinfo=CET) + timedelta(weeks=w) for w in range(3)]
     results = [

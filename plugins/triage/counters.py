@@ -33,6 +33,10 @@ _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 SAME_SCENE = 0.95  # cosine above which a later scene restates an earlier one
 MAX_IMPACTS = 3  # the Impact field keeps the latest few consequences
 CJK_TOPIC_SIMILARITY = 0.3
+TOPIC_NEIGHBOURS = 64  # the most similar earlier memories a topic count looks at
+# How far a topic count searches past the messages written after it (a batch of an import is
+# written before its counts are made; a batch holds at most a few hundred records).
+MAX_TOPIC_SEARCH = 2048
 PATTERN_TYPE = "pattern"  # meta["type"] of the scene a repeated mood becomes
 _MOOD_WORDS = {
     "tired": "tired",
@@ -172,7 +176,7 @@ class Counters:
     ) -> tuple[list[MemoryRecord], str | None]:
         """The earlier mentions of this message's topic (itself included) and the topic's label
         when it was counted (a heavy user's topic has dozens of mentions: named once)."""
-        nearest = await memory.store.search_vectors(user, vector, 64)
+        nearest = await self._neighbours(memory, user, vector, episode)
         # For Chinese the (English) model's cosine is weak evidence: shared words decide instead.
         threshold = CJK_TOPIC_SIMILARITY if has_cjk(episode.text) else self.options.topic_similarity
         close = [mid for mid, score in nearest if score >= threshold]
@@ -209,6 +213,21 @@ class Counters:
             suggestion=f"This is the {ordinal(count)} time '{label}' comes up. Want to dig into it?",
         )
         return members, label
+
+    async def _neighbours(
+        self, memory: MemoryView, user: Scope, vector: np.ndarray, episode: MemoryRecord
+    ) -> list[tuple[int, float]]:
+        """The user's ``TOPIC_NEIGHBOURS`` memories most similar to ``vector`` among those written
+        up to ``episode``. In a batch the messages after it are written already and may fill the
+        nearest places: the search looks past them, so a message imported with its chat counts
+        what it counted arriving alone."""
+        k = TOPIC_NEIGHBOURS
+        while True:
+            nearest = await memory.store.search_vectors(user, vector, k)
+            earlier = [(mid, score) for mid, score in nearest if mid <= (episode.id or 0)]
+            if len(earlier) >= TOPIC_NEIGHBOURS or len(nearest) < k or k >= MAX_TOPIC_SEARCH:
+                return earlier[:TOPIC_NEIGHBOURS]
+            k = min(MAX_TOPIC_SEARCH, 2 * k)
 
     def same_topic(self, episode: MemoryRecord, other: MemoryRecord) -> bool:
         """Close in meaning is not enough: the two must also share words that carry meaning, so
