@@ -288,6 +288,11 @@ class PatternCount(_Strict):
     count: int = Field(ge=1)
     message_ids: list[str] = Field(default_factory=list)
     times: list[AwareDatetime] = Field(default_factory=list, description="when each counted mention was")
+    at_least: bool = Field(
+        default=False,
+        description="the count is a lower bound: the counter reads a bounded number of mentions, and "
+        "there may be more than it read",
+    )
 
     def event(self, message: Message, *, suggestion: str, kind: str | None = None) -> TriggerEvent:
         """The trigger this count makes, in the scope of ``message`` (the one that made it);

@@ -70,3 +70,20 @@ async def test_a_deleted_message_is_no_longer_counted_and_forget_leaves_no_patte
         clock.advance(days=-100)
         await memory.forget(user_id="ann")
         assert await memory.patterns(user_id="ann") == {"counts": [], "triggers": []}
+
+
+async def test_a_readout_past_what_it_reads_says_its_counts_are_lower_bounds(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The readout reads the newest episodes of the window up to a bound (2,000); a user with more
+    gets counts marked ``at_least``, not counts that look exact."""
+    import narrmem_plugins.triage.readout as readout
+
+    clock = ManualClock(START + timedelta(days=6))
+    async with Memory.open(tmp_path, clock=clock) as memory:
+        await memory.ingest_many(_messages())
+        exact = (await memory.patterns(user_id="ann"))["counts"]
+        assert exact and not any(c["at_least"] for c in exact)
+        monkeypatch.setattr(readout, "MAX_EPISODES", 5)  # fewer than the user's seven episodes
+        bounded = (await memory.patterns(user_id="ann"))["counts"]
+        assert bounded and all(c["at_least"] for c in bounded)

@@ -33,7 +33,9 @@ _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 SAME_SCENE = 0.95  # cosine above which a later scene restates an earlier one
 MAX_IMPACTS = 3  # the Impact field keeps the latest few consequences
 CJK_TOPIC_SIMILARITY = 0.3
-TOPIC_NEIGHBOURS = 64  # the most similar earlier memories a topic count looks at
+# The most similar earlier memories a topic count reads: when all of them are on the topic, the
+# count is a lower bound ("at least 64 times"); the pattern readout counts further.
+TOPIC_NEIGHBOURS = 64
 # How far a topic count searches past the messages written after it (a batch of an import is
 # written before its counts are made; a batch holds at most a few hundred records).
 MAX_TOPIC_SEARCH = 2048
@@ -64,11 +66,17 @@ def _count(
     count: int,
     threshold: int,
     suggestion: str,
+    at_least: bool = False,
 ) -> None:
     """Put a count in the ingest result, and a trigger event when it just reached its threshold."""
     message_ids = [mid for r in members for mid in r.message_ids]
     pattern = PatternCount(
-        kind=kind, label=label, count=count, message_ids=message_ids, times=[r.created_at for r in members]
+        kind=kind,
+        label=label,
+        count=count,
+        message_ids=message_ids,
+        times=[r.created_at for r in members],
+        at_least=at_least,
     )
     result.counts.append(pattern)
     if count == threshold:
@@ -180,6 +188,9 @@ class Counters:
         # For Chinese the (English) model's cosine is weak evidence: shared words decide instead.
         threshold = CJK_TOPIC_SIMILARITY if has_cjk(episode.text) else self.options.topic_similarity
         close = [mid for mid, score in nearest if score >= threshold]
+        # Every memory the count read is close: there may be more beyond them, and reading them
+        # all would make a heavy user's favourite topic cost a record read per mention.
+        at_least = len(nearest) >= TOPIC_NEIGHBOURS and len(close) == len(nearest)
         found = await memory.store.get(close, user)
         since = message.ts - timedelta(days=self.options.topic_window_days)
         members = sorted(
@@ -201,7 +212,10 @@ class Counters:
             # Messages alike because they state the same mood are the mood counter's business.
             return members, None
         label = topic_label([r.text for r in members], self.options.names)
-        result.notes.append(f"topic '{label}' mentioned for the {ordinal(count)} time")
+        if at_least:
+            result.notes.append(f"topic '{label}' mentioned at least {count} times")
+        else:
+            result.notes.append(f"topic '{label}' mentioned for the {ordinal(count)} time")
         _count(
             result,
             message,
@@ -211,6 +225,7 @@ class Counters:
             count=count,
             threshold=self.options.topic_threshold,
             suggestion=f"This is the {ordinal(count)} time '{label}' comes up. Want to dig into it?",
+            at_least=at_least,
         )
         return members, label
 

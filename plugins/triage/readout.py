@@ -16,7 +16,9 @@ from narrmem_plugins.triage.language import has_cjk
 from narrmem.models import MemoryRecord, PatternCount, Scope
 from narrmem.view import MemoryView
 
-MAX_EPISODES = 2000  # the newest in the window: an inspector's answer, not an archive scan
+# The newest in the window: an inspector's answer, not an archive scan (past it, counts are
+# marked as lower bounds).
+MAX_EPISODES = 2000
 
 
 async def patterns(memory: MemoryView, counters: Counters, user: Scope, now: datetime) -> list[PatternCount]:
@@ -27,7 +29,10 @@ async def patterns(memory: MemoryView, counters: Counters, user: Scope, now: dat
     moods = _moods(episodes, now - timedelta(days=options.emotion_window_days))
     topical = [r for r in episodes if r.created_at >= now - timedelta(days=options.topic_window_days)]
     topics = await _topics(memory, counters, user, topical)
-    return sorted([*moods, *topics], key=lambda p: (-p.count, p.kind, p.label))
+    found_all = len(found) < MAX_EPISODES
+    # Older mentions in the window were not read: each count is a lower bound.
+    counts = [p if found_all else p.model_copy(update={"at_least": True}) for p in [*moods, *topics]]
+    return sorted(counts, key=lambda p: (-p.count, p.kind, p.label))
 
 
 def _moods(episodes: list[MemoryRecord], since: datetime) -> list[PatternCount]:

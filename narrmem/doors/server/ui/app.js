@@ -324,7 +324,7 @@ async function loadGraph() {
 
 async function loadPatterns() {
   const p = await api("GET", "/patterns" + q({ tenant: state.tenant, user_id: state.user }));
-  const rows = p.counts.map((c) => h("tr", {}, h("td", {}, c.kind), h("td", {}, c.label), h("td", {}, c.count)));
+  const rows = p.counts.map((c) => h("tr", {}, h("td", {}, c.kind), h("td", {}, c.label), h("td", {}, c.at_least ? `${c.count}+` : c.count)));
   if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "None seen yet.")));
   $("counts").tBodies[0].replaceChildren(...rows);
   const fired = p.triggers.map((t) => h("li", {}, `${t.kind} “${t.label}” reached ${t.count}` +
