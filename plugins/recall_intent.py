@@ -1,6 +1,6 @@
 """What a question asks for, read without a model, as factors on the fused ranking.
 
-Two readings, each a rule about how people ask rather than about any particular conversation:
+Readings, each a rule about how people ask rather than about any particular conversation:
 
 * **Whose memory.** A question that names one of the people who speak in the memories it searches
   ("What did Melanie paint?") is about that person: memories of the speakers it does not name get
@@ -19,6 +19,9 @@ Two readings, each a rule about how people ask rather than about any particular 
   question it is a name and a mood word that match without answering, so it gets
   ``pattern_factor`` unless the question speaks of feelings (a mood triage knows, or feel, mood,
   emotion, 心情, 感觉, 情绪).
+* **A day named.** A question that names a date ("on October 13, 2023", "in July 2023", "on May 3",
+  "2023年5月") asks about what was said then: memories from outside that day or month and the
+  ``dated_window_days`` after it (people tell of a day once it has happened) get ``dated_factor``.
 
 All only lower scores (factors in [0, 1], through ``narrmem_weigh``, so ``Hit.why.importance_factor``
 includes them), and a factor of 1 turns a reading off: ``[plugin.recall_intent]`` options. The
@@ -30,16 +33,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from datetime import date, timedelta
 
+from narrmem_plugins.question_dates import named_span, within
 from narrmem_plugins.triage.counters import PATTERN_TYPE
 from narrmem_plugins.triage.emotions import emotions_in
 from narrmem_plugins.triage.language import has_cjk
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem import hookimpl
 from narrmem.config import share
 from narrmem.configured import Configured
 from narrmem.models import MemoryRecord, RecallRequest, SceneDraft
+from narrmem.view import MemoryView
 
 NAME = "recall_intent"
 
@@ -109,11 +115,20 @@ class IntentOptions(BaseModel):
         0.5,
         "score factor for a scene counting a repeated mood, when a question does not speak of feelings",
     )
+    dated_factor: float = share(
+        0.8,
+        "score factor for memories from outside the date a question names and the window after it",
+    )
+    dated_window_days: int = Field(
+        default=31, ge=0, le=3650, description="days after a named date whose memories still tell of it"
+    )
 
 
 class RecallIntent(Configured[IntentOptions], name=NAME, options=IntentOptions):
     @hookimpl
-    def narrmem_weigh(self, request: RecallRequest, records: dict[int, MemoryRecord]) -> dict[int, float]:
+    def narrmem_weigh(
+        self, memory: MemoryView, request: RecallRequest, records: dict[int, MemoryRecord]
+    ) -> dict[int, float]:
         return intent_factors(
             request.query,
             records,
@@ -121,6 +136,9 @@ class RecallIntent(Configured[IntentOptions], name=NAME, options=IntentOptions):
             nameless_answer_factor=self.options.nameless_answer_factor,
             future_factor=self.options.future_factor,
             pattern_factor=self.options.pattern_factor,
+            dated_factor=self.options.dated_factor,
+            dated_window=timedelta(days=self.options.dated_window_days),
+            today=memory.clock.now().date(),
         )
 
 
@@ -165,6 +183,9 @@ def intent_factors(
     nameless_answer_factor: float,
     future_factor: float = 1.0,
     pattern_factor: float = 1.0,
+    dated_factor: float = 1.0,
+    dated_window: timedelta = timedelta(days=31),
+    today: date | None = None,
 ) -> dict[int, float]:
     """A factor in [0, 1] per memory id that one of the readings lowers (the rest keep 1)."""
     factors: dict[int, float] = {}
@@ -187,6 +208,12 @@ def intent_factors(
         for memory_id, record in records.items():
             if record.meta.get("type") == PATTERN_TYPE:
                 factors[memory_id] = factors.get(memory_id, 1.0) * pattern_factor
+    # Without today a date with no year cannot be placed: the reading needs the clock's day.
+    span = named_span(query, today) if dated_factor < 1 and today is not None else None
+    if span is not None:
+        for memory_id, record in records.items():
+            if not within(record.created_at.date(), span, dated_window):
+                factors[memory_id] = factors.get(memory_id, 1.0) * dated_factor
     return factors
 
 
