@@ -112,6 +112,12 @@ class StorageSettings(_Section):
         "a second index that bounds a large user's search",
     )
     batch_size: int = Field(default=256, ge=1, le=100_000, description="messages per write transaction")
+    acknowledge: Literal["after_hooks", "after_write"] = Field(
+        default="after_hooks",
+        description="when ingest returns: once the after-store hooks (counts, facts, triggers) have "
+        "run, or once the message is written, the hooks running afterwards (recorded with the write, "
+        "so a process that stops first has them run at the next open)",
+    )
     hnsw_threshold: int = Field(
         default=10_000, ge=2, le=100_000_000, description="a user's vectors searched by HNSW from this many"
     )

@@ -18,16 +18,20 @@ from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
+    from narrmem.settling import Settling
 
 log = logging.getLogger("narrmem")
 
 
 class Forgetting:
-    def __init__(self, memory: MemoryLifecycle, write_lock: asyncio.Lock) -> None:
+    def __init__(self, memory: MemoryLifecycle, write_lock: asyncio.Lock, settling: Settling) -> None:
         self.memory = memory
         self.write_lock = write_lock
+        self.settling = settling
 
     async def scope(self, scope: Scope) -> dict[str, int]:
+        # Hooks of acknowledged messages run first: none of them writes after the forget.
+        await self.settling.settle()
         async with self.write_lock:
             job = await self.memory.store.begin_forget(
                 tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
@@ -36,6 +40,7 @@ class Forgetting:
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
+        await self.settling.settle()
         async with self.write_lock:
             job = await self.memory.store.begin_forget(
                 tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
@@ -56,6 +61,7 @@ class Forgetting:
             counts = {"memories": await store.delete(ids, job.scope)}
         told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
         await self.memory.host.call("narrmem_after_forget", isolate=False, **told)
+        await self.settling.drop(job)
         await store.finish_forget(job, purge=job.messages is None)
         return counts
 

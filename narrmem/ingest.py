@@ -5,12 +5,15 @@ Every message is validated before anything is written. Ignored messages stop aft
 embedding, no I/O). The kept ones are embedded in one call (started before the before-store hooks
 run, which it overlaps) and written in one transaction, then
 the after-store hooks (counters, facts, triggers) run in a task that overlaps the next batch's
-embedding, so in bulk the model never waits for them.
+embedding, so in bulk the model never waits for them. With ``[storage] acknowledge =
+"after_write"`` ingest returns once the batch is written, and :mod:`narrmem.settling` runs the
+hooks afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +28,7 @@ from narrmem.text import cjk_count
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
+    from narrmem.settling import Settling
 
 log = logging.getLogger("narrmem")
 
@@ -76,16 +80,23 @@ class Pending:
 
 class IngestPipeline:
     def __init__(
-        self, memory: MemoryLifecycle, write_lock: asyncio.Lock, callbacks: list[TriggerCallback]
+        self,
+        memory: MemoryLifecycle,
+        write_lock: asyncio.Lock,
+        callbacks: list[TriggerCallback],
+        settling: Settling,
     ) -> None:
         self.memory = memory
         self.write_lock = write_lock
         self.callbacks = callbacks
+        self.settling = settling
 
     async def run(
         self, messages: Sequence[Message | dict[str, Any]], progress: Callable[[int], None] | None
     ) -> list[IngestResult]:
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
+        if self.settling.deferred:
+            return await self._run_acknowledged_at_write(validated, progress)
         # A batch's results are filled in by its after-store task, which may still run while the
         # next batch embeds: the lists are read only once every task is done.
         batches: list[list[IngestResult]] = []
@@ -94,7 +105,8 @@ class IngestPipeline:
         try:
             for start in range(0, len(validated), batch_size):
                 chunk = validated[start : start + batch_size]
-                batch, finishing = await self._batch(chunk, finishing)
+                batch, written = await self._batch(chunk, finishing)
+                finishing = asyncio.ensure_future(self.after_store(written, batch)) if written else None
                 batches.append(batch)
                 if progress is not None:
                     progress(len(chunk))
@@ -103,11 +115,35 @@ class IngestPipeline:
                 await finishing
         return [result for batch in batches for result in batch]
 
+    async def _run_acknowledged_at_write(
+        self, messages: list[Message], progress: Callable[[int], None] | None
+    ) -> list[IngestResult]:
+        """``[storage] acknowledge = "after_write"``: each batch's after-store hooks are handed to
+        :class:`~narrmem.settling.Settling` (recorded with the write, run in write order after
+        this returns)."""
+        batches: list[list[IngestResult]] = []
+        batch_size = self.memory.settings.storage.batch_size
+        for start in range(0, len(messages), batch_size):
+            chunk = messages[start : start + batch_size]
+            prefix = self.settling.batch_prefix()
+            batch, written = await self._batch(chunk, None, prefix)
+            if written:
+                self.settling.schedule(
+                    functools.partial(self.after_store, written, None), prefix, len(written)
+                )
+            batches.append(batch)
+            if progress is not None:
+                progress(len(chunk))
+        await self.settling.hold_back()
+        return [result for batch in batches for result in batch]
+
     async def _batch(
-        self, messages: list[Message], previous: asyncio.Future[None] | None
-    ) -> tuple[list[IngestResult], asyncio.Future[None] | None]:
-        """Triage, embed and write one batch; return its results (filled in by the after-store
-        task for kept messages) and that task. ``previous`` is the last batch's."""
+        self, messages: list[Message], previous: asyncio.Future[None] | None, prefix: str | None = None
+    ) -> tuple[list[IngestResult], list[Pending]]:
+        """Triage, embed and write one batch; return its results and the messages written (whose
+        after-store hooks the caller runs). ``previous`` is the last batch's after-store task,
+        awaited before this batch is written. ``prefix``: record the pending after-store work of
+        the batch with its write, under keys that start with it."""
         results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
         items = []
         for i, message in enumerate(messages):
@@ -118,7 +154,7 @@ class IngestPipeline:
         if not kept:
             if previous is not None:
                 await previous
-            return results, None
+            return results, []
         for item in kept:
             episode = self.episode(item.message, item.decision)
             item.records = [episode]
@@ -152,8 +188,10 @@ class IngestPipeline:
                     future.cancel()
         for item in kept:
             item.vectors = np.vstack([by_text[item.vector_text(r)] for r in item.records])
-        written = await self._write(kept, results)
-        return results, asyncio.ensure_future(self._after_store(written, results))
+        written = await self._write(kept, results, prefix)
+        for item in written:
+            results[item.index] = stored_result(item, settled=prefix is None)
+        return results, written
 
     async def _new_messages(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
         """The messages that will leave memories; the others get their result: ignored, or
@@ -177,37 +215,35 @@ class IngestPipeline:
                 kept.append(item)
         return kept
 
-    async def _write(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
+    async def _write(
+        self, items: list[Pending], results: list[IngestResult], prefix: str | None
+    ) -> list[Pending]:
+        pending = [] if prefix is None else self.settling.entries(prefix, items)
         async with self.write_lock:
             vectors = np.vstack([item.vectors for item in items if item.vectors is not None])
-            await self.memory.store.add([r for item in items for r in item.records], vectors)
+            await self.memory.store.add([r for item in items for r in item.records], vectors, state=pending)
         # Another ingest (of this process or another sharing the store) may have stored a message
         # since the check before embedding: the store skipped its episode and what came with it
         # (the episode's id stays None; its own unique check decides), so it is a duplicate here.
-        for item in items:
-            if item.records[0].id is None:
-                results[item.index] = duplicate(item.message, item.decision)
+        skipped = [n for n, item in enumerate(items) if item.records[0].id is None]
+        for n in skipped:
+            results[items[n].index] = duplicate(items[n].message, items[n].decision)
+        if skipped and pending:
+            await self.settling.discard([pending[n][1] for n in skipped])
         return [item for item in items if item.records[0].id is not None]
 
-    async def _after_store(self, items: list[Pending], results: list[IngestResult]) -> None:
+    async def after_store(self, items: list[Pending], results: list[IngestResult] | None) -> None:
+        """Run the after-store hooks of written messages and deliver their triggers. With
+        ``results``, the hooks fill in the caller's results; without, results of their own (the
+        caller was answered already)."""
         for n, item in enumerate(items):
             await yield_every(n)
-            result = IngestResult(
-                message_id=item.message.message_id,
-                layer=item.decision.layer,
-                stored=True,
-                reason=item.decision.reason,
-                type=item.decision.type,
-                memory_ids=[r.id for r in item.records if r.id is not None],
-                records=item.records,
-                scene=next((r for r in item.records if r.kind == "scene"), None),
-            )
+            result = results[item.index] if results is not None else stored_result(item, settled=True)
             await self.memory.host.call(
                 "narrmem_after_store", **item.hook_arguments(self.memory), vectors=item.vectors, result=result
             )
             result.notes.extend(item.errors)
             await self.deliver(result.triggers)
-            results[item.index] = result
 
     async def triage(self, message: Message, errors: list[str]) -> TriageDecision:
         host = self.memory.host
@@ -252,6 +288,23 @@ class IngestPipeline:
                     await callback(event)
                 except Exception:
                     log.exception("trigger callback %r failed", callback)
+
+
+def stored_result(item: Pending, *, settled: bool) -> IngestResult:
+    """What ingest answers for a written message. Unsettled, its hooks run later: the notes are the
+    plugin errors so far, and no counts or triggers are in it."""
+    return IngestResult(
+        message_id=item.message.message_id,
+        layer=item.decision.layer,
+        stored=True,
+        reason=item.decision.reason,
+        type=item.decision.type,
+        memory_ids=[r.id for r in item.records if r.id is not None],
+        records=item.records,
+        scene=next((r for r in item.records if r.kind == "scene"), None),
+        notes=[] if settled else list(item.errors),
+        settled=settled,
+    )
 
 
 def duplicate(message: Message, decision: TriageDecision) -> IngestResult:

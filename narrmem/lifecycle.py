@@ -1,6 +1,7 @@
 """How a memory opens and closes, and the parts it owns while open: the settings and clock, one
 plugin host and tool registry, the store and embedder the plugins registered, the ingest pipeline
-and durable forgetting. :class:`~narrmem.memory.Memory` adds the public calls on top."""
+with the hooks it runs after acknowledging, and durable forgetting. :class:`~narrmem.memory.Memory`
+adds the public calls on top."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from narrmem.errors import PluginError
 from narrmem.forgetting import Forgetting
 from narrmem.host import PluginHost
 from narrmem.ingest import IngestPipeline, TriggerCallback
+from narrmem.settling import Settling
 from narrmem.store import Store
 from narrmem.tools import ToolRegistry
 
@@ -54,8 +56,9 @@ class MemoryLifecycle:
         self._embedder: Embedder | None = None
         self._trigger_callbacks: list[TriggerCallback] = []
         write_lock = asyncio.Lock()  # one writer at a time in this process
-        self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks)
-        self._forgetting = Forgetting(self, write_lock)
+        self._settling = Settling(self)
+        self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks, self._settling)
+        self._forgetting = Forgetting(self, write_lock, self._settling)
         self._closed = False
         self._started = False
 
@@ -102,6 +105,7 @@ class MemoryLifecycle:
         self._started = True
         await self.host.call("narrmem_startup", isolate=False, memory=self)
         await self._forgetting.resume()
+        await self._settling.start(self._ingest)
 
     def attach(self, *, store: Store | None = None, embedder: Embedder | None = None) -> None:
         """Set the store and embedder the plugins registered (used while opening)."""
@@ -113,6 +117,7 @@ class MemoryLifecycle:
             return
         self._closed = True
         if self._started:
+            await self._settling.close()
             await self.host.call("narrmem_shutdown", memory=self)
         for part in (self._store, self._embedder):
             if part is not None:

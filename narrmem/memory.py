@@ -36,7 +36,10 @@ class Memory(MemoryLifecycle):
     :class:`~narrmem.lifecycle.MemoryLifecycle`, what a bot calls is here."""
 
     async def ingest(self, message: Message | dict[str, Any]) -> IngestResult:
-        """Triage one message and store what it deserves. Ignored messages return at once."""
+        """Triage one message and store what it deserves. Ignored messages return at once. The
+        result comes once the after-store hooks ran (its counts, notes and triggers), or, with
+        ``[storage] acknowledge = "after_write"``, once the message is written (``settled`` is
+        ``False``; the hooks run after it, see :meth:`settle`)."""
         [result] = await self.ingest_many([message])
         return result
 
@@ -47,6 +50,12 @@ class Memory(MemoryLifecycle):
         validated before anything is written: one bad message is an :class:`InputError` naming
         its index and field, and nothing from the call is stored."""
         return await self._ingest.run(sequence_argument(messages, "messages"), progress)
+
+    async def settle(self) -> None:
+        """Wait until the after-store hooks (counts, facts, triggers) of every message acknowledged
+        so far have run. Needed only with ``[storage] acknowledge = "after_write"``, where ingest
+        returns before they run; closing the memory and a forget wait for them too."""
+        await self._settling.settle()
 
     async def triage(self, message: Message | dict[str, Any]) -> TriageDecision:
         """What triage decides for a message, without storing anything (a dry run)."""

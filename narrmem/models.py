@@ -367,6 +367,12 @@ class IngestResult(_Strict):
     counts: list[PatternCount] = Field(default_factory=list)
     triggers: list[TriggerEvent] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    settled: bool = Field(
+        default=True,
+        description="False when the message was acknowledged once written and its after-store hooks "
+        "(counts, facts, triggers) run afterwards ([storage] acknowledge = 'after_write'): counts and "
+        "the hooks' notes are then not in this result, and triggers reach the trigger callbacks",
+    )
 
 
 class Candidate(_Strict):

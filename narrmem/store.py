@@ -18,6 +18,9 @@ import numpy as np
 from narrmem.errors import InputError, StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
 
+StateEntry = tuple[str, str, dict[str, Any]]
+"""A piece of plugin state: ``(namespace, key, value)``, as :meth:`Store.state_put` takes it."""
+
 HistoryRow = tuple[int, str, str, float | None, float]
 """An importance change for the history: ``(memory id, who, why, old value, new value)``; the
 old value is ``None`` for the first."""
@@ -79,14 +82,17 @@ class Store(Protocol):
         instead (one SQL on every backend). A plugin never takes a lock of its own around the store."""
         ...
 
-    async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
+    async def add(
+        self, records: Sequence[MemoryRecord], vectors: np.ndarray, *, state: Sequence[StateEntry] = ()
+    ) -> list[int]:
         """Write records with their vectors in one transaction; set and return the ids written.
 
         An episode whose source message (tenant, chat, message id) already has an episode is not
         written, nor is any other record of the call made from that message: their ``id`` stays
         ``None``. The check is the store's own unique constraint, not a read before the write, so
         two processes storing the same message store it once. A record counts as stored only once
-        this returns.
+        this returns. ``state`` entries are put (as :meth:`state_put` does) in the same
+        transaction: they are stored exactly when the records are.
         """
         ...
 
@@ -168,6 +174,10 @@ class Store(Protocol):
         ...
 
     async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None: ...
+
+    async def state_items(self, namespace: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every piece of state in a namespace, ``(key, value)`` in key order."""
+        ...
 
     async def state_put_if(
         self, namespace: str, key: str, value: dict[str, Any], expected: dict[str, Any] | None

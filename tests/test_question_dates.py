@@ -63,7 +63,9 @@ def test_the_window_after_a_day_holds_what_was_told_of_it_later() -> None:
 def test_memories_from_outside_the_named_date_are_lowered_and_none_without_a_clock_day() -> None:
     def record(day: date) -> MemoryRecord:
         when = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
-        return MemoryRecord(text="I cooked lasagna.", user_id="ann", chat_id="c", speaker="Ann", created_at=when)
+        return MemoryRecord(
+            text="I cooked lasagna.", user_id="ann", chat_id="c", speaker="Ann", created_at=when
+        )
 
     records = {1: record(date(2026, 5, 3)), 2: record(date(2026, 8, 9)), 3: record(date(2026, 5, 20))}
     options = {"unnamed_speaker_factor": 1.0, "nameless_answer_factor": 1.0, "dated_factor": 0.8}
@@ -78,7 +80,11 @@ async def test_a_question_naming_a_day_finds_what_was_said_that_day_first(tmp_pa
     Naming the earlier day puts that day's first; with the reading off (factor 1) the closer words
     win, so the reading is what moved it."""
     said = [
-        ("m1", "2026-05-03T19:00:00+00:00", "Made a huge pot of soup tonight with my sister, lentils and all"),
+        (
+            "m1",
+            "2026-05-03T19:00:00+00:00",
+            "Made a huge pot of soup tonight with my sister, lentils and all",
+        ),
         ("m2", "2026-08-09T19:00:00+00:00", "Cooked lentil soup with my brother for dinner"),
     ]
     messages = [msg(mid, text, user="ann", chat="dm", ts=ts, speaker="Ann") for mid, ts, text in said]

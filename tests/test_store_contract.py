@@ -343,6 +343,22 @@ async def test_plugin_state_and_compare_and_set(store: Any) -> None:
     assert await store.state_get("q", "k") == {}
 
 
+async def test_state_written_with_records_lands_with_them_and_lists_in_key_order(store: Any) -> None:
+    """``add(..., state=...)`` puts plugin state in the records' transaction: both or neither."""
+    entries = [("settle", "b:2", {"n": 2}), ("settle", "a:1", {"n": 1}), ("other", "a", {})]
+    ids = await store.add([record("kept", mid="s1")], np.vstack([unit(1)]), state=entries)
+    assert len(ids) == 1
+    assert await store.state_items("settle") == [("a:1", {"n": 1}), ("b:2", {"n": 2})]
+    assert await store.state_items("other") == [("a", {})]
+    assert await store.state_items("none") == []
+    await store.state_put("settle", "c\0", {"n": 3})  # a NUL (escaped on PostgreSQL) comes back as put
+    assert [key for key, _ in await store.state_items("settle")] == ["a:1", "b:2", "c\0"]
+    # A write that fails (two vectors for one record) stores no state either.
+    with pytest.raises(StoreError):
+        await store.add([record("lost", mid="s2")], np.vstack([unit(2), unit(3)]), state=[("lost", "k", {})])
+    assert await store.state_items("lost") == []
+
+
 async def test_importance_history_and_decay_state(store: Any) -> None:
     a, b = await add(store, record("a", mid="a"), record("b", mid="b"))
     later = T0 + timedelta(days=3)

@@ -29,7 +29,7 @@ from pgvector.asyncpg import register_vector
 from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, meta_filter, plain_value
+from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, StateEntry, meta_filter, plain_value
 from narrmem.text import content_terms, fts_document
 
 log = logging.getLogger("narrmem.storage_postgres")
@@ -281,13 +281,19 @@ class PostgresStore(ForgetJournal):
 
     # --- writing --------------------------------------------------------------------------
 
-    async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
+    async def add(
+        self, records: Sequence[MemoryRecord], vectors: np.ndarray, *, state: Sequence[StateEntry] = ()
+    ) -> list[int]:
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
         for record in records:
             _check_ids(record)
         async with self.transaction() as conn:
             written = await self._add_rows(conn, records, vectors)
+            if state:
+                await conn.executemany(
+                    STATE_PUT, [(esc(ns), esc(key), _state_json(value)) for ns, key, value in state]
+                )
         for index, new_id in written:
             records[index].id = new_id
         return [new_id for _, new_id in written]
@@ -493,13 +499,14 @@ class PostgresStore(ForgetJournal):
 
     async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None:
         async with self.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
-                "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
-                esc(namespace),
-                esc(key),
-                _state_json(value),
-            )
+            await conn.execute(STATE_PUT, esc(namespace), esc(key), _state_json(value))
+
+    async def state_items(self, namespace: str) -> list[tuple[str, dict[str, Any]]]:
+        rows = await self.pool.fetch(
+            'SELECT key, value FROM plugin_state WHERE namespace = $1 ORDER BY key COLLATE "C"',
+            esc(namespace),
+        )
+        return [(str(unesc(row[0])), dict(json.loads(row[1]))) for row in rows]
 
     async def state_put_if(
         self, namespace: str, key: str, value: dict[str, Any], expected: dict[str, Any] | None
@@ -1020,6 +1027,12 @@ def _check_ids(record: MemoryRecord) -> None:
             raise StoreError(f"{field} holds a NUL character, which PostgreSQL text cannot store")
     if any("\x00" in mid for mid in record.message_ids):
         raise StoreError("a message id holds a NUL character, which PostgreSQL text cannot store")
+
+
+STATE_PUT = (
+    "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
+    "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value"
+)
 
 
 def _state_json(value: dict[str, Any]) -> str:

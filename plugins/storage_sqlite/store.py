@@ -31,7 +31,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, meta_filter, plain_value
+from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, StateEntry, meta_filter, plain_value
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
 
 log = logging.getLogger("narrmem.storage_sqlite")
@@ -350,15 +350,21 @@ class SQLiteStore(ForgetJournal):
         else:
             yield SQLiteSQL(self.db)
 
-    async def add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
+    async def add(
+        self, records: Sequence[MemoryRecord], vectors: np.ndarray, *, state: Sequence[StateEntry] = ()
+    ) -> list[int]:
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
         async with self._vectors_lock:
-            return await self._add(records, vectors)
+            return await self._add(records, vectors, state)
 
-    async def _add(self, records: Sequence[MemoryRecord], vectors: np.ndarray) -> list[int]:
+    async def _add(
+        self, records: Sequence[MemoryRecord], vectors: np.ndarray, state: Sequence[StateEntry] = ()
+    ) -> list[int]:
         written: list[tuple[MemoryRecord, int, np.ndarray]] = []
-        async with self.transaction():
+        async with self.transaction() as db:
+            if state:
+                await db.executemany(STATE_PUT, [_state_row(entry) for entry in state])
             # Checked inside the write transaction (BEGIN IMMEDIATE), so no other writer slips in
             # between: an episode of a message that has one, and what was made from it, are skipped.
             taken = await self._episode_sources(records)
@@ -633,11 +639,13 @@ class SQLiteStore(ForgetJournal):
         return dict(json.loads(rows[0][0])) if rows else None
 
     async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None:
-        await self._write(
-            "INSERT INTO plugin_state (namespace, key, value) VALUES (?, ?, ?) "
-            "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value",
-            (namespace, key, json.dumps(value, ensure_ascii=False, sort_keys=True)),
+        await self._write(STATE_PUT, _state_row((namespace, key, value)))
+
+    async def state_items(self, namespace: str) -> list[tuple[str, dict[str, Any]]]:
+        rows = await self._fetchall(
+            "SELECT key, value FROM plugin_state WHERE namespace = ? ORDER BY key", (namespace,)
         )
+        return [(str(key), dict(json.loads(value))) for key, value in rows]
 
     async def state_put_if(
         self, namespace: str, key: str, value: dict[str, Any], expected: dict[str, Any] | None
@@ -1020,6 +1028,17 @@ class SQLiteStore(ForgetJournal):
                 await db.executemany(sql, params)
             else:
                 await db.execute(sql, params)
+
+
+STATE_PUT = (
+    "INSERT INTO plugin_state (namespace, key, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value"
+)
+
+
+def _state_row(entry: StateEntry) -> tuple[str, str, str]:
+    namespace, key, value = entry
+    return namespace, key, json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def user_token(tenant: str, user_id: str) -> str:

@@ -1,0 +1,217 @@
+"""After-store hooks after the acknowledgement (``[storage] acknowledge = "after_write"``).
+
+Ingest then returns once a batch is written; the batch's after-store hooks (counters, facts,
+triggers) run afterwards, one batch after another in the order they were written. What they need
+is put in the store in the same transaction as the records (plugin state, namespace
+:data:`NAMESPACE`) and deleted once they have run, so a process that stops first has them run at the
+next open: by the next process to open the store, once the one that wrote them is gone (its
+:meth:`narrmem.store.Store.exclusive` claim on its own entries is released).
+
+An entry holds no text of the message: the ids that find its records, the names of its ``meta``
+keys and triage's decision without its text (``gist`` and string-valued signals, which may quote
+it). The message the hooks get back is rebuilt from its stored episode. A forget deletes the
+entries of what it forgets before it finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
+from narrmem.store import StateEntry
+
+if TYPE_CHECKING:
+    from narrmem.ingest import IngestPipeline, Pending
+    from narrmem.lifecycle import MemoryLifecycle
+
+log = logging.getLogger("narrmem")
+
+NAMESPACE = "narrmem.settling"
+# Messages acknowledged whose hooks have not run yet, past which ingest waits for them: the lag of
+# counts and triggers, and what a stop leaves for the next open, stay bounded.
+MAX_UNSETTLED = 1024
+
+
+class Settling:
+    def __init__(self, memory: MemoryLifecycle) -> None:
+        self.memory = memory
+        # This process's entries: the owner's token starts every key (not randomness that changes
+        # any result, only a name no other process uses).
+        self.token = uuid.uuid4().hex
+        self._batches = itertools.count()
+        self._tail: asyncio.Future[None] | None = None
+        self._unsettled = 0
+        self._claim = contextlib.AsyncExitStack()
+
+    @property
+    def deferred(self) -> bool:
+        return self.memory.settings.storage.acknowledge == "after_write"
+
+    # --- while ingesting ---------------------------------------------------------------------
+
+    def batch_prefix(self) -> str:
+        """The key prefix of the next batch's entries (keys of one width, so none is another's prefix)."""
+        return f"{self.token}:{next(self._batches):012d}:"
+
+    def entries(self, prefix: str, items: Sequence[Pending]) -> list[StateEntry]:
+        return [
+            (NAMESPACE, f"{prefix}{n:06d}", _entry(item.message, item.decision))
+            for n, item in enumerate(items)
+        ]
+
+    async def discard(self, keys: Sequence[str]) -> None:
+        """Delete entries whose message turned out to be stored already (by another ingest)."""
+        for key in keys:
+            await self.memory.store.state_delete(NAMESPACE, key)
+
+    def schedule(self, run: Callable[[], Awaitable[None]], prefix: str, count: int) -> None:
+        """Run a written batch's hooks after the batches before it; delete its entries once they ran."""
+        previous = self._tail
+
+        async def settle_batch() -> None:
+            if previous is not None:
+                await _quietly(previous)
+            try:
+                await run()
+                await self.memory.store.state_delete(NAMESPACE, prefix)
+            except Exception:
+                # The entries stay: the next open runs the hooks again.
+                log.exception("after-store hooks of an acknowledged batch failed; kept for the next open")
+            finally:
+                self._unsettled -= count
+
+        self._unsettled += count
+        self._tail = asyncio.ensure_future(settle_batch())
+
+    async def hold_back(self) -> None:
+        """Wait for the hooks to catch up when too many acknowledged messages are unsettled."""
+        if self._unsettled > MAX_UNSETTLED:
+            await self.settle()
+
+    async def settle(self) -> None:
+        """Wait until the hooks of every message acknowledged so far have run."""
+        while self._tail is not None:
+            tail = self._tail
+            await _quietly(tail)
+            if self._tail is tail:
+                self._tail = None
+
+    # --- opening, closing, forgetting ----------------------------------------------------------
+
+    async def start(self, pipeline: IngestPipeline) -> None:
+        """Claim this process's entries, and run the hooks of the entries stopped processes left."""
+        if self.memory.read_only:
+            return  # the process that writes the folder runs them
+        store = self.memory.store
+        if self.deferred:
+            await self._claim.enter_async_context(store.exclusive(_claim_name(self.token)))
+        await self.recover(pipeline)
+
+    async def close(self) -> None:
+        await self.settle()
+        await self._claim.aclose()
+
+    async def recover(self, pipeline: IngestPipeline) -> int:
+        """Run the hooks of entries whose process is gone; return how many messages they were."""
+        store = self.memory.store
+        owners: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for key, value in await store.state_items(NAMESPACE):
+            owners.setdefault(key.split(":", 1)[0], []).append((key, value))
+        done = 0
+        for token, entries in owners.items():
+            if token == self.token:
+                continue
+            async with store.exclusive(_claim_name(token)) as gone:
+                if not gone:
+                    continue  # its process is running and settles them itself
+                log.warning("running the after-store hooks of %d acknowledged messages", len(entries))
+                for prefix, batch in itertools.groupby(entries, key=lambda e: e[0].rsplit(":", 1)[0] + ":"):
+                    items = [item for _, value in batch if (item := await self._rebuild(value)) is not None]
+                    if items:
+                        await pipeline.after_store(items, None)
+                    await store.state_delete(NAMESPACE, prefix)
+                    done += len(items)
+        return done
+
+    async def drop(self, job: ForgetJob) -> None:
+        """Delete the entries of the messages a forget removes (ids are a trace of them too)."""
+        for key, value in await self.memory.store.state_items(NAMESPACE):
+            if _forgotten(value, job):
+                await self.memory.store.state_delete(NAMESPACE, key)
+
+    async def _rebuild(self, value: dict[str, Any]) -> Pending | None:
+        """The message an entry stands for, from its stored records (``None`` when they are gone)."""
+        from narrmem.ingest import Pending
+
+        store = self.memory.store
+        tenant, user_id, chat_id, message_id = (
+            str(value[k]) for k in ("tenant", "user_id", "chat_id", "message_id")
+        )
+        scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+        ids = await store.from_messages(tenant, chat_id, [message_id])
+        found = await store.get(ids, scope)
+        own = sorted((r for r in found.values() if r.message_ids == [message_id]), key=lambda r: r.id or 0)
+        episodes = [r for r in own if r.kind == "episode"]
+        if not episodes:
+            return None
+        records: list[MemoryRecord] = [episodes[0], *(r for r in own if r is not episodes[0])]
+        vectors = await store.vectors([r.id for r in records if r.id is not None], scope)
+        if len(vectors) != len(records):
+            return None
+        episode = records[0]
+        message = Message(
+            text=episode.text,
+            user_id=user_id,
+            chat_id=chat_id,
+            tenant=tenant,
+            ts=episode.created_at,
+            message_id=message_id,
+            speaker=value.get("speaker"),
+            meta={k: episode.meta[k] for k in value.get("meta_keys", []) if k in episode.meta},
+        )
+        decision = TriageDecision.model_validate(value["decision"])
+        item = Pending(0, message, decision)
+        item.records = records
+        item.vectors = np.vstack([vectors[r.id] for r in records if r.id is not None])
+        return item
+
+
+def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
+    signals = {k: v for k, v in decision.signals.items() if not isinstance(v, str)}
+    return {
+        "tenant": message.tenant,
+        "user_id": message.user_id,
+        "chat_id": message.chat_id,
+        "message_id": message.message_id,
+        "speaker": message.speaker,
+        "meta_keys": sorted(message.meta),
+        "decision": decision.model_copy(update={"gist": None, "signals": signals}).model_dump(mode="json"),
+    }
+
+
+def _forgotten(value: dict[str, Any], job: ForgetJob) -> bool:
+    if value.get("tenant") != job.tenant:
+        return False
+    if job.user_id is not None and value.get("user_id") != job.user_id:
+        return False
+    if job.chat_id is not None and value.get("chat_id") != job.chat_id:
+        return False
+    return job.messages is None or value.get("message_id") in job.messages
+
+
+def _claim_name(token: str) -> str:
+    return f"{NAMESPACE}:{token}"
+
+
+async def _quietly(future: asyncio.Future[None]) -> None:
+    """Wait for ``future``; its own failure was logged where it happened."""
+    with contextlib.suppress(Exception):
+        await future
