@@ -221,7 +221,11 @@ class IngestPipeline:
         pending = [] if prefix is None else self.settling.entries(prefix, items)
         async with self.write_lock:
             vectors = np.vstack([item.vectors for item in items if item.vectors is not None])
-            await self.memory.store.add([r for item in items for r in item.records], vectors, state=pending)
+            records = [r for item in items for r in item.records]
+            if pending:
+                await self.memory.store.add(records, vectors, state=pending)
+            else:  # a store written before ``state`` existed keeps working with the default
+                await self.memory.store.add(records, vectors)
         # Another ingest (of this process or another sharing the store) may have stored a message
         # since the check before embedding: the store skipped its episode and what came with it
         # (the episode's id stays None; its own unique check decides), so it is a duplicate here.
