@@ -31,6 +31,20 @@ TODAY = date(2026, 12, 2)
         ("What happened on 2023-05-03?", (date(2023, 5, 3), date(2023, 5, 3))),
         ("我2023年5月3日说了什么？", (date(2023, 5, 3), date(2023, 5, 3))),
         ("我5月做了什么？", (date(2026, 5, 1), date(2026, 5, 31))),
+        # Relative to today, Wednesday 2 December 2026 (weeks run from Monday).
+        ("What did I say yesterday?", (date(2026, 12, 1), date(2026, 12, 1))),
+        ("what did I tell you the day before yesterday", (date(2026, 11, 30), date(2026, 11, 30))),
+        ("What did I do 3 days ago?", (date(2026, 11, 29), date(2026, 11, 29))),
+        ("What did we talk about last week?", (date(2026, 11, 23), date(2026, 11, 29))),
+        ("What happened two weeks ago?", (date(2026, 11, 16), date(2026, 11, 22))),
+        ("What did I plan this month?", (date(2026, 12, 1), date(2026, 12, 2))),
+        ("What did I say last month?", (date(2026, 11, 1), date(2026, 11, 30))),
+        ("What did I eat on Monday?", (date(2026, 11, 30), date(2026, 11, 30))),
+        ("What did I say last Wednesday?", (date(2026, 11, 25), date(2026, 11, 25))),  # not today
+        ("我昨天说了什么？", (date(2026, 12, 1), date(2026, 12, 1))),
+        ("我上周做了什么", (date(2026, 11, 23), date(2026, 11, 29))),
+        ("三天前我说了什么？", (date(2026, 11, 29), date(2026, 11, 29))),
+        ("上个月我去了哪里？", (date(2026, 11, 1), date(2026, 11, 30))),
     ],
 )
 def test_a_question_names_a_day_a_month_or_the_days_between(question: str, span: tuple[date, date]) -> None:
@@ -46,6 +60,11 @@ def test_a_question_names_a_day_a_month_or_the_days_between(question: str, span:
         "What did she do in May?",  # a month alone, in English, too
         "What happened on February 30, 2023?",  # no such day
         "How many of the 3 kids went?",
+        "How are you today?",  # "today" asks about now
+        # Not questions: a bot's query is often the user's own message.
+        "I'm seeing Tom on Friday",
+        "I was born on May 3, 1990",
+        "昨天我去了公园",
     ],
 )
 def test_a_question_without_a_date_names_none(question: str) -> None:
@@ -100,3 +119,26 @@ async def test_a_question_naming_a_day_finds_what_was_said_that_day_first(tmp_pa
 
     assert await first(tmp_path / "off", 1.0) == "m2"
     assert await first(tmp_path / "on", 0.8) == "m1"
+
+
+@pytest.mark.asyncio
+async def test_yesterday_is_the_clocks_yesterday_in_a_real_store(tmp_path: Path) -> None:
+    """Two soups eleven days apart: "yesterday" is read by the memory's clock, and it is what puts
+    yesterday's first (with the reading off, the other's closer words do)."""
+    said = [
+        ("y1", "2026-12-01T19:00:00+00:00", "My sister and I cooked lentil soup for dinner"),
+        ("y2", "2026-11-20T19:00:00+00:00", "Cooked lentil soup with my brother for dinner"),
+    ]
+    messages = [msg(mid, text, user="ann", chat="dm", ts=ts, speaker="Ann") for mid, ts, text in said]
+    clock = ManualClock(datetime(2026, 12, 2, 9, tzinfo=UTC))
+
+    async def first(folder: Path, factor: float) -> str:
+        settings = load_settings(plugin={"recall_intent": {"dated_factor": factor}})
+        async with Memory.open(folder, clock=clock, settings=settings) as memory:
+            await memory.ingest_many(messages)
+            question = "Who did Ann cook lentil soup with yesterday?"
+            [hit, *_] = await memory.recall(question, user_id="ann", k=2, reinforce=False)
+            return hit.message_ids[0]
+
+    assert await first(tmp_path / "off", 1.0) == "y2"
+    assert await first(tmp_path / "on", 0.8) == "y1"
