@@ -16,6 +16,7 @@ entries of what it forgets before it finishes.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -48,6 +49,7 @@ class Settling:
         self.token = uuid.uuid4().hex
         self._batches = itertools.count()
         self._tail: asyncio.Future[None] | None = None
+        self._batches_running: collections.deque[asyncio.Future[None]] = collections.deque()
         self._unsettled = 0
         self._claim = contextlib.AsyncExitStack()
 
@@ -90,11 +92,17 @@ class Settling:
 
         self._unsettled += count
         self._tail = asyncio.ensure_future(settle_batch())
+        while self._batches_running and self._batches_running[0].done():
+            self._batches_running.popleft()  # they finish in order: the done ones lead
+        self._batches_running.append(self._tail)
 
     async def hold_back(self) -> None:
-        """Wait for the hooks to catch up when too many acknowledged messages are unsettled."""
-        if self._unsettled > MAX_UNSETTLED:
-            await self.settle()
+        """Wait, oldest batch first, until at most :data:`MAX_UNSETTLED` acknowledged messages
+        are unsettled."""
+        while self._unsettled > MAX_UNSETTLED and self._batches_running:
+            await _quietly(self._batches_running[0])
+            while self._batches_running and self._batches_running[0].done():
+                self._batches_running.popleft()
 
     async def settle(self) -> None:
         """Wait until the hooks of every message acknowledged so far have run."""
@@ -103,6 +111,7 @@ class Settling:
             await _quietly(tail)
             if self._tail is tail:
                 self._tail = None
+                self._batches_running.clear()
 
     # --- opening, closing, forgetting ----------------------------------------------------------
 

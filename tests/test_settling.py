@@ -166,3 +166,31 @@ async def test_on_a_shared_store_a_running_workers_hooks_are_not_run_by_another(
         await a.settle()
         assert held.seen == [("ann-0", "so tired today", "accumulate")]
         assert await a.store.state_items(NAMESPACE) == []
+
+
+async def test_an_import_runs_ahead_of_its_hooks_by_a_bounded_number_of_messages(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """With the hooks held back, ``ingest_many`` stops once more than ``MAX_UNSETTLED`` messages
+    wait for theirs, and goes on as they run."""
+    import narrmem.settling as settling
+
+    monkeypatch.setattr(settling, "MAX_UNSETTLED", 2)
+    gate = asyncio.Event()
+    recorder = Recorder(gate)
+    storage = {**AFTER_WRITE, "batch_size": 1}
+    messages = [*tired("ann"), *tired("bob")]
+    async with open_memory(tmp_path, real_model=True, plugins=[recorder], storage=storage) as memory:
+        importing = asyncio.ensure_future(memory.ingest_many(messages))
+        for _ in range(600):  # the first three written, their hooks held: the import waits
+            if len(await memory.store.state_items(NAMESPACE)) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert not importing.done()
+        assert len(await memory.store.state_items(NAMESPACE)) == 3
+        gate.set()
+        results = await importing
+        await memory.settle()
+    assert all(r.stored and not r.settled for r in results)
+    assert [mid for mid, _, _ in recorder.seen] == [m["message_id"] for m in messages]
