@@ -23,6 +23,10 @@ one fixed workload, alternating A and B in fresh processes, so that drift hits b
    as in that benchmark). ``--size 0`` skips the filled store and its latencies: bulk rounds only.
 4. The report: each round's figures side by side, the median over rounds of each, and B / A.
 
+``--read-only`` times recalls only: A's code fills one store, and every child of either tree opens
+that very store read-only (no reinforcement, nothing written), so no round changes what the next
+one reads and no copy or second fill can differ.
+
 The traffic generator and this script are the running tree's; only ``narrmem`` and its plugins
 come from the tree under test (``PYTHONPATH`` puts it first, ``narrmem_plugins`` pointing at its
 ``plugins`` folder).
@@ -59,6 +63,7 @@ FIGURES = (
     "cpu_recall_ms",
 )
 BULK_FIGURES = ("bulk_ratio", "bulk_msg_per_s", "raw_msg_per_s")
+READ_FIGURES = ("recall_heavy_p50_ms", "recall_typical_p50_ms", "cpu_recall_ms")
 
 
 def tree_environment(tree: Path, shim: Path) -> dict[str, str]:
@@ -135,6 +140,45 @@ async def workload(folder: Path, seed: int, round_no: int, samples: int) -> dict
     }
 
 
+async def read_workload(folder: Path, seed: int, round_no: int, samples: int) -> dict[str, Any]:
+    """Recalls only, on a store opened read-only: both trees read the very same bytes, and nothing
+    a round does changes what the next one reads."""
+    from speed import Population
+
+    from narrmem import Memory, load_settings
+
+    gen = ChatGenerator(seed * 1000 + round_no)
+    pop = Population(gen=gen, people=ChatGenerator(seed).people(500), heavy_share=0.2)
+    mem = await Memory.open(folder, settings=load_settings(), read_only=True)
+    try:
+        await mem.embedder.embed(["warm up the model"])
+        queries = [gen.query() for _ in range(4 * samples + 10)]
+        for query in queries[:10]:
+            await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=False)
+        heavy: list[float] = []
+        cpu = time.process_time()
+        for part in range(3):
+            durations = []
+            for query in queries[10 + part * samples : 10 + (part + 1) * samples]:
+                start = time.perf_counter()
+                await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=False)
+                durations.append(time.perf_counter() - start)
+            heavy.append(latency_summary(durations)["p50_ms"])
+        cpu_recall = (time.process_time() - cpu) / (3 * samples)
+        typical = []
+        for query in queries[10 + 3 * samples :]:
+            start = time.perf_counter()
+            await mem.recall(query, user_id=pop.typical.user_id, k=10, reinforce=False)
+            typical.append(time.perf_counter() - start)
+    finally:
+        await mem.close()
+    return {
+        "recall_heavy_p50_ms": sorted(heavy)[1],
+        "recall_typical_p50_ms": latency_summary(typical)["p50_ms"],
+        "cpu_recall_ms": cpu_recall * 1000,
+    }
+
+
 async def bulk_ratio(seed: int, round_no: int, n: int) -> dict[str, Any]:
     from speed import Population, embed_raw, embedded_text
 
@@ -182,11 +226,16 @@ def run_child(tree: Path, shim: Path, *args: str) -> dict[str, Any]:
 
 def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     trees = {"A": Path(args.a), "B": Path(args.b)}
-    figures = (FIGURES if args.size else ()) + (BULK_FIGURES if args.bulk else ())
+    figures = ((READ_FIGURES if args.read_only else FIGURES) if args.size else ()) + (
+        BULK_FIGURES if args.bulk else ()
+    )
     fills = {}
     for name, tree in trees.items():
         if not args.size:
             break
+        if args.read_only and name == "B":
+            fills["B"] = fills["A"]  # B reads A's store itself, read-only
+            continue
         if args.same_store and name == "B":
             # One store's files for both: what the background graph builds cover can differ from
             # one fill to the next, and a heavy user's search time with it.
@@ -208,8 +257,8 @@ def compare(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 row[name] |= run_child(
                     trees[name],
                     shim,
-                    "work",
-                    str(work / name),
+                    "read" if args.read_only else "work",
+                    str(work / ("A" if args.read_only else name)),
                     str(args.seed),
                     str(round_no),
                     str(args.samples),
@@ -270,6 +319,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="fill one store with A's code and give B a copy (trees that read the same store format)",
     )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="recall only: A's code fills one store, and both trees' children open it read-only",
+    )
     parser.add_argument("--pairs", type=int, default=4, help="rounds of one A and one B child (default 4)")
     parser.add_argument("--samples", type=int, default=200, help="ingests and recalls per timed set")
     parser.add_argument("--seed", type=int, default=7)
@@ -289,6 +343,9 @@ def child(argv: list[str]) -> int:
         size, seed = int(rest[0]), int(rest[1])
         Path(folder).mkdir(parents=True, exist_ok=True)
         result = asyncio.run(fill_store(Path(folder), size, seed))
+    elif kind == "read":
+        seed, round_no, samples = (int(x) for x in rest)
+        result = asyncio.run(read_workload(Path(folder), seed, round_no, samples))
     else:
         seed, round_no, samples = (int(x) for x in rest)
         result = asyncio.run(workload(Path(folder), seed, round_no, samples))

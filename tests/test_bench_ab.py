@@ -87,3 +87,17 @@ def test_the_same_store_is_filled_once_and_copied(tmp_path: Path, capsys: pytest
     assert report["fill"]["A"] == report["fill"]["B"] and report["fill"]["A"]["records"] == 200
     assert "filling B" not in capsys.readouterr().err
     assert set(report["b_over_a"]) == set(ab.FIGURES)
+
+
+def test_read_only_rounds_read_one_store_filled_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ab.json"
+    args = ["--a", str(ROOT), "--b", str(ROOT), "--size", "200", "--pairs", "2", "--samples", "3"]
+    assert ab.main([*args, "--read-only", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert "filling B" not in capsys.readouterr().err
+    assert report["fill"]["A"] == report["fill"]["B"] and report["fill"]["A"]["records"] == 200
+    for name in ("A", "B"):
+        assert set(report["median"][name]) == set(ab.READ_FIGURES)
+        assert all(value > 0 for value in report["median"][name].values())
