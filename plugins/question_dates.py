@@ -11,8 +11,8 @@ names nothing; in Chinese "5月" is unambiguous.
 Days named relative to ``today`` count too, as a bot's users ask: "yesterday", "the day before
 yesterday", "3 days ago", "last week" / "this week" (calendar weeks from Monday), "2 weeks ago",
 "last month" / "this month", "on Monday" / "last Friday" (the latest such day before today), and
-in Chinese 今天, 昨天, 前天, 三天前, 上周, 本周, 上个月, 这个月. "Today" alone names nothing: "how
-are you today?" asks about now, not about what was said today.
+in Chinese 昨天, 前天, 三天前, 上周, 本周, 上个月, 这个月. "Today" (今天) names nothing: "how are
+you today?" asks about now, not about what was said today.
 
 Only a question names a date here (:func:`is_question`): a bot's recall query is often the user's
 own message, and "I'm seeing Tom on Friday" asks for memories of Tom, not of last Friday.
@@ -65,8 +65,6 @@ _RELATIVE = [
     (re.compile(r"(?:本|这)(?:个)?(?:周|星期|礼拜)"), "week", 0),
     (re.compile(r"上(?:个)?月"), "month", 1),
     (re.compile(r"(?:本|这个)月"), "month", 0),
-    # "今天" is a day in Chinese questions ("我今天说了什么？"); English "today" is left out (see above).
-    (re.compile(r"今天"), "day", 0),
 ]
 _WEEKDAY = re.compile(r"\b(?:on|last)\s+(?P<day>" + "|".join(_WEEKDAYS) + r")\b", re.I)
 _QUESTION_START = re.compile(

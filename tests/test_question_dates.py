@@ -61,6 +61,7 @@ def test_a_question_names_a_day_a_month_or_the_days_between(question: str, span:
         "What happened on February 30, 2023?",  # no such day
         "How many of the 3 kids went?",
         "How are you today?",  # "today" asks about now
+        "你今天怎么样？",
         # Not questions: a bot's query is often the user's own message.
         "I'm seeing Tom on Friday",
         "I was born on May 3, 1990",
