@@ -194,3 +194,24 @@ async def test_an_import_runs_ahead_of_its_hooks_by_a_bounded_number_of_messages
         await memory.settle()
     assert all(r.stored and not r.settled for r in results)
     assert [mid for mid, _, _ in recorder.seen] == [m["message_id"] for m in messages]
+
+
+async def test_concurrent_ingests_each_settle_once(tmp_path: Path) -> None:
+    """Thirty messages of three chats at once, answered once written: every one's hooks run, once,
+    and an edit in between waits for none of them to be lost."""
+    recorder = Recorder()
+    messages = [
+        msg(f"{user}-{i}", f"{user} finished chapter {i} of the novel today", user=user, chat=f"dm-{user}")
+        for user in ("ann", "bob", "cid")
+        for i in range(10)
+    ]
+    async with open_memory(tmp_path, real_model=True, plugins=[recorder], storage=AFTER_WRITE) as memory:
+        results = await asyncio.gather(*(memory.ingest(m) for m in messages))
+        edited = await memory.edit(
+            msg("ann-3", "ann abandoned the novel at chapter 3", user="ann", chat="dm-ann")
+        )
+        await memory.settle()
+        assert await memory.store.state_items(NAMESPACE) == []
+    assert all(r.stored and not r.settled for r in results) and edited.stored
+    seen = [mid for mid, _, _ in recorder.seen]
+    assert sorted(seen) == sorted([m["message_id"] for m in messages] + ["ann-3"])
