@@ -7,8 +7,8 @@ is put in the store in the same transaction as the records (plugin state, namesp
 next open: by the next process to open the store, once the one that wrote them is gone (its
 :meth:`narrmem.store.Store.exclusive` claim on its own entries is released).
 
-An entry holds no text of the message: the ids that find its records, the names of its ``meta``
-keys and triage's decision without its text (``gist`` and string-valued signals, which may quote
+An entry holds no text of the message: the ids that find its records, its speaker, the names of
+its ``meta`` keys and triage's decision without its text (``gist`` and string-valued signals, which may quote
 it). The message the hooks get back is rebuilt from its stored episode. A forget deletes the
 entries of what it forgets before it finishes.
 """
