@@ -111,31 +111,38 @@ async def workload(folder: Path, seed: int, round_no: int, samples: int) -> dict
         cpu = time.process_time()
         stored = await time_ingest(mem, pop, samples, ignored=False)
         cpu_ingest = (time.process_time() - cpu) / samples
-        queries = [gen.query() for _ in range(4 * samples + 10)]
-        for query in queries[:10]:
-            await mem.recall(query, user_id=pop.heavy.user_id, k=10)
-        heavy: list[float] = []
-        cpu = time.process_time()
-        for part in range(3):
-            durations = []
-            for query in queries[10 + part * samples : 10 + (part + 1) * samples]:
-                start = time.perf_counter()
-                await mem.recall(query, user_id=pop.heavy.user_id, k=10)
-                durations.append(time.perf_counter() - start)
-            heavy.append(latency_summary(durations)["p50_ms"])
-        cpu_recall = (time.process_time() - cpu) / (3 * samples)
-        typical = []
-        for query in queries[10 + 3 * samples :]:
-            start = time.perf_counter()
-            await mem.recall(query, user_id=pop.typical.user_id, k=10)
-            typical.append(time.perf_counter() - start)
+        recalls = await time_recalls(mem, pop, gen, samples, reinforce=True)
     finally:
         await mem.close()
+    return {"ingest_stored_p50_ms": stored["p50_ms"], **recalls, "cpu_ingest_ms": cpu_ingest * 1000}
+
+
+async def time_recalls(
+    mem: Any, pop: Any, gen: ChatGenerator, samples: int, *, reinforce: bool
+) -> dict[str, float]:
+    """Heavy-user recalls three times ``samples`` (the middle of the three p50s is kept, with the
+    process CPU per recall), then ``samples`` typical-user recalls; ten warm-up recalls first."""
+    queries = [gen.query() for _ in range(4 * samples + 10)]
+    for query in queries[:10]:
+        await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=reinforce)
+    heavy: list[float] = []
+    cpu = time.process_time()
+    for part in range(3):
+        durations = []
+        for query in queries[10 + part * samples : 10 + (part + 1) * samples]:
+            start = time.perf_counter()
+            await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=reinforce)
+            durations.append(time.perf_counter() - start)
+        heavy.append(latency_summary(durations)["p50_ms"])
+    cpu_recall = (time.process_time() - cpu) / (3 * samples)
+    typical = []
+    for query in queries[10 + 3 * samples :]:
+        start = time.perf_counter()
+        await mem.recall(query, user_id=pop.typical.user_id, k=10, reinforce=reinforce)
+        typical.append(time.perf_counter() - start)
     return {
-        "ingest_stored_p50_ms": stored["p50_ms"],
         "recall_heavy_p50_ms": sorted(heavy)[1],
         "recall_typical_p50_ms": latency_summary(typical)["p50_ms"],
-        "cpu_ingest_ms": cpu_ingest * 1000,
         "cpu_recall_ms": cpu_recall * 1000,
     }
 
@@ -152,31 +159,9 @@ async def read_workload(folder: Path, seed: int, round_no: int, samples: int) ->
     mem = await Memory.open(folder, settings=load_settings(), read_only=True)
     try:
         await mem.embedder.embed(["warm up the model"])
-        queries = [gen.query() for _ in range(4 * samples + 10)]
-        for query in queries[:10]:
-            await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=False)
-        heavy: list[float] = []
-        cpu = time.process_time()
-        for part in range(3):
-            durations = []
-            for query in queries[10 + part * samples : 10 + (part + 1) * samples]:
-                start = time.perf_counter()
-                await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=False)
-                durations.append(time.perf_counter() - start)
-            heavy.append(latency_summary(durations)["p50_ms"])
-        cpu_recall = (time.process_time() - cpu) / (3 * samples)
-        typical = []
-        for query in queries[10 + 3 * samples :]:
-            start = time.perf_counter()
-            await mem.recall(query, user_id=pop.typical.user_id, k=10, reinforce=False)
-            typical.append(time.perf_counter() - start)
+        return await time_recalls(mem, pop, gen, samples, reinforce=False)
     finally:
         await mem.close()
-    return {
-        "recall_heavy_p50_ms": sorted(heavy)[1],
-        "recall_typical_p50_ms": latency_summary(typical)["p50_ms"],
-        "cpu_recall_ms": cpu_recall * 1000,
-    }
 
 
 async def bulk_ratio(seed: int, round_no: int, n: int) -> dict[str, Any]:
