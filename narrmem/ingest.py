@@ -3,11 +3,13 @@ triggers, for a batch of messages at a time.
 
 Every message is validated before anything is written. Ignored messages stop after triage (no
 embedding, no I/O). The kept ones are embedded in one call (started before the before-store hooks
-run, which it overlaps) and written in one transaction, then
-the after-store hooks (counters, facts, triggers) run in a task that overlaps the next batch's
-embedding, so in bulk the model never waits for them. With ``[storage] acknowledge =
-"after_write"`` ingest returns once the batch is written, and :mod:`narrmem.settling` runs the
-hooks afterwards.
+run, which it overlaps) and written in one transaction. Batches overlap like a pipeline: while one
+batch's before-store hooks and write run, the next batch is triaged and its texts go to the model,
+so in bulk the model embeds without waiting for writes; the before-store hooks of a batch still
+run once the batch before it is written. The after-store hooks (counters, facts, triggers) run in
+a task that overlaps the next batch's embedding, and finish before the next write. With
+``[storage] acknowledge = "after_write"`` ingest returns once the batch is written, and
+:mod:`narrmem.settling` runs the hooks afterwards.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem.errors import InputError
+from narrmem.model_thread import SHORT_TEXTS
 from narrmem.models import MAX_ID_CHARS, IngestResult, MemoryRecord, Message, TriageDecision, TriggerEvent
 from narrmem.text import cjk_count
 
 if TYPE_CHECKING:
+    from narrmem.embed import Embedder
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
 
@@ -78,6 +82,25 @@ class Pending:
         }
 
 
+@dataclass
+class Prepared:
+    """A batch triaged and deduplicated, its episodes' texts with the model: its results so far,
+    the messages that will leave memories, and the embedding of their episodes' texts."""
+
+    results: list[IngestResult]
+    kept: list[Pending]
+    texts: list[str]
+    early: asyncio.Future[np.ndarray] | None
+
+    async def vectors(self) -> np.ndarray:
+        return await self.early if self.early is not None else np.zeros((0, 0), dtype=np.float32)
+
+    def cancel(self) -> None:
+        """Drop the embedding if it is no longer wanted (slices not started are skipped)."""
+        if self.early is not None and not self.early.done():
+            self.early.cancel()
+
+
 class IngestPipeline:
     def __init__(
         self,
@@ -94,57 +117,53 @@ class IngestPipeline:
     async def run(
         self, messages: Sequence[Message | dict[str, Any]], progress: Callable[[int], None] | None
     ) -> list[IngestResult]:
+        """Ingest ``messages`` a batch at a time, as a pipeline: while one batch's before-store hooks
+        and write run, the next batch is triaged and handed to the model, so the model embeds
+        without a pause between batches; a batch's after-store hooks run (or are scheduled, with
+        ``acknowledge = "after_write"``) once it is written."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
-        if self.settling.deferred:
-            return await self._run_acknowledged_at_write(validated, progress)
+        batch_size = self.memory.settings.storage.batch_size
+        chunks = [validated[i : i + batch_size] for i in range(0, len(validated), batch_size)]
+        deferred = self.settling.deferred
         # A batch's results are filled in by its after-store task, which may still run while the
         # next batch embeds: the lists are read only once every task is done.
         batches: list[list[IngestResult]] = []
-        batch_size = self.memory.settings.storage.batch_size
         finishing: asyncio.Future[None] | None = None
+        upcoming: asyncio.Future[Prepared] | None = None
+        prepared: Prepared | None = None
         try:
-            for start in range(0, len(validated), batch_size):
-                chunk = validated[start : start + batch_size]
-                batch, written = await self._batch(chunk, finishing)
-                finishing = asyncio.ensure_future(self.after_store(written, batch)) if written else None
-                batches.append(batch)
+            for n, chunk in enumerate(chunks):
+                prepared = await upcoming if upcoming is not None else await self._prepare(chunk)
+                if n + 1 < len(chunks):
+                    upcoming = asyncio.ensure_future(self._prepare(chunks[n + 1]))
+                else:
+                    upcoming = None
+                if deferred:
+                    prefix = self.settling.batch_prefix()
+                    written = await self._finish(prepared, None, prefix)
+                    if written:
+                        self.settling.schedule(
+                            functools.partial(self.after_store, written, None), prefix, len(written)
+                        )
+                else:
+                    written = await self._finish(prepared, finishing, None)
+                    hooks = self.after_store(written, prepared.results) if written else None
+                    finishing = asyncio.ensure_future(hooks) if hooks is not None else None
+                batches.append(prepared.results)
+                prepared = None
                 if progress is not None:
                     progress(len(chunk))
+                if deferred:
+                    # An import runs ahead of its hooks by a bounded number of messages, not all.
+                    await self.settling.hold_back()
         finally:
+            await _abandon(upcoming, prepared)
             if finishing is not None:
                 await finishing
         return [result for batch in batches for result in batch]
 
-    async def _run_acknowledged_at_write(
-        self, messages: list[Message], progress: Callable[[int], None] | None
-    ) -> list[IngestResult]:
-        """``[storage] acknowledge = "after_write"``: each batch's after-store hooks are handed to
-        :class:`~narrmem.settling.Settling` (recorded with the write, run in write order after
-        this returns)."""
-        batches: list[list[IngestResult]] = []
-        batch_size = self.memory.settings.storage.batch_size
-        for start in range(0, len(messages), batch_size):
-            chunk = messages[start : start + batch_size]
-            prefix = self.settling.batch_prefix()
-            batch, written = await self._batch(chunk, None, prefix)
-            if written:
-                self.settling.schedule(
-                    functools.partial(self.after_store, written, None), prefix, len(written)
-                )
-            batches.append(batch)
-            if progress is not None:
-                progress(len(chunk))
-            # An import runs ahead of its hooks by a bounded number of messages, not all of them.
-            await self.settling.hold_back()
-        return [result for batch in batches for result in batch]
-
-    async def _batch(
-        self, messages: list[Message], previous: asyncio.Future[None] | None, prefix: str | None = None
-    ) -> tuple[list[IngestResult], list[Pending]]:
-        """Triage, embed and write one batch; return its results and the messages written (whose
-        after-store hooks the caller runs). ``previous`` is the last batch's after-store task,
-        awaited before this batch is written. ``prefix``: record the pending after-store work of
-        the batch with its write, under keys that start with it."""
+    async def _prepare(self, messages: list[Message]) -> Prepared:
+        """Triage and dedupe a batch, make its episodes, and hand their texts to the model."""
         results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
         items = []
         for i, message in enumerate(messages):
@@ -152,10 +171,6 @@ class IngestPipeline:
             items.append(Pending(i, message, await self.triage(message, errors), errors))
             await yield_every(i)
         kept = await self._new_messages(items, results)
-        if not kept:
-            if previous is not None:
-                await previous
-            return results, []
         for item in kept:
             episode = self.episode(item.message, item.decision)
             item.records = [episode]
@@ -163,36 +178,51 @@ class IngestPipeline:
             if item.decision.gist is not None:
                 item.gist_text = attributed(item.message, item.decision.gist)
         # The episodes' texts are known now: the model embeds them while the before-store hooks
-        # run. A hook may add records (a scene) or change what an episode embeds; those texts are
-        # embedded afterwards, so every record gets the vector of its own text.
-        early_texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
-        early: asyncio.Future[np.ndarray] = asyncio.ensure_future(self.memory.embedder.embed(early_texts))
+        # run (and while the batch before this one is written). A hook may add records (a scene)
+        # or change what an episode embeds; those texts are embedded afterwards, so every record
+        # gets the vector of its own text.
+        texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
+        early = asyncio.ensure_future(self.memory.embedder.embed(texts)) if texts else None
+        await asyncio.sleep(0)  # hand the texts to the model before the hooks hold the loop
+        return Prepared(results, kept, texts, early)
+
+    async def _finish(
+        self, prepared: Prepared, previous: asyncio.Future[None] | None, prefix: str | None
+    ) -> list[Pending]:
+        """Run a prepared batch's before-store hooks, wait for its vectors and write it; return the
+        messages written (whose after-store hooks the caller runs). ``previous`` is the last
+        batch's after-store task, awaited before this batch is written. ``prefix``: record the
+        pending after-store work of the batch with its write, under keys that start with it."""
+        kept, results = prepared.kept, prepared.results
+        if not kept:
+            if previous is not None:
+                await previous
+            return []
         later: asyncio.Future[np.ndarray] | None = None
         try:
-            await asyncio.sleep(0)  # hand the texts to the model before the hooks hold the loop
             for n, item in enumerate(kept):
                 await yield_every(n)
                 await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
             texts = [item.vector_text(r) for item in kept for r in item.records]
-            embedded = set(early_texts)
+            embedded = set(prepared.texts)
             rest = sorted({text for text in texts if text not in embedded})
             if rest:
-                later = asyncio.ensure_future(self.memory.embedder.embed(rest))
+                later = asyncio.ensure_future(embed_ahead(self.memory.embedder, rest))
             if previous is not None:
                 await previous
-            by_text = dict(zip(early_texts, await early, strict=True))
+            by_text = dict(zip(prepared.texts, await prepared.vectors(), strict=True))
             if later is not None:
                 by_text.update(zip(rest, await later, strict=True))
         finally:
-            for future in (early, later):
-                if future is not None and not future.done():
-                    future.cancel()
+            prepared.cancel()
+            if later is not None and not later.done():
+                later.cancel()
         for item in kept:
             item.vectors = np.vstack([by_text[item.vector_text(r)] for r in item.records])
         written = await self._write(kept, results, prefix)
         for item in written:
             results[item.index] = stored_result(item, settled=prefix is None)
-        return results, written
+        return written
 
     async def _new_messages(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
         """The messages that will leave memories; the others get their result: ignored, or
@@ -342,6 +372,27 @@ def attributed(message: Message, text: str | None = None) -> str:
     if cjk_count(said) * 2 > len(said):
         return f"{speaker}说：“{said}”"
     return f'{speaker} said, "{said}"'
+
+
+async def embed_ahead(embedder: Embedder, texts: list[str]) -> np.ndarray:
+    """Embed texts a write waits for in requests small enough for the model's short lane
+    (:mod:`narrmem.model_thread`): the next batch's texts, queued already, do not hold them back."""
+    parts = [texts[i : i + SHORT_TEXTS] for i in range(0, len(texts), SHORT_TEXTS)]
+    return np.vstack(await asyncio.gather(*(embedder.embed(part) for part in parts)))
+
+
+async def _abandon(upcoming: asyncio.Future[Prepared] | None, prepared: Prepared | None) -> None:
+    """A batch stopped by an error: the next batch's preparation and any embedding are dropped."""
+    if prepared is not None:
+        prepared.cancel()
+    if upcoming is None:
+        return
+    if not upcoming.done():
+        upcoming.cancel()
+    try:
+        (await upcoming).cancel()
+    except (asyncio.CancelledError, Exception):  # cancelled or failed: nothing of it is kept
+        pass
 
 
 async def yield_every(n: int, every: int = 8) -> None:

@@ -1,5 +1,6 @@
-"""``ingest_many`` in batches: each batch is triaged with the batches before it written, results
-keep their order, and a batch whose embedding fails leaves nothing of itself."""
+"""``ingest_many`` in batches: each batch's before-store hooks run with the batches before it
+written, the next batch is triaged and embedded while one is written, results keep their order,
+and a batch whose embedding fails leaves nothing of itself."""
 
 from __future__ import annotations
 
@@ -77,8 +78,8 @@ class RecentReader:
 
 @pytest.mark.asyncio
 async def test_a_batch_is_built_on_the_batches_before_it_written(tmp_path: Path) -> None:
-    """Triage and before-store hooks of a batch see every earlier batch in the store (a scene's
-    window of earlier messages reads it): batches are not triaged ahead of the write before them."""
+    """The before-store hooks of a batch see every earlier batch in the store (a scene's window of
+    earlier messages reads it): a batch's records are not built ahead of the write before it."""
     reader = RecentReader()
     embedder = SlowEmbedder(seconds=0.05)
     settings: dict[str, Any] = {"embedder": {"backend": "slow"}, "storage": {"batch_size": 4}}
@@ -164,3 +165,46 @@ async def test_episodes_embed_while_the_before_store_hooks_run_and_every_record_
             assert record.id is not None
             assert np.allclose(vectors[record.id], embedder.vector(record.index_text))
         assert records[2].index_text.startswith("rewritten: ")
+
+
+@pytest.mark.asyncio
+async def test_the_next_batch_is_embedded_while_a_batch_is_written(tmp_path: Path) -> None:
+    """The model does not wait for a batch's write: the next batch's texts reach it first, and the
+    results and records are the ones a batch at a time gives."""
+    events: list[tuple[str, tuple[str, ...]]] = []
+    embedder = SlowEmbedder(seconds=0.05)
+    embed = embedder.embed
+
+    async def logged_embed(texts: Sequence[str]) -> np.ndarray:
+        events.append(("embed", tuple(texts)))
+        return await embed(texts)
+
+    embedder.embed = logged_embed  # type: ignore[method-assign]
+    settings: dict[str, Any] = {"embedder": {"backend": "slow"}, "storage": {"batch_size": 4}}
+    batch = messages(12)
+    async with open_memory(tmp_path / "m", plugins=[Plugins(embedder)], **settings) as mem:
+        add = mem.store.add
+
+        async def logged_add(records: Any, vectors: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.05)  # a slow disk: the next batch's texts arrive meanwhile
+            events.append(("write", tuple(m for r in records for m in r.message_ids)))
+            return await add(records, vectors, **kwargs)
+
+        mem.store.add = logged_add  # type: ignore[method-assign]
+        results = await mem.ingest_many(batch)
+        assert [r.message_id for r in results] == [f"g{i}" for i in range(12)]
+        assert all(r.stored and r.memory_ids for r in results)
+        writes = [ids for kind, ids in events if kind == "write"]
+        assert writes == [tuple(f"g{i}" for i in range(j, j + 4)) for j in (0, 4, 8)]
+        order = [kind + ("" if kind == "write" else str(_batch_of(ids))) for kind, ids in events]
+        # Batch 1's texts are with the model before batch 0 is written, batch 2's before batch 1.
+        assert order.index("embed1") < order.index("write")
+        assert order.index("embed2") < [n for n, kind in enumerate(order) if kind == "write"][1]
+        stored = await mem.store.get([mid for r in results for mid in r.memory_ids], Scope(user_id="ann"))
+        assert sorted(m for r in stored.values() for m in r.message_ids) == sorted(f"g{i}" for i in range(12))
+
+
+def _batch_of(texts: tuple[str, ...]) -> int:
+    numbers = {int(t.split("tomato number ")[1].split()[0]) // 4 for t in texts if "tomato number " in t}
+    assert len(numbers) == 1, texts
+    return numbers.pop()
