@@ -7,7 +7,9 @@ run, which it overlaps) and written in one transaction. Batches overlap like a p
 batch's before-store hooks and write run, the next batch is triaged and its texts go to the model,
 so in bulk the model embeds without waiting for writes; the before-store hooks of a batch still
 run once the batch before it is written. The after-store hooks (counters, facts, triggers) run in
-a task that overlaps the next batch's embedding, and finish before the next write. With
+a task that overlaps the next batch's embedding, and finish before the next write; the last
+batches of a call are cut short (:func:`batch_bounds`), since the hooks of the very last one have
+no embedding beside them. With
 ``[storage] acknowledge = "after_write"`` ingest returns once the batch is written, and
 :mod:`narrmem.settling` runs the hooks afterwards.
 """
@@ -123,7 +125,7 @@ class IngestPipeline:
         ``acknowledge = "after_write"``) once it is written."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         batch_size = self.memory.settings.storage.batch_size
-        chunks = [validated[i : i + batch_size] for i in range(0, len(validated), batch_size)]
+        chunks = [validated[start:end] for start, end in batch_bounds(len(validated), batch_size)]
         deferred = self.settling.deferred
         # A batch's results are filled in by its after-store task, which may still run while the
         # next batch embeds: the lists are read only once every task is done.
@@ -372,6 +374,20 @@ def attributed(message: Message, text: str | None = None) -> str:
     if cjk_count(said) * 2 > len(said):
         return f"{speaker}说：“{said}”"
     return f'{speaker} said, "{said}"'
+
+
+def batch_bounds(n: int, size: int, smallest: int = 32) -> list[tuple[int, int]]:
+    """Where the batches of ``n`` messages start and end: ``size`` each, but the last full batch is
+    cut in halves down to ``smallest``, because the after-store hooks of the last batch run with
+    nothing left to embed beside them: a short last batch keeps that wait short."""
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while start < n:
+        left = n - start
+        step = size if left > 2 * size else max(min(size, smallest), min(size, -(-left // 2)))
+        bounds.append((start, min(n, start + step)))
+        start += step
+    return bounds
 
 
 async def embed_ahead(embedder: Embedder, texts: list[str]) -> np.ndarray:

@@ -16,6 +16,7 @@ import pytest
 
 from narrmem import hookimpl
 from narrmem.config import Settings
+from narrmem.ingest import batch_bounds
 from narrmem.models import Message, Scope
 from narrmem.testing import HashEmbedder, open_memory
 
@@ -208,3 +209,22 @@ def _batch_of(texts: tuple[str, ...]) -> int:
     numbers = {int(t.split("tomato number ")[1].split()[0]) // 4 for t in texts if "tomato number " in t}
     assert len(numbers) == 1, texts
     return numbers.pop()
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "sizes"),
+    [
+        (1, 256, [1]),
+        (40, 256, [32, 8]),
+        (512, 256, [256, 128, 64, 32, 32]),
+        (2048, 256, [256] * 7 + [128, 64, 32, 32]),
+        (12, 4, [4, 4, 4]),
+        (10, 4, [4, 4, 2]),
+    ],
+)
+def test_the_last_batch_is_cut_short(n: int, size: int, sizes: list[int]) -> None:
+    """Full batches, then the last ones halved: the after-store hooks at the very end wait for few."""
+    bounds = batch_bounds(n, size)
+    assert [end - start for start, end in bounds] == sizes
+    assert [start for start, _ in bounds] == [0, *(end for _, end in bounds[:-1])]
+    assert bounds[-1][1] == n
