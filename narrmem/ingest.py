@@ -8,8 +8,8 @@ batch's before-store hooks and write run, the next batch is triaged and its text
 so in bulk the model embeds without waiting for writes; the before-store hooks of a batch still
 run once the batch before it is written. The after-store hooks (counters, facts, triggers) run in
 a task that overlaps the next batch's embedding, and finish before the next write; the last
-batches of a call are cut short (:func:`batch_bounds`), since the hooks of the very last one have
-no embedding beside them. With
+and the first batches of a call are short (:func:`batch_bounds`): the model waits for the first
+triage, and the hooks of the very last batch have no embedding beside them. With
 ``[storage] acknowledge = "after_write"`` ingest returns once the batch is written, and
 :mod:`narrmem.settling` runs the hooks afterwards.
 """
@@ -377,15 +377,18 @@ def attributed(message: Message, text: str | None = None) -> str:
 
 
 def batch_bounds(n: int, size: int, smallest: int = 32) -> list[tuple[int, int]]:
-    """Where the batches of ``n`` messages start and end: ``size`` each, but the last full batch is
-    cut in halves down to ``smallest``, because the after-store hooks of the last batch run with
-    nothing left to embed beside them: a short last batch keeps that wait short."""
+    """Where the batches of ``n`` messages start and end: ``size`` each in the middle, but short at
+    both ends. The model waits while the first batch is triaged, and the after-store hooks of the
+    last batch run with nothing left to embed beside them: so the first batches double from
+    ``smallest`` up to ``size``, and the last ones halve the messages left down to ``smallest``."""
+    smallest = min(size, smallest)
     bounds: list[tuple[int, int]] = []
     start = 0
     while start < n:
         left = n - start
-        step = size if left > 2 * size else max(min(size, smallest), min(size, -(-left // 2)))
-        bounds.append((start, min(n, start + step)))
+        ramp = smallest << min(len(bounds), 30)
+        step = left if left < 2 * smallest else min(size, ramp, max(smallest, -(-left // 2)))
+        bounds.append((start, start + step))
         start += step
     return bounds
 

@@ -215,15 +215,16 @@ def _batch_of(texts: tuple[str, ...]) -> int:
     ("n", "size", "sizes"),
     [
         (1, 256, [1]),
-        (40, 256, [32, 8]),
-        (512, 256, [256, 128, 64, 32, 32]),
-        (2048, 256, [256] * 7 + [128, 64, 32, 32]),
+        (40, 256, [40]),
+        (512, 256, [32, 64, 128, 144, 72, 36, 36]),
+        (2048, 256, [32, 64, 128] + [256] * 6 + [144, 72, 36, 36]),
         (12, 4, [4, 4, 4]),
-        (10, 4, [4, 4, 2]),
+        (10, 4, [4, 6]),
     ],
 )
-def test_the_last_batch_is_cut_short(n: int, size: int, sizes: list[int]) -> None:
-    """Full batches, then the last ones halved: the after-store hooks at the very end wait for few."""
+def test_the_first_and_last_batches_are_short(n: int, size: int, sizes: list[int]) -> None:
+    """Doubling up to full batches, then halving what is left: the model starts after a short
+    triage, and the after-store hooks at the very end are few."""
     bounds = batch_bounds(n, size)
     assert [end - start for start, end in bounds] == sizes
     assert [start for start, _ in bounds] == [0, *(end for _, end in bounds[:-1])]
