@@ -111,7 +111,12 @@ class StorageSettings(_Section):
         description="sqlite backend: what keyword search runs on; 'tantivy' (narrmem[tantivy]) keeps "
         "a second index that bounds a large user's search",
     )
-    batch_size: int = Field(default=256, ge=1, le=100_000, description="messages per write transaction")
+    batch_size: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="messages per write transaction (the first and last batches of a call are smaller)",
+    )
     acknowledge: Literal["after_hooks", "after_write"] = Field(
         default="after_hooks",
         description="when ingest returns: once the after-store hooks (counts, facts, triggers) have "
