@@ -387,7 +387,7 @@ def batch_bounds(n: int, size: int, smallest: int = 32) -> list[tuple[int, int]]
     while start < n:
         left = n - start
         ramp = smallest << min(len(bounds), 30)
-        step = left if left < 2 * smallest else min(size, ramp, max(smallest, -(-left // 2)))
+        step = min(size, left) if left < 2 * smallest else min(size, ramp, max(smallest, -(-left // 2)))
         bounds.append((start, start + step))
         start += step
     return bounds

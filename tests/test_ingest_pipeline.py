@@ -219,7 +219,8 @@ def _batch_of(texts: tuple[str, ...]) -> int:
         (512, 256, [32, 64, 128, 144, 72, 36, 36]),
         (2048, 256, [32, 64, 128] + [256] * 6 + [144, 72, 36, 36]),
         (12, 4, [4, 4, 4]),
-        (10, 4, [4, 6]),
+        (10, 4, [4, 4, 2]),
+        (5, 2, [2, 2, 1]),
     ],
 )
 def test_the_first_and_last_batches_are_short(n: int, size: int, sizes: list[int]) -> None:
@@ -229,3 +230,4 @@ def test_the_first_and_last_batches_are_short(n: int, size: int, sizes: list[int
     assert [end - start for start, end in bounds] == sizes
     assert [start for start, _ in bounds] == [0, *(end for _, end in bounds[:-1])]
     assert bounds[-1][1] == n
+    assert all(0 < end - start <= size for start, end in bounds)
