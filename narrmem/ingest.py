@@ -184,9 +184,15 @@ class IngestPipeline:
         # or change what an episode embeds; those texts are embedded afterwards, so every record
         # gets the vector of its own text.
         texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
-        early = asyncio.ensure_future(self.memory.embedder.embed(texts)) if texts else None
-        await asyncio.sleep(0)  # hand the texts to the model before the hooks hold the loop
-        return Prepared(results, kept, texts, early)
+        prepared = Prepared(
+            results, kept, texts, asyncio.ensure_future(self.memory.embedder.embed(texts)) if texts else None
+        )
+        try:
+            await asyncio.sleep(0)  # hand the texts to the model before the hooks hold the loop
+        except asyncio.CancelledError:
+            prepared.cancel()  # the call was cancelled: its texts are not embedded for nothing
+            raise
+        return prepared
 
     async def _finish(
         self, prepared: Prepared, previous: asyncio.Future[None] | None, prefix: str | None

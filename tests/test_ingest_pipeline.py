@@ -231,3 +231,37 @@ def test_the_first_and_last_batches_are_short(n: int, size: int, sizes: list[int
     assert [start for start, _ in bounds] == [0, *(end for _, end in bounds[:-1])]
     assert bounds[-1][1] == n
     assert all(0 < end - start <= size for start, end in bounds)
+
+
+class Written:
+    """Sets ``first`` when the after-store hooks of the first written message run."""
+
+    def __init__(self) -> None:
+        self.first = asyncio.Event()
+
+    @hookimpl
+    async def narrmem_after_store(self) -> None:
+        self.first.set()
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_import_stops_and_leaves_whole_batches(tmp_path: Path) -> None:
+    """Cancelling ``ingest_many`` midway (a bot shutting down) stops it: nothing goes on writing
+    after the cancellation, each message is stored whole or not at all, and the store stays usable."""
+    embedder = SlowEmbedder(seconds=0.05)
+    settings: dict[str, Any] = {"embedder": {"backend": "slow"}, "storage": {"batch_size": 4}}
+    batch = messages(200)
+    written = Written()
+    async with open_memory(tmp_path / "m", plugins=[Plugins(embedder), written], **settings) as mem:
+        importing = asyncio.ensure_future(mem.ingest_many(batch))
+        await written.first.wait()  # cancelled once the first batch is committed
+        importing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await importing
+        stored = (await mem.stats())["memories"]
+        await asyncio.sleep(0.5)  # a batch still running after the cancellation would land here
+        assert (await mem.stats())["memories"] == stored
+        assert 0 < stored < 200
+        again = await mem.ingest_many(batch)  # the rest goes in; what was stored is a duplicate
+        assert sum(r.stored for r in again) == 200 - stored
+        assert sum(r.duplicate for r in again) == stored
