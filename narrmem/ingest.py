@@ -94,9 +94,6 @@ class Prepared:
     texts: list[str]
     early: asyncio.Future[np.ndarray] | None
 
-    async def vectors(self) -> np.ndarray:
-        return await self.early if self.early is not None else np.zeros((0, 0), dtype=np.float32)
-
     def cancel(self) -> None:
         """Drop the embedding if it is no longer wanted (slices not started are skipped)."""
         if self.early is not None and not self.early.done():
@@ -132,7 +129,6 @@ class IngestPipeline:
         batches: list[list[IngestResult]] = []
         finishing: asyncio.Future[None] | None = None
         upcoming: asyncio.Future[Prepared] | None = None
-        prepared: Prepared | None = None
         try:
             for n, chunk in enumerate(chunks):
                 prepared = await upcoming if upcoming is not None else await self._prepare(chunk)
@@ -152,14 +148,13 @@ class IngestPipeline:
                     hooks = self.after_store(written, prepared.results) if written else None
                     finishing = asyncio.ensure_future(hooks) if hooks is not None else None
                 batches.append(prepared.results)
-                prepared = None
                 if progress is not None:
                     progress(len(chunk))
                 if deferred:
                     # An import runs ahead of its hooks by a bounded number of messages, not all.
                     await self.settling.hold_back()
         finally:
-            await _abandon(upcoming, prepared)
+            await _abandon(upcoming)
             if finishing is not None:
                 await finishing
         return [result for batch in batches for result in batch]
@@ -218,7 +213,8 @@ class IngestPipeline:
                 later = asyncio.ensure_future(embed_ahead(self.memory.embedder, rest))
             if previous is not None:
                 await previous
-            by_text = dict(zip(prepared.texts, await prepared.vectors(), strict=True))
+            assert prepared.early is not None  # a batch that keeps messages has texts to embed
+            by_text = dict(zip(prepared.texts, await prepared.early, strict=True))
             if later is not None:
                 by_text.update(zip(rest, await later, strict=True))
         finally:
@@ -406,10 +402,9 @@ async def embed_ahead(embedder: Embedder, texts: list[str]) -> np.ndarray:
     return np.vstack(await asyncio.gather(*(embedder.embed(part) for part in parts)))
 
 
-async def _abandon(upcoming: asyncio.Future[Prepared] | None, prepared: Prepared | None) -> None:
-    """A batch stopped by an error: the next batch's preparation and any embedding are dropped."""
-    if prepared is not None:
-        prepared.cancel()
+async def _abandon(upcoming: asyncio.Future[Prepared] | None) -> None:
+    """A call stopped by an error: the next batch's preparation and its embedding are dropped (the
+    batch being finished drops its own in :meth:`IngestPipeline._finish`)."""
     if upcoming is None:
         return
     if not upcoming.done():
