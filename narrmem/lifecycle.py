@@ -6,6 +6,8 @@ adds the public calls on top."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Self, cast
@@ -25,6 +27,8 @@ from narrmem.tools import ToolRegistry
 
 if TYPE_CHECKING:
     from narrmem.view import MemoryView
+
+log = logging.getLogger("narrmem")
 
 
 class MemoryLifecycle:
@@ -61,6 +65,7 @@ class MemoryLifecycle:
         self._forgetting = Forgetting(self, write_lock, self._settling)
         self._closed = False
         self._started = False
+        self._loop_guard: asyncio.Task[None] | None = None
 
     @classmethod
     def open(
@@ -101,6 +106,9 @@ class MemoryLifecycle:
     async def start(self, warm: bool) -> None:
         """Load plugins, the model and the store (``Memory.open`` calls it)."""
         builtins, entrypoints, extra = self._plugins
+        self._loop_guard = asyncio.get_running_loop().create_task(
+            self._close_when_the_loop_ends(), name="narrmem: close the memory when its event loop ends"
+        )
         await opening.start(self, warm=warm, builtins=builtins, load_entrypoints=entrypoints, extra=extra)
         self._started = True
         await self.host.call("narrmem_startup", isolate=False, memory=self)
@@ -112,10 +120,32 @@ class MemoryLifecycle:
         self._store = store or self._store
         self._embedder = embedder or self._embedder
 
+    async def _close_when_the_loop_ends(self) -> None:
+        """Close a memory its program left open once the program's runner ends. ``asyncio.run``
+        (which discord.py, aiogram and python-telegram-bot use) cancels the tasks left when the
+        main coroutine returns or raises: this one then closes the memory, so that the unsettled
+        after-store hooks run and the store's connection thread stops. Without it, the process
+        would never exit (the thread waits for a close that never comes) and would keep holding
+        the data folder."""
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if not self._closed:
+                try:
+                    await self.close()
+                except Exception:
+                    log.exception("closing a memory left open when its event loop ended failed")
+            raise
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        guard, self._loop_guard = self._loop_guard, None
+        if guard is not None and guard is not asyncio.current_task():
+            guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await guard
         if self._started:
             await self._settling.close()
             await self.host.call("narrmem_shutdown", memory=self)

@@ -221,6 +221,6 @@ def _claim_name(token: str) -> str:
 
 
 async def _quietly(future: asyncio.Future[None]) -> None:
-    """Wait for ``future``; its own failure was logged where it happened."""
-    with contextlib.suppress(Exception):
-        await future
+    """Wait for ``future`` to end. Its own failure was logged where it happened; a batch cancelled
+    with its event loop left its entries for the next open."""
+    await asyncio.wait([future])
