@@ -70,6 +70,11 @@ class SQLiteStore(ForgetJournal):
         self.busy_timeout_ms = busy_timeout_ms
         self.index_options = index_options or IndexOptions()
         self._db: aiosqlite.Connection | None = None
+        # Reads go to a second connection, which sees only what is committed: a recall running
+        # while a batch is written neither sees rows that may still roll back nor waits behind
+        # the write's statements. The task holding the writer reads on it (its own writes).
+        self._reader: aiosqlite.Connection | None = None
+        self._writer_holder: asyncio.Task[Any] | None = None
         self._index: VectorIndex | None = None
         self._lock = asyncio.Lock()
         # Held from a vector write's SQLite transaction until the index has it, and while the index
@@ -106,6 +111,7 @@ class SQLiteStore(ForgetJournal):
         await migrate(db)
         await self._vacuum_mode()
         await self._check_model(dim, model)
+        self._reader = await self._open_reader()
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         self._index.claim()
         if not await self._index.load(await self._consistency()):
@@ -162,6 +168,12 @@ class SQLiteStore(ForgetJournal):
             await db.close()
             raise StoreError(f"{self.db_path} cannot be opened as a narrmem store: {exc}") from exc
         return db
+
+    async def _open_reader(self) -> aiosqlite.Connection:
+        reader = await self._connect(self.db_path)
+        await reader.execute("PRAGMA query_only=ON")  # reading never writes, whatever it is asked
+        await reader.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        return reader
 
     async def _consistency(self) -> Consistency:
         """What the index files are checked against on open (see ``VectorIndex.load``)."""
@@ -303,6 +315,9 @@ class SQLiteStore(ForgetJournal):
                         await self._save_index()
                 await self._index.close()
                 self._index = None
+            if self._reader is not None:
+                await self._reader.close()
+                self._reader = None
             if self._db is not None:
                 await self._db.close()
                 self._db = None
@@ -314,6 +329,24 @@ class SQLiteStore(ForgetJournal):
         return _while_open(self._db)
 
     @property
+    def reading(self) -> aiosqlite.Connection:
+        """The connection a read goes to: the writer for the task that holds it (it reads what it
+        is writing), the reader for every other (only what is committed)."""
+        if self._reader is None or self._writer_holder is asyncio.current_task():
+            return self.db
+        return self._reader
+
+    @contextlib.asynccontextmanager
+    async def _holding_writer(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The write connection, for one task at a time."""
+        async with self._lock:
+            self._writer_holder = asyncio.current_task()
+            try:
+                yield self.db
+            finally:
+                self._writer_holder = None
+
+    @property
     def index(self) -> VectorIndex:
         return _while_open(self._index)
 
@@ -323,8 +356,7 @@ class SQLiteStore(ForgetJournal):
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """One write transaction at a time on this connection, whoever asks (ingest, a plugin with
         tables of its own, a decay pass): SQLite cannot nest them."""
-        async with self._lock:
-            db = self.db
+        async with self._holding_writer() as db:
             # Read-only, a plain BEGIN still lets a plugin check its tables (CREATE TABLE IF NOT
             # EXISTS of a table that exists writes nothing); any real write fails and says why.
             await db.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
@@ -348,7 +380,7 @@ class SQLiteStore(ForgetJournal):
             async with self.transaction() as db:
                 yield SQLiteSQL(db)
         else:
-            yield SQLiteSQL(self.db)
+            yield SQLiteSQL(self.reading)
 
     async def add(
         self, records: Sequence[MemoryRecord], vectors: np.ndarray, *, state: Sequence[StateEntry] = ()
@@ -685,7 +717,7 @@ class SQLiteStore(ForgetJournal):
             sql, params = f"SELECT * FROM {table} WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
         else:
             raise StoreError(f"no side table named {table!r}")
-        async with self.db.execute(sql, params) as cur:
+        async with self.reading.execute(sql, params) as cur:
             names = [d[0] for d in cur.description]
             return [dict(zip(names, row, strict=True)) for row in await cur.fetchall()]
 
@@ -793,14 +825,14 @@ class SQLiteStore(ForgetJournal):
             await self.purge_deleted()
         await self._write("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
         if purge:
-            async with self._lock:
+            async with self._holding_writer():
                 await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def purge_deleted(self) -> None:
         """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""
         if self._keywords is not None:
             await self._rebuild_keywords()
-        async with self._lock:
+        async with self._holding_writer():
             await self.db.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
             # secure_delete zeroes the cells a delete frees, but when a b-tree page is rebuilt
             # (rebalancing, or the merge above) the unused gap between its cell pointers and its
@@ -1011,7 +1043,7 @@ class SQLiteStore(ForgetJournal):
 
     async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         # One trip to the connection's thread (execute, fetch and close there), not three.
-        return list(await self.db.execute_fetchall(sql, params))
+        return list(await self.reading.execute_fetchall(sql, params))
 
     async def _write_many(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         """One transaction; runs of the same statement go as one ``executemany`` (one hop to the
