@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from narrmem.errors import InputError
 from narrmem.model_thread import SHORT_TEXTS
 from narrmem.models import MAX_ID_CHARS, IngestResult, MemoryRecord, Message, TriageDecision, TriggerEvent
+from narrmem.store import WritesWhileEmbedding
 from narrmem.text import cjk_count
 
 if TYPE_CHECKING:
@@ -213,17 +214,11 @@ class IngestPipeline:
                 later = asyncio.ensure_future(embed_ahead(self.memory.embedder, rest))
             if previous is not None:
                 await previous
-            assert prepared.early is not None  # a batch that keeps messages has texts to embed
-            by_text = dict(zip(prepared.texts, await prepared.early, strict=True))
-            if later is not None:
-                by_text.update(zip(rest, await later, strict=True))
+            written = await self._write(kept, results, prefix, lambda: _vectors(prepared, rest, later))
         finally:
             prepared.cancel()
             if later is not None and not later.done():
                 later.cancel()
-        for item in kept:
-            item.vectors = np.vstack([by_text[item.vector_text(r)] for r in item.records])
-        written = await self._write(kept, results, prefix)
         for item in written:
             results[item.index] = stored_result(item, settled=prefix is None)
         return written
@@ -251,16 +246,28 @@ class IngestPipeline:
         return kept
 
     async def _write(
-        self, items: list[Pending], results: list[IngestResult], prefix: str | None
+        self,
+        items: list[Pending],
+        results: list[IngestResult],
+        prefix: str | None,
+        vectors: Callable[[], Awaitable[np.ndarray]],
     ) -> list[Pending]:
+        """Write a batch once ``vectors()`` has its records' vectors. A few messages (a bot's
+        message as it comes) go in while their embedding runs, on a store that can
+        (:class:`~narrmem.store.WritesWhileEmbedding`): only the commit waits for it."""
         pending = [] if prefix is None else self.settling.entries(prefix, items)
-        async with self.write_lock:
-            vectors = np.vstack([item.vectors for item in items if item.vectors is not None])
-            records = [r for item in items for r in item.records]
-            if pending:
-                await self.memory.store.add(records, vectors, state=pending)
-            else:  # a store written before ``state`` existed keeps working with the default
-                await self.memory.store.add(records, vectors)
+        records = [r for item in items for r in item.records]
+        store = self.memory.store
+        if len(items) <= SHORT_TEXTS and isinstance(store, WritesWhileEmbedding):
+            async with self.write_lock:
+                await store.add_while_embedding(records, vectors(), state=pending)
+        else:
+            ready = await vectors()
+            async with self.write_lock:
+                if pending:
+                    await store.add(records, ready, state=pending)
+                else:  # a store written before ``state`` existed keeps working with the default
+                    await store.add(records, ready)
         # Another ingest (of this process or another sharing the store) may have stored a message
         # since the check before embedding: the store skipped its episode and what came with it
         # (the episode's id stays None; its own unique check decides), so it is a duplicate here.
@@ -400,6 +407,22 @@ async def embed_ahead(embedder: Embedder, texts: list[str]) -> np.ndarray:
     (:mod:`narrmem.model_thread`): the next batch's texts, queued already, do not hold them back."""
     parts = [texts[i : i + SHORT_TEXTS] for i in range(0, len(texts), SHORT_TEXTS)]
     return np.vstack(await asyncio.gather(*(embedder.embed(part) for part in parts)))
+
+
+async def _vectors(
+    prepared: Prepared, rest: list[str], later: asyncio.Future[np.ndarray] | None
+) -> np.ndarray:
+    """The vectors of a prepared batch's records, in order, once the model has them (each
+    message's own are set on it too): its episodes' texts, then ``rest``, embedded ``later``."""
+    assert prepared.early is not None  # a batch that keeps messages has texts to embed
+    by_text = dict(zip(prepared.texts, await prepared.early, strict=True))
+    if later is not None:
+        by_text.update(zip(rest, await later, strict=True))
+    rows = []
+    for item in prepared.kept:
+        item.vectors = np.vstack([by_text[item.vector_text(r)] for r in item.records])
+        rows.append(item.vectors)
+    return np.vstack(rows)
 
 
 async def _abandon(upcoming: asyncio.Future[Prepared] | None) -> None:

@@ -8,7 +8,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
@@ -257,6 +257,24 @@ class SQLConnection(Protocol):
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
+
+
+@runtime_checkable
+class WritesWhileEmbedding(Protocol):
+    """A store that can write records before their vectors are computed (the SQLite store):
+    what :meth:`Store.add` does, with ``vectors`` still on their way. The rows go in while the
+    model runs and the transaction commits once the vectors are there, so a message's write costs
+    little more than its commit after its embedding. The transaction stays open while it waits:
+    ingest uses it for a few texts only, whose embedding is short. If awaiting ``vectors`` fails,
+    nothing is written."""
+
+    async def add_while_embedding(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: Awaitable[np.ndarray],
+        *,
+        state: Sequence[StateEntry] = (),
+    ) -> list[int]: ...
 
 
 @runtime_checkable

@@ -184,14 +184,19 @@ async def test_the_next_batch_is_embedded_while_a_batch_is_written(tmp_path: Pat
     settings: dict[str, Any] = {"embedder": {"backend": "slow"}, "storage": {"batch_size": 4}}
     batch = messages(12)
     async with open_memory(tmp_path / "m", plugins=[Plugins(embedder)], **settings) as mem:
-        add = mem.store.add
 
-        async def logged_add(records: Any, vectors: Any, **kwargs: Any) -> Any:
-            await asyncio.sleep(0.05)  # a slow disk: the next batch's texts arrive meanwhile
-            events.append(("write", tuple(m for r in records for m in r.message_ids)))
-            return await add(records, vectors, **kwargs)
+        def logged(add: Any) -> Any:
+            async def logged_add(records: Any, vectors: Any, **kwargs: Any) -> Any:
+                await asyncio.sleep(0.05)  # a slow disk: the next batch's texts arrive meanwhile
+                events.append(("write", tuple(m for r in records for m in r.message_ids)))
+                return await add(records, vectors, **kwargs)
 
-        mem.store.add = logged_add  # type: ignore[method-assign]
+            return logged_add
+
+        # Batches of four are written while their own texts embed (add_while_embedding), larger
+        # ones once embedded (add): either way the next batch's texts are with the model first.
+        mem.store.add = logged(mem.store.add)  # type: ignore[method-assign]
+        mem.store.add_while_embedding = logged(mem.store.add_while_embedding)  # type: ignore[attr-defined]
         results = await mem.ingest_many(batch)
         assert [r.message_id for r in results] == [f"g{i}" for i in range(12)]
         assert all(r.stored and r.memory_ids for r in results)
@@ -265,3 +270,66 @@ async def test_a_cancelled_import_stops_and_leaves_whole_batches(tmp_path: Path)
         again = await mem.ingest_many(batch)  # the rest goes in; what was stored is a duplicate
         assert sum(r.stored for r in again) == 200 - stored
         assert sum(r.duplicate for r in again) == stored
+
+
+class GatedEmbedder(HashEmbedder):
+    """Holds each embedding until ``release`` is set, then returns it, or fails with ``fail``."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.fail = False
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.entered.set()
+        await self.release.wait()
+        if self.fail:
+            raise RuntimeError("the model failed")
+        return np.vstack([self.vector(t) for t in texts])
+
+
+async def write_is_open(mem: Any) -> bool:
+    """Whether a write transaction is open now: a plugin's write has to wait for it."""
+
+    async def write() -> None:
+        async with mem.store.sql(write=True):
+            pass
+
+    try:
+        await asyncio.wait_for(write(), timeout=0.3)
+    except TimeoutError:
+        return True
+    return False
+
+
+@pytest.mark.asyncio
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("fails", [False, True])
+async def test_a_message_is_written_while_it_embeds_and_only_if_its_embedding_succeeds(
+    tmp_path: Path, fails: bool
+) -> None:
+    """A bot's message as it comes: its rows go in while the model embeds it, so only the commit
+    waits for the vector; a failed embedding rolls the rows back, and readers never saw them."""
+    embedder = GatedEmbedder()
+    settings: dict[str, Any] = {"embedder": {"backend": "slow"}}
+    async with open_memory(tmp_path / "m", plugins=[Plugins(embedder)], **settings) as mem:  # type: ignore[arg-type]
+        [message] = messages(1)
+        ingest = asyncio.ensure_future(mem.ingest(message))
+        await embedder.entered.wait()
+        # Once the before-store hooks ran, the rows go in: the transaction is open while the
+        # model works.
+        assert any([await write_is_open(mem) for _ in range(3)])
+        assert (await mem.store.stats())["memories"] == 0  # and nothing of it is visible
+        embedder.fail = fails
+        embedder.release.set()
+        if fails:
+            with pytest.raises(RuntimeError, match="the model failed"):
+                await ingest
+            assert (await mem.store.stats())["memories"] == 0
+        else:
+            result = await ingest
+            [record] = result.records
+            assert record.id is not None
+            vectors = await mem.store.vectors([record.id], Scope(user_id="ann"))
+            assert np.allclose(vectors[record.id], embedder.vector(record.index_text))
+        assert not await write_is_open(mem)

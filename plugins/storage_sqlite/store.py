@@ -8,11 +8,11 @@ import itertools
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 import numpy as np
@@ -390,10 +390,26 @@ class SQLiteStore(ForgetJournal):
         async with self._vectors_lock:
             return await self._add(records, vectors, state)
 
-    async def _add(
-        self, records: Sequence[MemoryRecord], vectors: np.ndarray, state: Sequence[StateEntry] = ()
+    async def add_while_embedding(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: Awaitable[np.ndarray],
+        *,
+        state: Sequence[StateEntry] = (),
     ) -> list[int]:
-        written: list[tuple[MemoryRecord, int, np.ndarray]] = []
+        async with self._vectors_lock:
+            return await self._add(records, vectors, state)
+
+    async def _add(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: np.ndarray | Awaitable[np.ndarray],
+        state: Sequence[StateEntry] = (),
+    ) -> list[int]:
+        """Insert the rows; vectors still being computed are awaited once the rows are in, and
+        set before the commit."""
+        ready = vectors if isinstance(vectors, np.ndarray) else None
+        written: list[tuple[int, MemoryRecord, int]] = []  # (place in records, record, new id)
         async with self.transaction() as db:
             if state:
                 await db.executemany(STATE_PUT, [_state_row(entry) for entry in state])
@@ -401,26 +417,35 @@ class SQLiteStore(ForgetJournal):
             # between: an episode of a message that has one, and what was made from it, are skipped.
             taken = await self._episode_sources(records)
             skipped: set[tuple[str, str, str]] = set()
-            for record, vector in zip(records, vectors, strict=True):
+            for n, record in enumerate(records):
                 sources = {(record.tenant, record.chat_id, mid) for mid in record.message_ids}
                 if record.kind == "episode" and sources & taken:
                     skipped |= sources
                     continue
                 if record.kind != "episode" and sources & skipped:
                     continue
-                written.append((record, await self._insert(record, vector, keep_id=False), vector))
+                vector = None if ready is None else ready[n]
+                written.append((n, record, await self._insert(record, vector, keep_id=False)))
                 if record.kind == "episode":
                     taken |= sources
-        for record, new_id, _ in written:
+            if ready is None:
+                ready = np.asarray(await cast("Awaitable[np.ndarray]", vectors), dtype=np.float32)
+                if len(ready) != len(records):
+                    raise StoreError(f"{len(records)} records but {len(ready)} vectors")
+                await db.executemany(
+                    "UPDATE memories SET vector = ? WHERE id = ?",
+                    [(_blob(ready[n]), new_id) for n, _, new_id in written],
+                )
+        for _, record, new_id in written:
             record.id = new_id
         if written:
             await self.index.add(
-                np.array([w[1] for w in written], dtype=np.int64),
-                np.vstack([w[2] for w in written]),
-                [_owner(w[0]) for w in written],
+                np.array([new_id for _, _, new_id in written], dtype=np.int64),
+                np.vstack([ready[n] for n, _, _ in written]),
+                [_owner(record) for _, record, _ in written],
             )
-            await self._mirror_keywords(added=[w[1] for w in written])
-        return [w[1] for w in written]
+            await self._mirror_keywords(added=[new_id for _, _, new_id in written])
+        return [new_id for _, _, new_id in written]
 
     async def _episode_sources(self, records: Sequence[MemoryRecord]) -> set[tuple[str, str, str]]:
         """Which of the episodes' (tenant, chat, message) sources already have an episode."""
@@ -437,7 +462,7 @@ class SQLiteStore(ForgetJournal):
     async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> int:
         """One row with its provenance and keyword entry; the caller holds the transaction."""
         db = self.db
-        blob = None if vector is None else np.asarray(vector, dtype=np.float32).tobytes()
+        blob = None if vector is None else _blob(vector)
         values = (
             record.kind,
             record.tenant,
@@ -1164,6 +1189,10 @@ def _chunks(items: list[Any]) -> list[list[Any]]:
 
 def _marks(items: Sequence[Any]) -> str:
     return ", ".join("?" * len(items))
+
+
+def _blob(vector: np.ndarray) -> bytes:
+    return np.asarray(vector, dtype=np.float32).tobytes()
 
 
 def _owner(record: MemoryRecord) -> Owner:
