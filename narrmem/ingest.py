@@ -168,27 +168,50 @@ class IngestPipeline:
             errors: list[str] = []
             items.append(Pending(i, message, await self.triage(message, errors), errors))
             await yield_every(i)
-        kept = await self._new_messages(items, results)
+        early: asyncio.Future[np.ndarray] | None = None
+        texts: list[str] = []
+        if len(items) <= SHORT_TEXTS:
+            # A few messages (a bot's message as it comes): the model starts on them once triage
+            # has spoken, while the duplicate check reads the store and the episodes are made. A
+            # message found stored already was embedded for nothing: rare, as it comes.
+            texts = list(
+                dict.fromkeys(
+                    vector_text(i.message, i.decision) for i in items if i.decision.layer != "ignore"
+                )
+            )
+            early = await self._embed_early(texts)
+        try:
+            kept = await self._new_messages(items, results)
+        except BaseException:
+            if early is not None:
+                early.cancel()
+            raise
         for item in kept:
             episode = self.episode(item.message, item.decision)
             item.records = [episode]
             item.written_embed_text = episode.embed_text
             if item.decision.gist is not None:
                 item.gist_text = attributed(item.message, item.decision.gist)
-        # The episodes' texts are known now: the model embeds them while the before-store hooks
-        # run (and while the batch before this one is written). A hook may add records (a scene)
-        # or change what an episode embeds; those texts are embedded afterwards, so every record
-        # gets the vector of its own text.
-        texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
-        prepared = Prepared(
-            results, kept, texts, asyncio.ensure_future(self.memory.embedder.embed(texts)) if texts else None
-        )
+        if early is None:
+            # The episodes' texts are known now: the model embeds them while the before-store
+            # hooks run (and while the batch before this one is written). A hook may add records
+            # (a scene) or change what an episode embeds; those texts are embedded afterwards, so
+            # every record gets the vector of its own text.
+            texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
+            early = await self._embed_early(texts)
+        return Prepared(results, kept, texts, early)
+
+    async def _embed_early(self, texts: list[str]) -> asyncio.Future[np.ndarray] | None:
+        """Hand ``texts`` to the model before the next synchronous work holds the loop."""
+        if not texts:
+            return None
+        early = asyncio.ensure_future(self.memory.embedder.embed(texts))
         try:
-            await asyncio.sleep(0)  # hand the texts to the model before the hooks hold the loop
+            await asyncio.sleep(0)
         except asyncio.CancelledError:
-            prepared.cancel()  # the call was cancelled: its texts are not embedded for nothing
+            early.cancel()  # the call was cancelled: its texts are not embedded for nothing
             raise
-        return prepared
+        return early
 
     async def _finish(
         self, prepared: Prepared, previous: asyncio.Future[None] | None, prefix: str | None
@@ -199,6 +222,7 @@ class IngestPipeline:
         pending after-store work of the batch with its write, under keys that start with it."""
         kept, results = prepared.kept, prepared.results
         if not kept:
+            prepared.cancel()  # what was embedded early was already stored
             if previous is not None:
                 await previous
             return []
@@ -373,6 +397,11 @@ def speaker_of(message: Message) -> str:
         if isinstance(value, str) and value.strip():
             return value.strip()[:MAX_ID_CHARS]
     return message.user_id
+
+
+def vector_text(message: Message, decision: TriageDecision) -> str:
+    """What a message's episode is embedded as: its gist, or the whole message, attributed."""
+    return attributed(message, decision.gist)
 
 
 def attributed(message: Message, text: str | None = None) -> str:

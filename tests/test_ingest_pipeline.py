@@ -333,3 +333,38 @@ async def test_a_message_is_written_while_it_embeds_and_only_if_its_embedding_su
             vectors = await mem.store.vectors([record.id], Scope(user_id="ann"))
             assert np.allclose(vectors[record.id], embedder.vector(record.index_text))
         assert not await write_is_open(mem)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("n", "embedded_first"), [(1, True), (8, True), (12, False)])
+async def test_a_few_messages_reach_the_model_before_the_duplicate_check(
+    tmp_path: Path, n: int, embedded_first: bool
+) -> None:
+    """Up to eight messages are handed to the model once triaged, while the store is asked which
+    are stored already; a larger batch is checked first, so a re-import embeds no duplicate. A
+    duplicate is reported as one either way, and stored once."""
+    events: list[str] = []
+    embedder = SlowEmbedder(seconds=0.01)
+    embed = embedder.embed
+
+    async def logged_embed(texts: Sequence[str]) -> np.ndarray:
+        events.append("embed")
+        return await embed(texts)
+
+    embedder.embed = logged_embed  # type: ignore[method-assign]
+    settings: dict[str, Any] = {"embedder": {"backend": "slow"}}
+    async with open_memory(tmp_path / "m", plugins=[Plugins(embedder)], **settings) as mem:
+        check = mem.store.stored_message_ids
+
+        async def logged_check(*args: Any) -> Any:
+            events.append("check")
+            return await check(*args)
+
+        mem.store.stored_message_ids = logged_check  # type: ignore[method-assign]
+        batch = messages(n)
+        assert all(r.stored for r in await mem.ingest_many(batch))
+        assert (events[0] == "embed") is embedded_first
+        again = await mem.ingest_many(batch)
+        assert [r.stored for r in again] == [False] * n
+        assert all("already stored" in (r.reason or "") for r in again)
+        assert (await mem.store.stats())["memories"] == n
