@@ -34,10 +34,13 @@ What is measured, in this order (all times with ``time.perf_counter``):
    "…"``, is timed alone: the model's share of the ingest, reported as ``own_embedding``); then
    ``--samples`` ``mem.recall(query, user_id=..., k=--k)``
    calls (query embedding included) for two user scopes: the heavy user and a typical user, with their
-   memory counts in the output; the first recall after the stores above (the scope-id cache is cold) is
-   reported on its own, and so is recall right after a write to the same user (``--samples`` / 4 pairs of
-   ingest-then-recall: every write drops that user's cached scope ids). A per-stage breakdown of recall
-   (query embedding, ``store.search_vectors``, ``store.search_keywords``) is timed separately.
+   memory counts in the output. After each timed stored ingest and recall one embedding of another
+   question is timed alone (``query_embedding``): the ratios to one query embedding divide by the p50
+   of these, measured beside the calls they are compared with. The first recall after the stores
+   above (the scope-id cache is cold) is reported on its own, and so is recall right after a write
+   to the same user (``--samples`` / 4 pairs of ingest-then-recall: every write drops that user's
+   cached scope ids). A per-stage breakdown of recall (query embedding, ``store.search_vectors``,
+   ``store.search_keywords``) is timed separately.
 4. Start-up, cold, in fresh subprocesses (``--repeat`` runs each, medians; once with no model export
    cached, the first start on a machine, which exports the onnx model): time from spawning the process
    to its first embedding done, with its parts (interpreter start, ``import narrmem``, ``Memory.open``
@@ -412,6 +415,7 @@ async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> di
     episode embeds (``Ann said, "…"``), timed alone: the model's share of that ingest."""
     durations: list[float] = []
     own: list[float] = []
+    query: list[float] = []
     layers: Counter[str] = Counter()
     for _ in range(n):
         text = pop.gen.acknowledgement() if ignored else pop.gen.content()
@@ -428,10 +432,22 @@ async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> di
             start = time.perf_counter()
             await mem.embedder.embed([embedded_text(message)])
             own.append(time.perf_counter() - start)
+            query.append(await time_query_embedding(mem, pop))
     out: dict[str, Any] = {**latency_summary(durations), "layers": dict(layers)}
     if own:
         out["own_embedding"] = latency_summary(own)
+        out["query_embedding"] = latency_summary(query)
     return out
+
+
+async def time_query_embedding(mem: Memory, pop: Population) -> float:
+    """One embedding of a fresh question, timed alone. Taken right after each timed call, it is the
+    denominator of that call's ratio: the machine's speed drifts by tens of percent between the
+    minutes of a run, and a ratio of two figures measured side by side does not."""
+    query = pop.gen.query()
+    start = time.perf_counter()
+    await mem.embedder.embed([query])
+    return time.perf_counter() - start
 
 
 async def time_recall(mem: Memory, pop: Population, person: Person, n: int, k: int) -> dict[str, Any]:
@@ -440,18 +456,21 @@ async def time_recall(mem: Memory, pop: Population, person: Person, n: int, k: i
     await mem.recall(queries[0], user_id=person.user_id, k=k)
     first = time.perf_counter() - start
     durations: list[float] = []
+    embeddings: list[float] = []
     hits = 0
     for query in queries[1:]:
         start = time.perf_counter()
         found = await mem.recall(query, user_id=person.user_id, k=k)
         durations.append(time.perf_counter() - start)
         hits += len(found)
+        embeddings.append(await time_query_embedding(mem, pop))
     return {
         "user_id": person.user_id,
         "scope_memories": pop.counts[person.user_id],
         "first_call_ms": first * 1000,
         "mean_hits": hits / max(1, len(durations)),
         **latency_summary(durations),
+        "query_embedding": latency_summary(embeddings),
     }
 
 
@@ -795,22 +814,39 @@ def print_report(report: dict[str, Any]) -> None:
             )
     ratio_rows = []
     for size, row in report["by_size"].items():
-        query = row["breakdown_heavy_user"]["embed_query"]["p50_ms"]
         stored = row["ingest_stored"]
+        heavy = row["recall_heavy_user"]
+        # Reports before the paired embeddings divide by the breakdown's, timed minutes apart.
+        query = row["breakdown_heavy_user"]["embed_query"]["p50_ms"]
+        query_stored = stored.get("query_embedding", {}).get("p50_ms", query)
+        query_heavy = heavy.get("query_embedding", {}).get("p50_ms", query)
         own = stored.get("own_embedding", {}).get("p50_ms")
         ratio_rows.append(
             [
                 f"{int(size):,}",
-                stored["p50_ms"] / query,
-                row["recall_heavy_user"]["p50_ms"] / query,
+                stored["p50_ms"] / query_stored,
+                heavy["p50_ms"] / query_heavy,
+                query_stored,
+                query_heavy,
                 own,
                 stored["p50_ms"] / own if own else None,
             ]
         )
-    print("\nRatios of p50s: to one query embedding, and a stored message to the embedding of its own text")
+    print(
+        "\nRatios of p50s: to one query embedding (timed right after each call), and a stored message"
+        " to the embedding of its own text"
+    )
     print(
         render_table(
-            ["memories", "stored / query emb.", "heavy recall / query emb.", "own emb. ms", "stored / own"],
+            [
+                "memories",
+                "stored / query emb.",
+                "heavy recall / query emb.",
+                "query emb. ms (stored)",
+                "query emb. ms (recall)",
+                "own emb. ms",
+                "stored / own",
+            ],
             ratio_rows,
             digits=2,
         )

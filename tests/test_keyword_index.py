@@ -146,9 +146,10 @@ async def test_when_the_index_fails_fts5_answers_and_the_next_open_rebuilds(
 
         monkeypatch.setattr(keywords, "_stage", broken)
         await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
+        await keywords._run(lambda: None)  # the index's thread has tried the write by now
+        assert keywords.changes is None
         hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
         assert len(hits) == 1  # FTS5 has it: the index, whose write failed, does not answer
-        assert keywords.changes is None
         monkeypatch.undo()
     async with open_memory(folder, **TANTIVY) as memory:
         assert memory.store._keywords.changes is not None
@@ -213,21 +214,61 @@ class CountingWriter:
         return getattr(self.writer, name)
 
 
-async def test_queued_writes_share_one_commit_and_a_search_sees_them(tmp_path: Path) -> None:
+async def test_a_search_sees_the_writes_before_their_commit_and_they_share_one(tmp_path: Path) -> None:
     async with open_memory(tmp_path / "m", **TANTIVY) as memory:
         await fill(memory)
         keywords = memory.store._keywords
-        await memory.store.search_keywords(Scope(user_id="u1"), "ramen", 10)  # nothing left queued
+        await keywords._run(lambda: None)  # nothing left to commit
         writer = CountingWriter(keywords._writer)
         keywords._writer = writer
         release = threading.Event()
-        keywords._thread.submit(release.wait, 10)  # the index's thread is busy for now
-        for n, text in enumerate(["kayaking on the Tagus", "kayaking again", "more kayaking"]):
-            await memory.ingest(msg(f"k{n}", text, chat="dm-u1"))
-        release.set()
-        hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
-        assert len([i for i, _ in hits]) >= 3 and writer.commits == 1
+        keywords._thread.submit(release.wait, 10)  # the index's thread is busy: nothing commits
+        try:
+            for n, text in enumerate(["kayaking on the Tagus", "kayaking again", "more kayaking"]):
+                await memory.ingest(msg(f"k{n}", text, chat="dm-u1"))
+            u1 = Scope(user_id="u1")
+            before = await memory.store.search_keywords(u1, "kayaking Tagus", 10)
+            # Answered while the commit waits, with the three writes in it.
+            assert writer.commits == 0 and len(before) == 3
+            await memory.store.delete([before[0][0]], u1)
+            assert before[0][0] not in [i for i, _ in await memory.store.search_keywords(u1, "kayaking", 10)]
+        finally:
+            release.set()
+        await keywords._run(lambda: None)
+        assert writer.commits == 1  # the three messages and the delete: one commit
         assert keywords.changes == sql(tmp_path / "m", "SELECT count FROM keyword_changes")[0][0]
+        after = await memory.store.search_keywords(u1, "kayaking Tagus", 10)
+        assert [i for i, _ in after] == [i for i, _ in before[1:]]
+
+
+async def test_an_uncommitted_write_scores_about_what_it_scores_once_committed(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        for n in range(30):  # a user with some history: word statistics worth the name
+            await memory.ingest(
+                msg(f"h{n}", f"day {n}: walked the dog, cooked ramen, read a novel", chat="dm-u1")
+            )
+        keywords = memory.store._keywords
+        await keywords._run(lambda: None)
+        release = threading.Event()
+        keywords._thread.submit(release.wait, 10)
+        try:
+            await memory.ingest(msg("new", "spicy ramen night with the kayaking club", chat="dm-u1"))
+            pending = dict(
+                await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen kayaking", 50)
+            )
+        finally:
+            release.set()
+        await keywords._run(lambda: None)
+        committed = dict(await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen kayaking", 50))
+        new_id = max(committed)
+        assert pending.keys() == committed.keys()
+        # The estimate of BM25's average length is the one approximation (0.05 % off here).
+        assert pending[new_id] == pytest.approx(committed[new_id], rel=0.05)
+        # Ranked where the commit puts it.
+        assert sorted(pending.values()).index(pending[new_id]) == sorted(committed.values()).index(
+            committed[new_id]
+        )
 
 
 async def test_searches_during_a_rebuild_are_answered_in_full(tmp_path: Path) -> None:

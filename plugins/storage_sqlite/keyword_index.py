@@ -23,8 +23,16 @@ the count of keyword changes SQLite's triggers had reached at its last commit; a
 another count (a crash between SQLite's commit and this one, or a folder copied from elsewhere)
 rebuilds it from SQLite. A forget's purge rebuilds it too, in a new folder that replaces the old
 one, because tantivy only marks deleted documents and keeps their terms until a merge: after the
-purge no file holds a forgotten word. Every call runs on one thread of its own, never on the event
-loop.
+purge no file holds a forgotten word. Writes and commits run on one thread of the index's own,
+searches on another, never on the event loop.
+
+A search does not wait for a commit (10-20 ms, most of it the disk's flush; tantivy lets a search
+run meanwhile): it reads the last committed state and the writes not committed yet beside it. Those
+are a message or two in a bot's life, matched and scored here with tantivy's BM25 (k1 1.2, b 0.75)
+and the committed index's word statistics, so a recall right after a write sees the write without
+paying for its commit. The average length BM25 divides by is not exposed by tantivy; the average of
+the documents this process wrote stands in for it, so a pending document's score is close to what
+it gets once committed, not equal (``tests/test_keyword_index.py`` holds how close).
 """
 
 from __future__ import annotations
@@ -32,10 +40,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,6 +60,10 @@ FORMAT = 1
 CONTEXT_WEIGHT = 0.5  # a context word counts half a text word: the text is written twice
 STATE_FILE = "narrmem-keywords.json"
 WRITER_HEAP = 32_000_000  # bytes: tantivy flushes a segment when a writer's buffer is this full
+BM25_K1 = 1.2  # tantivy's BM25 constants, for the documents scored before their commit
+BM25_B = 0.75
+LENGTHS_SAMPLED = 4096  # documents whose length is counted for the average, then one in this many
+_TOKEN = re.compile(r"[^\W_]+")  # what tantivy's simple tokenizer keeps: runs of letters and digits
 _BUILDING = ".building-"  # suffix of a folder being rebuilt (per process), replaced once complete
 _RETIRED = ".retired-"  # suffix of a replaced folder on its way out
 
@@ -85,9 +99,15 @@ class TantivyKeywords:
         self._queue: deque[tuple[list[KeywordDoc], list[int], int]] = deque()
         self._queue_lock = threading.Lock()
         self._flush_queued = False
+        # Writes the current searcher does not see yet, oldest first (queued or being committed):
+        # a search reads them beside it. Changed with the searcher, under ``_queue_lock``.
+        self._uncommitted: deque[tuple[list[KeywordDoc], list[int]]] = deque()
+        self._lengths = _RunningMean()  # words per document written: BM25's average, estimated
+        self._owners = _RunningMean()  # scope tokens per document
         self._schema = self._build_schema()
         self._analyzer = self._build_analyzer()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-keywords")
+        self._searching = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-keywords-search")
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -115,6 +135,7 @@ class TantivyKeywords:
             await self._run(self._close)
         finally:
             self._thread.shutdown(wait=True)
+            self._searching.shutdown(wait=True)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -122,10 +143,11 @@ class TantivyKeywords:
         """Remove ``removed`` ids and add ``added`` (an id in both is replaced); ``changes`` is
         SQLite's count with them. Queued, not waited for: the index's thread writes what is queued
         and commits it (10-20 ms, most of it waiting on the disk) in one go, so a write never
-        waits for a commit and the writes of one message share one; a search first takes in
-        whatever is still queued, so it always sees every write before it."""
-        self._queue.append((list(added), list(removed), changes))
+        waits for a commit and the writes of one message share one; a search reads what is not
+        committed yet beside the index, so it always sees every write before it."""
         with self._queue_lock:
+            self._queue.append((list(added), list(removed), changes))
+            self._uncommitted.append((list(added), list(removed)))
             if self._flush_queued:
                 return
             self._flush_queued = True
@@ -139,8 +161,8 @@ class TantivyKeywords:
         """The top ``k`` (id, BM25 score) among documents holding every ``owner`` token (and one
         of ``kinds``) that match any of ``terms``; a word found only in the context counts
         ``CONTEXT_WEIGHT``. None when the index missed a write and cannot answer."""
-        hits: list[tuple[int, float]] | None = await self._run(
-            self._search, list(owner), list(terms), k, kinds
+        hits: list[tuple[int, float]] | None = await asyncio.get_running_loop().run_in_executor(
+            self._searching, self._search, list(owner), list(terms), k, kinds
         )
         return hits
 
@@ -197,8 +219,10 @@ class TantivyKeywords:
         return state
 
     def _drop(self) -> None:
-        self._writer = self._searcher = self._index = None
-        self._queue.clear()
+        with self._queue_lock:
+            self._writer = self._searcher = self._index = None
+            self._queue.clear()
+            self._uncommitted.clear()
 
     def _start_building(self, building: Path) -> None:
         self._close()
@@ -211,6 +235,11 @@ class TantivyKeywords:
     def _add_all(self, docs: Sequence[KeywordDoc]) -> None:
         for doc in docs:
             self._writer.add_document(self._document(doc))
+            # A sample is enough for a mean, and a rebuild of a million rows should not pay for
+            # counting each (the analyzer itself stays on the search thread).
+            if self._lengths.count < LENGTHS_SAMPLED or doc.id % LENGTHS_SAMPLED == 0:
+                self._lengths.add(len(_TOKEN.findall(_words(doc))))
+                self._owners.add(len(doc.owner))
 
     def _finish_building(self, building: Path, changes: int) -> None:
         self._writer.commit()
@@ -251,9 +280,8 @@ class TantivyKeywords:
         the index unusable (FTS5 serves) until it is rebuilt."""
         with self._queue_lock:
             self._flush_queued = False
-        batch = []
-        while self._queue:
-            batch.append(self._queue.popleft())
+            batch = list(self._queue)
+            self._queue.clear()
         if not batch or self._writer is None or self.changes is None:
             return
         try:
@@ -261,12 +289,17 @@ class TantivyKeywords:
                 self._stage(added, removed)
             self._writer.commit()
             self._index.reload()
-            self._searcher = self._index.searcher()
+            searcher = self._index.searcher()
             _write_state(self.folder, batch[-1][2])
         except Exception:
             log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", self.folder)
             self.changes = None
             return
+        with self._queue_lock:
+            # The new searcher sees the batch: searches stop reading it beside the index.
+            self._searcher = searcher
+            for _ in batch:
+                self._uncommitted.popleft()
         self.changes = batch[-1][2]
 
     def _document(self, doc: KeywordDoc) -> Any:
@@ -275,7 +308,7 @@ class TantivyKeywords:
         for token in doc.owner:
             out.add_text("owner", token)
         out.add_text("kind", doc.kind)
-        out.add_text("words", f"{doc.body} {doc.body} {doc.context}")
+        out.add_text("words", _words(doc))
         return out
 
     def _search(
@@ -285,29 +318,92 @@ class TantivyKeywords:
         k: int,
         kinds: Sequence[str] | None,
     ) -> list[tuple[int, float]] | None:
-        self._flush()
-        if self.changes is None:
+        with self._queue_lock:
+            searcher, changes = self._searcher, self.changes
+            uncommitted = list(self._uncommitted)
+        if changes is None or searcher is None:
             return None
         tv, schema = self._tantivy, self._schema
         words = list(dict.fromkeys(self._analyzer.analyze(" ".join(terms))))
         if not words or not owner:
             return []
+        # What the writes not committed yet say: each id's latest version, or gone.
+        latest: dict[int, KeywordDoc | None] = {}
+        for added, removed in uncommitted:
+            latest.update(dict.fromkeys(removed))
+            latest.update((doc.id, doc) for doc in added)
         query_type, occur = tv.Query, tv.Occur
         should = [(occur.Should, query_type.term_query(schema, "words", word)) for word in words]
         clauses = [(occur.Must, query_type.term_query(schema, "owner", token)) for token in owner]
         if kinds:
             clauses.append((occur.Must, query_type.term_set_query(schema, "kind", list(kinds))))
         clauses.append((occur.Must, query_type.boolean_query(should)))
-        searcher = self._searcher
-        hits = searcher.search(query_type.boolean_query(clauses), k, count=False).hits
+        hits = searcher.search(query_type.boolean_query(clauses), k + len(latest), count=False).hits
         ids = searcher.fast_field_values("id", [address for _, address in hits])
-        return [(int(i), float(score)) for (score, _), i in zip(hits, ids, strict=True) if i is not None]
+        found = [
+            (int(i), float(score))
+            for (score, _), i in zip(hits, ids, strict=True)
+            if i is not None and int(i) not in latest
+        ]
+        for doc in latest.values():
+            if doc is not None and set(owner) <= set(doc.owner) and (not kinds or doc.kind in kinds):
+                score = self._pending_score(searcher, doc, owner, words, bool(kinds))
+                if score is not None:
+                    found.append((doc.id, score))
+        found.sort(key=lambda hit: (-hit[1], hit[0]))
+        return found[:k]
+
+    def _pending_score(
+        self, searcher: Any, doc: KeywordDoc, owner: list[str], words: list[str], kinds: bool
+    ) -> float | None:
+        """The score tantivy would give ``doc`` once committed (None: it does not match): BM25 of
+        the words it holds and of its scope tokens (required clauses score too), with the
+        committed index's document frequencies, and 1 for the kind filter (a constant-score
+        query)."""
+        counts = Counter(self._analyzer.analyze(_words(doc)))
+        matched = [word for word in words if counts[word]]
+        if not matched:
+            return None
+        total = searcher.num_docs + 1
+
+        def bm25(field: str, term: str, frequency: int, length: float, average: float) -> float:
+            documents = searcher.doc_freq(field, term) + 1
+            idf = math.log(1 + (total - documents + 0.5) / (documents + 0.5))
+            norm = 1 - BM25_B + BM25_B * length / max(average, 1.0)
+            return idf * frequency * (BM25_K1 + 1) / (frequency + BM25_K1 * norm)
+
+        length = sum(counts.values())
+        score = sum(bm25("words", w, counts[w], length, self._lengths.mean or length) for w in matched)
+        owners = len(doc.owner)
+        score += sum(bm25("owner", t, 1, owners, self._owners.mean or owners) for t in owner)
+        return score + (1.0 if kinds else 0.0)
 
     def _close(self) -> None:
         self._flush()
         if self._writer is not None:
             self._writer.wait_merging_threads()
         self._drop()
+
+
+def _words(doc: KeywordDoc) -> str:
+    """The one field's text: the message twice and its context once (see the module's note)."""
+    return f"{doc.body} {doc.body} {doc.context}"
+
+
+class _RunningMean:
+    """A mean kept as documents are written (one thread writes it)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+
+    def add(self, value: int) -> None:
+        self.count += 1
+        self.total += value
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
 
 
 def _ours(folder: Path) -> bool:
