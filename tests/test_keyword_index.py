@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from _helpers import msg, sql
+from narrmem_plugins.storage_sqlite import keyword_index
 from narrmem_plugins.storage_sqlite.keyword_index import STATE_FILE, KeywordDoc
 from narrmem_plugins.storage_sqlite.store import user_token
 
@@ -146,7 +147,7 @@ async def test_when_the_index_fails_fts5_answers_and_the_next_open_rebuilds(
 
         monkeypatch.setattr(keywords, "_stage", broken)
         await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
-        await keywords._run(lambda: None)  # the index's thread has tried the write by now
+        await keywords.flush()  # the index's thread has tried the write by now
         assert keywords.changes is None
         hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
         assert len(hits) == 1  # FTS5 has it: the index, whose write failed, does not answer
@@ -218,7 +219,7 @@ async def test_a_search_sees_the_writes_before_their_commit_and_they_share_one(t
     async with open_memory(tmp_path / "m", **TANTIVY) as memory:
         await fill(memory)
         keywords = memory.store._keywords
-        await keywords._run(lambda: None)  # nothing left to commit
+        await keywords.flush()  # nothing left to commit
         writer = CountingWriter(keywords._writer)
         keywords._writer = writer
         release = threading.Event()
@@ -234,11 +235,37 @@ async def test_a_search_sees_the_writes_before_their_commit_and_they_share_one(t
             assert before[0][0] not in [i for i, _ in await memory.store.search_keywords(u1, "kayaking", 10)]
         finally:
             release.set()
-        await keywords._run(lambda: None)
+        await keywords.flush()
         assert writer.commits == 1  # the three messages and the delete: one commit
         assert keywords.changes == sql(tmp_path / "m", "SELECT count FROM keyword_changes")[0][0]
         after = await memory.store.search_keywords(u1, "kayaking Tagus", 10)
         assert [i for i, _ in after] == [i for i, _ in before[1:]]
+
+
+async def test_writes_that_keep_coming_are_committed_an_interval_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        keywords = memory.store._keywords
+        writer = CountingWriter(keywords._writer)
+        keywords._writer = writer
+        monkeypatch.setattr(keyword_index, "COMMIT_INTERVAL", 60.0)
+        for n in range(6):
+            await memory.ingest(msg(f"k{n}", f"kayaking on the Tagus, day {n}", chat="dm-u1"))
+        await keywords._run(lambda: None)
+        # The first write commits at once, the next wait for the interval; searches see them.
+        assert writer.commits == 1
+        assert len(await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)) == 6
+        await keywords.flush()
+        assert writer.commits == 2 and not keywords._uncommitted
+        assert keywords.changes == sql(tmp_path / "m", "SELECT count FROM keyword_changes")[0][0]
+        # Once the interval has passed, what waited is committed without being asked.
+        monkeypatch.setattr(keyword_index, "COMMIT_INTERVAL", 1.0)
+        await memory.ingest(msg("k6", "kayaking once more", chat="dm-u1"))
+        assert writer.commits == 2
+        await asyncio.sleep(1.5)
+        await keywords._run(lambda: None)
+        assert writer.commits == 3 and not keywords._uncommitted
 
 
 async def test_an_uncommitted_write_scores_about_what_it_scores_once_committed(tmp_path: Path) -> None:
@@ -249,7 +276,7 @@ async def test_an_uncommitted_write_scores_about_what_it_scores_once_committed(t
                 msg(f"h{n}", f"day {n}: walked the dog, cooked ramen, read a novel", chat="dm-u1")
             )
         keywords = memory.store._keywords
-        await keywords._run(lambda: None)
+        await keywords.flush()
         release = threading.Event()
         keywords._thread.submit(release.wait, 10)
         try:
@@ -259,7 +286,7 @@ async def test_an_uncommitted_write_scores_about_what_it_scores_once_committed(t
             )
         finally:
             release.set()
-        await keywords._run(lambda: None)
+        await keywords.flush()
         committed = dict(await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen kayaking", 50))
         new_id = max(committed)
         assert pending.keys() == committed.keys()

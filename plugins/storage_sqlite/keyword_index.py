@@ -45,6 +45,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,7 @@ STATE_FILE = "narrmem-keywords.json"
 WRITER_HEAP = 32_000_000  # bytes: tantivy flushes a segment when a writer's buffer is this full
 BM25_K1 = 1.2  # tantivy's BM25 constants, for the documents scored before their commit
 BM25_B = 0.75
+COMMIT_INTERVAL = 0.25  # seconds between two commits while writes keep coming (one fsync each)
 LENGTHS_SAMPLED = 4096  # documents whose length is counted for the average, then one in this many
 _TOKEN = re.compile(r"[^\W_]+")  # what tantivy's simple tokenizer keeps: runs of letters and digits
 _BUILDING = ".building-"  # suffix of a folder being rebuilt (per process), replaced once complete
@@ -99,6 +101,9 @@ class TantivyKeywords:
         self._queue: deque[tuple[list[KeywordDoc], list[int], int]] = deque()
         self._queue_lock = threading.Lock()
         self._flush_queued = False
+        self._committed_at = -math.inf  # time.monotonic() when the last commit started
+        self._later: asyncio.TimerHandle | None = None  # a flush waiting for COMMIT_INTERVAL
+        self._closed = False
         # Writes the current searcher does not see yet, oldest first (queued or being committed):
         # a search reads them beside it. Changed with the searcher, under ``_queue_lock``.
         self._uncommitted: deque[tuple[list[KeywordDoc], list[int]]] = deque()
@@ -130,7 +135,14 @@ class TantivyKeywords:
             await self._run(self._abandon, building)
             raise
 
+    async def flush(self) -> None:
+        """Commit what is queued now, without waiting for ``COMMIT_INTERVAL``."""
+        await self._run(self._flush)
+
     async def close(self) -> None:
+        self._closed = True
+        if self._later is not None:
+            self._later.cancel()
         try:
             await self._run(self._close)
         finally:
@@ -144,14 +156,29 @@ class TantivyKeywords:
         SQLite's count with them. Queued, not waited for: the index's thread writes what is queued
         and commits it (10-20 ms, most of it waiting on the disk) in one go, so a write never
         waits for a commit and the writes of one message share one; a search reads what is not
-        committed yet beside the index, so it always sees every write before it."""
+        committed yet beside the index, so it always sees every write before it. While writes keep
+        coming, commits are ``COMMIT_INTERVAL`` apart: each costs a flush to the disk and CPU the
+        next message's embedding could use, and no search waits for one."""
         with self._queue_lock:
             self._queue.append((list(added), list(removed), changes))
             self._uncommitted.append((list(added), list(removed)))
             if self._flush_queued:
                 return
             self._flush_queued = True
-        self._thread.submit(self._flush)
+        wait = self._committed_at + COMMIT_INTERVAL - time.monotonic()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            wait = 0.0
+        if wait > 0:
+            self._later = loop.call_later(wait, self._flush_later)
+        else:
+            self._thread.submit(self._flush)
+
+    def _flush_later(self) -> None:
+        self._later = None
+        if not self._closed:
+            self._thread.submit(self._flush)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -284,6 +311,7 @@ class TantivyKeywords:
             self._queue.clear()
         if not batch or self._writer is None or self.changes is None:
             return
+        self._committed_at = time.monotonic()  # commits start an interval apart
         try:
             for added, removed, _ in batch:
                 self._stage(added, removed)
