@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import json
 import logging
@@ -397,8 +398,13 @@ class SQLiteStore(ForgetJournal):
         *,
         state: Sequence[StateEntry] = (),
     ) -> list[int]:
-        async with self._vectors_lock:
-            return await self._add(records, vectors, state)
+        try:
+            async with self._vectors_lock:
+                return await self._add(records, vectors, state)
+        except BaseException:
+            if inspect.iscoroutine(vectors):
+                vectors.close()  # a write that failed before it awaited them: nothing waits now
+            raise
 
     async def _add(
         self,
