@@ -149,6 +149,7 @@ async def test_when_the_index_fails_fts5_answers_and_the_next_open_rebuilds(
         await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
         await keywords.flush()  # the index's thread has tried the write by now
         assert keywords.changes is None
+        assert not keywords._uncommitted  # nothing kept for searches it no longer answers
         hits = await memory.store.search_keywords(Scope(user_id="u1"), "kayaking", 10)
         assert len(hits) == 1  # FTS5 has it: the index, whose write failed, does not answer
         monkeypatch.undo()

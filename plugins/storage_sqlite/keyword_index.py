@@ -309,7 +309,10 @@ class TantivyKeywords:
             self._flush_queued = False
             batch = list(self._queue)
             self._queue.clear()
-        if not batch or self._writer is None or self.changes is None:
+        if not batch:
+            return
+        if self._writer is None or self.changes is None:
+            self._forget_uncommitted()  # FTS5 serves until a rebuild: nothing to read beside
             return
         self._committed_at = time.monotonic()  # commits start an interval apart
         try:
@@ -322,6 +325,7 @@ class TantivyKeywords:
         except Exception:
             log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", self.folder)
             self.changes = None
+            self._forget_uncommitted()
             return
         with self._queue_lock:
             # The new searcher sees the batch: searches stop reading it beside the index.
@@ -329,6 +333,12 @@ class TantivyKeywords:
             for _ in batch:
                 self._uncommitted.popleft()
         self.changes = batch[-1][2]
+
+    def _forget_uncommitted(self) -> None:
+        """An index that no longer answers keeps no writes for its searches (a bot may run for
+        days on FTS5 before the next open rebuilds it)."""
+        with self._queue_lock:
+            self._uncommitted.clear()
 
     def _document(self, doc: KeywordDoc) -> Any:
         out = self._tantivy.Document()
