@@ -165,7 +165,7 @@ class TantivyKeywords:
             if self._flush_queued:
                 return
             self._flush_queued = True
-        wait = self._committed_at + COMMIT_INTERVAL - time.monotonic()
+            wait = self._committed_at + COMMIT_INTERVAL - time.monotonic()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -309,12 +309,15 @@ class TantivyKeywords:
             self._flush_queued = False
             batch = list(self._queue)
             self._queue.clear()
+            if batch:
+                # Commits start an interval apart; set with the batch taken, so that a write
+                # queued from now on waits for the interval.
+                self._committed_at = time.monotonic()
         if not batch:
             return
         if self._writer is None or self.changes is None:
             self._forget_uncommitted()  # FTS5 serves until a rebuild: nothing to read beside
             return
-        self._committed_at = time.monotonic()  # commits start an interval apart
         try:
             for added, removed, _ in batch:
                 self._stage(added, removed)
