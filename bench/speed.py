@@ -429,10 +429,8 @@ async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> di
         layers[result.layer] += 1
         if result.stored:
             pop.counts[message.user_id] += 1
-            start = time.perf_counter()
-            await mem.embedder.embed([embedded_text(message)])
-            own.append(time.perf_counter() - start)
-            query.append(await time_query_embedding(mem, pop))
+            own.append(await time_embedding(mem, embedded_text(message)))
+            query.append(await time_embedding(mem, pop.gen.query()))
     out: dict[str, Any] = {**latency_summary(durations), "layers": dict(layers)}
     if own:
         out["own_embedding"] = latency_summary(own)
@@ -440,13 +438,12 @@ async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> di
     return out
 
 
-async def time_query_embedding(mem: Memory, pop: Population) -> float:
-    """One embedding of a fresh question, timed alone. Taken right after each timed call, it is the
-    denominator of that call's ratio: the machine's speed drifts by tens of percent between the
-    minutes of a run, and a ratio of two figures measured side by side does not."""
-    query = pop.gen.query()
+async def time_embedding(mem: Memory, text: str) -> float:
+    """One embedding of ``text``, timed alone. Taken right after each timed call (of a fresh
+    question: the denominator of that call's ratio), since the machine's speed drifts by tens of
+    percent between the minutes of a run, and a ratio of two figures measured side by side does not."""
     start = time.perf_counter()
-    await mem.embedder.embed([query])
+    await mem.embedder.embed([text])
     return time.perf_counter() - start
 
 
@@ -463,7 +460,7 @@ async def time_recall(mem: Memory, pop: Population, person: Person, n: int, k: i
         found = await mem.recall(query, user_id=person.user_id, k=k)
         durations.append(time.perf_counter() - start)
         hits += len(found)
-        embeddings.append(await time_query_embedding(mem, pop))
+        embeddings.append(await time_embedding(mem, pop.gen.query()))
     return {
         "user_id": person.user_id,
         "scope_memories": pop.counts[person.user_id],
