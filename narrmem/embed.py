@@ -15,6 +15,7 @@ import numpy as np
 
 from narrmem.errors import ConfigError
 from narrmem.model_thread import SLICE_TEXTS, ModelThread
+from narrmem.recent_vectors import RecentVectors
 
 
 @runtime_checkable
@@ -78,6 +79,7 @@ class SentenceTransformerEmbedder:
         self.device = device
         self._model: Any = None
         self._model_thread = ModelThread("narrmem-embed", slice_texts=max(SLICE_TEXTS, batch_size))
+        self.recent = RecentVectors()
 
     async def start(self) -> None:
         if self._model is None:
@@ -115,7 +117,13 @@ class SentenceTransformerEmbedder:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        return await self.recent.embed(texts, self.dim, self._run_model)
+
+    async def _run_model(self, texts: list[str]) -> np.ndarray:
         return await self._model_thread.embed(self._encode, texts)
+
+    def forget_recent_texts(self) -> None:
+        self.recent.clear()
 
     async def close(self) -> None:
         await self._model_thread.close()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
+from narrmem.recent_vectors import ForgetsRecentTexts
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
@@ -59,6 +60,9 @@ class Forgetting:
             ids = await store.from_messages(job.tenant, job.chat_id, job.messages)
             removed = list((await store.get(ids, job.scope)).values())
             counts = {"memories": await store.delete(ids, job.scope)}
+        embedder = self.memory.embedder
+        if isinstance(embedder, ForgetsRecentTexts):
+            embedder.forget_recent_texts()
         told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
         await self.memory.host.call("narrmem_after_forget", isolate=False, **told)
         await self.settling.drop(job)

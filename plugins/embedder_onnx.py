@@ -35,6 +35,7 @@ from narrmem.config import Settings
 from narrmem.embed import resolve_model
 from narrmem.errors import ConfigError
 from narrmem.model_thread import SLICE_TEXTS, ModelThread
+from narrmem.recent_vectors import RecentVectors
 
 log = logging.getLogger("narrmem.onnx")
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
@@ -65,6 +66,7 @@ class OnnxEmbedder:
         self._session: Any = None
         self._tokenizer: Any = None
         self._model_thread = ModelThread("narrmem-onnx", slice_texts=max(SLICE_TEXTS, batch_size))
+        self.recent = RecentVectors()
 
     def _use(self, quantize: str) -> None:
         self.quantize = quantize
@@ -142,7 +144,13 @@ class OnnxEmbedder:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        return await self.recent.embed(texts, self.dim, self._run_model)
+
+    async def _run_model(self, texts: list[str]) -> np.ndarray:
         return await self._model_thread.embed(self._encode, texts)
+
+    def forget_recent_texts(self) -> None:
+        self.recent.clear()
 
     async def close(self) -> None:
         await self._model_thread.close()
