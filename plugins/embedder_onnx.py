@@ -118,7 +118,10 @@ class OnnxEmbedder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         if self._session is None:
             self._load()
-        encoded = self._tokenizer.encode_batch(texts)
+        # One text at a time: ``encode_batch`` lets go of the interpreter lock around its work, and
+        # taking it back waits for whatever Python runs beside the model (up to the switch
+        # interval, 5 ms) once per call; ``encode`` keeps it, so a text waits once, after the run.
+        encoded = [self._tokenizer.encode(text) for text in texts]
         # Batches of similar length waste little on padding (sentence-transformers sorts too).
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i].ids))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
