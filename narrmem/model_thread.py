@@ -13,11 +13,12 @@ otherwise have waited for at the end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 import numpy as np
@@ -54,20 +55,20 @@ class ModelThread:
             return await self.call(encode, texts)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         parts = [order[i : i + self.slice_texts] for i in range(0, len(order), self.slice_texts)]
-        futures = [self._submit(LONG, encode, ([texts[i] for i in part],)) for part in parts]
+        # The slices tell the event loop nothing: only the whole request's end is signalled. Each
+        # signal is a write to the loop's wake-up socket, after which the model's thread takes the
+        # interpreter lock back, waiting while the loop runs Python: once a request, not a slice.
+        whole: Future[np.ndarray] = Future()
+        collected = _Collected(whole, len(texts), len(parts))
+        slices = [
+            self._submit(LONG, collected.run, (encode, [texts[i] for i in part], part)) for part in parts
+        ]
         try:
-            rows = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+            return await asyncio.wrap_future(whole)
         except BaseException:
-            for future in futures:
+            for future in slices:
                 future.cancel()  # slices not started yet are skipped
             raise
-        out: np.ndarray | None = None
-        for part, vectors in zip(parts, rows, strict=True):
-            if out is None:
-                out = np.empty((len(texts), vectors.shape[1]), dtype=vectors.dtype)
-            out[part] = vectors
-        assert out is not None
-        return out
 
     async def close(self) -> None:
         """Run what is queued, then stop the thread."""
@@ -101,6 +102,34 @@ class ModelThread:
                 job.future.set_result(job.fn(*job.args))
             except BaseException as exc:  # the caller's to handle, on its own task
                 job.future.set_exception(exc)
+
+
+class _Collected:
+    """The rows of one long request, filled in slice by slice on the model's thread (so without a
+    lock); the last slice completes ``whole``. A slice after a failure or a cancel does nothing."""
+
+    def __init__(self, whole: Future[np.ndarray], texts: int, slices: int) -> None:
+        self.whole = whole
+        self.texts = texts
+        self.left = slices
+        self.out: np.ndarray | None = None
+
+    def run(self, encode: Callable[[list[str]], np.ndarray], texts: list[str], rows: list[int]) -> None:
+        if self.whole.done():
+            return
+        try:
+            vectors = encode(texts)
+            if self.out is None:
+                self.out = np.empty((self.texts, vectors.shape[1]), dtype=vectors.dtype)
+            self.out[rows] = vectors
+            self.left -= 1
+            if self.left == 0:
+                self.whole.set_result(self.out)
+        except InvalidStateError:
+            pass  # the caller cancelled the request while its last slice ran
+        except BaseException as exc:  # the caller's to handle, on its own task
+            with contextlib.suppress(InvalidStateError):
+                self.whole.set_exception(exc)
 
 
 class _Job:

@@ -93,6 +93,50 @@ async def test_a_failure_reaches_its_caller_and_the_thread_goes_on() -> None:
         await thread.embed(model.encode, ["late"])
 
 
+async def test_a_long_request_wakes_the_event_loop_once_not_once_a_slice() -> None:
+    """Each wake-up is a write to the loop's socket, after which the model's thread waits for the
+    interpreter lock while the loop runs Python: a slice must not cost one."""
+    model = SlowModel(0.0)
+    thread = ModelThread("test-model", slice_texts=2)
+    loop = asyncio.get_running_loop()
+    wakeups = 0
+    original = loop.call_soon_threadsafe
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal wakeups
+        if threading.current_thread().name == "test-model":
+            wakeups += 1
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        rows = await thread.embed(model.encode, ["x" * (i % 5 + 1) for i in range(40)])
+    finally:
+        loop.call_soon_threadsafe = original  # type: ignore[method-assign]
+        await thread.close()
+    assert len(model.calls) == 20
+    assert wakeups == 1
+    assert rows[:, 0].tolist() == [float(i % 5 + 1) for i in range(40)]
+
+
+async def test_a_slice_that_fails_fails_the_request_and_the_slices_after_it_do_not_run() -> None:
+    model = SlowModel(0.0)
+
+    def fails_on_the_third(texts: list[str]) -> np.ndarray:
+        if len(model.calls) == 2:
+            raise ValueError("the third slice")
+        return model.encode(texts)
+
+    thread = ModelThread("test-model", slice_texts=2)
+    try:
+        with pytest.raises(ValueError, match="the third slice"):
+            await thread.embed(fails_on_the_third, [str(i) for i in range(20)])
+        assert (await thread.embed(model.encode, ["ok"])).tolist() == [[2.0, 1.0]]
+    finally:
+        await thread.close()
+    assert len(model.calls) == 3  # two slices before the failure, then "ok"
+
+
 async def test_close_runs_what_is_queued_first() -> None:
     model = SlowModel(0.01)
     thread = ModelThread("test-model", slice_texts=2)
