@@ -195,3 +195,64 @@ async def test_load_rows_counts_what_it_wrote(store: PostgresStore) -> None:
     assert [h["new"] for h in await store.history(memory_id)] == [0.5]
     with pytest.raises(StoreError):
         await store.load_rows("memories", history)
+
+
+async def _writing_transactions(store: PostgresStore) -> int:
+    """Sessions of this database idle inside a transaction that has written to ``memories``."""
+    count: int = await store.pool.fetchval(
+        "SELECT COUNT(DISTINCT a.pid) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+        "WHERE a.datname = current_database() AND a.state = 'idle in transaction' "
+        "AND l.relation = 'memories'::regclass AND l.mode = 'RowExclusiveLock'"
+    )
+    return count
+
+
+async def _until_written(store: PostgresStore) -> int:
+    for _ in range(500):
+        if found := await _writing_transactions(store):
+            return found
+        await asyncio.sleep(0.01)
+    return 0
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_add_while_embedding_writes_the_rows_while_the_vectors_come_and_commits_them_together(
+    store: PostgresStore, fails: bool
+) -> None:
+    """A bot's message as it comes: its rows go in while the model embeds, unseen by any other
+    session; the vectors are set before the commit, and a failed embedding leaves nothing."""
+    [first] = await store.add([rec("first", "m1")], vectors(1))
+    batch = [rec("again", "m1"), rec("new", "m2"), rec("scene of m2", "m2", kind="scene")]
+    ready = vectors(3, seed=5)
+    release = asyncio.Event()
+
+    async def embedding() -> np.ndarray:
+        await release.wait()
+        if fails:
+            raise RuntimeError("the model failed")
+        return ready
+
+    writing = asyncio.ensure_future(store.add_while_embedding(batch, embedding()))
+    try:
+        # The rows are in, in a transaction left open while the model works ...
+        assert await _until_written(store) == 1
+        assert not writing.done()
+        # ... and no other session sees them.
+        assert (await store.stats())["memories"] == 1
+    finally:
+        release.set()
+    if fails:
+        with pytest.raises(RuntimeError, match="the model failed"):
+            await writing
+        assert (await store.stats())["memories"] == 1
+        assert [r.id for r in batch] == [None, None, None]
+    else:
+        ids = await writing
+        assert [r.id is not None for r in batch] == [False, True, True]  # m1 has its episode
+        assert ids == [batch[1].id, batch[2].id] and min(ids) > first
+        stored = await store.vectors(ids, Scope(user_id="u1"))
+        np.testing.assert_allclose(stored[ids[0]], ready[1], atol=1e-6)
+        np.testing.assert_allclose(stored[ids[1]], ready[2], atol=1e-6)
+        hits = await store.search_vectors(Scope(user_id="u1"), ready[2], 1)
+        assert hits[0][0] == ids[1]
+    assert await _writing_transactions(store) == 0
