@@ -261,7 +261,7 @@ class SQLConnection(Protocol):
 
 @runtime_checkable
 class WritesWhileEmbedding(Protocol):
-    """A store that can write records before their vectors are computed (both built-in stores):
+    """A store that can write records before their vectors are computed (the SQLite store):
     what :meth:`Store.add` does, with ``vectors`` still on their way. The rows go in while the
     model runs and the transaction commits once the vectors are there, so a message's write costs
     little more than its commit after its embedding. The transaction stays open while it waits:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import json
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -88,11 +87,6 @@ INSERT_ROWS = (
     "|| setweight(to_tsvector($21::regconfig, u.context), 'B') "
     f"FROM unnest({', '.join(f'${i + 1}::{kind}[]' for i, (_, kind) in enumerate(_ROW_TYPES))}) "
     f"AS u({', '.join(name for name, _ in _ROW_TYPES)})"
-)
-# The vectors of rows written before their embedding was done (``add_while_embedding``).
-SET_VECTORS = (
-    "UPDATE memories AS m SET vector = v.vector "
-    "FROM unnest($1::bigint[], $2::vector[]) AS v(id, vector) WHERE m.id = v.id"
 )
 # Provenance of a chunk; an episode's claim on a message that has an episode is dropped (the
 # unique index), and the claims made come back, so the caller sees which episodes lost one.
@@ -304,45 +298,8 @@ class PostgresStore(ForgetJournal):
             records[index].id = new_id
         return [new_id for _, new_id in written]
 
-    async def add_while_embedding(
-        self,
-        records: Sequence[MemoryRecord],
-        vectors: Awaitable[np.ndarray],
-        *,
-        state: Sequence[StateEntry] = (),
-    ) -> list[int]:
-        """:meth:`add` with the vectors still on their way (:class:`narrmem.store.WritesWhileEmbedding`):
-        the rows go in without them while the model runs, and are given them before the commit.
-        No other session sees the rows before then (a transaction's rows are its own until it
-        commits), and if awaiting ``vectors`` fails the transaction rolls back."""
-        try:
-            for record in records:
-                _check_ids(record)
-            async with self.transaction() as conn:
-                written = await self._add_rows(conn, records, [None] * len(records))
-                ready = np.asarray(await vectors, dtype=np.float32)
-                if len(ready) != len(records):
-                    raise StoreError(f"{len(records)} records but {len(ready)} vectors")
-                if written:
-                    await conn.execute(
-                        SET_VECTORS,
-                        [new_id for _, new_id in written],
-                        [Vector(ready[index].reshape(-1)) for index, _ in written],
-                    )
-                if state:
-                    await conn.executemany(
-                        STATE_PUT, [(esc(ns), esc(key), _state_json(value)) for ns, key, value in state]
-                    )
-        except BaseException:
-            if inspect.iscoroutine(vectors):
-                vectors.close()  # a write that failed before it awaited them: nothing waits now
-            raise
-        for index, new_id in written:
-            records[index].id = new_id
-        return [new_id for _, new_id in written]
-
     async def _add_rows(
-        self, conn: Any, records: Sequence[MemoryRecord], vectors: np.ndarray | Sequence[None]
+        self, conn: Any, records: Sequence[MemoryRecord], vectors: np.ndarray
     ) -> list[tuple[int, int]]:
         """``(position in records, id)`` of the rows written, set-wise: which episodes go is read
         first (their messages' episodes already stored, and earlier episodes of the call), and the
