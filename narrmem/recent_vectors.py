@@ -6,12 +6,14 @@ that same sentence. An import met such a text again for 6 % of everything it emb
 embeds one text per run by default, so a text's vector does not depend on the texts beside it and
 a kept one is the vector the model would give again.
 
-Only a bounded number is kept, in the process's memory, and a forget empties it: a forgotten
-message's words do not stay here (:class:`ForgetsRecentTexts`).
+Only a bounded number is kept, in the process's memory, each under a digest of its text rather
+than the text (a message may hold 16,000 characters), and a forget empties it
+(:class:`ForgetsRecentTexts`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, runtime_checkable
@@ -33,7 +35,7 @@ class RecentVectors:
 
     def __init__(self, size: int = KEPT_TEXTS) -> None:
         self.size = size
-        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._vectors)
@@ -45,11 +47,12 @@ class RecentVectors:
         out = np.empty((len(texts), dim), dtype=np.float32)
         missing: dict[str, list[int]] = {}
         for row, text in enumerate(texts):
-            kept = self._vectors.get(text)
+            key = _digest(text)
+            kept = self._vectors.get(key)
             if kept is None:
                 missing.setdefault(text, []).append(row)
             else:
-                self._vectors.move_to_end(text)
+                self._vectors.move_to_end(key)
                 out[row] = kept
         if missing:
             new = list(missing)
@@ -62,10 +65,15 @@ class RecentVectors:
     def _keep(self, text: str, vector: np.ndarray) -> None:
         stored = np.array(vector, dtype=np.float32)  # a copy: the caller may change its array
         stored.setflags(write=False)
-        self._vectors[text] = stored
-        self._vectors.move_to_end(text)
+        key = _digest(text)
+        self._vectors[key] = stored
+        self._vectors.move_to_end(key)
         while len(self._vectors) > self.size:
             self._vectors.popitem(last=False)
 
     def clear(self) -> None:
         self._vectors.clear()
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()

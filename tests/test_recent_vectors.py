@@ -100,3 +100,13 @@ async def test_a_scenes_sentence_reaches_the_model_once_and_a_forget_empties_wha
         assert len(embedder.recent) > 0  # type: ignore[attr-defined]
         await mem.forget(user_id="maria")
         assert len(embedder.recent) == 0  # type: ignore[attr-defined]
+
+
+async def test_texts_are_kept_by_digest_whatever_they_hold() -> None:
+    recent, model = RecentVectors(size=4), CountingModel()
+    long_text, odd = "x" * 16_000, "a lone surrogate \ud800 and 中文"
+    await recent.embed([long_text, odd], 3, model)
+    again = await recent.embed([odd, long_text], 3, model)
+    assert len(model.asked) == 1
+    np.testing.assert_array_equal(again, expected([odd, long_text]))
+    assert all(len(key) == 16 for key in recent._vectors)  # no text is kept, only its digest
