@@ -65,7 +65,37 @@ def resolve_model(model_path: str | None) -> tuple[str, str]:
     return folder, name
 
 
-class SentenceTransformerEmbedder:
+class ThreadedEmbedder:
+    """What the built-in embedders share: the model runs on a thread of its own
+    (:class:`~narrmem.model_thread.ModelThread`), and the vectors of the texts it embedded last are
+    kept (:class:`~narrmem.recent_vectors.RecentVectors`, emptied by every forget). A subclass sets
+    ``dim`` and gives ``_encode``: texts to unit-length rows, run on the model's thread."""
+
+    dim: int
+
+    def __init__(self, thread_name: str, batch_size: int) -> None:
+        self._model_thread = ModelThread(thread_name, slice_texts=max(SLICE_TEXTS, batch_size))
+        self.recent = RecentVectors()
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return await self.recent.embed(texts, self.dim, self._run_model)
+
+    async def _run_model(self, texts: list[str]) -> np.ndarray:
+        return await self._model_thread.embed(self._encode, texts)
+
+    def forget_recent_texts(self) -> None:
+        self.recent.clear()
+
+    async def close(self) -> None:
+        await self._model_thread.close()
+
+
+class SentenceTransformerEmbedder(ThreadedEmbedder):
     """all-MiniLM-L6-v2 (384 dimensions) through sentence-transformers, fully offline."""
 
     dim = 384
@@ -78,8 +108,7 @@ class SentenceTransformerEmbedder:
         self.batch_size = batch_size
         self.device = device
         self._model: Any = None
-        self._model_thread = ModelThread("narrmem-embed", slice_texts=max(SLICE_TEXTS, batch_size))
-        self.recent = RecentVectors()
+        super().__init__("narrmem-embed", batch_size)
 
     async def start(self) -> None:
         if self._model is None:
@@ -113,17 +142,3 @@ class SentenceTransformerEmbedder:
             show_progress_bar=False,
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
-
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return await self.recent.embed(texts, self.dim, self._run_model)
-
-    async def _run_model(self, texts: list[str]) -> np.ndarray:
-        return await self._model_thread.embed(self._encode, texts)
-
-    def forget_recent_texts(self) -> None:
-        self.recent.clear()
-
-    async def close(self) -> None:
-        await self._model_thread.close()

@@ -81,8 +81,9 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
     One that can give several models' vectors (float32, int7 and int8 weights) also implements
     :class:`narrmem.embed.ModelChooser`: before it loads, it is told the model the store holds.
     The built-in embedders run the model on a :class:`narrmem.model_thread.ModelThread`, which
-    takes a query before the rest of an import's batch; one's own embedder can do the same. They
-    keep the vectors of the texts they embedded last (:class:`narrmem.recent_vectors.RecentVectors`);
+    takes a query before the rest of an import's batch, and keep the vectors of the texts they
+    embedded last (:class:`narrmem.recent_vectors.RecentVectors`): both come with subclassing
+    :class:`narrmem.embed.ThreadedEmbedder`, which asks only for ``dim`` and ``_encode``;
     an embedder that keeps texts must implement :class:`narrmem.recent_vectors.ForgetsRecentTexts`,
     which every forget calls, so that no forgotten message's words stay in the process.
     """

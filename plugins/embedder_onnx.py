@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,15 @@ from narrmem_plugins.onnx_export import INPUTS
 
 from narrmem import hookimpl
 from narrmem.config import Settings
-from narrmem.embed import resolve_model
+from narrmem.embed import ThreadedEmbedder, resolve_model
 from narrmem.errors import ConfigError
-from narrmem.model_thread import SLICE_TEXTS, ModelThread
-from narrmem.recent_vectors import RecentVectors
 
 log = logging.getLogger("narrmem.onnx")
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length in sentence-transformers
 NEW_STORES = "int7"  # what quantize = "auto" writes a new store with
 
 
-class OnnxEmbedder:
+class OnnxEmbedder(ThreadedEmbedder):
     dim = 384
 
     def __init__(
@@ -65,8 +63,7 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self._session: Any = None
         self._tokenizer: Any = None
-        self._model_thread = ModelThread("narrmem-onnx", slice_texts=max(SLICE_TEXTS, batch_size))
-        self.recent = RecentVectors()
+        super().__init__("narrmem-onnx", batch_size)
 
     def _use(self, quantize: str) -> None:
         self.quantize = quantize
@@ -143,20 +140,6 @@ class OnnxEmbedder:
         pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
         normed: np.ndarray = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
         return normed
-
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return await self.recent.embed(texts, self.dim, self._run_model)
-
-    async def _run_model(self, texts: list[str]) -> np.ndarray:
-        return await self._model_thread.embed(self._encode, texts)
-
-    def forget_recent_texts(self) -> None:
-        self.recent.clear()
-
-    async def close(self) -> None:
-        await self._model_thread.close()
 
 
 def weights_digest(weights: Path, cache_dir: Path) -> str:
