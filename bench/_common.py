@@ -190,6 +190,29 @@ def peak_rss_mib() -> float:
     return kib / 1024.0
 
 
+def model_process_status(mem: Any) -> dict[str, float]:
+    """The model's own process, when it runs in one (``embedder.runs_in``): its CPU seconds so far
+    and its peak RSS (MiB), read from ``/proc``; zeros when the model runs in this process."""
+    pid = getattr(mem.embedder, "model_pid", None)
+    if pid is None:
+        return {"cpu_s": 0.0, "peak_rss_mib": 0.0}
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as fh:
+            peak = next((int(line.split()[1]) for line in fh if line.startswith("VmHWM:")), 0)
+    except OSError:
+        return {"cpu_s": 0.0, "peak_rss_mib": 0.0}
+    ticks = os.sysconf("SC_CLK_TCK")
+    # utime and stime are the 14th and 15th fields, the 12th and 13th after the name.
+    return {"cpu_s": (int(fields[11]) + int(fields[12])) / ticks, "peak_rss_mib": peak / 1024}
+
+
+def process_cpu_s(mem: Any) -> float:
+    """CPU seconds of this process and of the model's own process, if it has one."""
+    return time.process_time() + model_process_status(mem)["cpu_s"]
+
+
 def _version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)

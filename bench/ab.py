@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 from _chatgen import ChatGenerator
-from _common import latency_summary, machine_info, now_iso, render_table, write_json
+from _common import latency_summary, machine_info, now_iso, process_cpu_s, render_table, write_json
 
 FIGURES = (
     "ingest_stored_p50_ms",
@@ -108,9 +108,9 @@ async def workload(folder: Path, seed: int, round_no: int, samples: int) -> dict
     mem = await Memory.open(folder, settings=load_settings())
     try:
         await mem.embedder.embed(["warm up the model"])
-        cpu = time.process_time()
+        cpu = process_cpu_s(mem)
         stored = await time_ingest(mem, pop, samples, ignored=False)
-        cpu_ingest = (time.process_time() - cpu) / samples
+        cpu_ingest = (process_cpu_s(mem) - cpu) / samples
         recalls = await time_recalls(mem, pop, gen, samples, reinforce=True)
     finally:
         await mem.close()
@@ -128,7 +128,7 @@ async def time_recalls(
     for query in queries[:10]:
         await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=reinforce)
     heavy: list[float] = []
-    cpu = time.process_time()
+    cpu = process_cpu_s(mem)
     for part in range(3):
         durations = []
         for query in queries[10 + part * samples : 10 + (part + 1) * samples]:
@@ -137,7 +137,7 @@ async def time_recalls(
             await mem.recall(query, user_id=pop.heavy.user_id, k=10, reinforce=reinforce)
             durations.append(time.perf_counter() - start)
         heavy.append(latency_summary(durations)["p50_ms"])
-    cpu_recall = (time.process_time() - cpu) / (3 * samples)
+    cpu_recall = (process_cpu_s(mem) - cpu) / (3 * samples)
     typical = []
     for query in queries[10 + 3 * samples :]:
         forget_recent(mem)

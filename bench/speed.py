@@ -51,7 +51,9 @@ What is measured, in this order (all times with ``time.perf_counter``):
    SQLite's watermark and sampled vectors). The OS page cache is warm
    (the model files were read before), so "cold" means a new process, not a cold disk. A third kind of
    child only imports torch and sentence_transformers, to show how much of ``Memory.open`` is imports.
-5. Peak RSS (``ru_maxrss``) of this process after each size, and of the start-up subprocesses.
+5. Peak RSS (``ru_maxrss``) of this process after each size, and of the start-up subprocesses; with
+   the model in a process of its own (``embedder.runs_in``), that process's peak (``VmHWM``) is
+   added (``peak_rss_mib``) and also reported alone (``model_process_peak_rss_mib``).
 6. Event-loop lateness: a 1 ms timer runs beside every ``ingest_many`` and beside the timed single
    ingests and recalls; how late it wakes (p50/p99/max) is how long the loop was unavailable to a bot.
 
@@ -88,6 +90,7 @@ from _common import (
     LoopStallMonitor,
     latency_summary,
     machine_info,
+    model_process_status,
     now_iso,
     peak_rss_mib,
     render_table,
@@ -126,10 +129,19 @@ async def main():
     b = time.perf_counter()
     await mem.embedder.embed(["hello, how was your weekend?"])
     c = time.perf_counter()
+    model_rss = model_peak_rss_mib(getattr(mem.embedder, "model_pid", None))
     await mem.close()
     parts = {} if store is None else {"store_open_s": store - a, "model_load_s": b - store}
     return {"t_start": t_start, "t_imported": t_imported, "open_s": b - a, "first_embed_s": c - b,
-            "t_done": c, **parts}
+            "t_done": c, "model_process_peak_rss_mib": model_rss, **parts}
+
+
+def model_peak_rss_mib(pid):
+    # The model's own process (embedder.runs_in = "process") counts in the footprint.
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM:"))
 
 
 def peak_rss_mib():
@@ -145,7 +157,8 @@ def peak_rss_mib():
 
 
 out = asyncio.run(main())
-out["peak_rss_mib"] = peak_rss_mib()
+out["process_peak_rss_mib"] = peak_rss_mib()
+out["peak_rss_mib"] = out["process_peak_rss_mib"] + out["model_process_peak_rss_mib"]
 print(json.dumps(out))
 """
 
@@ -601,7 +614,8 @@ async def measure(args: argparse.Namespace, settings: Settings, folder: Path) ->
         start = time.perf_counter()
         await mem.close()
         out["close_s"] = time.perf_counter() - start  # writes the FAISS file
-    out["peak_rss_mib"] = peak_rss_mib()
+    model_peaks = [row.get("model_process_peak_rss_mib", 0.0) for row in out["by_size"].values()]
+    out["peak_rss_mib"] = peak_rss_mib() + max(model_peaks, default=0.0)
     return out
 
 
@@ -632,7 +646,8 @@ async def time_size(mem: Memory, pop: Population, args: argparse.Namespace) -> d
         ),
     }
     row["database_bytes"] = stats["database_bytes"]
-    row["peak_rss_mib"] = peak_rss_mib()
+    row["model_process_peak_rss_mib"] = model_process_status(mem)["peak_rss_mib"]
+    row["peak_rss_mib"] = peak_rss_mib() + row["model_process_peak_rss_mib"]
     return row
 
 
@@ -661,6 +676,7 @@ def cold_start(folder: Path | None, repeat: int, *, empty_model_cache: bool = Fa
                 "to_first_embedding_s": child["t_done"] - spawn,
                 "process_s": exited - spawn,
                 "peak_rss_mib": child["peak_rss_mib"],
+                "model_process_peak_rss_mib": child["model_process_peak_rss_mib"],
             }
         )
     return {"runs": runs, "median": _medians(runs)}

@@ -158,6 +158,13 @@ class EmbedderSettings(_Section):
         "and keeps an existing store to the vectors it holds",
     )
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for the model")
+    runs_in: Literal["auto", "process", "thread"] = Field(
+        default="auto",
+        description="where the built-in backends run the model: 'process', a child process of its own "
+        "(it never waits on the interpreter lock the event loop holds: faster imports); 'thread', a "
+        "thread of this process (one process, less memory); 'auto', a process on a POSIX system with "
+        "two or more usable CPUs, else a thread",
+    )
     batch_size: int = Field(
         default=1,
         ge=1,

@@ -8,12 +8,14 @@ query) does not wait behind a long one (an import's batch).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from narrmem.errors import ConfigError
+from narrmem.model_process import ModelProcess, ModelSpec
 from narrmem.model_thread import SLICE_TEXTS, ModelThread
 from narrmem.recent_vectors import RecentVectors
 
@@ -65,17 +67,59 @@ def resolve_model(model_path: str | None) -> tuple[str, str]:
     return folder, name
 
 
+def model_runs_in_process(runs_in: str) -> bool:
+    """``embedder.runs_in`` decided: True for a child process of the model's own."""
+    if runs_in == "auto":
+        return os.name == "posix" and len(os.sched_getaffinity(0)) >= 2
+    if runs_in == "process" and os.name != "posix":
+        raise ConfigError("embedder.runs_in: 'process' needs a POSIX system; use 'thread'")
+    return runs_in == "process"
+
+
 class ThreadedEmbedder:
     """What the built-in embedders share: the model runs on a thread of its own
-    (:class:`~narrmem.model_thread.ModelThread`), and the vectors of the texts it embedded last are
+    (:class:`~narrmem.model_thread.ModelThread`) or, with ``runs_in``, in a child process of its own
+    (:class:`~narrmem.model_process.ModelProcess`); the vectors of the texts it embedded last are
     kept (:class:`~narrmem.recent_vectors.RecentVectors`, emptied by every forget). A subclass sets
-    ``dim`` and gives ``_encode``: texts to unit-length rows, run on the model's thread."""
+    ``dim`` and gives ``_prepare`` (what loading the model takes, as a picklable
+    :class:`~narrmem.model_process.ModelSpec`; run once, on the model's thread) and ``_encode`` (texts
+    to unit-length rows, on the model's thread; it loads the model from ``_prepare`` when needed)."""
 
     dim: int
 
-    def __init__(self, thread_name: str, batch_size: int) -> None:
+    def __init__(self, thread_name: str, batch_size: int, runs_in: str = "thread") -> None:
         self._model_thread = ModelThread(thread_name, slice_texts=max(SLICE_TEXTS, batch_size))
+        self._slice_texts = max(SLICE_TEXTS, batch_size)
+        self._thread_name = thread_name
+        # A subclass that cannot say how to load its model elsewhere (no ``_prepare``) keeps it here.
+        portable = type(self)._prepare is not ThreadedEmbedder._prepare
+        self.in_process = portable and model_runs_in_process(runs_in)
+        self._model_process: ModelProcess | None = None
+        self._loaded = False
         self.recent = RecentVectors()
+
+    @property
+    def model_pid(self) -> int | None:
+        """The model's process id when it runs in a process of its own and has started."""
+        return None if self._model_process is None else self._model_process.pid
+
+    async def start(self) -> None:
+        if self._loaded:
+            return
+        if self.in_process:
+            spec = await self._model_thread.call(self._prepare)
+            self._model_process = ModelProcess(self._thread_name, spec, slice_texts=self._slice_texts)
+            await self._model_process.start()
+        else:
+            await self._model_thread.call(self._load)
+        self._loaded = True
+
+    def _prepare(self) -> ModelSpec:
+        raise NotImplementedError
+
+    def _load(self) -> None:
+        """Load the model on this process's model thread (``runs_in = "thread"``); by default the
+        first ``_encode`` loads it."""
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         raise NotImplementedError
@@ -86,6 +130,11 @@ class ThreadedEmbedder:
         return await self.recent.embed(texts, self.dim, self._run_model)
 
     async def _run_model(self, texts: list[str]) -> np.ndarray:
+        if self.in_process:
+            if self._model_process is None:
+                await self.start()
+            assert self._model_process is not None
+            return await self._model_process.embed(texts)
         return await self._model_thread.embed(self._encode, texts)
 
     def forget_recent_texts(self) -> None:
@@ -93,6 +142,8 @@ class ThreadedEmbedder:
 
     async def close(self) -> None:
         await self._model_thread.close()
+        if self._model_process is not None:
+            await self._model_process.close()
 
 
 class SentenceTransformerEmbedder(ThreadedEmbedder):
@@ -101,20 +152,64 @@ class SentenceTransformerEmbedder(ThreadedEmbedder):
     dim = 384
 
     def __init__(
-        self, model_path: str | None = None, *, threads: int = 1, batch_size: int = 1, device: str = "cpu"
+        self,
+        model_path: str | None = None,
+        *,
+        threads: int = 1,
+        batch_size: int = 1,
+        device: str = "cpu",
+        runs_in: str = "thread",
     ) -> None:
         self.model_path, self.name = resolve_model(model_path)
         self.threads = threads
         self.batch_size = batch_size
         self.device = device
-        self._model: Any = None
-        super().__init__("narrmem-embed", batch_size)
+        self._model: SentenceTransformerModel | None = None
+        super().__init__("narrmem-embed", batch_size, runs_in)
 
     async def start(self) -> None:
-        if self._model is None:
-            await self._model_thread.call(self._load)
+        await super().start()
+        if self.in_process and self.model_path != packaged_model_path():
+            # Another model's width is known once it has run.
+            self.dim = int((await self._run_model(["width"])).shape[1])
+
+    def _prepare(self) -> SentenceTransformerModel:
+        # Said here, where the caller can name the extra to install, and not by a child process.
+        import importlib.util
+
+        for module in ("torch", "sentence_transformers"):
+            if importlib.util.find_spec(module) is None:
+                raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+        return SentenceTransformerModel(self.model_path, self.threads, self.batch_size, self.device)
 
     def _load(self) -> None:
+        model = self._prepare()
+        model.load()
+        self.dim = model.dim
+        self._model = model
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if self._model is None:
+            self._load()
+        assert self._model is not None
+        return self._model.encode(texts)
+
+
+@dataclass
+class SentenceTransformerModel:
+    """What loading the model takes (picklable, for the model's own process) and, once loaded, the model."""
+
+    model_path: str
+    threads: int
+    batch_size: int
+    device: str
+    dim: int = 384
+    _model: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_model"}
+
+    def load(self) -> Callable[[list[str]], np.ndarray]:
         # Never reach for a hub: the weights are on disk.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -130,10 +225,9 @@ class SentenceTransformerEmbedder(ThreadedEmbedder):
         if dim is not None:
             self.dim = int(dim)
         self._model = model
+        return self.encode
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        if self._model is None:
-            self._load()
+    def encode(self, texts: list[str]) -> np.ndarray:
         vectors = self._model.encode(
             texts,
             batch_size=self.batch_size,

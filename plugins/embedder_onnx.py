@@ -24,6 +24,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class OnnxEmbedder(ThreadedEmbedder):
         threads: int = 1,
         batch_size: int = 1,
         quantize: str = "none",
+        runs_in: str = "thread",
     ) -> None:
         if model_path is None:
             _require_packaged_weights()
@@ -61,9 +63,8 @@ class OnnxEmbedder(ThreadedEmbedder):
         self.cache_dir = cache_dir
         self.threads = threads
         self.batch_size = batch_size
-        self._session: Any = None
-        self._tokenizer: Any = None
-        super().__init__("narrmem-onnx", batch_size)
+        self._runner: OnnxRunner | None = None
+        super().__init__("narrmem-onnx", batch_size, runs_in)
 
     def _use(self, quantize: str) -> None:
         self.quantize = quantize
@@ -73,7 +74,7 @@ class OnnxEmbedder(ThreadedEmbedder):
     def choose_model(self, recorded: str | None) -> None:
         """With ``quantize = "auto"``: int7 for a new store, and for an existing one the model its
         vectors came from (float32, or int8 before int7 was the default), so it keeps working."""
-        if self.requested == "auto" and self._session is None:
+        if self.requested == "auto" and self._runner is None and self.model_pid is None:
             by_name = {self.base_name: "none", f"{self.base_name}-int8": "int8"}
             self._use(by_name.get(recorded or "", NEW_STORES))
 
@@ -85,14 +86,8 @@ class OnnxEmbedder(ThreadedEmbedder):
         suffix = "" if variant == "none" else f"-{variant}"
         return self.cache_dir / "onnx" / f"{base}-{digest}{suffix}.onnx"
 
-    async def start(self) -> None:
-        if self._session is None:
-            await self._model_thread.call(self._load)
-
-    def _load(self) -> None:
-        import onnxruntime
-        from tokenizers import Tokenizer
-
+    def _prepare(self) -> OnnxModelFiles:
+        """The exported (and quantized) model on disk, made once per machine."""
         path = self.model_file()
         if not path.exists():
             full = self.model_file("none")
@@ -103,22 +98,59 @@ class OnnxEmbedder(ThreadedEmbedder):
                 export(self.model_path, full)
             if path != full:
                 quantize_weights(full, path, seven_bit=self.quantize == "int7")
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        tokenizer = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
-        tokenizer.enable_truncation(MAX_TOKENS)
-        tokenizer.no_padding()
-        self._tokenizer = tokenizer
+        tokenizer = Path(self.model_path) / "tokenizer.json"
+        return OnnxModelFiles(str(path), str(tokenizer), self.threads, self.batch_size, self.dim)
+
+    def _load(self) -> None:
+        self._runner = OnnxRunner(self._prepare())
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        if self._session is None:
+        if self._runner is None:
             self._load()
+        assert self._runner is not None
+        return self._runner.encode(texts)
+
+
+@dataclass(frozen=True)
+class OnnxModelFiles:
+    """What running the exported model takes; picklable, so the model's own process
+    (``embedder.process``) loads it from this."""
+
+    model_file: str
+    tokenizer_file: str
+    threads: int
+    batch_size: int
+    dim: int
+
+    def load(self) -> Callable[[list[str]], np.ndarray]:
+        return OnnxRunner(self).encode
+
+
+class OnnxRunner:
+    """The loaded onnxruntime session and tokenizer: texts to unit-length rows."""
+
+    def __init__(self, files: OnnxModelFiles) -> None:
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = files.threads
+        options.inter_op_num_threads = 1
+        self.session = onnxruntime.InferenceSession(
+            files.model_file, options, providers=["CPUExecutionProvider"]
+        )
+        tokenizer = Tokenizer.from_file(files.tokenizer_file)
+        tokenizer.enable_truncation(MAX_TOKENS)
+        tokenizer.no_padding()
+        self.tokenizer = tokenizer
+        self.batch_size = files.batch_size
+        self.dim = files.dim
+
+    def encode(self, texts: list[str]) -> np.ndarray:
         # One text at a time: ``encode_batch`` lets go of the interpreter lock around its work, and
         # taking it back waits for whatever Python runs beside the model (up to the switch
         # interval, 5 ms) once per call; ``encode`` keeps it, so a text waits once, after the run.
-        encoded = [self._tokenizer.encode(text) for text in texts]
+        encoded = [self.tokenizer.encode(text) for text in texts]
         # Batches of similar length waste little on padding (sentence-transformers sorts too).
         order = sorted(range(len(texts)), key=lambda i: len(encoded[i].ids))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -135,7 +167,7 @@ class OnnxEmbedder(ThreadedEmbedder):
             feeds["input_ids"][row, :n] = item.ids
             feeds["attention_mask"][row, :n] = item.attention_mask
             feeds["token_type_ids"][row, :n] = item.type_ids
-        [hidden] = self._session.run(None, feeds)
+        [hidden] = self.session.run(None, feeds)
         mask = feeds["attention_mask"][..., None].astype(np.float32)
         pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
         normed: np.ndarray = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
@@ -245,6 +277,7 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
             threads=options.threads,
             batch_size=options.batch_size,
             quantize=options.quantize,
+            runs_in=options.runs_in,
         )
 
     register("onnx", factory)

@@ -19,7 +19,11 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
         if options.quantize in ("int7", "int8"):
             raise ConfigError(f'embedder.quantize: {options.quantize} needs backend = "onnx"')
         return SentenceTransformerEmbedder(
-            options.model_path, threads=options.threads, batch_size=options.batch_size, device=options.device
+            options.model_path,
+            threads=options.threads,
+            batch_size=options.batch_size,
+            device=options.device,
+            runs_in=options.runs_in,
         )
 
     register("sentence-transformers", factory)
