@@ -2,7 +2,15 @@
 
 from narrmem.clock import Clock, ManualClock, SystemClock
 from narrmem.config import Settings, load_settings, plugin_options
-from narrmem.errors import ConfigError, InputError, NarrmemError, PluginError, StoreError, UnknownToolError
+from narrmem.errors import (
+    ConfigError,
+    InputError,
+    ModelProcessError,
+    NarrmemError,
+    PluginError,
+    StoreError,
+    UnknownToolError,
+)
 from narrmem.host import hookimpl
 from narrmem.memory import Memory
 from narrmem.models import (
@@ -33,6 +41,7 @@ __all__ = [
     "Memory",
     "MemoryRecord",
     "Message",
+    "ModelProcessError",
     "NarrmemError",
     "PatternCount",
     "PluginError",

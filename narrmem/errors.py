@@ -50,3 +50,8 @@ class StoreError(NarrmemError):
 
 class PluginError(NarrmemError):
     """A plugin is missing or misbehaves in a way the host cannot recover from."""
+
+
+class ModelProcessError(NarrmemError):
+    """The embedding model's own process (``[embedder] runs_in``) did not start or load, or ended
+    while a request waited on it; the next call starts a new one."""

@@ -81,10 +81,13 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
     One that can give several models' vectors (float32, int7 and int8 weights) also implements
     :class:`narrmem.embed.ModelChooser`: before it loads, it is told the model the store holds.
     The built-in embedders run the model on a :class:`narrmem.model_thread.ModelThread`, which
-    takes a query before the rest of an import's batch, and keep the vectors of the texts they
-    embedded last (:class:`narrmem.recent_vectors.RecentVectors`): both come with subclassing
-    :class:`narrmem.embed.ThreadedEmbedder`, which asks only for ``dim`` and ``_encode``;
-    an embedder that keeps texts must implement :class:`narrmem.recent_vectors.ForgetsRecentTexts`,
+    takes a query before the rest of an import's batch, or (``[embedder] runs_in``) in a child
+    process of its own, :class:`narrmem.model_process.ModelProcess`, with the same two lanes; and
+    they keep the vectors of the texts they embedded last (:class:`narrmem.recent_vectors.RecentVectors`).
+    All of it comes with subclassing :class:`narrmem.embed.ThreadedEmbedder`, which asks for ``dim``
+    and ``_encode``, and for ``_prepare`` (a picklable :class:`narrmem.model_process.ModelSpec`) to
+    run the model in a process; without ``_prepare`` it stays on the thread.
+    An embedder that keeps texts must implement :class:`narrmem.recent_vectors.ForgetsRecentTexts`,
     which every forget calls, so that no forgotten message's words stay in the process.
     """
 

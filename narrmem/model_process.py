@@ -37,15 +37,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from narrmem.errors import NarrmemError
+from narrmem.errors import ModelProcessError
 from narrmem.model_thread import SHORT_TEXTS, SLICE_TEXTS
 
 _HEADER = struct.Struct("<Q")
+__all__ = ["ModelProcess", "ModelProcessError", "ModelSpec", "child_main"]
 _CHILD = "from narrmem.model_process import child_main; child_main()"
-
-
-class ModelProcessError(NarrmemError):
-    """The model's process failed to start, or ended while a request waited on it."""
 
 
 @runtime_checkable
