@@ -27,7 +27,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem.errors import InputError
-from narrmem.model_thread import SHORT_TEXTS
+from narrmem.model_child import SHORT_TEXTS
 from narrmem.models import MAX_ID_CHARS, IngestResult, MemoryRecord, Message, TriageDecision, TriggerEvent
 from narrmem.store import WritesWhileEmbedding
 from narrmem.text import cjk_count

@@ -13,7 +13,7 @@ during an import waits at most for one slice.
 
 The two processes talk over the child's standard input and output, in length-prefixed pickles,
 read and written by the event loop itself (asyncio's subprocess streams: no thread between the
-loop and the pipe). The child is started as ``python -c`` calling :func:`child_main`, never by
+loop and the pipe). The child runs :mod:`narrmem.model_child`, started as ``python -c``, never by
 ``multiprocessing``, so a bot's own main script is not imported a second time; whatever its
 libraries print goes to its standard error. It ends when its parent closes it, and when its input
 closes (the parent exited or was killed): it never outlives the parent. POSIX only (the child
@@ -25,24 +25,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import pickle
-import select
-import signal
-import struct
 import sys
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from narrmem import model_child
 from narrmem.errors import ModelProcessError
-from narrmem.model_thread import SHORT_TEXTS, SLICE_TEXTS
+from narrmem.model_child import HEADER, frame
+from narrmem.model_thread import SLICE_TEXTS
 
-_HEADER = struct.Struct("<Q")
-__all__ = ["ModelProcess", "ModelProcessError", "ModelSpec", "child_main"]
-_CHILD = "from narrmem.model_process import child_main; child_main()"
+__all__ = ["ModelProcess", "ModelProcessError", "ModelSpec"]
+# The child loads narrmem/model_child.py from its path, without the narrmem package (see there).
+_CHILD = (
+    "import importlib.util, sys; "
+    "spec = importlib.util.spec_from_file_location('narrmem_model_child', sys.argv[1]); "
+    "child = importlib.util.module_from_spec(spec); spec.loader.exec_module(child); child.main()"
+)
 
 
 @runtime_checkable
@@ -100,14 +102,14 @@ class ModelProcess:
         answer: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._pending[request] = answer
         try:
-            child.stdin.write(_frame(("embed", request, list(texts))))
+            child.stdin.write(frame(("embed", request, list(texts))))
             await child.stdin.drain()
             return await answer
         except (ConnectionError, BrokenPipeError) as exc:
             raise ModelProcessError(f"{self.name}: the model's process has ended") from exc
         except asyncio.CancelledError:
             if self._pending.pop(request, None) is not None and self._running():
-                child.stdin.write(_frame(("cancel", request)))
+                child.stdin.write(frame(("cancel", request)))
             raise
         finally:
             self._pending.pop(request, None)
@@ -121,7 +123,7 @@ class ModelProcess:
                 return
             if child.returncode is None and child.stdin is not None:
                 with contextlib.suppress(ConnectionError, BrokenPipeError):
-                    child.stdin.write(_frame(("stop",)))
+                    child.stdin.write(frame(("stop",)))
                     await child.stdin.drain()
                     child.stdin.close()
                 try:
@@ -135,13 +137,18 @@ class ModelProcess:
     async def _spawn(self) -> None:
         try:
             child = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", _CHILD, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                sys.executable,
+                "-c",
+                _CHILD,
+                str(Path(model_child.__file__)),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
             )
         except OSError as exc:
             raise ModelProcessError(f"{self.name}: cannot start the model's process: {exc}") from exc
         assert child.stdin is not None and child.stdout is not None
         spec = pickle.dumps(self.spec, protocol=pickle.HIGHEST_PROTOCOL)
-        child.stdin.write(_frame(("load", list(sys.path), spec, self.slice_texts)))
+        child.stdin.write(frame(("load", list(sys.path), spec, self.slice_texts)))
         try:
             await child.stdin.drain()
             kind, *rest = await _read_message(child.stdout)
@@ -176,170 +183,6 @@ class ModelProcess:
                 answer.set_exception(ended)
 
 
-def _frame(message: tuple[Any, ...]) -> bytes:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(payload)) + payload
-
-
 async def _read_message(stream: asyncio.StreamReader) -> Any:
-    (size,) = _HEADER.unpack(await stream.readexactly(_HEADER.size))
+    (size,) = HEADER.unpack(await stream.readexactly(HEADER.size))
     return pickle.loads(await stream.readexactly(size))
-
-
-class _Work:
-    """The child's queue: short requests first, then one slice of the oldest long request."""
-
-    def __init__(self, slice_texts: int) -> None:
-        self.slice_texts = slice_texts
-        self.short: deque[tuple[int, list[str]]] = deque()
-        self.long: deque[_LongRequest] = deque()
-        self.stopping = False
-
-    def empty(self) -> bool:
-        return not (self.short or self.long)
-
-    def add(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "embed":
-            _, request, texts = message
-            if len(texts) <= SHORT_TEXTS:
-                self.short.append((request, texts))
-            else:
-                self.long.append(_LongRequest(request, texts, self.slice_texts))
-        elif kind == "cancel":
-            self.drop(message[1])
-        elif kind == "stop":
-            self.stopping = True
-
-    def drop(self, request: int) -> None:
-        self.short = deque(item for item in self.short if item[0] != request)
-        self.long = deque(item for item in self.long if item.request != request)
-
-    def next(self) -> tuple[int, list[str], _LongRequest | None, list[int]] | None:
-        """The next texts to encode: (request, texts, its long request or None, rows)."""
-        if self.short:
-            request, texts = self.short.popleft()
-            return request, texts, None, []
-        if self.long:
-            head = self.long[0]
-            rows = head.take()
-            if head.all_taken():
-                self.long.popleft()
-            return head.request, [head.texts[i] for i in rows], head, rows
-        return None
-
-
-class _LongRequest:
-    def __init__(self, request: int, texts: list[str], slice_texts: int) -> None:
-        self.request = request
-        self.texts = texts
-        # Slices of similar length waste little on padding.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        self.slices = deque(order[i : i + slice_texts] for i in range(0, len(order), slice_texts))
-        self.left = len(self.slices)
-        self.out: np.ndarray | None = None
-
-    def take(self) -> list[int]:
-        return self.slices.popleft()
-
-    def all_taken(self) -> bool:
-        return not self.slices
-
-    def fill(self, rows: list[int], vectors: np.ndarray) -> bool:
-        """Keep a slice's rows; True when it was the last."""
-        if self.out is None:
-            self.out = np.empty((len(self.texts), vectors.shape[1]), dtype=vectors.dtype)
-        self.out[rows] = vectors
-        self.left -= 1
-        return self.left == 0
-
-
-def child_main() -> None:
-    """The child's side: load the model, then answer requests until told to stop or the parent goes."""
-    # Ctrl-C in a terminal reaches the whole process group: the parent decides when the model ends.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    replies = os.dup(1)
-    os.dup2(2, 1)  # what the model's libraries print must not reach the parent's channel
-    inbox = _Inbox(0)
-    first = next(inbox.messages(block=True), None)
-    if first is None:
-        return
-    _, path, spec_bytes, slice_texts = first
-    sys.path[:] = path
-
-    def send(message: tuple[Any, ...]) -> None:
-        view = memoryview(_frame(message))
-        while view:
-            view = view[os.write(replies, view) :]
-
-    try:
-        encode = pickle.loads(spec_bytes).load()
-    except Exception as exc:
-        send(("failed", f"{type(exc).__name__}: {exc}"))
-        return
-    send(("ready",))
-    with contextlib.suppress(BrokenPipeError):  # the parent stopped reading: it has gone
-        _answer(inbox, encode, send, _Work(max(1, slice_texts)))
-
-
-def _answer(
-    inbox: _Inbox,
-    encode: Callable[[list[str]], np.ndarray],
-    send: Callable[[tuple[Any, ...]], None],
-    work: _Work,
-) -> None:
-    while True:
-        # Between two runs of the model, take in what arrived; with nothing to run, wait for it.
-        for message in inbox.messages(block=work.empty()):
-            work.add(message)
-        if inbox.closed and not work.stopping:
-            return  # the parent has gone: nothing is left to answer
-        item = work.next()
-        if item is None:
-            if work.stopping or inbox.closed:
-                return
-            continue
-        request, texts, long, rows = item
-        try:
-            vectors = encode(texts)
-        except Exception as exc:
-            if long is not None:
-                work.drop(request)
-            send(("error", request, f"{type(exc).__name__}: {exc}"))
-            continue
-        if long is None:
-            send(("rows", request, vectors))
-        elif long.fill(rows, vectors):
-            send(("rows", request, long.out))
-
-
-class _Inbox:
-    """Length-prefixed messages from a file descriptor, read as they arrive."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buffer = bytearray()
-        self.closed = False
-
-    def messages(self, *, block: bool) -> Iterator[Any]:
-        """The messages already here; with ``block``, at least one (none once the input closed)."""
-        while True:
-            if len(self.buffer) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self.buffer)
-                if len(self.buffer) >= _HEADER.size + size:
-                    payload = bytes(self.buffer[_HEADER.size : _HEADER.size + size])
-                    del self.buffer[: _HEADER.size + size]
-                    yield pickle.loads(payload)
-                    block = False
-                    continue
-            if self.closed:
-                return
-            # A message begun is waited for whole: its rest is on its way.
-            readable, _, _ = select.select([self.fd], [], [], None if block or self.buffer else 0)
-            if not readable:
-                return
-            data = os.read(self.fd, 1 << 20)
-            if not data:
-                self.closed = True
-                return
-            self.buffer += data

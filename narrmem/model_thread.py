@@ -23,10 +23,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from narrmem.model_child import SHORT_TEXTS
+
+__all__ = ["SHORT_TEXTS", "SLICE_TEXTS", "ModelThread"]
 T = TypeVar("T")
 
 SHORT, LONG, LAST = 0, 1, 2
-SHORT_TEXTS = 8  # a request of at most this many texts takes the short lane
 SLICE_TEXTS = 2  # a long request is run this many texts at a time
 
 

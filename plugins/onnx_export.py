@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from narrmem_plugins.onnx_runner import INPUTS
 
 from narrmem.errors import ConfigError
 
 OPSET = 17
 IR_VERSION = 8
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT = "last_hidden_state"
 
 
