@@ -7,6 +7,7 @@ query) does not wait behind a long one (an import's batch).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ class ThreadedEmbedder:
         portable = type(self)._prepare is not ThreadedEmbedder._prepare
         self.in_process = portable and model_runs_in_process(runs_in)
         self._model_process: ModelProcess | None = None
+        self._starting: asyncio.Future[None] | None = None
         self._loaded = False
         self.recent = RecentVectors()
 
@@ -106,10 +108,18 @@ class ThreadedEmbedder:
     async def start(self) -> None:
         if self._loaded:
             return
+        # Callers that come while the model loads (the first messages of a bot that opened with
+        # warm=False) wait for the one load, and a caller's cancel does not stop it for the others.
+        if self._starting is None or (self._starting.done() and self._starting.exception() is not None):
+            self._starting = asyncio.ensure_future(self._load_once())
+        await asyncio.shield(self._starting)
+
+    async def _load_once(self) -> None:
         if self.in_process:
             spec = await self._model_thread.call(self._prepare)
-            self._model_process = ModelProcess(self._thread_name, spec, slice_texts=self._slice_texts)
-            await self._model_process.start()
+            process = ModelProcess(self._thread_name, spec, slice_texts=self._slice_texts)
+            await process.start()
+            self._model_process = process
         else:
             await self._model_thread.call(self._load)
         self._loaded = True
@@ -131,7 +141,7 @@ class ThreadedEmbedder:
 
     async def _run_model(self, texts: list[str]) -> np.ndarray:
         if self.in_process:
-            if self._model_process is None:
+            if not self._loaded:
                 await self.start()
             assert self._model_process is not None
             return await self._model_process.embed(texts)

@@ -20,7 +20,7 @@ from _model_specs import BrokenModel, LengthModel
 from narrmem_plugins.embedder_onnx import OnnxEmbedder
 
 from narrmem.config import load_settings
-from narrmem.embed import SentenceTransformerEmbedder
+from narrmem.embed import SentenceTransformerEmbedder, ThreadedEmbedder
 from narrmem.errors import ConfigError
 from narrmem.model_process import ModelProcess, ModelProcessError
 from narrmem.model_thread import SHORT_TEXTS
@@ -254,3 +254,46 @@ async def test_the_sentence_transformers_model_in_its_process_gives_the_threads_
         await on_thread.close()
         await in_process.close()
     np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+class LengthEmbedder(ThreadedEmbedder):
+    """A built-in-style embedder around the test model, in its process."""
+
+    dim = 2
+    name = "length"
+    batch_size = 1
+
+    def __init__(self) -> None:
+        super().__init__("test-embed", 1, "process")
+
+    def _prepare(self) -> LengthModel:
+        return LengthModel(seconds=0.01)
+
+
+async def test_callers_that_come_while_the_model_loads_share_one_process() -> None:
+    embedder = LengthEmbedder()
+    try:
+        rows = await asyncio.gather(*(embedder.embed([f"text {i}"]) for i in range(6)))
+        pids = {int(row[0, 1]) for row in rows}
+        assert pids == {embedder.model_pid}
+    finally:
+        await embedder.close()
+
+
+async def test_an_embedder_without_prepare_keeps_its_model_on_the_thread() -> None:
+    class OnTheThread(ThreadedEmbedder):
+        dim = 2
+
+        def __init__(self) -> None:
+            super().__init__("test-embed", 1, "process")
+
+        def _encode(self, texts: list[str]) -> np.ndarray:
+            return np.array([[float(len(t)), float(os.getpid())] for t in texts], dtype=np.float32)
+
+    embedder = OnTheThread()
+    try:
+        rows = await embedder.embed(["abc"])
+    finally:
+        await embedder.close()
+    assert not embedder.in_process and embedder.model_pid is None
+    assert rows.tolist() == [[3.0, float(os.getpid())]]
