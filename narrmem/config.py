@@ -163,7 +163,8 @@ class EmbedderSettings(_Section):
         description="where the built-in backends run the model: 'process', a child process of its own "
         "(it never waits on the interpreter lock the event loop holds: faster imports); 'thread', a "
         "thread of this process (one process, less memory); 'auto', a process on a POSIX system with "
-        "two or more usable CPUs, else a thread",
+        "two or more usable CPUs, else a thread (and a thread for the CLI's one-shot commands, which "
+        "start faster so)",
     )
     batch_size: int = Field(
         default=1,

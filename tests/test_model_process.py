@@ -5,6 +5,7 @@ its parent or its ``close``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -297,3 +298,29 @@ async def test_an_embedder_without_prepare_keeps_its_model_on_the_thread() -> No
         await embedder.close()
     assert not embedder.in_process and embedder.model_pid is None
     assert rows.tolist() == [[3.0, float(os.getpid())]]
+
+
+def test_one_shot_commands_keep_the_model_on_a_thread_and_imports_give_it_a_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from narrmem.doors.cli import main
+
+    spawned: list[str] = []
+    real_spawn = ModelProcess._spawn
+
+    async def counted(self: ModelProcess) -> None:
+        spawned.append(self.name)
+        await real_spawn(self)
+
+    monkeypatch.setattr(ModelProcess, "_spawn", counted)
+    monkeypatch.setenv("NARRMEM_EMBEDDER__RUNS_IN", "auto")
+    data = str(tmp_path / "data")
+    assert main(["triage", "--data", data, "I moved to Lisbon last spring"]) == 0
+    assert spawned == []
+    messages = tmp_path / "chat.jsonl"
+    messages.write_text(json.dumps(msg("m1", "I moved to Lisbon last spring", user="ana")) + "\n")
+    assert main(["ingest", "--data", data, str(messages)]) == 0
+    assert len(spawned) == (1 if len(os.sched_getaffinity(0)) >= 2 else 0)
+    monkeypatch.setenv("NARRMEM_EMBEDDER__RUNS_IN", "process")
+    assert main(["recall", "--data", data, "--user", "ana", "where do I live?"]) == 0
+    assert len(spawned) >= 1 and "Lisbon" in capsys.readouterr().out

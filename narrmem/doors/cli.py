@@ -178,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(args.config)
         if args.data:
             settings = settings.model_copy(update={"data_dir": args.data})
-        return asyncio.run(COMMANDS[args.command](args, settings))
+        return asyncio.run(
+            COMMANDS[args.command](args, settings.model_copy(update=_where_model_runs(args, settings)))
+        )
     except NarrmemError as exc:
         print(f"narrmem: error: {exc}", file=sys.stderr)
         return 2
@@ -198,6 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("narrmem").debug("internal error", exc_info=exc)
         print(f"narrmem: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+# Commands that embed in bulk or serve for long: worth the model's own process. The others answer
+# once and exit, and start faster with the model on a thread.
+LONG_COMMANDS = frozenset({"ingest", "import-chat", "import", "migrate", "mcp", "serve"})
+
+
+def _where_model_runs(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """``runs_in = "auto"`` keeps a one-shot command's model on a thread (see ``LONG_COMMANDS``)."""
+    if settings.embedder.runs_in != "auto" or args.command in LONG_COMMANDS:
+        return {}
+    return {"embedder": settings.embedder.model_copy(update={"runs_in": "thread"})}
 
 
 # What the sentence-transformers embedder imports (``narrmem[torch]`` installs them).
