@@ -82,22 +82,21 @@ class ThreadedEmbedder:
     (:class:`~narrmem.model_thread.ModelThread`) or, with ``runs_in``, in a child process of its own
     (:class:`~narrmem.model_process.ModelProcess`); the vectors of the texts it embedded last are
     kept (:class:`~narrmem.recent_vectors.RecentVectors`, emptied by every forget). A subclass sets
-    ``dim`` and gives ``_prepare`` (what loading the model takes, as a picklable
-    :class:`~narrmem.model_process.ModelSpec`; run once, on the model's thread) and ``_encode`` (texts
-    to unit-length rows, on the model's thread; it loads the model from ``_prepare`` when needed)."""
+    ``dim`` and gives ``_prepare``: what loading the model takes, as a picklable
+    :class:`~narrmem.model_process.ModelSpec`, run once on the model's thread; its ``load`` runs in
+    the child, or here for ``runs_in = "thread"``. A subclass without ``_prepare`` gives ``_encode``
+    (texts to unit-length rows, on the model's thread) instead and keeps its model here."""
 
     dim: int
 
     def __init__(self, thread_name: str, batch_size: int, runs_in: str = "thread") -> None:
         self._model_thread = ModelThread(thread_name, slice_texts=max(SLICE_TEXTS, batch_size))
-        self._slice_texts = max(SLICE_TEXTS, batch_size)
-        self._thread_name = thread_name
         # A subclass that cannot say how to load its model elsewhere (no ``_prepare``) keeps it here.
         portable = type(self)._prepare is not ThreadedEmbedder._prepare
         self.in_process = portable and model_runs_in_process(runs_in)
         self._model_process: ModelProcess | None = None
+        self._local_encode: Callable[[list[str]], np.ndarray] | None = None
         self._starting: asyncio.Future[None] | None = None
-        self._loaded = False
         self.recent = RecentVectors()
 
     @property
@@ -105,8 +104,13 @@ class ThreadedEmbedder:
         """The model's process id when it runs in a process of its own and has started."""
         return None if self._model_process is None else self._model_process.pid
 
+    @property
+    def model_loaded(self) -> bool:
+        """The model is loaded, here or in its process."""
+        return self._local_encode is not None or self._model_process is not None
+
     async def start(self) -> None:
-        if self._loaded:
+        if self.model_loaded:
             return
         # Callers that come while the model loads (the first messages of a bot that opened with
         # warm=False) wait for the one load, and a caller's cancel does not stop it for the others.
@@ -117,22 +121,26 @@ class ThreadedEmbedder:
     async def _load_once(self) -> None:
         if self.in_process:
             spec = await self._model_thread.call(self._prepare)
-            process = ModelProcess(self._thread_name, spec, slice_texts=self._slice_texts)
+            thread = self._model_thread
+            process = ModelProcess(thread.name, spec, slice_texts=thread.slice_texts)
             await process.start()
             self._model_process = process
         else:
             await self._model_thread.call(self._load)
-        self._loaded = True
 
     def _prepare(self) -> ModelSpec:
         raise NotImplementedError
 
     def _load(self) -> None:
-        """Load the model on this process's model thread (``runs_in = "thread"``); by default the
-        first ``_encode`` loads it."""
+        """Load the model on this process's model thread (``runs_in = "thread"``)."""
+        if type(self)._prepare is not ThreadedEmbedder._prepare:
+            self._local_encode = self._prepare().load()
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        raise NotImplementedError
+        if self._local_encode is None:
+            self._load()
+        assert self._local_encode is not None
+        return self._local_encode(texts)
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
@@ -141,7 +149,7 @@ class ThreadedEmbedder:
 
     async def _run_model(self, texts: list[str]) -> np.ndarray:
         if self.in_process:
-            if not self._loaded:
+            if not self.model_loaded:
                 await self.start()
             assert self._model_process is not None
             return await self._model_process.embed(texts)
@@ -174,7 +182,6 @@ class SentenceTransformerEmbedder(ThreadedEmbedder):
         self.threads = threads
         self.batch_size = batch_size
         self.device = device
-        self._model: SentenceTransformerModel | None = None
         super().__init__("narrmem-embed", batch_size, runs_in)
 
     async def start(self) -> None:
@@ -194,15 +201,8 @@ class SentenceTransformerEmbedder(ThreadedEmbedder):
 
     def _load(self) -> None:
         model = self._prepare()
-        model.load()
+        self._local_encode = model.load()
         self.dim = model.dim
-        self._model = model
-
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        if self._model is None:
-            self._load()
-        assert self._model is not None
-        return self._model.encode(texts)
 
 
 @dataclass

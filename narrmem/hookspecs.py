@@ -85,8 +85,8 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
     process of its own, :class:`narrmem.model_process.ModelProcess`, with the same two lanes; and
     they keep the vectors of the texts they embedded last (:class:`narrmem.recent_vectors.RecentVectors`).
     All of it comes with subclassing :class:`narrmem.embed.ThreadedEmbedder`, which asks for ``dim``
-    and ``_encode``, and for ``_prepare`` (a picklable :class:`narrmem.model_process.ModelSpec`) to
-    run the model in a process; without ``_prepare`` it stays on the thread.
+    and either ``_prepare`` (a picklable :class:`narrmem.model_process.ModelSpec`, which loads the
+    model here or in its process) or ``_encode`` (the model then stays on the thread).
     An embedder that keeps texts must implement :class:`narrmem.recent_vectors.ForgetsRecentTexts`,
     which every forget calls, so that no forgotten message's words stay in the process.
     """

@@ -27,8 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from narrmem_plugins.onnx_runner import OnnxModelFiles, OnnxRunner
+from narrmem_plugins.onnx_runner import OnnxModelFiles
 
 from narrmem import hookimpl
 from narrmem.config import Settings
@@ -61,7 +60,6 @@ class OnnxEmbedder(ThreadedEmbedder):
         self.cache_dir = cache_dir
         self.threads = threads
         self.batch_size = batch_size
-        self._runner: OnnxRunner | None = None
         super().__init__("narrmem-onnx", batch_size, runs_in)
 
     def _use(self, quantize: str) -> None:
@@ -72,7 +70,7 @@ class OnnxEmbedder(ThreadedEmbedder):
     def choose_model(self, recorded: str | None) -> None:
         """With ``quantize = "auto"``: int7 for a new store, and for an existing one the model its
         vectors came from (float32, or int8 before int7 was the default), so it keeps working."""
-        if self.requested == "auto" and self._runner is None and self.model_pid is None:
+        if self.requested == "auto" and not self.model_loaded:
             by_name = {self.base_name: "none", f"{self.base_name}-int8": "int8"}
             self._use(by_name.get(recorded or "", NEW_STORES))
 
@@ -98,15 +96,6 @@ class OnnxEmbedder(ThreadedEmbedder):
                 quantize_weights(full, path, seven_bit=self.quantize == "int7")
         tokenizer = Path(self.model_path) / "tokenizer.json"
         return OnnxModelFiles(str(path), str(tokenizer), self.threads, self.batch_size, self.dim)
-
-    def _load(self) -> None:
-        self._runner = OnnxRunner(self._prepare())
-
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        if self._runner is None:
-            self._load()
-        assert self._runner is not None
-        return self._runner.encode(texts)
 
 
 def weights_digest(weights: Path, cache_dir: Path) -> str:
