@@ -106,10 +106,18 @@ class StorageSettings(_Section):
         "secret, so a dump or repr of the settings never shows the password",
     )
     busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
-    keyword_index: Literal["fts5", "tantivy"] = Field(
-        default="fts5",
-        description="sqlite backend: what keyword search runs on; 'tantivy' (narrmem[tantivy]) keeps "
-        "a second index that bounds a large user's search",
+    keyword_index: Literal["auto", "fts5", "tantivy"] = Field(
+        default="auto",
+        description="sqlite backend: what keyword search runs on. 'auto': FTS5, and a tantivy index "
+        "beside it (which stops early, so a large user's search stays bounded) once a user has "
+        "keyword_threshold memories, searched for scopes that large; 'tantivy': that index from "
+        "the start, for every search; 'fts5': FTS5 alone",
+    )
+    keyword_threshold: int = Field(
+        default=10_000,
+        ge=1,
+        le=100_000_000,
+        description="keyword_index = 'auto': a scope with this many memories is searched on tantivy",
     )
     batch_size: int = Field(
         default=256,

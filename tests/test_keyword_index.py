@@ -1,6 +1,7 @@
 """``storage.keyword_index = "tantivy"``: the same keyword hits as FTS5, scope checked on the rows,
 kept current with SQLite across crashes, rebuilt without a forgotten user's words, and FTS5 again
-whenever it cannot answer."""
+whenever it cannot answer; ``"auto"`` (the default) keeps it once a user is large and searches
+only large scopes on it."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ async def test_an_index_behind_sqlite_is_rebuilt_on_open(tmp_path: Path) -> None
     async with open_memory(folder, **TANTIVY) as memory:
         await fill(memory)
     # Written while the index was not kept (as if the process died between the two commits).
-    async with open_memory(folder) as memory:
+    async with open_memory(folder, storage={"keyword_index": "fts5"}) as memory:
         await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
     state = json.loads((keyword_folder(folder) / STATE_FILE).read_text())
     [(count,)] = sql(folder, "SELECT count FROM keyword_changes")
@@ -188,7 +189,7 @@ async def test_without_the_package_the_error_names_the_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "tantivy", None)
-    with pytest.raises(StoreError, match=r"narrmem\[tantivy\]"):
+    with pytest.raises(StoreError, match=r"pip install tantivy"):
         await open_memory(tmp_path / "m", **TANTIVY)
 
 
@@ -334,3 +335,66 @@ async def test_a_forgotten_speakers_words_leave_the_others_context_in_the_index(
         keywords = memory.store._keywords
         assert keywords.changes is not None  # answered by the index itself
         assert await keywords.search([user_token("default", "u1")], ["zanzibarite"], 10) == []
+
+
+def count_searches(memory: Any) -> list[list[str]]:
+    """The scope tokens of every search the tantivy index answers from now on."""
+    keywords = memory.store._keywords
+    seen: list[list[str]] = []
+    search = keywords.search
+
+    async def counted(owner: list[str], *args: Any, **kwargs: Any) -> Any:
+        seen.append(list(owner))
+        return await search(owner, *args, **kwargs)
+
+    keywords.search = counted
+    return seen
+
+
+async def test_auto_builds_the_index_once_a_user_is_large_and_searches_only_large_scopes_on_it(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "m"
+    auto = {"storage": {"keyword_index": "auto", "keyword_threshold": 5}}
+    async with open_memory(folder, **auto) as memory:
+        await fill(memory)  # u1 writes six messages, u2 one
+        assert memory.store._keywords_starting is not None  # started by the write that made u1 large
+        await memory.store._keywords_starting
+        assert keyword_folder(folder).is_dir() and memory.store._keywords.changes is not None
+        seen = count_searches(memory)
+        big = [i for i, _ in await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)]
+        small = [i for i, _ in await memory.store.search_keywords(Scope(user_id="u2"), "spicy ramen", 10)]
+        assert seen == [[user_token("default", "u1")]]  # u2's search went to FTS5
+        assert big and small and not set(big) & set(small)
+        result = await memory.ingest(
+            msg("m9", "ramen again tonight, the spicy kind", user="u1", chat="dm-u1")
+        )
+        found = [i for i, _ in await memory.store.search_keywords(Scope(user_id="u1"), "ramen tonight", 10)]
+        assert len(seen) == 2 and result.memory_ids[0] == found[0]  # the write just made, through tantivy
+    # Kept from then on: the next open finds the folder and opens it, whatever the users' sizes.
+    async with open_memory(folder, storage={"keyword_index": "auto", "keyword_threshold": 1000}) as memory:
+        assert memory.store._keywords is not None and memory.store._keywords.changes is not None
+        seen = count_searches(memory)
+        await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
+        assert seen == []  # below this open's threshold: FTS5
+
+
+async def test_auto_without_a_large_user_keeps_fts5_alone(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, storage={"keyword_index": "auto", "keyword_threshold": 50}) as memory:
+        await fill(memory)
+        assert memory.store._keywords is None and memory.store._keywords_starting is None
+        assert await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
+    assert not keyword_folder(folder).exists()
+
+
+async def test_auto_opens_a_store_whose_user_is_large_with_the_index(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, storage={"keyword_index": "fts5"}) as memory:
+        await fill(memory)
+    async with open_memory(folder, storage={"keyword_index": "auto", "keyword_threshold": 5}) as memory:
+        assert memory.store._keywords is not None and memory.store._keywords.changes is not None
+        hits = await memory.store.search_keywords(Scope(user_id="u1"), "greyhound shelter", 10)
+        assert hits and sql(folder, "SELECT text FROM memories WHERE id = ?", (hits[0][0],))[0][0].startswith(
+            "I adopted a greyhound"
+        )

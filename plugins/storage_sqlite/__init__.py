@@ -27,6 +27,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             index_options=IndexOptions.from_settings(storage),
             read_only=memory.read_only,
             keyword_index=storage.keyword_index,
+            keyword_threshold=storage.keyword_threshold,
             rewrite_on_forget=storage.forget_rewrites_file,
         )
 

@@ -89,7 +89,8 @@ class TantivyKeywords:
             import tantivy
         except ImportError as exc:
             raise StoreError(
-                "storage.keyword_index = 'tantivy' needs the tantivy package: pip install 'narrmem[tantivy]'"
+                "the keyword index needs the tantivy package, one of narrmem's dependencies: pip install "
+                "tantivy (or storage.keyword_index = 'fts5')"
             ) from exc
         self._tantivy: Any = tantivy
         self.folder = folder

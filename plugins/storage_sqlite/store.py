@@ -58,13 +58,16 @@ class SQLiteStore(ForgetJournal):
         busy_timeout_ms: int,
         index_options: IndexOptions | None = None,
         read_only: bool = False,
-        keyword_index: str = "fts5",
+        keyword_index: str = "auto",
+        keyword_threshold: int = 10_000,
         rewrite_on_forget: bool = True,
     ) -> None:
         self.read_only = read_only
         self.rewrite_on_forget = rewrite_on_forget
         self.keyword_engine = keyword_index
+        self.keyword_threshold = keyword_threshold
         self._keywords: TantivyKeywords | None = None
+        self._keywords_starting: asyncio.Task[None] | None = None  # "auto": the index being built
         self.folder = folder
         self.db_path = folder / database
         self.index_path = folder / index
@@ -117,9 +120,13 @@ class SQLiteStore(ForgetJournal):
         self._index.claim()
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
+        # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
         if self.keyword_engine == "tantivy":
-            # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
             await self._open_keywords()
+        elif self.keyword_engine == "auto" and (
+            (self.folder / KEYWORDS_FOLDER).exists() or self.index.largest_scope() >= self.keyword_threshold
+        ):
+            await self._start_keywords()
 
     async def recorded_model(self) -> str | None:
         if not self.db_path.is_file():
@@ -246,6 +253,23 @@ class SQLiteStore(ForgetJournal):
 
     # --- the tantivy keyword index ------------------------------------------------------------
 
+    def _keywords_when_large(self, owners: Sequence[Owner]) -> None:
+        """With ``keyword_index = "auto"``: once a user's memories reach the threshold, the tantivy
+        index is built (in the background: writes wait for it, once) and kept from then on."""
+        if self.keyword_engine != "auto" or self._keywords is not None or self._keywords_starting:
+            return
+        largest = max((self.index.scope_size(o.tenant, o.user_id, None) for o in set(owners)), default=0)
+        if largest >= self.keyword_threshold:
+            log.info("a user has %d memories: building the keyword index beside FTS5", largest)
+            self._keywords_starting = asyncio.ensure_future(self._start_keywords())
+
+    async def _start_keywords(self) -> None:
+        """ "auto" opens (or builds) the tantivy index; if it cannot, FTS5 serves every search."""
+        try:
+            await self._open_keywords()
+        except Exception:
+            log.exception("the keyword index could not be opened: FTS5 serves every search")
+
     async def _open_keywords(self) -> None:
         keywords = TantivyKeywords(self.folder / KEYWORDS_FOLDER)
         self._keywords = keywords
@@ -276,9 +300,13 @@ class SQLiteStore(ForgetJournal):
         )
         return [KeywordDoc(int(r[0]), r[1], tuple(r[2].split()), r[3], r[4] or "") for r in rows]
 
+    def _mirrored(self) -> bool:
+        """Whether writes go to a tantivy keyword index too (one that has not missed a write)."""
+        return self._keywords is not None and self._keywords.changes is not None
+
     async def _mirror_keywords(self, *, added: Sequence[int] = (), removed: Sequence[int] = ()) -> None:
-        """Give the tantivy index what SQLite just committed; the caller holds ``_vectors_lock``.
-        If it fails, searches go back to FTS5 and the next open rebuilds it."""
+        """Give the tantivy index what SQLite just committed, read back from FTS5; the caller
+        holds ``_vectors_lock``. If it fails, searches go back to FTS5 and the next open rebuilds it."""
         keywords = self._keywords
         if keywords is None or keywords.changes is None:
             return
@@ -290,10 +318,23 @@ class SQLiteStore(ForgetJournal):
             ]
             keywords.apply(docs, removed, await self._keyword_changes())
         except Exception:
-            log.exception(
-                "the keyword index %s missed a write: FTS5 serves until it is rebuilt", keywords.folder
-            )
-            keywords.changes = None
+            self._keywords_missed(keywords)
+
+    def _mirror_written(self, docs: Sequence[KeywordDoc], changes: int) -> None:
+        """Give the tantivy index rows just committed, as :meth:`_insert` wrote them to FTS5 (a
+        new message's write reads nothing back); ``changes``: SQLite's count with them."""
+        keywords = self._keywords
+        if keywords is None or keywords.changes is None:
+            return
+        try:
+            keywords.apply(docs, (), changes)
+        except Exception:
+            self._keywords_missed(keywords)
+
+    @staticmethod
+    def _keywords_missed(keywords: TantivyKeywords) -> None:
+        log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", keywords.folder)
+        keywords.changes = None
 
     async def _vacuum_mode(self) -> None:
         """A database made before incremental vacuum was on is rewritten once to turn it on, so
@@ -306,6 +347,11 @@ class SQLiteStore(ForgetJournal):
 
     async def close(self) -> None:
         try:
+            if self._keywords_starting is not None:
+                self._keywords_starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._keywords_starting
+                self._keywords_starting = None
             if self._keywords is not None:
                 await self._keywords.close()
                 self._keywords = None
@@ -434,6 +480,9 @@ class SQLiteStore(ForgetJournal):
                 written.append((n, record, await self._insert(record, vector, keep_id=False)))
                 if record.kind == "episode":
                     taken |= sources
+            # The tantivy index gets the rows as written, with the change count this transaction
+            # reaches: read now (while the model may still run), not after the commit.
+            changes = await self._keyword_changes() if written and self._mirrored() else None
             if ready is None:
                 ready = np.asarray(await cast("Awaitable[np.ndarray]", vectors), dtype=np.float32)
                 if len(ready) != len(records):
@@ -450,7 +499,12 @@ class SQLiteStore(ForgetJournal):
                 np.vstack([ready[n] for n, _, _ in written]),
                 [_owner(record) for _, record, _ in written],
             )
-            await self._mirror_keywords(added=[new_id for _, _, new_id in written])
+            if changes is not None:
+                docs = [_keyword_doc(record, new_id) for _, record, new_id in written]
+                self._mirror_written(docs, changes)
+            else:
+                await self._mirror_keywords(added=[new_id for _, _, new_id in written])
+            self._keywords_when_large([_owner(record) for _, record, _ in written])
         return [new_id for _, _, new_id in written]
 
     async def _episode_sources(self, records: Sequence[MemoryRecord]) -> set[tuple[str, str, str]]:
@@ -505,10 +559,10 @@ class SQLiteStore(ForgetJournal):
             "(memory_id, tenant, chat_id, message_id, is_episode) VALUES (?, ?, ?, ?, ?)",
             [(new_id, record.tenant, record.chat_id, mid, is_episode) for mid in record.message_ids],
         )
-        owner = f"{user_token(record.tenant, record.user_id)} {chat_token(record.tenant, record.chat_id)}"
+        doc = _keyword_doc(record, new_id)
         await db.execute(
             "INSERT INTO memories_fts (rowid, body, context, owner) VALUES (?, ?, ?, ?)",
-            (new_id, fts_document(record.index_text), fts_document(record.context_text or ""), owner),
+            (new_id, doc.body, doc.context, " ".join(doc.owner)),
         )
         return new_id
 
@@ -900,6 +954,7 @@ class SQLiteStore(ForgetJournal):
                 np.array([a[0] for a in added]), np.vstack([a[1] for a in added]), [a[2] for a in added]
             )
             await self._mirror_keywords(added=[a[0] for a in added])
+            self._keywords_when_large([a[2] for a in added])
         return {"imported": len(added), "skipped": skipped}
 
     # --- reading --------------------------------------------------------------------------
@@ -936,6 +991,7 @@ class SQLiteStore(ForgetJournal):
             and keywords.changes is not None
             and context_weight == CONTEXT_WEIGHT
             and _scope_tokens(scope)
+            and self._searched_on_tantivy(scope)
         ):
             found = await self._search_tantivy(keywords, scope, query, k, kinds)
             if found is not None:
@@ -968,6 +1024,15 @@ class SQLiteStore(ForgetJournal):
                 (weight, full_match, k, *params),
             )
         return [(int(r[0]), -float(r[1])) for r in rows]
+
+    def _searched_on_tantivy(self, scope: Scope) -> bool:
+        """ "auto" searches a large scope on tantivy, which stops early, and a small one on FTS5,
+        which reads only that scope's matches in one statement and scores exactly (tantivy scores
+        a write not yet committed by estimate)."""
+        if self.keyword_engine != "auto":
+            return True
+        size = self.index.scope_size(scope.tenant, scope.user_id, scope.chat_id)
+        return size >= self.keyword_threshold
 
     async def _search_tantivy(
         self,
@@ -1126,6 +1191,17 @@ def query_terms(query: str) -> list[str]:
 def fts_query(query: str) -> str:
     """An FTS5 OR-query of the query's distinct content words (each quoted, so no syntax leaks in)."""
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in query_terms(query))
+
+
+def _keyword_doc(record: MemoryRecord, memory_id: int) -> KeywordDoc:
+    """A record's row in the keyword indexes (FTS5's ``memories_fts`` and tantivy's)."""
+    return KeywordDoc(
+        memory_id,
+        record.kind,
+        (user_token(record.tenant, record.user_id), chat_token(record.tenant, record.chat_id)),
+        fts_document(record.index_text),
+        fts_document(record.context_text or ""),
+    )
 
 
 def _scope_tokens(scope: Scope) -> list[str]:

@@ -275,6 +275,22 @@ class VectorIndex:
     def size(self) -> int:
         return sum(shard.live for shard in self._shards.values())
 
+    def scope_size(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
+        """How many vectors a search of this scope looks among: the user's, or for a chat the
+        users' who wrote in it (all of theirs: a bound, not the chat's own count)."""
+        if user_id is not None:
+            shard = self._shards.get((tenant, user_id))
+            return 0 if shard is None else shard.live
+        if chat_id is None:
+            return self.size
+        # Copied in one step: the index's thread may add to them meanwhile.
+        members = list(self._chat_members.get((tenant, chat_id), ()))
+        return sum(shard.live for key in members if (shard := self._shards.get(key)) is not None)
+
+    def largest_scope(self) -> int:
+        """The most vectors one user holds."""
+        return max((shard.live for shard in list(self._shards.values())), default=0)
+
     def ids(self) -> np.ndarray:
         parts = [shard.live_ids() for shard in self._shards.values()]
         return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
