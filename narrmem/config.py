@@ -108,16 +108,15 @@ class StorageSettings(_Section):
     busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
     keyword_index: Literal["auto", "fts5", "tantivy"] = Field(
         default="auto",
-        description="sqlite backend: what keyword search runs on. 'auto': FTS5, and a tantivy index "
-        "beside it (which stops early, so a large user's search stays bounded) once a user has "
-        "keyword_threshold memories, searched for scopes that large; 'tantivy': that index from "
-        "the start, for every search; 'fts5': FTS5 alone",
+        description="sqlite backend: what keyword search runs on. 'auto': FTS5 until a user has "
+        "keyword_threshold memories, then a tantivy index kept beside it (it stops early, so a "
+        "large user's search stays bounded); 'tantivy': that index from the start; 'fts5': FTS5 alone",
     )
     keyword_threshold: int = Field(
         default=10_000,
         ge=1,
         le=100_000_000,
-        description="keyword_index = 'auto': a scope with this many memories is searched on tantivy",
+        description="keyword_index = 'auto': one user's memories from which keyword search runs on tantivy",
     )
     batch_size: int = Field(
         default=256,

@@ -351,9 +351,7 @@ def count_searches(memory: Any) -> list[list[str]]:
     return seen
 
 
-async def test_auto_builds_the_index_once_a_user_is_large_and_searches_only_large_scopes_on_it(
-    tmp_path: Path,
-) -> None:
+async def test_auto_builds_the_index_once_a_user_is_large_and_searches_on_it(tmp_path: Path) -> None:
     folder = tmp_path / "m"
     auto = {"storage": {"keyword_index": "auto", "keyword_threshold": 5}}
     async with open_memory(folder, **auto) as memory:
@@ -364,19 +362,19 @@ async def test_auto_builds_the_index_once_a_user_is_large_and_searches_only_larg
         seen = count_searches(memory)
         big = [i for i, _ in await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)]
         small = [i for i, _ in await memory.store.search_keywords(Scope(user_id="u2"), "spicy ramen", 10)]
-        assert seen == [[user_token("default", "u1")]]  # u2's search went to FTS5
+        assert seen == [[user_token("default", "u1")], [user_token("default", "u2")]]
         assert big and small and not set(big) & set(small)
         result = await memory.ingest(
             msg("m9", "ramen again tonight, the spicy kind", user="u1", chat="dm-u1")
         )
         found = [i for i, _ in await memory.store.search_keywords(Scope(user_id="u1"), "ramen tonight", 10)]
-        assert len(seen) == 2 and result.memory_ids[0] == found[0]  # the write just made, through tantivy
+        assert len(seen) == 3 and result.memory_ids[0] == found[0]  # the write just made, through tantivy
     # Kept from then on: the next open finds the folder and opens it, whatever the users' sizes.
     async with open_memory(folder, storage={"keyword_index": "auto", "keyword_threshold": 1000}) as memory:
         assert memory.store._keywords is not None and memory.store._keywords.changes is not None
         seen = count_searches(memory)
-        await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
-        assert seen == []  # below this open's threshold: FTS5
+        assert await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
+        assert seen == [[user_token("default", "u1")]]
 
 
 async def test_auto_without_a_large_user_keeps_fts5_alone(tmp_path: Path) -> None:
@@ -398,3 +396,18 @@ async def test_auto_opens_a_store_whose_user_is_large_with_the_index(tmp_path: P
         assert hits and sql(folder, "SELECT text FROM memories WHERE id = ?", (hits[0][0],))[0][0].startswith(
             "I adopted a greyhound"
         )
+
+
+async def test_auto_without_the_package_keeps_fts5_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "tantivy", None)
+    async with open_memory(
+        tmp_path / "m", storage={"keyword_index": "auto", "keyword_threshold": 5}
+    ) as memory:
+        await fill(memory)
+        assert memory.store._keywords_starting is not None
+        await memory.store._keywords_starting
+        assert memory.store._keywords is None
+        assert await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
+    assert "pip install tantivy" in caplog.text

@@ -255,10 +255,12 @@ class SQLiteStore(ForgetJournal):
 
     def _keywords_when_large(self, owners: Sequence[Owner]) -> None:
         """With ``keyword_index = "auto"``: once a user's memories reach the threshold, the tantivy
-        index is built (in the background: writes wait for it, once) and kept from then on."""
+        index is built (in the background: writes wait for it, once), kept, and searched from
+        then on. Until then FTS5 alone: a small store's searches are short, and FTS5 scores a
+        write exactly at once (tantivy scores one it has not committed yet by estimate)."""
         if self.keyword_engine != "auto" or self._keywords is not None or self._keywords_starting:
             return
-        largest = max((self.index.scope_size(o.tenant, o.user_id, None) for o in set(owners)), default=0)
+        largest = max((self.index.user_size(o.tenant, o.user_id) for o in set(owners)), default=0)
         if largest >= self.keyword_threshold:
             log.info("a user has %d memories: building the keyword index beside FTS5", largest)
             self._keywords_starting = asyncio.ensure_future(self._start_keywords())
@@ -991,7 +993,6 @@ class SQLiteStore(ForgetJournal):
             and keywords.changes is not None
             and context_weight == CONTEXT_WEIGHT
             and _scope_tokens(scope)
-            and self._searched_on_tantivy(scope)
         ):
             found = await self._search_tantivy(keywords, scope, query, k, kinds)
             if found is not None:
@@ -1024,15 +1025,6 @@ class SQLiteStore(ForgetJournal):
                 (weight, full_match, k, *params),
             )
         return [(int(r[0]), -float(r[1])) for r in rows]
-
-    def _searched_on_tantivy(self, scope: Scope) -> bool:
-        """ "auto" searches a large scope on tantivy, which stops early, and a small one on FTS5,
-        which reads only that scope's matches in one statement and scores exactly (tantivy scores
-        a write not yet committed by estimate)."""
-        if self.keyword_engine != "auto":
-            return True
-        size = self.index.scope_size(scope.tenant, scope.user_id, scope.chat_id)
-        return size >= self.keyword_threshold
 
     async def _search_tantivy(
         self,

@@ -275,17 +275,10 @@ class VectorIndex:
     def size(self) -> int:
         return sum(shard.live for shard in self._shards.values())
 
-    def scope_size(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
-        """How many vectors a search of this scope looks among: the user's, or for a chat the
-        users' who wrote in it (all of theirs: a bound, not the chat's own count)."""
-        if user_id is not None:
-            shard = self._shards.get((tenant, user_id))
-            return 0 if shard is None else shard.live
-        if chat_id is None:
-            return self.size
-        # Copied in one step: the index's thread may add to them meanwhile.
-        members = list(self._chat_members.get((tenant, chat_id), ()))
-        return sum(shard.live for key in members if (shard := self._shards.get(key)) is not None)
+    def user_size(self, tenant: str, user_id: str) -> int:
+        """How many vectors a user holds."""
+        shard = self._shards.get((tenant, user_id))
+        return 0 if shard is None else shard.live
 
     def largest_scope(self) -> int:
         """The most vectors one user holds."""
