@@ -266,7 +266,7 @@ class SQLiteStore(ForgetJournal):
             self._keywords_starting = asyncio.ensure_future(self._start_keywords())
 
     async def _start_keywords(self) -> None:
-        """ "auto" opens (or builds) the tantivy index; if it cannot, FTS5 serves every search."""
+        """Open (or build) the tantivy index for "auto"; if it cannot, FTS5 serves every search."""
         try:
             await self._open_keywords()
         except Exception:
@@ -464,6 +464,7 @@ class SQLiteStore(ForgetJournal):
         set before the commit."""
         ready = vectors if isinstance(vectors, np.ndarray) else None
         written: list[tuple[int, MemoryRecord, int]] = []  # (place in records, record, new id)
+        docs: list[KeywordDoc] = []  # their keyword rows, for the tantivy index
         async with self.transaction() as db:
             if state:
                 await db.executemany(STATE_PUT, [_state_row(entry) for entry in state])
@@ -479,7 +480,9 @@ class SQLiteStore(ForgetJournal):
                 if record.kind != "episode" and sources & skipped:
                     continue
                 vector = None if ready is None else ready[n]
-                written.append((n, record, await self._insert(record, vector, keep_id=False)))
+                doc = await self._insert(record, vector, keep_id=False)
+                written.append((n, record, doc.id))
+                docs.append(doc)
                 if record.kind == "episode":
                     taken |= sources
             # The tantivy index gets the rows as written, with the change count this transaction
@@ -502,7 +505,6 @@ class SQLiteStore(ForgetJournal):
                 [_owner(record) for _, record, _ in written],
             )
             if changes is not None:
-                docs = [_keyword_doc(record, new_id) for _, record, new_id in written]
                 self._mirror_written(docs, changes)
             else:
                 await self._mirror_keywords(added=[new_id for _, _, new_id in written])
@@ -521,8 +523,9 @@ class SQLiteStore(ForgetJournal):
             for mid in await self.stored_message_ids(tenant, chat_id, mids)
         }
 
-    async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> int:
-        """One row with its provenance and keyword entry; the caller holds the transaction."""
+    async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> KeywordDoc:
+        """One row with its provenance and keyword entry (returned: it carries the new id); the
+        caller holds the transaction."""
         db = self.db
         blob = None if vector is None else _blob(vector)
         values = (
@@ -566,7 +569,7 @@ class SQLiteStore(ForgetJournal):
             "INSERT INTO memories_fts (rowid, body, context, owner) VALUES (?, ?, ?, ?)",
             (new_id, doc.body, doc.context, " ".join(doc.owner)),
         )
-        return new_id
+        return doc
 
     async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
         rows = await self._sources("message_id", "is_episode = 1 AND", tenant, chat_id, message_ids)
@@ -949,7 +952,7 @@ class SQLiteStore(ForgetJournal):
                             raise StoreError(f"record {record.id} is already stored with other content")
                         skipped += 1
                         continue
-                new_id = await self._insert(record, vector, keep_id=record.id is not None)
+                new_id = (await self._insert(record, vector, keep_id=record.id is not None)).id
                 added.append((new_id, vector, _owner(record)))
         if added:
             await self.index.add(
