@@ -358,6 +358,7 @@ async def test_auto_builds_the_index_once_a_user_is_large_and_searches_on_it(tmp
         await fill(memory)  # u1 writes six messages, u2 one
         assert memory.store._keywords_starting is not None  # started by the write that made u1 large
         await memory.store._keywords_starting
+        assert (await memory.stats())["keyword_search"] == "tantivy"
         assert keyword_folder(folder).is_dir() and memory.store._keywords.changes is not None
         seen = count_searches(memory)
         big = [i for i, _ in await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)]
@@ -382,6 +383,7 @@ async def test_auto_without_a_large_user_keeps_fts5_alone(tmp_path: Path) -> Non
     async with open_memory(folder, storage={"keyword_index": "auto", "keyword_threshold": 50}) as memory:
         await fill(memory)
         assert memory.store._keywords is None and memory.store._keywords_starting is None
+        assert (await memory.stats())["keyword_search"] == "fts5"
         assert await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
     assert not keyword_folder(folder).exists()
 

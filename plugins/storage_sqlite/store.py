@@ -1105,7 +1105,16 @@ class SQLiteStore(ForgetJournal):
             "database": str(self.db_path),
             "database_bytes": _size(self.db_path) + _size(Path(str(self.db_path) + "-wal")),
             "index_bytes": _folder_size(self.index_path),
+            "keyword_search": self._keyword_search(),
         }
+
+    def _keyword_search(self) -> str:
+        """What keyword searches run on now: "tantivy", "fts5", or "fts5 (tantivy building)"."""
+        if self._keywords is not None and self._keywords.changes is not None:
+            return "tantivy"
+        if self._keywords_starting is not None and not self._keywords_starting.done():
+            return "fts5 (tantivy building)"
+        return "fts5"
 
     async def users(self, tenant: str | None, *, limit: int = 1000) -> list[dict[str, Any]]:
         where, params = ("WHERE tenant = ?", [tenant]) if tenant is not None else ("", [])
