@@ -376,6 +376,9 @@ async def test_auto_builds_the_index_once_a_user_is_large_and_searches_on_it(tmp
         seen = count_searches(memory)
         assert await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
         assert seen == [[user_token("default", "u1")]]
+    async with open_memory(folder, read_only=True) as reader:
+        stats = await reader.stats()
+        assert stats["keyword_search"] == "fts5 (read-only; the writer keeps tantivy)"
 
 
 async def test_auto_without_a_large_user_keeps_fts5_alone(tmp_path: Path) -> None:

@@ -1109,7 +1109,10 @@ class SQLiteStore(ForgetJournal):
         }
 
     def _keyword_search(self) -> str:
-        """What keyword searches run on now: "tantivy", "fts5", or "fts5 (tantivy building)"."""
+        """What keyword searches run on now: "tantivy", "fts5", or "fts5 (tantivy building)"; a
+        reader beside the writer says what the writer keeps too."""
+        if self.read_only and (self.folder / KEYWORDS_FOLDER).is_dir():
+            return "fts5 (read-only; the writer keeps tantivy)"
         if self._keywords is not None and self._keywords.changes is not None:
             return "tantivy"
         if self._keywords_starting is not None and not self._keywords_starting.done():
