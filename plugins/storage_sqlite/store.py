@@ -309,8 +309,7 @@ class SQLiteStore(ForgetJournal):
     async def _mirror_keywords(self, *, added: Sequence[int] = (), removed: Sequence[int] = ()) -> None:
         """Give the tantivy index what SQLite just committed, read back from FTS5; the caller
         holds ``_vectors_lock``. If it fails, searches go back to FTS5 and the next open rebuilds it."""
-        keywords = self._keywords
-        if keywords is None or keywords.changes is None:
+        if not self._mirrored():
             return
         try:
             docs = [
@@ -318,23 +317,24 @@ class SQLiteStore(ForgetJournal):
                 for part in _chunks(list(added))
                 for doc in await self._keyword_docs(f"f.rowid IN ({_marks(part)})", part)
             ]
-            keywords.apply(docs, removed, await self._keyword_changes())
+            changes = await self._keyword_changes()
         except Exception:
-            self._keywords_missed(keywords)
+            self._keywords_missed()
+            return
+        self._mirror_written(docs, changes, removed)
 
-    def _mirror_written(self, docs: Sequence[KeywordDoc], changes: int) -> None:
-        """Give the tantivy index rows just committed, as :meth:`_insert` wrote them to FTS5 (a
-        new message's write reads nothing back); ``changes``: SQLite's count with them."""
-        keywords = self._keywords
-        if keywords is None or keywords.changes is None:
+    def _mirror_written(self, docs: Sequence[KeywordDoc], changes: int, removed: Sequence[int] = ()) -> None:
+        """Give the tantivy index rows just committed (a new message's, as :meth:`_insert` wrote
+        them to FTS5: nothing read back) and the ids removed; ``changes``: SQLite's count with them."""
+        if not self._mirrored():
             return
         try:
-            keywords.apply(docs, (), changes)
+            _while_open(self._keywords).apply(docs, removed, changes)
         except Exception:
-            self._keywords_missed(keywords)
+            self._keywords_missed()
 
-    @staticmethod
-    def _keywords_missed(keywords: TantivyKeywords) -> None:
+    def _keywords_missed(self) -> None:
+        keywords = _while_open(self._keywords)
         log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", keywords.folder)
         keywords.changes = None
 
