@@ -23,6 +23,8 @@ from narrmem.errors import InputError
 from narrmem.text import estimate_tokens
 
 MAX_TEXT_CHARS = 16_000
+# A record's keyword context: a few turns around it and a date line, each at most a message long.
+MAX_CONTEXT_CHARS = MAX_TEXT_CHARS * 8
 MAX_ID_CHARS = 200
 MAX_QUERY_CHARS = 4_000
 MAX_META_BYTES = 64_000
@@ -200,7 +202,7 @@ class MemoryRecord(_Strict):
     speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS * 4)
     embed_text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS * 4)
-    context_text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS * 8)
+    context_text: str | None = Field(default=None, max_length=MAX_CONTEXT_CHARS)
     importance: float = Field(default=0.3, ge=0.0, le=1.0)
     created_at: AwareDatetime
     stored_at: AwareDatetime | None = None

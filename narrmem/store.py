@@ -7,6 +7,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -16,7 +17,7 @@ from typing import Any, NotRequired, Protocol, TypedDict, Unpack, runtime_checka
 import numpy as np
 
 from narrmem.errors import InputError, StoreError
-from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
+from narrmem.models import MAX_CONTEXT_CHARS, ForgetJob, ImportanceChange, MemoryRecord, Scope
 
 StateEntry = tuple[str, str, dict[str, Any]]
 """A piece of plugin state: ``(namespace, key, value)``, as :meth:`Store.state_put` takes it."""
@@ -110,7 +111,7 @@ class Store(Protocol):
         self, scope: Scope, query: str, k: int, **options: Unpack[KeywordOptions]
     ) -> list[tuple[int, float]]:
         """In-scope memories matching the query's words (BM25; higher is better), best first.
-        Words found only in a memory's ``context_text`` count ``context_weight`` (0.5 unless
+        Words found only in a memory's ``context_text`` count ``context_weight`` (two thirds unless
         given) as much; ``kinds`` keeps only memories of these kinds."""
         ...
 
@@ -278,6 +279,30 @@ class WritesWhileEmbedding(Protocol):
 
 
 @runtime_checkable
+class AddsContext(Protocol):
+    """A store that can add a later turn's words to the keyword context of stored episodes (both
+    built-in stores): a reply often names what the message before it was about ("congrats on the
+    new job!" after "I got it!!"), so the earlier message can be found by those words too."""
+
+    async def add_context(
+        self,
+        tenant: str,
+        chat_id: str,
+        message_ids: Sequence[str],
+        text: str,
+        *,
+        source: tuple[str, str],
+    ) -> list[int]:
+        """Append ``text`` as a line of the keyword context (``context_text``) of the episodes of
+        ``message_ids`` in this chat, and ``source``'s value to the list in ``meta[key]``
+        (``source = (key, message id)``: what the caller scrubs the line by if that message is
+        forgotten), in one write that changes nothing else of the rows. An episode whose context
+        would pass its length limit is left as it is. Returns the ids of the episodes changed.
+        Scope is the chat: no row of another chat or tenant is touched."""
+        ...
+
+
+@runtime_checkable
 class SQLCapable(Protocol):
     """A store that gives plugins tables of their own in its database, on every backend that
     implements it (both built-in stores do): ``async with store.sql() as db`` to read,
@@ -377,3 +402,21 @@ def meta_filter(meta_has: tuple[str, str] | None) -> tuple[str, str] | None:
 def plain_value(value: str) -> bool:
     """Whether ``value`` is written in JSON as it is (see ``PLAIN_VALUE``)."""
     return PLAIN_VALUE.fullmatch(value) is not None
+
+
+def with_context_line(
+    context: str | None, meta: dict[str, Any], line: str, source: tuple[str, str]
+) -> tuple[str, str] | None:
+    """:meth:`AddsContext.add_context` for one row: its new ``context_text`` and meta (as stored
+    JSON), or None if the row keeps its own: it holds ``source``'s message already (a hook run
+    twice adds its line once) or the line would take the context past its limit."""
+    key, message_id = source
+    listed = meta.get(key)
+    listed = list(listed) if isinstance(listed, list) else []
+    if message_id in listed:
+        return None
+    joined = f"{context}\n{line}" if context else line
+    if len(joined) > MAX_CONTEXT_CHARS:
+        return None
+    meta = {**meta, key: [*listed, message_id]}
+    return joined, json.dumps(meta, ensure_ascii=False, sort_keys=True)

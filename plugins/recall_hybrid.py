@@ -2,9 +2,12 @@
 scope inside the store's queries, fused with weighted reciprocal rank fusion.
 
 What the keyword index sees of an episode is more than its text: who said it, the date it was
-said (so "in May" and "on Friday" can match), and the chat's turns just before it, because a
-reply ("yes, twice, it was amazing") often only makes sense with the question it answers.
-The text returned by recall stays the message alone, so context costs no prompt tokens.
+said (so "in May" and "on Friday" can match), and the chat's turns just before and after it,
+because a reply ("yes, twice, it was amazing") often only makes sense with the question it
+answers, and the reply to a message often names what it was about ("congrats on the new job!"
+after "I got it!!"). A message's words reach the turns before it once it is written
+(``Store.add_context``). The text returned by recall stays the message alone, so context costs no
+prompt tokens.
 
 The earlier turns come from a small per-process cache of each chat's last turns (it also holds the
 turns of a batch not written yet). On a store that several processes share (PostgreSQL) another
@@ -17,13 +20,14 @@ Defaults were chosen on the LoCoMo development split (see the README's Benchmark
 side, which matches names and rare words exactly, is the stronger source on conversational
 memory, so it weighs 1.0 against the vector side's 0.45, and RRF's damping k is 20 rather than
 the usual 60 so that agreement near the top of both lists counts more than long tails. Words
-found only in the context count half as much as the message's own words. The fused ranking is
+found only in the context count two thirds of the message's own words. The fused ranking is
 then re-scored by a small model of what answers a question (``answer_ranking``: match strength,
 how much a memory says, whether it asks, names, its conversation), fitted the same way.
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -37,6 +41,7 @@ from narrmem.config import Settings, share
 from narrmem.configured import Configured
 from narrmem.models import Candidate, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
+from narrmem.store import AddsContext
 from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
@@ -50,11 +55,18 @@ class HybridOptions(BaseModel):
     vector_weight: float = Field(default=0.45, ge=0, le=100)
     keyword_weight: float = Field(default=1.0, ge=0, le=100)
     context_turns: int = Field(default=2, ge=0, le=20, description="earlier turns added to the keyword index")
+    replies_in_context: bool = Field(
+        default=True,
+        description="a message's words join the keyword context of the context_turns before it too "
+        "(a reply often names what they were about)",
+    )
     context_minutes: float = Field(
         default=60.0, gt=0, le=10_080, description="earlier turns older than this are another conversation"
     )
     dates_in_keywords: bool = Field(default=True, description="index the weekday and date of each message")
-    context_weight: float = share(0.5, "weight of words found only in the date and earlier turns")
+    context_weight: float = share(
+        0.667, "weight of words found only in the date and the turns around (two thirds: the tantivy index's)"
+    )
     rank_answers: bool = Field(
         default=True, description="re-score the fused ranking by what answers (false: fusion alone)"
     )
@@ -86,7 +98,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         own = episode.index_text
         parts: list[str] = []
         if self.options.dates_in_keywords:
-            parts.append(message.ts.strftime("%A %-d %B %Y"))
+            parts.append(_date_line(message.ts))
         if self.options.context_turns:
             context = await self._context(memory, message)
             parts.extend(text for _, text in context)
@@ -120,26 +132,51 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
     async def narrmem_after_store(
         self, memory: MemoryView, message: Message, records: list[MemoryRecord]
     ) -> None:
-        """On a shared store another worker may forget a turn after this message's context was
-        read and before it was written, too late for that worker's scrub to see it: a context
-        turn that is gone by now is scrubbed here."""
-        if not _shared(memory):
-            return
-        self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
+        """This message's words into the keyword context of the turns before it
+        (``replies_in_context``). On a shared store another worker may forget a turn after this
+        message's context was read and before it was written, too late for that worker's scrub to
+        see it: a context turn that is gone by now is scrubbed here."""
         episode = records[0] if records else None
         context = [] if episode is None else list(episode.meta.get("context_message_ids", []))
-        if episode is None or episode.id is None or not context:
+        if _shared(memory):
+            self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
+            if episode is not None and episode.id is not None and context:
+                stored = await memory.store.stored_message_ids(message.tenant, message.chat_id, context)
+                if set(context) - stored:
+                    self._recent.pop((message.tenant, message.chat_id), None)
+                    await memory.store.update(self._without_context(episode))
+        if episode is not None and episode.id is not None and context and self.options.replies_in_context:
+            await self._into_earlier_turns(memory, message, episode, context)
+
+    async def _into_earlier_turns(
+        self, memory: MemoryView, message: Message, episode: MemoryRecord, earlier: list[str]
+    ) -> None:
+        """This message's words into the keyword context of the turns before it, with its id beside
+        them (``context_message_ids``), so that forgetting it scrubs them as it does earlier turns."""
+        store = memory.store
+        if not isinstance(store, AddsContext):
             return
-        stored = await memory.store.stored_message_ids(message.tenant, message.chat_id, context)
-        if set(context) - stored:
-            self._recent.pop((message.tenant, message.chat_id), None)
-            await memory.store.update(self._without_context(episode))
+        changed = await store.add_context(
+            message.tenant,
+            message.chat_id,
+            earlier,
+            episode.index_text,
+            source=("context_message_ids", message.message_id),
+        )
+        if changed and _shared(memory):
+            # Another worker may have forgotten this message since it was written, and scrubbed
+            # the chat before its words reached those turns: they go again.
+            stored = await store.stored_message_ids(message.tenant, message.chat_id, [message.message_id])
+            if not stored:
+                chat = Scope(tenant=message.tenant, chat_id=message.chat_id)
+                for record in (await store.get(changed, chat)).values():
+                    await store.update(self._without_context(record))
 
     def _without_context(self, record: MemoryRecord) -> MemoryRecord:
         """``record`` with its earlier turns taken out of its keyword context (the date stays)."""
         record.meta = {k: v for k, v in record.meta.items() if k != "context_message_ids"}
-        dated = self.options.dates_in_keywords and record.context_text
-        record.context_text = (record.context_text or "").split("\n")[0] if dated else None
+        first = (record.context_text or "").split("\n")[0]
+        record.context_text = first if DATE_LINE.fullmatch(first) else None
         return record
 
     async def _context(self, memory: MemoryView, message: Message) -> list[tuple[str, str]]:
@@ -205,6 +242,15 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         if not self.options.rank_answers:
             return fused
         return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k, weights)
+
+
+def _date_line(ts: datetime) -> str:
+    """The first line of a message's keyword context: its weekday and date (``DATE_LINE``)."""
+    return ts.strftime("%A %-d %B %Y")
+
+
+# A turn's line is never one: it is attributed ('Ann said, "…"').
+DATE_LINE = re.compile(r"[A-Z][a-z]+day \d{1,2} [A-Z][a-z]+ \d{4}")
 
 
 def _shared(memory: MemoryView) -> bool:

@@ -27,6 +27,10 @@ from narrmem.testing import open_memory
 pytestmark = pytest.mark.sqlite_only
 
 TANTIVY = {"storage": {"keyword_index": "tantivy"}}
+# A chat of its own for the words a test looks for: in dm-u1 they would reach the two turns before
+# them too (a reply's words join their keyword context), and a test of the index's mechanics counts
+# the rows that hold a word.
+TRIP = "trip-u1"
 CHAT = [
     ("m1", "I adopted a greyhound named Pixel from the shelter", "u1"),
     ("m2", "my favourite food is spicy ramen with an egg", "u1"),
@@ -54,8 +58,12 @@ def names(folder: Path) -> list[str]:
 
 async def test_hits_are_fts5s_and_stay_in_their_scope(tmp_path: Path) -> None:
     hits: dict[str, list[list[int]]] = {}
+    # Each message's context holds its own turns only: with the replies too, the six messages of
+    # one chat share most words, and the two engines' BM25 (FTS5 scores per column) order the
+    # near ties of this small store differently.
+    alone = {"recall_hybrid": {"replies_in_context": False}}
     for engine in ("fts5", "tantivy"):
-        async with open_memory(tmp_path / engine, storage={"keyword_index": engine}) as memory:
+        async with open_memory(tmp_path / engine, storage={"keyword_index": engine}, plugin=alone) as memory:
             await fill(memory)
             hits[engine] = [
                 [i for i, _ in await memory.store.search_keywords(Scope(user_id="u1"), q, 10)]
@@ -97,7 +105,7 @@ async def test_an_index_behind_sqlite_is_rebuilt_on_open(tmp_path: Path) -> None
         await fill(memory)
     # Written while the index was not kept (as if the process died between the two commits).
     async with open_memory(folder, storage={"keyword_index": "fts5"}) as memory:
-        await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
+        await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat=TRIP))
     state = json.loads((keyword_folder(folder) / STATE_FILE).read_text())
     [(count,)] = sql(folder, "SELECT count FROM keyword_changes")
     assert state["changes"] < count
@@ -147,7 +155,7 @@ async def test_when_the_index_fails_fts5_answers_and_the_next_open_rebuilds(
             raise OSError("disk full")
 
         monkeypatch.setattr(keywords, "_stage", broken)
-        await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat="dm-u1"))
+        await memory.ingest(msg("m7", "a weekend of kayaking on the Tagus", chat=TRIP))
         await keywords.flush()  # the index's thread has tried the write by now
         assert keywords.changes is None
         assert not keywords._uncommitted  # nothing kept for searches it no longer answers
@@ -228,7 +236,7 @@ async def test_a_search_sees_the_writes_before_their_commit_and_they_share_one(t
         keywords._thread.submit(release.wait, 10)  # the index's thread is busy: nothing commits
         try:
             for n, text in enumerate(["kayaking on the Tagus", "kayaking again", "more kayaking"]):
-                await memory.ingest(msg(f"k{n}", text, chat="dm-u1"))
+                await memory.ingest(msg(f"k{n}", text, chat=TRIP))
             u1 = Scope(user_id="u1")
             before = await memory.store.search_keywords(u1, "kayaking Tagus", 10)
             # Answered while the commit waits, with the three writes in it.
@@ -282,7 +290,7 @@ async def test_an_uncommitted_write_scores_about_what_it_scores_once_committed(t
         release = threading.Event()
         keywords._thread.submit(release.wait, 10)
         try:
-            await memory.ingest(msg("new", "spicy ramen night with the kayaking club", chat="dm-u1"))
+            await memory.ingest(msg("new", "spicy ramen night with the kayaking club", chat=TRIP))
             pending = dict(
                 await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen kayaking", 50)
             )

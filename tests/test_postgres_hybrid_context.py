@@ -107,3 +107,24 @@ async def test_a_forget_between_reading_context_and_writing_is_caught(tmp_path: 
         )
         assert "zanzibar" not in await context_of(two, "m2")
         assert await two.store.search_keywords(Scope(chat_id="g"), "zanzibar", 10) == []
+
+
+async def test_a_reply_stored_by_one_worker_reaches_the_others_turn_and_its_forget_too(
+    tmp_path: Path,
+) -> None:
+    storage: dict[str, Any] = {"backend": "postgres", "dsn": await fresh_database("replies")}
+    async with (
+        open_memory(tmp_path / "a", storage=storage) as one,
+        open_memory(tmp_path / "b", storage=storage) as two,
+    ):
+        await two.ingest(msg("m1", "I got it!! Starting in two weeks", user="u1", chat="g", ts=at(0)))
+        await one.ingest(
+            msg("m2", "Congrats on the new job at the observatory!", user="u2", chat="g", ts=at(1))
+        )
+        assert "observatory" in await context_of(two, "m1")
+        [news_id] = await two.store.from_messages("default", "g", ["m1"])
+        found = await two.store.search_keywords(Scope(user_id="u1"), "observatory job", 10)
+        assert [i for i, _ in found] == [news_id]
+        await two.forget(user_id="u2")
+        assert "observatory" not in await context_of(one, "m1")
+        assert await one.store.search_keywords(Scope(chat_id="g"), "observatory", 10) == []

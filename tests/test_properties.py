@@ -49,7 +49,11 @@ class Runner:
 
     def open(self, folder: Path) -> Memory:
         async def _open() -> Memory:
-            return await open_memory(folder, plugins=[KeepEverything()])
+            # Each example adds a message to a chat of earlier examples, which are re-imported
+            # each time: a reply's words in their context would make them records with other
+            # content (rightly refused), which is not what this round trip is about.
+            alone = {"recall_hybrid": {"replies_in_context": False}}
+            return await open_memory(folder, plugins=[KeepEverything()], plugin=alone)
 
         return self.run(_open())
 
@@ -83,7 +87,7 @@ offsets = st.integers(min_value=-23 * 60 - 59, max_value=23 * 60 + 59).map(
 )
 timestamps = st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=offsets)
 texts = st.text(min_size=1, max_size=600)
-ids = st.text(min_size=1, max_size=40)
+ids = st.text(st.characters(blacklist_characters="\x00"), min_size=1, max_size=40)  # NUL: refused
 
 
 @pytest.fixture(scope="module")

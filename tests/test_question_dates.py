@@ -97,8 +97,8 @@ def test_memories_from_outside_the_named_date_are_lowered_and_none_without_a_clo
 @pytest.mark.asyncio
 async def test_a_question_naming_a_day_finds_what_was_said_that_day_first(tmp_path: Path) -> None:
     """Real model, SQLite: two soups months apart, the later one closer to the question's words.
-    Naming the earlier day puts that day's first; with the reading off (factor 1) the closer words
-    win, so the reading is what moved it."""
+    The earlier day's comes first. Without the date in the keyword index the closer words win
+    unless the reading is on, and the reading is what lowers the other day's."""
     said = [
         (
             "m1",
@@ -111,15 +111,21 @@ async def test_a_question_naming_a_day_finds_what_was_said_that_day_first(tmp_pa
     clock = ManualClock(datetime(2026, 12, 2, 9, tzinfo=UTC))
     question = "Who did Ann cook lentil soup with on May 3?"
 
-    async def first(folder: Path, factor: float) -> str:
-        settings = load_settings(plugin={"recall_intent": {"dated_factor": factor}})
-        async with Memory.open(folder, clock=clock, settings=settings) as memory:
+    async def ranked(folder: Path, factor: float, dated_keywords: bool = True) -> dict[str, float]:
+        plugin = {
+            "recall_intent": {"dated_factor": factor},
+            "recall_hybrid": {"dates_in_keywords": dated_keywords},
+        }
+        async with Memory.open(folder, clock=clock, settings=load_settings(plugin=plugin)) as memory:
             await memory.ingest_many(messages)
-            [hit, *_] = await memory.recall(question, user_id="ann", k=2, reinforce=False)
-            return hit.message_ids[0]
+            hits = await memory.recall(question, user_id="ann", k=2, reinforce=False)
+            return {hit.message_ids[0]: hit.score for hit in hits}
 
-    assert await first(tmp_path / "off", 1.0) == "m2"
-    assert await first(tmp_path / "on", 0.8) == "m1"
+    assert next(iter(await ranked(tmp_path / "default", 0.8))) == "m1"
+    off = await ranked(tmp_path / "off", 1.0, dated_keywords=False)
+    on = await ranked(tmp_path / "on", 0.8, dated_keywords=False)
+    assert next(iter(off)) == "m2"
+    assert on["m2"] < off["m2"] and on["m1"] == pytest.approx(off["m1"])
 
 
 @pytest.mark.asyncio

@@ -17,8 +17,8 @@ from narrmem_plugins.storage_postgres.store import PostgresStore
 from narrmem_plugins.storage_sqlite.store import SQLiteStore
 
 from narrmem.errors import InputError, StoreError
-from narrmem.models import ImportanceChange, MemoryRecord, Scope
-from narrmem.store import RecordsModel, SQLCapable
+from narrmem.models import MAX_CONTEXT_CHARS, ImportanceChange, MemoryRecord, Scope
+from narrmem.store import AddsContext, RecordsModel, SQLCapable
 
 DIM = 8
 MODEL = "contract-test-model"
@@ -187,6 +187,38 @@ async def test_update_rewrites_text_and_keywords_not_scope(store: Any) -> None:
     assert (again.text, again.importance, again.meta) == ("likes opera", 0.8, {"changed": True})
     assert await store.search_keywords(Scope(user_id="u1"), "jazz", 5) == []
     assert [i for i, _ in await store.search_keywords(Scope(user_id="u1"), "opera", 5)] == [rid]
+
+
+async def test_add_context_appends_a_line_to_the_chats_episodes_only(store: Any) -> None:
+    assert isinstance(store, AddsContext)
+    earlier = record("I got it!!", mid="m1", context_text="Saturday 1 March 2025")
+    scene = record("the news", kind="scene", mid="m1")
+    elsewhere = record("I got it too", chat="c2", mid="m1")
+    other_tenant = record("I got it as well", tenant="t2", mid="m1")
+    ids = await add(store, earlier, scene, elsewhere, other_tenant)
+    reply = 'u2 said, "congrats on the new job!"'
+    changed = await store.add_context("default", "c1", ["m1", "m-none"], reply, source=("cited", "m2"))
+    assert changed == [ids[0]]
+    got = await store.get(ids, None)
+    assert got[ids[0]].context_text == f"Saturday 1 March 2025\n{reply}"
+    assert got[ids[0]].meta == {**earlier.meta, "cited": ["m2"]}
+    assert got[ids[0]].importance == earlier.importance and got[ids[0]].text == earlier.text
+    for other in (scene, elsewhere, other_tenant):
+        assert (got[other.id].context_text, got[other.id].meta) == (other.context_text, other.meta)
+    # Found by the reply's words now, at the context's weight; nothing else is.
+    assert [i for i, _ in await store.search_keywords(Scope(chat_id="c1"), "job", 5)] == [ids[0]]
+    assert await store.search_keywords(Scope(chat_id="c2"), "job", 5) == []
+    # The same source again adds nothing (a hook that runs twice); a second reply is a new line.
+    assert await store.add_context("default", "c1", ["m1"], reply, source=("cited", "m2")) == []
+    await store.add_context("default", "c1", ["m1"], 'u2 said, "when do you start?"', source=("cited", "m3"))
+    [again] = (await store.get([ids[0]], None)).values()
+    assert again.context_text.count("\n") == 2 and again.meta["cited"] == ["m2", "m3"]
+    # A line that would take the context past its limit is not added.
+    assert (
+        await store.add_context("default", "c1", ["m1"], "x" * MAX_CONTEXT_CHARS, source=("cited", "m4"))
+        == []
+    )
+    assert (await store.get([ids[0]], None))[ids[0]].meta["cited"] == ["m2", "m3"]
 
 
 async def test_delete_only_in_scope(store: Any) -> None:

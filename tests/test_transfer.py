@@ -98,7 +98,10 @@ async def test_export_format(exported: Any) -> None:
     assert [r["message_ids"] for r in records] == [["1"], ["2"], ["3"], ["4"]]
     assert [r["id"] for r in records] == sorted(r["id"] for r in records)
     first = records[0]
-    assert first["speaker"] == "Ana" and first["meta"] == {"k": [1, 2.5], "layer": "accumulate"}
+    # Beside the message's own meta: message 4, the next turn of its chat, is in its keyword context.
+    meta = {"k": [1, 2.5], "layer": "accumulate", "context_message_ids": ["4"]}
+    assert first["speaker"] == "Ana" and first["meta"] == meta
+    assert "backslash" in first["context_text"]
     vector = np.frombuffer(base64.b64decode(first["vector"]), dtype="<f4")
     assert vector.shape == (384,) and float(np.linalg.norm(vector)) == pytest.approx(1.0, abs=1e-5)
     assert records[1]["created_at"] == "2026-05-05T19:30:00+08:00"  # the original offset is kept

@@ -29,7 +29,15 @@ from pgvector.asyncpg import register_vector
 from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, StateEntry, meta_filter, plain_value
+from narrmem.store import (
+    SOURCES_IN_SCOPE,
+    ForgetJournal,
+    HistoryRow,
+    StateEntry,
+    meta_filter,
+    plain_value,
+    with_context_line,
+)
 from narrmem.text import content_terms, fts_document
 
 log = logging.getLogger("narrmem.storage_postgres")
@@ -410,6 +418,40 @@ class PostgresStore(ForgetJournal):
                 keyword_tokens(record.index_text, record.context_text),
             )
 
+    async def add_context(
+        self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, *, source: tuple[str, str]
+    ) -> list[int]:
+        changed: list[int] = []
+        async with self.transaction() as conn:
+            # FOR UPDATE: two workers adding lines to one row take turns, neither line is lost.
+            rows = await conn.fetch(
+                "SELECT m.id, COALESCE(m.embed_text, m.text), m.context_text, m.meta FROM memories m "
+                "JOIN memory_sources s ON s.memory_id = m.id WHERE s.is_episode AND s.tenant = $1 "
+                "AND s.chat_id = $2 AND s.message_id = ANY($3::text[]) ORDER BY m.id FOR UPDATE OF m",
+                tenant,
+                chat_id,
+                list(message_ids),
+            )
+            for memory_id, index_text, context, meta in rows:
+                change = with_context_line(unesc(context), json.loads(meta), text, source)
+                if change is None:
+                    continue
+                joined, meta_text = change
+                await conn.execute(
+                    "UPDATE memories SET context_text = $1, meta = $2, keyword_tokens = $3, "
+                    "keywords = setweight(to_tsvector($4::regconfig, $5), 'A') "
+                    "|| setweight(to_tsvector($4::regconfig, $6), 'B') WHERE id = $7",
+                    esc(joined),
+                    meta_text,
+                    keyword_tokens(unesc(index_text) or "", joined),
+                    self.text_config,
+                    fts_document(unesc(index_text) or ""),
+                    fts_document(joined),
+                    memory_id,
+                )
+                changed.append(int(memory_id))
+        return changed
+
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
         return sorted(int(r[0]) for r in await self._sources("memory_id", "", tenant, chat_id, message_ids))
 
@@ -724,7 +766,7 @@ class PostgresStore(ForgetJournal):
         query: str,
         k: int,
         *,
-        context_weight: float = 0.5,
+        context_weight: float = 2 / 3,
         kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
         queries = await self._term_queries(content_terms(query))

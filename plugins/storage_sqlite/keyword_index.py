@@ -11,12 +11,14 @@ changed) and FTS5's smaller ``detail=column`` layout (slower, 167 ms).
 What it indexes is what FTS5 indexes (the same pre-tokenized text, so CJK bigrams and speaker
 attribution match alike), plus each row's scope tokens and kind, so the scope and kind filters
 run inside the search; the store still checks every returned row against its scope columns.
-FTS5 weighs a word found in the context (date, earlier turns) at half and normalizes by the whole
-row's length; so one field holds the text twice and the context once, which gives each word the
-same weighted frequency. Two fields with a 0.5 boost on the context's score (each field
-normalized on its own) were measured too: LoCoMo dev R@5 / R@10 0.659 / 0.752 against FTS5's
-0.696 / 0.783; one field gives 0.698 / 0.780. The weighting is fixed when a row is written, so a
-search that asks another context weight than ``CONTEXT_WEIGHT`` is left to FTS5.
+FTS5 weighs a word found in the context (date, the turns around) at two thirds and normalizes by
+the whole row's length; so one field holds the text three times and the context twice, which gives
+each word the same weighted frequency (format 1 held the text twice and the context once, for the
+half weight of before: an index of that format is rebuilt when the store opens). Two fields with
+a boost on the context's score (each field normalized on its own) were measured too, at the half
+weight: LoCoMo dev R@5 / R@10 0.659 / 0.752 against FTS5's 0.696 / 0.783; one field gave 0.698 /
+0.780. The weighting is fixed when a row is written, so a search that asks another context weight
+than ``CONTEXT_WEIGHT`` (give or take ``CONTEXT_WEIGHT_TOLERANCE``) is left to FTS5.
 
 SQLite stays the source of truth and FTS5 stays written: this index is derived. Its folder records
 the count of keyword changes SQLite's triggers had reached at its last commit; an open that finds
@@ -57,8 +59,15 @@ from narrmem.errors import StoreError
 
 log = logging.getLogger("narrmem.keywords")
 
-FORMAT = 1
-CONTEXT_WEIGHT = 0.5  # a context word counts half a text word: the text is written twice
+FORMAT = 2
+# A context word counts two thirds of a text word: the text is written three times, the context twice.
+TEXT_COPIES, CONTEXT_COPIES = 3, 2
+CONTEXT_WEIGHT = CONTEXT_COPIES / TEXT_COPIES
+# A weight written as 0.667 in a config file is this index's weight.
+CONTEXT_WEIGHT_TOLERANCE = 0.005
+# In every document's kind field, beside its kind (which is lowercase letters, digits and "_"): its
+# count is the number of documents tantivy's BM25 divides by, deleted ones not merged away included.
+EVERY_DOCUMENT = "*"
 STATE_FILE = "narrmem-keywords.json"
 WRITER_HEAP = 32_000_000  # bytes: tantivy flushes a segment when a writer's buffer is this full
 BM25_K1 = 1.2  # tantivy's BM25 constants, for the documents scored before their commit
@@ -350,6 +359,7 @@ class TantivyKeywords:
         for token in doc.owner:
             out.add_text("owner", token)
         out.add_text("kind", doc.kind)
+        out.add_text("kind", EVERY_DOCUMENT)
         out.add_text("words", _words(doc))
         return out
 
@@ -398,15 +408,18 @@ class TantivyKeywords:
     def _pending_score(
         self, searcher: Any, doc: KeywordDoc, owner: list[str], words: list[str], kinds: bool
     ) -> float | None:
-        """The score tantivy would give ``doc`` once committed (None: it does not match): BM25 of
-        the words it holds and of its scope tokens (required clauses score too), with the
-        committed index's document frequencies, and 1 for the kind filter (a constant-score
-        query)."""
+        """The score tantivy would give ``doc`` were it committed now (None: it does not match):
+        BM25 of the words it holds and of its scope tokens (required clauses score too), with the
+        committed index's statistics and ``doc`` added to them (those the committed documents of
+        the same search are scored with), and 1 for the kind filter (a constant-score query)."""
         counts = Counter(self._analyzer.analyze(_words(doc)))
         matched = [word for word in words if counts[word]]
         if not matched:
             return None
-        total = searcher.num_docs + 1
+        # BM25's document count is tantivy's: replaced and deleted documents a merge has not
+        # dropped yet count too, as they do in the word counts (a reply rewrites the rows before
+        # it). Every document holds EVERY_DOCUMENT.
+        total = max(searcher.doc_freq("kind", EVERY_DOCUMENT), searcher.num_docs) + 1
 
         def bm25(field: str, term: str, frequency: int, length: float, average: float) -> float:
             documents = searcher.doc_freq(field, term) + 1
@@ -428,8 +441,8 @@ class TantivyKeywords:
 
 
 def _words(doc: KeywordDoc) -> str:
-    """The one field's text: the message twice and its context once (see the module's note)."""
-    return f"{doc.body} {doc.body} {doc.context}"
+    """The one field's text: the message and its context, each repeated (see the module's note)."""
+    return " ".join([doc.body] * TEXT_COPIES + [doc.context] * CONTEXT_COPIES)
 
 
 class _RunningMean:

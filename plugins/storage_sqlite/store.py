@@ -18,7 +18,12 @@ from typing import Any, TypeVar, cast
 import aiosqlite
 import numpy as np
 from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
-from narrmem_plugins.storage_sqlite.keyword_index import CONTEXT_WEIGHT, KeywordDoc, TantivyKeywords
+from narrmem_plugins.storage_sqlite.keyword_index import (
+    CONTEXT_WEIGHT,
+    CONTEXT_WEIGHT_TOLERANCE,
+    KeywordDoc,
+    TantivyKeywords,
+)
 from narrmem_plugins.storage_sqlite.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_sqlite.sql import SQLiteSQL
 from narrmem_plugins.storage_sqlite.vector_index import (
@@ -32,7 +37,15 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 from narrmem import jsonio
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import SOURCES_IN_SCOPE, ForgetJournal, HistoryRow, StateEntry, meta_filter, plain_value
+from narrmem.store import (
+    SOURCES_IN_SCOPE,
+    ForgetJournal,
+    HistoryRow,
+    StateEntry,
+    meta_filter,
+    plain_value,
+    with_context_line,
+)
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
 
 log = logging.getLogger("narrmem.storage_sqlite")
@@ -654,6 +667,45 @@ class SQLiteStore(ForgetJournal):
             ]
         )
 
+    async def add_context(
+        self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, *, source: tuple[str, str]
+    ) -> list[int]:
+        if self._keywords is None:
+            return await self._add_context(tenant, chat_id, message_ids, text, source)
+        async with self._vectors_lock:
+            changed = await self._add_context(tenant, chat_id, message_ids, text, source)
+            if changed:
+                await self._mirror_keywords(added=changed)
+            return changed
+
+    async def _add_context(
+        self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, source: tuple[str, str]
+    ) -> list[int]:
+        db = self.db
+        rows: list[Any] = []
+        changes: list[tuple[str, str, int]] = []
+        async with self.transaction():
+            # Read inside the write transaction: no other write can come between the read and the
+            # rewrite of a row's context and meta.
+            for part in _chunks(list(message_ids)):
+                rows += await db.execute_fetchall(
+                    "SELECT m.id, m.context_text, m.meta FROM memory_sources s JOIN memories m "
+                    "ON m.id = s.memory_id WHERE s.is_episode = 1 AND s.tenant = ? AND s.chat_id = ? "
+                    f"AND s.message_id IN ({_marks(part)})",
+                    (tenant, chat_id, *part),
+                )
+            for memory_id, context, meta_text in rows:
+                change = with_context_line(context, json.loads(meta_text), text, source)
+                if change is not None:
+                    changes.append((*change, int(memory_id)))
+            if changes:
+                await db.executemany("UPDATE memories SET context_text = ?, meta = ? WHERE id = ?", changes)
+                await db.executemany(
+                    "UPDATE memories_fts SET context = ? WHERE rowid = ?",
+                    [(fts_document(context), memory_id) for context, _, memory_id in changes],
+                )
+        return [memory_id for _, _, memory_id in changes]
+
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
         rows = await self._sources("memory_id", "", tenant, chat_id, message_ids)
         return sorted({int(r[0]) for r in rows})
@@ -987,14 +1039,14 @@ class SQLiteStore(ForgetJournal):
         query: str,
         k: int,
         *,
-        context_weight: float = 0.5,
+        context_weight: float = CONTEXT_WEIGHT,
         kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
         keywords = self._keywords
         if (
             keywords is not None
             and keywords.changes is not None
-            and context_weight == CONTEXT_WEIGHT
+            and abs(context_weight - CONTEXT_WEIGHT) <= CONTEXT_WEIGHT_TOLERANCE
             and _scope_tokens(scope)
         ):
             found = await self._search_tantivy(keywords, scope, query, k, kinds)

@@ -1,0 +1,102 @@
+"""A reply's words in the keyword context of the turns before it (``recall_hybrid``'s
+``replies_in_context``): the earlier message is found by them, on FTS5 and on tantivy, within the
+conversation window only, and a forget of the reply takes them out again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg, sql
+
+from narrmem import Memory
+from narrmem.models import Scope
+from narrmem.testing import open_memory
+
+pytestmark = pytest.mark.sqlite_only
+
+
+def at(minute: int) -> str:
+    return f"2026-05-04T09:{minute:02d}:00+00:00"
+
+
+NEWS = msg("m1", "I got it!! Starting in two weeks", user="u1", chat="g", ts=at(0))
+REPLY = msg("m2", "Congrats on the new job at the observatory!", user="u2", chat="g", ts=at(1))
+
+
+async def context_of(mem: Memory, message_id: str) -> str:
+    [memory_id] = await mem.store.from_messages("default", "g", [message_id])
+    return (await mem.store.get([memory_id], None))[memory_id].context_text or ""
+
+
+async def keyword_ids(mem: Memory, scope: Scope, query: str) -> list[int]:
+    return [i for i, _ in await mem.store.search_keywords(scope, query, 10)]
+
+
+@pytest.mark.parametrize("engine", ["fts5", "tantivy"])
+async def test_the_message_before_a_reply_is_found_by_the_replys_words(tmp_path: Path, engine: str) -> None:
+    # No relevance floor: this test's embedder hashes words, so "I got it!!" is near nothing.
+    settings: dict[str, Any] = {"storage": {"keyword_index": engine}, "recall": {"min_similarity": 0.0}}
+    async with open_memory(tmp_path / "m", **settings) as mem:
+        [news_id] = (await mem.ingest(NEWS)).memory_ids[:1]
+        assert await keyword_ids(mem, Scope(user_id="u1"), "observatory job") == []
+        await mem.ingest(REPLY)
+        assert "observatory" in await context_of(mem, "m1")
+        # u1's own memory, found in u1's scope by the words u2 used about it.
+        assert await keyword_ids(mem, Scope(user_id="u1"), "observatory job") == [news_id]
+        hits = await mem.recall("observatory job", user_id="u1", k=5)
+        assert [h.message_ids for h in hits][:1] == [["m1"]]
+        assert hits[0].text == NEWS["text"]  # the context costs no prompt tokens
+        [meta] = sql(tmp_path / "m", "SELECT meta FROM memories WHERE id = ?", (news_id,))
+        assert json.loads(meta[0])["context_message_ids"] == ["m2"]
+
+
+async def test_off_and_outside_the_conversation_window_the_earlier_turn_is_left_as_it_is(
+    tmp_path: Path,
+) -> None:
+    off: dict[str, Any] = {"recall_hybrid": {"replies_in_context": False}}
+    async with open_memory(tmp_path / "off", plugin=off) as mem:
+        await mem.ingest_many([NEWS, REPLY])
+        assert "observatory" not in await context_of(mem, "m1")
+    async with open_memory(tmp_path / "late") as mem:
+        await mem.ingest(NEWS)
+        later = "2026-05-04T11:00:00+00:00"  # two hours on: another talk
+        await mem.ingest(
+            msg("m2", "Congrats on the new job at the observatory!", user="u2", chat="g", ts=later)
+        )
+        assert "observatory" not in await context_of(mem, "m1")
+
+
+async def test_a_batch_gives_each_turn_the_replies_after_it(tmp_path: Path) -> None:
+    third = msg(
+        "m3", "Thanks! I still can't believe the telescope is mine to run", user="u1", chat="g", ts=at(2)
+    )
+    async with open_memory(tmp_path / "m") as mem:
+        await mem.ingest_many([NEWS, REPLY, third])
+        first = await context_of(mem, "m1")
+        assert "observatory" in first and "telescope" in first
+        assert "telescope" in await context_of(mem, "m2")
+        # Ingesting the batch again changes nothing (duplicates), nor does a hook run twice.
+        await mem.ingest_many([NEWS, REPLY, third])
+        assert await context_of(mem, "m1") == first
+
+
+async def test_forgetting_the_replier_takes_the_words_out_of_the_turn_before(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, storage={"keyword_index": "tantivy"}) as mem:
+        await mem.ingest_many([NEWS, REPLY])
+        assert "observatory" in await context_of(mem, "m1")
+        await mem.forget(user_id="u2")
+        assert "observatory" not in await context_of(mem, "m1")
+        assert await keyword_ids(mem, Scope(chat_id="g"), "observatory") == []
+        assert sql(folder, "SELECT COUNT(*) FROM memories_fts WHERE memories_fts MATCH 'observatory'") == [
+            (0,)
+        ]
+        metas = [json.loads(m) for (m,) in sql(folder, "SELECT meta FROM memories")]
+        assert not any("m2" in m.get("context_message_ids", []) for m in metas)
+    # Nothing of the reply in any file narrmem wrote.
+    for path in folder.rglob("*"):
+        if path.is_file():
+            assert b"observatory" not in path.read_bytes(), path
