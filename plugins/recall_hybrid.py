@@ -86,6 +86,11 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         self._recent: OrderedDict[tuple[str, str], list[tuple[datetime, str, str]]] = OrderedDict()
         # Shared store: this process's turns not written yet, by chat (the cache's only use there).
         self._unwritten: dict[tuple[str, str], set[str]] = {}
+        # Forgets seen so far, and the count when each message on its way was read for its context:
+        # a forget between a message's context and its after-store hook may have scrubbed the chat
+        # before the message's words reach the turns before it (they are checked again then).
+        self._forgets = 0
+        self._forgets_at: dict[tuple[str, str, str], int] = {}
 
     def configured(self, settings: Settings) -> None:
         self.recall_weights = dict(settings.recall.weights)
@@ -105,6 +110,9 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             if context:
                 episode.meta["context_message_ids"] = [mid for mid, _ in context]
         episode.context_text = "\n".join(parts) or None
+        if len(self._forgets_at) > CHATS_KEPT:
+            self._forgets_at.clear()  # messages whose write failed never reach after_store
+        self._forgets_at[_key(message)] = self._forgets
         self._remember(message, own)
         if _shared(memory):
             key = (message.tenant, message.chat_id)
@@ -118,6 +126,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         """Scrub forgotten turns from the keyword context of the turns that followed them: other
         speakers' rows in a group chat held those words too. The answer model's cache of texts
         read goes too."""
+        self._forgets += 1
         forget_cached_texts()
         for chat_id, message_ids in sources.items():
             gone = set(message_ids)
@@ -145,14 +154,22 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
                 if set(context) - stored:
                     self._recent.pop((message.tenant, message.chat_id), None)
                     await memory.store.update(self._without_context(episode))
+        forgets_before = self._forgets_at.pop(_key(message), None)
         if episode is not None and episode.id is not None and context and self.options.replies_in_context:
-            await self._into_earlier_turns(memory, message, episode, context)
+            await self._into_earlier_turns(memory, message, episode, context, forgets_before)
 
     async def _into_earlier_turns(
-        self, memory: MemoryView, message: Message, episode: MemoryRecord, earlier: list[str]
+        self,
+        memory: MemoryView,
+        message: Message,
+        episode: MemoryRecord,
+        earlier: list[str],
+        forgets_before: int | None,
     ) -> None:
         """This message's words into the keyword context of the turns before it, with its id beside
-        them (``context_message_ids``), so that forgetting it scrubs them as it does earlier turns."""
+        them (``context_message_ids``), so that forgetting it scrubs them as it does earlier turns.
+        If it may have been forgotten meanwhile (a forget since its context was read, here or in
+        another worker), it is checked: its words go again if it is gone."""
         store = memory.store
         if not isinstance(store, AddsContext):
             return
@@ -163,9 +180,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             episode.index_text,
             source=("context_message_ids", message.message_id),
         )
-        if changed and _shared(memory):
-            # Another worker may have forgotten this message since it was written, and scrubbed
-            # the chat before its words reached those turns: they go again.
+        if changed and (_shared(memory) or forgets_before != self._forgets):
             stored = await store.stored_message_ids(message.tenant, message.chat_id, [message.message_id])
             if not stored:
                 chat = Scope(tenant=message.tenant, chat_id=message.chat_id)
@@ -242,6 +257,10 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         if not self.options.rank_answers:
             return fused
         return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k, weights)
+
+
+def _key(message: Message) -> tuple[str, str, str]:
+    return (message.tenant, message.chat_id, message.message_id)
 
 
 def _date_line(ts: datetime) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from _helpers import msg, sql
 
-from narrmem import Memory
+from narrmem import Memory, Message, hookimpl
 from narrmem.models import Scope
 from narrmem.testing import open_memory
 
@@ -100,3 +100,29 @@ async def test_forgetting_the_replier_takes_the_words_out_of_the_turn_before(tmp
     for path in folder.rglob("*"):
         if path.is_file():
             assert b"observatory" not in path.read_bytes(), path
+
+
+class ForgetTheReplierFirst:
+    """Forgets the replier once the reply is written and before the hybrid plugin's after-store
+    hook adds the reply's words to the turn before it (a forget that lands in between)."""
+
+    narrmem_name = "forget_the_replier_first"
+
+    def __init__(self) -> None:
+        self.memory: Memory | None = None
+
+    @hookimpl(tryfirst=True)
+    async def narrmem_after_store(self, message: Message) -> None:
+        if message.message_id == "m2" and self.memory is not None:
+            await self.memory.forget(user_id="u2")
+
+
+async def test_a_forget_between_the_write_and_the_hook_leaves_no_word(tmp_path: Path) -> None:
+    forgetter = ForgetTheReplierFirst()
+    async with open_memory(tmp_path / "m", plugins=[forgetter]) as mem:
+        forgetter.memory = mem
+        await mem.ingest(NEWS)
+        await mem.ingest(REPLY)
+        assert await mem.store.stored_message_ids("default", "g", ["m1", "m2"]) == {"m1"}
+        assert "observatory" not in await context_of(mem, "m1")
+        assert await keyword_ids(mem, Scope(chat_id="g"), "observatory") == []

@@ -425,14 +425,15 @@ class PostgresStore(ForgetJournal):
         async with self.transaction() as conn:
             # FOR UPDATE: two workers adding lines to one row take turns, neither line is lost.
             rows = await conn.fetch(
-                "SELECT m.id, COALESCE(m.embed_text, m.text), m.context_text, m.meta FROM memories m "
+                "SELECT m.id, m.embed_text, m.text, m.context_text, m.meta FROM memories m "
                 "JOIN memory_sources s ON s.memory_id = m.id WHERE s.is_episode AND s.tenant = $1 "
                 "AND s.chat_id = $2 AND s.message_id = ANY($3::text[]) ORDER BY m.id FOR UPDATE OF m",
                 tenant,
                 chat_id,
                 list(message_ids),
             )
-            for memory_id, index_text, context, meta in rows:
+            for memory_id, embed_text, body, context, meta in rows:
+                index_text = unesc(embed_text) or unesc(body) or ""  # MemoryRecord.index_text
                 change = with_context_line(unesc(context), json.loads(meta), text, source)
                 if change is None:
                     continue
@@ -443,9 +444,9 @@ class PostgresStore(ForgetJournal):
                     "|| setweight(to_tsvector($4::regconfig, $6), 'B') WHERE id = $7",
                     esc(joined),
                     meta_text,
-                    keyword_tokens(unesc(index_text) or "", joined),
+                    keyword_tokens(index_text, joined),
                     self.text_config,
-                    fts_document(unesc(index_text) or ""),
+                    fts_document(index_text),
                     fts_document(joined),
                     memory_id,
                 )

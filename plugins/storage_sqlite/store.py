@@ -671,40 +671,50 @@ class SQLiteStore(ForgetJournal):
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, *, source: tuple[str, str]
     ) -> list[int]:
         if self._keywords is None:
-            return await self._add_context(tenant, chat_id, message_ids, text, source)
+            return [doc.id for doc in await self._add_context(tenant, chat_id, message_ids, text, source)]
         async with self._vectors_lock:
-            changed = await self._add_context(tenant, chat_id, message_ids, text, source)
-            if changed:
-                await self._mirror_keywords(added=changed)
-            return changed
+            docs = await self._add_context(tenant, chat_id, message_ids, text, source)
+            return [doc.id for doc in docs]
 
     async def _add_context(
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, source: tuple[str, str]
-    ) -> list[int]:
+    ) -> list[KeywordDoc]:
         db = self.db
-        rows: list[Any] = []
-        changes: list[tuple[str, str, int]] = []
+        docs: list[KeywordDoc] = []
+        changes: int | None = None
         async with self.transaction():
-            # Read inside the write transaction: no other write can come between the read and the
+            # Read inside the write transaction: no other write comes between the read and the
             # rewrite of a row's context and meta.
+            rows: list[Any] = []
             for part in _chunks(list(message_ids)):
                 rows += await db.execute_fetchall(
-                    "SELECT m.id, m.context_text, m.meta FROM memory_sources s JOIN memories m "
-                    "ON m.id = s.memory_id WHERE s.is_episode = 1 AND s.tenant = ? AND s.chat_id = ? "
+                    "SELECT m.id, m.kind, m.tenant, m.user_id, m.chat_id, m.embed_text, m.text, "
+                    "m.context_text, m.meta FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
+                    "WHERE s.is_episode = 1 AND s.tenant = ? AND s.chat_id = ? "
                     f"AND s.message_id IN ({_marks(part)})",
                     (tenant, chat_id, *part),
                 )
-            for memory_id, context, meta_text in rows:
+            updates: list[tuple[str, str, int]] = []
+            for memory_id, kind, row_tenant, user_id, row_chat, embed_text, body, context, meta_text in rows:
+                index_text = embed_text or body  # MemoryRecord.index_text
                 change = with_context_line(context, json.loads(meta_text), text, source)
-                if change is not None:
-                    changes.append((*change, int(memory_id)))
-            if changes:
-                await db.executemany("UPDATE memories SET context_text = ?, meta = ? WHERE id = ?", changes)
-                await db.executemany(
-                    "UPDATE memories_fts SET context = ? WHERE rowid = ?",
-                    [(fts_document(context), memory_id) for context, _, memory_id in changes],
+                if change is None:
+                    continue
+                updates.append((*change, int(memory_id)))
+                owner = (user_token(row_tenant, user_id), chat_token(row_tenant, row_chat))
+                docs.append(
+                    KeywordDoc(int(memory_id), kind, owner, fts_document(index_text), fts_document(change[0]))
                 )
-        return [memory_id for _, _, memory_id in changes]
+            if updates:
+                await db.executemany("UPDATE memories SET context_text = ?, meta = ? WHERE id = ?", updates)
+                await db.executemany(
+                    "UPDATE memories_fts SET context = ? WHERE rowid = ?", [(d.context, d.id) for d in docs]
+                )
+                # The tantivy index gets the rows as written, with the count this transaction reaches.
+                changes = await self._keyword_changes() if self._mirrored() else None
+        if changes is not None:
+            self._mirror_written(docs, changes)
+        return docs
 
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
         rows = await self._sources("memory_id", "", tenant, chat_id, message_ids)
