@@ -695,23 +695,23 @@ class SQLiteStore(ForgetJournal):
                     (tenant, chat_id, *part),
                 )
             updates: list[tuple[str, str, int]] = []
+            mirrored = self._mirrored()
             for memory_id, kind, row_tenant, user_id, row_chat, embed_text, body, context, meta_text in rows:
-                index_text = embed_text or body  # MemoryRecord.index_text
                 change = with_context_line(context, json.loads(meta_text), text, source)
                 if change is None:
                     continue
                 updates.append((*change, int(memory_id)))
                 owner = (user_token(row_tenant, user_id), chat_token(row_tenant, row_chat))
-                docs.append(
-                    KeywordDoc(int(memory_id), kind, owner, fts_document(index_text), fts_document(change[0]))
-                )
+                # The body is what tantivy needs besides the context (MemoryRecord.index_text's words).
+                words = fts_document(embed_text or body) if mirrored else ""
+                docs.append(KeywordDoc(int(memory_id), kind, owner, words, fts_document(change[0])))
             if updates:
                 await db.executemany("UPDATE memories SET context_text = ?, meta = ? WHERE id = ?", updates)
                 await db.executemany(
                     "UPDATE memories_fts SET context = ? WHERE rowid = ?", [(d.context, d.id) for d in docs]
                 )
                 # The tantivy index gets the rows as written, with the count this transaction reaches.
-                changes = await self._keyword_changes() if self._mirrored() else None
+                changes = await self._keyword_changes() if mirrored else None
         if changes is not None:
             self._mirror_written(docs, changes)
         return docs
