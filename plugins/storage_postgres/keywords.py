@@ -40,6 +40,15 @@ B = 0.75
 SCOPE_TOKENS = 2
 
 
+def keywords_sql(config: str, body: str, context: str) -> str:
+    """The ``keywords`` column's value from SQL expressions of the text configuration, the body's
+    words and the context's: the body at weight A, the context at B."""
+    return (
+        f"setweight(to_tsvector({config}::regconfig, {body}), 'A') "
+        f"|| setweight(to_tsvector({config}::regconfig, {context}), 'B')"
+    )
+
+
 def keyword_tokens(index_text: str, context_text: str | None) -> int:
     """How many tokens a row's keyword document has (body and context), as BM25's length."""
     return len(keyword_terms(index_text)) + len(keyword_terms(context_text or ""))

@@ -20,7 +20,7 @@ import asyncpg
 import numpy as np
 from narrmem_plugins.storage_postgres.dsn import mask_dsn, scrub
 from narrmem_plugins.storage_postgres.escape import esc, unesc
-from narrmem_plugins.storage_postgres.keywords import bm25_sql, keyword_tokens
+from narrmem_plugins.storage_postgres.keywords import bm25_sql, keyword_tokens, keywords_sql
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
 from pgvector import Vector
@@ -91,8 +91,7 @@ _STORED = [name for name, _ in _ROW_TYPES[:18]]
 INSERT_ROWS = (
     f"INSERT INTO memories ({', '.join(_STORED)}, keywords) "
     f"SELECT {', '.join('u.' + name for name in _STORED)}, "
-    "setweight(to_tsvector($21::regconfig, u.body), 'A') "
-    "|| setweight(to_tsvector($21::regconfig, u.context), 'B') "
+    f"{keywords_sql('$21', 'u.body', 'u.context')} "
     f"FROM unnest({', '.join(f'${i + 1}::{kind}[]' for i, (_, kind) in enumerate(_ROW_TYPES))}) "
     f"AS u({', '.join(name for name, _ in _ROW_TYPES)})"
 )
@@ -404,8 +403,7 @@ class PostgresStore(ForgetJournal):
             await conn.execute(
                 "UPDATE memories SET text = $1, embed_text = $2, context_text = $3, importance = $4, "
                 "meta = $5, keyword_tokens = $10, "
-                "keywords = setweight(to_tsvector($8::regconfig, $6), 'A') "
-                "|| setweight(to_tsvector($8::regconfig, $7), 'B') WHERE id = $9",
+                f"keywords = {keywords_sql('$8', '$6', '$7')} WHERE id = $9",
                 esc(record.text),
                 esc(record.embed_text),
                 esc(record.context_text),
@@ -440,8 +438,7 @@ class PostgresStore(ForgetJournal):
                 joined, meta_text = change
                 await conn.execute(
                     "UPDATE memories SET context_text = $1, meta = $2, keyword_tokens = $3, "
-                    "keywords = setweight(to_tsvector($4::regconfig, $5), 'A') "
-                    "|| setweight(to_tsvector($4::regconfig, $6), 'B') WHERE id = $7",
+                    f"keywords = {keywords_sql('$4', '$5', '$6')} WHERE id = $7",
                     esc(joined),
                     meta_text,
                     keyword_tokens(index_text, joined),

@@ -671,14 +671,13 @@ class SQLiteStore(ForgetJournal):
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, *, source: tuple[str, str]
     ) -> list[int]:
         if self._keywords is None:
-            return [doc.id for doc in await self._add_context(tenant, chat_id, message_ids, text, source)]
+            return await self._add_context(tenant, chat_id, message_ids, text, source)
         async with self._vectors_lock:
-            docs = await self._add_context(tenant, chat_id, message_ids, text, source)
-            return [doc.id for doc in docs]
+            return await self._add_context(tenant, chat_id, message_ids, text, source)
 
     async def _add_context(
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, source: tuple[str, str]
-    ) -> list[KeywordDoc]:
+    ) -> list[int]:
         db = self.db
         docs: list[KeywordDoc] = []
         changes: int | None = None
@@ -714,7 +713,7 @@ class SQLiteStore(ForgetJournal):
                 changes = await self._keyword_changes() if mirrored else None
         if changes is not None:
             self._mirror_written(docs, changes)
-        return docs
+        return [doc.id for doc in docs]
 
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
         rows = await self._sources("memory_id", "", tenant, chat_id, message_ids)
