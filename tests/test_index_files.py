@@ -98,6 +98,36 @@ async def test_vectors_and_graphs_are_mapped_and_take_writes(tmp_path: Path) -> 
         await again.close()
 
 
+async def test_rows_outside_a_mapped_graph_are_searched_exactly_by_chat_and_without_the_dead(
+    tmp_path: Path,
+) -> None:
+    """The rows written after the open are scored where they lie, beside the graph: the same hits as
+    an exact search of the live rows, whatever the chat and with some of them forgotten."""
+    ids, vectors = await saved_index(tmp_path / "index")
+    index = await reopen(tmp_path / "index", ids, vectors)
+    try:
+        extra_ids = np.arange(9001, 9061, dtype=np.int64)
+        extra = unit(60, seed=11)
+        chats = ["dm" if n % 3 else "group" for n in range(60)]
+        await index.add(extra_ids, extra, [Owner("t", "big", chat) for chat in chats])
+        big = index._shards[("t", "big")]
+        assert big.graph_mapped_from is not None and big.outside_graph == 60
+        gone = extra_ids[[0, 5, 30, 59]]
+        await index.remove(gone, [("t", "big")])
+        live = ~np.isin(extra_ids, gone)
+        for query in unit(5, seed=12):
+            for chat in (None, "dm", "group"):
+                inside = live & (np.array(chats) == chat if chat else True)
+                expected = extra_ids[inside][np.argsort(-(extra[inside] @ query), kind="stable")][:5]
+                got = await index.search(query, 600, tenant="t", user_id="big", chat_id=chat)
+                outside = [i for i, _ in got if i > 9000]
+                assert outside[:5] == [int(i) for i in expected]
+                assert not set(outside) & {int(i) for i in gone}
+                assert len(outside) == int(np.count_nonzero(inside))
+    finally:
+        await index.close()
+
+
 async def reopen_after(path: Path) -> VectorIndex:
     index = VectorIndex(path, DIM, SMALL)
     manifest = json.loads((path / "manifest.json").read_text())

@@ -31,6 +31,9 @@ def test_reads_span_the_mapped_rows_and_the_rows_in_memory(tmp_path: Path) -> No
     query = np.array([1.0, 0.0, -1.0, 0.5], dtype=np.float32)
     assert np.allclose(rows.scores(query, 8), everything @ query)
     assert np.allclose(rows.scores(query, 4), base[:4] @ query)
+    # A range read where it lies: inside the mapped rows, across both, inside the ones in memory.
+    for start, stop in ((1, 4), (3, 7), (5, 8), (6, 6)):
+        assert np.allclose(rows.scores(query, stop, start), everything[start:stop] @ query)
 
 
 def test_growing_keeps_the_base_mapped_and_the_tail_small(tmp_path: Path) -> None:

@@ -187,7 +187,8 @@ class Shard:
         if self.graph is not None and (mask is None or np.count_nonzero(mask) >= options.hnsw_threshold):
             found = self._search_graph(query, k, mask, options)
             if self.outside_graph:
-                found = _best(found, self._search_exact(query, k, self._rows_outside_graph(mask)), k)
+                keep = mask if mask is not None else (self.alive[: self.n] if self.dead else None)
+                found = _best(found, self._search_outside_graph(query, k, keep), k)
             return found
         if mask is None:
             rows = None if not self.dead else np.flatnonzero(self.alive[: self.n])
@@ -195,13 +196,23 @@ class Shard:
             rows = np.flatnonzero(mask)
         return self._search_exact(query, k, rows)
 
-    def _rows_outside_graph(self, mask: np.ndarray | None) -> np.ndarray:
-        rows = np.arange(self.n - self.outside_graph, self.n)
-        if mask is not None:
-            rows = rows[mask[rows]]
-        elif self.dead:
-            rows = rows[self.alive[rows]]
-        return rows
+    def _search_outside_graph(
+        self, query: np.ndarray, k: int, keep: np.ndarray | None
+    ) -> list[tuple[int, float]]:
+        """Exact search of the rows after the graph's (those ``keep`` marks, a mask over all rows).
+        They are contiguous, so they are scored where they lie: copying them out first cost more
+        than the graph's own search (up to ``OUTSIDE_GRAPH_LIMIT`` rows, on every search of a large
+        user after a restart)."""
+        start = self.n - self.outside_graph
+        scores = self.vectors.scores(query, self.n, start)
+        if keep is not None:
+            scores = np.where(keep[start : self.n], scores, -np.inf).astype(np.float32)
+        k = min(k, len(scores) if keep is None else int(np.count_nonzero(keep[start : self.n])))
+        if k <= 0:
+            return []
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [(int(self.ids[start + r]), float(scores[r])) for r in top]
 
     def _search_exact(self, query: np.ndarray, k: int, rows: np.ndarray | None) -> list[tuple[int, float]]:
         scores = (

@@ -79,12 +79,15 @@ class VectorRows:
             return self.tail[:n]
         return np.concatenate([self.base, self.tail[: n - len(self.base)]])
 
-    def scores(self, query: np.ndarray, n: int) -> np.ndarray:
-        """Inner products of rows ``0..n`` with ``query``, without copying the mapped rows."""
-        mapped = min(n, len(self.base))
-        parts = [inner_products(np.asarray(self.base[:mapped]), query)] if mapped else []
-        if n > mapped:
-            parts.append(inner_products(self.tail[: n - mapped], query))
+    def scores(self, query: np.ndarray, n: int, start: int = 0) -> np.ndarray:
+        """Inner products of rows ``start..n`` with ``query``, read in place (neither the mapped
+        rows nor the ones in memory are copied)."""
+        mapped = len(self.base)
+        parts = []
+        if start < min(n, mapped):
+            parts.append(inner_products(np.asarray(self.base[start : min(n, mapped)]), query))
+        if n > max(start, mapped):
+            parts.append(inner_products(self.tail[max(start, mapped) - mapped : n - mapped], query))
         if not parts:
             return np.zeros(0, dtype=np.float32)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
