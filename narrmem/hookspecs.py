@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from narrmem.config import Settings
     from narrmem.models import (
         Candidate,
+        ContextLine,
         Hit,
         IngestResult,
         MemoryRecord,
@@ -144,6 +145,23 @@ def narrmem_before_store(
     (a scene, a fact) that are written in the same transaction. Nothing is stored yet. The
     episode's text is already being embedded while this hook runs; a text a plugin changes or
     adds is embedded after it, so every record is stored with the vector of its own text.
+    """
+
+
+@hookspec
+def narrmem_context_lines(
+    memory: MemoryView, message: Message, decision: TriageDecision, records: list[MemoryRecord]
+) -> list[ContextLine] | None:
+    """Words of this message for the keyword context of earlier episodes of its chat, written in
+    the same transaction as its records (after every ``narrmem_before_store``).
+
+    Each :class:`~narrmem.models.ContextLine` names the earlier messages whose episodes get its
+    ``text`` as a line of their ``context_text``, with this message's id in their ``meta[key]``: a
+    forget of this message finds the line by that id and must take it out (the plugin that adds
+    lines scrubs them in ``narrmem_after_forget``). A line goes in only if this message's episode
+    is written (not a duplicate), only into episodes of the same tenant and chat, and once per
+    message (a row that lists the message already keeps its context). The store must implement
+    :class:`~narrmem.store.WritesContext`; with another store the lines are dropped.
     """
 
 

@@ -28,8 +28,16 @@ from pydantic import ValidationError
 
 from narrmem.errors import InputError
 from narrmem.model_child import SHORT_TEXTS
-from narrmem.models import MAX_ID_CHARS, IngestResult, MemoryRecord, Message, TriageDecision, TriggerEvent
-from narrmem.store import WritesWhileEmbedding
+from narrmem.models import (
+    MAX_ID_CHARS,
+    ContextLine,
+    IngestResult,
+    MemoryRecord,
+    Message,
+    TriageDecision,
+    TriggerEvent,
+)
+from narrmem.store import WritesContext, WritesWhileEmbedding
 from narrmem.text import cjk_count
 
 if TYPE_CHECKING:
@@ -57,6 +65,8 @@ class Pending:
     errors: list[str] = field(default_factory=list)
     records: list[MemoryRecord] = field(default_factory=list)
     vectors: np.ndarray | None = None
+    # Words of the message for earlier episodes' keyword context, written with its records.
+    context_lines: list[ContextLine] = field(default_factory=list)
     # The episode's embed_text as ingest wrote it, and what its vector is made of instead (the
     # decision's gist, attributed): a hook that rewrites the embed_text gets its own text embedded.
     written_embed_text: str | None = None
@@ -231,6 +241,7 @@ class IngestPipeline:
             for n, item in enumerate(kept):
                 await yield_every(n)
                 await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
+                item.context_lines = await self.context_lines(item)
             texts = [item.vector_text(r) for item in kept for r in item.records]
             embedded = set(prepared.texts)
             rest = sorted({text for text in texts if text not in embedded})
@@ -280,9 +291,24 @@ class IngestPipeline:
         message as it comes) go in while their embedding runs, on a store that can
         (:class:`~narrmem.store.WritesWhileEmbedding`): only the commit waits for it."""
         pending = [] if prefix is None else self.settling.entries(prefix, items)
-        records = [r for item in items for r in item.records]
+        records: list[MemoryRecord] = []
+        context: dict[int, list[ContextLine]] = {}  # by the place of the message's episode
+        for item in items:
+            if item.context_lines:
+                context[len(records)] = item.context_lines
+            records.extend(item.records)
         store = self.memory.store
-        if len(items) <= SHORT_TEXTS and isinstance(store, WritesWhileEmbedding):
+        if context and isinstance(store, WritesContext):
+            # The lines go in with the records: the few messages of a bot's turn while their
+            # embedding runs (on a store that can), a batch once its vectors are there.
+            if len(items) <= SHORT_TEXTS and isinstance(store, WritesWhileEmbedding):
+                async with self.write_lock:
+                    await store.add_with_context(records, vectors(), context, state=pending)
+            else:
+                ready = await vectors()
+                async with self.write_lock:
+                    await store.add_with_context(records, ready, context, state=pending)
+        elif len(items) <= SHORT_TEXTS and isinstance(store, WritesWhileEmbedding):
             async with self.write_lock:
                 await store.add_while_embedding(records, vectors(), state=pending)
         else:
@@ -314,6 +340,19 @@ class IngestPipeline:
             )
             result.notes.extend(item.errors)
             await self.deliver(result.triggers)
+
+    async def context_lines(self, item: Pending) -> list[ContextLine]:
+        """What the plugins give of the message for earlier episodes' keyword context; an answer
+        that is not a list of :class:`ContextLine` is the plugin's failure, noted on the message."""
+        lines: list[ContextLine] = []
+        for plugin_lines in await self.memory.host.call(
+            "narrmem_context_lines", **item.hook_arguments(self.memory)
+        ):
+            if isinstance(plugin_lines, list) and all(isinstance(line, ContextLine) for line in plugin_lines):
+                lines.extend(plugin_lines)
+            else:
+                item.errors.append("a plugin's narrmem_context_lines did not return a list of ContextLine")
+        return lines
 
     async def triage(self, message: Message, errors: list[str]) -> TriageDecision:
         host = self.memory.host

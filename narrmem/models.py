@@ -226,6 +226,20 @@ class MemoryRecord(_Strict):
         return cls(**message.model_dump(include=_WHERE), created_at=message.ts, **fields)
 
 
+class ContextLine(_Strict):
+    """Words of a message being written, for the keyword context of earlier episodes of its chat
+    (``narrmem_context_lines``): ``text`` becomes a line of the ``context_text`` of the episodes of
+    ``message_ids``, and the message's id joins the list in their ``meta[key]``, which is what a
+    forget of the message scrubs the line by. The chat and tenant are the message's own: a line
+    never reaches another chat."""
+
+    message_ids: list[Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]] = Field(
+        min_length=1, max_length=64
+    )
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS * 4)
+    key: str = Field(default="context_message_ids", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
 class ImportanceChange(_Strict):
     """A change to a memory's stored importance, kept in its history (who, when, why)."""
 

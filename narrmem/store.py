@@ -7,17 +7,17 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
 
 from narrmem.errors import InputError, StoreError
-from narrmem.models import MAX_CONTEXT_CHARS, ForgetJob, ImportanceChange, MemoryRecord, Scope
+from narrmem.models import MAX_CONTEXT_CHARS, ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 
 StateEntry = tuple[str, str, dict[str, Any]]
 """A piece of plugin state: ``(namespace, key, value)``, as :meth:`Store.state_put` takes it."""
@@ -303,6 +303,96 @@ class AddsContext(Protocol):
 
 
 @runtime_checkable
+class WritesContext(Protocol):
+    """A store that writes a message's context lines (``narrmem_context_lines``) in the transaction
+    that writes its records (both built-in stores): the line is there exactly when the message
+    is, and costs no write of its own."""
+
+    async def add_with_context(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: np.ndarray | Awaitable[np.ndarray],
+        context: Mapping[int, Sequence[ContextLine]],
+        *,
+        state: Sequence[StateEntry] = (),
+    ) -> list[int]:
+        """What :meth:`Store.add` does (and :meth:`WritesWhileEmbedding.add_while_embedding`, if the
+        store is one and ``vectors`` are still on their way), and in the same transaction, once
+        the records are in: the lines of ``context`` (keyed by the place in ``records`` of the
+        episode whose message they come from) as :meth:`AddsContext.add_context` adds them, in
+        order, with ``source = (line.key, the episode's message id)``, in the episode's tenant and
+        chat. The lines of an episode not written (a duplicate) are not added."""
+        ...
+
+
+@dataclass(frozen=True)
+class ContextWrite:
+    """One context line as a store writes it: ``text`` into the episodes of ``message_ids`` of this
+    tenant's chat, ``source`` = (meta key, the id of the message the line comes from)."""
+
+    tenant: str
+    chat_id: str
+    message_ids: tuple[str, ...]
+    text: str
+    source: tuple[str, str]
+
+
+def context_writes(
+    records: Sequence[MemoryRecord], context: Mapping[int, Sequence[ContextLine]], written: Iterable[int]
+) -> list[ContextWrite]:
+    """The lines of the episodes written (``written``: their places in ``records``), in order, each
+    in its episode's own tenant and chat."""
+    writes = []
+    for n in written:
+        record = records[n]
+        if record.kind != "episode" or not record.message_ids:
+            continue
+        for line in context.get(n, ()):
+            writes.append(
+                ContextWrite(
+                    record.tenant,
+                    record.chat_id,
+                    tuple(line.message_ids),
+                    line.text,
+                    (line.key, record.message_ids[0]),
+                )
+            )
+    return writes
+
+
+@dataclass
+class EpisodeContext:
+    """An episode's keyword context as a store read it for :func:`with_context_writes`."""
+
+    memory_id: int
+    tenant: str
+    chat_id: str
+    message_id: str
+    context: str | None
+    meta: dict[str, Any]
+
+
+def with_context_writes(
+    rows: Iterable[EpisodeContext], writes: Sequence[ContextWrite]
+) -> list[EpisodeContext]:
+    """``writes`` applied in order to the episodes they name among ``rows`` (each row's message is
+    its episode's); returns the rows changed, with their new context and meta. A row that holds
+    a write's message already, or whose context would pass its limit, keeps its own."""
+    by_message: dict[tuple[str, str, str], list[EpisodeContext]] = {}
+    for row in rows:
+        by_message.setdefault((row.tenant, row.chat_id, row.message_id), []).append(row)
+    changed: dict[int, EpisodeContext] = {}
+    for write in writes:
+        for message_id in dict.fromkeys(write.message_ids):
+            for row in by_message.get((write.tenant, write.chat_id, message_id), []):
+                change = _with_line(row.context, row.meta, write.text, write.source)
+                if change is not None:
+                    row.context, row.meta = change
+                    changed[row.memory_id] = row
+    return list(changed.values())
+
+
+@runtime_checkable
 class SQLCapable(Protocol):
     """A store that gives plugins tables of their own in its database, on every backend that
     implements it (both built-in stores do): ``async with store.sql() as db`` to read,
@@ -404,12 +494,12 @@ def plain_value(value: str) -> bool:
     return PLAIN_VALUE.fullmatch(value) is not None
 
 
-def with_context_line(
+def _with_line(
     context: str | None, meta: dict[str, Any], line: str, source: tuple[str, str]
-) -> tuple[str, str] | None:
-    """:meth:`AddsContext.add_context` for one row: its new ``context_text`` and meta (as stored
-    JSON), or None if the row keeps its own: it holds ``source``'s message already (a hook run
-    twice adds its line once) or the line would take the context past its limit."""
+) -> tuple[str, dict[str, Any]] | None:
+    """One row's new ``context_text`` and meta with ``line`` added, or None if the row keeps its own:
+    it holds ``source``'s message already (a line is added once) or the line would take the context
+    past its limit."""
     key, message_id = source
     listed = meta.get(key)
     listed = list(listed) if isinstance(listed, list) else []
@@ -418,5 +508,4 @@ def with_context_line(
     joined = f"{context}\n{line}" if context else line
     if len(joined) > MAX_CONTEXT_CHARS:
         return None
-    meta = {**meta, key: [*listed, message_id]}
-    return joined, json.dumps(meta, ensure_ascii=False, sort_keys=True)
+    return joined, {**meta, key: [*listed, message_id]}

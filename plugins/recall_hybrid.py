@@ -5,9 +5,9 @@ What the keyword index sees of an episode is more than its text: who said it, th
 said (so "in May" and "on Friday" can match), and the chat's turns just before and after it,
 because a reply ("yes, twice, it was amazing") often only makes sense with the question it
 answers, and the reply to a message often names what it was about ("congrats on the new job!"
-after "I got it!!"). A message's words reach the turns before it once it is written
-(``Store.add_context``). The text returned by recall stays the message alone, so context costs no
-prompt tokens.
+after "I got it!!"). A message's words reach the turns before it in the transaction that writes
+it (``narrmem_context_lines``): they are there exactly when the message is. The text returned by
+recall stays the message alone, so context costs no prompt tokens.
 
 The earlier turns come from a small per-process cache of each chat's last turns (it also holds the
 turns of a batch not written yet). On a store that several processes share (PostgreSQL) another
@@ -39,9 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from narrmem import hookimpl
 from narrmem.config import Settings, share
 from narrmem.configured import Configured
-from narrmem.models import Candidate, MemoryRecord, Message, RecallRequest, Scope
+from narrmem.models import Candidate, ContextLine, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
-from narrmem.store import AddsContext
 from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
@@ -86,11 +85,6 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         self._recent: OrderedDict[tuple[str, str], list[tuple[datetime, str, str]]] = OrderedDict()
         # Shared store: this process's turns not written yet, by chat (the cache's only use there).
         self._unwritten: dict[tuple[str, str], set[str]] = {}
-        # Forgets seen so far, and the count when each message on its way was read for its context:
-        # a forget between a message's context and its after-store hook may have scrubbed the chat
-        # before the message's words reach the turns before it (they are checked again then).
-        self._forgets = 0
-        self._forgets_at: dict[tuple[str, str, str], int] = {}
 
     def configured(self, settings: Settings) -> None:
         self.recall_weights = dict(settings.recall.weights)
@@ -110,9 +104,6 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             if context:
                 episode.meta["context_message_ids"] = [mid for mid, _ in context]
         episode.context_text = "\n".join(parts) or None
-        if len(self._forgets_at) > CHATS_KEPT:
-            self._forgets_at.clear()  # messages whose write failed never reach after_store
-        self._forgets_at[_key(message)] = self._forgets
         self._remember(message, own)
         if _shared(memory):
             key = (message.tenant, message.chat_id)
@@ -126,7 +117,6 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         """Scrub forgotten turns from the keyword context of the turns that followed them: other
         speakers' rows in a group chat held those words too. The answer model's cache of texts
         read goes too."""
-        self._forgets += 1
         forget_cached_texts()
         for chat_id, message_ids in sources.items():
             gone = set(message_ids)
@@ -138,54 +128,32 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
                     await memory.store.update(self._without_context(record))
 
     @hookimpl
+    def narrmem_context_lines(self, records: list[MemoryRecord]) -> list[ContextLine] | None:
+        """This message's words for the keyword context of the turns before it
+        (``replies_in_context``), written with it; its id beside them (``context_message_ids``)
+        is what a forget of it scrubs them by, as for earlier turns."""
+        if not records or not self.options.replies_in_context:
+            return None
+        earlier = list(records[0].meta.get("context_message_ids", []))
+        return [ContextLine(message_ids=earlier, text=records[0].index_text)] if earlier else None
+
+    @hookimpl
     async def narrmem_after_store(
         self, memory: MemoryView, message: Message, records: list[MemoryRecord]
     ) -> None:
-        """This message's words into the keyword context of the turns before it
-        (``replies_in_context``). On a shared store another worker may forget a turn after this
+        """On a store several processes share, another worker may forget a turn after this
         message's context was read and before it was written, too late for that worker's scrub to
         see it: a context turn that is gone by now is scrubbed here."""
+        if not _shared(memory):
+            return
+        self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
         episode = records[0] if records else None
         context = [] if episode is None else list(episode.meta.get("context_message_ids", []))
-        if _shared(memory):
-            self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
-            if episode is not None and episode.id is not None and context:
-                stored = await memory.store.stored_message_ids(message.tenant, message.chat_id, context)
-                if set(context) - stored:
-                    self._recent.pop((message.tenant, message.chat_id), None)
-                    await memory.store.update(self._without_context(episode))
-        forgets_before = self._forgets_at.pop(_key(message), None)
-        if episode is not None and episode.id is not None and context and self.options.replies_in_context:
-            await self._into_earlier_turns(memory, message, episode, context, forgets_before)
-
-    async def _into_earlier_turns(
-        self,
-        memory: MemoryView,
-        message: Message,
-        episode: MemoryRecord,
-        earlier: list[str],
-        forgets_before: int | None,
-    ) -> None:
-        """This message's words into the keyword context of the turns before it, with its id beside
-        them (``context_message_ids``), so that forgetting it scrubs them as it does earlier turns.
-        If it may have been forgotten meanwhile (a forget since its context was read, here or in
-        another worker), it is checked: its words go again if it is gone."""
-        store = memory.store
-        if not isinstance(store, AddsContext):
-            return
-        changed = await store.add_context(
-            message.tenant,
-            message.chat_id,
-            earlier,
-            episode.index_text,
-            source=("context_message_ids", message.message_id),
-        )
-        if changed and (_shared(memory) or forgets_before != self._forgets):
-            stored = await store.stored_message_ids(message.tenant, message.chat_id, [message.message_id])
-            if not stored:
-                chat = Scope(tenant=message.tenant, chat_id=message.chat_id)
-                for record in (await store.get(changed, chat)).values():
-                    await store.update(self._without_context(record))
+        if episode is not None and episode.id is not None and context:
+            stored = await memory.store.stored_message_ids(message.tenant, message.chat_id, context)
+            if set(context) - stored:
+                self._recent.pop((message.tenant, message.chat_id), None)
+                await memory.store.update(self._without_context(episode))
 
     def _without_context(self, record: MemoryRecord) -> MemoryRecord:
         """``record`` with its earlier turns taken out of its keyword context (the date stays)."""
@@ -257,10 +225,6 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         if not self.options.rank_answers:
             return fused
         return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k, weights)
-
-
-def _key(message: Message) -> tuple[str, str, str]:
-    return (message.tenant, message.chat_id, message.message_id)
 
 
 def _date_line(ts: datetime) -> str:

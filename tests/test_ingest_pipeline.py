@@ -186,17 +186,19 @@ async def test_the_next_batch_is_embedded_while_a_batch_is_written(tmp_path: Pat
     async with open_memory(tmp_path / "m", plugins=[Plugins(embedder)], **settings) as mem:
 
         def logged(add: Any) -> Any:
-            async def logged_add(records: Any, vectors: Any, **kwargs: Any) -> Any:
+            async def logged_add(records: Any, vectors: Any, *args: Any, **kwargs: Any) -> Any:
                 await asyncio.sleep(0.05)  # a slow disk: the next batch's texts arrive meanwhile
                 events.append(("write", tuple(m for r in records for m in r.message_ids)))
-                return await add(records, vectors, **kwargs)
+                return await add(records, vectors, *args, **kwargs)
 
             return logged_add
 
         # Batches of four are written while their own texts embed (add_while_embedding), larger
-        # ones once embedded (add): either way the next batch's texts are with the model first.
+        # ones once embedded (add), with the replies' context lines when there are any
+        # (add_with_context): either way the next batch's texts are with the model first.
         mem.store.add = logged(mem.store.add)  # type: ignore[method-assign]
         mem.store.add_while_embedding = logged(mem.store.add_while_embedding)  # type: ignore[attr-defined]
+        mem.store.add_with_context = logged(mem.store.add_with_context)  # type: ignore[attr-defined]
         results = await mem.ingest_many(batch)
         assert [r.message_id for r in results] == [f"g{i}" for i in range(12)]
         assert all(r.stored and r.memory_ids for r in results)

@@ -12,7 +12,7 @@ import pytest
 from _helpers import msg, sql
 
 from narrmem import Memory, Message, hookimpl
-from narrmem.models import Scope
+from narrmem.models import ContextLine, MemoryRecord, Scope
 from narrmem.testing import open_memory
 
 pytestmark = pytest.mark.sqlite_only
@@ -103,8 +103,8 @@ async def test_forgetting_the_replier_takes_the_words_out_of_the_turn_before(tmp
 
 
 class ForgetTheReplierFirst:
-    """Forgets the replier once the reply is written and before the hybrid plugin's after-store
-    hook adds the reply's words to the turn before it (a forget that lands in between)."""
+    """Forgets the replier once the reply is written, before any other after-store hook (the
+    reply's words went in with it, so the forget must find them there)."""
 
     narrmem_name = "forget_the_replier_first"
 
@@ -126,3 +126,35 @@ async def test_a_forget_between_the_write_and_the_hook_leaves_no_word(tmp_path: 
         assert await mem.store.stored_message_ids("default", "g", ["m1", "m2"]) == {"m1"}
         assert "observatory" not in await context_of(mem, "m1")
         assert await keyword_ids(mem, Scope(chat_id="g"), "observatory") == []
+
+
+class QuotesEachMessage:
+    """A third-party plugin with context lines of its own: each message's words, under its own key,
+    for the first message of the chat; and one answer that is not a list of lines."""
+
+    narrmem_name = "quotes_each_message"
+
+    @hookimpl
+    def narrmem_context_lines(self, records: list[MemoryRecord]) -> Any:
+        if records[0].message_ids == ["m3"]:
+            return "not a list"
+        if records[0].message_ids == ["m1"]:
+            return None
+        return [ContextLine(message_ids=["m1"], text=f"quoted: {records[0].text}", key="quoted_by")]
+
+
+async def test_a_plugins_context_lines_go_in_with_the_message_and_a_bad_answer_is_noted(
+    tmp_path: Path,
+) -> None:
+    settings = {"plugin": {"recall_hybrid": {"replies_in_context": False}}}
+    async with open_memory(tmp_path / "m", plugins=[QuotesEachMessage()], **settings) as mem:
+        await mem.ingest(NEWS)
+        await mem.ingest(REPLY)
+        bad = await mem.ingest(msg("m3", "The telescope there is huge", user="u2", chat="g", ts=at(2)))
+        assert bad.stored and any("narrmem_context_lines" in note for note in bad.notes)
+        [memory_id] = await mem.store.from_messages("default", "g", ["m1"])
+        [first] = (await mem.store.get([memory_id], None)).values()
+        assert first.context_text is not None and "quoted: Congrats" in first.context_text
+        assert "telescope" not in first.context_text
+        assert first.meta["quoted_by"] == ["m2"]
+        assert await keyword_ids(mem, Scope(chat_id="g"), "observatory") != []

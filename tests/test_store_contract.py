@@ -17,8 +17,8 @@ from narrmem_plugins.storage_postgres.store import PostgresStore
 from narrmem_plugins.storage_sqlite.store import SQLiteStore
 
 from narrmem.errors import InputError, StoreError
-from narrmem.models import MAX_CONTEXT_CHARS, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import AddsContext, RecordsModel, SQLCapable
+from narrmem.models import MAX_CONTEXT_CHARS, ContextLine, ImportanceChange, MemoryRecord, Scope
+from narrmem.store import AddsContext, RecordsModel, SQLCapable, WritesContext
 
 DIM = 8
 MODEL = "contract-test-model"
@@ -219,6 +219,44 @@ async def test_add_context_appends_a_line_to_the_chats_episodes_only(store: Any)
         == []
     )
     assert (await store.get([ids[0]], None))[ids[0]].meta["cited"] == ["m2", "m3"]
+
+
+async def test_context_lines_are_written_with_the_records_that_bring_them(store: Any) -> None:
+    assert isinstance(store, WritesContext)
+    first = record("I got it!!", mid="m1", context_text="Saturday 1 March 2025")
+    elsewhere = record("I got it too", chat="c2", mid="m1")
+    [first_id, elsewhere_id] = await add(store, first, elsewhere)
+    # A batch: a reply, and the reply to it (whose line reaches a row written in the same call).
+    reply = record("congrats on the new job!", user="u2", mid="m2", minutes=1)
+    answer = record("thanks, I start in May", mid="m3", minutes=2)
+    lines = {
+        0: [ContextLine(message_ids=["m1", "m-none"], text="u2: congrats on the new job")],
+        1: [ContextLine(message_ids=["m1", "m2"], text="u1: thanks, I start in May")],
+    }
+    vectors = np.stack([unit(20), unit(21)])
+    ids = await store.add_with_context([reply, answer], vectors, lines)
+    got = await store.get([first_id, elsewhere_id, *ids], None)
+    assert got[first_id].context_text == (
+        "Saturday 1 March 2025\nu2: congrats on the new job\nu1: thanks, I start in May"
+    )
+    assert got[first_id].meta["context_message_ids"] == ["m2", "m3"]
+    assert got[ids[0]].context_text == "u1: thanks, I start in May"
+    assert got[ids[0]].meta["context_message_ids"] == ["m3"]
+    assert (got[elsewhere_id].context_text, got[elsewhere_id].meta) == (
+        elsewhere.context_text,
+        elsewhere.meta,
+    )
+    assert sorted(i for i, _ in await store.search_keywords(Scope(chat_id="c1"), "may", 5)) == sorted(
+        [first_id, ids[0], ids[1]]
+    )
+    assert await store.search_keywords(Scope(chat_id="c2"), "job", 5) == []
+    # A message stored already is not written again, and neither are its lines.
+    again = record("congrats on the new job!", user="u2", mid="m2", minutes=1)
+    late = [ContextLine(message_ids=["m1"], text="u2: a line of a message not written")]
+    assert await store.add_with_context([again], np.stack([unit(22)]), {0: late}) == []
+    assert again.id is None
+    [after] = (await store.get([first_id], None)).values()
+    assert "not written" not in after.context_text
 
 
 async def test_delete_only_in_scope(store: Any) -> None:

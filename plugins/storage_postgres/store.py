@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,15 +28,18 @@ from pgvector.asyncpg import register_vector
 
 from narrmem import jsonio
 from narrmem.errors import StoreError
-from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
+from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
     SOURCES_IN_SCOPE,
+    ContextWrite,
+    EpisodeContext,
     ForgetJournal,
     HistoryRow,
     StateEntry,
+    context_writes,
     meta_filter,
     plain_value,
-    with_context_line,
+    with_context_writes,
 )
 from narrmem.text import content_terms, fts_document
 
@@ -291,12 +294,26 @@ class PostgresStore(ForgetJournal):
     async def add(
         self, records: Sequence[MemoryRecord], vectors: np.ndarray, *, state: Sequence[StateEntry] = ()
     ) -> list[int]:
+        return await self.add_with_context(records, vectors, {}, state=state)
+
+    async def add_with_context(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: np.ndarray | Awaitable[np.ndarray],
+        context: Mapping[int, Sequence[ContextLine]],
+        *,
+        state: Sequence[StateEntry] = (),
+    ) -> list[int]:
+        if not isinstance(vectors, np.ndarray):
+            vectors = np.asarray(await vectors, dtype=np.float32)
         if len(records) != len(vectors):
             raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
         for record in records:
             _check_ids(record)
         async with self.transaction() as conn:
             written = await self._add_rows(conn, records, vectors)
+            if context and written:
+                await self._write_context(conn, context_writes(records, context, [n for n, _ in written]))
             if state:
                 await conn.executemany(
                     STATE_PUT, [(esc(ns), esc(key), _state_json(value)) for ns, key, value in state]
@@ -419,36 +436,47 @@ class PostgresStore(ForgetJournal):
     async def add_context(
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, *, source: tuple[str, str]
     ) -> list[int]:
-        changed: list[int] = []
         async with self.transaction() as conn:
-            # FOR UPDATE: two workers adding lines to one row take turns, neither line is lost.
-            rows = await conn.fetch(
-                "SELECT m.id, m.embed_text, m.text, m.context_text, m.meta FROM memories m "
-                "JOIN memory_sources s ON s.memory_id = m.id WHERE s.is_episode AND s.tenant = $1 "
-                "AND s.chat_id = $2 AND s.message_id = ANY($3::text[]) ORDER BY m.id FOR UPDATE OF m",
-                tenant,
-                chat_id,
-                list(message_ids),
+            return await self._write_context(
+                conn, [ContextWrite(tenant, chat_id, tuple(message_ids), text, source)]
             )
-            for memory_id, embed_text, body, context, meta in rows:
-                index_text = unesc(embed_text) or unesc(body) or ""  # MemoryRecord.index_text
-                change = with_context_line(unesc(context), json.loads(meta), text, source)
-                if change is None:
-                    continue
-                joined, meta_text = change
-                await conn.execute(
-                    "UPDATE memories SET context_text = $1, meta = $2, keyword_tokens = $3, "
-                    f"keywords = {keywords_sql('$4', '$5', '$6')} WHERE id = $7",
-                    esc(joined),
-                    meta_text,
-                    keyword_tokens(index_text, joined),
-                    self.text_config,
-                    fts_document(index_text),
-                    fts_document(joined),
-                    memory_id,
-                )
-                changed.append(int(memory_id))
-        return changed
+
+    async def _write_context(self, conn: Any, writes: Sequence[ContextWrite]) -> list[int]:
+        """Context lines into the episodes they name, inside the caller's transaction; the ids of
+        the episodes changed. One statement reads and locks every row the lines name, in id order
+        (FOR UPDATE): two workers adding lines to one row take turns and neither line is lost, and
+        two batches that share rows lock them in the same order, so neither waits on the other."""
+        targets = sorted({(w.tenant, w.chat_id, message_id) for w in writes for message_id in w.message_ids})
+        if not targets:
+            return []
+        tenants, chats, message_ids = (list(column) for column in zip(*targets, strict=True))
+        rows = await conn.fetch(
+            "SELECT m.id, m.embed_text, m.text, m.context_text, m.meta, s.tenant, s.chat_id, s.message_id "
+            "FROM memories m JOIN memory_sources s ON s.memory_id = m.id WHERE s.is_episode AND "
+            "(s.tenant, s.chat_id, s.message_id) IN "
+            "(SELECT * FROM unnest($1::text[], $2::text[], $3::text[])) ORDER BY m.id FOR UPDATE OF m",
+            tenants,
+            chats,
+            message_ids,
+        )
+        bodies = {int(r[0]): unesc(r[1]) or unesc(r[2]) or "" for r in rows}  # MemoryRecord.index_text
+        changed = with_context_writes(
+            [EpisodeContext(int(r[0]), r[5], r[6], r[7], unesc(r[3]), json.loads(r[4])) for r in rows], writes
+        )
+        for row in changed:
+            context = row.context or ""
+            await conn.execute(
+                "UPDATE memories SET context_text = $1, meta = $2, keyword_tokens = $3, "
+                f"keywords = {keywords_sql('$4', '$5', '$6')} WHERE id = $7",
+                esc(context),
+                json.dumps(row.meta, ensure_ascii=False, sort_keys=True),
+                keyword_tokens(bodies[row.memory_id], context),
+                self.text_config,
+                fts_document(bodies[row.memory_id]),
+                fts_document(context),
+                row.memory_id,
+            )
+        return [row.memory_id for row in changed]
 
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
         return sorted(int(r[0]) for r in await self._sources("memory_id", "", tenant, chat_id, message_ids))

@@ -9,7 +9,7 @@ import itertools
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,15 +36,18 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 
 from narrmem import jsonio
 from narrmem.errors import StoreError
-from narrmem.models import ForgetJob, ImportanceChange, MemoryRecord, Scope
+from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
     SOURCES_IN_SCOPE,
+    ContextWrite,
+    EpisodeContext,
     ForgetJournal,
     HistoryRow,
     StateEntry,
+    context_writes,
     meta_filter,
     plain_value,
-    with_context_line,
+    with_context_writes,
 )
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
 
@@ -459,9 +462,33 @@ class SQLiteStore(ForgetJournal):
         *,
         state: Sequence[StateEntry] = (),
     ) -> list[int]:
+        return await self._add_while_embedding(records, vectors, state, None)
+
+    async def add_with_context(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: np.ndarray | Awaitable[np.ndarray],
+        context: Mapping[int, Sequence[ContextLine]],
+        *,
+        state: Sequence[StateEntry] = (),
+    ) -> list[int]:
+        if isinstance(vectors, np.ndarray):
+            if len(records) != len(vectors):
+                raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
+            async with self._vectors_lock:
+                return await self._add(records, vectors, state, context)
+        return await self._add_while_embedding(records, vectors, state, context)
+
+    async def _add_while_embedding(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: Awaitable[np.ndarray],
+        state: Sequence[StateEntry],
+        context: Mapping[int, Sequence[ContextLine]] | None,
+    ) -> list[int]:
         try:
             async with self._vectors_lock:
-                return await self._add(records, vectors, state)
+                return await self._add(records, vectors, state, context)
         except BaseException:
             if inspect.iscoroutine(vectors):
                 vectors.close()  # a write that failed before it awaited them: nothing waits now
@@ -472,6 +499,7 @@ class SQLiteStore(ForgetJournal):
         records: Sequence[MemoryRecord],
         vectors: np.ndarray | Awaitable[np.ndarray],
         state: Sequence[StateEntry] = (),
+        context: Mapping[int, Sequence[ContextLine]] | None = None,
     ) -> list[int]:
         """Insert the rows; vectors still being computed are awaited once the rows are in, and
         set before the commit."""
@@ -498,6 +526,10 @@ class SQLiteStore(ForgetJournal):
                 docs.append(doc)
                 if record.kind == "episode":
                     taken |= sources
+            if context and written:
+                # The lines go in while the model may still run: they cost the message no wait.
+                writes = context_writes(records, context, [n for n, _, _ in written])
+                docs += await self._write_context(db, writes)
             # The tantivy index gets the rows as written, with the change count this transaction
             # reaches: read now (while the model may still run), not after the commit.
             changes = await self._keyword_changes() if written and self._mirrored() else None
@@ -518,9 +550,9 @@ class SQLiteStore(ForgetJournal):
                 [_owner(record) for _, record, _ in written],
             )
             if changes is not None:
-                self._mirror_written(docs, changes)
+                self._mirror_written(list({doc.id: doc for doc in docs}.values()), changes)
             else:
-                await self._mirror_keywords(added=[new_id for _, _, new_id in written])
+                await self._mirror_keywords(added=list(dict.fromkeys(doc.id for doc in docs)))
             self._keywords_when_large([_owner(record) for _, record, _ in written])
         return [new_id for _, _, new_id in written]
 
@@ -678,42 +710,63 @@ class SQLiteStore(ForgetJournal):
     async def _add_context(
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, source: tuple[str, str]
     ) -> list[int]:
-        db = self.db
-        docs: list[KeywordDoc] = []
         changes: int | None = None
-        async with self.transaction():
-            # Read inside the write transaction: no other write comes between the read and the
-            # rewrite of a row's context and meta.
-            rows: list[Any] = []
-            for part in _chunks(list(message_ids)):
-                rows += await db.execute_fetchall(
-                    "SELECT m.id, m.kind, m.tenant, m.user_id, m.chat_id, m.embed_text, m.text, "
-                    "m.context_text, m.meta FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
-                    "WHERE s.is_episode = 1 AND s.tenant = ? AND s.chat_id = ? "
-                    f"AND s.message_id IN ({_marks(part)})",
-                    (tenant, chat_id, *part),
-                )
-            updates: list[tuple[str, str, int]] = []
-            mirrored = self._mirrored()
-            for memory_id, kind, row_tenant, user_id, row_chat, embed_text, body, context, meta_text in rows:
-                change = with_context_line(context, json.loads(meta_text), text, source)
-                if change is None:
-                    continue
-                updates.append((*change, int(memory_id)))
-                owner = (user_token(row_tenant, user_id), chat_token(row_tenant, row_chat))
-                # The body is what tantivy needs besides the context (MemoryRecord.index_text's words).
-                words = fts_document(embed_text or body) if mirrored else ""
-                docs.append(KeywordDoc(int(memory_id), kind, owner, words, fts_document(change[0])))
-            if updates:
-                await db.executemany("UPDATE memories SET context_text = ?, meta = ? WHERE id = ?", updates)
-                await db.executemany(
-                    "UPDATE memories_fts SET context = ? WHERE rowid = ?", [(d.context, d.id) for d in docs]
-                )
-                # The tantivy index gets the rows as written, with the count this transaction reaches.
-                changes = await self._keyword_changes() if mirrored else None
+        async with self.transaction() as db:
+            docs = await self._write_context(
+                db, [ContextWrite(tenant, chat_id, tuple(message_ids), text, source)]
+            )
+            # The tantivy index gets the rows as written, with the count this transaction reaches.
+            changes = await self._keyword_changes() if docs and self._mirrored() else None
         if changes is not None:
             self._mirror_written(docs, changes)
         return [doc.id for doc in docs]
+
+    async def _write_context(
+        self, db: aiosqlite.Connection, writes: Sequence[ContextWrite]
+    ) -> list[KeywordDoc]:
+        """Context lines into the episodes they name, inside the caller's write transaction (read
+        there too: no other write comes between the read and the rewrite of a row's context and
+        meta); the keyword rows of the episodes changed."""
+        targets: dict[tuple[str, str], set[str]] = {}
+        for write in writes:
+            targets.setdefault((write.tenant, write.chat_id), set()).update(write.message_ids)
+        rows: list[EpisodeContext] = []
+        about: dict[int, tuple[str, str, str]] = {}  # kind, user, what the body's words are made of
+        for (tenant, chat_id), message_ids in targets.items():
+            for part in _chunks(sorted(message_ids)):
+                for found in await db.execute_fetchall(
+                    "SELECT m.id, m.kind, m.user_id, m.embed_text, m.text, m.context_text, m.meta, "
+                    "s.message_id FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
+                    "WHERE s.is_episode = 1 AND s.tenant = ? AND s.chat_id = ? "
+                    f"AND s.message_id IN ({_marks(part)})",
+                    (tenant, chat_id, *part),
+                ):
+                    memory_id = int(found[0])
+                    meta = json.loads(found[6])
+                    rows.append(EpisodeContext(memory_id, tenant, chat_id, found[7], found[5], meta))
+                    about[memory_id] = (found[1], found[2], found[3] or found[4])
+        changed = with_context_writes(rows, writes)
+        if not changed:
+            return []
+        mirrored = self._mirrored()
+        docs = []
+        for row in changed:
+            kind, user_id, body = about[row.memory_id]
+            owner = (user_token(row.tenant, user_id), chat_token(row.tenant, row.chat_id))
+            # The body is what tantivy needs besides the context (MemoryRecord.index_text's words).
+            words = fts_document(body) if mirrored else ""
+            docs.append(KeywordDoc(row.memory_id, kind, owner, words, fts_document(row.context or "")))
+        await db.executemany(
+            "UPDATE memories SET context_text = ?, meta = ? WHERE id = ?",
+            [
+                (row.context, json.dumps(row.meta, ensure_ascii=False, sort_keys=True), row.memory_id)
+                for row in changed
+            ],
+        )
+        await db.executemany(
+            "UPDATE memories_fts SET context = ? WHERE rowid = ?", [(d.context, d.id) for d in docs]
+        )
+        return docs
 
     async def from_messages(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> list[int]:
         rows = await self._sources("memory_id", "", tenant, chat_id, message_ids)
