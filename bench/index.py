@@ -15,7 +15,10 @@ product's ``VectorIndex`` (the thread hop included), with the configured ``[stor
    exact search's top 10 returned) and by score (the share of returned hits scoring at least exact
    search's 10th: the bulk vectors are noisy copies of ``--pool`` messages, so hundreds of rows tie
    for the last places at 1M, and the id figure then mostly measures which copy won the tie);
-3. tombstones: ``--delete`` of the rows removed (below the rebuild ratio, so the graph keeps them as
+3. mapped: the index saved and opened again in a copy of its folder, as a restarted process finds
+   it (the graph mapped from its file), with ``--outside`` rows written since: searched exactly
+   beside the mapped graph (latency, and recall@10 against exact search over all the rows);
+4. tombstones: ``--delete`` of the rows removed (below the rebuild ratio, so the graph keeps them as
    tombstones), then searched again (recall against exact search over the live rows).
 
 Usage:  python bench/index.py --out bench/results/index.json            (default sizes 100000 1000000)
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import shutil
 import sys
 import tempfile
 import time
@@ -46,7 +50,13 @@ from _common import (
     publish,
     render_table,
 )
-from narrmem_plugins.storage_sqlite.vector_index import IndexOptions, Owner, VectorIndex
+from narrmem_plugins.storage_sqlite.vector_index import (
+    OUTSIDE_GRAPH_LIMIT,
+    Consistency,
+    IndexOptions,
+    Owner,
+    VectorIndex,
+)
 
 from narrmem import load_settings
 
@@ -157,6 +167,8 @@ async def measure_size(
             }
         )
     index.options = options
+    if args.outside:
+        out["hnsw_mapped_outside"] = await mapped_with_rows_outside(args, index, vectors, queries, folder)
 
     deleted = np.random.default_rng(args.seed).choice(n, int(n * args.delete), replace=False) + 1
     await index.remove(deleted.astype(np.int64), [USER])
@@ -176,6 +188,41 @@ async def measure_size(
     await index.close()
     out["peak_rss_mib"] = peak_rss_mib()
     return out
+
+
+async def mapped_with_rows_outside(
+    args: argparse.Namespace, index: VectorIndex, vectors: np.ndarray, queries: np.ndarray, folder: Path
+) -> dict[str, Any]:
+    """The shard as a restarted process finds it: its graph mapped from the saved files, and
+    ``--outside`` rows written since (FAISS cannot add to a mapped graph: they are searched exactly
+    beside it until ``OUTSIDE_GRAPH_LIMIT`` of them have the graph copied into memory)."""
+    n = len(vectors)
+    await index.save()
+    copy = folder / f"mapped-{n}"
+    shutil.copytree(index.path, copy)
+    mapped = VectorIndex(copy, vectors.shape[1], index.options)
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    assert await mapped.load(Consistency.known(ids, {})), mapped.rebuilt_reason
+    rng = np.random.default_rng(args.seed + 1)
+    extra = vectors[rng.integers(0, n, args.outside)]
+    extra = extra + rng.normal(0.0, args.noise, extra.shape)
+    extra = (extra / np.linalg.norm(extra, axis=1, keepdims=True)).astype(np.float32)
+    extra_ids = np.arange(n + 1, n + args.outside + 1, dtype=np.int64)
+    await mapped.add(extra_ids, extra, [Owner(USER[0], USER[1], "dm")] * args.outside)
+    described = mapped.describe()
+    assert described["rows_outside_graphs"] == args.outside and not described["hnsw_builds_running"]
+    found, summary = await timed_searches(mapped, queries, args.k)
+    every = np.vstack([vectors, extra])
+    scores = queries @ every.T
+    truth = [[(int(i) + 1, float(row[i])) for i in np.argsort(-row)[: args.k]] for row in scores]
+    await mapped.close()
+    shutil.rmtree(copy)
+    return {
+        **summary,
+        "rows_outside": args.outside,
+        "recall_at_k": recall_at(found, truth, args.k),
+        "score_recall_at_k": score_recall_at(found, truth, args.k),
+    }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,6 +259,9 @@ def print_report(report: dict[str, Any]) -> None:
         h, t = r["hnsw"], r["hnsw_tombstones"]
         runs = [("hnsw", h["ef_search"], h)]
         runs += [("  hnsw ef sweep", s["ef_search"], s) for s in r["ef_sweep"]]
+        if "hnsw_mapped_outside" in r:
+            o = r["hnsw_mapped_outside"]
+            runs.append((f"hnsw mapped, {o['rows_outside']:,} rows outside", h["ef_search"], o))
         runs.append((f"hnsw, {t['deleted']:,} tombstones", h["ef_search"], t))
         runs.append(("hnsw, statement queries", h["ef_search"], r["hnsw_statements"]))
         for label, ef, m in runs:
@@ -244,6 +294,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ef", type=int, nargs="*", default=[32, 64, 128, 256], help="ef_search values to sweep"
     )
     parser.add_argument("--delete", type=float, default=0.1, help="share of rows deleted (tombstoned)")
+    parser.add_argument(
+        "--outside",
+        type=int,
+        default=OUTSIDE_GRAPH_LIMIT - 1,
+        help="rows written after the graph's file, searched beside it once it is mapped (0: skip)",
+    )
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--config", help="a narrmem TOML config file (default: defaults + NARRMEM_ env)")
