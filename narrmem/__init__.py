@@ -15,6 +15,7 @@ from narrmem.host import hookimpl
 from narrmem.memory import Memory
 from narrmem.models import (
     Candidate,
+    ContextLine,
     ContextPack,
     Hit,
     IngestResult,
@@ -33,6 +34,7 @@ __all__ = [
     "Candidate",
     "Clock",
     "ConfigError",
+    "ContextLine",
     "ContextPack",
     "Hit",
     "IngestResult",
