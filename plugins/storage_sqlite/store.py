@@ -450,10 +450,7 @@ class SQLiteStore(ForgetJournal):
     async def add(
         self, records: Sequence[MemoryRecord], vectors: np.ndarray, *, state: Sequence[StateEntry] = ()
     ) -> list[int]:
-        if len(records) != len(vectors):
-            raise StoreError(f"{len(records)} records but {len(vectors)} vectors")
-        async with self._vectors_lock:
-            return await self._add(records, vectors, state)
+        return await self.add_with_context(records, vectors, {}, state=state)
 
     async def add_while_embedding(
         self,
