@@ -278,6 +278,20 @@ class WritesWhileEmbedding(Protocol):
     ) -> list[int]: ...
 
 
+MessageKey = tuple[str, str, str]  # (tenant, chat_id, message_id): a message's identity
+
+
+@runtime_checkable
+class FindsStoredMessages(Protocol):
+    """A store that finds which of many chats' messages have an episode in one query (both built-in
+    stores): what :meth:`Store.stored_message_ids` answers for one chat at a time, for a batch of
+    an import whose messages come from hundreds of chats."""
+
+    async def stored_messages(self, keys: Sequence[MessageKey]) -> set[MessageKey]:
+        """The ``(tenant, chat_id, message_id)`` keys among ``keys`` whose message has an episode."""
+        ...
+
+
 @runtime_checkable
 class AddsContext(Protocol):
     """A store that can add a later turn's words to the keyword context of stored episodes (both

@@ -72,11 +72,6 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
 
     async def _fire(self, memory: MemoryView, message: Message, count: PatternCount) -> list[str]:
         now = message.ts
-        key = state_key(message.tenant, message.user_id, count.kind, count.label)
-        stored = state = await memory.store.state_get(NAME, key)
-        if state is None:  # written before labels were hashed in keys
-            legacy = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
-            state = await memory.store.state_get(NAME, legacy) or {}
         fired: list[str] = []
         times = sorted(count.times)
         if (
@@ -85,6 +80,13 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
             and times[-1] - times[-2] >= timedelta(days=self.options.quiet_days)
         ):
             fired.append("topic_return")
+        if not fired and count.count < self.threshold(count.kind):
+            return []  # nothing can fire whatever the state says: it is not read (a count per message)
+        key = state_key(message.tenant, message.user_id, count.kind, count.label)
+        stored = state = await memory.store.state_get(NAME, key)
+        if state is None:  # written before labels were hashed in keys
+            legacy = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
+            state = await memory.store.state_get(NAME, legacy) or {}
         last_at = datetime.fromisoformat(state["fired_at"]) if "fired_at" in state else None
         cooling = last_at is not None and now - last_at < timedelta(days=self.options.cooldown_days)
         due = count.count >= self.threshold(count.kind) and count.count >= 2 * int(state.get("count", 0))

@@ -367,13 +367,13 @@ async def test_a_few_messages_reach_the_model_before_the_duplicate_check(
     embedder.embed = logged_embed  # type: ignore[method-assign]
     settings: dict[str, Any] = {"embedder": {"backend": "slow"}}
     async with open_memory(tmp_path / "m", plugins=[Plugins(embedder)], **settings) as mem:
-        check = mem.store.stored_message_ids
+        check = mem.store.stored_messages  # type: ignore[attr-defined]
 
         async def logged_check(*args: Any) -> Any:
             events.append("check")
             return await check(*args)
 
-        mem.store.stored_message_ids = logged_check  # type: ignore[method-assign]
+        mem.store.stored_messages = logged_check  # type: ignore[attr-defined]
         batch = messages(n)
         assert all(r.stored for r in await mem.ingest_many(batch))
         assert (events[0] == "embed") is embedded_first

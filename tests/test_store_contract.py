@@ -18,7 +18,7 @@ from narrmem_plugins.storage_sqlite.store import SQLiteStore
 
 from narrmem.errors import InputError, StoreError
 from narrmem.models import MAX_CONTEXT_CHARS, ContextLine, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import AddsContext, RecordsModel, SQLCapable, WritesContext
+from narrmem.store import AddsContext, FindsStoredMessages, RecordsModel, SQLCapable, WritesContext
 
 DIM = 8
 MODEL = "contract-test-model"
@@ -280,6 +280,47 @@ async def test_stored_message_ids_and_from_messages(store: Any) -> None:
     assert await store.stored_message_ids("t2", "c1", ["m1"]) == set()
     assert await store.from_messages("default", "c1", ["m1"]) == sorted(ids)
     assert await store.from_messages("default", "c9", ["m1"]) == []
+
+
+async def test_stored_messages_answers_many_chats_and_tenants_at_once(store: Any) -> None:
+    await add(
+        store,
+        record("said in c1", mid="m1"),
+        record("scene of it", kind="scene", mid="m2"),  # not an episode: m2 has none
+        record("said in c2", chat="c2", mid="m1"),
+        record("another tenant", tenant="t2", mid="m3"),
+    )
+    assert isinstance(store, FindsStoredMessages)
+    asked = [
+        ("default", "c1", "m1"),
+        ("default", "c1", "m2"),
+        ("default", "c2", "m1"),
+        ("default", "c2", "m3"),
+        ("t2", "c1", "m3"),
+        ("t2", "c1", "m1"),
+        ("default", "c1", "m1"),  # asked twice, found once
+    ]
+    assert await store.stored_messages(asked) == {
+        ("default", "c1", "m1"),
+        ("default", "c2", "m1"),
+        ("t2", "c1", "m3"),
+    }
+    assert await store.stored_messages([]) == set()
+    # More keys than one query binds: every one of them is looked up.
+    many = [("default", f"c{n % 7}", f"x{n}") for n in range(1_200)]
+    await add(store, *(record(f"m {n}", chat=chat, mid=mid) for n, (_, chat, mid) in enumerate(many[::100])))
+    assert await store.stored_messages(many) == set(many[::100])
+
+
+async def test_a_new_memory_never_gets_the_id_of_a_deleted_one(store: Any) -> None:
+    first, second = await add(store, record("one", mid="m1"), record("two", mid="m2"))
+    assert await store.delete([second], Scope(user_id="u1")) == 1
+    [third, fourth] = await add(store, record("three", mid="m3"), record("four", mid="m4"))
+    assert first < second < third < fourth
+    assert await store.delete([first, third, fourth], Scope(user_id="u1")) == 3
+    [fifth] = await add(store, record("five", mid="m5"))
+    assert fifth > fourth
+    assert [hit for hit, _ in await store.search_vectors(Scope(user_id="u1"), unit(0), 5)] == [fifth]
 
 
 async def test_add_skips_an_episode_already_stored_and_what_was_made_from_it(store: Any) -> None:

@@ -35,6 +35,7 @@ from narrmem.store import (
     EpisodeContext,
     ForgetJournal,
     HistoryRow,
+    MessageKey,
     StateEntry,
     context_writes,
     meta_filter,
@@ -398,6 +399,9 @@ class PostgresStore(ForgetJournal):
     async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
         rows = await self._sources("message_id", "is_episode AND", tenant, chat_id, message_ids)
         return {r[0] for r in rows}
+
+    async def stored_messages(self, keys: Sequence[MessageKey]) -> set[MessageKey]:
+        return await _stored_messages(self.pool, keys)
 
     async def _sources(
         self, column: str, condition: str, tenant: str, chat_id: str, message_ids: Sequence[str]
@@ -986,9 +990,16 @@ class _Raced(Exception):
     """Another worker stored an episode of one of the messages between the read and the write."""
 
 
-async def _episode_sources(conn: Any, records: Sequence[MemoryRecord]) -> set[tuple[str, str, str]]:
+async def _episode_sources(conn: Any, records: Sequence[MemoryRecord]) -> set[MessageKey]:
     """Which of the episodes' (tenant, chat, message) sources already have an episode."""
-    wanted = {(r.tenant, r.chat_id, mid) for r in records if r.kind == "episode" for mid in r.message_ids}
+    return await _stored_messages(
+        conn, [(r.tenant, r.chat_id, mid) for r in records if r.kind == "episode" for mid in r.message_ids]
+    )
+
+
+async def _stored_messages(conn: Any, keys: Sequence[MessageKey]) -> set[MessageKey]:
+    """The keys among ``keys`` whose message has an episode, in one query."""
+    wanted = set(keys)
     if not wanted:
         return set()
     tenants, chats, mids = (list(column) for column in zip(*wanted, strict=True))

@@ -43,6 +43,7 @@ from narrmem.store import (
     EpisodeContext,
     ForgetJournal,
     HistoryRow,
+    MessageKey,
     StateEntry,
     context_writes,
     meta_filter,
@@ -510,6 +511,7 @@ class SQLiteStore(ForgetJournal):
             # between: an episode of a message that has one, and what was made from it, are skipped.
             taken = await self._episode_sources(records)
             skipped: set[tuple[str, str, str]] = set()
+            kept: list[int] = []
             for n, record in enumerate(records):
                 sources = {(record.tenant, record.chat_id, mid) for mid in record.message_ids}
                 if record.kind == "episode" and sources & taken:
@@ -517,12 +519,13 @@ class SQLiteStore(ForgetJournal):
                     continue
                 if record.kind != "episode" and sources & skipped:
                     continue
-                vector = None if ready is None else ready[n]
-                doc = await self._insert(record, vector, keep_id=False)
-                written.append((n, record, doc.id))
-                docs.append(doc)
+                kept.append(n)
                 if record.kind == "episode":
                     taken |= sources
+            if kept:
+                rows = [(records[n], None if ready is None else ready[n], None) for n in kept]
+                docs = await self._insert_many(db, rows)
+                written = [(n, records[n], doc.id) for n, doc in zip(kept, docs, strict=True)]
             if context and written:
                 # The lines go in while the model may still run: they cost the message no wait.
                 writes = context_writes(records, context, [n for n, _, _ in written])
@@ -553,65 +556,96 @@ class SQLiteStore(ForgetJournal):
             self._keywords_when_large([_owner(record) for _, record, _ in written])
         return [new_id for _, _, new_id in written]
 
-    async def _episode_sources(self, records: Sequence[MemoryRecord]) -> set[tuple[str, str, str]]:
+    async def _episode_sources(self, records: Sequence[MemoryRecord]) -> set[MessageKey]:
         """Which of the episodes' (tenant, chat, message) sources already have an episode."""
-        by_chat: dict[tuple[str, str], list[str]] = {}
-        for record in records:
-            if record.kind == "episode":
-                by_chat.setdefault((record.tenant, record.chat_id), []).extend(record.message_ids)
-        return {
-            (tenant, chat_id, mid)
-            for (tenant, chat_id), mids in by_chat.items()
-            for mid in await self.stored_message_ids(tenant, chat_id, mids)
-        }
+        return await self.stored_messages(
+            [(r.tenant, r.chat_id, mid) for r in records if r.kind == "episode" for mid in r.message_ids]
+        )
+
+    async def stored_messages(self, keys: Sequence[MessageKey]) -> set[MessageKey]:
+        wanted = sorted(set(keys))
+        found: set[MessageKey] = set()
+        for begin in range(0, len(wanted), CHUNK // 3):
+            part = wanted[begin : begin + CHUNK // 3]
+            rows = await self._fetchall(
+                f"SELECT s.tenant, s.chat_id, s.message_id FROM (VALUES {_row_marks(len(part))}) AS wanted "
+                "JOIN memory_sources s ON s.is_episode = 1 AND s.tenant = wanted.column1 "
+                "AND s.chat_id = wanted.column2 AND s.message_id = wanted.column3",
+                [value for key in part for value in key],
+            )
+            found.update((r[0], r[1], r[2]) for r in rows)
+        return found
 
     async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> KeywordDoc:
         """One row with its provenance and keyword entry (returned: it carries the new id); the
         caller holds the transaction."""
-        db = self.db
-        blob = None if vector is None else _blob(vector)
-        values = (
-            record.kind,
-            record.tenant,
-            record.user_id,
-            record.chat_id,
-            record.speaker,
-            record.text,
-            record.embed_text,
-            record.importance,
-            record.created_at.isoformat(),
-            record.created_at.timestamp(),
-            record.stored_at.isoformat() if record.stored_at else None,
-            json.dumps(record.message_ids, ensure_ascii=False),
-            json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
-            blob,
-            record.context_text,
-            record.reinforced_at.isoformat() if record.reinforced_at else None,
-        )
-        sql = (
-            "INSERT INTO memories (kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, "
-            "created_at, created_ts, stored_at, message_ids, meta, vector, context_text, reinforced_at"
-            "{extra}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{marks})"
-        )
-        if keep_id:
-            cur = await db.execute(sql.format(extra=", id", marks=", ?"), (*values, record.id))
-        else:
-            cur = await db.execute(sql.format(extra="", marks=""), values)
-        new_id = int(cur.lastrowid or 0)
-        is_episode = 1 if record.kind == "episode" else 0
-        # An episode's source row is unique per chat, so a second copy of a message fails loudly.
-        await db.executemany(
-            f"INSERT {'' if is_episode else 'OR IGNORE '}INTO memory_sources "
-            "(memory_id, tenant, chat_id, message_id, is_episode) VALUES (?, ?, ?, ?, ?)",
-            [(new_id, record.tenant, record.chat_id, mid, is_episode) for mid in record.message_ids],
-        )
-        doc = _keyword_doc(record, new_id)
-        await db.execute(
-            "INSERT INTO memories_fts (rowid, body, context, owner) VALUES (?, ?, ?, ?)",
-            (new_id, doc.body, doc.context, " ".join(doc.owner)),
-        )
+        [doc] = await self._insert_many(self.db, [(record, vector, record.id if keep_id else None)])
         return doc
+
+    async def _insert_many(
+        self, db: aiosqlite.Connection, rows: Sequence[tuple[MemoryRecord, np.ndarray | None, int | None]]
+    ) -> list[KeywordDoc]:
+        """Rows with their provenance and keyword entries, one statement per table (each statement
+        is a trip to the database's thread, a batch's rows are one); returned: their keyword
+        entries, which carry the ids. A row keeps its id (``int``) or gets the next free one
+        (``None``), in order, after every id the table ever gave (its AUTOINCREMENT counter) and
+        every id in the batch: an id is never reused. The caller holds the write transaction."""
+        insert = (
+            "INSERT INTO memories (kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, "
+            "created_at, created_ts, stored_at, message_ids, meta, vector, context_text, reinforced_at, id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        if len(rows) == 1:  # a bot's message: SQLite gives the id (a NULL id is the next one)
+            [(record, vector, memory_id)] = rows
+            cursor = await db.execute(insert, (*_row_values(record, vector), memory_id))
+            ids = [int(cursor.lastrowid or 0)]
+        else:
+            given = [memory_id for _, _, memory_id in rows if memory_id is not None]
+            fresh = 0
+            if len(given) < len(rows):
+                fresh = max([await self._next_id(db), *(memory_id + 1 for memory_id in given)])
+            ids = []
+            for _, _, memory_id in rows:
+                if memory_id is None:
+                    memory_id, fresh = fresh, fresh + 1
+                ids.append(memory_id)
+            await db.executemany(
+                insert,
+                [
+                    (*_row_values(record, vector), memory_id)
+                    for (record, vector, _), memory_id in zip(rows, ids, strict=True)
+                ],
+            )
+        placed = list(zip((record for record, _, _ in rows), ids, strict=True))
+        # An episode's source row is unique per chat, so a second copy of a message fails loudly.
+        for episodes, verb in ((True, "INSERT"), (False, "INSERT OR IGNORE")):
+            sources = [
+                (memory_id, record.tenant, record.chat_id, mid, 1 if episodes else 0)
+                for record, memory_id in placed
+                if (record.kind == "episode") == episodes
+                for mid in record.message_ids
+            ]
+            if sources:
+                await db.executemany(
+                    f"{verb} INTO memory_sources (memory_id, tenant, chat_id, message_id, is_episode) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    sources,
+                )
+        docs = [_keyword_doc(record, memory_id) for record, memory_id in placed]
+        await db.executemany(
+            "INSERT INTO memories_fts (rowid, body, context, owner) VALUES (?, ?, ?, ?)",
+            [(doc.id, doc.body, doc.context, " ".join(doc.owner)) for doc in docs],
+        )
+        return docs
+
+    async def _next_id(self, db: aiosqlite.Connection) -> int:
+        """The id AUTOINCREMENT would give next: after every id the table ever gave (its counter,
+        which an explicit id above it moves on too) and every id in it."""
+        rows = await db.execute_fetchall(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'memories'), 0), "
+            "coalesce((SELECT max(id) FROM memories), 0)) + 1"
+        )
+        return int(next(iter(rows))[0])
 
     async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
         rows = await self._sources("message_id", "is_episode = 1 AND", tenant, chat_id, message_ids)
@@ -724,24 +758,23 @@ class SQLiteStore(ForgetJournal):
         """Context lines into the episodes they name, inside the caller's write transaction (read
         there too: no other write comes between the read and the rewrite of a row's context and
         meta); the keyword rows of the episodes changed."""
-        targets: dict[tuple[str, str], set[str]] = {}
-        for write in writes:
-            targets.setdefault((write.tenant, write.chat_id), set()).update(write.message_ids)
+        targets = sorted({(w.tenant, w.chat_id, mid) for w in writes for mid in w.message_ids})
         rows: list[EpisodeContext] = []
         about: dict[int, tuple[str, str, str]] = {}  # kind, user, what the body's words are made of
-        for (tenant, chat_id), message_ids in targets.items():
-            for part in _chunks(sorted(message_ids)):
-                for found in await db.execute_fetchall(
-                    "SELECT m.id, m.kind, m.user_id, m.embed_text, m.text, m.context_text, m.meta, "
-                    "s.message_id FROM memory_sources s JOIN memories m ON m.id = s.memory_id "
-                    "WHERE s.is_episode = 1 AND s.tenant = ? AND s.chat_id = ? "
-                    f"AND s.message_id IN ({_marks(part)})",
-                    (tenant, chat_id, *part),
-                ):
-                    memory_id = int(found[0])
-                    meta = json.loads(found[6])
-                    rows.append(EpisodeContext(memory_id, tenant, chat_id, found[7], found[5], meta))
-                    about[memory_id] = (found[1], found[2], found[3] or found[4])
+        for begin in range(0, len(targets), CHUNK // 3):
+            part = targets[begin : begin + CHUNK // 3]
+            for found in await db.execute_fetchall(
+                "SELECT m.id, m.kind, m.user_id, m.embed_text, m.text, m.context_text, m.meta, "
+                f"s.tenant, s.chat_id, s.message_id FROM (VALUES {_row_marks(len(part))}) AS wanted "
+                "JOIN memory_sources s ON s.is_episode = 1 AND s.tenant = wanted.column1 "
+                "AND s.chat_id = wanted.column2 AND s.message_id = wanted.column3 "
+                "JOIN memories m ON m.id = s.memory_id",
+                [value for key in part for value in key],
+            ):
+                memory_id = int(found[0])
+                meta = json.loads(found[6])
+                rows.append(EpisodeContext(memory_id, found[7], found[8], found[9], found[5], meta))
+                about[memory_id] = (found[1], found[2], found[3] or found[4])
         changed = with_context_writes(rows, writes)
         if not changed:
             return []
@@ -1311,6 +1344,29 @@ def fts_query(query: str) -> str:
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in query_terms(query))
 
 
+def _row_values(record: MemoryRecord, vector: np.ndarray | None) -> tuple[Any, ...]:
+    """A record's ``memories`` columns, in the order the inserts name them (the id last, apart)."""
+    blob = None if vector is None else _blob(vector)
+    return (
+        record.kind,
+        record.tenant,
+        record.user_id,
+        record.chat_id,
+        record.speaker,
+        record.text,
+        record.embed_text,
+        record.importance,
+        record.created_at.isoformat(),
+        record.created_at.timestamp(),
+        record.stored_at.isoformat() if record.stored_at else None,
+        json.dumps(record.message_ids, ensure_ascii=False),
+        json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
+        blob,
+        record.context_text,
+        record.reinforced_at.isoformat() if record.reinforced_at else None,
+    )
+
+
 def _keyword_doc(record: MemoryRecord, memory_id: int) -> KeywordDoc:
     """A record's row in the keyword indexes (FTS5's ``memories_fts`` and tantivy's)."""
     return KeywordDoc(
@@ -1389,6 +1445,12 @@ def _chunks(items: list[Any]) -> list[list[Any]]:
 
 def _marks(items: Sequence[Any]) -> str:
     return ", ".join("?" * len(items))
+
+
+def _row_marks(rows: int) -> str:
+    """Placeholders of ``rows`` (tenant, chat, message) rows of a ``VALUES`` list: joined to
+    ``memory_sources`` on its unique episode index, many chats' messages are one query."""
+    return ", ".join(["(?, ?, ?)"] * rows)
 
 
 def _blob(vector: np.ndarray) -> bytes:
