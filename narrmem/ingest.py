@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,8 +51,6 @@ TriggerCallback = Callable[[TriggerEvent], Awaitable[None]]
 FALLBACK_DECISION = TriageDecision(layer="accumulate", reason="no triage plugin answered")
 # Where bot libraries and chat exports put a person's display name in ``meta``.
 DISPLAY_NAME_KEYS = ("display_name", "name", "username", "first_name")
-PREPARED_AHEAD = 2  # batches triaged and handed to the model before the one being written
-FIRST_AND_LAST = 8  # messages in the first and the last batch of a call (see batch_bounds)
 
 
 @dataclass
@@ -135,26 +132,20 @@ class IngestPipeline:
         ``acknowledge = "after_write"``) once it is written."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         batch_size = self.memory.settings.storage.batch_size
-        chunks = [
-            validated[start:end] for start, end in batch_bounds(len(validated), batch_size, FIRST_AND_LAST)
-        ]
+        chunks = [validated[start:end] for start, end in batch_bounds(len(validated), batch_size)]
         deferred = self.settling.deferred
         # A batch's results are filled in by its after-store task, which may still run while the
         # next batch embeds: the lists are read only once every task is done.
         batches: list[list[IngestResult]] = []
         finishing: asyncio.Future[None] | None = None
-        upcoming: deque[asyncio.Future[Prepared]] = deque()
-        scheduled = 0
+        upcoming: asyncio.Future[Prepared] | None = None
         try:
             for n, chunk in enumerate(chunks):
-                # Batches are prepared in order, up to PREPARED_AHEAD beyond this one: a batch's
-                # write and its after-store hooks can take longer than the model's work on the
-                # next batch (the short batches at the end), and the model then waits for texts.
-                while scheduled < min(len(chunks), n + 1 + PREPARED_AHEAD):
-                    after = upcoming[-1] if upcoming else None
-                    upcoming.append(asyncio.ensure_future(self._prepare_after(after, chunks[scheduled])))
-                    scheduled += 1
-                prepared = await upcoming.popleft()
+                prepared = await upcoming if upcoming is not None else await self._prepare(chunk)
+                if n + 1 < len(chunks):
+                    upcoming = asyncio.ensure_future(self._prepare(chunks[n + 1]))
+                else:
+                    upcoming = None
                 if deferred:
                     prefix = self.settling.batch_prefix()
                     written = await self._finish(prepared, None, prefix)
@@ -177,17 +168,6 @@ class IngestPipeline:
             if finishing is not None:
                 await finishing
         return [result for batch in batches for result in batch]
-
-    async def _prepare_after(
-        self, previous: asyncio.Future[Prepared] | None, messages: list[Message]
-    ) -> Prepared:
-        """:meth:`_prepare`, once the batch before it is prepared: triage sees the messages in
-        their order, and the model gets the batches' texts in that order too."""
-        if previous is not None:
-            await asyncio.wait([previous])  # its failure is raised where it is awaited
-            if previous.cancelled() or previous.exception() is not None:
-                raise asyncio.CancelledError
-        return await self._prepare(messages)
 
     async def _prepare(self, messages: list[Message]) -> Prepared:
         """Triage and dedupe a batch, make its episodes, and hand their texts to the model."""
@@ -475,7 +455,7 @@ def attributed(message: Message, text: str | None = None) -> str:
     return f'{speaker} said, "{said}"'
 
 
-def batch_bounds(n: int, size: int, smallest: int = 32) -> list[tuple[int, int]]:
+def batch_bounds(n: int, size: int, smallest: int = 8) -> list[tuple[int, int]]:
     """Where the batches of ``n`` messages start and end: ``size`` each in the middle, but short at
     both ends. The model waits while the first batch is triaged, and the after-store hooks of the
     last batch run with nothing left to embed beside them: so the first batches double from
@@ -515,17 +495,17 @@ async def _vectors(
     return np.vstack(rows)
 
 
-async def _abandon(upcoming: deque[asyncio.Future[Prepared]]) -> None:
-    """A call stopped by an error: the batches prepared ahead and their embeddings are dropped (the
+async def _abandon(upcoming: asyncio.Future[Prepared] | None) -> None:
+    """A call stopped by an error: the next batch's preparation and its embedding are dropped (the
     batch being finished drops its own in :meth:`IngestPipeline._finish`)."""
-    for future in upcoming:
-        if not future.done():
-            future.cancel()
-    for future in upcoming:
-        try:
-            (await future).cancel()
-        except (asyncio.CancelledError, Exception):  # cancelled or failed: nothing of it is kept
-            pass
+    if upcoming is None:
+        return
+    if not upcoming.done():
+        upcoming.cancel()
+    try:
+        (await upcoming).cancel()
+    except (asyncio.CancelledError, Exception):  # cancelled or failed: nothing of it is kept
+        pass
 
 
 async def yield_every(n: int, every: int = 8) -> None:
