@@ -576,12 +576,6 @@ class SQLiteStore(ForgetJournal):
             found.update((r[0], r[1], r[2]) for r in rows)
         return found
 
-    async def _insert(self, record: MemoryRecord, vector: np.ndarray | None, *, keep_id: bool) -> KeywordDoc:
-        """One row with its provenance and keyword entry (returned: it carries the new id); the
-        caller holds the transaction."""
-        [doc] = await self._insert_many(self.db, [(record, vector, record.id if keep_id else None)])
-        return doc
-
     async def _insert_many(
         self, db: aiosqlite.Connection, rows: Sequence[tuple[MemoryRecord, np.ndarray | None, int | None]]
     ) -> list[KeywordDoc]:
@@ -1087,17 +1081,24 @@ class SQLiteStore(ForgetJournal):
     async def _import(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
         added: list[tuple[int, np.ndarray, Owner]] = []
         skipped = 0
-        async with self.transaction():
+        async with self.transaction() as db:
+            # A record that keeps its id may be stored already (an import run twice): the same
+            # record is skipped, another under its id is an error.
+            known = await self.get([r.id for r, _ in items if r.id is not None], None)
+            taken: list[tuple[MemoryRecord, np.ndarray]] = []
             for record, vector in items:
                 if record.id is not None:
-                    existing = await self.get([record.id], None)
-                    if record.id in existing:
-                        if existing[record.id].model_dump() != record.model_dump():
+                    stored = known.get(record.id)
+                    if stored is not None:
+                        if stored.model_dump() != record.model_dump():
                             raise StoreError(f"record {record.id} is already stored with other content")
                         skipped += 1
                         continue
-                new_id = (await self._insert(record, vector, keep_id=record.id is not None)).id
-                added.append((new_id, vector, _owner(record)))
+                    known[record.id] = record  # the same id later in the call is this record
+                taken.append((record, vector))
+            docs = await self._insert_many(db, [(r, v, r.id) for r, v in taken]) if taken else []
+            for (record, vector), doc in zip(taken, docs, strict=True):
+                added.append((doc.id, vector, _owner(record)))
         if added:
             await self.index.add(
                 np.array([a[0] for a in added]), np.vstack([a[1] for a in added]), [a[2] for a in added]
