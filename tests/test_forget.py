@@ -262,6 +262,17 @@ async def test_forget_empties_the_topic_counters_cache_of_message_words(tmp_path
     assert _analysed.cache_info().currsize == 0
 
 
+async def test_forget_empties_the_topic_counters_cache_of_chinese_words(tmp_path: Path) -> None:
+    from narrmem_plugins.triage.topics import content_bigrams
+
+    async with open_memory(tmp_path / "m") as mem:
+        for n in range(3):
+            await mem.ingest(msg(f"z{n}", f"我的酸面包酵母又闻起来像苹果了，第{n}天", user="bob"))
+        assert content_bigrams.cache_info().currsize > 0  # the counter compared bob's words
+        await mem.forget(user_id="bob")
+    assert content_bigrams.cache_info().currsize == 0
+
+
 async def test_forget_empties_the_answer_models_cache_of_texts(tmp_path: Path) -> None:
     from narrmem_plugins.answer_ranking import text_signals
 

@@ -17,7 +17,7 @@ import numpy as np
 from narrmem_plugins.triage.language import has_cjk
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.scene import describe_time, scene_record
-from narrmem_plugins.triage.topics import shares_words, topic_words
+from narrmem_plugins.triage.topics import content_bigrams, shares_words, topic_words
 
 from narrmem.models import (
     MemoryRecord,
@@ -26,7 +26,6 @@ from narrmem.models import (
     SceneDraft,
     Scope,
 )
-from narrmem.text import keyword_terms
 from narrmem.view import MemoryView
 
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
@@ -384,22 +383,11 @@ def _not_after(record: MemoryRecord, reference: MemoryRecord) -> bool:
     return (record.id or 0) <= (reference.id or 0)
 
 
-# Two-character sequences too common in Chinese chat to say what a message is about.
-_COMMON_BIGRAMS = frozenset(
-    "我的 我们 一个 今天 昨天 明天 现在 还是 就是 什么 怎么 这个 那个 "
-    "因为 所以 但是 觉得 真的 有点 已经 一下".split()
-)
-
-
-def _content_bigrams(text: str) -> set[str]:
-    return {t for t in keyword_terms(text) if len(t) == 2 and has_cjk(t) and t not in _COMMON_BIGRAMS}
-
-
 def _same_words_if_chinese(a: str, b: str) -> bool:
     """The embedding model reads English; for Chinese, a shared topic must also share words."""
     if not (has_cjk(a) or has_cjk(b)):
         return True
-    return a == b or len(_content_bigrams(a) & _content_bigrams(b)) >= 2
+    return a == b or len(content_bigrams(a) & content_bigrams(b)) >= 2
 
 
 def topic_label(texts: list[str], names: frozenset[str] = frozenset()) -> str:
@@ -410,7 +398,7 @@ def topic_label(texts: list[str], names: frozenset[str] = frozenset()) -> str:
         return " ".join(words)
     counts: dict[str, int] = {}
     for text in texts:
-        for bigram in _content_bigrams(text):
+        for bigram in content_bigrams(text):
             counts[bigram] = counts.get(bigram, 0) + 1
     shared = sorted(counts, key=lambda b: (-counts[b], b))[:2]
     return "".join(shared) if shared else texts[0][:8]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem.config import share
@@ -41,8 +43,9 @@ class TriageOptions(BaseModel):
         description="embed a message without the small talk around what it says (thanks, greetings)",
     )
 
-    @property
+    @cached_property
     def names(self) -> frozenset[str]:
+        """The bot's names, lowered (read for every topic comparison: made once)."""
         return frozenset(n.strip().lower() for n in self.bot_names if n.strip())
 
     @property

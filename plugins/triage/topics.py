@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from narrmem_plugins.triage.ignore_rules import without_media
+from narrmem_plugins.triage.language import has_cjk
 
 from narrmem.text import STOPWORDS, keyword_terms
 
@@ -57,7 +58,8 @@ def content_stems(text: str, names: Iterable[str] = ()) -> set[str]:
 
 def shares_words(a: str, b: str, names: Iterable[str] = ()) -> bool:
     """Whether two English messages share a content word (noise and names left out)."""
-    return bool(content_stems(a, names) & content_stems(b, names))
+    skip = _lowered(names)
+    return not set(_analysed(a, skip)[1]).isdisjoint(_analysed(b, skip)[1])
 
 
 def topic_words(
@@ -102,12 +104,37 @@ def _analysed(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[
     return words, tuple(stem(word) for word in words)
 
 
+# Two-character sequences too common in Chinese chat to say what a message is about.
+_COMMON_BIGRAMS = frozenset(
+    "我的 我们 一个 今天 昨天 明天 现在 还是 就是 什么 怎么 这个 那个 "
+    "因为 所以 但是 觉得 真的 有点 已经 一下".split()
+)
+
+
+@lru_cache(maxsize=16_384)
+def content_bigrams(text: str) -> frozenset[str]:
+    """The Chinese content bigrams of ``text`` (the common ones left out). Cached, as
+    :func:`_analysed` is: a Chinese message is compared with up to 64 earlier ones."""
+    return frozenset(
+        t for t in keyword_terms(text) if len(t) == 2 and has_cjk(t) and t not in _COMMON_BIGRAMS
+    )
+
+
 def forget_cached_words() -> None:
     """Drop every cached message text: a forgotten message's words must not stay in memory."""
     _analysed.cache_clear()
+    content_bigrams.cache_clear()
 
 
 def _lowered(names: Iterable[str]) -> frozenset[str]:
+    if isinstance(names, frozenset):
+        return _lowered_set(names)
+    return frozenset(n.lower() for n in names)
+
+
+@lru_cache(maxsize=64)
+def _lowered_set(names: frozenset[str]) -> frozenset[str]:
+    """The bot's names, lowered: the same few sets, asked for once per comparison."""
     return frozenset(n.lower() for n in names)
 
 
