@@ -21,6 +21,7 @@ import numpy as np
 from narrmem.models import Candidate, Hit, MemoryRecord, RecallRequest, SceneDraft, Why
 from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.snippets import snippet
+from narrmem.store import ReadsWithVectors
 from narrmem.text import content_terms, keyword_terms
 
 if TYPE_CHECKING:
@@ -42,9 +43,8 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
         await asyncio.sleep(0)
         early = await memory.host.call("narrmem_recall_prefetch", memory=memory, request=request)
         early_ids = sorted({c.memory_id for b in early for c in b})
-        records = await memory.store.get(early_ids, request.scope)
         # The similarity of a memory found by keywords alone needs its stored vector.
-        early_vectors = await memory.store.vectors(early_ids, request.scope) if early_ids else {}
+        records, early_vectors = await _records_and_vectors(memory, early_ids, request)
         query_vector, proposals = await with_vector
     finally:
         if not with_vector.done():
@@ -103,6 +103,18 @@ async def _vector_candidates(
         "narrmem_recall_candidates", memory=memory, request=request, query_vector=query_vector
     )
     return query_vector, proposals
+
+
+async def _records_and_vectors(
+    memory: Memory, ids: Sequence[int], request: RecallRequest
+) -> tuple[dict[int, MemoryRecord], Mapping[int, np.ndarray]]:
+    """The memories ``ids`` and their stored vectors, in one trip on a store that can."""
+    if not ids:
+        return {}, {}
+    store = memory.store
+    if isinstance(store, ReadsWithVectors):
+        return await store.get_with_vectors(ids, request.scope)
+    return await store.get(ids, request.scope), await store.vectors(ids, request.scope)
 
 
 async def _importance_factors(

@@ -293,6 +293,21 @@ class FindsStoredMessages(Protocol):
 
 
 @runtime_checkable
+class ReadsWithVectors(Protocol):
+    """A store that reads memories and their stored vectors in one query (both built-in stores):
+    what :meth:`Store.get` and :meth:`Store.vectors` answer together. Recall reads the memories
+    the keyword source found this way while the query is embedded: one trip to the database
+    instead of two on a path that can be the longer of the two."""
+
+    async def get_with_vectors(
+        self, ids: Sequence[int], scope: Scope
+    ) -> tuple[dict[int, MemoryRecord], dict[int, np.ndarray]]:
+        """The memories among ``ids`` inside ``scope``, and the stored vectors of those that have
+        one (scope enforced in the query, as by ``get``)."""
+        ...
+
+
+@runtime_checkable
 class AddsContext(Protocol):
     """A store that can add a later turn's words to the keyword context of stored episodes (both
     built-in stores): a reply often names what the message before it was about ("congrats on the

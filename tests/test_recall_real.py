@@ -22,6 +22,7 @@ from _helpers import INDEX_NAME, hit_keys, index_file_ids, sql
 
 from narrmem import Hit, Memory
 from narrmem.clock import ManualClock
+from narrmem.store import ReadsWithVectors
 from narrmem.testing import open_memory
 from narrmem.text import estimate_tokens
 
@@ -115,6 +116,35 @@ async def test_reopened_folder_gives_the_same_results(built: Built, reopened: Me
     for question, hits in built.baseline.items():
         assert hit_keys(again[question]) == hit_keys(hits), question
         assert [h.score for h in again[question]] == pytest.approx([h.score for h in hits])
+
+
+class _WithoutGetWithVectors:
+    """The store as a third-party one that implements only the :class:`Store` protocol."""
+
+    def __init__(self, store: Any) -> None:
+        self._inner = store
+        self.asked: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "get_with_vectors":
+            raise AttributeError(name)
+        self.asked.add(name)
+        return getattr(self._inner, name)
+
+
+async def test_a_store_without_get_with_vectors_gives_the_same_results(
+    built: Built, reopened: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A third-party store may implement only the Store protocol: recall reads get and vectors then.
+    assert isinstance(reopened.store, ReadsWithVectors)
+    store = _WithoutGetWithVectors(reopened.store)
+    monkeypatch.setattr(reopened, "_store", store)
+    assert not isinstance(reopened.store, ReadsWithVectors)
+    again = await _ask_all(reopened)
+    assert {"get", "vectors"} <= store.asked
+    for question, hits in built.baseline.items():
+        assert hit_keys(again[question]) == hit_keys(hits), question
+        assert [h.why.dense for h in again[question]] == [h.why.dense for h in hits], question
 
 
 async def test_deleted_index_is_rebuilt_with_the_real_model(built: Built, tmp_path: Path) -> None:

@@ -18,7 +18,14 @@ from narrmem_plugins.storage_sqlite.store import SQLiteStore
 
 from narrmem.errors import InputError, StoreError
 from narrmem.models import MAX_CONTEXT_CHARS, ContextLine, ImportanceChange, MemoryRecord, Scope
-from narrmem.store import AddsContext, FindsStoredMessages, RecordsModel, SQLCapable, WritesContext
+from narrmem.store import (
+    AddsContext,
+    FindsStoredMessages,
+    ReadsWithVectors,
+    RecordsModel,
+    SQLCapable,
+    WritesContext,
+)
 
 DIM = 8
 MODEL = "contract-test-model"
@@ -501,6 +508,33 @@ async def test_vectors_in_scope(store: Any) -> None:
     found = await store.vectors([a, b], Scope(user_id="u1"))
     assert set(found) == {a}
     assert np.allclose(found[a], unit(5))
+
+
+async def test_get_with_vectors_reads_what_get_and_vectors_read_in_scope(store: Any) -> None:
+    assert isinstance(store, ReadsWithVectors)
+    mine = [record(f"mine {i}", mid=f"m{i}", minutes=i) for i in range(3)]
+    other_chat = record("other chat", chat="c2", mid="c2")
+    other_user = record("theirs", user="u2", mid="u2")
+    other_tenant = record("elsewhere", tenant="t2", mid="t2")
+    ids = await add(store, *mine, other_chat, other_user, other_tenant, seeds=[1, 2, 3, 4, 5, 6])
+    # More ids than one statement's chunk, most of them not stored.
+    asked = [*ids, *range(max(ids) + 1, max(ids) + 700)]
+    for scope in (Scope(user_id="u1"), Scope(chat_id="c1"), Scope(tenant="t2", user_id="u1")):
+        records, vectors = await store.get_with_vectors(asked, scope)
+        expected = await store.get(asked, scope)
+        assert {k: r.model_dump() for k, r in records.items()} == {
+            k: r.model_dump() for k, r in expected.items()
+        }
+        expected_vectors = await store.vectors(asked, scope)
+        assert set(vectors) == set(expected_vectors) == set(records)
+        for memory_id, vector in vectors.items():
+            assert np.array_equal(vector, expected_vectors[memory_id])
+    records, _ = await store.get_with_vectors(ids, Scope(user_id="u1"))
+    assert set(records) == {*(r.id for r in mine), other_chat.id}
+    assert np.allclose(
+        (await store.get_with_vectors([mine[1].id], Scope(user_id="u1")))[1][mine[1].id], unit(2)
+    )
+    assert await store.get_with_vectors([other_user.id, other_tenant.id], Scope(user_id="u1")) == ({}, {})
 
 
 async def test_exclusive_lets_one_holder_in(store: Any) -> None:

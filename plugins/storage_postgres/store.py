@@ -849,6 +849,19 @@ class PostgresStore(ForgetJournal):
         )
         return {int(r[0]): _record(r) for r in rows}
 
+    async def get_with_vectors(
+        self, ids: Sequence[int], scope: Scope
+    ) -> tuple[dict[int, MemoryRecord], dict[int, np.ndarray]]:
+        where, params = _scope_clause(scope, start=2)
+        rows = await self.pool.fetch(
+            f"SELECT {COLUMNS}, vector FROM memories WHERE id = ANY($1::bigint[]) AND {where}",
+            [int(i) for i in ids],
+            *params,
+        )
+        records = {int(r[0]): _record(r) for r in rows}
+        vectors = {int(r[0]): self._vector(r[-1]) for r in rows if r[-1] is not None}
+        return records, vectors
+
     async def vectors(self, ids: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
         where, params = _scope_clause(scope, start=2)
         rows = await self.pool.fetch(

@@ -1208,6 +1208,23 @@ class SQLiteStore(ForgetJournal):
                 out[row[0]] = _record(row)
         return out
 
+    async def get_with_vectors(
+        self, ids: Sequence[int], scope: Scope
+    ) -> tuple[dict[int, MemoryRecord], dict[int, np.ndarray]]:
+        where, params = _scope_clause(scope, by_id=True)
+        records: dict[int, MemoryRecord] = {}
+        vectors: dict[int, np.ndarray] = {}
+        for part in _chunks(list(ids)):
+            rows = await self._fetchall(
+                f"SELECT {COLUMNS}, vector FROM memories WHERE id IN ({_marks(part)}) AND {where}",
+                (*part, *params),
+            )
+            for row in rows:
+                records[row[0]] = _record(row)
+                if row[-1] is not None:
+                    vectors[row[0]] = _vector(row[-1], self.dim)
+        return records, vectors
+
     async def vectors(self, ids: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
         where, params = _scope_clause(scope, by_id=True)
         out: dict[int, np.ndarray] = {}
