@@ -364,9 +364,12 @@ class IngestPipeline:
         return decision
 
     async def _already_stored(self, items: list[Pending]) -> set[MessageKey]:
+        keys = [i.key for i in items if i.decision.layer != "ignore"]
+        if not keys:
+            return set()
         store = self.memory.store
         if isinstance(store, FindsStoredMessages):
-            return await store.stored_messages([i.key for i in items if i.decision.layer != "ignore"])
+            return await store.stored_messages(keys)
         by_chat: dict[tuple[str, str], list[str]] = {}
         for item in items:
             if item.decision.layer != "ignore":

@@ -45,7 +45,10 @@ _SMALL_TALK = re.compile(
     rf"{SMALL_TALK_EN}|{SMALL_TALK_ZH})$"
 )
 _MEDIA = re.compile(MEDIA_PLACEHOLDER, re.IGNORECASE)
-_PHRASES = tuple(tuple(p.split()) for p in ACKNOWLEDGEMENT_PHRASES if " " in p)
+# The acknowledgement phrases of several words, by their first word.
+_PHRASES: dict[str, tuple[tuple[str, ...], ...]] = {}
+for _phrase in sorted(tuple(p.split()) for p in ACKNOWLEDGEMENT_PHRASES if " " in p):
+    _PHRASES[_phrase[0]] = (*_PHRASES.get(_phrase[0], ()), _phrase)
 _CJK_WORDS = sorted(
     (w for w in ACKNOWLEDGEMENTS | ACKNOWLEDGEMENT_PHRASES if all("\u4e00" <= ch <= "\u9fff" for ch in w)),
     key=len,
@@ -165,7 +168,7 @@ def _covered(tokens: list[str]) -> bool:
             continue
         if token in ACKNOWLEDGEMENTS or _LAUGHTER.match(token):
             reach[i + 1] = True
-        for phrase in _PHRASES:
+        for phrase in _PHRASES.get(token, ()):
             if tuple(tokens[i : i + len(phrase)]) == phrase:
                 reach[i + len(phrase)] = True
     return reach[-1]
