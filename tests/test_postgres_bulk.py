@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pytest
@@ -195,3 +196,56 @@ async def test_load_rows_counts_what_it_wrote(store: PostgresStore) -> None:
     assert [h["new"] for h in await store.history(memory_id)] == [0.5]
     with pytest.raises(StoreError):
         await store.load_rows("memories", history)
+
+
+async def test_a_bulk_import_leaves_the_planner_its_row_counts(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pg, "BULK_BUILD_MIN", 3)
+    items = [(rec(f"memory {n}", f"m{n}", user=f"u{n % 2}"), v) for n, v in enumerate(vectors(40))]
+    assert await store.import_records(items) == {"imported": 40, "skipped": 0}
+    # Analyzed with the import, not left to autovacuum: the planner knows the rows are there.
+    assert await store.pool.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'memories'::regclass") == 40
+    assert await store.pool.fetchval(
+        "SELECT COUNT(*) FROM pg_stats WHERE tablename = 'memories' AND attname = 'user_id'"
+    )
+    # A small import into a store that holds rows leaves the statistics to autovacuum.
+    monkeypatch.setattr(pg, "BULK_BUILD_MIN", 1_000)
+    await store.import_records([(rec("one more", "x"), vectors(1)[0])])
+    assert await store.pool.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'memories'::regclass") == 40
+
+
+async def test_lookups_by_id_take_the_primary_key_whatever_the_statistics(store: PostgresStore) -> None:
+    records = [rec(f"memory {n}", f"m{n}", user="heavy" if n % 10 else "light") for n in range(300)]
+    await store.add(records, vectors(300))
+    # Statistics that say the store is empty: the planner would walk a user's index for a lookup.
+    await store.pool.execute("ALTER TABLE memories SET (autovacuum_enabled = false)")
+    await store.pool.execute("DELETE FROM pg_statistic WHERE starelid = 'memories'::regclass")
+    await store.pool.execute(
+        "UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'memories'::regclass"
+    )
+    ids = [r.id for r in records[:50]]
+    where, params = pg._scope_clause(Scope(user_id="heavy"), start=2)
+    async with store.pool.acquire() as conn:
+        await conn.execute("SET enable_seqscan = off")  # the table is small; a large one has no seq scan
+        try:
+            naive = f"SELECT id FROM memories WHERE id = ANY($1::bigint[]) AND {where}"
+            scope_indexes = ("memories_user", "memories_chat")
+            # What by_id prevents: the scope's index drives the plan.
+            plan = await _plan(conn, naive, ids, *params)
+            assert any(name in plan for name in scope_indexes), plan
+            for columns in (pg.COLUMNS, f"{pg.COLUMNS}, vector", "id, vector"):
+                plan = await _plan(conn, pg.by_id(columns, where), ids, *params)
+                assert "memories_pkey" in plan and not any(name in plan for name in scope_indexes), plan
+        finally:
+            await conn.execute("RESET enable_seqscan")
+    scope = Scope(user_id="heavy")
+    heavy = {r.id for r in records[:50] if r.user_id == "heavy"}
+    assert set(await store.get(ids, scope)) == heavy
+    assert set(await store.vectors(ids, scope)) == heavy
+    found, found_vectors = await store.get_with_vectors(ids, scope)
+    assert set(found) == set(found_vectors) == heavy
+
+
+async def _plan(conn: Any, sql: str, *params: Any) -> str:
+    return "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + sql, *params))

@@ -691,6 +691,11 @@ class PostgresStore(ForgetJournal):
                 # Rows written with their own ids leave the identity behind: new rows must not collide.
                 await _catch_up_sequence(conn, "memories")
             await self._build_indexes(conn, deferred, len(fresh))
+            if len(fresh) >= BULK_BUILD_MIN:
+                # The planner's row counts per user come from these statistics: left to autovacuum,
+                # a store filled by an import is planned as empty until it runs (a large user's
+                # recall then reads every row of that user for each lookup by id).
+                await conn.execute("ANALYZE memories")
         return {"imported": len(fresh), "skipped": len(items) - len(fresh)}
 
     async def _build_indexes(self, conn: Any, definitions: Sequence[str], rows: int) -> None:
@@ -842,22 +847,14 @@ class PostgresStore(ForgetJournal):
             where = "TRUE"
         else:
             where, params = _scope_clause(scope, start=2)
-        rows = await self.pool.fetch(
-            f"SELECT {COLUMNS} FROM memories WHERE id = ANY($1::bigint[]) AND {where}",
-            [int(i) for i in ids],
-            *params,
-        )
+        rows = await self.pool.fetch(by_id(COLUMNS, where), [int(i) for i in ids], *params)
         return {int(r[0]): _record(r) for r in rows}
 
     async def get_with_vectors(
         self, ids: Sequence[int], scope: Scope
     ) -> tuple[dict[int, MemoryRecord], dict[int, np.ndarray]]:
         where, params = _scope_clause(scope, start=2)
-        rows = await self.pool.fetch(
-            f"SELECT {COLUMNS}, vector FROM memories WHERE id = ANY($1::bigint[]) AND {where}",
-            [int(i) for i in ids],
-            *params,
-        )
+        rows = await self.pool.fetch(by_id(f"{COLUMNS}, vector", where), [int(i) for i in ids], *params)
         records = {int(r[0]): _record(r) for r in rows}
         vectors = {int(r[0]): self._vector(r[-1]) for r in rows if r[-1] is not None}
         return records, vectors
@@ -865,10 +862,7 @@ class PostgresStore(ForgetJournal):
     async def vectors(self, ids: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
         where, params = _scope_clause(scope, start=2)
         rows = await self.pool.fetch(
-            f"SELECT id, vector FROM memories WHERE id = ANY($1::bigint[]) AND {where} "
-            "AND vector IS NOT NULL",
-            [int(i) for i in ids],
-            *params,
+            by_id("id, vector", f"{where} AND vector IS NOT NULL"), [int(i) for i in ids], *params
         )
         return {int(r[0]): self._vector(r[1]) for r in rows}
 
@@ -964,6 +958,20 @@ class PostgresStore(ForgetJournal):
         if vector.shape != (self.dim,):
             raise StoreError(f"a stored vector has {vector.size} dimensions, expected {self.dim}")
         return vector
+
+
+def by_id(columns: str, where: str) -> str:
+    """A read of the rows ``$1`` names (a ``bigint[]``) that ``where`` keeps. The ids are looked up
+    by the primary key first, whatever the planner believes of the scope: with a user's row count
+    underestimated (statistics lag behind a user who grows fast) it would walk the user's index
+    instead, every row of a large user for a few dozen ids. ``where`` still decides, in the query."""
+    named = {name.strip() for name in columns.split(",")}
+    inner = ", ".join([columns, *(c for c in ("tenant", "user_id", "chat_id") if c not in named)])
+    # OFFSET 0 keeps the subquery whole: the scope's conditions are not pushed into it.
+    return (
+        f"SELECT {columns} FROM (SELECT {inner} FROM memories "
+        f"WHERE id = ANY($1::bigint[]) OFFSET 0) AS picked WHERE {where}"
+    )
 
 
 def _scope_clause(scope: Scope, alias: str = "", *, start: int = 1) -> tuple[str, tuple[str, ...]]:
