@@ -4,6 +4,7 @@ words in the third person for facts and scenes."""
 from __future__ import annotations
 
 import pytest
+from narrmem_plugins.triage.ignore_rules import ignore_reason
 from narrmem_plugins.triage.phrase import chinese_phrase, english_phrase
 from narrmem_plugins.triage.topics import topic_words
 
@@ -81,3 +82,25 @@ def test_english_scene_phrases_from_messy_chat(core: str, phrase: str) -> None:
 )
 def test_chinese_scene_phrases_drop_the_subject_time_words_and_the_request(core: str, phrase: str) -> None:
     assert chinese_phrase(core) == phrase
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("ok got it", "acknowledgement"),  # a phrase that starts with a word that is one on its own
+        ("sounds good, got it, thanks", "acknowledgement"),
+        ("fair enough, makes sense", "acknowledgement"),
+        ("i'll remember that", "acknowledgement"),
+        ("yep that works", "acknowledgement"),
+        # One segment, several phrases without punctuation between them: read phrase by phrase.
+        ("ok cool sounds good", "acknowledgement"),
+        ("fair enough makes sense", "acknowledgement"),
+        ("got it no worries", "acknowledgement"),
+        ("got it, my flight lands at 9 on Friday", None),  # a phrase, then something to remember
+        ("sounds good to my sister, she is moving to Porto", None),
+    ],
+)
+def test_runs_of_acknowledgement_phrases_are_ignored_and_what_follows_them_is_not(
+    text: str, reason: str | None
+) -> None:
+    assert ignore_reason(text, min_chars=2) == reason

@@ -45,10 +45,18 @@ _SMALL_TALK = re.compile(
     rf"{SMALL_TALK_EN}|{SMALL_TALK_ZH})$"
 )
 _MEDIA = re.compile(MEDIA_PLACEHOLDER, re.IGNORECASE)
-# The acknowledgement phrases of several words, by their first word.
-_PHRASES: dict[str, tuple[tuple[str, ...], ...]] = {}
-for _phrase in sorted(tuple(p.split()) for p in ACKNOWLEDGEMENT_PHRASES if " " in p):
-    _PHRASES[_phrase[0]] = (*_PHRASES.get(_phrase[0], ()), _phrase)
+
+
+def _phrases_by_first_word(phrases: frozenset[str]) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """The phrases of several words, by their first word: a message's words are each compared
+    with the few phrases that start with them, not with every phrase."""
+    by_first: dict[str, tuple[tuple[str, ...], ...]] = {}
+    for words in sorted(tuple(p.split()) for p in phrases if " " in p):
+        by_first[words[0]] = (*by_first.get(words[0], ()), words)
+    return by_first
+
+
+_PHRASES = _phrases_by_first_word(ACKNOWLEDGEMENT_PHRASES)
 _CJK_WORDS = sorted(
     (w for w in ACKNOWLEDGEMENTS | ACKNOWLEDGEMENT_PHRASES if all("\u4e00" <= ch <= "\u9fff" for ch in w)),
     key=len,
