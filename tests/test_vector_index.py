@@ -5,12 +5,14 @@ of their scope."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from _helpers import index_file_ids, index_file_vectors, msg
+from narrmem_plugins.storage_sqlite import vector_index
 from narrmem_plugins.storage_sqlite.vector_index import Consistency, IndexOptions, Owner, Shard, VectorIndex
 
 from narrmem import Scope
@@ -204,3 +206,70 @@ async def test_recall_through_hnsw_matches_exact_with_the_real_model(tmp_path: P
             ]
     overlap = [len(set(a) & set(b)) / 10 for a, b in zip(found["exact"], found["hnsw"], strict=True)]
     assert np.mean(overlap) >= 0.95
+
+
+async def test_a_cheap_search_of_an_idle_index_runs_without_the_thread(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    index, (ids, _) = await filled(tmp_path)
+    threads: list[str] = []
+    original = Shard.search
+
+    def spy(self: Shard, *args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return original(self, *args)
+
+    monkeypatch.setattr(Shard, "search", spy)
+    try:
+        query = clustered(1, seed=4)[0]
+        here = await index.search(query, 10, tenant="t", user_id="big", chat_id=None)
+        assert threads == [threading.current_thread().name]
+        # The same search while a write holds the index waits for it, on the index's thread.
+        threads.clear()
+        index._busy.acquire()
+        waiting = asyncio.ensure_future(index.search(query, 10, tenant="t", user_id="big", chat_id=None))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        index._busy.release()
+        assert await waiting == here
+        assert threads and threads[0].startswith("narrmem-vectors")
+        # Too many rows to score exactly (a filter of ids reads every row): on the thread.
+        threads.clear()
+        monkeypatch.setattr(vector_index, "INLINE_EXACT_ROWS", 1000)
+        allowed = ids[::3]
+        found = await index.search(query, 10, tenant="t", user_id="big", chat_id=None, allowed=allowed)
+        assert threads[0].startswith("narrmem-vectors")
+        assert {i for i, _ in found} <= {int(i) for i in allowed}
+        monkeypatch.undo()
+        assert (
+            await index.search(query, 10, tenant="t", user_id="big", chat_id=None, allowed=allowed) == found
+        )
+    finally:
+        await index.close()
+
+
+async def test_searches_racing_writes_see_each_write_whole(tmp_path: Path) -> None:
+    """Searches on the event loop and writes on the index's thread take turns: every search sees
+    a batch of the user's rows entirely or not at all, and finds what it saw in exact order."""
+    index = VectorIndex(tmp_path / "vectors", DIM, SMALL)
+    batches = [clustered(40, seed=100 + b) for b in range(30)]
+    query = batches[0][0]
+    try:
+
+        async def write() -> None:
+            for b, batch in enumerate(batches):
+                await index.add(np.arange(b * 40 + 1, b * 40 + 41, dtype=np.int64), batch, owners("u", 40))
+
+        writing = asyncio.ensure_future(write())
+        seen = []
+        while not writing.done():
+            found = await index.search(query, 2000, tenant="t", user_id="u", chat_id=None)
+            seen.append(len(found))
+            assert len(found) % 40 == 0
+            assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+            await asyncio.sleep(0)
+        await writing
+        assert seen == sorted(seen)
+        assert len(await index.search(query, 2000, tenant="t", user_id="u", chat_id=None)) == 1200
+    finally:
+        await index.close()

@@ -9,8 +9,11 @@ FAISS query; when tombstones pass ``rebuild_ratio`` of a shard its graph is rebu
 background from the live rows, and searches keep using the old graph (with its tombstones) until
 the new one is swapped in.
 
-Every read and write of the shards runs on one dedicated thread (searches never race writes, and
-the event loop never waits on FAISS); graph builds run on a second thread from a snapshot.
+Every write of the shards runs on one dedicated thread, which holds the index's lock while it works;
+graph builds run on a second thread from a snapshot. A search that finds the lock free and has
+little to score (``INLINE_EXACT_ROWS``) runs where it is asked, holding the lock: handing it to the
+thread and back cost more than the search itself. Any other search waits its turn on the thread.
+Searches never race writes either way.
 
 On disk the index is a folder: rows in 64 bucket files (a shard's bucket is a hash of its key, so a
 ``forget`` rewrites one bucket, not the whole index) and one FAISS file per graph. A graph is saved
@@ -24,8 +27,9 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -47,6 +51,10 @@ BUILD_CHUNK = 2_000  # rows added to a graph between checks for a closing index
 FORMAT = 2  # 1: vectors inside the rows files (read whole); 2: vectors in files of their own, mapped
 READABLE_FORMATS = (1, 2)
 ShardKey = tuple[str, str]  # (tenant, user_id)
+# A search scores at most this many rows exactly (about 0.8 ms) and reads at most this many shards
+# to run without a thread (a graph's search is bounded by its ``ef_search``).
+INLINE_EXACT_ROWS = 20_000
+INLINE_SHARDS = 16
 
 
 @dataclass(frozen=True)
@@ -259,6 +267,7 @@ class VectorIndex:
         self._chat_members: dict[tuple[str, str], set[ShardKey]] = {}
         self._chat_codes: dict[str, int] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-vectors")
+        self._busy = threading.Lock()  # held while the shards are read or changed
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-hnsw")
         self._builds: set[asyncio.Future[Any]] = set()
         self._dirty_buckets: set[int] = set()
@@ -270,7 +279,11 @@ class VectorIndex:
     # --- plumbing -------------------------------------------------------------------------
 
     async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._holding, fn, *args)
+
+    def _holding(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._busy:
+            return fn(*args)
 
     def _chat_code(self, chat_id: str) -> int:
         code = self._chat_codes.get(chat_id)
@@ -372,11 +385,34 @@ class VectorIndex:
         """Top ``k`` inside the scope only: the shards searched are the scope's, nothing else."""
         if k <= 0:
             return []
-        return list(
-            await self._run(
-                self._search_sync, _matrix(vector.reshape(-1)), k, tenant, user_id, chat_id, allowed
-            )
-        )
+        query = _matrix(vector.reshape(-1))
+        if self._busy.acquire(blocking=False):
+            try:
+                if self._small(tenant, user_id, chat_id, allowed):
+                    return self._search_sync(query, k, tenant, user_id, chat_id, allowed)
+            finally:
+                self._busy.release()
+        return list(await self._run(self._search_sync, query, k, tenant, user_id, chat_id, allowed))
+
+    def _small(
+        self, tenant: str, user_id: str | None, chat_id: str | None, allowed: np.ndarray | None
+    ) -> bool:
+        """Whether a search of the scope is cheap enough to run without the thread: few shards and
+        few rows scored exactly (a filter of ids reads every row of its shards)."""
+        if user_id is not None:
+            keys: Collection[ShardKey] = [(tenant, user_id)]
+        elif chat_id is not None:
+            keys = self._chat_members.get((tenant, chat_id), set())
+        else:
+            return False
+        if len(keys) > INLINE_SHARDS:
+            return False
+        exact = 0
+        for key in keys:
+            shard = self._shards.get(key)
+            if shard is not None:
+                exact += shard.n if shard.graph is None or allowed is not None else shard.outside_graph
+        return exact <= INLINE_EXACT_ROWS
 
     def _search_sync(
         self,
