@@ -1,16 +1,21 @@
 """The SQLite store reads on a connection of its own, which sees only what is committed: a read
 made while another task's write transaction is open sees none of its rows (they may still roll
 back), the task that writes sees its own, and the read connection refuses to write. Real SQLite
-file."""
+file. A small lookup by id is read on the event loop's thread, on a third connection that sees the
+same."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import msg
+from narrmem_plugins.storage_sqlite.store import INLINE_IDS
 
+from narrmem import Scope
 from narrmem.errors import StoreError
 from narrmem.testing import open_memory
 
@@ -76,3 +81,70 @@ async def test_the_read_connection_refuses_to_write(tmp_path: Path) -> None:
                 await db.execute(TABLE)
         async with memory.store.sql(write=True) as db:  # the way to write
             await db.execute(TABLE)
+
+
+async def test_a_small_lookup_by_id_is_read_where_it_is_asked_and_sees_only_what_is_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_memory(tmp_path) as memory:
+        await memory.ingest(msg("a1", "I adopted a greyhound called Comet", user="ann"))
+        store: Any = memory.store
+        scope = Scope(user_id="ann")
+        [memory_id] = await store.from_messages("default", "c1", ["a1"])
+        through_thread: list[str] = []
+        fetchall = store._fetchall
+
+        async def spy(sql: str, params: Any = ()) -> Any:
+            through_thread.append(sql)
+            return await fetchall(sql, params)
+
+        monkeypatch.setattr(store, "_fetchall", spy)
+        inside, release = asyncio.Event(), asyncio.Event()
+        seen_by_writer: list[str] = []
+
+        async def change_then_fail() -> None:
+            async with store.sql(write=True) as db:
+                await db.execute("UPDATE memories SET text = 'a whippet' WHERE id = ?", (memory_id,))
+                seen_by_writer.append((await store.get([memory_id], scope))[memory_id].text)
+                inside.set()
+                await release.wait()
+                raise RuntimeError("the write fails after its change")
+
+        writer = asyncio.ensure_future(change_then_fail())
+        await inside.wait()
+        assert len(through_thread) == 1  # the writing task reads its own change on its connection
+        assert seen_by_writer == ["a whippet"]
+        got = await store.get([memory_id], scope)
+        assert got[memory_id].text == "I adopted a greyhound called Comet"  # not committed
+        records, vectors = await store.get_with_vectors([memory_id], scope)
+        assert records[memory_id].text == got[memory_id].text and vectors[memory_id].shape == (store.dim,)
+        assert len(through_thread) == 1  # read where they were asked
+        assert await store.get([memory_id], Scope(user_id="bob")) == {}  # the scope is in the statement
+        release.set()
+        with pytest.raises(RuntimeError):
+            await writer
+        # More ids than a small lookup holds go to the reader's thread, and find the same.
+        many = [memory_id, *range(10**6, 10**6 + INLINE_IDS)]
+        assert (await store.get(many, scope)).keys() == {memory_id}
+        assert len(through_thread) == 2
+
+
+async def test_a_lookup_the_database_lock_stops_is_read_by_the_reader_instead(tmp_path: Path) -> None:
+    async with open_memory(tmp_path) as memory:
+        await memory.ingest(msg("a1", "I adopted a greyhound called Comet", user="ann"))
+        store: Any = memory.store
+        [memory_id] = await store.from_messages("default", "c1", ["a1"])
+
+        class Locked:
+            def execute(self, *_: Any) -> Any:
+                raise sqlite3.OperationalError("database is locked")
+
+            def close(self) -> None:
+                pass
+
+        lookups, store._lookups = store._lookups, Locked()
+        try:
+            got = await store.vectors([memory_id], Scope(user_id="ann"))
+            assert list(got) == [memory_id]
+        finally:
+            store._lookups = lookups

@@ -59,6 +59,9 @@ COLUMNS = (
     "stored_at, message_ids, meta, context_text, reinforced_at"
 )
 CHUNK = 500  # stays under SQLite's bound-parameter limit
+# A lookup of at most this many ids by primary key (about half a millisecond at 100k memories) is read
+# on the caller's thread: the trip to a connection's thread and back cost as much again.
+INLINE_IDS = 64
 KEYWORDS_FOLDER = "keywords"  # the tantivy keyword index, when storage.keyword_index = "tantivy"
 KEYWORD_BATCH = 5000  # rows read per step of a keyword index rebuild
 
@@ -95,6 +98,7 @@ class SQLiteStore(ForgetJournal):
         # while a batch is written neither sees rows that may still roll back nor waits behind
         # the write's statements. The task holding the writer reads on it (its own writes).
         self._reader: aiosqlite.Connection | None = None
+        self._lookups: sqlite3.Connection | None = None  # small reads by id, on the event loop's thread
         self._writer_holder: asyncio.Task[Any] | None = None
         self._index: VectorIndex | None = None
         self._lock = asyncio.Lock()
@@ -133,6 +137,7 @@ class SQLiteStore(ForgetJournal):
         await self._vacuum_mode()
         await self._check_model(dim, model)
         self._reader = await self._open_reader()
+        self._lookups = await asyncio.to_thread(self._open_lookups)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         self._index.claim()
         if not await self._index.load(await self._consistency()):
@@ -199,6 +204,14 @@ class SQLiteStore(ForgetJournal):
         await reader.execute("PRAGMA query_only=ON")  # reading never writes, whatever it is asked
         await reader.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         return reader
+
+    def _open_lookups(self) -> sqlite3.Connection:
+        """A second reader, for small lookups by id where they are asked (see ``_lookup``). It never
+        waits for a lock: one that would is read by the reader's thread instead."""
+        lookups = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
+        lookups.execute("PRAGMA query_only=ON")
+        lookups.execute("PRAGMA busy_timeout=0")
+        return lookups
 
     async def _consistency(self) -> Consistency:
         """What the index files are checked against on open (see ``VectorIndex.load``)."""
@@ -381,6 +394,9 @@ class SQLiteStore(ForgetJournal):
                         await self._save_index()
                 await self._index.close()
                 self._index = None
+            if self._lookups is not None:
+                self._lookups.close()
+                self._lookups = None
             if self._reader is not None:
                 await self._reader.close()
                 self._reader = None
@@ -1201,8 +1217,10 @@ class SQLiteStore(ForgetJournal):
         out: dict[int, MemoryRecord] = {}
         where, params = _scope_clause(scope, by_id=True) if scope is not None else ("1", ())
         for part in _chunks(list(ids)):
-            rows = await self._fetchall(
-                f"SELECT {COLUMNS} FROM memories WHERE id IN ({_marks(part)}) AND {where}", (*part, *params)
+            rows = await self._lookup(
+                f"SELECT {COLUMNS} FROM memories WHERE id IN ({_marks(part)}) AND {where}",
+                (*part, *params),
+                len(part),
             )
             for row in rows:
                 out[row[0]] = _record(row)
@@ -1215,9 +1233,10 @@ class SQLiteStore(ForgetJournal):
         records: dict[int, MemoryRecord] = {}
         vectors: dict[int, np.ndarray] = {}
         for part in _chunks(list(ids)):
-            rows = await self._fetchall(
+            rows = await self._lookup(
                 f"SELECT {COLUMNS}, vector FROM memories WHERE id IN ({_marks(part)}) AND {where}",
                 (*part, *params),
+                len(part),
             )
             for row in rows:
                 records[row[0]] = _record(row)
@@ -1229,10 +1248,11 @@ class SQLiteStore(ForgetJournal):
         where, params = _scope_clause(scope, by_id=True)
         out: dict[int, np.ndarray] = {}
         for part in _chunks(list(ids)):
-            rows = await self._fetchall(
+            rows = await self._lookup(
                 f"SELECT id, vector FROM memories WHERE id IN ({_marks(part)}) AND {where} "
                 "AND vector IS NOT NULL",
                 (*part, *params),
+                len(part),
             )
             out.update((int(r[0]), _vector(r[1], self.dim)) for r in rows)
         return out
@@ -1305,6 +1325,18 @@ class SQLiteStore(ForgetJournal):
     async def _vector_ids(self) -> np.ndarray:
         rows = await self._fetchall("SELECT id FROM memories WHERE vector IS NOT NULL ORDER BY id")
         return np.array([r[0] for r in rows], dtype=np.int64)
+
+    async def _lookup(self, sql: str, params: Sequence[Any], ids: int) -> list[Any]:
+        """A read of at most ``ids`` rows by primary key: on this thread when it is small and the
+        task does not hold the writer (whose reads must see what it is writing), else as any read.
+        Either connection sees exactly what is committed."""
+        lookups = self._lookups
+        if lookups is not None and ids <= INLINE_IDS and self._writer_holder is not asyncio.current_task():
+            try:
+                return lookups.execute(sql, params).fetchall()
+            except sqlite3.OperationalError:
+                pass  # the database is locked for a moment (a checkpoint): the reader's thread waits
+        return await self._fetchall(sql, params)
 
     async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         # One trip to the connection's thread (execute, fetch and close there), not three.
