@@ -148,3 +148,70 @@ async def test_a_lookup_the_database_lock_stops_is_read_by_the_reader_instead(tm
             assert list(got) == [memory_id]
         finally:
             store._lookups = lookups
+
+
+async def test_a_plugins_state_and_the_duplicate_check_are_small_lookups_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_memory(tmp_path) as memory:
+        await memory.ingest(msg("a1", "I adopted a greyhound called Comet", user="ann"))
+        store: Any = memory.store
+        await store.state_put("probe", "k", {"n": 1})
+        through_thread: list[str] = []
+        fetchall = store._fetchall
+
+        async def spy(sql: str, params: Any = ()) -> Any:
+            through_thread.append(sql)
+            return await fetchall(sql, params)
+
+        monkeypatch.setattr(store, "_fetchall", spy)
+        inside, release = asyncio.Event(), asyncio.Event()
+        seen_by_writer: list[Any] = []
+
+        async def change_then_fail() -> None:
+            async with store.sql(write=True) as db:
+                await db.execute("UPDATE plugin_state SET value = '{\"n\": 2}' WHERE namespace = 'probe'")
+                seen_by_writer.append(await store.state_get("probe", "k"))
+                inside.set()
+                await release.wait()
+                raise RuntimeError("the write fails after its change")
+
+        writer = asyncio.ensure_future(change_then_fail())
+        await inside.wait()
+        assert seen_by_writer == [{"n": 2}] and len(through_thread) == 1
+        assert await store.state_get("probe", "k") == {"n": 1}  # not committed
+        assert await store.state_get("probe", "missing") is None
+        keys = [("default", "c1", "a1"), ("default", "c1", "a2"), ("default", "c2", "a1")]
+        assert await store.stored_messages(keys) == {("default", "c1", "a1")}
+        assert await store.stored_message_ids("default", "c1", ["a1", "a2"]) == {"a1"}
+        assert len(through_thread) == 1  # all read where they were asked
+        release.set()
+        with pytest.raises(RuntimeError):
+            await writer
+
+
+async def test_a_write_cancelled_while_it_waits_to_begin_leaves_no_transaction_open(tmp_path: Path) -> None:
+    """A cancelled ``await`` does not stop the statement on the connection's thread: a BEGIN that
+    was waiting for another connection's lock begins once it is free, and the store rolls it back
+    instead of leaving every later write "within a transaction"."""
+    async with open_memory(tmp_path) as memory:
+        store: Any = memory.store
+        other = sqlite3.connect(store.db_path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process writing
+
+        async def write() -> None:
+            async with store.sql(write=True) as db:
+                await db.execute(TABLE)
+
+        waiting = asyncio.ensure_future(write())
+        await asyncio.sleep(0.3)  # its BEGIN IMMEDIATE waits on the connection's thread
+        waiting.cancel()
+        await asyncio.sleep(0.1)
+        other.execute("ROLLBACK")  # the BEGIN goes through now, after its caller was cancelled
+        other.close()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        result = await memory.ingest(msg("a1", "I adopted a greyhound called Comet", user="ann"))
+        assert result.stored
+        async with store.sql() as db:
+            assert await db.fetchone("SELECT COUNT(*) FROM sqlite_master WHERE name = 'reader_probe'") == (0,)

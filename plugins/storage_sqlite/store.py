@@ -59,8 +59,8 @@ COLUMNS = (
     "stored_at, message_ids, meta, context_text, reinforced_at"
 )
 CHUNK = 500  # stays under SQLite's bound-parameter limit
-# A lookup of at most this many ids by primary key (about half a millisecond at 100k memories) is read
-# on the caller's thread: the trip to a connection's thread and back cost as much again.
+# A lookup of at most this many rows by an indexed key (about half a millisecond for 50 memories at
+# 100k) is read on the caller's thread: the trip to a connection's thread and back cost as much again.
 INLINE_IDS = 64
 KEYWORDS_FOLDER = "keywords"  # the tantivy keyword index, when storage.keyword_index = "tantivy"
 KEYWORD_BATCH = 5000  # rows read per step of a keyword index rebuild
@@ -439,19 +439,23 @@ class SQLiteStore(ForgetJournal):
         """One write transaction at a time on this connection, whoever asks (ingest, a plugin with
         tables of its own, a decay pass): SQLite cannot nest them."""
         async with self._holding_writer() as db:
-            # Read-only, a plain BEGIN still lets a plugin check its tables (CREATE TABLE IF NOT
-            # EXISTS of a table that exists writes nothing); any real write fails and says why.
-            await db.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
+            try:
+                # Read-only, a plain BEGIN still lets a plugin check its tables (CREATE TABLE IF NOT
+                # EXISTS of a table that exists writes nothing); any real write fails and says why.
+                await db.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")
+            except BaseException:
+                await _roll_back(db)
+                raise
             try:
                 yield db
                 await db.execute("COMMIT")
             except sqlite3.OperationalError as exc:
-                await db.execute("ROLLBACK")
+                await _roll_back(db)
                 if self.read_only and "readonly" in str(exc):
                     raise StoreError(f"{self.folder} is open read-only: nothing can be written") from exc
                 raise
             except BaseException:
-                await db.execute("ROLLBACK")
+                await _roll_back(db)
                 raise
 
     @contextlib.asynccontextmanager
@@ -583,11 +587,12 @@ class SQLiteStore(ForgetJournal):
         found: set[MessageKey] = set()
         for begin in range(0, len(wanted), CHUNK // 3):
             part = wanted[begin : begin + CHUNK // 3]
-            rows = await self._fetchall(
+            rows = await self._lookup(
                 f"SELECT s.tenant, s.chat_id, s.message_id FROM (VALUES {_row_marks(len(part))}) AS wanted "
                 "JOIN memory_sources s ON s.is_episode = 1 AND s.tenant = wanted.column1 "
                 "AND s.chat_id = wanted.column2 AND s.message_id = wanted.column3",
                 [value for key in part for value in key],
+                len(part),
             )
             found.update((r[0], r[1], r[2]) for r in rows)
         return found
@@ -667,10 +672,11 @@ class SQLiteStore(ForgetJournal):
         """``column`` of the provenance rows of these messages of a chat that meet ``condition``."""
         rows: list[tuple[Any, ...]] = []
         for part in _chunks(list(message_ids)):
-            rows += await self._fetchall(
+            rows += await self._lookup(
                 f"SELECT {column} FROM memory_sources WHERE {condition} tenant = ? AND chat_id = ? "
                 f"AND message_id IN ({_marks(part)})",
                 (tenant, chat_id, *part),
+                len(part),
             )
         return rows
 
@@ -909,8 +915,8 @@ class SQLiteStore(ForgetJournal):
         return int(count)
 
     async def state_get(self, namespace: str, key: str) -> dict[str, Any] | None:
-        rows = await self._fetchall(
-            "SELECT value FROM plugin_state WHERE namespace = ? AND key = ?", (namespace, key)
+        rows = await self._lookup(
+            "SELECT value FROM plugin_state WHERE namespace = ? AND key = ?", (namespace, key), 1
         )
         return dict(json.loads(rows[0][0])) if rows else None
 
@@ -1327,7 +1333,8 @@ class SQLiteStore(ForgetJournal):
         return np.array([r[0] for r in rows], dtype=np.int64)
 
     async def _lookup(self, sql: str, params: Sequence[Any], ids: int) -> list[Any]:
-        """A read of at most ``ids`` rows by primary key: on this thread when it is small and the
+        """A read of at most ``ids`` rows by a unique key (a memory's id, a message's provenance, a
+        plugin's state key): on this thread when it is small and the
         task does not hold the writer (whose reads must see what it is writing), else as any read.
         Either connection sees exactly what is committed."""
         lookups = self._lookups
@@ -1487,6 +1494,18 @@ def _while_open(part: T | None) -> T:
     if part is None:
         raise StoreError("the store is not open")
     return part
+
+
+async def _roll_back(db: aiosqlite.Connection) -> None:
+    """End whatever transaction the connection has open. A statement whose caller was cancelled
+    still runs on the connection's thread: a BEGIN may have begun (and would leave every later
+    write "within a transaction"), a COMMIT may have committed; the ROLLBACK queued behind it finds
+    which."""
+    try:
+        await db.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        if "no transaction is active" not in str(exc):
+            raise
 
 
 def _chunks(items: list[Any]) -> list[list[Any]]:
