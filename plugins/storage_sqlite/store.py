@@ -1213,8 +1213,8 @@ class SQLiteStore(ForgetJournal):
             where += f" AND kind IN ({_marks(kinds)})"
             params = (*params, *kinds)
         ids = [memory_id for memory_id, _ in hits]
-        rows = await self._fetchall(
-            f"SELECT id FROM memories WHERE id IN ({_marks(ids)}) AND {where}", (*ids, *params)
+        rows = await self._lookup(
+            f"SELECT id FROM memories WHERE id IN ({_marks(ids)}) AND {where}", (*ids, *params), len(ids)
         )
         kept = {int(r[0]) for r in rows}
         return [(memory_id, score) for memory_id, score in hits if memory_id in kept]
