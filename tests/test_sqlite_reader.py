@@ -150,7 +150,7 @@ async def test_a_lookup_the_database_lock_stops_is_read_by_the_reader_instead(tm
             store._lookups = lookups
 
 
-async def test_a_plugins_state_and_the_duplicate_check_are_small_lookups_too(
+async def test_a_plugins_state_the_duplicate_check_and_a_chats_last_turns_are_small_lookups_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with open_memory(tmp_path) as memory:
@@ -184,7 +184,12 @@ async def test_a_plugins_state_and_the_duplicate_check_are_small_lookups_too(
         keys = [("default", "c1", "a1"), ("default", "c1", "a2"), ("default", "c2", "a1")]
         assert await store.stored_messages(keys) == {("default", "c1", "a1")}
         assert await store.stored_message_ids("default", "c1", ["a1", "a2"]) == {"a1"}
+        [turn] = await store.recent(Scope(user_id="ann", chat_id="c1"), kinds=["episode"], limit=12)
+        assert turn.text == "I adopted a greyhound called Comet"
         assert len(through_thread) == 1  # all read where they were asked
+        # A filter on the rows' JSON may read many rows: it goes to the reader's thread.
+        assert await store.recent(Scope(user_id="ann"), limit=12, meta_has=("emotions", "tired")) == []
+        assert len(through_thread) == 2
         release.set()
         with pytest.raises(RuntimeError):
             await writer

@@ -707,11 +707,16 @@ class SQLiteStore(ForgetJournal):
             # json_each of a string is that string; of a list, its items; of nothing, no row.
             clauses.append("EXISTS (SELECT 1 FROM json_each(meta, ?) WHERE value = ?)")
             values.extend((f"$.{key}", value))
-        rows = await self._fetchall(
+        sql = (
             f"SELECT {COLUMNS} FROM memories WHERE {' AND '.join(clauses)} ORDER BY created_ts DESC, id DESC "
-            "LIMIT ?",
-            (*values, limit),
+            "LIMIT ?"
         )
+        if checked is None:
+            # The scope's index read newest first, stopping at ``limit`` rows: a few turns of a chat
+            # (a scene's window, the turns a reply follows) are a small lookup.
+            rows = await self._lookup(sql, (*values, limit), limit)
+        else:  # a filter on the rows' JSON may read a week of a heavy user's messages
+            rows = await self._fetchall(sql, (*values, limit))
         return [_record(row) for row in rows]
 
     async def update(self, record: MemoryRecord) -> None:
