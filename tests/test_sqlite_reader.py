@@ -83,6 +83,19 @@ async def test_the_read_connection_refuses_to_write(tmp_path: Path) -> None:
             await db.execute(TABLE)
 
 
+def reads_through_thread(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements the store sends to a connection's thread from now on."""
+    sent: list[str] = []
+    fetchall = store._fetchall
+
+    async def spy(sql: str, params: Any = ()) -> Any:
+        sent.append(sql)
+        return await fetchall(sql, params)
+
+    monkeypatch.setattr(store, "_fetchall", spy)
+    return sent
+
+
 async def test_a_small_lookup_by_id_is_read_where_it_is_asked_and_sees_only_what_is_committed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -91,14 +104,7 @@ async def test_a_small_lookup_by_id_is_read_where_it_is_asked_and_sees_only_what
         store: Any = memory.store
         scope = Scope(user_id="ann")
         [memory_id] = await store.from_messages("default", "c1", ["a1"])
-        through_thread: list[str] = []
-        fetchall = store._fetchall
-
-        async def spy(sql: str, params: Any = ()) -> Any:
-            through_thread.append(sql)
-            return await fetchall(sql, params)
-
-        monkeypatch.setattr(store, "_fetchall", spy)
+        through_thread = reads_through_thread(store, monkeypatch)
         inside, release = asyncio.Event(), asyncio.Event()
         seen_by_writer: list[str] = []
 
@@ -157,14 +163,7 @@ async def test_a_plugins_state_the_duplicate_check_and_a_chats_last_turns_are_sm
         await memory.ingest(msg("a1", "I adopted a greyhound called Comet", user="ann"))
         store: Any = memory.store
         await store.state_put("probe", "k", {"n": 1})
-        through_thread: list[str] = []
-        fetchall = store._fetchall
-
-        async def spy(sql: str, params: Any = ()) -> Any:
-            through_thread.append(sql)
-            return await fetchall(sql, params)
-
-        monkeypatch.setattr(store, "_fetchall", spy)
+        through_thread = reads_through_thread(store, monkeypatch)
         inside, release = asyncio.Event(), asyncio.Event()
         seen_by_writer: list[Any] = []
 
