@@ -98,7 +98,7 @@ class SQLiteStore(ForgetJournal):
         # while a batch is written neither sees rows that may still roll back nor waits behind
         # the write's statements. The task holding the writer reads on it (its own writes).
         self._reader: aiosqlite.Connection | None = None
-        self._lookups: sqlite3.Connection | None = None  # small reads by id, on the event loop's thread
+        self._lookups: sqlite3.Connection | None = None  # small reads by a key, on the event loop's thread
         self._writer_holder: asyncio.Task[Any] | None = None
         self._index: VectorIndex | None = None
         self._lock = asyncio.Lock()
@@ -206,8 +206,8 @@ class SQLiteStore(ForgetJournal):
         return reader
 
     def _open_lookups(self) -> sqlite3.Connection:
-        """A second reader, for small lookups by id where they are asked (see ``_lookup``). It never
-        waits for a lock: one that would is read by the reader's thread instead."""
+        """A second reader, for small lookups by a key where they are asked (see ``_lookup``). It
+        never waits for a lock: one that would is read by the reader's thread instead."""
         lookups = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
         lookups.execute("PRAGMA query_only=ON")
         lookups.execute("PRAGMA busy_timeout=0")
@@ -1338,9 +1338,9 @@ class SQLiteStore(ForgetJournal):
         return np.array([r[0] for r in rows], dtype=np.int64)
 
     async def _lookup(self, sql: str, params: Sequence[Any], ids: int) -> list[Any]:
-        """A read of at most ``ids`` rows by a unique key (a memory's id, a message's provenance, a
-        plugin's state key): on this thread when it is small and the
-        task does not hold the writer (whose reads must see what it is writing), else as any read.
+        """A read of at most ``ids`` rows by an indexed key (memories' ids, messages' provenance, a
+        plugin's state key, a scope's newest rows): on this thread when it is small and the task
+        does not hold the writer (whose reads must see what it is writing), else as any read.
         Either connection sees exactly what is committed."""
         lookups = self._lookups
         if lookups is not None and ids <= INLINE_IDS and self._writer_holder is not asyncio.current_task():
