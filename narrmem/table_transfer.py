@@ -31,6 +31,7 @@ _COLUMNS_SQL = {
 class Column:
     name: str
     kind: str  # "blob", "integer", "real", "text" or "any"
+    bits: int = 64  # the widest integer the column takes (PostgreSQL's integer: 32)
 
     def check(self, value: Any) -> str | None:
         """Why ``value`` (from JSON) cannot go in this column, or ``None``."""
@@ -44,7 +45,13 @@ class Column:
             "any": (str, int, float),
         }
         ok = isinstance(value, allowed[self.kind]) and not isinstance(value, bool)
-        return None if ok else f"must be {'base64 text' if self.kind == 'blob' else self.kind} or null"
+        if not ok:
+            return f"must be {'base64 text' if self.kind == 'blob' else self.kind} or null"
+        # The database would refuse it with an error of its own driver, naming nothing.
+        limit = 1 << (self.bits - 1)
+        if isinstance(value, int) and not -limit <= value < limit:
+            return f"must fit in a {self.bits}-bit integer"
+        return None
 
     def to_json(self, value: Any) -> Any:
         if self.kind == "blob" and isinstance(value, bytes | bytearray | memoryview):
@@ -70,10 +77,24 @@ def _kind(declared: str) -> str:
     return "any"
 
 
+def _bits(declared: str, dialect: str) -> int:
+    """The width of an integer column: SQLite's integers are all 64 bits."""
+    declared = declared.upper()
+    if dialect == "sqlite" or "BIG" in declared or "INT8" in declared:
+        return 64
+    if "SMALL" in declared or "INT2" in declared:
+        return 16
+    return 32 if "INT" in declared or "SERIAL" in declared else 64
+
+
 async def table_columns(db: SQLConnection, table: str, exclude: Collection[str] = ()) -> list[Column]:
     """The table's columns, in their order, less ``exclude`` (a column the database fills itself)."""
     rows = await db.fetchall(_COLUMNS_SQL.get(db.dialect, _COLUMNS_SQL["postgres"]), (table,))
-    return [Column(str(name), _kind(str(declared))) for name, declared in rows if name not in exclude]
+    return [
+        Column(str(name), _kind(str(declared)), _bits(str(declared), db.dialect))
+        for name, declared in rows
+        if name not in exclude
+    ]
 
 
 async def export_table(

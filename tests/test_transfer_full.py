@@ -18,6 +18,7 @@ from test_mcp import STORY
 from narrmem import InputError
 from narrmem.clock import ManualClock
 from narrmem.doors.transfer import export_store, import_jsonl
+from narrmem.table_transfer import Column, _bits, _kind
 from narrmem.testing import open_memory
 
 pytestmark = pytest.mark.slow
@@ -130,6 +131,13 @@ async def test_an_old_export_still_imports(tmp_path: Path) -> None:
             "section",
         ),
         (lambda line: line.update(status=3), "must be text or null", "graph.edges[0].status"),
+        # Past what a 64-bit column holds: the database's driver would refuse it untyped.
+        (lambda line: line.update(id=2**63), "must fit in a 64-bit integer", "graph.edges[0].id"),
+        (
+            lambda line: line.update(count=-(2**63) - 1),
+            "must fit in a 64-bit integer",
+            "graph.edges[0].count",
+        ),
         (
             lambda line: line.update(colour="red"),
             "graph_edges has no column 'colour'",
@@ -162,3 +170,25 @@ async def test_a_bad_plugin_section_writes_nothing(
         if not plugins:
             assert await store_sql(memory, "SELECT COUNT(*) FROM graph_nodes") == [(0,)]
     assert words in str(caught.value) and caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("declared", "dialect", "bits"),
+    [
+        ("INTEGER", "sqlite", 64),
+        ("integer", "postgres", 32),
+        ("bigint", "postgres", 64),
+        ("smallint", "postgres", 16),
+        ("double precision", "postgres", 64),
+    ],
+)
+def test_an_integer_column_takes_what_its_database_holds(declared: str, dialect: str, bits: int) -> None:
+    column = Column("n", _kind(declared), _bits(declared, dialect))
+    assert column.bits == bits
+    if column.kind == "integer":
+        assert column.check((1 << (bits - 1)) - 1) is None
+        assert column.check(-(1 << (bits - 1))) is None
+        assert column.check(1 << (bits - 1)) == f"must fit in a {bits}-bit integer"
+        assert column.check(-(1 << (bits - 1)) - 1) == f"must fit in a {bits}-bit integer"
+    else:
+        assert column.check(1 << 63) == "must fit in a 64-bit integer"
