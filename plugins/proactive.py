@@ -87,9 +87,9 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         if state is None:  # written before labels were hashed in keys
             legacy = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
             state = await memory.store.state_get(NAME, legacy) or {}
-        last_at = datetime.fromisoformat(state["fired_at"]) if "fired_at" in state else None
+        last_at, last_count = last_firing(state)
         cooling = last_at is not None and now - last_at < timedelta(days=self.options.cooldown_days)
-        due = count.count >= self.threshold(count.kind) and count.count >= 2 * int(state.get("count", 0))
+        due = count.count >= self.threshold(count.kind) and count.count >= 2 * last_count
         hot = count.kind != "topic" or self.heat(times, now) >= self.options.heat_ratio * self.threshold(
             "topic"
         )
@@ -124,6 +124,23 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         """Forgetting a user forgets what was said to them; deleting one message does not."""
         if user_id is not None:
             await memory.store.state_delete(NAME, f"{tenant}\0{user_id}\0")
+
+
+def last_firing(state: object) -> tuple[datetime | None, int]:
+    """When a pattern last fired and at what count, from its stored state. The state may come from
+    an imported file: what is not as this plugin writes it (a time with its offset, a count) counts
+    as never fired, and the next firing writes it anew."""
+    if not isinstance(state, dict):
+        return None, 0
+    fired_at, count = state.get("fired_at"), state.get("count", 0)
+    try:
+        when = datetime.fromisoformat(fired_at) if isinstance(fired_at, str) else None
+    except ValueError:
+        when = None
+    if when is not None and when.utcoffset() is None:
+        when = None  # compared with a message's aware time
+    valid_count = isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 2**62
+    return when, count if valid_count else 0
 
 
 def state_key(tenant: str, user_id: str, kind: str, label: str) -> str:

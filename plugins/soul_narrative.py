@@ -9,12 +9,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from narrmem import hookimpl
 from narrmem.checks import SQLITE_MAX_INT
 from narrmem.errors import InputError
-from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, MAX_TEXT_CHARS, MemoryRecord, Scope
+from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, MAX_TEXT_CHARS, MemoryRecord, Scope, no_nul
 from narrmem.tools import Tool
 from narrmem.view import MemoryView
 
@@ -57,6 +57,8 @@ class SoulNarrativeInput(BaseModel):
     )
     min_importance: float | None = Field(default=None, ge=0.0, le=1.0, description="list: filter")
     tag: str | None = Field(default=None, min_length=1, max_length=100, description="list: filter")
+
+    _ids_without_nul = field_validator("user_id", "chat_id", "tenant")(no_nul)
 
 
 class SceneOut(BaseModel):

@@ -10,10 +10,21 @@ from typing import Any
 from _helpers import store_sql
 from narrmem_plugins.proactive import NAME, state_key
 
-from narrmem import Memory, Message
+from narrmem import Memory, Message, hookimpl
 from narrmem.testing import open_memory
 
 START = datetime(2026, 5, 4, 9, tzinfo=UTC)
+
+
+class PluginErrors:
+    """Every error a plugin raised that the host isolated and reported."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, BaseException]] = []
+
+    @hookimpl
+    def narrmem_plugin_error(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
+        self.seen.append((plugin_name, hook_name, error))
 
 
 def _mention(day: int, marker: str) -> Message:
@@ -56,3 +67,26 @@ async def test_state_written_under_the_old_plain_key_still_counts(tmp_path: Path
         await mem.store.state_put(NAME, plain, {"fired_at": fired_at, "count": 2})
         # The third mention would fire, but the old record says it fired a day ago (cooldown).
         assert await _topic_events(mem, 2, marker) == []
+
+
+async def test_a_state_not_as_the_plugin_writes_it_counts_as_never_fired(tmp_path: Path) -> None:
+    """Plugin state can come from an imported file: a count that is not a number or a time that is
+    not one is read as no firing (and replaced by the next), never an error of the plugin's."""
+    marker = "zqbeacon3"
+    spoiled = [
+        {"fired_at": "yesterday", "count": "1e400"},
+        {"fired_at": "2026-05-05T09:00:00", "count": 1},  # no offset: not comparable with a message's time
+        {"fired_at": 5, "count": True},
+        {"count": -(2**70)},
+    ]
+    for n, state in enumerate(spoiled):
+        errors = PluginErrors()
+        async with open_memory(tmp_path / f"m{n}", plugins=[errors]) as mem:
+            for day in range(2):
+                assert await _topic_events(mem, day, marker) == []
+            key = state_key("default", "u1", "topic", f"{marker} roadmap")
+            await mem.store.state_put(NAME, key, state)
+            fired = await _topic_events(mem, 2, marker)
+            assert len(fired) == 1, state
+            assert (await mem.store.state_get(NAME, key))["count"] == 3
+        assert errors.seen == []

@@ -52,6 +52,22 @@ async def test_every_tool_refuses_a_value_of_the_wrong_json_type(mem: Memory) ->
     assert checked >= 40
 
 
+async def test_every_tool_refuses_a_nul_in_an_id_and_names_the_field(mem: Memory) -> None:
+    """PostgreSQL text cannot hold NUL: an id with one is refused by the tool's arguments, as the
+    core's calls refuse it, not by the database once the tool runs."""
+    checked = 0
+    for name in mem.tools.names():
+        fields = mem.tools.get(name).input_schema().get("properties", {})
+        for field in ("user_id", "chat_id", "tenant"):
+            if field not in fields:
+                continue
+            with pytest.raises(InputError) as info:
+                await mem.call_tool(name, {field: "a\x00b"})
+            assert f"{field}: Value error, must not hold a NUL character" in str(info.value), (name, field)
+            checked += 1
+    assert checked >= 20
+
+
 WRONG_TYPES = [
     ("memory_recall", {**U1, "query_intent": "rock", "depth": "2"}, "depth"),
     ("memory_recall", {**U1, "query_intent": "rock", "include_speculative": "no"},

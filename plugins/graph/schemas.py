@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from narrmem.models import MAX_ID_CHARS
+from narrmem.models import MAX_ID_CHARS, no_nul
 
 NodeName = Annotated[
     str,
@@ -55,6 +55,8 @@ class ScopeArgs(_Strict):
         "(default: '_direct')",
     )
     tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+
+    _ids_without_nul = field_validator("user_id", "chat_id", "tenant")(no_nul)
 
 
 class ChatScopeArgs(ScopeArgs):

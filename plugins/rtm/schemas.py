@@ -8,12 +8,12 @@ decides every parameter, so the handler refuses tree parameters beside it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from narrmem_plugins.rtm.theory import MAX_BRANCHING, MAX_DEPTH, MIN_BRANCHING, MIN_DEPTH
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from narrmem.models import MAX_ID_CHARS
+from narrmem.models import MAX_ID_CHARS, no_nul
 
 MAX_TEXT_CHARS = 500_000  # about 80,000 words; ``max_clauses`` bounds the tree itself
 MAX_TITLE_CHARS = 200
@@ -46,6 +46,7 @@ Depth = Field(
 )
 Seed = Field(default=None, ge=0, le=2**63 - 1, description="seed of the random partition")
 Tenant = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+TenantId = Annotated[str, AfterValidator(no_nul)]  # PostgreSQL text cannot hold NUL
 
 
 def _language_field() -> Any:
@@ -77,7 +78,7 @@ class _TreeOptions(_Input):
 
 
 class CreateTreeInput(_TreeOptions):
-    tenant: str = Tenant
+    tenant: TenantId = Tenant
     text: str = _text_field()
     title: str = _title_field()
     type: str = Field(
@@ -89,7 +90,7 @@ class TextOrTree(_TreeOptions):
     """``treeId`` is declared before ``text`` so that ``text``'s validator can see it: the error for
     both or neither then names ``text``."""
 
-    tenant: str = Tenant
+    tenant: TenantId = Tenant
     treeId: str | None = Field(default=None, pattern=TREE_ID_PATTERN, description="a stored tree")
     text: str | None = Field(
         default=None,
