@@ -197,6 +197,15 @@ def test_bad_config_exits_2_naming_the_key(store: CliStore) -> None:
     assert "storage.batchsize" in done.stderr
 
 
+def test_an_error_quoting_a_line_break_from_the_config_is_one_line(store: CliStore) -> None:
+    config = store.work / "multiline.toml"
+    config.write_text('[storage]\nbackend = "multi\\nline"\n', encoding="utf-8")
+    done = narrmem("stats", "--config", str(config), "--data", str(store.data), cwd=store.work)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "no backend named 'multi\\nline'" in done.stderr
+
+
 def test_forget_json(store: CliStore, tmp_path: Path) -> None:
     data = tmp_path / "copy"
     shutil.copytree(store.data, data)

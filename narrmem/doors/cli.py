@@ -160,6 +160,12 @@ def _add_serving_commands(sub: Subparsers, common: Parents) -> None:
     add_server_commands(sub, common)  # serve (HTTP API and inspector), keys
 
 
+def one_line(text: str) -> str:
+    """An error message as one line: a value it quotes (a backend's name from a config file, say)
+    may hold line breaks or other control characters, shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -182,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             COMMANDS[args.command](args, settings.model_copy(update=_where_model_runs(args, settings)))
         )
     except NarrmemError as exc:
-        print(f"narrmem: error: {exc}", file=sys.stderr)
+        print(f"narrmem: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
