@@ -52,8 +52,7 @@ EXPLICIT_IMPORTANCE = 0.9
 class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
     def __init__(self) -> None:
         super().__init__()
-        self._prototypes: dict[str, np.ndarray] | None = None
-        self._embedding_prototypes: asyncio.Future[None] | None = None
+        self._prototypes: asyncio.Future[dict[str, np.ndarray]] | None = None
         self.counters = Counters(self.options)
 
     def configured(self, settings: Settings) -> None:
@@ -70,7 +69,7 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
 
     @hookimpl
     async def narrmem_shutdown(self) -> None:
-        embedding = self._embedding_prototypes
+        embedding = self._prototypes
         if embedding is not None and not embedding.done():
             embedding.cancel()
             await asyncio.gather(embedding, return_exceptions=True)
@@ -148,21 +147,18 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
     async def prototype_vectors(self, memory: MemoryView) -> dict[str, np.ndarray]:
         """The scene prototypes' vectors by scene type, embedded once: callers that come while
         they are embedded wait for that one embedding, and a caller's cancel does not stop it."""
-        if self._prototypes is None:
-            await asyncio.shield(self._embed_prototypes_once(memory))
-        assert self._prototypes is not None
-        return self._prototypes
+        return await asyncio.shield(self._embed_prototypes_once(memory))
 
-    def _embed_prototypes_once(self, memory: MemoryView) -> asyncio.Future[None]:
-        embedding = self._embedding_prototypes
+    def _embed_prototypes_once(self, memory: MemoryView) -> asyncio.Future[dict[str, np.ndarray]]:
+        embedding = self._prototypes
         if embedding is None or (embedding.done() and (embedding.cancelled() or embedding.exception())):
             embedding = asyncio.ensure_future(self._embed_prototypes(memory))
             # A failure is met again by the next scene decision, which tries anew; unseen here.
             embedding.add_done_callback(lambda done: done.cancelled() or done.exception())
-            self._embedding_prototypes = embedding
+            self._prototypes = embedding
         return embedding
 
-    async def _embed_prototypes(self, memory: MemoryView) -> None:
+    async def _embed_prototypes(self, memory: MemoryView) -> dict[str, np.ndarray]:
         # One request: it takes the model's long lane, in slices, so a message that comes while
         # it runs is embedded first (and, one text to a model run, each vector is the same as
         # alone).
@@ -173,7 +169,7 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         for kind, kind_sentences in PROTOTYPES.items():
             by_kind[kind] = vectors[start : start + len(kind_sentences)]
             start += len(kind_sentences)
-        self._prototypes = by_kind
+        return by_kind
 
     async def _novelty(self, memory: MemoryView, message: Message, vector: np.ndarray) -> float:
         """1 minus the similarity to the closest scene this user already has (1 for a first scene)."""
