@@ -34,7 +34,9 @@ What is measured, in this order (all times with ``time.perf_counter``):
    step 1 come from a database of their own.
 3. At each size, ``--samples`` single ``mem.ingest`` calls of messages triage ignores and of messages it
    stores (each stored one embeds one text, and after each the embedding of that text, ``Ann said,
-   "…"``, is timed alone: the model's share of the ingest, reported as ``own_embedding``); then
+   "…"``, is timed alone: the model's share of the ingest, reported as ``own_embedding``); the
+   stored kind again with ``acknowledge="on_receipt"`` (answered once triaged and kept as it came,
+   before its embedding), with the time until each is written (``until_written``); then
    ``--samples`` ``mem.recall(query, user_id=..., k=--k)``
    calls (query embedding included) for two user scopes: the heavy user and a typical user, with their
    memory counts in the output. After each timed stored ingest and recall one embedding of another
@@ -479,22 +481,33 @@ async def fill(
     return {"records": need, "seconds": seconds, "per_s": need / seconds if seconds else None}
 
 
-async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> dict[str, Any]:
+async def time_ingest(
+    mem: Memory, pop: Population, n: int, ignored: bool, acknowledge: str | None = None
+) -> dict[str, Any]:
     """Single ingests. For stored messages, each is followed by one embedding of the text its
-    episode embeds (``Ann said, "…"``), timed alone: the model's share of that ingest."""
+    episode embeds (``Ann said, "…"``), timed alone: the model's share of that ingest.
+    ``acknowledge``: the calls' own (``"on_receipt"``), else the memory's setting."""
     durations: list[float] = []
     own: list[float] = []
     query: list[float] = []
+    until_written: list[float] = []
     layers: Counter[str] = Counter()
     for _ in range(n):
         text = pop.gen.acknowledgement() if ignored else pop.gen.content()
         message = pop.message(text, prefix="single")
         forget_recent(mem)
         start = time.perf_counter()
-        result = await mem.ingest(message)
+        result = await (
+            mem.ingest(message) if acknowledge is None else mem.ingest(message, acknowledge=acknowledge)
+        )
         durations.append(time.perf_counter() - start)
-        # Acknowledged before its hooks ran (acknowledge = "after_write"): they finish here, untimed,
-        # as between a bot's messages, so that the next figures are not timed beside them.
+        if not result.written:
+            # On receipt: how long until it is written (recall in this process waits that long).
+            await mem.written()
+            until_written.append(time.perf_counter() - start)
+        # Acknowledged before its hooks ran, or before it was written (acknowledge = "after_write",
+        # "on_receipt"): they finish here, untimed, as between a bot's messages, so that the next
+        # figures are not timed beside them.
         await settled(mem)
         layers[result.layer] += 1
         if result.stored:
@@ -505,6 +518,8 @@ async def time_ingest(mem: Memory, pop: Population, n: int, ignored: bool) -> di
     if own:
         out["own_embedding"] = latency_summary(own)
         out["query_embedding"] = latency_summary(query)
+    if until_written:
+        out["until_written"] = latency_summary(until_written)
     return out
 
 
@@ -670,6 +685,9 @@ async def time_size(mem: Memory, pop: Population, args: argparse.Namespace) -> d
         row: dict[str, Any] = {
             "ingest_ignored": await time_ingest(mem, pop, args.samples, ignored=True),
             "ingest_stored": await time_ingest(mem, pop, args.samples, ignored=False),
+            "ingest_stored_on_receipt": await time_ingest(
+                mem, pop, args.samples, ignored=False, acknowledge="on_receipt"
+            ),
             "recall_heavy_user": await time_recall(mem, pop, pop.heavy, args.samples, args.k),
             "recall_typical_user": await time_recall(mem, pop, pop.typical, args.samples, args.k),
             "recall_heavy_user_after_write": await time_recall_after_write(
@@ -873,11 +891,15 @@ def print_report(report: dict[str, Any]) -> None:
         for name, key, scope in (
             ("ingest, ignored", "ingest_ignored", "-"),
             ("ingest, stored", "ingest_stored", "-"),
+            ("ingest, stored, on receipt", "ingest_stored_on_receipt", "-"),
+            ("  the same, until written", ("ingest_stored_on_receipt", "until_written"), "-"),
             ("recall, heavy user", "recall_heavy_user", scopes["heavy_user"]["memories"]),
             ("recall, typical user", "recall_typical_user", scopes["typical_user"]["memories"]),
             ("recall after write, heavy", "recall_heavy_user_after_write", "-"),
         ):
-            m = row[key]
+            m = row.get(key) if isinstance(key, str) else row.get(key[0], {}).get(key[1])
+            if m is None:
+                continue  # a report from before the figure existed
             rows.append(
                 [label, name, scope, m["p50_ms"], m["p95_ms"], m["p99_ms"], m["mean_ms"], m["samples"]]
             )
@@ -904,10 +926,12 @@ def print_report(report: dict[str, Any]) -> None:
         query_stored = stored.get("query_embedding", {}).get("p50_ms", query)
         query_heavy = heavy.get("query_embedding", {}).get("p50_ms", query)
         own = stored.get("own_embedding", {}).get("p50_ms")
+        receipt = row.get("ingest_stored_on_receipt")
         ratio_rows.append(
             [
                 f"{int(size):,}",
                 stored["p50_ms"] / query_stored,
+                receipt["p50_ms"] / receipt["query_embedding"]["p50_ms"] if receipt else None,
                 heavy["p50_ms"] / query_heavy,
                 query_stored,
                 query_heavy,
@@ -924,6 +948,7 @@ def print_report(report: dict[str, Any]) -> None:
             [
                 "memories",
                 "stored / query emb.",
+                "on receipt / query emb.",
                 "heavy recall / query emb.",
                 "query emb. ms (stored)",
                 "query emb. ms (recall)",

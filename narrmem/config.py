@@ -78,6 +78,10 @@ def data_folder_entry(name: str) -> str:
     return name
 
 
+# When ingest answers: after the after-store hooks, once written, or on receipt (see StorageSettings).
+Acknowledge = Literal["after_hooks", "after_write", "on_receipt"]
+
+
 class StorageSettings(_Section):
     backend: str = Field(default="sqlite", description="name of a registered store")
     database: str = Field(default="narrmem.sqlite3", description="file name inside the data folder")
@@ -124,11 +128,13 @@ class StorageSettings(_Section):
         le=100_000,
         description="messages per write transaction (the first and last batches of a call are smaller)",
     )
-    acknowledge: Literal["after_hooks", "after_write"] = Field(
+    acknowledge: Acknowledge = Field(
         default="after_hooks",
         description="when ingest returns: once the after-store hooks (counts, facts, triggers) have "
-        "run, or once the message is written, the hooks running afterwards (recorded with the write, "
-        "so a process that stops first has them run at the next open)",
+        "run; once the message is written, the hooks running afterwards (recorded with the write, "
+        "so a process that stops first has them run at the next open); or, for a call of up to 8 "
+        "messages, once it is triaged and kept in the store as it came, before its embedding (it "
+        "is written a moment later, by the next open if the process stops first)",
     )
     hnsw_threshold: int = Field(
         default=10_000, ge=2, le=100_000_000, description="a user's vectors searched by HNSW from this many"

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 async def edit(memory: Memory, message: Message | dict[str, Any]) -> IngestResult:
     edited = as_message(message, None)
+    # The message may still be on its way to the store (acknowledged on receipt).
+    await memory.written(tenant=edited.tenant, chat_id=edited.chat_id)
     scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
     ids = await memory.store.from_messages(edited.tenant, edited.chat_id, [edited.message_id])
     before = [r for r in (await memory.store.get(ids, scope)).values() if r.kind == "episode"]

@@ -18,6 +18,7 @@ from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 
 if TYPE_CHECKING:
+    from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
 
@@ -25,14 +26,22 @@ log = logging.getLogger("narrmem")
 
 
 class Forgetting:
-    def __init__(self, memory: MemoryLifecycle, write_lock: asyncio.Lock, settling: Settling) -> None:
+    def __init__(
+        self, memory: MemoryLifecycle, write_lock: asyncio.Lock, settling: Settling, inbox: Inbox
+    ) -> None:
         self.memory = memory
         self.write_lock = write_lock
         self.settling = settling
+        self.inbox = inbox
+
+    async def _quiet(self) -> None:
+        # What was received is written, and the hooks of what was acknowledged have run, first:
+        # none of it writes after the forget.
+        await self.inbox.written()
+        await self.settling.settle()
 
     async def scope(self, scope: Scope) -> dict[str, int]:
-        # Hooks of acknowledged messages run first: none of them writes after the forget.
-        await self.settling.settle()
+        await self._quiet()
         async with self.write_lock:
             job = await self.memory.store.begin_forget(
                 tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
@@ -41,7 +50,7 @@ class Forgetting:
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
-        await self.settling.settle()
+        await self._quiet()
         async with self.write_lock:
             job = await self.memory.store.begin_forget(
                 tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
@@ -66,6 +75,7 @@ class Forgetting:
         told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
         await self.memory.host.call("narrmem_after_forget", isolate=False, **told)
         await self.settling.drop(job)
+        await self.inbox.drop(job)
         await store.finish_forget(job, purge=job.messages is None)
         return counts
 

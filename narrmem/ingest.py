@@ -41,7 +41,9 @@ from narrmem.store import FindsStoredMessages, MessageKey, WritesContext, Writes
 from narrmem.text import cjk_count
 
 if TYPE_CHECKING:
+    from narrmem.config import Acknowledge
     from narrmem.embed import Embedder
+    from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
 
@@ -70,6 +72,9 @@ class Pending:
     # decision's gist, attributed): a hook that rewrites the embed_text gets its own text embedded.
     written_embed_text: str | None = None
     gist_text: str | None = None
+    # Received before it was written (acknowledge = "on_receipt"): the embedding of its episode's
+    # text, started then.
+    early: asyncio.Future[np.ndarray] | None = None
 
     def vector_text(self, record: MemoryRecord) -> str:
         """The text ``record``'s vector is made of."""
@@ -117,23 +122,36 @@ class IngestPipeline:
         write_lock: asyncio.Lock,
         callbacks: list[TriggerCallback],
         settling: Settling,
+        inbox: Inbox,
     ) -> None:
         self.memory = memory
         self.write_lock = write_lock
         self.callbacks = callbacks
         self.settling = settling
+        self.inbox = inbox
 
     async def run(
-        self, messages: Sequence[Message | dict[str, Any]], progress: Callable[[int], None] | None
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        progress: Callable[[int], None] | None,
+        acknowledge: Acknowledge | None = None,
     ) -> list[IngestResult]:
         """Ingest ``messages`` a batch at a time, as a pipeline: while one batch's before-store hooks
         and write run, the next batch is triaged and handed to the model, so the model embeds
         without a pause between batches; a batch's after-store hooks run (or are scheduled, with
         ``acknowledge = "after_write"``) once it is written."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
+        mode = acknowledge or self.memory.settings.storage.acknowledge
+        deferred = mode != "after_hooks"
+        if deferred:
+            await self.settling.claim()
+        if mode == "on_receipt":
+            if len(validated) <= SHORT_TEXTS:
+                return await self._receive(validated)
+            # A bulk import is answered once written, after what was received before it.
+            await self.inbox.written()
         batch_size = self.memory.settings.storage.batch_size
         chunks = [validated[start:end] for start, end in batch_bounds(len(validated), batch_size)]
-        deferred = self.settling.deferred
         # A batch's results are filled in by its after-store task, which may still run while the
         # next batch embeds: the lists are read only once every task is done.
         batches: list[list[IngestResult]] = []
@@ -169,14 +187,65 @@ class IngestPipeline:
                 await finishing
         return [result for batch in batches for result in batch]
 
-    async def _prepare(self, messages: list[Message]) -> Prepared:
-        """Triage and dedupe a batch, make its episodes, and hand their texts to the model."""
-        results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
+    async def _triaged(self, messages: list[Message]) -> list[Pending]:
         items = []
         for i, message in enumerate(messages):
             errors: list[str] = []
             items.append(Pending(i, message, await self.triage(message, errors), errors))
             await yield_every(i)
+        return items
+
+    async def _receive(self, messages: list[Message]) -> list[IngestResult]:
+        """``acknowledge = "on_receipt"``: triage and dedupe a bot's few messages, and hand the new
+        ones to the inbox, which answers once they are put in the store as they came."""
+        items = await self._triaged(messages)
+        results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
+        new = [item for item in await self._new_messages(items, results) if not self.inbox.holds(item.key)]
+        kept = {item.index for item in new}
+        for item in items:
+            if item.decision.layer != "ignore" and item.index not in kept:
+                results[item.index] = duplicate(item.message, item.decision)
+        # The model starts on them while they are put in the store: the write that follows waits
+        # for an embedding that is under way, or done.
+        for item in new:
+            item.early = asyncio.ensure_future(
+                self.memory.embedder.embed([vector_text(item.message, item.decision)])
+            )
+            item.early.add_done_callback(_retrieved)
+        try:
+            received = await self.inbox.receive(new)
+        except BaseException:
+            for item in new:
+                if item.early is not None:
+                    item.early.cancel()
+            raise
+        for item, result in zip(new, received, strict=True):
+            results[item.index] = result
+        return results
+
+    async def store_received(self, items: list[Pending]) -> None:
+        """Write messages received earlier (already triaged), in order, and schedule their
+        after-store hooks; a message stored meanwhile (by another process) is skipped."""
+        for n, item in enumerate(items):
+            item.index = n
+        results = [
+            IngestResult(message_id=i.message.message_id, layer="accumulate", stored=False) for i in items
+        ]
+        prepared = await self._prepare_triaged(items, results)
+        prefix = self.settling.batch_prefix()
+        # Written once the vectors are there, in a short transaction: a message that arrives
+        # meanwhile is put in the store without waiting for this batch's embedding.
+        written = await self._finish(prepared, None, prefix, while_embedding=False)
+        if written:
+            self.settling.schedule(functools.partial(self.after_store, written, None), prefix, len(written))
+        await self.settling.hold_back()
+
+    async def _prepare(self, messages: list[Message]) -> Prepared:
+        """Triage and dedupe a batch, make its episodes, and hand their texts to the model."""
+        results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
+        return await self._prepare_triaged(await self._triaged(messages), results)
+
+    async def _prepare_triaged(self, items: list[Pending], results: list[IngestResult]) -> Prepared:
         early: asyncio.Future[np.ndarray] | None = None
         texts: list[str] = []
         if len(items) <= SHORT_TEXTS:
@@ -188,7 +257,7 @@ class IngestPipeline:
                     vector_text(i.message, i.decision) for i in items if i.decision.layer != "ignore"
                 )
             )
-            early = await self._embed_early(texts)
+            early = await self._embed_early(texts, started(items))
         try:
             kept = await self._new_messages(items, results)
         except BaseException:
@@ -207,14 +276,17 @@ class IngestPipeline:
             # (a scene) or change what an episode embeds; those texts are embedded afterwards, so
             # every record gets the vector of its own text.
             texts = list(dict.fromkeys(item.vector_text(item.records[0]) for item in kept))
-            early = await self._embed_early(texts)
+            early = await self._embed_early(texts, started(items))
         return Prepared(results, kept, texts, early)
 
-    async def _embed_early(self, texts: list[str]) -> asyncio.Future[np.ndarray] | None:
-        """Hand ``texts`` to the model before the next synchronous work holds the loop."""
+    async def _embed_early(
+        self, texts: list[str], started: dict[str, asyncio.Future[np.ndarray]]
+    ) -> asyncio.Future[np.ndarray] | None:
+        """Hand ``texts`` to the model before the next synchronous work holds the loop (those
+        in ``started``, embeddings already under way, are not embedded again)."""
         if not texts:
             return None
-        early = asyncio.ensure_future(self.memory.embedder.embed(texts))
+        early = asyncio.ensure_future(embedded(texts, started, self.memory.embedder))
         try:
             await asyncio.sleep(0)
         except asyncio.CancelledError:
@@ -223,7 +295,12 @@ class IngestPipeline:
         return early
 
     async def _finish(
-        self, prepared: Prepared, previous: asyncio.Future[None] | None, prefix: str | None
+        self,
+        prepared: Prepared,
+        previous: asyncio.Future[None] | None,
+        prefix: str | None,
+        *,
+        while_embedding: bool = True,
     ) -> list[Pending]:
         """Run a prepared batch's before-store hooks, wait for its vectors and write it; return the
         messages written (whose after-store hooks the caller runs). ``previous`` is the last
@@ -248,7 +325,9 @@ class IngestPipeline:
                 later = asyncio.ensure_future(embed_ahead(self.memory.embedder, rest))
             if previous is not None:
                 await previous
-            written = await self._write(kept, results, prefix, lambda: _vectors(prepared, rest, later))
+            written = await self._write(
+                kept, results, prefix, lambda: _vectors(prepared, rest, later), while_embedding
+            )
         finally:
             prepared.cancel()
             if later is not None and not later.done():
@@ -285,6 +364,7 @@ class IngestPipeline:
         results: list[IngestResult],
         prefix: str | None,
         vectors: Callable[[], Awaitable[np.ndarray]],
+        while_embedding: bool = True,
     ) -> list[Pending]:
         """Write a batch once ``vectors()`` has its records' vectors. A few messages (a bot's
         message as it comes) go in while their embedding runs, on a store that can
@@ -297,17 +377,21 @@ class IngestPipeline:
                 context[len(records)] = item.context_lines
             records.extend(item.records)
         store = self.memory.store
+        while_embedding = (
+            while_embedding and len(items) <= SHORT_TEXTS and isinstance(store, WritesWhileEmbedding)
+        )
         if context and isinstance(store, WritesContext):
             # The lines go in with the records: the few messages of a bot's turn while their
             # embedding runs (on a store that can), a batch once its vectors are there.
-            if len(items) <= SHORT_TEXTS and isinstance(store, WritesWhileEmbedding):
+            if while_embedding:
                 async with self.write_lock:
                     await store.add_with_context(records, vectors(), context, state=pending)
             else:
                 ready = await vectors()
                 async with self.write_lock:
                     await store.add_with_context(records, ready, context, state=pending)
-        elif len(items) <= SHORT_TEXTS and isinstance(store, WritesWhileEmbedding):
+        elif while_embedding:
+            assert isinstance(store, WritesWhileEmbedding)
             async with self.write_lock:
                 await store.add_while_embedding(records, vectors(), state=pending)
         else:
@@ -473,6 +557,29 @@ def batch_bounds(n: int, size: int, smallest: int = 8) -> list[tuple[int, int]]:
         bounds.append((start, start + step))
         start += step
     return bounds
+
+
+def started(items: Sequence[Pending]) -> dict[str, asyncio.Future[np.ndarray]]:
+    """The embeddings of episodes' texts started when the messages were received."""
+    return {vector_text(i.message, i.decision): i.early for i in items if i.early is not None}
+
+
+async def embedded(
+    texts: list[str], started: dict[str, asyncio.Future[np.ndarray]], embedder: Embedder
+) -> np.ndarray:
+    """``texts``' vectors, in order: those in ``started`` once their embedding is done, the rest
+    embedded now, in one request."""
+    if not started:
+        return await embedder.embed(texts)
+    rest = [text for text in texts if text not in started]
+    fresh = dict(zip(rest, await embedder.embed(rest), strict=True)) if rest else {}
+    return np.vstack([(await started[text])[0] if text in started else fresh[text] for text in texts])
+
+
+def _retrieved(future: asyncio.Future[np.ndarray]) -> None:
+    """An embedding nobody awaits in the end (its message was stored meanwhile) fails quietly."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def embed_ahead(embedder: Embedder, texts: list[str]) -> np.ndarray:

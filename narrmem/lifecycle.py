@@ -20,6 +20,7 @@ from narrmem.embed import Embedder
 from narrmem.errors import PluginError
 from narrmem.forgetting import Forgetting
 from narrmem.host import PluginHost
+from narrmem.inbox import Inbox
 from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.settling import Settling
 from narrmem.store import Store
@@ -61,8 +62,9 @@ class MemoryLifecycle:
         self._trigger_callbacks: list[TriggerCallback] = []
         write_lock = asyncio.Lock()  # one writer at a time in this process
         self._settling = Settling(self)
-        self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks, self._settling)
-        self._forgetting = Forgetting(self, write_lock, self._settling)
+        self._inbox = Inbox(self, self._settling.token)
+        self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks, self._settling, self._inbox)
+        self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox)
         self._closed = False
         self._started = False
         self._loop_guard: asyncio.Task[None] | None = None
@@ -114,6 +116,9 @@ class MemoryLifecycle:
         await self.host.call("narrmem_startup", isolate=False, memory=self)
         await self._forgetting.resume()
         await self._settling.start(self._ingest)
+        self._inbox.start(self._ingest)
+        if not self.read_only:
+            await self._inbox.recover(self._ingest)
 
     def attach(self, *, store: Store | None = None, embedder: Embedder | None = None) -> None:
         """Set the store and embedder the plugins registered (used while opening)."""
@@ -147,6 +152,7 @@ class MemoryLifecycle:
             with contextlib.suppress(asyncio.CancelledError):
                 await guard
         if self._started:
+            await self._inbox.drained()
             await self._settling.close()
             await self.host.call("narrmem_shutdown", memory=self)
         for part in (self._store, self._embedder):

@@ -6,6 +6,7 @@ embedder) is :mod:`narrmem.lifecycle`; plugins see it as a :class:`~narrmem.view
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
@@ -13,6 +14,8 @@ from typing import Any, Literal
 from narrmem import answers, editing, importance, opening
 from narrmem import recall as recall_pipeline
 from narrmem.checks import sequence_argument
+from narrmem.config import Acknowledge
+from narrmem.errors import InputError
 from narrmem.ingest import TriggerCallback, as_message, attributed, speaker_of
 from narrmem.lifecycle import MemoryLifecycle
 from narrmem.models import (
@@ -28,6 +31,14 @@ from narrmem.models import (
 __all__ = ["Memory", "attributed", "speaker_of"]
 
 scope_of = opening.scope_argument
+ACKNOWLEDGE_MODES: tuple[Acknowledge, ...] = typing.get_args(Acknowledge)
+
+
+def acknowledge_argument(value: object) -> Acknowledge:
+    for mode in ACKNOWLEDGE_MODES:
+        if value == mode and isinstance(value, str):
+            return mode
+    raise InputError(f"must be one of {', '.join(ACKNOWLEDGE_MODES)}, not {value!r}", field="acknowledge")
 
 
 class Memory(MemoryLifecycle):
@@ -35,27 +46,48 @@ class Memory(MemoryLifecycle):
     and ``await mem.close()``); what it owns and how it opens and closes is
     :class:`~narrmem.lifecycle.MemoryLifecycle`, what a bot calls is here."""
 
-    async def ingest(self, message: Message | dict[str, Any]) -> IngestResult:
+    async def ingest(
+        self, message: Message | dict[str, Any], *, acknowledge: Acknowledge | None = None
+    ) -> IngestResult:
         """Triage one message and store what it deserves. Ignored messages return at once. The
-        result comes once the after-store hooks ran (its counts, notes and triggers), or, with
-        ``[storage] acknowledge = "after_write"``, once the message is written (``settled`` is
-        ``False``; the hooks run after it, see :meth:`settle`)."""
-        [result] = await self.ingest_many([message])
+        result comes once the after-store hooks ran (its counts, notes and triggers); with
+        ``acknowledge="after_write"``, once the message is written (``settled`` is ``False``; the
+        hooks run after it, see :meth:`settle`); with ``"on_receipt"``, once it is triaged and
+        kept in the store as it came (``written`` is ``False``: it is embedded and written a
+        moment later; recall waits for it). ``acknowledge`` defaults to ``[storage] acknowledge``."""
+        [result] = await self.ingest_many([message], acknowledge=acknowledge)
         return result
 
     async def ingest_many(
-        self, messages: Sequence[Message | dict[str, Any]], *, progress: Callable[[int], None] | None = None
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        *,
+        progress: Callable[[int], None] | None = None,
+        acknowledge: Acknowledge | None = None,
     ) -> list[IngestResult]:
         """Ingest in order with batched embeddings and one transaction per batch. Every message is
         validated before anything is written: one bad message is an :class:`InputError` naming
-        its index and field, and nothing from the call is stored."""
-        return await self._ingest.run(sequence_argument(messages, "messages"), progress)
+        its index and field, and nothing from the call is stored. ``acknowledge`` as for
+        :meth:`ingest`; ``"on_receipt"`` applies to calls of up to 8 messages, a larger one is
+        answered once written."""
+        mode = None if acknowledge is None else acknowledge_argument(acknowledge)
+        return await self._ingest.run(sequence_argument(messages, "messages"), progress, mode)
 
     async def settle(self) -> None:
         """Wait until the after-store hooks (counts, facts, triggers) of every message acknowledged
         so far have run. Needed only with ``[storage] acknowledge = "after_write"``, where ingest
-        returns before they run; closing the memory and a forget wait for them too."""
+        returns before they run, or ``"on_receipt"``, where it returns before the message is
+        written (this waits for the writes too); closing the memory and a forget wait for them too."""
+        await self._inbox.drained()
         await self._settling.settle()
+
+    async def written(
+        self, *, user_id: str | None = None, chat_id: str | None = None, tenant: str | None = None
+    ) -> None:
+        """Wait until the messages this process acknowledged on receipt (``[storage] acknowledge =
+        "on_receipt"``) are written: those of the scope, or every one when no ``tenant`` is given.
+        Recall waits for its scope's by itself."""
+        await self._inbox.written(None if tenant is None else scope_of(tenant, user_id, chat_id))
 
     async def triage(self, message: Message | dict[str, Any]) -> TriageDecision:
         """What triage decides for a message, without storing anything (a dry run)."""

@@ -389,6 +389,12 @@ class IngestResult(_Strict):
         "(counts, facts, triggers) run afterwards ([storage] acknowledge = 'after_write'): counts and "
         "the hooks' notes are then not in this result, and triggers reach the trigger callbacks",
     )
+    written: bool = Field(
+        default=True,
+        description="False when the message was acknowledged on receipt ([storage] acknowledge = "
+        "'on_receipt'): it is kept in the store as it came and written a moment later, so "
+        "memory_ids, records and scene are empty here; recall in this process waits for it",
+    )
 
 
 class Candidate(_Strict):

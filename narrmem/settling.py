@@ -21,13 +21,13 @@ import contextlib
 import itertools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
-from narrmem.store import StateEntry
+from narrmem.store import StateEntry, Store
 
 if TYPE_CHECKING:
     from narrmem.ingest import IngestPipeline, Pending
@@ -52,10 +52,14 @@ class Settling:
         self._batches_running: collections.deque[asyncio.Future[None]] = collections.deque()
         self._unsettled = 0
         self._claim = contextlib.AsyncExitStack()
+        self._claimed = False
 
-    @property
-    def deferred(self) -> bool:
-        return self.memory.settings.storage.acknowledge == "after_write"
+    async def claim(self) -> None:
+        """Hold this process's claim on its entries, from the first call that leaves any until
+        the memory closes: while it is held, no other process runs or writes them."""
+        if not self._claimed:
+            self._claimed = True
+            await self._claim.enter_async_context(self.memory.store.exclusive(claim_name(self.token)))
 
     # --- while ingesting ---------------------------------------------------------------------
 
@@ -119,9 +123,8 @@ class Settling:
         """Claim this process's entries, and run the hooks of the entries stopped processes left."""
         if self.memory.read_only:
             return  # the process that writes the folder runs them
-        store = self.memory.store
-        if self.deferred:
-            await self._claim.enter_async_context(store.exclusive(_claim_name(self.token)))
+        if self.memory.settings.storage.acknowledge != "after_hooks":
+            await self.claim()
         await self.recover(pipeline)
 
     async def close(self) -> None:
@@ -131,29 +134,21 @@ class Settling:
     async def recover(self, pipeline: IngestPipeline) -> int:
         """Run the hooks of entries whose process is gone; return how many messages they were."""
         store = self.memory.store
-        owners: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-        for key, value in await store.state_items(NAMESPACE):
-            owners.setdefault(key.split(":", 1)[0], []).append((key, value))
         done = 0
-        for token, entries in owners.items():
-            if token == self.token:
-                continue
-            async with store.exclusive(_claim_name(token)) as gone:
-                if not gone:
-                    continue  # its process is running and settles them itself
-                log.warning("running the after-store hooks of %d acknowledged messages", len(entries))
-                for prefix, batch in itertools.groupby(entries, key=lambda e: e[0].rsplit(":", 1)[0] + ":"):
-                    items = [item for _, value in batch if (item := await self._rebuild(value)) is not None]
-                    if items:
-                        await pipeline.after_store(items, None)
-                    await store.state_delete(NAMESPACE, prefix)
-                    done += len(items)
+        async for entries in stopped_owners(store, NAMESPACE, self.token):
+            log.warning("running the after-store hooks of %d acknowledged messages", len(entries))
+            for prefix, batch in itertools.groupby(entries, key=lambda e: e[0].rsplit(":", 1)[0] + ":"):
+                items = [item for _, value in batch if (item := await self._rebuild(value)) is not None]
+                if items:
+                    await pipeline.after_store(items, None)
+                await store.state_delete(NAMESPACE, prefix)
+                done += len(items)
         return done
 
     async def drop(self, job: ForgetJob) -> None:
         """Delete the entries of the messages a forget removes (ids are a trace of them too)."""
         for key, value in await self.memory.store.state_items(NAMESPACE):
-            if _forgotten(value, job):
+            if forgotten(value, job):
                 await self.memory.store.state_delete(NAMESPACE, key)
 
     async def _rebuild(self, value: dict[str, Any]) -> Pending | None:
@@ -206,7 +201,7 @@ def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
     }
 
 
-def _forgotten(value: dict[str, Any], job: ForgetJob) -> bool:
+def forgotten(value: dict[str, Any], job: ForgetJob) -> bool:
     if value.get("tenant") != job.tenant:
         return False
     if job.user_id is not None and value.get("user_id") != job.user_id:
@@ -216,7 +211,24 @@ def _forgotten(value: dict[str, Any], job: ForgetJob) -> bool:
     return job.messages is None or value.get("message_id") in job.messages
 
 
-def _claim_name(token: str) -> str:
+async def stopped_owners(
+    store: Store, namespace: str, own_token: str
+) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
+    """The entries of ``namespace`` (keys ``token:…``) of each process that is gone, in key order,
+    each given while its claim is held here, so that no other process takes them meanwhile; the
+    entries of running processes, this one's included, are left to them."""
+    owners: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for key, value in await store.state_items(namespace):
+        owners.setdefault(key.split(":", 1)[0], []).append((key, value))
+    for token, entries in owners.items():
+        if token == own_token:
+            continue
+        async with store.exclusive(claim_name(token)) as gone:
+            if gone:
+                yield entries
+
+
+def claim_name(token: str) -> str:
     return f"{NAMESPACE}:{token}"
 
 

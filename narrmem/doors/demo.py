@@ -66,7 +66,7 @@ async def _run(settings: Settings, folder: str, out: TextIO, k: int) -> None:
 async def run_demo(memory: Memory, out: TextIO, k: int = 2, clock: ManualClock | None = None) -> None:
     """Every part of the demo on ``memory``; the fading part needs the memory's ``clock``."""
     messages = read_messages(sample_path())
-    results = await memory.ingest_many(messages)
+    results = await memory.ingest_many(messages, acknowledge="after_hooks")  # shows what the hooks made
     _kept(messages, results, out)
     _scenes(messages, results, out)
     await _facts(memory, out)

@@ -4,6 +4,8 @@ moment; then the folder is reopened and checked.
 Kinds of run (``run_crash`` cycles through them):
 
 * ``ingest``: single ``Memory.ingest`` calls; each message is acknowledged once its call returned.
+* ``receipt``: single ``Memory.ingest`` calls with ``[storage] acknowledge = "on_receipt"``: each
+  message is acknowledged once its call returned, before it is written (the reopen writes it).
 * ``bulk``: ``ingest_many`` batches of 1 to 80 messages (16 per write transaction, so a batch spans
   several); a batch is acknowledged once its call returned.
 * ``forget``: the folder is filled first (group chats with several speakers, so other users' keyword
@@ -156,6 +158,8 @@ def _one_run(
     plan: dict[str, Any] = {"kind": kind, "real_model": real, "clock": CLOCK_START.isoformat()}
     if kind == "bulk":  # a batch spans several write transactions
         plan["environment"] = {"NARRMEM_STORAGE__BATCH_SIZE": str(BULK_TRANSACTION)}
+    if kind == "receipt":
+        plan["environment"] = {"NARRMEM_STORAGE__ACKNOWLEDGE": "on_receipt"}
     before: dict[tuple[str, str], tuple[int, int]] = {}
     corpus = build_corpus(
         rng, users=16 if kind != "forget" else 10, tenants=("default", "t1"), per_chat=(4, 7), token_length=10
@@ -168,7 +172,7 @@ def _one_run(
         trigger, delay = "forgetting", rng.uniform(0.0, 0.5)
     else:
         messages = [m.model_dump(mode="json") for m in sorted(corpus.messages, key=lambda m: m.ts)]
-        if kind == "ingest":
+        if kind in ("ingest", "receipt"):
             plan["batches"] = [[m] for m in messages]
         else:
             batches, start = [], 0

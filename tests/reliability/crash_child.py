@@ -6,9 +6,10 @@ once (a fresh interpreter costs seconds per run); by hand it runs as
 
     python crash_child.py FOLDER ACK_FILE PLAN_FILE
 
-``PLAN_FILE`` is JSON: ``{"kind": "ingest" | "bulk" | "forget", "real_model": bool, "batches": [...],
-"forget": [[tenant, user], ...], "clock": ISO, "environment": {NAME: VALUE}}``. For ``ingest``
-every batch has one message and goes through ``Memory.ingest``; for ``bulk`` a batch goes through
+``PLAN_FILE`` is JSON: ``{"kind": "ingest" | "receipt" | "bulk" | "forget", "real_model": bool,
+"batches": [...], "forget": [[tenant, user], ...], "clock": ISO, "environment": {NAME: VALUE}}``. For
+``ingest`` and ``receipt`` (the same, acknowledged on receipt by its environment) every batch has one
+message and goes through ``Memory.ingest``; for ``bulk`` a batch goes through
 one ``ingest_many``. After a call
 returns, each of its messages is acknowledged as ``ack TENANT CHAT MESSAGE_ID LAYER``. For
 ``forget`` the child writes ``forgetting TENANT USER`` before each ``forget`` and ``forgot TENANT
@@ -55,7 +56,7 @@ async def _run(folder: Path, ack_path: Path, plan: dict[str, Any]) -> None:
         else:
             for batch in plan["batches"]:
                 messages = [Message.model_validate(m) for m in batch]
-                if plan["kind"] == "ingest":
+                if plan["kind"] in ("ingest", "receipt"):
                     results = [await mem.ingest(messages[0])]
                 else:
                     results = await mem.ingest_many(messages)

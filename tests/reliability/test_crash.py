@@ -12,9 +12,11 @@ from .crash import FORGET_STEPS, run_crash
 
 pytestmark = pytest.mark.reliability
 
-# Quick: 12 runs in all (4 ingest and bulk, 3 forget, 5 forgets killed at each step); long: 53.
+# Quick: 15 runs in all (4 ingest and bulk, 3 on receipt, 3 forget, 5 forgets killed at each step);
+# long: 65.
 INGEST_RUNS = 32 if LONG else 4
 FORGET_RUNS = 16 if LONG else 3
+RECEIPT_RUNS = 12 if LONG else 3
 
 
 def test_kill_during_ingest_loses_nothing_acknowledged(tmp_path: Path) -> None:
@@ -24,6 +26,21 @@ def test_kill_during_ingest_loses_nothing_acknowledged(tmp_path: Path) -> None:
     # The kills landed while the child was writing: there was something to lose.
     assert figures["acknowledged"] > 10 * INGEST_RUNS
     assert figures["children_finished_before_kill"] < INGEST_RUNS
+    assert figures["failed_reopens"] == 0, figures["reopen_errors"]
+    assert figures["lost"] == 0 and figures["scenes_lost"] == 0, figures["lost_examples"]
+    assert figures["index_mismatches"] == 0
+    assert figures["search_misses"] == 0
+    assert figures["integrity_failures"] == 0, figures["integrity_examples"]
+    assert figures["rebuilds_after_clean_close"] == 0
+
+
+def test_kill_after_answers_on_receipt_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """Acknowledged before it is written: the reopen writes what the killed process received."""
+    figures = run_crash(RECEIPT_RUNS, seed=20261204, workdir=tmp_path, kinds=("receipt",))
+    assert figures["runs_by_kind"] == {"receipt": RECEIPT_RUNS}
+    assert figures["real_model_runs"] == {"receipt": 1}
+    assert figures["acknowledged"] > 10 * RECEIPT_RUNS
+    assert figures["children_finished_before_kill"] < RECEIPT_RUNS
     assert figures["failed_reopens"] == 0, figures["reopen_errors"]
     assert figures["lost"] == 0 and figures["scenes_lost"] == 0, figures["lost_examples"]
     assert figures["index_mismatches"] == 0

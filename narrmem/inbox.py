@@ -1,0 +1,223 @@
+"""Acknowledged on receipt (``[storage] acknowledge = "on_receipt"``).
+
+A call of up to :data:`~narrmem.model_child.SHORT_TEXTS` messages (a bot's message as it comes) is
+validated, triaged and checked against what is stored, and then put in the store as it came, in
+one small write (plugin state, namespace :data:`NAMESPACE`): ingest answers then, before the
+message's own embedding. A task of this memory takes what was received, oldest first and in
+batches, embeds it, writes it with its after-store hooks recorded (:mod:`narrmem.settling`, which
+runs them), and deletes the received entries. A process that stops first leaves its entries for
+the next process to open the store, once this one is gone (the claim :mod:`narrmem.settling`
+holds): that process ingests them. An entry written twice (stored, then its deletion lost to a
+stop) is stored once: the store keeps one episode per message.
+
+Recall in this process waits for what it received in the asked scope to be written, so a bot
+recalls what it was just told; a forget, an edit, :meth:`~narrmem.memory.Memory.settle` and closing
+wait for everything received. Entries hold the message's words until it is written; a forget
+deletes the entries of what it forgets, in every process's share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
+from narrmem.settling import forgotten, stopped_owners
+
+if TYPE_CHECKING:
+    from narrmem.ingest import IngestPipeline, Pending
+    from narrmem.lifecycle import MemoryLifecycle
+    from narrmem.store import MessageKey
+
+log = logging.getLogger("narrmem")
+
+NAMESPACE = "narrmem.inbox"
+# Messages received and not yet written, past which ingest waits for the oldest: what a stop leaves
+# for the next open, and how far recall can lag behind, stay bounded.
+MAX_UNWRITTEN = 1024
+
+
+@dataclass
+class Received:
+    """A message acknowledged and not yet written: its entry's key, the message triaged, and a
+    future done once it is written (or its write failed, and the entry waits for the next open)."""
+
+    key: str
+    item: Pending
+    written: asyncio.Future[None]
+
+
+class Inbox:
+    def __init__(self, memory: MemoryLifecycle, token: str) -> None:
+        self.memory = memory
+        # Entries' keys start with the token of this process's claim (see narrmem.settling).
+        self.token = token
+        self._numbers = itertools.count()
+        self._unwritten: collections.OrderedDict[MessageKey, Received] = collections.OrderedDict()
+        self._waiting: collections.deque[Received] = collections.deque()
+        self._worker: asyncio.Task[None] | None = None
+        self._pipeline: IngestPipeline | None = None
+        self._room = asyncio.Condition()
+
+    def start(self, pipeline: IngestPipeline) -> None:
+        self._pipeline = pipeline
+
+    # --- receiving ------------------------------------------------------------------------------
+
+    def holds(self, key: MessageKey) -> bool:
+        """Whether a message with this key was received and is not written yet."""
+        return key in self._unwritten
+
+    async def receive(self, items: Sequence[Pending]) -> list[IngestResult]:
+        """Put triaged, new messages in the store as they came and queue them for writing; their
+        results say so (``written = False``)."""
+        async with self._room:
+            await self._room.wait_for(lambda: len(self._unwritten) < MAX_UNWRITTEN)
+        received = [Received(self._key(), item, asyncio.get_running_loop().create_future()) for item in items]
+        entries = [(r.key, _entry(r.item.message, r.item.decision)) for r in received]
+        store = self.memory.store
+        if len(entries) == 1:
+            await store.state_put(NAMESPACE, *entries[0])
+        else:
+            # The messages of one call are kept together or not at all: state written with no records.
+            nothing = np.zeros((0, self.memory.embedder.dim), dtype=np.float32)
+            await store.add([], nothing, state=[(NAMESPACE, key, value) for key, value in entries])
+        for r in received:
+            self._unwritten[r.item.key] = r
+            self._waiting.append(r)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._write_received())
+        return [received_result(r.item) for r in received]
+
+    def _key(self) -> str:
+        return f"{self.token}:{next(self._numbers):012d}"
+
+    # --- writing --------------------------------------------------------------------------------
+
+    async def _write_received(self) -> None:
+        """Write what was received, a batch at a time, oldest first, until nothing waits."""
+        assert self._pipeline is not None
+        batch_size = self.memory.settings.storage.batch_size
+        try:
+            while self._waiting:
+                batch = [self._waiting.popleft() for _ in range(min(batch_size, len(self._waiting)))]
+                try:
+                    await self._pipeline.store_received([r.item for r in batch])
+                    written = True
+                except Exception:
+                    # The entries stay: the next process to open the store writes them.
+                    log.exception("writing %d received messages failed; kept for the next open", len(batch))
+                    written = False
+                finally:
+                    self._done(batch)  # written (recall waits no longer), or failed
+                async with self._room:
+                    self._room.notify_all()
+                if written:
+                    await self._delete([r.key for r in batch])
+        finally:
+            # Cancelled with its event loop: what waits stays in the store for the next open, and
+            # no one waits for it here any longer.
+            self._done(list(self._waiting))
+            self._waiting.clear()
+
+    async def _delete(self, keys: Sequence[str]) -> None:
+        try:
+            for key in keys:
+                await self.memory.store.state_delete(NAMESPACE, key)
+        except Exception:
+            # Written already: the next open finds the messages stored and skips them.
+            log.exception("deleting %d received entries after their write failed", len(keys))
+
+    def _done(self, batch: Sequence[Received]) -> None:
+        for r in batch:
+            self._unwritten.pop(r.item.key, None)
+            if not r.written.done():
+                r.written.set_result(None)
+
+    async def written(self, scope: Scope | None = None) -> None:
+        """Wait until what this process received (in ``scope``, else all of it) is written."""
+        if not self._unwritten:
+            return
+        waits = [
+            r.written for r in self._unwritten.values() if scope is None or _in_scope(r.item.message, scope)
+        ]
+        if waits:
+            await asyncio.wait(waits)
+
+    async def drained(self) -> None:
+        """Wait until what this process received is written and its entries are deleted."""
+        while self._worker is not None and not self._worker.done():
+            await asyncio.wait([self._worker])
+
+    # --- opening and forgetting ---------------------------------------------------------------
+
+    async def recover(self, pipeline: IngestPipeline) -> int:
+        """Ingest what stopped processes received and did not write; return how many messages."""
+        store = self.memory.store
+        batch_size = self.memory.settings.storage.batch_size
+        done = 0
+        async for entries in stopped_owners(store, NAMESPACE, self.token):
+            log.warning("writing %d messages a stopped process received", len(entries))
+            for start in range(0, len(entries), batch_size):
+                part = entries[start : start + batch_size]
+                rebuilt = (_rebuild(value, n) for n, (_, value) in enumerate(part))
+                items = [item for item in rebuilt if item is not None]
+                if len(items) < len(part):
+                    log.error("%d received entries are not messages; deleted", len(part) - len(items))
+                if items:
+                    await pipeline.store_received(items)
+                for key, _ in part:
+                    await store.state_delete(NAMESPACE, key)
+                done += len(items)
+        return done
+
+    async def drop(self, job: ForgetJob) -> None:
+        """Delete the entries of the messages a forget removes, whichever process received them."""
+        for key, value in await self.memory.store.state_items(NAMESPACE):
+            message = value.get("message")
+            if isinstance(message, dict) and forgotten(message, job):
+                await self.memory.store.state_delete(NAMESPACE, key)
+
+
+def received_result(item: Pending) -> IngestResult:
+    return IngestResult(
+        message_id=item.message.message_id,
+        layer=item.decision.layer,
+        stored=True,
+        reason=item.decision.reason,
+        type=item.decision.type,
+        notes=list(item.errors),
+        settled=False,
+        written=False,
+    )
+
+
+def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
+    return {"message": message.model_dump(mode="json"), "decision": decision.model_dump(mode="json")}
+
+
+def _rebuild(value: dict[str, Any], index: int) -> Pending | None:
+    from narrmem.ingest import Pending
+
+    try:
+        message = Message.model_validate(value.get("message"))
+        decision = TriageDecision.model_validate(value.get("decision"))
+    except (ValidationError, ValueError):
+        return None
+    return Pending(index, message, decision)
+
+
+def _in_scope(message: Message, scope: Scope) -> bool:
+    return (
+        message.tenant == scope.tenant
+        and scope.user_id in (None, message.user_id)
+        and scope.chat_id in (None, message.chat_id)
+    )

@@ -1,0 +1,353 @@
+"""``[storage] acknowledge = "on_receipt"``: ingest answers once a message is triaged and kept in the
+store as it came, before its embedding; it is written a moment later, by this process or, if it
+stops first, by the next one to open the store. Recall in the process waits for what it received
+in its scope; a forget, an edit and a bulk import come after it. Real model, real SQLite file, real
+PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg
+from _postgres import fresh_database
+
+from narrmem import hookimpl
+from narrmem.errors import InputError
+from narrmem.inbox import NAMESPACE, _entry
+from narrmem.ingest import IngestPipeline
+from narrmem.models import IngestResult, MemoryRecord, Message, Scope, TriageDecision, TriggerEvent
+from narrmem.settling import NAMESPACE as SETTLING
+from narrmem.testing import open_memory
+
+START = datetime(2026, 7, 1, 9, tzinfo=UTC)
+TIRED = ["so tired today", "so tired again today", "still so tired today"]
+ON_RECEIPT = {"acknowledge": "on_receipt"}
+
+
+def tired(user: str = "ann", first: int = 0) -> list[dict[str, Any]]:
+    return [
+        msg(f"{user}-{i}", text, user=user, chat=f"dm-{user}", ts=(START + timedelta(hours=i)).isoformat())
+        for i, text in enumerate(TIRED, start=first)
+    ]
+
+
+class Gate:
+    """Holds every write of received messages at its before-store hook until ``open.set()``, and
+    writes down the after-store calls it sees."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.seen: list[str] = []
+
+    @hookimpl
+    async def narrmem_before_store(self) -> None:
+        await self.open.wait()
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message) -> None:
+        self.seen.append(message.message_id)
+
+
+async def eventually(check: Any, seconds: float = 30.0) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if await check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the condition never held")
+
+
+async def test_ingest_answers_on_receipt_and_recall_waits_for_the_write(tmp_path: Path) -> None:
+    gate = Gate()
+    fired: list[TriggerEvent] = []
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+
+        async def callback(event: TriggerEvent) -> None:
+            fired.append(event)
+
+        memory.on_trigger(callback)
+        results = [await memory.ingest(m) for m in tired()]
+        # Answered with the writes held back: kept as it came, not written yet.
+        assert all(r.stored and not r.written and not r.settled and r.memory_ids == [] for r in results)
+        assert [r.layer for r in results] == ["accumulate"] * 3
+        entries = await memory.store.state_items(NAMESPACE)
+        assert [value["message"]["text"] for _, value in entries] == TIRED
+        assert (await memory.store.stats())["memories"] == 0
+
+        recalling = asyncio.ensure_future(memory.recall("how tired", user_id="ann", k=5))
+        other = await memory.recall("how tired", user_id="bob", k=5)  # another scope waits for nothing
+        assert other == [] and not recalling.done()
+        await asyncio.sleep(0.2)
+        assert not recalling.done()
+        gate.open.set()
+        hits = await recalling
+        # Nothing was written when it was asked: what it found was waited for.
+        assert hits and {mid for h in hits for mid in h.message_ids} <= {"ann-0", "ann-1", "ann-2"}
+
+        await memory.settle()
+        assert await memory.store.state_items(NAMESPACE) == []
+        assert await memory.store.state_items(SETTLING) == []
+        assert gate.seen == ["ann-0", "ann-1", "ann-2"]
+        assert [(e.kind, e.label, e.count) for e in fired] == [("emotion", "tired", 3)]
+
+
+async def test_a_message_received_twice_is_stored_once(tmp_path: Path) -> None:
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        first = await memory.ingest(tired()[0])
+        again = await memory.ingest(tired()[0])  # still waiting to be written
+        assert first.stored and not again.stored and again.duplicate
+        gate.open.set()
+        await memory.settle()
+        later = await memory.ingest(tired()[0])  # written by now
+        assert later.duplicate
+        assert (await memory.store.stats())["memories"] == 1
+
+
+async def test_a_few_messages_in_one_call_are_kept_together(tmp_path: Path) -> None:
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        novel = [
+            msg(f"ann-{i}", f"I finished chapter {i} of my novel", user="ann", chat="dm-ann")
+            for i in range(3)
+        ]
+        results = await memory.ingest_many([*novel, msg("ack", "ok", user="ann", chat="dm-ann")])
+        assert [(r.stored, r.written) for r in results] == [(True, False)] * 3 + [(False, True)]
+        assert results[-1].layer == "ignore"  # an ignored message is answered as always
+        assert len(await memory.store.state_items(NAMESPACE)) == 3
+        gate.open.set()
+        await memory.settle()
+        assert (await memory.store.stats())["memories"] == 3
+
+
+async def test_a_bulk_import_is_written_after_what_was_received(tmp_path: Path) -> None:
+    gate = Gate()
+    bulk = [
+        msg(f"bob-{i}", f"bob finished chapter {i} of the novel", user="bob", chat="dm-bob")
+        for i in range(12)
+    ]
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        await memory.ingest(tired()[0])
+        importing = asyncio.ensure_future(memory.ingest_many(bulk))
+        await asyncio.sleep(0.3)
+        assert not importing.done()  # it waits for the received message
+        gate.open.set()
+        results = await importing
+        await memory.settle()
+    assert all(r.stored and r.written and r.memory_ids for r in results)
+    assert gate.seen == ["ann-0", *(m["message_id"] for m in bulk)]
+
+
+async def test_a_forget_waits_for_the_received_and_drops_the_entries_of_stopped_processes(
+    tmp_path: Path,
+) -> None:
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        for message in [*tired("ann"), *tired("bob")]:
+            await memory.ingest(message)
+        # As a process that is gone would have left them, after this one opened:
+        for user in ("ann", "bob"):
+            message = Message.model_validate(tired(user, first=7)[0])
+            await memory.store.state_put(
+                NAMESPACE, f"gone:000000000000:{user}", _entry(message, TriageDecision(layer="accumulate"))
+            )
+        forgetting = asyncio.ensure_future(memory.forget(user_id="ann"))
+        await asyncio.sleep(0.2)
+        assert not forgetting.done()
+        gate.open.set()
+        await forgetting
+        await memory.settle()
+        assert await memory.recall("tired", user_id="ann", k=5) == []
+        assert sorted(r.message_ids[0] for r in await episodes(memory, "bob")) == ["bob-0", "bob-1", "bob-2"]
+        assert await episodes(memory, "ann") == []
+        left = await memory.store.state_items(NAMESPACE)
+        assert [value["message"]["user_id"] for _, value in left] == ["bob"]
+    with sqlite3.connect(tmp_path / "narrmem.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM plugin_state WHERE value LIKE '%ann-%'").fetchone() == (0,)
+
+
+async def test_an_edit_of_a_message_on_its_way_replaces_it(tmp_path: Path) -> None:
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        await memory.ingest(msg("ann-1", "I started a novel today", user="ann", chat="dm-ann"))
+        editing = asyncio.ensure_future(
+            memory.edit(msg("ann-1", "I started a short story today", user="ann", chat="dm-ann"))
+        )
+        await asyncio.sleep(0.1)
+        gate.open.set()
+        await editing
+        await memory.settle()
+        records = await memory.store.recent(memory_scope("ann"), limit=10)
+    episodes = [r for r in records if r.kind == "episode"]
+    assert [r.text for r in episodes] == ["I started a short story today"]
+    assert [e["text"] for e in episodes[0].meta["edits"]] == ["I started a novel today"]
+
+
+def memory_scope(user: str) -> Scope:
+    return Scope(tenant="default", user_id=user)
+
+
+async def episodes(memory: Any, user: str) -> list[MemoryRecord]:
+    return [r for r in await memory.store.recent(memory_scope(user), limit=100) if r.kind == "episode"]
+
+
+async def test_a_failed_write_keeps_the_message_for_the_next_open(tmp_path: Path, monkeypatch: Any) -> None:
+    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+        raise RuntimeError("the disk is gone")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(IngestPipeline, "store_received", fails)
+        async with open_memory(tmp_path, real_model=True, storage=ON_RECEIPT) as memory:
+            assert (await memory.ingest(tired()[0])).stored
+            # Recall does not wait for a write that failed; the entry stays.
+            assert await memory.recall("tired", user_id="ann", k=5) == []
+            assert len(await memory.store.state_items(NAMESPACE)) == 1
+    async with open_memory(tmp_path, real_model=True) as memory:
+        hits = await memory.recall("tired", user_id="ann", k=5)
+        assert [h.message_ids for h in hits] == [["ann-0"]]
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
+STOPPING_WORKER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from narrmem import hookimpl
+    from narrmem.testing import open_memory
+
+    class Stuck:
+        @hookimpl
+        async def narrmem_before_store(self):
+            await asyncio.Event().wait()  # never returns: the process stops first
+
+    async def main():
+        memory = await open_memory(sys.argv[1], real_model=True, plugins=[Stuck()],
+                                   storage={"acknowledge": "on_receipt"}).__aenter__()
+        result = await memory.ingest({"text": "so tired today, the move wore me out", "user_id": "ann",
+                                      "chat_id": "dm-ann", "ts": "2026-07-01T09:00:00+00:00",
+                                      "message_id": "ann-9", "meta": {"display_name": "Ann"}})
+        print(result.stored, result.written, flush=True)
+        if sys.argv[2] == "crash":
+            os._exit(0)  # no close: the message was never written
+        # Returns with the memory open: asyncio.run ends, cancelling the write held in its hook.
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["crash", "loop_ends"])
+async def test_what_a_stopped_process_received_is_written_at_the_next_open(tmp_path: Path, how: str) -> None:
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        STOPPING_WORKER,
+        str(tmp_path),
+        how,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(worker.communicate(), timeout=300)
+    assert worker.returncode == 0, err.decode()[-3000:]
+    assert out.decode().split() == ["True", "False"]
+    with sqlite3.connect(tmp_path / "narrmem.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM memories").fetchone() == (0,)
+        left = db.execute("SELECT value FROM plugin_state WHERE namespace = ?", (NAMESPACE,)).fetchall()
+    assert len(left) == 1 and "the move wore me out" in left[0][0]
+
+    gate = Gate()
+    gate.open.set()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate]) as memory:
+        hits = await memory.recall("what wore Ann out", user_id="ann", k=5)
+        assert [h.detail or h.text for h in hits] == ["so tired today, the move wore me out"]
+        [episode] = await episodes(memory, "ann")
+        assert episode.meta["display_name"] == "Ann" and episode.embed_text.startswith("Ann said")
+        await memory.settle()
+        assert gate.seen == ["ann-9"]  # its after-store hooks ran, once
+        assert await memory.store.state_items(NAMESPACE) == []
+    again = Gate()
+    again.open.set()
+    async with open_memory(tmp_path, real_model=True, plugins=[again]) as memory:
+        assert again.seen == []
+        assert (await memory.store.stats())["memories"] == 1
+
+
+async def test_on_a_shared_store_a_running_workers_received_messages_are_left_to_it(tmp_path: Path) -> None:
+    """PostgreSQL, two workers: A's writes are held back; B opens meanwhile and must leave A's
+    received messages to A. A few messages of one call are kept together there too."""
+    dsn = await fresh_database("inbox")
+    storage = {"backend": "postgres", "dsn": dsn, **ON_RECEIPT}
+    gate = Gate()
+    async with open_memory(tmp_path / "a", real_model=True, plugins=[gate], storage=storage) as a:
+        results = await a.ingest_many(tired())
+        assert all(r.stored and not r.written for r in results)
+        assert len(await a.store.state_items(NAMESPACE)) == 3
+        other = Gate()
+        other.open.set()
+        async with open_memory(tmp_path / "b", real_model=True, plugins=[other], storage=storage) as b:
+            assert other.seen == []
+            assert len(await b.store.state_items(NAMESPACE)) == 3
+            assert (await b.store.stats())["memories"] == 0
+        gate.open.set()
+        await a.settle()
+        assert gate.seen == ["ann-0", "ann-1", "ann-2"]
+        assert await a.store.state_items(NAMESPACE) == []
+        assert len(await episodes(a, "ann")) == 3
+
+
+async def test_ingest_waits_once_too_many_messages_are_received_and_not_written(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import narrmem.inbox as inbox
+
+    monkeypatch.setattr(inbox, "MAX_UNWRITTEN", 2)
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        for message in tired()[:2]:
+            await memory.ingest(message)
+        third = asyncio.ensure_future(memory.ingest(tired()[2]))
+        await asyncio.sleep(0.3)
+        assert not third.done()
+        gate.open.set()
+        result: IngestResult = await third
+        await memory.settle()
+        assert result.stored and len(await episodes(memory, "ann")) == 3
+
+
+async def test_concurrent_chats_each_written_once(tmp_path: Path) -> None:
+    gate = Gate()
+    gate.open.set()
+    messages = [
+        msg(f"{user}-{i}", f"{user} finished chapter {i} of the novel today", user=user, chat=f"dm-{user}")
+        for user in ("ann", "bob", "cid")
+        for i in range(10)
+    ]
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        results = await asyncio.gather(*(memory.ingest(m) for m in messages))
+        hits = await memory.recall("which chapter did bob finish", user_id="bob", k=10)
+        assert {h.user_id for h in hits} == {"bob"} and len(hits) == 10
+        await memory.settle()
+        assert await memory.store.state_items(NAMESPACE) == []
+        assert (await memory.store.stats())["memories"] == 30
+    assert all(r.stored and not r.written for r in results)
+    assert sorted(gate.seen) == sorted(m["message_id"] for m in messages)
+
+
+async def test_a_call_chooses_its_acknowledgement_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate]) as memory:
+        passing = await memory.ingest(tired()[0], acknowledge="on_receipt")
+        assert passing.stored and not passing.written
+        with pytest.raises(InputError) as refused:
+            await memory.ingest(tired()[1], acknowledge="whenever")  # type: ignore[arg-type]
+        assert refused.value.field == "acknowledge"
+        gate.open.set()
+        answered = await memory.ingest(tired()[2])  # the default: after the hooks
+        assert answered.written and answered.settled and answered.memory_ids
+        await memory.settle()
+        assert [r.message_ids for r in await episodes(memory, "ann")] == [["ann-2"], ["ann-0"]]
