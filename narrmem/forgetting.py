@@ -35,9 +35,9 @@ class Forgetting:
         self.inbox = inbox
 
     async def _quiet(self) -> None:
-        # What was received is written, and the hooks of what was acknowledged have run, first:
-        # none of it writes after the forget.
-        await self.inbox.written()
+        # What was received is written (its entries deleted), and the hooks of what was
+        # acknowledged have run, first: none of it writes after the forget.
+        await self.inbox.drained()
         await self.settling.settle()
 
     async def scope(self, scope: Scope) -> dict[str, int]:

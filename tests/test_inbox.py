@@ -351,3 +351,17 @@ async def test_a_call_chooses_its_acknowledgement_and_a_bad_one_is_refused(tmp_p
         assert answered.written and answered.settled and answered.memory_ids
         await memory.settle()
         assert [r.message_ids for r in await episodes(memory, "ann")] == [["ann-2"], ["ann-0"]]
+
+
+async def test_an_export_holds_what_was_received(tmp_path: Path) -> None:
+    from narrmem.doors.transfer import export_store
+
+    gate = Gate()
+    async with open_memory(tmp_path / "data", real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        await memory.ingest(tired()[0])
+        exporting = asyncio.ensure_future(export_store(memory, tmp_path / "out.jsonl"))
+        await asyncio.sleep(0.1)
+        gate.open.set()
+        counts = await exporting
+    assert counts["memories"] == 1
+    assert "so tired today" in (tmp_path / "out.jsonl").read_text(encoding="utf-8")

@@ -205,6 +205,8 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     """Every line of an export after the header, as (section, JSON text with its newline). With
     ``tenant``, only that tenant's memories: a partial export (importance history, plugin state,
     the graph and RTM trees are left out), for a caller that may see one tenant only."""
+    # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
+    await memory.settle()
     lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant)
     async for section, line in lines:
         yield section, json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n"

@@ -90,13 +90,16 @@ class LeakReport:
         return figures_dict(self, cut={"examples": 12, "kept_missing": 12})
 
 
-def run_leak(users: int, seed: int, workdir: Path, *, real_model: bool = False) -> dict[str, Any]:
+def run_leak(
+    users: int, seed: int, workdir: Path, *, real_model: bool = False, acknowledge: str = "after_hooks"
+) -> dict[str, Any]:
     """Write ``users`` users' markers through every surface, forget half of them, close, and search
-    every byte of the folder. Returns the figures (see :class:`LeakReport`)."""
-    return asyncio.run(_run(users, seed, workdir, real_model))
+    every byte of the folder. Returns the figures (see :class:`LeakReport`). ``acknowledge``: the
+    memory's ``[storage] acknowledge``."""
+    return asyncio.run(_run(users, seed, workdir, real_model, acknowledge))
 
 
-async def _run(users: int, seed: int, workdir: Path, real_model: bool) -> dict[str, Any]:
+async def _run(users: int, seed: int, workdir: Path, real_model: bool, acknowledge: str) -> dict[str, Any]:
     started = time.perf_counter()
     rng = random.Random(seed)
     report = LeakReport(real_model=real_model)
@@ -111,7 +114,10 @@ async def _run(users: int, seed: int, workdir: Path, real_model: bool) -> dict[s
             for surface in SURFACES:
                 markers[(tenant, user, surface)] = new_token(rng, used, length=10)
     clock = ManualClock(BASE_TS)
-    settings: dict[str, Any] = {"plugin": {"hippocampus": {"reinforce": True}}}
+    settings: dict[str, Any] = {
+        "plugin": {"hippocampus": {"reinforce": True}},
+        "storage": {"acknowledge": acknowledge},
+    }
     async with open_memory(folder, real_model=real_model, clock=clock, **settings) as mem:
         for day in range(3):
             for tenant in TENANTS:

@@ -14,8 +14,10 @@ pytestmark = pytest.mark.reliability
 USERS = 12 if LONG else 6
 
 
-def test_forget_leaves_no_byte_behind(tmp_path: Path) -> None:
-    report = run_leak(USERS, seed=7, workdir=tmp_path, real_model=LONG)
+@pytest.mark.parametrize("acknowledge", ["after_hooks", "on_receipt"])
+def test_forget_leaves_no_byte_behind(tmp_path: Path, acknowledge: str) -> None:
+    """With ``on_receipt`` every message also passed through the store as it came."""
+    report = run_leak(USERS, seed=7, workdir=tmp_path, real_model=LONG, acknowledge=acknowledge)
     assert report["forgotten"] == USERS // 2
     assert report["markers_forgotten"] == report["forgotten"] * len(SURFACES)
     # The search sees what is stored: every marker and vector that stays is found.
