@@ -76,26 +76,38 @@ class Inbox:
         """Whether a message with this key was received and is not written yet."""
         return key in self._unwritten
 
-    async def receive(self, items: Sequence[Pending]) -> list[IngestResult]:
+    async def receive(self, items: Sequence[Pending]) -> list[IngestResult | None]:
         """Put triaged, new messages in the store as they came and queue them for writing; their
-        results say so (``written = False``)."""
+        results say so (``written = False``). ``None`` for a message that another call received
+        meanwhile and that is not written yet (a duplicate)."""
         async with self._room:
             await self._room.wait_for(lambda: len(self._unwritten) < MAX_UNWRITTEN)
-        received = [Received(self._key(), item, asyncio.get_running_loop().create_future()) for item in items]
-        entries = [(r.key, _entry(r.item.message, r.item.decision)) for r in received]
-        store = self.memory.store
-        if len(entries) == 1:
-            await store.state_put(NAMESPACE, *entries[0])
-        else:
-            # The messages of one call are kept together or not at all: state written with no records.
-            nothing = np.zeros((0, self.memory.embedder.dim), dtype=np.float32)
-            await store.add([], nothing, state=[(NAMESPACE, key, value) for key, value in entries])
+        loop = asyncio.get_running_loop()
+        # Taken before the write, so that a call racing this one finds them held.
+        fresh = [item for item in items if item.key not in self._unwritten]
+        received = [Received(self._key(), item, loop.create_future()) for item in fresh]
         for r in received:
             self._unwritten[r.item.key] = r
-            self._waiting.append(r)
+        try:
+            await self._put(received)
+        except BaseException:
+            self._done(received)
+            raise
+        self._waiting.extend(received)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.ensure_future(self._write_received())
-        return [received_result(r.item) for r in received]
+        results = {id(r.item): received_result(r.item) for r in received}
+        return [results.get(id(item)) for item in items]
+
+    async def _put(self, received: Sequence[Received]) -> None:
+        entries = [(NAMESPACE, r.key, _entry(r.item.message, r.item.decision)) for r in received]
+        store = self.memory.store
+        if len(entries) == 1:
+            await store.state_put(*entries[0])
+        elif entries:
+            # The messages of one call are kept together or not at all: state written with no records.
+            nothing = np.zeros((0, self.memory.embedder.dim), dtype=np.float32)
+            await store.add([], nothing, state=entries)
 
     def _key(self) -> str:
         return f"{self.token}:{next(self._numbers):012d}"

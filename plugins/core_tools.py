@@ -20,6 +20,10 @@ class IngestOutput(BaseModel):
     duplicate: bool
     reason: str
     memory_ids: list[int]
+    written: bool = Field(
+        default=True,
+        description="false when acknowledged on receipt: kept as it came, written a moment later (no ids yet)",
+    )
 
 
 class RecallInput(Scope):

@@ -103,11 +103,14 @@ async def test_a_message_received_twice_is_stored_once(tmp_path: Path) -> None:
         first = await memory.ingest(tired()[0])
         again = await memory.ingest(tired()[0])  # still waiting to be written
         assert first.stored and not again.stored and again.duplicate
+        racing = await asyncio.gather(*(memory.ingest(tired()[1]) for _ in range(3)))  # at once
+        assert [r.stored for r in racing].count(True) == 1 and sum(r.duplicate for r in racing) == 2
+        assert len(await memory.store.state_items(NAMESPACE)) == 2
         gate.open.set()
         await memory.settle()
         later = await memory.ingest(tired()[0])  # written by now
         assert later.duplicate
-        assert (await memory.store.stats())["memories"] == 1
+        assert len(await episodes(memory, "ann")) == 2
 
 
 async def test_a_few_messages_in_one_call_are_kept_together(tmp_path: Path) -> None:
