@@ -58,9 +58,25 @@ class Forgetting:
             counts = await self.finish(job)
         return {"memories": counts.get("memories", 0)}
 
+    async def again(self, scope: Scope, message_ids: Sequence[str]) -> None:
+        """Forget messages written after a forget that named them had begun (by another worker of a
+        shared store, see :mod:`narrmem.inbox`): their after-store hooks run first, then they are
+        deleted as :meth:`messages` does, without waiting for what was received (the caller is
+        the one writing it)."""
+        await self.settling.settle()
+        async with self.write_lock:
+            job = await self.memory.store.begin_forget(
+                tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=list(message_ids)
+            )
+            await self.finish(job)
+
     async def finish(self, job: ForgetJob) -> dict[str, int]:
         """Delete what ``job`` names and let every plugin scrub its copies; safe to run again."""
         store = self.memory.store
+        # Received messages go first: a worker that writes one of them afterwards finds its entry
+        # gone and forgets it again (narrmem.inbox), while one whose entry it deleted first wrote
+        # it before the deletions below.
+        await self.inbox.drop(job)
         if job.messages is None:
             removed = await store.recent(job.scope, limit=2**62)
             counts = await store.forget(tenant=job.tenant, user_id=job.user_id, chat_id=job.chat_id)
@@ -75,7 +91,6 @@ class Forgetting:
         told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
         await self.memory.host.call("narrmem_after_forget", isolate=False, **told)
         await self.settling.drop(job)
-        await self.inbox.drop(job)
         await store.finish_forget(job, purge=job.messages is None)
         return counts
 

@@ -12,27 +12,33 @@ stop) is stored once: the store keeps one episode per message.
 
 Recall in this process waits for what it received in the asked scope to be written, so a bot
 recalls what it was just told; a forget, an edit, :meth:`~narrmem.memory.Memory.settle` and closing
-wait for everything received. Entries hold the message's words until it is written; a forget
-deletes the entries of what it forgets, in every process's share.
+wait for everything received before them. Entries hold the message's words until it is written.
+A forget deletes the entries of what it forgets, whichever process received them, before it
+deletes any memory; a process that then writes such a message finds its entry gone when it comes
+to delete it, and forgets the message again itself, so a forget run by another worker of a shared
+store leaves nothing of what this one had received.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
 
+from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
 from narrmem.settling import forgotten, stopped_owners
 
 if TYPE_CHECKING:
+    from narrmem.forgetting import Forgetting
     from narrmem.ingest import IngestPipeline, Pending
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.store import MessageKey
@@ -41,18 +47,23 @@ log = logging.getLogger("narrmem")
 
 NAMESPACE = "narrmem.inbox"
 # Messages received and not yet written, past which ingest waits for the oldest: what a stop leaves
-# for the next open, and how far recall can lag behind, stay bounded.
+# for the next open, and how far recall can lag behind, stay bounded. As many whose write failed
+# (left for the next open) make ingest refuse more.
 MAX_UNWRITTEN = 1024
+# Keys of messages this process wrote last: a call racing their write finds them stored.
+RECENTLY_WRITTEN = 4096
 
 
 @dataclass
 class Received:
-    """A message acknowledged and not yet written: its entry's key, the message triaged, and a
-    future done once it is written (or its write failed, and the entry waits for the next open)."""
+    """A message acknowledged and not yet written: its entry's key, the message triaged, a future
+    done once it is written (or its write failed, and the entry waits for the next open), and one
+    done once its entry is deleted too (or left for the next open)."""
 
     key: str
     item: Pending
     written: asyncio.Future[None]
+    finished: asyncio.Future[None]
 
 
 class Inbox:
@@ -62,36 +73,53 @@ class Inbox:
         self.token = token
         self._numbers = itertools.count()
         self._unwritten: collections.OrderedDict[MessageKey, Received] = collections.OrderedDict()
+        self._unfinished: dict[MessageKey, Received] = {}
+        self._written: collections.OrderedDict[MessageKey, None] = collections.OrderedDict()
+        self._failed = 0
         self._waiting: collections.deque[Received] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
         self._pipeline: IngestPipeline | None = None
+        self._forgetting: Forgetting | None = None
         self._room = asyncio.Condition()
 
-    def start(self, pipeline: IngestPipeline) -> None:
+    def start(self, pipeline: IngestPipeline, forgetting: Forgetting) -> None:
         self._pipeline = pipeline
+        self._forgetting = forgetting
 
     # --- receiving ------------------------------------------------------------------------------
 
     def holds(self, key: MessageKey) -> bool:
-        """Whether a message with this key was received and is not written yet."""
-        return key in self._unwritten
+        """Whether a message with this key was received here and is not yet written, or was
+        written here a moment ago."""
+        return key in self._unfinished or key in self._written
 
     async def receive(self, items: Sequence[Pending]) -> list[IngestResult | None]:
         """Put triaged, new messages in the store as they came and queue them for writing; their
         results say so (``written = False``). ``None`` for a message that another call received
-        meanwhile and that is not written yet (a duplicate)."""
+        meanwhile (a duplicate)."""
         async with self._room:
-            await self._room.wait_for(lambda: len(self._unwritten) < MAX_UNWRITTEN)
+            await self._room.wait_for(
+                lambda: self._failed >= MAX_UNWRITTEN or len(self._unwritten) + self._failed < MAX_UNWRITTEN
+            )
+            if self._failed >= MAX_UNWRITTEN:
+                raise StoreError(
+                    f"{self._failed} received messages could not be written (see the log); they wait in "
+                    "the store for the next open, and no more are taken until then"
+                )
         loop = asyncio.get_running_loop()
-        # Taken before the write, so that a call racing this one finds them held.
-        fresh = [item for item in items if item.key not in self._unwritten]
-        received = [Received(self._key(), item, loop.create_future()) for item in fresh]
+        # Held before the write, so that a call racing this one finds them.
+        fresh = [item for item in items if not self.holds(item.key)]
+        received = [Received(self._key(), item, loop.create_future(), loop.create_future()) for item in fresh]
         for r in received:
             self._unwritten[r.item.key] = r
+            self._unfinished[r.item.key] = r
         try:
             await self._put(received)
         except BaseException:
-            self._done(received)
+            self._done(received, written=False)
+            self._finish(received)
+            async with self._room:
+                self._room.notify_all()
             raise
         self._waiting.extend(received)
         if self._worker is None or self._worker.done():
@@ -116,43 +144,77 @@ class Inbox:
 
     async def _write_received(self) -> None:
         """Write what was received, a batch at a time, oldest first, until nothing waits."""
-        assert self._pipeline is not None
         batch_size = self.memory.settings.storage.batch_size
         try:
             while self._waiting:
                 batch = [self._waiting.popleft() for _ in range(min(batch_size, len(self._waiting)))]
                 try:
-                    await self._pipeline.store_received([r.item for r in batch])
-                    written = True
-                except Exception:
-                    # The entries stay: the next process to open the store writes them.
-                    log.exception("writing %d received messages failed; kept for the next open", len(batch))
-                    written = False
+                    written = await self._write(
+                        [(r.key, r.item) for r in batch], on_written=functools.partial(self._done, batch)
+                    )
+                    if not written:
+                        self._failed += len(batch)
                 finally:
-                    self._done(batch)  # written (recall waits no longer), or failed
-                async with self._room:
-                    self._room.notify_all()
-                if written:
-                    await self._delete([r.key for r in batch])
+                    self._done(batch, written=False)  # a no-op for those written
+                    self._finish(batch)
+                    async with self._room:
+                        self._room.notify_all()
         finally:
             # Cancelled with its event loop: what waits stays in the store for the next open, and
             # no one waits for it here any longer.
-            self._done(list(self._waiting))
+            left = list(self._waiting)
             self._waiting.clear()
+            self._done(left, written=False)
+            self._finish(left)
 
-    async def _delete(self, keys: Sequence[str]) -> None:
+    async def _write(
+        self, entries: Sequence[tuple[str, Pending]], on_written: Callable[[], None] | None = None
+    ) -> bool:
+        """Write received messages and delete their entries; ``False`` if the write failed (the
+        entries stay for the next open). A message whose entry a forget deleted meanwhile is
+        forgotten again once written."""
+        assert self._pipeline is not None and self._forgetting is not None
         try:
-            for key in keys:
-                await self.memory.store.state_delete(NAMESPACE, key)
+            await self._pipeline.store_received([item for _, item in entries])
+        except Exception:
+            log.exception("writing %d received messages failed; kept for the next open", len(entries))
+            return False
+        if on_written is not None:
+            on_written()
+        gone: list[Pending] = []
+        try:
+            for key, item in entries:
+                if not await self.memory.store.state_delete(NAMESPACE, key):
+                    gone.append(item)
+            for item in gone:
+                message = item.message
+                log.warning(
+                    "a message received here was forgotten before it was written; forgetting it again"
+                )
+                await self._forgetting.again(
+                    Scope(tenant=message.tenant, chat_id=message.chat_id), [message.message_id]
+                )
         except Exception:
             # Written already: the next open finds the messages stored and skips them.
-            log.exception("deleting %d received entries after their write failed", len(keys))
+            log.exception("deleting %d received entries after their write failed", len(entries))
+        return True
 
-    def _done(self, batch: Sequence[Received]) -> None:
+    def _done(self, batch: Sequence[Received], *, written: bool = True) -> None:
         for r in batch:
-            self._unwritten.pop(r.item.key, None)
+            if self._unwritten.pop(r.item.key, None) is None:
+                continue
+            if written:
+                self._written[r.item.key] = None
+                while len(self._written) > RECENTLY_WRITTEN:
+                    self._written.popitem(last=False)
             if not r.written.done():
                 r.written.set_result(None)
+
+    def _finish(self, batch: Sequence[Received]) -> None:
+        for r in batch:
+            self._unfinished.pop(r.item.key, None)
+            if not r.finished.done():
+                r.finished.set_result(None)
 
     async def written(self, scope: Scope | None = None) -> None:
         """Wait until what this process received (in ``scope``, else all of it) is written."""
@@ -165,34 +227,38 @@ class Inbox:
             await asyncio.wait(waits)
 
     async def drained(self) -> None:
-        """Wait until what this process received is written and its entries are deleted."""
-        while self._worker is not None and not self._worker.done():
-            await asyncio.wait([self._worker])
+        """Wait until what this process received so far is written and its entries deleted (what
+        comes in meanwhile is not waited for)."""
+        waits = [r.finished for r in self._unfinished.values()]
+        if waits:
+            await asyncio.wait(waits)
 
     # --- opening and forgetting ---------------------------------------------------------------
 
-    async def recover(self, pipeline: IngestPipeline) -> int:
-        """Ingest what stopped processes received and did not write; return how many messages."""
+    async def recover(self) -> int:
+        """Ingest what stopped processes received and did not write; return how many messages. A
+        batch whose write fails is left for the next open."""
         store = self.memory.store
         batch_size = self.memory.settings.storage.batch_size
         done = 0
         async for entries in stopped_owners(store, NAMESPACE, self.token):
             log.warning("writing %d messages a stopped process received", len(entries))
             for start in range(0, len(entries), batch_size):
-                part = entries[start : start + batch_size]
-                rebuilt = (_rebuild(value, n) for n, (_, value) in enumerate(part))
-                items = [item for item in rebuilt if item is not None]
-                if len(items) < len(part):
-                    log.error("%d received entries are not messages; deleted", len(part) - len(items))
-                if items:
-                    await pipeline.store_received(items)
-                for key, _ in part:
-                    await store.state_delete(NAMESPACE, key)
-                done += len(items)
+                part: list[tuple[str, Pending]] = []
+                for n, (key, value) in enumerate(entries[start : start + batch_size]):
+                    item = _rebuild(value, n)
+                    if item is None:
+                        log.error("a received entry %r is not a message; deleted", key)
+                        await store.state_delete(NAMESPACE, key)
+                    else:
+                        part.append((key, item))
+                if part and await self._write(part):
+                    done += len(part)
         return done
 
     async def drop(self, job: ForgetJob) -> None:
         """Delete the entries of the messages a forget removes, whichever process received them."""
+        self._written.clear()  # what was written a moment ago may be gone now, and come again
         for key, value in await self.memory.store.state_items(NAMESPACE):
             message = value.get("message")
             if isinstance(message, dict) and forgotten(message, job):

@@ -144,11 +144,13 @@ class IngestPipeline:
         deferred = mode != "after_hooks"
         if deferred:
             await self.settling.claim()
-        if mode == "on_receipt":
-            if len(validated) <= SHORT_TEXTS:
-                return await self._receive(validated)
-            # A bulk import is answered once written, after what was received before it.
-            await self.inbox.written()
+        if mode == "on_receipt" and len(validated) <= SHORT_TEXTS:
+            results = await self._receive(validated)
+            if progress is not None:
+                progress(len(validated))
+            return results
+        # Written after what was received before it (a message on its way is then found stored).
+        await self.inbox.written()
         batch_size = self.memory.settings.storage.batch_size
         chunks = [validated[start:end] for start, end in batch_bounds(len(validated), batch_size)]
         # A batch's results are filled in by its after-store task, which may still run while the
@@ -214,6 +216,7 @@ class IngestPipeline:
     async def store_received(self, items: list[Pending]) -> None:
         """Write messages received earlier (already triaged), in order, and schedule their
         after-store hooks; a message stored meanwhile (by another process) is skipped."""
+        await self.settling.claim()  # the hooks' entries are this process's
         for n, item in enumerate(items):
             item.index = n
         results = [

@@ -116,9 +116,9 @@ class MemoryLifecycle:
         await self.host.call("narrmem_startup", isolate=False, memory=self)
         await self._forgetting.resume()
         await self._settling.start(self._ingest)
-        self._inbox.start(self._ingest)
+        self._inbox.start(self._ingest, self._forgetting)
         if not self.read_only:
-            await self._inbox.recover(self._ingest)
+            await self._inbox.recover()
 
     def attach(self, *, store: Store | None = None, embedder: Embedder | None = None) -> None:
         """Set the store and embedder the plugins registered (used while opening)."""

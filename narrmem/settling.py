@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
 from narrmem.store import StateEntry, Store
 
@@ -52,14 +53,23 @@ class Settling:
         self._batches_running: collections.deque[asyncio.Future[None]] = collections.deque()
         self._unsettled = 0
         self._claim = contextlib.AsyncExitStack()
-        self._claimed = False
+        self._claiming: asyncio.Future[None] | None = None
 
     async def claim(self) -> None:
         """Hold this process's claim on its entries, from the first call that leaves any until
-        the memory closes: while it is held, no other process runs or writes them."""
-        if not self._claimed:
-            self._claimed = True
-            await self._claim.enter_async_context(self.memory.store.exclusive(claim_name(self.token)))
+        the memory closes: while it is held, no other process runs or writes them. Calls at once
+        wait for the one claim."""
+        claiming = self._claiming
+        if claiming is None or (
+            claiming.done() and (claiming.cancelled() or claiming.exception() is not None)
+        ):
+            claiming = self._claiming = asyncio.ensure_future(self._take_claim())
+        await asyncio.shield(claiming)
+
+    async def _take_claim(self) -> None:
+        held = await self._claim.enter_async_context(self.memory.store.exclusive(claim_name(self.token)))
+        if not held:  # a token is this process's alone: another holder means a broken store
+            raise StoreError(f"the claim {claim_name(self.token)!r} is held elsewhere")
 
     # --- while ingesting ---------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ class IngestOutput(BaseModel):
     memory_ids: list[int]
     written: bool = Field(
         default=True,
-        description="false when acknowledged on receipt: kept as it came, written a moment later (no ids yet)",
+        description="false when acknowledged on receipt: kept as it came, written a moment later (no ids)",
     )
 
 

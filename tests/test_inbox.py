@@ -19,7 +19,7 @@ from _helpers import msg
 from _postgres import fresh_database
 
 from narrmem import hookimpl
-from narrmem.errors import InputError
+from narrmem.errors import InputError, StoreError
 from narrmem.inbox import NAMESPACE, _entry
 from narrmem.ingest import IngestPipeline
 from narrmem.models import IngestResult, MemoryRecord, Message, Scope, TriageDecision, TriggerEvent
@@ -39,16 +39,20 @@ def tired(user: str = "ann", first: int = 0) -> list[dict[str, Any]]:
 
 
 class Gate:
-    """Holds every write of received messages at its before-store hook until ``open.set()``, and
-    writes down the after-store calls it sees."""
+    """Holds the writes of messages (those of ``users`` only, when given) at their before-store
+    hook until ``open.set()``, and writes down the before- and after-store calls it sees."""
 
-    def __init__(self) -> None:
+    def __init__(self, users: tuple[str, ...] = ()) -> None:
         self.open = asyncio.Event()
+        self.users = users
+        self.before: list[str] = []
         self.seen: list[str] = []
 
     @hookimpl
-    async def narrmem_before_store(self) -> None:
-        await self.open.wait()
+    async def narrmem_before_store(self, message: Message) -> None:
+        self.before.append(message.message_id)
+        if not self.users or message.user_id in self.users:
+            await self.open.wait()
 
     @hookimpl
     async def narrmem_after_store(self, message: Message) -> None:
@@ -130,7 +134,7 @@ async def test_a_few_messages_in_one_call_are_kept_together(tmp_path: Path) -> N
 
 
 async def test_a_bulk_import_is_written_after_what_was_received(tmp_path: Path) -> None:
-    gate = Gate()
+    gate = Gate(users=("ann",))  # only the received message is held
     bulk = [
         msg(f"bob-{i}", f"bob finished chapter {i} of the novel", user="bob", chat="dm-bob")
         for i in range(12)
@@ -139,7 +143,7 @@ async def test_a_bulk_import_is_written_after_what_was_received(tmp_path: Path) 
         await memory.ingest(tired()[0])
         importing = asyncio.ensure_future(memory.ingest_many(bulk))
         await asyncio.sleep(0.3)
-        assert not importing.done()  # it waits for the received message
+        assert not importing.done() and gate.before == ["ann-0"]  # the import waits for it
         gate.open.set()
         results = await importing
         await memory.settle()
@@ -197,7 +201,7 @@ def memory_scope(user: str) -> Scope:
 
 
 async def episodes(memory: Any, user: str) -> list[MemoryRecord]:
-    return [r for r in await memory.store.recent(memory_scope(user), limit=100) if r.kind == "episode"]
+    return [r for r in await memory.store.recent(memory_scope(user), limit=100_000) if r.kind == "episode"]
 
 
 async def test_a_failed_write_keeps_the_message_for_the_next_open(tmp_path: Path, monkeypatch: Any) -> None:
@@ -368,3 +372,103 @@ async def test_an_export_holds_what_was_received(tmp_path: Path) -> None:
         counts = await exporting
     assert counts["memories"] == 1
     assert "so tired today" in (tmp_path / "out.jsonl").read_text(encoding="utf-8")
+
+
+async def test_a_call_answered_otherwise_finds_a_message_on_its_way(tmp_path: Path) -> None:
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate]) as memory:
+        received = await memory.ingest(tired()[0], acknowledge="on_receipt")
+        answering = asyncio.ensure_future(memory.ingest(tired()[0]))  # after_hooks, the default
+        await asyncio.sleep(0.2)
+        gate.open.set()
+        answered = await answering
+        await memory.settle()
+        assert received.stored and answered.duplicate and not answered.stored
+        assert len(await episodes(memory, "ann")) == 1
+
+
+async def test_a_forget_is_not_held_up_by_messages_that_keep_coming(tmp_path: Path) -> None:
+    async with open_memory(tmp_path, real_model=True, storage=ON_RECEIPT) as memory:
+        await memory.ingest_many(tired("ann"))
+        stop = asyncio.Event()
+
+        async def chatter() -> int:
+            n = 0
+            while not stop.is_set():
+                await memory.ingest(
+                    msg(f"bob-{n}", f"bob read page {n} of the novel", user="bob", chat="dm-bob")
+                )
+                n += 1
+            return n
+
+        talking = asyncio.ensure_future(chatter())
+        await asyncio.sleep(0.5)
+        await asyncio.wait_for(memory.forget(user_id="ann"), timeout=20)
+        assert not talking.done()  # the forget returned while bob still talked
+        stop.set()
+        sent = await talking
+        await memory.settle()
+        assert await episodes(memory, "ann") == []
+        assert len(await episodes(memory, "bob")) == sent
+
+
+async def test_an_entry_that_fails_to_be_written_does_not_stop_an_open(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    async with open_memory(tmp_path, real_model=True) as memory:
+        message = Message.model_validate(tired()[0])
+        # As a process that is gone would have left it:
+        await memory.store.state_put(
+            NAMESPACE, "gone:000000000000", _entry(message, TriageDecision(layer="accumulate"))
+        )
+
+    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+        raise RuntimeError("the model is gone")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(IngestPipeline, "store_received", fails)
+        async with open_memory(tmp_path, real_model=True) as memory:
+            assert len(await memory.store.state_items(NAMESPACE)) == 1  # left for the next open
+    async with open_memory(tmp_path, real_model=True) as memory:
+        assert [r.message_ids for r in await episodes(memory, "ann")] == [["ann-0"]]
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
+async def test_ingest_refuses_once_too_many_received_messages_failed(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import narrmem.inbox as inbox
+
+    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+        raise RuntimeError("the disk is gone")
+
+    monkeypatch.setattr(inbox, "MAX_UNWRITTEN", 2)
+    monkeypatch.setattr(IngestPipeline, "store_received", fails)
+    async with open_memory(tmp_path, real_model=True, storage=ON_RECEIPT) as memory:
+        for message in tired()[:2]:
+            assert (await memory.ingest(message)).stored
+        await memory.written()
+        with pytest.raises(StoreError, match="could not be written"):
+            await memory.ingest(tired()[2])
+        assert len(await memory.store.state_items(NAMESPACE)) == 2
+
+
+async def test_a_forget_by_another_worker_removes_what_this_one_had_received(tmp_path: Path) -> None:
+    """PostgreSQL, two workers: A has answered a message on receipt and not yet written it when B
+    forgets its user; A writes it afterwards, finds its entry gone and takes the message back out."""
+    dsn = await fresh_database("inbox_forget")
+    storage = {"backend": "postgres", "dsn": dsn, **ON_RECEIPT}
+    gate = Gate()
+    async with open_memory(tmp_path / "a", real_model=True, plugins=[gate], storage=storage) as a:
+        await a.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+        async with open_memory(tmp_path / "b", real_model=True, storage=storage) as b:
+            await b.forget(user_id="ann")
+        gate.open.set()
+        await a.settle()
+        assert await episodes(a, "ann") == []
+        assert await a.recall("where does ann live", user_id="ann", k=5) == []
+        assert await a.store.state_items(NAMESPACE) == []
+        from narrmem.doors.transfer import export_store
+
+        await export_store(a, tmp_path / "all.jsonl")  # every table, the graph's included
+        assert "Lisbon" not in (tmp_path / "all.jsonl").read_text(encoding="utf-8")
