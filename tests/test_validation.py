@@ -147,6 +147,7 @@ async def test_tools_ingest_and_recall_with_dict_and_json_string(memory: Memory)
         "duplicate": False,
         "reason": "says something about the user's world",
         "memory_ids": out["memory_ids"],
+        "written": True,
     }
     assert len(out["memory_ids"]) == 1
     again = await memory.call_tool(
