@@ -34,12 +34,13 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem.errors import StoreError
+from narrmem.ingest import Pending, stored_result
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
 from narrmem.settling import forgotten, stopped_owners
 
 if TYPE_CHECKING:
     from narrmem.forgetting import Forgetting
-    from narrmem.ingest import IngestPipeline, Pending
+    from narrmem.ingest import IngestPipeline
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.store import MessageKey
 
@@ -266,16 +267,8 @@ class Inbox:
 
 
 def received_result(item: Pending) -> IngestResult:
-    return IngestResult(
-        message_id=item.message.message_id,
-        layer=item.decision.layer,
-        stored=True,
-        reason=item.decision.reason,
-        type=item.decision.type,
-        notes=list(item.errors),
-        settled=False,
-        written=False,
-    )
+    """What ingest answers for a message kept as it came: stored, with no records yet."""
+    return stored_result(item, settled=False).model_copy(update={"written": False})
 
 
 def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
@@ -283,8 +276,6 @@ def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
 
 
 def _rebuild(value: dict[str, Any], index: int) -> Pending | None:
-    from narrmem.ingest import Pending
-
     try:
         message = Message.model_validate(value.get("message"))
         decision = TriageDecision.model_validate(value.get("decision"))
