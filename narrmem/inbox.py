@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from narrmem.errors import StoreError
 from narrmem.ingest import Pending, stored_result
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
-from narrmem.settling import forgotten, stopped_owners
+from narrmem.settling import drop_forgotten, stopped_owners
 
 if TYPE_CHECKING:
     from narrmem.forgetting import Forgetting
@@ -89,7 +89,7 @@ class Inbox:
 
     # --- receiving ------------------------------------------------------------------------------
 
-    def holds(self, key: MessageKey) -> bool:
+    def _holds(self, key: MessageKey) -> bool:
         """Whether a message with this key was received here and is not yet written, or was
         written here a moment ago."""
         return key in self._unfinished or key in self._written
@@ -109,7 +109,7 @@ class Inbox:
                 )
         loop = asyncio.get_running_loop()
         # Held before the write, so that a call racing this one finds them.
-        fresh = [item for item in items if not self.holds(item.key)]
+        fresh = [item for item in items if not self._holds(item.key)]
         received = [Received(self._key(), item, loop.create_future(), loop.create_future()) for item in fresh]
         for r in received:
             self._unwritten[r.item.key] = r
@@ -260,10 +260,7 @@ class Inbox:
     async def drop(self, job: ForgetJob) -> None:
         """Delete the entries of the messages a forget removes, whichever process received them."""
         self._written.clear()  # what was written a moment ago may be gone now, and come again
-        for key, value in await self.memory.store.state_items(NAMESPACE):
-            message = value.get("message")
-            if isinstance(message, dict) and forgotten(message, job):
-                await self.memory.store.state_delete(NAMESPACE, key)
+        await drop_forgotten(self.memory.store, NAMESPACE, job, lambda value: value.get("message"))
 
 
 def received_result(item: Pending) -> IngestResult:

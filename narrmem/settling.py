@@ -157,9 +157,7 @@ class Settling:
 
     async def drop(self, job: ForgetJob) -> None:
         """Delete the entries of the messages a forget removes (ids are a trace of them too)."""
-        for key, value in await self.memory.store.state_items(NAMESPACE):
-            if forgotten(value, job):
-                await self.memory.store.state_delete(NAMESPACE, key)
+        await drop_forgotten(self.memory.store, NAMESPACE, job, lambda value: value)
 
     async def _rebuild(self, value: dict[str, Any]) -> Pending | None:
         """The message an entry stands for, from its stored records (``None`` when they are gone)."""
@@ -211,7 +209,18 @@ def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
     }
 
 
-def forgotten(value: dict[str, Any], job: ForgetJob) -> bool:
+async def drop_forgotten(
+    store: Store, namespace: str, job: ForgetJob, ids: Callable[[dict[str, Any]], object]
+) -> None:
+    """Delete the entries of ``namespace`` whose message ``job`` forgets; ``ids(value)`` is the
+    part of an entry that names the message (tenant, user_id, chat_id, message_id)."""
+    for key, value in await store.state_items(namespace):
+        named = ids(value)
+        if isinstance(named, dict) and _forgotten(named, job):
+            await store.state_delete(namespace, key)
+
+
+def _forgotten(value: dict[str, Any], job: ForgetJob) -> bool:
     if value.get("tenant") != job.tenant:
         return False
     if job.user_id is not None and value.get("user_id") != job.user_id:
