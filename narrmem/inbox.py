@@ -8,7 +8,9 @@ batches, embeds it, writes it with its after-store hooks recorded (:mod:`narrmem
 runs them), and deletes the received entries. A process that stops first leaves its entries for
 the next process to open the store, once this one is gone (the claim :mod:`narrmem.settling`
 holds): that process ingests them. An entry written twice (stored, then its deletion lost to a
-stop) is stored once: the store keeps one episode per message.
+stop) is stored once: the store keeps one episode per message. A message whose write fails (a
+database locked past its timeout, a connection lost) is tried again alone, after
+:data:`RETRY_DELAYS`; one that still fails waits in the store for the next open.
 
 Recall in this process waits for what it received in the asked scope to be written, so a bot
 recalls what it was just told; a forget, an edit, :meth:`~narrmem.memory.Memory.settle` and closing
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import itertools
 import logging
@@ -53,18 +56,23 @@ NAMESPACE = "narrmem.inbox"
 MAX_UNWRITTEN = 1024
 # Keys of messages this process wrote last: a call racing their write finds them stored.
 RECENTLY_WRITTEN = 4096
+# Seconds before each new try of a message whose write failed, each try alone: a transient failure
+# (a lock held past the busy timeout, a connection lost) is written within a minute, not at the
+# next open; after the last, the message waits in the store for the next open.
+RETRY_DELAYS = (0.5, 2.0, 8.0, 30.0)
 
 
 @dataclass
 class Received:
     """A message acknowledged and not yet written: its entry's key, the message triaged, a future
-    done once it is written (or its write failed, and the entry waits for the next open), and one
-    done once its entry is deleted too (or left for the next open)."""
+    done once it is written (or its first write failed: it is tried again later), one done once its
+    entry is deleted too (or left), and how many times it was tried again."""
 
     key: str
     item: Pending
     written: asyncio.Future[None]
     finished: asyncio.Future[None]
+    tries: int = 0
 
 
 class Inbox:
@@ -76,9 +84,14 @@ class Inbox:
         self._unwritten: collections.OrderedDict[MessageKey, Received] = collections.OrderedDict()
         self._unfinished: dict[MessageKey, Received] = {}
         self._written: collections.OrderedDict[MessageKey, None] = collections.OrderedDict()
-        self._failed = 0
+        # Messages whose write failed and that are tried again, each at its time (the loop's clock).
+        self._retrying: dict[MessageKey, tuple[float, Received]] = {}
+        self._given_up = 0
         self._waiting: collections.deque[Received] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
+        self._retrier: asyncio.Task[None] | None = None
+        self._retry_due = asyncio.Event()
+        self._closing = False
         self._pipeline: IngestPipeline | None = None
         self._forgetting: Forgetting | None = None
         self._room = asyncio.Condition()
@@ -92,7 +105,12 @@ class Inbox:
     def _holds(self, key: MessageKey) -> bool:
         """Whether a message with this key was received here and is not yet written, or was
         written here a moment ago."""
-        return key in self._unfinished or key in self._written
+        return key in self._unfinished or key in self._written or key in self._retrying
+
+    @property
+    def _failed(self) -> int:
+        """Messages received here whose write failed: tried again, or left for the next open."""
+        return len(self._retrying) + self._given_up
 
     async def receive(self, items: Sequence[Pending]) -> list[IngestResult | None]:
         """Put triaged, new messages in the store as they came and queue them for writing; their
@@ -105,7 +123,8 @@ class Inbox:
             if self._failed >= MAX_UNWRITTEN:
                 raise StoreError(
                     f"{self._failed} received messages could not be written (see the log); they wait in "
-                    "the store for the next open, and no more are taken until then"
+                    "the store, are tried again, and no more are taken until they are written or the "
+                    "store is opened again"
                 )
         loop = asyncio.get_running_loop()
         # Held before the write, so that a call racing this one finds them.
@@ -154,7 +173,7 @@ class Inbox:
                         [(r.key, r.item) for r in batch], on_written=functools.partial(self._done, batch)
                     )
                     if not written:
-                        self._failed += len(batch)
+                        self._retry_later(batch)
                 finally:
                     self._done(batch, written=False)  # a no-op for those written
                     self._finish(batch)
@@ -168,6 +187,59 @@ class Inbox:
             self._done(left, written=False)
             self._finish(left)
 
+    def _retry_later(self, batch: Sequence[Received]) -> None:
+        """Try each message of a failed write again alone, after its next delay, or leave it for the
+        next open once the delays are spent. Who waits for them is not held up meanwhile: recall
+        goes on without them, as after a failure."""
+        loop = asyncio.get_running_loop()
+        for r in batch:
+            if r.tries >= len(RETRY_DELAYS) or self._closing:
+                self._given_up += 1
+                log.error("a received message could not be written; it waits in the store for the next open")
+                continue
+            self._retrying[r.item.key] = (loop.time() + RETRY_DELAYS[r.tries], r)
+            r.tries += 1
+        if self._retrying and (self._retrier is None or self._retrier.done()):
+            self._retrier = asyncio.ensure_future(self._retry())
+        self._retry_due.set()
+
+    async def _retry(self) -> None:
+        """Try again, one message at a time, those whose time has come, until none is left."""
+        loop = asyncio.get_running_loop()
+        while self._retrying and not self._closing:
+            self._retry_due.clear()
+            now = loop.time()
+            due = sorted((r for at, r in self._retrying.values() if at <= now), key=lambda r: r.key)
+            if not due:
+                wait = min(at for at, _ in self._retrying.values()) - now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._retry_due.wait(), wait)
+                continue
+            for r in due:
+                if self._closing:
+                    break
+                del self._retrying[r.item.key]
+                try:
+                    present = await self.memory.store.state_get(NAMESPACE, r.key) is not None
+                except Exception:
+                    log.exception("reading a received message's entry failed")
+                    self._retry_later([r])
+                    continue
+                # Its entry gone: a forget took the message out before it could be written.
+                if present and not await self._write([(r.key, r.item)]):
+                    self._retry_later([r])
+                async with self._room:
+                    self._room.notify_all()
+
+    async def close(self) -> None:
+        """Stop trying failed writes again (a try under way ends first): their messages wait in the
+        store for the next open."""
+        self._closing = True
+        self._retry_due.set()
+        retrier = self._retrier
+        if retrier is not None:
+            await asyncio.gather(retrier, return_exceptions=True)
+
     async def _write(
         self, entries: Sequence[tuple[str, Pending]], on_written: Callable[[], None] | None = None
     ) -> bool:
@@ -178,7 +250,7 @@ class Inbox:
         try:
             await self._pipeline.store_received([item for _, item in entries])
         except Exception:
-            log.exception("writing %d received messages failed; kept for the next open", len(entries))
+            log.exception("writing %d received messages failed; they are kept and tried again", len(entries))
             return False
         if on_written is not None:
             on_written()

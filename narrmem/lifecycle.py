@@ -153,6 +153,7 @@ class MemoryLifecycle:
                 await guard
         if self._started:
             await self._inbox.drained()
+            await self._inbox.close()
             await self._settling.close()
             await self.host.call("narrmem_shutdown", memory=self)
         for part in (self._store, self._embedder):

@@ -221,6 +221,115 @@ async def test_a_failed_write_keeps_the_message_for_the_next_open(tmp_path: Path
         assert await memory.store.state_items(NAMESPACE) == []
 
 
+async def test_a_write_that_fails_while_the_database_is_locked_is_tried_again(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Another process holds the SQLite file's write lock past the busy timeout when the message is
+    to be written: the write fails, recall goes on without it, and once the lock is gone the message
+    is written by the same process, without a reopen."""
+    import narrmem.inbox as inbox
+
+    monkeypatch.setattr(inbox, "RETRY_DELAYS", (0.2, 0.4, 0.8, 30.0))
+    gate = Gate()
+    storage = {**ON_RECEIPT, "busy_timeout_ms": 100}
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=storage) as memory:
+        assert (await memory.ingest(tired()[0])).stored
+        other = sqlite3.connect(tmp_path / "narrmem.sqlite3", isolation_level=None)
+        other.execute("BEGIN EXCLUSIVE")
+        try:
+            gate.open.set()
+            # The write fails behind the lock; recall does not wait for its next try.
+            assert await asyncio.wait_for(memory.recall("tired", user_id="ann", k=5), 5) == []
+            await asyncio.sleep(0.5)  # at least one more try fails behind the lock
+            assert await episodes(memory, "ann") == []
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+
+        async def written() -> bool:
+            return bool(await episodes(memory, "ann"))
+
+        await eventually(written, 10)
+        hits = await memory.recall("tired", user_id="ann", k=5)
+        assert [h.message_ids for h in hits] == [["ann-0"]]
+        assert await memory.store.state_items(NAMESPACE) == []
+        # The message is counted as failed no longer: ingest takes more.
+        assert (await memory.ingest(tired()[1])).stored
+
+
+async def test_a_message_that_cannot_be_written_does_not_hold_back_those_received_with_it(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A write of several messages fails because of one of them: each is tried again alone, the
+    others are written, and the one that keeps failing waits in the store for the next open."""
+    import narrmem.inbox as inbox
+
+    monkeypatch.setattr(inbox, "RETRY_DELAYS", (0.05, 0.05))
+    original = IngestPipeline.store_received
+    tries: list[list[str]] = []
+
+    async def refuses_ann_1(self: IngestPipeline, items: list[Any]) -> None:
+        tries.append([item.message.message_id for item in items])
+        if any(item.message.message_id == "ann-1" for item in items):
+            raise RuntimeError("this message cannot be stored")
+        await original(self, items)
+
+    gate = Gate()
+    with monkeypatch.context() as patched:
+        patched.setattr(IngestPipeline, "store_received", refuses_ann_1)
+        async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+            for message in tired():
+                assert (await memory.ingest(message)).stored
+            gate.open.set()
+
+            async def two_written() -> bool:
+                return len(await episodes(memory, "ann")) == 2
+
+            await eventually(two_written, 10)
+
+            async def given_up() -> bool:
+                return tries.count(["ann-1"]) == 2
+
+            await eventually(given_up, 10)
+            assert any(len(t) > 1 and "ann-1" in t for t in tries)  # written with another first
+            assert {m for r in await episodes(memory, "ann") for m in r.message_ids} == {"ann-0", "ann-2"}
+            [(_, left)] = await memory.store.state_items(NAMESPACE)
+            assert left["message"]["message_id"] == "ann-1"
+    async with open_memory(tmp_path, real_model=True) as memory:
+        ids = {m for r in await episodes(memory, "ann") for m in r.message_ids}
+        assert ids == {"ann-0", "ann-1", "ann-2"}
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
+async def test_a_message_forgotten_while_its_write_waits_to_be_tried_again_is_not_written(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import narrmem.inbox as inbox
+
+    monkeypatch.setattr(inbox, "RETRY_DELAYS", (0.3,))
+    original = IngestPipeline.store_received
+    failing = [True]
+    tries: list[str] = []
+
+    async def fails_once(self: IngestPipeline, items: list[Any]) -> None:
+        tries.extend(item.message.message_id for item in items)
+        if failing[0]:
+            failing[0] = False
+            raise RuntimeError("a connection lost")
+        await original(self, items)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(IngestPipeline, "store_received", fails_once)
+        async with open_memory(tmp_path, real_model=True, storage=ON_RECEIPT) as memory:
+            await memory.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+            await memory.written()
+            await memory.forget(user_id="ann")
+            await asyncio.sleep(0.6)  # past the time of its next try
+            assert tries == ["ann-1"]  # its entry was gone: not tried again
+            assert await episodes(memory, "ann") == []
+            assert await memory.store.state_items(NAMESPACE) == []
+
+
 STOPPING_WORKER = textwrap.dedent(
     """
     import asyncio, os, sys
