@@ -333,6 +333,10 @@ class Inbox:
         """Delete the entries of the messages a forget removes, whichever process received them."""
         self._written.clear()  # what was written a moment ago may be gone now, and come again
         await drop_forgotten(self.memory.store, NAMESPACE, job, lambda value: value.get("message"))
+        # A message waiting for another try whose entry the forget deleted is no longer held here.
+        for key, (_, r) in list(self._retrying.items()):
+            if await self.memory.store.state_get(NAMESPACE, r.key) is None:
+                self._retrying.pop(key, None)
 
 
 def received_result(item: Pending) -> IngestResult:

@@ -324,10 +324,33 @@ async def test_a_message_forgotten_while_its_write_waits_to_be_tried_again_is_no
             await memory.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
             await memory.written()
             await memory.forget(user_id="ann")
+            assert await memory.store.state_items(NAMESPACE) == []
             await asyncio.sleep(0.6)  # past the time of its next try
             assert tries == ["ann-1"]  # its entry was gone: not tried again
             assert await episodes(memory, "ann") == []
             assert await memory.store.state_items(NAMESPACE) == []
+
+
+async def test_a_message_sent_again_after_a_forget_is_new_though_its_first_write_waited_for_a_try(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import narrmem.inbox as inbox
+
+    monkeypatch.setattr(inbox, "RETRY_DELAYS", (30.0,))
+
+    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+        raise RuntimeError("a connection lost")
+
+    lisbon = msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann")
+    with monkeypatch.context() as patched:
+        patched.setattr(IngestPipeline, "store_received", fails)
+        async with open_memory(tmp_path, real_model=True, storage=ON_RECEIPT) as memory:
+            await memory.ingest(lisbon)
+            await memory.written()
+            assert (await memory.ingest(lisbon)).duplicate  # held for its next try
+            await memory.forget(user_id="ann")
+            again = await memory.ingest(lisbon)
+            assert again.stored and not again.duplicate
 
 
 STOPPING_WORKER = textwrap.dedent(
