@@ -36,7 +36,9 @@ What is measured, in this order (all times with ``time.perf_counter``):
    stores (each stored one embeds one text, and after each the embedding of that text, ``Ann said,
    "…"``, is timed alone: the model's share of the ingest, reported as ``own_embedding``); the
    stored kind again with ``acknowledge="on_receipt"`` (answered once triaged and kept as it came,
-   before its embedding), with the time until each is written (``until_written``); then
+   before its embedding), with the time until each is written (``until_written``); ``--samples`` / 4
+   bot's turns (ingest a message, then recall for the answer leaving it out, as the integrations
+   do), once answered as the memory is set and once on receipt; then
    ``--samples`` ``mem.recall(query, user_id=..., k=--k)``
    calls (query embedding included) for two user scopes: the heavy user and a typical user, with their
    memory counts in the output. After each timed stored ingest and recall one embedding of another
@@ -523,6 +525,28 @@ async def time_ingest(
     return out
 
 
+async def time_turn(
+    mem: Memory, pop: Population, n: int, k: int, acknowledge: str | None = None
+) -> dict[str, Any]:
+    """A bot's turn: ingest a message, then recall for the answer in its user's scope, leaving the
+    message out (what the integrations do), timed together; ``acknowledge`` as for
+    :func:`time_ingest`."""
+    durations: list[float] = []
+    for _ in range(n):
+        message = pop.message(pop.gen.content(), prefix="turn")
+        query = message.text
+        forget_recent(mem)
+        start = time.perf_counter()
+        result = await (
+            mem.ingest(message) if acknowledge is None else mem.ingest(message, acknowledge=acknowledge)
+        )
+        await mem.recall(query, user_id=message.user_id, k=k, exclude_message_ids=[message.message_id])
+        durations.append(time.perf_counter() - start)
+        await settled(mem)
+        pop.counts[message.user_id] += int(result.stored)
+    return latency_summary(durations)
+
+
 async def time_embedding(mem: Memory, text: str) -> float:
     """One embedding of ``text``, timed alone. Taken right after each timed call (of a fresh
     question: the denominator of that call's ratio), since the machine's speed drifts by tens of
@@ -688,6 +712,8 @@ async def time_size(mem: Memory, pop: Population, args: argparse.Namespace) -> d
             "ingest_stored_on_receipt": await time_ingest(
                 mem, pop, args.samples, ignored=False, acknowledge="on_receipt"
             ),
+            "turn": await time_turn(mem, pop, quarter, args.k),
+            "turn_on_receipt": await time_turn(mem, pop, quarter, args.k, acknowledge="on_receipt"),
             "recall_heavy_user": await time_recall(mem, pop, pop.heavy, args.samples, args.k),
             "recall_typical_user": await time_recall(mem, pop, pop.typical, args.samples, args.k),
             "recall_heavy_user_after_write": await time_recall_after_write(
@@ -893,6 +919,8 @@ def print_report(report: dict[str, Any]) -> None:
             ("ingest, stored", "ingest_stored", "-"),
             ("ingest, stored, on receipt", "ingest_stored_on_receipt", "-"),
             ("  the same, until written", ("ingest_stored_on_receipt", "until_written"), "-"),
+            ("a bot's turn: ingest, recall", "turn", "-"),
+            ("  the same, on receipt", "turn_on_receipt", "-"),
             ("recall, heavy user", "recall_heavy_user", scopes["heavy_user"]["memories"]),
             ("recall, typical user", "recall_typical_user", scopes["typical_user"]["memories"]),
             ("recall after write, heavy", "recall_heavy_user_after_write", "-"),

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -289,12 +289,16 @@ class Inbox:
             if not r.finished.done():
                 r.finished.set_result(None)
 
-    async def written(self, scope: Scope | None = None) -> None:
-        """Wait until what this process received (in ``scope``, else all of it) is written."""
+    async def written(self, scope: Scope | None = None, excluding: Collection[str] = ()) -> None:
+        """Wait until what this process received (in ``scope``, else all of it) is written, but for
+        the messages ``excluding`` names (a recall that leaves them out needs none of them)."""
         if not self._unwritten:
             return
         waits = [
-            r.written for r in self._unwritten.values() if scope is None or _in_scope(r.item.message, scope)
+            r.written
+            for r in self._unwritten.values()
+            if (scope is None or _in_scope(r.item.message, scope))
+            and r.item.message.message_id not in excluding
         ]
         if waits:
             await asyncio.wait(waits)

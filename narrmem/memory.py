@@ -82,12 +82,19 @@ class Memory(MemoryLifecycle):
         await self._settling.settle()
 
     async def written(
-        self, *, user_id: str | None = None, chat_id: str | None = None, tenant: str | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str | None = None,
+        exclude_message_ids: Sequence[str] = (),
     ) -> None:
         """Wait until the messages this process acknowledged on receipt (``[storage] acknowledge =
-        "on_receipt"``) are written: those of the scope, or every one when no ``tenant`` is given.
-        Recall waits for its scope's by itself."""
-        await self._inbox.written(None if tenant is None else scope_of(tenant, user_id, chat_id))
+        "on_receipt"``) are written: those of the scope, or every one when no ``tenant`` is given,
+        but for ``exclude_message_ids``. Recall waits for its scope's by itself, but for the
+        messages it leaves out (the one being answered)."""
+        scope = None if tenant is None else scope_of(tenant, user_id, chat_id)
+        await self._inbox.written(scope, frozenset(exclude_message_ids))
 
     async def triage(self, message: Message | dict[str, Any]) -> TriageDecision:
         """What triage decides for a message, without storing anything (a dry run)."""

@@ -33,8 +33,9 @@ EXPLAINED_PER_HIT = 4
 
 
 async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
-    # What this process acknowledged in the scope before it was written is recalled too.
-    await memory.written(**request.scope.model_dump())
+    # What this process acknowledged in the scope before it was written is recalled too; the
+    # message being answered is left out of the hits, so its write is not waited for.
+    await memory.written(**request.scope.model_dump(), exclude_message_ids=request.exclude_message_ids)
     # Two chains run side by side: the query's embedding and then the sources that need its
     # vector, and the early sources (keywords) and then the rows and vectors of what they found.
     # On a large store either may be the longer one; neither waits for the other to start.

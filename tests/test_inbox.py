@@ -101,6 +101,41 @@ async def test_ingest_answers_on_receipt_and_recall_waits_for_the_write(tmp_path
         assert [(e.kind, e.label, e.count) for e in fired] == [("emotion", "tired", 3)]
 
 
+async def test_recall_that_leaves_out_the_message_being_answered_does_not_wait_for_its_write(
+    tmp_path: Path,
+) -> None:
+    """A bot's turn: ingest the message, then recall for the answer, leaving the message out. The
+    recall starts at once; it still waits for another message of the scope on its way."""
+    gate = Gate()
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        gate.open.set()
+        await memory.ingest(msg("ann-cat", "I adopted a grey cat named Miso", user="ann", chat="dm-ann"))
+        await memory.settle()
+        gate.open.clear()
+        for message in tired()[:2]:  # ann-0 and ann-1, held at their writes
+            await memory.ingest(message)
+        both = ["ann-0", "ann-1"]
+        recalling = asyncio.ensure_future(
+            memory.recall("my cat", user_id="ann", k=5, exclude_message_ids=both)
+        )
+        done, _ = await asyncio.wait([recalling], timeout=10)
+        if not done:
+            gate.open.set()  # let the writes go, so that the failure below does not hang the close
+        assert done, "recall waited for the messages it leaves out"
+        hits = recalling.result()
+        assert [h.message_ids for h in hits] == [["ann-cat"]]
+        assert len(await memory.store.state_items(NAMESPACE)) == 2  # neither was written
+        # Leaving out only the newest, it waits for the one before it.
+        waiting = asyncio.ensure_future(
+            memory.recall("so tired", user_id="ann", k=5, exclude_message_ids=["ann-1"])
+        )
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        gate.open.set()
+        found = [h.message_ids for h in await waiting]
+        assert ["ann-0"] in found and ["ann-1"] not in found
+
+
 async def test_a_message_received_twice_is_stored_once(tmp_path: Path) -> None:
     gate = Gate()
     async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
