@@ -95,6 +95,7 @@ class Inbox:
         self._pipeline: IngestPipeline | None = None
         self._forgetting: Forgetting | None = None
         self._room = asyncio.Condition()
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     def start(self, pipeline: IngestPipeline, forgetting: Forgetting) -> None:
         self._pipeline = pipeline
@@ -133,19 +134,43 @@ class Inbox:
         for r in received:
             self._unwritten[r.item.key] = r
             self._unfinished[r.item.key] = r
+        # A call cancelled during the write does not cancel the write (it may be committed
+        # already): once it ends, its entries are written like any, not left until the next open.
+        put = asyncio.ensure_future(self._put(received))
         try:
-            await self._put(received)
-        except BaseException:
-            self._done(received, written=False)
-            self._finish(received)
-            async with self._room:
-                self._room.notify_all()
+            await asyncio.shield(put)
+        except asyncio.CancelledError:
+            if not put.done():
+                put.add_done_callback(functools.partial(self._put_ended, received))
+                raise
+            self._put_ended(received, put)
             raise
+        except BaseException:
+            await self._not_received(received)
+            raise
+        self._queue(received)
+        results = {id(r.item): received_result(r.item) for r in received}
+        return [results.get(id(item)) for item in items]
+
+    def _queue(self, received: Sequence[Received]) -> None:
         self._waiting.extend(received)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.ensure_future(self._write_received())
-        results = {id(r.item): received_result(r.item) for r in received}
-        return [results.get(id(item)) for item in items]
+
+    def _put_ended(self, received: Sequence[Received], put: asyncio.Future[None]) -> None:
+        """The write of a cancelled call's entries ended: queue them if it went through."""
+        if put.cancelled() or put.exception() is not None:
+            task = asyncio.ensure_future(self._not_received(received))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+        else:
+            self._queue(received)
+
+    async def _not_received(self, received: Sequence[Received]) -> None:
+        self._done(received, written=False)
+        self._finish(received)
+        async with self._room:
+            self._room.notify_all()
 
     async def _put(self, received: Sequence[Received]) -> None:
         entries = [(NAMESPACE, r.key, _entry(r.item.message, r.item.decision)) for r in received]

@@ -388,6 +388,27 @@ async def test_a_message_sent_again_after_a_forget_is_new_though_its_first_write
             assert again.stored and not again.duplicate
 
 
+async def test_a_call_cancelled_at_any_point_leaves_nothing_waiting_for_the_next_open(tmp_path: Path) -> None:
+    """Cancelled after 0 to 39 turns of the loop (before, during and after the entry's write): a
+    message is either not kept or written in this process, never left as an entry until the next
+    open, and never stored twice."""
+    async with open_memory(tmp_path, real_model=True, storage=ON_RECEIPT) as memory:
+        cancelled = 0
+        for turns in range(40):
+            text = f"I visited the museum number {turns} with my aunt"
+            call = asyncio.ensure_future(memory.ingest(msg(f"ann-{turns}", text, user="ann", chat="dm-ann")))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            call.cancel()
+            [outcome] = await asyncio.gather(call, return_exceptions=True)
+            cancelled += isinstance(outcome, asyncio.CancelledError)
+        await memory.settle()
+        assert await memory.store.state_items(NAMESPACE) == []
+        ids = [m for r in await episodes(memory, "ann") for m in r.message_ids]
+        assert len(ids) == len(set(ids))
+        assert 0 < cancelled < 40  # some calls ended first: the cancellation came at every stage
+
+
 STOPPING_WORKER = textwrap.dedent(
     """
     import asyncio, os, sys
