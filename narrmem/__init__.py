@@ -3,6 +3,7 @@
 from narrmem.clock import Clock, ManualClock, SystemClock
 from narrmem.config import Settings, load_settings, plugin_options
 from narrmem.errors import (
+    ClosedError,
     ConfigError,
     InputError,
     ModelProcessError,
@@ -33,6 +34,7 @@ from narrmem.tools import Tool
 __all__ = [
     "Candidate",
     "Clock",
+    "ClosedError",
     "ConfigError",
     "ContextLine",
     "ContextPack",

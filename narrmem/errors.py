@@ -48,6 +48,10 @@ class StoreError(NarrmemError):
     """The store could not do what was asked (for example an import that conflicts with stored rows)."""
 
 
+class ClosedError(StoreError):
+    """A call on a memory that was closed: open it again (``Memory.open``) to use it."""
+
+
 class PluginError(NarrmemError):
     """A plugin is missing or misbehaves in a way the host cannot recover from."""
 

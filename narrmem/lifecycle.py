@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Self, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
 from narrmem import opening
 from narrmem.checks import folder_argument
 from narrmem.clock import Clock, SystemClock
 from narrmem.config import Settings, load_settings
 from narrmem.embed import Embedder
-from narrmem.errors import PluginError
+from narrmem.errors import ClosedError, PluginError
 from narrmem.forgetting import Forgetting
 from narrmem.host import PluginHost
 from narrmem.inbox import Inbox
@@ -30,6 +31,26 @@ if TYPE_CHECKING:
     from narrmem.view import MemoryView
 
 log = logging.getLogger("narrmem")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+L = TypeVar("L", bound="MemoryLifecycle")
+
+
+def while_open(
+    method: Callable[Concatenate[L, P], Awaitable[R]],
+) -> Callable[Concatenate[L, P], Coroutine[Any, Any, R]]:
+    """A public call refused with :class:`~narrmem.errors.ClosedError` once the memory is closed:
+    without it, a recall on a closed memory answered nothing (its sources' errors are isolated
+    and logged), and a bot would go on answering without memory."""
+
+    @functools.wraps(method)
+    async def guarded(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._shut:
+            raise ClosedError(f"{method.__name__}: the memory is closed; open it again to use it")
+        return await method(self, *args, **kwargs)
+
+    return guarded
 
 
 class MemoryLifecycle:
@@ -66,6 +87,7 @@ class MemoryLifecycle:
         self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks, self._settling, self._inbox)
         self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox)
         self._closed = False
+        self._shut = False  # closed to the end: public calls are refused (see while_open)
         self._started = False
         self._loop_guard: asyncio.Task[None] | None = None
 
@@ -151,14 +173,17 @@ class MemoryLifecycle:
             guard.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await guard
-        if self._started:
-            await self._inbox.drained()
-            await self._inbox.close()
-            await self._settling.close()
-            await self.host.call("narrmem_shutdown", memory=self)
-        for part in (self._store, self._embedder):
-            if part is not None:
-                await part.close()
+        try:
+            if self._started:
+                await self._inbox.drained()
+                await self._inbox.close()
+                await self._settling.close()
+                await self.host.call("narrmem_shutdown", memory=self)
+            for part in (self._store, self._embedder):
+                if part is not None:
+                    await part.close()
+        finally:
+            self._shut = True
 
     async def __aenter__(self) -> Self:
         return self

@@ -17,7 +17,7 @@ from narrmem.checks import sequence_argument
 from narrmem.config import Acknowledge
 from narrmem.errors import InputError
 from narrmem.ingest import TriggerCallback, as_message, attributed, speaker_of
-from narrmem.lifecycle import MemoryLifecycle
+from narrmem.lifecycle import MemoryLifecycle, while_open
 from narrmem.models import (
     ContextPack,
     Hit,
@@ -46,6 +46,7 @@ class Memory(MemoryLifecycle):
     and ``await mem.close()``); what it owns and how it opens and closes is
     :class:`~narrmem.lifecycle.MemoryLifecycle`, what a bot calls is here."""
 
+    @while_open
     async def ingest(
         self, message: Message | dict[str, Any], *, acknowledge: Acknowledge | None = None
     ) -> IngestResult:
@@ -58,6 +59,7 @@ class Memory(MemoryLifecycle):
         [result] = await self.ingest_many([message], acknowledge=acknowledge)
         return result
 
+    @while_open
     async def ingest_many(
         self,
         messages: Sequence[Message | dict[str, Any]],
@@ -96,10 +98,12 @@ class Memory(MemoryLifecycle):
         scope = None if tenant is None else scope_of(tenant, user_id, chat_id)
         await self._inbox.written(scope, frozenset(exclude_message_ids))
 
+    @while_open
     async def triage(self, message: Message | dict[str, Any]) -> TriageDecision:
         """What triage decides for a message, without storing anything (a dry run)."""
         return await self._ingest.triage(as_message(message, None), [])
 
+    @while_open
     async def edit(self, message: Message | dict[str, Any]) -> IngestResult:
         """A message was edited: what it left is replaced by what the new text deserves, and the
         earlier texts are kept in the new episode's ``meta["edits"]``."""
@@ -109,6 +113,7 @@ class Memory(MemoryLifecycle):
         """Call ``await callback(event)`` for every trigger event; a raising callback is logged."""
         self._trigger_callbacks.append(callback)
 
+    @while_open
     async def recall(
         self,
         query: str,
@@ -141,6 +146,7 @@ class Memory(MemoryLifecycle):
         )
         return await recall_pipeline.run(self, request)
 
+    @while_open
     async def context(
         self,
         text: str,
@@ -157,6 +163,7 @@ class Memory(MemoryLifecycle):
         hits = await self.recall(text, **scope.model_dump(), k=k, exclude_message_ids=exclude_message_ids)
         return ContextPack(query=text, scope=scope, hits=hits)
 
+    @while_open
     async def turn_context(
         self, text: str, *, user_id: str, chat_id: str, tenant: str = "default"
     ) -> dict[str, Any]:
@@ -165,6 +172,7 @@ class Memory(MemoryLifecycle):
         ``narrmem_turn_context``. ``result["rendered"]`` is the prompt block."""
         return await answers.turn_context(self, scope_of(tenant, user_id, chat_id), text)
 
+    @while_open
     async def summary(
         self,
         *,
@@ -177,17 +185,20 @@ class Memory(MemoryLifecycle):
         detailed telling that fits ``token_budget``; from the rtm plugin or whichever answers."""
         return await answers.summary(self, scope_of(tenant, user_id), depth, token_budget)
 
+    @while_open
     async def patterns(self, *, user_id: str, tenant: str = "default") -> dict[str, Any]:
         """What keeps coming back for a user as of the clock's now: ``counts`` (topics, moods, each
         with its count and message ids) and the ``triggers`` that fired for them. Read from what is
         stored, so it survives restarts and is the same in every worker; it changes nothing."""
         return await answers.patterns(self, scope_of(tenant, user_id))
 
+    @while_open
     async def importance_now(self, records: Sequence[MemoryRecord]) -> dict[int, float]:
         """Each record's importance after decay as of the clock's now (the stored value when no
         plugin models decay)."""
         return await importance.importance_now(self, records)
 
+    @while_open
     async def mark_used(
         self,
         memory_ids: Sequence[int],
@@ -200,19 +211,23 @@ class Memory(MemoryLifecycle):
         window, see the hippocampus). Ids outside the scope are ignored. Returns the ids reinforced."""
         return await importance.mark_used(self, memory_ids, scope_of(tenant, user_id, chat_id))
 
+    @while_open
     async def decay(self, now: datetime | None = None) -> dict[str, int]:
         """Run the decay pass as of ``now`` (default: the clock); returns counts."""
         return await importance.decay(self, now)
 
+    @while_open
     async def history(self, memory_id: int) -> dict[str, Any]:
         """A memory's importance over time: its stored state, the recorded changes, and what the
         decay plugin projects."""
         return await importance.history(self, memory_id)
 
+    @while_open
     async def call_tool(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
         """Run a registered tool with JSON arguments; returns its typed result as a JSON-ready dict."""
         return await answers.call_tool(self, self.tools, name, arguments)
 
+    @while_open
     async def forget(
         self, *, user_id: str | None = None, chat_id: str | None = None, tenant: str = "default"
     ) -> dict[str, int]:
@@ -222,6 +237,7 @@ class Memory(MemoryLifecycle):
         plugin has finished; one interrupted by a crash is finished on the next open."""
         return await self._forgetting.scope(scope_of(tenant, user_id, chat_id))
 
+    @while_open
     async def forget_messages(
         self, *, chat_id: str, message_ids: Sequence[str], tenant: str = "default"
     ) -> dict[str, int]:
@@ -229,10 +245,12 @@ class Memory(MemoryLifecycle):
         chat reports a message deleted."""
         return await self._forgetting.messages(scope_of(tenant, chat_id=chat_id), message_ids)
 
+    @while_open
     async def stats(self) -> dict[str, Any]:
         """Store-wide figures, each plugin's own, and what is loaded."""
         return await answers.stats(self, self.tools)
 
+    @while_open
     async def users(self, tenant: str | None = None, *, limit: int = 1000) -> list[dict[str, Any]]:
         """Who has memories: per user of ``tenant`` (every tenant if ``None``) how many memories and
         scenes, in how many chats, and the time of the oldest and newest. For inspection; it reads

@@ -418,3 +418,15 @@ async def test_real_model_over_http(tmp_path: Path) -> None:
                 )
             ).json()
             assert hits[0]["message_ids"] == ["m2"] and hits[0]["why"]["dense"] > 0.3
+
+
+async def test_a_closed_memory_is_503_not_an_empty_answer(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest(msg("m1", "I decided to quit my job"))
+        app = create_app(memory)
+    transport = httpx.ASGITransport(app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test") as client:
+        recall = await client.post("/v1/recall", json={"query": "quit job", "scope": {"user_id": "u1"}})
+        assert recall.status_code == 503 and "closed" in recall.text
+        ingest = await client.post("/v1/ingest", json=msg("m2", "I moved to Porto"))
+        assert ingest.status_code == 503

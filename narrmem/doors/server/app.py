@@ -36,7 +36,7 @@ from narrmem.doors.server.schemas import (
     TurnContextBody,
 )
 from narrmem.doors.transfer import export_header, export_text
-from narrmem.errors import InputError, NarrmemError, PluginError, StoreError, UnknownToolError
+from narrmem.errors import ClosedError, InputError, NarrmemError, PluginError, StoreError, UnknownToolError
 from narrmem.memory import Memory
 from narrmem.models import MAX_ID_CHARS, Hit, IncomingMessage, IngestResult, Scope
 
@@ -140,6 +140,10 @@ def _errors(app: FastAPI) -> None:
     async def bad_input(request: Request, exc: InputError) -> JSONResponse:
         loc = ["body", *(exc.field.split(".") if exc.field else [])]
         return _problem(422, [{"loc": loc, "msg": str(exc), "type": "narrmem_input"}], field=exc.field)
+
+    @app.exception_handler(ClosedError)
+    async def closed(request: Request, exc: ClosedError) -> JSONResponse:
+        return _problem(503, str(exc))
 
     @app.exception_handler(StoreError)
     async def store_refused(request: Request, exc: StoreError) -> JSONResponse:

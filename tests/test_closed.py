@@ -1,0 +1,42 @@
+"""A closed memory refuses every public call with a ``ClosedError`` (a ``StoreError``) instead of
+answering as if it knew nothing; reopening the folder gives everything back."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg
+
+from narrmem import ClosedError, Memory, StoreError
+from narrmem.testing import open_memory
+
+CALLS: dict[str, Callable[[Memory], Awaitable[Any]]] = {
+    "ingest": lambda m: m.ingest(msg("ann-2", "I drink green tea every morning", user="ann", chat="dm-ann")),
+    "ingest on receipt": lambda m: m.ingest(
+        msg("ann-3", "I drink black tea at night", user="ann", chat="dm-ann"), acknowledge="on_receipt"
+    ),
+    "ingest_many": lambda m: m.ingest_many([msg("ann-4", "I bake bread", user="ann", chat="dm-ann")]),
+    "recall": lambda m: m.recall("where do I live", user_id="ann"),
+    "context": lambda m: m.context("where do I live", user_id="ann"),
+    "forget": lambda m: m.forget(user_id="ann"),
+    "stats": lambda m: m.stats(),
+    "call_tool": lambda m: m.call_tool("recall", {"query": "Lisbon", "user_id": "ann"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+async def test_a_closed_memory_refuses_calls_and_keeps_what_it_had(tmp_path: Path, name: str) -> None:
+    async with open_memory(tmp_path) as memory:
+        await memory.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+    with pytest.raises(ClosedError, match="closed") as refused:
+        await CALLS[name](memory)
+    assert isinstance(refused.value, StoreError)
+    await memory.settle()  # nothing waits: a no-op, not an error
+    await memory.close()  # closing twice is fine
+    async with open_memory(tmp_path) as again:
+        assert (await again.stats())["memories"] == 1
+        hits = await again.recall("where do I live", user_id="ann")
+        assert [h.message_ids for h in hits] == [["ann-1"]]
