@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 import numpy as np
+from narrmem_plugins.storage_postgres.advisory import AdvisoryLock
 from narrmem_plugins.storage_postgres.dsn import mask_dsn, scrub
 from narrmem_plugins.storage_postgres.escape import esc, unesc
 from narrmem_plugins.storage_postgres.keywords import bm25_sql, keyword_tokens, keywords_sql
@@ -280,15 +281,15 @@ class PostgresStore(ForgetJournal):
     @contextlib.asynccontextmanager
     async def exclusive(self, name: str) -> AsyncIterator[bool]:
         """Whether this worker holds the named job (a session advisory lock) for the block: one
-        worker at a time runs it, the others get ``False`` at once and skip it."""
-        key = _lock_key(name)
-        async with self.pool.acquire() as conn:
-            held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
-            try:
-                yield held
-            finally:
-                if held:
-                    await conn.execute("SELECT pg_advisory_unlock($1)", key)
+        worker at a time runs it, the others get ``False`` at once and skip it. A lost connection
+        does not lose the lock for long: it is taken again (:mod:`.advisory`)."""
+        lock = AdvisoryLock(self.pool, _lock_key(name), name)
+        held = await lock.take()
+        try:
+            yield held
+        finally:
+            if held:
+                await lock.release()
 
     # --- writing --------------------------------------------------------------------------
 
