@@ -10,7 +10,9 @@ the next process to open the store, once this one is gone (the claim :mod:`narrm
 holds): that process ingests them. An entry written twice (stored, then its deletion lost to a
 stop) is stored once: the store keeps one episode per message. A message whose write fails (a
 database locked past its timeout, a connection lost) is tried again alone, after
-:data:`RETRY_DELAYS`; one that still fails waits in the store for the next open.
+:data:`RETRY_DELAYS` and then every :data:`RETRY_EVERY` seconds while the process runs; what is
+left at close waits in the store for the next open. Forget, settle and close do not wait for a
+message waiting for its next try.
 
 Recall in this process waits for what it received in the asked scope to be written, so a bot
 recalls what it was just told; a forget, an edit, :meth:`~narrmem.memory.Memory.settle` and closing
@@ -39,7 +41,7 @@ from pydantic import ValidationError
 from narrmem.errors import StoreError
 from narrmem.ingest import Pending, stored_result
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
-from narrmem.settling import drop_forgotten, stopped_owners
+from narrmem.settling import drop_forgotten, forgotten_by, stopped_owners
 
 if TYPE_CHECKING:
     from narrmem.forgetting import Forgetting
@@ -52,27 +54,32 @@ log = logging.getLogger("narrmem")
 NAMESPACE = "narrmem.inbox"
 # Messages received and not yet written, past which ingest waits for the oldest: what a stop leaves
 # for the next open, and how far recall can lag behind, stay bounded. As many whose write failed
-# (left for the next open) make ingest refuse more.
+# (waiting to be tried again) make ingest refuse more until some are written.
 MAX_UNWRITTEN = 1024
 # Keys of messages this process wrote last: a call racing their write finds them stored.
 RECENTLY_WRITTEN = 4096
 # Seconds before each new try of a message whose write failed, each try alone: a transient failure
 # (a lock held past the busy timeout, a connection lost) is written within a minute, not at the
-# next open; after the last, the message waits in the store for the next open.
+# next open; after them, a try every RETRY_EVERY seconds, so that a long outage ends by itself.
 RETRY_DELAYS = (0.5, 2.0, 8.0, 30.0)
+RETRY_EVERY = 300.0
+# Seconds close gives a try under way before it cancels it.
+CLOSE_WAIT = 5.0
 
 
 @dataclass
 class Received:
     """A message acknowledged and not yet written: its entry's key, the message triaged, a future
     done once it is written (or its first write failed: it is tried again later), one done once its
-    entry is deleted too (or left), and how many times it was tried again."""
+    entry is deleted too (or left), how many tries of it failed, and whether a forget took it out
+    while it waited for another try."""
 
     key: str
     item: Pending
     written: asyncio.Future[None]
     finished: asyncio.Future[None]
-    tries: int = 0
+    failures: int = 0
+    forgotten: bool = False
 
 
 class Inbox:
@@ -84,9 +91,9 @@ class Inbox:
         self._unwritten: collections.OrderedDict[MessageKey, Received] = collections.OrderedDict()
         self._unfinished: dict[MessageKey, Received] = {}
         self._written: collections.OrderedDict[MessageKey, None] = collections.OrderedDict()
-        # Messages whose write failed and that are tried again, each at its time (the loop's clock).
+        # Messages whose write failed, each tried again at its time (the loop's clock); one stays
+        # here while it is tried, so that the same message sent again meanwhile is a duplicate.
         self._retrying: dict[MessageKey, tuple[float, Received]] = {}
-        self._given_up = 0
         self._waiting: collections.deque[Received] = collections.deque()
         self._worker: asyncio.Task[None] | None = None
         self._retrier: asyncio.Task[None] | None = None
@@ -104,14 +111,14 @@ class Inbox:
     # --- receiving ------------------------------------------------------------------------------
 
     def _holds(self, key: MessageKey) -> bool:
-        """Whether a message with this key was received here and is not yet written, or was
-        written here a moment ago."""
+        """Whether a message with this key was received here and is not yet written (on its way,
+        or waiting for another try), or was written here a moment ago."""
         return key in self._unfinished or key in self._written or key in self._retrying
 
     @property
     def _failed(self) -> int:
-        """Messages received here whose write failed: tried again, or left for the next open."""
-        return len(self._retrying) + self._given_up
+        """Messages received here whose write failed and that wait for another try."""
+        return len(self._retrying)
 
     async def receive(self, items: Sequence[Pending]) -> list[IngestResult | None]:
         """Put triaged, new messages in the store as they came and queue them for writing; their
@@ -124,8 +131,7 @@ class Inbox:
             if self._failed >= MAX_UNWRITTEN:
                 raise StoreError(
                     f"{self._failed} received messages could not be written (see the log); they wait in "
-                    "the store, are tried again, and no more are taken until they are written or the "
-                    "store is opened again"
+                    "the store and are tried again, and no more are taken until some are written"
                 )
         loop = asyncio.get_running_loop()
         # Held before the write, so that a call racing this one finds them.
@@ -159,8 +165,13 @@ class Inbox:
 
     def _put_ended(self, received: Sequence[Received], put: asyncio.Future[None]) -> None:
         """The write of a cancelled call's entries ended: queue them if it went through."""
-        if put.cancelled() or put.exception() is not None:
-            task = asyncio.ensure_future(self._not_received(received))
+        error = None if put.cancelled() else put.exception()
+        if put.cancelled() or error is not None:
+            if error is not None:
+                log.error("keeping the messages of a cancelled call failed", exc_info=error)
+            self._done(received, written=False)
+            self._finish(received)
+            task = asyncio.ensure_future(self._notify())
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
         else:
@@ -169,6 +180,9 @@ class Inbox:
     async def _not_received(self, received: Sequence[Received]) -> None:
         self._done(received, written=False)
         self._finish(received)
+        await self._notify()
+
+    async def _notify(self) -> None:
         async with self._room:
             self._room.notify_all()
 
@@ -213,19 +227,22 @@ class Inbox:
             self._finish(left)
 
     def _retry_later(self, batch: Sequence[Received]) -> None:
-        """Try each message of a failed write again alone, after its next delay, or leave it for the
-        next open once the delays are spent. Who waits for them is not held up meanwhile: recall
-        goes on without them, as after a failure."""
+        """Try each message of a failed write again alone, after its next delay. Who waits for them
+        is not held up meanwhile: recall goes on without them, as after a failure."""
         loop = asyncio.get_running_loop()
         for r in batch:
-            if r.tries >= len(RETRY_DELAYS) or self._closing:
-                self._given_up += 1
-                log.error("a received message could not be written; it waits in the store for the next open")
+            if r.forgotten:
                 continue
-            self._retrying[r.item.key] = (loop.time() + RETRY_DELAYS[r.tries], r)
-            r.tries += 1
-        if self._retrying and (self._retrier is None or self._retrier.done()):
+            delay = RETRY_DELAYS[r.failures] if r.failures < len(RETRY_DELAYS) else RETRY_EVERY
+            if r.failures == len(RETRY_DELAYS):
+                log.error(
+                    "a received message still cannot be written; it is tried again every %.0f s", RETRY_EVERY
+                )
+            r.failures += 1
+            self._retrying[r.item.key] = (loop.time() + delay, r)
+        if self._retrying and not self._closing and (self._retrier is None or self._retrier.done()):
             self._retrier = asyncio.ensure_future(self._retry())
+            self._retrier.add_done_callback(_log_failure)
         self._retry_due.set()
 
     async def _retry(self) -> None:
@@ -242,40 +259,53 @@ class Inbox:
                 continue
             for r in due:
                 if self._closing:
-                    break
-                del self._retrying[r.item.key]
+                    return
+                held = self._retrying.get(r.item.key)
+                if r.forgotten or held is None or held[1] is not r:
+                    continue  # a forget took it out meanwhile
                 try:
                     present = await self.memory.store.state_get(NAMESPACE, r.key) is not None
                 except Exception:
                     log.exception("reading a received message's entry failed")
+                    present, written = True, False
+                else:
+                    # Its entry gone: a forget took the message out before it could be written.
+                    written = not present or await self._write(
+                        [(r.key, r.item)], on_written=functools.partial(self._remember_written, r)
+                    )
+                if written or r.forgotten:
+                    self._retrying.pop(r.item.key, None)
+                else:
                     self._retry_later([r])
-                    continue
-                # Its entry gone: a forget took the message out before it could be written.
-                if present and not await self._write([(r.key, r.item)]):
-                    self._retry_later([r])
-                async with self._room:
-                    self._room.notify_all()
+                await self._notify()
+
+    def _remember_written(self, r: Received) -> None:
+        self._written[r.item.key] = None
+        while len(self._written) > RECENTLY_WRITTEN:
+            self._written.popitem(last=False)
 
     async def close(self) -> None:
-        """Stop trying failed writes again (a try under way ends first): their messages wait in the
-        store for the next open."""
+        """Stop trying failed writes again: their messages wait in the store for the next open. A
+        try under way is given a few seconds to end, then cancelled (its entry stays)."""
         self._closing = True
         self._retry_due.set()
         retrier = self._retrier
-        if retrier is not None:
+        if retrier is not None and not retrier.done():
+            await asyncio.wait([retrier], timeout=CLOSE_WAIT)
+            retrier.cancel()
             await asyncio.gather(retrier, return_exceptions=True)
 
     async def _write(
         self, entries: Sequence[tuple[str, Pending]], on_written: Callable[[], None] | None = None
     ) -> bool:
         """Write received messages and delete their entries; ``False`` if the write failed (the
-        entries stay for the next open). A message whose entry a forget deleted meanwhile is
-        forgotten again once written."""
+        entries stay: tried again, or left for the next open). A message whose entry a forget
+        deleted meanwhile is forgotten again once written."""
         assert self._pipeline is not None and self._forgetting is not None
         try:
             await self._pipeline.store_received([item for _, item in entries])
         except Exception:
-            log.exception("writing %d received messages failed; they are kept and tried again", len(entries))
+            log.exception("writing %d received messages failed; their entries are kept", len(entries))
             return False
         if on_written is not None:
             on_written()
@@ -362,10 +392,18 @@ class Inbox:
         """Delete the entries of the messages a forget removes, whichever process received them."""
         self._written.clear()  # what was written a moment ago may be gone now, and come again
         await drop_forgotten(self.memory.store, NAMESPACE, job, lambda value: value.get("message"))
-        # A message waiting for another try whose entry the forget deleted is no longer held here.
+        # A message waiting for another try (or being tried) that the forget takes out is held
+        # here no longer: sent again, it is new.
         for key, (_, r) in list(self._retrying.items()):
-            if await self.memory.store.state_get(NAMESPACE, r.key) is None:
+            if forgotten_by(r.item.message.model_dump(), job):
+                r.forgotten = True
                 self._retrying.pop(key, None)
+        await self._notify()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("trying failed writes again stopped", exc_info=task.exception())
 
 
 def received_result(item: Pending) -> IngestResult:

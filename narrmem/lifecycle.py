@@ -179,11 +179,12 @@ class MemoryLifecycle:
                 await self._inbox.close()
                 await self._settling.close()
                 await self.host.call("narrmem_shutdown", memory=self)
-            for part in (self._store, self._embedder):
-                if part is not None:
-                    await part.close()
         finally:
+            # From here on the store and the model go: calls are refused, not half answered.
             self._shut = True
+        for part in (self._store, self._embedder):
+            if part is not None:
+                await part.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -193,12 +194,16 @@ class MemoryLifecycle:
 
     @property
     def store(self) -> Store:
+        if self._shut:
+            raise ClosedError("the memory is closed; open it again to use its store")
         if self._store is None:
             raise PluginError("the memory is not open")
         return self._store
 
     @property
     def embedder(self) -> Embedder:
+        if self._shut:
+            raise ClosedError("the memory is closed; open it again to use its model")
         if self._embedder is None:
             raise PluginError("the memory is not open")
         return self._embedder

@@ -79,7 +79,8 @@ class Memory(MemoryLifecycle):
         """Wait until the after-store hooks (counts, facts, triggers) of every message acknowledged
         so far have run. Needed only with ``[storage] acknowledge = "after_write"``, where ingest
         returns before they run, or ``"on_receipt"``, where it returns before the message is
-        written (this waits for the writes too); closing the memory and a forget wait for them too."""
+        written (this waits for the writes too, but not for a message whose write failed and
+        waits for another try); closing the memory and a forget wait for them too."""
         await self._inbox.drained()
         await self._settling.settle()
 
@@ -96,6 +97,8 @@ class Memory(MemoryLifecycle):
         but for ``exclude_message_ids``. Recall waits for its scope's by itself, but for the
         messages it leaves out (the one being answered)."""
         scope = None if tenant is None else scope_of(tenant, user_id, chat_id)
+        if isinstance(exclude_message_ids, str):
+            raise InputError("must be a list of message ids, not one string", field="exclude_message_ids")
         await self._inbox.written(scope, frozenset(exclude_message_ids))
 
     @while_open

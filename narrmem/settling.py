@@ -216,11 +216,12 @@ async def drop_forgotten(
     part of an entry that names the message (tenant, user_id, chat_id, message_id)."""
     for key, value in await store.state_items(namespace):
         named = ids(value)
-        if isinstance(named, dict) and _forgotten(named, job):
+        if isinstance(named, dict) and forgotten_by(named, job):
             await store.state_delete(namespace, key)
 
 
-def _forgotten(value: dict[str, Any], job: ForgetJob) -> bool:
+def forgotten_by(value: dict[str, Any], job: ForgetJob) -> bool:
+    """Whether ``job`` forgets the message ``value`` names (tenant, user_id, chat_id, message_id)."""
     if value.get("tenant") != job.tenant:
         return False
     if job.user_id is not None and value.get("user_id") != job.user_id:
