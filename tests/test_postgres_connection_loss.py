@@ -2,7 +2,8 @@
 worker goes on, its settling claim is taken again on a new connection (a claim lost for good would
 let another worker take this one's unsettled entries while it writes them), what it receives is
 written, and it closes without an error. A real server; the connections ended by
-``pg_terminate_backend``."""
+``pg_terminate_backend``, the lock's holder read from ``pg_locks`` (taking the lock to see
+whether it is free would race the worker's own retake)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import asyncpg
 from _helpers import msg
 from _postgres import dsn_for, fresh_database
+from narrmem_plugins.storage_postgres.advisory import HOLDER, AdvisoryLock
 from narrmem_plugins.storage_postgres.store import _lock_key
 
 from narrmem.inbox import NAMESPACE
@@ -23,7 +25,7 @@ async def end_connections(database: str) -> int:
     admin = await asyncpg.connect(dsn_for("postgres"))
     try:
         ended: int = await admin.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
             "WHERE datname = $1 AND pid <> pg_backend_pid()",
             database,
         )
@@ -32,15 +34,22 @@ async def end_connections(database: str) -> int:
     return ended
 
 
-async def held_elsewhere(dsn: str, key: int) -> bool:
+async def holder(dsn: str, key: int) -> int | None:
     other = await asyncpg.connect(dsn)
     try:
-        free = bool(await other.fetchval("SELECT pg_try_advisory_lock($1)", key))
-        if free:
-            await other.execute("SELECT pg_advisory_unlock($1)", key)
-        return not free
+        pid: int | None = await other.fetchval(HOLDER, (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)
+        return pid
     finally:
         await other.close()
+
+
+async def held_anew(dsn: str, key: int, before: int) -> int:
+    for _ in range(250):
+        now = await holder(dsn, key)
+        if now is not None and now != before:
+            return now
+        await asyncio.sleep(0.02)
+    raise AssertionError("the lock was not taken again")
 
 
 async def test_a_worker_whose_connections_end_keeps_its_claim_writes_and_closes(tmp_path: Path) -> None:
@@ -51,20 +60,52 @@ async def test_a_worker_whose_connections_end_keeps_its_claim_writes_and_closes(
         await memory.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
         await memory.settle()
         key = _lock_key(claim_name(memory._settling.token))
-        assert await held_elsewhere(dsn, key)  # the claim, taken by the first message
+        first = await holder(dsn, key)
+        assert first is not None  # the claim, taken by the first message
         assert await end_connections(database) >= 1
-        for _ in range(200):  # taken again at once, on a new connection
-            if await held_elsewhere(dsn, key):
-                break
-            await asyncio.sleep(0.02)
-        assert await held_elsewhere(dsn, key)
+        await held_anew(dsn, key, first)
         for i in range(3):
-            assert (
-                await memory.ingest(msg(f"ann-{i + 2}", f"I drink tea number {i}", user="ann", chat="dm-ann"))
-            ).stored
+            message = msg(f"ann-{i + 2}", f"I drink tea number {i}", user="ann", chat="dm-ann")
+            assert (await memory.ingest(message)).stored
         await memory.settle()
         assert await memory.store.state_items(NAMESPACE) == []
         hits = await memory.recall("tea", user_id="ann", k=5)
         assert sorted(h.message_ids[0] for h in hits) == ["ann-2", "ann-3", "ann-4"]
     # Closed without an error, and the claim let go.
-    assert not await held_elsewhere(dsn, key)
+    assert await holder(dsn, key) is None
+
+
+async def test_a_lock_still_held_by_our_own_lost_session_is_taken_back(tmp_path: Path) -> None:
+    """The client saw its connection end, but the server's session lives on (a network cut) and
+    holds the lock: that session is ended and the lock taken on a new connection."""
+    dsn = await fresh_database("zombie")
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    zombie = await asyncpg.connect(dsn)
+    try:
+        lock = AdvisoryLock(pool, _lock_key("job"), "job")
+        assert await lock.take()
+        # Stage the cut: the lock moves to a session the worker no longer reaches, which the
+        # worker knows as its own (its pid is the one the lock was taken with).
+        own = lock._conn
+        await own.execute("SELECT pg_advisory_unlock($1)", lock.key)
+        assert await zombie.fetchval("SELECT pg_try_advisory_lock($1)", lock.key)
+        lost_pid = zombie.get_server_pid()
+        lock._pid = lost_pid
+        lock._ended(own)  # what the termination listener calls
+        await held_anew(dsn, lock.key, lost_pid)
+        assert not await _alive(dsn, lost_pid)  # that session was ended
+        assert lock.retaken == 1
+        await lock.release()
+        assert await holder(dsn, lock.key) is None
+    finally:
+        if not zombie.is_closed():
+            zombie.terminate()
+        await pool.close()
+
+
+async def _alive(dsn: str, pid: int) -> bool:
+    other = await asyncpg.connect(dsn)
+    try:
+        return bool(await other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid))
+    finally:
+        await other.close()

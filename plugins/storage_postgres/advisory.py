@@ -4,15 +4,19 @@ across a lost connection.
 A session lock lives as long as its connection. A server restart, a failover or an idle timeout
 ends the connection, and with it the lock, while the worker that took it goes on as its holder
 (the settling claim of a worker's unsettled entries is such a lock: :mod:`narrmem.settling`).
-When the connection ends, the lock is taken again on a new connection, at once and then after
-growing delays until the server answers; if another worker took it meanwhile, that is logged as
-an error, since two workers may then run the same job. Releasing a lock whose connection is gone
-is not an error: the lock went with it."""
+When the connection ends, the lock is taken again on a new connection: at once, then after
+growing delays, and every 30 seconds while the server does not answer, until the block ends. A
+connection the client saw end may live on in the server for a while (a network cut it: the
+server learns of it only from TCP keepalives), holding the lock: that old session of ours is
+ended (``pg_terminate_backend``) and the lock taken. If another worker took the lock meanwhile,
+that is logged as an error, since both may then run its job. Releasing a lock whose connection
+is gone is not an error: the lock went with it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from typing import Any
 
@@ -20,8 +24,12 @@ import asyncpg
 
 log = logging.getLogger("narrmem.storage_postgres")
 
-# Seconds between tries to take a lost lock again while the server does not answer.
+# Seconds before each try to take a lost lock again; the last repeats until the block ends.
 RETAKE_DELAYS = (0.0, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+HOLDER = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1"
+)
 # What a call on a connection that ended raises.
 CONNECTION_ENDED = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, ConnectionError, OSError)
 
@@ -32,6 +40,7 @@ class AdvisoryLock:
         self.key = key
         self.name = name
         self._conn: Any = None
+        self._pid: int | None = None  # the server process of the session holding the lock
         self._retaking: asyncio.Task[None] | None = None
         self._released = False
         self.retaken = 0  # how many times the lock was taken again after a lost connection
@@ -48,6 +57,7 @@ class AdvisoryLock:
             await self.pool.release(conn)
             return False
         self._conn = conn
+        self._pid = conn.get_server_pid()
         conn.add_termination_listener(self._ended)
         return True
 
@@ -59,28 +69,39 @@ class AdvisoryLock:
 
     async def _take_again(self) -> None:
         lost, self._conn = self._conn, None
+        old_pid = self._pid
         await _release_quietly(self.pool, lost)
-        for delay in RETAKE_DELAYS:
-            await asyncio.sleep(delay)
+        for attempt in itertools.count():
+            await asyncio.sleep(RETAKE_DELAYS[min(attempt, len(RETAKE_DELAYS) - 1)])
             if self._released:
                 return
             try:
-                held = await self.take()
+                if await self.take():
+                    self.retaken += 1
+                    log.warning("the lock %r is held again", self.name)
+                    return
+                holder = await self.holder()
+                if holder is not None and holder == old_pid:
+                    # Our own old session, still alive in the server: it goes, and the lock with it.
+                    await self.pool.execute("SELECT pg_terminate_backend($1, 5000)", old_pid)
+                    continue
             except Exception as exc:
                 # Another connection of the pool may have ended too, unnoticed until used.
                 log.warning("taking the lock %r again failed (%r); trying again", self.name, exc)
                 continue
-            if held:
-                self.retaken += 1
-                log.warning("the lock %r is held again", self.name)
-            else:
+            if holder is not None:
                 log.error(
                     "the lock %r was taken by another worker while this one's connection was lost: "
                     "both may run its job",
                     self.name,
                 )
-            return
-        log.error("the lock %r could not be taken again: the server does not answer", self.name)
+                return
+
+    async def holder(self) -> int | None:
+        """The server process of the session that holds the lock, if any."""
+        high, low = (self.key >> 32) & 0xFFFFFFFF, self.key & 0xFFFFFFFF
+        pid: int | None = await self.pool.fetchval(HOLDER, high, low)
+        return pid
 
     async def release(self) -> None:
         self._released = True
