@@ -40,3 +40,21 @@ async def test_a_closed_memory_refuses_calls_and_keeps_what_it_had(tmp_path: Pat
         assert (await again.stats())["memories"] == 1
         hits = await again.recall("where do I live", user_id="ann")
         assert [h.message_ids for h in hits] == [["ann-1"]]
+
+
+async def test_an_mcp_resource_of_a_closed_memory_is_an_internal_error_not_a_bad_request(
+    tmp_path: Path,
+) -> None:
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+
+    from narrmem.doors.mcp_server import _Resources, resource_uri
+
+    async with open_memory(tmp_path) as memory:
+        await memory.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+        resources = _Resources(memory, "default")
+        request = types.ReadResourceRequestParams(uri=resource_uri("ann", "summary"))
+        assert (await resources.read(None, request)).contents  # open: read
+    with pytest.raises(MCPError) as refused:
+        await resources.read(None, request)
+    assert refused.value.error.code == types.INTERNAL_ERROR and "closed" in refused.value.error.message

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from narrmem import __version__
-from narrmem.errors import InputError, NarrmemError
+from narrmem.errors import ClosedError, InputError, NarrmemError
 from narrmem.memory import Memory
 
 log = logging.getLogger("narrmem.mcp")
@@ -220,6 +220,8 @@ class _Resources:
             raise MCPError(types.INVALID_PARAMS, f"unknown resource {uri!r} (known: {known})")
         try:
             text = await self._text(unquote(user), kind)
+        except ClosedError as exc:
+            raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc  # the request was fine
         except NarrmemError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         return types.ReadResourceResult(
