@@ -274,7 +274,9 @@ class Inbox:
                         [(r.key, r.item)], on_written=functools.partial(self._remember_written, r)
                     )
                 if written or r.forgotten:
-                    self._retrying.pop(r.item.key, None)
+                    held = self._retrying.get(r.item.key)
+                    if held is not None and held[1] is r:  # not the same message sent again since
+                        del self._retrying[r.item.key]
                 else:
                     self._retry_later([r])
                 await self._notify()
