@@ -169,8 +169,7 @@ class Inbox:
         if put.cancelled() or error is not None:
             if error is not None:
                 log.error("keeping the messages of a cancelled call failed", exc_info=error)
-            self._done(received, written=False)
-            self._finish(received)
+            self._let_go(received)
             task = asyncio.ensure_future(self._notify())
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
@@ -178,9 +177,13 @@ class Inbox:
             self._queue(received)
 
     async def _not_received(self, received: Sequence[Received]) -> None:
-        self._done(received, written=False)
-        self._finish(received)
+        self._let_go(received)
         await self._notify()
+
+    def _let_go(self, received: Sequence[Received]) -> None:
+        """No one here waits for these any longer: written, or left in the store."""
+        self._done(received, written=False)  # a no-op for those written
+        self._finish(received)
 
     async def _notify(self) -> None:
         async with self._room:
@@ -214,17 +217,14 @@ class Inbox:
                     if not written:
                         self._retry_later(batch)
                 finally:
-                    self._done(batch, written=False)  # a no-op for those written
-                    self._finish(batch)
-                    async with self._room:
-                        self._room.notify_all()
+                    self._let_go(batch)
+                    await self._notify()
         finally:
             # Cancelled with its event loop: what waits stays in the store for the next open, and
             # no one waits for it here any longer.
             left = list(self._waiting)
             self._waiting.clear()
-            self._done(left, written=False)
-            self._finish(left)
+            self._let_go(left)
 
     def _retry_later(self, batch: Sequence[Received]) -> None:
         """Try each message of a failed write again alone, after its next delay. Who waits for them
@@ -334,9 +334,7 @@ class Inbox:
             if self._unwritten.pop(r.item.key, None) is None:
                 continue
             if written:
-                self._written[r.item.key] = None
-                while len(self._written) > RECENTLY_WRITTEN:
-                    self._written.popitem(last=False)
+                self._remember_written(r)
             if not r.written.done():
                 r.written.set_result(None)
 
