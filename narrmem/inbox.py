@@ -83,10 +83,11 @@ class Received:
 
 
 class Inbox:
-    def __init__(self, memory: MemoryLifecycle, token: str) -> None:
+    def __init__(self, memory: MemoryLifecycle, token: str, owners_gone: set[str]) -> None:
         self.memory = memory
         # Entries' keys start with the token of this process's claim (see narrmem.settling).
         self.token = token
+        self.owners_gone = owners_gone
         self._numbers = itertools.count()
         self._unwritten: collections.OrderedDict[MessageKey, Received] = collections.OrderedDict()
         self._unfinished: dict[MessageKey, Received] = {}
@@ -373,7 +374,7 @@ class Inbox:
         store = self.memory.store
         batch_size = self.memory.settings.storage.batch_size
         done = 0
-        async for entries in stopped_owners(store, NAMESPACE, self.token):
+        async for entries in stopped_owners(store, NAMESPACE, self.token, self.owners_gone):
             log.warning("writing %d messages a stopped process received", len(entries))
             for start in range(0, len(entries), batch_size):
                 part: list[tuple[str, Pending]] = []

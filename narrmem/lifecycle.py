@@ -83,7 +83,7 @@ class MemoryLifecycle:
         self._trigger_callbacks: list[TriggerCallback] = []
         write_lock = asyncio.Lock()  # one writer at a time in this process
         self._settling = Settling(self)
-        self._inbox = Inbox(self, self._settling.token)
+        self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone)
         self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks, self._settling, self._inbox)
         self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox)
         self._closed = False

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("narrmem")
 
 NAMESPACE = "narrmem.settling"
+# How long a claim found free on a shared store must stay free before its owner counts as gone:
+# a live worker whose connection ended takes its claim again within about 1.7 s (the first steps of
+# the PostgreSQL store's retake delays), and a worker checking whether the owner is gone holds the
+# claim for a moment only.
+TAKEOVER_GRACE_S = 2.0
 # Messages acknowledged whose hooks have not run yet, past which ingest waits for them: the lag of
 # counts and triggers, and what a stop leaves for the next open, stay bounded.
 MAX_UNSETTLED = 1024
@@ -54,6 +59,8 @@ class Settling:
         self._unsettled = 0
         self._claim = contextlib.AsyncExitStack()
         self._claiming: asyncio.Future[None] | None = None
+        # Owners of entries found gone by this open (see stopped_owners), for every namespace.
+        self.owners_gone: set[str] = set()
 
     async def claim(self) -> None:
         """Hold this process's claim on its entries, from the first call that leaves any until
@@ -145,7 +152,7 @@ class Settling:
         """Run the hooks of entries whose process is gone; return how many messages they were."""
         store = self.memory.store
         done = 0
-        async for entries in stopped_owners(store, NAMESPACE, self.token):
+        async for entries in stopped_owners(store, NAMESPACE, self.token, self.owners_gone):
             log.warning("running the after-store hooks of %d acknowledged messages", len(entries))
             for prefix, batch in itertools.groupby(entries, key=lambda e: e[0].rsplit(":", 1)[0] + ":"):
                 items = [item for _, value in batch if (item := await self._rebuild(value)) is not None]
@@ -232,20 +239,64 @@ def forgotten_by(value: dict[str, Any], job: ForgetJob) -> bool:
 
 
 async def stopped_owners(
-    store: Store, namespace: str, own_token: str
+    store: Store, namespace: str, own_token: str, confirmed: set[str]
 ) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
     """The entries of ``namespace`` (keys ``token:…``) of each process that is gone, in key order,
     each given while its claim is held here, so that no other process takes them meanwhile; the
-    entries of running processes, this one's included, are left to them."""
-    owners: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for key, value in await store.state_items(namespace):
-        owners.setdefault(key.split(":", 1)[0], []).append((key, value))
+    entries of running processes, this one's included, are left to them.
+
+    On a store other processes share, a claim found free may be a live owner's, lost with its
+    connection for the moment it takes to be taken again: it counts as gone only if it is still
+    free :data:`TAKEOVER_GRACE_S` later. ``confirmed`` holds the owners found gone so (the
+    namespaces of one open wait once)."""
+    owners = _by_owner(await store.state_items(namespace), own_token)
+    if not owners:
+        return
+    if shared_by_processes(store):
+        unsure = [token for token in owners if token not in confirmed]
+        free = [token for token in unsure if await _claim_free(store, token)]
+        if free:
+            log.info(
+                "the claims of %d other processes' entries are free: taken if still free in %.1f s",
+                len(free),
+                TAKEOVER_GRACE_S,
+            )
+            await asyncio.sleep(TAKEOVER_GRACE_S)
+        confirmed.update(free)
+        owners = {token: owners[token] for token in owners if token in confirmed}
     for token, entries in owners.items():
-        if token == own_token:
-            continue
         async with store.exclusive(claim_name(token)) as gone:
-            if gone:
+            if not gone:
+                continue
+            # Read again under the claim: an owner that was alive may have run some of its
+            # entries, and closed, since the first read.
+            entries = _by_owner(await store.state_items(namespace), own_token).get(token, [])
+            if entries:
                 yield entries
+
+
+def _by_owner(
+    items: Sequence[tuple[str, dict[str, Any]]], own_token: str
+) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """Entries by the token their keys start with, this process's left out."""
+    owners: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for key, value in items:
+        token = key.split(":", 1)[0]
+        if token != own_token:
+            owners.setdefault(token, []).append((key, value))
+    return owners
+
+
+async def _claim_free(store: Store, token: str) -> bool:
+    """Whether no process holds ``token``'s claim now (taken, and let go at once)."""
+    async with store.exclusive(claim_name(token)) as free:
+        return free
+
+
+def shared_by_processes(store: object) -> bool:
+    """Whether other processes may use ``store`` at the same time (a store says so with
+    ``shared = True``, as the PostgreSQL store does)."""
+    return bool(getattr(store, "shared", False))
 
 
 def claim_name(token: str) -> str:

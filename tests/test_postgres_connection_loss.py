@@ -8,15 +8,19 @@ whether it is free would race the worker's own retake)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import asyncpg
+import pytest
 from _helpers import msg
 from _postgres import dsn_for, fresh_database
+from narrmem_plugins.storage_postgres import advisory
 from narrmem_plugins.storage_postgres.advisory import HOLDER, AdvisoryLock
 from narrmem_plugins.storage_postgres.store import _lock_key
 
 from narrmem.inbox import NAMESPACE
+from narrmem.models import Message, TriageDecision
 from narrmem.settling import claim_name
 from narrmem.testing import open_memory
 
@@ -109,3 +113,66 @@ async def _alive(dsn: str, pid: int) -> bool:
         return bool(await other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid))
     finally:
         await other.close()
+
+
+async def test_a_worker_that_opens_while_anothers_claim_is_lost_leaves_that_workers_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A's connections end; B opens before A holds its claim again (A's first retake waits a
+    second here) and finds the claim free. B must not take A's entries: A is alive, and holds its
+    claim again within B's grace. Once A is gone, the next open takes them."""
+    monkeypatch.setattr(advisory, "RETAKE_DELAYS", (1.0, 0.2, 0.5, 30.0))
+    dsn = await fresh_database("takeover")
+    database = dsn.partition("?")[0].rsplit("/", 1)[-1]
+    storage = {"backend": "postgres", "dsn": dsn, "acknowledge": "on_receipt"}
+    async with open_memory(tmp_path / "a", storage=storage) as a:
+        await a.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+        await a.written()
+        # What A received and has not written yet, as its entry in the store says.
+        waiting = msg("ann-2", "I adopted a cat called Miso", user="ann", chat="dm-ann")
+        entry = {
+            "message": Message.model_validate(waiting).model_dump(mode="json"),
+            "decision": TriageDecision(layer="accumulate").model_dump(mode="json"),
+        }
+        key = f"{a._settling.token}:{0:012d}"
+        await a.store.state_put(NAMESPACE, key, entry)
+        claim = _lock_key(claim_name(a._settling.token))
+        first = await holder(dsn, claim)
+        assert first is not None
+        assert await end_connections(database) >= 1
+        assert await holder(dsn, claim) is None  # the window: A's claim is free for a second
+        caplog.set_level(logging.INFO, logger="narrmem")
+        async with open_memory(tmp_path / "b", storage=storage) as b:
+            assert "taken if still free" in caplog.text  # B found the claim free, and waited
+            assert await b.store.state_items(NAMESPACE) == [(key, entry)]
+            assert await b.recall("cat", user_id="ann", k=5) == []
+        assert await holder(dsn, claim) not in (None, first)  # A holds its claim again
+    async with open_memory(tmp_path / "c", storage=storage) as c:
+        assert await c.store.state_items(NAMESPACE) == []
+        hits = await c.recall("cat", user_id="ann", k=5)
+        assert [h.message_ids for h in hits] == [["ann-2"]]
+
+
+async def test_a_lost_lock_held_by_another_worker_for_a_moment_is_taken_again(tmp_path: Path) -> None:
+    """Another worker checking whether this one is gone holds the lock a moment: the retake does
+    not give up on it, and holds the lock once it is let go."""
+    dsn = await fresh_database("probe")
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    prober = await asyncpg.connect(dsn)
+    try:
+        lock = AdvisoryLock(pool, _lock_key("job"), "job")
+        assert await lock.take()
+        own = lock._conn
+        await own.execute("SELECT pg_advisory_unlock($1)", lock.key)
+        assert await prober.fetchval("SELECT pg_try_advisory_lock($1)", lock.key)
+        lock._ended(own)  # what the termination listener calls
+        await asyncio.sleep(0.5)  # the first two tries found the prober holding it
+        assert await holder(dsn, lock.key) == prober.get_server_pid()
+        await prober.execute("SELECT pg_advisory_unlock($1)", lock.key)
+        await held_anew(dsn, lock.key, prober.get_server_pid())
+        assert lock.retaken == 1
+        await lock.release()
+        assert await holder(dsn, lock.key) is None
+    finally:
+        await prober.close()
+        await pool.close()
