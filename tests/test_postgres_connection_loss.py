@@ -8,8 +8,11 @@ whether it is free would race the worker's own retake)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -82,17 +85,9 @@ async def test_a_worker_whose_connections_end_keeps_its_claim_writes_and_closes(
 async def test_a_lock_still_held_by_our_own_lost_session_is_taken_back(tmp_path: Path) -> None:
     """The client saw its connection end, but the server's session lives on (a network cut) and
     holds the lock: that session is ended and the lock taken on a new connection."""
-    dsn = await fresh_database("zombie")
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
-    zombie = await asyncpg.connect(dsn)
-    try:
-        lock = AdvisoryLock(pool, _lock_key("job"), "job")
-        assert await lock.take()
-        # Stage the cut: the lock moves to a session the worker no longer reaches, which the
-        # worker knows as its own (its pid is the one the lock was taken with).
-        own = lock._conn
-        await own.execute("SELECT pg_advisory_unlock($1)", lock.key)
-        assert await zombie.fetchval("SELECT pg_try_advisory_lock($1)", lock.key)
+    # Stage the cut: the lock moves to a session the worker no longer reaches, which the worker
+    # knows as its own (its pid is the one the lock was taken with).
+    async with lock_moved("zombie") as (dsn, lock, own, zombie):
         lost_pid = zombie.get_server_pid()
         lock._pid = lost_pid
         lock._ended(own)  # what the termination listener calls
@@ -101,9 +96,26 @@ async def test_a_lock_still_held_by_our_own_lost_session_is_taken_back(tmp_path:
         assert lock.retaken == 1
         await lock.release()
         assert await holder(dsn, lock.key) is None
+
+
+@contextlib.asynccontextmanager
+async def lock_moved(name: str) -> AsyncIterator[tuple[str, AdvisoryLock, Any, asyncpg.Connection]]:
+    """A fresh database and a lock of its pool, taken and then held by another session instead:
+    the database's DSN, the lock, the connection it was taken on (whose end the test then reports
+    to the lock) and the other session's connection."""
+    dsn = await fresh_database(name)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+    other = await asyncpg.connect(dsn)
+    try:
+        lock = AdvisoryLock(pool, _lock_key("job"), "job")
+        assert await lock.take()
+        own = lock._conn
+        await own.execute("SELECT pg_advisory_unlock($1)", lock.key)
+        assert await other.fetchval("SELECT pg_try_advisory_lock($1)", lock.key)
+        yield dsn, lock, own, other
     finally:
-        if not zombie.is_closed():
-            zombie.terminate()
+        if not other.is_closed():
+            other.terminate()
         await pool.close()
 
 
@@ -156,15 +168,7 @@ async def test_a_worker_that_opens_while_anothers_claim_is_lost_leaves_that_work
 async def test_a_lost_lock_held_by_another_worker_for_a_moment_is_taken_again(tmp_path: Path) -> None:
     """Another worker checking whether this one is gone holds the lock a moment: the retake does
     not give up on it, and holds the lock once it is let go."""
-    dsn = await fresh_database("probe")
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
-    prober = await asyncpg.connect(dsn)
-    try:
-        lock = AdvisoryLock(pool, _lock_key("job"), "job")
-        assert await lock.take()
-        own = lock._conn
-        await own.execute("SELECT pg_advisory_unlock($1)", lock.key)
-        assert await prober.fetchval("SELECT pg_try_advisory_lock($1)", lock.key)
+    async with lock_moved("probe") as (dsn, lock, own, prober):
         lock._ended(own)  # what the termination listener calls
         await asyncio.sleep(0.5)  # the first two tries found the prober holding it
         assert await holder(dsn, lock.key) == prober.get_server_pid()
@@ -173,6 +177,3 @@ async def test_a_lost_lock_held_by_another_worker_for_a_moment_is_taken_again(tm
         assert lock.retaken == 1
         await lock.release()
         assert await holder(dsn, lock.key) is None
-    finally:
-        await prober.close()
-        await pool.close()
