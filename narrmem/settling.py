@@ -28,7 +28,7 @@ import numpy as np
 
 from narrmem.errors import StoreError
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
-from narrmem.store import StateEntry, Store
+from narrmem.store import StateEntry, Store, shared_by_processes
 
 if TYPE_CHECKING:
     from narrmem.ingest import IngestPipeline, Pending
@@ -291,12 +291,6 @@ async def _claim_free(store: Store, token: str) -> bool:
     """Whether no process holds ``token``'s claim now (taken, and let go at once)."""
     async with store.exclusive(claim_name(token)) as free:
         return free
-
-
-def shared_by_processes(store: object) -> bool:
-    """Whether other processes may use ``store`` at the same time (a store says so with
-    ``shared = True``, as the PostgreSQL store does)."""
-    return bool(getattr(store, "shared", False))
 
 
 def claim_name(token: str) -> str:

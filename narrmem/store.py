@@ -238,6 +238,13 @@ class Store(Protocol):
     async def stats(self) -> dict[str, Any]: ...
 
 
+def shared_by_processes(store: object) -> bool:
+    """Whether other processes may use ``store`` at the same time: a store says so with a class
+    attribute ``shared = True`` (the PostgreSQL store does). Then what this process keeps of the
+    store (recent turns, a claim found free) may be another's too, or stale."""
+    return bool(getattr(store, "shared", False))
+
+
 @runtime_checkable
 class SQLConnection(Protocol):
     """A connection a store lends a plugin for tables of its own, speaking one SQL on every

@@ -41,6 +41,7 @@ from narrmem.config import Settings, share
 from narrmem.configured import Configured
 from narrmem.models import Candidate, ContextLine, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
+from narrmem.store import shared_by_processes
 from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
@@ -105,7 +106,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
                 episode.meta["context_message_ids"] = [mid for mid, _ in context]
         episode.context_text = "\n".join(parts) or None
         self._remember(message, own)
-        if _shared(memory):
+        if shared_by_processes(memory.store):
             key = (message.tenant, message.chat_id)
             kept = {mid for _, mid, _ in self._recent[key]}
             self._unwritten[key] = (self._unwritten.get(key, set()) | {message.message_id}) & kept
@@ -144,7 +145,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         """On a store several processes share, another worker may forget a turn after this
         message's context was read and before it was written, too late for that worker's scrub to
         see it: a context turn that is gone by now is scrubbed here."""
-        if not _shared(memory):
+        if not shared_by_processes(memory.store):
             return
         self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
         episode = records[0] if records else None
@@ -165,10 +166,10 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
     async def _context(self, memory: MemoryView, message: Message) -> list[tuple[str, str]]:
         key = (message.tenant, message.chat_id)
         turns = self._recent.get(key)
-        if _shared(memory):
+        if shared_by_processes(memory.store):
             unwritten = self._unwritten.get(key, set())
             turns = [turn for turn in turns or [] if turn[1] in unwritten]
-        if turns is None or _shared(memory):
+        if turns is None or shared_by_processes(memory.store):
             recent = await memory.store.recent(
                 Scope(tenant=message.tenant, chat_id=message.chat_id),
                 kinds=["episode"],
@@ -234,11 +235,6 @@ def _date_line(ts: datetime) -> str:
 
 # A turn's line is never one: it is attributed ('Ann said, "…"').
 DATE_LINE = re.compile(r"[A-Z][a-z]+day \d{1,2} [A-Z][a-z]+ \d{4}")
-
-
-def _shared(memory: MemoryView) -> bool:
-    """Whether other processes write to the same store (the PostgreSQL store says so)."""
-    return bool(getattr(memory.store, "shared", False))
 
 
 def _candidates(source: str, hits: list[tuple[int, float]]) -> list[Candidate]:
