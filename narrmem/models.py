@@ -292,7 +292,12 @@ class TriggerEvent(_Strict):
     tenant: str = "default"
     user_id: str
     chat_id: str | None = None
-    message_ids: list[str] = Field(default_factory=list)
+    message_ids: list[str] = Field(default_factory=list, description="the mentions counted")
+    cause_message_id: str | None = Field(
+        default=None,
+        description="the message whose ingest made the event (in chat_id): with [storage] acknowledge "
+        "other than 'after_hooks' the event comes a moment after that ingest answered",
+    )
     suggestion: str = ""
 
 
@@ -315,7 +320,13 @@ class PatternCount(_Strict):
         ``kind`` when the event is of another kind than the count (a habit from a topic)."""
         fields = self.model_dump(include={"label", "count", "message_ids"})
         where = message.model_dump(include={"tenant", "user_id", "chat_id"})
-        return TriggerEvent(kind=kind or self.kind, **fields, **where, suggestion=suggestion)
+        return TriggerEvent(
+            kind=kind or self.kind,
+            **fields,
+            **where,
+            cause_message_id=message.message_id,
+            suggestion=suggestion,
+        )
 
 
 SCENE_FIELDS = "fields"  # where a scene record keeps its SceneDraft in meta

@@ -34,6 +34,7 @@ DC_TENANT = "dc"
 GUILD_ID = 100
 ANN, BOB = 1001, 1002
 GROUP = -500  # a Telegram group id; for Discord, a channel of the guild
+OTHER_GROUP = -501
 
 
 def when(n: int) -> datetime:
@@ -95,6 +96,10 @@ class Harness:
         raise NotImplementedError
 
     async def start(self) -> None:
+        return None
+
+    async def settle(self) -> None:
+        """Wait for what the bot is still doing (discord.py runs each event as a task)."""
         return None
 
     async def close(self) -> None:
@@ -592,19 +597,92 @@ async def test_memory_and_forgetme_commands(bot: Harness, memory: Memory) -> Non
     assert [r.text for r in await everything(memory)] == ["I adopted a cat named Miso last spring"]
 
 
+@pytest.mark.parametrize("library", LIBRARIES)
+async def test_the_memory_command_lists_what_was_just_said_on_its_way_to_the_store(
+    library: str, memory_factory: Callable[..., Awaitable[Memory]]
+) -> None:
+    """Answered on receipt, a message may not be written yet when the person asks what is
+    remembered: the answer waits for it."""
+    memory = await memory_factory(storage={"acknowledge": "on_receipt"})
+    bot = await open_harness(library, memory)
+    try:
+        await bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=ANN, group=False)
+        private = await bot.command(10, "memory", user=ANN, chat=ANN, group=False)
+        assert "quit my job" in private
+    finally:
+        await bot.close()
+
+
+ROADMAP = [
+    "I keep thinking about the product roadmap",
+    "the product roadmap worries me again",
+    "product roadmap meeting again, I hate the product roadmap",
+]
+
+
 async def test_a_trigger_suggestion_is_sent_to_the_chat_it_came_from(bot: Harness, memory: Memory) -> None:
-    texts = [
-        "I keep thinking about the product roadmap",
-        "the product roadmap worries me again",
-        "product roadmap meeting again, I hate the product roadmap",
-    ]
-    for n, text in enumerate(texts, start=1):
+    for n, text in enumerate(ROADMAP, start=1):
         await bot.send(n, text, user=ANN, chat=GROUP, group=True)
 
     platform_chat = str(GROUP)
     [(chat, suggestion)] = bot.replies
     assert chat == platform_chat
     assert "product roadmap" in suggestion and "3rd time" in suggestion
+
+
+@pytest.mark.parametrize("acknowledge", ["after_write", "on_receipt"])
+@pytest.mark.parametrize("library", LIBRARIES)
+async def test_a_trigger_that_comes_after_the_answer_reaches_the_chat_it_came_from(
+    library: str, acknowledge: str, memory_factory: Callable[..., Awaitable[Memory]]
+) -> None:
+    """With the hooks run after ingest answered, the event still reaches the chat of the message
+    that caused it, once, and a message of another chat or a bulk import says nothing in any chat."""
+    memory = await memory_factory(storage={"acknowledge": acknowledge})
+    bot = await open_harness(library, memory)
+    try:
+        for n, text in enumerate(ROADMAP[:2], start=1):
+            await bot.send(n, text, user=ANN, chat=GROUP, group=True)
+        # The third mention, in another group: the event is said there.
+        await bot.send(3, ROADMAP[2], user=ANN, chat=OTHER_GROUP, group=True)
+        await memory.settle()
+        await bot.settle()
+        [(chat, suggestion)] = bot.replies
+        assert chat == str(OTHER_GROUP)
+        assert "product roadmap" in suggestion and "3rd time" in suggestion
+
+        # Counted by an import (not through the bot), another topic's trigger says nothing in a chat.
+        tenant, chat_id = bot.where(GROUP, True)
+        imported = [
+            {
+                "text": text,
+                "user_id": str(ANN),
+                "chat_id": chat_id,
+                "message_id": f"import-{i}",
+                "tenant": tenant,
+                "ts": when(10 + i).isoformat(),
+                "speaker": "Ann Lee",
+            }
+            for i, text in enumerate(
+                [
+                    "I keep thinking about the garden shed",
+                    "the garden shed leaks again",
+                    "garden shed repairs again, I hate that garden shed",
+                ]
+            )
+        ]
+        heard: list[TriggerEvent] = []
+
+        async def hear(event: TriggerEvent) -> None:
+            heard.append(event)
+
+        memory.on_trigger(hear)
+        await memory.ingest_many(imported)
+        await memory.settle()
+        await bot.settle()
+        assert heard, "the import made no trigger event: nothing was tested"
+        assert len(bot.replies) == 1
+    finally:
+        await bot.close()
 
 
 async def test_many_people_at_once_are_never_mixed_up(bot: Harness, memory: Memory) -> None:

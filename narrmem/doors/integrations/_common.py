@@ -4,6 +4,7 @@ turn, and the texts of the ``forgetme`` and ``memory`` replies. Nothing here imp
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,11 +32,13 @@ ContextScope = Literal["user", "chat", "user_in_chat"]
 """Whose memories the context for a turn is drawn from: the person across all their chats (in the
 tenant), everyone in this chat, or the person in this chat only (nothing said elsewhere leaks in)."""
 
-Notify = Callable[[TriggerEvent], Awaitable[None]]
-
 COMMANDS = ("forgetme", "memory")
 DEFAULT_K = 8
 DEFAULT_TOKEN_BUDGET = 400
+# Messages whose trigger events may still come, per integration: with [storage] acknowledge
+# "after_write" or "on_receipt" a message's hooks run a moment after its ingest answered, and
+# ingest holds at most 1,024 such messages back. The oldest goes first, so nothing grows unbounded.
+AWAITED_MESSAGES = 4096
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -57,8 +60,8 @@ class TurnArgs(TypedDict, Generic[T], total=False):
 class TurnOptions(Generic[T]):
     """One options model for the three bot integrations: the ``tenant`` messages go to, the
     ``token_budget`` of a rendered context, ``on_trigger(target, event)`` awaited for every trigger
-    event a message causes, and how many memories (``k``) a turn's context holds and whose
-    (``context_scope``)."""
+    event a message causes (see :class:`TriggerRoutes`), and how many memories (``k``) a turn's
+    context holds and whose (``context_scope``)."""
 
     tenant: str = "default"
     token_budget: int = DEFAULT_TOKEN_BUDGET
@@ -75,17 +78,6 @@ class TurnOptions(Generic[T]):
                 raise InputError("must be a positive integer", field=name)
         if self.context_scope not in get_args(ContextScope):
             raise InputError(f"must be one of {', '.join(get_args(ContextScope))}", field="context_scope")
-
-    def notifier(self, target: T | None) -> Notify | None:
-        """The trigger callback for one message, bound to where the handler should speak."""
-        callback = self.on_trigger
-        if callback is None or target is None:
-            return None
-
-        async def notify(event: TriggerEvent) -> None:
-            await callback(target, event)
-
-        return notify
 
     async def context(self, memory: Memory, message: Message) -> ContextPack:
         return await turn_context(memory, message, k=self.k, scope=self.context_scope)
@@ -185,24 +177,72 @@ def is_own_command(text: str | None, commands: Collection[str] = COMMANDS) -> bo
     return command_name(text) in commands
 
 
-async def ingest(memory: Memory, message: Message, notify: Notify | None = None) -> IngestResult | None:
-    """Ingest one message and hand its trigger events to ``notify``.
+class TriggerRoutes(Generic[T]):
+    """Says each trigger event where the message that caused it was sent: ``on_trigger(target,
+    event)``, with the ``target`` the handler had for that message (a Telegram ``Bot``, a Discord
+    channel).
 
-    The events come from this message's own result (not ``Memory.on_trigger``), so the integration
-    knows which chat they belong to. Memory is an aid to the bot, never a reason for it to stop
-    answering: a failure is logged and ``None`` returned.
+    The events come through :meth:`Memory.on_trigger` when the message's after-store hooks run:
+    before its ingest answers with ``[storage] acknowledge = "after_hooks"`` (the default), a moment
+    after with ``"after_write"`` or ``"on_receipt"``. Each event names the message that caused it
+    (``cause_message_id``), so it reaches that message's chat whenever it comes, and only events of
+    messages this integration ingested are said (not those of an import, nor another worker's).
     """
+
+    def __init__(
+        self, memory: Memory, on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None
+    ) -> None:
+        self._on_trigger = on_trigger
+        self._targets: OrderedDict[tuple[str, str, str], T] = OrderedDict()
+        if on_trigger is not None:
+            memory.on_trigger(self._say)
+
+    def expect(self, message: Message, target: T | None) -> None:
+        """``message`` is about to be ingested; its events are to be said to ``target``."""
+        if self._on_trigger is None or target is None:
+            return
+        self._targets[_route(message)] = target
+        while len(self._targets) > AWAITED_MESSAGES:
+            self._targets.popitem(last=False)
+
+    def ingested(self, message: Message, result: IngestResult | None) -> None:
+        """No event of ``message`` comes any more once its hooks have run, or when it was not stored."""
+        if result is None or result.settled or not result.stored:
+            self._targets.pop(_route(message), None)
+
+    async def _say(self, event: TriggerEvent) -> None:
+        if self._on_trigger is None or event.chat_id is None or event.cause_message_id is None:
+            return
+        target = self._targets.get((event.tenant, event.chat_id, event.cause_message_id))
+        if target is None:
+            return
+        try:
+            await self._on_trigger(target, event)
+        except Exception:
+            log.exception("the trigger callback failed for %s '%s'", event.kind, event.label)
+
+
+def _route(message: Message) -> tuple[str, str, str]:
+    return message.tenant, message.chat_id, message.message_id
+
+
+async def ingest(
+    memory: Memory, message: Message, triggers: TriggerRoutes[T] | None = None, target: T | None = None
+) -> IngestResult | None:
+    """Ingest one message; the trigger events it causes are said to ``target`` by ``triggers``.
+
+    Memory is an aid to the bot, never a reason for it to stop answering: a failure is logged and
+    ``None`` returned.
+    """
+    if triggers is not None:
+        triggers.expect(message, target)
+    result: IngestResult | None = None
     try:
         result = await memory.ingest(message)
     except Exception:
         log.exception("narrmem could not ingest message %s in chat %s", message.message_id, message.chat_id)
-        return None
-    if notify is not None:
-        for event in result.triggers:
-            try:
-                await notify(event)
-            except Exception:
-                log.exception("the trigger callback failed for %s '%s'", event.kind, event.label)
+    if triggers is not None:
+        triggers.ingested(message, result)
     return result
 
 
@@ -363,6 +403,8 @@ async def _describe(
     memory: Memory, *, tenant: str, user_id: str, chat_id: str | None, token_budget: int
 ) -> str:
     scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
+    # What the person said just before asking is part of the answer, even on its way to the store.
+    await memory.written(**scope.model_dump())
     records = await memory.store.recent(scope, limit=50)
     if not records:
         return "I don't remember anything about you yet."

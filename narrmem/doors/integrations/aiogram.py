@@ -93,6 +93,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
     ) -> None:
         self.memory = memory
         self.options = TurnOptions[Bot](**options)
+        self.triggers = _common.TriggerRoutes[Bot](memory, self.options.on_trigger)
         self.skip_commands = skip_commands
 
     async def __call__(self, handler: Handler, event: TelegramObject, data: dict[str, Any]) -> Any:
@@ -108,7 +109,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         if isinstance(update, Update) and update.edited_message is not None:
             await _common.edit(self.memory, message)
         else:
-            await _common.ingest(self.memory, message, self.options.notifier(data.get("bot")))
+            await _common.ingest(self.memory, message, self.triggers, data.get("bot"))
         pack = await self.options.context(self.memory, message)
         data["memory_context"] = pack
         data["memory_prompt"] = self.options.render(pack)

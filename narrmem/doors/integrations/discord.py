@@ -73,6 +73,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         self.memory = memory
         self.guild_as: GuildAs = guild_as
         self.options = TurnOptions[discord.abc.Messageable](**options)
+        self.triggers = _common.TriggerRoutes[discord.abc.Messageable](memory, self.options.on_trigger)
 
     # --- mapping ---------------------------------------------------------------------------
 
@@ -131,7 +132,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             return
         converted = self.to_message(message)
         if converted is not None:
-            await _common.ingest(self.memory, converted, self.options.notifier(message.channel))
+            await _common.ingest(self.memory, converted, self.triggers, message.channel)
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:

@@ -80,6 +80,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
     ) -> None:
         self.memory = memory
         self.options = TurnOptions[telegram.Bot](**options)
+        self.triggers = _common.TriggerRoutes[telegram.Bot](memory, self.options.on_trigger)
         self.commands = commands
 
     def handlers(self) -> list[BaseHandler[Any, Any, Any]]:
@@ -106,7 +107,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         if edited:
             await _common.edit(self.memory, message)
         else:
-            await _common.ingest(self.memory, message, self.options.notifier(context.bot))
+            await _common.ingest(self.memory, message, self.triggers, context.bot)
 
     def incoming(self, source: telegram.Update) -> Message | None:
         message = source.effective_message
