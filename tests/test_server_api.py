@@ -21,6 +21,7 @@ from narrmem.doors.server.openapi import render
 from narrmem.doors.transfer import export_store
 from narrmem.errors import InputError
 from narrmem.memory import Memory
+from narrmem.models import TriggerEvent
 from narrmem.testing import open_memory
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -96,6 +97,35 @@ async def test_ts_left_out_is_the_memory_clock_now_over_http_and_tools(srv: Serv
     # The Python API stays strict.
     with pytest.raises(InputError, match="ts"):
         await srv.memory.ingest(data)
+
+
+async def test_ingest_can_answer_on_receipt_or_once_written_and_a_bad_mode_is_422(srv: Server) -> None:
+    c = srv.client
+    pixel = msg("m1", "I adopted a greyhound named Pixel")
+    refused = await srv.refused(422, "POST", "/v1/ingest?acknowledge=later", json=pixel)
+    assert refused.json()["detail"][0]["loc"] == ["query", "acknowledge"]
+
+    received = await c.post("/v1/ingest?acknowledge=on_receipt", json=pixel)
+    assert received.status_code == 200, received.text
+    body = received.json()
+    assert body["stored"] and not body["written"] and not body["settled"] and body["memory_ids"] == []
+    # This process's recall waits for what it received in the scope.
+    hits = (await c.post("/v1/recall", json={"query": "greyhound", "scope": {"user_id": "u1"}})).json()
+    assert [h["message_ids"] for h in hits] == [["m1"]]
+
+    heard: list[TriggerEvent] = []
+
+    async def hear(event: TriggerEvent) -> None:
+        heard.append(event)
+
+    srv.memory.on_trigger(hear)
+    tired = [msg(f"t{i}", text) for i, text in enumerate(TIRED[:3])]
+    written = (await c.post("/v1/ingest/batch?acknowledge=after_write", json={"messages": tired})).json()
+    assert all(r["written"] and not r["settled"] and r["memory_ids"] for r in written)
+    assert all(r["triggers"] == [] for r in written)
+    await srv.memory.settle()
+    # The trigger the third one made reached the callbacks afterwards, naming its message.
+    assert [(e.label, e.cause_message_id) for e in heard] == [("tired", "t2")]
 
 
 async def test_batch_stores_in_order_and_one_bad_message_stores_nothing(srv: Server) -> None:

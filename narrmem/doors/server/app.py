@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from narrmem import __version__
+from narrmem.config import Acknowledge
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
@@ -47,6 +48,14 @@ DEFAULT_MAX_BATCH = 500
 UI_PACKAGE = "narrmem.doors.server"
 
 TenantParam = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_CHARS)]
+AcknowledgeParam = Annotated[
+    Acknowledge | None,
+    Query(
+        description="when the answer comes: after the hooks, once written, or on receipt (before the "
+        "embedding: only this server process recalls the message before it is written, a few ms "
+        "later); default [storage] acknowledge",
+    ),
+]
 UserParam = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS)]
 
 
@@ -229,20 +238,25 @@ def _write_routes(r: APIRouter) -> None:
     """Ingest, edits, deletions, forgetting, reinforcement and decay."""
 
     @r.post("/ingest", response_model=IngestResult, tags=["write"])
-    async def ingest(body: IncomingMessage, caller: Caller, state: State) -> IngestResult:
+    async def ingest(
+        body: IncomingMessage, caller: Caller, state: State, acknowledge: AcknowledgeParam = None
+    ) -> IngestResult:
         """Ingest one message (idempotent by ``message_id`` in its chat: a repeat is a duplicate).
         ``ts`` left out is now, by the memory's clock."""
         message = _settled(caller, body).at(state.memory.clock.now())
-        return await state.memory.ingest(message)
+        return await state.memory.ingest(message, acknowledge=acknowledge)
 
     @r.post("/ingest/batch", response_model=list[IngestResult], tags=["write"])
-    async def ingest_batch(body: IngestBatch, caller: Caller, state: State) -> list[IngestResult]:
-        """Ingest messages in order; all are validated first, and one bad message stores nothing."""
+    async def ingest_batch(
+        body: IngestBatch, caller: Caller, state: State, acknowledge: AcknowledgeParam = None
+    ) -> list[IngestResult]:
+        """Ingest messages in order; all are validated first, and one bad message stores nothing.
+        On receipt applies to a batch of up to 8 messages; a larger one answers once written."""
         if len(body.messages) > state.max_batch:
             raise HTTPException(413, f"a batch holds at most {state.max_batch} messages")
         now = state.memory.clock.now()
         messages = [_settled(caller, m).at(now) for m in body.messages]
-        results = await state.memory.ingest_many(messages)
+        results = await state.memory.ingest_many(messages, acknowledge=acknowledge)
         return results
 
     @r.post("/edit", response_model=IngestResult, tags=["write"])
