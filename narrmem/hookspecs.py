@@ -192,7 +192,8 @@ def narrmem_after_store(
     embeddings, row for row.
 
     Update counters, link scenes, refresh summaries. Plugins may append to ``result.counts``,
-    ``result.triggers`` and ``result.notes``; the host delivers triggers after every plugin has run.
+    ``result.triggers`` and ``result.notes``; the host delivers triggers after every plugin has run,
+    naming the message as the cause (``cause_message_id``) of those in its chat that name none.
     """
 
 
@@ -200,8 +201,10 @@ def narrmem_after_store(
 def narrmem_on_trigger(memory: MemoryView, event: TriggerEvent) -> None:
     """A trigger event (a topic mentioned N times, a repeated emotion, a habit) was emitted.
 
-    Called once per event after ingest; a raising implementation is logged and reported and
-    never breaks ingest.
+    Called once per event when the hooks of the message that caused it have run: before ingest
+    answers with ``[storage] acknowledge = "after_hooks"``, a moment after with the other modes
+    (``event.cause_message_id`` names the message). A raising implementation is logged and reported
+    and never breaks ingest.
     """
 
 

@@ -407,6 +407,7 @@ class IngestPipeline:
                 "narrmem_after_store", **item.hook_arguments(self.memory), vectors=item.vectors, result=result
             )
             result.notes.extend(item.errors)
+            result.triggers = [caused_by(item.message, event) for event in result.triggers]
             await self.deliver(result.triggers)
 
     async def context_lines(self, item: Pending) -> list[ContextLine]:
@@ -471,6 +472,17 @@ class IngestPipeline:
                     await callback(event)
                 except Exception:
                     log.exception("trigger callback %r failed", callback)
+
+
+def caused_by(message: Message, event: TriggerEvent) -> TriggerEvent:
+    """``event``, made by the hooks of ``message``, naming it as its cause when it is in the
+    message's chat and names no cause of its own (a plugin that built the event by hand)."""
+    if event.cause_message_id is not None or (event.tenant, event.chat_id) != (
+        message.tenant,
+        message.chat_id,
+    ):
+        return event
+    return event.model_copy(update={"cause_message_id": message.message_id})
 
 
 def stored_result(item: Pending, *, settled: bool) -> IngestResult:

@@ -301,6 +301,12 @@ async def test_triggers_reach_hook_and_callback_even_if_one_listener_raises(memo
             result.triggers.append(
                 TriggerEvent(kind="topic", label="cats", count=3, user_id=message.user_id, message_ids=["1"])
             )
+            # In the message's chat, with no cause of its own: the host names the message.
+            result.triggers.append(
+                TriggerEvent(
+                    kind="topic", label="dogs", count=3, user_id=message.user_id, chat_id=message.chat_id
+                )
+            )
 
         @hookimpl
         def narrmem_on_trigger(self, event: TriggerEvent) -> None:
@@ -314,16 +320,16 @@ async def test_triggers_reach_hook_and_callback_even_if_one_listener_raises(memo
             delivered.append(f"hook:{event.label}")
 
     async def callback(event: TriggerEvent) -> None:
-        delivered.append(f"callback:{event.label}")
+        delivered.append(f"callback:{event.label}:{event.cause_message_id}")
 
     recorder = ErrorRecorder()
     mem = await memory_factory(plugins=[Emitter(), Listener(), recorder])
     mem.on_trigger(callback)
     result = await mem.ingest(msg("1", "my cats again"))
     assert result.stored
-    assert [t.label for t in result.triggers] == ["cats"]
-    assert delivered == ["hook:cats", "callback:cats"]
-    assert [(p, h) for p, h, _ in recorder.reports] == [("emitter", "narrmem_on_trigger")]
+    assert [t.label for t in result.triggers] == ["cats", "dogs"]
+    assert delivered == ["hook:cats", "callback:cats:None", "hook:dogs", "callback:dogs:1"]
+    assert [(p, h) for p, h, _ in recorder.reports] == [("emitter", "narrmem_on_trigger")] * 2
 
 
 # --- isolation of a raising plugin --------------------------------------------------------------
