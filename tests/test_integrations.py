@@ -642,7 +642,9 @@ async def test_a_trigger_that_comes_after_the_answer_reaches_the_chat_it_came_fr
     try:
         for n, text in enumerate(ROADMAP[:2], start=1):
             await bot.send(n, text, user=ANN, chat=GROUP, group=True)
-        # The third mention, in another group: the event is said there.
+        # The third mention, in another group: the event is said there, once, though the
+        # platform delivers the message again before its hooks have run.
+        await bot.send(3, ROADMAP[2], user=ANN, chat=OTHER_GROUP, group=True)
         await bot.send(3, ROADMAP[2], user=ANN, chat=OTHER_GROUP, group=True)
         await memory.settle()
         await bot.settle()

@@ -197,17 +197,21 @@ class TriggerRoutes(Generic[T]):
         if on_trigger is not None:
             memory.on_trigger(self._say)
 
-    def expect(self, message: Message, target: T | None) -> None:
-        """``message`` is about to be ingested; its events are to be said to ``target``."""
-        if self._on_trigger is None or target is None:
-            return
-        self._targets[_route(message)] = target
+    def expect(self, message: Message, target: T | None) -> bool:
+        """``message`` is about to be ingested; its events are to be said to ``target``. ``False``
+        when they were expected already (a copy of the message on its way: a platform's retry)."""
+        route = _route(message)
+        if self._on_trigger is None or target is None or route in self._targets:
+            return False
+        self._targets[route] = target
         while len(self._targets) > AWAITED_MESSAGES:
             self._targets.popitem(last=False)
+        return True
 
-    def ingested(self, message: Message, result: IngestResult | None) -> None:
-        """No event of ``message`` comes any more once its hooks have run, or when it was not stored."""
-        if result is None or result.settled or not result.stored:
+    def ingested(self, message: Message, result: IngestResult | None, *, expected: bool) -> None:
+        """No event of ``message`` comes any more once its hooks have run, or when it was not
+        stored; a copy's answer (``expected`` is ``False``) leaves the first copy's route."""
+        if expected and (result is None or result.settled or not result.stored):
             self._targets.pop(_route(message), None)
 
     async def _say(self, event: TriggerEvent) -> None:
@@ -234,15 +238,14 @@ async def ingest(
     Memory is an aid to the bot, never a reason for it to stop answering: a failure is logged and
     ``None`` returned.
     """
-    if triggers is not None:
-        triggers.expect(message, target)
+    expected = triggers is not None and triggers.expect(message, target)
     result: IngestResult | None = None
     try:
         result = await memory.ingest(message)
     except Exception:
         log.exception("narrmem could not ingest message %s in chat %s", message.message_id, message.chat_id)
     if triggers is not None:
-        triggers.ingested(message, result)
+        triggers.ingested(message, result, expected=expected)
     return result
 
 
