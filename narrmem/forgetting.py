@@ -18,6 +18,7 @@ from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 
 if TYPE_CHECKING:
+    from narrmem.fence import Fence
     from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
@@ -27,35 +28,44 @@ log = logging.getLogger("narrmem")
 
 class Forgetting:
     def __init__(
-        self, memory: MemoryLifecycle, write_lock: asyncio.Lock, settling: Settling, inbox: Inbox
+        self,
+        memory: MemoryLifecycle,
+        write_lock: asyncio.Lock,
+        settling: Settling,
+        inbox: Inbox,
+        fence: Fence,
     ) -> None:
         self.memory = memory
         self.write_lock = write_lock
         self.settling = settling
         self.inbox = inbox
+        self.fence = fence
 
     async def _quiet(self) -> None:
-        # What was received is written (its entries deleted), and the hooks of what was
-        # acknowledged have run, first: none of it writes after the forget.
+        # The batches being written have run their hooks (or scheduled them), what was received is
+        # written (its entries deleted), and the hooks of what was acknowledged have run, first:
+        # none of it writes after the forget. Batches begun meanwhile wait for the forget.
         await self.inbox.drained()
         await self.settling.settle()
 
     async def scope(self, scope: Scope) -> dict[str, int]:
-        await self._quiet()
-        async with self.write_lock:
-            job = await self.memory.store.begin_forget(
-                tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
-            )
-            return await self.finish(job)
+        async with self.fence.forgetting():
+            await self._quiet()
+            async with self.write_lock:
+                job = await self.memory.store.begin_forget(
+                    tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
+                )
+                return await self.finish(job)
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
-        await self._quiet()
-        async with self.write_lock:
-            job = await self.memory.store.begin_forget(
-                tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
-            )
-            counts = await self.finish(job)
+        async with self.fence.forgetting():
+            await self._quiet()
+            async with self.write_lock:
+                job = await self.memory.store.begin_forget(
+                    tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
+                )
+                counts = await self.finish(job)
         return {"memories": counts.get("memories", 0)}
 
     async def again(self, scope: Scope, message_ids: Sequence[str]) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem.errors import InputError
+from narrmem.fence import own_work
 from narrmem.model_child import SHORT_TEXTS
 from narrmem.models import (
     MAX_ID_CHARS,
@@ -45,6 +46,7 @@ from narrmem.text import cjk_count
 if TYPE_CHECKING:
     from narrmem.config import Acknowledge
     from narrmem.embed import Embedder
+    from narrmem.fence import Fence
     from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
@@ -122,12 +124,14 @@ class IngestPipeline:
         callbacks: list[TriggerCallback],
         settling: Settling,
         inbox: Inbox,
+        fence: Fence,
     ) -> None:
         self.memory = memory
         self.write_lock = write_lock
         self.callbacks = callbacks
         self.settling = settling
         self.inbox = inbox
+        self.fence = fence
 
     async def run(
         self,
@@ -167,15 +171,19 @@ class IngestPipeline:
                     upcoming = None
                 if deferred:
                     prefix = self.settling.batch_prefix()
-                    written = await self._finish(prepared, None, prefix)
+                    written, unit = await self._finish(prepared, None, prefix)
                     if written:
                         self.settling.schedule(
                             functools.partial(self.after_store, written, None), prefix, len(written)
                         )
+                    if unit is not None:
+                        self.fence.leave(unit)
                 else:
-                    written = await self._finish(prepared, finishing, None)
-                    hooks = self.after_store(written, prepared.results) if written else None
-                    finishing = asyncio.ensure_future(hooks) if hooks is not None else None
+                    written, unit = await self._finish(prepared, finishing, None)
+                    finishing = None
+                    if unit is not None:
+                        hooks = functools.partial(self.after_store, written, prepared.results)
+                        finishing = asyncio.ensure_future(self._hooks_of(unit, hooks))
                 batches.append(prepared.results)
                 if progress is not None:
                     progress(len(chunk))
@@ -187,6 +195,13 @@ class IngestPipeline:
             if finishing is not None:
                 await finishing
         return [result for batch in batches for result in batch]
+
+    async def _hooks_of(self, unit: int, hooks: Callable[[], Awaitable[None]]) -> None:
+        """Run a written batch's after-store hooks as part of its unit, which ends with them."""
+        try:
+            await self.fence.run_inside(unit, hooks)
+        finally:
+            self.fence.leave(unit)
 
     async def _triaged(self, messages: list[Message]) -> list[Pending]:
         items = []
@@ -204,10 +219,17 @@ class IngestPipeline:
         new = await self._new_messages(items, results)
         # The model is not started on them before the answer: started beside the entries' write,
         # it slowed that write from 0.26 to 1.9 ms (p50, bench/speed.py at 10k on two cores).
-        received = await self.inbox.receive(new)
+        # A unit of narrmem.fence: a forget waits for the entries being put in the store, and
+        # entries put while a forget runs wait for it (so it does not take them).
+        unit = await self.fence.enter()
+        try:
+            received = await self.inbox.receive(new)
+        finally:
+            self.fence.leave(unit)
         for item, result in zip(new, received, strict=True):
             # None: held by the inbox already (on its way, or written a moment ago).
             results[item.index] = duplicate(item.message, item.decision) if result is None else result
+        await self.settling.hold_back()
         return results
 
     async def store_received(self, items: list[Pending]) -> None:
@@ -223,10 +245,15 @@ class IngestPipeline:
         prefix = self.settling.batch_prefix()
         # Written once the vectors are there, in a short transaction: a message that arrives
         # meanwhile is put in the store without waiting for this batch's embedding.
-        written = await self._finish(prepared, None, prefix, while_embedding=False)
+        # A forget waits for this writer (the inbox drained) instead: it passes the fence.
+        with own_work():
+            written, unit = await self._finish(prepared, None, prefix, while_embedding=False)
         if written:
             self.settling.schedule(functools.partial(self.after_store, written, None), prefix, len(written))
-        await self.settling.hold_back()
+        if unit is not None:
+            self.fence.leave(unit)
+        # No holding back here: a trigger callback of an earlier batch may be waiting for these
+        # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
 
     async def _prepare(self, messages: list[Message]) -> Prepared:
         """Triage and dedupe a batch, make its episodes, and hand their texts to the model."""
@@ -286,9 +313,11 @@ class IngestPipeline:
         prefix: str | None,
         *,
         while_embedding: bool = True,
-    ) -> list[Pending]:
+    ) -> tuple[list[Pending], int | None]:
         """Run a prepared batch's before-store hooks, wait for its vectors and write it; return the
-        messages written (whose after-store hooks the caller runs). ``previous`` is the last
+        messages written (whose after-store hooks the caller runs) and the batch's unit of
+        :mod:`narrmem.fence`, begun before the write (``None`` when nothing was to be written),
+        which the caller ends once the hooks have run or been scheduled. ``previous`` is the last
         batch's after-store task, awaited before this batch is written. ``prefix``: record the
         pending after-store work of the batch with its write, under keys that start with it."""
         kept, results = prepared.kept, prepared.results
@@ -296,8 +325,9 @@ class IngestPipeline:
             prepared.cancel()  # what was embedded early was already stored
             if previous is not None:
                 await previous
-            return []
+            return [], None
         later: asyncio.Future[np.ndarray] | None = None
+        unit: int | None = None
         try:
             for n, item in enumerate(kept):
                 await yield_every(n)
@@ -310,16 +340,23 @@ class IngestPipeline:
                 later = asyncio.ensure_future(embed_ahead(self.memory.embedder, rest))
             if previous is not None:
                 await previous
+            # Begun once the batch before has run its hooks: one of them may forget, and that
+            # forget waits for the units begun before it.
+            unit = await self.fence.enter()
             written = await self._write(
                 kept, results, prefix, lambda: _vectors(prepared, rest, later), while_embedding
             )
+        except BaseException:
+            if unit is not None:
+                self.fence.leave(unit)
+            raise
         finally:
             prepared.cancel()
             if later is not None and not later.done():
                 later.cancel()
         for item in written:
             results[item.index] = stored_result(item, settled=prefix is None)
-        return written
+        return written, unit
 
     async def _new_messages(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:
         """The messages that will leave memories; the others get their result: ignored, or

@@ -19,6 +19,7 @@ from narrmem.clock import Clock, SystemClock
 from narrmem.config import Settings, load_settings
 from narrmem.embed import Embedder
 from narrmem.errors import ClosedError, PluginError
+from narrmem.fence import Fence
 from narrmem.forgetting import Forgetting
 from narrmem.host import PluginHost
 from narrmem.inbox import Inbox
@@ -84,8 +85,11 @@ class MemoryLifecycle:
         write_lock = asyncio.Lock()  # one writer at a time in this process
         self._settling = Settling(self)
         self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone)
-        self._ingest = IngestPipeline(self, write_lock, self._trigger_callbacks, self._settling, self._inbox)
-        self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox)
+        fence = Fence()  # forgets against the batches being written
+        self._ingest = IngestPipeline(
+            self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence
+        )
+        self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox, fence)
         self._closed = False
         self._shut = False  # closed to the end: public calls are refused (see while_open)
         self._started = False

@@ -22,11 +22,13 @@ import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from narrmem.errors import StoreError
+from narrmem.fence import own_work
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
 from narrmem.store import StateEntry, Store, shared_by_processes
 
@@ -45,6 +47,8 @@ TAKEOVER_GRACE_S = 2.0
 # Messages acknowledged whose hooks have not run yet, past which ingest waits for them: the lag of
 # counts and triggers, and what a stop leaves for the next open, stay bounded.
 MAX_UNSETTLED = 1024
+# Set in the task that runs a batch's hooks.
+_IN_BATCH: ContextVar[bool] = ContextVar("narrmem_in_settling_batch", default=False)
 
 
 class Settling:
@@ -102,8 +106,10 @@ class Settling:
         async def settle_batch() -> None:
             if previous is not None:
                 await _quietly(previous)
+            _IN_BATCH.set(True)  # this task's own context: what its hooks and callbacks call sees it
             try:
-                await run()
+                with own_work():
+                    await run()
                 await self.memory.store.state_delete(NAMESPACE, prefix)
             except Exception:
                 # The entries stay: the next open runs the hooks again.
@@ -119,15 +125,18 @@ class Settling:
 
     async def hold_back(self) -> None:
         """Wait, oldest batch first, until at most :data:`MAX_UNSETTLED` acknowledged messages
-        are unsettled."""
-        while self._unsettled > MAX_UNSETTLED and self._batches_running:
+        are unsettled; at once inside a batch's hooks (an ingest by a trigger callback), which
+        would wait for itself."""
+        while not _IN_BATCH.get() and self._unsettled > MAX_UNSETTLED and self._batches_running:
             await _quietly(self._batches_running[0])
             while self._batches_running and self._batches_running[0].done():
                 self._batches_running.popleft()
 
     async def settle(self) -> None:
-        """Wait until the hooks of every message acknowledged so far have run."""
-        while self._tail is not None:
+        """Wait until the hooks of every message acknowledged so far have run. Inside a batch's
+        hooks (a trigger callback that settles or forgets) the batches before it have run, and it
+        and the later ones cannot be waited for there: it returns at once."""
+        while self._tail is not None and not _IN_BATCH.get():
             tail = self._tail
             await _quietly(tail)
             if self._tail is tail:

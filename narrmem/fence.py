@@ -1,0 +1,90 @@
+"""Forgets against the writes in flight in this process.
+
+A batch of an ingest call is a unit of work from the moment it may write until its after-store
+hooks have run, or been scheduled (``[storage] acknowledge`` other than ``"after_hooks"``: the
+forget waits for those through :mod:`narrmem.settling`). A forget waits for every unit begun before
+it, and a unit begun while a forget runs waits for the forget to end. Without this, a batch's
+hooks (a fact the graph extracts, a count) could write after a forget had deleted the batch's
+records, and what the forget was to remove would stay.
+
+Work a unit or a forget runs itself (after-store hooks, trigger callbacks, and what they call)
+passes the fence: waiting there would wait for itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# The units and forgets the running code is part of.
+_INSIDE: ContextVar[frozenset[int]] = ContextVar("narrmem_fence_inside", default=frozenset())
+
+
+# What the hooks of a batch acknowledged earlier are part of (:mod:`narrmem.settling`): no unit.
+HOOKS_LATER = -1
+
+
+@contextlib.contextmanager
+def own_work(number: int = HOOKS_LATER) -> Iterator[None]:
+    """Code in this block is part of unit ``number`` (or of hooks run later): it passes the fence."""
+    token = _INSIDE.set(_INSIDE.get() | {number})
+    try:
+        yield
+    finally:
+        _INSIDE.reset(token)
+
+
+class Fence:
+    def __init__(self) -> None:
+        self._numbers = itertools.count()
+        self._units: dict[int, asyncio.Future[None]] = {}
+        self._forgets = 0
+        self._forgets_ended: asyncio.Future[None] | None = None
+
+    async def enter(self) -> int:
+        """Begin a unit (once no forget runs, unless this code is part of one); returns its number."""
+        while self._forgets_ended is not None and not _INSIDE.get():
+            await asyncio.shield(self._forgets_ended)
+        number = next(self._numbers)
+        self._units[number] = asyncio.get_running_loop().create_future()
+        return number
+
+    def leave(self, number: int) -> None:
+        done = self._units.pop(number, None)
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    async def run_inside(self, number: int, work: Callable[[], Awaitable[T]]) -> T:
+        """Run ``work`` as part of unit ``number`` (its hooks): a forget or an ingest it calls does
+        not wait for the unit."""
+        with own_work(number):
+            return await work()
+
+    @contextlib.asynccontextmanager
+    async def forgetting(self) -> AsyncIterator[None]:
+        """Wait for the units begun before (but those this code is part of), and hold new ones
+        back until the block ends."""
+        inside = _INSIDE.get()
+        number = next(self._numbers)
+        self._forgets += 1
+        if self._forgets_ended is None:
+            self._forgets_ended = asyncio.get_running_loop().create_future()
+        token = _INSIDE.set(inside | {number})
+        try:
+            before = [done for unit, done in self._units.items() if unit not in inside]
+            if before:
+                await asyncio.gather(*(asyncio.shield(done) for done in before))
+            yield
+        finally:
+            _INSIDE.reset(token)
+            self._forgets -= 1
+            ended = self._forgets_ended
+            if self._forgets == 0 and ended is not None:
+                self._forgets_ended = None
+                ended.set_result(None)

@@ -1,0 +1,156 @@
+"""A forget against the messages being written at that moment in the same process: nothing their
+after-store hooks make outlives the forget, a message begun during the forget is stored after
+it, and hooks that forget or ingest themselves do not wait for themselves."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg
+
+from narrmem import TriggerEvent, hookimpl, settling
+from narrmem.memory import Memory
+from narrmem.models import MemoryRecord, Message
+from narrmem.testing import open_memory
+
+MODES = ["after_hooks", "after_write", "on_receipt"]
+WAIT = 10.0  # seconds: a hang fails the test instead of the run
+
+
+class SlowFacts:
+    """A fact extractor that takes its time (an LLM would), and says when it has started."""
+
+    narrmem_name = "slow_facts"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    @hookimpl
+    async def narrmem_extract_facts(self, message: Message) -> list[dict[str, str]]:
+        self.started.set()
+        await asyncio.sleep(0.3)
+        return [{"relation": "works_at", "object": "Acme Bank"}]
+
+
+def ann(message_id: str, text: str) -> dict[str, Any]:
+    return msg(message_id, text, user="ann", chat="dm", tenant="t", speaker="Ann")
+
+
+async def graph_of(memory: Memory) -> dict[str, Any]:
+    graph: dict[str, Any] = (await memory.stats())["graph"]
+    return graph
+
+
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_a_forget_during_the_after_store_hooks_leaves_nothing_they_made(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    facts = SlowFacts()
+    async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=[facts]) as memory:
+        ingest = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        counts = await asyncio.wait_for(memory.forget(user_id="ann", tenant="t"), WAIT)
+        await ingest
+        await memory.settle()
+        assert counts["memories"] >= 1
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        context = await memory.turn_context("where do I work?", user_id="ann", chat_id="dm", tenant="t")
+        assert context["facts"] == []
+
+
+async def test_a_forget_while_a_message_is_written_waits_for_its_hooks(tmp_path: Path) -> None:
+    """Answered once written, the message's write is under way when the forget comes: the forget
+    waits for the write and the hooks it schedules, then removes all of it."""
+    facts = SlowFacts()
+    async with open_memory(tmp_path / "m", storage={"acknowledge": "after_write"}, plugins=[facts]) as memory:
+        store: Any = memory.store
+        entered, release = asyncio.Event(), asyncio.Event()
+        for name in ("add", "add_while_embedding", "add_with_context"):
+            original = getattr(store, name)
+
+            async def held(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                entered.set()
+                await release.wait()
+                return await _original(*args, **kwargs)
+
+            setattr(store, name, held)
+        ingest = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(entered.wait(), WAIT)
+        forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
+        await asyncio.sleep(0.05)
+        assert not forget.done()  # it waits for the write under way
+        release.set()
+        await asyncio.wait_for(ingest, WAIT)
+        await asyncio.wait_for(forget, WAIT)
+        await memory.settle()
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        assert await everything(memory) == []
+
+
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_a_message_begun_during_a_forget_is_stored_after_it(tmp_path: Path, acknowledge: str) -> None:
+    facts = SlowFacts()
+    async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=[facts]) as memory:
+        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
+        await asyncio.sleep(0)
+        after = await asyncio.wait_for(memory.ingest(ann("2", "I adopted a greyhound named Pixel.")), WAIT)
+        await asyncio.wait_for(asyncio.gather(first, forget), WAIT)
+        await memory.settle()
+        assert after.stored
+        assert [r.message_ids for r in await everything(memory)] == [["2"]]
+
+
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_a_trigger_callback_that_forgets_or_ingests_does_not_wait_for_itself(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}) as memory:
+        done: list[str] = []
+
+        async def on_trigger(event: TriggerEvent) -> None:
+            await memory.ingest(msg("bot-1", "a note the bot keeps", user="bot", chat="notes", tenant="t"))
+            await memory.forget(user_id=event.user_id, tenant=event.tenant)
+            done.append(event.label)
+
+        memory.on_trigger(on_trigger)
+        texts = ["so tired today", "so tired again today", "still so tired today"]
+        for n, text in enumerate(texts, start=1):
+            await asyncio.wait_for(memory.ingest(ann(str(n), text)), WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert done == ["tired"]
+        assert [r.message_ids for r in await everything(memory)] == [["bot-1"]]
+
+
+async def everything(memory: Memory) -> list[MemoryRecord]:
+    """Every stored record, from the store's export (the one way to list across scopes)."""
+    return [record async for record, _ in memory.store.export()]
+
+
+async def test_a_trigger_callback_that_recalls_during_a_burst_does_not_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On receipt, more messages unsettled than the bound: the oldest batch's callback recalls in a
+    chat whose messages are still on their way. The writer of those messages does not wait for
+    that batch (it waited, and the batch waited for the recall, for ever)."""
+    monkeypatch.setattr(settling, "MAX_UNSETTLED", 16)
+    async with open_memory(tmp_path / "m", storage={"acknowledge": "on_receipt"}) as memory:
+        recalled: list[int] = []
+
+        async def on_trigger(event: TriggerEvent) -> None:
+            hits = await memory.recall("roadmap", chat_id=event.chat_id, tenant=event.tenant)
+            recalled.append(len(hits))
+
+        memory.on_trigger(on_trigger)
+
+        async def send(n: int) -> None:
+            text = f"product roadmap worry number {n}"
+            await memory.ingest(msg(str(n), text, user=f"u{n % 10}", chat="g", tenant="t"))
+
+        await asyncio.wait_for(asyncio.gather(*(send(n) for n in range(200))), WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert recalled and all(recalled)
