@@ -44,6 +44,7 @@ from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecisi
 from narrmem.settling import drop_forgotten, forgotten_by, stopped_owners
 
 if TYPE_CHECKING:
+    from narrmem.fence import Fence
     from narrmem.forgetting import Forgetting
     from narrmem.ingest import IngestPipeline
     from narrmem.lifecycle import MemoryLifecycle
@@ -83,8 +84,9 @@ class Received:
 
 
 class Inbox:
-    def __init__(self, memory: MemoryLifecycle, token: str, owners_gone: set[str]) -> None:
+    def __init__(self, memory: MemoryLifecycle, token: str, owners_gone: set[str], fence: Fence) -> None:
         self.memory = memory
+        self.fence = fence
         # Entries' keys start with the token of this process's claim (see narrmem.settling).
         self.token = token
         self.owners_gone = owners_gone
@@ -261,19 +263,17 @@ class Inbox:
             for r in due:
                 if self._closing:
                     return
-                held = self._retrying.get(r.item.key)
-                if r.forgotten or held is None or held[1] is not r:
-                    continue  # a forget took it out meanwhile
+                # A unit of narrmem.fence from the check of its entry to its write: a forget of
+                # this process (an edit's) comes wholly before it or after it. Forgets do not
+                # wait for messages waiting for their next try otherwise.
+                unit = await self.fence.enter()
                 try:
-                    present = await self.memory.store.state_get(NAMESPACE, r.key) is not None
-                except Exception:
-                    log.exception("reading a received message's entry failed")
-                    present, written = True, False
-                else:
-                    # Its entry gone: a forget took the message out before it could be written.
-                    written = not present or await self._write(
-                        [(r.key, r.item)], on_written=functools.partial(self._remember_written, r)
-                    )
+                    held = self._retrying.get(r.item.key)
+                    if r.forgotten or held is None or held[1] is not r:
+                        continue  # a forget took it out meanwhile
+                    written = await self.fence.run_inside(unit, functools.partial(self._try_again, r))
+                finally:
+                    self.fence.leave(unit)
                 if written or r.forgotten:
                     held = self._retrying.get(r.item.key)
                     if held is not None and held[1] is r:  # not the same message sent again since
@@ -281,6 +281,18 @@ class Inbox:
                 else:
                     self._retry_later([r])
                 await self._notify()
+
+    async def _try_again(self, r: Received) -> bool:
+        """Write a message whose write failed; ``False`` if it failed again."""
+        try:
+            present = await self.memory.store.state_get(NAMESPACE, r.key) is not None
+        except Exception:
+            log.exception("reading a received message's entry failed")
+            return False
+        # Its entry gone: a forget took the message out before it could be written.
+        return not present or await self._write(
+            [(r.key, r.item)], on_written=functools.partial(self._remember_written, r)
+        )
 
     def _remember_written(self, r: Received) -> None:
         self._written[r.item.key] = None

@@ -83,9 +83,9 @@ class MemoryLifecycle:
         self._embedder: Embedder | None = None
         self._trigger_callbacks: list[TriggerCallback] = []
         write_lock = asyncio.Lock()  # one writer at a time in this process
-        self._settling = Settling(self)
-        self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone)
         fence = Fence()  # forgets against the batches being written
+        self._settling = Settling(self)
+        self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone, fence)
         self._ingest = IngestPipeline(
             self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence
         )

@@ -154,3 +154,51 @@ async def test_a_trigger_callback_that_recalls_during_a_burst_does_not_hang(
         await asyncio.wait_for(asyncio.gather(*(send(n) for n in range(200))), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert recalled and all(recalled)
+
+
+async def test_an_edit_while_a_failed_write_is_tried_again_keeps_the_new_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On receipt, the first write fails; the edit comes while the next try is under way. The
+    edit waits for that try and then replaces what it wrote (the try found its entry gone after
+    the edit's forget, and forgot the message again: the new text with it)."""
+    import narrmem.inbox as inbox
+    from narrmem.ingest import IngestPipeline
+
+    monkeypatch.setattr(inbox, "RETRY_DELAYS", (0.05, 0.05))
+    original = IngestPipeline.store_received
+    tries: list[int] = []
+
+    async def fails_once(self: IngestPipeline, items: list[Any]) -> None:
+        tries.append(len(items))
+        if len(tries) == 1:
+            raise RuntimeError("database is locked")
+        await original(self, items)
+
+    monkeypatch.setattr(IngestPipeline, "store_received", fails_once)
+
+    class HoldTheTry:
+        narrmem_name = "hold_the_try"
+
+        def __init__(self) -> None:
+            self.arrived, self.release = asyncio.Event(), asyncio.Event()
+
+        @hookimpl
+        async def narrmem_before_store(self, message: Message) -> None:
+            if message.text.startswith("old") and len(tries) >= 2:
+                self.arrived.set()
+                await self.release.wait()
+
+    hold = HoldTheTry()
+    async with open_memory(tmp_path / "m", storage={"acknowledge": "on_receipt"}, plugins=[hold]) as memory:
+        assert (await memory.ingest(ann("1", "old text about the bank"))).stored
+        await asyncio.wait_for(hold.arrived.wait(), WAIT)
+        edit = asyncio.ensure_future(memory.edit(ann("1", "new text about the bank")))
+        await asyncio.sleep(0.1)
+        assert not edit.done()  # it waits for the try under way
+        hold.release.set()
+        assert (await asyncio.wait_for(edit, WAIT)).stored
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert [r.text for r in await everything(memory) if r.kind == "episode"] == [
+            "new text about the bank"
+        ]
