@@ -12,7 +12,7 @@ stop) is stored once: the store keeps one episode per message. A message whose w
 database locked past its timeout, a connection lost) is tried again alone, after
 :data:`RETRY_DELAYS` and then every :data:`RETRY_EVERY` seconds while the process runs; what is
 left at close waits in the store for the next open. Forget, settle and close do not wait for a
-message waiting for its next try.
+message waiting for its next try (a forget waits for a try under way: :mod:`narrmem.fence`).
 
 Recall in this process waits for what it received in the asked scope to be written, so a bot
 recalls what it was just told; a forget, an edit, :meth:`~narrmem.memory.Memory.settle` and closing
