@@ -69,7 +69,9 @@ async def test_a_forget_while_a_message_is_written_waits_for_its_hooks(tmp_path:
         store: Any = memory.store
         entered, release = asyncio.Event(), asyncio.Event()
         for name in ("add", "add_while_embedding", "add_with_context"):
-            original = getattr(store, name)
+            original = getattr(store, name, None)
+            if original is None:
+                continue  # a store that cannot write that way
 
             async def held(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
                 entered.set()
