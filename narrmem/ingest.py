@@ -172,12 +172,14 @@ class IngestPipeline:
                 if deferred:
                     prefix = self.settling.batch_prefix()
                     written, unit = await self._finish(prepared, None, prefix)
-                    if written:
-                        self.settling.schedule(
-                            functools.partial(self.after_store, written, None), prefix, len(written)
-                        )
-                    if unit is not None:
-                        self.fence.leave(unit)
+                    try:
+                        if written:
+                            self.settling.schedule(
+                                functools.partial(self.after_store, written, None), prefix, len(written)
+                            )
+                    finally:
+                        if unit is not None:
+                            self.fence.leave(unit)
                 else:
                     written, unit = await self._finish(prepared, finishing, None)
                     finishing = None
@@ -248,10 +250,14 @@ class IngestPipeline:
         # A forget waits for this writer (the inbox drained) instead: it passes the fence.
         with own_work():
             written, unit = await self._finish(prepared, None, prefix, while_embedding=False)
-        if written:
-            self.settling.schedule(functools.partial(self.after_store, written, None), prefix, len(written))
-        if unit is not None:
-            self.fence.leave(unit)
+        try:
+            if written:
+                self.settling.schedule(
+                    functools.partial(self.after_store, written, None), prefix, len(written)
+                )
+        finally:
+            if unit is not None:
+                self.fence.leave(unit)
         # No holding back here: a trigger callback of an earlier batch may be waiting for these
         # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
 
