@@ -40,6 +40,11 @@ def own_work(number: int = HOOKS_LATER) -> Iterator[None]:
         _INSIDE.reset(token)
 
 
+def inside_own_work() -> bool:
+    """Whether the running code is part of a unit, a forget or hooks run later."""
+    return bool(_INSIDE.get())
+
+
 class Fence:
     def __init__(self) -> None:
         self._numbers = itertools.count()
@@ -68,8 +73,8 @@ class Fence:
 
     @contextlib.asynccontextmanager
     async def forgetting(self) -> AsyncIterator[None]:
-        """Wait for the units begun before (but those this code is part of), and hold new ones
-        back until the block ends."""
+        """Wait for the units begun before, and hold new ones back until the block ends. Called
+        from a unit's hooks or hooks run later, it holds new units back and waits for none."""
         inside = _INSIDE.get()
         number = next(self._numbers)
         self._forgets += 1
@@ -77,7 +82,9 @@ class Fence:
             self._forgets_ended = asyncio.get_running_loop().create_future()
         token = _INSIDE.set(inside | {number})
         try:
-            before = [done for unit, done in self._units.items() if unit not in inside]
+            # Run from hooks or a trigger callback, it waits for no unit: another unit may be
+            # waiting for a forget of its own, or for the hooks this one runs in.
+            before = [] if inside else list(self._units.values())
             if before:
                 await asyncio.gather(*(asyncio.shield(done) for done in before))
             yield

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from narrmem.errors import StoreError
-from narrmem.fence import own_work
+from narrmem.fence import inside_own_work, own_work
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
 from narrmem.store import StateEntry, Store, shared_by_processes
 
@@ -125,9 +125,9 @@ class Settling:
 
     async def hold_back(self) -> None:
         """Wait, oldest batch first, until at most :data:`MAX_UNSETTLED` acknowledged messages
-        are unsettled; at once inside a batch's hooks (an ingest by a trigger callback), which
-        would wait for itself."""
-        while not _IN_BATCH.get() and self._unsettled > MAX_UNSETTLED and self._batches_running:
+        are unsettled; at once inside hooks (an ingest by a trigger callback), which could wait
+        for itself."""
+        while not inside_own_work() and self._unsettled > MAX_UNSETTLED and self._batches_running:
             await _quietly(self._batches_running[0])
             while self._batches_running and self._batches_running[0].done():
                 self._batches_running.popleft()

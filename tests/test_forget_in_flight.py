@@ -204,3 +204,64 @@ async def test_an_edit_while_a_failed_write_is_tried_again_keeps_the_new_text(
         assert [r.text for r in await everything(memory) if r.kind == "episode"] == [
             "new text about the bank"
         ]
+
+
+class TriggerAfterAWhile:
+    """After-store hooks that take their time (an LLM), then a trigger for texts that start "T"."""
+
+    narrmem_name = "trigger_after_a_while"
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message, result: Any) -> None:
+        if message.text.startswith("T"):
+            await asyncio.sleep(0.2)
+            result.triggers.append(
+                TriggerEvent(
+                    kind="topic",
+                    label="x",
+                    count=1,
+                    tenant=message.tenant,
+                    user_id=message.user_id,
+                    chat_id=message.chat_id,
+                )
+            )
+
+
+def said_by(user: str, message_id: str) -> dict[str, Any]:
+    return msg(message_id, f"T a note from {user}", user=user, chat=f"c-{user}", tenant="t")
+
+
+async def test_two_messages_whose_callbacks_forget_at_once_do_not_wait_for_each_other(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", plugins=[TriggerAfterAWhile()]) as memory:
+        forgot: list[str] = []
+
+        async def on_trigger(event: TriggerEvent) -> None:
+            await memory.forget(user_id=event.user_id, tenant=event.tenant)
+            forgot.append(event.user_id)
+
+        memory.on_trigger(on_trigger)
+        both = asyncio.gather(memory.ingest(said_by("ann", "1")), memory.ingest(said_by("bob", "2")))
+        await asyncio.wait_for(both, WAIT)
+        assert sorted(forgot) == ["ann", "bob"]
+        assert await everything(memory) == []
+
+
+async def test_a_later_batch_that_forgets_and_a_message_that_settles_do_not_wait_for_each_other(
+    tmp_path: Path,
+) -> None:
+    """Ann's hooks run after her answer (a batch) and her callback forgets; Bob's run before his
+    answer and his callback settles, which waits for Ann's batch."""
+    async with open_memory(tmp_path / "m", plugins=[TriggerAfterAWhile()]) as memory:
+
+        async def on_trigger(event: TriggerEvent) -> None:
+            if event.user_id == "ann":
+                await memory.forget(user_id="ann", tenant="t")
+            else:
+                await memory.settle()
+
+        memory.on_trigger(on_trigger)
+        ann_answer = memory.ingest(said_by("ann", "1"), acknowledge="after_write")
+        bob_answer = memory.ingest(said_by("bob", "2"))
+        await asyncio.wait_for(asyncio.gather(ann_answer, bob_answer), WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert [r.message_ids for r in await everything(memory) if r.kind == "episode"] == [["2"]]
