@@ -172,14 +172,7 @@ class IngestPipeline:
                 if deferred:
                     prefix = self.settling.batch_prefix()
                     written, unit = await self._finish(prepared, None, prefix)
-                    try:
-                        if written:
-                            self.settling.schedule(
-                                functools.partial(self.after_store, written, None), prefix, len(written)
-                            )
-                    finally:
-                        if unit is not None:
-                            self.fence.leave(unit)
+                    self._schedule_hooks(written, prefix, unit)
                 else:
                     written, unit = await self._finish(prepared, finishing, None)
                     finishing = None
@@ -197,6 +190,17 @@ class IngestPipeline:
             if finishing is not None:
                 await finishing
         return [result for batch in batches for result in batch]
+
+    def _schedule_hooks(self, written: list[Pending], prefix: str, unit: int | None) -> None:
+        """Have :mod:`narrmem.settling` run a written batch's after-store hooks, and end its unit."""
+        try:
+            if written:
+                self.settling.schedule(
+                    functools.partial(self.after_store, written, None), prefix, len(written)
+                )
+        finally:
+            if unit is not None:
+                self.fence.leave(unit)
 
     async def _hooks_of(self, unit: int, hooks: Callable[[], Awaitable[None]]) -> None:
         """Run a written batch's after-store hooks as part of its unit, which ends with them."""
@@ -250,14 +254,7 @@ class IngestPipeline:
         # A forget waits for this writer (the inbox drained) instead: it passes the fence.
         with own_work():
             written, unit = await self._finish(prepared, None, prefix, while_embedding=False)
-        try:
-            if written:
-                self.settling.schedule(
-                    functools.partial(self.after_store, written, None), prefix, len(written)
-                )
-        finally:
-            if unit is not None:
-                self.fence.leave(unit)
+        self._schedule_hooks(written, prefix, unit)
         # No holding back here: a trigger callback of an earlier batch may be waiting for these
         # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
 
