@@ -320,13 +320,8 @@ class PatternCount(_Strict):
         ``kind`` when the event is of another kind than the count (a habit from a topic)."""
         fields = self.model_dump(include={"label", "count", "message_ids"})
         where = message.model_dump(include={"tenant", "user_id", "chat_id"})
-        return TriggerEvent(
-            kind=kind or self.kind,
-            **fields,
-            **where,
-            cause_message_id=message.message_id,
-            suggestion=suggestion,
-        )
+        # Its cause is named by the host, as for every event a message's hooks make in its chat.
+        return TriggerEvent(kind=kind or self.kind, **fields, **where, suggestion=suggestion)
 
 
 SCENE_FIELDS = "fields"  # where a scene record keeps its SceneDraft in meta
