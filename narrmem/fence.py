@@ -9,6 +9,11 @@ records, and what the forget was to remove would stay.
 
 Work a unit or a forget runs itself (after-store hooks, trigger callbacks, and what they call)
 passes the fence: waiting there would wait for itself.
+
+On a store shared by processes that offers it (:class:`narrmem.store.FencesWorkers`, the
+PostgreSQL store), the same holds between processes: a forget waits for the units of every
+worker, their after-store hooks run after the answer included, and their units begun meanwhile
+wait for it. A forget run from hooks or a callback waits for no other worker's units either.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from narrmem.store import WorkersFence
 
 T = TypeVar("T")
 
@@ -51,19 +59,52 @@ class Fence:
         self._units: dict[int, asyncio.Future[None]] = {}
         self._forgets = 0
         self._forgets_ended: asyncio.Future[None] | None = None
+        # The fence between processes, where the store offers one (set once the store is open).
+        self.workers: WorkersFence | None = None
+        self._across: set[int] = set()  # units that hold the fence between processes
 
-    async def enter(self) -> int:
-        """Begin a unit (once no forget runs, unless this code is part of one); returns its number."""
+    async def enter(self, *, receiving: bool = False) -> int:
+        """Begin a unit (once no forget runs, unless this code is part of one); returns its number.
+        ``receiving``: the write of messages received earlier (:mod:`narrmem.inbox`), which
+        passes this process's fence but is fenced against other processes' forgets too."""
         while self._forgets_ended is not None and not _INSIDE.get():
             await asyncio.shield(self._forgets_ended)
         number = next(self._numbers)
         self._units[number] = asyncio.get_running_loop().create_future()
+        # Part of a unit or a forget, it is covered by that one (and waiting could wait for it).
+        if self.workers is not None and (receiving or not _INSIDE.get()):
+            try:
+                await (self.workers.join() if receiving else self.workers.begin())
+            except BaseException:
+                self.leave(number)
+                raise
+            self._across.add(number)
         return number
 
     def leave(self, number: int) -> None:
         done = self._units.pop(number, None)
+        if number in self._across:
+            self._across.discard(number)
+            assert self.workers is not None
+            self.workers.end()
         if done is not None and not done.done():
             done.set_result(None)
+
+    def hooks_later(self) -> Callable[[], None]:
+        """Keep other processes' forgets waiting for hooks run after the answer, as for the unit
+        that schedules them (called while it is under way); returns what ends that wait."""
+        workers = self.workers
+        if workers is None or not workers.extend():
+            return _nothing
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                workers.end()
+
+        return end
 
     async def run_inside(self, number: int, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` as part of unit ``number`` (its hooks): a forget or an ingest it calls does
@@ -87,7 +128,11 @@ class Fence:
             before = [] if inside else list(self._units.values())
             if before:
                 await asyncio.gather(*(asyncio.shield(done) for done in before))
-            yield
+            if self.workers is None or inside:
+                yield
+            else:
+                async with self.workers.forgetting():
+                    yield
         finally:
             _INSIDE.reset(token)
             self._forgets -= 1
@@ -95,3 +140,7 @@ class Fence:
             if self._forgets == 0 and ended is not None:
                 self._forgets_ended = None
                 ended.set_result(None)
+
+
+def _nothing() -> None:
+    return None

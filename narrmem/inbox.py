@@ -266,7 +266,7 @@ class Inbox:
                 # A unit of narrmem.fence from the check of its entry to its write: a forget of
                 # this process (an edit's) comes wholly before it or after it. Forgets do not
                 # wait for messages waiting for their next try otherwise.
-                unit = await self.fence.enter()
+                unit = await self.fence.enter(receiving=True)
                 try:
                     held = self._retrying.get(r.item.key)
                     if r.forgotten or held is None or held[1] is not r:

@@ -195,8 +195,12 @@ class IngestPipeline:
         """Have :mod:`narrmem.settling` run a written batch's after-store hooks, and end its unit."""
         try:
             if written:
+                # Another worker's forget waits for these hooks as for the unit (narrmem.fence).
                 self.settling.schedule(
-                    functools.partial(self.after_store, written, None), prefix, len(written)
+                    functools.partial(self.after_store, written, None),
+                    prefix,
+                    len(written),
+                    self.fence.hooks_later(),
                 )
         finally:
             if unit is not None:
@@ -253,7 +257,7 @@ class IngestPipeline:
         # meanwhile is put in the store without waiting for this batch's embedding.
         # A forget waits for this writer (the inbox drained) instead: it passes the fence.
         with own_work():
-            written, unit = await self._finish(prepared, None, prefix, while_embedding=False)
+            written, unit = await self._finish(prepared, None, prefix, while_embedding=False, receiving=True)
         self._schedule_hooks(written, prefix, unit)
         # No holding back here: a trigger callback of an earlier batch may be waiting for these
         # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
@@ -316,6 +320,7 @@ class IngestPipeline:
         prefix: str | None,
         *,
         while_embedding: bool = True,
+        receiving: bool = False,
     ) -> tuple[list[Pending], int | None]:
         """Run a prepared batch's before-store hooks, wait for its vectors and write it; return the
         messages written (whose after-store hooks the caller runs) and the batch's unit of
@@ -345,7 +350,7 @@ class IngestPipeline:
                 await previous
             # Begun once the batch before has run its hooks: one of them may forget, and that
             # forget waits for the units begun before it.
-            unit = await self.fence.enter()
+            unit = await self.fence.enter(receiving=receiving)
             written = await self._write(
                 kept, results, prefix, lambda: _vectors(prepared, rest, later), while_embedding
             )

@@ -25,7 +25,7 @@ from narrmem.host import PluginHost
 from narrmem.inbox import Inbox
 from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.settling import Settling
-from narrmem.store import Store
+from narrmem.store import FencesWorkers, Store
 from narrmem.tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class MemoryLifecycle:
         self._embedder: Embedder | None = None
         self._trigger_callbacks: list[TriggerCallback] = []
         write_lock = asyncio.Lock()  # one writer at a time in this process
-        fence = Fence()  # forgets against the batches being written
+        self._fence = fence = Fence()  # forgets against the batches being written
         self._settling = Settling(self)
         self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone, fence)
         self._ingest = IngestPipeline(
@@ -139,6 +139,9 @@ class MemoryLifecycle:
         )
         await opening.start(self, warm=warm, builtins=builtins, load_entrypoints=entrypoints, extra=extra)
         self._started = True
+        store = self.store
+        if not self.read_only and isinstance(store, FencesWorkers):
+            self._fence.workers = store.workers_fence()
         await self.host.call("narrmem_startup", isolate=False, memory=self)
         await self._forgetting.resume()
         await self._settling.start(self._ingest)

@@ -99,23 +99,29 @@ class Settling:
         for key in keys:
             await self.memory.store.state_delete(NAMESPACE, key)
 
-    def schedule(self, run: Callable[[], Awaitable[None]], prefix: str, count: int) -> None:
-        """Run a written batch's hooks after the batches before it; delete its entries once they ran."""
+    def schedule(
+        self, run: Callable[[], Awaitable[None]], prefix: str, count: int, ended: Callable[[], None]
+    ) -> None:
+        """Run a written batch's hooks after the batches before it; delete its entries once they
+        ran. ``ended`` is called once they have run, or will not."""
         previous = self._tail
 
         async def settle_batch() -> None:
-            if previous is not None:
-                await _quietly(previous)
-            _IN_BATCH.set(True)  # this task's own context: what its hooks and callbacks call sees it
             try:
-                with own_work():
-                    await run()
-                await self.memory.store.state_delete(NAMESPACE, prefix)
-            except Exception:
-                # The entries stay: the next open runs the hooks again.
-                log.exception("after-store hooks of an acknowledged batch failed; kept for the next open")
+                if previous is not None:
+                    await _quietly(previous)
+                _IN_BATCH.set(True)  # this task's own context: what its hooks and callbacks call sees it
+                try:
+                    with own_work():
+                        await run()
+                    await self.memory.store.state_delete(NAMESPACE, prefix)
+                except Exception:
+                    # The entries stay: the next open runs the hooks again.
+                    log.exception("after-store hooks of an acknowledged batch failed; kept for the next open")
+                finally:
+                    self._unsettled -= count
             finally:
-                self._unsettled -= count
+                ended()
 
         self._unsettled += count
         self._tail = asyncio.ensure_future(settle_batch())

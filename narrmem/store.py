@@ -245,6 +245,46 @@ def shared_by_processes(store: object) -> bool:
     return bool(getattr(store, "shared", False))
 
 
+class WorkersFence(Protocol):
+    """This process's side of a fence across the processes that share a store
+    (:class:`FencesWorkers`): what :mod:`narrmem.fence` does within a process, between processes.
+    A unit is an ingest batch from just before its write until its after-store hooks have run."""
+
+    async def begin(self) -> None:
+        """A unit of this process begins: at once, or once the forget of another process that
+        runs has ended."""
+        ...
+
+    async def join(self) -> None:
+        """The write of messages this process received earlier begins, as a unit: at once while
+        another unit is under way here (hooks run after the answer may be waiting for this write,
+        and another process's forget for those hooks), else as :meth:`begin`."""
+        ...
+
+    def extend(self) -> bool:
+        """Work that continues a unit under way (its after-store hooks, run after the answer)
+        counts as one more unit, without waiting; ``False`` when no unit is under way here."""
+        ...
+
+    def end(self) -> None:
+        """A unit begun or extended here ended."""
+        ...
+
+    def forgetting(self) -> AbstractAsyncContextManager[None]:
+        """Wait until no other process has a unit under way, and hold their new units back until
+        the block ends."""
+        ...
+
+
+@runtime_checkable
+class FencesWorkers(Protocol):
+    """A store shared by processes whose forget waits for the writes of every process (the
+    PostgreSQL store): without it, another worker's after-store hooks (a fact, a count) could
+    write after the forget had deleted what they came from."""
+
+    def workers_fence(self) -> WorkersFence: ...
+
+
 @runtime_checkable
 class SQLConnection(Protocol):
     """A connection a store lends a plugin for tables of its own, speaking one SQL on every

@@ -19,8 +19,7 @@ import pytest
 from _helpers import msg
 from _postgres import dsn_for, fresh_database
 from narrmem_plugins.storage_postgres import advisory
-from narrmem_plugins.storage_postgres.advisory import HOLDER, AdvisoryLock
-from narrmem_plugins.storage_postgres.store import _lock_key
+from narrmem_plugins.storage_postgres.advisory import HOLDER, AdvisoryLock, lock_key
 
 from narrmem.inbox import NAMESPACE
 from narrmem.models import Message, TriageDecision
@@ -66,7 +65,7 @@ async def test_a_worker_whose_connections_end_keeps_its_claim_writes_and_closes(
     async with open_memory(tmp_path, storage=storage) as memory:
         await memory.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
         await memory.settle()
-        key = _lock_key(claim_name(memory._settling.token))
+        key = lock_key(claim_name(memory._settling.token))
         first = await holder(dsn, key)
         assert first is not None  # the claim, taken by the first message
         assert await end_connections(database) >= 1
@@ -107,7 +106,7 @@ async def lock_moved(name: str) -> AsyncIterator[tuple[str, AdvisoryLock, Any, a
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
     other = await asyncpg.connect(dsn)
     try:
-        lock = AdvisoryLock(pool, _lock_key("job"), "job")
+        lock = AdvisoryLock(pool, lock_key("job"), "job")
         assert await lock.take()
         own = lock._conn
         await own.execute("SELECT pg_advisory_unlock($1)", lock.key)
@@ -148,7 +147,7 @@ async def test_a_worker_that_opens_while_anothers_claim_is_lost_leaves_that_work
         }
         key = f"{a._settling.token}:{0:012d}"
         await a.store.state_put(NAMESPACE, key, entry)
-        claim = _lock_key(claim_name(a._settling.token))
+        claim = lock_key(claim_name(a._settling.token))
         first = await holder(dsn, claim)
         assert first is not None
         assert await end_connections(database) >= 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 from typing import Any
@@ -139,3 +140,9 @@ class AdvisoryLock:
 async def _release_quietly(pool: asyncpg.Pool, conn: Any) -> None:
     with contextlib.suppress(*CONNECTION_ENDED):
         await pool.release(conn)
+
+
+def lock_key(name: str) -> int:
+    """A stable 64-bit advisory lock key for a name (the same in every worker)."""
+    digest = hashlib.blake2b(f"narrmem:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)

@@ -8,7 +8,6 @@ other worker reads next. Scope is part of every statement's WHERE clause.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 from collections import Counter
@@ -18,12 +17,13 @@ from typing import Any
 
 import asyncpg
 import numpy as np
-from narrmem_plugins.storage_postgres.advisory import AdvisoryLock
+from narrmem_plugins.storage_postgres.advisory import AdvisoryLock, lock_key
 from narrmem_plugins.storage_postgres.dsn import mask_dsn, scrub
 from narrmem_plugins.storage_postgres.escape import esc, unesc
 from narrmem_plugins.storage_postgres.keywords import bm25_sql, keyword_tokens, keywords_sql
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
+from narrmem_plugins.storage_postgres.workers_fence import PostgresWorkersFence
 from pgvector import Vector
 from pgvector.asyncpg import register_vector
 
@@ -138,6 +138,7 @@ class PostgresStore(ForgetJournal):
         self.text_config = text_config
         self._pool: asyncpg.Pool | None = None
         self._term_cache: dict[str, str] = {}  # query term -> its tsquery in text_config
+        self._workers_fence: PostgresWorkersFence | None = None
         self.dim = 0
 
     def __repr__(self) -> str:
@@ -241,9 +242,19 @@ class PostgresStore(ForgetJournal):
         self.text_config = stored.get("text_config", self.text_config)
 
     async def close(self) -> None:
+        fence, self._workers_fence = self._workers_fence, None
+        if fence is not None:
+            await fence.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+    def workers_fence(self) -> PostgresWorkersFence:
+        """This worker's side of the fence between a forget and the other workers' writes in
+        flight (:mod:`.workers_fence`), on a connection of its own opened at its first use."""
+        if self._workers_fence is None:
+            self._workers_fence = PostgresWorkersFence(self._dsn)
+        return self._workers_fence
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -283,7 +294,7 @@ class PostgresStore(ForgetJournal):
         """Whether this worker holds the named job (a session advisory lock) for the block: one
         worker at a time runs it, the others get ``False`` at once and skip it. A lost connection
         does not lose the lock for long: it is taken again (:mod:`.advisory`)."""
-        lock = AdvisoryLock(self.pool, _lock_key(name), name)
+        lock = AdvisoryLock(self.pool, lock_key(name), name)
         held = await lock.take()
         try:
             yield held
@@ -1138,9 +1149,3 @@ STATE_PUT = (
 
 def _state_json(value: dict[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
-
-
-def _lock_key(name: str) -> int:
-    """A stable 64-bit advisory lock key for a job name (the same in every worker)."""
-    digest = hashlib.blake2b(f"narrmem:{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
