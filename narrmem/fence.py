@@ -74,11 +74,16 @@ class Fence:
         # Part of a unit or a forget, it is covered by that one (and waiting could wait for it).
         if self.workers is not None and (receiving or not _INSIDE.get()):
             try:
-                await (self.workers.join() if receiving else self.workers.begin())
+                if receiving:
+                    counted = await self.workers.join()
+                else:
+                    await self.workers.begin()
+                    counted = True
             except BaseException:
                 self.leave(number)
                 raise
-            self._across.add(number)
+            if counted:
+                self._across.add(number)
         return number
 
     def leave(self, number: int) -> None:

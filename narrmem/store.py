@@ -255,10 +255,12 @@ class WorkersFence(Protocol):
         runs has ended."""
         ...
 
-    async def join(self) -> None:
+    async def join(self) -> bool:
         """The write of messages this process received earlier begins, as a unit: at once while
         another unit is under way here (hooks run after the answer may be waiting for this write,
-        and another process's forget for those hooks), else as :meth:`begin`."""
+        and another process's forget for those hooks), else once no forget of another process
+        runs. ``False`` (it does not count) while a forget of this process runs or waits to: that
+        forget waits for this write, and this write must not wait for it."""
         ...
 
     def extend(self) -> bool:

@@ -10,12 +10,29 @@ from typing import Any
 
 import pytest
 from _postgres import fresh_database
-from test_forget_in_flight import SlowFacts, ann, everything, graph_of
+from narrmem_plugins.storage_postgres.workers_fence import GATE
+from test_forget_in_flight import SlowFacts, TriggerAfterAWhile, ann, everything, graph_of, said_by
 
+from narrmem import TriggerEvent
+from narrmem.memory import Memory
 from narrmem.testing import open_memory
 
 MODES = ["after_hooks", "after_write", "on_receipt"]
 WAIT = 20.0  # seconds: a hang fails the test instead of the run
+GATE_ASKED = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' "
+    "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1"
+)
+
+
+async def gate_asked(memory: Memory) -> None:
+    """Until a forget holds the gate of the fence between workers, or waits for it."""
+    high, low = (GATE >> 32) & 0xFFFFFFFF, GATE & 0xFFFFFFFF
+    pool: Any = memory.store.pool  # type: ignore[attr-defined]
+    while True:
+        if await pool.fetchval(GATE_ASKED, high, low):
+            return
+        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("acknowledge", MODES)
@@ -53,6 +70,7 @@ async def test_a_message_a_worker_begins_during_another_workers_forget_is_stored
         first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
         forget = asyncio.ensure_future(forgetter.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(gate_asked(forgetter), WAIT)
         await asyncio.sleep(0.1)
         assert not forget.done()  # it waits for the other worker's hooks under way
         after = await asyncio.wait_for(writer.ingest(ann("2", "I adopted a greyhound named Pixel.")), WAIT)
@@ -86,3 +104,56 @@ async def test_a_worker_whose_fence_connection_ended_takes_the_fence_again(tmp_p
         await asyncio.wait_for(ingest, WAIT)
         assert await graph_of(forgetter) == {"nodes": 0, "edges": {}, "purges": 0}
         assert await everything(forgetter) == []
+
+
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_two_workers_forgetting_at_once_while_each_writes_do_not_wait_for_each_other(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    """Each worker has a message's slow hooks under way and forgets the other's user: both
+    forgets end, and neither user's fact is left."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
+    facts_a, facts_b = SlowFacts(), SlowFacts()
+    async with (
+        open_memory(tmp_path / "a", real_model=True, plugins=[facts_a], storage=storage) as a,
+        open_memory(tmp_path / "b", real_model=True, plugins=[facts_b], storage=storage) as b,
+    ):
+        bob = dict(ann("2", "I work at Acme Bank as an analyst."), user_id="bob", speaker="Bob")
+        writes = [
+            asyncio.ensure_future(a.ingest(ann("1", "I work at Acme Bank as an analyst."))),
+            asyncio.ensure_future(b.ingest(bob)),
+        ]
+        await asyncio.wait_for(asyncio.gather(facts_a.started.wait(), facts_b.started.wait()), WAIT)
+        forgets = asyncio.gather(a.forget(user_id="bob", tenant="t"), b.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(forgets, WAIT)
+        await asyncio.wait_for(asyncio.gather(*writes), WAIT)
+        for memory in (a, b):
+            await asyncio.wait_for(memory.settle(), WAIT)
+        assert await graph_of(a) == {"nodes": 0, "edges": {}, "purges": 0}
+        assert await everything(a) == []
+
+
+async def test_trigger_callbacks_that_forget_in_two_workers_at_once_do_not_wait_for_each_other(
+    tmp_path: Path,
+) -> None:
+    """A forget from hooks waits for no other worker's units: two of them, each inside a message's
+    hooks in its own worker, would otherwise each wait for the other's message."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with (
+        open_memory(tmp_path / "a", real_model=True, plugins=[TriggerAfterAWhile()], storage=storage) as a,
+        open_memory(tmp_path / "b", real_model=True, plugins=[TriggerAfterAWhile()], storage=storage) as b,
+    ):
+        forgot: list[str] = []
+        for memory in (a, b):
+
+            async def on_trigger(event: TriggerEvent, memory: Memory = memory) -> None:
+                await memory.forget(user_id=event.user_id, tenant=event.tenant)
+                forgot.append(event.user_id)
+
+            memory.on_trigger(on_trigger)
+        both = asyncio.gather(a.ingest(said_by("ann", "1")), b.ingest(said_by("bob", "2")))
+        await asyncio.wait_for(both, WAIT)
+        assert sorted(forgot) == ["ann", "bob"]
+        assert await everything(a) == []

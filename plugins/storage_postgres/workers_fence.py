@@ -1,7 +1,7 @@
 """A forget in one worker against the writes in flight in the others (``narrmem.store.WorkersFence``).
 
-Two session advisory locks, the same in every worker of the database, on one connection of this
-process's own:
+Two session advisory locks, the same in every worker of the database, taken by a worker's units
+on one connection of the worker's own and by each of its forgets on one of the forget's own:
 
 * the **units** lock, held shared by a worker while it has a unit under way (an ingest batch from
   just before its write until its after-store hooks have run), and exclusively by a forget, which
@@ -15,6 +15,12 @@ process's own:
 
 The lock is given back as soon as the worker has no unit under way: a worker that held it while
 idle would hold every forget back until its next message.
+
+The write of messages the worker received earlier (``join``) never waits at the gate while it
+holds the units lock: hooks run after the answer may be waiting for that write, and a forget for
+those hooks. Without it, the write looks at the gate again every 50 ms rather than waiting there,
+and goes on unfenced once this worker's own forget waits for the gate: that forget waits for the
+write (what was received goes first), so the write must not wait for it.
 
 A connection lost while the units lock is held takes the lock with it: the units under way are
 unfenced until the next unit, which takes it again on a new connection (logged). Two forgets
@@ -50,7 +56,20 @@ GATE_OPEN = (
     f"SELECT CASE WHEN pg_try_advisory_lock_shared({GATE}) "
     f"THEN pg_advisory_unlock_shared({GATE}) ELSE false END"
 )
+# Without waiting: the gate taken shared if no forget holds or waits for it; then through it the
+# units lock (no forget holds that while the gate is held shared), and the gate let go.
+TRY_GATE = f"SELECT pg_try_advisory_lock_shared({GATE})"
+THROUGH_GATE = f"SELECT pg_advisory_lock_shared({UNITS}); SELECT pg_advisory_unlock_shared({GATE})"
+# How often the write of what was received looks at a closed gate again.
+GATE_POLL_S = 0.05
 GIVE_BACK = f"SELECT pg_advisory_unlock_shared({UNITS})"
+# Sessions of ended forgets kept for the next ones (a forget at a time is the common case).
+SPARE_SESSIONS = 2
+# What a command on the fence's connection raises when its session is gone or in doubt (the
+# server ended it: an error or a protocol state the client cannot go on from).
+BROKEN = (*CONNECTION_ENDED, asyncpg.PostgresError, asyncpg.exceptions.InternalClientError)
+# Commands failing in a row on new sessions before a unit gives up with a StoreError.
+TRIES = 3
 CLOSE_GATE = f"SELECT pg_advisory_lock({GATE}); SELECT pg_advisory_lock({UNITS})"
 OPEN_GATE = f"SELECT pg_advisory_unlock({UNITS}); SELECT pg_advisory_unlock({GATE})"
 
@@ -65,9 +84,12 @@ class PostgresWorkersFence:
         self._idle = asyncio.Event()  # set whenever the units lock is not held
         self._idle.set()
         self._giving_back: set[asyncio.Task[None]] = set()
+        self._forgetting = 0  # forgets of this process holding or asking for the gate
+        self._spare: list[Any] = []  # sessions of forgets that ended, for the next ones
         self._closed = False
 
     async def begin(self) -> None:
+        failures = 0
         while True:
             async with self._lock:
                 conn = await self._connection()
@@ -83,16 +105,40 @@ class PostgresWorkersFence:
                     if self._units == 0:
                         await self._give_back(conn)
                         continue
-                except CONNECTION_ENDED:
-                    self._lost()
+                except BROKEN as exc:
+                    failures = self._failed(exc, failures)
                     continue
             # A forget of another worker waits for this one's units: they end, the lock goes
             # back, and this unit waits at the gate.
             await self._idle.wait()
 
-    async def join(self) -> None:
-        if not self.extend():
-            await self.begin()
+    async def join(self) -> bool:
+        if self.extend():
+            return True
+        failures = 0
+        while True:
+            # This process's forget waits for this write (what was received goes first), and
+            # holds the gate: waiting at it would wait for that forget.
+            if self._forgetting:
+                return False
+            async with self._lock:
+                conn = await self._connection()
+                try:
+                    if self._held:
+                        if await conn.fetchval(GATE_OPEN):
+                            self._units += 1
+                            return True
+                        if self._units == 0:
+                            await self._give_back(conn)
+                    elif await conn.fetchval(TRY_GATE):
+                        await conn.execute(THROUGH_GATE)
+                        self._hold()
+                        self._units += 1
+                        return True
+                except BROKEN as exc:
+                    failures = self._failed(exc, failures)
+                    continue
+            await asyncio.sleep(GATE_POLL_S)
 
     def extend(self) -> bool:
         if self._units == 0 or not self._held:
@@ -109,26 +155,53 @@ class PostgresWorkersFence:
 
     @contextlib.asynccontextmanager
     async def forgetting(self) -> AsyncIterator[None]:
-        # This session's own shared hold does not stand in its way (a session never waits for
-        # itself), and this process's units are held back by narrmem.fence first.
-        async with self._lock:
-            conn = await self._connection()
+        # A session other than the units', so that it waits for this worker's units too (their
+        # hooks run after the answer; this process's new units wait in narrmem.fence), and one
+        # per forget, so that a forget that fails or is cancelled halfway lets its locks go by
+        # ending its session. Counted first: a write of what was received does not wait at a
+        # gate this forget holds or is about to hold.
+        self._forgetting += 1
+        conn: Any = None
+        done = False
+        try:
+            conn = await self._close_gate()
+            try:
+                yield
+            finally:
+                with contextlib.suppress(*BROKEN):
+                    await conn.execute(OPEN_GATE)
+                    done = True
+        finally:
+            self._forgetting -= 1
+            if conn is not None:
+                if done and not self._closed and not conn.is_closed() and len(self._spare) < SPARE_SESSIONS:
+                    self._spare.append(conn)
+                else:
+                    with contextlib.suppress(*BROKEN):
+                        conn.terminate()  # its session ends, and its locks with it
+
+    async def _close_gate(self) -> Any:
+        """A session holding the gate and the units lock exclusively, once every other unit ended."""
+        while self._spare:
+            conn = self._spare.pop()
             try:
                 await conn.execute(CLOSE_GATE)
-            except CONNECTION_ENDED as exc:
-                self._lost()
-                raise StoreError(
-                    f"the forget lost its connection to PostgreSQL: {scrub(str(exc), self._dsn)}"
-                ) from exc
+                return conn
+            except BROKEN:
+                conn.terminate()  # ended while it was spare (an idle timeout): another one
+            except BaseException:
+                conn.terminate()
+                raise
+        conn = await self._connect()
         try:
-            yield
-        finally:
-            async with self._lock:
-                if conn is self._conn:
-                    try:
-                        await conn.execute(OPEN_GATE)
-                    except CONNECTION_ENDED:
-                        self._lost()  # the locks went with the session
+            await conn.execute(CLOSE_GATE)
+        except BaseException as exc:
+            conn.terminate()
+            if isinstance(exc, BROKEN):
+                reason = scrub(str(exc), self._dsn)
+                raise StoreError(f"the forget lost its connection to PostgreSQL: {reason}") from exc
+            raise
+        return conn
 
     async def close(self) -> None:
         self._closed = True
@@ -136,12 +209,15 @@ class PostgresWorkersFence:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         async with self._lock:
-            conn, self._conn = self._conn, None
+            conns = [self._conn, *self._spare]
+            self._conn = None
+            self._spare.clear()
             self._held = False
             self._idle.set()
-            if conn is not None:
-                with contextlib.suppress(*CONNECTION_ENDED):
-                    await conn.close()
+            for conn in conns:
+                if conn is not None:
+                    with contextlib.suppress(*CONNECTION_ENDED):
+                        await conn.close()
 
     # --- the connection and the units lock ---------------------------------------------------
 
@@ -150,31 +226,44 @@ class PostgresWorkersFence:
             return self._conn
         if self._conn is not None:
             self._lost()
+        self._conn = await self._connect()
+        return self._conn
+
+    async def _connect(self) -> Any:
         try:
-            self._conn = await asyncpg.connect(self._dsn)
+            return await asyncpg.connect(self._dsn)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to PostgreSQL: {scrub(str(exc), self._dsn)}") from exc
-        return self._conn
 
     def _hold(self) -> None:
         self._held = True
         self._idle.clear()
 
     def _lost(self) -> None:
+        """The session is gone or in doubt: it is ended, and its locks with it."""
         if self._held and self._units:
             log.warning(
                 "the connection fencing forgets against this worker's writes ended; %d unit(s) under way "
                 "are not fenced against other workers' forgets until the next one",
                 self._units,
             )
-        self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
         self._held = False
         self._idle.set()
+
+    def _failed(self, exc: BaseException, failures: int) -> int:
+        """A command of the fence failed: a new session next time, up to a few times in a row."""
+        self._lost()
+        if failures + 1 >= TRIES:
+            raise StoreError(f"the fence between workers failed: {scrub(str(exc), self._dsn)}") from exc
+        return failures + 1
 
     async def _give_back(self, conn: Any) -> None:
         try:
             await conn.execute(GIVE_BACK)
-        except CONNECTION_ENDED:
+        except BROKEN:
             self._lost()
             return
         self._held = False
