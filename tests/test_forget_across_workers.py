@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from _postgres import fresh_database
-from narrmem_plugins.storage_postgres.workers_fence import GATE
+from narrmem_plugins.storage_postgres.workers_fence import GATE, UNITS
 from test_forget_in_flight import SlowFacts, TriggerAfterAWhile, ann, everything, graph_of, said_by
 
 from narrmem import TriggerEvent
@@ -23,6 +23,22 @@ GATE_ASKED = (
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' "
     "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1"
 )
+
+
+FENCE_LOCKS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+    "AND (classid, objid) IN (($1::bigint::oid, $2::bigint::oid), ($3::bigint::oid, $4::bigint::oid))"
+)
+
+
+async def fence_unlocked(memory: Memory) -> None:
+    """Until no session holds or waits for either lock of the fence between workers."""
+    keys = [part for key in (GATE, UNITS) for part in ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)]
+    pool: Any = memory.store.pool  # type: ignore[attr-defined]
+    while True:
+        if not await pool.fetchval(FENCE_LOCKS, *keys):
+            return
+        await asyncio.sleep(0.01)
 
 
 async def gate_asked(memory: Memory) -> None:
@@ -157,3 +173,30 @@ async def test_trigger_callbacks_that_forget_in_two_workers_at_once_do_not_wait_
         await asyncio.wait_for(both, WAIT)
         assert sorted(forgot) == ["ann", "bob"]
         assert await everything(a) == []
+
+
+async def test_an_ingest_cancelled_at_the_gate_leaves_no_lock_held(tmp_path: Path) -> None:
+    """A bot gives up on a message that waits at the gate of another worker's forget: the fence's
+    locks are all let go once the forget and the writes under way end, and both workers go on."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    facts = SlowFacts()
+    async with (
+        open_memory(tmp_path / "a", real_model=True, plugins=[facts], storage=storage) as writer,
+        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+        open_memory(tmp_path / "c", real_model=True, storage=storage) as third,
+    ):
+        await asyncio.wait_for(third.ingest(ann("0", "I live in Lisbon with my sister.")), WAIT)
+        first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        forget = asyncio.ensure_future(forgetter.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(gate_asked(forgetter), WAIT)
+        bob = dict(ann("2", "I adopted a greyhound named Pixel."), user_id="bob", speaker="Bob")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(third.ingest(bob), 0.1)  # it waits at the gate
+        await asyncio.wait_for(asyncio.gather(first, forget), WAIT)
+        await asyncio.wait_for(fence_unlocked(forgetter), WAIT)
+        later = await asyncio.wait_for(third.ingest(dict(bob, message_id="3")), WAIT)
+        assert later.stored
+        assert (await asyncio.wait_for(forgetter.forget(user_id="bob", tenant="t"), WAIT))["memories"] >= 1
+        await asyncio.wait_for(fence_unlocked(forgetter), WAIT)

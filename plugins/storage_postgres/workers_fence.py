@@ -108,6 +108,11 @@ class PostgresWorkersFence:
                 except BROKEN as exc:
                     failures = self._failed(exc, failures)
                     continue
+                except BaseException:
+                    # Cancelled halfway, the session may hold a lock it does not know of (an
+                    # advisory lock outlives the statement that took it): the session goes.
+                    self._lost()
+                    raise
             # A forget of another worker waits for this one's units: they end, the lock goes
             # back, and this unit waits at the gate.
             await self._idle.wait()
@@ -138,6 +143,11 @@ class PostgresWorkersFence:
                 except BROKEN as exc:
                     failures = self._failed(exc, failures)
                     continue
+                except BaseException:
+                    # Cancelled halfway, the session may hold a lock it does not know of (an
+                    # advisory lock outlives the statement that took it): the session goes.
+                    self._lost()
+                    raise
             await asyncio.sleep(GATE_POLL_S)
 
     def extend(self) -> bool:
@@ -266,6 +276,9 @@ class PostgresWorkersFence:
         except BROKEN:
             self._lost()
             return
+        except BaseException:
+            self._lost()
+            raise
         self._held = False
         self._idle.set()
 
