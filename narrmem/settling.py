@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import uuid
@@ -170,9 +171,16 @@ class Settling:
         async for entries in stopped_owners(store, NAMESPACE, self.token, self.owners_gone):
             log.warning("running the after-store hooks of %d acknowledged messages", len(entries))
             for prefix, batch in itertools.groupby(entries, key=lambda e: e[0].rsplit(":", 1)[0] + ":"):
-                items = [item for _, value in batch if (item := await self._rebuild(value)) is not None]
-                if items:
-                    await pipeline.after_store(items, None)
+                # A unit of narrmem.fence from the read of its records: another worker's forget
+                # waits for these hooks as for those of a message being written.
+                unit = await pipeline.fence.enter()
+                try:
+                    items = [item for _, value in batch if (item := await self._rebuild(value)) is not None]
+                    if items:
+                        hooks = functools.partial(pipeline.after_store, items, None)
+                        await pipeline.fence.run_inside(unit, hooks)
+                finally:
+                    pipeline.fence.leave(unit)
                 await store.state_delete(NAMESPACE, prefix)
                 done += len(items)
         return done

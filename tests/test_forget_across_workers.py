@@ -5,6 +5,7 @@ every acknowledge mode, and a message that worker begins during the forget is st
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,10 @@ from _postgres import fresh_database
 from narrmem_plugins.storage_postgres.workers_fence import GATE, UNITS
 from test_forget_in_flight import SlowFacts, TriggerAfterAWhile, ann, everything, graph_of, said_by
 
-from narrmem import TriggerEvent
+from narrmem import TriggerEvent, hookimpl
+from narrmem.errors import ClosedError
 from narrmem.memory import Memory
+from narrmem.models import Message
 from narrmem.testing import open_memory
 
 MODES = ["after_hooks", "after_write", "on_receipt"]
@@ -39,6 +42,31 @@ async def fence_unlocked(memory: Memory) -> None:
         if not await pool.fetchval(FENCE_LOCKS, *keys):
             return
         await asyncio.sleep(0.01)
+
+
+async def forgets_at_the_gate(memory: Memory, n: int) -> None:
+    """Until ``n`` forgets hold the gate of the fence between workers or wait for it."""
+    high, low = (GATE >> 32) & 0xFFFFFFFF, GATE & 0xFFFFFFFF
+    pool: Any = memory.store.pool  # type: ignore[attr-defined]
+    while True:
+        if await pool.fetchval(GATE_ASKED, high, low) >= n:
+            return
+        await asyncio.sleep(0.01)
+
+
+class HoldBeforeStore:
+    """Holds a message whose text starts with "HOLD" before its write until released."""
+
+    narrmem_name = "hold_before_store"
+
+    def __init__(self) -> None:
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+    @hookimpl
+    async def narrmem_before_store(self, message: Message) -> None:
+        if message.text.startswith("HOLD"):
+            self.entered.set()
+            await self.release.wait()
 
 
 async def gate_asked(memory: Memory) -> None:
@@ -200,3 +228,130 @@ async def test_an_ingest_cancelled_at_the_gate_leaves_no_lock_held(tmp_path: Pat
         assert later.stored
         assert (await asyncio.wait_for(forgetter.forget(user_id="bob", tenant="t"), WAIT))["memories"] >= 1
         await asyncio.wait_for(fence_unlocked(forgetter), WAIT)
+
+
+async def test_a_worker_closed_while_a_message_waits_to_be_written_leaves_no_lock_held(
+    tmp_path: Path,
+) -> None:
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    hold = HoldBeforeStore()
+    async with (
+        open_memory(tmp_path / "a", real_model=True, plugins=[hold], storage=storage) as closing,
+        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+    ):
+        await asyncio.wait_for(closing.ingest(ann("0", "I live in Lisbon with my sister.")), WAIT)
+        ingest = asyncio.ensure_future(closing.ingest(ann("1", "HOLD I work at Acme Bank.")))
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        await asyncio.wait_for(closing.close(), WAIT)
+        hold.release.set()
+        with pytest.raises(ClosedError):
+            await asyncio.wait_for(ingest, WAIT)
+        await asyncio.wait_for(forgetter.forget(user_id="ann", tenant="t"), WAIT)
+        await asyncio.wait_for(fence_unlocked(forgetter), WAIT)
+
+
+async def test_an_ingest_cancelled_while_it_checks_the_gate_leaves_the_others_fenced(tmp_path: Path) -> None:
+    """A message of a worker with another message's hooks under way is given up during its look
+    at the gate: the other message stays fenced against another worker's forget."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    facts = SlowFacts()
+    async with (
+        open_memory(tmp_path / "a", real_model=True, plugins=[facts], storage=storage) as writer,
+        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+    ):
+        fence: Any = writer.store.workers_fence()  # type: ignore[attr-defined]
+        first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        bob = dict(ann("2", "I adopted a greyhound named Pixel."), user_id="bob", speaker="Bob")
+        second = asyncio.ensure_future(writer.ingest(bob))
+        while True:
+            if fence._lock.locked():  # its look at the gate is under way
+                break
+            await asyncio.sleep(0)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        await asyncio.wait_for(forgetter.forget(user_id="ann", tenant="t"), WAIT)
+        assert first.done()  # the forget waited for the first message's hooks
+        assert await graph_of(forgetter) == {"nodes": 0, "edges": {}, "purges": 0}
+
+
+async def test_a_forget_waiting_at_the_gate_does_not_unfence_its_workers_received_messages(
+    tmp_path: Path,
+) -> None:
+    """Worker A answers on receipt. B's forget of Ann holds the gate while C's hooks run; A's own
+    forget (of Bob) waits at the gate; then A writes Ann's received message. It is fenced against
+    B's forget: none of it outlives that forget."""
+    dsn = await fresh_database("across")
+    facts, hold = SlowFacts(), HoldBeforeStore()
+    slow = SlowFacts()
+    on_receipt = {"backend": "postgres", "dsn": dsn, "acknowledge": "on_receipt"}
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with (
+        open_memory(tmp_path / "a", real_model=True, plugins=[facts, hold], storage=on_receipt) as a,
+        open_memory(tmp_path / "b", real_model=True, storage=storage) as b,
+        open_memory(tmp_path / "c", real_model=True, plugins=[slow], storage=storage) as c,
+    ):
+        await asyncio.wait_for(a.ingest(ann("1", "HOLD I work at Acme Bank as an analyst.")), WAIT)
+        await asyncio.wait_for(hold.entered.wait(), WAIT)  # A's writer is before its write
+        carol = dict(ann("c1", "I work at Kew Gardens."), user_id="carol", speaker="Carol")
+        c_ingest = asyncio.ensure_future(c.ingest(carol))
+        await asyncio.wait_for(slow.started.wait(), WAIT)
+        b_forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(forgets_at_the_gate(b, 1), WAIT)
+        a_forget = asyncio.ensure_future(a.forget(user_id="bob", tenant="t"))
+        await asyncio.wait_for(forgets_at_the_gate(b, 2), WAIT)
+        hold.release.set()
+        await asyncio.wait_for(asyncio.gather(b_forget, a_forget, c_ingest), WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert [r.user_id for r in await everything(b)] == ["carol"]
+        assert (await graph_of(b))["edges"] == {"active": 1}  # Carol's fact alone
+
+
+DYING_WORKER = """
+import asyncio, os, sys
+from narrmem import hookimpl
+from narrmem.testing import open_memory
+
+class NeverDone:
+    narrmem_name = "never_done"
+
+    @hookimpl
+    async def narrmem_after_store(self):
+        await asyncio.Event().wait()
+
+async def main():
+    storage = {"backend": "postgres", "dsn": sys.argv[2], "acknowledge": "after_write"}
+    memory = await open_memory(sys.argv[1], real_model=True, plugins=[NeverDone()], storage=storage)
+    result = await memory.ingest({"message_id": "1", "text": "I work at Acme Bank as an analyst.",
+        "user_id": "ann", "chat_id": "dm", "tenant": "t", "speaker": "Ann",
+        "ts": "2026-05-04T09:12:00+01:00"})
+    print(result.stored, flush=True)
+    os._exit(0)  # gone before its after-store hooks ran
+
+asyncio.run(main())
+"""
+
+
+async def test_hooks_a_gone_worker_left_are_fenced_in_the_worker_that_runs_them(tmp_path: Path) -> None:
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
+    facts = SlowFacts()
+    # Open before the worker goes, so that the next worker to open is the one that runs its hooks.
+    async with open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter:
+        dying = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", DYING_WORKER, str(tmp_path / "gone"), dsn, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(dying.communicate(), 300)
+        assert out.decode().split() == ["True"]
+        opening = asyncio.ensure_future(
+            open_memory(tmp_path / "c", real_model=True, plugins=[facts], storage=storage).__aenter__()
+        )
+        await asyncio.wait_for(facts.started.wait(), WAIT)  # the next worker runs the hooks left
+        await asyncio.wait_for(forgetter.forget(user_id="ann", tenant="t"), WAIT)
+        assert opening.done()  # the forget waited for them
+        async with await opening:
+            assert await graph_of(forgetter) == {"nodes": 0, "edges": {}, "purges": 0}
+            assert await everything(forgetter) == []

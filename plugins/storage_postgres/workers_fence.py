@@ -33,16 +33,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import asyncpg
 from narrmem_plugins.storage_postgres.advisory import CONNECTION_ENDED, lock_key
 from narrmem_plugins.storage_postgres.dsn import scrub
 
-from narrmem.errors import StoreError
+from narrmem.errors import ClosedError, StoreError
 
 log = logging.getLogger("narrmem.storage_postgres")
+T = TypeVar("T")
 
 GATE = lock_key("fence:gate")
 UNITS = lock_key("fence:units")
@@ -60,7 +61,7 @@ GATE_OPEN = (
 # units lock (no forget holds that while the gate is held shared), and the gate let go.
 TRY_GATE = f"SELECT pg_try_advisory_lock_shared({GATE})"
 THROUGH_GATE = f"SELECT pg_advisory_lock_shared({UNITS}); SELECT pg_advisory_unlock_shared({GATE})"
-# How often the write of what was received looks at a closed gate again.
+# How often a unit that found the gate closed looks at it again.
 GATE_POLL_S = 0.05
 GIVE_BACK = f"SELECT pg_advisory_unlock_shared({UNITS})"
 # Sessions of ended forgets kept for the next ones (a forget at a time is the common case).
@@ -84,7 +85,7 @@ class PostgresWorkersFence:
         self._idle = asyncio.Event()  # set whenever the units lock is not held
         self._idle.set()
         self._giving_back: set[asyncio.Task[None]] = set()
-        self._forgetting = 0  # forgets of this process holding or asking for the gate
+        self._gate_held = 0  # forgets of this process that hold the gate
         self._spare: list[Any] = []  # sessions of forgets that ended, for the next ones
         self._closed = False
 
@@ -95,7 +96,7 @@ class PostgresWorkersFence:
                 conn = await self._connection()
                 try:
                     if not self._held:
-                        await conn.execute(PASS_GATE)
+                        await self._taking(conn.execute(PASS_GATE))
                         self._hold()
                         self._units += 1
                         return
@@ -108,23 +109,20 @@ class PostgresWorkersFence:
                 except BROKEN as exc:
                     failures = self._failed(exc, failures)
                     continue
-                except BaseException:
-                    # Cancelled halfway, the session may hold a lock it does not know of (an
-                    # advisory lock outlives the statement that took it): the session goes.
-                    self._lost()
-                    raise
             # A forget of another worker waits for this one's units: they end, the lock goes
-            # back, and this unit waits at the gate.
-            await self._idle.wait()
+            # back, and this unit waits at the gate. The gate is looked at again meanwhile: a
+            # forget given up (cancelled) opens it before the units have ended.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), GATE_POLL_S)
 
     async def join(self) -> bool:
         if self.extend():
             return True
         failures = 0
         while True:
-            # This process's forget waits for this write (what was received goes first), and
-            # holds the gate: waiting at it would wait for that forget.
-            if self._forgetting:
+            # This process's forget that holds the gate waits for this write (what was received
+            # goes first) and for its hooks: they are covered by it, and must not wait for it.
+            if self._gate_held:
                 return False
             async with self._lock:
                 conn = await self._connection()
@@ -135,20 +133,26 @@ class PostgresWorkersFence:
                             return True
                         if self._units == 0:
                             await self._give_back(conn)
-                    elif await conn.fetchval(TRY_GATE):
-                        await conn.execute(THROUGH_GATE)
+                    elif await self._taking(conn.fetchval(TRY_GATE)):
+                        await self._taking(conn.execute(THROUGH_GATE))
                         self._hold()
                         self._units += 1
                         return True
                 except BROKEN as exc:
                     failures = self._failed(exc, failures)
                     continue
-                except BaseException:
-                    # Cancelled halfway, the session may hold a lock it does not know of (an
-                    # advisory lock outlives the statement that took it): the session goes.
-                    self._lost()
-                    raise
             await asyncio.sleep(GATE_POLL_S)
+
+    async def _taking(self, command: Awaitable[T]) -> T:
+        """A command that may take a lock: cancelled halfway, the session may hold one it does
+        not know of (an advisory lock outlives the statement that took it), so the session goes.
+        Only these: ending it would also let go the lock that other units under way hold."""
+        try:
+            return await command
+        except BaseException as exc:
+            if not isinstance(exc, BROKEN):
+                self._lost()
+            raise
 
     def extend(self) -> bool:
         if self._units == 0 or not self._held:
@@ -168,13 +172,11 @@ class PostgresWorkersFence:
         # A session other than the units', so that it waits for this worker's units too (their
         # hooks run after the answer; this process's new units wait in narrmem.fence), and one
         # per forget, so that a forget that fails or is cancelled halfway lets its locks go by
-        # ending its session. Counted first: a write of what was received does not wait at a
-        # gate this forget holds or is about to hold.
-        self._forgetting += 1
-        conn: Any = None
+        # ending its session.
+        conn = await self._close_gate()
+        self._gate_held += 1
         done = False
         try:
-            conn = await self._close_gate()
             try:
                 yield
             finally:
@@ -182,13 +184,12 @@ class PostgresWorkersFence:
                     await conn.execute(OPEN_GATE)
                     done = True
         finally:
-            self._forgetting -= 1
-            if conn is not None:
-                if done and not self._closed and not conn.is_closed() and len(self._spare) < SPARE_SESSIONS:
-                    self._spare.append(conn)
-                else:
-                    with contextlib.suppress(*BROKEN):
-                        conn.terminate()  # its session ends, and its locks with it
+            self._gate_held -= 1
+            if done and not self._closed and not conn.is_closed() and len(self._spare) < SPARE_SESSIONS:
+                self._spare.append(conn)
+            else:
+                with contextlib.suppress(*BROKEN):
+                    conn.terminate()  # its session ends, and its locks with it
 
     async def _close_gate(self) -> Any:
         """A session holding the gate and the units lock exclusively, once every other unit ended."""
@@ -200,13 +201,15 @@ class PostgresWorkersFence:
             except BROKEN:
                 conn.terminate()  # ended while it was spare (an idle timeout): another one
             except BaseException:
-                conn.terminate()
+                self._end_session(conn)
                 raise
+        if self._closed:
+            raise ClosedError("the memory is closed")
         conn = await self._connect()
         try:
             await conn.execute(CLOSE_GATE)
         except BaseException as exc:
-            conn.terminate()
+            self._end_session(conn)
             if isinstance(exc, BROKEN):
                 reason = scrub(str(exc), self._dsn)
                 raise StoreError(f"the forget lost its connection to PostgreSQL: {reason}") from exc
@@ -231,7 +234,27 @@ class PostgresWorkersFence:
 
     # --- the connection and the units lock ---------------------------------------------------
 
+    def _end_session(self, conn: Any) -> None:
+        """End a forget's session that was cancelled while it waited for a lock. Its socket is
+        closed at once, but a server waiting for a lock on its behalf does not look at the socket,
+        and would hold the gate until the lock came: the server is asked to end it too."""
+        pid = conn.get_server_pid()
+        conn.terminate()
+        task = asyncio.ensure_future(self._terminate_backend(pid))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+
+    async def _terminate_backend(self, pid: int) -> None:
+        with contextlib.suppress(*BROKEN, StoreError):
+            conn = await self._connect()
+            try:
+                await conn.execute("SELECT pg_terminate_backend($1)", pid)
+            finally:
+                await conn.close()
+
     async def _connection(self) -> Any:
+        if self._closed:
+            raise ClosedError("the memory is closed")
         if self._conn is not None and not self._conn.is_closed():
             return self._conn
         if self._conn is not None:
