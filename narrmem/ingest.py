@@ -179,6 +179,9 @@ class IngestPipeline:
                     if unit is not None:
                         hooks = functools.partial(self.after_store, written, prepared.results)
                         finishing = asyncio.ensure_future(self._hooks_of(unit, hooks))
+                        # Cancelled before it starts (the caller gave up as the write ended), the
+                        # task never runs its own ending: the unit ends all the same.
+                        finishing.add_done_callback(functools.partial(self._leave_unit, unit))
                 batches.append(prepared.results)
                 if progress is not None:
                     progress(len(chunk))
@@ -205,6 +208,9 @@ class IngestPipeline:
         finally:
             if unit is not None:
                 self.fence.leave(unit)
+
+    def _leave_unit(self, unit: int, _task: object) -> None:
+        self.fence.leave(unit)
 
     async def _hooks_of(self, unit: int, hooks: Callable[[], Awaitable[None]]) -> None:
         """Run a written batch's after-store hooks as part of its unit, which ends with them."""

@@ -355,3 +355,100 @@ async def test_hooks_a_gone_worker_left_are_fenced_in_the_worker_that_runs_them(
         async with await opening:
             assert await graph_of(forgetter) == {"nodes": 0, "edges": {}, "purges": 0}
             assert await everything(forgetter) == []
+
+
+class HoldAfterStore:
+    """Holds the after-store hooks of a message that names Acme until released."""
+
+    narrmem_name = "hold_after_store"
+
+    def __init__(self) -> None:
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message) -> None:
+        if "Acme" in message.text:
+            self.entered.set()
+            await self.release.wait()
+
+
+async def test_a_worker_closed_while_its_message_waits_at_the_gate_holds_no_lock(tmp_path: Path) -> None:
+    """Worker A's message waits at the gate of B's forget, which waits for B's own hooks: A's close
+    does not wait for B, and once B's hooks end nothing of A stays locked."""
+    dsn = await fresh_database("across")
+    hold = HoldAfterStore()
+    storage = {"backend": "postgres", "dsn": dsn}
+    later = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
+    async with (
+        open_memory(tmp_path / "a", real_model=True, storage=storage) as a,
+        open_memory(tmp_path / "b", real_model=True, plugins=[hold], storage=later) as b,
+    ):
+        bob = dict(ann("1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
+        await asyncio.wait_for(b.ingest(bob), WAIT)  # its hooks follow, held
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        forget = asyncio.ensure_future(b.forget(user_id="cid", tenant="t"))
+        await asyncio.wait_for(gate_asked(b), WAIT)
+        waiting = asyncio.ensure_future(a.ingest(ann("2", "I like tea with lemon.")))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # at the gate
+        await asyncio.wait_for(a.close(), WAIT)
+        hold.release.set()
+        await asyncio.wait_for(forget, WAIT)
+        with pytest.raises(ClosedError):
+            await asyncio.wait_for(waiting, WAIT)
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+        await asyncio.wait_for(b.forget(user_id="ann", tenant="t"), WAIT)
+
+
+async def test_an_ingest_cancelled_as_its_write_ends_ends_its_unit(tmp_path: Path) -> None:
+    """The caller gives up in the moment the write ends, before the task that runs the hooks has
+    started: the unit ends all the same, and no worker's forget waits for it for ever."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with (
+        open_memory(tmp_path / "a", real_model=True, storage=storage) as a,
+        open_memory(tmp_path / "b", real_model=True, storage=storage) as b,
+    ):
+        pipeline: Any = a._ingest
+        finish = pipeline._finish
+
+        async def finish_then_give_up(*args: Any, **kwargs: Any) -> Any:
+            written = await finish(*args, **kwargs)
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()  # the caller's timeout, due in the same turn of the loop
+            return written
+
+        pipeline._finish = finish_then_give_up
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(a.ingest(ann("1", "I work at Acme Bank.")), WAIT)
+        pipeline._finish = finish
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+        await asyncio.wait_for(b.forget(user_id="ann", tenant="t"), WAIT)
+        await asyncio.wait_for(a.forget(user_id="ann", tenant="t"), WAIT)
+
+
+async def test_a_worker_closed_while_its_forget_waits_at_the_gate_lets_the_gate_go(tmp_path: Path) -> None:
+    """A's forget waits for B's hooks; A closes: its forget ends with a ClosedError and its
+    session with it, so B's own units are not held at a gate nobody will open."""
+    dsn = await fresh_database("across")
+    hold = HoldAfterStore()
+    storage = {"backend": "postgres", "dsn": dsn}
+    later = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
+    async with (
+        open_memory(tmp_path / "a", real_model=True, storage=storage) as a,
+        open_memory(tmp_path / "b", real_model=True, plugins=[hold], storage=later) as b,
+    ):
+        bob = dict(ann("1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
+        await asyncio.wait_for(b.ingest(bob), WAIT)
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        forget = asyncio.ensure_future(a.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(gate_asked(b), WAIT)
+        await asyncio.wait_for(a.close(), WAIT)
+        with pytest.raises(ClosedError):
+            await asyncio.wait_for(forget, WAIT)
+        tea = await asyncio.wait_for(b.ingest(ann("2", "I like tea with lemon.")), WAIT)
+        assert tea.stored  # not held at the closed worker's gate
+        hold.release.set()
+        await asyncio.wait_for(b.settle(), WAIT)
+        await asyncio.wait_for(fence_unlocked(b), WAIT)

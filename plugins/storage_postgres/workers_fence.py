@@ -87,7 +87,9 @@ class PostgresWorkersFence:
         self._giving_back: set[asyncio.Task[None]] = set()
         self._gate_held = 0  # forgets of this process that hold the gate
         self._spare: list[Any] = []  # sessions of forgets that ended, for the next ones
+        self._forget_sessions: set[Any] = set()  # sessions of forgets under way
         self._closed = False
+        self._shut = False  # closed to the end: no task of the fence is started any more
 
     async def begin(self) -> None:
         failures = 0
@@ -151,7 +153,10 @@ class PostgresWorkersFence:
             return await command
         except BaseException as exc:
             if not isinstance(exc, BROKEN):
+                conn = self._conn
                 self._lost()
+                if conn is not None:
+                    self._end_session(conn)
             raise
 
     def extend(self) -> bool:
@@ -185,61 +190,70 @@ class PostgresWorkersFence:
                     done = True
         finally:
             self._gate_held -= 1
+            self._forget_sessions.discard(conn)
             if done and not self._closed and not conn.is_closed() and len(self._spare) < SPARE_SESSIONS:
                 self._spare.append(conn)
             else:
-                with contextlib.suppress(*BROKEN):
-                    conn.terminate()  # its session ends, and its locks with it
+                self._end_session(conn)  # its session ends, and its locks with it
 
     async def _close_gate(self) -> Any:
         """A session holding the gate and the units lock exclusively, once every other unit ended."""
-        while self._spare:
-            conn = self._spare.pop()
+        while True:
+            if self._closed:
+                raise ClosedError("the memory is closed")
+            spare = bool(self._spare)
+            conn = self._spare.pop() if spare else await self._connect()
+            self._forget_sessions.add(conn)
             try:
                 await conn.execute(CLOSE_GATE)
-                return conn
-            except BROKEN:
-                conn.terminate()  # ended while it was spare (an idle timeout): another one
-            except BaseException:
+            except BaseException as exc:
+                self._forget_sessions.discard(conn)
                 self._end_session(conn)
+                if self._closed:
+                    raise ClosedError("the memory is closed") from exc
+                if spare and isinstance(exc, BROKEN):
+                    continue  # ended while it was spare (an idle timeout): another one
+                if isinstance(exc, BROKEN):
+                    reason = scrub(str(exc), self._dsn)
+                    raise StoreError(f"the forget lost its connection to PostgreSQL: {reason}") from exc
                 raise
-        if self._closed:
-            raise ClosedError("the memory is closed")
-        conn = await self._connect()
-        try:
-            await conn.execute(CLOSE_GATE)
-        except BaseException as exc:
-            self._end_session(conn)
-            if isinstance(exc, BROKEN):
-                reason = scrub(str(exc), self._dsn)
-                raise StoreError(f"the forget lost its connection to PostgreSQL: {reason}") from exc
-            raise
-        return conn
+            if self._closed:  # closed while it waited at the gate
+                self._forget_sessions.discard(conn)
+                self._end_session(conn)
+                raise ClosedError("the memory is closed")
+            return conn
 
     async def close(self) -> None:
+        # Without waiting for the connection's lock: a unit may be waiting at the gate of another
+        # worker's forget on it. Its command then fails (the session ends) and the unit with it.
         self._closed = True
-        for task in list(self._giving_back):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        async with self._lock:
-            conns = [self._conn, *self._spare]
-            self._conn = None
-            self._spare.clear()
-            self._held = False
-            self._idle.set()
-            for conn in conns:
-                if conn is not None:
-                    with contextlib.suppress(*CONNECTION_ENDED):
-                        await conn.close()
+        conns = [self._conn, *self._spare]
+        self._conn = None
+        self._spare.clear()
+        self._held = False
+        self._idle.set()
+        for conn in conns:
+            if conn is not None:
+                conn.terminate()  # its session ends, and the units lock with it
+        for conn in list(self._forget_sessions):
+            self._end_session(conn)  # a forget still waiting at the gate: the server ends it
+        while self._giving_back:
+            await asyncio.gather(*self._giving_back, return_exceptions=True)
+        self._shut = True
 
     # --- the connection and the units lock ---------------------------------------------------
 
     def _end_session(self, conn: Any) -> None:
-        """End a forget's session that was cancelled while it waited for a lock. Its socket is
-        closed at once, but a server waiting for a lock on its behalf does not look at the socket,
-        and would hold the gate until the lock came: the server is asked to end it too."""
+        """End a session that may be waiting for a lock. Its socket is closed at once, but a
+        server waiting for a lock on its behalf does not look at the socket, and would take the
+        lock and hold it a while: the server is asked to end it too (not once the close has
+        ended: it ended what it could, and waits for no more tasks)."""
+        if conn.is_closed():
+            return  # ended already, by whoever closed it
         pid = conn.get_server_pid()
         conn.terminate()
+        if self._shut:
+            return
         task = asyncio.ensure_future(self._terminate_backend(pid))
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
