@@ -54,6 +54,11 @@ async def forgets_at_the_gate(memory: Memory, n: int) -> None:
         await asyncio.sleep(0.01)
 
 
+def worker(folder: Path, storage: dict[str, Any], *plugins: object) -> Any:
+    """A worker of the shared store: a memory of its own, with the real model."""
+    return open_memory(folder, real_model=True, plugins=plugins, storage=storage)
+
+
 class HoldBeforeStore:
     """Holds a message whose text starts with "HOLD" before its write until released."""
 
@@ -71,12 +76,7 @@ class HoldBeforeStore:
 
 async def gate_asked(memory: Memory) -> None:
     """Until a forget holds the gate of the fence between workers, or waits for it."""
-    high, low = (GATE >> 32) & 0xFFFFFFFF, GATE & 0xFFFFFFFF
-    pool: Any = memory.store.pool  # type: ignore[attr-defined]
-    while True:
-        if await pool.fetchval(GATE_ASKED, high, low):
-            return
-        await asyncio.sleep(0.01)
+    await forgets_at_the_gate(memory, 1)
 
 
 @pytest.mark.parametrize("acknowledge", MODES)
@@ -87,8 +87,8 @@ async def test_a_forget_by_another_worker_during_the_hooks_leaves_nothing_they_m
     storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
     facts = SlowFacts()
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[facts], storage=storage) as writer,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+        worker(tmp_path / "a", storage, facts) as writer,
+        worker(tmp_path / "b", storage) as forgetter,
     ):
         ingest = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
@@ -108,8 +108,8 @@ async def test_a_message_a_worker_begins_during_another_workers_forget_is_stored
     storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
     facts = SlowFacts()
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[facts], storage=storage) as writer,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+        worker(tmp_path / "a", storage, facts) as writer,
+        worker(tmp_path / "b", storage) as forgetter,
     ):
         first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
@@ -134,8 +134,8 @@ async def test_a_worker_whose_fence_connection_ended_takes_the_fence_again(tmp_p
     storage = {"backend": "postgres", "dsn": dsn}
     facts = SlowFacts()
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[facts], storage=storage) as writer,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+        worker(tmp_path / "a", storage, facts) as writer,
+        worker(tmp_path / "b", storage) as forgetter,
     ):
         await asyncio.wait_for(writer.ingest(ann("0", "I live in Lisbon with my sister.")), WAIT)
         fence: Any = writer.store.workers_fence()  # type: ignore[attr-defined]
@@ -160,8 +160,8 @@ async def test_two_workers_forgetting_at_once_while_each_writes_do_not_wait_for_
     storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
     facts_a, facts_b = SlowFacts(), SlowFacts()
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[facts_a], storage=storage) as a,
-        open_memory(tmp_path / "b", real_model=True, plugins=[facts_b], storage=storage) as b,
+        worker(tmp_path / "a", storage, facts_a) as a,
+        worker(tmp_path / "b", storage, facts_b) as b,
     ):
         bob = dict(ann("2", "I work at Acme Bank as an analyst."), user_id="bob", speaker="Bob")
         writes = [
@@ -186,8 +186,8 @@ async def test_trigger_callbacks_that_forget_in_two_workers_at_once_do_not_wait_
     dsn = await fresh_database("across")
     storage = {"backend": "postgres", "dsn": dsn}
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[TriggerAfterAWhile()], storage=storage) as a,
-        open_memory(tmp_path / "b", real_model=True, plugins=[TriggerAfterAWhile()], storage=storage) as b,
+        worker(tmp_path / "a", storage, TriggerAfterAWhile()) as a,
+        worker(tmp_path / "b", storage, TriggerAfterAWhile()) as b,
     ):
         forgot: list[str] = []
         for memory in (a, b):
@@ -210,9 +210,9 @@ async def test_an_ingest_cancelled_at_the_gate_leaves_no_lock_held(tmp_path: Pat
     storage = {"backend": "postgres", "dsn": dsn}
     facts = SlowFacts()
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[facts], storage=storage) as writer,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
-        open_memory(tmp_path / "c", real_model=True, storage=storage) as third,
+        worker(tmp_path / "a", storage, facts) as writer,
+        worker(tmp_path / "b", storage) as forgetter,
+        worker(tmp_path / "c", storage) as third,
     ):
         await asyncio.wait_for(third.ingest(ann("0", "I live in Lisbon with my sister.")), WAIT)
         first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
@@ -237,8 +237,8 @@ async def test_a_worker_closed_while_a_message_waits_to_be_written_leaves_no_loc
     storage = {"backend": "postgres", "dsn": dsn}
     hold = HoldBeforeStore()
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[hold], storage=storage) as closing,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+        worker(tmp_path / "a", storage, hold) as closing,
+        worker(tmp_path / "b", storage) as forgetter,
     ):
         await asyncio.wait_for(closing.ingest(ann("0", "I live in Lisbon with my sister.")), WAIT)
         ingest = asyncio.ensure_future(closing.ingest(ann("1", "HOLD I work at Acme Bank.")))
@@ -258,8 +258,8 @@ async def test_an_ingest_cancelled_while_it_checks_the_gate_leaves_the_others_fe
     storage = {"backend": "postgres", "dsn": dsn}
     facts = SlowFacts()
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[facts], storage=storage) as writer,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter,
+        worker(tmp_path / "a", storage, facts) as writer,
+        worker(tmp_path / "b", storage) as forgetter,
     ):
         fence: Any = writer.store.workers_fence()  # type: ignore[attr-defined]
         first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
@@ -290,9 +290,9 @@ async def test_a_forget_waiting_at_the_gate_does_not_unfence_its_workers_receive
     on_receipt = {"backend": "postgres", "dsn": dsn, "acknowledge": "on_receipt"}
     storage = {"backend": "postgres", "dsn": dsn}
     async with (
-        open_memory(tmp_path / "a", real_model=True, plugins=[facts, hold], storage=on_receipt) as a,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as b,
-        open_memory(tmp_path / "c", real_model=True, plugins=[slow], storage=storage) as c,
+        worker(tmp_path / "a", on_receipt, facts, hold) as a,
+        worker(tmp_path / "b", storage) as b,
+        worker(tmp_path / "c", storage, slow) as c,
     ):
         await asyncio.wait_for(a.ingest(ann("1", "HOLD I work at Acme Bank as an analyst.")), WAIT)
         await asyncio.wait_for(hold.entered.wait(), WAIT)  # A's writer is before its write
@@ -340,15 +340,13 @@ async def test_hooks_a_gone_worker_left_are_fenced_in_the_worker_that_runs_them(
     storage = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
     facts = SlowFacts()
     # Open before the worker goes, so that the next worker to open is the one that runs its hooks.
-    async with open_memory(tmp_path / "b", real_model=True, storage=storage) as forgetter:
+    async with worker(tmp_path / "b", storage) as forgetter:
         dying = await asyncio.create_subprocess_exec(
             sys.executable, "-c", DYING_WORKER, str(tmp_path / "gone"), dsn, stdout=asyncio.subprocess.PIPE
         )
         out, _ = await asyncio.wait_for(dying.communicate(), 300)
         assert out.decode().split() == ["True"]
-        opening = asyncio.ensure_future(
-            open_memory(tmp_path / "c", real_model=True, plugins=[facts], storage=storage).__aenter__()
-        )
+        opening = asyncio.ensure_future(worker(tmp_path / "c", storage, facts).__aenter__())
         await asyncio.wait_for(facts.started.wait(), WAIT)  # the next worker runs the hooks left
         await asyncio.wait_for(forgetter.forget(user_id="ann", tenant="t"), WAIT)
         assert opening.done()  # the forget waited for them
@@ -380,8 +378,8 @@ async def test_a_worker_closed_while_its_message_waits_at_the_gate_holds_no_lock
     storage = {"backend": "postgres", "dsn": dsn}
     later = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
     async with (
-        open_memory(tmp_path / "a", real_model=True, storage=storage) as a,
-        open_memory(tmp_path / "b", real_model=True, plugins=[hold], storage=later) as b,
+        worker(tmp_path / "a", storage) as a,
+        worker(tmp_path / "b", later, hold) as b,
     ):
         bob = dict(ann("1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
         await asyncio.wait_for(b.ingest(bob), WAIT)  # its hooks follow, held
@@ -406,8 +404,8 @@ async def test_an_ingest_cancelled_as_its_write_ends_ends_its_unit(tmp_path: Pat
     dsn = await fresh_database("across")
     storage = {"backend": "postgres", "dsn": dsn}
     async with (
-        open_memory(tmp_path / "a", real_model=True, storage=storage) as a,
-        open_memory(tmp_path / "b", real_model=True, storage=storage) as b,
+        worker(tmp_path / "a", storage) as a,
+        worker(tmp_path / "b", storage) as b,
     ):
         pipeline: Any = a._ingest
         finish = pipeline._finish
@@ -436,8 +434,8 @@ async def test_a_worker_closed_while_its_forget_waits_at_the_gate_lets_the_gate_
     storage = {"backend": "postgres", "dsn": dsn}
     later = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
     async with (
-        open_memory(tmp_path / "a", real_model=True, storage=storage) as a,
-        open_memory(tmp_path / "b", real_model=True, plugins=[hold], storage=later) as b,
+        worker(tmp_path / "a", storage) as a,
+        worker(tmp_path / "b", later, hold) as b,
     ):
         bob = dict(ann("1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
         await asyncio.wait_for(b.ingest(bob), WAIT)
