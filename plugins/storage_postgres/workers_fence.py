@@ -19,13 +19,15 @@ idle would hold every forget back until its next message.
 The write of messages the worker received earlier (``join``) never waits at the gate while it
 holds the units lock: hooks run after the answer may be waiting for that write, and a forget for
 those hooks. Without it, the write looks at the gate again every 50 ms rather than waiting there,
-and goes on unfenced once this worker's own forget waits for the gate: that forget waits for the
-write (what was received goes first), so the write must not wait for it.
+and goes on unfenced while this worker's own forget holds the gate: that forget waits for the
+write (what was received goes first) and its hooks, so the write must not wait for it.
 
 A connection lost while the units lock is held takes the lock with it: the units under way are
-unfenced until the next unit, which takes it again on a new connection (logged). Two forgets
-from workers whose trigger callbacks forget could wait for each other across workers, so a
-forget run from hooks or a callback does not use this fence (``narrmem.fence`` does the same).
+unfenced until the next unit, which takes it again on a new connection (logged). A command that
+may take a lock and is cancelled halfway ends its session, in the server too. Closing ends every
+session at once, without waiting for a unit or a forget that waits at a gate. Two forgets from
+workers whose trigger callbacks forget could wait for each other across workers, so a forget run
+from hooks or a callback does not use this fence (``narrmem.fence`` does the same).
 """
 
 from __future__ import annotations
