@@ -108,24 +108,23 @@ class Settling:
         previous = self._tail
 
         async def settle_batch() -> None:
+            if previous is not None:
+                await _quietly(previous)
+            _IN_BATCH.set(True)  # this task's own context: what its hooks and callbacks call sees it
             try:
-                if previous is not None:
-                    await _quietly(previous)
-                _IN_BATCH.set(True)  # this task's own context: what its hooks and callbacks call sees it
-                try:
-                    with own_work():
-                        await run()
-                    await self.memory.store.state_delete(NAMESPACE, prefix)
-                except Exception:
-                    # The entries stay: the next open runs the hooks again.
-                    log.exception("after-store hooks of an acknowledged batch failed; kept for the next open")
-                finally:
-                    self._unsettled -= count
+                with own_work():
+                    await run()
+                await self.memory.store.state_delete(NAMESPACE, prefix)
+            except Exception:
+                # The entries stay: the next open runs the hooks again.
+                log.exception("after-store hooks of an acknowledged batch failed; kept for the next open")
             finally:
-                ended()
+                self._unsettled -= count
 
         self._unsettled += count
         self._tail = asyncio.ensure_future(settle_batch())
+        # Also when the task is cancelled before it starts, which skips its own ending.
+        self._tail.add_done_callback(lambda _: ended())
         while self._batches_running and self._batches_running[0].done():
             self._batches_running.popleft()  # they finish in order: the done ones lead
         self._batches_running.append(self._tail)
