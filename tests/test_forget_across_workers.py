@@ -5,7 +5,9 @@ every acknowledge mode, and a message that worker begins during the forget is st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,17 @@ def worker(folder: Path, storage: dict[str, Any], *plugins: object) -> Any:
     return open_memory(folder, real_model=True, plugins=plugins, storage=storage)
 
 
+@contextlib.asynccontextmanager
+async def writer_and_forgetter(
+    tmp_path: Path, facts: SlowFacts, acknowledge: str = "after_hooks"
+) -> AsyncIterator[tuple[Memory, Memory]]:
+    """Two workers of a new database: one whose fact extractor takes its time, one that forgets."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
+    async with worker(tmp_path / "a", storage, facts) as writer, worker(tmp_path / "b", storage) as forgetter:
+        yield writer, forgetter
+
+
 class HoldBeforeStore:
     """Holds a message whose text starts with "HOLD" before its write until released."""
 
@@ -83,13 +96,8 @@ async def gate_asked(memory: Memory) -> None:
 async def test_a_forget_by_another_worker_during_the_hooks_leaves_nothing_they_made(
     tmp_path: Path, acknowledge: str
 ) -> None:
-    dsn = await fresh_database("across")
-    storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
     facts = SlowFacts()
-    async with (
-        worker(tmp_path / "a", storage, facts) as writer,
-        worker(tmp_path / "b", storage) as forgetter,
-    ):
+    async with writer_and_forgetter(tmp_path, facts, acknowledge) as (writer, forgetter):
         ingest = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
         await asyncio.wait_for(forgetter.forget(user_id="ann", tenant="t"), WAIT)
@@ -104,13 +112,8 @@ async def test_a_forget_by_another_worker_during_the_hooks_leaves_nothing_they_m
 async def test_a_message_a_worker_begins_during_another_workers_forget_is_stored_after_it(
     tmp_path: Path, acknowledge: str
 ) -> None:
-    dsn = await fresh_database("across")
-    storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
     facts = SlowFacts()
-    async with (
-        worker(tmp_path / "a", storage, facts) as writer,
-        worker(tmp_path / "b", storage) as forgetter,
-    ):
+    async with writer_and_forgetter(tmp_path, facts, acknowledge) as (writer, forgetter):
         first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
         forget = asyncio.ensure_future(forgetter.forget(user_id="ann", tenant="t"))
@@ -130,13 +133,8 @@ async def test_a_message_a_worker_begins_during_another_workers_forget_is_stored
 async def test_a_worker_whose_fence_connection_ended_takes_the_fence_again(tmp_path: Path) -> None:
     """The connection that holds the fence ends (a restart, an idle timeout): the next message
     opens another, and a forget by another worker still waits for its hooks."""
-    dsn = await fresh_database("across")
-    storage = {"backend": "postgres", "dsn": dsn}
     facts = SlowFacts()
-    async with (
-        worker(tmp_path / "a", storage, facts) as writer,
-        worker(tmp_path / "b", storage) as forgetter,
-    ):
+    async with writer_and_forgetter(tmp_path, facts) as (writer, forgetter):
         await asyncio.wait_for(writer.ingest(ann("0", "I live in Lisbon with my sister.")), WAIT)
         fence: Any = writer.store.workers_fence()  # type: ignore[attr-defined]
         pid = fence._conn.get_server_pid()
@@ -254,13 +252,8 @@ async def test_a_worker_closed_while_a_message_waits_to_be_written_leaves_no_loc
 async def test_an_ingest_cancelled_while_it_checks_the_gate_leaves_the_others_fenced(tmp_path: Path) -> None:
     """A message of a worker with another message's hooks under way is given up during its look
     at the gate: the other message stays fenced against another worker's forget."""
-    dsn = await fresh_database("across")
-    storage = {"backend": "postgres", "dsn": dsn}
     facts = SlowFacts()
-    async with (
-        worker(tmp_path / "a", storage, facts) as writer,
-        worker(tmp_path / "b", storage) as forgetter,
-    ):
+    async with writer_and_forgetter(tmp_path, facts) as (writer, forgetter):
         fence: Any = writer.store.workers_fence()  # type: ignore[attr-defined]
         first = asyncio.ensure_future(writer.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
