@@ -265,3 +265,49 @@ async def test_a_later_batch_that_forgets_and_a_message_that_settles_do_not_wait
         await asyncio.wait_for(asyncio.gather(ann_answer, bob_answer), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert [r.message_ids for r in await everything(memory) if r.kind == "episode"] == [["2"]]
+
+
+class FactsAboutTheBank:
+    """Takes its time (an LLM would) over a message that names the bank, and says when it began."""
+
+    narrmem_name = "facts_about_the_bank"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    @hookimpl
+    async def narrmem_extract_facts(self, message: Message) -> list[dict[str, str]]:
+        if "Acme" not in message.text:
+            return []
+        self.started.set()
+        await asyncio.sleep(0.3)
+        return [{"relation": "works_at", "object": "Acme Bank"}]
+
+
+class ForgetMeCommand:
+    """A plugin that forgets its speaker from its after-store hook when asked to."""
+
+    narrmem_name = "forget_me_command"
+
+    @hookimpl
+    async def narrmem_after_store(self, memory: Any, message: Message) -> None:
+        if "forget me" in message.text:
+            await memory.forget(user_id=message.user_id, tenant=message.tenant)
+
+
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_a_forget_from_hooks_waits_for_the_hooks_of_messages_begun_before(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    """Ann's first message is still in its hooks (the fact extractor) when her second one, in
+    another chat, asks its hooks to forget her: the fact the first one makes does not outlive it."""
+    facts = FactsAboutTheBank()
+    plugins = [facts, ForgetMeCommand()]
+    async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=plugins) as memory:
+        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking)), WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        assert await everything(memory) == []
