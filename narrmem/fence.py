@@ -8,8 +8,7 @@ hooks (a fact the graph extracts, a count) could write after a forget had delete
 records, and what the forget was to remove would stay.
 
 Work a unit or a forget runs itself (after-store hooks, trigger callbacks, and what they call)
-passes the fence: waiting there would wait for itself. A forget it runs waits for the units begun
-before that unit (see :meth:`Fence._before`).
+passes the fence: waiting there would wait for itself.
 
 On a store shared by processes that offers it (:class:`narrmem.store.FencesWorkers`, the
 PostgreSQL store), the same holds between processes: a forget waits for the units of every
@@ -63,7 +62,6 @@ class Fence:
         # The fence between processes, where the store offers one (set once the store is open).
         self.workers: WorkersFence | None = None
         self._across: set[int] = set()  # units that hold the fence between processes
-        self._entered: set[int] = set()  # units past every fence, which may write
 
     async def enter(self, *, receiving: bool = False) -> int:
         """Begin a unit (once no forget runs, unless this code is part of one); returns its number.
@@ -86,12 +84,10 @@ class Fence:
                 raise
             if counted:
                 self._across.add(number)
-        self._entered.add(number)
         return number
 
     def leave(self, number: int) -> None:
         done = self._units.pop(number, None)
-        self._entered.discard(number)
         if number in self._across:
             self._across.discard(number)
             assert self.workers is not None
@@ -124,8 +120,7 @@ class Fence:
     @contextlib.asynccontextmanager
     async def forgetting(self) -> AsyncIterator[None]:
         """Wait for the units begun before, and hold new ones back until the block ends. Called
-        from a unit's hooks (or a trigger callback they call), it waits for the units begun
-        before that unit which may write; from hooks run later, for none."""
+        from a unit's hooks or hooks run later, it holds new units back and waits for none."""
         inside = _INSIDE.get()
         number = next(self._numbers)
         self._forgets += 1
@@ -133,7 +128,9 @@ class Fence:
             self._forgets_ended = asyncio.get_running_loop().create_future()
         token = _INSIDE.set(inside | {number})
         try:
-            before = self._before(inside)
+            # Run from hooks or a trigger callback, it waits for no unit: another unit may be
+            # waiting for a forget of its own, or for the hooks this one runs in.
+            before = [] if inside else list(self._units.values())
             if before:
                 await asyncio.gather(*(asyncio.shield(done) for done in before))
             if self.workers is None or inside:
@@ -148,21 +145,6 @@ class Fence:
             if self._forgets == 0 and ended is not None:
                 self._forgets_ended = None
                 ended.set_result(None)
-
-    def _before(self, inside: frozenset[int]) -> list[asyncio.Future[None]]:
-        """What a forget run by ``inside`` waits for. Outside every unit: every unit. Inside
-        units: those begun before the earliest of them, once past every fence. A unit waits
-        only for units begun before it (its batch before, and through such a forget), so these
-        waits cannot close a circle; a unit still at the fence between processes has written
-        nothing and may be waiting for another worker's forget, which waits for this worker's
-        units. Hooks run later may be what a unit waits for (it holds back the caller for
-        them): they wait for none."""
-        if not inside:
-            return list(self._units.values())
-        if HOOKS_LATER in inside:
-            return []
-        first = min(inside)
-        return [done for n, done in self._units.items() if n < first and n in self._entered]
 
 
 def _nothing() -> None:
