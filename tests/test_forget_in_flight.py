@@ -21,15 +21,19 @@ WAIT = 10.0  # seconds: a hang fails the test instead of the run
 
 
 class SlowFacts:
-    """A fact extractor that takes its time (an LLM would), and says when it has started."""
+    """A fact extractor that takes its time (an LLM would), and says when it has started; given
+    ``about``, only over messages that hold that word."""
 
     narrmem_name = "slow_facts"
 
-    def __init__(self) -> None:
+    def __init__(self, about: str | None = None) -> None:
         self.started = asyncio.Event()
+        self.about = about
 
     @hookimpl
     async def narrmem_extract_facts(self, message: Message) -> list[dict[str, str]]:
+        if self.about is not None and self.about not in message.text:
+            return []
         self.started.set()
         await asyncio.sleep(0.3)
         return [{"relation": "works_at", "object": "Acme Bank"}]
@@ -267,23 +271,6 @@ async def test_a_later_batch_that_forgets_and_a_message_that_settles_do_not_wait
         assert [r.message_ids for r in await everything(memory) if r.kind == "episode"] == [["2"]]
 
 
-class FactsAboutTheBank:
-    """Takes its time (an LLM would) over a message that names the bank, and says when it began."""
-
-    narrmem_name = "facts_about_the_bank"
-
-    def __init__(self) -> None:
-        self.started = asyncio.Event()
-
-    @hookimpl
-    async def narrmem_extract_facts(self, message: Message) -> list[dict[str, str]]:
-        if "Acme" not in message.text:
-            return []
-        self.started.set()
-        await asyncio.sleep(0.3)
-        return [{"relation": "works_at", "object": "Acme Bank"}]
-
-
 class ForgetMeCommand:
     """A plugin that forgets its speaker from its after-store hook when asked to."""
 
@@ -304,7 +291,7 @@ async def test_a_forget_from_hooks_run_after_the_answer_comes_after_earlier_mess
     hooks run one after the other, in order: the fact the first one makes does not outlive the
     forget. (With the default acknowledgement the hooks run in each message's own call and it
     does: a known gap, see the README.)"""
-    facts = FactsAboutTheBank()
+    facts = SlowFacts(about="Acme")
     plugins = [facts, ForgetMeCommand()]
     async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=plugins) as memory:
         first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
