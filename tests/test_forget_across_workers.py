@@ -72,19 +72,47 @@ async def writer_and_forgetter(
         yield writer, forgetter
 
 
-class HoldBeforeStore:
-    """Holds a message whose text starts with "HOLD" before its write until released."""
+class Hold:
+    """Holds a message until released: before its write (``stage="before_store"``, a text that
+    starts with "HOLD") or in its after-store hooks (``"after_store"``, a text that names Acme)."""
 
-    narrmem_name = "hold_before_store"
+    narrmem_name = "hold"
 
-    def __init__(self) -> None:
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
         self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+    async def _hold(self) -> None:
+        self.entered.set()
+        await self.release.wait()
 
     @hookimpl
     async def narrmem_before_store(self, message: Message) -> None:
-        if message.text.startswith("HOLD"):
-            self.entered.set()
-            await self.release.wait()
+        if self.stage == "before_store" and message.text.startswith("HOLD"):
+            await self._hold()
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message) -> None:
+        if self.stage == "after_store" and "Acme" in message.text:
+            await self._hold()
+
+
+@contextlib.asynccontextmanager
+async def hooks_held_in_b(tmp_path: Path) -> AsyncIterator[tuple[Memory, Memory, Hold]]:
+    """Workers A and B of a new database; B (answering once written) has stored Bob's message and
+    its after-store hooks are held."""
+    dsn = await fresh_database("across")
+    hold = Hold("after_store")
+    storage = {"backend": "postgres", "dsn": dsn}
+    later = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
+    async with (
+        worker(tmp_path / "a", storage) as a,
+        worker(tmp_path / "b", later, hold) as b,
+    ):
+        bob = dict(ann("1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
+        await asyncio.wait_for(b.ingest(bob), WAIT)  # its hooks follow, held
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        yield a, b, hold
 
 
 async def gate_asked(memory: Memory) -> None:
@@ -233,7 +261,7 @@ async def test_a_worker_closed_while_a_message_waits_to_be_written_leaves_no_loc
 ) -> None:
     dsn = await fresh_database("across")
     storage = {"backend": "postgres", "dsn": dsn}
-    hold = HoldBeforeStore()
+    hold = Hold("before_store")
     async with (
         worker(tmp_path / "a", storage, hold) as closing,
         worker(tmp_path / "b", storage) as forgetter,
@@ -278,7 +306,7 @@ async def test_a_forget_waiting_at_the_gate_does_not_unfence_its_workers_receive
     forget (of Bob) waits at the gate; then A writes Ann's received message. It is fenced against
     B's forget: none of it outlives that forget."""
     dsn = await fresh_database("across")
-    facts, hold = SlowFacts(), HoldBeforeStore()
+    facts, hold = SlowFacts(), Hold("before_store")
     slow = SlowFacts()
     on_receipt = {"backend": "postgres", "dsn": dsn, "acknowledge": "on_receipt"}
     storage = {"backend": "postgres", "dsn": dsn}
@@ -348,35 +376,10 @@ async def test_hooks_a_gone_worker_left_are_fenced_in_the_worker_that_runs_them(
             assert await everything(forgetter) == []
 
 
-class HoldAfterStore:
-    """Holds the after-store hooks of a message that names Acme until released."""
-
-    narrmem_name = "hold_after_store"
-
-    def __init__(self) -> None:
-        self.entered, self.release = asyncio.Event(), asyncio.Event()
-
-    @hookimpl
-    async def narrmem_after_store(self, message: Message) -> None:
-        if "Acme" in message.text:
-            self.entered.set()
-            await self.release.wait()
-
-
 async def test_a_worker_closed_while_its_message_waits_at_the_gate_holds_no_lock(tmp_path: Path) -> None:
     """Worker A's message waits at the gate of B's forget, which waits for B's own hooks: A's close
     does not wait for B, and once B's hooks end nothing of A stays locked."""
-    dsn = await fresh_database("across")
-    hold = HoldAfterStore()
-    storage = {"backend": "postgres", "dsn": dsn}
-    later = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
-    async with (
-        worker(tmp_path / "a", storage) as a,
-        worker(tmp_path / "b", later, hold) as b,
-    ):
-        bob = dict(ann("1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
-        await asyncio.wait_for(b.ingest(bob), WAIT)  # its hooks follow, held
-        await asyncio.wait_for(hold.entered.wait(), WAIT)
+    async with hooks_held_in_b(tmp_path) as (a, b, hold):
         forget = asyncio.ensure_future(b.forget(user_id="cid", tenant="t"))
         await asyncio.wait_for(gate_asked(b), WAIT)
         waiting = asyncio.ensure_future(a.ingest(ann("2", "I like tea with lemon.")))
@@ -422,17 +425,7 @@ async def test_an_ingest_cancelled_as_its_write_ends_ends_its_unit(tmp_path: Pat
 async def test_a_worker_closed_while_its_forget_waits_at_the_gate_lets_the_gate_go(tmp_path: Path) -> None:
     """A's forget waits for B's hooks; A closes: its forget ends with a ClosedError and its
     session with it, so B's own units are not held at a gate nobody will open."""
-    dsn = await fresh_database("across")
-    hold = HoldAfterStore()
-    storage = {"backend": "postgres", "dsn": dsn}
-    later = {"backend": "postgres", "dsn": dsn, "acknowledge": "after_write"}
-    async with (
-        worker(tmp_path / "a", storage) as a,
-        worker(tmp_path / "b", later, hold) as b,
-    ):
-        bob = dict(ann("1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
-        await asyncio.wait_for(b.ingest(bob), WAIT)
-        await asyncio.wait_for(hold.entered.wait(), WAIT)
+    async with hooks_held_in_b(tmp_path) as (a, b, hold):
         forget = asyncio.ensure_future(a.forget(user_id="ann", tenant="t"))
         await asyncio.wait_for(gate_asked(b), WAIT)
         await asyncio.wait_for(a.close(), WAIT)
