@@ -10,8 +10,9 @@ import asyncpg
 import numpy as np
 import pytest
 from _postgres import fresh_database
+from narrmem_plugins.storage_postgres.keywords import bm25_sql
 from narrmem_plugins.storage_postgres.schema import migrations
-from narrmem_plugins.storage_postgres.store import PostgresStore
+from narrmem_plugins.storage_postgres.store import PostgresStore, _scope_clause
 from test_store_contract import DIM, MODEL, make_store, record, unit
 
 from narrmem.models import Scope
@@ -116,7 +117,12 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         lengths = await store.pool.fetch("SELECT keyword_tokens FROM memories ORDER BY id")
         # Counted from the texts as stored: the escaped NUL is one separator, not a token "0".
         assert [r[0] for r in lengths] == [5, 10]
-        assert (await store.stats())["schema_version"] == 3
+        assert (await store.stats())["schema_version"] == 4
+        # Step 4 copied both rows into the table keyword searches read, with their scope's words.
+        copies = await store.pool.fetch(
+            "SELECT tokens, words @@ memory_scope_query('u1', NULL) FROM memory_words ORDER BY id"
+        )
+        assert [tuple(r) for r in copies] == [(5, True), (10, True)]
         # Keyword documents live in the row, not in the TOAST table (a search reads them often).
         storage = await store.pool.fetchval(
             "SELECT attstorage FROM pg_attribute "
@@ -125,5 +131,79 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         assert storage == b"m"
         hits = await store.search_keywords(Scope(user_id="u1"), "banker", 5)
         assert len(hits) == 1 and hits[0][1] > 0
+    finally:
+        await store.close()
+
+
+async def copies_are_true(store: PostgresStore) -> int:
+    """Every memory has one keyword copy in ``memory_words``, equal to its row; returns how many."""
+    [row] = await store.pool.fetch(
+        "SELECT (SELECT COUNT(*) FROM memories), (SELECT COUNT(*) FROM memory_words), "
+        "(SELECT COUNT(*) FROM memories m JOIN memory_words w USING (id) WHERE "
+        "(w.tenant, w.user_id, w.chat_id, w.kind, w.tokens) = (m.tenant, m.user_id, m.chat_id, m.kind, "
+        "m.keyword_tokens) AND w.words = m.keywords || memory_scope_words(m.user_id, m.chat_id))"
+    )
+    assert row[0] == row[1] == row[2], tuple(row)
+    return int(row[0])
+
+
+async def test_the_keyword_copies_follow_every_write_and_go_with_a_forget(tmp_path: Path) -> None:
+    store = await filled("postgres", tmp_path)
+    try:
+        assert await copies_are_true(store) == len(ROWS)
+        # An edit of the text, a reply's line in the context of the turns before it.
+        [hit] = await store.search_keywords(Scope(chat_id="c1"), "Paris", 5)
+        paris = (await store.get([hit[0]], None))[hit[0]]
+        await store.update(paris.model_copy(update={"text": "Gina went to Lisbon with her friends"}))
+        assert await store.search_keywords(Scope(chat_id="c1"), "Paris", 5) == []
+        assert [i for i, _ in await store.search_keywords(Scope(chat_id="c1"), "Lisbon", 5)] == [hit[0]]
+        changed = await store.add_context(
+            "default", "c1", paris.message_ids, "Bob said, the tram up to the castle", source=("c1", "r1")
+        )
+        assert changed == [hit[0]]
+        assert [i for i, _ in await store.search_keywords(Scope(chat_id="c1"), "castle", 5)] == [hit[0]]
+        await copies_are_true(store)
+        # A forget deletes the copies with the rows; what is left is still true.
+        await store.forget(tenant="default", user_id="u1", chat_id=None)
+        assert await store.pool.fetchval("SELECT COUNT(*) FROM memory_words WHERE user_id = 'u1'") == 0
+        assert await copies_are_true(store) == len(ROWS) // 2
+        assert await store.search_keywords(Scope(user_id="u1"), "job studio Gina Jon", 20) == []
+    finally:
+        await store.close()
+
+
+async def test_a_scope_word_shared_across_tenants_never_lets_another_tenants_rows_in(tmp_path: Path) -> None:
+    store = await make_store("postgres", tmp_path)
+    await store.open(dim=DIM, model=MODEL)
+    try:
+        # The user's scope word is of the user id alone: the same id in two tenants shares it,
+        # and the tenant column keeps each search to its own.
+        records = [record("the lighthouse keeper", tenant=t, minutes=i) for i, t in enumerate("ab")]
+        ids = await store.add(records, np.vstack([unit(1), unit(2)]))
+        for tenant, own in zip("ab", ids, strict=True):
+            for scope in (Scope(tenant=tenant, user_id="u1"), Scope(tenant=tenant, chat_id="c1")):
+                assert [i for i, _ in await store.search_keywords(scope, "lighthouse", 5)] == [own], scope
+    finally:
+        await store.close()
+
+
+async def test_a_search_finds_its_rows_through_the_scope_words_in_the_keyword_index(tmp_path: Path) -> None:
+    store = await filled("postgres", tmp_path)
+    try:
+        terms = await store._term_queries(["studio", "jon"])
+        where, scoped = _scope_clause(Scope(user_id="u1"), start=4 + len(terms))
+        scope_words = f"memory_scope_query(${6 + len(terms)}::text, ${7 + len(terms)}::text)"
+        statement = "EXPLAIN " + bm25_sql(len(terms), where, "TRUE", scope_words)
+        async with store.pool.acquire() as conn:
+            await conn.execute("SET enable_seqscan = off")  # a table this small is read whole otherwise
+            any_term = " | ".join(f"({t})" for t in terms)
+            rows = await conn.fetch(statement, 0.5, 5, any_term, *terms, *scoped, "u1", None)
+            await conn.execute("RESET enable_seqscan")
+        plan = "\n".join(r[0] for r in rows)
+        hits = plan[plan.index("CTE hits") : plan.index("CTE idf")]
+        # The rows of a term in the scope come from the keyword copies' GIN index, with the user's
+        # scope word in the index condition; the wide memory rows and their indexes are not read.
+        assert "memory_words_words" in hits and "~u" in hits, plan
+        assert "memories" not in hits.replace("memory_words", ""), plan
     finally:
         await store.close()

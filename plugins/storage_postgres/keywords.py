@@ -54,23 +54,28 @@ def keyword_tokens(index_text: str, context_text: str | None) -> int:
     return len(keyword_terms(index_text)) + len(keyword_terms(context_text or ""))
 
 
-def bm25_sql(terms: int, where: str, kinds: str) -> str:
+def bm25_sql(terms: int, where: str, kinds: str, scope_words: str) -> str:
     """The ranking statement for ``terms`` query terms. ``$1`` the context weight, ``$2`` k, ``$3``
-    any term (a ``tsquery``), ``$4`` ... each term's own ``tsquery``; ``where`` is the scope and
-    ``kinds`` the kind filter, with placeholders numbered after those.
+    any term (a ``tsquery``), ``$4`` ... each term's own ``tsquery``; ``where`` is the scope,
+    ``kinds`` the kind filter and ``scope_words`` the scope's words (a ``tsquery``, see
+    ``memory_scope_query`` in schema.py), with placeholders numbered after those.
 
-    One pass over the rows that match any term (``hits``) gives, per term, whether the row holds it
-    (``m``, for its document count) and its frequency (``f``): ``ts_rank_cd`` of a one-word query
-    without normalisation is the sum of the weights of the word's positions, so with weights
-    A = 1 (the body) and B = the context weight it is FTS5's weighted frequency. The scope's row
-    count and average length come from the index (``keyword_tokens`` is in it).
+    The rows come from ``memory_words`` (schema.py, step 4): the GIN index finds the rows that hold
+    a term *and* the scope's words, so neither a walk of the scope's btree nor a read of the wide
+    memory rows is paid; the scope's columns are checked beside them. One pass over those rows
+    (``hits``) gives, per term, whether the row holds it (``m``, for its document count) and its
+    frequency (``f``): ``ts_rank_cd`` of a one-word query without normalisation is the sum of the
+    weights of the word's positions, so with weights A = 1 (the body) and B = the context weight it
+    is FTS5's weighted frequency (the scope's words have weight D, 0 here, and no positions). The
+    scope's row count and average length come from the memories' scope index (``keyword_tokens``
+    is in it), read from the index alone.
     """
     n = range(terms)
-    match = [f"keywords @@ ${4 + i}::tsquery AS m{i}" for i in n]
+    match = [f"words @@ ${4 + i}::tsquery AS m{i}" for i in n]
     weights = "ARRAY[0, 0, $1::float4, 1]"  # D, C, B (context), A (body)
     freq = [
-        f"CASE WHEN keywords @@ ${4 + i}::tsquery "
-        f"THEN ts_rank_cd({weights}, keywords, ${4 + i}::tsquery, 0)::float8 ELSE 0 END AS f{i}"
+        f"CASE WHEN words @@ ${4 + i}::tsquery "
+        f"THEN ts_rank_cd({weights}, words, ${4 + i}::tsquery, 0)::float8 ELSE 0 END AS f{i}"
         for i in n
     ]
     counts = ", ".join(f"COUNT(*) FILTER (WHERE m{i}) AS d{i}" for i in n)
@@ -83,8 +88,8 @@ def bm25_sql(terms: int, where: str, kinds: str) -> str:
         FROM memories WHERE {where}
     ),
     hits AS MATERIALIZED (
-        SELECT id, kind, (keyword_tokens + {SCOPE_TOKENS})::float8 AS dl, {", ".join(match + freq)}
-        FROM memories WHERE keywords @@ $3::tsquery AND {where}
+        SELECT id, kind, (tokens + {SCOPE_TOKENS})::float8 AS dl, {", ".join(match + freq)}
+        FROM memory_words WHERE words @@ ($3::tsquery && {scope_words}) AND {where}
     ),
     idf AS MATERIALIZED (
         SELECT {idf} FROM (SELECT {counts} FROM hits) AS d, scoped AS s

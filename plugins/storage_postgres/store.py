@@ -60,7 +60,15 @@ TEXT_CONFIGS = ("simple", "english")
 TERMS_CACHED = 50_000  # query terms whose tsquery is kept (cleared when full)
 # pgvector's bound on hnsw.ef_search.
 MAX_EF_SEARCH = 1000
-TABLES = ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs", "meta")
+TABLES = (
+    "memories",
+    "memory_words",
+    "memory_sources",
+    "memory_history",
+    "plugin_state",
+    "forget_jobs",
+    "meta",
+)
 WRITE_CHUNK = 2_000  # rows per INSERT of a batch write
 ADD_ATTEMPTS = 5  # tries of one add() racing other workers for the same messages
 # An import of at least this many records into an empty store builds the indexes of the memories
@@ -684,7 +692,7 @@ class PostgresStore(ForgetJournal):
 
     async def purge_deleted(self) -> None:
         async with self.pool.acquire() as conn:
-            for table in ("memories", "memory_sources", "memory_history", "plugin_state"):
+            for table in ("memories", "memory_words", "memory_sources", "memory_history", "plugin_state"):
                 await conn.execute(f"VACUUM {table}")
 
     # --- import and export ----------------------------------------------------------------
@@ -712,6 +720,7 @@ class PostgresStore(ForgetJournal):
                 # a store filled by an import is planned as empty until it runs (a large user's
                 # recall then reads every row of that user for each lookup by id).
                 await conn.execute("ANALYZE memories")
+                await conn.execute("ANALYZE memory_words")
         return {"imported": len(fresh), "skipped": len(items) - len(fresh)}
 
     async def _build_indexes(self, conn: Any, definitions: Sequence[str], rows: int) -> None:
@@ -829,8 +838,11 @@ class PostgresStore(ForgetJournal):
         if kinds:
             kinds_clause = f"h.kind = ANY(${len(params) + 4 + len(queries)}::text[])"
             params.append(list(kinds))
+        first = len(params) + 4 + len(queries)
+        scope_words = f"memory_scope_query(${first}::text, ${first + 1}::text)"
+        params += [scope.user_id, scope.chat_id]
         rows = await self.pool.fetch(
-            bm25_sql(len(queries), where, kinds_clause),
+            bm25_sql(len(queries), where, kinds_clause, scope_words),
             float(context_weight),
             int(k),
             " | ".join(f"({q})" for q in queries),
@@ -1077,8 +1089,9 @@ def _kept(records: Sequence[MemoryRecord], taken: set[tuple[str, str, str]]) -> 
 async def _lock_for_import(conn: Any, n: int) -> list[str]:
     """Lock the memories against other writers for an import of ``n`` records. Into an empty store
     and from :data:`BULK_BUILD_MIN` records, the lock is exclusive (readers wait too, for an empty
-    store) and the memories' indexes but the key are dropped, to be built after loading: their
-    definitions are returned. A failed import rolls the drop back with the rest."""
+    store) and the memories' indexes but the keys (and their keyword copies' index) are dropped, to
+    be built after loading: their definitions are returned. A failed import rolls the drop back
+    with the rest."""
     empty = "SELECT NOT EXISTS (SELECT 1 FROM memories)"
     if n < BULK_BUILD_MIN or not await conn.fetchval(empty):
         await conn.execute("LOCK TABLE memories IN SHARE ROW EXCLUSIVE MODE")
@@ -1086,9 +1099,11 @@ async def _lock_for_import(conn: Any, n: int) -> list[str]:
     await conn.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
     if not await conn.fetchval(empty):
         return []  # another worker wrote first
+    # The keyword copies (memory_words) are written with the memories, by trigger: their index too.
     rows = await conn.fetch(
         "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index "
-        "WHERE indrelid = 'memories'::regclass AND NOT indisprimary ORDER BY indexrelid"
+        "WHERE indrelid IN ('memories'::regclass, 'memory_words'::regclass) AND NOT indisprimary "
+        "ORDER BY indexrelid"
     )
     for row in rows:
         await conn.execute(f"DROP INDEX {row[0]}")
