@@ -47,7 +47,9 @@ What is measured, in this order (all times with ``time.perf_counter``):
    above (the scope-id cache is cold) is reported on its own, and so is recall right after a write
    to the same user (``--samples`` / 4 pairs of ingest-then-recall: every write drops that user's
    cached scope ids). A per-stage breakdown of recall (query embedding, ``store.search_vectors``,
-   ``store.search_keywords``) is timed separately.
+   ``store.search_keywords``) is timed separately, and so are whole recalls of the heavy user with
+   the time of each store call made within them (``in a recall: store.…``; calls that overlap are
+   each counted whole).
 4. Start-up, cold, in fresh subprocesses (``--repeat`` runs each, medians; once with no model export
    cached, the first start on a machine, which exports the onnx model): time from spawning the process
    to its first embedding done, with its parts (interpreter start, ``import narrmem``, ``Memory.open``
@@ -74,6 +76,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import inspect
 import json
 import os
 import statistics
@@ -625,6 +629,79 @@ async def recall_breakdown(mem: Memory, pop: Population, person: Person, n: int,
     return {"user_id": person.user_id, **{name: latency_summary(d) for name, d in stages.items()}}
 
 
+class StoreCallTimes:
+    """Wall time spent in each of the store's public calls (and in the ``sql()`` blocks plugins run
+    their own queries in) while the block runs, so a recall's time can be laid out by where it went.
+    Calls that overlap (recall's keyword side runs beside the query's embedding) are each counted
+    whole."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.spent: Counter[str] = Counter()
+        self._wrapped: list[str] = []
+
+    def __enter__(self) -> StoreCallTimes:
+        for name in dir(type(self.store)):
+            method = getattr(self.store, name, None)
+            if name.startswith("_") or not callable(method):
+                continue
+            if inspect.iscoroutinefunction(method):
+                setattr(self.store, name, self._timed_call(name, method))
+            elif name == "sql":
+                setattr(self.store, name, self._timed_block(name, method))
+            else:
+                continue
+            self._wrapped.append(name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in self._wrapped:
+            delattr(self.store, name)
+
+    def _timed_call(self, name: str, method: Any) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.spent[name] += time.perf_counter() - start
+
+        return call
+
+    def _timed_block(self, name: str, method: Any) -> Any:
+        @contextlib.asynccontextmanager
+        async def block(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                async with method(*args, **kwargs) as inner:
+                    yield inner
+            finally:
+                self.spent[name] += time.perf_counter() - start
+
+        return block
+
+
+async def recall_store_calls(mem: Memory, pop: Population, person: Person, n: int, k: int) -> dict[str, Any]:
+    """Whole recalls of ``person``, with the time each store call took within them (p50 over the
+    recalls of the time per recall; a call a recall did not make counts 0 for it)."""
+    per_call: dict[str, list[float]] = {}
+    totals: list[float] = []
+    for i in range(n):
+        query = pop.gen.query()
+        forget_recent(mem)
+        with StoreCallTimes(mem.store) as times:
+            start = time.perf_counter()
+            await mem.recall(query, user_id=person.user_id, k=k)
+            totals.append(time.perf_counter() - start)
+        for name in set(per_call) | set(times.spent):
+            per_call.setdefault(name, [0.0] * i).append(times.spent.get(name, 0.0))
+    return {
+        "user_id": person.user_id,
+        "recall": latency_summary(totals),
+        "store_calls": {name: latency_summary(d) for name, d in sorted(per_call.items())},
+    }
+
+
 async def settle_index(mem: Memory, pop: Population, k: int) -> dict[str, Any]:
     """SQLite: wait for large users' HNSW graphs, built in the background, and describe the index.
     PostgreSQL: the HNSW parameters, and recall@k of the index against an exact scan of the heavy
@@ -720,6 +797,7 @@ async def time_size(mem: Memory, pop: Population, args: argparse.Namespace) -> d
                 mem, pop, pop.heavy, quarter, args.k
             ),
             "breakdown_heavy_user": await recall_breakdown(mem, pop, pop.heavy, quarter, args.k),
+            "store_calls_heavy_user": await recall_store_calls(mem, pop, pop.heavy, quarter, args.k),
         }
     row["loop_stall"] = monitor.summary()
     stats = await mem.store.stats()
@@ -943,6 +1021,19 @@ def print_report(report: dict[str, Any]) -> None:
                     b[stage]["p99_ms"],
                     b[stage]["mean_ms"],
                     b[stage]["samples"],
+                ]
+            )
+        for call, m in row.get("store_calls_heavy_user", {}).get("store_calls", {}).items():
+            rows.append(
+                [
+                    label,
+                    f"  in a recall: store.{call}",
+                    "-",
+                    m["p50_ms"],
+                    m["p95_ms"],
+                    m["p99_ms"],
+                    m["mean_ms"],
+                    m["samples"],
                 ]
             )
     ratio_rows = []

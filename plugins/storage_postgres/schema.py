@@ -2,8 +2,9 @@
 
 The schema mirrors the SQLite store's (same columns, same text forms of times and JSON), so an
 export of either is the same file. Two things differ: the vector is a pgvector column with an HNSW
-index, and the keyword index is a ``tsvector`` column of the row itself, so a forget deletes the
-words with the row and every query filters by scope in the same statement.
+index, and the keyword index is a ``tsvector`` column of the row, copied with the scope's words
+into ``memory_words`` (step 4) by triggers, so a forget deletes the words with the row and every
+query filters by scope in the same statement.
 """
 
 from __future__ import annotations
