@@ -117,7 +117,10 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         lengths = await store.pool.fetch("SELECT keyword_tokens FROM memories ORDER BY id")
         # Counted from the texts as stored: the escaped NUL is one separator, not a token "0".
         assert [r[0] for r in lengths] == [5, 10]
-        assert (await store.stats())["schema_version"] == 4
+        assert (await store.stats())["schema_version"] == 5
+        # Step 5: pages keep room for a row's next version (importance is written in place).
+        options = await store.pool.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'memories'")
+        assert options == ["fillfactor=75"]
         # Step 4 copied both rows into the table keyword searches read, with their scope's words.
         copies = await store.pool.fetch(
             "SELECT tokens, words @@ memory_scope_query('u1', NULL) FROM memory_words ORDER BY id"

@@ -120,6 +120,14 @@ def migrations(dim: int, *, m: int, ef_construction: int) -> list[list[str]]:
         # memory row stays the source: triggers copy it, so every write path (and a plugin's SQL)
         # keeps the copy true, and a deleted memory takes its copy with it.
         MEMORY_WORDS,
+        # 5: room on each page of memories for one more version of a row, so that writing a
+        # memory's importance (the decay pass, every hour, and reinforcement) is a HOT update: the
+        # row's new version stays on its page and no index is written. Without the room a row
+        # moves, and its vector goes into the HNSW graph again (2.2 ms a row at 100k, and dead
+        # entries the graph keeps until vacuumed). A row with a 384-dimension vector is ~2 kB: 75
+        # keeps three to a page instead of four. Pages written before keep their rows until one
+        # moves (to a page with room) or `VACUUM FULL memories` rewrites them.
+        ["ALTER TABLE memories SET (fillfactor = 75)"],
     ]
 
 
