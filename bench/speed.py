@@ -49,7 +49,9 @@ What is measured, in this order (all times with ``time.perf_counter``):
    cached scope ids). A per-stage breakdown of recall (query embedding, ``store.search_vectors``,
    ``store.search_keywords``) is timed separately, and so are whole recalls of the heavy user with
    the time of each store call made within them (``in a recall: store.…``; calls that overlap are
-   each counted whole).
+   each counted whole). Last, one page of the decay pass (5,000 memories from the middle of the
+   store, each given a new importance after decay, ``store.set_current_importance``) is written
+   twice, as two hourly passes would.
 4. Start-up, cold, in fresh subprocesses (``--repeat`` runs each, medians; once with no model export
    cached, the first start on a machine, which exports the onnx model): time from spawning the process
    to its first embedding done, with its parts (interpreter start, ``import narrmem``, ``Memory.open``
@@ -629,6 +631,35 @@ async def recall_breakdown(mem: Memory, pop: Population, person: Person, n: int,
     return {"user_id": person.user_id, **{name: latency_summary(d) for name, d in stages.items()}}
 
 
+DECAY_PAGE = 5_000  # memories a decay pass reads and writes at a time (the hippocampus's page)
+
+
+async def time_decay_page(mem: Memory) -> dict[str, Any]:
+    """One page of the decay pass, as the hippocampus writes it: the next ``DECAY_PAGE`` memories
+    from the middle of the store, each given a new importance after decay, written twice (a pass
+    an hour later writes the same rows again). Milliseconds per memory, and what a pass over a
+    million memories would take at that rate."""
+    store = mem.store
+    stats = await store.stats()
+    middle = await store.importance_states(0, 1)
+    start = (middle[0][0] if middle else 0) + stats["memories"] // 2
+    page = await store.importance_states(start, DECAY_PAGE)
+    rounds = []
+    for step in (1, 2):
+        values = [
+            (memory_id, round(importance * (1 - 0.001 * step), 6)) for memory_id, importance, _, _ in page
+        ]
+        began = time.perf_counter()
+        await store.set_current_importance(values, [], datetime.now(UTC))
+        rounds.append(time.perf_counter() - began)
+    per_memory = [seconds * 1000 / max(1, len(page)) for seconds in rounds]
+    return {
+        "memories": len(page),
+        "ms_per_memory": per_memory,
+        "pass_of_1m_s": [ms * 1000 for ms in per_memory],
+    }
+
+
 class StoreCallTimes:
     """Wall time spent in each of the store's public calls (and in the ``sql()`` blocks plugins run
     their own queries in) while the block runs, so a recall's time can be laid out by where it went.
@@ -799,6 +830,7 @@ async def time_size(mem: Memory, pop: Population, args: argparse.Namespace) -> d
             "breakdown_heavy_user": await recall_breakdown(mem, pop, pop.heavy, quarter, args.k),
             "store_calls_heavy_user": await recall_store_calls(mem, pop, pop.heavy, quarter, args.k),
         }
+    row["decay_page"] = await time_decay_page(mem)
     row["loop_stall"] = monitor.summary()
     stats = await mem.store.stats()
     row["memories"] = stats["memories"]
@@ -1106,6 +1138,21 @@ def print_report(report: dict[str, Any]) -> None:
         ]
         for size, row in report["by_size"].items()
     ]
+    decay_rows = [
+        [label, d["memories"], *d["ms_per_memory"], *d["pass_of_1m_s"]]
+        for label, d in ((f"{int(size):,}", row.get("decay_page")) for size, row in report["by_size"].items())
+        if d
+    ]
+    if decay_rows:
+        print("\nA page of the decay pass: every memory's importance after decay written, then again")
+        print(
+            render_table(
+                ["memories", "page", "ms / memory", "again", "a pass of 1M, s", "again, s"],
+                decay_rows,
+                digits=3,
+            )
+        )
+
     print("\nFirst recall of a scope after writes (ms), scope sizes, peak RSS")
     print(
         render_table(
