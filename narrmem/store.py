@@ -146,8 +146,9 @@ class Store(Protocol):
         ...
 
     async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
-        """Write new stored importance and decay-clock starts, with a history row each, in one
-        transaction."""
+        """Write new stored importance and decay-clock starts, with a history row each: a memory's
+        value and its history row in one transaction (a store may write several memories' changes in
+        transactions of their own, as PostgreSQL's does to keep each update on its page)."""
         ...
 
     async def importance_states(
@@ -159,7 +160,8 @@ class Store(Protocol):
     async def set_current_importance(
         self, values: Sequence[tuple[int, float]], history: Sequence[HistoryRow], at: datetime
     ) -> None:
-        """Cache importance after decay; ``history`` rows are ``(id, who, why, old, new)``."""
+        """Cache importance after decay; ``history`` rows are ``(id, who, why, old, new)``, each in the
+        transaction that writes its memory's value."""
         ...
 
     async def history(self, memory_id: int) -> list[dict[str, Any]]:
