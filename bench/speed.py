@@ -654,8 +654,8 @@ async def time_decay_page(mem: Memory) -> dict[str, Any]:
     million memories would take at that rate."""
     store = mem.store
     stats = await store.stats()
-    middle = await store.importance_states(0, 1)
-    start = (middle[0][0] if middle else 0) + stats["memories"] // 2
+    first = await store.importance_states(0, 1)
+    start = (first[0][0] if first else 0) + stats["memories"] // 2
     page = await store.importance_states(start, DECAY_PAGE)
     rounds = []
     for step in (1, 2):

@@ -45,3 +45,11 @@ async def fresh_database(prefix: str = "t") -> str:
     finally:
         await conn.close()
     return dsn_for(name)
+
+
+async def flush_counts(store: Any) -> None:
+    """Have the server count what the store's connection did so far in its statistics views
+    (``pg_stat_user_*``): a backend reports its counts a moment after its transactions. The
+    store must have a single connection."""
+    await store.pool.execute("SELECT pg_stat_force_next_flush()")
+    await asyncio.sleep(0.05)

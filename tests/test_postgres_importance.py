@@ -8,11 +8,10 @@ both, every update moved its row and put its vector into the HNSW graph again: 2
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from _postgres import fresh_database
+from _postgres import flush_counts, fresh_database
 from narrmem_plugins.storage_postgres.store import PostgresStore
 
 from narrmem.models import ImportanceChange, MemoryRecord
@@ -25,8 +24,7 @@ async def updates(store: PostgresStore, at_least: int = 0) -> tuple[int, int]:
     """Row updates of ``memories`` and how many of them were HOT, as the server counts them, once
     it counts ``at_least`` updates (a backend reports its counts a moment after its transactions)."""
     for _ in range(100):
-        await store.pool.execute("SELECT pg_stat_force_next_flush()")
-        await asyncio.sleep(0.05)
+        await flush_counts(store)
         row = await store.pool.fetchrow(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'memories'"
         )

@@ -5,11 +5,10 @@ a fifth of a 100k store; a second and more at 1M)."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from _postgres import fresh_database
+from _postgres import flush_counts, fresh_database
 from narrmem_plugins.storage_postgres.store import PostgresStore
 
 from narrmem.models import MemoryRecord, Scope
@@ -22,8 +21,7 @@ T0 = datetime(2025, 3, 1, tzinfo=UTC)
 async def index_scans(store: PostgresStore) -> dict[str, int]:
     """How often each index of ``memories`` was scanned, as the server counts it (the store's
     single connection flushes its counts first)."""
-    await store.pool.execute("SELECT pg_stat_force_next_flush()")
-    await asyncio.sleep(0.05)
+    await flush_counts(store)
     rows = await store.pool.fetch(
         "SELECT indexrelname, idx_scan FROM pg_stat_user_indexes WHERE relname = 'memories'"
     )

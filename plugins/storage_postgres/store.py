@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,8 +69,12 @@ TABLES = (
     "forget_jobs",
     "meta",
 )
-# A history row's values, kept only while its memory is stored.
-_IF_STORED = "SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM memories WHERE id = $1)"
+# A history row, written only while its memory is stored (another worker may have forgotten it:
+# its foreign key is gone).
+_HISTORY_IF_STORED = (
+    "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
+    "SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM memories WHERE id = $1)"
+)
 WRITE_CHUNK = 2_000  # rows per INSERT of a batch write
 ADD_ATTEMPTS = 5  # tries of one add() racing other workers for the same messages
 # An import of at least this many records into an empty store builds the indexes of the memories
@@ -522,29 +526,34 @@ class PostgresStore(ForgetJournal):
         return len(rows)
 
     async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
-        if not changes:
-            return
-        for ids in await self._rounds_by_page([c.memory_id for c in changes]):
-            round_changes = [c for c in changes if c.memory_id in ids]
-            async with self.transaction() as conn:
-                await conn.executemany(
-                    "UPDATE memories SET importance = $1, reinforced_at = $2, current_importance = $1 "
-                    "WHERE id = $3",
-                    [(c.importance, c.reinforced_at.isoformat(), c.memory_id) for c in round_changes],
-                )
-                await conn.executemany(
-                    f"INSERT INTO memory_history (memory_id, at, who, why, old, new) {_IF_STORED}",
-                    [(c.memory_id, at.isoformat(), c.who, c.why, c.old, c.importance) for c in round_changes],
-                )
+        async def write(conn: Any, ids: set[int]) -> None:
+            mine = [c for c in changes if c.memory_id in ids]
+            await conn.executemany(
+                "UPDATE memories SET importance = $1, reinforced_at = $2, current_importance = $1 "
+                "WHERE id = $3",
+                [(c.importance, c.reinforced_at.isoformat(), c.memory_id) for c in mine],
+            )
+            await conn.executemany(
+                _HISTORY_IF_STORED,
+                [(c.memory_id, at.isoformat(), c.who, c.why, c.old, c.importance) for c in mine],
+            )
 
-    async def _rounds_by_page(self, ids: Sequence[int]) -> list[set[int]]:
-        """``ids`` (each once) in rounds that each hold at most one memory of a heap page, in order:
-        written a round to a transaction, every row's new version finds the room its page keeps for
-        one (schema step 5), which a transaction's own earlier versions on that page would still
-        hold. A row that moves meanwhile only costs that row its HOT update."""
+        await self._write_by_page([c.memory_id for c in changes], write)
+
+    async def _write_by_page(
+        self, ids: Sequence[int], write: Callable[[Any, set[int]], Awaitable[None]]
+    ) -> None:
+        """``write(conn, round)`` in a transaction of its own for each round of the stored ``ids``
+        (each once), a round holding at most one memory of a heap page: every row's new version then
+        finds the room its page keeps for one (schema step 5), which a transaction's own earlier
+        version on that page would still hold. Ids no longer stored are left out (there is nothing
+        to write to them); a row that moves meanwhile only costs that row its HOT update."""
         distinct = list(dict.fromkeys(ids))
-        if len(distinct) < 2:
-            return [set(distinct)] if distinct else []
+        if len(distinct) < 2:  # one row needs no rounds (and a gone one is written to as nothing)
+            if distinct:
+                async with self.transaction() as conn:
+                    await write(conn, set(distinct))
+            return
         rows = await self.pool.fetch(
             "SELECT id, (ctid::text::point)[0]::bigint FROM memories WHERE id = ANY($1::bigint[])",
             distinct,
@@ -552,14 +561,15 @@ class PostgresStore(ForgetJournal):
         page = {int(r[0]): int(r[1]) for r in rows}
         rounds: list[set[int]] = []
         on_page: Counter[int] = Counter()
-        for memory_id in distinct:
-            number = on_page[page[memory_id]] if memory_id in page else 0
-            if memory_id in page:
-                on_page[page[memory_id]] += 1
+        for memory_id in (i for i in distinct if i in page):
+            number = on_page[page[memory_id]]
+            on_page[page[memory_id]] += 1
             if number == len(rounds):
                 rounds.append(set())
             rounds[number].add(memory_id)
-        return rounds
+        for round_ids in rounds:
+            async with self.transaction() as conn:
+                await write(conn, round_ids)
 
     async def importance_states(
         self, after_id: int, limit: int
@@ -578,28 +588,24 @@ class PostgresStore(ForgetJournal):
         history: Sequence[HistoryRow],
         at: datetime,
     ) -> None:
-        if not values and not history:
-            return
-        # A memory's value and its history row go in one transaction; a history row of a memory
-        # whose value is not written goes with the first round.
-        rounds = await self._rounds_by_page([memory_id for memory_id, _ in values]) or [set()]
-        valued = {memory_id for memory_id, _ in values}
-        rounds[0] |= {row[0] for row in history if row[0] not in valued}
-        for ids in rounds:
-            async with self.transaction() as conn:
-                await conn.executemany(
-                    "UPDATE memories SET current_importance = $1 WHERE id = $2",
-                    [(value, memory_id) for memory_id, value in values if memory_id in ids],
-                )
-                # A memory another worker forgot meanwhile gets no history row (its FK is gone).
-                await conn.executemany(
-                    f"INSERT INTO memory_history (memory_id, at, who, why, old, new) {_IF_STORED}",
-                    [
-                        (memory_id, at.isoformat(), who, why, old, new)
-                        for memory_id, who, why, old, new in history
-                        if memory_id in ids
-                    ],
-                )
+        async def write(conn: Any, ids: set[int]) -> None:
+            await conn.executemany(
+                "UPDATE memories SET current_importance = $1 WHERE id = $2",
+                [(value, memory_id) for memory_id, value in values if memory_id in ids],
+            )
+            await conn.executemany(
+                _HISTORY_IF_STORED,
+                [
+                    (memory_id, at.isoformat(), who, why, old, new)
+                    for memory_id, who, why, old, new in history
+                    if memory_id in ids
+                ],
+            )
+
+        # A memory's value and its history row go in one transaction.
+        await self._write_by_page(
+            [*(memory_id for memory_id, _ in values), *(row[0] for row in history)], write
+        )
 
     async def history(self, memory_id: int) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(
