@@ -14,6 +14,11 @@ On a store shared by processes that offers it (:class:`narrmem.store.FencesWorke
 PostgreSQL store), the same holds between processes: a forget waits for the units of every
 worker, their after-store hooks run after the answer included, and their units begun meanwhile
 wait for it. A forget run from hooks or a callback waits for no other worker's units either.
+
+A forget run from hooks or a callback cannot wait for the units begun before it (one of them may
+be waiting for the code that forgets), so what their hooks still make could outlive it. It is
+forgotten again once they have ended (:mod:`narrmem.forgetting`): :meth:`Fence.under_way` names
+the units to wait for, by the scopes of the messages each writes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeVar
 
@@ -36,6 +41,9 @@ _INSIDE: ContextVar[frozenset[int]] = ContextVar("narrmem_fence_inside", default
 
 # What the hooks of a batch acknowledged earlier are part of (:mod:`narrmem.settling`): no unit.
 HOOKS_LATER = -1
+
+# Where a message belongs: its tenant, user and chat.
+ScopeKey = tuple[str, str, str]
 
 
 @contextlib.contextmanager
@@ -53,24 +61,38 @@ def inside_own_work() -> bool:
     return bool(_INSIDE.get())
 
 
+@contextlib.contextmanager
+def not_own_work() -> Iterator[None]:
+    """Code in this block is part of nothing (a task that hooks started to run later): it is
+    fenced as any caller's."""
+    token = _INSIDE.set(frozenset())
+    try:
+        yield
+    finally:
+        _INSIDE.reset(token)
+
+
 class Fence:
     def __init__(self) -> None:
         self._numbers = itertools.count()
         self._units: dict[int, asyncio.Future[None]] = {}
+        self._scopes: dict[int, frozenset[ScopeKey] | None] = {}  # None: may write anywhere
         self._forgets = 0
         self._forgets_ended: asyncio.Future[None] | None = None
         # The fence between processes, where the store offers one (set once the store is open).
         self.workers: WorkersFence | None = None
         self._across: set[int] = set()  # units that hold the fence between processes
 
-    async def enter(self, *, receiving: bool = False) -> int:
+    async def enter(self, *, receiving: bool = False, scopes: Collection[ScopeKey] | None = None) -> int:
         """Begin a unit (once no forget runs, unless this code is part of one); returns its number.
         ``receiving``: the write of messages received earlier (:mod:`narrmem.inbox`), which
-        passes this process's fence but is fenced against other processes' forgets too."""
+        passes this process's fence but is fenced against other processes' forgets too.
+        ``scopes``: where the unit's messages belong (``None``: not known)."""
         while self._forgets_ended is not None and not _INSIDE.get():
             await asyncio.shield(self._forgets_ended)
         number = next(self._numbers)
         self._units[number] = asyncio.get_running_loop().create_future()
+        self._scopes[number] = None if scopes is None else frozenset(scopes)
         # Part of a unit or a forget, it is covered by that one (and waiting could wait for it).
         if self.workers is not None and (receiving or not _INSIDE.get()):
             try:
@@ -88,6 +110,7 @@ class Fence:
 
     def leave(self, number: int) -> None:
         done = self._units.pop(number, None)
+        self._scopes.pop(number, None)
         if number in self._across:
             self._across.discard(number)
             assert self.workers is not None
@@ -110,6 +133,17 @@ class Fence:
                 workers.end()
 
         return end
+
+    def under_way(self, covers: Callable[[ScopeKey], bool]) -> list[asyncio.Future[None]]:
+        """What ends each unit under way that the running code is not part of and whose messages
+        (all of them, when not known) may belong where ``covers`` says."""
+        inside = _INSIDE.get()
+        ends = []
+        for number, done in self._units.items():
+            scopes = self._scopes.get(number)
+            if number not in inside and (scopes is None or any(covers(key) for key in scopes)):
+                ends.append(done)
+        return ends
 
     async def run_inside(self, number: int, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` as part of unit ``number`` (its hooks): a forget or an ingest it calls does

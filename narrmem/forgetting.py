@@ -3,6 +3,12 @@ deleted) only when every plugin has scrubbed its copies, resumed on the next ope
 
 A user's or a chat's forget then leaves no byte of what it deleted in the store's files; a deleted
 message (an edit does this too) is gone from every row without that cost on each edit.
+
+A user's or a chat's forget run from hooks or a trigger callback does not wait for the messages
+being written meanwhile (:mod:`narrmem.fence`): their hooks may still make facts or counts of the
+scope. When such messages of the scope are under way (or other workers share the store), the
+scope is forgotten again once they have ended, by a task that holds nothing back until then. The
+second forget is written down with the first, so a crash in between leaves it to the next open.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError
+from narrmem.fence import ScopeKey, inside_own_work, not_own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 
@@ -40,6 +47,7 @@ class Forgetting:
         self.settling = settling
         self.inbox = inbox
         self.fence = fence
+        self._again_later: set[asyncio.Task[None]] = set()
 
     async def _quiet(self) -> None:
         # The batches being written have run their hooks (or scheduled them), what was received is
@@ -48,14 +56,45 @@ class Forgetting:
         await self.inbox.drained()
         await self.settling.settle()
 
-    async def scope(self, scope: Scope) -> dict[str, int]:
+    async def scope(self, scope: Scope, *, replacing: ForgetJob | None = None) -> dict[str, int]:
+        """Forget a user and/or a chat. ``replacing``: the record of a second forget written down
+        earlier, which this one's record takes over."""
+        from_hooks = inside_own_work()
+        store = self.memory.store
         async with self.fence.forgetting():
             await self._quiet()
             async with self.write_lock:
-                job = await self.memory.store.begin_forget(
-                    tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id
-                )
-                return await self.finish(job)
+                job = await store.begin_forget(**scope.model_dump())
+                if replacing is not None:
+                    await store.finish_forget(replacing, purge=False)
+                counts = await self.finish(job)
+                if from_hooks:
+                    ends = self.fence.under_way(lambda key: covers(scope, key))
+                    if ends or self.fence.workers is not None:
+                        again = await store.begin_forget(**scope.model_dump())
+                        self._forget_again_later(scope, ends, again)
+        return counts
+
+    def _forget_again_later(self, scope: Scope, ends: list[asyncio.Future[None]], job: ForgetJob) -> None:
+        task = asyncio.get_running_loop().create_task(self._again_after(scope, ends, job))
+        self._again_later.add(task)
+        task.add_done_callback(self._again_later.discard)
+
+    async def _again_after(self, scope: Scope, ends: list[asyncio.Future[None]], job: ForgetJob) -> None:
+        # Fenced as any caller's forget: it waits for every unit begun before it (of this worker
+        # and, on a store that fences workers, of every other) and holds new ones back.
+        with not_own_work():
+            try:
+                await asyncio.gather(*(asyncio.shield(end) for end in ends))
+                await self.scope(scope, replacing=job)
+            except Exception:
+                log.exception("forgetting a scope again after the messages under way failed; next open does")
+
+    async def forgotten_again(self) -> None:
+        """Wait for the second forgets of the forgets run from hooks (none inside hooks: they may
+        be waiting for the code that asks)."""
+        while self._again_later and not inside_own_work():
+            await asyncio.wait(set(self._again_later))
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
@@ -111,6 +150,12 @@ class Forgetting:
             log.warning("finishing a forget that was interrupted (job %d)", job.id)
             async with self.write_lock:
                 await self.finish(job)
+
+
+def covers(scope: Scope, key: ScopeKey) -> bool:
+    """Whether a message of ``key`` (tenant, user, chat) is in ``scope``."""
+    tenant, user_id, chat_id = key
+    return scope.tenant == tenant and scope.user_id in (None, user_id) and scope.chat_id in (None, chat_id)
 
 
 def message_id_list(message_ids: Sequence[str]) -> list[str]:

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem.errors import InputError
-from narrmem.fence import own_work
+from narrmem.fence import ScopeKey, own_work
 from narrmem.model_child import SHORT_TEXTS
 from narrmem.models import (
     MAX_ID_CHARS,
@@ -237,7 +237,7 @@ class IngestPipeline:
         # it slowed that write from 0.26 to 1.9 ms (p50, bench/speed.py at 10k on two cores).
         # A unit of narrmem.fence: a forget waits for the entries being put in the store, and
         # entries put while a forget runs wait for it (so it does not take them).
-        unit = await self.fence.enter()
+        unit = await self.fence.enter(scopes=message_scopes(new))
         try:
             received = await self.inbox.receive(new)
         finally:
@@ -356,7 +356,7 @@ class IngestPipeline:
                 await previous
             # Begun once the batch before has run its hooks: one of them may forget, and that
             # forget waits for the units begun before it.
-            unit = await self.fence.enter(receiving=receiving)
+            unit = await self.fence.enter(receiving=receiving, scopes=message_scopes(kept))
             written = await self._write(
                 kept, results, prefix, lambda: _vectors(prepared, rest, later), while_embedding
             )
@@ -534,6 +534,11 @@ def caused_by(message: Message, event: TriggerEvent) -> TriggerEvent:
     ):
         return event
     return event.model_copy(update={"cause_message_id": message.message_id})
+
+
+def message_scopes(items: Sequence[Pending]) -> set[ScopeKey]:
+    """Where the messages of a unit of :mod:`narrmem.fence` belong."""
+    return {(i.message.tenant, i.message.user_id, i.message.chat_id) for i in items}
 
 
 def stored_result(item: Pending, *, settled: bool) -> IngestResult:

@@ -80,9 +80,11 @@ class Memory(MemoryLifecycle):
         so far have run. Needed only with ``[storage] acknowledge = "after_write"``, where ingest
         returns before they run, or ``"on_receipt"``, where it returns before the message is
         written (this waits for the writes too, but not for a message whose write failed and
-        waits for another try); closing the memory and a forget wait for them too."""
+        waits for another try); closing the memory and a forget wait for them too. Outside hooks,
+        it also waits for the second forget of a forget run from hooks (see :meth:`forget`)."""
         await self._inbox.drained()
         await self._settling.settle()
+        await self._forgetting.forgotten_again()
 
     async def written(
         self,
@@ -237,7 +239,12 @@ class Memory(MemoryLifecycle):
         """Delete every trace of a user (and/or a chat): rows, keyword index, vectors, history, and
         every plugin's copies (graph, summaries, counters, other memories' keyword context). The
         forget is written down before anything is deleted and reported done only when every
-        plugin has finished; one interrupted by a crash is finished on the next open."""
+        plugin has finished; one interrupted by a crash is finished on the next open.
+
+        Run from hooks or a trigger callback, it does not wait for the messages being written
+        meanwhile; if some belong to the scope (or other workers share the store), the scope is
+        forgotten again once they have ended, so what their hooks make does not outlive it
+        (:meth:`settle` waits for that). Messages of the scope written before then go with it."""
         return await self._forgetting.scope(scope_of(tenant, user_id, chat_id))
 
     @while_open
