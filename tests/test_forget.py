@@ -4,6 +4,7 @@ the data folder, other people's words never in a user's scenes, one process per 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import subprocess
 import sys
@@ -329,3 +330,52 @@ async def test_a_forget_rewrites_the_file_so_no_stale_bytes_stay_in_page_gaps(
     assert (STALE in database.read_bytes()) is not rewrite
     if rewrite:
         assert _files_with(folder, BOB_MARKERS) == {}
+
+
+DM = b"dm-zq5551234"  # a private chat's id: on Telegram, its user's own id
+
+
+def _direct_and_group(user: str) -> list[dict[str, Any]]:
+    return [
+        msg("d1", "my zq locker is in the hall and I work at the bank", user=user, chat=DM.decode()),
+        msg("d2", "I decided to quit my job at the bank", user=user, chat=DM.decode()),
+        msg("g1", "I finally finished the marathon!", user=user, chat=GROUP),
+        msg("g2", "I live in Lisbon near the river", user="bob", chat=GROUP),
+    ]
+
+
+@pytest.mark.parametrize("scope", [{"user_id": "ann"}, {"chat_id": DM.decode()}])
+async def test_a_forget_leaves_no_name_of_the_chats_it_emptied_in_the_data_folder(
+    tmp_path: Path, scope: dict[str, str]
+) -> None:
+    """The vector index keeps chats by name; a chat that nothing is left of leaves it, and a chat
+    that still holds memories (the group) keeps working, as does one written afterwards."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(_direct_and_group("ann"))
+        await mem.settle()
+        if on_sqlite(mem):
+            assert _files_with(folder, (DM,))
+        await mem.forget(**scope)
+        assert {h.user_id for h in await mem.recall("where does he live", chat_id=GROUP)} >= {"bob"}
+        await mem.ingest(msg("n1", "a new chat about the harbour", user="carl", chat="new-chat"))
+        assert [h.user_id for h in await mem.recall("the harbour", chat_id="new-chat")] == ["carl"]
+    assert _files_with(folder, (DM,)) == {}
+    async with open_memory(folder) as mem:  # the index as saved opens as it is, names and all
+        assert [h.user_id for h in await mem.recall("the harbour", chat_id="new-chat")] == ["carl"]
+        assert "bob" in {h.user_id for h in await mem.recall("where does he live", chat_id=GROUP)}
+
+
+async def test_an_index_saved_with_names_of_emptied_chats_drops_them_at_the_next_save(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(_direct_and_group("ann"))
+    if not (folder / "vectors" / "manifest.json").exists():
+        pytest.skip("the store keeps no vector index files")
+    manifest_path = folder / "vectors" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest["chats"]["gone-zq5559876"] = max(manifest["chats"].values()) + 1  # as saved before
+    manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
+    async with open_memory(folder) as mem:
+        assert [h.user_id for h in await mem.recall("marathon", chat_id=GROUP)][:1] == ["ann"]
+    assert _files_with(folder, (b"gone-zq5559876",)) == {}

@@ -161,6 +161,15 @@ class Shard:
             self.forget_dead_selector()
         return len(rows)
 
+    def chat_codes_of(self, ids: np.ndarray) -> list[int]:
+        """The chats (as codes) of the live rows of ``ids``."""
+        rows = self.alive[: self.n] & np.isin(self.ids[: self.n], ids)
+        return [int(code) for code in np.unique(self.chats[: self.n][rows])]
+
+    def holds_chat(self, code: int) -> bool:
+        """Whether a live row belongs to the chat ``code``."""
+        return bool(np.any((self.chats[: self.n] == code) & self.alive[: self.n]))
+
     def forget_dead_selector(self) -> None:
         self._dead_selector = None
 
@@ -266,6 +275,10 @@ class VectorIndex:
         self._shards: dict[ShardKey, Shard] = {}
         self._chat_members: dict[tuple[str, str], set[ShardKey]] = {}
         self._chat_codes: dict[str, int] = {}
+        self._chat_names: dict[int, str] = {}
+        # Codes are not given again while the process runs: a tombstone may still hold a dropped one.
+        self._next_chat_code = 0
+        self._stale_chats = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-vectors")
         self._busy = threading.Lock()  # held while the shards are read or changed
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-hnsw")
@@ -288,8 +301,15 @@ class VectorIndex:
     def _chat_code(self, chat_id: str) -> int:
         code = self._chat_codes.get(chat_id)
         if code is None:
-            code = self._chat_codes[chat_id] = len(self._chat_codes)
+            code = self._chat_codes[chat_id] = self._next_chat_code
+            self._chat_names[code] = chat_id
+            self._next_chat_code += 1
         return code
+
+    def _set_chat_codes(self, codes: dict[str, int]) -> None:
+        self._chat_codes = codes
+        self._chat_names = {code: name for name, code in codes.items()}
+        self._next_chat_code = max(codes.values(), default=-1) + 1
 
     def _mark(self, key: ShardKey) -> None:
         self._dirty_buckets.add(_bucket(key))
@@ -362,13 +382,30 @@ class VectorIndex:
             shard = self._shards.get(key)
             if shard is None:
                 continue
+            codes = shard.chat_codes_of(ids)
             removed += shard.remove(ids)
             self._mark(key)
             if shard.live == 0 and not shard.building:
                 del self._shards[key]
-                for members in self._chat_members.values():
-                    members.discard(key)
+            for code in codes:
+                if key not in self._shards or not shard.holds_chat(code):
+                    self._leave_chat(key, self._chat_names[code])
         return removed
+
+    def _leave_chat(self, key: ShardKey, chat_id: str) -> None:
+        """The shard ``key`` holds nothing of ``chat_id`` any more. A chat no shard holds leaves
+        the chat codes too, so the saved index keeps no name of a forgotten chat (a private chat's
+        id is often its user's)."""
+        members = self._chat_members.get((key[0], chat_id))
+        if members is not None:
+            members.discard(key)
+            if members:
+                return
+            del self._chat_members[(key[0], chat_id)]
+        if not any(chat == chat_id for _, chat in self._chat_members):
+            code = self._chat_codes.pop(chat_id, None)
+            if code is not None:
+                self._chat_names.pop(code, None)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -560,9 +597,10 @@ class VectorIndex:
             log.log(level, "vector index %s will be rebuilt from SQLite: %s", self.path, reason)
             self._shards.clear()
             self._chat_members.clear()
-            self._chat_codes.clear()
+            self._set_chat_codes({})
             return False
-        self.dirty = bool(self._dirty_buckets)  # an older format is rewritten by the next save
+        # An older format, or names of chats no shard holds, are rewritten by the next save.
+        self.dirty = bool(self._dirty_buckets) or self._stale_chats > 0
         self._schedule_builds()
         return True
 
@@ -598,11 +636,15 @@ class VectorIndex:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
             if manifest.get("format") not in READABLE_FORMATS or manifest.get("dim") != self.dim:
                 return "the index file has another format or dimension"
-            self._chat_codes = {str(k): int(v) for k, v in manifest["chats"].items()}
+            self._set_chat_codes({str(k): int(v) for k, v in manifest["chats"].items()})
             self._saved_watermark = manifest.get("watermark")
             files = _BucketFiles(self.path, self.dim)
             for entry in manifest["shards"]:
                 self._load_shard(entry, files)
+            # Chats no shard holds (files written before chats were dropped with their last row).
+            held = {chat for _, chat in self._chat_members}
+            self._stale_chats = len(self._chat_codes) - len(held)
+            self._set_chat_codes({name: code for name, code in self._chat_codes.items() if name in held})
         except Exception as exc:  # numpy, json and FAISS all raise their own errors on a bad file
             return f"the index file is unreadable ({type(exc).__name__}: {exc})"
         return None
@@ -628,9 +670,8 @@ class VectorIndex:
                 shard.graph, shard.graph_saved = graph, True
                 shard.graph_mapped_from = self.path / graph_file
         self._shards[key] = shard
-        names = {code: name for name, code in self._chat_codes.items()}
         for code in np.unique(chats):
-            self._chat_members.setdefault((key[0], names[int(code)]), set()).add(key)
+            self._chat_members.setdefault((key[0], self._chat_names[int(code)]), set()).add(key)
 
     async def save(self, watermark: dict[str, int] | None = None) -> None:
         """Write what changed; ``watermark`` is SQLite's (see :meth:`load`) with the index in step
