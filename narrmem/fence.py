@@ -8,7 +8,8 @@ hooks (a fact the graph extracts, a count) could write after a forget had delete
 records, and what the forget was to remove would stay.
 
 Work a unit or a forget runs itself (after-store hooks, trigger callbacks, and what they call)
-passes the fence: waiting there would wait for itself.
+passes the fence: waiting there would wait for itself. The pass ends with that work (a
+:class:`Grant`): a task it started and left running is fenced as any caller's afterwards.
 
 On a store shared by processes that offers it (:class:`narrmem.store.FencesWorkers`, the
 PostgreSQL store), the same holds between processes: a forget waits for the units of every
@@ -35,8 +36,33 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# The units and forgets the running code is part of.
-_INSIDE: ContextVar[frozenset[int]] = ContextVar("narrmem_fence_inside", default=frozenset())
+
+class Grant:
+    """A pass through the fence for the code of one block (a unit's hooks, a forget, hooks run
+    later). It ends with the block: a task that code started and left running holds it in its
+    copy of the context, but is fenced as any caller's once the block has ended."""
+
+    __slots__ = ("active", "number")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.active = True
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self.active = False
+
+
+# The passes of the units and forgets the running code is part of.
+_INSIDE: ContextVar[tuple[Grant, ...]] = ContextVar("narrmem_fence_inside", default=())
+
+
+def _inside() -> frozenset[int]:
+    """The units and forgets the running code is part of, while they last."""
+    return frozenset(grant.number for grant in _INSIDE.get() if grant.active)
 
 
 # What the hooks of a batch acknowledged earlier are part of (:mod:`narrmem.settling`): no unit.
@@ -49,23 +75,25 @@ ScopeKey = tuple[str, str, str]
 @contextlib.contextmanager
 def own_work(number: int = HOOKS_LATER) -> Iterator[None]:
     """Code in this block is part of unit ``number`` (or of hooks run later): it passes the fence."""
-    token = _INSIDE.set(_INSIDE.get() | {number})
+    grant = Grant(number)
+    token = _INSIDE.set((*_INSIDE.get(), grant))
     try:
-        yield
+        with grant.held():
+            yield
     finally:
         _INSIDE.reset(token)
 
 
 def inside_own_work() -> bool:
     """Whether the running code is part of a unit, a forget or hooks run later."""
-    return bool(_INSIDE.get())
+    return bool(_inside())
 
 
 @contextlib.contextmanager
 def not_own_work() -> Iterator[None]:
     """Code in this block is part of nothing (a task that hooks started to run later): it is
     fenced as any caller's."""
-    token = _INSIDE.set(frozenset())
+    token = _INSIDE.set(())
     try:
         yield
     finally:
@@ -88,13 +116,13 @@ class Fence:
         ``receiving``: the write of messages received earlier (:mod:`narrmem.inbox`), which
         passes this process's fence but is fenced against other processes' forgets too.
         ``scopes``: where the unit's messages belong (``None``: not known)."""
-        while self._forgets_ended is not None and not _INSIDE.get():
+        while self._forgets_ended is not None and not _inside():
             await asyncio.shield(self._forgets_ended)
         number = next(self._numbers)
         self._units[number] = asyncio.get_running_loop().create_future()
         self._scopes[number] = None if scopes is None else frozenset(scopes)
         # Part of a unit or a forget, it is covered by that one (and waiting could wait for it).
-        if self.workers is not None and (receiving or not _INSIDE.get()):
+        if self.workers is not None and (receiving or not _inside()):
             try:
                 if receiving:
                     counted = await self.workers.join()
@@ -137,7 +165,7 @@ class Fence:
     def under_way(self, covers: Callable[[ScopeKey], bool]) -> list[asyncio.Future[None]]:
         """What ends each unit under way that the running code is not part of and whose messages
         (all of them, when not known) may belong where ``covers`` says."""
-        inside = _INSIDE.get()
+        inside = _inside()
         ends = []
         for number, done in self._units.items():
             scopes = self._scopes.get(number)
@@ -155,12 +183,13 @@ class Fence:
     async def forgetting(self) -> AsyncIterator[None]:
         """Wait for the units begun before, and hold new ones back until the block ends. Called
         from a unit's hooks or hooks run later, it holds new units back and waits for none."""
-        inside = _INSIDE.get()
+        inside = _inside()
         number = next(self._numbers)
         self._forgets += 1
         if self._forgets_ended is None:
             self._forgets_ended = asyncio.get_running_loop().create_future()
-        token = _INSIDE.set(inside | {number})
+        grant = Grant(number)
+        token = _INSIDE.set((*_INSIDE.get(), grant))
         try:
             # Run from hooks or a trigger callback, it waits for no unit: another unit may be
             # waiting for a forget of its own, or for the hooks this one runs in.
@@ -173,6 +202,7 @@ class Fence:
                 async with self.workers.forgetting():
                     yield
         finally:
+            grant.active = False
             _INSIDE.reset(token)
             self._forgets -= 1
             ended = self._forgets_ended

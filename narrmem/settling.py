@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from narrmem.errors import StoreError
-from narrmem.fence import inside_own_work, own_work
+from narrmem.fence import HOOKS_LATER, Grant, inside_own_work, own_work
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
 from narrmem.store import StateEntry, Store, shared_by_processes
 
@@ -48,8 +48,8 @@ TAKEOVER_GRACE_S = 2.0
 # Messages acknowledged whose hooks have not run yet, past which ingest waits for them: the lag of
 # counts and triggers, and what a stop leaves for the next open, stay bounded.
 MAX_UNSETTLED = 1024
-# Set in the task that runs a batch's hooks.
-_IN_BATCH: ContextVar[bool] = ContextVar("narrmem_in_settling_batch", default=False)
+# Set in the task that runs a batch's hooks, for as long as they run.
+_IN_BATCH: ContextVar[Grant | None] = ContextVar("narrmem_in_settling_batch", default=None)
 
 
 class Settling:
@@ -110,9 +110,10 @@ class Settling:
         async def settle_batch() -> None:
             if previous is not None:
                 await _quietly(previous)
-            _IN_BATCH.set(True)  # this task's own context: what its hooks and callbacks call sees it
+            batch = Grant(HOOKS_LATER)
+            _IN_BATCH.set(batch)  # this task's own context: what its hooks and callbacks call sees it
             try:
-                with own_work():
+                with batch.held(), own_work():
                     await run()
                 await self.memory.store.state_delete(NAMESPACE, prefix)
             except Exception:
@@ -142,7 +143,7 @@ class Settling:
         """Wait until the hooks of every message acknowledged so far have run. Inside a batch's
         hooks (a trigger callback that settles or forgets) the batches before it have run, and it
         and the later ones cannot be waited for there: it returns at once."""
-        while self._tail is not None and not _IN_BATCH.get():
+        while self._tail is not None and not _in_batch():
             tail = self._tail
             await _quietly(tail)
             if self._tail is tail:
@@ -323,3 +324,9 @@ async def _quietly(future: asyncio.Future[None]) -> None:
     """Wait for ``future`` to end. Its own failure was logged where it happened; a batch cancelled
     with its event loop left its entries for the next open."""
     await asyncio.wait([future])
+
+
+def _in_batch() -> bool:
+    """Whether the running code is part of a batch's hooks (not a task they left running)."""
+    batch = _IN_BATCH.get()
+    return batch is not None and batch.active

@@ -416,3 +416,73 @@ async def test_hooks_waiting_for_an_ingest_begun_during_a_forget_from_hooks_dont
         await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking), outside), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert [r.message_ids for r in await everything(memory)] == [["3"]]
+
+
+class LeavesATaskRunning:
+    """After-store hooks that start a task and return without waiting for it (a plugin's work
+    for later): once ``go`` is set, the task ingests a message of Ann's, or settles."""
+
+    narrmem_name = "leaves_a_task_running"
+
+    def __init__(self, work: str) -> None:
+        self.work = work
+        self.go = asyncio.Event()
+        self.order: list[str] = []
+        self.task: asyncio.Task[None] | None = None
+
+    @hookimpl
+    async def narrmem_after_store(self, memory: Any, message: Message) -> None:
+        if message.text.startswith("start"):
+            self.task = asyncio.get_running_loop().create_task(self.later(memory))
+
+    async def later(self, memory: Any) -> None:
+        await self.go.wait()
+        if self.work == "ingest":
+            await memory.ingest(ann("2", "I adopted a greyhound named Pixel."))
+        else:
+            await memory.settle()
+        self.order.append(self.work)
+
+
+async def test_a_task_that_hooks_left_running_is_fenced_once_they_have_ended(tmp_path: Path) -> None:
+    """The task ingests while a forget waits for a message under way (Bob's slow hooks): it no
+    longer passes the fence as the hooks that started it did, so its message is stored after the
+    forget, and kept."""
+    facts = SlowFacts(about="Acme")
+    later = LeavesATaskRunning("ingest")
+    async with open_memory(tmp_path / "m", plugins=[facts, later]) as memory:
+        await memory.ingest(ann("1", "start of a long story"))
+        bob = msg("b1", "I work at Acme Bank as an analyst.", user="bob", chat="dm-bob", tenant="t")
+        first = asyncio.ensure_future(memory.ingest(bob))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
+        forget.add_done_callback(lambda _: later.order.append("forget"))
+        await asyncio.sleep(0.05)
+        later.go.set()
+        assert later.task is not None
+        await asyncio.wait_for(asyncio.gather(first, forget, later.task), WAIT)
+        await memory.settle()
+        assert later.order == ["forget", "ingest"]
+        assert sorted(r.message_ids[0] for r in await everything(memory) if r.kind == "episode") == [
+            "2",
+            "b1",
+        ]
+
+
+async def test_a_task_that_a_batchs_hooks_left_running_settles_as_any_caller(tmp_path: Path) -> None:
+    """Answered before their hooks: the task settles after the batch that started it has ended,
+    while a later message's slow hooks run; it waits for them (inside the batch's hooks settling
+    returns at once, and before, the task kept that)."""
+    facts = SlowFacts(about="Acme")
+    later = LeavesATaskRunning("settle")
+    async with open_memory(
+        tmp_path / "m", storage={"acknowledge": "after_write"}, plugins=[facts, later]
+    ) as memory:
+        await memory.ingest(ann("1", "start of a long story"))
+        await memory.settle()
+        await memory.ingest(ann("3", "I work at Acme Bank as an analyst."))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        later.go.set()
+        assert later.task is not None
+        await asyncio.wait_for(later.task, WAIT)
+        assert (await graph_of(memory))["edges"] == {"active": 1}  # the slow fact is in
