@@ -18,7 +18,7 @@ wait for it. A forget run from hooks or a callback waits for no other worker's u
 
 A forget run from hooks or a callback cannot wait for the units begun before it (one of them may
 be waiting for the code that forgets), so what their hooks still make could outlive it. It is
-forgotten again once they have ended (:mod:`narrmem.forgetting`): :meth:`Fence.under_way` names
+finished again once they have ended (:mod:`narrmem.forgetting`): :meth:`Fence.under_way` names
 the units to wait for, by the scopes of the messages each writes.
 """
 
@@ -162,14 +162,13 @@ class Fence:
 
         return end
 
-    def under_way(self, covers: Callable[[ScopeKey], bool]) -> list[asyncio.Future[None]]:
-        """What ends each unit under way that the running code is not part of and whose messages
-        (all of them, when not known) may belong where ``covers`` says."""
-        inside = _inside()
+    def under_way(self, touches: Callable[[ScopeKey], bool]) -> list[asyncio.Future[None]]:
+        """What ends each unit under way (the running code's own included) with a message for
+        which ``touches`` holds, or with messages not known."""
         ends = []
         for number, done in self._units.items():
             scopes = self._scopes.get(number)
-            if number not in inside and (scopes is None or any(covers(key) for key in scopes)):
+            if scopes is None or any(touches(key) for key in scopes):
                 ends.append(done)
         return ends
 

@@ -5,10 +5,10 @@ A user's or a chat's forget then leaves no byte of what it deleted in the store'
 message (an edit does this too) is gone from every row without that cost on each edit.
 
 A user's or a chat's forget run from hooks or a trigger callback does not wait for the messages
-being written meanwhile (:mod:`narrmem.fence`): their hooks may still make facts or counts of the
-scope. When such messages of the scope are under way (or other workers share the store), the
-scope is forgotten again once they have ended, by a task that holds nothing back until then. The
-second forget is written down with the first, so a crash in between leaves it to the next open.
+being written meanwhile (:mod:`narrmem.fence`): their hooks, and the hooks scheduled to run after
+their answer, may still make facts or counts of the scope, or copy its words into a reply's
+keyword context. It deletes what it can at once and keeps its job recorded; once they have ended,
+a task that held nothing back until then runs the job again and finishes it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError
-from narrmem.fence import ScopeKey, inside_own_work, not_own_work
+from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 
@@ -47,7 +47,7 @@ class Forgetting:
         self.settling = settling
         self.inbox = inbox
         self.fence = fence
-        self._again_later: set[asyncio.Task[None]] = set()
+        self._finishing_later: set[asyncio.Task[None]] = set()
 
     async def _quiet(self) -> None:
         # The batches being written have run their hooks (or scheduled them), what was received is
@@ -56,45 +56,50 @@ class Forgetting:
         await self.inbox.drained()
         await self.settling.settle()
 
-    async def scope(self, scope: Scope, *, replacing: ForgetJob | None = None) -> dict[str, int]:
-        """Forget a user and/or a chat. ``replacing``: the record of a second forget written down
-        earlier, which this one's record takes over."""
+    async def scope(self, scope: Scope) -> dict[str, int]:
         from_hooks = inside_own_work()
-        store = self.memory.store
         async with self.fence.forgetting():
             await self._quiet()
             async with self.write_lock:
-                job = await store.begin_forget(**scope.model_dump())
-                if replacing is not None:
-                    await store.finish_forget(replacing, purge=False)
-                counts = await self.finish(job)
-                if from_hooks:
-                    ends = self.fence.under_way(lambda key: covers(scope, key))
-                    if ends or self.fence.workers is not None:
-                        again = await store.begin_forget(**scope.model_dump())
-                        self._forget_again_later(scope, ends, again)
-        return counts
+                job = await self.memory.store.begin_forget(**scope.model_dump())
+                if not from_hooks:
+                    return await self.finish(job)
+                # What may still write for the scope: the units under way with a message of it or
+                # of a chat it wrote in (a reply's keyword context), this one's included, and the
+                # hooks scheduled to run after their answer. None of it can be waited for here.
+                ends = self.fence.under_way(lambda key: touches(job, key))
+                scheduled = self.settling.scheduled()
+                if scheduled is not None:
+                    ends.append(scheduled)
+                if not ends:
+                    return await self.finish(job)
+                counts = await self.finish(job, done=False)
+                self._finish_later(job, ends)
+                return counts
 
-    def _forget_again_later(self, scope: Scope, ends: list[asyncio.Future[None]], job: ForgetJob) -> None:
-        task = asyncio.get_running_loop().create_task(self._again_after(scope, ends, job))
-        self._again_later.add(task)
-        task.add_done_callback(self._again_later.discard)
+    def _finish_later(self, job: ForgetJob, ends: list[asyncio.Future[None]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._finish_after(job, ends))
+        self._finishing_later.add(task)
+        task.add_done_callback(self._finishing_later.discard)
 
-    async def _again_after(self, scope: Scope, ends: list[asyncio.Future[None]], job: ForgetJob) -> None:
-        # Fenced as any caller's forget: it waits for every unit begun before it (of this worker
-        # and, on a store that fences workers, of every other) and holds new ones back.
-        with not_own_work():
-            try:
+    async def _finish_after(self, job: ForgetJob, ends: list[asyncio.Future[None]]) -> None:
+        # Waits for nothing else, and holds new units back only while it deletes: a unit under way
+        # may be waiting for a message held back by an ordinary forget. The job stays recorded
+        # until then, so a crash leaves it to the next open.
+        try:
+            with not_own_work():
                 await asyncio.gather(*(asyncio.shield(end) for end in ends))
-                await self.scope(scope, replacing=job)
-            except Exception:
-                log.exception("forgetting a scope again after the messages under way failed; next open does")
+            with own_work():
+                async with self.fence.forgetting(), self.write_lock:
+                    await self.finish(job)
+        except Exception:
+            log.exception("finishing a forget run from hooks failed; the next open finishes it")
 
-    async def forgotten_again(self) -> None:
-        """Wait for the second forgets of the forgets run from hooks (none inside hooks: they may
-        be waiting for the code that asks)."""
-        while self._again_later and not inside_own_work():
-            await asyncio.wait(set(self._again_later))
+    async def finished_later(self) -> None:
+        """Wait for the forgets run from hooks to be finished (at once inside hooks, which they may
+        be waiting for)."""
+        while self._finishing_later and not inside_own_work():
+            await asyncio.wait(set(self._finishing_later))
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
@@ -119,8 +124,9 @@ class Forgetting:
             )
             await self.finish(job)
 
-    async def finish(self, job: ForgetJob) -> dict[str, int]:
-        """Delete what ``job`` names and let every plugin scrub its copies; safe to run again."""
+    async def finish(self, job: ForgetJob, *, done: bool = True) -> dict[str, int]:
+        """Delete what ``job`` names and let every plugin scrub its copies; safe to run again.
+        ``done``: delete the job's record (and purge the files) too."""
         store = self.memory.store
         # Received messages go first: a worker that writes one of them afterwards finds its entry
         # gone and forgets it again (narrmem.inbox), while one whose entry it deleted first wrote
@@ -140,7 +146,8 @@ class Forgetting:
         told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
         await self.memory.host.call("narrmem_after_forget", isolate=False, **told)
         await self.settling.drop(job)
-        await store.finish_forget(job, purge=job.messages is None)
+        if done:
+            await store.finish_forget(job, purge=job.messages is None)
         return counts
 
     async def resume(self) -> None:
@@ -152,10 +159,13 @@ class Forgetting:
                 await self.finish(job)
 
 
-def covers(scope: Scope, key: ScopeKey) -> bool:
-    """Whether a message of ``key`` (tenant, user, chat) is in ``scope``."""
+def touches(job: ForgetJob, key: ScopeKey) -> bool:
+    """Whether a message of ``key`` (tenant, user, chat) is in the scope ``job`` forgets, or in a
+    chat that the scope wrote in."""
     tenant, user_id, chat_id = key
-    return scope.tenant == tenant and scope.user_id in (None, user_id) and scope.chat_id in (None, chat_id)
+    if tenant != job.tenant:
+        return False
+    return (job.user_id in (None, user_id) and job.chat_id in (None, chat_id)) or chat_id in job.sources
 
 
 def message_id_list(message_ids: Sequence[str]) -> list[str]:

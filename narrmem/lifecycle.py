@@ -184,9 +184,9 @@ class MemoryLifecycle:
             if self._started:
                 await self._inbox.drained()
                 await self._inbox.close()
-                # A forget run from hooks forgets again once the messages under way have ended.
+                # A forget run from hooks is finished once the messages under way have ended.
                 await self._settling.settle()
-                await self._forgetting.forgotten_again()
+                await self._forgetting.finished_later()
                 await self._settling.close()
                 await self.host.call("narrmem_shutdown", memory=self)
         finally:

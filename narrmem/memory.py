@@ -81,10 +81,10 @@ class Memory(MemoryLifecycle):
         returns before they run, or ``"on_receipt"``, where it returns before the message is
         written (this waits for the writes too, but not for a message whose write failed and
         waits for another try); closing the memory and a forget wait for them too. Outside hooks,
-        it also waits for the second forget of a forget run from hooks (see :meth:`forget`)."""
+        it also waits for forgets run from hooks to be finished (see :meth:`forget`)."""
         await self._inbox.drained()
         await self._settling.settle()
-        await self._forgetting.forgotten_again()
+        await self._forgetting.finished_later()
 
     async def written(
         self,
@@ -242,8 +242,9 @@ class Memory(MemoryLifecycle):
         plugin has finished; one interrupted by a crash is finished on the next open.
 
         Run from hooks or a trigger callback, it does not wait for the messages being written
-        meanwhile; if some belong to the scope (or other workers share the store), the scope is
-        forgotten again once they have ended, so what their hooks make does not outlive it
+        meanwhile (they may be waiting for the code that forgets). If some are of the scope or of
+        a chat it wrote in, or hooks are scheduled to run, it deletes what it can, returns, and
+        is finished once they have ended, so what their hooks make does not outlive it
         (:meth:`settle` waits for that). Messages of the scope written before then go with it."""
         return await self._forgetting.scope(scope_of(tenant, user_id, chat_id))
 

@@ -130,6 +130,11 @@ class Settling:
             self._batches_running.popleft()  # they finish in order: the done ones lead
         self._batches_running.append(self._tail)
 
+    def scheduled(self) -> asyncio.Future[None] | None:
+        """What ends once the hooks scheduled so far have run (``None``: none is scheduled)."""
+        tail = self._tail
+        return None if tail is None or tail.done() else tail
+
     async def hold_back(self) -> None:
         """Wait, oldest batch first, until at most :data:`MAX_UNSETTLED` acknowledged messages
         are unsettled; at once inside hooks (an ingest by a trigger callback), which could wait

@@ -14,15 +14,7 @@ from typing import Any
 import pytest
 from _postgres import fresh_database
 from narrmem_plugins.storage_postgres.workers_fence import GATE, UNITS
-from test_forget_in_flight import (
-    ForgetMeCommand,
-    SlowFacts,
-    TriggerAfterAWhile,
-    ann,
-    everything,
-    graph_of,
-    said_by,
-)
+from test_forget_in_flight import SlowFacts, TriggerAfterAWhile, ann, everything, graph_of, said_by
 
 from narrmem import TriggerEvent, hookimpl
 from narrmem.errors import ClosedError
@@ -235,32 +227,6 @@ async def test_trigger_callbacks_that_forget_in_two_workers_at_once_do_not_wait_
         await asyncio.wait_for(both, WAIT)
         assert sorted(forgot) == ["ann", "bob"]
         assert await everything(a) == []
-
-
-async def test_a_forget_from_hooks_leaves_nothing_another_workers_hooks_under_way_make(
-    tmp_path: Path,
-) -> None:
-    """Ann's first message is in its hooks in one worker when her second, in the other worker,
-    has its hooks forget her. That forget waits for no other worker; the scope is forgotten again
-    once every worker's units begun before it have ended."""
-    dsn = await fresh_database("across")
-    storage = {"backend": "postgres", "dsn": dsn}
-    facts = SlowFacts(about="Acme")
-    async with (
-        worker(tmp_path / "a", storage, facts) as a,
-        worker(tmp_path / "b", storage, ForgetMeCommand()) as b,
-    ):
-        first = asyncio.ensure_future(a.ingest(ann("1", "I work at Acme Bank as an analyst.")))
-        await asyncio.wait_for(facts.started.wait(), WAIT)
-        asking = dict(ann("2", "Please forget me, all of it."), chat_id="other")
-        await asyncio.wait_for(b.ingest(asking), WAIT)
-        assert not first.done()
-        await asyncio.wait_for(first, WAIT)
-        for memory in (a, b):
-            await asyncio.wait_for(memory.settle(), WAIT)
-        assert await b.store.pending_forgets() == []
-        assert await graph_of(b) == {"nodes": 0, "edges": {}, "purges": 0}
-        assert await everything(b) == []
 
 
 async def test_an_ingest_cancelled_at_the_gate_leaves_no_lock_held(tmp_path: Path) -> None:

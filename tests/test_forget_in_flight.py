@@ -14,7 +14,6 @@ from _helpers import msg
 from narrmem import TriggerEvent, hookimpl, settling
 from narrmem.memory import Memory
 from narrmem.models import MemoryRecord, Message
-from narrmem.store import FencesWorkers
 from narrmem.testing import open_memory
 
 MODES = ["after_hooks", "after_write", "on_receipt"]
@@ -291,7 +290,7 @@ async def test_a_forget_from_hooks_leaves_nothing_that_earlier_messages_hooks_ma
     another chat, asks its hooks to forget her. Answered before their hooks, the two messages'
     hooks run one after the other, in order. With the default acknowledgement the hooks run in
     each message's own call, side by side: the forget cannot wait for the first message's hooks
-    (they could be waiting for the second's), so the scope is forgotten again once they end."""
+    (they could be waiting for the second's), so it is finished once they end."""
     facts = SlowFacts(about="Acme")
     plugins = [facts, ForgetMeCommand()]
     async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=plugins) as memory:
@@ -304,12 +303,33 @@ async def test_a_forget_from_hooks_leaves_nothing_that_earlier_messages_hooks_ma
         assert await everything(memory) == []
 
 
-async def test_the_second_forget_is_written_down_until_it_has_run_and_a_later_message_stays(
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_a_forget_from_hooks_leaves_nothing_that_later_messages_of_its_batch_make(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    """One call, one batch: Ann asks to be forgotten, then says where she works. The second
+    message's hooks run after the forget, in the same unit (or batch of hooks run later)."""
+    facts = SlowFacts(about="Acme")
+    async with open_memory(
+        tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=[facts, ForgetMeCommand()]
+    ) as memory:
+        batch = [
+            msg("1", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann"),
+            ann("2", "I work at Acme Bank as an analyst."),
+        ]
+        await asyncio.wait_for(memory.ingest_many(batch), WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert facts.started.is_set()
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        assert await everything(memory) == []
+
+
+async def test_a_forget_from_hooks_stays_recorded_until_finished_and_a_later_message_stays(
     tmp_path: Path,
 ) -> None:
     """With the default acknowledgement, the forget from hooks returns while Ann's first message is
-    in its hooks: the second forget is recorded (a crash would leave it to the next open) until
-    it has run. A message Ann sends once it has is kept."""
+    in its hooks: its job stays recorded (a crash would leave it to the next open) until it is
+    finished. A message Ann sends after that is kept."""
     facts = SlowFacts(about="Acme")
     async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
         first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
@@ -330,7 +350,9 @@ async def test_the_second_forget_is_written_down_until_it_has_run_and_a_later_me
         assert [r.message_ids for r in await everything(memory)] == [["3"]]
 
 
-async def test_a_forget_from_hooks_is_not_done_again_for_other_users_messages(tmp_path: Path) -> None:
+async def test_a_forget_from_hooks_does_not_wait_for_other_users_messages_in_other_chats(
+    tmp_path: Path,
+) -> None:
     facts = SlowFacts(about="Acme")
     async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
         text = "I work at Acme Bank as an analyst."
@@ -339,69 +361,114 @@ async def test_a_forget_from_hooks_is_not_done_again_for_other_users_messages(tm
         await asyncio.wait_for(facts.started.wait(), WAIT)
         asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
         await asyncio.wait_for(memory.ingest(asking), WAIT)
-        assert not first.done()
-        # Bob's message is not Ann's; a store shared by workers forgets again for theirs all the same.
-        shared = isinstance(memory.store, FencesWorkers)
-        assert len(await memory.store.pending_forgets()) == (1 if shared else 0)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert not first.done()  # finished without waiting for Bob's slow hooks
+        assert await memory.store.pending_forgets() == []
         await asyncio.wait_for(first, WAIT)
         await memory.settle()
         assert [r.message_ids for r in await everything(memory)] == [["1"]]
         assert (await graph_of(memory))["nodes"] > 0
 
 
-class ForgetUnderItsOwnLock(ForgetMeCommand):
-    """A plugin that holds a lock of its own around its after-store work, and forgets inside it."""
+async def test_a_reply_written_after_a_forget_from_hooks_keeps_none_of_the_forgotten_words(
+    tmp_path: Path,
+) -> None:
+    """Bob's reply in the group, under way (embedding) when Ann's forget runs from hooks, takes her
+    words into its keyword context; the forget is finished after it is written."""
+    facts = SlowFacts(about="never")
 
-    narrmem_name = "forget_under_its_own_lock"
+    class SlowReply:
+        narrmem_name = "slow_reply"
+
+        def __init__(self) -> None:
+            self.started, self.release = asyncio.Event(), asyncio.Event()
+
+        @hookimpl
+        async def narrmem_before_store(self, message: Message) -> None:
+            if message.user_id == "bob":
+                self.started.set()
+                await self.release.wait()
+
+    slow = SlowReply()
+    async with open_memory(tmp_path / "m", plugins=[facts, slow, ForgetMeCommand()]) as memory:
+        said = msg("a1", "my zqsecret99 plan is to move to Oslo", user="ann", chat="g", tenant="t")
+        await memory.ingest(said)
+        reply = msg("b1", "sounds like a great plan, go for it", user="bob", chat="g", tenant="t")
+        bob = asyncio.ensure_future(memory.ingest(reply))
+        await asyncio.wait_for(slow.started.wait(), WAIT)
+        asking = msg("a2", "Please forget me, all of it.", user="ann", chat="dm", tenant="t", speaker="Ann")
+        await asyncio.wait_for(memory.ingest(asking), WAIT)
+        slow.release.set()
+        await asyncio.wait_for(bob, WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        records = await everything(memory)
+        assert [r.message_ids for r in records] == [["b1"]]
+        assert all("zqsecret99" not in (r.context_text or "") + r.text for r in records)
+
+
+class ForgetHoldingItsOwnLock(ForgetMeCommand):
+    """A plugin that holds a lock of its own around its after-store work and forgets inside it:
+    the forgetting message takes the lock first, and another message's hooks wait for it."""
+
+    narrmem_name = "forget_holding_its_own_lock"
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
-        self.started = asyncio.Event()
+        self.holding, self.go, self.waiting = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     @hookimpl
     async def narrmem_after_store(self, memory: Any, message: Message) -> None:
+        if "forget me" not in message.text:
+            self.waiting.set()  # and waits for the lock at once
         async with self.lock:
             if "forget me" in message.text:
+                self.holding.set()
+                await self.go.wait()
                 await memory.forget(user_id=message.user_id, tenant=message.tenant)
-            else:
-                self.started.set()
-                await asyncio.sleep(0.2)
 
 
 async def test_a_forget_from_hooks_under_a_plugins_own_lock_does_not_hang(tmp_path: Path) -> None:
-    plugin = ForgetUnderItsOwnLock()
+    """A forget that waited for the messages begun before it would wait for the first message,
+    whose hooks wait for the lock the forgetting hooks hold."""
+    plugin = ForgetHoldingItsOwnLock()
     async with open_memory(tmp_path / "m", plugins=[plugin]) as memory:
-        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
-        await asyncio.wait_for(plugin.started.wait(), WAIT)
         asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
-        await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking)), WAIT)
+        forgetting = asyncio.ensure_future(memory.ingest(asking))
+        await asyncio.wait_for(plugin.holding.wait(), WAIT)
+        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(plugin.waiting.wait(), WAIT)
+        assert plugin.lock.locked() and not first.done()
+        plugin.go.set()
+        await asyncio.wait_for(asyncio.gather(forgetting, first), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert await everything(memory) == []
 
 
+class WaitsForANote:
+    """After-store hooks that, for messages of ``user``, wait until the bot's note is written."""
+
+    narrmem_name = "waits_for_a_note"
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+        self.started, self.forgetting, self.note_written = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message) -> None:
+        if message.user_id == self.user:
+            self.started.set()
+            await self.note_written.wait()
+
+    @hookimpl
+    def narrmem_after_forget(self) -> None:
+        self.forgetting.set()
+
+
 async def test_hooks_waiting_for_an_ingest_begun_during_a_forget_from_hooks_dont_hang(tmp_path: Path) -> None:
     """Ann's first message's hooks wait for a message ingested from outside every message, which
-    begins while her second message's hooks forget her: that ingest waits for the forget, the
-    forget does not wait for the first message, and the second forget waits for both."""
-    outside_written = asyncio.Event()
-
-    class WaitsForOutside:
-        narrmem_name = "waits_for_outside"
-
-        def __init__(self) -> None:
-            self.started, self.forgetting = asyncio.Event(), asyncio.Event()
-
-        @hookimpl
-        async def narrmem_after_store(self, message: Message) -> None:
-            if "Acme" in message.text:
-                self.started.set()
-                await outside_written.wait()
-
-        @hookimpl
-        def narrmem_after_forget(self) -> None:
-            self.forgetting.set()
-
-    waiting = WaitsForOutside()
+    begins while her second message's hooks forget her: that ingest waits for the forget, and the
+    forget does not wait for the first message."""
+    waiting = WaitsForANote("ann")
     async with open_memory(tmp_path / "m", plugins=[waiting, ForgetMeCommand()]) as memory:
         first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(waiting.started.wait(), WAIT)
@@ -409,13 +476,46 @@ async def test_hooks_waiting_for_an_ingest_begun_during_a_forget_from_hooks_dont
         async def from_outside() -> None:
             await waiting.forgetting.wait()
             await memory.ingest(msg("3", "a note the bot keeps", user="bot", chat="notes", tenant="t"))
-            outside_written.set()
+            waiting.note_written.set()
 
         outside = asyncio.ensure_future(from_outside())
         asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
-        await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking), outside), WAIT)
+        try:
+            await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking), outside), WAIT)
+        finally:
+            waiting.note_written.set()
         await asyncio.wait_for(memory.settle(), WAIT)
         assert [r.message_ids for r in await everything(memory)] == [["3"]]
+
+
+async def test_a_forget_from_hooks_finished_later_holds_no_other_message_back(tmp_path: Path) -> None:
+    """Bob's hooks wait for a note the bot ingests from outside once Ann's first message has
+    ended, while Ann's forget from hooks waits to be finished. The finishing does not wait for
+    Bob's message nor hold the note back (an ordinary forget would do both, and hang)."""
+    facts, waiting = SlowFacts(about="Acme"), WaitsForANote("bob")
+    async with open_memory(tmp_path / "m", plugins=[facts, waiting, ForgetMeCommand()]) as memory:
+        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        bob = msg("b", "I am planning a trip to Lisbon next month.", user="bob", chat="dm-bob", tenant="t")
+        bobs = asyncio.ensure_future(memory.ingest(bob))
+        await asyncio.wait_for(waiting.started.wait(), WAIT)
+        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        await asyncio.wait_for(memory.ingest(asking), WAIT)
+
+        async def from_outside() -> None:
+            await first
+            await asyncio.sleep(0.05)
+            await memory.ingest(msg("3", "a note the bot keeps", user="bot", chat="notes", tenant="t"))
+            waiting.note_written.set()
+
+        outside = asyncio.ensure_future(from_outside())
+        try:
+            await asyncio.wait_for(asyncio.gather(bobs, outside), WAIT)
+        finally:
+            waiting.note_written.set()
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        assert sorted(r.message_ids[0] for r in await everything(memory)) == ["3", "b"]
 
 
 class LeavesATaskRunning:
