@@ -12,6 +12,7 @@ import pytest
 from _helpers import msg
 
 from narrmem import TriggerEvent, hookimpl, settling
+from narrmem.fence import Fence
 from narrmem.memory import Memory
 from narrmem.models import MemoryRecord, Message
 from narrmem.testing import open_memory
@@ -371,34 +372,30 @@ async def test_a_forget_from_hooks_does_not_wait_for_other_users_messages_in_oth
 
 
 async def test_a_reply_written_after_a_forget_from_hooks_keeps_none_of_the_forgotten_words(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Bob's reply in the group, under way (embedding) when Ann's forget runs from hooks, takes her
-    words into its keyword context; the forget is finished after it is written."""
-    facts = SlowFacts(about="never")
+    """Bob's reply in the group has its keyword context (with Ann's words) made and is about to be
+    written when Ann's forget runs from hooks; the forget is finished after the reply is written."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    enter = Fence.enter
 
-    class SlowReply:
-        narrmem_name = "slow_reply"
+    async def held_for_bob(self: Fence, **kwargs: Any) -> int:
+        number = await enter(self, **kwargs)
+        if any(user == "bob" for _, user, _ in kwargs.get("scopes") or ()):
+            entered.set()
+            await release.wait()
+        return number
 
-        def __init__(self) -> None:
-            self.started, self.release = asyncio.Event(), asyncio.Event()
-
-        @hookimpl
-        async def narrmem_before_store(self, message: Message) -> None:
-            if message.user_id == "bob":
-                self.started.set()
-                await self.release.wait()
-
-    slow = SlowReply()
-    async with open_memory(tmp_path / "m", plugins=[facts, slow, ForgetMeCommand()]) as memory:
+    monkeypatch.setattr(Fence, "enter", held_for_bob)
+    async with open_memory(tmp_path / "m", plugins=[ForgetMeCommand()]) as memory:
         said = msg("a1", "my zqsecret99 plan is to move to Oslo", user="ann", chat="g", tenant="t")
         await memory.ingest(said)
         reply = msg("b1", "sounds like a great plan, go for it", user="bob", chat="g", tenant="t")
         bob = asyncio.ensure_future(memory.ingest(reply))
-        await asyncio.wait_for(slow.started.wait(), WAIT)
+        await asyncio.wait_for(entered.wait(), WAIT)
         asking = msg("a2", "Please forget me, all of it.", user="ann", chat="dm", tenant="t", speaker="Ann")
         await asyncio.wait_for(memory.ingest(asking), WAIT)
-        slow.release.set()
+        release.set()
         await asyncio.wait_for(bob, WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         records = await everything(memory)
