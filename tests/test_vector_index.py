@@ -136,6 +136,47 @@ async def test_writes_during_a_build_survive_the_swap(tmp_path: Path) -> None:
         await index.close()
 
 
+async def test_ids_written_again_during_a_build_keep_their_new_chat_and_vector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat is forgotten while a graph builds, and the same ids are written again in another
+    chat with other vectors (an import keeps ids): the swap keeps the new rows, the forgotten
+    chat's name is gone, and the rows can be searched and removed."""
+    gate, building = threading.Event(), threading.Event()
+    new_graph = VectorIndex._new_graph
+
+    def held(self: VectorIndex, vectors: np.ndarray) -> Any:
+        building.set()
+        gate.wait(10)
+        return new_graph(self, vectors)
+
+    monkeypatch.setattr(VectorIndex, "_new_graph", held)
+    index = VectorIndex(tmp_path / "vectors", DIM, SMALL)
+    vectors = clustered(1200, seed=6)
+    ids = np.arange(1, 1001, dtype=np.int64)
+    try:
+        await index.add(ids, vectors[:1000], [Owner("t", "big", "old-chat")] * 1000)
+        await asyncio.wait_for(asyncio.to_thread(building.wait, 10), 15)
+        await index.remove(ids[:200], [("t", "big")])  # all of "old-chat" but 800 rows
+        await index.remove(ids[200:], [("t", "big")])  # and the rest: the chat is gone
+        again = vectors[1000:1200]
+        await index.add(ids[:200], again, [Owner("t", "big", "new-chat")] * 200)
+        gate.set()
+        await index.settle()
+        assert index.describe()["hnsw_shards"] == 1
+        assert np.array_equal(index.ids(), ids[:200])
+        for row in (0, 57, 199):
+            hits = await index.search(again[row], 1, tenant="t", user_id=None, chat_id="new-chat")
+            assert hits[0][0] == ids[row]
+        assert await index.search(vectors[0], 1, tenant="t", user_id=None, chat_id="old-chat") == []
+        await index.save()
+        assert b"old-chat" not in (tmp_path / "vectors" / "manifest.json").read_bytes()
+        assert await index.remove(ids[:200], [("t", "big")]) == 200
+    finally:
+        gate.set()
+        await index.close()
+
+
 async def test_a_saved_graph_loads_as_is_and_a_deleted_vector_leaves_no_file(tmp_path: Path) -> None:
     index, (ids, vectors) = await filled(tmp_path)
     queries = clustered(20, seed=5)

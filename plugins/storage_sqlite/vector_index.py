@@ -108,6 +108,9 @@ class Shard:
         self.building = False
         self.failed_builds = 0
         self._dead_selector: Any = None
+        # Ids removed since a graph build took its snapshot: written again meanwhile (an import
+        # keeps ids), they are new rows, not the snapshot's.
+        self.removed_since_snapshot: set[int] | None = None
 
     @classmethod
     def mapped(cls, key: ShardKey, ids: np.ndarray, chats: np.ndarray, vectors: np.ndarray) -> Shard:
@@ -150,6 +153,8 @@ class Shard:
         rows = np.flatnonzero(self.alive[: self.n] & np.isin(self.ids[: self.n], ids))
         if not len(rows):
             return 0
+        if self.removed_since_snapshot is not None:
+            self.removed_since_snapshot.update(int(i) for i in self.ids[rows])
         if self.graph is None:
             keep = np.ones(self.n, dtype=bool)
             keep[rows] = False
@@ -274,6 +279,7 @@ class VectorIndex:
         self.options = options or IndexOptions()
         self._shards: dict[ShardKey, Shard] = {}
         self._chat_members: dict[tuple[str, str], set[ShardKey]] = {}
+        self._chat_tenants: dict[str, int] = {}  # how many tenants have a chat of that id
         self._chat_codes: dict[str, int] = {}
         self._chat_names: dict[int, str] = {}
         # Codes are not given again while the process runs: a tombstone may still hold a dropped one.
@@ -357,7 +363,7 @@ class VectorIndex:
         groups: dict[ShardKey, list[int]] = {}
         for i, owner in enumerate(owners):
             groups.setdefault(owner.shard, []).append(i)
-            self._chat_members.setdefault((owner.tenant, owner.chat_id), set()).add(owner.shard)
+            self._join_chat(owner.tenant, owner.chat_id, owner.shard)
         for key, rows in groups.items():
             shard = self._shards.get(key)
             if shard is None:
@@ -388,24 +394,36 @@ class VectorIndex:
             if shard.live == 0 and not shard.building:
                 del self._shards[key]
             for code in codes:
-                if key not in self._shards or not shard.holds_chat(code):
-                    self._leave_chat(key, self._chat_names[code])
+                name = self._chat_names.get(code)
+                if name is not None and (key not in self._shards or not shard.holds_chat(code)):
+                    self._leave_chat(key, name)
         return removed
+
+    def _join_chat(self, tenant: str, chat_id: str, key: ShardKey) -> None:
+        members = self._chat_members.get((tenant, chat_id))
+        if members is None:
+            members = self._chat_members[(tenant, chat_id)] = set()
+            self._chat_tenants[chat_id] = self._chat_tenants.get(chat_id, 0) + 1
+        members.add(key)
 
     def _leave_chat(self, key: ShardKey, chat_id: str) -> None:
         """The shard ``key`` holds nothing of ``chat_id`` any more. A chat no shard holds leaves
         the chat codes too, so the saved index keeps no name of a forgotten chat (a private chat's
         id is often its user's)."""
         members = self._chat_members.get((key[0], chat_id))
-        if members is not None:
-            members.discard(key)
-            if members:
-                return
-            del self._chat_members[(key[0], chat_id)]
-        if not any(chat == chat_id for _, chat in self._chat_members):
-            code = self._chat_codes.pop(chat_id, None)
-            if code is not None:
-                self._chat_names.pop(code, None)
+        if members is None:
+            return
+        members.discard(key)
+        if members:
+            return
+        del self._chat_members[(key[0], chat_id)]
+        left = self._chat_tenants.pop(chat_id, 1) - 1
+        if left:
+            self._chat_tenants[chat_id] = left
+            return
+        code = self._chat_codes.pop(chat_id, None)
+        if code is not None:
+            self._chat_names.pop(code, None)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -540,6 +558,7 @@ class VectorIndex:
             log.exception("building the HNSW graph of a vector shard failed")
         finally:
             shard.building = False
+            shard.removed_since_snapshot = None
         self._schedule_builds([shard.key])
 
     def _new_graph(self, vectors: np.ndarray) -> Any:
@@ -560,18 +579,22 @@ class VectorIndex:
         if self._shards.get(shard.key) is not shard:
             return  # the shard was forgotten meanwhile
         now_ids, now_chats, now_vectors = shard.live_rows()
-        added = ~np.isin(now_ids, ids)
-        removed = ids[~np.isin(ids, now_ids)]
+        rewritten = np.fromiter(shard.removed_since_snapshot or (), dtype=np.int64)
+        shard.removed_since_snapshot = None
+        kept = ~np.isin(ids, rewritten)
+        added = ~np.isin(now_ids, ids[kept])
+        removed = ids[~kept | ~np.isin(ids, now_ids)]
         added_ids, added_chats, added_vectors = now_ids[added], now_chats[added], now_vectors[added]
         shard.ids, shard.chats, shard.vectors = ids, chats, VectorRows.owning(vectors)
         shard.alive = np.ones(len(ids), dtype=bool)
         shard.n, shard.dead = len(ids), 0
         shard.graph, shard.graph_saved, shard.graph_mapped_from = graph, False, None
         shard.forget_dead_selector()
-        if len(added_ids):
-            shard.append(added_ids, added_chats, added_vectors)
+        # The snapshot's rows removed since go first: an id written again is appended after.
         if len(removed):
             shard.remove(removed)
+        if len(added_ids):
+            shard.append(added_ids, added_chats, added_vectors)
         self._mark(shard.key)
 
     async def settle(self) -> None:
@@ -597,6 +620,7 @@ class VectorIndex:
             log.log(level, "vector index %s will be rebuilt from SQLite: %s", self.path, reason)
             self._shards.clear()
             self._chat_members.clear()
+            self._chat_tenants.clear()
             self._set_chat_codes({})
             return False
         # An older format, or names of chats no shard holds, are rewritten by the next save.
@@ -671,7 +695,7 @@ class VectorIndex:
                 shard.graph_mapped_from = self.path / graph_file
         self._shards[key] = shard
         for code in np.unique(chats):
-            self._chat_members.setdefault((key[0], self._chat_names[int(code)]), set()).add(key)
+            self._join_chat(key[0], self._chat_names[int(code)], key)
 
     async def save(self, watermark: dict[str, int] | None = None) -> None:
         """Write what changed; ``watermark`` is SQLite's (see :meth:`load`) with the index in step
@@ -866,6 +890,7 @@ def _best(a: list[tuple[int, float]], b: list[tuple[int, float]], k: int) -> lis
 
 
 def _snapshot(shard: Shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    shard.removed_since_snapshot = set()
     ids, chats, vectors = shard.live_rows()
     return ids.copy(), chats.copy(), np.array(vectors, dtype=np.float32, order="C")
 
