@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("narrmem")
 
+# How many times a forget run from hooks waits for messages of its scope begun since, before it
+# is finished without waiting.
+FINISH_ROUNDS = 20
+
 
 class Forgetting:
     def __init__(
@@ -83,17 +87,44 @@ class Forgetting:
         task.add_done_callback(self._finishing_later.discard)
 
     async def _finish_after(self, job: ForgetJob, ends: list[asyncio.Future[None]]) -> None:
-        # Waits for nothing else, and holds new units back only while it deletes: a unit under way
-        # may be waiting for a message held back by an ordinary forget. The job stays recorded
-        # until then, so a crash leaves it to the next open.
+        # Waits holding nothing back, and holds new units back only while it deletes, waiting for
+        # none there: a unit under way may be waiting for a message an ordinary forget would hold
+        # back. The job stays recorded until then, so a crash leaves it to the next open.
         try:
             with not_own_work():
                 await asyncio.gather(*(asyncio.shield(end) for end in ends))
+                # Those units have ended: the hooks they left to run after their answer are
+                # scheduled now, after the ones noted at the forget.
+                scheduled = self.settling.scheduled()
+                if scheduled is not None:
+                    await asyncio.shield(scheduled)
+            for _ in range(FINISH_ROUNDS):
+                with own_work():
+                    async with self.fence.forgetting(), self.write_lock:
+                        # A message of the scope begun since and still under way would write
+                        # after the deletion: the deletion waits for a moment without one.
+                        later = self.fence.under_way(lambda key: touches(job, key))
+                        if not later:
+                            await self._finish_again(job)
+                            return
+                with not_own_work():
+                    await asyncio.gather(*(asyncio.shield(end) for end in later))
+            log.warning("messages of a scope kept coming while its forget was to be finished; finishing it")
             with own_work():
                 async with self.fence.forgetting(), self.write_lock:
-                    await self.finish(job)
+                    await self._finish_again(job)
         except Exception:
             log.exception("finishing a forget run from hooks failed; the next open finishes it")
+
+    async def _finish_again(self, job: ForgetJob) -> None:
+        """Run a recorded scope forget again and finish it, naming what the scope wrote since (the
+        plugins scrub copies by it)."""
+        store = self.memory.store
+        now = with_sources_of(await store.begin_forget(**job.scope.model_dump()), job)
+        # Messages received meanwhile are not the forget's: their entries stay, and they are
+        # written after it as after any forget.
+        await self.finish(now, received=False)
+        await store.finish_forget(job, purge=False)
 
     async def finished_later(self) -> None:
         """Wait for the forgets run from hooks to be finished (at once inside hooks, which they may
@@ -124,14 +155,16 @@ class Forgetting:
             )
             await self.finish(job)
 
-    async def finish(self, job: ForgetJob, *, done: bool = True) -> dict[str, int]:
+    async def finish(self, job: ForgetJob, *, done: bool = True, received: bool = True) -> dict[str, int]:
         """Delete what ``job`` names and let every plugin scrub its copies; safe to run again.
-        ``done``: delete the job's record (and purge the files) too."""
+        ``done``: delete the job's record (and purge the files) too. ``received``: delete the
+        entries of the messages received and not yet written that it names."""
         store = self.memory.store
         # Received messages go first: a worker that writes one of them afterwards finds its entry
         # gone and forgets it again (narrmem.inbox), while one whose entry it deleted first wrote
         # it before the deletions below.
-        await self.inbox.drop(job)
+        if received:
+            await self.inbox.drop(job)
         if job.messages is None:
             removed = await store.recent(job.scope, limit=2**62)
             counts = await store.forget(tenant=job.tenant, user_id=job.user_id, chat_id=job.chat_id)
@@ -156,7 +189,19 @@ class Forgetting:
         for job in await self.memory.store.pending_forgets():
             log.warning("finishing a forget that was interrupted (job %d)", job.id)
             async with self.write_lock:
-                await self.finish(job)
+                if job.messages is None:
+                    # What the scope wrote after the job was recorded (a forget run from hooks
+                    # that was still to be finished) is named too.
+                    await self._finish_again(job)
+                else:
+                    await self.finish(job)
+
+
+def with_sources_of(job: ForgetJob, earlier: ForgetJob) -> ForgetJob:
+    """``job`` naming the messages of ``earlier`` too."""
+    chats = {*job.sources, *earlier.sources}
+    sources = {chat: sorted({*job.sources.get(chat, ()), *earlier.sources.get(chat, ())}) for chat in chats}
+    return job.model_copy(update={"sources": sources})
 
 
 def touches(job: ForgetJob, key: ScopeKey) -> bool:

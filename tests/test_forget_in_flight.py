@@ -403,6 +403,133 @@ async def test_a_reply_written_after_a_forget_from_hooks_keeps_none_of_the_forgo
         assert all("zqsecret99" not in (r.context_text or "") + r.text for r in records)
 
 
+async def test_a_forget_from_hooks_waits_for_hooks_scheduled_after_it_by_messages_under_way(
+    tmp_path: Path,
+) -> None:
+    """Answered before their hooks: a batch of Ann's is still being embedded (its unit under way)
+    when her forget runs from hooks, and schedules its hooks after the forget's own."""
+    facts = SlowFacts(about="Acme")
+    async with open_memory(
+        tmp_path / "m", storage={"acknowledge": "after_write"}, plugins=[facts, ForgetMeCommand()]
+    ) as memory:
+        embed = memory.embedder.embed
+
+        async def slow(texts: Any, *args: Any, **kwargs: Any) -> Any:
+            if any("Acme" in text for text in texts):
+                await asyncio.sleep(0.2)  # a real model on a long batch
+            return await embed(texts, *args, **kwargs)
+
+        memory.embedder.embed = slow  # type: ignore[method-assign]
+        notes = [ann(f"x{i}", f"note number {i} about my week in town") for i in range(11)]
+        first = asyncio.ensure_future(
+            memory.ingest_many([ann("1", "I work at Acme Bank as an analyst."), *notes])
+        )
+        await asyncio.sleep(0.02)
+        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        await asyncio.wait_for(memory.ingest(asking), WAIT)
+        await asyncio.wait_for(first, WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert facts.started.is_set()
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        assert await everything(memory) == []
+
+
+async def test_a_message_of_the_scope_written_before_the_forget_is_finished_goes_with_its_facts(
+    tmp_path: Path,
+) -> None:
+    """Ann writes again while her forget from hooks waits to be finished: that message is deleted
+    when it is (the documented cost), and only once its own hooks have ended, so its fact goes
+    too; Bob's reply to it keeps none of its words, nor does Bob's next message."""
+    facts = SlowFacts(about="Acme")
+    async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
+        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        await asyncio.wait_for(memory.ingest(asking), WAIT)
+        assert not first.done()
+        facts.started.clear()
+        again = msg(
+            "a3", "my zqsecret77 plan: Acme Bank Oslo", user="ann", chat="g", tenant="t", speaker="Ann"
+        )
+        later = asyncio.ensure_future(memory.ingest(again))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        await memory.ingest(
+            msg("b4", "sounds like a great plan", user="bob", chat="g", tenant="t", speaker="Bob")
+        )
+        await asyncio.wait_for(asyncio.gather(first, later), WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert await memory.store.pending_forgets() == []
+        await memory.ingest(
+            msg("b5", "I am planning a trip to Lisbon next month", user="bob", chat="g", tenant="t")
+        )
+        records = await everything(memory)
+        assert sorted(r.message_ids[0] for r in records) == ["b4", "b5"]
+        assert all("zqsecret77" not in (r.context_text or "") + r.text for r in records)
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+
+
+async def test_asking_twice_to_be_forgotten_on_receipt_does_not_hang(tmp_path: Path) -> None:
+    """On receipt: Ann asks to be forgotten while her first message's hooks run, then writes, then
+    asks again, a request slow to embed. The first forget is finished while that request is being
+    written: its entry stays (it came after the forget), so its write does not forget it again and
+    wait for the hooks that forget, which wait for that write."""
+    facts = SlowFacts(about="Acme")
+    async with open_memory(
+        tmp_path / "m", storage={"acknowledge": "on_receipt"}, plugins=[facts, ForgetMeCommand()]
+    ) as memory:
+        embed = memory.embedder.embed
+
+        async def slow(texts: Any, *args: Any, **kwargs: Any) -> Any:
+            if any("now please" in text for text in texts):
+                await asyncio.sleep(0.4)
+            return await embed(texts, *args, **kwargs)
+
+        memory.embedder.embed = slow  # type: ignore[method-assign]
+        await memory.ingest(ann("1", "I work at Acme Bank as an analyst."))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        await memory.ingest(msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t"))
+        await memory.ingest(msg("2b", "Acme Bank gave me a raise.", user="ann", chat="dm2", tenant="t"))
+        await memory.ingest(msg("3", "forget me now please", user="ann", chat="again", tenant="t"))
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert await everything(memory) == []
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+
+
+async def test_a_forget_from_hooks_cut_short_is_finished_at_the_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process stops before the forget from hooks is finished: its recorded job is finished
+    by the next open, what the scope wrote meanwhile included."""
+    from narrmem.forgetting import Forgetting
+
+    async def stopped(self: Forgetting, job: Any, ends: Any) -> None:
+        await asyncio.gather(*(asyncio.shield(end) for end in ends))
+
+    monkeypatch.setattr(Forgetting, "_finish_after", stopped)
+    facts = SlowFacts(about="Acme")
+    async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
+        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        await memory.ingest(msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t"))
+        await memory.ingest(
+            msg("a3", "my zqsecret77 plan is Oslo", user="ann", chat="g", tenant="t", speaker="Ann")
+        )
+        await memory.ingest(
+            msg("b4", "sounds like a great plan", user="bob", chat="g", tenant="t", speaker="Bob")
+        )
+        await asyncio.wait_for(first, WAIT)
+        await memory.settle()
+        assert len(await memory.store.pending_forgets()) == 1
+        assert (await graph_of(memory))["nodes"] > 0
+    monkeypatch.undo()
+    async with open_memory(tmp_path / "m", plugins=[SlowFacts(about="Acme"), ForgetMeCommand()]) as memory:
+        assert await memory.store.pending_forgets() == []
+        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        records = await everything(memory)
+        assert [r.message_ids for r in records] == [["b4"]]
+        assert all("zqsecret77" not in (r.context_text or "") + r.text for r in records)
+
+
 class ForgetHoldingItsOwnLock(ForgetMeCommand):
     """A plugin that holds a lock of its own around its after-store work and forgets inside it:
     the forgetting message takes the lock first, and another message's hooks wait for it."""

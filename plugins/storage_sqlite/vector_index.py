@@ -153,8 +153,9 @@ class Shard:
         rows = np.flatnonzero(self.alive[: self.n] & np.isin(self.ids[: self.n], ids))
         if not len(rows):
             return 0
-        if self.removed_since_snapshot is not None:
-            self.removed_since_snapshot.update(int(i) for i in self.ids[rows])
+        tracked = self.removed_since_snapshot  # read once: a failed build may clear it meanwhile
+        if tracked is not None:
+            tracked.update(self.ids[rows].tolist())
         if self.graph is None:
             keep = np.ones(self.n, dtype=bool)
             keep[rows] = False
