@@ -469,18 +469,21 @@ async def test_a_message_of_the_scope_written_before_the_forget_is_finished_goes
 
 
 async def test_asking_twice_to_be_forgotten_on_receipt_does_not_hang(tmp_path: Path) -> None:
-    """On receipt: Ann asks to be forgotten while her first message's hooks run, then writes, then
-    asks again, a request slow to embed. The first forget is finished while that request is being
-    written: its entry stays (it came after the forget), so its write does not forget it again and
-    wait for the hooks that forget, which wait for that write."""
+    """On receipt: Ann asks to be forgotten while her first message's hooks run, writes again,
+    and once the forget waits to be finished asks again, a request slow to embed. The forget is
+    finished while that request is being written: its entry stays (it came after the forget), so
+    its write does not forget it again and wait for the hooks that forget, which wait for that
+    write."""
     facts = SlowFacts(about="Acme")
     async with open_memory(
         tmp_path / "m", storage={"acknowledge": "on_receipt"}, plugins=[facts, ForgetMeCommand()]
     ) as memory:
         embed = memory.embedder.embed
+        embedding = asyncio.Event()
 
         async def slow(texts: Any, *args: Any, **kwargs: Any) -> Any:
             if any("now please" in text for text in texts):
+                embedding.set()
                 await asyncio.sleep(0.4)
             return await embed(texts, *args, **kwargs)
 
@@ -489,7 +492,11 @@ async def test_asking_twice_to_be_forgotten_on_receipt_does_not_hang(tmp_path: P
         await asyncio.wait_for(facts.started.wait(), WAIT)
         await memory.ingest(msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t"))
         await memory.ingest(msg("2b", "Acme Bank gave me a raise.", user="ann", chat="dm2", tenant="t"))
+        # The forget waits to be finished once its job is recorded (a state of the store, no event).
+        while not await memory.store.pending_forgets():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         await memory.ingest(msg("3", "forget me now please", user="ann", chat="again", tenant="t"))
+        await asyncio.wait_for(embedding.wait(), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert await everything(memory) == []
         assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
