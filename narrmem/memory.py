@@ -81,7 +81,8 @@ class Memory(MemoryLifecycle):
         returns before they run, or ``"on_receipt"``, where it returns before the message is
         written (this waits for the writes too, but not for a message whose write failed and
         waits for another try); closing the memory and a forget wait for them too. Outside hooks,
-        it also waits for forgets run from hooks to be finished (see :meth:`forget`)."""
+        it also waits for forgets run from hooks to be finished (see :meth:`forget`), which wait
+        for the messages under way in the forgotten scope's chats."""
         await self._inbox.drained()
         await self._settling.settle()
         await self._forgetting.finished_later()
@@ -245,7 +246,8 @@ class Memory(MemoryLifecycle):
         meanwhile (they may be waiting for the code that forgets). If some are of the scope or of
         a chat it wrote in, or hooks are scheduled to run, it deletes what it can, returns, and
         is finished once they have ended, so what their hooks make does not outlive it
-        (:meth:`settle` waits for that). Messages of the scope written before then go with it."""
+        (:meth:`settle` waits for that). Messages of the scope written before then go with it,
+        and the counts returned are those of the first deletion."""
         return await self._forgetting.scope(scope_of(tenant, user_id, chat_id))
 
     @while_open
