@@ -512,23 +512,23 @@ async def test_a_forget_from_hooks_cut_short_is_finished_at_the_next_open(
     async def stopped(self: Forgetting, job: Any, ends: Any) -> None:
         await asyncio.gather(*(asyncio.shield(end) for end in ends))
 
-    monkeypatch.setattr(Forgetting, "_finish_after", stopped)
-    facts = SlowFacts(about="Acme")
-    async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
-        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
-        await asyncio.wait_for(facts.started.wait(), WAIT)
-        await memory.ingest(msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t"))
-        await memory.ingest(
-            msg("a3", "my zqsecret77 plan is Oslo", user="ann", chat="g", tenant="t", speaker="Ann")
-        )
-        await memory.ingest(
-            msg("b4", "sounds like a great plan", user="bob", chat="g", tenant="t", speaker="Bob")
-        )
-        await asyncio.wait_for(first, WAIT)
-        await memory.settle()
-        assert len(await memory.store.pending_forgets()) == 1
-        assert (await graph_of(memory))["nodes"] > 0
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(Forgetting, "_finish_after", stopped)
+        facts = SlowFacts(about="Acme")
+        async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
+            first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+            await asyncio.wait_for(facts.started.wait(), WAIT)
+            await memory.ingest(msg("2", "Please forget me.", user="ann", chat="other", tenant="t"))
+            await memory.ingest(
+                msg("a3", "my zqsecret77 plan is Oslo", user="ann", chat="g", tenant="t", speaker="Ann")
+            )
+            await memory.ingest(
+                msg("b4", "sounds like a great plan", user="bob", chat="g", tenant="t", speaker="Bob")
+            )
+            await asyncio.wait_for(first, WAIT)
+            await memory.settle()
+            assert len(await memory.store.pending_forgets()) == 1
+            assert (await graph_of(memory))["nodes"] > 0
     async with open_memory(tmp_path / "m", plugins=[SlowFacts(about="Acme"), ForgetMeCommand()]) as memory:
         assert await memory.store.pending_forgets() == []
         assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
