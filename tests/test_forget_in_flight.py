@@ -49,6 +49,28 @@ async def graph_of(memory: Memory) -> dict[str, Any]:
     return graph
 
 
+async def nothing_left(memory: Memory) -> None:
+    """No memory and no graph fact is left (of anyone: the tests that use it had Ann alone)."""
+    assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+    assert await everything(memory) == []
+
+
+def slow_embedding(memory: Memory, words: str, seconds: float) -> asyncio.Event:
+    """Texts holding ``words`` take ``seconds`` more to embed (a real model on a long batch);
+    the event is set when one starts."""
+    embed = memory.embedder.embed
+    started = asyncio.Event()
+
+    async def slow(texts: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(words in text for text in texts):
+            started.set()
+            await asyncio.sleep(seconds)
+        return await embed(texts, *args, **kwargs)
+
+    memory.embedder.embed = slow  # type: ignore[method-assign]
+    return started
+
+
 @pytest.mark.parametrize("acknowledge", MODES)
 async def test_a_forget_during_the_after_store_hooks_leaves_nothing_they_made(
     tmp_path: Path, acknowledge: str
@@ -93,8 +115,7 @@ async def test_a_forget_while_a_message_is_written_waits_for_its_hooks(tmp_path:
         await asyncio.wait_for(ingest, WAIT)
         await asyncio.wait_for(forget, WAIT)
         await memory.settle()
-        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
-        assert await everything(memory) == []
+        await nothing_left(memory)
 
 
 @pytest.mark.parametrize("acknowledge", MODES)
@@ -300,8 +321,7 @@ async def test_a_forget_from_hooks_leaves_nothing_that_earlier_messages_hooks_ma
         asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
         await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking)), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
-        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
-        assert await everything(memory) == []
+        await nothing_left(memory)
 
 
 @pytest.mark.parametrize("acknowledge", MODES)
@@ -321,8 +341,7 @@ async def test_a_forget_from_hooks_leaves_nothing_that_later_messages_of_its_bat
         await asyncio.wait_for(memory.ingest_many(batch), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert facts.started.is_set()
-        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
-        assert await everything(memory) == []
+        await nothing_left(memory)
 
 
 async def test_a_forget_from_hooks_stays_recorded_until_finished_and_a_later_message_stays(
@@ -343,8 +362,7 @@ async def test_a_forget_from_hooks_stays_recorded_until_finished_and_a_later_mes
         await asyncio.wait_for(first, WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert await memory.store.pending_forgets() == []
-        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
-        assert await everything(memory) == []
+        await nothing_left(memory)
         later = await memory.ingest(ann("3", "I adopted a greyhound named Pixel."))
         await memory.settle()
         assert later.stored
@@ -412,14 +430,7 @@ async def test_a_forget_from_hooks_waits_for_hooks_scheduled_after_it_by_message
     async with open_memory(
         tmp_path / "m", storage={"acknowledge": "after_write"}, plugins=[facts, ForgetMeCommand()]
     ) as memory:
-        embed = memory.embedder.embed
-
-        async def slow(texts: Any, *args: Any, **kwargs: Any) -> Any:
-            if any("Acme" in text for text in texts):
-                await asyncio.sleep(0.2)  # a real model on a long batch
-            return await embed(texts, *args, **kwargs)
-
-        memory.embedder.embed = slow  # type: ignore[method-assign]
+        slow_embedding(memory, "Acme", 0.2)
         notes = [ann(f"x{i}", f"note number {i} about my week in town") for i in range(11)]
         first = asyncio.ensure_future(
             memory.ingest_many([ann("1", "I work at Acme Bank as an analyst."), *notes])
@@ -430,8 +441,7 @@ async def test_a_forget_from_hooks_waits_for_hooks_scheduled_after_it_by_message
         await asyncio.wait_for(first, WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert facts.started.is_set()
-        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
-        assert await everything(memory) == []
+        await nothing_left(memory)
 
 
 async def test_a_message_of_the_scope_written_before_the_forget_is_finished_goes_with_its_facts(
@@ -478,16 +488,7 @@ async def test_asking_twice_to_be_forgotten_on_receipt_does_not_hang(tmp_path: P
     async with open_memory(
         tmp_path / "m", storage={"acknowledge": "on_receipt"}, plugins=[facts, ForgetMeCommand()]
     ) as memory:
-        embed = memory.embedder.embed
-        embedding = asyncio.Event()
-
-        async def slow(texts: Any, *args: Any, **kwargs: Any) -> Any:
-            if any("now please" in text for text in texts):
-                embedding.set()
-                await asyncio.sleep(0.4)
-            return await embed(texts, *args, **kwargs)
-
-        memory.embedder.embed = slow  # type: ignore[method-assign]
+        embedding = slow_embedding(memory, "now please", 0.4)
         await memory.ingest(ann("1", "I work at Acme Bank as an analyst."))
         await asyncio.wait_for(facts.started.wait(), WAIT)
         await memory.ingest(msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t"))
@@ -498,8 +499,7 @@ async def test_asking_twice_to_be_forgotten_on_receipt_does_not_hang(tmp_path: P
         await memory.ingest(msg("3", "forget me now please", user="ann", chat="again", tenant="t"))
         await asyncio.wait_for(embedding.wait(), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
-        assert await everything(memory) == []
-        assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
+        await nothing_left(memory)
 
 
 async def test_a_forget_from_hooks_cut_short_is_finished_at_the_next_open(
