@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError
@@ -52,6 +52,9 @@ class Forgetting:
         self.inbox = inbox
         self.fence = fence
         self._finishing_later: set[asyncio.Task[None]] = set()
+        # The messages under way each of those tasks waits for; a change of any is signalled.
+        self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
+        self._changed = asyncio.Event()
 
     async def _quiet(self) -> None:
         # The batches being written have run their hooks (or scheduled them), what was received is
@@ -71,30 +74,45 @@ class Forgetting:
                 # What may still write for the scope: the units under way with a message of it or
                 # of a chat it wrote in (a reply's keyword context), this one's included, and the
                 # hooks scheduled to run after their answer. None of it can be waited for here.
-                ends = self.fence.under_way(lambda key: touches(job, key))
-                scheduled = self.settling.scheduled()
-                if scheduled is not None:
-                    ends.append(scheduled)
-                if not ends:
+                units = self.fence.under_way(lambda key: touches(job, key))
+                if not units and self.settling.scheduled() is None:
                     return await self.finish(job)
                 counts = await self.finish(job, done=False)
-                self._finish_later(job, ends)
+                self._finish_later(job, units)
                 return counts
 
-    def _finish_later(self, job: ForgetJob, ends: list[asyncio.Future[None]]) -> None:
-        task = asyncio.get_running_loop().create_task(self._finish_after(job, ends))
+    def _finish_later(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._finish_after(job, units))
         self._finishing_later.add(task)
-        task.add_done_callback(self._finishing_later.discard)
+        task.add_done_callback(self._finished)
 
-    async def _finish_after(self, job: ForgetJob, ends: list[asyncio.Future[None]]) -> None:
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._finishing_later.discard(task)
+        self._waiting_for.pop(task, None)
+        self._changed.set()
+
+    async def _units_ended(self, units: list[asyncio.Future[None]]) -> None:
+        """Wait for the units ``units`` (messages under way), saying so to :meth:`finished_later`."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting_for[task] = units
+        self._changed.set()
+        for unit in units:
+            unit.add_done_callback(lambda _: self._changed.set())
+        try:
+            await asyncio.gather(*(asyncio.shield(unit) for unit in units))
+        finally:
+            self._waiting_for.pop(task, None)
+
+    async def _finish_after(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
         # Waits holding nothing back, and holds new units back only while it deletes, waiting for
         # none there: a unit under way may be waiting for a message an ordinary forget would hold
         # back. The job stays recorded until then, so a crash leaves it to the next open.
         try:
             with not_own_work():
-                await asyncio.gather(*(asyncio.shield(end) for end in ends))
+                await self._units_ended(units)
                 # Those units have ended: the hooks they left to run after their answer are
-                # scheduled now, after the ones noted at the forget.
+                # scheduled now, with the ones scheduled before the forget.
                 scheduled = self.settling.scheduled()
                 if scheduled is not None:
                     await asyncio.shield(scheduled)
@@ -108,7 +126,7 @@ class Forgetting:
                             await self._finish_again(job)
                             return
                 with not_own_work():
-                    await asyncio.gather(*(asyncio.shield(end) for end in later))
+                    await self._units_ended(later)
             log.warning("messages of a scope kept coming while its forget was to be finished; finishing it")
             with own_work():
                 async with self.fence.forgetting(), self.write_lock:
@@ -127,10 +145,17 @@ class Forgetting:
         await store.finish_forget(job, purge=False)
 
     async def finished_later(self) -> None:
-        """Wait for the forgets run from hooks to be finished (at once inside hooks, which they may
-        be waiting for)."""
-        while self._finishing_later and not inside_own_work():
-            await asyncio.wait(set(self._finishing_later))
+        """Wait for the forgets run from hooks to be finished, but for those waiting for messages
+        under way (whose hooks may be waiting for the caller, as ingest calls not yet answered
+        are not waited for either); at once inside hooks, which they may be waiting for."""
+        while not inside_own_work():
+            self._changed.clear()
+            if all(self._waits_for_units(task) for task in self._finishing_later):
+                return
+            await self._changed.wait()
+
+    def _waits_for_units(self, task: asyncio.Task[None]) -> bool:
+        return any(not unit.done() for unit in self._waiting_for.get(task, ()))
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)

@@ -81,8 +81,9 @@ class Memory(MemoryLifecycle):
         returns before they run, or ``"on_receipt"``, where it returns before the message is
         written (this waits for the writes too, but not for a message whose write failed and
         waits for another try); closing the memory and a forget wait for them too. Outside hooks,
-        it also waits for forgets run from hooks to be finished (see :meth:`forget`), which wait
-        for the messages under way in the forgotten scope's chats."""
+        it also waits for forgets run from hooks to be finished (see :meth:`forget`), but for
+        those waiting for messages still under way (calls not yet answered, whose hooks may be
+        waiting for the caller)."""
         await self._inbox.drained()
         await self._settling.settle()
         await self._forgetting.finished_later()

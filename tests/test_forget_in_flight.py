@@ -537,6 +537,30 @@ async def test_a_forget_from_hooks_cut_short_is_finished_at_the_next_open(
         assert all("zqsecret77" not in (r.context_text or "") + r.text for r in records)
 
 
+async def test_settling_does_not_wait_for_a_forget_waiting_for_a_message_whose_hooks_wait_for_it(
+    tmp_path: Path,
+) -> None:
+    """Bob's hooks, in a group Ann wrote in, wait for code that settles first; Ann's forget from
+    hooks waits for Bob's message. Settling skips a forget that waits for messages under way, as
+    it skips the calls not yet answered."""
+    waiting = WaitsForANote("bob")
+    async with open_memory(tmp_path / "m", plugins=[waiting, ForgetMeCommand()]) as memory:
+        await memory.ingest(msg("a1", "I love the harbour at dawn", user="ann", chat="g", tenant="t"))
+        reply = msg("b1", "me too, so calm", user="bob", chat="g", tenant="t")
+        bob = asyncio.ensure_future(memory.ingest(reply))
+        await asyncio.wait_for(waiting.started.wait(), WAIT)
+        await memory.ingest(msg("a2", "Please forget me, all of it.", user="ann", chat="dm", tenant="t"))
+        try:
+            await asyncio.wait_for(memory.settle(), WAIT)
+            assert len(await memory.store.pending_forgets()) == 1  # still waiting for Bob's message
+        finally:
+            waiting.note_written.set()
+        await asyncio.wait_for(bob, WAIT)
+        await asyncio.wait_for(memory.settle(), WAIT)
+        assert await memory.store.pending_forgets() == []
+        assert [r.message_ids for r in await everything(memory)] == [["b1"]]
+
+
 class ForgetHoldingItsOwnLock(ForgetMeCommand):
     """A plugin that holds a lock of its own around its after-store work and forgets inside it:
     the forgetting message takes the lock first, and another message's hooks wait for it."""
