@@ -406,7 +406,9 @@ def narrmem_after_forget(
 
     Implementations must be idempotent (a finished step may run again after a crash) and must
     raise rather than give up: the forget is reported done, and its job deleted, only once every
-    implementation has returned.
+    implementation has returned. A user's or chat's forget run from hooks or a trigger callback
+    calls it twice: at once, and when the messages under way have ended and it is finished (see
+    ``Memory.forget``), ``sources`` then naming what the scope wrote meanwhile too.
     """
 
 
