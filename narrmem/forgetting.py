@@ -123,6 +123,8 @@ class Forgetting:
                         # after the deletion: the deletion waits for a moment without one.
                         later = self.fence.under_way(lambda key: touches(job, key))
                         if not later:
+                            # Messages received meanwhile are not the forget's: their entries
+                            # stay, and they are written after it as after any forget.
                             await self._finish_again(job)
                             return
                 with not_own_work():
@@ -134,14 +136,12 @@ class Forgetting:
         except Exception:
             log.exception("finishing a forget run from hooks failed; the next open finishes it")
 
-    async def _finish_again(self, job: ForgetJob) -> None:
+    async def _finish_again(self, job: ForgetJob, *, received: bool = False) -> None:
         """Run a recorded scope forget again and finish it, naming what the scope wrote since (the
-        plugins scrub copies by it)."""
+        plugins scrub copies by it). ``received``: delete the scope's received entries too."""
         store = self.memory.store
         now = with_sources_of(await store.begin_forget(**job.scope.model_dump()), job)
-        # Messages received meanwhile are not the forget's: their entries stay, and they are
-        # written after it as after any forget.
-        await self.finish(now, received=False)
+        await self.finish(now, received=received)
         await store.finish_forget(job, purge=False)
 
     async def finished_later(self) -> None:
@@ -153,6 +153,14 @@ class Forgetting:
             if all(self._waits_for_units(task) for task in self._finishing_later):
                 return
             await self._changed.wait()
+
+    async def close(self) -> None:
+        """Stop the forgets from hooks still waiting for messages under way: their jobs stay
+        recorded, and the next open finishes them."""
+        tasks = list(self._finishing_later)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _waits_for_units(self, task: asyncio.Task[None]) -> bool:
         return any(not unit.done() for unit in self._waiting_for.get(task, ()))
@@ -216,8 +224,9 @@ class Forgetting:
             async with self.write_lock:
                 if job.messages is None:
                     # What the scope wrote after the job was recorded (a forget run from hooks
-                    # that was still to be finished) is named too.
-                    await self._finish_again(job)
+                    # that was still to be finished) is named too. The received entries a
+                    # stopped process left go first, as in any forget: the inbox writes them next.
+                    await self._finish_again(job, received=True)
                 else:
                     await self.finish(job)
 

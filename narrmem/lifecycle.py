@@ -187,6 +187,7 @@ class MemoryLifecycle:
                 # A forget run from hooks is finished once the messages under way have ended.
                 await self._settling.settle()
                 await self._forgetting.finished_later()
+                await self._forgetting.close()
                 await self._settling.close()
                 await self.host.call("narrmem_shutdown", memory=self)
         finally:

@@ -379,3 +379,28 @@ async def test_an_index_saved_with_names_of_emptied_chats_drops_them_at_the_next
     async with open_memory(folder) as mem:
         assert [h.user_id for h in await mem.recall("marathon", chat_id=GROUP)][:1] == ["ann"]
     assert _files_with(folder, (b"gone-zq5559876",)) == {}
+
+
+async def test_a_forget_finished_at_the_next_open_drops_what_the_stopped_process_received(
+    tmp_path: Path,
+) -> None:
+    """A process received a message of Ann's (on receipt, not yet written) and stopped while it
+    forgot her, its job recorded: the next open finishes the forget first, and the inbox then
+    finds nothing of hers to write."""
+    from narrmem.inbox import NAMESPACE, _entry
+
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest(msg("1", "hello there, a first note", user="ann", chat="c", tenant="t"))
+        received = narrmem.Message.model_validate(
+            msg("2", "my zqsecret77 plan is Oslo", user="ann", chat="c", tenant="t")
+        )
+        # As the stopped process left it: its entry, under an owner that is gone, and the job.
+        await mem.store.state_put(
+            NAMESPACE, "gone-owner:000000000001", _entry(received, narrmem.TriageDecision(layer="accumulate"))
+        )
+        await mem.store.begin_forget(tenant="t", user_id="ann", chat_id=None)
+    async with open_memory(folder) as mem:
+        await mem.settle()
+        assert await mem.store.pending_forgets() == []
+        assert await mem.store.recent(narrmem.Scope(tenant="t", user_id="ann"), limit=100) == []
