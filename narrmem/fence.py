@@ -74,7 +74,8 @@ ScopeKey = tuple[str, str, str]
 
 @contextlib.contextmanager
 def own_work(number: int = HOOKS_LATER) -> Iterator[None]:
-    """Code in this block is part of unit ``number`` (or of hooks run later): it passes the fence."""
+    """Code in this block is part of unit or forget ``number`` (or of hooks run later): it passes
+    the fence."""
     grant = Grant(number)
     token = _INSIDE.set((*_INSIDE.get(), grant))
     try:
@@ -187,22 +188,19 @@ class Fence:
         self._forgets += 1
         if self._forgets_ended is None:
             self._forgets_ended = asyncio.get_running_loop().create_future()
-        grant = Grant(number)
-        token = _INSIDE.set((*_INSIDE.get(), grant))
         try:
-            # Run from hooks or a trigger callback, it waits for no unit: another unit may be
-            # waiting for a forget of its own, or for the hooks this one runs in.
-            before = [] if inside else list(self._units.values())
-            if before:
-                await asyncio.gather(*(asyncio.shield(done) for done in before))
-            if self.workers is None or inside:
-                yield
-            else:
-                async with self.workers.forgetting():
+            with own_work(number):
+                # Run from hooks or a trigger callback, it waits for no unit: another unit may be
+                # waiting for a forget of its own, or for the hooks this one runs in.
+                before = [] if inside else list(self._units.values())
+                if before:
+                    await asyncio.gather(*(asyncio.shield(done) for done in before))
+                if self.workers is None or inside:
                     yield
+                else:
+                    async with self.workers.forgetting():
+                        yield
         finally:
-            grant.active = False
-            _INSIDE.reset(token)
             self._forgets -= 1
             ended = self._forgets_ended
             if self._forgets == 0 and ended is not None:
