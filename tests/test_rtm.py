@@ -672,6 +672,40 @@ async def test_user_summary(tmp_path: Path) -> None:
         assert info.value.field == "user_id"
 
 
+async def test_user_summaries_kept_in_memory_are_bounded(tmp_path: Path) -> None:
+    """A bot whose users each ask for their summary once must not keep every user's tree (and the
+    memories it tells) for as long as it runs: only the most recently asked stay, and a tree asked
+    for again after it went is built again, the same."""
+    async with open_memory(
+        tmp_path / "kept", plugins=rtm_plugins(), plugin={"rtm": {"user_summaries_kept": 2}}
+    ) as memory:
+        users = ["u1", "u2", "u3"]
+        for user in users:
+            for i, text in enumerate(USER_LINES[:5]):
+                ts = f"2026-05-{i + 1:02d}T09:00:00+00:00"
+                await memory.ingest(msg(f"{user}-m{i}", f"{text} ({user})", user=user, ts=ts))
+        plugin = plugin_of(memory)
+        first = await user_summary(memory, user_id="u1", depth=12)
+        await user_summary(memory, user_id="u2", depth=12)
+        assert plugin.users.cached_users() == [("default", "u1"), ("default", "u2")]
+        await user_summary(memory, user_id="u1", depth=1)  # asked again: the most recent now
+        await user_summary(memory, user_id="u3", depth=12)
+        assert plugin.users.cached_users() == [("default", "u1"), ("default", "u3")]
+        for user in users:  # each in turn evicts the least recently asked
+            await user_summary(memory, user_id=user, depth=12)
+        assert plugin.users.cached_users() == [("default", "u2"), ("default", "u3")]
+        again = await user_summary(memory, user_id="u1", depth=12)
+        assert again == first
+
+    async with open_memory(
+        tmp_path / "none", plugins=rtm_plugins(), plugin={"rtm": {"user_summaries_kept": 0}}
+    ) as memory:
+        for i, text in enumerate(USER_LINES[:5]):
+            await memory.ingest(msg(f"m{i}", text, ts=f"2026-05-{i + 1:02d}T09:00:00+00:00"))
+        told = await user_summary(memory, user_id="u1", depth=12)
+        assert told["memoryCount"] == 5 and plugin_of(memory).users.cached_users() == []
+
+
 # --- with the real model --------------------------------------------------------------------
 
 

@@ -29,6 +29,13 @@ class RTMOptions(BaseModel):
     user_memory_limit: int = Field(
         default=1000, ge=1, le=100_000, description="newest memories a user summary covers"
     )
+    user_summaries_kept: int = Field(
+        default=128,
+        ge=0,
+        le=100_000,
+        description="users whose summary tree stays in memory between calls; the least recently asked "
+        "goes first (0: none)",
+    )
     user_kinds: list[str] = Field(default_factory=lambda: ["episode", "scene"])
     user_token_budget: int = Field(
         default=400,

@@ -4,12 +4,14 @@ Each memory is one clause, oldest first (scenes by their core sentence, episodes
 speech; an episode a scene was made from is left out, the scene says it better). The tree is
 semantic, built lazily and cached per (tenant, user) under a fingerprint of the memories it tells
 (their ids and texts): a new, edited or forgotten memory rebuilds it on the next call, whichever
-worker wrote it. Forgetting in this process also drops it at once.
+worker wrote it. Forgetting in this process also drops it at once. The cache keeps the trees of the
+``user_summaries_kept`` users asked most recently: a bot whose users each ask once keeps no more.
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +48,8 @@ class _Cached:
 
 class UserSummaries:
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, str], _Cached] = {}
+        # Least recently asked first; bounded in ``_keep``.
+        self._cache: OrderedDict[tuple[str, str], _Cached] = OrderedDict()
 
     def forget(self, tenant: str, user_id: str | None) -> None:
         """Drop cached trees a forget may have touched (a chat forget touches every user in it)."""
@@ -119,6 +122,7 @@ class UserSummaries:
         fingerprint = hash(tuple((r.id, r.index_text) for r in records))
         cached = self._cache.get(key)
         if cached is not None and cached.fingerprint == fingerprint:
+            self._cache.move_to_end(key)
             return cached
         clauses = [clause_of(r) for r in records]
         branching, max_depth = suggest_parameters(len(clauses), options.compression)
@@ -134,8 +138,18 @@ class UserSummaries:
             summarizer=summarizer,
         )
         cached = _Cached(fingerprint, int(recent[0].id or 0), records, tree)
-        self._cache[key] = cached
+        self._keep(key, cached, options.user_summaries_kept)
         return cached
+
+    def _keep(self, key: tuple[str, str], cached: _Cached, capacity: int) -> None:
+        self._cache.pop(key, None)
+        self._cache[key] = cached
+        while len(self._cache) > capacity:
+            self._cache.popitem(last=False)
+
+    def cached_users(self) -> list[tuple[str, str]]:
+        """The (tenant, user) pairs whose tree is in memory, least recently asked first."""
+        return list(self._cache)
 
 
 def clause_of(record: MemoryRecord) -> str:
