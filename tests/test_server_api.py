@@ -317,6 +317,36 @@ async def test_a_key_reaches_only_its_tenant(tmp_path: Path) -> None:
         await srv.refused(401, "GET", "/v1/users", headers=b)
 
 
+async def test_a_key_file_that_goes_away_does_not_open_the_server(tmp_path: Path) -> None:
+    """Keys required once stay required: a key file moved or deleted while the server runs leaves
+    no key valid, instead of every tenant's memories open to anyone without a key."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    _, key_b = KeyFile(folder).create("B")
+    ring = KeyRing.in_folder(folder, reload_seconds=0)
+    async for srv in _server(folder, keys=ring):
+        b = {"X-API-Key": key_b}
+        stored = await srv.client.post(
+            "/v1/ingest", json=msg("m1", "I decided to quit my job", tenant="B"), headers=b
+        )
+        assert stored.status_code == 200
+        await srv.refused(401, "GET", "/v1/users")
+        moved = tmp_path / "keys-elsewhere.json"
+        KeyFile(folder).path.rename(moved)
+        for method, path, kwargs in [
+            ("GET", "/v1/users", {"params": {"tenant": "B"}}),
+            ("GET", "/v1/export", {}),
+            ("POST", "/v1/recall", {"json": {"query": "job", "scope": {"tenant": "B", "user_id": "u1"}}}),
+            ("POST", "/v1/decay", {}),
+        ]:
+            await srv.refused(401, method, path, **kwargs)
+            await srv.refused(401, method, path, headers=b, **kwargs)
+        assert ring.required
+        moved.rename(KeyFile(folder).path)  # back: its keys work again
+        users = await srv.client.get("/v1/users", params={"tenant": "B"}, headers=b)
+        assert users.status_code == 200 and users.json()
+
+
 def test_keys_command_stores_only_a_salted_hash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = str(tmp_path / "d")
     assert main(["keys", "create", "--tenant", "T", "--data", data, "--json"]) == 0

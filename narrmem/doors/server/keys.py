@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets
@@ -35,6 +36,8 @@ PREFIX = "nmk"
 # nmk_<id>_<secret>: the id finds the entry without trying every hash.
 TOKEN = re.compile(r"^nmk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 RELOAD_SECONDS = 1.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -188,16 +191,21 @@ class KeyRing:
         return ring
 
     def load(self) -> None:
-        """Read the file now (blocking; at start-up)."""
+        """Read the file now (blocking; at start-up). Once keys are required they stay required:
+        a key file that goes away (moved, deleted, a volume unmounted) leaves no key valid rather
+        than the server open to anyone."""
         stamp = self._file_stamp()
         entries = self.source.read()
+        if stamp is None and self._required:
+            log.error("%s is gone: every request is refused until it is back", self.source.path)
         self._entries = {e.id: e for e in entries}
-        self._required = stamp is not None
+        self._required = self._required or stamp is not None
         self._stamp = stamp
 
     @property
     def required(self) -> bool:
-        """A key file exists: every request needs an active key, even if all are revoked."""
+        """A key file exists, or did since the server started: every request needs an active key,
+        even if all are revoked or the file is gone."""
         return self._required
 
     def active_count(self) -> int:
