@@ -87,9 +87,27 @@ class Owner:
 class Shard:
     """One user's rows: ids, chats (as codes) and vectors in growable arrays, plus a graph."""
 
-    def __init__(
-        self, key: ShardKey, dim: int, capacity: int = 16, vectors: VectorRows | None = None
-    ) -> None:
+    # One per user: a store of 50,000 users holds 50,000 at once.
+    __slots__ = (
+        "_dead_selector",
+        "alive",
+        "building",
+        "chats",
+        "dead",
+        "dim",
+        "failed_builds",
+        "file_offset",
+        "graph",
+        "graph_mapped_from",
+        "graph_saved",
+        "ids",
+        "key",
+        "n",
+        "removed_since_snapshot",
+        "vectors",
+    )
+
+    def __init__(self, key: ShardKey, dim: int, capacity: int = 0, vectors: VectorRows | None = None) -> None:
         self.key = key
         self.dim = dim
         self.n = 0
@@ -114,12 +132,13 @@ class Shard:
 
     @classmethod
     def mapped(cls, key: ShardKey, ids: np.ndarray, chats: np.ndarray, vectors: np.ndarray) -> Shard:
-        """A shard whose vectors are read from a mapped file (``vectors``, a read-only view)."""
-        shard = cls(key, vectors.shape[1], len(ids) + 16, VectorRows(vectors.shape[1], base=vectors))
+        """A shard whose vectors are read from a mapped file (``vectors``, a read-only view); no
+        room for rows written later until one is (its arrays then grow as any shard's do)."""
+        shard = cls(key, vectors.shape[1], 0, VectorRows(vectors.shape[1], base=vectors))
         shard.n = len(ids)
-        shard.ids[: shard.n] = ids
-        shard.chats[: shard.n] = chats
-        shard.alive[: shard.n] = True
+        shard.ids = np.array(ids, dtype=np.int64)
+        shard.chats = np.array(chats, dtype=np.int32)
+        shard.alive = np.ones(len(ids), dtype=bool)
         return shard
 
     @property
@@ -683,7 +702,7 @@ class VectorIndex:
             shard.file_offset = offset
         else:  # format 1: the vectors sit in the rows file; read whole, written anew by the next save
             ids, chats = files.rows(entry["rows"], entry["prefix"])
-            shard = Shard(key, self.dim, capacity=max(16, len(ids)))
+            shard = Shard(key, self.dim, capacity=len(ids))
             shard.append(ids, chats, files.rows_vectors(entry["rows"], entry["prefix"], len(ids)))
             self._mark(key)
         graph_file = entry.get("graph")
@@ -695,8 +714,11 @@ class VectorIndex:
                 shard.graph, shard.graph_saved = graph, True
                 shard.graph_mapped_from = self.path / graph_file
         self._shards[key] = shard
-        for code in np.unique(chats):
-            self._join_chat(key[0], self._chat_names[int(code)], key)
+        # Most shards hold a few rows: a set of them is quicker than np.unique's sort.
+        held = shard.chats[: shard.n]
+        codes = set(held.tolist()) if shard.n < 256 else np.unique(held).tolist()
+        for code in codes:
+            self._join_chat(key[0], self._chat_names[code], key)
 
     async def save(self, watermark: dict[str, int] | None = None) -> None:
         """Write what changed; ``watermark`` is SQLite's (see :meth:`load`) with the index in step
@@ -848,7 +870,7 @@ class _BucketFiles:
         if offset < 0 or offset + count > len(table):
             raise ValueError(f"{name} is shorter than its manifest says")
         rows = table[offset : offset + count]
-        return rows[:, 0], rows[:, 1].astype(np.int32)
+        return rows[:, 0], rows[:, 1]
 
     def rows(self, name: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
         """A shard's ids and chat codes in a rows file of format 1."""
@@ -872,7 +894,10 @@ class _BucketFiles:
             return np.empty((0, self.dim), dtype=np.float32)
         mapped = self._vectors.get(name)
         if mapped is None:
-            mapped = self._vectors[name] = np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+            # A plain array over the mapping: its slices, one per shard, are then plain views
+            # (a memmap's carry attributes of their own, copied for each).
+            on_disk = np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+            mapped = self._vectors[name] = np.asarray(on_disk)
         if mapped.dtype != np.float32 or mapped.ndim != 2 or mapped.shape[1] != self.dim:
             raise ValueError(f"{name} holds vectors of another shape")
         if offset < 0 or offset + count > len(mapped):

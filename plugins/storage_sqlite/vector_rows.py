@@ -14,11 +14,13 @@ import numpy as np
 
 from narrmem.products import inner_products
 
-EMPTY_CAPACITY = 16
-
 
 class VectorRows:
-    def __init__(self, dim: int, base: np.ndarray | None = None, capacity: int = EMPTY_CAPACITY) -> None:
+    # A bot with 50,000 users holds 50,000 of these: no per-object dict, and no rows in memory
+    # until one is written (a shard that was only read holds its mapped file alone).
+    __slots__ = ("base", "dim", "tail")
+
+    def __init__(self, dim: int, base: np.ndarray | None = None, capacity: int = 0) -> None:
         self.dim = dim
         self.base = base if base is not None else np.empty((0, dim), dtype=np.float32)
         self.tail = np.empty((capacity, dim), dtype=np.float32)
@@ -40,11 +42,10 @@ class VectorRows:
 
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` rows in all; the rows in memory at least double when they grow (the
-        mapped ones do not count: a large mapped shard does not get a tail as large as itself)."""
+        mapped ones do not count: a large mapped shard does not get a tail as large as itself),
+        from the first row written: most users have a few memories."""
         if rows > self.capacity():
-            grown = np.empty(
-                (max(rows - len(self.base), 2 * len(self.tail), EMPTY_CAPACITY), self.dim), np.float32
-            )
+            grown = np.empty((max(rows - len(self.base), 2 * len(self.tail)), self.dim), np.float32)
             grown[: len(self.tail)] = self.tail
             self.tail = grown
 
