@@ -18,9 +18,12 @@ Recall in this process waits for what it received in the asked scope to be writt
 recalls what it was just told; a forget, an edit, :meth:`~narrmem.memory.Memory.settle` and closing
 wait for everything received before them. Entries hold the message's words until it is written.
 A forget deletes the entries of what it forgets, whichever process received them, before it
-deletes any memory; a process that then writes such a message finds its entry gone when it comes
-to delete it, and forgets the message again itself, so a forget run by another worker of a shared
-store leaves nothing of what this one had received.
+deletes any memory. The writer asks whether each entry is still there inside its write's unit of
+the fence and leaves out a message whose entry is gone, so no after-store hook runs (and no trigger
+fires) for what another worker forgot; a forget that begins after that waits for the write. An
+entry that goes later still (a forget from hooks waits for no other worker) is found gone when it
+comes to be deleted, and the message is forgotten again, so a forget run by another worker of a
+shared store leaves nothing of what this one had received.
 """
 
 from __future__ import annotations
@@ -314,20 +317,37 @@ class Inbox:
         self, entries: Sequence[tuple[str, Pending]], on_written: Callable[[], None] | None = None
     ) -> bool:
         """Write received messages and delete their entries; ``False`` if the write failed (the
-        entries stay: tried again, or left for the next open). A message whose entry a forget
-        deleted meanwhile is forgotten again once written."""
+        entries stay: tried again, or left for the next open). A message whose entry a forget took
+        before the write began is not written (asked inside the write's unit of the fence); one
+        whose entry went later (a forget from hooks waits for no other worker) is forgotten again
+        once written."""
         assert self._pipeline is not None and self._forgetting is not None
+        keys = {id(item): key for key, item in entries}
+        taken: set[str] = set()
+
+        async def still_received(items: list[Pending]) -> list[Pending]:
+            kept = []
+            for item in items:
+                key = keys[id(item)]
+                if await self.memory.store.state_get(NAMESPACE, key) is None:
+                    taken.add(key)
+                else:
+                    kept.append(item)
+            return kept
+
         try:
-            await self._pipeline.store_received([item for _, item in entries])
+            await self._pipeline.store_received([item for _, item in entries], still_received)
         except Exception:
             log.exception("writing %d received messages failed; their entries are kept", len(entries))
             return False
         if on_written is not None:
             on_written()
+        if taken:
+            log.info("%d received messages were forgotten before their write; not written", len(taken))
         gone: list[Pending] = []
         try:
             for key, item in entries:
-                if not await self.memory.store.state_delete(NAMESPACE, key):
+                if key not in taken and not await self.memory.store.state_delete(NAMESPACE, key):
                     gone.append(item)
             for item in gone:
                 message = item.message

@@ -248,9 +248,15 @@ class IngestPipeline:
         await self.settling.hold_back()
         return results
 
-    async def store_received(self, items: list[Pending]) -> None:
+    async def store_received(
+        self,
+        items: list[Pending],
+        still_received: Callable[[list[Pending]], Awaitable[list[Pending]]] | None = None,
+    ) -> None:
         """Write messages received earlier (already triaged), in order, and schedule their
-        after-store hooks; a message stored meanwhile (by another process) is skipped."""
+        after-store hooks; a message stored meanwhile (by another process) is skipped, and so is
+        one that ``still_received`` (asked inside the write's unit of :mod:`narrmem.fence`) leaves
+        out: a forget took it before its write."""
         await self.settling.claim()  # the hooks' entries are this process's
         for n, item in enumerate(items):
             item.index = n
@@ -263,7 +269,9 @@ class IngestPipeline:
         # meanwhile is put in the store without waiting for this batch's embedding.
         # A forget waits for this writer (the inbox drained) instead: it passes the fence.
         with own_work():
-            written, unit = await self._finish(prepared, None, prefix, while_embedding=False, receiving=True)
+            written, unit = await self._finish(
+                prepared, None, prefix, while_embedding=False, receiving=True, still_received=still_received
+            )
         self._schedule_hooks(written, prefix, unit)
         # No holding back here: a trigger callback of an earlier batch may be waiting for these
         # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
@@ -327,6 +335,7 @@ class IngestPipeline:
         *,
         while_embedding: bool = True,
         receiving: bool = False,
+        still_received: Callable[[list[Pending]], Awaitable[list[Pending]]] | None = None,
     ) -> tuple[list[Pending], int | None]:
         """Run a prepared batch's before-store hooks, wait for its vectors and write it; return the
         messages written (whose after-store hooks the caller runs) and the batch's unit of
@@ -357,9 +366,16 @@ class IngestPipeline:
             # Begun once the batch before has run its hooks: one of them may forget, and that
             # forget waits for the units begun before it.
             unit = await self.fence.enter(receiving=receiving, scopes=message_scopes(kept))
-            written = await self._write(
-                kept, results, prefix, lambda: _vectors(prepared, rest, later), while_embedding
-            )
+            if still_received is not None:
+                # Asked inside the unit: a forget (of any worker) that took a message's entry came
+                # wholly before this write, and one that begins now waits for it and its hooks.
+                # Written anyway, a forgotten message's hooks would count and fire for its user
+                # after the forget had returned, and leave what they wrote of the user behind.
+                prepared.kept = kept = await still_received(kept)
+            written = []
+            if kept:
+                vectors = functools.partial(_vectors, prepared, rest, later)
+                written = await self._write(kept, results, prefix, vectors, while_embedding)
         except BaseException:
             if unit is not None:
                 self.fence.leave(unit)

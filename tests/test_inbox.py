@@ -240,7 +240,7 @@ async def episodes(memory: Any, user: str) -> list[MemoryRecord]:
 
 
 async def test_a_failed_write_keeps_the_message_for_the_next_open(tmp_path: Path, monkeypatch: Any) -> None:
-    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
         raise RuntimeError("the disk is gone")
 
     with monkeypatch.context() as patched:
@@ -308,11 +308,11 @@ async def test_a_message_that_cannot_be_written_does_not_hold_back_those_receive
     original = IngestPipeline.store_received
     tries: list[list[str]] = []
 
-    async def refuses_ann_1(self: IngestPipeline, items: list[Any]) -> None:
+    async def refuses_ann_1(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
         tries.append([item.message.message_id for item in items])
         if any(item.message.message_id == "ann-1" for item in items):
             raise RuntimeError("this message cannot be stored")
-        await original(self, items)
+        await original(self, items, *rest)
 
     gate = Gate()
     with monkeypatch.context() as patched:
@@ -353,12 +353,12 @@ async def test_a_message_forgotten_while_its_write_waits_to_be_tried_again_is_no
     failing = [True]
     tries: list[str] = []
 
-    async def fails_once(self: IngestPipeline, items: list[Any]) -> None:
+    async def fails_once(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
         tries.extend(item.message.message_id for item in items)
         if failing[0]:
             failing[0] = False
             raise RuntimeError("a connection lost")
-        await original(self, items)
+        await original(self, items, *rest)
 
     with monkeypatch.context() as patched:
         patched.setattr(IngestPipeline, "store_received", fails_once)
@@ -382,7 +382,7 @@ async def test_a_message_sent_again_after_a_forget_is_new_though_its_first_write
 
     monkeypatch.setattr(inbox, "RETRY_DELAYS", (30.0,))
 
-    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
         raise RuntimeError("a connection lost")
 
     lisbon = msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann")
@@ -645,7 +645,7 @@ async def test_an_entry_that_fails_to_be_written_does_not_stop_an_open(
             NAMESPACE, "gone:000000000000", _entry(message, TriageDecision(layer="accumulate"))
         )
 
-    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
         raise RuntimeError("the model is gone")
 
     with monkeypatch.context() as patched:
@@ -662,7 +662,7 @@ async def test_ingest_refuses_once_too_many_received_messages_failed(
 ) -> None:
     import narrmem.inbox as inbox
 
-    async def fails(self: IngestPipeline, items: list[Any]) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
         raise RuntimeError("the disk is gone")
 
     monkeypatch.setattr(inbox, "MAX_UNWRITTEN", 2)
@@ -695,3 +695,44 @@ async def test_a_forget_by_another_worker_removes_what_this_one_had_received(tmp
 
         await export_store(a, tmp_path / "all.jsonl")  # every table, the graph's included
         assert "Lisbon" not in (tmp_path / "all.jsonl").read_text(encoding="utf-8")
+
+
+async def test_a_message_another_worker_forgot_before_its_write_is_never_written(tmp_path: Path) -> None:
+    """PostgreSQL, two workers: A has answered Ann's messages on receipt, and their write waits in
+    a before-store hook, when B forgets Ann. A asks whether each entry is still there inside the
+    write's unit of the fence, so none is written: no after-store hook runs, no count is kept and
+    no trigger fires for a user who was forgotten (before, A wrote them, its hooks counted Ann's
+    mood three times and fired a trigger after B's forget had returned, and the proactive plugin's
+    state of her stayed, since A then forgot the messages, not the user)."""
+    dsn = await fresh_database("inbox_forget_before_write")
+    storage = {"backend": "postgres", "dsn": dsn, **ON_RECEIPT}
+    gate = Gate(users=("ann",))
+    fired: list[TriggerEvent] = []
+
+    async def on_trigger(event: TriggerEvent) -> None:
+        fired.append(event)
+
+    async with open_memory(tmp_path / "a", real_model=True, plugins=[gate], storage=storage) as a:
+        a.on_trigger(on_trigger)
+        answered = await a.ingest_many(tired())
+        assert [r.stored and not r.written for r in answered] == [True] * len(TIRED)
+        await eventually(lambda: _true(bool(gate.before)))  # their write waits in the hook
+        async with open_memory(tmp_path / "b", real_model=True, storage=storage) as b:
+            await b.forget(user_id="ann")
+        gate.open.set()
+        await a.settle()
+        await a.ingest(msg("bob-1", "so tired today", user="bob", chat="dm-bob"))  # the writer goes on
+        await a.settle()
+        assert gate.seen == ["bob-1"]
+        assert [e.user_id for e in fired] == []
+        assert await episodes(a, "ann") == []
+        assert [key for key, _ in await a.store.state_items("proactive") if "ann" in key] == []
+        assert await a.store.state_items(NAMESPACE) == []
+        from narrmem.doors.transfer import export_store
+
+        await export_store(a, tmp_path / "all.jsonl")
+        assert '"ann"' not in (tmp_path / "all.jsonl").read_text(encoding="utf-8")
+
+
+async def _true(value: bool) -> bool:
+    return value
