@@ -22,7 +22,9 @@ Reported at every ``--checkpoint`` (2,000 messages)
 
     The figure that matters is the growth over the second half of the run, per 10,000 messages:
     the store grows with what is kept, and nothing held in the process should grow with the number
-    of people met once its caches are full.
+    of people met once its caches are full, but the vector index's own rows (a user's shard, and
+    the vectors written since the last save). Every error narrmem logged is counted by message:
+    there should be none.
 
 Usage:  python bench/soak.py --messages 30000 --users 20000 --out bench/results/soak.json
 """
@@ -33,6 +35,7 @@ import argparse
 import asyncio
 import gc
 import json
+import logging
 import os
 import random
 import statistics
@@ -51,6 +54,18 @@ from narrmem import ManualClock, Memory, Message, load_settings
 
 EPOCH = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 GROUP_CHATS = 40
+
+
+class Failures(logging.Handler):
+    """Errors narrmem logged during the run (a plugin that failed on a message, a write that
+    failed): a bot's months should have none."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages[record.getMessage()[:200]] += 1
 
 
 def rss_mib(pid: int | str = "self") -> float:
@@ -124,6 +139,8 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
         settings = await _pgserver.fresh_settings(settings)
     traffic = Traffic(args.seed, args.users, args.heavy_share)
+    failures = Failures()
+    logging.getLogger("narrmem").addHandler(failures)
     mem = await Memory.open(folder, settings=settings, clock=clock)
     checkpoints: list[dict[str, Any]] = []
     ingest_s: list[float] = []
@@ -185,6 +202,7 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                     "ingest_p50_ms": statistics.median(ingest_s) * 1000,
                     "context_p50_ms": statistics.median(context_s) * 1000 if context_s else None,
                     "elapsed_s": time.perf_counter() - started,
+                    "errors_logged": sum(failures.messages.values()),
                     **counts,
                 }
                 ingest_s.clear()
@@ -200,7 +218,13 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         model = model_process_status(mem)
     finally:
         await mem.close()
-    return {"checkpoints": checkpoints, "growth": growth(checkpoints), "model": model}
+        logging.getLogger("narrmem").removeHandler(failures)
+    return {
+        "checkpoints": checkpoints,
+        "growth": growth(checkpoints),
+        "errors_logged": dict(failures.messages),
+        "model": model,
+    }
 
 
 def growth(points: list[dict[str, Any]]) -> dict[str, float]:
@@ -245,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         report = asyncio.run(run(args, Path(tmp)))
     report["args"] = vars(args)
     report["machine"] = machine_info()
-    print(json.dumps(report["growth"], indent=2))
+    print(json.dumps({"growth": report["growth"], "errors_logged": report["errors_logged"]}, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 0

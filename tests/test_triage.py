@@ -303,6 +303,34 @@ async def test_same_topic_on_the_same_weekday_is_a_habit(real: Memory) -> None:
     assert len(habits) == 1 and habits[0].label.endswith("on Fridays") and habits[0].count == 3
 
 
+async def test_a_habit_counts_the_message_itself_when_its_nearest_are_all_earlier_copies(
+    real: Memory,
+) -> None:
+    """Someone who says the very same thing often: the 64 nearest memories a topic count reads are
+    all earlier copies of the message (equal vectors; ties go to the older), so the message itself
+    is not among them. Before, the habit counter then looked for this week's first mention among
+    them, found none and failed (``min()`` of nothing): no count, habit or trigger for the message."""
+    fridays = [datetime(2026, 10, 2, 8, tzinfo=CET) + timedelta(weeks=w) for w in range(3)]
+    times = [fridays[w] + timedelta(minutes=m) for w in range(2) for m in range(32)] + [fridays[2]]
+    results = [
+        await real.ingest(
+            Message(
+                text="morning run along the river before work",
+                user_id="runner",
+                chat_id="dm-runner",
+                ts=when,
+                message_id=f"run-{n}",
+            )
+        )
+        for n, when in enumerate(times)
+    ]
+    last = results[-1]
+    assert not last.notes or all("failed" not in note for note in last.notes)
+    habits = [c for c in last.counts if c.kind == "habit"]
+    assert len(habits) == 1 and habits[0].label.endswith("on Fridays") and habits[0].count == 3
+    assert any(t.kind == "habit" for t in last.triggers)
+
+
 async def test_a_later_decision_fills_the_impact_of_the_value_it_builds_on(real: Memory) -> None:
     said = [
         ("v1", 1, "I think time with friends matters more than a bigger salary."),

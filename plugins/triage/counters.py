@@ -191,6 +191,10 @@ class Counters:
         # all would make a heavy user's favourite topic cost a record read per mention.
         at_least = len(nearest) >= TOPIC_NEIGHBOURS and len(close) == len(nearest)
         found = await memory.store.get(close, user)
+        if episode.id is not None:
+            # Itself, even when the nearest are all earlier copies of it (equal vectors, and ties
+            # go to the older): someone who says the very same thing often.
+            found.setdefault(episode.id, episode)
         since = message.ts - timedelta(days=self.options.topic_window_days)
         members = sorted(
             (
