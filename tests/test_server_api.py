@@ -137,6 +137,44 @@ async def test_batch_stores_in_order_and_one_bad_message_stores_nothing(srv: Ser
     assert [r["message_id"] for r in results] == ["m0", "m1", "m2"] and all(r["stored"] for r in results)
 
 
+async def test_a_lone_surrogate_or_a_nan_in_a_body_is_422_naming_the_field(srv: Server) -> None:
+    """What a client that cuts a string mid-emoji sends (a lone UTF-16 surrogate, a valid JSON
+    escape) and what Python's json.dumps writes for a float that is not a number: refused naming
+    the field, nothing stored. Before, pydantic refused them, and the answer, which echoed each
+    error's input, could not be written as JSON: a 500."""
+    json_type = {"Content-Type": "application/json"}
+    await srv.client.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
+    for path, body, field in [
+        (
+            "/v1/ingest",
+            '{"text": "I adopted a cat \\ud83d", "user_id": "u1", "chat_id": "c1", "message_id": "s1"}',
+            "text",
+        ),
+        (
+            "/v1/ingest",
+            '{"text": "I adopted a cat", "user_id": "u\\ud83d", "chat_id": "c1", "message_id": "s2"}',
+            "user_id",
+        ),
+        (
+            "/v1/ingest",
+            '{"text": "a cat", "user_id": "u1", "chat_id": "c1", "message_id": "s3", "meta": {"k": NaN}}',
+            "meta",
+        ),
+        ("/v1/recall", '{"query": "job \\ud83d", "scope": {"user_id": "u1"}}', "query"),
+        ("/v1/recall", '{"query": "job", "scope": {"user_id": "u1"}, "k": NaN}', "k"),
+        (
+            "/v1/recall",
+            '{"query": "job", "scope": {"user_id": "u1"}, "snippet_tokens": Infinity}',
+            "snippet_tokens",
+        ),
+        ("/v1/forget", '{"user_id": "u\\ud83d"}', "user_id"),
+    ]:
+        response = await srv.refused(422, "POST", path, content=body.encode(), headers=json_type)
+        detail = response.json()["detail"]
+        assert any(field in error["loc"] for error in detail), (path, detail)
+        assert all("input" not in error for error in detail)
+
+
 async def test_batch_over_the_limit_is_413(tmp_path: Path) -> None:
     async for srv in _server(tmp_path / "m", max_batch=2):
         batch = {"messages": [msg(f"m{i}", "I adopted a cat") for i in range(3)]}

@@ -136,7 +136,10 @@ def _problem(status: int, detail: Any, **extra: Any) -> JSONResponse:
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(exc.errors())
+        # Without the input each error was raised on: a lone surrogate or a NaN (what a client
+        # that cuts a string mid-emoji, or Python's json.dumps, sends) cannot be written back as
+        # JSON, so the answer was a 500; and an answer need not echo what was sent.
+        errors = jsonable_encoder([{k: v for k, v in e.items() if k != "input"} for e in exc.errors()])
         if any(e.get("type") == "json_invalid" for e in errors):
             return _problem(400, errors)
         return _problem(422, errors)
