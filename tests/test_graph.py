@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from _helpers import msg
+from _helpers import msg, store_fingerprint
 from narrmem_plugins.graph import GraphPlugin, turn_context
 from narrmem_plugins.graph.extract import extract
 from narrmem_plugins.graph.rewrite import check_summary, read_turn
@@ -333,6 +333,31 @@ async def test_soft_and_hard_purge(mem: Memory) -> None:
 
 
 # --- memory_recall ------------------------------------------------------------------------------
+
+
+async def test_recall_writes_nothing_and_works_on_a_memory_open_read_only(
+    tmp_path: Path, clock: ManualClock, storage: dict[str, Any]
+) -> None:
+    """A recall reads: the label vectors it seeds with stay in the process (before, it cached
+    them in graph_nodes, so opening the inspector changed the database and later exports, and a
+    memory open read-only, as inspection opens it, failed with a write refused). A forget drops
+    the ones it kept."""
+    async with open_memory(tmp_path / "m", clock=clock, **storage) as writer:
+        await commit(writer, ("user", "works_on", "narrmem"), ("narrmem", "RELATES_TO", "sqlite"))
+        before = await store_fingerprint(writer)
+        first = await recall(writer, "database engine")
+        assert await store_fingerprint(writer) == before
+        assert said(await recall(writer, "database engine")) == said(first)
+        graph = writer.host.plugin(GraphPlugin)._graph
+        assert graph is not None and len(graph.label_vectors) > 0
+        # Beside the writer: SQLite's folder read-only, or the same PostgreSQL database.
+        shared = "dsn" in str(storage)
+        reading = tmp_path / ("r" if shared else "m")
+        async with open_memory(reading, clock=clock, read_only=True, **storage) as reader:
+            assert said(await recall(reader, "database engine")) == said(first)
+        assert await store_fingerprint(writer) == before
+        await writer.forget(user_id="u1")
+        assert len(graph.label_vectors) == 0
 
 
 async def test_recall_walks_both_directions_to_depth(mem: Memory) -> None:

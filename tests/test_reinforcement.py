@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from _helpers import msg, store_sql
+from _helpers import msg, store_fingerprint, store_sql
 
 from narrmem import ManualClock, Memory, Scope
 from narrmem.doors.cli import main as cli_main
@@ -169,6 +169,7 @@ async def test_read_tools_and_inspection_leave_history_unchanged(
     clock.set(clock.now() + timedelta(days=3))
     scene = (await mem.store.recent(Scope(user_id="ann"), kinds=["scene"]))[0]
     reads = [*READS, ("soul_narrative", {"action": "get", "user_id": "ann", "id": scene.id})]
+    before = await store_fingerprint(mem)
     for name, arguments in reads:
         await mem.call_tool(name, arguments)
     await mem.history(scene.id)
@@ -176,6 +177,9 @@ async def test_read_tools_and_inspection_leave_history_unchanged(
     await mem.summary(user_id="ann")
     assert await _history(mem) == []
     assert (await _importance(mem))[scene.id] == scene.importance
+    # Not a byte of any table either: memory_recall used to cache its nodes' label vectors in
+    # graph_nodes (and failed on a memory open read-only, as the inspection commands open it).
+    assert await store_fingerprint(mem) == before
 
 
 def test_cli_recall_reads_without_reinforcing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -135,6 +135,7 @@ class GraphPlugin(GraphTransfer, ToolTable):
         message takes only what it stated."""
         if self._graph is None:
             return
+        self._graph.label_vectors.clear()
         async with self._graph.transaction() as db:
             if messages is not None and chat_id is not None:
                 await forget.forget_messages(db, tenant, chat_id, messages)

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from narrmem_plugins.graph.schema import schema_for
+from narrmem_plugins.graph.vectors import LabelVectors
 
 from narrmem.clock import Clock
 from narrmem.errors import StoreError
@@ -78,6 +79,8 @@ class GraphBackend:
     def __init__(self, store: SQLCapable, clock: Clock) -> None:
         self._store = store
         self._clock = clock
+        # Label embeddings a recall made: in this process only (a recall writes nothing).
+        self.label_vectors = LabelVectors()
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[GraphSQL]:

@@ -16,8 +16,7 @@ through them (reaching "paused" would otherwise pull in every paused task).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -26,7 +25,7 @@ from narrmem_plugins.graph.backend import GraphBackend, GraphSQL
 from narrmem_plugins.graph.edges import Edge, EdgeQuery, select_edges, touching
 from narrmem_plugins.graph.nodes import Node, nodes_in_scope
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.vectors import node_vectors
+from narrmem_plugins.graph.vectors import LabelVectors, node_vectors
 from narrmem_plugins.graph.vocabulary import FUNCTIONAL, label
 from narrmem_plugins.triage.language import has_cjk
 
@@ -100,10 +99,7 @@ def type_of_keyword(keyword: str) -> str | None:
 
 
 async def seeds(
-    memory: MemoryView,
-    transaction: Callable[[], AbstractAsyncContextManager[GraphSQL]],
-    nodes: Sequence[Node],
-    params: RecallParams,
+    memory: MemoryView, kept: LabelVectors, nodes: Sequence[Node], params: RecallParams
 ) -> list[Node]:
     chosen: dict[int, Node] = {}
     types = {t for t in map(type_of_keyword, params.keywords) if t}
@@ -111,7 +107,7 @@ async def seeds(
         if node.type in types or any(name_matches(k, node) for k in params.keywords):
             chosen[node.id] = node
     if nodes and params.seed_limit > 0:
-        vectors = await node_vectors(memory, transaction, nodes)
+        vectors = await node_vectors(memory, kept, nodes)
         query = np.asarray(await memory.embedder.embed(params.keywords), dtype=np.float32)
         query /= np.maximum(np.linalg.norm(query, axis=1, keepdims=True), 1e-12)
         best = (vectors @ query.T).max(axis=1)
@@ -131,8 +127,7 @@ async def recall_graph(
     by_name: dict[str, Node] = {}
     for node in nodes:
         by_name.setdefault(node.name.lower(), node)
-    # Outside a read: caching new label vectors takes a write transaction of its own.
-    found = await seeds(memory, graph.transaction, nodes, params)
+    found = await seeds(memory, graph.label_vectors, nodes, params)
     for node in found:
         key = node.name.lower()
         if key not in view.distance:

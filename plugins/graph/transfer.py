@@ -19,7 +19,8 @@ from narrmem.table_transfer import TableSpec, export_tables, import_tables
 from narrmem.view import MemoryView
 
 # Every table the schema creates, in creation order: a table others refer to comes first. A node's
-# label vector is a cache (filled when a recall first needs it): a later import does not conflict on it.
+# label vector is a cache (stores written before 2026-12-05 filled it when a recall first needed
+# it): a later import does not conflict on it.
 TABLES = [
     TableSpec(
         section=f"graph.{name.removeprefix('graph_')}",

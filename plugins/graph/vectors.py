@@ -1,44 +1,72 @@
-"""Node embeddings for seeding a recall by meaning: each node's label is embedded once with the
-memory's embedder and cached in ``graph_nodes.vector`` (re-embedded when its label changes)."""
+"""Node embeddings for seeding a recall by meaning: each node's label embedded with the memory's
+embedder. A recall reads, so it writes nothing: the vectors it makes are kept in this process
+(:class:`LabelVectors`), never in ``graph_nodes``. That column holds the vectors stores written
+before 2026-12-05 cached there; they are still read while their label is the node's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from narrmem_plugins.graph.backend import GraphSQL
-from narrmem_plugins.graph.nodes import Node
 from narrmem_plugins.graph.vocabulary import label
 
 from narrmem.view import MemoryView
 
+if TYPE_CHECKING:  # nodes are read through the backend, which keeps these vectors
+    from narrmem_plugins.graph.nodes import Node
 
-async def node_vectors(
-    memory: MemoryView,
-    transaction: Callable[[], AbstractAsyncContextManager[GraphSQL]],
-    nodes: Sequence[Node],
-) -> np.ndarray:
-    """One normalized row per node, embedding (and caching) the ones not cached yet."""
+LABELS_KEPT = 4096
+
+
+class LabelVectors:
+    """Label embeddings made by recalls, the ``capacity`` used most recently. A label is a
+    person's words: a forget drops them all."""
+
+    def __init__(self, capacity: int = LABELS_KEPT) -> None:
+        self.capacity = capacity
+        self._rows: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def get(self, text: str) -> np.ndarray | None:
+        row = self._rows.get(text)
+        if row is not None:
+            self._rows.move_to_end(text)
+        return row
+
+    def put(self, text: str, row: np.ndarray) -> None:
+        self._rows[text] = row
+        self._rows.move_to_end(text)
+        while len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+async def node_vectors(memory: MemoryView, kept: LabelVectors, nodes: Sequence[Node]) -> np.ndarray:
+    """One normalized row per node, embedding the labels neither stored nor ``kept`` yet."""
     dim = int(memory.embedder.dim)
     matrix = np.zeros((len(nodes), dim), dtype=np.float32)
-    missing: list[int] = []
+    missing: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
         text = label(node.name, node.props)
+        cached = kept.get(text)
         if node.vector is not None and node.vector_text == text and len(node.vector) == dim * 4:
             matrix[i] = np.frombuffer(node.vector, dtype=np.float32)
+        elif cached is not None and len(cached) == dim:
+            matrix[i] = cached
         else:
-            missing.append(i)
+            missing.setdefault(text, []).append(i)
     if missing:
-        texts = [label(nodes[i].name, nodes[i].props) for i in missing]
+        texts = list(missing)
         fresh = np.asarray(await memory.embedder.embed(texts), dtype=np.float32)
-        async with transaction() as db:
-            for row, i, text in zip(fresh, missing, texts, strict=True):
+        for text, row in zip(texts, fresh, strict=True):
+            kept.put(text, row)
+            for i in missing[text]:
                 matrix[i] = row
-                await db.execute(
-                    "UPDATE graph_nodes SET vector = ?, vector_text = ? WHERE id = ?",
-                    (row.tobytes(), text, nodes[i].id),
-                )
-                nodes[i].vector, nodes[i].vector_text = row.tobytes(), text
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     return matrix / np.where(norms == 0, 1.0, norms)
