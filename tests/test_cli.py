@@ -226,6 +226,15 @@ def test_forget_json(store: CliStore, tmp_path: Path) -> None:
     assert again.returncode == 0 and again.stdout.startswith("memories 0")
 
 
+def test_export_into_a_folder_it_cannot_write_in_is_exit_2_naming_the_file(store: CliStore) -> None:
+    """/proc takes no new file, whoever asks (root included): before, the temporary file's
+    creation failed as an internal error, exit 1."""
+    done = narrmem("export", "/proc/narrmem-export.jsonl", "--data", str(store.data), cwd=store.work)
+    assert done.returncode == 2, done.stderr
+    assert "file" in done.stderr and "cannot write in /proc" in done.stderr
+    assert "internal error" not in done.stderr
+
+
 def test_export_import_round_trip(store: CliStore, tmp_path: Path) -> None:
     first = tmp_path / "first.jsonl"
     second = tmp_path / "second.jsonl"

@@ -178,7 +178,10 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
     _check_replaceable(path)
     counts: dict[str, int] = {MEMORIES: 0}
     # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    except OSError as exc:  # a folder this process may not write in, a read-only file system
+        raise InputError(f"cannot write in {path.parent}: {exc.strerror or exc}", field="file") from exc
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
