@@ -415,6 +415,21 @@ def test_serving_beyond_loopback_without_a_key_is_refused(
     assert not (tmp_path / "d").exists()  # refused before anything was opened
 
 
+def test_a_webhook_that_is_not_a_url_is_refused_at_start_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``--webhook 'http://[::1'`` started the server, and its first event stopped the
+    sender (the client refused the URL with an error it did not catch): every event lost, no word."""
+    for url in ("http://[::1", "notaurl", "ftp://example.com/hook", "http://"):
+        assert main(["serve", "--data", str(tmp_path / "d"), "--webhook", url]) == 2, url
+        err = capsys.readouterr().err
+        assert "webhook" in err, err
+        assert not (tmp_path / "d").exists()  # refused before anything was opened
+    with pytest.raises(InputError) as info:
+        WebhookOptions(url="http://[::1")
+    assert info.value.field == "webhook"
+
+
 # --- events, CORS, schema -------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from narrmem.errors import InputError
 from narrmem.models import TriggerEvent
 
 log = logging.getLogger("narrmem.server")
@@ -30,6 +31,18 @@ class WebhookOptions:
     attempts: int = 4
     backoff: float = 0.5  # seconds before the 2nd attempt; doubled each time
     timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        # Refused at start-up: a URL the client cannot even parse failed every delivery, and
+        # stopped the sender at the first event without a word.
+        import httpx
+
+        try:
+            parsed = httpx.URL(self.url)
+        except (httpx.InvalidURL, TypeError) as exc:
+            raise InputError(f"not a URL: {exc}", field="webhook") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise InputError("must be an http:// or https:// URL with a host", field="webhook")
 
 
 @dataclass(eq=False)
@@ -127,7 +140,7 @@ class TriggerHub:
                     self.delivered += 1
                     return
                 problem = f"HTTP {response.status_code}"
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 problem = type(exc).__name__
             if attempt < options.attempts:
                 await asyncio.sleep(delay)
