@@ -4,6 +4,7 @@ summary as resources, and the memory guide prompt."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from _helpers import msg, store_fingerprint
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
@@ -101,6 +103,22 @@ def test_tools_prints_a_group_and_a_bad_name_exits_2(tmp_path: Path) -> None:
     printed = _tools(tmp_path / "d", "--format", "mcp", "--tools", "tasks")
     assert printed.returncode == 0, printed.stderr
     assert sorted(t["name"] for t in json.loads(printed.stdout)) == sorted(TOOL_GROUPS["tasks"])
+    # Printing schemas writes nothing: it made a store in a folder that held none.
+    assert not (tmp_path / "d").exists()
+
+
+async def test_tools_prints_beside_a_running_bot_and_leaves_its_store_as_it_was(tmp_path: Path) -> None:
+    """The bot holds its folder (one writer per folder): before, ``narrmem tools`` opened it for
+    writing and was refused ("in use by process ...") where the read commands work."""
+    async with open_memory(tmp_path / "d", real_model=True) as bot:
+        await bot.ingest(msg("m1", "I adopted a cat"))
+        before = await store_fingerprint(bot)
+        printed = await asyncio.to_thread(_tools, tmp_path / "d", "--tools", "core")
+        assert printed.returncode == 0, printed.stderr
+        assert sorted(t["function"]["name"] for t in json.loads(printed.stdout)) == sorted(
+            TOOL_GROUPS["core"]
+        )
+        assert await store_fingerprint(bot) == before
 
 
 async def test_groups_cover_every_built_in_tool_once(tmp_path: Path) -> None:
