@@ -231,6 +231,26 @@ def test_a_second_process_on_the_same_folder_is_refused_with_the_holders_pid(tmp
     assert asyncio.run(open_and_count()) >= 1  # free again once the holder closed
 
 
+@pytest.mark.sqlite_only("the lock file is the SQLite store's")
+async def test_a_lock_file_narrmem_did_not_write_is_never_overwritten(tmp_path: Path) -> None:
+    """A file at the lock's name that is not a process id is someone else's: the open is refused
+    and the file is left as it was (before, it was emptied and a process id written in it)."""
+    folder = tmp_path / "store"
+    folder.mkdir()
+    theirs = folder / "narrmem.sqlite3.lock"
+    theirs.write_text("keep me: notes of my own\n", encoding="utf-8")
+    with pytest.raises(narrmem.StoreError, match="not a narrmem lock file"):
+        async with open_memory(folder):
+            pass
+    assert theirs.read_text(encoding="utf-8") == "keep me: notes of my own\n"
+    theirs.write_text("", encoding="utf-8")  # an empty file (or a stopped process's id) is taken
+    async with open_memory(folder) as mem:
+        await mem.ingest(msg("m1", "I decided to learn the cello"))
+    assert theirs.read_text(encoding="utf-8").strip().isdigit()
+    async with open_memory(folder) as mem:
+        assert (await mem.stats())["memories"] >= 1
+
+
 async def test_a_scene_is_read_and_written_through_its_model(tmp_path: Path) -> None:
     from narrmem.models import MemoryRecord, SceneDraft
 

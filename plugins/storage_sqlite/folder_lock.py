@@ -35,6 +35,13 @@ class FolderLock:
                 f"the data folder {folder} is in use by {who}: one process opens a data folder at a "
                 "time (close the other one, or give this process its own folder)"
             ) from None
+        if not _ours(fd):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise StoreError(
+                f"{self.path} exists and is not a narrmem lock file (a process id): narrmem does not "
+                "overwrite a file it did not create; move it away or choose another database name"
+            )
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
@@ -47,6 +54,15 @@ class FolderLock:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+
+
+def _ours(fd: int) -> bool:
+    """Empty (just made) or a process id narrmem wrote."""
+    try:
+        head = os.pread(fd, 33, 0)
+    except OSError:
+        return False
+    return not head or (len(head) <= 32 and head.strip().isdigit())
 
 
 def _read_pid(fd: int) -> int | None:
