@@ -145,10 +145,13 @@ class Store(Protocol):
         """Delete these in-scope memories (rows, keyword index, vectors); return how many."""
         ...
 
-    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
+    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> list[int]:
         """Write new stored importance and decay-clock starts, with a history row each: a memory's
         value and its history row in one transaction (a store may write several memories' changes in
-        transactions of their own, as PostgreSQL's does to keep each update on its page)."""
+        transactions of their own, as PostgreSQL's does to keep each update on its page). A change
+        with ``old`` set is written only while the stored importance is still ``old``: two workers
+        (or two recalls) that reinforce a memory at once write it, and its history, once. Returns
+        the ids whose change was written."""
         ...
 
     async def importance_states(

@@ -3,6 +3,7 @@ few per recall, at most once a day each, never from inspection, and never a quer
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -151,6 +152,33 @@ async def test_importance_shown_is_the_decayed_value(tmp_path: Path) -> None:
             "soul_narrative", {"action": "list", "user_id": "ann", "min_importance": 0.1}
         )
         assert listed["scenes"] == []
+
+
+async def test_a_memory_used_by_two_calls_at_once_is_reinforced_once(
+    life: tuple[Memory, ManualClock], tmp_path: Path
+) -> None:
+    """Two calls (or, on PostgreSQL, two workers) that mark the same memories used at once both
+    read them before either writes: the store writes a change only while the importance is still
+    the one it was computed from, so each memory gets one reinforcement and one history row, and
+    only one call reports it (before, each wrote its own history row)."""
+    mem, clock = life
+    ids = [r.id for r in await mem.store.recent(Scope(user_id="ann"), limit=100) if r.id is not None]
+    clock.set(clock.now() + timedelta(days=2))
+    before = await _importance(mem)
+    calls = [mem.mark_used(ids, user_id="ann") for _ in range(3)]
+    if mem.store.__class__.__name__ == "PostgresStore":
+        # Another worker on the same database, as well as this one.
+        async with open_memory(
+            tmp_path / "other", real_model=True, clock=clock, plugin=REINFORCE, storage=mem.settings.storage
+        ) as other:
+            reported = await asyncio.gather(*calls, other.mark_used(ids, user_id="ann"))
+    else:
+        reported = await asyncio.gather(*calls)
+    used = [row[0] for row in await _history(mem) if row[2] == "used"]
+    assert sorted(used) == sorted(ids)  # once each
+    assert sorted(i for r in reported for i in r) == sorted(ids)
+    after = await _importance(mem)
+    assert all(after[i] > before[i] or before[i] >= 1.0 for i in ids)
 
 
 READS = [

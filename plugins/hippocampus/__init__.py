@@ -177,9 +177,11 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
                     why=why,
                 )
             )
-        if changes:
-            await memory.store.set_importance(changes, now)
-        return {c.memory_id: c.importance for c in changes}
+        if not changes:
+            return {}
+        # Only what was written: a recall or worker that reinforced one of them meanwhile won.
+        written = set(await memory.store.set_importance(changes, now))
+        return {c.memory_id: c.importance for c in changes if c.memory_id in written}
 
     @hookimpl
     def narrmem_importance_now(self, records: list[MemoryRecord], now: datetime) -> dict[int, float]:

@@ -71,6 +71,21 @@ TABLES = (
 )
 # A history row, written only while its memory is stored (another worker may have forgotten it:
 # its foreign key is gone).
+_IMPORTANCE_IF_UNCHANGED = """
+WITH change AS (
+    SELECT * FROM unnest($1::bigint[], $2::double precision[], $3::text[], $4::double precision[],
+                         $5::text[], $6::text[]) AS c(id, new, reinforced_at, old, who, why)
+), written AS (
+    UPDATE memories m SET importance = change.new, reinforced_at = change.reinforced_at,
+                          current_importance = change.new
+    FROM change
+    WHERE m.id = change.id AND (change.old IS NULL OR m.importance = change.old)
+    RETURNING m.id, change.new, change.old, change.who, change.why
+)
+INSERT INTO memory_history (memory_id, at, who, why, old, new)
+SELECT id, $7, who, why, old, new FROM written
+RETURNING memory_id
+"""
 _HISTORY_IF_STORED = (
     "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
     "SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM memories WHERE id = $1)"
@@ -525,20 +540,27 @@ class PostgresStore(ForgetJournal):
             )
         return len(rows)
 
-    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
+    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> list[int]:
+        written: list[int] = []
+
         async def write(conn: Any, ids: set[int]) -> None:
             mine = [c for c in changes if c.memory_id in ids]
-            await conn.executemany(
-                "UPDATE memories SET importance = $1, reinforced_at = $2, current_importance = $1 "
-                "WHERE id = $3",
-                [(c.importance, c.reinforced_at.isoformat(), c.memory_id) for c in mine],
+            # Compare and set on the importance read: another worker's reinforcement made
+            # meanwhile wins (its row lock makes this one wait, then see the new value).
+            rows = await conn.fetch(
+                _IMPORTANCE_IF_UNCHANGED,
+                [c.memory_id for c in mine],
+                [c.importance for c in mine],
+                [c.reinforced_at.isoformat() for c in mine],
+                [c.old for c in mine],
+                [c.who for c in mine],
+                [c.why for c in mine],
+                at.isoformat(),
             )
-            await conn.executemany(
-                _HISTORY_IF_STORED,
-                [(c.memory_id, at.isoformat(), c.who, c.why, c.old, c.importance) for c in mine],
-            )
+            written.extend(int(r[0]) for r in rows)
 
         await self._write_by_page([c.memory_id for c in changes], write)
+        return written
 
     async def _write_by_page(
         self, ids: Sequence[int], write: Callable[[Any, set[int]], Awaitable[None]]

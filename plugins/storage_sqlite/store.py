@@ -851,30 +851,40 @@ class SQLiteStore(ForgetJournal):
         await self._mirror_keywords(removed=found)
         return len(found)
 
-    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> None:
-        statements: list[tuple[str, Sequence[Any]]] = []
-        for change in changes:
-            statements.append(
-                (
+    async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> list[int]:
+        written: list[int] = []
+        if not changes:
+            return written
+        async with self.transaction() as db:
+            for change in changes:
+                # Compare and set on the importance read: a change made meanwhile wins.
+                cursor = await db.execute(
                     "UPDATE memories SET importance = ?, reinforced_at = ?, current_importance = ? "
-                    "WHERE id = ?",
+                    "WHERE id = ? AND (? IS NULL OR importance = ?)",
                     (
                         change.importance,
                         change.reinforced_at.isoformat(),
                         change.importance,
                         change.memory_id,
+                        change.old,
+                        change.old,
                     ),
                 )
-            )
-            statements.append(
-                (
-                    "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (change.memory_id, at.isoformat(), change.who, change.why, change.old, change.importance),
-                )
-            )
-        if statements:
-            await self._write_many(statements)
+                if cursor.rowcount:
+                    await db.execute(
+                        "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (
+                            change.memory_id,
+                            at.isoformat(),
+                            change.who,
+                            change.why,
+                            change.old,
+                            change.importance,
+                        ),
+                    )
+                    written.append(change.memory_id)
+        return written
 
     async def importance_states(
         self, after_id: int, limit: int
