@@ -136,8 +136,10 @@ class Shard:
         room for rows written later until one is (its arrays then grow as any shard's do)."""
         shard = cls(key, vectors.shape[1], 0, VectorRows(vectors.shape[1], base=vectors))
         shard.n = len(ids)
-        shard.ids = np.array(ids, dtype=np.int64)
-        shard.chats = np.array(chats, dtype=np.int32)
+        # Views of the bucket's columns, read-only: the first row written grows them into arrays
+        # of the shard's own (their capacity is exactly its rows), as a compaction copies them.
+        shard.ids = ids
+        shard.chats = chats
         shard.alive = np.ones(len(ids), dtype=bool)
         return shard
 
@@ -146,6 +148,8 @@ class Shard:
         return self.n - self.dead
 
     def append(self, ids: np.ndarray, chats: np.ndarray, vectors: np.ndarray) -> None:
+        if not len(ids):
+            return
         need = self.n + len(ids)
         if need > len(self.ids):
             capacity = max(need, 2 * len(self.ids))
@@ -857,20 +861,24 @@ class _BucketFiles:
         self.path = path
         self.dim = dim
         self._rows: dict[str, Any] = {}
-        self._ids: dict[str, np.ndarray] = {}
+        self._ids: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._vectors: dict[str, np.ndarray] = {}
 
     def ids(self, name: str, offset: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """A shard's ids and chat codes (format 2): each bucket's file is read once, whole."""
-        table = self._ids.get(name)
-        if table is None:
-            table = self._ids[name] = np.load(self.path / name, allow_pickle=False)
-        if table.dtype != np.int64 or table.ndim != 2 or table.shape[1] != 2:
-            raise ValueError(f"{name} holds rows of another shape")
-        if offset < 0 or offset + count > len(table):
+        """A shard's ids and chat codes (format 2), as read-only views: each bucket's file is read
+        once, whole, into one column of ids and one of chat codes."""
+        columns = self._ids.get(name)
+        if columns is None:
+            table = np.load(self.path / name, allow_pickle=False)
+            if table.dtype != np.int64 or table.ndim != 2 or table.shape[1] != 2:
+                raise ValueError(f"{name} holds rows of another shape")
+            ids, chats = np.ascontiguousarray(table[:, 0]), table[:, 1].astype(np.int32)
+            ids.flags.writeable = chats.flags.writeable = False
+            columns = self._ids[name] = (ids, chats)
+        ids, chats = columns
+        if offset < 0 or offset + count > len(ids):
             raise ValueError(f"{name} is shorter than its manifest says")
-        rows = table[offset : offset + count]
-        return rows[:, 0], rows[:, 1]
+        return ids[offset : offset + count], chats[offset : offset + count]
 
     def rows(self, name: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
         """A shard's ids and chat codes in a rows file of format 1."""
