@@ -175,8 +175,9 @@ async def test_index_from_another_store_with_the_same_ids_is_not_trusted(built: 
         assert _same_scores(await _scores(mem), scores)
 
 
-async def test_stale_index_after_a_crash_is_rebuilt(tmp_path: Path) -> None:
-    """Rows committed after the index file was last saved (a crash before close) are not lost."""
+async def test_stale_index_after_a_crash_is_caught_up(tmp_path: Path) -> None:
+    """Rows committed after the index file was last saved (a crash before close) are not lost:
+    they are added from SQLite, the rest of the files kept (before, the whole index was rebuilt)."""
     folder = tmp_path / "store"
     async with open_memory(folder) as mem:
         await mem.ingest_many(CORPUS[:4])
@@ -188,8 +189,40 @@ async def test_stale_index_after_a_crash_is_rebuilt(tmp_path: Path) -> None:
     shutil.rmtree(folder / INDEX_NAME)
     shutil.copytree(stale, folder / INDEX_NAME)  # as if the process died before saving the index
     async with open_memory(folder) as mem:
-        assert "other ids" in (mem.store.index.rebuilt_reason or "")
-        assert mem.store.index.size == len(CORPUS)
+        index = mem.store.index
+        assert index.rebuilt_reason is None
+        assert index.caught_up == {"added": len(CORPUS) - 4, "removed": 0}
+        assert index.size == len(CORPUS)
+        assert await _results(mem) == expected
+    async with open_memory(folder) as mem:  # saved at close: nothing to catch up any more
+        assert mem.store.index.caught_up is None and mem.store.index.rebuilt_reason is None
+        assert await _results(mem) == expected
+
+
+async def test_an_index_that_still_holds_forgotten_rows_is_caught_up_and_saved_at_once(
+    tmp_path: Path,
+) -> None:
+    """Files saved before a forget whose own save never happened (the process stopped in
+    between) hold rows SQLite deleted: the open takes them out and saves the files before it
+    returns, so no forgotten vector stays on disk."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS)
+        await mem.ingest(msg("secret", "my locker code is 4417", user="gone"))
+    stale = tmp_path / "stale"
+    shutil.copytree(folder / INDEX_NAME, stale)
+    async with open_memory(folder) as mem:
+        gone = await mem.store.recent(Scope(user_id="gone"), limit=10)
+        [gone_id] = [r.id for r in gone if r.kind == "episode"]
+        await mem.forget(user_id="gone")
+        expected = await _results(mem)
+    assert gone_id not in index_file_ids(folder)
+    shutil.rmtree(folder / INDEX_NAME)
+    shutil.copytree(stale, folder / INDEX_NAME)  # the forget's save lost
+    assert gone_id in index_file_ids(folder)
+    async with open_memory(folder) as mem:
+        assert mem.store.index.caught_up is not None and mem.store.index.caught_up["removed"] >= 1
+        assert gone_id not in index_file_ids(folder)  # saved before the open returned
         assert await _results(mem) == expected
 
 

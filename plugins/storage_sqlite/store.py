@@ -142,6 +142,11 @@ class SQLiteStore(ForgetJournal):
         self._index.claim()
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
+        elif self._index.caught_up and self._index.caught_up["removed"]:
+            # Rows SQLite lost since the files were saved (a forget the process did not see
+            # through): their vectors must not stay in the files either.
+            async with self._vectors_lock:
+                await self._save_index()
         # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
         if self.keyword_engine == "tantivy":
             await self._open_keywords()
@@ -216,8 +221,29 @@ class SQLiteStore(ForgetJournal):
     async def _consistency(self) -> Consistency:
         """What the index files are checked against on open (see ``VectorIndex.load``)."""
         return Consistency(
-            ids=self._vector_ids, samples=self._sample_vectors, watermark=await self._watermark()
+            ids=self._vector_ids,
+            samples=self._sample_vectors,
+            watermark=await self._watermark(),
+            rows=self._vector_rows,
         )
+
+    async def _vector_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[Owner]]:
+        """The rows of ``ids`` that have a vector: ids, vectors and owners, in id order."""
+        found: list[int] = []
+        vectors: list[np.ndarray] = []
+        owners: list[Owner] = []
+        for part in _chunks([int(i) for i in ids]):
+            rows = await self._fetchall(
+                "SELECT id, vector, tenant, user_id, chat_id FROM memories "
+                f"WHERE vector IS NOT NULL AND id IN ({_marks(part)}) ORDER BY id",
+                part,
+            )
+            for r in rows:
+                found.append(int(r[0]))
+                vectors.append(_vector(r[1], self.dim))
+                owners.append(Owner(r[2], r[3], r[4]))
+        matrix = np.vstack(vectors) if vectors else np.zeros((0, self.dim), dtype=np.float32)
+        return np.array(found, dtype=np.int64), matrix, owners
 
     async def _watermark(self) -> dict[str, int] | None:
         """The count of vector changes the triggers keep, and the highest id ever given."""

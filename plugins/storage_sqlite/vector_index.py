@@ -317,6 +317,9 @@ class VectorIndex:
         self._closing = False
         self.dirty = False
         self.rebuilt_reason: str | None = None
+        # Rows added and removed to catch the files up with SQLite on open (saved before the
+        # last writes: a process that stopped without closing), or None.
+        self.caught_up: dict[str, int] | None = None
         self._saved_watermark: dict[str, int] | None = None
 
     # --- plumbing -------------------------------------------------------------------------
@@ -655,16 +658,48 @@ class VectorIndex:
     async def _check(self, check: Consistency) -> str | None:
         ids = self.ids()
         trusted = check.watermark is not None and self._saved_watermark == check.watermark
+        self.caught_up = None
         if not trusted:
             expected = await check.ids()
             if not np.array_equal(ids, expected):
-                return "the index holds other ids than SQLite"
+                if check.rows is None:
+                    return "the index holds other ids than SQLite"
+                return await self._catch_up(ids, expected, check)
         picks = ids[np.unique(np.linspace(0, len(ids) - 1, min(SAMPLES, len(ids))).astype(int))]
         samples = await check.samples(picks)
         if trusted and len(samples) != len(picks):
             return "the index holds ids SQLite does not"
         reason: str | None = await self._run(self._compare_samples, samples)
         return reason
+
+    async def _catch_up(self, ids: np.ndarray, expected: np.ndarray, check: Consistency) -> str | None:
+        """Files saved before SQLite's last writes (a process that stopped without closing): a
+        row's vector and owner never change after the transaction that wrote it, and ids are never
+        given twice, so the files are brought up to date by adding the rows SQLite gained and
+        removing the ones it lost, once sampled rows of both prove the files are this store's.
+        Before, every id read again from SQLite and every vector indexed again: 4.3 s at 100k
+        memories after 300 messages, against 0.4 s for an open after a clean close."""
+        assert check.rows is not None
+        common = np.intersect1d(ids, expected, assume_unique=True)
+        picks = common[np.unique(np.linspace(0, len(common) - 1, min(SAMPLES, len(common))).astype(int))]
+        samples = await check.samples(picks) if len(picks) else {}
+        reason: str | None = await self._run(self._compare_samples, samples)
+        if reason is not None or len(samples) != len(picks):
+            return f"the index holds other ids than SQLite, and {reason or 'ids SQLite does not'}"
+        gone = np.setdiff1d(ids, expected, assume_unique=True)
+        new = np.setdiff1d(expected, ids, assume_unique=True)
+        if len(gone):
+            await self.remove(gone, await self._run(self._holders, gone))
+        for start in range(0, len(new), CATCH_UP_ROWS):
+            found, vectors, owners = await check.rows(new[start : start + CATCH_UP_ROWS])
+            await self.add(found, vectors, owners)
+        self.caught_up = {"added": len(new), "removed": len(gone)}
+        log.info("vector index %s caught up: %d rows added, %d removed", self.path, len(new), len(gone))
+        return None
+
+    def _holders(self, ids: np.ndarray) -> set[ShardKey]:
+        """The shards holding any of ``ids`` (a catch-up's rows SQLite lost: their owner is gone)."""
+        return {key for key, shard in self._shards.items() if np.isin(shard.ids[: shard.n], ids).any()}
 
     def _compare_samples(self, samples: dict[int, tuple[np.ndarray, ShardKey]]) -> str | None:
         for memory_id, (vector, key) in samples.items():
@@ -830,16 +865,20 @@ class VectorIndex:
 
 _FILES = (("ids", "npy"), ("vectors", "npy"))
 SAMPLES = 64  # stored vectors compared with SQLite's on open
+CATCH_UP_ROWS = 5_000  # rows read from SQLite at a time when the files are caught up on open
 
 
 @dataclass(frozen=True)
 class Consistency:
     """What SQLite holds, for checking the index files against it: its watermark (``None``: not
-    known), its vector ids (sorted) and, for given ids, their vectors and owners."""
+    known), its vector ids (sorted) and, for given ids, their vectors and owners; ``rows`` (the
+    ids found, their vectors and owners), when given, lets files saved before the last writes be
+    caught up instead of rebuilt."""
 
     ids: Callable[[], Awaitable[np.ndarray]]
     samples: Callable[[np.ndarray], Awaitable[dict[int, tuple[np.ndarray, ShardKey]]]]
     watermark: dict[str, int] | None = None
+    rows: Callable[[np.ndarray], Awaitable[tuple[np.ndarray, np.ndarray, list[Owner]]]] | None = None
 
     @classmethod
     def known(cls, ids: np.ndarray, samples: dict[int, tuple[np.ndarray, ShardKey]]) -> Consistency:
