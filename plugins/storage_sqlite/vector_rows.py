@@ -22,8 +22,9 @@ class VectorRows:
 
     def __init__(self, dim: int, base: np.ndarray | None = None, capacity: int = 0) -> None:
         self.dim = dim
-        self.base = base if base is not None else np.empty((0, dim), dtype=np.float32)
-        self.tail = np.empty((capacity, dim), dtype=np.float32)
+        self.base = base if base is not None else _no_rows(dim)
+        # No rows yet: one empty array shared by all (reserve replaces it before any write).
+        self.tail = np.empty((capacity, dim), dtype=np.float32) if capacity else _no_rows(dim)
 
     @classmethod
     def owning(cls, vectors: np.ndarray) -> VectorRows:
@@ -99,4 +100,16 @@ class VectorRows:
         owned[: len(self.base)] = self.base
         owned[len(self.base) :] = self.tail
         self.tail = owned
-        self.base = np.empty((0, self.dim), dtype=np.float32)
+        self.base = _no_rows(self.dim)
+
+
+_EMPTY: dict[int, np.ndarray] = {}
+
+
+def _no_rows(dim: int) -> np.ndarray:
+    """A read-only array of no rows, one per dimension."""
+    empty = _EMPTY.get(dim)
+    if empty is None:
+        empty = _EMPTY[dim] = np.empty((0, dim), dtype=np.float32)
+        empty.flags.writeable = False
+    return empty
