@@ -318,9 +318,10 @@ class Inbox:
     ) -> bool:
         """Write received messages and delete their entries; ``False`` if the write failed (the
         entries stay: tried again, or left for the next open). A message whose entry a forget took
-        before the write began is not written (asked inside the write's unit of the fence); one
-        whose entry went later (a forget from hooks waits for no other worker) is forgotten again
-        once written."""
+        before the write began is not written (asked inside the write's unit of the fence), and is
+        forgotten again here all the same: its before-store hooks ran (a chat's cached turns hold
+        its words). One whose entry went later (a forget from hooks waits for no other worker) is
+        forgotten again once written."""
         assert self._pipeline is not None and self._forgetting is not None
         keys = {id(item): key for key, item in entries}
         taken: set[str] = set()
@@ -342,18 +343,23 @@ class Inbox:
             return False
         if on_written is not None:
             on_written()
-        if taken:
-            log.info("%d received messages were forgotten before their write; not written", len(taken))
+        for key, item in entries:
+            if key in taken:
+                # Forgotten, not written: sent again, it is new (the forget that took it may be
+                # another worker's, whose drop of what was written a moment ago is not seen here).
+                self._written.pop(item.key, None)
         gone: list[Pending] = []
         try:
             for key, item in entries:
-                if key not in taken and not await self.memory.store.state_delete(NAMESPACE, key):
+                if key in taken:
+                    gone.append(item)  # not written; what its before-store hooks kept goes too
+                elif not await self.memory.store.state_delete(NAMESPACE, key):
+                    log.warning(
+                        "a message received here was forgotten while it was written; forgetting it again"
+                    )
                     gone.append(item)
             for item in gone:
                 message = item.message
-                log.warning(
-                    "a message received here was forgotten before it was written; forgetting it again"
-                )
                 await self._forgetting.again(
                     Scope(tenant=message.tenant, chat_id=message.chat_id), [message.message_id]
                 )

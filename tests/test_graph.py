@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import pytest_asyncio
 from _helpers import msg, store_fingerprint
@@ -22,6 +23,7 @@ from narrmem_plugins.graph import GraphPlugin, turn_context
 from narrmem_plugins.graph.extract import extract
 from narrmem_plugins.graph.rewrite import check_summary, read_turn
 from narrmem_plugins.graph.schemas import ChatMessage
+from narrmem_plugins.graph.vectors import LabelVectors
 from test_plugin_tables import storage_for
 
 from narrmem import ConfigError, InputError, ManualClock, Memory, PluginError, StoreError, hookimpl
@@ -358,6 +360,21 @@ async def test_recall_writes_nothing_and_works_on_a_memory_open_read_only(
         assert await store_fingerprint(writer) == before
         await writer.forget(user_id="u1")
         assert len(graph.label_vectors) == 0
+
+
+def test_label_vectors_are_bounded_copies_and_a_forget_during_an_embedding_keeps_none() -> None:
+    kept = LabelVectors(capacity=2)
+    matrix = np.ones((100, 4), dtype=np.float32)
+    before = kept.generation
+    kept.put("ann's clinic", matrix[0], before)
+    stored = kept.get("ann's clinic")
+    assert stored is not None and stored.base is None  # a copy: not the whole matrix kept alive
+    kept.clear()  # a forget while another recall embedded
+    kept.put("ann's secret", matrix[1], before)
+    assert len(kept) == 0
+    for n, text in enumerate(["a", "b", "c"]):
+        kept.put(text, matrix[n], kept.generation)
+    assert len(kept) == 2 and kept.get("a") is None
 
 
 async def test_recall_walks_both_directions_to_depth(mem: Memory) -> None:

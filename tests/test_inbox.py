@@ -732,6 +732,43 @@ async def test_a_message_another_worker_forgot_before_its_write_is_never_written
 
         await export_store(a, tmp_path / "all.jsonl")
         assert '"ann"' not in (tmp_path / "all.jsonl").read_text(encoding="utf-8")
+        # Sent again after the forget, a message is new: stored (A had not written it, and must
+        # not take it for a duplicate of what it wrote).
+        again = await a.ingest(tired()[0])
+        assert again.stored and not again.duplicate
+        await a.settle()
+        assert [r.message_ids for r in await episodes(a, "ann")] == [["ann-0"]]
+
+
+async def test_a_message_whose_entry_goes_after_the_check_is_forgotten_again_once_written(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The fallback for an entry taken after the write asked for it (a forget from hooks waits
+    for no other worker): the message is written, found gone when its entry is deleted, and
+    forgotten again, so nothing of it stays. The check is left out here to reach that path."""
+    original = IngestPipeline.store_received
+
+    async def without_the_check(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+        await original(self, items)
+
+    monkeypatch.setattr(IngestPipeline, "store_received", without_the_check)
+    dsn = await fresh_database("inbox_forget_after_check")
+    storage = {"backend": "postgres", "dsn": dsn, **ON_RECEIPT}
+    gate = Gate(users=("ann",))
+    async with open_memory(tmp_path / "a", real_model=True, plugins=[gate], storage=storage) as a:
+        await a.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+        await eventually(lambda: _true(bool(gate.before)))
+        async with open_memory(tmp_path / "b", real_model=True, storage=storage) as b:
+            await b.forget(user_id="ann")
+        gate.open.set()
+        await a.settle()
+        assert gate.seen == ["ann-1"]  # written, its hooks ran: then taken back out
+        assert await episodes(a, "ann") == []
+        assert await a.store.state_items(NAMESPACE) == []
+        from narrmem.doors.transfer import export_store
+
+        await export_store(a, tmp_path / "all.jsonl")
+        assert "Lisbon" not in (tmp_path / "all.jsonl").read_text(encoding="utf-8")
 
 
 async def _true(value: bool) -> bool:

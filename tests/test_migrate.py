@@ -45,14 +45,21 @@ async def fill(folder: Path) -> None:
                     "speaker": ["Ann", "Bo"][n % 2],
                 }
             )
-        await mem.store.set_importance(
+        [first] = (await mem.store.get([1], None)).values()
+        written = await mem.store.set_importance(
             [
                 ImportanceChange(
-                    memory_id=1, importance=0.7, reinforced_at=T0, old=0.3, who="test", why="used"
+                    memory_id=1,
+                    importance=0.7,
+                    reinforced_at=T0,
+                    old=first.importance,
+                    who="test",
+                    why="used",
                 )
             ],
             T0,
         )
+        assert written == [1]
         await mem.store.state_put("someplugin", "k", {"v": [1, "二"]})
         # A forget of nobody left pending: its row must travel too.
         await mem.store.begin_forget(tenant="default", user_id="ghost", chat_id=None)

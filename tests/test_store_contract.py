@@ -480,7 +480,7 @@ async def test_state_written_with_records_lands_with_them_and_lists_in_key_order
 async def test_importance_history_and_decay_state(store: Any) -> None:
     a, b = await add(store, record("a", mid="a"), record("b", mid="b"))
     later = T0 + timedelta(days=3)
-    await store.set_importance(
+    written = await store.set_importance(
         [
             ImportanceChange(
                 memory_id=a, importance=0.6, reinforced_at=later, old=0.3, who="hippo", why="used"
@@ -488,6 +488,14 @@ async def test_importance_history_and_decay_state(store: Any) -> None:
         ],
         later,
     )
+    assert written == [a]
+    # Computed from a value that changed meanwhile (another call or worker reinforced it): not
+    # written, no history row; without ``old`` a change is written whatever the value.
+    stale = ImportanceChange(
+        memory_id=a, importance=0.9, reinforced_at=later, old=0.3, who="hippo", why="used"
+    )
+    assert await store.set_importance([stale], later) == []
+    assert (await store.get([a], None))[a].importance == 0.6
     [(at, who, why, old, new)] = [tuple(h.values()) for h in await store.history(a)]
     assert (who, why, old, new) == ("hippo", "used", 0.3, 0.6)
     assert datetime.fromisoformat(at) == later

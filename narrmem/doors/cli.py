@@ -509,26 +509,20 @@ def _served_tools(args: argparse.Namespace, settings: Settings, memory: Any) -> 
 
 
 async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
-    """The tools' schemas: they come from the plugins, not from what is stored, so nothing is
-    written. A store that exists is opened read-only (beside a running bot, which holds its
-    folder); a folder without one stays as it was (the tools are read from a temporary store)."""
+    """The tools' schemas: they come from the plugins and their settings, not from a store, so
+    they are read from a temporary SQLite store of the same settings: nothing is written where the
+    data lives, beside a running bot or on a PostgreSQL database not set up yet alike."""
     import tempfile
-    from pathlib import Path
 
     from narrmem.tools import tool_schemas
 
-    async def print_schemas(chosen: Settings, read_only: bool) -> None:
-        async with _open(chosen, warm=False, read_only=read_only) as memory:
+    with tempfile.TemporaryDirectory(prefix="narrmem-tools-") as folder:
+        storage = settings.storage.model_copy(update={"backend": "sqlite"})
+        alone = settings.model_copy(update={"data_dir": folder, "storage": storage})
+        async with _open(alone, warm=False) as memory:
             served = set(_served_tools(args, settings, memory))
             schemas = tool_schemas(memory.tools, args.format)
             _print_json([s for s in schemas if _schema_name(s) in served])
-
-    sqlite = settings.storage.backend == "sqlite"
-    if not sqlite or (Path(settings.data_dir) / settings.storage.database).is_file():
-        await print_schemas(settings, read_only=True)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="narrmem-tools-") as folder:
-        await print_schemas(settings.model_copy(update={"data_dir": folder}), read_only=False)
     return 0
 
 

@@ -22,10 +22,13 @@ LABELS_KEPT = 4096
 
 class LabelVectors:
     """Label embeddings made by recalls, the ``capacity`` used most recently. A label is a
-    person's words: a forget drops them all."""
+    person's words: a forget in this process drops them all, and a recall that was embedding
+    while it ran keeps none of what it made (``generation``). Another worker's forget does not
+    reach this process's copy: its labels go as others are used."""
 
     def __init__(self, capacity: int = LABELS_KEPT) -> None:
         self.capacity = capacity
+        self.generation = 0
         self._rows: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def get(self, text: str) -> np.ndarray | None:
@@ -34,13 +37,18 @@ class LabelVectors:
             self._rows.move_to_end(text)
         return row
 
-    def put(self, text: str, row: np.ndarray) -> None:
-        self._rows[text] = row
+    def put(self, text: str, row: np.ndarray, generation: int) -> None:
+        """Keep ``row`` (a copy: a view would hold the whole matrix it came from) unless a forget
+        came after ``generation`` was read."""
+        if generation != self.generation:
+            return
+        self._rows[text] = row.copy()
         self._rows.move_to_end(text)
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)
 
     def clear(self) -> None:
+        self.generation += 1
         self._rows.clear()
 
     def __len__(self) -> int:
@@ -63,9 +71,10 @@ async def node_vectors(memory: MemoryView, kept: LabelVectors, nodes: Sequence[N
             missing.setdefault(text, []).append(i)
     if missing:
         texts = list(missing)
+        generation = kept.generation
         fresh = np.asarray(await memory.embedder.embed(texts), dtype=np.float32)
         for text, row in zip(texts, fresh, strict=True):
-            kept.put(text, row)
+            kept.put(text, row, generation)
             for i in missing[text]:
                 matrix[i] = row
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
