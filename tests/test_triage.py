@@ -285,20 +285,19 @@ async def test_an_imported_chat_counts_its_topics_as_it_would_arriving_message_b
     assert "mentioned at least 64 times" in live_results[63].notes[0]
 
 
+async def _said_at(memory: Memory, text: str, user: str, times: list[datetime]) -> list[Any]:
+    """``text`` said by ``user`` in their private chat at each of ``times``."""
+    return [
+        await memory.ingest(
+            Message(text=text, user_id=user, chat_id=f"dm-{user}", ts=when, message_id=f"{user}-{n}")
+        )
+        for n, when in enumerate(times)
+    ]
+
+
 async def test_same_topic_on_the_same_weekday_is_a_habit(real: Memory) -> None:
     fridays = [datetime(2026, 9, 4, 18, tzinfo=CET) + timedelta(weeks=w) for w in range(3)]
-    results = [
-        await real.ingest(
-            Message(
-                text="discussing product pricing with the team again",
-                user_id="fri",
-                chat_id="dm-fri",
-                ts=when,
-                message_id=f"fri-{w}",
-            )
-        )
-        for w, when in enumerate(fridays)
-    ]
+    results = await _said_at(real, "discussing product pricing with the team again", "fri", fridays)
     habits = [t for t in results[2].triggers if t.kind == "habit"]
     assert len(habits) == 1 and habits[0].label.endswith("on Fridays") and habits[0].count == 3
 
@@ -312,19 +311,7 @@ async def test_a_habit_counts_the_message_itself_when_its_nearest_are_all_earlie
     them, found none and failed (``min()`` of nothing): no count, habit or trigger for the message."""
     fridays = [datetime(2026, 10, 2, 8, tzinfo=CET) + timedelta(weeks=w) for w in range(3)]
     times = [fridays[w] + timedelta(minutes=m) for w in range(2) for m in range(32)] + [fridays[2]]
-    results = [
-        await real.ingest(
-            Message(
-                text="morning run along the river before work",
-                user_id="runner",
-                chat_id="dm-runner",
-                ts=when,
-                message_id=f"run-{n}",
-            )
-        )
-        for n, when in enumerate(times)
-    ]
-    last = results[-1]
+    last = (await _said_at(real, "morning run along the river before work", "runner", times))[-1]
     assert not last.notes or all("failed" not in note for note in last.notes)
     habits = [c for c in last.counts if c.kind == "habit"]
     assert len(habits) == 1 and habits[0].label.endswith("on Fridays") and habits[0].count == 3
