@@ -825,6 +825,22 @@ async def test_discord_maps_guilds_to_tenants_and_forgets_everywhere(
     assert await everything(memory) == []
 
 
+async def test_discord_forgetme_reaches_a_server_that_removed_the_bot(
+    discord_bot: DiscordHarness, memory: Memory
+) -> None:
+    """The store keeps a server's tenant after the bot leaves it: "in every server" includes it
+    (before, only the servers the bot was in were forgotten, and the reply said all was)."""
+    await discord_bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=7, group=True)
+    await discord_bot.send(2, "I love hiking in the mountains", user=ANN, chat=ANN, group=False)
+    await discord_bot.send(3, "my brother lives in Porto", user=BOB, chat=7, group=True)
+    discord_bot.bot._connection.parse_guild_delete({"id": str(GUILD_ID)})  # the bot is removed
+    assert str(GUILD_ID) not in discord_bot.cog.tenants()
+    reply = await discord_bot.command(4, "forgetme", user=ANN, chat=ANN, group=False)
+    assert reply.startswith("Done: I forgot")
+    left = await everything(memory)
+    assert {r.user_id for r in left} == {str(BOB)}  # Bob's memories in that server stay
+
+
 async def test_discord_an_update_with_the_same_text_is_not_an_edit(
     discord_bot: DiscordHarness, memory: Memory
 ) -> None:

@@ -40,6 +40,8 @@ TriggerHandler = Callable[[discord.abc.Messageable, TriggerEvent], Awaitable[Non
 """``await on_trigger(channel, event)``: the channel is where the triggering message was sent."""
 
 DISCORD_MAX_CHARS = 2000
+# Every (tenant, user) the store holds, read once per forgetme (counts only, no text).
+USERS_READ = 10_000_000
 # Explicit alias: it stays a valid type for mypy even where discord.py is not installed.
 AnyContext: TypeAlias = "commands.Context[Any]"
 
@@ -169,10 +171,22 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             return {self.options.tenant}
         return {self.options.tenant, *(str(guild.id) for guild in self.bot.guilds)}
 
+    async def tenants_of(self, user_id: str) -> set[str]:
+        """Every tenant that may hold ``user_id``'s memories: :meth:`tenants`, and with
+        ``guild_as="tenant"`` each server the store holds them under, the bot in it or not any
+        longer (a server that removed the bot keeps its tenant in the store)."""
+        tenants = self.tenants()
+        if self.guild_as == "tenant":
+            held = await self.memory.store.users(None, limit=USERS_READ)
+            tenants |= {u["tenant"] for u in held if u["user_id"] == user_id and u["tenant"].isdigit()}
+        return tenants
+
     @commands.command(name="forgetme", help="Forget everything I remember about you, in every server.")
     async def forgetme(self, ctx: AnyContext) -> None:
         # Everywhere, not just here: someone who asks to be forgotten means it.
-        reply = await _common.forget_user(self.memory, tenants=self.tenants(), user_id=str(ctx.author.id))
+        user_id = str(ctx.author.id)
+        tenants = await self.tenants_of(user_id)
+        reply = await _common.forget_user(self.memory, tenants=tenants, user_id=user_id)
         await ctx.reply(reply, mention_author=False)
 
     @commands.command(name="memory", help="Show what I remember about you.")
