@@ -19,6 +19,17 @@ async def edit(memory: Memory, message: Message | dict[str, Any]) -> IngestResul
     scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
     ids = await memory.store.from_messages(edited.tenant, edited.chat_id, [edited.message_id])
     before = [r for r in (await memory.store.get(ids, scope)).values() if r.kind == "episode"]
+    if before and all(r.text == edited.text for r in before):
+        # Not an edit: platforms send updates that keep the text (a pin, a link preview). Taken
+        # as one, it dropped the memory's reinforcement and history for a copy of itself.
+        return IngestResult(
+            message_id=edited.message_id,
+            layer="accumulate",
+            stored=False,
+            duplicate=True,
+            reason="the stored text is the same: nothing was edited",
+            memory_ids=sorted(r.id for r in before if r.id is not None),
+        )
     edits = [e for r in before for e in _earlier_edits(r)]
     edits += [{"text": r.text, "replaced_at": memory.clock.now().isoformat()} for r in before]
     meta = {**edited.meta, "edits": edits} if edits else edited.meta

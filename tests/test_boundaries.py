@@ -17,7 +17,7 @@ from narrmem import ConfigError, InputError, Memory, Message, StoreError, Unknow
 from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
 from narrmem.doors.chat_import import read_chat
 from narrmem.doors.transfer import export_jsonl, import_jsonl, read_messages
-from narrmem.models import MAX_META_BYTES
+from narrmem.models import MAX_META_BYTES, ImportanceChange
 from narrmem.testing import open_memory
 
 DEEP = 10_000
@@ -446,3 +446,27 @@ async def test_an_edit_of_a_message_whose_own_meta_says_edits(mem: Memory) -> No
     assert result.stored
     [record] = result.records[:1]
     assert [e["text"] for e in record.meta["edits"]] == ["I keep bees"]
+
+
+async def test_an_edit_that_keeps_the_text_changes_nothing(mem: Memory) -> None:
+    """Platforms send updates that keep a message's text (a pin, a late link preview; discord.py
+    cannot compare with the old text once the message left its cache). Taken as an edit it made
+    the memory again: its reinforcement, importance history and id were gone."""
+    first = await mem.ingest(msg("m3", "I decided to learn the cello"))
+    episode_id = first.memory_ids[0]
+    stored = (await mem.store.get([episode_id], None))[episode_id]
+    at = stored.created_at + timedelta(days=3)
+    change = ImportanceChange(
+        memory_id=episode_id, importance=0.9, reinforced_at=at, old=stored.importance, who="bot", why="used"
+    )
+    assert await mem.store.set_importance([change], at) == [episode_id]
+    reinforced = (await mem.store.get([episode_id], None))[episode_id]
+    history = await mem.store.history(episode_id)
+    assert reinforced.reinforced_at is not None and history
+    again = await mem.edit(msg("m3", "I decided to learn the cello"))
+    assert again.duplicate and not again.stored and episode_id in again.memory_ids
+    after = (await mem.store.get([episode_id], None))[episode_id]
+    assert (after.importance, after.reinforced_at) == (reinforced.importance, reinforced.reinforced_at)
+    assert await mem.store.history(episode_id) == history and "edits" not in after.meta
+    changed = await mem.edit(msg("m3", "I decided to learn the viola"))  # a real edit still is one
+    assert changed.stored and changed.records[0].meta["edits"][0]["text"] == "I decided to learn the cello"
