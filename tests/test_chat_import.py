@@ -397,6 +397,23 @@ MALFORMED: list[tuple[str, Callable[[Path], Path], str, str]] = [
         "not an ISO-8601",
     ),
     ("discord", _edit(DISCORD, ("messages.0.timestamp", DELETE)), "messages[0].timestamp", "missing"),
+    # Two messages under one id with different texts: the second was dropped as a duplicate.
+    ("discord", _edit(DISCORD, ("messages.2.id", "dup"), ("messages.3.id", "dup")), "message_id", "twice"),
+    ("telegram", _edit(TELEGRAM, ("messages.3.id", 103), ("messages.4.id", 103)), "message_id", "twice"),
+    # The last and first days datetime holds, in a timezone that takes them past it (an internal
+    # error, exit 1, before).
+    (
+        "discord",
+        _edit(DISCORD, ("messages.0.timestamp", "9999-12-31T23:59:59-05:00")),
+        "messages[0].timestamp",
+        "out of range",
+    ),
+    (
+        "discord",
+        _edit(DISCORD, ("messages.0.timestamp", "0001-01-01T00:00:00+05:00")),
+        "messages[0].timestamp",
+        "out of range",
+    ),
     ("discord", _edit(DISCORD, ("messages.2.author", DELETE)), "messages[2].author", "missing"),
     ("discord", _edit(DISCORD, ("messages.2.author.id", None)), "messages[2].author.id", "missing"),
     ("discord", _edit(DISCORD, ("messages.2.id", DELETE)), "messages[2].id", "missing"),

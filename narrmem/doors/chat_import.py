@@ -37,7 +37,7 @@ Choices, so that an import is predictable:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -121,7 +121,24 @@ def read_chat(
     raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
 
 
+def _one_text_per_id(messages: Sequence[Message]) -> None:
+    """Two messages of one chat under one id with different texts: the store keeps one message
+    per id, so the second was dropped as a duplicate without a word. Refused instead (the same
+    text twice is a duplicate, as on a second import)."""
+    seen: dict[tuple[str, str, str], str] = {}
+    for n, message in enumerate(messages):
+        key = (message.tenant, message.chat_id, message.message_id)
+        text = seen.setdefault(key, message.text)
+        if text != message.text:
+            raise InputError(
+                f"message {message.message_id!r} of chat {message.chat_id!r} appears twice with "
+                f"different texts (the second is message {n + 1} of the file, oldest first)",
+                field="message_id",
+            )
+
+
 def _without_bots(batch: ImportBatch, keep_bots: bool) -> ImportBatch:
+    _one_text_per_id(batch.messages)
     if keep_bots:
         return batch
     people = [m for m in batch.messages if m.meta.get("bot") is not True]
@@ -467,7 +484,10 @@ def _iso(value: Any, field: str) -> datetime:
         raise InputError(f"not an ISO-8601 time: {value!r}", field=field) from None
     if parsed.tzinfo is None:
         raise InputError(f"has no timezone: {value!r}", field=field)
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # the first or last day datetime can hold, in another timezone
+        raise InputError(f"out of range: {value!r}", field=field) from None
 
 
 def _check_length(text: str, field: str) -> None:
