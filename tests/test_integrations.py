@@ -966,3 +966,53 @@ async def test_say_suggestion_speaks_where_the_pattern_came_up_and_only_with_a_s
     await narrmem_telegram.say_suggestion(PtbRecorder("123456:ABC"), silent)
     await aiogram_bot.session.close()
     assert sent == [("aiogram", -1001, "Running again?"), ("ptb", -1001, "Running again?")]
+
+
+PHOTO = {"photo": [{"file_id": "f", "file_unique_id": "u", "width": 1, "height": 1}]}
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+async def test_telegram_a_caption_edited_away_takes_its_words_with_it(library: str, memory: Memory) -> None:
+    """An edit that takes a photo's caption away: what the caption said is no longer remembered
+    (before, no handler saw the edit and the old caption stayed the stored text)."""
+    harness = await open_harness(library, memory)
+    assert isinstance(harness, TelegramHarness)
+    try:
+        caption = {**PHOTO, "caption": "my new home address is 12 Elm Street, flat 4"}
+        ann = {"user": ANN, "chat": ANN, "group": False, "name": "Ann"}
+        await harness.feed(telegram_payload(1, 1, None, **ann, extra=caption))
+        await memory.settle()
+        assert any("Elm Street" in r.text for r in await everything(memory))
+        await harness.feed(telegram_payload(2, 1, None, **ann, extra=PHOTO, edited=True))
+        await memory.settle()
+        assert await everything(memory) == []
+    finally:
+        await harness.close()
+
+
+async def test_discord_text_taken_out_of_a_message_that_keeps_its_attachment(
+    discord_bot: DiscordHarness, memory: Memory
+) -> None:
+    """The text removed, the attachment kept: what the text said goes. An update whose text reads
+    empty with nothing shown (the message content intent off) is not taken for that."""
+    attachment = [
+        {"id": "9", "filename": "p.png", "size": 10, "url": "https://x/p.png", "proxy_url": "https://x/p.png"}
+    ]
+    place = {"user": ANN, "chat": 7, "group": True, "name": "Ann"}
+    kept = discord_bot._payload(discord_bot._snowflake(1), "I keep bees on the roof", **place)
+    discord_bot.bot._connection.parse_message_create(kept)
+    said = discord_bot._payload(discord_bot._snowflake(2), "my locker code is 4417", **place)
+    said["attachments"] = attachment
+    discord_bot.bot._connection.parse_message_create(said)
+    await discord_bot.settle()
+    await memory.settle()
+    assert len(await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))) == 2
+    blank = dict(kept, content="", edited_timestamp=when(3).isoformat())  # nothing shown: not a retraction
+    discord_bot.bot._connection.parse_message_update(blank)
+    retracted = dict(said, content="", attachments=attachment, edited_timestamp=when(4).isoformat())
+    discord_bot.bot._connection.parse_message_update(retracted)
+    await discord_bot.settle()
+    await memory.settle()
+    assert [r.text for r in await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))] == [
+        "I keep bees on the roof"
+    ]

@@ -103,10 +103,19 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         if not isinstance(event, TgMessage):
             return await handler(event, data)
         message = to_message(event, tenant=self.options.tenant)
+        update = data.get("event_update")
+        edited = isinstance(update, Update) and update.edited_message is not None
+        if message is None and edited and sender(event) is not None:
+            # A caption taken off a photo (or a text off a message): what it said goes.
+            await _common.forget_messages(
+                self.memory,
+                tenant=self.options.tenant,
+                chat_id=str(event.chat.id),
+                message_ids=[str(event.message_id)],
+            )
         if message is None or _common.is_own_command(message.text, self.skip_commands):
             return await handler(event, data)
-        update = data.get("event_update")
-        if isinstance(update, Update) and update.edited_message is not None:
+        if edited:
             await _common.edit(self.memory, message)
         else:
             await _common.ingest(self.memory, message, self.triggers, data.get("bot"))

@@ -148,6 +148,14 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         converted = self.to_message(message)
         if converted is not None:
             await _common.edit(self.memory, converted)
+        elif not message.content.strip() and (message.attachments or message.embeds or message.stickers):
+            # The text taken out of a message that keeps what it shows: what it said goes. (With
+            # the message content intent off every text reads empty, and nothing shown is sent
+            # either: that is not taken for a retraction.)
+            guild_id = message.guild.id if message.guild is not None else None
+            tenant, chat_id = self.place(guild_id, message.channel.id)
+            gone = [str(message.id)]
+            await _common.forget_messages(self.memory, tenant=tenant, chat_id=chat_id, message_ids=gone)
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:

@@ -95,7 +95,21 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
             found.append(CommandHandler("memory", self.show_memory, filters=new_only))
         messages = filters.UpdateType.MESSAGE | filters.UpdateType.EDITED_MESSAGE
         found.append(MessageHandler((filters.TEXT | filters.CAPTION) & messages, self.remember))
+        retracted = filters.UpdateType.EDITED_MESSAGE & ~(filters.TEXT | filters.CAPTION)
+        found.append(MessageHandler(retracted, self.retract))
         return found
+
+    async def retract(self, update: telegram.Update, context: AnyContext) -> None:
+        """An edit that took a message's text or caption away: what it said goes."""
+        source = update.edited_message
+        if source is None or sender(source) is None:
+            return
+        await _common.forget_messages(
+            self.memory,
+            tenant=self.options.tenant,
+            chat_id=str(source.chat.id),
+            message_ids=[str(source.message_id)],
+        )
 
     async def remember(self, update: telegram.Update, context: AnyContext) -> None:
         """Ingest a new message, or apply an edit to the stored one."""
