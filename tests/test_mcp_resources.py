@@ -11,6 +11,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import msg, store_fingerprint
@@ -132,3 +133,49 @@ async def test_groups_cover_every_built_in_tool_once(tmp_path: Path) -> None:
         select_tools(names, ["triag"], field="mcp.tools")
     assert caught.value.field == "mcp.tools"
     assert "memory_commit" not in memory_guide(list(TOOL_GROUPS["core"]), "default", None, None)
+
+
+def test_a_line_the_transport_refuses_is_answered_and_the_server_goes_on(tmp_path: Path) -> None:
+    """Over stdio, a line the transport's JSON-RPC parser refuses (a lone UTF-16 surrogate, which a
+    JavaScript client sends for half an emoji; a number of thousands of digits; broken JSON) got
+    no answer at all, and the client waited until its own timeout. Each is now answered with an
+    error (the field named when it can be), a notification gets none, and the server goes on."""
+    import select
+
+    command = [sys.executable, "-m", "narrmem.doors.cli", "mcp", "--data", str(tmp_path / "d")]
+    server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=ENV)
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(line: str) -> None:
+        assert server.stdin is not None
+        server.stdin.write(line.encode() + b"\n")
+        server.stdin.flush()
+
+    def answer(seconds: float = 60) -> dict[str, Any] | None:
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], seconds)
+        return json.loads(server.stdout.readline()) if ready else None
+
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    call = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"narrmem_recall","arguments":%s}}'
+    try:
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
+        assert answer() is not None
+        send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        send(call % (2, '{"user_id":"u1","query":"hi \\ud800"}'))
+        refused = answer()
+        assert refused is not None and refused["id"] == 2 and refused["error"]["code"] == -32602
+        assert "params.arguments.query" in refused["error"]["message"]
+        send(call % (3, '{"user_id":"u1","query":"hi","k":%s}' % ("9" * 5000)))
+        too_long = answer()
+        assert too_long is not None and too_long["id"] == 3 and too_long["error"]["code"] == -32700
+        send('{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"reason":"\\ud800"}}')
+        send("{not json")
+        broken = answer()
+        assert broken is not None and broken["id"] is None and broken["error"]["code"] == -32700
+        send(call % (4, '{"user_id":"u1","query":"hi"}'))  # the notification got no answer
+        fine = answer()
+        assert fine is not None and fine["id"] == 4 and "result" in fine
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)

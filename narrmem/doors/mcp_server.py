@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
@@ -323,11 +324,83 @@ def _prompt_getter(served: list[str], tenant: str) -> Any:
 
 
 async def serve_stdio(memory: Memory, *, tenant: str, tools: Iterable[str] = (ALL,)) -> None:
+    import anyio
     from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
 
     server = build_server(memory, tenant=tenant, tools=tools)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    async with stdio_server() as (lines, write_stream):
+        # The transport hands a line its JSON-RPC parser refuses to the session as an exception,
+        # which answers nothing: the client waited for ever. Such a line is answered here.
+        checked_send, checked = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+        async def answer_refused_lines() -> None:
+            async with checked_send:
+                async for item in lines:
+                    reply = refused_line_reply(item) if isinstance(item, Exception) else None
+                    if reply is None:
+                        await checked_send.send(item)
+                    else:
+                        await write_stream.send(SessionMessage(reply))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(answer_refused_lines)
+            await server.run(checked, write_stream, server.create_initialization_options())
+            tasks.cancel_scope.cancel()
+
+
+# The request id of a line the JSON-RPC parser refused (a number or a string, near the start).
+_REQUEST_ID = re.compile(r'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
+
+
+def refused_line_reply(error: Exception) -> Any:
+    """The JSON-RPC error answering a line the transport's parser refused, or ``None`` when it is
+    not such a line or asks no answer (a notification). What JSON itself allows but the parser
+    does not (a lone UTF-16 surrogate, which a JavaScript client sends for half an emoji, a
+    number of thousands of digits, nesting thousands deep) is named with the field that holds it."""
+    import mcp_types as types
+    from pydantic import ValidationError
+
+    if not isinstance(error, ValidationError):
+        return None
+    details = error.errors()
+    if not details or details[0]["type"] != "json_invalid" or not isinstance(details[0]["input"], str):
+        return None
+    line = details[0]["input"]
+    reason = details[0]["msg"].removeprefix("Invalid JSON: ")
+    try:
+        data: Any = json.loads(line)
+    except (ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict):
+        if "id" not in data:
+            return None  # a notification: nothing is answered
+        request_id = data["id"] if isinstance(data["id"], int | str) else None
+        where = _refused_value(data) or "the request"
+        code, message = types.INVALID_PARAMS, f"field '{where}': {reason}"
+    else:
+        found = _REQUEST_ID.search(line)
+        request_id = json.loads(found.group(1)) if found else None
+        code, message = types.PARSE_ERROR, f"not a JSON-RPC message: {reason}"
+    return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message))
+
+
+def _refused_value(value: Any, path: str = "") -> str | None:
+    """Where in ``value`` a string holds a lone surrogate (the one thing Python's JSON reads and
+    the transport's does not, short of sizes)."""
+    if isinstance(value, str):
+        return path if any(0xD800 <= ord(c) <= 0xDFFF for c in value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _refused_value(key, path) or _refused_value(item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for n, item in enumerate(value):
+            found = _refused_value(item, f"{path}[{n}]")
+            if found is not None:
+                return found
+    return None
 
 
 async def serve_http(
