@@ -397,6 +397,11 @@ MALFORMED: list[tuple[str, Callable[[Path], Path], str, str]] = [
         "not an ISO-8601",
     ),
     ("discord", _edit(DISCORD, ("messages.0.timestamp", DELETE)), "messages[0].timestamp", "missing"),
+    # The chat's and the server's ids are the export's own fields, named as such (a message's
+    # field, messages[0].tenant, before).
+    ("discord", _edit(DISCORD, ("guild.id", "12\x003")), "guild.id", "NUL"),
+    ("discord", _edit(DISCORD, ("channel.id", "7\x008")), "channel.id", "NUL"),
+    ("telegram", _edit(TELEGRAM, ("id", "4\x005")), "id", "NUL"),
     # Two messages under one id with different texts: the second was dropped as a duplicate.
     ("discord", _edit(DISCORD, ("messages.2.id", "dup"), ("messages.3.id", "dup")), "message_id", "twice"),
     ("telegram", _edit(TELEGRAM, ("messages.3.id", 103), ("messages.4.id", 103)), "message_id", "twice"),

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
@@ -237,7 +237,7 @@ def _telegram_chat(
     chat: Json, prefix: str, tenant: str, users: Mapping[str, str]
 ) -> tuple[list[Message], int]:
     chat_id = f"telegram:{_scalar_id(_required(chat, 'id', prefix), _join(prefix, 'id'))}"
-    into = _Chat(tenant, chat_id, users, _TELEGRAM_FIELDS)
+    into = _Chat(tenant, chat_id, users, _TELEGRAM_FIELDS, {"chat_id": _join(prefix, "id")})
     name = chat.get("name") if isinstance(chat.get("name"), str) else None
     messages: list[Message] = []
     skipped = 0
@@ -357,13 +357,13 @@ def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> Import
     channel = _object(_required(data, "channel", ""), "channel")
     guild_id = _scalar_id(_required(guild, "id", "guild"), "guild.id")
     channel_id = _scalar_id(_required(channel, "id", "channel"), "channel.id")
-    tenant = tenant or f"discord:{guild_id}"
     context: Json = {"source": "discord"}
     for key, part in (("guild", guild), ("channel", channel)):
         if isinstance(part.get("name"), str):
             context[key] = part["name"]
 
-    into = _Chat(tenant, f"discord:{channel_id}", users, _DISCORD_FIELDS)
+    places = {"chat_id": "channel.id", "tenant": "tenant" if tenant else "guild.id"}
+    into = _Chat(tenant or f"discord:{guild_id}", f"discord:{channel_id}", users, _DISCORD_FIELDS, places)
     messages: list[Message] = []
     skipped = 0
     for i, item in enumerate(_array(data, "messages", "")):
@@ -447,6 +447,8 @@ class _Chat:
     chat_id: str
     users: Mapping[str, str]
     source_fields: Mapping[str, str]
+    # Where the tenant and the chat id come from: the export's own fields, outside any message.
+    place_fields: Mapping[str, str] = field(default_factory=dict)
 
     def message(self, where: str, author_id: str, **values: Any) -> Message:
         """The Message, or an error that names the export's field rather than narrmem's."""
@@ -458,6 +460,8 @@ class _Chat:
         except ValidationError as exc:
             error = exc.errors(include_url=False)[0]
             name = str(error["loc"][0]) if error["loc"] else "message"
+            if name in self.place_fields:
+                raise InputError(error["msg"], field=self.place_fields[name]) from exc
             raise InputError(error["msg"], field=f"{where}.{self.source_fields.get(name, name)}") from exc
 
 
