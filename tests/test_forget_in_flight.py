@@ -44,6 +44,35 @@ def ann(message_id: str, text: str) -> dict[str, Any]:
     return msg(message_id, text, user="ann", chat="dm", tenant="t", speaker="Ann")
 
 
+def forget_me(message_id: str, chat: str = "other") -> dict[str, Any]:
+    """Ann asking to be forgotten (what ``ForgetMeCommand`` answers), in ``chat``."""
+    return msg(message_id, "Please forget me, all of it.", user="ann", chat=chat, tenant="t", speaker="Ann")
+
+
+async def extracted_then_gone(memory: Memory, facts: Any) -> None:
+    """Once everything has settled: the slow fact extractor did run, and nothing of Ann is left."""
+    await asyncio.wait_for(memory.settle(), WAIT)
+    assert facts.started.is_set()
+    await nothing_left(memory)
+
+
+async def only_left(memory: Memory, message_id: str, *, without: str) -> None:
+    """Only the memory of ``message_id`` is left, and neither its text nor its keyword context
+    holds ``without`` (Ann's words, a reply of Bob's held them)."""
+    records = await everything(memory)
+    assert [r.message_ids for r in records] == [[message_id]]
+    assert all(without not in (r.context_text or "") + r.text for r in records)
+
+
+async def forgotten_while_extracting(memory: Memory, facts: Any) -> asyncio.Future[Any]:
+    """Ann's first message in the slow fact extractor while she asks, in another chat, to be
+    forgotten; returns the first message's ingest, still under way."""
+    first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
+    await asyncio.wait_for(facts.started.wait(), WAIT)
+    await asyncio.wait_for(memory.ingest(forget_me("2")), WAIT)
+    return first
+
+
 async def graph_of(memory: Memory) -> dict[str, Any]:
     graph: dict[str, Any] = (await memory.stats())["graph"]
     return graph
@@ -318,7 +347,7 @@ async def test_a_forget_from_hooks_leaves_nothing_that_earlier_messages_hooks_ma
     async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=plugins) as memory:
         first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        asking = forget_me("2")
         await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking)), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         await nothing_left(memory)
@@ -335,13 +364,11 @@ async def test_a_forget_from_hooks_leaves_nothing_that_later_messages_of_its_bat
         tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=[facts, ForgetMeCommand()]
     ) as memory:
         batch = [
-            msg("1", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann"),
+            forget_me("1"),
             ann("2", "I work at Acme Bank as an analyst."),
         ]
         await asyncio.wait_for(memory.ingest_many(batch), WAIT)
-        await asyncio.wait_for(memory.settle(), WAIT)
-        assert facts.started.is_set()
-        await nothing_left(memory)
+        await extracted_then_gone(memory, facts)
 
 
 async def test_a_forget_from_hooks_stays_recorded_until_finished_and_a_later_message_stays(
@@ -352,10 +379,7 @@ async def test_a_forget_from_hooks_stays_recorded_until_finished_and_a_later_mes
     finished. A message Ann sends after that is kept."""
     facts = SlowFacts(about="Acme")
     async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
-        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
-        await asyncio.wait_for(facts.started.wait(), WAIT)
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
-        await asyncio.wait_for(memory.ingest(asking), WAIT)
+        first = await forgotten_while_extracting(memory, facts)
         assert not first.done()
         [recorded] = await memory.store.pending_forgets()
         assert (recorded.tenant, recorded.user_id, recorded.chat_id) == ("t", "ann", None)
@@ -378,7 +402,7 @@ async def test_a_forget_from_hooks_does_not_wait_for_other_users_messages_in_oth
         bob = msg("1", text, user="bob", chat="dm-bob", tenant="t", speaker="Bob")
         first = asyncio.ensure_future(memory.ingest(bob))
         await asyncio.wait_for(facts.started.wait(), WAIT)
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        asking = forget_me("2")
         await asyncio.wait_for(memory.ingest(asking), WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
         assert not first.done()  # finished without waiting for Bob's slow hooks
@@ -411,14 +435,12 @@ async def test_a_reply_written_after_a_forget_from_hooks_keeps_none_of_the_forgo
         reply = msg("b1", "sounds like a great plan, go for it", user="bob", chat="g", tenant="t")
         bob = asyncio.ensure_future(memory.ingest(reply))
         await asyncio.wait_for(entered.wait(), WAIT)
-        asking = msg("a2", "Please forget me, all of it.", user="ann", chat="dm", tenant="t", speaker="Ann")
+        asking = forget_me("a2", chat="dm")
         await asyncio.wait_for(memory.ingest(asking), WAIT)
         release.set()
         await asyncio.wait_for(bob, WAIT)
         await asyncio.wait_for(memory.settle(), WAIT)
-        records = await everything(memory)
-        assert [r.message_ids for r in records] == [["b1"]]
-        assert all("zqsecret99" not in (r.context_text or "") + r.text for r in records)
+        await only_left(memory, "b1", without="zqsecret99")
 
 
 async def test_a_forget_from_hooks_waits_for_hooks_scheduled_after_it_by_messages_under_way(
@@ -436,12 +458,10 @@ async def test_a_forget_from_hooks_waits_for_hooks_scheduled_after_it_by_message
             memory.ingest_many([ann("1", "I work at Acme Bank as an analyst."), *notes])
         )
         await asyncio.sleep(0.02)
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        asking = forget_me("2")
         await asyncio.wait_for(memory.ingest(asking), WAIT)
         await asyncio.wait_for(first, WAIT)
-        await asyncio.wait_for(memory.settle(), WAIT)
-        assert facts.started.is_set()
-        await nothing_left(memory)
+        await extracted_then_gone(memory, facts)
 
 
 async def test_a_message_of_the_scope_written_before_the_forget_is_finished_goes_with_its_facts(
@@ -452,10 +472,7 @@ async def test_a_message_of_the_scope_written_before_the_forget_is_finished_goes
     too; Bob's reply to it keeps none of its words, nor does Bob's next message."""
     facts = SlowFacts(about="Acme")
     async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
-        first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
-        await asyncio.wait_for(facts.started.wait(), WAIT)
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
-        await asyncio.wait_for(memory.ingest(asking), WAIT)
+        first = await forgotten_while_extracting(memory, facts)
         assert not first.done()
         facts.started.clear()
         again = msg(
@@ -532,9 +549,7 @@ async def test_a_forget_from_hooks_cut_short_is_finished_at_the_next_open(
     async with open_memory(tmp_path / "m", plugins=[SlowFacts(about="Acme"), ForgetMeCommand()]) as memory:
         assert await memory.store.pending_forgets() == []
         assert await graph_of(memory) == {"nodes": 0, "edges": {}, "purges": 0}
-        records = await everything(memory)
-        assert [r.message_ids for r in records] == [["b4"]]
-        assert all("zqsecret77" not in (r.context_text or "") + r.text for r in records)
+        await only_left(memory, "b4", without="zqsecret77")
 
 
 async def test_settling_does_not_wait_for_a_forget_waiting_for_a_message_whose_hooks_wait_for_it(
@@ -587,7 +602,7 @@ async def test_a_forget_from_hooks_under_a_plugins_own_lock_does_not_hang(tmp_pa
     whose hooks wait for the lock the forgetting hooks hold."""
     plugin = ForgetHoldingItsOwnLock()
     async with open_memory(tmp_path / "m", plugins=[plugin]) as memory:
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        asking = forget_me("2")
         forgetting = asyncio.ensure_future(memory.ingest(asking))
         await asyncio.wait_for(plugin.holding.wait(), WAIT)
         first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
@@ -634,7 +649,7 @@ async def test_hooks_waiting_for_an_ingest_begun_during_a_forget_from_hooks_dont
             waiting.note_written.set()
 
         outside = asyncio.ensure_future(from_outside())
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        asking = forget_me("2")
         try:
             await asyncio.wait_for(asyncio.gather(first, memory.ingest(asking), outside), WAIT)
         finally:
@@ -654,7 +669,7 @@ async def test_a_forget_from_hooks_finished_later_holds_no_other_message_back(tm
         bob = msg("b", "I am planning a trip to Lisbon next month.", user="bob", chat="dm-bob", tenant="t")
         bobs = asyncio.ensure_future(memory.ingest(bob))
         await asyncio.wait_for(waiting.started.wait(), WAIT)
-        asking = msg("2", "Please forget me, all of it.", user="ann", chat="other", tenant="t", speaker="Ann")
+        asking = forget_me("2")
         await asyncio.wait_for(memory.ingest(asking), WAIT)
 
         async def from_outside() -> None:
