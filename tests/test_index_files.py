@@ -133,7 +133,11 @@ async def reopen_after(path: Path) -> VectorIndex:
     manifest = json.loads((path / "manifest.json").read_text())
     held = np.sort(
         np.concatenate(
-            [np.load(path / e["ids"])[e["offset"] : e["offset"] + e["count"], 0] for e in manifest["shards"]]
+            [
+                np.load(path / bucket["ids"])[offset : offset + count, 0]
+                for bucket in manifest["buckets"]
+                for offset, count in zip(bucket["offset"], bucket["count"], strict=True)
+            ]
         )
     )
     assert await index.load(Consistency.known(held, {})), index.rebuilt_reason
@@ -193,7 +197,8 @@ async def test_an_index_of_the_previous_format_loads_and_is_rewritten(tmp_path: 
     finally:
         await index.close()
     written = json.loads((path / "manifest.json").read_text())
-    assert written["format"] == 2 and written["shards"][0]["vectors"].startswith("vectors-")
+    [listed] = [bucket for bucket in written["buckets"] if bucket["user"]]
+    assert written["format"] == 3 and listed["user"] == ["u"] and listed["vectors"].startswith("vectors-")
     again = await reopen_after(path)
     try:
         assert again._shards[key].vectors.mapped == 40

@@ -143,7 +143,7 @@ async def test_index_of_other_dimension_is_rebuilt(built: Any) -> None:
 def _index_file(folder: Path, kind: str) -> Path:
     """The ids or the vectors file of the first user's shard, as the manifest names it."""
     manifest = json.loads((folder / MANIFEST).read_text())
-    return folder / INDEX_NAME / manifest["shards"][0][kind]
+    return folder / INDEX_NAME / next(bucket for bucket in manifest["buckets"] if bucket["user"])[kind]
 
 
 async def test_index_from_another_store_with_other_ids_is_rebuilt(built: Any, tmp_path: Path) -> None:

@@ -57,4 +57,5 @@ def _older_narrmem_folder(path: Path, index_format: int) -> bool:
     except (OSError, ValueError):
         return False
     own = all(is_own_file(p.name) for p in path.iterdir())
-    return isinstance(manifest, dict) and manifest.get("format") in (1, index_format) and own
+    written = manifest.get("format") if isinstance(manifest, dict) else None
+    return isinstance(written, int) and 1 <= written <= index_format and own

@@ -39,7 +39,9 @@ from typing import Any
 
 import faiss
 import numpy as np
-from narrmem_plugins.storage_sqlite import index_folder, mapped
+from narrmem_plugins.storage_sqlite import index_folder, index_manifest, mapped
+from narrmem_plugins.storage_sqlite.index_manifest import FORMAT, READABLE_FORMATS
+from narrmem_plugins.storage_sqlite.lazy_shards import BucketRows, ChatsAtOpen, ShardTable, Waiting
 from narrmem_plugins.storage_sqlite.vector_rows import VectorRows
 
 from narrmem.products import inner_products
@@ -50,8 +52,6 @@ BUCKETS = 64
 OUTSIDE_GRAPH_LIMIT = 2_000  # rows searched exactly beside a mapped graph before it is copied to memory
 MAX_FAILED_BUILDS = 3  # then the shard stays on exact search (it is logged) instead of retrying forever
 BUILD_CHUNK = 2_000  # rows added to a graph between checks for a closing index
-FORMAT = 2  # 1: vectors inside the rows files (read whole); 2: vectors in files of their own, mapped
-READABLE_FORMATS = (1, 2)
 ShardKey = tuple[str, str]  # (tenant, user_id)
 # A search scores at most this many rows exactly (about 0.8 ms) and reads at most this many shards
 # to run without a thread (a graph's search is bounded by its ``ef_search``).
@@ -311,14 +311,19 @@ class VectorIndex:
         self.path = path
         self.dim = dim
         self.options = options or IndexOptions()
-        self._shards: dict[ShardKey, Shard] = {}
+        self._shards: ShardTable[Shard] = ShardTable(self._make_waiting)
         self._chat_members: dict[tuple[str, str], set[ShardKey]] = {}
         self._chat_tenants: dict[str, int] = {}  # how many tenants have a chat of that id
+        # The chats' members as the files held them, taken per chat on first need (see
+        # lazy_shards); the chats whose members are taken already, or were never in the files.
+        self._chats_at_open: ChatsAtOpen | None = None
+        self._chats_taken: set[str] = set()
         self._chat_codes: dict[str, int] = {}
         self._chat_names: dict[int, str] = {}
         # Codes are not given again while the process runs: a tombstone may still hold a dropped one.
         self._next_chat_code = 0
         self._stale_chats = 0
+        self._older_format = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-vectors")
         self._busy = threading.Lock()  # held while the shards are read or changed
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-hnsw")
@@ -360,25 +365,24 @@ class VectorIndex:
 
     @property
     def size(self) -> int:
-        return sum(shard.live for shard in self._shards.values())
+        return sum(self._shards.lives())
 
     def user_size(self, tenant: str, user_id: str) -> int:
         """How many vectors a user holds."""
-        shard = self._shards.get((tenant, user_id))
-        return 0 if shard is None else shard.live
+        return self._shards.live((tenant, user_id))
 
     def largest_scope(self) -> int:
         """The most vectors one user holds."""
-        return max((shard.live for shard in list(self._shards.values())), default=0)
+        return max(self._shards.lives(), default=0)
 
     def ids(self) -> np.ndarray:
-        parts = [shard.live_ids() for shard in self._shards.values()]
+        parts = [self._shards.live_ids(key) for key in self._shards.keys()]
         return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def describe(self) -> dict[str, int]:
-        shards = list(self._shards.values())
+        shards = self._shards.made()  # one waiting in the files has no graph and no tombstones
         return {
-            "vector_shards": len(shards),
+            "vector_shards": len(self._shards),
             "hnsw_shards": sum(s.graph is not None for s in shards),
             "tombstones": sum(s.dead for s in shards),
             "rows_outside_graphs": sum(s.outside_graph for s in shards),
@@ -436,7 +440,26 @@ class VectorIndex:
                     self._leave_chat(key, name)
         return removed
 
+    def _take_chat(self, chat_id: str) -> None:
+        """Take the chat's members as the files held them, once, before it is searched or changed."""
+        at_open = self._chats_at_open
+        if at_open is None or chat_id in self._chats_taken:
+            return
+        self._chats_taken.add(chat_id)
+        code = self._chat_codes.get(chat_id)
+        if code is not None:
+            for key in at_open.keys_of(code):
+                self._add_member(key[0], chat_id, key)
+
+    def _members(self, tenant: str, chat_id: str) -> set[ShardKey]:
+        self._take_chat(chat_id)
+        return self._chat_members.get((tenant, chat_id), set())
+
     def _join_chat(self, tenant: str, chat_id: str, key: ShardKey) -> None:
+        self._take_chat(chat_id)
+        self._add_member(tenant, chat_id, key)
+
+    def _add_member(self, tenant: str, chat_id: str, key: ShardKey) -> None:
         members = self._chat_members.get((tenant, chat_id))
         if members is None:
             members = self._chat_members[(tenant, chat_id)] = set()
@@ -447,6 +470,7 @@ class VectorIndex:
         """The shard ``key`` holds nothing of ``chat_id`` any more. A chat no shard holds leaves
         the chat codes too, so the saved index keeps no name of a forgotten chat (a private chat's
         id is often its user's)."""
+        self._take_chat(chat_id)
         members = self._chat_members.get((key[0], chat_id))
         if members is None:
             return
@@ -494,7 +518,7 @@ class VectorIndex:
         if user_id is not None:
             keys: Collection[ShardKey] = [(tenant, user_id)]
         elif chat_id is not None:
-            keys = self._chat_members.get((tenant, chat_id), set())
+            keys = self._members(tenant, chat_id)
         else:
             return False
         if len(keys) > INLINE_SHARDS:
@@ -518,7 +542,7 @@ class VectorIndex:
         if user_id is not None:
             keys: Iterable[ShardKey] = [(tenant, user_id)]
         elif chat_id is not None:
-            keys = sorted(self._chat_members.get((tenant, chat_id), ()))
+            keys = sorted(self._members(tenant, chat_id))
         else:
             raise ValueError("a vector search needs a user or a chat")
         chat = None
@@ -541,7 +565,9 @@ class VectorIndex:
         checks the shards it touched, not every user's)."""
         if self._closing:
             return
-        shards = list(self._shards.values()) if keys is None else [self._shards.get(k) for k in keys]
+        shards: list[Shard | None] = (
+            list(self._shards.made()) if keys is None else [self._shards.get(k) for k in keys]
+        )
         for shard in shards:
             if shard is None or shard.building or shard.failed_builds >= MAX_FAILED_BUILDS:
                 continue
@@ -658,29 +684,43 @@ class VectorIndex:
             self._shards.clear()
             self._chat_members.clear()
             self._chat_tenants.clear()
+            self._chats_at_open = None
+            self._chats_taken.clear()
             self._set_chat_codes({})
             return False
-        # An older format, or names of chats no shard holds, are rewritten by the next save.
-        self.dirty = bool(self._dirty_buckets) or self._stale_chats > 0
+        # An older format, or names of chats no shard holds, are written anew by the next save.
+        self.dirty = bool(self._dirty_buckets) or self._stale_chats > 0 or self._older_format
         self._schedule_builds()
         return True
 
     async def _check(self, check: Consistency) -> str | None:
-        ids = self.ids()
         trusted = check.watermark is not None and self._saved_watermark == check.watermark
         self.caught_up = None
-        if not trusted:
+        if trusted:
+            picks = self._sample_ids()
+        else:
+            ids = self.ids()
             expected = await check.ids()
             if not np.array_equal(ids, expected):
                 if check.rows is None:
                     return "the index holds other ids than SQLite"
                 return await self._catch_up(ids, expected, check)
-        picks = ids[np.unique(np.linspace(0, len(ids) - 1, min(SAMPLES, len(ids))).astype(int))]
+            picks = ids[np.unique(np.linspace(0, len(ids) - 1, min(SAMPLES, len(ids))).astype(int))]
         samples = await check.samples(picks)
         if trusted and len(samples) != len(picks):
             return "the index holds ids SQLite does not"
         reason: str | None = await self._run(self._compare_samples, samples)
         return reason
+
+    def _sample_ids(self) -> np.ndarray:
+        """Ids to compare with SQLite: the middle row of each of ``SAMPLES`` users spread over the
+        index (without reading, let alone sorting, every id: 0.05 s with 200,000)."""
+        keys = sorted(self._shards.keys())
+        picked = [
+            keys[i] for i in np.unique(np.linspace(0, len(keys) - 1, min(SAMPLES, len(keys))).astype(int))
+        ]
+        rows = [self._shards.live_ids(key) for key in picked]
+        return np.array(sorted(int(r[len(r) // 2]) for r in rows if len(r)), dtype=np.int64)
 
     async def _catch_up(self, ids: np.ndarray, expected: np.ndarray, check: Consistency) -> str | None:
         """Files saved before SQLite's last writes (a process that stopped without closing): a
@@ -709,7 +749,7 @@ class VectorIndex:
 
     def _holders(self, ids: np.ndarray) -> set[ShardKey]:
         """The shards holding any of ``ids`` (a catch-up's rows SQLite lost: their owner is gone)."""
-        return {key for key, shard in self._shards.items() if np.isin(shard.ids[: shard.n], ids).any()}
+        return {key for key in self._shards.keys() if np.isin(self._shards.live_ids(key), ids).any()}
 
     def _compare_samples(self, samples: dict[int, tuple[np.ndarray, ShardKey]]) -> str | None:
         for memory_id, (vector, key) in samples.items():
@@ -732,43 +772,62 @@ class VectorIndex:
             self._set_chat_codes({str(k): int(v) for k, v in manifest["chats"].items()})
             self._saved_watermark = manifest.get("watermark")
             files = _BucketFiles(self.path, self.dim)
+            listed = index_manifest.listing(manifest)
+            rows = []
             with _collector_paused():
-                for entry in manifest["shards"]:
-                    self._load_shard(entry, files)
+                for key, entry in listed.format_1:
+                    self._load_format_1(key, entry, files)
+                for bucket in listed.buckets:
+                    ids_file, vectors_file = bucket.ids_file, bucket.vectors_file
+                    spans = files.spans(ids_file, vectors_file, bucket.offsets, bucket.counts)
+                    rows.append(BucketRows(bucket.keys, *spans, files.columns(ids_file)[1]))
+                    for key, offset, count in zip(bucket.keys, bucket.offsets, bucket.counts, strict=True):
+                        self._shards.wait(key, Waiting(files, ids_file, vectors_file, offset, count))
+                    for place, graph_file in bucket.graphs.items():
+                        self._map_graph(bucket.keys[place], graph_file)
+            at_open = ChatsAtOpen(rows)
             # Chats no shard holds (files written before chats were dropped with their last row).
-            held = {chat for _, chat in self._chat_members}
-            self._stale_chats = len(self._chat_codes) - len(held)
-            self._set_chat_codes({name: code for name, code in self._chat_codes.items() if name in held})
+            # (Only shards of format 1 have joined their chats by now.)
+            legacy = {self._chat_codes[chat] for _, chat in self._chat_members}
+            held = {int(code) for code in at_open.codes()} | legacy
+            self._stale_chats = sum(code not in held for code in self._chat_codes.values())
+            self._set_chat_codes({name: code for name, code in self._chat_codes.items() if code in held})
+            self._chats_at_open = at_open
+            self._older_format = manifest["format"] != FORMAT
         except Exception as exc:  # numpy, json and FAISS all raise their own errors on a bad file
             return f"the index file is unreadable ({type(exc).__name__}: {exc})"
         return None
 
-    def _load_shard(self, entry: dict[str, Any], files: _BucketFiles) -> None:
-        key: ShardKey = (str(entry["tenant"]), str(entry["user_id"]))
-        if "vectors" in entry:
-            offset, count = int(entry["offset"]), int(entry["count"])
-            ids, chats = files.ids(entry["ids"], offset, count)
-            shard = Shard.mapped(key, ids, chats, files.vectors(entry["vectors"], offset, count))
-            shard.file_offset = offset
-        else:  # format 1: the vectors sit in the rows file; read whole, written anew by the next save
-            ids, chats = files.rows(entry["rows"], entry["prefix"])
-            shard = Shard(key, self.dim, capacity=len(ids))
-            shard.append(ids, chats, files.rows_vectors(entry["rows"], entry["prefix"], len(ids)))
-            self._mark(key)
-        graph_file = entry.get("graph")
-        if graph_file:
-            # Mapped, not read: the graph's vectors are paged in as searches walk it.
-            graph = faiss.read_index(str(self.path / graph_file), faiss.IO_FLAG_MMAP_IFC)
-            mapped.advise_random(self.path / graph_file)
-            if graph.ntotal <= shard.n and graph.d == self.dim:
-                shard.graph, shard.graph_saved = graph, True
-                shard.graph_mapped_from = self.path / graph_file
+    @staticmethod
+    def _make_waiting(key: ShardKey, where: Waiting) -> Shard:
+        ids, chats = where.files.ids(where.ids_file, where.offset, where.size)
+        vectors = where.files.vectors(where.vectors_file, where.offset, where.size)
+        shard = Shard.mapped(key, ids, chats, vectors)
+        shard.file_offset = where.offset
+        return shard
+
+    def _load_format_1(self, key: ShardKey, entry: dict[str, Any], files: _BucketFiles) -> None:
+        """A shard of format 1, whose vectors sit in its rows file: read whole, and written anew
+        by the next save."""
+        ids, chats = files.rows(entry["rows"], entry["prefix"])
+        shard = Shard(key, self.dim, capacity=len(ids))
+        shard.append(ids, chats, files.rows_vectors(entry["rows"], entry["prefix"], len(ids)))
+        self._mark(key)
         self._shards[key] = shard
-        # Most shards hold a few rows: a set of them is quicker than np.unique's sort.
-        held = shard.chats[: shard.n]
-        codes = set(held.tolist()) if shard.n < 256 else np.unique(held).tolist()
-        for code in codes:
-            self._join_chat(key[0], self._chat_names[code], key)
+        for code in np.unique(chats).tolist():
+            self._add_member(key[0], self._chat_names[code], key)
+        if entry.get("graph"):
+            self._map_graph(key, entry["graph"])
+
+    def _map_graph(self, key: ShardKey, graph_file: str) -> None:
+        """Give a shard its saved graph, mapped, not read: its vectors are paged in as searches
+        walk it. (A shard with a graph is made at once: it may have rows to thaw in.)"""
+        shard = self._shards[key]
+        graph = faiss.read_index(str(self.path / graph_file), faiss.IO_FLAG_MMAP_IFC)
+        mapped.advise_random(self.path / graph_file)
+        if graph.ntotal <= shard.n and graph.d == self.dim:
+            shard.graph, shard.graph_saved = graph, True
+            shard.graph_mapped_from = self.path / graph_file
 
     async def save(self, watermark: dict[str, int] | None = None) -> None:
         """Write what changed; ``watermark`` is SQLite's (see :meth:`load`) with the index in step
@@ -782,86 +841,102 @@ class VectorIndex:
 
     def _save_sync(self, watermark: dict[str, int] | None) -> None:
         index_folder.claim(self.path, FORMAT)
-        by_bucket: dict[int, list[Shard]] = {}
-        for key, shard in sorted(self._shards.items()):
-            by_bucket.setdefault(_bucket(key), []).append(shard)
-        entries: list[dict[str, Any]] = []
+        by_bucket: dict[int, list[ShardKey]] = {}
+        for key in sorted(self._shards.keys()):
+            by_bucket.setdefault(_bucket(key), []).append(key)
+        buckets: list[index_manifest.Bucket] = []
         for bucket in range(BUCKETS):
-            shards = by_bucket.get(bucket, [])
+            keys = by_bucket.get(bucket, [])
             ids_name, vectors_name = f"ids-{bucket:02d}.npy", f"vectors-{bucket:02d}.npy"
+            listed = index_manifest.Bucket(ids_name, vectors_name)
+            buckets.append(listed)
             stale = not (self.path / ids_name).exists() or not (self.path / vectors_name).exists()
-            if bucket in self._dirty_buckets or stale or any(s.file_offset is None for s in shards):
-                self._write_bucket(shards, self.path / ids_name, self.path / vectors_name)
-            for shard in shards:
-                entry = {
-                    "tenant": shard.key[0],
-                    "user_id": shard.key[1],
-                    "ids": ids_name,
-                    "vectors": vectors_name,
-                    "offset": shard.file_offset,
-                    "count": shard.live,
-                }
+            if bucket in self._dirty_buckets or stale or not all(self._placed(k, ids_name) for k in keys):
+                self._write_bucket(keys, self.path / ids_name, self.path / vectors_name)
+            for key in keys:
+                where = self._shards.waiting(key)
+                if where is not None:
+                    listed.add(key, where.offset, where.size)
+                    continue
+                shard = self._shards.peek(key)
+                assert shard is not None and shard.file_offset is not None
+                graph_name = None
                 if shard.graph is not None and not shard.dead:
                     graph_name = f"graph-{_digest(shard.key)}.faiss"
                     if not shard.graph_saved or not (self.path / graph_name).exists():
                         _atomic(self.path / graph_name, lambda tmp, g=shard.graph: faiss.write_index(g, tmp))
                         shard.graph_saved = True
-                    entry["graph"] = graph_name
-                entries.append(entry)
-        manifest = {
-            "format": FORMAT,
-            "dim": self.dim,
-            "watermark": watermark,
-            "chats": self._chat_codes,
-            "shards": entries,
-        }
+                listed.add(key, shard.file_offset, shard.live, graph_name)
+        manifest = index_manifest.manifest(self.dim, watermark, self._chat_codes, buckets)
         _atomic(
             self.path / "manifest.json",
             lambda tmp: Path(tmp).write_text(json.dumps(manifest, ensure_ascii=False), encoding="utf-8"),
         )
         used = {"manifest.json", *(f"{kind}-{b:02d}.{ext}" for b in range(BUCKETS) for kind, ext in _FILES)}
-        used |= {e.get("graph", "") for e in entries}
+        used |= {graph for listed in buckets for graph in listed.graphs.values()}
         for stale_file in self.path.iterdir():
             if stale_file.name not in used and index_folder.is_own_file(stale_file.name):
                 stale_file.unlink()
         self._dirty_buckets.clear()
         self._saved_watermark = watermark
 
-    def _write_bucket(self, shards: list[Shard], ids_path: Path, vectors_path: Path) -> None:
+    def _placed(self, key: ShardKey, ids_file: str) -> bool:
+        """Whether the shard's rows are in the bucket file ``ids_file`` already."""
+        where = self._shards.waiting(key)
+        if where is not None:
+            return where.ids_file == ids_file
+        shard = self._shards.peek(key)
+        return shard is not None and shard.file_offset is not None
+
+    def _write_bucket(self, keys: list[ShardKey], ids_path: Path, vectors_path: Path) -> None:
         """Both files of one bucket (ids with chat codes; vectors), the shards' live rows one
         after another, each file replaced whole; then its shards without tombstones read their
         vectors from the new file (a shard with tombstones keeps its rows: its graph's labels are
-        row numbers, and the file holds only the live rows)."""
+        row numbers, and the file holds only the live rows). A shard still waiting in the old
+        files is copied from them and waits in the new ones."""
+        placed: list[tuple[int, int, Shard | Waiting]] = []  # (offset, rows, source)
         total = 0
-        for shard in shards:
-            shard.file_offset = total
-            total += shard.live
+        for key in keys:
+            source: Shard | Waiting | None = self._shards.peek(key) or self._shards.waiting(key)
+            assert source is not None
+            count = source.live if isinstance(source, Shard) else source.size
+            placed.append((total, count, source))
+            total += count
         table = np.empty((total, 2), dtype=np.int64)
-        for shard in shards:
-            assert shard.file_offset is not None
-            live = shard.alive[: shard.n]
-            table[shard.file_offset : shard.file_offset + shard.live, 0] = shard.ids[: shard.n][live]
-            table[shard.file_offset : shard.file_offset + shard.live, 1] = shard.chats[: shard.n][live]
+        for offset, count, source in placed:
+            if isinstance(source, Shard):
+                live = source.alive[: source.n]
+                ids, chats = source.ids[: source.n][live], source.chats[: source.n][live]
+            else:
+                ids, chats = source.files.ids(source.ids_file, source.offset, source.size)
+            table[offset : offset + count, 0] = ids
+            table[offset : offset + count, 1] = chats
 
         def write_vectors(tmp: str) -> None:
             if not total:  # nothing to map: a file of no rows
                 np.save(tmp, np.empty((0, self.dim), dtype=np.float32))
                 return
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(total, self.dim))
-            for shard in shards:
-                assert shard.file_offset is not None
-                out[shard.file_offset : shard.file_offset + shard.live] = shard.live_rows()[2]
+            for offset, count, source in placed:
+                out[offset : offset + count] = (
+                    source.live_rows()[2]
+                    if isinstance(source, Shard)
+                    else source.files.vectors(source.vectors_file, source.offset, source.size)
+                )
             out.flush()
             del out
 
         _atomic(vectors_path, write_vectors)
         _atomic(ids_path, lambda tmp: np.save(tmp, table))
         files = _BucketFiles(self.path, self.dim)
-        for shard in shards:
-            if not shard.dead and shard.file_offset is not None:
-                shard.vectors = VectorRows(
-                    self.dim, base=files.vectors(vectors_path.name, shard.file_offset, shard.n)
-                )
+        for (offset, count, source), key in zip(placed, keys, strict=True):
+            if isinstance(source, Shard):
+                source.file_offset = offset
+                if not source.dead:
+                    mapped_rows = files.vectors(vectors_path.name, offset, source.n)
+                    source.vectors = VectorRows(self.dim, base=mapped_rows)
+            else:
+                self._shards.wait(key, Waiting(files, ids_path.name, vectors_path.name, offset, count))
 
     async def stop_builds(self) -> None:
         """Abandon running graph builds (within one chunk); the shards stay searchable exactly."""
@@ -914,9 +989,31 @@ class _BucketFiles:
         self._ids: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._vectors: dict[str, np.ndarray] = {}
 
+    def spans(
+        self, ids_file: str, vectors_file: str, offsets: list[int], counts: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The shards' spans in one bucket's files, as arrays, once the files are known to hold
+        them all (a shard made later must not fail)."""
+        starts, sizes = np.array(offsets, dtype=np.int64), np.array(counts, dtype=np.int64)
+        if len(starts) and (starts.min() < 0 or sizes.min() < 0):
+            raise ValueError(f"{ids_file} has a shard of a negative span in the manifest")
+        end = int((starts + sizes).max()) if len(starts) else 0
+        if end > len(self.columns(ids_file)[0]):
+            raise ValueError(f"{ids_file} is shorter than its manifest says")
+        if end:
+            self.vectors(vectors_file, 0, end)
+        return starts, sizes
+
     def ids(self, name: str, offset: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """A shard's ids and chat codes (format 2), as read-only views: each bucket's file is read
-        once, whole, into one column of ids and one of chat codes."""
+        """A shard's ids and chat codes (format 2), as read-only views."""
+        ids, chats = self.columns(name)
+        if offset < 0 or count < 0 or offset + count > len(ids):
+            raise ValueError(f"{name} is shorter than its manifest says")
+        return ids[offset : offset + count], chats[offset : offset + count]
+
+    def columns(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A bucket's ids and chat codes: its file is read once, whole, into one read-only column
+        of each."""
         columns = self._ids.get(name)
         if columns is None:
             table = np.load(self.path / name, allow_pickle=False)
@@ -925,10 +1022,7 @@ class _BucketFiles:
             ids, chats = np.ascontiguousarray(table[:, 0]), table[:, 1].astype(np.int32)
             ids.flags.writeable = chats.flags.writeable = False
             columns = self._ids[name] = (ids, chats)
-        ids, chats = columns
-        if offset < 0 or offset + count > len(ids):
-            raise ValueError(f"{name} is shorter than its manifest says")
-        return ids[offset : offset + count], chats[offset : offset + count]
+        return columns
 
     def rows(self, name: str, prefix: str) -> tuple[np.ndarray, np.ndarray]:
         """A shard's ids and chat codes in a rows file of format 1."""
@@ -948,7 +1042,7 @@ class _BucketFiles:
         return vectors
 
     def vectors(self, name: str, offset: int, count: int) -> np.ndarray:
-        if not count:
+        if not count:  # an empty file cannot be mapped
             return np.empty((0, self.dim), dtype=np.float32)
         mapped = self._vectors.get(name)
         if mapped is None:
@@ -958,7 +1052,7 @@ class _BucketFiles:
             mapped = self._vectors[name] = np.asarray(on_disk)
         if mapped.dtype != np.float32 or mapped.ndim != 2 or mapped.shape[1] != self.dim:
             raise ValueError(f"{name} holds vectors of another shape")
-        if offset < 0 or offset + count > len(mapped):
+        if offset < 0 or count < 0 or offset + count > len(mapped):
             raise ValueError(f"{name} is shorter than its manifest says")
         return mapped[offset : offset + count]
 
@@ -991,6 +1085,11 @@ def _snapshot(shard: Shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     shard.removed_since_snapshot = set()
     ids, chats, vectors = shard.live_rows()
     return ids.copy(), chats.copy(), np.array(vectors, dtype=np.float32, order="C")
+
+
+def _span(entry: dict[str, Any]) -> tuple[int, int]:
+    """A manifest entry's offset and count in its bucket's files."""
+    return int(entry["offset"]), int(entry["count"])
 
 
 def _digest(key: ShardKey) -> str:
