@@ -3,6 +3,7 @@ place, with the earlier texts kept in the new episode's ``meta["edits"]``."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from narrmem.ingest import as_message
@@ -36,6 +37,12 @@ async def edit(memory: Memory, message: Message | dict[str, Any]) -> IngestResul
     # Checked before the old message is forgotten: the earlier texts can take meta past its limit,
     # and a refused edit must leave the old message as it was.
     replacement = as_message(edited.model_copy(update={"meta": meta}), None)
+    # One piece of work that outlives a caller giving up (a timeout around the edit): cancelled
+    # between the two steps, the edit left neither text.
+    return await asyncio.shield(_replace(memory, edited, replacement))
+
+
+async def _replace(memory: Memory, edited: Message, replacement: Message) -> IngestResult:
     await memory.forget_messages(
         chat_id=edited.chat_id, message_ids=[edited.message_id], tenant=edited.tenant
     )

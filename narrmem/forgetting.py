@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from narrmem.checks import has_surrogate
-from narrmem.errors import InputError
+from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 
 if TYPE_CHECKING:
     from narrmem.fence import Fence
+    from narrmem.in_flight import CallsUnderWay
     from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
@@ -45,12 +46,14 @@ class Forgetting:
         settling: Settling,
         inbox: Inbox,
         fence: Fence,
+        calls: CallsUnderWay,
     ) -> None:
         self.memory = memory
         self.write_lock = write_lock
         self.settling = settling
         self.inbox = inbox
         self.fence = fence
+        self.calls = calls
         self._finishing_later: set[asyncio.Task[None]] = set()
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
@@ -65,6 +68,8 @@ class Forgetting:
 
     async def scope(self, scope: Scope) -> dict[str, int]:
         from_hooks = inside_own_work()
+        # What ingest calls under way hold of the scope and have not written is never written.
+        self.calls.drop_scope(scope.tenant, scope.user_id, scope.chat_id)
         async with self.fence.forgetting():
             await self._quiet()
             async with self.write_lock:
@@ -140,8 +145,15 @@ class Forgetting:
         """Run a recorded scope forget again and finish it, naming what the scope wrote since (the
         plugins scrub copies by it). ``received``: delete the scope's received entries too."""
         store = self.memory.store
-        now = with_sources_of(await store.begin_forget(**job.scope.model_dump()), job)
-        await self.finish(now, received=received)
+        again = await store.begin_forget(**job.scope.model_dump())
+        try:
+            await self.finish(with_sources_of(again, job), received=received)
+        except PluginError:
+            if all(set(ids) <= set(job.sources.get(chat, ())) for chat, ids in again.sources.items()):
+                # The earlier job names all this one does: one record of what is owed, not one
+                # more for every open while a plugin's service is down.
+                await store.finish_forget(again, purge=False)
+            raise
         await store.finish_forget(job, purge=False)
 
     async def finished_later(self) -> None:
@@ -167,6 +179,8 @@ class Forgetting:
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
+        if scope.chat_id is not None:
+            self.calls.drop_messages(scope.tenant, scope.chat_id, ids)
         async with self.fence.forgetting():
             await self._quiet()
             async with self.write_lock:
@@ -210,7 +224,14 @@ class Forgetting:
         if isinstance(embedder, ForgetsRecentTexts):
             embedder.forget_recent_texts()
         told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
-        await self.memory.host.call("narrmem_after_forget", isolate=False, **told)
+        try:
+            # Every plugin scrubs its copies though one fails; the job then stays recorded.
+            await self.memory.host.call_every("narrmem_after_forget", **told)
+        except PluginError as exc:
+            raise PluginError(
+                f"forget {job.id}: the store deleted what it holds, but {exc}; the forget stays "
+                "recorded and the next open finishes it"
+            ) from exc.__cause__
         await self.settling.drop(job)
         if done:
             await store.finish_forget(job, purge=job.messages is None)
@@ -222,13 +243,19 @@ class Forgetting:
         for job in await self.memory.store.pending_forgets():
             log.warning("finishing a forget that was interrupted (job %d)", job.id)
             async with self.write_lock:
-                if job.messages is None:
-                    # What the scope wrote after the job was recorded (a forget run from hooks
-                    # that was still to be finished) is named too. The received entries a
-                    # stopped process left go first, as in any forget: the inbox writes them next.
-                    await self._finish_again(job, received=True)
-                else:
-                    await self.finish(job)
+                try:
+                    if job.messages is None:
+                        # What the scope wrote after the job was recorded (a forget run from
+                        # hooks that was still to be finished) is named too. The received entries
+                        # a stopped process left go first, as in any forget: the inbox writes
+                        # them next.
+                        await self._finish_again(job, received=True)
+                    else:
+                        await self.finish(job)
+                except PluginError:
+                    # A plugin's service may be down: the bot still starts (the store holds
+                    # nothing of the scope any more), and the job waits for the next open.
+                    log.exception("forget %d is not finished: a plugin failed to scrub its copies", job.id)
 
 
 def with_sources_of(job: ForgetJob, earlier: ForgetJob) -> ForgetJob:

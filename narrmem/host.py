@@ -129,6 +129,27 @@ class PluginHost:
                 results.append(value)
         return results
 
+    async def call_every(self, hook_name: str, **kwargs: Any) -> list[Any]:
+        """Call every implementation, even after one raises; then, if any raised, raise one
+        :class:`PluginError` naming each that did (the first error chained). For hooks whose
+        every implementation must run (a forget's scrubbing: one plugin's failure must not leave
+        the others' copies), and whose failure the caller must hear of."""
+        results = []
+        failed: list[tuple[str, Exception]] = []
+        for impl in self._ordered(hook_name):
+            try:
+                ok, value = await self._invoke(impl, hook_name, kwargs, False, None)
+            except Exception as exc:
+                await self._report(impl.plugin_name, hook_name, exc)
+                failed.append((impl.plugin_name, exc))
+                continue
+            if ok and value is not None:
+                results.append(value)
+        if failed:
+            named = "; ".join(f"plugin '{name}': {exc!r}" for name, exc in failed)
+            raise PluginError(f"{hook_name} failed in {named}") from failed[0][1]
+        return results
+
     async def call_first(self, hook_name: str, *, errors: list[str] | None = None, **kwargs: Any) -> Any:
         """Call implementations in order until one returns something other than ``None``."""
         for impl in self._ordered(hook_name):

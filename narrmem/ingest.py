@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from narrmem.errors import InputError
 from narrmem.fence import ScopeKey, own_work
+from narrmem.in_flight import Call, CallsUnderWay
 from narrmem.model_child import SHORT_TEXTS
 from narrmem.models import (
     MAX_ID_CHARS,
@@ -125,6 +126,7 @@ class IngestPipeline:
         settling: Settling,
         inbox: Inbox,
         fence: Fence,
+        calls: CallsUnderWay,
     ) -> None:
         self.memory = memory
         self.write_lock = write_lock
@@ -132,6 +134,7 @@ class IngestPipeline:
         self.settling = settling
         self.inbox = inbox
         self.fence = fence
+        self.calls = calls
 
     async def run(
         self,
@@ -144,12 +147,22 @@ class IngestPipeline:
         without a pause between batches; a batch's after-store hooks run (or are scheduled, with
         ``acknowledge = "after_write"``) once it is written."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
+        with self.calls.under_way(validated) as call:
+            return await self._run(validated, progress, acknowledge, call)
+
+    async def _run(
+        self,
+        validated: list[Message],
+        progress: Callable[[int], None] | None,
+        acknowledge: Acknowledge | None,
+        call: Call,
+    ) -> list[IngestResult]:
         mode = acknowledge or self.memory.settings.storage.acknowledge
         deferred = mode != "after_hooks"
         if deferred:
             await self.settling.claim()
         if mode == "on_receipt" and len(validated) <= SHORT_TEXTS:
-            results = await self._receive(validated)
+            results = await self._receive(validated, call)
             if progress is not None:
                 progress(len(validated))
             return results
@@ -171,10 +184,10 @@ class IngestPipeline:
                     upcoming = None
                 if deferred:
                     prefix = self.settling.batch_prefix()
-                    written, unit = await self._finish(prepared, None, prefix)
+                    written, unit = await self._finish(prepared, None, prefix, call=call)
                     self._schedule_hooks(written, prefix, unit)
                 else:
-                    written, unit = await self._finish(prepared, finishing, None)
+                    written, unit = await self._finish(prepared, finishing, None, call=call)
                     finishing = None
                     if unit is not None:
                         hooks = functools.partial(self.after_store, written, prepared.results)
@@ -191,7 +204,10 @@ class IngestPipeline:
         finally:
             await _abandon(upcoming)
             if finishing is not None:
-                await finishing
+                # Shielded: a caller that gives up (a timeout around ingest) leaves the written
+                # batch's hooks running. Cancelled with it, they never ran: the message was stored
+                # without its counts and facts, and sent again it was a duplicate.
+                await asyncio.shield(finishing)
         return [result for batch in batches for result in batch]
 
     def _schedule_hooks(self, written: list[Pending], prefix: str, unit: int | None) -> None:
@@ -227,7 +243,7 @@ class IngestPipeline:
             await yield_every(i)
         return items
 
-    async def _receive(self, messages: list[Message]) -> list[IngestResult]:
+    async def _receive(self, messages: list[Message], call: Call) -> list[IngestResult]:
         """``acknowledge = "on_receipt"``: triage and dedupe a bot's few messages, and hand the new
         ones to the inbox, which answers once they are put in the store as they came."""
         items = await self._triaged(messages)
@@ -239,6 +255,11 @@ class IngestPipeline:
         # entries put while a forget runs wait for it (so it does not take them).
         unit = await self.fence.enter(scopes=message_scopes(new))
         try:
+            # Asked inside the unit: a forget that began before dropped these (narrmem.in_flight).
+            for item in new:
+                if call.was_dropped(item.message):
+                    results[item.index] = forgotten(item)
+            new = call.kept(new)
             received = await self.inbox.receive(new)
         finally:
             self.fence.leave(unit)
@@ -336,6 +357,7 @@ class IngestPipeline:
         while_embedding: bool = True,
         receiving: bool = False,
         still_received: Callable[[list[Pending]], Awaitable[list[Pending]]] | None = None,
+        call: Call | None = None,
     ) -> tuple[list[Pending], int | None]:
         """Run a prepared batch's before-store hooks, wait for its vectors and write it; return the
         messages written (whose after-store hooks the caller runs) and the batch's unit of
@@ -372,6 +394,13 @@ class IngestPipeline:
                 # Written anyway, a forgotten message's hooks would count and fire for its user
                 # after the forget had returned, and leave what they wrote of the user behind.
                 prepared.kept = kept = await still_received(kept)
+            if call is not None:
+                # The same for a forget in this process that began while the call was under way
+                # (narrmem.in_flight): it found nothing of these messages to delete.
+                for item in kept:
+                    if call.was_dropped(item.message):
+                        results[item.index] = forgotten(item)
+                prepared.kept = kept = call.kept(kept)
             written = []
             if kept:
                 vectors = functools.partial(_vectors, prepared, rest, later)
@@ -571,6 +600,17 @@ def stored_result(item: Pending, *, settled: bool) -> IngestResult:
         scene=next((r for r in item.records if r.kind == "scene"), None),
         notes=[] if settled else list(item.errors),
         settled=settled,
+    )
+
+
+def forgotten(item: Pending) -> IngestResult:
+    """What ingest answers for a message a forget dropped before its write."""
+    return IngestResult(
+        message_id=item.message.message_id,
+        layer=item.decision.layer,
+        stored=False,
+        reason="forgotten before it was written: a forget of it, its chat or its user began meanwhile",
+        notes=item.errors,
     )
 
 

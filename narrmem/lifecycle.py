@@ -22,6 +22,7 @@ from narrmem.errors import ClosedError, PluginError
 from narrmem.fence import Fence
 from narrmem.forgetting import Forgetting
 from narrmem.host import PluginHost
+from narrmem.in_flight import CallsUnderWay
 from narrmem.inbox import Inbox
 from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.settling import Settling
@@ -86,10 +87,11 @@ class MemoryLifecycle:
         self._fence = fence = Fence()  # forgets against the batches being written
         self._settling = Settling(self)
         self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone, fence)
+        calls = CallsUnderWay()  # a forget drops what calls begun before it have not written
         self._ingest = IngestPipeline(
-            self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence
+            self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence, calls
         )
-        self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox, fence)
+        self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox, fence, calls)
         self._closed = False
         self._shut = False  # closed to the end: public calls are refused (see while_open)
         self._started = False

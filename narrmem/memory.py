@@ -241,7 +241,11 @@ class Memory(MemoryLifecycle):
         """Delete every trace of a user (and/or a chat): rows, keyword index, vectors, history, and
         every plugin's copies (graph, summaries, counters, other memories' keyword context). The
         forget is written down before anything is deleted and reported done only when every
-        plugin has finished; one interrupted by a crash is finished on the next open.
+        plugin has finished; one interrupted by a crash is finished on the next open. A message
+        of the scope that an ingest call of this process holds and has not written yet when the
+        forget begins is not written (its result says ``stored=False``, "forgotten before it was
+        written"). If a plugin fails to scrub its copies, every other plugin still scrubs, the
+        call raises :class:`PluginError` naming it, and the forget stays recorded for the next open.
 
         Run from hooks or a trigger callback, it does not wait for the messages being written
         meanwhile (they may be waiting for the code that forgets). If some are of the scope or of
@@ -256,7 +260,8 @@ class Memory(MemoryLifecycle):
         self, *, chat_id: str, message_ids: Sequence[str], tenant: str = "default"
     ) -> dict[str, int]:
         """Delete what these messages left (episodes and the scenes built from them), as when a
-        chat reports a message deleted."""
+        chat reports a message deleted. One that an ingest call of this process holds and has
+        not written yet is not written."""
         return await self._forgetting.messages(scope_of(tenant, chat_id=chat_id), message_ids)
 
     @while_open
