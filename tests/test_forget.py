@@ -16,7 +16,8 @@ from _helpers import msg, on_sqlite, sql, store_sql
 
 import narrmem
 from narrmem import hookimpl
-from narrmem.errors import PluginError
+from narrmem.doors.transfer import export_store
+from narrmem.errors import PluginError, StoreError
 from narrmem.testing import open_memory
 
 GROUP = "group-1"
@@ -425,3 +426,27 @@ async def test_a_forget_finished_at_the_next_open_drops_what_the_stopped_process
         await mem.settle()
         assert await mem.store.pending_forgets() == []
         assert await mem.store.recent(narrmem.Scope(tenant="t", user_id="ann"), limit=100) == []
+
+
+async def test_an_export_refuses_a_store_whose_forget_is_not_finished(tmp_path: Path) -> None:
+    """A process stopped in the middle of forgetting Bob; then an export, which opens the folder
+    read-only and so finishes nothing: it held Bob, and an import of it brought him back."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(_group_chat())
+        store: Any = mem.store
+
+        async def stopped(**_: Any) -> dict[str, int]:
+            raise RuntimeError("the process stopped here")
+
+        store.forget = stopped
+        with pytest.raises(RuntimeError, match="stopped"):
+            await mem.forget(user_id="bob")
+    async with open_memory(folder, read_only=True) as mem:
+        with pytest.raises(StoreError, match=r"forget.*not finished.*user 'bob'"):
+            await export_store(mem, tmp_path / "backup.jsonl")
+    assert not (tmp_path / "backup.jsonl").exists()
+    async with open_memory(folder) as mem:  # a process that writes finishes it, then exports
+        await export_store(mem, tmp_path / "backup.jsonl")
+    text = (tmp_path / "backup.jsonl").read_text(encoding="utf-8")
+    assert not any(marker.decode() in text for marker in BOB_MARKERS) and "ann" in text

@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, loads_json
-from narrmem.errors import InputError
+from narrmem.errors import InputError, StoreError
 from narrmem.models import MemoryRecord, Message
 
 if TYPE_CHECKING:
@@ -210,9 +210,29 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     the graph and RTM trees are left out), for a caller that may see one tenant only."""
     # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
     await memory.settle()
+    await _no_forget_pending(memory)
     lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant)
     async for section, line in lines:
         yield section, json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+async def _no_forget_pending(memory: Memory) -> None:
+    """Refuse to export while a forget is recorded and not finished (a process stopped in the
+    middle of it, or a plugin failed to scrub): the export holds no record of it, so an import
+    brought back what it deletes. A process that writes the folder finishes it when it opens."""
+    pending = await memory.store.pending_forgets()
+    if pending:
+        scopes = "; ".join(
+            f"job {job.id}: tenant {job.tenant!r}"
+            + (f", user {job.user_id!r}" if job.user_id else "")
+            + (f", chat {job.chat_id!r}" if job.chat_id else "")
+            for job in pending[:5]
+        )
+        raise StoreError(
+            f"{len(pending)} forget(s) not finished ({scopes}): an export now would keep what they "
+            "delete. Open the folder once with a process that writes (the bot, `narrmem serve`, "
+            "`narrmem decay`) to finish them, then export"
+        )
 
 
 async def _memory_lines(memory: Memory, tenant: str | None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
