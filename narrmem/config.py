@@ -151,6 +151,14 @@ class StorageSettings(_Section):
         "(VACUUM), the only way to leave no stale copy of their words in the file's pages; it takes "
         "time in proportion to the store. false: faster forgets, stale copies possible",
     )
+    purge_deleted_messages_after_s: float = Field(
+        default=300.0,
+        ge=0.0,
+        le=86_400.0,
+        description="a deleted message's words (forget_messages, an edit's old text) stay in the "
+        "keyword index's pages until a purge; one runs this many seconds after the first delete "
+        "since the last purge, and on close (a user's or chat's forget purges at once)",
+    )
 
 
 class EmbedderSettings(_Section):

@@ -14,6 +14,7 @@ a task that held nothing back until then runs the job again and finishes it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
+from narrmem.store import PurgesDeleted
 
 if TYPE_CHECKING:
     from narrmem.fence import Fence
@@ -58,6 +60,10 @@ class Forgetting:
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
         self._changed = asyncio.Event()
+        # The purge owed for messages deleted since the last one (see _purge_later).
+        self._purge: asyncio.Task[None] | None = None
+        self._purge_owed = False
+        self._purge_now = asyncio.Event()  # set by close: the purge runs without waiting
 
     async def _quiet(self) -> None:
         # The batches being written have run their hooks (or scheduled them), what was received is
@@ -173,6 +179,9 @@ class Forgetting:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._purge is not None:
+            self._purge_now.set()
+            await asyncio.gather(self._purge, return_exceptions=True)
 
     def _waits_for_units(self, task: asyncio.Task[None]) -> bool:
         return any(not unit.done() for unit in self._waiting_for.get(task, ()))
@@ -188,7 +197,36 @@ class Forgetting:
                     tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
                 )
                 counts = await self.finish(job)
+        if counts.get("memories"):
+            self._purge_later()
         return {"memories": counts.get("memories", 0)}
+
+    def _purge_later(self) -> None:
+        """A deleted message's words stay in the keyword index's segments and in freed pages
+        until a purge, which costs time in proportion to the store (a second at 100,000
+        memories): too much for every edit. The first delete since the last purge schedules one
+        ``purge_deleted_messages_after_s`` later; closing runs it at once."""
+        self._purge_owed = True
+        if self._purge is None and isinstance(self.memory.store, PurgesDeleted):
+            delay = self.memory.settings.storage.purge_deleted_messages_after_s
+            self._purge = asyncio.get_running_loop().create_task(self._purge_after(delay))
+
+    async def _purge_after(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._purge_now.wait(), delay)
+        while self._purge_owed:  # deletes made while it purges are purged too
+            self._purge_owed = False
+            await self._run_purge()
+        self._purge = None
+
+    async def _run_purge(self) -> None:
+        store = self.memory.store
+        assert isinstance(store, PurgesDeleted)
+        try:
+            async with self.write_lock:
+                await store.purge_deleted()
+        except Exception:
+            log.exception("purging what deleted messages left in the files failed")
 
     async def again(self, scope: Scope, message_ids: Sequence[str]) -> None:
         """Forget messages written after a forget that named them had begun (by another worker of a

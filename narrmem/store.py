@@ -347,6 +347,17 @@ class FindsStoredMessages(Protocol):
 
 
 @runtime_checkable
+class PurgesDeleted(Protocol):
+    """A store whose deleted rows leave bytes in its files until a purge (both built-in stores:
+    an FTS5 or tantivy index keeps a deleted row's terms until its segments are merged, a
+    database file keeps freed pages' bytes until rewritten)."""
+
+    async def purge_deleted(self) -> None:
+        """Leave no byte of the rows deleted so far in the files (as a user's forget ends)."""
+        ...
+
+
+@runtime_checkable
 class ReadsWithVectors(Protocol):
     """A store that reads memories and their stored vectors in one query (both built-in stores):
     what :meth:`Store.get` and :meth:`Store.vectors` answer together. Recall reads the memories

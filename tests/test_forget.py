@@ -450,3 +450,33 @@ async def test_an_export_refuses_a_store_whose_forget_is_not_finished(tmp_path: 
         await export_store(mem, tmp_path / "backup.jsonl")
     text = (tmp_path / "backup.jsonl").read_text(encoding="utf-8")
     assert not any(marker.decode() in text for marker in BOB_MARKERS) and "ann" in text
+
+
+@pytest.mark.sqlite_only("the bytes of the SQLite file's pages and of its keyword index")
+async def test_a_deleted_messages_words_leave_the_files_at_the_purge_after_it(tmp_path: Path) -> None:
+    """An FTS5 delete leaves the row's terms in the index's segments until they are merged: a
+    deleted message's words stayed in the file for good (found as 7-character term tails)."""
+    gone = (b"zqlocker77", b"ocker77", b"zqpin4821", b"pin4821")
+    kept = (b"zqteapot55",)
+
+    async def written(mem: Any) -> None:
+        await mem.ingest(
+            msg("m1", "my locker code is zqlocker77 and my pin is zqpin4821", user="bob", chat="c")
+        )
+        await mem.ingest(msg("m2", "I keep my tea in the zqteapot55 by the window", user="bob", chat="c"))
+        assert await mem.forget_messages(chat_id="c", message_ids=["m1"]) == {"memories": 1}
+
+    async with open_memory(tmp_path / "soon", storage={"purge_deleted_messages_after_s": 0.2}) as mem:
+        await written(mem)
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if not _files_with(tmp_path / "soon", gone):
+                break
+        assert _files_with(tmp_path / "soon", gone) == {}  # while the memory is still open
+        assert _files_with(tmp_path / "soon", kept)
+        hits = await mem.recall("zqteapot55", user_id="bob", reinforce=False)
+        assert [h.message_ids for h in hits][:1] == [["m2"]]
+    async with open_memory(tmp_path / "later") as mem:  # the default waits; closing purges
+        await written(mem)
+    assert _files_with(tmp_path / "later", gone) == {}
+    assert _files_with(tmp_path / "later", kept)
