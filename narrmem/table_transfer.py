@@ -121,9 +121,26 @@ async def check_table_records(
     order; a malformed record or one that conflicts with a stored row raises an ``InputError``
     naming ``section[index].column``. A column a record leaves out is refused: an export holds them
     all."""
+    placed = await _checked_rows(
+        db, table, records, key=key, section=section, exclude=exclude, derived=derived
+    )
+    return [row for _, row in placed]
+
+
+async def _checked_rows(
+    db: SQLConnection,
+    table: str,
+    records: Sequence[Any],
+    *,
+    key: Sequence[str],
+    section: str,
+    exclude: Collection[str] = (),
+    derived: Collection[str] = (),
+) -> list[tuple[int, tuple[Any, ...]]]:
+    """:func:`check_table_records`' rows, each with the index of its record in the section."""
     columns = await table_columns(db, table, exclude)
     by_name = {c.name: c for c in columns}
-    rows: list[tuple[Any, ...]] = []
+    rows: list[tuple[int, tuple[Any, ...]]] = []
     for index, record in enumerate(records):
         where = f"{section}[{index}]"
         if not isinstance(record, dict):
@@ -144,7 +161,7 @@ async def check_table_records(
                 raise InputError(problem, field=f"{where}.{column.name}")
         row = tuple(values)
         if not await _stored_same(db, table, columns, (key, derived), row, where):
-            rows.append(row)
+            rows.append((index, row))
     return rows
 
 
@@ -185,6 +202,43 @@ async def insert_rows(
     await db.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
 
 
+class _TrialOver(Exception):
+    """Ends a dry run's transaction, rolling back what it wrote."""
+
+
+async def _try_rows(db: SQLConnection, spec: TableSpec, placed: list[tuple[int, tuple[Any, ...]]]) -> None:
+    """Insert the rows one at a time (a dry run's, rolled back), naming the first the table refuses."""
+    columns = await table_columns(db, spec.table, spec.exclude)
+    names = ", ".join(c.name for c in columns)
+    marks = ", ".join("?" for _ in columns)
+    for index, row in placed:
+        try:
+            await db.execute(f"INSERT INTO {spec.table} ({names}) VALUES ({marks})", row)
+        except Exception as exc:  # each database's driver raises its own constraint errors
+            reason = exc.__cause__ or exc  # the driver's own words, not the statement
+            where = f"{spec.section}[{index}]"
+            raise InputError(f"the {spec.table} table refuses it: {reason}", field=where) from exc
+
+
+async def _check_references(db: SQLConnection, specs: Sequence[TableSpec], sections: dict[str, Any]) -> None:
+    """On SQLite, references are checked when the transaction commits, and a dry run never
+    commits: the rows that name a row no table holds are asked for instead."""
+    if db.dialect != "sqlite":
+        return  # PostgreSQL checks each reference as its row is inserted
+    for spec in specs:
+        for found in await db.fetchall(f"PRAGMA foreign_key_check({spec.table})"):
+            rowid, parent = found[1], found[2]
+            records = sections[spec.section]
+            index = next(
+                (i for i, r in enumerate(records) if isinstance(r, dict) and r.get(spec.key[0]) == rowid),
+                None,
+            )
+            where = spec.section if index is None else f"{spec.section}[{index}]"
+            raise InputError(
+                f"names a row of {parent} that neither the store nor the file holds", field=where
+            )
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """One table of a plugin as one section of an export."""
@@ -223,20 +277,32 @@ async def import_tables(
     if not isinstance(store, SQLCapable):
         raise InputError(f"this store has no tables for section {mine[0].section}", field=mine[0].section)
     counts: dict[str, int] = {}
-    async with store.sql(write=not dry_run) as db:
-        if not dry_run and db.dialect == "sqlite":
-            await db.execute("PRAGMA defer_foreign_keys = ON")  # reset when the transaction ends
-        for spec in mine:
-            rows = await check_table_records(
-                db,
-                spec.table,
-                sections[spec.section],
-                key=spec.key,
-                section=spec.section,
-                exclude=spec.exclude,
-                derived=spec.derived,
-            )
-            if not dry_run:
-                await insert_rows(db, spec.table, rows, spec.exclude)
-            counts[spec.section] = len(rows)
+    try:
+        # The dry run writes too, in a transaction rolled back at its end: the tables' own
+        # constraints (a status the CHECK refuses, an edge naming a missing node, an id twice in
+        # the file) are met there, naming the record, before the memories are written. Checked
+        # only at the real write, after the memories' commit, they left an import half done.
+        async with store.sql(write=True) as db:
+            if db.dialect == "sqlite":
+                await db.execute("PRAGMA defer_foreign_keys = ON")  # reset when the transaction ends
+            for spec in mine:
+                placed = await _checked_rows(
+                    db,
+                    spec.table,
+                    sections[spec.section],
+                    key=spec.key,
+                    section=spec.section,
+                    exclude=spec.exclude,
+                    derived=spec.derived,
+                )
+                if dry_run:
+                    await _try_rows(db, spec, placed)
+                else:
+                    await insert_rows(db, spec.table, [row for _, row in placed], spec.exclude)
+                counts[spec.section] = len(placed)
+            if dry_run:
+                await _check_references(db, mine, sections)
+                raise _TrialOver
+    except _TrialOver:
+        pass
     return counts

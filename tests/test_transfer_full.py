@@ -172,6 +172,52 @@ async def test_a_bad_plugin_section_writes_nothing(
     assert words in str(caught.value) and caught.value.field == field
 
 
+def _edge_twice(lines: list[dict[str, Any]]) -> None:
+    lines.append(dict(next(line for line in lines if line.get("section") == "graph.edges")))
+
+
+def _edge_of(spoil: Any) -> Any:
+    def spoiled(lines: list[dict[str, Any]]) -> None:
+        spoil(next(line for line in lines if line.get("section") == "graph.edges"))
+
+    return spoiled
+
+
+@pytest.mark.parametrize(
+    ("spoil", "field"),
+    [
+        (_edge_of(lambda edge: edge.update(status="bogus")), "graph.edges[0]"),  # a CHECK
+        (_edge_of(lambda edge: edge.update(confidence=7)), "graph.edges[0]"),  # a CHECK
+        (_edge_of(lambda edge: edge.update(subject_id=999)), "graph.edges[0]"),  # a reference
+        (_edge_twice, "graph.edges[-1]"),  # one id twice: the copy, last
+    ],
+)
+async def test_a_record_its_table_refuses_is_named_and_nothing_is_written(
+    tmp_path: Path, spoil: Any, field: str
+) -> None:
+    """Each value well formed, the row refused by the table's own constraints: met before at the
+    write, after the memories' commit, it left the memories imported without their graph."""
+    path = tmp_path / "export.jsonl"
+    async with open_memory(tmp_path / "a") as memory:
+        await memory.ingest(msg("m1", "I live in Lisbon"))
+        await memory.call_tool(
+            "memory_commit",
+            {"triplets": [{"subject": "user", "relation": "likes", "object": "jazz"}], **SCOPE},
+        )
+        await export_store(memory, path)
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    spoil(lines)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    async with open_memory(tmp_path / "b") as memory:
+        with pytest.raises(InputError) as caught:
+            await import_jsonl(memory, path)
+        assert (await memory.stats())["memories"] == 0
+        assert await store_sql(memory, "SELECT COUNT(*) FROM graph_nodes") == [(0,)]
+    edges = sum(line.get("section") == "graph.edges" for line in lines)
+    assert caught.value.field == field.replace("[-1]", f"[{edges - 1}]")
+    assert "refuses it" in str(caught.value) or "names a row of graph_nodes" in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("declared", "dialect", "bits"),
     [
