@@ -166,6 +166,21 @@ def _corrupt(records: list[dict[str, Any]], how: str) -> tuple[int, str]:
     if how == "naive created_at":
         bad["created_at"] = "2026-05-05T19:30:00"
         return 4, "created_at"
+    if how == "NaN in the vector":
+        bad["vector"] = base64.b64encode(np.full(384, np.nan, dtype="<f4").tobytes()).decode()
+        return 4, "vector"
+    if how == "vector not of length 1":
+        bad["vector"] = base64.b64encode(np.full(384, 3e38, dtype="<f4").tobytes()).decode()
+        return 4, "vector"
+    if how == "NUL in user_id":
+        bad["user_id"] = "ann\x00"
+        return 4, "user_id"
+    if how == "empty message id":
+        bad["message_ids"] = [""]
+        return 4, "message_ids"
+    if how == "message id too long":
+        bad["message_ids"] = ["m" * 100_000]
+        return 4, "message_ids"
     raise AssertionError(how)
 
 
@@ -177,6 +192,11 @@ CORRUPTIONS = [
     "wrong type",
     "extra field",
     "naive created_at",
+    "NaN in the vector",
+    "vector not of length 1",
+    "NUL in user_id",
+    "empty message id",
+    "message id too long",
 ]
 
 

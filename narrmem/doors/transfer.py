@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, loads_json
+from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
 from narrmem.errors import InputError, StoreError
-from narrmem.models import ForgetJob, MemoryRecord, Message
+from narrmem.models import MAX_ID_CHARS, ForgetJob, MemoryRecord, Message, no_nul
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -57,6 +57,29 @@ class ExportLine(MemoryRecord):
     @classmethod
     def _in_range(cls, when: datetime | None) -> datetime | None:
         return None if when is None else check_time_range(when)
+
+    # The ids a message could carry, no more: one with a NUL, a lone surrogate or past the length
+    # limit was imported, and then no forget could name it (forget refuses such ids).
+    @field_validator("tenant", "user_id", "chat_id", "speaker")
+    @classmethod
+    def _an_id(cls, value: str | None) -> str | None:
+        return None if value is None else _id(value)
+
+    @field_validator("message_ids")
+    @classmethod
+    def _message_ids(cls, ids: list[str]) -> list[str]:
+        for n, mid in enumerate(ids):
+            if not 0 < len(mid) <= MAX_ID_CHARS:
+                raise ValueError(f"message_ids[{n}] must be 1 to {MAX_ID_CHARS} characters")
+            _id(mid)
+        return ids
+
+
+def _id(value: str) -> str:
+    no_nul(value)
+    if has_surrogate(value):
+        raise ValueError("holds a lone surrogate (not valid Unicode)")
+    return value
 
 
 class HistoryEvent(BaseModel):
@@ -420,6 +443,10 @@ def _memory_line(data: dict[str, Any], number: int, dim: int) -> tuple[MemoryRec
         raise InputError("not valid base64", field="vector", line=number) from exc
     if vector.shape != (dim,):
         raise InputError(f"has {vector.size} dimensions, expected {dim}", field="vector", line=number)
+    # A NaN scored every recall of its memory 0 and failed every open's sample check (the index
+    # was rebuilt each time); vectors are unit length, as the model gives them.
+    if not np.isfinite(vector).all() or not 0.98 <= float(np.linalg.norm(vector)) <= 1.02:
+        raise InputError("must be a finite vector of length 1", field="vector", line=number)
     record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
     return record, vector.astype(np.float32)
 
