@@ -151,6 +151,13 @@ class StorageSettings(_Section):
         "(VACUUM), the only way to leave no stale copy of their words in the file's pages; it takes "
         "time in proportion to the store. false: faster forgets, stale copies possible",
     )
+    max_ts_ahead_s: float = Field(
+        default=86_400.0,
+        ge=0.0,
+        le=10 * 365 * 86_400.0,
+        description="a message dated more than this many seconds past the clock's now is refused "
+        "(an InputError naming ts): a device clock far ahead skewed counts and held triggers back",
+    )
     purge_deleted_messages_after_s: float = Field(
         default=300.0,
         ge=0.0,

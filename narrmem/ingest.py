@@ -23,6 +23,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -147,6 +148,7 @@ class IngestPipeline:
         without a pause between batches; a batch's after-store hooks run (or are scheduled, with
         ``acknowledge = "after_write"``) once it is written."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
+        check_not_ahead(validated, self.memory.clock.now(), self.memory.settings.storage.max_ts_ahead_s)
         with self.calls.under_way(validated) as call:
             return await self._run(validated, progress, acknowledge, call)
 
@@ -709,6 +711,21 @@ async def yield_every(n: int, every: int = 8) -> None:
     never suspends, and a batch of them would otherwise hold the loop for tens of milliseconds."""
     if n % every == every - 1:
         await asyncio.sleep(0)
+
+
+def check_not_ahead(messages: Sequence[Message], now: datetime, limit_s: float) -> None:
+    """Refuse a message dated further past the clock's now than ``limit_s``: a device whose clock
+    ran a year ahead stored a mood a year ahead, which every later week then counted, and a
+    trigger that fired on it held the real one back until that date."""
+    for index, message in enumerate(messages):
+        ahead = (message.ts - now).total_seconds()
+        if ahead > limit_s:
+            field = "ts" if len(messages) == 1 else f"messages[{index}].ts"
+            raise InputError(
+                f"is {ahead / 3600:.1f} hours past the memory's clock ({now.isoformat()}); at most "
+                f"{limit_s / 3600:g} hours ahead is taken ([storage] max_ts_ahead_s)",
+                field=field,
+            )
 
 
 def as_message(message: Message | dict[str, Any], index: int | None) -> Message:

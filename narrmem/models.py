@@ -314,6 +314,11 @@ class PatternCount(_Strict):
         description="the count is a lower bound: the counter reads a bounded number of mentions, and "
         "there may be more than it read",
     )
+    quiet_days_before: float | None = Field(
+        default=None,
+        description="days between the mention that made this count and the one before it, however "
+        "long ago (None: no earlier mention known); what a topic's return is measured by",
+    )
 
     def event(self, message: Message, *, suggestion: str, kind: str | None = None) -> TriggerEvent:
         """The trigger this count makes, in the scope of ``message`` (the one that made it);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Generator, Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -93,6 +94,12 @@ def check_open_arguments(settings: object, clock: object, plugins: object, setti
         raise InputError(f"must be narrmem Settings, not {type(settings).__name__}", field="settings")
     if clock is not None and not callable(getattr(clock, "now", None)):
         raise InputError("must be a clock: an object with a now() method", field="clock")
+    if clock is not None:
+        # Checked once here: a naive time failed later, deep in a write (pydantic on a record),
+        # in recall (a TypeError), or quietly (a decay pass that did nothing).
+        now = clock.now()  # type: ignore[attr-defined]
+        if not isinstance(now, datetime) or now.utcoffset() is None:
+            raise InputError(f"must give timezone-aware datetimes: now() returned {now!r}", field="clock")
     if isinstance(plugins, str | bytes | dict) or not isinstance(plugins, Iterable):
         raise InputError(f"must be a list of plugins, not {type(plugins).__name__}", field="plugins")
 

@@ -71,16 +71,19 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         result.triggers = events
 
     async def _fire(self, memory: MemoryView, message: Message, count: PatternCount) -> list[str]:
-        now = message.ts
+        # A message dated a little past the clock (within [storage] max_ts_ahead_s) fires as now:
+        # a firing stored ahead would hold the next one back past its cooldown.
+        now = min(message.ts, memory.clock.now())
         fired: list[str] = []
         times = sorted(count.times)
-        if (
+        # The silence before this mention, the latest: measured from the mentions around it, a
+        # message that arrived late fired a second return, and one dated ahead a return a day.
+        returned = (
             count.kind == "topic"
-            and len(times) >= 2
-            and times[-1] - times[-2] >= timedelta(days=self.options.quiet_days)
-        ):
-            fired.append("topic_return")
-        if not fired and count.count < self.threshold(count.kind):
+            and count.quiet_days_before is not None
+            and count.quiet_days_before >= self.options.quiet_days
+        )
+        if not returned and count.count < self.threshold(count.kind):
             return []  # nothing can fire whatever the state says: it is not read (a count per message)
         key = state_key(message.tenant, message.user_id, count.kind, count.label)
         stored = state = await memory.store.state_get(NAME, key)
@@ -93,6 +96,8 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         hot = count.kind != "topic" or self.heat(times, now) >= self.options.heat_ratio * self.threshold(
             "topic"
         )
+        if returned and not cooling:  # cooling: its hooks run again (after a crash) fire nothing
+            fired.append("topic_return")
         if due and hot and not cooling:
             fired.append(count.kind)
         # Compare-and-set: workers sharing a store may count the same topic at once; only the one

@@ -166,6 +166,11 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
                 continue  # spaced repetition: recalling twice in a day is not learning twice
             since = last or record.created_at
             new = round(reinforced(record.importance, since, now), 6)
+            if record.importance >= PERMANENT and new <= record.importance:
+                # Nothing changes for a permanent memory at its cap (its clock starts no decay):
+                # written anyway, it logged "1.0 -> 1.0" every day, and once per worker at a time
+                # (the compare-and-set saw the same value before and after).
+                continue
             changes.append(
                 ImportanceChange(
                     memory_id=record.id,

@@ -10,7 +10,7 @@ counts exactly as one-by-one ingest does.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,7 @@ def _count(
     threshold: int,
     suggestion: str,
     at_least: bool = False,
+    quiet: float | None = None,
 ) -> None:
     """Put a count in the ingest result, and a trigger event when it just reached its threshold."""
     message_ids = [mid for r in members for mid in r.message_ids]
@@ -76,6 +77,7 @@ def _count(
         message_ids=message_ids,
         times=[r.created_at for r in members],
         at_least=at_least,
+        quiet_days_before=quiet,
     )
     result.counts.append(pattern)
     if count == threshold:
@@ -119,7 +121,8 @@ class Counters:
             stated = await memory.store.recent(
                 user, since=since, kinds=["episode"], limit=10_000, meta_has=("emotions", mood)
             )
-            said = [r for r in stated if _not_after(r, episode) and r.id != episode.id]
+            bound = max(memory.clock.now(), message.ts)
+            said = [r for r in stated if _before(r, episode, bound)]
             # The message itself always counts, even when it is older than what `recent` returned.
             said = [*sorted(said, key=lambda r: r.id or 0), episode]
             count = len(said)
@@ -196,25 +199,30 @@ class Counters:
             # go to the older): someone who says the very same thing often.
             found.setdefault(episode.id, episode)
         since = message.ts - timedelta(days=self.options.topic_window_days)
-        members = sorted(
-            (
-                r
-                for r in found.values()
-                if r.kind == "episode"
-                and _not_after(r, episode)
-                and r.created_at >= since
-                and self.same_topic(episode, r)
-            ),
-            key=lambda r: r.id or 0,
+        bound = max(memory.clock.now(), message.ts)
+        earlier = [
+            r
+            for r in found.values()
+            if r.kind == "episode" and _before(r, episode, bound) and self.same_topic(episode, r)
+        ]
+        # The mention before this one however long ago (the window counts, a return measures
+        # the silence: a topic back after 91 quiet days had no earlier mention in a 90-day window).
+        previous = max(earlier, key=lambda r: (r.created_at, r.id or 0), default=None)
+        quiet = (
+            None if previous is None else (episode.created_at - previous.created_at).total_seconds() / 86_400
         )
+        members = sorted((r for r in [*earlier, episode] if r.created_at >= since), key=lambda r: r.id or 0)
         count = len(members)
-        shared_moods = (
-            set.intersection(*(set(r.meta.get("emotions") or []) for r in members)) if members else set()
-        )
-        if count < 2 or shared_moods:
+        alike = members if count >= 2 or previous is None else [previous, episode]
+        shared_moods = set.intersection(*(set(r.meta.get("emotions") or []) for r in alike))
+        if len(alike) < 2 or shared_moods:
             # Messages alike because they state the same mood are the mood counter's business.
             return members, None
-        label = topic_label([r.text for r in members], self.options.names)
+        label = topic_label([r.text for r in alike], self.options.names)
+        if count < 2:
+            # Back after longer than the window: no count to speak of, but a return to tell.
+            _count(result, message, "topic", label, members, count=1, threshold=0, suggestion="", quiet=quiet)
+            return members, None
         if at_least:
             result.notes.append(f"topic '{label}' mentioned at least {count} times")
         else:
@@ -229,6 +237,7 @@ class Counters:
             threshold=self.options.topic_threshold,
             suggestion=f"This is the {ordinal(count)} time '{label}' comes up. Want to dig into it?",
             at_least=at_least,
+            quiet=quiet,
         )
         return members, label
 
@@ -385,6 +394,13 @@ def _core(scene: MemoryRecord) -> str:
 
 def _not_after(record: MemoryRecord, reference: MemoryRecord) -> bool:
     return (record.id or 0) <= (reference.id or 0)
+
+
+def _before(record: MemoryRecord, reference: MemoryRecord, bound: datetime) -> bool:
+    """Written before ``reference``, and dated no later than ``bound`` (the clock's now, or the
+    message's time if later): a mention dated ahead (a device clock running ahead) is not counted
+    before its time, as the patterns' readout has it."""
+    return _not_after(record, reference) and record.id != reference.id and record.created_at <= bound
 
 
 def _same_words_if_chinese(a: str, b: str) -> bool:

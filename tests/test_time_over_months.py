@@ -1,0 +1,125 @@
+"""Time as a bot's months bring it: a message that arrives late, a device clock running ahead, a
+topic back after a long silence, a core memory used every day, a clock that gives naive times.
+Counts and triggers stay true, a return fires once, and nothing logs changes that change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg
+
+from narrmem import InputError, Message, TriageDecision, hookimpl
+from narrmem.clock import ManualClock
+from narrmem.memory import Memory
+from narrmem.testing import open_memory
+
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+ROADMAP = "product roadmap review with the team"
+
+
+def at(days: float) -> str:
+    return (T0 + timedelta(days=days)).isoformat()
+
+
+async def kinds(memory: Memory, clock: ManualClock, message_id: str, day: float, text: str) -> list[str]:
+    """The triggers a message of ``day`` fires, the clock moved on to it (or past it, for one that
+    arrives late)."""
+    clock.set(max(clock.now(), T0 + timedelta(days=day)))
+    result = await memory.ingest(msg(message_id, text, ts=at(day)))
+    return [t.kind for t in result.triggers]
+
+
+async def test_a_topic_returns_once_though_a_message_about_it_arrives_late(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        assert await kinds(memory, clock, "1", 0, ROADMAP) == []
+        assert await kinds(memory, clock, "2", 45, f"{ROADMAP} again") == ["topic_return"]
+        # Sent on day 1, it reaches the bot after day 45 (an offline phone): not a return.
+        assert await kinds(memory, clock, "3", 1, f"{ROADMAP} once more") == []
+        assert await kinds(memory, clock, "4", 46, f"{ROADMAP} today") == []
+
+
+@pytest.mark.parametrize("quiet", [45, 91, 300])
+async def test_a_topic_back_after_any_long_silence_returns(tmp_path: Path, quiet: int) -> None:
+    """The counting window is 90 days: a topic back after 91 had no earlier mention in it, and
+    its return never fired."""
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        assert await kinds(memory, clock, "1", 0, ROADMAP) == []
+        assert await kinds(memory, clock, "2", 1, f"{ROADMAP} again") == []
+        assert "topic_return" in await kinds(memory, clock, "3", 1 + quiet, f"{ROADMAP} back")
+
+
+async def test_a_message_dated_far_past_the_clock_is_refused_and_counts_nothing(tmp_path: Path) -> None:
+    """A phone a year ahead: its 'tired' was stored a year ahead, every later week counted it, and
+    the trigger it fired held the real one back until that date."""
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        with pytest.raises(InputError) as refused:
+            await memory.ingest(msg("x", "so tired today", ts=at(365)))
+        assert refused.value.field == "ts" and "max_ts_ahead_s" in str(refused.value)
+        with pytest.raises(InputError) as in_batch:
+            await memory.ingest_many([msg("a", "hello", ts=at(0)), msg("b", "so tired", ts=at(400))])
+        assert in_batch.value.field == "messages[1].ts"
+        assert (await memory.stats())["memories"] == 0
+        # Within the allowance (a device a few hours ahead) it is taken.
+        assert (await memory.ingest(msg("y", "so tired today", ts=at(0.2)))).stored
+        fired: list[str] = []
+        for day in (1, 2, 3):
+            fired += await kinds(memory, clock, f"t{day}", day, "so tired again today")
+        assert fired == ["emotion"]
+
+
+async def test_a_trigger_dated_a_little_ahead_is_stored_at_the_clocks_now(tmp_path: Path) -> None:
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        fired = []
+        for n in range(3):
+            result = await memory.ingest(msg(f"t{n}", "so tired today", ts=at(0.5)))  # 12 hours ahead
+            fired += [t.kind for t in result.triggers]
+        assert fired == ["emotion"]
+        clock.set(T0 + timedelta(days=1))
+        [firing] = (await memory.patterns(user_id="u1"))["triggers"]
+        assert datetime.fromisoformat(firing["fired_at"]) == T0  # the clock's now when it fired
+
+
+class FixedImportance:
+    narrmem_name = "fixed_importance"
+
+    @hookimpl(tryfirst=True)
+    def narrmem_triage(self, message: Message) -> TriageDecision:
+        return TriageDecision(layer="accumulate", importance=float(message.meta["importance"]))
+
+
+async def test_a_core_memory_at_its_cap_logs_no_change_however_often_it_is_used(tmp_path: Path) -> None:
+    """Three handlers used it at once: three rows of "1.0 -> 1.0" at one instant; used daily, one
+    such row a day for ever."""
+    clock = ManualClock(T0)
+    plugin: Any = {"hippocampus": {"reinforce": True}}
+    async with open_memory(tmp_path / "m", clock=clock, plugins=[FixedImportance()], plugin=plugin) as memory:
+        core = await memory.ingest(msg("a", "saffron glacier piano", ts=at(0), meta={"importance": 1.0}))
+        other = await memory.ingest(msg("b", "maple violin harbour", ts=at(0), meta={"importance": 0.6}))
+        [a], [b] = core.memory_ids, other.memory_ids
+        for day in range(1, 20):
+            clock.set(T0 + timedelta(days=day, hours=1))
+            await asyncio.gather(*(memory.mark_used([a, b], user_id="u1") for _ in range(3)))
+        assert (await memory.history(a))["events"] == []
+        events = (await memory.history(b))["events"]
+        assert len({e["at"] for e in events}) == len(events)  # once a day at most, though three asked
+        assert events and events[-1]["new"] >= events[0]["old"]
+
+
+class NaiveClock:
+    def now(self) -> datetime:
+        return datetime(2026, 5, 1, 12)
+
+
+async def test_a_clock_that_gives_naive_times_is_refused_at_open(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as refused:
+        async with open_memory(tmp_path / "m", clock=NaiveClock()):
+            pass
+    assert refused.value.field == "clock" and "timezone-aware" in str(refused.value)
