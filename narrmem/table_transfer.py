@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -224,7 +225,16 @@ async def _check_references(db: SQLConnection, specs: Sequence[TableSpec], secti
     """On SQLite, references are checked when the transaction commits, and a dry run never
     commits: the rows that name a row no table holds are asked for instead."""
     if db.dialect != "sqlite":
-        return  # PostgreSQL checks each reference as its row is inserted
+        # PostgreSQL's references are deferred to the commit as well: checked here instead.
+        try:
+            await db.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        except Exception as exc:  # the driver's own error, naming the table and the key
+            reason = exc.__cause__ or exc
+            raise InputError(
+                f"names a row that neither the store nor the file holds ({reason})",
+                field=_named_record(specs, sections, str(reason)),
+            ) from exc
+        return
     for spec in specs:
         for found in await db.fetchall(f"PRAGMA foreign_key_check({spec.table})"):
             rowid, parent = found[1], found[2]
@@ -235,8 +245,22 @@ async def _check_references(db: SQLConnection, specs: Sequence[TableSpec], secti
             )
             where = spec.section if index is None else f"{spec.section}[{index}]"
             raise InputError(
-                f"names a row of {parent} that neither the store nor the file holds", field=where
+                f"names a row that neither the store nor the file holds (in {parent})", field=where
             )
+
+
+def _named_record(specs: Sequence[TableSpec], sections: dict[str, Any], reason: str) -> str:
+    """The record a database's reference error names (``table "t"`` and ``Key (column)=(value)``),
+    as ``section[index]``; the section alone, or the first, when it cannot be told."""
+    table = re.search(r'table "(\w+)"', reason)
+    spec = next((s for s in specs if table is not None and s.table == table.group(1)), specs[0])
+    key = re.search(r"Key \((\w+)\)=\(([^)]*)\)", reason)
+    if key is not None:
+        column, value = key.groups()
+        for index, record in enumerate(sections[spec.section]):
+            if isinstance(record, dict) and str(record.get(column)) == value:
+                return f"{spec.section}[{index}]"
+    return spec.section
 
 
 @dataclass(frozen=True)
