@@ -17,6 +17,7 @@ import pluggy
 
 from narrmem import hookspecs
 from narrmem.errors import ConfigError, PluginError
+from narrmem.hook_returns import Check, declared_check
 
 if TYPE_CHECKING:
     from narrmem.view import MemoryView
@@ -36,6 +37,7 @@ class PluginHost:
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
         self.errors: list[tuple[str, str, BaseException]] = []
+        self._returns: dict[str, tuple[Check, str] | None] = {}
 
     # --- loading ---------------------------------------------------------------------------
 
@@ -171,6 +173,8 @@ class PluginHost:
             value = impl.function(**args)
             if inspect.isawaitable(value):
                 value = await value
+            if value is not None:
+                self._check_return(impl.plugin_name, hook_name, value)
         except Exception as exc:
             if not isolate:
                 raise
@@ -179,6 +183,16 @@ class PluginHost:
             await self._report(impl.plugin_name, hook_name, exc)
             return False, None
         return True, value
+
+    def _check_return(self, plugin_name: str, hook_name: str, value: Any) -> None:
+        if hook_name not in self._returns:
+            self._returns[hook_name] = declared_check(hook_name)
+        declared = self._returns[hook_name]
+        if declared is not None and not declared[0](value):
+            raise PluginError(
+                f"plugin '{plugin_name}' returned {type(value).__name__} from {hook_name}, "
+                f"which must return {declared[1]} or None"
+            )
 
     async def _report(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
         log.error("plugin %r failed in %s: %r", plugin_name, hook_name, error, exc_info=error)

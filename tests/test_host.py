@@ -493,3 +493,60 @@ async def test_a_recall_source_takes_its_fusion_weight_from_settings(
         source.memory_id = other.memory_ids[0]
         hits = await mem.recall("my garden tomatoes ripened early this year", user_id="u1", k=2)
     assert (hits[0].id == source.memory_id) is pinned_first
+
+
+class WrongReturns:
+    """Returns values of the wrong type from hooks whose contract names the type."""
+
+    narrmem_name = "wrong_returns"
+
+    @hookimpl
+    def narrmem_recall_candidates(self) -> Any:
+        return {"memory_id": 1, "score": 0.9}  # a dict where a list of Candidate is due
+
+    @hookimpl
+    def narrmem_weigh(self) -> Any:
+        return {1: "very"}  # weights must be numbers
+
+    @hookimpl
+    def narrmem_triage(self) -> Any:
+        return "store"  # a string where a TriageDecision is due
+
+
+async def test_a_plugin_returning_the_wrong_type_is_named_and_skipped(memory_factory: Any) -> None:
+    recorder = ErrorRecorder()
+    mem = await memory_factory(plugins=[WrongReturns(), recorder])
+    result = await mem.ingest(msg("1", "I adopted a greyhound named Pixel"))
+    assert result.stored is True  # the built-in triage decided
+    hits = await mem.recall("greyhound", user_id="u1")
+    assert [h.message_ids for h in hits] == [["1"]]
+    reported = {(p, h) for p, h, _ in recorder.reports}
+    assert reported == {
+        ("wrong_returns", "narrmem_triage"),
+        ("wrong_returns", "narrmem_recall_candidates"),
+        ("wrong_returns", "narrmem_weigh"),
+    }
+    errors = {h: e for _, h, e in recorder.reports}
+    assert isinstance(errors["narrmem_recall_candidates"], PluginError)
+    assert "returned dict from narrmem_recall_candidates" in str(errors["narrmem_recall_candidates"])
+    assert "list[Candidate]" in str(errors["narrmem_recall_candidates"])
+    assert "returned str from narrmem_triage" in str(errors["narrmem_triage"])
+
+
+def test_declared_checks_follow_the_hook_contracts() -> None:
+    from narrmem.hook_returns import declared_check
+    from narrmem.models import Candidate
+
+    candidates = declared_check("narrmem_recall_candidates")
+    assert candidates is not None
+    check, written = candidates
+    assert written == "list[Candidate]"
+    assert check([Candidate(memory_id=1, score=0.5, source="x", rank=0)]) and check([])
+    assert not check({"memory_id": 1}) and not check([{"memory_id": 1}])
+    weigh = declared_check("narrmem_weigh")
+    assert weigh is not None
+    assert weigh[0]({1: 0.5, 2: 1}) and not weigh[0]({1: "x"}) and not weigh[0]({1: True})
+    rank = declared_check("narrmem_rank")
+    assert rank is not None
+    assert rank[0]([(1, 0.5)]) and not rank[0]([(1, 0.5, 3)]) and not rank[0]([1])
+    assert declared_check("narrmem_after_store") is None  # returns nothing: nothing to check
