@@ -29,12 +29,17 @@ from narrmem_plugins import embedder_onnx, embedder_sentence_transformers
 from narrmem import Settings, hookimpl
 from narrmem.embed import Embedder
 
-# The benches' synthetic traffic is dated from fixed epochs and runs months past the wall clock
-# (a million messages a minute apart); the memories they open take such dates, where a bot's own
-# messages are refused once a day ahead ([storage] max_ts_ahead_s).
-os.environ.setdefault("NARRMEM_STORAGE__MAX_TS_AHEAD_S", str(10 * 365 * 86_400))
-
 SHARED_BACKEND = "bench-shared"
+
+
+def allow_synthetic_dates() -> None:
+    """Let a bench run's memories take its synthetic traffic's dates. The traffic is dated from
+    fixed epochs and runs months past the wall clock (a million messages a minute apart), where a
+    bot's own messages are refused once a day ahead ([storage] max_ts_ahead_s). Called where a
+    bench runs as a program, so a process that imports a bench keeps the default."""
+    os.environ.setdefault("NARRMEM_STORAGE__MAX_TS_AHEAD_S", str(10 * 365 * 86_400))
+
+
 _ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "NARRMEM_", "TORCH_")
 
 

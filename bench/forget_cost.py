@@ -73,4 +73,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from _common import allow_synthetic_dates
+
+    allow_synthetic_dates()
     raise SystemExit(main())

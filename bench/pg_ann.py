@@ -140,4 +140,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _common import allow_synthetic_dates
+
+    allow_synthetic_dates()
     main()

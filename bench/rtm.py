@@ -241,4 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from _common import allow_synthetic_dates
+
+    allow_synthetic_dates()
     sys.exit(main())

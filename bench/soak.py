@@ -276,5 +276,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from _common import allow_synthetic_dates
+
+    allow_synthetic_dates()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     raise SystemExit(main())

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from narrmem_plugins.storage_sqlite.store import fts_query
 
 from narrmem import Memory, Scope, TriageDecision, hookimpl
+from narrmem.clock import ManualClock
 from narrmem.doors.transfer import export_jsonl, import_jsonl
 from narrmem.models import MAX_QUERY_CHARS
 from narrmem.testing import open_memory
@@ -53,7 +54,9 @@ class Runner:
             # each time: a reply's words in their context would make them records with other
             # content (rightly refused), which is not what this round trip is about.
             alone = {"recall_hybrid": {"replies_in_context": False}}
-            return await open_memory(folder, plugins=[KeepEverything()], plugin=alone)
+            # A clock past every generated date: a message dated ahead of its memory's clock is refused.
+            clock = ManualClock(datetime(2200, 1, 2, tzinfo=UTC))
+            return await open_memory(folder, plugins=[KeepEverything()], plugin=alone, clock=clock)
 
         return self.run(_open())
 
