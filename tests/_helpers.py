@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -134,3 +135,20 @@ def run_narrmem(
         timeout=timeout,
         check=False,
     )
+
+
+def write_export(path: Path, lines: list[dict[str, Any]], *, end: bool = True) -> Path:
+    """Write ``lines`` (a header first) as an export file. With ``end``, the end line is counted
+    anew for the lines given (a file a test composed is whole); without it, written as given."""
+    if end:
+        header, *body = lines
+        body = [line for line in body if line.get("section") != "end"]
+        counts: dict[str, int] = {}
+        for line in body:
+            section = line.get("section", "memories")
+            counts[section] = counts.get(section, 0) + 1
+        lines = [header, *body]
+        if header.get("version", 0) >= 3:
+            lines.append({"section": "end", "lines": counts})
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    return path

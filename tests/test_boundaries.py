@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg, run_narrmem, store_count
+from _helpers import msg, run_narrmem, store_count, write_export
 
 from narrmem import ConfigError, InputError, Memory, Message, StoreError, UnknownToolError, load_settings
 from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
@@ -328,8 +328,8 @@ async def test_import_of_a_conflicting_episode_names_its_line(tmp_path: Path) ->
     # The same record twice in one file with different ids: the second line is named.
     lines = export.read_text().splitlines()
     record = json.loads(lines[1])
-    duplicate = json.dumps({**record, "id": record["id"] + 100})
-    export.write_text("\n".join([*lines, duplicate]) + "\n")
+    duplicate = {**record, "id": record["id"] + 100}
+    write_export(export, [*map(json.loads, lines), duplicate])
     async with open_memory(tmp_path / "third") as mem:
         with pytest.raises(InputError) as info:
             await import_jsonl(mem, export)

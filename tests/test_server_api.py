@@ -233,13 +233,16 @@ async def test_export_streams_jsonl(srv: Server) -> None:
     response = await srv.client.get("/v1/export", params={"tenant": "default"})
     lines = [json.loads(line) for line in response.text.splitlines()]
     assert lines[0]["format"] == "narrmem-export" and lines[0]["dim"] == 384
-    assert {line["tenant"] for line in lines[1:]} == {"default"} and len(lines) == 3
-    assert all(line["vector"] for line in lines[1:])
+    *memories, end = lines[1:]
+    assert {line["tenant"] for line in memories} == {"default"} and len(memories) == 2
+    assert all(line["vector"] for line in memories)
+    # Last, the end line: a client whose download broke at a line's end knows it.
+    assert end == {"section": "end", "lines": {"memories": 2}}
     everything = (await srv.client.get("/v1/export")).text
     # The whole store over HTTP is the same lossless export as `narrmem export` writes.
     await export_store(srv.memory, srv.folder / "whole.jsonl")
     assert everything == (srv.folder / "whole.jsonl").read_text(encoding="utf-8")
-    memories = [json.loads(line) for line in everything.splitlines()[1:]]
+    memories = [json.loads(line) for line in everything.splitlines()[1:-1]]
     assert {line["tenant"] for line in memories if line["section"] == "memories"} == {"default", "other"}
     assert {line["section"] for line in memories} > {"memories"}
 
@@ -347,7 +350,7 @@ async def test_a_key_reaches_only_its_tenant(tmp_path: Path) -> None:
         assert (await srv.client.get("/v1/tenants", headers=a)).json() == ["A"]
         assert (await srv.client.get("/v1/stats", headers=a)).json()["memories"] == 0
         exported = (await srv.client.get("/v1/export", headers=a)).text.splitlines()
-        assert len(exported) == 1  # the header only
+        assert len(exported) == 2 and json.loads(exported[1]) == {"section": "end", "lines": {}}  # nothing
         # No key, a wrong key, a revoked key: 401.
         await srv.refused(401, "GET", "/v1/users")
         await srv.refused(401, "GET", "/v1/users", headers={"X-API-Key": key_b[:-1] + "x"})

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import hit_keys, index_file_ids, msg, on_sqlite, store_count, store_sql
+from _helpers import hit_keys, index_file_ids, msg, on_sqlite, store_count, store_sql, write_export
 
 import narrmem
 from narrmem import InputError, StoreError
@@ -58,9 +58,8 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def _write(path: Path, lines: list[dict[str, Any]]) -> Path:
-    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
-    return path
+def _write(path: Path, lines: list[dict[str, Any]], *, end: bool = True) -> Path:
+    return write_export(path, lines, end=end)
 
 
 async def test_export_import_export_is_byte_identical(exported: Any, tmp_path: Path) -> None:
@@ -92,7 +91,10 @@ async def test_export_import_export_is_byte_identical(exported: Any, tmp_path: P
 async def test_export_format(exported: Any) -> None:
     _, path = exported
     header, *lines = _lines(path)
-    assert header == {"format": "narrmem-export", "version": 2, "model": "hash-test", "dim": 384}
+    assert header == {"format": "narrmem-export", "version": 3, "model": "hash-test", "dim": 384}
+    *lines, end = lines
+    sections = [line["section"] for line in lines]
+    assert end == {"section": "end", "lines": {s: sections.count(s) for s in set(sections)}}
     records = [line for line in lines if line.pop("section") == "memories"]
     assert lines[: len(records)] == records  # memories first, then the other sections
     assert [r["message_ids"] for r in records] == [["1"], ["2"], ["3"], ["4"]]
@@ -293,3 +295,58 @@ async def test_export_replaces_only_a_file_narrmem_wrote(tmp_path: Path) -> None
         assert await export_jsonl(mem, fresh) >= 1  # its own export: replaced
         assert fresh.read_bytes() == first
     assert sorted(os.listdir(tmp_path)) == ["export.jsonl", "notes.jsonl", "store"]
+
+
+async def test_an_export_cut_short_at_a_line_end_is_refused_whole(exported: Any, tmp_path: Path) -> None:
+    """A copy that stopped early (a full disk, a killed transfer, a stream cut off) ends at a line's
+    end and every line in it is valid: without the end line it imported as a smaller memory."""
+    _, path = exported
+    header, *body = _lines(path)
+    assert body[-1]["section"] == "end"
+    target = tmp_path / "target"
+    async with open_memory(target) as mem:
+        for keep in (len(body) - 1, 3, 0):  # without the end line; cut among the memories; header only
+            cut = _write(tmp_path / f"cut{keep}.jsonl", [header, *body[:keep]], end=False)
+            with pytest.raises(InputError, match="cut short") as info:
+                await import_jsonl(mem, cut)
+            assert (info.value.field, info.value.line) == ("section", keep + 2)
+        assert (await mem.stats())["memories"] == 0
+
+
+async def test_an_end_line_that_does_not_match_the_file_names_the_section(
+    exported: Any, tmp_path: Path
+) -> None:
+    _, path = exported
+    header, *body = _lines(path)
+    *lines, end = body
+    target = tmp_path / "target"
+    async with open_memory(target) as mem:
+        missing = _write(tmp_path / "missing.jsonl", [header, *lines[:1], *lines[2:], end], end=False)
+        with pytest.raises(InputError, match="lines are missing") as info:
+            await import_jsonl(mem, missing)
+        assert (info.value.field, info.value.line) == ("lines.memories", len(body))
+        after = _write(tmp_path / "after.jsonl", [header, *lines, end, lines[0]], end=False)
+        with pytest.raises(InputError, match="after the end line") as info:
+            await import_jsonl(mem, after)
+        assert info.value.line == len(body) + 2
+        assert (await mem.stats())["memories"] == 0
+
+
+async def test_one_memory_id_twice_in_a_file_names_both_lines(exported: Any, tmp_path: Path) -> None:
+    _, path = exported
+    header, *body = _lines(path)
+    twice = dict(body[0], text="the same id, other words")
+    target = tmp_path / "target"
+    async with open_memory(target) as mem:
+        with pytest.raises(InputError, match="twice \\(first at line 2\\)") as info:
+            await import_jsonl(mem, _write(tmp_path / "twice.jsonl", [header, body[0], twice, *body[1:]]))
+        assert (info.value.field, info.value.line) == ("id", 3)
+        assert (await mem.stats())["memories"] == 0
+
+
+async def test_a_version_2_export_without_an_end_line_still_imports(exported: Any, tmp_path: Path) -> None:
+    _, path = exported
+    header, *body = _lines(path)
+    older = _write(tmp_path / "v2.jsonl", [{**header, "version": 2}, *body[:-1]], end=False)
+    async with open_memory(tmp_path / "target") as mem:
+        assert _memories(await import_jsonl(mem, older)) == (4, 0)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg, store_sql
+from _helpers import msg, store_sql, write_export
 from test_mcp import STORY
 
 from narrmem import InputError
@@ -82,7 +82,7 @@ async def test_export_fresh_store_export_is_identical(tmp_path: Path) -> None:
     for section in ("importance", "state", "graph.nodes", "graph.edges", "graph.purges", "rtm.trees"):
         assert written.get(section, 0) > 0, (section, written)
     lines = [json.loads(line) for line in first.read_text(encoding="utf-8").splitlines()]
-    assert lines[0]["version"] == 2
+    assert lines[0]["version"] == 3
     importance = [line for line in lines if line.get("section") == "importance"]
     assert any(line["events"] for line in importance)  # reinforcement, kept in the history
     assert any(line["current"] is not None for line in importance)  # importance after decay
@@ -160,7 +160,7 @@ async def test_a_bad_plugin_section_writes_nothing(
     lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     edge = next(line for line in lines if line.get("section") == "graph.edges")
     spoil(edge)
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    write_export(path, lines)
     # The first case imports a node table into a memory without the graph plugin.
     plugins = {"disabled": ["graph"]} if "no loaded plugin" in words else ()
     async with open_memory(tmp_path / "b", plugins=plugins) as memory:
@@ -207,7 +207,7 @@ async def test_a_record_its_table_refuses_is_named_and_nothing_is_written(
         await export_store(memory, path)
     lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     spoil(lines)
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    write_export(path, lines)
     async with open_memory(tmp_path / "b") as memory:
         with pytest.raises(InputError) as caught:
             await import_jsonl(memory, path)

@@ -32,10 +32,11 @@ if TYPE_CHECKING:
 
 EXPORT_FORMAT = "narrmem-export"
 # 1: memories with their vectors. 2: every line names its section: memories, their importance
-# history, the plugins' state, and each plugin's own sections (graph, RTM trees).
-EXPORT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-MEMORIES, IMPORTANCE, STATE = "memories", "importance", "state"
+# history, the plugins' state, and each plugin's own sections (graph, RTM trees). 3: a last line
+# counts the lines of each section, so a file cut short at a line's end is known to be.
+EXPORT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+MEMORIES, IMPORTANCE, STATE, END = "memories", "importance", "state", "end"
 PLUGIN_SECTION = re.compile(r"[A-Za-z0-9_]+\.[A-Za-z0-9_.]+")  # "<plugin>.<name>"
 log = logging.getLogger("narrmem.transfer")
 V = TypeVar("V", bound=BaseModel)
@@ -47,6 +48,13 @@ class ExportHeader(BaseModel):
     version: int
     model: str
     dim: int
+
+
+class EndLine(BaseModel):
+    """An export's last line: how many lines of each section come before it."""
+
+    model_config = ConfigDict(extra="forbid")
+    lines: dict[str, int]
 
 
 class ExportLine(MemoryRecord):
@@ -211,7 +219,8 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
             out.write(export_header(memory))
             async for section, text in export_text(memory):
                 out.write(text)
-                counts[section] = counts.get(section, 0) + 1
+                if section != END:
+                    counts[section] = counts.get(section, 0) + 1
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)  # ours: made by mkstemp above
@@ -235,8 +244,16 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     await memory.settle()
     await _no_forget_pending(memory)
     lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant)
+    counts: dict[str, int] = {}
     async for section, line in lines:
-        yield section, json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n"
+        counts[section] = counts.get(section, 0) + 1
+        yield section, _line_text(section, line)
+    # Last, so that a file or stream cut short at a line's end is known to be when it is read.
+    yield END, _line_text(END, EndLine(lines=counts).model_dump())
+
+
+def _line_text(section: str, line: dict[str, Any]) -> str:
+    return json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n"
 
 
 async def _no_forget_pending(memory: Memory) -> None:
@@ -400,15 +417,35 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
 def _read_export(memory: Memory, path: Path) -> _ExportFile:
     parsed = _ExportFile()
     header: ExportHeader | None = None
+    end: EndLine | None = None
+    counts: dict[str, int] = {}
+    seen: dict[int, int] = {}  # memory id -> its line
+    number = 0
     for number, data in _lines(path):
         if header is None:
             header = _header(data, path, number, memory)
             continue
         if not isinstance(data, dict):
             raise InputError(f"{path}: a line must be a JSON object", line=number)
+        if end is not None:
+            raise InputError(f"{path}: a line after the end line", field="section", line=number)
         section = data.pop("section", MEMORIES) if header.version > 1 else MEMORIES
+        if section == END and header.version >= 3:
+            end = _validated(EndLine, data, number)
+            _check_counts(path, end, counts, number)
+            continue
+        counts[section] = counts.get(section, 0) + 1
         if section == MEMORIES:
-            parsed.items.append(_memory_line(data, number, header.dim))
+            record, vector = _memory_line(data, number, header.dim)
+            if record.id is not None and record.id in seen:
+                raise InputError(
+                    f"memory {record.id} is in the file twice (first at line {seen[record.id]})",
+                    field="id",
+                    line=number,
+                )
+            if record.id is not None:
+                seen[record.id] = number
+            parsed.items.append((record, vector))
             parsed.numbers.append(number)
         elif section == IMPORTANCE:
             parsed.importance.append((number, _validated(ImportanceLine, data, number)))
@@ -421,11 +458,32 @@ def _read_export(memory: Memory, path: Path) -> _ExportFile:
             raise InputError(f"unknown section {section!r}", field="section", line=number)
     if header is None:
         raise InputError(f"{path} is empty: an export starts with a header line", line=1)
+    if header.version >= 3 and end is None:
+        raise InputError(
+            f"{path} stops at line {number} without its end line: the file was cut short "
+            '(a whole export ends with {"section": "end", ...}); nothing of it was imported',
+            field="section",
+            line=number + 1,
+        )
     in_file = {record.id for record, _ in parsed.items}
     for number, line in parsed.importance:
         if line.memory_id not in in_file:
             raise InputError(f"memory {line.memory_id} is not in the file", field="memory_id", line=number)
     return parsed
+
+
+def _check_counts(path: Path, end: EndLine, counts: dict[str, int], number: int) -> None:
+    """The end line's count of each section against the lines read: a line lost from the middle
+    of a file (an edit, a bad copy) is as much a loss as a file cut short."""
+    for section in sorted(set(end.lines) | set(counts)):
+        said, found = end.lines.get(section, 0), counts.get(section, 0)
+        if said != found:
+            raise InputError(
+                f"{path}: the end line counts {said} line(s) of section {section!r}, the file holds "
+                f"{found}: lines are missing or were added; nothing of it was imported",
+                field=f"lines.{section}",
+                line=number,
+            )
 
 
 def _validated(model: type[V], data: dict[str, Any], number: int) -> V:
