@@ -3,6 +3,7 @@ answering as if it knew nothing; reopening the folder gives everything back."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from _helpers import msg
 
-from narrmem import ClosedError, Memory, StoreError
+from narrmem import ClosedError, Memory, Scope, StoreError, hookimpl
 from narrmem.testing import open_memory
 
 CALLS: dict[str, Callable[[Memory], Awaitable[Any]]] = {
@@ -58,3 +59,55 @@ async def test_an_mcp_resource_of_a_closed_memory_is_an_internal_error_not_a_bad
     with pytest.raises(MCPError) as refused:
         await resources.read(None, request)
     assert refused.value.error.code == types.INTERNAL_ERROR and "closed" in refused.value.error.message
+
+
+class Slow:
+    """Keeps each call under way for a moment, so that a close lands in the middle of it."""
+
+    narrmem_name = "slow"
+
+    @hookimpl
+    async def narrmem_before_store(self) -> None:
+        await asyncio.sleep(0.3)
+
+    @hookimpl
+    async def narrmem_recall_candidates(self) -> list[Any]:
+        await asyncio.sleep(0.3)
+        return []
+
+    @hookimpl
+    async def narrmem_after_store(self) -> None:
+        await asyncio.sleep(0.3)
+
+    @hookimpl
+    async def narrmem_weigh(self) -> None:
+        await asyncio.sleep(0.3)
+
+
+async def test_a_close_waits_for_the_calls_under_way(tmp_path: Path) -> None:
+    """A bot stopping (a signal, a redeploy) closes its memory while messages are still being
+    handled: those calls ended in errors of the closed store's connection (``ValueError: no active
+    connection``), naming nothing of narrmem, and a message acknowledged as taken could be lost."""
+    memory = await open_memory(tmp_path, plugins=[Slow()])
+    await memory.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+    started = {
+        name: asyncio.ensure_future(call(memory))
+        for name, call in CALLS.items()
+        if name not in ("forget", "call_tool")
+    }
+    await asyncio.sleep(0.01)  # every call has begun and is waiting in a hook
+    await memory.close()
+    outcomes = {name: task.exception() or "done" for name, task in started.items() if task.done()}
+    assert outcomes == {name: "done" for name in started}  # none failed, none still running
+    with pytest.raises(ClosedError):
+        await memory.recall("Lisbon", user_id="ann")
+    results = [
+        started["ingest"].result(),
+        started["ingest on receipt"].result(),
+        *started["ingest_many"].result(),
+    ]
+    stored = {r.message_id for r in results if r.stored}
+    assert stored  # a message was taken while the memory closed
+    async with open_memory(tmp_path) as again:
+        kept = {m for r in await again.store.recent(Scope(user_id="ann"), limit=50) for m in r.message_ids}
+    assert stored <= kept
