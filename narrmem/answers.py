@@ -15,8 +15,10 @@ from narrmem.view import MemoryView
 
 async def turn_context(memory: MemoryView, scope: Scope, text: str) -> dict[str, Any]:
     text = text_argument(text, "text", max_chars=MAX_QUERY_CHARS)
+    errors: list[str] = []
     answer = await memory.host.call_first(
         "narrmem_turn_context",
+        errors=errors,
         memory=memory,
         tenant=scope.tenant,
         user_id=scope.user_id,
@@ -24,15 +26,19 @@ async def turn_context(memory: MemoryView, scope: Scope, text: str) -> dict[str,
         text=text,
     )
     if answer is None:
-        raise PluginError("no plugin builds turn contexts (is the graph plugin disabled?)")
+        raise PluginError(
+            _unanswered("no plugin builds turn contexts (is the graph plugin disabled?)", errors)
+        )
     return dict(answer)
 
 
 async def summary(
     memory: MemoryView, scope: Scope, depth: int | None, token_budget: int | None
 ) -> dict[str, Any]:
+    errors: list[str] = []
     answer = await memory.host.call_first(
         "narrmem_user_summary",
+        errors=errors,
         memory=memory,
         tenant=scope.tenant,
         user_id=scope.user_id,
@@ -40,8 +46,13 @@ async def summary(
         token_budget=optional_int_argument(token_budget, "token_budget"),
     )
     if answer is None:
-        raise PluginError("no plugin tells user summaries (is the rtm plugin disabled?)")
+        raise PluginError(_unanswered("no plugin tells user summaries (is the rtm plugin disabled?)", errors))
     return dict(answer)
+
+
+def _unanswered(none_loaded: str, errors: list[str]) -> str:
+    # A plugin that failed is the reason, not a missing one: its error says what to fix.
+    return "; ".join(errors) if errors else none_loaded
 
 
 async def stats(memory: MemoryView, tools: ToolRegistry) -> dict[str, Any]:

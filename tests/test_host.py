@@ -550,3 +550,25 @@ def test_declared_checks_follow_the_hook_contracts() -> None:
     assert rank is not None
     assert rank[0]([(1, 0.5)]) and not rank[0]([(1, 0.5, 3)]) and not rank[0]([1])
     assert declared_check("narrmem_after_store") is None  # returns nothing: nothing to check
+
+
+async def test_a_failing_turn_context_plugin_is_named_not_called_missing(tmp_path: Path) -> None:
+    from narrmem.config import load_settings
+    from narrmem.testing import HASH_EMBEDDER, TestingPlugin
+
+    class FailingContext:
+        narrmem_name = "failing_context"
+
+        @hookimpl
+        def narrmem_turn_context(self) -> None:
+            raise RuntimeError("the facts table is locked")
+
+    settings = load_settings(
+        None, data_dir=str(tmp_path), embedder={"backend": HASH_EMBEDDER}, plugins={"disabled": ["graph"]}
+    )
+    plugins = [TestingPlugin(), FailingContext()]
+    async with narrmem.Memory.open(settings=settings, plugins=plugins, load_entrypoints=False) as mem:
+        with pytest.raises(PluginError) as refused:
+            await mem.turn_context("how is my dog?", user_id="u1", chat_id="c1")
+    assert "plugin 'failing_context' failed in narrmem_turn_context" in str(refused.value)
+    assert "the facts table is locked" in str(refused.value) and "disabled" not in str(refused.value)
