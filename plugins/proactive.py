@@ -11,6 +11,9 @@ trigger events with a memory of what it already said:
   doubled since it last fired (3 → 6 → 12 ...).
 * A topic that went quiet for ``quiet_days`` (30) and comes back is an event of its own
   (``topic_return``).
+* A message dated more than ``fire_within_hours`` (24) before the clock is history (a backfill of
+  old chats, a phone that was offline for days): it is counted, and fires nothing. Told to the
+  bot, a year of imported chat was a burst of "you keep mentioning..." about last year.
 
 What was fired is kept per user in the store's plugin state, and forgetting a user forgets it.
 """
@@ -42,6 +45,9 @@ class ProactiveOptions(BaseModel):
     emotion_threshold: int = Field(default=3, ge=2, le=1000)
     value_threshold: int = Field(default=2, ge=2, le=1000)
     habit_weeks: int = Field(default=3, ge=2, le=52)
+    fire_within_hours: float = Field(
+        default=24.0, gt=0, le=87_600, description="older messages are counted and fire nothing"
+    )
 
 
 class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOptions):
@@ -73,7 +79,10 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
     async def _fire(self, memory: MemoryView, message: Message, count: PatternCount) -> list[str]:
         # A message dated a little past the clock (within [storage] max_ts_ahead_s) fires as now:
         # a firing stored ahead would hold the next one back past its cooldown.
-        now = min(message.ts, memory.clock.now())
+        clock_now = memory.clock.now()
+        if clock_now - message.ts > timedelta(hours=self.options.fire_within_hours):
+            return []  # history: counted (its counts are in the result), not news to tell the bot
+        now = min(message.ts, clock_now)
         fired: list[str] = []
         times = sorted(count.times)
         # The silence before this mention, the latest: measured from the mentions around it, a

@@ -26,14 +26,20 @@ if str(TESTS_DIR) not in sys.path:
 # change the second. Tests run without it (CLI subprocesses included) unless they turn it on
 # explicitly, as the hippocampus tests do with plugin={"hippocampus": {"reinforce": True}}.
 NO_REINFORCEMENT = ("NARRMEM_PLUGIN__HIPPOCAMPUS__REINFORCE", "false")
+# Triggers fire only on messages of the last day by the memory's clock; the tests' messages are
+# dated in May 2026 on the system clock, and those that are about triggers would fire nothing.
+# Tests of that rule (tests/test_time_over_months.py, the demo's) set it back, as the default is.
+TRIGGERS_ON_OLD_MESSAGES = ("NARRMEM_PLUGIN__PROACTIVE__FIRE_WITHIN_HOURS", "87600")
+TEST_DEFAULTS = (NO_REINFORCEMENT, TRIGGERS_ON_OLD_MESSAGES)
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _no_reinforcement() -> Iterator[None]:
-    key, value = NO_REINFORCEMENT
-    os.environ[key] = value
+def _test_defaults() -> Iterator[None]:
+    for key, value in TEST_DEFAULTS:
+        os.environ[key] = value
     yield
-    os.environ.pop(key, None)
+    for key, _ in TEST_DEFAULTS:
+        os.environ.pop(key, None)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -53,7 +59,7 @@ def _private_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 def _clean_narrmem_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No NARRMEM_* variable from the outside world may change what a test sees."""
     for key in list(os.environ):
-        if key.startswith("NARRMEM_") and key != NO_REINFORCEMENT[0]:
+        if key.startswith("NARRMEM_") and key not in {k for k, _ in TEST_DEFAULTS}:
             monkeypatch.delenv(key)
 
 

@@ -123,3 +123,37 @@ async def test_a_clock_that_gives_naive_times_is_refused_at_open(tmp_path: Path)
         async with open_memory(tmp_path / "m", clock=NaiveClock()):
             pass
     assert refused.value.field == "clock" and "timezone-aware" in str(refused.value)
+
+
+async def test_a_backfill_of_old_chat_is_counted_and_fires_nothing(tmp_path: Path) -> None:
+    """A bot that loads a year of history with ``ingest_many``: each week of it that crossed a
+    threshold was told to the bot as news."""
+    delivered: list[str] = []
+    clock = ManualClock(T0 + timedelta(days=400))
+    default: Any = {"proactive": {"fire_within_hours": 24}}  # the tests' own default is ten years
+    async with open_memory(tmp_path / "m", clock=clock, plugin=default) as memory:
+
+        async def callback(event: Any) -> None:
+            delivered.append(event.kind)
+
+        memory.on_trigger(callback)
+        old = [msg(f"h{n}", f"{ROADMAP} {n}", ts=at(n / 10)) for n in range(6)]
+        old += [msg(f"t{n}", "so tired today", ts=at(397 + n)) for n in range(2)]  # two and three days ago
+        results = await memory.ingest_many(old, acknowledge="after_hooks")
+        assert [t for r in results for t in r.triggers] == [] and delivered == []
+        counted = {c.kind: c.count for r in results for c in r.counts}
+        assert counted == {"topic": 6, "emotion": 2}  # history is counted as ever
+        # A live message counts the history before it, and is news.
+        live = await memory.ingest(
+            msg("now1", "so tired again today", ts=at(399.9)), acknowledge="after_hooks"
+        )
+        assert [t.kind for t in live.triggers] == ["emotion"] and delivered == ["emotion"]
+    # The same six mentions met as they happened fire as before.
+    fresh = ManualClock(T0)
+    async with open_memory(tmp_path / "live", clock=fresh, plugin=default) as memory:
+        fired = []
+        for n in range(6):
+            fresh.set(T0 + timedelta(days=n / 10))
+            result = await memory.ingest(msg(f"h{n}", f"{ROADMAP} {n}", ts=at(n / 10)))
+            fired += [t.kind for t in result.triggers]
+        assert fired == ["topic"]

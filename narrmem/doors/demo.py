@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter
 from datetime import UTC, datetime
 from importlib import resources
+from itertools import groupby
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -66,7 +67,7 @@ async def _run(settings: Settings, folder: str, out: TextIO, k: int) -> None:
 async def run_demo(memory: Memory, out: TextIO, k: int = 2, clock: ManualClock | None = None) -> None:
     """Every part of the demo on ``memory``; the fading part needs the memory's ``clock``."""
     messages = read_messages(sample_path())
-    results = await memory.ingest_many(messages, acknowledge="after_hooks")  # shows what the hooks made
+    results = await _as_it_happened(memory, messages, clock)
     _kept(messages, results, out)
     _scenes(messages, results, out)
     await _facts(memory, out)
@@ -74,6 +75,24 @@ async def run_demo(memory: Memory, out: TextIO, k: int = 2, clock: ManualClock |
     await _recall(memory, out, k)
     if clock is not None:
         await _fading(memory, clock, out)
+
+
+async def _as_it_happened(
+    memory: Memory, messages: list[Message], clock: ManualClock | None
+) -> list[IngestResult]:
+    """The sample's days one after another, the clock at each day's last message: triggers fire
+    only on news (a message of the last day), so four weeks ingested at once would fire none.
+    ``after_hooks``, so that the results show what the hooks made."""
+    if clock is None:
+        return await memory.ingest_many(messages, acknowledge="after_hooks")
+    end = clock.now()
+    results: list[IngestResult] = []
+    for _, day in groupby(messages, key=lambda m: m.ts.astimezone(UTC).date()):
+        batch = list(day)
+        clock.set(max(m.ts for m in batch))
+        results += await memory.ingest_many(batch, acknowledge="after_hooks")
+    clock.set(end)
+    return results
 
 
 def _heading(title: str, out: TextIO) -> None:
