@@ -104,7 +104,9 @@ async def workload(folder: Path, seed: int, round_no: int, samples: int) -> dict
     gen = ChatGenerator(seed * 1000 + round_no)
     pop = Population(gen=gen, people=ChatGenerator(seed).people(500), heavy_share=0.2)
     pop._next = (round_no + 1) * 10_000_000  # message ids never met in an earlier round
-    pop._clock = (round_no + 1) * 1e8
+    # Each round's traffic after the last's (a round's is hours long), within the ten years a
+    # bench memory takes ahead of the wall clock.
+    pop._clock = (round_no + 1) * 1e7
     mem = await Memory.open(folder, settings=load_settings())
     try:
         await mem.embedder.embed(["warm up the model"])
