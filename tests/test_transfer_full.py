@@ -122,6 +122,19 @@ async def test_an_old_export_still_imports(tmp_path: Path) -> None:
         assert (await memory.stats())["memories"] == len(old)
 
 
+async def _export_with_a_fact(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+    """The export of a store with one memory and one graph fact, and its lines."""
+    path = tmp_path / "export.jsonl"
+    async with open_memory(tmp_path / "a") as memory:
+        await memory.ingest(msg("m1", "I live in Lisbon"))
+        await memory.call_tool(
+            "memory_commit",
+            {"triplets": [{"subject": "user", "relation": "likes", "object": "jazz"}], **SCOPE},
+        )
+        await export_store(memory, path)
+    return path, [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
 @pytest.mark.parametrize(
     ("spoil", "words", "field"),
     [
@@ -149,15 +162,7 @@ async def test_an_old_export_still_imports(tmp_path: Path) -> None:
 async def test_a_bad_plugin_section_writes_nothing(
     tmp_path: Path, spoil: Any, words: str, field: str
 ) -> None:
-    path = tmp_path / "export.jsonl"
-    async with open_memory(tmp_path / "a") as memory:
-        await memory.ingest(msg("m1", "I live in Lisbon"))
-        await memory.call_tool(
-            "memory_commit",
-            {"triplets": [{"subject": "user", "relation": "likes", "object": "jazz"}], **SCOPE},
-        )
-        await export_store(memory, path)
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    path, lines = await _export_with_a_fact(tmp_path)
     edge = next(line for line in lines if line.get("section") == "graph.edges")
     spoil(edge)
     write_export(path, lines)
@@ -197,15 +202,7 @@ async def test_a_record_its_table_refuses_is_named_and_nothing_is_written(
 ) -> None:
     """Each value well formed, the row refused by the table's own constraints: met before at the
     write, after the memories' commit, it left the memories imported without their graph."""
-    path = tmp_path / "export.jsonl"
-    async with open_memory(tmp_path / "a") as memory:
-        await memory.ingest(msg("m1", "I live in Lisbon"))
-        await memory.call_tool(
-            "memory_commit",
-            {"triplets": [{"subject": "user", "relation": "likes", "object": "jazz"}], **SCOPE},
-        )
-        await export_store(memory, path)
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    path, lines = await _export_with_a_fact(tmp_path)
     spoil(lines)
     write_export(path, lines)
     async with open_memory(tmp_path / "b") as memory:
