@@ -4,8 +4,8 @@ Each hook in :mod:`narrmem.hookspecs` declares its return type. A plugin that re
 (a ``dict`` where a list of candidates is due, a string for an importance) failed later, far from
 it: ``recall`` raised an ``AttributeError`` naming no plugin, for every user, until the plugin was
 removed. The host now checks each value against the declared type, cheaply (the container, and
-the class of its items where the type names one), and treats a mismatch as the plugin failing:
-logged with its name, reported to ``narrmem_plugin_error``, and skipped.
+the class of its first and last items where the type names one), and treats a mismatch as the
+plugin failing: logged with its name, reported to ``narrmem_plugin_error``, and skipped.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -58,7 +58,7 @@ def _check(declared: Any) -> Check | None:
         item = _check(args[0]) if args else None
         if item is None:
             return lambda value: isinstance(value, list)
-        return lambda value: isinstance(value, list) and all(item(v) for v in value)
+        return lambda value: isinstance(value, list) and all(item(v) for v in _ends(value))
     if origin is tuple:
         parts_checks = [_check(a) for a in args] if args and Ellipsis not in args else []
         return lambda value: (
@@ -70,7 +70,7 @@ def _check(declared: Any) -> Check | None:
         value_check = _check(args[1]) if len(args) == 2 else None
         if value_check is None:
             return lambda value: isinstance(value, dict)
-        return lambda value: isinstance(value, dict) and all(value_check(v) for v in value.values())
+        return lambda value: isinstance(value, dict) and all(value_check(v) for v in _ends(value.values()))
     if declared is float:
         return lambda value: isinstance(value, int | float) and not isinstance(value, bool)
     if declared is int:
@@ -78,3 +78,14 @@ def _check(declared: Any) -> Check | None:
     if isinstance(declared, type):
         return lambda value: isinstance(value, declared)
     return None
+
+
+def _ends(items: Any) -> tuple[Any, ...]:
+    """A collection's first and last items: what a plugin returns of the wrong type is wrong
+    throughout (dicts for candidates, strings for weights), and checking every item of every
+    recall's candidates and weights cost about 200 µs of a 6 ms recall."""
+    if not items:
+        return ()
+    if isinstance(items, Sequence):
+        return (items[0], items[-1])
+    return (next(iter(items)), next(reversed(items)))  # a dict's values keep their order both ways
