@@ -27,16 +27,20 @@ class SlowFacts:
 
     narrmem_name = "slow_facts"
 
-    def __init__(self, about: str | None = None) -> None:
+    def __init__(self, about: str | None = None, release: asyncio.Event | None = None) -> None:
         self.started = asyncio.Event()
         self.about = about
+        self.release = release  # given, it ends when told to rather than after its 0.3 s
 
     @hookimpl
     async def narrmem_extract_facts(self, message: Message) -> list[dict[str, str]]:
         if self.about is not None and self.about not in message.text:
             return []
         self.started.set()
-        await asyncio.sleep(0.3)
+        if self.release is None:
+            await asyncio.sleep(0.3)
+        else:
+            await asyncio.wait_for(self.release.wait(), WAIT)
         return [{"relation": "works_at", "object": "Acme Bank"}]
 
 
@@ -531,11 +535,14 @@ async def test_a_forget_from_hooks_cut_short_is_finished_at_the_next_open(
 
     with monkeypatch.context() as patched:
         patched.setattr(Forgetting, "_finish_after", stopped)
-        facts = SlowFacts(about="Acme")
+        # The facts come after the forget however slow the machine (a fixed 0.3 s was not always).
+        facts = SlowFacts(about="Acme", release=asyncio.Event())
         async with open_memory(tmp_path / "m", plugins=[facts, ForgetMeCommand()]) as memory:
             first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
             await asyncio.wait_for(facts.started.wait(), WAIT)
             await memory.ingest(msg("2", "Please forget me.", user="ann", chat="other", tenant="t"))
+            assert facts.release is not None
+            facts.release.set()
             await memory.ingest(
                 msg("a3", "my zqsecret77 plan is Oslo", user="ann", chat="g", tenant="t", speaker="Ann")
             )
