@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError, PluginError
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from narrmem.settling import Settling
 
 log = logging.getLogger("narrmem")
+R = TypeVar("R")
 
 # How many times a forget run from hooks waits for messages of its scope begun since, before it
 # is finished without waiting.
@@ -57,6 +58,7 @@ class Forgetting:
         self.fence = fence
         self.calls = calls
         self._finishing_later: set[asyncio.Task[None]] = set()
+        self._outlasting: set[asyncio.Task[Any]] = set()  # forgets whose caller may have gone
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
         self._changed = asyncio.Event()
@@ -73,6 +75,28 @@ class Forgetting:
         await self.settling.settle()
 
     async def scope(self, scope: Scope) -> dict[str, int]:
+        return await self._to_the_end(self._scope(scope))
+
+    async def _to_the_end(self, work: Coroutine[Any, Any, R]) -> R:
+        """Run a forget to its end though its caller gives up (a timeout around the call, a
+        handler cancelled): cancelled between the store's deletion and the plugins' scrubbing, it
+        left the person's facts and summaries in the graph until the next open, weeks later for
+        a bot that runs for weeks. Close waits for it."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._outlasting.add(task)
+        task.add_done_callback(self._outlasting.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_log_failure)
+            raise
+
+    async def outlasting_ended(self) -> None:
+        """Wait for the forgets whose callers gave up to end (:meth:`_to_the_end`)."""
+        while self._outlasting:
+            await asyncio.gather(*list(self._outlasting), return_exceptions=True)
+
+    async def _scope(self, scope: Scope) -> dict[str, int]:
         from_hooks = inside_own_work()
         # What ingest calls under way hold of the scope and have not written is never written.
         self.calls.drop_scope(scope.tenant, scope.user_id, scope.chat_id)
@@ -187,6 +211,9 @@ class Forgetting:
         return any(not unit.done() for unit in self._waiting_for.get(task, ()))
 
     async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
+        return await self._to_the_end(self._messages(scope, message_ids))
+
+    async def _messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
         if scope.chat_id is not None:
             self.calls.drop_messages(scope.tenant, scope.chat_id, ids)
@@ -294,6 +321,12 @@ class Forgetting:
                     # A plugin's service may be down: the bot still starts (the store holds
                     # nothing of the scope any more), and the job waits for the next open.
                     log.exception("forget %d is not finished: a plugin failed to scrub its copies", job.id)
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    # Its caller has gone: no one else hears of it (a plugin's failure leaves the job recorded).
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a forget whose caller gave up failed: %r", task.exception(), exc_info=task.exception())
 
 
 def with_sources_of(job: ForgetJob, earlier: ForgetJob) -> ForgetJob:

@@ -763,3 +763,44 @@ async def test_a_task_that_a_batchs_hooks_left_running_settles_as_any_caller(tmp
         assert later.task is not None
         await asyncio.wait_for(later.task, WAIT)
         assert (await graph_of(memory))["edges"] == {"active": 1}  # the slow fact is in
+
+
+class SlowScrubber:
+    """A plugin whose copies take a moment to scrub (a remote index, say), registered so that it
+    scrubs before the graph does."""
+
+    narrmem_name = "slow_scrubber"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    @hookimpl(tryfirst=True)
+    async def narrmem_after_forget(self) -> None:
+        self.started.set()
+        await asyncio.sleep(0.2)
+
+
+async def test_a_forget_whose_caller_gives_up_still_scrubs_every_plugin(tmp_path: Path) -> None:
+    """A bot's handler wraps the forget in a timeout. Cancelled in the middle of the plugins'
+    scrubbing, the forget left Ann's facts in the graph, recalled for her, until the next open."""
+    scrubber = SlowScrubber()
+    async with open_memory(tmp_path / "m", plugins=[scrubber]) as memory:
+        await memory.ingest(ann("1", "I work at Acme Bank as an analyst."))
+        await memory.call_tool(
+            "memory_commit",
+            {
+                "triplets": [{"subject": "user", "relation": "works_at", "object": "Acme Bank"}],
+                "user_id": "ann",
+                "chat_id": "dm",
+                "tenant": "t",
+            },
+        )
+        assert (await graph_of(memory))["nodes"] > 0
+        forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(scrubber.started.wait(), WAIT)
+        forget.cancel()  # the caller gives up while the scrubbing is under way
+        with pytest.raises(asyncio.CancelledError):
+            await forget
+        await asyncio.sleep(0.4)  # no open, no settle: the forget ends on its own
+        assert await memory.store.pending_forgets() == []
+        await nothing_left(memory)
