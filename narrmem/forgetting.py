@@ -58,7 +58,7 @@ class Forgetting:
         self.fence = fence
         self.calls = calls
         self._finishing_later: set[asyncio.Task[None]] = set()
-        self._outlasting: set[asyncio.Task[Any]] = set()  # forgets whose caller may have gone
+        self._outlasting: set[asyncio.Task[Any]] = set()  # kept referenced while they run
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
         self._changed = asyncio.Event()
@@ -81,7 +81,8 @@ class Forgetting:
         """Run a forget to its end though its caller gives up (a timeout around the call, a
         handler cancelled): cancelled between the store's deletion and the plugins' scrubbing, it
         left the person's facts and summaries in the graph until the next open, weeks later for
-        a bot that runs for weeks. Close waits for it."""
+        a bot that runs for weeks. Closing does not wait for it: a forget held at another
+        worker's gate ends with the close, its job recorded for the next open, as before."""
         task = asyncio.get_running_loop().create_task(work)
         self._outlasting.add(task)
         task.add_done_callback(self._outlasting.discard)
@@ -90,11 +91,6 @@ class Forgetting:
         except asyncio.CancelledError:
             task.add_done_callback(_log_failure)
             raise
-
-    async def outlasting_ended(self) -> None:
-        """Wait for the forgets whose callers gave up to end (:meth:`_to_the_end`)."""
-        while self._outlasting:
-            await asyncio.gather(*list(self._outlasting), return_exceptions=True)
 
     async def _scope(self, scope: Scope) -> dict[str, int]:
         from_hooks = inside_own_work()

@@ -184,7 +184,6 @@ class MemoryLifecycle:
                 await guard
         try:
             if self._started:
-                await self._forgetting.outlasting_ended()
                 await self._inbox.drained()
                 await self._inbox.close()
                 # A forget run from hooks is finished once the messages under way have ended.
