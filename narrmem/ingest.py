@@ -515,21 +515,14 @@ class IngestPipeline:
         for plugin_lines in await self.memory.host.call(
             "narrmem_context_lines", **item.hook_arguments(self.memory)
         ):
-            if isinstance(plugin_lines, list) and all(isinstance(line, ContextLine) for line in plugin_lines):
-                lines.extend(plugin_lines)
-            else:
-                item.errors.append("a plugin's narrmem_context_lines did not return a list of ContextLine")
+            lines.extend(plugin_lines)  # of the declared type: the host checked it (narrmem.hook_returns)
         return lines
 
     async def triage(self, message: Message, errors: list[str]) -> TriageDecision:
         host = self.memory.host
         decision = await host.call_first("narrmem_triage", memory=self.memory, message=message, errors=errors)
-        if decision is None:
-            return FALLBACK_DECISION
-        if not isinstance(decision, TriageDecision):
-            log.error("triage returned %r, not a TriageDecision; keeping the message", decision)
-            return FALLBACK_DECISION
-        return decision
+        # A decision of another type is a plugin's failure, reported and skipped by the host.
+        return FALLBACK_DECISION if decision is None else decision
 
     async def _already_stored(self, items: list[Pending]) -> set[MessageKey]:
         keys = [i.key for i in items if i.decision.layer != "ignore"]

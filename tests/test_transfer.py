@@ -58,10 +58,6 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def _write(path: Path, lines: list[dict[str, Any]], *, end: bool = True) -> Path:
-    return write_export(path, lines, end=end)
-
-
 async def test_export_import_export_is_byte_identical(exported: Any, tmp_path: Path) -> None:
     source, path = exported
     target = tmp_path / "target"
@@ -133,10 +129,10 @@ async def test_conflicting_import_writes_nothing(exported: Any, tmp_path: Path) 
     _, path = exported
     header, *records = _lines(path)
     records[2]["text"] = "the same id with other content"
-    changed = _write(tmp_path / "changed.jsonl", [header, *records])
+    changed = write_export(tmp_path / "changed.jsonl", [header, *records])
     target = tmp_path / "target"
     async with open_memory(target) as mem:
-        await import_jsonl(mem, _write(tmp_path / "first.jsonl", [header, records[0], _lines(path)[3]]))
+        await import_jsonl(mem, write_export(tmp_path / "first.jsonl", [header, records[0], _lines(path)[3]]))
         before = await store_count(mem)
         with pytest.raises(StoreError, match=str(records[2]["id"])):
             await import_jsonl(mem, changed)
@@ -209,7 +205,7 @@ async def test_corrupted_export_line_names_line_and_field_and_writes_nothing(
     _, path = exported
     header, *records = _lines(path)
     line, field = _corrupt(records, how)
-    bad = _write(tmp_path / "bad.jsonl", [header, *records])
+    bad = write_export(tmp_path / "bad.jsonl", [header, *records])
     target = tmp_path / "target"
     async with open_memory(target) as mem:
         with pytest.raises(InputError) as info:
@@ -233,19 +229,19 @@ async def test_bad_json_line_and_bad_header(exported: Any, tmp_path: Path) -> No
         assert info.value.line == 4
 
         header = json.loads(text[0])
-        other_model = _write(
+        other_model = write_export(
             tmp_path / "model.jsonl", [{**header, "model": "other-model"}, *_lines(path)[1:]]
         )
         with pytest.raises(InputError) as info:
             await import_jsonl(mem, other_model)
         assert (info.value.line, info.value.field) == (1, "model")
 
-        not_export = _write(tmp_path / "fmt.jsonl", [{**header, "format": "something-else"}])
+        not_export = write_export(tmp_path / "fmt.jsonl", [{**header, "format": "something-else"}])
         with pytest.raises(InputError) as info:
             await import_jsonl(mem, not_export)
         assert (info.value.line, info.value.field) == (1, "format")
 
-        headerless = _write(tmp_path / "headerless.jsonl", _lines(path)[1:])
+        headerless = write_export(tmp_path / "headerless.jsonl", _lines(path)[1:])
         with pytest.raises(InputError) as info:
             await import_jsonl(mem, headerless)
         assert info.value.line == 1 and (info.value.field or "").startswith("header.")
@@ -306,7 +302,7 @@ async def test_an_export_cut_short_at_a_line_end_is_refused_whole(exported: Any,
     target = tmp_path / "target"
     async with open_memory(target) as mem:
         for keep in (len(body) - 1, 3, 0):  # without the end line; cut among the memories; header only
-            cut = _write(tmp_path / f"cut{keep}.jsonl", [header, *body[:keep]], end=False)
+            cut = write_export(tmp_path / f"cut{keep}.jsonl", [header, *body[:keep]], end=False)
             with pytest.raises(InputError, match="cut short") as info:
                 await import_jsonl(mem, cut)
             assert (info.value.field, info.value.line) == ("section", keep + 2)
@@ -321,11 +317,11 @@ async def test_an_end_line_that_does_not_match_the_file_names_the_section(
     *lines, end = body
     target = tmp_path / "target"
     async with open_memory(target) as mem:
-        missing = _write(tmp_path / "missing.jsonl", [header, *lines[:1], *lines[2:], end], end=False)
+        missing = write_export(tmp_path / "missing.jsonl", [header, *lines[:1], *lines[2:], end], end=False)
         with pytest.raises(InputError, match="lines are missing") as info:
             await import_jsonl(mem, missing)
         assert (info.value.field, info.value.line) == ("lines.memories", len(body))
-        after = _write(tmp_path / "after.jsonl", [header, *lines, end, lines[0]], end=False)
+        after = write_export(tmp_path / "after.jsonl", [header, *lines, end, lines[0]], end=False)
         with pytest.raises(InputError, match="after the end line") as info:
             await import_jsonl(mem, after)
         assert info.value.line == len(body) + 2
@@ -339,7 +335,9 @@ async def test_one_memory_id_twice_in_a_file_names_both_lines(exported: Any, tmp
     target = tmp_path / "target"
     async with open_memory(target) as mem:
         with pytest.raises(InputError, match="twice \\(first at line 2\\)") as info:
-            await import_jsonl(mem, _write(tmp_path / "twice.jsonl", [header, body[0], twice, *body[1:]]))
+            await import_jsonl(
+                mem, write_export(tmp_path / "twice.jsonl", [header, body[0], twice, *body[1:]])
+            )
         assert (info.value.field, info.value.line) == ("id", 3)
         assert (await mem.stats())["memories"] == 0
 
@@ -347,6 +345,6 @@ async def test_one_memory_id_twice_in_a_file_names_both_lines(exported: Any, tmp
 async def test_a_version_2_export_without_an_end_line_still_imports(exported: Any, tmp_path: Path) -> None:
     _, path = exported
     header, *body = _lines(path)
-    older = _write(tmp_path / "v2.jsonl", [{**header, "version": 2}, *body[:-1]], end=False)
+    older = write_export(tmp_path / "v2.jsonl", [{**header, "version": 2}, *body[:-1]], end=False)
     async with open_memory(tmp_path / "target") as mem:
         assert _memories(await import_jsonl(mem, older)) == (4, 0)
