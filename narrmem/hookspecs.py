@@ -14,6 +14,9 @@ Conventions (read once, they hold for every hook below):
   the host logs it with the plugin's name, calls :func:`narrmem_plugin_error`, and carries on
   with the other implementations. Errors in set-up hooks (configure, register, startup) abort
   ``Memory.open`` instead, because a half-configured memory is worse than none.
+* A value of another type than the hook's return annotation is the plugin failing the same way
+  (a :class:`~narrmem.errors.PluginError` naming plugin, hook and type; see
+  :mod:`narrmem.hook_returns`, which checks a container and its first and last items).
 """
 
 from __future__ import annotations
