@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequenc
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
+from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
 
@@ -354,6 +354,34 @@ class PurgesDeleted(Protocol):
 
     async def purge_deleted(self) -> None:
         """Leave no byte of the rows deleted so far in the files (as a user's forget ends)."""
+        ...
+
+
+class DecayedImportance(NamedTuple):
+    """A memory's importance after decay at a pass, with what it was computed from: the stored
+    ``importance`` and the ``cached`` value after decay (``None`` before the first pass) that the
+    pass read. ``history`` is the ``(who, why)`` of a history row (``old`` = ``cached``, ``new`` =
+    ``value``) that goes with the value, or ``None``."""
+
+    memory_id: int
+    value: float
+    importance: float
+    cached: float | None
+    history: tuple[str, str] | None = None
+
+
+@runtime_checkable
+class CachesDecayIfUnchanged(Protocol):
+    """A store that caches a decay pass's values only where nothing changed the memory since the
+    pass read it (both built-in stores). A reinforcement or an edit that lands between a page's
+    read and its write changes the stored importance or its cached value: the pass's value,
+    computed from the state before, would overwrite the fresh one (and could log a memory just
+    used as faded). Stores without it are written by :meth:`Store.set_current_importance`."""
+
+    async def set_decayed_importance(self, values: Sequence[DecayedImportance], at: datetime) -> list[int]:
+        """Cache each ``value`` only while its memory's stored importance is still ``importance``
+        and its cached value still ``cached``; a value's history row in the same transaction,
+        and only if the value is written. Returns the ids written."""
         ...
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 from _helpers import msg, store_sql
-from narrmem_plugins.hippocampus.curve import effective
+from narrmem_plugins.hippocampus.curve import FADED, effective
 
 from narrmem import InputError, ManualClock, Memory, Message, TriageDecision, hookimpl
 from narrmem.testing import open_memory
@@ -90,6 +91,66 @@ async def test_a_decay_pass_twice_at_the_same_time_changes_nothing(tmp_path: Pat
         second = await mem.decay(later)
         assert first["updated"] == 2 and second["updated"] == 0
         assert [await store_sql(mem, memories), await store_sql(mem, history)] == before
+
+
+async def test_a_use_during_a_decay_pass_keeps_its_value_and_is_not_logged_as_faded(tmp_path: Path) -> None:
+    """A memory used between the pass's read of its page and the page's write: the pass's value,
+    computed from the importance before, would overwrite the fresh one and log the memory just
+    used as faded (a stale ``current_importance`` and a faded count until the next pass)."""
+    day = T0 + timedelta(days=250)  # 0.4 decayed from T0: about 0.079, below 0.1
+    clock = ManualClock(day)
+    async with await _memory(tmp_path, clock) as mem:
+        used = await _one(mem, 0.4)
+        untouched = await _one(mem, 0.39, "the shed roof leaks when it rains")
+        store = mem.store
+        read_page = store.importance_states
+
+        async def use_after_the_read(after_id: int, limit: int) -> list[Any]:
+            page = await read_page(after_id, limit)
+            if page:
+                assert await mem.mark_used([used], user_id="u1") == [used]
+            return page
+
+        store.importance_states = use_after_the_read  # type: ignore[method-assign]
+        try:
+            counts = await mem.decay(day)
+        finally:
+            del store.importance_states
+        values = dict(await store_sql(mem, "SELECT id, current_importance FROM memories"))
+        [use] = (await mem.history(used))["events"]
+        # Used: what it was worth now, plus the reinforcement, its decay clock restarting.
+        assert (use["who"], use["old"]) == ("bot", 0.4)
+        assert use["new"] == pytest.approx(effective(0.4, T0, day) + 0.05, abs=1e-6)
+        assert values[used] == use["new"] >= 0.1  # the reinforced value, not the pass's
+        assert values[untouched] == pytest.approx(effective(0.39, T0, day), abs=1e-6)
+        assert values[untouched] < 0.1
+        assert counts["updated"] == 1
+        assert [e["who"] for e in (await mem.history(untouched))["events"]] == ["hippocampus"]
+        assert (await mem.stats())["faded"] == 1
+        # The next pass computes the used memory from its new state; nothing left to correct.
+        assert (await mem.decay(day))["updated"] == 0
+
+
+async def test_a_pass_rewrites_a_value_only_once_it_has_moved_or_faded(tmp_path: Path) -> None:
+    """The hourly pass left most rows alone: a value is written again once it moved by more than
+    ``CACHED_TO``, or crossed the faded line however little it moved."""
+    async with await _memory(tmp_path, ManualClock(T0)) as mem:
+        memory_id = await _one(mem, 0.4)
+        cached = "SELECT current_importance FROM memories"
+        day = T0 + timedelta(days=30)
+        assert (await mem.decay(day))["updated"] == 1
+        assert (await mem.decay(day + timedelta(hours=1)))["updated"] == 0
+        assert (await mem.decay(day + timedelta(hours=8)))["updated"] == 0
+        assert await store_sql(mem, cached) == [(pytest.approx(effective(0.4, T0, day), abs=1e-6),)]
+        assert (await mem.decay(day + timedelta(days=2)))["updated"] == 1
+        # 0.4 falls to 0.1 some 208 days after its decay starts (day 7): an hour either side.
+        crossing = T0 + timedelta(days=7 + 150 * math.log(4))
+        assert (await mem.decay(crossing - timedelta(hours=1)))["updated"] == 1
+        counts = await mem.decay(crossing + timedelta(hours=1))
+        assert counts["updated"] == 1 and counts["faded"] == 1
+        assert (await store_sql(mem, cached))[0][0] < FADED
+        assert [e["why"] for e in (await mem.history(memory_id))["events"]] == [f"faded below {FADED}"]
+        assert (await mem.stats())["faded"] == 1
 
 
 async def test_recall_reinforces_and_restarts_the_clock(tmp_path: Path) -> None:

@@ -25,10 +25,16 @@ from narrmem import hookimpl
 from narrmem.config import share, similarity
 from narrmem.configured import Configured
 from narrmem.models import Hit, ImportanceChange, MemoryRecord, RecallRequest
+from narrmem.store import CachesDecayIfUnchanged, DecayedImportance, Store
 from narrmem.view import MemoryView
 
 NAME = "hippocampus"
 PAGE = 5_000
+# How far a memory's importance after decay moves before a pass writes it again. Decay moves a
+# value by at most 0.00022 an hour (0.8 over a 150-day time constant): written every hour, a
+# million memories were a million row updates an hour (on PostgreSQL, as many dead row versions)
+# for a cache whose readers (the faded count, export) need it to three places.
+CACHED_TO = 0.001
 log = logging.getLogger("narrmem.hippocampus")
 
 
@@ -100,19 +106,18 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
             page = await store.importance_states(after, PAGE)
             if not page:
                 break
-            values, history = [], []
+            decayed: list[DecayedImportance] = []
             for memory_id, importance, since, current in page:
                 now_value = round(effective(importance, since, now), 6)
                 counts["memories"] += 1
                 counts["permanent"] += decay_starts_after(importance) is None
                 counts["decaying"] += now_value < importance
                 counts["faded"] += now_value < FADED
-                if current is None or abs(current - now_value) > 1e-6:
-                    values.append((memory_id, now_value))
-                    if now_value < FADED <= (importance if current is None else current):
-                        history.append((memory_id, NAME, f"faded below {FADED}", current, now_value))
-            counts["updated"] += len(values)
-            await store.set_current_importance(values, history, now)
+                if current is None or _moved(current, now_value):
+                    faded = now_value < FADED <= (importance if current is None else current)
+                    note = (NAME, f"faded below {FADED}") if faded else None
+                    decayed.append(DecayedImportance(memory_id, now_value, importance, current, note))
+            counts["updated"] += await _cache(store, decayed, now)
             after = page[-1][0]
         return counts
 
@@ -219,3 +224,21 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
                 for days in (0, 7, 30, 90, 180, 365)
             ],
         }
+
+
+def _moved(cached: float, value: float) -> bool:
+    """Whether a cached value is to be written again: moved by more than ``CACHED_TO``, or to the
+    other side of the faded line."""
+    return abs(cached - value) > CACHED_TO or (cached < FADED) != (value < FADED)
+
+
+async def _cache(store: Store, decayed: list[DecayedImportance], now: datetime) -> int:
+    """Write a page's values; how many were written. A reinforcement that lands while the page is
+    computed keeps its value (the store compares what the pass read), on a store that can."""
+    if isinstance(store, CachesDecayIfUnchanged):
+        return len(await store.set_decayed_importance(decayed, now))
+    history = [
+        (d.memory_id, d.history[0], d.history[1], d.cached, d.value) for d in decayed if d.history is not None
+    ]
+    await store.set_current_importance([(d.memory_id, d.value) for d in decayed], history, now)
+    return len(decayed)

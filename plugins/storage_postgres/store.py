@@ -33,6 +33,7 @@ from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecor
 from narrmem.store import (
     SOURCES_IN_SCOPE,
     ContextWrite,
+    DecayedImportance,
     EpisodeContext,
     ForgetJournal,
     HistoryRow,
@@ -85,6 +86,25 @@ WITH change AS (
 INSERT INTO memory_history (memory_id, at, who, why, old, new)
 SELECT id, $7, who, why, old, new FROM written
 RETURNING memory_id
+"""
+# A decay pass's value, cached only while the memory is as the pass read it; its history row only
+# with it (data-modifying CTEs run to completion whether or not the query reads them).
+_DECAYED_IF_UNCHANGED = """
+WITH read AS (
+    SELECT * FROM unnest($1::bigint[], $2::double precision[], $3::double precision[],
+                         $4::double precision[], $5::text[], $6::text[])
+        AS r(id, value, importance, cached, who, why)
+), written AS (
+    UPDATE memories m SET current_importance = read.value
+    FROM read
+    WHERE m.id = read.id AND m.importance = read.importance
+      AND m.current_importance IS NOT DISTINCT FROM read.cached
+    RETURNING m.id, read.value, read.cached, read.who, read.why
+), noted AS (
+    INSERT INTO memory_history (memory_id, at, who, why, old, new)
+    SELECT id, $7, who, why, cached, value FROM written WHERE who IS NOT NULL
+)
+SELECT id FROM written
 """
 _HISTORY_IF_STORED = (
     "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
@@ -628,6 +648,27 @@ class PostgresStore(ForgetJournal):
         await self._write_by_page(
             [*(memory_id for memory_id, _ in values), *(row[0] for row in history)], write
         )
+
+    async def set_decayed_importance(self, values: Sequence[DecayedImportance], at: datetime) -> list[int]:
+        by_id = {d.memory_id: d for d in values}
+        written: list[int] = []
+
+        async def write(conn: Any, ids: set[int]) -> None:
+            mine = [by_id[i] for i in ids]
+            rows = await conn.fetch(
+                _DECAYED_IF_UNCHANGED,
+                [d.memory_id for d in mine],
+                [d.value for d in mine],
+                [d.importance for d in mine],
+                [d.cached for d in mine],
+                [d.history[0] if d.history else None for d in mine],
+                [d.history[1] if d.history else None for d in mine],
+                at.isoformat(),
+            )
+            written.extend(int(r[0]) for r in rows)
+
+        await self._write_by_page(list(by_id), write)
+        return written
 
     async def history(self, memory_id: int) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(

@@ -40,6 +40,7 @@ from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecor
 from narrmem.store import (
     SOURCES_IN_SCOPE,
     ContextWrite,
+    DecayedImportance,
     EpisodeContext,
     ForgetJournal,
     HistoryRow,
@@ -898,8 +899,7 @@ class SQLiteStore(ForgetJournal):
                 )
                 if cursor.rowcount:
                     await db.execute(
-                        "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
-                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        HISTORY_INSERT,
                         (
                             change.memory_id,
                             at.isoformat(),
@@ -934,13 +934,40 @@ class SQLiteStore(ForgetJournal):
         ]
         statements.extend(
             (
-                "INSERT INTO memory_history (memory_id, at, who, why, old, new) VALUES (?, ?, ?, ?, ?, ?)",
+                HISTORY_INSERT,
                 (memory_id, at.isoformat(), who, why, old, new),
             )
             for memory_id, who, why, old, new in history
         )
         if statements:
             await self._write_many(statements)
+
+    async def set_decayed_importance(self, values: Sequence[DecayedImportance], at: datetime) -> list[int]:
+        written: list[int] = []
+        if not values:
+            return written
+        async with self.transaction() as db:
+            for part in _chunks(list(values)):
+                async with db.execute(
+                    f"WITH read (id, value, importance, cached) AS (VALUES {_value_marks(len(part), 4)}) "
+                    "UPDATE memories SET current_importance = read.value FROM read "
+                    "WHERE memories.id = read.id AND memories.importance = read.importance "
+                    "AND memories.current_importance IS read.cached RETURNING memories.id",
+                    [x for d in part for x in (d.memory_id, d.value, d.importance, d.cached)],
+                ) as cursor:
+                    ids = {int(row[0]) for row in await cursor.fetchall()}
+                history = [
+                    (d.memory_id, at.isoformat(), *d.history, d.cached, d.value)
+                    for d in part
+                    if d.history is not None and d.memory_id in ids
+                ]
+                if history:
+                    await db.executemany(
+                        HISTORY_INSERT,
+                        history,
+                    )
+                written.extend(d.memory_id for d in part if d.memory_id in ids)
+        return written
 
     async def history(self, memory_id: int) -> list[dict[str, Any]]:
         rows = await self._fetchall(
@@ -1407,6 +1434,7 @@ class SQLiteStore(ForgetJournal):
                 await db.execute(sql, params)
 
 
+HISTORY_INSERT = "INSERT INTO memory_history (memory_id, at, who, why, old, new) VALUES (?, ?, ?, ?, ?, ?)"
 STATE_PUT = (
     "INSERT INTO plugin_state (namespace, key, value) VALUES (?, ?, ?) "
     "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value"
@@ -1557,10 +1585,16 @@ def _marks(items: Sequence[Any]) -> str:
     return ", ".join("?" * len(items))
 
 
+def _value_marks(rows: int, columns: int) -> str:
+    """Placeholders of a ``VALUES`` list of ``rows`` rows of ``columns`` values."""
+    row = "(" + ", ".join("?" * columns) + ")"
+    return ", ".join([row] * rows)
+
+
 def _row_marks(rows: int) -> str:
     """Placeholders of ``rows`` (tenant, chat, message) rows of a ``VALUES`` list: joined to
     ``memory_sources`` on its unique episode index, many chats' messages are one query."""
-    return ", ".join(["(?, ?, ?)"] * rows)
+    return _value_marks(rows, 3)
 
 
 def _blob(vector: np.ndarray) -> bytes:
