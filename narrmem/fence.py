@@ -14,6 +14,10 @@ passes the fence: waiting there would wait for itself. The pass ends with that w
 On a store shared by processes that offers it (:class:`narrmem.store.FencesWorkers`, the
 PostgreSQL store), the same holds between processes: a forget waits for the units of every
 worker, their after-store hooks run after the answer included, and their units begun meanwhile
+wait for it. There a batch holds the fence from its first step (:meth:`Fence.hold`: triage, the
+duplicate check, the embedding), its unit taking the hold over: another process's forget cannot
+learn what this one's calls hold (:mod:`narrmem.in_flight` is this process's), so it waits for
+them. A forget of this process waits for none of its own batches on their way: they let go, and
 wait for it. A forget run from hooks or a callback waits for no other worker's units either.
 
 A forget run from hooks or a callback cannot wait for the units begun before it (one of them may
@@ -111,17 +115,62 @@ class Fence:
         # The fence between processes, where the store offers one (set once the store is open).
         self.workers: WorkersFence | None = None
         self._across: set[int] = set()  # units that hold the fence between processes
+        self._held: set[int] = set()  # batches being prepared that hold it (see hold())
 
-    async def enter(self, *, receiving: bool = False, scopes: Collection[ScopeKey] | None = None) -> int:
+    async def hold(self) -> int | None:
+        """A batch about to be triaged, checked and embedded holds the fence between processes
+        from now (once no forget of another process runs) until its unit takes the hold over
+        (``enter(held=...)``) or it lets go (:meth:`let_go`): another process's forget waits for
+        it as for a unit. Without it, a message still embedding in one worker while another
+        forgot its user was written a moment after that forget had returned. ``None`` on a store
+        without that fence, and for code that is part of a unit or a forget (covered by it)."""
+        if self.workers is None or _inside() or self._forgets_ended is not None:
+            # While a forget of this process runs, a batch is one begun during it: its unit waits.
+            return None
+        await self.workers.begin()
+        number = next(self._numbers)
+        self._held.add(number)
+        return number
+
+    def let_go(self, held: int | None) -> None:
+        """A batch's hold that no unit took over ends (nothing of it to write, an error)."""
+        if held is not None and held in self._held:
+            self._held.discard(held)
+            assert self.workers is not None
+            self.workers.end()
+
+    def covering(self, held: int | None) -> contextlib.AbstractContextManager[None]:
+        """Hooks a holding batch runs before its unit (triage, before-store) are covered by its
+        hold: an ingest or a forget they call does not wait for it, which waits for them."""
+        return contextlib.nullcontext() if held is None else own_work(held)
+
+    async def enter(
+        self,
+        *,
+        receiving: bool = False,
+        scopes: Collection[ScopeKey] | None = None,
+        held: int | None = None,
+    ) -> int:
         """Begin a unit (once no forget runs, unless this code is part of one); returns its number.
         ``receiving``: the write of messages received earlier (:mod:`narrmem.inbox`), which
         passes this process's fence but is fenced against other processes' forgets too.
-        ``scopes``: where the unit's messages belong (``None``: not known)."""
+        ``scopes``: where the unit's messages belong (``None``: not known). ``held``: the
+        batch's :meth:`hold`, which the unit takes over."""
+        if held is not None and self._forgets_ended is not None and not _inside():
+            # A forget of this process waits for the fence between processes, which this batch
+            # holds: it lets go, and waits as a batch begun during the forget (what the forget
+            # takes of it, narrmem.in_flight has dropped). Another process's forget that comes
+            # in that gap is not waited for: the one gap left, while this process forgets.
+            self.let_go(held)
         while self._forgets_ended is not None and not _inside():
             await asyncio.shield(self._forgets_ended)
         number = next(self._numbers)
         self._units[number] = asyncio.get_running_loop().create_future()
         self._scopes[number] = None if scopes is None else frozenset(scopes)
+        if held is not None and held in self._held:
+            self._held.discard(held)
+            self._across.add(number)  # the hold is the unit's from here
+            return number
         # Part of a unit or a forget, it is covered by that one (and waiting could wait for it).
         if self.workers is not None and (receiving or not _inside()):
             try:
@@ -188,6 +237,12 @@ class Fence:
         self._forgets += 1
         if self._forgets_ended is None:
             self._forgets_ended = asyncio.get_running_loop().create_future()
+        if not inside:
+            # It drops what the batches on their way here hold of its scope (narrmem.in_flight)
+            # and waits for none of them: they let go of the fence between processes, which it
+            # waits for, and their units wait for it.
+            for held in list(self._held):
+                self.let_go(held)
         try:
             with own_work(number):
                 # Run from hooks or a trigger callback, it waits for no unit: another unit may be

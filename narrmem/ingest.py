@@ -111,11 +111,17 @@ class Prepared:
     kept: list[Pending]
     texts: list[str]
     early: asyncio.Future[np.ndarray] | None
+    # The batch's hold of the fence between processes (narrmem.fence), until its unit takes it.
+    held: int | None = None
+    let_go: Callable[[int | None], None] | None = None
 
     def cancel(self) -> None:
-        """Drop the embedding if it is no longer wanted (slices not started are skipped)."""
+        """Drop the embedding if it is no longer wanted (slices not started are skipped), and the
+        hold no unit took over."""
         if self.early is not None and not self.early.done():
             self.early.cancel()
+        if self.let_go is not None:
+            self.let_go(self.held)
 
 
 class IngestPipeline:
@@ -237,25 +243,32 @@ class IngestPipeline:
         finally:
             self.fence.leave(unit)
 
-    async def _triaged(self, messages: list[Message]) -> list[Pending]:
+    async def _triaged(self, messages: list[Message], held: int | None) -> list[Pending]:
         items = []
-        for i, message in enumerate(messages):
-            errors: list[str] = []
-            items.append(Pending(i, message, await self.triage(message, errors), errors))
-            await yield_every(i)
+        with self.fence.covering(held):
+            for i, message in enumerate(messages):
+                errors: list[str] = []
+                items.append(Pending(i, message, await self.triage(message, errors), errors))
+                await yield_every(i)
         return items
 
     async def _receive(self, messages: list[Message], call: Call) -> list[IngestResult]:
         """``acknowledge = "on_receipt"``: triage and dedupe a bot's few messages, and hand the new
         ones to the inbox, which answers once they are put in the store as they came."""
-        items = await self._triaged(messages)
-        results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
-        new = await self._new_messages(items, results)
-        # The model is not started on them before the answer: started beside the entries' write,
-        # it slowed that write from 0.26 to 1.9 ms (p50, bench/speed.py at 10k on two cores).
-        # A unit of narrmem.fence: a forget waits for the entries being put in the store, and
-        # entries put while a forget runs wait for it (so it does not take them).
-        unit = await self.fence.enter(scopes=message_scopes(new))
+        held = await self.fence.hold()
+        try:
+            items = await self._triaged(messages, held)
+            results = [
+                IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages
+            ]
+            new = await self._new_messages(items, results)
+            # The model is not started on them before the answer: started beside the entries'
+            # write, it slowed that write from 0.26 to 1.9 ms (p50, bench/speed.py at 10k on two
+            # cores). A unit of narrmem.fence: a forget waits for the entries being put in the
+            # store, and entries put while a forget runs wait for it (so it does not take them).
+            unit = await self.fence.enter(scopes=message_scopes(new), held=held)
+        finally:
+            self.fence.let_go(held)  # taken over by the unit, unless something failed first
         try:
             # Asked inside the unit: a forget that began before dropped these (narrmem.in_flight).
             for item in new:
@@ -300,9 +313,17 @@ class IngestPipeline:
         # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
 
     async def _prepare(self, messages: list[Message]) -> Prepared:
-        """Triage and dedupe a batch, make its episodes, and hand their texts to the model."""
+        """Triage and dedupe a batch, make its episodes, and hand their texts to the model; the
+        batch holds the fence between processes from the start (narrmem.fence)."""
         results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
-        return await self._prepare_triaged(await self._triaged(messages), results)
+        held = await self.fence.hold()
+        try:
+            prepared = await self._prepare_triaged(await self._triaged(messages, held), results)
+        except BaseException:
+            self.fence.let_go(held)
+            raise
+        prepared.held, prepared.let_go = held, self.fence.let_go
+        return prepared
 
     async def _prepare_triaged(self, items: list[Pending], results: list[IngestResult]) -> Prepared:
         early: asyncio.Future[np.ndarray] | None = None
@@ -376,10 +397,11 @@ class IngestPipeline:
         later: asyncio.Future[np.ndarray] | None = None
         unit: int | None = None
         try:
-            for n, item in enumerate(kept):
-                await yield_every(n)
-                await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
-                item.context_lines = await self.context_lines(item)
+            with self.fence.covering(prepared.held):
+                for n, item in enumerate(kept):
+                    await yield_every(n)
+                    await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
+                    item.context_lines = await self.context_lines(item)
             texts = [item.vector_text(r) for item in kept for r in item.records]
             embedded = set(prepared.texts)
             rest = sorted({text for text in texts if text not in embedded})
@@ -389,7 +411,9 @@ class IngestPipeline:
                 await previous
             # Begun once the batch before has run its hooks: one of them may forget, and that
             # forget waits for the units begun before it.
-            unit = await self.fence.enter(receiving=receiving, scopes=message_scopes(kept))
+            unit = await self.fence.enter(
+                receiving=receiving, scopes=message_scopes(kept), held=prepared.held
+            )
             if still_received is not None:
                 # Asked inside the unit: a forget (of any worker) that took a message's entry came
                 # wholly before this write, and one that begins now waits for it and its hooks.

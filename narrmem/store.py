@@ -253,7 +253,8 @@ def shared_by_processes(store: object) -> bool:
 class WorkersFence(Protocol):
     """This process's side of a fence across the processes that share a store
     (:class:`FencesWorkers`): what :mod:`narrmem.fence` does within a process, between processes.
-    A unit is an ingest batch from just before its write until its after-store hooks have run."""
+    A unit is an ingest batch from just before its write until its after-store hooks have run;
+    a batch holds the fence as a unit from its first step (triage, the embedding) too."""
 
     async def begin(self) -> None:
         """A unit of this process begins: at once, or once the forget of another process that

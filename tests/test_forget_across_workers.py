@@ -86,6 +86,11 @@ class Hold:
         self.entered.set()
         await self.release.wait()
 
+    @hookimpl(tryfirst=True)
+    async def narrmem_triage(self, message: Message) -> None:
+        if self.stage == "triage" and message.text.startswith("HOLD"):
+            await self._hold()
+
     @hookimpl
     async def narrmem_before_store(self, message: Message) -> None:
         if self.stage == "before_store" and message.text.startswith("HOLD"):
@@ -227,6 +232,46 @@ async def test_trigger_callbacks_that_forget_in_two_workers_at_once_do_not_wait_
         await asyncio.wait_for(both, WAIT)
         assert sorted(forgot) == ["ann", "bob"]
         assert await everything(a) == []
+
+
+@pytest.mark.parametrize(
+    ("stage", "acknowledge"),
+    [
+        ("triage", "after_hooks"),
+        ("triage", "on_receipt"),
+        ("before_store", "after_hooks"),
+        ("before_store", "after_write"),
+    ],
+)
+async def test_a_message_on_its_way_in_another_worker_does_not_outlive_a_forget(
+    tmp_path: Path, stage: str, acknowledge: str
+) -> None:
+    """Ann's message is still in triage or a before-store hook (as it would be while embedding)
+    in worker A when worker B forgets her. B's forget waits for it, and deletes it once written;
+    before, nothing of it was under way in A's fence, so B's forget returned at once and the
+    message was written after it, recalled for her afterwards."""
+    dsn = await fresh_database("across")
+    hold = Hold(stage)
+    writer_storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
+    async with (
+        worker(tmp_path / "a", writer_storage, hold) as a,
+        worker(tmp_path / "b", {"backend": "postgres", "dsn": dsn}) as b,
+    ):
+        ingest = asyncio.ensure_future(a.ingest(ann("1", "HOLD my password is hunter2")))
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(gate_asked(b), WAIT)
+        await asyncio.sleep(0.2)
+        assert not forget.done()  # it waits for the message on its way in A
+        hold.release.set()
+        result = await asyncio.wait_for(ingest, WAIT)
+        await asyncio.wait_for(forget, WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert result.stored  # written before the forget, which deleted it
+        for memory in (a, b):
+            assert await everything(memory) == []
+            assert await memory.recall("password", user_id="ann", tenant="t") == []
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
 
 
 async def test_an_ingest_cancelled_at_the_gate_leaves_no_lock_held(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ Two session advisory locks, the same in every worker of the database, taken by a
 on one connection of the worker's own and by each of its forgets on one of the forget's own:
 
 * the **units** lock, held shared by a worker while it has a unit under way (an ingest batch from
-  just before its write until its after-store hooks have run), and exclusively by a forget, which
-  so waits for every other worker's units;
+  its first step, triage and the embedding, until its after-store hooks have run), and
+  exclusively by a forget, which so waits for every other worker's units;
 * the **gate** lock, held exclusively by a forget from before it asks for the units lock until it
   ends. A worker passes the gate (takes it shared, then the units lock, then lets the gate go)
   before its first unit; while it holds the units lock, each new unit only checks the gate with a
