@@ -69,6 +69,16 @@ RETRY_DELAYS = (0.5, 2.0, 8.0, 30.0)
 RETRY_EVERY = 300.0
 # Seconds close gives a try under way before it cancels it.
 CLOSE_WAIT = 5.0
+# Batches of received messages written at once, at most. One writer takes them in turn while each
+# batch is written within SLOW_BATCH_S (one writer makes the biggest batches, and leaves the event
+# loop to the calls being answered: four from the start answered a stream of 300 messages in
+# 0.55-0.61 s instead of 0.39-0.42 s); past it, another starts. Before, one person's message whose
+# before-store hook took its time (a service it calls) held every message received after it, and
+# the recall of each of their scopes, which waits for them.
+WRITERS = 4
+SLOW_BATCH_S = 0.5
+# What a message's writes are ordered by: its chat and its person.
+LaneKey = tuple[str, str, str]
 
 
 @dataclass
@@ -101,7 +111,8 @@ class Inbox:
         # here while it is tried, so that the same message sent again meanwhile is a duplicate.
         self._retrying: dict[MessageKey, tuple[float, Received]] = {}
         self._waiting: collections.deque[Received] = collections.deque()
-        self._worker: asyncio.Task[None] | None = None
+        self._writers: dict[asyncio.Task[None], float] = {}  # each with the time it began
+        self._writing: set[LaneKey] = set()  # chats and people a writer has in hand
         self._retrier: asyncio.Task[None] | None = None
         self._retry_due = asyncio.Event()
         self._closing = False
@@ -166,8 +177,7 @@ class Inbox:
 
     def _queue(self, received: Sequence[Received]) -> None:
         self._waiting.extend(received)
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.ensure_future(self._write_received())
+        self._dispatch()
 
     def _put_ended(self, received: Sequence[Received], put: asyncio.Future[None]) -> None:
         """The write of a cancelled call's entries ended: queue them if it went through."""
@@ -210,27 +220,70 @@ class Inbox:
 
     # --- writing --------------------------------------------------------------------------------
 
-    async def _write_received(self) -> None:
-        """Write what was received, a batch at a time, oldest first, until nothing waits."""
-        batch_size = self.memory.settings.storage.batch_size
+    def _dispatch(self) -> None:
+        """Start a writer on what waits: one at a time, as long as each batch is written within
+        :data:`SLOW_BATCH_S`; past it, another (up to :data:`WRITERS`) for the chats and people
+        the slow one does not hold."""
+        loop = asyncio.get_running_loop()
+        while len(self._writers) < WRITERS:
+            now = loop.time()
+            if any(now - began < SLOW_BATCH_S for began in self._writers.values()):
+                return
+            batch = self._next_batch()
+            if not batch:
+                return
+            writer = asyncio.ensure_future(self._write_batch(batch))
+            self._writers[writer] = now
+            writer.add_done_callback(functools.partial(self._writer_ended, batch))
+            # Still at it then, it lets another writer start on the rest.
+            loop.call_later(SLOW_BATCH_S, self._dispatch)
+
+    def _next_batch(self) -> list[Received]:
+        """The oldest waiting messages, up to ``batch_size``, of chats and people no writer has in
+        hand. A chat's messages, and a person's, are written in the order they came, a batch after
+        the one before; a slow before-store hook on one person's message holds up only the
+        messages of its batch and those that must follow them."""
+        size = self.memory.settings.storage.batch_size
+        taken: list[Received] = []
+        left: collections.deque[Received] = collections.deque()
+        blocked = set(self._writing)
+        for r in self._waiting:
+            keys = lane_keys(r.item.message)
+            if len(taken) < size and blocked.isdisjoint(keys):
+                taken.append(r)
+            else:
+                blocked.update(keys)  # what comes later in its chat, or from its person, waits too
+                left.append(r)
+        self._waiting = left
+        for r in taken:
+            self._writing.update(lane_keys(r.item.message))
+        return taken
+
+    async def _write_batch(self, batch: list[Received]) -> None:
         try:
-            while self._waiting:
-                batch = [self._waiting.popleft() for _ in range(min(batch_size, len(self._waiting)))]
-                try:
-                    written = await self._write(
-                        [(r.key, r.item) for r in batch], on_written=functools.partial(self._done, batch)
-                    )
-                    if not written:
-                        self._retry_later(batch)
-                finally:
-                    self._let_go(batch)
-                    await self._notify()
+            written = await self._write(
+                [(r.key, r.item) for r in batch], on_written=functools.partial(self._done, batch)
+            )
+            if not written:
+                self._retry_later(batch)
         finally:
+            self._let_go(batch)
+            await self._notify()
+
+    def _writer_ended(self, batch: list[Received], writer: asyncio.Task[None]) -> None:
+        self._writers.pop(writer, None)
+        for r in batch:
+            self._writing.difference_update(lane_keys(r.item.message))
+        if writer.cancelled():
             # Cancelled with its event loop: what waits stays in the store for the next open, and
             # no one waits for it here any longer.
             left = list(self._waiting)
             self._waiting.clear()
             self._let_go(left)
+            return
+        if writer.exception() is not None:
+            log.error("writing received messages failed", exc_info=writer.exception())
+        self._dispatch()
 
     def _retry_later(self, batch: Sequence[Received]) -> None:
         """Try each message of a failed write again alone, after its next delay. Who waits for them
@@ -469,3 +522,8 @@ def _in_scope(message: Message, scope: Scope) -> bool:
         and scope.user_id in (None, message.user_id)
         and scope.chat_id in (None, message.chat_id)
     )
+
+
+def lane_keys(message: Message) -> tuple[LaneKey, LaneKey]:
+    """The chat and the person whose messages are written in the order they came."""
+    return ("chat", message.tenant, message.chat_id), ("user", message.tenant, message.user_id)

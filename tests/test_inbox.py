@@ -136,6 +136,34 @@ async def test_recall_that_leaves_out_the_message_being_answered_does_not_wait_f
         assert ["ann-0"] in found and ["ann-1"] not in found
 
 
+async def test_a_slow_hook_on_one_persons_message_holds_up_no_one_else(tmp_path: Path) -> None:
+    """Ann's message waits in a before-store hook (a service it calls takes its time). Bob's,
+    received after it, is written meanwhile, and his recall finds it; before, one writer took the
+    messages in turn, and Bob's recall waited for Ann's hook. Ann's next message waits behind
+    her first: a person's (and a chat's) messages are written in the order they came."""
+    gate = Gate(users=("ann",))
+    async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
+        await memory.ingest(tired()[0])
+
+        async def ann_held() -> bool:
+            return gate.before == ["ann-0"]
+
+        await eventually(ann_held)
+        await memory.ingest(msg("bob-cat", "I adopted a grey cat named Miso", user="bob", chat="dm-bob"))
+        await memory.ingest(tired()[1])
+        recalling = asyncio.ensure_future(memory.recall("my cat", user_id="bob", k=5))
+        done, _ = await asyncio.wait([recalling], timeout=10)
+        if not done:
+            gate.open.set()  # let the writes go, so that the failure below does not hang the close
+        assert done, "Bob's recall waited for Ann's hook"
+        assert [h.message_ids for h in recalling.result()] == [["bob-cat"]]
+        assert gate.before == ["ann-0", "bob-cat"]  # ann-1 waits behind ann-0
+        gate.open.set()
+        await memory.settle()
+        assert [m for m in gate.seen if m.startswith("ann")] == ["ann-0", "ann-1"]
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
 async def test_a_message_received_twice_is_stored_once(tmp_path: Path) -> None:
     gate = Gate()
     async with open_memory(tmp_path, real_model=True, plugins=[gate], storage=ON_RECEIPT) as memory:
