@@ -116,6 +116,7 @@ class Fence:
         self.workers: WorkersFence | None = None
         self._across: set[int] = set()  # units that hold the fence between processes
         self._held: set[int] = set()  # batches being prepared that hold it (see hold())
+        self._covered: dict[int, list[Grant]] = {}  # the hooks each hold covers, while they run
 
     async def hold(self) -> int | None:
         """A batch about to be triaged, checked and embedded holds the fence between processes
@@ -133,16 +134,42 @@ class Fence:
         return number
 
     def let_go(self, held: int | None) -> None:
-        """A batch's hold that no unit took over ends (nothing of it to write, an error)."""
-        if held is not None and held in self._held:
-            self._held.discard(held)
+        """A batch's hold that no unit took over ends (nothing of it to write, an error, a forget
+        of this process)."""
+        if held is not None and self._end_hold(held):
             assert self.workers is not None
             self.workers.end()
 
-    def covering(self, held: int | None) -> contextlib.AbstractContextManager[None]:
+    def _end_hold(self, held: int) -> bool:
+        """Whether ``held`` was held; the code it covered is covered no longer."""
+        for grant in self._covered.pop(held, []):
+            grant.active = False
+        if held not in self._held:
+            return False
+        self._held.discard(held)
+        return True
+
+    @contextlib.contextmanager
+    def covering(self, held: int | None) -> Iterator[None]:
         """Hooks a holding batch runs before its unit (triage, before-store) are covered by its
-        hold: an ingest or a forget they call does not wait for it, which waits for them."""
-        return contextlib.nullcontext() if held is None else own_work(held)
+        hold while it lasts: an ingest they call does not wait for it, which waits for them. Once
+        the hold is let go (a forget of this process), they are fenced as any caller's."""
+        if held is None or held not in self._held:
+            yield
+            return
+        grant = Grant(held)
+        self._covered.setdefault(held, []).append(grant)
+        token = _INSIDE.set((*_INSIDE.get(), grant))
+        try:
+            with grant.held():
+                yield
+        finally:
+            _INSIDE.reset(token)
+            grants = self._covered.get(held)
+            if grants is not None and grant in grants:
+                grants.remove(grant)
+                if not grants:
+                    del self._covered[held]
 
     async def enter(
         self,
@@ -167,8 +194,7 @@ class Fence:
         number = next(self._numbers)
         self._units[number] = asyncio.get_running_loop().create_future()
         self._scopes[number] = None if scopes is None else frozenset(scopes)
-        if held is not None and held in self._held:
-            self._held.discard(held)
+        if held is not None and self._end_hold(held):
             self._across.add(number)  # the hold is the unit's from here
             return number
         # Part of a unit or a forget, it is covered by that one (and waiting could wait for it).

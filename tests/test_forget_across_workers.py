@@ -274,6 +274,47 @@ async def test_a_message_on_its_way_in_another_worker_does_not_outlive_a_forget(
         await asyncio.wait_for(fence_unlocked(b), WAIT)
 
 
+class Nesting:
+    """A before-store hook that, for a text starting "NEST", ingests a note of its own once let go
+    (a plugin that files a reminder as it sees the message)."""
+
+    narrmem_name = "nesting"
+
+    def __init__(self) -> None:
+        self.entered, self.go = asyncio.Event(), asyncio.Event()
+        self.results: list[Any] = []
+
+    @hookimpl
+    async def narrmem_before_store(self, memory: Any, message: Message) -> None:
+        if message.text.startswith("NEST"):
+            self.entered.set()
+            await self.go.wait()
+            note = dict(ann(f"note-{message.message_id}", "Reminder: the dentist is Friday."), user_id="bot")
+            self.results.append(await memory.ingest(note))
+
+
+async def test_an_ingest_from_a_before_store_hook_during_another_workers_forget_does_not_hang(
+    tmp_path: Path,
+) -> None:
+    """The batch holds the fence between workers while its before-store hook ingests: the nested
+    ingest is covered by that hold (waiting at the gate, it would wait for the forget, which
+    waits for the batch, which waits for its hook). The forget then deletes Ann's message."""
+    dsn = await fresh_database("across")
+    nesting = Nesting()
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with worker(tmp_path / "a", storage, nesting) as a, worker(tmp_path / "b", storage) as b:
+        outer = asyncio.ensure_future(a.ingest(ann("1", "NEST my dentist appointment moved to Friday")))
+        await asyncio.wait_for(nesting.entered.wait(), WAIT)
+        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(gate_asked(b), WAIT)
+        nesting.go.set()
+        result = await asyncio.wait_for(outer, WAIT)
+        await asyncio.wait_for(forget, WAIT)
+        assert result.stored and [r.stored for r in nesting.results] == [True]
+        assert [r.user_id for r in await everything(b)] == ["bot"]  # Ann's went with the forget
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
 async def test_an_ingest_cancelled_at_the_gate_leaves_no_lock_held(tmp_path: Path) -> None:
     """A bot gives up on a message that waits at the gate of another worker's forget: the fence's
     locks are all let go once the forget and the writes under way end, and both workers go on."""
