@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from narrmem.ingest import as_message
+from narrmem.ingest import as_message, check_not_ahead
 from narrmem.models import IngestResult, MemoryRecord, Message, Scope
 
 if TYPE_CHECKING:
@@ -35,8 +35,10 @@ async def edit(memory: Memory, message: Message | dict[str, Any]) -> IngestResul
     edits += [{"text": r.text, "replaced_at": memory.clock.now().isoformat()} for r in before]
     meta = {**edited.meta, "edits": edits} if edits else edited.meta
     # Checked before the old message is forgotten: the earlier texts can take meta past its limit,
-    # and a refused edit must leave the old message as it was.
+    # a date too far ahead is refused by ingest, and a refused edit must leave the old message as
+    # it was (a date a day ahead forgot the old text and stored no new one).
     replacement = as_message(edited.model_copy(update={"meta": meta}), None)
+    check_not_ahead([replacement], memory.clock.now(), memory.settings.storage.max_ts_ahead_s)
     # One piece of work that outlives a caller giving up (a timeout around the edit): cancelled
     # between the two steps, the edit left neither text.
     return await asyncio.shield(_replace(memory, edited, replacement))

@@ -74,6 +74,20 @@ async def test_a_message_dated_far_past_the_clock_is_refused_and_counts_nothing(
         assert fired == ["emotion"]
 
 
+async def test_an_edit_dated_far_past_the_clock_is_refused_and_keeps_the_old_text(tmp_path: Path) -> None:
+    """The edit forgot the old text, then its ingest refused the new one: neither was left."""
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.ingest(msg("1", "I moved to Lisbon last spring", ts=at(0)))
+        with pytest.raises(InputError) as refused:
+            await memory.edit(msg("1", "I moved to Porto last spring", ts=at(2)))
+        assert refused.value.field == "ts"
+        kept = [record.text async for record, _ in memory.store.export()]
+        assert kept == ["I moved to Lisbon last spring"]
+        edited = await memory.edit(msg("1", "I moved to Porto last spring", ts=at(0)))
+        assert edited.stored
+
+
 async def test_a_trigger_dated_a_little_ahead_is_stored_at_the_clocks_now(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     async with open_memory(tmp_path / "m", clock=clock) as memory:
