@@ -76,11 +76,15 @@ HOOKS_LATER = -1
 ScopeKey = tuple[str, str, str]
 
 
-@contextlib.contextmanager
-def own_work(number: int = HOOKS_LATER) -> Iterator[None]:
+def own_work(number: int = HOOKS_LATER) -> contextlib.AbstractContextManager[None]:
     """Code in this block is part of unit or forget ``number`` (or of hooks run later): it passes
     the fence."""
-    grant = Grant(number)
+    return _passing(Grant(number))
+
+
+@contextlib.contextmanager
+def _passing(grant: Grant) -> Iterator[None]:
+    """Code in this block passes the fence with ``grant``, while it is active."""
     token = _INSIDE.set((*_INSIDE.get(), grant))
     try:
         with grant.held():
@@ -159,12 +163,10 @@ class Fence:
             return
         grant = Grant(held)
         self._covered.setdefault(held, []).append(grant)
-        token = _INSIDE.set((*_INSIDE.get(), grant))
         try:
-            with grant.held():
+            with _passing(grant):
                 yield
         finally:
-            _INSIDE.reset(token)
             grants = self._covered.get(held)
             if grants is not None and grant in grants:
                 grants.remove(grant)
