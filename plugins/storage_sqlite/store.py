@@ -962,10 +962,7 @@ class SQLiteStore(ForgetJournal):
                     if d.history is not None and d.memory_id in ids
                 ]
                 if history:
-                    await db.executemany(
-                        HISTORY_INSERT,
-                        history,
-                    )
+                    await db.executemany(HISTORY_INSERT, history)
                 written.extend(d.memory_id for d in part if d.memory_id in ids)
         return written
 
