@@ -17,8 +17,12 @@ worker, their after-store hooks run after the answer included, and their units b
 wait for it. There a batch holds the fence from its first step (:meth:`Fence.hold`: triage, the
 duplicate check, the embedding), its unit taking the hold over: another process's forget cannot
 learn what this one's calls hold (:mod:`narrmem.in_flight` is this process's), so it waits for
-them. A forget of this process waits for none of its own batches on their way: they let go, and
-wait for it. A forget run from hooks or a callback waits for no other worker's units either.
+them. A forget of this process waits for none of its own batches on their way (what they hold of
+its scope is dropped): once no other process's forget can come first, they let go (suspended), and
+batches begun during it hold nothing yet; as it ends, before another process's forget may begin,
+its session holds the fence for all of them again (``to_carry`` of the store's fence). So a batch on
+its way is held from its first step to its write, whatever forgets run in between. A forget run
+from hooks or a callback waits for no other worker's units either.
 
 A forget run from hooks or a callback cannot wait for the units begun before it (one of them may
 be waiting for the code that forgets), so what their hooks still make could outlive it. It is
@@ -120,6 +124,12 @@ class Fence:
         self.workers: WorkersFence | None = None
         self._across: set[int] = set()  # units that hold the fence between processes
         self._held: set[int] = set()  # batches being prepared that hold it (see hold())
+        # Batches on their way whose hold waits for a forget of this process to end (suspended).
+        self._suspended: set[int] = set()
+        # Forgets of this process that hold or wait for the gate between processes (not run from
+        # hooks or a callback) and have not handed the fence over to its batches yet.
+        self._outer = 0
+        self._entering: set[int] = set()  # units waiting to pass the fence between processes
         self._covered: dict[int, list[Grant]] = {}  # the hooks each hold covers, while they run
 
     async def hold(self) -> int | None:
@@ -127,25 +137,35 @@ class Fence:
         from now (once no forget of another process runs) until its unit takes the hold over
         (``enter(held=...)``) or it lets go (:meth:`let_go`): another process's forget waits for
         it as for a unit. Without it, a message still embedding in one worker while another
-        forgot its user was written a moment after that forget had returned. ``None`` on a store
-        without that fence, and for code that is part of a unit or a forget (covered by it)."""
-        if self.workers is None or _inside() or self._forgets_ended is not None:
-            # While a forget of this process runs, a batch is one begun during it: its unit waits.
+        forgot its user was written a moment after that forget had returned. While a forget of
+        this process runs, the hold is suspended: that forget holds the fence for it as it ends.
+        ``None`` on a store without that fence, and for code that is part of a unit or a forget
+        (covered by it)."""
+        if self.workers is None or _inside():
             return None
-        await self.workers.begin()
         number = next(self._numbers)
-        self._held.add(number)
+        if self._outer:
+            self._suspended.add(number)
+            return number
+        await self.workers.begin()
+        if self._outer:
+            # A forget of this process began while this waited at another process's gate: it
+            # does not wait for this batch.
+            self.workers.end()
+            self._suspended.add(number)
+        else:
+            self._held.add(number)
         return number
 
     def let_go(self, held: int | None) -> None:
-        """A batch's hold that no unit took over ends (nothing of it to write, an error, a forget
-        of this process)."""
+        """A batch's hold that no unit took over ends (nothing of it to write, an error)."""
         if held is not None and self._end_hold(held):
             assert self.workers is not None
             self.workers.end()
 
     def _end_hold(self, held: int) -> bool:
         """Whether ``held`` was held; the code it covered is covered no longer."""
+        self._suspended.discard(held)
         for grant in self._covered.pop(held, []):
             grant.active = False
         if held not in self._held:
@@ -153,15 +173,42 @@ class Fence:
         self._held.discard(held)
         return True
 
+    def _suspend(self, held: int) -> None:
+        """A forget of this process does not wait for batch ``held``: its hold is let go until
+        that forget ends, and the code it covers is fenced as any caller's meanwhile."""
+        if held not in self._held:
+            return
+        self._held.discard(held)
+        self._suspended.add(held)
+        for grant in self._covered.get(held, []):
+            grant.active = False
+        assert self.workers is not None
+        self.workers.end()
+
+    def _suspend_all(self) -> None:
+        for held in list(self._held):
+            self._suspend(held)
+
+    def _carry(self) -> int:
+        """The suspended holds, held again by the forget that ends (see ``to_carry``)."""
+        carried = len(self._suspended)
+        for held in self._suspended:
+            self._held.add(held)
+            for grant in self._covered.get(held, []):
+                grant.active = True
+        self._suspended.clear()
+        return carried
+
     @contextlib.contextmanager
     def covering(self, held: int | None) -> Iterator[None]:
         """Hooks a holding batch runs before its unit (triage, before-store) are covered by its
-        hold while it lasts: an ingest they call does not wait for it, which waits for them. Once
-        the hold is let go (a forget of this process), they are fenced as any caller's."""
-        if held is None or held not in self._held:
+        hold while it lasts: an ingest they call does not wait for it, which waits for them. While
+        the hold is suspended (a forget of this process), they are fenced as any caller's."""
+        if held is None or (held not in self._held and held not in self._suspended):
             yield
             return
         grant = Grant(held)
+        grant.active = held in self._held
         self._covered.setdefault(held, []).append(grant)
         try:
             with _passing(grant):
@@ -185,12 +232,11 @@ class Fence:
         passes this process's fence but is fenced against other processes' forgets too.
         ``scopes``: where the unit's messages belong (``None``: not known). ``held``: the
         batch's :meth:`hold`, which the unit takes over."""
-        if held is not None and self._forgets_ended is not None and not _inside():
+        if held is not None and self._outer and not _inside():
             # A forget of this process waits for the fence between processes, which this batch
-            # holds: it lets go, and waits as a batch begun during the forget (what the forget
-            # takes of it, narrmem.in_flight has dropped). Another process's forget that comes
-            # in that gap is not waited for: the one gap left, while this process forgets.
-            self.let_go(held)
+            # holds: it is suspended, and waits as a batch begun during the forget (what the
+            # forget takes of it, narrmem.in_flight has dropped), held again as it ends.
+            self._suspend(held)
         while self._forgets_ended is not None and not _inside():
             await asyncio.shield(self._forgets_ended)
         number = next(self._numbers)
@@ -201,6 +247,7 @@ class Fence:
             return number
         # Part of a unit or a forget, it is covered by that one (and waiting could wait for it).
         if self.workers is not None and (receiving or not _inside()):
+            self._entering.add(number)
             try:
                 if receiving:
                     counted = await self.workers.join()
@@ -210,6 +257,8 @@ class Fence:
             except BaseException:
                 self.leave(number)
                 raise
+            finally:
+                self._entering.discard(number)
             if counted:
                 self._across.add(number)
         return number
@@ -257,38 +306,76 @@ class Fence:
             return await work()
 
     @contextlib.asynccontextmanager
-    async def forgetting(self) -> AsyncIterator[None]:
+    async def forgetting(self, begin: Callable[[], object] | None = None) -> AsyncIterator[None]:
         """Wait for the units begun before, and hold new ones back until the block ends. Called
-        from a unit's hooks or hooks run later, it holds new units back and waits for none."""
+        from a unit's hooks or hooks run later, it holds new units back and waits for none.
+        ``begin`` is called as the forget begins (what it takes of the calls under way is what
+        they hold then): at once, or, on a store shared by processes, once it holds the gate
+        between them, so that no other process's forget comes between its beginning and its end."""
         inside = _inside()
         number = next(self._numbers)
+        if self.workers is None or inside:
+            self._begin_forget(begin)
+            try:
+                with own_work(number):
+                    # Run from hooks or a trigger callback, it waits for no unit: another unit may
+                    # be waiting for a forget of its own, or for the hooks this one runs in.
+                    if not inside:
+                        await self._units_begun_before()
+                    yield
+            finally:
+                self._end_forget()
+            return
+        begun = outer = False
+
+        async def at_gate() -> None:
+            nonlocal begun, outer
+            self._begin_forget(begin)
+            begun = outer = True
+            self._outer += 1
+            # It drops what the batches on their way here hold of its scope (narrmem.in_flight)
+            # and waits for none of them: they let go, and their units wait for it.
+            self._suspend_all()
+            with own_work(number):
+                await self._units_begun_before()
+
+        def hand_over() -> int:
+            nonlocal outer
+            self._outer -= 1
+            outer = False
+            # Another forget of this process that holds the gate already holds it for them.
+            return 0 if self._outer else self._carry()
+
+        try:
+            async with self.workers.forgetting(at_gate=at_gate, to_carry=hand_over):
+                with own_work(number):
+                    yield
+        finally:
+            if outer:
+                self._outer -= 1
+            if begun:
+                self._end_forget()
+
+    def _begin_forget(self, begin: Callable[[], object] | None) -> None:
         self._forgets += 1
         if self._forgets_ended is None:
             self._forgets_ended = asyncio.get_running_loop().create_future()
-        if not inside:
-            # It drops what the batches on their way here hold of its scope (narrmem.in_flight)
-            # and waits for none of them: they let go of the fence between processes, which it
-            # waits for, and their units wait for it.
-            for held in list(self._held):
-                self.let_go(held)
-        try:
-            with own_work(number):
-                # Run from hooks or a trigger callback, it waits for no unit: another unit may be
-                # waiting for a forget of its own, or for the hooks this one runs in.
-                before = [] if inside else list(self._units.values())
-                if before:
-                    await asyncio.gather(*(asyncio.shield(done) for done in before))
-                if self.workers is None or inside:
-                    yield
-                else:
-                    async with self.workers.forgetting():
-                        yield
-        finally:
-            self._forgets -= 1
-            ended = self._forgets_ended
-            if self._forgets == 0 and ended is not None:
-                self._forgets_ended = None
-                ended.set_result(None)
+        if begin is not None:
+            begin()
+
+    def _end_forget(self) -> None:
+        self._forgets -= 1
+        ended = self._forgets_ended
+        if self._forgets == 0 and ended is not None:
+            self._forgets_ended = None
+            ended.set_result(None)
+
+    async def _units_begun_before(self) -> None:
+        """Wait for the units begun before (but those still waiting at the gate between processes,
+        which this process's forget may hold: they come after it)."""
+        before = [done for number, done in self._units.items() if number not in self._entering]
+        if before:
+            await asyncio.gather(*(asyncio.shield(done) for done in before))
 
 
 def _nothing() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -94,9 +95,11 @@ class Forgetting:
 
     async def _scope(self, scope: Scope) -> dict[str, int]:
         from_hooks = inside_own_work()
-        # What ingest calls under way hold of the scope and have not written is never written.
-        self.calls.drop_scope(scope.tenant, scope.user_id, scope.chat_id)
-        async with self.fence.forgetting():
+        # What ingest calls under way hold of the scope and have not written is never written:
+        # what they hold as the forget begins (on a shared store, once no other worker's forget
+        # can come before its end).
+        drop = functools.partial(self.calls.drop_scope, scope.tenant, scope.user_id, scope.chat_id)
+        async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:
                 job = await self.memory.store.begin_forget(**scope.model_dump())
@@ -211,9 +214,11 @@ class Forgetting:
 
     async def _messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
         ids = message_id_list(message_ids)
-        if scope.chat_id is not None:
-            self.calls.drop_messages(scope.tenant, scope.chat_id, ids)
-        async with self.fence.forgetting():
+        chat_id = scope.chat_id
+        drop = None
+        if chat_id is not None:
+            drop = functools.partial(self.calls.drop_messages, scope.tenant, chat_id, ids)
+        async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:
                 job = await self.memory.store.begin_forget(

@@ -8,7 +8,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -278,9 +278,19 @@ class WorkersFence(Protocol):
         """A unit begun or extended here ended."""
         ...
 
-    def forgetting(self) -> AbstractAsyncContextManager[None]:
+    def forgetting(
+        self,
+        at_gate: Callable[[], Awaitable[None]] | None = None,
+        to_carry: Callable[[], int] | None = None,
+    ) -> AbstractAsyncContextManager[None]:
         """Wait until no other process has a unit under way, and hold their new units back until
-        the block ends."""
+        the block ends. ``at_gate`` is awaited once no other process's forget can begin before this
+        one ends, before it waits for the units: the forget begins there (this process's batches
+        on their way let go, and its own units begun before are waited for).
+        ``to_carry``, called as the block ends with no wait before other processes' forgets may
+        begin: how many of this process's batches on their way to go on holding the fence for, as
+        units (each ended by an :meth:`end`), so that the next forget of another process waits
+        for them."""
         ...
 
 

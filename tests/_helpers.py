@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import subprocess
@@ -60,6 +61,29 @@ async def store_sql(memory: Any, query: str, params: Sequence[Any] = ()) -> list
 def on_sqlite(memory: Any) -> bool:
     """Whether the memory is on the SQLite store (whose files and FAISS index a test may read)."""
     return bool(memory.settings.storage.backend == "sqlite")
+
+
+# A forget holds the gate of the fence between workers (narrmem_plugins.storage_postgres).
+GATE_HELD = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted "
+    "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1"
+)
+
+
+async def forget_begun(memory: Any) -> None:
+    """Until a forget just called on ``memory`` has begun, so that a message sent now comes after
+    it: the next turn of the loop on SQLite; on PostgreSQL, once the forget holds the gate between
+    workers (a forget there begins once no other worker's forget can come before its end)."""
+    await asyncio.sleep(0)
+    if on_sqlite(memory):
+        return
+    from narrmem_plugins.storage_postgres.workers_fence import GATE
+
+    high, low = (GATE >> 32) & 0xFFFFFFFF, GATE & 0xFFFFFFFF
+    while True:
+        if await memory.store.pool.fetchval(GATE_HELD, high, low):
+            return
+        await asyncio.sleep(0.005)
 
 
 async def store_count(memory: Any, table: str = "memories") -> int:

@@ -125,6 +125,16 @@ async def gate_asked(memory: Memory) -> None:
     await forgets_at_the_gate(memory, 1)
 
 
+async def forget_waiting(memory: Memory, forget: asyncio.Future[Any]) -> None:
+    """Until ``memory``'s forget waits at the gate of the fence between workers (or has ended)."""
+    asked = asyncio.ensure_future(gate_asked(memory))
+    try:
+        await asyncio.wait_for(asyncio.wait([asked, forget], return_when=asyncio.FIRST_COMPLETED), WAIT)
+    finally:
+        asked.cancel()
+    await asyncio.sleep(0.2)
+
+
 @pytest.mark.parametrize("acknowledge", MODES)
 async def test_a_forget_by_another_worker_during_the_hooks_leaves_nothing_they_made(
     tmp_path: Path, acknowledge: str
@@ -521,4 +531,139 @@ async def test_a_worker_closed_while_its_forget_waits_at_the_gate_lets_the_gate_
         assert tea.stored  # not held at the closed worker's gate
         hold.release.set()
         await asyncio.wait_for(b.settle(), WAIT)
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+class HoldLater(Hold):
+    """A second hold, for a text that starts with "LATER", in triage."""
+
+    narrmem_name = "hold_later"
+
+    @hookimpl(tryfirst=True)
+    async def narrmem_triage(self, message: Message) -> None:
+        if message.text.startswith("LATER"):
+            await self._hold()
+
+    @hookimpl
+    async def narrmem_before_store(self, message: Message) -> None:
+        return None
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message) -> None:
+        return None
+
+
+async def test_a_message_on_its_way_while_its_worker_forgets_another_does_not_outlive_a_later_forget(
+    tmp_path: Path,
+) -> None:
+    """Ann's message is in triage in worker A when A forgets Zed, a forget that does not wait for
+    it. B then forgets Ann while the message is still on its way. B's forget waits for it and
+    deletes it once written; before, A's forget had let the message's hold go for good, so B's
+    forget returned at once and the message was written after it."""
+    dsn = await fresh_database("across")
+    hold = Hold("triage")
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with worker(tmp_path / "a", storage, hold) as a, worker(tmp_path / "b", storage) as b:
+        ingest = asyncio.ensure_future(a.ingest(ann("1", "HOLD my password is hunter2")))
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        await asyncio.wait_for(a.forget(user_id="zed", tenant="t"), WAIT)  # waits for no batch of A's
+        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await forget_waiting(b, forget)
+        assert not forget.done()  # it waits for the message on its way in A
+        hold.release.set()
+        result = await asyncio.wait_for(ingest, WAIT)
+        await asyncio.wait_for(forget, WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert result.stored  # written before B's forget, which deleted it
+        for memory in (a, b):
+            assert await everything(memory) == []
+            assert await memory.recall("password", user_id="ann", tenant="t") == []
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+async def test_a_message_begun_while_its_worker_forgets_does_not_outlive_a_later_forget(
+    tmp_path: Path,
+) -> None:
+    """Worker A's forget of Bob waits for the hooks of Bob's message; Ann's message comes in
+    meanwhile and stays in triage after that forget has ended. B then forgets Ann: B's forget waits
+    for her message and deletes it once written."""
+    dsn = await fresh_database("across")
+    hooks, triage = Hold("after_store"), HoldLater("triage")
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with worker(tmp_path / "a", storage, hooks, triage) as a, worker(tmp_path / "b", storage) as b:
+        bob = dict(ann("b1", "I work at Acme Bank."), user_id="bob", speaker="Bob")
+        bob_ingest = asyncio.ensure_future(a.ingest(bob))
+        await asyncio.wait_for(hooks.entered.wait(), WAIT)
+        a_forget = asyncio.ensure_future(a.forget(user_id="bob", tenant="t"))
+        await asyncio.sleep(0.1)
+        assert not a_forget.done()  # it waits for Bob's hooks
+        ingest = asyncio.ensure_future(a.ingest(ann("1", "LATER my password is hunter2")))
+        await asyncio.wait_for(triage.entered.wait(), WAIT)
+        hooks.release.set()
+        await asyncio.wait_for(asyncio.gather(bob_ingest, a_forget), WAIT)
+        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await forget_waiting(b, forget)
+        assert not forget.done()  # it waits for the message on its way in A
+        triage.release.set()
+        result = await asyncio.wait_for(ingest, WAIT)
+        await asyncio.wait_for(forget, WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert result.stored
+        for memory in (a, b):
+            assert await everything(memory) == []
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+async def test_two_forgets_in_a_worker_and_one_in_another_around_a_message_on_its_way_do_not_hang(
+    tmp_path: Path,
+) -> None:
+    """Worker A forgets Zed and Yan at once while Ann's message is in its triage, and worker B
+    forgets Ann: whatever order the three take the gate in, none waits for another for ever, B's
+    forget waits for Ann's message, and Bob's message stays."""
+    dsn = await fresh_database("across")
+    hold = Hold("triage")
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with worker(tmp_path / "a", storage, hold) as a, worker(tmp_path / "b", storage) as b:
+        bob = dict(ann("b1", "I adopted a greyhound named Pixel."), user_id="bob", speaker="Bob")
+        await asyncio.wait_for(a.ingest(bob), WAIT)
+        ingest = asyncio.ensure_future(a.ingest(ann("1", "HOLD my password is hunter2")))
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        forgets = [
+            asyncio.ensure_future(a.forget(user_id="zed", tenant="t")),
+            asyncio.ensure_future(a.forget(user_id="yan", tenant="t")),
+            asyncio.ensure_future(b.forget(user_id="ann", tenant="t")),
+        ]
+        await asyncio.sleep(0.3)
+        assert not forgets[2].done()  # B's waits for Ann's message
+        hold.release.set()
+        result = await asyncio.wait_for(ingest, WAIT)
+        await asyncio.wait_for(asyncio.gather(*forgets), WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert result.stored
+        assert [r.user_id for r in await everything(b)] == ["bob"]
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+async def test_an_ingest_from_a_before_store_hook_after_its_workers_forget_does_not_hang(
+    tmp_path: Path,
+) -> None:
+    """Ann's batch is in a before-store hook in worker A when A forgets Zed; then B forgets Ann,
+    and the hook ingests a note. The batch's hold, taken up again as A's forget ended, covers the
+    note (at B's gate it would wait for B, which waits for the batch); Ann's message goes with
+    B's forget and the note stays."""
+    dsn = await fresh_database("across")
+    nesting = Nesting()
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with worker(tmp_path / "a", storage, nesting) as a, worker(tmp_path / "b", storage) as b:
+        outer = asyncio.ensure_future(a.ingest(ann("1", "NEST my dentist appointment moved to Friday")))
+        await asyncio.wait_for(nesting.entered.wait(), WAIT)
+        await asyncio.wait_for(a.forget(user_id="zed", tenant="t"), WAIT)
+        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await forget_waiting(b, forget)
+        assert not forget.done()
+        nesting.go.set()
+        result = await asyncio.wait_for(outer, WAIT)
+        await asyncio.wait_for(forget, WAIT)
+        assert result.stored and [r.stored for r in nesting.results] == [True]
+        assert [r.user_id for r in await everything(b)] == ["bot"]
         await asyncio.wait_for(fence_unlocked(b), WAIT)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg
+from _helpers import forget_begun, msg
 
 from narrmem import hookimpl
 from narrmem.errors import PluginError
@@ -153,7 +153,7 @@ async def test_a_message_begun_after_the_forget_is_kept(tmp_path: Path, acknowle
     async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=[held]) as memory:
         await memory.ingest(ann("0", "I adopted a greyhound named Pixel."))
         forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
-        await asyncio.sleep(0)
+        await asyncio.wait_for(forget_begun(memory), WAIT)
         call = asyncio.ensure_future(memory.ingest(ann("1", "I decided to join Acme Bank next month.")))
         await asyncio.wait_for(held.entered.wait(), WAIT)
         await asyncio.wait_for(forget, WAIT)

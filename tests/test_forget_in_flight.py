@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg
+from _helpers import forget_begun, msg
 
 from narrmem import TriggerEvent, hookimpl, settling
 from narrmem.fence import Fence
@@ -158,7 +158,7 @@ async def test_a_message_begun_during_a_forget_is_stored_after_it(tmp_path: Path
         first = asyncio.ensure_future(memory.ingest(ann("1", "I work at Acme Bank as an analyst.")))
         await asyncio.wait_for(facts.started.wait(), WAIT)
         forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
-        await asyncio.sleep(0)
+        await asyncio.wait_for(forget_begun(memory), WAIT)
         after = await asyncio.wait_for(memory.ingest(ann("2", "I adopted a greyhound named Pixel.")), WAIT)
         await asyncio.wait_for(asyncio.gather(first, forget), WAIT)
         await memory.settle()

@@ -16,6 +16,13 @@ on one connection of the worker's own and by each of its forgets on one of the f
 The lock is given back as soon as the worker has no unit under way: a worker that held it while
 idle would hold every forget back until its next message.
 
+A forget of this worker does not wait for this worker's batches on their way (a slow triage hook
+would hold it): once it holds the gate, they let go (``at_gate``), and so do batches begun during
+it. As it ends, its session takes the units lock shared for them before it lets the gate go
+(``to_carry``), in one trip: a forget of another worker waiting at the gate then waits for them, as
+it would have without this worker's forget. That session is given back once as many units have
+ended (any of the worker's ``end`` calls counts: the lock is held while any count is above zero).
+
 The write of messages the worker received earlier (``join``) never waits at the gate while it
 holds the units lock: hooks run after the answer may be waiting for that write, and a forget for
 those hooks. Without it, the write looks at the gate again every 50 ms rather than waiting there,
@@ -35,8 +42,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 from narrmem_plugins.storage_postgres.advisory import CONNECTION_ENDED, lock_key
@@ -73,8 +80,25 @@ SPARE_SESSIONS = 2
 BROKEN = (*CONNECTION_ENDED, asyncpg.PostgresError, asyncpg.exceptions.InternalClientError)
 # Commands failing in a row on new sessions before a unit gives up with a StoreError.
 TRIES = 3
-CLOSE_GATE = f"SELECT pg_advisory_lock({GATE}); SELECT pg_advisory_lock({UNITS})"
+CLOSE_GATE = f"SELECT pg_advisory_lock({GATE})"
+TAKE_UNITS = f"SELECT pg_advisory_lock({UNITS})"
 OPEN_GATE = f"SELECT pg_advisory_unlock({UNITS}); SELECT pg_advisory_unlock({GATE})"
+# A forget's end that goes on holding the units lock, shared, for this worker's batches on their
+# way: a session's own locks do not conflict, so it takes the shared one before it lets go the rest.
+HAND_OVER = (
+    f"SELECT pg_advisory_lock_shared({UNITS}); SELECT pg_advisory_unlock({UNITS}); "
+    f"SELECT pg_advisory_unlock({GATE})"
+)
+
+
+class _Carrier:
+    """A forget's session that holds the units lock, shared, for ``count`` units of this worker."""
+
+    __slots__ = ("conn", "count")
+
+    def __init__(self, conn: Any, count: int) -> None:
+        self.conn = conn
+        self.count = count
 
 
 class PostgresWorkersFence:
@@ -90,6 +114,7 @@ class PostgresWorkersFence:
         self._gate_held = 0  # forgets of this process that hold the gate
         self._spare: list[Any] = []  # sessions of forgets that ended, for the next ones
         self._forget_sessions: set[Any] = set()  # sessions of forgets under way
+        self._carriers: list[_Carrier] = []  # sessions of ended forgets that hold units (HAND_OVER)
         self._closed = False
         self._shut = False  # closed to the end: no task of the fence is started any more
 
@@ -162,12 +187,25 @@ class PostgresWorkersFence:
             raise
 
     def extend(self) -> bool:
-        if self._units == 0 or not self._held:
-            return False
-        self._units += 1
-        return True
+        if self._units and self._held:
+            self._units += 1
+            return True
+        for carrier in self._carriers:
+            if carrier.count:
+                carrier.count += 1
+                return True
+        return False
 
     def end(self) -> None:
+        for carrier in self._carriers:
+            if carrier.count:
+                carrier.count -= 1
+                if not carrier.count:
+                    self._carriers.remove(carrier)
+                    task = asyncio.ensure_future(self._release(carrier.conn))
+                    self._giving_back.add(task)
+                    task.add_done_callback(self._giving_back.discard)
+                return
         self._units -= 1
         if self._units == 0 and self._held and not self._closed:
             task = asyncio.ensure_future(self._give_back_if_idle())
@@ -175,31 +213,70 @@ class PostgresWorkersFence:
             task.add_done_callback(self._giving_back.discard)
 
     @contextlib.asynccontextmanager
-    async def forgetting(self) -> AsyncIterator[None]:
+    async def forgetting(
+        self,
+        at_gate: Callable[[], Awaitable[None]] | None = None,
+        to_carry: Callable[[], int] | None = None,
+    ) -> AsyncIterator[None]:
         # A session other than the units', so that it waits for this worker's units too (their
         # hooks run after the answer; this process's new units wait in narrmem.fence), and one
         # per forget, so that a forget that fails or is cancelled halfway lets its locks go by
         # ending its session.
-        conn = await self._close_gate()
-        self._gate_held += 1
+        conn = await self._close_gate(at_gate)
         done = False
+        carried = 0
         try:
             try:
                 yield
             finally:
                 with contextlib.suppress(*BROKEN):
-                    await conn.execute(OPEN_GATE)
+                    if to_carry is None:
+                        await conn.execute(OPEN_GATE)
+                    else:
+                        await conn.execute(HAND_OVER)
+                        # Asked with no wait since the hand-over: a batch that holds from now on
+                        # is counted, or holds on the units' session.
+                        carried = to_carry()
+                        if not carried:
+                            await conn.execute(GIVE_BACK)
                     done = True
         finally:
             self._gate_held -= 1
             self._forget_sessions.discard(conn)
-            if done and not self._closed and not conn.is_closed() and len(self._spare) < SPARE_SESSIONS:
-                self._spare.append(conn)
+            if carried and done:
+                self._carriers.append(_Carrier(conn, carried))
+            elif carried:
+                # The session is in doubt: its lock may be gone, and the units with it.
+                log.warning(
+                    "a forget's session ended while it held the fence for %d batch(es) of this worker "
+                    "on their way; they are not fenced against other workers' forgets",
+                    carried,
+                )
+                self._end_session(conn)
             else:
-                self._end_session(conn)  # its session ends, and its locks with it
+                self._keep_or_end(conn, done)
 
-    async def _close_gate(self) -> Any:
-        """A session holding the gate and the units lock exclusively, once every other unit ended."""
+    def _keep_or_end(self, conn: Any, done: bool) -> None:
+        """A forget's session that holds no lock any more (``done``) is kept for the next forget,
+        up to a few; any other ends, and its locks with it."""
+        if done and not self._closed and not conn.is_closed() and len(self._spare) < SPARE_SESSIONS:
+            self._spare.append(conn)
+        else:
+            self._end_session(conn)
+
+    async def _release(self, conn: Any) -> None:
+        """A carrier whose units have all ended gives the units lock back."""
+        done = False
+        with contextlib.suppress(*BROKEN):
+            if not self._closed and not conn.is_closed():
+                await conn.execute(GIVE_BACK)
+                done = True
+        self._keep_or_end(conn, done)
+
+    async def _close_gate(self, at_gate: Callable[[], Awaitable[None]] | None) -> Any:
+        """A session holding the gate and the units lock exclusively, once every other unit ended;
+        ``at_gate`` is awaited once it holds the gate, before it waits for the units. Counted in
+        ``_gate_held`` from the gate on (a write of received messages does not wait for it)."""
         while True:
             if self._closed:
                 raise ClosedError("the memory is closed")
@@ -209,29 +286,47 @@ class PostgresWorkersFence:
             try:
                 await conn.execute(CLOSE_GATE)
             except BaseException as exc:
-                self._forget_sessions.discard(conn)
-                self._end_session(conn)
-                if self._closed:
-                    raise ClosedError("the memory is closed") from exc
-                if spare and isinstance(exc, BROKEN):
+                if spare and isinstance(exc, BROKEN) and not self._closed:
+                    self._forget_sessions.discard(conn)
+                    self._end_session(conn)
                     continue  # ended while it was spare (an idle timeout): another one
-                if isinstance(exc, BROKEN):
-                    reason = scrub(str(exc), self._dsn)
-                    raise StoreError(f"the forget lost its connection to PostgreSQL: {reason}") from exc
-                raise
+                self._gate_failed(conn, exc)
+            break
+        self._gate_held += 1
+        try:
             if self._closed:  # closed while it waited at the gate
-                self._forget_sessions.discard(conn)
-                self._end_session(conn)
                 raise ClosedError("the memory is closed")
-            return conn
+            if at_gate is not None:
+                await at_gate()
+            await conn.execute(TAKE_UNITS)
+            if self._closed:
+                raise ClosedError("the memory is closed")
+        except BaseException as exc:
+            self._gate_held -= 1
+            self._gate_failed(conn, exc)
+        return conn
+
+    def _gate_failed(self, conn: Any, exc: BaseException) -> NoReturn:
+        """A forget's session that failed to close the gate ends, and its locks with it."""
+        self._forget_sessions.discard(conn)
+        self._end_session(conn)
+        if isinstance(exc, ClosedError):
+            raise exc
+        if self._closed:
+            raise ClosedError("the memory is closed") from exc
+        if isinstance(exc, BROKEN):
+            reason = scrub(str(exc), self._dsn)
+            raise StoreError(f"the forget lost its connection to PostgreSQL: {reason}") from exc
+        raise exc
 
     async def close(self) -> None:
         # Without waiting for the connection's lock: a unit may be waiting at the gate of another
         # worker's forget on it. Its command then fails (the session ends) and the unit with it.
         self._closed = True
-        conns = [self._conn, *self._spare]
+        conns = [self._conn, *self._spare, *(carrier.conn for carrier in self._carriers)]
         self._conn = None
         self._spare.clear()
+        self._carriers.clear()
         self._held = False
         self._idle.set()
         for conn in conns:
