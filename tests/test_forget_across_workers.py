@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -667,3 +669,88 @@ async def test_an_ingest_from_a_before_store_hook_after_its_workers_forget_does_
         assert result.stored and [r.stored for r in nesting.results] == [True]
         assert [r.user_id for r in await everything(b)] == ["bot"]
         await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+class Naps:
+    """Hooks that take their time now and then (a slow fact extractor, a service), by a seed."""
+
+    narrmem_name = "naps"
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    async def _nap(self) -> None:
+        if self.rng.random() < 0.3:
+            await asyncio.sleep(self.rng.uniform(0.0, 0.12))
+
+    @hookimpl(tryfirst=True)
+    async def narrmem_triage(self, message: Message) -> None:
+        await self._nap()
+
+    @hookimpl
+    async def narrmem_before_store(self, message: Message) -> None:
+        await self._nap()
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message) -> None:
+        await self._nap()
+
+
+# A message whose ingest began this long before a forget of its user was called is the forget's.
+BEFORE_THE_FORGET_S = 0.05
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_messages_and_forgets_in_three_workers_keep_every_forget(
+    tmp_path: Path, seed: int
+) -> None:
+    """Three workers (one per acknowledge mode) ingest 120 messages of 8 people over two seconds,
+    their hooks napping at random, while 12 forgets of random people come in random workers. No
+    call waits for ever; once all have ended, no message whose ingest began before a forget of its
+    person was called is stored, and every message sent after the forgets of its person had
+    returned is. Before, such a forget often did not wait for a message still on its way in a
+    worker whose own forget, or whose units, held the gate, and the message outlived it."""
+    rng = random.Random(seed)
+    dsn = await fresh_database("across")
+    storage = [{"backend": "postgres", "dsn": dsn, "acknowledge": MODES[(seed + i) % 3]} for i in range(3)]
+    async with (
+        worker(tmp_path / "a", storage[0], Naps(seed * 10)) as a,
+        worker(tmp_path / "b", storage[1], Naps(seed * 10 + 1)) as b,
+        worker(tmp_path / "c", storage[2], Naps(seed * 10 + 2)) as c,
+    ):
+        workers = [a, b, c]
+        sent: dict[str, tuple[str, float, bool]] = {}  # message id: person, when begun, kept
+        forgets: list[tuple[str, float, float]] = []  # person, called, returned
+
+        async def send(n: int) -> None:
+            await asyncio.sleep(rng.uniform(0.0, 2.0))
+            person, memory = f"p{rng.randrange(8)}", rng.choice(workers)
+            text = f"I adopted a greyhound number {n} named Pixel{n} yesterday"
+            begun = time.monotonic()
+            result = await memory.ingest(
+                dict(ann(f"m{n}", text), user_id=person, chat_id=f"dm-{person}", speaker=person)
+            )
+            sent[f"m{n}"] = (person, begun, result.stored)
+
+        async def forget() -> None:
+            await asyncio.sleep(rng.uniform(0.1, 2.0))
+            person, memory = f"p{rng.randrange(8)}", rng.choice(workers)
+            called = time.monotonic()
+            await memory.forget(user_id=person, tenant="t")
+            forgets.append((person, called, time.monotonic()))
+
+        calls = [send(n) for n in range(120)] + [forget() for _ in range(12)]
+        await asyncio.wait_for(asyncio.gather(*calls), 60)
+        for memory in workers:
+            await asyncio.wait_for(memory.settle(), WAIT)
+        stored = {message_id for record in await everything(a) for message_id in record.message_ids}
+        outlived, lost = [], []
+        for message_id, (person, begun, kept) in sent.items():
+            theirs = [f for f in forgets if f[0] == person]
+            if message_id in stored and any(begun + BEFORE_THE_FORGET_S < called for _, called, _ in theirs):
+                outlived.append(message_id)
+            if kept and message_id not in stored and all(begun > returned for *_, returned in theirs):
+                lost.append(message_id)
+        assert (outlived, lost) == ([], [])
+        assert stored  # the people not forgotten keep theirs
+        await asyncio.wait_for(fence_unlocked(a), WAIT)

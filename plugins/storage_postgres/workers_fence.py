@@ -7,21 +7,28 @@ on one connection of the worker's own and by each of its forgets on one of the f
   its first step, triage and the embedding, until its after-store hooks have run), and
   exclusively by a forget, which so waits for every other worker's units;
 * the **gate** lock, held exclusively by a forget from before it asks for the units lock until it
-  ends. A worker passes the gate (takes it shared, then the units lock, then lets the gate go)
-  before its first unit; while it holds the units lock, each new unit only checks the gate with a
-  try. Once a forget holds or waits for the gate, that try fails: the worker then lets its units
-  end, gives the units lock back, and waits at the gate. So a forget is not held off for ever by a
-  worker that is never idle, and a unit begun during it is written after it.
+  ends. On its units' session a worker only tries the gate, never waits there: before its first
+  unit it passes it if it is open (takes it shared, then the units lock, then lets the gate go,
+  in one trip), and while it holds the units lock each new unit checks it with a try. Once a
+  forget holds or waits for the gate, the try fails: the unit then waits at the gate on a session
+  of its own (a *waiting room*, shared by the units that come meanwhile), which holds the units
+  lock for them once through. So a forget is not held off for ever by a worker that is never idle,
+  a unit begun during it is written after it, and a unit that came before a later forget is ahead
+  of it in the server's queue: that forget waits for it. (Before, the unit waited for its
+  worker's units to end and the lock to go back, outside the queue, and a forget called meanwhile
+  went first without waiting for it.)
 
 The lock is given back as soon as the worker has no unit under way: a worker that held it while
-idle would hold every forget back until its next message.
+idle would hold every forget back until its next message. The sessions that hold it beside the
+units' session (a waiting room, or a forget's, below) count units of their own, and each is given
+back once as many units have ended (any of the worker's ``end`` calls counts: the lock is held
+while any count is above zero).
 
 A forget of this worker does not wait for this worker's batches on their way (a slow triage hook
 would hold it): once it holds the gate, they let go (``at_gate``), and so do batches begun during
 it. As it ends, its session takes the units lock shared for them before it lets the gate go
 (``to_carry``), in one trip: a forget of another worker waiting at the gate then waits for them, as
-it would have without this worker's forget. That session is given back once as many units have
-ended (any of the worker's ``end`` calls counts: the lock is held while any count is above zero).
+it would have without this worker's forget.
 
 The write of messages the worker received earlier (``join``) never waits at the gate while it
 holds the units lock: hooks run after the answer may be waiting for that write, and a forget for
@@ -42,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, NoReturn, TypeVar
 
 import asyncpg
@@ -61,15 +68,18 @@ PASS_GATE = (
     f"SELECT pg_advisory_lock_shared({GATE}); SELECT pg_advisory_lock_shared({UNITS}); "
     f"SELECT pg_advisory_unlock_shared({GATE})"
 )
+# Without waiting: through the gate to the units lock, shared, if no forget holds or waits for the
+# gate (then no forget holds the units lock either, so taking it does not wait); false otherwise.
+TRY_PASS_GATE = (
+    f"SELECT CASE WHEN pg_try_advisory_lock_shared({GATE}) "
+    f"THEN pg_advisory_lock_shared({UNITS})::text IS NOT NULL AND pg_advisory_unlock_shared({GATE}) "
+    "ELSE false END"
+)
 # Whether no forget holds or waits for the gate, taking nothing (CASE evaluates in order).
 GATE_OPEN = (
     f"SELECT CASE WHEN pg_try_advisory_lock_shared({GATE}) "
     f"THEN pg_advisory_unlock_shared({GATE}) ELSE false END"
 )
-# Without waiting: the gate taken shared if no forget holds or waits for it; then through it the
-# units lock (no forget holds that while the gate is held shared), and the gate let go.
-TRY_GATE = f"SELECT pg_try_advisory_lock_shared({GATE})"
-THROUGH_GATE = f"SELECT pg_advisory_lock_shared({UNITS}); SELECT pg_advisory_unlock_shared({GATE})"
 # How often a unit that found the gate closed looks at it again.
 GATE_POLL_S = 0.05
 GIVE_BACK = f"SELECT pg_advisory_unlock_shared({UNITS})"
@@ -108,13 +118,16 @@ class PostgresWorkersFence:
         self._lock = asyncio.Lock()  # one command at a time on the connection
         self._units = 0
         self._held = False  # the units lock, shared, by this connection's session
-        self._idle = asyncio.Event()  # set whenever the units lock is not held
-        self._idle.set()
         self._giving_back: set[asyncio.Task[None]] = set()
         self._gate_held = 0  # forgets of this process that hold the gate
         self._spare: list[Any] = []  # sessions of forgets that ended, for the next ones
         self._forget_sessions: set[Any] = set()  # sessions of forgets under way
-        self._carriers: list[_Carrier] = []  # sessions of ended forgets that hold units (HAND_OVER)
+        self._carriers: list[_Carrier] = []  # sessions that hold units beside the units' session
+        # A session waiting at the gate for the units that found it closed while the units'
+        # session held the lock (see begin), and how many wait for it.
+        self._room: asyncio.Future[None] | None = None
+        self._room_waiters = 0
+        self._room_sessions: set[Any] = set()
         self._closed = False
         self._shut = False  # closed to the end: no task of the fence is started any more
 
@@ -125,24 +138,77 @@ class PostgresWorkersFence:
                 conn = await self._connection()
                 try:
                     if not self._held:
-                        await self._taking(conn.execute(PASS_GATE))
-                        self._hold()
+                        if await self._taking(conn.fetchval(TRY_PASS_GATE)):
+                            self._hold()
+                            self._units += 1
+                            return
+                    elif await conn.fetchval(GATE_OPEN):
                         self._units += 1
                         return
-                    if await conn.fetchval(GATE_OPEN):
-                        self._units += 1
-                        return
-                    if self._units == 0:
+                    elif self._units == 0:
                         await self._give_back(conn)
                         continue
                 except BROKEN as exc:
                     failures = self._failed(exc, failures)
                     continue
-            # A forget of another worker waits for this one's units: they end, the lock goes
-            # back, and this unit waits at the gate. The gate is looked at again meanwhile: a
-            # forget given up (cancelled) opens it before the units have ended.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), GATE_POLL_S)
+            # A forget holds the gate or waits for it: this unit waits at the gate on a session
+            # of its own, in the server's queue behind that forget and ahead of any forget that
+            # comes later. Waiting on the units' session, it would hold that session (and every
+            # unit of this worker behind it); waiting for this worker's units to end first, a
+            # forget that came meanwhile went first and did not wait for this unit's batch,
+            # which it may have been asked to forget.
+            try:
+                await self._through_room()
+                return
+            except BROKEN as exc:
+                # The room's session ended: the next try opens another, up to a few times.
+                failures += 1
+                if failures >= TRIES:
+                    reason = scrub(str(exc), self._dsn)
+                    raise StoreError(f"the fence between workers failed: {reason}") from exc
+
+    async def _through_room(self) -> None:
+        """Wait at the gate on the waiting room's session, and count as one of its units once it
+        is through."""
+        if self._room is None:
+            self._room = asyncio.ensure_future(self._open_room())
+        room = self._room
+        self._room_waiters += 1
+        try:
+            await asyncio.shield(room)
+        except asyncio.CancelledError:
+            if not room.done():
+                self._room_waiters -= 1  # not counted: the room counts who waits as it opens
+            elif not room.cancelled() and room.exception() is None:
+                self.end()  # counted by the room as it opened
+            raise
+
+    async def _open_room(self) -> None:
+        """A session through the gate that holds the units lock, shared, for the units that
+        waited for it (counted as they wait, so that one given up meanwhile is not)."""
+        conn: Any = None
+        try:
+            if self._closed:
+                raise ClosedError("the memory is closed")
+            conn = self._spare.pop() if self._spare else await self._connect()
+            self._room_sessions.add(conn)
+            await conn.execute(PASS_GATE)
+            if self._closed:
+                raise ClosedError("the memory is closed")
+        except BaseException:
+            self._room = None
+            self._room_waiters = 0
+            if conn is not None:
+                self._room_sessions.discard(conn)
+                self._end_session(conn)
+            raise
+        self._room_sessions.discard(conn)
+        carrier = _Carrier(conn, self._room_waiters)
+        self._room, self._room_waiters = None, 0
+        if carrier.count:
+            self._carriers.append(carrier)
+        else:
+            self._track(self._release(conn))
 
     async def join(self) -> bool:
         if self.extend():
@@ -162,8 +228,7 @@ class PostgresWorkersFence:
                             return True
                         if self._units == 0:
                             await self._give_back(conn)
-                    elif await self._taking(conn.fetchval(TRY_GATE)):
-                        await self._taking(conn.execute(THROUGH_GATE))
+                    elif await self._taking(conn.fetchval(TRY_PASS_GATE)):
                         self._hold()
                         self._units += 1
                         return True
@@ -202,9 +267,7 @@ class PostgresWorkersFence:
                 carrier.count -= 1
                 if not carrier.count:
                     self._carriers.remove(carrier)
-                    task = asyncio.ensure_future(self._release(carrier.conn))
-                    self._giving_back.add(task)
-                    task.add_done_callback(self._giving_back.discard)
+                    self._track(self._release(carrier.conn))
                 return
         self._units -= 1
         if self._units == 0 and self._held and not self._closed:
@@ -263,6 +326,12 @@ class PostgresWorkersFence:
             self._spare.append(conn)
         else:
             self._end_session(conn)
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that closing waits for."""
+        task = asyncio.ensure_future(work)
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
 
     async def _release(self, conn: Any) -> None:
         """A carrier whose units have all ended gives the units lock back."""
@@ -328,12 +397,11 @@ class PostgresWorkersFence:
         self._spare.clear()
         self._carriers.clear()
         self._held = False
-        self._idle.set()
         for conn in conns:
             if conn is not None:
                 conn.terminate()  # its session ends, and the units lock with it
-        for conn in list(self._forget_sessions):
-            self._end_session(conn)  # a forget still waiting at the gate: the server ends it
+        for conn in [*self._forget_sessions, *self._room_sessions]:
+            self._end_session(conn)  # a forget or a room still waiting at the gate: the server ends it
         while self._giving_back:
             await asyncio.gather(*self._giving_back, return_exceptions=True)
         self._shut = True
@@ -381,7 +449,6 @@ class PostgresWorkersFence:
 
     def _hold(self) -> None:
         self._held = True
-        self._idle.clear()
 
     def _lost(self) -> None:
         """The session is gone or in doubt: it is ended, and its locks with it."""
@@ -395,7 +462,6 @@ class PostgresWorkersFence:
         if conn is not None and not conn.is_closed():
             conn.terminate()
         self._held = False
-        self._idle.set()
 
     def _failed(self, exc: BaseException, failures: int) -> int:
         """A command of the fence failed: a new session next time, up to a few times in a row."""
@@ -414,7 +480,6 @@ class PostgresWorkersFence:
             self._lost()
             raise
         self._held = False
-        self._idle.set()
 
     async def _give_back_if_idle(self) -> None:
         async with self._lock:
