@@ -4,17 +4,67 @@ place, with the earlier texts kept in the new episode's ``meta["edits"]``."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from narrmem.ingest import as_message, check_not_ahead
 from narrmem.models import IngestResult, MemoryRecord, Message, Scope
 
 if TYPE_CHECKING:
+    from narrmem.config import Acknowledge
+    from narrmem.in_flight import Call, CallsUnderWay
     from narrmem.memory import Memory
 
 
-async def edit(memory: Memory, message: Message | dict[str, Any]) -> IngestResult:
+class ForgetsMessages(Protocol):
+    async def __call__(
+        self, scope: Scope, message_ids: Sequence[str], *, sparing: Call | None = None
+    ) -> dict[str, int]: ...
+
+
+class Ingests(Protocol):
+    async def __call__(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        progress: Callable[[int], None] | None,
+        acknowledge: Acknowledge | None = None,
+        *,
+        call: Call | None = None,
+    ) -> list[IngestResult]: ...
+
+
+async def edit(
+    memory: Memory,
+    message: Message | dict[str, Any],
+    *,
+    calls: CallsUnderWay,
+    forget_messages: ForgetsMessages,
+    ingest: Ingests,
+) -> IngestResult:
     edited = as_message(message, None)
+    # One piece of work that outlives a caller giving up (a timeout around the edit): cancelled
+    # between the two steps, the edit left neither text.
+    return await asyncio.shield(_edit(memory, edited, calls, forget_messages, ingest))
+
+
+async def _edit(
+    memory: Memory,
+    edited: Message,
+    calls: CallsUnderWay,
+    forget_messages: ForgetsMessages,
+    ingest: Ingests,
+) -> IngestResult:
+    # The new text is a message under way from the edit's start (narrmem.in_flight): a forget of
+    # its person or chat that begins before it is written drops it. Registered only once the
+    # edit's own forget of the old text had ended, it was written after a forget of the person
+    # that began meanwhile, and outlived it.
+    with calls.under_way([edited]) as call:
+        return await _replace(memory, edited, call, forget_messages, ingest)
+
+
+async def _replace(
+    memory: Memory, edited: Message, call: Call, forget_messages: ForgetsMessages, ingest: Ingests
+) -> IngestResult:
     # The message may still be on its way to the store (acknowledged on receipt).
     await memory.written(tenant=edited.tenant, chat_id=edited.chat_id)
     scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
@@ -39,16 +89,9 @@ async def edit(memory: Memory, message: Message | dict[str, Any]) -> IngestResul
     # it was (a date a day ahead forgot the old text and stored no new one).
     replacement = as_message(edited.model_copy(update={"meta": meta}), None)
     check_not_ahead([replacement], memory.clock.now(), memory.settings.storage.max_ts_ahead_s)
-    # One piece of work that outlives a caller giving up (a timeout around the edit): cancelled
-    # between the two steps, the edit left neither text.
-    return await asyncio.shield(_replace(memory, edited, replacement))
-
-
-async def _replace(memory: Memory, edited: Message, replacement: Message) -> IngestResult:
-    await memory.forget_messages(
-        chat_id=edited.chat_id, message_ids=[edited.message_id], tenant=edited.tenant
-    )
-    return await memory.ingest(replacement)
+    await forget_messages(scope, [edited.message_id], sparing=call)
+    [result] = await ingest([replacement], None, call=call)
+    return result
 
 
 def _earlier_edits(record: MemoryRecord) -> list[Any]:

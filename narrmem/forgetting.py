@@ -29,7 +29,7 @@ from narrmem.store import PurgesDeleted
 
 if TYPE_CHECKING:
     from narrmem.fence import Fence
-    from narrmem.in_flight import CallsUnderWay
+    from narrmem.in_flight import Call, CallsUnderWay
     from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
@@ -209,15 +209,20 @@ class Forgetting:
     def _waits_for_units(self, task: asyncio.Task[None]) -> bool:
         return any(not unit.done() for unit in self._waiting_for.get(task, ()))
 
-    async def messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
-        return await self._to_the_end(self._messages(scope, message_ids))
+    async def messages(
+        self, scope: Scope, message_ids: Sequence[str], *, sparing: Call | None = None
+    ) -> dict[str, int]:
+        """Forget messages by id; ``sparing``: an edit's call, whose new text this leaves be."""
+        return await self._to_the_end(self._messages(scope, message_ids, sparing))
 
-    async def _messages(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, int]:
+    async def _messages(
+        self, scope: Scope, message_ids: Sequence[str], sparing: Call | None
+    ) -> dict[str, int]:
         ids = message_id_list(message_ids)
         chat_id = scope.chat_id
         drop = None
         if chat_id is not None:
-            drop = functools.partial(self.calls.drop_messages, scope.tenant, chat_id, ids)
+            drop = functools.partial(self.calls.drop_messages, scope.tenant, chat_id, ids, sparing=sparing)
         async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:

@@ -6,7 +6,8 @@ for its embedding: its write has not begun, so the forget (which waits for write
 see :mod:`narrmem.fence`) found nothing of it, and the write came after the forget had returned.
 With the real model this took a gap of a millisecond or two.
 
-Each call is registered with its messages when it starts and dropped when it ends. A forget marks
+Each call is registered with its messages when it starts and dropped when it ends (an edit's
+new text from the edit's start: its own forget of the old text spares it). A forget marks
 the messages of its scope, or the message ids it names, in every call registered before it; the
 call leaves them out inside its write's unit of the fence, so a message is either written before
 the forget (which then deletes it) or not at all. A message sent after the forget began is kept.
@@ -84,11 +85,16 @@ class CallsUnderWay:
                     dropped += 1
         return dropped
 
-    def drop_messages(self, tenant: str, chat_id: str, message_ids: Iterable[str]) -> int:
-        """Drop the messages of these ids in a chat; returns how many."""
+    def drop_messages(
+        self, tenant: str, chat_id: str, message_ids: Iterable[str], *, sparing: Call | None = None
+    ) -> int:
+        """Drop the messages of these ids in a chat, but in ``sparing`` (an edit's own call, whose
+        forget of the old text this is); returns how many."""
         named = set(message_ids)
         dropped = 0
         for call in self._calls.values():
+            if call is sparing:
+                continue
             for message in call.messages:
                 if message.tenant == tenant and message.chat_id == chat_id and message.message_id in named:
                     call.dropped.add(_key(message))

@@ -148,15 +148,20 @@ class IngestPipeline:
         messages: Sequence[Message | dict[str, Any]],
         progress: Callable[[int], None] | None,
         acknowledge: Acknowledge | None = None,
+        *,
+        call: Call | None = None,
     ) -> list[IngestResult]:
         """Ingest ``messages`` a batch at a time, as a pipeline: while one batch's before-store hooks
         and write run, the next batch is triaged and handed to the model, so the model embeds
         without a pause between batches; a batch's after-store hooks run (or are scheduled, with
-        ``acknowledge = "after_write"``) once it is written."""
+        ``acknowledge = "after_write"``) once it is written. ``call``: the messages' registration
+        with the calls under way, made earlier (an edit's, from its start)."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         check_not_ahead(validated, self.memory.clock.now(), self.memory.settings.storage.max_ts_ahead_s)
-        with self.calls.under_way(validated) as call:
+        if call is not None:
             return await self._run(validated, progress, acknowledge, call)
+        with self.calls.under_way(validated) as registered:
+            return await self._run(validated, progress, acknowledge, registered)
 
     async def _run(
         self,

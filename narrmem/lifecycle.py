@@ -87,7 +87,7 @@ class MemoryLifecycle:
         self._fence = fence = Fence()  # forgets against the batches being written
         self._settling = Settling(self)
         self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone, fence)
-        calls = CallsUnderWay()  # a forget drops what calls begun before it have not written
+        self._calls = calls = CallsUnderWay()  # a forget drops what calls begun before it have not written
         self._ingest = IngestPipeline(
             self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence, calls
         )

@@ -804,3 +804,31 @@ async def test_a_forget_whose_caller_gives_up_still_scrubs_every_plugin(tmp_path
         await asyncio.sleep(0.4)  # no open, no settle: the forget ends on its own
         assert await memory.store.pending_forgets() == []
         await nothing_left(memory)
+
+
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_an_edit_under_way_when_its_person_is_forgotten_leaves_nothing(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    """Ann edits a message while Bob's slow fact extractor holds the edit's forget of the old text
+    (it waits for the writes begun before it); then she asks to be forgotten. The new text, sent
+    before her forget, is not written after it. Before, the edit's ingest of the new text began
+    once its own forget had ended, after hers had begun, and the new text outlived her forget."""
+    release = asyncio.Event()
+    facts = SlowFacts(about="Acme", release=release)
+    async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=[facts]) as memory:
+        await memory.ingest(ann("1", "My dentist appointment is on Monday at ten."))
+        bob = msg("b1", "I work at Acme Bank as an analyst.", user="bob", chat="dm-bob", tenant="t")
+        first = asyncio.ensure_future(memory.ingest(bob))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        edit = asyncio.ensure_future(memory.edit(ann("1", "My dentist appointment moved to Tuesday at ten.")))
+        await asyncio.sleep(0.05)
+        forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
+        await asyncio.sleep(0.05)
+        release.set()
+        result = await asyncio.wait_for(edit, WAIT)
+        await asyncio.wait_for(asyncio.gather(first, forget), WAIT)
+        await memory.settle()
+        assert not result.stored
+        assert [r.user_id for r in await everything(memory)] == ["bob"]
+        assert await memory.recall("dentist Tuesday", user_id="ann", tenant="t") == []
