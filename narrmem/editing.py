@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from narrmem.ingest import as_message, check_not_ahead
@@ -12,13 +13,19 @@ from narrmem.models import IngestResult, MemoryRecord, Message, Scope
 
 if TYPE_CHECKING:
     from narrmem.config import Acknowledge
+    from narrmem.fence import Fence
     from narrmem.in_flight import Call, CallsUnderWay
     from narrmem.memory import Memory
 
 
 class ForgetsMessages(Protocol):
     async def __call__(
-        self, scope: Scope, message_ids: Sequence[str], *, sparing: Call | None = None
+        self,
+        scope: Scope,
+        message_ids: Sequence[str],
+        *,
+        sparing: Call | None = None,
+        carrying: int | None = None,
     ) -> dict[str, int]: ...
 
 
@@ -30,40 +37,44 @@ class Ingests(Protocol):
         acknowledge: Acknowledge | None = None,
         *,
         call: Call | None = None,
+        held: int | None = None,
     ) -> list[IngestResult]: ...
 
 
-async def edit(
-    memory: Memory,
-    message: Message | dict[str, Any],
-    *,
-    calls: CallsUnderWay,
-    forget_messages: ForgetsMessages,
-    ingest: Ingests,
-) -> IngestResult:
+@dataclass(frozen=True)
+class EditSteps:
+    """What an edit uses of its memory beyond the public calls."""
+
+    calls: CallsUnderWay
+    fence: Fence
+    forget_messages: ForgetsMessages
+    ingest: Ingests
+
+
+async def edit(memory: Memory, message: Message | dict[str, Any], steps: EditSteps) -> IngestResult:
     edited = as_message(message, None)
     # One piece of work that outlives a caller giving up (a timeout around the edit): cancelled
     # between the two steps, the edit left neither text.
-    return await asyncio.shield(_edit(memory, edited, calls, forget_messages, ingest))
+    return await asyncio.shield(_edit(memory, edited, steps))
 
 
-async def _edit(
-    memory: Memory,
-    edited: Message,
-    calls: CallsUnderWay,
-    forget_messages: ForgetsMessages,
-    ingest: Ingests,
-) -> IngestResult:
+async def _edit(memory: Memory, edited: Message, steps: EditSteps) -> IngestResult:
     # The new text is a message under way from the edit's start (narrmem.in_flight): a forget of
     # its person or chat that begins before it is written drops it. Registered only once the
     # edit's own forget of the old text had ended, it was written after a forget of the person
-    # that began meanwhile, and outlived it.
-    with calls.under_way([edited]) as call:
-        return await _replace(memory, edited, call, forget_messages, ingest)
+    # that began meanwhile, and outlived it. On a store shared by processes, its hold of the fence
+    # between them is taken up as the edit's forget hands the fence over: another worker's forget
+    # that came meanwhile waits for it (before, it did not, and the new text outlived it too).
+    held = steps.fence.reserve()
+    try:
+        with steps.calls.under_way([edited]) as call:
+            return await _replace(memory, edited, call, held, steps)
+    finally:
+        steps.fence.let_go(held)  # unless the new text's write took it over
 
 
 async def _replace(
-    memory: Memory, edited: Message, call: Call, forget_messages: ForgetsMessages, ingest: Ingests
+    memory: Memory, edited: Message, call: Call, held: int | None, steps: EditSteps
 ) -> IngestResult:
     # The message may still be on its way to the store (acknowledged on receipt).
     await memory.written(tenant=edited.tenant, chat_id=edited.chat_id)
@@ -89,8 +100,8 @@ async def _replace(
     # it was (a date a day ahead forgot the old text and stored no new one).
     replacement = as_message(edited.model_copy(update={"meta": meta}), None)
     check_not_ahead([replacement], memory.clock.now(), memory.settings.storage.max_ts_ahead_s)
-    await forget_messages(scope, [edited.message_id], sparing=call)
-    [result] = await ingest([replacement], None, call=call)
+    await steps.forget_messages(scope, [edited.message_id], sparing=call, carrying=held)
+    [result] = await steps.ingest([replacement], None, call=call, held=held)
     return result
 
 

@@ -126,6 +126,7 @@ class Fence:
         self._held: set[int] = set()  # batches being prepared that hold it (see hold())
         # Batches on their way whose hold waits for a forget of this process to end (suspended).
         self._suspended: set[int] = set()
+        self._reserved: set[int] = set()  # holds for after a forget of this process (reserve())
         # Forgets of this process that hold or wait for the gate between processes (not run from
         # hooks or a callback) and have not handed the fence over to its batches yet.
         self._outer = 0
@@ -157,6 +158,19 @@ class Fence:
             self._held.add(number)
         return number
 
+    def reserve(self) -> int | None:
+        """A hold for a batch that will begin once a forget of this process has ended (an edit's
+        new text, after its forget of the old one, which is given it as ``carrying``): held from
+        that forget's end, as it hands the fence over (so another process's forget that waited at
+        the gate meanwhile waits for the batch), until the batch takes it over (``held``). Held
+        earlier, it would hold that other forget back while the edit waited for it at the gate.
+        ``None`` where :meth:`hold` gives none."""
+        if self.workers is None or _inside():
+            return None
+        number = next(self._numbers)
+        self._reserved.add(number)
+        return number
+
     def let_go(self, held: int | None) -> None:
         """A batch's hold that no unit took over ends (nothing of it to write, an error)."""
         if held is not None and self._end_hold(held):
@@ -166,6 +180,7 @@ class Fence:
     def _end_hold(self, held: int) -> bool:
         """Whether ``held`` was held; the code it covered is covered no longer."""
         self._suspended.discard(held)
+        self._reserved.discard(held)
         for grant in self._covered.pop(held, []):
             grant.active = False
         if held not in self._held:
@@ -306,12 +321,15 @@ class Fence:
             return await work()
 
     @contextlib.asynccontextmanager
-    async def forgetting(self, begin: Callable[[], object] | None = None) -> AsyncIterator[None]:
+    async def forgetting(
+        self, begin: Callable[[], object] | None = None, carrying: int | None = None
+    ) -> AsyncIterator[None]:
         """Wait for the units begun before, and hold new ones back until the block ends. Called
         from a unit's hooks or hooks run later, it holds new units back and waits for none.
         ``begin`` is called as the forget begins (what it takes of the calls under way is what
         they hold then): at once, or, on a store shared by processes, once it holds the gate
-        between them, so that no other process's forget comes between its beginning and its end."""
+        between them, so that no other process's forget comes between its beginning and its end.
+        ``carrying``: a hold :meth:`reserve` gave, held from this forget's end."""
         inside = _inside()
         number = next(self._numbers)
         if self.workers is None or inside:
@@ -343,6 +361,9 @@ class Fence:
             nonlocal outer
             self._outer -= 1
             outer = False
+            if carrying is not None and carrying in self._reserved:
+                self._reserved.discard(carrying)
+                self._suspended.add(carrying)
             # Another forget of this process that holds the gate already holds it for them.
             return 0 if self._outer else self._carry()
 

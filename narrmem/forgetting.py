@@ -210,20 +210,26 @@ class Forgetting:
         return any(not unit.done() for unit in self._waiting_for.get(task, ()))
 
     async def messages(
-        self, scope: Scope, message_ids: Sequence[str], *, sparing: Call | None = None
+        self,
+        scope: Scope,
+        message_ids: Sequence[str],
+        *,
+        sparing: Call | None = None,
+        carrying: int | None = None,
     ) -> dict[str, int]:
-        """Forget messages by id; ``sparing``: an edit's call, whose new text this leaves be."""
-        return await self._to_the_end(self._messages(scope, message_ids, sparing))
+        """Forget messages by id; ``sparing``: an edit's call, whose new text this leaves be;
+        ``carrying``: that new text's hold of the fence, held from this forget's end."""
+        return await self._to_the_end(self._messages(scope, message_ids, sparing, carrying))
 
     async def _messages(
-        self, scope: Scope, message_ids: Sequence[str], sparing: Call | None
+        self, scope: Scope, message_ids: Sequence[str], sparing: Call | None, carrying: int | None
     ) -> dict[str, int]:
         ids = message_id_list(message_ids)
         chat_id = scope.chat_id
         drop = None
         if chat_id is not None:
             drop = functools.partial(self.calls.drop_messages, scope.tenant, chat_id, ids, sparing=sparing)
-        async with self.fence.forgetting(begin=drop):
+        async with self.fence.forgetting(begin=drop, carrying=carrying):
             await self._quiet()
             async with self.write_lock:
                 job = await self.memory.store.begin_forget(

@@ -150,18 +150,21 @@ class IngestPipeline:
         acknowledge: Acknowledge | None = None,
         *,
         call: Call | None = None,
+        held: int | None = None,
     ) -> list[IngestResult]:
         """Ingest ``messages`` a batch at a time, as a pipeline: while one batch's before-store hooks
         and write run, the next batch is triaged and handed to the model, so the model embeds
         without a pause between batches; a batch's after-store hooks run (or are scheduled, with
         ``acknowledge = "after_write"``) once it is written. ``call``: the messages' registration
-        with the calls under way, made earlier (an edit's, from its start)."""
+        with the calls under way, made earlier (an edit's, from its start); ``held``: a hold of
+        the fence between processes taken earlier for them (:meth:`Fence.reserve`), which their
+        first batch takes over."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         check_not_ahead(validated, self.memory.clock.now(), self.memory.settings.storage.max_ts_ahead_s)
         if call is not None:
-            return await self._run(validated, progress, acknowledge, call)
+            return await self._run(validated, progress, acknowledge, call, held)
         with self.calls.under_way(validated) as registered:
-            return await self._run(validated, progress, acknowledge, registered)
+            return await self._run(validated, progress, acknowledge, registered, held)
 
     async def _run(
         self,
@@ -169,13 +172,14 @@ class IngestPipeline:
         progress: Callable[[int], None] | None,
         acknowledge: Acknowledge | None,
         call: Call,
+        held: int | None = None,
     ) -> list[IngestResult]:
         mode = acknowledge or self.memory.settings.storage.acknowledge
         deferred = mode != "after_hooks"
         if deferred:
             await self.settling.claim()
         if mode == "on_receipt" and len(validated) <= SHORT_TEXTS:
-            results = await self._receive(validated, call)
+            results = await self._receive(validated, call, held)
             if progress is not None:
                 progress(len(validated))
             return results
@@ -190,7 +194,8 @@ class IngestPipeline:
         upcoming: asyncio.Future[Prepared] | None = None
         try:
             for n, chunk in enumerate(chunks):
-                prepared = await upcoming if upcoming is not None else await self._prepare(chunk)
+                first = held if n == 0 else None
+                prepared = await upcoming if upcoming is not None else await self._prepare(chunk, first)
                 if n + 1 < len(chunks):
                     upcoming = asyncio.ensure_future(self._prepare(chunks[n + 1]))
                 else:
@@ -257,10 +262,11 @@ class IngestPipeline:
                 await yield_every(i)
         return items
 
-    async def _receive(self, messages: list[Message], call: Call) -> list[IngestResult]:
+    async def _receive(self, messages: list[Message], call: Call, held: int | None) -> list[IngestResult]:
         """``acknowledge = "on_receipt"``: triage and dedupe a bot's few messages, and hand the new
         ones to the inbox, which answers once they are put in the store as they came."""
-        held = await self.fence.hold()
+        if held is None:
+            held = await self.fence.hold()
         try:
             items = await self._triaged(messages, held)
             results = [
@@ -317,11 +323,13 @@ class IngestPipeline:
         # No holding back here: a trigger callback of an earlier batch may be waiting for these
         # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
 
-    async def _prepare(self, messages: list[Message]) -> Prepared:
+    async def _prepare(self, messages: list[Message], held: int | None = None) -> Prepared:
         """Triage and dedupe a batch, make its episodes, and hand their texts to the model; the
-        batch holds the fence between processes from the start (narrmem.fence)."""
+        batch holds the fence between processes from the start (narrmem.fence), or from before:
+        ``held``, taken for it earlier."""
         results = [IngestResult(message_id=m.message_id, layer="accumulate", stored=False) for m in messages]
-        held = await self.fence.hold()
+        if held is None:
+            held = await self.fence.hold()
         try:
             prepared = await self._prepare_triaged(await self._triaged(messages, held), results)
         except BaseException:

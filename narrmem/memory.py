@@ -114,10 +114,8 @@ class Memory(MemoryLifecycle):
     async def edit(self, message: Message | dict[str, Any]) -> IngestResult:
         """A message was edited: what it left is replaced by what the new text deserves, and the
         earlier texts are kept in the new episode's ``meta["edits"]``."""
-        forget_messages, ingest = self._forgetting.messages, self._ingest.run
-        return await editing.edit(
-            self, message, calls=self._calls, forget_messages=forget_messages, ingest=ingest
-        )
+        steps = editing.EditSteps(self._calls, self._fence, self._forgetting.messages, self._ingest.run)
+        return await editing.edit(self, message, steps)
 
     def on_trigger(self, callback: TriggerCallback) -> None:
         """Call ``await callback(event)`` for every trigger event; a raising callback is logged."""

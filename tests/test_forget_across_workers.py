@@ -754,3 +754,38 @@ async def test_random_messages_and_forgets_in_three_workers_keep_every_forget(
         assert (outlived, lost) == ([], [])
         assert stored  # the people not forgotten keep theirs
         await asyncio.wait_for(fence_unlocked(a), WAIT)
+
+
+@pytest.mark.parametrize("acknowledge", MODES)
+async def test_an_edit_under_way_in_one_worker_does_not_outlive_another_workers_forget(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    """Ann edits a message in worker A while Bob's slow fact extractor there holds the edit's
+    forget of the old text; then worker B forgets Ann. B's forget waits for the edit's new text
+    and deletes it. Before, the new text's batch took its hold only after B's forget had taken the
+    gate, which did not wait for it, and the new text was written after B's forget returned."""
+    dsn = await fresh_database("across")
+    release = asyncio.Event()
+    facts = SlowFacts(about="Acme", release=release)
+    storage = {"backend": "postgres", "dsn": dsn, "acknowledge": acknowledge}
+    async with worker(tmp_path / "a", storage, facts) as a, worker(tmp_path / "b", storage) as b:
+        await asyncio.wait_for(a.ingest(ann("1", "My dentist appointment is on Monday at ten.")), WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        bob = dict(
+            ann("b1", "I work at Acme Bank as an analyst."), user_id="bob", speaker="Bob", chat_id="dm-bob"
+        )
+        first = asyncio.ensure_future(a.ingest(bob))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        edit = asyncio.ensure_future(a.edit(ann("1", "My dentist appointment moved to Tuesday at ten.")))
+        await asyncio.wait_for(gate_asked(a), WAIT)  # the edit's forget of the old text
+        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(forgets_at_the_gate(b, 2), WAIT)
+        release.set()
+        result = await asyncio.wait_for(edit, WAIT)
+        await asyncio.wait_for(asyncio.gather(first, forget), WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert result.stored  # written before B's forget, which deleted it
+        assert [r.user_id for r in await everything(b)] == ["bob"]
+        for memory in (a, b):
+            assert await memory.recall("dentist Tuesday", user_id="ann", tenant="t") == []
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
