@@ -76,11 +76,13 @@ async def _edit(memory: Memory, edited: Message, steps: EditSteps) -> IngestResu
 async def _replace(
     memory: Memory, edited: Message, call: Call, held: int | None, steps: EditSteps
 ) -> IngestResult:
+    scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
+    # Whether the old text is stored as the edit begins: if it is gone by the time the edit's
+    # forget begins, something forgot it meanwhile (see below).
+    stored_at_start = bool(await _episodes(memory, edited, scope))
     # The message may still be on its way to the store (acknowledged on receipt).
     await memory.written(tenant=edited.tenant, chat_id=edited.chat_id)
-    scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
-    ids = await memory.store.from_messages(edited.tenant, edited.chat_id, [edited.message_id])
-    before = [r for r in (await memory.store.get(ids, scope)).values() if r.kind == "episode"]
+    before = await _episodes(memory, edited, scope)
     if before and all(r.text == edited.text for r in before):
         # Not an edit: platforms send updates that keep the text (a pin, a link preview). Taken
         # as one, it dropped the memory's reinforcement and history for a copy of itself.
@@ -100,9 +102,26 @@ async def _replace(
     # it was (a date a day ahead forgot the old text and stored no new one).
     replacement = as_message(edited.model_copy(update={"meta": meta}), None)
     check_not_ahead([replacement], memory.clock.now(), memory.settings.storage.max_ts_ahead_s)
-    await steps.forget_messages(scope, [edited.message_id], sparing=call, carrying=held)
+    counts = await steps.forget_messages(scope, [edited.message_id], sparing=call, carrying=held)
+    if (stored_at_start or before) and not counts.get("memories"):
+        # What the edit read was gone by the time its forget began: a delete of the message or a
+        # forget of its chat or person came in between, in this worker or another (whose forget
+        # this edit could not hold back: it waited for it at the gate). The new text goes with it.
+        return IngestResult(
+            message_id=edited.message_id,
+            layer="accumulate",
+            stored=False,
+            reason="forgotten before it was written: the message, its chat or its user was "
+            "forgotten while it was being edited",
+        )
     [result] = await steps.ingest([replacement], None, call=call, held=held)
     return result
+
+
+async def _episodes(memory: Memory, message: Message, scope: Scope) -> list[MemoryRecord]:
+    """The episodes stored for ``message``'s id in its chat."""
+    ids = await memory.store.from_messages(message.tenant, message.chat_id, [message.message_id])
+    return [r for r in (await memory.store.get(ids, scope)).values() if r.kind == "episode"]
 
 
 def _earlier_edits(record: MemoryRecord) -> list[Any]:

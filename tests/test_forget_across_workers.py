@@ -789,3 +789,107 @@ async def test_an_edit_under_way_in_one_worker_does_not_outlive_another_workers_
         for memory in (a, b):
             assert await memory.recall("dentist Tuesday", user_id="ann", tenant="t") == []
         await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_random_edits_deletes_forgets_and_recalls_in_three_workers(tmp_path: Path, seed: int) -> None:
+    """Three workers (one per acknowledge mode) take 90 messages of 6 people over two seconds,
+    with edits and deletes of some, 6 forgets of random people and 60 recalls, their hooks napping
+    at random. No call waits for ever; no recall returns another person's memory; once all have
+    ended, no message or edit that began before a delete of it or a forget of its person was
+    called is stored. Before, an edit under way in one worker outlived a forget of its person in
+    another."""
+    rng = random.Random(seed)
+    dsn = await fresh_database("across")
+    storage = [{"backend": "postgres", "dsn": dsn, "acknowledge": MODES[(seed + i) % 3]} for i in range(3)]
+    async with (
+        worker(tmp_path / "a", storage[0], Naps(seed * 10)) as a,
+        worker(tmp_path / "b", storage[1], Naps(seed * 10 + 1)) as b,
+        worker(tmp_path / "c", storage[2], Naps(seed * 10 + 2)) as c,
+    ):
+        workers = [a, b, c]
+        sends: list[tuple[str, str, float, bool]] = []  # message id, person, when begun, kept
+        removals: list[tuple[str | None, str | None, float]] = []  # person or message id, called
+        strangers: list[str] = []
+
+        def said(n: int, text: str) -> dict[str, Any]:
+            person = f"p{n % 6}"
+            return dict(ann(f"m{n}", text), user_id=person, chat_id=f"dm-{person}", speaker=person)
+
+        async def send(n: int) -> None:
+            await asyncio.sleep(rng.uniform(0.0, 2.0))
+            begun = time.monotonic()
+            result = await rng.choice(workers).ingest(said(n, f"My dog Rex{n} loves the beach at Porto{n}"))
+            sends.append((f"m{n}", f"p{n % 6}", begun, result.stored))
+            if rng.random() < 0.4:
+                await asyncio.sleep(rng.uniform(0.0, 0.3))
+                begun = time.monotonic()
+                edited = await rng.choice(workers).edit(said(n, f"My cat Tom{n} hates the rain in Lisbon{n}"))
+                sends.append((f"m{n}", f"p{n % 6}", begun, edited.stored))
+            if rng.random() < 0.2:
+                await asyncio.sleep(rng.uniform(0.0, 0.3))
+                called = time.monotonic()
+                await rng.choice(workers).forget_messages(
+                    chat_id=f"dm-p{n % 6}", message_ids=[f"m{n}"], tenant="t"
+                )
+                removals.append((None, f"m{n}", called))
+
+        async def forget() -> None:
+            await asyncio.sleep(rng.uniform(0.1, 2.2))
+            person, called = f"p{rng.randrange(6)}", time.monotonic()
+            await rng.choice(workers).forget(user_id=person, tenant="t")
+            removals.append((person, None, called))
+
+        async def recall() -> None:
+            await asyncio.sleep(rng.uniform(0.0, 2.4))
+            person = f"p{rng.randrange(6)}"
+            hits = await rng.choice(workers).recall("dog beach cat rain", user_id=person, tenant="t", k=10)
+            strangers.extend(hit.user_id for hit in hits if hit.user_id != person)
+
+        calls = [send(n) for n in range(90)] + [forget() for _ in range(6)] + [recall() for _ in range(60)]
+        await asyncio.wait_for(asyncio.gather(*calls), 60)
+        for memory in workers:
+            await asyncio.wait_for(memory.settle(), WAIT)
+        texts = {r.message_ids[0]: r.text for r in await everything(a) if r.kind == "episode"}
+        assert strangers == []
+        outlived = []
+        for message_id, person, begun, _ in sends:
+            removers = [called for who, which, called in removals if person == who or message_id == which]
+            # A later send of the same message (an edit) that began after the removal stands.
+            sent_again = [when for mid, _, when, _ in sends if mid == message_id and when > begun]
+            if message_id in texts and any(
+                begun + BEFORE_THE_FORGET_S < called
+                and not any(called < again + BEFORE_THE_FORGET_S for again in sent_again)
+                for called in removers
+            ):
+                outlived.append(message_id)
+        assert outlived == []
+        await asyncio.wait_for(fence_unlocked(a), WAIT)
+
+
+async def test_an_edit_waiting_for_its_chats_received_messages_does_not_outlive_another_workers_forget(
+    tmp_path: Path,
+) -> None:
+    """Worker A answers on receipt. Ann's "HOLD" message waits in a before-store hook there when
+    she edits an earlier message, and the edit waits for that message's write; worker B forgets
+    her meanwhile. Once the hook lets go, the edit finds its old text gone and stores nothing:
+    before, it wrote the new text after B's forget had returned."""
+    dsn = await fresh_database("across")
+    hold = Hold("before_store")
+    storage = {"backend": "postgres", "dsn": dsn}
+    on_receipt = {**storage, "acknowledge": "on_receipt"}
+    async with worker(tmp_path / "a", on_receipt, hold) as a, worker(tmp_path / "b", storage) as b:
+        await asyncio.wait_for(a.ingest(ann("1", "My dentist appointment is on Monday at ten.")), WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        await asyncio.wait_for(a.ingest(ann("2", "HOLD the kids start school next week")), WAIT)
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        edit = asyncio.ensure_future(a.edit(ann("1", "My dentist appointment moved to Tuesday at ten.")))
+        await asyncio.sleep(0.2)
+        assert not edit.done()  # it waits for message 2's write
+        await asyncio.wait_for(b.forget(user_id="ann", tenant="t"), WAIT)
+        hold.release.set()
+        result = await asyncio.wait_for(edit, WAIT)
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert not result.stored and "forgotten" in result.reason
+        assert await everything(b) == []
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
