@@ -402,10 +402,12 @@ class Inbox:
                 # another worker's, whose drop of what was written a moment ago is not seen here).
                 self._written.pop(item.key, None)
         gone: list[Pending] = []
+        taken_ids: set[str] = set()
         try:
             for key, item in entries:
                 if key in taken:
                     gone.append(item)  # not written; what its before-store hooks kept goes too
+                    taken_ids.add(item.message.message_id)
                 elif not await self.memory.store.state_delete(NAMESPACE, key):
                     log.warning(
                         "a message received here was forgotten while it was written; forgetting it again"
@@ -413,6 +415,13 @@ class Inbox:
                     gone.append(item)
             for item in gone:
                 message = item.message
+                if message.message_id in taken_ids and await self.memory.store.from_messages(
+                    message.tenant, message.chat_id, [message.message_id]
+                ):
+                    # Not written here, and stored since by someone else: written after the
+                    # forget that took it (an edit's new text, or the message sent again), it is
+                    # theirs. Forgotten again by its id, an edit's new text went with it.
+                    continue
                 await self._forgetting.again(
                     Scope(tenant=message.tenant, chat_id=message.chat_id), [message.message_id]
                 )

@@ -817,3 +817,26 @@ async def test_an_edit_waiting_for_its_chats_received_messages_does_not_outlive_
         assert not result.stored and "forgotten" in result.reason
         assert await everything(b) == []
         await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+async def test_an_edit_in_another_worker_survives_the_write_of_its_original_received_before(
+    tmp_path: Path,
+) -> None:
+    """Worker A answers on receipt, and Ann's original waits in a before-store hook there; worker
+    B takes her edit of it, forgets the received original and stores the new text. Once A's hook
+    lets go, A finds the original taken and does not write it; before, it then forgot the message
+    id again, and the edit's new text went with it."""
+    dsn = await fresh_database("across")
+    hold = Hold("before_store")
+    storage = {"backend": "postgres", "dsn": dsn}
+    on_receipt = {**storage, "acknowledge": "on_receipt"}
+    async with worker(tmp_path / "a", on_receipt, hold) as a, worker(tmp_path / "b", storage) as b:
+        await asyncio.wait_for(a.ingest(ann("1", "HOLD my dentist appointment is on Monday at ten")), WAIT)
+        await asyncio.wait_for(hold.entered.wait(), WAIT)
+        edit = b.edit(ann("1", "My dentist appointment moved to Tuesday at ten."))
+        edited = await asyncio.wait_for(edit, WAIT)
+        hold.release.set()
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert edited.stored
+        assert [r.text for r in await everything(b)] == ["My dentist appointment moved to Tuesday at ten."]
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
