@@ -137,6 +137,24 @@ async def forget_waiting(memory: Memory, forget: asyncio.Future[Any]) -> None:
     await asyncio.sleep(0.2)
 
 
+async def b_forgets_ann_during(
+    a: Memory, b: Memory, ingest: asyncio.Future[Any], release: asyncio.Event
+) -> Any:
+    """Worker B forgets Ann while her message (``ingest``) is on its way in worker A, held until
+    ``release``: B's forget waits for it, and once it is written it goes with the forget, from
+    both workers' view. Returns the ingest's result."""
+    forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+    await forget_waiting(b, forget)
+    assert not forget.done()  # it waits for the message on its way in A
+    release.set()
+    result = await asyncio.wait_for(ingest, WAIT)
+    await asyncio.wait_for(forget, WAIT)
+    await asyncio.wait_for(a.settle(), WAIT)
+    for memory in (a, b):
+        assert await everything(memory) == []
+    return result
+
+
 @pytest.mark.parametrize("acknowledge", MODES)
 async def test_a_forget_by_another_worker_during_the_hooks_leaves_nothing_they_made(
     tmp_path: Path, acknowledge: str
@@ -569,16 +587,9 @@ async def test_a_message_on_its_way_while_its_worker_forgets_another_does_not_ou
         ingest = asyncio.ensure_future(a.ingest(ann("1", "HOLD my password is hunter2")))
         await asyncio.wait_for(hold.entered.wait(), WAIT)
         await asyncio.wait_for(a.forget(user_id="zed", tenant="t"), WAIT)  # waits for no batch of A's
-        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
-        await forget_waiting(b, forget)
-        assert not forget.done()  # it waits for the message on its way in A
-        hold.release.set()
-        result = await asyncio.wait_for(ingest, WAIT)
-        await asyncio.wait_for(forget, WAIT)
-        await asyncio.wait_for(a.settle(), WAIT)
+        result = await b_forgets_ann_during(a, b, ingest, hold.release)
         assert result.stored  # written before B's forget, which deleted it
         for memory in (a, b):
-            assert await everything(memory) == []
             assert await memory.recall("password", user_id="ann", tenant="t") == []
         await asyncio.wait_for(fence_unlocked(b), WAIT)
 
@@ -603,16 +614,8 @@ async def test_a_message_begun_while_its_worker_forgets_does_not_outlive_a_later
         await asyncio.wait_for(triage.entered.wait(), WAIT)
         hooks.release.set()
         await asyncio.wait_for(asyncio.gather(bob_ingest, a_forget), WAIT)
-        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
-        await forget_waiting(b, forget)
-        assert not forget.done()  # it waits for the message on its way in A
-        triage.release.set()
-        result = await asyncio.wait_for(ingest, WAIT)
-        await asyncio.wait_for(forget, WAIT)
-        await asyncio.wait_for(a.settle(), WAIT)
+        result = await b_forgets_ann_during(a, b, ingest, triage.release)
         assert result.stored
-        for memory in (a, b):
-            assert await everything(memory) == []
         await asyncio.wait_for(fence_unlocked(b), WAIT)
 
 
