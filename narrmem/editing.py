@@ -13,6 +13,7 @@ from narrmem.models import IngestResult, MemoryRecord, Message, Scope
 
 if TYPE_CHECKING:
     from narrmem.config import Acknowledge
+    from narrmem.edit_marks import EditMarks
     from narrmem.fence import Fence
     from narrmem.in_flight import Call, CallsUnderWay
     from narrmem.memory import Memory
@@ -47,6 +48,7 @@ class EditSteps:
 
     calls: CallsUnderWay
     fence: Fence
+    marks: EditMarks
     forget_messages: ForgetsMessages
     ingest: Ingests
 
@@ -65,10 +67,18 @@ async def _edit(memory: Memory, edited: Message, steps: EditSteps) -> IngestResu
     # that began meanwhile, and outlived it. On a store shared by processes, its hold of the fence
     # between them is taken up as the edit's forget hands the fence over: another worker's forget
     # that came meanwhile waits for it (before, it did not, and the new text outlived it too).
+    # Another worker's forget that comes before the edit's own forget holds the gate (and so
+    # before that hold) deletes the edit's mark: narrmem.edit_marks.
     held = steps.fence.reserve()
     try:
         with steps.calls.under_way([edited]) as call:
-            return await _replace(memory, edited, call, held, steps)
+            if held is not None:
+                call.mark = await steps.marks.mark(edited)
+            try:
+                return await _replace(memory, edited, call, held, steps)
+            finally:
+                if call.mark is not None:
+                    await steps.marks.unmark(call.mark)
     finally:
         steps.fence.let_go(held)  # unless the new text's write took it over
 
@@ -103,10 +113,14 @@ async def _replace(
     replacement = as_message(edited.model_copy(update={"meta": meta}), None)
     check_not_ahead([replacement], memory.clock.now(), memory.settings.storage.max_ts_ahead_s)
     counts = await steps.forget_messages(scope, [edited.message_id], sparing=call, carrying=held)
-    if (stored_at_start or before) and not counts.get("memories"):
-        # What the edit read was gone by the time its forget began: a delete of the message or a
-        # forget of its chat or person came in between, in this worker or another (whose forget
-        # this edit could not hold back: it waited for it at the gate). The new text goes with it.
+    # From here the edit holds the fence between processes (its forget handed it over): no other
+    # worker's forget comes between this check and the new text's write.
+    gone = (stored_at_start or before) and not counts.get("memories")
+    if gone or (call.mark is not None and not await steps.marks.still_marked(call.mark)):
+        # What the edit read was gone by the time its forget began, or its mark was: a delete of
+        # the message or a forget of its chat or person came in between, in this worker or
+        # another (whose forget this edit could not hold back: it waited for it at the gate).
+        # The new text goes with it.
         return IngestResult(
             message_id=edited.message_id,
             layer="accumulate",

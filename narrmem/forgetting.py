@@ -28,6 +28,7 @@ from narrmem.recent_vectors import ForgetsRecentTexts
 from narrmem.store import PurgesDeleted
 
 if TYPE_CHECKING:
+    from narrmem.edit_marks import EditMarks
     from narrmem.fence import Fence
     from narrmem.in_flight import Call, CallsUnderWay
     from narrmem.inbox import Inbox
@@ -51,8 +52,10 @@ class Forgetting:
         inbox: Inbox,
         fence: Fence,
         calls: CallsUnderWay,
+        marks: EditMarks,
     ) -> None:
         self.memory = memory
+        self.marks = marks
         self.write_lock = write_lock
         self.settling = settling
         self.inbox = inbox
@@ -235,7 +238,7 @@ class Forgetting:
                 job = await self.memory.store.begin_forget(
                     tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
                 )
-                counts = await self.finish(job)
+                counts = await self.finish(job, sparing=sparing)
         if counts.get("memories"):
             self._purge_later()
         return {"memories": counts.get("memories", 0)}
@@ -279,16 +282,20 @@ class Forgetting:
             )
             await self.finish(job)
 
-    async def finish(self, job: ForgetJob, *, done: bool = True, received: bool = True) -> dict[str, int]:
+    async def finish(
+        self, job: ForgetJob, *, done: bool = True, received: bool = True, sparing: Call | None = None
+    ) -> dict[str, int]:
         """Delete what ``job`` names and let every plugin scrub its copies; safe to run again.
         ``done``: delete the job's record (and purge the files) too. ``received``: delete the
-        entries of the messages received and not yet written that it names."""
+        entries of the messages received and not yet written that it names, and the marks of
+        the edits of them under way (but ``sparing``'s, the edit this forget is part of)."""
         store = self.memory.store
         # Received messages go first: a worker that writes one of them afterwards finds its entry
         # gone and forgets it again (narrmem.inbox), while one whose entry it deleted first wrote
         # it before the deletions below.
         if received:
             await self.inbox.drop(job)
+            await self.marks.drop(job, sparing=None if sparing is None else sparing.mark)
         if job.messages is None:
             removed = await store.recent(job.scope, limit=2**62)
             counts = await store.forget(tenant=job.tenant, user_id=job.user_id, chat_id=job.chat_id)

@@ -21,9 +21,11 @@ A forget deletes the entries of what it forgets, whichever process received them
 deletes any memory. The writer asks whether each entry is still there inside its write's unit of
 the fence and leaves out a message whose entry is gone, so no after-store hook runs (and no trigger
 fires) for what another worker forgot; a forget that begins after that waits for the write. An
-entry that goes later still (a forget from hooks waits for no other worker) is found gone when it
-comes to be deleted, and the message is forgotten again, so a forget run by another worker of a
-shared store leaves nothing of what this one had received.
+entry that goes later still is found gone when it comes to be deleted. If what the write stored is
+gone too, the forget came after the write and deleted it; if not (a forget from hooks waits for no
+other worker), the message is forgotten again, so a forget run by another worker of a shared store
+leaves nothing of what this one had received. Forgotten again in the first case, its id took an
+edit's new text stored since with it.
 """
 
 from __future__ import annotations
@@ -373,8 +375,8 @@ class Inbox:
         entries stay: tried again, or left for the next open). A message whose entry a forget took
         before the write began is not written (asked inside the write's unit of the fence), and is
         forgotten again here all the same: its before-store hooks ran (a chat's cached turns hold
-        its words). One whose entry went later (a forget from hooks waits for no other worker) is
-        forgotten again once written."""
+        its words). One whose entry went later, and whose records are still stored (a forget from
+        hooks waits for no other worker), is forgotten again once written."""
         assert self._pipeline is not None and self._forgetting is not None
         keys = {id(item): key for key, item in entries}
         taken: set[str] = set()
@@ -409,6 +411,11 @@ class Inbox:
                     gone.append(item)  # not written; what its before-store hooks kept goes too
                     taken_ids.add(item.message.message_id)
                 elif not await self.memory.store.state_delete(NAMESPACE, key):
+                    if not await self._still_stored(item):
+                        # The forget that took the entry came after the write (it waited for
+                        # it) and deleted it. Forgotten again by its id, an edit's new text
+                        # stored since went with it.
+                        continue
                     log.warning(
                         "a message received here was forgotten while it was written; forgetting it again"
                     )
@@ -429,6 +436,14 @@ class Inbox:
             # Written already: the next open finds the messages stored and skips them.
             log.exception("deleting %d received entries after their write failed", len(entries))
         return True
+
+    async def _still_stored(self, item: Pending) -> bool:
+        """Whether any record the write made of ``item`` is still stored."""
+        ids = [r.id for r in item.records if r.id is not None]
+        if not ids:
+            return False
+        message = item.message
+        return bool(await self.memory.store.get(ids, Scope(tenant=message.tenant, chat_id=message.chat_id)))
 
     def _done(self, batch: Sequence[Received], *, written: bool = True) -> None:
         for r in batch:

@@ -17,6 +17,7 @@ from narrmem import opening
 from narrmem.checks import folder_argument
 from narrmem.clock import Clock, SystemClock
 from narrmem.config import Settings, load_settings
+from narrmem.edit_marks import EditMarks
 from narrmem.embed import Embedder
 from narrmem.errors import ClosedError, PluginError
 from narrmem.fence import Fence
@@ -91,7 +92,10 @@ class MemoryLifecycle:
         self._ingest = IngestPipeline(
             self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence, calls
         )
-        self._forgetting = Forgetting(self, write_lock, self._settling, self._inbox, fence, calls)
+        self._edit_marks = EditMarks(self, self._settling)
+        self._forgetting = Forgetting(
+            self, write_lock, self._settling, self._inbox, fence, calls, self._edit_marks
+        )
         self._closed = False
         self._shut = False  # closed to the end: public calls are refused (see while_open)
         self._started = False
@@ -150,6 +154,7 @@ class MemoryLifecycle:
         self._inbox.start(self._ingest, self._forgetting)
         if not self.read_only:
             await self._inbox.recover()
+            await self._edit_marks.recover()
 
     def attach(self, *, store: Store | None = None, embedder: Embedder | None = None) -> None:
         """Set the store and embedder the plugins registered (used while opening)."""

@@ -114,7 +114,9 @@ class Memory(MemoryLifecycle):
     async def edit(self, message: Message | dict[str, Any]) -> IngestResult:
         """A message was edited: what it left is replaced by what the new text deserves, and the
         earlier texts are kept in the new episode's ``meta["edits"]``."""
-        steps = editing.EditSteps(self._calls, self._fence, self._forgetting.messages, self._ingest.run)
+        steps = editing.EditSteps(
+            self._calls, self._fence, self._edit_marks, self._forgetting.messages, self._ingest.run
+        )
         return await editing.edit(self, message, steps)
 
     def on_trigger(self, callback: TriggerCallback) -> None:

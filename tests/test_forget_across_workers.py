@@ -759,6 +759,97 @@ async def test_random_messages_and_forgets_in_three_workers_keep_every_forget(
         await asyncio.wait_for(fence_unlocked(a), WAIT)
 
 
+# The same for edits and deletes, wider: on a loaded machine (the whole suite on two cores) a
+# call's first step can come tens of milliseconds after the call.
+BEFORE_THE_REMOVAL_S = 0.2
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_random_edits_deletes_forgets_and_recalls_in_three_workers(tmp_path: Path, seed: int) -> None:
+    """Three workers (one per acknowledge mode) take 90 messages of 6 people over two seconds,
+    with edits and deletes of some, 6 forgets of random people and 60 recalls, their hooks napping
+    at random. No call waits for ever; no recall returns another person's memory; once all have
+    ended, no message or edit that began before a delete of it or a forget of its person was
+    called is stored, and every edit answered as stored of a message nothing removed is there.
+    Before, an edit under way in one worker outlived a forget of its person in another, and an
+    edit's new text was lost to the write of its original in another worker."""
+    rng = random.Random(seed)
+    dsn = await fresh_database("across")
+    storage = [{"backend": "postgres", "dsn": dsn, "acknowledge": MODES[(seed + i) % 3]} for i in range(3)]
+    async with (
+        worker(tmp_path / "a", storage[0], Naps(seed * 10)) as a,
+        worker(tmp_path / "b", storage[1], Naps(seed * 10 + 1)) as b,
+        worker(tmp_path / "c", storage[2], Naps(seed * 10 + 2)) as c,
+    ):
+        workers = [a, b, c]
+        sends: list[tuple[str, str, float, bool]] = []  # message id, person, when begun, kept
+        edits: list[str] = []  # the messages whose edit was answered as stored
+        removals: list[tuple[str | None, str | None, float]] = []  # person or message id, called
+        strangers: list[str] = []
+
+        def said(n: int, text: str) -> dict[str, Any]:
+            person = f"p{n % 6}"
+            return dict(ann(f"m{n}", text), user_id=person, chat_id=f"dm-{person}", speaker=person)
+
+        async def send(n: int) -> None:
+            await asyncio.sleep(rng.uniform(0.0, 2.0))
+            begun = time.monotonic()
+            result = await rng.choice(workers).ingest(said(n, f"My dog Rex{n} loves the beach at Porto{n}"))
+            sends.append((f"m{n}", f"p{n % 6}", begun, result.stored))
+            if rng.random() < 0.4:
+                await asyncio.sleep(rng.uniform(0.0, 0.3))
+                begun = time.monotonic()
+                edited = await rng.choice(workers).edit(said(n, f"My cat Tom{n} hates the rain in Lisbon{n}"))
+                sends.append((f"m{n}", f"p{n % 6}", begun, edited.stored))
+                if edited.stored:
+                    edits.append(f"m{n}")
+            if rng.random() < 0.2:
+                await asyncio.sleep(rng.uniform(0.0, 0.3))
+                called = time.monotonic()
+                await rng.choice(workers).forget_messages(
+                    chat_id=f"dm-p{n % 6}", message_ids=[f"m{n}"], tenant="t"
+                )
+                removals.append((None, f"m{n}", called))
+
+        async def forget() -> None:
+            await asyncio.sleep(rng.uniform(0.1, 2.2))
+            person, called = f"p{rng.randrange(6)}", time.monotonic()
+            await rng.choice(workers).forget(user_id=person, tenant="t")
+            removals.append((person, None, called))
+
+        async def recall() -> None:
+            await asyncio.sleep(rng.uniform(0.0, 2.4))
+            person = f"p{rng.randrange(6)}"
+            hits = await rng.choice(workers).recall("dog beach cat rain", user_id=person, tenant="t", k=10)
+            strangers.extend(hit.user_id for hit in hits if hit.user_id != person)
+
+        calls = [send(n) for n in range(90)] + [forget() for _ in range(6)] + [recall() for _ in range(60)]
+        await asyncio.wait_for(asyncio.gather(*calls), 60)
+        for memory in workers:
+            await asyncio.wait_for(memory.settle(), WAIT)
+        texts = {r.message_ids[0]: r.text for r in await everything(a) if r.kind == "episode"}
+        assert strangers == []
+        outlived, lost = [], []
+        for message_id, person, begun, _ in sends:
+            removers = [called for who, which, called in removals if person == who or message_id == which]
+            # A later send of the same message (an edit) that began after the removal stands.
+            sent_again = [when for mid, _, when, _ in sends if mid == message_id and when > begun]
+            if message_id in texts and any(
+                begun + BEFORE_THE_REMOVAL_S < called
+                and not any(called < again + BEFORE_THE_REMOVAL_S for again in sent_again)
+                for called in removers
+            ):
+                outlived.append(message_id)
+        for message_id in edits:
+            person = f"p{int(message_id[1:]) % 6}"
+            if not any(person == who or message_id == which for who, which, _ in removals):
+                if not texts.get(message_id, "").startswith("My cat"):
+                    lost.append(message_id)
+        assert (outlived, lost) == ([], [])
+        assert await a.store.state_items("narrmem.edits") == []
+        await asyncio.wait_for(fence_unlocked(a), WAIT)
+
+
 @pytest.mark.parametrize("acknowledge", MODES)
 async def test_an_edit_under_way_in_one_worker_does_not_outlive_another_workers_forget(
     tmp_path: Path, acknowledge: str
@@ -822,6 +913,46 @@ async def test_an_edit_waiting_for_its_chats_received_messages_does_not_outlive_
         await asyncio.wait_for(fence_unlocked(b), WAIT)
 
 
+async def test_an_edit_of_a_message_still_on_its_way_elsewhere_does_not_outlive_another_workers_forget(
+    tmp_path: Path,
+) -> None:
+    """Ann's original waits in a before-store hook in worker C (nothing of it stored anywhere)
+    when worker A, whose own received message of hers waits in a hook too, takes her edit of it;
+    worker B forgets her meanwhile, and its forget ends once C's write has. The edit then finds
+    no old text, nor can it tell from the store that it was ever there: its mark, which B's forget
+    deleted, says so, and it stores nothing. Before, it wrote the new text after B's forget had
+    returned."""
+    dsn = await fresh_database("across")
+    hold_a, hold_c = Hold("before_store"), Hold("before_store")
+    storage = {"backend": "postgres", "dsn": dsn}
+    on_receipt = {**storage, "acknowledge": "on_receipt"}
+    async with (
+        worker(tmp_path / "a", on_receipt, hold_a) as a,
+        worker(tmp_path / "b", storage) as b,
+        worker(tmp_path / "c", storage, hold_c) as c,
+    ):
+        original = asyncio.ensure_future(c.ingest(ann("1", "HOLD my dentist appointment is on Monday")))
+        await asyncio.wait_for(hold_c.entered.wait(), WAIT)
+        await asyncio.wait_for(a.ingest(ann("2", "HOLD the kids start school next week")), WAIT)
+        await asyncio.wait_for(hold_a.entered.wait(), WAIT)
+        edit = asyncio.ensure_future(a.edit(ann("1", "My dentist appointment moved to Tuesday at ten.")))
+        await asyncio.sleep(0.2)
+        assert not edit.done()  # it waits for message 2's write
+        forget = asyncio.ensure_future(b.forget(user_id="ann", tenant="t"))
+        await asyncio.wait_for(gate_asked(b), WAIT)
+        hold_c.release.set()
+        await asyncio.wait_for(original, WAIT)
+        await asyncio.wait_for(forget, WAIT)
+        hold_a.release.set()
+        result = await asyncio.wait_for(edit, WAIT)
+        for memory in (a, c):
+            await asyncio.wait_for(memory.settle(), WAIT)
+        assert not result.stored and "forgotten" in result.reason
+        assert await everything(b) == []
+        assert await b.store.state_items("narrmem.edits") == []
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
 async def test_an_edit_in_another_worker_survives_the_write_of_its_original_received_before(
     tmp_path: Path,
 ) -> None:
@@ -839,6 +970,38 @@ async def test_an_edit_in_another_worker_survives_the_write_of_its_original_rece
         edit = b.edit(ann("1", "My dentist appointment moved to Tuesday at ten."))
         edited = await asyncio.wait_for(edit, WAIT)
         hold.release.set()
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert edited.stored
+        assert [r.text for r in await everything(b)] == ["My dentist appointment moved to Tuesday at ten."]
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+async def test_an_edit_in_another_worker_survives_its_original_written_as_the_edit_began(
+    tmp_path: Path,
+) -> None:
+    """Worker A answers Ann's original on receipt and writes it; before A deletes its received
+    entry, worker B takes her edit, whose forget deletes that entry and the original, and stores
+    the new text. A then finds its entry gone, and what it wrote gone too: it leaves the message
+    be. Before, it forgot the message id again, and the edit's new text went with it."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    on_receipt = {**storage, "acknowledge": "on_receipt"}
+    async with worker(tmp_path / "a", on_receipt) as a, worker(tmp_path / "b", storage) as b:
+        entry_written, go_on = asyncio.Event(), asyncio.Event()
+        delete = a.store.state_delete
+
+        async def delete_later(namespace: str, key: str) -> int:
+            if namespace == "narrmem.inbox":
+                entry_written.set()
+                await go_on.wait()
+            return await delete(namespace, key)
+
+        a.store.state_delete = delete_later  # A's write is done; its entry's deletion waits
+        await asyncio.wait_for(a.ingest(ann("1", "My dentist appointment is on Monday at ten.")), WAIT)
+        await asyncio.wait_for(entry_written.wait(), WAIT)
+        edit = b.edit(ann("1", "My dentist appointment moved to Tuesday at ten."))
+        edited = await asyncio.wait_for(edit, WAIT)
+        go_on.set()
         await asyncio.wait_for(a.settle(), WAIT)
         assert edited.stored
         assert [r.text for r in await everything(b)] == ["My dentist appointment moved to Tuesday at ten."]

@@ -1,0 +1,88 @@
+"""Edits under way, where the other workers of a shared store can see them.
+
+An edit's new text is a message under way from the edit's start (:mod:`narrmem.in_flight`), but
+only in its own process; its hold of the fence between processes begins once its forget of the
+old text holds the gate (:meth:`narrmem.fence.Fence.reserve`). Another worker's forget of the
+person, the chat or the message that runs in between therefore neither waits for the new text nor
+finds it. When the old text was already stored as the edit began, the edit learns of such a
+forget from the old text being gone; when it was not (still on its way in a third worker), it
+could not, and wrote the new text after the forget had returned.
+
+So on such a store an edit puts a mark in the store as it begins (plugin state, namespace
+:data:`NAMESPACE`: the ids that name the message, no text), every forget deletes the marks of what
+it forgets (but the edit's own forget of the old text), and the edit, once it holds the fence,
+stores nothing if its mark is gone. A mark is deleted as its edit ends; the marks of a process that
+stopped in the middle of an edit are deleted by the next open.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from narrmem.settling import forgotten_by, stopped_owners
+from narrmem.store import shared_by_processes
+
+if TYPE_CHECKING:
+    from narrmem.lifecycle import MemoryLifecycle
+    from narrmem.models import ForgetJob, Message
+    from narrmem.settling import Settling
+
+log = logging.getLogger("narrmem")
+
+NAMESPACE = "narrmem.edits"
+
+
+class EditMarks:
+    def __init__(self, memory: MemoryLifecycle, settling: Settling) -> None:
+        self.memory = memory
+        # Marks carry the settling token, whose claim says whether their process is still there.
+        self.settling = settling
+
+    async def mark(self, message: Message) -> str:
+        """Put the mark of an edit of ``message`` in the store; returns its key."""
+        await self.settling.claim()
+        key = f"{self.settling.token}:{uuid.uuid4().hex}"
+        ids = {
+            "tenant": message.tenant,
+            "user_id": message.user_id,
+            "chat_id": message.chat_id,
+            "message_id": message.message_id,
+        }
+        await self.memory.store.state_put(NAMESPACE, key, ids)
+        return key
+
+    async def still_marked(self, key: str) -> bool:
+        """Whether no forget has deleted the mark since it was put."""
+        return await self.memory.store.state_get(NAMESPACE, key) is not None
+
+    async def unmark(self, key: str) -> None:
+        try:
+            await self.memory.store.state_delete(NAMESPACE, key)
+        except Exception:
+            # The edit is done either way; the mark names no text, a forget of its scope deletes
+            # it, and so does the next open once this process has stopped.
+            log.exception("deleting the mark of an edit that ended failed; it is left in the store")
+
+    async def drop(self, job: ForgetJob, *, sparing: str | None = None) -> None:
+        """Delete the marks of the edits ``job`` forgets the message of, but ``sparing`` (the mark
+        of the edit whose forget of the old text this is)."""
+        store = self.memory.store
+        if not shared_by_processes(store):
+            return  # marks are put on a shared store only
+        for key, value in await store.state_items(NAMESPACE):
+            if key != sparing and forgotten_by(value, job):
+                await store.state_delete(NAMESPACE, key)
+
+    async def recover(self) -> int:
+        """Delete the marks of processes that stopped in the middle of an edit; returns how many."""
+        store = self.memory.store
+        gone = 0
+        async for entries in stopped_owners(store, NAMESPACE, self.settling.token, self.settling.owners_gone):
+            for key, _ in entries:
+                await store.state_delete(NAMESPACE, key)
+                gone += 1
+        if gone:
+            log.info("deleted the marks of %d edits whose process stopped", gone)
+        return gone
