@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
+from narrmem.doors import export_files
 from narrmem.errors import InputError, StoreError
 from narrmem.models import MAX_ID_CHARS, ForgetJob, MemoryRecord, Message, no_nul
 
@@ -210,10 +210,10 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
     counts: dict[str, int] = {MEMORIES: 0}
     # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        export_files.delete_stale_partials(path, EXPORT_FORMAT)
+        fd, tmp = export_files.new_partial(path)
     except OSError as exc:  # a folder this process may not write in, a read-only file system
         raise InputError(f"cannot write in {path.parent}: {exc.strerror or exc}", field="file") from exc
-    tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(export_header(memory))

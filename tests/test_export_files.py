@@ -1,0 +1,88 @@
+"""What a stopped export leaves (narrmem.doors.export_files): the next export to the same file
+deletes it; an export still running elsewhere and files that are not an export's are left be."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from _helpers import msg
+
+from narrmem.doors import export_files
+from narrmem.doors.transfer import export_jsonl
+from narrmem.testing import open_memory
+
+# A process that begins an export's file as an export does (its header, then a memory of Ann's)
+# and is killed before it is complete.
+KILLED_EXPORT = """
+import os, signal, sys
+from pathlib import Path
+from narrmem.doors import export_files
+fd, path = export_files.new_partial(Path(sys.argv[1]))
+os.write(fd, (sys.argv[2] + "\\n" + '{"text": "Ann: my PIN is 4321"}\\n').encode())
+print(path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def killed_export(target: Path, header: str) -> Path:
+    """The file of an export to ``target`` whose process was killed in the middle."""
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(target), header],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert killed.returncode < 0  # killed, as a process stopped in the middle of an export
+    return Path(killed.stdout.strip())
+
+
+def text_of(path: Path) -> str:
+    return path.read_text()
+
+
+def partials(target: Path) -> list[Path]:
+    return sorted(target.parent.glob(f".{target.name}.*.partial"))
+
+
+async def header_line(tmp_path: Path) -> str:
+    async with open_memory(tmp_path / "store") as memory:
+        await memory.ingest(msg("1", "My PIN is 4321, do not tell anyone", user="ann"))
+        target = tmp_path / "probe.jsonl"
+        await export_jsonl(memory, target)
+    return target.read_text().splitlines()[0]
+
+
+async def test_the_file_a_killed_export_left_is_deleted_by_the_next_export(tmp_path: Path) -> None:
+    header = await header_line(tmp_path)
+    target = tmp_path / "backup.jsonl"
+    left = killed_export(target, header)
+    assert partials(target) == [left] and "4321" in text_of(left)
+    async with open_memory(tmp_path / "store") as memory:
+        await export_jsonl(memory, target)
+    assert partials(target) == []
+    assert json.loads(target.read_text().splitlines()[0])["format"] == json.loads(header)["format"]
+
+
+async def test_a_running_exports_file_and_files_not_an_exports_are_left(tmp_path: Path) -> None:
+    header = await header_line(tmp_path)
+    target = tmp_path / "backup.jsonl"
+    fd, running = export_files.new_partial(target)  # held, as by an export in another process
+    os.write(fd, (header + "\n").encode())
+    mine = target.parent / f".{target.name}.notes.partial"
+    mine.write_text("my own notes, named like an export's file\n")
+    empty = target.parent / f".{target.name}.abcd1234.partial"
+    empty.write_text("")
+    try:
+        async with open_memory(tmp_path / "store") as memory:
+            await export_jsonl(memory, target)
+        assert partials(target) == sorted([running, mine, empty])
+        assert mine.read_text() == "my own notes, named like an export's file\n"
+    finally:
+        os.close(fd)
+    async with open_memory(tmp_path / "store") as memory:
+        await export_jsonl(memory, target)  # the running one has stopped since
+    assert partials(target) == sorted([mine, empty])
