@@ -10,8 +10,9 @@ could not, and wrote the new text after the forget had returned.
 
 So on such a store an edit puts a mark in the store as it begins (plugin state, namespace
 :data:`NAMESPACE`: the ids that name the message, no text), every forget deletes the marks of what
-it forgets (but the edit's own forget of the old text), and the edit, once it holds the fence,
-stores nothing if its mark is gone. A mark is deleted as its edit ends; the marks of a process that
+it forgets (but an edit's forget of the old text, which voids no edit: another edit of the
+same message under way replaces the text too), and the edit, once it holds the fence, stores
+nothing if its mark is gone. A mark is deleted as its edit ends; the marks of a process that
 stopped in the middle of an edit are deleted by the next open.
 """
 
@@ -65,14 +66,13 @@ class EditMarks:
             # it, and so does the next open once this process has stopped.
             log.exception("deleting the mark of an edit that ended failed; it is left in the store")
 
-    async def drop(self, job: ForgetJob, *, sparing: str | None = None) -> None:
-        """Delete the marks of the edits ``job`` forgets the message of, but ``sparing`` (the mark
-        of the edit whose forget of the old text this is)."""
+    async def drop(self, job: ForgetJob) -> None:
+        """Delete the marks of the edits of what ``job`` forgets."""
         store = self.memory.store
         if not shared_by_processes(store):
             return  # marks are put on a shared store only
         for key, value in await store.state_items(NAMESPACE):
-            if key != sparing and forgotten_by(value, job):
+            if forgotten_by(value, job):
                 await store.state_delete(NAMESPACE, key)
 
     async def recover(self) -> int:

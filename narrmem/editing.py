@@ -72,19 +72,18 @@ async def _edit(memory: Memory, edited: Message, steps: EditSteps) -> IngestResu
     held = steps.fence.reserve()
     try:
         with steps.calls.under_way([edited]) as call:
-            if held is not None:
-                call.mark = await steps.marks.mark(edited)
+            mark = None if held is None else await steps.marks.mark(edited)
             try:
-                return await _replace(memory, edited, call, held, steps)
+                return await _replace(memory, edited, call, held, mark, steps)
             finally:
-                if call.mark is not None:
-                    await steps.marks.unmark(call.mark)
+                if mark is not None:
+                    await steps.marks.unmark(mark)
     finally:
         steps.fence.let_go(held)  # unless the new text's write took it over
 
 
 async def _replace(
-    memory: Memory, edited: Message, call: Call, held: int | None, steps: EditSteps
+    memory: Memory, edited: Message, call: Call, held: int | None, mark: str | None, steps: EditSteps
 ) -> IngestResult:
     scope = Scope(tenant=edited.tenant, chat_id=edited.chat_id)
     # Whether the old text is stored as the edit begins: if it is gone by the time the edit's
@@ -116,7 +115,7 @@ async def _replace(
     # From here the edit holds the fence between processes (its forget handed it over): no other
     # worker's forget comes between this check and the new text's write.
     gone = (stored_at_start or before) and not counts.get("memories")
-    if gone or (call.mark is not None and not await steps.marks.still_marked(call.mark)):
+    if gone or (mark is not None and not await steps.marks.still_marked(mark)):
         # What the edit read was gone by the time its forget began, or its mark was: a delete of
         # the message or a forget of its chat or person came in between, in this worker or
         # another (whose forget this edit could not hold back: it waited for it at the gate).

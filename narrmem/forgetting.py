@@ -238,7 +238,9 @@ class Forgetting:
                 job = await self.memory.store.begin_forget(
                     tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
                 )
-                counts = await self.finish(job, sparing=sparing)
+                # An edit's forget of its old text voids no edit's mark: another edit of the same
+                # message under way replaces the text too, and stores its own afterwards.
+                counts = await self.finish(job, edits=sparing is None)
         if counts.get("memories"):
             self._purge_later()
         return {"memories": counts.get("memories", 0)}
@@ -270,38 +272,55 @@ class Forgetting:
         except Exception:
             log.exception("purging what deleted messages left in the files failed")
 
-    async def again(self, scope: Scope, message_ids: Sequence[str]) -> None:
-        """Forget messages written after a forget that named them had begun (by another worker of a
-        shared store, see :mod:`narrmem.inbox`): their after-store hooks run first, then they are
-        deleted as :meth:`messages` does, without waiting for what was received (the caller is
-        the one writing it)."""
+    async def again(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
+        """Forget again what this worker made of messages that a forget took while it wrote them
+        (by another worker of a shared store, see :mod:`narrmem.inbox`): their after-store hooks
+        run first, then the memories this worker wrote of them (``written``, maybe none) are
+        deleted, and every plugin scrubs its copies of the messages, without waiting for what was
+        received (the caller is the one writing it). Whatever else is stored under their ids
+        came after that forget (an edit's new text, the message sent again) and stays, and so do
+        the received entries and edit marks of such messages. Before, all of it was deleted by
+        the messages' ids, and an edit's new text stored meanwhile went with it."""
         await self.settling.settle()
         async with self.write_lock:
             job = await self.memory.store.begin_forget(
                 tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=list(message_ids)
             )
-            await self.finish(job)
+            await self.finish(job, received=False, only=written)
 
     async def finish(
-        self, job: ForgetJob, *, done: bool = True, received: bool = True, sparing: Call | None = None
+        self,
+        job: ForgetJob,
+        *,
+        done: bool = True,
+        received: bool = True,
+        edits: bool = True,
+        only: Sequence[int] | None = None,
     ) -> dict[str, int]:
         """Delete what ``job`` names and let every plugin scrub its copies; safe to run again.
         ``done``: delete the job's record (and purge the files) too. ``received``: delete the
-        entries of the messages received and not yet written that it names, and the marks of
-        the edits of them under way (but ``sparing``'s, the edit this forget is part of)."""
+        entries of the messages received and not yet written that it names, and, with ``edits``,
+        the marks of the edits of them under way (:mod:`narrmem.edit_marks`). ``only``: of a
+        job of messages, delete these memories of them alone (the plugins still scrub by the
+        messages' ids)."""
         store = self.memory.store
         # Received messages go first: a worker that writes one of them afterwards finds its entry
         # gone and forgets it again (narrmem.inbox), while one whose entry it deleted first wrote
         # it before the deletions below.
         if received:
             await self.inbox.drop(job)
-            await self.marks.drop(job, sparing=None if sparing is None else sparing.mark)
+            if edits:
+                await self.marks.drop(job)
         if job.messages is None:
             removed = await store.recent(job.scope, limit=2**62)
             counts = await store.forget(tenant=job.tenant, user_id=job.user_id, chat_id=job.chat_id)
         else:
             assert job.chat_id is not None
-            ids = await store.from_messages(job.tenant, job.chat_id, job.messages)
+            ids = (
+                list(only)
+                if only is not None
+                else await store.from_messages(job.tenant, job.chat_id, job.messages)
+            )
             removed = list((await store.get(ids, job.scope)).values())
             counts = {"memories": await store.delete(ids, job.scope)}
         embedder = self.memory.embedder

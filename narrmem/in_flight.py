@@ -40,13 +40,11 @@ T = TypeVar("T", bound=HasMessage)
 class Call:
     """One call's messages, and the ones a forget has dropped since the call began."""
 
-    __slots__ = ("dropped", "mark", "messages")
+    __slots__ = ("dropped", "messages")
 
     def __init__(self, messages: Sequence[Message]) -> None:
         self.messages = messages
         self.dropped: set[MessageKey] = set()
-        # An edit's mark where other workers of a shared store see it (narrmem.edit_marks).
-        self.mark: str | None = None
 
     def kept(self, items: Iterable[T]) -> list[T]:
         """``items`` but those whose message a forget dropped."""

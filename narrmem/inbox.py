@@ -20,12 +20,13 @@ wait for everything received before them. Entries hold the message's words until
 A forget deletes the entries of what it forgets, whichever process received them, before it
 deletes any memory. The writer asks whether each entry is still there inside its write's unit of
 the fence and leaves out a message whose entry is gone, so no after-store hook runs (and no trigger
-fires) for what another worker forgot; a forget that begins after that waits for the write. An
-entry that goes later still is found gone when it comes to be deleted. If what the write stored is
-gone too, the forget came after the write and deleted it; if not (a forget from hooks waits for no
-other worker), the message is forgotten again, so a forget run by another worker of a shared store
-leaves nothing of what this one had received. Forgotten again in the first case, its id took an
-edit's new text stored since with it.
+fires) for what another worker forgot; a forget that begins after that waits for the write and
+the deletion of its entries, which come before its unit ends. An entry that goes during the write
+(a forget from hooks waits for no other worker) is found gone when it comes to be deleted, and the
+message is forgotten again, so a forget run by another worker of a shared store leaves nothing of
+what this one had received. (Deleted after the unit, an entry could also be taken by the forget
+of an edit in another worker, which had deleted what was written here and stored the new text:
+forgotten again by its id, the new text went with it.)
 """
 
 from __future__ import annotations
@@ -375,8 +376,8 @@ class Inbox:
         entries stay: tried again, or left for the next open). A message whose entry a forget took
         before the write began is not written (asked inside the write's unit of the fence), and is
         forgotten again here all the same: its before-store hooks ran (a chat's cached turns hold
-        its words). One whose entry went later, and whose records are still stored (a forget from
-        hooks waits for no other worker), is forgotten again once written."""
+        its words). Entries are deleted inside the write's unit; one that went during the write (a
+        forget from hooks waits for no other worker) is forgotten again once written."""
         assert self._pipeline is not None and self._forgetting is not None
         keys = {id(item): key for key, item in entries}
         taken: set[str] = set()
@@ -391,8 +392,32 @@ class Inbox:
                     kept.append(item)
             return kept
 
+        gone: list[Pending] = []  # written, their entries taken meanwhile
+
+        async def delete_entries() -> None:
+            # Inside the write's unit: a forget of another worker that did not take an entry
+            # before the write (still_received) waits for the write and this deletion. Deleted
+            # after the unit, an entry could be taken by the forget of an edit in another worker,
+            # which deleted what this wrote and stored the new text: this then found the entry
+            # gone and forgot the message id again, and the new text went with it.
+            try:
+                for key, item in entries:
+                    if key in taken or await self.memory.store.state_delete(NAMESPACE, key):
+                        continue
+                    # Taken during the write. One found stored already (a duplicate: an edit's
+                    # new text written in another worker after the forget that took the entry)
+                    # was not written here, and none of its hooks ran: nothing of it to forget.
+                    # Forgotten again by its id, the edit's new text went with it.
+                    if any(record.id is not None for record in item.records):
+                        gone.append(item)
+            except Exception:
+                # Written already: the next open finds the messages stored and skips them.
+                log.exception("deleting %d received entries after their write failed", len(entries))
+
         try:
-            await self._pipeline.store_received([item for _, item in entries], still_received)
+            await self._pipeline.store_received(
+                [item for _, item in entries], still_received, written=delete_entries
+            )
         except Exception:
             log.exception("writing %d received messages failed; their entries are kept", len(entries))
             return False
@@ -403,47 +428,37 @@ class Inbox:
                 # Forgotten, not written: sent again, it is new (the forget that took it may be
                 # another worker's, whose drop of what was written a moment ago is not seen here).
                 self._written.pop(item.key, None)
-        gone: list[Pending] = []
-        taken_ids: set[str] = set()
+        if gone:
+            # Only a forget run from hooks (which waits for no other worker) takes an entry
+            # during its write: it may have deleted before the write, or before these
+            # messages' after-store hooks, which run after it.
+            log.warning(
+                "%d message(s) received here were forgotten while written; forgetting them again", len(gone)
+            )
         try:
             for key, item in entries:
-                if key in taken:
-                    gone.append(item)  # not written; what its before-store hooks kept goes too
-                    taken_ids.add(item.message.message_id)
-                elif not await self.memory.store.state_delete(NAMESPACE, key):
-                    if not await self._still_stored(item):
-                        # The forget that took the entry came after the write (it waited for
-                        # it) and deleted it. Forgotten again by its id, an edit's new text
-                        # stored since went with it.
-                        continue
-                    log.warning(
-                        "a message received here was forgotten while it was written; forgetting it again"
-                    )
-                    gone.append(item)
-            for item in gone:
                 message = item.message
-                if message.message_id in taken_ids and await self.memory.store.from_messages(
-                    message.tenant, message.chat_id, [message.message_id]
-                ):
-                    # Not written here, and stored since by someone else: written after the
-                    # forget that took it (an edit's new text, or the message sent again), it is
-                    # theirs. Forgotten again by its id, an edit's new text went with it.
+                if key in taken:
+                    # Not written. Stored since by someone else (written after the forget that
+                    # took it: an edit's new text, or the message sent again), it is theirs,
+                    # and so are the copies the plugins keep of it by its id.
+                    if await self.memory.store.from_messages(
+                        message.tenant, message.chat_id, [message.message_id]
+                    ):
+                        continue
+                elif not any(item is other for other in gone):
                     continue
+                # What this worker wrote of it goes, and what its hooks kept (a chat's cached
+                # turns hold its words), but nothing someone else stored under its id after the
+                # forget that took it. Before, all was deleted by the id, and an edit's new text
+                # stored meanwhile went with it.
+                written = [r.id for r in item.records if r.id is not None] if key not in taken else []
                 await self._forgetting.again(
-                    Scope(tenant=message.tenant, chat_id=message.chat_id), [message.message_id]
+                    Scope(tenant=message.tenant, chat_id=message.chat_id), [message.message_id], written
                 )
         except Exception:
-            # Written already: the next open finds the messages stored and skips them.
-            log.exception("deleting %d received entries after their write failed", len(entries))
+            log.exception("forgetting again %d received messages a forget took failed", len(entries))
         return True
-
-    async def _still_stored(self, item: Pending) -> bool:
-        """Whether any record the write made of ``item`` is still stored."""
-        ids = [r.id for r in item.records if r.id is not None]
-        if not ids:
-            return False
-        message = item.message
-        return bool(await self.memory.store.get(ids, Scope(tenant=message.tenant, chat_id=message.chat_id)))
 
     def _done(self, batch: Sequence[Received], *, written: bool = True) -> None:
         for r in batch:

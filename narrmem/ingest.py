@@ -299,11 +299,13 @@ class IngestPipeline:
         self,
         items: list[Pending],
         still_received: Callable[[list[Pending]], Awaitable[list[Pending]]] | None = None,
+        written: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Write messages received earlier (already triaged), in order, and schedule their
         after-store hooks; a message stored meanwhile (by another process) is skipped, and so is
         one that ``still_received`` (asked inside the write's unit of :mod:`narrmem.fence`) leaves
-        out: a forget took it before its write."""
+        out: a forget took it before its write. ``written`` runs once the write is done, still
+        inside its unit, before the hooks are scheduled (it must not raise)."""
         await self.settling.claim()  # the hooks' entries are this process's
         for n, item in enumerate(items):
             item.index = n
@@ -316,10 +318,16 @@ class IngestPipeline:
         # meanwhile is put in the store without waiting for this batch's embedding.
         # A forget waits for this writer (the inbox drained) instead: it passes the fence.
         with own_work():
-            written, unit = await self._finish(
+            stored, unit = await self._finish(
                 prepared, None, prefix, while_embedding=False, receiving=True, still_received=still_received
             )
-        self._schedule_hooks(written, prefix, unit)
+            if written is not None:
+                try:
+                    await written()
+                except BaseException:
+                    self._schedule_hooks(stored, prefix, unit)
+                    raise
+        self._schedule_hooks(stored, prefix, unit)
         # No holding back here: a trigger callback of an earlier batch may be waiting for these
         # messages (a recall in their chat), and that batch for the callback. Ingest holds back.
 

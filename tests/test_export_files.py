@@ -3,6 +3,7 @@ deletes it; an export still running elsewhere and files that are not an export's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,10 +22,13 @@ KILLED_EXPORT = """
 import os, signal, sys
 from pathlib import Path
 from narrmem.doors import export_files
-fd, path = export_files.new_partial(Path(sys.argv[1]))
-os.write(fd, (sys.argv[2] + "\\n" + '{"text": "Ann: my PIN is 4321"}\\n').encode())
-print(path, flush=True)
-os.kill(os.getpid(), signal.SIGKILL)
+target = Path(sys.argv[1])
+with export_files.partial_file(target) as out:
+    out.write(sys.argv[2] + "\\n" + '{"text": "Ann: my PIN is 4321"}\\n')
+    out.flush()
+    [path] = target.parent.glob("." + target.name + ".*.partial")
+    print(path, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
@@ -70,19 +74,25 @@ async def test_the_file_a_killed_export_left_is_deleted_by_the_next_export(tmp_p
 async def test_a_running_exports_file_and_files_not_an_exports_are_left(tmp_path: Path) -> None:
     header = await header_line(tmp_path)
     target = tmp_path / "backup.jsonl"
-    fd, running = export_files.new_partial(target)  # held, as by an export in another process
-    os.write(fd, (header + "\n").encode())
+    export = export_files.partial_file(target)  # held, as by an export in another process
+    out = export.__enter__()
+    out.write(header + "\n")
+    out.flush()
+    [running] = partials(target)
     mine = target.parent / f".{target.name}.notes.partial"
     mine.write_text("my own notes, named like an export's file\n")
     empty = target.parent / f".{target.name}.abcd1234.partial"
     empty.write_text("")
+    fifo = target.parent / f".{target.name}.fifo1234.partial"
+    os.mkfifo(fifo)  # opened to be read, it would wait for a writer
     try:
         async with open_memory(tmp_path / "store") as memory:
             await export_jsonl(memory, target)
-        assert partials(target) == sorted([running, mine, empty])
+        assert partials(target) == sorted([running, mine, empty, fifo])
         assert mine.read_text() == "my own notes, named like an export's file\n"
     finally:
-        os.close(fd)
+        with contextlib.suppress(RuntimeError):
+            export.__exit__(RuntimeError, RuntimeError("stopped"), None)  # deletes it
     async with open_memory(tmp_path / "store") as memory:
         await export_jsonl(memory, target)  # the running one has stopped since
-    assert partials(target) == sorted([mine, empty])
+    assert partials(target) == sorted([mine, empty, fifo])

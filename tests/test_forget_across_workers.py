@@ -953,6 +953,28 @@ async def test_an_edit_of_a_message_still_on_its_way_elsewhere_does_not_outlive_
         await asyncio.wait_for(fence_unlocked(b), WAIT)
 
 
+async def test_two_edits_of_one_message_in_two_workers_leave_one_of_their_texts(tmp_path: Path) -> None:
+    """Ann's message is edited twice at once, the edits taken by two workers (a platform that
+    sends the update twice, or two quick edits). Each edit's forget of the old text voids no
+    edit: one new text stays, whichever came last. Had an edit's forget voided the other edit's
+    mark, the first would have stored its text, the second deleted it and stored nothing."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    async with worker(tmp_path / "a", storage) as a, worker(tmp_path / "b", storage) as b:
+        await asyncio.wait_for(a.ingest(ann("1", "My dentist appointment is on Monday at ten.")), WAIT)
+        texts = ["My dentist appointment moved to Tuesday at ten.", "My dentist appointment moved to Friday."]
+        results = await asyncio.wait_for(
+            asyncio.gather(a.edit(ann("1", texts[0])), b.edit(ann("1", texts[1]))), WAIT
+        )
+        for memory in (a, b):
+            await asyncio.wait_for(memory.settle(), WAIT)
+        kept = [r.text for r in await everything(b) if r.kind == "episode"]
+        assert len(kept) == 1 and kept[0] in texts
+        assert any(result.stored for result in results)
+        assert await b.store.state_items("narrmem.edits") == []
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
 async def test_an_edit_in_another_worker_survives_the_write_of_its_original_received_before(
     tmp_path: Path,
 ) -> None:
@@ -979,10 +1001,11 @@ async def test_an_edit_in_another_worker_survives_the_write_of_its_original_rece
 async def test_an_edit_in_another_worker_survives_its_original_written_as_the_edit_began(
     tmp_path: Path,
 ) -> None:
-    """Worker A answers Ann's original on receipt and writes it; before A deletes its received
-    entry, worker B takes her edit, whose forget deletes that entry and the original, and stores
-    the new text. A then finds its entry gone, and what it wrote gone too: it leaves the message
-    be. Before, it forgot the message id again, and the edit's new text went with it."""
+    """Worker A answers Ann's original on receipt and writes it; as A deletes its received entry,
+    worker B takes her edit. The edit's forget waits for that deletion (part of A's write), then
+    deletes the original, and the new text is stored. Before, the deletion came after A's write
+    had ended: the edit's forget took the entry first, A found it gone and forgot the message id
+    again, and the edit's new text went with it."""
     dsn = await fresh_database("across")
     storage = {"backend": "postgres", "dsn": dsn}
     on_receipt = {**storage, "acknowledge": "on_receipt"}
@@ -996,12 +1019,53 @@ async def test_an_edit_in_another_worker_survives_its_original_written_as_the_ed
                 await go_on.wait()
             return await delete(namespace, key)
 
-        a.store.state_delete = delete_later  # A's write is done; its entry's deletion waits
+        a.store.state_delete = delete_later  # A's write is done; the deletion of its entry waits
         await asyncio.wait_for(a.ingest(ann("1", "My dentist appointment is on Monday at ten.")), WAIT)
         await asyncio.wait_for(entry_written.wait(), WAIT)
-        edit = b.edit(ann("1", "My dentist appointment moved to Tuesday at ten."))
+        edit = asyncio.ensure_future(b.edit(ann("1", "My dentist appointment moved to Tuesday at ten.")))
+        try:
+            await asyncio.sleep(0.3)
+            assert not edit.done()  # its forget waits for A's write, the entry's deletion included
+        finally:
+            go_on.set()
         edited = await asyncio.wait_for(edit, WAIT)
-        go_on.set()
+        await asyncio.wait_for(a.settle(), WAIT)
+        assert edited.stored
+        assert [r.text for r in await everything(b)] == ["My dentist appointment moved to Tuesday at ten."]
+        await asyncio.wait_for(fence_unlocked(b), WAIT)
+
+
+async def test_an_edit_in_another_worker_survives_its_original_found_stored_by_the_write(
+    tmp_path: Path,
+) -> None:
+    """Worker A answers Ann's original on receipt; before its write looks for the message in the
+    store, worker B takes her edit, whose forget takes A's received entry, and stores the new
+    text. A's write then finds the message stored (the new text) and writes nothing, and its entry
+    gone: nothing of it to forget again. Before, it forgot the message id again, and the edit's
+    new text went with it (found by a randomized run of three workers)."""
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    on_receipt = {**storage, "acknowledge": "on_receipt"}
+    async with worker(tmp_path / "a", on_receipt) as a, worker(tmp_path / "b", storage) as b:
+        looking, go_on = asyncio.Event(), asyncio.Event()
+        stored_messages = a.store.stored_messages
+        looks: list[Any] = []
+
+        async def look_later(keys: Any) -> Any:
+            looks.append(keys)
+            if len(looks) > 1:  # the first is the ingest's own, as it receives the message
+                looking.set()
+                await go_on.wait()
+            return await stored_messages(keys)
+
+        a.store.stored_messages = look_later  # A's write waits before it looks for the message
+        try:
+            await asyncio.wait_for(a.ingest(ann("1", "My dentist appointment is on Monday at ten.")), WAIT)
+            await asyncio.wait_for(looking.wait(), WAIT)
+            edit = b.edit(ann("1", "My dentist appointment moved to Tuesday at ten."))
+            edited = await asyncio.wait_for(edit, WAIT)
+        finally:
+            go_on.set()
         await asyncio.wait_for(a.settle(), WAIT)
         assert edited.stored
         assert [r.text for r in await everything(b)] == ["My dentist appointment moved to Tuesday at ten."]

@@ -230,11 +230,11 @@ async def test_an_edit_while_a_failed_write_is_tried_again_keeps_the_new_text(
     original = IngestPipeline.store_received
     tries: list[int] = []
 
-    async def fails_once(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+    async def fails_once(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
         tries.append(len(items))
         if len(tries) == 1:
             raise RuntimeError("database is locked")
-        await original(self, items, *rest)
+        await original(self, items, *rest, **options)
 
     monkeypatch.setattr(IngestPipeline, "store_received", fails_once)
 

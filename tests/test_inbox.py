@@ -268,7 +268,7 @@ async def episodes(memory: Any, user: str) -> list[MemoryRecord]:
 
 
 async def test_a_failed_write_keeps_the_message_for_the_next_open(tmp_path: Path, monkeypatch: Any) -> None:
-    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
         raise RuntimeError("the disk is gone")
 
     with monkeypatch.context() as patched:
@@ -336,11 +336,11 @@ async def test_a_message_that_cannot_be_written_does_not_hold_back_those_receive
     original = IngestPipeline.store_received
     tries: list[list[str]] = []
 
-    async def refuses_ann_1(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+    async def refuses_ann_1(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
         tries.append([item.message.message_id for item in items])
         if any(item.message.message_id == "ann-1" for item in items):
             raise RuntimeError("this message cannot be stored")
-        await original(self, items, *rest)
+        await original(self, items, *rest, **options)
 
     gate = Gate()
     with monkeypatch.context() as patched:
@@ -381,12 +381,12 @@ async def test_a_message_forgotten_while_its_write_waits_to_be_tried_again_is_no
     failing = [True]
     tries: list[str] = []
 
-    async def fails_once(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+    async def fails_once(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
         tries.extend(item.message.message_id for item in items)
         if failing[0]:
             failing[0] = False
             raise RuntimeError("a connection lost")
-        await original(self, items, *rest)
+        await original(self, items, *rest, **options)
 
     with monkeypatch.context() as patched:
         patched.setattr(IngestPipeline, "store_received", fails_once)
@@ -410,7 +410,7 @@ async def test_a_message_sent_again_after_a_forget_is_new_though_its_first_write
 
     monkeypatch.setattr(inbox, "RETRY_DELAYS", (30.0,))
 
-    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
         raise RuntimeError("a connection lost")
 
     lisbon = msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann")
@@ -673,7 +673,7 @@ async def test_an_entry_that_fails_to_be_written_does_not_stop_an_open(
             NAMESPACE, "gone:000000000000", _entry(message, TriageDecision(layer="accumulate"))
         )
 
-    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
         raise RuntimeError("the model is gone")
 
     with monkeypatch.context() as patched:
@@ -690,7 +690,7 @@ async def test_ingest_refuses_once_too_many_received_messages_failed(
 ) -> None:
     import narrmem.inbox as inbox
 
-    async def fails(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
+    async def fails(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
         raise RuntimeError("the disk is gone")
 
     monkeypatch.setattr(inbox, "MAX_UNWRITTEN", 2)
@@ -776,8 +776,8 @@ async def test_a_message_whose_entry_goes_after_the_check_is_forgotten_again_onc
     forgotten again, so nothing of it stays. The check is left out here to reach that path."""
     original = IngestPipeline.store_received
 
-    async def without_the_check(self: IngestPipeline, items: list[Any], *rest: Any) -> None:
-        await original(self, items)
+    async def without_the_check(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
+        await original(self, items, None, **options)
 
     monkeypatch.setattr(IngestPipeline, "store_received", without_the_check)
     dsn = await fresh_database("inbox_forget_after_check")

@@ -16,9 +16,14 @@ import contextlib
 import json
 import logging
 import os
+import re
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
+
+from narrmem.errors import InputError
 
 try:
     import fcntl
@@ -30,18 +35,48 @@ log = logging.getLogger("narrmem")
 SUFFIX = ".partial"
 
 
+# mkstemp's names: the prefix, eight of these characters, the suffix.
+RANDOM_PART = re.compile(r"[a-z0-9_]{8}")
+
+
 def prefix(target: Path) -> str:
     return f".{target.name}."
 
 
-def new_partial(target: Path) -> tuple[int, Path]:
-    """A new file beside ``target`` (never an existing file), held by this process while it is
-    open; returns its descriptor and path."""
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix(target), suffix=SUFFIX)
-    if fcntl is not None:
-        # Taken before a byte is written: a file with the header in it is held from the start.
+@contextlib.contextmanager
+def partial_file(target: Path) -> Iterator[TextIO]:
+    """A new file beside ``target`` (never an existing file's name), held by this process while it
+    is written, and renamed over ``target`` once the block ends without an error (while still
+    held: a complete file is never taken for one a stopped export left). An error deletes it."""
+    try:
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix(target), suffix=SUFFIX)
+    except OSError as exc:  # a folder this process may not write in, a read-only file system
+        raise InputError(f"cannot write in {target.parent}: {exc.strerror or exc}", field="file") from exc
+    path = Path(name)
+    try:
+        _hold(fd)  # before a byte is written: a file with the header in it is held from the start
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            fd = -1  # the file object owns it now
+            yield out
+            out.flush()
+            os.replace(path, target)
+    except BaseException:
+        if fd != -1:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # ours: made by mkstemp above
+        raise
+
+
+def _hold(fd: int) -> None:
+    if fcntl is None:
+        return
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd, Path(name)
+    except OSError as exc:
+        # A file system without locks (some network mounts): the export goes on unheld, and no
+        # export there deletes another's file (it cannot tell whether that one is held either).
+        log.debug("no lock on an export's file: %s", exc)
 
 
 def delete_stale_partials(target: Path, export_format: str) -> int:
@@ -50,10 +85,15 @@ def delete_stale_partials(target: Path, export_format: str) -> int:
         return 0
     deleted = 0
     for candidate in target.parent.glob(f"{_glob_escape(prefix(target))}*{SUFFIX}"):
-        if _stale(candidate, export_format):
-            with contextlib.suppress(FileNotFoundError):
+        middle = candidate.name[len(prefix(target)) : -len(SUFFIX)]
+        if RANDOM_PART.fullmatch(middle) and _stale(candidate, export_format):
+            try:
                 candidate.unlink()
                 deleted += 1
+            except FileNotFoundError:
+                pass  # another export deleted it first
+            except OSError as exc:
+                log.warning("could not delete %s, which a stopped export left: %s", candidate, exc)
     if deleted:
         log.info("deleted %d unfinished export file(s) of %s that a stopped export left", deleted, target)
     return deleted
@@ -62,8 +102,9 @@ def delete_stale_partials(target: Path, export_format: str) -> int:
 def _stale(candidate: Path, export_format: str) -> bool:
     """Whether ``candidate`` is an export's file whose process is gone."""
     assert fcntl is not None
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)  # a FIFO does not block
     try:
-        fd = os.open(candidate, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(candidate, flags)
     except OSError:
         return False  # gone meanwhile, a link, or not ours to read
     try:
@@ -72,9 +113,8 @@ def _stale(candidate: Path, export_format: str) -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return False  # an export writes it now
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            first = fh.readline(4096)
+            return False  # an export writes it now (or the file system has no locks)
+        first = os.pread(fd, 4096, 0).split(b"\n", 1)[0]
         try:
             header = json.loads(first)
         except ValueError:

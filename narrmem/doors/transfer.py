@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -209,22 +208,13 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
     _check_replaceable(path)
     counts: dict[str, int] = {MEMORIES: 0}
     # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
-    try:
-        export_files.delete_stale_partials(path, EXPORT_FORMAT)
-        fd, tmp = export_files.new_partial(path)
-    except OSError as exc:  # a folder this process may not write in, a read-only file system
-        raise InputError(f"cannot write in {path.parent}: {exc.strerror or exc}", field="file") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(export_header(memory))
-            async for section, text in export_text(memory):
-                out.write(text)
-                if section != END:
-                    counts[section] = counts.get(section, 0) + 1
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)  # ours: made by mkstemp above
-        raise
+    export_files.delete_stale_partials(path, EXPORT_FORMAT)
+    with export_files.partial_file(path) as out:
+        out.write(export_header(memory))
+        async for section, text in export_text(memory):
+            out.write(text)
+            if section != END:
+                counts[section] = counts.get(section, 0) + 1
     return counts
 
 
