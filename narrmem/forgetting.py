@@ -275,18 +275,31 @@ class Forgetting:
     async def again(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
         """Forget again what this worker made of messages that a forget took while it wrote them
         (by another worker of a shared store, see :mod:`narrmem.inbox`): their after-store hooks
-        run first, then the memories this worker wrote of them (``written``, maybe none) are
-        deleted, and every plugin scrubs its copies of the messages, without waiting for what was
-        received (the caller is the one writing it). Whatever else is stored under their ids
-        came after that forget (an edit's new text, the message sent again) and stays, and so do
-        the received entries and edit marks of such messages. Before, all of it was deleted by
-        the messages' ids, and an edit's new text stored meanwhile went with it."""
+        run first, then the memories this worker wrote of them (``written``, maybe none) and
+        those that cite other messages too (a pattern's scene) are deleted, and every plugin
+        scrubs its copies of the messages, without waiting for what was received (the caller is
+        the one writing it). A memory of these messages alone that this worker did not write came
+        after that forget (an edit's new text, the message sent again) and stays, and so do the
+        received entries, edit marks and pending hooks of such messages. Before, all of it was
+        deleted by the messages' ids, and an edit's new text stored meanwhile went with it. A
+        forget again that stops halfway (a crash, a plugin that fails to scrub) is finished by
+        the next open as any forget of messages, by their ids."""
         await self.settling.settle()
         async with self.write_lock:
-            job = await self.memory.store.begin_forget(
+            store = self.memory.store
+            job = await store.begin_forget(
                 tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=list(message_ids)
             )
-            await self.finish(job, received=False, only=written)
+            assert scope.chat_id is not None
+            # What the messages' hooks made of them with other messages (a pattern's scene that
+            # cites them) goes too, as in any forget of messages; a memory of one of these
+            # messages alone that this worker did not write is someone else's, written after.
+            named = set(message_ids)
+            cited = await store.get(
+                await store.from_messages(scope.tenant, scope.chat_id, list(message_ids)), scope
+            )
+            others = [mid for mid, r in cited.items() if not set(r.message_ids) <= named]
+            await self.finish(job, received=False, only=sorted({*written, *others}))
 
     async def finish(
         self,
@@ -335,7 +348,10 @@ class Forgetting:
                 f"forget {job.id}: the store deleted what it holds, but {exc}; the forget stays "
                 "recorded and the next open finishes it"
             ) from exc.__cause__
-        await self.settling.drop(job)
+        if only is None:
+            # Forgotten again (only), the messages' hooks in this worker have run, and what other
+            # workers' hooks have still to run is of what they wrote since.
+            await self.settling.drop(job)
         if done:
             await store.finish_forget(job, purge=job.messages is None)
         return counts

@@ -424,9 +424,9 @@ class Inbox:
         if on_written is not None:
             on_written()
         for key, item in entries:
-            if key in taken:
-                # Forgotten, not written: sent again, it is new (the forget that took it may be
-                # another worker's, whose drop of what was written a moment ago is not seen here).
+            if key in taken or any(item is other for other in gone):
+                # Forgotten: sent again, it is new (the forget that took it may be another
+                # worker's, whose drop of what was written a moment ago is not seen here).
                 self._written.pop(item.key, None)
         if gone:
             # Only a forget run from hooks (which waits for no other worker) takes an entry

@@ -797,6 +797,11 @@ async def test_a_message_whose_entry_goes_after_the_check_is_forgotten_again_onc
 
         await export_store(a, tmp_path / "all.jsonl")
         assert "Lisbon" not in (tmp_path / "all.jsonl").read_text(encoding="utf-8")
+        # Sent again after the forget, it is new: not taken for the one written a moment ago.
+        again = await a.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+        await a.settle()
+        assert again.stored and not again.duplicate
+        assert [r.message_ids for r in await episodes(a, "ann")] == [["ann-1"]]
 
 
 async def _true(value: bool) -> bool:

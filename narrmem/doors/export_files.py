@@ -114,7 +114,10 @@ def _stale(candidate: Path, export_format: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False  # an export writes it now (or the file system has no locks)
-        first = os.pread(fd, 4096, 0).split(b"\n", 1)[0]
+        try:
+            first = os.pread(fd, 4096, 0).split(b"\n", 1)[0]
+        except OSError:
+            return False
         try:
             header = json.loads(first)
         except ValueError:
