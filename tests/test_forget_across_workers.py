@@ -699,6 +699,20 @@ class Naps:
         await self._nap()
 
 
+@contextlib.asynccontextmanager
+async def napping_workers(tmp_path: Path, seed: int) -> AsyncIterator[list[Memory]]:
+    """Three workers of one fresh database, one per acknowledge mode, their hooks napping at
+    random by ``seed``."""
+    dsn = await fresh_database("across")
+    storage = [{"backend": "postgres", "dsn": dsn, "acknowledge": MODES[(seed + i) % 3]} for i in range(3)]
+    async with (
+        worker(tmp_path / "a", storage[0], Naps(seed * 10)) as a,
+        worker(tmp_path / "b", storage[1], Naps(seed * 10 + 1)) as b,
+        worker(tmp_path / "c", storage[2], Naps(seed * 10 + 2)) as c,
+    ):
+        yield [a, b, c]
+
+
 # A message whose ingest began this long before a forget of its user was called is the forget's.
 BEFORE_THE_FORGET_S = 0.05
 
@@ -714,14 +728,8 @@ async def test_random_messages_and_forgets_in_three_workers_keep_every_forget(
     returned is. Before, such a forget often did not wait for a message still on its way in a
     worker whose own forget, or whose units, held the gate, and the message outlived it."""
     rng = random.Random(seed)
-    dsn = await fresh_database("across")
-    storage = [{"backend": "postgres", "dsn": dsn, "acknowledge": MODES[(seed + i) % 3]} for i in range(3)]
-    async with (
-        worker(tmp_path / "a", storage[0], Naps(seed * 10)) as a,
-        worker(tmp_path / "b", storage[1], Naps(seed * 10 + 1)) as b,
-        worker(tmp_path / "c", storage[2], Naps(seed * 10 + 2)) as c,
-    ):
-        workers = [a, b, c]
+    async with napping_workers(tmp_path, seed) as workers:
+        a = workers[0]
         sent: dict[str, tuple[str, float, bool]] = {}  # message id: person, when begun, kept
         forgets: list[tuple[str, float, float]] = []  # person, called, returned
 
@@ -774,14 +782,8 @@ async def test_random_edits_deletes_forgets_and_recalls_in_three_workers(tmp_pat
     Before, an edit under way in one worker outlived a forget of its person in another, and an
     edit's new text was lost to the write of its original in another worker."""
     rng = random.Random(seed)
-    dsn = await fresh_database("across")
-    storage = [{"backend": "postgres", "dsn": dsn, "acknowledge": MODES[(seed + i) % 3]} for i in range(3)]
-    async with (
-        worker(tmp_path / "a", storage[0], Naps(seed * 10)) as a,
-        worker(tmp_path / "b", storage[1], Naps(seed * 10 + 1)) as b,
-        worker(tmp_path / "c", storage[2], Naps(seed * 10 + 2)) as c,
-    ):
-        workers = [a, b, c]
+    async with napping_workers(tmp_path, seed) as workers:
+        a = workers[0]
         sends: list[tuple[str, str, float, bool]] = []  # message id, person, when begun, kept
         edits: list[str] = []  # the messages whose edit was answered as stored
         removals: list[tuple[str | None, str | None, float]] = []  # person or message id, called
