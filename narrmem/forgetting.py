@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("narrmem")
 R = TypeVar("R")
 
+# What a forget again (Forgetting.again) deletes, by its job: a resumed one deletes the same.
+AGAIN_NAMESPACE = "narrmem.forget_again"
+
 # How many times a forget run from hooks waits for messages of its scope begun since, before it
 # is finished without waiting.
 FINISH_ROUNDS = 20
@@ -283,13 +286,12 @@ class Forgetting:
         received entries, edit marks and pending hooks of such messages. Before, all of it was
         deleted by the messages' ids, and an edit's new text stored meanwhile went with it. A
         forget again that stops halfway (a crash, a plugin that fails to scrub) is finished by
-        the next open as any forget of messages, by their ids."""
+        the next open the same way: what it deletes is written down beside its job
+        (:data:`AGAIN_NAMESPACE`; a process stopped between the two writes leaves a job that is
+        finished by the messages' ids)."""
         await self.settling.settle()
         async with self.write_lock:
             store = self.memory.store
-            job = await store.begin_forget(
-                tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=list(message_ids)
-            )
             assert scope.chat_id is not None
             # What the messages' hooks made of them with other messages (a pattern's scene that
             # cites them) goes too, as in any forget of messages; a memory of one of these
@@ -299,7 +301,15 @@ class Forgetting:
                 await store.from_messages(scope.tenant, scope.chat_id, list(message_ids)), scope
             )
             others = [mid for mid, r in cited.items() if not set(r.message_ids) <= named]
-            await self.finish(job, received=False, only=sorted({*written, *others}))
+            only = sorted({*written, *others})
+            job = await store.begin_forget(
+                tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=list(message_ids)
+            )
+            # Before anything is deleted: resumed by its messages' ids, it would delete what
+            # someone else stored under them since (an edit's new text).
+            await store.state_put(AGAIN_NAMESPACE, again_key(job), {"only": only})
+            await self.finish(job, received=False, only=only)
+            await store.state_delete(AGAIN_NAMESPACE, again_key(job))
 
     async def finish(
         self,
@@ -359,7 +369,15 @@ class Forgetting:
     async def resume(self) -> None:
         if self.memory.read_only:
             return  # the process that writes the folder finishes them
-        for job in await self.memory.store.pending_forgets():
+        store = self.memory.store
+        # Read before the jobs: an entry's job was recorded before it, so one whose job is not
+        # pending then belongs to a forget again that finished (its process stopped before it
+        # deleted the entry).
+        agains = [key for key, _ in await store.state_items(AGAIN_NAMESPACE)]
+        pending = await store.pending_forgets()
+        for key in set(agains) - {again_key(job) for job in pending}:
+            await store.state_delete(AGAIN_NAMESPACE, key)
+        for job in pending:
             log.warning("finishing a forget that was interrupted (job %d)", job.id)
             async with self.write_lock:
                 try:
@@ -369,8 +387,14 @@ class Forgetting:
                         # a stopped process left go first, as in any forget: the inbox writes
                         # them next.
                         await self._finish_again(job, received=True)
-                    else:
+                        continue
+                    again = await store.state_get(AGAIN_NAMESPACE, again_key(job))
+                    if again is None:
                         await self.finish(job)
+                        continue
+                    # A forget again: what it deletes, as it would have, and nothing received.
+                    await self.finish(job, received=False, only=[int(mid) for mid in again["only"]])
+                    await store.state_delete(AGAIN_NAMESPACE, again_key(job))
                 except PluginError:
                     # A plugin's service may be down: the bot still starts (the store holds
                     # nothing of the scope any more), and the job waits for the next open.
@@ -381,6 +405,11 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
     # Its caller has gone: no one else hears of it (a plugin's failure leaves the job recorded).
     if not task.cancelled() and task.exception() is not None:
         log.error("a forget whose caller gave up failed: %r", task.exception(), exc_info=task.exception())
+
+
+def again_key(job: ForgetJob) -> str:
+    """The state key of a forget again's job (state is deleted by key prefix: the slash ends it)."""
+    return f"job-{job.id}/"
 
 
 def with_sources_of(job: ForgetJob, earlier: ForgetJob) -> ForgetJob:

@@ -120,6 +120,71 @@ async def test_an_interrupted_forget_is_finished_on_the_next_open(tmp_path: Path
     assert _files_with(folder, BOB_MARKERS) == {}
 
 
+class _FailingMessageScrub:
+    """A plugin whose scrub of message ``m1`` fails while ``fail`` is set (its service is down)."""
+
+    narrmem_name = "failing_message_scrub"
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    @hookimpl(tryfirst=True)
+    def narrmem_after_forget(self, messages: list[str] | None) -> None:
+        if self.fail and messages == ["m1"]:
+            raise RuntimeError("the scrub's service is down")
+
+
+async def test_a_forget_again_stopped_halfway_is_finished_as_it_began(tmp_path: Path) -> None:
+    """A forget again (of a message that a forget took while this process wrote it) deletes what
+    this process wrote of it, not what was stored under its id since: an edit's new text. Stopped
+    by a plugin that fails, it is finished by the next open the same way, not by the message's id."""
+    from narrmem.models import Scope
+
+    folder = tmp_path / "store"
+    scrub = _FailingMessageScrub()
+    new_text = "SELECT COUNT(*) FROM memories WHERE text LIKE '%zqnew22%'"
+    async with open_memory(folder, plugins=[scrub]) as mem:
+        first = await mem.ingest(msg("m1", "I live in Lisbon by the zqold11 bridge", user="ann", chat="c"))
+        await mem.edit(msg("m1", "I live in Porto now, on zqnew22 street", user="ann", chat="c"))
+        scrub.fail = True
+        with pytest.raises(PluginError, match="service is down"):
+            await mem._forgetting.again(Scope(tenant="default", chat_id="c"), ["m1"], first.memory_ids)
+        assert await store_sql(mem, "SELECT COUNT(*) FROM forget_jobs") == [(1,)]
+        assert await store_sql(mem, new_text) == [(1,)]
+    async with open_memory(folder) as mem:
+        assert await store_sql(mem, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
+        assert await store_sql(mem, new_text) == [(1,)]
+        assert await mem.store.state_items("narrmem.forget_again") == []
+        [hit] = await mem.recall("where does ann live?", user_id="ann", k=5)
+        assert "zqnew22" in hit.text
+
+
+async def test_a_forget_again_deletes_the_pattern_that_cites_the_message(tmp_path: Path) -> None:
+    """What the message's hooks made of it with other messages (a repeated mood's scene, which
+    quotes it) goes with what this process wrote of it; the other messages stay."""
+    from datetime import UTC, datetime, timedelta
+
+    from narrmem.clock import ManualClock
+    from narrmem.models import Scope
+
+    start = datetime(2026, 7, 1, 9, tzinfo=UTC)
+    texts = ["so tired today", "so tired again today", "still so tired today zqthird33"]
+    async with open_memory(tmp_path / "store", clock=ManualClock(start + timedelta(days=3))) as mem:
+        results = [
+            await mem.ingest(
+                msg(f"m{i}", text, user="ann", chat="dm", ts=(start + timedelta(days=i)).isoformat())
+            )
+            for i, text in enumerate(texts, start=1)
+        ]
+        patterns = "SELECT message_ids FROM memories WHERE meta LIKE '%pattern%'"
+        assert [json.loads(ids) for (ids,) in await store_sql(mem, patterns)] == [["m1", "m2", "m3"]]
+        await mem._forgetting.again(Scope(tenant="default", chat_id="dm"), ["m3"], results[2].memory_ids)
+        assert await store_sql(mem, patterns) == []
+        left = await store_sql(mem, "SELECT message_ids FROM memories ORDER BY id")
+        assert [json.loads(ids) for (ids,) in left] == [["m1"], ["m2"]]
+        assert await store_sql(mem, "SELECT COUNT(*) FROM forget_jobs") == [(0,)]
+
+
 async def test_deleting_a_message_takes_only_what_it_stated(tmp_path: Path) -> None:
     folder = tmp_path / "store"
     edges = "SELECT n.name FROM graph_edges e JOIN graph_nodes n ON n.id = e.object_id ORDER BY n.name"
