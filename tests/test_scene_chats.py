@@ -86,3 +86,73 @@ async def test_a_mood_pattern_quotes_only_its_own_chat(real: Memory) -> None:
     assert "harbour" not in pattern.text and "boiler" not in pattern.text
     assert "so tired today" in pattern.text
     assert pattern.message_ids == ["tired-2"]
+    # The count's own message ids are the group's too: the result and its trigger go there.
+    [tired] = [c for c in results[2].counts if c.kind == "emotion" and c.label == "tired"]
+    assert tired.message_ids == ["tired-2"]
+
+
+async def test_a_topic_counted_across_chats_is_named_in_the_words_of_the_chat_it_fires_in(
+    tmp_path: Path,
+) -> None:
+    """The topic is the user's (three mentions in two chats), but its label, the note and the
+    trigger that go to the group hold only what was said in the group."""
+    start = datetime(2026, 5, 4, 9, tzinfo=CET)
+
+    def said(day: int, chat: str, text: str) -> Message:
+        return Message(
+            text=text, user_id="u1", chat_id=chat, ts=start + timedelta(days=day), message_id=f"{chat}-{day}"
+        )
+
+    async with open_memory(tmp_path / "m") as mem:
+        await mem.ingest(said(0, "private", "seeing the zqdivorce lawyer tomorrow"))
+        await mem.ingest(said(1, "private", "the zqdivorce lawyer was expensive"))
+        result = await mem.ingest(said(2, "group", "the lawyer was expensive"))
+    [topic] = [c for c in result.counts if c.kind == "topic"]
+    assert topic.count == 3
+    assert "zqdivorce" not in topic.label and topic.message_ids == ["group-2"]
+    [event] = [t for t in result.triggers if t.kind == "topic"]
+    assert event.chat_id == "group" and event.message_ids == ["group-2"]
+    assert "zqdivorce" not in event.label + event.suggestion
+    assert not any("zqdivorce" in note for note in result.notes)
+
+
+async def test_a_deleted_decision_leaves_nothing_of_it_in_the_impact_it_filled(
+    real: Memory, tmp_path: Path
+) -> None:
+    value = await real.ingest(_value("dm-val"))
+    await real.ingest(_decision("dm-val"))
+    assert value.scene is not None and value.scene.id is not None
+    await real.forget_messages(chat_id="dm-val", message_ids=["v2"])
+    earlier = (await real.store.get([value.scene.id], None))[value.scene.id]
+    assert "promotion" not in earlier.text and "Impact: not yet known" in earlier.text
+    assert "promotion" not in str(earlier.meta) and earlier.meta["impact_messages"] == []
+    hits = await real.recall("salary friends promotion", user_id="val", k=10, snippet_tokens=None)
+    assert hits and not any("promotion" in (h.detail or "") + h.text for h in hits)
+    await real.close()
+    for path in (tmp_path / "memory").rglob("*"):
+        assert not path.is_file() or b"turn down the promotion" not in path.read_bytes(), path
+
+
+async def test_an_edited_decision_is_quoted_in_its_new_words_only(real: Memory) -> None:
+    value = await real.ingest(_value("dm-val"))
+    await real.ingest(_decision("dm-val"))
+    assert value.scene is not None and value.scene.id is not None
+    await real.edit(
+        _val_says("v2", 20, "I decided to decline the new role so I can see my friends more.", "dm-val")
+    )
+    earlier = (await real.store.get([value.scene.id], None))[value.scene.id]
+    assert "promotion" not in earlier.text and "promotion" not in str(earlier.meta)
+
+
+async def test_a_quote_written_before_quotes_named_their_messages_goes_too(real: Memory) -> None:
+    """A scene linked by an earlier version holds the quote without the ids of its message: the
+    deleted scene that it quotes names it."""
+    value = await real.ingest(_value("dm-val"))
+    await real.ingest(_decision("dm-val"))
+    assert value.scene is not None and value.scene.id is not None
+    earlier = (await real.store.get([value.scene.id], None))[value.scene.id]
+    earlier.meta = {k: v for k, v in earlier.meta.items() if k not in {"impact_sources", "impact_messages"}}
+    await real.store.update(earlier)
+    await real.forget_messages(chat_id="dm-val", message_ids=["v2"])
+    earlier = (await real.store.get([value.scene.id], None))[value.scene.id]
+    assert "promotion" not in earlier.text and "Impact: not yet known" in earlier.text

@@ -19,6 +19,7 @@ from narrmem_plugins.triage.counters import Counters
 from narrmem_plugins.triage.emotions import emotions_in, intensity
 from narrmem_plugins.triage.gist import gist
 from narrmem_plugins.triage.ignore_rules import ignore_reason, without_media
+from narrmem_plugins.triage.impacts import drop_impacts
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.prototypes import PROTOTYPES
 from narrmem_plugins.triage.scene import compose, scene_record
@@ -242,9 +243,18 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         return await readout.patterns(memory, self.counters, user, now)
 
     @hookimpl
-    async def narrmem_after_forget(self) -> None:
-        """The topic counter's cache of message words holds forgotten texts too: emptied."""
+    async def narrmem_after_forget(
+        self,
+        memory: MemoryView,
+        tenant: str,
+        chat_id: str | None,
+        removed: list[MemoryRecord],
+        messages: list[str] | None,
+    ) -> None:
+        """The topic counter's cache of message words holds forgotten texts too: emptied. A
+        deleted message's words quoted in an earlier scene's Impact go from it."""
         forget_cached_words()
+        await drop_impacts(memory, tenant, chat_id, messages, removed)
 
     @hookimpl
     async def narrmem_after_store(

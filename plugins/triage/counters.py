@@ -4,6 +4,9 @@ Counts are derived from stored memories rather than kept in a table of their own
 count is the number of this user's episodes close to this one in meaning, a mood's count the
 number of this week's episodes that state it. So forgetting a user, importing a store or
 replaying a chat leaves the counts right, and each count carries the message ids behind it.
+A count is the user's, across chats; what a count made by a message says in words (a topic's
+label) and the message ids it names come from that message's chat only, since the ingest result
+and the trigger go to that chat.
 Counts are taken as of the message (memories with a larger id do not count), so a batch ingest
 counts exactly as one-by-one ingest does.
 """
@@ -14,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from narrmem_plugins.triage.impacts import add_impact
 from narrmem_plugins.triage.language import has_cjk
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.scene import describe_time, scene_record
@@ -30,7 +34,6 @@ from narrmem.view import MemoryView
 
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 SAME_SCENE = 0.95  # cosine above which a later scene restates an earlier one
-MAX_IMPACTS = 3  # the Impact field keeps the latest few consequences
 CJK_TOPIC_SIMILARITY = 0.3
 # The most similar earlier memories a topic count reads: when all of them are on the topic, the
 # count is a lower bound ("at least 64 times"); the pattern readout counts further.
@@ -68,8 +71,10 @@ def _count(
     at_least: bool = False,
     quiet: float | None = None,
 ) -> None:
-    """Put a count in the ingest result, and a trigger event when it just reached its threshold."""
-    message_ids = [mid for r in members for mid in r.message_ids]
+    """Put a count in the ingest result, and a trigger event when it just reached its threshold.
+    The count and its times are the user's, across chats; the message ids behind it are those of
+    the message's chat only: the result and the event go to that chat's readers."""
+    message_ids = [mid for r in members if r.chat_id == message.chat_id for mid in r.message_ids]
     pattern = PatternCount(
         kind=kind,
         label=label,
@@ -218,7 +223,9 @@ class Counters:
         if len(alike) < 2 or shared_moods:
             # Messages alike because they state the same mood are the mood counter's business.
             return members, None
-        label = topic_label([r.text for r in alike], self.options.names)
+        # Named with the words of this chat's mentions: the label goes to this chat's readers,
+        # who must not read what the user said elsewhere (the count is the user's).
+        label = topic_label(_in_chat(alike, message), self.options.names)
         if count < 2:
             # Back after longer than the window: no count to speak of, but a return to tell.
             _count(result, message, "topic", label, members, count=1, threshold=0, suggestion="", quiet=quiet)
@@ -280,7 +287,7 @@ class Counters:
             return
         day = describe_time(episode.created_at, "en").split()[0]
         if topic is None:
-            topic = topic_label([r.text for r in members], self.options.names)
+            topic = topic_label(_in_chat(members, message), self.options.names)
         label = f"{topic} on {day}s"
         this_week = tuple(episode.created_at.isocalendar())[:2]
         # Fire once: on the first mention of the week that makes the count.
@@ -354,16 +361,7 @@ class Counters:
         target = max(scored, key=lambda item: item[0])[1]
         fields = SceneDraft.of(target)
         assert fields is not None  # filtered above
-        core = _core(scene)
-        impact = f'{scene.meta.get("type") or "later"} on {scene.created_at:%Y-%m-%d}: "{core}"'
-        earlier_impacts = [part for part in fields.impact.split("; ") if part][-(MAX_IMPACTS - 1) :]
-        fields.impact = "; ".join([*earlier_impacts, impact])
-        target.meta = {
-            **target.meta,
-            **fields.stored(),
-            "impacts": [*target.meta.get("impacts", []), scene.id],
-        }
-        target.text = fields.render()
+        add_impact(target, fields, scene, _core(scene))
         scene.meta = {**scene.meta, "builds_on": target.id}
         await memory.store.update(target)
         await memory.store.update(scene)
@@ -385,6 +383,11 @@ async def _similar_scenes(
     memory: MemoryView, scene: MemoryRecord, vector: np.ndarray, user: Scope, threshold: float
 ) -> list[MemoryRecord]:
     return [record for record, _ in await _scored_scenes(memory, scene, vector, user, threshold)]
+
+
+def _in_chat(records: list[MemoryRecord], message: Message) -> list[str]:
+    """The texts of ``records`` said in ``message``'s chat."""
+    return [r.text for r in records if r.chat_id == message.chat_id]
 
 
 def _core(scene: MemoryRecord) -> str:
