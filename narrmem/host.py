@@ -104,6 +104,21 @@ class PluginHost:
                         "hook's before/after counterparts, or tryfirst/trylast for ordering"
                     )
 
+    def register(self, plugin: object, *, name: str) -> None:
+        """Add a plugin object to an open memory, checked as at load: a door that must hear of
+        hooks (the HTTP server's trigger hub hears of forgets) attaches this way. A name already
+        taken, an unknown hook or a wrapper is a :class:`PluginError`, and nothing is added."""
+        if self.pm.has_plugin(name):
+            raise PluginError(f"a plugin named {name!r} is already registered")
+        try:
+            self.pm.register(plugin, name=name)
+            self.pm.check_pending()
+            self._refuse_wrappers()
+        except (pluggy.PluginValidationError, PluginError) as exc:
+            if self.pm.has_plugin(name):
+                self.pm.unregister(name=name)
+            raise PluginError(str(exc)) from exc
+
     def plugin_names(self) -> list[str]:
         return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]
 

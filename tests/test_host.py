@@ -572,3 +572,33 @@ async def test_a_failing_turn_context_plugin_is_named_not_called_missing(tmp_pat
             await mem.turn_context("how is my dog?", user_id="u1", chat_id="c1")
     assert "plugin 'failing_context' failed in narrmem_turn_context" in str(refused.value)
     assert "the facts table is locked" in str(refused.value) and "disabled" not in str(refused.value)
+
+
+class _Misspelt:
+    @hookimpl
+    def narrmem_after_forgot(self) -> None:  # no such hook
+        pass
+
+
+async def test_a_plugin_added_to_an_open_memory_is_checked_as_at_load(tmp_path: Path) -> None:
+    class Heard:
+        def __init__(self) -> None:
+            self.forgets: list[str | None] = []
+
+        @hookimpl
+        def narrmem_after_forget(self, user_id: str | None) -> None:
+            self.forgets.append(user_id)
+
+    async with open_memory(tmp_path / "m") as mem:
+        before = mem.host.plugin_names()
+        for refused in (_Misspelt(), _TriageWrapper()):
+            with pytest.raises(PluginError):
+                mem.host.register(refused, name="late")
+            assert mem.host.plugin_names() == before  # nothing added
+        heard = Heard()
+        mem.host.register(heard, name="late")
+        with pytest.raises(PluginError, match="already registered"):
+            mem.host.register(Heard(), name="late")
+        await mem.ingest(msg("m1", "I live in Lisbon", user="ann"))
+        await mem.forget(user_id="ann")
+    assert heard.forgets == ["ann"]

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException
 from narrmem import __version__
 from narrmem.config import Acknowledge
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
+from narrmem.doors.server.forgets import ForgetsVoidEvents
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
 from narrmem.doors.server.schemas import (
@@ -83,6 +84,8 @@ def create_app(
     by default); ``webhook``: where trigger events are POSTed, with retries."""
     hub = TriggerHub(webhook)
     memory.on_trigger(hub.publish)
+    # However a forget is made (a route, the Python API, a tool, a hook), its events go with it.
+    memory.host.register(ForgetsVoidEvents(hub), name=f"narrmem.server.forgets.{id(hub)}")
     state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch)
     app = _build(state, ui=ui)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

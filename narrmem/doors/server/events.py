@@ -4,7 +4,8 @@ store: ``Memory.patterns``.)
 
 Nothing here slows ingest down: an event is put on bounded queues and the memory carries on; a
 slow stream loses its oldest events, a webhook that keeps failing loses the event after its
-retries.
+retries. A forget takes its events off the queues, and stops the one being delivered
+(:mod:`narrmem.doors.server.forgets`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,8 +58,12 @@ class TriggerHub:
         self._subscribers: set[_Subscriber] = set()
         self._outbox: asyncio.Queue[TriggerEvent] | None = None
         self._sender: asyncio.Task[None] | None = None
+        # The event the webhook sender is delivering (between its retries too), and the task
+        # delivering it, which a forget of it cancels.
+        self._delivering: tuple[TriggerEvent, asyncio.Task[None]] | None = None
         self.delivered = 0
         self.dropped = 0
+        self.forgotten = 0
 
     # --- in ---------------------------------------------------------------------------------
 
@@ -77,6 +82,20 @@ class TriggerHub:
                 log.warning("webhook queue full: trigger %s/%s dropped", event.kind, event.label)
             else:
                 outbox.put_nowait(event)
+
+    def drop(self, voided: Callable[[TriggerEvent], bool]) -> int:
+        """Take every undelivered event ``voided`` names off the stream queues and the webhook
+        queue, and cancel its delivery if the webhook sender holds one: nothing of it is sent
+        once this returns. Synchronous, so no event slips between the queues meanwhile."""
+        count = sum(_remove(sub.queue, voided) for sub in self._subscribers)
+        if self._outbox is not None:
+            count += _remove(self._outbox, voided, joined=True)
+        if self._delivering is not None and voided(self._delivering[0]):
+            self._delivering[1].cancel()
+            self._delivering = None
+            count += 1
+        self.forgotten += count
+        return count
 
     async def stream(
         self, tenant: str | None, *, max_events: int | None, idle_timeout: float | None, keepalive: float
@@ -125,8 +144,29 @@ class TriggerHub:
         async with httpx.AsyncClient(timeout=options.timeout) as client:
             while True:
                 event = await outbox.get()
-                await self._deliver(client, options, event)
-                outbox.task_done()
+                try:
+                    await self._deliver_unless_forgotten(client, options, event)
+                finally:
+                    outbox.task_done()
+
+    async def _deliver_unless_forgotten(
+        self, client: Any, options: WebhookOptions, event: TriggerEvent
+    ) -> None:
+        # Its own task, so that a forget can stop it in a retry's wait or mid-request.
+        delivery = asyncio.get_running_loop().create_task(self._deliver(client, options, event))
+        self._delivering = (event, delivery)
+        try:
+            await asyncio.wait([delivery])
+        except asyncio.CancelledError:  # the hub is closing
+            delivery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await delivery
+            raise
+        finally:
+            if self._delivering is not None and self._delivering[1] is delivery:
+                self._delivering = None
+        if not delivery.cancelled():
+            delivery.result()  # an unexpected error ends the sender; the next event starts another
 
     async def _deliver(self, client: Any, options: WebhookOptions, event: TriggerEvent) -> None:
         import httpx
@@ -167,3 +207,23 @@ class TriggerHub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
             self._sender = None
+
+
+def _remove(
+    queue: asyncio.Queue[TriggerEvent], voided: Callable[[TriggerEvent], bool], *, joined: bool = False
+) -> int:
+    """Take the events ``voided`` names out of ``queue``, keeping the others in order. A queue
+    whose ``join`` is awaited (``joined``) counts each taken event as done."""
+    kept: list[TriggerEvent] = []
+    removed = 0
+    while not queue.empty():
+        event = queue.get_nowait()
+        if joined:
+            queue.task_done()
+        if voided(event):
+            removed += 1
+        else:
+            kept.append(event)
+    for event in kept:
+        queue.put_nowait(event)
+    return removed
