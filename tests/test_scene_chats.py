@@ -125,7 +125,8 @@ async def test_a_deleted_decision_leaves_nothing_of_it_in_the_impact_it_filled(
     await real.forget_messages(chat_id="dm-val", message_ids=["v2"])
     earlier = (await real.store.get([value.scene.id], None))[value.scene.id]
     assert "promotion" not in earlier.text and "Impact: not yet known" in earlier.text
-    assert "promotion" not in str(earlier.meta) and earlier.meta["impact_messages"] == []
+    assert "promotion" not in str(earlier.meta) and earlier.meta["impact_sources"] == []
+    assert await real.store.state_items("triage.impacts") == []
     hits = await real.recall("salary friends promotion", user_id="val", k=10, snippet_tokens=None)
     assert hits and not any("promotion" in (h.detail or "") + h.text for h in hits)
     await real.close()
@@ -151,8 +152,47 @@ async def test_a_quote_written_before_quotes_named_their_messages_goes_too(real:
     await real.ingest(_decision("dm-val"))
     assert value.scene is not None and value.scene.id is not None
     earlier = (await real.store.get([value.scene.id], None))[value.scene.id]
-    earlier.meta = {k: v for k, v in earlier.meta.items() if k not in {"impact_sources", "impact_messages"}}
+    earlier.meta = {k: v for k, v in earlier.meta.items() if k != "impact_sources"}
     await real.store.update(earlier)
+    await real.store.state_delete("triage.impacts", "")
     await real.forget_messages(chat_id="dm-val", message_ids=["v2"])
     earlier = (await real.store.get([value.scene.id], None))[value.scene.id]
     assert "promotion" not in earlier.text and "Impact: not yet known" in earlier.text
+
+
+async def test_a_delete_cut_short_before_the_quote_went_takes_it_at_the_next_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process stops after the store deleted the decision and before the triage plugin took
+    its quote out: the next open finishes the forget, and the quote goes though the deleted
+    scene is no longer there to say which scene it built on."""
+    import narrmem_plugins.triage as triage
+
+    from narrmem.errors import PluginError
+
+    async def stopped(*args: object) -> int:
+        raise RuntimeError("stopped before the quote went")
+
+    folder = tmp_path / "memory"
+    async with open_memory(folder, real_model=True) as mem:
+        value = await mem.ingest(_value("dm-val"))
+        await mem.ingest(_decision("dm-val"))
+        assert value.scene is not None and value.scene.id is not None
+        with monkeypatch.context() as patched:
+            patched.setattr(triage, "drop_impacts", stopped)
+            with pytest.raises(PluginError, match="stopped before"):
+                await mem.forget_messages(chat_id="dm-val", message_ids=["v2"])
+        earlier = (await mem.store.get([value.scene.id], None))[value.scene.id]
+        assert "turn down the promotion" in earlier.text  # what the stop left
+    async with open_memory(folder, real_model=True) as mem:
+        earlier = (await mem.store.get([value.scene.id], None))[value.scene.id]
+        assert "promotion" not in earlier.text and "Impact: not yet known" in earlier.text
+        assert await mem.store.state_items("triage.impacts") == []
+
+
+async def test_a_persons_forget_leaves_no_state_of_their_quotes(real: Memory) -> None:
+    await real.ingest(_value("dm-val"))
+    await real.ingest(_decision("dm-val"))
+    assert len(await real.store.state_items("triage.impacts")) == 1
+    await real.forget(user_id="val")
+    assert await real.store.state_items("triage.impacts") == []

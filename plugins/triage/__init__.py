@@ -247,6 +247,7 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         self,
         memory: MemoryView,
         tenant: str,
+        user_id: str | None,
         chat_id: str | None,
         removed: list[MemoryRecord],
         messages: list[str] | None,
@@ -254,7 +255,7 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         """The topic counter's cache of message words holds forgotten texts too: emptied. A
         deleted message's words quoted in an earlier scene's Impact go from it."""
         forget_cached_words()
-        await drop_impacts(memory, tenant, chat_id, messages, removed)
+        await drop_impacts(memory, tenant, user_id, chat_id, messages, removed)
 
     @hookimpl
     async def narrmem_after_store(

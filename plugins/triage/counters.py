@@ -361,10 +361,7 @@ class Counters:
         target = max(scored, key=lambda item: item[0])[1]
         fields = SceneDraft.of(target)
         assert fields is not None  # filtered above
-        add_impact(target, fields, scene, _core(scene))
-        scene.meta = {**scene.meta, "builds_on": target.id}
-        await memory.store.update(target)
-        await memory.store.update(scene)
+        await add_impact(memory, target, fields, scene, _core(scene))
         result.notes.append(f"scene builds on scene {target.id}")
 
 

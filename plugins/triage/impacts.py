@@ -2,9 +2,12 @@
 
 Linking copies a later scene's Core into the earlier scene (its Impact field and its rendered
 text). Those words are the later message's: when that message is deleted or edited, they must go
-from the earlier scene too. So each quote is kept with the ids of the messages it came from
-(``meta["impact_sources"]``, and every such id in ``meta["impact_messages"]``, which a store can
-filter on), and a forget of messages rewrites the scenes that quote them.
+from the earlier scene too. So each quote is kept in the earlier scene with the ids of the
+messages it came from (``meta["impact_sources"]``), and plugin state (:data:`NAMESPACE`, ids
+only) says which scenes quote a message: a forget of messages reads it by their ids, also when it
+is finished after a crash, when the deleted scenes themselves are no longer there to say which
+scene they built on. A person's or a chat's forget deletes the quoting scenes themselves (the same
+person's, in the same chat) and the state of what it forgets.
 """
 
 from __future__ import annotations
@@ -15,12 +18,9 @@ from typing import Any
 from narrmem.models import MemoryRecord, SceneDraft, Scope
 from narrmem.view import MemoryView
 
+NAMESPACE = "triage.impacts"
 MAX_IMPACTS = 3  # the Impact field keeps the latest few consequences
 SOURCES = "impact_sources"
-MESSAGES = "impact_messages"
-# The most scenes of one chat that quote one forgotten message (a message's scene is linked into
-# at most one earlier scene; older stores are read as a safety margin).
-MAX_QUOTING = 1000
 
 
 def impact_entry(scene: MemoryRecord, core: str) -> str:
@@ -28,62 +28,90 @@ def impact_entry(scene: MemoryRecord, core: str) -> str:
     return f'{scene.meta.get("type") or "later"} on {scene.created_at:%Y-%m-%d}: "{core}"'
 
 
-def add_impact(target: MemoryRecord, fields: SceneDraft, scene: MemoryRecord, core: str) -> None:
-    """Quote ``scene`` in ``target``'s Impact (the latest few kept), remembering whose words it are."""
+def _key(tenant: str, chat_id: str, message_id: str) -> str:
+    # Ids hold no NUL: the last one ends the key, so a prefix delete of "m1" spares "m12".
+    return f"{tenant}\0{chat_id}\0{message_id}\0"
+
+
+async def add_impact(
+    memory: MemoryView, target: MemoryRecord, fields: SceneDraft, scene: MemoryRecord, core: str
+) -> None:
+    """Quote ``scene`` in ``target``'s Impact (the latest few kept) and write both down."""
     entry = impact_entry(scene, core)
     earlier = [part for part in fields.impact.split("; ") if part][-(MAX_IMPACTS - 1) :]
     fields.impact = "; ".join([*earlier, entry])
     kept = [s for s in _sources(target) if s["entry"] in fields.impact]
-    sources = [*kept, {"scene": scene.id, "messages": list(scene.message_ids), "entry": entry}]
     target.meta = {
         **target.meta,
         **fields.stored(),
         "impacts": [*target.meta.get("impacts", []), scene.id],
-        SOURCES: sources,
-        MESSAGES: sorted({mid for s in sources for mid in s["messages"]}),
+        SOURCES: [*kept, {"scene": scene.id, "messages": list(scene.message_ids), "entry": entry}],
     }
     target.text = fields.render()
+    scene.meta = {**scene.meta, "builds_on": target.id}
+    await memory.store.update(target)
+    await memory.store.update(scene)
+    for message_id in scene.message_ids:
+        key = _key(scene.tenant, scene.chat_id, message_id)
+        listed = (await memory.store.state_get(NAMESPACE, key)) or {}
+        scenes = sorted({*listed.get("scenes", []), target.id})
+        await memory.store.state_put(NAMESPACE, key, {"user": scene.user_id, "scenes": scenes})
 
 
 async def drop_impacts(
     memory: MemoryView,
     tenant: str,
+    user_id: str | None,
     chat_id: str | None,
     messages: Sequence[str] | None,
     removed: Iterable[MemoryRecord],
 ) -> int:
-    """Take the quotes of forgotten messages out of the scenes that hold them; returns how many
-    scenes were rewritten. A forget of a person or a chat deletes the quoting scenes themselves
-    (they are the same person's, in the same chat): only a forget of messages rewrites."""
-    if messages is None or chat_id is None:
+    """Take the quotes of forgotten messages out of the scenes that hold them, and the state of
+    what is forgotten; returns how many scenes were rewritten."""
+    store = memory.store
+    if messages is None:
+        await _forget_state(memory, tenant, user_id, chat_id)
+        return 0
+    if chat_id is None:
         return 0
     forgotten = set(messages)
-    scope = Scope(tenant=tenant, chat_id=chat_id)
-    quoting: dict[int, MemoryRecord] = {}
+    quoting: set[int] = set()
     for message_id in sorted(forgotten):
-        for record in await memory.store.recent(
-            scope, kinds=["scene"], limit=MAX_QUOTING, meta_has=(MESSAGES, message_id)
-        ):
-            if record.id is not None:
-                quoting[record.id] = record
-    # Scenes linked before quotes named their messages: found from the forgotten scene's side.
-    gone_entries: dict[int, list[tuple[str, int | None]]] = {}
+        listed = await store.state_get(NAMESPACE, _key(tenant, chat_id, message_id))
+        if listed is not None:
+            quoting.update(int(sid) for sid in listed.get("scenes", []))
+    # Quotes written before the state named them: found from the deleted scene's side.
+    entries: dict[int, list[tuple[str, int | None]]] = {}
     for scene in removed:
         target_id = scene.meta.get("builds_on")
         if scene.kind != "scene" or not isinstance(target_id, int):
             continue
         draft = SceneDraft.of(scene)
         core = draft.core if draft is not None else scene.text
-        gone_entries.setdefault(target_id, []).append((impact_entry(scene, core), scene.id))
-    missing = [mid for mid in gone_entries if mid not in quoting]
-    if missing:
-        quoting.update(await memory.store.get(missing, scope))
+        entries.setdefault(target_id, []).append((impact_entry(scene, core), scene.id))
+        quoting.add(target_id)
     rewritten = 0
-    for target in quoting.values():
-        if _without(target, forgotten, gone_entries.get(target.id or 0, [])):
-            await memory.store.update(target)
-            rewritten += 1
+    if quoting:
+        found = await store.get(sorted(quoting), Scope(tenant=tenant, chat_id=chat_id))
+        for target in found.values():
+            if _without(target, forgotten, entries.get(target.id or 0, [])):
+                await store.update(target)
+                rewritten += 1
+    for message_id in sorted(forgotten):
+        await store.state_delete(NAMESPACE, _key(tenant, chat_id, message_id))
     return rewritten
+
+
+async def _forget_state(memory: MemoryView, tenant: str, user_id: str | None, chat_id: str | None) -> None:
+    """A person's or a chat's forget: the state of the messages it forgot goes."""
+    store = memory.store
+    if user_id is None and chat_id is not None:
+        await store.state_delete(NAMESPACE, f"{tenant}\0{chat_id}\0")
+        return
+    for key, value in await store.state_items(NAMESPACE):
+        key_tenant, key_chat, _ = key.split("\0", 2)
+        if key_tenant == tenant and value.get("user") == user_id and chat_id in (None, key_chat):
+            await store.state_delete(NAMESPACE, key)
 
 
 def _without(target: MemoryRecord, forgotten: set[str], entries: list[tuple[str, int | None]]) -> bool:
@@ -95,25 +123,20 @@ def _without(target: MemoryRecord, forgotten: set[str], entries: list[tuple[str,
     sources = _sources(target)
     dropped = [s for s in sources if forgotten & set(s["messages"])]
     gone = {*(s["entry"] for s in dropped), *(entry for entry, _ in entries)}
-    parts = [part for part in fields.impact.split("; ") if part]
-    left = [part for part in parts if part not in gone]
+    impact = "; ".join(part for part in fields.impact.split("; ") if part and part not in gone)
     # A quote whose own words hold "; " was split apart above: taken out whole instead.
-    impact = "; ".join(left)
     for entry in gone:
         impact = _remove(impact, entry)
     if impact == fields.impact and not dropped:
         return False
     fields.impact = impact
-    kept = [s for s in sources if s not in dropped]
     gone_scenes = {*(s["scene"] for s in dropped), *(sid for _, sid in entries)}
-    meta: dict[str, Any] = {
+    target.meta = {
         **target.meta,
         **fields.stored(),
         "impacts": [sid for sid in target.meta.get("impacts", []) if sid not in gone_scenes],
-        SOURCES: kept,
-        MESSAGES: sorted({mid for s in kept for mid in s["messages"]}),
+        SOURCES: [s for s in sources if s not in dropped],
     }
-    target.meta = meta
     target.text = fields.render()
     return True
 
