@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 import numpy as np
-from narrmem_plugins.graph import auto_tasks, facts, forget, turn
+from narrmem_plugins.graph import auto_tasks, facts, forget, task_topics, turn
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.scope import GraphScope
@@ -129,18 +129,30 @@ class GraphPlugin(GraphTransfer, ToolTable):
 
     @hookimpl
     async def narrmem_after_forget(
-        self, tenant: str, user_id: str | None, chat_id: str | None, messages: list[str] | None
+        self,
+        memory: MemoryView,
+        tenant: str,
+        user_id: str | None,
+        chat_id: str | None,
+        messages: list[str] | None,
     ) -> None:
         """Forgetting a user (or a chat) erases their graph and its purge history too; a deleted
-        message takes only what it stated."""
+        message takes only what it stated, and what the tasks it followed hold of it."""
         if self._graph is None:
             return
         self._graph.label_vectors.clear()
+        if messages is not None and chat_id is not None:
+            # The tasks are remade from the messages left, read from the store before the graph's
+            # write transaction (which holds the store's writer).
+            async with self._graph.read() as db:
+                citing = await task_topics.tasks_citing(db, tenant, chat_id, messages)
+            gone = set(messages)
+            tasks = [await task_topics.remake(memory, tenant, chat_id, node, gone) for node in citing]
+            async with self._graph.transaction() as db:
+                await forget.forget_messages(db, tenant, chat_id, messages, tasks)
+            return
         async with self._graph.transaction() as db:
-            if messages is not None and chat_id is not None:
-                await forget.forget_messages(db, tenant, chat_id, messages)
-            else:
-                await forget.forget_scope(db, tenant, user_id, chat_id)
+            await forget.forget_scope(db, tenant, user_id, chat_id)
 
     @hookimpl
     async def narrmem_stats(self) -> dict[str, Any] | None:

@@ -5,6 +5,8 @@ Each chat has one task per topic. A stored message whose embedding is within ``t
 messages); otherwise the closest paused task within reach is resumed, or a new ``Task_auto_<n>`` is
 started with the message's opening as its description. Either way the task that was in progress is
 paused. Tasks made by the tools take part too: their topic is their description's embedding.
+The task records the messages its topic and description come from (:mod:`.task_topics`), so that a
+deleted message leaves it.
 """
 
 from __future__ import annotations
@@ -14,19 +16,12 @@ from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.nodes import set_props, set_topic
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.scope import GraphScope
+from narrmem_plugins.graph.task_topics import continued, followed, opening, unit
 from narrmem_plugins.graph.tasks import TaskView, create_task, load_tasks, set_state, task_key
 from narrmem_plugins.graph.vocabulary import label
 
 from narrmem.models import Message
 from narrmem.view import MemoryView
-
-MAX_WEIGHT = 20  # the topic follows the last ~20 messages rather than freezing on the first ones
-DESCRIPTION_CHARS = 80
-
-
-def _unit(vector: np.ndarray) -> np.ndarray:
-    norm = float(np.linalg.norm(vector))
-    return vector / norm if norm else vector
 
 
 async def _topics(memory: MemoryView, tasks: list[TaskView]) -> dict[int, np.ndarray]:
@@ -45,7 +40,7 @@ async def _topics(memory: MemoryView, tasks: list[TaskView]) -> dict[int, np.nda
         )
         for task, vector in zip(missing, vectors, strict=True):
             assert task.node is not None
-            topics[task.node.id] = _unit(np.asarray(vector, dtype=np.float32))
+            topics[task.node.id] = unit(np.asarray(vector, dtype=np.float32))
     return topics
 
 
@@ -54,7 +49,7 @@ async def follow_topic(
 ) -> list[str]:
     """Move the chat's chain along with ``message``; returns notes for the ingest result."""
     chat = GraphScope(message.tenant, message.user_id, message.chat_id)
-    v = _unit(np.asarray(vector, dtype=np.float32))
+    v = unit(np.asarray(vector, dtype=np.float32))
     # Embed outside the write transaction: it would hold every other writer up meanwhile.
     async with graph.read() as db:
         known = await load_tasks(db, chat)
@@ -70,10 +65,12 @@ async def follow_topic(
             return -1.0 if topic is None else float(topic @ v)
 
         if current is not None and similarity(current) >= options.topic_similarity:
-            assert current.node is not None
-            weight = min(int(current.node.props.get("messages", 1)), MAX_WEIGHT)
-            await set_topic(db, current.node.id, _unit(topics[current.node.id] * weight + v))
-            await set_props(db, current.node, {**current.node.props, "messages": weight + 1})
+            node = current.node
+            assert node is not None
+            topic, count = continued(topics[node.id], int(node.props.get("messages", 1)), v)
+            await set_topic(db, node.id, topic)
+            following = [*followed(node.props), message.message_id]
+            await set_props(db, node, {**node.props, "messages": count, "message_ids": following})
             return []
         notes = []
         if current is not None:
@@ -88,18 +85,17 @@ async def follow_topic(
         names = {task_key(t.task_id) for t in tasks}
         while f"task_auto_{number}" in names:
             number += 1
-        description = " ".join(message.text.split())[:DESCRIPTION_CHARS]
         task, _ = await create_task(
             db,
             chat,
             f"Task_auto_{number}",
-            description,
+            opening(message.text),
             [],
             at,
             source="auto",
             provenance=provenance,
             actor="auto_tasks",
-            props={"messages": 1},
+            props={"messages": 1, "message_ids": provenance, "described_by": message.message_id},
         )
         assert task.node is not None
         await set_topic(db, task.node.id, v)

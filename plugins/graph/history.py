@@ -1,15 +1,17 @@
 """The purge history: every purge and every supersession leaves a row saying who, when, with which
-filters, and which triplets it touched. A hard purge records ids only, since its point is to erase."""
+filters, and which triplets it touched. A hard purge records ids only, since its point is to erase;
+a deleted message takes out of it what the message stated (:func:`forget_statements`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import Edge
+from narrmem_plugins.graph.schema import marks
 from narrmem_plugins.graph.scope import GraphScope
 
 
@@ -53,3 +55,46 @@ async def record(
             at.isoformat(),
         ),
     )
+
+
+async def forget_statements(
+    db: GraphSQL,
+    tenant: str,
+    chat_id: str,
+    users: Collection[str],
+    *,
+    erased: Collection[int],
+    messages: Collection[str],
+    chat_edges: Collection[int],
+) -> None:
+    """Take what deleted ``messages`` of ``chat_id`` stated out of the history: a supersession
+    their triplet made goes (its filters are that triplet), the triplets ``erased`` leave the rows
+    that name them (a row naming nothing else goes), and a row they wrote no longer names them."""
+    if not users:
+        return
+    erased, chat_edges = set(erased), set(chat_edges)
+    actors = {f"message:{mid}" for mid in messages}
+    rows = await db.fetchall(
+        "SELECT id, chat_id, actor, edges, new_edge_id FROM graph_purges WHERE tenant = ? AND "
+        f"(chat_id = ? OR (chat_id IS NULL AND user_id IN ({marks(list(users))})))",
+        (tenant, chat_id, *users),
+    )
+    for purge_id, row_chat, actor, edges, new_edge_id in rows:
+        if new_edge_id is not None and int(new_edge_id) in erased:
+            await db.execute("DELETE FROM graph_purges WHERE id = ?", (purge_id,))
+            continue
+        touched = json.loads(edges)
+        # A hard purge's row holds bare ids: the triplets it erased, never these.
+        kept = [e for e in touched if not (isinstance(e, dict) and int(e.get("id", 0)) in erased)]
+        if touched and not kept:
+            await db.execute("DELETE FROM graph_purges WHERE id = ?", (purge_id,))
+            continue
+        # A supersession across the user's chats is recorded without a chat: its new triplet says
+        # whether the message it names is of this chat.
+        ours = row_chat == chat_id or (new_edge_id is not None and int(new_edge_id) in chat_edges)
+        by = "message" if actor in actors and ours else actor
+        if len(kept) != len(touched) or by != actor:
+            await db.execute(
+                "UPDATE graph_purges SET actor = ?, edges = ? WHERE id = ?",
+                (by, json.dumps(kept, ensure_ascii=False), purge_id),
+            )

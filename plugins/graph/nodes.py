@@ -126,6 +126,17 @@ async def nodes_in_scope(db: GraphSQL, scope: GraphScope, *, node_type: str | No
     return [from_row(Node, r, _CONVERT) for r in rows]
 
 
+async def chat_nodes(db: GraphSQL, tenant: str, chat_id: str, *, node_type: str) -> list[Node]:
+    """The nodes of ``node_type`` written in one chat, whoever's graph they are in (a forget of some
+    of the chat's messages knows the chat, not the users)."""
+    rows = await db.fetchall(
+        f"SELECT {NODE_COLUMNS} FROM graph_nodes WHERE tenant = ? AND chat_id = ? AND type = ? "
+        "ORDER BY created_ts, id",
+        (tenant, chat_id, node_type),
+    )
+    return [from_row(Node, r, _CONVERT) for r in rows]
+
+
 async def delete_orphans(db: GraphSQL, scope: GraphScope) -> int:
     """Delete nodes of ``scope`` that no edge touches any more (after a hard purge)."""
     where, params = scope.clause()
