@@ -436,6 +436,8 @@ def _load_json(path: Path) -> Any:
         raise InputError(f"{path}: not plain JSON ({exc.reason})", field=exc.path or None) from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc.msg}, column {exc.colno})", line=exc.lineno) from exc
+    except ValueError as exc:  # a number past the interpreter's digit limit
+        raise InputError(f"{path}: not valid JSON ({exc})") from exc
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,8 @@ def _lines(path: Path) -> Iterator[tuple[int, Any]]:
                 ) from exc
             except json.JSONDecodeError as exc:
                 raise InputError(f"{path}: not valid JSON ({exc.msg})", line=number) from exc
+            except ValueError as exc:  # a number past the interpreter's digit limit
+                raise InputError(f"{path}: not valid JSON ({exc})", line=number) from exc
             yield number, value
 
 
