@@ -166,11 +166,16 @@ class Memory(MemoryLifecycle):
         tenant: str = "default",
         k: int = 8,
         exclude_message_ids: Sequence[str] = (),
+        reinforce: bool = True,
     ) -> ContextPack:
         """What to put in front of the bot's next answer to ``text``: ``pack.render(token_budget)``.
-        Pass the id of the message being answered in ``exclude_message_ids`` once it is stored."""
+        Pass the id of the message being answered in ``exclude_message_ids`` once it is stored.
+        Its hits are reinforced as a recall's are (they go into the answer); ``reinforce=False``
+        takes a look that changes nothing."""
         scope = scope_of(tenant, user_id, chat_id)
-        hits = await self.recall(text, **scope.model_dump(), k=k, exclude_message_ids=exclude_message_ids)
+        hits = await self.recall(
+            text, **scope.model_dump(), k=k, exclude_message_ids=exclude_message_ids, reinforce=reinforce
+        )
         return ContextPack(query=text, scope=scope, hits=hits)
 
     @while_open
@@ -179,7 +184,8 @@ class Memory(MemoryLifecycle):
     ) -> dict[str, Any]:
         """What to know before answering ``text``: the persona, the working memory chain and the
         relevant facts and memories (the per-turn flow), from the graph plugin or whichever answers
-        ``narrmem_turn_context``. ``result["rendered"]`` is the prompt block."""
+        ``narrmem_turn_context``. ``result["rendered"]`` is the prompt block. The memories it
+        recalls are reinforced as a recall's are: it is the bot's own turn, not an inspection."""
         return await answers.turn_context(self, scope_of(tenant, user_id, chat_id), text)
 
     @while_open

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self, TypedDict, cast
@@ -17,6 +18,7 @@ from pydantic import (
     field_validator,
 )
 from pydantic._internal._model_construction import ModelMetaclass
+from pydantic_core import PydanticCustomError
 
 from narrmem.checks import JsonShapeError, check_plain_json, check_time_range
 from narrmem.errors import InputError
@@ -33,6 +35,7 @@ MAX_RECORD_META_BYTES = 2 * MAX_META_BYTES
 
 IdStr = Field(min_length=1, max_length=MAX_ID_CHARS)
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+_NUMBER = re.compile(r"[+-]?\d+(\.\d*)?([eE][+-]?\d+)?")
 
 Layer = Literal["ignore", "accumulate", "scene"]
 
@@ -109,6 +112,17 @@ class Message(_Strict, metaclass=_InputErrors):
     @classmethod
     def _meta_is_json(cls, meta: dict[str, Any]) -> dict[str, Any]:
         return json_object(meta)
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _ts_is_a_time(cls, ts: object) -> object:
+        # pydantic would read a number (or a string of digits) as seconds since 1970: a client's
+        # 0 for "no time" was stored as 1 January 1970.
+        if isinstance(ts, int | float) or (isinstance(ts, str) and _NUMBER.fullmatch(ts.strip())):
+            raise PydanticCustomError(
+                "datetime_type", "must be an ISO 8601 time with a timezone (2026-05-04T09:15:00+00:00)"
+            )
+        return ts
 
     @field_validator("ts")
     @classmethod

@@ -277,6 +277,17 @@ async def test_bad_requests_are_4xx_naming_the_problem_and_change_nothing(srv: S
     await srv.refused(404, "GET", "/v1/memories/999/history")
     not_object = await srv.refused(422, "POST", "/v1/tools/soul_narrative", json=[1, 2])
     assert not_object.json()["detail"][0]["loc"] == ["body"]
+    # A number is not a time (it was read as seconds since 1970), nor "5" a number, nor 1 a yes.
+    for ts in (0, 1.5, "0", "1700000000"):
+        for path in ("/v1/ingest", "/v1/edit", "/v1/tools/narrmem_ingest"):
+            refused = await srv.refused(422, "POST", path, json={**msg("m9", "I moved to Porto"), "ts": ts})
+            assert "ts" in json.dumps(refused.json()) and "ISO 8601" in json.dumps(refused.json())
+    for field, value in (("k", "5"), ("k", True), ("reinforce", 0), ("reinforce", "no")):
+        body = {"query": "x", "scope": {"user_id": "u1"}, field: value}
+        assert (await srv.refused(422, "POST", "/v1/recall", json=body)).json()["detail"][0]["loc"] == [
+            "body",
+            field,
+        ]
 
 
 async def test_a_bounded_chunked_body_is_413(tmp_path: Path) -> None:
@@ -546,3 +557,22 @@ async def test_a_closed_memory_is_503_not_an_empty_answer(tmp_path: Path) -> Non
         assert recall.status_code == 503 and "closed" in recall.text
         ingest = await client.post("/v1/ingest", json=msg("m2", "I moved to Porto"))
         assert ingest.status_code == 503
+
+
+async def test_context_reinforces_as_the_bots_recall_does_and_a_look_changes_nothing(tmp_path: Path) -> None:
+    hippocampus = {"reinforce": True, "reinforce_min_similarity": 0.0}
+    async with open_memory(
+        tmp_path / "m", clock=ManualClock(NOW), plugin={"hippocampus": hippocampus}
+    ) as memory:
+        transport = httpx.ASGITransport(create_app(memory))
+        async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test") as client:
+            await client.post("/v1/ingest", json=msg("m1", "I decided to quit my job at the bank"))
+            memory.clock.advance(days=3)  # reinforcements are spaced: not on the day a memory is made
+            ask = {"text": "I decided to quit my job at the bank", "user_id": "u1"}
+            before = await fingerprint(memory)
+            looked = await client.post("/v1/context", json={**ask, "reinforce": False})
+            assert looked.status_code == 200 and looked.json()["hits"]
+            assert await fingerprint(memory) == before
+            used = await client.post("/v1/context", json=ask)
+            assert used.status_code == 200 and used.json()["hits"]
+            assert await fingerprint(memory) != before  # the answer's memory gained importance

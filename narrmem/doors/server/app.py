@@ -319,7 +319,8 @@ def _read_routes(r: APIRouter) -> None:
 
     @r.post("/context", tags=["read"])
     async def context(body: ContextBody, caller: Caller, state: State) -> dict[str, Any]:
-        """What to put before the bot's answer to ``text``: the hits and the rendered block."""
+        """What to put before the bot's answer to ``text``: the hits and the rendered block. The
+        hits are reinforced, as the bot's own recall's are; ``reinforce: false`` changes nothing."""
         body = _settled(caller, body)
         pack = await state.memory.context(
             body.text,
@@ -328,6 +329,7 @@ def _read_routes(r: APIRouter) -> None:
             tenant=body.tenant,
             k=body.k,
             exclude_message_ids=body.exclude_message_ids,
+            reinforce=body.reinforce,
         )
         return {**pack.model_dump(mode="json"), "rendered": pack.render(body.token_budget)}
 

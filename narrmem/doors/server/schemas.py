@@ -11,7 +11,8 @@ MAX_MESSAGE_IDS = 1000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict as the tools' arguments are: "5" is not a number, nor 1 a boolean.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class IngestBatch(_Strict):
@@ -30,8 +31,10 @@ class DeleteMessages(_Strict):
 
 
 class RecallBody(RecallRequest):
-    """:class:`narrmem.models.RecallRequest`, plus ``explain`` (keep each hit's ``why``)."""
+    """:class:`narrmem.models.RecallRequest`, plus ``explain`` (keep each hit's ``why``); strict,
+    as the recall tool's arguments are ("k": "5" or true is refused, not read as 5 or 1)."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
     explain: bool = Field(default=False, description="include each hit's why")
 
 
@@ -40,6 +43,10 @@ class ContextBody(Scope):
     k: int = Field(default=8, ge=1, le=200)
     exclude_message_ids: list[str] = Field(default_factory=list, max_length=200)
     token_budget: int | None = Field(default=None, ge=1, le=100_000, description="cut the rendered block")
+    reinforce: bool = Field(
+        default=True,
+        description="the hits gain importance as a recall's do; false: a look that changes nothing",
+    )
 
 
 class TurnContextBody(_Strict):
