@@ -206,6 +206,29 @@ async def test_committing_twice_confirms_instead_of_duplicating(mem: Memory, clo
     assert said(await recall(mem, "rock")) == {("user", "likes", "rock")}
 
 
+async def test_a_message_whose_hooks_run_again_does_not_confirm_its_own_facts(
+    mem: Memory, clock: ManualClock
+) -> None:
+    """A message's after-store hooks run a second time after a crash (or a retried write): its
+    facts are not counted again. Another message stating the same fact is."""
+    from narrmem_plugins.graph.facts import drafts_for, store_facts
+
+    from narrmem import Message, TriageDecision
+
+    graph = mem.host.plugin(GraphPlugin)._graph
+    assert graph is not None
+    first = Message.model_validate(msg("m1", "I live in Lisbon. I like rock music.", ts=at(0)))
+    await mem.ingest(first)
+    decision = TriageDecision(layer="accumulate")
+    await store_facts(mem, graph.transaction, first, await drafts_for(mem, first, decision, []))
+    counts = {(e["relation"], e["object"]): e["count"] for e in await edges(mem)}
+    assert counts == {("lives_in", "Lisbon"): 1, ("likes", "rock music"): 1}
+    clock.advance(hours=1)
+    await mem.ingest(msg("m2", "I like rock music", ts=at(60)))
+    counts = {(e["relation"], e["object"]): e["count"] for e in await edges(mem)}
+    assert counts == {("lives_in", "Lisbon"): 1, ("likes", "rock music"): 2}
+
+
 async def test_speculation_is_marked_filterable_and_overridden_by_a_statement(mem: Memory) -> None:
     out = await commit(mem, ("user", "likes", "music"), speculative=True)
     assert out["triplets"][0]["speculative"] and out["triplets"][0]["confidence"] == 0.5

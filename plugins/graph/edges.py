@@ -210,16 +210,21 @@ async def insert_edge(
 async def confirm_edge(
     db: GraphSQL, edge: Edge, *, confidence: float, speculative: bool, provenance: Sequence[str], at: datetime
 ) -> None:
-    """Stating a triplet again: one more count, seen now; said plainly it stops being speculation."""
+    """Stating a triplet again: one more count, seen now; said plainly it stops being speculation.
+    A message that stated it already does not count again: its hooks run a second time after a
+    crash (or its write is retried), and the fact would read as confirmed by it twice."""
     # ``edge`` was read in this transaction, and graph writes take turns: its values are current.
+    messages = [item for item in provenance if item != TOOL_PROVENANCE]
+    again = 0 if messages and all(item in edge.provenance for item in messages) else 1
     merged = _merge_provenance(edge.provenance, provenance)
     seen = max(edge.last_seen_ts, at.timestamp())
     edge.confidence = max(edge.confidence, confidence)
     edge.speculative = edge.speculative and speculative
     await db.execute(
-        "UPDATE graph_edges SET count = count + 1, confidence = ?, speculative = ?, provenance = ?, "
+        "UPDATE graph_edges SET count = count + ?, confidence = ?, speculative = ?, provenance = ?, "
         "last_seen = ?, last_seen_ts = ? WHERE id = ?",
         (
+            again,
             edge.confidence,
             int(edge.speculative),
             json.dumps(merged, ensure_ascii=False),
@@ -228,7 +233,7 @@ async def confirm_edge(
             edge.id,
         ),
     )
-    edge.count += 1
+    edge.count += again
     edge.provenance = merged
     if seen == at.timestamp():
         edge.last_seen, edge.last_seen_ts = at.isoformat(), seen
@@ -258,6 +263,10 @@ async def delete_edges(db: GraphSQL, ids: Sequence[int]) -> int:
     for part in chunks(list(ids)):
         deleted += await db.execute(f"DELETE FROM graph_edges WHERE id IN ({marks(part)})", tuple(part))
     return deleted
+
+
+# What a triplet written through a tool (not stated by a message) has for provenance.
+TOOL_PROVENANCE = "tool"
 
 
 def _merge_provenance(old: Sequence[str], new: Sequence[str]) -> list[str]:
