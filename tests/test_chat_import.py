@@ -466,7 +466,11 @@ def test_malformed_export_names_index_and_field(
     [
         ("telegram", b'{"name": "x",\n "messages": [\n', "not valid JSON"),
         ("telegram", b'{"name": "x", "id": ' + b"1" * 5000 + b"}", "not valid JSON"),
-        ("jsonl", b'{"text": "a", "user_id": "u", "chat_id": "c", "n": ' + b"1" * 5000 + b"}\n", "not valid JSON"),
+        (
+            "jsonl",
+            b'{"text": "a", "user_id": "u", "chat_id": "c", "n": ' + b"1" * 5000 + b"}\n",
+            "not valid JSON",
+        ),
         ("discord", b"\xff\xfe{}", "not UTF-8"),
         ("telegram", b"[1, 2]", "a Telegram export is a JSON object, not an array"),
         ("telegram", b'{"about": "hi"}', "not a Telegram Desktop export"),
