@@ -12,10 +12,13 @@ from narrmem.errors import StoreError
 
 MARKER = ".narrmem-index"
 # What narrmem writes in its index folder (and the temporary names it writes them under first).
+# A bucket's and a graph's files carry the generation of the save that wrote them (see
+# index_manifest); those of generation 0, written before, have none.
 OWN_FILE = re.compile(
-    r"^(manifest\.json|rows-\d{2}\.npz|ids-\d{2}\.npy|vectors-\d{2}\.npy|graph-[0-9a-f]{20}\.faiss)"
+    r"^(manifest\.json|rows-\d{2}\.npz|(ids|vectors)-\d{2}(\.gen\d+)?\.npy|graph-[0-9a-f]{20}(\.gen\d+)?\.faiss)"
     r"(\.tmp(\.json|\.npz|\.npy|\.faiss))?$"
 )
+BUCKET_IDS_FILE = re.compile(r"^ids-(\d{2})(\.gen\d+)?\.npy$")
 # The single FAISS file of an older narrmem (an IndexIDMap2 over a flat index).
 OLD_INDEX_MAGIC = (b"IxM2", b"IxMp")
 
@@ -47,6 +50,32 @@ def claim(path: Path, index_format: int) -> None:
 
 def is_own_file(name: str) -> bool:
     return OWN_FILE.match(name) is not None
+
+
+def bucket_files(bucket: int, generation: int) -> tuple[str, str]:
+    """The names of a bucket's ids file and vectors file as the save of ``generation`` writes them."""
+    return _named(f"ids-{bucket:02d}", generation, "npy"), _named(f"vectors-{bucket:02d}", generation, "npy")
+
+
+def bucket_of(ids_file: str) -> int | None:
+    """The bucket whose ids ``ids_file`` holds, by its name (``None``: not a name of a bucket's)."""
+    named = BUCKET_IDS_FILE.match(ids_file)
+    return int(named.group(1)) if named else None
+
+
+def graph_file(digest: str, generation: int) -> str:
+    """The name of a shard's graph file as the save of ``generation`` writes it."""
+    return _named(f"graph-{digest}", generation, "faiss")
+
+
+def leftovers(path: Path, named: set[str]) -> list[Path]:
+    """The files of narrmem's own naming in the index folder that ``named`` (what a manifest uses,
+    and the manifest) leaves out: a save's files from before its manifest, or after the next one."""
+    return [p for p in path.iterdir() if p.name not in named and is_own_file(p.name)]
+
+
+def _named(stem: str, generation: int, ext: str) -> str:
+    return f"{stem}.gen{generation}.{ext}" if generation else f"{stem}.{ext}"
 
 
 def _older_narrmem_folder(path: Path, index_format: int) -> bool:

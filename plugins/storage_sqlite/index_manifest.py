@@ -3,6 +3,12 @@
 Format 3 lists each bucket's shards as columns (users, offsets, counts), with tenants named once:
 with 50,000 users a list of one object per shard (format 2) took 6.6 MB and 0.08 s to parse and
 another 0.1 s to walk, on every open. Formats 1 and 2 are still read; a save writes format 3.
+
+A manifest names the files it uses, and a save writes every file under a name no manifest on disk
+names yet (its ``generation``, one more than the previous save's, is in the name): the manifest's
+atomic replacement is then the one step that makes a save live, and a process killed anywhere in
+a save leaves the previous manifest with every file it names as it was. A manifest without a
+generation (written before files had one) is generation 0: its files have the plain names.
 """
 
 from __future__ import annotations
@@ -42,10 +48,19 @@ class Listing:
 
     buckets: list[Bucket]
     format_1: list[tuple[ShardKey, dict[str, Any]]]
+    generation: int = 0
+
+    def files(self) -> set[str]:
+        """Every file the manifest names (the manifest itself aside)."""
+        named = {str(entry["rows"]) for _, entry in self.format_1}
+        for bucket in self.buckets:
+            named |= {bucket.ids_file, bucket.vectors_file, *bucket.graphs.values()}
+        return named
 
 
 def listing(manifest: dict[str, Any]) -> Listing:
     """The shards a manifest lists (a bad manifest raises; the index is then rebuilt)."""
+    generation = _whole(manifest.get("generation", 0))
     if manifest["format"] == 3:
         tenants = [_text(t, "tenants") for t in manifest["tenants"]]
         buckets = []
@@ -62,7 +77,7 @@ def listing(manifest: dict[str, Any]) -> Listing:
             if not len(bucket.keys) == len(bucket.offsets) == len(bucket.counts):
                 raise ValueError(f"{bucket.ids_file}: columns of different lengths")
             buckets.append(bucket)
-        return Listing(buckets, [])
+        return Listing(buckets, [], generation)
     by_files: dict[tuple[str, str], Bucket] = {}
     format_1 = []
     for entry in manifest["shards"]:
@@ -73,13 +88,17 @@ def listing(manifest: dict[str, Any]) -> Listing:
         files = (str(entry["ids"]), str(entry["vectors"]))
         bucket = by_files.setdefault(files, Bucket(*files))
         bucket.add(key, int(entry["offset"]), int(entry["count"]), entry.get("graph"))
-    return Listing(list(by_files.values()), format_1)
+    return Listing(list(by_files.values()), format_1, generation)
 
 
 def manifest(
-    dim: int, watermark: dict[str, int] | None, chats: dict[str, int], buckets: Sequence[Bucket]
+    dim: int,
+    watermark: dict[str, int] | None,
+    chats: dict[str, int],
+    buckets: Sequence[Bucket],
+    generation: int,
 ) -> dict[str, Any]:
-    """The manifest (format 3) of ``buckets``."""
+    """The manifest (format 3) of ``buckets``, written by the save of ``generation``."""
     tenant_codes: dict[str, int] = {}
     listed = []
     for bucket in buckets:
@@ -96,6 +115,7 @@ def manifest(
         )
     return {
         "format": FORMAT,
+        "generation": generation,
         "dim": dim,
         "watermark": watermark,
         "chats": chats,

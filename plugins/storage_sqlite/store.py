@@ -143,11 +143,14 @@ class SQLiteStore(ForgetJournal):
         self._index.claim()
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
-        elif self._index.caught_up and self._index.caught_up["removed"]:
-            # Rows SQLite lost since the files were saved (a forget the process did not see
-            # through): their vectors must not stay in the files either.
-            async with self._vectors_lock:
-                await self._save_index()
+        else:
+            # Files of a save killed before its manifest was written (or before its clean-up).
+            await self._index.drop_leftovers()
+            if self._index.caught_up and self._index.caught_up["removed"]:
+                # Rows SQLite lost since the files were saved (a forget the process did not see
+                # through): their vectors must not stay in the files either.
+                async with self._vectors_lock:
+                    await self._save_index()
         # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
         if self.keyword_engine == "tantivy":
             await self._open_keywords()

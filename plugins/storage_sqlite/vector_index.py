@@ -17,7 +17,9 @@ Searches never race writes either way.
 
 On disk the index is a folder: rows in 64 bucket files (a shard's bucket is a hash of its key, so a
 ``forget`` rewrites one bucket, not the whole index) and one FAISS file per graph. A graph is saved
-only while its shard has no tombstones: deleted vectors never stay in a file.
+only while its shard has no tombstones: deleted vectors never stay in a file. A save writes its files
+under names of its own generation and the manifest, replaced last, names the files it uses: a process
+killed in a save leaves the previous manifest and its files whole (see index_manifest).
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ class Shard:
         "failed_builds",
         "file_offset",
         "graph",
+        "graph_file",
         "graph_mapped_from",
-        "graph_saved",
         "ids",
         "key",
         "n",
@@ -131,7 +133,7 @@ class Shard:
         self.vectors = vectors if vectors is not None else VectorRows(dim, capacity=capacity)
         self.dead = 0
         self.graph: Any = None  # an IndexHNSWFlat whose labels are row numbers
-        self.graph_saved = False
+        self.graph_file: str | None = None  # the index file holding the graph as it is, if one does
         # The file a graph was mapped from. FAISS cannot add to a mapped graph (it aborts the
         # process): rows written after the open stay outside it, searched exactly beside it,
         # until a background copy into memory takes them in (see VectorIndex._thaw).
@@ -174,7 +176,7 @@ class Shard:
         self.alive[rows] = True
         if self.graph is not None and self.graph_mapped_from is None:
             self.graph.add(vectors)
-            self.graph_saved = False
+            self.graph_file = None
         self.n = need
 
     @property
@@ -329,6 +331,12 @@ class VectorIndex:
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-hnsw")
         self._builds: set[asyncio.Future[Any]] = set()
         self._dirty_buckets: set[int] = set()
+        # The generation of the last save (of this process or the one that wrote the manifest
+        # read): the next save writes its files under the next one. The files each bucket's rows
+        # are in, and every file the manifest on disk names.
+        self._generation = 0
+        self._bucket_files: dict[int, tuple[str, str]] = {}
+        self._named_files: set[str] = set()
         self._closing = False
         self.dirty = False
         self.rebuilt_reason: str | None = None
@@ -606,7 +614,7 @@ class VectorIndex:
             return
         if shard.n > graph.ntotal:
             graph.add(shard.vectors.take(np.arange(int(graph.ntotal), shard.n)))
-        shard.graph, shard.graph_mapped_from, shard.graph_saved = graph, None, False
+        shard.graph, shard.graph_mapped_from, shard.graph_file = graph, None, None
         self.dirty = True
 
     async def _build(self, shard: Shard) -> None:
@@ -651,7 +659,7 @@ class VectorIndex:
         shard.ids, shard.chats, shard.vectors = ids, chats, VectorRows.owning(vectors)
         shard.alive = np.ones(len(ids), dtype=bool)
         shard.n, shard.dead = len(ids), 0
-        shard.graph, shard.graph_saved, shard.graph_mapped_from = graph, False, None
+        shard.graph, shard.graph_file, shard.graph_mapped_from = graph, None, None
         shard.forget_dead_selector()
         # The snapshot's rows removed since go first: an id written again is appended after.
         if len(removed):
@@ -687,6 +695,7 @@ class VectorIndex:
             self._chats_at_open = None
             self._chats_taken.clear()
             self._set_chat_codes({})
+            self._bucket_files.clear()  # rebuilt: every bucket is written anew by the next save
             return False
         # An older format, or names of chats no shard holds, are written anew by the next save.
         self.dirty = bool(self._dirty_buckets) or self._stale_chats > 0 or self._older_format
@@ -773,6 +782,8 @@ class VectorIndex:
             self._saved_watermark = manifest.get("watermark")
             files = _BucketFiles(self.path, self.dim)
             listed = index_manifest.listing(manifest)
+            self._generation = max(self._generation, listed.generation)
+            self._named_files = listed.files()
             rows = []
             with _collector_paused():
                 for key, entry in listed.format_1:
@@ -780,6 +791,9 @@ class VectorIndex:
                 for bucket in listed.buckets:
                     ids_file, vectors_file = bucket.ids_file, bucket.vectors_file
                     spans = files.spans(ids_file, vectors_file, bucket.offsets, bucket.counts)
+                    number = index_folder.bucket_of(ids_file)
+                    if number is not None:
+                        self._bucket_files[number] = (ids_file, vectors_file)
                     rows.append(BucketRows(bucket.keys, *spans, files.columns(ids_file)[1]))
                     for key, offset, count in zip(bucket.keys, bucket.offsets, bucket.counts, strict=True):
                         self._shards.wait(key, Waiting(files, ids_file, vectors_file, offset, count))
@@ -826,7 +840,7 @@ class VectorIndex:
         graph = faiss.read_index(str(self.path / graph_file), faiss.IO_FLAG_MMAP_IFC)
         mapped.advise_random(self.path / graph_file)
         if graph.ntotal <= shard.n and graph.d == self.dim:
-            shard.graph, shard.graph_saved = graph, True
+            shard.graph, shard.graph_file = graph, graph_file
             shard.graph_mapped_from = self.path / graph_file
 
     async def save(self, watermark: dict[str, int] | None = None) -> None:
@@ -840,19 +854,30 @@ class VectorIndex:
         index_folder.claim(self.path, FORMAT)
 
     def _save_sync(self, watermark: dict[str, int] | None) -> None:
+        """Write the buckets and graphs that changed under names of a new generation, then the
+        manifest naming them (the step that makes the save live), then delete what it no longer
+        names. A failed save's generation is never written again by this process."""
         index_folder.claim(self.path, FORMAT)
+        self._generation += 1
+        generation = self._generation
         by_bucket: dict[int, list[ShardKey]] = {}
         for key in sorted(self._shards.keys()):
             by_bucket.setdefault(_bucket(key), []).append(key)
         buckets: list[index_manifest.Bucket] = []
         for bucket in range(BUCKETS):
             keys = by_bucket.get(bucket, [])
-            ids_name, vectors_name = f"ids-{bucket:02d}.npy", f"vectors-{bucket:02d}.npy"
-            listed = index_manifest.Bucket(ids_name, vectors_name)
+            current = self._bucket_files.get(bucket)
+            if (
+                current is None
+                or bucket in self._dirty_buckets
+                or not all((self.path / name).exists() for name in current)
+                or not all(self._placed(k, current[0]) for k in keys)
+            ):
+                current = index_folder.bucket_files(bucket, generation)
+                self._write_bucket(keys, self.path / current[0], self.path / current[1])
+                self._bucket_files[bucket] = current
+            listed = index_manifest.Bucket(*current)
             buckets.append(listed)
-            stale = not (self.path / ids_name).exists() or not (self.path / vectors_name).exists()
-            if bucket in self._dirty_buckets or stale or not all(self._placed(k, ids_name) for k in keys):
-                self._write_bucket(keys, self.path / ids_name, self.path / vectors_name)
             for key in keys:
                 where = self._shards.waiting(key)
                 if where is not None:
@@ -862,23 +887,31 @@ class VectorIndex:
                 assert shard is not None and shard.file_offset is not None
                 graph_name = None
                 if shard.graph is not None and not shard.dead:
-                    graph_name = f"graph-{_digest(shard.key)}.faiss"
-                    if not shard.graph_saved or not (self.path / graph_name).exists():
-                        _atomic(self.path / graph_name, lambda tmp, g=shard.graph: faiss.write_index(g, tmp))
-                        shard.graph_saved = True
+                    if shard.graph_file is None or not (self.path / shard.graph_file).exists():
+                        name = index_folder.graph_file(_digest(shard.key), generation)
+                        _atomic(self.path / name, lambda tmp, g=shard.graph: faiss.write_index(g, tmp))
+                        shard.graph_file = name
+                    graph_name = shard.graph_file
                 listed.add(key, shard.file_offset, shard.live, graph_name)
-        manifest = index_manifest.manifest(self.dim, watermark, self._chat_codes, buckets)
+        manifest = index_manifest.manifest(self.dim, watermark, self._chat_codes, buckets, generation)
         _atomic(
             self.path / "manifest.json",
             lambda tmp: Path(tmp).write_text(json.dumps(manifest, ensure_ascii=False), encoding="utf-8"),
         )
-        used = {"manifest.json", *(f"{kind}-{b:02d}.{ext}" for b in range(BUCKETS) for kind, ext in _FILES)}
-        used |= {graph for listed in buckets for graph in listed.graphs.values()}
-        for stale_file in self.path.iterdir():
-            if stale_file.name not in used and index_folder.is_own_file(stale_file.name):
-                stale_file.unlink()
+        self._named_files = index_manifest.Listing(buckets, []).files()
+        self._drop_leftovers()
         self._dirty_buckets.clear()
         self._saved_watermark = watermark
+
+    async def drop_leftovers(self) -> None:
+        """Delete the files of a save that did not finish (a process killed before its manifest
+        was written, or before it deleted what the manifest no longer names). Only for the
+        process that writes the folder: a reader beside it could take a save under way for one."""
+        await self._run(self._drop_leftovers)
+
+    def _drop_leftovers(self) -> None:
+        for leftover in index_folder.leftovers(self.path, {"manifest.json", *self._named_files}):
+            leftover.unlink(missing_ok=True)
 
     def _placed(self, key: ShardKey, ids_file: str) -> bool:
         """Whether the shard's rows are in the bucket file ``ids_file`` already."""
@@ -949,7 +982,6 @@ class VectorIndex:
         self._executor.shutdown(wait=True)
 
 
-_FILES = (("ids", "npy"), ("vectors", "npy"))
 SAMPLES = 64  # stored vectors compared with SQLite's on open
 CATCH_UP_ROWS = 5_000  # rows read from SQLite at a time when the files are caught up on open
 
