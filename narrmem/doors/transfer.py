@@ -376,7 +376,10 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
     it: the memories in one transaction (ids kept), their importance history, the plugins' state,
     and each plugin's sections (``narrmem_import_records``, checked on a dry run first). What is
     already stored as it is in the file is skipped; other content under the same id is an error,
-    except plugin state, where the file's value replaces the stored one.
+    except plugin state, where the file's value replaces the stored one. Each part is compared
+    with what is stored, not taken as done with its memory: an import stopped at any point (the
+    memories committed, part of the history written) and run again writes the rest, and ends as
+    one whole import would.
 
     Returns ``imported`` and ``skipped`` memories, and the lines imported of every other section."""
     path = Path(path)
@@ -391,12 +394,9 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
                 field="section",
                 line=line,
             )
-    ids = [record.id for record, _ in parsed.items if record.id is not None]
-    already = set(await memory.store.get(ids, None)) if ids else set()
     counts = await memory.store.import_records(parsed.items)
     if parsed.importance:
-        new = [line for _, line in parsed.importance if line.memory_id not in already]
-        counts[IMPORTANCE] = await _write_importance(memory, new)
+        counts[IMPORTANCE] = await _write_importance(memory, [line for _, line in parsed.importance])
     if parsed.state:
         fresh = [entry for _, entry in parsed.state if (entry.namespace, entry.key) not in stored_state]
         for entry in fresh:
@@ -525,11 +525,12 @@ async def _plugin_import(memory: Memory, parsed: _ExportFile, *, dry_run: bool) 
 
 async def _write_importance(memory: Memory, lines: list[ImportanceLine]) -> int:
     """Each memory's history rows in their order (one write per run of rows of the same instant),
-    and its importance after decay at the last pass."""
+    and its importance after decay at the last pass; of each, only what the store lacks."""
     written = 0
     for line in lines:
-        values = [] if line.current is None else [(line.memory_id, line.current)]
-        runs = groupby(line.events, key=lambda event: event.at)
+        left, current = await _importance_left(memory, line)
+        values = [] if current is None else [(line.memory_id, current)]
+        runs = groupby(left, key=lambda event: event.at)
         for at, events in runs:
             rows = [(line.memory_id, e.who, e.why, e.old, e.new) for e in events]
             await memory.store.set_current_importance(values, rows, datetime.fromisoformat(at))
@@ -538,6 +539,33 @@ async def _write_importance(memory: Memory, lines: list[ImportanceLine]) -> int:
         if values:
             await memory.store.set_current_importance(values, [], memory.clock.now())
     return written
+
+
+async def _importance_left(memory: Memory, line: ImportanceLine) -> tuple[list[HistoryEvent], float | None]:
+    """What of a memory's importance line the store lacks: the history rows after those it holds,
+    and the importance after decay, which goes with the first of them (or alone).
+
+    Compared row by row, not skipped with its memory: the memories are committed before their
+    history, so an import stopped between the two and run again found every memory stored and
+    left the history out for good. A history that holds the file's and more (a decay since), or
+    another one, is the store's own and stays as it is."""
+    stored = [_event_key(event) for event in await memory.store.history(line.memory_id)]
+    wanted = [_event_key(event.model_dump()) for event in line.events]
+    if stored != wanted[: len(stored)]:
+        return [], None
+    left = line.events[len(stored) :]
+    if left or line.current is None:
+        return left, line.current
+    if line.events:
+        return [], None  # every row is stored, and the value was written with the first of them
+    states = await memory.store.importance_states(line.memory_id - 1, 1)
+    held = states[0][3] if states and states[0][0] == line.memory_id else None
+    return [], line.current if held is None else None
+
+
+def _event_key(event: dict[str, Any]) -> tuple[Any, ...]:
+    """A history row as compared: its instant, not how the time was written."""
+    return (datetime.fromisoformat(str(event["at"])), event["who"], event["why"], event["old"], event["new"])
 
 
 async def _check_episode_sources(memory: Memory, records: list[MemoryRecord], numbers: list[int]) -> None:
