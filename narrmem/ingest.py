@@ -176,8 +176,7 @@ class IngestPipeline:
     ) -> list[IngestResult]:
         mode = acknowledge or self.memory.settings.storage.acknowledge
         deferred = mode != "after_hooks"
-        if deferred:
-            await self.settling.claim()
+        await self.settling.claim()
         if mode == "on_receipt" and len(validated) <= SHORT_TEXTS:
             results = await self._receive(validated, call, held)
             if progress is not None:
@@ -205,10 +204,14 @@ class IngestPipeline:
                     written, unit = await self._finish(prepared, None, prefix, call=call)
                     self._schedule_hooks(written, prefix, unit)
                 else:
-                    written, unit = await self._finish(prepared, finishing, None, call=call)
+                    # The hooks' work is recorded with the write, as when they run after the
+                    # answer: a process stopped before they ran has them run at the next open
+                    # (they were lost: a retry found the message stored and ran none).
+                    prefix = self.settling.batch_prefix()
+                    written, unit = await self._finish(prepared, finishing, prefix, call=call, hooks_now=True)
                     finishing = None
                     if unit is not None:
-                        hooks = functools.partial(self.after_store, written, prepared.results)
+                        hooks = functools.partial(self._hooks_then_settled, written, prepared.results, prefix)
                         finishing = asyncio.ensure_future(self._hooks_of(unit, hooks))
                         # Cancelled before it starts (the caller gave up as the write ended), the
                         # task never runs its own ending: the unit ends all the same.
@@ -227,6 +230,14 @@ class IngestPipeline:
                 # without its counts and facts, and sent again it was a duplicate.
                 await asyncio.shield(finishing)
         return [result for batch in batches for result in batch]
+
+    async def _hooks_then_settled(
+        self, written: list[Pending], results: list[IngestResult], prefix: str
+    ) -> None:
+        """Run a written batch's after-store hooks for the caller's results, then delete the record
+        of their work (left for the next open if they raise)."""
+        await self.after_store(written, results)
+        await self.settling.settled(prefix)
 
     def _schedule_hooks(self, written: list[Pending], prefix: str, unit: int | None) -> None:
         """Have :mod:`narrmem.settling` run a written batch's after-store hooks, and end its unit."""
@@ -402,13 +413,15 @@ class IngestPipeline:
         receiving: bool = False,
         still_received: Callable[[list[Pending]], Awaitable[list[Pending]]] | None = None,
         call: Call | None = None,
+        hooks_now: bool = False,
     ) -> tuple[list[Pending], int | None]:
         """Run a prepared batch's before-store hooks, wait for its vectors and write it; return the
         messages written (whose after-store hooks the caller runs) and the batch's unit of
         :mod:`narrmem.fence`, begun before the write (``None`` when nothing was to be written),
         which the caller ends once the hooks have run or been scheduled. ``previous`` is the last
         batch's after-store task, awaited before this batch is written. ``prefix``: record the
-        pending after-store work of the batch with its write, under keys that start with it."""
+        pending after-store work of the batch with its write, under keys that start with it;
+        ``hooks_now``: the caller runs them before it answers (its results are filled in then)."""
         kept, results = prepared.kept, prepared.results
         if not kept:
             prepared.cancel()  # what was embedded early was already stored
@@ -461,7 +474,7 @@ class IngestPipeline:
             if later is not None and not later.done():
                 later.cancel()
         for item in written:
-            results[item.index] = stored_result(item, settled=prefix is None)
+            results[item.index] = stored_result(item, settled=prefix is None or hooks_now)
         return written, unit
 
     async def _new_messages(self, items: list[Pending], results: list[IngestResult]) -> list[Pending]:

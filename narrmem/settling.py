@@ -5,7 +5,8 @@ triggers) run afterwards, one batch after another in the order they were written
 is put in the store in the same transaction as the records (plugin state, namespace
 :data:`NAMESPACE`) and deleted once they have run, so a process that stops first has them run at the
 next open: by the next process to open the store, once the one that wrote them is gone (its
-:meth:`narrmem.store.Store.exclusive` claim on its own entries is released).
+:meth:`narrmem.store.Store.exclusive` claim on its own entries is released). With the default
+acknowledgement the hooks run before ingest returns, and their work is recorded the same way.
 
 An entry holds no text of the message: the ids that find its records, its speaker, the names of
 its ``meta`` keys and triage's decision without its text (``gist`` and string-valued signals, which may quote
@@ -99,6 +100,10 @@ class Settling:
         """Delete entries whose message turned out to be stored already (by another ingest)."""
         for key in keys:
             await self.memory.store.state_delete(NAMESPACE, key)
+
+    async def settled(self, prefix: str) -> None:
+        """The hooks of the batch whose entries start with ``prefix`` have run: its entries go."""
+        await self.memory.store.state_delete(NAMESPACE, prefix)
 
     def schedule(
         self, run: Callable[[], Awaitable[None]], prefix: str, count: int, ended: Callable[[], None]

@@ -134,6 +134,56 @@ async def test_hooks_a_stopped_process_left_run_at_the_next_open(tmp_path: Path)
         assert again.seen == []
 
 
+KILLED_IN_ITS_HOOKS = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from narrmem import hookimpl
+    from narrmem.testing import open_memory
+
+    class Killed:
+        @hookimpl(tryfirst=True)
+        async def narrmem_after_store(self):
+            os._exit(0)  # killed as the hooks begin: before the graph's facts, the counts...
+
+    async def main():
+        memory = await open_memory(sys.argv[1], plugins=[Killed()]).__aenter__()
+        await memory.ingest({"text": "I live in Porto now.", "user_id": "ann", "chat_id": "dm-ann",
+                             "ts": "2026-07-01T09:00:00+00:00", "message_id": "ann-9"})
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_with_the_default_acknowledgement_hooks_a_killed_process_left_run_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """The default answers after the hooks; a process killed while they run answered nothing, but
+    the message is written: the next open runs its hooks (the graph's fact is there), once. Before,
+    they never ran, and the message sent again was a duplicate."""
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        KILLED_IN_ITS_HOOKS,
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(worker.communicate(), timeout=300)
+    assert worker.returncode == 0, err.decode()[-3000:]
+    recorder = Recorder()
+    async with open_memory(tmp_path, plugins=[recorder]) as memory:
+        assert recorder.seen == [("ann-9", "I live in Porto now.", "accumulate")]
+        assert await memory.store.state_items(NAMESPACE) == []
+        facts = await memory.call_tool("memory_recall", {"user_id": "ann", "query_intent": "Porto"})
+        assert "lives_in Porto" in facts["rendered"]
+        again = await memory.ingest(msg("ann-9", "I live in Porto now.", user="ann", chat="dm-ann"))
+        assert again.duplicate
+    rerun = Recorder()
+    async with open_memory(tmp_path, plugins=[rerun]):
+        assert rerun.seen == []
+
+
 async def test_a_forget_drops_the_entries_of_what_it_forgets(tmp_path: Path) -> None:
     async with open_memory(tmp_path, real_model=True) as memory:
         await memory.ingest_many([*tired("ann"), *tired("bob")])
