@@ -13,6 +13,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -35,6 +36,7 @@ MAX_RECORD_META_BYTES = 2 * MAX_META_BYTES
 
 IdStr = Field(min_length=1, max_length=MAX_ID_CHARS)
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+_TIME_TEXT: TypeAdapter[datetime] = TypeAdapter(datetime)
 _NUMBER = re.compile(r"[+-]?\d+(\.\d*)?([eE][+-]?\d+)?")
 
 Layer = Literal["ignore", "accumulate", "scene"]
@@ -122,6 +124,16 @@ class Message(_Strict, metaclass=_InputErrors):
             raise PydanticCustomError(
                 "datetime_type", "must be an ISO 8601 time with a timezone (2026-05-04T09:15:00+00:00)"
             )
+        if isinstance(ts, str):
+            # Read here: after a validator of its own, a strict check (the tools') takes no text.
+            try:
+                return _TIME_TEXT.validate_python(ts)
+            except ValidationError as exc:
+                raise PydanticCustomError(
+                    "datetime_from_date_parsing",
+                    "must be an ISO 8601 time with a timezone (2026-05-04T09:15:00+00:00): {reason}",
+                    {"reason": exc.errors()[0]["msg"]},
+                ) from None
         return ts
 
     @field_validator("ts")
