@@ -517,6 +517,25 @@ async def test_an_export_refuses_a_store_whose_forget_is_not_finished(tmp_path: 
     assert not any(marker.decode() in text for marker in BOB_MARKERS) and "ann" in text
 
 
+async def test_an_export_refuses_a_forget_whose_plugins_have_not_scrubbed(tmp_path: Path) -> None:
+    """The store deleted Bob's memories, then a plugin failed to scrub (its service down) and the
+    job stayed: the graph still holds his facts. An export then would carry them, and an import of
+    it bring them back with no job to remove them; it is refused until the forget is finished."""
+    folder = tmp_path / "store"
+    scrubber = _CrashingScrubber()
+    async with open_memory(folder, plugins=[scrubber]) as mem:
+        await mem.ingest_many(_group_chat())
+        with pytest.raises(PluginError, match="killed"):
+            await mem.forget(user_id="bob")
+        assert await store_sql(mem, "SELECT COUNT(*) FROM memories WHERE user_id = 'bob'") == [(0,)]
+        with pytest.raises(StoreError, match=r"forget.*not finished.*user 'bob'"):
+            await export_store(mem, tmp_path / "backup.jsonl")
+    assert not (tmp_path / "backup.jsonl").exists()
+    async with open_memory(folder) as mem:  # the plugin is back: the open finishes the forget
+        await export_store(mem, tmp_path / "backup.jsonl")
+    assert "bob" not in (tmp_path / "backup.jsonl").read_text(encoding="utf-8").lower()
+
+
 @pytest.mark.sqlite_only("the bytes of the SQLite file's pages and of its keyword index")
 async def test_a_deleted_messages_words_leave_the_files_at_the_purge_after_it(tmp_path: Path) -> None:
     """An FTS5 delete leaves the row's terms in the index's segments until they are merged: a

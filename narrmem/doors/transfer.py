@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
 from narrmem.doors import export_files
 from narrmem.errors import InputError, StoreError
-from narrmem.models import MAX_ID_CHARS, ForgetJob, MemoryRecord, Message, no_nul
+from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -251,8 +251,9 @@ def _line_text(section: str, line: dict[str, Any]) -> str:
 async def _no_forget_pending(memory: Memory) -> None:
     """Refuse to export while a forget is recorded and not finished (a process stopped in the
     middle of it, or a plugin failed to scrub): the export holds no record of it, so an import
-    brought back what it deletes. A process that writes the folder finishes it when it opens."""
-    pending = [job for job in await memory.store.pending_forgets() if await _holds_some_of(memory, job)]
+    brought back what it deletes, the store's rows or, once those are gone, the plugins' copies
+    (a person's graph). A process that writes the folder finishes it when it opens."""
+    pending = await memory.store.pending_forgets()
     if pending:
         scopes = "; ".join(
             f"job {job.id}: tenant {job.tenant!r}"
@@ -265,16 +266,6 @@ async def _no_forget_pending(memory: Memory) -> None:
             "delete. Open the folder once with a process that writes (the bot, `narrmem serve`, "
             "`narrmem decay`) to finish them, then export"
         )
-
-
-async def _holds_some_of(memory: Memory, job: ForgetJob) -> bool:
-    """Whether the store still holds memories a pending forget deletes (one stopped before its
-    deletion; a job whose rows are gone is left to the plugins' scrubbing)."""
-    store = memory.store
-    if job.messages is None:
-        return bool(await store.recent(job.scope, limit=1))
-    assert job.chat_id is not None
-    return bool(await store.from_messages(job.tenant, job.chat_id, job.messages))
 
 
 async def _memory_lines(memory: Memory, tenant: str | None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
