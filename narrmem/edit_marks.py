@@ -8,12 +8,16 @@ finds it. When the old text was already stored as the edit began, the edit learn
 forget from the old text being gone; when it was not (still on its way in a third worker), it
 could not, and wrote the new text after the forget had returned.
 
-So on such a store an edit puts a mark in the store as it begins (plugin state, namespace
-:data:`NAMESPACE`: the ids that name the message, no text), every forget deletes the marks of what
-it forgets (but an edit's forget of the old text, which voids no edit: another edit of the
-same message under way replaces the text too), and the edit, once it holds the fence, stores
-nothing if its mark is gone. A mark is deleted as its edit ends; the marks of a process that
-stopped in the middle of an edit are deleted by the next open.
+So an edit puts a mark in the store as it begins (plugin state, namespace :data:`NAMESPACE`: the
+ids that name the message), every forget deletes the marks of what it forgets (but an edit's
+forget of the old text, which voids no edit: another edit of the same message under way replaces
+the text too), and the edit, once it holds the fence, stores nothing if its mark is gone. A mark
+is deleted as its edit ends.
+
+Before the edit forgets the old text, its mark takes the new message too (:meth:`EditMarks.keep`):
+a process killed between that forget and the new text's write lost both texts. The next open
+makes the edits of a process that stopped in the middle of one again, from their marks (a forget
+of the message, its chat or its person, finished first, has deleted the mark: nothing is made).
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+from narrmem.errors import InputError
+from narrmem.models import Message
 from narrmem.settling import forgotten_by, stopped_owners
-from narrmem.store import shared_by_processes
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
-    from narrmem.models import ForgetJob, Message
+    from narrmem.models import ForgetJob
     from narrmem.settling import Settling
 
 log = logging.getLogger("narrmem")
@@ -54,6 +59,16 @@ class EditMarks:
         await self.memory.store.state_put(NAMESPACE, key, ids)
         return key
 
+    async def keep(self, key: str, replacement: Message) -> bool:
+        """Add the new message to the mark ``key`` (the next open makes the edit again from it if
+        this process stops first); ``False`` if a forget has deleted the mark already."""
+        store = self.memory.store
+        ids = await store.state_get(NAMESPACE, key)
+        if ids is None:
+            return False
+        value = {**ids, "message": replacement.model_dump(mode="json")}
+        return await store.state_put_if(NAMESPACE, key, value, ids)
+
     async def still_marked(self, key: str) -> bool:
         """Whether no forget has deleted the mark since it was put."""
         return await self.memory.store.state_get(NAMESPACE, key) is not None
@@ -69,20 +84,28 @@ class EditMarks:
     async def drop(self, job: ForgetJob) -> None:
         """Delete the marks of the edits of what ``job`` forgets."""
         store = self.memory.store
-        if not shared_by_processes(store):
-            return  # marks are put on a shared store only
         for key, value in await store.state_items(NAMESPACE):
             if forgotten_by(value, job):
                 await store.state_delete(NAMESPACE, key)
 
-    async def recover(self) -> int:
-        """Delete the marks of processes that stopped in the middle of an edit; returns how many."""
+    async def recover(self) -> list[Message]:
+        """Delete the marks of processes that stopped in the middle of an edit; returns the new
+        messages of those that had kept one, to be made again."""
         store = self.memory.store
         gone = 0
+        again: list[Message] = []
         async for entries in stopped_owners(store, NAMESPACE, self.settling.token, self.settling.owners_gone):
-            for key, _ in entries:
+            for key, value in entries:
+                kept = value.get("message")
+                if isinstance(kept, dict):
+                    try:
+                        again.append(Message.model_validate(kept))
+                    except InputError:
+                        log.exception("an edit left by a stopped process is not a valid message; dropped")
                 await store.state_delete(NAMESPACE, key)
                 gone += 1
         if gone:
-            log.info("deleted the marks of %d edits whose process stopped", gone)
-        return gone
+            log.info(
+                "deleted the marks of %d edits whose process stopped (%d to make again)", gone, len(again)
+            )
+        return again

@@ -72,7 +72,7 @@ async def _edit(memory: Memory, edited: Message, steps: EditSteps) -> IngestResu
     held = steps.fence.reserve()
     try:
         with steps.calls.under_way([edited]) as call:
-            mark = None if held is None else await steps.marks.mark(edited)
+            mark = await steps.marks.mark(edited)
             try:
                 return await _replace(memory, edited, call, held, mark, steps)
             finally:
@@ -111,6 +111,10 @@ async def _replace(
     # it was (a date a day ahead forgot the old text and stored no new one).
     replacement = as_message(edited.model_copy(update={"meta": meta}), None)
     check_not_ahead([replacement], memory.clock.now(), memory.settings.storage.max_ts_ahead_s)
+    # Kept with the mark before the old text goes: a process killed between the two steps lost
+    # both texts; the next open makes the edit again from it.
+    if mark is not None and not await steps.marks.keep(mark, replacement):
+        return _forgotten_meanwhile(edited)
     counts = await steps.forget_messages(scope, [edited.message_id], sparing=call, carrying=held)
     # From here the edit holds the fence between processes (its forget handed it over): no other
     # worker's forget comes between this check and the new text's write.
@@ -120,15 +124,19 @@ async def _replace(
         # the message or a forget of its chat or person came in between, in this worker or
         # another (whose forget this edit could not hold back: it waited for it at the gate).
         # The new text goes with it.
-        return IngestResult(
-            message_id=edited.message_id,
-            layer="accumulate",
-            stored=False,
-            reason="forgotten before it was written: the message, its chat or its user was "
-            "forgotten while it was being edited",
-        )
+        return _forgotten_meanwhile(edited)
     [result] = await steps.ingest([replacement], None, call=call, held=held)
     return result
+
+
+def _forgotten_meanwhile(edited: Message) -> IngestResult:
+    return IngestResult(
+        message_id=edited.message_id,
+        layer="accumulate",
+        stored=False,
+        reason="forgotten before it was written: the message, its chat or its user was "
+        "forgotten while it was being edited",
+    )
 
 
 async def _episodes(memory: Memory, message: Message, scope: Scope) -> list[MemoryRecord]:

@@ -26,6 +26,7 @@ from narrmem.host import PluginHost
 from narrmem.in_flight import CallsUnderWay
 from narrmem.inbox import Inbox
 from narrmem.ingest import IngestPipeline, TriggerCallback
+from narrmem.models import Message
 from narrmem.settling import Settling
 from narrmem.store import FencesWorkers, Store
 from narrmem.tools import ToolRegistry
@@ -154,7 +155,19 @@ class MemoryLifecycle:
         self._inbox.start(self._ingest, self._forgetting)
         if not self.read_only:
             await self._inbox.recover()
-            await self._edit_marks.recover()
+            for message in await self._edit_marks.recover():
+                try:
+                    await self._edit_again(message)
+                except Exception:
+                    log.exception(
+                        "making again the edit of message %r (chat %r) that a stopped process left failed",
+                        message.message_id,
+                        message.chat_id,
+                    )
+
+    async def _edit_again(self, message: Message) -> None:
+        """Make an edit a stopped process left between its two steps (:meth:`Memory.edit`)."""
+        raise NotImplementedError
 
     def attach(self, *, store: Store | None = None, embedder: Embedder | None = None) -> None:
         """Set the store and embedder the plugins registered (used while opening)."""

@@ -6,6 +6,7 @@ embedder) is :mod:`narrmem.lifecycle`; plugins see it as a :class:`~narrmem.view
 
 from __future__ import annotations
 
+import logging
 import typing
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -29,6 +30,8 @@ from narrmem.models import (
 )
 
 __all__ = ["Memory", "attributed", "speaker_of"]
+
+log = logging.getLogger("narrmem")
 
 scope_of = opening.scope_argument
 ACKNOWLEDGE_MODES: tuple[Acknowledge, ...] = typing.get_args(Acknowledge)
@@ -118,6 +121,15 @@ class Memory(MemoryLifecycle):
             self._calls, self._fence, self._edit_marks, self._forgetting.messages, self._ingest.run
         )
         return await editing.edit(self, message, steps)
+
+    async def _edit_again(self, message: Message) -> None:
+        result = await self.edit(message)
+        log.warning(
+            "made again the edit of message %r (chat %r) that a stopped process left: %s",
+            message.message_id,
+            message.chat_id,
+            "stored" if result.stored else result.reason or "nothing stored",
+        )
 
     def on_trigger(self, callback: TriggerCallback) -> None:
         """Call ``await callback(event)`` for every trigger event; a raising callback is logged."""

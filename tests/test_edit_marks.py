@@ -1,12 +1,20 @@
-"""The marks of edits under way (narrmem.edit_marks): put and deleted on a shared store, left
-nowhere once the edit ends, and a stopped process's marks deleted by the next open."""
+"""The marks of edits under way (narrmem.edit_marks): put and deleted as an edit runs, left
+nowhere once it ends; a stopped process's marks deleted by the next open, and its edits left
+between their two steps made again."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 
+from narrmem import Message, Scope
 from narrmem.edit_marks import NAMESPACE
 from narrmem.testing import open_memory
+
+NOW = datetime(2026, 7, 1, 9, tzinfo=UTC)
 
 
 async def test_a_stopped_processs_marks_are_deleted_by_the_next_open(tmp_path: Path) -> None:
@@ -16,4 +24,65 @@ async def test_a_stopped_processs_marks_are_deleted_by_the_next_open(tmp_path: P
         await memory.store.state_put(NAMESPACE, "fedcba9876543210fedcba9876543210:e2", ids)
         assert len(await memory.store.state_items(NAMESPACE)) == 2
     async with open_memory(tmp_path) as memory:
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
+KILLED_BETWEEN_THE_STEPS = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from narrmem.ingest import IngestPipeline
+    from narrmem.testing import open_memory
+
+    original = IngestPipeline.run
+
+    async def run(self, messages, *args, **kwargs):
+        if any("Porto" in str(getattr(m, "text", "")) for m in messages):
+            os._exit(0)  # the old text is forgotten; the new one never written
+        return await original(self, messages, *args, **kwargs)
+
+    async def main():
+        memory = await open_memory(sys.argv[1]).__aenter__()
+        said = {"user_id": "ann", "chat_id": "c", "ts": "2026-07-01T09:00:00+00:00", "message_id": "m1"}
+        await memory.ingest({**said, "text": "I live in Lisbon"})
+        IngestPipeline.run = run
+        await memory.edit({**said, "text": "I live in Porto now"})
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_an_edit_killed_between_its_two_steps_is_made_again_by_the_next_open(tmp_path: Path) -> None:
+    """Killed after the edit forgot the old text and before it wrote the new one, a process left
+    neither; the new message is kept with the edit's mark, and the next open makes the edit."""
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        KILLED_BETWEEN_THE_STEPS,
+        str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(worker.communicate(), timeout=300)
+    assert worker.returncode == 0, err.decode()[-3000:]
+    async with open_memory(tmp_path) as memory:
+        [episode] = await memory.store.recent(Scope(chat_id="c"), limit=10)
+        assert episode.text == "I live in Porto now" and episode.message_ids == ["m1"]
+        assert [e["text"] for e in episode.meta["edits"]] == ["I live in Lisbon"]
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
+async def test_an_edit_left_halfway_whose_person_a_finished_forget_took_is_not_made_again(
+    tmp_path: Path,
+) -> None:
+    """The stopped process also had a forget of the person under way: the next open finishes it
+    first, which deletes the edit's mark, and the new text is not written after it."""
+    async with open_memory(tmp_path) as memory:
+        replacement = Message(text="I live in Porto now", user_id="ann", chat_id="c", ts=NOW, message_id="m1")
+        ids = {"tenant": "default", "user_id": "ann", "chat_id": "c", "message_id": "m1"}
+        value = {**ids, "message": replacement.model_dump(mode="json")}
+        await memory.store.state_put(NAMESPACE, "0123456789abcdef0123456789abcdef:e1", value)
+        await memory.store.begin_forget(tenant="default", user_id="ann", chat_id=None)
+    async with open_memory(tmp_path) as memory:
+        assert await memory.store.recent(Scope(chat_id="c"), limit=10) == []
         assert await memory.store.state_items(NAMESPACE) == []
