@@ -15,6 +15,7 @@ class InputError(NarrmemError, ValueError):
     def __init__(self, message: str, *, field: str | None = None, line: int | None = None) -> None:
         self.field = field
         self.line = line
+        self.reason = message  # without the place, for a caller that names the place anew
         where = []
         if line is not None:
             where.append(f"line {line}")

@@ -4,20 +4,23 @@
 A row becomes a JSON object of its columns, read from the database itself, so a column added to the
 table is exported without a change here; ``BLOB`` values are base64 text. Rows are read in a stable
 order and written back with their keys, so export → import into a fresh store → export gives the
-same records. Importing checks every record first (shape, JSON types per column, conflicts with what
-is stored) and names the record and the column at fault; a record already stored with identical
-content is skipped.
+same records. Importing checks every record first (shape, JSON types per column, what a text column
+holds when the spec says so, conflicts with what is stored) and names the record and the column at
+fault; a record already stored with identical content is skipped.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
 
+from narrmem.checks import JsonShapeError, check_time_range, loads_json
 from narrmem.errors import InputError
 from narrmem.store import SQLCapable, SQLConnection
 
@@ -63,6 +66,47 @@ class Column:
         if self.kind == "blob" and value is not None:
             return base64.b64decode(value, validate=True)
         return value
+
+
+# What a text column holds, beyond being text: JSON of an object, of an array, of an array of
+# strings, or an ISO-8601 time with a timezone. The database takes any text; the plugin that reads
+# it back does not, so a file holding other text is refused at the import, not at a later recall.
+TextFormat = Literal["object", "array", "strings", "time"]
+
+
+def text_format_problem(value: Any, text_format: TextFormat) -> str | None:
+    """Why ``value`` (a column's text, or ``None``) is not ``text_format``, or ``None``."""
+    if not isinstance(value, str):
+        return None  # null, or a type :meth:`Column.check` refuses
+    if text_format == "time":
+        return _time_problem(value)
+    try:
+        parsed = loads_json(value)
+    except (JsonShapeError, json.JSONDecodeError, ValueError) as exc:
+        return f"must be JSON text of {_FORMAT_WORDS[text_format]} ({exc})"
+    wanted = dict if text_format == "object" else list
+    if not isinstance(parsed, wanted) or (
+        text_format == "strings" and not all(isinstance(item, str) for item in parsed)
+    ):
+        return f"must be JSON text of {_FORMAT_WORDS[text_format]}"
+    return None
+
+
+_FORMAT_WORDS = {"object": "an object", "array": "an array", "strings": "an array of strings"}
+
+
+def _time_problem(text: str) -> str | None:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return "must be an ISO-8601 time with a timezone"
+    if when.tzinfo is None or when.utcoffset() is None:
+        return "must be an ISO-8601 time with a timezone"
+    try:
+        check_time_range(when)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _kind(declared: str) -> str:
@@ -117,29 +161,29 @@ async def check_table_records(
     section: str,
     exclude: Collection[str] = (),
     derived: Collection[str] = (),
+    formats: Mapping[str, TextFormat] | None = None,
 ) -> list[tuple[Any, ...]]:
     """The rows to insert for ``records`` (those not stored yet), as tuples in the table's column
     order; a malformed record or one that conflicts with a stored row raises an ``InputError``
     naming ``section[index].column``. A column a record leaves out is refused: an export holds them
-    all."""
-    placed = await _checked_rows(
-        db, table, records, key=key, section=section, exclude=exclude, derived=derived
+    all. ``formats`` says what text columns hold (see :class:`TableSpec`)."""
+    spec = TableSpec(
+        section=section,
+        table=table,
+        key=tuple(key),
+        exclude=tuple(exclude),
+        derived=tuple(derived),
+        formats=dict(formats or {}),
     )
-    return [row for _, row in placed]
+    return [row for _, row in await _checked_rows(db, spec, records)]
 
 
 async def _checked_rows(
-    db: SQLConnection,
-    table: str,
-    records: Sequence[Any],
-    *,
-    key: Sequence[str],
-    section: str,
-    exclude: Collection[str] = (),
-    derived: Collection[str] = (),
+    db: SQLConnection, spec: TableSpec, records: Sequence[Any]
 ) -> list[tuple[int, tuple[Any, ...]]]:
     """:func:`check_table_records`' rows, each with the index of its record in the section."""
-    columns = await table_columns(db, table, exclude)
+    table, section = spec.table, spec.section
+    columns = await table_columns(db, table, spec.exclude)
     by_name = {c.name: c for c in columns}
     rows: list[tuple[int, tuple[Any, ...]]] = []
     for index, record in enumerate(records):
@@ -154,6 +198,9 @@ async def _checked_rows(
             if column.name not in record:
                 raise InputError("missing", field=f"{where}.{column.name}")
             problem = column.check(record[column.name])
+            text_format = spec.formats.get(column.name)
+            if problem is None and text_format is not None:
+                problem = text_format_problem(record[column.name], text_format)
             try:
                 values.append(column.from_json(record[column.name]) if problem is None else None)
             except (binascii.Error, ValueError):
@@ -161,7 +208,7 @@ async def _checked_rows(
             if problem:
                 raise InputError(problem, field=f"{where}.{column.name}")
         row = tuple(values)
-        if not await _stored_same(db, table, columns, (key, derived), row, where):
+        if not await _stored_same(db, table, columns, (spec.key, spec.derived), row, where):
             rows.append((index, row))
     return rows
 
@@ -273,6 +320,9 @@ class TableSpec:
     order_by: str = "id"
     exclude: tuple[str, ...] = ()  # columns the database fills itself
     derived: tuple[str, ...] = ()  # caches: exported, but not a conflict when they differ
+    # What text columns hold (JSON of a shape, or a time), checked at an import: the database
+    # takes any text, and a column its plugin cannot read back broke the store after the import.
+    formats: Mapping[str, TextFormat] = field(default_factory=dict)
 
 
 async def export_tables(store: object, specs: Sequence[TableSpec]) -> dict[str, list[dict[str, Any]]] | None:
@@ -310,15 +360,7 @@ async def import_tables(
             if db.dialect == "sqlite":
                 await db.execute("PRAGMA defer_foreign_keys = ON")  # reset when the transaction ends
             for spec in mine:
-                placed = await _checked_rows(
-                    db,
-                    spec.table,
-                    sections[spec.section],
-                    key=spec.key,
-                    section=spec.section,
-                    exclude=spec.exclude,
-                    derived=spec.derived,
-                )
+                placed = await _checked_rows(db, spec, sections[spec.section])
                 if dry_run:
                     await _try_rows(db, spec, placed)
                 else:

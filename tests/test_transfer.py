@@ -13,7 +13,7 @@ import pytest
 from _helpers import hit_keys, index_file_ids, msg, on_sqlite, store_count, store_sql, write_export
 
 import narrmem
-from narrmem import InputError, StoreError
+from narrmem import InputError
 from narrmem.doors.transfer import export_jsonl, import_jsonl, read_messages
 from narrmem.testing import open_memory
 
@@ -134,8 +134,10 @@ async def test_conflicting_import_writes_nothing(exported: Any, tmp_path: Path) 
     async with open_memory(target) as mem:
         await import_jsonl(mem, write_export(tmp_path / "first.jsonl", [header, records[0], _lines(path)[3]]))
         before = await store_count(mem)
-        with pytest.raises(StoreError, match=str(records[2]["id"])):
+        # Named by its line before anything is written (the store's own check knows no lines).
+        with pytest.raises(InputError, match=str(records[2]["id"])) as caught:
             await import_jsonl(mem, changed)
+        assert (caught.value.field, caught.value.line) == ("id", 4)
         assert (await mem.stats())["vectors_indexed"] == before
         assert await store_count(mem) == before == 2
 

@@ -96,8 +96,9 @@ class HistoryEvent(BaseModel):
     at: str
     who: str = Field(max_length=200)
     why: str = Field(max_length=2000)
-    old: float | None = None
-    new: float
+    # Importance lies in [0, 1] everywhere; a row past it imported and was shown as it was.
+    old: float | None = Field(default=None, ge=0.0, le=1.0)
+    new: float = Field(ge=0.0, le=1.0)
 
     @field_validator("at")
     @classmethod
@@ -347,7 +348,12 @@ class _ExportFile:
     importance: list[tuple[int, ImportanceLine]] = field(default_factory=list)
     state: list[tuple[int, StateLine]] = field(default_factory=list)
     sections: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    first_line: dict[str, int] = field(default_factory=dict)  # of each plugin section
+    section_lines: dict[str, list[int]] = field(default_factory=dict)  # the line of each record
+
+    @property
+    def first_line(self) -> dict[str, int]:
+        """The first line of each plugin section."""
+        return {section: numbers[0] for section, numbers in self.section_lines.items()}
 
 
 def export_model(path: str | Path) -> str | None:
@@ -376,6 +382,7 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
     path = Path(path)
     parsed = _read_export(memory, path)
     await _check_episode_sources(memory, [record for record, _ in parsed.items], parsed.numbers)
+    await _check_stored_ids(memory, parsed)
     stored_state = await _stored_state(memory, parsed.state)
     claimed = await _plugin_import(memory, parsed, dry_run=True)
     for section, line in parsed.first_line.items():
@@ -436,7 +443,7 @@ def _read_export(memory: Memory, path: Path) -> _ExportFile:
             parsed.state.append((number, _validated(StateLine, data, number)))
         elif isinstance(section, str) and PLUGIN_SECTION.fullmatch(section):
             parsed.sections.setdefault(section, []).append(data)
-            parsed.first_line.setdefault(section, number)
+            parsed.section_lines.setdefault(section, []).append(number)
         else:
             raise InputError(f"unknown section {section!r}", field="section", line=number)
     if header is None:
@@ -507,11 +514,45 @@ async def _plugin_import(memory: Memory, parsed: _ExportFile, *, dry_run: bool) 
     if not parsed.sections:
         return {}
     counts: dict[str, int] = {}
-    for part in await memory.host.call(
-        "narrmem_import_records", isolate=False, memory=memory, sections=parsed.sections, dry_run=dry_run
-    ):
+    try:
+        parts = await memory.host.call(
+            "narrmem_import_records", isolate=False, memory=memory, sections=parsed.sections, dry_run=dry_run
+        )
+    except InputError as exc:
+        line = _record_line(parsed, exc.field)
+        if exc.line is not None or line is None:
+            raise
+        raise InputError(exc.reason, field=exc.field, line=line) from exc
+    for part in parts:
         counts.update(part)
     return counts
+
+
+_RECORD = re.compile(r"([^\[]+)\[(\d+)\]")
+
+
+def _record_line(parsed: _ExportFile, place: str | None) -> int | None:
+    """The file line of the record a plugin names (``graph.edges[3].status``: the fourth line of
+    section ``graph.edges``): plugins know their records by index only."""
+    found = _RECORD.match(place or "")
+    numbers = parsed.section_lines.get(found.group(1), []) if found else []
+    index = int(found.group(2)) if found else len(numbers)
+    return numbers[index] if index < len(numbers) else None
+
+
+async def _check_stored_ids(memory: Memory, parsed: _ExportFile) -> None:
+    """A memory whose id is stored with other content is refused naming its line, before anything
+    is written: the store meets it only inside its write, where no line is known."""
+    ids = [record.id for record, _ in parsed.items if record.id is not None]
+    if not ids:
+        return
+    stored = await memory.store.get(ids, None)
+    for (record, _), number in zip(parsed.items, parsed.numbers, strict=True):
+        held = stored.get(record.id) if record.id is not None else None
+        if held is not None and held.model_dump() != record.model_dump():
+            raise InputError(
+                f"memory {record.id} is already stored with other content", field="id", line=number
+            )
 
 
 async def _write_importance(memory: Memory, lines: list[ImportanceLine]) -> int:
@@ -599,6 +640,13 @@ def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
         header = ExportHeader.model_validate(data)
     except ValidationError as exc:
         raise InputError.from_pydantic(exc, line=number, prefix="header.") from exc
+    if header.format == EXPORT_FORMAT and header.version > max(READABLE_VERSIONS):
+        raise InputError(
+            f"{path} was written by a newer narrmem (format version {header.version}; this one reads "
+            f"{min(READABLE_VERSIONS)} to {max(READABLE_VERSIONS)})",
+            field="version",
+            line=number,
+        )
     if header.format != EXPORT_FORMAT or header.version not in READABLE_VERSIONS:
         raise InputError(
             f"{path} is not a narrmem export (versions {', '.join(map(str, READABLE_VERSIONS))})",

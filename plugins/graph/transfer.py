@@ -14,10 +14,18 @@ from typing import Any
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.schema import TABLES as GRAPH_TABLES
 
-from narrmem import hookimpl
-from narrmem.table_transfer import TableSpec, export_tables, import_tables
+from narrmem import InputError, hookimpl
+from narrmem.store import SQLCapable
+from narrmem.table_transfer import TableSpec, TextFormat, export_tables, import_tables
 from narrmem.view import MemoryView
 
+# What the graph's text columns hold, as the graph reads them back (props with json.loads, a
+# validity interval with datetime.fromisoformat): other text imported was met at a later recall.
+_FORMATS: dict[str, dict[str, TextFormat]] = {
+    "graph_nodes": {"props": "object", "created_at": "time"},
+    "graph_edges": {"provenance": "strings", "valid_from": "time", "valid_to": "time", "last_seen": "time"},
+    "graph_purges": {"filters": "object", "edges": "array", "at": "time"},
+}
 # Every table the schema creates, in creation order: a table others refer to comes first. A node's
 # label vector is a cache (stores written before 2026-12-05 filled it when a recall first needed
 # it): a later import does not conflict on it.
@@ -26,9 +34,12 @@ TABLES = [
         section=f"graph.{name.removeprefix('graph_')}",
         table=name,
         derived=("vector", "vector_text") if name == "graph_nodes" else (),
+        formats=_FORMATS.get(name, {}),
     )
     for name in GRAPH_TABLES
 ]
+NODES, EDGES = "graph.nodes", "graph.edges"
+SCOPE = ("tenant", "user_id", "chat_id")
 
 
 class GraphTransfer:
@@ -49,10 +60,57 @@ class GraphTransfer:
     ) -> dict[str, int] | None:
         if self._graph is None:
             return None
+        await _check_edge_scopes(memory.store, sections)
         counts = await import_tables(memory.store, TABLES, sections, dry_run=dry_run)
         if counts and not dry_run:
             await _continue_ids(self._graph)
         return counts
+
+
+async def _check_edge_scopes(store: object, sections: dict[str, list[dict[str, Any]]]) -> None:
+    """An edge's tenant, user and chat are its nodes': every read joins the nodes within the edge's
+    own scope, so an edge moved to another scope, still naming these nodes, was imported and then
+    read as another user's fact. Nodes are looked up in the file, then in the store; an edge whose
+    fields are of the wrong type, or that names a node neither holds, is left to the table checks."""
+    edges = sections.get(EDGES, [])
+    named = {
+        record.get(end) for record in edges if isinstance(record, dict) for end in ("subject_id", "object_id")
+    }
+    scopes = _node_scopes(sections.get(NODES, []))
+    missing = [i for i in named if isinstance(i, int) and not isinstance(i, bool) and i not in scopes]
+    if missing and isinstance(store, SQLCapable):
+        async with store.sql() as db:
+            for start in range(0, len(missing), 400):  # under SQLite's bound-parameter limit
+                part = missing[start : start + 400]
+                marks = ", ".join("?" for _ in part)
+                for row in await db.fetchall(
+                    f"SELECT id, tenant, user_id, chat_id FROM graph_nodes WHERE id IN ({marks})", part
+                ):
+                    scopes.setdefault(int(row[0]), tuple(row[1:]))
+    for index, edge in enumerate(edges):
+        if not isinstance(edge, dict):
+            continue
+        for end in ("subject_id", "object_id"):
+            node_id = edge.get(end)
+            node = scopes.get(node_id) if isinstance(node_id, int) else None
+            if node is None:
+                continue
+            for column, held in zip(SCOPE, node, strict=True):
+                if edge.get(column) != held:
+                    raise InputError(
+                        f"is {edge.get(column)!r}, but its {end.removesuffix('_id')} (node "
+                        f"{node_id}) has {held!r}: an edge belongs to its nodes' scope",
+                        field=f"{EDGES}[{index}].{column}",
+                    )
+
+
+def _node_scopes(nodes: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+    """Each node record's id with its (tenant, user, chat), as the file gives them."""
+    return {
+        record["id"]: tuple(record.get(column) for column in SCOPE)
+        for record in nodes
+        if isinstance(record, dict) and isinstance(record.get("id"), int)
+    }
 
 
 async def _continue_ids(graph: GraphBackend) -> None:

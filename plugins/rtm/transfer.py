@@ -27,7 +27,15 @@ async def _tables(memory: MemoryView) -> list[TableSpec]:
     order, _ = WRITE_ORDER.get(dialect, WRITE_ORDER["postgres"])
     # PostgreSQL numbers the rows itself (``written``): they are imported in order, not with it.
     return [
-        TableSpec(section=SECTION, table="rtm_trees", key=("tree_id",), order_by=order, exclude=("written",))
+        TableSpec(
+            section=SECTION,
+            table="rtm_trees",
+            key=("tree_id",),
+            order_by=order,
+            exclude=("written",),
+            # Read back with json.loads when the tree is opened: other text broke its traversal.
+            formats={"params": "object", "tree": "object", "created_at": "time"},
+        )
     ]
 
 
