@@ -84,6 +84,10 @@ async def fill_graph(mem: Any) -> None:
 
 
 async def dump(folder: Path, out: Path) -> tuple[bytes, dict[str, list[dict[str, Any]]]]:
+    # An export is refused while a forget is pending (the one of nobody travels with the store):
+    # an open that writes finishes it first, in either store alike.
+    async with open_memory(folder):
+        pass
     async with open_memory(folder, read_only=True) as mem:
         await export_jsonl(mem, out)
         side = {
