@@ -576,3 +576,36 @@ async def test_context_reinforces_as_the_bots_recall_does_and_a_look_changes_not
             used = await client.post("/v1/context", json=ask)
             assert used.status_code == 200 and used.json()["hits"]
             assert await fingerprint(memory) != before  # the answer's memory gained importance
+
+
+async def test_a_page_of_another_site_rebound_to_loopback_is_refused(tmp_path: Path) -> None:
+    """DNS rebinding: a site whose name resolves to 127.0.0.1 is of the server's own origin to
+    the browser, and read and forgot everything of a server without keys. `narrmem serve` takes
+    only the names it is reached by."""
+    from narrmem.doors.server.commands import allowed_hosts
+
+    hosts = allowed_hosts("127.0.0.1", ["memory.example.org"])
+    assert {"127.0.0.1", "localhost", "[::1]", "memory.example.org"} <= set(hosts)
+    assert allowed_hosts("0.0.0.0", []) == ["*"]  # every name of the machine: keys are required there
+    with pytest.raises(InputError):
+        allowed_hosts("127.0.0.1", ["evil.example/x"])
+    async with open_memory(tmp_path / "m") as memory:
+        await memory.ingest(msg("m1", "my PIN is 4711"))
+        app = create_app(memory, allowed_hosts=hosts)
+        transport = httpx.ASGITransport(app)
+        for name, status in (("rebind.attacker.test", 400), ("localhost", 200), ("[::1]", 200)):
+            async with httpx.AsyncClient(transport=transport, base_url=f"http://{name}:8765") as client:
+                assert (await client.get("/v1/users")).status_code == status, name
+                forgot = await client.post("/v1/forget", json={"user_id": "u1"})
+                assert forgot.status_code == (400 if status == 400 else 200)
+                if status == 400:
+                    assert (await memory.stats())["memories"] == 1
+
+
+async def test_the_inspector_runs_only_its_own_script_and_is_not_framed(srv: Server) -> None:
+    page = await srv.client.get("/ui/")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert page.headers["x-frame-options"] == "DENY"
+    answer = await srv.client.get("/v1/stats")
+    assert answer.headers["x-content-type-options"] == "nosniff"

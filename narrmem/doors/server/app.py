@@ -9,7 +9,7 @@ request body is one of the library's models (unknown fields are errors naming th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Annotated, Any, TypeVar
@@ -22,11 +22,13 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from narrmem import __version__
 from narrmem.config import Acknowledge
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
 from narrmem.doors.server.forgets import ForgetsVoidEvents
+from narrmem.doors.server.headers import SecurityHeaders
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
 from narrmem.doors.server.schemas import (
@@ -78,10 +80,12 @@ def create_app(
     cors_origins: list[str] | None = None,
     webhook: WebhookOptions | None = None,
     ui: bool = True,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The app over ``memory``. ``keys``: the key ring (``None``: no keys, every tenant open, for a
     server on a loopback address); ``cors_origins``: origins allowed to call from a browser (off
-    by default); ``webhook``: where trigger events are POSTed, with retries."""
+    by default); ``webhook``: where trigger events are POSTed, with retries; ``allowed_hosts``:
+    the names a request's ``Host`` may give (``None``: any; ``narrmem serve`` gives its own)."""
     hub = TriggerHub(webhook)
     memory.on_trigger(hub.publish)
     # However a forget is made (a route, the Python API, a tool, a hook), its events go with it.
@@ -89,6 +93,11 @@ def create_app(
     state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch)
     app = _build(state, ui=ui)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(SecurityHeaders)
+    if allowed_hosts is not None:
+        # A page of any site whose name was made to resolve to 127.0.0.1 (DNS rebinding) is of the
+        # server's own origin to the browser: without keys it read and forgot everything.
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts), www_redirect=False)
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -7,7 +7,7 @@ import argparse
 import ipaddress
 import json
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from narrmem.config import Settings
@@ -29,6 +29,14 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--webhook", metavar="URL", help="POST every trigger event here (with retries)")
     serve.add_argument("--max-body", type=int, default=2_000_000, metavar="BYTES", help="request body limit")
     serve.add_argument("--max-batch", type=int, default=500, help="messages per batch ingest")
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name requests may give in Host besides the bound address and loopback names "
+        "(a reverse proxy's public name); others get 400",
+    )
 
     keys = sub.add_parser("keys", help="API keys of narrmem serve (per tenant)")
     actions = keys.add_subparsers(dest="keys_action", required=True, metavar="ACTION")
@@ -50,6 +58,27 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name may resolve to anything
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def allowed_hosts(bound: str, extra: Sequence[str]) -> list[str]:
+    """The names a request's ``Host`` may give: the loopback names, the bound address (a wildcard
+    address stands for every name the machine has, so any is taken then), and ``extra``."""
+    if bound in ("0.0.0.0", "::", ""):
+        return ["*"]
+    names = [*LOOPBACK_NAMES, f"[{bound}]" if ":" in bound else bound, *extra]
+    for name in extra:
+        if (
+            not name
+            or "/" in name
+            or " " in name
+            or "*" in name[1:]
+            or (name.startswith("*") and not name.startswith("*."))
+        ):
+            raise InputError(f"not a host name: {name!r}", field="--allowed-host")
+    return sorted(set(names))
 
 
 async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -80,6 +109,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             max_batch=args.max_batch,
             cors_origins=args.cors_origin or None,
             webhook=webhook,
+            allowed_hosts=allowed_hosts(args.host, args.allowed_host),
         )
         mode = f"{ring.active_count()} active key(s)" if ring.required else "no keys (loopback only)"
         print(
