@@ -176,3 +176,19 @@ def write_export(path: Path, lines: list[dict[str, Any]], *, end: bool = True) -
             lines.append({"section": "end", "lines": counts})
     path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
     return path
+
+
+async def run_python(script: str, *args: str) -> str:
+    """Run ``script`` in a Python process of its own (a process that stops as a real one does,
+    with ``os._exit`` or a kill); its standard output, once it exited with code 0."""
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(worker.communicate(), timeout=300)
+    assert worker.returncode == 0, err.decode()[-3000:]
+    return out.decode()

@@ -4,11 +4,11 @@ between their two steps made again."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
+
+from _helpers import run_python
 
 from narrmem import Message, Scope
 from narrmem.edit_marks import NAMESPACE
@@ -55,16 +55,7 @@ KILLED_BETWEEN_THE_STEPS = textwrap.dedent(
 async def test_an_edit_killed_between_its_two_steps_is_made_again_by_the_next_open(tmp_path: Path) -> None:
     """Killed after the edit forgot the old text and before it wrote the new one, a process left
     neither; the new message is kept with the edit's mark, and the next open makes the edit."""
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        KILLED_BETWEEN_THE_STEPS,
-        str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(worker.communicate(), timeout=300)
-    assert worker.returncode == 0, err.decode()[-3000:]
+    await run_python(KILLED_BETWEEN_THE_STEPS, str(tmp_path))
     async with open_memory(tmp_path) as memory:
         [episode] = await memory.store.recent(Scope(chat_id="c"), limit=10)
         assert episode.text == "I live in Porto now" and episode.message_ids == ["m1"]

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import sys
 import textwrap
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _helpers import msg
+from _helpers import msg, run_python
 from _postgres import fresh_database
 
 from narrmem import hookimpl
@@ -107,17 +106,8 @@ STOPPING_WORKER = textwrap.dedent(
 
 
 async def test_hooks_a_stopped_process_left_run_at_the_next_open(tmp_path: Path) -> None:
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        STOPPING_WORKER,
-        str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(worker.communicate(), timeout=300)
-    assert worker.returncode == 0, err.decode()[-3000:]
-    assert out.decode().split() == ["True", "False"]
+    out = await run_python(STOPPING_WORKER, str(tmp_path))
+    assert out.split() == ["True", "False"]
     with sqlite3.connect(tmp_path / "narrmem.sqlite3") as db:
         left = db.execute("SELECT key, value FROM plugin_state WHERE namespace = ?", (NAMESPACE,)).fetchall()
     assert len(left) == 1
@@ -161,16 +151,7 @@ async def test_with_the_default_acknowledgement_hooks_a_killed_process_left_run_
     """The default answers after the hooks; a process killed while they run answered nothing, but
     the message is written: the next open runs its hooks (the graph's fact is there), once. Before,
     they never ran, and the message sent again was a duplicate."""
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        KILLED_IN_ITS_HOOKS,
-        str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(worker.communicate(), timeout=300)
-    assert worker.returncode == 0, err.decode()[-3000:]
+    await run_python(KILLED_IN_ITS_HOOKS, str(tmp_path))
     recorder = Recorder()
     async with open_memory(tmp_path, plugins=[recorder]) as memory:
         assert recorder.seen == [("ann-9", "I live in Porto now.", "accumulate")]
