@@ -162,11 +162,20 @@ def folder_argument(value: Any, field: str) -> str:
     path = os.fspath(value)
     if not isinstance(path, str):
         raise InputError("must be a text path, not bytes", field=field)
-    if not path.strip():
-        raise InputError("must name a folder, not be empty", field=field)
-    if "\x00" in path:
-        raise InputError("holds a NUL byte", field=field)
+    problem = folder_problem(path)
+    if problem is not None:
+        raise InputError(problem, field=field)
     return path
+
+
+def folder_problem(path: str) -> str | None:
+    """What is wrong with ``path`` as a folder's name, or ``None``: a blank name would put a folder
+    named with spaces in the working directory, and no file system takes a NUL byte."""
+    if not path.strip():
+        return "must name a folder, not be empty"
+    if "\x00" in path:
+        return "holds a NUL byte"
+    return None
 
 
 def sequence_argument(value: Any, field: str) -> Sequence[Any]:

@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -34,7 +35,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from narrmem.checks import MAX_JSON_DEPTH, json_text_too_deep
+from narrmem.checks import MAX_JSON_DEPTH, folder_problem, json_text_too_deep
 from narrmem.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
@@ -62,6 +63,32 @@ MAX_SETTING_CHARS = 4096
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", str_max_length=MAX_SETTING_CHARS)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1: `batch_size = true` was a batch of one. A number from the
+        # environment arrives as text ("5") and is still read, so strict mode is not the answer.
+        annotation = cls.model_fields[info.field_name or ""].annotation
+        if annotation in _NUMBERS and isinstance(value, bool):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        if annotation in _NUMBER_TABLES and isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, bool):
+                    raise ValueError(f"the value of '{key}' must be a number, not {str(item).lower()}")
+        return value
+
+
+_NUMBERS: tuple[Any, ...] = (int, float, int | None, float | None)
+_NUMBER_TABLES: tuple[Any, ...] = (dict[str, float], dict[str, int])
+
+
+def folder_setting(path: str | None) -> str | None:
+    """``path`` if it can name a folder (see :func:`narrmem.checks.folder_problem`)."""
+    problem = None if path is None else folder_problem(path)
+    if problem is not None:
+        raise ValueError(problem)
+    return path
 
 
 # Files SQLite and narrmem keep beside the database file.
@@ -203,6 +230,11 @@ class EmbedderSettings(_Section):
     )
     device: Literal["cpu", "cuda", "mps"] = "cpu"
 
+    @field_validator("model_path", "cache_dir")
+    @classmethod
+    def _a_folder(cls, path: str | None) -> str | None:
+        return folder_setting(path)
+
 
 class RecallSettings(_Section):
     min_similarity: float = similarity(
@@ -256,8 +288,7 @@ class Settings(BaseSettings):
     @field_validator("data_dir")
     @classmethod
     def _a_folder(cls, data_dir: str) -> str:
-        if not data_dir.strip() or "\x00" in data_dir:
-            raise ValueError("must name a folder (not empty, no NUL byte)")
+        folder_setting(data_dir)
         return data_dir
 
     storage: StorageSettings = Field(default_factory=StorageSettings)

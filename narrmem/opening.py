@@ -60,12 +60,14 @@ async def start(
 
 
 def _make_store(memory: MemoryLifecycle, stores: dict[str, Callable[..., Any]]) -> Any:
+    # Picked before the data folder is made: a backend that is not there creates nothing.
+    factory = _pick(stores, memory.settings.storage.backend, "storage.backend")
     try:
         if not memory.read_only:
             memory.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"data folder {memory.data_dir}: cannot create it ({exc.strerror})") from exc
-    store = _pick(stores, memory.settings.storage.backend, "storage.backend")(memory)
+    store = factory(memory)
     memory.attach(store=store)  # before opening, so a failed open is still closed
     return store
 

@@ -84,6 +84,14 @@ class OnnxEmbedder(ThreadedEmbedder):
 
     def _prepare(self) -> OnnxModelFiles:
         """The exported (and quantized) model on disk, made once per machine."""
+        try:
+            return self._make_model_files()
+        except OSError as exc:  # a cache folder that cannot be written in (full, read-only, taken)
+            raise ConfigError(
+                f"embedder.cache_dir: cannot keep the model files in {self.cache_dir / 'onnx'} ({exc})"
+            ) from exc
+
+    def _make_model_files(self) -> OnnxModelFiles:
         path = self.model_file()
         if not path.exists():
             full = self.model_file("none")
@@ -185,6 +193,21 @@ def _partial(target: Path) -> Path:
     return target.with_name(f"{target.name}.{os.getpid()}.partial")
 
 
+def check_cache_dir(cache_dir: Path) -> Path:
+    """``cache_dir`` if it and its ``onnx`` folder are folders or not there yet: found before a
+    memory opens, so a cache that cannot hold the model leaves no store behind."""
+    for folder in (cache_dir, cache_dir / "onnx"):
+        try:
+            taken = folder.exists() and not folder.is_dir()
+        except OSError as exc:  # a name too long, a folder that may not be looked into
+            raise ConfigError(f"embedder.cache_dir: cannot use {folder} ({exc.strerror or exc})") from exc
+        if taken:
+            raise ConfigError(
+                f"embedder.cache_dir: {folder} exists and is not a folder (the model files are kept there)"
+            )
+    return cache_dir
+
+
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/narrmem`` or ``~/.cache/narrmem``: one export serves every data folder."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -195,9 +218,10 @@ def default_cache_dir() -> Path:
 def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any]], None]) -> None:
     def factory(settings: Settings) -> OnnxEmbedder:
         options = settings.embedder
+        cache_dir = Path(options.cache_dir) if options.cache_dir is not None else default_cache_dir()
         return OnnxEmbedder(
             options.model_path,
-            Path(options.cache_dir) if options.cache_dir else default_cache_dir(),
+            check_cache_dir(cache_dir),
             threads=options.threads,
             batch_size=options.batch_size,
             quantize=options.quantize,

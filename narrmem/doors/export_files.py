@@ -47,7 +47,8 @@ def prefix(target: Path) -> str:
 def partial_file(target: Path) -> Iterator[TextIO]:
     """A new file beside ``target`` (never an existing file's name), held by this process while it
     is written, and renamed over ``target`` once the block ends without an error (while still
-    held: a complete file is never taken for one a stopped export left). An error deletes it."""
+    held: a complete file is never taken for one a stopped export left). An error deletes it, and
+    so does a ``target`` that is a symbolic link (never replaced by a file)."""
     try:
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix(target), suffix=SUFFIX)
     except OSError as exc:  # a folder this process may not write in, a read-only file system
@@ -59,6 +60,8 @@ def partial_file(target: Path) -> Iterator[TextIO]:
             fd = -1  # the file object owns it now
             yield out
             out.flush()
+            if target.is_symlink():  # renamed over, the user's link would become this file
+                raise InputError(f"{target} is a symbolic link: name the file it points to", field="file")
             os.replace(path, target)
     except BaseException:
         if fd != -1:

@@ -321,6 +321,13 @@ async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]
 
 
 def _check_replaceable(path: Path) -> None:
+    if path.is_symlink():
+        # The export is renamed over its target: over a link that replaced the link with a file
+        # and left the export it pointed to as it was. Naming the file itself says which one.
+        raise InputError(
+            f"{path} is a symbolic link: name the file it points to ({path.resolve()}) instead",
+            field="file",
+        )
     if not path.exists():
         if not path.parent.is_dir():
             raise InputError(f"folder {path.parent} does not exist", field="file")
