@@ -9,6 +9,7 @@ import json
 import shutil
 import sqlite3
 import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -516,14 +517,27 @@ async def test_schema_3_gives_existing_keyword_rows_their_owners(tmp_path: Path)
         await db.close()
 
 
-async def test_an_index_file_of_the_older_format_is_replaced(built: Any) -> None:
-    folder, results, _ = built
-    shutil.rmtree(folder / INDEX_NAME)
-    # The single FAISS file older versions wrote: an IndexIDMap2 over a flat index.
+async def test_an_index_file_of_the_older_format_is_replaced(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    async with open_memory(folder):
+        pass
+    recorded = sql(folder, "SELECT key, value FROM meta")
+    for path in folder.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    # A store of a narrmem that kept its index in one FAISS file (schema 2 at most): an
+    # IndexIDMap2 over a flat index, which the database's schema version says is the store's own.
+    with closing(sqlite3.connect(folder / "narrmem.sqlite3")) as db:
+        for script in schema.MIGRATIONS[:2]:
+            db.executescript(script)
+        db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", recorded)
+        db.execute("PRAGMA user_version = 2")
+        db.commit()
     faiss.write_index(faiss.IndexIDMap2(faiss.IndexFlatIP(384)), str(folder / INDEX_NAME))
     async with open_memory(folder) as mem:
-        assert mem.store.index.rebuilt_reason is not None
-        assert await _results(mem) == results
+        await mem.ingest_many(CORPUS)
     assert (folder / MANIFEST).exists()
     assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
 

@@ -21,10 +21,13 @@ OWN_FILE = re.compile(
 BUCKET_IDS_FILE = re.compile(r"^ids-(\d{2})(\.gen\d+)?\.npy$")
 # The single FAISS file of an older narrmem (an IndexIDMap2 over a flat index).
 OLD_INDEX_MAGIC = (b"IxM2", b"IxMp")
+OLDEST_FOLDER_SCHEMA = 2  # the last database schema version written beside a single-file index
 
 
-def claim(path: Path, index_format: int) -> None:
-    """Make sure ``path`` is narrmem's index folder, creating and marking it if it is new."""
+def check(path: Path, index_format: int, *, older_index_file: bool = False) -> None:
+    """Refuse an index path that is not provably narrmem's, writing nothing. ``older_index_file``:
+    the store's database was last written by a narrmem that kept its index in one FAISS file (see
+    :func:`wrote_index_file`), so a FAISS file at ``path`` is that index."""
     if path.is_file():
         with path.open("rb") as fh:
             magic = fh.read(4)
@@ -32,7 +35,11 @@ def claim(path: Path, index_format: int) -> None:
             raise StoreError(
                 f"{path} is a file narrmem did not write: set [storage] index to a name of its own"
             )
-        path.unlink()  # an older narrmem's index: derived from SQLite, rebuilt as a folder
+        if not older_index_file:
+            raise StoreError(
+                f"{path} is a FAISS file this store's database does not record as its index: narrmem "
+                "does not delete it; move it away or set [storage] index to a name of its own"
+            )
     elif path.exists() and not path.is_dir():
         raise StoreError(f"{path} is not a folder: set [storage] index to a name of its own")
     if path.is_dir() and not (path / MARKER).exists():
@@ -42,10 +49,24 @@ def claim(path: Path, index_format: int) -> None:
                 f"{path} holds files narrmem did not write ({', '.join(sorted(entries)[:3])}): "
                 "set [storage] index to a folder of its own"
             )
+
+
+def claim(path: Path, index_format: int, *, older_index_file: bool = False) -> None:
+    """Make sure ``path`` is narrmem's index folder, creating and marking it if it is new."""
+    check(path, index_format, older_index_file=older_index_file)
+    if path.is_file():
+        path.unlink()  # an older narrmem's index: derived from SQLite, rebuilt as a folder
     path.mkdir(parents=True, exist_ok=True)
     marker = path / MARKER
     if not marker.exists():
         marker.write_text(json.dumps({"narrmem": "vector index", "format": index_format}) + "\n")
+
+
+def wrote_index_file(schema_version: int) -> bool:
+    """Whether a narrmem database at ``schema_version`` (before this open migrates it) was last
+    written by a narrmem that kept the vector index in a single FAISS file: those wrote schema 1
+    and 2 only (the index became a folder during schema 2)."""
+    return 1 <= schema_version <= OLDEST_FOLDER_SCHEMA
 
 
 def is_own_file(name: str) -> bool:
@@ -79,12 +100,27 @@ def _named(stem: str, generation: int, ext: str) -> str:
 
 
 def _older_narrmem_folder(path: Path, index_format: int) -> bool:
-    """A folder written before the marker existed: its manifest says so, and every file in it has
+    """A folder written before the marker existed: its manifest has every key such a narrmem
+    wrote (format, dim, chats, shards naming rows files in the folder), and every file in it has
     one of narrmem's own names."""
     try:
         manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    own = all(is_own_file(p.name) for p in path.iterdir())
-    written = manifest.get("format") if isinstance(manifest, dict) else None
-    return isinstance(written, int) and 1 <= written <= index_format and own
+    if not isinstance(manifest, dict):
+        return False
+    written, shards = manifest.get("format"), manifest.get("shards")
+    if not (
+        isinstance(written, int)
+        and 1 <= written <= index_format
+        and isinstance(manifest.get("dim"), int)
+        and isinstance(manifest.get("chats"), dict)
+        and isinstance(shards, list)
+    ):
+        return False
+    for entry in shards:
+        if not isinstance(entry, dict) or not {"tenant", "user_id", "rows"} <= entry.keys():
+            return False
+        if not isinstance(entry["rows"], str) or not (path / entry["rows"]).is_file():
+            return False
+    return all(is_own_file(p.name) for p in path.iterdir())

@@ -69,6 +69,9 @@ CONTEXT_WEIGHT_TOLERANCE = 0.005
 # count is the number of documents tantivy's BM25 divides by, deleted ones not merged away included.
 EVERY_DOCUMENT = "*"
 STATE_FILE = "narrmem-keywords.json"
+# Written into a folder as narrmem creates it: with the state file, what proves a folder is
+# narrmem's (a tantivy index of another program's has tantivy's files too, meta.json first).
+MARKER = ".narrmem-keywords"
 WRITER_HEAP = 32_000_000  # bytes: tantivy flushes a segment when a writer's buffer is this full
 BM25_K1 = 1.2  # tantivy's BM25 constants, for the documents scored before their commit
 BM25_B = 0.75
@@ -238,14 +241,11 @@ class TantivyKeywords:
 
     def _open(self) -> int | None:
         for stale in self.folder.parent.glob(f"{self.folder.name}.*-*"):
-            if _BUILDING in stale.name or _RETIRED in stale.name:
+            if (_BUILDING in stale.name or _RETIRED in stale.name) and _marked(stale):
                 shutil.rmtree(stale, ignore_errors=True)  # ours, left by a crash mid-rebuild
-        if self.folder.exists() and not _ours(self.folder):
-            raise StoreError(
-                f"{self.folder} holds files that are not a narrmem keyword index: move them away"
-            )
+        check_folder(self.folder)
         state = _read_state(self.folder)  # None (no state, or not ours to trust): rebuilt
-        self.folder.mkdir(parents=True, exist_ok=True)
+        _make_own(self.folder)
         try:
             self._load(self.folder)
         except (ValueError, OSError) as exc:
@@ -265,8 +265,10 @@ class TantivyKeywords:
         self._close()
         # Until the new folder is complete, searches go to FTS5, not to a half-built index.
         self.changes = None
+        if building.exists() and not _marked(building):
+            raise StoreError(f"{building} is a folder narrmem did not write: move it away")
         shutil.rmtree(building, ignore_errors=True)
-        building.mkdir(parents=True)
+        _make_own(building)
         self._load(building)
 
     def _add_all(self, docs: Sequence[KeywordDoc]) -> None:
@@ -286,9 +288,7 @@ class TantivyKeywords:
         retired = self.folder.with_name(f"{self.folder.name}{_RETIRED}{os.getpid()}")
         if self.folder.exists() and not _ours(self.folder):
             shutil.rmtree(building, ignore_errors=True)
-            raise StoreError(
-                f"{self.folder} holds files that are not a narrmem keyword index: move them away"
-            )
+            check_folder(self.folder)
         if self.folder.exists():
             os.replace(self.folder, retired)
         os.replace(building, self.folder)
@@ -461,10 +461,30 @@ class _RunningMean:
         return self.total / self.count if self.count else 0.0
 
 
+def check_folder(folder: Path) -> None:
+    """Refuse a keyword index folder narrmem cannot prove is its own, before anything is written."""
+    if folder.exists() and not (folder.is_dir() and _ours(folder)):
+        raise StoreError(
+            f"{folder} holds files that are not a narrmem keyword index (no {STATE_FILE} or {MARKER}): "
+            "narrmem does not touch it; move it away, or set storage.keyword_index = 'fts5'"
+        )
+
+
 def _ours(folder: Path) -> bool:
-    """Whether ``folder`` is empty or a tantivy index (which narrmem made there)."""
-    names = {p.name for p in folder.iterdir()}
-    return not names or STATE_FILE in names or "meta.json" in names
+    """Whether ``folder`` is empty (nothing in it to lose) or carries narrmem's marker."""
+    return not any(folder.iterdir()) or _marked(folder)
+
+
+def _marked(folder: Path) -> bool:
+    """Whether ``folder`` carries what narrmem writes in a keyword index folder of its own."""
+    return (folder / STATE_FILE).is_file() or (folder / MARKER).is_file()
+
+
+def _make_own(folder: Path) -> None:
+    """Create ``folder`` (or take an empty one) and mark it as narrmem's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not _marked(folder):
+        (folder / MARKER).write_text(json.dumps({"narrmem": "keyword index"}) + "\n", encoding="utf-8")
 
 
 def _read_state(folder: Path) -> int | None:

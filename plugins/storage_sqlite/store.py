@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 
 import aiosqlite
 import numpy as np
+from narrmem_plugins.storage_sqlite import index_folder, index_manifest, keyword_index
 from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
 from narrmem_plugins.storage_sqlite.keyword_index import (
     CONTEXT_WEIGHT,
@@ -65,6 +66,9 @@ CHUNK = 500  # stays under SQLite's bound-parameter limit
 INLINE_IDS = 64
 KEYWORDS_FOLDER = "keywords"  # the tantivy keyword index, when storage.keyword_index = "tantivy"
 KEYWORD_BATCH = 5000  # rows read per step of a keyword index rebuild
+# PRAGMA application_id of a database narrmem creates ("nmem"): a file that carries another id is
+# another program's. Stores made before it carry 0 and are known by their meta and memories tables.
+APPLICATION_ID = 0x6E6D656D
 
 T = TypeVar("T")
 
@@ -118,6 +122,8 @@ class SQLiteStore(ForgetJournal):
         if self.read_only:
             await self._open_read_only(dim, model)
             return
+        # Files narrmem cannot prove are its own are refused before the first file is written.
+        written_version = await asyncio.to_thread(self._check_files)
         # One writer per folder: a second process would see neither the other's vectors nor its
         # forgets, so it is refused here, before anything is read or written.
         self._folder_lock.acquire(self.folder)
@@ -134,13 +140,15 @@ class SQLiteStore(ForgetJournal):
             await db.execute(f"PRAGMA {pragma}")
         await db.execute("PRAGMA secure_delete=ON")
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        if written_version == 0:
+            await db.execute(f"PRAGMA application_id={APPLICATION_ID}")
         await migrate(db)
         await self._vacuum_mode()
         await self._check_model(dim, model)
         self._reader = await self._open_reader()
         self._lookups = await asyncio.to_thread(self._open_lookups)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
-        self._index.claim()
+        self._index.claim(older_index_file=index_folder.wrote_index_file(written_version))
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
         else:
@@ -158,6 +166,47 @@ class SQLiteStore(ForgetJournal):
             (self.folder / KEYWORDS_FOLDER).exists() or self.index.largest_scope() >= self.keyword_threshold
         ):
             await self._start_keywords()
+
+    def _check_files(self) -> int:
+        """Refuse a database, vector index or keyword index at this store's paths that narrmem
+        cannot prove it wrote; the database's schema version as found (0: none yet)."""
+        version = self._database_version()
+        index_folder.check(
+            self.index_path, index_manifest.FORMAT, older_index_file=index_folder.wrote_index_file(version)
+        )
+        if self.keyword_engine in ("tantivy", "auto"):
+            keyword_index.check_folder(self.folder / KEYWORDS_FOLDER)
+        return version
+
+    def _database_version(self) -> int:
+        """The schema version of the database file, read without writing; a StoreError for a
+        file that is neither empty nor a narrmem database (no narrmem table is ever added to it)."""
+        path = self.db_path
+        if not path.exists():
+            return 0
+        if not path.is_file():
+            raise StoreError(f"{path} is not a file: set [storage] database to a name of its own")
+        try:
+            with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+                [(version,)] = db.execute("PRAGMA user_version").fetchall()
+                [(application,)] = db.execute("PRAGMA application_id").fetchall()
+                tables = {
+                    str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                }
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"{path} cannot be opened as a narrmem store ({exc}): narrmem does not "
+                "overwrite a file it did not create; move it away or set [storage] database"
+            ) from None
+        empty = not tables and int(version) == 0
+        older_store = int(application) == 0 and {"meta", "memories"} <= tables and int(version) >= 1
+        if int(application) == APPLICATION_ID or (int(application) == 0 and empty) or older_store:
+            return int(version)
+        named = ", ".join(sorted(tables)[:3]) or "none"
+        raise StoreError(
+            f"{path} is a database narrmem did not write (tables: {named}): "
+            "narrmem adds nothing to it; move it away or set [storage] database to a name of its own"
+        )
 
     async def recorded_model(self) -> str | None:
         if not self.db_path.is_file():
