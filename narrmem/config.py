@@ -427,11 +427,35 @@ def _describe_environment(exc: SettingsError) -> str:
 
 
 def plugin_options(settings: Settings, name: str, model: type[M]) -> M:
-    """Validate the ``[plugin.<name>]`` table with the plugin's own model (unknown keys are errors)."""
+    """Validate the ``[plugin.<name>]`` table with the plugin's own model (unknown keys are errors;
+    a boolean is not a number, as in narrmem's own sections)."""
+    table = settings.plugin.get(name, {})
+    boolean = _boolean_for_a_number(model, table, f"plugin.{name}.")
+    if boolean is not None:
+        raise ConfigError(f"invalid settings: {boolean}: must be a number, not a boolean")
     try:
-        return model.model_validate(settings.plugin.get(name, {}))
+        return model.model_validate(table)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, None, prefix=f"plugin.{name}.")) from exc
+
+
+def _boolean_for_a_number(model: type[BaseModel], table: object, prefix: str) -> str | None:
+    """The first setting of ``table`` that gives a boolean where ``model`` wants a number (pydantic
+    reads true as 1), looking into the tables of nested models."""
+    if not isinstance(table, dict):
+        return None
+    for key, value in table.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            continue
+        annotation = field.annotation
+        if annotation in _NUMBERS and isinstance(value, bool):
+            return f"{prefix}{key}"
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found = _boolean_for_a_number(annotation, value, f"{prefix}{key}.")
+            if found is not None:
+                return found
+    return None
 
 
 def _describe(exc: ValidationError, config_file: str | Path | None, prefix: str = "") -> str:

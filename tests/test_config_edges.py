@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,26 @@ def test_an_export_to_a_symbolic_link_is_refused(stored: Path, tmp_path: Path, d
     assert "latest.jsonl" in done.stderr and "symbolic link" in done.stderr
     assert snapshot(tmp_path) == before
     assert link.is_symlink()
+
+
+async def test_every_plugins_number_option_refuses_a_boolean(tmp_path: Path) -> None:
+    """A plugin's own ``[plugin.<name>]`` table too: ``candidates = true`` was one candidate."""
+    from narrmem.configured import Configured
+    from narrmem.testing import open_memory
+
+    async with open_memory(tmp_path / "m") as memory:
+        configured = [p for p in memory.host.pm.get_plugins() if isinstance(p, Configured)]
+    numbers = [
+        (plugin.narrmem_name, name)
+        for plugin in configured
+        for name, info in type(plugin.options).model_fields.items()
+        if info.annotation in (int, float, int | None, float | None)
+    ]
+    assert len({plugin for plugin, _ in numbers}) >= 5  # triage, recall, hippocampus, proactive...
+    for plugin, name in numbers:
+        with pytest.raises(ConfigError, match=re.escape(f"plugin.{plugin}.{name}: must be a number")):
+            async with open_memory(tmp_path / "n", plugin={plugin: {name: True}}):
+                pass
+    with pytest.raises(ConfigError, match=re.escape("plugin.recall_hybrid.answer.bias: must be a number")):
+        async with open_memory(tmp_path / "n", plugin={"recall_hybrid": {"answer": {"bias": False}}}):
+            pass
