@@ -8,6 +8,7 @@ before 2026-12-06 and broke a later recall, traversal or purge."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import os
@@ -16,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from _helpers import msg, run_narrmem, store_fingerprint, write_export
 
@@ -128,6 +130,19 @@ async def test_an_edge_moved_out_of_its_nodes_scope_is_refused(
     error = await _refused(tmp_path / "data", path)
     assert (error.field, error.line) == ("graph.edges[0].tenant", index + 1)
     assert "'t9'" in str(error) and "nodes' scope" in str(error)
+
+
+@pytest.mark.parametrize("column", ["vector", "topic_vector"])
+async def test_a_node_vector_not_of_the_models_size_is_refused(
+    tmp_path: Path, export_lines: list[dict[str, Any]], column: str
+) -> None:
+    lines = copy.deepcopy(export_lines)
+    index = _first(lines, "graph.nodes")
+    lines[index][column] = base64.b64encode(np.ones(5, dtype=np.float32).tobytes()).decode("ascii")
+    path = write_export(tmp_path / "bad.jsonl", lines)
+    error = await _refused(tmp_path / "data", path)
+    assert (error.field, error.line) == (f"graph.nodes[0].{column}", index + 1)
+    assert "float32" in str(error)
 
 
 async def test_an_importance_history_row_past_one_is_refused(

@@ -9,8 +9,11 @@ Both backends export the same records, so a graph moves between SQLite and Postg
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
+import numpy as np
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.schema import TABLES as GRAPH_TABLES
 
@@ -39,6 +42,7 @@ TABLES = [
     for name in GRAPH_TABLES
 ]
 NODES, EDGES = "graph.nodes", "graph.edges"
+VECTOR_COLUMNS = ("vector", "topic_vector")
 SCOPE = ("tenant", "user_id", "chat_id")
 
 
@@ -61,10 +65,34 @@ class GraphTransfer:
         if self._graph is None:
             return None
         await _check_edge_scopes(memory.store, sections)
+        _check_node_vectors(sections, memory.embedder.dim)
         counts = await import_tables(memory.store, TABLES, sections, dry_run=dry_run)
         if counts and not dry_run:
             await _continue_ids(self._graph)
         return counts
+
+
+def _check_node_vectors(sections: dict[str, list[dict[str, Any]]], dim: int) -> None:
+    """A node's label and topic vectors are the model's (``dim`` float32 values, finite): one of
+    another size was imported and then failed every graph recall that met it, or an automatic
+    task's topic match. A value that is not base64 text is left to the table checks."""
+    for index, record in enumerate(sections.get(NODES, [])):
+        if not isinstance(record, dict):
+            continue
+        for column in VECTOR_COLUMNS:
+            text = record.get(column)
+            if not isinstance(text, str):
+                continue
+            try:
+                raw = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            values = np.frombuffer(raw, dtype=np.float32) if len(raw) % 4 == 0 else None
+            if values is None or len(values) != dim or not np.isfinite(values).all():
+                raise InputError(
+                    f"must be {dim} finite float32 values (the model's vector), not {len(raw)} bytes",
+                    field=f"{NODES}[{index}].{column}",
+                )
 
 
 async def _check_edge_scopes(store: object, sections: dict[str, list[dict[str, Any]]]) -> None:
