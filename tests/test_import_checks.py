@@ -104,6 +104,14 @@ TEXT_COLUMNS = [
     ("graph.purges", "edges", "nope", "JSON text of an array"),
     ("rtm.trees", "tree", "garbage", "JSON text of an object"),
     ("rtm.trees", "params", "garbage", "JSON text of an object"),
+    ("rtm.trees", "tree", '{"version": 1}', "is not a narrative tree"),
+    (
+        "rtm.trees",
+        "tree",
+        '{"clauses": ["a"], "language": "en", "nodes": {"start": [0], "end": [1], '
+        '"depth": [0, 1], "parent": [-1], "summary": ["a"]}}',
+        "is not a narrative tree",
+    ),
 ]
 
 

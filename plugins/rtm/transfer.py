@@ -6,11 +6,13 @@ stored tree id opens the same tree after an import. Cached user retellings are d
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from narrmem_plugins.rtm.store import WRITE_ORDER, TreeStore
+from narrmem_plugins.rtm.tree import Tree
 
-from narrmem import hookimpl
+from narrmem import InputError, hookimpl
 from narrmem.store import SQLCapable
 from narrmem.table_transfer import TableSpec, export_tables, import_tables
 from narrmem.view import MemoryView
@@ -57,4 +59,37 @@ class RTMTransfer:
     ) -> dict[str, int] | None:
         if SECTION not in sections or not self.trees.persistent:
             return None
+        _check_trees(sections[SECTION])
         return await import_tables(memory.store, await _tables(memory), sections, dry_run=dry_run)
+
+
+def _check_trees(records: list[Any]) -> None:
+    """Each tree opens as a tree: an object without its nodes, or with node lists of different
+    lengths, was imported and then failed every traversal of it. Text that is not a JSON object is
+    left to the table checks (``formats``)."""
+    for index, record in enumerate(records):
+        if not isinstance(record, dict) or not isinstance(record.get("tree"), str):
+            continue
+        try:
+            data = json.loads(record["tree"])
+            params = json.loads(record["params"]) if isinstance(record.get("params"), str) else {}
+        except ValueError:
+            continue
+        if not isinstance(data, dict) or not isinstance(params, dict):
+            continue
+        try:
+            tree = Tree.from_json(data, params)
+            sizes = {
+                len(tree.shape.start),
+                len(tree.shape.end),
+                len(tree.shape.depth),
+                len(tree.shape.parent),
+            }
+            whole = len(sizes) == 1 and len(tree.summaries) in sizes and len(tree.clauses) > 0
+        except (KeyError, TypeError, ValueError):
+            whole = False
+        if not whole:
+            raise InputError(
+                "is not a narrative tree (its clauses and nodes, each node list as long as the others)",
+                field=f"{SECTION}[{index}].tree",
+            )
