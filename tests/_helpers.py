@@ -192,3 +192,19 @@ async def run_python(script: str, *args: str) -> str:
     out, err = await asyncio.wait_for(worker.communicate(), timeout=300)
     assert worker.returncode == 0, err.decode()[-3000:]
     return out.decode()
+
+
+async def read_posted_json(reader: asyncio.StreamReader) -> Any:
+    """The JSON body of one HTTP request read from a raw connection (a webhook endpoint's side)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    return json.loads(await reader.readexactly(length))
+
+
+async def answer_status(writer: asyncio.StreamWriter, status: int) -> None:
+    """Answer a raw HTTP request with ``status`` and an empty body, and close the connection."""
+    writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
+    await writer.drain()
+    writer.close()

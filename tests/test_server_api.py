@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _helpers import msg, store_fingerprint
+from _helpers import answer_status, msg, read_posted_json, store_fingerprint
 
 from narrmem.clock import ManualClock
 from narrmem.doors.cli import main
@@ -480,17 +480,8 @@ async def test_webhook_is_retried_until_delivered(tmp_path: Path) -> None:
     answers = iter([500, 200])
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        )
-        received.append(json.loads(await reader.readexactly(length)))
-        status = next(answers, 200)
-        writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
-        await writer.drain()
-        writer.close()
+        received.append(await read_posted_json(reader))
+        await answer_status(writer, next(answers, 200))
 
     listener = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _helpers import msg
+from _helpers import answer_status, msg, read_posted_json
 from fastapi import FastAPI
 
 from narrmem.clock import ManualClock
@@ -95,19 +95,10 @@ async def test_a_forget_through_the_python_api_empties_the_webhook_queue_and_sto
     first_refused = asyncio.Event()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        )
-        body = json.loads(await reader.readexactly(length))
+        body = await read_posted_json(reader)
         (received if up.is_set() else refused).append(body["event"])
         first_refused.set()
-        status = 200 if up.is_set() else 503
-        writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
-        await writer.drain()
-        writer.close()
+        await answer_status(writer, 200 if up.is_set() else 503)
 
     listener = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
