@@ -56,9 +56,9 @@ def point():
         os.kill(os.getpid(), signal.SIGKILL)
 
 write = vector_index._atomic
-def counted_write(target, how):
+def counted_write(target, how, **options):
     point()
-    write(target, how)
+    write(target, how, **options)
 
 unlink = Path.unlink
 deleted = []

@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from narrmem_plugins.storage_sqlite import durable
+
 from narrmem.errors import StoreError
 
 log = logging.getLogger("narrmem.keywords")
@@ -292,6 +294,7 @@ class TantivyKeywords:
         if self.folder.exists():
             os.replace(self.folder, retired)
         os.replace(building, self.folder)
+        durable.sync_folder(self.folder.parent)  # the new folder's name on disk before the old goes
         shutil.rmtree(retired, ignore_errors=True)
         self._load(self.folder)
         self.changes = changes
@@ -501,4 +504,4 @@ def _read_state(folder: Path) -> int | None:
 def _write_state(folder: Path, changes: int) -> None:
     partial = folder / f"{STATE_FILE}.{os.getpid()}.partial"
     partial.write_text(json.dumps({"format": FORMAT, "changes": changes}), encoding="utf-8")
-    os.replace(partial, folder / STATE_FILE)
+    durable.replace_synced(partial, folder / STATE_FILE)

@@ -41,7 +41,7 @@ from typing import Any
 
 import faiss
 import numpy as np
-from narrmem_plugins.storage_sqlite import index_folder, index_manifest, mapped
+from narrmem_plugins.storage_sqlite import durable, index_folder, index_manifest, mapped
 from narrmem_plugins.storage_sqlite.index_manifest import FORMAT, READABLE_FORMATS
 from narrmem_plugins.storage_sqlite.lazy_shards import BucketRows, ChatsAtOpen, ShardTable, Waiting
 from narrmem_plugins.storage_sqlite.vector_rows import VectorRows
@@ -861,6 +861,7 @@ class VectorIndex:
         index_folder.claim(self.path, FORMAT)
         self._generation += 1
         generation = self._generation
+        written: list[Path] = []
         by_bucket: dict[int, list[ShardKey]] = {}
         for key in sorted(self._shards.keys()):
             by_bucket.setdefault(_bucket(key), []).append(key)
@@ -876,6 +877,7 @@ class VectorIndex:
             ):
                 current = index_folder.bucket_files(bucket, generation)
                 self._write_bucket(keys, self.path / current[0], self.path / current[1])
+                written += [self.path / current[0], self.path / current[1]]
                 self._bucket_files[bucket] = current
             listed = index_manifest.Bucket(*current)
             buckets.append(listed)
@@ -891,13 +893,19 @@ class VectorIndex:
                     if shard.graph_file is None or not (self.path / shard.graph_file).exists():
                         name = index_folder.graph_file(_digest(shard.key), generation)
                         _atomic(self.path / name, lambda tmp, g=shard.graph: faiss.write_index(g, tmp))
+                        written.append(self.path / name)
                         shard.graph_file = name
                     graph_name = shard.graph_file
                 listed.add(key, shard.file_offset, shard.live, graph_name)
         manifest = index_manifest.manifest(self.dim, watermark, self._chat_codes, buckets, generation)
+        # On disk before the manifest that names them: after a power loss, a manifest naming
+        # files whose blocks never came would load zeros as other users' vectors.
+        durable.sync_files(written)
+        durable.sync_folder(self.path)
         _atomic(
             self.path / "manifest.json",
             lambda tmp: Path(tmp).write_text(json.dumps(manifest, ensure_ascii=False), encoding="utf-8"),
+            synced=True,
         )
         self._named_files = index_manifest.Listing(buckets, []).files()
         self._drop_leftovers()
@@ -1139,11 +1147,15 @@ def _grow(array: np.ndarray, capacity: int) -> np.ndarray:
     return grown
 
 
-def _atomic(target: Path, write: Any) -> None:
-    """Write beside and rename: a crash leaves the old file or the new one, never half of one."""
+def _atomic(target: Path, write: Any, *, synced: bool = False) -> None:
+    """Write beside and rename: a crash leaves the old file or the new one, never half of one;
+    ``synced``: a power loss too (else the caller flushes the file before relying on it)."""
     tmp = target.with_name(target.name + ".tmp" + target.suffix)
     write(str(tmp))
-    os.replace(tmp, target)
+    if synced:
+        durable.replace_synced(tmp, target)
+    else:
+        os.replace(tmp, target)
 
 
 def _matrix(vectors: np.ndarray) -> np.ndarray:
