@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from narrmem.errors import InputError
 from narrmem.models import Message
@@ -38,6 +40,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("narrmem")
 
 NAMESPACE = "narrmem.edits"
+
+
+MARK_IDS = ("tenant", "user_id", "chat_id", "message_id")
+
+
+def check_entry(key: str, value: dict[str, Any]) -> None:
+    """Refuse a mark (of an imported file) that this module would not read back."""
+    if ":" not in key:
+        raise InputError("is not a key of an edit's mark (token:id)", field="key")
+    for name in MARK_IDS:
+        if not isinstance(value.get(name), str) or not value[name]:
+            raise InputError("must be the text of an id", field=f"value.{name}")
+    extra = set(value) - {*MARK_IDS, "message"}
+    if extra:
+        raise InputError(f"an edit's mark holds no {sorted(extra)[0]!r}", field="value")
+    if "message" in value:
+        try:
+            kept = Message.model_validate(value["message"])
+        except InputError as exc:
+            raise InputError(exc.reason, field=f"value.message.{exc.field or ''}".rstrip(".")) from exc
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc, prefix="value.message.") from exc
+        if [getattr(kept, name) for name in MARK_IDS] != [value[name] for name in MARK_IDS]:
+            raise InputError("is not the message the mark names", field="value.message")
 
 
 class EditMarks:

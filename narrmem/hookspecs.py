@@ -460,6 +460,20 @@ def narrmem_import_records(
     """
 
 
+@hookspec
+def narrmem_check_state(memory: MemoryView, namespace: str, key: str, value: dict[str, Any]) -> bool | None:
+    """Check one entry of plugin state (``Store.state_put``) from a file being imported, before
+    anything of the file is written.
+
+    For a ``namespace`` this plugin writes, raise :class:`~narrmem.errors.InputError` naming the
+    field (``key``, ``value.count``) when the entry is not as the plugin writes it, and return
+    ``True`` when it is; return ``None`` for a namespace not its own. The plugin reads such entries
+    back in its hooks (a forget's, an open's): one it could not read would fail each of them, so
+    it is refused here, with the line, and nothing of the file is written. An entry of a namespace
+    no plugin claims is imported as it is. Reading only; errors are not isolated.
+    """
+
+
 # --- errors -----------------------------------------------------------------------------
 
 

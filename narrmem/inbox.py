@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import ValidationError
 
-from narrmem.errors import StoreError
+from narrmem.errors import InputError, StoreError
 from narrmem.ingest import Pending, stored_result
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
 from narrmem.settling import drop_forgotten, forgotten_by, stopped_owners
@@ -544,6 +544,24 @@ def received_result(item: Pending) -> IngestResult:
 
 def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
     return {"message": message.model_dump(mode="json"), "decision": decision.model_dump(mode="json")}
+
+
+def check_entry(key: str, value: dict[str, Any]) -> None:
+    """Refuse an entry (of an imported file) that this module would not read back."""
+    if ":" not in key:
+        raise InputError("is not a key of a received message (token:number)", field="key")
+    if set(value) != {"message", "decision"}:
+        raise InputError("a received message's entry holds 'message' and 'decision'", field="value")
+    try:
+        Message.model_validate(value["message"])
+    except InputError as exc:
+        raise InputError(exc.reason, field=f"value.message.{exc.field or ''}".rstrip(".")) from exc
+    except ValidationError as exc:
+        raise InputError.from_pydantic(exc, prefix="value.message.") from exc
+    try:
+        TriageDecision.model_validate(value["decision"])
+    except ValidationError as exc:
+        raise InputError.from_pydantic(exc, prefix="value.decision.") from exc
 
 
 def _rebuild(value: dict[str, Any], index: int) -> Pending | None:

@@ -22,14 +22,16 @@ import contextlib
 import functools
 import itertools
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from narrmem.errors import StoreError
+from narrmem.errors import InputError, StoreError
 from narrmem.fence import HOOKS_LATER, Grant, inside_own_work, own_work
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
 from narrmem.store import StateEntry, Store, shared_by_processes
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("narrmem")
 
 NAMESPACE = "narrmem.settling"
+ENTRY_KEY = re.compile(r"[0-9a-f]{32}:[0-9]{12}:[0-9]{6}")  # as batch_prefix and entries write them
 # How long a claim found free on a shared store must stay free before its owner counts as gone:
 # a live worker whose connection ended takes its claim again within about 1.7 s (the first steps of
 # the PostgreSQL store's retake delays), and a worker checking whether the owner is gone holds the
@@ -180,7 +183,7 @@ class Settling:
         done = 0
         async for entries in stopped_owners(store, NAMESPACE, self.token, self.owners_gone):
             log.warning("running the after-store hooks of %d acknowledged messages", len(entries))
-            for prefix, batch in itertools.groupby(entries, key=lambda e: e[0].rsplit(":", 1)[0] + ":"):
+            for prefix, batch in itertools.groupby(entries, key=lambda e: _batch_of(e[0])):
                 # A unit of narrmem.fence from the read of its records: another worker's forget
                 # waits for these hooks as for those of a message being written.
                 unit = await pipeline.fence.enter()
@@ -200,13 +203,17 @@ class Settling:
         await drop_forgotten(self.memory.store, NAMESPACE, job, lambda value: value)
 
     async def _rebuild(self, value: dict[str, Any]) -> Pending | None:
-        """The message an entry stands for, from its stored records (``None`` when they are gone)."""
+        """The message an entry stands for, from its stored records (``None`` when they are gone,
+        or the entry is not one this module writes: it came from an imported file, say)."""
         from narrmem.ingest import Pending
 
+        try:
+            entry = SettlingEntry.model_validate(value)
+        except ValidationError:
+            log.error("an entry of after-store hooks to run is not as narrmem writes it; dropped")
+            return None
         store = self.memory.store
-        tenant, user_id, chat_id, message_id = (
-            str(value[k]) for k in ("tenant", "user_id", "chat_id", "message_id")
-        )
+        tenant, user_id, chat_id, message_id = entry.tenant, entry.user_id, entry.chat_id, entry.message_id
         scope = Scope(tenant=tenant, user_id=user_id, chat_id=chat_id)
         ids = await store.from_messages(tenant, chat_id, [message_id])
         found = await store.get(ids, scope)
@@ -226,14 +233,36 @@ class Settling:
             tenant=tenant,
             ts=episode.created_at,
             message_id=message_id,
-            speaker=value.get("speaker"),
-            meta={k: episode.meta[k] for k in value.get("meta_keys", []) if k in episode.meta},
+            speaker=entry.speaker,
+            meta={k: episode.meta[k] for k in entry.meta_keys if k in episode.meta},
         )
-        decision = TriageDecision.model_validate(value["decision"])
-        item = Pending(0, message, decision)
+        item = Pending(0, message, entry.decision)
         item.records = records
         item.vectors = np.vstack([vectors[r.id] for r in records if r.id is not None])
         return item
+
+
+class SettlingEntry(BaseModel):
+    """An entry as :func:`_entry` writes it: the message whose after-store hooks are to run."""
+
+    model_config = ConfigDict(extra="forbid")
+    tenant: str = Field(min_length=1)
+    user_id: str = Field(min_length=1)
+    chat_id: str = Field(min_length=1)
+    message_id: str = Field(min_length=1)
+    speaker: str | None = None
+    meta_keys: list[str] = Field(default_factory=list)
+    decision: TriageDecision
+
+
+def check_entry(key: str, value: dict[str, Any]) -> None:
+    """Refuse an entry (of an imported file) that this module would not read back."""
+    if not ENTRY_KEY.fullmatch(key):
+        raise InputError("is not a key of after-store hooks to run (token:batch:number)", field="key")
+    try:
+        SettlingEntry.model_validate(value)
+    except ValidationError as exc:
+        raise InputError.from_pydantic(exc, prefix="value.") from exc
 
 
 def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
@@ -324,6 +353,12 @@ async def _claim_free(store: Store, token: str) -> bool:
     """Whether no process holds ``token``'s claim now (taken, and let go at once)."""
     async with store.exclusive(claim_name(token)) as free:
         return free
+
+
+def _batch_of(key: str) -> str:
+    """The prefix of the batch an entry's key is in (the key itself when it has none: an entry
+    of another shape, which deleting the prefix must take too)."""
+    return key[: key.rfind(":") + 1] or key
 
 
 def claim_name(token: str) -> str:

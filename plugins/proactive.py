@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from narrmem import hookimpl
 from narrmem.config import share
 from narrmem.configured import Configured
+from narrmem.errors import InputError
 from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, Scope, TriggerEvent
 from narrmem.view import MemoryView
 
@@ -132,12 +133,34 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         return fired
 
     @hookimpl
+    def narrmem_check_state(self, namespace: str, key: str, value: dict[str, Any]) -> bool | None:
+        """A pattern's last firing, as :meth:`_fire` writes it."""
+        if namespace != NAME:
+            return None
+        check_entry(key, value)
+        return True
+
+    @hookimpl
     async def narrmem_after_forget(
         self, memory: MemoryView, tenant: str, user_id: str | None, removed: list[MemoryRecord]
     ) -> None:
         """Forgetting a user forgets what was said to them; deleting one message does not."""
         if user_id is not None:
             await memory.store.state_delete(NAME, f"{tenant}\0{user_id}\0")
+
+
+def check_entry(key: str, value: dict[str, Any]) -> None:
+    """Refuse a firing (of an imported file) that :func:`last_firing` would not read back."""
+    parts = key.split("\0")
+    if len(parts) != 4 or not all(parts):
+        raise InputError("is not a key of a pattern's firing (tenant, user, kind, label digest)", field="key")
+    if set(value) != {"fired_at", "count"}:
+        raise InputError("a pattern's firing holds 'fired_at' and 'count'", field="value")
+    when, count = last_firing(value)
+    if when is None:
+        raise InputError("must be an ISO-8601 time with its offset", field="value.fired_at")
+    if count != value["count"] or count < 1:
+        raise InputError("must be a whole number of mentions, 1 or more", field="value.count")
 
 
 def last_firing(state: object) -> tuple[datetime | None, int]:

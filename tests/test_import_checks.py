@@ -208,3 +208,114 @@ def test_the_cli_exits_2_and_keeps_the_store(tmp_path: Path, export_lines: list[
     assert f"line {index + 1}" in refused.stderr and "graph.nodes[0].props" in refused.stderr
     assert narrmem("export", str(tmp_path / "after.jsonl")).returncode == 0
     assert (tmp_path / "after.jsonl").read_bytes() == (tmp_path / "before.jsonl").read_bytes()
+
+
+NUL = "\0"
+TOKEN = "0123456789abcdef" * 2
+DECISION = {"layer": "episode", "reason": "imported"}
+MESSAGE = {
+    "text": "hi",
+    "user_id": "u1",
+    "chat_id": "c1",
+    "message_id": "m9",
+    "ts": "2026-03-02T09:00:00+00:00",
+}
+IDS = {"tenant": "default", "user_id": "u1", "chat_id": "c1", "message_id": "m9"}
+# (namespace, key, value, the field named): plugin state each of whose writers would fail to read
+# it back, in a forget (every later forget of anyone, for some) or at every open.
+BAD_STATE = [
+    ("triage.impacts", "x", {"user": "u1", "scenes": [1]}, "key"),
+    ("triage.impacts", f"default{NUL}c1{NUL}m1{NUL}", {"user": "u1", "scenes": ["a"]}, "value.scenes"),
+    (
+        "proactive",
+        f"default{NUL}u1{NUL}topic{NUL}ab",
+        {"fired_at": "yesterday", "count": 3},
+        "value.fired_at",
+    ),
+    (
+        "proactive",
+        f"default{NUL}u1{NUL}topic{NUL}ab",
+        {"fired_at": "2026-03-02T09:00:00", "count": 3},
+        "value.fired_at",
+    ),
+    (
+        "proactive",
+        f"default{NUL}u1{NUL}topic{NUL}ab",
+        {"fired_at": "2026-03-02T09:00:00+00:00", "count": "3"},
+        "value.count",
+    ),
+    ("narrmem.settling", "x", {**IDS, "decision": DECISION}, "key"),
+    (
+        "narrmem.settling",
+        f"{TOKEN}:{0:012d}:{0:06d}",
+        {**IDS, "decision": {"layer": 5}},
+        "value.decision.layer",
+    ),
+    ("narrmem.settling", f"{TOKEN}:{0:012d}:{0:06d}", {"decision": DECISION}, "value.tenant"),
+    (
+        "narrmem.inbox",
+        f"{TOKEN}:1",
+        {"message": {**MESSAGE, "ts": 0}, "decision": DECISION},
+        "value.message.ts",
+    ),
+    ("narrmem.edits", f"{TOKEN}:1", {**IDS, "message_id": 7}, "value.message_id"),
+    ("narrmem.edits", f"{TOKEN}:1", {**IDS, "message": {**MESSAGE, "message_id": "other"}}, "value.message"),
+    ("narrmem.forget_again", "job-1/", {"only": [1]}, "namespace"),
+]
+
+
+@pytest.mark.parametrize(("namespace", "key", "value", "field"), BAD_STATE)
+async def test_plugin_state_its_writer_could_not_read_is_refused(
+    tmp_path: Path, export_lines: list[dict[str, Any]], namespace: str, key: str, value: Any, field: str
+) -> None:
+    lines = copy.deepcopy(export_lines)
+    where = _first(lines, "importance")
+    lines.insert(where, {"section": "state", "namespace": namespace, "key": key, "value": value})
+    path = write_export(tmp_path / "bad.jsonl", lines)
+    error = await _refused(tmp_path / "data", path)
+    assert (error.field, error.line) == (field, where + 1), str(error)
+
+
+async def test_plugin_state_as_written_is_imported(
+    tmp_path: Path, export_lines: list[dict[str, Any]]
+) -> None:
+    lines = copy.deepcopy(export_lines)
+    good = [
+        ("triage.impacts", f"default{NUL}c1{NUL}m1{NUL}", {"user": "u1", "scenes": [1, 2]}),
+        (
+            "proactive",
+            f"default{NUL}u1{NUL}topic{NUL}ab",
+            {"fired_at": "2026-03-02T09:00:00+00:00", "count": 3},
+        ),
+        ("narrmem.edits", f"{TOKEN}:1", {**IDS, "message": {**MESSAGE, "tenant": "default"}}),
+        ("someone.elses", "any key", {"anything": [1, "x"]}),
+    ]
+    where = _first(lines, "importance")
+    for namespace, key, value in good:
+        lines.insert(where, {"section": "state", "namespace": namespace, "key": key, "value": value})
+    path = write_export(tmp_path / "good.jsonl", lines)
+    async with open_memory(tmp_path / "data") as memory:
+        counts = await import_jsonl(memory, path)
+        assert counts["state"] >= len(good)
+        for namespace, key, value in good:
+            assert await memory.store.state_get(namespace, key) == value
+
+
+async def test_a_forget_and_an_open_get_past_state_they_cannot_read(tmp_path: Path) -> None:
+    """State put by another way than an import (a store of an older narrmem, a hand-made
+    migration): a forget and the next open go on, the entry set aside."""
+    folder = tmp_path / "data"
+    async with open_memory(folder) as memory:
+        await memory.ingest(msg("m1", "I live in Lisbon and I work at a small design studio"))
+        await memory.store.state_put("triage.impacts", "x", {"user": "u1", "scenes": ["a"]})
+        await memory.store.state_put(
+            "triage.impacts", f"default{NUL}c1{NUL}m1{NUL}", {"user": "u1", "scenes": ["a", None]}
+        )
+        await memory.store.state_put("narrmem.settling", "x", {"tenant": "default"})
+        await memory.store.state_put("narrmem.settling", f"{'f' * 32}:{0:012d}:{0:06d}", {"decision": 1})
+    async with open_memory(folder) as memory:
+        assert await memory.store.state_items("narrmem.settling") == []
+        await memory.forget_messages(chat_id="c1", message_ids=["m1"])
+        await memory.ingest(msg("m2", "I moved to Porto last week"))
+        await memory.forget(user_id="u1")
+        assert await memory.recall("where do I live", user_id="u1") == []

@@ -25,6 +25,7 @@ from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has
 from narrmem.doors import export_files
 from narrmem.errors import InputError, StoreError
 from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
+from narrmem.state_checks import NOT_IMPORTED, check_state
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -288,7 +289,8 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
                 yield IMPORTANCE, {"memory_id": memory_id, "current": current, "events": events}
         last = states[-1][0]
     for namespace, key, value in await _plugin_state(memory):
-        yield STATE, {"namespace": namespace, "key": key, "value": value}
+        if namespace not in NOT_IMPORTED:
+            yield STATE, {"namespace": namespace, "key": key, "value": value}
     sections: dict[str, list[dict[str, Any]]] = {}
     for part in await memory.host.call("narrmem_export_records", isolate=False, memory=memory):
         sections.update(part)
@@ -390,6 +392,7 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
     parsed = _read_export(memory, path)
     await _check_episode_sources(memory, [record for record, _ in parsed.items], parsed.numbers)
     await _check_stored_ids(memory, parsed)
+    await _check_state(memory, parsed.state)
     stored_state = await _stored_state(memory, parsed.state)
     claimed = await _plugin_import(memory, parsed, dry_run=True)
     for section, line in parsed.first_line.items():
@@ -504,6 +507,14 @@ def _memory_line(data: dict[str, Any], number: int, dim: int) -> tuple[MemoryRec
         raise InputError("must be a finite vector of length 1", field="vector", line=number)
     record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
     return record, vector.astype(np.float32)
+
+
+async def _check_state(memory: Memory, lines: list[tuple[int, StateLine]]) -> None:
+    for number, line in lines:
+        try:
+            await check_state(memory, line.namespace, line.key, line.value)
+        except InputError as exc:
+            raise InputError(exc.reason, field=exc.field, line=number) from exc
 
 
 async def _stored_state(memory: Memory, lines: list[tuple[int, StateLine]]) -> set[tuple[str, str]]:

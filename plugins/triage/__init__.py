@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from narrmem_plugins.triage import readout
+from narrmem_plugins.triage import impacts, readout
 from narrmem_plugins.triage.counters import Counters
 from narrmem_plugins.triage.emotions import emotions_in, intensity
 from narrmem_plugins.triage.gist import gist
@@ -67,6 +67,14 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         embedder = memory.embedder
         if not memory.read_only and isinstance(embedder, TellsIfLoaded) and embedder.model_loaded:
             self._embed_prototypes_once(memory)
+
+    @hookimpl
+    def narrmem_check_state(self, namespace: str, key: str, value: dict[str, Any]) -> bool | None:
+        """The entries of which scenes quote a message (:mod:`.impacts`)."""
+        if namespace != impacts.NAMESPACE:
+            return None
+        impacts.check_entry(key, value)
+        return True
 
     @hookimpl
     async def narrmem_shutdown(self) -> None:

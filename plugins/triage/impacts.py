@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from narrmem.checks import SQLITE_MAX_INT
+from narrmem.errors import InputError
 from narrmem.models import MemoryRecord, SceneDraft, Scope
 from narrmem.view import MemoryView
 
@@ -31,6 +33,24 @@ def impact_entry(scene: MemoryRecord, core: str) -> str:
 def _key(tenant: str, chat_id: str, message_id: str) -> str:
     # Ids hold no NUL: the last one ends the key, so a prefix delete of "m1" spares "m12".
     return f"{tenant}\0{chat_id}\0{message_id}\0"
+
+
+def check_entry(key: str, value: dict[str, Any]) -> None:
+    """Refuse an entry (of an imported file) that :func:`drop_impacts` could not read back."""
+    parts = key.split("\0")
+    if len(parts) != 4 or parts[3] or not all(parts[:3]):
+        raise InputError(
+            "is not a key of a quoted message (tenant, chat and message, each ended by NUL)", field="key"
+        )
+    if set(value) != {"user", "scenes"}:
+        raise InputError("a quoted message's entry holds 'user' and 'scenes'", field="value")
+    if not isinstance(value["user"], str) or not value["user"]:
+        raise InputError("must be the text of a user id", field="value.user")
+    scenes = value["scenes"]
+    if not isinstance(scenes, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 < s <= SQLITE_MAX_INT for s in scenes
+    ):
+        raise InputError("must be a list of memory ids", field="value.scenes")
 
 
 async def add_impact(
@@ -79,7 +99,7 @@ async def drop_impacts(
     for message_id in sorted(forgotten):
         listed = await store.state_get(NAMESPACE, _key(tenant, chat_id, message_id))
         if listed is not None:
-            quoting.update(int(sid) for sid in listed.get("scenes", []))
+            quoting.update(_scene_ids(listed))
     # Quotes written before the state named them: found from the deleted scene's side.
     entries: dict[int, list[tuple[str, int | None]]] = {}
     for scene in removed:
@@ -109,9 +129,18 @@ async def _forget_state(memory: MemoryView, tenant: str, user_id: str | None, ch
         await store.state_delete(NAMESPACE, f"{tenant}\0{chat_id}\0")
         return
     for key, value in await store.state_items(NAMESPACE):
-        key_tenant, key_chat, _ = key.split("\0", 2)
+        key_tenant, key_chat, *_ = [*key.split("\0", 2), ""]
         if key_tenant == tenant and value.get("user") == user_id and chat_id in (None, key_chat):
             await store.state_delete(NAMESPACE, key)
+
+
+def _scene_ids(listed: dict[str, Any]) -> list[int]:
+    """The scenes an entry names; what is not an id (an entry written by hand) is passed over, so
+    that a forget never fails on it."""
+    scenes = listed.get("scenes")
+    if not isinstance(scenes, list):
+        return []
+    return [s for s in scenes if isinstance(s, int) and not isinstance(s, bool)]
 
 
 def _without(target: MemoryRecord, forgotten: set[str], entries: list[tuple[str, int | None]]) -> bool:
