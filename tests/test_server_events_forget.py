@@ -157,3 +157,52 @@ async def test_a_forget_made_by_a_trigger_callback_drops_the_event_it_answers(tm
             kept = await _ingest_all(client, TIRED, user="tom", chat="dm-tom")
         await memory.settle()
         assert await _unread(stream) == kept
+
+
+class Unreadable:
+    """A check whose store cannot be read at first (a connection lost for a moment)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.asked = 0
+
+    async def cited(self, event: TriggerEvent) -> tuple[int, ...]:
+        return (1,)
+
+    async def stands(self, event: TriggerEvent, cited: tuple[int, ...]) -> bool:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise ConnectionError("store unreachable")
+        return True
+
+
+async def test_an_event_not_known_to_stand_is_held_back_until_the_store_answers() -> None:
+    received: list[dict[str, Any]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append((await read_posted_json(reader))["event"])
+        await answer_status(writer, 200)
+
+    event = TriggerEvent(
+        kind="topic", label="kayak", count=3, user_id="kim", chat_id="dm", message_ids=["m1"]
+    )
+    streams = TriggerHub(None, Unreadable(failures=1))
+    stream = await _subscribed(streams)
+    await streams.publish(event)
+    assert await _unread(stream) == []  # not known to stand: not streamed
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    webhook = WebhookOptions(url=f"http://127.0.0.1:{port}/hook", attempts=4, backoff=0.05, timeout=5)
+    check = Unreadable(failures=2)
+    hub = TriggerHub(webhook, check)
+    try:
+        await hub.publish(event)
+        await hub.drain(10)
+        # Held back at two attempts, sent at the third.
+        assert received == [event.model_dump(mode="json")]
+        assert check.asked == 3 and hub.delivered == 1
+    finally:
+        await hub.close()
+        listener.close()
+        await listener.wait_closed()

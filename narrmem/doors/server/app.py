@@ -27,7 +27,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from narrmem import __version__
 from narrmem.config import Acknowledge
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
-from narrmem.doors.server.forgets import ForgetsVoidEvents
+from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
 from narrmem.doors.server.headers import SecurityHeaders
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
@@ -86,7 +86,7 @@ def create_app(
     server on a loopback address); ``cors_origins``: origins allowed to call from a browser (off
     by default); ``webhook``: where trigger events are POSTed, with retries; ``allowed_hosts``:
     the names a request's ``Host`` may give (``None``: any; ``narrmem serve`` gives its own)."""
-    hub = TriggerHub(webhook)
+    hub = TriggerHub(webhook, StillStored(memory))
     memory.on_trigger(hub.publish)
     # However a forget is made (a route, the Python API, a tool, a hook), its events go with it.
     memory.host.register(ForgetsVoidEvents(hub), name=f"narrmem.server.forgets.{id(hub)}")

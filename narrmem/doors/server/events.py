@@ -4,7 +4,8 @@ store: ``Memory.patterns``.)
 
 Nothing here slows ingest down: an event is put on bounded queues and the memory carries on; a
 slow stream loses its oldest events, a webhook that keeps failing loses the event after its
-retries. A forget takes its events off the queues, and stops the one being delivered
+retries. A forget takes its events off the queues, and stops the one being delivered; and before
+each delivery the event is checked against the store, for a forget another process made
 (:mod:`narrmem.doors.server.forgets`).
 """
 
@@ -15,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from narrmem.errors import InputError
 from narrmem.models import TriggerEvent
@@ -46,17 +47,36 @@ class WebhookOptions:
             raise InputError("must be an http:// or https:// URL with a host", field="webhook")
 
 
+class EventCheck(Protocol):
+    """Reads whether an event still stands when it is about to be delivered."""
+
+    async def cited(self, event: TriggerEvent) -> tuple[int, ...]:
+        """What the event rests on, read when it is published."""
+        ...
+
+    async def stands(self, event: TriggerEvent, cited: tuple[int, ...]) -> bool:
+        """Whether what ``cited`` named is still there."""
+        ...
+
+
+@dataclass(frozen=True)
+class Queued:
+    event: TriggerEvent
+    cited: tuple[int, ...] = ()
+
+
 @dataclass(eq=False)
 class _Subscriber:
     tenant: str | None
-    queue: asyncio.Queue[TriggerEvent] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
+    queue: asyncio.Queue[Queued] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
 
 
 class TriggerHub:
-    def __init__(self, webhook: WebhookOptions | None = None) -> None:
+    def __init__(self, webhook: WebhookOptions | None = None, check: EventCheck | None = None) -> None:
         self.webhook = webhook
+        self.check = check
         self._subscribers: set[_Subscriber] = set()
-        self._outbox: asyncio.Queue[TriggerEvent] | None = None
+        self._outbox: asyncio.Queue[Queued] | None = None
         self._sender: asyncio.Task[None] | None = None
         # The event the webhook sender is delivering (between its retries too), and the task
         # delivering it, which a forget of it cancels.
@@ -69,19 +89,43 @@ class TriggerHub:
 
     async def publish(self, event: TriggerEvent) -> None:
         """The memory's trigger callback."""
-        for sub in list(self._subscribers):
-            if sub.tenant is not None and sub.tenant != event.tenant:
-                continue
+        listening = [sub for sub in self._subscribers if sub.tenant is None or sub.tenant == event.tenant]
+        if not listening and self.webhook is None:
+            return
+        item = Queued(event, await self._cited(event))
+        for sub in listening:
             if sub.queue.full():
                 sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
-            sub.queue.put_nowait(event)
+            sub.queue.put_nowait(item)
         if self.webhook is not None:
             outbox = self._ensure_sender()
             if outbox.full():
                 self.dropped += 1
                 log.warning("webhook queue full: trigger %s/%s dropped", event.kind, event.label)
             else:
-                outbox.put_nowait(event)
+                outbox.put_nowait(item)
+
+    async def _cited(self, event: TriggerEvent) -> tuple[int, ...]:
+        if self.check is None:
+            return ()
+        try:
+            return await self.check.cited(event)
+        except Exception:
+            log.exception("reading what a trigger event cites failed; it is checked by its user's scope")
+            return ()
+
+    async def _stands(self, item: Queued) -> bool | None:
+        """Whether ``item`` may be delivered (``None``: the check could not be read; not now)."""
+        if self.check is None:
+            return True
+        try:
+            standing = await self.check.stands(item.event, item.cited)
+        except Exception:
+            log.exception("checking a trigger event against the store failed; not delivered now")
+            return None
+        if not standing:
+            self.forgotten += 1
+        return standing
 
     def drop(self, voided: Callable[[TriggerEvent], bool]) -> int:
         """Take every undelivered event ``voided`` names off the stream queues and the webhook
@@ -117,10 +161,13 @@ class TriggerHub:
                         return
                     wait = min(wait, left)
                 try:
-                    event = await asyncio.wait_for(sub.queue.get(), timeout=wait)
+                    item = await asyncio.wait_for(sub.queue.get(), timeout=wait)
                 except TimeoutError:
                     yield ": keepalive\n\n"
                     continue
+                if not await self._stands(item):
+                    continue  # forgotten (or not known to stand) since it was published
+                event = item.event
                 sent += 1
                 last = loop.time()
                 yield f"event: trigger\ndata: {event.model_dump_json()}\n\n"
@@ -129,32 +176,30 @@ class TriggerHub:
 
     # --- webhook ----------------------------------------------------------------------------
 
-    def _ensure_sender(self) -> asyncio.Queue[TriggerEvent]:
+    def _ensure_sender(self) -> asyncio.Queue[Queued]:
         if self._outbox is None:
             self._outbox = asyncio.Queue(WEBHOOK_QUEUE)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(self._send_forever(self._outbox))
         return self._outbox
 
-    async def _send_forever(self, outbox: asyncio.Queue[TriggerEvent]) -> None:
+    async def _send_forever(self, outbox: asyncio.Queue[Queued]) -> None:
         import httpx
 
         assert self.webhook is not None
         options = self.webhook
         async with httpx.AsyncClient(timeout=options.timeout) as client:
             while True:
-                event = await outbox.get()
+                item = await outbox.get()
                 try:
-                    await self._deliver_unless_forgotten(client, options, event)
+                    await self._deliver_unless_forgotten(client, options, item)
                 finally:
                     outbox.task_done()
 
-    async def _deliver_unless_forgotten(
-        self, client: Any, options: WebhookOptions, event: TriggerEvent
-    ) -> None:
+    async def _deliver_unless_forgotten(self, client: Any, options: WebhookOptions, item: Queued) -> None:
         # Its own task, so that a forget can stop it in a retry's wait or mid-request.
-        delivery = asyncio.get_running_loop().create_task(self._deliver(client, options, event))
-        self._delivering = (event, delivery)
+        delivery = asyncio.get_running_loop().create_task(self._deliver(client, options, item))
+        self._delivering = (item.event, delivery)
         try:
             await asyncio.wait([delivery])
         except asyncio.CancelledError:  # the hub is closing
@@ -168,19 +213,25 @@ class TriggerHub:
         if not delivery.cancelled():
             delivery.result()  # an unexpected error ends the sender; the next event starts another
 
-    async def _deliver(self, client: Any, options: WebhookOptions, event: TriggerEvent) -> None:
+    async def _deliver(self, client: Any, options: WebhookOptions, item: Queued) -> None:
         import httpx
 
+        event = item.event
         body = event.model_dump(mode="json")
         delay = options.backoff
         for attempt in range(1, options.attempts + 1):
+            standing = await self._stands(item)
+            if standing is False:
+                return  # forgotten by another process meanwhile
             try:
+                if standing is None:
+                    raise _NotKnownToStand
                 response = await client.post(options.url, json={"type": "trigger", "event": body})
                 if response.status_code < 300:
                     self.delivered += 1
                     return
                 problem = f"HTTP {response.status_code}"
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            except (httpx.HTTPError, httpx.InvalidURL, _NotKnownToStand) as exc:
                 problem = type(exc).__name__
             if attempt < options.attempts:
                 await asyncio.sleep(delay)
@@ -209,21 +260,25 @@ class TriggerHub:
             self._sender = None
 
 
+class _NotKnownToStand(Exception):
+    """The store could not say whether the event still stands: this attempt is not made."""
+
+
 def _remove(
-    queue: asyncio.Queue[TriggerEvent], voided: Callable[[TriggerEvent], bool], *, joined: bool = False
+    queue: asyncio.Queue[Queued], voided: Callable[[TriggerEvent], bool], *, joined: bool = False
 ) -> int:
     """Take the events ``voided`` names out of ``queue``, keeping the others in order. A queue
     whose ``join`` is awaited (``joined``) counts each taken event as done."""
-    kept: list[TriggerEvent] = []
+    kept: list[Queued] = []
     removed = 0
     while not queue.empty():
-        event = queue.get_nowait()
+        item = queue.get_nowait()
         if joined:
             queue.task_done()
-        if voided(event):
+        if voided(item.event):
             removed += 1
         else:
-            kept.append(event)
-    for event in kept:
-        queue.put_nowait(event)
+            kept.append(item)
+    for item in kept:
+        queue.put_nowait(item)
     return removed

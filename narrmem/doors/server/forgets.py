@@ -2,8 +2,11 @@
 
 An event carries the user's own words (its label) and the ids of the messages it counted, so one
 queued for a stream or the webhook when its user, chat or messages are forgotten must not be sent
-afterwards. The hub hears of every forget through the public ``narrmem_after_forget`` hook, so a
-forget made through the Python API, a tool, a bot or a hook voids its events as the routes' do.
+afterwards. The hub hears of every forget of its process through the public
+``narrmem_after_forget`` hook, so a forget made through the Python API, a tool, a bot or a hook
+voids its events as the routes' do. A forget made by another process (another worker of the same
+store) is not heard: :class:`StillStored` reads, before each delivery, whether the memories the
+event cites are still stored, as they were when it was published.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from dataclasses import dataclass
 
 from narrmem import hookimpl
 from narrmem.doors.server.events import TriggerHub
-from narrmem.models import MemoryRecord, TriggerEvent
+from narrmem.memory import Memory
+from narrmem.models import MemoryRecord, Scope, TriggerEvent
+from narrmem.store import Store
 
 
 @dataclass(frozen=True)
@@ -88,3 +93,36 @@ class ForgetsVoidEvents:
     ) -> None:
         forgotten = Forgotten.of(tenant, user_id, chat_id, removed, sources, messages)
         self.hub.drop(forgotten.voids)
+
+
+class StillStored:
+    """Whether an event still stands, read from the store: what it cites (the messages it counted
+    and the one that made it, all in its chat) is stored for its user under the memory ids it had
+    when the event was published. A forget of the user, the chat or a cited message, made by any
+    process, deletes them; an edit too (its new text is stored under new ids). An event that cites
+    nothing stored stands while its user holds anything in its chat."""
+
+    def __init__(self, memory: Memory) -> None:
+        self.memory = memory
+
+    @property
+    def store(self) -> Store:
+        return self.memory.store
+
+    async def cited(self, event: TriggerEvent) -> tuple[int, ...]:
+        """The memory ids behind ``event`` now (when it is published)."""
+        messages = sorted({*event.message_ids, *filter(None, [event.cause_message_id])})
+        if event.chat_id is None or not messages:
+            return ()
+        ids = await self.store.from_messages(event.tenant, event.chat_id, messages)
+        return tuple(sorted(await self.store.get(ids, _scope(event))))
+
+    async def stands(self, event: TriggerEvent, cited: tuple[int, ...]) -> bool:
+        scope = _scope(event)
+        if cited:
+            return len(await self.store.get(list(cited), scope)) == len(cited)
+        return bool(await self.store.recent(scope, limit=1))
+
+
+def _scope(event: TriggerEvent) -> Scope:
+    return Scope(tenant=event.tenant, user_id=event.user_id, chat_id=event.chat_id)
