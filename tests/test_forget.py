@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -310,10 +311,18 @@ async def test_a_lock_file_narrmem_did_not_write_is_never_overwritten(tmp_path: 
         async with open_memory(folder):
             pass
     assert theirs.read_text(encoding="utf-8") == "keep me: notes of my own\n"
-    theirs.write_text("", encoding="utf-8")  # an empty file (or a stopped process's id) is taken
+    # A number is not proof either (a count, a port of the user's) where no database was locked.
+    theirs.write_text("8080\n", encoding="utf-8")
+    with pytest.raises(narrmem.StoreError, match="not a narrmem lock file"):
+        async with open_memory(folder):
+            pass
+    assert theirs.read_text(encoding="utf-8") == "8080\n"
+    theirs.write_text("", encoding="utf-8")  # an empty file holds nothing to lose: taken
     async with open_memory(folder) as mem:
         await mem.ingest(msg("m1", "I decided to learn the cello"))
-    assert theirs.read_text(encoding="utf-8").strip().isdigit()
+    assert theirs.read_text(encoding="utf-8") == f"narrmem lock, process {os.getpid()}\n"
+    # A stopped process's lock, as narrmem wrote it before it signed its locks: beside the database.
+    theirs.write_text("4242\n", encoding="utf-8")
     async with open_memory(folder) as mem:
         assert (await mem.stats())["memories"] >= 1
 

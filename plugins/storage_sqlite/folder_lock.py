@@ -5,6 +5,11 @@ it would not see the first one's vectors, and a forget in one would leave the ot
 holding the forgotten vectors. The lock (``flock``) goes with the process, so a crash or a
 ``kill -9`` never leaves a stale lock behind; the pid written in the file only names the holder in
 the error a second process gets.
+
+The file says it is narrmem's (``narrmem lock, process 1234``), so that a file of the user's at
+that name is never taken over. One of a bare process id, as narrmem wrote before 2026-12-06, is
+taken only beside the database it locked; an empty one holds nothing to lose (a process stopped
+between making it and writing it).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import os
 from pathlib import Path
 
 from narrmem.errors import StoreError
+
+SIGNATURE = "narrmem lock, process "
 
 
 class FolderLock:
@@ -35,15 +42,15 @@ class FolderLock:
                 f"the data folder {folder} is in use by {who}: one process opens a data folder at a "
                 "time (close the other one, or give this process its own folder)"
             ) from None
-        if not _ours(fd):
+        if not _ours(fd, database=self.path.with_suffix("")):
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             raise StoreError(
-                f"{self.path} exists and is not a narrmem lock file (a process id): narrmem does not "
+                f"{self.path} exists and is not a narrmem lock file: narrmem does not "
                 "overwrite a file it did not create; move it away or choose another database name"
             )
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{SIGNATURE}{os.getpid()}\n".encode())
         self._fd = fd
 
     def release(self) -> None:
@@ -56,18 +63,27 @@ class FolderLock:
         self._fd = None
 
 
-def _ours(fd: int) -> bool:
-    """Empty (just made) or a process id narrmem wrote."""
+def _ours(fd: int, *, database: Path) -> bool:
+    """Empty, or as narrmem writes it: its signature and a process id, or (before the signature)
+    a bare process id beside the database it locked."""
     try:
-        head = os.pread(fd, 33, 0)
+        head = os.pread(fd, 65, 0)
     except OSError:
         return False
-    return not head or (len(head) <= 32 and head.strip().isdigit())
+    if not head:
+        return True
+    if len(head) > 64:
+        return False
+    text = head.decode("ascii", "replace").strip()
+    if text.startswith(SIGNATURE):
+        return text[len(SIGNATURE) :].isdigit()
+    return text.isdigit() and database.is_file()
 
 
 def _read_pid(fd: int) -> int | None:
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
     except OSError:
         return None
+    text = text.removeprefix(SIGNATURE)
     return int(text) if text.isdigit() else None
