@@ -60,6 +60,14 @@ class SoulNarrativeInput(BaseModel):
 
     _ids_without_nul = field_validator("user_id", "chat_id", "tenant")(no_nul)
 
+    @field_validator("event")
+    @classmethod
+    def _event_said_something(cls, event: str | None) -> str | None:
+        # A blank fragment was stored as a scene of its own (ingest stores nothing for one).
+        if event is not None and not event.strip():
+            raise ValueError("must say something (it is blank)")
+        return event
+
 
 class SceneOut(BaseModel):
     model_config = ConfigDict(extra="forbid")

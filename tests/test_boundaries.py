@@ -230,6 +230,33 @@ async def test_tool_ids_stay_in_sqlite_range(mem: Memory, scene_id: int) -> None
     assert info.value.field == "id"
 
 
+STORY = "Once upon a time a king ruled. A threat came. A knight rode out. She found a village."
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "field"),
+    [
+        ("persona_set", {"user_id": "u1", "description": "kind", "tone": "warm\x00ly"}, "tone"),
+        ("persona_set", {"user_id": "u1", "description": "kind", "tone": "warm\nly"}, "tone"),
+        ("persona_set", {"user_id": "u1", "description": "kind", "traits": ["ok", "bell\x07"]}, "traits.1"),
+        ("rtm_create_narrative_tree", {"text": STORY, "title": "a\x00b"}, "title"),
+        ("rtm_traverse_narrative", {"text": STORY, "title": "a\x00b", "traversalDepth": 1}, "title"),
+        ("soul_narrative", {"action": "add", "user_id": "u1", "event": "   "}, "event"),
+    ],
+)
+async def test_tool_text_a_store_or_a_prompt_cannot_take_names_its_field(
+    mem: Memory, tool: str, arguments: dict[str, Any], field: str
+) -> None:
+    """A NUL reached the store, which refused it naming no field; a line break in a persona's tone
+    or trait went into the graph and the prompt (memory_commit refuses it in a node name); a blank
+    narrative fragment was stored as a scene."""
+    before = await store_count(mem)
+    with pytest.raises(InputError) as info:
+        await mem.call_tool(tool, arguments)
+    assert info.value.field == field, str(info.value)
+    assert await store_count(mem) == before
+
+
 # --- 6. Lone surrogates: UnicodeEncodeError when the store or a JSON file met them ------------
 
 

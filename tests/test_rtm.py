@@ -732,3 +732,34 @@ async def test_memory_summary_goes_through_the_hook(tmp_path: Path) -> None:
         assert fitted["tokens"] <= 60 or fitted["depth"] == 1
         with pytest.raises(InputError):
             await memory.summary(user_id="")
+
+
+async def test_a_long_texts_work_runs_off_the_event_loop(tmp_path: Path, monkeypatch: Any) -> None:
+    """Segmenting, shaping and simulating a 500,000-character text take seconds: on the event
+    loop they held every other user's call that long."""
+    import threading
+
+    from narrmem_plugins.rtm import build, tools
+
+    on_loop: list[str] = []
+
+    def watched(module: Any, name: str) -> None:
+        original = getattr(module, name)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                on_loop.append(name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, run)
+
+    for module, name in [(build, "segment_cached"), (build, "build_shape"), (tools, "segment_cached")]:
+        watched(module, name)
+    watched(tools, "simulate")
+    watched(tools, "summarize")
+    story = "Once upon a time a king ruled. A threat came. A knight rode out. She found a village."
+    async with open_memory(tmp_path / "m", plugins=rtm_plugins()) as memory:
+        await memory.call_tool("rtm_create_narrative_tree", {"text": story, "title": "K"})
+        ensemble = {"text": story + " Peace came.", "title": "K", "ensembleSize": 50}
+        await memory.call_tool("rtm_generate_ensemble", ensemble)
+    assert on_loop == []

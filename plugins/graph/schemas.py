@@ -35,7 +35,10 @@ NodeName = Annotated[
 RelationName = Annotated[str, AfterValidator(check_relation)]
 TaskId = Annotated[str, StringConstraints(pattern=r"^[\w.:\-]{1,128}$")]
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
-Trait = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+# A trait and the tone are graph nodes' names, held to what memory_commit holds a name to.
+Trait = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100), AfterValidator(check_name)
+]
 MAX_TRIPLETS = 50
 
 
@@ -287,10 +290,7 @@ class TaskQueryOutput(_Strict):
 class PersonaSetInput(ScopeArgs):
     description: Text
     traits: list[Trait] = Field(default_factory=list, max_length=20)
-    tone: (
-        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_NAME_CHARS)]
-        | None
-    ) = None
+    tone: NodeName | None = None
 
 
 class PersonaOut(_Strict):

@@ -8,6 +8,8 @@ known before any work is done, so asking for a tree that exists costs one indexe
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -96,7 +98,8 @@ async def get_or_build(
     found = await trees.get(request.tenant, tid)
     if found is not None:
         return found, False
-    sections = segment_cached(request.text, request.language, request.segmentation)
+    # Seconds of work for a long text: off the event loop, which other users' calls share.
+    sections = await asyncio.to_thread(segment_cached, request.text, request.language, request.segmentation)
     if not sections.clauses:
         raise InputError("the text holds no clause (no letter or digit)", field="text")
     if len(sections.clauses) > options.max_clauses:
@@ -160,8 +163,17 @@ async def build_tree(
     unit = unit_rows(await memory.embedder.embed(clauses))
     prefix = prefix_sums(unit)
     rng = np.random.default_rng(DEFAULT_SEED if seed is None else seed) if partition == "random" else None
-    shape = build_shape(
-        len(clauses), branching, max_depth, partition, rng=rng, prefix=prefix, balance=options.balance
+    shape = await asyncio.to_thread(
+        functools.partial(
+            build_shape,
+            len(clauses),
+            branching,
+            max_depth,
+            partition,
+            rng=rng,
+            prefix=prefix,
+            balance=options.balance,
+        )
     )
     summaries = await summarize_shape(
         shape,

@@ -85,6 +85,9 @@ class CreateTreeInput(_TreeOptions):
         default="story", pattern=r"^[a-z][a-z0-9_-]{0,31}$", description="story, conversation, essay, ..."
     )
 
+    # Stored as text, which PostgreSQL cannot hold a NUL in (the store's error named no field).
+    _title_without_nul = field_validator("title")(no_nul)
+
 
 class TextOrTree(_TreeOptions):
     """``treeId`` is declared before ``text`` so that ``text``'s validator can see it: the error for
@@ -118,7 +121,7 @@ class TextOrTree(_TreeOptions):
     def _title_with_text(cls, title: str | None, info: ValidationInfo) -> str | None:
         if title is None and info.data.get("text") is not None:
             raise ValueError("title is required with text")
-        return title
+        return no_nul(title)
 
     def tree_parameters_given(self) -> list[str]:
         return [name for name in TREE_PARAMETERS if getattr(self, name) is not None]

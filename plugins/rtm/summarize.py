@@ -15,6 +15,7 @@ span), so a paid summarizer is asked once per span.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 from collections.abc import Awaitable, Callable
@@ -70,6 +71,8 @@ async def summarize_shape(
     done: dict[tuple[int, int, bool], str] = {}
     out: list[str] = []
     for i, (s, e) in enumerate(zip(shape.start.tolist(), shape.end.tolist(), strict=True)):
+        if i % YIELD_EVERY == YIELD_EVERY - 1:
+            await asyncio.sleep(0)  # thousands of nodes: other calls on the loop take turns
         # Keyed by leafness too: a random tree's chain can end in a depth-D leaf with the span of
         # the internal node above it, and that leaf must still hold its whole span.
         key = (s, e, bool(leaf[i]))
@@ -107,6 +110,7 @@ async def _abstractive(
     return None
 
 
+YIELD_EVERY = 64  # nodes summarised between two turns of the event loop
 CANDIDATES = 64  # clauses of a long span considered for its summary (the nearest to its centroid)
 
 

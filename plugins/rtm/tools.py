@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from narrmem_plugins.rtm.build import TreeRequest, get_or_build, stats_of, text_sha
@@ -157,7 +158,8 @@ async def generate_ensemble(ctx: RTMContext, memory: MemoryView, args: EnsembleI
         source, title = "tree", stored.title
     else:
         assert args.text is not None and args.title is not None
-        sections = segment_cached(args.text, args.language, args.segmentation)
+        # Seconds of work for a long text: off the event loop, which other users' calls share.
+        sections = await asyncio.to_thread(segment_cached, args.text, args.language, args.segmentation)
         clauses = len(sections.clauses)
         if clauses == 0:
             raise InputError("the text holds no clause (no letter or digit)", field="text")
@@ -170,7 +172,8 @@ async def generate_ensemble(ctx: RTMContext, memory: MemoryView, args: EnsembleI
         given = args.maxBranchingFactor is not None or args.maxRecallDepth is not None
         source, title = ("request" if given else "defaults"), args.title
     seed = 0 if args.seed is None else args.seed
-    sim = simulate(clauses, k, depth, args.ensembleSize, seed)
+    sim = await asyncio.to_thread(simulate, clauses, k, depth, args.ensembleSize, seed)
+    figures = await asyncio.to_thread(summarize, sim, clauses, k, depth)
     return EnsembleOutput(
         title=title,
         trees=[stored.tree_id] if stored is not None else [],
@@ -180,7 +183,7 @@ async def generate_ensemble(ctx: RTMContext, memory: MemoryView, args: EnsembleI
         maxBranchingFactor=k,
         maxRecallDepth=depth,
         seed=seed,
-        **summarize(sim, clauses, k, depth),
+        **figures,
     )
 
 
