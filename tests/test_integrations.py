@@ -548,6 +548,33 @@ async def test_in_a_group_each_person_keeps_their_own_memories(bot: Harness, mem
     assert {h.user_id for h in pack.hits} == {str(BOB)}
 
 
+async def test_a_groups_context_holds_nothing_said_in_a_direct_chat_or_another_group(
+    bot: Harness, memory: Memory
+) -> None:
+    """The default context (``"auto"``): in a group, the person's words in that group only; in a
+    direct chat, the person's words anywhere. Before 2026-12-06 a group's context held what the
+    person had told the bot in private and in other groups, rendered into the answer's prompt."""
+    await bot.send(1, "I decided to quit my job at the bank secretly", user=ANN, chat=ANN, group=False)
+    await bot.send(2, "my job at the bank is driving me mad", user=ANN, chat=OTHER_GROUP, group=True)
+    await bot.send(3, "the bank job again, ugh", user=ANN, chat=GROUP, group=True)
+    await bot.send(4, "what about my job at the bank?", user=ANN, chat=GROUP, group=True)
+    await bot.send(5, "what should I do about my job at the bank?", user=ANN, chat=ANN, group=False)
+
+    in_group = bot.contexts[bot.message_id(4)]
+    assert in_group is not None
+    tenant, chat_id = bot.where(GROUP, group=True)
+    assert in_group.scope == Scope(tenant=tenant, user_id=str(ANN), chat_id=chat_id)
+    # Discord's guild_as="chat" (the harness's default) makes a server one chat: its channels share it.
+    same_chat = bot.where(OTHER_GROUP, group=True) == (tenant, chat_id)
+    said_here = {bot.message_id(3), *([bot.message_id(2)] if same_chat else [])}
+    assert {h.message_ids[0] for h in in_group.hits} == said_here
+    rendered = in_group.render(token_budget=400)
+    assert "secretly" not in rendered and ("driving me mad" in rendered) == same_chat
+    in_private = bot.contexts[bot.message_id(5)]
+    assert in_private is not None
+    assert bot.message_id(1) in {h.message_ids[0] for h in in_private.hits}
+
+
 async def test_an_edit_replaces_the_text_and_keeps_its_history(bot: Harness, memory: Memory) -> None:
     await bot.send(1, "I love hiking in the mountains", user=ANN, chat=GROUP, group=True)
     await bot.edit(1, "I love climbing in the mountains", user=ANN, chat=GROUP, group=True)
@@ -822,6 +849,98 @@ async def test_discord_maps_guilds_to_tenants_and_forgets_everywhere(
 
     reply = await discord_bot.command(4, "forgetme", user=ANN, chat=ANN, group=False)
     assert reply.startswith("Done: I forgot 4 memories about you")
+    assert await everything(memory) == []
+
+
+def _imported_history(path: Path, fmt: str, export: dict[str, Any], tenant: str | None = None) -> list[Any]:
+    """The messages ``narrmem import-chat`` makes of ``export`` (written to ``path``)."""
+    from narrmem.doors.chat_import import read_chat
+
+    path.write_text(json.dumps(export), encoding="utf-8")
+    return read_chat(path, fmt, tenant=tenant).messages
+
+
+@pytest.mark.parametrize("guild_as", ["tenant", "chat"])
+async def test_discord_forgetme_reaches_a_servers_imported_history(
+    guild_as: str, memory: Memory, tmp_path: Path
+) -> None:
+    """An imported server's history is under ``discord:<server id>`` with the live Discord ids:
+    the same person, whom forgetme left there (its reply said it had forgotten them)."""
+    author = {"id": str(ANN), "name": "ann", "isBot": False}
+    export = {
+        "guild": {"id": str(GUILD_ID), "name": "Team"},
+        "channel": {"id": "7", "name": "general"},
+        "messages": [
+            {
+                "id": "5001",
+                "type": "Default",
+                "timestamp": "2026-01-01T10:00:00+00:00",
+                "author": author,
+                "content": "I decided to quit my job at Vellamire bank",
+            },
+        ],
+    }
+    await memory.ingest_many(_imported_history(tmp_path / "general.json", "discord", export))
+    bot = await open_harness("discord.py", memory, guild_as=guild_as)
+    try:
+        await bot.send(1, "I love hiking in the mountains", user=ANN, chat=7, group=True)
+        reply = await bot.command(2, "forgetme", user=ANN, chat=ANN, group=False)
+    finally:
+        await bot.close()
+    assert reply.startswith("Done: I forgot")
+    assert await everything(memory) == []
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+async def test_telegram_forgetme_reaches_history_imported_into_the_bots_tenant(
+    library: str, memory: Memory, tmp_path: Path
+) -> None:
+    """A Telegram export names its authors ``user<id>``; the bot, by the number. Before, forgetme
+    left the imported history and answered that nothing was stored."""
+    export = {
+        "name": "Ann",
+        "type": "personal_chat",
+        "id": ANN,
+        "messages": [
+            {
+                "id": 9001,
+                "type": "message",
+                "date": "2026-01-01T10:00:00",
+                "date_unixtime": "1767261600",
+                "from": "Ann Lee",
+                "from_id": f"user{ANN}",
+                "text": "I decided to quit my job at Vellamire bank",
+            },
+        ],
+    }
+    bot = await open_harness(library, memory)
+    try:
+        tenant, _ = bot.where(ANN, group=False)
+        await memory.ingest_many(_imported_history(tmp_path / "result.json", "telegram", export, tenant))
+        assert {r.user_id for r in await everything(memory)} == {f"user{ANN}"}
+        reply = await bot.command(1, "forgetme", user=ANN, chat=ANN, group=False)
+    finally:
+        await bot.close()
+    assert reply.startswith("Done: I forgot")
+    assert await everything(memory) == []
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+async def test_a_command_in_other_case_is_answered_as_it_is_recognised(library: str, memory: Memory) -> None:
+    """``/ForgetMe`` is one of narrmem's commands on Telegram (so it is not stored); on aiogram it
+    was then not answered, and the person was not forgotten. (discord.py's own rules say whether
+    a command's case matters: ``commands.Bot(case_insensitive=...)``.)"""
+    bot = await open_harness(library, memory)
+    try:
+        await _forget_in_other_case(bot, memory)
+    finally:
+        await bot.close()
+
+
+async def _forget_in_other_case(bot: Harness, memory: Memory) -> None:
+    await bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=ANN, group=False)
+    reply = await bot.command(2, "ForgetMe", user=ANN, chat=ANN, group=False)
+    assert reply.startswith("Done: I forgot")
     assert await everything(memory) == []
 
 

@@ -28,9 +28,12 @@ from narrmem.text import estimate_tokens
 
 log = logging.getLogger("narrmem.doors.integrations")
 
-ContextScope = Literal["user", "chat", "user_in_chat"]
-"""Whose memories the context for a turn is drawn from: the person across all their chats (in the
-tenant), everyone in this chat, or the person in this chat only (nothing said elsewhere leaks in)."""
+ContextScope = Literal["auto", "user", "chat", "user_in_chat"]
+"""Whose memories the context for a turn is drawn from: ``"auto"`` (the default) the person across
+all their chats in a direct chat with the bot and the person in this chat only elsewhere (a group,
+a server's channel), so nothing said in a direct chat or another group is put before a group;
+``"user"`` the person across all their chats (in the tenant) wherever they speak; ``"chat"``
+everyone in this chat; ``"user_in_chat"`` the person in this chat only."""
 
 COMMANDS = ("forgetme", "memory")
 DEFAULT_K = 8
@@ -67,7 +70,7 @@ class TurnOptions(Generic[T]):
     token_budget: int = DEFAULT_TOKEN_BUDGET
     on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None = None
     k: int = DEFAULT_K
-    context_scope: ContextScope = "user"
+    context_scope: ContextScope = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.tenant, str) or not self.tenant:
@@ -79,8 +82,10 @@ class TurnOptions(Generic[T]):
         if self.context_scope not in get_args(ContextScope):
             raise InputError(f"must be one of {', '.join(get_args(ContextScope))}", field="context_scope")
 
-    async def context(self, memory: Memory, message: Message) -> ContextPack:
-        return await turn_context(memory, message, k=self.k, scope=self.context_scope)
+    async def context(self, memory: Memory, message: Message, *, private: bool) -> ContextPack:
+        """The context for answering ``message``; ``private``: it came in a direct chat with the
+        bot (what ``"auto"`` scopes by)."""
+        return await turn_context(memory, message, k=self.k, scope=self.context_scope, private=private)
 
     def render(self, pack: ContextPack | None) -> str:
         """``pack`` rendered to the token budget (``""`` when nothing is remembered)."""
@@ -137,6 +142,12 @@ class TelegramMessage(Protocol):
     def date(self) -> datetime: ...
     @property
     def message_thread_id(self) -> int | None: ...
+
+
+def telegram_aliases(user_id: str) -> list[str]:
+    """The other id a Telegram user has in the store: ``narrmem import-chat`` names the authors of
+    a Telegram Desktop export by its ``from_id`` (``user123456``), the live bots by the number."""
+    return [f"user{user_id}"]
 
 
 def telegram_message(
@@ -270,7 +281,9 @@ async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_
     return counts.get("memories", 0)
 
 
-def scope_of(message: Message, scope: ContextScope) -> Scope:
+def scope_of(message: Message, scope: ContextScope, *, private: bool = False) -> Scope:
+    if scope == "auto":
+        scope = "user" if private else "user_in_chat"
     return Scope(
         tenant=message.tenant,
         user_id=None if scope == "chat" else message.user_id,
@@ -278,13 +291,16 @@ def scope_of(message: Message, scope: ContextScope) -> Scope:
     )
 
 
-async def turn_context(memory: Memory, message: Message, *, k: int, scope: ContextScope) -> ContextPack:
-    """What narrmem knows that fits the answer to ``message``, leaving out the message itself.
+async def turn_context(
+    memory: Memory, message: Message, *, k: int, scope: ContextScope, private: bool = False
+) -> ContextPack:
+    """What narrmem knows that fits the answer to ``message``, leaving out the message itself;
+    ``private``: ``message`` came in a direct chat with the bot (see :data:`ContextScope`).
 
     The message is usually stored already (ingest runs first, so it is kept even when no handler
     asks for context), and it would otherwise be its own best match.
     """
-    where = scope_of(message, scope)
+    where = scope_of(message, scope, private=private)
     query = message.text[:MAX_QUERY_CHARS]
     try:
         hits = await memory.recall(
@@ -325,11 +341,17 @@ class ForHandlers(Generic[U]):
     def incoming(self, source: U) -> Message | None:
         raise NotImplementedError
 
+    def is_private(self, source: U) -> bool:
+        """Whether ``source`` came in a direct chat with the bot (not a group or a server)."""
+        raise NotImplementedError
+
     async def context_for(self, source: U) -> ContextPack | None:
         """The :class:`ContextPack` for answering ``source`` (``None`` without text). The message
         itself is left out, whether or not it is stored yet."""
         message = self.incoming(source)
-        return await self.options.context(self.memory, message) if message is not None else None
+        if message is None:
+            return None
+        return await self.options.context(self.memory, message, private=self.is_private(source))
 
     async def mark_used(self, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
         """Tell memory which hits of ``pack`` your answer used (all by default): they are
@@ -364,13 +386,17 @@ def forget_reply(counts: Mapping[str, int]) -> str:
     return f"Done: I forgot {total} {noun} about you" + (f" ({detail})." if detail else ".")
 
 
-async def forget_user(memory: Memory, *, tenants: Collection[str], user_id: str) -> str:
-    """Forget the person in every tenant the integration writes to; returns the reply."""
+async def forget_user(
+    memory: Memory, *, tenants: Collection[str], user_id: str, aliases: Collection[str] = ()
+) -> str:
+    """Forget the person in every tenant the integration writes to, under their id and the
+    ``aliases`` the same person has there (the id a chat import gave them); returns the reply."""
     total: dict[str, int] = {}
     try:
         for tenant in sorted(set(tenants)):
-            for key, value in (await memory.forget(user_id=user_id, tenant=tenant)).items():
-                total[key] = total.get(key, 0) + value
+            for who in [user_id, *sorted(set(aliases) - {user_id})]:
+                for key, value in (await memory.forget(user_id=who, tenant=tenant)).items():
+                    total[key] = total.get(key, 0) + value
     except Exception:
         log.exception("narrmem could not forget user %s", user_id)
         return "Sorry, I could not forget you just now; please try again."

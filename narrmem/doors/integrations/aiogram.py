@@ -119,7 +119,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
             await _common.edit(self.memory, message)
         else:
             await _common.ingest(self.memory, message, self.triggers, data.get("bot"))
-        pack = await self.options.context(self.memory, message)
+        pack = await self.options.context(self.memory, message, private=event.chat.type == "private")
         data["memory_context"] = pack
         data["memory_prompt"] = self.options.render(pack)
         data["memory_mark_used"] = functools.partial(_common.mark_used, self.memory, pack)
@@ -128,7 +128,9 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
     async def context(self, message: TgMessage) -> ContextPack | None:
         """The context for a message outside a handler (the middleware already gives it inside)."""
         converted = to_message(message, tenant=self.options.tenant)
-        return await self.options.context(self.memory, converted) if converted is not None else None
+        if converted is None:
+            return None
+        return await self.options.context(self.memory, converted, private=message.chat.type == "private")
 
 
 def register_commands(
@@ -151,7 +153,10 @@ def register_commands(
         who = sender(message)
         if who is None:
             return
-        await message.answer(await _common.forget_user(memory, tenants=[tenant], user_id=who[0]))
+        reply = await _common.forget_user(
+            memory, tenants=[tenant], user_id=who[0], aliases=_common.telegram_aliases(who[0])
+        )
+        await message.answer(reply)
 
     async def show_memory(message: TgMessage) -> None:
         who = sender(message)
@@ -169,8 +174,9 @@ def register_commands(
         )
         await message.answer(text)
 
-    router.message.register(forgetme, Command(forget_command))
-    router.message.register(show_memory, Command(memory_command))
+    # Case as command_name reads it: "/ForgetMe" was not stored (a command) yet not answered either.
+    router.message.register(forgetme, Command(forget_command, ignore_case=True))
+    router.message.register(show_memory, Command(memory_command, ignore_case=True))
     return router
 
 

@@ -40,6 +40,7 @@ TriggerHandler = Callable[[discord.abc.Messageable, TriggerEvent], Awaitable[Non
 """``await on_trigger(channel, event)``: the channel is where the triggering message was sent."""
 
 DISCORD_MAX_CHARS = 2000
+IMPORTED_PREFIX = "discord:"  # narrmem import-chat's tenant for a server: discord:<server id>
 # Every (tenant, user) the store holds, read once per forgetme (counts only, no text).
 USERS_READ = 10_000_000
 # Explicit alias: it stays a valid type for mypy even where discord.py is not installed.
@@ -89,6 +90,9 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
 
     def incoming(self, source: discord.Message) -> Message | None:
         return self.to_message(source)
+
+    def is_private(self, source: discord.Message) -> bool:
+        return source.guild is None
 
     def to_message(self, message: discord.Message) -> Message | None:
         """The narrmem ``Message`` for a Discord message, or ``None`` when there is nothing to
@@ -180,14 +184,22 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         return {self.options.tenant, *(str(guild.id) for guild in self.bot.guilds)}
 
     async def tenants_of(self, user_id: str) -> set[str]:
-        """Every tenant that may hold ``user_id``'s memories: :meth:`tenants`, and with
+        """Every tenant that may hold ``user_id``'s memories: :meth:`tenants`; with
         ``guild_as="tenant"`` each server the store holds them under, the bot in it or not any
-        longer (a server that removed the bot keeps its tenant in the store)."""
+        longer (a server that removed the bot keeps its tenant in the store); and each server's
+        imported history (``narrmem import-chat`` puts it in ``discord:<server id>``). A Discord
+        id is the same person in every server."""
         tenants = self.tenants()
-        if self.guild_as == "tenant":
-            held = await self.memory.store.users(None, limit=USERS_READ)
-            tenants |= {u["tenant"] for u in held if u["user_id"] == user_id and u["tenant"].isdigit()}
+        held = await self.memory.store.users(None, limit=USERS_READ)
+        tenants |= {u["tenant"] for u in held if u["user_id"] == user_id and self._discords(u["tenant"])}
         return tenants
+
+    def _discords(self, tenant: str) -> bool:
+        """Whether ``tenant`` is one a Discord server's messages go to (live or imported)."""
+        imported = tenant.removeprefix(IMPORTED_PREFIX)
+        if imported != tenant:
+            return imported.isdigit()
+        return self.guild_as == "tenant" and tenant.isdigit()
 
     @commands.command(name="forgetme", help="Forget everything I remember about you, in every server.")
     async def forgetme(self, ctx: AnyContext) -> None:

@@ -127,12 +127,21 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         message = source.effective_message
         return to_message(message, tenant=self.options.tenant) if message is not None else None
 
+    def is_private(self, source: telegram.Update) -> bool:
+        chat = source.effective_chat
+        return chat is not None and chat.type == "private"
+
     async def forgetme(self, update: telegram.Update, context: AnyContext) -> None:
         message = update.effective_message
         who = sender(message) if message is not None else None
         if message is None or who is None:
             return
-        reply = await _common.forget_user(self.memory, tenants=[self.options.tenant], user_id=who[0])
+        reply = await _common.forget_user(
+            self.memory,
+            tenants=[self.options.tenant],
+            user_id=who[0],
+            aliases=_common.telegram_aliases(who[0]),
+        )
         await message.reply_text(reply)
 
     async def show_memory(self, update: telegram.Update, context: AnyContext) -> None:
