@@ -405,6 +405,18 @@ MALFORMED: list[tuple[str, Callable[[Path], Path], str, str]] = [
     # Two messages under one id with different texts: the second was dropped as a duplicate.
     ("discord", _edit(DISCORD, ("messages.2.id", "dup"), ("messages.3.id", "dup")), "message_id", "twice"),
     ("telegram", _edit(TELEGRAM, ("messages.3.id", 103), ("messages.4.id", 103)), "message_id", "twice"),
+    # The same text under one id from two authors, or at two times, is two messages too.
+    (
+        "discord",
+        _edit(
+            DISCORD,
+            ("messages.2.id", "dup"),
+            ("messages.3.id", "dup"),
+            ("messages.3.content", "Hi! New here. I mostly play heavy euro games like Brass and Ark Nova."),
+        ),
+        "message_id",
+        "different author and time",
+    ),
     # The last and first days datetime holds, in a timezone that takes them past it (an internal
     # error, exit 1, before).
     (

@@ -75,3 +75,33 @@ def test_a_malformed_export_names_the_message_and_field(tmp_path: Path) -> None:
     done = narrmem("import-chat", str(path), "--format", "telegram", "--data", str(tmp_path / "d"))
     assert done.returncode == 2 and "messages[3].date_unixtime" in done.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_a_message_dated_too_far_ahead_is_named_by_its_place_in_the_file(tmp_path: Path) -> None:
+    """Ingest refuses it once the messages are sorted by time, and named that place
+    (``messages[9].ts``), not the file's."""
+    bad = json.loads((EXPORTS / "telegram_result.json").read_text(encoding="utf-8"))
+    bad["messages"][0]["date_unixtime"] = "4102444800"  # 2100-01-01
+    path = tmp_path / "ahead.json"
+    path.write_text(json.dumps(bad, ensure_ascii=False), encoding="utf-8")
+    data = str(tmp_path / "d")
+    done = narrmem("import-chat", str(path), "--format", "telegram", "--data", data)
+    assert done.returncode == 2, done.stderr
+    assert "field 'messages[0].date_unixtime'" in done.stderr and "hours past" in done.stderr
+
+
+def test_a_bad_user_map_value_is_named_in_the_map(tmp_path: Path) -> None:
+    users = tmp_path / "users.json"
+    users.write_text(json.dumps({"user1001": "al\u0000ice"}), encoding="utf-8")
+    done = narrmem(
+        "import-chat",
+        str(EXPORTS / "telegram_result.json"),
+        "--format",
+        "telegram",
+        "--user-map",
+        str(users),
+        "--data",
+        str(tmp_path / "d"),
+    )
+    assert done.returncode == 2, done.stderr
+    assert """field 'user_map["user1001"]': must not hold a NUL""" in done.stderr

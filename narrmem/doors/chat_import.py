@@ -37,6 +37,7 @@ Choices, so that an import is predictable:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -45,9 +46,10 @@ from typing import Any, Literal, get_args
 
 from pydantic import ValidationError
 
-from narrmem.checks import JsonShapeError, loads_json
+from narrmem.checks import JsonShapeError, has_surrogate, loads_json
 from narrmem.doors.transfer import read_messages
 from narrmem.errors import InputError
+from narrmem.ingest import check_not_ahead
 from narrmem.models import MAX_ID_CHARS, MAX_TEXT_CHARS, Message
 
 ChatFormat = Literal["telegram", "discord", "jsonl"]
@@ -76,6 +78,21 @@ class ImportBatch:
     skipped_service: int
     format: ChatFormat
     skipped_bots: int = 0
+    # Where each message's time is in the file (``messages[3].date_unixtime``), for errors found
+    # once the messages are sorted by time (empty for JSONL, whose lines keep their order).
+    time_fields: list[str] = field(default_factory=list)
+
+    def check_not_ahead(self, now: datetime, limit_s: float) -> None:
+        """Refuse a message dated past ``now`` by more than ``limit_s`` (what ingest refuses),
+        naming its time's place in the file: ingest named its place in the sorted batch."""
+        try:
+            check_not_ahead(self.messages, now, limit_s)
+        except InputError as exc:
+            found = re.fullmatch(r"messages\[(\d+)\]\.ts", exc.field or "")
+            index = int(found.group(1)) if found else 0 if exc.field == "ts" else None
+            if index is None or index >= len(self.time_fields):
+                raise
+            raise InputError(exc.reason, field=self.time_fields[index]) from exc
 
     def scopes(self) -> dict[str, list[str]]:
         """The tenants, chat ids and user ids the messages were imported under (sorted), so that
@@ -121,28 +138,37 @@ def read_chat(
     raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
 
 
-def _one_text_per_id(messages: Sequence[Message]) -> None:
-    """Two messages of one chat under one id with different texts: the store keeps one message
-    per id, so the second was dropped as a duplicate without a word. Refused instead (the same
-    text twice is a duplicate, as on a second import)."""
-    seen: dict[tuple[str, str, str], str] = {}
+def _one_message_per_id(messages: Sequence[Message]) -> None:
+    """Two messages of one chat under one id that differ (text, author or time): the store keeps
+    one message per id, so the second was dropped as a duplicate without a word. Refused instead
+    (the same message twice is a duplicate, as on a second import)."""
+    seen: dict[tuple[str, str, str], tuple[str, str, datetime]] = {}
     for n, message in enumerate(messages):
         key = (message.tenant, message.chat_id, message.message_id)
-        text = seen.setdefault(key, message.text)
-        if text != message.text:
+        said = (message.text, message.user_id, message.ts)
+        first = seen.setdefault(key, said)
+        if first != said:
+            differ = [
+                name for name, a, b in zip(("text", "author", "time"), first, said, strict=True) if a != b
+            ]
             raise InputError(
                 f"message {message.message_id!r} of chat {message.chat_id!r} appears twice with "
-                f"different texts (the second is message {n + 1} of the file, oldest first)",
+                f"different {' and '.join(differ)} (the second is message {n + 1} of the file, oldest first)",
                 field="message_id",
             )
 
 
 def _without_bots(batch: ImportBatch, keep_bots: bool) -> ImportBatch:
-    _one_text_per_id(batch.messages)
+    _one_message_per_id(batch.messages)
     if keep_bots:
         return batch
-    people = [m for m in batch.messages if m.meta.get("bot") is not True]
-    return replace(batch, messages=people, skipped_bots=len(batch.messages) - len(people))
+    kept = [i for i, m in enumerate(batch.messages) if m.meta.get("bot") is not True]
+    return replace(
+        batch,
+        messages=[batch.messages[i] for i in kept],
+        time_fields=[batch.time_fields[i] for i in kept] if batch.time_fields else [],
+        skipped_bots=len(batch.messages) - len(kept),
+    )
 
 
 def read_telegram(
@@ -200,14 +226,13 @@ def check_user_map(data: object, *, source: str = "user map") -> dict[str, str]:
 
 def _telegram(path: Path, tenant: str, users: Mapping[str, str]) -> ImportBatch:
     data = _load_json(path)
-    messages: list[Message] = []
+    messages: list[tuple[Message, str]] = []
     skipped = 0
     for prefix, chat in _telegram_chats(data, path):
         chat_messages, chat_skipped = _telegram_chat(chat, prefix, tenant, users)
         messages.extend(chat_messages)
         skipped += chat_skipped
-    messages.sort(key=lambda m: m.ts)
-    return ImportBatch(messages, skipped_service=skipped, format="telegram")
+    return _sorted(messages, skipped, "telegram", into_fields=_TELEGRAM_FIELDS)
 
 
 def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
@@ -235,11 +260,12 @@ def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
 
 def _telegram_chat(
     chat: Json, prefix: str, tenant: str, users: Mapping[str, str]
-) -> tuple[list[Message], int]:
+) -> tuple[list[tuple[Message, str]], int]:
+    """The chat's messages, each with its place in the file, and how many were service messages."""
     chat_id = f"telegram:{_scalar_id(_required(chat, 'id', prefix), _join(prefix, 'id'))}"
     into = _Chat(tenant, chat_id, users, _TELEGRAM_FIELDS, {"chat_id": _join(prefix, "id")})
     name = chat.get("name") if isinstance(chat.get("name"), str) else None
-    messages: list[Message] = []
+    messages: list[tuple[Message, str]] = []
     skipped = 0
     for i, item in enumerate(_array(chat, "messages", prefix)):
         where = _join(prefix, f"messages[{i}]")
@@ -252,7 +278,7 @@ def _telegram_chat(
             raise InputError(
                 f"unknown type {kind!r} (expected 'message' or 'service')", field=f"{where}.type"
             )
-        messages.append(_telegram_message(raw, where, into, name))
+        messages.append((_telegram_message(raw, where, into, name), where))
     return messages, skipped
 
 
@@ -364,7 +390,7 @@ def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> Import
 
     places = {"chat_id": "channel.id", "tenant": "tenant" if tenant else "guild.id"}
     into = _Chat(tenant or f"discord:{guild_id}", f"discord:{channel_id}", users, _DISCORD_FIELDS, places)
-    messages: list[Message] = []
+    messages: list[tuple[Message, str]] = []
     skipped = 0
     for i, item in enumerate(_array(data, "messages", "")):
         where = f"messages[{i}]"
@@ -372,9 +398,8 @@ def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> Import
         if _string(raw, "type", where) not in DISCORD_MESSAGE_TYPES:
             skipped += 1
             continue
-        messages.append(_discord_message(raw, where, into, context))
-    messages.sort(key=lambda m: m.ts)
-    return ImportBatch(messages, skipped_service=skipped, format="discord")
+        messages.append((_discord_message(raw, where, into, context), where))
+    return _sorted(messages, skipped, "discord", into_fields=_DISCORD_FIELDS)
 
 
 def _discord_message(raw: Json, where: str, into: _Chat, context: Json) -> Message:
@@ -419,6 +444,19 @@ _DISCORD_FIELDS = {
 
 
 # --- shared helpers ------------------------------------------------------------------------------
+
+
+def _sorted(
+    placed: list[tuple[Message, str]], skipped: int, format: ChatFormat, *, into_fields: Mapping[str, str]
+) -> ImportBatch:
+    """The batch of ``placed`` messages (each with its place in the file), oldest first."""
+    placed.sort(key=lambda pair: pair[0].ts)
+    return ImportBatch(
+        [message for message, _ in placed],
+        skipped_service=skipped,
+        format=format,
+        time_fields=[f"{where}.{into_fields['ts']}" for _, where in placed],
+    )
 
 
 def _load_json(path: Path) -> Any:
@@ -506,6 +544,11 @@ def _check_id(value: object, field: str) -> None:
         raise InputError(f"must be a string, not {_kind(value)}", field=field)
     if not value or len(value) > MAX_ID_CHARS:
         raise InputError(f"must be 1 to {MAX_ID_CHARS} characters", field=field)
+    # As a message's id is held (else the error named the export's message, not the option).
+    if "\x00" in value:
+        raise InputError("must not hold a NUL character", field=field)
+    if has_surrogate(value):
+        raise InputError("must not hold a lone surrogate", field=field)
 
 
 def _scalar_id(value: Any, field: str) -> str:

@@ -299,6 +299,7 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
     results = []
     if batch.messages:
         async with _open(settings) as memory:
+            batch.check_not_ahead(memory.clock.now(), settings.storage.max_ts_ahead_s)
             with tqdm(
                 total=len(batch.messages), unit="msg", desc="import", file=sys.stderr, disable=None
             ) as bar:
