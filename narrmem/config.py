@@ -400,6 +400,10 @@ def environment_setting(name: str) -> str | None:
         near = difflib.get_close_matches(parts[1], section.model_fields, n=1)
         hint = f" (did you mean {ENV_PREFIX}{top.upper()}__{near[0].upper()}?)" if near else ""
         return f"{top} has no key '{parts[1]}'{hint}"
+    if len(parts) > 2:
+        # pydantic-settings would go on into the key (a table's entry, or a number's that failed
+        # with a message naming no variable): one key is set whole.
+        return f"a key is set whole: {ENV_PREFIX}{top.upper()}__{parts[1].upper()} (a table as JSON)"
     return None
 
 

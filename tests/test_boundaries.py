@@ -497,3 +497,60 @@ async def test_an_edit_that_keeps_the_text_changes_nothing(mem: Memory) -> None:
     assert await mem.store.history(episode_id) == history and "edits" not in after.meta
     changed = await mem.edit(msg("m3", "I decided to learn the viola"))  # a real edit still is one
     assert changed.stored and changed.records[0].meta["edits"][0]["text"] == "I decided to learn the cello"
+
+
+@pytest.mark.parametrize("data", ["", " "])
+def test_a_blank_data_folder_on_the_command_line_is_refused(tmp_path: Path, data: str) -> None:
+    """``--data ""`` meant the default folder and ``--data " "`` made a folder named " "."""
+    done = run_narrmem(
+        "stats", "--data", data, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--data: " in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_messages_under_one_id_in_an_ingest_file_name_the_second_line(tmp_path: Path) -> None:
+    """``narrmem ingest`` stored the first and took the second for a duplicate, exit code 0."""
+    path = tmp_path / "two.jsonl"
+    lines = [
+        msg("m1", "I adopted a cat named Miso", ts="2026-01-01T10:00:00+00:00"),
+        msg("m2", "the same id in another chat is another message", chat="c2"),
+        msg("m1", "I moved to Porto last week", ts="2026-01-02T10:00:00+00:00"),
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    with pytest.raises(InputError) as caught:
+        read_messages(path)
+    assert (caught.value.field, caught.value.line) == ("message_id", 3)
+    assert "different text and time (the first is line 1)" in str(caught.value)
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    done = run_narrmem("ingest", str(path), "--data", str(tmp_path / "d"), cwd=tmp_path, env=env)
+    assert done.returncode == 2 and "line 3, field 'message_id'" in done.stderr, done.stderr
+    assert not (tmp_path / "d").exists()
+    # The same message twice is a duplicate, as on a second ingest.
+    path.write_text("".join(json.dumps(line) + "\n" for line in [lines[0], lines[0]]), encoding="utf-8")
+    assert len(read_messages(path)) == 2
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["import", "{tmp}/missing.jsonl"],
+        ["import", "{tmp}/garbage.jsonl"],
+        ["rtm", "build", "{tmp}/empty.txt"],
+        ["rtm", "build", "{tmp}/story.txt", "--k", "99"],
+        ["forget", "--user", "a"],
+        ["decay", "--now", "1800-01-01T00:00:00+00:00"],
+    ],
+)
+def test_a_write_command_refused_leaves_no_new_store(tmp_path: Path, command: list[str]) -> None:
+    """Each made an empty store in a folder that had none, then refused its input (exit 2)."""
+    (tmp_path / "garbage.jsonl").write_text("garbage\n", encoding="utf-8")
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    (tmp_path / "story.txt").write_text("A king ruled. A knight rode out.", encoding="utf-8")
+    args = [part.format(tmp=tmp_path) for part in command]
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    done = run_narrmem(*args, "--data", str(tmp_path / "d"), cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("narrmem: error:"), done.stderr
+    assert not (tmp_path / "d").exists()

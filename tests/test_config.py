@@ -92,6 +92,9 @@ def test_bad_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch
         ("NARRMEM_STORAGE", "set one key at a time"),
         ("NARRMEM_DATA_DIR__X", "data_dir has no keys"),
         ("NARRMEM_PLUGIN__GRAPH", "NARRMEM_PLUGIN__<NAME>__<KEY>"),
+        # Read before 2026-12-06: a table's entry set, and a number's failing with no variable named.
+        ("NARRMEM_STORAGE__BATCH_SIZE__NOTE", "a key is set whole"),
+        ("NARRMEM_RECALL__WEIGHTS__VECTOR", "a key is set whole: NARRMEM_RECALL__WEIGHTS"),
     ],
 )
 def test_unknown_environment_variables_warn_and_are_not_read(

@@ -132,3 +132,21 @@ async def test_a_refused_index_folder_leaves_no_database_behind(tmp_path: Path) 
     before = snapshot(folder)
     await refused(folder, folder / "vectors")
     assert snapshot(folder) == before
+
+
+@pytest.mark.sqlite_only("SQLite's side files")
+@pytest.mark.parametrize("suffix", ["-wal", "-journal", "-shm"])
+async def test_a_users_file_named_as_a_new_databases_side_file_is_kept(tmp_path: Path, suffix: str) -> None:
+    """SQLite takes a -wal or -journal beside a database as its own: opening a new store deleted a
+    user's files of those names."""
+    folder = tmp_path / "store"
+    folder.mkdir()
+    theirs = folder / f"narrmem.sqlite3{suffix}"
+    theirs.write_text("my notes, not a journal\n", encoding="utf-8")
+    before = snapshot(folder)
+    await refused(folder, theirs)
+    assert snapshot(folder) == before
+    # A store of its own beside them opens.
+    async with open_memory(folder, storage={"database": "memory.sqlite3"}) as mem:
+        await mem.ingest(msg("1", "I love hiking in the Alps every summer"))
+    assert theirs.read_text(encoding="utf-8") == "my notes, not a journal\n"

@@ -600,3 +600,29 @@ async def test_the_inspector_runs_only_its_own_script_and_is_not_framed(srv: Ser
     assert page.headers["x-frame-options"] == "DENY"
     answer = await srv.client.get("/v1/stats")
     assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+def test_an_address_it_cannot_listen_on_is_an_error_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """uvicorn ended the process with exit code 3 (after "narrmem serving ..." was printed), and
+    ``narrmem mcp --http 99999`` with a traceback and exit code 1, having made a store first."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--data", str(tmp_path / "d")]) == 2
+        err = capsys.readouterr().err
+        assert f"field '--host/--port': cannot listen on 127.0.0.1:{port}" in err, err
+        assert "narrmem serving" not in err
+        assert main(["mcp", "--http", f"127.0.0.1:{port}", "--data", str(tmp_path / "d")]) == 2
+        assert f"field '--http': cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert main(["mcp", "--http", "99999", "--data", str(tmp_path / "m")]) == 2
+    assert "field '--http': must be 1 to 65535" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+    assert (
+        main(["migrate", "--from", str(tmp_path / "d"), "--to", str(tmp_path / "e"), "--queries", "-5"]) == 2
+    )
+    assert "field '--queries'" in capsys.readouterr().err

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -47,7 +47,7 @@ from typing import Any, Literal, get_args
 from pydantic import ValidationError
 
 from narrmem.checks import JsonShapeError, has_surrogate, loads_json
-from narrmem.doors.transfer import read_messages
+from narrmem.doors.transfer import one_message_per_id, read_messages
 from narrmem.errors import InputError
 from narrmem.ingest import check_not_ahead
 from narrmem.models import MAX_ID_CHARS, MAX_TEXT_CHARS, Message
@@ -138,28 +138,8 @@ def read_chat(
     raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
 
 
-def _one_message_per_id(messages: Sequence[Message]) -> None:
-    """Two messages of one chat under one id that differ (text, author or time): the store keeps
-    one message per id, so the second was dropped as a duplicate without a word. Refused instead
-    (the same message twice is a duplicate, as on a second import)."""
-    seen: dict[tuple[str, str, str], tuple[str, str, datetime]] = {}
-    for n, message in enumerate(messages):
-        key = (message.tenant, message.chat_id, message.message_id)
-        said = (message.text, message.user_id, message.ts)
-        first = seen.setdefault(key, said)
-        if first != said:
-            differ = [
-                name for name, a, b in zip(("text", "author", "time"), first, said, strict=True) if a != b
-            ]
-            raise InputError(
-                f"message {message.message_id!r} of chat {message.chat_id!r} appears twice with "
-                f"different {' and '.join(differ)} (the second is message {n + 1} of the file, oldest first)",
-                field="message_id",
-            )
-
-
 def _without_bots(batch: ImportBatch, keep_bots: bool) -> ImportBatch:
-    _one_message_per_id(batch.messages)
+    one_message_per_id(batch.messages)
     if keep_bots:
         return batch
     kept = [i for i, m in enumerate(batch.messages) if m.meta.get("bot") is not True]

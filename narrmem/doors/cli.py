@@ -12,9 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from narrmem import __version__
+from narrmem.checks import folder_problem
 from narrmem.config import Settings, load_settings
 from narrmem.doors.server.commands import SERVER_COMMANDS, add_server_commands
-from narrmem.errors import NarrmemError
+from narrmem.errors import ConfigError, InputError, NarrmemError
 
 Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
@@ -182,7 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("triage needs TEXT or --file (one of them)")
     try:
         settings = load_settings(args.config)
-        if args.data:
+        if args.data is not None:
+            # Checked as the setting is ("" or " " silently meant the default folder, or a folder
+            # named " ").
+            problem = folder_problem(args.data)
+            if problem is not None:
+                raise ConfigError(f"--data: {problem}")
             settings = settings.model_copy(update={"data_dir": args.data})
         return asyncio.run(
             COMMANDS[args.command](args, settings.model_copy(update=_where_model_runs(args, settings)))
@@ -225,17 +231,23 @@ MODEL_EXPORT_MODULES = frozenset({"torch", "transformers", "sentence_transformer
 
 
 def _existing_store(settings: Settings) -> Settings:
-    """A read command never creates a store: a data folder without one is an error, found before
-    the model loads."""
-    from pathlib import Path
-
+    """A read command (and a forget or a decay pass) never creates a store: a data folder without
+    one is an error, found before the model loads."""
     from narrmem.errors import StoreError
 
-    if settings.storage.backend == "sqlite":
-        folder = Path(settings.data_dir)
-        if not (folder / settings.storage.database).is_file():
-            raise StoreError(f"no narrmem store at {folder}")
+    if not _store_exists(settings):
+        raise StoreError(f"no narrmem store at {settings.data_dir}")
     return settings
+
+
+def _store_exists(settings: Settings) -> bool:
+    """Whether the embedded store is there (a PostgreSQL store is taken to be). Anything at the
+    database's name counts: the store's own checks name what is wrong with it."""
+    import os
+    from pathlib import Path
+
+    database = Path(settings.data_dir) / settings.storage.database
+    return settings.storage.backend != "sqlite" or os.path.lexists(database)
 
 
 def _open(
@@ -433,7 +445,7 @@ async def cmd_decay(args: argparse.Namespace, settings: Settings) -> int:
             raise InputError(f"not an ISO-8601 time: {args.now!r}", field="--now") from exc
         if now.tzinfo is None:
             raise InputError("needs a timezone, e.g. 2026-05-01T12:00:00+00:00", field="--now")
-    async with _open(settings, warm=False) as memory:
+    async with _open(_existing_store(settings), warm=False) as memory:
         counts = await memory.decay(now)
     _report(args, counts)
     return 0
@@ -465,8 +477,11 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.doors.transfer import export_model, import_jsonl
+    from narrmem.doors.transfer import check_export_file, export_model, import_jsonl
 
+    if not _store_exists(settings):
+        # A file the import refuses must not leave a new, empty store behind.
+        check_export_file(args.file)
     async with _open(settings, warm=False, new_store_model=export_model(args.file)) as memory:
         counts = await import_jsonl(memory, args.file)
     _report(args, counts)
@@ -474,24 +489,27 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
-    async with _open(settings, warm=False) as memory:
+    # A folder without a store holds nothing to forget: an error, and no store made for it.
+    async with _open(_existing_store(settings), warm=False) as memory:
         counts = await memory.forget(**_scope_args(args))
     _report(args, counts)
     return 0
 
 
 async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem.doors.listening import check_port
     from narrmem.doors.mcp_server import serve_http, serve_stdio
 
+    # Checked before the store is opened (a bad address made a new store's files first).
+    if args.http:
+        host, _, port = args.http.rpartition(":")
+        if not port.isdigit():
+            raise InputError(f"expected [HOST:]PORT, got {args.http!r}", field="--http")
+        check_port(int(port), "--http")
     # stdout is the protocol on stdio: logs go to stderr only.
     async with _open(settings) as memory:
         tools = _served_tools(args, settings, memory)
         if args.http:
-            host, _, port = args.http.rpartition(":")
-            if not port.isdigit():
-                from narrmem.errors import InputError
-
-                raise InputError(f"expected [HOST:]PORT, got {args.http!r}", field="--http")
             await serve_http(
                 memory, tenant=args.tenant, host=host or "127.0.0.1", port=int(port), tools=tools
             )
@@ -527,6 +545,22 @@ async def cmd_tools(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def _check_tool_arguments(settings: Settings, name: str, arguments: dict[str, Any]) -> None:
+    """Validate a tool call as the tool will, on a temporary store of the same settings (see
+    :func:`cmd_tools`): nothing is written where the data lives."""
+    import tempfile
+
+    from narrmem.errors import InputError
+
+    with tempfile.TemporaryDirectory(prefix="narrmem-check-") as folder:
+        storage = settings.storage.model_copy(update={"backend": "sqlite"})
+        alone = settings.model_copy(update={"data_dir": folder, "storage": storage})
+        async with _open(alone, warm=False) as memory:
+            if name not in memory.tools.names():
+                raise InputError("the rtm plugin is not loaded (is it in plugins.disabled?)", field="command")
+            memory.tools.validate(name, arguments)
+
+
 def _schema_name(schema: dict[str, Any]) -> str:
     return str(schema["function"]["name"] if "function" in schema else schema["name"])
 
@@ -544,6 +578,9 @@ async def cmd_rtm(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.errors import InputError
 
     name, arguments = _rtm_arguments(args)
+    if not _store_exists(settings):
+        # Arguments the tool refuses must not leave a new, empty store behind.
+        await _check_tool_arguments(settings, name, arguments)
     # The ensemble never embeds: no need to load the model for it.
     async with _open(settings, warm=args.action != "ensemble") as memory:
         if name not in memory.tools.names():
@@ -639,6 +676,8 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     """``narrmem migrate --from DATA_DIR|DSN --to DATA_DIR|DSN``: see :mod:`narrmem.doors.migrate`."""
     from narrmem.doors.migrate import migrate
 
+    if args.queries < 0:
+        raise InputError("must be 0 or more (0: no recall compared)", field="--queries")
     report = await migrate(args.source, args.target, settings=settings, queries=args.queries)
     if args.json:
         _print_json(report)

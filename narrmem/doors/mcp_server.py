@@ -408,7 +408,10 @@ async def serve_http(
 ) -> None:
     import uvicorn
 
+    from narrmem.doors.listening import check_port, serve
+
+    check_port(port, "--http")
     server = build_server(memory, tenant=tenant, tools=tools)
     app = server.streamable_http_app(host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    await uvicorn.Server(config).serve()
+    await serve(config, field="--http")

@@ -11,7 +11,7 @@ import base64
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
@@ -158,6 +158,7 @@ def read_messages(path: str | Path) -> list[Message]:
     """Every message of a JSONL file, validated; the first bad line raises naming line and field."""
     path = Path(path)
     messages = []
+    numbers = []
     for number, data in _lines(path):
         if not isinstance(data, dict):
             raise InputError(f"{path}: a line must be a JSON object", line=number)
@@ -165,7 +166,40 @@ def read_messages(path: str | Path) -> list[Message]:
             messages.append(Message.model_validate(data))
         except ValidationError as exc:
             raise InputError.from_pydantic(exc, line=number) from exc
+        numbers.append(number)
+    # Two different messages under one id: ingest stored the first and took the second for a
+    # duplicate, with exit code 0.
+    one_message_per_id(messages, numbers)
     return messages
+
+
+def one_message_per_id(messages: Sequence[Message], lines: Sequence[int] | None = None) -> None:
+    """Two messages of one chat under one id that differ (text, author or time): the store keeps
+    one message per id, so the second was dropped as a duplicate without a word. Refused instead
+    (the same message twice is a duplicate, as on a second import). ``lines``: each message's
+    line in its file, named in the error."""
+    seen: dict[tuple[str, str, str], tuple[str, str, datetime]] = {}
+    firsts: dict[tuple[str, str, str], int] = {}
+    for n, message in enumerate(messages):
+        key = (message.tenant, message.chat_id, message.message_id)
+        said = (message.text, message.user_id, message.ts)
+        first = seen.setdefault(key, said)
+        firsts.setdefault(key, n)
+        if first != said:
+            differ = [
+                name for name, a, b in zip(("text", "author", "time"), first, said, strict=True) if a != b
+            ]
+            where = (
+                f"the first is line {lines[firsts[key]]}"
+                if lines
+                else f"the second is message {n + 1} of the file, oldest first"
+            )
+            raise InputError(
+                f"message {message.message_id!r} of chat {message.chat_id!r} appears twice with "
+                f"different {' and '.join(differ)} ({where})",
+                field="message_id",
+                line=lines[n] if lines else None,
+            )
 
 
 def read_dry_run_messages(path: str | Path | None, *, text: str | None = None) -> list[Message]:
@@ -414,7 +448,15 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
     return counts
 
 
-def _read_export(memory: Memory, path: Path) -> _ExportFile:
+def check_export_file(path: str | Path) -> None:
+    """Read and check a whole export file as an import does, but for its model (no memory is
+    open yet): an import into a store not made yet checks the file first, so that a file it
+    refuses leaves no new store behind."""
+    _read_export(None, Path(path))
+
+
+def _read_export(memory: Memory | None, path: Path) -> _ExportFile:
+    """The file, checked whole; against ``memory``'s model when one is given."""
     parsed = _ExportFile()
     header: ExportHeader | None = None
     end: EndLine | None = None
@@ -653,7 +695,7 @@ async def _check_episode_sources(memory: Memory, records: list[MemoryRecord], nu
                     )
 
 
-def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
+def _header(data: Any, path: Path, number: int, memory: Memory | None) -> ExportHeader:
     try:
         header = ExportHeader.model_validate(data)
     except ValidationError as exc:
@@ -671,7 +713,7 @@ def _header(data: Any, path: Path, number: int, memory: Memory) -> ExportHeader:
             field="format",
             line=number,
         )
-    if header.model != memory.embedder.name or header.dim != memory.embedder.dim:
+    if memory is not None and (header.model != memory.embedder.name or header.dim != memory.embedder.dim):
         raise InputError(
             f"vectors come from {header.model} ({header.dim} dims), this memory uses "
             f"{memory.embedder.name} ({memory.embedder.dim} dims)" + _model_hint(header.model),

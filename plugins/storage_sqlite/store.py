@@ -8,6 +8,7 @@ import inspect
 import itertools
 import json
 import logging
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import closing
@@ -69,6 +70,7 @@ KEYWORD_BATCH = 5000  # rows read per step of a keyword index rebuild
 # PRAGMA application_id of a database narrmem creates ("nmem"): a file that carries another id is
 # another program's. Stores made before it carry 0 and are known by their meta and memories tables.
 APPLICATION_ID = 0x6E6D656D
+SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")  # files SQLite keeps beside a database
 
 T = TypeVar("T")
 
@@ -183,6 +185,16 @@ class SQLiteStore(ForgetJournal):
         file that is neither empty nor a narrmem database (no narrmem table is ever added to it)."""
         path = self.db_path
         if not path.exists():
+            # SQLite takes a -wal or -journal beside a database as its own: opening a new one
+            # deleted a user's files of those names (a rollback journal was even played back).
+            beside = [path.with_name(path.name + suffix) for suffix in SQLITE_COMPANIONS]
+            found = [p for p in beside if os.path.lexists(p)]
+            if found:
+                raise StoreError(
+                    f"{found[0]} exists but the database it would belong to ({path.name}) does not: "
+                    "narrmem does not delete a file it did not create; move it away or set "
+                    "[storage] database to a name of its own"
+                )
             return 0
         if not path.is_file():
             raise StoreError(f"{path} is not a file: set [storage] database to a name of its own")

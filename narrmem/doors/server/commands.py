@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from narrmem.config import Settings
+from narrmem.doors.listening import check_port, serve
 from narrmem.errors import ConfigError, InputError
 
 DEFAULT_PORT = 8765
@@ -84,8 +85,7 @@ def allowed_hosts(bound: str, extra: Sequence[str]) -> list[str]:
 async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.doors.server.keys import KeyRing
 
-    if not 0 < args.port < 65536:
-        raise InputError("must be 1 to 65535", field="--port")
+    check_port(args.port, "--port")
     if args.max_body < 1024 or args.max_batch < 1:
         raise InputError("limits must be positive (--max-body at least 1024)", field="--max-body")
     ring = KeyRing.in_folder(settings.data_dir)
@@ -112,13 +112,12 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             allowed_hosts=allowed_hosts(args.host, args.allowed_host),
         )
         mode = f"{ring.active_count()} active key(s)" if ring.required else "no keys (loopback only)"
-        print(
+        serving = (
             f"narrmem serving {memory.data_dir} on http://{args.host}:{args.port} "
-            f"(inspector: /ui/, API: /v1, schema: /docs; {mode})",
-            file=sys.stderr,
+            f"(inspector: /ui/, API: /v1, schema: /docs; {mode})"
         )
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
-        await uvicorn.Server(config).serve()
+        await serve(config, field="--host/--port", when_listening=lambda: print(serving, file=sys.stderr))
     return 0
 
 
