@@ -74,6 +74,8 @@ async def users(memory: MemoryView, tenant: str | None, limit: int) -> list[dict
         tenant = text_argument(tenant, "tenant", max_chars=MAX_ID_CHARS)
         if not tenant:
             raise InputError("must not be empty", field="tenant")
+        if "\x00" in tenant:  # no tenant holds one; PostgreSQL's driver refused it, naming nothing
+            raise InputError("must not hold a NUL character", field="tenant")
     return await memory.store.users(tenant, limit=int_argument(limit, "limit", high=100_000))
 
 

@@ -436,4 +436,8 @@ def message_id_list(message_ids: Sequence[str]) -> list[str]:
             raise InputError(f"must be a string of 1 to {MAX_ID_CHARS} characters", field=f"message_ids[{i}]")
         if has_surrogate(mid):
             raise InputError("holds a lone surrogate (not valid Unicode)", field=f"message_ids[{i}]")
+        if "\x00" in mid:
+            # No message is stored under it (ingest refuses one); on PostgreSQL the forget job
+            # recorded for it failed every later open.
+            raise InputError("must not hold a NUL character", field=f"message_ids[{i}]")
     return list(message_ids)

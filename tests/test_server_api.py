@@ -626,3 +626,30 @@ def test_an_address_it_cannot_listen_on_is_an_error_naming_the_option(
         main(["migrate", "--from", str(tmp_path / "d"), "--to", str(tmp_path / "e"), "--queries", "-5"]) == 2
     )
     assert "field '--queries'" in capsys.readouterr().err
+
+
+async def test_an_export_refused_for_an_unfinished_forget_is_a_409_not_a_cut_stream(srv: Server) -> None:
+    """The refusal came from inside the stream: a 200 whose body stopped after its header."""
+    await srv.client.post("/v1/ingest", json=msg("m1", "I decided to learn the cello"))
+    await srv.memory.store.begin_forget(tenant="default", user_id="u1", chat_id=None)
+    answer = await srv.client.get("/v1/export")
+    assert answer.status_code == 409, answer.text
+    assert "forget(s) not finished" in answer.json()["detail"]
+
+
+async def test_an_internal_error_carries_the_headers_of_every_answer(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Starlette answers a 500 from its outermost middleware, which the security headers' missed."""
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+
+        async def broken() -> Any:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(memory, "stats", broken)
+        transport = httpx.ASGITransport(create_app(memory), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test") as client:
+            answer = await client.get("/v1/stats")
+    assert answer.status_code == 500
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert answer.headers["x-frame-options"] == "DENY"

@@ -270,7 +270,7 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     the graph and RTM trees are left out), for a caller that may see one tenant only."""
     # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
     await memory.settle()
-    await _no_forget_pending(memory)
+    await no_forget_pending(memory)
     lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant)
     counts: dict[str, int] = {}
     async for section, line in lines:
@@ -284,7 +284,7 @@ def _line_text(section: str, line: dict[str, Any]) -> str:
     return json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n"
 
 
-async def _no_forget_pending(memory: Memory) -> None:
+async def no_forget_pending(memory: Memory) -> None:
     """Refuse to export while a forget is recorded and not finished (a process stopped in the
     middle of it, or a plugin failed to scrub): the export holds no record of it, so an import
     brought back what it deletes, the store's rows or, once those are gone, the plugins' copies

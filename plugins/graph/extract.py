@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from narrmem_plugins.graph.vocabulary import USER
+from narrmem_plugins.graph.vocabulary import USER, is_node_name
 from narrmem_plugins.triage.language import has_cjk, is_question, sentences, third_person_start
 
 from narrmem.person import third_person
@@ -334,7 +334,11 @@ def extract(text: str) -> list[Fact]:
             if asks(clause):
                 continue  # "I like rock, do you?" / 我喜欢摇滚，你呢？: only the question is dropped
             fact = _clause_fact(clause)
-            if fact is not None and (fact.relation, fact.object.lower()) not in seen:
+            # A name a node cannot have (a NUL in the text) failed the message's whole write of
+            # facts: that fact is left out, the others kept.
+            if fact is None or not (is_node_name(fact.object) and is_node_name(fact.subject)):
+                continue
+            if (fact.relation, fact.object.lower()) not in seen:
                 seen.add((fact.relation, fact.object.lower()))
                 facts.append(fact)
     return facts

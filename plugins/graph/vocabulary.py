@@ -68,8 +68,13 @@ def check_relation(name: str) -> str:
     return name
 
 
+def is_node_name(name: str) -> bool:
+    """Whether ``name`` can name a node: no control character (a NUL no store can hold)."""
+    return _CONTROL.search(name) is None
+
+
 def check_name(name: str) -> str:
-    if _CONTROL.search(name):
+    if not is_node_name(name):
         raise ValueError("node names may not contain control characters or line breaks")
     return name
 

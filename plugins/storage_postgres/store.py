@@ -110,6 +110,8 @@ _HISTORY_IF_STORED = (
     "INSERT INTO memory_history (memory_id, at, who, why, old, new) "
     "SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM memories WHERE id = $1)"
 )
+# NUL in a meta string as json.dumps writes it, and what a meta filter reads in its place.
+JSON_NUL, JSON_REPLACEMENT = "\\u0000", "\\ufffd"
 WRITE_CHUNK = 2_000  # rows per INSERT of a batch write
 ADD_ATTEMPTS = 5  # tries of one add() racing other workers for the same messages
 # An import of at least this many records into an empty store builds the indexes of the memories
@@ -1018,9 +1020,14 @@ class PostgresStore(ForgetJournal):
                 # A substring test rules most rows out before their JSON is parsed.
                 values.append(value)
                 where += f" AND strpos(meta, ${len(values) + 1}::text) > 0"
-            # A JSON list contains a string it holds, and a string contains itself.
-            values.extend((key, value))
-            where += f" AND (meta::jsonb -> ${len(values)}::text) @> to_jsonb(${len(values) + 1}::text)"
+            # A JSON list contains a string it holds, and a string contains itself. jsonb refuses
+            # the escape of NUL (\u0000), which a meta string may hold (written as json.dumps
+            # writes it): one such row failed every such read of its user (counts, triggers), so
+            # it is read with U+FFFD in its place.
+            values.extend((JSON_NUL, JSON_REPLACEMENT, key, value))
+            n = len(values)  # $1 is the limit: values[i] is ${i + 2}
+            meta = f"replace(meta, ${n - 2}, ${n - 1})::jsonb"
+            where += f" AND ({meta} -> ${n}::text) @> to_jsonb(${n + 1}::text)"
         rows = await self.pool.fetch(
             f"SELECT {COLUMNS} FROM memories WHERE {where} ORDER BY created_ts DESC, id DESC LIMIT $1",
             min(int(limit), 2**62),

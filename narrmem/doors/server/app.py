@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
@@ -28,7 +28,7 @@ from narrmem import __version__
 from narrmem.config import Acknowledge
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
 from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
-from narrmem.doors.server.headers import SecurityHeaders
+from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
 from narrmem.doors.server.schemas import (
@@ -39,10 +39,10 @@ from narrmem.doors.server.schemas import (
     RecallBody,
     TurnContextBody,
 )
-from narrmem.doors.transfer import export_header, export_text
+from narrmem.doors.transfer import export_header, export_text, no_forget_pending
 from narrmem.errors import ClosedError, InputError, NarrmemError, PluginError, StoreError, UnknownToolError
 from narrmem.memory import Memory
-from narrmem.models import MAX_ID_CHARS, Hit, IncomingMessage, IngestResult, Scope
+from narrmem.models import MAX_ID_CHARS, Hit, IncomingMessage, IngestResult, Scope, no_nul
 
 log = logging.getLogger("narrmem.server")
 
@@ -50,7 +50,8 @@ DEFAULT_MAX_BODY = 2_000_000
 DEFAULT_MAX_BATCH = 500
 UI_PACKAGE = "narrmem.doors.server"
 
-TenantParam = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_CHARS)]
+# An id in a query string is held to what ids are held to in a body (no NUL: 500 on PostgreSQL).
+TenantParam = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(no_nul)]
 AcknowledgeParam = Annotated[
     Acknowledge | None,
     Query(
@@ -59,7 +60,7 @@ AcknowledgeParam = Annotated[
         "later); default [storage] acknowledge",
     ),
 ]
-UserParam = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS)]
+UserParam = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(no_nul)]
 
 
 @dataclass
@@ -184,7 +185,11 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error on %s %s", request.method, request.url.path)
-        return _problem(500, f"internal error: {type(exc).__name__}")
+        answer = _problem(500, f"internal error: {type(exc).__name__}")
+        # Answered by Starlette's outermost middleware, outside SecurityHeaders: added here.
+        for name, value in EVERY_ANSWER:
+            answer.headers[name.decode()] = value.decode()
+        return answer
 
 
 # --- who is calling -------------------------------------------------------------------------
@@ -463,6 +468,9 @@ def _tool_and_event_routes(r: APIRouter) -> None:
         ``tenant`` streams the whole store, lossless (graph, RTM trees, importance history, plugin
         state); a tenant's export holds that tenant's memories with their vectors only."""
         only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
+        # Checked before the answer starts: inside the stream, its refusal cut a 200 short.
+        await state.memory.settle()
+        await no_forget_pending(state.memory)
         return StreamingResponse(_export_lines(state.memory, only), media_type="application/x-ndjson")
 
     @r.get("/events", tags=["events"])
