@@ -4,7 +4,8 @@ place, with the earlier texts kept in the new episode's ``meta["edits"]``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +43,31 @@ class Ingests(Protocol):
     ) -> list[IngestResult]: ...
 
 
+class OneEditAtATime:
+    """The edits of one message in this process, one after another, in the order they came. Two
+    at once each forgot the old text, and each one's forget dropped the other's new text on its
+    way to the store: both answered "forgotten meanwhile" and the message was lost. (Workers of
+    a shared store are kept apart by the fence between them and the edits' marks.)"""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str, str], tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def of(self, message: Message) -> AsyncIterator[None]:
+        key = (message.tenant, message.chat_id, message.message_id)
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:  # first come, first served
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]  # bounded by the edits under way
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
 @dataclass(frozen=True)
 class EditSteps:
     """What an edit uses of its memory beyond the public calls."""
@@ -51,6 +77,7 @@ class EditSteps:
     marks: EditMarks
     forget_messages: ForgetsMessages
     ingest: Ingests
+    one_at_a_time: OneEditAtATime
 
 
 async def edit(memory: Memory, message: Message | dict[str, Any], steps: EditSteps) -> IngestResult:
@@ -61,6 +88,13 @@ async def edit(memory: Memory, message: Message | dict[str, Any], steps: EditSte
 
 
 async def _edit(memory: Memory, edited: Message, steps: EditSteps) -> IngestResult:
+    # Before the fence's hold is reserved: a forget of an edit holding the message would wait
+    # for a hold reserved by an edit waiting for the message.
+    async with steps.one_at_a_time.of(edited):
+        return await _edit_alone(memory, edited, steps)
+
+
+async def _edit_alone(memory: Memory, edited: Message, steps: EditSteps) -> IngestResult:
     # The new text is a message under way from the edit's start (narrmem.in_flight): a forget of
     # its person or chat that begins before it is written drops it. Registered only once the
     # edit's own forget of the old text had ended, it was written after a forget of the person

@@ -18,6 +18,7 @@ from narrmem.checks import folder_argument
 from narrmem.clock import Clock, SystemClock
 from narrmem.config import Settings, load_settings
 from narrmem.edit_marks import EditMarks
+from narrmem.editing import OneEditAtATime
 from narrmem.embed import Embedder
 from narrmem.errors import ClosedError, PluginError
 from narrmem.fence import Fence
@@ -94,6 +95,7 @@ class MemoryLifecycle:
             self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence, calls
         )
         self._edit_marks = EditMarks(self, self._settling)
+        self._one_edit_at_a_time = OneEditAtATime()
         self._forgetting = Forgetting(
             self, write_lock, self._settling, self._inbox, fence, calls, self._edit_marks
         )

@@ -118,7 +118,12 @@ class Memory(MemoryLifecycle):
         """A message was edited: what it left is replaced by what the new text deserves, and the
         earlier texts are kept in the new episode's ``meta["edits"]``."""
         steps = editing.EditSteps(
-            self._calls, self._fence, self._edit_marks, self._forgetting.messages, self._ingest.run
+            self._calls,
+            self._fence,
+            self._edit_marks,
+            self._forgetting.messages,
+            self._ingest.run,
+            self._one_edit_at_a_time,
         )
         return await editing.edit(self, message, steps)
 

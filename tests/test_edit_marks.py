@@ -77,3 +77,34 @@ async def test_an_edit_left_halfway_whose_person_a_finished_forget_took_is_not_m
     async with open_memory(tmp_path) as memory:
         assert await memory.store.recent(Scope(chat_id="c"), limit=10) == []
         assert await memory.store.state_items(NAMESPACE) == []
+
+
+async def test_edits_of_one_message_at_once_in_one_process_each_replace_the_text_in_turn(
+    tmp_path: Path,
+) -> None:
+    """Two edits at once each forgot the old text, and each one's forget took the other's new
+    text on its way: both answered "forgotten meanwhile" and the message was gone. A platform
+    that retries its edit webhook sends exactly that."""
+    import asyncio
+
+    when = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
+    said = {"user_id": "u", "chat_id": "c", "message_id": "e1", "ts": when}
+    async with open_memory(tmp_path / "m") as memory:
+        await memory.ingest(Message(text="I decided to move to Lisbon next spring", **said))
+        results = await asyncio.gather(
+            memory.edit(Message(text="I decided to move to Porto next spring", **said)),
+            memory.edit(Message(text="I decided to move to Madrid next spring", **said)),
+            memory.edit(Message(text="I decided to move to Madrid next spring", **said)),  # a retry
+        )
+        assert [r.stored for r in results] == [True, True, False]
+        assert results[2].duplicate  # the same text again: nothing to edit
+        ids = await memory.store.from_messages("default", "c", ["e1"])
+        episodes = [
+            r for r in (await memory.store.get(ids, Scope(chat_id="c"))).values() if r.kind == "episode"
+        ]
+        [episode] = episodes
+        assert episode.text == "I decided to move to Madrid next spring"
+        assert [e["text"] for e in episode.meta["edits"]] == [
+            "I decided to move to Lisbon next spring",
+            "I decided to move to Porto next spring",
+        ]
