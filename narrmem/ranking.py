@@ -28,7 +28,8 @@ def reciprocal_rank_fusion(
         scores[c.memory_id] = scores.get(c.memory_id, 0.0) + weight / (k + c.rank + 1)
         seen.add(c.source)
     if normalize and scores:
-        best = sum((1.0 if weights is None else weights.get(s, 1.0)) / (k + 1) for s in seen)
+        # In a fixed order: a set's order follows the hash seed, and the float sum its last digit.
+        best = sum((1.0 if weights is None else weights.get(s, 1.0)) / (k + 1) for s in sorted(seen))
         if best > 0:
             scores = {mid: score / best for mid, score in scores.items()}
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))

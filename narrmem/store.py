@@ -11,11 +11,12 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
 
+from narrmem.clock import Clock
 from narrmem.errors import InputError, StoreError
 from narrmem.models import MAX_CONTEXT_CHARS, ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 
@@ -560,6 +561,11 @@ def check_sql_params(params: Sequence[Any]) -> None:
             raise StoreError(
                 f"SQL parameter {i + 1} holds a NUL character, which PostgreSQL text cannot store"
             )
+
+
+def job_time(clock: Clock) -> str:
+    """When a forget is recorded, as the ``forget_jobs`` tables keep it (UTC, to the second)."""
+    return clock.now().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 class ForgetJournal:

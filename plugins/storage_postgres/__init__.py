@@ -35,6 +35,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             hnsw_ef_construction=storage.hnsw_ef_construction,
             hnsw_ef_search=storage.hnsw_ef_search,
             read_only=memory.read_only,
+            clock=memory.clock,
         )
 
     register("postgres", factory)

@@ -28,6 +28,7 @@ from pgvector import Vector
 from pgvector.asyncpg import register_vector
 
 from narrmem import jsonio
+from narrmem.clock import Clock, SystemClock
 from narrmem.errors import StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
@@ -40,6 +41,7 @@ from narrmem.store import (
     MessageKey,
     StateEntry,
     context_writes,
+    job_time,
     meta_filter,
     plain_value,
     with_context_writes,
@@ -175,7 +177,9 @@ class PostgresStore(ForgetJournal):
         pool_size: int = 4,
         read_only: bool = False,
         text_config: str | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock: Clock = clock or SystemClock()  # the memory's: when a forget was recorded
         text_config = text_config or DEFAULT_TEXT_CONFIG
         if text_config not in TEXT_CONFIGS:
             raise StoreError(f"text search configuration must be one of {TEXT_CONFIGS}, not {text_config!r}")
@@ -772,7 +776,7 @@ class PostgresStore(ForgetJournal):
                 job.chat_id,
                 listed,
                 json.dumps(job.sources, ensure_ascii=False),
-                datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+                job_time(self.clock),
             )
         return int(job_id)
 

@@ -26,6 +26,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             busy_timeout_ms=storage.busy_timeout_ms,
             index_options=IndexOptions.from_settings(storage),
             read_only=memory.read_only,
+            clock=memory.clock,
             keyword_index=storage.keyword_index,
             keyword_threshold=storage.keyword_threshold,
             rewrite_on_forget=storage.forget_rewrites_file,

@@ -37,6 +37,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 )
 
 from narrmem import jsonio
+from narrmem.clock import Clock, SystemClock
 from narrmem.errors import StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
@@ -49,6 +50,7 @@ from narrmem.store import (
     MessageKey,
     StateEntry,
     context_writes,
+    job_time,
     meta_filter,
     plain_value,
     with_context_writes,
@@ -88,8 +90,10 @@ class SQLiteStore(ForgetJournal):
         keyword_index: str = "auto",
         keyword_threshold: int = 10_000,
         rewrite_on_forget: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         self.read_only = read_only
+        self.clock: Clock = clock or SystemClock()  # the memory's: when a forget was recorded
         self.rewrite_on_forget = rewrite_on_forget
         self.keyword_engine = keyword_index
         self.keyword_threshold = keyword_threshold
@@ -1182,8 +1186,15 @@ class SQLiteStore(ForgetJournal):
         async with self.transaction() as db:
             cur = await db.execute(
                 "INSERT INTO forget_jobs (tenant, user_id, chat_id, messages, sources, created_at) "
-                "VALUES (?, ?, ?, ?, ?, datetime('now'))",
-                (job.tenant, job.user_id, job.chat_id, listed, json.dumps(job.sources, ensure_ascii=False)),
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    job.tenant,
+                    job.user_id,
+                    job.chat_id,
+                    listed,
+                    json.dumps(job.sources, ensure_ascii=False),
+                    job_time(self.clock),
+                ),
             )
             return int(cur.lastrowid or 0)
 

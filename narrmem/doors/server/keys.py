@@ -22,10 +22,11 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
+from narrmem.clock import Clock, SystemClock
 from narrmem.errors import InputError, StoreError
 from narrmem.models import MAX_ID_CHARS
 
@@ -67,9 +68,10 @@ class KeyFile:
     """The key file of a data folder. Reads and writes are blocking file I/O: the CLI calls them
     directly, the server through :class:`KeyRing` (off the event loop)."""
 
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, clock: Clock | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / KEYS_FILE
+        self.clock: Clock = clock or SystemClock()  # when a key was created or revoked
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -105,7 +107,7 @@ class KeyFile:
                 id=key_id,
                 tenant=tenant,
                 label=label,
-                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                created_at=self.clock.now().astimezone(UTC).isoformat(timespec="seconds"),
                 revoked_at=None,
                 salt=salt,
                 digest=_digest(salt, secret),
@@ -119,7 +121,7 @@ class KeyFile:
             found = [e for e in entries if e.id == key_id]
             if not found:
                 raise InputError(f"no key with id {key_id!r}", field="id")
-            when = datetime.now(UTC).isoformat(timespec="seconds")
+            when = self.clock.now().astimezone(UTC).isoformat(timespec="seconds")
             updated = [
                 KeyEntry(**{**e.__dict__, "revoked_at": e.revoked_at or when}) if e.id == key_id else e
                 for e in entries
