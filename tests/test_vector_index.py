@@ -314,3 +314,29 @@ async def test_searches_racing_writes_see_each_write_whole(tmp_path: Path) -> No
         assert len(await index.search(query, 2000, tenant="t", user_id="u", chat_id=None)) == 1200
     finally:
         await index.close()
+
+
+async def test_after_a_reopen_the_chats_met_leave_no_names_behind(tmp_path: Path) -> None:
+    """The index kept the id of every chat touched since the open (a recall of a chat with
+    nothing stored too, and chats forgotten since): a set that grew with each chat a bot met.
+    Now it holds the codes of the files' chats not taken yet, and lets the table go once all are."""
+    folder = tmp_path / "m"
+    async with open_memory(folder) as memory:
+        for i in range(3):
+            await memory.ingest(
+                msg(f"s{i}", f"I love hiking with my dog number {i}", user=f"u{i}", chat=f"seed{i}")
+            )
+    async with open_memory(folder) as memory:
+        index = memory.store.index
+        assert len(index._codes_not_taken) == 3
+        for i in range(50):
+            await memory.recall("hiking", chat_id=f"nochat{i}", k=3)
+            await memory.ingest(
+                msg(f"n{i}", f"I'm worried about my exam, friend {i}", user=f"x{i}", chat=f"new{i}")
+            )
+            await memory.forget(chat_id=f"new{i}")
+        assert len(index._codes_not_taken) == 3
+        for i in range(3):  # each of the files' chats is still found, its members taken once
+            hits = await memory.recall("hiking dog", chat_id=f"seed{i}", k=3)
+            assert [h.message_ids for h in hits] == [[f"s{i}"]]
+        assert index._codes_not_taken == set() and index._chats_at_open is None

@@ -317,9 +317,11 @@ class VectorIndex:
         self._chat_members: dict[tuple[str, str], set[ShardKey]] = {}
         self._chat_tenants: dict[str, int] = {}  # how many tenants have a chat of that id
         # The chats' members as the files held them, taken per chat on first need (see
-        # lazy_shards); the chats whose members are taken already, or were never in the files.
+        # lazy_shards), and the codes of the chats the files held whose members are not taken
+        # yet. (A set of every chat id taken since the open grew with each chat a bot met, and
+        # kept the names of chats forgotten since.) Once all are taken, the table goes too.
         self._chats_at_open: ChatsAtOpen | None = None
-        self._chats_taken: set[str] = set()
+        self._codes_not_taken: set[int] = set()
         self._chat_codes: dict[str, int] = {}
         self._chat_names: dict[int, str] = {}
         # Codes are not given again while the process runs: a tombstone may still hold a dropped one.
@@ -451,13 +453,15 @@ class VectorIndex:
     def _take_chat(self, chat_id: str) -> None:
         """Take the chat's members as the files held them, once, before it is searched or changed."""
         at_open = self._chats_at_open
-        if at_open is None or chat_id in self._chats_taken:
-            return
-        self._chats_taken.add(chat_id)
         code = self._chat_codes.get(chat_id)
-        if code is not None:
-            for key in at_open.keys_of(code):
-                self._add_member(key[0], chat_id, key)
+        # Codes only grow after the open: a chat first met since has none of the files'.
+        if at_open is None or code not in self._codes_not_taken:
+            return
+        self._codes_not_taken.discard(code)
+        for key in at_open.keys_of(code):
+            self._add_member(key[0], chat_id, key)
+        if not self._codes_not_taken:
+            self._chats_at_open = None
 
     def _members(self, tenant: str, chat_id: str) -> set[ShardKey]:
         self._take_chat(chat_id)
@@ -693,7 +697,7 @@ class VectorIndex:
             self._chat_members.clear()
             self._chat_tenants.clear()
             self._chats_at_open = None
-            self._chats_taken.clear()
+            self._codes_not_taken.clear()
             self._set_chat_codes({})
             self._bucket_files.clear()  # rebuilt: every bucket is written anew by the next save
             return False
@@ -807,6 +811,7 @@ class VectorIndex:
             self._stale_chats = sum(code not in held for code in self._chat_codes.values())
             self._set_chat_codes({name: code for name, code in self._chat_codes.items() if code in held})
             self._chats_at_open = at_open
+            self._codes_not_taken = set(self._chat_codes.values())
             self._older_format = manifest["format"] != FORMAT
         except Exception as exc:  # numpy, json and FAISS all raise their own errors on a bad file
             return f"the index file is unreadable ({type(exc).__name__}: {exc})"
