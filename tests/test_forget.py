@@ -573,3 +573,42 @@ async def test_a_deleted_messages_words_leave_the_files_at_the_purge_after_it(tm
         await written(mem)
     assert _files_with(tmp_path / "later", gone) == {}
     assert _files_with(tmp_path / "later", kept)
+
+
+def _fts_levels(path: Path) -> int:
+    """How many levels FTS5's structure record lists (after its 4-byte cookie, a varint)."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        [(block,)] = db.execute("SELECT block FROM memories_fts_data WHERE id = 10").fetchall()
+    value, at = 0, 4
+    while True:
+        byte = block[at]
+        value, at = (value << 7) | (byte & 0x7F), at + 1
+        if not byte & 0x80:
+            return value
+
+
+@pytest.mark.sqlite_only("FTS5's structure is the SQLite store's")
+async def test_purges_do_not_pile_up_levels_in_the_keyword_index(tmp_path: Path) -> None:
+    """Each purge merged the keyword index with FTS5's 'optimize', which put the merged segment
+    one level higher every time: after about 2,000 forgets the index had 2,000 levels, FTS5 took
+    it for corrupt, and every later write failed ("database disk image is malformed")."""
+    folder = tmp_path / "m"
+    async with open_memory(folder, storage={"forget_rewrites_file": False}) as memory:
+        await memory.ingest(msg("keep", "I keep bees on the roof of my building"))
+        store: Any = memory.store
+        # What a deleted message does to the keyword index, many times over, each followed by
+        # the purge its forget runs (the levels began to grow after a few hundred, two at a time).
+        for i in range(1, 700):
+            async with store.transaction() as db:
+                await db.execute(
+                    "INSERT INTO memories_fts (rowid, body, context, owner) VALUES (?, ?, '', '')",
+                    (10_000 + i, f"word{i} hello"),
+                )
+            if i % 3 == 0:
+                async with store.transaction() as db:
+                    await db.execute("DELETE FROM memories_fts WHERE rowid = ?", (10_000 + i - 1,))
+            await store.purge_deleted()
+        await memory.ingest(msg("after", "the bees made honey this summer"))
+        hits = await memory.recall("bees honey", user_id="u1", chat_id="c1", k=5)
+    assert _fts_levels(folder / "narrmem.sqlite3") <= 2
+    assert {h.message_ids[0] for h in hits} == {"keep", "after"}

@@ -1223,7 +1223,11 @@ class SQLiteStore(ForgetJournal):
         if self._keywords is not None:
             await self._rebuild_keywords()
         async with self._holding_writer():
-            await self.db.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
+            # Rebuilt from its own content, not merged ('optimize'): each optimize put the merged
+            # segment one level higher, and past 2,000 levels (after about as many forgets) FTS5
+            # took its own structure for corrupt: "database disk image is malformed" on every
+            # write, and the table could no longer be opened. A rebuild starts from one level.
+            await self.db.execute("INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')")
             # secure_delete zeroes the cells a delete frees, but when a b-tree page is rebuilt
             # (rebalancing, or the merge above) the unused gap between its cell pointers and its
             # cells keeps stale bytes of cells moved to other pages, which a later delete does not
