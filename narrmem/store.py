@@ -7,6 +7,7 @@ Contract shared by every method: scope is enforced *inside* the query. A method 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -563,9 +564,22 @@ def check_sql_params(params: Sequence[Any]) -> None:
             )
 
 
-def job_time(clock: Clock) -> str:
-    """When a forget is recorded, as the ``forget_jobs`` tables keep it (UTC, to the second)."""
-    return clock.now().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+FORGET_JOB_COLUMNS = "tenant, user_id, chat_id, messages, sources, created_at"
+
+
+def forget_job_row(job: ForgetJob, clock: Clock) -> tuple[Any, ...]:
+    """``job`` as the ``forget_jobs`` tables keep it (:data:`FORGET_JOB_COLUMNS`), recorded at
+    ``clock``'s now (UTC, to the second)."""
+    listed = None if job.messages is None else json.dumps(job.messages, ensure_ascii=False)
+    recorded = clock.now().astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return (
+        job.tenant,
+        job.user_id,
+        job.chat_id,
+        listed,
+        json.dumps(job.sources, ensure_ascii=False),
+        recorded,
+    )
 
 
 class ForgetJournal:

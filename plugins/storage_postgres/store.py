@@ -32,6 +32,7 @@ from narrmem.clock import Clock, SystemClock
 from narrmem.errors import StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
+    FORGET_JOB_COLUMNS,
     SOURCES_IN_SCOPE,
     ContextWrite,
     DecayedImportance,
@@ -41,7 +42,7 @@ from narrmem.store import (
     MessageKey,
     StateEntry,
     context_writes,
-    job_time,
+    forget_job_row,
     meta_filter,
     plain_value,
     with_context_writes,
@@ -766,17 +767,11 @@ class PostgresStore(ForgetJournal):
         return [(r[0], r[1]) for r in await self.pool.fetch(SOURCES_IN_SCOPE.format(where=where), *params)]
 
     async def write_forget(self, job: ForgetJob) -> int:
-        listed = None if job.messages is None else json.dumps(job.messages, ensure_ascii=False)
         async with self.transaction() as conn:
             job_id = await conn.fetchval(
-                "INSERT INTO forget_jobs (tenant, user_id, chat_id, messages, sources, created_at) "
+                f"INSERT INTO forget_jobs ({FORGET_JOB_COLUMNS}) "
                 "VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-                job.tenant,
-                job.user_id,
-                job.chat_id,
-                listed,
-                json.dumps(job.sources, ensure_ascii=False),
-                job_time(self.clock),
+                *forget_job_row(job, self.clock),
             )
         return int(job_id)
 

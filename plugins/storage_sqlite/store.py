@@ -41,6 +41,7 @@ from narrmem.clock import Clock, SystemClock
 from narrmem.errors import StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
+    FORGET_JOB_COLUMNS,
     SOURCES_IN_SCOPE,
     ContextWrite,
     DecayedImportance,
@@ -50,7 +51,7 @@ from narrmem.store import (
     MessageKey,
     StateEntry,
     context_writes,
-    job_time,
+    forget_job_row,
     meta_filter,
     plain_value,
     with_context_writes,
@@ -1182,19 +1183,10 @@ class SQLiteStore(ForgetJournal):
         return rows
 
     async def write_forget(self, job: ForgetJob) -> int:
-        listed = None if job.messages is None else json.dumps(job.messages, ensure_ascii=False)
         async with self.transaction() as db:
             cur = await db.execute(
-                "INSERT INTO forget_jobs (tenant, user_id, chat_id, messages, sources, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    job.tenant,
-                    job.user_id,
-                    job.chat_id,
-                    listed,
-                    json.dumps(job.sources, ensure_ascii=False),
-                    job_time(self.clock),
-                ),
+                f"INSERT INTO forget_jobs ({FORGET_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                forget_job_row(job, self.clock),
             )
             return int(cur.lastrowid or 0)
 
