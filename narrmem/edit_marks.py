@@ -26,11 +26,9 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from narrmem.errors import InputError
 from narrmem.models import Message
-from narrmem.settling import forgotten_by, stopped_owners
+from narrmem.settling import entry_message, forgotten_by, stopped_owners
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
@@ -56,12 +54,7 @@ def check_entry(key: str, value: dict[str, Any]) -> None:
     if extra:
         raise InputError(f"an edit's mark holds no {sorted(extra)[0]!r}", field="value")
     if "message" in value:
-        try:
-            kept = Message.model_validate(value["message"])
-        except InputError as exc:
-            raise InputError(exc.reason, field=f"value.message.{exc.field or ''}".rstrip(".")) from exc
-        except ValidationError as exc:
-            raise InputError.from_pydantic(exc, prefix="value.message.") from exc
+        kept = entry_message(value["message"])
         if [getattr(kept, name) for name in MARK_IDS] != [value[name] for name in MARK_IDS]:
             raise InputError("is not the message the mark names", field="value.message")
 

@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from narrmem.errors import InputError, StoreError
 from narrmem.ingest import Pending, stored_result
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
-from narrmem.settling import drop_forgotten, forgotten_by, stopped_owners
+from narrmem.settling import drop_forgotten, entry_message, forgotten_by, stopped_owners
 
 if TYPE_CHECKING:
     from narrmem.fence import Fence
@@ -552,12 +552,7 @@ def check_entry(key: str, value: dict[str, Any]) -> None:
         raise InputError("is not a key of a received message (token:number)", field="key")
     if set(value) != {"message", "decision"}:
         raise InputError("a received message's entry holds 'message' and 'decision'", field="value")
-    try:
-        Message.model_validate(value["message"])
-    except InputError as exc:
-        raise InputError(exc.reason, field=f"value.message.{exc.field or ''}".rstrip(".")) from exc
-    except ValidationError as exc:
-        raise InputError.from_pydantic(exc, prefix="value.message.") from exc
+    entry_message(value["message"])
     try:
         TriageDecision.model_validate(value["decision"])
     except ValidationError as exc:

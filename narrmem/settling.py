@@ -265,6 +265,17 @@ def check_entry(key: str, value: dict[str, Any]) -> None:
         raise InputError.from_pydantic(exc, prefix="value.") from exc
 
 
+def entry_message(value: object) -> Message:
+    """The message an entry of state keeps under ``message``, or an :class:`InputError` naming
+    its field as ``value.message.<field>`` (the checks of imported state)."""
+    try:
+        return Message.model_validate(value)
+    except InputError as exc:
+        raise InputError(exc.reason, field=f"value.message.{exc.field or ''}".rstrip(".")) from exc
+    except ValidationError as exc:
+        raise InputError.from_pydantic(exc, prefix="value.message.") from exc
+
+
 def _entry(message: Message, decision: TriageDecision) -> dict[str, Any]:
     signals = {k: v for k, v in decision.signals.items() if not isinstance(v, str)}
     return {
