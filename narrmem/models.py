@@ -345,6 +345,13 @@ class PatternCount(_Strict):
         description="days between the mention that made this count and the one before it, however "
         "long ago (None: no earlier mention known); what a topic's return is measured by",
     )
+    memory_ids: list[int] = Field(
+        default_factory=list,
+        exclude=True,
+        description="the ids of the memories counted, the person's across chats: what tells one "
+        "pattern from another while its label's words change from mention to mention; left out of "
+        "what is dumped (a chat's readers are given only that chat's message ids)",
+    )
 
     def event(self, message: Message, *, suggestion: str, kind: str | None = None) -> TriggerEvent:
         """The trigger this count makes, in the scope of ``message`` (the one that made it);

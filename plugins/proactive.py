@@ -15,12 +15,15 @@ trigger events with a memory of what it already said:
   old chats, a phone that was offline for days): it is counted, and fires nothing. Told to the
   bot, a year of imported chat was a burst of "you keep mentioning..." about last year.
 
-What was fired is kept per user in the store's plugin state, and forgetting a user forgets it.
+"The same trigger" is the same pattern: a firing keeps the ids of the memories it counted, and a
+later count that counts one of them is that pattern again, whatever its label says (a topic is
+named by its latest mentions' words, "basil garden" one day and "garden tomatoes" three days on).
+What was fired is kept per person and kind in the store's plugin state (no words: memory ids),
+and forgetting a person forgets it.
 """
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -34,6 +37,10 @@ from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, Sc
 from narrmem.view import MemoryView
 
 NAME = "proactive"
+# A person's firings kept per kind (the newest), and the memories each keeps to be told apart by.
+MAX_FIRINGS = 64
+MAX_MEMORIES = 64
+CAS_TRIES = 5
 
 
 class ProactiveOptions(BaseModel):
@@ -84,7 +91,6 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         if clock_now - message.ts > timedelta(hours=self.options.fire_within_hours):
             return []  # history: counted (its counts are in the result), not news to tell the bot
         now = min(message.ts, clock_now)
-        fired: list[str] = []
         times = sorted(count.times)
         # The silence before this mention, the latest: measured from the mentions around it, a
         # message that arrived late fired a second return, and one dated ahead a return a day.
@@ -95,41 +101,55 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         )
         if not returned and count.count < self.threshold(count.kind):
             return []  # nothing can fire whatever the state says: it is not read (a count per message)
-        key = state_key(message.tenant, message.user_id, count.kind, count.label)
-        stored = state = await memory.store.state_get(NAME, key)
-        if state is None:  # written before labels were hashed in keys
-            legacy = f"{message.tenant}\0{message.user_id}\0{count.kind}\0{count.label}"
-            state = await memory.store.state_get(NAME, legacy) or {}
-        last_at, last_count = last_firing(state)
-        cooling = last_at is not None and now - last_at < timedelta(days=self.options.cooldown_days)
-        due = count.count >= self.threshold(count.kind) and count.count >= 2 * last_count
         hot = count.kind != "topic" or self.heat(times, now) >= self.options.heat_ratio * self.threshold(
             "topic"
         )
-        if returned and not cooling:  # cooling: its hooks run again (after a crash) fire nothing
-            fired.append("topic_return")
-        if due and hot and not cooling:
-            fired.append(count.kind)
-        # Compare-and-set: workers sharing a store may count the same topic at once; only the one
-        # whose write finds the state it read fires.
-        if fired and not await memory.store.state_put_if(
-            NAME, key, {"fired_at": now.isoformat(), "count": count.count}, stored
-        ):
-            return []
-        return fired
+        key = firings_key(message.tenant, message.user_id, count.kind)
+        for _ in range(CAS_TRIES):
+            stored = await memory.store.state_get(NAME, key)
+            firings = read_firings(stored)
+            last_at, last_count = last_firing(firings, count.memory_ids)
+            cooling = last_at is not None and now - last_at < timedelta(days=self.options.cooldown_days)
+            due = count.count >= self.threshold(count.kind) and count.count >= 2 * last_count
+            fired: list[str] = []
+            if returned and not cooling:  # cooling: its hooks run again (after a crash) fire nothing
+                fired.append("topic_return")
+            if due and hot and not cooling:
+                fired.append(count.kind)
+            if not fired:
+                return []
+            firing = {"fired_at": now.isoformat(), "count": count.count, "memories": newest(count.memory_ids)}
+            # Compare-and-set: workers sharing a store may count the same pattern at once; only the
+            # one whose write finds the state it read fires, and the other decides again on what
+            # the winner wrote (its pattern may be another of this person's).
+            if await memory.store.state_put_if(
+                NAME, key, {"firings": [*firings, firing][-MAX_FIRINGS:]}, stored
+            ):
+                return fired
+        return []
 
     @hookimpl
     async def narrmem_pattern_firings(
         self, memory: MemoryView, user: Scope, patterns: list[PatternCount]
     ) -> list[dict[str, Any]]:
-        """Read the firing state of each pattern; the label is known from ``patterns`` only (keys
-        hold digests)."""
+        """The last firing of each pattern that has fired: the latest firing that counted one of
+        the memories the pattern counts now."""
         fired: list[dict[str, Any]] = []
+        firings_of: dict[str, list[dict[str, Any]]] = {}
         for pattern in patterns:
-            key = state_key(user.tenant, user.user_id or "", pattern.kind, pattern.label)
-            state = await memory.store.state_get(NAME, key)
-            if state is not None and "fired_at" in state:
-                fired.append({"kind": pattern.kind, "label": pattern.label, **state})
+            if pattern.kind not in firings_of:
+                key = firings_key(user.tenant, user.user_id or "", pattern.kind)
+                firings_of[pattern.kind] = read_firings(await memory.store.state_get(NAME, key))
+            when, count = last_firing(firings_of[pattern.kind], pattern.memory_ids)
+            if when is not None:
+                fired.append(
+                    {
+                        "kind": pattern.kind,
+                        "label": pattern.label,
+                        "fired_at": when.isoformat(),
+                        "count": count,
+                    }
+                )
         return fired
 
     @hookimpl
@@ -150,26 +170,72 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
 
 
 def check_entry(key: str, value: dict[str, Any]) -> None:
-    """Refuse a firing (of an imported file) that :func:`last_firing` would not read back."""
+    """Refuse a person's firings (of an imported file) that :func:`read_firings` would not read
+    back whole. A key of four parts is a firing as it was kept before firings were told apart by
+    their memories (by a digest of the label): imported as it is, and read by nothing."""
     parts = key.split("\0")
-    if len(parts) != 4 or not all(parts):
-        raise InputError("is not a key of a pattern's firing (tenant, user, kind, label digest)", field="key")
-    if set(value) != {"fired_at", "count"}:
-        raise InputError("a pattern's firing holds 'fired_at' and 'count'", field="value")
-    when, count = last_firing(value)
+    if len(parts) == 4 and all(parts):
+        check_firing(value, "value")
+        return
+    if len(parts) != 3 or not all(parts):
+        raise InputError("is not a key of a person's firings (tenant, user, kind)", field="key")
+    firings = value.get("firings")
+    if set(value) != {"firings"} or not isinstance(firings, list) or len(firings) > MAX_FIRINGS:
+        raise InputError(
+            f"a person's firings are a list of at most {MAX_FIRINGS} under 'firings'", field="value"
+        )
+    for n, firing in enumerate(firings):
+        if not isinstance(firing, dict) or set(firing) != {"fired_at", "count", "memories"}:
+            raise InputError("a firing holds 'fired_at', 'count' and 'memories'", field=f"value.firings.{n}")
+        check_firing(firing, f"value.firings.{n}")
+        memories = firing["memories"]
+        if (
+            not isinstance(memories, list)
+            or len(memories) > MAX_MEMORIES
+            or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in memories)
+        ):
+            raise InputError(
+                f"must be a list of at most {MAX_MEMORIES} memory ids", field=f"value.firings.{n}.memories"
+            )
+
+
+def check_firing(firing: dict[str, Any], field: str) -> None:
+    if not {"fired_at", "count"} <= set(firing):
+        raise InputError("a pattern's firing holds 'fired_at' and 'count'", field=field)
+    when, count = firing_time_and_count(firing)
     if when is None:
-        raise InputError("must be an ISO-8601 time with its offset", field="value.fired_at")
-    if count != value["count"] or count < 1:
-        raise InputError("must be a whole number of mentions, 1 or more", field="value.count")
+        raise InputError("must be an ISO-8601 time with its offset", field=f"{field}.fired_at")
+    if count != firing["count"] or count < 1:
+        raise InputError("must be a whole number of mentions, 1 or more", field=f"{field}.count")
 
 
-def last_firing(state: object) -> tuple[datetime | None, int]:
-    """When a pattern last fired and at what count, from its stored state. The state may come from
-    an imported file: what is not as this plugin writes it (a time with its offset, a count) counts
-    as never fired, and the next firing writes it anew."""
-    if not isinstance(state, dict):
-        return None, 0
-    fired_at, count = state.get("fired_at"), state.get("count", 0)
+def read_firings(state: object) -> list[dict[str, Any]]:
+    """A person's firings of one kind, oldest first, from their stored state. The state may come
+    from an imported file: what is not as this plugin writes it counts as no firing."""
+    firings = state.get("firings") if isinstance(state, dict) else None
+    return [f for f in firings if isinstance(f, dict)] if isinstance(firings, list) else []
+
+
+def last_firing(firings: list[dict[str, Any]], memory_ids: list[int]) -> tuple[datetime | None, int]:
+    """When the pattern that counts ``memory_ids`` last fired, and at what count: the latest
+    firing that counted one of them. A topic's label is made from the words of its latest
+    mentions, so it changes ("basil garden", "garden tomatoes") while the pattern is the same;
+    what the firings counted does not."""
+    counted = set(memory_ids)
+    latest: tuple[datetime | None, int] = (None, 0)
+    for firing in firings:
+        memories = firing.get("memories")
+        if not isinstance(memories, list) or counted.isdisjoint(m for m in memories if isinstance(m, int)):
+            continue
+        when, count = firing_time_and_count(firing)
+        if when is not None and (latest[0] is None or when >= latest[0]):
+            latest = (when, count)
+    return latest
+
+
+def firing_time_and_count(firing: dict[str, Any]) -> tuple[datetime | None, int]:
+    """A firing's time and count; a time that is not one with its offset reads as no firing."""
+    fired_at, count = firing.get("fired_at"), firing.get("count", 0)
     try:
         when = datetime.fromisoformat(fired_at) if isinstance(fired_at, str) else None
     except ValueError:
@@ -180,12 +246,15 @@ def last_firing(state: object) -> tuple[datetime | None, int]:
     return when, count if valid_count else 0
 
 
-def state_key(tenant: str, user_id: str, kind: str, label: str) -> str:
-    """Where a pattern's firing is kept. The label (the user's own words) goes in as a digest, so
-    no key holds what the user said: a state row that outlives a forget (as rows did while prefix
-    deletes stopped at the NUL in keys) gives nothing away."""
-    digest = hashlib.sha256(label.encode("utf-8")).hexdigest()[:32]
-    return f"{tenant}\0{user_id}\0{kind}\0{digest}"
+def newest(memory_ids: list[int]) -> list[int]:
+    """The memories a firing keeps to be told apart by: the newest, which stay counted longest."""
+    return sorted(set(memory_ids))[-MAX_MEMORIES:]
+
+
+def firings_key(tenant: str, user_id: str, kind: str) -> str:
+    """Where a person's firings of one kind are kept. No key or value holds what they said: a
+    firing keeps the ids of the memories it counted, not its label."""
+    return f"{tenant}\0{user_id}\0{kind}"
 
 
 def _suggestion(kind: str, count: PatternCount) -> str:

@@ -83,6 +83,7 @@ def _count(
         times=[r.created_at for r in members],
         at_least=at_least,
         quiet_days_before=quiet,
+        memory_ids=[r.id for r in members if r.id is not None],
     )
     result.counts.append(pattern)
     if count == threshold:

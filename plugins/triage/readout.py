@@ -80,4 +80,5 @@ def _pattern(kind: str, label: str, members: list[MemoryRecord]) -> PatternCount
         count=len(members),
         message_ids=[mid for r in members for mid in r.message_ids],
         times=[r.created_at for r in members],
+        memory_ids=[r.id for r in members if r.id is not None],
     )
