@@ -19,11 +19,15 @@ int7 and keeps an existing store to the model it was written with (float32, int8
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,12 @@ from narrmem.errors import ConfigError
 
 log = logging.getLogger("narrmem.onnx")
 NEW_STORES = "int7"  # what quantize = "auto" writes a new store with
+# What the export reads from a model folder; checked when the embedder is made, so a folder short
+# of one is named as the setting it is (it was reported as the cache folder's fault, or not at all).
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# A partial file of this age was left by a process that ended mid-export (killed): no export runs
+# that long, so it is taken away by the next.
+STALE_PARTIAL_S = 3600.0
 
 
 class OnnxEmbedder(ThreadedEmbedder):
@@ -54,6 +64,7 @@ class OnnxEmbedder(ThreadedEmbedder):
         if model_path is None:
             _require_packaged_weights()
         self.model_path, self.base_name = resolve_model(model_path)
+        check_model_folder(Path(self.model_path))
         self.requested = quantize
         # "auto" runs int7 unless the store already holds another model's vectors (see choose_model).
         self._use(NEW_STORES if quantize == "auto" else quantize)
@@ -91,6 +102,17 @@ class OnnxEmbedder(ThreadedEmbedder):
                 f"embedder.cache_dir: cannot keep the model files in {self.cache_dir / 'onnx'} ({exc})"
             ) from exc
 
+    def _load(self) -> None:
+        files = self._prepare()
+        try:
+            self._local_encode = files.load()
+        except ValueError as exc:  # the runner's word for a model file it cannot load
+            raise ConfigError(f"embedder.cache_dir: {exc}") from exc
+
+    def needs_export(self) -> bool:
+        """No model file this embedder could run is in the cache yet: the first start writes one."""
+        return not self.model_file("none").exists() and not self.model_file().exists()
+
     def _make_model_files(self) -> OnnxModelFiles:
         path = self.model_file()
         if not path.exists():
@@ -125,9 +147,9 @@ def weights_digest(weights: Path, cache_dir: Path) -> str:
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
     try:
         stamp.parent.mkdir(parents=True, exist_ok=True)
-        partial = _partial(stamp)
-        partial.write_text(json.dumps({**seen, "sha256": digest}), encoding="utf-8")
-        os.replace(partial, stamp)
+        with partial_file(stamp) as partial:
+            partial.write_text(json.dumps({**seen, "sha256": digest}), encoding="utf-8")
+            os.replace(partial, stamp)
     except OSError as exc:  # a read-only cache still works: the digest is computed each start
         log.debug("cannot keep the weights' digest in %s: %s", stamp, exc)
     return digest
@@ -141,30 +163,38 @@ def export(model_path: str, target: Path) -> None:
 
     model = build_bert_onnx(Path(model_path))
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = _partial(target)
-    onnx.save(model, str(partial))
-    os.replace(partial, target)
+    with partial_file(target) as partial:
+        onnx.save(model, str(partial))
+        os.replace(partial, target)
 
 
 def quantize_weights(source: Path, target: Path, *, seven_bit: bool) -> None:
     """Dynamic quantization of the exported model's weights, per output channel, for int8 kernels;
     ``seven_bit`` keeps the weights in 7 bits (onnxruntime's ``reduce_range``), so that the
     kernels of CPUs without VNNI do not saturate and every CPU gives the same vectors."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    partial = _partial(target)
     # onnxruntime logs advice meant for image models on the root logger; our own line says enough.
     log.warning("first start: deriving the quantized copy of the embedding model once (%s)", target)
     root = logging.getLogger()
     quiet = _DropMessage("pre-processing before quantization")
     root.addFilter(quiet)
     try:
-        quantize_dynamic(
-            str(source), str(partial), per_channel=True, reduce_range=seven_bit, weight_type=QuantType.QInt8
-        )
+        with partial_file(target) as partial:
+            # Given the model, not its path: from a path onnxruntime writes a "-inferred" copy
+            # beside it, under one name for every process, and deletes it; two first starts at
+            # once read each other's half-written copy, or found it gone.
+            quantize_dynamic(
+                onnx.load(str(source)),
+                str(partial),
+                per_channel=True,
+                reduce_range=seven_bit,
+                weight_type=QuantType.QInt8,
+            )
+            os.replace(partial, target)
     finally:
         root.removeFilter(quiet)
-    os.replace(partial, target)
 
 
 class _DropMessage(logging.Filter):
@@ -188,9 +218,55 @@ def _require_packaged_weights() -> None:
         )
 
 
-def _partial(target: Path) -> Path:
-    # Per process: two processes exporting at once each write their own file; the rename is atomic.
-    return target.with_name(f"{target.name}.{os.getpid()}.partial")
+@contextmanager
+def partial_file(target: Path) -> Iterator[Path]:
+    """A new file beside ``target`` for one writer, taken away unless it was renamed onto
+    ``target``. Its name is made unique by the system (``mkstemp``): a name with the process id
+    was the same for two first starts in two containers sharing the cache (each process 1). Old
+    partial files of ``target`` (of a process killed mid-export) go too."""
+    _drop_stale_partials(target)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f"{target.name}.", suffix=".partial")
+    os.close(fd)
+    path = Path(name)
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)  # gone already when renamed
+
+
+def _drop_stale_partials(target: Path) -> None:
+    now = time.time()
+    for left in target.parent.glob(f"{glob.escape(target.name)}.*.partial"):
+        try:
+            if now - left.stat().st_mtime > STALE_PARTIAL_S:
+                left.unlink()
+        except OSError:
+            pass  # another start took it, or it cannot be: it costs room, not correctness
+
+
+def check_model_folder(folder: Path) -> None:
+    """The model folder holds what the export and the tokenizer read."""
+    missing = [name for name in MODEL_FILES if not (folder / name).is_file()]
+    if missing:
+        raise ConfigError(
+            f"embedder.model_path: {folder} has no {', '.join(missing)} (a model folder holds them)"
+        )
+
+
+def check_cache_writable(cache_dir: Path) -> None:
+    """A first start writes the model files into ``cache_dir``: found before a memory opens, so a
+    cache that cannot take them leaves no store behind (a read-only cache that holds them works)."""
+    folder = cache_dir / "onnx"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".writable.", suffix=".partial")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise ConfigError(
+            f"embedder.cache_dir: the first start writes the model files in {folder}, and cannot "
+            f"({exc.strerror or exc})"
+        ) from exc
 
 
 def check_cache_dir(cache_dir: Path) -> Path:
@@ -219,7 +295,7 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
     def factory(settings: Settings) -> OnnxEmbedder:
         options = settings.embedder
         cache_dir = Path(options.cache_dir) if options.cache_dir is not None else default_cache_dir()
-        return OnnxEmbedder(
+        embedder = OnnxEmbedder(
             options.model_path,
             check_cache_dir(cache_dir),
             threads=options.threads,
@@ -227,5 +303,8 @@ def narrmem_register_embedders(register: Callable[[str, Callable[[Settings], Any
             quantize=options.quantize,
             runs_in=options.runs_in,
         )
+        if embedder.needs_export():
+            check_cache_writable(cache_dir)
+        return embedder
 
     register("onnx", factory)

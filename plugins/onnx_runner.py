@@ -42,9 +42,15 @@ class OnnxRunner:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = files.threads
         options.inter_op_num_threads = 1
-        self.session = onnxruntime.InferenceSession(
-            files.model_file, options, providers=["CPUExecutionProvider"]
-        )
+        try:
+            self.session = onnxruntime.InferenceSession(
+                files.model_file, options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime's own errors: a damaged file (a disk fault, a copy cut short)
+            raise ValueError(
+                f"the model file {files.model_file} cannot be loaded ({exc}); it is a cached copy: "
+                "delete it, and the next start makes it again"
+            ) from exc
         tokenizer = Tokenizer.from_file(files.tokenizer_file)
         tokenizer.enable_truncation(MAX_TOKENS)
         tokenizer.no_padding()

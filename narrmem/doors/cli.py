@@ -199,6 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+        if extra is not None:
+            print(
+                f"narrmem: error: `narrmem {args.command}` needs {exc.name}, which this install does not "
+                f"have: pip install 'narrmem[{extra}]'",
+                file=sys.stderr,
+            )
+            return 2
         if exc.name not in MODEL_EXPORT_MODULES:
             raise
         print(
@@ -228,6 +236,16 @@ def _where_model_runs(args: argparse.Namespace, settings: Settings) -> dict[str,
 
 # What the sentence-transformers embedder imports (``narrmem[torch]`` installs them).
 MODEL_EXPORT_MODULES = frozenset({"torch", "transformers", "sentence_transformers"})
+# The optional extras' packages (pyproject.toml): a command that needs one names the extra.
+EXTRA_OF_MODULE = {
+    "fastapi": "server",
+    "uvicorn": "server",
+    "starlette": "server",
+    "httpx": "server",
+    "mcp": "mcp",
+    "asyncpg": "postgres",
+    "pgvector": "postgres",
+}
 
 
 def _existing_store(settings: Settings) -> Settings:
@@ -506,6 +524,8 @@ async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
         if not port.isdigit():
             raise InputError(f"expected [HOST:]PORT, got {args.http!r}", field="--http")
         check_port(int(port), "--http")
+    import mcp  # noqa: F401 - missing, it is named before a store is made (see EXTRA_OF_MODULE)
+
     # stdout is the protocol on stdio: logs go to stderr only.
     async with _open(settings) as memory:
         tools = _served_tools(args, settings, memory)
