@@ -154,6 +154,22 @@ async def test_importance_shown_is_the_decayed_value(tmp_path: Path) -> None:
         assert listed["scenes"] == []
 
 
+async def test_a_reinforced_hit_decays_from_its_new_value(tmp_path: Path) -> None:
+    """The hit said its importance decays from the value before this recall reinforced it."""
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "s", real_model=True, clock=clock, plugin=REINFORCE) as mem:
+        added = await mem.call_tool(
+            "soul_narrative",
+            {"action": "add", "user_id": "ann", "event": "I finally moved to Lisbon.", "importance": 0.4},
+        )
+        scene_id = added["scenes"][0]["id"]
+        clock.set(clock.now() + timedelta(days=200))
+        [hit] = await mem.recall("moving to Lisbon", user_id="ann", k=1)
+        [row] = await store_sql(mem, "SELECT importance FROM memories WHERE id = ?", [scene_id])
+        assert hit.id == scene_id and hit.base_importance == hit.importance == pytest.approx(row[0])
+        assert row[0] != 0.4  # reinforced: the stored value moved
+
+
 async def test_a_memory_used_by_two_calls_at_once_is_reinforced_once(
     life: tuple[Memory, ManualClock], tmp_path: Path
 ) -> None:

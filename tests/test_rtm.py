@@ -511,6 +511,18 @@ BAD_CALLS: list[tuple[str, str, dict[str, Any], str]] = [
         {"treeId": "rtm_0123456789ab", "traversalDepth": 1, "maxBranchingFactor": 3},
         "maxBranchingFactor",
     ),
+    (
+        "language beside a tree",
+        TRAVERSE,
+        {"treeId": "rtm_0123456789ab", "traversalDepth": 1, "language": "zh"},
+        "language",
+    ),
+    (
+        "segmentation beside a tree",
+        OPTIMAL,
+        {"treeId": "rtm_0123456789ab", "targetRecallLength": 5, "segmentation": "lines"},
+        "segmentation",
+    ),
     ("target 0", OPTIMAL, {"text": STORY, "title": TITLE, "targetRecallLength": 0}, "targetRecallLength"),
     ("ensemble of 0", ENSEMBLE, {"text": STORY, "title": TITLE, "ensembleSize": 0}, "ensembleSize"),
     ("ensemble too big", ENSEMBLE, {"text": STORY, "title": TITLE, "ensembleSize": 10_001}, "ensembleSize"),

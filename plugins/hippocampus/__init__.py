@@ -152,7 +152,8 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
         done = await self._reinforce(memory, chosen, request.reason)
         for hit in hits:
             if hit.id in done:
-                hit.importance = done[hit.id]
+                # Reinforced now: decay starts again from the new value (``base_importance``).
+                hit.importance = hit.base_importance = done[hit.id]
 
     @hookimpl
     async def narrmem_used(self, memory: MemoryView, records: list[MemoryRecord]) -> list[int]:

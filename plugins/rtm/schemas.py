@@ -124,7 +124,10 @@ class TextOrTree(_TreeOptions):
         return no_nul(title)
 
     def tree_parameters_given(self) -> list[str]:
-        return [name for name in TREE_PARAMETERS if getattr(self, name) is not None]
+        # The language and the segmentation make a tree as K and D do (its identity): given
+        # beside a treeId they were taken and ignored.
+        modes = [n for n in ("language", "segmentation") if getattr(self, n) != "auto"]
+        return [name for name in TREE_PARAMETERS if getattr(self, name) is not None] + modes
 
 
 class TraverseInput(TextOrTree):
