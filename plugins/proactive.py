@@ -39,7 +39,7 @@ from narrmem.view import MemoryView
 NAME = "proactive"
 # A person's firings kept per kind (the newest), and the memories each keeps to be told apart by.
 MAX_FIRINGS = 64
-MAX_MEMORIES = 64
+MAX_MEMORIES = 32
 CAS_TRIES = 5
 
 
