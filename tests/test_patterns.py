@@ -10,7 +10,7 @@ from typing import Any
 
 from _helpers import msg, store_fingerprint
 
-from narrmem import Memory
+from narrmem import Memory, Scope, hookimpl
 from narrmem.clock import ManualClock
 
 START = datetime(2026, 7, 1, 9, tzinfo=UTC)
@@ -87,3 +87,38 @@ async def test_a_readout_past_what_it_reads_says_its_counts_are_lower_bounds(
         monkeypatch.setattr(readout, "MAX_EPISODES", 5)  # fewer than the user's seven episodes
         bounded = (await memory.patterns(user_id="ann"))["counts"]
         assert bounded and all(c["at_least"] for c in bounded)
+
+
+class PluginErrors:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, BaseException]] = []
+
+    @hookimpl
+    def narrmem_plugin_error(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
+        self.seen.append((plugin_name, hook_name, error))
+
+
+async def test_a_bots_own_emotions_in_meta_are_not_moods(tmp_path: Path) -> None:
+    """A bot's ``meta["emotions"]`` shares triage's key. As an object it counted as a mood on
+    SQLite (whose JSON walk reads an object's values) and not on PostgreSQL; a label triage does
+    not know, or a list in the list, failed every later count of the person's moods."""
+    clock = ManualClock(START)
+    errors = PluginErrors()
+    theirs: list[Any] = [{"detected": "tired"}, ["grumpy"], [["tired"]], "tired?"]
+    async with Memory.open(tmp_path, clock=clock, plugins=[errors]) as memory:
+        for n, emotions in enumerate(theirs):
+            clock.set(START + timedelta(minutes=10 * n))
+            message = msg(f"b{n}", f"another long meeting, number {n}", user="ann", chat="dm-ann")
+            await memory.ingest({**message, "ts": clock.now().isoformat(), "meta": {"emotions": emotions}})
+        clock.set(START + timedelta(hours=1))
+        result = await memory.ingest(
+            msg("t", "so tired today", user="ann", chat="dm-ann", ts=clock.now().isoformat())
+        )
+        assert [(c.kind, c.count) for c in result.counts if c.kind == "emotion"] == [("emotion", 1)]
+        patterns = await memory.patterns(user_id="ann")
+        assert [c for c in patterns["counts"] if c["kind"] == "emotion"] == []  # one mention is no pattern
+        # The bot's own data stays as it sent it.
+        first = result.memory_ids[0] - len(theirs)
+        found = await memory.store.get([first], Scope(tenant="default", user_id="ann"))
+        assert found[first].meta["emotions"] == {"detected": "tired"}
+    assert errors.seen == []

@@ -800,9 +800,14 @@ class SQLiteStore(ForgetJournal):
                 # A substring test rules most rows out before their JSON is parsed.
                 clauses.append("instr(meta, ?) > 0")
                 values.append(value)
-            # json_each of a string is that string; of a list, its items; of nothing, no row.
-            clauses.append("EXISTS (SELECT 1 FROM json_each(meta, ?) WHERE value = ?)")
-            values.extend((f"$.{key}", value))
+            # json_each of a string is that string; of a list, its items; of nothing, no row. Of
+            # an object, its values: not a match, as in PostgreSQL's containment (a bot's
+            # {"emotions": {"detected": "tired"}} counted as a mood here only).
+            clauses.append(
+                "json_type(meta, ?) IN ('text', 'array') "
+                "AND EXISTS (SELECT 1 FROM json_each(meta, ?) WHERE value = ?)"
+            )
+            values.extend((f"$.{key}", f"$.{key}", value))
         sql = (
             f"SELECT {COLUMNS} FROM memories WHERE {' AND '.join(clauses)} ORDER BY created_ts DESC, id DESC "
             "LIMIT ?"

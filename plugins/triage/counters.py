@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from narrmem_plugins.triage.emotions import moods_of
 from narrmem_plugins.triage.impacts import add_impact
 from narrmem_plugins.triage.language import has_cjk
 from narrmem_plugins.triage.options import TriageOptions
@@ -118,7 +119,7 @@ class Counters:
     async def _moods(
         self, memory: MemoryView, message: Message, episode: MemoryRecord, user: Scope, result: Any
     ) -> None:
-        moods = episode.meta.get("emotions") or []
+        moods = moods_of(episode.meta)
         if not moods:
             return
         since = message.ts - timedelta(days=self.options.emotion_window_days)
@@ -128,7 +129,7 @@ class Counters:
                 user, since=since, kinds=["episode"], limit=10_000, meta_has=("emotions", mood)
             )
             bound = max(memory.clock.now(), message.ts)
-            said = [r for r in stated if _before(r, episode, bound)]
+            said = [r for r in stated if _before(r, episode, bound) and mood in moods_of(r.meta)]
             # The message itself always counts, even when it is older than what `recent` returned.
             said = [*sorted(said, key=lambda r: r.id or 0), episode]
             count = len(said)
@@ -220,7 +221,7 @@ class Counters:
         members = sorted((r for r in [*earlier, episode] if r.created_at >= since), key=lambda r: r.id or 0)
         count = len(members)
         alike = members if count >= 2 or previous is None else [previous, episode]
-        shared_moods = set.intersection(*(set(r.meta.get("emotions") or []) for r in alike))
+        shared_moods = set.intersection(*(set(moods_of(r.meta)) for r in alike))
         if len(alike) < 2 or shared_moods:
             # Messages alike because they state the same mood are the mood counter's business.
             return members, None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from narrmem_plugins.triage.language import normalize
 from narrmem_plugins.triage.lexicon import EMOTIONS
@@ -37,6 +38,17 @@ def emotions_in(text: str) -> list[str]:
             found.append(label)
             break
     return found
+
+
+def moods_of(meta: dict[str, Any]) -> list[str]:
+    """The moods a stored message states, as triage wrote them in its ``meta["emotions"]``: a list
+    of lexicon labels. A caller's own ``emotions`` of another shape (a bot's ``{"detected":
+    "tired"}``, a label triage does not know) is the caller's data, not a mood: read as one, it
+    counted on one store and not the other, or failed the count of every later message."""
+    stated = meta.get("emotions")
+    if not isinstance(stated, list):
+        return []
+    return [m for m in dict.fromkeys(x for x in stated if isinstance(x, str)) if m in EMOTIONS]
 
 
 def intensity(text: str) -> float:

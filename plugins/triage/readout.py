@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 from narrmem_plugins.triage.counters import CJK_TOPIC_SIMILARITY, Counters, topic_label
+from narrmem_plugins.triage.emotions import moods_of
 from narrmem_plugins.triage.language import has_cjk
 
 from narrmem.models import MemoryRecord, PatternCount, Scope
@@ -39,7 +40,7 @@ def _moods(episodes: list[MemoryRecord], since: datetime) -> list[PatternCount]:
     said: dict[str, list[MemoryRecord]] = {}
     for record in episodes:
         if record.created_at >= since:
-            for mood in record.meta.get("emotions") or []:
+            for mood in moods_of(record.meta):
                 said.setdefault(str(mood), []).append(record)
     return [_pattern("emotion", mood, members) for mood, members in said.items() if len(members) >= 2]
 
@@ -65,7 +66,7 @@ async def _topics(
             for j in range(i + 1)
             if similarity[i, j] >= threshold and counters.same_topic(episode, kept[j])
         ]
-        shared = set.intersection(*(set(r.meta.get("emotions") or []) for r in members))
+        shared = set.intersection(*(set(moods_of(r.meta)) for r in members))
         if len(members) < 2 or shared:
             continue  # messages alike because they state one mood are the mood counter's
         label = topic_label([r.text for r in members], counters.options.names)
