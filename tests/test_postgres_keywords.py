@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from _postgres import fresh_database
 from narrmem_plugins.storage_postgres.keywords import bm25_sql
-from narrmem_plugins.storage_postgres.schema import migrations
+from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrations
 from narrmem_plugins.storage_postgres.store import PostgresStore, _scope_clause
 from test_store_contract import DIM, MODEL, make_store, record, unit
 
@@ -101,7 +101,8 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         await conn.execute(
             "INSERT INTO meta VALUES ('model', $1), ('dim', $2), ('text_config', 'english')", MODEL, str(DIM)
         )
-        for i, text in enumerate(["the banker lost his job", "a job a job a job at the bank\\0 today"]):
+        old_rows = ["the banker lost his job", "a job a job a job at the bank\\0 today", "a café in Zürich"]
+        for i, text in enumerate(old_rows):
             await conn.execute(
                 "INSERT INTO memories (kind, tenant, user_id, chat_id, text, importance, created_at, "
                 "created_ts, message_ids, meta, keywords) VALUES ('episode', 'default', 'u1', 'c1', $1, 0.5, "
@@ -116,8 +117,8 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
     try:
         lengths = await store.pool.fetch("SELECT keyword_tokens FROM memories ORDER BY id")
         # Counted from the texts as stored: the escaped NUL is one separator, not a token "0".
-        assert [r[0] for r in lengths] == [5, 10]
-        assert (await store.stats())["schema_version"] == 5
+        assert [r[0] for r in lengths] == [5, 10, 4]
+        assert (await store.stats())["schema_version"] == SCHEMA_VERSION == 6
         # Step 5: pages keep room for a row's next version (importance is written in place).
         options = await store.pool.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'memories'")
         assert options == ["fillfactor=75"]
@@ -125,7 +126,7 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         copies = await store.pool.fetch(
             "SELECT tokens, words @@ memory_scope_query('u1', NULL) FROM memory_words ORDER BY id"
         )
-        assert [tuple(r) for r in copies] == [(5, True), (10, True)]
+        assert [tuple(r) for r in copies] == [(5, True), (10, True), (4, True)]
         # Keyword documents live in the row, not in the TOAST table (a search reads them often).
         storage = await store.pool.fetchval(
             "SELECT attstorage FROM pg_attribute "
@@ -134,8 +135,46 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         assert storage == b"m"
         hits = await store.search_keywords(Scope(user_id="u1"), "banker", 5)
         assert len(hits) == 1 and hits[0][1] > 0
+        # Step 6 folded the accents of the row written with them.
+        ids = [r[0] for r in await store.pool.fetch("SELECT id FROM memories ORDER BY id")]
+        for query in ("cafe zurich", "Café", "ZÜRICH"):
+            [(found, _)] = await store.search_keywords(Scope(user_id="u1"), query, 5)
+            assert found == ids[2], query
     finally:
         await store.close()
+
+
+ACCENTED = [
+    {"text": "We met at the café near the station"},
+    {"text": "Jörg moved to Zürich last spring"},
+    {"text": "Ana said the crème brûlée was naïve cooking"},
+    {"text": "São Paulo is where Zoë grew up"},
+    {"text": "नमस्ते दुनिया"},  # Devanagari's vowel signs are part of its words
+    {"text": "the cafe downstairs sells zurich chocolate"},
+]
+
+
+async def test_accents_are_folded_as_sqlite_folds_them(tmp_path: Path) -> None:
+    """PostgreSQL's english configuration keeps accents: "cafe" found nothing of a "café" there,
+    while SQLite's index folds them."""
+    stores = []
+    for backend in ("sqlite", "postgres"):
+        store = await make_store(backend, tmp_path)
+        await store.open(dim=DIM, model=MODEL)
+        records = [record(user="u1", minutes=i, **row) for i, row in enumerate(ACCENTED)]
+        await store.add(records, np.vstack([unit(i) for i in range(len(records))]))
+        stores.append(store)
+    sqlite, postgres = stores
+    try:
+        for query in ("cafe", "café", "Zurich Jorg", "creme brulee naive", "Sao Paulo Zoe", "नमस्ते", "CAFÉ"):
+            want = await sqlite.search_keywords(Scope(user_id="u1"), query, 10)
+            got = await postgres.search_keywords(Scope(user_id="u1"), query, 10)
+            assert want, query
+            assert [i for i, _ in got] == [i for i, _ in want], query
+            assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-6), query
+    finally:
+        await sqlite.close()
+        await postgres.close()
 
 
 async def copies_are_true(store: PostgresStore) -> int:

@@ -27,17 +27,52 @@ What differs, and why:
   often than that in one memory counts 256 times.
 * A query term the configuration splits into several lexemes (rare with narrmem's tokens) is
   matched as all of them, not as a phrase.
+
+Accents are folded as FTS5's ``remove_diacritics 2`` folds them (``café`` is ``cafe``, ``Zürich``
+``zurich``), in the documents and in the query terms (:func:`folded`): PostgreSQL's ``english``
+configuration keeps them, and a person who typed "cafe" found nothing of their "café" here while
+SQLite found it.
 """
 
 from __future__ import annotations
 
-from narrmem.text import keyword_terms
+import unicodedata
+
+from narrmem.text import fts_document, keyword_terms
 
 K1 = 1.2
 B = 0.75
 # SQLite's keyword rows hold two scope tokens (user and chat) beside the words, and FTS5 counts
 # them in a row's length: counted here too, so that lengths (and so scores) are the same.
 SCOPE_TOKENS = 2
+
+
+def folded(text: str) -> str:
+    """``text`` without the accents of its Latin letters (combining marks after a Latin letter);
+    the marks of other scripts (Devanagari's vowel signs, Arabic's harakat) are part of their words
+    and stay, as in FTS5."""
+    if text.isascii():
+        return text
+    kept: list[str] = []
+    latin = False
+    for char in unicodedata.normalize("NFD", text):
+        if unicodedata.combining(char):
+            if latin:
+                continue
+        else:
+            latin = _is_latin(char)
+        kept.append(char)
+    return unicodedata.normalize("NFC", "".join(kept))
+
+
+def _is_latin(char: str) -> bool:
+    code = ord(char)
+    return code < 0x250 or 0x1E00 <= code <= 0x1EFF or 0x2C60 <= code <= 0x2C7F or 0xA720 <= code <= 0xA7FF
+
+
+def keyword_document(text: str) -> str:
+    """What goes into the ``tsvector``: the text's keyword terms, accents folded."""
+    return folded(fts_document(text))
 
 
 def keywords_sql(config: str, body: str, context: str) -> str:

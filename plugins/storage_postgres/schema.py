@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from narrmem_plugins.storage_postgres.escape import unesc
-from narrmem_plugins.storage_postgres.keywords import keyword_tokens
+from narrmem_plugins.storage_postgres.keywords import keyword_document, keyword_tokens, keywords_sql
 
 from narrmem.errors import StoreError
 
@@ -128,6 +128,10 @@ def migrations(dim: int, *, m: int, ef_construction: int) -> list[list[str]]:
         # keeps three to a page instead of four. Pages written before keep their rows until one
         # moves (to a page with room) or `VACUUM FULL memories` rewrites them.
         ["ALTER TABLE memories SET (fillfactor = 75)"],
+        # 6: keyword documents with the accents of Latin letters folded, as SQLite's are
+        # (keywords.folded): the rows whose texts hold one are written again by
+        # :func:`fold_keyword_accents`, which runs right after this step.
+        [],
     ]
 
 
@@ -211,8 +215,37 @@ async def count_keyword_tokens(conn: Any) -> None:
         last = rows[-1][0]
 
 
+# A Latin letter with an accent, precomposed or as a combining mark: what folding may change.
+ACCENTED = "[\u00c0-\u024f\u1e00-\u1eff\u2c60-\u2c7f\ua720-\ua7ff\u0300-\u036f]"
+
+
+async def fold_keyword_accents(conn: Any) -> None:
+    """Write again the keyword documents of rows whose texts hold an accented Latin letter, with
+    the accents folded (a batch at a time; the other rows' documents are already as folding
+    makes them)."""
+    config = await conn.fetchval("SELECT value FROM meta WHERE key = 'text_config'")
+    last = 0
+    while config is not None:
+        rows = await conn.fetch(
+            "SELECT id, COALESCE(embed_text, text), context_text FROM memories "
+            "WHERE id > $1 AND (COALESCE(embed_text, text) ~ $2 OR context_text ~ $2) ORDER BY id LIMIT 5000",
+            last,
+            ACCENTED,
+        )
+        if not rows:
+            return
+        await conn.executemany(
+            f"UPDATE memories SET keywords = {keywords_sql('$1', '$2', '$3')} WHERE id = $4",
+            [
+                (config, keyword_document(unesc(r[1]) or ""), keyword_document(unesc(r[2]) or ""), r[0])
+                for r in rows
+            ],
+        )
+        last = rows[-1][0]
+
+
 # Work in Python that follows a step of SQL, by the version the step brings the schema to.
-AFTER_STEP = {2: count_keyword_tokens}
+AFTER_STEP = {2: count_keyword_tokens, 6: fold_keyword_accents}
 
 
 async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int) -> int:

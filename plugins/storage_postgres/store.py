@@ -20,7 +20,13 @@ import numpy as np
 from narrmem_plugins.storage_postgres.advisory import AdvisoryLock, lock_key
 from narrmem_plugins.storage_postgres.dsn import mask_dsn, scrub
 from narrmem_plugins.storage_postgres.escape import esc, unesc
-from narrmem_plugins.storage_postgres.keywords import bm25_sql, keyword_tokens, keywords_sql
+from narrmem_plugins.storage_postgres.keywords import (
+    bm25_sql,
+    folded,
+    keyword_document,
+    keyword_tokens,
+    keywords_sql,
+)
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
 from narrmem_plugins.storage_postgres.workers_fence import PostgresWorkersFence
@@ -464,8 +470,8 @@ class PostgresStore(ForgetJournal):
             esc(record.context_text),
             record.reinforced_at.isoformat() if record.reinforced_at else None,
             keyword_tokens(record.index_text, record.context_text),
-            fts_document(record.index_text),
-            fts_document(record.context_text or ""),
+            keyword_document(record.index_text),
+            keyword_document(record.context_text or ""),
         )
 
     async def stored_message_ids(self, tenant: str, chat_id: str, message_ids: Sequence[str]) -> set[str]:
@@ -502,8 +508,8 @@ class PostgresStore(ForgetJournal):
                 esc(record.context_text),
                 record.importance,
                 json.dumps(record.meta, ensure_ascii=False, sort_keys=True),
-                fts_document(record.index_text),
-                fts_document(record.context_text or ""),
+                keyword_document(record.index_text),
+                keyword_document(record.context_text or ""),
                 self.text_config,
                 record.id,
                 keyword_tokens(record.index_text, record.context_text),
@@ -548,8 +554,8 @@ class PostgresStore(ForgetJournal):
                 json.dumps(row.meta, ensure_ascii=False, sort_keys=True),
                 keyword_tokens(bodies[row.memory_id], context),
                 self.text_config,
-                fts_document(bodies[row.memory_id]),
-                fts_document(context),
+                keyword_document(bodies[row.memory_id]),
+                keyword_document(context),
                 row.memory_id,
             )
         return [row.memory_id for row in changed]
@@ -930,7 +936,7 @@ class PostgresStore(ForgetJournal):
         context_weight: float = 2 / 3,
         kinds: Sequence[str] | None = None,
     ) -> list[tuple[int, float]]:
-        queries = await self._term_queries(content_terms(query))
+        queries = await self._term_queries(list(dict.fromkeys(folded(t) for t in content_terms(query))))
         if not queries:
             return []
         where, scoped = _scope_clause(scope, start=4 + len(queries))
