@@ -69,14 +69,38 @@ async def stats(memory: MemoryView, tools: ToolRegistry) -> dict[str, Any]:
     }
 
 
-async def users(memory: MemoryView, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+async def users(
+    memory: MemoryView, tenant: str | None, limit: int, after: str | None = None
+) -> list[dict[str, Any]]:
     if tenant is not None:
-        tenant = text_argument(tenant, "tenant", max_chars=MAX_ID_CHARS)
-        if not tenant:
-            raise InputError("must not be empty", field="tenant")
-        if "\x00" in tenant:  # no tenant holds one; PostgreSQL's driver refused it, naming nothing
-            raise InputError("must not hold a NUL character", field="tenant")
-    return await memory.store.users(tenant, limit=int_argument(limit, "limit", high=100_000))
+        tenant = _id_argument(tenant, "tenant")
+    limit = int_argument(limit, "limit", high=100_000)
+    if after is None:
+        return await memory.store.users(tenant, limit=limit)
+    after = _id_argument(after, "after")
+    if tenant is None:
+        raise InputError("pages through one tenant's users: give a tenant", field="after")
+    return await memory.store.users(tenant, limit=limit, after=after)
+
+
+def _id_argument(value: Any, field: str) -> str:
+    text = text_argument(value, field, max_chars=MAX_ID_CHARS)
+    if not text:
+        raise InputError("must not be empty", field=field)
+    if "\x00" in text:  # no id holds one; PostgreSQL's driver refused it, naming nothing
+        raise InputError("must not hold a NUL character", field=field)
+    return text
+
+
+# A store written before tenants() was part of the protocol lists them from its users instead.
+TENANTS_FROM_USERS = 100_000
+
+
+async def tenants(memory: MemoryView) -> list[str]:
+    distinct = getattr(memory.store, "tenants", None)
+    if distinct is not None:
+        return list(await distinct())
+    return sorted({u["tenant"] for u in await memory.store.users(None, limit=TENANTS_FROM_USERS)})
 
 
 async def call_tool(

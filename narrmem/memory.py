@@ -296,8 +296,16 @@ class Memory(MemoryLifecycle):
         return await answers.stats(self, self.tools)
 
     @while_open
-    async def users(self, tenant: str | None = None, *, limit: int = 1000) -> list[dict[str, Any]]:
+    async def users(
+        self, tenant: str | None = None, *, limit: int = 1000, after: str | None = None
+    ) -> list[dict[str, Any]]:
         """Who has memories: per user of ``tenant`` (every tenant if ``None``) how many memories and
-        scenes, in how many chats, and the time of the oldest and newest. For inspection; it reads
-        no memory's text and changes nothing."""
-        return await answers.users(self, tenant, limit)
+        scenes, in how many chats, and the time of the oldest and newest, in user id order. For
+        inspection; it reads no memory's text and changes nothing. ``after`` (with a ``tenant``)
+        gives the next page: the users after this id, the last of the previous page."""
+        return await answers.users(self, tenant, limit, after)
+
+    @while_open
+    async def tenants(self) -> list[str]:
+        """Every tenant with memories, in order. Changes nothing."""
+        return await answers.tenants(self)

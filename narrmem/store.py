@@ -235,11 +235,22 @@ class Store(Protocol):
         """
         ...
 
-    async def users(self, tenant: str | None, *, limit: int = 1000) -> list[dict[str, Any]]:
+    async def users(
+        self, tenant: str | None, *, limit: int = 1000, after: str | None = None
+    ) -> list[dict[str, Any]]:
         """The users with memories (of ``tenant``, or of every tenant when ``None``), ordered by
         tenant and user id, at most ``limit``: ``tenant``, ``user_id``, ``memories``, ``scenes``,
         ``chats``, ``first_at`` and ``last_at`` (creation times of their oldest and newest memory,
-        ISO 8601 UTC). Counts only: no text of any memory."""
+        ISO 8601 UTC). Counts only: no text of any memory.
+
+        ``after``: the next page, the users whose id sorts after this one (the last ``user_id``
+        of the previous page); it needs a ``tenant`` (:class:`~narrmem.errors.InputError` naming
+        ``after`` otherwise), since ids are ordered within a tenant."""
+        ...
+
+    async def tenants(self) -> list[str]:
+        """Every tenant with at least one memory, in order (``SELECT DISTINCT``: no user is
+        read, so no tenant is missed however many users the others have)."""
         ...
 
     async def stats(self) -> dict[str, Any]: ...

@@ -20,12 +20,13 @@ from narrmem.view import MemoryView
 
 Category = Literal["decision", "emotion_change", "milestone", "preference", "general"]
 DIRECT_CHAT = "_direct"  # the chat of a scene added without one
+LIST_WINDOW = 10_000  # the newest scenes that list reads, before its filters and its page
 
 # Which optional fields each action takes; any other given field is an error naming it.
 FIELDS = {
     "add": {"event", "category", "importance", "tags"},
     "search": {"query", "k"},
-    "list": {"category", "min_importance", "tag", "k"},
+    "list": {"category", "min_importance", "tag", "k", "before_id"},
     "get": {"id"},
     "forget": {"id"},
 }
@@ -57,6 +58,13 @@ class SoulNarrativeInput(BaseModel):
     )
     min_importance: float | None = Field(default=None, ge=0.0, le=1.0, description="list: filter")
     tag: str | None = Field(default=None, min_length=1, max_length=100, description="list: filter")
+    before_id: int | None = Field(
+        default=None,
+        ge=1,
+        le=SQLITE_MAX_INT,
+        description="list: the next page, the scenes that come after this one (the last id of the "
+        "previous page) in the list's order, newest first",
+    )
 
     _ids_without_nul = field_validator("user_id", "chat_id", "tenant")(no_nul)
 
@@ -87,6 +95,9 @@ class SoulNarrativeOutput(BaseModel):
     action: str
     scenes: list[SceneOut]
     count: int
+    more: bool = Field(
+        default=False, description="list: more scenes match after these (read them with before_id)"
+    )
 
 
 def _check(args: SoulNarrativeInput) -> None:
@@ -120,6 +131,7 @@ async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNa
     _check(args)
     scope = Scope(tenant=args.tenant, user_id=args.user_id, chat_id=args.chat_id)
     scenes: list[MemoryRecord] = []
+    more = False
     if args.action == "add":
         scenes = [await _add(memory, args)]
     elif args.action == "search":
@@ -131,15 +143,18 @@ async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNa
         found = await memory.store.get([h.id for h in hits], scope)
         scenes = [found[h.id] for h in hits if h.id in found]
     elif args.action == "list":
-        recent = await memory.store.recent(scope, kinds=["scene"], limit=10_000)
+        recent = await memory.store.recent(scope, kinds=["scene"], limit=LIST_WINDOW)
+        if args.before_id is not None:
+            recent = await _after_cursor(memory, scope, recent, args.before_id)
         now = await memory.importance_now(recent) if args.min_importance is not None else {}
-        scenes = [
+        matching = [
             r
             for r in recent
             if (args.category is None or r.meta.get("category") == args.category)
             and (args.min_importance is None or now.get(r.id or 0, r.importance) >= args.min_importance)
             and (args.tag is None or args.tag in r.meta.get("tags", []))
-        ][: args.k]
+        ]
+        scenes, more = matching[: args.k], len(matching) > args.k
     else:
         assert args.id is not None  # _check: get and forget require it
         found = await memory.store.get([args.id], scope)
@@ -150,7 +165,21 @@ async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNa
         if args.action == "forget":
             await memory.store.delete([args.id], scope)
     now = await memory.importance_now(scenes)
-    return SoulNarrativeOutput(action=args.action, scenes=[_out(r, now) for r in scenes], count=len(scenes))
+    return SoulNarrativeOutput(
+        action=args.action, scenes=[_out(r, now) for r in scenes], count=len(scenes), more=more
+    )
+
+
+async def _after_cursor(
+    memory: MemoryView, scope: Scope, recent: list[MemoryRecord], before_id: int
+) -> list[MemoryRecord]:
+    """The scenes of ``recent`` (newest first) listed after scene ``before_id``: a keyset on the
+    list's own order, (created_at, id), so a page stays right when scenes are added meanwhile."""
+    found = (await memory.store.get([before_id], scope)).get(before_id)
+    if found is None or found.kind != "scene":
+        raise InputError("no scene with this id in this scope", field="before_id")
+    cursor = (found.created_at, before_id)
+    return [r for r in recent if (r.created_at, r.id or 0) < cursor]
 
 
 async def _add(memory: MemoryView, args: SoulNarrativeInput) -> MemoryRecord:
@@ -183,7 +212,8 @@ def narrmem_register_tools(register: Callable[[Tool], None]) -> None:
                 "narrative fragment (event) with a category (decision, emotion_change, milestone, "
                 "preference, general), importance 0-1 (how slowly it fades) and tags; 'search' finds "
                 "scenes for a query (k results); 'list' shows scenes filtered by category, "
-                "min_importance (importance now, after decay) or tag; 'get' reads one scene by id; "
+                "min_importance (importance now, after decay) or tag, k at a time (more=true: pass the last "
+                "id as before_id for the next page); 'get' reads one scene by id; "
                 "reading never reinforces; 'forget' deletes one scene by id. Every action needs user_id (and "
                 "takes chat_id and tenant) and sees only that user's scenes."
             ),

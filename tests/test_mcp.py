@@ -69,6 +69,7 @@ VALID: dict[str, dict[str, Any]] = {
     },
     "task_set_state": {"task_id": "Task_idiom_chain", "state": "paused", **SCOPE},
     "task_query": {"limit": 5, **SCOPE},
+    "task_chains": {"limit": 5, **SCOPE},
     "persona_set": {"description": "a cheerful catgirl", "tone": "playful", **SCOPE},
     "persona_get": {**SCOPE},
     "context_rewrite": {

@@ -202,6 +202,7 @@ READS = [
     ("soul_narrative", {"action": "search", "user_id": "ann", "query": "carpenter job"}),
     ("memory_recall", {"user_id": "ann", "chat_id": "dm", "query_intent": "job,cat,cello"}),
     ("task_query", {"user_id": "ann", "chat_id": "dm"}),
+    ("task_chains", {"user_id": "ann"}),
     ("persona_get", {"user_id": "ann"}),
 ]
 

@@ -653,3 +653,137 @@ async def test_an_internal_error_carries_the_headers_of_every_answer(
     assert answer.status_code == 500
     assert answer.headers["x-content-type-options"] == "nosniff"
     assert answer.headers["x-frame-options"] == "DENY"
+
+
+# --- the inspector's reads: paging, tenants, query strings (audit 2026-12) ------------------
+
+
+async def test_users_page_with_after_the_last_user_id(srv: Server) -> None:
+    """The users list stopped at ``limit`` (1000) with no way to the rest."""
+    for n in (3, 1, 5, 2, 4):
+        await srv.client.post("/v1/ingest", json=msg(f"m{n}", "I adopted a cat", user=f"u{n}"))
+    await srv.client.post("/v1/ingest", json=msg("m9", "I adopted a cat", user="u0", tenant="other"))
+    first = (await srv.client.get("/v1/users", params={"limit": 2})).json()
+    assert [u["user_id"] for u in first] == ["u1", "u2"]
+    pages = [first]
+    for _ in range(3):  # bounded: a server that ignored after gave the first page forever
+        after = pages[-1][-1]["user_id"]
+        pages.append((await srv.client.get("/v1/users", params={"limit": 2, "after": after})).json())
+        if len(pages[-1]) < 2:
+            break
+    assert [[u["user_id"] for u in page] for page in pages] == [["u1", "u2"], ["u3", "u4"], ["u5"]]
+    for bad in ("", "u\x00", "u" * 300):
+        refused = await srv.refused(422, "GET", "/v1/users", params={"after": bad})
+        assert refused.json()["detail"][0]["loc"] == ["query", "after"], bad
+    with pytest.raises(InputError) as info:
+        await srv.memory.users(None, after="u1")
+    assert info.value.field == "after"
+
+
+async def test_tenants_come_from_the_store_not_from_a_capped_list_of_users(
+    srv: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/v1/tenants`` was built from the first 100,000 users: the tenants after them vanished."""
+    for tenant in ("zeta", "alpha", "default"):
+        await srv.client.post("/v1/ingest", json=msg(f"m-{tenant}", "I adopted a cat", tenant=tenant))
+    real_users = srv.memory.users
+
+    async def capped(tenant: str | None = None, **options: Any) -> list[dict[str, Any]]:
+        return (await real_users(tenant, **options))[:1]  # as the cap cut a store of many users
+
+    monkeypatch.setattr(srv.memory, "users", capped)
+    assert (await srv.client.get("/v1/tenants")).json() == ["alpha", "default", "zeta"]
+    # A store without tenants() (a third-party one) is still listed, the old way.
+    monkeypatch.setattr(srv.memory, "users", real_users)
+    monkeypatch.delattr(type(srv.memory.store), "tenants")
+    assert (await srv.client.get("/v1/tenants")).json() == ["alpha", "default", "zeta"]
+
+
+async def test_query_values_that_are_not_utf8_are_422_naming_the_parameter(srv: Server) -> None:
+    """Starlette decoded them with replacement: ``user_id=%FF`` read the id U+FFFD, never sent."""
+    await srv.client.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
+    for path, name in [
+        ("/v1/users?tenant=%FF", "tenant"),
+        ("/v1/users?after=%C3", "after"),
+        ("/v1/summary?user_id=%FF", "user_id"),
+        ("/v1/summary?user_id=%ED%A0%80", "user_id"),  # a lone surrogate, encoded as UTF-8 would
+        ("/v1/patterns?depth=1&user_id=%FF%FE", "user_id"),
+        ("/v1/memories/1/history?tenant=%FF", "tenant"),
+        ("/v1/export?tenant=%C3", "tenant"),
+        ("/v1/events?tenant=%80&max_events=1", "tenant"),
+        ("/v1/ingest?acknowledge=%FF", "acknowledge"),
+    ]:
+        method = "POST" if path.startswith("/v1/ingest") else "GET"
+        body = {"json": msg("m2", "I adopted a cat")} if method == "POST" else {}
+        refused = await srv.refused(422, method, path, **body)
+        assert refused.json()["detail"][0]["loc"] == ["query", name], path
+    # What is UTF-8 is read as it was sent.
+    fine = await srv.client.get("/v1/users?tenant=caf%C3%A9+bar")
+    assert fine.status_code == 200 and fine.json() == []
+
+
+async def test_soul_narrative_list_pages_with_before_id(srv: Server) -> None:
+    """The inspector's timeline showed the newest 200 scenes (the tool's most) with no way on."""
+    added = []
+    for n in range(5):
+        srv.memory.clock.advance(minutes=1)
+        body = {"action": "add", "user_id": "u1", "event": f"I finished chapter {n}"}
+        added.append((await srv.client.post("/v1/tools/soul_narrative", json=body)).json()["scenes"][0]["id"])
+    listed: list[int] = []
+    ask: dict[str, Any] = {"action": "list", "user_id": "u1", "k": 2}
+    for _ in range(5):  # bounded, should a cursor not move on
+        page = (await srv.client.post("/v1/tools/soul_narrative", json=ask)).json()
+        listed += [s["id"] for s in page["scenes"]]
+        if not page["more"]:
+            break
+        ask = {**ask, "before_id": listed[-1]}
+    assert listed == added[::-1]
+    for bad, status in ((999, 422), (0, 422), ("x", 422)):
+        refused = await srv.refused(
+            status, "POST", "/v1/tools/soul_narrative", json={**ask, "before_id": bad}
+        )
+        assert "before_id" in refused.text
+    other = await srv.refused(
+        422,
+        "POST",
+        "/v1/tools/soul_narrative",
+        json={"action": "get", "user_id": "u1", "id": 1, "before_id": 1},
+    )
+    assert other.json()["field"] == "before_id"
+    # Another user's scene is no cursor.
+    await srv.client.post(
+        "/v1/tools/soul_narrative", json={"action": "add", "user_id": "u2", "event": "hi there"}
+    )
+    theirs = (
+        await srv.client.post("/v1/tools/soul_narrative", json={"action": "list", "user_id": "u2"})
+    ).json()
+    refused = await srv.refused(
+        422, "POST", "/v1/tools/soul_narrative", json={**ask, "before_id": theirs["scenes"][0]["id"]}
+    )
+    assert refused.json()["field"] == "before_id"
+
+
+async def test_task_chains_lists_every_chat_with_tasks(srv: Server) -> None:
+    """The inspector looked for task chains in the chats of the user's facts only."""
+    tool = "/v1/tools/task_create"
+    for chat, task in (("work", "draft"), ("work", "review"), ("dm", "plan_trip")):
+        body = {"user_id": "u1", "chat_id": chat, "task_id": task, "description": f"{task} it"}
+        assert (await srv.client.post(tool, json=body)).status_code == 200
+    body = {"user_id": "u2", "chat_id": "work", "task_id": "theirs", "description": "not u1's"}
+    await srv.client.post(tool, json=body)
+    await srv.client.post(tool, json={**body, "tenant": "other", "user_id": "u1"})
+    before = await fingerprint(srv.memory)
+    chains = (await srv.client.post("/v1/tools/task_chains", json={"user_id": "u1", "limit": 1})).json()
+    assert await fingerprint(srv.memory) == before  # reading changes nothing
+    assert {c["chat_id"]: (c["total"], [t["task_id"] for t in c["tasks"]]) for c in chains["chains"]} == {
+        "work": (2, ["review"]),
+        "dm": (1, ["plan_trip"]),
+    }
+    only = (await srv.client.post("/v1/tools/task_chains", json={"user_id": "u1", "chat_id": "dm"})).json()
+    assert [c["chat_id"] for c in only["chains"]] == ["dm"]
+
+
+async def test_the_patterns_caption_says_the_counts_are_read_from_the_store(srv: Server) -> None:
+    page = (await srv.client.get("/ui/")).text
+    assert "since it started" not in page
+    assert "Read from the store" in page

@@ -9,7 +9,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from _helpers import msg
 
 from narrmem.clock import ManualClock
 from narrmem.doors.server import create_app
+from narrmem.memory import Memory
+from narrmem.models import MemoryRecord
 from narrmem.testing import open_memory
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -47,8 +49,9 @@ def _free_port() -> int:
 class LiveServer:
     """The app over a seeded memory, served by uvicorn in a thread with its own event loop."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, more: Callable[[Memory], Awaitable[None]] | None = None) -> None:
         self.folder = folder
+        self.more = more  # what a test adds to the seed
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server: uvicorn.Server | None = None
@@ -73,6 +76,8 @@ class LiveServer:
             # A reinforcement in the first scene's history, for the plot to show.
             hits = await mem.recall("quit my job at the bank", user_id="ann", reinforce=False)
             await mem.mark_used([h.id for h in hits[:1]], user_id="ann")
+            if self.more is not None:
+                await self.more(mem)
             app = create_app(mem)
             config = uvicorn.Config(
                 app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
@@ -182,3 +187,164 @@ def test_inspector_in_chromium(live: LiveServer, tmp_path: Path) -> None:
     users = httpx.get(live.url + "/v1/users").json()
     assert [u["user_id"] for u in users] == ["bob"]
     assert all(path.stat().st_size > 10_000 for path in shots)
+
+
+# --- what the audit of 2026-12 found --------------------------------------------------------
+
+MANY_USERS = 1000  # with ann, bob and carl: more than the server's page of 1000
+ALL_USERS = MANY_USERS + 3
+MANY_SCENES = 230  # more than the soul_narrative tool lists at once (200)
+
+
+async def crowd(mem: Memory) -> None:
+    """Many users, a user with many scenes, a task chain in a chat without facts, and another
+    tenant with a user named ann too."""
+    when = NOW - timedelta(days=1)
+
+    def row(user: str, n: int, kind: str = "episode", **meta: Any) -> MemoryRecord:
+        at = when + timedelta(minutes=n)
+        text = f"Core: carl's moment {n}" if kind == "scene" else f"hello {n}"
+        return MemoryRecord(
+            kind=kind, user_id=user, chat_id="c", text=text, created_at=at, stored_at=at,
+            message_ids=[f"{user}-{n}"], meta=meta,
+        )  # fmt: skip
+
+    rows = [row(f"x{n:04d}", n) for n in range(MANY_USERS)]
+    rows += [row("carl", n, "scene", category="general", source="message") for n in range(MANY_SCENES)]
+    await mem.store.add(rows, await mem.embedder.embed([r.text for r in rows]))
+    task = {"user_id": "ann", "chat_id": "work", "task_id": "draft_cv", "description": "write the CV"}
+    await mem.call_tool("task_create", task)
+    await mem.ingest(msg("o1", "I adopted a greyhound named Pixel", user="ann", chat="dm", tenant="other"))
+
+
+@pytest.fixture
+def crowded(tmp_path: Path) -> Iterator[LiveServer]:
+    server = LiveServer(tmp_path / "memory", crowd)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def browser_page(crowded: LiveServer) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is not installed (apt-get install chromium)"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(crowded.url + "/ui/")
+        yield page
+        assert errors == []
+        browser.close()
+
+
+def test_every_user_is_reached_a_page_at_a_time(browser_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    buttons = page.locator("#users button[data-user]")
+    expect(buttons).to_have_count(1000)
+    expect(page.locator("#users-count")).to_contain_text("more exist")
+    page.click("#users-more")
+    expect(buttons).to_have_count(ALL_USERS)
+    expect(page.locator('#users button[data-user="x0999"]')).to_have_count(1)
+    expect(page.locator("#users-more")).to_be_hidden()
+    expect(page.locator("#users-count")).to_have_text(f"{ALL_USERS} users in default")
+
+
+def test_every_scene_is_reached_and_a_cut_timeline_says_so(browser_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.click('#users button[data-user="carl"]')
+    expect(page.locator("#scenes li")).to_have_count(200)
+    expect(page.locator("#scenes-count")).to_contain_text(f"200 of {MANY_SCENES} scenes")
+    page.click("#scenes-more")
+    expect(page.locator("#scenes li")).to_have_count(MANY_SCENES)
+    expect(page.locator("#timeline-plot circle")).to_have_count(MANY_SCENES)
+    expect(page.locator("#scenes-more")).to_be_hidden()
+    expect(page.locator("#scenes-count")).to_have_text(f"{MANY_SCENES} scenes.")
+    expect(page.locator("#scenes li").first).to_contain_text("carl's moment 0")
+
+
+def test_switching_tenant_or_key_leaves_nothing_of_the_user_before(
+    crowded: LiveServer, browser_page: Any
+) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.click('#users button[data-user="ann"]')
+    expect(page.locator("#scenes li").first).to_be_visible()
+    page.fill("#recall-query", "the bank")
+    page.click('#recall-form button[type="submit"]')
+    expect(page.locator("#recall-results .hit").first).to_be_visible()
+
+    page.select_option("#tenant", "other")
+    expect(page.locator('#users button[data-user="ann"]')).to_have_count(1)  # other's ann
+    expect(page.locator("#user-view")).to_be_hidden()
+    expect(page.locator("#empty-view")).to_be_visible()
+    expect(page.locator("#recall-results")).to_be_empty()
+    expect(page.locator("#scenes li")).to_have_count(0)
+    expect(page.locator("#users button.selected")).to_have_count(0)
+    # The old view's buttons, pressed anyway (as a script could), do nothing to other's ann.
+    page.evaluate("document.getElementById('forget-user').click()")
+    page.evaluate("document.querySelector('#recall-form button[type=submit]').click()")
+    expect(page.locator("#confirm")).to_be_hidden()
+    expect(page.locator("#recall-results")).to_be_empty()
+    others = httpx.get(crowded.url + "/v1/users", params={"tenant": "other"}).json()
+    assert [u["user_id"] for u in others] == ["ann"]
+
+    # Another key (a server without keys takes any) resets the view too.
+    page.select_option("#tenant", "default")
+    page.click('#users button[data-user="ann"]')
+    expect(page.locator("#user-view")).to_be_visible()
+    page.evaluate(
+        "const key = document.getElementById('key'); key.value = 'nmk_other';"
+        "key.dispatchEvent(new Event('change'))"
+    )
+    expect(page.locator("#user-view")).to_be_hidden()
+    expect(page.locator("#empty-view")).to_be_visible()
+
+
+def test_forgetting_a_scene_refreshes_the_users_counts(browser_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    ann = page.locator('#users button[data-user="ann"]')
+    ann.click()
+    scenes = page.locator("#scenes li")
+    expect(scenes.first).to_be_visible()
+    count = scenes.count()
+    before = httpx.get(page.url.split("/ui/")[0] + "/v1/users", params={"limit": 1}).json()[0]
+    assert before["user_id"] == "ann" and before["scenes"] == count
+    expect(page.locator("#user-meta")).to_contain_text(f"{before['memories']} memories, {count} scenes")
+    page.locator("#scenes li", has_text="marathon").locator(".forget-scene").click()
+    page.click("#confirm-ok")
+    expect(scenes).to_have_count(count - 1)
+    fresh = f"{before['memories'] - 1} memories, {count - 1} scenes"
+    expect(page.locator("#user-meta")).to_contain_text(fresh)
+    expect(ann).to_contain_text(f"{before['memories'] - 1} memories · {count - 1} scenes")
+    expect(ann).to_have_class("selected")  # the selection is kept
+    expect(page.locator("#scenes-count")).to_have_text(f"{count - 1} scenes.")
+
+
+def test_task_chains_of_chats_without_facts_are_shown(browser_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.click('#users button[data-user="ann"]')
+    expect(page.locator("#facts")).to_contain_text("quit their job at the bank")  # in dm-ann
+    expect(page.locator("#tasks")).to_contain_text("Task chain in work: draft_cv [in_progress] write the CV")
+
+
+def test_the_patterns_caption_says_where_the_counts_come_from(browser_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.click('#users button[data-user="ann"]')
+    expect(page.locator("#patterns-panel")).to_contain_text("Read from the store")
+    expect(page.locator("#patterns-panel")).not_to_contain_text("since it started")

@@ -608,6 +608,36 @@ async def test_users_are_listed_by_tenant_with_counts(store: Any) -> None:
     assert len(await store.users(None, limit=1)) == 1
 
 
+async def test_users_page_by_user_id_within_a_tenant(store: Any) -> None:
+    await add(
+        store,
+        *(record(f"m{n}", user=f"u{n}", minutes=n) for n in (3, 1, 4, 2)),
+        record("other tenant", tenant="t2", user="u9"),
+    )
+    first = await store.users("default", limit=2)
+    assert [r["user_id"] for r in first] == ["u1", "u2"]
+    rest = await store.users("default", limit=2, after=first[-1]["user_id"])
+    assert [r["user_id"] for r in rest] == ["u3", "u4"]
+    assert await store.users("default", limit=2, after="u4") == []
+    # A cursor that names no user still pages by order: the ids after it.
+    assert [r["user_id"] for r in await store.users("default", after="u2x")] == ["u3", "u4"]
+    with pytest.raises(InputError) as info:
+        await store.users(None, after="u1")
+    assert info.value.field == "after"
+
+
+async def test_tenants_are_listed_distinct_and_in_order(store: Any) -> None:
+    assert await store.tenants() == []
+    await add(
+        store,
+        record("a", tenant="zeta"),
+        record("b", tenant="alpha", user="u2"),
+        record("c", tenant="alpha", user="u3"),
+        record("d"),
+    )
+    assert await store.tenants() == ["alpha", "default", "zeta"]
+
+
 # --- plugin tables (store.sql()) ------------------------------------------------------------------
 
 TABLE = """CREATE TABLE IF NOT EXISTS demo_notes (

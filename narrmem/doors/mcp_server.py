@@ -35,7 +35,7 @@ log = logging.getLogger("narrmem.mcp")
 TOOL_GROUPS: dict[str, tuple[str, ...]] = {
     "core": ("narrmem_ingest", "narrmem_recall"),
     "graph": ("memory_commit", "memory_recall", "memory_purge", "context_rewrite"),
-    "tasks": ("task_create", "task_set_state", "task_query"),
+    "tasks": ("task_create", "task_set_state", "task_query", "task_chains"),
     "persona": ("persona_set", "persona_get"),
     "narrative": ("soul_narrative",),
     "rtm": (
@@ -260,7 +260,8 @@ _GUIDE = {
     ),
     "tasks": (
         "For work that spans turns, task_create records the task in the chat's chain, task_set_state "
-        "moves it (in_progress, paused, done, cancelled) and task_query lists the chain."
+        "moves it (in_progress, paused, done, cancelled) and task_query lists the chain (task_chains: "
+        "every chat's)."
     ),
     "persona": "persona_get tells who you are for this user; persona_set changes it only when asked.",
     "narrative": "soul_narrative keeps the user's life events (decisions, turning points) as a story.",

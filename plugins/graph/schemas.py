@@ -284,6 +284,20 @@ class TaskQueryOutput(_Strict):
     tasks: list[TaskOut]
 
 
+class TaskChainsInput(ScopeArgs):
+    limit: int = Field(default=20, ge=1, le=200, description="at most this many tasks of each chain")
+
+
+class TaskChainOut(_Strict):
+    chat_id: str
+    tasks: list[TaskOut] = Field(description="the chain, newest first, at most limit")
+    total: int = Field(description="how many tasks the chain holds (more than tasks: cut at limit)")
+
+
+class TaskChainsOutput(_Strict):
+    chains: list[TaskChainOut] = Field(description="every chat of the user with tasks, newest task first")
+
+
 # --- persona ------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.nodes import nodes_in_scope
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.persona import persona_for, set_persona
 from narrmem_plugins.graph.purge import purge
@@ -32,6 +33,9 @@ from narrmem_plugins.graph.schemas import (
     RewriteInput,
     RewriteOutput,
     ScopeArgs,
+    TaskChainOut,
+    TaskChainsInput,
+    TaskChainsOutput,
     TaskCreateInput,
     TaskCreateOutput,
     TaskOut,
@@ -195,6 +199,22 @@ async def task_query_tool(ctx: GraphContext, memory: MemoryView, args: TaskQuery
     return TaskQueryOutput(tasks=[TaskOut(**t.as_dict()) for t in tasks])
 
 
+async def task_chains_tool(ctx: GraphContext, memory: MemoryView, args: TaskChainsInput) -> TaskChainsOutput:
+    scope = _scope(args)
+    chains: list[TaskChainOut] = []
+    async with ctx.backend().read() as db:
+        # A chat's chain is found from its task nodes, not from the user's facts or memories: a
+        # task may be all the user has in a chat.
+        chats = sorted({n.chat_id for n in await nodes_in_scope(db, scope, node_type="TaskNode")})
+        for chat in chats:
+            tasks = await load_tasks(db, GraphScope(scope.tenant, scope.user_id, chat))
+            if tasks:
+                out = [TaskOut(**t.as_dict()) for t in tasks[: args.limit]]
+                chains.append(TaskChainOut(chat_id=chat, tasks=out, total=len(tasks)))
+    chains.sort(key=lambda c: c.tasks[0].created_at, reverse=True)
+    return TaskChainsOutput(chains=chains)
+
+
 async def persona_set_tool(ctx: GraphContext, memory: MemoryView, args: PersonaSetInput) -> PersonaSetOutput:
     graph = ctx.backend()
     async with graph.transaction() as db:
@@ -303,6 +323,16 @@ TOOLS: list[ToolSpec[GraphContext]] = [
         input_model=TaskQueryInput,
         output_model=TaskQueryOutput,
         handler=task_query_tool,
+    ),
+    ToolSpec(
+        name="task_chains",
+        description=(
+            "Every chat's working memory chain of the user (or of chat_id only), newest task first: "
+            "chat_id, its tasks (as task_query gives them, at most limit) and total. Reads only." + SCOPE_NOTE
+        ),
+        input_model=TaskChainsInput,
+        output_model=TaskChainsOutput,
+        handler=task_chains_tool,
     ),
     ToolSpec(
         name="persona_set",

@@ -35,7 +35,7 @@ from pgvector.asyncpg import register_vector
 
 from narrmem import jsonio
 from narrmem.clock import Clock, SystemClock
-from narrmem.errors import StoreError
+from narrmem.errors import InputError, StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
     FORGET_JOB_COLUMNS,
@@ -53,7 +53,7 @@ from narrmem.store import (
     plain_value,
     with_context_writes,
 )
-from narrmem.text import content_terms, fts_document
+from narrmem.text import content_terms
 
 log = logging.getLogger("narrmem.storage_postgres")
 
@@ -1040,8 +1040,14 @@ class PostgresStore(ForgetJournal):
         )
         return [_record(r) for r in rows]
 
-    async def users(self, tenant: str | None, *, limit: int = 1000) -> list[dict[str, Any]]:
+    async def users(
+        self, tenant: str | None, *, limit: int = 1000, after: str | None = None
+    ) -> list[dict[str, Any]]:
         where, params = ("WHERE tenant = $2", [tenant]) if tenant is not None else ("", [])
+        if after is not None:
+            if tenant is None:
+                raise InputError("pages through one tenant's users: give a tenant", field="after")
+            where, params = "WHERE tenant = $2 AND user_id > $3", [tenant, after]
         rows = await self.pool.fetch(
             "SELECT tenant, user_id, COUNT(*), COUNT(*) FILTER (WHERE kind = 'scene'), "
             f"COUNT(DISTINCT chat_id), MIN(created_ts), MAX(created_ts) FROM memories {where} "
@@ -1061,6 +1067,10 @@ class PostgresStore(ForgetJournal):
             }
             for r in rows
         ]
+
+    async def tenants(self) -> list[str]:
+        rows = await self.pool.fetch("SELECT DISTINCT tenant FROM memories ORDER BY tenant")
+        return [str(r[0]) for r in rows]
 
     async def stats(self) -> dict[str, Any]:
         kinds = {

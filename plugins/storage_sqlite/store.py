@@ -38,7 +38,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 
 from narrmem import jsonio
 from narrmem.clock import Clock, SystemClock
-from narrmem.errors import StoreError
+from narrmem.errors import InputError, StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
     FORGET_JOB_COLUMNS,
@@ -1448,8 +1448,14 @@ class SQLiteStore(ForgetJournal):
             return "fts5 (tantivy building)"
         return "fts5"
 
-    async def users(self, tenant: str | None, *, limit: int = 1000) -> list[dict[str, Any]]:
+    async def users(
+        self, tenant: str | None, *, limit: int = 1000, after: str | None = None
+    ) -> list[dict[str, Any]]:
         where, params = ("WHERE tenant = ?", [tenant]) if tenant is not None else ("", [])
+        if after is not None:
+            if tenant is None:
+                raise InputError("pages through one tenant's users: give a tenant", field="after")
+            where, params = "WHERE tenant = ? AND user_id > ?", [tenant, after]
         rows = await self._fetchall(
             "SELECT tenant, user_id, COUNT(*), SUM(kind = 'scene'), COUNT(DISTINCT chat_id), "
             f"MIN(created_ts), MAX(created_ts) FROM memories {where} "
@@ -1468,6 +1474,10 @@ class SQLiteStore(ForgetJournal):
             }
             for t, u, n, scenes, chats, first, last in rows
         ]
+
+    async def tenants(self) -> list[str]:
+        rows = await self._fetchall("SELECT DISTINCT tenant FROM memories ORDER BY tenant")
+        return [str(r[0]) for r in rows]
 
     async def _vector_ids(self) -> np.ndarray:
         rows = await self._fetchall("SELECT id FROM memories WHERE vector IS NOT NULL ORDER BY id")

@@ -31,6 +31,7 @@ from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
 from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
+from narrmem.doors.server.query import QueryUTF8
 from narrmem.doors.server.schemas import (
     ContextBody,
     DeleteMessages,
@@ -61,6 +62,15 @@ AcknowledgeParam = Annotated[
     ),
 ]
 UserParam = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(no_nul)]
+AfterParam = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description="the next page: users after this id (the last user_id of the previous page)",
+    ),
+    AfterValidator(no_nul),
+]
 
 
 @dataclass
@@ -94,6 +104,7 @@ def create_app(
     state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch)
     app = _build(state, ui=ui)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(QueryUTF8)
     app.add_middleware(SecurityHeaders)
     if allowed_hosts is not None:
         # A page of any site whose name was made to resolve to 127.0.0.1 (DNS rebinding) is of the
@@ -396,7 +407,7 @@ def _inspect_routes(r: APIRouter) -> None:
         """The tenants this caller reaches (with memories, for a server without keys)."""
         if caller.tenant is not None:
             return [caller.tenant]
-        return sorted({u["tenant"] for u in await state.memory.users(None, limit=100_000)})
+        return await state.memory.tenants()
 
     @r.get("/users", tags=["read"])
     async def users(
@@ -404,9 +415,11 @@ def _inspect_routes(r: APIRouter) -> None:
         state: State,
         tenant: TenantParam = None,
         limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+        after: AfterParam = None,
     ) -> list[dict[str, Any]]:
-        """The tenant's users with memory counts (no memory's text)."""
-        return await state.memory.users(_tenant(caller, tenant), limit=limit)
+        """The tenant's users with memory counts (no memory's text), in user id order, at most
+        ``limit``: a full page may have more after it, read with ``after`` = its last user_id."""
+        return await state.memory.users(_tenant(caller, tenant), limit=limit, after=after)
 
     @r.get("/patterns", tags=["read"])
     async def patterns(

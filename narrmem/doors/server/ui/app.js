@@ -8,7 +8,21 @@ const COLORS = {
   decision: "#2f6f8f", emotion_change: "#b5651d", milestone: "#3c8d40",
   preference: "#7b4fa0", general: "#6a7077",
 };
-const state = { tenant: null, user: null, scenes: [], selected: null };
+// Pages as the server and the soul_narrative tool give them at most; a page_size in the page's
+// address makes them smaller (to look at paging without thousands of rows).
+const USERS_PAGE = pageSize("users_page", 1000);
+const SCENES_PAGE = pageSize("scenes_page", 200);
+// user: the picked user's row of /users (its counts fill the header); view: bumped whenever the
+// view is reset or another user is picked, so an answer for the view before is dropped.
+const state = {
+  tenant: null, users: [], usersMore: false, user: null,
+  scenes: [], scenesMore: false, selected: null, view: 0,
+};
+
+function pageSize(name, most) {
+  const asked = Number(new URLSearchParams(location.search).get(name));
+  return Number.isInteger(asked) && asked > 0 ? Math.min(asked, most) : most;
+}
 
 function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
@@ -63,6 +77,9 @@ const tool = (name, args) => api("POST", "/tools/" + encodeURIComponent(name),
 // --- tenants and users ------------------------------------------------------------------------
 
 async function loadTenants() {
+  resetView();
+  state.users = [];
+  $("users").replaceChildren();
   try {
     const tenants = await api("GET", "/tenants");
     const select = $("tenant");
@@ -79,29 +96,82 @@ async function loadTenants() {
   }
 }
 
-async function loadUsers() {
-  const users = await api("GET", "/users" + q({ tenant: state.tenant }));
-  $("users").replaceChildren(...users.map((u) => h("li", {},
-    h("button", { "data-user": u.user_id, onclick: () => pickUser(u) },
+// What was shown of one tenant's user must not stay on screen once another tenant (or key) is
+// chosen: its buttons would act on the same-named user of the new tenant.
+function resetView() {
+  state.view += 1;
+  state.user = null;
+  state.scenes = [];
+  state.scenesMore = false;
+  state.selected = null;
+  $("user-view").hidden = true;
+  $("empty-view").hidden = false;
+  $("importance-panel").hidden = true;
+  $("recall-results").replaceChildren();
+  $("scenes").replaceChildren();
+  $("timeline-plot").replaceChildren();
+  for (const b of document.querySelectorAll("#users button.selected")) b.classList.remove("selected");
+}
+
+// The first page of users; ``again``: as many as are shown now, to refresh their counts.
+async function loadUsers(again = false) {
+  const tenant = state.tenant;
+  const want = again ? Math.min(Math.max(state.users.length, USERS_PAGE), 99_999) : USERS_PAGE;
+  const page = await api("GET", "/users" + q({ tenant, limit: want + 1 }));
+  if (tenant !== state.tenant) return;
+  state.users = page.slice(0, want);
+  state.usersMore = page.length > want;
+  drawUsers();
+  if (!again) status($("users-count").textContent);
+}
+
+async function moreUsers() {
+  const tenant = state.tenant;
+  const last = state.users[state.users.length - 1];
+  try {
+    const page = await api("GET", "/users" + q({ tenant, limit: USERS_PAGE + 1, after: last.user_id }));
+    if (tenant !== state.tenant) return;
+    state.users.push(...page.slice(0, USERS_PAGE));
+    state.usersMore = page.length > USERS_PAGE;
+    drawUsers();
+  } catch (e) { status(e.message, true); }
+}
+
+function drawUsers() {
+  const picked = state.user && state.user.user_id;
+  $("users").replaceChildren(...state.users.map((u) => h("li", {},
+    h("button", { "data-user": u.user_id, class: u.user_id === picked ? "selected" : undefined,
+      onclick: () => pickUser(u) },
       u.user_id, h("small", {}, `${u.memories} memories · ${u.scenes} scenes`)))));
-  status(`${users.length} users in ${state.tenant}`);
+  const n = state.users.length;
+  const told = state.usersMore ? `${n} users shown in ${state.tenant}; more exist` : `${n} users in ${state.tenant}`;
+  $("users-count").textContent = told;
+  $("users-more").hidden = !state.usersMore;
+}
+
+function drawHeader(u) {
+  $("user-title").textContent = u.user_id;
+  $("user-meta").textContent = `${u.memories} memories, ${u.scenes} scenes, ${u.chats} chats · ` +
+    `first ${u.first_at.slice(0, 10)} · last ${u.last_at.slice(0, 10)}`;
 }
 
 async function pickUser(u) {
-  state.user = u.user_id;
-  state.selected = null;
+  resetView();
+  state.user = u;
   for (const b of document.querySelectorAll("#users button")) {
     b.classList.toggle("selected", b.dataset.user === u.user_id);
   }
   $("empty-view").hidden = true;
   $("user-view").hidden = false;
-  $("importance-panel").hidden = true;
-  $("recall-results").replaceChildren();
-  $("user-title").textContent = u.user_id;
-  $("user-meta").textContent = `${u.memories} memories, ${u.scenes} scenes, ${u.chats} chats · ` +
-    `first ${u.first_at.slice(0, 10)} · last ${u.last_at.slice(0, 10)}`;
+  drawHeader(u);
   await Promise.all([loadScenes(), loadSummary(), loadGraph(), loadPatterns()].map(
     (p) => p.catch((e) => status(e.message, true))));
+}
+
+// Every loader reads for the user picked when it began, and draws nothing once another view is up.
+function current() {
+  const view = state.view;
+  return () => view === state.view;
 }
 
 // --- scenes on a timeline ---------------------------------------------------------------------
@@ -116,11 +186,38 @@ function sceneField(text, labels) {
   return null;
 }
 
+// Scenes come newest first, a page at a time; the next page starts after the last one listed.
 async function loadScenes() {
-  const out = await tool("soul_narrative", { action: "list", user_id: state.user, k: 200 });
-  state.scenes = out.scenes.sort((a, b) => a.created_at.localeCompare(b.created_at));
-  drawTimeline();
-  $("scenes").replaceChildren(...state.scenes.map(sceneItem));
+  const still = current();
+  const out = await tool("soul_narrative", { action: "list", user_id: state.user.user_id, k: SCENES_PAGE });
+  if (!still()) return;
+  state.scenes = out.scenes;
+  state.scenesMore = out.more;
+  drawScenes();
+}
+
+async function moreScenes() {
+  const still = current();
+  const last = state.scenes[state.scenes.length - 1];
+  try {
+    const out = await tool("soul_narrative",
+      { action: "list", user_id: state.user.user_id, k: SCENES_PAGE, before_id: last.id });
+    if (!still()) return;
+    state.scenes.push(...out.scenes);
+    state.scenesMore = out.more;
+    drawScenes();
+  } catch (e) { status(e.message, true); }
+}
+
+function drawScenes() {
+  const inOrder = [...state.scenes].sort((a, b) => a.created_at.localeCompare(b.created_at));
+  drawTimeline(inOrder);
+  $("scenes").replaceChildren(...inOrder.map(sceneItem));
+  const total = state.user.scenes;
+  $("scenes-count").textContent = state.scenesMore
+    ? `The newest ${state.scenes.length} of ${total} scenes; older ones are not shown yet.`
+    : `${state.scenes.length} scenes.`;
+  $("scenes-more").hidden = !state.scenesMore;
 }
 
 function sceneItem(scene) {
@@ -141,9 +238,8 @@ function sceneItem(scene) {
       h("button", { class: "danger forget-scene", onclick: () => forgetScene(scene) }, "Forget…")));
 }
 
-function drawTimeline() {
+function drawTimeline(scenes) {
   const box = $("timeline-plot");
-  const scenes = state.scenes;
   if (!scenes.length) {
     box.replaceChildren(h("p", { class: "muted" }, "No scenes yet."));
     return;
@@ -174,11 +270,13 @@ function drawTimeline() {
 // --- importance over time ---------------------------------------------------------------------
 
 async function showImportance(scene) {
+  const still = current();
   state.selected = scene.id;
   for (const li of document.querySelectorAll("#scenes li")) {
     li.classList.toggle("selected", li.dataset.scene === String(scene.id));
   }
   const history = await api("GET", `/memories/${scene.id}/history` + q({ tenant: state.tenant }));
+  if (!still()) return;
   $("importance-panel").hidden = false;
   $("importance-title").textContent = `scene ${scene.id}, ${scene.category}`;
   drawImportance(history);
@@ -251,16 +349,19 @@ function drawImportance(hist) {
 
 async function runRecall(event) {
   event.preventDefault();
+  if (!state.user) return;
+  const still = current();
   const box = $("recall-results");
   box.replaceChildren(h("p", { class: "muted" }, "recalling…"));
   try {
     const hits = await api("POST", "/recall", {
       query: $("recall-query").value,
-      scope: { tenant: state.tenant, user_id: state.user },
+      scope: { tenant: state.tenant, user_id: state.user.user_id },
       k: Number($("recall-k").value) || 5,
       reinforce: false,
       explain: true,
     });
+    if (!still()) return;
     if (!hits.length) {
       box.replaceChildren(h("p", { class: "muted no-hits" }, "Nothing clears the relevance floor."));
       return;
@@ -283,47 +384,59 @@ async function runRecall(event) {
           h("span", {}, "age ", h("b", {}, `${Number(w.age_days || 0).toFixed(1)} d`))));
     }));
   } catch (e) {
-    box.replaceChildren(h("p", { class: "error" }, e.message));
+    if (still()) box.replaceChildren(h("p", { class: "error" }, e.message));
   }
 }
 
 // --- summary, graph, patterns -----------------------------------------------------------------
 
 async function loadSummary() {
+  if (!state.user) return;
+  const still = current();
   const depth = Number($("summary-depth").value);
   $("summary-depth-value").textContent = depth;
   try {
-    const out = await api("GET", "/summary" + q({ tenant: state.tenant, user_id: state.user, depth }));
+    const out = await api("GET", "/summary" + q({ tenant: state.tenant, user_id: state.user.user_id, depth }));
+    if (!still()) return;
     $("summary-depth").max = Math.max(1, out.maxDepth || 1);
     $("summary").textContent = out.retelling || "(nothing to tell yet)";
   } catch (e) {
-    $("summary").textContent = e.message;
+    if (still()) $("summary").textContent = e.message;
   }
 }
 
+const TASKS_PER_CHAIN = 20;
+
 async function loadGraph() {
-  const persona = await tool("persona_get", { user_id: state.user });
+  const still = current();
+  const user = state.user.user_id;
+  const [persona, graph, chains] = await Promise.all([
+    tool("persona_get", { user_id: user }),
+    tool("memory_recall", { user_id: user, query_intent: "user", depth: 3 }),
+    // Every chat with tasks, those without facts too (the chats of the facts missed them).
+    tool("task_chains", { user_id: user, limit: TASKS_PER_CHAIN }),
+  ]);
+  if (!still()) return;
   $("persona").replaceChildren(h("p", {}, h("b", {}, "Persona: "),
     persona.persona ? persona.rendered : h("span", { class: "muted" }, "none set")));
-  const graph = await tool("memory_recall", { user_id: state.user, query_intent: "user", depth: 3 });
   const rows = graph.edges.map((e) => h("tr", {},
     h("td", {}, e.subject), h("td", {}, e.relation + (e.speculative ? " (speculative)" : "")),
     h("td", {}, e.object), h("td", {}, fmt(e.confidence)), h("td", {}, `${e.count}×`)));
   if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No facts.")));
   $("facts").tBodies[0].replaceChildren(...rows);
-  const chats = [...new Set(graph.edges.map((e) => e.chat_id))].slice(0, 5);
-  const parts = [];
-  for (const chat of chats) {
-    const tasks = await tool("task_query", { user_id: state.user, chat_id: chat });
-    parts.push(h("p", {}, h("b", {}, `Task chain in ${chat}: `),
-      tasks.tasks.length ? tasks.tasks.map((t) => `${t.task_id} [${t.state}] ${t.description}`).join(" ← ")
-        : h("span", { class: "muted" }, "none")));
-  }
+  const parts = chains.chains.map((chain) => h("p", { "data-chat": chain.chat_id },
+    h("b", {}, `Task chain in ${chain.chat_id}: `),
+    chain.tasks.map((t) => `${t.task_id} [${t.state}] ${t.description}`).join(" ← "),
+    chain.total > chain.tasks.length
+      ? h("span", { class: "muted" }, ` (the newest ${chain.tasks.length} of ${chain.total} tasks)`) : ""));
+  if (!parts.length) parts.push(h("p", { class: "muted" }, "No task chains."));
   $("tasks").replaceChildren(...parts);
 }
 
 async function loadPatterns() {
-  const p = await api("GET", "/patterns" + q({ tenant: state.tenant, user_id: state.user }));
+  const still = current();
+  const p = await api("GET", "/patterns" + q({ tenant: state.tenant, user_id: state.user.user_id }));
+  if (!still()) return;
   const rows = p.counts.map((c) => h("tr", {}, h("td", {}, c.kind), h("td", {}, c.label), h("td", {}, c.at_least ? `${c.count}+` : c.count)));
   if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "None seen yet.")));
   $("counts").tBodies[0].replaceChildren(...rows);
@@ -356,32 +469,62 @@ function confirmStep(title, text, expected) {
 }
 
 async function forgetScene(scene) {
+  if (!state.user) return;
+  const { tenant, view } = state;
+  const user = state.user.user_id;
   const core = sceneField(scene.text, ["Core: ", "核心："]) || scene.text;
   if (!await confirmStep("Forget this scene?", `“${core}” will be deleted for good.`)) return;
+  if (view !== state.view) return;  // another tenant or user came up meanwhile
   try {
-    await tool("soul_narrative", { action: "forget", user_id: state.user, id: scene.id });
+    await api("POST", "/tools/soul_narrative", { action: "forget", user_id: user, id: scene.id, tenant });
     status(`scene ${scene.id} forgotten`);
     if (state.selected === scene.id) $("importance-panel").hidden = true;
-    await loadScenes();
+    await refreshUser();
   } catch (e) { status(e.message, true); }
 }
 
+// After a forget the user's counts changed: the list (as much of it as is shown, the selection
+// kept) and the header are drawn again from fresh rows.
+async function refreshUser() {
+  const still = current();
+  const user = state.user.user_id;
+  await loadUsers(true);
+  if (!still()) return;
+  const fresh = state.users.find((u) => u.user_id === user);
+  if (!fresh) {  // nothing of theirs is left
+    resetView();
+    return;
+  }
+  state.user = fresh;
+  drawUsers();
+  drawHeader(fresh);
+  await loadScenes();
+}
+
 async function forgetUser() {
-  const user = state.user;
+  if (!state.user) return;
+  const { tenant, view } = state;
+  const user = state.user.user_id;
   if (!await confirmStep("Forget this user?",
-    `Every memory, fact, summary and count of ${user} in ${state.tenant} will be deleted for good.`, user)) return;
+    `Every memory, fact, summary and count of ${user} in ${tenant} will be deleted for good.`, user)) return;
+  if (view !== state.view) return;
   try {
-    await api("POST", "/forget", { tenant: state.tenant, user_id: user });
+    await api("POST", "/forget", { tenant, user_id: user });
     status(`${user} forgotten`);
-    $("user-view").hidden = true;
-    $("empty-view").hidden = false;
-    await loadUsers();
+    resetView();
+    await loadUsers(true);
   } catch (e) { status(e.message, true); }
 }
 
 // --- wiring -----------------------------------------------------------------------------------
 
-$("tenant").addEventListener("change", () => { state.tenant = $("tenant").value; loadUsers(); });
+$("tenant").addEventListener("change", () => {
+  state.tenant = $("tenant").value;
+  resetView();
+  loadUsers().catch((e) => status(e.message, true));
+});
+$("users-more").addEventListener("click", moreUsers);
+$("scenes-more").addEventListener("click", moreScenes);
 $("key").addEventListener("change", () => {
   sessionStorage.setItem("narrmem-key", $("key").value.trim());
   loadTenants();
