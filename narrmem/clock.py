@@ -29,7 +29,11 @@ class ManualClock:
         return self._now
 
     def advance(self, **delta: float) -> datetime:
-        self._now = self._now + timedelta(**delta)
+        """Move on by ``delta`` of time that passes: ``hours=3`` across a change to or from daylight
+        saving time is three hours, whatever the clock's zone shows (an aware datetime's own
+        arithmetic is wall-clock: it moved four, and ``days=1`` 23 hours in spring)."""
+        zone = self._now.tzinfo
+        self._now = (self._now.astimezone(UTC) + timedelta(**delta)).astimezone(zone)
         return self._now
 
     def set(self, when: datetime) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +57,20 @@ def test_normalised_fusion_scores_do_not_follow_the_hash_seed() -> None:
         assert done.returncode == 0, done.stderr
         seen.add(done.stdout)
     assert len(seen) == 1, seen
+
+
+def test_a_manual_clock_advances_by_time_that_passes_across_daylight_saving() -> None:
+    """An aware datetime's own arithmetic is wall-clock time: three hours from 00:30 on the day
+    California leaves daylight saving time were four, and a day in spring 23 hours."""
+    from zoneinfo import ZoneInfo
+
+    california = ZoneInfo("America/Los_Angeles")
+    clock = ManualClock(datetime(2026, 11, 1, 0, 30, tzinfo=california))
+    before = clock.now()
+    after = clock.advance(hours=3)
+    assert after.astimezone(UTC) - before.astimezone(UTC) == timedelta(hours=3)
+    assert after.tzinfo is california
+    assert (after.hour, after.utcoffset()) == (2, timedelta(hours=-8))
+    spring = ManualClock(datetime(2026, 3, 7, 12, 0, tzinfo=california))
+    start = spring.now()
+    assert spring.advance(days=1).astimezone(UTC) - start.astimezone(UTC) == timedelta(days=1)
