@@ -775,3 +775,22 @@ async def test_a_long_texts_work_runs_off_the_event_loop(tmp_path: Path, monkeyp
         ensemble = {"text": story + " Peace came.", "title": "K", "ensembleSize": 50}
         await memory.call_tool("rtm_generate_ensemble", ensemble)
     assert on_loop == []
+
+
+async def test_the_tree_built_last_is_found_by_its_time_not_its_text(tmp_path: Path) -> None:
+    """Trees were ordered by their creation time's text: with a clock in a zone that left daylight
+    saving time between two builds, the later (01:10-08:00) sorted before the earlier (01:50-07:00)
+    and a traverse by text used the older tree."""
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    from narrmem.clock import ManualClock
+
+    california = ZoneInfo("America/Los_Angeles")
+    clock = ManualClock(datetime(2026, 11, 1, 8, 50, tzinfo=UTC).astimezone(california))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.call_tool(CREATE, {"text": STORY, "title": TITLE, "maxBranchingFactor": 2})
+        clock.advance(minutes=20)  # 01:10 in the zone, an hour earlier on its face
+        later = await memory.call_tool(CREATE, {"text": STORY, "title": TITLE, "maxBranchingFactor": 3})
+        found = await memory.call_tool(TRAVERSE, {"text": STORY, "title": TITLE, "traversalDepth": 2})
+        assert found["treeId"] == later["treeId"]

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any, Literal
 
 import numpy as np
@@ -137,7 +138,7 @@ async def get_or_build(
         text_sha=ident["textSha"],
         params=params,
         tree=tree,
-        created_at=memory.clock.now().isoformat(),
+        created_at=memory.clock.now().astimezone(UTC).isoformat(),
     )
     written = await trees.put(row)
     if not written:  # built concurrently by another call: keep the one stored first

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from narrmem_plugins.rtm.tree import Tree
@@ -110,11 +111,19 @@ class SQLTreeStore:
         return await self._one("WHERE tree_id = ? AND tenant = ?", (tree_id, tenant))
 
     async def latest(self, tenant: str, title: str, text_sha: str) -> StoredTree | None:
-        return await self._one(
-            "WHERE tenant = ? AND title = ? AND text_sha = ? "
-            f"ORDER BY created_at DESC, {self._order} DESC LIMIT 1",
-            (tenant, title, text_sha),
-        )
+        # Ordered by the times they stand for, not by their text: a tree built at 01:10-08:00
+        # sorted before one built twenty minutes earlier at 01:50-07:00 (a clock in a zone that
+        # left daylight saving time between, or trees imported from a store in another zone).
+        async with self._store.sql() as db:
+            rows = await db.fetchall(
+                f"SELECT tree_id, created_at, {self._order} FROM rtm_trees "
+                "WHERE tenant = ? AND title = ? AND text_sha = ?",
+                (tenant, title, text_sha),
+            )
+        if not rows:
+            return None
+        newest = max(rows, key=lambda r: (_instant(r[1]), r[2]))
+        return await self.get(tenant, newest[0])
 
     async def _one(self, where: str, params: tuple[Any, ...]) -> StoredTree | None:
         async with self._store.sql() as db:
@@ -200,3 +209,12 @@ class MemoryTreeStore:
 
     async def count(self) -> int:
         return len(self._rows)
+
+
+def _instant(created_at: str) -> float:
+    """A tree's creation time as a number (a time that cannot be read sorts first)."""
+    try:
+        when = datetime.fromisoformat(created_at)
+    except ValueError:
+        return float("-inf")
+    return when.timestamp() if when.tzinfo is not None else float("-inf")
