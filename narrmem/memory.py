@@ -154,12 +154,15 @@ class Memory(MemoryLifecycle):
         reinforce: bool = True,
         reinforce_reason: Literal["relevance", "tool"] = "relevance",
         exclude_message_ids: Sequence[str] = (),
+        asked_at: datetime | None = None,
     ) -> list[Hit]:
         """At most ``k`` memories that answer ``query`` inside the scope, best first, each saying why
         it ranked (``Hit.why``); only those over the relevance floor, so fewer is normal. A few of
         the most relevant are reinforced (``reinforce=False``: a read-only probe). Memories only
-        from ``exclude_message_ids`` (the message being answered) are left out. See the README's
-        Recall section for snippets and the floor."""
+        from ``exclude_message_ids`` (the message being answered) are left out. ``asked_at``, the
+        question's time with the asker's UTC offset (the message's ``ts``), makes "yesterday" and
+        "last Monday" days of the asker's calendar; without it they are the memory's clock's. See
+        the README's Recall section for snippets and the floor."""
         request = opening.model_argument(
             RecallRequest,
             query=query,
@@ -170,6 +173,7 @@ class Memory(MemoryLifecycle):
             reinforce=reinforce and not self.read_only,
             reason=reinforce_reason,
             exclude_message_ids=list(exclude_message_ids),
+            asked_at=asked_at,
         )
         return await recall_pipeline.run(self, request)
 
@@ -184,14 +188,20 @@ class Memory(MemoryLifecycle):
         k: int = 8,
         exclude_message_ids: Sequence[str] = (),
         reinforce: bool = True,
+        asked_at: datetime | None = None,
     ) -> ContextPack:
         """What to put in front of the bot's next answer to ``text``: ``pack.render(token_budget)``.
         Pass the id of the message being answered in ``exclude_message_ids`` once it is stored.
         Its hits are reinforced as a recall's are (they go into the answer); ``reinforce=False``
-        takes a look that changes nothing."""
+        takes a look that changes nothing. ``asked_at``: as :meth:`recall`'s."""
         scope = scope_of(tenant, user_id, chat_id)
         hits = await self.recall(
-            text, **scope.model_dump(), k=k, exclude_message_ids=exclude_message_ids, reinforce=reinforce
+            text,
+            **scope.model_dump(),
+            k=k,
+            exclude_message_ids=exclude_message_ids,
+            reinforce=reinforce,
+            asked_at=asked_at,
         )
         return ContextPack(query=text, scope=scope, hits=hits)
 

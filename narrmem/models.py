@@ -531,6 +531,7 @@ class RecallOptions(TypedDict, total=False):
     reinforce: bool
     reinforce_reason: Literal["relevance", "tool"]
     exclude_message_ids: Sequence[str]
+    asked_at: datetime | None
 
 
 class RecallRequest(_Strict):
@@ -549,6 +550,11 @@ class RecallRequest(_Strict):
         default_factory=list,
         max_length=200,
         description="leave out memories that came only from these messages (the one being answered)",
+    )
+    asked_at: AwareDatetime | None = Field(
+        default=None,
+        description="when the question was asked, with the asker's UTC offset: 'yesterday' and "
+        "'last Monday' are days of the asker's calendar (default: the memory's clock)",
     )
 
     def options(self) -> RecallOptions:

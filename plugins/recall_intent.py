@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import date, timedelta
+from datetime import date, timedelta, tzinfo
 
 from narrmem_plugins.question_dates import named_span, within
 from narrmem_plugins.triage.counters import PATTERN_TYPE
@@ -138,7 +138,8 @@ class RecallIntent(Configured[IntentOptions], name=NAME, options=IntentOptions):
             pattern_factor=self.options.pattern_factor,
             dated_factor=self.options.dated_factor,
             dated_window=timedelta(days=self.options.dated_window_days),
-            today=memory.clock.now().date(),
+            today=(asked := request.asked_at or memory.clock.now()).date(),
+            zone=asked.tzinfo,
         )
 
 
@@ -186,8 +187,11 @@ def intent_factors(
     dated_factor: float = 1.0,
     dated_window: timedelta = timedelta(days=31),
     today: date | None = None,
+    zone: tzinfo | None = None,
 ) -> dict[int, float]:
-    """A factor in [0, 1] per memory id that one of the readings lowers (the rest keep 1)."""
+    """A factor in [0, 1] per memory id that one of the readings lowers (the rest keep 1).
+    ``today`` is the asker's day, ``zone`` the zone it is a day of: each memory is dated in it
+    (``None``: in its own time's offset)."""
     factors: dict[int, float] = {}
     speakers = {r.speaker for r in records.values() if r.speaker}
     named = named_speakers(query, speakers)
@@ -212,7 +216,8 @@ def intent_factors(
     span = named_span(query, today) if dated_factor < 1 and today is not None else None
     if span is not None:
         for memory_id, record in records.items():
-            if not within(record.created_at.date(), span, dated_window):
+            when = record.created_at if zone is None else record.created_at.astimezone(zone)
+            if not within(when.date(), span, dated_window):
                 factors[memory_id] = factors.get(memory_id, 1.0) * dated_factor
     return factors
 

@@ -73,11 +73,11 @@ def test_telegram_single_chat() -> None:
     }
     raw = {str(m["id"]): m for m in _load(TELEGRAM)["messages"]}
     for message in batch.messages:
-        assert message.ts.utcoffset() == timedelta(0)
         assert message.ts == datetime.fromtimestamp(int(raw[message.message_id]["date_unixtime"]), UTC)
-        # The naive local "date" was not taken for UTC: the export machine was 8 hours ahead.
+        # The naive local "date" was not taken for UTC: the export machine was 8 hours ahead, and
+        # the time keeps that offset (the writers' local time, which scene times are read in).
         local = datetime.fromisoformat(raw[message.message_id]["date"])
-        assert message.ts.replace(tzinfo=None) == local - timedelta(hours=8)
+        assert message.ts.utcoffset() == timedelta(hours=8) and message.ts.replace(tzinfo=None) == local
         assert message.meta["source"] == "telegram" and message.meta["chat"] == "Hiking Club 徒步群"
 
 
@@ -157,8 +157,11 @@ def test_discord_channel() -> None:
     raw = {m["id"]: m for m in _load(DISCORD)["messages"]}
     assert all(raw[m.message_id]["type"] in ("Default", "Reply") for m in batch.messages)
     for message in batch.messages:
-        assert message.ts.utcoffset() == timedelta(0)
-        assert message.ts == datetime.fromisoformat(raw[message.message_id]["timestamp"])
+        exported = datetime.fromisoformat(raw[message.message_id]["timestamp"])
+        # The exporter's offset is kept (it was turned into UTC, and a Monday 7am in Shanghai
+        # became "Sunday 11pm" in its scene).
+        assert message.ts == exported and message.ts.utcoffset() == exported.utcoffset()
+    assert {m.ts.utcoffset() for m in batch.messages} - {timedelta(0)}  # the file has +08:00 times
     assert batch.messages == sorted(batch.messages, key=lambda m: m.ts)
 
     messages = _by_id(batch.messages)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 
-from narrmem import ContextPack, Memory, MemoryRecord, Scope, TriggerEvent
+from narrmem import ContextPack, InputError, Memory, MemoryRecord, Scope, TriggerEvent
 from narrmem.doors.integrations import _common
 
 if TYPE_CHECKING:
@@ -242,7 +242,7 @@ class TelegramHarness(Harness):
 class AiogramHarness(TelegramHarness):
     name = "aiogram"
 
-    def __init__(self, memory: Memory) -> None:
+    def __init__(self, memory: Memory, **options: Any) -> None:
         super().__init__()
         from aiogram import Bot, Dispatcher
         from aiogram.types import Message as TgMessage
@@ -251,7 +251,7 @@ class AiogramHarness(TelegramHarness):
 
         self.bot = Bot("42:TEST", session=aiogram_session(self.replies))
         self.dispatcher = Dispatcher()
-        setup(self.dispatcher, memory, tenant=TG_TENANT, on_trigger=suggest_telegram)
+        setup(self.dispatcher, memory, tenant=TG_TENANT, on_trigger=suggest_telegram, **options)
         contexts = self.contexts
 
         # The bot's own handler, registered after setup() as the integration asks.
@@ -272,7 +272,7 @@ class AiogramHarness(TelegramHarness):
 class PtbHarness(TelegramHarness):
     name = "python-telegram-bot"
 
-    def __init__(self, memory: Memory) -> None:
+    def __init__(self, memory: Memory, **options: Any) -> None:
         super().__init__()
         from telegram import Update
         from telegram.ext import Application, ContextTypes, MessageHandler, filters
@@ -287,7 +287,9 @@ class PtbHarness(TelegramHarness):
             .updater(None)
             .build()
         )
-        self.integration = install(self.application, memory, tenant=TG_TENANT, on_trigger=suggest_telegram)
+        self.integration = install(
+            self.application, memory, tenant=TG_TENANT, on_trigger=suggest_telegram, **options
+        )
         contexts = self.contexts
 
         async def answer(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -316,7 +318,7 @@ class DiscordHarness(Harness):
     name = "discord.py"
     prefix = "!"
 
-    def __init__(self, memory: Memory, *, guild_as: str = "chat") -> None:
+    def __init__(self, memory: Memory, *, guild_as: str = "chat", **options: Any) -> None:
         super().__init__()
         import discord
         from discord.ext import commands
@@ -347,6 +349,7 @@ class DiscordHarness(Harness):
             guild_as=guild_as,
             tenant=DC_TENANT,
             on_trigger=self._suggest,  # type: ignore[arg-type]
+            **options,
         )
         self.discord = discord
         self.commands = commands
@@ -475,9 +478,9 @@ async def open_harness(name: str, memory: Memory, **options: Any) -> Harness:
     pytest.importorskip(IMPORTS[name])
     harness: Harness
     if name == "aiogram":
-        harness = AiogramHarness(memory)
+        harness = AiogramHarness(memory, **options)
     elif name == "python-telegram-bot":
-        harness = PtbHarness(memory)
+        harness = PtbHarness(memory, **options)
     else:
         harness = DiscordHarness(memory, **options)
     await harness.start()
@@ -1135,3 +1138,28 @@ async def test_discord_text_taken_out_of_a_message_that_keeps_its_attachment(
     assert [r.text for r in await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))] == [
         "I keep bees on the roof"
     ]
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+async def test_a_bots_time_zone_dates_its_peoples_messages(library: str, memory: Memory) -> None:
+    """The platforms date messages in UTC: a Monday 7am in Shanghai was stored, and its scene
+    told, as Sunday 11pm, and a weekly habit counted on Sundays."""
+    bot = await open_harness(library, memory, time_zone="Asia/Shanghai")
+    try:
+        await bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=ANN, group=False)
+        await bot.settle()
+        tenant, _ = bot.where(ANN, group=False)
+        [episode] = await episodes(memory, tenant=tenant, user_id=str(ANN))
+        assert episode.created_at == when(1)  # the same instant
+        assert episode.created_at.utcoffset() == timedelta(hours=8)
+    finally:
+        await bot.close()
+
+
+def test_a_time_zone_that_is_none_is_named() -> None:
+    from narrmem.doors.integrations._common import TurnOptions
+
+    for wrong in ("Mars/Olympus_Mons", "", 8):
+        with pytest.raises(InputError) as refused:
+            TurnOptions(time_zone=wrong)  # type: ignore[arg-type]
+        assert refused.value.field == "time_zone"

@@ -3,7 +3,7 @@ then: a pure reading first, then a real store with the real model."""
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -149,3 +149,36 @@ async def test_yesterday_is_the_clocks_yesterday_in_a_real_store(tmp_path: Path)
 
     assert await first(tmp_path / "off", 1.0) == "y2"
     assert await first(tmp_path / "on", 0.8) == "y1"
+
+
+@pytest.mark.parametrize(
+    ("offset", "asked", "meant"),
+    [
+        # Monday 20:00 at -07:00 is Tuesday 03:00 in UTC: "yesterday" is the asker's Sunday.
+        (-7, datetime(2026, 3, 9, 20, 0), "park"),
+        # Tuesday 00:30 at +08:00 is Monday 16:30 in UTC: "yesterday" is the asker's Monday.
+        (8, datetime(2026, 3, 10, 0, 30), "club"),
+    ],
+)
+async def test_yesterday_is_a_day_of_the_askers_calendar(
+    tmp_path: Path, offset: int, asked: datetime, meant: str
+) -> None:
+    """The day was read on the clock's (UTC) calendar, and each memory dated in its own offset:
+    for a person far from UTC, "yesterday" named the wrong day and its memory ranked second."""
+    zone = timezone(timedelta(hours=offset))
+    said = {
+        "park": datetime(2026, 3, 8, 15, 0, tzinfo=zone),  # Sunday, the asker's
+        "club": datetime(2026, 3, 9, 10, 0, tzinfo=zone),  # Monday
+    }
+    clock = ManualClock(said["park"].astimezone(UTC))
+    settings = load_settings(None, data_dir=str(tmp_path))
+    async with Memory.open(settings=settings, clock=clock) as memory:
+        for where, ts in said.items():
+            clock.set(ts.astimezone(UTC))
+            await memory.ingest(msg(where, f"played tennis with Sam at the {where}", ts=ts.isoformat()))
+        clock.set(asked.replace(tzinfo=zone).astimezone(UTC))
+        question = "what did I play with Sam yesterday?"
+        hits = await memory.recall(
+            question, user_id="u1", reinforce=False, asked_at=asked.replace(tzinfo=zone)
+        )
+        assert meant in hits[0].text, [(h.text, h.why.importance_factor) for h in hits if h.why]

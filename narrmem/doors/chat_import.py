@@ -28,8 +28,10 @@ Choices, so that an import is predictable:
   other Discord type is a system message.
 * Text longer than ``MAX_TEXT_CHARS`` is an error, not truncated: a cut message would be stored
   as if it had been said that way. Neither platform allows messages that long.
-* Timestamps become UTC. Telegram's ``date`` has no timezone (it is the exporting machine's local
-  time), so ``date_unixtime`` is required; an export without it is an error.
+* Timestamps keep the exporter's offset, the writers' local time, which scene times and weekly
+  habits are read in: Discord's carry it; Telegram's ``date`` has no timezone (it is the exporting
+  machine's local time), so the instant is ``date_unixtime`` (required; an export without it is an
+  error) and the offset the difference between the two (UTC when they do not make one).
 * Messages are returned oldest first (a stable sort by time), so triage sees each user's history
   in the order it happened, also across the chats of a full export.
 """
@@ -40,7 +42,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
 
@@ -269,7 +271,7 @@ def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None)
         raise InputError(
             f"missing{hint}; export again with a current Telegram Desktop", field=f"{where}.date_unixtime"
         )
-    ts = _unix(raw["date_unixtime"], f"{where}.date_unixtime")
+    ts = _local(_unix(raw["date_unixtime"], f"{where}.date_unixtime"), raw.get("date"))
     from_id = _string(raw, "from_id", where)
     speaker = raw.get("from")
     if speaker is not None and not isinstance(speaker, str):
@@ -499,6 +501,23 @@ def _unix(value: Any, field: str) -> datetime:
         raise InputError(f"out of range: {value!r}", field=field) from None
 
 
+def _local(instant: datetime, local_date: object) -> datetime:
+    """``instant`` in the offset that makes it the export's naive local ``date``; as it is when
+    there is no such offset (no date, a date that is not one, a difference no zone has)."""
+    if not isinstance(local_date, str):
+        return instant
+    try:
+        local = datetime.fromisoformat(local_date)
+    except ValueError:
+        return instant
+    if local.tzinfo is not None:
+        return instant
+    offset = local - instant.replace(tzinfo=None)
+    if abs(offset) > timedelta(hours=14) or offset % timedelta(minutes=15):
+        return instant
+    return instant.astimezone(timezone(offset))
+
+
 def _iso(value: Any, field: str) -> datetime:
     if not isinstance(value, str):
         raise InputError(f"must be an ISO-8601 string, not {_kind(value)}", field=field)
@@ -509,9 +528,12 @@ def _iso(value: Any, field: str) -> datetime:
     if parsed.tzinfo is None:
         raise InputError(f"has no timezone: {value!r}", field=field)
     try:
-        return parsed.astimezone(UTC)
+        parsed.astimezone(UTC)
     except OverflowError:  # the first or last day datetime can hold, in another timezone
         raise InputError(f"out of range: {value!r}", field=field) from None
+    # Kept in the exporter's offset, the writer's local time: a scene's time and a weekly habit's
+    # day are read in it (in UTC a Monday 7am in Shanghai was "Sunday 11pm").
+    return parsed
 
 
 def _check_length(text: str, field: str) -> None:

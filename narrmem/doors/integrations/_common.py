@@ -7,8 +7,9 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, tzinfo
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from narrmem.errors import InputError, NarrmemError
 from narrmem.memory import Memory
@@ -57,6 +58,7 @@ class TurnArgs(TypedDict, Generic[T], total=False):
     on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None
     k: int
     context_scope: ContextScope
+    time_zone: str | tzinfo | None
 
 
 @dataclass(frozen=True)
@@ -64,15 +66,20 @@ class TurnOptions(Generic[T]):
     """One options model for the three bot integrations: the ``tenant`` messages go to, the
     ``token_budget`` of a rendered context, ``on_trigger(target, event)`` awaited for every trigger
     event a message causes (see :class:`TriggerRoutes`), and how many memories (``k``) a turn's
-    context holds and whose (``context_scope``)."""
+    context holds and whose (``context_scope``). ``time_zone`` (an IANA name such as
+    ``"Asia/Shanghai"``, or a ``tzinfo``) is where the bot's people live: the platforms date
+    messages in UTC, so without it a scene's time, a weekly habit's day and "yesterday" in a
+    question are UTC's (a Monday 7am in Shanghai was "Sunday 11pm")."""
 
     tenant: str = "default"
     token_budget: int = DEFAULT_TOKEN_BUDGET
     on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None = None
     k: int = DEFAULT_K
     context_scope: ContextScope = "auto"
+    time_zone: str | tzinfo | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "time_zone", zone_of(self.time_zone))
         if not isinstance(self.tenant, str) or not self.tenant:
             raise InputError("must be a non-empty string", field="tenant")
         for name in ("token_budget", "k"):
@@ -92,6 +99,20 @@ class TurnOptions(Generic[T]):
         return pack.render(token_budget=self.token_budget) if pack is not None else ""
 
 
+def zone_of(time_zone: object) -> tzinfo | None:
+    """``time_zone`` as a ``tzinfo``: a name is looked up in the system's (or ``tzdata``'s) zones."""
+    if time_zone is None or isinstance(time_zone, tzinfo):
+        return time_zone
+    if not isinstance(time_zone, str) or not time_zone:
+        raise InputError(
+            "must be an IANA time zone name such as 'Europe/Lisbon', or a tzinfo", field="time_zone"
+        )
+    try:
+        return ZoneInfo(time_zone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InputError(f"no time zone named {time_zone!r}", field="time_zone") from exc
+
+
 def build_message(
     *,
     text: str | None,
@@ -102,6 +123,7 @@ def build_message(
     tenant: str,
     speaker: str | None,
     meta: Mapping[str, Any] | None = None,
+    zone: tzinfo | None = None,
 ) -> Message | None:
     """A narrmem ``Message``, or ``None`` when there is no text to remember (a sticker, a photo
     without a caption, a service message)."""
@@ -113,7 +135,7 @@ def build_message(
         user_id=str(user_id),
         chat_id=str(chat_id),
         message_id=str(message_id),
-        ts=ts,
+        ts=ts if zone is None else ts.astimezone(zone),
         tenant=tenant,
         speaker=speaker[:MAX_ID_CHARS] if speaker else None,
         meta={key: value for key, value in (meta or {}).items() if value is not None},
@@ -151,7 +173,11 @@ def telegram_aliases(user_id: str) -> list[str]:
 
 
 def telegram_message(
-    message: TelegramMessage, who: tuple[str, str] | None, edited_at: datetime | None, tenant: str
+    message: TelegramMessage,
+    who: tuple[str, str] | None,
+    edited_at: datetime | None,
+    tenant: str,
+    zone: tzinfo | None = None,
 ) -> Message | None:
     """The narrmem ``Message`` for a Telegram message from either library, or ``None`` when there is
     nothing to remember (no text or caption, or ``who`` is ``None``: sent by a bot)."""
@@ -171,6 +197,7 @@ def telegram_message(
             "thread_id": message.message_thread_id,
             "edited_at": edited_at.isoformat() if edited_at else None,
         },
+        zone=zone,
     )
 
 
@@ -310,6 +337,7 @@ async def turn_context(
             tenant=where.tenant,
             k=k,
             exclude_message_ids=[message.message_id],
+            asked_at=message.ts,  # "yesterday" in the question is a day of the asker's zone
         )
     except Exception:
         log.exception("narrmem could not recall for message %s", message.message_id)

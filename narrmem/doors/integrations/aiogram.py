@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 import aiogram
@@ -70,11 +70,14 @@ def sender(message: TgMessage) -> tuple[str, str] | None:
     return None
 
 
-def to_message(message: TgMessage, *, tenant: str = "default") -> Message | None:
+def to_message(
+    message: TgMessage, *, tenant: str = "default", time_zone: str | tzinfo | None = None
+) -> Message | None:
     """The narrmem ``Message`` for a Telegram message, or ``None`` when there is nothing to remember
-    (no text or caption, or sent by a bot)."""
+    (no text or caption, or sent by a bot); its time in ``time_zone`` (Telegram's is UTC)."""
     edited_at = datetime.fromtimestamp(message.edit_date, tz=UTC) if message.edit_date else None
-    return _common.telegram_message(message, sender(message), edited_at, tenant)
+    zone = _common.zone_of(time_zone)
+    return _common.telegram_message(message, sender(message), edited_at, tenant, zone)
 
 
 class NarrmemMiddleware(aiogram.BaseMiddleware):
@@ -102,7 +105,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         data["memory_prompt"] = ""
         if not isinstance(event, TgMessage):
             return await handler(event, data)
-        message = to_message(event, tenant=self.options.tenant)
+        message = to_message(event, tenant=self.options.tenant, time_zone=self.options.time_zone)
         update = data.get("event_update")
         edited = isinstance(update, Update) and update.edited_message is not None
         if message is None and edited and sender(event) is not None:
@@ -127,7 +130,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
 
     async def context(self, message: TgMessage) -> ContextPack | None:
         """The context for a message outside a handler (the middleware already gives it inside)."""
-        converted = to_message(message, tenant=self.options.tenant)
+        converted = to_message(message, tenant=self.options.tenant, time_zone=self.options.time_zone)
         if converted is None:
             return None
         return await self.options.context(self.memory, converted, private=message.chat.type == "private")

@@ -108,6 +108,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             ts=message.created_at,
             tenant=tenant,
             speaker=message.author.display_name,
+            zone=_common.zone_of(self.options.time_zone),
             meta={
                 "platform": "discord",
                 "guild_id": str(guild_id) if guild_id is not None else None,

@@ -26,6 +26,7 @@ otherwise Telegram sends it commands, replies to it and mentions only, and only 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
+from datetime import tzinfo
 from typing import Any, TypeAlias
 
 import telegram
@@ -62,10 +63,13 @@ def sender(message: telegram.Message) -> tuple[str, str] | None:
     return None
 
 
-def to_message(message: telegram.Message, *, tenant: str = "default") -> Message | None:
+def to_message(
+    message: telegram.Message, *, tenant: str = "default", time_zone: str | tzinfo | None = None
+) -> Message | None:
     """The narrmem ``Message`` for a Telegram message, or ``None`` when there is nothing to remember
-    (no text or caption, or sent by a bot)."""
-    return _common.telegram_message(message, sender(message), message.edit_date, tenant)
+    (no text or caption, or sent by a bot); its time in ``time_zone`` (Telegram's is UTC)."""
+    zone = _common.zone_of(time_zone)
+    return _common.telegram_message(message, sender(message), message.edit_date, tenant, zone)
 
 
 class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
@@ -115,7 +119,11 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         """Ingest a new message, or apply an edit to the stored one."""
         edited = update.edited_message is not None
         source = update.edited_message or update.message
-        message = to_message(source, tenant=self.options.tenant) if source is not None else None
+        message = (
+            to_message(source, tenant=self.options.tenant, time_zone=self.options.time_zone)
+            if source is not None
+            else None
+        )
         if message is None or _common.is_own_command(message.text, self.commands):
             return
         if edited:
@@ -125,7 +133,9 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
 
     def incoming(self, source: telegram.Update) -> Message | None:
         message = source.effective_message
-        return to_message(message, tenant=self.options.tenant) if message is not None else None
+        if message is None:
+            return None
+        return to_message(message, tenant=self.options.tenant, time_zone=self.options.time_zone)
 
     def is_private(self, source: telegram.Update) -> bool:
         chat = source.effective_chat
