@@ -34,7 +34,10 @@ MAX_META_BYTES = 64_000
 # A record keeps its message's meta with narrmem's own keys beside it (layer, moods, edits).
 MAX_RECORD_META_BYTES = 2 * MAX_META_BYTES
 
-IdStr = Field(min_length=1, max_length=MAX_ID_CHARS)
+# No NUL in an id, said in the JSON schema only, for clients generated from it: no_nul refuses
+# one with its own words, which a pattern constraint would replace with pydantic's.
+NO_NUL_SCHEMA: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
+IdStr = Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 _TIME_TEXT: TypeAdapter[datetime] = TypeAdapter(datetime)
 _NUMBER = re.compile(r"[+-]?\d+(\.\d*)?([eE][+-]?\d+)?")
@@ -106,8 +109,10 @@ class Message(_Strict, metaclass=_InputErrors):
     chat_id: str = IdStr
     ts: AwareDatetime
     message_id: str = IdStr
-    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
-    speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    tenant: str = Field(
+        default="default", min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA
+    )
+    speaker: str | None = Field(default=None, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
     meta: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("meta")
@@ -148,7 +153,12 @@ class IncomingMessage(Message):
     """A message from a tool or HTTP caller: ``ts`` may be left out, and is then the memory's
     clock's now (see :meth:`at`). The Python API keeps to :class:`Message`, where ``ts`` is required."""
 
-    ts: AwareDatetime | None = None  # type: ignore[assignment]
+    ts: AwareDatetime | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="when it was said: ISO 8601 with a UTC offset or Z (2026-05-04T09:15:00+00:00), "
+        "from 1900-01-01 up to (not including) 3000-01-01 UTC; a number is refused; left out: now, "
+        "by the memory's clock",
+    )
 
     # The same name replaces Message's validator, which would refuse a missing ts.
     @field_validator("ts")
@@ -183,9 +193,19 @@ class Scope(_Strict):
     # validated one, and go on to SQL and JSON as bytes).
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
-    user_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
-    chat_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS, validate_default=True)
+    tenant: str = Field(
+        default="default", min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA
+    )
+    user_id: str | None = Field(
+        default=None, min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA
+    )
+    chat_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        validate_default=True,
+        json_schema_extra=NO_NUL_SCHEMA,
+    )
 
     _ids_without_nul = field_validator("tenant", "user_id", "chat_id")(no_nul)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from _helpers import answer_status, msg, read_posted_json, store_fingerprint
 
@@ -23,6 +24,7 @@ from narrmem.errors import InputError
 from narrmem.memory import Memory
 from narrmem.models import TriggerEvent
 from narrmem.testing import open_memory
+from narrmem.tools import tool_schemas
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 DOCS = Path(__file__).parent.parent / "docs" / "openapi.json"
@@ -787,3 +789,287 @@ async def test_the_patterns_caption_says_the_counts_are_read_from_the_store(srv:
     page = (await srv.client.get("/ui/")).text
     assert "since it started" not in page
     assert "Read from the store" in page
+
+
+# --- the OpenAPI document says what the server does (audit 2026-12-06) ----------------------
+
+SHARED_ERROR_STATUSES = {"400", "401", "403", "409", "413", "501", "503"}
+
+
+def _operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (method, path, operation)
+        for path, methods in document["paths"].items()
+        if path.startswith("/v1/")
+        for method, operation in methods.items()
+    ]
+
+
+def _body_schema(document: dict[str, Any], path: str) -> dict[str, Any]:
+    """The request body's schema of ``POST path``, its references resolvable."""
+    schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return {**schema, "components": document["components"]}
+
+
+def _schema_takes(schema: dict[str, Any], body: Any) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(body)
+
+
+async def test_the_document_declares_both_ways_of_giving_a_key_on_every_call(tmp_path: Path) -> None:
+    """No security scheme was declared: a client generated from the document sent no key."""
+    document = json.loads(render())
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["HTTPBearer"] == {**schemes["HTTPBearer"], "type": "http", "scheme": "bearer"}
+    assert schemes["APIKeyHeader"] == {**schemes["APIKeyHeader"], "type": "apiKey", "in": "header"}
+    assert schemes["APIKeyHeader"]["name"] == "X-API-Key"
+    for method, path, operation in _operations(document):
+        assert {"HTTPBearer": []} in operation["security"], (method, path)
+        assert {"APIKeyHeader": []} in operation["security"], (method, path)
+    # Read as before: the bearer key first, then X-API-Key; none needed without keys.
+    folder = tmp_path / "m"
+    folder.mkdir()
+    _, key = KeyFile(folder).create("A")
+    async for srv in _server(folder, keys=KeyRing.in_folder(folder, reload_seconds=0)):
+        for headers, status in (
+            ({"Authorization": f"Bearer {key}"}, 200),
+            ({"X-API-Key": key}, 200),
+            ({"Authorization": f"Bearer {key}", "X-API-Key": "nmk_wrong"}, 200),
+            ({"Authorization": "Bearer nmk_wrong", "X-API-Key": key}, 401),
+            ({"Authorization": f"Basic {key}", "X-API-Key": key}, 200),
+            ({}, 401),
+        ):
+            response = await srv.client.get("/v1/tenants", headers=headers)
+            assert response.status_code == status, headers
+            if status == 401:
+                assert response.headers["www-authenticate"] == "Bearer"
+    async for srv in _server(tmp_path / "open"):
+        assert (await srv.client.get("/v1/tenants")).status_code == 200
+
+
+async def test_the_document_declares_the_errors_sent_and_every_body_names_its_field(tmp_path: Path) -> None:
+    """400, 401, 403, 404, 409, 413, 501 and 503 were sent but not declared; a 403, 413 or 404
+    said no field, nor did pydantic's 422s; and an InputError's list index was a string in loc."""
+    document = json.loads(render())
+    for method, path, operation in _operations(document):
+        declared = set(operation["responses"])
+        assert SHARED_ERROR_STATUSES <= declared, (method, path, SHARED_ERROR_STATUSES - declared)
+        for status in SHARED_ERROR_STATUSES:
+            content = operation["responses"][status]["content"]
+            assert content == {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    assert "404" in document["paths"]["/v1/memories/{memory_id}/history"]["get"]["responses"]
+    assert "404" in document["paths"]["/v1/tools/{name}"]["post"]["responses"]
+    error_schema = {"$ref": "#/components/schemas/ErrorBody", "components": document["components"]}
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    _, key_a = KeyFile(folder).create("A")
+    a = {"Authorization": f"Bearer {key_a}"}
+    async for srv in _server(folder, keys=KeyRing.in_folder(folder, reload_seconds=0), max_batch=1):
+        stored = await srv.client.post("/v1/ingest", json=msg("m1", "I adopted a cat", tenant="A"), headers=a)
+        assert stored.status_code == 200
+        batch = {"messages": [msg(f"b{i}", "I adopted a cat", tenant="A") for i in range(2)]}
+        expected: list[tuple[int, str, str, dict[str, Any], str | None]] = [
+            (401, "GET", "/v1/users", {}, None),
+            (403, "GET", "/v1/users", {"params": {"tenant": "B"}, "headers": a}, "tenant"),
+            (403, "POST", "/v1/forget", {"json": {"tenant": "B", "user_id": "u1"}, "headers": a}, "tenant"),
+            (413, "POST", "/v1/ingest/batch", {"json": batch, "headers": a}, "messages"),
+            (404, "GET", "/v1/memories/999/history", {"headers": a}, "memory_id"),
+            (404, "GET", "/v1/memories/0/history", {"headers": a}, "memory_id"),
+            (404, "POST", "/v1/tools/no_such_tool", {"json": {}, "headers": a}, "name"),
+            # pydantic's own 422s name the field as narrmem's do.
+            (422, "POST", "/v1/forget", {"json": {}, "headers": a}, "chat_id"),
+            (
+                422,
+                "POST",
+                "/v1/recall",
+                {"json": {"query": "cat", "scope": {}}, "headers": a},
+                "scope.chat_id",
+            ),
+            (
+                422,
+                "POST",
+                "/v1/ingest",
+                {"json": {**msg("m2", "hi"), "colour": "red"}, "headers": a},
+                "colour",
+            ),
+            (
+                422,
+                "POST",
+                "/v1/messages/delete",
+                {"json": {"chat_id": "c1", "message_ids": ["m1", 5]}, "headers": a},
+                "message_ids[1]",
+            ),
+            (
+                422,
+                "POST",
+                "/v1/ingest/batch",
+                {"json": {"messages": [{**msg("b1", "hi"), "ts": "soon"}]}, "headers": a},
+                "messages[0].ts",
+            ),
+            (422, "GET", "/v1/summary", {"params": {"depth": 1}, "headers": a}, "user_id"),
+        ]
+        for status, method, path, options, field in expected:
+            response = await srv.refused(status, method, path, **options)
+            body = response.json()
+            assert body.get("field") == field, (path, body)
+            assert _schema_takes(error_schema, body), (path, body)
+            if status == 422:
+                # What FastAPI declares for a 422 still holds.
+                assert _schema_takes(
+                    {"$ref": "#/components/schemas/HTTPValidationError", **error_schema}, body
+                )
+        # An InputError's list index is an integer in loc, as pydantic writes one.
+        for path, body, loc in (
+            ("/v1/messages/delete", {"chat_id": "c1", "message_ids": ["m1", ""]}, ["body", "message_ids", 1]),
+            (
+                "/v1/tools/memory_commit",
+                {"user_id": "u1", "chat_id": "c1", "triplets": [["user", "likes", "tea"]]},
+                ["body", "triplets", 0],
+            ),
+        ):
+            refused = (await srv.refused(422, "POST", path, json=body, headers=a)).json()
+            assert refused["detail"][0]["loc"] == loc and refused["detail"][0]["type"] == "narrmem_input"
+            assert _schema_takes(error_schema, refused)
+        bad_json = await srv.refused(
+            400, "POST", "/v1/ingest", content=b'{"text": ', headers={**a, "content-type": "application/json"}
+        )
+        assert _schema_takes(error_schema, bad_json.json()) and "field" not in bad_json.json()
+
+    # The Host check's refusal is JSON in the same shape, not text/plain.
+    async with open_memory(tmp_path / "h") as memory:
+        app = create_app(memory, allowed_hosts=["localhost"])
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://evil.test") as c:
+            refused_host = await c.get("/v1/users")
+            assert refused_host.status_code == 400
+            assert refused_host.headers["content-type"] == "application/json"
+            assert refused_host.json() == {"detail": "Invalid host header", "field": "host"}
+            assert _schema_takes(error_schema, refused_host.json())
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://localhost") as c:
+            assert (await c.get("/v1/users")).status_code == 200
+
+
+async def test_streams_are_declared_in_the_media_type_they_are_sent_in(srv: Server) -> None:
+    """The export and the event stream were declared as application/json."""
+    document = json.loads(render())
+    for path, media_type in (("/v1/export", "application/x-ndjson"), ("/v1/events", "text/event-stream")):
+        responses = document["paths"][path]["get"]["responses"]
+        assert responses["200"]["content"] == {media_type: {"schema": {"type": "string"}}}, path
+        assert "ErrorBody" in responses["403"]["content"]["application/json"]["schema"]["$ref"]
+    await srv.client.post("/v1/ingest", json=msg("m1", "I adopted a cat"))
+    export = await srv.client.get("/v1/export")
+    assert export.headers["content-type"].split(";")[0] == "application/x-ndjson"
+    events = await srv.client.get("/v1/events", params={"idle_seconds": 0.05, "keepalive": 0.05})
+    assert events.headers["content-type"].split(";")[0] == "text/event-stream"
+    assert events.headers["cache-control"] == "no-store"
+
+
+async def test_the_document_says_a_scope_needs_user_id_or_chat_id(srv: Server) -> None:
+    """Bodies without either validated against the document and were refused with 422; the
+    rule is said on the HTTP bodies only: the tools' schemas keep an object at their root."""
+    document = json.loads(render())
+    await srv.client.post("/v1/ingest", json=msg("m1", "I drink tea every morning"))
+    cases: list[tuple[str, dict[str, Any], bool]] = [
+        ("/v1/forget", {}, False),
+        ("/v1/forget", {"user_id": None}, False),
+        ("/v1/forget", {"tenant": "default", "chat_id": None, "user_id": None}, False),
+        ("/v1/context", {"text": "tea?"}, False),
+        ("/v1/mark-used", {"memory_ids": [1]}, False),
+        ("/v1/recall", {"query": "tea", "scope": {"tenant": "default"}}, False),
+        ("/v1/recall", {"query": "tea", "scope": {"user_id": None}}, False),
+        ("/v1/context", {"text": "tea?", "chat_id": "c1"}, True),
+        ("/v1/mark-used", {"memory_ids": [1], "user_id": "u1"}, True),
+        ("/v1/recall", {"query": "tea", "scope": {"chat_id": "c1", "user_id": None}}, True),
+        ("/v1/forget", {"user_id": "u-none"}, True),
+    ]
+    for path, body, valid in cases:
+        assert _schema_takes(_body_schema(document, path), body) is valid, (path, body)
+        response = await srv.client.post(path, json=body)
+        assert response.status_code == (200 if valid else 422), (path, body, response.text)
+    for tool in tool_schemas(srv.memory.tools, "openai"):
+        parameters = tool["function"]["parameters"]
+        assert parameters["type"] == "object" and "anyOf" not in parameters, tool["function"]["name"]
+
+
+async def test_list_items_carry_their_bounds_in_the_document(srv: Server) -> None:
+    """The server refused "" or a 201-character message id and memory ids -1 or 2**63; the
+    document took them. Its refusals keep their words and fields."""
+    document = json.loads(render())
+    delete, mark_used = _body_schema(document, "/v1/messages/delete"), _body_schema(document, "/v1/mark-used")
+    for bad in ("", "m" * 201, "m\x00"):
+        assert not _schema_takes(delete, {"chat_id": "c1", "message_ids": [bad]}), bad
+        refused = (
+            await srv.refused(
+                422, "POST", "/v1/messages/delete", json={"chat_id": "c1", "message_ids": [bad]}
+            )
+        ).json()
+        assert refused["field"] == "message_ids[0]"
+        assert refused["detail"][0]["msg"].startswith("field 'message_ids[0]': must ")
+    assert _schema_takes(delete, {"chat_id": "c1", "message_ids": ["m" * 200]})
+    for bad_id in (-1, 0, 2**63):
+        assert not _schema_takes(mark_used, {"user_id": "u1", "memory_ids": [bad_id]}), bad_id
+        refused = (
+            await srv.refused(422, "POST", "/v1/mark-used", json={"user_id": "u1", "memory_ids": [bad_id]})
+        ).json()
+        assert refused["field"] == "memory_ids[0]"
+        assert refused["detail"][0]["msg"] == "field 'memory_ids[0]': must be a positive integer"
+    assert _schema_takes(mark_used, {"user_id": "u1", "memory_ids": [2**63 - 1]})
+
+
+async def test_ids_without_nul_and_the_range_of_ts_are_in_the_document(srv: Server) -> None:
+    """An id with NUL and a ts outside 1900..3000 validated against the document and got 422.
+    The schema says so now; validation and its messages are as they were, tools' too."""
+    document = json.loads(render())
+    ingest = _body_schema(document, "/v1/ingest")
+    for field in ("user_id", "chat_id", "message_id", "tenant", "speaker"):
+        body = {**msg("n1", "I adopted a cat"), field: "a\x00b"}
+        assert not _schema_takes(ingest, body), field
+        refused = (await srv.refused(422, "POST", "/v1/ingest", json=body)).json()
+        assert refused["detail"][0]["msg"] == "Value error, must not hold a NUL character"
+        assert refused["field"] == field
+    assert _schema_takes(ingest, msg("n1", "I adopted a cat"))
+    assert not _schema_takes(_body_schema(document, "/v1/forget"), {"user_id": "u\x00"})
+    parameters = document["paths"]["/v1/summary"]["get"]["parameters"]
+    assert next(p for p in parameters if p["name"] == "user_id")["schema"]["pattern"] == "^[^\\u0000]*$"
+    ts = document["components"]["schemas"]["IncomingMessage"]["properties"]["ts"]["description"]
+    assert "1900-01-01" in ts and "3000-01-01" in ts and "offset" in ts
+    for when in ("0001-01-01T00:00:00+00:00", "3000-01-01T00:00:00+00:00"):
+        refused = (await srv.refused(422, "POST", "/v1/ingest", json={**msg("n2", "hi"), "ts": when})).json()
+        assert "must lie from 1900-01-01 up to 3000-01-01 (UTC)" in refused["detail"][0]["msg"]
+    # The tools' arguments have the hint too, and still refuse a NUL with the same words.
+    ingest_tool = srv.memory.tools.get("narrmem_ingest").input_schema()
+    assert ingest_tool["type"] == "object" and ingest_tool["properties"]["user_id"]["pattern"]
+    with pytest.raises(InputError, match="user_id: Value error, must not hold a NUL character"):
+        await srv.memory.call_tool("narrmem_recall", {"query": "cat", "user_id": "a\x00b"})
+
+
+async def test_stats_with_a_tenant_key_counts_every_user_not_one_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's /v1/stats summed one users() page of 100,000: a tenant of more was undercounted.
+    Pages are made small here (a store that gives at most two users a call)."""
+    import narrmem.doors.server.app as server_app
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    _, key = KeyFile(folder).create("A")
+    async for srv in _server(folder, keys=KeyRing.in_folder(folder, reload_seconds=0)):
+        a = {"X-API-Key": key}
+        for n in range(5):
+            await srv.client.post(
+                "/v1/ingest", json=msg(f"m{n}", "I adopted a cat", user=f"u{n}", tenant="A"), headers=a
+            )
+        await srv.client.post(
+            "/v1/ingest", json=msg("s1", "I decided to quit my job", user="u3", tenant="A"), headers=a
+        )
+        whole = (await srv.client.get("/v1/stats", headers=a)).json()
+        real_users = srv.memory.users
+
+        async def two_at_most(
+            tenant: str | None = None, *, limit: int = 1000, after: str | None = None, real: Any = real_users
+        ) -> Any:
+            return await real(tenant, limit=min(limit, 2), after=after)
+
+        monkeypatch.setattr(srv.memory, "users", two_at_most)
+        monkeypatch.setattr(server_app, "USERS_PAGE", 2, raising=False)
+        paged = (await srv.client.get("/v1/stats", headers=a)).json()
+        assert paged == whole == {"tenant": "A", "users": 5, "memories": 7, "scenes": 1}

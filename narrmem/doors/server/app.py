@@ -9,6 +9,7 @@ request body is one of the library's models (unknown fields are errors naming th
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,22 +20,25 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import AfterValidator, BaseModel
 from starlette.exceptions import HTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from narrmem import __version__
 from narrmem.config import Acknowledge
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
 from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
 from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
+from narrmem.doors.server.hosts import TrustedHost
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
 from narrmem.doors.server.query import QueryUTF8
 from narrmem.doors.server.schemas import (
+    NEEDS_USER_OR_CHAT,
     ContextBody,
     DeleteMessages,
+    ErrorBody,
     IngestBatch,
     MarkUsedBody,
     RecallBody,
@@ -43,7 +47,7 @@ from narrmem.doors.server.schemas import (
 from narrmem.doors.transfer import export_header, export_text, no_forget_pending
 from narrmem.errors import ClosedError, InputError, NarrmemError, PluginError, StoreError, UnknownToolError
 from narrmem.memory import Memory
-from narrmem.models import MAX_ID_CHARS, Hit, IncomingMessage, IngestResult, Scope, no_nul
+from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IncomingMessage, IngestResult, Scope, no_nul
 
 log = logging.getLogger("narrmem.server")
 
@@ -52,7 +56,11 @@ DEFAULT_MAX_BATCH = 500
 UI_PACKAGE = "narrmem.doors.server"
 
 # An id in a query string is held to what ids are held to in a body (no NUL: 500 on PostgreSQL).
-TenantParam = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(no_nul)]
+TenantParam = Annotated[
+    str | None,
+    Query(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA),
+    AfterValidator(no_nul),
+]
 AcknowledgeParam = Annotated[
     Acknowledge | None,
     Query(
@@ -61,13 +69,16 @@ AcknowledgeParam = Annotated[
         "later); default [storage] acknowledge",
     ),
 ]
-UserParam = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(no_nul)]
+UserParam = Annotated[
+    str, Query(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA), AfterValidator(no_nul)
+]
 AfterParam = Annotated[
     str | None,
     Query(
         min_length=1,
         max_length=MAX_ID_CHARS,
         description="the next page: users after this id (the last user_id of the previous page)",
+        json_schema_extra=NO_NUL_SCHEMA,
     ),
     AfterValidator(no_nul),
 ]
@@ -109,7 +120,7 @@ def create_app(
     if allowed_hosts is not None:
         # A page of any site whose name was made to resolve to 127.0.0.1 (DNS rebinding) is of the
         # server's own origin to the browser: without keys it read and forgot everything.
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts), www_redirect=False)
+        app.add_middleware(TrustedHost, allowed_hosts=list(allowed_hosts))
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -153,8 +164,57 @@ def _build(state: ServerState | None, *, ui: bool) -> FastAPI:
 # --- errors ---------------------------------------------------------------------------------
 
 
-def _problem(status: int, detail: Any, **extra: Any) -> JSONResponse:
-    return JSONResponse({"detail": detail, **extra}, status_code=status)
+class Refused(HTTPException):
+    """A refusal of the HTTP door naming the field at fault, when one is (``field`` in the body):
+    the tenant a key cannot reach, the batch over the limit, the memory id that names none."""
+
+    def __init__(
+        self,
+        status_code: int,
+        detail: str,
+        *,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(status_code, detail, headers=headers)
+        self.field = field
+
+
+def _problem(status: int, detail: Any, *, field: str | None = None, **extra: Any) -> JSONResponse:
+    body = {"detail": detail, **({} if field is None else {"field": field})}
+    return JSONResponse(body, status_code=status, **extra)
+
+
+# A part of a field as narrmem writes fields: a list index in brackets ("message_ids[0]"), a
+# quoted key in brackets ('user_map["ann"]'), or a name between dots ("triplets.0.relation").
+_FIELD_PART = re.compile(r'\[(\d+)\]|\["((?:[^"\\]|\\.)*)"\]|([^.\[\]]+)')
+
+
+def _location(field: str) -> list[str | int]:
+    """``field`` as a pydantic location: list indexes are integers there, as pydantic writes them
+    (a name of digits between dots is one too: pydantic's own errors, read by
+    :meth:`InputError.from_pydantic`, write an index so)."""
+    loc: list[str | int] = []
+    for index, key, name in _FIELD_PART.findall(field):
+        if index:
+            loc.append(int(index))
+        elif key:
+            loc.append(key)
+        else:
+            loc.append(int(name) if name.isdigit() else name)
+    return loc
+
+
+def _field_name(path: Sequence[str | int]) -> str | None:
+    """A pydantic location after its 'body', 'query' or 'path', written as narrmem's InputError
+    fields are: names joined by dots, list indexes in brackets (scope.user_id, message_ids[0])."""
+    name = ""
+    for part in path:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        else:
+            name += f".{part}" if name else str(part)
+    return name or None
 
 
 def _errors(app: FastAPI) -> None:
@@ -165,8 +225,14 @@ def _errors(app: FastAPI) -> None:
         # JSON, so the answer was a 500; and an answer need not echo what was sent.
         errors = jsonable_encoder([{k: v for k, v in e.items() if k != "input"} for e in exc.errors()])
         if any(e.get("type") == "json_invalid" for e in errors):
-            return _problem(400, errors)
-        return _problem(422, errors)
+            return _problem(400, errors)  # its location is an offset in the text, not a field
+        # The first error's field, as narrmem's own refusals name one (InputError.from_pydantic).
+        field = _field_name(errors[0]["loc"][1:]) if errors else None
+        return _problem(422, errors, field=field)
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> JSONResponse:
+        return _problem(exc.status_code, exc.detail, field=exc.field, headers=exc.headers)
 
     @app.exception_handler(UnknownToolError)
     async def unknown_tool(request: Request, exc: UnknownToolError) -> JSONResponse:
@@ -174,7 +240,7 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(InputError)
     async def bad_input(request: Request, exc: InputError) -> JSONResponse:
-        loc = ["body", *(exc.field.split(".") if exc.field else [])]
+        loc = ["body", *(_location(exc.field) if exc.field else [])]
         return _problem(422, [{"loc": loc, "msg": str(exc), "type": "narrmem_input"}], field=exc.field)
 
     @app.exception_handler(ClosedError)
@@ -213,18 +279,30 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-def _token(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if header and header.lower().startswith("bearer "):
-        return header[7:].strip()
-    return request.headers.get("x-api-key")
+# Read through FastAPI's security classes so that the OpenAPI document declares both ways of
+# giving a key; auto_error off: a server without keys needs none, and the 401 is ours (below).
+_bearer = HTTPBearer(
+    auto_error=False,
+    bearerFormat="nmk_...",
+    description="`Authorization: Bearer nmk_...` (`narrmem keys create`); needed when the server has keys",
+)
+_api_key_header = APIKeyHeader(
+    name="X-API-Key",
+    auto_error=False,
+    description="the key as `X-API-Key: nmk_...`, read when no bearer key is given",
+)
 
 
-async def _principal(request: Request) -> Principal:
+async def _principal(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_api_key_header)],
+) -> Principal:
     state = _state(request)
     if state.keys is None:
         return OPEN
-    found = await state.keys.verify(_token(request))
+    token = bearer.credentials.strip() if bearer is not None else api_key
+    found = await state.keys.verify(token)
     if found is None:
         raise HTTPException(401, "a valid API key is required", headers={"WWW-Authenticate": "Bearer"})
     return found
@@ -239,7 +317,7 @@ def _tenant(caller: Principal, given: str | None) -> str:
     if given is None:
         return caller.tenant or "default"
     if not caller.allows(given):
-        raise HTTPException(403, f"this key cannot reach tenant {given!r}")
+        raise Refused(403, f"this key cannot reach tenant {given!r}", field="tenant")
     return given
 
 
@@ -258,8 +336,24 @@ def _settled(caller: Principal, model: M) -> M:
 # --- routes ---------------------------------------------------------------------------------
 
 
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+# What any call may answer besides its own (422 is FastAPI's, on the calls that take input).
+SHARED_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("the body is not JSON, or the Host header is not one of the server's"),
+    401: _error("no valid API key, on a server with keys"),
+    403: _error("the key cannot reach this tenant (field: tenant), or the call needs a server without keys"),
+    409: _error("the store refused: it is read-only, or a forget is unfinished"),
+    413: _error("the body is over the server's --max-body, or the batch over --max-batch (field: messages)"),
+    501: _error("no plugin this call needs is loaded (graph, rtm)"),
+    503: _error("the memory is closed"),
+}
+
+
 def _routes() -> APIRouter:
-    r = APIRouter(prefix="/v1")
+    r = APIRouter(prefix="/v1", responses=SHARED_ERRORS)
     for add in (_write_routes, _read_routes, _inspect_routes, _tool_and_event_routes):
         add(r)
     return r
@@ -284,7 +378,7 @@ def _write_routes(r: APIRouter) -> None:
         """Ingest messages in order; all are validated first, and one bad message stores nothing.
         On receipt applies to a batch of up to 8 messages; a larger one answers once written."""
         if len(body.messages) > state.max_batch:
-            raise HTTPException(413, f"a batch holds at most {state.max_batch} messages")
+            raise Refused(413, f"a batch holds at most {state.max_batch} messages", field="messages")
         now = state.memory.clock.now()
         messages = [_settled(caller, m).at(now) for m in body.messages]
         results = await state.memory.ingest_many(messages, acknowledge=acknowledge)
@@ -306,7 +400,9 @@ def _write_routes(r: APIRouter) -> None:
         return counts
 
     @r.post("/forget", tags=["write"])
-    async def forget(body: Scope, caller: Caller, state: State) -> dict[str, int]:
+    async def forget(
+        body: Annotated[Scope, Body(json_schema_extra=NEEDS_USER_OR_CHAT)], caller: Caller, state: State
+    ) -> dict[str, int]:
         """Delete every trace of a user and/or a chat."""
         body = _settled(caller, body)
         counts = await state.memory.forget(user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant)
@@ -355,6 +451,7 @@ def _read_routes(r: APIRouter) -> None:
             k=body.k,
             exclude_message_ids=body.exclude_message_ids,
             reinforce=body.reinforce,
+            asked_at=body.asked_at,
         )
         return {**pack.model_dump(mode="json"), "rendered": pack.render(body.token_budget)}
 
@@ -380,22 +477,27 @@ def _read_routes(r: APIRouter) -> None:
             user_id=user_id, tenant=_tenant(caller, tenant), depth=depth, token_budget=token_budget
         )
 
-    @r.get("/memories/{memory_id}/history", tags=["read"])
+    @r.get(
+        "/memories/{memory_id}/history",
+        tags=["read"],
+        responses={404: _error("no such memory in the tenant (field: memory_id)")},
+    )
     async def history(
         memory_id: int, caller: Caller, state: State, tenant: TenantParam = None
     ) -> dict[str, Any]:
         """A memory's importance over time: stored state, recorded changes, decay's projection."""
         tenant = _tenant(caller, tenant)
+        unknown = Refused(404, f"no memory {memory_id} in tenant {tenant!r}", field="memory_id")
         if not 0 < memory_id < 2**63:
-            raise HTTPException(404, f"no memory {memory_id} in tenant {tenant!r}")
+            raise unknown
         try:
             found = await state.memory.history(memory_id)
         except InputError as exc:
             if exc.field == "memory_id":
-                raise HTTPException(404, f"no memory {memory_id} in tenant {tenant!r}") from exc
+                raise unknown from exc
             raise
         if found["memory"]["tenant"] != tenant:  # the same answer as for an id never used
-            raise HTTPException(404, f"no memory {memory_id} in tenant {tenant!r}")
+            raise unknown
         return {**found, "now": state.memory.clock.now().isoformat()}
 
 
@@ -435,13 +537,7 @@ def _inspect_routes(r: APIRouter) -> None:
         """What is stored. A tenant's key sees its tenant's counts only."""
         if caller.tenant is None:
             return await state.memory.stats()
-        rows = await state.memory.users(caller.tenant, limit=100_000)
-        return {
-            "tenant": caller.tenant,
-            "users": len(rows),
-            "memories": sum(r["memories"] for r in rows),
-            "scenes": sum(r["scenes"] for r in rows),
-        }
+        return {"tenant": caller.tenant, **await _tenant_counts(state.memory, caller.tenant)}
 
 
 def _tool_and_event_routes(r: APIRouter) -> None:
@@ -461,7 +557,7 @@ def _tool_and_event_routes(r: APIRouter) -> None:
             for name in registry.names()
         ]
 
-    @r.post("/tools/{name}", tags=["tools"])
+    @r.post("/tools/{name}", tags=["tools"], responses={404: _error("no tool of this name (field: name)")})
     async def call_tool(
         name: str, caller: Caller, state: State, arguments: Annotated[dict[str, Any], Body()]
     ) -> dict[str, Any]:
@@ -475,8 +571,13 @@ def _tool_and_event_routes(r: APIRouter) -> None:
             arguments = {**arguments, "tenant": _tenant(caller, given)}
         return await state.memory.call_tool(name, arguments)
 
-    @r.get("/export", tags=["read"])
-    async def export(caller: Caller, state: State, tenant: TenantParam = None) -> StreamingResponse:
+    @r.get(
+        "/export",
+        tags=["read"],
+        response_class=NDJSONStream,
+        responses=_stream_answers(NDJSONStream, "the export, one JSON object a line (JSON Lines)"),
+    )
+    async def export(caller: Caller, state: State, tenant: TenantParam = None) -> NDJSONStream:
         """narrmem's JSONL export (``narrmem import`` reads it). A server without keys asked for no
         ``tenant`` streams the whole store, lossless (graph, RTM trees, importance history, plugin
         state); a tenant's export holds that tenant's memories with their vectors only."""
@@ -484,9 +585,14 @@ def _tool_and_event_routes(r: APIRouter) -> None:
         # Checked before the answer starts: inside the stream, its refusal cut a 200 short.
         await state.memory.settle()
         await no_forget_pending(state.memory)
-        return StreamingResponse(_export_lines(state.memory, only), media_type="application/x-ndjson")
+        return NDJSONStream(_export_lines(state.memory, only))
 
-    @r.get("/events", tags=["events"])
+    @r.get(
+        "/events",
+        tags=["events"],
+        response_class=EventStream,
+        responses=_stream_answers(EventStream, "server-sent events: `event: trigger`, `data:` the event"),
+    )
     async def events(
         caller: Caller,
         state: State,
@@ -496,13 +602,58 @@ def _tool_and_event_routes(r: APIRouter) -> None:
             float | None, Query(gt=0, le=86_400, description="end when quiet this long")
         ] = None,
         keepalive: Annotated[float, Query(ge=0.05, le=300)] = 15.0,
-    ) -> StreamingResponse:
+    ) -> EventStream:
         """Trigger events as server-sent events (``event: trigger``, the event as JSON)."""
         only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
         stream = state.hub.stream(only, max_events=max_events, idle_timeout=idle_seconds, keepalive=keepalive)
-        return StreamingResponse(
-            stream, media_type="text/event-stream", headers={"Cache-Control": "no-store"}
-        )
+        return EventStream(stream, headers={"Cache-Control": "no-store"})
+
+
+class NDJSONStream(StreamingResponse):
+    """A streamed answer of JSON Lines."""
+
+    media_type = "application/x-ndjson"
+
+
+class EventStream(StreamingResponse):
+    """A streamed answer of server-sent events."""
+
+    media_type = "text/event-stream"
+
+
+def _stream_answers(response: type[StreamingResponse], description: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI answers of a stream route: a 200 of the stream's media type, as text, and the
+    shared errors as JSON. A "model" answer would be declared of the route's media type (FastAPI
+    takes its response class's), where the errors are JSON all the same: declared by reference."""
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    return {
+        200: {
+            "description": description,
+            "content": {str(response.media_type): {"schema": {"type": "string"}}},
+        },
+        **{
+            status: {"description": answer["description"], "content": error}
+            for status, answer in SHARED_ERRORS.items()
+        },
+    }
+
+
+# Users counted a page at a time (the most Memory.users gives at once): one call undercounted a
+# tenant of more users than a page holds.
+USERS_PAGE = 100_000
+
+
+async def _tenant_counts(memory: Memory, tenant: str) -> dict[str, int]:
+    users = memories = scenes = 0
+    after: str | None = None
+    while True:
+        page = await memory.users(tenant, limit=USERS_PAGE, after=after)
+        users += len(page)
+        memories += sum(row["memories"] for row in page)
+        scenes += sum(row["scenes"] for row in page)
+        if len(page) < USERS_PAGE:
+            return {"users": users, "memories": memories, "scenes": scenes}
+        after = page[-1]["user_id"]
 
 
 async def _export_lines(memory: Memory, tenant: str | None) -> AsyncIterator[str]:

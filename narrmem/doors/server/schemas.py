@@ -1,18 +1,58 @@
 """Request bodies of the HTTP API that the library has no model for; every one forbids unknown
-fields and bounds every string and list, like the library's own models."""
+fields and bounds every string and list, like the library's own models. Also the body of every
+error the server sends (:class:`ErrorBody`)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated, Any
 
-from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, IncomingMessage, RecallRequest, Scope
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from narrmem.models import (
+    MAX_ID_CHARS,
+    MAX_QUERY_CHARS,
+    NO_NUL_SCHEMA,
+    IncomingMessage,
+    RecallRequest,
+    Scope,
+)
 
 MAX_MESSAGE_IDS = 1000
+MEMORY_ID_LIMIT = 2**63  # every id is below it (SQLite's and PostgreSQL's bigint)
+
+# Scope's validator (_needs_user_or_chat) refuses a scope with neither id; said here in the JSON
+# schema, for clients generated from the document. Only on the HTTP bodies: Scope's own schema
+# is also the root of tools' arguments (narrmem_recall), and function calling (OpenAI's strict
+# mode among them) takes no anyOf at a schema's root; and beside the reference, not in a model
+# of another name, so that the document's Scope keeps its name. A null id satisfies neither branch.
+NEEDS_USER_OR_CHAT: dict[str, Any] = {
+    "anyOf": [
+        {"required": ["user_id"], "properties": {"user_id": {"type": "string"}}},
+        {"required": ["chat_id"], "properties": {"chat_id": {"type": "string"}}},
+    ]
+}
+
+# Item bounds said in the schema only: narrmem's own checks (message_id_list, memory_id_list)
+# refuse the same items, with messages naming the item (message_ids[0]) that clients may match;
+# pydantic's constraints would refuse them first, with other words.
+MessageIdItem = Annotated[
+    str, Field(json_schema_extra={"minLength": 1, "maxLength": MAX_ID_CHARS, **NO_NUL_SCHEMA})
+]
+# Exclusive 2**63, not inclusive 2**63 - 1: the document writes bounds as floats (FastAPI's
+# model), and 2**63 - 1 became 2.0**63, which took 2**63.
+MemoryIdItem = Annotated[int, Field(json_schema_extra={"minimum": 1, "exclusiveMaximum": MEMORY_ID_LIMIT})]
 
 
 class _Strict(BaseModel):
     # Strict as the tools' arguments are: "5" is not a number, nor 1 a boolean.
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _id(default: str | None = None) -> Any:
+    """An id field of a body: its bounds, and no NUL (refused by the memory's calls, see no_nul)."""
+    if default is None:
+        return Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
+    return Field(default=default, min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
 
 
 class IngestBatch(_Strict):
@@ -25,9 +65,9 @@ class IngestBatch(_Strict):
 class DeleteMessages(_Strict):
     """Forget what these messages of a chat left (a chat reported them deleted)."""
 
-    chat_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    message_ids: list[str] = Field(min_length=1, max_length=MAX_MESSAGE_IDS)
-    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+    chat_id: str = _id()
+    message_ids: list[MessageIdItem] = Field(min_length=1, max_length=MAX_MESSAGE_IDS)
+    tenant: str = _id("default")
 
 
 class RecallBody(RecallRequest):
@@ -35,10 +75,13 @@ class RecallBody(RecallRequest):
     as the recall tool's arguments are ("k": "5" or true is refused, not read as 5 or 1)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+    scope: Annotated[Scope, Field(json_schema_extra=NEEDS_USER_OR_CHAT)]
     explain: bool = Field(default=False, description="include each hit's why")
 
 
 class ContextBody(Scope):
+    model_config = ConfigDict(json_schema_extra=NEEDS_USER_OR_CHAT)
+
     text: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the message being answered")
     k: int = Field(default=8, ge=1, le=200)
     exclude_message_ids: list[str] = Field(default_factory=list, max_length=200)
@@ -47,14 +90,42 @@ class ContextBody(Scope):
         default=True,
         description="the hits gain importance as a recall's do; false: a look that changes nothing",
     )
+    asked_at: AwareDatetime | None = Field(
+        default=None,
+        description="when the message was sent, with the sender's UTC offset (its ts): 'yesterday' "
+        "and 'last Monday' in it are days of the sender's calendar (default: the memory's clock)",
+    )
 
 
 class TurnContextBody(_Strict):
     text: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
-    user_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    chat_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    tenant: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+    user_id: str = _id()
+    chat_id: str = _id()
+    tenant: str = _id("default")
 
 
 class MarkUsedBody(Scope):
-    memory_ids: list[int] = Field(min_length=1, max_length=200)
+    model_config = ConfigDict(json_schema_extra=NEEDS_USER_OR_CHAT)
+
+    memory_ids: list[MemoryIdItem] = Field(min_length=1, max_length=200)
+
+
+class ValidationErrorItem(BaseModel):
+    """One problem with a request, as pydantic reports it (narrmem's own checks report theirs the
+    same way, with ``type`` ``narrmem_input``)."""
+
+    loc: list[str | int] = Field(description="where: 'body', 'query' or 'path', then the field's path")
+    msg: str
+    type: str
+    ctx: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    """The body of every error the server sends: ``detail`` says what is wrong (a list of problems
+    for a request that is not valid), ``field`` names the field at fault when one is."""
+
+    detail: str | list[ValidationErrorItem]
+    field: str | None = Field(
+        default=None,
+        description="the field at fault, as narrmem writes fields: scope.user_id, message_ids[0]",
+    )
