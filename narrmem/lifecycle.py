@@ -30,6 +30,7 @@ from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.models import Message
 from narrmem.settling import Settling
 from narrmem.store import FencesWorkers, Store
+from narrmem.to_the_end import finished
 from narrmem.tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ class MemoryLifecycle:
             self, write_lock, self._settling, self._inbox, fence, calls, self._edit_marks
         )
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None
         self._shut = False  # closed to the end: public calls are refused (see while_open)
         self._started = False
         self._loop_guard: asyncio.Task[None] | None = None
@@ -194,11 +196,20 @@ class MemoryLifecycle:
             raise
 
     async def close(self) -> None:
+        # Once begun, to its end, whoever cancels the caller (a bot's shutdown cancels its
+        # tasks): a close cancelled after its first step left the store open, the folder locked
+        # and threads that kept the process from exiting, and a second close returned at once.
+        # A second close waits for the first.
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close_now(asyncio.current_task()))
+        await finished(self._closing)
+
+    async def _close_now(self, caller: asyncio.Task[Any] | None) -> None:
         if self._closed:
             return
         self._closed = True
         guard, self._loop_guard = self._loop_guard, None
-        if guard is not None and guard is not asyncio.current_task():
+        if guard is not None and guard is not caller:
             guard.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await guard
@@ -215,9 +226,9 @@ class MemoryLifecycle:
         finally:
             # From here on the store and the model go: calls are refused, not half answered.
             self._shut = True
-        for part in (self._store, self._embedder):
-            if part is not None:
-                await part.close()
+            for part in (self._store, self._embedder):
+                if part is not None:
+                    await part.close()
 
     async def __aenter__(self) -> Self:
         return self

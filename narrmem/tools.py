@@ -38,10 +38,12 @@ class Tool:
     handler: Callable[[MemoryView, Any], Awaitable[Any]]
 
     def input_schema(self) -> dict[str, Any]:
-        return without_nul_patterns(self.input_model.model_json_schema())
+        schema: dict[str, Any] = without_nul_patterns(self.input_model.model_json_schema())
+        return schema
 
     def output_schema(self) -> dict[str, Any]:
-        return without_nul_patterns(self.output_model.model_json_schema())
+        schema: dict[str, Any] = without_nul_patterns(self.output_model.model_json_schema())
+        return schema
 
 
 def without_nul_patterns(schema: Any) -> Any:

@@ -57,6 +57,7 @@ from narrmem.store import (
     with_context_writes,
 )
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
+from narrmem.to_the_end import to_the_end
 
 log = logging.getLogger("narrmem.storage_sqlite")
 
@@ -609,6 +610,18 @@ class SQLiteStore(ForgetJournal):
             raise
 
     async def _add(
+        self,
+        records: Sequence[MemoryRecord],
+        vectors: np.ndarray | Awaitable[np.ndarray],
+        state: Sequence[StateEntry] = (),
+        context: Mapping[int, Sequence[ContextLine]] | None = None,
+    ) -> list[int]:
+        # Once begun, to its end: a caller cancelled after the commit (a bot's timeout) left the
+        # rows without their vectors in the index, a memory no vector search found, for good (the
+        # index's change count matched at the next open).
+        return await to_the_end(self._add_now(records, vectors, state, context))
+
+    async def _add_now(
         self,
         records: Sequence[MemoryRecord],
         vectors: np.ndarray | Awaitable[np.ndarray],

@@ -1,0 +1,101 @@
+"""Calls a bot cancels: a handler under ``asyncio.timeout``, a library cancelling its tasks at
+shutdown, an HTTP client that hangs up. What was begun is finished or not begun: a write whose
+rows are committed has its vectors in the index, and a close closes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _helpers import msg
+
+from narrmem import Memory, Scope
+from narrmem.testing import open_memory
+from narrmem.to_the_end import to_the_end
+
+
+async def test_to_the_end_finishes_the_work_then_raises_the_cancel() -> None:
+    steps: list[str] = []
+
+    async def work() -> str:
+        steps.append("begun")
+        await asyncio.sleep(0.05)
+        steps.append("ended")
+        return "done"
+
+    task = asyncio.ensure_future(to_the_end(work()))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    results = await asyncio.gather(task, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert steps == ["begun", "ended"]
+    assert await to_the_end(work()) == "done"
+
+
+@pytest.mark.sqlite_only("the SQLite store's vector index beside its rows")
+async def test_an_ingest_cancelled_as_its_vectors_go_into_the_index_leaves_them_there(tmp_path: Path) -> None:
+    """Cancelled after the commit, at the index's add, the memory kept its row and lost its
+    vector: no vector search found it, and the next open did not notice (the change counts
+    matched)."""
+    async with open_memory(tmp_path / "m") as memory:
+        await memory.ingest(msg("m0", "my sister Lena lives in Porto", user="ann"))
+        index = memory.store.index
+        original = index.add
+        reached = asyncio.Event()
+
+        def add(*args: Any, **kwargs: Any) -> Any:
+            reached.set()
+            return original(*args, **kwargs)
+
+        index.add = add
+        task = asyncio.ensure_future(
+            memory.ingest(msg("m1", "my favourite bakery is called Crumb", user="ann"))
+        )
+        await reached.wait()
+        task.cancel()
+        [outcome] = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(outcome, asyncio.CancelledError)
+        index.add = original
+        retry = await memory.ingest(msg("m1", "my favourite bakery is called Crumb", user="ann"))
+        assert retry.duplicate
+        await memory.settle()
+        [(row_id,)] = await _rows(memory, "SELECT id FROM memories WHERE text LIKE '%Crumb%'")
+        vector = await memory.embedder.embed(["my favourite bakery is called Crumb"])
+        found = await memory.store.search_vectors(Scope(user_id="ann"), np.asarray(vector[0]), 5)
+        assert row_id in [memory_id for memory_id, _ in found]
+
+
+async def _rows(memory: Memory, query: str) -> list[tuple[Any, ...]]:
+    async with memory.store.sql() as db:
+        rows: list[tuple[Any, ...]] = await db.fetchall(query, ())
+    return rows
+
+
+async def test_a_close_cancelled_part_way_still_closes(tmp_path: Path) -> None:
+    """The close stopped at its first step: the store stayed open (the folder locked to a new
+    open, even in this process), its threads kept the process from exiting, and a second close
+    returned at once."""
+    before = set(threading.enumerate())
+    memory = await open_memory(tmp_path / "m", storage={"acknowledge": "on_receipt"})
+    for n in range(3):
+        await memory.ingest(msg(f"m{n}", f"a message about gardening, number {n}", user="ann"))
+    closing = asyncio.ensure_future(memory.close())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    closing.cancel()
+    await asyncio.gather(closing, return_exceptions=True)
+    await memory.close()
+    async with open_memory(tmp_path / "m") as reopened:
+        assert len(await _rows(reopened, "SELECT id FROM memories WHERE kind = 'episode'")) == 3
+    for _ in range(50):
+        # The event loop's own executor thread (asyncio_0) ends with the loop, not with a memory.
+        new = set(threading.enumerate()) - before
+        left = [t for t in new if t.is_alive() and not t.daemon and not t.name.startswith("asyncio_")]
+        if not left:
+            break
+        await asyncio.sleep(0.02)
+    assert left == []
