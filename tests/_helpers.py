@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from narrmem import hookimpl
+
 DB_NAME = "narrmem.sqlite3"
 INDEX_NAME = "vectors"
 MANIFEST = "vectors/manifest.json"
@@ -208,3 +210,14 @@ async def answer_status(writer: asyncio.StreamWriter, status: int) -> None:
     writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode())
     await writer.drain()
     writer.close()
+
+
+class PluginErrors:
+    """Every error a plugin raised that the host isolated and reported."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, BaseException]] = []
+
+    @hookimpl
+    def narrmem_plugin_error(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
+        self.seen.append((plugin_name, hook_name, error))

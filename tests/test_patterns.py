@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _helpers import msg, store_fingerprint
+from _helpers import PluginErrors, msg, store_fingerprint
 
-from narrmem import Memory, Scope, hookimpl
+from narrmem import Memory, Scope
 from narrmem.clock import ManualClock
 
 START = datetime(2026, 7, 1, 9, tzinfo=UTC)
@@ -87,15 +87,6 @@ async def test_a_readout_past_what_it_reads_says_its_counts_are_lower_bounds(
         monkeypatch.setattr(readout, "MAX_EPISODES", 5)  # fewer than the user's seven episodes
         bounded = (await memory.patterns(user_id="ann"))["counts"]
         assert bounded and all(c["at_least"] for c in bounded)
-
-
-class PluginErrors:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, BaseException]] = []
-
-    @hookimpl
-    def narrmem_plugin_error(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
-        self.seen.append((plugin_name, hook_name, error))
 
 
 async def test_a_bots_own_emotions_in_meta_are_not_moods(tmp_path: Path) -> None:

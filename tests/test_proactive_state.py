@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _helpers import msg, store_sql
+from _helpers import PluginErrors, msg, store_sql
 from narrmem_plugins.proactive import NAME, firings_key
 
-from narrmem import IngestResult, ManualClock, Memory, Message, PatternCount, hookimpl
+from narrmem import IngestResult, ManualClock, Memory, Message, PatternCount
 from narrmem.testing import open_memory
 
 START = datetime(2026, 5, 4, 9, tzinfo=UTC)
@@ -31,17 +31,6 @@ FAMILY_FIRST = [
     "I think time with my kids is more important than a bigger salary",
     "I think family is more important than any job title",
 ]
-
-
-class PluginErrors:
-    """Every error a plugin raised that the host isolated and reported."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, BaseException]] = []
-
-    @hookimpl
-    def narrmem_plugin_error(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
-        self.seen.append((plugin_name, hook_name, error))
 
 
 def _mention(day: int, marker: str) -> Message:
