@@ -201,6 +201,12 @@ class Forgetting:
                 return
             await self._changed.wait()
 
+    async def outlasted(self) -> None:
+        """Wait for the forgets whose callers gave up (see :meth:`_to_the_end`); at once inside
+        hooks or a unit, which they may be waiting for."""
+        while self._outlasting and not inside_own_work():
+            await asyncio.gather(*list(self._outlasting), return_exceptions=True)
+
     async def close(self) -> None:
         """Stop the forgets from hooks still waiting for messages under way: their jobs stay
         recorded, and the next open finishes them."""

@@ -90,6 +90,9 @@ class Memory(MemoryLifecycle):
         await self._inbox.drained()
         await self._settling.settle()
         await self._forgetting.finished_later()
+        # A forget whose caller gave up (a handler's timeout) runs on to its end: settled, the
+        # person is gone (it was still recalled right after).
+        await self._forgetting.outlasted()
 
     async def written(
         self,

@@ -99,3 +99,20 @@ async def test_a_close_cancelled_part_way_still_closes(tmp_path: Path) -> None:
             break
         await asyncio.sleep(0.02)
     assert left == []
+
+
+async def test_settle_waits_for_a_forget_whose_caller_gave_up(tmp_path: Path) -> None:
+    """The forget runs on to its end, but settle() returned before it: the person was still
+    recalled right after."""
+    async with open_memory(tmp_path / "m") as memory:
+        for n in range(6):
+            await memory.ingest(msg(f"a{n}", f"my sister Lena lives in Porto, {n}", user="ann"))
+        await memory.settle()
+        forgetting = asyncio.ensure_future(memory.forget(user_id="ann"))
+        for _ in range(2):
+            await asyncio.sleep(0)
+        forgetting.cancel()
+        await asyncio.gather(forgetting, return_exceptions=True)
+        await memory.settle()
+        assert await _rows(memory, "SELECT id FROM memories WHERE user_id = 'ann'") == []
+        assert await memory.recall("where does my sister live", user_id="ann", reinforce=False) == []
