@@ -135,14 +135,19 @@ async def test_no_history_row_holds_a_querys_words(life: tuple[Memory, ManualClo
     assert not any("zq" in why or "carpenter" in why or "Miso" in why for _, _, why in rows)
 
 
+async def _lisbon_scene(mem: Memory) -> int:
+    """A scene of ann's stored at importance 0.4; its id."""
+    added = await mem.call_tool(
+        "soul_narrative",
+        {"action": "add", "user_id": "ann", "event": "I finally moved to Lisbon.", "importance": 0.4},
+    )
+    return int(added["scenes"][0]["id"])
+
+
 async def test_importance_shown_is_the_decayed_value(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     async with open_memory(tmp_path / "s", real_model=True, clock=clock, plugin=REINFORCE) as mem:
-        added = await mem.call_tool(
-            "soul_narrative",
-            {"action": "add", "user_id": "ann", "event": "I finally moved to Lisbon.", "importance": 0.4},
-        )
-        scene_id = added["scenes"][0]["id"]
+        scene_id = await _lisbon_scene(mem)
         clock.set(clock.now() + timedelta(days=7 + 365))
         [hit] = await mem.recall("moving to Lisbon", user_id="ann", k=1, reinforce=False)
         assert hit.id == scene_id and hit.importance <= 0.05 and hit.base_importance == 0.4
@@ -158,11 +163,7 @@ async def test_a_reinforced_hit_decays_from_its_new_value(tmp_path: Path) -> Non
     """The hit said its importance decays from the value before this recall reinforced it."""
     clock = ManualClock(T0)
     async with open_memory(tmp_path / "s", real_model=True, clock=clock, plugin=REINFORCE) as mem:
-        added = await mem.call_tool(
-            "soul_narrative",
-            {"action": "add", "user_id": "ann", "event": "I finally moved to Lisbon.", "importance": 0.4},
-        )
-        scene_id = added["scenes"][0]["id"]
+        scene_id = await _lisbon_scene(mem)
         clock.set(clock.now() + timedelta(days=200))
         [hit] = await mem.recall("moving to Lisbon", user_id="ann", k=1)
         [row] = await store_sql(mem, "SELECT importance FROM memories WHERE id = ?", [scene_id])
