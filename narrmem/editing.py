@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from narrmem.fence import Fence
     from narrmem.in_flight import Call, CallsUnderWay
     from narrmem.memory import Memory
+    from narrmem.to_the_end import Outlasting
 
 
 class ForgetsMessages(Protocol):
@@ -78,13 +79,14 @@ class EditSteps:
     forget_messages: ForgetsMessages
     ingest: Ingests
     one_at_a_time: OneEditAtATime
+    outlasting: Outlasting
 
 
 async def edit(memory: Memory, message: Message | dict[str, Any], steps: EditSteps) -> IngestResult:
     edited = as_message(message, None)
     # One piece of work that outlives a caller giving up (a timeout around the edit): cancelled
-    # between the two steps, the edit left neither text.
-    return await asyncio.shield(_edit(memory, edited, steps))
+    # between the two steps, the edit left neither text. settle() waits for it.
+    return await steps.outlasting.run(_edit(memory, edited, steps))
 
 
 async def _edit(memory: Memory, edited: Message, steps: EditSteps) -> IngestResult:

@@ -26,6 +26,7 @@ from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 from narrmem.store import PurgesDeleted
+from narrmem.to_the_end import Outlasting
 
 if TYPE_CHECKING:
     from narrmem.edit_marks import EditMarks
@@ -65,7 +66,7 @@ class Forgetting:
         self.fence = fence
         self.calls = calls
         self._finishing_later: set[asyncio.Task[None]] = set()
-        self._outlasting: set[asyncio.Task[Any]] = set()  # kept referenced while they run
+        self._outlasting = Outlasting("a forget")
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
         self._changed = asyncio.Event()
@@ -90,14 +91,7 @@ class Forgetting:
         left the person's facts and summaries in the graph until the next open, weeks later for
         a bot that runs for weeks. Closing does not wait for it: a forget held at another
         worker's gate ends with the close, its job recorded for the next open, as before."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._outlasting.add(task)
-        task.add_done_callback(self._outlasting.discard)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(_log_failure)
-            raise
+        return await self._outlasting.run(work)
 
     async def _scope(self, scope: Scope) -> dict[str, int]:
         from_hooks = inside_own_work()
@@ -204,8 +198,7 @@ class Forgetting:
     async def outlasted(self) -> None:
         """Wait for the forgets whose callers gave up (see :meth:`_to_the_end`); at once inside
         hooks or a unit, which they may be waiting for."""
-        while self._outlasting and not inside_own_work():
-            await asyncio.gather(*list(self._outlasting), return_exceptions=True)
+        await self._outlasting.ended()
 
     async def close(self) -> None:
         """Stop the forgets from hooks still waiting for messages under way: their jobs stay
@@ -405,12 +398,6 @@ class Forgetting:
                     # A plugin's service may be down: the bot still starts (the store holds
                     # nothing of the scope any more), and the job waits for the next open.
                     log.exception("forget %d is not finished: a plugin failed to scrub its copies", job.id)
-
-
-def _log_failure(task: asyncio.Task[Any]) -> None:
-    # Its caller has gone: no one else hears of it (a plugin's failure leaves the job recorded).
-    if not task.cancelled() and task.exception() is not None:
-        log.error("a forget whose caller gave up failed: %r", task.exception(), exc_info=task.exception())
 
 
 def again_key(job: ForgetJob) -> str:

@@ -254,6 +254,17 @@ class IngestPipeline:
             if unit is not None:
                 self.fence.leave(unit)
 
+    def _hooks_of_cancelled(self, items: list[Pending], prefix: str) -> None:
+        """Schedule the after-store hooks of a batch whose caller was cancelled as it was written
+        (a store's write runs to its end): those of its messages the write committed. Left to the
+        next open, a bot that runs for months lost their counts, facts and triggers for months."""
+        keys = {
+            key
+            for item, (_, key, _) in zip(items, self.settling.entries(prefix, items), strict=True)
+            if item.records[0].id is not None
+        }
+        self.settling.schedule_left(self, prefix, keys, self.fence.hooks_later())
+
     def _leave_unit(self, unit: int, _task: object) -> None:
         self.fence.leave(unit)
 
@@ -430,6 +441,7 @@ class IngestPipeline:
             return [], None
         later: asyncio.Future[np.ndarray] | None = None
         unit: int | None = None
+        writing: list[Pending] = []
         try:
             with self.fence.covering(prepared.held):
                 for n, item in enumerate(kept):
@@ -464,8 +476,11 @@ class IngestPipeline:
             written = []
             if kept:
                 vectors = functools.partial(_vectors, prepared, rest, later)
+                writing = kept
                 written = await self._write(kept, results, prefix, vectors, while_embedding)
-        except BaseException:
+        except BaseException as exc:
+            if writing and prefix is not None and isinstance(exc, asyncio.CancelledError):
+                self._hooks_of_cancelled(writing, prefix)
             if unit is not None:
                 self.fence.leave(unit)
             raise

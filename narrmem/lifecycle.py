@@ -30,7 +30,7 @@ from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.models import Message
 from narrmem.settling import Settling
 from narrmem.store import FencesWorkers, Store
-from narrmem.to_the_end import finished
+from narrmem.to_the_end import Outlasting, finished
 from narrmem.tools import ToolRegistry
 
 if TYPE_CHECKING:
@@ -97,6 +97,7 @@ class MemoryLifecycle:
         )
         self._edit_marks = EditMarks(self, self._settling)
         self._one_edit_at_a_time = OneEditAtATime()
+        self._edits_outlasting = Outlasting("an edit")
         self._forgetting = Forgetting(
             self, write_lock, self._settling, self._inbox, fence, calls, self._edit_marks
         )
@@ -215,6 +216,8 @@ class MemoryLifecycle:
                 await guard
         try:
             if self._started:
+                # An edit whose caller gave up ends first: it found the store shut half way.
+                await self._edits_outlasting.ended()
                 await self._inbox.drained()
                 await self._inbox.close()
                 # A forget run from hooks is finished once the messages under way have ended.

@@ -86,7 +86,10 @@ class Memory(MemoryLifecycle):
         waits for another try); closing the memory and a forget wait for them too. Outside hooks,
         it also waits for forgets run from hooks to be finished (see :meth:`forget`), but for
         those waiting for messages still under way (calls not yet answered, whose hooks may be
-        waiting for the caller)."""
+        waiting for the caller), and for the ingests, edits and forgets whose callers gave up
+        (a timeout around the call): they run on to their end."""
+        # An edit whose caller gave up runs on (see edit): its new text and its hooks first.
+        await self._edits_outlasting.ended()
         await self._inbox.drained()
         await self._settling.settle()
         await self._forgetting.finished_later()
@@ -127,6 +130,7 @@ class Memory(MemoryLifecycle):
             self._forgetting.messages,
             self._ingest.run,
             self._one_edit_at_a_time,
+            self._edits_outlasting,
         )
         return await editing.edit(self, message, steps)
 

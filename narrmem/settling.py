@@ -138,6 +138,24 @@ class Settling:
             self._batches_running.popleft()  # they finish in order: the done ones lead
         self._batches_running.append(self._tail)
 
+    def schedule_left(
+        self, pipeline: IngestPipeline, prefix: str, keys: set[str], ended: Callable[[], None]
+    ) -> None:
+        """Run, as :meth:`schedule` does, the hooks of the entries ``keys`` of a batch whose caller
+        was cancelled as it was written: those the write left in the store (none when it rolled
+        back), rebuilt from the records as the next open does."""
+
+        async def run() -> None:
+            items = [
+                item
+                for key, value in await self.memory.store.state_items(NAMESPACE)
+                if key in keys and (item := await self._rebuild(value)) is not None
+            ]
+            if items:
+                await pipeline.after_store(items, None)
+
+        self.schedule(run, prefix, len(keys), ended)
+
     def scheduled(self) -> asyncio.Future[None] | None:
         """What ends once the hooks scheduled so far have run (``None``: none is scheduled)."""
         tail = self._tail

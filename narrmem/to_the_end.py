@@ -10,10 +10,14 @@ step left the data folder locked and threads that kept the process from exiting.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from narrmem.fence import inside_own_work
+
 T = TypeVar("T")
+log = logging.getLogger("narrmem")
 
 
 async def to_the_end(work: Coroutine[Any, Any, T]) -> T:
@@ -40,3 +44,37 @@ async def finished(task: asyncio.Future[T]) -> T:
         if cancelled:
             raise asyncio.CancelledError
         return result
+
+
+class Outlasting:
+    """Work run on to its end though its caller gives up, whose caller's cancel is raised at once
+    (a timeout around ``forget`` or ``edit`` times out on time), kept here so that
+    :meth:`Memory.settle <narrmem.memory.Memory.settle>` can wait for it: untracked, an edit
+    whose caller gave up was still under way after ``settle()``, the old text recalled."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._tasks: set[asyncio.Task[Any]] = set()  # kept referenced while they run
+
+    async def run(self, work: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._log_failure)
+            raise
+
+    async def ended(self) -> None:
+        """Wait for the work whose callers gave up; at once inside hooks or a unit of
+        :mod:`narrmem.fence`, which that work may be waiting for."""
+        while self._tasks and not inside_own_work():
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _log_failure(self, task: asyncio.Task[Any]) -> None:
+        # Its caller has gone: no one else hears of it.
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "%s whose caller gave up failed: %r", self.what, task.exception(), exc_info=task.exception()
+            )

@@ -5,6 +5,7 @@ rows are committed has its vectors in the index, and a close closes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from _helpers import msg
 
-from narrmem import Memory, Scope
+from narrmem import Memory, Message, Scope, hookimpl
 from narrmem.testing import open_memory
 from narrmem.to_the_end import to_the_end
 
@@ -116,3 +117,91 @@ async def test_settle_waits_for_a_forget_whose_caller_gave_up(tmp_path: Path) ->
         await memory.settle()
         assert await _rows(memory, "SELECT id FROM memories WHERE user_id = 'ann'") == []
         assert await memory.recall("where does my sister live", user_id="ann", reinforce=False) == []
+
+
+class AfterStoreSeen:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @hookimpl
+    async def narrmem_after_store(self, message: Message) -> None:
+        self.seen.append(message.message_id)
+
+
+@pytest.mark.sqlite_only("the SQLite store's vector index beside its rows")
+@pytest.mark.parametrize("acknowledge", ["after_hooks", "after_write"])
+async def test_the_hooks_of_an_ingest_cancelled_as_it_is_written_run_by_settle(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    """Cancelled as its write ended, the message was stored and its after-store hooks (counts,
+    facts, triggers) were left for the next open: months later for a bot that runs for months.
+    They run once, by ``settle()``, and the next open does not run them again."""
+    seen = AfterStoreSeen()
+    async with open_memory(tmp_path / "m", plugins=[seen], storage={"acknowledge": acknowledge}) as memory:
+        await memory.ingest(msg("m0", "my sister Lena lives in Porto", user="ann"))
+        await memory.settle()
+        index = memory.store.index
+        original = index.add
+        reached = asyncio.Event()
+
+        def add(*args: Any, **kwargs: Any) -> Any:
+            reached.set()
+            return original(*args, **kwargs)
+
+        index.add = add
+        task = asyncio.ensure_future(memory.ingest(msg("m1", "I moved to Lisbon for my new job", user="ann")))
+        await reached.wait()
+        task.cancel()
+        [outcome] = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(outcome, asyncio.CancelledError)
+        index.add = original
+        await memory.settle()
+        assert seen.seen == ["m0", "m1"]
+        assert await _rows(memory, "SELECT key FROM plugin_state WHERE namespace = 'narrmem.settling'") == []
+    again = AfterStoreSeen()
+    async with open_memory(tmp_path / "m", plugins=[again]) as memory:
+        await memory.settle()
+    assert again.seen == []
+
+
+async def test_settle_waits_for_an_edit_whose_caller_gave_up(tmp_path: Path) -> None:
+    """The edit runs on to its end, but settle() returned before it: the old text was still
+    recalled right after, and the new one not yet."""
+    async with open_memory(tmp_path / "m") as memory:
+        await memory.ingest(msg("e1", "my sister Lena lives in Porto", user="ann"))
+        await memory.settle()
+        editing = asyncio.ensure_future(memory.edit(msg("e1", "my sister Lena lives in Madrid", user="ann")))
+        for _ in range(2):
+            await asyncio.sleep(0)
+        editing.cancel()
+        await asyncio.gather(editing, return_exceptions=True)
+        await memory.settle()
+        texts = [
+            hit.text
+            for hit in await memory.recall("where does my sister live", user_id="ann", reinforce=False)
+        ]
+        assert any("Madrid" in text for text in texts)
+        assert not any("Porto" in text for text in texts)
+
+
+async def test_a_close_right_after_an_edit_whose_caller_gave_up_lets_it_end(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The close shut the store under the edit still under way: it failed half way (the store
+    closed), and the next open had to make it again."""
+    caplog.set_level(logging.WARNING, logger="narrmem")
+    async with open_memory(tmp_path / "m") as memory:
+        await memory.ingest(msg("e1", "my sister Lena lives in Porto", user="ann"))
+        editing = asyncio.ensure_future(memory.edit(msg("e1", "my sister Lena lives in Madrid", user="ann")))
+        for _ in range(2):
+            await asyncio.sleep(0)
+        editing.cancel()
+        await asyncio.gather(editing, return_exceptions=True)
+    async with open_memory(tmp_path / "m") as memory:
+        assert [r.getMessage() for r in caplog.records] == []
+        assert await _rows(memory, "SELECT key FROM plugin_state WHERE namespace LIKE '%edit%'") == []
+        texts = [
+            hit.text
+            for hit in await memory.recall("where does my sister live", user_id="ann", reinforce=False)
+        ]
+        assert any("Madrid" in text for text in texts)
