@@ -76,6 +76,14 @@ _set = object.__setattr__
 _FIELD_NAMES: dict[type[BaseModel], frozenset[str]] = {}
 
 
+class _Sent(_Strict):
+    """A model narrmem answers with: every field is sent, a default one too, so the JSON schema
+    of what is sent (``mode="serialization"``, the HTTP document's) has them all required: a
+    client generated from it reads ``hit.sources`` without a check for undefined."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+
 class _InputErrors(ModelMetaclass):
     """``Message(...)`` with a bad field (a naive ``ts``, say) raises narrmem's
     :class:`~narrmem.errors.InputError` naming it, as every other door does. Only the call is
@@ -235,7 +243,7 @@ class TriageDecision(_Strict):
     gist: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT_CHARS)
 
 
-class MemoryRecord(_Strict):
+class MemoryRecord(_Sent):
     """A stored memory. ``text`` is what recall returns; ``embed_text`` is what gets embedded and
     keyword-indexed (defaults to ``text``); ``context_text`` is what the keyword index sees beside
     it, with less weight (the date, the turns just before)."""
@@ -329,7 +337,7 @@ class ForgetJob(_Strict):
         )
 
 
-class TriggerEvent(_Strict):
+class TriggerEvent(_Sent):
     """Something that keeps coming back (a topic, a mood, a habit), for the bot to act on."""
 
     kind: str
@@ -347,7 +355,7 @@ class TriggerEvent(_Strict):
     suggestion: str = ""
 
 
-class PatternCount(_Strict):
+class PatternCount(_Sent):
     """How often something came back for a user: a topic, an emotion, a value, a habit."""
 
     kind: str
@@ -434,7 +442,7 @@ class SceneDraft(_Strict):
         )
 
 
-class IngestResult(_Strict):
+class IngestResult(_Sent):
     message_id: str
     layer: Layer
     stored: bool
@@ -470,7 +478,7 @@ class Candidate(_Strict):
     score: float
 
 
-class Why(_Strict):
+class Why(_Sent):
     """What made a hit rank where it did, in numbers a person can check.
 
     ``dense`` is the cosine similarity of the query and the memory (the embedding model's notion of
@@ -501,7 +509,7 @@ class Why(_Strict):
 _WHERE = {"tenant", "user_id", "chat_id", "speaker"}
 
 
-class Hit(_Strict):
+class Hit(_Sent):
     """One recalled memory. ``text`` is what a prompt pays for: for a scene its Core in the user's
     words, for a long memory its sentences most relevant to the query; ``detail`` then holds the
     whole narrative fragment or message.

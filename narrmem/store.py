@@ -253,7 +253,11 @@ class Store(Protocol):
         read, so no tenant is missed however many users the others have)."""
         ...
 
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> dict[str, Any]:
+        """Store-wide figures: at least ``memories``, ``users``, ``chats``, ``tenants`` (counts),
+        ``by_kind`` (memories of each kind) and ``schema_version``, as the HTTP document declares
+        them (``GET /v1/stats``); a store adds its own."""
+        ...
 
 
 def shared_by_processes(store: object) -> bool:

@@ -8,6 +8,7 @@ request body is one of the library's models (unknown fields are errors naming th
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from narrmem import __version__
 from narrmem.config import Acknowledge
+from narrmem.doors.server.commands import DEFAULT_PORT
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
 from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
 from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
@@ -34,8 +36,18 @@ from narrmem.doors.server.hosts import TrustedHost
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
 from narrmem.doors.server.query import QueryUTF8
+from narrmem.doors.server.replies import (
+    ContextReply,
+    HistoryReply,
+    PatternsReply,
+    StoreStats,
+    SummaryReply,
+    TenantStats,
+    ToolRow,
+    TurnContextReply,
+    UserRow,
+)
 from narrmem.doors.server.schemas import (
-    NEEDS_USER_OR_CHAT,
     ContextBody,
     DeleteMessages,
     ErrorBody,
@@ -43,6 +55,8 @@ from narrmem.doors.server.schemas import (
     MarkUsedBody,
     RecallBody,
     TurnContextBody,
+    needs_user_or_chat,
+    without_tenant_defaults,
 )
 from narrmem.doors.transfer import export_header, export_text, no_forget_pending
 from narrmem.errors import ClosedError, InputError, NarrmemError, PluginError, StoreError, UnknownToolError
@@ -111,7 +125,7 @@ def create_app(
     hub = TriggerHub(webhook, StillStored(memory))
     memory.on_trigger(hub.publish)
     # However a forget is made (a route, the Python API, a tool, a hook), its events go with it.
-    memory.host.register(ForgetsVoidEvents(hub), name=f"narrmem.server.forgets.{id(hub)}")
+    memory.host.register(ForgetsVoidEvents(hub), name=_free_name(memory, "narrmem.server.forgets"))
     state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch)
     app = _build(state, ui=ui)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
@@ -144,12 +158,27 @@ def _build(state: ServerState | None, *, ui: bool) -> FastAPI:
         description=(
             "Every call takes an API key (`Authorization: Bearer nmk_...` or `X-API-Key`) when the "
             "server has keys; a key reaches only its own tenant (403 otherwise). Leave `tenant` out "
-            "and the key's tenant is used."
+            "and the key's tenant is used (`default` on a server without keys). Every error is an "
+            "`ErrorBody`, whose `field` names the field at fault. A number declared integer is "
+            "written without a fraction (3, not 3.0), and no string is read as a number."
         ),
+        servers=[
+            {"url": f"http://127.0.0.1:{DEFAULT_PORT}", "description": "narrmem serve's default address"}
+        ],
+        openapi_tags=TAGS,
+        license_info={"name": "MIT", "identifier": "MIT"},
+        # The operation's name (recall, turn_context): a generated client's method names.
+        generate_unique_id_function=lambda route: route.name,
     )
     app.state.narrmem = state
     _errors(app)
     app.include_router(_routes())
+    generated = app.openapi
+
+    def document() -> dict[str, Any]:
+        return without_tenant_defaults(generated())  # the same document each time: done once
+
+    app.openapi = document  # type: ignore[method-assign]
     if ui:
         ui_dir = resources.files(UI_PACKAGE) / "ui"
         app.mount("/ui", StaticFiles(directory=str(ui_dir), html=True), name="ui")
@@ -217,13 +246,25 @@ def _field_name(path: Sequence[str | int]) -> str | None:
     return name or None
 
 
+TAGS = [
+    {"name": "write", "description": "ingest, edits, deletions, forgetting, reinforcement, decay"},
+    {
+        "name": "read",
+        "description": "recall, contexts, summaries, inspection, the export: they change nothing "
+        "but the importance of what recall and context find",
+    },
+    {"name": "tools", "description": "the tool registry: the same tools as MCP and function calling"},
+    {"name": "events", "description": "trigger events as they fire"},
+]
+
+
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # Without the input each error was raised on: a lone surrogate or a NaN (what a client
         # that cuts a string mid-emoji, or Python's json.dumps, sends) cannot be written back as
         # JSON, so the answer was a 500; and an answer need not echo what was sent.
-        errors = jsonable_encoder([{k: v for k, v in e.items() if k != "input"} for e in exc.errors()])
+        errors = jsonable_encoder([_without_input(e) for e in exc.errors()])
         if any(e.get("type") == "json_invalid" for e in errors):
             return _problem(400, errors)  # its location is an offset in the text, not a field
         # The first error's field, as narrmem's own refusals name one (InputError.from_pydantic).
@@ -336,20 +377,48 @@ def _settled(caller: Principal, model: M) -> M:
 # --- routes ---------------------------------------------------------------------------------
 
 
+def _free_name(memory: Memory, name: str) -> str:
+    """``name``, or ``name`` and a number when another app over the same memory took it (a name
+    of its own that ``stats`` shows the same after a restart, not an object's address)."""
+    taken = set(memory.host.plugin_names())
+    if name not in taken:
+        return name
+    return next(f"{name}.{n}" for n in itertools.count(2) if f"{name}.{n}" not in taken)
+
+
+def _without_input(error: dict[str, Any]) -> dict[str, Any]:
+    """A validation error without the input it was raised on (see invalid), and with the text of
+    an exception in its ``ctx`` (JSON made it ``{}``: the reason was lost)."""
+    plain = {k: v for k, v in error.items() if k != "input"}
+    if isinstance(plain.get("ctx"), dict):
+        plain["ctx"] = {k: str(v) if isinstance(v, BaseException) else v for k, v in plain["ctx"].items()}
+    return plain
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
-# What any call may answer besides its own (422 is FastAPI's, on the calls that take input).
+# What any call may answer besides its own. 422 is declared here, as every other error, in the
+# one shape sent: left to FastAPI, it was its HTTPValidationError, without ``field`` (a client
+# generated from the document could not read it), and undeclared on calls without parameters,
+# where a query string that is not UTF-8 is refused all the same.
 SHARED_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("the body is not JSON, or the Host header is not one of the server's"),
     401: _error("no valid API key, on a server with keys"),
     403: _error("the key cannot reach this tenant (field: tenant), or the call needs a server without keys"),
     409: _error("the store refused: it is read-only, or a forget is unfinished"),
     413: _error("the body is over the server's --max-body, or the batch over --max-batch (field: messages)"),
+    422: _error("the request is not valid: detail lists the problems, field names the first one's field"),
     501: _error("no plugin this call needs is loaded (graph, rtm)"),
     503: _error("the memory is closed"),
 }
+
+
+def _declared(reply: Any, more: dict[int | str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A route's arguments that declare its answer as ``reply`` without checking it: what plugins
+    make (see :mod:`narrmem.doors.server.replies`), passed on as they made it."""
+    return {"response_model": None, "responses": {200: {"model": reply}, **(more or {})}}
 
 
 def _routes() -> APIRouter:
@@ -401,7 +470,7 @@ def _write_routes(r: APIRouter) -> None:
 
     @r.post("/forget", tags=["write"])
     async def forget(
-        body: Annotated[Scope, Body(json_schema_extra=NEEDS_USER_OR_CHAT)], caller: Caller, state: State
+        body: Annotated[Scope, Body(json_schema_extra=needs_user_or_chat)], caller: Caller, state: State
     ) -> dict[str, int]:
         """Delete every trace of a user and/or a chat."""
         body = _settled(caller, body)
@@ -438,7 +507,7 @@ def _read_routes(r: APIRouter) -> None:
             hits = [h.model_copy(update={"why": None}) for h in hits]
         return hits
 
-    @r.post("/context", tags=["read"])
+    @r.post("/context", response_model=ContextReply, tags=["read"])
     async def context(body: ContextBody, caller: Caller, state: State) -> dict[str, Any]:
         """What to put before the bot's answer to ``text``: the hits and the rendered block. The
         hits are reinforced, as the bot's own recall's are; ``reinforce: false`` changes nothing."""
@@ -455,7 +524,7 @@ def _read_routes(r: APIRouter) -> None:
         )
         return {**pack.model_dump(mode="json"), "rendered": pack.render(body.token_budget)}
 
-    @r.post("/turn-context", tags=["read"])
+    @r.post("/turn-context", tags=["read"], **_declared(TurnContextReply))
     async def turn_context(body: TurnContextBody, caller: Caller, state: State) -> dict[str, Any]:
         """Persona, task chain, facts and memories for this turn (``rendered`` is the block)."""
         body = _settled(caller, body)
@@ -463,7 +532,7 @@ def _read_routes(r: APIRouter) -> None:
             body.text, user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant
         )
 
-    @r.get("/summary", tags=["read"])
+    @r.get("/summary", tags=["read"], **_declared(SummaryReply))
     async def summary(
         caller: Caller,
         state: State,
@@ -480,7 +549,7 @@ def _read_routes(r: APIRouter) -> None:
     @r.get(
         "/memories/{memory_id}/history",
         tags=["read"],
-        responses={404: _error("no such memory in the tenant (field: memory_id)")},
+        **_declared(HistoryReply, {404: _error("no such memory in the tenant (field: memory_id)")}),
     )
     async def history(
         memory_id: int, caller: Caller, state: State, tenant: TenantParam = None
@@ -511,7 +580,7 @@ def _inspect_routes(r: APIRouter) -> None:
             return [caller.tenant]
         return await state.memory.tenants()
 
-    @r.get("/users", tags=["read"])
+    @r.get("/users", response_model=list[UserRow], tags=["read"])
     async def users(
         caller: Caller,
         state: State,
@@ -523,7 +592,7 @@ def _inspect_routes(r: APIRouter) -> None:
         ``limit``: a full page may have more after it, read with ``after`` = its last user_id."""
         return await state.memory.users(_tenant(caller, tenant), limit=limit, after=after)
 
-    @r.get("/patterns", tags=["read"])
+    @r.get("/patterns", tags=["read"], **_declared(PatternsReply))
     async def patterns(
         caller: Caller, state: State, user_id: UserParam, tenant: TenantParam = None
     ) -> dict[str, Any]:
@@ -532,7 +601,7 @@ def _inspect_routes(r: APIRouter) -> None:
         restart too)."""
         return await state.memory.patterns(user_id=user_id, tenant=_tenant(caller, tenant))
 
-    @r.get("/stats", tags=["read"])
+    @r.get("/stats", tags=["read"], **_declared(StoreStats | TenantStats))
     async def stats(caller: Caller, state: State) -> dict[str, Any]:
         """What is stored. A tenant's key sees its tenant's counts only."""
         if caller.tenant is None:
@@ -543,7 +612,7 @@ def _inspect_routes(r: APIRouter) -> None:
 def _tool_and_event_routes(r: APIRouter) -> None:
     """The tool registry and the trigger event stream."""
 
-    @r.get("/tools", tags=["tools"])
+    @r.get("/tools", response_model=list[ToolRow], tags=["tools"])
     async def list_tools(caller: Caller, state: State) -> list[dict[str, Any]]:
         """Every registered tool with its input and output schema."""
         registry = state.memory.tools

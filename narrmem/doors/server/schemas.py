@@ -23,14 +23,62 @@ MEMORY_ID_LIMIT = 2**63  # every id is below it (SQLite's and PostgreSQL's bigin
 # Scope's validator (_needs_user_or_chat) refuses a scope with neither id; said here in the JSON
 # schema, for clients generated from the document. Only on the HTTP bodies: Scope's own schema
 # is also the root of tools' arguments (narrmem_recall), and function calling (OpenAI's strict
-# mode among them) takes no anyOf at a schema's root; and beside the reference, not in a model
+# mode among them) takes no anyOf at a schema's root; and with the reference, not in a model
 # of another name, so that the document's Scope keeps its name. A null id satisfies neither branch.
-NEEDS_USER_OR_CHAT: dict[str, Any] = {
+# Inside an allOf: an anyOf beside a model's properties made openapi-typescript's type a union
+# that took a body without its other required fields, and beside a $ref it was dropped.
+_USER_OR_CHAT: dict[str, Any] = {
     "anyOf": [
         {"required": ["user_id"], "properties": {"user_id": {"type": "string"}}},
         {"required": ["chat_id"], "properties": {"chat_id": {"type": "string"}}},
     ]
 }
+NEEDS_USER_OR_CHAT: dict[str, Any] = {"allOf": [_USER_OR_CHAT]}
+
+
+def needs_user_or_chat(schema: dict[str, Any]) -> None:
+    """The schema of a :class:`Scope` field or body (a reference), with the rule added beside it."""
+    reference = {"$ref": schema.pop("$ref")} if "$ref" in schema else {}
+    schema["allOf"] = [*([reference] if reference else []), *schema.pop("allOf", []), _USER_OR_CHAT]
+
+
+def without_tenant_defaults(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` whose bodies' ``tenant`` declares no default: it is the key's tenant when left
+    out. Declared ``"default"``, a generated client filled it in (openapi-typescript made it a
+    required field), and a tenant's key was refused it with 403."""
+    components = document.get("components", {}).get("schemas", {})
+    bodies = [
+        op["requestBody"]
+        for methods in document["paths"].values()
+        for op in methods.values()
+        if "requestBody" in op
+    ]
+    for name in _referenced(bodies, components):
+        tenant = components[name].get("properties", {}).get("tenant")
+        if isinstance(tenant, dict) and tenant.pop("default", None) is not None:
+            tenant["description"] = TENANT_LEFT_OUT
+    return document
+
+
+def _referenced(roots: list[Any], components: dict[str, Any]) -> set[str]:
+    """The names of the components ``roots`` refer to, directly or through others."""
+    found: set[str] = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith(COMPONENTS) and ref[len(COMPONENTS) :] not in found:
+                found.add(ref[len(COMPONENTS) :])
+                stack.append(components.get(ref[len(COMPONENTS) :]))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+COMPONENTS = "#/components/schemas/"
+TENANT_LEFT_OUT = "left out: the key's tenant ('default' on a server without keys)"
 
 # Item bounds said in the schema only: narrmem's own checks (message_id_list, memory_id_list)
 # refuse the same items, with messages naming the item (message_ids[0]) that clients may match;
@@ -75,7 +123,7 @@ class RecallBody(RecallRequest):
     as the recall tool's arguments are ("k": "5" or true is refused, not read as 5 or 1)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    scope: Annotated[Scope, Field(json_schema_extra=NEEDS_USER_OR_CHAT)]
+    scope: Annotated[Scope, Field(json_schema_extra=needs_user_or_chat)]
     explain: bool = Field(default=False, description="include each hit's why")
 
 
