@@ -177,6 +177,8 @@ class Counters:
             message_ids=[mid for r in said for mid in r.message_ids],
             meta={"type": PATTERN_TYPE},
         )
+        if await _promoted_already(memory, scene):
+            return
         vectors = await memory.embedder.embed([scene.index_text])
         await memory.store.add([scene], vectors)
 
@@ -365,6 +367,17 @@ class Counters:
         assert fields is not None  # filtered above
         await add_impact(memory, target, fields, scene, _core(scene))
         result.notes.append(f"scene builds on scene {target.id}")
+
+
+async def _promoted_already(memory: MemoryView, scene: MemoryRecord) -> bool:
+    """Whether this pattern's scene is stored: the hooks of its message ran before, in a process
+    that stopped before their record went, and run again at this open (it was written twice)."""
+    chat = Scope(tenant=scene.tenant, user_id=scene.user_id, chat_id=scene.chat_id)
+    ids = await memory.store.from_messages(scene.tenant, scene.chat_id, scene.message_ids[-1:])
+    return any(
+        r.kind == "scene" and r.meta.get("type") == PATTERN_TYPE and r.message_ids == scene.message_ids
+        for r in (await memory.store.get(ids, chat)).values()
+    )
 
 
 async def _scored_scenes(

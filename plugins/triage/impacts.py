@@ -56,7 +56,14 @@ def check_entry(key: str, value: dict[str, Any]) -> None:
 async def add_impact(
     memory: MemoryView, target: MemoryRecord, fields: SceneDraft, scene: MemoryRecord, core: str
 ) -> None:
-    """Quote ``scene`` in ``target``'s Impact (the latest few kept) and write both down."""
+    """Quote ``scene`` in ``target``'s Impact (the latest few kept) and write both down; once:
+    the hooks of a message run again at the next open when a process stopped before their record
+    went (the Impact quoted the scene twice)."""
+    if scene.id in target.meta.get("impacts", []):
+        if scene.meta.get("builds_on") != target.id:  # stopped between the two writes
+            scene.meta = {**scene.meta, "builds_on": target.id}
+            await memory.store.update(scene)
+        return
     entry = impact_entry(scene, core)
     earlier = [part for part in fields.impact.split("; ") if part][-(MAX_IMPACTS - 1) :]
     fields.impact = "; ".join([*earlier, entry])
