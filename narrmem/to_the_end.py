@@ -70,7 +70,9 @@ class Outlasting:
         """Wait for the work whose callers gave up; at once inside hooks or a unit of
         :mod:`narrmem.fence`, which that work may be waiting for."""
         while self._tasks and not inside_own_work():
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            # asyncio.wait, not gather: a gather that is cancelled cancels what it waits for (an
+            # export whose client hung up settles first, and cut a forget short).
+            await asyncio.wait(list(self._tasks))
 
     def _log_failure(self, task: asyncio.Task[Any]) -> None:
         # Its caller has gone: no one else hears of it.

@@ -205,3 +205,27 @@ async def test_a_close_right_after_an_edit_whose_caller_gave_up_lets_it_end(
             for hit in await memory.recall("where does my sister live", user_id="ann", reinforce=False)
         ]
         assert any("Madrid" in text for text in texts)
+
+
+async def test_a_settle_cancelled_while_it_waits_leaves_the_forget_running(tmp_path: Path) -> None:
+    """settle() waited for the forgets whose callers gave up with asyncio.gather, which cancels
+    what it waits for when it is itself cancelled: an export whose client hung up (it settles
+    first) cancelled the forget half way, its job left recorded, and every later export refused
+    with 409 until a restart."""
+    async with open_memory(tmp_path / "m") as memory:
+        for n in range(6):
+            await memory.ingest(msg(f"a{n}", f"my sister Lena lives in Porto, {n}", user="ann"))
+        await memory.settle()
+        forgetting = asyncio.ensure_future(memory.forget(user_id="ann"))
+        for _ in range(2):
+            await asyncio.sleep(0)
+        forgetting.cancel()
+        await asyncio.gather(forgetting, return_exceptions=True)
+        settling = asyncio.ensure_future(memory.settle())
+        await asyncio.sleep(0)
+        assert not settling.done()
+        settling.cancel()
+        await asyncio.gather(settling, return_exceptions=True)
+        await memory.settle()
+        assert await _rows(memory, "SELECT id FROM forget_jobs") == []
+        assert await _rows(memory, "SELECT id FROM memories WHERE user_id = 'ann'") == []
