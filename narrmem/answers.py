@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from narrmem.checks import int_argument, optional_int_argument, text_argument
-from narrmem.errors import InputError, PluginError
+from narrmem.errors import InputError, NarrmemError, PluginError
 from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, Scope
 from narrmem.tools import ToolRegistry
 from narrmem.view import MemoryView
@@ -107,9 +109,27 @@ async def call_tool(
     memory: MemoryView, tools: ToolRegistry, name: str, arguments: dict[str, Any] | str | None
 ) -> dict[str, Any]:
     tool, args = tools.validate(name, arguments)
-    output = await tool.handler(memory, args)
+    # Past validation, a failure is the tool's, not the caller's: it is a PluginError naming the
+    # tool and its plugin (a raw exception named neither, and read as a bug of narrmem's).
+    plugin = tools.plugin_of(tool.name)
+    named = f"tool {tool.name!r}" + (f" (plugin {plugin!r})" if plugin is not None else "")
+    try:
+        output = await tool.handler(memory, args)
+    except NarrmemError:
+        raise  # the tool's own refusal (an InputError naming a field, a StoreError) as it said it
+    except Exception as exc:
+        raise PluginError(f"{named} failed: {exc!r}") from exc
     if isinstance(output, dict):
-        output = tool.output_model.model_validate(output)
+        try:
+            output = tool.output_model.model_validate(output)
+        except ValidationError as exc:
+            raise PluginError(
+                f"{named} returned a dict that is not a {tool.output_model.__name__}: {exc}"
+            ) from exc
+    if not isinstance(output, BaseModel):
+        raise PluginError(
+            f"{named} returned {type(output).__name__}, not a {tool.output_model.__name__} or a dict"
+        )
     return dict(output.model_dump(mode="json"))
 
 

@@ -13,7 +13,9 @@ Conventions (read once, they hold for every hook below):
 * A plugin that raises inside a per-message or per-query hook does not take the message down:
   the host logs it with the plugin's name, calls :func:`narrmem_plugin_error`, and carries on
   with the other implementations. Errors in set-up hooks (configure, register, startup) abort
-  ``Memory.open`` instead, because a half-configured memory is worse than none.
+  ``Memory.open`` instead, because a half-configured memory is worse than none: as a
+  :class:`~narrmem.errors.PluginError` naming the plugin and the hook, the plugin's exception
+  chained (a narrmem error it raised on purpose, a ``ConfigError`` naming a key, passes as it is).
 * A value of another type than the hook's return annotation is the plugin failing the same way
   (a :class:`~narrmem.errors.PluginError` naming plugin, hook and type; see
   :mod:`narrmem.hook_returns`, which checks a container and its first and last items).
@@ -102,6 +104,9 @@ def narrmem_register_tools(register: Callable[[Any], None]) -> None:
 
     A tool's input and output are pydantic models (``extra="forbid"``, with bounds); tools
     that touch someone's memory take the scope (``tenant``, ``user_id``, ``chat_id``) as arguments.
+    A name another plugin registered is refused naming both plugins. A handler that raises anything
+    but a narrmem error, or answers with what does not fit ``output_model``, is a
+    :class:`~narrmem.errors.PluginError` naming the tool and this plugin.
     """
 
 
@@ -251,7 +256,8 @@ def narrmem_rank(
 
     firstresult. ``records`` holds the in-scope stored records for the candidate ids (with
     importance and timestamps). If nobody answers, the host ranks by normalized reciprocal rank
-    fusion.
+    fusion. Rank only those ids: one that is not among them is skipped, and the plugin reported
+    (``narrmem_plugin_error``).
     """
 
 
@@ -412,6 +418,11 @@ def narrmem_after_forget(
     implementation has returned. A user's or chat's forget run from hooks or a trigger callback
     calls it twice: at once, and when the messages under way have ended and it is finished (see
     ``Memory.forget``), ``sources`` then naming what the scope wrote meanwhile too.
+
+    State a plugin keeps per user (``Store.state_put``) goes with ``Store.state_delete``, which
+    deletes every key that *starts with* the one given: key it so that no user's key begins
+    another's, each id ended by a NUL, which no id holds (``f"{tenant}\\0{user_id}\\0"``), or
+    forgetting ``ann`` also deletes ``anna``'s.
     """
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from narrmem import hookspecs
-from narrmem.errors import ConfigError, PluginError
+from narrmem.errors import ConfigError, NarrmemError, PluginError
 from narrmem.hook_returns import Check, declared_check
 
 if TYPE_CHECKING:
@@ -58,27 +58,41 @@ class PluginHost:
         for name in disabled:
             self.pm.set_blocked(name)
         known: set[str] = set()
-        builtin = _BuiltinCheck()
-        for ep in sorted(entry_points(group=GROUP), key=lambda ep: (0 if builtin(ep) else 1, ep.name)):
+        # Who took each name: a second claim is refused naming both, since the one left out (a
+        # built-in shadowed, or one of two plugins) would otherwise be missing without a word.
+        claimed: dict[str, str] = {}
+        distributions = _Distributions()
+        for ep in sorted(
+            entry_points(group=GROUP), key=lambda ep: (0 if distributions.is_builtin(ep) else 1, ep.name)
+        ):
             known.add(ep.name)
-            if not (builtins if builtin(ep) else load_entrypoints):
+            if not (builtins if distributions.is_builtin(ep) else load_entrypoints):
                 continue
-            if self.pm.is_blocked(ep.name) or self.pm.has_plugin(ep.name):
+            if self.pm.is_blocked(ep.name):
                 continue
+            claimant = f"distribution {distributions.name(ep) or 'unknown'!r} ({ep.value})"
+            if ep.name in claimed:
+                raise PluginError(_claimed_twice(ep.name, claimed[ep.name], claimant))
+            claimed[ep.name] = claimant
             try:
                 plugin = ep.load()
                 if inspect.isclass(plugin):
                     plugin = plugin()  # one instance per Memory: no state shared between memories
             except Exception as exc:
                 raise PluginError(f"plugin '{ep.name}' ({ep.value}) failed to import: {exc}") from exc
-            self.pm.register(plugin, name=ep.name)
+            self._register_named(plugin, ep.name)
         for plugin in extra:
             if isinstance(plugin, str | bytes | dict | int | float) or plugin is None:
                 raise PluginError(f"{plugin!r} is not a plugin: pass modules or objects with hook methods")
             name = getattr(plugin, "narrmem_name", None) or _default_name(plugin)
             known.add(name)
-            if not self.pm.is_blocked(name):
-                self.pm.register(plugin, name=name)
+            if self.pm.is_blocked(name):
+                continue
+            claimant = f"the object {type(plugin).__qualname__} passed in plugins="
+            if name in claimed:
+                raise PluginError(_claimed_twice(name, claimed[name], claimant))
+            claimed[name] = claimant
+            self._register_named(plugin, name)
         unknown = sorted(set(disabled) - known)
         if unknown:  # a typo would otherwise leave the plugin running while the user thinks it is off
             raise ConfigError(
@@ -89,6 +103,14 @@ class PluginHost:
         except pluggy.PluginValidationError as exc:
             raise PluginError(str(exc)) from exc
         self._refuse_wrappers()
+
+    def _register_named(self, plugin: object, name: str) -> None:
+        """``pm.register``, its refusals (an argument its hook does not have, an object already
+        registered) as a :class:`PluginError` naming the plugin."""
+        try:
+            self.pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            raise PluginError(f"plugin {name!r} cannot be registered: {exc}") from exc
 
     def _refuse_wrappers(self) -> None:
         """The host awaits each implementation itself (pluggy is synchronous), so a wrapper's
@@ -114,7 +136,7 @@ class PluginHost:
             self.pm.register(plugin, name=name)
             self.pm.check_pending()
             self._refuse_wrappers()
-        except (pluggy.PluginValidationError, PluginError) as exc:
+        except (pluggy.PluginValidationError, PluginError, ValueError) as exc:
             if self.pm.has_plugin(name):
                 self.pm.unregister(name=name)
             raise PluginError(str(exc)) from exc
@@ -138,12 +160,42 @@ class PluginHost:
         """Call every implementation; return the non-``None`` results in call order.
 
         A plugin's failure is described in ``errors`` when given (so it can be reported with the
-        message it concerns)."""
+        message it concerns). Not isolated, it is a :class:`PluginError` naming the plugin and the
+        hook (the plugin's own error chained); a narrmem error passes unchanged."""
+        answers = await self._call(hook_name, lambda _: kwargs, isolate, errors)
+        return [value for _, value in answers]
+
+    async def call_named(
+        self, hook_name: str, *, isolate: bool = True, errors: list[str] | None = None, **kwargs: Any
+    ) -> list[tuple[str, Any]]:
+        """``call``, each result with the name of the plugin that returned it: for a caller that
+        checks answers against each other (two plugins exporting one section) and must say whose."""
+        return await self._call(hook_name, lambda _: kwargs, isolate, errors)
+
+    async def call_each(self, hook_name: str, arguments: Callable[[str], dict[str, Any]]) -> list[Any]:
+        """``call(hook_name, isolate=False, ...)`` with the arguments made for each plugin by its
+        name: a registration hook's ``register`` that records who registered what, so that a name
+        registered twice is refused naming both plugins."""
+        answers = await self._call(hook_name, arguments, False, None)
+        return [value for _, value in answers]
+
+    async def _call(
+        self,
+        hook_name: str,
+        arguments: Callable[[str], dict[str, Any]],
+        isolate: bool,
+        errors: list[str] | None,
+    ) -> list[tuple[str, Any]]:
         results = []
         for impl in self._ordered(hook_name):
-            ok, value = await self._invoke(impl, hook_name, kwargs, isolate, errors)
+            try:
+                ok, value = await self._invoke(impl, hook_name, arguments(impl.plugin_name), isolate, errors)
+            except NarrmemError:
+                raise  # says what is wrong already (a ConfigError its key, an InputError its field)
+            except Exception as exc:  # only when not isolated: the caller must hear which plugin
+                raise _failed(impl.plugin_name, hook_name, exc) from exc
             if ok and value is not None:
-                results.append(value)
+                results.append((impl.plugin_name, value))
         return results
 
     async def call_every(self, hook_name: str, **kwargs: Any) -> list[Any]:
@@ -157,7 +209,7 @@ class PluginHost:
             try:
                 ok, value = await self._invoke(impl, hook_name, kwargs, False, None)
             except Exception as exc:
-                await self._report(impl.plugin_name, hook_name, exc)
+                await self.report(impl.plugin_name, hook_name, exc)
                 failed.append((impl.plugin_name, exc))
                 continue
             if ok and value is not None:
@@ -169,10 +221,18 @@ class PluginHost:
 
     async def call_first(self, hook_name: str, *, errors: list[str] | None = None, **kwargs: Any) -> Any:
         """Call implementations in order until one returns something other than ``None``."""
+        answer = await self.call_first_named(hook_name, errors=errors, **kwargs)
+        return None if answer is None else answer[1]
+
+    async def call_first_named(
+        self, hook_name: str, *, errors: list[str] | None = None, **kwargs: Any
+    ) -> tuple[str, Any] | None:
+        """``call_first``, with the name of the plugin that answered: for a caller that finds the
+        answer wanting and must report who gave it (:meth:`report`)."""
         for impl in self._ordered(hook_name):
             ok, value = await self._invoke(impl, hook_name, kwargs, True, errors)
             if ok and value is not None:
-                return value
+                return impl.plugin_name, value
         return None
 
     def _ordered(self, hook_name: str) -> list[Any]:
@@ -195,7 +255,7 @@ class PluginHost:
                 raise
             if errors is not None:
                 errors.append(f"plugin '{impl.plugin_name}' failed in {hook_name}: {exc!r}")
-            await self._report(impl.plugin_name, hook_name, exc)
+            await self.report(impl.plugin_name, hook_name, exc)
             return False, None
         return True, value
 
@@ -209,7 +269,10 @@ class PluginHost:
                 f"which must return {declared[1]} or None"
             )
 
-    async def _report(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
+    async def report(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
+        """Log a plugin's failure in ``hook_name``, keep it in ``errors`` and tell
+        ``narrmem_plugin_error``: what the host does for a raising plugin, for a caller that finds
+        an answer wanting after the hook returned."""
         log.error("plugin %r failed in %s: %r", plugin_name, hook_name, error, exc_info=error)
         self.errors.append((plugin_name, hook_name, error))
         del self.errors[:-100]
@@ -230,23 +293,37 @@ class PluginHost:
                 log.exception("plugin %r failed while handling an error report", impl.plugin_name)
 
 
-class _BuiltinCheck:
-    """Whether an entry point is declared by the narrmem distribution itself. A distribution's
-    name is read from its whole METADATA file (narrmem's holds the README), so each distribution
-    is asked once per load, not once per entry point: the entry points of one distribution share
-    its object."""
+class _Distributions:
+    """The distribution that declares an entry point, and whether it is narrmem itself. A
+    distribution's name is read from its whole METADATA file (narrmem's holds the README), so each
+    distribution is asked once per load, not once per entry point: the entry points of one
+    distribution share its object."""
 
     def __init__(self) -> None:
         self._names: dict[int, str] = {}
 
-    def __call__(self, ep: Any) -> bool:
+    def name(self, ep: Any) -> str | None:
         dist = ep.dist
         if dist is None:
-            return False
+            return None
         name = self._names.get(id(dist))
         if name is None:
             name = self._names[id(dist)] = dist.name
-        return name == DISTRIBUTION
+        return name
+
+    def is_builtin(self, ep: Any) -> bool:
+        return self.name(ep) == DISTRIBUTION
+
+
+def _claimed_twice(name: str, first: str, second: str) -> str:
+    return (
+        f"plugin name {name!r} is claimed twice: by {first} and by {second}; "
+        f"uninstall one, or disable the name ([plugins] disabled) to load neither"
+    )
+
+
+def _failed(plugin_name: str, hook_name: str, exc: Exception) -> PluginError:
+    return PluginError(f"plugin {plugin_name!r} failed in {hook_name}: {exc!r}")
 
 
 def _default_name(plugin: object) -> str:

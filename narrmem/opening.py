@@ -4,6 +4,7 @@ plugins registered, the store opened, plugins started, interrupted forgets finis
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Generator, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -31,12 +32,17 @@ async def start(
         builtins=builtins, load_entrypoints=load_entrypoints, extra=extra, disabled=settings.plugins.disabled
     )
     await host.call("narrmem_configure", isolate=False, memory=memory, settings=settings)
-    unknown = sorted(set(settings.plugin) - set(host.plugin_names()))
+    # A disabled plugin's table stays where it was (disabling is one line, not two edits); a table
+    # no plugin of any state answers to is refused, since it is most often a misspelt name.
+    unknown = sorted(set(settings.plugin) - set(host.plugin_names()) - set(settings.plugins.disabled))
     if unknown:
         raise ConfigError(f"plugin.{unknown[0]}: no plugin of that name is loaded")
     stores = await _collect(memory, "narrmem_register_stores")
     embedders = await _collect(memory, "narrmem_register_embedders")
-    await host.call("narrmem_register_tools", isolate=False, register=memory.tools.register)
+    await host.call_each(
+        "narrmem_register_tools",
+        lambda plugin: {"register": functools.partial(memory.tools.register, plugin=plugin)},
+    )
     embedder = _pick(embedders, settings.embedder.backend, "embedder.backend")(settings)
     memory.attach(embedder=embedder)
     store = _make_store(memory, stores)
@@ -74,13 +80,18 @@ def _make_store(memory: MemoryLifecycle, stores: dict[str, Callable[..., Any]]) 
 
 async def _collect(memory: MemoryLifecycle, hook_name: str) -> dict[str, Callable[..., Any]]:
     found: dict[str, Callable[..., Any]] = {}
+    registered_by: dict[str, str] = {}
 
-    def register(name: str, factory: Callable[..., Any]) -> None:
+    def register(plugin: str, name: str, factory: Callable[..., Any]) -> None:
         if name in found:
-            raise PluginError(f"{hook_name}: '{name}' is registered twice")
+            raise PluginError(
+                f"{hook_name}: '{name}' is registered twice, by plugin {registered_by[name]!r} "
+                f"and by plugin {plugin!r}"
+            )
         found[name] = factory
+        registered_by[name] = plugin
 
-    await memory.host.call(hook_name, isolate=False, register=register)
+    await memory.host.call_each(hook_name, lambda plugin: {"register": functools.partial(register, plugin)})
     return found
 
 

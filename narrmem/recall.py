@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from narrmem.errors import PluginError
 from narrmem.models import Candidate, Hit, MemoryRecord, RecallRequest, SceneDraft, Why
 from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.snippets import snippet
@@ -57,9 +58,10 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
     if missing:
         records.update(await memory.store.get(missing, request.scope))
     candidates = [c for c in candidates if c.memory_id in records]
-    ranking = await memory.host.call_first(
+    answer = await memory.host.call_first_named(
         "narrmem_rank", memory=memory, request=request, candidates=candidates, records=records
     )
+    ranking = None if answer is None else await _among_candidates(memory, answer, records)
     if ranking is None:
         weights = memory.settings.recall.weights
         ranking = reciprocal_rank_fusion(candidates, weights=weights or None, normalize=True)
@@ -95,6 +97,28 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
         hits.append(_hit(record, score, why, now_values.get(mid, record.importance), request))
     await memory.host.call("narrmem_after_recall", memory=memory, request=request, hits=hits, records=records)
     return hits
+
+
+async def _among_candidates(
+    memory: Memory, answer: tuple[str, list[tuple[int, float]]], records: Mapping[int, MemoryRecord]
+) -> list[tuple[int, float]]:
+    """A ranker's answer without the ids it was not given: one it made up (or one outside the
+    scope) would end the hits where it stands, so one such id emptied the recall without a word.
+    The ranker is reported, and the ids it ranked that are candidates keep their places."""
+    ranker, ranking = answer
+    kept = [(mid, score) for mid, score in ranking if mid in records]
+    if len(kept) < len(ranking):
+        strays = [mid for mid, _ in ranking if mid not in records]
+        shown = ", ".join(str(mid) for mid in strays[:5]) + (", ..." if len(strays) > 5 else "")
+        await memory.host.report(
+            ranker,
+            "narrmem_rank",
+            PluginError(
+                f"plugin {ranker!r} ranked {len(strays)} id(s) that are not among the candidates "
+                f"({shown}); they were skipped"
+            ),
+        )
+    return kept
 
 
 async def _vector_candidates(

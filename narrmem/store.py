@@ -202,7 +202,11 @@ class Store(Protocol):
         ...
 
     async def state_delete(self, namespace: str, key_prefix: str) -> int:
-        """Delete a plugin's state whose key starts with ``key_prefix``; return how many."""
+        """Delete a plugin's state whose key starts with ``key_prefix``; return how many.
+
+        A prefix, not a key: deleting ``"ann"`` deletes ``"anna"`` too. Key per-user state so that
+        no key is the start of another: end each id with ``"\\0"``, which no id holds
+        (``f"{tenant}\\0{user_id}\\0"``); the same prefix then deletes exactly that user's entries."""
         ...
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:

@@ -107,13 +107,28 @@ class ToolTable:
 class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._plugins: dict[str, str] = {}
 
-    def register(self, tool: Tool) -> None:
+    def register(self, tool: Tool, *, plugin: str | None = None) -> None:
+        """Add ``tool``; ``plugin`` is the name of the plugin registering it (the host passes it
+        from ``narrmem_register_tools``), so that a clash or a failing tool names its plugin."""
         if not isinstance(tool, Tool):
             raise PluginError(f"register() takes a narrmem.tools.Tool, not {type(tool).__name__}")
         if tool.name in self._tools:
-            raise PluginError(f"tool '{tool.name}' is registered twice")
+            raise PluginError(
+                f"tool '{tool.name}' is registered twice: by {self._owner(tool.name)} "
+                f"and by {_plugin_phrase(plugin)}"
+            )
         self._tools[tool.name] = tool
+        if plugin is not None:
+            self._plugins[tool.name] = plugin
+
+    def plugin_of(self, name: str) -> str | None:
+        """The name of the plugin that registered tool ``name``, if it was registered through it."""
+        return self._plugins.get(name)
+
+    def _owner(self, name: str) -> str:
+        return _plugin_phrase(self._plugins.get(name))
 
     def names(self) -> list[str]:
         return sorted(self._tools)
@@ -148,6 +163,10 @@ class ToolRegistry:
         except JsonShapeError as exc:
             raise _not_plain(exc) from exc
         return tool, strict_input(tool.input_model, arguments)
+
+
+def _plugin_phrase(plugin: str | None) -> str:
+    return f"plugin {plugin!r}" if plugin is not None else "a caller outside any plugin"
 
 
 def strict_input(model: type[M], arguments: dict[str, Any]) -> M:

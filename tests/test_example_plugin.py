@@ -69,3 +69,20 @@ async def test_the_documented_plugin_validates_its_own_table(installed: None, tm
     with pytest.raises(narrmem.ConfigError, match="markr"):
         async with narrmem.Memory.open(settings=settings, plugins=[TestingPlugin()], load_entrypoints=True):
             pass
+
+
+async def test_forgetting_a_user_leaves_the_user_whose_id_begins_with_theirs(
+    installed: None, tmp_path: Path
+) -> None:
+    """``Store.state_delete`` deletes by key prefix: with the example's old keys (tenant and user
+    joined by a separator), forgetting "ann" deleted "anna"'s count too."""
+    settings = load_settings(None, data_dir=str(tmp_path / "store"), embedder={"backend": "hash"})
+    async with narrmem.Memory.open(
+        settings=settings, plugins=[TestingPlugin()], load_entrypoints=True
+    ) as mem:
+        await mem.ingest(msg("m1", "||the butler did it||", user="ann"))
+        await mem.ingest(msg("m2", "||the gardener did it||", user="anna"))
+        await mem.ingest(msg("m3", "||the cook did it||", user="anna"))
+        await mem.forget(user_id="ann")
+        assert (await mem.call_tool("spoiler_count", {"user_id": "ann"}))["refused"] == 0
+        assert (await mem.call_tool("spoiler_count", {"user_id": "anna"}))["refused"] == 2

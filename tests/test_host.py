@@ -181,8 +181,10 @@ async def test_error_in_setup_hook_aborts_open(tmp_path: Path) -> None:
         async def narrmem_startup(self) -> None:
             raise RuntimeError("cannot start")
 
-    with pytest.raises(RuntimeError, match="cannot start"):
+    with pytest.raises(PluginError, match="plugin 'bad_startup' failed in narrmem_startup") as info:
         await open_memory(tmp_path / "m", plugins=[BadStartup()])
+    assert isinstance(info.value.__cause__, RuntimeError)  # the plugin's own error, kept
+    assert "cannot start" in str(info.value)
 
 
 async def test_unknown_embedder_backend_is_a_config_error(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ class SpoilerGuard(Configured[SpoilerOptions], name=NAME, options=SpoilerOptions
     async def narrmem_after_forget(self, memory: MemoryView, tenant: str, user_id: str | None) -> None:
         # Forget means gone: the count is about the user, so it goes with them.
         if user_id is not None:
-            await memory.store.state_delete(NAME, _key(tenant, user_id))
+            await memory.store.state_delete(NAME, _key(tenant, user_id))  # by prefix: see _key
 
 
 async def count(memory: MemoryView, args: SpoilerCountInput) -> SpoilerCountOutput:
@@ -77,4 +77,7 @@ async def count(memory: MemoryView, args: SpoilerCountInput) -> SpoilerCountOutp
 
 
 def _key(tenant: str, user_id: str) -> str:
-    return f"{tenant}\x1f{user_id}"
+    # state_delete deletes by key prefix. No id holds a NUL, so with each part ended by one, no
+    # user's key starts with another's: forgetting "ann" spares "anna", and a tenant's name cannot
+    # run on into a user id.
+    return f"{tenant}\0{user_id}\0"
