@@ -202,6 +202,10 @@ def narrmem_after_store(
     Update counters, link scenes, refresh summaries. Plugins may append to ``result.counts``,
     ``result.triggers`` and ``result.notes``; the host delivers triggers after every plugin has run,
     naming the message as the cause (``cause_message_id``) of those in its chat that name none.
+
+    May run a second time for a message: a process that stops after its hooks ran and before their
+    record went has them run again at the next open. Write nothing twice (the built-in plugins
+    check that a scene or an Impact entry is already there, and count facts by message).
     """
 
 
