@@ -20,6 +20,7 @@ import logging
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from narrmem import owed_forgets
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
@@ -362,6 +363,9 @@ class Forgetting:
             # workers' hooks have still to run is of what they wrote since.
             await self.settling.drop(job)
         if done:
+            # Before the job's record goes: stopped in between, the next open finishes the job
+            # again, and leaves it to them again (the same key).
+            await owed_forgets.owe(self.memory, job)
             await store.finish_forget(job, purge=job.messages is None)
         return counts
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -198,14 +198,23 @@ class PluginHost:
                 results.append((impl.plugin_name, value))
         return results
 
-    async def call_every(self, hook_name: str, **kwargs: Any) -> list[Any]:
-        """Call every implementation, even after one raises; then, if any raised, raise one
-        :class:`PluginError` naming each that did (the first error chained). For hooks whose
-        every implementation must run (a forget's scrubbing: one plugin's failure must not leave
-        the others' copies), and whose failure the caller must hear of."""
+    def implementers(self, hook_name: str) -> list[str]:
+        """The names of the plugins that implement ``hook_name``, in the order they are called."""
+        return [impl.plugin_name for impl in self._ordered(hook_name)]
+
+    async def call_every(
+        self, hook_name: str, *, among: Collection[str] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Call every implementation (of the plugins named ``among``, when given), even after one
+        raises; then, if any raised, raise one :class:`PluginError` naming each that did (the
+        first error chained). For hooks whose every implementation must run (a forget's
+        scrubbing: one plugin's failure must not leave the others' copies), and whose failure
+        the caller must hear of."""
         results = []
         failed: list[tuple[str, Exception]] = []
         for impl in self._ordered(hook_name):
+            if among is not None and impl.plugin_name not in among:
+                continue
             try:
                 ok, value = await self._invoke(impl, hook_name, kwargs, False, None)
             except Exception as exc:

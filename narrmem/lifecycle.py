@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
-from narrmem import opening
+from narrmem import opening, owed_forgets
 from narrmem.checks import folder_argument
 from narrmem.clock import Clock, SystemClock
 from narrmem.config import Settings, load_settings
@@ -156,6 +156,8 @@ class MemoryLifecycle:
             self._fence.workers = store.workers_fence()
         await self.host.call("narrmem_startup", isolate=False, memory=self)
         await self._forgetting.resume()
+        if not self.read_only:
+            await owed_forgets.settle_at_open(self)
         await self._settling.start(self._ingest)
         self._inbox.start(self._ingest, self._forgetting)
         if not self.read_only:

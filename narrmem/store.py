@@ -389,6 +389,19 @@ class PurgesDeleted(Protocol):
         ...
 
 
+@runtime_checkable
+class CountsForgets(Protocol):
+    """A store that tells whether a forget began since a given moment (both built-in stores): a
+    finished forget leaves no job behind, so :meth:`Store.pending_forgets` cannot tell. An export
+    compares this before and after it reads, and fails when it changed (the file may hold what the
+    forget deleted)."""
+
+    async def forgets_begun(self) -> int:
+        """The id of the last forget job ever begun (0 before the first): job ids are never given
+        out twice, so it changes with every forget that begins, whether finished since or not."""
+        ...
+
+
 class DecayedImportance(NamedTuple):
     """A memory's importance after decay at a pass, with what it was computed from: the stored
     ``importance`` and the ``cached`` value after decay (``None`` before the first pass) that the

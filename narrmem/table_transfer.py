@@ -326,13 +326,20 @@ class TableSpec:
 
 
 async def export_tables(store: object, specs: Sequence[TableSpec]) -> dict[str, list[dict[str, Any]]] | None:
-    """Each table as its section (``None`` on a store that lends no tables)."""
+    """Each table as its section (``None`` on a store that lends no tables).
+
+    ``specs`` come in the order an import writes them (a table others refer to first), and are
+    read in the other: each query reads its table whole, but the memory may write between two of
+    them. Read after the rows that name them, the rows named are all there (a node written after
+    the edges were read has no edge in the file); read before, an edge written meanwhile named a
+    node the file lacked, and the import refused the whole file."""
     if not isinstance(store, SQLCapable):
         return None
+    read: dict[str, list[dict[str, Any]]] = {}
     async with store.sql() as db:
-        return {
-            s.section: await export_table(db, s.table, order_by=s.order_by, exclude=s.exclude) for s in specs
-        }
+        for s in reversed(specs):
+            read[s.section] = await export_table(db, s.table, order_by=s.order_by, exclude=s.exclude)
+    return {s.section: read[s.section] for s in specs}
 
 
 async def import_tables(

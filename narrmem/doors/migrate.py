@@ -24,6 +24,7 @@ from pydantic import SecretStr
 from tqdm import tqdm
 
 from narrmem.config import Settings, load_settings
+from narrmem.doors.transfer import plugin_sections
 from narrmem.errors import InputError, StoreError
 from narrmem.memory import Memory
 from narrmem.models import MemoryRecord
@@ -184,10 +185,7 @@ async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int
     target by its plugins the way ``narrmem import`` does it (checked on a dry run first). Sections
     no plugin of the target takes (a plugin idle on that backend) are left out, with their row
     counts returned as not migrated and a warning."""
-    sections: dict[str, list[dict[str, Any]]] = {}
-    for part in await src.host.call("narrmem_export_records", isolate=False, memory=src):
-        sections.update(part or {})
-    sections = {name: rows for name, rows in sections.items() if rows}
+    sections = {name: rows for name, rows in (await plugin_sections(src)).items() if rows}
     if not sections:
         return {}, {}
     claimed: dict[str, int] = {}

@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import re
+from array import array
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,9 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
 from narrmem.doors import export_files
-from narrmem.errors import InputError, StoreError
+from narrmem.errors import InputError, PluginError, StoreError
 from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
 from narrmem.state_checks import NOT_IMPORTED, check_state
+from narrmem.store import CountsForgets
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -270,12 +272,21 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     the graph and RTM trees are left out), for a caller that may see one tenant only."""
     # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
     await memory.settle()
-    await no_forget_pending(memory)
+    await no_forget_pending(memory, tenant=tenant)
+    forgets = await _forget_mark(memory)
     lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant)
     counts: dict[str, int] = {}
     async for section, line in lines:
         counts[section] = counts.get(section, 0) + 1
         yield section, _line_text(section, line)
+    # Pages are read one after another while the memory goes on working: a forget that began
+    # meanwhile may have deleted what an earlier page holds, and an import would bring it back.
+    # Raised before the end line, so that the file is deleted and a stream ends cut short.
+    if await _forget_mark(memory) != forgets:
+        raise StoreError(
+            "a forget ran while the export was read, which may hold what it deleted: the export "
+            "was not finished; export again"
+        )
     # Last, so that a file or stream cut short at a line's end is known to be when it is read.
     yield END, _line_text(END, EndLine(lines=counts).model_dump())
 
@@ -284,12 +295,15 @@ def _line_text(section: str, line: dict[str, Any]) -> str:
     return json.dumps({"section": section, **line}, ensure_ascii=False, sort_keys=True) + "\n"
 
 
-async def no_forget_pending(memory: Memory) -> None:
+async def no_forget_pending(memory: Memory, *, tenant: str | None = None) -> None:
     """Refuse to export while a forget is recorded and not finished (a process stopped in the
     middle of it, or a plugin failed to scrub): the export holds no record of it, so an import
     brought back what it deletes, the store's rows or, once those are gone, the plugins' copies
-    (a person's graph). A process that writes the folder finishes it when it opens."""
-    pending = await memory.store.pending_forgets()
+    (a person's graph). A process that writes the folder finishes it when it opens.
+
+    With ``tenant`` (a tenant's export), only that tenant's forgets count: another tenant's deletes
+    nothing the export holds, and its scope is not this caller's to read."""
+    pending = [job for job in await memory.store.pending_forgets() if tenant is None or job.tenant == tenant]
     if pending:
         scopes = "; ".join(
             f"job {job.id}: tenant {job.tenant!r}"
@@ -304,20 +318,44 @@ async def no_forget_pending(memory: Memory) -> None:
         )
 
 
-async def _memory_lines(memory: Memory, tenant: str | None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+async def _forget_mark(memory: Memory) -> tuple[int, ...]:
+    """What changes when a forget begins: the last forget job id given out, or, on a store that
+    cannot tell it, the jobs not finished (a forget begun and finished between two reads of
+    those goes unseen)."""
+    store = memory.store
+    if isinstance(store, CountsForgets):
+        return (await store.forgets_begun(),)
+    return tuple(job.id for job in await store.pending_forgets())
+
+
+async def _memory_lines(
+    memory: Memory, tenant: str | None, exported: array[int] | None = None
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The memories section; the id of each memory written is appended to ``exported``."""
     async for record, vector in memory.store.export():
         if tenant is None or record.tenant == tenant:
             line = record.model_dump(mode="json")
             line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+            if exported is not None and record.id is not None:
+                exported.append(record.id)
             yield MEMORIES, line
 
 
 async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    async for section, line in _memory_lines(memory, None):
+    # The store is read a page at a time while the memory goes on working: the importance pass
+    # meets memories written after the memories section was read. Their lines are left out, so
+    # every line names only memories of the file (an import refuses any other, and with it the
+    # whole file). The ids, 8 bytes each, not a set of ints: a store of millions is exported.
+    exported: array[int] = array("q")
+    async for section, line in _memory_lines(memory, None, exported):
         yield section, line
+    in_file = np.sort(np.frombuffer(exported, dtype=np.int64))
     last = 0
     while states := await memory.store.importance_states(last, 1000):
-        for memory_id, _, _, current in states:
+        ids = np.fromiter((state[0] for state in states), dtype=np.int64, count=len(states))
+        for (memory_id, _, _, current), held in zip(states, _held(in_file, ids), strict=True):
+            if not held:
+                continue
             events = await memory.store.history(memory_id)
             if events or current is not None:
                 yield IMPORTANCE, {"memory_id": memory_id, "current": current, "events": events}
@@ -325,12 +363,49 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
     for namespace, key, value in await _plugin_state(memory):
         if namespace not in NOT_IMPORTED:
             yield STATE, {"namespace": namespace, "key": key, "value": value}
-    sections: dict[str, list[dict[str, Any]]] = {}
-    for part in await memory.host.call("narrmem_export_records", isolate=False, memory=memory):
-        sections.update(part)
+    sections = await plugin_sections(memory)
     for section in sorted(sections):
         for row in sections[section]:
             yield section, row
+
+
+def _held(in_file: np.ndarray, ids: np.ndarray) -> list[bool]:
+    """Whether each of ``ids`` is in ``in_file`` (sorted)."""
+    if not len(in_file):
+        return [False] * len(ids)
+    places = np.minimum(np.searchsorted(in_file, ids), len(in_file) - 1)
+    return [bool(found) for found in in_file[places] == ids]
+
+
+async def plugin_sections(memory: Memory) -> dict[str, list[dict[str, Any]]]:
+    """Every plugin's own sections (``narrmem_export_records``), by name.
+
+    A section's name is the exporting plugin's name, a dot and more (``graph.edges``), and only
+    one plugin exports it: an import hands each section to the plugins that take it, so two
+    plugins' records under one name were one plugin's (merged, the other's were dropped without
+    a word). Either is a :class:`PluginError` naming the plugins, before a line is written."""
+    sections: dict[str, list[dict[str, Any]]] = {}
+    owners: dict[str, str] = {}
+    # Each answer with the name of the plugin that gave it; a hook that raises, or answers other
+    # than it declares, is a PluginError naming it (the host's checks).
+    for plugin, answer in await memory.host.call_named(
+        "narrmem_export_records", isolate=False, memory=memory
+    ):
+        if answer is None:
+            continue
+        for section, records in answer.items():
+            if not section.startswith(f"{plugin}.") or not PLUGIN_SECTION.fullmatch(section):
+                raise PluginError(
+                    f"plugin '{plugin}' exports section {section!r}: a plugin's section names start "
+                    f"with its own name and a dot ('{plugin}.<name>', letters, digits, _ and .)"
+                )
+            if section in owners:
+                raise PluginError(
+                    f"plugins '{owners[section]}' and '{plugin}' both export section {section!r}"
+                )
+            owners[section] = plugin
+            sections[section] = records
+    return sections
 
 
 async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]:

@@ -787,6 +787,14 @@ class PostgresStore(ForgetJournal):
         )
         return [ForgetJob.from_row(r) for r in rows]
 
+    async def forgets_begun(self) -> int:
+        """The last forget job id the identity's sequence gave out (a sequence never gives one
+        twice, and is read outside any transaction's snapshot)."""
+        value = await self.pool.fetchval(
+            "SELECT pg_sequence_last_value(pg_get_serial_sequence('forget_jobs', 'id')::regclass)"
+        )
+        return int(value or 0)
+
     async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
         """Delete the job's row; ``purge`` also vacuums the tables, so the deleted rows' space is
         marked free (and their index entries removed) at once rather than at autovacuum's leisure.

@@ -1215,6 +1215,12 @@ class SQLiteStore(ForgetJournal):
         )
         return [ForgetJob.from_row(r) for r in rows]
 
+    async def forgets_begun(self) -> int:
+        """The last forget job id given out (``AUTOINCREMENT`` never gives one twice, even after
+        the job's row is deleted)."""
+        rows = await self._fetchall("SELECT seq FROM sqlite_sequence WHERE name = 'forget_jobs'")
+        return int(rows[0][0]) if rows else 0
+
     async def finish_forget(self, job: ForgetJob, *, purge: bool = True) -> None:
         """Leave no byte of what the job deleted in the files: the keyword index merged into fresh
         segments (an FTS5 delete only adds a tombstone beside the old terms), the database file

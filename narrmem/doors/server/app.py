@@ -653,7 +653,7 @@ def _tool_and_event_routes(r: APIRouter) -> None:
         only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
         # Checked before the answer starts: inside the stream, its refusal cut a 200 short.
         await state.memory.settle()
-        await no_forget_pending(state.memory)
+        await no_forget_pending(state.memory, tenant=only)
         return NDJSONStream(_export_lines(state.memory, only))
 
     @r.get(
