@@ -8,6 +8,7 @@ request body is one of the library's models (unknown fields are errors naming th
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -28,7 +29,7 @@ from starlette.exceptions import HTTPException
 
 from narrmem import __version__
 from narrmem.config import Acknowledge
-from narrmem.doors.server.commands import DEFAULT_PORT
+from narrmem.doors.server.commands import DEFAULT_BODY_TIMEOUT, DEFAULT_PORT
 from narrmem.doors.server.events import TriggerHub, WebhookOptions
 from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
 from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
@@ -113,6 +114,7 @@ def create_app(
     keys: KeyRing | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY,
     max_batch: int = DEFAULT_MAX_BATCH,
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT,
     cors_origins: list[str] | None = None,
     webhook: WebhookOptions | None = None,
     ui: bool = True,
@@ -121,14 +123,15 @@ def create_app(
     """The app over ``memory``. ``keys``: the key ring (``None``: no keys, every tenant open, for a
     server on a loopback address); ``cors_origins``: origins allowed to call from a browser (off
     by default); ``webhook``: where trigger events are POSTed, with retries; ``allowed_hosts``:
-    the names a request's ``Host`` may give (``None``: any; ``narrmem serve`` gives its own)."""
+    the names a request's ``Host`` may give (``None``: any; ``narrmem serve`` gives its own);
+    ``body_timeout``: seconds a request body has to come whole (408 after; ``None``: no limit)."""
     hub = TriggerHub(webhook, StillStored(memory))
     memory.on_trigger(hub.publish)
     # However a forget is made (a route, the Python API, a tool, a hook), its events go with it.
     memory.host.register(ForgetsVoidEvents(hub), name=_free_name(memory, "narrmem.server.forgets"))
     state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch)
     app = _build(state, ui=ui)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     app.add_middleware(QueryUTF8)
     app.add_middleware(SecurityHeaders)
     if allowed_hosts is not None:
@@ -342,11 +345,14 @@ async def _principal(
     state = _state(request)
     if state.keys is None:
         return OPEN
-    token = bearer.credentials.strip() if bearer is not None else api_key
-    found = await state.keys.verify(token)
+    found = await state.keys.verify(_token(bearer, api_key))
     if found is None:
         raise HTTPException(401, "a valid API key is required", headers={"WWW-Authenticate": "Bearer"})
     return found
+
+
+def _token(bearer: HTTPAuthorizationCredentials | None, api_key: str | None) -> str | None:
+    return bearer.credentials.strip() if bearer is not None else api_key
 
 
 Caller = Annotated[Principal, Depends(_principal)]
@@ -665,6 +671,8 @@ def _tool_and_event_routes(r: APIRouter) -> None:
     async def events(
         caller: Caller,
         state: State,
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+        api_key: Annotated[str | None, Depends(_api_key_header)],
         tenant: TenantParam = None,
         max_events: Annotated[int | None, Query(ge=1, le=100_000)] = None,
         idle_seconds: Annotated[
@@ -674,7 +682,19 @@ def _tool_and_event_routes(r: APIRouter) -> None:
     ) -> EventStream:
         """Trigger events as server-sent events (``event: trigger``, the event as JSON)."""
         only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
-        stream = state.hub.stream(only, max_events=max_events, idle_timeout=idle_seconds, keepalive=keepalive)
+        keys, token = state.keys, _token(bearer, api_key)
+
+        async def key_still_valid() -> bool:
+            # Checked again as the stream goes on: a key revoked meanwhile ends its stream.
+            return keys is not None and await keys.verify(token) == caller
+
+        stream = state.hub.stream(
+            only,
+            max_events=max_events,
+            idle_timeout=idle_seconds,
+            keepalive=keepalive,
+            still_allowed=None if keys is None else key_still_valid,
+        )
         return EventStream(stream, headers={"Cache-Control": "no-store"})
 
 
@@ -725,7 +745,21 @@ async def _tenant_counts(memory: Memory, tenant: str) -> dict[str, int]:
         after = page[-1]["user_id"]
 
 
+# The export is sent in pieces of about this many characters, the loop given a turn after each:
+# sent a line at a time without one, a page of lines went on to a client that had gone (the server
+# hears of it only when the loop turns), with a warning logged for each line.
+EXPORT_CHUNK_CHARS = 64 * 1024
+
+
 async def _export_lines(memory: Memory, tenant: str | None) -> AsyncIterator[str]:
-    yield export_header(memory)
+    lines = [export_header(memory)]
+    size = len(lines[0])
     async for _, text in export_text(memory, tenant=tenant):
-        yield text
+        lines.append(text)
+        size += len(text)
+        if size >= EXPORT_CHUNK_CHARS:
+            yield "".join(lines)
+            lines, size = [], 0
+            await asyncio.sleep(0)  # a client gone meanwhile is heard of: the next send fails
+    if lines:
+        yield "".join(lines)

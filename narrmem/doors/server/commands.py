@@ -15,6 +15,10 @@ from narrmem.doors.listening import check_port, serve
 from narrmem.errors import ConfigError, InputError
 
 DEFAULT_PORT = 8765
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_BODY_TIMEOUT = 30.0
+# Once the server has stopped, the webhook gets this long to deliver what is queued.
+WEBHOOK_DRAIN_SECONDS = 5.0
 Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
 
@@ -30,6 +34,21 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--webhook", metavar="URL", help="POST every trigger event here (with retries)")
     serve.add_argument("--max-body", type=int, default=2_000_000, metavar="BYTES", help="request body limit")
     serve.add_argument("--max-batch", type=int, default=500, help="messages per batch ingest")
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections served at once; a request beyond gets 503 (default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        metavar="SECONDS",
+        help="a request body not whole this long after its headers gets 408 "
+        f"(default {DEFAULT_BODY_TIMEOUT:g})",
+    )
     serve.add_argument(
         "--allowed-host",
         action="append",
@@ -88,6 +107,10 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     check_port(args.port, "--port")
     if args.max_body < 1024 or args.max_batch < 1:
         raise InputError("limits must be positive (--max-body at least 1024)", field="--max-body")
+    if args.max_connections < 1:
+        raise InputError("must be at least 1", field="--max-connections")
+    if not 0 < args.body_timeout <= 86_400:  # NaN too
+        raise InputError("must be more than 0 and at most 86400 seconds", field="--body-timeout")
     ring = KeyRing.in_folder(settings.data_dir)
     if not is_loopback(args.host) and ring.active_count() == 0:
         raise ConfigError(
@@ -97,7 +120,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from narrmem.doors.server.app import create_app
-    from narrmem.doors.server.events import WebhookOptions
+    from narrmem.doors.server.events import TriggerHub, WebhookOptions
     from narrmem.memory import Memory
 
     webhook = WebhookOptions(url=args.webhook) if args.webhook else None
@@ -107,6 +130,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             keys=ring,
             max_body_bytes=args.max_body,
             max_batch=args.max_batch,
+            body_timeout=args.body_timeout,
             cors_origins=args.cors_origin or None,
             webhook=webhook,
             allowed_hosts=allowed_hosts(args.host, args.allowed_host),
@@ -116,8 +140,28 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             f"narrmem serving {memory.data_dir} on http://{args.host}:{args.port} "
             f"(inspector: /ui/, API: /v1, schema: /docs; {mode})"
         )
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
-        await serve(config, field="--host/--port", when_listening=lambda: print(serving, file=sys.stderr))
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            lifespan="off",
+            limit_concurrency=args.max_connections,
+        )
+        hub: TriggerHub = app.state.narrmem.hub
+        try:
+            await serve(
+                config,
+                field="--host/--port",
+                when_listening=lambda: print(serving, file=sys.stderr),
+                when_stopping=hub.stop_streams,
+            )
+            # Stopped (SIGTERM, SIGINT): what was acknowledged is written and its hooks run, so
+            # that the triggers they fire are queued for the webhook before it is drained.
+            await memory.settle()
+            await hub.shutdown(WEBHOOK_DRAIN_SECONDS)
+        finally:
+            await hub.close()
     return 0
 
 

@@ -7,6 +7,12 @@ slow stream loses its oldest events, a webhook that keeps failing loses the even
 retries. A forget takes its events off the queues, and stops the one being delivered; and before
 each delivery the event is checked against the store, for a forget another process made
 (:mod:`narrmem.doors.server.forgets`).
+
+A stream ends when the server stops (:meth:`TriggerHub.stop_streams`), and when its caller's key is
+no longer valid (checked at each event and every second): an open stream outlived both. A webhook
+attempt is bounded as a whole, and its reply is judged by its status, its body read no further
+than a few KB: a receiver that answered a byte at a time held the sender for ever, and a huge reply
+was read whole into memory.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,6 +31,12 @@ log = logging.getLogger("narrmem.server")
 
 STREAM_QUEUE = 100
 WEBHOOK_QUEUE = 1000
+# How often an open stream asks again whether its caller's key is still valid (a revoked key stops
+# working within a second: its streams too).
+KEY_RECHECK_SECONDS = 1.0
+# The most of a webhook's reply that is read (the status says how it went; reading a short reply
+# to its end lets the connection be used again).
+WEBHOOK_REPLY_BYTES = 4096
 
 
 @dataclass
@@ -32,7 +44,7 @@ class WebhookOptions:
     url: str
     attempts: int = 4
     backoff: float = 0.5  # seconds before the 2nd attempt; doubled each time
-    timeout: float = 5.0
+    timeout: float = 5.0  # seconds for an attempt as a whole: connecting, sending, the reply
 
     def __post_init__(self) -> None:
         # Refused at start-up: a URL the client cannot even parse failed every delivery, and
@@ -84,20 +96,27 @@ class TriggerHub:
         self.delivered = 0
         self.dropped = 0
         self.forgotten = 0
+        # Set once the server stops: every stream ends, and no new one begins.
+        self._stopping = asyncio.Event()
+        self._closed = False
 
     # --- in ---------------------------------------------------------------------------------
 
     async def publish(self, event: TriggerEvent) -> None:
         """The memory's trigger callback."""
         listening = [sub for sub in self._subscribers if sub.tenant is None or sub.tenant == event.tenant]
-        if not listening and self.webhook is None:
+        if not listening and (self.webhook is None or self._closed):
             return
         item = Queued(event, await self._cited(event))
         for sub in listening:
             if sub.queue.full():
                 sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
             sub.queue.put_nowait(item)
-        if self.webhook is not None:
+        if self._closed:
+            if self.webhook is not None:
+                self.dropped += 1
+                log.warning("webhook closed: trigger %s/%s not delivered", event.kind, event.label)
+        elif self.webhook is not None:
             outbox = self._ensure_sender()
             if outbox.full():
                 self.dropped += 1
@@ -142,37 +161,79 @@ class TriggerHub:
         return count
 
     async def stream(
-        self, tenant: str | None, *, max_events: int | None, idle_timeout: float | None, keepalive: float
+        self,
+        tenant: str | None,
+        *,
+        max_events: int | None,
+        idle_timeout: float | None,
+        keepalive: float,
+        still_allowed: Callable[[], Awaitable[bool]] | None = None,
     ) -> AsyncIterator[str]:
         """Server-sent events: ``event: trigger`` with the event as JSON; a comment line every
-        ``keepalive`` seconds keeps proxies from closing a quiet stream."""
+        ``keepalive`` seconds keeps proxies from closing a quiet stream. ``still_allowed`` says
+        whether the caller may still read (its key not revoked): asked before each event and
+        every second, the stream ends once it says no. The stream ends when the server stops."""
         sub = _Subscriber(tenant)
         self._subscribers.add(sub)
         sent = 0
         loop = asyncio.get_running_loop()
         last = loop.time()
+        next_keepalive = last + keepalive
+        next_check = last + KEY_RECHECK_SECONDS
         try:
             yield ": narrmem trigger stream\n\n"
             while max_events is None or sent < max_events:
-                wait = keepalive
-                if idle_timeout is not None:
-                    left = idle_timeout - (loop.time() - last)
-                    if left <= 0:
+                if self._stopping.is_set():
+                    return
+                now = loop.time()
+                if still_allowed is not None and now >= next_check:
+                    if not await still_allowed():
                         return
-                    wait = min(wait, left)
-                try:
-                    item = await asyncio.wait_for(sub.queue.get(), timeout=wait)
-                except TimeoutError:
+                    next_check = now + KEY_RECHECK_SECONDS
+                if now >= next_keepalive:
                     yield ": keepalive\n\n"
+                    next_keepalive = loop.time() + keepalive
                     continue
+                until = min(next_keepalive, next_check) if still_allowed is not None else next_keepalive
+                if idle_timeout is not None:
+                    if now - last >= idle_timeout:
+                        return
+                    until = min(until, last + idle_timeout)
+                item = await self._next(sub, until - now)
+                if item is None:
+                    continue  # a keepalive, a check of the key, the idle end or the server stopping
                 if not await self._stands(item):
                     continue  # forgotten (or not known to stand) since it was published
+                if still_allowed is not None and not await still_allowed():
+                    return
                 event = item.event
                 sent += 1
                 last = loop.time()
+                next_keepalive = last + keepalive
                 yield f"event: trigger\ndata: {event.model_dump_json()}\n\n"
         finally:
             self._subscribers.discard(sub)
+
+    async def _next(self, sub: _Subscriber, within: float) -> Queued | None:
+        """The subscriber's next event, or ``None`` after ``within`` seconds or once the server
+        stops."""
+        taking = asyncio.ensure_future(sub.queue.get())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait(
+                [taking, stopping], timeout=max(within, 0), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopping.cancel()
+            if not taking.done():
+                taking.cancel()
+        if taking.done() and not taking.cancelled():
+            return taking.result()
+        return None
+
+    def stop_streams(self) -> None:
+        """End every stream now and any begun later (the server is stopping)."""
+        self._stopping.set()
 
     # --- webhook ----------------------------------------------------------------------------
 
@@ -226,12 +287,14 @@ class TriggerHub:
             try:
                 if standing is None:
                     raise _NotKnownToStand
-                response = await client.post(options.url, json={"type": "trigger", "event": body})
-                if response.status_code < 300:
+                # httpx's timeout bounds each read, not the attempt: bounded here as a whole.
+                async with asyncio.timeout(options.timeout):
+                    status = await _post(client, options.url, {"type": "trigger", "event": body})
+                if status < 300:
                     self.delivered += 1
                     return
-                problem = f"HTTP {response.status_code}"
-            except (httpx.HTTPError, httpx.InvalidURL, _NotKnownToStand) as exc:
+                problem = f"HTTP {status}"
+            except (httpx.HTTPError, httpx.InvalidURL, _NotKnownToStand, TimeoutError) as exc:
                 problem = type(exc).__name__
             if attempt < options.attempts:
                 await asyncio.sleep(delay)
@@ -245,19 +308,43 @@ class TriggerHub:
             problem,
         )
 
-    async def drain(self, within: float = 5.0) -> None:
-        """Wait (bounded) for the webhook queue to empty; used at shutdown and in tests."""
+    async def drain(self, within: float = 5.0) -> int:
+        """Wait (bounded) for the webhook queue to empty; used at shutdown and in tests. The number
+        of events still undelivered (queued, or being delivered) then."""
         if self._outbox is None:
-            return
+            return 0
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._outbox.join(), within)
+        return self._outbox.qsize() + (self._delivering is not None)
+
+    async def shutdown(self, within: float) -> None:
+        """The server has stopped: the streams end, the webhook gets at most ``within`` seconds to
+        deliver what is queued (what is left is logged, not delivered), and the hub closes."""
+        self.stop_streams()
+        left = await self.drain(within)
+        if left:
+            log.warning("webhook: %d trigger event(s) not delivered at shutdown (after %g s)", left, within)
+        await self.close()
 
     async def close(self) -> None:
+        self._closed = True
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
             self._sender = None
+
+
+async def _post(client: Any, url: str, payload: dict[str, Any]) -> int:
+    """POST ``payload``; the reply's status, having read no more than a few KB of its body."""
+    async with client.stream("POST", url, json=payload) as response:
+        read = 0
+        async for chunk in response.aiter_raw():
+            read += len(chunk)
+            if read >= WEBHOOK_REPLY_BYTES:
+                break  # the rest is never read: the connection is closed, not used again
+        status: int = response.status_code
+        return status
 
 
 class _NotKnownToStand(Exception):

@@ -1,8 +1,12 @@
-"""Bounded request bodies: a body over the limit is refused with 413 before it is read whole."""
+"""Bounded request bodies: a body over the limit is refused with 413 before it is read whole, and
+one that has not come whole within the deadline with 408 (a client that sends a byte now and then
+held its connection, and a file descriptor, for ever)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -17,13 +21,26 @@ class BodyTooLarge(HTTPException):
         super().__init__(status_code=413, detail=f"the request body exceeds {max_bytes} bytes")
 
 
+class BodyTooSlow(HTTPException):
+    """The connection is closed with the answer: the rest of the body is not waited for."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            status_code=408,
+            detail=f"the request body did not come whole within {seconds:g} s",
+            headers={"Connection": "close"},
+        )
+
+
 class BodyLimit:
     """Pure ASGI middleware: checks ``Content-Length`` first, then counts the bytes as they come
-    (a chunked body has no length to check)."""
+    (a chunked body has no length to check). The body must have come whole ``timeout`` seconds
+    after the request began (``None``: no deadline)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -41,12 +58,23 @@ class BodyLimit:
                     return
         seen = 0
         started = False
+        whole = False
+        loop = asyncio.get_running_loop()
+        deadline = None if self.timeout is None else loop.time() + self.timeout
 
         async def counting_receive() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, whole
+            if whole or deadline is None:
+                message = await receive()  # once the body is in, only a disconnect comes: no deadline
+            else:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                except TimeoutError:
+                    raise BodyTooSlow(self.timeout or 0) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                whole = not message.get("more_body", False)
                 if seen > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
             return message
@@ -59,16 +87,17 @@ class BodyLimit:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
+        except (BodyTooLarge, BodyTooSlow) as refusal:
             if not started:
-                await _refuse(send, 413, BodyTooLarge(self.max_bytes).detail)
+                await _refuse(send, refusal.status_code, refusal.detail, refusal.headers)
 
 
-async def _refuse(send: Send, status: int, detail: str) -> None:
+async def _refuse(send: Send, status: int, detail: str, extra: Mapping[str, str] | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
     headers: list[Any] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
+        *((name.lower().encode(), value.encode()) for name, value in (extra or {}).items()),
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
