@@ -44,23 +44,7 @@ async def test_an_ingest_cancelled_as_its_vectors_go_into_the_index_leaves_them_
     matched)."""
     async with open_memory(tmp_path / "m") as memory:
         await memory.ingest(msg("m0", "my sister Lena lives in Porto", user="ann"))
-        index = memory.store.index
-        original = index.add
-        reached = asyncio.Event()
-
-        def add(*args: Any, **kwargs: Any) -> Any:
-            reached.set()
-            return original(*args, **kwargs)
-
-        index.add = add
-        task = asyncio.ensure_future(
-            memory.ingest(msg("m1", "my favourite bakery is called Crumb", user="ann"))
-        )
-        await reached.wait()
-        task.cancel()
-        [outcome] = await asyncio.gather(task, return_exceptions=True)
-        assert isinstance(outcome, asyncio.CancelledError)
-        index.add = original
+        await _cancelled_at_the_index(memory, msg("m1", "my favourite bakery is called Crumb", user="ann"))
         retry = await memory.ingest(msg("m1", "my favourite bakery is called Crumb", user="ann"))
         assert retry.duplicate
         await memory.settle()
@@ -68,6 +52,28 @@ async def test_an_ingest_cancelled_as_its_vectors_go_into_the_index_leaves_them_
         vector = await memory.embedder.embed(["my favourite bakery is called Crumb"])
         found = await memory.store.search_vectors(Scope(user_id="ann"), np.asarray(vector[0]), 5)
         assert row_id in [memory_id for memory_id, _ in found]
+
+
+async def _cancelled_at_the_index(memory: Memory, message: dict[str, Any]) -> None:
+    """Ingest ``message``, its caller cancelled as its vectors go into the SQLite store's index
+    (after its rows are committed)."""
+    index = memory.store.index
+    original = index.add
+    reached = asyncio.Event()
+
+    def add(*args: Any, **kwargs: Any) -> Any:
+        reached.set()
+        return original(*args, **kwargs)
+
+    index.add = add
+    try:
+        task = asyncio.ensure_future(memory.ingest(message))
+        await reached.wait()
+        task.cancel()
+        [outcome] = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(outcome, asyncio.CancelledError)
+    finally:
+        index.add = original
 
 
 async def _rows(memory: Memory, query: str) -> list[tuple[Any, ...]]:
@@ -140,21 +146,7 @@ async def test_the_hooks_of_an_ingest_cancelled_as_it_is_written_run_by_settle(
     async with open_memory(tmp_path / "m", plugins=[seen], storage={"acknowledge": acknowledge}) as memory:
         await memory.ingest(msg("m0", "my sister Lena lives in Porto", user="ann"))
         await memory.settle()
-        index = memory.store.index
-        original = index.add
-        reached = asyncio.Event()
-
-        def add(*args: Any, **kwargs: Any) -> Any:
-            reached.set()
-            return original(*args, **kwargs)
-
-        index.add = add
-        task = asyncio.ensure_future(memory.ingest(msg("m1", "I moved to Lisbon for my new job", user="ann")))
-        await reached.wait()
-        task.cancel()
-        [outcome] = await asyncio.gather(task, return_exceptions=True)
-        assert isinstance(outcome, asyncio.CancelledError)
-        index.add = original
+        await _cancelled_at_the_index(memory, msg("m1", "I moved to Lisbon for my new job", user="ann"))
         await memory.settle()
         assert seen.seen == ["m0", "m1"]
         assert await _rows(memory, "SELECT key FROM plugin_state WHERE namespace = 'narrmem.settling'") == []
