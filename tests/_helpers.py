@@ -198,11 +198,18 @@ async def run_python(script: str, *args: str) -> str:
 
 async def read_posted_json(reader: asyncio.StreamReader) -> Any:
     """The JSON body of one HTTP request read from a raw connection (a webhook endpoint's side)."""
+    return (await read_posted(reader))[1]
+
+
+async def read_posted(reader: asyncio.StreamReader) -> tuple[dict[str, str], Any]:
+    """The headers (names in lower case) and JSON body of one HTTP request read from a raw
+    connection."""
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
-    )
-    return json.loads(await reader.readexactly(length))
+    headers = {
+        name.strip().lower().decode(): value.strip().decode()
+        for name, _, value in (line.partition(b":") for line in head.split(b"\r\n")[1:] if line)
+    }
+    return headers, json.loads(await reader.readexactly(int(headers["content-length"])))
 
 
 async def answer_status(writer: asyncio.StreamWriter, status: int) -> None:

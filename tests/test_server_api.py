@@ -14,11 +14,12 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from _helpers import answer_status, msg, read_posted_json, store_fingerprint
+from _helpers import answer_status, msg, read_posted, store_fingerprint
 
 from narrmem.clock import ManualClock
 from narrmem.doors.cli import main
 from narrmem.doors.server import KeyFile, KeyRing, WebhookOptions, create_app
+from narrmem.doors.server.events import event_id
 from narrmem.doors.server.openapi import render
 from narrmem.doors.transfer import export_store
 from narrmem.errors import InputError
@@ -467,6 +468,9 @@ async def test_trigger_events_stream_and_patterns(srv: Server) -> None:
     text = await asyncio.wait_for(listener, 20)
     [data] = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
     event = json.loads(data)
+    # Each frame names its event: the id a webhook receives for it too.
+    [frame_id] = [line[4:] for line in text.splitlines() if line.startswith("id: ")]
+    assert frame_id == event_id(TriggerEvent.model_validate(event))
     assert (event["kind"], event["label"], event["user_id"]) == ("emotion", "tired", "tom")
     patterns = (await srv.client.get("/v1/patterns", params={"user_id": "tom"})).json()
     assert any(c["label"] == "tired" and c["count"] == 4 for c in patterns["counts"])
@@ -483,7 +487,8 @@ async def test_webhook_is_retried_until_delivered(tmp_path: Path) -> None:
     answers = iter([500, 200])
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.append(await read_posted_json(reader))
+        headers, body = await read_posted(reader)
+        received.append({**body, "header": headers["idempotency-key"]})
         await answer_status(writer, next(answers, 200))
 
     listener = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -497,6 +502,11 @@ async def test_webhook_is_retried_until_delivered(tmp_path: Path) -> None:
             await hub.drain(10)
             assert len(received) == 2  # refused once, then delivered
             assert received[1]["event"]["label"] == "tired" and hub.delivered == 1
+            # The same event under the same id, in the body and as Idempotency-Key: a receiver
+            # whose answer was lost keeps one of the two (there was no id to tell them apart).
+            [first, second] = received
+            assert first["id"] == second["id"] == first["header"] == second["header"]
+            assert first["id"] == event_id(TriggerEvent.model_validate(first["event"]))
             await hub.close()
     finally:
         listener.close()
@@ -1218,3 +1228,22 @@ async def test_the_document_helps_generated_clients(srv: Server) -> None:
     assert refused.json()["detail"][0]["ctx"] == {"error": "a scope needs user_id or chat_id (or both)"}
     not_utf8 = await srv.refused(422, "GET", "/v1/stats?x=%FF")
     assert not_utf8.json()["field"] == "x"
+
+
+def test_an_event_id_is_what_the_event_says() -> None:
+    """The same firing, made again (the hooks of its message run again at an open after a stop),
+    has the same id; another firing (a higher count, other messages) another."""
+    said = {
+        "kind": "emotion",
+        "label": "tired",
+        "count": 3,
+        "user_id": "tom",
+        "chat_id": "dm",
+        "message_ids": ["t0", "t1", "t2"],
+        "cause_message_id": "t2",
+        "suggestion": "Is something wearing you down?",
+    }
+    event = TriggerEvent.model_validate(said)
+    assert event_id(TriggerEvent.model_validate({**said, "suggestion": "reworded"})) == event_id(event)
+    for other in ({"count": 4}, {"message_ids": ["t1", "t2", "t3"]}, {"tenant": "acme"}, {"user_id": "ann"}):
+        assert event_id(TriggerEvent.model_validate({**said, **other})) != event_id(event), other

@@ -13,12 +13,18 @@ no longer valid (checked at each event and every second): an open stream outlive
 attempt is bounded as a whole, and its reply is judged by its status, its body read no further
 than a few KB: a receiver that answered a byte at a time held the sender for ever, and a huge reply
 was read whole into memory.
+
+Delivery is at least once (a reply lost is an attempt failed, and the event is sent again): every
+event carries an id made from what it says (:func:`event_id`), in the webhook's body and its
+``Idempotency-Key`` header and as the stream frame's ``id:``, by which a receiver keeps one of each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -210,7 +216,7 @@ class TriggerHub:
                 sent += 1
                 last = loop.time()
                 next_keepalive = last + keepalive
-                yield f"event: trigger\ndata: {event.model_dump_json()}\n\n"
+                yield f"event: trigger\nid: {event_id(event)}\ndata: {event.model_dump_json()}\n\n"
         finally:
             self._subscribers.discard(sub)
 
@@ -279,6 +285,7 @@ class TriggerHub:
 
         event = item.event
         body = event.model_dump(mode="json")
+        key = event_id(event)
         delay = options.backoff
         for attempt in range(1, options.attempts + 1):
             standing = await self._stands(item)
@@ -289,7 +296,9 @@ class TriggerHub:
                     raise _NotKnownToStand
                 # httpx's timeout bounds each read, not the attempt: bounded here as a whole.
                 async with asyncio.timeout(options.timeout):
-                    status = await _post(client, options.url, {"type": "trigger", "event": body})
+                    status = await _post(
+                        client, options.url, {"type": "trigger", "id": key, "event": body}, key
+                    )
                 if status < 300:
                     self.delivered += 1
                     return
@@ -335,9 +344,31 @@ class TriggerHub:
             self._sender = None
 
 
-async def _post(client: Any, url: str, payload: dict[str, Any]) -> int:
-    """POST ``payload``; the reply's status, having read no more than a few KB of its body."""
-    async with client.stream("POST", url, json=payload) as response:
+def event_id(event: TriggerEvent) -> str:
+    """The event's id: a digest of what it says, so the same firing has the same id however often
+    it is sent (a webhook's retries, whose reply was lost; the hooks of a message run again at an
+    open after a stop) and a receiver keeps one of each. Two firings differ in their count or
+    the messages they cite."""
+    said = event.model_dump(mode="json", include=EVENT_ID_FIELDS)
+    return hashlib.blake2b(json.dumps(said, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+EVENT_ID_FIELDS = {
+    "tenant",
+    "user_id",
+    "chat_id",
+    "kind",
+    "label",
+    "count",
+    "message_ids",
+    "cause_message_id",
+}
+
+
+async def _post(client: Any, url: str, payload: dict[str, Any], key: str) -> int:
+    """POST ``payload`` (``key`` as its ``Idempotency-Key``); the reply's status, having read no
+    more than a few KB of its body."""
+    async with client.stream("POST", url, json=payload, headers={"Idempotency-Key": key}) as response:
         read = 0
         async for chunk in response.aiter_raw():
             read += len(chunk)
