@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from narrmem.errors import PluginError
+from narrmem.errors import InputError, PluginError
 from narrmem.models import ForgetJob
 
 if TYPE_CHECKING:
@@ -86,9 +86,43 @@ async def settle_at_open(memory: MemoryLifecycle) -> int:
     return done
 
 
+async def awaited(memory: MemoryLifecycle) -> dict[str, int]:
+    """How many forgets each absent plugin is owed, by its name."""
+    counts: dict[str, int] = {}
+    for key, _ in await memory.store.state_items(NAMESPACE):
+        if key != SCRUBBERS_KEY:
+            plugin = key.partition("\0")[0]
+            counts[plugin] = counts.get(plugin, 0) + 1
+    return counts
+
+
+async def drop(memory: MemoryLifecycle, plugin: str) -> int:
+    """``plugin`` is gone for good (its copies removed with it): the forgets it is owed go, and
+    later forgets owe it nothing. Return how many went."""
+    if plugin in memory.host.implementers(HOOK):
+        raise InputError(
+            f"{plugin!r} is loaded: it scrubbed what it was owed as this open began", field="plugin"
+        )
+    names = await _scrubbers(memory)
+    if plugin not in names:
+        raise InputError(
+            f"{plugin!r} never scrubbed at a forget here (known: {', '.join(names) or 'none'})",
+            field="plugin",
+        )
+    dropped = await memory.store.state_delete(NAMESPACE, _owed_prefix(plugin))
+    await memory.store.state_put(
+        NAMESPACE, SCRUBBERS_KEY, Scrubbers(names=[n for n in names if n != plugin]).model_dump()
+    )
+    return dropped
+
+
 def owed_key(plugin: str, job_id: int) -> str:
+    return f"{_owed_prefix(plugin)}{job_id:012d}"
+
+
+def _owed_prefix(plugin: str) -> str:
     # NUL ends the plugin's name: no name holds one, so one name is never another's prefix.
-    return f"{plugin}\0{job_id:012d}"
+    return f"{plugin}\0"
 
 
 async def _scrubbers(memory: MemoryLifecycle) -> list[str]:

@@ -4,10 +4,13 @@ person's copies and, loaded again, showed them."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
-from _helpers import msg
+import pytest
+from _helpers import msg, run_narrmem
 
 from narrmem import Message, hookimpl
 from narrmem.owed_forgets import NAMESPACE, SCRUBBERS_KEY
@@ -15,6 +18,7 @@ from narrmem.testing import open_memory
 from narrmem.view import MemoryView
 
 COPIES = "copies.by.user"
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")} | {"HF_HUB_OFFLINE": "1"}
 
 
 class KeepsCopies:
@@ -74,3 +78,33 @@ async def test_an_export_leaves_out_the_forgets_owed(tmp_path: Path) -> None:
         await memory.forget(user_id="ann")
         await export_store(memory, tmp_path / "backup.jsonl")
     assert NAMESPACE not in (tmp_path / "backup.jsonl").read_text(encoding="utf-8")
+
+
+@pytest.mark.sqlite_only("the command line on a --data folder")
+async def test_a_plugin_gone_for_good_is_dropped_from_the_command_line(tmp_path: Path) -> None:
+    """Its forgets waited in the store for good, and every open named it."""
+    folder = tmp_path / "m"
+    async with open_memory(folder, real_model=True, plugins=[KeepsCopies()]) as memory:
+        await memory.ingest(msg("m1", "my sister Lena lives in Porto", user="ann"))
+    async with open_memory(folder, real_model=True) as memory:
+        await memory.forget(user_id="ann")
+    listed = run_narrmem("owed-forgets", "--data", str(folder), "--json", cwd=tmp_path, env=ENV)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == {"test_owed_forgets.KeepsCopies": 1}
+    unknown = run_narrmem("owed-forgets", "--data", str(folder), "--drop", "nope", cwd=tmp_path, env=ENV)
+    assert unknown.returncode == 2 and "plugin" in unknown.stderr
+    dropped = run_narrmem(
+        "owed-forgets",
+        "--data",
+        str(folder),
+        "--drop",
+        "test_owed_forgets.KeepsCopies",
+        "--json",
+        cwd=tmp_path,
+        env=ENV,
+    )
+    assert dropped.returncode == 0 and json.loads(dropped.stdout) == {"dropped": 1}
+    async with open_memory(folder, real_model=True) as memory:
+        await memory.ingest(msg("m2", "I adopted a cat", user="bob"))
+        await memory.forget(user_id="bob")
+        assert [key for key, _ in await memory.store.state_items(NAMESPACE)] == [SCRUBBERS_KEY]

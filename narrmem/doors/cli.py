@@ -111,6 +111,14 @@ def _add_store_commands(sub: Subparsers, common: Parents, as_json: Parents) -> N
     forget.add_argument("--user")
     forget.add_argument("--chat")
     forget.add_argument("--tenant", default="default")
+    owed = sub.add_parser(
+        "owed-forgets",
+        parents=[common, as_json],
+        help="forgets waiting for plugins not loaded; --drop one gone for good",
+    )
+    owed.add_argument(
+        "--drop", metavar="PLUGIN", help="a plugin removed for good: forgets wait for it no more"
+    )
     move = sub.add_parser(
         "migrate", parents=[common, as_json], help="copy a memory between a data folder and PostgreSQL"
     )
@@ -514,6 +522,17 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def cmd_owed_forgets(args: argparse.Namespace, settings: Settings) -> int:
+    from narrmem import owed_forgets
+
+    async with _open(_existing_store(settings), warm=False) as memory:
+        if args.drop is None:
+            _report(args, await owed_forgets.awaited(memory))
+        else:
+            _report(args, {"dropped": await owed_forgets.drop(memory, args.drop)})
+    return 0
+
+
 async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.doors.listening import check_port
     from narrmem.doors.mcp_server import serve_http, serve_stdio
@@ -727,6 +746,7 @@ COMMANDS: dict[str, Handler] = {
     "export": cmd_export,
     "import": cmd_import,
     "forget": cmd_forget,
+    "owed-forgets": cmd_owed_forgets,
     "migrate": cmd_migrate,
     **SERVER_COMMANDS,
 }
