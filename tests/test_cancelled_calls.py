@@ -76,6 +76,18 @@ async def _cancelled_at_the_index(memory: Memory, message: dict[str, Any]) -> No
         index.add = original
 
 
+async def _forget_whose_caller_gives_up(memory: Memory) -> None:
+    """Ann's six memories, and a forget of her whose caller is cancelled as it begins."""
+    for n in range(6):
+        await memory.ingest(msg(f"a{n}", f"my sister Lena lives in Porto, {n}", user="ann"))
+    await memory.settle()
+    forgetting = asyncio.ensure_future(memory.forget(user_id="ann"))
+    for _ in range(2):
+        await asyncio.sleep(0)
+    forgetting.cancel()
+    await asyncio.gather(forgetting, return_exceptions=True)
+
+
 async def _rows(memory: Memory, query: str) -> list[tuple[Any, ...]]:
     async with memory.store.sql() as db:
         rows: list[tuple[Any, ...]] = await db.fetchall(query, ())
@@ -112,14 +124,7 @@ async def test_settle_waits_for_a_forget_whose_caller_gave_up(tmp_path: Path) ->
     """The forget runs on to its end, but settle() returned before it: the person was still
     recalled right after."""
     async with open_memory(tmp_path / "m") as memory:
-        for n in range(6):
-            await memory.ingest(msg(f"a{n}", f"my sister Lena lives in Porto, {n}", user="ann"))
-        await memory.settle()
-        forgetting = asyncio.ensure_future(memory.forget(user_id="ann"))
-        for _ in range(2):
-            await asyncio.sleep(0)
-        forgetting.cancel()
-        await asyncio.gather(forgetting, return_exceptions=True)
+        await _forget_whose_caller_gives_up(memory)
         await memory.settle()
         assert await _rows(memory, "SELECT id FROM memories WHERE user_id = 'ann'") == []
         assert await memory.recall("where does my sister live", user_id="ann", reinforce=False) == []
@@ -205,14 +210,7 @@ async def test_a_settle_cancelled_while_it_waits_leaves_the_forget_running(tmp_p
     first) cancelled the forget half way, its job left recorded, and every later export refused
     with 409 until a restart."""
     async with open_memory(tmp_path / "m") as memory:
-        for n in range(6):
-            await memory.ingest(msg(f"a{n}", f"my sister Lena lives in Porto, {n}", user="ann"))
-        await memory.settle()
-        forgetting = asyncio.ensure_future(memory.forget(user_id="ann"))
-        for _ in range(2):
-            await asyncio.sleep(0)
-        forgetting.cancel()
-        await asyncio.gather(forgetting, return_exceptions=True)
+        await _forget_whose_caller_gives_up(memory)
         settling = asyncio.ensure_future(memory.settle())
         await asyncio.sleep(0)
         assert not settling.done()
