@@ -219,3 +219,36 @@ async def test_a_settle_cancelled_while_it_waits_leaves_the_forget_running(tmp_p
         await memory.settle()
         assert await _rows(memory, "SELECT id FROM forget_jobs") == []
         assert await _rows(memory, "SELECT id FROM memories WHERE user_id = 'ann'") == []
+
+
+@pytest.mark.sqlite_only("the SQLite store's vector index beside its rows")
+async def test_a_delete_cancelled_after_its_commit_takes_the_vectors_out_too(tmp_path: Path) -> None:
+    """A scene's forget (``soul_narrative``, over MCP) cancelled once its rows were deleted left
+    their vectors in the index and in its file at close: a forgotten scene's vector kept."""
+    async with open_memory(tmp_path / "m") as memory:
+        added = await memory.call_tool(
+            "soul_narrative", {"action": "add", "user_id": "ann", "event": "moved to Porto"}
+        )
+        scene = added["scenes"][0]["id"]
+        index = memory.store.index
+        original = index.remove
+        reached = asyncio.Event()
+
+        async def remove(*args: Any, **kwargs: Any) -> Any:
+            reached.set()
+            await asyncio.sleep(0)  # where the caller's cancel lands
+            return await original(*args, **kwargs)
+
+        index.remove = remove
+        try:
+            forgetting = asyncio.ensure_future(
+                memory.call_tool("soul_narrative", {"action": "forget", "user_id": "ann", "id": scene})
+            )
+            await reached.wait()
+            forgetting.cancel()
+            await asyncio.gather(forgetting, return_exceptions=True)
+        finally:
+            index.remove = original
+        stats = await memory.stats()
+        assert stats["vectors_indexed"] == stats["memories"]
+        assert not await memory.store.get([scene], None)

@@ -840,8 +840,11 @@ class SQLiteStore(ForgetJournal):
             await self._update(record, record.id)
             return
         async with self._vectors_lock:
-            await self._update(record, record.id)
-            await self._mirror_keywords(added=[record.id])
+            await to_the_end(self._update_mirrored(record, record.id))
+
+    async def _update_mirrored(self, record: MemoryRecord, memory_id: int) -> None:
+        await self._update(record, memory_id)
+        await self._mirror_keywords(added=[memory_id])
 
     async def _update(self, record: MemoryRecord, memory_id: int) -> None:
         await self._write_many(
@@ -939,7 +942,9 @@ class SQLiteStore(ForgetJournal):
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
         async with self._vectors_lock:
-            return await self._delete(ids, scope)
+            # Once begun, to its end: a caller cancelled after the commit (an MCP client's cancel
+            # of a scene's forget) left the deleted rows' vectors in the index, and in its file.
+            return await to_the_end(self._delete(ids, scope))
 
     async def _delete(self, ids: Sequence[int], scope: Scope) -> int:
         where, params = _scope_clause(scope, by_id=True)
@@ -1169,7 +1174,7 @@ class SQLiteStore(ForgetJournal):
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         async with self._vectors_lock:
-            return await self._forget(tenant, user_id, chat_id)
+            return await to_the_end(self._forget(tenant, user_id, chat_id))
 
     async def _forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
@@ -1258,7 +1263,8 @@ class SQLiteStore(ForgetJournal):
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
         async with self._vectors_lock:
-            return await self._import(items)
+            # Rows committed without their vectors were memories no vector search found.
+            return await to_the_end(self._import(items))
 
     async def _import(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
         added: list[tuple[int, np.ndarray, Owner]] = []
