@@ -16,7 +16,8 @@ from _helpers import msg, run_narrmem, store_count, write_export
 from narrmem import ConfigError, InputError, Memory, Message, StoreError, UnknownToolError, load_settings
 from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loads_json
 from narrmem.doors.chat_import import read_chat
-from narrmem.doors.transfer import export_jsonl, import_jsonl, read_messages
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_jsonl, read_messages
 from narrmem.models import MAX_META_BYTES, ImportanceChange
 from narrmem.testing import open_memory
 

@@ -16,8 +16,9 @@ from _helpers import msg
 from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir, weights_digest
 
 from narrmem.config import load_settings
+from narrmem.doors.importing import export_model, import_jsonl
 from narrmem.doors.migrate import migrate
-from narrmem.doors.transfer import export_jsonl, export_model, import_jsonl
+from narrmem.doors.transfer import export_jsonl
 from narrmem.errors import ConfigError, InputError, StoreError
 from narrmem.testing import open_memory
 

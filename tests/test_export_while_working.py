@@ -16,6 +16,7 @@ import pytest
 from _helpers import msg
 
 from narrmem import hookimpl
+from narrmem.doors.importing import import_jsonl
 from narrmem.doors.server import KeyFile, KeyRing, create_app
 from narrmem.doors.transfer import (
     END,
@@ -24,7 +25,6 @@ from narrmem.doors.transfer import (
     export_header,
     export_store,
     export_text,
-    import_jsonl,
     no_forget_pending,
 )
 from narrmem.errors import PluginError, StoreError

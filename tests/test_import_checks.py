@@ -23,7 +23,8 @@ from _helpers import msg, run_narrmem, store_fingerprint, write_export
 
 from narrmem import InputError
 from narrmem.clock import ManualClock
-from narrmem.doors.transfer import export_store, import_jsonl
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_store
 from narrmem.testing import open_memory
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -19,7 +19,8 @@ from test_transfer_full import REINFORCE, START, _fill
 
 from narrmem import Message
 from narrmem.clock import ManualClock
-from narrmem.doors.transfer import export_store, import_jsonl
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_store
 from narrmem.table_transfer import table_columns
 from narrmem.testing import open_memory
 
@@ -45,7 +46,7 @@ import asyncio, os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from narrmem import table_transfer
 from test_import_interrupted import open_store
-from narrmem.doors.transfer import import_jsonl
+from narrmem.doors.importing import import_jsonl
 
 folder, path, step, nth = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 

@@ -19,7 +19,8 @@ from narrmem_plugins.storage_sqlite.store import fts_query
 
 from narrmem import Memory, Scope, TriageDecision, hookimpl
 from narrmem.clock import ManualClock
-from narrmem.doors.transfer import export_jsonl, import_jsonl
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_jsonl
 from narrmem.models import MAX_QUERY_CHARS
 from narrmem.testing import open_memory
 from narrmem.text import cjk_count, fts_document, keyword_terms

@@ -14,7 +14,8 @@ from _helpers import hit_keys, index_file_ids, msg, on_sqlite, store_count, stor
 
 import narrmem
 from narrmem import InputError
-from narrmem.doors.transfer import export_jsonl, import_jsonl, read_messages
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_jsonl, read_messages
 from narrmem.testing import open_memory
 
 MESSAGES = [

@@ -17,7 +17,8 @@ from test_mcp import STORY
 
 from narrmem import InputError
 from narrmem.clock import ManualClock
-from narrmem.doors.transfer import export_store, import_jsonl
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_store
 from narrmem.table_transfer import Column, _bits, _kind
 from narrmem.testing import open_memory
 

@@ -503,7 +503,7 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.doors.transfer import check_export_file, export_model, import_jsonl
+    from narrmem.doors.importing import check_export_file, export_model, import_jsonl
 
     if not _store_exists(settings):
         # A file the import refuses must not leave a new, empty store behind.

@@ -1,8 +1,9 @@
-"""JSONL in and out: messages to ingest, and a lossless export/import of a whole store (memories,
-importance history, plugin state, and every plugin's own sections).
+"""JSONL in and out: messages to ingest, and a lossless export of a whole store (memories,
+importance history, plugin state, and every plugin's own sections), with the lines of its format;
+:mod:`narrmem.doors.importing` imports it.
 
-Files are read and validated whole before anything is written, so a bad line is an error that
-names the line and field, and nothing from that file is half-written.
+Files are validated whole before anything is written, so a bad line is an error that names the
+line and field, and nothing from that file is half-written.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import logging
 import re
 from array import array
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,7 +25,7 @@ from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has
 from narrmem.doors import export_files
 from narrmem.errors import InputError, PluginError, StoreError
 from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
-from narrmem.state_checks import NOT_IMPORTED, check_state
+from narrmem.state_checks import NOT_IMPORTED
 from narrmem.store import CountsForgets
 
 if TYPE_CHECKING:
@@ -130,30 +129,42 @@ class StateLine(BaseModel):
     value: dict[str, Any]
 
 
-def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+def json_lines(path: Path) -> Iterator[tuple[int, int, Any]]:
+    """Each line of a JSONL file that is not blank, as (line number, byte offset, value)."""
     try:
         handle = path.open("rb")
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from exc
     with handle:
+        offset = 0
         for number, data in enumerate(handle, start=1):
-            try:
-                raw = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{path}: not UTF-8 ({exc.reason})", line=number) from exc
-            if not raw.strip():
-                continue
-            try:
-                value = loads_json(raw)
-            except JsonShapeError as exc:
-                raise InputError(
-                    f"{path}: not plain JSON ({exc.reason})", field=exc.path or None, line=number
-                ) from exc
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: not valid JSON ({exc.msg})", line=number) from exc
-            except ValueError as exc:  # a number past the interpreter's digit limit
-                raise InputError(f"{path}: not valid JSON ({exc})", line=number) from exc
-            yield number, value
+            value = parse_line(path, number, data)
+            if value is not BLANK:
+                yield number, offset, value
+            offset += len(data)
+
+
+BLANK = object()  # what parse_line gives for a line of whitespace
+
+
+def parse_line(path: Path, number: int, data: bytes) -> Any:
+    """One line's JSON value (``BLANK`` for a blank line); an error names the line."""
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 ({exc.reason})", line=number) from exc
+    if not raw.strip():
+        return BLANK
+    try:
+        return loads_json(raw)
+    except JsonShapeError as exc:
+        raise InputError(
+            f"{path}: not plain JSON ({exc.reason})", field=exc.path or None, line=number
+        ) from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg})", line=number) from exc
+    except ValueError as exc:  # a number past the interpreter's digit limit
+        raise InputError(f"{path}: not valid JSON ({exc})", line=number) from exc
 
 
 def read_messages(path: str | Path) -> list[Message]:
@@ -161,7 +172,7 @@ def read_messages(path: str | Path) -> list[Message]:
     path = Path(path)
     messages = []
     numbers = []
-    for number, data in _lines(path):
+    for number, _, data in json_lines(path):
         if not isinstance(data, dict):
             raise InputError(f"{path}: a line must be a JSON object", line=number)
         try:
@@ -211,7 +222,9 @@ def read_dry_run_messages(path: str | Path | None, *, text: str | None = None) -
     stores nothing, so they cannot do harm."""
     from datetime import UTC, datetime
 
-    rows: list[tuple[int, Any]] = [(1, {"text": text})] if path is None else list(_lines(Path(path)))
+    rows: list[tuple[int, Any]] = (
+        [(1, {"text": text})] if path is None else [(n, v) for n, _, v in json_lines(Path(path))]
+    )
     now = datetime.now(UTC)
     messages = []
     for index, (number, data) in enumerate(rows):
@@ -455,355 +468,3 @@ def _check_replaceable(path: Path) -> None:
         raise InputError(
             f"{path} exists and is not a narrmem export: narrmem replaces only files it wrote", field="file"
         )
-
-
-@dataclass
-class _ExportFile:
-    """An export file read and checked whole, before anything of it is written."""
-
-    items: list[tuple[MemoryRecord, np.ndarray]] = field(default_factory=list)
-    numbers: list[int] = field(default_factory=list)  # the line of each item
-    importance: list[tuple[int, ImportanceLine]] = field(default_factory=list)
-    state: list[tuple[int, StateLine]] = field(default_factory=list)
-    sections: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    section_lines: dict[str, list[int]] = field(default_factory=dict)  # the line of each record
-
-    @property
-    def first_line(self) -> dict[str, int]:
-        """The first line of each plugin section."""
-        return {section: numbers[0] for section, numbers in self.section_lines.items()}
-
-
-def export_model(path: str | Path) -> str | None:
-    """The model named in an export's header, read before a memory is opened to import it (so a
-    new store holds the same vectors); ``None`` when it cannot be read, which the import reports."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            header = json.loads(file.readline())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    model = header.get("model") if isinstance(header, dict) else None
-    return model if isinstance(model, str) else None
-
-
-async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
-    """Validate a whole export file (the current format, or version 1's memories only), then write
-    it: the memories in one transaction (ids kept), their importance history, the plugins' state,
-    and each plugin's sections (``narrmem_import_records``, checked on a dry run first). What is
-    already stored as it is in the file is skipped; other content under the same id is an error,
-    except plugin state, where the file's value replaces the stored one. Each part is compared
-    with what is stored, not taken as done with its memory: an import stopped at any point (the
-    memories committed, part of the history written) and run again writes the rest, and ends as
-    one whole import would.
-
-    Returns ``imported`` and ``skipped`` memories, and the lines imported of every other section."""
-    path = Path(path)
-    parsed = _read_export(memory, path)
-    await _check_episode_sources(memory, [record for record, _ in parsed.items], parsed.numbers)
-    await _check_stored_ids(memory, parsed)
-    await _check_state(memory, parsed.state)
-    stored_state = await _stored_state(memory, parsed.state)
-    claimed = await _plugin_import(memory, parsed, dry_run=True)
-    for section, line in parsed.first_line.items():
-        if section not in claimed:
-            raise InputError(
-                f"no loaded plugin takes section {section!r} (is its plugin disabled?)",
-                field="section",
-                line=line,
-            )
-    counts = await memory.store.import_records(parsed.items)
-    if parsed.importance:
-        counts[IMPORTANCE] = await _write_importance(memory, [line for _, line in parsed.importance])
-    if parsed.state:
-        fresh = [entry for _, entry in parsed.state if (entry.namespace, entry.key) not in stored_state]
-        for entry in fresh:
-            await memory.store.state_put(entry.namespace, entry.key, entry.value)
-        counts[STATE] = len(fresh)
-    counts.update(await _plugin_import(memory, parsed, dry_run=False))
-    return counts
-
-
-def check_export_file(path: str | Path) -> None:
-    """Read and check a whole export file as an import does, but for its model (no memory is
-    open yet): an import into a store not made yet checks the file first, so that a file it
-    refuses leaves no new store behind."""
-    _read_export(None, Path(path))
-
-
-def _read_export(memory: Memory | None, path: Path) -> _ExportFile:
-    """The file, checked whole; against ``memory``'s model when one is given."""
-    parsed = _ExportFile()
-    header: ExportHeader | None = None
-    end: EndLine | None = None
-    counts: dict[str, int] = {}
-    seen: dict[int, int] = {}  # memory id -> its line
-    number = 0
-    for number, data in _lines(path):
-        if header is None:
-            header = _header(data, path, number, memory)
-            continue
-        if not isinstance(data, dict):
-            raise InputError(f"{path}: a line must be a JSON object", line=number)
-        if end is not None:
-            raise InputError(f"{path}: a line after the end line", field="section", line=number)
-        section = data.pop("section", MEMORIES) if header.version > 1 else MEMORIES
-        if section == END and header.version >= 3:
-            end = _validated(EndLine, data, number)
-            _check_counts(path, end, counts, number)
-            continue
-        counts[section] = counts.get(section, 0) + 1
-        if section == MEMORIES:
-            record, vector = _memory_line(data, number, header.dim)
-            if record.id is not None and record.id in seen:
-                raise InputError(
-                    f"memory {record.id} is in the file twice (first at line {seen[record.id]})",
-                    field="id",
-                    line=number,
-                )
-            if record.id is not None:
-                seen[record.id] = number
-            parsed.items.append((record, vector))
-            parsed.numbers.append(number)
-        elif section == IMPORTANCE:
-            parsed.importance.append((number, _validated(ImportanceLine, data, number)))
-        elif section == STATE:
-            parsed.state.append((number, _validated(StateLine, data, number)))
-        elif isinstance(section, str) and PLUGIN_SECTION.fullmatch(section):
-            parsed.sections.setdefault(section, []).append(data)
-            parsed.section_lines.setdefault(section, []).append(number)
-        else:
-            raise InputError(f"unknown section {section!r}", field="section", line=number)
-    if header is None:
-        raise InputError(f"{path} is empty: an export starts with a header line", line=1)
-    if header.version >= 3 and end is None:
-        raise InputError(
-            f"{path} stops at line {number} without its end line: the file was cut short "
-            '(a whole export ends with {"section": "end", ...}); nothing of it was imported',
-            field="section",
-            line=number + 1,
-        )
-    in_file = {record.id for record, _ in parsed.items}
-    for number, line in parsed.importance:
-        if line.memory_id not in in_file:
-            raise InputError(f"memory {line.memory_id} is not in the file", field="memory_id", line=number)
-    return parsed
-
-
-def _check_counts(path: Path, end: EndLine, counts: dict[str, int], number: int) -> None:
-    """The end line's count of each section against the lines read: a line lost from the middle
-    of a file (an edit, a bad copy) is as much a loss as a file cut short."""
-    for section in sorted(set(end.lines) | set(counts)):
-        said, found = end.lines.get(section, 0), counts.get(section, 0)
-        if said != found:
-            raise InputError(
-                f"{path}: the end line counts {said} line(s) of section {section!r}, the file holds "
-                f"{found}: lines are missing or were added; nothing of it was imported",
-                field=f"lines.{section}",
-                line=number,
-            )
-
-
-def _validated(model: type[V], data: dict[str, Any], number: int) -> V:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InputError.from_pydantic(exc, line=number) from exc
-
-
-def _memory_line(data: dict[str, Any], number: int, dim: int) -> tuple[MemoryRecord, np.ndarray]:
-    line = _validated(ExportLine, data, number)
-    try:
-        vector = np.frombuffer(base64.b64decode(line.vector, validate=True), dtype="<f4")
-    except ValueError as exc:
-        raise InputError("not valid base64", field="vector", line=number) from exc
-    if vector.shape != (dim,):
-        raise InputError(f"has {vector.size} dimensions, expected {dim}", field="vector", line=number)
-    # A NaN scored every recall of its memory 0 and failed every open's sample check (the index
-    # was rebuilt each time); vectors are unit length, as the model gives them.
-    if not np.isfinite(vector).all() or not 0.98 <= float(np.linalg.norm(vector)) <= 1.02:
-        raise InputError("must be a finite vector of length 1", field="vector", line=number)
-    record = MemoryRecord.model_validate(line.model_dump(exclude={"vector"}))
-    return record, vector.astype(np.float32)
-
-
-async def _check_state(memory: Memory, lines: list[tuple[int, StateLine]]) -> None:
-    for number, line in lines:
-        try:
-            await check_state(memory, line.namespace, line.key, line.value)
-        except InputError as exc:
-            raise InputError(exc.reason, field=exc.field, line=number) from exc
-
-
-async def _stored_state(memory: Memory, lines: list[tuple[int, StateLine]]) -> set[tuple[str, str]]:
-    """The state entries already stored as in the file. An entry stored with another value is
-    replaced by the file's: plugin state is the plugins' latest word (when a trigger last fired),
-    and a newer export restored over an older copy must bring it."""
-    stored: set[tuple[str, str]] = set()
-    for _, line in lines:
-        if await memory.store.state_get(line.namespace, line.key) == line.value:
-            stored.add((line.namespace, line.key))
-    return stored
-
-
-async def _plugin_import(memory: Memory, parsed: _ExportFile, *, dry_run: bool) -> dict[str, int]:
-    if not parsed.sections:
-        return {}
-    counts: dict[str, int] = {}
-    try:
-        parts = await memory.host.call(
-            "narrmem_import_records", isolate=False, memory=memory, sections=parsed.sections, dry_run=dry_run
-        )
-    except InputError as exc:
-        line = _record_line(parsed, exc.field)
-        if exc.line is not None or line is None:
-            raise
-        raise InputError(exc.reason, field=exc.field, line=line) from exc
-    for part in parts:
-        counts.update(part)
-    return counts
-
-
-_RECORD = re.compile(r"([^\[]+)\[(\d+)\]")
-
-
-def _record_line(parsed: _ExportFile, place: str | None) -> int | None:
-    """The file line of the record a plugin names (``graph.edges[3].status``: the fourth line of
-    section ``graph.edges``): plugins know their records by index only."""
-    found = _RECORD.match(place or "")
-    numbers = parsed.section_lines.get(found.group(1), []) if found else []
-    index = int(found.group(2)) if found else len(numbers)
-    return numbers[index] if index < len(numbers) else None
-
-
-async def _check_stored_ids(memory: Memory, parsed: _ExportFile) -> None:
-    """A memory whose id is stored with other content is refused naming its line, before anything
-    is written: the store meets it only inside its write, where no line is known."""
-    ids = [record.id for record, _ in parsed.items if record.id is not None]
-    if not ids:
-        return
-    stored = await memory.store.get(ids, None)
-    for (record, _), number in zip(parsed.items, parsed.numbers, strict=True):
-        held = stored.get(record.id) if record.id is not None else None
-        if held is not None and held.model_dump() != record.model_dump():
-            raise InputError(
-                f"memory {record.id} is already stored with other content", field="id", line=number
-            )
-
-
-async def _write_importance(memory: Memory, lines: list[ImportanceLine]) -> int:
-    """Each memory's history rows in their order (one write per run of rows of the same instant),
-    and its importance after decay at the last pass; of each, only what the store lacks."""
-    written = 0
-    for line in lines:
-        left, current = await _importance_left(memory, line)
-        values = [] if current is None else [(line.memory_id, current)]
-        runs = groupby(left, key=lambda event: event.at)
-        for at, events in runs:
-            rows = [(line.memory_id, e.who, e.why, e.old, e.new) for e in events]
-            await memory.store.set_current_importance(values, rows, datetime.fromisoformat(at))
-            written += len(rows)
-            values = []
-        if values:
-            await memory.store.set_current_importance(values, [], memory.clock.now())
-    return written
-
-
-async def _importance_left(memory: Memory, line: ImportanceLine) -> tuple[list[HistoryEvent], float | None]:
-    """What of a memory's importance line the store lacks: the history rows after those it holds,
-    and the importance after decay, which goes with the first of them (or alone).
-
-    Compared row by row, not skipped with its memory: the memories are committed before their
-    history, so an import stopped between the two and run again found every memory stored and
-    left the history out for good. A history that holds the file's and more (a decay since), or
-    another one, is the store's own and stays as it is."""
-    stored = [_event_key(event) for event in await memory.store.history(line.memory_id)]
-    wanted = [_event_key(event.model_dump()) for event in line.events]
-    if stored != wanted[: len(stored)]:
-        return [], None
-    left = line.events[len(stored) :]
-    if left or line.current is None:
-        return left, line.current
-    if line.events:
-        return [], None  # every row is stored, and the value was written with the first of them
-    states = await memory.store.importance_states(line.memory_id - 1, 1)
-    held = states[0][3] if states and states[0][0] == line.memory_id else None
-    return [], line.current if held is None else None
-
-
-def _event_key(event: dict[str, Any]) -> tuple[Any, ...]:
-    """A history row as compared: its instant, not how the time was written."""
-    return (datetime.fromisoformat(str(event["at"])), event["who"], event["why"], event["old"], event["new"])
-
-
-async def _check_episode_sources(memory: Memory, records: list[MemoryRecord], numbers: list[int]) -> None:
-    """One message of a chat is one episode: an episode whose message another episode already
-    holds (earlier in the file, or stored under another id) is refused, naming its line."""
-    owners: dict[tuple[str, str, str], tuple[int | None, int]] = {}  # -> (record id, line)
-    for record, number in zip(records, numbers, strict=True):
-        if record.kind != "episode":
-            continue
-        for mid in record.message_ids:
-            key = (record.tenant, record.chat_id, mid)
-            earlier = owners.get(key)
-            if earlier is not None and (record.id is None or earlier[0] != record.id):
-                raise InputError(
-                    f"message {mid!r} of chat {record.chat_id!r} has another episode on line {earlier[1]}",
-                    field="message_ids",
-                    line=number,
-                )
-            owners[key] = (record.id, number)
-    by_chat: dict[tuple[str, str], list[str]] = {}
-    for tenant, chat_id, mid in owners:
-        by_chat.setdefault((tenant, chat_id), []).append(mid)
-    for (tenant, chat_id), mids in by_chat.items():
-        stored = await memory.store.from_messages(tenant, chat_id, mids)
-        for other in (await memory.store.get(stored, None)).values():
-            if other.kind != "episode":
-                continue
-            for mid in other.message_ids:
-                mine = owners.get((tenant, chat_id, mid))
-                if mine is not None and mine[0] != other.id:
-                    raise InputError(
-                        f"message {mid!r} of chat {chat_id!r} is already stored as memory {other.id}",
-                        field="message_ids",
-                        line=mine[1],
-                    )
-
-
-def _header(data: Any, path: Path, number: int, memory: Memory | None) -> ExportHeader:
-    try:
-        header = ExportHeader.model_validate(data)
-    except ValidationError as exc:
-        raise InputError.from_pydantic(exc, line=number, prefix="header.") from exc
-    if header.format == EXPORT_FORMAT and header.version > max(READABLE_VERSIONS):
-        raise InputError(
-            f"{path} was written by a newer narrmem (format version {header.version}; this one reads "
-            f"{min(READABLE_VERSIONS)} to {max(READABLE_VERSIONS)})",
-            field="version",
-            line=number,
-        )
-    if header.format != EXPORT_FORMAT or header.version not in READABLE_VERSIONS:
-        raise InputError(
-            f"{path} is not a narrmem export (versions {', '.join(map(str, READABLE_VERSIONS))})",
-            field="format",
-            line=number,
-        )
-    if memory is not None and (header.model != memory.embedder.name or header.dim != memory.embedder.dim):
-        raise InputError(
-            f"vectors come from {header.model} ({header.dim} dims), this memory uses "
-            f"{memory.embedder.name} ({memory.embedder.dim} dims)" + _model_hint(header.model),
-            field="model",
-            line=number,
-        )
-    return header
-
-
-def _model_hint(model: str) -> str:
-    # New stores default to the int7 weights; an export of an older store names the setting.
-    if model == "all-MiniLM-L6-v2":
-        return '; import it into a new store opened with [embedder] quantize = "none"'
-    for quantize in ("int7", "int8"):
-        if model == f"all-MiniLM-L6-v2-{quantize}":
-            setting = f'[embedder] quantize = "{quantize}" (backend "onnx")'
-            return f"; import it into a new store opened with {setting}"
-    return ""

@@ -42,7 +42,8 @@ from narrmem.clock import ManualClock
 from narrmem.config import load_settings
 from narrmem.doors import cli
 from narrmem.doors.chat_import import check_user_map, read_chat, read_user_map
-from narrmem.doors.transfer import export_jsonl, import_jsonl, read_dry_run_messages, read_messages
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_jsonl, read_dry_run_messages, read_messages
 from narrmem.errors import NarrmemError
 from narrmem.memory import Memory
 from narrmem.models import Message

@@ -1,0 +1,169 @@
+"""An export of any size is imported without holding it: checked whole, then written in batches
+read again from the file. A store of millions of memories was read into memory whole (about
+12 KB a memory), and its import ran out of memory where its export had not."""
+
+from __future__ import annotations
+
+import base64
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _helpers import msg, store_count, write_export
+
+from narrmem import InputError, Memory
+from narrmem.doors import importing
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_store
+from narrmem.testing import open_memory
+
+SAID = [
+    "I adopted a greyhound named Pixel",
+    "my sister Lena lives in Porto",
+    "I work night shifts at the hospital",
+    "we are moving to Lisbon in May",
+    "I started learning the cello",
+    "my favourite bakery is called Crumb",
+    "I run every morning before work",
+    "our daughter starts school in September",
+]
+
+
+async def _source(folder: Path, path: Path) -> dict[str, int]:
+    async with open_memory(folder) as memory:
+        for n, text in enumerate(SAID):
+            await memory.ingest(msg(f"m{n}", text, user=f"u{n % 3}", chat=f"c{n % 3}"))
+        await memory.settle()
+        return await export_store(memory, path)
+
+
+def _counting_batches(memory: Memory, sizes: list[int], after: Any = None) -> None:
+    original = memory.store.import_records
+
+    async def import_records(items: Any) -> dict[str, int]:
+        sizes.append(len(items))
+        counts = await original(items)
+        if after is not None:
+            after()
+        return counts
+
+    memory.store.import_records = import_records  # type: ignore[method-assign]
+
+
+async def test_memories_are_written_in_batches_and_the_import_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "export.jsonl"
+    written = await _source(tmp_path / "source", path)
+    monkeypatch.setattr(importing, "BATCH", 3)
+    sizes: list[int] = []
+    async with open_memory(tmp_path / "target") as memory:
+        _counting_batches(memory, sizes)
+        counts = await import_jsonl(memory, path)
+        await export_store(memory, tmp_path / "again.jsonl")
+    assert counts["imported"] == written["memories"] >= 7
+    assert max(sizes) == 3 and sum(sizes) == written["memories"]
+    assert (tmp_path / "again.jsonl").read_bytes() == path.read_bytes()
+
+
+async def test_checks_reach_across_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch is checked against every line before it, not only its own: an id given twice,
+    a message two episodes claim, an importance line naming a memory the file lacks."""
+    path = tmp_path / "export.jsonl"
+    await _source(tmp_path / "source", path)
+    monkeypatch.setattr(importing, "BATCH", 1)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    memories = [line for line in lines if line.get("section") == "memories"]
+    first, last = memories[0], memories[-1]
+    cases = {
+        "id": {**last, "id": first["id"], "message_ids": ["x1"]},
+        "message_ids": {**last, "id": 999, "chat_id": first["chat_id"], "tenant": first["tenant"]}
+        | {"message_ids": first["message_ids"]},
+    }
+    for field, extra in cases.items():
+        bad = write_export(tmp_path / f"{field}.jsonl", [*lines, extra])
+        async with open_memory(tmp_path / f"target-{field}") as memory:
+            with pytest.raises(InputError) as info:
+                await import_jsonl(memory, bad)
+            assert (info.value.field, info.value.line) == (field, len(lines))  # the added line
+            assert await store_count(memory) == 0
+    orphan = write_export(tmp_path / "orphan.jsonl", [*lines, {"section": "importance", "memory_id": 999}])
+    async with open_memory(tmp_path / "target-orphan") as memory:
+        with pytest.raises(InputError) as info:
+            await import_jsonl(memory, orphan)
+        assert info.value.field == "memory_id"
+        assert await store_count(memory) == 0
+
+
+async def test_a_file_changed_while_it_is_imported_stops_it_and_the_next_import_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lines are read again from where they were checked: another file there now is not
+    read, and what was written of the first stays for the next import to finish."""
+    path = tmp_path / "export.jsonl"
+    written = await _source(tmp_path / "source", path)
+    whole = path.read_bytes()
+    monkeypatch.setattr(importing, "BATCH", 2)
+
+    def rewrite() -> None:
+        path.write_bytes(whole + b"\n")  # another file, and one whose lines still check
+
+    sizes: list[int] = []
+    async with open_memory(tmp_path / "target") as memory:
+        _counting_batches(memory, sizes, after=rewrite)
+        with pytest.raises(InputError) as info:
+            await import_jsonl(memory, path)
+        assert info.value.field == "file"
+        assert await store_count(memory) == 2
+    async with open_memory(tmp_path / "target") as memory:
+        counts = await import_jsonl(memory, path)
+        await export_store(memory, tmp_path / "again.jsonl")
+    assert (counts["imported"], counts["skipped"]) == (written["memories"] - 2, 2)
+    assert (tmp_path / "again.jsonl").read_bytes() == whole
+
+
+@pytest.mark.sqlite_only("one store is enough to measure what the import itself holds")
+async def test_an_import_holds_a_batch_not_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 memories (8 MB of file): the import held every line's record and vector at once,
+    more than the file's size besides what the store keeps (its vector index); a batch now."""
+    monkeypatch.setattr(importing, "BATCH", 100)
+    path = tmp_path / "big.jsonl"
+    rng = np.random.default_rng(7)
+    async with open_memory(tmp_path / "target") as memory:
+        header = {"format": "narrmem-export", "version": 3, "model": memory.embedder.name}
+        lines: list[dict[str, Any]] = [{**header, "dim": memory.embedder.dim}]
+        for n in range(1, 3001):
+            vector = rng.standard_normal(memory.embedder.dim).astype("<f4")
+            vector /= np.linalg.norm(vector)
+            lines.append(
+                {
+                    "section": "memories",
+                    "id": n,
+                    "kind": "episode",
+                    "tenant": "default",
+                    "user_id": f"u{n % 40}",
+                    "chat_id": f"c{n % 40}",
+                    "text": f"message {n} about the garden, the cello and the move to Lisbon " * 4,
+                    "importance": 0.3,
+                    "created_at": "2026-03-02T10:00:00+00:00",
+                    "message_ids": [f"m{n}"],
+                    "meta": {"layer": "accumulate"},
+                    "vector": base64.b64encode(vector.tobytes()).decode(),
+                }
+            )
+        write_export(path, lines)
+        del lines
+        tracemalloc.start()
+        try:
+            counts = await import_jsonl(memory, path)
+            kept, peak = tracemalloc.get_traced_memory()  # kept: the store's index, mostly
+        finally:
+            tracemalloc.stop()
+        assert counts["imported"] == 3000
+    size = path.stat().st_size
+    assert size > 6_000_000
+    held = peak - kept
+    assert held < size * 0.25, f"the import held {held / 1e6:.1f} MB for a file of {size / 1e6:.1f} MB"
