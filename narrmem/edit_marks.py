@@ -18,12 +18,20 @@ Before the edit forgets the old text, its mark takes the new message too (:meth:
 a process killed between that forget and the new text's write lost both texts. The next open
 makes the edits of a process that stopped in the middle of one again, from their marks (a forget
 of the message, its chat or its person, finished first, has deleted the mark: nothing is made).
+
+The edit's own forget of the old text may be the one a stopped process left unfinished, and the
+next open finishes it before the edits are made again: finished as any forget of the message, it
+deleted the mark that held the new text, and both texts were lost. So as that forget begins, the
+mark notes the last forget job begun before it (:meth:`EditMarks.forgetting`): the first job of
+the message recorded after that one is the edit's own (forgets of one message are begun one at a
+time), and is finished leaving the mark be (:meth:`EditMarks.own_forget`).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from narrmem.errors import InputError
@@ -41,6 +49,7 @@ NAMESPACE = "narrmem.edits"
 
 
 MARK_IDS = ("tenant", "user_id", "chat_id", "message_id")
+FORGETTING_AFTER = "forgetting_after"  # the last forget job begun before the edit's own
 
 
 def check_entry(key: str, value: dict[str, Any]) -> None:
@@ -50,9 +59,14 @@ def check_entry(key: str, value: dict[str, Any]) -> None:
     for name in MARK_IDS:
         if not isinstance(value.get(name), str) or not value[name]:
             raise InputError("must be the text of an id", field=f"value.{name}")
-    extra = set(value) - {*MARK_IDS, "message"}
+    extra = set(value) - {*MARK_IDS, "message", FORGETTING_AFTER}
     if extra:
         raise InputError(f"an edit's mark holds no {sorted(extra)[0]!r}", field="value")
+    after = value.get(FORGETTING_AFTER)
+    if FORGETTING_AFTER in value and (not isinstance(after, int) or isinstance(after, bool) or after < 0):
+        raise InputError(
+            "must be a forget job's id (a whole number, 0 or more)", field=f"value.{FORGETTING_AFTER}"
+        )
     if "message" in value:
         kept = entry_message(value["message"])
         if [getattr(kept, name) for name in MARK_IDS] != [value[name] for name in MARK_IDS]:
@@ -87,6 +101,44 @@ class EditMarks:
             return False
         value = {**ids, "message": replacement.model_dump(mode="json")}
         return await store.state_put_if(NAMESPACE, key, value, ids)
+
+    async def forgetting(self, key: str, last_job: int) -> None:
+        """Note in the mark ``key`` that its edit's forget of the old text begins now, after the
+        forget job ``last_job`` (the last one begun); a mark a forget deleted stays deleted."""
+        store = self.memory.store
+        value = await store.state_get(NAMESPACE, key)
+        if value is not None:
+            await store.state_put_if(NAMESPACE, key, {**value, FORGETTING_AFTER: last_job}, value)
+
+    async def own_forget(self, job: ForgetJob, pending: Sequence[ForgetJob]) -> bool:
+        """Whether ``job`` (recorded, not finished) is an edit's own forget of its old text: the
+        first job of that one message recorded after the last job its mark noted (``pending``:
+        every job recorded and not finished)."""
+        if job.messages is None or len(job.messages) != 1 or job.chat_id is None:
+            return False
+        for _, value in await self.memory.store.state_items(NAMESPACE):
+            after = value.get(FORGETTING_AFTER)
+            if not isinstance(after, int) or "message" not in value:
+                continue
+            if (value.get("tenant"), value.get("chat_id"), value.get("message_id")) != (
+                job.tenant,
+                job.chat_id,
+                job.messages[0],
+            ):
+                continue
+            first = min(
+                (
+                    other.id
+                    for other in pending
+                    if other.id > after
+                    and (other.tenant, other.chat_id, other.messages)
+                    == (job.tenant, job.chat_id, job.messages)
+                ),
+                default=None,
+            )
+            if first == job.id:
+                return True
+        return False
 
     async def still_marked(self, key: str) -> bool:
         """Whether no forget has deleted the mark since it was put."""

@@ -29,6 +29,7 @@ class ForgetsMessages(Protocol):
         *,
         sparing: Call | None = None,
         carrying: int | None = None,
+        edit_mark: str | None = None,
     ) -> dict[str, int]: ...
 
 
@@ -151,7 +152,9 @@ async def _replace(
     # both texts; the next open makes the edit again from it.
     if mark is not None and not await steps.marks.keep(mark, replacement):
         return _forgotten_meanwhile(edited)
-    counts = await steps.forget_messages(scope, [edited.message_id], sparing=call, carrying=held)
+    counts = await steps.forget_messages(
+        scope, [edited.message_id], sparing=call, carrying=held, edit_mark=mark
+    )
     # From here the edit holds the fence between processes (its forget handed it over): no other
     # worker's forget comes between this check and the new text's write.
     gone = (stored_at_start or before) and not counts.get("memories")

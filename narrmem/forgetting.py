@@ -26,7 +26,7 @@ from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
-from narrmem.store import PurgesDeleted
+from narrmem.store import CountsForgets, PurgesDeleted
 from narrmem.to_the_end import Outlasting
 
 if TYPE_CHECKING:
@@ -222,13 +222,20 @@ class Forgetting:
         *,
         sparing: Call | None = None,
         carrying: int | None = None,
+        edit_mark: str | None = None,
     ) -> dict[str, int]:
         """Forget messages by id; ``sparing``: an edit's call, whose new text this leaves be;
-        ``carrying``: that new text's hold of the fence, held from this forget's end."""
-        return await self._to_the_end(self._messages(scope, message_ids, sparing, carrying))
+        ``carrying``: that new text's hold of the fence, held from this forget's end;
+        ``edit_mark``: that edit's mark (:mod:`narrmem.edit_marks`), which notes this forget."""
+        return await self._to_the_end(self._messages(scope, message_ids, sparing, carrying, edit_mark))
 
     async def _messages(
-        self, scope: Scope, message_ids: Sequence[str], sparing: Call | None, carrying: int | None
+        self,
+        scope: Scope,
+        message_ids: Sequence[str],
+        sparing: Call | None,
+        carrying: int | None,
+        edit_mark: str | None,
     ) -> dict[str, int]:
         ids = message_id_list(message_ids)
         chat_id = scope.chat_id
@@ -238,6 +245,8 @@ class Forgetting:
         async with self.fence.forgetting(begin=drop, carrying=carrying):
             await self._quiet()
             async with self.write_lock:
+                if edit_mark is not None:
+                    await self.marks.forgetting(edit_mark, await self._last_job())
                 job = await self.memory.store.begin_forget(
                     tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
                 )
@@ -247,6 +256,12 @@ class Forgetting:
         if counts.get("memories"):
             self._purge_later()
         return {"memories": counts.get("memories", 0)}
+
+    async def _last_job(self) -> int:
+        """The id of the last forget job begun (0 on a store that cannot tell: every job of the
+        message recorded then counts)."""
+        store = self.memory.store
+        return await store.forgets_begun() if isinstance(store, CountsForgets) else 0
 
     def _purge_later(self) -> None:
         """A deleted message's words stay in the keyword index's segments and in freed pages
@@ -393,7 +408,9 @@ class Forgetting:
                         continue
                     again = await store.state_get(AGAIN_NAMESPACE, again_key(job))
                     if again is None:
-                        await self.finish(job)
+                        # An edit's own forget leaves its mark, which holds the new text: the
+                        # edit is made again from it once the forgets are finished.
+                        await self.finish(job, edits=not await self.marks.own_forget(job, pending))
                         continue
                     # A forget again: what it deletes, as it would have, and nothing received.
                     await self.finish(job, received=False, only=[int(mid) for mid in again["only"]])

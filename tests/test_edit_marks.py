@@ -63,6 +63,57 @@ async def test_an_edit_killed_between_its_two_steps_is_made_again_by_the_next_op
         assert await memory.store.state_items(NAMESPACE) == []
 
 
+KILLED_INSIDE_ITS_FORGET = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from narrmem.testing import open_memory
+
+    async def main():
+        memory = await open_memory(sys.argv[1]).__aenter__()
+        said = {"user_id": "ann", "chat_id": "c", "ts": "2026-07-01T09:00:00+00:00", "message_id": "m1"}
+        await memory.ingest({**said, "text": "I live in Lisbon"})
+
+        async def finish_forget(job, **kwargs):
+            os._exit(0)  # the old text is deleted; the forget's record not yet
+
+        memory.store.finish_forget = finish_forget
+        await memory.edit({**said, "text": "I live in Porto now"})
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_an_edit_killed_inside_its_own_forget_is_made_again_by_the_next_open(tmp_path: Path) -> None:
+    """Killed after the edit's forget deleted the old text and before its record went, a process
+    left that forget for the next open to finish, which finished it as any forget of the message:
+    it deleted the edit's mark, which held the new text, and neither text was left."""
+    await run_python(KILLED_INSIDE_ITS_FORGET, str(tmp_path))
+    async with open_memory(tmp_path) as memory:
+        [episode] = await memory.store.recent(Scope(chat_id="c"), limit=10)
+        assert episode.text == "I live in Porto now" and episode.message_ids == ["m1"]
+        assert await memory.store.pending_forgets() == []
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
+async def test_a_delete_of_the_message_begun_before_a_stopped_edits_forget_still_takes_the_edit(
+    tmp_path: Path,
+) -> None:
+    """Only the edit's own forget leaves its mark: a delete of the message recorded before the edit
+    began its forget is finished as ever, deleting the mark, and the new text is not written."""
+    async with open_memory(tmp_path) as memory:
+        said = {"user_id": "ann", "chat_id": "c", "ts": NOW, "message_id": "m1"}
+        await memory.ingest(Message(text="I live in Lisbon", **said))
+        job = await memory.store.begin_forget(tenant="default", user_id=None, chat_id="c", messages=["m1"])
+        replacement = Message(text="I live in Porto now", **said)
+        ids = {"tenant": "default", "user_id": "ann", "chat_id": "c", "message_id": "m1"}
+        value = {**ids, "message": replacement.model_dump(mode="json"), "forgetting_after": job.id}
+        await memory.store.state_put(NAMESPACE, "0123456789abcdef0123456789abcdef:e1", value)
+    async with open_memory(tmp_path) as memory:
+        assert await memory.store.recent(Scope(chat_id="c"), limit=10) == []
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
 async def test_an_edit_left_halfway_whose_person_a_finished_forget_took_is_not_made_again(
     tmp_path: Path,
 ) -> None:
