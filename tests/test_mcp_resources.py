@@ -168,7 +168,8 @@ def test_a_line_the_transport_refuses_is_answered_and_the_server_goes_on(tmp_pat
         assert "params.arguments.query" in refused["error"]["message"]
         send(call % (3, '{"user_id":"u1","query":"hi","k":%s}' % ("9" * 5000)))
         too_long = answer()
-        assert too_long is not None and too_long["id"] == 3 and too_long["error"]["code"] == -32700
+        assert too_long is not None and too_long["id"] == 3 and too_long["error"]["code"] == -32602
+        assert "params.arguments.k" in too_long["error"]["message"]
         send('{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"reason":"\\ud800"}}')
         send("{not json")
         broken = answer()

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from narrmem import __version__
+from narrmem.checks import has_surrogate
 from narrmem.errors import ClosedError, InputError, NarrmemError
 from narrmem.memory import Memory
 
@@ -330,35 +331,46 @@ async def serve_stdio(memory: Memory, *, tenant: str, tools: Iterable[str] = (AL
     from mcp.shared.message import SessionMessage
 
     server = build_server(memory, tenant=tenant, tools=tools)
-    async with stdio_server() as (lines, write_stream):
-        # The transport hands a line its JSON-RPC parser refuses to the session as an exception,
-        # which answers nothing: the client waited for ever. Such a line is answered here.
-        checked_send, checked = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    try:
+        async with stdio_server() as (lines, write_stream):
+            # The transport hands a line its JSON-RPC parser refuses to the session as an exception,
+            # which answers nothing: the client waited for ever. Such a line is answered here.
+            checked_send, checked = anyio.create_memory_object_stream[SessionMessage | Exception](0)
 
-        async def answer_refused_lines() -> None:
-            async with checked_send:
-                async for item in lines:
-                    reply = refused_line_reply(item) if isinstance(item, Exception) else None
-                    if reply is None:
-                        await checked_send.send(item)
-                    else:
-                        await write_stream.send(SessionMessage(reply))
+            async def answer_refused_lines() -> None:
+                async with checked_send:
+                    async for item in lines:
+                        reply = refused_line_reply(item) if isinstance(item, Exception) else None
+                        if reply is None:
+                            await checked_send.send(item)
+                        else:
+                            await write_stream.send(SessionMessage(reply))
 
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(answer_refused_lines)
-            await server.run(checked, write_stream, server.create_initialization_options())
-            tasks.cancel_scope.cancel()
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(answer_refused_lines)
+                await server.run(checked, write_stream, server.create_initialization_options())
+                tasks.cancel_scope.cancel()
+    except* (BrokenPipeError, ConnectionResetError):
+        # The client went away while an answer was on its way to it: as normal an end as its
+        # closing stdin while the server is idle. The calls in flight were cancelled with the
+        # transport, as a call the client cancels is.
+        log.info("the client left before its answer was written")
 
 
 # The request id of a line the JSON-RPC parser refused (a number or a string, near the start).
 _REQUEST_ID = re.compile(r'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
+# Where the transport's parser stopped, as its message ends: the column counts bytes of UTF-8.
+_STOPPED_AT = re.compile(r" at line (\d+) column (\d+)$")
+# The tokens that move a JSON path: strings (the last one possibly cut short) and punctuation.
+_PATH_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{},]', re.DOTALL)
 
 
 def refused_line_reply(error: Exception) -> Any:
     """The JSON-RPC error answering a line the transport's parser refused, or ``None`` when it is
     not such a line or asks no answer (a notification). What JSON itself allows but the parser
     does not (a lone UTF-16 surrogate, which a JavaScript client sends for half an emoji, a
-    number of thousands of digits, nesting thousands deep) is named with the field that holds it."""
+    number of thousands of digits, nesting past 200 levels) is named with the field that holds it:
+    the path to where the parser stopped (for deep nesting, the first value nested too deep)."""
     import mcp_types as types
     from pydantic import ValidationError
 
@@ -369,39 +381,86 @@ def refused_line_reply(error: Exception) -> Any:
         return None
     line = details[0]["input"]
     reason = details[0]["msg"].removeprefix("Invalid JSON: ")
+    too_deep_to_read = False
     try:
-        data: Any = json.loads(line)
-    except (ValueError, RecursionError):
+        data: Any = json.loads(line, parse_int=_whole_number)
+    except RecursionError:
+        # Python's own parser gives up a few hundred levels below the transport's limit: the
+        # request is read no further than the path to where the transport stopped.
+        data, too_deep_to_read = None, True
+    except ValueError:
         data = None
-    if isinstance(data, dict):
-        if "id" not in data:
-            return None  # a notification: nothing is answered
-        request_id = data["id"] if isinstance(data["id"], int | str) else None
-        where = _refused_value(data) or "the request"
+    if isinstance(data, dict) and "id" not in data:
+        return None  # a notification: nothing is answered
+    if isinstance(data, dict) or too_deep_to_read:
+        request_id = data.get("id") if isinstance(data, dict) else _request_id_near_start(line)
+        if not isinstance(request_id, int | str):
+            request_id = None
+        where = _path_where_stopped(line, reason) or "the request"
         code, message = types.INVALID_PARAMS, f"field '{where}': {reason}"
     else:
-        found = _REQUEST_ID.search(line)
-        request_id = json.loads(found.group(1)) if found else None
+        request_id = _request_id_near_start(line)
         code, message = types.PARSE_ERROR, f"not a JSON-RPC message: {reason}"
     return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message))
 
 
-def _refused_value(value: Any, path: str = "") -> str | None:
-    """Where in ``value`` a string holds a lone surrogate (the one thing Python's JSON reads and
-    the transport's does not, short of sizes)."""
-    if isinstance(value, str):
-        return path if any(0xD800 <= ord(c) <= 0xDFFF for c in value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _refused_value(key, path) or _refused_value(item, f"{path}.{key}" if path else str(key))
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        for n, item in enumerate(value):
-            found = _refused_value(item, f"{path}[{n}]")
-            if found is not None:
-                return found
-    return None
+def _whole_number(digits: str) -> int | None:
+    """An integer of the line, or ``None`` past Python's limit on digits (``int()`` refuses it),
+    so that a number the transport finds too long still leaves the request readable."""
+    try:
+        return int(digits)
+    except ValueError:
+        return None
+
+
+def _request_id_near_start(line: str) -> int | str | None:
+    found = _REQUEST_ID.search(line)
+    request_id: int | str | None = json.loads(found.group(1)) if found else None
+    return request_id
+
+
+def _path_where_stopped(line: str, reason: str) -> str:
+    """The path (``params.arguments.k``, as :func:`narrmem.checks.check_plain_json` writes it) of
+    the value the transport's parser was reading when it stopped, read from the start of ``line``
+    up to there without parsing it: the rest may be too deep for any parser here. ``""`` when the
+    parser said not where it stopped, or stopped outside every object and array."""
+    stopped = _STOPPED_AT.search(reason)
+    rows = line.encode("utf-8", "surrogatepass").split(b"\n")
+    if stopped is None or not 1 <= int(stopped[1]) <= len(rows):
+        return ""
+    row, column = int(stopped[1]), int(stopped[2])
+    read = b"\n".join([*rows[: row - 1], rows[row - 1][: column - 1]]).decode("utf-8", "ignore")
+    steps: list[str | int | None] = []  # per open object or array: its key (None before one) or index
+    for token in _PATH_TOKEN.findall(read):
+        if token in ("{", "["):
+            steps.append(None if token == "{" else 0)
+        elif token in ("}", "]"):
+            del steps[-1:]
+        elif token == ",":
+            if steps:
+                last = steps[-1]
+                steps[-1] = last + 1 if isinstance(last, int) else None
+        elif steps and steps[-1] is None:  # a string where an object expects its next key
+            steps[-1] = _key_text(token)
+    path = ""
+    for step in steps:
+        if isinstance(step, int):
+            path = f"{path}[{step}]"
+        elif step is not None:
+            path = f"{path}.{step}" if path else step
+    return path
+
+
+def _key_text(token: str) -> str:
+    """A key as its string token spells it, unescaped when that gives text that can be written back
+    (a lone surrogate cannot: it is shown escaped, as sent)."""
+    try:
+        key = json.loads(token)
+    except ValueError:
+        key = None
+    if isinstance(key, str) and not has_surrogate(key):
+        return key
+    return token[1:-1] if len(token) > 1 and token.endswith('"') else token[1:]
 
 
 async def serve_http(
