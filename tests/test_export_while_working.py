@@ -274,3 +274,46 @@ async def test_a_section_outside_its_plugin_name_is_an_error(tmp_path: Path) -> 
         with pytest.raises(PluginError, match=r"plugin 'notes' exports section 'graph\.edges'"):
             async for _ in export_text(memory):
                 pass
+
+
+def _forget_after_the_first_memory(memory: Memory, user: str, tenant: str) -> None:
+    """Forget ``user`` of ``tenant`` once the store's export has given its first memory."""
+    original = memory.store.export
+
+    async def export(*args: Any, **kwargs: Any) -> Any:
+        forgot = False
+        async for item in original(*args, **kwargs):
+            yield item
+            if not forgot:
+                forgot = True
+                await memory.forget(user_id=user, tenant=tenant)
+
+    memory.store.export = export  # type: ignore[method-assign]
+
+
+async def test_a_tenant_export_goes_on_while_another_tenant_forgets(tmp_path: Path) -> None:
+    """Tenant A's user forgotten while tenant B's export was read deleted nothing B's file holds:
+    B's export failed all the same ("a forget ran while the export was read"), so a tenant's
+    backup failed whenever any other tenant's user was forgotten meanwhile."""
+    async with open_memory(tmp_path / "m") as memory:
+        await memory.ingest_many([_note(n, user=f"u{n % 3}", tenant="B") for n in range(12)])
+        await memory.ingest_many([_note(n, user="alice", tenant="A") for n in range(3)])
+        await memory.settle()
+        _forget_after_the_first_memory(memory, "alice", "A")
+        lines = [json.loads(text) async for _, text in export_text(memory, tenant="B")]
+        assert lines[-1]["section"] == END
+        assert len([line for line in lines if line["section"] == MEMORIES]) == 12
+        assert not await memory.recall("garden", user_id="alice", tenant="A", reinforce=False)
+
+
+async def test_a_tenant_export_fails_when_its_own_exported_person_is_forgotten_meanwhile(
+    tmp_path: Path,
+) -> None:
+    async with open_memory(tmp_path / "m") as memory:
+        await memory.ingest_many([_note(n, user=f"u{n % 3}", tenant="B") for n in range(12)])
+        await memory.settle()
+        [first, *_] = [record async for record, _ in memory.store.export()]
+        _forget_after_the_first_memory(memory, first.user_id or "", "B")
+        with pytest.raises(StoreError, match="forget ran while the export was read"):
+            async for _ in export_text(memory, tenant="B"):
+                pass

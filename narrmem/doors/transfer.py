@@ -287,7 +287,8 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     await memory.settle()
     await no_forget_pending(memory, tenant=tenant)
     forgets = await _forget_mark(memory)
-    lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant)
+    exported: array[int] = array("q")
+    lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant, exported)
     counts: dict[str, int] = {}
     async for section, line in lines:
         counts[section] = counts.get(section, 0) + 1
@@ -295,7 +296,9 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     # Pages are read one after another while the memory goes on working: a forget that began
     # meanwhile may have deleted what an earlier page holds, and an import would bring it back.
     # Raised before the end line, so that the file is deleted and a stream ends cut short.
-    if await _forget_mark(memory) != forgets:
+    if await _forget_mark(memory) != forgets and not (
+        tenant is not None and await _all_still_stored(memory, tenant, exported)
+    ):
         raise StoreError(
             "a forget ran while the export was read, which may hold what it deleted: the export "
             "was not finished; export again"
@@ -329,6 +332,21 @@ async def no_forget_pending(memory: Memory, *, tenant: str | None = None) -> Non
             "delete. Open the folder once with a process that writes (the bot, `narrmem serve`, "
             "`narrmem decay`) to finish them, then export"
         )
+
+
+async def _all_still_stored(memory: Memory, tenant: str, ids: array[int]) -> bool:
+    """Whether a tenant's export is whole though forgets began while it was read: none of the
+    tenant's is unfinished, and every memory exported is still stored (a forget deleted none of
+    them). Forgets of other tenants delete nothing such an export holds: one failed it (a tenant's
+    backup failed whenever another tenant's user was forgotten meanwhile), and told it so."""
+    if any(job.tenant == tenant for job in await memory.store.pending_forgets()):
+        return False
+    for start in range(0, len(ids), 1000):
+        part = ids[start : start + 1000].tolist()
+        found = await memory.store.get(part, None)
+        if len(part) != sum(record.tenant == tenant for record in found.values()):
+            return False
+    return True
 
 
 async def _forget_mark(memory: Memory) -> tuple[int, ...]:
