@@ -219,3 +219,42 @@ async def test_a_write_cancelled_while_it_waits_to_begin_leaves_no_transaction_o
         assert result.stored
         async with store.sql() as db:
             assert await db.fetchone("SELECT COUNT(*) FROM sqlite_master WHERE name = 'reader_probe'") == (0,)
+
+
+def _companions(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(("-wal", "-shm", "-journal")))
+
+
+async def test_a_read_only_open_leaves_no_file_behind_and_writes_nothing(tmp_path: Path) -> None:
+    """Opened read-only (``narrmem stats``, an export, the inspector), a folder no process was
+    using was left with a -wal and a -shm file: SQLite's read-only connection made them and could
+    not remove them. Nothing is written either: the database's bytes are as they were."""
+    async with open_memory(tmp_path) as memory:
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="ann"))
+    assert _companions(tmp_path) == []
+    before = (tmp_path / "narrmem.sqlite3").read_bytes()
+    async with open_memory(tmp_path, read_only=True) as memory:
+        assert await memory.recall("greyhound", user_id="ann", reinforce=False)
+        assert (await memory.stats())["memories"] == 1
+        with pytest.raises(StoreError, match="read-only"):
+            await memory.ingest(msg("2", "I moved to Porto last spring", user="ann"))
+    assert _companions(tmp_path) == []
+    assert (tmp_path / "narrmem.sqlite3").read_bytes() == before
+
+
+async def test_a_read_only_open_beside_a_writer_sees_its_commits_and_leaves_its_files(tmp_path: Path) -> None:
+    async with open_memory(tmp_path) as writer:
+        await writer.ingest(msg("1", "I adopted a greyhound named Pixel", user="ann"))
+        assert _companions(tmp_path)  # the writer's own
+        async with open_memory(tmp_path, read_only=True) as reader:
+            await writer.ingest(msg("2", "my sister Lena lives in Porto", user="ann"))
+            await writer.settle()
+            assert (await reader.stats())["memories"] == 2
+        await writer.ingest(msg("3", "I started learning the cello", user="ann"))
+        await writer.settle()
+        assert (await writer.stats())["memories"] == 3
+    async with open_memory(tmp_path, read_only=True) as reader:
+        assert (await reader.stats())["memories"] == 3
+    assert _companions(tmp_path) == []
+    with sqlite3.connect(tmp_path / "narrmem.sqlite3") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)

@@ -79,6 +79,20 @@ SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")  # files SQLite keeps beside a 
 T = TypeVar("T")
 
 
+def reading_uri(path: Path) -> str:
+    """How a process that only reads opens the database. Read-only (``mode=ro``), SQLite made the
+    -wal and -shm files a WAL database's readers need and, being read-only, could not remove them
+    at its close: ``narrmem stats`` left two files behind in a folder no process was using. Read-
+    write, the connection that closes last removes them (the reader sets ``query_only``, so it
+    writes nothing), and SQLite's own locks keep it in step with a writer that starts meanwhile.
+    So where the folder can be written and none of those files is there (no writer is open, none
+    stopped with a write in its log), read-write; otherwise read-only, leaving what is there."""
+    beside = [path.with_name(path.name + suffix) for suffix in SQLITE_COMPANIONS]
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    uri = path.resolve().as_uri()
+    return uri if writable and not any(p.exists() for p in beside) else f"{uri}?mode=ro"
+
+
 class SQLiteStore(ForgetJournal):
     def __init__(
         self,
@@ -232,7 +246,8 @@ class SQLiteStore(ForgetJournal):
 
         def read() -> str | None:
             try:
-                with closing(sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)) as db:
+                with closing(sqlite3.connect(reading_uri(self.db_path), uri=True)) as db:
+                    db.execute("PRAGMA query_only=ON")
                     row = db.execute("SELECT value FROM meta WHERE key = 'model'").fetchone()
             except sqlite3.Error:
                 return None
@@ -245,8 +260,9 @@ class SQLiteStore(ForgetJournal):
         from its files, or rebuilt in memory when the writer has not saved its latest rows yet."""
         if not self.db_path.is_file():
             raise StoreError(f"no narrmem store at {self.folder} (no {self.db_path.name} to open read-only)")
-        db = await self._connect(f"file:{self.db_path}?mode=ro", uri=True)
+        db = await self._connect(reading_uri(self.db_path), uri=True)
         self._db = db
+        await db.execute("PRAGMA query_only=ON")  # reading never writes, whatever it is asked
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         [(version,)] = await self._fetchall("PRAGMA user_version")
         if int(version) != SCHEMA_VERSION:
