@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +31,7 @@ def declared_check(hook_name: str) -> tuple[Check, str] | None:
     written = getattr(spec, "__annotations__", {}).get("return")
     if spec is None or written is None:
         return None
-    namespace = {**vars(models), "Any": Any, "datetime": datetime}
+    namespace = {**vars(models), "Any": Any, "datetime": datetime, "AsyncIterable": AsyncIterable}
     try:
         # Only the return annotation: the parameters name types that exist only for type checkers.
         # The text is narrmem's own hookspecs module's, never a plugin's.
@@ -54,6 +54,9 @@ def _check(declared: Any) -> Check | None:
         if not parts or any(c is None for c in checks):
             return None
         return lambda value: any(c(value) for c in checks if c is not None)
+    if origin is AsyncIterable:
+        # Its items are read as they come; only that it can be read is checked here.
+        return lambda value: hasattr(value, "__aiter__")
     if origin is list:
         item = _check(args[0]) if args else None
         if item is None:

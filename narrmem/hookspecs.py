@@ -23,6 +23,7 @@ Conventions (read once, they hold for every hook below):
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -434,8 +435,14 @@ def narrmem_after_forget(
 
 
 @hookspec
-def narrmem_export_records(memory: MemoryView) -> dict[str, list[dict[str, Any]]] | None:
-    """This plugin's part of a full export (``narrmem export``): ``{section: [record, ...]}``.
+def narrmem_export_records(
+    memory: MemoryView,
+) -> dict[str, list[dict[str, Any]] | AsyncIterable[dict[str, Any]]] | None:
+    """This plugin's part of a full export (``narrmem export``): ``{section: records}``, where
+    ``records`` is a list, or an async iterable that reads them as the export writes them (a page
+    at a time: a plugin holding millions of rows is exported without holding them in memory).
+    Sections are written, and iterated, in the order of the dict: one whose records name another's
+    comes first, so that the records it names are all there when the other is read.
 
     * Section names start with the plugin's name and a dot (``graph.nodes``); the store's own data
       (memories with their vectors, importance history, plugin state) is exported by narrmem itself.

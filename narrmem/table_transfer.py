@@ -15,7 +15,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -142,14 +142,18 @@ async def table_columns(db: SQLConnection, table: str, exclude: Collection[str] 
     ]
 
 
-async def export_table(
-    db: SQLConnection, table: str, *, order_by: str, exclude: Collection[str] = ()
-) -> list[dict[str, Any]]:
-    """Every row of ``table`` as a JSON object, ordered by ``order_by`` (SQL)."""
-    columns = await table_columns(db, table, exclude)
+async def export_page(
+    db: SQLConnection, spec: TableSpec, *, after: Any = None, limit: int = 1000
+) -> list[tuple[Any, dict[str, Any]]]:
+    """Up to ``limit`` rows of the spec's table past ``after`` in ``order_by`` (from the first when
+    ``None``), each as (its ``order_by`` value, the row as a JSON object)."""
+    columns = await table_columns(db, spec.table, spec.exclude)
     names = ", ".join(c.name for c in columns)
-    rows = await db.fetchall(f"SELECT {names} FROM {table} ORDER BY {order_by}")
-    return [{c.name: c.to_json(v) for c, v in zip(columns, row, strict=True)} for row in rows]
+    where, params = ("", [limit]) if after is None else (f"WHERE {spec.order_by} > ? ", [after, limit])
+    rows = await db.fetchall(
+        f"SELECT {spec.order_by}, {names} FROM {spec.table} {where}ORDER BY {spec.order_by} LIMIT ?", params
+    )
+    return [(row[0], {c.name: c.to_json(v) for c, v in zip(columns, row[1:], strict=True)}) for row in rows]
 
 
 async def check_table_records(
@@ -317,7 +321,10 @@ class TableSpec:
     section: str  # "<plugin>.<name>"
     table: str
     key: tuple[str, ...] = ("id",)
+    # A column whose values are unique and only grow (an id, SQLite's rowid): the table is read
+    # in pages past the last value read, in its order, which is the section's.
     order_by: str = "id"
+    page_rows: int = 1000
     exclude: tuple[str, ...] = ()  # columns the database fills itself
     derived: tuple[str, ...] = ()  # caches: exported, but not a conflict when they differ
     # What text columns hold (JSON of a shape, or a time), checked at an import: the database
@@ -325,21 +332,35 @@ class TableSpec:
     formats: Mapping[str, TextFormat] = field(default_factory=dict)
 
 
-async def export_tables(store: object, specs: Sequence[TableSpec]) -> dict[str, list[dict[str, Any]]] | None:
-    """Each table as its section (``None`` on a store that lends no tables).
+async def export_tables(
+    store: object, specs: Sequence[TableSpec]
+) -> dict[str, AsyncIterator[dict[str, Any]]] | None:
+    """Each table as its section, read a page of :attr:`TableSpec.page_rows` at a time as the
+    export writes it (``None`` on a store that lends no tables): a store of millions of rows is
+    exported without holding them (the sections were read whole, about 1.3 KB of memory a row).
 
-    ``specs`` come in the order an import writes them (a table others refer to first), and are
-    read in the other: each query reads its table whole, but the memory may write between two of
-    them. Read after the rows that name them, the rows named are all there (a node written after
-    the edges were read has no edge in the file); read before, an edge written meanwhile named a
-    node the file lacked, and the import refused the whole file."""
+    ``specs`` come in the order an import writes them (a table others refer to first); the sections
+    come, and are read, in the other order. The memory may write while they are read: read after
+    the rows that name them, the rows named are all there (a node written after the edges were read
+    has no edge in the file); read before, an edge written meanwhile named a node the file lacked,
+    and the import refused the whole file."""
     if not isinstance(store, SQLCapable):
         return None
-    read: dict[str, list[dict[str, Any]]] = {}
-    async with store.sql() as db:
-        for s in reversed(specs):
-            read[s.section] = await export_table(db, s.table, order_by=s.order_by, exclude=s.exclude)
-    return {s.section: read[s.section] for s in specs}
+    return {spec.section: _pages(store, spec) for spec in reversed(specs)}
+
+
+async def _pages(store: SQLCapable, spec: TableSpec) -> AsyncIterator[dict[str, Any]]:
+    after = None
+    while True:
+        # The connection is held for a page, not across the export: it is the store's, shared with
+        # recalls, and an export's reader may be a slow HTTP client.
+        async with store.sql() as db:
+            page = await export_page(db, spec, after=after, limit=spec.page_rows)
+        for _, record in page:
+            yield record
+        if len(page) < spec.page_rows:
+            return
+        after = page[-1][0]
 
 
 async def import_tables(

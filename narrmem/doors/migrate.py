@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from tqdm import tqdm
 
 from narrmem.config import Settings, load_settings
-from narrmem.doors.transfer import plugin_sections
+from narrmem.doors.transfer import each_record, plugin_sections
 from narrmem.errors import InputError, StoreError
 from narrmem.memory import Memory
 from narrmem.models import MemoryRecord
@@ -185,7 +185,11 @@ async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int
     target by its plugins the way ``narrmem import`` does it (checked on a dry run first). Sections
     no plugin of the target takes (a plugin idle on that backend) are left out, with their row
     counts returned as not migrated and a warning."""
-    sections = {name: rows for name, rows in (await plugin_sections(src)).items() if rows}
+    # Handed to the target's plugins whole, as an import does.
+    whole = {
+        name: [row async for row in each_record(rows)] for name, rows in (await plugin_sections(src)).items()
+    }
+    sections = {name: rows for name, rows in whole.items() if rows}
     if not sections:
         return {}, {}
     claimed: dict[str, int] = {}

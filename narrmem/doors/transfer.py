@@ -13,7 +13,7 @@ import json
 import logging
 import re
 from array import array
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -394,9 +394,8 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
     for namespace, key, value in await _plugin_state(memory):
         if namespace not in NOT_IMPORTED:
             yield STATE, {"namespace": namespace, "key": key, "value": value}
-    sections = await plugin_sections(memory)
-    for section in sorted(sections):
-        for row in sections[section]:
+    for section, records in (await plugin_sections(memory)).items():
+        async for row in each_record(records):
             yield section, row
 
 
@@ -408,20 +407,33 @@ def _held(in_file: np.ndarray, ids: np.ndarray) -> list[bool]:
     return [bool(found) for found in in_file[places] == ids]
 
 
-async def plugin_sections(memory: Memory) -> dict[str, list[dict[str, Any]]]:
-    """Every plugin's own sections (``narrmem_export_records``), by name.
+Records = list[dict[str, Any]] | AsyncIterable[dict[str, Any]]
+
+
+async def each_record(records: Records) -> AsyncIterator[dict[str, Any]]:
+    """A section's records, given whole or read as they come."""
+    if isinstance(records, list):
+        for record in records:
+            yield record
+    else:
+        async for record in records:
+            yield record
+
+
+async def plugin_sections(memory: Memory) -> dict[str, Records]:
+    """Every plugin's own sections (``narrmem_export_records``), by plugin name and then in the
+    order each plugin gives them (the order they are to be read in), not read yet.
 
     A section's name is the exporting plugin's name, a dot and more (``graph.edges``), and only
     one plugin exports it: an import hands each section to the plugins that take it, so two
     plugins' records under one name were one plugin's (merged, the other's were dropped without
     a word). Either is a :class:`PluginError` naming the plugins, before a line is written."""
-    sections: dict[str, list[dict[str, Any]]] = {}
+    sections: dict[str, Records] = {}
     owners: dict[str, str] = {}
     # Each answer with the name of the plugin that gave it; a hook that raises, or answers other
     # than it declares, is a PluginError naming it (the host's checks).
-    for plugin, answer in await memory.host.call_named(
-        "narrmem_export_records", isolate=False, memory=memory
-    ):
+    answers = await memory.host.call_named("narrmem_export_records", isolate=False, memory=memory)
+    for plugin, answer in sorted(answers, key=lambda named: named[0]):
         if answer is None:
             continue
         for section, records in answer.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -53,7 +54,9 @@ class GraphTransfer:
     _graph: GraphBackend | None
 
     @hookimpl
-    async def narrmem_export_records(self, memory: MemoryView) -> dict[str, list[dict[str, Any]]] | None:
+    async def narrmem_export_records(
+        self, memory: MemoryView
+    ) -> dict[str, AsyncIterator[dict[str, Any]]] | None:
         if self._graph is None:
             return None
         return await export_tables(memory.store, TABLES)

@@ -7,6 +7,7 @@ stored tree id opens the same tree after an import. Cached user retellings are d
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from narrmem_plugins.rtm.store import WRITE_ORDER, TreeStore
@@ -35,6 +36,7 @@ async def _tables(memory: MemoryView) -> list[TableSpec]:
             key=("tree_id",),
             order_by=order,
             exclude=("written",),
+            page_rows=20,  # a tree is one row, of up to 10,000 clauses
             # Read back with json.loads when the tree is opened: other text broke its traversal.
             formats={"params": "object", "tree": "object", "created_at": "time"},
         )
@@ -48,7 +50,9 @@ class RTMTransfer:
     trees: TreeStore
 
     @hookimpl
-    async def narrmem_export_records(self, memory: MemoryView) -> dict[str, list[dict[str, Any]]] | None:
+    async def narrmem_export_records(
+        self, memory: MemoryView
+    ) -> dict[str, AsyncIterator[dict[str, Any]]] | None:
         if not self.trees.persistent:
             return None
         return await export_tables(memory.store, await _tables(memory))

@@ -1,0 +1,100 @@
+"""A plugin's tables are exported a page at a time as the file is written, not read whole first
+(about 1.3 KB of memory a graph row: an export in the bot's own process, ``/v1/export``, grew it
+by gigabytes on a store of millions of facts). Written to while it is read, the file still
+imports: the rows an edge names were read after it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from narrmem_plugins.graph import transfer as graph_transfer
+
+from narrmem import Memory, table_transfer
+from narrmem.doors.importing import import_jsonl
+from narrmem.doors.transfer import export_store
+from narrmem.testing import open_memory
+
+SCOPE = {"user_id": "ann", "chat_id": "c1"}
+
+
+async def _facts(memory: Memory, first: int, count: int) -> None:
+    for start in range(first, first + count, 20):
+        triplets = [
+            {"subject": "user", "relation": "likes", "object": f"thing number {n} from the market"}
+            for n in range(start, min(start + 20, first + count))
+        ]
+        await memory.call_tool("memory_commit", {"triplets": triplets, **SCOPE})
+
+
+def _sections(path: Path) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
+        record = json.loads(line)
+        found.setdefault(record.pop("section"), []).append(record)
+    return found
+
+
+@pytest.mark.sqlite_only("one store is enough to measure what the export itself holds")
+async def test_an_export_holds_a_page_of_a_plugins_rows_not_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3,000 facts (6,000 rows, pages of 100): the export held every row of the graph's tables at
+    once, 6.5 MB for 2.4 MB of them in the file."""
+    monkeypatch.setattr(
+        graph_transfer, "TABLES", [dataclasses.replace(s, page_rows=100) for s in graph_transfer.TABLES]
+    )
+    path = tmp_path / "export.jsonl"
+    async with open_memory(tmp_path / "m") as memory:
+        await _facts(memory, 0, 3000)
+        tracemalloc.start()
+        try:
+            start, _ = tracemalloc.get_traced_memory()
+            counts = await export_store(memory, path)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert counts["graph.edges"] == 3000 and counts["graph.nodes"] == 3001
+    graph_bytes = sum(len(line) for line in path.read_bytes().splitlines() if b'"section": "graph.' in line)
+    held = peak - start
+    assert held < graph_bytes * 0.5, (
+        f"the export held {held / 1e6:.1f} MB for {graph_bytes / 1e6:.1f} MB of rows"
+    )
+
+
+async def test_a_graph_written_to_between_pages_still_exports_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages of 7 rows, and a fact committed after each page of edges: the edges read name nodes
+    the file holds (nodes are read after the edges), and the file imports."""
+    small = [dataclasses.replace(spec, page_rows=7) for spec in graph_transfer.TABLES]
+    monkeypatch.setattr(graph_transfer, "TABLES", small)
+    path = tmp_path / "export.jsonl"
+    async with open_memory(tmp_path / "a") as memory:
+        await _facts(memory, 0, 40)
+        original = table_transfer.export_page
+        pages: list[str] = []
+
+        async def export_page(db: Any, spec: Any, **kwargs: Any) -> Any:
+            page = await original(db, spec, **kwargs)
+            pages.append(spec.table)
+            if spec.table == "graph_edges":
+                await _facts(memory, 1000 + len(pages), 1)  # a new edge and a new node
+            return page
+
+        monkeypatch.setattr(table_transfer, "export_page", export_page)
+        counts = await export_store(memory, path)
+    assert pages.count("graph_edges") >= 6 and pages.count("graph_nodes") >= 6
+    assert pages.index("graph_nodes") > max(i for i, table in enumerate(pages) if table == "graph_edges")
+    sections = _sections(path)
+    nodes = {node["id"] for node in sections["graph.nodes"]}
+    assert {edge["subject_id"] for edge in sections["graph.edges"]} <= nodes
+    assert {edge["object_id"] for edge in sections["graph.edges"]} <= nodes
+    assert counts["graph.edges"] > 40
+    async with open_memory(tmp_path / "b") as fresh:
+        imported = await import_jsonl(fresh, path)
+    assert imported["graph.edges"] == counts["graph.edges"]
