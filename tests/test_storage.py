@@ -15,6 +15,7 @@ from typing import Any
 
 import aiosqlite
 import faiss
+import numpy as np
 import pytest
 from _helpers import INDEX_NAME, MANIFEST, count_rows, hit_keys, index_file_ids, msg, sql
 from narrmem_plugins.storage_sqlite import schema
@@ -540,6 +541,52 @@ async def test_an_index_file_of_the_older_format_is_replaced(tmp_path: Path) -> 
         await mem.ingest_many(CORPUS)
     assert (folder / MANIFEST).exists()
     assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
+
+
+def _older_store(folder: Path, recorded: list[Any]) -> None:
+    """A database of a narrmem that kept its index in one FAISS file (schema 2 at most)."""
+    for path in folder.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    with closing(sqlite3.connect(folder / "narrmem.sqlite3")) as db:
+        for script in schema.MIGRATIONS[:2]:
+            db.executescript(script)
+        db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", recorded)
+        db.execute("PRAGMA user_version = 2")
+        db.commit()
+
+
+@pytest.mark.parametrize(
+    ("left", "removed"),
+    [("faiss", True), ("faiss of another size", False), ("someone else's file", False)],
+)
+async def test_the_index_file_an_older_narrmem_kept_by_default_goes_when_the_store_is_opened(
+    tmp_path: Path, left: str, removed: bool
+) -> None:
+    """The index's default was the file ``vectors.faiss`` until it became the folder ``vectors``:
+    an older store opened by this narrmem got a new folder, and the old file stayed beside it with
+    every vector it held, a forgotten person's too, for good."""
+    folder = tmp_path / "store"
+    async with open_memory(folder):
+        pass
+    _older_store(folder, sql(folder, "SELECT key, value FROM meta"))
+    old = folder / "vectors.faiss"
+    if left == "someone else's file":
+        old.write_bytes(b"the user's own file")
+    else:
+        dim = 384 if left == "faiss" else 16
+        index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        index.add_with_ids(np.ones((3, dim), dtype=np.float32), np.array([1, 2, 3], dtype=np.int64))
+        faiss.write_index(index, str(old))
+    before = old.read_bytes()
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS)
+    assert (folder / MANIFEST).exists()
+    assert old.exists() is not removed
+    if not removed:
+        assert old.read_bytes() == before
 
 
 async def test_an_index_path_that_is_someone_elses_file_is_refused_and_kept(built: Any) -> None:

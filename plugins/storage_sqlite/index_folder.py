@@ -5,6 +5,7 @@ points the index at a folder or a file of someone else's is refused, never empti
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -22,6 +23,8 @@ BUCKET_IDS_FILE = re.compile(r"^ids-(\d{2})(\.gen\d+)?\.npy$")
 # The single FAISS file of an older narrmem (an IndexIDMap2 over a flat index).
 OLD_INDEX_MAGIC = (b"IxM2", b"IxMp")
 OLDEST_FOLDER_SCHEMA = 2  # the last database schema version written beside a single-file index
+OLDER_DEFAULT_FILE = "vectors.faiss"  # the index's default name while it was a single file
+log = logging.getLogger("narrmem")
 
 
 def check(path: Path, index_format: int, *, older_index_file: bool = False) -> None:
@@ -51,8 +54,10 @@ def check(path: Path, index_format: int, *, older_index_file: bool = False) -> N
             )
 
 
-def claim(path: Path, index_format: int, *, older_index_file: bool = False) -> None:
-    """Make sure ``path`` is narrmem's index folder, creating and marking it if it is new."""
+def claim(path: Path, index_format: int, *, older_index_file: bool = False, dim: int | None = None) -> None:
+    """Make sure ``path`` is narrmem's index folder, creating and marking it if it is new. With
+    ``older_index_file``, the single file an older narrmem kept the index in by default is removed
+    too, when it is one (a FAISS file of ``dim`` dimensions)."""
     check(path, index_format, older_index_file=older_index_file)
     if path.is_file():
         path.unlink()  # an older narrmem's index: derived from SQLite, rebuilt as a folder
@@ -60,6 +65,30 @@ def claim(path: Path, index_format: int, *, older_index_file: bool = False) -> N
     marker = path / MARKER
     if not marker.exists():
         marker.write_text(json.dumps({"narrmem": "vector index", "format": index_format}) + "\n")
+    if older_index_file:
+        _remove_older_default_file(path.parent / OLDER_DEFAULT_FILE, dim)
+
+
+def _remove_older_default_file(old: Path, dim: int | None) -> None:
+    """The index file an older narrmem kept by default (``vectors.faiss``) beside a database it last
+    wrote: the index moved to a folder with the default's change, and the file stayed, holding the
+    vectors of every person forgotten since, for good. A file of another kind, or of vectors of
+    another size, is someone else's and is left be."""
+    if not old.is_file():
+        return
+    with old.open("rb") as fh:
+        if fh.read(4) not in OLD_INDEX_MAGIC:
+            return
+    import faiss
+
+    try:
+        held = faiss.read_index(str(old))
+    except RuntimeError:
+        return
+    if dim is not None and held.d != dim:
+        return
+    old.unlink()
+    log.info("removed %s, the vector index an older narrmem kept: the index is a folder now", old)
 
 
 def wrote_index_file(schema_version: int) -> bool:
