@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping, Sequence
     from datetime import datetime
 
     import numpy as np
@@ -461,12 +461,14 @@ def narrmem_export_records(
 
 @hookspec
 def narrmem_import_records(
-    memory: MemoryView, sections: dict[str, list[dict[str, Any]]], dry_run: bool
+    memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool
 ) -> dict[str, int] | None:
     """Take this plugin's sections of a file being imported (``narrmem import``).
 
-    ``sections`` holds every plugin section of the file (``{section: [record, ...]}``, each
-    record without its ``section`` key); an implementation takes those it exported and returns
+    ``sections`` holds every plugin section of the file (``{section: records}``, each record
+    without its ``section`` key). ``records`` is a sequence that may read its records from the
+    file when they are asked for (a section of millions of rows): iterate it, or take slices of
+    it, rather than copy it whole. An implementation takes those it exported and returns
     ``{section: records imported}`` for each of them (``None`` if none is its own). The host calls
     every implementation twice:
 

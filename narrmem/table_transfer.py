@@ -183,14 +183,15 @@ async def check_table_records(
 
 
 async def _checked_rows(
-    db: SQLConnection, spec: TableSpec, records: Sequence[Any]
+    db: SQLConnection, spec: TableSpec, records: Sequence[Any], first: int = 0
 ) -> list[tuple[int, tuple[Any, ...]]]:
-    """:func:`check_table_records`' rows, each with the index of its record in the section."""
+    """:func:`check_table_records`' rows, each with the index of its record in the section
+    (``records`` are the section's from its ``first``)."""
     table, section = spec.table, spec.section
     columns = await table_columns(db, table, spec.exclude)
     by_name = {c.name: c for c in columns}
     rows: list[tuple[int, tuple[Any, ...]]] = []
-    for index, record in enumerate(records):
+    for index, record in enumerate(records, start=first):
         where = f"{section}[{index}]"
         if not isinstance(record, dict):
             raise InputError("must be a JSON object", field=where)
@@ -272,7 +273,9 @@ async def _try_rows(db: SQLConnection, spec: TableSpec, placed: list[tuple[int, 
             raise InputError(f"the {spec.table} table refuses it: {reason}", field=where) from exc
 
 
-async def _check_references(db: SQLConnection, specs: Sequence[TableSpec], sections: dict[str, Any]) -> None:
+async def _check_references(
+    db: SQLConnection, specs: Sequence[TableSpec], sections: Mapping[str, Sequence[Any]]
+) -> None:
     """On SQLite, references are checked when the transaction commits, and a dry run never
     commits: the rows that name a row no table holds are asked for instead."""
     if db.dialect != "sqlite":
@@ -300,7 +303,7 @@ async def _check_references(db: SQLConnection, specs: Sequence[TableSpec], secti
             )
 
 
-def _named_record(specs: Sequence[TableSpec], sections: dict[str, Any], reason: str) -> str:
+def _named_record(specs: Sequence[TableSpec], sections: Mapping[str, Sequence[Any]], reason: str) -> str:
     """The record a database's reference error names (``table "t"`` and ``Key (column)=(value)``),
     as ``section[index]``; the section alone, or the first, when it cannot be told."""
     table = re.search(r'table "(\w+)"', reason)
@@ -312,6 +315,9 @@ def _named_record(specs: Sequence[TableSpec], sections: dict[str, Any], reason: 
             if isinstance(record, dict) and str(record.get(column)) == value:
                 return f"{spec.section}[{index}]"
     return spec.section
+
+
+IMPORT_CHUNK = 1000  # records checked and written per step of an import
 
 
 @dataclass(frozen=True)
@@ -366,13 +372,15 @@ async def _pages(store: SQLCapable, spec: TableSpec) -> AsyncIterator[dict[str, 
 async def import_tables(
     store: object,
     specs: Sequence[TableSpec],
-    sections: dict[str, list[dict[str, Any]]],
+    sections: Mapping[str, Sequence[dict[str, Any]]],
     *,
     dry_run: bool,
 ) -> dict[str, int] | None:
     """The ``narrmem_import_records`` contract for these tables, in the order given (a table that
     others refer to first): checked on a dry run, written in one transaction otherwise. Foreign keys
-    are checked when it commits (on SQLite), since a row may name a later one of its own table."""
+    are checked when it commits (on SQLite), since a row may name a later one of its own table.
+    Records are taken :data:`IMPORT_CHUNK` at a time: a section read from a file as it is asked
+    for (:class:`narrmem.doors.importing.FileRecords`) is never held whole."""
     mine = [s for s in specs if s.section in sections]
     if not mine:
         return None
@@ -388,12 +396,16 @@ async def import_tables(
             if db.dialect == "sqlite":
                 await db.execute("PRAGMA defer_foreign_keys = ON")  # reset when the transaction ends
             for spec in mine:
-                placed = await _checked_rows(db, spec, sections[spec.section])
-                if dry_run:
-                    await _try_rows(db, spec, placed)
-                else:
-                    await insert_rows(db, spec.table, [row for _, row in placed], spec.exclude)
-                counts[spec.section] = len(placed)
+                records = sections[spec.section]
+                counts[spec.section] = 0
+                for first in range(0, len(records), IMPORT_CHUNK):
+                    chunk = records[first : first + IMPORT_CHUNK]
+                    placed = await _checked_rows(db, spec, chunk, first)
+                    if dry_run:
+                        await _try_rows(db, spec, placed)
+                    else:
+                        await insert_rows(db, spec.table, [row for _, row in placed], spec.exclude)
+                    counts[spec.section] += len(placed)
             if dry_run:
                 await _check_references(db, mine, sections)
                 raise _TrialOver

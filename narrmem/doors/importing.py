@@ -6,12 +6,14 @@ written, the memories in batches: a store of millions of memories is imported wi
 or its memories, held in memory. The checking pass keeps only each line's place in the file and,
 in a private temporary database, what later lines are checked against (memory ids, the messages
 episodes hold); the writing passes read the lines again from their places. The plugins' own
-sections are handed to them whole (``narrmem_import_records`` takes every record of a section).
+sections are handed to them as sequences read from the file as they are read
+(``narrmem_import_records``), which :mod:`narrmem.table_transfer` checks and writes in chunks.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import sqlite3
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import groupby
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -114,7 +116,7 @@ def check_export_file(path: str | Path) -> None:
 @dataclass
 class _Scan:
     """What the checking pass keeps of a file: where each line of the memories, importance and
-    state sections is (to read it again), and the plugins' sections whole."""
+    state sections, and of every plugin section, is (to read it again)."""
 
     path: Path
     header: ExportHeader | None = None
@@ -123,13 +125,12 @@ class _Scan:
     rest: _Places = field(default_factory=lambda: _Places())  # importance and state lines
     importance_lines: int = 0
     state_lines: int = 0
-    sections: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    section_lines: dict[str, list[int]] = field(default_factory=dict)  # the line of each record
+    sections: dict[str, _Places] = field(default_factory=dict)
 
     @property
     def first_line(self) -> dict[str, int]:
         """The first line of each plugin section."""
-        return {section: numbers[0] for section, numbers in self.section_lines.items()}
+        return {section: places.numbers[0] for section, places in self.sections.items()}
 
     @property
     def dim(self) -> int:
@@ -153,6 +154,42 @@ class _Places:
     def parts(self, size: int) -> Iterator[tuple[array[int], array[int]]]:
         for start in range(0, len(self.offsets), size):
             yield self.offsets[start : start + size], self.numbers[start : start + size]
+
+
+class FileRecords(Sequence[dict[str, Any]]):
+    """A plugin section of the file being imported, its records read from the file when they are
+    asked for (each without its ``section`` key): a section of millions of rows is taken without
+    holding it. Every line was checked as JSON already; a file changed since is refused."""
+
+    def __init__(self, scan: _Scan, section: str) -> None:
+        self.scan = scan
+        self.places = scan.sections[section]
+
+    def __len__(self) -> int:
+        return len(self.places)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return list(self._read(range(len(self))[index]))
+        return next(self._read([range(len(self))[index]]))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for start in range(0, len(self), BATCH):
+            yield from self._read(range(start, min(start + BATCH, len(self))))
+
+    def _read(self, indexes: Sequence[int]) -> Iterator[dict[str, Any]]:
+        _unchanged(self.scan)
+        offsets = [self.places.offsets[i] for i in indexes]
+        numbers = [self.places.numbers[i] for i in indexes]
+        for _, data in _read_at(self.scan.path, offsets, numbers):
+            data.pop("section", None)
+            yield data
 
 
 class _Ledger:
@@ -288,8 +325,7 @@ def _scan_lines(
             scan.rest.add(offset, number)
             yield number, _validated(StateLine, data, number)
         elif isinstance(section, str) and PLUGIN_SECTION.fullmatch(section):
-            scan.sections.setdefault(section, []).append(data)
-            scan.section_lines.setdefault(section, []).append(number)
+            scan.sections.setdefault(section, _Places()).add(offset, number)
         else:
             raise InputError(f"unknown section {section!r}", field="section", line=number)
     if scan.header is None:
@@ -360,11 +396,13 @@ def _unchanged(scan: _Scan) -> None:
 def _read_at(
     path: Path, offsets: Sequence[int], numbers: Sequence[int]
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The lines at these places (checked once already), as (line number, object without its section)."""
+    """The lines at these places, as (line number, object). Each was checked as plain JSON when the
+    file was (and the file is as it was then): read again with the standard parser alone, which is
+    several times faster, as lines are read again several times (a plugin's checks, its dry run)."""
     with path.open("rb") as handle:
         for offset, number in zip(offsets, numbers, strict=True):
             handle.seek(offset)
-            data = parse_line(path, number, handle.readline())
+            data = json.loads(handle.readline())
             if not isinstance(data, dict):
                 raise InputError(f"{path}: a line must be a JSON object", line=number)
             yield number, data
@@ -442,7 +480,11 @@ async def _plugin_import(memory: Memory, parsed: _Scan, *, dry_run: bool) -> dic
     counts: dict[str, int] = {}
     try:
         parts = await memory.host.call(
-            "narrmem_import_records", isolate=False, memory=memory, sections=parsed.sections, dry_run=dry_run
+            "narrmem_import_records",
+            isolate=False,
+            memory=memory,
+            sections={name: FileRecords(parsed, name) for name in parsed.sections},
+            dry_run=dry_run,
         )
     except InputError as exc:
         line = _record_line(parsed, exc.field)
@@ -461,7 +503,8 @@ def _record_line(parsed: _Scan, place: str | None) -> int | None:
     """The file line of the record a plugin names (``graph.edges[3].status``: the fourth line of
     section ``graph.edges``): plugins know their records by index only."""
     found = _RECORD.match(place or "")
-    numbers = parsed.section_lines.get(found.group(1), []) if found else []
+    places = parsed.sections.get(found.group(1)) if found else None
+    numbers = places.numbers if places is not None else array("q")
     index = int(found.group(2)) if found else len(numbers)
     return numbers[index] if index < len(numbers) else None
 

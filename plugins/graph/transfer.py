@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,7 +63,7 @@ class GraphTransfer:
 
     @hookimpl
     async def narrmem_import_records(
-        self, memory: MemoryView, sections: dict[str, list[dict[str, Any]]], dry_run: bool
+        self, memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool
     ) -> dict[str, int] | None:
         if self._graph is None:
             return None
@@ -75,7 +75,7 @@ class GraphTransfer:
         return counts
 
 
-def _check_node_vectors(sections: dict[str, list[dict[str, Any]]], dim: int) -> None:
+def _check_node_vectors(sections: Mapping[str, Sequence[dict[str, Any]]], dim: int) -> None:
     """A node's label and topic vectors are the model's (``dim`` float32 values, finite): one of
     another size was imported and then failed every graph recall that met it, or an automatic
     task's topic match. A value that is not base64 text is left to the table checks."""
@@ -98,7 +98,7 @@ def _check_node_vectors(sections: dict[str, list[dict[str, Any]]], dim: int) -> 
                 )
 
 
-async def _check_edge_scopes(store: object, sections: dict[str, list[dict[str, Any]]]) -> None:
+async def _check_edge_scopes(store: object, sections: Mapping[str, Sequence[dict[str, Any]]]) -> None:
     """An edge's tenant, user and chat are its nodes': every read joins the nodes within the edge's
     own scope, so an edge moved to another scope, still naming these nodes, was imported and then
     read as another user's fact. Nodes are looked up in the file, then in the store; an edge whose
@@ -135,13 +135,17 @@ async def _check_edge_scopes(store: object, sections: dict[str, list[dict[str, A
                     )
 
 
-def _node_scopes(nodes: list[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
-    """Each node record's id with its (tenant, user, chat), as the file gives them."""
-    return {
-        record["id"]: tuple(record.get(column) for column in SCOPE)
-        for record in nodes
-        if isinstance(record, dict) and isinstance(record.get("id"), int)
-    }
+def _node_scopes(nodes: Sequence[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
+    """Each node record's id with its (tenant, user, chat), as the file gives them. A scope is
+    kept once, however many nodes have it: a file's nodes are read as they are asked for, and
+    these are all that is held of them (about 100 bytes a node)."""
+    scopes: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    found: dict[int, tuple[Any, ...]] = {}
+    for record in nodes:
+        if isinstance(record, dict) and isinstance(record.get("id"), int):
+            scope = tuple(record.get(column) for column in SCOPE)
+            found[record["id"]] = scopes.setdefault(scope, scope)
+    return found
 
 
 async def _continue_ids(graph: GraphBackend) -> None:

@@ -7,7 +7,7 @@ stored tree id opens the same tree after an import. Cached user retellings are d
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from narrmem_plugins.rtm.store import WRITE_ORDER, TreeStore
@@ -59,7 +59,7 @@ class RTMTransfer:
 
     @hookimpl
     async def narrmem_import_records(
-        self, memory: MemoryView, sections: dict[str, list[dict[str, Any]]], dry_run: bool
+        self, memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool
     ) -> dict[str, int] | None:
         if SECTION not in sections or not self.trees.persistent:
             return None
@@ -67,7 +67,7 @@ class RTMTransfer:
         return await import_tables(memory.store, await _tables(memory), sections, dry_run=dry_run)
 
 
-def _check_trees(records: list[Any]) -> None:
+def _check_trees(records: Sequence[Any]) -> None:
     """Each tree opens as a tree: an object without its nodes, or with node lists of different
     lengths, was imported and then failed every traversal of it. Text that is not a JSON object is
     left to the table checks (``formats``)."""
