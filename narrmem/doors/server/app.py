@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -30,7 +30,12 @@ from starlette.exceptions import HTTPException
 from narrmem import __version__
 from narrmem.config import Acknowledge
 from narrmem.doors.server.commands import DEFAULT_BODY_TIMEOUT, DEFAULT_PORT
-from narrmem.doors.server.events import TriggerHub, WebhookOptions
+from narrmem.doors.server.events import (
+    LAST_EVENT_ID_CHARS,
+    TriggerHub,
+    WebhookOptions,
+    printable_event_id,
+)
 from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
 from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
 from narrmem.doors.server.hosts import TrustedHost
@@ -666,7 +671,11 @@ def _tool_and_event_routes(r: APIRouter) -> None:
         "/events",
         tags=["events"],
         response_class=EventStream,
-        responses=_stream_answers(EventStream, "server-sent events: `event: trigger`, `data:` the event"),
+        responses=_stream_answers(
+            EventStream,
+            "server-sent events: `event: trigger`, `id:` the event's id, `data:` the event; first "
+            "`event: reset` when the Last-Event-ID sent is not held",
+        ),
     )
     async def events(
         caller: Caller,
@@ -679,8 +688,22 @@ def _tool_and_event_routes(r: APIRouter) -> None:
             float | None, Query(gt=0, le=86_400, description="end when quiet this long")
         ] = None,
         keepalive: Annotated[float, Query(ge=0.05, le=300)] = 15.0,
+        last_event_id: Annotated[
+            str | None,
+            Header(
+                alias="Last-Event-ID",
+                max_length=LAST_EVENT_ID_CHARS,
+                json_schema_extra={"pattern": "^[ -~]*$"},  # printable ASCII, as checked below
+                description="the last `id:` a reconnecting client saw: the events published since, "
+                "still held by this server process, come first; an id not held begins the stream "
+                "with `event: reset` (events may have been missed)",
+            ),
+            AfterValidator(printable_event_id),
+        ] = None,
     ) -> EventStream:
-        """Trigger events as server-sent events (``event: trigger``, the event as JSON)."""
+        """Trigger events as server-sent events (``event: trigger``, the event as JSON). A client
+        that reconnects with ``Last-Event-ID`` is sent the events it missed first, as far as this
+        server process holds them (the latest events of each tenant that published lately)."""
         only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
         keys, token = state.keys, _token(bearer, api_key)
 
@@ -694,6 +717,7 @@ def _tool_and_event_routes(r: APIRouter) -> None:
             idle_timeout=idle_seconds,
             keepalive=keepalive,
             still_allowed=None if keys is None else key_still_valid,
+            last_event_id=last_event_id,
         )
         return EventStream(stream, headers={"Cache-Control": "no-store"})
 

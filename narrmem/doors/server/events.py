@@ -17,6 +17,12 @@ was read whole into memory.
 Delivery is at least once (a reply lost is an attempt failed, and the event is sent again): every
 event carries an id made from what it says (:func:`event_id`), in the webhook's body and its
 ``Idempotency-Key`` header and as the stream frame's ``id:``, by which a receiver keeps one of each.
+
+A stream resumes: the hub holds each tenant's latest events (:data:`RECENT_EVENTS` a tenant,
+:data:`RECENT_TOTAL` in all), and a stream asked with the ``Last-Event-ID`` a client saw begins
+with the events published after it. The hold is this process's: an id another worker sent, or one
+too old, begins the stream with ``event: reset`` (events may have been missed). To hold an event,
+what it cites is read at once, though no stream is listening (a read per trigger fired).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import contextlib
 import hashlib
 import json
 import logging
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,6 +50,14 @@ KEY_RECHECK_SECONDS = 1.0
 # The most of a webhook's reply that is read (the status says how it went; reading a short reply
 # to its end lets the connection be used again).
 WEBHOOK_REPLY_BYTES = 4096
+# What a reconnecting stream can be given again: the latest RECENT_EVENTS events of each tenant,
+# and no more than RECENT_TOTAL in all however many tenants and users there are (an event held
+# takes about 2 KB: some 40 MB at most); past that, the tenant that published least lately lets go
+# of its oldest first.
+RECENT_EVENTS = 1000
+RECENT_TOTAL = 20_000
+# The longest Last-Event-ID a stream accepts: the ids this server sends are 32 hex digits.
+LAST_EVENT_ID_CHARS = 200
 
 
 @dataclass
@@ -83,6 +98,15 @@ class Queued:
     cited: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Held:
+    """An event held for a reconnecting stream; ``order`` counts the hub's publications (what a
+    stream of every tenant sorts by)."""
+
+    order: int
+    item: Queued
+
+
 @dataclass(eq=False)
 class _Subscriber:
     tenant: str | None
@@ -105,15 +129,25 @@ class TriggerHub:
         # Set once the server stops: every stream ends, and no new one begins.
         self._stopping = asyncio.Event()
         self._closed = False
+        # Tenant -> event id -> the event, both in publication order (the tenant that published
+        # last at the end).
+        self._recent: OrderedDict[str, OrderedDict[str, _Held]] = OrderedDict()
+        self._published = 0
+        self._held = 0
+        # The latest publication let go for room (not by a forget): a stream of every tenant cannot
+        # resume from before it without a gap.
+        self._let_go_through = 0
 
     # --- in ---------------------------------------------------------------------------------
 
     async def publish(self, event: TriggerEvent) -> None:
         """The memory's trigger callback."""
-        listening = [sub for sub in self._subscribers if sub.tenant is None or sub.tenant == event.tenant]
-        if not listening and (self.webhook is None or self._closed):
-            return
         item = Queued(event, await self._cited(event))
+        # Held and queued in one step, with no await between, and the subscribers read after the
+        # await: a stream that subscribes meanwhile either finds it held (and replays it) or is
+        # given it live, never neither nor both.
+        self._hold(item)
+        listening = [sub for sub in self._subscribers if sub.tenant is None or sub.tenant == event.tenant]
         for sub in listening:
             if sub.queue.full():
                 sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
@@ -152,10 +186,58 @@ class TriggerHub:
             self.forgotten += 1
         return standing
 
+    def _hold(self, item: Queued) -> None:
+        self._published += 1
+        tenant = item.event.tenant
+        ring = self._recent.setdefault(tenant, OrderedDict())
+        self._recent.move_to_end(tenant)
+        key = event_id(item.event)
+        if key in ring:
+            return  # the same firing again: a resume from the one held sends the rest at least once
+        ring[key] = _Held(self._published, item)
+        self._held += 1
+        if len(ring) > RECENT_EVENTS:
+            self._let_go_oldest(tenant)
+        while self._held > RECENT_TOTAL:
+            self._let_go_oldest(next(iter(self._recent)))
+
+    def _let_go_oldest(self, tenant: str) -> None:
+        ring = self._recent[tenant]
+        _, oldest = ring.popitem(last=False)
+        self._held -= 1
+        self._let_go_through = max(self._let_go_through, oldest.order)
+        if not ring:
+            del self._recent[tenant]
+
+    def _held_after(self, tenant: str | None, last_event_id: str) -> list[Queued] | None:
+        """The events of ``tenant`` (``None``: every tenant) published after the one of
+        ``last_event_id``, in order; ``None`` when that one is not held, or when events after it
+        were let go for room (a resume from it would have a gap)."""
+        if tenant is not None:
+            # Read from the tenant's own hold only: another tenant's events are never looked at.
+            ring = self._recent.get(tenant)
+            seen = None if ring is None else ring.get(last_event_id)
+            if ring is None or seen is None:
+                return None
+            # A tenant's hold lets go of its oldest first: everything after a held event is held.
+            return [held.item for held in ring.values() if held.order > seen.order]
+        seen = next((ring[last_event_id] for ring in self._recent.values() if last_event_id in ring), None)
+        if seen is None or seen.order <= self._let_go_through:
+            return None
+        after = [held for ring in self._recent.values() for held in ring.values() if held.order > seen.order]
+        return [held.item for held in sorted(after, key=lambda held: held.order)]
+
     def drop(self, voided: Callable[[TriggerEvent], bool]) -> int:
         """Take every undelivered event ``voided`` names off the stream queues and the webhook
         queue, and cancel its delivery if the webhook sender holds one: nothing of it is sent
-        once this returns. Synchronous, so no event slips between the queues meanwhile."""
+        once this returns. Synchronous, so no event slips between the queues meanwhile. The events
+        held for reconnecting streams go too (not counted: they were delivered, or are queued)."""
+        for tenant, ring in list(self._recent.items()):
+            for key in [key for key, held in ring.items() if voided(held.item.event)]:
+                del ring[key]
+                self._held -= 1
+            if not ring:
+                del self._recent[tenant]
         count = sum(_remove(sub.queue, voided) for sub in self._subscribers)
         if self._outbox is not None:
             count += _remove(self._outbox, voided, joined=True)
@@ -174,13 +256,22 @@ class TriggerHub:
         idle_timeout: float | None,
         keepalive: float,
         still_allowed: Callable[[], Awaitable[bool]] | None = None,
+        last_event_id: str | None = None,
     ) -> AsyncIterator[str]:
         """Server-sent events: ``event: trigger`` with the event as JSON; a comment line every
         ``keepalive`` seconds keeps proxies from closing a quiet stream. ``still_allowed`` says
         whether the caller may still read (its key not revoked): asked before each event and
-        every second, the stream ends once it says no. The stream ends when the server stops."""
+        every second, the stream ends once it says no. The stream ends when the server stops.
+
+        With ``last_event_id`` (a reconnecting client's ``Last-Event-ID``) the stream begins with
+        the held events published after that one, then goes on live; an id not held begins it
+        with ``event: reset`` instead."""
         sub = _Subscriber(tenant)
         self._subscribers.add(sub)
+        # Read in the same step as the subscription (no await between): what was published before
+        # is held and replayed, what is published after is queued live; none is in both.
+        replay = None if last_event_id is None else self._held_after(tenant, last_event_id)
+        backlog = deque(replay or ())
         sent = 0
         loop = asyncio.get_running_loop()
         last = loop.time()
@@ -188,6 +279,8 @@ class TriggerHub:
         next_check = last + KEY_RECHECK_SECONDS
         try:
             yield ": narrmem trigger stream\n\n"
+            if last_event_id is not None and replay is None:
+                yield f"event: reset\ndata: {RESET_DATA}\n\n"
             while max_events is None or sent < max_events:
                 if self._stopping.is_set():
                     return
@@ -200,14 +293,18 @@ class TriggerHub:
                     yield ": keepalive\n\n"
                     next_keepalive = loop.time() + keepalive
                     continue
-                until = min(next_keepalive, next_check) if still_allowed is not None else next_keepalive
-                if idle_timeout is not None:
-                    if now - last >= idle_timeout:
-                        return
-                    until = min(until, last + idle_timeout)
-                item = await self._next(sub, until - now)
+                if backlog:
+                    item: Queued | None = backlog.popleft()
+                else:
+                    until = min(next_keepalive, next_check) if still_allowed is not None else next_keepalive
+                    if idle_timeout is not None:
+                        if now - last >= idle_timeout:
+                            return
+                        until = min(until, last + idle_timeout)
+                    item = await self._next(sub, until - now)
                 if item is None:
                     continue  # a keepalive, a check of the key, the idle end or the server stopping
+                # A replayed event is checked as a live one: a forget since is not brought back.
                 if not await self._stands(item):
                     continue  # forgotten (or not known to stand) since it was published
                 if still_allowed is not None and not await still_allowed():
@@ -351,6 +448,24 @@ def event_id(event: TriggerEvent) -> str:
     the messages they cite."""
     said = event.model_dump(mode="json", include=EVENT_ID_FIELDS)
     return hashlib.blake2b(json.dumps(said, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+# The frame that begins a resumed stream whose Last-Event-ID is not held: too old, from another
+# worker's stream, or of an event forgotten since. The client carries on from now.
+RESET_DATA = json.dumps(
+    {
+        "reason": "last_event_id_not_held",
+        "detail": "events published while disconnected may have been missed",
+    }
+)
+
+
+def printable_event_id(value: str | None) -> str | None:
+    """A Last-Event-ID as a client sends it back: printable ASCII (the ids sent are hex); an empty
+    one is none (an SSE client sends it so after an empty ``id:``)."""
+    if value is not None and not all(" " <= char <= "~" for char in value):
+        raise ValueError("must be printable ASCII, without control characters")
+    return value or None
 
 
 EVENT_ID_FIELDS = {
