@@ -198,6 +198,11 @@ class MemoryLifecycle:
                     log.exception("closing a memory left open when its event loop ended failed")
             raise
 
+    @property
+    def closed(self) -> bool:
+        """Whether the memory is closed, or closing."""
+        return self._closed
+
     async def close(self) -> None:
         # Once begun, to its end, whoever cancels the caller (a bot's shutdown cancels its
         # tasks): a close cancelled after its first step left the store open, the folder locked

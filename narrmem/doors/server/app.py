@@ -38,6 +38,7 @@ from narrmem.doors.server.events import (
 )
 from narrmem.doors.server.forgets import ForgetsVoidEvents, StillStored
 from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
+from narrmem.doors.server.health import health_routes
 from narrmem.doors.server.hosts import TrustedHost
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
 from narrmem.doors.server.limits import BodyLimit
@@ -181,6 +182,7 @@ def _build(state: ServerState | None, *, ui: bool) -> FastAPI:
     app.state.narrmem = state
     _errors(app)
     app.include_router(_routes())
+    app.include_router(health_routes())
     generated = app.openapi
 
     def document() -> dict[str, Any]:
@@ -263,6 +265,7 @@ TAGS = [
     },
     {"name": "tools", "description": "the tool registry: the same tools as MCP and function calling"},
     {"name": "events", "description": "trigger events as they fire"},
+    {"name": "health", "description": "liveness and readiness, for a supervisor or a load balancer; no key"},
 ]
 
 

@@ -334,6 +334,11 @@ class TriggerHub:
             return taking.result()
         return None
 
+    @property
+    def stopping(self) -> bool:
+        """Whether the server has begun to stop (:meth:`stop_streams`)."""
+        return self._stopping.is_set()
+
     def stop_streams(self) -> None:
         """End every stream now and any begun later (the server is stopping)."""
         self._stopping.set()

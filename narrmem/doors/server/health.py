@@ -1,0 +1,80 @@
+"""Liveness and readiness, for what runs the server: a supervisor, a container orchestrator, a load
+balancer in front of several workers.
+
+``GET /healthz`` answers 200 as long as the process serves requests (restart it when it does not).
+``GET /readyz`` answers 200 only when a request would be served now: the server is not stopping
+(a worker that has begun to stop answers 503 at once, so a load balancer sends the next requests
+elsewhere while this one finishes its own), the memory is open, and its store answers a read
+within :data:`READY_WITHIN_S` (a PostgreSQL that went away, a database locked by another
+process). Neither needs a key and neither says anything of what is stored; reading the store's
+state writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from narrmem.doors.server.schemas import ErrorBody
+
+if TYPE_CHECKING:
+    from narrmem.doors.server.app import ServerState
+
+READY_WITHIN_S = 2.0
+NOT_READY = "not ready: stopping, closed, or the store does not answer"
+# A key no plugin writes: reading it reaches the store's database and finds nothing.
+PROBE = ("narrmem.health", "ready")
+
+
+class Health(BaseModel):
+    status: Literal["ok", "ready"]
+
+
+def health_routes() -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/healthz", response_model=Health)
+    async def healthz() -> Health:
+        """The process serves requests."""
+        return Health(status="ok")
+
+    @router.get(
+        "/readyz",
+        response_model=Health,
+        responses={
+            503: {
+                "model": ErrorBody,
+                "description": "not ready: stopping, closed, or the store does not answer",
+            }
+        },
+    )
+    async def readyz(request: Request) -> Health | JSONResponse:
+        """A request would be served now: not stopping, the memory open, its store answering."""
+        problem = await not_ready(request.app.state.narrmem)
+        if problem is not None:
+            return JSONResponse({"detail": problem}, status_code=503, headers={"Retry-After": "1"})
+        return Health(status="ready")
+
+    return router
+
+
+async def not_ready(state: ServerState | None) -> str | None:
+    """Why the server would not serve a request now, or ``None``."""
+    if state is None:
+        return "this app has no memory (it was built for its schema only)"
+    if state.hub.stopping:
+        return "the server is stopping"
+    memory = state.memory
+    if memory.closed:
+        return "the memory is closed"
+    try:
+        await asyncio.wait_for(memory.store.state_get(*PROBE), READY_WITHIN_S)
+    except TimeoutError:
+        return f"the store did not answer within {READY_WITHIN_S:g} s"
+    except Exception as exc:  # whatever its driver raises: the answer says the store cannot be read
+        return f"the store cannot be read ({type(exc).__name__})"
+    return None

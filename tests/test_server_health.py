@@ -1,0 +1,122 @@
+"""Liveness and readiness over HTTP: what a supervisor, a container orchestrator or a load balancer
+in front of several workers asks. There was neither: the only way to tell a worker was up was a
+call that needed a key, and a worker that had begun to stop still looked as ready as any."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _helpers import msg
+from _postgres import fresh_database
+
+from narrmem.doors.server import KeyFile, KeyRing, create_app, health
+from narrmem.testing import open_memory
+
+SERVE = [sys.executable, "-m", "narrmem.doors.cli", "serve"]
+
+
+def _client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://narrmem.test")
+
+
+async def test_a_serving_worker_is_alive_and_ready_without_a_key(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    KeyFile(folder).create("acme")
+    async with open_memory(folder) as memory:
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="alice-secret"))
+        app = create_app(memory, keys=KeyRing.in_folder(folder, reload_seconds=0))
+        async with _client(app) as client:
+            assert (await client.get("/v1/stats")).status_code == 401  # the rest needs a key
+            alive = await client.get("/healthz")
+            ready = await client.get("/readyz")
+    assert (alive.status_code, alive.json()) == (200, {"status": "ok"})
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    assert "alice" not in alive.text + ready.text
+
+
+async def test_a_worker_that_begins_to_stop_is_not_ready_but_still_alive(tmp_path: Path) -> None:
+    """A load balancer sends no more requests to a worker that is stopping: it finishes its own."""
+    async with open_memory(tmp_path / "m") as memory:
+        app = create_app(memory)
+        async with _client(app) as client:
+            app.state.narrmem.hub.stop_streams()  # what `narrmem serve` does on SIGTERM
+            ready = await client.get("/readyz")
+            alive = await client.get("/healthz")
+    assert ready.status_code == 503 and ready.json()["detail"] == "the server is stopping"
+    assert ready.headers["Retry-After"] == "1"
+    assert alive.status_code == 200
+
+
+async def test_a_closed_memory_or_a_store_that_does_not_answer_is_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = await open_memory(tmp_path / "m")
+    app = create_app(memory)
+    async with _client(app) as client:
+        original = memory.store.state_get
+
+        async def stuck(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(3600)  # a database locked, a PostgreSQL gone quiet
+            return await original(*args, **kwargs)
+
+        monkeypatch.setattr(health, "READY_WITHIN_S", 0.2)
+        monkeypatch.setattr(memory.store, "state_get", stuck)
+        slow = await client.get("/readyz")
+        monkeypatch.setattr(memory.store, "state_get", original)
+        assert (await client.get("/readyz")).status_code == 200
+        await memory.close()
+        closed = await client.get("/readyz")
+    assert slow.status_code == 503 and "did not answer within 0.2 s" in slow.json()["detail"]
+    assert closed.status_code == 503 and closed.json()["detail"] == "the memory is closed"
+
+
+async def test_a_worker_whose_postgresql_went_away_is_not_ready(tmp_path: Path) -> None:
+    storage = {"backend": "postgres", "dsn": await fresh_database("health")}
+    async with open_memory(tmp_path / "m", storage=storage) as memory:
+        app = create_app(memory)
+        async with _client(app) as client:
+            assert (await client.get("/readyz")).status_code == 200
+            await memory.store.pool.close()  # type: ignore[attr-defined]
+            gone = await client.get("/readyz")
+    assert gone.status_code == 503 and gone.json()["detail"].startswith("the store cannot be read")
+
+
+def test_narrmem_serve_answers_readyz(tmp_path: Path) -> None:
+    """The real server, as a probe reaches it."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "narrmem.doors.cli",
+            "serve",
+            "--data",
+            str(tmp_path / "m"),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if "serving" in line.lower() or "listening" in line.lower():
+                break
+        answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
+        assert (answer.status_code, answer.json()) == (200, {"status": "ready"})
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
