@@ -1222,7 +1222,7 @@ async def test_the_document_helps_generated_clients(srv: Server) -> None:
     scope = document["components"]["schemas"]["RecallBody"]["properties"]["scope"]
     assert set(scope) == {"allOf"} and scope["allOf"][0] == {"$ref": "#/components/schemas/Scope"}
     assert document["servers"] and {tag["name"] for tag in document["tags"]} == {
-        tag for _, _, op in _operations(document) for tag in op["tags"]
+        tag for methods in document["paths"].values() for op in methods.values() for tag in op["tags"]
     }
     refused = await srv.refused(422, "POST", "/v1/recall", json={"query": "cat", "scope": {"user_id": None}})
     assert refused.json()["detail"][0]["ctx"] == {"error": "a scope needs user_id or chat_id (or both)"}

@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -70,6 +70,9 @@ from narrmem.errors import ClosedError, InputError, NarrmemError, PluginError, S
 from narrmem.memory import Memory
 from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IncomingMessage, IngestResult, Scope, no_nul
 
+if TYPE_CHECKING:
+    from narrmem.doors.server.metrics import ServerMetrics
+
 log = logging.getLogger("narrmem.server")
 
 DEFAULT_MAX_BODY = 2_000_000
@@ -112,6 +115,7 @@ class ServerState:
     hub: TriggerHub
     max_batch: int = DEFAULT_MAX_BATCH
     extra: dict[str, Any] = field(default_factory=dict)
+    metrics: ServerMetrics | None = None
 
 
 def create_app(
@@ -125,17 +129,19 @@ def create_app(
     webhook: WebhookOptions | None = None,
     ui: bool = True,
     allowed_hosts: Sequence[str] | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> FastAPI:
     """The app over ``memory``. ``keys``: the key ring (``None``: no keys, every tenant open, for a
     server on a loopback address); ``cors_origins``: origins allowed to call from a browser (off
     by default); ``webhook``: where trigger events are POSTed, with retries; ``allowed_hosts``:
     the names a request's ``Host`` may give (``None``: any; ``narrmem serve`` gives its own);
-    ``body_timeout``: seconds a request body has to come whole (408 after; ``None``: no limit)."""
+    ``body_timeout``: seconds a request body has to come whole (408 after; ``None``: no limit);
+    ``metrics``: where the app counts its requests and ingests (see :mod:`narrmem.doors.server.metrics`)."""
     hub = TriggerHub(webhook, StillStored(memory))
     memory.on_trigger(hub.publish)
     # However a forget is made (a route, the Python API, a tool, a hook), its events go with it.
     memory.host.register(ForgetsVoidEvents(hub), name=_free_name(memory, "narrmem.server.forgets"))
-    state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch)
+    state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch, metrics=metrics)
     app = _build(state, ui=ui)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     app.add_middleware(QueryUTF8)
@@ -151,6 +157,12 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
+    if metrics is not None:
+        from narrmem.doors.server.metrics import RequestMetrics
+
+        metrics.watch(state)
+        # Outermost, so that a request the others refuse (a Host not allowed, a body too big) counts.
+        app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 
 
@@ -452,7 +464,10 @@ def _write_routes(r: APIRouter) -> None:
         """Ingest one message (idempotent by ``message_id`` in its chat: a repeat is a duplicate).
         ``ts`` left out is now, by the memory's clock."""
         message = _settled(caller, body).at(state.memory.clock.now())
-        return await state.memory.ingest(message, acknowledge=acknowledge)
+        result = await state.memory.ingest(message, acknowledge=acknowledge)
+        if state.metrics is not None:
+            state.metrics.ingested([result])
+        return result
 
     @r.post("/ingest/batch", response_model=list[IngestResult], tags=["write"])
     async def ingest_batch(
@@ -465,6 +480,8 @@ def _write_routes(r: APIRouter) -> None:
         now = state.memory.clock.now()
         messages = [_settled(caller, m).at(now) for m in body.messages]
         results = await state.memory.ingest_many(messages, acknowledge=acknowledge)
+        if state.metrics is not None:
+            state.metrics.ingested(results)
         return results
 
     @r.post("/edit", response_model=IngestResult, tags=["write"])

@@ -8,11 +8,14 @@ import ipaddress
 import json
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from narrmem.config import Settings
 from narrmem.doors.listening import check_port, serve
 from narrmem.errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from narrmem.doors.server.metrics import ServerMetrics
 
 DEFAULT_PORT = 8765
 DEFAULT_MAX_CONNECTIONS = 1000
@@ -48,6 +51,12 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="a request body not whole this long after its headers gets 408 "
         f"(default {DEFAULT_BODY_TIMEOUT:g})",
+    )
+    serve.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at this address (off by default; no key there: bind a "
+        "private address)",
     )
     serve.add_argument(
         "--allowed-host",
@@ -124,6 +133,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.memory import Memory
 
     webhook = WebhookOptions(url=args.webhook) if args.webhook else None
+    metrics = _metrics(args.metrics)
     async with Memory.open(settings=settings) as memory:
         app = create_app(
             memory,
@@ -134,7 +144,9 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             cors_origins=args.cors_origin or None,
             webhook=webhook,
             allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+            metrics=metrics,
         )
+        exporter = None if metrics is None else _serve_metrics(metrics, args.metrics)
         mode = f"{ring.active_count()} active key(s)" if ring.required else "no keys (loopback only)"
         serving = (
             f"narrmem serving {memory.data_dir} on http://{args.host}:{args.port} "
@@ -162,7 +174,30 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             await hub.shutdown(WEBHOOK_DRAIN_SECONDS)
         finally:
             await hub.close()
+            if exporter is not None:
+                exporter.shutdown()
     return 0
+
+
+def _metrics(address: str | None) -> ServerMetrics | None:
+    """The server's metrics when ``--metrics`` asks for them (the address checked first)."""
+    if address is None:
+        return None
+    try:
+        from narrmem.doors.server.metrics import ServerMetrics, parse_address
+    except ImportError as exc:
+        raise ConfigError(
+            f"--metrics needs prometheus-client ({exc.name} is missing): pip install 'narrmem[server]'"
+        ) from exc
+    parse_address(address)
+    return ServerMetrics()
+
+
+def _serve_metrics(metrics: ServerMetrics, address: str) -> Any:
+    try:
+        return metrics.serve(address)
+    except OSError as exc:
+        raise InputError(f"cannot listen on {address}: {exc.strerror}", field="--metrics") from exc
 
 
 async def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:

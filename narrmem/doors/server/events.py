@@ -335,6 +335,21 @@ class TriggerHub:
         return None
 
     @property
+    def streams(self) -> int:
+        """The event streams open."""
+        return len(self._subscribers)
+
+    @property
+    def held(self) -> int:
+        """The events held for streams that resume."""
+        return self._held
+
+    @property
+    def webhook_waiting(self) -> int:
+        """The events waiting for the webhook."""
+        return 0 if self._outbox is None else self._outbox.qsize()
+
+    @property
     def stopping(self) -> bool:
         """Whether the server has begun to stop (:meth:`stop_streams`)."""
         return self._stopping.is_set()
