@@ -468,7 +468,8 @@ def narrmem_import_records(
     ``sections`` holds every plugin section of the file (``{section: records}``, each record
     without its ``section`` key). ``records`` is a sequence that may read its records from the
     file when they are asked for (a section of millions of rows): iterate it, or take slices of
-    it, rather than copy it whole. An implementation takes those it exported and returns
+    it, rather than copy it whole; each record is read anew each time, so a change made to one
+    is not kept (change a copy). An implementation takes those it exported and returns
     ``{section: records imported}`` for each of them (``None`` if none is its own). The host calls
     every implementation twice:
 

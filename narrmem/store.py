@@ -586,6 +586,17 @@ class SQLCapable(Protocol):
     def sql(self, *, write: bool = False) -> AbstractAsyncContextManager[SQLConnection]: ...
 
 
+@runtime_checkable
+class ReadsSnapshots(Protocol):
+    """A store that lends a connection of its own on one state of its database, for reads that
+    span many statements while the memory goes on writing (an export reading a plugin's table a
+    page at a time: read on the shared connection, a fact purged and stated again between two
+    pages was in the file twice, and the import refused it). The state is the one of the first
+    read of the block, and is held while the block runs; nothing can be written through it."""
+
+    def snapshot(self) -> AbstractAsyncContextManager[SQLConnection]: ...
+
+
 def check_sql_params(params: Sequence[Any]) -> None:
     """Refuse a text parameter holding NUL (see :class:`SQLCapable`), on every backend alike, so
     that a plugin that runs on one runs on the other."""

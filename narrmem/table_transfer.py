@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from narrmem.checks import JsonShapeError, check_time_range, loads_json
 from narrmem.errors import InputError
-from narrmem.store import SQLCapable, SQLConnection
+from narrmem.store import ReadsSnapshots, SQLCapable, SQLConnection
 
 _COLUMNS_SQL = {
     "sqlite": "SELECT name, type FROM pragma_table_info(?) ORDER BY cid",
@@ -143,15 +143,17 @@ async def table_columns(db: SQLConnection, table: str, exclude: Collection[str] 
 
 
 async def export_page(
-    db: SQLConnection, spec: TableSpec, *, after: Any = None, limit: int = 1000
+    db: SQLConnection, spec: TableSpec, *, after: Any = None, limit: int | None = 1000
 ) -> list[tuple[Any, dict[str, Any]]]:
-    """Up to ``limit`` rows of the spec's table past ``after`` in ``order_by`` (from the first when
-    ``None``), each as (its ``order_by`` value, the row as a JSON object)."""
+    """Up to ``limit`` rows (``None``: all) of the spec's table past ``after`` in ``order_by``
+    (from the first when ``None``), each as (its ``order_by`` value, the row as a JSON object)."""
     columns = await table_columns(db, spec.table, spec.exclude)
     names = ", ".join(c.name for c in columns)
-    where, params = ("", [limit]) if after is None else (f"WHERE {spec.order_by} > ? ", [after, limit])
+    where, params = ("", []) if after is None else (f"WHERE {spec.order_by} > ? ", [after])
+    bound = "" if limit is None else " LIMIT ?"
     rows = await db.fetchall(
-        f"SELECT {spec.order_by}, {names} FROM {spec.table} {where}ORDER BY {spec.order_by} LIMIT ?", params
+        f"SELECT {spec.order_by}, {names} FROM {spec.table} {where}ORDER BY {spec.order_by}{bound}",
+        [*params] if limit is None else [*params, limit],
     )
     return [(row[0], {c.name: c.to_json(v) for c, v in zip(columns, row[1:], strict=True)}) for row in rows]
 
@@ -183,10 +185,17 @@ async def check_table_records(
 
 
 async def _checked_rows(
-    db: SQLConnection, spec: TableSpec, records: Sequence[Any], first: int = 0
+    db: SQLConnection,
+    spec: TableSpec,
+    records: Sequence[Any],
+    first: int = 0,
+    seen: dict[tuple[Any, ...], int] | None = None,
 ) -> list[tuple[int, tuple[Any, ...]]]:
     """:func:`check_table_records`' rows, each with the index of its record in the section
-    (``records`` are the section's from its ``first``)."""
+    (``records`` are the section's from its ``first``). ``seen``: the keys of the section's
+    records before these, with their indexes, to which theirs are added: a key twice in a section
+    is refused whichever chunks hold the two (a later chunk found the first written, and took the
+    second for it stored already)."""
     table, section = spec.table, spec.section
     columns = await table_columns(db, table, spec.exclude)
     by_name = {c.name: c for c in columns}
@@ -213,6 +222,11 @@ async def _checked_rows(
             if problem:
                 raise InputError(problem, field=f"{where}.{column.name}")
         row = tuple(values)
+        if seen is not None:
+            key = tuple(row[i] for i, c in enumerate(columns) if c.name in spec.key)
+            earlier = seen.setdefault(key, index)
+            if earlier != index:
+                raise InputError(f"is in the section twice (first as {section}[{earlier}])", field=where)
         if not await _stored_same(db, table, columns, (spec.key, spec.derived), row, where):
             rows.append((index, row))
     return rows
@@ -344,9 +358,13 @@ async def export_tables(
     """Each table as its section, read a page of :attr:`TableSpec.page_rows` at a time as the
     export writes it (``None`` on a store that lends no tables): a store of millions of rows is
     exported without holding them (the sections were read whole, about 1.3 KB of memory a row).
+    A table is read on one state of the database (:class:`narrmem.store.ReadsSnapshots`), as its
+    one query read it before: a fact purged and stated again between two pages was otherwise in
+    the file twice, and the import refused the file. A store that lends no such state has its
+    tables read whole, as before.
 
     ``specs`` come in the order an import writes them (a table others refer to first); the sections
-    come, and are read, in the other order. The memory may write while they are read: read after
+    come, and are read, in the other order. The memory may write between two tables: read after
     the rows that name them, the rows named are all there (a node written after the edges were read
     has no edge in the file); read before, an edge written meanwhile named a node the file lacked,
     and the import refused the whole file."""
@@ -356,17 +374,19 @@ async def export_tables(
 
 
 async def _pages(store: SQLCapable, spec: TableSpec) -> AsyncIterator[dict[str, Any]]:
-    after = None
-    while True:
-        # The connection is held for a page, not across the export: it is the store's, shared with
-        # recalls, and an export's reader may be a slow HTTP client.
-        async with store.sql() as db:
-            page = await export_page(db, spec, after=after, limit=spec.page_rows)
-        for _, record in page:
-            yield record
-        if len(page) < spec.page_rows:
-            return
-        after = page[-1][0]
+    # A connection of its own for the table: the store's is shared with recalls, and an export's
+    # reader may be a slow HTTP client.
+    reading = store.snapshot() if isinstance(store, ReadsSnapshots) else store.sql()
+    limit = spec.page_rows if isinstance(store, ReadsSnapshots) else None
+    async with reading as db:
+        after = None
+        while True:
+            page = await export_page(db, spec, after=after, limit=limit)
+            for _, record in page:
+                yield record
+            if limit is None or len(page) < limit:
+                return
+            after = page[-1][0]
 
 
 async def import_tables(
@@ -398,9 +418,10 @@ async def import_tables(
             for spec in mine:
                 records = sections[spec.section]
                 counts[spec.section] = 0
+                seen: dict[tuple[Any, ...], int] = {}  # about 100 bytes a record
                 for first in range(0, len(records), IMPORT_CHUNK):
                     chunk = records[first : first + IMPORT_CHUNK]
-                    placed = await _checked_rows(db, spec, chunk, first)
+                    placed = await _checked_rows(db, spec, chunk, first, seen)
                     if dry_run:
                         await _try_rows(db, spec, placed)
                     else:

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from narrmem_plugins.graph import transfer as graph_transfer
 
-from narrmem import Memory, table_transfer
+from narrmem import Memory, hookimpl, table_transfer
 from narrmem.doors.importing import import_jsonl
 from narrmem.doors.transfer import export_store
+from narrmem.errors import PluginError
 from narrmem.testing import open_memory
 
 SCOPE = {"user_id": "ann", "chat_id": "c1"}
@@ -69,12 +70,16 @@ async def test_an_export_holds_a_page_of_a_plugins_rows_not_the_table(
 async def test_a_graph_written_to_between_pages_still_exports_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pages of 7 rows, and a fact committed after each page of edges: the edges read name nodes
-    the file holds (nodes are read after the edges), and the file imports."""
+    """Pages of 7 rows, and between two pages of edges a fact purged and stated again, and a new
+    one: each table is read on one state of the database, so the file holds one active copy of
+    the fact (read on the shared connection, it held two, and the import refused the file), and
+    the edges read name nodes the file holds (nodes are read after the edges)."""
     small = [dataclasses.replace(spec, page_rows=7) for spec in graph_transfer.TABLES]
     monkeypatch.setattr(graph_transfer, "TABLES", small)
     path = tmp_path / "export.jsonl"
+    jazz = {"triplets": [{"subject": "user", "relation": "likes", "object": "jazz"}], **SCOPE}
     async with open_memory(tmp_path / "a") as memory:
+        await memory.call_tool("memory_commit", jazz)
         await _facts(memory, 0, 40)
         original = table_transfer.export_page
         pages: list[str] = []
@@ -82,8 +87,12 @@ async def test_a_graph_written_to_between_pages_still_exports_whole(
         async def export_page(db: Any, spec: Any, **kwargs: Any) -> Any:
             page = await original(db, spec, **kwargs)
             pages.append(spec.table)
-            if spec.table == "graph_edges":
-                await _facts(memory, 1000 + len(pages), 1)  # a new edge and a new node
+            if spec.table == "graph_edges" and pages.count("graph_edges") == 1:
+                await memory.call_tool(
+                    "memory_purge", {"filters": {"object": "jazz"}, "mode": "soft", **SCOPE}
+                )
+                await memory.call_tool("memory_commit", jazz)
+                await _facts(memory, 1000, 1)  # a new edge and a new node
             return page
 
         monkeypatch.setattr(table_transfer, "export_page", export_page)
@@ -92,9 +101,44 @@ async def test_a_graph_written_to_between_pages_still_exports_whole(
     assert pages.index("graph_nodes") > max(i for i, table in enumerate(pages) if table == "graph_edges")
     sections = _sections(path)
     nodes = {node["id"] for node in sections["graph.nodes"]}
+    assert counts["graph.edges"] == 41  # the state of the first page
     assert {edge["subject_id"] for edge in sections["graph.edges"]} <= nodes
     assert {edge["object_id"] for edge in sections["graph.edges"]} <= nodes
-    assert counts["graph.edges"] > 40
     async with open_memory(tmp_path / "b") as fresh:
         imported = await import_jsonl(fresh, path)
-    assert imported["graph.edges"] == counts["graph.edges"]
+    assert imported["graph.edges"] == 41
+
+
+class _ReadsBadly:
+    """A plugin whose section is read as the export writes it, and fails on the way."""
+
+    narrmem_name = "reads_badly"
+
+    def __init__(self, failure: str) -> None:
+        self.failure = failure
+
+    @hookimpl
+    async def narrmem_export_records(self, memory: Memory) -> dict[str, Any]:
+        async def records() -> Any:
+            yield {"id": 1}
+            if self.failure == "raises":
+                raise RuntimeError("its service went away")
+            yield ["not", "an", "object"]
+
+        return {"reads_badly.rows": records()}
+
+
+@pytest.mark.parametrize(
+    ("failure", "words"), [("raises", "failed while"), ("not an object", "not an object")]
+)
+async def test_a_plugin_whose_section_fails_as_it_is_read_is_named(
+    tmp_path: Path, failure: str, words: str
+) -> None:
+    """Its records are read after its hook returned, past the host's checks: the failure named no
+    plugin (a bare RuntimeError, a TypeError), and the export's file was left unfinished."""
+    path = tmp_path / "export.jsonl"
+    async with open_memory(tmp_path / "m", plugins=[_ReadsBadly(failure)]) as memory:
+        with pytest.raises(PluginError, match="reads_badly") as info:
+            await export_store(memory, path)
+    assert words in str(info.value)
+    assert not path.exists()

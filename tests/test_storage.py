@@ -543,14 +543,14 @@ async def test_an_index_file_of_the_older_format_is_replaced(tmp_path: Path) -> 
     assert index_file_ids(folder) == [r[0] for r in sql(folder, "SELECT id FROM memories ORDER BY id")]
 
 
-def _older_store(folder: Path, recorded: list[Any]) -> None:
+def _older_store(folder: Path, recorded: list[Any], database: str = "narrmem.sqlite3") -> None:
     """A database of a narrmem that kept its index in one FAISS file (schema 2 at most)."""
     for path in folder.iterdir():
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink()
-    with closing(sqlite3.connect(folder / "narrmem.sqlite3")) as db:
+    with closing(sqlite3.connect(folder / database)) as db:
         for script in schema.MIGRATIONS[:2]:
             db.executescript(script)
         db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", recorded)
@@ -587,6 +587,24 @@ async def test_the_index_file_an_older_narrmem_kept_by_default_goes_when_the_sto
     assert old.exists() is not removed
     if not removed:
         assert old.read_bytes() == before
+
+
+async def test_an_older_store_of_a_database_of_its_own_name_leaves_the_default_index_file_be(
+    tmp_path: Path,
+) -> None:
+    """``vectors.faiss`` was the index of the folder's default database, not of one named apart."""
+    folder = tmp_path / "store"
+    names = {"database": "a.sqlite3", "index": "a-index"}
+    async with open_memory(folder, storage=names):
+        pass
+    with closing(sqlite3.connect(folder / "a.sqlite3")) as db:
+        recorded = db.execute("SELECT key, value FROM meta").fetchall()
+    _older_store(folder, recorded, database="a.sqlite3")
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(384))
+    faiss.write_index(index, str(folder / "vectors.faiss"))
+    async with open_memory(folder, storage=names) as mem:
+        await mem.ingest_many(CORPUS)
+    assert (folder / "vectors.faiss").exists()
 
 
 async def test_an_index_path_that_is_someone_elses_file_is_refused_and_kept(built: Any) -> None:

@@ -124,6 +124,7 @@ class _Scan:
     memories: _Places = field(default_factory=lambda: _Places())
     rest: _Places = field(default_factory=lambda: _Places())  # importance and state lines
     importance_lines: int = 0
+    without_ids: int = 0  # memory lines that carry no id
     state_lines: int = 0
     sections: dict[str, _Places] = field(default_factory=dict)
 
@@ -314,6 +315,7 @@ def _scan_lines(
         if section == MEMORIES:
             record, _ = _memory_line(data, number, scan.dim)
             ledger.add_memory(record, number)
+            scan.without_ids += record.id is None
             scan.memories.add(offset, number)
             yield number, record
         elif section == IMPORTANCE:
@@ -409,7 +411,11 @@ def _read_at(
 
 
 def _memory_batches(scan: _Scan) -> Iterator[list[tuple[MemoryRecord, np.ndarray]]]:
-    for offsets, numbers in scan.memories.parts(BATCH):
+    # A memory without its id cannot be told stored when an import stopped part way is run again
+    # (written twice, or refused as holding its message): a file with one is written in one
+    # transaction, whole or not at all, as every file was before.
+    size = BATCH if not scan.without_ids else max(1, len(scan.memories))
+    for offsets, numbers in scan.memories.parts(size):
         _unchanged(scan)
         batch = []
         for number, data in _read_at(scan.path, offsets, numbers):

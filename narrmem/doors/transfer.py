@@ -9,11 +9,12 @@ line and field, and nothing from that file is half-written.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import re
 from array import array
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -395,8 +396,10 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
         if namespace not in NOT_IMPORTED:
             yield STATE, {"namespace": namespace, "key": key, "value": value}
     for section, records in (await plugin_sections(memory)).items():
-        async for row in each_record(records):
-            yield section, row
+        # Closed at once if the export stops: a section being read holds a connection of its own.
+        async with contextlib.aclosing(each_record(records)) as rows:
+            async for row in rows:
+                yield section, row
 
 
 def _held(in_file: np.ndarray, ids: np.ndarray) -> list[bool]:
@@ -410,7 +413,7 @@ def _held(in_file: np.ndarray, ids: np.ndarray) -> list[bool]:
 Records = list[dict[str, Any]] | AsyncIterable[dict[str, Any]]
 
 
-async def each_record(records: Records) -> AsyncIterator[dict[str, Any]]:
+async def each_record(records: Records) -> AsyncGenerator[dict[str, Any], None]:
     """A section's records, given whole or read as they come."""
     if isinstance(records, list):
         for record in records:
@@ -418,6 +421,28 @@ async def each_record(records: Records) -> AsyncIterator[dict[str, Any]]:
     else:
         async for record in records:
             yield record
+
+
+async def _read_checked(
+    plugin: str, section: str, records: AsyncIterable[dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
+    """A section a plugin reads as it is written, its failures and its records that are not
+    objects a :class:`PluginError` naming it, as the host names a hook's (the host checks only
+    what the hook returns, and these records come after)."""
+    try:
+        async for record in records:
+            if not isinstance(record, dict):
+                raise PluginError(
+                    f"plugin '{plugin}' gave a record of section {section!r} that is not an object "
+                    f"({type(record).__name__})"
+                )
+            yield record
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"plugin '{plugin}' failed while its section {section!r} was read: {exc!r}"
+        ) from exc
 
 
 async def plugin_sections(memory: Memory) -> dict[str, Records]:
@@ -447,7 +472,9 @@ async def plugin_sections(memory: Memory) -> dict[str, Records]:
                     f"plugins '{owners[section]}' and '{plugin}' both export section {section!r}"
                 )
             owners[section] = plugin
-            sections[section] = records
+            sections[section] = (
+                records if isinstance(records, list) else _read_checked(plugin, section, records)
+            )
     return sections
 
 

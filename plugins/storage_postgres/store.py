@@ -356,6 +356,13 @@ class PostgresStore(ForgetJournal):
                 yield PostgresSQL(conn, read_only=self.read_only)
 
     @contextlib.asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[PostgresSQL]:
+        """A pooled connection in one read-only REPEATABLE READ transaction
+        (:class:`narrmem.store.ReadsSnapshots`): every statement sees the state of its first."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            yield PostgresSQL(conn, read_only=True)
+
+    @contextlib.asynccontextmanager
     async def exclusive(self, name: str) -> AsyncIterator[bool]:
         """Whether this worker holds the named job (a session advisory lock) for the block: one
         worker at a time runs it, the others get ``False`` at once and skip it. A lost connection

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import struct
 from pathlib import Path
 
 from narrmem.errors import StoreError
@@ -54,10 +55,8 @@ def check(path: Path, index_format: int, *, older_index_file: bool = False) -> N
             )
 
 
-def claim(path: Path, index_format: int, *, older_index_file: bool = False, dim: int | None = None) -> None:
-    """Make sure ``path`` is narrmem's index folder, creating and marking it if it is new. With
-    ``older_index_file``, the single file an older narrmem kept the index in by default is removed
-    too, when it is one (a FAISS file of ``dim`` dimensions)."""
+def claim(path: Path, index_format: int, *, older_index_file: bool = False) -> None:
+    """Make sure ``path`` is narrmem's index folder, creating and marking it if it is new."""
     check(path, index_format, older_index_file=older_index_file)
     if path.is_file():
         path.unlink()  # an older narrmem's index: derived from SQLite, rebuilt as a folder
@@ -65,30 +64,26 @@ def claim(path: Path, index_format: int, *, older_index_file: bool = False, dim:
     marker = path / MARKER
     if not marker.exists():
         marker.write_text(json.dumps({"narrmem": "vector index", "format": index_format}) + "\n")
-    if older_index_file:
-        _remove_older_default_file(path.parent / OLDER_DEFAULT_FILE, dim)
 
 
-def _remove_older_default_file(old: Path, dim: int | None) -> None:
-    """The index file an older narrmem kept by default (``vectors.faiss``) beside a database it last
-    wrote: the index moved to a folder with the default's change, and the file stayed, holding the
-    vectors of every person forgotten since, for good. A file of another kind, or of vectors of
-    another size, is someone else's and is left be."""
+def remove_older_default_file(folder: Path, dim: int) -> bool:
+    """Remove the index file an older narrmem kept by default (``vectors.faiss``) beside its
+    default database, for a store of that database whose index is the default folder now: the
+    index moved to the folder with the default's change, and the file stayed, holding the vectors
+    of every person forgotten since, for good. Only a FAISS index of ``dim`` dimensions goes (read
+    from its header: the file may hold millions of vectors); any other file of that name is left
+    be. Whether it went."""
+    old = folder / OLDER_DEFAULT_FILE
     if not old.is_file():
-        return
+        return False
     with old.open("rb") as fh:
-        if fh.read(4) not in OLD_INDEX_MAGIC:
-            return
-    import faiss
-
-    try:
-        held = faiss.read_index(str(old))
-    except RuntimeError:
-        return
-    if dim is not None and held.d != dim:
-        return
+        header = fh.read(8)
+    # An IndexIDMap's header: its four letters, then the dimension (a little-endian int32).
+    if len(header) < 8 or header[:4] not in OLD_INDEX_MAGIC or struct.unpack("<i", header[4:])[0] != dim:
+        return False
     old.unlink()
     log.info("removed %s, the vector index an older narrmem kept: the index is a folder now", old)
+    return True
 
 
 def wrote_index_file(schema_version: int) -> bool:

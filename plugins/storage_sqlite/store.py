@@ -75,6 +75,7 @@ KEYWORD_BATCH = 5000  # rows read per step of a keyword index rebuild
 # another program's. Stores made before it carry 0 and are known by their meta and memories tables.
 APPLICATION_ID = 0x6E6D656D
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")  # files SQLite keeps beside a database
+DEFAULT_DATABASE, DEFAULT_INDEX = "narrmem.sqlite3", "vectors"  # [storage] database and index
 
 T = TypeVar("T")
 
@@ -171,6 +172,12 @@ class SQLiteStore(ForgetJournal):
         self._lookups = await asyncio.to_thread(self._open_lookups)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         self._index.claim(older_index_file=index_folder.wrote_index_file(written_version))
+        if index_folder.wrote_index_file(written_version) and (self.db_path.name, self.index_path.name) == (
+            DEFAULT_DATABASE,
+            DEFAULT_INDEX,
+        ):
+            # Another store's database beside this one (a name of its own) may own the file.
+            await asyncio.to_thread(index_folder.remove_older_default_file, self.folder, dim)
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
         else:
@@ -580,6 +587,25 @@ class SQLiteStore(ForgetJournal):
                 yield SQLiteSQL(db)
         else:
             yield SQLiteSQL(self.reading)
+
+    @contextlib.asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[SQLiteSQL]:
+        """A connection of its own, in one read transaction (:class:`narrmem.store.ReadsSnapshots`):
+        the shared reader's statements each see the latest commit, so a read of many pages on it
+        met the writes made between them. Held, it keeps the writer from checkpointing the log
+        back into the database past its state (the log grows meanwhile)."""
+        uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
+        db = await aiosqlite.connect(uri, uri=True, isolation_level=None)
+        try:
+            await db.execute("PRAGMA query_only=ON")
+            await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+            await db.execute("BEGIN")
+            await db.execute("SELECT COUNT(*) FROM sqlite_master")  # the state is taken here
+            yield SQLiteSQL(db)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                await db.execute("ROLLBACK")
+            await db.close()
 
     async def add(
         self, records: Sequence[MemoryRecord], vectors: np.ndarray, *, state: Sequence[StateEntry] = ()

@@ -857,7 +857,7 @@ class VectorIndex:
     def claim(self, *, older_index_file: bool = False) -> None:
         """Refuse an index path that is not narrmem's own (see index_folder); ``older_index_file``:
         the database says an older narrmem kept this store's index in one FAISS file at the path."""
-        index_folder.claim(self.path, FORMAT, older_index_file=older_index_file, dim=self.dim)
+        index_folder.claim(self.path, FORMAT, older_index_file=older_index_file)
 
     def _save_sync(self, watermark: dict[str, int] | None) -> None:
         """Write the buckets and graphs that changed under names of a new generation, then the

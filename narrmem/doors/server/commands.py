@@ -176,6 +176,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             await hub.close()
             if exporter is not None:
                 exporter.shutdown()
+                exporter.server_close()
     return 0
 
 
