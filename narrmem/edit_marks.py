@@ -22,9 +22,11 @@ of the message, its chat or its person, finished first, has deleted the mark: no
 The edit's own forget of the old text may be the one a stopped process left unfinished, and the
 next open finishes it before the edits are made again: finished as any forget of the message, it
 deleted the mark that held the new text, and both texts were lost. So as that forget begins, the
-mark notes the last forget job begun before it (:meth:`EditMarks.forgetting`): the first job of
-the message recorded after that one is the edit's own (forgets of one message are begun one at a
-time), and is finished leaving the mark be (:meth:`EditMarks.own_forget`).
+mark notes the last forget job begun before it (:meth:`EditMarks.forgetting`), and once begun,
+the forget's own job (:meth:`EditMarks.forgetting_job`): that job, or when the edit stopped before
+naming it, the first job of the message recorded after the one noted (forgets of one message are
+begun one at a time), is the edit's own, and is finished leaving the mark be
+(:meth:`EditMarks.own_forget`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ NAMESPACE = "narrmem.edits"
 
 MARK_IDS = ("tenant", "user_id", "chat_id", "message_id")
 FORGETTING_AFTER = "forgetting_after"  # the last forget job begun before the edit's own
+FORGETTING_JOB = "forgetting_job"  # the edit's own forget job, once begun
 
 
 def check_entry(key: str, value: dict[str, Any]) -> None:
@@ -59,14 +62,13 @@ def check_entry(key: str, value: dict[str, Any]) -> None:
     for name in MARK_IDS:
         if not isinstance(value.get(name), str) or not value[name]:
             raise InputError("must be the text of an id", field=f"value.{name}")
-    extra = set(value) - {*MARK_IDS, "message", FORGETTING_AFTER}
+    extra = set(value) - {*MARK_IDS, "message", FORGETTING_AFTER, FORGETTING_JOB}
     if extra:
         raise InputError(f"an edit's mark holds no {sorted(extra)[0]!r}", field="value")
-    after = value.get(FORGETTING_AFTER)
-    if FORGETTING_AFTER in value and (not isinstance(after, int) or isinstance(after, bool) or after < 0):
-        raise InputError(
-            "must be a forget job's id (a whole number, 0 or more)", field=f"value.{FORGETTING_AFTER}"
-        )
+    for name in (FORGETTING_AFTER, FORGETTING_JOB):
+        job = value.get(name)
+        if name in value and (not isinstance(job, int) or isinstance(job, bool) or job < 0):
+            raise InputError("must be a forget job's id (a whole number, 0 or more)", field=f"value.{name}")
     if "message" in value:
         kept = entry_message(value["message"])
         if [getattr(kept, name) for name in MARK_IDS] != [value[name] for name in MARK_IDS]:
@@ -110,10 +112,20 @@ class EditMarks:
         if value is not None:
             await store.state_put_if(NAMESPACE, key, {**value, FORGETTING_AFTER: last_job}, value)
 
+    async def forgetting_job(self, key: str, job_id: int) -> None:
+        """Note in the mark ``key`` the id of its edit's own forget job, once begun: the next open
+        then knows that job by its id (a delete of the message recorded later by another worker,
+        both processes stopped, was taken for the edit's own, and the edit was made again)."""
+        store = self.memory.store
+        value = await store.state_get(NAMESPACE, key)
+        if value is not None:
+            await store.state_put_if(NAMESPACE, key, {**value, FORGETTING_JOB: job_id}, value)
+
     async def own_forget(self, job: ForgetJob, pending: Sequence[ForgetJob]) -> bool:
         """Whether ``job`` (recorded, not finished) is an edit's own forget of its old text: the
-        first job of that one message recorded after the last job its mark noted (``pending``:
-        every job recorded and not finished)."""
+        job its mark names, or, when the edit stopped before it could name it, the first job of
+        that one message recorded after the last job its mark noted (``pending``: every job
+        recorded and not finished)."""
         if job.messages is None or len(job.messages) != 1 or job.chat_id is None:
             return False
         for _, value in await self.memory.store.state_items(NAMESPACE):
@@ -125,6 +137,11 @@ class EditMarks:
                 job.chat_id,
                 job.messages[0],
             ):
+                continue
+            named = value.get(FORGETTING_JOB)
+            if isinstance(named, int):
+                if named == job.id:
+                    return True
                 continue
             first = min(
                 (

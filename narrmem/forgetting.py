@@ -250,6 +250,8 @@ class Forgetting:
                 job = await self.memory.store.begin_forget(
                     tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
                 )
+                if edit_mark is not None:
+                    await self.marks.forgetting_job(edit_mark, job.id)
                 # An edit's forget of its old text voids no edit's mark: another edit of the same
                 # message under way replaces the text too, and stores its own afterwards.
                 counts = await self.finish(job, edits=sparing is None)

@@ -114,6 +114,27 @@ async def test_a_delete_of_the_message_begun_before_a_stopped_edits_forget_still
         assert await memory.store.state_items(NAMESPACE) == []
 
 
+async def test_a_delete_recorded_after_a_stopped_edits_own_forget_ended_still_takes_the_edit(
+    tmp_path: Path,
+) -> None:
+    """The edit's own forget had finished (its job gone) when its process stopped; another worker
+    then began a delete of the message and stopped too. The delete was taken for the edit's own
+    forget (the first job of the message after the one the mark noted), and the edit was made
+    again: the deleted message came back."""
+    async with open_memory(tmp_path) as memory:
+        said = {"user_id": "ann", "chat_id": "c", "ts": NOW, "message_id": "m1"}
+        await memory.ingest(Message(text="I live in Lisbon", **said))
+        replacement = Message(text="I live in Porto now", **said)
+        ids = {"tenant": "default", "user_id": "ann", "chat_id": "c", "message_id": "m1"}
+        noted = {"forgetting_after": 0, "forgetting_job": 7}  # job 7 finished and went
+        value = {**ids, "message": replacement.model_dump(mode="json"), **noted}
+        await memory.store.state_put(NAMESPACE, "0123456789abcdef0123456789abcdef:e1", value)
+        await memory.store.begin_forget(tenant="default", user_id=None, chat_id="c", messages=["m1"])
+    async with open_memory(tmp_path) as memory:
+        assert await memory.store.recent(Scope(chat_id="c"), limit=10) == []
+        assert await memory.store.state_items(NAMESPACE) == []
+
+
 async def test_an_edit_left_halfway_whose_person_a_finished_forget_took_is_not_made_again(
     tmp_path: Path,
 ) -> None:
