@@ -206,3 +206,37 @@ async def test_an_event_not_known_to_stand_is_held_back_until_the_store_answers(
         await hub.close()
         listener.close()
         await listener.wait_closed()
+
+
+class SlowToRead:
+    """A check whose read of what an event cites waits until let go (a busy store)."""
+
+    def __init__(self) -> None:
+        self.reading = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def cited(self, event: TriggerEvent) -> tuple[int, ...]:
+        self.reading.set()
+        await self.go.wait()
+        return (1,)
+
+    async def stands(self, event: TriggerEvent, cited: tuple[int, ...]) -> bool:
+        return True
+
+
+async def test_a_forget_made_while_an_event_is_being_published_takes_it_too() -> None:
+    """The forget found the event on no queue (what it cites was still being read): queued and
+    held afterwards, it was streamed, and kept in memory for a stream that resumes."""
+    event = TriggerEvent(
+        kind="topic", label="kayak", count=3, user_id="kim", chat_id="dm", message_ids=["m1"]
+    )
+    check = SlowToRead()
+    hub = TriggerHub(None, check)
+    stream = await _subscribed(hub)
+    publishing = asyncio.ensure_future(hub.publish(event))
+    await check.reading.wait()
+    hub.drop(lambda e: e.user_id == "kim")  # a forget of kim, as ForgetsVoidEvents makes it
+    check.go.set()
+    await publishing
+    assert await _unread(stream) == []
+    assert hub.held == 0 and hub.forgotten == 1

@@ -134,6 +134,10 @@ class TriggerHub:
         self._recent: OrderedDict[str, OrderedDict[str, _Held]] = OrderedDict()
         self._published = 0
         self._held = 0
+        # The forgets made while events were being published (kept only while one is).
+        self._publishing = 0
+        self._voids_made = 0
+        self._voids: list[tuple[int, Callable[[TriggerEvent], bool]]] = []
         # The latest publication let go for room (not by a forget): a stream of every tenant cannot
         # resume from before it without a gap.
         self._let_go_through = 0
@@ -142,7 +146,20 @@ class TriggerHub:
 
     async def publish(self, event: TriggerEvent) -> None:
         """The memory's trigger callback."""
-        item = Queued(event, await self._cited(event))
+        # A forget made while what the event cites is read found it nowhere to drop: the forgets
+        # made meanwhile are asked of it once the read is done.
+        begun = self._voids_made
+        self._publishing += 1
+        try:
+            item = Queued(event, await self._cited(event))
+        finally:
+            self._publishing -= 1
+        voided_meanwhile = any(voided(event) for made, voided in self._voids if made > begun)
+        if not self._publishing:
+            self._voids.clear()
+        if voided_meanwhile:
+            self.forgotten += 1
+            return
         # Held and queued in one step, with no await between, and the subscribers read after the
         # await: a stream that subscribes meanwhile either finds it held (and replays it) or is
         # given it live, never neither nor both.
@@ -231,7 +248,11 @@ class TriggerHub:
         """Take every undelivered event ``voided`` names off the stream queues and the webhook
         queue, and cancel its delivery if the webhook sender holds one: nothing of it is sent
         once this returns. Synchronous, so no event slips between the queues meanwhile. The events
-        held for reconnecting streams go too (not counted: they were delivered, or are queued)."""
+        held for reconnecting streams go too (not counted: they were delivered, or are queued),
+        and so does one being published (what it cites still being read)."""
+        self._voids_made += 1
+        if self._publishing:
+            self._voids.append((self._voids_made, voided))
         for tenant, ring in list(self._recent.items()):
             for key in [key for key, held in ring.items() if voided(held.item.event)]:
                 del ring[key]
