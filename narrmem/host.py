@@ -282,7 +282,10 @@ class PluginHost:
         """Log a plugin's failure in ``hook_name``, keep it in ``errors`` and tell
         ``narrmem_plugin_error``: what the host does for a raising plugin, for a caller that finds
         an answer wanting after the hook returned."""
-        log.error("plugin %r failed in %s: %r", plugin_name, hook_name, error, exc_info=error)
+        # The error's kind at ERROR, its words and traceback at DEBUG: a plugin's error may quote
+        # what a person said (a graph node's name), and a log outlives a forget of them.
+        log.error("plugin %r failed in %s: %s", plugin_name, hook_name, type(error).__name__)
+        log.debug("plugin %r failed in %s: %r", plugin_name, hook_name, error, exc_info=error)
         self.errors.append((plugin_name, hook_name, error))
         del self.errors[:-100]
         if hook_name == "narrmem_plugin_error":

@@ -166,11 +166,7 @@ class MemoryLifecycle:
                 try:
                     await self._edit_again(message)
                 except Exception:
-                    log.exception(
-                        "making again the edit of message %r (chat %r) that a stopped process left failed",
-                        message.message_id,
-                        message.chat_id,
-                    )
+                    log.exception("making again an edit that a stopped process left failed")
 
     async def _edit_again(self, message: Message) -> None:
         """Make an edit a stopped process left between its two steps (:meth:`Memory.edit`)."""

@@ -136,10 +136,9 @@ class Memory(MemoryLifecycle):
 
     async def _edit_again(self, message: Message) -> None:
         result = await self.edit(message)
+        # No id of the message or its chat: a log outlives a forget of them.
         log.warning(
-            "made again the edit of message %r (chat %r) that a stopped process left: %s",
-            message.message_id,
-            message.chat_id,
+            "made again an edit that a stopped process left: %s",
             "stored" if result.stored else result.reason or "nothing stored",
         )
 

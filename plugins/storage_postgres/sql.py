@@ -106,4 +106,7 @@ class PostgresSQL:
         try:
             return await method(*args)
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(f"{' '.join(sql.split())[:80]}: {exc}") from exc
+            # The server's message alone: its DETAIL quotes the row (a key's values, a failing
+            # row's text), which the error, and a log of it, would carry past a forget.
+            said = exc.args[0] if exc.args else type(exc).__name__
+            raise StoreError(f"{' '.join(sql.split())[:80]}: {said}") from exc

@@ -261,7 +261,8 @@ class TriggerRoutes(Generic[T]):
         try:
             await self._on_trigger(target, event)
         except Exception:
-            log.exception("the trigger callback failed for %s '%s'", event.kind, event.label)
+            # No label, no id of a person: a log outlives a forget of them.
+            log.exception("the trigger callback failed for a %s trigger", event.kind)
 
 
 def _route(message: Message) -> tuple[str, str, str]:
@@ -281,7 +282,7 @@ async def ingest(
     try:
         result = await memory.ingest(message)
     except Exception:
-        log.exception("narrmem could not ingest message %s in chat %s", message.message_id, message.chat_id)
+        log.exception("narrmem could not ingest a message")
     if triggers is not None:
         triggers.ingested(message, result, expected=expected)
     return result
@@ -292,7 +293,7 @@ async def edit(memory: Memory, message: Message) -> IngestResult | None:
     try:
         return await memory.edit(message)
     except Exception:
-        log.exception("narrmem could not apply the edit of message %s", message.message_id)
+        log.exception("narrmem could not apply the edit of a message")
         return None
 
 
@@ -303,7 +304,7 @@ async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_
     try:
         counts = await memory.forget_messages(chat_id=chat_id, message_ids=message_ids, tenant=tenant)
     except Exception:
-        log.exception("narrmem could not forget deleted messages in chat %s", chat_id)
+        log.exception("narrmem could not forget deleted messages of a chat")
         return 0
     return counts.get("memories", 0)
 
@@ -340,7 +341,7 @@ async def turn_context(
             asked_at=message.ts,  # "yesterday" in the question is a day of the asker's zone
         )
     except Exception:
-        log.exception("narrmem could not recall for message %s", message.message_id)
+        log.exception("narrmem could not recall for a message")
         hits = []
     return ContextPack(query=query, scope=where, hits=hits)
 
@@ -426,7 +427,7 @@ async def forget_user(
                 for key, value in (await memory.forget(user_id=who, tenant=tenant)).items():
                     total[key] = total.get(key, 0) + value
     except Exception:
-        log.exception("narrmem could not forget user %s", user_id)
+        log.exception("narrmem could not forget a user who asked to be forgotten")
         return "Sorry, I could not forget you just now; please try again."
     return forget_reply(total)
 
@@ -451,7 +452,7 @@ async def describe_user(
             memory, tenant=tenant, user_id=user_id, chat_id=chat_id, token_budget=token_budget
         )
     except Exception:
-        log.exception("narrmem could not describe user %s", user_id)
+        log.exception("narrmem could not describe a user")
         return "Sorry, I could not look that up just now."
     return clip(text, max_chars)
 

@@ -172,12 +172,12 @@ class TriggerHub:
         if self._closed:
             if self.webhook is not None:
                 self.dropped += 1
-                log.warning("webhook closed: trigger %s/%s not delivered", event.kind, event.label)
+                log.warning("webhook closed: %s trigger %s not delivered", event.kind, event_id(event))
         elif self.webhook is not None:
             outbox = self._ensure_sender()
             if outbox.full():
                 self.dropped += 1
-                log.warning("webhook queue full: trigger %s/%s dropped", event.kind, event.label)
+                log.warning("webhook queue full: %s trigger %s dropped", event.kind, event_id(event))
             else:
                 outbox.put_nowait(item)
 
@@ -447,10 +447,12 @@ class TriggerHub:
                 await asyncio.sleep(delay)
                 delay *= 2
         self.dropped += 1
+        # The event's id, not its label: a label is the person's own words (a topic, a value's
+        # sentence), and a log outlives a forget of them.
         log.warning(
-            "webhook: trigger %s/%s not delivered after %d attempts (%s)",
+            "webhook: %s trigger %s not delivered after %d attempts (%s)",
             event.kind,
-            event.label,
+            event_id(event),
             options.attempts,
             problem,
         )
