@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _helpers import msg
 
 from narrmem.doors import export_files
@@ -18,34 +19,49 @@ from narrmem.testing import open_memory
 
 # A process that begins an export's file as an export does (its header, then a memory of Ann's)
 # and is killed before it is complete.
+# With ``named``, on a system (or file system) without unnamed files: the export's file has its
+# name from the start.
 KILLED_EXPORT = """
 import os, signal, sys
 from pathlib import Path
 from narrmem.doors import export_files
-target = Path(sys.argv[1])
+target, named = Path(sys.argv[1]), sys.argv[3] == "named"
+if named:
+    export_files._unnamed_file = lambda folder: None
 with export_files.partial_file(target) as out:
     out.write(sys.argv[2] + "\\n" + '{"text": "Ann: my PIN is 4321"}\\n')
     out.flush()
-    [path] = target.parent.glob("." + target.name + ".*.partial")
-    print(path, flush=True)
+    print("\\n".join(str(p) for p in target.parent.glob("." + target.name + ".*.partial")), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def killed_export(target: Path, header: str) -> Path:
-    """The file of an export to ``target`` whose process was killed in the middle."""
+def killed_export(target: Path, header: str, *, named: bool = True) -> Path | None:
+    """The file of an export to ``target`` whose process was killed in the middle, if it left one."""
     killed = subprocess.run(
-        [sys.executable, "-c", KILLED_EXPORT, str(target), header],
+        [sys.executable, "-c", KILLED_EXPORT, str(target), header, "named" if named else "unnamed"],
         capture_output=True,
         text=True,
         check=False,
     )
     assert killed.returncode < 0  # killed, as a process stopped in the middle of an export
-    return Path(killed.stdout.strip())
+    left = killed.stdout.strip()
+    return Path(left) if left else None
 
 
 def text_of(path: Path) -> str:
     return path.read_text()
+
+
+def unnamed_files(folder: Path) -> bool:
+    fd = export_files._unnamed_file(folder)
+    if fd is not None:
+        os.close(fd)
+    return fd is not None
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(os.listdir(folder))
 
 
 def partials(target: Path) -> list[Path]:
@@ -64,14 +80,34 @@ async def test_the_file_a_killed_export_left_is_deleted_by_the_next_export(tmp_p
     header = await header_line(tmp_path)
     target = tmp_path / "backup.jsonl"
     left = killed_export(target, header)
-    assert partials(target) == [left] and "4321" in text_of(left)
+    assert left is not None and partials(target) == [left] and "4321" in text_of(left)
     async with open_memory(tmp_path / "store") as memory:
         await export_jsonl(memory, target)
     assert partials(target) == []
     assert json.loads(target.read_text().splitlines()[0])["format"] == json.loads(header)["format"]
 
 
-async def test_a_running_exports_file_and_files_not_an_exports_are_left(tmp_path: Path) -> None:
+async def test_a_killed_export_leaves_no_file_where_files_can_be_unnamed(tmp_path: Path) -> None:
+    """Linux's unnamed files: the export's file has no name until it is complete, and a process
+    killed while it writes leaves nothing (a named file stayed, the words of people forgotten since
+    in it, until the next export to the same file)."""
+    header = await header_line(tmp_path)
+    target = tmp_path / "backup.jsonl"
+    if not unnamed_files(tmp_path):
+        pytest.skip("no unnamed files on this system or file system")
+    before = files_in(tmp_path)
+    assert killed_export(target, header, named=False) is None
+    assert files_in(tmp_path) == before
+    async with open_memory(tmp_path / "store") as memory:
+        await export_jsonl(memory, target)
+    assert json.loads(target.read_text().splitlines()[0])["format"] == json.loads(header)["format"]
+    assert partials(target) == []
+
+
+async def test_a_running_exports_file_and_files_not_an_exports_are_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export_files, "_unnamed_file", lambda folder: None)  # named from the start
     header = await header_line(tmp_path)
     target = tmp_path / "backup.jsonl"
     export = export_files.partial_file(target)  # held, as by an export in another process

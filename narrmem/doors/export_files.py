@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -48,7 +49,17 @@ def partial_file(target: Path) -> Iterator[TextIO]:
     """A new file beside ``target`` (never an existing file's name), held by this process while it
     is written, and renamed over ``target`` once the block ends without an error (while still
     held: a complete file is never taken for one a stopped export left). An error deletes it, and
-    so does a ``target`` that is a symbolic link (never replaced by a file)."""
+    so does a ``target`` that is a symbolic link (never replaced by a file).
+
+    Where the system has unnamed files (Linux's ``O_TMPFILE``, on most local file systems), the
+    file has no name until it is complete: a process killed while it writes leaves nothing (a
+    named file stayed, with the words of people forgotten since, until the next export to the
+    same target)."""
+    fd = _unnamed_file(target.parent)
+    if fd is not None:
+        with _unnamed_partial(fd, target) as out:
+            yield out
+        return
     try:
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix(target), suffix=SUFFIX)
     except OSError as exc:  # a folder this process may not write in, a read-only file system
@@ -69,6 +80,57 @@ def partial_file(target: Path) -> Iterator[TextIO]:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # ours: made by mkstemp above
         raise
+
+
+def _unnamed_file(folder: Path) -> int | None:
+    """A new file in ``folder`` without a name, open for writing; ``None`` where there is none."""
+    unnamed = getattr(os, "O_TMPFILE", None)
+    if unnamed is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, unnamed | os.O_WRONLY, 0o600)
+    except OSError:
+        return None  # a file system without them (or a folder not to write in: said below)
+
+
+@contextlib.contextmanager
+def _unnamed_partial(fd: int, target: Path) -> Iterator[TextIO]:
+    named: Path | None = None
+    try:
+        _hold(fd)  # held once named too, until renamed: never taken for a stopped export's
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            fd = -1  # the file object owns it now
+            yield out
+            out.flush()
+            if target.is_symlink():  # renamed over, the user's link would become this file
+                raise InputError(f"{target} is a symbolic link: name the file it points to", field="file")
+            named = _name(out.fileno(), target)
+            os.replace(named, target)
+            named = None
+    except BaseException:
+        if fd != -1:
+            os.close(fd)
+        if named is not None:
+            with contextlib.suppress(FileNotFoundError):
+                named.unlink()  # ours: named above
+        raise
+
+
+def _name(fd: int, target: Path) -> Path:
+    """Give the unnamed file ``fd`` a new name of the partial files' pattern beside ``target``."""
+    # linkat() following /proc's link to the open file: os.link calls it only when given a folder.
+    folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(100):
+            name = f"{prefix(target)}{secrets.token_hex(4)}{SUFFIX}"
+            try:
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
+            except FileExistsError:
+                continue
+            return target.parent / name
+    finally:
+        os.close(folder)
+    raise InputError(f"no free name for an export's file in {target.parent}", field="file")
 
 
 def _hold(fd: int) -> None:
