@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,31 @@ class PluginErrors:
     @hookimpl
     def narrmem_plugin_error(self, plugin_name: str, hook_name: str, error: BaseException) -> None:
         self.seen.append((plugin_name, hook_name, error))
+
+
+def free_port() -> int:
+    """A port of the loopback address nothing listens on now."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def narrmem_serve(folder: Path, port: int, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """A real ``narrmem serve`` on ``folder`` and ``port``, once it says it serves; stopped with
+    SIGTERM at the end of the block (its exit code is then the process's ``returncode``)."""
+    command = [sys.executable, "-m", "narrmem.doors.cli", "serve", "--data", str(folder), "--port", str(port)]
+    server = subprocess.Popen(
+        [*command, *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if "narrmem serving" in line:
+                break
+        yield server
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -5,14 +5,13 @@ call that needed a key, and a worker that had begun to stop still looked as read
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from _helpers import msg
+from _helpers import free_port, msg, narrmem_serve
 from _postgres import fresh_database
 
 from narrmem.doors.server import KeyFile, KeyRing, create_app, health
@@ -90,33 +89,7 @@ async def test_a_worker_whose_postgresql_went_away_is_not_ready(tmp_path: Path) 
 
 def test_narrmem_serve_answers_readyz(tmp_path: Path) -> None:
     """The real server, as a probe reaches it."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "narrmem.doors.cli",
-            "serve",
-            "--data",
-            str(tmp_path / "m"),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            if "serving" in line.lower() or "listening" in line.lower():
-                break
+    port = free_port()
+    with narrmem_serve(tmp_path / "m", port):
         answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
-        assert (answer.status_code, answer.json()) == (200, {"status": "ready"})
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    assert (answer.status_code, answer.json()) == (200, {"status": "ready"})

@@ -5,14 +5,13 @@ and no label whose values a caller can multiply (a path's ids, an invented metho
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
-from _helpers import msg
+from _helpers import free_port, msg, narrmem_serve
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -94,33 +93,9 @@ async def test_the_event_hub_and_readiness_are_read_when_scraped(tmp_path: Path)
     assert _value(stopping, "narrmem_ready") == 0.0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_narrmem_serve_serves_its_metrics_on_their_own_address(tmp_path: Path) -> None:
-    port, metrics_port = _free_port(), _free_port()
-    server = subprocess.Popen(
-        [
-            *SERVE,
-            "--data",
-            str(tmp_path / "m"),
-            "--port",
-            str(port),
-            "--metrics",
-            f"127.0.0.1:{metrics_port}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        for line in server.stdout:
-            if "narrmem serving" in line:
-                break
+    port, metrics_port = free_port(), free_port()
+    with narrmem_serve(tmp_path / "m", port, "--metrics", f"127.0.0.1:{metrics_port}") as server:
         said = {
             "text": "I adopted a greyhound named Pixel",
             "user_id": "u1",
@@ -130,14 +105,9 @@ def test_narrmem_serve_serves_its_metrics_on_their_own_address(tmp_path: Path) -
         assert httpx.post(f"http://127.0.0.1:{port}/v1/ingest", json=said, timeout=30).status_code == 200
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404  # not on the API
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     samples = _samples(scraped.text)
-    assert (
-        _value(samples, "narrmem_http_requests_total", route="/v1/ingest", method="POST", status="200") == 1
-    )
-    assert _value(samples, "narrmem_ready") == 1.0
+    ingests = _value(samples, "narrmem_http_requests_total", route="/v1/ingest", method="POST", status="200")
+    assert ingests == 1 and _value(samples, "narrmem_ready") == 1.0
     assert server.returncode == 0
 
 

@@ -56,29 +56,33 @@ def partial_file(target: Path) -> Iterator[TextIO]:
     named file stayed, with the words of people forgotten since, until the next export to the
     same target)."""
     fd = _unnamed_file(target.parent)
-    if fd is not None:
-        with _unnamed_partial(fd, target) as out:
-            yield out
-        return
+    path: Path | None = None  # the file's name while it has one of its own
+    if fd is None:
+        try:
+            fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix(target), suffix=SUFFIX)
+        except OSError as exc:  # a folder this process may not write in, a read-only file system
+            raise InputError(f"cannot write in {target.parent}: {exc.strerror or exc}", field="file") from exc
+        path = Path(name)
     try:
-        fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix(target), suffix=SUFFIX)
-    except OSError as exc:  # a folder this process may not write in, a read-only file system
-        raise InputError(f"cannot write in {target.parent}: {exc.strerror or exc}", field="file") from exc
-    path = Path(name)
-    try:
-        _hold(fd)  # before a byte is written: a file with the header in it is held from the start
+        # Before a byte is written (a file with the header in it is held from the start), and until
+        # it is renamed: a complete file is never taken for one a stopped export left.
+        _hold(fd)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             fd = -1  # the file object owns it now
             yield out
             out.flush()
             if target.is_symlink():  # renamed over, the user's link would become this file
                 raise InputError(f"{target} is a symbolic link: name the file it points to", field="file")
+            if path is None:
+                path = _name(out.fileno(), target)
             os.replace(path, target)
+            path = None
     except BaseException:
         if fd != -1:
             os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # ours: made by mkstemp above
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # ours: made above
         raise
 
 
@@ -91,29 +95,6 @@ def _unnamed_file(folder: Path) -> int | None:
         return os.open(folder, unnamed | os.O_WRONLY, 0o600)
     except OSError:
         return None  # a file system without them (or a folder not to write in: said below)
-
-
-@contextlib.contextmanager
-def _unnamed_partial(fd: int, target: Path) -> Iterator[TextIO]:
-    named: Path | None = None
-    try:
-        _hold(fd)  # held once named too, until renamed: never taken for a stopped export's
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            fd = -1  # the file object owns it now
-            yield out
-            out.flush()
-            if target.is_symlink():  # renamed over, the user's link would become this file
-                raise InputError(f"{target} is a symbolic link: name the file it points to", field="file")
-            named = _name(out.fileno(), target)
-            os.replace(named, target)
-            named = None
-    except BaseException:
-        if fd != -1:
-            os.close(fd)
-        if named is not None:
-            with contextlib.suppress(FileNotFoundError):
-                named.unlink()  # ours: named above
-        raise
 
 
 def _name(fd: int, target: Path) -> Path:
