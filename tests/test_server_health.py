@@ -5,6 +5,7 @@ call that needed a key, and a worker that had begun to stop still looked as read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,15 +61,24 @@ async def test_a_closed_memory_or_a_store_that_does_not_answer_is_not_ready(
     app = create_app(memory)
     async with _client(app) as client:
         original = memory.store.state_get
+        answers = asyncio.Event()
 
         async def stuck(*args: Any, **kwargs: Any) -> Any:
-            await asyncio.sleep(3600)  # a database locked, a PostgreSQL gone quiet
+            # A PostgreSQL that has stalled: its driver's read does not end when cancelled (the
+            # first probe waited for it, as long as the stall lasted).
+            while not answers.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await answers.wait()
             return await original(*args, **kwargs)
 
         monkeypatch.setattr(health, "READY_WITHIN_S", 0.2)
         monkeypatch.setattr(memory.store, "state_get", stuck)
-        slow = await client.get("/readyz")
+        slow = await asyncio.wait_for(client.get("/readyz"), 5)
+        again = await asyncio.wait_for(client.get("/readyz"), 1)  # no second read behind the first
         monkeypatch.setattr(memory.store, "state_get", original)
+        answers.set()
+        await asyncio.sleep(0.05)
+        assert again.status_code == 503
         assert (await client.get("/readyz")).status_code == 200
         await memory.close()
         closed = await client.get("/readyz")
@@ -93,3 +103,26 @@ def test_narrmem_serve_answers_readyz(tmp_path: Path) -> None:
     with narrmem_serve(tmp_path / "m", port):
         answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
     assert (answer.status_code, answer.json()) == (200, {"status": "ready"})
+
+
+def test_a_worker_asked_to_stop_answers_not_ready_while_it_drains(tmp_path: Path) -> None:
+    """SIGTERM closed the listener at once: a load balancer's next probe met a refused connection,
+    with no moment in which the worker said it was stopping. With --drain-seconds it goes on
+    serving that long, /readyz answering 503, then stops and exits 0."""
+    import signal
+    import time
+
+    port = free_port()
+    with narrmem_serve(tmp_path / "m", port, "--drain-seconds", "2") as server:
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200
+        asked = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        draining = httpx.get(f"{base}/readyz", timeout=10)
+        served = httpx.get(f"{base}/v1/stats", timeout=10)
+        assert server.wait(timeout=30) == 0
+        took = time.monotonic() - asked
+    assert draining.status_code == 503 and draining.json()["detail"] == "the server is stopping"
+    assert served.status_code == 200
+    assert 1.5 < took < 20

@@ -13,7 +13,9 @@ before the memory was closed, and what was acknowledged on receipt waited for th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +26,7 @@ from narrmem.errors import InputError
 # Seconds the requests under way get to end once the server stops; then they are cancelled. An
 # event stream ends as soon as the server stops (``when_stopping``), so this bounds the others.
 GRACEFUL_SECONDS = 10
+DRAIN_TICK = 0.1  # how often a drain looks for a second signal
 
 
 def check_port(port: int, field: str) -> None:
@@ -37,10 +40,15 @@ async def serve(
     field: str,
     when_listening: Callable[[], None] | None = None,
     when_stopping: Callable[[], None] | None = None,
+    drain_seconds: float = 0.0,
 ) -> None:
     """Serve ``config`` (a ``uvicorn.Config``) until it is stopped; ``when_listening`` is called
     once it listens, ``when_stopping`` once it begins to stop (before it waits for the requests
-    under way: what would never end by itself, an event stream, is ended there)."""
+    under way: what would never end by itself, an event stream, is ended there). With
+    ``drain_seconds``, it goes on serving that long after a stop is asked (``when_stopping`` has
+    been called: a readiness probe says so), then stops listening: uvicorn closed its sockets at
+    once, and a load balancer had no moment to send the next requests elsewhere. A second signal
+    cuts it short."""
     import uvicorn
     from uvicorn.server import HANDLED_SIGNALS
 
@@ -53,6 +61,10 @@ async def serve(
         async def shutdown(self, sockets: Any = None) -> None:
             if when_stopping is not None:
                 when_stopping()
+            for _ in range(math.ceil(drain_seconds / DRAIN_TICK)):
+                if self.force_exit:  # a second signal
+                    break
+                await asyncio.sleep(DRAIN_TICK)
             await super().shutdown(sockets=sockets)
 
         @contextlib.contextmanager

@@ -53,6 +53,14 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_BODY_TIMEOUT:g})",
     )
     serve.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on SIGTERM, go on serving this long with /readyz answering 503, so that a load "
+        "balancer sends the next requests elsewhere, then stop (default 0)",
+    )
+    serve.add_argument(
         "--metrics",
         metavar="HOST:PORT",
         help="serve Prometheus metrics at this address (off by default; no key there: bind a "
@@ -120,6 +128,8 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         raise InputError("must be at least 1", field="--max-connections")
     if not 0 < args.body_timeout <= 86_400:  # NaN too
         raise InputError("must be more than 0 and at most 86400 seconds", field="--body-timeout")
+    if not 0 <= args.drain_seconds <= 3_600:  # NaN too
+        raise InputError("must be 0 to 3600 seconds", field="--drain-seconds")
     ring = KeyRing.in_folder(settings.data_dir)
     if not is_loopback(args.host) and ring.active_count() == 0:
         raise ConfigError(
@@ -167,6 +177,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 field="--host/--port",
                 when_listening=lambda: print(serving, file=sys.stderr),
                 when_stopping=hub.stop_streams,
+                drain_seconds=args.drain_seconds,
             )
             # Stopped (SIGTERM, SIGINT): what was acknowledged is written and its hooks run, so
             # that the triggers they fire are queued for the webhook before it is drained.

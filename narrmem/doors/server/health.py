@@ -28,6 +28,7 @@ READY_WITHIN_S = 2.0
 NOT_READY = "not ready: stopping, closed, or the store does not answer"
 # A key no plugin writes: reading it reaches the store's database and finds nothing.
 PROBE = ("narrmem.health", "ready")
+PROBING = "narrmem.health.probe"  # ServerState.extra: a probe that outlived its answer
 
 
 class Health(BaseModel):
@@ -73,10 +74,25 @@ async def not_ready(state: ServerState | None) -> str | None:
     memory = state.memory
     if memory.closed:
         return "the memory is closed"
-    try:
-        await asyncio.wait_for(memory.store.state_get(*PROBE), READY_WITHIN_S)
-    except TimeoutError:
-        return f"the store did not answer within {READY_WITHIN_S:g} s"
-    except Exception as exc:  # whatever its driver raises: the answer says the store cannot be read
-        return f"the store cannot be read ({type(exc).__name__})"
+    slow = f"the store did not answer within {READY_WITHIN_S:g} s"
+    earlier: asyncio.Future[Any] | None = state.extra.get(PROBING)
+    if earlier is not None and not earlier.done():
+        return slow  # the last probe has not come back: no second one piles up behind it
+    probe: asyncio.Future[Any] = asyncio.ensure_future(memory.store.state_get(*PROBE))
+    # Not wait_for: it waits for the cancelled read to end, and a read of a PostgreSQL that has
+    # stalled does not end (the first probe hung for as long as the stall). The read is left to
+    # end by itself, kept until then; the answer does not wait for it.
+    done, _ = await asyncio.wait({probe}, timeout=READY_WITHIN_S)
+    if not done:
+        state.extra[PROBING] = probe
+        probe.add_done_callback(_ended)
+        return slow
+    error = probe.exception()
+    if error is not None:  # whatever its driver raises: the answer says the store cannot be read
+        return f"the store cannot be read ({type(error).__name__})"
     return None
+
+
+def _ended(probe: asyncio.Future[Any]) -> None:
+    if not probe.cancelled():
+        probe.exception()  # read, so that its failure is not reported as never retrieved
