@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,52 @@ def test_a_worker_asked_to_stop_answers_not_ready_while_it_drains(tmp_path: Path
     assert draining.status_code == 503 and draining.json()["detail"] == "the server is stopping"
     assert served.status_code == 200
     assert 1.5 < took < 20
+
+
+async def test_a_500_answer_leaves_the_connection_usable(tmp_path: Path) -> None:
+    """Answered by Starlette's outermost handler, an unexpected error was raised again after its
+    500, and uvicorn closed the connection: the client's next request on it failed (20 of 30 while
+    a PostgreSQL was down)."""
+    import uvicorn
+
+    async with open_memory(tmp_path / "m") as memory:
+        app = create_app(memory)
+
+        async def broken(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionResetError("the database went away")
+
+        memory.store.users = broken  # type: ignore[method-assign]
+        port = free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off")
+        )
+        serving = asyncio.ensure_future(server.serve())
+        try:
+            for _ in range(500):  # until it listens
+                if server.started:
+                    break
+                await asyncio.sleep(0.01)
+            # One connection, as a client's pool keeps it: a request, its answer, the next request.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            answers = []
+            for path in ("/v1/users", "/healthz", "/v1/users", "/healthz"):
+                writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                await writer.drain()
+                answers.append(await _answer(reader))
+            writer.close()
+            assert [status for status, _ in answers] == [500, 200, 500, 200]
+            assert json.loads(answers[0][1])["detail"].startswith("internal error")
+        finally:
+            server.should_exit = True
+            await serving
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """An HTTP/1.1 answer's status and body (by its Content-Length); (0, b"") when the connection
+    was closed instead."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) if not reader.at_eof() else b""
+    if not head:
+        return 0, b""
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length"))
+    return int(lines[0].split()[1]), await reader.readexactly(length)

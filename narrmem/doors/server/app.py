@@ -143,6 +143,7 @@ def create_app(
     memory.host.register(ForgetsVoidEvents(hub), name=_free_name(memory, "narrmem.server.forgets"))
     state = ServerState(memory=memory, keys=keys, hub=hub, max_batch=max_batch, metrics=metrics)
     app = _build(state, ui=ui)
+    app.add_middleware(InternalErrors)  # innermost: the others see its answer as any other
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     app.add_middleware(QueryUTF8)
     app.add_middleware(SecurityHeaders)
@@ -325,12 +326,42 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # What InternalErrors cannot answer (an error in a middleware outside it).
         log.exception("internal error on %s %s", request.method, request.url.path)
         answer = _problem(500, f"internal error: {type(exc).__name__}")
         # Answered by Starlette's outermost middleware, outside SecurityHeaders: added here.
         for name, value in EVERY_ANSWER:
             answer.headers[name.decode()] = value.decode()
         return answer
+
+
+class InternalErrors:
+    """Pure ASGI middleware: an error no handler answers becomes the 500 ``ErrorBody`` here, and
+    the connection stays usable. Answered by Starlette's outermost handler, the error was raised
+    again after the answer, and uvicorn closed the connection: the client's next request on it
+    failed (20 of 30 while a PostgreSQL was down), and each traceback was logged twice."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def noted(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noted)
+        except Exception as exc:
+            if started:
+                raise  # half an answer is out: nothing can be said now but to end the connection
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            await _problem(500, f"internal error: {type(exc).__name__}")(scope, receive, send)
 
 
 # --- who is calling -------------------------------------------------------------------------
