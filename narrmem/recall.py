@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from narrmem.errors import PluginError
+from narrmem.errors import PluginError, StoreError
 from narrmem.models import Candidate, Hit, MemoryRecord, RecallRequest, SceneDraft, Why
 from narrmem.ranking import reciprocal_rank_fusion
 from narrmem.snippets import snippet
@@ -40,12 +40,15 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
     # Two chains run side by side: the query's embedding and then the sources that need its
     # vector, and the early sources (keywords) and then the rows and vectors of what they found.
     # On a large store either may be the longer one; neither waits for the other to start.
-    with_vector = asyncio.ensure_future(_vector_candidates(memory, request))
+    failures: list[str] = []  # the sources of candidates that failed
+    with_vector = asyncio.ensure_future(_vector_candidates(memory, request, failures))
     try:
         # One turn of the loop hands the query to the model's thread before the early sources'
         # synchronous work (query parsing, the first statement) holds the loop.
         await asyncio.sleep(0)
-        early = await memory.host.call("narrmem_recall_prefetch", memory=memory, request=request)
+        early = await memory.host.call(
+            "narrmem_recall_prefetch", memory=memory, request=request, errors=failures
+        )
         early_ids = sorted({c.memory_id for b in early for c in b})
         # The similarity of a memory found by keywords alone needs its stored vector.
         records, early_vectors = await _records_and_vectors(memory, early_ids, request)
@@ -54,6 +57,7 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
         if not with_vector.done():
             with_vector.cancel()
     candidates: list[Candidate] = [c for batch in (*proposals, *early) for c in batch]
+    _known_empty(failures, candidates)
     missing = sorted({c.memory_id for c in candidates} - records.keys())
     if missing:
         records.update(await memory.store.get(missing, request.scope))
@@ -122,14 +126,30 @@ async def _among_candidates(
 
 
 async def _vector_candidates(
-    memory: Memory, request: RecallRequest
+    memory: Memory, request: RecallRequest, failures: list[str]
 ) -> tuple[np.ndarray, list[list[Candidate]]]:
     """The query's vector and what the sources that need it propose."""
     [query_vector] = await memory.embedder.embed([request.query])
     proposals = await memory.host.call(
-        "narrmem_recall_candidates", memory=memory, request=request, query_vector=query_vector
+        "narrmem_recall_candidates",
+        memory=memory,
+        request=request,
+        query_vector=query_vector,
+        errors=failures,
     )
     return query_vector, proposals
+
+
+def _known_empty(failures: list[str], candidates: list[Candidate]) -> None:
+    """A source of candidates that fails is left out, and the others answer; but when sources
+    failed and none proposed anything (the store is unreachable: a PostgreSQL gone away), the
+    answer is an error, not an empty recall, which a bot could not tell from "nothing is
+    remembered of this person"."""
+    if failures and not candidates:
+        raise StoreError(
+            f"recall could not read its sources ({len(failures)} failed, the first: "
+            f"{failures[0].split(':', 1)[0]}) and found nothing: nothing is known of what is stored"
+        )
 
 
 async def _records_and_vectors(
