@@ -327,12 +327,17 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         # What InternalErrors cannot answer (an error in a middleware outside it).
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        answer = _problem(500, f"internal error: {type(exc).__name__}")
+        answer = _internal(exc, request.method, request.url.path)
         # Answered by Starlette's outermost middleware, outside SecurityHeaders: added here.
         for name, value in EVERY_ANSWER:
             answer.headers[name.decode()] = value.decode()
         return answer
+
+
+def _internal(exc: Exception, method: object, path: object) -> JSONResponse:
+    """The 500 of an error no handler answers, logged with its traceback."""
+    log.exception("internal error on %s %s", method, path)
+    return _problem(500, f"internal error: {type(exc).__name__}")
 
 
 class InternalErrors:
@@ -360,8 +365,7 @@ class InternalErrors:
         except Exception as exc:
             if started:
                 raise  # half an answer is out: nothing can be said now but to end the connection
-            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
-            await _problem(500, f"internal error: {type(exc).__name__}")(scope, receive, send)
+            await _internal(exc, scope.get("method"), scope.get("path"))(scope, receive, send)
 
 
 # --- who is calling -------------------------------------------------------------------------
