@@ -10,6 +10,7 @@ from narrmem.errors import (
     NarrmemError,
     PluginError,
     StoreError,
+    StoreUnavailableError,
     UnknownToolError,
 )
 from narrmem.host import hookimpl
@@ -54,6 +55,7 @@ __all__ = [
     "Scope",
     "Settings",
     "StoreError",
+    "StoreUnavailableError",
     "SystemClock",
     "Tool",
     "TriageDecision",

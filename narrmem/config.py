@@ -137,6 +137,14 @@ class StorageSettings(_Section):
         "secret, so a dump or repr of the settings never shows the password",
     )
     busy_timeout_ms: int = Field(default=5000, ge=0, le=600_000)
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="postgres backend: how long one statement, or the wait for a connection, may "
+        "take; past it the call fails with StoreUnavailableError (503 over HTTP) rather than wait "
+        "on a server that stalls. Setting up the schema at open has no limit",
+    )
     keyword_index: Literal["auto", "fts5", "tantivy"] = Field(
         default="auto",
         description="sqlite backend: what keyword search runs on. 'auto': FTS5 until a user has "

@@ -49,6 +49,14 @@ class StoreError(NarrmemError):
     """The store could not do what was asked (for example an import that conflicts with stored rows)."""
 
 
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached now: its server is down, restarting or refusing connections, a
+    connection ended under the call, or it did not answer within its time limit
+    (``[storage] timeout_s``). Worth trying again a moment later (503 with ``Retry-After`` over
+    HTTP). A write that failed so may or may not have been made: ingest again with the same
+    message id, which stores a message once."""
+
+
 class ClosedError(StoreError):
     """A call on a memory that was closed: open it again (``Memory.open``) to use it."""
 

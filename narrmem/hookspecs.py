@@ -12,7 +12,9 @@ Conventions (read once, they hold for every hook below):
   ``None`` (the host emulates this *after* awaiting, so async implementations work).
 * A plugin that raises inside a per-message or per-query hook does not take the message down:
   the host logs it with the plugin's name, calls :func:`narrmem_plugin_error`, and carries on
-  with the other implementations. Errors in set-up hooks (configure, register, startup) abort
+  with the other implementations; except a :class:`~narrmem.errors.StoreUnavailableError` (the
+  store cannot be reached), which fails the call as a whole, to be tried again: an answer made
+  without the store would pass for "nothing is stored". Errors in set-up hooks (configure, register, startup) abort
   ``Memory.open`` instead, because a half-configured memory is worse than none: as a
   :class:`~narrmem.errors.PluginError` naming the plugin and the hook, the plugin's exception
   chained (a narrmem error it raised on purpose, a ``ConfigError`` naming a key, passes as it is).

@@ -2,7 +2,9 @@
 
 pluggy itself is synchronous. The host walks ``hook.get_hookimpls()`` in pluggy's call order,
 passes each implementation only the arguments it names, awaits coroutine results, emulates
-``firstresult`` after awaiting, and isolates a raising plugin.
+``firstresult`` after awaiting, and isolates a raising plugin: logged, reported to
+``narrmem_plugin_error`` and left out of the answer. A :class:`~narrmem.errors.StoreUnavailableError`
+is not isolated: the store cannot be reached, and the call as a whole fails with it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pluggy
 
 from narrmem import hookspecs
-from narrmem.errors import ConfigError, NarrmemError, PluginError
+from narrmem.errors import ConfigError, NarrmemError, PluginError, StoreUnavailableError
 from narrmem.hook_returns import Check, declared_check
 
 if TYPE_CHECKING:
@@ -224,6 +226,9 @@ class PluginHost:
             if ok and value is not None:
                 results.append(value)
         if failed:
+            unreachable = [exc for _, exc in failed if isinstance(exc, StoreUnavailableError)]
+            if unreachable:
+                raise unreachable[0]  # to be tried again, as a whole, once the store answers
             named = "; ".join(f"plugin '{name}': {exc!r}" for name, exc in failed)
             raise PluginError(f"{hook_name} failed in {named}") from failed[0][1]
         return results
@@ -260,7 +265,9 @@ class PluginHost:
             if value is not None:
                 self._check_return(impl.plugin_name, hook_name, value)
         except Exception as exc:
-            if not isolate:
+            # An unreachable store is no plugin's failure, and an answer made without it would
+            # pass for "nothing is stored" (empty patterns, no decay): the caller hears of it.
+            if not isolate or isinstance(exc, StoreUnavailableError):
                 raise
             if errors is not None:
                 errors.append(f"plugin '{impl.plugin_name}' failed in {hook_name}: {exc!r}")

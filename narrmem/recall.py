@@ -56,6 +56,10 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
     finally:
         if not with_vector.done():
             with_vector.cancel()
+        elif not with_vector.cancelled():
+            # Its error, when the early chain failed first (both find the store unreachable),
+            # would be logged as never retrieved; the one raised here says the same.
+            with_vector.exception()
     candidates: list[Candidate] = [c for batch in (*proposals, *early) for c in batch]
     _known_empty(failures, candidates)
     missing = sorted({c.memory_id for c in candidates} - records.keys())

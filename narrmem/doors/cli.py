@@ -15,7 +15,7 @@ from narrmem import __version__
 from narrmem.checks import folder_problem
 from narrmem.config import Settings, load_settings
 from narrmem.doors.server.commands import SERVER_COMMANDS, add_server_commands
-from narrmem.errors import ConfigError, InputError, NarrmemError
+from narrmem.errors import ConfigError, InputError, NarrmemError, StoreUnavailableError
 
 Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
@@ -175,6 +175,11 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+# The store could not be reached (its server down or not answering): sysexits' EX_TEMPFAIL, which
+# a script or a job scheduler reads as "try again later", unlike 2 (a refusal that will not change).
+EXIT_TRY_AGAIN = 75
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -201,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(
             COMMANDS[args.command](args, settings.model_copy(update=_where_model_runs(args, settings)))
         )
+    except StoreUnavailableError as exc:
+        print(f"narrmem: error: {one_line(str(exc))} (try again later)", file=sys.stderr)
+        return EXIT_TRY_AGAIN
     except NarrmemError as exc:
         print(f"narrmem: error: {one_line(str(exc))}", file=sys.stderr)
         return 2

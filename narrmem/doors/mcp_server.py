@@ -26,7 +26,7 @@ from urllib.parse import quote, unquote
 
 from narrmem import __version__
 from narrmem.checks import has_surrogate
-from narrmem.errors import ClosedError, InputError, NarrmemError
+from narrmem.errors import ClosedError, InputError, NarrmemError, StoreUnavailableError
 from narrmem.memory import Memory
 
 log = logging.getLogger("narrmem.mcp")
@@ -136,6 +136,8 @@ def _tool_caller(memory: Memory, served: list[str], tenant: str) -> Any:
                 )
             arguments = _in_tenant(memory, params.name, dict(params.arguments or {}), tenant)
             result = await memory.call_tool(params.name, arguments)
+        except StoreUnavailableError as exc:
+            return error(f"{exc} (try again later)")  # an agent may retry this one, not the others
         except NarrmemError as exc:
             return error(str(exc))
         except Exception as exc:

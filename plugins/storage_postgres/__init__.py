@@ -36,6 +36,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             hnsw_ef_search=storage.hnsw_ef_search,
             read_only=memory.read_only,
             clock=memory.clock,
+            timeout_s=storage.timeout_s,
         )
 
     register("postgres", factory)

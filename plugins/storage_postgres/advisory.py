@@ -43,8 +43,9 @@ CONNECTION_ENDED = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, Con
 
 
 class AdvisoryLock:
-    def __init__(self, pool: asyncpg.Pool, key: int, name: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, key: int, name: str, *, timeout_s: float | None = None) -> None:
         self.pool = pool
+        self.timeout_s = timeout_s  # the wait for a connection
         self.key = key
         self.name = name
         self._conn: Any = None
@@ -55,7 +56,7 @@ class AdvisoryLock:
 
     async def take(self) -> bool:
         """Whether the lock is now held here (``False``: another session holds it)."""
-        conn = await self.pool.acquire()
+        conn = await self.pool.acquire(timeout=self.timeout_s)
         try:
             held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.key))
         except BaseException:

@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import asyncpg
+from narrmem_plugins.storage_postgres.reach import unreachable
 from narrmem_plugins.storage_postgres.schema import MIGRATION_LOCK
 
-from narrmem.errors import StoreError
+from narrmem.errors import StoreError, StoreUnavailableError
 from narrmem.store import check_sql_params
 
 # Quoted strings, quoted names and comments: nothing inside them is translated.
@@ -109,4 +110,5 @@ class PostgresSQL:
             # The server's message alone: its DETAIL quotes the row (a key's values, a failing
             # row's text), which the error, and a log of it, would carry past a forget.
             said = exc.args[0] if exc.args else type(exc).__name__
-            raise StoreError(f"{' '.join(sql.split())[:80]}: {said}") from exc
+            kind = StoreUnavailableError if unreachable(exc) else StoreError
+            raise kind(f"{' '.join(sql.split())[:80]}: {said}") from exc

@@ -27,6 +27,7 @@ from narrmem_plugins.storage_postgres.keywords import (
     keyword_tokens,
     keywords_sql,
 )
+from narrmem_plugins.storage_postgres.reach import GuardedPool, unavailable, unreachable
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
 from narrmem_plugins.storage_postgres.workers_fence import PostgresWorkersFence
@@ -185,6 +186,7 @@ class PostgresStore(ForgetJournal):
         read_only: bool = False,
         text_config: str | None = None,
         clock: Clock | None = None,
+        timeout_s: float = 30.0,
     ) -> None:
         self.clock: Clock = clock or SystemClock()  # the memory's: when a forget was recorded
         text_config = text_config or DEFAULT_TEXT_CONFIG
@@ -198,7 +200,8 @@ class PostgresStore(ForgetJournal):
         self.pool_size = pool_size
         self.read_only = read_only
         self.text_config = text_config
-        self._pool: asyncpg.Pool | None = None
+        self.timeout_s = timeout_s
+        self._pool: GuardedPool | None = None
         self._term_cache: dict[str, str] = {}  # query term -> its tsquery in text_config
         self._workers_fence: PostgresWorkersFence | None = None
         self.dim = 0
@@ -212,9 +215,9 @@ class PostgresStore(ForgetJournal):
         self.dim = dim
         self._term_cache.clear()
         try:
-            conn = await asyncpg.connect(self._dsn)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
-            raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {self._scrub(exc)}") from exc
+            conn = await asyncpg.connect(self._dsn, timeout=self.timeout_s)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+            raise self._not_connected(exc) from exc
         try:
             if not self.read_only:
                 await self._create_extension(conn)
@@ -237,20 +240,23 @@ class PostgresStore(ForgetJournal):
         if self.read_only:
             settings["default_transaction_read_only"] = "on"
         try:
-            self._pool = await asyncpg.create_pool(
+            pool = await asyncpg.create_pool(
                 self._dsn,
                 min_size=1,
                 max_size=self.pool_size,
                 init=register_vector,
                 server_settings=settings,
+                timeout=self.timeout_s,
+                command_timeout=self.timeout_s,
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {self._scrub(exc)}") from exc
+            raise self._not_connected(exc) from exc
+        self._pool = GuardedPool(pool, where=self.where, scrub=self._scrub_text, limit_s=self.timeout_s)
 
     async def recorded_model(self) -> str | None:
         try:
-            conn = await asyncpg.connect(self._dsn)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError):
+            conn = await asyncpg.connect(self._dsn, timeout=self.timeout_s)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError):
             return None  # the open that follows reports it
         try:
             if not await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL"):
@@ -319,17 +325,27 @@ class PostgresStore(ForgetJournal):
         """This worker's side of the fence between a forget and the other workers' writes in
         flight (:mod:`.workers_fence`), on a connection of its own opened at its first use."""
         if self._workers_fence is None:
-            self._workers_fence = PostgresWorkersFence(self._dsn)
+            self._workers_fence = PostgresWorkersFence(self._dsn, timeout_s=self.timeout_s)
         return self._workers_fence
 
     @property
-    def pool(self) -> asyncpg.Pool:
+    def pool(self) -> GuardedPool:
         if self._pool is None:
             raise StoreError("the store is not open")
         return self._pool
 
     def _scrub(self, exc: BaseException) -> str:
         return scrub(str(exc) or type(exc).__name__, self._dsn)
+
+    def _scrub_text(self, text: str) -> str:
+        return scrub(text, self._dsn)
+
+    def _not_connected(self, exc: BaseException) -> StoreError:
+        """A failed connect: unavailable when the server could not be reached (it may be back in a
+        moment), a plain refusal otherwise (a wrong password, no such database)."""
+        if unreachable(exc):
+            return unavailable(exc, self.where, self._scrub_text, self.timeout_s)
+        return StoreError(f"cannot connect to PostgreSQL at {self.where}: {self._scrub(exc)}")
 
     # --- transactions ---------------------------------------------------------------------
 
@@ -367,8 +383,10 @@ class PostgresStore(ForgetJournal):
         """Whether this worker holds the named job (a session advisory lock) for the block: one
         worker at a time runs it, the others get ``False`` at once and skip it. A lost connection
         does not lose the lock for long: it is taken again (:mod:`.advisory`)."""
-        lock = AdvisoryLock(self.pool, lock_key(name), name)
-        held = await lock.take()
+        pool = self.pool
+        lock = AdvisoryLock(pool.raw, lock_key(name), name, timeout_s=self.timeout_s)
+        async with pool.reaching():
+            held = await lock.take()
         try:
             yield held
         finally:

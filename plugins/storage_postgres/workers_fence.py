@@ -55,8 +55,9 @@ from typing import Any, NoReturn, TypeVar
 import asyncpg
 from narrmem_plugins.storage_postgres.advisory import CONNECTION_ENDED, lock_key
 from narrmem_plugins.storage_postgres.dsn import scrub
+from narrmem_plugins.storage_postgres.reach import unreachable
 
-from narrmem.errors import ClosedError, StoreError
+from narrmem.errors import ClosedError, StoreError, StoreUnavailableError
 
 log = logging.getLogger("narrmem.storage_postgres")
 T = TypeVar("T")
@@ -112,8 +113,12 @@ class _Carrier:
 
 
 class PostgresWorkersFence:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, timeout_s: float = 60.0) -> None:
         self._dsn = dsn
+        # The limit of opening a session and of each command on the units' session, none of which
+        # waits for a lock (tries, and letting go): past it, the server stalls. The sessions that
+        # wait at a gate have none: they wait as long as the forget that holds it.
+        self._timeout_s = timeout_s
         self._conn: Any = None
         self._lock = asyncio.Lock()  # one command at a time on the connection
         self._units = 0
@@ -164,8 +169,7 @@ class PostgresWorkersFence:
                 # The room's session ended: the next try opens another, up to a few times.
                 failures += 1
                 if failures >= TRIES:
-                    reason = scrub(str(exc), self._dsn)
-                    raise StoreError(f"the fence between workers failed: {reason}") from exc
+                    raise self._error("the fence between workers failed", exc) from exc
 
     async def _through_room(self) -> None:
         """Wait at the gate on the waiting room's session, and count as one of its units once it
@@ -293,15 +297,16 @@ class PostgresWorkersFence:
                 yield
             finally:
                 with contextlib.suppress(*BROKEN):
+                    # Letting go never waits: no answer in time is a stalled server (BROKEN).
                     if to_carry is None:
-                        await conn.execute(OPEN_GATE)
+                        await conn.execute(OPEN_GATE, timeout=self._timeout_s)
                     else:
-                        await conn.execute(HAND_OVER)
+                        await conn.execute(HAND_OVER, timeout=self._timeout_s)
                         # Asked with no wait since the hand-over: a batch that holds from now on
                         # is counted, or holds on the units' session.
                         carried = to_carry()
                         if not carried:
-                            await conn.execute(GIVE_BACK)
+                            await conn.execute(GIVE_BACK, timeout=self._timeout_s)
                     done = True
         finally:
             self._gate_held -= 1
@@ -338,7 +343,7 @@ class PostgresWorkersFence:
         done = False
         with contextlib.suppress(*BROKEN):
             if not self._closed and not conn.is_closed():
-                await conn.execute(GIVE_BACK)
+                await conn.execute(GIVE_BACK, timeout=self._timeout_s)
                 done = True
         self._keep_or_end(conn, done)
 
@@ -384,8 +389,7 @@ class PostgresWorkersFence:
         if self._closed:
             raise ClosedError("the memory is closed") from exc
         if isinstance(exc, BROKEN):
-            reason = scrub(str(exc), self._dsn)
-            raise StoreError(f"the forget lost its connection to PostgreSQL: {reason}") from exc
+            raise self._error("the forget lost its connection to PostgreSQL", exc) from exc
         raise exc
 
     async def close(self) -> None:
@@ -438,14 +442,21 @@ class PostgresWorkersFence:
             return self._conn
         if self._conn is not None:
             self._lost()
-        self._conn = await self._connect()
+        self._conn = await self._connect(command_timeout=self._timeout_s)
         return self._conn
 
-    async def _connect(self) -> Any:
+    async def _connect(self, *, command_timeout: float | None = None) -> Any:
         try:
-            return await asyncpg.connect(self._dsn)
+            return await asyncpg.connect(self._dsn, timeout=self._timeout_s, command_timeout=command_timeout)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(f"cannot connect to PostgreSQL: {scrub(str(exc), self._dsn)}") from exc
+            raise self._error("cannot connect to PostgreSQL", exc) from exc
+
+    def _error(self, what: str, exc: BaseException) -> StoreError:
+        """``what`` failed with ``exc``: unavailable when the server could not be reached."""
+        if isinstance(exc, TimeoutError):
+            return StoreUnavailableError(f"{what}: PostgreSQL did not answer within {self._timeout_s:g} s")
+        kind = StoreUnavailableError if unreachable(exc) else StoreError
+        return kind(f"{what}: {scrub(str(exc) or type(exc).__name__, self._dsn)}")
 
     def _hold(self) -> None:
         self._held = True
@@ -466,8 +477,9 @@ class PostgresWorkersFence:
     def _failed(self, exc: BaseException, failures: int) -> int:
         """A command of the fence failed: a new session next time, up to a few times in a row."""
         self._lost()
-        if failures + 1 >= TRIES:
-            raise StoreError(f"the fence between workers failed: {scrub(str(exc), self._dsn)}") from exc
+        # A command that found no answer in time is not tried again: the server stalls.
+        if failures + 1 >= TRIES or isinstance(exc, TimeoutError):
+            raise self._error("the fence between workers failed", exc) from exc
         return failures + 1
 
     async def _give_back(self, conn: Any) -> None:

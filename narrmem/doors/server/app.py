@@ -66,7 +66,15 @@ from narrmem.doors.server.schemas import (
     without_tenant_defaults,
 )
 from narrmem.doors.transfer import export_header, export_text, no_forget_pending
-from narrmem.errors import ClosedError, InputError, NarrmemError, PluginError, StoreError, UnknownToolError
+from narrmem.errors import (
+    ClosedError,
+    InputError,
+    NarrmemError,
+    PluginError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownToolError,
+)
 from narrmem.memory import Memory
 from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IncomingMessage, IngestResult, Scope, no_nul
 
@@ -312,6 +320,10 @@ def _errors(app: FastAPI) -> None:
     async def closed(request: Request, exc: ClosedError) -> JSONResponse:
         return _problem(503, str(exc))
 
+    @app.exception_handler(StoreUnavailableError)
+    async def store_unreachable(request: Request, exc: StoreUnavailableError) -> JSONResponse:
+        return _problem(503, str(exc), headers={"Retry-After": str(RETRY_UNAVAILABLE_AFTER_S)})
+
     @app.exception_handler(StoreError)
     async def store_refused(request: Request, exc: StoreError) -> JSONResponse:
         return _problem(409, str(exc))
@@ -456,6 +468,10 @@ def _without_input(error: dict[str, Any]) -> dict[str, Any]:
     return plain
 
 
+# Seconds a client is asked to wait before trying a call again whose store could not be reached.
+RETRY_UNAVAILABLE_AFTER_S = 5
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
@@ -472,7 +488,19 @@ SHARED_ERRORS: dict[int | str, dict[str, Any]] = {
     413: _error("the body is over the server's --max-body, or the batch over --max-batch (field: messages)"),
     422: _error("the request is not valid: detail lists the problems, field names the first one's field"),
     501: _error("no plugin this call needs is loaded (graph, rtm)"),
-    503: _error("the memory is closed"),
+    503: {
+        **_error(
+            "the memory is closed, or its store cannot be reached now (a database down or not "
+            "answering within storage.timeout_s): try again after Retry-After seconds; an ingest "
+            "tried again with the same message id stores the message once"
+        ),
+        "headers": {
+            "Retry-After": {
+                "description": "seconds to wait before trying again (when the store cannot be reached)",
+                "schema": {"type": "integer"},
+            }
+        },
+    },
 }
 
 

@@ -1,0 +1,259 @@
+"""A PostgreSQL that cannot be reached: every call fails with ``StoreUnavailableError`` (503 with
+``Retry-After`` over HTTP), within ``storage.timeout_s`` when the server stalls, and the store
+works again when the server is back. Before, the same outage answered 409, 500 and 501 by route,
+and 200 with nothing in it (patterns, decay), which a bot could not tell from "nothing is stored";
+a stalled server held every call for good.
+
+A real server behind a TCP proxy of the test's, which can end every connection and refuse new ones
+(a server down or failing over) or pass no byte either way (a server that stalls)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from _helpers import msg
+from _postgres import fresh_database
+from narrmem_plugins.storage_postgres.reach import unreachable
+
+from narrmem import Memory, StoreError, StoreUnavailableError
+from narrmem.doors.server import create_app
+from narrmem.errors import PluginError
+from narrmem.testing import open_memory
+
+
+class Proxy:
+    """TCP in front of the server's socket: ``pass``, ``down`` or ``stall``."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.mode = "pass"
+        self.port = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def cut(self) -> None:
+        self.mode = "down"
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "down":
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
+        self._writers += [writer, up_writer]
+        for a, b in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.ensure_future(self._pipe(a, b))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                while self.mode == "stall":  # noqa: ASYNC110 (a plain attribute the test flips)
+                    await asyncio.sleep(0.02)
+                if self.mode == "down":
+                    break
+                sink.write(data)
+                await sink.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            sink.transport.abort()
+
+
+@contextlib.asynccontextmanager
+async def behind_proxy(tmp_path: Path, timeout_s: float = 30.0) -> AsyncIterator[tuple[Memory, Proxy]]:
+    dsn = await fresh_database("unreachable")
+    base, _, query = dsn.partition("?")
+    folder = query.split("host=", 1)[1].split("&", 1)[0]
+    [socket_path] = [p for p in glob.glob(os.path.join(folder, ".s.PGSQL.*")) if not p.endswith(".lock")]
+    proxy = Proxy(socket_path)
+    await proxy.start()
+    database = base.rsplit("/", 1)[1]
+    storage = {"backend": "postgres", "dsn": f"postgresql://postgres@127.0.0.1:{proxy.port}/{database}"}
+    try:
+        async with open_memory(tmp_path / "m", storage={**storage, "timeout_s": timeout_s}) as memory:
+            await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="ann"))
+            await memory.ingest(msg("2", "I moved to Lisbon last spring", user="ann"))
+            await memory.settle()
+            try:
+                yield memory, proxy
+            finally:
+                proxy.mode = "pass"
+    finally:
+        await proxy.stop()
+
+
+# Every route that reads or writes the store, with a valid request.
+ROUTES: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", "/v1/ingest", {"json": msg("3", "I started learning the cello", user="ann")}),
+    ("POST", "/v1/recall", {"json": {"query": "greyhound", "scope": {"user_id": "ann"}}}),
+    ("POST", "/v1/context", {"json": {"text": "pets?", "user_id": "ann"}}),
+    ("POST", "/v1/turn-context", {"json": {"text": "my pet", "user_id": "ann", "chat_id": "c1"}}),
+    ("GET", "/v1/patterns", {"params": {"user_id": "ann"}}),
+    ("GET", "/v1/summary", {"params": {"user_id": "ann"}}),
+    ("GET", "/v1/users", {}),
+    ("GET", "/v1/tenants", {}),
+    ("GET", "/v1/stats", {}),
+    ("GET", "/v1/export", {}),
+    ("GET", "/v1/memories/1/history", {}),
+    ("POST", "/v1/forget", {"json": {"user_id": "bob"}}),
+    ("POST", "/v1/messages/delete", {"json": {"chat_id": "c1", "message_ids": ["9"]}}),
+    ("POST", "/v1/decay", {"json": {}}),
+    ("POST", "/v1/edit", {"json": msg("2", "I moved to Porto last spring", user="ann")}),
+]
+
+
+async def _answers(memory: Memory) -> dict[str, httpx.Response]:
+    transport = httpx.ASGITransport(create_app(memory))
+    async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test", timeout=60) as client:
+        return {path: await client.request(method, path, **kw) for method, path, kw in ROUTES}
+
+
+async def test_every_route_answers_503_while_the_server_is_down_and_works_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    async with behind_proxy(tmp_path) as (memory, proxy):
+        proxy.cut()
+        answers = await _answers(memory)
+        wrong = {path: (a.status_code, a.text[:80]) for path, a in answers.items() if a.status_code != 503}
+        assert not wrong
+        for answer in answers.values():
+            assert answer.headers["Retry-After"].isdigit() and answer.json()["detail"]
+        with pytest.raises(StoreUnavailableError):
+            await memory.ingest(msg("3", "I started learning the cello", user="ann"))
+        with pytest.raises(StoreUnavailableError):
+            await memory.patterns(user_id="ann")
+
+        proxy.mode = "pass"  # back: the pool opens new sessions, nothing was lost
+        again = await memory.ingest(msg("3", "I started learning the cello", user="ann"))
+        assert again.stored
+        assert (await memory.ingest(msg("3", "I started learning the cello", user="ann"))).duplicate
+        await memory.settle()
+        hits = await memory.recall("learning the cello", user_id="ann", reinforce=False)
+        assert any("cello" in hit.text for hit in hits), [h.text for h in hits]
+        dog = await memory.recall("my greyhound", user_id="ann", reinforce=False)
+        assert any("greyhound" in hit.text for hit in dog)
+
+
+async def test_a_stalled_server_fails_each_call_within_the_time_limit(tmp_path: Path) -> None:
+    async with behind_proxy(tmp_path, timeout_s=1.0) as (memory, proxy):
+        proxy.mode = "stall"
+        calls = {
+            "ingest": memory.ingest(msg("3", "I started learning the cello", user="ann")),
+            "recall": memory.recall("greyhound", user_id="ann", reinforce=False),
+            "forget": memory.forget(user_id="bob"),
+            "users": memory.users(),
+            "patterns": memory.patterns(user_id="ann"),
+        }
+        for name, call in calls.items():
+            # Without the limit these wait for as long as the server stalls (here, for good).
+            with pytest.raises(StoreUnavailableError, match="did not answer within 1 s"):
+                await asyncio.wait_for(call, 30)
+            assert name
+        proxy.mode = "pass"
+        assert (await memory.ingest(msg("3", "I started learning the cello", user="ann"))).stored
+        assert await memory.recall("greyhound", user_id="ann", reinforce=False)
+
+
+async def test_refusals_stay_store_errors_and_are_not_unavailable(tmp_path: Path) -> None:
+    """A missing database is a refusal: trying again gives the same answer (409, not 503)."""
+    dsn = await fresh_database("refused")
+    missing = dsn.replace("/refused_", "/no_such_database_", 1)
+    with pytest.raises(StoreError) as refused:
+        async with open_memory(tmp_path / "m", storage={"backend": "postgres", "dsn": missing}):
+            pass
+    assert not isinstance(refused.value, StoreUnavailableError)
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (ConnectionResetError(104, "Connection reset by peer"), True),
+        (TimeoutError(), True),
+        (asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"), True),
+        (asyncpg.CannotConnectNowError("the database system is starting up"), True),
+        (asyncpg.TooManyConnectionsError("sorry, too many clients already"), True),
+        (asyncpg.InterfaceError("connection is closed"), True),
+        (asyncpg.InterfaceError("pool is closing"), True),
+        (asyncpg.UniqueViolationError("duplicate key"), False),
+        (asyncpg.InvalidPasswordError("password authentication failed"), False),
+        (asyncpg.InterfaceError("cannot perform operation: another operation is in progress"), False),
+        (ValueError("bad"), False),
+        (asyncio.CancelledError(), False),
+    ],
+)
+def test_what_counts_as_unreachable(error: BaseException, expected: bool) -> None:
+    assert unreachable(error) is expected
+
+
+async def test_an_isolated_hook_does_not_hide_an_unreachable_store(tmp_path: Path) -> None:
+    """The host isolates a plugin's failure (left out of the answer), but not an unreachable
+    store: the answer would pass for "nothing stored"."""
+    from narrmem import hookimpl
+
+    class Unreachable:
+        @hookimpl
+        def narrmem_patterns(self, memory: Any, user: Any, now: Any) -> Any:
+            raise StoreUnavailableError("the database is down")
+
+    class Broken:
+        @hookimpl
+        def narrmem_patterns(self, memory: Any, user: Any, now: Any) -> Any:
+            raise RuntimeError("a bug")
+
+    async with open_memory(tmp_path / "m") as memory:
+        memory.host.pm.register(Broken(), name="broken")
+        await memory.patterns(user_id="ann")  # a plugin's bug: isolated, reported
+        assert any(name == "broken" for name, _, _ in memory.host.errors)
+        memory.host.pm.register(Unreachable(), name="unreachable")
+        with pytest.raises(StoreUnavailableError):
+            await memory.patterns(user_id="ann")
+        with pytest.raises(StoreUnavailableError):
+            await memory.host.call_every("narrmem_patterns", memory=memory, user=None, now=None)
+        memory.host.pm.unregister(name="unreachable")
+        with pytest.raises(PluginError, match="broken"):  # any other failure of a hook that must all run
+            await memory.host.call_every("narrmem_patterns", memory=memory, user=None, now=None)
+
+
+def test_the_command_line_exits_75_when_the_store_cannot_be_reached(tmp_path: Path) -> None:
+    """A backup job or a script told "try again later" (sysexits' EX_TEMPFAIL), not 2 ("your input
+    is wrong"), when PostgreSQL is down; a refusal stays 2."""
+    import socket
+
+    from _helpers import run_narrmem
+
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NARRMEM_")} | {
+        "NARRMEM_STORAGE__BACKEND": "postgres",
+        "NARRMEM_STORAGE__DSN": f"postgresql://postgres@127.0.0.1:{port}/narrmem",
+        "NARRMEM_STORAGE__TIMEOUT_S": "5",
+    }
+    done = run_narrmem("stats", "--data", str(tmp_path / "d"), cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 75, done.stderr
+    assert "cannot be reached" in done.stderr and "try again later" in done.stderr
