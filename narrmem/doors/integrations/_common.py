@@ -11,6 +11,7 @@ from datetime import datetime, tzinfo
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from narrmem.doors.integrations.backlog import backlog_of
 from narrmem.errors import InputError, NarrmemError
 from narrmem.memory import Memory
 from narrmem.models import (
@@ -275,38 +276,52 @@ async def ingest(
     """Ingest one message; the trigger events it causes are said to ``target`` by ``triggers``.
 
     Memory is an aid to the bot, never a reason for it to stop answering: a failure is logged and
-    ``None`` returned.
+    ``None`` returned. A message the store cannot take now (unreachable) waits in the memory's
+    :mod:`~narrmem.doors.integrations.backlog` and is ingested once it answers (``None`` here);
+    its trigger events are said then.
     """
     expected = triggers is not None and triggers.expect(message, target)
-    result: IngestResult | None = None
-    try:
+
+    async def once() -> IngestResult:
         result = await memory.ingest(message)
+        if triggers is not None:
+            triggers.ingested(message, result, expected=expected)
+        return result
+
+    try:
+        return await backlog_of(memory).run("message", once)
     except Exception:
         log.exception("narrmem could not ingest a message")
-    if triggers is not None:
-        triggers.ingested(message, result, expected=expected)
-    return result
+        if triggers is not None:
+            triggers.ingested(message, None, expected=expected)
+        return None
 
 
 async def edit(memory: Memory, message: Message) -> IngestResult | None:
-    """Replace what an edited message left (its earlier texts stay in the episode's history)."""
+    """Replace what an edited message left (its earlier texts stay in the episode's history);
+    made later, in order, when the store cannot be reached now."""
     try:
-        return await memory.edit(message)
+        return await backlog_of(memory).run("edit", lambda: memory.edit(message))
     except Exception:
         log.exception("narrmem could not apply the edit of a message")
         return None
 
 
 async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_ids: list[str]) -> int:
-    """Forget what deleted messages left; returns how many memories went."""
+    """Forget what deleted messages left; returns how many memories went (0 when the forget waits
+    for the store, which cannot be reached now: it is made once it answers, after what came before)."""
     if not message_ids:
         return 0
+
+    async def once() -> dict[str, int]:
+        return await memory.forget_messages(chat_id=chat_id, message_ids=message_ids, tenant=tenant)
+
     try:
-        counts = await memory.forget_messages(chat_id=chat_id, message_ids=message_ids, tenant=tenant)
+        counts = await backlog_of(memory).run("forget of deleted messages", once)
     except Exception:
         log.exception("narrmem could not forget deleted messages of a chat")
         return 0
-    return counts.get("memories", 0)
+    return 0 if counts is None else counts.get("memories", 0)
 
 
 def scope_of(message: Message, scope: ContextScope, *, private: bool = False) -> Scope:

@@ -1,0 +1,142 @@
+"""A bot's messages, edits and deletions while its PostgreSQL cannot be reached wait and are made,
+in order, once it answers: before, each was logged and dropped, so a chat's messages of an outage
+were never remembered, and a message deleted during it stayed stored for good (its forget failed
+and nobody asked again). A real discord.py bot (real ``discord.Message`` objects from gateway
+payloads) on a real server behind a proxy that cuts it; the order and room rules with plain calls."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from _pgproxy import behind_proxy
+from test_integrations import ANN, GUILD_ID, DiscordHarness, episodes, open_harness
+
+from narrmem import StoreUnavailableError
+from narrmem.doors.integrations import backlog as backlog_module
+from narrmem.doors.integrations.backlog import Backlog, backlog_of
+from narrmem.errors import ClosedError
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backlog_module, "RETRY_DELAYS", (0.05, 0.1))
+    monkeypatch.setattr(backlog_module, "RETRY_EVERY", 0.2)
+
+
+async def test_a_bots_messages_edits_and_deletions_during_an_outage_are_made_once_it_is_back(
+    tmp_path: Any,
+) -> None:
+    async with behind_proxy(tmp_path, timeout_s=2.0) as (memory, proxy):
+        bot = await open_harness("discord.py", memory, guild_as="tenant")
+        assert isinstance(bot, DiscordHarness)
+        try:
+            await bot.send(11, "I play the violin in an orchestra", user=ANN, chat=7, group=True)
+            proxy.cut()
+            await bot.send(12, "I moved to Lisbon in March", user=ANN, chat=7, group=True)
+            await bot.send(13, "My bank card PIN is written on a note", user=ANN, chat=7, group=True)
+            await bot.edit(12, "I moved to Porto in March", user=ANN, chat=7, group=True)
+            await bot.delete([13], chat=7, group=True)  # the person took it back during the outage
+            backlog = backlog_of(memory)
+            assert len(backlog) == 4
+            await bot.send(14, "I adopted a cat called Miso", user=ANN, chat=7, group=True)
+            assert len(backlog) == 5  # behind the others, though it came after nothing failed for it
+
+            proxy.mode = "pass"
+            await asyncio.wait_for(backlog.drained(), 60)
+            await memory.settle()
+        finally:
+            await bot.close()
+        texts = {
+            r.message_ids[0]: r.text for r in await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))
+        }
+    assert texts == {
+        bot.message_id(11): "I play the violin in an orchestra",
+        bot.message_id(12): "I moved to Porto in March",
+        bot.message_id(14): "I adopted a cat called Miso",
+    }
+
+
+class Calls:
+    """Plain calls that fail with the store unreachable while ``away`` is set."""
+
+    def __init__(self) -> None:
+        self.away = True
+        self.made: list[str] = []
+
+    def call(self, name: str) -> Any:
+        async def once() -> str:
+            if self.away:
+                raise StoreUnavailableError("away")
+            self.made.append(name)
+            return name
+
+        return once
+
+
+async def test_calls_wait_in_order_and_new_calls_go_behind_them() -> None:
+    calls = Calls()
+    backlog = Backlog()
+    assert await backlog.run("message", calls.call("m1")) is None
+    calls.away = False
+    assert await backlog.run("forget of deleted messages", calls.call("f1")) is None  # m1 waits: behind it
+    await asyncio.wait_for(backlog.drained(), 10)
+    assert calls.made == ["m1", "f1"] and len(backlog) == 0
+    assert await backlog.run("message", calls.call("m2")) == "m2"  # nothing waits: made at once
+
+
+async def test_a_full_backlog_drops_the_oldest_message_and_keeps_forgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(backlog_module, "MAX_WAITING", 4)
+    calls = Calls()
+    backlog = Backlog()
+    for name, kind in [
+        ("m1", "message"),
+        ("f1", "forget of deleted messages"),
+        ("m2", "message"),
+        ("e1", "edit"),
+    ]:
+        await backlog.run(kind, calls.call(name))  # type: ignore[arg-type]
+    await backlog.run("message", calls.call("m3"))  # full: m2, the oldest after the one being tried, goes
+    assert backlog.dropped == 1 and len(backlog) == 4
+    calls.away = False
+    await asyncio.wait_for(backlog.drained(), 10)
+    assert calls.made == ["m1", "f1", "e1", "m3"]
+
+
+async def test_a_refused_call_is_dropped_and_a_closed_memory_ends_the_wait() -> None:
+    backlog = Backlog()
+    made: list[str] = []
+    state = {"away": True}
+
+    async def refused() -> None:
+        if state["away"]:
+            raise StoreUnavailableError("away")
+        raise ValueError("refused once the store answered")
+
+    async def fine() -> None:
+        made.append("fine")
+
+    await backlog.run("message", refused)
+    await backlog.run("message", fine)
+    state["away"] = False
+    await asyncio.wait_for(backlog.drained(), 10)
+    assert made == ["fine"]
+
+    closing = {"closed": False}
+
+    async def until_closed() -> None:
+        if closing["closed"]:
+            raise ClosedError("the memory is closed")
+        raise StoreUnavailableError("away")
+
+    async def never() -> None:
+        made.append("never")
+
+    await backlog.run("message", until_closed)
+    await backlog.run("message", never)
+    closing["closed"] = True  # the memory closed while both waited: neither is made, the wait ends
+    await asyncio.wait_for(backlog.drained(), 10)
+    assert len(backlog) == 0 and made == ["fine"]
