@@ -9,6 +9,13 @@ being written meanwhile (:mod:`narrmem.fence`): their hooks, and the hooks sched
 their answer, may still make facts or counts of the scope, or copy its words into a reply's
 keyword context. It deletes what it can at once and keeps its job recorded; once they have ended,
 a task that held nothing back until then runs the job again and finishes it.
+
+A forget whose job is recorded and whose finishing fails (the store unreachable halfway, a
+plugin's service down) raises to its caller, and is finished again in this process after
+:data:`RETRY_DELAYS` and then every :data:`RETRY_EVERY` seconds until it is (or another worker's
+open finishes it): before, it waited for the next open, weeks later for a bot that runs for weeks,
+and what it had not deleted stayed recallable meanwhile. An edit's own forget is left to the next
+open, which makes the edit again from its mark.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,6 +55,10 @@ AGAIN_NAMESPACE = "narrmem.forget_again"
 # is finished without waiting.
 FINISH_ROUNDS = 20
 
+# Seconds before each new try of a forget whose finishing failed; then every RETRY_EVERY.
+RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+RETRY_EVERY = 300.0
+
 
 class Forgetting:
     def __init__(
@@ -67,6 +79,7 @@ class Forgetting:
         self.fence = fence
         self.calls = calls
         self._finishing_later: set[asyncio.Task[None]] = set()
+        self._retrying: set[asyncio.Task[None]] = set()  # forgets whose finishing failed
         self._outlasting = Outlasting("a forget")
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
@@ -105,7 +118,7 @@ class Forgetting:
             async with self.write_lock:
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
-                    return await self.finish(job)
+                    return await self._finish_or_retry(job)
                 # What may still write for the scope: the units under way with a message of it or
                 # of a chat it wrote in (a reply's keyword context), this one's included, and the
                 # hooks scheduled to run after their answer. None of it can be waited for here.
@@ -115,6 +128,34 @@ class Forgetting:
                 counts = await self.finish(job, done=False)
                 self._finish_later(job, units)
                 return counts
+
+    async def _finish_or_retry(self, job: ForgetJob) -> dict[str, int]:
+        """``finish(job)``; failing, raised, and tried again in the background (see the module)."""
+        try:
+            return await self.finish(job)
+        except Exception:
+            task = asyncio.get_running_loop().create_task(self._retry(job))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+            raise
+
+    async def _retry(self, job: ForgetJob) -> None:
+        store = self.memory.store
+        for attempt in itertools.count():
+            await asyncio.sleep(RETRY_DELAYS[attempt] if attempt < len(RETRY_DELAYS) else RETRY_EVERY)
+            try:
+                async with self.fence.forgetting(), self.write_lock:
+                    if job.id not in {pending.id for pending in await store.pending_forgets()}:
+                        return  # finished by another worker's open meanwhile
+                    await self.finish(job)
+            except Exception as exc:
+                # The kind only: a plugin's error may quote what the person said.
+                log.warning("forget %d is still not finished (%s); trying again", job.id, type(exc).__name__)
+                continue
+            log.warning("forget %d, which had failed, is finished", job.id)
+            if job.messages is not None:
+                self._purge_later()
+            return
 
     def _finish_later(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
         task = asyncio.get_running_loop().create_task(self._finish_after(job, units))
@@ -202,9 +243,9 @@ class Forgetting:
         await self._outlasting.ended()
 
     async def close(self) -> None:
-        """Stop the forgets from hooks still waiting for messages under way: their jobs stay
-        recorded, and the next open finishes them."""
-        tasks = list(self._finishing_later)
+        """Stop the forgets from hooks still waiting for messages under way, and the tries again
+        of forgets that failed: their jobs stay recorded, and the next open finishes them."""
+        tasks = [*self._finishing_later, *self._retrying]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -254,7 +295,10 @@ class Forgetting:
                     await self.marks.forgetting_job(edit_mark, job.id)
                 # An edit's forget of its old text voids no edit's mark: another edit of the same
                 # message under way replaces the text too, and stores its own afterwards.
-                counts = await self.finish(job, edits=sparing is None)
+                if edit_mark is None and sparing is None:
+                    counts = await self._finish_or_retry(job)
+                else:
+                    counts = await self.finish(job, edits=sparing is None)
         if counts.get("memories"):
             self._purge_later()
         return {"memories": counts.get("memories", 0)}
@@ -373,7 +417,7 @@ class Forgetting:
         except PluginError as exc:
             raise PluginError(
                 f"forget {job.id}: the store deleted what it holds, but {exc}; the forget stays "
-                "recorded and the next open finishes it"
+                "recorded and is finished again later (in this process, and at the next open)"
             ) from exc.__cause__
         if only is None:
             # Forgotten again (only), the messages' hooks in this worker have run, and what other
