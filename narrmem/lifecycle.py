@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar, cast
@@ -28,6 +29,7 @@ from narrmem.in_flight import CallsUnderWay
 from narrmem.inbox import Inbox
 from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.models import Message
+from narrmem.not_now import not_now
 from narrmem.settling import Settling
 from narrmem.store import FencesWorkers, Store
 from narrmem.to_the_end import Outlasting, finished
@@ -48,13 +50,20 @@ def while_open(
 ) -> Callable[Concatenate[L, P], Coroutine[Any, Any, R]]:
     """A public call refused with :class:`~narrmem.errors.ClosedError` once the memory is closed:
     without it, a recall on a closed memory answered nothing (its sources' errors are isolated
-    and logged), and a bot would go on answering without memory."""
+    and logged), and a bot would go on answering without memory. A full disk or a database
+    locked too long is a :class:`~narrmem.errors.StoreUnavailableError` (:mod:`narrmem.not_now`)."""
 
     @functools.wraps(method)
     async def guarded(self: L, /, *args: P.args, **kwargs: P.kwargs) -> R:
         if self._shut:
             raise ClosedError(f"{method.__name__}: the memory is closed; open it again to use it")
-        return await method(self, *args, **kwargs)
+        try:
+            return await method(self, *args, **kwargs)
+        except (OSError, sqlite3.OperationalError) as exc:
+            unavailable = not_now(exc, self.data_dir)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
 
     return guarded
 
