@@ -141,9 +141,10 @@ class StorageSettings(_Section):
         default=30.0,
         gt=0.0,
         le=3600.0,
-        description="postgres backend: how long one statement, or the wait for a connection, may "
-        "take; past it the call fails with StoreUnavailableError (503 over HTTP) rather than wait "
-        "on a server that stalls. Setting up the schema at open has no limit",
+        description="how long a call waits for its turn to write (on any backend) and, on the "
+        "postgres backend, for one statement or a connection; past it the call fails with "
+        "StoreUnavailableError (503 over HTTP) rather than wait on a server that stalls. An "
+        "import's index builds, VACUUM and the schema's setup at open have no such limit",
     )
     keyword_index: Literal["auto", "fts5", "tantivy"] = Field(
         default="auto",

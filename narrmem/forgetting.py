@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from narrmem import owed_forgets
 from narrmem.checks import has_surrogate
-from narrmem.errors import InputError, PluginError
+from narrmem.errors import ClosedError, InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
+    from narrmem.write_turn import WriteTurn
 
 log = logging.getLogger("narrmem")
 R = TypeVar("R")
@@ -64,7 +65,7 @@ class Forgetting:
     def __init__(
         self,
         memory: MemoryLifecycle,
-        write_lock: asyncio.Lock,
+        write_lock: WriteTurn,
         settling: Settling,
         inbox: Inbox,
         fence: Fence,
@@ -80,6 +81,7 @@ class Forgetting:
         self.calls = calls
         self._finishing_later: set[asyncio.Task[None]] = set()
         self._retrying: set[asyncio.Task[None]] = set()  # forgets whose finishing failed
+        self._closing = False
         self._outlasting = Outlasting("a forget")
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
@@ -134,20 +136,29 @@ class Forgetting:
         try:
             return await self.finish(job)
         except Exception:
-            task = asyncio.get_running_loop().create_task(self._retry(job))
-            self._retrying.add(task)
-            task.add_done_callback(self._retrying.discard)
+            if not self._closing:  # closing: the next open finishes it
+                task = asyncio.get_running_loop().create_task(self._retry(job))
+                self._retrying.add(task)
+                task.add_done_callback(self._retrying.discard)
             raise
 
     async def _retry(self, job: ForgetJob) -> None:
         store = self.memory.store
         for attempt in itertools.count():
             await asyncio.sleep(RETRY_DELAYS[attempt] if attempt < len(RETRY_DELAYS) else RETRY_EVERY)
+            if self._closing:
+                return
             try:
                 async with self.fence.forgetting(), self.write_lock:
                     if job.id not in {pending.id for pending in await store.pending_forgets()}:
                         return  # finished by another worker's open meanwhile
-                    await self.finish(job)
+                    if job.messages is None:
+                        # As the next open would: what the scope wrote since is named too.
+                        await self._finish_again(job, received=True)
+                    else:
+                        await self.finish(job)
+            except ClosedError:
+                return  # the memory closed meanwhile: the next open finishes it
             except Exception as exc:
                 # The kind only: a plugin's error may quote what the person said.
                 log.warning("forget %d is still not finished (%s); trying again", job.id, type(exc).__name__)
@@ -245,6 +256,7 @@ class Forgetting:
     async def close(self) -> None:
         """Stop the forgets from hooks still waiting for messages under way, and the tries again
         of forgets that failed: their jobs stay recorded, and the next open finishes them."""
+        self._closing = True
         tasks = [*self._finishing_later, *self._retrying]
         for task in tasks:
             task.cancel()

@@ -4,7 +4,8 @@ pluggy itself is synchronous. The host walks ``hook.get_hookimpls()`` in pluggy'
 passes each implementation only the arguments it names, awaits coroutine results, emulates
 ``firstresult`` after awaiting, and isolates a raising plugin: logged, reported to
 ``narrmem_plugin_error`` and left out of the answer. A :class:`~narrmem.errors.StoreUnavailableError`
-is not isolated: the store cannot be reached, and the call as a whole fails with it.
+is not isolated (but in the hooks of :data:`AFTER_THE_WORK`): the store cannot be reached, and
+the call as a whole fails with it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,20 @@ if TYPE_CHECKING:
     from narrmem.view import MemoryView
 
 log = logging.getLogger("narrmem.host")
+
+# Hooks that run after the call's own work is done (the message written, the hits found, the
+# memory closing): a plugin that finds the store unreachable there is isolated as any failure,
+# since failing the call would not undo its work and a retry would find it done ("already
+# stored") and not run them. In every other hook it fails the call (see the module).
+AFTER_THE_WORK = frozenset(
+    {
+        "narrmem_after_store",
+        "narrmem_after_recall",
+        "narrmem_on_trigger",
+        "narrmem_shutdown",
+        "narrmem_plugin_error",
+    }
+)
 
 GROUP = "narrmem"
 DISTRIBUTION = "narrmem"
@@ -266,8 +281,9 @@ class PluginHost:
                 self._check_return(impl.plugin_name, hook_name, value)
         except Exception as exc:
             # An unreachable store is no plugin's failure, and an answer made without it would
-            # pass for "nothing is stored" (empty patterns, no decay): the caller hears of it.
-            if not isolate or isinstance(exc, StoreUnavailableError):
+            # pass for "nothing is stored" (empty patterns, no decay): the caller hears of it;
+            # unless the call's work is done and the hook runs for its own ends after it.
+            if not isolate or (isinstance(exc, StoreUnavailableError) and hook_name not in AFTER_THE_WORK):
                 raise
             if errors is not None:
                 errors.append(f"plugin '{impl.plugin_name}' failed in {hook_name}: {exc!r}")

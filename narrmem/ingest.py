@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from narrmem.inbox import Inbox
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.settling import Settling
+    from narrmem.write_turn import WriteTurn
 
 log = logging.getLogger("narrmem")
 
@@ -128,7 +129,7 @@ class IngestPipeline:
     def __init__(
         self,
         memory: MemoryLifecycle,
-        write_lock: asyncio.Lock,
+        write_lock: WriteTurn,
         callbacks: list[TriggerCallback],
         settling: Settling,
         inbox: Inbox,

@@ -34,6 +34,7 @@ from narrmem.settling import Settling
 from narrmem.store import FencesWorkers, Store
 from narrmem.to_the_end import Outlasting, finished
 from narrmem.tools import ToolRegistry
+from narrmem.write_turn import WriteTurn
 
 if TYPE_CHECKING:
     from narrmem.view import MemoryView
@@ -96,7 +97,7 @@ class MemoryLifecycle:
         self._store: Store | None = None
         self._embedder: Embedder | None = None
         self._trigger_callbacks: list[TriggerCallback] = []
-        write_lock = asyncio.Lock()  # one writer at a time in this process
+        write_lock = WriteTurn(settings.storage.timeout_s)  # one writer at a time in this process
         self._fence = fence = Fence()  # forgets against the batches being written
         self._settling = Settling(self)
         self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone, fence)

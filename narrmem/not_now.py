@@ -22,7 +22,7 @@ def not_now(exc: BaseException, data_dir: Path) -> StoreUnavailableError | None:
         name = getattr(exc, "sqlite_errorname", "") or ""
         if name.startswith("SQLITE_FULL"):
             return _full(data_dir)
-        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        if name.startswith("SQLITE_BUSY"):  # (SQLITE_LOCKED is a conflict within one connection: a bug)
             return StoreUnavailableError(
                 f"{data_dir}: the database stayed locked past storage.busy_timeout_ms ({exc})"
             )
@@ -33,6 +33,6 @@ def not_now(exc: BaseException, data_dir: Path) -> StoreUnavailableError | None:
 
 def _full(data_dir: Path) -> StoreUnavailableError:
     return StoreUnavailableError(
-        f"the disk that holds {data_dir} is full: free some room and try again "
-        "(SQLite rolled back the write it stopped)"
+        f"a disk narrmem writes to is full (the data folder {data_dir}, or a plugin's): free some "
+        "room and try again (SQLite rolled back the write it stopped)"
     )

@@ -597,6 +597,34 @@ class ReadsSnapshots(Protocol):
     def snapshot(self) -> AbstractAsyncContextManager[SQLConnection]: ...
 
 
+class Listening(Protocol):
+    """A subscription to a :class:`Broadcasts` channel; ``close`` ends it."""
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Broadcasts(Protocol):
+    """A store shared by several processes that carries short messages between them as they happen
+    (what one worker's trigger fired, for the event streams of the others). Nothing is kept: a
+    message sent while a process does not listen is not seen by it, and a listener told
+    ``lost`` knows some may have gone by."""
+
+    # The longest payload ``broadcast`` takes, in UTF-8 bytes.
+    broadcast_limit: int
+
+    async def broadcast(self, channel: str, payload: str) -> None:
+        """Send ``payload`` to every process listening on ``channel`` (this one included), once
+        the call returns; in the order sent."""
+        ...
+
+    async def listen(self, channel: str, heard: Callable[[str], None], lost: Callable[[], None]) -> Listening:
+        """Call ``heard(payload)`` for each message on ``channel`` from now on, in order; call
+        ``lost()`` when messages may have been missed (the connection that listens ended, and
+        listens again)."""
+        ...
+
+
 def check_sql_params(params: Sequence[Any]) -> None:
     """Refuse a text parameter holding NUL (see :class:`SQLCapable`), on every backend alike, so
     that a plugin that runs on one runs on the other."""

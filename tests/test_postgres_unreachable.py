@@ -91,7 +91,7 @@ async def test_a_stalled_server_fails_each_call_within_the_time_limit(tmp_path: 
         }
         for name, call in calls.items():
             # Without the limit these wait for as long as the server stalls (here, for good).
-            with pytest.raises(StoreUnavailableError, match="did not answer within 1 s"):
+            with pytest.raises(StoreUnavailableError, match="within 1 s"):
                 await asyncio.wait_for(call, 30)
             assert name
         proxy.mode = "pass"
@@ -155,6 +155,17 @@ async def test_an_isolated_hook_does_not_hide_an_unreachable_store(tmp_path: Pat
         with pytest.raises(StoreUnavailableError):
             await memory.host.call_every("narrmem_patterns", memory=memory, user=None, now=None)
         memory.host.pm.unregister(name="unreachable")
+
+        class UnreachableAfterTheWork:
+            @hookimpl
+            def narrmem_after_store(self) -> None:
+                raise StoreUnavailableError("the database went away after the write")
+
+        # After the call's work (the message is written): isolated as any failure, since a retry
+        # would find the message stored and run no hook.
+        memory.host.pm.register(UnreachableAfterTheWork(), name="after_the_work")
+        assert (await memory.ingest(msg("5", "I sing in a choir on Tuesdays", user="ann"))).stored
+        assert any(name == "after_the_work" for name, _, _ in memory.host.errors)
         with pytest.raises(PluginError, match="broken"):  # any other failure of a hook that must all run
             await memory.host.call_every("narrmem_patterns", memory=memory, user=None, now=None)
 
@@ -177,3 +188,42 @@ def test_the_command_line_exits_75_when_the_store_cannot_be_reached(tmp_path: Pa
     done = run_narrmem("stats", "--data", str(tmp_path / "d"), cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 75, done.stderr
     assert "cannot be reached" in done.stderr and "try again later" in done.stderr
+
+
+async def test_an_import_waiting_for_another_importer_is_not_cut_by_the_time_limit(tmp_path: Path) -> None:
+    """timeout_s is for a stalled server, not for statements whose length is the data's or another
+    importer's: an import waits for the one before it (its table lock), however long."""
+    from datetime import UTC, datetime
+
+    import numpy as np
+    from narrmem_plugins.storage_postgres.store import PostgresStore
+
+    from narrmem.models import MemoryRecord
+
+    dsn = await fresh_database("import_waits")
+    store = PostgresStore(dsn, timeout_s=0.3)
+    await store.open(dim=4, model="m")
+    try:
+        other = await asyncpg.connect(dsn)  # another importer, holding the lock for a while
+        try:
+            taken = other.transaction()
+            await taken.start()
+            await other.execute("LOCK TABLE memories IN SHARE ROW EXCLUSIVE MODE")
+            vector = np.ones(4, dtype=np.float32) / 2
+            record = MemoryRecord(
+                kind="episode",
+                user_id="u",
+                chat_id="c",
+                text="kept",
+                message_ids=["m1"],
+                created_at=datetime.now(UTC),
+            )
+            importing = asyncio.ensure_future(store.import_records([(record, vector)]))
+            await asyncio.sleep(1.0)  # over three times the limit
+            assert not importing.done()
+            await taken.rollback()
+        finally:
+            await other.close()
+        assert await asyncio.wait_for(importing, 10) == {"imported": 1, "skipped": 0}
+    finally:
+        await store.close()

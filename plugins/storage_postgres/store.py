@@ -27,6 +27,7 @@ from narrmem_plugins.storage_postgres.keywords import (
     keyword_tokens,
     keywords_sql,
 )
+from narrmem_plugins.storage_postgres.listening import NOTIFY_LIMIT, Listener
 from narrmem_plugins.storage_postgres.reach import GuardedPool, unavailable, unreachable
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
@@ -57,6 +58,10 @@ from narrmem.store import (
 from narrmem.text import content_terms
 
 log = logging.getLogger("narrmem.storage_postgres")
+
+# The limit of the statements whose length is the data's, not a stall's: an import's index builds
+# and statistics, VACUUM, waiting for another importer. [storage] timeout_s limits the others.
+MAINTENANCE_S = 86_400.0
 
 COLUMNS = (
     "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "
@@ -319,7 +324,15 @@ class PostgresStore(ForgetJournal):
             await fence.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            await pool.close()
+            try:
+                await pool.close()  # each session's goodbye waits timeout_s at most
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # A server that stalls or went away: the sessions end with their sockets. A close
+                # that raised would end a worker's clean stop with an internal error.
+                log.warning(
+                    "PostgreSQL did not see the store's sessions close (%s); ended", type(exc).__name__
+                )
+                pool.terminate()
 
     def workers_fence(self) -> PostgresWorkersFence:
         """This worker's side of the fence between a forget and the other workers' writes in
@@ -377,6 +390,23 @@ class PostgresStore(ForgetJournal):
         (:class:`narrmem.store.ReadsSnapshots`): every statement sees the state of its first."""
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             yield PostgresSQL(conn, read_only=True)
+
+    # --- between workers -------------------------------------------------------------------
+
+    broadcast_limit = NOTIFY_LIMIT
+
+    async def broadcast(self, channel: str, payload: str) -> None:
+        """``NOTIFY`` (:mod:`.listening`): delivered to every session listening, at commit."""
+        if len(payload.encode()) > NOTIFY_LIMIT:
+            raise StoreError(f"a broadcast of {len(payload.encode())} bytes: at most {NOTIFY_LIMIT}")
+        await self.pool.execute("SELECT pg_notify($1, $2)", channel, payload)
+
+    async def listen(self, channel: str, heard: Callable[[str], None], lost: Callable[[], None]) -> Listener:
+        """``LISTEN`` on a session of its own, replaced when it ends (:mod:`.listening`)."""
+        listener = Listener(self._dsn, channel, heard, lost, timeout_s=self.timeout_s)
+        async with self.pool.reaching():
+            await listener.start()
+        return listener
 
     @contextlib.asynccontextmanager
     async def exclusive(self, name: str) -> AsyncIterator[bool]:
@@ -833,7 +863,7 @@ class PostgresStore(ForgetJournal):
     async def purge_deleted(self) -> None:
         async with self.pool.acquire() as conn:
             for table in ("memories", "memory_words", "memory_sources", "memory_history", "plugin_state"):
-                await conn.execute(f"VACUUM {table}")
+                await conn.execute(f"VACUUM {table}", timeout=MAINTENANCE_S)
 
     # --- import and export ----------------------------------------------------------------
 
@@ -859,8 +889,8 @@ class PostgresStore(ForgetJournal):
                 # The planner's row counts per user come from these statistics: left to autovacuum,
                 # a store filled by an import is planned as empty until it runs (a large user's
                 # recall then reads every row of that user for each lookup by id).
-                await conn.execute("ANALYZE memories")
-                await conn.execute("ANALYZE memory_words")
+                await conn.execute("ANALYZE memories", timeout=MAINTENANCE_S)
+                await conn.execute("ANALYZE memory_words", timeout=MAINTENANCE_S)
         return {"imported": len(fresh), "skipped": len(items) - len(fresh)}
 
     async def _build_indexes(self, conn: Any, definitions: Sequence[str], rows: int) -> None:
@@ -873,7 +903,7 @@ class PostgresStore(ForgetJournal):
         memory = max(configured, min(need, BUILD_MEMORY_MAX))
         await conn.execute(f"SET LOCAL maintenance_work_mem = '{memory // 1024}kB'")
         for definition in definitions:
-            await conn.execute(definition)
+            await conn.execute(definition, timeout=MAINTENANCE_S)
 
     async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
         last = 0
@@ -1249,9 +1279,10 @@ async def _lock_for_import(conn: Any, n: int) -> list[str]:
     with the rest."""
     empty = "SELECT NOT EXISTS (SELECT 1 FROM memories)"
     if n < BULK_BUILD_MIN or not await conn.fetchval(empty):
-        await conn.execute("LOCK TABLE memories IN SHARE ROW EXCLUSIVE MODE")
+        # Waits for another importer (one at a time), as long as it takes.
+        await conn.execute("LOCK TABLE memories IN SHARE ROW EXCLUSIVE MODE", timeout=MAINTENANCE_S)
         return []
-    await conn.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+    await conn.execute("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE", timeout=MAINTENANCE_S)
     if not await conn.fetchval(empty):
         return []  # another worker wrote first
     # The keyword copies (memory_words) are written with the memories, by trigger: their index too.

@@ -58,6 +58,7 @@ from narrmem_plugins.storage_postgres.dsn import scrub
 from narrmem_plugins.storage_postgres.reach import unreachable
 
 from narrmem.errors import ClosedError, StoreError, StoreUnavailableError
+from narrmem.write_turn import WriteTurn
 
 log = logging.getLogger("narrmem.storage_postgres")
 T = TypeVar("T")
@@ -120,7 +121,9 @@ class PostgresWorkersFence:
         # wait at a gate have none: they wait as long as the forget that holds it.
         self._timeout_s = timeout_s
         self._conn: Any = None
-        self._lock = asyncio.Lock()  # one command at a time on the connection
+        # One command at a time on the connection; a unit waits for its turn no longer than the
+        # limit (those queued behind a connect to a stalled server each waited theirs in turn).
+        self._lock = WriteTurn(timeout_s)
         self._units = 0
         self._held = False  # the units lock, shared, by this connection's session
         self._giving_back: set[asyncio.Task[None]] = set()
@@ -494,6 +497,7 @@ class PostgresWorkersFence:
         self._held = False
 
     async def _give_back_if_idle(self) -> None:
-        async with self._lock:
-            if self._units == 0 and self._held and self._conn is not None:
-                await self._give_back(self._conn)
+        with contextlib.suppress(StoreUnavailableError):  # no turn: the units' session is in doubt
+            async with self._lock:
+                if self._units == 0 and self._held and self._conn is not None:
+                    await self._give_back(self._conn)

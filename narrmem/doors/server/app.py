@@ -77,6 +77,7 @@ from narrmem.errors import (
 )
 from narrmem.memory import Memory
 from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IncomingMessage, IngestResult, Scope, no_nul
+from narrmem.store import Broadcasts, shared_by_processes
 
 if TYPE_CHECKING:
     from narrmem.doors.server.metrics import ServerMetrics
@@ -146,6 +147,8 @@ def create_app(
     ``body_timeout``: seconds a request body has to come whole (408 after; ``None``: no limit);
     ``metrics``: where the app counts its requests and ingests (see :mod:`narrmem.doors.server.metrics`)."""
     hub = TriggerHub(webhook, StillStored(memory))
+    if shared_by_processes(memory.store) and isinstance(memory.store, Broadcasts):
+        hub.relay_with(memory.store)  # every worker's streams carry every worker's events
     memory.on_trigger(hub.publish)
     # However a forget is made (a route, the Python API, a tool, a hook), its events go with it.
     memory.host.register(ForgetsVoidEvents(hub), name=_free_name(memory, "narrmem.server.forgets"))

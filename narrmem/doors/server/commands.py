@@ -171,6 +171,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             limit_concurrency=args.max_connections,
         )
         hub: TriggerHub = app.state.narrmem.hub
+        await hub.start()  # the other workers' events, held for streams from the start
         try:
             await serve(
                 config,

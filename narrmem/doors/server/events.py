@@ -20,8 +20,9 @@ event carries an id made from what it says (:func:`event_id`), in the webhook's 
 
 A stream resumes: the hub holds each tenant's latest events (:data:`RECENT_EVENTS` a tenant,
 :data:`RECENT_TOTAL` in all), and a stream asked with the ``Last-Event-ID`` a client saw begins
-with the events published after it. The hold is this process's: an id another worker sent, or one
-too old, begins the stream with ``event: reset`` (events may have been missed). To hold an event,
+with the events published after it. The hold is this process's (with the other workers' events it
+was relayed, :mod:`narrmem.doors.server.relay`): an id not held, or one too old, begins the stream
+with ``event: reset`` (events may have been missed). To hold an event,
 what it cites is read at once, though no stream is listening (a read per trigger fired).
 """
 
@@ -35,10 +36,14 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from narrmem.errors import InputError
 from narrmem.models import TriggerEvent
+from narrmem.store import Broadcasts
+
+if TYPE_CHECKING:
+    from narrmem.doors.server.relay import EventRelay
 
 log = logging.getLogger("narrmem.server")
 
@@ -56,6 +61,8 @@ WEBHOOK_REPLY_BYTES = 4096
 # of its oldest first.
 RECENT_EVENTS = 1000
 RECENT_TOTAL = 20_000
+# Seconds between tries to listen for the other workers' events while their store cannot be reached.
+LISTEN_RETRY_SECONDS = 5.0
 # The longest Last-Event-ID a stream accepts: the ids this server sends are 32 hex digits.
 LAST_EVENT_ID_CHARS = 200
 
@@ -111,6 +118,7 @@ class _Held:
 class _Subscriber:
     tenant: str | None
     queue: asyncio.Queue[Queued] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
+    missed: bool = False  # events of other workers went by unseen: the stream says reset
 
 
 class TriggerHub:
@@ -141,11 +149,64 @@ class TriggerHub:
         # The latest publication let go for room (not by a forget): a stream of every tenant cannot
         # resume from before it without a gap.
         self._let_go_through = 0
+        # The other workers' events (:mod:`narrmem.doors.server.relay`), on a store shared by
+        # processes that can carry them; and the publication after which some of theirs were
+        # missed: no stream resumes from before it.
+        self.relay: EventRelay | None = None
+        self._missed_through = 0
+        self._listen_task: asyncio.Task[None] | None = None
+        self._listen_tried = -LISTEN_RETRY_SECONDS
+
+    def relay_with(self, store: Broadcasts) -> None:
+        """Share events with the other workers of ``store`` (listening from :meth:`start`, or
+        from the first event or stream)."""
+        from narrmem.doors.server.relay import EventRelay
+
+        self.relay = EventRelay(store, self.receive, self.missed)
+
+    async def start(self) -> None:
+        """Listen for the other workers' events now (a server about to serve): a stream that
+        resumes here finds theirs held from this moment. A store that cannot be reached is
+        logged, and listening is tried again at the next event or stream."""
+        if self.relay is None or self.relay.listening:
+            return
+        try:
+            await self.relay.start()
+        except Exception as exc:
+            log.warning(
+                "listening for the other workers' events failed (%s); trying again later", type(exc).__name__
+            )
 
     # --- in ---------------------------------------------------------------------------------
 
+    def _listen_soon(self) -> None:
+        """Begin listening in the background if not yet (at most one try every few seconds):
+        neither an event nor a stream waits for it."""
+        if self.relay is None or self.relay.listening:
+            return
+        now = asyncio.get_running_loop().time()
+        trying = self._listen_task is not None and not self._listen_task.done()
+        if not trying and now - self._listen_tried >= LISTEN_RETRY_SECONDS:
+            self._listen_tried = now
+            self._listen_task = asyncio.ensure_future(self.start())
+
     async def publish(self, event: TriggerEvent) -> None:
-        """The memory's trigger callback."""
+        """The memory's trigger callback: an event of this process's messages."""
+        self._listen_soon()
+        await self._publish(event, own=True)
+
+    async def receive(self, event: TriggerEvent) -> None:
+        """An event another worker published: streamed and held here, not sent to the webhook."""
+        await self._publish(event, own=False)
+
+    def missed(self) -> None:
+        """Events of other workers went by unseen: every open stream says ``event: reset``, and
+        none resumes from before now."""
+        self._missed_through = self._published
+        for sub in self._subscribers:
+            sub.missed = True
+
+    async def _publish(self, event: TriggerEvent, *, own: bool) -> None:
         # A forget made while what the event cites is read found it nowhere to drop: the forgets
         # made meanwhile are asked of it once the read is done.
         begun = self._voids_made
@@ -169,6 +230,10 @@ class TriggerHub:
             if sub.queue.full():
                 sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
             sub.queue.put_nowait(item)
+        if not own:
+            return
+        if self.relay is not None and not self._closed:
+            self.relay.send(event)
         if self._closed:
             if self.webhook is not None:
                 self.dropped += 1
@@ -234,12 +299,12 @@ class TriggerHub:
             # Read from the tenant's own hold only: another tenant's events are never looked at.
             ring = self._recent.get(tenant)
             seen = None if ring is None else ring.get(last_event_id)
-            if ring is None or seen is None:
+            if ring is None or seen is None or seen.order <= self._missed_through:
                 return None
             # A tenant's hold lets go of its oldest first: everything after a held event is held.
             return [held.item for held in ring.values() if held.order > seen.order]
         seen = next((ring[last_event_id] for ring in self._recent.values() if last_event_id in ring), None)
-        if seen is None or seen.order <= self._let_go_through:
+        if seen is None or seen.order <= max(self._let_go_through, self._missed_through):
             return None
         after = [held for ring in self._recent.values() for held in ring.values() if held.order > seen.order]
         return [held.item for held in sorted(after, key=lambda held: held.order)]
@@ -287,6 +352,7 @@ class TriggerHub:
         With ``last_event_id`` (a reconnecting client's ``Last-Event-ID``) the stream begins with
         the held events published after that one, then goes on live; an id not held begins it
         with ``event: reset`` instead."""
+        self._listen_soon()
         sub = _Subscriber(tenant)
         self._subscribers.add(sub)
         # Read in the same step as the subscription (no await between): what was published before
@@ -305,6 +371,9 @@ class TriggerHub:
             while max_events is None or sent < max_events:
                 if self._stopping.is_set():
                     return
+                if sub.missed:
+                    sub.missed = False
+                    yield f"event: reset\ndata: {MISSED_DATA}\n\n"
                 now = loop.time()
                 if still_allowed is not None and now >= next_check:
                     if not await still_allowed():
@@ -477,6 +546,12 @@ class TriggerHub:
 
     async def close(self) -> None:
         self._closed = True
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listen_task
+        if self.relay is not None:
+            await self.relay.close()
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -499,6 +574,15 @@ RESET_DATA = json.dumps(
     {
         "reason": "last_event_id_not_held",
         "detail": "events published while disconnected may have been missed",
+    }
+)
+
+# The frame an open stream is sent when events of other workers went by unseen (the session that
+# listens for them ended and listens again): some of its tenant's may be missing.
+MISSED_DATA = json.dumps(
+    {
+        "reason": "other_workers_events_missed",
+        "detail": "events published by other workers meanwhile may have been missed",
     }
 )
 

@@ -1,0 +1,179 @@
+"""Several workers of one PostgreSQL store behind a load balancer: a stream opened on any worker
+carries the events of every worker's messages, a stream resumes on another worker, and a worker's
+webhook sends only its own. Before, each worker streamed only the events of the messages it had
+ingested itself (with three workers, a third of them). Real servers' apps on a real PostgreSQL,
+the events carried by its NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+from _helpers import answer_status, read_posted_json
+from _postgres import dsn_for, fresh_database
+from test_server_events_forget import KAYAK, NOW, TIRED, _hub, _ingest_all
+
+from narrmem.clock import ManualClock
+from narrmem.doors.server import WebhookOptions, create_app
+from narrmem.doors.server.relay import decode, encode
+from narrmem.models import TriggerEvent
+from narrmem.testing import open_memory
+
+
+def _workers(tmp_path: Path, dsn: str) -> tuple[Any, Any]:
+    storage = {"backend": "postgres", "dsn": dsn}
+    return (
+        open_memory(tmp_path / "a", clock=ManualClock(NOW), storage=storage),
+        open_memory(tmp_path / "b", clock=ManualClock(NOW), storage=storage),
+    )
+
+
+def _client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t")
+
+
+async def _frames(stream: AsyncIterator[str], count: int) -> list[str]:
+    """The next ``count`` frames that are not comments (keepalives)."""
+    frames: list[str] = []
+    while len(frames) < count:
+        chunk = await asyncio.wait_for(anext(stream), 10)
+        if not chunk.startswith(":"):
+            frames.append(chunk)
+    return frames
+
+
+def _event(frame: str) -> dict[str, Any]:
+    assert frame.startswith("event: trigger"), frame
+    data: dict[str, Any] = json.loads(frame.split("data: ", 1)[1])
+    return data
+
+
+def _id(frame: str) -> str:
+    return frame.split("id: ", 1)[1].split("\n", 1)[0]
+
+
+async def test_a_stream_on_one_worker_carries_the_events_of_another_workers_messages(tmp_path: Path) -> None:
+    one, two = _workers(tmp_path, await fresh_database("relay"))
+    async with one as worker_a, two as worker_b:
+        app_a, app_b = create_app(worker_a), create_app(worker_b)
+        hub_a, hub_b = _hub(app_a), _hub(app_b)
+        await hub_a.start()
+        await hub_b.start()
+        try:
+            on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+            assert (await anext(on_b)).startswith(": narrmem")
+            async with _client(app_a) as client_a:
+                made_on_a = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
+            async with _client(app_b) as client_b:
+                made_on_b = await _ingest_all(client_b, TIRED, user="tom", chat="dm-tom")
+            frames = await _frames(on_b, len(made_on_a) + len(made_on_b))
+            assert [_event(f) for f in frames] == made_on_a + made_on_b
+            assert hub_b.relay is not None and hub_b.relay.received == len(made_on_a)
+        finally:
+            await hub_a.close()
+            await hub_b.close()
+
+
+async def test_a_stream_resumes_on_another_worker_and_webhooks_send_their_own(tmp_path: Path) -> None:
+    posted: list[dict[str, Any]] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        posted.append((await read_posted_json(reader))["event"])
+        await answer_status(writer, 200)
+
+    receiver = await asyncio.start_server(handle, "127.0.0.1", 0)
+    webhook = WebhookOptions(url=f"http://127.0.0.1:{receiver.sockets[0].getsockname()[1]}/hook")
+    one, two = _workers(tmp_path, await fresh_database("relay"))
+    try:
+        async with one as worker_a, two as worker_b:
+            # Both workers post to the same receiver, as a deployment's workers do.
+            app_a, app_b = create_app(worker_a, webhook=webhook), create_app(worker_b, webhook=webhook)
+            hub_a, hub_b = _hub(app_a), _hub(app_b)
+            await hub_a.start()
+            await hub_b.start()
+            try:
+                on_a = hub_a.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+                assert (await anext(on_a)).startswith(": narrmem")
+                async with _client(app_a) as client_a:
+                    made = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
+                    made += await _ingest_all(client_a, TIRED, user="tom", chat="dm-tom")
+                first = (await _frames(on_a, 1))[0]
+                await on_a.aclose()  # the client's connection drops after the first event
+                # B holds A's events: the client, sent to B by the load balancer, resumes there.
+                for _ in range(100):
+                    if hub_b.held >= len(made):
+                        break
+                    await asyncio.sleep(0.05)
+                resumed = hub_b.stream(
+                    "default",
+                    max_events=len(made) - 1,
+                    idle_timeout=5,
+                    keepalive=30,
+                    last_event_id=_id(first),
+                )
+                frames = [f async for f in resumed if not f.startswith(":")]
+                assert [_event(f) for f in frames] == made[1:]
+                await hub_a.drain(10)
+                await hub_b.drain(10)
+                assert posted == made  # once each: B's webhook did not send A's events again
+            finally:
+                await hub_a.close()
+                await hub_b.close()
+    finally:
+        receiver.close()
+        await receiver.wait_closed()
+
+
+async def test_a_stream_is_told_when_other_workers_events_were_missed(tmp_path: Path) -> None:
+    dsn = await fresh_database("relay")
+    database = dsn.split("?", 1)[0].rsplit("/", 1)[1]
+    one, two = _workers(tmp_path, dsn)
+    async with one as worker_a, two as worker_b:
+        app_a, app_b = create_app(worker_a), create_app(worker_b)
+        hub_a, hub_b = _hub(app_a), _hub(app_b)
+        await hub_a.start()
+        await hub_b.start()
+        try:
+            on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=0.2)
+            assert (await anext(on_b)).startswith(": narrmem")
+            # B's listening session ends (a restart of the server, a failover): B listens again and
+            # tells its streams that what was sent meanwhile may be missing.
+            admin = await asyncpg.connect(dsn_for("postgres"))
+            try:
+                ended = await admin.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = $1 AND query LIKE 'LISTEN%'",
+                    database,
+                )
+            finally:
+                await admin.close()
+            assert ended == 2  # A's and B's
+            [reset] = await _frames(on_b, 1)
+            assert reset.startswith("event: reset") and "other_workers_events_missed" in reset
+            async with _client(app_a) as client_a:
+                made = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
+            frames = await _frames(on_b, len(made))  # listening again: A's events come through
+            assert [_event(f) for f in frames] == made
+        finally:
+            await hub_a.close()
+            await hub_b.close()
+
+
+def test_an_event_is_carried_whole_compressed_when_long_and_refused_when_too_long() -> None:
+    event = TriggerEvent(kind="topic", label="kayak trip", count=3, user_id="kim", message_ids=["m1", "m2"])
+    assert decode(encode("w1", event, 7999) or "") == ("w1", event)
+    many = event.model_copy(update={"message_ids": [f"message-{n:06d}" for n in range(2000)]})
+    packed = encode("w1", many, 7999)
+    assert packed is not None and len(packed.encode()) <= 7999 and '"z"' in packed
+    assert decode(packed) == ("w1", many)
+    noise = event.model_copy(
+        update={"suggestion": "".join(chr(0x4E00 + (n * 7919) % 20000) for n in range(6000))}
+    )
+    assert encode("w1", noise, 7999) is None
+    assert decode("not json") is None
+    assert decode(json.dumps({"o": "w1", "e": {"kind": "topic"}})) is None
