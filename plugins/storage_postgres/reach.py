@@ -93,8 +93,13 @@ class GuardedPool:
             conn = await self.raw.acquire(timeout=self.limit_s)
             try:
                 yield conn
-            finally:
-                await self.raw.release(conn, timeout=self.limit_s)
+            except BaseException:
+                # The block's own error is the one to hear: a failed reset of the connection
+                # (asyncpg then ends it) must not turn a refusal into "unreachable".
+                with contextlib.suppress(Exception):
+                    await self.raw.release(conn, timeout=self.limit_s)
+                raise
+            await self.raw.release(conn, timeout=self.limit_s)
 
     async def fetch(self, query: str, *args: Any) -> list[Any]:
         async with self.acquire() as conn:
