@@ -227,3 +227,16 @@ async def test_an_import_waiting_for_another_importer_is_not_cut_by_the_time_lim
         assert await asyncio.wait_for(importing, 10) == {"imported": 1, "skipped": 0}
     finally:
         await store.close()
+
+
+async def test_a_forget_waiting_at_the_fence_of_a_stalled_server_ends(tmp_path: Path) -> None:
+    """A forget's session waits at the fence for the other workers' writes, as long as they take;
+    but one kept from an earlier forget waited for good once the server stalled. The server is
+    asked whether it still answers while it waits."""
+    async with behind_proxy(tmp_path, timeout_s=1.0) as (memory, proxy):
+        await memory.forget(user_id="bob")  # its session is kept for the next forget
+        proxy.mode = "stall"
+        with pytest.raises(StoreUnavailableError, match="within 1 s"):
+            await asyncio.wait_for(memory.forget(user_id="ann"), 30)
+        proxy.mode = "pass"
+        assert (await memory.forget(user_id="ann"))["memories"] == 2

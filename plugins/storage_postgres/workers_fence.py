@@ -199,7 +199,7 @@ class PostgresWorkersFence:
                 raise ClosedError("the memory is closed")
             conn = self._spare.pop() if self._spare else await self._connect()
             self._room_sessions.add(conn)
-            await conn.execute(PASS_GATE)
+            await self._waiting(conn, PASS_GATE)
             if self._closed:
                 raise ClosedError("the memory is closed")
         except BaseException:
@@ -361,7 +361,7 @@ class PostgresWorkersFence:
             conn = self._spare.pop() if spare else await self._connect()
             self._forget_sessions.add(conn)
             try:
-                await conn.execute(CLOSE_GATE)
+                await self._waiting(conn, CLOSE_GATE)
             except BaseException as exc:
                 if spare and isinstance(exc, BROKEN) and not self._closed:
                     self._forget_sessions.discard(conn)
@@ -375,13 +375,48 @@ class PostgresWorkersFence:
                 raise ClosedError("the memory is closed")
             if at_gate is not None:
                 await at_gate()
-            await conn.execute(TAKE_UNITS)
+            await self._waiting(conn, TAKE_UNITS)
             if self._closed:
                 raise ClosedError("the memory is closed")
         except BaseException as exc:
             self._gate_held -= 1
             self._gate_failed(conn, exc)
         return conn
+
+    async def _waiting(self, conn: Any, command: str) -> None:
+        """``command``, which waits for a lock as long as another session holds it (a forget for
+        the units under way, a unit for a forget): while it waits, the server is asked every
+        ``timeout_s`` on a session of its own whether it still answers. One that does not stalls,
+        and the wait ends with :class:`StoreUnavailableError` (before, a forget or a unit held at
+        the gate of a stalled server waited for as long as it stalled); the caller ends the
+        session, and the lock it may hold with it."""
+        waiting = asyncio.ensure_future(conn.execute(command))
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=self._timeout_s)
+                if done:
+                    waiting.result()
+                    return
+                if not await self._server_answers():
+                    raise StoreUnavailableError(
+                        f"PostgreSQL did not answer within {self._timeout_s:g} s while the fence waited"
+                    )
+        finally:
+            if not waiting.done():
+                waiting.cancel()  # not awaited: the session goes, and the command with it
+
+    async def _server_answers(self) -> bool:
+        try:
+            probe = await asyncpg.connect(self._dsn, timeout=self._timeout_s)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
+        try:
+            await probe.fetchval("SELECT 1", timeout=self._timeout_s)
+            return True
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
+        finally:
+            probe.terminate()
 
     def _gate_failed(self, conn: Any, exc: BaseException) -> NoReturn:
         """A forget's session that failed to close the gate ends, and its locks with it."""
