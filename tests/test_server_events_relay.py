@@ -16,10 +16,13 @@ import asyncpg
 import httpx
 from _helpers import answer_status, read_posted_json
 from _postgres import dsn_for, fresh_database
+from prometheus_client import generate_latest
 from test_server_events_forget import KAYAK, NOW, TIRED, _hub, _ingest_all
+from test_server_metrics import _samples, _value
 
 from narrmem.clock import ManualClock
 from narrmem.doors.server import WebhookOptions, create_app
+from narrmem.doors.server.metrics import ServerMetrics
 from narrmem.doors.server.relay import decode, encode
 from narrmem.models import TriggerEvent
 from narrmem.testing import open_memory
@@ -60,7 +63,8 @@ def _id(frame: str) -> str:
 async def test_a_stream_on_one_worker_carries_the_events_of_another_workers_messages(tmp_path: Path) -> None:
     one, two = _workers(tmp_path, await fresh_database("relay"))
     async with one as worker_a, two as worker_b:
-        app_a, app_b = create_app(worker_a), create_app(worker_b)
+        metrics_a, metrics_b = ServerMetrics(), ServerMetrics()
+        app_a, app_b = create_app(worker_a, metrics=metrics_a), create_app(worker_b, metrics=metrics_b)
         hub_a, hub_b = _hub(app_a), _hub(app_b)
         await hub_a.start()
         await hub_b.start()
@@ -74,6 +78,11 @@ async def test_a_stream_on_one_worker_carries_the_events_of_another_workers_mess
             frames = await _frames(on_b, len(made_on_a) + len(made_on_b))
             assert [_event(f) for f in frames] == made_on_a + made_on_b
             assert hub_b.relay is not None and hub_b.relay.received == len(made_on_a)
+            scraped_a = _samples((await asyncio.to_thread(generate_latest, metrics_a.registry)).decode())
+            scraped_b = _samples((await asyncio.to_thread(generate_latest, metrics_b.registry)).decode())
+            assert _value(scraped_a, "narrmem_events_relayed_total", direction="sent") == len(made_on_a)
+            assert _value(scraped_b, "narrmem_events_relayed_total", direction="received") == len(made_on_a)
+            assert _value(scraped_b, "narrmem_events_relay_listening") == 1.0
         finally:
             await hub_a.close()
             await hub_b.close()

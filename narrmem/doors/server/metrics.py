@@ -12,6 +12,9 @@ and an ingest's layer: their values are few whatever the traffic.
   (``stored``, ``duplicate``, ``not_stored``);
 * ``narrmem_event_streams``, ``narrmem_events_held``, ``narrmem_webhook_queue`` and
   ``narrmem_events_voided_total``: the trigger events' hub, read when scraped;
+* ``narrmem_events_relayed_total`` (``direction``: ``sent``, ``received``, ``dropped``) and
+  ``narrmem_events_relay_listening``: the other workers' events, on a store that relays them
+  (:mod:`narrmem.doors.server.relay`);
 * ``narrmem_ready``: 1 when the server would serve a request now (see
   :mod:`narrmem.doors.server.health`), read when scraped;
 * the process's own (CPU, memory, open files), as ``prometheus_client`` gives them.
@@ -123,6 +126,22 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             "narrmem_events_voided", "trigger events a forget took before delivery", value=hub.forgotten
         )
+        relay = hub.relay
+        if relay is not None:
+            relayed = CounterMetricFamily(
+                "narrmem_events_relayed",
+                "trigger events sent to the other workers, taken from them, or not relayed",
+                labels=["direction"],
+            )
+            relayed.add_metric(["sent"], relay.sent)
+            relayed.add_metric(["received"], relay.received)
+            relayed.add_metric(["dropped"], relay.dropped)
+            yield relayed
+            yield GaugeMetricFamily(
+                "narrmem_events_relay_listening",
+                "1 when the other workers' events are heard (0: their streams here miss them)",
+                value=1.0 if relay.listening else 0.0,
+            )
         yield GaugeMetricFamily(
             "narrmem_ready", "1 when a request would be served now", value=self._ready(state)
         )
