@@ -141,8 +141,8 @@ class StorageSettings(_Section):
         default=30.0,
         gt=0.0,
         le=3600.0,
-        description="how long a call waits for its turn to write (on any backend) and, on the "
-        "postgres backend, for one statement or a connection; past it the call fails with "
+        description="postgres backend: how long a call waits for its turn to write, for one "
+        "statement or for a connection; past it the call fails with "
         "StoreUnavailableError (503 over HTTP) rather than wait on a server that stalls. An "
         "import's index builds, VACUUM and the schema's setup at open have no such limit",
     )

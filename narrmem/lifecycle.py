@@ -31,7 +31,7 @@ from narrmem.ingest import IngestPipeline, TriggerCallback
 from narrmem.models import Message
 from narrmem.not_now import not_now
 from narrmem.settling import Settling
-from narrmem.store import FencesWorkers, Store
+from narrmem.store import FencesWorkers, Store, shared_by_processes
 from narrmem.to_the_end import Outlasting, finished
 from narrmem.tools import ToolRegistry
 from narrmem.write_turn import WriteTurn
@@ -97,7 +97,7 @@ class MemoryLifecycle:
         self._store: Store | None = None
         self._embedder: Embedder | None = None
         self._trigger_callbacks: list[TriggerCallback] = []
-        write_lock = WriteTurn(settings.storage.timeout_s)  # one writer at a time in this process
+        self._write_turn = write_lock = WriteTurn()  # one writer at a time in this process
         self._fence = fence = Fence()  # forgets against the batches being written
         self._settling = Settling(self)
         self._inbox = Inbox(self, self._settling.token, self._settling.owners_gone, fence)
@@ -164,6 +164,10 @@ class MemoryLifecycle:
         store = self.store
         if not self.read_only and isinstance(store, FencesWorkers):
             self._fence.workers = store.workers_fence()
+        if shared_by_processes(store):
+            # A server over the network can stall; an embedded file's long hold (a forget's
+            # rewrite of it) is its work, which the writes queued behind it wait for.
+            self._write_turn.limit_s = self.settings.storage.timeout_s
         await self.host.call("narrmem_startup", isolate=False, memory=self)
         await self._forgetting.resume()
         if not self.read_only:

@@ -6,7 +6,8 @@ waited their turns one after the other, each then waiting its own limit; with th
 taking eight messages a second on a PostgreSQL that stopped answering for 40 s, answers came after
 up to 30 s and most callers gave up first. A call now waits for its turn no longer than the limit
 either, and then fails with :class:`~narrmem.errors.StoreUnavailableError` (503 over HTTP, to be
-tried again), having written nothing.
+tried again), having written nothing. On a store of this process alone (SQLite) the turn has no
+limit: a long hold there is work (a forget rewriting the file), not a stall.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from narrmem.errors import StoreUnavailableError
 
 
 class WriteTurn:
-    def __init__(self, limit_s: float) -> None:
-        self.limit_s = limit_s
+    def __init__(self, limit_s: float | None = None) -> None:
+        self.limit_s = limit_s  # None: wait as long as the turns before take
         self._lock = asyncio.Lock()
 
     async def __aenter__(self) -> None:
+        if self.limit_s is None:
+            await self._lock.acquire()
+            return
         try:
             async with asyncio.timeout(self.limit_s):
                 await self._lock.acquire()
