@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from _pgproxy import behind_proxy
-from test_integrations import ANN, GUILD_ID, DiscordHarness, episodes, open_harness
+from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open_harness
 
 from narrmem import StoreUnavailableError
 from narrmem.doors.integrations import backlog as backlog_module
@@ -42,12 +42,16 @@ async def test_a_bots_messages_edits_and_deletions_during_an_outage_are_made_onc
             assert len(backlog) == 4
             await bot.send(14, "I adopted a cat called Miso", user=ANN, chat=7, group=True)
             assert len(backlog) == 5  # behind the others, though it came after nothing failed for it
+            await bot.send(15, "I work night shifts at the hospital", user=BOB, chat=7, group=True)
+            reply = await bot.command(16, "forgetme", user=BOB, chat=7, group=True)
+            assert "as soon as it is back" in reply  # not "please try again": it will be done
 
             proxy.mode = "pass"
             await asyncio.wait_for(backlog.drained(), 60)
             await memory.settle()
         finally:
             await bot.close()
+        assert not await episodes(memory, tenant=str(GUILD_ID), user_id=str(BOB))
         texts = {
             r.message_ids[0]: r.text for r in await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))
         }

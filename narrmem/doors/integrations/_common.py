@@ -431,19 +431,32 @@ def forget_reply(counts: Mapping[str, int]) -> str:
 
 
 async def forget_user(
-    memory: Memory, *, tenants: Collection[str], user_id: str, aliases: Collection[str] = ()
+    memory: Memory,
+    *,
+    tenants: Collection[str] | Callable[[], Awaitable[Collection[str]]],
+    user_id: str,
+    aliases: Collection[str] = (),
 ) -> str:
-    """Forget the person in every tenant the integration writes to, under their id and the
-    ``aliases`` the same person has there (the id a chat import gave them); returns the reply."""
-    total: dict[str, int] = {}
-    try:
-        for tenant in sorted(set(tenants)):
+    """Forget the person in every tenant the integration writes to (or that ``tenants()`` reads
+    from the store when the forget is made), under their id and the ``aliases`` the same person
+    has there (the id a chat import gave them); returns the reply."""
+
+    async def once() -> dict[str, int]:
+        total: dict[str, int] = {}
+        every = await tenants() if callable(tenants) else tenants
+        for tenant in sorted(set(every)):
             for who in [user_id, *sorted(set(aliases) - {user_id})]:
                 for key, value in (await memory.forget(user_id=who, tenant=tenant)).items():
                     total[key] = total.get(key, 0) + value
+        return total
+
+    try:
+        total = await backlog_of(memory).run("forget of a person", once)
     except Exception:
         log.exception("narrmem could not forget a user who asked to be forgotten")
         return "Sorry, I could not forget you just now; please try again."
+    if total is None:  # the store cannot be reached now: made, in order, once it answers
+        return "My memory cannot be reached just now; I will forget you as soon as it is back."
     return forget_reply(total)
 
 

@@ -1,6 +1,6 @@
 """A bot's writes that the store could not take, made once it answers again.
 
-A message, an edit or the forget of deleted messages that fails with
+A message, an edit, the forget of deleted messages or a person's ``forgetme`` that fails with
 :class:`~narrmem.errors.StoreUnavailableError` (a PostgreSQL down, restarting, failing over, or
 stalled past ``[storage] timeout_s``) is not dropped: it waits here and is tried again after
 :data:`RETRY_DELAYS` and then every :data:`RETRY_EVERY` seconds until the store answers. While
@@ -9,10 +9,10 @@ deleted during the outage is forgotten after it is stored, not before (which wou
 stored for good), and an edit lands on the message it edits.
 
 Held in this process, for one memory: at most :data:`MAX_WAITING` calls; when full, the oldest
-message or edit goes to make room (a forget of deleted messages goes only when nothing else is
-left to drop), logged with a count. What still waits when the memory closes is logged as not
-made. A call that fails in another way once the store answers (a refusal) is logged and dropped,
-as it would have been at once.
+message or edit goes to make room (a forget goes only when nothing else is left to drop), logged
+with a count. What still waits when the memory closes is logged as not made. A call that fails in
+another way once the store answers (a refusal) is logged and dropped, as it would have been at
+once.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("narrmem.doors.integrations")
 
 T = TypeVar("T")
-Kind = Literal["message", "edit", "forget of deleted messages"]
+Kind = Literal["message", "edit", "forget of deleted messages", "forget of a person"]
+# Kept when the backlog is full, as long as anything else can go: what a person took back.
+FORGETS: frozenset[str] = frozenset({"forget of deleted messages", "forget of a person"})
 
 MAX_WAITING = 10_000
 # Seconds before each try again after a failure; then every RETRY_EVERY while the store is away.
@@ -87,7 +89,7 @@ class Backlog:
 
     def _make_room(self) -> None:
         # The first is the one being tried: it stays. A message or an edit goes before a forget.
-        victims = [n for n, w in enumerate(self._waiting) if n > 0 and w.kind != "forget of deleted messages"]
+        victims = [n for n, w in enumerate(self._waiting) if n > 0 and w.kind not in FORGETS]
         index = victims[0] if victims else 1
         dropped = self._waiting[index]
         del self._waiting[index]

@@ -21,6 +21,7 @@ everything older than the cache), and adds the prefix commands ``forgetme`` and 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeAlias
 
@@ -206,8 +207,10 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
     async def forgetme(self, ctx: AnyContext) -> None:
         # Everywhere, not just here: someone who asks to be forgotten means it.
         user_id = str(ctx.author.id)
-        tenants = await self.tenants_of(user_id)
-        reply = await _common.forget_user(self.memory, tenants=tenants, user_id=user_id)
+        # Read as the forget is made: one that waits for the store reads them once it answers.
+        reply = await _common.forget_user(
+            self.memory, tenants=functools.partial(self.tenants_of, user_id), user_id=user_id
+        )
         await ctx.reply(reply, mention_author=False)
 
     @commands.command(name="memory", help="Show what I remember about you.")
