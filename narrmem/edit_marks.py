@@ -157,6 +157,15 @@ class EditMarks:
                 return True
         return False
 
+    async def forget_begun(self, key: str) -> bool:
+        """Whether the edit of mark ``key`` had begun to forget its old text (which may be gone);
+        ``True`` when that cannot be read: the mark, which holds the new text, is then kept."""
+        try:
+            value = await self.memory.store.state_get(NAMESPACE, key)
+        except Exception:
+            return True
+        return value is not None and FORGETTING_AFTER in value
+
     async def still_marked(self, key: str) -> bool:
         """Whether no forget has deleted the mark since it was put."""
         return await self.memory.store.state_get(NAMESPACE, key) is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from narrmem.in_flight import Call, CallsUnderWay
     from narrmem.memory import Memory
     from narrmem.to_the_end import Outlasting
+
+log = logging.getLogger("narrmem")
 
 
 class ForgetsMessages(Protocol):
@@ -110,10 +113,22 @@ async def _edit_alone(memory: Memory, edited: Message, steps: EditSteps) -> Inge
     try:
         with steps.calls.under_way([edited]) as call:
             mark = await steps.marks.mark(edited)
+            keep = False
             try:
                 return await _replace(memory, edited, call, held, mark, steps)
+            except Exception:
+                # Failed once its forget had begun (the new text's write found the store away):
+                # the old text may be gone, and the mark holds the only copy of the new one. It
+                # stays, and the next open makes the edit again from it; deleted, neither text was
+                # left.
+                keep = mark is not None and await steps.marks.forget_begun(mark)
+                if keep:
+                    log.warning(
+                        "an edit failed after its old text went; its new text is kept for the next open"
+                    )
+                raise
             finally:
-                if mark is not None:
+                if mark is not None and not keep:
                     await steps.marks.unmark(mark)
     finally:
         steps.fence.let_go(held)  # unless the new text's write took it over

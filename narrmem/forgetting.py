@@ -136,13 +136,20 @@ class Forgetting:
         try:
             return await self.finish(job)
         except Exception:
-            if not self._closing:  # closing: the next open finishes it
-                task = asyncio.get_running_loop().create_task(self._retry(job))
-                self._retrying.add(task)
-                task.add_done_callback(self._retrying.discard)
+            self._retry_later(job)
             raise
 
-    async def _retry(self, job: ForgetJob) -> None:
+    def _retry_later(self, job: ForgetJob, *, received: bool = True) -> None:
+        if self._closing:
+            return  # the next open finishes it
+        task = asyncio.get_running_loop().create_task(self._retry(job, received=received))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _retry(self, job: ForgetJob, *, received: bool = True) -> None:
+        """Finish ``job`` again until it is; ``received``: a scope job deletes the entries of the
+        scope received and not yet written (not those of a forget run from hooks, received after
+        it)."""
         store = self.memory.store
         for attempt in itertools.count():
             await asyncio.sleep(RETRY_DELAYS[attempt] if attempt < len(RETRY_DELAYS) else RETRY_EVERY)
@@ -154,7 +161,7 @@ class Forgetting:
                         return  # finished by another worker's open meanwhile
                     if job.messages is None:
                         # As the next open would: what the scope wrote since is named too.
-                        await self._finish_again(job, received=True)
+                        await self._finish_again(job, received=received)
                     else:
                         await self.finish(job)
             except ClosedError:
@@ -221,7 +228,8 @@ class Forgetting:
                 async with self.fence.forgetting(), self.write_lock:
                     await self._finish_again(job)
         except Exception:
-            log.exception("finishing a forget run from hooks failed; the next open finishes it")
+            log.exception("finishing a forget run from hooks failed; it is tried again")
+            self._retry_later(job, received=False)
 
     async def _finish_again(self, job: ForgetJob, *, received: bool = False) -> None:
         """Run a recorded scope forget again and finish it, naming what the scope wrote since (the

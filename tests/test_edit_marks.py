@@ -7,7 +7,9 @@ from __future__ import annotations
 import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import pytest
 from _helpers import run_python
 
 from narrmem import Message, Scope
@@ -180,3 +182,48 @@ async def test_edits_of_one_message_at_once_in_one_process_each_replace_the_text
             "I decided to move to Lisbon next spring",
             "I decided to move to Porto next spring",
         ]
+
+
+async def test_an_edit_whose_new_text_cannot_be_written_after_its_forget_is_made_at_the_next_open(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The old text forgotten, the new one's write fails (the store unreachable, no turn to write):
+    the mark, the only copy of the new text, stays, and the next open makes the edit. Before, the
+    mark was deleted as the edit ended: neither text was left."""
+    from narrmem.errors import StoreUnavailableError
+    from narrmem.ingest import IngestPipeline
+
+    write = IngestPipeline._write
+    failing = {"on": False}
+
+    async def write_or_fail(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if failing["on"]:
+            raise StoreUnavailableError("no turn to write within 30 s (storage.timeout_s)")
+        return await write(self, *args, **kwargs)
+
+    monkeypatch.setattr(IngestPipeline, "_write", write_or_fail)
+
+    def said(text: str) -> Message:
+        return Message(
+            tenant="t",
+            user_id="u",
+            chat_id="c",
+            message_id="m1",
+            text=text,
+            ts=datetime(2024, 1, 1, tzinfo=UTC),
+        )
+
+    folder = tmp_path / "m"
+    scope = Scope(tenant="t", chat_id="c")
+    async with open_memory(folder) as memory:
+        await memory.ingest(said("I live in Lisbon and love sardines"))
+        failing["on"] = True
+        with pytest.raises(StoreUnavailableError):
+            await memory.edit(said("I live in Porto and love francesinhas"))
+        failing["on"] = False
+        assert len(await memory.store.state_items(NAMESPACE)) == 1  # kept, with the new text
+    async with open_memory(folder) as memory:
+        ids = await memory.store.from_messages("t", "c", ["m1"])
+        texts = [r.text for r in (await memory.store.get(ids, scope)).values()]
+        assert texts == ["I live in Porto and love francesinhas"]
+        assert await memory.store.state_items(NAMESPACE) == []

@@ -186,3 +186,38 @@ def test_an_event_is_carried_whole_compressed_when_long_and_refused_when_too_lon
     assert encode("w1", noise, 7999) is None
     assert decode("not json") is None
     assert decode(json.dumps({"o": "w1", "e": {"kind": "topic"}})) is None
+
+
+async def test_workers_ingesting_at_once_stream_every_event_in_one_order(tmp_path: Path) -> None:
+    """Each worker streamed its own events as published and the others' as heard: when two
+    ingested at once their streams differed in order, and a stream resumed on the other worker
+    from an id lost the events that worker had placed before it. Every event is now streamed as
+    heard back, in the order PostgreSQL delivers them to all."""
+    one, two = _workers(tmp_path, await fresh_database("relay"))
+    async with one as worker_a, two as worker_b:
+        app_a, app_b = create_app(worker_a), create_app(worker_b)
+        hub_a, hub_b = _hub(app_a), _hub(app_b)
+        await hub_a.start()
+        await hub_b.start()
+        try:
+            on_a = hub_a.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+            on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+            assert (await anext(on_a)).startswith(": narrmem") and (await anext(on_b)).startswith(": narrmem")
+            async with _client(app_a) as client_a, _client(app_b) as client_b:
+                users = [f"p{n}" for n in range(4)]
+                made = await asyncio.gather(
+                    *(_ingest_all(client_a, KAYAK, user=u, chat=f"dm-{u}") for u in users[:2]),
+                    *(_ingest_all(client_b, TIRED, user=u, chat=f"dm-{u}") for u in users[2:]),
+                )
+            total = sum(len(m) for m in made)
+            order_a = [_id(f) for f in await _frames(on_a, total)]
+            order_b = [_id(f) for f in await _frames(on_b, total)]
+            assert order_a == order_b and len(set(order_a)) == total
+            # A client that saw A's stream up to its second event resumes on B with the rest.
+            resumed = hub_b.stream(
+                "default", max_events=total - 2, idle_timeout=5, keepalive=30, last_event_id=order_a[1]
+            )
+            assert [_id(f) for f in [f async for f in resumed if not f.startswith(":")]] == order_a[2:]
+        finally:
+            await hub_a.close()
+            await hub_b.close()

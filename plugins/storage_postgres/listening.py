@@ -59,7 +59,7 @@ class Listener:
         self._closed = True
         if self._keeper is not None:
             self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._keeper
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
@@ -98,8 +98,11 @@ class Listener:
                     await self._conn.fetchval("SELECT 1")
                     continue
                 except Exception as exc:
-                    if not unreachable(exc) and not isinstance(exc, asyncpg.PostgresError):
-                        raise
+                    # Whatever it was, the session is in doubt: a keeper that stopped here left
+                    # the worker deaf to the others' events without a word.
+                    log.warning(
+                        "the session listening on %r failed a probe (%s)", self._channel, type(exc).__name__
+                    )
             await self._again()
 
     async def _again(self) -> None:
@@ -112,8 +115,8 @@ class Listener:
             try:
                 await self._connect()
             except Exception as exc:
-                if not unreachable(exc) and not isinstance(exc, asyncpg.PostgresError):
-                    raise
+                if not unreachable(exc):
+                    log.warning("listening on %r again failed (%s)", self._channel, type(exc).__name__)
                 await asyncio.sleep(RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)])
                 attempt += 1
                 continue

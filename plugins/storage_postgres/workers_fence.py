@@ -406,14 +406,20 @@ class PostgresWorkersFence:
                 waiting.cancel()  # not awaited: the session goes, and the command with it
 
     async def _server_answers(self) -> bool:
+        """Whether the server answers at all: a refusal (too many sessions, starting up) is an
+        answer; no answer within the limit, or no connection, is none."""
         try:
             probe = await asyncpg.connect(self._dsn, timeout=self._timeout_s)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except asyncpg.PostgresError:
+            return True
+        except (OSError, asyncpg.InterfaceError):
             return False
         try:
             await probe.fetchval("SELECT 1", timeout=self._timeout_s)
             return True
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except asyncpg.PostgresError:
+            return True
+        except (OSError, asyncpg.InterfaceError):
             return False
         finally:
             probe.terminate()

@@ -155,6 +155,7 @@ class TriggerHub:
         self.relay: EventRelay | None = None
         self._missed_through = 0
         self._listen_task: asyncio.Task[None] | None = None
+        self._listen_failed = False
         self._listen_tried = -LISTEN_RETRY_SECONDS
 
     def relay_with(self, store: Broadcasts) -> None:
@@ -172,7 +173,10 @@ class TriggerHub:
             return
         try:
             await self.relay.start()
+            if self._listen_failed:
+                self.missed()  # the other workers' events sent before now were not heard
         except Exception as exc:
+            self._listen_failed = True
             log.warning(
                 "listening for the other workers' events failed (%s); trying again later", type(exc).__name__
             )
@@ -191,13 +195,21 @@ class TriggerHub:
             self._listen_task = asyncio.ensure_future(self.start())
 
     async def publish(self, event: TriggerEvent) -> None:
-        """The memory's trigger callback: an event of this process's messages."""
+        """The memory's trigger callback: an event of this process's messages. Relayed, it is
+        held and streamed here when heard back (:meth:`receive`), so that every worker streams
+        every worker's events in one order (the order PostgreSQL delivers them in): a stream
+        resumed on another worker then misses none and repeats none."""
         self._listen_soon()
-        await self._publish(event, own=True)
+        relay = None if self._closed else self.relay
+        if relay is not None:
+            relay.send(event)
+        heard_back = relay is not None and relay.listening
+        await self._publish(event, stream=not heard_back, webhook=True)
 
     async def receive(self, event: TriggerEvent) -> None:
-        """An event another worker published: streamed and held here, not sent to the webhook."""
-        await self._publish(event, own=False)
+        """An event relayed (another worker's, or this one's heard back): streamed and held here,
+        not sent to the webhook (its worker's sends it)."""
+        await self._publish(event, stream=True, webhook=False)
 
     def missed(self) -> None:
         """Events of other workers went by unseen: every open stream says ``event: reset``, and
@@ -206,7 +218,7 @@ class TriggerHub:
         for sub in self._subscribers:
             sub.missed = True
 
-    async def _publish(self, event: TriggerEvent, *, own: bool) -> None:
+    async def _publish(self, event: TriggerEvent, *, stream: bool, webhook: bool) -> None:
         # A forget made while what the event cites is read found it nowhere to drop: the forgets
         # made meanwhile are asked of it once the read is done.
         begun = self._voids_made
@@ -224,16 +236,14 @@ class TriggerHub:
         # Held and queued in one step, with no await between, and the subscribers read after the
         # await: a stream that subscribes meanwhile either finds it held (and replays it) or is
         # given it live, never neither nor both.
-        self._hold(item)
-        listening = [sub for sub in self._subscribers if sub.tenant is None or sub.tenant == event.tenant]
-        for sub in listening:
-            if sub.queue.full():
-                sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
-            sub.queue.put_nowait(item)
-        if not own:
+        if stream and self._hold(item):
+            listening = [sub for sub in self._subscribers if sub.tenant is None or sub.tenant == event.tenant]
+            for sub in listening:
+                if sub.queue.full():
+                    sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
+                sub.queue.put_nowait(item)
+        if not webhook:
             return
-        if self.relay is not None and not self._closed:
-            self.relay.send(event)
         if self._closed:
             if self.webhook is not None:
                 self.dropped += 1
@@ -268,20 +278,23 @@ class TriggerHub:
             self.forgotten += 1
         return standing
 
-    def _hold(self, item: Queued) -> None:
+    def _hold(self, item: Queued) -> bool:
+        """Hold ``item`` for resuming streams; ``False`` when it is held already (the same firing
+        again, by this worker's hooks run again or by another worker): it was streamed then."""
         self._published += 1
         tenant = item.event.tenant
         ring = self._recent.setdefault(tenant, OrderedDict())
         self._recent.move_to_end(tenant)
         key = event_id(item.event)
         if key in ring:
-            return  # the same firing again: a resume from the one held sends the rest at least once
+            return False
         ring[key] = _Held(self._published, item)
         self._held += 1
         if len(ring) > RECENT_EVENTS:
             self._let_go_oldest(tenant)
         while self._held > RECENT_TOTAL:
             self._let_go_oldest(next(iter(self._recent)))
+        return True
 
     def _let_go_oldest(self, tenant: str) -> None:
         ring = self._recent[tenant]

@@ -5,7 +5,10 @@ stream opened on one worker saw a third of its tenant's events with three worker
 :class:`~narrmem.store.Broadcasts` (PostgreSQL: ``NOTIFY``), each worker also sends its events to
 the others and takes theirs, so a stream on any worker carries every event of its tenant, and a
 stream that resumes on another worker finds its last id held there too (once both were up when it
-was sent). A worker's webhook sends its own events only: the others send theirs.
+was sent). A worker's webhook sends its own events only: the others send theirs. A worker's own events are
+streamed when heard back, like the others': every worker then streams them all in the one order
+PostgreSQL delivers them in, and a stream that resumes on another worker misses none and repeats
+none (streamed as they were published, the workers' orders differed when they ingested at once).
 
 Nothing waits for it: an event is put on a bounded queue and sent by a task (the oldest dropped
 when full, logged). An event's payload is the event as JSON, compressed when long; one still over
@@ -52,7 +55,7 @@ class EventRelay:
         self._receive = receive
         self._missed = missed
         self._outgoing: asyncio.Queue[TriggerEvent] = asyncio.Queue(SEND_QUEUE)
-        self._incoming: asyncio.Queue[TriggerEvent] = asyncio.Queue(TAKE_QUEUE)
+        self._incoming: asyncio.Queue[tuple[bool, TriggerEvent]] = asyncio.Queue(TAKE_QUEUE)
         self._listening: Listening | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._starting = asyncio.Lock()
@@ -100,13 +103,22 @@ class EventRelay:
             payload = encode(self.origin, event, limit)
             if payload is None:
                 self._count_dropped(f"a {event.kind} event too long to send to the other workers")
+                await self._here_only(event)
                 continue
             try:
                 await self._store.broadcast(CHANNEL, payload)
             except Exception as exc:
                 self._count_dropped(f"sending an event to the other workers failed ({type(exc).__name__})")
+                await self._here_only(event)
                 continue
             self.sent += 1
+
+    async def _here_only(self, event: TriggerEvent) -> None:
+        """An event of this worker that will not be heard back: streamed here all the same."""
+        try:
+            await self._receive(event)
+        except Exception:
+            log.exception("an event of this worker could not be published here")
 
     def _heard(self, payload: str) -> None:
         decoded = decode(payload)
@@ -114,23 +126,23 @@ class EventRelay:
             log.warning("a message on %s that is not a trigger event was left", CHANNEL)
             return
         origin, event = decoded
-        if origin == self.origin:
-            return
+        # This worker's own come back too: every worker streams them in the order heard.
         if self._incoming.full():
             self._incoming.get_nowait()
             self._count_dropped("the queue of events from the other workers is full")
             self._missed()
-        self._incoming.put_nowait(event)
+        self._incoming.put_nowait((origin == self.origin, event))
 
     async def _take_forever(self) -> None:
         while True:
-            event = await self._incoming.get()
+            own, event = await self._incoming.get()
             try:
                 await self._receive(event)
             except Exception:
-                log.exception("an event from another worker could not be published here")
+                log.exception("a relayed event could not be published here")
                 continue
-            self.received += 1
+            if not own:
+                self.received += 1
 
     def _count_dropped(self, why: str) -> None:
         self.dropped += 1
