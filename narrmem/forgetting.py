@@ -356,6 +356,32 @@ class Forgetting:
         except Exception:
             log.exception("purging what deleted messages left in the files failed")
 
+    def again_later(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
+        """:meth:`again`, tried in the background until it is done (its first try failed)."""
+        if self._closing:
+            return  # a job it recorded is finished by the next open; one it did not, not (logged)
+        task = asyncio.get_running_loop().create_task(self._again_until_done(scope, message_ids, written))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _again_until_done(
+        self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]
+    ) -> None:
+        for attempt in itertools.count():
+            await asyncio.sleep(RETRY_DELAYS[attempt] if attempt < len(RETRY_DELAYS) else RETRY_EVERY)
+            if self._closing:
+                log.error("a message a forget took was not forgotten again before closing")
+                return
+            try:
+                await self.again(scope, message_ids, written)
+            except ClosedError:
+                return
+            except Exception as exc:
+                log.warning("forgetting again a message a forget took failed again (%s)", type(exc).__name__)
+                continue
+            log.warning("a message a forget took is forgotten again")
+            return
+
     async def again(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
         """Forget again what this worker made of messages that a forget took while it wrote them
         (by another worker of a shared store, see :mod:`narrmem.inbox`): their after-store hooks

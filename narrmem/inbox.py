@@ -453,9 +453,14 @@ class Inbox:
                 # forget that took it. Before, all was deleted by the id, and an edit's new text
                 # stored meanwhile went with it.
                 written = [r.id for r in item.records if r.id is not None] if key not in taken else []
-                await self._forgetting.again(
-                    Scope(tenant=message.tenant, chat_id=message.chat_id), [message.message_id], written
-                )
+                scope = Scope(tenant=message.tenant, chat_id=message.chat_id)
+                try:
+                    await self._forgetting.again(scope, [message.message_id], written)
+                except Exception as exc:
+                    # Nothing else would: the forget that took it has ended, and no job of this
+                    # one may be recorded yet. Tried again until it is done.
+                    log.warning("forgetting again a message a forget took failed (%s)", type(exc).__name__)
+                    self._forgetting.again_later(scope, [message.message_id], written)
         except Exception:
             log.exception("forgetting again %d received messages a forget took failed", len(entries))
         return True

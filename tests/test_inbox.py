@@ -806,3 +806,47 @@ async def test_a_message_whose_entry_goes_after_the_check_is_forgotten_again_onc
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _no_episodes(memory: Any, user: str) -> bool:
+    return await episodes(memory, user) == []
+
+
+async def test_a_forget_again_that_fails_is_tried_again_until_the_message_is_gone(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The same path, with the forget again failing once (the store away for a moment): it was
+    logged and the message stayed stored for good, since no job of it was recorded for the next
+    open to finish. It is now tried again until done."""
+    from narrmem import StoreUnavailableError, forgetting
+    from narrmem.forgetting import Forgetting
+
+    original = IngestPipeline.store_received
+
+    async def without_the_check(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
+        await original(self, items, None, **options)
+
+    monkeypatch.setattr(IngestPipeline, "store_received", without_the_check)
+    monkeypatch.setattr(forgetting, "RETRY_DELAYS", (0.1,))
+    failures = {"left": 1}
+    again = Forgetting.again
+
+    async def failing_once(self: Forgetting, *args: Any) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise StoreUnavailableError("the database went away for a moment")
+        await again(self, *args)
+
+    monkeypatch.setattr(Forgetting, "again", failing_once)
+    dsn = await fresh_database("inbox_again_fails")
+    storage = {"backend": "postgres", "dsn": dsn, **ON_RECEIPT}
+    gate = Gate(users=("ann",))
+    async with open_memory(tmp_path / "a", real_model=True, plugins=[gate], storage=storage) as a:
+        await a.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
+        await eventually(lambda: _true(bool(gate.before)))
+        async with open_memory(tmp_path / "b", real_model=True, storage=storage) as b:
+            await b.forget(user_id="ann")
+        gate.open.set()
+        await a.settle()
+        assert failures["left"] == 0
+        await eventually(lambda: _no_episodes(a, "ann"))
