@@ -7,9 +7,11 @@ PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -768,19 +770,11 @@ async def test_a_message_another_worker_forgot_before_its_write_is_never_written
         assert [r.message_ids for r in await episodes(a, "ann")] == [["ann-0"]]
 
 
-async def test_a_message_whose_entry_goes_after_the_check_is_forgotten_again_once_written(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
-    """The fallback for an entry taken after the write asked for it (a forget from hooks waits
-    for no other worker): the message is written, found gone when its entry is deleted, and
-    forgotten again, so nothing of it stays. The check is left out here to reach that path."""
-    original = IngestPipeline.store_received
-
-    async def without_the_check(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
-        await original(self, items, None, **options)
-
-    monkeypatch.setattr(IngestPipeline, "store_received", without_the_check)
-    dsn = await fresh_database("inbox_forget_after_check")
+@contextlib.asynccontextmanager
+async def _taken_while_written(tmp_path: Path, name: str) -> AsyncIterator[tuple[Any, Gate]]:
+    """A worker answering on receipt writes Ann's message while another worker forgets her:
+    the first worker, once the message is written and settled."""
+    dsn = await fresh_database(name)
     storage = {"backend": "postgres", "dsn": dsn, **ON_RECEIPT}
     gate = Gate(users=("ann",))
     async with open_memory(tmp_path / "a", real_model=True, plugins=[gate], storage=storage) as a:
@@ -790,6 +784,27 @@ async def test_a_message_whose_entry_goes_after_the_check_is_forgotten_again_onc
             await b.forget(user_id="ann")
         gate.open.set()
         await a.settle()
+        yield a, gate
+
+
+def _without_the_check(monkeypatch: Any) -> None:
+    """Leave out the write's check that each entry is still there, to reach the fallback."""
+    original = IngestPipeline.store_received
+
+    async def without_the_check(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
+        await original(self, items, None, **options)
+
+    monkeypatch.setattr(IngestPipeline, "store_received", without_the_check)
+
+
+async def test_a_message_whose_entry_goes_after_the_check_is_forgotten_again_once_written(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The fallback for an entry taken after the write asked for it (a forget from hooks waits
+    for no other worker): the message is written, found gone when its entry is deleted, and
+    forgotten again, so nothing of it stays. The check is left out here to reach that path."""
+    _without_the_check(monkeypatch)
+    async with _taken_while_written(tmp_path, "inbox_forget_after_check") as (a, gate):
         assert gate.seen == ["ann-1"]  # written, its hooks ran: then taken back out
         assert await episodes(a, "ann") == []
         assert await a.store.state_items(NAMESPACE) == []
@@ -821,12 +836,7 @@ async def test_a_forget_again_that_fails_is_tried_again_until_the_message_is_gon
     from narrmem import StoreUnavailableError, forgetting
     from narrmem.forgetting import Forgetting
 
-    original = IngestPipeline.store_received
-
-    async def without_the_check(self: IngestPipeline, items: list[Any], *rest: Any, **options: Any) -> None:
-        await original(self, items, None, **options)
-
-    monkeypatch.setattr(IngestPipeline, "store_received", without_the_check)
+    _without_the_check(monkeypatch)
     monkeypatch.setattr(forgetting, "RETRY_DELAYS", (0.1,))
     failures = {"left": 1}
     again = Forgetting.again
@@ -838,15 +848,6 @@ async def test_a_forget_again_that_fails_is_tried_again_until_the_message_is_gon
         await again(self, *args)
 
     monkeypatch.setattr(Forgetting, "again", failing_once)
-    dsn = await fresh_database("inbox_again_fails")
-    storage = {"backend": "postgres", "dsn": dsn, **ON_RECEIPT}
-    gate = Gate(users=("ann",))
-    async with open_memory(tmp_path / "a", real_model=True, plugins=[gate], storage=storage) as a:
-        await a.ingest(msg("ann-1", "I live in Lisbon now", user="ann", chat="dm-ann"))
-        await eventually(lambda: _true(bool(gate.before)))
-        async with open_memory(tmp_path / "b", real_model=True, storage=storage) as b:
-            await b.forget(user_id="ann")
-        gate.open.set()
-        await a.settle()
+    async with _taken_while_written(tmp_path, "inbox_again_fails") as (a, _):
         assert failures["left"] == 0
         await eventually(lambda: _no_episodes(a, "ann"))

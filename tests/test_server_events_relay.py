@@ -7,37 +7,42 @@ the events carried by its NOTIFY."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 from _helpers import answer_status, read_posted_json
 from _postgres import dsn_for, fresh_database
 from prometheus_client import generate_latest
-from test_server_events_forget import KAYAK, NOW, TIRED, _hub, _ingest_all
+from test_server_events_forget import KAYAK, TIRED, _hub, _ingest_all
+from test_server_events_workers import _client, _workers
 from test_server_metrics import _samples, _value
 
-from narrmem.clock import ManualClock
 from narrmem.doors.server import WebhookOptions, create_app
 from narrmem.doors.server.metrics import ServerMetrics
 from narrmem.doors.server.relay import decode, encode
 from narrmem.models import TriggerEvent
-from narrmem.testing import open_memory
 
 
-def _workers(tmp_path: Path, dsn: str) -> tuple[Any, Any]:
-    storage = {"backend": "postgres", "dsn": dsn}
-    return (
-        open_memory(tmp_path / "a", clock=ManualClock(NOW), storage=storage),
-        open_memory(tmp_path / "b", clock=ManualClock(NOW), storage=storage),
-    )
-
-
-def _client(app: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t")
+@contextlib.asynccontextmanager
+async def _two_servers(
+    tmp_path: Path, dsn: str, options_a: dict[str, Any] | None = None, options_b: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[Any, Any]]:
+    """Two workers' apps on one PostgreSQL, each listening for the other's events from the start."""
+    one, two = _workers(tmp_path, dsn)
+    async with one as worker_a, two as worker_b:
+        app_a, app_b = create_app(worker_a, **(options_a or {})), create_app(worker_b, **(options_b or {}))
+        hub_a, hub_b = _hub(app_a), _hub(app_b)
+        await hub_a.start()
+        await hub_b.start()
+        try:
+            yield app_a, app_b
+        finally:
+            await hub_a.close()
+            await hub_b.close()
 
 
 async def _frames(stream: AsyncIterator[str], count: int) -> list[str]:
@@ -61,31 +66,24 @@ def _id(frame: str) -> str:
 
 
 async def test_a_stream_on_one_worker_carries_the_events_of_another_workers_messages(tmp_path: Path) -> None:
-    one, two = _workers(tmp_path, await fresh_database("relay"))
-    async with one as worker_a, two as worker_b:
-        metrics_a, metrics_b = ServerMetrics(), ServerMetrics()
-        app_a, app_b = create_app(worker_a, metrics=metrics_a), create_app(worker_b, metrics=metrics_b)
-        hub_a, hub_b = _hub(app_a), _hub(app_b)
-        await hub_a.start()
-        await hub_b.start()
-        try:
-            on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=30)
-            assert (await anext(on_b)).startswith(": narrmem")
-            async with _client(app_a) as client_a:
-                made_on_a = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
-            async with _client(app_b) as client_b:
-                made_on_b = await _ingest_all(client_b, TIRED, user="tom", chat="dm-tom")
-            frames = await _frames(on_b, len(made_on_a) + len(made_on_b))
-            assert [_event(f) for f in frames] == made_on_a + made_on_b
-            assert hub_b.relay is not None and hub_b.relay.received == len(made_on_a)
-            scraped_a = _samples((await asyncio.to_thread(generate_latest, metrics_a.registry)).decode())
-            scraped_b = _samples((await asyncio.to_thread(generate_latest, metrics_b.registry)).decode())
-            assert _value(scraped_a, "narrmem_events_relayed_total", direction="sent") == len(made_on_a)
-            assert _value(scraped_b, "narrmem_events_relayed_total", direction="received") == len(made_on_a)
-            assert _value(scraped_b, "narrmem_events_relay_listening") == 1.0
-        finally:
-            await hub_a.close()
-            await hub_b.close()
+    dsn = await fresh_database("relay")
+    metrics_a, metrics_b = ServerMetrics(), ServerMetrics()
+    async with _two_servers(tmp_path, dsn, {"metrics": metrics_a}, {"metrics": metrics_b}) as (app_a, app_b):
+        hub_b = _hub(app_b)
+        on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+        assert (await anext(on_b)).startswith(": narrmem")
+        async with _client(app_a) as client_a:
+            made_on_a = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
+        async with _client(app_b) as client_b:
+            made_on_b = await _ingest_all(client_b, TIRED, user="tom", chat="dm-tom")
+        frames = await _frames(on_b, len(made_on_a) + len(made_on_b))
+        assert [_event(f) for f in frames] == made_on_a + made_on_b
+        assert hub_b.relay is not None and hub_b.relay.received == len(made_on_a)
+        scraped_a = _samples((await asyncio.to_thread(generate_latest, metrics_a.registry)).decode())
+        scraped_b = _samples((await asyncio.to_thread(generate_latest, metrics_b.registry)).decode())
+        assert _value(scraped_a, "narrmem_events_relayed_total", direction="sent") == len(made_on_a)
+        assert _value(scraped_b, "narrmem_events_relayed_total", direction="received") == len(made_on_a)
+        assert _value(scraped_b, "narrmem_events_relay_listening") == 1.0
 
 
 async def test_a_stream_resumes_on_another_worker_and_webhooks_send_their_own(tmp_path: Path) -> None:
@@ -97,42 +95,35 @@ async def test_a_stream_resumes_on_another_worker_and_webhooks_send_their_own(tm
 
     receiver = await asyncio.start_server(handle, "127.0.0.1", 0)
     webhook = WebhookOptions(url=f"http://127.0.0.1:{receiver.sockets[0].getsockname()[1]}/hook")
-    one, two = _workers(tmp_path, await fresh_database("relay"))
+    dsn = await fresh_database("relay")
     try:
-        async with one as worker_a, two as worker_b:
-            # Both workers post to the same receiver, as a deployment's workers do.
-            app_a, app_b = create_app(worker_a, webhook=webhook), create_app(worker_b, webhook=webhook)
+        # Both workers post to the same receiver, as a deployment's workers do.
+        async with _two_servers(tmp_path, dsn, {"webhook": webhook}, {"webhook": webhook}) as (app_a, app_b):
             hub_a, hub_b = _hub(app_a), _hub(app_b)
-            await hub_a.start()
-            await hub_b.start()
-            try:
-                on_a = hub_a.stream("default", max_events=None, idle_timeout=None, keepalive=30)
-                assert (await anext(on_a)).startswith(": narrmem")
-                async with _client(app_a) as client_a:
-                    made = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
-                    made += await _ingest_all(client_a, TIRED, user="tom", chat="dm-tom")
-                first = (await _frames(on_a, 1))[0]
-                await on_a.aclose()  # the client's connection drops after the first event
-                # B holds A's events: the client, sent to B by the load balancer, resumes there.
-                for _ in range(100):
-                    if hub_b.held >= len(made):
-                        break
-                    await asyncio.sleep(0.05)
-                resumed = hub_b.stream(
-                    "default",
-                    max_events=len(made) - 1,
-                    idle_timeout=5,
-                    keepalive=30,
-                    last_event_id=_id(first),
-                )
-                frames = [f async for f in resumed if not f.startswith(":")]
-                assert [_event(f) for f in frames] == made[1:]
-                await hub_a.drain(10)
-                await hub_b.drain(10)
-                assert posted == made  # once each: B's webhook did not send A's events again
-            finally:
-                await hub_a.close()
-                await hub_b.close()
+            on_a = hub_a.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+            assert (await anext(on_a)).startswith(": narrmem")
+            async with _client(app_a) as client_a:
+                made = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
+                made += await _ingest_all(client_a, TIRED, user="tom", chat="dm-tom")
+            first = (await _frames(on_a, 1))[0]
+            await on_a.aclose()  # the client's connection drops after the first event
+            # B holds A's events: the client, sent to B by the load balancer, resumes there.
+            for _ in range(100):
+                if hub_b.held >= len(made):
+                    break
+                await asyncio.sleep(0.05)
+            resumed = hub_b.stream(
+                "default",
+                max_events=len(made) - 1,
+                idle_timeout=5,
+                keepalive=30,
+                last_event_id=_id(first),
+            )
+            frames = [f async for f in resumed if not f.startswith(":")]
+            assert [_event(f) for f in frames] == made[1:]
+            await hub_a.drain(10)
+            await hub_b.drain(10)
+            assert posted == made  # once each: B's webhook did not send A's events again
     finally:
         receiver.close()
         await receiver.wait_closed()
@@ -141,36 +132,28 @@ async def test_a_stream_resumes_on_another_worker_and_webhooks_send_their_own(tm
 async def test_a_stream_is_told_when_other_workers_events_were_missed(tmp_path: Path) -> None:
     dsn = await fresh_database("relay")
     database = dsn.split("?", 1)[0].rsplit("/", 1)[1]
-    one, two = _workers(tmp_path, dsn)
-    async with one as worker_a, two as worker_b:
-        app_a, app_b = create_app(worker_a), create_app(worker_b)
-        hub_a, hub_b = _hub(app_a), _hub(app_b)
-        await hub_a.start()
-        await hub_b.start()
+    async with _two_servers(tmp_path, dsn) as (app_a, app_b):
+        hub_b = _hub(app_b)
+        on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=0.2)
+        assert (await anext(on_b)).startswith(": narrmem")
+        # B's listening session ends (a restart of the server, a failover): B listens again and
+        # tells its streams that what was sent meanwhile may be missing.
+        admin = await asyncpg.connect(dsn_for("postgres"))
         try:
-            on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=0.2)
-            assert (await anext(on_b)).startswith(": narrmem")
-            # B's listening session ends (a restart of the server, a failover): B listens again and
-            # tells its streams that what was sent meanwhile may be missing.
-            admin = await asyncpg.connect(dsn_for("postgres"))
-            try:
-                ended = await admin.fetchval(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = $1 AND query LIKE 'LISTEN%'",
-                    database,
-                )
-            finally:
-                await admin.close()
-            assert ended == 2  # A's and B's
-            [reset] = await _frames(on_b, 1)
-            assert reset.startswith("event: reset") and "other_workers_events_missed" in reset
-            async with _client(app_a) as client_a:
-                made = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
-            frames = await _frames(on_b, len(made))  # listening again: A's events come through
-            assert [_event(f) for f in frames] == made
+            ended = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = $1 AND query LIKE 'LISTEN%'",
+                database,
+            )
         finally:
-            await hub_a.close()
-            await hub_b.close()
+            await admin.close()
+        assert ended == 2  # A's and B's
+        [reset] = await _frames(on_b, 1)
+        assert reset.startswith("event: reset") and "other_workers_events_missed" in reset
+        async with _client(app_a) as client_a:
+            made = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
+        frames = await _frames(on_b, len(made))  # listening again: A's events come through
+        assert [_event(f) for f in frames] == made
 
 
 def test_an_event_is_carried_whole_compressed_when_long_and_refused_when_too_long() -> None:
@@ -193,31 +176,24 @@ async def test_workers_ingesting_at_once_stream_every_event_in_one_order(tmp_pat
     ingested at once their streams differed in order, and a stream resumed on the other worker
     from an id lost the events that worker had placed before it. Every event is now streamed as
     heard back, in the order PostgreSQL delivers them to all."""
-    one, two = _workers(tmp_path, await fresh_database("relay"))
-    async with one as worker_a, two as worker_b:
-        app_a, app_b = create_app(worker_a), create_app(worker_b)
+    dsn = await fresh_database("relay")
+    async with _two_servers(tmp_path, dsn) as (app_a, app_b):
         hub_a, hub_b = _hub(app_a), _hub(app_b)
-        await hub_a.start()
-        await hub_b.start()
-        try:
-            on_a = hub_a.stream("default", max_events=None, idle_timeout=None, keepalive=30)
-            on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=30)
-            assert (await anext(on_a)).startswith(": narrmem") and (await anext(on_b)).startswith(": narrmem")
-            async with _client(app_a) as client_a, _client(app_b) as client_b:
-                users = [f"p{n}" for n in range(4)]
-                made = await asyncio.gather(
-                    *(_ingest_all(client_a, KAYAK, user=u, chat=f"dm-{u}") for u in users[:2]),
-                    *(_ingest_all(client_b, TIRED, user=u, chat=f"dm-{u}") for u in users[2:]),
-                )
-            total = sum(len(m) for m in made)
-            order_a = [_id(f) for f in await _frames(on_a, total)]
-            order_b = [_id(f) for f in await _frames(on_b, total)]
-            assert order_a == order_b and len(set(order_a)) == total
-            # A client that saw A's stream up to its second event resumes on B with the rest.
-            resumed = hub_b.stream(
-                "default", max_events=total - 2, idle_timeout=5, keepalive=30, last_event_id=order_a[1]
+        on_a = hub_a.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+        on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=30)
+        assert (await anext(on_a)).startswith(": narrmem") and (await anext(on_b)).startswith(": narrmem")
+        async with _client(app_a) as client_a, _client(app_b) as client_b:
+            users = [f"p{n}" for n in range(4)]
+            made = await asyncio.gather(
+                *(_ingest_all(client_a, KAYAK, user=u, chat=f"dm-{u}") for u in users[:2]),
+                *(_ingest_all(client_b, TIRED, user=u, chat=f"dm-{u}") for u in users[2:]),
             )
-            assert [_id(f) for f in [f async for f in resumed if not f.startswith(":")]] == order_a[2:]
-        finally:
-            await hub_a.close()
-            await hub_b.close()
+        total = sum(len(m) for m in made)
+        order_a = [_id(f) for f in await _frames(on_a, total)]
+        order_b = [_id(f) for f in await _frames(on_b, total)]
+        assert order_a == order_b and len(set(order_a)) == total
+        # A client that saw A's stream up to its second event resumes on B with the rest.
+        resumed = hub_b.stream(
+            "default", max_events=total - 2, idle_timeout=5, keepalive=30, last_event_id=order_a[1]
+        )
+        assert [_id(f) for f in [f async for f in resumed if not f.startswith(":")]] == order_a[2:]
