@@ -27,6 +27,16 @@ def _workers(tmp_path: Path, dsn: str) -> tuple[Any, Any]:
     )
 
 
+async def _all_heard(hub: Any, count: int) -> None:
+    """Wait until ``hub`` holds ``count`` events: relayed, a worker's own come back to it a
+    moment after the ingest answered."""
+    for _ in range(500):
+        if hub.held >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{hub.held} events heard, not {count}")
+
+
 def _client(app: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t")
 
@@ -55,6 +65,7 @@ async def test_another_workers_forget_voids_the_stream_and_the_webhook(tmp_path:
             async with _client(app_a) as client_a:
                 forgotten = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
                 kept = await _ingest_all(client_a, TIRED, user="tom", chat="dm-tom")
+            await _all_heard(hub, len(forgotten) + len(kept))
             await asyncio.wait_for(first_refused.wait(), 5)  # kim's event is being retried
             async with _client(app_b) as client_b:
                 response = await client_b.post("/v1/forget", json={"user_id": "kim"})
@@ -81,6 +92,7 @@ async def test_a_message_deleted_or_edited_by_another_worker_voids_the_events_ci
             [deleted] = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
             [edited] = await _ingest_all(client_a, TIRED, user="ann", chat="dm-ann")
             kept = await _ingest_all(client_a, TIRED, user="tom", chat="dm-tom")
+        await _all_heard(_hub(app_a), 2 + len(kept))
         async with _client(app_b) as client_b:
             response = await client_b.post(
                 "/v1/messages/delete", json={"chat_id": "dm-kim", "message_ids": [deleted["message_ids"][0]]}

@@ -401,8 +401,8 @@ class TriggerHub:
                 else:
                     until = min(next_keepalive, next_check) if still_allowed is not None else next_keepalive
                     if idle_timeout is not None:
-                        if now - last >= idle_timeout:
-                            return
+                        if now - last >= idle_timeout and sub.queue.empty():
+                            return  # idle: nothing came for idle_timeout (what came is sent first)
                         until = min(until, last + idle_timeout)
                     item = await self._next(sub, until - now)
                 if item is None:
