@@ -17,14 +17,16 @@ import asyncpg
 from _helpers import answer_status, read_posted_json
 from _postgres import dsn_for, fresh_database
 from prometheus_client import generate_latest
-from test_server_events_forget import KAYAK, TIRED, _hub, _ingest_all
+from test_server_events_forget import KAYAK, NOW, TIRED, _hub, _ingest_all
 from test_server_events_workers import _client, _workers
 from test_server_metrics import _samples, _value
 
+from narrmem.clock import ManualClock
 from narrmem.doors.server import WebhookOptions, create_app
 from narrmem.doors.server.metrics import ServerMetrics
 from narrmem.doors.server.relay import decode, encode
 from narrmem.models import TriggerEvent
+from narrmem.testing import open_memory
 
 
 @contextlib.asynccontextmanager
@@ -158,11 +160,12 @@ async def test_a_stream_is_told_when_other_workers_events_were_missed(tmp_path: 
 
 def test_an_event_is_carried_whole_compressed_when_long_and_refused_when_too_long() -> None:
     event = TriggerEvent(kind="topic", label="kayak trip", count=3, user_id="kim", message_ids=["m1", "m2"])
-    assert decode(encode("w1", event, 7999) or "") == ("w1", event)
+    assert decode(encode("w1", event, 7999, (4, 9)) or "") == ("w1", event, (4, 9))
+    assert decode(encode("w1", event, 7999) or "") == ("w1", event, None)  # cites nothing: read where heard
     many = event.model_copy(update={"message_ids": [f"message-{n:06d}" for n in range(2000)]})
-    packed = encode("w1", many, 7999)
+    packed = encode("w1", many, 7999, (7,))
     assert packed is not None and len(packed.encode()) <= 7999 and '"z"' in packed
-    assert decode(packed) == ("w1", many)
+    assert decode(packed) == ("w1", many, (7,))
     noise = event.model_copy(
         update={"suggestion": "".join(chr(0x4E00 + (n * 7919) % 20000) for n in range(6000))}
     )
@@ -197,3 +200,26 @@ async def test_workers_ingesting_at_once_stream_every_event_in_one_order(tmp_pat
             "default", max_events=total - 2, idle_timeout=5, keepalive=30, last_event_id=order_a[1]
         )
         assert [_id(f) for f in [f async for f in resumed if not f.startswith(":")]] == order_a[2:]
+
+
+async def test_a_relayed_event_rests_on_what_its_worker_read_not_on_a_later_read(tmp_path: Path) -> None:
+    """An event heard by another worker after its messages were deleted: read there, what it
+    cites was already gone, and it rested on its user's scope alone (streamed while the user had
+    other memories in the chat). It now carries what its worker read as it was published."""
+    from narrmem.doors.server.events import TriggerHub
+    from narrmem.doors.server.forgets import StillStored
+
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        async with _client(create_app(memory)) as client:
+            [event] = await _ingest_all(client, KAYAK, user="kim", chat="dm-kim")
+            await _ingest_all(client, TIRED, user="kim", chat="dm-kim", ids="t")  # she keeps other memories
+        made = TriggerEvent.model_validate(event)
+        cited = await StillStored(memory).cited(made)
+        assert cited
+        await memory.forget_messages(chat_id="dm-kim", message_ids=made.message_ids)
+        hub = TriggerHub(None, StillStored(memory))
+        stream = hub.stream("default", max_events=None, idle_timeout=0.3, keepalive=30)
+        assert (await anext(stream)).startswith(": narrmem")
+        await hub.receive(made, cited)
+        assert [f async for f in stream if f.startswith("event: trigger")] == []
+        await hub.close()

@@ -201,15 +201,17 @@ class TriggerHub:
         resumed on another worker then misses none and repeats none."""
         self._listen_soon()
         relay = None if self._closed else self.relay
-        if relay is not None:
-            relay.send(event)
         heard_back = relay is not None and relay.listening
-        await self._publish(event, stream=not heard_back, webhook=True)
+        item = await self._publish(event, stream=not heard_back, webhook=True)
+        if relay is not None and item is not None:
+            # With what it cites, read here as it was published: read where it is heard, after
+            # another worker deleted its messages, it would rest on its user's scope alone.
+            relay.send(event, item.cited)
 
-    async def receive(self, event: TriggerEvent) -> None:
-        """An event relayed (another worker's, or this one's heard back): streamed and held here,
-        not sent to the webhook (its worker's sends it)."""
-        await self._publish(event, stream=True, webhook=False)
+    async def receive(self, event: TriggerEvent, cited: tuple[int, ...] | None = None) -> None:
+        """An event relayed (another worker's, or this one's heard back), with what it cites as its
+        worker read it: streamed and held here, not sent to the webhook (its worker's sends it)."""
+        await self._publish(event, stream=True, webhook=False, cited=cited)
 
     def missed(self) -> None:
         """Events of other workers went by unseen: every open stream says ``event: reset``, and
@@ -218,13 +220,17 @@ class TriggerHub:
         for sub in self._subscribers:
             sub.missed = True
 
-    async def _publish(self, event: TriggerEvent, *, stream: bool, webhook: bool) -> None:
+    async def _publish(
+        self, event: TriggerEvent, *, stream: bool, webhook: bool, cited: tuple[int, ...] | None = None
+    ) -> Queued | None:
+        """Hold and stream ``event`` (``stream``), queue it for the webhook (``webhook``); the
+        item, or ``None`` when a forget took it meanwhile."""
         # A forget made while what the event cites is read found it nowhere to drop: the forgets
         # made meanwhile are asked of it once the read is done.
         begun = self._voids_made
         self._publishing += 1
         try:
-            item = Queued(event, await self._cited(event))
+            item = Queued(event, await self._cited(event) if cited is None else cited)
         finally:
             self._publishing -= 1
         voided_meanwhile = any(voided(event) for made, voided in self._voids if made > begun)
@@ -232,7 +238,7 @@ class TriggerHub:
             self._voids.clear()
         if voided_meanwhile:
             self.forgotten += 1
-            return
+            return None
         # Held and queued in one step, with no await between, and the subscribers read after the
         # await: a stream that subscribes meanwhile either finds it held (and replays it) or is
         # given it live, never neither nor both.
@@ -243,7 +249,7 @@ class TriggerHub:
                     sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
                 sub.queue.put_nowait(item)
         if not webhook:
-            return
+            return item
         if self._closed:
             if self.webhook is not None:
                 self.dropped += 1
@@ -255,6 +261,7 @@ class TriggerHub:
                 log.warning("webhook queue full: %s trigger %s dropped", event.kind, event_id(event))
             else:
                 outbox.put_nowait(item)
+        return item
 
     async def _cited(self, event: TriggerEvent) -> tuple[int, ...]:
         if self.check is None:

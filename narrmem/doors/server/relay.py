@@ -47,15 +47,17 @@ class EventRelay:
     def __init__(
         self,
         store: Broadcasts,
-        receive: Callable[[TriggerEvent], Awaitable[None]],
+        receive: Callable[[TriggerEvent, tuple[int, ...] | None], Awaitable[None]],
         missed: Callable[[], None],
     ) -> None:
         self.origin = uuid.uuid4().hex  # this worker, in what it sends (its own come back to it)
         self._store = store
         self._receive = receive
         self._missed = missed
-        self._outgoing: asyncio.Queue[TriggerEvent] = asyncio.Queue(SEND_QUEUE)
-        self._incoming: asyncio.Queue[tuple[bool, TriggerEvent]] = asyncio.Queue(TAKE_QUEUE)
+        self._outgoing: asyncio.Queue[tuple[TriggerEvent, tuple[int, ...]]] = asyncio.Queue(SEND_QUEUE)
+        self._incoming: asyncio.Queue[tuple[bool, TriggerEvent, tuple[int, ...] | None]] = asyncio.Queue(
+            TAKE_QUEUE
+        )
         self._listening: Listening | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._starting = asyncio.Lock()
@@ -89,34 +91,35 @@ class EventRelay:
         if listening is not None:
             await listening.close()
 
-    def send(self, event: TriggerEvent) -> None:
-        """Have ``event``, published here, sent to the other workers."""
+    def send(self, event: TriggerEvent, cited: tuple[int, ...] = ()) -> None:
+        """Have ``event``, published here, sent to the other workers with what it cites (the
+        memories it rests on, read here as it was published)."""
         if self._outgoing.full():
             self._outgoing.get_nowait()
             self._count_dropped("the queue of events to send to the other workers is full")
-        self._outgoing.put_nowait(event)
+        self._outgoing.put_nowait((event, cited))
 
     async def _send_forever(self) -> None:
         limit = self._store.broadcast_limit
         while True:
-            event = await self._outgoing.get()
-            payload = encode(self.origin, event, limit)
+            event, cited = await self._outgoing.get()
+            payload = encode(self.origin, event, limit, cited)
             if payload is None:
                 self._count_dropped(f"a {event.kind} event too long to send to the other workers")
-                await self._here_only(event)
+                await self._here_only(event, cited)
                 continue
             try:
                 await self._store.broadcast(CHANNEL, payload)
             except Exception as exc:
                 self._count_dropped(f"sending an event to the other workers failed ({type(exc).__name__})")
-                await self._here_only(event)
+                await self._here_only(event, cited)
                 continue
             self.sent += 1
 
-    async def _here_only(self, event: TriggerEvent) -> None:
+    async def _here_only(self, event: TriggerEvent, cited: tuple[int, ...]) -> None:
         """An event of this worker that will not be heard back: streamed here all the same."""
         try:
-            await self._receive(event)
+            await self._receive(event, cited)
         except Exception:
             log.exception("an event of this worker could not be published here")
 
@@ -125,19 +128,19 @@ class EventRelay:
         if decoded is None:
             log.warning("a message on %s that is not a trigger event was left", CHANNEL)
             return
-        origin, event = decoded
+        origin, event, cited = decoded
         # This worker's own come back too: every worker streams them in the order heard.
         if self._incoming.full():
             self._incoming.get_nowait()
             self._count_dropped("the queue of events from the other workers is full")
             self._missed()
-        self._incoming.put_nowait((origin == self.origin, event))
+        self._incoming.put_nowait((origin == self.origin, event, cited))
 
     async def _take_forever(self) -> None:
         while True:
-            own, event = await self._incoming.get()
+            own, event, cited = await self._incoming.get()
             try:
-                await self._receive(event)
+                await self._receive(event, cited)
             except Exception:
                 log.exception("a relayed event could not be published here")
                 continue
@@ -150,10 +153,11 @@ class EventRelay:
         log.warning("%s; %d event(s) not relayed so far", why, self.dropped)
 
 
-def encode(origin: str, event: TriggerEvent, limit: int) -> str | None:
-    """The payload that carries ``event``; ``None`` when over ``limit`` bytes even compressed."""
-    body = event.model_dump(mode="json")
-    plain = json.dumps({"o": origin, "e": body}, ensure_ascii=False, separators=(",", ":"))
+def encode(origin: str, event: TriggerEvent, limit: int, cited: tuple[int, ...] = ()) -> str | None:
+    """The payload that carries ``event`` and what it cites; ``None`` when over ``limit`` bytes
+    even compressed."""
+    body = {"e": event.model_dump(mode="json"), "c": list(cited)}
+    plain = json.dumps({"o": origin, **body}, ensure_ascii=False, separators=(",", ":"))
     if len(plain.encode()) <= limit:
         return plain
     packed = base64.b64encode(zlib.compress(json.dumps(body).encode(), 9)).decode()
@@ -161,11 +165,16 @@ def encode(origin: str, event: TriggerEvent, limit: int) -> str | None:
     return small if len(small) <= limit else None
 
 
-def decode(payload: str) -> tuple[str, TriggerEvent] | None:
-    """``(origin, event)`` of a payload :func:`encode` made; ``None`` for anything else."""
+def decode(payload: str) -> tuple[str, TriggerEvent, tuple[int, ...] | None] | None:
+    """``(origin, event, cited)`` of a payload :func:`encode` made (``cited`` ``None`` when it
+    names none: read where it is heard); ``None`` for anything else."""
     try:
         data: Any = json.loads(payload)
-        body = json.loads(zlib.decompress(base64.b64decode(data["z"]))) if "z" in data else data["e"]
-        return str(data["o"]), TriggerEvent.model_validate(body)
-    except (ValueError, KeyError, TypeError, zlib.error, ValidationError):
+        body = json.loads(zlib.decompress(base64.b64decode(data["z"]))) if "z" in data else data
+        cited = body.get("c")
+        named = (
+            tuple(int(n) for n in cited if isinstance(n, int) and not isinstance(n, bool)) if cited else None
+        )
+        return str(data["o"]), TriggerEvent.model_validate(body["e"]), named
+    except (ValueError, KeyError, TypeError, AttributeError, zlib.error, ValidationError):
         return None
