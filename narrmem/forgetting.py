@@ -25,7 +25,7 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from narrmem import owed_forgets
@@ -140,39 +140,49 @@ class Forgetting:
             raise
 
     def _retry_later(self, job: ForgetJob, *, received: bool = True) -> None:
-        if self._closing:
-            return  # the next open finishes it
-        task = asyncio.get_running_loop().create_task(self._retry(job, received=received))
-        self._retrying.add(task)
-        task.add_done_callback(self._retrying.discard)
-
-    async def _retry(self, job: ForgetJob, *, received: bool = True) -> None:
         """Finish ``job`` again until it is; ``received``: a scope job deletes the entries of the
         scope received and not yet written (not those of a forget run from hooks, received after
         it)."""
+        self._keep_trying(functools.partial(self._finish_pending, job, received), f"forget {job.id}")
+
+    async def _finish_pending(self, job: ForgetJob, received: bool) -> None:
         store = self.memory.store
+        async with self.fence.forgetting(), self.write_lock:
+            if job.id not in {pending.id for pending in await store.pending_forgets()}:
+                return  # finished by another worker's open meanwhile
+            if job.messages is None:
+                # As the next open would: what the scope wrote since is named too.
+                await self._finish_again(job, received=received)
+            else:
+                await self.finish(job)
+        if job.messages is not None:
+            self._purge_later()
+
+    def _keep_trying(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run ``work`` in the background after :data:`RETRY_DELAYS`, then every
+        :data:`RETRY_EVERY` seconds, until it succeeds or the memory closes (its first try failed)."""
+        if self._closing:
+            log.warning("%s failed as the memory closed: not tried again in this process", what)
+            return
+        task = asyncio.get_running_loop().create_task(self._until_done(work, what))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _until_done(self, work: Callable[[], Awaitable[None]], what: str) -> None:
         for attempt in itertools.count():
             await asyncio.sleep(RETRY_DELAYS[attempt] if attempt < len(RETRY_DELAYS) else RETRY_EVERY)
             if self._closing:
+                log.warning("%s was not done before the memory closed", what)
                 return
             try:
-                async with self.fence.forgetting(), self.write_lock:
-                    if job.id not in {pending.id for pending in await store.pending_forgets()}:
-                        return  # finished by another worker's open meanwhile
-                    if job.messages is None:
-                        # As the next open would: what the scope wrote since is named too.
-                        await self._finish_again(job, received=received)
-                    else:
-                        await self.finish(job)
+                await work()
             except ClosedError:
-                return  # the memory closed meanwhile: the next open finishes it
+                return
             except Exception as exc:
                 # The kind only: a plugin's error may quote what the person said.
-                log.warning("forget %d is still not finished (%s); trying again", job.id, type(exc).__name__)
+                log.warning("%s failed again (%s); trying again", what, type(exc).__name__)
                 continue
-            log.warning("forget %d, which had failed, is finished", job.id)
-            if job.messages is not None:
-                self._purge_later()
+            log.warning("%s, which had failed, is done", what)
             return
 
     def _finish_later(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
@@ -358,29 +368,8 @@ class Forgetting:
 
     def again_later(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
         """:meth:`again`, tried in the background until it is done (its first try failed)."""
-        if self._closing:
-            return  # a job it recorded is finished by the next open; one it did not, not (logged)
-        task = asyncio.get_running_loop().create_task(self._again_until_done(scope, message_ids, written))
-        self._retrying.add(task)
-        task.add_done_callback(self._retrying.discard)
-
-    async def _again_until_done(
-        self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]
-    ) -> None:
-        for attempt in itertools.count():
-            await asyncio.sleep(RETRY_DELAYS[attempt] if attempt < len(RETRY_DELAYS) else RETRY_EVERY)
-            if self._closing:
-                log.error("a message a forget took was not forgotten again before closing")
-                return
-            try:
-                await self.again(scope, message_ids, written)
-            except ClosedError:
-                return
-            except Exception as exc:
-                log.warning("forgetting again a message a forget took failed again (%s)", type(exc).__name__)
-                continue
-            log.warning("a message a forget took is forgotten again")
-            return
+        work = functools.partial(self.again, scope, message_ids, written)
+        self._keep_trying(work, "forgetting again a message a forget took")
 
     async def again(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
         """Forget again what this worker made of messages that a forget took while it wrote them
