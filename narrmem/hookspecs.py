@@ -14,10 +14,12 @@ Conventions (read once, they hold for every hook below):
   the host logs it with the plugin's name, calls :func:`narrmem_plugin_error`, and carries on
   with the other implementations; except a :class:`~narrmem.errors.StoreUnavailableError` (the
   store cannot be reached), which fails the call as a whole, to be tried again: an answer made
-  without the store would pass for "nothing is stored". Errors in set-up hooks (configure,
-  register, startup) abort ``Memory.open`` instead, because a half-configured memory is worse
-  than none: as a :class:`~narrmem.errors.PluginError` naming the plugin and the hook, the plugin's exception
-  chained (a narrmem error it raised on purpose, a ``ConfigError`` naming a key, passes as it is).
+  without the store would pass for "nothing is stored" (but in the hooks that run after the
+  call's own work, ``narrmem.host.AFTER_THE_WORK``, where it is isolated as any failure).
+  Errors in set-up hooks (configure, register, startup) abort ``Memory.open`` instead, because a
+  half-configured memory is worse than none: as a :class:`~narrmem.errors.PluginError` naming
+  the plugin and the hook, the plugin's exception chained (a narrmem error it raised on purpose,
+  a ``ConfigError`` naming a key, passes as it is).
 * A value of another type than the hook's return annotation is the plugin failing the same way
   (a :class:`~narrmem.errors.PluginError` naming plugin, hook and type; see
   :mod:`narrmem.hook_returns`, which checks a container and its first and last items).
