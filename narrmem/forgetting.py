@@ -12,7 +12,7 @@ a task that held nothing back until then runs the job again and finishes it.
 
 A forget whose job is recorded and whose finishing fails (the store unreachable halfway, a
 plugin's service down) raises to its caller, and is finished again in this process after
-:data:`RETRY_DELAYS` and then every :data:`RETRY_EVERY` seconds until it is (or another worker's
+:mod:`narrmem.trying_again`'s delays until it is (or another worker's
 open finishes it): before, it waited for the next open, weeks later for a bot that runs for weeks,
 and what it had not deleted stayed recallable meanwhile. An edit's own forget is left to the next
 open, which makes the edit again from its mark.
@@ -23,19 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from narrmem import owed_forgets
 from narrmem.checks import has_surrogate
-from narrmem.errors import ClosedError, InputError, PluginError
+from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 from narrmem.store import CountsForgets, PurgesDeleted
 from narrmem.to_the_end import Outlasting
+from narrmem.trying_again import TryingAgain
 
 if TYPE_CHECKING:
     from narrmem.edit_marks import EditMarks
@@ -55,10 +55,6 @@ AGAIN_NAMESPACE = "narrmem.forget_again"
 # How many times a forget run from hooks waits for messages of its scope begun since, before it
 # is finished without waiting.
 FINISH_ROUNDS = 20
-
-# Seconds before each new try of a forget whose finishing failed; then every RETRY_EVERY.
-RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-RETRY_EVERY = 300.0
 
 
 class Forgetting:
@@ -80,8 +76,7 @@ class Forgetting:
         self.fence = fence
         self.calls = calls
         self._finishing_later: set[asyncio.Task[None]] = set()
-        self._retrying: set[asyncio.Task[None]] = set()  # forgets whose finishing failed
-        self._closing = False
+        self._again = TryingAgain()  # forgets whose finishing failed
         self._outlasting = Outlasting("a forget")
         # The messages under way each of those tasks waits for; a change of any is signalled.
         self._waiting_for: dict[asyncio.Task[Any], list[asyncio.Future[None]]] = {}
@@ -143,7 +138,7 @@ class Forgetting:
         """Finish ``job`` again until it is; ``received``: a scope job deletes the entries of the
         scope received and not yet written (not those of a forget run from hooks, received after
         it)."""
-        self._keep_trying(functools.partial(self._finish_pending, job, received), f"forget {job.id}")
+        self._again.keep_trying(functools.partial(self._finish_pending, job, received), f"forget {job.id}")
 
     async def _finish_pending(self, job: ForgetJob, received: bool) -> None:
         store = self.memory.store
@@ -157,33 +152,6 @@ class Forgetting:
                 await self.finish(job)
         if job.messages is not None:
             self._purge_later()
-
-    def _keep_trying(self, work: Callable[[], Awaitable[None]], what: str) -> None:
-        """Run ``work`` in the background after :data:`RETRY_DELAYS`, then every
-        :data:`RETRY_EVERY` seconds, until it succeeds or the memory closes (its first try failed)."""
-        if self._closing:
-            log.warning("%s failed as the memory closed: not tried again in this process", what)
-            return
-        task = asyncio.get_running_loop().create_task(self._until_done(work, what))
-        self._retrying.add(task)
-        task.add_done_callback(self._retrying.discard)
-
-    async def _until_done(self, work: Callable[[], Awaitable[None]], what: str) -> None:
-        for attempt in itertools.count():
-            await asyncio.sleep(RETRY_DELAYS[attempt] if attempt < len(RETRY_DELAYS) else RETRY_EVERY)
-            if self._closing:
-                log.warning("%s was not done before the memory closed", what)
-                return
-            try:
-                await work()
-            except ClosedError:
-                return
-            except Exception as exc:
-                # The kind only: a plugin's error may quote what the person said.
-                log.warning("%s failed again (%s); trying again", what, type(exc).__name__)
-                continue
-            log.warning("%s, which had failed, is done", what)
-            return
 
     def _finish_later(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
         task = asyncio.get_running_loop().create_task(self._finish_after(job, units))
@@ -274,8 +242,8 @@ class Forgetting:
     async def close(self) -> None:
         """Stop the forgets from hooks still waiting for messages under way, and the tries again
         of forgets that failed: their jobs stay recorded, and the next open finishes them."""
-        self._closing = True
-        tasks = [*self._finishing_later, *self._retrying]
+        await self._again.close()
+        tasks = list(self._finishing_later)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -369,7 +337,7 @@ class Forgetting:
     def again_later(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
         """:meth:`again`, tried in the background until it is done (its first try failed)."""
         work = functools.partial(self.again, scope, message_ids, written)
-        self._keep_trying(work, "forgetting again a message a forget took")
+        self._again.keep_trying(work, "forgetting again a message a forget took")
 
     async def again(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
         """Forget again what this worker made of messages that a forget took while it wrote them

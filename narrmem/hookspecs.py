@@ -211,6 +211,12 @@ def narrmem_after_store(
     May run a second time for a message: a process that stops after its hooks ran and before their
     record went has them run again at the next open. Write nothing twice (the built-in plugins
     check that a scene or an Impact entry is already there, and count facts by message).
+
+    Raising :class:`~narrmem.errors.StoreUnavailableError` (the store went away after the
+    write) is isolated, noted on ``result.notes``, and owed: this plugin's hook alone runs again
+    for the message once the store answers (the same process tries after 1, 2, 5, 10, 30 and 60
+    seconds, then every five minutes; what is owed at close, the next open), and not at all if
+    the message is forgotten meanwhile.
     """
 
 

@@ -172,14 +172,24 @@ class PluginHost:
     # --- calling ---------------------------------------------------------------------------
 
     async def call(
-        self, hook_name: str, *, isolate: bool = True, errors: list[str] | None = None, **kwargs: Any
+        self,
+        hook_name: str,
+        *,
+        isolate: bool = True,
+        errors: list[str] | None = None,
+        among: Collection[str] | None = None,
+        away: list[str] | None = None,
+        **kwargs: Any,
     ) -> list[Any]:
-        """Call every implementation; return the non-``None`` results in call order.
+        """Call every implementation (of the plugins named ``among``, when given); return the
+        non-``None`` results in call order.
 
         A plugin's failure is described in ``errors`` when given (so it can be reported with the
         message it concerns). Not isolated, it is a :class:`PluginError` naming the plugin and the
-        hook (the plugin's own error chained); a narrmem error passes unchanged."""
-        answers = await self._call(hook_name, lambda _: kwargs, isolate, errors)
+        hook (the plugin's own error chained); a narrmem error passes unchanged. ``away``
+        collects the names of the plugins that found the store unreachable in a hook of
+        :data:`AFTER_THE_WORK` (isolated there), whose work the caller may have them do again."""
+        answers = await self._call(hook_name, lambda _: kwargs, isolate, errors, among, away)
         return [value for _, value in answers]
 
     async def call_named(
@@ -202,11 +212,17 @@ class PluginHost:
         arguments: Callable[[str], dict[str, Any]],
         isolate: bool,
         errors: list[str] | None,
+        among: Collection[str] | None = None,
+        away: list[str] | None = None,
     ) -> list[tuple[str, Any]]:
         results = []
         for impl in self._ordered(hook_name):
+            if among is not None and impl.plugin_name not in among:
+                continue
             try:
-                ok, value = await self._invoke(impl, hook_name, arguments(impl.plugin_name), isolate, errors)
+                ok, value = await self._invoke(
+                    impl, hook_name, arguments(impl.plugin_name), isolate, errors, away
+                )
             except NarrmemError:
                 raise  # says what is wrong already (a ConfigError its key, an InputError its field)
             except Exception as exc:  # only when not isolated: the caller must hear which plugin
@@ -270,7 +286,13 @@ class PluginHost:
         return list(reversed(hook.get_hookimpls()))
 
     async def _invoke(
-        self, impl: Any, hook_name: str, kwargs: dict[str, Any], isolate: bool, errors: list[str] | None
+        self,
+        impl: Any,
+        hook_name: str,
+        kwargs: dict[str, Any],
+        isolate: bool,
+        errors: list[str] | None,
+        away: list[str] | None = None,
     ) -> tuple[bool, Any]:
         args = {name: kwargs[name] for name in impl.argnames if name in kwargs}
         try:
@@ -287,6 +309,8 @@ class PluginHost:
                 raise
             if errors is not None:
                 errors.append(f"plugin '{impl.plugin_name}' failed in {hook_name}: {exc!r}")
+            if away is not None and isinstance(exc, StoreUnavailableError):
+                away.append(impl.plugin_name)
             await self.report(impl.plugin_name, hook_name, exc)
             return False, None
         return True, value

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -79,6 +79,8 @@ class Pending:
     # decision's gist, attributed): a hook that rewrites the embed_text gets its own text embedded.
     written_embed_text: str | None = None
     gist_text: str | None = None
+    # The key of its entry of after-store hooks to run (narrmem.settling), once written.
+    settling_key: str | None = None
 
     def vector_text(self, record: MemoryRecord) -> str:
         """The text ``record``'s vector is made of."""
@@ -237,8 +239,8 @@ class IngestPipeline:
     ) -> None:
         """Run a written batch's after-store hooks for the caller's results, then delete the record
         of their work (left for the next open if they raise)."""
-        await self.after_store(written, results)
-        await self.settling.settled(prefix)
+        owed = await self.after_store(written, results)
+        await self.settling.settled(prefix, list(zip(written, owed, strict=True)))
 
     def _schedule_hooks(self, written: list[Pending], prefix: str, unit: int | None) -> None:
         """Have :mod:`narrmem.settling` run a written batch's after-store hooks, and end its unit."""
@@ -246,7 +248,7 @@ class IngestPipeline:
             if written:
                 # Another worker's forget waits for these hooks as for the unit (narrmem.fence).
                 self.settling.schedule(
-                    functools.partial(self.after_store, written, None),
+                    functools.partial(self.hooks_owing, written),
                     prefix,
                     len(written),
                     self.fence.hooks_later(),
@@ -527,6 +529,8 @@ class IngestPipeline:
         message as it comes) go in while their embedding runs, on a store that can
         (:class:`~narrmem.store.WritesWhileEmbedding`): only the commit waits for it."""
         pending = [] if prefix is None else self.settling.entries(prefix, items)
+        for item, (_, key, _) in zip(items, pending, strict=False):
+            item.settling_key = key
         records: list[MemoryRecord] = []
         context: dict[int, list[ContextLine]] = {}  # by the place of the message's episode
         for item in items:
@@ -568,19 +572,47 @@ class IngestPipeline:
             await self.settling.discard([pending[n][1] for n in skipped])
         return [item for item in items if item.records[0].id is not None]
 
-    async def after_store(self, items: list[Pending], results: list[IngestResult] | None) -> None:
+    async def hooks_owing(
+        self, items: list[Pending], among: Sequence[Collection[str] | None] | None = None
+    ) -> list[tuple[Pending, list[str]]]:
+        """:meth:`after_store` for messages whose caller was answered; each message with the
+        plugins whose hook found the store unreachable."""
+        return list(zip(items, await self.after_store(items, None, among), strict=True))
+
+    async def after_store(
+        self,
+        items: list[Pending],
+        results: list[IngestResult] | None,
+        among: Sequence[Collection[str] | None] | None = None,
+    ) -> list[list[str]]:
         """Run the after-store hooks of written messages and deliver their triggers. With
         ``results``, the hooks fill in the caller's results; without, results of their own (the
-        caller was answered already)."""
+        caller was answered already). ``among``: for each message, the plugins whose hooks run
+        (``None``: every plugin's). Returns, for each message, the plugins whose hook found the
+        store unreachable: their work for it is owed (:mod:`narrmem.settling` tries it again)."""
+        owed: list[list[str]] = []
         for n, item in enumerate(items):
             await yield_every(n)
             result = results[item.index] if results is not None else stored_result(item, settled=True)
+            away: list[str] = []
             await self.memory.host.call(
-                "narrmem_after_store", **item.hook_arguments(self.memory), vectors=item.vectors, result=result
+                "narrmem_after_store",
+                **item.hook_arguments(self.memory),
+                vectors=item.vectors,
+                result=result,
+                among=None if among is None else among[n],
+                away=away,
+            )
+            owed.append(away)
+            result.notes.extend(
+                f"plugin '{name}' found the store unreachable after the write: its after-store hook "
+                "runs again for this message once the store answers"
+                for name in away
             )
             result.notes.extend(item.errors)
             result.triggers = [caused_by(item.message, event) for event in result.triggers]
             await self.deliver(result.triggers)
+        return owed
 
     async def context_lines(self, item: Pending) -> list[ContextLine]:
         """What the plugins give of the message for earlier episodes' keyword context; an answer

@@ -26,15 +26,17 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from narrmem.errors import InputError, StoreError
+from narrmem.errors import InputError, StoreError, StoreUnavailableError
 from narrmem.fence import HOOKS_LATER, Grant, inside_own_work, own_work
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
 from narrmem.store import StateEntry, Store, shared_by_processes
+from narrmem.trying_again import TryingAgain
 
 if TYPE_CHECKING:
     from narrmem.ingest import IngestPipeline, Pending
@@ -70,6 +72,8 @@ class Settling:
         self._claiming: asyncio.Future[None] | None = None
         # Owners of entries found gone by this open (see stopped_owners), for every namespace.
         self.owners_gone: set[str] = set()
+        self.trying_again = TryingAgain()  # hooks that found the store unreachable (see settled)
+        self._pipeline: IngestPipeline | None = None
 
     async def claim(self) -> None:
         """Hold this process's claim on its entries, from the first call that leaves any until
@@ -104,15 +108,84 @@ class Settling:
         for key in keys:
             await self.memory.store.state_delete(NAMESPACE, key)
 
-    async def settled(self, prefix: str) -> None:
-        """The hooks of the batch whose entries start with ``prefix`` have run: its entries go."""
-        await self.memory.store.state_delete(NAMESPACE, prefix)
+    async def settled(self, prefix: str, owing: Sequence[tuple[Pending, list[str]]] = ()) -> None:
+        """The hooks of the batch whose entries start with ``prefix`` have run: its entries go.
+        ``owing``: its messages, each with the plugins whose hook found the store unreachable;
+        those messages' entries stay, marked with those plugins, whose hooks are tried again
+        until they have run (see the module). An entry that cannot be deleted for the moment is
+        deleted later: left, the next open ran every hook of its message again."""
+        debts = [
+            Debt(item.settling_key, list(plugins))
+            for item, plugins in owing
+            if plugins and item.settling_key is not None
+        ]
+        if not debts:
+            try:
+                await self.memory.store.state_delete(NAMESPACE, prefix)
+                return
+            except StoreUnavailableError:
+                pass
+        self._owe(prefix, debts)
+
+    def _owe(self, prefix: str, debts: list[Debt]) -> None:
+        self.trying_again.keep_trying(
+            functools.partial(self._pay, prefix, debts),
+            "the after-store hooks that found the store unreachable",
+        )
+
+    async def _pay(self, prefix: str, debts: list[Debt]) -> None:
+        """One try of what :meth:`settled` owes: record what is owed in the entries (an open
+        after a stop then runs those plugins' hooks alone), delete the batch's other entries,
+        then run the hooks owed, each message as a unit of :mod:`narrmem.fence` from the read of
+        its records, as :meth:`recover` does. Raises while anything is still owed."""
+        store, pipeline = self.memory.store, self._pipeline
+        assert pipeline is not None  # set by start(), before any ingest
+        for debt in debts:
+            if not debt.recorded:
+                await self._record(debt)
+        owed = {debt.key for debt in debts}
+        for key, _ in await store.state_items(NAMESPACE):
+            if key.startswith(prefix) and key not in owed:
+                await store.state_delete(NAMESPACE, key)
+        for debt in list(debts):
+            unit = await pipeline.fence.enter()
+            try:
+                value = await store.state_get(NAMESPACE, debt.key)
+                item = None if value is None else await self._rebuild(value, debt.key)
+                # None: forgotten meanwhile (its entry went with it), or not as narrmem writes it.
+                still: list[str] = []
+                if item is not None:
+                    hooks = functools.partial(pipeline.after_store, [item], None, [debt.plugins])
+                    [still] = await pipeline.fence.run_inside(unit, hooks)
+            finally:
+                pipeline.fence.leave(unit)
+            if still:
+                debt.recorded = debt.recorded and still == debt.plugins
+                debt.plugins = still
+                continue
+            await store.state_delete(NAMESPACE, debt.key)
+            debts.remove(debt)
+        if debts:
+            raise StoreUnavailableError(f"the hooks of {len(debts)} messages found the store away again")
+
+    async def _record(self, debt: Debt) -> None:
+        """Mark ``debt``'s entry with the plugins whose hooks it owes, unless a forget took it."""
+        store = self.memory.store
+        stored = await store.state_get(NAMESPACE, debt.key)
+        if stored is not None and stored.get("owed") != debt.plugins:
+            # Compare-and-set: a forget that deletes the entry meanwhile is not undone.
+            await store.state_put_if(NAMESPACE, debt.key, {**stored, "owed": debt.plugins}, stored)
+        debt.recorded = True
 
     def schedule(
-        self, run: Callable[[], Awaitable[None]], prefix: str, count: int, ended: Callable[[], None]
+        self,
+        run: Callable[[], Awaitable[Sequence[tuple[Pending, list[str]]]]],
+        prefix: str,
+        count: int,
+        ended: Callable[[], None],
     ) -> None:
         """Run a written batch's hooks after the batches before it; delete its entries once they
-        ran. ``ended`` is called once they have run, or will not."""
+        ran (see :meth:`settled`). ``ended`` is called once they have run, or will not."""
         previous = self._tail
 
         async def settle_batch() -> None:
@@ -122,8 +195,8 @@ class Settling:
             _IN_BATCH.set(batch)  # this task's own context: what its hooks and callbacks call sees it
             try:
                 with batch.held(), own_work():
-                    await run()
-                await self.memory.store.state_delete(NAMESPACE, prefix)
+                    owing = await run()
+                await self.settled(prefix, owing)
             except Exception:
                 # The entries stay: the next open runs the hooks again.
                 log.exception("after-store hooks of an acknowledged batch failed; kept for the next open")
@@ -145,14 +218,13 @@ class Settling:
         was cancelled as it was written: those the write left in the store (none when it rolled
         back), rebuilt from the records as the next open does."""
 
-        async def run() -> None:
+        async def run() -> list[tuple[Pending, list[str]]]:
             items = [
                 item
                 for key, value in await self.memory.store.state_items(NAMESPACE)
-                if key in keys and (item := await self._rebuild(value)) is not None
+                if key in keys and (item := await self._rebuild(value, key)) is not None
             ]
-            if items:
-                await pipeline.after_store(items, None)
+            return await pipeline.hooks_owing(items) if items else []
 
         self.schedule(run, prefix, len(keys), ended)
 
@@ -185,6 +257,7 @@ class Settling:
 
     async def start(self, pipeline: IngestPipeline) -> None:
         """Claim this process's entries, and run the hooks of the entries stopped processes left."""
+        self._pipeline = pipeline
         if self.memory.read_only:
             return  # the process that writes the folder runs them
         if self.memory.settings.storage.acknowledge != "after_hooks":
@@ -193,6 +266,7 @@ class Settling:
 
     async def close(self) -> None:
         await self.settle()
+        await self.trying_again.close()  # what is still owed stays marked in the store
         await self._claim.aclose()
 
     async def recover(self, pipeline: IngestPipeline) -> int:
@@ -206,13 +280,17 @@ class Settling:
                 # waits for these hooks as for those of a message being written.
                 unit = await pipeline.fence.enter()
                 try:
-                    items = [item for _, value in batch if (item := await self._rebuild(value)) is not None]
+                    rebuilt = [(item, v) for key, v in batch if (item := await self._rebuild(v, key))]
+                    items = [item for item, _ in rebuilt]
+                    # An entry marked with what is owed runs those plugins' hooks alone.
+                    among = [_owed(value) for _, value in rebuilt]
+                    owing: list[tuple[Pending, list[str]]] = []
                     if items:
-                        hooks = functools.partial(pipeline.after_store, items, None)
-                        await pipeline.fence.run_inside(unit, hooks)
+                        hooks = functools.partial(pipeline.hooks_owing, items, among)
+                        owing = await pipeline.fence.run_inside(unit, hooks)
                 finally:
                     pipeline.fence.leave(unit)
-                await store.state_delete(NAMESPACE, prefix)
+                await self.settled(prefix, owing)
                 done += len(items)
         return done
 
@@ -220,9 +298,9 @@ class Settling:
         """Delete the entries of the messages a forget removes (ids are a trace of them too)."""
         await drop_forgotten(self.memory.store, NAMESPACE, job, lambda value: value)
 
-    async def _rebuild(self, value: dict[str, Any]) -> Pending | None:
-        """The message an entry stands for, from its stored records (``None`` when they are gone,
-        or the entry is not one this module writes: it came from an imported file, say)."""
+    async def _rebuild(self, value: dict[str, Any], key: str) -> Pending | None:
+        """The message entry ``key`` stands for, from its stored records (``None`` when they are
+        gone, or the entry is not one this module writes: it came from an imported file, say)."""
         from narrmem.ingest import Pending
 
         try:
@@ -255,6 +333,7 @@ class Settling:
             meta={k: episode.meta[k] for k in entry.meta_keys if k in episode.meta},
         )
         item = Pending(0, message, entry.decision)
+        item.settling_key = key
         item.records = records
         item.vectors = np.vstack([vectors[r.id] for r in records if r.id is not None])
         return item
@@ -271,6 +350,25 @@ class SettlingEntry(BaseModel):
     speaker: str | None = None
     meta_keys: list[str] = Field(default_factory=list)
     decision: TriageDecision
+    # The plugins whose after-store hooks are still owed (their hook found the store unreachable);
+    # absent: every plugin's hooks are to run.
+    owed: list[str] | None = None
+
+
+@dataclass
+class Debt:
+    """A message whose after-store hooks of ``plugins`` found the store unreachable (none: only its
+    entry is left to delete); ``recorded``: its entry is marked with them."""
+
+    key: str
+    plugins: list[str]
+    recorded: bool = False
+
+
+def _owed(value: dict[str, Any]) -> list[str] | None:
+    """The plugins an entry owes the hooks of (``None``: every plugin)."""
+    owed = value.get("owed")
+    return owed if isinstance(owed, list) else None
 
 
 def check_entry(key: str, value: dict[str, Any]) -> None:

@@ -13,15 +13,15 @@ import pytest
 from _helpers import msg, store_sql
 from _pgproxy import behind_proxy
 
-from narrmem import Memory, StoreUnavailableError, forgetting, hookimpl
+from narrmem import Memory, StoreUnavailableError, hookimpl, trying_again
 from narrmem.errors import PluginError
 from narrmem.testing import open_memory
 
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forgetting, "RETRY_DELAYS", (0.05, 0.1))
-    monkeypatch.setattr(forgetting, "RETRY_EVERY", 0.2)
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.05, 0.1))
+    monkeypatch.setattr(trying_again, "RETRY_EVERY", 0.2)
 
 
 class ScrubService:

@@ -833,11 +833,11 @@ async def test_a_forget_again_that_fails_is_tried_again_until_the_message_is_gon
     """The same path, with the forget again failing once (the store away for a moment): it was
     logged and the message stayed stored for good, since no job of it was recorded for the next
     open to finish. It is now tried again until done."""
-    from narrmem import StoreUnavailableError, forgetting
+    from narrmem import StoreUnavailableError, trying_again
     from narrmem.forgetting import Forgetting
 
     _without_the_check(monkeypatch)
-    monkeypatch.setattr(forgetting, "RETRY_DELAYS", (0.1,))
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.1,))
     failures = {"left": 1}
     again = Forgetting.again
 
