@@ -7,6 +7,10 @@ payloads) on a real server behind a proxy that cuts it; the order and room rules
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +19,10 @@ from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open
 
 from narrmem import StoreUnavailableError
 from narrmem.doors.integrations import backlog as backlog_module
+from narrmem.doors.integrations import spool as spool_module
 from narrmem.doors.integrations.backlog import Backlog, backlog_of
 from narrmem.errors import ClosedError
+from narrmem.testing import open_memory
 
 
 @pytest.fixture(autouse=True)
@@ -144,3 +150,109 @@ async def test_a_refused_call_is_dropped_and_a_closed_memory_ends_the_wait() -> 
     closing["closed"] = True  # the memory closed while both waited: neither is made, the wait ends
     await asyncio.wait_for(backlog.drained(), 10)
     assert len(backlog) == 0 and made == ["fine"]
+
+
+def _spooled(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / spool_module.FOLDER).glob("*"))
+
+
+async def test_what_waits_when_the_bot_stops_is_made_at_its_next_start(tmp_path: Path) -> None:
+    """The bot is stopped (a deploy, a crash, a container moved) while PostgreSQL is away: what
+    waited was only in its process and was lost, a ``forgetme`` included, though the person had
+    been told it would be done. It now waits in a file of the data folder (the person's words
+    readable by the bot's user alone), and the next start makes it once the store answers."""
+    data_dir = tmp_path / "m"
+    async with behind_proxy(tmp_path, timeout_s=2.0) as (memory, proxy):
+        dsn = memory.settings.storage.dsn
+        assert dsn is not None
+        bot = await open_harness("discord.py", memory, guild_as="tenant")
+        assert isinstance(bot, DiscordHarness)
+        try:
+            proxy.cut()
+            await bot.send(21, "I play the cello on Sundays", user=ANN, chat=7, group=True)
+            await bot.send(22, "I work night shifts at the hospital", user=BOB, chat=7, group=True)
+            reply = await bot.command(23, "forgetme", user=BOB, chat=7, group=True)
+            assert "as soon as it is back" in reply
+            [spool, lock] = _spooled(data_dir)
+            assert "cello" in spool.read_text() and spool.stat().st_mode & 0o777 == 0o600
+            assert lock.suffix == ".lock"
+        finally:
+            await bot.close()
+        proxy.mode = "pass"
+        await memory.close()  # the bot stops before its backlog's next try
+        assert len(_spooled(data_dir)) == 2  # kept for the next start
+
+        storage = {"backend": "postgres", "dsn": dsn.get_secret_value(), "timeout_s": 2.0}
+        async with open_memory(data_dir, storage=storage) as again:
+            bot = await open_harness("discord.py", again, guild_as="tenant")
+            try:
+                await asyncio.wait_for(backlog_of(again).drained(), 60)
+                await again.settle()
+            finally:
+                await bot.close()
+            texts = [r.text for r in await episodes(again, tenant=str(GUILD_ID), user_id=str(ANN))]
+            assert texts == ["I play the cello on Sundays"]
+            assert not await episodes(again, tenant=str(GUILD_ID), user_id=str(BOB))
+    assert _spooled(data_dir) == []
+
+
+async def test_a_forget_made_meanwhile_by_another_door_takes_what_waits_of_the_person(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A person's messages wait for the store; once it answers, and before the backlog's next
+    try, they are forgotten by another door (the HTTP API, a script). The messages were then
+    stored after the forget, and stayed; now the forget takes them, from the file too."""
+    monkeypatch.setattr(backlog_module, "RETRY_DELAYS", (3.0, 0.1))
+    async with behind_proxy(tmp_path, timeout_s=2.0) as (memory, proxy):
+        bot = await open_harness("discord.py", memory, guild_as="tenant")
+        try:
+            proxy.cut()
+            await bot.send(31, "My new phone number is 555 0199", user=ANN, chat=7, group=True)
+            await bot.send(32, "I adopted a cat called Miso", user=BOB, chat=7, group=True)
+            backlog = backlog_of(memory)
+            assert len(backlog) == 2
+            proxy.mode = "pass"
+            await memory.forget(user_id=str(ANN), tenant=str(GUILD_ID))
+            assert len(backlog) == 1
+            [spool] = [p for p in _spooled(tmp_path / "m") if p.suffix == ".jsonl"]
+            assert "555 0199" not in spool.read_text() and "Miso" in spool.read_text()
+            await asyncio.wait_for(backlog.drained(), 60)
+            await memory.settle()
+        finally:
+            await bot.close()
+        assert not await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))
+        assert [r.text for r in await episodes(memory, tenant=str(GUILD_ID), user_id=str(BOB))] == [
+            "I adopted a cat called Miso"
+        ]
+    assert _spooled(tmp_path / "m") == []
+
+
+async def test_files_that_are_not_a_stopped_backlogs_are_left_as_they_are(tmp_path: Path) -> None:
+    """A file of the user's at a name the backlog uses, and a live process's file, are neither
+    read nor deleted."""
+    folder = tmp_path / "m" / spool_module.FOLDER
+    folder.mkdir(parents=True)
+    theirs = folder / f"{'a' * 32}.jsonl"
+    theirs.write_text('{"my": "notes"}\n')
+    live = folder / f"{'b' * 32}.jsonl"
+    live.write_text(json.dumps(spool_module.HEADER) + "\n" + json.dumps(msg_record("live")) + "\n")
+    held = os.open(folder / f"{'b' * 32}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the live process's lock
+    try:
+        async with open_memory(tmp_path / "m") as memory:
+            backlog = backlog_of(memory)
+            await backlog.taken_over()
+            assert len(backlog) == 0
+        assert theirs.read_text() == '{"my": "notes"}\n' and live.exists()
+    finally:
+        os.close(held)
+
+
+def msg_record(text: str) -> dict[str, Any]:
+    from narrmem.doors.integrations.backlog import message_record
+    from narrmem.models import Message
+
+    return message_record(
+        "message",
+        Message(text=text, user_id="u1", chat_id="c1", message_id="1", ts="2026-05-04T09:12:00+00:00"),
+    )

@@ -11,7 +11,13 @@ from datetime import datetime, tzinfo
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from narrmem.doors.integrations.backlog import backlog_of
+from narrmem.doors.integrations.backlog import (
+    backlog_of,
+    forget_messages_record,
+    forget_person,
+    forget_person_record,
+    message_record,
+)
 from narrmem.errors import InputError, NarrmemError
 from narrmem.memory import Memory
 from narrmem.models import (
@@ -289,7 +295,7 @@ async def ingest(
         return result
 
     try:
-        return await backlog_of(memory).run("message", once)
+        return await backlog_of(memory).run("message", once, message_record("message", message))
     except Exception:
         log.exception("narrmem could not ingest a message")
         if triggers is not None:
@@ -301,7 +307,8 @@ async def edit(memory: Memory, message: Message) -> IngestResult | None:
     """Replace what an edited message left (its earlier texts stay in the episode's history);
     made later, in order, when the store cannot be reached now."""
     try:
-        return await backlog_of(memory).run("edit", lambda: memory.edit(message))
+        record = message_record("edit", message)
+        return await backlog_of(memory).run("edit", lambda: memory.edit(message), record)
     except Exception:
         log.exception("narrmem could not apply the edit of a message")
         return None
@@ -317,7 +324,8 @@ async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_
         return await memory.forget_messages(chat_id=chat_id, message_ids=message_ids, tenant=tenant)
 
     try:
-        counts = await backlog_of(memory).run("forget of deleted messages", once)
+        record = forget_messages_record(tenant, chat_id, message_ids)
+        counts = await backlog_of(memory).run("forget of deleted messages", once, record)
     except Exception:
         log.exception("narrmem could not forget deleted messages of a chat")
         return 0
@@ -436,22 +444,22 @@ async def forget_user(
     tenants: Collection[str] | Callable[[], Awaitable[Collection[str]]],
     user_id: str,
     aliases: Collection[str] = (),
+    by: str | None = None,
 ) -> str:
     """Forget the person in every tenant the integration writes to (or that ``tenants()`` reads
     from the store when the forget is made), under their id and the ``aliases`` the same person
-    has there (the id a chat import gave them); returns the reply."""
+    has there (the id a chat import gave them); returns the reply. ``by``: the integration whose
+    :meth:`Backlog.finds_tenants` reads them for a forget that waits past a restart."""
+
+    async def every() -> Collection[str]:
+        return await tenants() if callable(tenants) else tenants
 
     async def once() -> dict[str, int]:
-        total: dict[str, int] = {}
-        every = await tenants() if callable(tenants) else tenants
-        for tenant in sorted(set(every)):
-            for who in [user_id, *sorted(set(aliases) - {user_id})]:
-                for key, value in (await memory.forget(user_id=who, tenant=tenant)).items():
-                    total[key] = total.get(key, 0) + value
-        return total
+        return await forget_person(memory, every, user_id, aliases)
 
+    record = forget_person_record(user_id, aliases, None if callable(tenants) else tenants, by)
     try:
-        total = await backlog_of(memory).run("forget of a person", once)
+        total = await backlog_of(memory).run("forget of a person", once, record)
     except Exception:
         log.exception("narrmem could not forget a user who asked to be forgotten")
         return "Sorry, I could not forget you just now; please try again."

@@ -8,24 +8,36 @@ some wait, the calls that come go behind them, so the order a chat saw is kept: 
 deleted during the outage is forgotten after it is stored, not before (which would leave it
 stored for good), and an edit lands on the message it edits.
 
-Held in this process, for one memory: at most :data:`MAX_WAITING` calls; when full, the oldest
-message or edit goes to make room (a forget goes only when nothing else is left to drop), logged
-with a count. What still waits when the memory closes is logged as not made. A call that fails in
-another way once the store answers (a refusal) is logged and dropped, as it would have been at
-once.
+At most :data:`MAX_WAITING` calls wait, for one memory; when full, the oldest message or edit
+goes to make room (a forget goes only when nothing else is left to drop), logged with a count.
+A call that fails in another way once the store answers (a refusal) is logged and dropped, as it
+would have been at once.
+
+On disk too (:mod:`narrmem.doors.integrations.spool`): what waits is kept in a file of the data
+folder, so a bot stopped or restarted during the outage makes it at its next start, after the
+store answers; a message's trigger events are then not said (the chat they were for is the old
+process's). A forget made meanwhile by any other way (the HTTP API, a script, another door) takes
+what waits of the person, chat or messages it forgets, from the file too: sent after that
+forget, a waiting message would have been stored again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from pydantic import ValidationError
+
+from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
 from narrmem.errors import ClosedError, StoreUnavailableError
+from narrmem.host import hookimpl
+from narrmem.models import Message
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -36,58 +48,136 @@ T = TypeVar("T")
 Kind = Literal["message", "edit", "forget of deleted messages", "forget of a person"]
 # Kept when the backlog is full, as long as anything else can go: what a person took back.
 FORGETS: frozenset[str] = frozenset({"forget of deleted messages", "forget of a person"})
+# What a forget made meanwhile takes from the backlog: what would store the person's words.
+WRITES: frozenset[str] = frozenset({"message", "edit"})
 
 MAX_WAITING = 10_000
 # Seconds before each try again after a failure; then every RETRY_EVERY while the store is away.
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0)
 RETRY_EVERY = 30.0
+USERS_READ = 10_000_000
+
+# Set while a call of the backlog is made: a forget it makes is one of those waiting, in order,
+# and takes nothing of what waits behind it.
+_MAKING: contextvars.ContextVar[bool] = contextvars.ContextVar("narrmem_backlog_making", default=False)
+
+# Who reads the tenants a person is forgotten in when the forget is made: the integration's name,
+# and what it calls with the person's id.
+TenantFinder = Callable[[str], Awaitable[Collection[str]]]
 
 
 @dataclass
 class _Waiting:
     kind: Kind
     call: Callable[[], Awaitable[Any]]
+    record: dict[str, Any] | None = None  # what the file keeps of it (None: not kept on disk)
 
 
 class Backlog:
     """The writes of one memory's bot integrations that wait for the store (see the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory: Memory | None = None) -> None:
+        self.memory = memory
+        self.spool = None if memory is None else Spool(memory.data_dir)
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._drainer: asyncio.Task[None] | None = None
         self._empty = asyncio.Event()
         self._empty.set()
+        self._taking_over: asyncio.Future[None] | None = None
+        self._finders: dict[str, TenantFinder] = {}
+        self._unwritten = False  # the file misses calls (it could not be written): said once
         self.dropped = 0  # calls dropped to make room, since the start
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    async def run(self, kind: Kind, call: Callable[[], Awaitable[T]]) -> T | None:
+    def finds_tenants(self, by: str, finder: TenantFinder) -> None:
+        """``finder(user_id)`` reads the tenants a person's forget covers, for the forgets of
+        integration ``by`` that wait (on disk too: the next start's integration reads them)."""
+        self._finders[by] = finder
+
+    async def run(
+        self, kind: Kind, call: Callable[[], Awaitable[T]], record: dict[str, Any] | None = None
+    ) -> T | None:
         """``call()``'s answer; ``None`` when it waits here (the store cannot be reached, or
-        earlier calls wait). Any other error of the call is raised."""
+        earlier calls wait). Any other error of the call is raised. ``record``: what the file
+        keeps to make the call at a later start (:func:`message_record` and the others)."""
+        await self.taken_over()
         if self._waiting:
-            self._keep(kind, call)
+            await self._keep(kind, call, record)
             return None
+        making = _MAKING.set(True)
         try:
             return await call()
         except StoreUnavailableError as exc:
             log.warning("the store cannot be reached; the %s waits (%s)", kind, type(exc).__name__)
-            self._keep(kind, call)
+            await self._keep(kind, call, record)
             return None
+        finally:
+            _MAKING.reset(making)
 
     async def drained(self) -> None:
-        """Wait until nothing waits (made, dropped, or given up at close)."""
+        """Wait until nothing waits (made, dropped, or given up at close), what stopped
+        processes left included."""
+        await self.taken_over()
         await self._empty.wait()
 
-    def _keep(self, kind: Kind, call: Callable[[], Awaitable[Any]]) -> None:
-        if len(self._waiting) >= MAX_WAITING:
-            self._make_room()
-        self._waiting.append(_Waiting(kind, call))
+    async def forgotten(
+        self, tenant: str, user_id: str | None, chat_id: str | None, messages: Sequence[str] | None
+    ) -> None:
+        """A forget was made other than by this backlog: what waits to store the words it
+        forgets goes, from the file too."""
+
+        def taken(waiting: _Waiting) -> bool:
+            found = None if waiting.record is None else waiting.record.get("data", {}).get("message")
+            if waiting.kind not in WRITES or not isinstance(found, dict):
+                return False
+            return (
+                found.get("tenant", "default") == tenant
+                and (user_id is None or found.get("user_id") == user_id)
+                and (chat_id is None or found.get("chat_id") == chat_id)
+                and (messages is None or found.get("message_id") in messages)
+            )
+
+        kept = [w for w in self._waiting if not taken(w)]
+        if len(kept) == len(self._waiting):
+            return
+        log.warning("a forget took %d waiting writes of the backlog", len(self._waiting) - len(kept))
+        self._waiting = collections.deque(kept)
+        if self.spool is not None:
+            await self.spool.rewrite(self._records())  # raised: the forget is tried again
+        if not self._waiting:
+            self._empty.set()
+
+    def _records(self) -> list[dict[str, Any]]:
+        return [w.record for w in self._waiting if w.record is not None]
+
+    async def _keep(
+        self, kind: Kind, call: Callable[[], Awaitable[Any]], record: dict[str, Any] | None
+    ) -> None:
+        made_room = len(self._waiting) >= MAX_WAITING and self._make_room()
+        self._waiting.append(_Waiting(kind, call, record))
         self._empty.clear()
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.ensure_future(self._drain())
+        if self.spool is not None:
+            if made_room:
+                await self._write(self.spool.rewrite, self._records())
+            elif record is not None:
+                await self._write(self.spool.append, [record])
 
-    def _make_room(self) -> None:
+    async def _write(
+        self, write: Callable[[list[dict[str, Any]]], Awaitable[None]], records: list[dict[str, Any]]
+    ) -> None:
+        try:
+            await write(records)
+        except OSError as exc:
+            # Kept in this process: made once the store answers, unless the process stops first.
+            if not self._unwritten:
+                log.error("the bot backlog's file cannot be written (%s): what waits is kept in memory", exc)
+            self._unwritten = True
+
+    def _make_room(self) -> bool:
         # The first is the one being tried: it stays. A message or an edit goes before a forget.
         victims = [n for n, w in enumerate(self._waiting) if n > 0 and w.kind not in FORGETS]
         index = victims[0] if victims else 1
@@ -100,40 +190,204 @@ class Backlog:
             dropped.kind,
             self.dropped,
         )
+        return True
 
     async def _drain(self) -> None:
-        failures = 0
+        failures = made = 0
         try:
             while self._waiting:
                 await asyncio.sleep(RETRY_DELAYS[failures] if failures < len(RETRY_DELAYS) else RETRY_EVERY)
                 while self._waiting:
                     first = self._waiting[0]
+                    making = _MAKING.set(True)
                     try:
                         await first.call()
                     except StoreUnavailableError:
                         failures += 1
                         break
                     except ClosedError:
-                        log.error("the memory closed with %d writes not made (the store was away)", len(self))
-                        self._waiting.clear()
+                        await self._closed()
                         return
                     except Exception:
                         log.exception("a waiting %s was refused once the store answered; dropped", first.kind)
+                    finally:
+                        _MAKING.reset(making)
                     failures = 0
-                    self._waiting.popleft()
+                    if self._waiting and self._waiting[0] is first:  # a forget may have taken it
+                        self._waiting.popleft()
+                    made += 1
+                    if self.spool is not None and (not self._waiting or made % REWRITE_EVERY == 0):
+                        await self._write(self.spool.rewrite, self._records())
                 if not self._waiting:
                     log.warning("the store answers again: every waiting write is made")
         finally:
             if not self._waiting:
                 self._empty.set()
 
+    async def _closed(self) -> None:
+        where = (
+            "" if self.spool is None or self._unwritten else f": kept in {self.spool.path} for the next start"
+        )
+        log.error("the memory closed with %d writes not made (the store was away)%s", len(self), where)
+        self._waiting.clear()
+        if self.spool is not None:
+            await self.spool.release()
+
+    def take_over_soon(self) -> None:
+        """Begin :meth:`taken_over` now when an event loop runs (an integration attached in it),
+        so what stopped processes left is made without waiting for the next message."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the first call takes over
+        self._start_taking_over()
+
+    async def taken_over(self) -> None:
+        """Wait until the calls that stopped processes' backlogs left on disk are queued, before
+        any other."""
+        await asyncio.shield(self._start_taking_over())
+
+    def _start_taking_over(self) -> asyncio.Future[None]:
+        if self._taking_over is None:
+            self._taking_over = asyncio.ensure_future(self._take_over())
+        return self._taking_over
+
+    async def close(self) -> None:
+        """The memory closes: stop trying, and leave what waits in the file for the next start."""
+        drainer = self._drainer
+        if drainer is not None and not drainer.done():
+            drainer.cancel()
+            await asyncio.gather(drainer, return_exceptions=True)
+        if self._waiting:
+            await self._closed()
+        self._empty.set()
+
+    async def _take_over(self) -> None:
+        if self.spool is None:
+            return
+        try:
+            records = await self.spool.take_over()
+        except OSError as exc:
+            log.error("the bot backlog files of stopped processes cannot be read (%s)", exc)
+            return
+        for record in records:
+            made = self._call_of(record)
+            if made is not None:
+                kind, call = made
+                self._waiting.append(_Waiting(kind, call, record))
+        if self._waiting:
+            log.warning("%d writes a stopped process left waiting for the store are made first", len(self))
+            self._empty.clear()
+            self._drainer = asyncio.ensure_future(self._drain())
+
+    def _call_of(self, record: dict[str, Any]) -> tuple[Kind, Callable[[], Awaitable[Any]]] | None:
+        """The call a record of the file stands for (``None``: not one this module writes)."""
+        memory = self.memory
+        assert memory is not None
+        kind, data = record.get("kind"), record.get("data")
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("no data")
+            if kind in ("message", "edit"):
+                message = Message.model_validate(data["message"])
+                if kind == "message":
+                    return "message", lambda: memory.ingest(message)
+                return "edit", lambda: memory.edit(message)
+            if kind == "forget of deleted messages":
+                tenant, chat_id = str(data["tenant"]), str(data["chat_id"])
+                ids = [str(i) for i in data["message_ids"]]
+                return kind, lambda: memory.forget_messages(chat_id=chat_id, message_ids=ids, tenant=tenant)
+            if kind == "forget of a person":
+                user_id, aliases = str(data["user_id"]), [str(a) for a in data.get("aliases", [])]
+                listed, by = data.get("tenants"), data.get("by")
+
+                async def tenants() -> Collection[str]:
+                    if isinstance(listed, list):
+                        return [str(t) for t in listed]
+                    finder = self._finders.get(str(by))
+                    if finder is not None:
+                        return await finder(user_id)
+                    # The integration that queued it is not attached here: every tenant that
+                    # holds the person's ids.
+                    held = await memory.store.users(None, limit=USERS_READ)
+                    return {u["tenant"] for u in held if u["user_id"] in {user_id, *aliases}}
+
+                return kind, lambda: forget_person(memory, tenants, user_id, aliases)
+        except (KeyError, TypeError, ValueError, ValidationError) as exc:
+            log.error("a waiting call in a bot backlog file is not as narrmem writes it (%s): left out", exc)
+            return None
+        log.error("a waiting call in a bot backlog file is of no kind narrmem writes: left out")
+        return None
+
+
+async def forget_person(
+    memory: Memory,
+    tenants: Callable[[], Awaitable[Collection[str]]],
+    user_id: str,
+    aliases: Collection[str],
+) -> dict[str, int]:
+    """Forget ``user_id`` and its ``aliases`` in each tenant ``tenants()`` reads; the counts summed."""
+    total: dict[str, int] = {}
+    for tenant in sorted(set(await tenants())):
+        for who in [user_id, *sorted(set(aliases) - {user_id})]:
+            for key, value in (await memory.forget(user_id=who, tenant=tenant)).items():
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def message_record(kind: Literal["message", "edit"], message: Message) -> dict[str, Any]:
+    """What the file keeps of a waiting message or edit."""
+    return {"kind": kind, "data": {"message": message.model_dump(mode="json")}}
+
+
+def forget_messages_record(tenant: str, chat_id: str, message_ids: Sequence[str]) -> dict[str, Any]:
+    return {
+        "kind": "forget of deleted messages",
+        "data": {"tenant": tenant, "chat_id": chat_id, "message_ids": list(message_ids)},
+    }
+
+
+def forget_person_record(
+    user_id: str, aliases: Collection[str], tenants: Collection[str] | None, by: str | None
+) -> dict[str, Any]:
+    """What the file keeps of a person's forget: the tenants, or who reads them (``by``)."""
+    listed = None if tenants is None else sorted(tenants)
+    return {
+        "kind": "forget of a person",
+        "data": {"user_id": user_id, "aliases": sorted(aliases), "tenants": listed, "by": by},
+    }
+
+
+class _HearsForgets:
+    """Tells a backlog of the forgets made other than by it (see the module)."""
+
+    def __init__(self, backlog: Backlog) -> None:
+        self._backlog = weakref.ref(backlog)
+
+    @hookimpl
+    async def narrmem_after_forget(
+        self, tenant: str, user_id: str | None, chat_id: str | None, messages: list[str] | None
+    ) -> None:
+        backlog = self._backlog()
+        if backlog is not None and not _MAKING.get():
+            await backlog.forgotten(tenant, user_id, chat_id, messages)
+
+    @hookimpl
+    async def narrmem_shutdown(self) -> None:
+        backlog = self._backlog()
+        if backlog is not None:
+            await backlog.close()
+
 
 _BACKLOGS: weakref.WeakKeyDictionary[Memory, Backlog] = weakref.WeakKeyDictionary()
+HEARS_FORGETS = "narrmem_bot_backlog"
 
 
 def backlog_of(memory: Memory) -> Backlog:
     """The backlog every integration on ``memory`` shares (so their writes keep one order)."""
     backlog = _BACKLOGS.get(memory)
     if backlog is None:
-        backlog = _BACKLOGS[memory] = Backlog()
+        backlog = _BACKLOGS[memory] = Backlog(memory)
+        memory.host.register(_HearsForgets(backlog), name=HEARS_FORGETS)
+        backlog.take_over_soon()
     return backlog

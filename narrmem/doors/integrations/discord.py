@@ -31,6 +31,7 @@ from typing_extensions import Unpack
 
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations._common import TurnArgs, TurnOptions
+from narrmem.doors.integrations.backlog import backlog_of
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
 
@@ -44,6 +45,7 @@ DISCORD_MAX_CHARS = 2000
 IMPORTED_PREFIX = "discord:"  # narrmem import-chat's tenant for a server: discord:<server id>
 # Every (tenant, user) the store holds, read once per forgetme (counts only, no text).
 USERS_READ = 10_000_000
+FINDER = "discord"  # the name this integration's forgets that wait give who reads their tenants
 # Explicit alias: it stays a valid type for mypy even where discord.py is not installed.
 AnyContext: TypeAlias = "commands.Context[Any]"
 
@@ -78,6 +80,8 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         self.guild_as: GuildAs = guild_as
         self.options = TurnOptions[discord.abc.Messageable](**options)
         self.triggers = _common.TriggerRoutes[discord.abc.Messageable](memory, self.options.on_trigger)
+        # A forgetme that waits for the store, past a restart too, reads the servers as this does.
+        backlog_of(memory).finds_tenants(FINDER, self.tenants_of)
 
     # --- mapping ---------------------------------------------------------------------------
 
@@ -209,7 +213,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         user_id = str(ctx.author.id)
         # Read as the forget is made: one that waits for the store reads them once it answers.
         reply = await _common.forget_user(
-            self.memory, tenants=functools.partial(self.tenants_of, user_id), user_id=user_id
+            self.memory, tenants=functools.partial(self.tenants_of, user_id), user_id=user_id, by=FINDER
         )
         await ctx.reply(reply, mention_author=False)
 
