@@ -87,7 +87,9 @@ class Memory(MemoryLifecycle):
         it also waits for forgets run from hooks to be finished (see :meth:`forget`), but for
         those waiting for messages still under way (calls not yet answered, whose hooks may be
         waiting for the caller), and for the ingests, edits and forgets whose callers gave up
-        (a timeout around the call): they run on to their end."""
+        (a timeout around the call): they run on to their end. A plugin's hook that found the
+        store unreachable is not waited for either: it is run again once the store answers
+        (``IngestResult.notes`` names it; see ``narrmem_after_store``)."""
         # An edit whose caller gave up runs on (see edit): its new text and its hooks first.
         await self._edits_outlasting.ended()
         await self._inbox.drained()

@@ -1,7 +1,11 @@
 """After-store hooks after the acknowledgement (``[storage] acknowledge = "after_write"``).
 
 Ingest then returns once a batch is written; the batch's after-store hooks (counters, facts,
-triggers) run afterwards, one batch after another in the order they were written. What they need
+triggers) run afterwards, one batch after another in the order they were written. A plugin's hook
+that found the store unreachable is owed: the entry of its message stays, marked with the plugin,
+and that hook alone runs again once the store answers (in this process after
+:mod:`narrmem.trying_again`'s delays, outside that order and outside :meth:`Settling.settle`; at
+the next open when it stops first). What they need
 is put in the store in the same transaction as the records (plugin state, namespace
 :data:`NAMESPACE`) and deleted once they have run, so a process that stops first has them run at the
 next open: by the next process to open the store, once the one that wrote them is gone (its
@@ -73,7 +77,10 @@ class Settling:
         # Owners of entries found gone by this open (see stopped_owners), for every namespace.
         self.owners_gone: set[str] = set()
         self.trying_again = TryingAgain()  # hooks that found the store unreachable (see settled)
+        self._owing: set[Owing] = set()
         self._pipeline: IngestPipeline | None = None
+        # Set by the memory: forgets again a message a forget took while its owed hooks ran.
+        self.forget_again: Callable[[Scope, Sequence[str], Sequence[int]], None] | None = None
 
     async def claim(self) -> None:
         """Hold this process's claim on its entries, from the first call that leaves any until
@@ -114,59 +121,91 @@ class Settling:
         those messages' entries stay, marked with those plugins, whose hooks are tried again
         until they have run (see the module). An entry that cannot be deleted for the moment is
         deleted later: left, the next open ran every hook of its message again."""
-        debts = [
-            Debt(item.settling_key, list(plugins))
-            for item, plugins in owing
-            if plugins and item.settling_key is not None
-        ]
-        if not debts:
-            try:
-                await self.memory.store.state_delete(NAMESPACE, prefix)
-                return
-            except StoreUnavailableError:
-                pass
-        self._owe(prefix, debts)
-
-    def _owe(self, prefix: str, debts: list[Debt]) -> None:
+        batch = Owing(
+            prefix,
+            [
+                Debt(item.settling_key, list(plugins))
+                for item, plugins in owing
+                if plugins and item.settling_key
+            ],
+        )
+        try:
+            await self._mark(batch)  # at once: a stop before the first try again runs these alone
+        except StoreUnavailableError:
+            pass
+        if batch.marked and not batch.debts:
+            return
+        self._owing.add(batch)
         self.trying_again.keep_trying(
-            functools.partial(self._pay, prefix, debts),
-            "the after-store hooks that found the store unreachable",
+            functools.partial(self._pay, batch), "the after-store hooks that found the store unreachable"
         )
 
-    async def _pay(self, prefix: str, debts: list[Debt]) -> None:
-        """One try of what :meth:`settled` owes: record what is owed in the entries (an open
-        after a stop then runs those plugins' hooks alone), delete the batch's other entries,
-        then run the hooks owed, each message as a unit of :mod:`narrmem.fence` from the read of
-        its records, as :meth:`recover` does. Raises while anything is still owed."""
+    async def _mark(self, batch: Owing) -> None:
+        """Record what ``batch`` owes in its entries (an open after a stop then runs those
+        plugins' hooks alone), and delete its other entries."""
+        if batch.marked:
+            return
+        store = self.memory.store
+        if not batch.debts:
+            await store.state_delete(NAMESPACE, batch.prefix)
+            batch.marked = True
+            return
+        for debt in batch.debts:
+            await self._record(debt)
+        owed = {debt.key for debt in batch.debts}
+        for key, _ in await store.state_items(NAMESPACE):
+            if key.startswith(batch.prefix) and key not in owed:
+                await store.state_delete(NAMESPACE, key)
+        batch.marked = True
+
+    async def _pay(self, batch: Owing) -> None:
+        """One try of what ``batch`` owes: its marks first, then the hooks owed, each message as
+        a unit of :mod:`narrmem.fence` from the read of its records, as :meth:`recover` does.
+        Raises while anything is still owed."""
         store, pipeline = self.memory.store, self._pipeline
         assert pipeline is not None  # set by start(), before any ingest
-        for debt in debts:
-            if not debt.recorded:
-                await self._record(debt)
-        owed = {debt.key for debt in debts}
-        for key, _ in await store.state_items(NAMESPACE):
-            if key.startswith(prefix) and key not in owed:
-                await store.state_delete(NAMESPACE, key)
-        for debt in list(debts):
-            unit = await pipeline.fence.enter()
-            try:
-                value = await store.state_get(NAMESPACE, debt.key)
-                item = None if value is None else await self._rebuild(value, debt.key)
-                # None: forgotten meanwhile (its entry went with it), or not as narrmem writes it.
-                still: list[str] = []
-                if item is not None:
-                    hooks = functools.partial(pipeline.after_store, [item], None, [debt.plugins])
-                    [still] = await pipeline.fence.run_inside(unit, hooks)
-            finally:
-                pipeline.fence.leave(unit)
-            if still:
-                debt.recorded = debt.recorded and still == debt.plugins
-                debt.plugins = still
-                continue
+        await self._mark(batch)
+        for debt in list(batch.debts):
+            if debt.plugins:
+                still = await self._run_owed(pipeline, debt)
+                if still:
+                    if still != debt.plugins:
+                        debt.plugins = still
+                        await self._record(debt)
+                    continue
+                debt.plugins = []  # run: what is left is the entry's delete
             await store.state_delete(NAMESPACE, debt.key)
-            debts.remove(debt)
-        if debts:
-            raise StoreUnavailableError(f"the hooks of {len(debts)} messages found the store away again")
+            batch.debts.remove(debt)
+        if batch.debts:
+            raise StoreUnavailableError(
+                f"the hooks of {len(batch.debts)} messages found the store away again"
+            )
+        self._owing.discard(batch)
+
+    async def _run_owed(self, pipeline: IngestPipeline, debt: Debt) -> list[str]:
+        """Run the hooks ``debt`` owes; the plugins still owed."""
+        store = self.memory.store
+        unit = await pipeline.fence.enter()
+        batch = Grant(HOOKS_LATER)
+        _IN_BATCH.set(batch)  # a trigger callback that settles does not wait for itself
+        try:
+            value = await store.state_get(NAMESPACE, debt.key)
+            item = None if value is None else await self._rebuild(value, debt.key)
+            if item is None:
+                return []  # forgotten meanwhile (its entry went with it), or not narrmem's
+            hooks = functools.partial(pipeline.after_store, [item], None, [debt.plugins])
+            with batch.held():
+                [still] = await pipeline.fence.run_inside(unit, hooks)
+        finally:
+            pipeline.fence.leave(unit)
+        message = item.message
+        if not await store.from_messages(message.tenant, message.chat_id, [message.message_id]):
+            # A forget again of the message (narrmem.inbox), which no unit holds back, took it
+            # while the hooks ran: what they made of it goes too.
+            if self.forget_again is not None:
+                scope = Scope(tenant=message.tenant, user_id=message.user_id, chat_id=message.chat_id)
+                self.forget_again(scope, [message.message_id], [])
+        return still
 
     async def _record(self, debt: Debt) -> None:
         """Mark ``debt``'s entry with the plugins whose hooks it owes, unless a forget took it."""
@@ -175,7 +214,6 @@ class Settling:
         if stored is not None and stored.get("owed") != debt.plugins:
             # Compare-and-set: a forget that deletes the entry meanwhile is not undone.
             await store.state_put_if(NAMESPACE, debt.key, {**stored, "owed": debt.plugins}, stored)
-        debt.recorded = True
 
     def schedule(
         self,
@@ -266,7 +304,11 @@ class Settling:
 
     async def close(self) -> None:
         await self.settle()
-        await self.trying_again.close()  # what is still owed stays marked in the store
+        await self.trying_again.close()
+        for batch in list(self._owing):
+            # A last try to mark what is still owed, or the next open runs every hook of them.
+            with contextlib.suppress(Exception):
+                await self._mark(batch)
         await self._claim.aclose()
 
     async def recover(self, pipeline: IngestPipeline) -> int:
@@ -284,15 +326,48 @@ class Settling:
                     items = [item for item, _ in rebuilt]
                     # An entry marked with what is owed runs those plugins' hooks alone.
                     among = [_owed(value) for _, value in rebuilt]
+                    self._missing(among)
                     owing: list[tuple[Pending, list[str]]] = []
                     if items:
                         hooks = functools.partial(pipeline.hooks_owing, items, among)
                         owing = await pipeline.fence.run_inside(unit, hooks)
                 finally:
                     pipeline.fence.leave(unit)
+                if any(plugins for _, plugins in owing):
+                    # Still owed: this process's own, tried again by it (the stopped owner's
+                    # claim is let go once this open has read its entries).
+                    prefix, owing = await self._as_own(prefix, owing)
                 await self.settled(prefix, owing)
                 done += len(items)
         return done
+
+    async def _as_own(
+        self, prefix: str, owing: list[tuple[Pending, list[str]]]
+    ) -> tuple[str, list[tuple[Pending, list[str]]]]:
+        """Move the entries of a stopped process's batch that still owe hooks under this
+        process's token (marked), and delete its batch; the new prefix and what it owes."""
+        await self.claim()
+        store = self.memory.store
+        own = self.batch_prefix()
+        moved: list[tuple[Pending, list[str]]] = []
+        for n, (item, plugins) in enumerate(owing):
+            value = None if item.settling_key is None else await store.state_get(NAMESPACE, item.settling_key)
+            if not plugins or value is None:
+                continue
+            item.settling_key = f"{own}{n:06d}"
+            await store.state_put(NAMESPACE, item.settling_key, {**value, "owed": plugins})
+            moved.append((item, plugins))
+        await store.state_delete(NAMESPACE, prefix)
+        return own, moved
+
+    def _missing(self, among: Sequence[list[str] | None]) -> None:
+        """Say which plugins owed hooks are not loaded now: their work for those messages is lost."""
+        loaded = set(self.memory.host.plugin_names())
+        missing = {name for names in among if names for name in names} - loaded
+        if missing:
+            log.warning(
+                "after-store hooks owed by plugins not loaded now are not run: %s", ", ".join(sorted(missing))
+            )
 
     async def drop(self, job: ForgetJob) -> None:
         """Delete the entries of the messages a forget removes (ids are a trace of them too)."""
@@ -358,11 +433,20 @@ class SettlingEntry(BaseModel):
 @dataclass
 class Debt:
     """A message whose after-store hooks of ``plugins`` found the store unreachable (none: only its
-    entry is left to delete); ``recorded``: its entry is marked with them."""
+    entry is left to delete)."""
 
     key: str
     plugins: list[str]
-    recorded: bool = False
+
+
+@dataclass(eq=False)
+class Owing:
+    """What a batch (entries ``prefix``…) still owes; ``marked``: its entries say so, and those
+    of its messages that owe nothing are deleted."""
+
+    prefix: str
+    debts: list[Debt]
+    marked: bool = False
 
 
 def _owed(value: dict[str, Any]) -> list[str] | None:

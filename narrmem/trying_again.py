@@ -63,7 +63,9 @@ class TryingAgain:
     async def close(self) -> None:
         """Stop trying: what is undone stays recorded for the next open."""
         self._closing = True
-        tasks = list(self._tasks)
+        # Not the task that closes (work tried again whose callback closes the memory): it ends
+        # with its own try, and waiting for it here would wait for ever.
+        tasks = [task for task in self._tasks if task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -101,6 +101,37 @@ async def test_what_is_still_owed_at_close_runs_at_the_next_open_for_that_plugin
         assert await _entries(memory) == []
 
 
+async def test_closed_at_once_after_the_failure_the_next_open_runs_the_owed_plugin_alone(
+    tmp_path: Path,
+) -> None:
+    """Closed before the first try again (a bot stopped right after an outage began): the marks
+    were only written by that try, and the next open ran every plugin's hooks again."""
+    folder = tmp_path / "m"
+    away, steady = Derives("flaky", away=1_000), Derives("steady")
+    async with open_memory(folder, plugins=[away, steady]) as memory:
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="ann"))
+    back, steady_again = Derives("flaky"), Derives("steady")
+    async with open_memory(folder, plugins=[back, steady_again]):
+        assert back.derived == ["1"] and steady_again.derived == []
+
+
+async def test_what_a_stopped_process_owed_and_finds_the_store_away_again_is_tried_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """The hooks a stopped process owed find the store away again at the next open: that
+    process takes them as its own and tries again (they were left to the open after it)."""
+    folder = tmp_path / "m"
+    async with open_memory(folder, plugins=[Derives("flaky", away=1_000)]) as memory:
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="ann"))
+    again = Derives("flaky", away=1)
+    async with open_memory(folder, plugins=[again]) as memory:
+
+        async def paid() -> bool:
+            return again.derived == ["1"] and not await _entries(memory)
+
+        await _until(paid, "the owed hook was not tried again by the process that found it owed")
+
+
 async def test_a_message_forgotten_while_its_hook_is_owed_is_not_run_again(tmp_path: Path) -> None:
     flaky = Derives("flaky", away=1_000)
     async with open_memory(tmp_path / "m", plugins=[flaky]) as memory:
