@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import store_sql
 from _pgproxy import behind_proxy
 from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open_harness
 
@@ -256,3 +257,74 @@ def msg_record(text: str) -> dict[str, Any]:
         "message",
         Message(text=text, user_id="u1", chat_id="c1", message_id="1", ts="2026-05-04T09:12:00+00:00"),
     )
+
+
+async def test_a_message_made_and_then_forgotten_is_not_made_again_at_the_next_start(tmp_path: Path) -> None:
+    """The file is written again every hundred calls made: a message made since then and then
+    forgotten was still in it, and the next start stored it again."""
+    from narrmem.models import Message
+
+    folder = tmp_path / "m"
+    async with open_memory(folder) as memory:
+        backlog = backlog_of(memory)
+        state = {"away": True}
+        release = asyncio.Event()
+
+        def call(message: Message, hold: bool = False) -> Any:
+            async def once() -> Any:
+                if state["away"]:
+                    raise StoreUnavailableError("away")
+                if hold:
+                    await release.wait()
+                return await memory.ingest(message)
+
+            return once
+
+        ann = Message(
+            text="I adopted a greyhound named Pixel",
+            user_id="ann",
+            chat_id="c1",
+            message_id="1",
+            ts="2026-05-04T09:12:00+00:00",
+        )
+        bob = Message(
+            text="I grow tomatoes",
+            user_id="bob",
+            chat_id="c1",
+            message_id="2",
+            ts="2026-05-04T09:13:00+00:00",
+        )
+        await backlog.run("message", call(ann), backlog_module.message_record("message", ann))
+        await backlog.run("message", call(bob, hold=True), backlog_module.message_record("message", bob))
+        state["away"] = False
+        for _ in range(200):
+            if len(backlog) == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert len(backlog) == 1  # ann's is made, bob's is being made
+        await memory.forget(user_id="ann")
+        assert backlog.spool is not None and "Pixel" not in backlog.spool.path.read_text()
+    async with open_memory(folder) as memory:
+        await backlog_of(memory).drained()
+        assert await store_sql(memory, "SELECT COUNT(*) FROM memories WHERE user_id = 'ann'") == [(0,)]
+        assert await store_sql(memory, "SELECT COUNT(*) FROM memories WHERE user_id = 'bob'") == [(1,)]
+
+
+async def test_a_line_cut_short_by_a_stop_leaves_the_others_and_the_bot_writing(tmp_path: Path) -> None:
+    """A stop in the middle of an append leaves a line cut short: it is left out, the lines
+    before it are made, and the bot's writes go on (an unreadable file stopped every one)."""
+    folder = tmp_path / "m" / spool_module.FOLDER
+    folder.mkdir(parents=True)
+    stopped = folder / f"{'c' * 32}.jsonl"
+    whole = json.dumps(msg_record("I sing in a choir on Tuesdays")) + "\n"
+    stopped.write_bytes(
+        (json.dumps(spool_module.HEADER) + "\n" + whole).encode() + b'{"kind": "message", "data": {"mess\xc3'
+    )
+    async with open_memory(tmp_path / "m") as memory:
+        backlog = backlog_of(memory)
+        await asyncio.wait_for(backlog.drained(), 30)
+        assert await store_sql(memory, "SELECT COUNT(*) FROM memories WHERE user_id = 'u1'") == [(1,)]
+        assert not stopped.exists()
+        calls = Calls()
+        calls.away = False
+        assert await backlog.run("message", calls.call("after")) == "after"

@@ -16,16 +16,16 @@ would have been at once.
 On disk too (:mod:`narrmem.doors.integrations.spool`): what waits is kept in a file of the data
 folder, so a bot stopped or restarted during the outage makes it at its next start, after the
 store answers; a message's trigger events are then not said (the chat they were for is the old
-process's). A forget made meanwhile by any other way (the HTTP API, a script, another door) takes
-what waits of the person, chat or messages it forgets, from the file too: sent after that
-forget, a waiting message would have been stored again.
+process's). A forget made meanwhile in this process by any other way (the HTTP API, a script's
+call, another door) takes what waits of the person, chat or messages it forgets, from the file
+too: sent after that forget, a waiting message would have been stored again. A forget another
+process makes does not reach it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -57,10 +57,6 @@ RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0)
 RETRY_EVERY = 30.0
 USERS_READ = 10_000_000
 
-# Set while a call of the backlog is made: a forget it makes is one of those waiting, in order,
-# and takes nothing of what waits behind it.
-_MAKING: contextvars.ContextVar[bool] = contextvars.ContextVar("narrmem_backlog_making", default=False)
-
 # Who reads the tenants a person is forgotten in when the forget is made: the integration's name,
 # and what it calls with the person's id.
 TenantFinder = Callable[[str], Awaitable[Collection[str]]]
@@ -77,7 +73,8 @@ class Backlog:
     """The writes of one memory's bot integrations that wait for the store (see the module)."""
 
     def __init__(self, memory: Memory | None = None) -> None:
-        self.memory = memory
+        # Weak: the memory keys the table of backlogs, which would keep it for ever.
+        self._memory = None if memory is None else weakref.ref(memory)
         self.spool = None if memory is None else Spool(memory.data_dir)
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self._drainer: asyncio.Task[None] | None = None
@@ -85,7 +82,12 @@ class Backlog:
         self._empty.set()
         self._taking_over: asyncio.Future[None] | None = None
         self._finders: dict[str, TenantFinder] = {}
+        # The calls being made: the forgets they make are theirs, in order, and take nothing of
+        # what waits behind them.
+        self._making: list[dict[str, Any]] = []
+        self._changes = 0  # calls made or dropped since the file was last written whole
         self._unwritten = False  # the file misses calls (it could not be written): said once
+        self._stale = False  # the file holds calls it should not (a rewrite failed)
         self.dropped = 0  # calls dropped to make room, since the start
 
     def __len__(self) -> int:
@@ -106,15 +108,21 @@ class Backlog:
         if self._waiting:
             await self._keep(kind, call, record)
             return None
-        making = _MAKING.set(True)
         try:
-            return await call()
+            return await self._make(call, record)
         except StoreUnavailableError as exc:
             log.warning("the store cannot be reached; the %s waits (%s)", kind, type(exc).__name__)
             await self._keep(kind, call, record)
             return None
+
+    async def _make(self, call: Callable[[], Awaitable[T]], record: dict[str, Any] | None) -> T:
+        if record is None:
+            return await call()
+        self._making.append(record)
+        try:
+            return await call()
         finally:
-            _MAKING.reset(making)
+            self._making.remove(record)
 
     async def drained(self) -> None:
         """Wait until nothing waits (made, dropped, or given up at close), what stopped
@@ -125,8 +133,12 @@ class Backlog:
     async def forgotten(
         self, tenant: str, user_id: str | None, chat_id: str | None, messages: Sequence[str] | None
     ) -> None:
-        """A forget was made other than by this backlog: what waits to store the words it
-        forgets goes, from the file too."""
+        """A forget was made: unless one of this backlog's own calls made it, what waits to store
+        the words it forgets goes, from the file too (which is written again, with the calls
+        made since its last writing gone from it as well)."""
+        await self.taken_over()
+        if any(_makes(record, tenant, user_id, chat_id, messages) for record in self._making):
+            return
 
         def taken(waiting: _Waiting) -> bool:
             found = None if waiting.record is None else waiting.record.get("data", {}).get("message")
@@ -140,68 +152,77 @@ class Backlog:
             )
 
         kept = [w for w in self._waiting if not taken(w)]
-        if len(kept) == len(self._waiting):
-            return
-        log.warning("a forget took %d waiting writes of the backlog", len(self._waiting) - len(kept))
-        self._waiting = collections.deque(kept)
-        if self.spool is not None:
-            await self.spool.rewrite(self._records())  # raised: the forget is tried again
+        if len(kept) < len(self._waiting):
+            log.warning("a forget took %d waiting writes of the backlog", len(self._waiting) - len(kept))
+            self._waiting = collections.deque(kept)
+            self._changes += 1
+        if self.spool is not None and (self._changes or self._stale):
+            await self._rewrite(raise_errors=True)  # raised: the forget is tried again
         if not self._waiting:
             self._empty.set()
 
     def _records(self) -> list[dict[str, Any]]:
         return [w.record for w in self._waiting if w.record is not None]
 
+    async def _rewrite(self, *, raise_errors: bool = False) -> None:
+        """Write the file whole again from what waits (none: it goes)."""
+        assert self.spool is not None
+        try:
+            await self.spool.rewrite(self._records())
+        except OSError as exc:
+            self._stale = True
+            if raise_errors:
+                raise
+            log.error("the bot backlog's file cannot be written again (%s)", exc)
+            return
+        self._changes = 0
+        self._stale = False
+        self._unwritten = False
+
     async def _keep(
         self, kind: Kind, call: Callable[[], Awaitable[Any]], record: dict[str, Any] | None
     ) -> None:
-        made_room = len(self._waiting) >= MAX_WAITING and self._make_room()
+        if len(self._waiting) >= MAX_WAITING:
+            self._make_room()
         self._waiting.append(_Waiting(kind, call, record))
         self._empty.clear()
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.ensure_future(self._drain())
-        if self.spool is not None:
-            if made_room:
-                await self._write(self.spool.rewrite, self._records())
-            elif record is not None:
-                await self._write(self.spool.append, [record])
+        if self.spool is not None and record is not None:
+            try:
+                await self.spool.append([record])
+            except OSError as exc:
+                # Kept in this process: made once the store answers, unless the process stops first.
+                if not self._unwritten:
+                    log.error(
+                        "the bot backlog's file cannot be written (%s): what waits is kept in memory", exc
+                    )
+                self._unwritten = True
 
-    async def _write(
-        self, write: Callable[[list[dict[str, Any]]], Awaitable[None]], records: list[dict[str, Any]]
-    ) -> None:
-        try:
-            await write(records)
-        except OSError as exc:
-            # Kept in this process: made once the store answers, unless the process stops first.
-            if not self._unwritten:
-                log.error("the bot backlog's file cannot be written (%s): what waits is kept in memory", exc)
-            self._unwritten = True
-
-    def _make_room(self) -> bool:
+    def _make_room(self) -> None:
         # The first is the one being tried: it stays. A message or an edit goes before a forget.
         victims = [n for n, w in enumerate(self._waiting) if n > 0 and w.kind not in FORGETS]
         index = victims[0] if victims else 1
         dropped = self._waiting[index]
         del self._waiting[index]
         self.dropped += 1
+        self._changes += 1  # gone from the file at its next writing
         log.error(
             "%d writes wait for the store, the most kept: the oldest waiting %s is dropped (%d so far)",
             MAX_WAITING,
             dropped.kind,
             self.dropped,
         )
-        return True
 
     async def _drain(self) -> None:
-        failures = made = 0
+        failures = 0
         try:
             while self._waiting:
                 await asyncio.sleep(RETRY_DELAYS[failures] if failures < len(RETRY_DELAYS) else RETRY_EVERY)
                 while self._waiting:
                     first = self._waiting[0]
-                    making = _MAKING.set(True)
                     try:
-                        await first.call()
+                        await self._make(first.call, first.record)
                     except StoreUnavailableError:
                         failures += 1
                         break
@@ -210,14 +231,12 @@ class Backlog:
                         return
                     except Exception:
                         log.exception("a waiting %s was refused once the store answered; dropped", first.kind)
-                    finally:
-                        _MAKING.reset(making)
                     failures = 0
                     if self._waiting and self._waiting[0] is first:  # a forget may have taken it
                         self._waiting.popleft()
-                    made += 1
-                    if self.spool is not None and (not self._waiting or made % REWRITE_EVERY == 0):
-                        await self._write(self.spool.rewrite, self._records())
+                    self._changes += 1
+                    if self.spool is not None and (not self._waiting or self._changes >= REWRITE_EVERY):
+                        await self._rewrite()
                 if not self._waiting:
                     log.warning("the store answers again: every waiting write is made")
         finally:
@@ -225,13 +244,19 @@ class Backlog:
                 self._empty.set()
 
     async def _closed(self) -> None:
-        where = (
-            "" if self.spool is None or self._unwritten else f": kept in {self.spool.path} for the next start"
-        )
-        log.error("the memory closed with %d writes not made (the store was away)%s", len(self), where)
-        self._waiting.clear()
         if self.spool is not None:
+            await self._rewrite()  # what was made since its last writing is not made again
+            if self._waiting and not self._unwritten and not self._stale:
+                log.error(
+                    "the memory closed with %d writes not made (the store was away): kept in %s "
+                    "for the next start",
+                    len(self),
+                    self.spool.path,
+                )
             await self.spool.release()
+        if self._waiting and (self.spool is None or self._unwritten or self._stale):
+            log.error("the memory closed with %d writes not made (the store was away)", len(self))
+        self._waiting.clear()
 
     def take_over_soon(self) -> None:
         """Begin :meth:`taken_over` now when an event loop runs (an integration attached in it),
@@ -258,7 +283,7 @@ class Backlog:
         if drainer is not None and not drainer.done():
             drainer.cancel()
             await asyncio.gather(drainer, return_exceptions=True)
-        if self._waiting:
+        if self._waiting or self._changes:
             await self._closed()
         self._empty.set()
 
@@ -267,8 +292,10 @@ class Backlog:
             return
         try:
             records = await self.spool.take_over()
-        except OSError as exc:
-            log.error("the bot backlog files of stopped processes cannot be read (%s)", exc)
+        except Exception as exc:  # an unreadable file must not stop the bot's every write
+            log.error(
+                "the bot backlog files of stopped processes cannot be taken over (%s)", type(exc).__name__
+            )
             return
         for record in records:
             made = self._call_of(record)
@@ -282,8 +309,9 @@ class Backlog:
 
     def _call_of(self, record: dict[str, Any]) -> tuple[Kind, Callable[[], Awaitable[Any]]] | None:
         """The call a record of the file stands for (``None``: not one this module writes)."""
-        memory = self.memory
-        assert memory is not None
+        memory = None if self._memory is None else self._memory()
+        if memory is None:
+            return None
         kind, data = record.get("kind"), record.get("data")
         try:
             if not isinstance(data, dict):
@@ -318,6 +346,39 @@ class Backlog:
             return None
         log.error("a waiting call in a bot backlog file is of no kind narrmem writes: left out")
         return None
+
+
+def _makes(
+    record: dict[str, Any],
+    tenant: str,
+    user_id: str | None,
+    chat_id: str | None,
+    messages: Sequence[str] | None,
+) -> bool:
+    """Whether the call ``record`` stands for makes the forget described (its own, in order)."""
+    kind, data = record.get("kind"), record.get("data")
+    if not isinstance(data, dict):
+        return False
+    if kind == "forget of a person":
+        ids = {data.get("user_id"), *data.get("aliases", [])}
+        return user_id in ids and chat_id is None and messages is None
+    if kind == "forget of deleted messages":
+        return (
+            data.get("tenant") == tenant
+            and data.get("chat_id") == chat_id
+            and messages is not None
+            and set(messages) <= set(data.get("message_ids", []))
+        )
+    if kind == "edit":
+        message = data.get("message")
+        return (
+            isinstance(message, dict)
+            and message.get("tenant") == tenant
+            and message.get("chat_id") == chat_id
+            and messages is not None
+            and list(messages) == [message.get("message_id")]
+        )
+    return False
 
 
 async def forget_person(
@@ -369,7 +430,7 @@ class _HearsForgets:
         self, tenant: str, user_id: str | None, chat_id: str | None, messages: list[str] | None
     ) -> None:
         backlog = self._backlog()
-        if backlog is not None and not _MAKING.get():
+        if backlog is not None:
             await backlog.forgotten(tenant, user_id, chat_id, messages)
 
     @hookimpl

@@ -35,6 +35,7 @@ HEADER = {"narrmem": "bot backlog", "format": 1}
 LOCK_SIGNATURE = b"narrmem bot backlog lock\n"
 REWRITE_EVERY = 100  # calls made between two rewrites of a file while its backlog drains
 NO_LOCK_FILE = -1
+NEW = ".jsonl.new"  # a file being written whole again, renamed over the file once complete
 
 
 class Spool:
@@ -81,9 +82,11 @@ class Spool:
             if fresh:
                 file.write(json.dumps(HEADER) + "\n")
             for record in records:
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                file.write(_line(record))
             file.flush()
             os.fsync(file.fileno())
+        if fresh:
+            _sync_folder(self.folder)  # the file's name too, or a power cut loses it whole
 
     def _rewrite(self, records: list[dict[str, Any]]) -> None:
         if not records:
@@ -95,14 +98,19 @@ class Spool:
                 self._unlock()
             return
         self._hold()
-        fresh = self.path.with_name(f"{self.token}.jsonl.new")
-        with open(fresh, "w", encoding="utf-8", opener=_private) as file:
-            file.write(json.dumps(HEADER) + "\n")
-            for record in records:
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(fresh, self.path)
+        fresh = self.path.with_name(f"{self.token}{NEW}")
+        try:
+            with open(fresh, "w", encoding="utf-8", opener=_private) as file:
+                file.write(json.dumps(HEADER) + "\n")
+                for record in records:
+                    file.write(_line(record))
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(fresh, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                fresh.unlink()  # half written (a full disk): a person's words in no file of use
+            raise
         _sync_folder(self.folder)
 
     def _hold(self) -> None:
@@ -113,6 +121,7 @@ class Spool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, LOCK_SIGNATURE)
         self._lock_fd = fd
+        _sync_folder(self.folder)
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
@@ -124,30 +133,40 @@ class Spool:
             return []
         taken: list[dict[str, Any]] = []
         gone: list[Path] = []
-        files = [p for p in self.folder.glob("*.jsonl") if _is_token(p.stem) and p.stem != self.token]
-        for path in sorted(files, key=_modified):
-            lock = path.with_suffix(".lock")
-            held = _free_lock(lock)
-            if held is None:
-                continue  # its process runs: it makes them itself
-            try:
+        held: list[int] = []
+        tokens = {p.name.split(".", 1)[0] for p in self.folder.glob("*.jsonl*")}
+        files = [self.folder / f"{t}.jsonl" for t in tokens if _is_token(t) and t != self.token]
+        try:
+            for path in sorted(files, key=_modified):
+                lock = _free_lock(path.with_suffix(".lock"))
+                if lock is None:
+                    continue  # its process runs (or the lock is not narrmem's): left to it
+                if lock != NO_LOCK_FILE:
+                    held.append(lock)  # until its calls are in this process's file and it is gone
+                half = path.with_name(f"{path.stem}{NEW}")
+                if half.exists() and _read(half) is not None:
+                    gone.append(half)  # a rewrite its process did not finish: the file is whole
+                if not path.exists():
+                    continue
                 records = _read(path)
                 if records is None:
                     log.warning("%s does not start as narrmem's bot backlog does: left as it is", path)
                     continue
                 taken.extend(records)
                 gone.append(path)
-            finally:
-                if held != NO_LOCK_FILE:
-                    os.close(held)
-        if taken:
-            self._append(taken)  # in this process's file before theirs go: a crash keeps one
-        for path in gone:
-            path.unlink()
-            with contextlib.suppress(FileNotFoundError):
-                path.with_suffix(".lock").unlink()
-        if gone:
-            _sync_folder(self.folder)
+            if taken:
+                self._append(taken)  # in this process's file before theirs go: a crash keeps one
+            for path in gone:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                if path.suffix == ".jsonl":
+                    with contextlib.suppress(FileNotFoundError):
+                        path.with_suffix(".lock").unlink()
+            if gone:
+                _sync_folder(self.folder)
+        finally:
+            for fd in held:
+                os.close(fd)
         return taken
 
 
@@ -185,15 +204,19 @@ def _free_lock(lock: Path) -> int | None:
     return fd
 
 
+def _line(record: dict[str, Any]) -> str:
+    # ASCII: a line cut short by a stop cannot end inside a character.
+    return json.dumps(record, ensure_ascii=True) + "\n"
+
+
 def _read(path: Path) -> list[dict[str, Any]] | None:
-    """A file's waiting calls; ``None`` when its first line is not narrmem's. A last line cut
-    short (a crash while appending) is left out."""
-    with open(path, encoding="utf-8") as file:
-        lines = file.read().split("\n")
+    """A file's waiting calls; ``None`` when its first line is not narrmem's. A line cut short
+    (a stop while it was appended) is left out."""
     try:
+        lines = path.read_bytes().split(b"\n")
         if json.loads(lines[0]) != HEADER:
             return None
-    except (json.JSONDecodeError, IndexError):
+    except (OSError, ValueError, IndexError):
         return None
     records: list[dict[str, Any]] = []
     for line in lines[1:]:
@@ -201,7 +224,7 @@ def _read(path: Path) -> list[dict[str, Any]] | None:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:  # a JSON error, or bytes that are no UTF-8
             log.warning("a line of %s cut short by a stop while it was written: left out", path)
             continue
         if isinstance(record, dict):
