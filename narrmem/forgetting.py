@@ -239,10 +239,11 @@ class Forgetting:
         hooks or a unit, which they may be waiting for."""
         await self._outlasting.ended()
 
-    async def close(self) -> None:
+    async def close(self, closing: asyncio.Task[Any] | None = None) -> None:
         """Stop the forgets from hooks still waiting for messages under way, and the tries again
-        of forgets that failed: their jobs stay recorded, and the next open finishes them."""
-        await self._again.close()
+        of forgets that failed: their jobs stay recorded, and the next open finishes them.
+        ``closing``: the task that closes the memory (see :meth:`TryingAgain.close`)."""
+        await self._again.close(closing)
         tasks = list(self._finishing_later)
         for task in tasks:
             task.cancel()

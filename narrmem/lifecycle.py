@@ -111,7 +111,7 @@ class MemoryLifecycle:
         self._forgetting = Forgetting(
             self, write_lock, self._settling, self._inbox, fence, calls, self._edit_marks
         )
-        self._settling.forget_again = self._forgetting.again_later
+        self._settling.forget_again = self._forgetting.again
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
         self._shut = False  # closed to the end: public calls are refused (see while_open)
@@ -241,7 +241,10 @@ class MemoryLifecycle:
                 # A forget run from hooks is finished once the messages under way have ended.
                 await self._settling.settle()
                 await self._forgetting.finished_later()
-                await self._forgetting.close()
+                # Owed hooks stop first: one that finds its message forgotten meanwhile forgets
+                # it again, which the forgets' close would cut.
+                await self._settling.stop_trying(caller)
+                await self._forgetting.close(caller)
                 await self._settling.close()
                 await self.host.call("narrmem_shutdown", memory=self)
         finally:

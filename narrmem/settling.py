@@ -80,7 +80,7 @@ class Settling:
         self._owing: set[Owing] = set()
         self._pipeline: IngestPipeline | None = None
         # Set by the memory: forgets again a message a forget took while its owed hooks ran.
-        self.forget_again: Callable[[Scope, Sequence[str], Sequence[int]], None] | None = None
+        self.forget_again: Callable[[Scope, Sequence[str], Sequence[int]], Awaitable[None]] | None = None
 
     async def claim(self) -> None:
         """Hold this process's claim on its entries, from the first call that leaves any until
@@ -133,7 +133,7 @@ class Settling:
             await self._mark(batch)  # at once: a stop before the first try again runs these alone
         except StoreUnavailableError:
             pass
-        if batch.marked and not batch.debts:
+        if batch.cleared and not batch.debts:
             return
         self._owing.add(batch)
         self.trying_again.keep_trying(
@@ -141,45 +141,38 @@ class Settling:
         )
 
     async def _mark(self, batch: Owing) -> None:
-        """Record what ``batch`` owes in its entries (an open after a stop then runs those
-        plugins' hooks alone), and delete its other entries."""
-        if batch.marked:
-            return
+        """Bring ``batch``'s entries up to date: what each message owes recorded in its entry (an
+        open after a stop then runs those plugins' hooks alone), the entries of messages that
+        owe nothing deleted."""
         store = self.memory.store
-        if not batch.debts:
-            await store.state_delete(NAMESPACE, batch.prefix)
-            batch.marked = True
-            return
-        for debt in batch.debts:
-            await self._record(debt)
-        owed = {debt.key for debt in batch.debts}
-        for key, _ in await store.state_items(NAMESPACE):
-            if key.startswith(batch.prefix) and key not in owed:
-                await store.state_delete(NAMESPACE, key)
-        batch.marked = True
+        if not batch.cleared:
+            if not batch.debts:
+                await store.state_delete(NAMESPACE, batch.prefix)
+            else:
+                owed = {debt.key for debt in batch.debts}
+                for key, _ in await store.state_items(NAMESPACE):
+                    if key.startswith(batch.prefix) and key not in owed:
+                        await store.state_delete(NAMESPACE, key)
+            batch.cleared = True
+        for debt in list(batch.debts):
+            if not debt.plugins:  # its hooks have run: what is left is the entry's delete
+                await store.state_delete(NAMESPACE, debt.key)
+                batch.debts.remove(debt)
+            elif debt.recorded != debt.plugins:
+                await self._record(debt)
 
     async def _pay(self, batch: Owing) -> None:
-        """One try of what ``batch`` owes: its marks first, then the hooks owed, each message as
-        a unit of :mod:`narrmem.fence` from the read of its records, as :meth:`recover` does.
-        Raises while anything is still owed."""
-        store, pipeline = self.memory.store, self._pipeline
+        """One try of what ``batch`` owes: its entries brought up to date, then the hooks owed,
+        each message as a unit of :mod:`narrmem.fence` from the read of its records, as
+        :meth:`recover` does. Raises while anything is still owed."""
+        pipeline = self._pipeline
         assert pipeline is not None  # set by start(), before any ingest
         await self._mark(batch)
         for debt in list(batch.debts):
-            if debt.plugins:
-                still = await self._run_owed(pipeline, debt)
-                if still:
-                    if still != debt.plugins:
-                        debt.plugins = still
-                        await self._record(debt)
-                    continue
-                debt.plugins = []  # run: what is left is the entry's delete
-            await store.state_delete(NAMESPACE, debt.key)
-            batch.debts.remove(debt)
+            debt.plugins = await self._run_owed(pipeline, debt)
+        await self._mark(batch)
         if batch.debts:
-            raise StoreUnavailableError(
-                f"the hooks of {len(batch.debts)} messages found the store away again"
-            )
+            raise StoreUnavailableError(f"the hooks of {len(batch.debts)} messages found the store away")
         self._owing.discard(batch)
 
     async def _run_owed(self, pipeline: IngestPipeline, debt: Debt) -> list[str]:
@@ -196,16 +189,24 @@ class Settling:
             hooks = functools.partial(pipeline.after_store, [item], None, [debt.plugins])
             with batch.held():
                 [still] = await pipeline.fence.run_inside(unit, hooks)
+            if not still:
+                await self._forgotten_meanwhile(item)
+            return still
         finally:
             pipeline.fence.leave(unit)
+
+    async def _forgotten_meanwhile(self, item: Pending) -> None:
+        """A forget again of the message (narrmem.inbox: another worker's forget took it while
+        this one wrote it), which no unit holds back, may have deleted it while its hooks ran:
+        what they made of it then goes too, forgotten again at once (its job recorded)."""
         message = item.message
-        if not await store.from_messages(message.tenant, message.chat_id, [message.message_id]):
-            # A forget again of the message (narrmem.inbox), which no unit holds back, took it
-            # while the hooks ran: what they made of it goes too.
-            if self.forget_again is not None:
-                scope = Scope(tenant=message.tenant, user_id=message.user_id, chat_id=message.chat_id)
-                self.forget_again(scope, [message.message_id], [])
-        return still
+        if self.forget_again is None:
+            return
+        with contextlib.suppress(StoreUnavailableError):
+            if await self.memory.store.from_messages(message.tenant, message.chat_id, [message.message_id]):
+                return
+            scope = Scope(tenant=message.tenant, chat_id=message.chat_id)
+            await self.forget_again(scope, [message.message_id], [])
 
     async def _record(self, debt: Debt) -> None:
         """Mark ``debt``'s entry with the plugins whose hooks it owes, unless a forget took it."""
@@ -214,6 +215,7 @@ class Settling:
         if stored is not None and stored.get("owed") != debt.plugins:
             # Compare-and-set: a forget that deletes the entry meanwhile is not undone.
             await store.state_put_if(NAMESPACE, debt.key, {**stored, "owed": debt.plugins}, stored)
+        debt.recorded = list(debt.plugins)
 
     def schedule(
         self,
@@ -302,13 +304,16 @@ class Settling:
             await self.claim()
         await self.recover(pipeline)
 
-    async def close(self) -> None:
-        await self.settle()
-        await self.trying_again.close()
+    async def stop_trying(self, closing: asyncio.Task[Any] | None) -> None:
+        """Stop trying owed hooks again (``closing``: the task that closes, not waited for), and
+        bring their entries up to date a last time, or the next open runs every hook of them."""
+        await self.trying_again.close(closing)
         for batch in list(self._owing):
-            # A last try to mark what is still owed, or the next open runs every hook of them.
             with contextlib.suppress(Exception):
                 await self._mark(batch)
+
+    async def close(self) -> None:
+        await self.settle()
         await self._claim.aclose()
 
     async def recover(self, pipeline: IngestPipeline) -> int:
@@ -333,11 +338,17 @@ class Settling:
                         owing = await pipeline.fence.run_inside(unit, hooks)
                 finally:
                     pipeline.fence.leave(unit)
-                if any(plugins for _, plugins in owing):
-                    # Still owed: this process's own, tried again by it (the stopped owner's
-                    # claim is let go once this open has read its entries).
-                    prefix, owing = await self._as_own(prefix, owing)
-                await self.settled(prefix, owing)
+                try:
+                    if any(plugins for _, plugins in owing):
+                        # Still owed: this process's own, tried again by it (the stopped
+                        # owner's claim is let go once this open has read its entries).
+                        await self.settled(*await self._as_own(prefix, owing))
+                    else:
+                        await store.state_delete(NAMESPACE, prefix)
+                except StoreUnavailableError:
+                    log.warning(
+                        "the store went away as hooks of a stopped process ran: left for the next open"
+                    )
                 done += len(items)
         return done
 
@@ -351,11 +362,15 @@ class Settling:
         own = self.batch_prefix()
         moved: list[tuple[Pending, list[str]]] = []
         for n, (item, plugins) in enumerate(owing):
-            value = None if item.settling_key is None else await store.state_get(NAMESPACE, item.settling_key)
-            if not plugins or value is None:
+            theirs = item.settling_key
+            value = None if theirs is None else await store.state_get(NAMESPACE, theirs)
+            if not plugins or theirs is None or value is None:
                 continue
             item.settling_key = f"{own}{n:06d}"
             await store.state_put(NAMESPACE, item.settling_key, {**value, "owed": plugins})
+            # Entry by entry: a stop in between leaves one message's owed hooks to run twice
+            # (which a hook may), not the whole batch's.
+            await store.state_delete(NAMESPACE, theirs)
             moved.append((item, plugins))
         await store.state_delete(NAMESPACE, prefix)
         return own, moved
@@ -433,20 +448,21 @@ class SettlingEntry(BaseModel):
 @dataclass
 class Debt:
     """A message whose after-store hooks of ``plugins`` found the store unreachable (none: only its
-    entry is left to delete)."""
+    entry is left to delete); ``recorded``: the plugins its entry names (``None``: not yet)."""
 
     key: str
     plugins: list[str]
+    recorded: list[str] | None = None
 
 
 @dataclass(eq=False)
 class Owing:
-    """What a batch (entries ``prefix``…) still owes; ``marked``: its entries say so, and those
-    of its messages that owe nothing are deleted."""
+    """What a batch (entries ``prefix``…) still owes; ``cleared``: the entries of its messages
+    that owed nothing are deleted."""
 
     prefix: str
     debts: list[Debt]
-    marked: bool = False
+    cleared: bool = False
 
 
 def _owed(value: dict[str, Any]) -> list[str] | None:

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from narrmem.errors import ClosedError
 
@@ -20,6 +21,7 @@ log = logging.getLogger("narrmem")
 
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 RETRY_EVERY = 300.0
+CLOSE_WAIT_S = 5.0  # the longest a close waits for the tries it cancels
 
 
 class TryingAgain:
@@ -60,12 +62,15 @@ class TryingAgain:
             log.warning("%s, which had failed, is done", what)
             return
 
-    async def close(self) -> None:
-        """Stop trying: what is undone stays recorded for the next open."""
+    async def close(self, closing: asyncio.Task[Any] | None = None) -> None:
+        """Stop trying: what is undone stays recorded for the next open. ``closing``: the task
+        that called the memory's close, which a try may be (work whose callback closes the
+        memory): it ends with its own try, and waiting for it here would wait for ever."""
         self._closing = True
-        # Not the task that closes (work tried again whose callback closes the memory): it ends
-        # with its own try, and waiting for it here would wait for ever.
-        tasks = [task for task in self._tasks if task is not asyncio.current_task()]
+        tasks = [task for task in self._tasks if task is not closing and task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            # Bounded: a try that waits for the close itself (its callback closed the memory
+            # while another close ran) ends only after it; it finds the memory shut.
+            await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)

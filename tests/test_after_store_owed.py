@@ -186,3 +186,36 @@ async def test_a_real_outage_between_the_write_and_the_hooks_on_postgresql(tmp_p
             "memory_recall", {"user_id": "ann", "chat_id": "c1", "query_intent": "nurse"}
         )
         assert "user job nurse at the city hospital" in facts["rendered"], facts
+
+
+async def test_an_owed_hook_that_closes_the_memory_does_not_hang_the_close(tmp_path: Path) -> None:
+    """A hook tried again whose work closes the memory (a trigger callback that shuts the bot
+    down): the close waited for the try, and the try for the close."""
+
+    class Closes:
+        narrmem_name = "closes"
+
+        def __init__(self) -> None:
+            self.away = 1
+            self.memory: Memory | None = None
+            self.closed = False
+
+        @hookimpl
+        async def narrmem_after_store(self) -> None:
+            if self.away:
+                self.away -= 1
+                raise StoreUnavailableError("the database went away after the write")
+            assert self.memory is not None
+            await self.memory.close()
+            self.closed = True
+
+    closes = Closes()
+    async with open_memory(tmp_path / "m", plugins=[closes]) as memory:
+        closes.memory = memory
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="ann"))
+
+        async def closed() -> bool:
+            return closes.closed
+
+        await asyncio.wait_for(_until(closed, "the close from the owed hook did not return"), 30)
+        assert memory.closed

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -171,6 +172,7 @@ class Backlog:
             await self.spool.rewrite(self._records())
         except OSError as exc:
             self._stale = True
+            self._changes = 0  # tried again after as many more changes, or by a forget at once
             if raise_errors:
                 raise
             log.error("the bot backlog's file cannot be written again (%s)", exc)
@@ -188,7 +190,9 @@ class Backlog:
         self._empty.clear()
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.ensure_future(self._drain())
-        if self.spool is not None and record is not None:
+        if self.spool is not None and self._changes >= REWRITE_EVERY:
+            await self._rewrite()  # what went to make room goes from the file too
+        elif self.spool is not None and record is not None:
             try:
                 await self.spool.append([record])
             except OSError as exc:
@@ -246,6 +250,13 @@ class Backlog:
     async def _closed(self) -> None:
         if self.spool is not None:
             await self._rewrite()  # what was made since its last writing is not made again
+            if self._stale:
+                # It may hold what a forget took: deleted (which needs no room on the disk)
+                # rather than left for the next start to store again.
+                log.error("the bot backlog's file cannot be written: %d waiting writes are lost", len(self))
+                with contextlib.suppress(OSError):
+                    await self.spool.discard()
+                self._waiting.clear()
             if self._waiting and not self._unwritten and not self._stale:
                 log.error(
                     "the memory closed with %d writes not made (the store was away): kept in %s "
@@ -283,7 +294,7 @@ class Backlog:
         if drainer is not None and not drainer.done():
             drainer.cancel()
             await asyncio.gather(drainer, return_exceptions=True)
-        if self._waiting or self._changes:
+        if self._waiting or self._changes or self._stale:
             await self._closed()
         self._empty.set()
 
@@ -301,6 +312,8 @@ class Backlog:
             made = self._call_of(record)
             if made is not None:
                 kind, call = made
+                if len(self._waiting) >= MAX_WAITING:
+                    self._make_room()
                 self._waiting.append(_Waiting(kind, call, record))
         if self._waiting:
             log.warning("%d writes a stopped process left waiting for the store are made first", len(self))
@@ -361,7 +374,13 @@ def _makes(
         return False
     if kind == "forget of a person":
         ids = {data.get("user_id"), *data.get("aliases", [])}
-        return user_id in ids and chat_id is None and messages is None
+        listed = data.get("tenants")
+        return (
+            user_id in ids
+            and chat_id is None
+            and messages is None
+            and (not isinstance(listed, list) or tenant in listed)
+        )
     if kind == "forget of deleted messages":
         return (
             data.get("tenant") == tenant

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,25 +52,42 @@ class Spool:
 
     async def append(self, records: list[dict[str, Any]]) -> None:
         """Add waiting calls at the end of the file (made with its lock if there is none yet)."""
-        async with self._turn:
-            await asyncio.to_thread(self._append, records)
+        await self._in_turn(self._append, records)
 
     async def rewrite(self, records: list[dict[str, Any]]) -> None:
         """The file holds ``records`` and nothing else; none: the file and its lock go."""
-        async with self._turn:
-            await asyncio.to_thread(self._rewrite, records)
+        await self._in_turn(self._rewrite, records)
 
     async def release(self) -> None:
         """Let the file go as it is (the memory closed with calls waiting): the next process to
         use a backlog on this folder takes them over."""
-        async with self._turn:
-            self._unlock()
+        await self._in_turn(self._unlock)
+
+    async def discard(self) -> None:
+        """Delete the file as it is (it may hold what a forget took, and cannot be written again)."""
+        await self._in_turn(self._rewrite, [])
 
     async def take_over(self) -> list[dict[str, Any]]:
         """The waiting calls of the files no running process holds, oldest file first; those
         files are deleted once their calls are in this process's own file."""
+        taken: list[dict[str, Any]] = await self._in_turn(self._take_over)
+        return taken
+
+    async def _in_turn(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)`` on a worker thread once the file work asked before it has ended. A
+        caller cancelled meanwhile does not give the turn back before the thread ends: the next
+        work would write the same file beside it."""
         async with self._turn:
-            return await asyncio.to_thread(self._take_over)
+            running = asyncio.ensure_future(asyncio.to_thread(work, *args))
+            while True:
+                try:
+                    return await asyncio.shield(running)
+                except asyncio.CancelledError:
+                    if running.done():
+                        raise
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([running])
+                    raise
 
     # --- on a worker thread ------------------------------------------------------------------
 
@@ -96,6 +114,8 @@ class Spool:
                 with contextlib.suppress(FileNotFoundError):
                     self._lock_path.unlink()
                 self._unlock()
+            if self.folder.is_dir():
+                _sync_folder(self.folder)  # gone for good: a power cut does not bring it back
             return
         self._hold()
         fresh = self.path.with_name(f"{self.token}{NEW}")
@@ -118,8 +138,15 @@ class Spool:
             return
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(fd, LOCK_SIGNATURE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, LOCK_SIGNATURE)
+        except OSError:
+            # Taken for a moment by a process looking for stopped files: tried again next time.
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self._lock_path.unlink()
+            raise
         self._lock_fd = fd
         _sync_folder(self.folder)
 
@@ -144,8 +171,10 @@ class Spool:
                 if lock != NO_LOCK_FILE:
                     held.append(lock)  # until its calls are in this process's file and it is gone
                 half = path.with_name(f"{path.stem}{NEW}")
-                if half.exists() and _read(half) is not None:
-                    gone.append(half)  # a rewrite its process did not finish: the file is whole
+                if half.exists() and _ours(half):
+                    gone.append(half)  # a rewrite its process did not finish
+                    if not path.exists() and _read(half) is not None:
+                        path = half  # complete, and the only copy left
                 if not path.exists():
                     continue
                 records = _read(path)
@@ -153,15 +182,15 @@ class Spool:
                     log.warning("%s does not start as narrmem's bot backlog does: left as it is", path)
                     continue
                 taken.extend(records)
-                gone.append(path)
+                if path not in gone:
+                    gone.append(path)
             if taken:
                 self._append(taken)  # in this process's file before theirs go: a crash keeps one
             for path in gone:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-                if path.suffix == ".jsonl":
-                    with contextlib.suppress(FileNotFoundError):
-                        path.with_suffix(".lock").unlink()
+                with contextlib.suppress(FileNotFoundError):
+                    (self.folder / f"{path.name.split('.', 1)[0]}.lock").unlink()
             if gone:
                 _sync_folder(self.folder)
         finally:
@@ -202,6 +231,18 @@ def _free_lock(lock: Path) -> int | None:
         os.close(fd)
         return None  # not ours: nothing of it is touched
     return fd
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a file this module wrote (whole or cut short: its first bytes are, or
+    begin, the header line)."""
+    head = (json.dumps(HEADER) + "\n").encode()
+    try:
+        with open(path, "rb") as file:
+            start = file.read(len(head))
+    except OSError:
+        return False
+    return head.startswith(start)
 
 
 def _line(record: dict[str, Any]) -> str:
