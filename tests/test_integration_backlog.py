@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import store_sql
+from _helpers import msg, store_sql
 from _pgproxy import behind_proxy
 from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open_harness
 
@@ -253,10 +253,7 @@ def msg_record(text: str) -> dict[str, Any]:
     from narrmem.doors.integrations.backlog import message_record
     from narrmem.models import Message
 
-    return message_record(
-        "message",
-        Message(text=text, user_id="u1", chat_id="c1", message_id="1", ts="2026-05-04T09:12:00+00:00"),
-    )
+    return message_record("message", Message(**msg("1", text)))
 
 
 async def test_a_message_made_and_then_forgotten_is_not_made_again_at_the_next_start(tmp_path: Path) -> None:
@@ -280,20 +277,8 @@ async def test_a_message_made_and_then_forgotten_is_not_made_again_at_the_next_s
 
             return once
 
-        ann = Message(
-            text="I adopted a greyhound named Pixel",
-            user_id="ann",
-            chat_id="c1",
-            message_id="1",
-            ts="2026-05-04T09:12:00+00:00",
-        )
-        bob = Message(
-            text="I grow tomatoes",
-            user_id="bob",
-            chat_id="c1",
-            message_id="2",
-            ts="2026-05-04T09:13:00+00:00",
-        )
+        ann = Message(**msg("1", "I adopted a greyhound named Pixel", user="ann"))
+        bob = Message(**msg("2", "I grow tomatoes", user="bob"))
         await backlog.run("message", call(ann), backlog_module.message_record("message", ann))
         await backlog.run("message", call(bob, hold=True), backlog_module.message_record("message", bob))
         state["away"] = False
