@@ -99,6 +99,12 @@ class Memory(MemoryLifecycle):
         # person is gone (it was still recalled right after).
         await self._forgetting.outlasted()
 
+    @property
+    def hooks_owed(self) -> int:
+        """Stored messages whose after-store hooks of some plugin found the store unreachable in
+        this process and wait for it to answer (see ``narrmem_after_store``). Reads nothing."""
+        return self._settling.owed
+
     async def written(
         self,
         *,

@@ -268,6 +268,11 @@ class Settling:
 
         self.schedule(run, prefix, len(keys), ended)
 
+    @property
+    def owed(self) -> int:
+        """Messages whose hooks of some plugin found the store unreachable and are owed."""
+        return sum(len(batch.debts) for batch in list(self._owing))
+
     def scheduled(self) -> asyncio.Future[None] | None:
         """What ends once the hooks scheduled so far have run (``None``: none is scheduled)."""
         tail = self._tail

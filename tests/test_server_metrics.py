@@ -93,6 +93,40 @@ async def test_the_event_hub_and_readiness_are_read_when_scraped(tmp_path: Path)
     assert _value(stopping, "narrmem_ready") == 0.0
 
 
+async def test_hooks_owed_while_the_store_is_away_are_counted(tmp_path: Path, monkeypatch: Any) -> None:
+    """An operator sees how many stored messages wait for their plugins' hooks (the store went
+    away after the write) and sees it fall to 0 once they ran."""
+    from narrmem import StoreUnavailableError, hookimpl, trying_again
+
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.3,))
+
+    class AwayOnce:
+        narrmem_name = "away_once"
+
+        def __init__(self) -> None:
+            self.away = 2
+
+        @hookimpl
+        def narrmem_after_store(self) -> None:
+            if self.away:
+                self.away -= 1
+                raise StoreUnavailableError("the database went away after the write")
+
+    metrics = ServerMetrics()
+    async with open_memory(tmp_path / "m", plugins=[AwayOnce()]) as memory:
+        create_app(memory, metrics=metrics)
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="ann"))
+        await memory.ingest(msg("2", "I grow tomatoes on my balcony", user="ann"))
+        owed = _samples((await asyncio.to_thread(generate_latest, metrics.registry)).decode())
+        for _ in range(200):
+            if not memory.hooks_owed:
+                break
+            await asyncio.sleep(0.02)
+        paid = _samples((await asyncio.to_thread(generate_latest, metrics.registry)).decode())
+    assert _value(owed, "narrmem_hooks_owed") == 2
+    assert _value(paid, "narrmem_hooks_owed") == 0
+
+
 def test_narrmem_serve_serves_its_metrics_on_their_own_address(tmp_path: Path) -> None:
     port, metrics_port = free_port(), free_port()
     with narrmem_serve(tmp_path / "m", port, "--metrics", f"127.0.0.1:{metrics_port}") as server:

@@ -15,6 +15,8 @@ and an ingest's layer: their values are few whatever the traffic.
 * ``narrmem_events_relayed_total`` (``direction``: ``sent``, ``received``, ``dropped``) and
   ``narrmem_events_relay_listening``: the other workers' events, on a store that relays them
   (:mod:`narrmem.doors.server.relay`);
+* ``narrmem_hooks_owed``: stored messages whose plugins' after-store hooks found the store
+  unreachable and wait to run again (:mod:`narrmem.settling`);
 * ``narrmem_ready``: 1 when the server would serve a request now (see
   :mod:`narrmem.doors.server.health`), read when scraped;
 * the process's own (CPU, memory, open files), as ``prometheus_client`` gives them.
@@ -142,6 +144,11 @@ class _StateCollector(Collector):
                 "1 when the other workers' events are heard (0: their streams here miss them)",
                 value=1.0 if relay.listening else 0.0,
             )
+        yield GaugeMetricFamily(
+            "narrmem_hooks_owed",
+            "stored messages whose plugins' after-store hooks wait for the store to answer",
+            value=state.memory.hooks_owed,
+        )
         yield GaugeMetricFamily(
             "narrmem_ready", "1 when a request would be served now", value=self._ready(state)
         )
