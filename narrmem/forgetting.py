@@ -366,6 +366,10 @@ class Forgetting:
                 await store.from_messages(scope.tenant, scope.chat_id, list(message_ids)), scope
             )
             others = [mid for mid, r in cited.items() if not set(r.message_ids) <= named]
+            if not written and len(others) < len(cited):
+                # A memory of these messages alone that this worker did not write: they were
+                # sent again after that forget, and what is made of them now is theirs.
+                return
             only = sorted({*written, *others})
             job = await store.begin_forget(
                 tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=list(message_ids)

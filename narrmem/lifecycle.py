@@ -112,6 +112,7 @@ class MemoryLifecycle:
             self, write_lock, self._settling, self._inbox, fence, calls, self._edit_marks
         )
         self._settling.forget_again = self._forgetting.again
+        self._settling.forget_again_later = self._forgetting.again_later
         self._closed = False
         self._closing: asyncio.Future[None] | None = None
         self._shut = False  # closed to the end: public calls are refused (see while_open)

@@ -40,6 +40,7 @@ from narrmem.errors import InputError, StoreError, StoreUnavailableError
 from narrmem.fence import HOOKS_LATER, Grant, inside_own_work, own_work
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
 from narrmem.store import StateEntry, Store, shared_by_processes
+from narrmem.to_the_end import finished
 from narrmem.trying_again import TryingAgain
 
 if TYPE_CHECKING:
@@ -79,8 +80,9 @@ class Settling:
         self.trying_again = TryingAgain()  # hooks that found the store unreachable (see settled)
         self._owing: set[Owing] = set()
         self._pipeline: IngestPipeline | None = None
-        # Set by the memory: forgets again a message a forget took while its owed hooks ran.
+        # Set by the memory: forget again a message a forget took while its owed hooks ran.
         self.forget_again: Callable[[Scope, Sequence[str], Sequence[int]], Awaitable[None]] | None = None
+        self.forget_again_later: Callable[[Scope, Sequence[str], Sequence[int]], None] | None = None
 
     async def claim(self) -> None:
         """Hold this process's claim on its entries, from the first call that leaves any until
@@ -181,6 +183,7 @@ class Settling:
         unit = await pipeline.fence.enter()
         batch = Grant(HOOKS_LATER)
         _IN_BATCH.set(batch)  # a trigger callback that settles does not wait for itself
+        vanished: Pending | None = None
         try:
             value = await store.state_get(NAMESPACE, debt.key)
             item = None if value is None else await self._rebuild(value, debt.key)
@@ -189,24 +192,37 @@ class Settling:
             hooks = functools.partial(pipeline.after_store, [item], None, [debt.plugins])
             with batch.held():
                 [still] = await pipeline.fence.run_inside(unit, hooks)
-            if not still:
-                await self._forgotten_meanwhile(item)
-            return still
+            if still != debt.plugins and not await self._stored(item):
+                vanished = item  # some hook ran, and the message went meanwhile
         finally:
             pipeline.fence.leave(unit)
+        if vanished is not None:
+            # Outside the unit: the forget's own hooks are fenced as any caller's.
+            await self._forget_again(vanished)
+        return still
 
-    async def _forgotten_meanwhile(self, item: Pending) -> None:
-        """A forget again of the message (narrmem.inbox: another worker's forget took it while
-        this one wrote it), which no unit holds back, may have deleted it while its hooks ran:
-        what they made of it then goes too, forgotten again at once (its job recorded)."""
+    async def _stored(self, item: Pending) -> bool:
+        """Whether ``item``'s message is stored still (a store that cannot say: yes)."""
         message = item.message
-        if self.forget_again is None:
+        try:
+            ids = await self.memory.store.from_messages(message.tenant, message.chat_id, [message.message_id])
+        except StoreUnavailableError:
+            return True  # then the hooks found it away as well, and run again
+        return bool(ids)
+
+    async def _forget_again(self, item: Pending) -> None:
+        """A forget again of the message (narrmem.inbox: another worker's forget took it while
+        this one wrote it), which no unit holds back, deleted it while its hooks ran: what they
+        made of it goes too, forgotten again at once (its job recorded), or tried again until it
+        is."""
+        if self.forget_again is None or self.forget_again_later is None:
             return
-        with contextlib.suppress(StoreUnavailableError):
-            if await self.memory.store.from_messages(message.tenant, message.chat_id, [message.message_id]):
-                return
-            scope = Scope(tenant=message.tenant, chat_id=message.chat_id)
-            await self.forget_again(scope, [message.message_id], [])
+        message = item.message
+        scope = Scope(tenant=message.tenant, chat_id=message.chat_id)
+        try:
+            await finished(asyncio.ensure_future(self.forget_again(scope, [message.message_id], [])))
+        except Exception:
+            self.forget_again_later(scope, [message.message_id], [])
 
     async def _record(self, debt: Debt) -> None:
         """Mark ``debt``'s entry with the plugins whose hooks it owes, unless a forget took it."""

@@ -313,3 +313,34 @@ async def test_a_line_cut_short_by_a_stop_leaves_the_others_and_the_bot_writing(
         calls = Calls()
         calls.away = False
         assert await backlog.run("message", calls.call("after")) == "after"
+
+
+async def test_file_work_keeps_its_turn_until_its_thread_ends_however_often_it_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    """Cancelled twice (a timeout, then a shutdown) while its thread wrote, the first work gave
+    its turn back and the next one wrote the same file beside it."""
+    import threading
+    import time
+
+    spool = spool_module.Spool(tmp_path)
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def work(name: str, seconds: float) -> None:
+        with lock:
+            order.append(f"start {name}")
+        time.sleep(seconds)
+        with lock:
+            order.append(f"end {name}")
+
+    first = asyncio.ensure_future(spool._in_turn(work, "A", 0.4))
+    await asyncio.sleep(0.1)
+    first.cancel()
+    await asyncio.sleep(0.05)
+    first.cancel()
+    second = asyncio.ensure_future(spool._in_turn(work, "B", 0.0))
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await second
+    assert order == ["start A", "end A", "start B", "end B"]

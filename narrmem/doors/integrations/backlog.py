@@ -89,6 +89,7 @@ class Backlog:
         self._changes = 0  # calls made or dropped since the file was last written whole
         self._unwritten = False  # the file misses calls (it could not be written): said once
         self._stale = False  # the file holds calls it should not (a rewrite failed)
+        self._holds_forgotten = False  # ... among them what a forget took
         self.dropped = 0  # calls dropped to make room, since the start
 
     def __len__(self) -> int:
@@ -158,7 +159,12 @@ class Backlog:
             self._waiting = collections.deque(kept)
             self._changes += 1
         if self.spool is not None and (self._changes or self._stale):
-            await self._rewrite(raise_errors=True)  # raised: the forget is tried again
+            try:
+                await self._rewrite(raise_errors=True)
+            except OSError:
+                self._holds_forgotten = True  # raised: the forget is tried again
+                raise
+            self._holds_forgotten = False
         if not self._waiting:
             self._empty.set()
 
@@ -250,14 +256,15 @@ class Backlog:
     async def _closed(self) -> None:
         if self.spool is not None:
             await self._rewrite()  # what was made since its last writing is not made again
-            if self._stale:
-                # It may hold what a forget took: deleted (which needs no room on the disk)
-                # rather than left for the next start to store again.
+            if self._stale and self._holds_forgotten:
+                # It holds what a forget took: deleted (which needs no room on the disk) rather
+                # than left for the next start to store again. (Calls made already, it may hold:
+                # made again, they change nothing.)
                 log.error("the bot backlog's file cannot be written: %d waiting writes are lost", len(self))
                 with contextlib.suppress(OSError):
                     await self.spool.discard()
                 self._waiting.clear()
-            if self._waiting and not self._unwritten and not self._stale:
+            if self._waiting and not self._unwritten:
                 log.error(
                     "the memory closed with %d writes not made (the store was away): kept in %s "
                     "for the next start",
@@ -265,7 +272,7 @@ class Backlog:
                     self.spool.path,
                 )
             await self.spool.release()
-        if self._waiting and (self.spool is None or self._unwritten or self._stale):
+        if self._waiting and (self.spool is None or self._unwritten):
             log.error("the memory closed with %d writes not made (the store was away)", len(self))
         self._waiting.clear()
 

@@ -79,15 +79,15 @@ class Spool:
         work would write the same file beside it."""
         async with self._turn:
             running = asyncio.ensure_future(asyncio.to_thread(work, *args))
-            while True:
+            cancelled = False
+            while not running.done():
                 try:
-                    return await asyncio.shield(running)
+                    await asyncio.wait([running])
                 except asyncio.CancelledError:
-                    if running.done():
-                        raise
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.wait([running])
-                    raise
+                    cancelled = True  # however often: the turn is held until the thread ends
+            if cancelled:
+                raise asyncio.CancelledError
+            return running.result()
 
     # --- on a worker thread ------------------------------------------------------------------
 
