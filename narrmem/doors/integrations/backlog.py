@@ -254,6 +254,7 @@ class Backlog:
                 self._empty.set()
 
     async def _closed(self) -> None:
+        kept = ""
         if self.spool is not None:
             await self._rewrite()  # what was made since its last writing is not made again
             if self._stale and self._holds_forgotten:
@@ -264,16 +265,11 @@ class Backlog:
                 with contextlib.suppress(OSError):
                     await self.spool.discard()
                 self._waiting.clear()
-            if self._waiting and not self._unwritten:
-                log.error(
-                    "the memory closed with %d writes not made (the store was away): kept in %s "
-                    "for the next start",
-                    len(self),
-                    self.spool.path,
-                )
+            elif not self._unwritten:
+                kept = f": kept in {self.spool.path} for the next start"
             await self.spool.release()
-        if self._waiting and (self.spool is None or self._unwritten):
-            log.error("the memory closed with %d writes not made (the store was away)", len(self))
+        if self._waiting:
+            log.error("the memory closed with %d writes not made (the store was away)%s", len(self), kept)
         self._waiting.clear()
 
     def take_over_soon(self) -> None:
