@@ -28,6 +28,7 @@ from narrmem_plugins.storage_postgres.keywords import (
     keywords_sql,
 )
 from narrmem_plugins.storage_postgres.listening import NOTIFY_LIMIT, Listener
+from narrmem_plugins.storage_postgres.pooler import check_one_session_per_connection
 from narrmem_plugins.storage_postgres.reach import GuardedPool, unavailable, unreachable
 from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
@@ -219,6 +220,14 @@ class PostgresStore(ForgetJournal):
     async def open(self, *, dim: int, model: str) -> None:
         self.dim = dim
         self._term_cache.clear()
+        # Before anything else: a pooler that moves sessions would break the migration's lock too.
+        settings_sql = self._settings_sql()
+        try:
+            await check_one_session_per_connection(
+                self._dsn, where=self.where, settings_sql=settings_sql, timeout_s=self.timeout_s
+            )
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+            raise self._not_connected(exc) from exc
         try:
             conn = await asyncpg.connect(self._dsn, timeout=self.timeout_s)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
@@ -232,6 +241,35 @@ class PostgresStore(ForgetJournal):
             await self._check_model(conn, dim, model)
         finally:
             await conn.close()
+
+        async def init(conn: Any) -> None:
+            await register_vector(conn)
+            await conn.execute(settings_sql)
+
+        async def reset(conn: Any) -> None:
+            # The default reset ends with RESET ALL, which would drop what init set: the same
+            # trip to the server sets it again.
+            await conn.execute(conn.get_reset_query() + settings_sql)
+
+        try:
+            pool = await asyncpg.create_pool(
+                self._dsn,
+                min_size=1,
+                max_size=self.pool_size,
+                init=init,
+                reset=reset,
+                timeout=self.timeout_s,
+                command_timeout=self.timeout_s,
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise self._not_connected(exc) from exc
+        self._pool = GuardedPool(pool, where=self.where, scrub=self._scrub_text, limit_s=self.timeout_s)
+
+    def _settings_sql(self) -> str:
+        """What each pooled session is set to, as statements. Set with SET, not as startup
+        parameters: a connection pooler (PgBouncer, Supavisor) refuses a startup parameter it does
+        not know, and one told to ignore it leaves the session without it (a scoped search then
+        returns fewer than k, unnoticed)."""
         settings = {
             "hnsw.ef_search": str(self.hnsw_ef_search),
             # A scope filter on an HNSW scan would otherwise drop the candidates of other users
@@ -244,19 +282,7 @@ class PostgresStore(ForgetJournal):
         }
         if self.read_only:
             settings["default_transaction_read_only"] = "on"
-        try:
-            pool = await asyncpg.create_pool(
-                self._dsn,
-                min_size=1,
-                max_size=self.pool_size,
-                init=register_vector,
-                server_settings=settings,
-                timeout=self.timeout_s,
-                command_timeout=self.timeout_s,
-            )
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise self._not_connected(exc) from exc
-        self._pool = GuardedPool(pool, where=self.where, scrub=self._scrub_text, limit_s=self.timeout_s)
+        return "".join(f"SET {name} = '{value}';" for name, value in settings.items())
 
     async def recorded_model(self) -> str | None:
         try:
