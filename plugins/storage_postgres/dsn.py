@@ -1,18 +1,24 @@
-"""A DSN as it may be shown: the password replaced, wherever it was given."""
+"""A DSN as it may be shown: its secrets replaced, wherever they were given.
+
+The secrets are the password and the client key's passphrase (``sslpassword``), in the URL's
+userinfo, as query parameters (``?password=``, the first parameter or any later one), or as
+``key=value`` keywords."""
 
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+_SECRET_KEYS = ("password", "sslpassword")
+_KEYWORD_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_QUERY_SECRET = re.compile(r"((?:^|&)(?:ssl)?password=)[^&]*", re.IGNORECASE)
 
 
 def mask_dsn(dsn: str) -> str:
-    """``dsn`` with its password (URL userinfo, ``?password=``, or ``password=`` keyword) as ``***``."""
+    """``dsn`` with its secrets (URL userinfo's password, ``password`` and ``sslpassword`` as
+    query parameters or keywords) as ``***``."""
     if "://" not in dsn:
-        return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
+        return _KEYWORD_SECRET.sub(r"\1***", dsn)
     try:
         parts = urlsplit(dsn)
     except ValueError:
@@ -23,28 +29,32 @@ def mask_dsn(dsn: str) -> str:
         if ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":***"
         netloc = f"{userinfo}@{host}"
-    query = _QUERY_PASSWORD.sub(r"\1***", parts.query)
+    query = _QUERY_SECRET.sub(r"\1***", parts.query)
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def scrub(text: str, dsn: str) -> str:
-    """``text`` (an error message) with any copy of the DSN or its password masked."""
+    """``text`` (an error message) with any copy of the DSN or its secrets masked."""
     text = text.replace(dsn, mask_dsn(dsn))
-    password = _password(dsn)
-    if password:
-        text = text.replace(password, "***")
+    for secret in sorted(_secrets(dsn), key=len, reverse=True):
+        text = text.replace(secret, "***")
     return text
 
 
-def _password(dsn: str) -> str | None:
+def _secrets(dsn: str) -> set[str]:
+    found: list[str] = []
     if "://" in dsn:
         try:
             parts = urlsplit(dsn)
         except ValueError:
-            return None
-        found = parts.password or next(
-            (v.split("=", 1)[1] for v in parts.query.split("&") if v.lower().startswith("password=")), None
-        )
-        return found or None
-    match = _KEYWORD_PASSWORD.search(dsn)
-    return match.group(2).strip("'") if match else None
+            return set()
+        if parts.password:
+            found.append(parts.password)
+        for pair in parts.query.split("&"):
+            key, _, value = pair.partition("=")
+            if key.lower() in _SECRET_KEYS:
+                found.append(value)
+    else:
+        found += [match.group(2).strip("'") for match in _KEYWORD_SECRET.finditer(dsn)]
+    # A message may show a secret as given or decoded (%40 as @).
+    return {form for secret in found for form in (secret, unquote(secret)) if form}
