@@ -14,7 +14,7 @@ from typing import Any
 from narrmem_plugins.storage_postgres.escape import unesc
 from narrmem_plugins.storage_postgres.keywords import keyword_document, keyword_tokens, keywords_sql
 
-from narrmem.errors import StoreError
+from narrmem.errors import ConfigError, StoreError
 
 # Held (per transaction) while the schema is created or migrated, so that workers starting
 # together do not run the same migration twice.
@@ -244,18 +244,63 @@ async def fold_keyword_accents(conn: Any) -> None:
         last = rows[-1][0]
 
 
+# Relations another program may hold in the schema narrmem would use: tables, views, materialized
+# views, foreign and partitioned tables (an extension's own, such as PostGIS's, are left aside).
+_OTHERS_RELATIONS = """
+    SELECT c.relname FROM pg_class c
+    WHERE c.relnamespace = to_regnamespace(current_schema())::oid
+      AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+      AND c.relname <> 'narrmem_schema'
+      AND NOT EXISTS (
+          SELECT 1 FROM pg_depend d
+          WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e'
+      )
+    ORDER BY c.relname
+"""
+
+
+async def refuse_a_schema_in_use(conn: Any, where: str) -> None:
+    """Refuse to make a new store in a schema that holds another program's tables.
+
+    narrmem's tables have plain names (``meta``, ``memories``, ``plugin_state``, a plugin's
+    ``graph_nodes``), and a forget deletes from them by name: sharing a schema, one of them could
+    be another program's table, and a plugin's ``CREATE TABLE IF NOT EXISTS`` would take it for
+    its own. So the store is made in a schema of its own, and an existing store opens as it is."""
+    schema = await conn.fetchval("SELECT current_schema()")
+    role = await conn.fetchval("SELECT current_user")
+    if schema is None:
+        raise ConfigError(
+            f"storage.dsn: {where} has no schema to make the store in (the role's search_path names "
+            f"none that exists): CREATE SCHEMA narrmem AUTHORIZATION {role}; "
+            f"ALTER ROLE {role} SET search_path = narrmem, public"
+        )
+    others = [str(row[0]) for row in await conn.fetch(_OTHERS_RELATIONS)]
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ConfigError(
+            f"storage.dsn: schema {schema!r} of {where} already holds tables narrmem did not make "
+            f"({shown}); narrmem makes its store in a schema of its own, so that none of its tables "
+            "(memories, meta, plugin_state, ...) is another program's. Give it a database of its own, "
+            f"or a schema: CREATE SCHEMA narrmem AUTHORIZATION {role}; ALTER ROLE {role} SET "
+            "search_path = narrmem, public (taken by sessions opened after it)"
+        )
+
+
 # Work in Python that follows a step of SQL, by the version the step brings the schema to.
 AFTER_STEP = {2: count_keyword_tokens, 6: fold_keyword_accents}
 
 
-async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int) -> int:
-    """Bring the schema to the latest version in one transaction, under a lock every worker takes."""
+async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int, where: str = "the database") -> int:
+    """Bring the schema to the latest version in one transaction, under a lock every worker takes.
+    A new store is made only in a schema of its own (:func:`refuse_a_schema_in_use`)."""
     steps = migrations(dim, m=m, ef_construction=ef_construction)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
         await conn.execute("CREATE TABLE IF NOT EXISTS narrmem_schema (version INTEGER NOT NULL)")
         version = await conn.fetchval("SELECT max(version) FROM narrmem_schema")
         version = int(version or 0)
+        if version == 0:
+            await refuse_a_schema_in_use(conn, where)
         if version > len(steps):
             raise StoreError(
                 f"database schema version {version} is newer than this narrmem ({len(steps)}): "

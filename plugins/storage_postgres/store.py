@@ -235,7 +235,9 @@ class PostgresStore(ForgetJournal):
         try:
             if not self.read_only:
                 await self._create_extension(conn)
-                await migrate(conn, dim, m=self.hnsw_m, ef_construction=self.hnsw_ef_construction)
+                await migrate(
+                    conn, dim, m=self.hnsw_m, ef_construction=self.hnsw_ef_construction, where=self.where
+                )
             else:
                 await self._check_version(conn)
             await self._check_model(conn, dim, model)

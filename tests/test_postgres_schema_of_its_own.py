@@ -1,0 +1,110 @@
+"""A new PostgreSQL store is made in a schema of its own. narrmem's tables have plain names
+(``meta``, ``memories``, ``plugin_state``, the graph's ``graph_nodes``) and a forget deletes from
+them by name, so a schema that already holds another program's tables is refused, naming
+``storage.dsn``, the tables, and the two statements that give narrmem a schema of its own.
+Before, a database holding a table of one of those names failed the open with asyncpg's own
+``DuplicateTableError`` (exit 1, "internal error"), and one with other tables took narrmem's
+beside them, where a plugin's ``CREATE TABLE IF NOT EXISTS`` takes a table of its name that it
+finds for its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import pytest
+from _helpers import msg
+from _postgres import fresh_database
+
+from narrmem import ConfigError
+from narrmem.testing import open_memory
+
+
+async def _run(dsn: str, *statements: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def _fetch(dsn: str, query: str) -> list[tuple[object, ...]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(row) for row in await conn.fetch(query)]
+    finally:
+        await conn.close()
+
+
+def _as_role(dsn: str, role: str) -> str:
+    scheme, rest = dsn.split("://", 1)
+    return f"{scheme}://{role}@{rest.split('@', 1)[1]}"
+
+
+def _storage(dsn: str) -> dict[str, object]:
+    return {"backend": "postgres", "dsn": dsn}
+
+
+@pytest.mark.parametrize("table", ["meta", "memories", "orders"])
+async def test_a_schema_holding_another_programs_tables_is_refused(tmp_path: Path, table: str) -> None:
+    dsn = await fresh_database("own_schema")
+    await _run(
+        dsn, f"CREATE TABLE {table} (id int, note text)", f"INSERT INTO {table} VALUES (1, 'the app''s own')"
+    )
+    with pytest.raises(ConfigError) as refused:
+        async with open_memory(tmp_path / "m", storage=_storage(dsn)):
+            pass
+    said = str(refused.value)
+    assert said.startswith("storage.dsn: schema 'public' of postgresql://")
+    assert f"({table})" in said and "CREATE SCHEMA narrmem AUTHORIZATION postgres" in said
+    # Nothing made, nothing touched.
+    assert await _fetch(dsn, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'") == [(table,)]
+    assert await _fetch(dsn, f"SELECT id, note FROM {table}") == [(1, "the app's own")]
+
+
+async def test_the_schema_of_its_own_that_the_error_names_works(tmp_path: Path) -> None:
+    dsn = await fresh_database("own_schema")
+    await _run(
+        dsn,
+        "CREATE TABLE meta (key text, value text)",
+        "INSERT INTO meta VALUES ('model', 'the app''s own')",
+        "CREATE EXTENSION IF NOT EXISTS vector",
+        "DO $$ BEGIN CREATE ROLE narrmem_bot LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        "CREATE SCHEMA narrmem AUTHORIZATION narrmem_bot",
+        "ALTER ROLE narrmem_bot SET search_path = narrmem, public",
+    )
+    bot = _as_role(dsn, "narrmem_bot")
+    async with open_memory(tmp_path / "m", storage=_storage(bot)) as memory:
+        await memory.ingest(msg("1", "I work as a nurse at the city hospital", user="ann"))
+        await memory.ingest(msg("2", "My greyhound Pixel loves the beach", user="bob"))
+        await memory.settle()
+        assert [hit.text for hit in await memory.recall("greyhound", user_id="bob")]
+        await memory.forget(user_id="ann")
+        assert await memory.recall("nurse hospital", user_id="ann") == []
+    tables = {
+        str(name)
+        for (name,) in await _fetch(dsn, "SELECT tablename FROM pg_tables WHERE schemaname = 'narrmem'")
+    }
+    assert {"meta", "memories", "plugin_state", "forget_jobs", "narrmem_schema", "graph_nodes"} <= tables
+    assert await _fetch(dsn, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'") == [("meta",)]
+    assert await _fetch(dsn, "SELECT key, value FROM public.meta") == [("model", "the app's own")]
+
+
+async def test_an_existing_store_opens_when_other_tables_come_beside_it(tmp_path: Path) -> None:
+    dsn = await fresh_database("own_schema")
+    async with open_memory(tmp_path / "m", storage=_storage(dsn)) as memory:
+        await memory.ingest(msg("1", "My greyhound Pixel loves the beach", user="bob"))
+    await _run(dsn, "CREATE TABLE orders (id int)")
+    async with open_memory(tmp_path / "m", storage=_storage(dsn)) as memory:
+        assert [hit.text for hit in await memory.recall("greyhound", user_id="bob")]
+
+
+async def test_an_extensions_own_tables_do_not_count(tmp_path: Path) -> None:
+    # As PostGIS keeps spatial_ref_sys in the schema it is created in.
+    dsn = await fresh_database("own_schema")
+    await _run(dsn, "CREATE EXTENSION IF NOT EXISTS vector", "CREATE TABLE reference_systems (id int)")
+    await _run(dsn, "ALTER EXTENSION vector ADD TABLE reference_systems")
+    async with open_memory(tmp_path / "m", storage=_storage(dsn)) as memory:
+        await memory.ingest(msg("1", "My greyhound Pixel loves the beach", user="bob"))
+        assert [hit.text for hit in await memory.recall("greyhound", user_id="bob")]
