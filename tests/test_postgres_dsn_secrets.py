@@ -31,6 +31,7 @@ SECRET = "hunter2-zq7"
         f"postgresql://bot@db.example/narrmem?sslmode=require&password={SECRET}",
         f"postgresql://bot@db.example/narrmem?PASSWORD={SECRET}&sslmode=require",
         f"postgresql://bot@db.example/narrmem?sslpassword={SECRET}",
+        f"postgresql://bot@db.example/narrmem?pass%77ord={SECRET}",
         f"postgres://bot:{SECRET}@h1:5432,h2:5433/narrmem",
         f"host=db.example user=bot password={SECRET} dbname=narrmem",
         f"host=db.example user=bot sslpassword='{SECRET}' dbname=narrmem",

@@ -99,6 +99,21 @@ def _pgbouncer(dsn: str, **options: str) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+async def _warm(pooled: str, sessions: int) -> None:
+    """Have the pooler open ``sessions`` server sessions, left idle (it opens them as needed)."""
+    clients = [await asyncpg.connect(pooled, statement_cache_size=0) for _ in range(sessions)]
+    try:
+        held = [client.transaction() for client in clients]
+        for client, transaction in zip(clients, held, strict=True):
+            await transaction.start()
+            await client.fetchval("SELECT 1")
+        for transaction in held:
+            await transaction.commit()
+    finally:
+        for client in clients:
+            await client.close()
+
+
 def _storage(dsn: str) -> dict[str, object]:
     return {"backend": "postgres", "dsn": dsn, "timeout_s": 10}
 
@@ -117,15 +132,32 @@ async def _tables(dsn: str) -> int:
         {"pool_mode": "transaction", "raw": IGNORED},
         {"pool_mode": "transaction", "server_round_robin": "1", "raw": IGNORED},
         {"pool_mode": "transaction", "default_pool_size": "1", "raw": IGNORED},
+        {"pool_mode": "transaction", "raw": IGNORED, "warm": "3"},
+        {
+            "pool_mode": "transaction",
+            "server_round_robin": "1",
+            "default_pool_size": "2",
+            "raw": IGNORED,
+            "warm": "2",
+        },
         {"pool_mode": "statement", "raw": IGNORED},
     ],
-    ids=["transaction", "transaction-round-robin", "transaction-one-session", "statement"],
+    ids=[
+        "transaction",
+        "transaction-round-robin",
+        "transaction-one-session",
+        "transaction-three-idle-sessions",
+        "transaction-round-robin-two-idle-sessions",
+        "statement",
+    ],
 )
 async def test_a_pooler_that_moves_sessions_is_refused_naming_the_setting(
     tmp_path: Path, options: dict[str, str]
 ) -> None:
     dsn = await fresh_database("pooler")
+    warm = int(options.pop("warm", "0"))
     with _pgbouncer(dsn, **options) as pooled:
+        await _warm(pooled, warm)
         with pytest.raises(ConfigError) as refused:
             async with open_memory(tmp_path / "m", storage=_storage(pooled)):
                 pass

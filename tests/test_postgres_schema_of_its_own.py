@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 from _helpers import msg
 from _postgres import fresh_database
+from narrmem_plugins.storage_postgres.store import PostgresStore
 
 from narrmem import ConfigError
 from narrmem.testing import open_memory
@@ -108,3 +109,70 @@ async def test_an_extensions_own_tables_do_not_count(tmp_path: Path) -> None:
     async with open_memory(tmp_path / "m", storage=_storage(dsn)) as memory:
         await memory.ingest(msg("1", "My greyhound Pixel loves the beach", user="bob"))
         assert [hit.text for hit in await memory.recall("greyhound", user_id="bob")]
+
+
+@pytest.mark.parametrize("schema", ['"MyApp"', '"my app"', "myapp"])
+async def test_a_schema_of_any_name_is_checked(tmp_path: Path, schema: str) -> None:
+    dsn = await fresh_database("own_schema")
+    await _run(dsn, f"CREATE SCHEMA {schema}", f"CREATE TABLE {schema}.orders (id int)")
+    await _run(dsn, f"ALTER DATABASE {_name(dsn)} SET search_path = {schema}, public")
+    with pytest.raises(ConfigError, match=r"already holds tables narrmem did not make \(orders\)"):
+        async with open_memory(tmp_path / "m", storage=_storage(dsn)):
+            pass
+
+
+async def test_a_search_path_naming_no_schema_that_exists_is_refused(tmp_path: Path) -> None:
+    dsn = await fresh_database("own_schema")
+    await _run(dsn, f"ALTER DATABASE {_name(dsn)} SET search_path = nowhere")
+    with pytest.raises(ConfigError, match="has no schema to make the store in"):
+        async with open_memory(tmp_path / "m", storage=_storage(dsn)):
+            pass
+
+
+async def test_the_model_recorded_is_read_from_narrmems_schema_alone(tmp_path: Path) -> None:
+    # An application's public.meta, further along the search path, is not the store's record.
+    dsn = await fresh_database("own_schema")
+    await _run(
+        dsn,
+        "CREATE TABLE meta (key text, value text)",
+        "INSERT INTO meta VALUES ('model', 'the app''s own'), ('dim', '3')",
+        "CREATE SCHEMA narrmem",
+        f"ALTER DATABASE {_name(dsn)} SET search_path = narrmem, public",
+    )
+    store = PostgresStore(dsn)
+    assert await store.recorded_model() is None
+    async with open_memory(tmp_path / "m", storage=_storage(dsn)) as memory:
+        model = memory.embedder.name
+    assert await store.recorded_model() == model
+
+
+def _name(dsn: str) -> str:
+    return dsn.partition("?")[0].rsplit("/", 1)[1]
+
+
+async def test_pgvector_in_a_schema_of_its_own_on_the_search_path(tmp_path: Path) -> None:
+    # As hosted databases often keep extensions: before, the pool's sessions failed to set up
+    # (pgvector's codec looked in public: "unknown type: public.vector", a ValueError).
+    dsn = await fresh_database("own_schema")
+    await _run(
+        dsn,
+        "CREATE SCHEMA extensions",
+        "CREATE EXTENSION vector WITH SCHEMA extensions",
+        f"ALTER DATABASE {_name(dsn)} SET search_path = public, extensions",
+    )
+    async with open_memory(tmp_path / "m", storage=_storage(dsn)) as memory:
+        await memory.ingest(msg("1", "My greyhound Pixel loves the beach", user="bob"))
+        assert [hit.text for hit in await memory.recall("greyhound", user_id="bob")]
+    async with open_memory(tmp_path / "r", storage=_storage(dsn), read_only=True) as reader:
+        assert [hit.text for hit in await reader.recall("greyhound", user_id="bob")]
+
+
+async def test_pgvector_off_the_search_path_is_refused_naming_its_schema(tmp_path: Path) -> None:
+    dsn = await fresh_database("own_schema")
+    await _run(dsn, "CREATE SCHEMA extensions", "CREATE EXTENSION vector WITH SCHEMA extensions")
+    with pytest.raises(
+        ConfigError, match=r"storage.dsn: pgvector is in schema 'extensions' of .*search_path"
+    ):
+        async with open_memory(tmp_path / "m", storage=_storage(dsn)):
+            pass
+    assert await _fetch(dsn, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'") == []

@@ -7,11 +7,10 @@ userinfo, as query parameters (``?password=``, the first parameter or any later 
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 _SECRET_KEYS = ("password", "sslpassword")
 _KEYWORD_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-_QUERY_SECRET = re.compile(r"((?:^|&)(?:ssl)?password=)[^&]*", re.IGNORECASE)
 
 
 def mask_dsn(dsn: str) -> str:
@@ -29,8 +28,18 @@ def mask_dsn(dsn: str) -> str:
         if ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":***"
         netloc = f"{userinfo}@{host}"
-    query = _QUERY_SECRET.sub(r"\1***", parts.query)
+    query = "&".join(_masked_pair(pair) for pair in parts.query.split("&")) if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _masked_pair(pair: str) -> str:
+    key, equals, _ = pair.partition("=")
+    return f"{key}=***" if equals and _is_secret_key(key) else pair
+
+
+def _is_secret_key(key: str) -> bool:
+    # A key may be percent-encoded (pass%77ord) and still be read as the password.
+    return unquote_plus(key).strip().lower() in _SECRET_KEYS
 
 
 def scrub(text: str, dsn: str) -> str:
@@ -52,9 +61,9 @@ def _secrets(dsn: str) -> set[str]:
             found.append(parts.password)
         for pair in parts.query.split("&"):
             key, _, value = pair.partition("=")
-            if key.lower() in _SECRET_KEYS:
+            if _is_secret_key(key):
                 found.append(value)
     else:
         found += [match.group(2).strip("'") for match in _KEYWORD_SECRET.finditer(dsn)]
-    # A message may show a secret as given or decoded (%40 as @).
-    return {form for secret in found for form in (secret, unquote(secret)) if form}
+    # A message may show a secret as given or decoded (%40 as @, + as a space in a query).
+    return {form for secret in found for form in (secret, unquote(secret), unquote_plus(secret)) if form}

@@ -12,11 +12,14 @@ lost after every few writes, a recall lost its keyword source (``InvalidSQLState
 and the run hung. A pooler in session mode gives a connection one server session for its life, and
 works as the database itself does.
 
-The check is a fact, not a guess: a connection straight to the server, or through a session-mode
+What the check reports is a fact: a connection straight to the server, or through a session-mode
 pooler, runs every statement in one backend, whose process id never changes, and two connections
-never share one. :func:`check_one_session_per_connection` asks two connections for their backend's
-id in turns, each while the other holds a transaction open (which pins a server session to it in
-any mode), and reports a pooler when either connection sees two ids or both see the same one.
+never share one, so a connection seeing two ids, or two connections one, is a pooler of the other
+kind. :func:`check_one_session_per_connection` asks in the orders in which the usual ways of
+handing sessions out (the one used last, or in turns; with one session or several idle) show it:
+one connection twice in a row, then the other, then each while the other holds a transaction open
+(which pins a session to it in any mode). A pooler handing sessions out by some other rule could
+pass it; the prepared statements of the pool's connections would then fail on the next session.
 """
 
 from __future__ import annotations
@@ -77,12 +80,13 @@ async def _connect(dsn: str, settings_sql: str, timeout_s: float) -> Any:
 async def _backend_ids(first: Any, second: Any) -> tuple[set[int], set[int]]:
     first_ids: set[int] = set()
     second_ids: set[int] = set()
-    # In turns, outside any transaction: a pooler handing out the session used last (PgBouncer's
-    # default) gives the second connection the first's; one handing them round gives the first
-    # connection another one on its second statement.
+    # Outside any transaction, the first connection twice and then the second: a pooler handing
+    # out the session used last (PgBouncer's default) gives the second connection the first's;
+    # one handing them round gives the first connection another one on its second statement
+    # (the two connections asked in turns instead are given two sessions in turns, and pass).
+    first_ids.add(await first.fetchval(_PID))
     first_ids.add(await first.fetchval(_PID))
     second_ids.add(await second.fetchval(_PID))
-    first_ids.add(await first.fetchval(_PID))
     if len(first_ids) > 1 or first_ids & second_ids:
         return first_ids, second_ids
     # Each in turn holds a transaction, which pins a session to it, while the other asks: the

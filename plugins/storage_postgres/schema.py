@@ -248,7 +248,7 @@ async def fold_keyword_accents(conn: Any) -> None:
 # views, foreign and partitioned tables (an extension's own, such as PostGIS's, are left aside).
 _OTHERS_RELATIONS = """
     SELECT c.relname FROM pg_class c
-    WHERE c.relnamespace = to_regnamespace(current_schema())::oid
+    WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
       AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
       AND c.relname <> 'narrmem_schema'
       AND NOT EXISTS (
@@ -259,6 +259,33 @@ _OTHERS_RELATIONS = """
 """
 
 
+async def made_here(conn: Any, table: str) -> bool:
+    """Whether ``table`` is in the schema an unqualified CREATE TABLE makes it in: the search
+    path's other schemas may hold another program's table of that name (``public.meta``)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT CASE WHEN current_schema() IS NULL THEN false "
+            "ELSE to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL END",
+            table,
+        )
+    )
+
+
+async def schema_to_make_in(conn: Any, where: str) -> str:
+    """The schema an unqualified CREATE TABLE makes its table in: the search path's first that
+    exists. :class:`ConfigError` when there is none."""
+    schema = await conn.fetchval("SELECT current_schema()")
+    if schema is None:
+        role = await conn.fetchval("SELECT current_user")
+        path = await conn.fetchval("SHOW search_path")
+        raise ConfigError(
+            f"storage.dsn: {where} has no schema to make the store in (the session's search_path, "
+            f"{path}, names none that exists): CREATE SCHEMA narrmem AUTHORIZATION {role}; "
+            f"ALTER ROLE {role} SET search_path = narrmem, public"
+        )
+    return str(schema)
+
+
 async def refuse_a_schema_in_use(conn: Any, where: str) -> None:
     """Refuse to make a new store in a schema that holds another program's tables.
 
@@ -266,14 +293,8 @@ async def refuse_a_schema_in_use(conn: Any, where: str) -> None:
     ``graph_nodes``), and a forget deletes from them by name: sharing a schema, one of them could
     be another program's table, and a plugin's ``CREATE TABLE IF NOT EXISTS`` would take it for
     its own. So the store is made in a schema of its own, and an existing store opens as it is."""
-    schema = await conn.fetchval("SELECT current_schema()")
+    schema = await schema_to_make_in(conn, where)
     role = await conn.fetchval("SELECT current_user")
-    if schema is None:
-        raise ConfigError(
-            f"storage.dsn: {where} has no schema to make the store in (the role's search_path names "
-            f"none that exists): CREATE SCHEMA narrmem AUTHORIZATION {role}; "
-            f"ALTER ROLE {role} SET search_path = narrmem, public"
-        )
     others = [str(row[0]) for row in await conn.fetch(_OTHERS_RELATIONS)]
     if others:
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
@@ -296,11 +317,11 @@ async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int, where: s
     steps = migrations(dim, m=m, ef_construction=ef_construction)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        if not await made_here(conn, "narrmem_schema"):
+            await refuse_a_schema_in_use(conn, where)
         await conn.execute("CREATE TABLE IF NOT EXISTS narrmem_schema (version INTEGER NOT NULL)")
         version = await conn.fetchval("SELECT max(version) FROM narrmem_schema")
         version = int(version or 0)
-        if version == 0:
-            await refuse_a_schema_in_use(conn, where)
         if version > len(steps):
             raise StoreError(
                 f"database schema version {version} is newer than this narrmem ({len(steps)}): "

@@ -30,7 +30,7 @@ from narrmem_plugins.storage_postgres.keywords import (
 from narrmem_plugins.storage_postgres.listening import NOTIFY_LIMIT, Listener
 from narrmem_plugins.storage_postgres.pooler import check_one_session_per_connection
 from narrmem_plugins.storage_postgres.reach import GuardedPool, unavailable, unreachable
-from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, migrate
+from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, made_here, migrate, schema_to_make_in
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
 from narrmem_plugins.storage_postgres.workers_fence import PostgresWorkersFence
 from pgvector import Vector
@@ -38,7 +38,7 @@ from pgvector.asyncpg import register_vector
 
 from narrmem import jsonio
 from narrmem.clock import Clock, SystemClock
-from narrmem.errors import InputError, StoreError
+from narrmem.errors import ConfigError, InputError, StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
     FORGET_JOB_COLUMNS,
@@ -234,18 +234,21 @@ class PostgresStore(ForgetJournal):
             raise self._not_connected(exc) from exc
         try:
             if not self.read_only:
+                await schema_to_make_in(conn, self.where)
                 await self._create_extension(conn)
+                vector_schema = await self._vector_schema(conn)
                 await migrate(
                     conn, dim, m=self.hnsw_m, ef_construction=self.hnsw_ef_construction, where=self.where
                 )
             else:
                 await self._check_version(conn)
+                vector_schema = await self._vector_schema(conn)
             await self._check_model(conn, dim, model)
         finally:
             await conn.close()
 
         async def init(conn: Any) -> None:
-            await register_vector(conn)
+            await register_vector(conn, schema=vector_schema)
             await conn.execute(settings_sql)
 
         async def reset(conn: Any) -> None:
@@ -292,8 +295,8 @@ class PostgresStore(ForgetJournal):
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError):
             return None  # the open that follows reports it
         try:
-            if not await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL"):
-                return None
+            if not await made_here(conn, "narrmem_schema"):
+                return None  # no store yet (a ``meta`` further along the search path is not ours)
             value = await conn.fetchval("SELECT value FROM meta WHERE key = 'model'")
         except (asyncpg.PostgresError, asyncpg.InterfaceError):
             return None
@@ -314,8 +317,30 @@ class PostgresStore(ForgetJournal):
                 f"as a user allowed to ({self._scrub(exc)})"
             ) from exc
 
+    async def _vector_schema(self, conn: Any) -> str:
+        """The schema pgvector's types are in (``public`` unless it was created elsewhere, as some
+        hosted databases do, in ``extensions``), which the search path must name: the tables'
+        column types and the queries' operators are written without it."""
+        found = await conn.fetchrow(
+            "SELECT n.nspname, n.nspname = ANY (current_schemas(false)) AS on_path "
+            "FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
+        )
+        if found is None:
+            raise StoreError(
+                f"PostgreSQL at {self.where} has no pgvector: run CREATE EXTENSION vector in that database"
+            )
+        if not found["on_path"]:
+            role = await conn.fetchval("SELECT current_user")
+            path = await conn.fetchval("SHOW search_path")
+            raise ConfigError(
+                f"storage.dsn: pgvector is in schema {found['nspname']!r} of {self.where}, which the "
+                f"session's search_path ({path}) does not name: ALTER ROLE {role} SET search_path = "
+                f"{path}, {found['nspname']} (taken by sessions opened after it)"
+            )
+        return str(found["nspname"])
+
     async def _check_version(self, conn: Any) -> None:
-        exists = await conn.fetchval("SELECT to_regclass('narrmem_schema') IS NOT NULL")
+        exists = await made_here(conn, "narrmem_schema")
         version = await conn.fetchval("SELECT max(version) FROM narrmem_schema") if exists else None
         if version is None:
             raise StoreError(f"no narrmem store at {self.where} (open it once for writing to create it)")
