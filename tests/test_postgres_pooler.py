@@ -29,7 +29,7 @@ import pytest
 from _helpers import msg
 from _postgres import fresh_database
 
-from narrmem import ConfigError
+from narrmem import ConfigError, StoreUnavailableError
 from narrmem.testing import open_memory
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -249,3 +249,13 @@ async def test_the_pools_settings_outlive_its_resets_on_the_server_itself(tmp_pa
                 assert await conn.fetchval("SHOW hnsw.iterative_scan") == "strict_order"
         async with memory.store.pool.acquire() as conn:
             assert await conn.fetchval("SHOW hnsw.ef_search") == "123"
+
+
+async def test_a_session_pooler_with_no_free_session_says_so(tmp_path: Path) -> None:
+    dsn = await fresh_database("pooler")
+    with _pgbouncer(dsn, pool_mode="session", default_pool_size="1") as pooled:
+        with pytest.raises(StoreUnavailableError) as waited:
+            async with open_memory(tmp_path / "m", storage={**_storage(pooled), "timeout_s": 2}):
+                pass
+    said = str(waited.value)
+    assert "answered one session but not a second within 2 s" in said and "session mode" in said

@@ -29,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from narrmem.errors import ConfigError
+from narrmem.errors import ConfigError, StoreUnavailableError
 
 # How long a probe waits for its statement before letting the other connection end its
 # transaction: a transaction pooler with a single server session makes it wait for that.
@@ -47,7 +47,17 @@ async def check_one_session_per_connection(
     once it holds session state (as Amazon RDS Proxy does) is judged as the pool will meet it."""
     first = await _connect(dsn, settings_sql, timeout_s)
     try:
-        second = await _connect(dsn, settings_sql, timeout_s)
+        try:
+            second = await _connect(dsn, settings_sql, timeout_s)
+        except TimeoutError as exc:
+            # The first session answered a moment ago: a second one that does not is most often
+            # a session pooler with no session free for it (the store needs several).
+            raise StoreUnavailableError(
+                f"PostgreSQL at {where} answered one session but not a second within {timeout_s:g} s "
+                "(storage.timeout_s): a connection pooler in session mode with no free session makes a "
+                "connection wait so (each worker holds up to 8 sessions with the default pool_size = 4: "
+                "give the pooler that many per worker)"
+            ) from exc
         try:
             seen = await _backend_ids(first, second)
         finally:
