@@ -2,8 +2,9 @@
 memory.
 
 Opening a store maps each bucket's vector file instead of reading it, so opening costs no more
-than reading the ids, and the memory a process holds is what its searches touch (the page cache
-shares the rest). Rows appended after the open live in a growable array; a write to a mapped row
+than reading the ids, and right after an open or a save the memory a process holds is what its
+searches touch (the page cache shares the rest). Rows appended since live in a growable array
+until the next save maps them from its file (about 2 KB a row meanwhile); a write to a mapped row
 (zeroing a forgotten vector under a graph) first copies the base into memory, as the file is
 never written in place: it is replaced whole by the next save, and then mapped again.
 """
