@@ -243,7 +243,19 @@ def test_a_body_not_whole_within_body_timeout_is_408_and_the_connection_closes(s
 
         dripping = asyncio.create_task(drip())
         try:
-            status, body = await _answer(reader, 10)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            # Stop sending once the answer came, as a client does: a byte sent after the server
+            # closed is answered with a reset, which may arrive before the body is read.
+            dripping.cancel()
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            body = await asyncio.wait_for(reader.readexactly(length), 10)
+            status = int(head.split(b" ")[1])
+            assert b"connection: close" in head.lower()
+            try:
+                closed = await asyncio.wait_for(reader.read(), 10)
+            except ConnectionResetError:
+                closed = b""
+            assert closed == b""  # nothing more: the server closed the connection
         finally:
             dripping.cancel()
             writer.close()
