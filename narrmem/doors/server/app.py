@@ -219,7 +219,9 @@ def _build(state: ServerState | None, *, ui: bool) -> FastAPI:
 
         @app.get("/", include_in_schema=False)
         async def root() -> RedirectResponse:
-            return RedirectResponse("/ui/")
+            # Relative: behind a proxy that serves the API under a path (/memory/), the browser
+            # stays under it.
+            return RedirectResponse("ui/")
 
     return app
 

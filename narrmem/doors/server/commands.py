@@ -67,6 +67,13 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "private address)",
     )
     serve.add_argument(
+        "--root-path",
+        default="",
+        metavar="PATH",
+        help="the path a reverse proxy serves this server under (/memory), which it strips before "
+        "passing the request on: the schema page (/docs) and the OpenAPI document name it",
+    )
+    serve.add_argument(
         "--allowed-host",
         action="append",
         default=[],
@@ -86,6 +93,24 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     revoke = actions.add_parser("revoke", parents=[common], help="revoke a key by its id")
     revoke.add_argument("id")
     revoke.add_argument("--json", action="store_true")
+
+
+def checked_root_path(path: str) -> str:
+    """``--root-path`` as uvicorn takes it: empty, or ``/`` and path segments without a trailing
+    ``/`` (``/memory/`` is taken as ``/memory``)."""
+    if path in ("", "/"):
+        return ""
+    stripped = path.rstrip("/")
+    if (
+        not stripped.startswith("/")
+        or "//" in stripped
+        or any(c in stripped for c in "?#\\ ")
+        or not stripped.isprintable()
+        or not stripped.isascii()
+        or any(part in (".", "..") for part in stripped.split("/"))
+    ):
+        raise InputError(f"not a path like /memory: {path!r}", field="--root-path")
+    return stripped
 
 
 def is_loopback(host: str) -> bool:
@@ -130,6 +155,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         raise InputError("must be more than 0 and at most 86400 seconds", field="--body-timeout")
     if not 0 <= args.drain_seconds <= 3_600:  # NaN too
         raise InputError("must be 0 to 3600 seconds", field="--drain-seconds")
+    root_path = checked_root_path(args.root_path)
     ring = KeyRing.in_folder(settings.data_dir)
     if not is_loopback(args.host) and ring.active_count() == 0:
         raise ConfigError(
@@ -169,6 +195,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             log_level="warning",
             lifespan="off",
             limit_concurrency=args.max_connections,
+            root_path=root_path,
         )
         hub: TriggerHub = app.state.narrmem.hub
         await hub.start()  # the other workers' events, held for streams from the start

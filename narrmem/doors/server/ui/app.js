@@ -53,7 +53,8 @@ async function api(method, path, body) {
   const headers = { "Content-Type": "application/json" };
   const key = sessionStorage.getItem("narrmem-key");
   if (key) headers["Authorization"] = "Bearer " + key;
-  const response = await fetch("/v1" + path, {
+  // Relative to the page (/ui/), so that a proxy serving the API under a path keeps it.
+  const response = await fetch("../v1" + path, {
     method, headers, body: body === undefined ? undefined : JSON.stringify(body),
   });
   const data = await response.json().catch(() => null);
