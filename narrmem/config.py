@@ -8,7 +8,6 @@ through :func:`plugin_options`.
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 import re
 import tomllib
@@ -35,6 +34,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from narrmem import logs
 from narrmem.checks import MAX_JSON_DEPTH, folder_problem, json_text_too_deep
 from narrmem.errors import ConfigError
 
@@ -52,7 +52,7 @@ def similarity(default: float, description: str) -> Any:
 
 
 ENV_PREFIX = "NARRMEM_"
-log = logging.getLogger("narrmem.config")
+log = logs.logger("narrmem.config")
 
 
 # Every text setting is bounded: besides refusing absurd values, a bound makes pydantic check that

@@ -31,11 +31,11 @@ begun one at a time), is the edit's own, and is finished leaving the mark be
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from narrmem import logs
 from narrmem.errors import InputError
 from narrmem.models import Message
 from narrmem.settling import entry_message, forgotten_by, stopped_owners
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from narrmem.models import ForgetJob
     from narrmem.settling import Settling
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 NAMESPACE = "narrmem.edits"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from narrmem import logs
 from narrmem.ingest import as_message, check_not_ahead
 from narrmem.models import IngestResult, MemoryRecord, Message, Scope
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from narrmem.memory import Memory
     from narrmem.to_the_end import Outlasting
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 
 class ForgetsMessages(Protocol):

@@ -23,11 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from narrmem import owed_forgets
+from narrmem import logs, owed_forgets
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
     from narrmem.settling import Settling
     from narrmem.write_turn import WriteTurn
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 R = TypeVar("R")
 
 # What a forget again (Forgetting.again) deletes, by its job: a resumed one deletes the same.

@@ -10,16 +10,15 @@ plugin failing: logged with its name, reported to ``narrmem_plugin_error``, and 
 
 from __future__ import annotations
 
-import logging
 import types
 import typing
 from collections.abc import AsyncIterable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from narrmem import hookspecs, models
+from narrmem import hookspecs, logs, models
 
-log = logging.getLogger("narrmem.host")
+log = logs.logger("narrmem.host")
 
 Check = Callable[[Any], bool]
 

@@ -11,21 +11,20 @@ the call as a whole fails with it.
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable, Collection, Iterable
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
-from narrmem import hookspecs
+from narrmem import hookspecs, logs
 from narrmem.errors import ConfigError, NarrmemError, PluginError, StoreUnavailableError
 from narrmem.hook_returns import Check, declared_check
 
 if TYPE_CHECKING:
     from narrmem.view import MemoryView
 
-log = logging.getLogger("narrmem.host")
+log = logs.logger("narrmem.host")
 
 # Hooks that run after the call's own work is done (the message written, the hits found, the
 # memory closing): a plugin that finds the store unreachable there is isolated as any failure,

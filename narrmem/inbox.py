@@ -36,7 +36,6 @@ import collections
 import contextlib
 import functools
 import itertools
-import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import ValidationError
 
+from narrmem import logs
 from narrmem.errors import InputError, StoreError
 from narrmem.ingest import Pending, stored_result
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
     from narrmem.store import MessageKey
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 NAMESPACE = "narrmem.inbox"
 # Messages received and not yet written, past which ingest waits for the oldest: what a stop leaves

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import ValidationError
 
+from narrmem import logs
 from narrmem.errors import InputError
 from narrmem.fence import ScopeKey, own_work
 from narrmem.in_flight import Call, CallsUnderWay
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from narrmem.settling import Settling
     from narrmem.write_turn import WriteTurn
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 TriggerCallback = Callable[[TriggerEvent], Awaitable[None]]
 FALLBACK_DECISION = TriageDecision(layer="accumulate", reason="no triage plugin answered")

@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Self, TypeVar, cast
 
-from narrmem import opening, owed_forgets
+from narrmem import logs, opening, owed_forgets
 from narrmem.checks import folder_argument
 from narrmem.clock import Clock, SystemClock
 from narrmem.config import Settings, load_settings
@@ -39,7 +38,7 @@ from narrmem.write_turn import WriteTurn
 if TYPE_CHECKING:
     from narrmem.view import MemoryView
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 P = ParamSpec("P")
 R = TypeVar("R")

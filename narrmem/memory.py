@@ -6,13 +6,12 @@ embedder) is :mod:`narrmem.lifecycle`; plugins see it as a :class:`~narrmem.view
 
 from __future__ import annotations
 
-import logging
 import typing
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from narrmem import answers, editing, importance, opening
+from narrmem import answers, editing, importance, logs, opening
 from narrmem import recall as recall_pipeline
 from narrmem.checks import sequence_argument
 from narrmem.config import Acknowledge
@@ -31,7 +30,7 @@ from narrmem.models import (
 
 __all__ = ["Memory", "attributed", "speaker_of"]
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 scope_of = opening.scope_argument
 ACKNOWLEDGE_MODES: tuple[Acknowledge, ...] = typing.get_args(Acknowledge)

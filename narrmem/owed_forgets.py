@@ -13,18 +13,18 @@ of them is no less); exports leave the namespace out, and every open names the p
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from narrmem import logs
 from narrmem.errors import InputError, PluginError
 from narrmem.models import ForgetJob
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 NAMESPACE = "narrmem.forgets_owed"
 SCRUBBERS_KEY = "scrubbers"

@@ -25,7 +25,6 @@ import collections
 import contextlib
 import functools
 import itertools
-import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from narrmem import logs
 from narrmem.errors import InputError, StoreError, StoreUnavailableError
 from narrmem.fence import HOOKS_LATER, Grant, inside_own_work, own_work
 from narrmem.models import ForgetJob, MemoryRecord, Message, Scope, TriageDecision
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from narrmem.ingest import IngestPipeline, Pending
     from narrmem.lifecycle import MemoryLifecycle
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 NAMESPACE = "narrmem.settling"
 ENTRY_KEY = re.compile(r"[0-9a-f]{32}:[0-9]{12}:[0-9]{6}")  # as batch_prefix and entries write them

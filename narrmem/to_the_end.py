@@ -10,14 +10,14 @@ step left the data folder locked and threads that kept the process from exiting.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from narrmem import logs
 from narrmem.fence import inside_own_work
 
 T = TypeVar("T")
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 
 async def to_the_end(work: Coroutine[Any, Any, T]) -> T:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from narrmem import logs
 from narrmem.errors import ClosedError
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 RETRY_EVERY = 300.0

@@ -33,12 +33,12 @@ from typing import Any
 
 from narrmem_plugins.onnx_runner import OnnxModelFiles
 
-from narrmem import hookimpl
+from narrmem import hookimpl, logs
 from narrmem.config import Settings
 from narrmem.embed import ThreadedEmbedder, resolve_model
 from narrmem.errors import ConfigError
 
-log = logging.getLogger("narrmem.onnx")
+log = logs.logger("narrmem.onnx")
 NEW_STORES = "int7"  # what quantize = "auto" writes a new store with
 # What the export reads from a model folder; checked when the embedder is made, so a folder short
 # of one is named as the setting it is (it was reported as the cache folder's fault, or not at all).

@@ -56,6 +56,15 @@ def _private_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
 
 @pytest.fixture(autouse=True)
+def _log_lines_counted_per_test() -> None:
+    """Each test's log lines are counted afresh (narrmem.logs lets a kind of line through a few
+    times a minute): what one test logged must not hold back the lines another test checks."""
+    from narrmem.logs import REPEATS
+
+    REPEATS.reset()
+
+
+@pytest.fixture(autouse=True)
 def _clean_narrmem_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """No NARRMEM_* variable from the outside world may change what a test sees."""
     for key in list(os.environ):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import secrets
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from narrmem import logs
 from narrmem.errors import InputError
 
 try:
@@ -31,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover - not a POSIX system: nothing tells a running export's file
     fcntl = None  # type: ignore[assignment]
 
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 SUFFIX = ".partial"
 

@@ -18,18 +18,17 @@ to use the tools it serves.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
-from narrmem import __version__
+from narrmem import __version__, logs
 from narrmem.checks import has_surrogate
 from narrmem.errors import ClosedError, InputError, NarrmemError, StoreUnavailableError
 from narrmem.memory import Memory
 
-log = logging.getLogger("narrmem.mcp")
+log = logs.logger("narrmem.mcp")
 
 # Built-in tools by what they are for. A tool of a third-party plugin is in no group: it is served
 # by "all", by its own name, or by "other" (every tool in no group).

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import tempfile
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -23,13 +22,14 @@ import numpy as np
 from pydantic import SecretStr
 from tqdm import tqdm
 
+from narrmem import logs
 from narrmem.config import Settings, load_settings
 from narrmem.doors.transfer import each_record, plugin_sections
 from narrmem.errors import InputError, StoreError
 from narrmem.memory import Memory
 from narrmem.models import MemoryRecord
 
-log = logging.getLogger("narrmem.doors.migrate")
+log = logs.logger("narrmem.doors.migrate")
 
 BATCH = 500
 SIDE_TABLES = ("memory_history", "plugin_state", "forget_jobs")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import logging
 import re
 from array import array
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator, Sequence
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from narrmem import logs
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
 from narrmem.doors import export_files
 from narrmem.errors import InputError, PluginError, StoreError
@@ -40,7 +40,7 @@ EXPORT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 MEMORIES, IMPORTANCE, STATE, END = "memories", "importance", "state", "end"
 PLUGIN_SECTION = re.compile(r"[A-Za-z0-9_]+\.[A-Za-z0-9_.]+")  # "<plugin>.<name>"
-log = logging.getLogger("narrmem.transfer")
+log = logs.logger("narrmem.transfer")
 V = TypeVar("V", bound=BaseModel)
 
 

@@ -17,7 +17,6 @@ Options live in ``[plugin.graph]`` (:class:`~narrmem_plugins.graph.options.Graph
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ from narrmem_plugins.graph.tools import TOOLS
 from narrmem_plugins.graph.transfer import GraphTransfer
 from narrmem_plugins.graph.values import FactValue, current_value, is_functional, value_history
 
-from narrmem import hookimpl
+from narrmem import hookimpl, logs
 from narrmem.config import Settings, plugin_options
 from narrmem.errors import PluginError, StoreError
 from narrmem.models import IngestResult, Message, TriageDecision
@@ -38,7 +37,7 @@ from narrmem.tools import ToolTable
 from narrmem.view import MemoryView
 
 NAME = "graph"
-log = logging.getLogger("narrmem.graph")
+log = logs.logger("narrmem.graph")
 
 __all__ = [
     "FactValue",

@@ -4,7 +4,6 @@ chat with the message id as provenance, and say what happened in ``result.notes`
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 
@@ -17,10 +16,11 @@ from narrmem_plugins.graph.vocabulary import FUNCTIONAL, STRUCTURAL, USER, NodeT
 from narrmem_plugins.graph.writer import TripletDraft, WriteOutcome, write_triplet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from narrmem import logs
 from narrmem.models import Message, TriageDecision
 from narrmem.view import MemoryView
 
-log = logging.getLogger("narrmem.graph")
+log = logs.logger("narrmem.graph")
 HOOK = "narrmem_extract_facts"
 
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 from narrmem_plugins.hippocampus.curve import FADED, PERMANENT, decay_starts_after, effective, reinforced
 from pydantic import BaseModel, ConfigDict, Field
 
-from narrmem import hookimpl
+from narrmem import hookimpl, logs
 from narrmem.config import share, similarity
 from narrmem.configured import Configured
 from narrmem.models import Hit, ImportanceChange, MemoryRecord, RecallRequest
@@ -35,7 +34,7 @@ PAGE = 5_000
 # million memories were a million row updates an hour (on PostgreSQL, as many dead row versions)
 # for a cache whose readers (the faded count, export) need it to three places.
 CACHED_TO = 0.001
-log = logging.getLogger("narrmem.hippocampus")
+log = logs.logger("narrmem.hippocampus")
 
 
 class HippocampusOptions(BaseModel):

@@ -21,12 +21,13 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-import logging
 from typing import Any
 
 import asyncpg
 
-log = logging.getLogger("narrmem.storage_postgres")
+from narrmem import logs
+
+log = logs.logger("narrmem.storage_postgres")
 
 # Seconds before each try to take a lost lock again; the last repeats until the block ends.
 RETAKE_DELAYS = (0.0, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 from narrmem_plugins.storage_postgres.reach import unreachable
 
-log = logging.getLogger("narrmem.storage_postgres")
+from narrmem import logs
+
+log = logs.logger("narrmem.storage_postgres")
 
 # PostgreSQL refuses a NOTIFY payload of 8,000 bytes or more.
 NOTIFY_LIMIT = 7999

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -36,7 +35,7 @@ from narrmem_plugins.storage_postgres.workers_fence import PostgresWorkersFence
 from pgvector import Vector
 from pgvector.asyncpg import register_vector
 
-from narrmem import jsonio
+from narrmem import jsonio, logs
 from narrmem.clock import Clock, SystemClock
 from narrmem.errors import ConfigError, InputError, StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
@@ -58,7 +57,7 @@ from narrmem.store import (
 )
 from narrmem.text import content_terms
 
-log = logging.getLogger("narrmem.storage_postgres")
+log = logs.logger("narrmem.storage_postgres")
 
 # The limit of the statements whose length is the data's, not a stall's: an import's index builds
 # and statistics, VACUUM, waiting for another importer. [storage] timeout_s limits the others.

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, NoReturn, TypeVar
 
@@ -57,10 +56,11 @@ from narrmem_plugins.storage_postgres.advisory import CONNECTION_ENDED, lock_key
 from narrmem_plugins.storage_postgres.dsn import scrub
 from narrmem_plugins.storage_postgres.reach import unreachable
 
+from narrmem import logs
 from narrmem.errors import ClosedError, StoreError, StoreUnavailableError
 from narrmem.write_turn import WriteTurn
 
-log = logging.getLogger("narrmem.storage_postgres")
+log = logs.logger("narrmem.storage_postgres")
 T = TypeVar("T")
 
 GATE = lock_key("fence:gate")

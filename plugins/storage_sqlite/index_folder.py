@@ -5,11 +5,11 @@ points the index at a folder or a file of someone else's is refused, never empti
 from __future__ import annotations
 
 import json
-import logging
 import re
 import struct
 from pathlib import Path
 
+from narrmem import logs
 from narrmem.errors import StoreError
 
 MARKER = ".narrmem-index"
@@ -25,7 +25,7 @@ BUCKET_IDS_FILE = re.compile(r"^ids-(\d{2})(\.gen\d+)?\.npy$")
 OLD_INDEX_MAGIC = (b"IxM2", b"IxMp")
 OLDEST_FOLDER_SCHEMA = 2  # the last database schema version written beside a single-file index
 OLDER_DEFAULT_FILE = "vectors.faiss"  # the index's default name while it was a single file
-log = logging.getLogger("narrmem")
+log = logs.logger("narrmem")
 
 
 def check(path: Path, index_format: int, *, older_index_file: bool = False) -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import os
 import re
@@ -57,9 +56,10 @@ from typing import Any
 
 from narrmem_plugins.storage_sqlite import durable
 
+from narrmem import logs
 from narrmem.errors import StoreError
 
-log = logging.getLogger("narrmem.keywords")
+log = logs.logger("narrmem.keywords")
 
 FORMAT = 2
 # A context word counts two thirds of a text word: the text is written three times, the context twice.

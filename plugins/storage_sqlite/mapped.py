@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import mmap
 import os
 from pathlib import Path
 
-log = logging.getLogger("narrmem.storage_sqlite")
+from narrmem import logs
+
+log = logs.logger("narrmem.storage_sqlite")
 
 
 def advise_random(path: Path) -> int:

@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import itertools
 import json
-import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
@@ -36,7 +35,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
     VectorIndex,
 )
 
-from narrmem import jsonio
+from narrmem import jsonio, logs
 from narrmem.clock import Clock, SystemClock
 from narrmem.errors import InputError, StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
@@ -59,7 +58,7 @@ from narrmem.store import (
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
 from narrmem.to_the_end import to_the_end
 
-log = logging.getLogger("narrmem.storage_sqlite")
+log = logs.logger("narrmem.storage_sqlite")
 
 COLUMNS = (
     "id, kind, tenant, user_id, chat_id, speaker, text, embed_text, importance, created_at, "

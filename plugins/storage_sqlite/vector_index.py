@@ -46,9 +46,10 @@ from narrmem_plugins.storage_sqlite.index_manifest import FORMAT, READABLE_FORMA
 from narrmem_plugins.storage_sqlite.lazy_shards import BucketRows, ChatsAtOpen, ShardTable, Waiting
 from narrmem_plugins.storage_sqlite.vector_rows import VectorRows
 
+from narrmem import logs
 from narrmem.products import inner_products
 
-log = logging.getLogger("narrmem.storage_sqlite")
+log = logs.logger("narrmem.storage_sqlite")
 
 BUCKETS = 64
 OUTSIDE_GRAPH_LIMIT = 2_000  # rows searched exactly beside a mapped graph before it is copied to memory

@@ -3,7 +3,6 @@ turn, and the texts of the ``forgetme`` and ``memory`` replies. Nothing here imp
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from datetime import datetime, tzinfo
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from narrmem import logs
 from narrmem.doors.integrations.backlog import (
     backlog_of,
     forget_messages_record,
@@ -34,7 +34,7 @@ from narrmem.models import (
 )
 from narrmem.text import estimate_tokens
 
-log = logging.getLogger("narrmem.doors.integrations")
+log = logs.logger("narrmem.doors.integrations")
 
 ContextScope = Literal["auto", "user", "chat", "user_in_chat"]
 """Whose memories the context for a turn is drawn from: ``"auto"`` (the default) the person across

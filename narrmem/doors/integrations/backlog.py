@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import weakref
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
+from narrmem import logs
 from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
 from narrmem.errors import ClosedError, StoreUnavailableError
 from narrmem.host import hookimpl
@@ -43,7 +43,7 @@ from narrmem.models import Message
 if TYPE_CHECKING:
     from narrmem.memory import Memory
 
-log = logging.getLogger("narrmem.doors.integrations")
+log = logs.logger("narrmem.doors.integrations")
 
 T = TypeVar("T")
 Kind = Literal["message", "edit", "forget of deleted messages", "forget of a person"]

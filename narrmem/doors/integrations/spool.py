@@ -22,14 +22,15 @@ import asyncio
 import contextlib
 import fcntl
 import json
-import logging
 import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("narrmem.doors.integrations")
+from narrmem import logs
+
+log = logs.logger("narrmem.doors.integrations")
 
 FOLDER = "bot-backlog"
 HEADER = {"narrmem": "bot backlog", "format": 1}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import AfterValidator, BaseModel
 from starlette.exceptions import HTTPException
 
-from narrmem import __version__
+from narrmem import __version__, logs
 from narrmem.config import Acknowledge
 from narrmem.doors.server.commands import DEFAULT_BODY_TIMEOUT, DEFAULT_PORT
 from narrmem.doors.server.events import (
@@ -82,7 +81,7 @@ from narrmem.store import Broadcasts, shared_by_processes
 if TYPE_CHECKING:
     from narrmem.doors.server.metrics import ServerMetrics
 
-log = logging.getLogger("narrmem.server")
+log = logs.logger("narrmem.server")
 
 DEFAULT_MAX_BODY = 2_000_000
 DEFAULT_MAX_BATCH = 500
@@ -335,10 +334,15 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(PluginError)
     async def no_plugin(request: Request, exc: PluginError) -> JSONResponse:
+        # Said in the log too: a plugin missing or failing fails every request alike, which the
+        # operator, not the client, can mend (the kind only: the text may quote the request).
+        log.error("%s %s answered 501: %s", request.method, _route(request), type(exc).__name__)
         return _problem(501, str(exc))
 
     @app.exception_handler(NarrmemError)
     async def other(request: Request, exc: NarrmemError) -> JSONResponse:
+        # An embedding model's process that died, say: every request fails until it is mended.
+        log.error("%s %s answered 500: %s", request.method, _route(request), type(exc).__name__)
         return _problem(500, str(exc))
 
     @app.exception_handler(Exception)
@@ -349,6 +353,12 @@ def _errors(app: FastAPI) -> None:
         for name, value in EVERY_ANSWER:
             answer.headers[name.decode()] = value.decode()
         return answer
+
+
+def _route(request: Request) -> str:
+    """The route's declared path (``/v1/recall``), not the request's, which may name a user."""
+    route = request.scope.get("route")
+    return str(getattr(route, "path", None) or "an unknown route")
 
 
 def _internal(exc: Exception, method: object, path: object) -> JSONResponse:

@@ -32,12 +32,12 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import logging
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from narrmem import logs
 from narrmem.errors import InputError
 from narrmem.models import TriggerEvent
 from narrmem.store import Broadcasts
@@ -45,7 +45,7 @@ from narrmem.store import Broadcasts
 if TYPE_CHECKING:
     from narrmem.doors.server.relay import EventRelay
 
-log = logging.getLogger("narrmem.server")
+log = logs.logger("narrmem.server")
 
 STREAM_QUEUE = 100
 WEBHOOK_QUEUE = 1000

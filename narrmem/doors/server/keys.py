@@ -14,7 +14,6 @@ import fcntl
 import hashlib
 import hmac
 import json
-import logging
 import os
 import re
 import secrets
@@ -26,6 +25,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any
 
+from narrmem import logs
 from narrmem.clock import Clock, SystemClock
 from narrmem.errors import InputError, StoreError
 from narrmem.models import MAX_ID_CHARS
@@ -38,7 +38,7 @@ PREFIX = "nmk"
 TOKEN = re.compile(r"^nmk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
 RELOAD_SECONDS = 1.0
 
-log = logging.getLogger(__name__)
+log = logs.logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import logging
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable
@@ -32,10 +31,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from narrmem import logs
 from narrmem.models import TriggerEvent
 from narrmem.store import Broadcasts, Listening
 
-log = logging.getLogger("narrmem.server")
+log = logs.logger("narrmem.server")
 
 CHANNEL = "narrmem_trigger_events"
 # Events waiting to be sent, and sent by others waiting to be taken, at most.
