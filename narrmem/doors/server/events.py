@@ -253,12 +253,22 @@ class TriggerHub:
         if self._closed:
             if self.webhook is not None:
                 self.dropped += 1
-                log.warning("webhook closed: %s trigger %s not delivered", event.kind, event_id(event))
+                log.warning(
+                    "webhook closed: %s trigger %s not delivered",
+                    event.kind,
+                    event_id(event),
+                    extra={"repeats_as": event.kind},  # one kind of line per kind of event, not per event
+                )
         elif self.webhook is not None:
             outbox = self._ensure_sender()
             if outbox.full():
                 self.dropped += 1
-                log.warning("webhook queue full: %s trigger %s dropped", event.kind, event_id(event))
+                log.warning(
+                    "webhook queue full: %s trigger %s dropped",
+                    event.kind,
+                    event_id(event),
+                    extra={"repeats_as": event.kind},
+                )
             else:
                 outbox.put_nowait(item)
         return item
@@ -544,6 +554,7 @@ class TriggerHub:
             event_id(event),
             options.attempts,
             problem,
+            extra={"repeats_as": event.kind},
         )
 
     async def drain(self, within: float = 5.0) -> int:
