@@ -78,7 +78,9 @@ class Settling:
         # Owners of entries found gone by this open (see stopped_owners), for every namespace.
         self.owners_gone: set[str] = set()
         self.trying_again = TryingAgain()  # hooks that found the store unreachable (see settled)
-        self._owing: set[Owing] = set()
+        # Oldest first; paid by one loop however many there are (see _pay_owed).
+        self._owing: dict[Owing, None] = {}
+        self._paying = False
         self._pipeline: IngestPipeline | None = None
         # Set by the memory: forget again a message a forget took while its owed hooks ran.
         self.forget_again: Callable[[Scope, Sequence[str], Sequence[int]], Awaitable[None]] | None = None
@@ -137,10 +139,33 @@ class Settling:
             pass
         if batch.cleared and not batch.debts:
             return
-        self._owing.add(batch)
-        self.trying_again.keep_trying(
-            functools.partial(self._pay, batch), "the after-store hooks that found the store unreachable"
-        )
+        self._owing[batch] = None
+        if not self._paying:
+            self._paying = True
+            self.trying_again.keep_trying(
+                self._pay_owed, "the after-store hooks that found the store unreachable"
+            )
+
+    async def _pay_owed(self) -> None:
+        """One try of every batch owed, oldest first, batches owed meanwhile included. One loop
+        for all: a store away for an hour left a batch owing per message (36,000 at 10 a
+        second), and a loop each tried them all against the store as it came back. The first
+        batch that finds the store away ends the try (the others would find it so); any other
+        failure holds no other batch back, and is raised once all were tried."""
+        tried: set[Owing] = set()
+        failed: Exception | None = None
+        while pending := [batch for batch in self._owing if batch not in tried]:
+            for batch in pending:
+                tried.add(batch)
+                try:
+                    await self._pay(batch)
+                except StoreUnavailableError:
+                    raise
+                except Exception as exc:
+                    failed = exc
+        if failed is not None:
+            raise failed
+        self._paying = False
 
     async def _mark(self, batch: Owing) -> None:
         """Bring ``batch``'s entries up to date: what each message owes recorded in its entry (an
@@ -175,7 +200,7 @@ class Settling:
         await self._mark(batch)
         if batch.debts:
             raise StoreUnavailableError(f"the hooks of {len(batch.debts)} messages found the store away")
-        self._owing.discard(batch)
+        self._owing.pop(batch, None)
 
     async def _run_owed(self, pipeline: IngestPipeline, debt: Debt) -> list[str]:
         """Run the hooks ``debt`` owes; the plugins still owed."""

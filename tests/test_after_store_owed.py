@@ -79,6 +79,33 @@ async def test_a_hook_that_found_the_store_away_runs_again_for_its_message_alone
         assert flaky.derived == ["1", "2"] and steady.derived == ["1", "2"]
 
 
+async def test_messages_owed_by_many_ingests_are_paid_by_one_loop_oldest_first(tmp_path: Path) -> None:
+    """A store away for an hour left a batch owing per message, each with a retry loop of its
+    own: 36,000 loops at 10 messages a second, each trying the store as it came back (and each
+    logging every try). One loop pays them all, in the order they were owed."""
+    flaky = Derives("flaky", away=10_000)
+    async with open_memory(tmp_path / "m", plugins=[flaky]) as memory:
+        for i in range(30):
+            await memory.ingest(msg(str(i), f"I adopted a greyhound, walk number {i}", user="ann"))
+        await memory.settle()
+        assert memory.hooks_owed == 30
+        assert memory._settling.trying_again.under_way == 1
+        flaky.away = 3  # the store answers after three more tries
+
+        async def paid() -> bool:
+            return memory.hooks_owed == 0 and not await _entries(memory)
+
+        await _until(paid, "the owed hooks were not all run again")
+        assert flaky.derived == [str(i) for i in range(30)]
+        assert memory._settling.trying_again.under_way == 0
+        # A later failure starts the loop again.
+        flaky.away = 1
+        await memory.ingest(msg("30", "I grow tomatoes on my balcony", user="ann"))
+        await memory.settle()
+        await _until(paid, "the hook owed after the loop ended was not run again")
+        assert flaky.derived[-1] == "30"
+
+
 async def test_what_is_still_owed_at_close_runs_at_the_next_open_for_that_plugin_alone(
     tmp_path: Path,
 ) -> None:
