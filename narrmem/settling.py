@@ -59,6 +59,8 @@ TAKEOVER_GRACE_S = 2.0
 # Messages acknowledged whose hooks have not run yet, past which ingest waits for them: the lag of
 # counts and triggers, and what a stop leaves for the next open, stay bounded.
 MAX_UNSETTLED = 1024
+# Owed batches in a row that find the store away before a try of them all ends (see _pay_owed).
+AWAY_IN_A_ROW = 3
 # Set in the task that runs a batch's hooks, for as long as they run.
 _IN_BATCH: ContextVar[Grant | None] = ContextVar("narrmem_in_settling_batch", default=None)
 
@@ -80,7 +82,7 @@ class Settling:
         self.trying_again = TryingAgain()  # hooks that found the store unreachable (see settled)
         # Oldest first; paid by one loop however many there are (see _pay_owed).
         self._owing: dict[Owing, None] = {}
-        self._paying = False
+        self._paying: asyncio.Task[None] | None = None
         self._pipeline: IngestPipeline | None = None
         # Set by the memory: forget again a message a forget took while its owed hooks ran.
         self.forget_again: Callable[[Scope, Sequence[str], Sequence[int]], Awaitable[None]] | None = None
@@ -140,32 +142,44 @@ class Settling:
         if batch.cleared and not batch.debts:
             return
         self._owing[batch] = None
-        if not self._paying:
-            self._paying = True
-            self.trying_again.keep_trying(
+        loop = self._paying
+        if loop is None or loop.done():
+            self._paying = self.trying_again.keep_trying(
                 self._pay_owed, "the after-store hooks that found the store unreachable"
             )
 
     async def _pay_owed(self) -> None:
         """One try of every batch owed, oldest first, batches owed meanwhile included. One loop
         for all: a store away for an hour left a batch owing per message (36,000 at 10 a
-        second), and a loop each tried them all against the store as it came back. The first
-        batch that finds the store away ends the try (the others would find it so); any other
-        failure holds no other batch back, and is raised once all were tried."""
+        second), and a loop each tried them all against the store as it came back. A batch that
+        finds the store away goes last, and :data:`AWAY_IN_A_ROW` of them in a row end the try
+        (the store is away: the others would find it so); a batch whose plugin alone says so
+        holds no other back. Any other failure holds no other batch back either, and is raised
+        once all were tried."""
         tried: set[Owing] = set()
         failed: Exception | None = None
+        away_in_a_row = 0
         while pending := [batch for batch in self._owing if batch not in tried]:
             for batch in pending:
                 tried.add(batch)
                 try:
                     await self._pay(batch)
+                    away_in_a_row = 0
                 except StoreUnavailableError:
-                    raise
+                    if batch in self._owing:  # last in the order, so the others get their turn
+                        del self._owing[batch]
+                        self._owing[batch] = None
+                    away_in_a_row += 1
+                    if away_in_a_row >= AWAY_IN_A_ROW:
+                        if failed is not None:
+                            log.warning("owed after-store hooks failed (%s)", type(failed).__name__)
+                        raise
                 except Exception as exc:
                     failed = exc
         if failed is not None:
             raise failed
-        self._paying = False
+        if self._owing:  # some found it away, but not AWAY_IN_A_ROW in a row
+            raise StoreUnavailableError(f"the hooks of {self.owed} messages found the store away")
 
     async def _mark(self, batch: Owing) -> None:
         """Bring ``batch``'s entries up to date: what each message owes recorded in its entry (an

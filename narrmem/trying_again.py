@@ -29,16 +29,18 @@ class TryingAgain:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
-    def keep_trying(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+    def keep_trying(self, work: Callable[[], Awaitable[None]], what: str) -> asyncio.Task[None] | None:
         """Run ``work`` in the background after :data:`RETRY_DELAYS`, then every
         :data:`RETRY_EVERY` seconds, until it succeeds or :meth:`close` (its first try failed).
-        ``what`` names it in the log, and must quote nothing a person said."""
+        ``what`` names it in the log, and must quote nothing a person said. The task that
+        tries (``None`` once closing)."""
         if self._closing:
             log.warning("%s failed as the memory closed: not tried again in this process", what)
-            return
+            return None
         task = asyncio.get_running_loop().create_task(self._until_done(work, what))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     @property
     def under_way(self) -> int:
