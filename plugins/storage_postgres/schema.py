@@ -271,13 +271,18 @@ async def made_here(conn: Any, table: str) -> bool:
     )
 
 
+async def role_and_search_path(conn: Any) -> tuple[str, str]:
+    """The session's role and search path, for an error that says what to run."""
+    row = await conn.fetchrow("SELECT current_user, current_setting('search_path')")
+    return str(row[0]), str(row[1])
+
+
 async def schema_to_make_in(conn: Any, where: str) -> str:
     """The schema an unqualified CREATE TABLE makes its table in: the search path's first that
     exists. :class:`ConfigError` when there is none."""
     schema = await conn.fetchval("SELECT current_schema()")
     if schema is None:
-        role = await conn.fetchval("SELECT current_user")
-        path = await conn.fetchval("SHOW search_path")
+        role, path = await role_and_search_path(conn)
         raise ConfigError(
             f"storage.dsn: {where} has no schema to make the store in (the session's search_path, "
             f"{path}, names none that exists): CREATE SCHEMA narrmem AUTHORIZATION {role}; "

@@ -29,7 +29,13 @@ from narrmem_plugins.storage_postgres.keywords import (
 from narrmem_plugins.storage_postgres.listening import NOTIFY_LIMIT, Listener
 from narrmem_plugins.storage_postgres.pooler import check_one_session_per_connection
 from narrmem_plugins.storage_postgres.reach import GuardedPool, unavailable, unreachable
-from narrmem_plugins.storage_postgres.schema import SCHEMA_VERSION, made_here, migrate, schema_to_make_in
+from narrmem_plugins.storage_postgres.schema import (
+    SCHEMA_VERSION,
+    made_here,
+    migrate,
+    role_and_search_path,
+    schema_to_make_in,
+)
 from narrmem_plugins.storage_postgres.sql import PostgresSQL
 from narrmem_plugins.storage_postgres.workers_fence import PostgresWorkersFence
 from pgvector import Vector
@@ -329,8 +335,7 @@ class PostgresStore(ForgetJournal):
                 f"PostgreSQL at {self.where} has no pgvector: run CREATE EXTENSION vector in that database"
             )
         if not found["on_path"]:
-            role = await conn.fetchval("SELECT current_user")
-            path = await conn.fetchval("SHOW search_path")
+            role, path = await role_and_search_path(conn)
             raise ConfigError(
                 f"storage.dsn: pgvector is in schema {found['nspname']!r} of {self.where}, which the "
                 f"session's search_path ({path}) does not name: ALTER ROLE {role} SET search_path = "
