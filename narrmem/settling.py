@@ -80,7 +80,8 @@ class Settling:
         # Owners of entries found gone by this open (see stopped_owners), for every namespace.
         self.owners_gone: set[str] = set()
         self.trying_again = TryingAgain()  # hooks that found the store unreachable (see settled)
-        # Oldest first; paid by one loop however many there are (see _pay_owed).
+        # In the order they are tried (owed first, or found the store away last); paid by one
+        # loop however many there are (see _pay_owed).
         self._owing: dict[Owing, None] = {}
         self._paying: asyncio.Task[None] | None = None
         self._pipeline: IngestPipeline | None = None
@@ -149,7 +150,7 @@ class Settling:
             )
 
     async def _pay_owed(self) -> None:
-        """One try of every batch owed, oldest first, batches owed meanwhile included. One loop
+        """One try of every batch owed, in :attr:`_owing`'s order, batches owed meanwhile included. One loop
         for all: a store away for an hour left a batch owing per message (36,000 at 10 a
         second), and a loop each tried them all against the store as it came back. A batch that
         finds the store away goes last, and :data:`AWAY_IN_A_ROW` of them in a row end the try
