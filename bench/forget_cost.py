@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""What a user's forget costs on a large store, with and without the rewrite of the SQLite file.
+"""What a user's forget costs on a large store, with and without the rewrite of the SQLite file;
+and what a deletion of ``--deleted`` messages of one chat costs, with and without the marks a
+forget leaves (``[storage] forget_marks_kept_s``, :mod:`narrmem.forget_marks`).
 
 A store of ``--size`` memories is filled once with ``bench/ab.py``'s bulk fill (the speed
 benchmark's seeded people, texts and vectors); for each setting of ``[storage]
@@ -7,7 +9,8 @@ forget_rewrites_file`` a copy of it is opened and ``--users`` typical users are 
 another, each timed (``Memory.forget`` from call to return: the deletes, every plugin's scrub,
 the keyword index's merge, then the file's rewrite or the incremental vacuum).
 
-Usage:  python bench/forget_cost.py [--size 100000] [--users 3] [--out bench/results/forget-cost.json]
+Usage:  python bench/forget_cost.py [--size 100000] [--users 3] [--deleted 100]
+                                   [--out bench/results/forget-cost.json]
 """
 
 from __future__ import annotations
@@ -37,7 +40,30 @@ async def forget_times(folder: Path, users: list[str], rewrite: bool) -> list[fl
     return seconds
 
 
-async def run(size: int, n_users: int, seed: int) -> dict[str, Any]:
+async def deletion_times(folder: Path, marks: bool, n_messages: int, rounds: int) -> list[float]:
+    """Each round: ``forget_messages`` of ``n_messages`` stored messages of the chat with most."""
+    settings = load_settings(storage={"forget_marks_kept_s": 604_800.0 if marks else 0.0})
+    seconds = []
+    async with Memory.open(folder, settings=settings) as mem:
+        async with mem.store.sql() as db:
+            [(tenant, chat_id)] = await db.fetchall(
+                "SELECT tenant, chat_id FROM memory_sources GROUP BY tenant, chat_id "
+                "ORDER BY COUNT(*) DESC, chat_id LIMIT 1"
+            )
+            rows = await db.fetchall(
+                "SELECT message_id FROM memory_sources WHERE tenant = ? AND chat_id = ? ORDER BY message_id",
+                (tenant, chat_id),
+            )
+        ids = [str(message_id) for (message_id,) in rows]
+        for n in range(rounds):
+            batch = ids[n * n_messages : (n + 1) * n_messages]
+            start = time.perf_counter()
+            await mem.forget_messages(chat_id=chat_id, message_ids=batch, tenant=tenant)
+            seconds.append(round(time.perf_counter() - start, 4))
+    return seconds
+
+
+async def run(size: int, n_users: int, seed: int, n_deleted: int = 100) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="narrmem-forget-") as work:
         source = Path(work) / "store"
         filled = await fill_store(source, size, seed)
@@ -49,6 +75,12 @@ async def run(size: int, n_users: int, seed: int) -> dict[str, Any]:
             shutil.copytree(source, copy)
             results["rewrite" if rewrite else "no_rewrite"] = await forget_times(copy, users, rewrite)
             shutil.rmtree(copy)
+        for marks in (True, False):
+            copy = Path(work) / f"copy-marks-{marks}"
+            shutil.copytree(source, copy)
+            name = f"deleting {n_deleted}, " + ("marks" if marks else "no marks")
+            results[name] = await deletion_times(copy, marks, n_deleted, rounds=3)
+            shutil.rmtree(copy)
     return {"store": {**filled, "bytes": store_bytes}, "users": users, "seconds": results}
 
 
@@ -58,13 +90,14 @@ def main() -> int:
     )
     parser.add_argument("--size", type=int, default=100_000, help="memories in the store")
     parser.add_argument("--users", type=int, default=3, help="typical users forgotten one after another")
+    parser.add_argument("--deleted", type=int, default=100, help="messages of one chat deleted at once")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args()
-    results = asyncio.run(run(args.size, args.users, args.seed))
+    results = asyncio.run(run(args.size, args.users, args.seed, args.deleted))
     report = {"benchmark": "forget_cost", "date": now_iso(), "machine": machine_info(), **results}
     for name, seconds in results["seconds"].items():
-        print(f"{name:10s} forget seconds: {', '.join(f'{s:.2f}' for s in seconds)}")
+        print(f"{name:24s} forget seconds: {', '.join(f'{s:.3f}' for s in seconds)}")
     print(f"store: {results['store']['records']:,} memories, {results['store']['bytes'] / 1e6:.0f} MB")
     if args.out:
         write_json(args.out, report)

@@ -194,6 +194,15 @@ class StorageSettings(_Section):
         description="a message dated more than this many seconds past the clock's now is refused "
         "(an InputError naming ts): a device clock far ahead skewed counts and held triggers back",
     )
+    forget_marks_kept_s: float = Field(
+        default=7 * 86_400.0,
+        ge=0.0,
+        le=366 * 86_400.0,
+        description="a forget leaves, this long, a keyed hash of what it forgot (the person, chat or "
+        "message ids) and its time, so that a write of them made before it and arriving late (a "
+        "bot's backlog in another process) is not stored; a backlog's write waiting longer is "
+        "dropped. 0: no marks, and late writes are stored",
+    )
     purge_deleted_messages_after_s: float = Field(
         default=300.0,
         ge=0.0,

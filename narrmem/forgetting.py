@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Coroutine, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from narrmem import logs, owed_forgets
@@ -92,8 +93,8 @@ class Forgetting:
         await self.inbox.drained()
         await self.settling.settle()
 
-    async def scope(self, scope: Scope) -> dict[str, int]:
-        return await self._to_the_end(self._scope(scope))
+    async def scope(self, scope: Scope, asked_at: datetime | None = None) -> dict[str, int]:
+        return await self._to_the_end(self._scope(scope, asked_at))
 
     async def _to_the_end(self, work: Coroutine[Any, Any, R]) -> R:
         """Run a forget to its end though its caller gives up (a timeout around the call, a
@@ -103,7 +104,7 @@ class Forgetting:
         worker's gate ends with the close, its job recorded for the next open, as before."""
         return await self._outlasting.run(work)
 
-    async def _scope(self, scope: Scope) -> dict[str, int]:
+    async def _scope(self, scope: Scope, asked_at: datetime | None) -> dict[str, int]:
         from_hooks = inside_own_work()
         # What ingest calls under way hold of the scope and have not written is never written:
         # what they hold as the forget begins (on a shared store, once no other worker's forget
@@ -112,6 +113,7 @@ class Forgetting:
         async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:
+                await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
                     return await self._finish_or_retry(job)
@@ -262,11 +264,14 @@ class Forgetting:
         sparing: Call | None = None,
         carrying: int | None = None,
         edit_mark: str | None = None,
+        asked_at: datetime | None = None,
     ) -> dict[str, int]:
         """Forget messages by id; ``sparing``: an edit's call, whose new text this leaves be;
         ``carrying``: that new text's hold of the fence, held from this forget's end;
-        ``edit_mark``: that edit's mark (:mod:`narrmem.edit_marks`), which notes this forget."""
-        return await self._to_the_end(self._messages(scope, message_ids, sparing, carrying, edit_mark))
+        ``edit_mark``: that edit's mark (:mod:`narrmem.edit_marks`), which notes this forget;
+        ``asked_at``: when a forget made late was asked (:mod:`narrmem.forget_marks`)."""
+        work = self._messages(scope, message_ids, sparing, carrying, edit_mark, asked_at)
+        return await self._to_the_end(work)
 
     async def _messages(
         self,
@@ -275,6 +280,7 @@ class Forgetting:
         sparing: Call | None,
         carrying: int | None,
         edit_mark: str | None,
+        asked_at: datetime | None,
     ) -> dict[str, int]:
         ids = message_id_list(message_ids)
         chat_id = scope.chat_id
@@ -286,6 +292,8 @@ class Forgetting:
             async with self.write_lock:
                 if edit_mark is not None:
                     await self.marks.forgetting(edit_mark, await self._last_job())
+                elif sparing is None:  # a forget asked for, not an edit's of its old text
+                    await self.memory.forget_marks.leave(scope, ids, asked_at)
                 job = await self.memory.store.begin_forget(
                     tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
                 )

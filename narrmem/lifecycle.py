@@ -22,6 +22,7 @@ from narrmem.editing import OneEditAtATime
 from narrmem.embed import Embedder
 from narrmem.errors import ClosedError, PluginError
 from narrmem.fence import Fence
+from narrmem.forget_marks import ForgetMarks
 from narrmem.forgetting import Forgetting
 from narrmem.host import PluginHost
 from narrmem.in_flight import CallsUnderWay
@@ -105,6 +106,7 @@ class MemoryLifecycle:
             self, write_lock, self._trigger_callbacks, self._settling, self._inbox, fence, calls
         )
         self._edit_marks = EditMarks(self, self._settling)
+        self.forget_marks = ForgetMarks(self)
         self._one_edit_at_a_time = OneEditAtATime()
         self._edits_outlasting = Outlasting("an edit")
         self._forgetting = Forgetting(
@@ -173,6 +175,7 @@ class MemoryLifecycle:
         await self._forgetting.resume()
         if not self.read_only:
             await owed_forgets.settle_at_open(self)
+            await self.forget_marks.purge_expired()
         await self._settling.start(self._ingest)
         self._inbox.start(self._ingest, self._forgetting)
         if not self.read_only:

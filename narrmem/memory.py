@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from narrmem import answers, editing, importance, logs, opening
 from narrmem import recall as recall_pipeline
-from narrmem.checks import sequence_argument
+from narrmem.checks import aware_time_argument, sequence_argument
 from narrmem.config import Acknowledge
 from narrmem.errors import InputError
 from narrmem.ingest import TriggerCallback, as_message, attributed, speaker_of
@@ -285,7 +285,12 @@ class Memory(MemoryLifecycle):
 
     @while_open
     async def forget(
-        self, *, user_id: str | None = None, chat_id: str | None = None, tenant: str = "default"
+        self,
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str = "default",
+        asked_at: datetime | None = None,
     ) -> dict[str, int]:
         """Delete every trace of a user (and/or a chat): rows, keyword index, vectors, history, and
         every plugin's copies (graph, summaries, counters, other memories' keyword context). The
@@ -301,17 +306,41 @@ class Memory(MemoryLifecycle):
         a chat it wrote in, or hooks are scheduled to run, it deletes what it can, returns, and
         is finished once they have ended, so what their hooks make does not outlive it
         (:meth:`settle` waits for that). Messages of the scope written before then go with it,
-        and the counts returned are those of the first deletion."""
-        return await self._forgetting.scope(scope_of(tenant, user_id, chat_id))
+        and the counts returned are those of the first deletion.
+
+        The forget leaves a mark of its scope (:mod:`narrmem.forget_marks`) by which a write of it
+        made before and arriving late, from another process, is not stored (see
+        :meth:`forgotten_after`). ``asked_at``: when the forget was asked, for one made late (a
+        bot's backlog), so that what the person said after asking is not taken for before."""
+        scope = scope_of(tenant, user_id, chat_id)
+        asked = None if asked_at is None else aware_time_argument(asked_at, "asked_at")
+        return await self._forgetting.scope(scope, asked)
 
     @while_open
     async def forget_messages(
-        self, *, chat_id: str, message_ids: Sequence[str], tenant: str = "default"
+        self,
+        *,
+        chat_id: str,
+        message_ids: Sequence[str],
+        tenant: str = "default",
+        asked_at: datetime | None = None,
     ) -> dict[str, int]:
         """Delete what these messages left (episodes and the scenes built from them), as when a
         chat reports a message deleted. One that an ingest call of this process holds and has
-        not written yet is not written."""
-        return await self._forgetting.messages(scope_of(tenant, chat_id=chat_id), message_ids)
+        not written yet is not written. Each message leaves a mark, and ``asked_at`` is read, as
+        in :meth:`forget`."""
+        scope = scope_of(tenant, chat_id=chat_id)
+        asked = None if asked_at is None else aware_time_argument(asked_at, "asked_at")
+        return await self._forgetting.messages(scope, message_ids, asked_at=asked)
+
+    @while_open
+    async def forgotten_after(self, message: Message | dict[str, Any], since: datetime) -> bool:
+        """Whether ``message`` (its person, chat, person in that chat, or the message itself) was
+        forgotten after ``since``, in any process of the store, as far as forget marks are kept
+        (``[storage] forget_marks_kept_s``). A write that waited since then (a bot's backlog)
+        is dropped when this is true: made, it would store what the forget deleted. Reads only."""
+        checked = as_message(message, index=None)
+        return await self.forget_marks.forgotten_after(checked, aware_time_argument(since, "since"))
 
     @while_open
     async def stats(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from narrmem import edit_marks, inbox, owed_forgets, settling
+from narrmem import edit_marks, forget_marks, inbox, owed_forgets, settling
 from narrmem.errors import InputError
 from narrmem.forgetting import AGAIN_NAMESPACE
 
@@ -25,8 +25,9 @@ CORE: dict[str, Callable[[str, dict[str, Any]], None]] = {
 # A forget's own bookkeeping, about a forget job of the store it was written in (jobs are not
 # exported): in another store it would name what that store's job of the same number deletes.
 # The forgets owed to absent plugins likewise, and they hold the ids of forgotten people: a
-# backup would carry them out of the store.
-NOT_IMPORTED = frozenset({AGAIN_NAMESPACE, owed_forgets.NAMESPACE})
+# backup would carry them out of the store. The marks forgets leave, too: keyed hashes of the
+# forgotten, under the key of the store they were made in.
+NOT_IMPORTED = frozenset({AGAIN_NAMESPACE, owed_forgets.NAMESPACE, forget_marks.NAMESPACE})
 
 
 async def check_state(memory: Memory, namespace: str, key: str, value: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from narrmem import logs
 from narrmem.doors.integrations.backlog import (
+    asked_at,
     backlog_of,
     forget_messages_record,
     forget_person,
@@ -321,7 +322,9 @@ async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_
         return 0
 
     async def once() -> dict[str, int]:
-        return await memory.forget_messages(chat_id=chat_id, message_ids=message_ids, tenant=tenant)
+        return await memory.forget_messages(
+            chat_id=chat_id, message_ids=message_ids, tenant=tenant, asked_at=asked_at()
+        )
 
     try:
         record = forget_messages_record(tenant, chat_id, message_ids)

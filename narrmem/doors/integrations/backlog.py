@@ -19,7 +19,12 @@ store answers; a message's trigger events are then not said (the chat they were 
 process's). A forget made meanwhile in this process by any other way (the HTTP API, a script's
 call, another door) takes what waits of the person, chat or messages it forgets, from the file
 too: sent after that forget, a waiting message would have been stored again. A forget another
-process makes does not reach it.
+process makes (another worker, or any process while this one was stopped) cannot reach it: it left
+a mark (:mod:`narrmem.forget_marks`), and a waiting message or edit of a person, chat or message
+forgotten after it was first tried is dropped instead of made (and, should such a forget come
+between that check and the write, forgotten again once written). One that waited longer than
+marks are kept is dropped too. A waiting forget, made late, is dated when it was asked: what the
+person said after asking, waiting behind it, is not taken for what it forgot.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
+import datetime as dt
 import weakref
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -63,11 +70,33 @@ USERS_READ = 10_000_000
 TenantFinder = Callable[[str], Awaitable[Collection[str]]]
 
 
+# When the waiting forget being made was asked (unset: the forget is made as it is asked).
+_ASKED_AT: contextvars.ContextVar[dt.datetime | None] = contextvars.ContextVar("asked_at", default=None)
+UNKNOWN_SINCE = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def asked_at() -> dt.datetime | None:
+    """When the forget a backlog is making now was asked, for the forget's ``asked_at``; ``None``
+    outside a waiting forget's making."""
+    return _ASKED_AT.get()
+
+
 @dataclass
 class _Waiting:
     kind: Kind
     call: Callable[[], Awaitable[Any]]
     record: dict[str, Any] | None = None  # what the file keeps of it (None: not kept on disk)
+    since: dt.datetime | None = None  # when it was first tried (None: not known)
+
+    def message(self) -> Message | None:
+        """The message a waiting write stores (``None`` for a forget, or a call kept without a record)."""
+        data = None if self.record is None else self.record.get("data")
+        if self.kind not in WRITES or not isinstance(data, dict):
+            return None
+        try:
+            return Message.model_validate(data.get("message"))
+        except ValidationError:
+            return None
 
 
 class Backlog:
@@ -107,15 +136,20 @@ class Backlog:
         earlier calls wait). Any other error of the call is raised. ``record``: what the file
         keeps to make the call at a later start (:func:`message_record` and the others)."""
         await self.taken_over()
+        since = self._now()
         if self._waiting:
-            await self._keep(kind, call, record)
+            await self._keep(kind, call, record, since)
             return None
         try:
             return await self._make(call, record)
         except StoreUnavailableError as exc:
             log.warning("the store cannot be reached; the %s waits (%s)", kind, type(exc).__name__)
-            await self._keep(kind, call, record)
+            await self._keep(kind, call, record, since)
             return None
+
+    def _now(self) -> dt.datetime | None:
+        memory = None if self._memory is None else self._memory()
+        return None if memory is None else memory.clock.now()
 
     async def _make(self, call: Callable[[], Awaitable[T]], record: dict[str, Any] | None) -> T:
         if record is None:
@@ -188,11 +222,17 @@ class Backlog:
         self._unwritten = False
 
     async def _keep(
-        self, kind: Kind, call: Callable[[], Awaitable[Any]], record: dict[str, Any] | None
+        self,
+        kind: Kind,
+        call: Callable[[], Awaitable[Any]],
+        record: dict[str, Any] | None,
+        since: dt.datetime | None,
     ) -> None:
         if len(self._waiting) >= MAX_WAITING:
             self._make_room()
-        self._waiting.append(_Waiting(kind, call, record))
+        if record is not None and since is not None:
+            record = {**record, "since": since.isoformat()}
+        self._waiting.append(_Waiting(kind, call, record, since))
         self._empty.clear()
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.ensure_future(self._drain())
@@ -232,7 +272,7 @@ class Backlog:
                 while self._waiting:
                     first = self._waiting[0]
                     try:
-                        await self._make(first.call, first.record)
+                        await self._make_waiting(first)
                     except StoreUnavailableError:
                         failures += 1
                         break
@@ -252,6 +292,38 @@ class Backlog:
         finally:
             if not self._waiting:
                 self._empty.set()
+
+    async def _make_waiting(self, waiting: _Waiting) -> None:
+        """Make a call that waited, unless a forget made since then, in any process, forgot what
+        it would write (see the module)."""
+        memory = None if self._memory is None else self._memory()
+        message = waiting.message()
+        if memory is None or message is None:
+            token = _ASKED_AT.set(waiting.since if waiting.kind in FORGETS else None)
+            try:
+                await self._make(waiting.call, waiting.record)
+            finally:
+                _ASKED_AT.reset(token)
+            return
+        # A file written before writes said when they were first tried: any mark kept counts.
+        since = waiting.since or UNKNOWN_SINCE
+        if waiting.since is not None and memory.forget_marks.outlived(since):
+            log.warning(
+                "a waiting %s waited longer than forgets are remembered ([storage] "
+                "forget_marks_kept_s): dropped, since it may be of someone forgotten meanwhile",
+                waiting.kind,
+            )
+            return
+        if await memory.forgotten_after(message, since):
+            log.warning("a waiting %s was forgotten since it was first tried: dropped", waiting.kind)
+            return
+        await self._make(waiting.call, waiting.record)
+        if await memory.forgotten_after(message, since):
+            # A forget came between the check and the write, and missed it.
+            log.warning("a waiting %s was forgotten while it was made: forgotten again", waiting.kind)
+            await memory.forget_messages(
+                chat_id=message.chat_id, message_ids=[message.message_id], tenant=message.tenant
+            )
 
     async def _closed(self) -> None:
         kept = ""
@@ -317,7 +389,7 @@ class Backlog:
                 kind, call = made
                 if len(self._waiting) >= MAX_WAITING:
                     self._make_room()
-                self._waiting.append(_Waiting(kind, call, record))
+                self._waiting.append(_Waiting(kind, call, record, _since_of(record)))
         if self._waiting:
             log.warning("%d writes a stopped process left waiting for the store are made first", len(self))
             self._empty.clear()
@@ -340,7 +412,9 @@ class Backlog:
             if kind == "forget of deleted messages":
                 tenant, chat_id = str(data["tenant"]), str(data["chat_id"])
                 ids = [str(i) for i in data["message_ids"]]
-                return kind, lambda: memory.forget_messages(chat_id=chat_id, message_ids=ids, tenant=tenant)
+                return kind, lambda: memory.forget_messages(
+                    chat_id=chat_id, message_ids=ids, tenant=tenant, asked_at=asked_at()
+                )
             if kind == "forget of a person":
                 user_id, aliases = str(data["user_id"]), [str(a) for a in data.get("aliases", [])]
                 listed, by = data.get("tenants"), data.get("by")
@@ -362,6 +436,15 @@ class Backlog:
             return None
         log.error("a waiting call in a bot backlog file is of no kind narrmem writes: left out")
         return None
+
+
+def _since_of(record: dict[str, Any]) -> dt.datetime | None:
+    """When a call of a file was first tried (``None``: the file does not say, or not readably)."""
+    try:
+        since = dt.datetime.fromisoformat(str(record["since"]))
+    except (KeyError, ValueError):
+        return None
+    return since if since.tzinfo is not None else None
 
 
 def _makes(
@@ -413,7 +496,8 @@ async def forget_person(
     total: dict[str, int] = {}
     for tenant in sorted(set(await tenants())):
         for who in [user_id, *sorted(set(aliases) - {user_id})]:
-            for key, value in (await memory.forget(user_id=who, tenant=tenant)).items():
+            forgot = await memory.forget(user_id=who, tenant=tenant, asked_at=asked_at())
+            for key, value in forgot.items():
                 total[key] = total.get(key, 0) + value
     return total
 

@@ -1,0 +1,171 @@
+"""What a forget leaves so that a write of what it forgot, made before it and arriving late, is
+not stored: the mark of each scope it forgot, and when.
+
+A bot's backlog (:mod:`narrmem.doors.integrations.backlog`) keeps the writes the store could not
+take and makes them once it answers, possibly in a process other than the one a forget ran in
+(another worker, or the next start of a bot stopped during an outage). This process's forgets take
+what waits from it directly; another process's cannot reach it. So each explicit forget
+(:meth:`~narrmem.memory.Memory.forget`, :meth:`~narrmem.memory.Memory.forget_messages`; an edit's
+forget of its old text is not one) leaves in the store, before it deletes anything, one mark per
+scope: the person, the chat, the person in the chat, or each deleted message. A write that waited
+since ``since`` asks :meth:`ForgetMarks.forgotten_after` whether any of its message's scopes was
+forgotten after then, and is dropped if so.
+
+A mark is an HMAC-SHA256 of the scope's ids under a random key of the store (namespace
+:data:`NAMESPACE`), and the time of the forget: not the ids themselves, yet, with the key, a test of
+whether a given id was forgotten, as a suppression list is. Marks are kept ``[storage]
+forget_marks_kept_s`` (7 days by default; 0 leaves none) and then deleted, at a forget or an open
+after that; a backlog's write that waited longer than that is dropped rather than made unchecked.
+Exports leave the namespace out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from narrmem import logs
+from narrmem.errors import StoreError
+from narrmem.models import Message, Scope
+
+if TYPE_CHECKING:
+    from narrmem.lifecycle import MemoryLifecycle
+
+log = logs.logger("narrmem")
+
+NAMESPACE = "narrmem.forget_marks"
+KEY_ENTRY = "key"  # the HMAC key; marks' entries start with MARK (no mark's key is its prefix)
+MARK = "m:"
+# Expired marks are looked for at most this often by a process's forgets (and at each open).
+PURGE_EVERY_S = 3600.0
+# Tries of a compare-and-set against other workers marking the same scope at once.
+CAS_TRIES = 20
+
+
+class ForgetMarks:
+    def __init__(self, memory: MemoryLifecycle) -> None:
+        self.memory = memory
+        self._key: bytes | None = None
+        self._purged_at: dt.datetime | None = None
+
+    @property
+    def kept_s(self) -> float:
+        return self.memory.settings.storage.forget_marks_kept_s
+
+    async def leave(
+        self, scope: Scope, message_ids: Sequence[str] | None, asked_at: dt.datetime | None
+    ) -> None:
+        """Mark ``scope`` (or its ``message_ids``) forgotten at ``asked_at`` (default: now). A mark
+        already later is kept: the latest forget is what a late write is measured against."""
+        if self.kept_s <= 0:
+            return
+        now = self.memory.clock.now()
+        at = now if asked_at is None else min(asked_at, now)
+        if message_ids is None:
+            names = [_scope_name(scope)]
+        else:
+            names = [("message", scope.tenant, scope.chat_id or "", mid) for mid in message_ids]
+        key = await self._hmac_key()
+        for name in dict.fromkeys(names):
+            await self._mark(_mark_key(key, name), at)
+        await self._purge_if_due(now)
+
+    async def forgotten_after(self, message: Message, since: dt.datetime) -> bool:
+        """Whether a forget of ``message``'s person, chat, person in the chat, or the message
+        itself was made after ``since``. Reads only."""
+        if self.kept_s <= 0:
+            return False
+        stored = await self.memory.store.state_get(NAMESPACE, KEY_ENTRY)
+        if stored is None:
+            return False  # no forget was ever marked here
+        key = _key_of(stored)
+        names = [
+            ("user", message.tenant, message.user_id),
+            ("chat", message.tenant, message.chat_id),
+            ("user_in_chat", message.tenant, message.chat_id, message.user_id),
+            ("message", message.tenant, message.chat_id, message.message_id),
+        ]
+        for name in names:
+            value = await self.memory.store.state_get(NAMESPACE, _mark_key(key, name))
+            if value is not None and _time_of(value) > since:
+                return True
+        return False
+
+    def outlived(self, since: dt.datetime) -> bool:
+        """Whether a write waiting since ``since`` waited longer than marks are kept (a forget made
+        after it may have left its mark and seen it deleted)."""
+        if self.kept_s <= 0:
+            return False
+        return (self.memory.clock.now() - since).total_seconds() > self.kept_s
+
+    async def purge_expired(self) -> int:
+        """Delete the marks older than they are kept; how many."""
+        now = self.memory.clock.now()
+        self._purged_at = now
+        cutoff = now - dt.timedelta(seconds=self.kept_s)
+        gone = 0
+        for entry, value in await self.memory.store.state_items(NAMESPACE):
+            if entry.startswith(MARK) and _time_of(value) < cutoff:
+                gone += await self.memory.store.state_delete(NAMESPACE, entry)
+        return gone
+
+    async def _purge_if_due(self, now: dt.datetime) -> None:
+        if self._purged_at is None or (now - self._purged_at).total_seconds() >= PURGE_EVERY_S:
+            await self.purge_expired()
+
+    async def _mark(self, entry: str, at: dt.datetime) -> None:
+        store = self.memory.store
+        value = {"at": at.isoformat()}
+        for _ in range(CAS_TRIES):
+            stored = await store.state_get(NAMESPACE, entry)
+            if stored is not None and _time_of(stored) >= at:
+                return
+            if await store.state_put_if(NAMESPACE, entry, value, stored):
+                return
+        raise StoreError(f"the forget's mark could not be written in {CAS_TRIES} tries")
+
+    async def _hmac_key(self) -> bytes:
+        if self._key is None:
+            store = self.memory.store
+            fresh = {"hex": secrets.token_hex(32)}
+            # Of workers making the first mark at once, one key wins and all use it.
+            await store.state_put_if(NAMESPACE, KEY_ENTRY, fresh, None)
+            stored = await store.state_get(NAMESPACE, KEY_ENTRY)
+            if stored is None:
+                raise StoreError("the forget marks' key was written and is not there")
+            self._key = _key_of(stored)
+        return self._key
+
+
+def _scope_name(scope: Scope) -> tuple[str, ...]:
+    if scope.user_id is not None and scope.chat_id is not None:
+        return ("user_in_chat", scope.tenant, scope.chat_id, scope.user_id)
+    if scope.user_id is not None:
+        return ("user", scope.tenant, scope.user_id)
+    return ("chat", scope.tenant, scope.chat_id or "")
+
+
+def _mark_key(key: bytes, name: tuple[str, ...]) -> str:
+    # Ids hold no NUL (checked at every door), so the joined name is one scope's alone.
+    return MARK + hmac.new(key, "\0".join(name).encode(), hashlib.sha256).hexdigest()
+
+
+def _key_of(value: dict[str, Any]) -> bytes:
+    try:
+        return bytes.fromhex(str(value["hex"]))
+    except (KeyError, ValueError) as exc:
+        raise StoreError(f"the forget marks' key in {NAMESPACE!r} is not as narrmem writes it") from exc
+
+
+def _time_of(value: dict[str, Any]) -> dt.datetime:
+    try:
+        at = dt.datetime.fromisoformat(str(value["at"]))
+    except (KeyError, ValueError) as exc:
+        raise StoreError(f"a forget mark in {NAMESPACE!r} is not as narrmem writes it") from exc
+    if at.tzinfo is None:
+        raise StoreError(f"a forget mark in {NAMESPACE!r} has a time without a timezone")
+    return at

@@ -1,0 +1,199 @@
+"""A forget made in one process reaches the writes another process holds for later.
+
+A bot's backlog keeps the writes its store could not take and makes them once it answers. A
+forget made meanwhile by another worker, or by any process while the bot was stopped (the CLI, a
+script, the HTTP API of another server), could not reach that backlog: once the store answered,
+the backlog stored the person's messages again, after their forget, for good. Each forget now
+leaves a keyed mark of its scope in the store, and a waiting write of a scope forgotten since it
+was first tried is dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _helpers import msg, store_sql
+from _pgproxy import behind_proxy
+from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open_harness
+
+from narrmem import InputError, StoreUnavailableError
+from narrmem.clock import ManualClock
+from narrmem.doors.integrations import backlog as backlog_module
+from narrmem.doors.integrations import spool as spool_module
+from narrmem.doors.integrations.backlog import backlog_of, forget_person, forget_person_record, message_record
+from narrmem.doors.transfer import export_store
+from narrmem.forget_marks import NAMESPACE
+from narrmem.models import Message
+from narrmem.testing import open_memory
+
+NOON = dt.datetime(2026, 12, 6, 12, 0, tzinfo=dt.UTC)
+EPISODES = "SELECT text FROM memories WHERE kind = 'episode' ORDER BY id"
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backlog_module, "RETRY_DELAYS", (0.05, 0.1))
+    monkeypatch.setattr(backlog_module, "RETRY_EVERY", 0.2)
+
+
+async def test_a_forget_made_by_another_worker_drops_what_a_bots_backlog_holds_of_the_person(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers of one PostgreSQL: the bot's worker is cut off and holds Ann's message; the
+    store answers again and, before the backlog's next try, Ann is forgotten through the other
+    worker. Her message was then stored after her forget; now it is dropped, while Bob's message,
+    and what Ann says after her forget, are stored."""
+    monkeypatch.setattr(backlog_module, "RETRY_DELAYS", (4.0, 0.1))
+    async with behind_proxy(tmp_path, timeout_s=2.0) as (memory, proxy):
+        bot = await open_harness("discord.py", memory, guild_as="tenant")
+        assert isinstance(bot, DiscordHarness)
+        try:
+            proxy.cut()
+            await bot.send(41, "My new phone number is 555 0199", user=ANN, chat=7, group=True)
+            await bot.send(42, "I adopted a cat called Miso", user=BOB, chat=7, group=True)
+            backlog = backlog_of(memory)
+            assert len(backlog) == 2
+            proxy.mode = "pass"
+            storage = memory.settings.storage.model_dump()
+            storage["dsn"] = storage["dsn"].get_secret_value()
+            async with open_memory(tmp_path / "other-worker", storage=storage) as other:
+                assert (await other.forget(user_id=str(ANN), tenant=str(GUILD_ID)))["memories"] == 0
+            assert len(backlog) == 2  # the other worker's forget did not reach this process
+            await bot.send(43, "I started learning Portuguese", user=ANN, chat=7, group=True)
+            assert len(backlog) == 3  # behind the others, first tried after the forget
+            await asyncio.wait_for(backlog.drained(), 60)
+            await memory.settle()
+        finally:
+            await bot.close()
+        ann = [r.text for r in await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))]
+        bob = [r.text for r in await episodes(memory, tenant=str(GUILD_ID), user_id=str(BOB))]
+    assert ann == ["I started learning Portuguese"]
+    assert bob == ["I adopted a cat called Miso"]
+
+
+def _record(message_id: str, text: str, user: str, since: dt.datetime | None) -> dict[str, Any]:
+    record = message_record("message", Message(**msg(message_id, text, user=user)))
+    if since is not None:
+        record["since"] = since.isoformat()
+    return record
+
+
+async def test_a_forget_made_while_the_bot_was_stopped_drops_what_its_file_holds(tmp_path: Path) -> None:
+    """The bot stopped during an outage with its backlog on disk; before its next start Ann was
+    forgotten (the CLI, a script). What the file held of her from before the forget is dropped,
+    a line from a file that does not say when it was first tried included; what she said after
+    it is made; a write that waited longer than forgets are remembered is dropped."""
+    folder = tmp_path / "m" / spool_module.FOLDER
+    folder.mkdir(parents=True)
+    records = [
+        _record("1", "My bank card PIN is on a note in my wallet", "ann", NOON - dt.timedelta(hours=1)),
+        _record("2", "I grow tomatoes on my balcony", "bob", NOON - dt.timedelta(hours=1)),
+        _record("3", "My new phone number is 555 0199", "ann", None),
+        _record("4", "I started learning Portuguese", "ann", NOON + dt.timedelta(minutes=5)),
+        _record("5", "I sing in a choir on Tuesdays", "bob", NOON - dt.timedelta(days=8)),
+    ]
+    lines = [json.dumps(spool_module.HEADER), *(json.dumps(r) for r in records)]
+    (folder / f"{'d' * 32}.jsonl").write_text("\n".join(lines) + "\n")
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.forget(user_id="ann")  # by another process, as far as the file goes
+        clock.advance(minutes=30)
+        await asyncio.wait_for(backlog_of(memory).drained(), 30)
+        await memory.settle()
+        texts = sorted(text for (text,) in await store_sql(memory, EPISODES))
+    assert texts == ["I grow tomatoes on my balcony", "I started learning Portuguese"]
+
+
+async def test_a_waiting_forget_is_dated_when_it_was_asked(tmp_path: Path) -> None:
+    """A ``forgetme`` waits for the store, and the person's next message waits behind it. Made
+    late, the forget is dated when it was asked: dated when made, its mark would be later than
+    the message, which would be dropped as if said before the forget."""
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        backlog = backlog_of(memory)
+        state = {"away": True}
+
+        def while_back(make: Any) -> Any:
+            async def once() -> Any:
+                if state["away"]:
+                    raise StoreUnavailableError("away")
+                return await make()
+
+            return once
+
+        async def every() -> list[str]:
+            return ["default"]
+
+        forget = while_back(lambda: forget_person(memory, every, "ann", []))
+        await backlog.run("forget of a person", forget, forget_person_record("ann", [], ["default"], None))
+        clock.advance(minutes=1)
+        later = Message(**msg("7", "I started learning Portuguese", user="ann"))
+        await backlog.run("message", while_back(lambda: memory.ingest(later)), message_record("message", later))
+        clock.advance(minutes=10)
+        state["away"] = False
+        await asyncio.wait_for(backlog.drained(), 30)
+        await memory.settle()
+        assert await store_sql(memory, EPISODES) == [("I started learning Portuguese",)]
+        assert await memory.forgotten_after(later, NOON - dt.timedelta(seconds=1))
+        assert not await memory.forgotten_after(later, NOON + dt.timedelta(seconds=1))
+
+
+async def test_marks_cover_each_forgets_scope_and_no_edit_leaves_one(tmp_path: Path) -> None:
+    clock = ManualClock(NOON)
+    before = NOON - dt.timedelta(seconds=1)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        ann = Message(**msg("1", "I adopted a greyhound named Pixel", user="ann-5f3c9e"))
+        bob = Message(**msg("2", "I grow tomatoes", user="bob"))
+        in_c2 = Message(**msg("9", "See you at the rehearsal", user="bob", chat="c2"))
+        other_in_c2 = Message(**msg("8", "The rehearsal moved to six", user="bob", chat="c2"))
+        in_c3 = Message(**msg("5", "The party is on Friday", user="bob", chat="c3"))
+        for message in (ann, bob, in_c2, other_in_c2, in_c3):
+            await memory.ingest(message)
+        await memory.settle()
+        await memory.edit(Message(**msg("2", "I grow tomatoes and basil", user="bob")))
+        assert not await memory.forgotten_after(bob, before)  # an edit is not a forget
+        assert await memory.store.state_items(NAMESPACE) == []
+
+        await memory.forget(user_id="ann-5f3c9e")
+        await memory.forget_messages(chat_id="c2", message_ids=["9"])
+        await memory.forget(chat_id="c3")
+        assert await memory.forgotten_after(ann, before)
+        assert not await memory.forgotten_after(ann, NOON)  # what is said after the forget stays
+        assert not await memory.forgotten_after(bob, before)
+        assert await memory.forgotten_after(in_c2, before)
+        assert not await memory.forgotten_after(other_in_c2, before)
+        assert await memory.forgotten_after(in_c3, before)
+        assert await memory.forgotten_after(Message(**msg("6", "Anything", user="zoe", chat="c3")), before)
+
+        with pytest.raises(InputError) as raised:
+            await memory.forget(user_id="bob", asked_at=dt.datetime(2026, 12, 6, 11, 0))
+        assert raised.value.field == "asked_at"
+        with pytest.raises(InputError) as raised:
+            await memory.forgotten_after(bob, dt.datetime(2026, 12, 6, 11, 0))
+        assert raised.value.field == "since"
+        assert not await memory.forgotten_after(bob, before)  # the refused forget did nothing
+
+        entries = dict(await memory.store.state_items(NAMESPACE))
+        assert len(entries) == 4  # the key, and one mark per scope
+        assert "ann-5f3c9e" not in json.dumps(entries)
+        await export_store(memory, tmp_path / "backup.jsonl")
+        assert NAMESPACE not in (tmp_path / "backup.jsonl").read_text()
+    assert b"ann-5f3c9e" not in (tmp_path / "m" / "narrmem.sqlite3").read_bytes()
+
+    clock.advance(days=7, minutes=1)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        assert [key for key, _ in await memory.store.state_items(NAMESPACE)] == ["key"]  # marks expired
+        assert not await memory.forgotten_after(ann, before)
+
+
+async def test_no_marks_when_they_are_kept_for_no_time(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", storage={"forget_marks_kept_s": 0}) as memory:
+        message = Message(**msg("1", "I adopted a greyhound named Pixel", user="ann"))
+        await memory.ingest(message)
+        await memory.forget(user_id="ann")
+        assert await memory.store.state_items(NAMESPACE) == []
+        assert not await memory.forgotten_after(message, NOON - dt.timedelta(days=365))
