@@ -20,6 +20,7 @@ import asyncio
 import shutil
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from _common import machine_info, now_iso, write_json
 from ab import fill_store
 
 from narrmem import Memory, load_settings
+from narrmem.clock import ManualClock
 
 
 async def forget_times(folder: Path, users: list[str], rewrite: bool) -> list[float]:
@@ -41,10 +43,13 @@ async def forget_times(folder: Path, users: list[str], rewrite: bool) -> list[fl
 
 
 async def deletion_times(folder: Path, marks: bool, n_messages: int, rounds: int) -> list[float]:
-    """Each round: ``forget_messages`` of ``n_messages`` stored messages of the chat with most."""
-    settings = load_settings(storage={"forget_marks_kept_s": 604_800.0 if marks else 0.0})
+    """Each round: ``forget_messages`` of ``n_messages`` stored messages of the chat with most;
+    with marks, last, the deletion of every mark once expired (a week later by the clock)."""
+    kept_s = 604_800.0 if marks else 0.0
+    settings = load_settings(storage={"forget_marks_kept_s": kept_s})
+    clock = ManualClock(datetime.now(UTC))
     seconds = []
-    async with Memory.open(folder, settings=settings) as mem:
+    async with Memory.open(folder, settings=settings, clock=clock) as mem:
         async with mem.store.sql() as db:
             [(tenant, chat_id)] = await db.fetchall(
                 "SELECT tenant, chat_id FROM memory_sources GROUP BY tenant, chat_id "
@@ -60,6 +65,12 @@ async def deletion_times(folder: Path, marks: bool, n_messages: int, rounds: int
             start = time.perf_counter()
             await mem.forget_messages(chat_id=chat_id, message_ids=batch, tenant=tenant)
             seconds.append(round(time.perf_counter() - start, 4))
+        if marks:
+            clock.advance(seconds=kept_s + 1)
+            start = time.perf_counter()
+            purged = await mem.forget_marks.purge_expired()
+            seconds.append(round(time.perf_counter() - start, 4))
+            assert purged == n_messages * rounds, purged
     return seconds
 
 
@@ -78,7 +89,7 @@ async def run(size: int, n_users: int, seed: int, n_deleted: int = 100) -> dict[
         for marks in (True, False):
             copy = Path(work) / f"copy-marks-{marks}"
             shutil.copytree(source, copy)
-            name = f"deleting {n_deleted}, " + ("marks" if marks else "no marks")
+            name = f"deleting {n_deleted}, " + ("marks (then purge)" if marks else "no marks")
             results[name] = await deletion_times(copy, marks, n_deleted, rounds=3)
             shutil.rmtree(copy)
     return {"store": {**filled, "bytes": store_bytes}, "users": users, "seconds": results}

@@ -8,15 +8,17 @@ what waits from it directly; another process's cannot reach it. So each explicit
 (:meth:`~narrmem.memory.Memory.forget`, :meth:`~narrmem.memory.Memory.forget_messages`; an edit's
 forget of its old text is not one) leaves in the store, before it deletes anything, one mark per
 scope: the person, the chat, the person in the chat, or each deleted message. A write that waited
-since ``since`` asks :meth:`ForgetMarks.forgotten_after` whether any of its message's scopes was
+since ``since`` asks :meth:`ForgetMarks.forgotten_by` whether any of its message's scopes was
 forgotten after then, and is dropped if so.
 
 A mark is an HMAC-SHA256 of the scope's ids under a random key of the store (namespace
 :data:`NAMESPACE`), and the time of the forget: not the ids themselves, yet, with the key, a test of
 whether a given id was forgotten, as a suppression list is. Marks are kept ``[storage]
-forget_marks_kept_s`` (7 days by default; 0 leaves none) and then deleted, at a forget or an open
-after that; a backlog's write that waited longer than that is dropped rather than made unchecked.
-Exports leave the namespace out.
+forget_marks_kept_s`` (7 days by default; 0 leaves none) and then deleted, after a forget (at most
+an hour late) or at an open; a backlog's write that waited longer than that is dropped rather than
+made unchecked. Exports leave the namespace out. A mark's time is the clock of the process that
+made the forget, a write's the clock of the one that held it: workers' clocks should agree
+(NTP), as for every other time narrmem keeps.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from narrmem import logs
 from narrmem.errors import StoreError
@@ -44,6 +46,18 @@ MARK = "m:"
 PURGE_EVERY_S = 3600.0
 # Tries of a compare-and-set against other workers marking the same scope at once.
 CAS_TRIES = 20
+# The time an unreadable mark is taken for: later than any write (it cannot be told apart from one).
+UNREADABLE = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+ScopeKind = Literal["user", "chat", "user_in_chat", "message"]
+
+
+class Mark(NamedTuple):
+    """The scope of a message found forgotten (what forgot it: the person, the chat, the person in
+    the chat, or the message) and when."""
+
+    kind: ScopeKind
+    at: dt.datetime
 
 
 class ForgetMarks:
@@ -72,28 +86,31 @@ class ForgetMarks:
         key = await self._hmac_key()
         for name in dict.fromkeys(names):
             await self._mark(_mark_key(key, name), at)
-        await self._purge_if_due(now)
 
-    async def forgotten_after(self, message: Message, since: dt.datetime) -> bool:
-        """Whether a forget of ``message``'s person, chat, person in the chat, or the message
-        itself was made after ``since``. Reads only."""
+    async def forgotten_by(self, message: Message, since: dt.datetime) -> Mark | None:
+        """The forget of ``message``'s person, chat, person in the chat, or the message itself made
+        after ``since`` (``None``: none was). Reads only."""
         if self.kept_s <= 0:
-            return False
+            return None
         stored = await self.memory.store.state_get(NAMESPACE, KEY_ENTRY)
         if stored is None:
-            return False  # no forget was ever marked here
+            return None  # no forget was ever marked here
         key = _key_of(stored)
-        names = [
-            ("user", message.tenant, message.user_id),
-            ("chat", message.tenant, message.chat_id),
-            ("user_in_chat", message.tenant, message.chat_id, message.user_id),
-            ("message", message.tenant, message.chat_id, message.message_id),
+        names: list[tuple[ScopeKind, tuple[str, ...]]] = [
+            ("user", ("user", message.tenant, message.user_id)),
+            ("chat", ("chat", message.tenant, message.chat_id)),
+            ("user_in_chat", ("user_in_chat", message.tenant, message.chat_id, message.user_id)),
+            ("message", ("message", message.tenant, message.chat_id, message.message_id)),
         ]
-        for name in names:
+        for kind, name in names:
             value = await self.memory.store.state_get(NAMESPACE, _mark_key(key, name))
-            if value is not None and _time_of(value) > since:
-                return True
-        return False
+            at = None if value is None else _time_or_none(value)
+            if value is not None and at is None:
+                log.error("a forget mark is not as narrmem writes it: taken as a forget made now")
+                at = UNREADABLE
+            if at is not None and at > since:
+                return Mark(kind, at)
+        return None
 
     def outlived(self, since: dt.datetime) -> bool:
         """Whether a write waiting since ``since`` waited longer than marks are kept (a forget made
@@ -103,17 +120,24 @@ class ForgetMarks:
         return (self.memory.clock.now() - since).total_seconds() > self.kept_s
 
     async def purge_expired(self) -> int:
-        """Delete the marks older than they are kept; how many."""
+        """Delete the marks older than they are kept (and any not as narrmem writes them); how many."""
         now = self.memory.clock.now()
         self._purged_at = now
+        store = self.memory.store
         cutoff = now - dt.timedelta(seconds=self.kept_s)
         gone = 0
-        for entry, value in await self.memory.store.state_items(NAMESPACE):
-            if entry.startswith(MARK) and _time_of(value) < cutoff:
-                gone += await self.memory.store.state_delete(NAMESPACE, entry)
+        for entry, value in await store.state_items(NAMESPACE):
+            if not entry.startswith(MARK) or not _expired(value, cutoff):
+                continue
+            # Read again: another worker may have marked the scope anew since the list was read.
+            again = await store.state_get(NAMESPACE, entry)
+            if again is not None and _expired(again, cutoff):
+                gone += await store.state_delete(NAMESPACE, entry)
         return gone
 
-    async def _purge_if_due(self, now: dt.datetime) -> None:
+    async def purge_if_due(self) -> None:
+        """:meth:`purge_expired` if this process has not looked for expired marks in an hour."""
+        now = self.memory.clock.now()
         if self._purged_at is None or (now - self._purged_at).total_seconds() >= PURGE_EVERY_S:
             await self.purge_expired()
 
@@ -122,7 +146,8 @@ class ForgetMarks:
         value = {"at": at.isoformat()}
         for _ in range(CAS_TRIES):
             stored = await store.state_get(NAMESPACE, entry)
-            if stored is not None and _time_of(stored) >= at:
+            earlier = None if stored is None else _time_or_none(stored)
+            if earlier is not None and earlier >= at:
                 return
             if await store.state_put_if(NAMESPACE, entry, value, stored):
                 return
@@ -161,11 +186,15 @@ def _key_of(value: dict[str, Any]) -> bytes:
         raise StoreError(f"the forget marks' key in {NAMESPACE!r} is not as narrmem writes it") from exc
 
 
-def _time_of(value: dict[str, Any]) -> dt.datetime:
+def _time_or_none(value: dict[str, Any]) -> dt.datetime | None:
+    """A mark's time; ``None`` for one not as narrmem writes it (edited by hand)."""
     try:
         at = dt.datetime.fromisoformat(str(value["at"]))
-    except (KeyError, ValueError) as exc:
-        raise StoreError(f"a forget mark in {NAMESPACE!r} is not as narrmem writes it") from exc
-    if at.tzinfo is None:
-        raise StoreError(f"a forget mark in {NAMESPACE!r} has a time without a timezone")
-    return at
+    except (KeyError, ValueError):
+        return None
+    return at if at.tzinfo is not None else None
+
+
+def _expired(value: dict[str, Any], cutoff: dt.datetime) -> bool:
+    at = _time_or_none(value)
+    return at is None or at < cutoff

@@ -264,14 +264,11 @@ class Forgetting:
         sparing: Call | None = None,
         carrying: int | None = None,
         edit_mark: str | None = None,
-        asked_at: datetime | None = None,
     ) -> dict[str, int]:
         """Forget messages by id; ``sparing``: an edit's call, whose new text this leaves be;
         ``carrying``: that new text's hold of the fence, held from this forget's end;
-        ``edit_mark``: that edit's mark (:mod:`narrmem.edit_marks`), which notes this forget;
-        ``asked_at``: when a forget made late was asked (:mod:`narrmem.forget_marks`)."""
-        work = self._messages(scope, message_ids, sparing, carrying, edit_mark, asked_at)
-        return await self._to_the_end(work)
+        ``edit_mark``: that edit's mark (:mod:`narrmem.edit_marks`), which notes this forget."""
+        return await self._to_the_end(self._messages(scope, message_ids, sparing, carrying, edit_mark))
 
     async def _messages(
         self,
@@ -280,7 +277,6 @@ class Forgetting:
         sparing: Call | None,
         carrying: int | None,
         edit_mark: str | None,
-        asked_at: datetime | None,
     ) -> dict[str, int]:
         ids = message_id_list(message_ids)
         chat_id = scope.chat_id
@@ -293,7 +289,7 @@ class Forgetting:
                 if edit_mark is not None:
                     await self.marks.forgetting(edit_mark, await self._last_job())
                 elif sparing is None:  # a forget asked for, not an edit's of its old text
-                    await self.memory.forget_marks.leave(scope, ids, asked_at)
+                    await self.memory.forget_marks.leave(scope, ids, None)
                 job = await self.memory.store.begin_forget(
                     tenant=scope.tenant, user_id=None, chat_id=scope.chat_id, messages=ids
                 )

@@ -314,24 +314,28 @@ class Memory(MemoryLifecycle):
         bot's backlog), so that what the person said after asking is not taken for before."""
         scope = scope_of(tenant, user_id, chat_id)
         asked = None if asked_at is None else aware_time_argument(asked_at, "asked_at")
-        return await self._forgetting.scope(scope, asked)
+        counts = await self._forgetting.scope(scope, asked)
+        await self._purge_marks()
+        return counts
 
     @while_open
     async def forget_messages(
-        self,
-        *,
-        chat_id: str,
-        message_ids: Sequence[str],
-        tenant: str = "default",
-        asked_at: datetime | None = None,
+        self, *, chat_id: str, message_ids: Sequence[str], tenant: str = "default"
     ) -> dict[str, int]:
         """Delete what these messages left (episodes and the scenes built from them), as when a
         chat reports a message deleted. One that an ingest call of this process holds and has
-        not written yet is not written. Each message leaves a mark, and ``asked_at`` is read, as
-        in :meth:`forget`."""
-        scope = scope_of(tenant, chat_id=chat_id)
-        asked = None if asked_at is None else aware_time_argument(asked_at, "asked_at")
-        return await self._forgetting.messages(scope, message_ids, asked_at=asked)
+        not written yet is not written. Each message leaves a mark, as in :meth:`forget`, dated
+        when the forget is made (no later write of a deleted message is the chat's)."""
+        counts = await self._forgetting.messages(scope_of(tenant, chat_id=chat_id), message_ids)
+        await self._purge_marks()
+        return counts
+
+    async def _purge_marks(self) -> None:
+        # After the forget, outside its turn to write: the forget is done whatever this finds.
+        try:
+            await self.forget_marks.purge_if_due()
+        except Exception as exc:
+            log.warning("expired forget marks could not be deleted now (%s)", type(exc).__name__)
 
     @while_open
     async def forgotten_after(self, message: Message | dict[str, Any], since: datetime) -> bool:
@@ -340,7 +344,7 @@ class Memory(MemoryLifecycle):
         (``[storage] forget_marks_kept_s``). A write that waited since then (a bot's backlog)
         is dropped when this is true: made, it would store what the forget deleted. Reads only."""
         checked = as_message(message, index=None)
-        return await self.forget_marks.forgotten_after(checked, aware_time_argument(since, "since"))
+        return await self.forget_marks.forgotten_by(checked, aware_time_argument(since, "since")) is not None
 
     @while_open
     async def stats(self) -> dict[str, Any]:

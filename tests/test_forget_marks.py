@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,10 @@ async def test_a_forget_made_while_the_bot_was_stopped_drops_what_its_file_holds
         _record("5", "I sing in a choir on Tuesdays", "bob", NOON - dt.timedelta(days=8)),
     ]
     lines = [json.dumps(spool_module.HEADER), *(json.dumps(r) for r in records)]
-    (folder / f"{'d' * 32}.jsonl").write_text("\n".join(lines) + "\n")
+    left = folder / f"{'d' * 32}.jsonl"
+    left.write_text("\n".join(lines) + "\n")
+    written = (NOON - dt.timedelta(minutes=50)).timestamp()  # the line without a time: taken as then
+    os.utime(left, (written, written))
     clock = ManualClock(NOON)
     async with open_memory(tmp_path / "m", clock=clock) as memory:
         await memory.forget(user_id="ann")  # by another process, as far as the file goes
@@ -132,7 +136,8 @@ async def test_a_waiting_forget_is_dated_when_it_was_asked(tmp_path: Path) -> No
         await backlog.run("forget of a person", forget, forget_person_record("ann", [], ["default"], None))
         clock.advance(minutes=1)
         later = Message(**msg("7", "I started learning Portuguese", user="ann"))
-        await backlog.run("message", while_back(lambda: memory.ingest(later)), message_record("message", later))
+        said = while_back(lambda: memory.ingest(later))
+        await backlog.run("message", said, message_record("message", later))
         clock.advance(minutes=10)
         state["away"] = False
         await asyncio.wait_for(backlog.drained(), 30)
@@ -197,3 +202,71 @@ async def test_no_marks_when_they_are_kept_for_no_time(tmp_path: Path) -> None:
         await memory.forget(user_id="ann")
         assert await memory.store.state_items(NAMESPACE) == []
         assert not await memory.forgotten_after(message, NOON - dt.timedelta(days=365))
+
+
+async def test_a_forget_that_comes_while_a_held_write_is_made_is_made_again_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's forget of Ann comes between the backlog's check and its write of her
+    held message: the check after the write finds it and forgets again what the write stored,
+    though that check first finds the store away (the write is then not checked as new again,
+    which would have dropped it as forgotten and left the stored message)."""
+    from narrmem.models import Scope
+
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        backlog = backlog_of(memory)
+        state = {"away": True}
+        held = Message(**msg("1", "My bank card PIN is on a note in my wallet", user="ann"))
+
+        async def once() -> Any:
+            if state["away"]:
+                raise StoreUnavailableError("away")
+            clock.advance(seconds=1)
+            # The other process's forget begins: its mark is written, its deletion finds nothing.
+            await memory.forget_marks.leave(Scope(user_id="ann"), None, None)
+            return await memory.ingest(held)
+
+        checks = {"n": 0}
+        forgotten_by = memory.forget_marks.forgotten_by
+
+        async def away_once_after_the_write(message: Message, since: dt.datetime) -> Any:
+            checks["n"] += 1
+            if checks["n"] == 2:
+                raise StoreUnavailableError("away again")
+            return await forgotten_by(message, since)
+
+        monkeypatch.setattr(memory.forget_marks, "forgotten_by", away_once_after_the_write)
+        await backlog.run("message", once, message_record("message", held))
+        clock.advance(minutes=1)
+        state["away"] = False
+        await asyncio.wait_for(backlog.drained(), 30)
+        await memory.settle()
+        assert checks["n"] == 3
+        assert await store_sql(memory, EPISODES) == []
+
+
+async def test_a_write_a_stopped_process_made_and_did_not_check_is_checked_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """The file says the write was made and its check after it is owed (the process stopped in
+    between): the next start checks it, and forgets again what the forget missed."""
+    from narrmem.models import Scope
+
+    clock = ManualClock(NOON)
+    held = Message(**msg("1", "My bank card PIN is on a note in my wallet", user="ann"))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.ingest(held)  # the stopped process's write
+        await memory.settle()
+        clock.advance(seconds=1)
+        await memory.forget_marks.leave(Scope(user_id="ann"), None, None)  # a forget that missed it
+    folder = tmp_path / "m" / spool_module.FOLDER
+    folder.mkdir(parents=True)
+    record = {**_record("1", held.text, "ann", NOON - dt.timedelta(minutes=5)), "made": True}
+    lines = [json.dumps(spool_module.HEADER), json.dumps(record)]
+    (folder / f"{'e' * 32}.jsonl").write_text("\n".join(lines) + "\n")
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        assert await store_sql(memory, EPISODES) == [(held.text,)]
+        await asyncio.wait_for(backlog_of(memory).drained(), 30)
+        await memory.settle()
+        assert await store_sql(memory, EPISODES) == []

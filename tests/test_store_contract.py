@@ -461,6 +461,21 @@ async def test_plugin_state_and_compare_and_set(store: Any) -> None:
     assert await store.state_get("q", "k") == {}
 
 
+async def test_state_delete_takes_every_key_of_its_prefix_and_no_other(store: Any) -> None:
+    """Prefixes ending at characters whose next one needs more bytes, or none (U+10FFFF), or
+    whose next one is a surrogate, and keys with NUL, emoji and the highest code point after them."""
+    prefixes = ["a\x7f", "a\u07ff", "a\ud7ff", "a\uffff", "a\U0010ffff", "a\0", "m:"]
+    tails = ["", "\0", "x", "\x80", "\u0800", "\ue000", "\U0001f600", "\U0010ffff", "\U0010ffff\U0010ffff"]
+    for n, prefix in enumerate(prefixes):
+        for tail in tails:
+            await store.state_put("d", prefix + tail, {"n": n})
+    await store.state_put("d", "a", {"n": -1})
+    await store.state_put("d", "b", {"n": -1})
+    for prefix in prefixes:
+        assert await store.state_delete("d", prefix) == len(tails), prefix
+    assert [key for key, _ in await store.state_items("d")] == ["a", "b"]
+
+
 async def test_state_written_with_records_lands_with_them_and_lists_in_key_order(store: Any) -> None:
     """``add(..., state=...)`` puts plugin state in the records' transaction: both or neither."""
     entries = [("settle", "b:2", {"n": 2}), ("settle", "a:1", {"n": 1}), ("other", "a", {})]

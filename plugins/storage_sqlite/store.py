@@ -1196,11 +1196,15 @@ class SQLiteStore(ForgetJournal):
 
     async def state_delete(self, namespace: str, key_prefix: str) -> int:
         # Compared in Python: SQLite's substr() and length() stop at a NUL character, and keys join
-        # their parts with it (proactive's do), so a prefix match in SQL deleted nothing.
+        # their parts with it (proactive's do), so a prefix match in SQL deleted nothing. Read
+        # between bounds: unbounded above, deleting N keys one by one read N²/2 rows.
+        end = prefix_end(key_prefix)
+        bounded = "" if end is None else " AND key < ?"
+        params = (namespace, key_prefix) if end is None else (namespace, key_prefix, end)
         rows = [
             r
             for r in await self._fetchall(
-                "SELECT key FROM plugin_state WHERE namespace = ? AND key >= ?", (namespace, key_prefix)
+                f"SELECT key FROM plugin_state WHERE namespace = ? AND key >= ?{bounded}", params
             )
             if r[0].startswith(key_prefix)
         ]
@@ -1760,3 +1764,17 @@ def _folder_size(path: Path) -> int:
 
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least text above every text that starts with ``prefix`` in SQLite's BINARY order (UTF-8
+    bytes compared, which is code point order, and no character's bytes begin another's); ``None``
+    when nothing bounds it (an empty prefix, or one of U+10FFFF alone)."""
+    while prefix:
+        after = ord(prefix[-1]) + 1
+        if 0xD800 <= after <= 0xDFFF:
+            after = 0xE000  # no text holds a surrogate
+        if after <= 0x10FFFF:
+            return prefix[:-1] + chr(after)
+        prefix = prefix[:-1]  # a looser bound; the caller's own prefix test stays exact
+    return None

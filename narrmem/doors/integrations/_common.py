@@ -12,7 +12,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from narrmem import logs
 from narrmem.doors.integrations.backlog import (
-    asked_at,
     backlog_of,
     forget_messages_record,
     forget_person,
@@ -322,9 +321,7 @@ async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_
         return 0
 
     async def once() -> dict[str, int]:
-        return await memory.forget_messages(
-            chat_id=chat_id, message_ids=message_ids, tenant=tenant, asked_at=asked_at()
-        )
+        return await memory.forget_messages(chat_id=chat_id, message_ids=message_ids, tenant=tenant)
 
     try:
         record = forget_messages_record(tenant, chat_id, message_ids)

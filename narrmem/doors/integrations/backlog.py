@@ -23,8 +23,10 @@ process makes (another worker, or any process while this one was stopped) cannot
 a mark (:mod:`narrmem.forget_marks`), and a waiting message or edit of a person, chat or message
 forgotten after it was first tried is dropped instead of made (and, should such a forget come
 between that check and the write, forgotten again once written). One that waited longer than
-marks are kept is dropped too. A waiting forget, made late, is dated when it was asked: what the
-person said after asking, waiting behind it, is not taken for what it forgot.
+marks are kept is dropped too. A waiting person's forget, made late, is dated when it was asked:
+what the person said after asking, waiting behind it, is not taken for what it forgot. A line of
+a file written before lines said when they were first tried is taken as first tried when the
+file was last written.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pydantic import ValidationError
 from narrmem import logs
 from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
 from narrmem.errors import ClosedError, StoreUnavailableError
+from narrmem.forget_marks import Mark
 from narrmem.host import hookimpl
 from narrmem.models import Message
 
@@ -87,6 +90,7 @@ class _Waiting:
     call: Callable[[], Awaitable[Any]]
     record: dict[str, Any] | None = None  # what the file keeps of it (None: not kept on disk)
     since: dt.datetime | None = None  # when it was first tried (None: not known)
+    made: bool = False  # a write made, and its check against forgets made meanwhile still owed
 
     def message(self) -> Message | None:
         """The message a waiting write stores (``None`` for a forget, or a call kept without a record)."""
@@ -299,31 +303,44 @@ class Backlog:
         memory = None if self._memory is None else self._memory()
         message = waiting.message()
         if memory is None or message is None:
-            token = _ASKED_AT.set(waiting.since if waiting.kind in FORGETS else None)
+            # A person's forget is dated when asked; a deleted message's when made (no later
+            # write of a deleted message is the chat's).
+            asked = waiting.since if waiting.kind == "forget of a person" else None
+            token = _ASKED_AT.set(asked)
             try:
                 await self._make(waiting.call, waiting.record)
             finally:
                 _ASKED_AT.reset(token)
             return
-        # A file written before writes said when they were first tried: any mark kept counts.
         since = waiting.since or UNKNOWN_SINCE
-        if waiting.since is not None and memory.forget_marks.outlived(since):
-            log.warning(
-                "a waiting %s waited longer than forgets are remembered ([storage] "
-                "forget_marks_kept_s): dropped, since it may be of someone forgotten meanwhile",
-                waiting.kind,
-            )
-            return
-        if await memory.forgotten_after(message, since):
-            log.warning("a waiting %s was forgotten since it was first tried: dropped", waiting.kind)
-            return
-        await self._make(waiting.call, waiting.record)
-        if await memory.forgotten_after(message, since):
-            # A forget came between the check and the write, and missed it.
+        if not waiting.made:
+            if waiting.since is not None and memory.forget_marks.outlived(since):
+                log.warning(
+                    "a waiting %s waited longer than forgets are remembered ([storage] "
+                    "forget_marks_kept_s): dropped, since it may be of someone forgotten meanwhile",
+                    waiting.kind,
+                )
+                return
+            if await memory.forget_marks.forgotten_by(message, since) is not None:
+                log.warning("a waiting %s was forgotten since it was first tried: dropped", waiting.kind)
+                return
+            if not self._waiting or self._waiting[0] is not waiting:
+                return  # a forget of this process took it meanwhile
+            await self._make(waiting.call, waiting.record)
+            self._made(waiting)
+        # Checked again once written: a forget that came between the check and the write missed
+        # it. Failing here, the write is not made again; this check is tried again.
+        mark = await memory.forget_marks.forgotten_by(message, since)
+        if mark is not None:
             log.warning("a waiting %s was forgotten while it was made: forgotten again", waiting.kind)
-            await memory.forget_messages(
-                chat_id=message.chat_id, message_ids=[message.message_id], tenant=message.tenant
-            )
+            await _forget_again(memory, message, mark)
+
+    def _made(self, waiting: _Waiting) -> None:
+        waiting.made = True
+        if waiting.record is not None:
+            # So the file says so too, should the process stop before the check after it.
+            waiting.record = {**waiting.record, "made": True}
+            self._changes += 1
 
     async def _closed(self) -> None:
         kept = ""
@@ -389,7 +406,8 @@ class Backlog:
                 kind, call = made
                 if len(self._waiting) >= MAX_WAITING:
                     self._make_room()
-                self._waiting.append(_Waiting(kind, call, record, _since_of(record)))
+                waiting = _Waiting(kind, call, record, _since_of(record), made=record.get("made") is True)
+                self._waiting.append(waiting)
         if self._waiting:
             log.warning("%d writes a stopped process left waiting for the store are made first", len(self))
             self._empty.clear()
@@ -412,9 +430,7 @@ class Backlog:
             if kind == "forget of deleted messages":
                 tenant, chat_id = str(data["tenant"]), str(data["chat_id"])
                 ids = [str(i) for i in data["message_ids"]]
-                return kind, lambda: memory.forget_messages(
-                    chat_id=chat_id, message_ids=ids, tenant=tenant, asked_at=asked_at()
-                )
+                return kind, lambda: memory.forget_messages(chat_id=chat_id, message_ids=ids, tenant=tenant)
             if kind == "forget of a person":
                 user_id, aliases = str(data["user_id"]), [str(a) for a in data.get("aliases", [])]
                 listed, by = data.get("tenants"), data.get("by")
@@ -436,6 +452,20 @@ class Backlog:
             return None
         log.error("a waiting call in a bot backlog file is of no kind narrmem writes: left out")
         return None
+
+
+async def _forget_again(memory: Memory, message: Message, mark: Mark) -> None:
+    """Make again, for what a waiting write stored, the forget that missed it."""
+    tenant, chat_id, user_id = message.tenant, message.chat_id, message.user_id
+    if mark.kind == "message":
+        await memory.forget_messages(chat_id=chat_id, message_ids=[message.message_id], tenant=tenant)
+    elif mark.kind == "user":
+        await memory.forget(user_id=user_id, tenant=tenant, asked_at=min(mark.at, memory.clock.now()))
+    elif mark.kind == "chat":
+        await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=min(mark.at, memory.clock.now()))
+    else:
+        at = min(mark.at, memory.clock.now())
+        await memory.forget(user_id=user_id, chat_id=chat_id, tenant=tenant, asked_at=at)
 
 
 def _since_of(record: dict[str, Any]) -> dt.datetime | None:
