@@ -27,15 +27,16 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from narrmem import logs
 from narrmem.errors import StoreError
-from narrmem.models import Message, Scope
+from narrmem.models import IngestResult, Message, Scope
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
+    from narrmem.memory import Memory
 
 log = logs.logger("narrmem")
 
@@ -164,6 +165,53 @@ class ForgetMarks:
                 raise StoreError("the forget marks' key was written and is not there")
             self._key = _key_of(stored)
         return self._key
+
+
+FORGOTTEN_SINCE = (
+    "forgotten since it was first sent: a forget of it, its chat or its user came after held_since"
+)
+
+
+async def write_held(
+    memory: Memory, message: Message, since: dt.datetime, write: Callable[[], Awaitable[IngestResult]]
+) -> IngestResult:
+    """``write()`` of a message a client held since ``since`` and sends again, unless a forget of
+    it was made since then; found forgotten just after the write, forgotten again. Not stored
+    either way: the result says so (``stored`` false, :data:`FORGOTTEN_SINCE`)."""
+    mark = await memory.forget_marks.forgotten_by(message, since)
+    if mark is not None:
+        # An earlier send of it may have been written after the forget (its check after the
+        # write then failing): the message's forget takes what that left.
+        await memory.forget_messages(
+            chat_id=message.chat_id, message_ids=[message.message_id], tenant=message.tenant
+        )
+        decision = await memory.triage(message)
+        return IngestResult(
+            message_id=message.message_id, layer=decision.layer, stored=False, reason=FORGOTTEN_SINCE
+        )
+    result = await write()
+    mark = await memory.forget_marks.forgotten_by(message, since)
+    if mark is None:
+        return result
+    await forget_again(memory, message, mark)
+    gone = {"stored": False, "memory_ids": [], "records": [], "scene": None, "reason": FORGOTTEN_SINCE}
+    return result.model_copy(update=gone)
+
+
+async def forget_again(memory: Memory, message: Message, mark: Mark) -> None:
+    """Make again, for what a held write stored, the forget that missed it (its own scope: the
+    person's forget scrubs what the message's would not, their trigger state included)."""
+    tenant, chat_id, user_id = message.tenant, message.chat_id, message.user_id
+    if mark.kind == "message":
+        await memory.forget_messages(chat_id=chat_id, message_ids=[message.message_id], tenant=tenant)
+        return
+    at = min(mark.at, memory.clock.now())  # an unreadable mark's is taken as now
+    if mark.kind == "user":
+        await memory.forget(user_id=user_id, tenant=tenant, asked_at=at)
+    elif mark.kind == "chat":
+        await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=at)
+    else:
+        await memory.forget(user_id=user_id, chat_id=chat_id, tenant=tenant, asked_at=at)
 
 
 def _scope_name(scope: Scope) -> tuple[str, ...]:

@@ -131,23 +131,7 @@ class Message(_Strict, metaclass=_InputErrors):
     @field_validator("ts", mode="before")
     @classmethod
     def _ts_is_a_time(cls, ts: object) -> object:
-        # pydantic would read a number (or a string of digits) as seconds since 1970: a client's
-        # 0 for "no time" was stored as 1 January 1970.
-        if isinstance(ts, int | float) or (isinstance(ts, str) and _NUMBER.fullmatch(ts.strip())):
-            raise PydanticCustomError(
-                "datetime_type", "must be an ISO 8601 time with a timezone (2026-05-04T09:15:00+00:00)"
-            )
-        if isinstance(ts, str):
-            # Read here: after a validator of its own, a strict check (the tools') takes no text.
-            try:
-                return _TIME_TEXT.validate_python(ts)
-            except ValidationError as exc:
-                raise PydanticCustomError(
-                    "datetime_from_date_parsing",
-                    "must be an ISO 8601 time with a timezone (2026-05-04T09:15:00+00:00): {reason}",
-                    {"reason": exc.errors()[0]["msg"]},
-                ) from None
-        return ts
+        return a_time(ts)
 
     @field_validator("ts")
     @classmethod
@@ -155,6 +139,27 @@ class Message(_Strict, metaclass=_InputErrors):
         return check_time_range(ts)
 
     _ids_without_nul = field_validator("user_id", "chat_id", "message_id", "tenant", "speaker")(no_nul)
+
+
+def a_time(value: object) -> object:
+    """A field's value before pydantic reads it as a time: a number (or a string of digits) is
+    refused, which pydantic would read as seconds since 1970 (a client's 0 for "no time" was
+    stored as 1 January 1970), and text is read as ISO 8601 with a timezone."""
+    if isinstance(value, int | float) or (isinstance(value, str) and _NUMBER.fullmatch(value.strip())):
+        raise PydanticCustomError(
+            "datetime_type", "must be an ISO 8601 time with a timezone (2026-05-04T09:15:00+00:00)"
+        )
+    if isinstance(value, str):
+        # Read here: after a validator of its own, a strict check (the tools') takes no text.
+        try:
+            return _TIME_TEXT.validate_python(value)
+        except ValidationError as exc:
+            raise PydanticCustomError(
+                "datetime_from_date_parsing",
+                "must be an ISO 8601 time with a timezone (2026-05-04T09:15:00+00:00): {reason}",
+                {"reason": exc.errors()[0]["msg"]},
+            ) from None
+    return value
 
 
 class IncomingMessage(Message):

@@ -270,3 +270,52 @@ async def test_a_write_a_stopped_process_made_and_did_not_check_is_checked_at_th
         await asyncio.wait_for(backlog_of(memory).drained(), 30)
         await memory.settle()
         assert await store_sql(memory, EPISODES) == []
+
+
+async def test_a_client_that_held_a_message_says_since_when_and_a_forget_made_since_keeps_it_out(
+    tmp_path: Path,
+) -> None:
+    """Over HTTP, a bot in another language holds its writes while the server answers 503 and
+    sends them again later: ``held_since`` says since when, and a message of someone forgotten
+    since then (by any worker) is not stored. A send written after the forget by an earlier try
+    is taken out at the next; a bad ``held_since`` is a 422 naming it and stores nothing."""
+    import httpx
+
+    from narrmem.doors.server import create_app
+
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        app = create_app(memory)
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test") as client:
+            await memory.forget(user_id="ann")
+            clock.advance(minutes=5)
+            before = (NOON - dt.timedelta(minutes=10)).isoformat()
+            after = (NOON + dt.timedelta(minutes=1)).isoformat()
+
+            pin = msg("1", "My bank card PIN is on a note in my wallet", user="ann", held_since=before)
+            answer = await client.post("/v1/ingest", json=pin)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["stored"] is False and "forgotten since" in answer.json()["reason"]
+            said_later = msg("2", "I started learning Portuguese", user="ann", held_since=after)
+            bob = msg("3", "I grow tomatoes on my balcony", user="bob", held_since=before)
+            batch = await client.post("/v1/ingest/batch", json={"messages": [pin, said_later, bob]})
+            assert [r["stored"] for r in batch.json()] == [False, True, True]
+            assert await store_sql(memory, EPISODES) == [
+                ("I started learning Portuguese",),
+                ("I grow tomatoes on my balcony",),
+            ]
+
+            # An earlier send, written after the forget (its check after the write then failed).
+            await memory.ingest(Message(**msg("4", "My new phone number is 555 0199", user="ann")))
+            resent = msg("4", "My new phone number is 555 0199", user="ann", held_since=before)
+            assert (await client.post("/v1/ingest", json=resent)).json()["stored"] is False
+            assert ("My new phone number is 555 0199",) not in await store_sql(memory, EPISODES)
+            edit = msg("2", "I started learning Italian", user="ann", held_since=before)
+            assert (await client.post("/v1/edit", json=edit)).json()["stored"] is False
+
+            rows = await store_sql(memory, EPISODES)
+            for bad in ("2026-12-06T11:00:00", "soon", 1765000000):
+                refused = await client.post("/v1/ingest", json={**pin, "message_id": "9", "held_since": bad})
+                assert refused.status_code == 422 and "held_since" in refused.text, refused.text
+            assert await store_sql(memory, EPISODES) == rows

@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from narrmem import logs
 from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
 from narrmem.errors import ClosedError, StoreUnavailableError
-from narrmem.forget_marks import Mark
+from narrmem.forget_marks import forget_again
 from narrmem.host import hookimpl
 from narrmem.models import Message
 
@@ -333,7 +333,7 @@ class Backlog:
         mark = await memory.forget_marks.forgotten_by(message, since)
         if mark is not None:
             log.warning("a waiting %s was forgotten while it was made: forgotten again", waiting.kind)
-            await _forget_again(memory, message, mark)
+            await forget_again(memory, message, mark)
 
     def _made(self, waiting: _Waiting) -> None:
         waiting.made = True
@@ -452,20 +452,6 @@ class Backlog:
             return None
         log.error("a waiting call in a bot backlog file is of no kind narrmem writes: left out")
         return None
-
-
-async def _forget_again(memory: Memory, message: Message, mark: Mark) -> None:
-    """Make again, for what a waiting write stored, the forget that missed it."""
-    tenant, chat_id, user_id = message.tenant, message.chat_id, message.user_id
-    if mark.kind == "message":
-        await memory.forget_messages(chat_id=chat_id, message_ids=[message.message_id], tenant=tenant)
-    elif mark.kind == "user":
-        await memory.forget(user_id=user_id, tenant=tenant, asked_at=min(mark.at, memory.clock.now()))
-    elif mark.kind == "chat":
-        await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=min(mark.at, memory.clock.now()))
-    else:
-        at = min(mark.at, memory.clock.now())
-        await memory.forget(user_id=user_id, chat_id=chat_id, tenant=tenant, asked_at=at)
 
 
 def _since_of(record: dict[str, Any]) -> dt.datetime | None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -57,6 +58,7 @@ from narrmem.doors.server.schemas import (
     ContextBody,
     DeleteMessages,
     ErrorBody,
+    IncomingMessage,
     IngestBatch,
     MarkUsedBody,
     RecallBody,
@@ -74,8 +76,9 @@ from narrmem.errors import (
     StoreUnavailableError,
     UnknownToolError,
 )
+from narrmem.forget_marks import write_held
 from narrmem.memory import Memory
-from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IncomingMessage, IngestResult, Scope, no_nul
+from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IngestResult, Message, Scope, no_nul
 from narrmem.store import Broadcasts, shared_by_processes
 
 if TYPE_CHECKING:
@@ -465,6 +468,18 @@ def _settled(caller: Principal, model: M) -> M:
 # --- routes ---------------------------------------------------------------------------------
 
 
+async def _write(
+    memory: Memory,
+    message: Message,
+    held_since: datetime | None,
+    write: Callable[[], Awaitable[IngestResult]],
+) -> IngestResult:
+    """``write()``; for a message a client held, checked against the forgets made since."""
+    if held_since is None:
+        return await write()
+    return await write_held(memory, message, held_since, write)
+
+
 def _free_name(memory: Memory, name: str) -> str:
     """``name``, or ``name`` and a number when another app over the same memory took it (a name
     of its own that ``stats`` shows the same after a restart, not an object's address)."""
@@ -540,9 +555,11 @@ def _write_routes(r: APIRouter) -> None:
         body: IncomingMessage, caller: Caller, state: State, acknowledge: AcknowledgeParam = None
     ) -> IngestResult:
         """Ingest one message (idempotent by ``message_id`` in its chat: a repeat is a duplicate).
-        ``ts`` left out is now, by the memory's clock."""
-        message = _settled(caller, body).at(state.memory.clock.now())
-        result = await state.memory.ingest(message, acknowledge=acknowledge)
+        ``ts`` left out is now, by the memory's clock. ``held_since``: see the field."""
+        message, held_since = _settled(caller, body).sent(state.memory.clock.now())
+        result = await _write(
+            state.memory, message, held_since, lambda: state.memory.ingest(message, acknowledge=acknowledge)
+        )
         if state.metrics is not None:
             state.metrics.ingested([result])
         return result
@@ -556,17 +573,27 @@ def _write_routes(r: APIRouter) -> None:
         if len(body.messages) > state.max_batch:
             raise Refused(413, f"a batch holds at most {state.max_batch} messages", field="messages")
         now = state.memory.clock.now()
-        messages = [_settled(caller, m).at(now) for m in body.messages]
-        results = await state.memory.ingest_many(messages, acknowledge=acknowledge)
+        sent = [_settled(caller, m).sent(now) for m in body.messages]
+        if all(held_since is None for _, held_since in sent):
+            results = await state.memory.ingest_many([m for m, _ in sent], acknowledge=acknowledge)
+        else:  # in order, each held one checked against the forgets made since
+            results = []
+            for message, held_since in sent:
+
+                def one(message: Message = message) -> Awaitable[IngestResult]:
+                    return state.memory.ingest(message, acknowledge=acknowledge)
+
+                results.append(await _write(state.memory, message, held_since, one))
         if state.metrics is not None:
             state.metrics.ingested(results)
         return results
 
     @r.post("/edit", response_model=IngestResult, tags=["write"])
     async def edit(body: IncomingMessage, caller: Caller, state: State) -> IngestResult:
-        """A message was edited: what it left is replaced (earlier texts kept in ``meta.edits``)."""
-        message = _settled(caller, body).at(state.memory.clock.now())
-        return await state.memory.edit(message)
+        """A message was edited: what it left is replaced (earlier texts kept in ``meta.edits``).
+        ``held_since``: as for ``ingest``."""
+        message, held_since = _settled(caller, body).sent(state.memory.clock.now())
+        return await _write(state.memory, message, held_since, lambda: state.memory.edit(message))
 
     @r.post("/messages/delete", tags=["write"])
     async def delete_messages(body: DeleteMessages, caller: Caller, state: State) -> dict[str, int]:

@@ -4,15 +4,18 @@ error the server sends (:class:`ErrorBody`)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from narrmem import models
+from narrmem.checks import check_time_range
 from narrmem.models import (
     MAX_ID_CHARS,
     MAX_QUERY_CHARS,
     NO_NUL_SCHEMA,
-    IncomingMessage,
+    Message,
     RecallRequest,
     Scope,
 )
@@ -101,6 +104,39 @@ def _id(default: str | None = None) -> Any:
     if default is None:
         return Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
     return Field(default=default, min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
+
+
+class IncomingMessage(models.IncomingMessage):
+    """A message as a client sends it over HTTP (the document's name kept): ``ts`` may be left
+    out (now, by the memory's clock), and it may be sent again after being held (``held_since``)."""
+
+    held_since: AwareDatetime | None = Field(
+        default=None,
+        description="when the client first sent this message (or edit), if it held it and sends it "
+        "again (after a 503, a timeout, its own restart): a message whose user, chat or itself was "
+        "forgotten after then, by any worker, is not stored (stored false, reason 'forgotten "
+        "since ...'), as the forget would have deleted it; left out: sent as it comes",
+    )
+
+    @field_validator("held_since", mode="before")
+    @classmethod
+    def _held_since_is_a_time(cls, held_since: object) -> object:
+        return models.a_time(held_since)
+
+    @field_validator("held_since")
+    @classmethod
+    def _held_since_in_range(cls, held_since: datetime | None) -> datetime | None:
+        return None if held_since is None else check_time_range(held_since)
+
+    def sent(self, now: datetime) -> tuple[Message, datetime | None]:
+        """The message to write (``ts`` left out: ``now``), and since when it was held."""
+        data = self.model_dump(exclude={"held_since"})
+        if data["ts"] is None:
+            data["ts"] = now
+        return Message.model_validate(data), self.held_since
+
+    def at(self, now: datetime) -> Message:
+        return self.sent(now)[0]
 
 
 class IngestBatch(_Strict):
