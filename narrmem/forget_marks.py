@@ -178,40 +178,28 @@ async def write_held(
     """``write()`` of a message a client held since ``since`` and sends again, unless a forget of
     it was made since then; found forgotten just after the write, forgotten again. Not stored
     either way: the result says so (``stored`` false, :data:`FORGOTTEN_SINCE`)."""
-    mark = await memory.forget_marks.forgotten_by(message, since)
-    if mark is not None:
+    if await memory.forgotten_after(message, since):
         # An earlier send of it may have been written after the forget (its check after the
-        # write then failing): the message's forget takes what that left.
-        await memory.forget_messages(
-            chat_id=message.chat_id, message_ids=[message.message_id], tenant=message.tenant
-        )
+        # write then failing): what that left goes.
+        await forget_written(memory, message)
         decision = await memory.triage(message)
         return IngestResult(
             message_id=message.message_id, layer=decision.layer, stored=False, reason=FORGOTTEN_SINCE
         )
     result = await write()
-    mark = await memory.forget_marks.forgotten_by(message, since)
-    if mark is None:
+    if not await memory.forgotten_after(message, since):
         return result
-    await forget_again(memory, message, mark)
+    await forget_written(memory, message)
     gone = {"stored": False, "memory_ids": [], "records": [], "scene": None, "reason": FORGOTTEN_SINCE}
     return result.model_copy(update=gone)
 
 
-async def forget_again(memory: Memory, message: Message, mark: Mark) -> None:
-    """Make again, for what a held write stored, the forget that missed it (its own scope: the
-    person's forget scrubs what the message's would not, their trigger state included)."""
-    tenant, chat_id, user_id = message.tenant, message.chat_id, message.user_id
-    if mark.kind == "message":
-        await memory.forget_messages(chat_id=chat_id, message_ids=[message.message_id], tenant=tenant)
-        return
-    at = min(mark.at, memory.clock.now())  # an unreadable mark's is taken as now
-    if mark.kind == "user":
-        await memory.forget(user_id=user_id, tenant=tenant, asked_at=at)
-    elif mark.kind == "chat":
-        await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=at)
-    else:
-        await memory.forget(user_id=user_id, chat_id=chat_id, tenant=tenant, asked_at=at)
+async def forget_written(memory: Memory, message: Message) -> None:
+    """Forget what a held write of ``message`` stored after a forget that missed it: the message's
+    own forget (a forget of its person or chat again would take what they said since, too)."""
+    await memory.forget_messages(
+        chat_id=message.chat_id, message_ids=[message.message_id], tenant=message.tenant
+    )
 
 
 def _scope_name(scope: Scope) -> tuple[str, ...]:

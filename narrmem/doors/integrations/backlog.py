@@ -21,12 +21,12 @@ call, another door) takes what waits of the person, chat or messages it forgets,
 too: sent after that forget, a waiting message would have been stored again. A forget another
 process makes (another worker, or any process while this one was stopped) cannot reach it: it left
 a mark (:mod:`narrmem.forget_marks`), and a waiting message or edit of a person, chat or message
-forgotten after it was first tried is dropped instead of made (and, should such a forget come
-between that check and the write, forgotten again once written). One that waited longer than
-marks are kept is dropped too. A waiting person's forget, made late, is dated when it was asked:
-what the person said after asking, waiting behind it, is not taken for what it forgot. A line of
-a file written before lines said when they were first tried is taken as first tried when the
-file was last written.
+forgotten after it was first tried is dropped instead of made, and what an earlier try of it may
+have written goes (the message's forget); should such a forget come between that check and the
+write, the message is forgotten once written. One that waited longer than marks are kept is
+dropped too. A waiting person's forget, made late, is dated when it was asked: what the person
+said after asking, waiting behind it, is not taken for what it forgot. A line of a file written
+before lines said when they were first tried is checked against every mark kept.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from narrmem import logs
 from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
 from narrmem.errors import ClosedError, StoreUnavailableError
-from narrmem.forget_marks import forget_again
+from narrmem.forget_marks import forget_written
 from narrmem.host import hookimpl
 from narrmem.models import Message
 
@@ -90,7 +90,6 @@ class _Waiting:
     call: Callable[[], Awaitable[Any]]
     record: dict[str, Any] | None = None  # what the file keeps of it (None: not kept on disk)
     since: dt.datetime | None = None  # when it was first tried (None: not known)
-    made: bool = False  # a write made, and its check against forgets made meanwhile still owed
 
     def message(self) -> Message | None:
         """The message a waiting write stores (``None`` for a forget, or a call kept without a record)."""
@@ -312,35 +311,29 @@ class Backlog:
             finally:
                 _ASKED_AT.reset(token)
             return
+        # A file written before writes said when they were first tried: any mark kept counts.
         since = waiting.since or UNKNOWN_SINCE
-        if not waiting.made:
-            if waiting.since is not None and memory.forget_marks.outlived(since):
-                log.warning(
-                    "a waiting %s waited longer than forgets are remembered ([storage] "
-                    "forget_marks_kept_s): dropped, since it may be of someone forgotten meanwhile",
-                    waiting.kind,
-                )
-                return
-            if await memory.forget_marks.forgotten_by(message, since) is not None:
-                log.warning("a waiting %s was forgotten since it was first tried: dropped", waiting.kind)
-                return
-            if not self._waiting or self._waiting[0] is not waiting:
-                return  # a forget of this process took it meanwhile
-            await self._make(waiting.call, waiting.record)
-            self._made(waiting)
-        # Checked again once written: a forget that came between the check and the write missed
-        # it. Failing here, the write is not made again; this check is tried again.
-        mark = await memory.forget_marks.forgotten_by(message, since)
-        if mark is not None:
+        if waiting.since is not None and memory.forget_marks.outlived(since):
+            log.warning(
+                "a waiting %s waited longer than forgets are remembered ([storage] "
+                "forget_marks_kept_s): dropped, since it may be of someone forgotten meanwhile",
+                waiting.kind,
+            )
+            return
+        if await memory.forgotten_after(message, since):
+            log.warning("a waiting %s was forgotten since it was first tried: dropped", waiting.kind)
+            # An earlier try of it (whose check after the write then failed, or whose process
+            # stopped) may have written it after the forget: what it left goes.
+            await forget_written(memory, message)
+            return
+        if not self._waiting or self._waiting[0] is not waiting:
+            return  # a forget of this process took it meanwhile
+        await self._make(waiting.call, waiting.record)
+        if self._waiting and self._waiting[0] is waiting and await memory.forgotten_after(message, since):
+            # A forget that came between the check and the write missed it. (Failing here, the
+            # write is tried again, and its check before finds that forget.)
             log.warning("a waiting %s was forgotten while it was made: forgotten again", waiting.kind)
-            await forget_again(memory, message, mark)
-
-    def _made(self, waiting: _Waiting) -> None:
-        waiting.made = True
-        if waiting.record is not None:
-            # So the file says so too, should the process stop before the check after it.
-            waiting.record = {**waiting.record, "made": True}
-            self._changes += 1
+            await forget_written(memory, message)
 
     async def _closed(self) -> None:
         kept = ""
@@ -406,8 +399,7 @@ class Backlog:
                 kind, call = made
                 if len(self._waiting) >= MAX_WAITING:
                     self._make_room()
-                waiting = _Waiting(kind, call, record, _since_of(record), made=record.get("made") is True)
-                self._waiting.append(waiting)
+                self._waiting.append(_Waiting(kind, call, record, _since_of(record)))
         if self._waiting:
             log.warning("%d writes a stopped process left waiting for the store are made first", len(self))
             self._empty.clear()

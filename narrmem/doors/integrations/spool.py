@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import fcntl
 import json
 import os
@@ -183,10 +182,7 @@ class Spool:
                 if records is None:
                     log.warning("%s does not start as narrmem's bot backlog does: left as it is", path)
                     continue
-                # Lines written before lines said when their call was first tried: when the
-                # file was last written, the latest they can have been.
-                written = dt.datetime.fromtimestamp(_modified(path), dt.UTC).isoformat()
-                taken.extend(r if "since" in r else {**r, "since": written} for r in records)
+                taken.extend(records)
                 if path not in gone:
                     gone.append(path)
             if taken:
