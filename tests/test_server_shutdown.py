@@ -208,17 +208,32 @@ async def _answer(reader: asyncio.StreamReader, within: float) -> tuple[int, byt
     return int(head.split(b" ")[1]), body
 
 
-def test_connections_beyond_max_connections_get_503(serve: Any) -> None:
+def test_requests_beyond_max_connections_get_503_in_json_and_liveness_is_still_answered(serve: Any) -> None:
+    """A request beyond the limit is a 503 as every other of the server: JSON with ``detail`` and
+    ``Retry-After`` (uvicorn's own was plain text without it, which a client parsing the error
+    body failed on). ``/healthz`` is answered however busy (a liveness probe that met the limit
+    had the supervisor restart a busy process); ``/readyz`` is not (busy is not ready)."""
     served = serve("--max-connections", "4", "--body-timeout", "120")
 
-    async def crowd() -> None:
-        held = [await _slow_request(served.port) for _ in range(3)]
-        await asyncio.sleep(0.3)
+    async def get(path: str) -> tuple[int, dict[str, str], bytes]:
         reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
-        writer.write(b"GET /v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        status, _ = await _answer(reader, 10)
-        assert status == 503
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(), 10)
         writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        return int(lines[0].split(" ")[1]), headers, body
+
+    async def crowd() -> None:
+        held = [await _slow_request(served.port) for _ in range(4)]
+        await asyncio.sleep(0.3)
+        status, headers, body = await get("/v1/stats")
+        assert status == 503 and headers["retry-after"] == "1", (status, headers, body)
+        assert headers["content-type"] == "application/json"
+        assert "at once" in json.loads(body)["detail"]
+        assert (await get("/healthz"))[0] == 200
+        assert (await get("/readyz"))[0] == 503
         for _, slow in held:
             slow.close()
         await asyncio.sleep(0.3)

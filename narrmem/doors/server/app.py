@@ -41,7 +41,7 @@ from narrmem.doors.server.headers import EVERY_ANSWER, SecurityHeaders
 from narrmem.doors.server.health import health_routes
 from narrmem.doors.server.hosts import TrustedHost
 from narrmem.doors.server.keys import OPEN, KeyRing, Principal
-from narrmem.doors.server.limits import BodyLimit
+from narrmem.doors.server.limits import BodyLimit, RequestsAtOnce
 from narrmem.doors.server.query import QueryUTF8
 from narrmem.doors.server.replies import (
     ContextReply,
@@ -141,13 +141,15 @@ def create_app(
     ui: bool = True,
     allowed_hosts: Sequence[str] | None = None,
     metrics: ServerMetrics | None = None,
+    max_requests: int | None = None,
 ) -> FastAPI:
     """The app over ``memory``. ``keys``: the key ring (``None``: no keys, every tenant open, for a
     server on a loopback address); ``cors_origins``: origins allowed to call from a browser (off
     by default); ``webhook``: where trigger events are POSTed, with retries; ``allowed_hosts``:
     the names a request's ``Host`` may give (``None``: any; ``narrmem serve`` gives its own);
     ``body_timeout``: seconds a request body has to come whole (408 after; ``None``: no limit);
-    ``metrics``: where the app counts its requests and ingests (see :mod:`narrmem.doors.server.metrics`)."""
+    ``metrics``: where the app counts its requests and ingests (see :mod:`narrmem.doors.server.metrics`);
+    ``max_requests``: requests served at once, one more answered 503 (``None``: no limit)."""
     hub = TriggerHub(webhook, StillStored(memory))
     if shared_by_processes(memory.store) and isinstance(memory.store, Broadcasts):
         hub.relay_with(memory.store)  # every worker's streams carry every worker's events
@@ -159,6 +161,8 @@ def create_app(
     app.add_middleware(InternalErrors)  # innermost: the others see its answer as any other
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     app.add_middleware(QueryUTF8)
+    if max_requests is not None:
+        app.add_middleware(RequestsAtOnce, limit=max_requests)
     app.add_middleware(SecurityHeaders)
     if allowed_hosts is not None:
         # A page of any site whose name was made to resolve to 127.0.0.1 (DNS rebinding) is of the

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 8765
 DEFAULT_MAX_CONNECTIONS = 1000
+# Connections uvicorn keeps at once per request the app serves at once (see --max-connections).
+CONNECTIONS_PER_REQUEST = 2
 DEFAULT_BODY_TIMEOUT = 30.0
 # Once the server has stopped, the webhook gets this long to deliver what is queued.
 WEBHOOK_DRAIN_SECONDS = 5.0
@@ -42,7 +44,8 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
         metavar="N",
-        help=f"connections served at once; a request beyond gets 503 (default {DEFAULT_MAX_CONNECTIONS})",
+        help=f"requests served at once, a request beyond gets 503; connections, idle ones included, "
+        f"at most twice that (default {DEFAULT_MAX_CONNECTIONS})",
     )
     serve.add_argument(
         "--body-timeout",
@@ -181,6 +184,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             webhook=webhook,
             allowed_hosts=allowed_hosts(args.host, args.allowed_host),
             metrics=metrics,
+            max_requests=args.max_connections,
         )
         exporter = None if metrics is None else _serve_metrics(metrics, args.metrics)
         mode = f"{ring.active_count()} active key(s)" if ring.required else "no keys (loopback only)"
@@ -194,7 +198,9 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             port=args.port,
             log_level="warning",
             lifespan="off",
-            limit_concurrency=args.max_connections,
+            # The app's own limit answers first, in JSON; this one bounds the connections, idle
+            # kept-alive ones included, and answers in uvicorn's plain text.
+            limit_concurrency=CONNECTIONS_PER_REQUEST * args.max_connections,
             root_path=root_path,
         )
         hub: TriggerHub = app.state.narrmem.hub

@@ -1,6 +1,8 @@
 """Bounded request bodies: a body over the limit is refused with 413 before it is read whole, and
 one that has not come whole within the deadline with 408 (a client that sends a byte now and then
-held its connection, and a file descriptor, for ever)."""
+held its connection, and a file descriptor, for ever). Bounded requests at once: one beyond the
+limit is refused with 503, JSON and ``Retry-After`` as every other 503 of the server (uvicorn's
+own limit answered in plain text, without ``Retry-After``)."""
 
 from __future__ import annotations
 
@@ -90,6 +92,43 @@ class BodyLimit:
         except (BodyTooLarge, BodyTooSlow) as refusal:
             if not started:
                 await _refuse(send, refusal.status_code, refusal.detail, refusal.headers)
+
+
+# Answered however many requests run: a supervisor's liveness probe that met the limit took a
+# busy process for a hung one and restarted it. (/readyz is limited: busy is not ready.)
+UNLIMITED_PATHS = frozenset({"/healthz"})
+RETRY_AFTER_S = 1
+
+
+class RequestsAtOnce:
+    """Pure ASGI middleware: at most ``limit`` HTTP requests are served at once (an event stream
+    counts for as long as it is open); one more is answered 503 at once."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.serving = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _route_path(scope) in UNLIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.serving >= self.limit:
+            detail = f"the server serves {self.limit} requests at once (--max-connections): try again"
+            await _refuse(send, 503, detail, {"Retry-After": str(RETRY_AFTER_S)})
+            return
+        self.serving += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.serving -= 1
+
+
+def _route_path(scope: Scope) -> str:
+    """The request's path within the app (a root path a proxy serves it under taken off)."""
+    path = str(scope.get("path", ""))
+    root = str(scope.get("root_path", ""))
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 async def _refuse(send: Send, status: int, detail: str, extra: Mapping[str, str] | None = None) -> None:
