@@ -176,3 +176,32 @@ async def test_pgvector_off_the_search_path_is_refused_naming_its_schema(tmp_pat
         async with open_memory(tmp_path / "m", storage=_storage(dsn)):
             pass
     assert await _fetch(dsn, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'") == []
+
+
+async def test_a_pgvector_older_than_iterative_scans_is_named_with_what_to_do(tmp_path: Path) -> None:
+    """pgvector before 0.8 has no iterative index scans, which the pool's sessions set: it is
+    refused at open with a ConfigError naming ``storage.dsn``, the version and what to run. (The
+    catalog says 0.7.4 here while the server's library is 0.8.5, which has the setting: the open
+    before this check went on, where a real 0.7 fails every session's settings.)"""
+    dsn = await fresh_database("old-pgvector")
+    await _run(
+        dsn,
+        "CREATE EXTENSION vector",
+        "UPDATE pg_extension SET extversion = '0.7.4' WHERE extname = 'vector'",
+    )
+    with pytest.raises(ConfigError) as refused:
+        async with open_memory(tmp_path / "m", storage=_storage(dsn)):
+            pass
+    assert str(refused.value).startswith("storage.dsn: ")
+    assert "pgvector 0.7.4" in str(refused.value) and "ALTER EXTENSION vector UPDATE" in str(refused.value)
+    await _run(dsn, "UPDATE pg_extension SET extversion = '0.8.0' WHERE extname = 'vector'")
+    async with open_memory(tmp_path / "m", storage=_storage(dsn)) as memory:
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel"))
+
+
+def test_pgvector_versions_read_as_numbers() -> None:
+    from narrmem_plugins.storage_postgres.store import pgvector_too_old
+
+    assert pgvector_too_old("0.7.4") and pgvector_too_old("0.5.1") and pgvector_too_old("0.7.99")
+    assert not pgvector_too_old("0.8.0") and not pgvector_too_old("0.8.5") and not pgvector_too_old("0.10.0")
+    assert not pgvector_too_old("1.0.0") and not pgvector_too_old("0.9.0-dev")

@@ -327,12 +327,19 @@ class PostgresStore(ForgetJournal):
         hosted databases do, in ``extensions``), which the search path must name: the tables'
         column types and the queries' operators are written without it."""
         found = await conn.fetchrow(
-            "SELECT n.nspname, n.nspname = ANY (current_schemas(false)) AS on_path "
+            "SELECT n.nspname, n.nspname = ANY (current_schemas(false)) AS on_path, e.extversion "
             "FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
         )
         if found is None:
             raise StoreError(
                 f"PostgreSQL at {self.where} has no pgvector: run CREATE EXTENSION vector in that database"
+            )
+        if pgvector_too_old(str(found["extversion"])):
+            raise ConfigError(
+                f"storage.dsn: {self.where} has pgvector {found['extversion']}; narrmem needs "
+                f"{'.'.join(map(str, PGVECTOR_LEAST))} or later (its iterative index scans keep a search "
+                "within one user's memories whole): install a later pgvector on the server, then run "
+                "ALTER EXTENSION vector UPDATE in that database"
             )
         if not found["on_path"]:
             role, path = await role_and_search_path(conn)
@@ -1411,3 +1418,17 @@ STATE_PUT = (
 
 def _state_json(value: dict[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+# The pgvector that first has iterative index scans (hnsw.iterative_scan, which the pool sets).
+PGVECTOR_LEAST = (0, 8, 0)
+
+
+def pgvector_too_old(version: str) -> bool:
+    """Whether pgvector ``version`` (``extversion``: "0.7.4", "0.8.0") is older than narrmem needs;
+    a version not of numbers is taken as new enough (a build of its own)."""
+    try:
+        numbers = tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return False
+    return numbers < PGVECTOR_LEAST
