@@ -108,3 +108,33 @@ async def test_a_plugin_gone_for_good_is_dropped_from_the_command_line(tmp_path:
         await memory.ingest(msg("m2", "I adopted a cat", user="bob"))
         await memory.forget(user_id="bob")
         assert [key for key, _ in await memory.store.state_items(NAMESPACE)] == [SCRUBBERS_KEY]
+
+
+@pytest.mark.sqlite_only("the command line on a --data folder")
+async def test_the_listing_reads_beside_a_running_bot_and_changes_nothing(tmp_path: Path) -> None:
+    """The listing opened the store for writing: it could not run beside the bot (which holds
+    the folder), and its open changed the store (loaded plugins scrubbed, expired forget marks
+    deleted) before it listed anything."""
+    from datetime import UTC, datetime
+
+    from _helpers import store_fingerprint
+
+    from narrmem.clock import ManualClock
+
+    folder = tmp_path / "m"
+    async with open_memory(folder, real_model=True, plugins=[KeepsCopies()]) as memory:
+        await memory.ingest(msg("m1", "my sister Lena lives in Porto", user="ann"))
+    long_ago = ManualClock(datetime(2026, 5, 1, 12, 0, tzinfo=UTC))  # its forget mark has expired
+    async with open_memory(folder, real_model=True, clock=long_ago) as memory:
+        await memory.forget(user_id="ann")
+    async with open_memory(folder, real_model=True, read_only=True) as memory:
+        before = await store_fingerprint(memory)
+    listed = run_narrmem("owed-forgets", "--data", str(folder), "--json", cwd=tmp_path, env=ENV)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == {"test_owed_forgets.KeepsCopies": 1}
+    async with open_memory(folder, real_model=True, read_only=True) as memory:
+        assert await store_fingerprint(memory) == before
+    async with open_memory(folder, real_model=True) as bot:  # holds the folder
+        beside = run_narrmem("owed-forgets", "--data", str(folder), "--json", cwd=tmp_path, env=ENV)
+        assert beside.returncode == 0, beside.stderr
+        assert await bot.stats()

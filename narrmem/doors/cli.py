@@ -533,8 +533,11 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_owed_forgets(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem import owed_forgets
 
-    async with _open(_existing_store(settings), warm=False) as memory:
-        if args.drop is None:
+    # The listing reads beside a running bot and changes nothing: a writable open would have the
+    # plugins loaded scrub what they are owed, and delete expired forget marks, first.
+    listing = args.drop is None
+    async with _open(_existing_store(settings), warm=False, read_only=listing) as memory:
+        if listing:
             _report(args, await owed_forgets.awaited(memory))
         else:
             _report(args, {"dropped": await owed_forgets.drop(memory, args.drop)})
