@@ -158,3 +158,28 @@ async def test_a_plugins_context_lines_go_in_with_the_message_and_a_bad_answer_i
         assert "telescope" not in first.context_text
         assert first.meta["quoted_by"] == ["m2"]
         assert await keyword_ids(mem, Scope(chat_id="g"), "observatory") != []
+
+
+@pytest.mark.parametrize("deleted", [1, 6], ids=["looked up by id", "more than are looked up by id"])
+async def test_deleted_messages_leave_the_context_of_the_turns_around_them(
+    tmp_path: Path, deleted: int
+) -> None:
+    """A deleted message's words go from the turns before it (replies) and after it (context),
+    whether the turns holding them are looked up by the deleted message's id or read with the
+    chat; the other turns keep theirs."""
+    topics = ["observatory", "telescope", "lighthouse", "orchard", "glacier", "volcano", "harbour", "canyon"]
+    talk = [
+        msg(f"t{n}", f"We talked about the {topic} again today", user=f"u{n % 3}", chat="g", ts=at(n))
+        for n, topic in enumerate(topics)
+    ]
+    async with open_memory(tmp_path / "m") as mem:
+        await mem.ingest_many(talk)
+        await mem.settle()
+        gone = [f"t{n}" for n in range(1, 1 + deleted)]
+        await mem.forget_messages(chat_id="g", message_ids=gone)
+        kept = [f"t{n}" for n in range(len(topics)) if f"t{n}" not in gone]
+        contexts = {mid: await context_of(mem, mid) for mid in kept}
+    for n in range(1, 1 + deleted):
+        assert not any(topics[n] in text for text in contexts.values()), topics[n]
+    if deleted == 1:  # the turns whose context held none of it keep theirs
+        assert topics[6] in contexts["t7"] and topics[5] in contexts["t6"]
