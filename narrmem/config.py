@@ -194,6 +194,13 @@ class StorageSettings(_Section):
         description="a message dated more than this many seconds past the clock's now is refused "
         "(an InputError naming ts): a device clock far ahead skewed counts and held triggers back",
     )
+    history_kept_per_memory: int = Field(
+        default=100,
+        ge=0,
+        le=1_000_000,
+        description="importance history rows kept per memory, the newest (each reinforcement and "
+        "decay step writes one; a memory used daily gained one a day for good); 0: every row",
+    )
     forget_marks_kept_s: float = Field(
         default=7 * 86_400.0,
         ge=0.0,

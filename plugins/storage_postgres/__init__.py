@@ -37,6 +37,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             read_only=memory.read_only,
             clock=memory.clock,
             timeout_s=storage.timeout_s,
+            history_kept=storage.history_kept_per_memory,
         )
 
     register("postgres", factory)

@@ -198,8 +198,10 @@ class PostgresStore(ForgetJournal):
         text_config: str | None = None,
         clock: Clock | None = None,
         timeout_s: float = 30.0,
+        history_kept: int = 0,
     ) -> None:
         self.clock: Clock = clock or SystemClock()  # the memory's: when a forget was recorded
+        self.history_kept = history_kept  # importance history rows kept per memory (0: all)
         text_config = text_config or DEFAULT_TEXT_CONFIG
         if text_config not in TEXT_CONFIGS:
             raise StoreError(f"text search configuration must be one of {TEXT_CONFIGS}, not {text_config!r}")
@@ -710,9 +712,23 @@ class PostgresStore(ForgetJournal):
                 at.isoformat(),
             )
             written.extend(int(r[0]) for r in rows)
+            await self._trim_history(conn, [int(r[0]) for r in rows])
 
         await self._write_by_page([c.memory_id for c in changes], write)
         return written
+
+    async def _trim_history(self, conn: Any, memory_ids: Sequence[int]) -> None:
+        """Keep the newest ``history_kept`` history rows of each of ``memory_ids``, in the caller's
+        transaction."""
+        if not self.history_kept or not memory_ids:
+            return
+        await conn.execute(
+            "DELETE FROM memory_history WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER "
+            "(PARTITION BY memory_id ORDER BY id DESC) AS newer FROM memory_history "
+            "WHERE memory_id = ANY($1::bigint[])) ranked WHERE newer > $2)",
+            sorted(set(memory_ids)),
+            self.history_kept,
+        )
 
     async def _write_by_page(
         self, ids: Sequence[int], write: Callable[[Any, set[int]], Awaitable[None]]
@@ -775,6 +791,7 @@ class PostgresStore(ForgetJournal):
                     if memory_id in ids
                 ],
             )
+            await self._trim_history(conn, [row[0] for row in history if row[0] in ids])
 
         # A memory's value and its history row go in one transaction.
         await self._write_by_page(
@@ -798,6 +815,7 @@ class PostgresStore(ForgetJournal):
                 at.isoformat(),
             )
             written.extend(int(r[0]) for r in rows)
+            await self._trim_history(conn, [int(r[0]) for r in rows if by_id[int(r[0])].history])
 
         await self._write_by_page(list(by_id), write)
         return written

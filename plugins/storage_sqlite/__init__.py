@@ -30,6 +30,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             keyword_index=storage.keyword_index,
             keyword_threshold=storage.keyword_threshold,
             rewrite_on_forget=storage.forget_rewrites_file,
+            history_kept=storage.history_kept_per_memory,
         )
 
     register("sqlite", factory)

@@ -107,8 +107,10 @@ class SQLiteStore(ForgetJournal):
         keyword_threshold: int = 10_000,
         rewrite_on_forget: bool = True,
         clock: Clock | None = None,
+        history_kept: int = 0,
     ) -> None:
         self.read_only = read_only
+        self.history_kept = history_kept  # importance history rows kept per memory (0: all)
         self.clock: Clock = clock or SystemClock()  # the memory's: when a forget was recorded
         self.rewrite_on_forget = rewrite_on_forget
         self.keyword_engine = keyword_index
@@ -1043,7 +1045,22 @@ class SQLiteStore(ForgetJournal):
                         ),
                     )
                     written.append(change.memory_id)
+            await self._trim_history(db, written)
         return written
+
+    async def _trim_history(self, db: Any, memory_ids: Sequence[int]) -> None:
+        """Keep the newest ``history_kept`` history rows of each of ``memory_ids``, in the caller's
+        transaction."""
+        ids = sorted(set(memory_ids))
+        if not self.history_kept or not ids:
+            return
+        for part in _chunks(ids):
+            await db.execute(
+                "DELETE FROM memory_history WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER "
+                "(PARTITION BY memory_id ORDER BY id DESC) AS newer FROM memory_history "
+                f"WHERE memory_id IN ({_marks(part)})) WHERE newer > ?)",
+                (*part, self.history_kept),
+            )
 
     async def importance_states(
         self, after_id: int, limit: int
@@ -1072,8 +1089,12 @@ class SQLiteStore(ForgetJournal):
             )
             for memory_id, who, why, old, new in history
         )
-        if statements:
-            await self._write_many(statements)
+        if not statements:
+            return
+        async with self.transaction() as db:
+            for sql, group in itertools.groupby(statements, key=lambda statement: statement[0]):
+                await db.executemany(sql, [params for _, params in group])
+            await self._trim_history(db, [row[0] for row in history])
 
     async def set_decayed_importance(self, values: Sequence[DecayedImportance], at: datetime) -> list[int]:
         written: list[int] = []
@@ -1096,6 +1117,7 @@ class SQLiteStore(ForgetJournal):
                 ]
                 if history:
                     await db.executemany(HISTORY_INSERT, history)
+                    await self._trim_history(db, [row[0] for row in history])
                 written.extend(d.memory_id for d in part if d.memory_id in ids)
         return written
 
