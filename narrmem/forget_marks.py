@@ -172,25 +172,63 @@ FORGOTTEN_SINCE = (
 )
 
 
+HELD_TOO_LONG = (
+    "held longer than forgets are remembered ([storage] forget_marks_kept_s): not stored, as a forget "
+    "made since may have left no mark"
+)
+
+
 async def write_held(
-    memory: Memory, message: Message, since: dt.datetime, write: Callable[[], Awaitable[IngestResult]]
-) -> IngestResult:
-    """``write()`` of a message a client held since ``since`` and sends again, unless a forget of
-    it was made since then; found forgotten just after the write, forgotten again. Not stored
-    either way: the result says so (``stored`` false, :data:`FORGOTTEN_SINCE`)."""
-    if await memory.forgotten_after(message, since):
-        # An earlier send of it may have been written after the forget (its check after the
-        # write then failing): what that left goes.
-        await forget_written(memory, message)
+    memory: Memory,
+    sent: Sequence[tuple[Message, dt.datetime | None]],
+    write: Callable[[list[Message]], Awaitable[list[IngestResult]]],
+) -> list[IngestResult]:
+    """``write(messages)`` of the messages a client sends, each with since when it held it
+    (``None``: not held), in one call for all that are written (a batch validated whole). A held
+    message forgotten since then, or held longer than marks are kept, is not written; one found
+    forgotten just after the write is forgotten again. Either way its result says it is not
+    stored, and why."""
+    refused: dict[int, str] = {}
+    for index, (message, since) in enumerate(sent):
+        if since is None:
+            continue
+        if memory.forget_marks.outlived(since):
+            refused[index] = HELD_TOO_LONG
+        elif await memory.forgotten_after(message, since):
+            # An earlier send of it may have been written after the forget (its check after the
+            # write then failing): what that left goes.
+            await forget_written(memory, message)
+            refused[index] = FORGOTTEN_SINCE
+    kept = [index for index in range(len(sent)) if index not in refused]
+    written = await write([sent[index][0] for index in kept]) if kept else []
+    results = dict(zip(kept, written, strict=True))
+    for index in kept:
+        message, since = sent[index]
+        if since is not None and await memory.forgotten_after(message, since):
+            await forget_written(memory, message)
+            results[index] = _not_stored(results[index], FORGOTTEN_SINCE)
+    for index, reason in refused.items():
+        message = sent[index][0]
         decision = await memory.triage(message)
-        return IngestResult(
-            message_id=message.message_id, layer=decision.layer, stored=False, reason=FORGOTTEN_SINCE
+        results[index] = IngestResult(
+            message_id=message.message_id, layer=decision.layer, stored=False, reason=reason
         )
-    result = await write()
-    if not await memory.forgotten_after(message, since):
-        return result
-    await forget_written(memory, message)
-    gone = {"stored": False, "memory_ids": [], "records": [], "scene": None, "reason": FORGOTTEN_SINCE}
+    return [results[index] for index in range(len(sent))]
+
+
+def _not_stored(result: IngestResult, reason: str) -> IngestResult:
+    """``result`` of a write whose message was forgotten again: nothing of it is said as made."""
+    gone: dict[str, Any] = {
+        "stored": False,
+        "duplicate": False,
+        "memory_ids": [],
+        "records": [],
+        "scene": None,
+        "counts": [],
+        "triggers": [],
+        "notes": [],
+        "reason": reason,
+    }
     return result.model_copy(update=gone)
 
 
@@ -224,8 +262,13 @@ def _key_of(value: dict[str, Any]) -> bytes:
 
 def _time_or_none(value: dict[str, Any]) -> dt.datetime | None:
     """A mark's time; ``None`` for one not as narrmem writes it (edited by hand)."""
+    return aware_time_in(value, "at")
+
+
+def aware_time_in(value: dict[str, Any], key: str) -> dt.datetime | None:
+    """``value[key]`` read as an ISO 8601 time with a timezone; ``None`` if absent or not one."""
     try:
-        at = dt.datetime.fromisoformat(str(value["at"]))
+        at = dt.datetime.fromisoformat(str(value[key]))
     except (KeyError, ValueError):
         return None
     return at if at.tzinfo is not None else None

@@ -325,6 +325,19 @@ async def test_a_client_that_held_a_message_says_since_when_and_a_forget_made_si
             assert (await client.post("/v1/edit", json=edit)).json()["stored"] is False
 
             rows = await store_sql(memory, EPISODES)
+            # One bad message of a batch with a held one stores nothing, and is named by its index.
+            ahead = msg("5", "I will move to Lisbon", user="bob", ts="2027-06-01T00:00:00+00:00")
+            new = msg("6", "I started a pottery class", user="bob", held_since=after)
+            refused = await client.post("/v1/ingest/batch", json={"messages": [new, bob, ahead]})
+            assert refused.status_code == 422 and refused.json()["field"] == "messages[2].ts", refused.text
+            assert await store_sql(memory, EPISODES) == rows
+            # Held longer than forget marks are kept: a forget made since may have left none.
+            old = msg(
+                "7", "I live in Porto", user="zoe", held_since=(NOON - dt.timedelta(days=8)).isoformat()
+            )
+            kept_out = (await client.post("/v1/ingest", json=old)).json()
+            assert kept_out["stored"] is False and "held longer" in kept_out["reason"]
+            assert await store_sql(memory, EPISODES) == rows
             for bad in ("2026-12-06T11:00:00", "soon", 1765000000):
                 refused = await client.post("/v1/ingest", json={**pin, "message_id": "9", "held_since": bad})
                 assert refused.status_code == 422 and "held_since" in refused.text, refused.text

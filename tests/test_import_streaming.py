@@ -254,3 +254,46 @@ async def test_a_key_twice_in_a_section_is_refused_whichever_chunks_hold_it(
             assert info.value.field == "x.t[5]" and "x.t[1]" in info.value.reason
         async with memory.store.sql() as db:
             assert await db.fetchall("SELECT COUNT(*) FROM x_t") == [(0,)]
+
+
+async def test_an_import_stopped_in_a_long_history_writes_the_rest_when_run_again(tmp_path: Path) -> None:
+    """The store keeps a memory's newest history rows only: an import stopped after more rows than
+    it keeps held their last ones, not the file's first, and run again it took them for the
+    store's own and wrote none of the rest (the newest, the ones kept)."""
+    from datetime import UTC, datetime, timedelta
+
+    from narrmem.store import ImportanceChange
+
+    start = datetime(2026, 5, 1, tzinfo=UTC)
+    async with open_memory(tmp_path / "a", storage={"history_kept_per_memory": 0}) as source:
+        [stored] = await source.ingest_many([msg("m1", "I adopted a greyhound named Pixel")])
+        [memory_id] = stored.memory_ids[:1]
+        value = (await source.store.get([memory_id], None))[memory_id].importance
+        for day in range(1, 7):
+            at = start + timedelta(days=day)
+            change = ImportanceChange(
+                memory_id=memory_id,
+                importance=value / 2,
+                reinforced_at=at,
+                old=value,
+                who="test",
+                why=f"d{day}",
+            )
+            assert await source.store.set_importance([change], at) == [memory_id]
+            value /= 2
+        await export_store(source, tmp_path / "whole.jsonl")
+    lines = [json.loads(line) for line in (tmp_path / "whole.jsonl").read_text().splitlines()]
+    [history] = [
+        line for line in lines if line.get("section") == "importance" and line["memory_id"] == memory_id
+    ]
+    stopped = [
+        {**line, "events": line["events"][:4]} if line is history else line
+        for line in lines
+        if line.get("section") != "end"
+    ]
+    write_export(tmp_path / "stopped.jsonl", stopped)
+    async with open_memory(tmp_path / "b", storage={"history_kept_per_memory": 3}) as target:
+        await import_jsonl(target, tmp_path / "stopped.jsonl")  # as far as the stop
+        assert [h["why"] for h in await target.store.history(memory_id)] == ["d2", "d3", "d4"]
+        await import_jsonl(target, tmp_path / "whole.jsonl")
+        assert [h["why"] for h in await target.store.history(memory_id)] == ["d4", "d5", "d6"]

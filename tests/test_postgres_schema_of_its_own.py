@@ -204,4 +204,5 @@ def test_pgvector_versions_read_as_numbers() -> None:
 
     assert pgvector_too_old("0.7.4") and pgvector_too_old("0.5.1") and pgvector_too_old("0.7.99")
     assert not pgvector_too_old("0.8.0") and not pgvector_too_old("0.8.5") and not pgvector_too_old("0.10.0")
+    assert not pgvector_too_old("0.8") and pgvector_too_old("0.7")
     assert not pgvector_too_old("1.0.0") and not pgvector_too_old("0.9.0-dev")

@@ -537,13 +537,16 @@ async def _importance_left(memory: Memory, line: ImportanceLine) -> tuple[list[H
 
     Compared row by row, not skipped with its memory: the memories are committed before their
     history, so an import stopped between the two and run again found every memory stored and
-    left the history out for good. A history that holds the file's and more (a decay since), or
-    another one, is the store's own and stays as it is."""
+    left the history out for good. The store keeps a memory's newest rows only
+    (``history_kept_per_memory``): what it holds is then the last rows of what was written, a
+    run of the file's ending where the import stopped. A history that holds the file's and more
+    (a decay since), or another one, is the store's own and stays as it is."""
     stored = [_event_key(event) for event in await memory.store.history(line.memory_id)]
     wanted = [_event_key(event.model_dump()) for event in line.events]
-    if stored != wanted[: len(stored)]:
+    upto = _written_upto(stored, wanted)
+    if upto is None:
         return [], None
-    left = line.events[len(stored) :]
+    left = line.events[upto:]
     if left or line.current is None:
         return left, line.current
     if line.events:
@@ -551,6 +554,15 @@ async def _importance_left(memory: Memory, line: ImportanceLine) -> tuple[list[H
     states = await memory.store.importance_states(line.memory_id - 1, 1)
     held = states[0][3] if states and states[0][0] == line.memory_id else None
     return [], line.current if held is None else None
+
+
+def _written_upto(stored: list[tuple[Any, ...]], wanted: list[tuple[Any, ...]]) -> int | None:
+    """How many of the file's rows ``wanted`` are written, the store holding ``stored`` (the last
+    of them, or all); ``None`` when it holds rows of its own."""
+    for upto in range(len(stored), len(wanted) + 1):
+        if wanted[upto - len(stored) : upto] == stored:
+            return upto
+    return None
 
 
 def _event_key(event: dict[str, Any]) -> tuple[Any, ...]:

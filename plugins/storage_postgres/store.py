@@ -1446,7 +1446,7 @@ def pgvector_too_old(version: str) -> bool:
     """Whether pgvector ``version`` (``extversion``: "0.7.4", "0.8.0") is older than narrmem needs;
     a version not of numbers is taken as new enough (a build of its own)."""
     try:
-        numbers = tuple(int(part) for part in version.split("."))
+        numbers = [int(part) for part in version.split(".")]
     except ValueError:
         return False
-    return numbers < PGVECTOR_LEAST
+    return tuple(numbers + [0] * (len(PGVECTOR_LEAST) - len(numbers))) < PGVECTOR_LEAST  # "0.8" is 0.8.0

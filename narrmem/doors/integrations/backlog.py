@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from narrmem import logs
 from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
 from narrmem.errors import ClosedError, StoreUnavailableError
-from narrmem.forget_marks import forget_written
+from narrmem.forget_marks import aware_time_in, forget_written
 from narrmem.host import hookimpl
 from narrmem.models import Message
 
@@ -448,11 +448,7 @@ class Backlog:
 
 def _since_of(record: dict[str, Any]) -> dt.datetime | None:
     """When a call of a file was first tried (``None``: the file does not say, or not readably)."""
-    try:
-        since = dt.datetime.fromisoformat(str(record["since"]))
-    except (KeyError, ValueError):
-        return None
-    return since if since.tzinfo is not None else None
+    return aware_time_in(record, "since")
 
 
 def _makes(

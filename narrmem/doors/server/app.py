@@ -77,6 +77,7 @@ from narrmem.errors import (
     UnknownToolError,
 )
 from narrmem.forget_marks import write_held
+from narrmem.ingest import check_not_ahead
 from narrmem.memory import Memory
 from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IngestResult, Message, Scope, no_nul
 from narrmem.store import Broadcasts, shared_by_processes
@@ -474,14 +475,13 @@ def _settled(caller: Principal, model: M) -> M:
 
 async def _write(
     memory: Memory,
-    message: Message,
-    held_since: datetime | None,
-    write: Callable[[], Awaitable[IngestResult]],
-) -> IngestResult:
-    """``write()``; for a message a client held, checked against the forgets made since."""
-    if held_since is None:
-        return await write()
-    return await write_held(memory, message, held_since, write)
+    sent: list[tuple[Message, datetime | None]],
+    write: Callable[[list[Message]], Awaitable[list[IngestResult]]],
+) -> list[IngestResult]:
+    """``write(messages)``; the messages a client held checked against the forgets made since."""
+    if all(held_since is None for _, held_since in sent):
+        return await write([message for message, _ in sent])
+    return await write_held(memory, sent, write)
 
 
 def _free_name(memory: Memory, name: str) -> str:
@@ -560,9 +560,9 @@ def _write_routes(r: APIRouter) -> None:
     ) -> IngestResult:
         """Ingest one message (idempotent by ``message_id`` in its chat: a repeat is a duplicate).
         ``ts`` left out is now, by the memory's clock. ``held_since``: see the field."""
-        message, held_since = _settled(caller, body).sent(state.memory.clock.now())
-        result = await _write(
-            state.memory, message, held_since, lambda: state.memory.ingest(message, acknowledge=acknowledge)
+        sent = [_settled(caller, body).sent(state.memory.clock.now())]
+        [result] = await _write(
+            state.memory, sent, lambda ms: state.memory.ingest_many(ms, acknowledge=acknowledge)
         )
         if state.metrics is not None:
             state.metrics.ingested([result])
@@ -578,16 +578,13 @@ def _write_routes(r: APIRouter) -> None:
             raise Refused(413, f"a batch holds at most {state.max_batch} messages", field="messages")
         now = state.memory.clock.now()
         sent = [_settled(caller, m).sent(now) for m in body.messages]
-        if all(held_since is None for _, held_since in sent):
-            results = await state.memory.ingest_many([m for m, _ in sent], acknowledge=acknowledge)
-        else:  # in order, each held one checked against the forgets made since
-            results = []
-            for message, held_since in sent:
-
-                def one(message: Message = message) -> Awaitable[IngestResult]:
-                    return state.memory.ingest(message, acknowledge=acknowledge)
-
-                results.append(await _write(state.memory, message, held_since, one))
+        if any(held_since is not None for _, held_since in sent):
+            # Every message checked before any held one is left out (whose index the rest's
+            # errors would then miss), so one bad message still stores nothing.
+            check_not_ahead([m for m, _ in sent], now, state.memory.settings.storage.max_ts_ahead_s)
+        results = await _write(
+            state.memory, sent, lambda ms: state.memory.ingest_many(ms, acknowledge=acknowledge)
+        )
         if state.metrics is not None:
             state.metrics.ingested(results)
         return results
@@ -596,8 +593,13 @@ def _write_routes(r: APIRouter) -> None:
     async def edit(body: IncomingMessage, caller: Caller, state: State) -> IngestResult:
         """A message was edited: what it left is replaced (earlier texts kept in ``meta.edits``).
         ``held_since``: as for ``ingest``."""
-        message, held_since = _settled(caller, body).sent(state.memory.clock.now())
-        return await _write(state.memory, message, held_since, lambda: state.memory.edit(message))
+        sent = [_settled(caller, body).sent(state.memory.clock.now())]
+
+        async def edit_one(messages: list[Message]) -> list[IngestResult]:
+            return [await state.memory.edit(message) for message in messages]
+
+        [result] = await _write(state.memory, sent, edit_one)
+        return result
 
     @r.post("/messages/delete", tags=["write"])
     async def delete_messages(body: DeleteMessages, caller: Caller, state: State) -> dict[str, int]:
