@@ -342,3 +342,33 @@ async def test_a_client_that_held_a_message_says_since_when_and_a_forget_made_si
                 refused = await client.post("/v1/ingest", json={**pin, "message_id": "9", "held_since": bad})
                 assert refused.status_code == 422 and "held_since" in refused.text, refused.text
             assert await store_sql(memory, EPISODES) == rows
+
+
+async def test_a_client_that_held_a_forget_says_when_it_was_asked(tmp_path: Path) -> None:
+    """A bot over HTTP held a "forget me" and the person's next message through an outage, and
+    sends them late: the forget's ``asked_at`` dates its mark, so the message said after it is
+    stored and one said before it is not. A bad ``asked_at`` is a 422 naming it, forgetting nothing."""
+    import httpx
+
+    from narrmem.doors.server import create_app
+
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        transport = httpx.ASGITransport(create_app(memory))
+        async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test") as client:
+            await memory.ingest(Message(**msg("1", "I grow tomatoes on my balcony", user="ann")))
+            clock.advance(minutes=30)
+            asked = (NOON + dt.timedelta(minutes=10)).isoformat()
+            for bad in ("2026-12-06T12:10:00", 1765000000):
+                refused = await client.post("/v1/forget", json={"user_id": "ann", "asked_at": bad})
+                assert refused.status_code == 422 and "asked_at" in refused.text, refused.text
+            assert await store_sql(memory, EPISODES) == [("I grow tomatoes on my balcony",)]
+            forgot = await client.post("/v1/forget", json={"user_id": "ann", "asked_at": asked})
+            assert forgot.status_code == 200, forgot.text
+            before = (NOON + dt.timedelta(minutes=5)).isoformat()
+            after = (NOON + dt.timedelta(minutes=15)).isoformat()
+            said_before = msg("2", "My bank card PIN is on a note", user="ann", held_since=before)
+            said_after = msg("3", "I started learning Portuguese", user="ann", held_since=after)
+            answers = await client.post("/v1/ingest/batch", json={"messages": [said_before, said_after]})
+            assert [a["stored"] for a in answers.json()] == [False, True]
+            assert await store_sql(memory, EPISODES) == [("I started learning Portuguese",)]

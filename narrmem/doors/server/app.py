@@ -58,6 +58,7 @@ from narrmem.doors.server.schemas import (
     ContextBody,
     DeleteMessages,
     ErrorBody,
+    ForgetBody,
     IncomingMessage,
     IngestBatch,
     MarkUsedBody,
@@ -79,7 +80,7 @@ from narrmem.errors import (
 from narrmem.forget_marks import write_held
 from narrmem.ingest import check_not_ahead
 from narrmem.memory import Memory
-from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IngestResult, Message, Scope, no_nul
+from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IngestResult, Message, no_nul
 from narrmem.store import Broadcasts, shared_by_processes
 
 if TYPE_CHECKING:
@@ -612,11 +613,13 @@ def _write_routes(r: APIRouter) -> None:
 
     @r.post("/forget", tags=["write"])
     async def forget(
-        body: Annotated[Scope, Body(json_schema_extra=needs_user_or_chat)], caller: Caller, state: State
+        body: Annotated[ForgetBody, Body(json_schema_extra=needs_user_or_chat)], caller: Caller, state: State
     ) -> dict[str, int]:
-        """Delete every trace of a user and/or a chat."""
+        """Delete every trace of a user and/or a chat. ``asked_at``: see the field."""
         body = _settled(caller, body)
-        counts = await state.memory.forget(user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant)
+        counts = await state.memory.forget(
+            user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant, asked_at=body.asked_at
+        )
         return counts
 
     @r.post("/mark-used", tags=["write"])

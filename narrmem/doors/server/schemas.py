@@ -139,6 +139,27 @@ class IncomingMessage(models.IncomingMessage):
         return self.sent(now)[0]
 
 
+class ForgetBody(Scope):
+    """A forget of a user and/or a chat, perhaps sent late (see ``asked_at``)."""
+
+    asked_at: AwareDatetime | None = Field(
+        default=None,
+        description="when the forget was asked, if the client held it and sends it late (a 'forget "
+        "me' kept through a 503): what the person said after then, held and sent with held_since, "
+        "is not taken for what the forget deleted; left out: now",
+    )
+
+    @field_validator("asked_at", mode="before")
+    @classmethod
+    def _asked_at_is_a_time(cls, asked_at: object) -> object:
+        return models.a_time(asked_at)
+
+    @field_validator("asked_at")
+    @classmethod
+    def _asked_at_in_range(cls, asked_at: datetime | None) -> datetime | None:
+        return None if asked_at is None else check_time_range(asked_at)
+
+
 class IngestBatch(_Strict):
     """Messages ingested in order with batched embeddings; all validated before any is stored.
     More than the server's batch limit is refused with 413."""
