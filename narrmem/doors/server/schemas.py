@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from narrmem import models
 from narrmem.checks import check_time_range
@@ -106,27 +106,26 @@ def _id(default: str | None = None) -> Any:
     return Field(default=default, min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
 
 
+def _in_range(value: datetime | None) -> datetime | None:
+    return None if value is None else check_time_range(value)
+
+
+# A time a client gives of its own (when it first sent a message, when a forget was asked): read as
+# a message's ts is (a number refused, a timezone required, inside the range narrmem computes with).
+ClientTime = Annotated[AwareDatetime | None, BeforeValidator(models.a_time), AfterValidator(_in_range)]
+
+
 class IncomingMessage(models.IncomingMessage):
     """A message as a client sends it over HTTP (the document's name kept): ``ts`` may be left
     out (now, by the memory's clock), and it may be sent again after being held (``held_since``)."""
 
-    held_since: AwareDatetime | None = Field(
+    held_since: ClientTime = Field(
         default=None,
         description="when the client first sent this message (or edit), if it held it and sends it "
         "again (after a 503, a timeout, its own restart): a message whose user, chat or itself was "
         "forgotten after then, by any worker, is not stored (stored false, reason 'forgotten "
         "since ...'), as the forget would have deleted it; left out: sent as it comes",
     )
-
-    @field_validator("held_since", mode="before")
-    @classmethod
-    def _held_since_is_a_time(cls, held_since: object) -> object:
-        return models.a_time(held_since)
-
-    @field_validator("held_since")
-    @classmethod
-    def _held_since_in_range(cls, held_since: datetime | None) -> datetime | None:
-        return None if held_since is None else check_time_range(held_since)
 
     def sent(self, now: datetime) -> tuple[Message, datetime | None]:
         """The message to write (``ts`` left out: ``now``), and since when it was held."""
@@ -142,22 +141,12 @@ class IncomingMessage(models.IncomingMessage):
 class ForgetBody(Scope):
     """A forget of a user and/or a chat, perhaps sent late (see ``asked_at``)."""
 
-    asked_at: AwareDatetime | None = Field(
+    asked_at: ClientTime = Field(
         default=None,
         description="when the forget was asked, if the client held it and sends it late (a 'forget "
         "me' kept through a 503): what the person said after then, held and sent with held_since, "
         "is not taken for what the forget deleted; left out: now",
     )
-
-    @field_validator("asked_at", mode="before")
-    @classmethod
-    def _asked_at_is_a_time(cls, asked_at: object) -> object:
-        return models.a_time(asked_at)
-
-    @field_validator("asked_at")
-    @classmethod
-    def _asked_at_in_range(cls, asked_at: datetime | None) -> datetime | None:
-        return None if asked_at is None else check_time_range(asked_at)
 
 
 class IngestBatch(_Strict):
