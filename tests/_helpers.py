@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,15 @@ from narrmem import hookimpl
 DB_NAME = "narrmem.sqlite3"
 INDEX_NAME = "vectors"
 MANIFEST = "vectors/manifest.json"
+
+# The long variants of some tests (more seeds; each step of a run killed on its own as well as
+# all in one) run with NARRMEM_LONG_TESTS=1; the default run keeps one of each.
+LONG_TESTS = os.environ.get("NARRMEM_LONG_TESTS", "") == "1"
+
+
+def variants(*values: Any) -> list[Any]:
+    """``values`` with NARRMEM_LONG_TESTS=1, else the first alone."""
+    return list(values) if LONG_TESTS else list(values[:1])
 
 
 def msg(

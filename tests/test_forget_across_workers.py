@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import variants
 from _postgres import fresh_database
 from narrmem_plugins.storage_postgres.workers_fence import GATE, UNITS
 from test_forget_in_flight import SlowFacts, TriggerAfterAWhile, ann, everything, graph_of, said_by
@@ -717,7 +718,7 @@ async def napping_workers(tmp_path: Path, seed: int) -> AsyncIterator[list[Memor
 BEFORE_THE_FORGET_S = 0.05
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", variants(1, 2, 3))
 async def test_random_messages_and_forgets_in_three_workers_keep_every_forget(
     tmp_path: Path, seed: int
 ) -> None:
@@ -772,7 +773,7 @@ async def test_random_messages_and_forgets_in_three_workers_keep_every_forget(
 BEFORE_THE_REMOVAL_S = 0.2
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", variants(1, 2))
 async def test_random_edits_deletes_forgets_and_recalls_in_three_workers(tmp_path: Path, seed: int) -> None:
     """Three workers (one per acknowledge mode) take 90 messages of 6 people over two seconds,
     with edits and deletes of some, 6 forgets of random people and 60 recalls, their hooks napping

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import variants
 from test_transfer_full import REINFORCE, START, _fill
 
 from narrmem import Message
@@ -167,7 +168,11 @@ STEPS = {
 }
 
 
-@pytest.mark.parametrize("steps", [[step] for step in STEPS] + [list(STEPS)], ids=[*STEPS, "each in turn"])
+# All steps in one run by default; each on its own too with NARRMEM_LONG_TESTS=1.
+CASES = variants((list(STEPS), "each in turn"), *(([step], step) for step in STEPS))
+
+
+@pytest.mark.parametrize("steps", [case for case, _ in CASES], ids=[name for _, name in CASES])
 async def test_a_killed_import_run_again_ends_as_one_whole_import(tmp_path: Path, steps: list[str]) -> None:
     path, killed, clean = tmp_path / "export.jsonl", tmp_path / "killed", tmp_path / "clean"
     # Opened first, so that on PostgreSQL (TESTS_STORE=postgres) it has the database the child
