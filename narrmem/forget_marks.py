@@ -28,7 +28,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from narrmem import logs
 from narrmem.errors import StoreError
@@ -49,16 +49,6 @@ PURGE_EVERY_S = 3600.0
 CAS_TRIES = 20
 # The time an unreadable mark is taken for: later than any write (it cannot be told apart from one).
 UNREADABLE = dt.datetime.max.replace(tzinfo=dt.UTC)
-
-ScopeKind = Literal["user", "chat", "user_in_chat", "message"]
-
-
-class Mark(NamedTuple):
-    """The scope of a message found forgotten (what forgot it: the person, the chat, the person in
-    the chat, or the message) and when."""
-
-    kind: ScopeKind
-    at: dt.datetime
 
 
 class ForgetMarks:
@@ -88,29 +78,29 @@ class ForgetMarks:
         for name in dict.fromkeys(names):
             await self._mark(_mark_key(key, name), at)
 
-    async def forgotten_by(self, message: Message, since: dt.datetime) -> Mark | None:
-        """The forget of ``message``'s person, chat, person in the chat, or the message itself made
-        after ``since`` (``None``: none was). Reads only."""
+    async def forgotten_by(self, message: Message, since: dt.datetime) -> dt.datetime | None:
+        """When a forget of ``message``'s person, chat, person in the chat, or the message itself
+        was made after ``since`` (``None``: none was). Reads only."""
         if self.kept_s <= 0:
             return None
         stored = await self.memory.store.state_get(NAMESPACE, KEY_ENTRY)
         if stored is None:
             return None  # no forget was ever marked here
         key = _key_of(stored)
-        names: list[tuple[ScopeKind, tuple[str, ...]]] = [
-            ("user", ("user", message.tenant, message.user_id)),
-            ("chat", ("chat", message.tenant, message.chat_id)),
-            ("user_in_chat", ("user_in_chat", message.tenant, message.chat_id, message.user_id)),
-            ("message", ("message", message.tenant, message.chat_id, message.message_id)),
+        names = [
+            ("user", message.tenant, message.user_id),
+            ("chat", message.tenant, message.chat_id),
+            ("user_in_chat", message.tenant, message.chat_id, message.user_id),
+            ("message", message.tenant, message.chat_id, message.message_id),
         ]
-        for kind, name in names:
+        for name in names:
             value = await self.memory.store.state_get(NAMESPACE, _mark_key(key, name))
             at = None if value is None else _time_or_none(value)
             if value is not None and at is None:
                 log.error("a forget mark is not as narrmem writes it: taken as a forget made now")
                 at = UNREADABLE
             if at is not None and at > since:
-                return Mark(kind, at)
+                return at
         return None
 
     def outlived(self, since: dt.datetime) -> bool:
