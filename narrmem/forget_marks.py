@@ -118,12 +118,9 @@ class ForgetMarks:
         cutoff = now - dt.timedelta(seconds=self.kept_s)
         gone = 0
         for entry, value in await store.state_items(NAMESPACE):
-            if not entry.startswith(MARK) or not _expired(value, cutoff):
-                continue
-            # Read again: another worker may have marked the scope anew since the list was read.
-            again = await store.state_get(NAMESPACE, entry)
-            if again is not None and _expired(again, cutoff):
-                gone += await store.state_delete(NAMESPACE, entry)
+            # Deleted only as read: a mark another worker renewed since the list was read stays.
+            if entry.startswith(MARK) and _expired(value, cutoff):
+                gone += await store.state_delete_if(NAMESPACE, entry, value)
         return gone
 
     async def purge_if_due(self) -> None:

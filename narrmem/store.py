@@ -195,6 +195,12 @@ class Store(Protocol):
         ``expected``, exactly one wins."""
         ...
 
+    async def state_delete_if(self, namespace: str, key: str, expected: dict[str, Any]) -> bool:
+        """Compare-and-delete: delete the one entry ``key`` only if its stored value is
+        ``expected``, atomically; ``True`` if deleted. A value another process wrote since it was
+        read is kept (a read, then :meth:`state_delete`, deleted it)."""
+        ...
+
     def exclusive(self, name: str) -> AbstractAsyncContextManager[bool]:
         """``async with store.exclusive("decay") as mine:`` -- ``mine`` is ``True`` in the one
         process (of all using the store) that holds the named job for the block, ``False`` at once

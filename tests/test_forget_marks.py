@@ -27,7 +27,7 @@ from narrmem.doors.integrations import spool as spool_module
 from narrmem.doors.integrations.backlog import backlog_of, forget_person, forget_person_record, message_record
 from narrmem.doors.transfer import export_store
 from narrmem.forget_marks import NAMESPACE
-from narrmem.models import Message
+from narrmem.models import Message, Scope
 from narrmem.testing import open_memory
 
 NOON = dt.datetime(2026, 12, 6, 12, 0, tzinfo=dt.UTC)
@@ -189,6 +189,39 @@ async def test_marks_cover_each_forgets_scope_and_no_edit_leaves_one(tmp_path: P
     async with open_memory(tmp_path / "m", clock=clock) as memory:
         assert [key for key, _ in await memory.store.state_items(NAMESPACE)] == ["key"]  # marks expired
         assert not await memory.forgotten_after(ann, before)
+
+
+async def test_a_mark_renewed_by_another_worker_as_it_expires_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The purge deletes an expired mark as it read it: a worker's forget of the same scope
+    landing between the purge's read and its delete (its renewed mark) stays."""
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        ann = Message(**msg("1", "I adopted a greyhound named Pixel", user="ann"))
+        await memory.ingest(ann)
+        await memory.forget(user_id="ann")
+        clock.advance(days=7, minutes=1)
+        store = memory.store
+        renewed: list[str] = []
+
+        def renewing_first(delete: Any) -> Any:
+            async def deleting(namespace: str, key: str, *args: Any) -> Any:
+                if namespace == NAMESPACE and not renewed:
+                    renewed.append(key)
+                    await memory.forget_marks.leave(Scope(user_id="ann"), None, None)  # the other worker
+                return await delete(namespace, key, *args)
+
+            return deleting
+
+        for name in ("state_delete", "state_delete_if"):
+            monkeypatch.setattr(store, name, renewing_first(getattr(store, name)))
+        assert await memory.forget_marks.purge_expired() == 0
+        assert renewed
+        assert await memory.forgotten_after(ann, NOON + dt.timedelta(days=7))
+        monkeypatch.undo()
+        clock.advance(days=7, minutes=1)
+        assert await memory.forget_marks.purge_expired() == 1  # expired in its turn, it goes
 
 
 async def test_no_marks_when_they_are_kept_for_no_time(tmp_path: Path) -> None:

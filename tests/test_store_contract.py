@@ -461,6 +461,19 @@ async def test_plugin_state_and_compare_and_set(store: Any) -> None:
     assert await store.state_get("q", "k") == {}
 
 
+async def test_state_delete_if_deletes_only_the_value_read(store: Any) -> None:
+    await store.state_put("p", "m:\0a", {"at": "1", "s": "文"})
+    await store.state_put("p", "m:\0ab", {"at": "1"})
+    assert await store.state_delete_if("p", "m:\0a", {"at": "2"}) is False  # renewed since read
+    assert await store.state_delete_if("p", "m:\0none", {"at": "1"}) is False
+    assert await store.state_delete_if("q", "m:\0a", {"at": "1", "s": "文"}) is False
+    assert await store.state_get("p", "m:\0a") == {"at": "1", "s": "文"}
+    assert await store.state_delete_if("p", "m:\0a", {"s": "文", "at": "1"}) is True
+    assert await store.state_get("p", "m:\0a") is None
+    assert await store.state_get("p", "m:\0ab") == {"at": "1"}  # one key, not a prefix
+    assert await store.state_delete_if("p", "m:\0a", {"at": "1", "s": "文"}) is False
+
+
 async def test_state_delete_takes_every_key_of_its_prefix_and_no_other(store: Any) -> None:
     """Prefixes ending at characters whose next one needs more bytes, or none (U+10FFFF), or
     whose next one is a surrogate, and keys with NUL, emoji and the highest code point after them."""

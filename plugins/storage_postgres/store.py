@@ -880,6 +880,17 @@ class PostgresStore(ForgetJournal):
                 )
         return bool(done)
 
+    async def state_delete_if(self, namespace: str, key: str, expected: dict[str, Any]) -> bool:
+        async with self.transaction() as conn:
+            # As state_put_if: a concurrent UPDATE makes this DELETE re-check its WHERE.
+            done = await conn.fetchval(
+                "DELETE FROM plugin_state WHERE namespace = $1 AND key = $2 AND value = $3 RETURNING TRUE",
+                esc(namespace),
+                esc(key),
+                _state_json(expected),
+            )
+        return bool(done)
+
     async def state_delete(self, namespace: str, key_prefix: str) -> int:
         async with self.transaction() as conn:
             rows = await conn.fetch(

@@ -1166,6 +1166,17 @@ class SQLiteStore(ForgetJournal):
             )
         return True
 
+    async def state_delete_if(self, namespace: str, key: str, expected: dict[str, Any]) -> bool:
+        async with self.transaction() as db:
+            async with db.execute(
+                "SELECT value FROM plugin_state WHERE namespace = ? AND key = ?", (namespace, key)
+            ) as cur:
+                row = await cur.fetchone()
+            if row is None or json.loads(row[0]) != expected:
+                return False
+            await db.execute("DELETE FROM plugin_state WHERE namespace = ? AND key = ?", (namespace, key))
+        return True
+
     @contextlib.asynccontextmanager
     async def exclusive(self, name: str) -> AsyncIterator[bool]:
         """The folder lock already keeps other processes out; inside this one, a job runs once at
