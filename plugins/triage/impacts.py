@@ -22,6 +22,9 @@ from narrmem.view import MemoryView
 
 NAMESPACE = "triage.impacts"
 MAX_IMPACTS = 3  # the Impact field keeps the latest few consequences
+# The scenes ever quoted, kept only to quote a scene once when its hooks run again after a stop:
+# those are the latest few, and a much-linked scene's list grew by one id per link for good.
+QUOTED_KEPT = 64
 SOURCES = "impact_sources"
 
 
@@ -67,11 +70,12 @@ async def add_impact(
     entry = impact_entry(scene, core)
     earlier = [part for part in fields.impact.split("; ") if part][-(MAX_IMPACTS - 1) :]
     fields.impact = "; ".join([*earlier, entry])
-    kept = [s for s in _sources(target) if s["entry"] in fields.impact]
+    sources = _sources(target)
+    kept = [s for s in sources if s["entry"] in fields.impact]
     target.meta = {
         **target.meta,
         **fields.stored(),
-        "impacts": [*target.meta.get("impacts", []), scene.id],
+        "impacts": [*target.meta.get("impacts", []), scene.id][-QUOTED_KEPT:],
         SOURCES: [*kept, {"scene": scene.id, "messages": list(scene.message_ids), "entry": entry}],
     }
     target.text = fields.render()
@@ -83,6 +87,24 @@ async def add_impact(
         listed = (await memory.store.state_get(NAMESPACE, key)) or {}
         scenes = sorted({*listed.get("scenes", []), target.id})
         await memory.store.state_put(NAMESPACE, key, {"user": scene.user_id, "scenes": scenes})
+    # A quote that fell out of the Impact no longer holds its message's words: its entry would
+    # only grow the state, one per linked message for good.
+    quoted = {m for s in target.meta[SOURCES] for m in s["messages"]}
+    fallen = {m for s in sources if s not in kept for m in s["messages"]} - quoted
+    for message_id in sorted(fallen):
+        await _unquote(memory, _key(target.tenant, target.chat_id, message_id), target.id)
+
+
+async def _unquote(memory: MemoryView, key: str, target_id: int | None) -> None:
+    """Take ``target_id`` out of the scenes the entry ``key`` says quote its message."""
+    listed = await memory.store.state_get(NAMESPACE, key)
+    if listed is None:
+        return
+    scenes = [s for s in _scene_ids(listed) if s != target_id]
+    if scenes:
+        await memory.store.state_put(NAMESPACE, key, {**listed, "scenes": scenes})
+    else:
+        await memory.store.state_delete(NAMESPACE, key)
 
 
 async def drop_impacts(
