@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import pytest_asyncio
-from _helpers import msg, store_fingerprint
+from _helpers import msg, on_sqlite, store_fingerprint, store_sql
 from narrmem_plugins.graph import GraphPlugin, turn_context
 from narrmem_plugins.graph.extract import extract
 from narrmem_plugins.graph.rewrite import check_summary, read_turn
@@ -383,6 +383,44 @@ async def test_recall_writes_nothing_and_works_on_a_memory_open_read_only(
         assert await store_fingerprint(writer) == before
         await writer.forget(user_id="u1")
         assert len(graph.label_vectors) == 0
+
+
+CHAT_INDEXES = {
+    "graph_edges_by_chat",
+    "graph_edges_by_successor",
+    "graph_nodes_by_chat",
+    "graph_purges_by_chat",
+}
+
+
+async def _graph_indexes(mem: Memory) -> set[str]:
+    listing = (
+        "SELECT name FROM sqlite_master WHERE type = 'index'"
+        if on_sqlite(mem)
+        else "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    )
+    return {str(name) for (name,) in await store_sql(mem, listing)}
+
+
+async def test_a_graph_from_before_its_chat_indexes_is_read_as_it_is_and_indexed_at_a_writable_open(
+    tmp_path: Path, clock: ManualClock, storage: dict[str, Any]
+) -> None:
+    """A deleted message's forget finds its chat's facts by index (it read every user's graph of
+    the tenant, and each deleted triplet read every edge for those it superseded). A store made
+    before those indexes is read without them, writing nothing, and gains them when opened to write."""
+    async with open_memory(tmp_path / "m", clock=clock, **storage) as writer:
+        await commit(writer, ("user", "works_on", "narrmem"), ("narrmem", "RELATES_TO", "sqlite"))
+        assert CHAT_INDEXES <= await _graph_indexes(writer)
+        first = said(await recall(writer, "database engine"))
+        async with tables(writer).sql(write=True) as db:
+            for name in sorted(CHAT_INDEXES):
+                await db.execute(f"DROP INDEX {name}")
+    async with open_memory(tmp_path / "m", clock=clock, read_only=True, **storage) as reader:
+        assert said(await recall(reader, "database engine")) == first
+        assert not CHAT_INDEXES & await _graph_indexes(reader)
+    async with open_memory(tmp_path / "m", clock=clock, **storage) as writer:
+        assert CHAT_INDEXES <= await _graph_indexes(writer)
+        assert said(await recall(writer, "database engine")) == first
 
 
 def test_label_vectors_are_bounded_copies_and_a_forget_during_an_embedding_keeps_none() -> None:

@@ -81,7 +81,7 @@ class GraphPlugin(GraphTransfer, ToolTable):
             return
         graph = GraphBackend(store, memory.clock)
         try:
-            await graph.setup()
+            await graph.setup(read_only=memory.read_only)
         except StoreError:
             if not memory.read_only:
                 raise

@@ -33,6 +33,7 @@ WRITE_LOCK = 0x6E61_7272_6D67_7270  # "narrmgrp"
 _ASCII_FOLD = r"translate(\1, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')"
 _FOLDED = re.compile(r"\b(?:nocase|lower)\(([^()]*)\)")
 _NOCASE = re.compile(r"\bnocase\(([^()]*)\)")
+_INDEX = re.compile(r"\s*CREATE\s+(UNIQUE\s+)?INDEX\b", re.I)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -97,8 +98,11 @@ class GraphBackend:
     def now(self) -> datetime:
         return self._clock.now()
 
-    async def setup(self) -> None:
+    async def setup(self, *, read_only: bool = False) -> None:
+        """Make the tables and indexes that are not there. Read-only, indexes are left to the next
+        writable open: a store from a version before an index was added is read without it."""
         async with self._store.sql(write=True) as db:
             graph = GraphSQL(db)
             for statement in schema_for(graph.dialect):
-                await graph.execute(statement)
+                if not (read_only and _INDEX.match(statement)):
+                    await graph.execute(statement)

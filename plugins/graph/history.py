@@ -74,10 +74,11 @@ async def forget_statements(
         return
     erased, chat_edges = set(erased), set(chat_edges)
     actors = {f"message:{mid}" for mid in messages}
+    # Two reads, not one with OR: SQLite then read every row of the tenant.
+    columns = "SELECT id, chat_id, actor, edges, new_edge_id FROM graph_purges WHERE tenant = ? AND "
     rows = await db.fetchall(
-        "SELECT id, chat_id, actor, edges, new_edge_id FROM graph_purges WHERE tenant = ? AND "
-        f"(chat_id = ? OR (chat_id IS NULL AND user_id IN ({marks(list(users))})))",
-        (tenant, chat_id, *users),
+        f"{columns}chat_id = ? UNION ALL {columns}chat_id IS NULL AND user_id IN ({marks(list(users))})",
+        (tenant, chat_id, tenant, *users),
     )
     for purge_id, row_chat, actor, edges, new_edge_id in rows:
         if new_edge_id is not None and int(new_edge_id) in erased:

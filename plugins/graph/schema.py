@@ -49,6 +49,9 @@ _SCHEMA = [
     )""",
     "CREATE INDEX IF NOT EXISTS graph_nodes_by_type "
     "ON graph_nodes (tenant, user_id, chat_id, type, created_ts)",
+    # A deleted message's forget knows its chat, not its author: without these it read the
+    # whole tenant's graph, every user's, at each deletion.
+    "CREATE INDEX IF NOT EXISTS graph_nodes_by_chat ON graph_nodes (tenant, chat_id, type)",
     """CREATE TABLE IF NOT EXISTS graph_edges (
         id INTEGER PRIMARY KEY,
         tenant TEXT NOT NULL,
@@ -76,6 +79,11 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS graph_edges_by_subject ON graph_edges (subject_id, status)",
     "CREATE INDEX IF NOT EXISTS graph_edges_by_object ON graph_edges (object_id, status)",
     "CREATE INDEX IF NOT EXISTS graph_edges_by_scope ON graph_edges (tenant, user_id, chat_id, status)",
+    "CREATE INDEX IF NOT EXISTS graph_edges_by_chat ON graph_edges (tenant, chat_id)",
+    # Deleting an edge sets superseded_by to NULL in the rows it superseded: found by this index,
+    # not by reading every edge of every user.
+    "CREATE INDEX IF NOT EXISTS graph_edges_by_successor ON graph_edges (superseded_by) "
+    "WHERE superseded_by IS NOT NULL",
     """CREATE TABLE IF NOT EXISTS graph_purges (
         id INTEGER PRIMARY KEY,
         tenant TEXT NOT NULL,
@@ -89,6 +97,7 @@ _SCHEMA = [
         at TEXT NOT NULL
     )""",
     "CREATE INDEX IF NOT EXISTS graph_purges_by_scope ON graph_purges (tenant, user_id, chat_id, at)",
+    "CREATE INDEX IF NOT EXISTS graph_purges_by_chat ON graph_purges (tenant, chat_id)",
 ]
 # What each backend puts in the statements above, and the statements it adds.
 DIALECT: dict[str, tuple[dict[str, str], list[str]]] = {
