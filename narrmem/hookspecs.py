@@ -216,7 +216,10 @@ def narrmem_after_store(
     write) is isolated, noted on ``result.notes``, and owed: this plugin's hook alone runs again
     for the message once the store answers (the same process tries after 1, 2, 5, 10, 30 and 60
     seconds, then every five minutes; what is owed at close, the next open), and not at all if
-    the message is forgotten meanwhile.
+    the message is forgotten meanwhile. A hook that reads what other plugins' hooks put in
+    ``result`` names them in its plugin's ``narrmem_after_store_with`` (a tuple of plugin names):
+    when either side is run again, both are (the proactive plugin reads the triage plugin's
+    counts, and turns its raw threshold crossings into the events it lets through).
     """
 
 

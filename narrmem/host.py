@@ -160,6 +160,23 @@ class PluginHost:
     def plugin_names(self) -> list[str]:
         return [name for name, plugin in self.pm.list_name_plugin() if plugin is not None]
 
+    def after_store_partners(self, names: Collection[str]) -> set[str]:
+        """``names`` with the plugins whose after-store hooks run with theirs when a message's are
+        run again: a plugin declares the ones whose results it reads (``narrmem_after_store_with``,
+        a tuple of names), and the link holds both ways, closed over: a reader run alone finds
+        nothing to read, and a producer run alone hands its raw results to no reader."""
+        links: dict[str, set[str]] = {}
+        for name, plugin in self.pm.list_name_plugin():
+            for other in getattr(plugin, "narrmem_after_store_with", ()) if plugin is not None else ():
+                links.setdefault(name, set()).add(other)
+                links.setdefault(other, set()).add(name)
+        group, todo = set(names), list(names)
+        while todo:
+            for other in links.get(todo.pop(), set()) - group:
+                group.add(other)
+                todo.append(other)
+        return group
+
     def plugin(self, cls: type[P]) -> P:
         """The registered plugin object of class ``cls`` (a plugin's helpers use this to find
         their own per-memory instance)."""

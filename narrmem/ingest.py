@@ -591,16 +591,18 @@ class IngestPipeline:
         (``None``: every plugin's). Returns, for each message, the plugins whose hook found the
         store unreachable: their work for it is owed (:mod:`narrmem.settling` tries it again)."""
         owed: list[list[str]] = []
+        host = self.memory.host
         for n, item in enumerate(items):
             await yield_every(n)
             result = results[item.index] if results is not None else stored_result(item, settled=True)
             away: list[str] = []
-            await self.memory.host.call(
+            named = None if among is None else among[n]
+            await host.call(
                 "narrmem_after_store",
                 **item.hook_arguments(self.memory),
                 vectors=item.vectors,
                 result=result,
-                among=None if among is None else among[n],
+                among=None if named is None else host.after_store_partners(named),
                 away=away,
             )
             owed.append(away)

@@ -59,6 +59,10 @@ class ProactiveOptions(BaseModel):
 
 
 class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOptions):
+    # Its hook decides on the triage plugin's counts and replaces its raw crossings: run again
+    # for a message, each needs the other.
+    narrmem_after_store_with = ("triage",)
+
     def threshold(self, kind: str) -> int:
         return {
             "topic": self.options.topic_threshold,
@@ -78,11 +82,15 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         counted = {(c.kind, c.label) for c in result.counts}
         # Events that do not come from a count (another plugin's) pass through untouched.
         events: list[TriggerEvent] = [t for t in result.triggers if (t.kind, t.label) not in counted]
-        for count in result.counts:
-            for kind in await self._fire(memory, message, count):
-                suggestion = suggested.get((kind, count.label)) or _suggestion(kind, count)
-                events.append(count.event(message, kind=kind, suggestion=suggestion))
-        result.triggers = events
+        try:
+            for count in result.counts:
+                for kind in await self._fire(memory, message, count):
+                    suggestion = suggested.get((kind, count.label)) or _suggestion(kind, count)
+                    events.append(count.event(message, kind=kind, suggestion=suggestion))
+        finally:
+            # Also when the store goes away halfway: the raw crossings never reach the bot, only
+            # what this policy let through (its hook, owed, decides the rest again later).
+            result.triggers = events
 
     async def _fire(self, memory: MemoryView, message: Message, count: PatternCount) -> list[str]:
         # A message dated a little past the clock (within [storage] max_ts_ahead_s) fires as now:
