@@ -10,6 +10,7 @@ import asyncio
 import fcntl
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,13 @@ from _helpers import msg, store_sql
 from _pgproxy import behind_proxy
 from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open_harness
 
-from narrmem import StoreUnavailableError
+from narrmem import ManualClock, Message, StoreUnavailableError, TriggerEvent
 from narrmem.doors.integrations import backlog as backlog_module
 from narrmem.doors.integrations import spool as spool_module
-from narrmem.doors.integrations.backlog import Backlog, backlog_of
+from narrmem.doors.integrations._common import TriggerRoutes
+from narrmem.doors.integrations.backlog import MAX_WAITING, Backlog, backlog_of
 from narrmem.errors import ClosedError
+from narrmem.settling import MAX_UNSETTLED
 from narrmem.testing import open_memory
 
 
@@ -344,3 +347,30 @@ async def test_file_work_keeps_its_turn_until_its_thread_ends_however_often_it_i
         await first
     await second
     assert order == ["start A", "end A", "start B", "end B"]
+
+
+async def test_the_trigger_of_a_message_behind_a_full_backlog_is_still_said(tmp_path: Path) -> None:
+    """A long outage holds as many messages as the backlog takes: each one's route to the chat it
+    came from stays until it is made (at 4,096 routes, the first messages' went first, and the
+    events they caused once made were said nowhere)."""
+    told: list[tuple[str, str]] = []
+
+    async def say(target: str, event: TriggerEvent) -> None:
+        told.append((target, event.kind))
+
+    clock = ManualClock(datetime(2026, 5, 4, 9, tzinfo=UTC))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        routes = TriggerRoutes(memory, say)
+        mentions = [
+            msg(f"m{n}", "the zqharbour7 roadmap review came up again", ts=clock.now().isoformat())
+            for n in range(3)
+        ]
+        for said in mentions[:2]:
+            await memory.ingest(said)
+        third = Message(**mentions[2])
+        assert routes.expect(third, "the chat")
+        for n in range(MAX_WAITING + MAX_UNSETTLED - 1):  # the rest of a full backlog, unsettled too
+            routes.expect(Message(**msg(f"w{n}", "waiting")), "another chat")
+        result = await memory.ingest(third)
+        routes.ingested(third, result, expected=True)
+    assert told == [("the chat", "topic")]

@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from narrmem import logs
 from narrmem.doors.integrations.backlog import (
+    MAX_WAITING,
     backlog_of,
     forget_messages_record,
     forget_person,
@@ -32,6 +33,7 @@ from narrmem.models import (
     Scope,
     TriggerEvent,
 )
+from narrmem.settling import MAX_UNSETTLED
 from narrmem.text import estimate_tokens
 
 log = logs.logger("narrmem.doors.integrations")
@@ -46,10 +48,12 @@ everyone in this chat; ``"user_in_chat"`` the person in this chat only."""
 COMMANDS = ("forgetme", "memory")
 DEFAULT_K = 8
 DEFAULT_TOKEN_BUDGET = 400
-# Messages whose trigger events may still come, per integration: with [storage] acknowledge
-# "after_write" or "on_receipt" a message's hooks run a moment after its ingest answered, and
-# ingest holds at most 1,024 such messages back. The oldest goes first, so nothing grows unbounded.
-AWAITED_MESSAGES = 4096
+# Messages whose trigger events may still come, per integration: those waiting in the backlog
+# for the store to answer, and, with [storage] acknowledge "after_write" or "on_receipt", those
+# whose hooks run a moment after their ingest answered (ingest holds back at most
+# MAX_UNSETTLED). The oldest goes first, so nothing grows unbounded; at 4,096 the routes of a long
+# outage's first messages went before those messages were made, and their events were not said.
+AWAITED_MESSAGES = MAX_WAITING + MAX_UNSETTLED
 
 T = TypeVar("T")
 U = TypeVar("U")
