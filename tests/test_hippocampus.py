@@ -3,6 +3,8 @@ clock. Reinforcement is on here (the rest of the suite turns it off, see conftes
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 from _helpers import msg, store_sql
+from _postgres import fresh_database
 from narrmem_plugins.hippocampus.curve import FADED, effective
 
 from narrmem import InputError, ManualClock, Memory, Message, TriageDecision, hookimpl
@@ -316,3 +319,42 @@ def test_decay_and_history_commands(tmp_path: Path) -> None:
     assert json.loads(history.stdout)["memory"]["text"] == "I adopted a greyhound named Pixel"
     bad = run("decay", "--now", "2027-06-01T00:00:00")
     assert bad.returncode == 2 and "--now" in bad.stderr
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_the_scheduled_pass_runs_once_an_interval_across_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Each worker keeps its own timer: three workers of one PostgreSQL each read every memory of
+    the store every interval. A scheduled pass begun by any worker within the interval is the
+    interval's; a pass asked for still runs."""
+    storage: dict[str, Any] = {}
+    if backend == "postgres":
+        storage = {"storage": {"backend": "postgres", "dsn": await fresh_database("decay")}}
+    clock = ManualClock(T0)
+    every = {"hippocampus": {"interval_minutes": 0.004}}  # a quarter of a second
+    passes: list[str] = []
+    workers = ["w1", "w2"] if backend == "postgres" else ["w1"]
+    async with contextlib.AsyncExitStack() as stack:
+        for name in workers:
+            memory = await stack.enter_async_context(
+                open_memory(tmp_path / name, clock=clock, plugin=every, **storage)
+            )
+            importance_states = memory.store.importance_states
+
+            async def counted(
+                after: int, limit: int, *, states: Any = importance_states, name: str = name
+            ) -> Any:
+                if after == 0:
+                    passes.append(name)
+                return await states(after, limit)
+
+            monkeypatch.setattr(memory.store, "importance_states", counted)
+        await memory.ingest(msg("1", "the allotment tomatoes ripened early", user="ann", ts=T0.isoformat()))
+        await asyncio.sleep(1.5)
+        assert len(passes) == 1, passes  # the clock stood still: one interval
+        clock.advance(minutes=1)
+        await asyncio.sleep(1.5)
+        assert len(passes) == 2, passes
+        assert (await memory.decay())["memories"] == 1  # asked for: runs
+        assert len(passes) == 3

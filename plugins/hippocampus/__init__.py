@@ -34,6 +34,7 @@ PAGE = 5_000
 # million memories were a million row updates an hour (on PostgreSQL, as many dead row versions)
 # for a cache whose readers (the faded count, export) need it to three places.
 CACHED_TO = 0.001
+LAST_PASS = "last_scheduled_pass"  # plugin state: when a worker last began a scheduled pass
 log = logs.logger("narrmem.hippocampus")
 
 
@@ -70,10 +71,25 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
         while True:
             await asyncio.sleep(self.options.interval_minutes * 60)
             try:
-                counts = await memory.decay()
-                log.info("decay pass: %s", counts)
+                if await self._pass_due(memory):
+                    counts = await memory.decay()
+                    log.info("decay pass: %s", counts)
             except Exception:
                 log.exception("decay pass failed; trying again next interval")
+
+    async def _pass_due(self, memory: MemoryView) -> bool:
+        """Whether this worker runs the scheduled pass now: none of the store's workers began one
+        within the interval (each keeps its own timer, and three workers each read every memory
+        every hour), and this one's compare-and-set of the start won. A pass asked for
+        (``Memory.decay``, ``narrmem decay``) runs whenever asked."""
+        now = memory.clock.now()
+        stored = await memory.store.state_get(NAME, LAST_PASS)
+        last = _time_of(stored)
+        # A little short of the interval: the worker whose start it was must not skip its next.
+        recent = timedelta(minutes=0.9 * self.options.interval_minutes)
+        if last is not None and timedelta(0) <= now - last < recent:
+            return False
+        return await memory.store.state_put_if(NAME, LAST_PASS, {"at": now.isoformat()}, stored)
 
     @hookimpl
     async def narrmem_shutdown(self) -> None:
@@ -242,3 +258,12 @@ async def _cache(store: Store, decayed: list[DecayedImportance], now: datetime) 
     ]
     await store.set_current_importance([(d.memory_id, d.value) for d in decayed], history, now)
     return len(decayed)
+
+
+def _time_of(stored: dict[str, Any] | None) -> datetime | None:
+    """The time a scheduled pass began; ``None`` for none, or one not as this plugin writes it."""
+    try:
+        at = datetime.fromisoformat(str((stored or {})["at"]))
+    except (KeyError, ValueError):
+        return None
+    return at if at.tzinfo is not None else None
