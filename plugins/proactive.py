@@ -11,6 +11,7 @@ trigger events with a memory of what it already said:
   doubled since it last fired (3 → 6 → 12 ...).
 * A topic that went quiet for ``quiet_days`` (30) and comes back is an event of its own
   (``topic_return``).
+* An edit's new text fires nothing: the same mention, whose first text's firings were said.
 * A message dated more than ``fire_within_hours`` (24) before the clock is history (a backfill of
   old chats, a phone that was offline for days): it is counted, and fires nothing. Told to the
   bot, a year of imported chat was a burst of "you keep mentioning..." about last year.
@@ -98,6 +99,10 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         clock_now = memory.clock.now()
         if clock_now - message.ts > timedelta(hours=self.options.fire_within_hours):
             return []  # history: counted (its counts are in the result), not news to tell the bot
+        if _edited(message):
+            # The same mention in new words: what its first text fired was said. Its episode has a
+            # new id, so a return (whose firing keeps that one id) was told a second time.
+            return []
         now = min(message.ts, clock_now)
         times = sorted(count.times)
         # The silence before this mention, the latest: measured from the mentions around it, a
@@ -269,3 +274,14 @@ def _suggestion(kind: str, count: PatternCount) -> str:
     if kind == "topic_return":
         return f"'{count.label}' is back after a long quiet. Ask what changed?"
     return f"'{count.label}' has come up {count.count} times. Worth asking about?"
+
+
+def _edited(message: Message) -> bool:
+    """Whether ``message`` is an edit's new text: narrmem's edit keeps the texts it replaced in
+    ``meta["edits"]``, each with when it was replaced."""
+    edits = message.meta.get("edits")
+    return (
+        bool(edits)
+        and isinstance(edits, list)
+        and all(isinstance(e, dict) and "replaced_at" in e for e in edits)
+    )

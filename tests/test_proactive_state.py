@@ -154,3 +154,29 @@ async def test_a_state_not_as_the_plugin_writes_it_counts_as_never_fired(tmp_pat
             assert len(fired) == 1, state
             assert (await mem.store.state_get(NAME, key))["firings"][-1]["count"] == 3
         assert errors.seen == []
+
+
+async def test_an_edit_of_the_message_that_brought_a_topic_back_does_not_tell_it_again(
+    tmp_path: Path,
+) -> None:
+    """A return's firing keeps the one memory it counted; the edit gives that mention a new
+    episode, whose return was a trigger never fired: the bot was told twice."""
+    clock = ManualClock(START)
+    told: list[str] = []
+    async with open_memory(tmp_path / "m", clock=clock) as mem:
+        mem.on_trigger(lambda event: _append(told, event.kind))
+        for day in (0, 1, 301):
+            clock.set(START + timedelta(days=day))
+            await mem.ingest(_mention(day, "zqharbour7"))
+        assert told == ["topic_return"]
+        clock.advance(minutes=5)
+        edited = _mention(301, "zqharbour7").model_copy(
+            update={"text": "the zqharbour7 roadmap review is back"}
+        )
+        assert (await mem.edit(edited)).stored
+        await mem.settle()
+    assert told == ["topic_return"]
+
+
+async def _append(told: list[str], kind: str) -> None:
+    told.append(kind)
