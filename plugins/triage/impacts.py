@@ -119,7 +119,7 @@ async def drop_impacts(
     what is forgotten; returns how many scenes were rewritten."""
     store = memory.store
     if messages is None:
-        await _forget_state(memory, tenant, user_id, chat_id)
+        await _forget_state(memory, tenant, user_id, chat_id, removed)
         return 0
     if chat_id is None:
         return 0
@@ -151,12 +151,24 @@ async def drop_impacts(
     return rewritten
 
 
-async def _forget_state(memory: MemoryView, tenant: str, user_id: str | None, chat_id: str | None) -> None:
+async def _forget_state(
+    memory: MemoryView, tenant: str, user_id: str | None, chat_id: str | None, removed: Iterable[MemoryRecord]
+) -> None:
     """A person's or a chat's forget: the state of the messages it forgot goes."""
     store = memory.store
     if user_id is None and chat_id is not None:
         await store.state_delete(NAMESPACE, f"{tenant}\0{chat_id}\0")
         return
+    scenes = [r for r in removed if r.kind == "scene"]
+    if scenes:
+        # An entry is a later scene's message, and that scene is the person's, in the chat: it is
+        # among what this call deleted. (Reading every entry of every person took a person's
+        # forget a second per million linked messages.)
+        for key in sorted({_key(r.tenant, r.chat_id, m) for r in scenes for m in r.message_ids}):
+            await store.state_delete(NAMESPACE, key)
+        return
+    # Nothing deleted in this call (a forget finished after a crash, the rows gone before it):
+    # what is left of the person is found by reading every entry.
     for key, value in await store.state_items(NAMESPACE):
         key_tenant, key_chat, *_ = [*key.split("\0", 2), ""]
         if key_tenant == tenant and value.get("user") == user_id and chat_id in (None, key_chat):
