@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _helpers import msg, store_sql
 from _pgproxy import behind_proxy
-from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open_harness
+from test_integrations import ANN, BOB, GUILD_ID, LIBRARIES, ROADMAP, DiscordHarness, episodes, open_harness
 
 from narrmem import ManualClock, Message, StoreUnavailableError, TriggerEvent
 from narrmem.doors.integrations import backlog as backlog_module
@@ -374,3 +374,43 @@ async def test_the_trigger_of_a_message_behind_a_full_backlog_is_still_said(tmp_
         result = await memory.ingest(third)
         routes.ingested(third, result, expected=True)
     assert told == [("the chat", "topic")]
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+async def test_the_suggestions_of_what_a_stopped_bot_left_waiting_are_said_at_its_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: str
+) -> None:
+    """The bot stops while the message that brings a topic up a third time waits for the store.
+    The next start makes it: its suggestion was said nowhere (the chat it was for belonged to the
+    stopped process), and is now said in that chat."""
+    chat = 7  # a Discord channel id is a positive snowflake
+    clock = ManualClock(datetime.now(UTC))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        bot = await open_harness(library, memory)
+        try:
+            for n, text in enumerate(ROADMAP[:2], start=1):
+                await bot.send(n, text, user=ANN, chat=chat, group=True)
+            ingest = memory.ingest
+
+            async def away(message: Any, *args: Any, **kwargs: Any) -> Any:
+                raise StoreUnavailableError("the database went away")
+
+            monkeypatch.setattr(memory, "ingest", away)
+            await bot.send(3, ROADMAP[2], user=ANN, chat=chat, group=True)
+            await bot.settle()
+            assert len(backlog_of(memory)) == 1 and bot.replies == []
+        finally:
+            await bot.close()
+        monkeypatch.setattr(memory, "ingest", ingest)
+    async with open_memory(tmp_path / "m", clock=clock) as again:
+        bot = await open_harness(library, again)
+        try:
+            if isinstance(bot, DiscordHarness):
+                bot.know_channel(chat)
+            await asyncio.wait_for(backlog_of(again).drained(), 30)
+            await again.settle()
+            await bot.settle()
+        finally:
+            await bot.close()
+    [(said_in, suggestion)] = bot.replies
+    assert said_in == str(chat) and "3rd time" in suggestion

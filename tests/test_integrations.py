@@ -260,6 +260,9 @@ class AiogramHarness(TelegramHarness):
             contexts[str(message.message_id)] = memory_context
             assert memory_prompt == (memory_context.render(token_budget=400) if memory_context else "")
 
+    async def start(self) -> None:
+        await self.dispatcher.emit_startup(bot=self.bot)  # as start_polling(bot) does first
+
     async def feed(self, payload: dict[str, Any]) -> None:
         from aiogram.types import Update
 
@@ -368,6 +371,12 @@ class DiscordHarness(Harness):
         @self.bot.listen("on_message")
         async def answer(message: discord.Message) -> None:
             contexts[str(message.id)] = await self.cog.context_for(message)
+
+    def know_channel(self, channel_id: int) -> None:
+        """A text channel of the guild in the bot's cache, as the gateway's guild data puts it."""
+        data = {"id": str(channel_id), "type": 0, "name": "general", "position": 0, "guild_id": str(GUILD_ID)}
+        channel = self.discord.TextChannel(state=self.bot._connection, guild=self.guild, data=data)  # type: ignore[arg-type]
+        self.guild._add_channel(channel)
 
     async def close(self) -> None:
         await self.bot.close()

@@ -239,12 +239,35 @@ class TriggerRoutes(Generic[T]):
     """
 
     def __init__(
-        self, memory: Memory, on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None
+        self,
+        memory: Memory,
+        on_trigger: Callable[[T, TriggerEvent], Awaitable[None]] | None,
+        *,
+        by: str | None = None,
+        target_of: Callable[[Message], T | None] | None = None,
     ) -> None:
+        self._memory = memory
         self._on_trigger = on_trigger
         self._targets: OrderedDict[tuple[str, str, str], T] = OrderedDict()
+        # The integration's name in the backlog's file, and where a message it holds is answered
+        # once a later start makes it (the target it was sent to is gone with the stopped process).
+        self.by = by if target_of is not None else None
+        self._target_of = target_of
         if on_trigger is not None:
             memory.on_trigger(self._say)
+            if by is not None and target_of is not None:
+                backlog_of(memory).remakes_messages(by, self._remade)
+
+    async def _remade(self, message: Message) -> IngestResult:
+        """Ingest a message a stopped process left waiting, its events said where ``target_of`` says."""
+        target = self._target_of(message) if self._target_of is not None else None
+        expected = self.expect(message, target)
+        result: IngestResult | None = None
+        try:
+            result = await self._memory.ingest(message)
+            return result
+        finally:
+            self.ingested(message, result, expected=expected)
 
     def expect(self, message: Message, target: T | None) -> bool:
         """``message`` is about to be ingested; its events are to be said to ``target``. ``False``
@@ -299,7 +322,8 @@ async def ingest(
         return result
 
     try:
-        return await backlog_of(memory).run("message", once, message_record("message", message))
+        by = None if triggers is None else triggers.by
+        return await backlog_of(memory).run("message", once, message_record("message", message, by))
     except Exception:
         log.exception("narrmem could not ingest a message")
         if triggers is not None:

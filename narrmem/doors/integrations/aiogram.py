@@ -92,12 +92,27 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
     """
 
     def __init__(
-        self, memory: Memory, *, skip_commands: Collection[str] = COMMANDS, **options: Unpack[TurnArgs[Bot]]
+        self,
+        memory: Memory,
+        *,
+        skip_commands: Collection[str] = COMMANDS,
+        bot: Bot | None = None,
+        **options: Unpack[TurnArgs[Bot]],
     ) -> None:
         self.memory = memory
         self.options = TurnOptions[Bot](**options)
-        self.triggers = _common.TriggerRoutes[Bot](memory, self.options.on_trigger)
+        # Where the suggestions of a message a stopped process left waiting are sent once a later
+        # start makes it (a Telegram bot answers every chat): the bot given, then the one the
+        # dispatcher starts with, then that of the latest update.
+        self._bot: Bot | None = bot
+        self.triggers = _common.TriggerRoutes[Bot](
+            memory, self.options.on_trigger, by="aiogram", target_of=lambda _: self._bot
+        )
         self.skip_commands = skip_commands
+
+    async def started(self, bot: Bot) -> None:
+        """The dispatcher's startup: the bot it polls for."""
+        self._bot = bot
 
     async def __call__(self, handler: Handler, event: TelegramObject, data: dict[str, Any]) -> Any:
         data["memory"] = self.memory
@@ -118,10 +133,13 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
             )
         if message is None or _common.is_own_command(message.text, self.skip_commands):
             return await handler(event, data)
+        bot = data.get("bot")
+        if isinstance(bot, Bot):
+            self._bot = bot
         if edited:
             await _common.edit(self.memory, message)
         else:
-            await _common.ingest(self.memory, message, self.triggers, data.get("bot"))
+            await _common.ingest(self.memory, message, self.triggers, bot)
         pack = await self.options.context(self.memory, message, private=event.chat.type == "private")
         data["memory_context"] = pack
         data["memory_prompt"] = self.options.render(pack)
@@ -184,12 +202,20 @@ def register_commands(
 
 
 def setup(
-    router: Router, memory: Memory, *, commands: bool = True, **options: Unpack[TurnArgs[Bot]]
+    router: Router,
+    memory: Memory,
+    *,
+    commands: bool = True,
+    bot: Bot | None = None,
+    **options: Unpack[TurnArgs[Bot]],
 ) -> NarrmemMiddleware:
     """Register the middleware on ``router`` (the dispatcher, to see every message) and, with
     ``commands``, the two commands on it too. Call it before registering the bot's own handlers:
-    aiogram tries a router's handlers in order and those of included routers only after them."""
-    middleware = NarrmemMiddleware(memory, **options)
+    aiogram tries a router's handlers in order and those of included routers only after them.
+    ``bot``: where the trigger suggestions of messages a stopped process left waiting are sent
+    when this start makes them (without it, the bot the dispatcher starts with, once it has)."""
+    middleware = NarrmemMiddleware(memory, bot=bot, **options)
+    router.startup.register(middleware.started)
     router.message.outer_middleware(middleware)
     router.edited_message.outer_middleware(middleware)
     # start_polling asks Telegram only for the update types that have handlers

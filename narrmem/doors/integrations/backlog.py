@@ -115,6 +115,7 @@ class Backlog:
         self._empty.set()
         self._taking_over: asyncio.Future[None] | None = None
         self._finders: dict[str, TenantFinder] = {}
+        self._remakers: dict[str, Callable[[Message], Awaitable[Any]]] = {}
         # The calls being made: the forgets they make are theirs, in order, and take nothing of
         # what waits behind them.
         self._making: list[dict[str, Any]] = []
@@ -126,6 +127,12 @@ class Backlog:
 
     def __len__(self) -> int:
         return len(self._waiting)
+
+    def remakes_messages(self, by: str, ingest: Callable[[Message], Awaitable[Any]]) -> None:
+        """``ingest(message)`` makes the waiting messages of integration ``by`` that a stopped
+        process left, so that their trigger suggestions are said in their chats (made by a plain
+        ingest, they were said nowhere)."""
+        self._remakers[by] = ingest
 
     def finds_tenants(self, by: str, finder: TenantFinder) -> None:
         """``finder(user_id)`` reads the tenants a person's forget covers, for the forgets of
@@ -417,6 +424,9 @@ class Backlog:
             if kind in ("message", "edit"):
                 message = Message.model_validate(data["message"])
                 if kind == "message":
+                    remake = self._remakers.get(str(data.get("by")))
+                    if remake is not None:
+                        return "message", lambda: remake(message)
                     return "message", lambda: memory.ingest(message)
                 return "edit", lambda: memory.edit(message)
             if kind == "forget of deleted messages":
@@ -506,9 +516,15 @@ async def forget_person(
     return total
 
 
-def message_record(kind: Literal["message", "edit"], message: Message) -> dict[str, Any]:
-    """What the file keeps of a waiting message or edit."""
-    return {"kind": kind, "data": {"message": message.model_dump(mode="json")}}
+def message_record(
+    kind: Literal["message", "edit"], message: Message, by: str | None = None
+) -> dict[str, Any]:
+    """What the file keeps of a waiting message or edit; ``by``: the integration whose chats its
+    trigger suggestions go to (see :meth:`Backlog.remakes_messages`)."""
+    data: dict[str, Any] = {"message": message.model_dump(mode="json")}
+    if by is not None:
+        data["by"] = by
+    return {"kind": kind, "data": data}
 
 
 def forget_messages_record(tenant: str, chat_id: str, message_ids: Sequence[str]) -> dict[str, Any]:

@@ -79,9 +79,20 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         self.memory = memory
         self.guild_as: GuildAs = guild_as
         self.options = TurnOptions[discord.abc.Messageable](**options)
-        self.triggers = _common.TriggerRoutes[discord.abc.Messageable](memory, self.options.on_trigger)
+        self.triggers = _common.TriggerRoutes[discord.abc.Messageable](
+            memory, self.options.on_trigger, by=FINDER, target_of=self._channel_of
+        )
         # A forgetme that waits for the store, past a restart too, reads the servers as this does.
         backlog_of(memory).finds_tenants(FINDER, self.tenants_of)
+
+    def _channel_of(self, message: Message) -> discord.abc.Messageable | None:
+        """The channel a message was sent in, found by its id (the bot's cache: one the bot no
+        longer sees is none)."""
+        channel_id = message.meta.get("channel_id")
+        if not isinstance(channel_id, str) or not channel_id.isdigit():
+            return None
+        channel = self.bot.get_channel(int(channel_id))
+        return channel if isinstance(channel, discord.abc.Messageable) else None
 
     # --- mapping ---------------------------------------------------------------------------
 

@@ -80,11 +80,18 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         memory: Memory,
         *,
         commands: Collection[str] = COMMANDS,
+        bot: telegram.Bot | None = None,
         **options: Unpack[TurnArgs[telegram.Bot]],
     ) -> None:
         self.memory = memory
         self.options = TurnOptions[telegram.Bot](**options)
-        self.triggers = _common.TriggerRoutes[telegram.Bot](memory, self.options.on_trigger)
+        # Where the suggestions of a message a stopped process left waiting are sent once a later
+        # start makes it (a Telegram bot answers every chat): the application's bot, or that of
+        # the latest update.
+        self._bot: telegram.Bot | None = bot
+        self.triggers = _common.TriggerRoutes[telegram.Bot](
+            memory, self.options.on_trigger, by="python-telegram-bot", target_of=lambda _: self._bot
+        )
         self.commands = commands
 
     def handlers(self) -> list[BaseHandler[Any, Any, Any]]:
@@ -126,6 +133,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         )
         if message is None or _common.is_own_command(message.text, self.commands):
             return
+        self._bot = context.bot
         if edited:
             await _common.edit(self.memory, message)
         else:
@@ -182,6 +190,6 @@ def install(
 ) -> NarrmemTelegram:
     """Add the integration's handlers to ``application`` in ``group``; returns the integration
     (keep it for :meth:`NarrmemTelegram.context_for`). ``commands=()`` leaves the commands out."""
-    integration = NarrmemTelegram(memory, commands=commands, **options)
+    integration = NarrmemTelegram(memory, commands=commands, bot=application.bot, **options)
     application.add_handlers(integration.handlers(), group=group)
     return integration
