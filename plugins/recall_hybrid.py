@@ -89,6 +89,9 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         self._recent: OrderedDict[tuple[str, str], list[tuple[datetime, str, str]]] = OrderedDict()
         # Shared store: this process's turns not written yet, by chat (the cache's only use there).
         self._unwritten: dict[tuple[str, str], set[str]] = {}
+        # Shared store: the turns a message's context took from this process's cache, by message;
+        # checked against the store once it is written (see narrmem_after_store).
+        self._from_cache: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
 
     def configured(self, settings: Settings) -> None:
         self.recall_weights = dict(settings.recall.weights)
@@ -103,10 +106,15 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         if self.options.dates_in_keywords:
             parts.append(_date_line(message.ts))
         if self.options.context_turns:
-            context = await self._context(memory, message)
+            context, cached = await self._context(memory, message)
             parts.extend(text for _, text in context)
             if context:
                 episode.meta["context_message_ids"] = [mid for mid, _ in context]
+            used = {mid: text for mid, text in context if mid in cached}
+            if used:
+                self._from_cache[(message.tenant, message.chat_id, message.message_id)] = used
+                while len(self._from_cache) > CHATS_KEPT:
+                    self._from_cache.popitem(last=False)
         episode.context_text = "\n".join(parts) or None
         self._remember(message, own)
         if shared_by_processes(memory.store):
@@ -163,13 +171,27 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         if not shared_by_processes(memory.store):
             return
         self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
+        cached = self._from_cache.pop((message.tenant, message.chat_id, message.message_id), {})
         episode = records[0] if records else None
         context = [] if episode is None else list(episode.meta.get("context_message_ids", []))
         if episode is not None and episode.id is not None and context:
             stored = await memory.store.stored_message_ids(message.tenant, message.chat_id, context)
-            if set(context) - stored:
+            if set(context) - stored or (cached and not await self._stored_as(memory, message, cached)):
                 self._recent.pop((message.tenant, message.chat_id), None)
                 await memory.store.update(self._without_context(episode))
+
+    async def _stored_as(self, memory: MemoryView, message: Message, cached: dict[str, str]) -> bool:
+        """Whether the turns taken from this process's cache are stored with the words it held: a
+        turn this process never wrote (a forget took it on its way: an edit in another worker)
+        may be stored by another worker in other words."""
+        chat = Scope(tenant=message.tenant, chat_id=message.chat_id)
+        ids = await memory.store.from_messages(message.tenant, message.chat_id, sorted(cached))
+        texts = {
+            r.message_ids[0]: r.index_text
+            for r in (await memory.store.get(ids, chat)).values()
+            if r.kind == "episode" and r.message_ids
+        }
+        return all(texts.get(mid) == text for mid, text in cached.items())
 
     def _without_context(self, record: MemoryRecord) -> MemoryRecord:
         """``record`` with its earlier turns taken out of its keyword context (the date stays)."""
@@ -178,9 +200,12 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         record.context_text = first if DATE_LINE.fullmatch(first) else None
         return record
 
-    async def _context(self, memory: MemoryView, message: Message) -> list[tuple[str, str]]:
+    async def _context(self, memory: MemoryView, message: Message) -> tuple[list[tuple[str, str]], set[str]]:
+        """The earlier turns for ``message``'s keyword context, and (on a shared store) the ids of
+        those taken from this process's cache rather than the store."""
         key = (message.tenant, message.chat_id)
         turns = self._recent.get(key)
+        cached: set[str] = set()
         if shared_by_processes(memory.store):
             unwritten = self._unwritten.get(key, set())
             turns = [turn for turn in turns or [] if turn[1] in unwritten]
@@ -193,12 +218,14 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             stored = [
                 (r.created_at, r.message_ids[0], r.index_text) for r in reversed(recent) if r.message_ids
             ]
-            # Stored turns (any worker's) and this process's turns not written yet, once each.
-            merged = {mid: (ts, mid, text) for ts, mid, text in [*stored, *(turns or [])]}
+            # Stored turns (any worker's) and this process's turns not written yet, once each:
+            # the stored words win (another worker's edit stored new words under the id).
+            merged = {mid: (ts, mid, text) for ts, mid, text in [*(turns or []), *stored]}
+            cached = {mid for _, mid, _ in turns or []} - {mid for _, mid, _ in stored}
             turns = sorted(merged.values(), key=lambda turn: turn[0])
         oldest = message.ts - timedelta(minutes=self.options.context_minutes)
         earlier = [(mid, text) for ts, mid, text in turns if oldest <= ts <= message.ts]
-        return earlier[-self.options.context_turns :]
+        return earlier[-self.options.context_turns :], cached
 
     def _remember(self, message: Message, text: str) -> None:
         key = (message.tenant, message.chat_id)

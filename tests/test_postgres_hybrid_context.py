@@ -9,9 +9,10 @@ from typing import Any
 
 from _helpers import msg
 from _postgres import fresh_database
+from narrmem_plugins.recall_hybrid import HybridRecall
 
 from narrmem import Memory, Message, hookimpl
-from narrmem.models import Scope
+from narrmem.models import MemoryRecord, Scope
 from narrmem.testing import open_memory
 
 
@@ -128,3 +129,76 @@ async def test_a_reply_stored_by_one_worker_reaches_the_others_turn_and_its_forg
         await two.forget(user_id="u2")
         assert "observatory" not in await context_of(one, "m1")
         assert await one.store.search_keywords(Scope(chat_id="g"), "observatory", 10) == []
+
+
+class StoresElsewhereWhileStoring:
+    """Has the other worker store a message after this worker read ``m3``'s context and before
+    it is written."""
+
+    narrmem_name = "stores_elsewhere_while_storing"
+
+    def __init__(self) -> None:
+        self.other: Memory | None = None
+        self.message: dict[str, Any] | None = None
+
+    @hookimpl(trylast=True)
+    async def narrmem_before_store(self, message: Message) -> None:
+        if message.message_id == "m3" and self.other is not None and self.message is not None:
+            await self.other.ingest(self.message)
+
+
+async def _held_unwritten(mem: Memory, said: dict[str, Any]) -> None:
+    """This worker read ``said`` and its write never came (a forget took it on its way: an edit
+    of it made in another worker): its words are in the hybrid plugin's cache of the chat."""
+    message = Message(**said)
+    episode = MemoryRecord(
+        user_id=message.user_id,
+        chat_id=message.chat_id,
+        text=message.text,
+        created_at=message.ts,
+        message_ids=[message.message_id],
+    )
+    await mem.host.plugin(HybridRecall).narrmem_before_store(mem, message, [episode])
+
+
+async def test_words_this_worker_held_of_a_message_another_stored_edited_stay_out(tmp_path: Path) -> None:
+    """Worker two held a message's first words (read, never written: the other worker's edit
+    took it on its way) and worker one stored its new words. The next turns' keyword context took
+    the held words over the stored ones, and kept them once written, for good."""
+    storage: dict[str, Any] = {"backend": "postgres", "dsn": await fresh_database("hybrid")}
+    race = StoresElsewhereWhileStoring()
+    old = msg("m1", "My bank PIN is 4711, do not share it", user="u1", chat="g", ts=at(0))
+    async with (
+        open_memory(tmp_path / "a", storage=storage) as one,
+        open_memory(tmp_path / "b", storage=storage, plugins=[race]) as two,
+    ):
+        await _held_unwritten(two, old)
+        await one.ingest({**old, "text": "My bank PIN is something I keep to myself"})
+        await two.ingest(
+            msg(
+                "m2",
+                "I am going bouldering at the new gym on Friday with my sister",
+                user="u2",
+                chat="g",
+                ts=at(1),
+            )
+        )
+        assert "4711" not in await context_of(two, "m2")
+        assert "keep to myself" in await context_of(two, "m2")
+
+        # The held words read before the other worker stored the message: caught once written.
+        held = msg("m9", "My locker code is zanzibar", user="u1", chat="g", ts=at(2))
+        await _held_unwritten(two, held)
+        race.other, race.message = one, {**held, "text": "My locker code changed, ask me"}
+        await two.ingest(
+            msg(
+                "m3",
+                "I finally climbed the overhang wall at the gym today, so proud",
+                user="u2",
+                chat="g",
+                ts=at(3),
+            )
+        )
+        assert "zanzibar" not in await context_of(two, "m3")
+        for word in ("4711", "zanzibar"):
+            assert await one.store.search_keywords(Scope(chat_id="g"), word, 10) == []
