@@ -26,6 +26,7 @@ class Proxy:
         self.mode = "pass"
         self.port = 0
         self._writers: list[asyncio.StreamWriter] = []
+        self._links: list[dict[str, bool]] = []  # each connection's state: silenced or not
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
 
@@ -46,26 +47,40 @@ class Proxy:
             writer.transport.abort()
         self._writers.clear()
 
+    def silence(self) -> None:
+        """The connections open now pass no byte either way and are never closed, while new ones
+        pass: a failover or a network cut that sends no reset, seen from the client."""
+        for link in self._links:
+            link["silent"] = True
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.mode == "down":
             writer.transport.abort()
             return
         up_reader, up_writer = await asyncio.open_unix_connection(self.socket_path)
         self._writers += [writer, up_writer]
+        link = {"silent": False}
+        self._links.append(link)
         for a, b in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.ensure_future(self._pipe(a, b))
+            task = asyncio.ensure_future(self._pipe(a, b, link))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, link: dict[str, bool]
+    ) -> None:
         try:
             while data := await source.read(65536):
                 while self.mode == "stall":  # noqa: ASYNC110 (a plain attribute the test flips)
                     await asyncio.sleep(0.02)
                 if self.mode == "down":
                     break
+                if link["silent"]:
+                    continue
                 sink.write(data)
                 await sink.drain()
+            while link["silent"]:  # the other end went: not told  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:

@@ -17,10 +17,12 @@ from typing import Any
 import asyncpg
 import pytest
 from _helpers import msg
+from _pgproxy import behind_proxy
 from _postgres import dsn_for, fresh_database
 from narrmem_plugins.storage_postgres import advisory
 from narrmem_plugins.storage_postgres.advisory import HOLDER, AdvisoryLock, lock_key
 
+from narrmem import StoreUnavailableError
 from narrmem.inbox import NAMESPACE
 from narrmem.models import Message, TriageDecision
 from narrmem.settling import claim_name
@@ -88,7 +90,7 @@ async def test_a_lock_still_held_by_our_own_lost_session_is_taken_back(tmp_path:
     # knows as its own (its pid is the one the lock was taken with).
     async with lock_moved("zombie") as (dsn, lock, own, zombie):
         lost_pid = zombie.get_server_pid()
-        lock._pid = lost_pid
+        lock.server_pid = lost_pid
         lock._ended(own)  # what the termination listener calls
         await held_anew(dsn, lock.key, lost_pid)
         assert not await _alive(dsn, lost_pid)  # that session was ended
@@ -176,3 +178,37 @@ async def test_a_lost_lock_held_by_another_worker_for_a_moment_is_taken_again(tm
         assert lock.retaken == 1
         await lock.release()
         assert await holder(dsn, lock.key) is None
+
+
+async def test_a_claim_whose_session_went_without_a_word_is_taken_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover (or a network cut) that sends the client no reset: the session holding the
+    worker's claim is gone in the server, and the client, which uses that connection for nothing
+    else, never heard. Nothing took the claim again, and the next worker to open took this one's
+    unsettled entries while it went on writing them. The connection is now asked every
+    ``PROBE_EVERY_S`` whether it still holds the lock."""
+    monkeypatch.setattr(advisory, "PROBE_EVERY_S", 0.3)
+    async with behind_proxy(tmp_path, timeout_s=2.0) as (memory, proxy):
+        dsn = memory.settings.storage.dsn
+        assert dsn is not None
+        database = dsn.get_secret_value().rsplit("/", 1)[1]
+        direct = dsn_for(database)
+        key = lock_key(claim_name(memory._settling.token))
+        first = await holder(direct, key)
+        assert first is not None
+        proxy.silence()  # every connection open now: the client hears nothing more on it
+        admin = await asyncpg.connect(direct)
+        try:
+            assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", first)
+        finally:
+            await admin.close()
+        await held_anew(direct, key, first)
+        # The other silent connections (the fence's, the pool's) each fail one call, then are new.
+        for _ in range(4):
+            with contextlib.suppress(StoreUnavailableError):
+                assert (await memory.ingest(msg("3", "I started learning the cello", user="ann"))).stored
+                break
+        else:
+            raise AssertionError("the worker did not write again")
+        assert await holder(direct, key) not in (None, first)

@@ -28,6 +28,7 @@ import asyncpg
 import pytest
 from _helpers import msg
 from _postgres import fresh_database
+from narrmem_plugins.storage_postgres.advisory import AdvisoryLock, lock_key
 
 from narrmem import ConfigError, StoreUnavailableError
 from narrmem.testing import open_memory
@@ -193,6 +194,9 @@ async def test_the_command_line_exits_2_with_the_setting_named(tmp_path: Path) -
     assert "Traceback" not in done.stderr
 
 
+KEEPALIVES_SET = "SELECT count(*) FROM pg_settings WHERE name LIKE 'tcp_keepalives_%' AND source = 'session'"
+
+
 @pytest.mark.parametrize("raw", ["", IGNORED], ids=["as-installed", "startup-parameters-ignored"])
 async def test_two_workers_through_a_session_pooler_work_as_on_the_server(tmp_path: Path, raw: str) -> None:
     dsn = await fresh_database("pooler")
@@ -236,6 +240,15 @@ async def test_two_workers_through_a_session_pooler_work_as_on_the_server(tmp_pa
                 async with worker_b.store.pool.acquire() as conn:
                     assert await conn.fetchval("SHOW hnsw.iterative_scan") == "strict_order"
                     assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+                    # Read as set (a Unix socket, as here, shows them as 0).
+                    assert await conn.fetchval(KEEPALIVES_SET) == 3
+            # A lock knows its session by the server's pid: the client's is the pooler's key.
+            lock = AdvisoryLock(worker_b.store.pool.raw, lock_key("pooled job"), "pooled job")
+            assert await lock.take()
+            try:
+                assert lock.server_pid == await lock.holder()
+            finally:
+                await lock.release()
 
 
 async def test_the_pools_settings_outlive_its_resets_on_the_server_itself(tmp_path: Path) -> None:

@@ -35,10 +35,19 @@ HOLDER = (
     "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
     "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1"
 )
+HOLDS_IT = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1 "
+    "AND pid = pg_backend_pid())"
+)
 # Tries that find the lock held by another worker before that is logged as an error: the sixth
 # comes 8.7 s after the loss (RETAKE_DELAYS), far longer than another worker's check of whether
 # this one is gone holds it (a moment, then again after narrmem.settling.TAKEOVER_GRACE_S).
 OTHER_HOLDER_ERROR_AFTER = 6
+# How often the connection holding a lock is asked whether it still answers. Nothing else uses it,
+# and a failover or a network cut that sends no reset leaves the client unaware that the session,
+# and the lock with it, is gone: another worker then took this one's job while it went on.
+PROBE_EVERY_S = 15.0
 # What a call on a connection that ended raises.
 CONNECTION_ENDED = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, ConnectionError, OSError)
 
@@ -50,8 +59,10 @@ class AdvisoryLock:
         self.key = key
         self.name = name
         self._conn: Any = None
-        self._pid: int | None = None  # the server process of the session holding the lock
+        self.server_pid: int | None = None  # the server process of the session holding the lock
         self._retaking: asyncio.Task[None] | None = None
+        self._probing: asyncio.Task[None] | None = None
+        self._stop_probing = asyncio.Event()
         self._released = False
         self.retaken = 0  # how many times the lock was taken again after a lost connection
 
@@ -59,7 +70,8 @@ class AdvisoryLock:
         """Whether the lock is now held here (``False``: another session holds it)."""
         conn = await self.pool.acquire(timeout=self.timeout_s)
         try:
-            held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.key))
+            # The server's own pid: behind a connection pooler the client's is the pooler's key.
+            held, pid = await conn.fetchrow("SELECT pg_try_advisory_lock($1), pg_backend_pid()", self.key)
         except BaseException:
             await _release_quietly(self.pool, conn)
             raise
@@ -67,9 +79,30 @@ class AdvisoryLock:
             await self.pool.release(conn)
             return False
         self._conn = conn
-        self._pid = conn.get_server_pid()
+        self.server_pid = int(pid)
         conn.add_termination_listener(self._ended)
+        self._probing = asyncio.ensure_future(self._probe(conn))
         return True
+
+    async def _probe(self, conn: Any) -> None:
+        """Ask ``conn`` every :data:`PROBE_EVERY_S` whether it answers and still holds the lock;
+        when not, end it here, and the lock is taken again (see :meth:`_ended`)."""
+        while conn is self._conn and not self._released:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_probing.wait(), PROBE_EVERY_S)
+                return  # released
+            try:
+                held = await conn.fetchval(HOLDS_IT, *_halves(self.key), timeout=self.timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                held, reason = False, type(exc).__name__
+            else:
+                reason = "its session no longer holds it"
+            if not held and conn is self._conn and not self._released:
+                log.warning("the connection holding the lock %r is lost (%s); ending it", self.name, reason)
+                conn.terminate()  # its termination listener takes the lock again
+                return
 
     def _ended(self, conn: Any) -> None:
         if self._released or conn is not self._conn:
@@ -79,7 +112,7 @@ class AdvisoryLock:
 
     async def _take_again(self) -> None:
         lost, self._conn = self._conn, None
-        old_pid = self._pid
+        old_pid = self.server_pid
         others = 0  # tries that found the lock held by another worker
         await _release_quietly(self.pool, lost)
         for attempt in itertools.count():
@@ -115,12 +148,17 @@ class AdvisoryLock:
 
     async def holder(self) -> int | None:
         """The server process of the session that holds the lock, if any."""
-        high, low = (self.key >> 32) & 0xFFFFFFFF, self.key & 0xFFFFFFFF
-        pid: int | None = await self.pool.fetchval(HOLDER, high, low)
+        pid: int | None = await self.pool.fetchval(HOLDER, *_halves(self.key))
         return pid
 
     async def release(self) -> None:
         self._released = True
+        self._stop_probing.set()
+        probing, self._probing = self._probing, None
+        if probing is not None:
+            # Not cancelled: a probe under way ends within its time limit, and the connection
+            # is then free for the unlock.
+            await asyncio.gather(probing, return_exceptions=True)
         retaking, self._retaking = self._retaking, None
         if retaking is not None and not retaking.done():
             retaking.cancel()
@@ -148,3 +186,8 @@ def lock_key(name: str) -> int:
     """A stable 64-bit advisory lock key for a name (the same in every worker)."""
     digest = hashlib.blake2b(f"narrmem:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def _halves(key: int) -> tuple[int, int]:
+    """The two 32-bit halves ``pg_locks`` shows a 64-bit advisory key as."""
+    return (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-from narrmem_plugins.storage_postgres.reach import unreachable
+from narrmem_plugins.storage_postgres.reach import KEEPALIVE_SQL, unreachable
 
 from narrmem import logs
 
@@ -69,6 +69,7 @@ class Listener:
     async def _connect(self) -> None:
         conn = await asyncpg.connect(self._dsn, timeout=self._timeout_s, command_timeout=self._timeout_s)
         try:
+            await conn.execute(KEEPALIVE_SQL)
             await conn.add_listener(self._channel, self._notified)
         except BaseException:
             conn.terminate()

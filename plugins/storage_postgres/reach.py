@@ -120,3 +120,11 @@ class GuardedPool:
     async def executemany(self, query: str, args: Any) -> None:
         async with self.acquire() as conn:
             await conn.executemany(query, args)
+
+
+# How the server learns that a worker's host or network is gone: TCP keepalives on the session,
+# which the operating system's defaults send after two hours, if at all. A session of a dead
+# worker holding a lock (the fence between workers, a settling claim) then stopped every other
+# worker's forgets and writes for over two hours. Probing after 30 s idle, every 10 s, 3 times:
+# such a session ends within a minute. Any role may set them; a Unix socket ignores them.
+KEEPALIVE_SQL = "SET tcp_keepalives_idle = 30;SET tcp_keepalives_interval = 10;SET tcp_keepalives_count = 3;"

@@ -28,7 +28,7 @@ from narrmem_plugins.storage_postgres.keywords import (
 )
 from narrmem_plugins.storage_postgres.listening import NOTIFY_LIMIT, Listener
 from narrmem_plugins.storage_postgres.pooler import check_one_session_per_connection
-from narrmem_plugins.storage_postgres.reach import GuardedPool, unavailable, unreachable
+from narrmem_plugins.storage_postgres.reach import KEEPALIVE_SQL, GuardedPool, unavailable, unreachable
 from narrmem_plugins.storage_postgres.schema import (
     SCHEMA_VERSION,
     made_here,
@@ -294,7 +294,7 @@ class PostgresStore(ForgetJournal):
         }
         if self.read_only:
             settings["default_transaction_read_only"] = "on"
-        return "".join(f"SET {name} = '{value}';" for name, value in settings.items())
+        return "".join(f"SET {name} = '{value}';" for name, value in settings.items()) + KEEPALIVE_SQL
 
     async def recorded_model(self) -> str | None:
         try:

@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 from narrmem_plugins.storage_postgres.advisory import CONNECTION_ENDED, lock_key
 from narrmem_plugins.storage_postgres.dsn import scrub
-from narrmem_plugins.storage_postgres.reach import unreachable
+from narrmem_plugins.storage_postgres.reach import KEEPALIVE_SQL, unreachable
 
 from narrmem import logs
 from narrmem.errors import ClosedError, StoreError, StoreUnavailableError
@@ -127,6 +128,9 @@ class PostgresWorkersFence:
         self._units = 0
         self._held = False  # the units lock, shared, by this connection's session
         self._giving_back: set[asyncio.Task[None]] = set()
+        # The server's pid of each session: kept past the client's end of it, which a network
+        # cut may hide from the server.
+        self._server_pids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._gate_held = 0  # forgets of this process that hold the gate
         self._spare: list[Any] = []  # sessions of forgets that ended, for the next ones
         self._forget_sessions: set[Any] = set()  # sessions of forgets under way
@@ -461,9 +465,9 @@ class PostgresWorkersFence:
         server waiting for a lock on its behalf does not look at the socket, and would take the
         lock and hold it a while: the server is asked to end it too (not once the close has
         ended: it ended what it could, and waits for no more tasks)."""
-        if conn.is_closed():
-            return  # ended already, by whoever closed it
-        pid = conn.get_server_pid()
+        pid = self._server_pids.pop(conn, None)
+        if pid is None:
+            return  # ended here already, or its session never got as far as a lock
         conn.terminate()
         if self._shut:
             return
@@ -491,9 +495,21 @@ class PostgresWorkersFence:
 
     async def _connect(self, *, command_timeout: float | None = None) -> Any:
         try:
-            return await asyncpg.connect(self._dsn, timeout=self._timeout_s, command_timeout=command_timeout)
+            conn = await asyncpg.connect(self._dsn, timeout=self._timeout_s, command_timeout=command_timeout)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise self._error("cannot connect to PostgreSQL", exc) from exc
+        try:
+            await conn.execute(KEEPALIVE_SQL)
+            # The server's own pid, to end the session by: behind a connection pooler the
+            # client's is the pooler's key (an unrelated session's pid, or none).
+            pid = int(await asyncio.wait_for(conn.fetchval("SELECT pg_backend_pid()"), self._timeout_s))
+        except BaseException as exc:
+            conn.terminate()
+            if isinstance(exc, (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)):
+                raise self._error("cannot set up a session of the fence", exc) from exc
+            raise
+        self._server_pids[conn] = pid
+        return conn
 
     def _error(self, what: str, exc: BaseException) -> StoreError:
         """``what`` failed with ``exc``: unavailable when the server could not be reached."""
@@ -514,8 +530,10 @@ class PostgresWorkersFence:
                 self._units,
             )
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            conn.terminate()
+        if conn is not None:
+            # Asked of the server too: a session the client dropped in a network cut lives on
+            # there, holding the units lock every other worker's forget waits for.
+            self._end_session(conn)
         self._held = False
 
     def _failed(self, exc: BaseException, failures: int) -> int:
