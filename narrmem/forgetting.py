@@ -33,7 +33,7 @@ from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
-from narrmem.store import CountsForgets, PurgesDeleted
+from narrmem.store import CountsForgets, PurgesDeleted, shared_by_processes
 from narrmem.to_the_end import Outlasting
 from narrmem.trying_again import TryingAgain
 
@@ -110,30 +110,51 @@ class Forgetting:
         # what they hold as the forget begins (on a shared store, once no other worker's forget
         # can come before its end).
         drop = functools.partial(self.calls.drop_scope, scope.tenant, scope.user_id, scope.chat_id)
+        # On a store shared by processes the purge (PostgreSQL's VACUUM of the tables, minutes
+        # for a large HNSW index) runs once the fence is open again: inside it, every worker's
+        # writes waited at the gate for it.
+        purge_after = not from_hooks and shared_by_processes(self.memory.store)
         async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:
                 await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
-                    return await self._finish_or_retry(job)
-                # What may still write for the scope: the units under way with a message of it or
-                # of a chat it wrote in (a reply's keyword context), this one's included, and the
-                # hooks scheduled to run after their answer. None of it can be waited for here.
-                units = self.fence.under_way(lambda key: touches(job, key))
-                if not units and self.settling.scheduled() is None:
-                    return await self.finish(job)
-                counts = await self.finish(job, done=False)
-                self._finish_later(job, units)
-                return counts
+                    counts = await self._finish_or_retry(job, purge=not purge_after)
+                else:
+                    # What may still write for the scope: the units under way with a message of
+                    # it or of a chat it wrote in (a reply's keyword context), this one's
+                    # included, and the hooks scheduled to run after their answer. None of it can
+                    # be waited for here.
+                    units = self.fence.under_way(lambda key: touches(job, key))
+                    if not units and self.settling.scheduled() is None:
+                        return await self.finish(job)
+                    counts = await self.finish(job, done=False)
+                    self._finish_later(job, units)
+                    return counts
+        if purge_after:
+            await self._purge_shared()
+        return counts
 
-    async def _finish_or_retry(self, job: ForgetJob) -> dict[str, int]:
+    async def _finish_or_retry(self, job: ForgetJob, *, purge: bool = True) -> dict[str, int]:
         """``finish(job)``; failing, raised, and tried again in the background (see the module)."""
         try:
-            return await self.finish(job)
+            return await self.finish(job, purge=purge)
         except Exception:
             self._retry_later(job)
             raise
+
+    async def _purge_shared(self) -> None:
+        """A forget's purge on a store shared by processes, once the fence is open again. Its
+        failure is logged, not raised: the rows are deleted and the forget is done; the server's
+        own vacuum does the rest later."""
+        store = self.memory.store
+        if not isinstance(store, PurgesDeleted):
+            return
+        try:
+            await store.purge_deleted()
+        except Exception:
+            log.exception("purging what a forget deleted failed; the store's own vacuum does it later")
 
     def _retry_later(self, job: ForgetJob, *, received: bool = True) -> None:
         """Finish ``job`` again until it is; ``received``: a scope job deletes the entries of the
@@ -391,9 +412,10 @@ class Forgetting:
         received: bool = True,
         edits: bool = True,
         only: Sequence[int] | None = None,
+        purge: bool = True,
     ) -> dict[str, int]:
         """Delete what ``job`` names and let every plugin scrub its copies; safe to run again.
-        ``done``: delete the job's record (and purge the files) too. ``received``: delete the
+        ``done``: delete the job's record (and, with ``purge``, purge the files) too. ``received``: delete the
         entries of the messages received and not yet written that it names, and, with ``edits``,
         the marks of the edits of them under way (:mod:`narrmem.edit_marks`). ``only``: of a
         job of messages, delete these memories of them alone (the plugins still scrub by the
@@ -438,7 +460,7 @@ class Forgetting:
             # Before the job's record goes: stopped in between, the next open finishes the job
             # again, and leaves it to them again (the same key).
             await owed_forgets.owe(self.memory, job)
-            await store.finish_forget(job, purge=job.messages is None)
+            await store.finish_forget(job, purge=purge and job.messages is None)
         return counts
 
     async def resume(self) -> None:
