@@ -20,9 +20,10 @@ from _helpers import msg
 from _pgproxy import behind_proxy
 from _postgres import dsn_for, fresh_database
 from narrmem_plugins.storage_postgres import advisory
+from narrmem_plugins.storage_postgres import store as store_module
 from narrmem_plugins.storage_postgres.advisory import HOLDER, AdvisoryLock, lock_key
 
-from narrmem import StoreUnavailableError
+from narrmem import StoreError, StoreUnavailableError
 from narrmem.inbox import NAMESPACE
 from narrmem.models import Message, TriageDecision
 from narrmem.settling import claim_name
@@ -212,3 +213,29 @@ async def test_a_claim_whose_session_went_without_a_word_is_taken_again(
         else:
             raise AssertionError("the worker did not write again")
         assert await holder(direct, key) not in (None, first)
+
+
+async def test_a_snapshot_left_idle_by_its_reader_is_ended_by_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export reads a table's pages in one snapshot while its client reads the file: a client
+    that stops reading kept the transaction open, holding back every table's vacuum (the decay
+    pass rewrites importance hourly) for as long as it kept its connection."""
+    monkeypatch.setattr(store_module, "SNAPSHOT_IDLE_S", 0.5)
+    dsn = await fresh_database("snapshot_idle")
+    async with open_memory(tmp_path, storage={"backend": "postgres", "dsn": dsn}) as memory:
+        await memory.ingest(msg("1", "I live in Lisbon now", user="ann"))
+        with pytest.raises(StoreError):
+            async with memory.store.snapshot() as db:
+                assert await db.fetchall("SELECT count(*) FROM memories") == [(1,)]
+                await asyncio.sleep(1.5)  # the reader went quiet
+                await db.fetchall("SELECT count(*) FROM memories")
+        admin = await asyncpg.connect(dsn)
+        try:
+            idle = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
+            )
+        finally:
+            await admin.close()
+        assert idle == 0
+        assert (await memory.ingest(msg("2", "I started learning the cello", user="ann"))).stored

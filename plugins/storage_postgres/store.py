@@ -455,6 +455,10 @@ class PostgresStore(ForgetJournal):
         """A pooled connection in one read-only REPEATABLE READ transaction
         (:class:`narrmem.store.ReadsSnapshots`): every statement sees the state of its first."""
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            # Its reader may be a slow client (an export over HTTP): a snapshot left idle holds
+            # back every table's vacuum, and a migration's lock, for as long as it is kept.
+            idle_ms = int(SNAPSHOT_IDLE_S * 1000)
+            await conn.execute(f"SET LOCAL idle_in_transaction_session_timeout = {idle_ms}")
             yield PostgresSQL(conn, read_only=True)
 
     # --- between workers -------------------------------------------------------------------
@@ -1443,6 +1447,11 @@ STATE_PUT = (
     "INSERT INTO plugin_state (namespace, key, value) VALUES ($1, $2, $3) "
     "ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value"
 )
+
+
+# How long a snapshot (ReadsSnapshots) may wait for its reader between two reads before the server
+# ends it: an export whose client stops reading fails then, rather than pinning the tables.
+SNAPSHOT_IDLE_S = 300.0
 
 
 def _state_json(value: dict[str, Any]) -> str:
