@@ -117,10 +117,16 @@ class ForgetMarks:
         store = self.memory.store
         cutoff = now - dt.timedelta(seconds=self.kept_s)
         gone = 0
+        # A store of a version before compare-and-delete: read again just before the delete.
+        delete_if = getattr(store, "state_delete_if", None)
         for entry, value in await store.state_items(NAMESPACE):
+            if not entry.startswith(MARK) or not _expired(value, cutoff):
+                continue
             # Deleted only as read: a mark another worker renewed since the list was read stays.
-            if entry.startswith(MARK) and _expired(value, cutoff):
-                gone += await store.state_delete_if(NAMESPACE, entry, value)
+            if delete_if is not None:
+                gone += await delete_if(NAMESPACE, entry, value)
+            elif (again := await store.state_get(NAMESPACE, entry)) is not None and _expired(again, cutoff):
+                gone += await store.state_delete(NAMESPACE, entry)
         return gone
 
     async def purge_if_due(self) -> None:

@@ -57,6 +57,11 @@ AGAIN_NAMESPACE = "narrmem.forget_again"
 FINISH_ROUNDS = 20
 
 
+# A purge a forget finished outside its turn owes (on a store shared by processes its VACUUM runs
+# once the fence is open again): noted in the store, so a stop before it leaves it to the next open.
+PURGE_OWED = ("narrmem.purge_owed", "owed")
+
+
 class Forgetting:
     def __init__(
         self,
@@ -133,7 +138,7 @@ class Forgetting:
                     self._finish_later(job, units)
                     return counts
         if purge_after:
-            await self._purge_shared()
+            await self.purge_owed()
         return counts
 
     async def _finish_or_retry(self, job: ForgetJob, *, purge: bool = True) -> dict[str, int]:
@@ -144,17 +149,25 @@ class Forgetting:
             self._retry_later(job)
             raise
 
-    async def _purge_shared(self) -> None:
-        """A forget's purge on a store shared by processes, once the fence is open again. Its
-        failure is logged, not raised: the rows are deleted and the forget is done; the server's
-        own vacuum does the rest later."""
+    async def purge_owed(self) -> None:
+        """The purge a finished forget left owed (see :data:`PURGE_OWED`), if one is: run, then
+        its note deleted unless another forget owed one again meanwhile. Failing, it is tried
+        again in the background (and by the next open): the rows are gone, the forget is done."""
         store = self.memory.store
-        if not isinstance(store, PurgesDeleted):
+        owed = await store.state_get(*PURGE_OWED)
+        if owed is None or not isinstance(store, PurgesDeleted):
             return
         try:
             await store.purge_deleted()
         except Exception:
-            log.exception("purging what a forget deleted failed; the store's own vacuum does it later")
+            log.exception("purging what a forget deleted failed; tried again later")
+            self._again.keep_trying(self.purge_owed, "the purge a forget left owed")
+            return
+        delete_if = getattr(store, "state_delete_if", None)
+        if delete_if is not None:
+            await delete_if(*PURGE_OWED, owed)
+        else:
+            await store.state_delete(*PURGE_OWED)
 
     def _retry_later(self, job: ForgetJob, *, received: bool = True) -> None:
         """Finish ``job`` again until it is; ``received``: a scope job deletes the entries of the
@@ -415,11 +428,12 @@ class Forgetting:
         purge: bool = True,
     ) -> dict[str, int]:
         """Delete what ``job`` names and let every plugin scrub its copies; safe to run again.
-        ``done``: delete the job's record (and, with ``purge``, purge the files) too. ``received``: delete the
-        entries of the messages received and not yet written that it names, and, with ``edits``,
-        the marks of the edits of them under way (:mod:`narrmem.edit_marks`). ``only``: of a
-        job of messages, delete these memories of them alone (the plugins still scrub by the
-        messages' ids)."""
+        ``done``: delete the job's record (and purge the files) too; without ``purge``, the purge
+        of a user's or chat's job is noted as owed instead (:meth:`purge_owed` runs it).
+        ``received``: delete the entries of the messages received and not yet written that it
+        names, and, with ``edits``, the marks of the edits of them under way
+        (:mod:`narrmem.edit_marks`). ``only``: of a job of messages, delete these memories of
+        them alone (the plugins still scrub by the messages' ids)."""
         store = self.memory.store
         # Received messages go first: a worker that writes one of them afterwards finds its entry
         # gone and forgets it again (narrmem.inbox), while one whose entry it deleted first wrote
@@ -460,7 +474,11 @@ class Forgetting:
             # Before the job's record goes: stopped in between, the next open finishes the job
             # again, and leaves it to them again (the same key).
             await owed_forgets.owe(self.memory, job)
-            await store.finish_forget(job, purge=purge and job.messages is None)
+            scope_job = job.messages is None
+            if scope_job and not purge:
+                # Noted before the job's record goes: stopped in between, the next open purges.
+                await store.state_put(*PURGE_OWED, {"job": job.id})
+            await store.finish_forget(job, purge=scope_job and purge)
         return counts
 
     async def resume(self) -> None:
@@ -498,6 +516,7 @@ class Forgetting:
                     # A plugin's service may be down: the bot still starts (the store holds
                     # nothing of the scope any more), and the job waits for the next open.
                     log.exception("forget %d is not finished: a plugin failed to scrub its copies", job.id)
+        await self.purge_owed()  # one a process that stopped left
 
 
 def again_key(job: ForgetJob) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from narrmem import edit_marks, forget_marks, inbox, owed_forgets, settling
 from narrmem.errors import InputError
-from narrmem.forgetting import AGAIN_NAMESPACE
+from narrmem.forgetting import AGAIN_NAMESPACE, PURGE_OWED
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -27,7 +27,7 @@ CORE: dict[str, Callable[[str, dict[str, Any]], None]] = {
 # The forgets owed to absent plugins likewise, and they hold the ids of forgotten people: a
 # backup would carry them out of the store. The marks forgets leave, too: keyed hashes of the
 # forgotten, under the key of the store they were made in.
-NOT_IMPORTED = frozenset({AGAIN_NAMESPACE, owed_forgets.NAMESPACE, forget_marks.NAMESPACE})
+NOT_IMPORTED = frozenset({AGAIN_NAMESPACE, owed_forgets.NAMESPACE, forget_marks.NAMESPACE, PURGE_OWED[0]})
 
 
 async def check_state(memory: Memory, namespace: str, key: str, value: dict[str, Any]) -> None:

@@ -13,14 +13,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from _helpers import variants
 from _postgres import fresh_database
 from narrmem_plugins.storage_postgres.workers_fence import GATE, UNITS
 from test_forget_in_flight import SlowFacts, TriggerAfterAWhile, ann, everything, graph_of, said_by
 
-from narrmem import TriggerEvent, hookimpl
+from narrmem import StoreUnavailableError, TriggerEvent, hookimpl, trying_again
 from narrmem.errors import ClosedError
+from narrmem.forgetting import PURGE_OWED
 from narrmem.memory import Memory
 from narrmem.models import Message
 from narrmem.testing import open_memory
@@ -1103,3 +1105,64 @@ async def test_the_vacuum_that_ends_a_forget_holds_no_other_workers_writes(
         vacuumed.set()
         assert (await asyncio.wait_for(forget, WAIT))["memories"] == 1
         assert [r.message_ids for r in await everything(forgetter)] == [["2"]]
+
+
+async def test_the_fence_ends_its_own_session_and_never_another_with_its_old_pid(tmp_path: Path) -> None:
+    """A fence session is ended in the server by its pid and its own name: a pid outlives its
+    session (a server that failed over numbers anew; a pooler hands the server's session to
+    another client once ours is dropped), and ending it by pid alone ended someone else's."""
+    dsn = await fresh_database("across")
+    async with worker(tmp_path / "a", {"backend": "postgres", "dsn": dsn}) as memory:
+        await memory.ingest(ann("1", "I work at Acme Bank as an analyst."))
+        fence = memory.store.workers_fence()
+        other = await asyncpg.connect(dsn)
+        try:
+            pid = other.get_server_pid()
+            await fence._terminate_backend(pid, "narrmem-fence-not-this-one")
+            assert await other.fetchval("SELECT 1") == 1  # the pid was another session's: kept
+            await other.execute("SET application_name = 'narrmem-fence-this-one'")
+            await fence._terminate_backend(pid, "narrmem-fence-this-one")
+            with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError)):
+                await other.fetchval("SELECT 1")
+        finally:
+            other.terminate()
+
+
+async def test_a_vacuum_that_fails_after_a_forget_is_owed_until_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forget's VACUUM runs after its record went, once the gate is open: a failing one (or a
+    stop before it) is noted in the store, tried again, and run by the next open."""
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.05,))
+    monkeypatch.setattr(trying_again, "RETRY_EVERY", 0.1)
+    dsn = await fresh_database("across")
+    storage = {"backend": "postgres", "dsn": dsn}
+    vacuums: list[str] = []
+    async with worker(tmp_path / "a", storage) as memory:
+        await memory.ingest(ann("1", "I work at Acme Bank as an analyst."))
+        purge_deleted = memory.store.purge_deleted
+
+        async def failing_once() -> None:
+            vacuums.append("tried")
+            if len(vacuums) == 1:
+                raise StoreUnavailableError("the server went away")
+            await purge_deleted()
+
+        monkeypatch.setattr(memory.store, "purge_deleted", failing_once)
+        assert (await memory.forget(user_id="ann", tenant="t"))["memories"] == 1
+        assert await memory.store.state_get(*PURGE_OWED) is not None
+        for _ in range(100):
+            if await memory.store.state_get(*PURGE_OWED) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert vacuums == ["tried", "tried"] and await memory.store.state_get(*PURGE_OWED) is None
+
+        async def away() -> None:
+            raise StoreUnavailableError("the server went away")
+
+        monkeypatch.setattr(memory.store, "purge_deleted", away)
+        await memory.ingest(dict(ann("2", "I adopted a greyhound named Pixel."), user_id="bob"))
+        await memory.forget(user_id="bob", tenant="t")
+    monkeypatch.undo()
+    async with worker(tmp_path / "b", storage) as again:  # the next open purges
+        assert await again.store.state_get(*PURGE_OWED) is None

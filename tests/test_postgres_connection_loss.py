@@ -52,8 +52,8 @@ async def holder(dsn: str, key: int) -> int | None:
         await other.close()
 
 
-async def held_anew(dsn: str, key: int, before: int) -> int:
-    for _ in range(250):
+async def held_anew(dsn: str, key: int, before: int, seconds: float = 5.0) -> int:
+    for _ in range(int(seconds / 0.02)):
         now = await holder(dsn, key)
         if now is not None and now != before:
             return now
@@ -204,7 +204,7 @@ async def test_a_claim_whose_session_went_without_a_word_is_taken_again(
             assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", first)
         finally:
             await admin.close()
-        await held_anew(direct, key, first)
+        await held_anew(direct, key, first, seconds=20.0)  # two probes unanswered: about 5 s
         # The other silent connections (the fence's, the pool's) each fail one call, then are new.
         for _ in range(4):
             with contextlib.suppress(StoreUnavailableError):

@@ -48,6 +48,7 @@ OTHER_HOLDER_ERROR_AFTER = 6
 # and a failover or a network cut that sends no reset leaves the client unaware that the session,
 # and the lock with it, is gone: another worker then took this one's job while it went on.
 PROBE_EVERY_S = 15.0
+PROBES_UNANSWERED = 2  # in a row, before the connection is taken for lost
 # What a call on a connection that ended raises.
 CONNECTION_ENDED = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, ConnectionError, OSError)
 
@@ -87,6 +88,7 @@ class AdvisoryLock:
     async def _probe(self, conn: Any) -> None:
         """Ask ``conn`` every :data:`PROBE_EVERY_S` whether it answers and still holds the lock;
         when not, end it here, and the lock is taken again (see :meth:`_ended`)."""
+        unanswered = 0
         while conn is self._conn and not self._released:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_probing.wait(), PROBE_EVERY_S)
@@ -96,9 +98,14 @@ class AdvisoryLock:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                held, reason = False, type(exc).__name__
+                # A server slow to answer once is not a lost session: ended then, the lock went
+                # with it while the worker was still there, and another could take its job.
+                unanswered += 1
+                if unanswered < PROBES_UNANSWERED:
+                    continue
+                held, reason = False, f"{unanswered} probes unanswered, {type(exc).__name__}"
             else:
-                reason = "its session no longer holds it"
+                unanswered, reason = 0, "its session no longer holds it"
             if not held and conn is self._conn and not self._released:
                 log.warning("the connection holding the lock %r is lost (%s); ending it", self.name, reason)
                 conn.terminate()  # its termination listener takes the lock again

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, NoReturn, TypeVar
@@ -128,9 +129,9 @@ class PostgresWorkersFence:
         self._units = 0
         self._held = False  # the units lock, shared, by this connection's session
         self._giving_back: set[asyncio.Task[None]] = set()
-        # The server's pid of each session: kept past the client's end of it, which a network
-        # cut may hide from the server.
-        self._server_pids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        # The server's pid and name of each session: kept past the client's end of it, which a
+        # network cut may hide from the server.
+        self._sessions: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()
         self._gate_held = 0  # forgets of this process that hold the gate
         self._spare: list[Any] = []  # sessions of forgets that ended, for the next ones
         self._forget_sessions: set[Any] = set()  # sessions of forgets under way
@@ -465,21 +466,26 @@ class PostgresWorkersFence:
         server waiting for a lock on its behalf does not look at the socket, and would take the
         lock and hold it a while: the server is asked to end it too (not once the close has
         ended: it ended what it could, and waits for no more tasks)."""
-        pid = self._server_pids.pop(conn, None)
-        if pid is None:
+        session = self._sessions.pop(conn, None)
+        if session is None:
             return  # ended here already, or its session never got as far as a lock
         conn.terminate()
         if self._shut:
             return
-        task = asyncio.ensure_future(self._terminate_backend(pid))
+        task = asyncio.ensure_future(self._terminate_backend(*session))
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
 
-    async def _terminate_backend(self, pid: int) -> None:
+    async def _terminate_backend(self, pid: int, name: str) -> None:
         with contextlib.suppress(*BROKEN, StoreError):
             conn = await self._connect()
             try:
-                await conn.execute("SELECT pg_terminate_backend($1)", pid)
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE pid = $1 AND application_name = $2",
+                    pid,
+                    name,
+                )
             finally:
                 await conn.close()
 
@@ -498,17 +504,20 @@ class PostgresWorkersFence:
             conn = await asyncpg.connect(self._dsn, timeout=self._timeout_s, command_timeout=command_timeout)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise self._error("cannot connect to PostgreSQL", exc) from exc
+        # The session is ended by the server's own pid (behind a connection pooler the client's is
+        # the pooler's key) and a name of its own: a pid outlives its session, on a server that
+        # failed over or in a pooler that handed the server's session to another client (whose
+        # reset clears the name), and ending it then ended someone else's.
+        name = f"narrmem-fence-{uuid.uuid4().hex[:16]}"
         try:
-            await conn.execute(KEEPALIVE_SQL)
-            # The server's own pid, to end the session by: behind a connection pooler the
-            # client's is the pooler's key (an unrelated session's pid, or none).
+            await conn.execute(f"{KEEPALIVE_SQL}SET application_name = '{name}';")
             pid = int(await asyncio.wait_for(conn.fetchval("SELECT pg_backend_pid()"), self._timeout_s))
         except BaseException as exc:
             conn.terminate()
             if isinstance(exc, (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)):
                 raise self._error("cannot set up a session of the fence", exc) from exc
             raise
-        self._server_pids[conn] = pid
+        self._sessions[conn] = (pid, name)
         return conn
 
     def _error(self, what: str, exc: BaseException) -> StoreError:
