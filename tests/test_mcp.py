@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 from mcp import Client
@@ -184,6 +185,23 @@ async def test_streamable_http_on_loopback(tmp_path: Path) -> None:
                 await asyncio.sleep(0.1)
         async with Client(f"http://127.0.0.1:{port}/mcp") as client:
             await _exercise(client, SEED_TOOLS)
+        # A client that initializes and never ends its session leaves nothing kept for it (one
+        # kept per client, 30 minutes each, refused every new client past 10,000).
+        hello = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "a bot", "version": "1"},
+            },
+        }
+        headers = {"Accept": "application/json, text/event-stream"}
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(f"http://127.0.0.1:{port}/mcp", json=hello, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert "mcp-session-id" not in answer.headers
     finally:
         process.terminate()
         await asyncio.wait_for(process.wait(), timeout=30)

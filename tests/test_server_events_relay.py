@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 from _helpers import answer_status, read_posted_json
 from _postgres import dsn_for, fresh_database
 from prometheus_client import generate_latest
@@ -21,6 +22,7 @@ from test_server_events_forget import KAYAK, NOW, TIRED, _hub, _ingest_all
 from test_server_events_workers import _client, _workers
 from test_server_metrics import _samples, _value
 
+from narrmem import StoreUnavailableError
 from narrmem.clock import ManualClock
 from narrmem.doors.server import WebhookOptions, create_app
 from narrmem.doors.server.metrics import ServerMetrics
@@ -223,3 +225,41 @@ async def test_a_relayed_event_rests_on_what_its_worker_read_not_on_a_later_read
         await hub.receive(made, cited)
         assert [f async for f in stream if f.startswith("event: trigger")] == []
         await hub.close()
+
+
+async def test_an_event_published_while_its_worker_did_not_listen_is_not_relayed_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that cannot listen (its listening session could not be opened) streams its
+    events itself. They were also queued for the other workers and sent once it listened again:
+    streamed there as new, hours late, and streamed a second time here when heard back."""
+    dsn = await fresh_database("relay")
+    one, two = _workers(tmp_path, dsn)
+    async with one as worker_a, two as worker_b:
+        app_a, app_b = create_app(worker_a), create_app(worker_b)
+        hub_a, hub_b = _hub(app_a), _hub(app_b)
+        await hub_b.start()
+        listen = worker_a.store.listen
+
+        async def away(*args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailableError("the listening session could not be opened")
+
+        monkeypatch.setattr(worker_a.store, "listen", away)
+        try:
+            on_a = hub_a.stream("default", max_events=None, idle_timeout=None, keepalive=0.2)
+            on_b = hub_b.stream("default", max_events=None, idle_timeout=None, keepalive=0.2)
+            assert (await anext(on_a)).startswith(": narrmem") and (await anext(on_b)).startswith(": narrmem")
+            async with _client(app_a) as client_a:
+                early = await _ingest_all(client_a, KAYAK, user="kim", chat="dm-kim")
+            assert [_event(f) for f in await _frames(on_a, len(early))] == early  # streamed here
+            monkeypatch.setattr(worker_a.store, "listen", listen)
+            await hub_a.start()
+            async with _client(app_a) as client_a:
+                late = await _ingest_all(client_a, TIRED, user="tom", chat="dm-tom")
+            assert [_event(f) for f in await _frames(on_b, len(late))] == late  # not the early ones
+            frames = await _frames(on_a, len(late) + 1)
+            assert frames[0].startswith("event: reset")  # it listens now: the others' may be missing
+            assert [_event(f) for f in frames[1:]] == late  # none twice
+        finally:
+            await hub_a.close()
+            await hub_b.close()

@@ -12,13 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
-from _helpers import store_fingerprint
+from _helpers import answer_status, read_posted_json, store_fingerprint
 from fastapi import FastAPI
 from test_server_events_forget import KAYAK, NOW, TIRED, _ingest_all, _said, _subscribed, _unread
 
 from narrmem.clock import ManualClock
 from narrmem.doors.server import create_app, events
-from narrmem.doors.server.events import TriggerHub, event_id
+from narrmem.doors.server.events import TriggerHub, WebhookOptions, event_id
 from narrmem.memory import Memory
 from narrmem.models import TriggerEvent
 from narrmem.testing import open_memory
@@ -269,3 +269,62 @@ async def _begins(hub: TriggerHub, tenant: str | None, last: TriggerEvent) -> st
     first = await anext(stream)
     await stream.aclose()
     return first.split("\n", 1)[0]
+
+
+async def test_a_stream_that_falls_behind_is_told_before_what_it_gets_next() -> None:
+    """A stream's queue keeps its newest STREAM_QUEUE events: a reader slower than that lost the
+    oldest without a word, and its next Last-Event-ID was past the gap, so no resume could bring
+    them back. It is now sent a reset first."""
+    fired = [_fired(f"u{n}") for n in range(events.STREAM_QUEUE + 5)]
+    check = SlowCites()
+    check.answer.set()
+    hub = TriggerHub(None, check)
+    stream = await _subscribed(hub)
+    for event in fired:
+        await hub.publish(event)
+    frames = []
+    async for chunk in stream:
+        if chunk.startswith("event:"):
+            frames.append(chunk)
+    kinds = [frame.split("\n", 1)[0] for frame in frames]
+    assert kinds[0] == "event: reset" and "stream_fell_behind" in frames[0]
+    received = [TriggerEvent.model_validate(json.loads(f.split("data: ", 1)[1])) for f in frames[1:]]
+    assert received == fired[5:]
+    # What it lost is still held: a resume from the last id it saw before the gap brings it back.
+    assert await _resumed(hub, None, fired[0]) == fired[1:]
+
+
+async def test_a_webhook_down_for_long_is_sent_the_latest_events_when_it_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its queue full (an endpoint that takes each event seconds to fail), the newest event was
+    dropped: when the endpoint came back it was sent events hours old, and what happened during
+    the outage was lost. The oldest goes now, and the metrics count both outcomes."""
+    monkeypatch.setattr(events, "WEBHOOK_QUEUE", 3)
+    posted: list[str] = []
+    back = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        body = await read_posted_json(reader)
+        if not back.is_set():
+            await answer_status(writer, 503)
+            return
+        posted.append(body["event"]["user_id"])
+        await answer_status(writer, 200)
+
+    receiver = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = receiver.sockets[0].getsockname()[1]
+    check = SlowCites()
+    check.answer.set()
+    hub = TriggerHub(WebhookOptions(url=f"http://127.0.0.1:{port}/hook", attempts=30, backoff=0.05), check)
+    try:
+        for n in range(8):
+            await hub.publish(_fired(f"u{n}"))
+        back.set()
+        await hub.drain(10)
+        # The newest three were kept (and the first, if the sender had taken it before the rest).
+        assert posted[-3:] == ["u5", "u6", "u7"] and set(posted) <= {"u0", "u5", "u6", "u7"}
+        assert (hub.delivered, hub.dropped) == (len(posted), 8 - len(posted))
+    finally:
+        await hub.close()
+        receiver.close()

@@ -81,6 +81,7 @@ async def test_the_event_hub_and_readiness_are_read_when_scraped(tmp_path: Path)
     async with open_memory(tmp_path / "m") as memory:
         app = create_app(memory, metrics=metrics)
         hub = app.state.narrmem.hub
+        hub.delivered, hub.dropped = 7, 2  # a webhook's figures, as it counts them
         stream = hub.stream(tenant=None, max_events=None, idle_timeout=None, keepalive=60)
         await anext(stream)  # subscribed
         open_stream = _samples((await asyncio.to_thread(generate_latest, metrics.registry)).decode())
@@ -88,6 +89,8 @@ async def test_the_event_hub_and_readiness_are_read_when_scraped(tmp_path: Path)
         hub.stop_streams()
         stopping = _samples((await asyncio.to_thread(generate_latest, metrics.registry)).decode())
     assert _value(open_stream, "narrmem_event_streams") == 1
+    assert _value(open_stream, "narrmem_webhook_events_total", outcome="delivered") == 7
+    assert _value(open_stream, "narrmem_webhook_events_total", outcome="dropped") == 2
     assert _value(open_stream, "narrmem_ready") == 1.0
     assert _value(stopping, "narrmem_event_streams") == 0
     assert _value(stopping, "narrmem_ready") == 0.0

@@ -473,6 +473,9 @@ async def serve_http(
 
     check_port(port, "--http")
     server = build_server(memory, tenant=tenant, tools=tools)
-    app = server.streamable_http_app(host=host)
+    # Stateless: narrmem keeps nothing per MCP session, and a session kept per client that never
+    # ends it (a bot that connects per message) held 2 tasks and about 40 KB for 30 minutes, and
+    # past 10,000 of them every new client was refused.
+    app = server.streamable_http_app(host=host, stateless_http=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     await serve(config, field="--http")

@@ -119,6 +119,7 @@ class _Subscriber:
     tenant: str | None
     queue: asyncio.Queue[Queued] = field(default_factory=lambda: asyncio.Queue(STREAM_QUEUE))
     missed: bool = False  # events of other workers went by unseen: the stream says reset
+    overflowed: bool = False  # its reader fell STREAM_QUEUE events behind: the oldest went
 
 
 class TriggerHub:
@@ -203,9 +204,11 @@ class TriggerHub:
         relay = None if self._closed else self.relay
         heard_back = relay is not None and relay.listening
         item = await self._publish(event, stream=not heard_back, webhook=True)
-        if relay is not None and item is not None:
+        if relay is not None and item is not None and heard_back:
             # With what it cites, read here as it was published: read where it is heard, after
-            # another worker deleted its messages, it would rest on its user's scope alone.
+            # another worker deleted its messages, it would rest on its user's scope alone. Not
+            # while not listening: streamed here already, it was sent once listening began, the
+            # other workers streamed it as new, hours late, and this one streamed it twice.
             relay.send(event, item.cited)
 
     async def receive(self, event: TriggerEvent, cited: tuple[int, ...] | None = None) -> None:
@@ -247,6 +250,7 @@ class TriggerHub:
             for sub in listening:
                 if sub.queue.full():
                     sub.queue.get_nowait()  # a slow reader loses the oldest, never blocks ingest
+                    sub.overflowed = True  # and is told so: its next id is past the gap
                 sub.queue.put_nowait(item)
         if not webhook:
             return item
@@ -262,15 +266,18 @@ class TriggerHub:
         elif self.webhook is not None:
             outbox = self._ensure_sender()
             if outbox.full():
+                # The oldest goes: after an endpoint down for hours, what it is sent first is
+                # the latest, not hours-old events ahead of a queue that dropped every new one.
+                oldest = outbox.get_nowait()
+                outbox.task_done()
                 self.dropped += 1
                 log.warning(
                     "webhook queue full: %s trigger %s dropped",
-                    event.kind,
-                    event_id(event),
-                    extra={"repeats_as": event.kind},
+                    oldest.event.kind,
+                    event_id(oldest.event),
+                    extra={"repeats_as": oldest.event.kind},
                 )
-            else:
-                outbox.put_nowait(item)
+            outbox.put_nowait(item)
         return item
 
     async def _cited(self, event: TriggerEvent) -> tuple[int, ...]:
@@ -404,6 +411,9 @@ class TriggerHub:
                 if sub.missed:
                     sub.missed = False
                     yield f"event: reset\ndata: {MISSED_DATA}\n\n"
+                if sub.overflowed:
+                    sub.overflowed = False
+                    yield f"event: reset\ndata: {OVERFLOW_DATA}\n\n"
                 now = loop.time()
                 if still_allowed is not None and now >= next_check:
                     if not await still_allowed():
@@ -614,6 +624,17 @@ MISSED_DATA = json.dumps(
     {
         "reason": "other_workers_events_missed",
         "detail": "events published by other workers meanwhile may have been missed",
+    }
+)
+
+
+# The frame an open stream is sent when it read too slowly and its oldest queued events went (a
+# stream's queue holds STREAM_QUEUE): without it the client's next id was past the gap, and no
+# resume could bring those events back.
+OVERFLOW_DATA = json.dumps(
+    {
+        "reason": "stream_fell_behind",
+        "detail": f"this stream read too slowly: events beyond the {STREAM_QUEUE} queued were dropped",
     }
 )
 

@@ -128,6 +128,15 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             "narrmem_events_voided", "trigger events a forget took before delivery", value=hub.forgotten
         )
+        webhook = CounterMetricFamily(
+            "narrmem_webhook_events",
+            "trigger events the webhook took (delivered) or gave up on (dropped: its queue full, "
+            "every try failed, or the server closing)",
+            labels=["outcome"],
+        )
+        webhook.add_metric(["delivered"], hub.delivered)
+        webhook.add_metric(["dropped"], hub.dropped)
+        yield webhook
         relay = hub.relay
         if relay is not None:
             relayed = CounterMetricFamily(
