@@ -405,3 +405,23 @@ async def test_a_client_that_held_a_forget_says_when_it_was_asked(tmp_path: Path
             answers = await client.post("/v1/ingest/batch", json={"messages": [said_before, said_after]})
             assert [a["stored"] for a in answers.json()] == [False, True]
             assert await store_sql(memory, EPISODES) == [("I started learning Portuguese",)]
+
+
+async def test_an_update_of_a_message_forgotten_since_it_was_said_stores_nothing(tmp_path: Path) -> None:
+    """A platform sends an update of an old message (a pin, a link preview taken off, an edit)
+    after its person asked to be forgotten: nothing of it was stored any more, so the edit stored
+    the words again, as new, after the person was told they were gone."""
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        said = msg("1", "My new phone number is 555 0199", user="ann", ts=NOON.isoformat())
+        other = msg("2", "I grow tomatoes on my balcony", user="bob", ts=NOON.isoformat())
+        await memory.ingest(said)
+        await memory.ingest(other)
+        clock.advance(minutes=5)
+        await memory.forget(user_id="ann")
+        clock.advance(minutes=5)
+        result = await memory.edit({**said, "text": "My new phone number is 555 0199 (call after six)"})
+        assert not result.stored and "forgotten since" in (result.reason or "")
+        assert [text for (text,) in await store_sql(memory, EPISODES)] == ["I grow tomatoes on my balcony"]
+        # Another person's message edited is made as ever.
+        assert (await memory.edit({**other, "text": "I grow tomatoes and basil on my balcony"})).stored

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 
-from narrmem import ContextPack, InputError, Memory, MemoryRecord, Scope, TriggerEvent
+from narrmem import ContextPack, InputError, Memory, MemoryRecord, Scope, TriggerEvent, forget_marks
 from narrmem.doors.integrations import _common
 
 if TYPE_CHECKING:
@@ -1172,3 +1172,37 @@ def test_a_time_zone_that_is_none_is_named() -> None:
         with pytest.raises(InputError) as refused:
             TurnOptions(time_zone=wrong)  # type: ignore[arg-type]
         assert refused.value.field == "time_zone"
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+async def test_telegram_forwards_live_locations_and_anonymous_admins(library: str, memory: Memory) -> None:
+    """A forward is someone else's words: stored as the forwarder's (Ann's diagnosis forwarded by
+    Bob became Bob's, and her forget never reached it). A live location is an edited message
+    every few seconds with no text: each was a forget for nothing. An anonymous admin writes as
+    the group, which every anonymous admin is: their /forgetme took all of their words."""
+    harness = await open_harness(library, memory)
+    assert isinstance(harness, TelegramHarness)
+    bob = {"user": BOB, "chat": GROUP, "group": True, "name": "Bob"}
+    try:
+        origin = {"type": "user", "date": 1, "sender_user": {"id": ANN, "is_bot": False, "first_name": "Ann"}}
+        forwarded = {"forward_origin": origin}
+        await harness.feed(
+            telegram_payload(1, 1, "I was just diagnosed with diabetes", **bob, extra=forwarded)
+        )
+        await harness.feed(telegram_payload(2, 2, "I moved to Porto last spring", **bob))
+        spot = {"location": {"latitude": 41.15, "longitude": -8.61, "live_period": 3600}}
+        for update in range(3, 6):
+            await harness.feed(telegram_payload(update, 3, None, **bob, extra=spot, edited=True))
+        await memory.settle()
+        assert [r.text for r in await everything(memory)] == ["I moved to Porto last spring"]
+        assert await memory.store.state_items(forget_marks.NAMESPACE) == []  # no forget was made
+
+        group = {"id": GROUP, "type": "supergroup", "title": "Team"}
+        as_group = {"sender_chat": group}
+        before = len(harness.replies)
+        await harness.feed(telegram_payload(6, 6, "/forgetme", **bob, extra=as_group))
+        await harness.feed(telegram_payload(7, 7, "/memory", **bob, extra=as_group))
+        assert [text for _, text in harness.replies[before:]] == [_common.AS_THE_GROUP_REPLY] * 2
+        assert [r.text for r in await everything(memory)] == ["I moved to Porto last spring"]
+    finally:
+        await harness.close()

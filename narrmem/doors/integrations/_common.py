@@ -175,12 +175,30 @@ class TelegramMessage(Protocol):
     def date(self) -> datetime: ...
     @property
     def message_thread_id(self) -> int | None: ...
+    @property
+    def forward_origin(self) -> object | None: ...
+    @property
+    def is_automatic_forward(self) -> bool | None: ...
+    @property
+    def sender_chat(self) -> _TelegramChat | None: ...
 
 
 def telegram_aliases(user_id: str) -> list[str]:
     """The other id a Telegram user has in the store: ``narrmem import-chat`` names the authors of
     a Telegram Desktop export by its ``from_id`` (``user123456``), the live bots by the number."""
     return [f"user{user_id}"]
+
+
+AS_THE_GROUP_REPLY = (
+    "You are writing as the group (an anonymous admin): every anonymous admin is the group here, "
+    "so this would be everyone's. Write as yourself to use this command."
+)
+
+
+def as_the_group(message: TelegramMessage) -> bool:
+    """Whether an anonymous admin sent ``message``: it speaks as the group, and every anonymous
+    admin of it is one sender (a ``/forgetme`` took all their words, a ``/memory`` showed them)."""
+    return message.sender_chat is not None and message.sender_chat.id == message.chat.id
 
 
 def telegram_message(
@@ -191,8 +209,10 @@ def telegram_message(
     zone: tzinfo | None = None,
 ) -> Message | None:
     """The narrmem ``Message`` for a Telegram message from either library, or ``None`` when there is
-    nothing to remember (no text or caption, or ``who`` is ``None``: sent by a bot)."""
-    if who is None:
+    nothing to remember (no text or caption, ``who`` is ``None``: sent by a bot, or a forward)."""
+    if who is None or message.forward_origin is not None or message.is_automatic_forward:
+        # A forward is someone else's words: stored as the forwarder's, "I was diagnosed with
+        # diabetes" forwarded by Bob became Bob's, and the author's forget never reached it.
         return None
     return build_message(
         text=message.text if message.text is not None else message.caption,

@@ -123,7 +123,8 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         message = to_message(event, tenant=self.options.tenant, time_zone=self.options.time_zone)
         update = data.get("event_update")
         edited = isinstance(update, Update) and update.edited_message is not None
-        if message is None and edited and sender(event) is not None:
+        # A live location is an edited message every few seconds, with no text to take back.
+        if message is None and edited and sender(event) is not None and event.location is None:
             # A caption taken off a photo (or a text off a message): what it said goes.
             await _common.forget_messages(
                 self.memory,
@@ -174,6 +175,9 @@ def register_commands(
         who = sender(message)
         if who is None:
             return
+        if _common.as_the_group(message):
+            await message.answer(_common.AS_THE_GROUP_REPLY)
+            return
         reply = await _common.forget_user(
             memory, tenants=[tenant], user_id=who[0], aliases=_common.telegram_aliases(who[0])
         )
@@ -182,6 +186,9 @@ def register_commands(
     async def show_memory(message: TgMessage) -> None:
         who = sender(message)
         if who is None:
+            return
+        if _common.as_the_group(message):
+            await message.answer(_common.AS_THE_GROUP_REPLY)
             return
         # Outside a private chat the reply is read by the whole group: only this chat's memories.
         chat_id = None if message.chat.type == "private" else str(message.chat.id)

@@ -113,7 +113,9 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
     async def retract(self, update: telegram.Update, context: AnyContext) -> None:
         """An edit that took a message's text or caption away: what it said goes."""
         source = update.edited_message
-        if source is None or sender(source) is None:
+        if source is None or sender(source) is None or source.location is not None:
+            # A live location is an edited message every few seconds, with no text to take back:
+            # each one was a forget (a gate for every worker's writes, a mark) for nothing.
             return
         await _common.forget_messages(
             self.memory,
@@ -154,6 +156,9 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         who = sender(message) if message is not None else None
         if message is None or who is None:
             return
+        if _common.as_the_group(message):
+            await message.reply_text(_common.AS_THE_GROUP_REPLY)
+            return
         reply = await _common.forget_user(
             self.memory,
             tenants=[self.options.tenant],
@@ -166,6 +171,9 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         message = update.effective_message
         who = sender(message) if message is not None else None
         if message is None or who is None:
+            return
+        if _common.as_the_group(message):
+            await message.reply_text(_common.AS_THE_GROUP_REPLY)
             return
         # Outside a private chat the reply is read by the whole group: only this chat's memories.
         chat_id = None if message.chat.type == "private" else str(message.chat.id)
