@@ -1206,3 +1206,24 @@ async def test_telegram_forwards_live_locations_and_anonymous_admins(library: st
         assert [r.text for r in await everything(memory)] == ["I moved to Porto last spring"]
     finally:
         await harness.close()
+
+
+@pytest.mark.parametrize("guild_as", ["tenant", "chat"])
+async def test_discord_a_deleted_thread_takes_what_was_said_in_it(memory: Memory, guild_as: str) -> None:
+    """Discord sends no delete of each message when a thread, forum post or channel is deleted:
+    what was said there stayed, recalled (with ``guild_as="chat"``, across the whole server)."""
+    harness = await open_harness("discord.py", memory, guild_as=guild_as)
+    assert isinstance(harness, DiscordHarness)
+    try:
+        await harness.send(1, "I keep bees on the roof", user=ANN, chat=7, group=True)
+        await harness.send(2, "my locker code at the gym is 4417", user=ANN, chat=77, group=True)
+        await harness.send(3, "I am training for the Porto marathon", user=BOB, chat=77, group=True)
+        await memory.settle()
+        assert len(await everything(memory)) == 3
+        thread = {"id": "77", "guild_id": str(GUILD_ID), "parent_id": "7", "type": 11}
+        harness.bot._connection.parse_thread_delete(thread)  # type: ignore[arg-type]
+        await harness.settle()
+        await memory.settle()
+        assert [r.text for r in await everything(memory)] == ["I keep bees on the roof"]
+    finally:
+        await harness.close()

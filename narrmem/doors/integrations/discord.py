@@ -29,11 +29,12 @@ import discord
 from discord.ext import commands
 from typing_extensions import Unpack
 
+from narrmem import logs
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations._common import TurnArgs, TurnOptions
 from narrmem.doors.integrations.backlog import backlog_of
 from narrmem.memory import Memory
-from narrmem.models import Message, TriggerEvent
+from narrmem.models import Message, Scope, TriggerEvent
 
 __all__ = ["GuildAs", "NarrmemCog", "TriggerHandler", "say_suggestion"]
 
@@ -45,6 +46,8 @@ DISCORD_MAX_CHARS = 2000
 IMPORTED_PREFIX = "discord:"  # narrmem import-chat's tenant for a server: discord:<server id>
 # Every (tenant, user) the store holds, read once per forgetme (counts only, no text).
 USERS_READ = 10_000_000
+log = logs.logger("narrmem.doors.integrations")
+
 FINDER = "discord"  # the name this integration's forgets that wait give who reads their tenants
 # Explicit alias: it stays a valid type for mypy even where discord.py is not installed.
 AnyContext: TypeAlias = "commands.Context[Any]"
@@ -189,6 +192,29 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
     async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
         tenant, chat_id = self.place(payload.guild_id, payload.channel_id)
         ids = [str(i) for i in sorted(payload.message_ids)]
+        await _common.forget_messages(self.memory, tenant=tenant, chat_id=chat_id, message_ids=ids)
+
+    @commands.Cog.listener()
+    async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
+        await self._forget_channel(payload.guild_id, payload.thread_id)
+
+    @commands.Cog.listener()
+    async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
+        await self._forget_channel(channel.guild.id, channel.id)
+
+    async def _forget_channel(self, guild_id: int | None, channel_id: int) -> None:
+        """A channel, thread or forum post deleted: Discord sends no delete of its messages, and
+        what they said stayed, recalled (with ``guild_as="chat"``, across the whole server)."""
+        tenant, chat_id = self.place(guild_id, channel_id)
+        place = Scope(tenant=tenant, chat_id=chat_id)
+        # With guild_as="chat" the server is the chat: its messages of that channel are named in meta.
+        held = None if self.guild_as == "tenant" else ("channel_id", str(channel_id))
+        try:
+            said = await self.memory.store.recent(place, kinds=["episode"], limit=2**62, meta_has=held)
+        except Exception:
+            log.exception("narrmem could not read what a deleted channel's messages left")
+            return
+        ids = sorted({mid for record in said for mid in record.message_ids})
         await _common.forget_messages(self.memory, tenant=tenant, chat_id=chat_id, message_ids=ids)
 
     # --- commands (context_for, mark_used and prompt_for come from ForHandlers) ------------
