@@ -1227,3 +1227,14 @@ async def test_discord_a_deleted_thread_takes_what_was_said_in_it(memory: Memory
         assert [r.text for r in await everything(memory)] == ["I keep bees on the roof"]
     finally:
         await harness.close()
+
+
+async def test_discord_an_edited_command_is_not_remembered(
+    discord_bot: DiscordHarness, memory: Memory
+) -> None:
+    """A command whose typo is fixed by an edit: the update was taken for a message and stored."""
+    await discord_bot.send(1, "!memroy please", user=ANN, chat=7, group=True)  # no such command: said
+    await discord_bot.edit(1, "!memory please", user=ANN, chat=7, group=True)
+    await discord_bot.settle()
+    await memory.settle()
+    assert "!memory" not in " ".join(r.text for r in await everything(memory))

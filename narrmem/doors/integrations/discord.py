@@ -167,7 +167,8 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         # Discord also sends an update when it adds a link preview: same text, nothing to re-remember.
         if before is not None and before.content == message.content:
             return
-        if self._ignored(message):
+        # A command edited (a typo fixed) is still the bot's business, not the person's words.
+        if self._ignored(message) or await self._is_own_command(message):
             return
         converted = self.to_message(message)
         if converted is not None:
