@@ -144,10 +144,11 @@ async def _replace(
     # The message may still be on its way to the store (acknowledged on receipt).
     await memory.written(tenant=edited.tenant, chat_id=edited.chat_id)
     before = await _episodes(memory, edited, scope)
-    if not before and await memory.forgotten_after(edited, edited.ts):
-        # Nothing of it is stored because its person, chat or the message itself was forgotten
-        # since it was said: the edit (a platform's update of an old message, a pin, a link
-        # preview taken off) would store the forgotten words again, as new.
+    if not before and await memory.forgotten_after(edited, edited.ts, itself=False):
+        # Nothing of it is stored because its person or chat was forgotten since it was said: the
+        # edit (a platform's update of an old message, a pin, a link preview taken off) would
+        # store the forgotten words again, as new. (The message's own forget is not asked: a
+        # caption taken off and later written anew is new words, and a deleted message has none.)
         return _forgotten_since(edited)
     if before and all(r.text == edited.text for r in before):
         # Not an edit: platforms send updates that keep the text (a pin, a link preview). Taken
@@ -193,7 +194,7 @@ def _forgotten_since(edited: Message) -> IngestResult:
         message_id=edited.message_id,
         layer="accumulate",
         stored=False,
-        reason="forgotten since it was said: the message, its chat or its user was forgotten after it",
+        reason="forgotten since it was said: its chat or its user was forgotten after it",
     )
 
 

@@ -78,9 +78,11 @@ class ForgetMarks:
         for name in dict.fromkeys(names):
             await self._mark(_mark_key(key, name), at)
 
-    async def forgotten_by(self, message: Message, since: dt.datetime) -> dt.datetime | None:
-        """When a forget of ``message``'s person, chat, person in the chat, or the message itself
-        was made after ``since`` (``None``: none was). Reads only."""
+    async def forgotten_by(
+        self, message: Message, since: dt.datetime, *, itself: bool = True
+    ) -> dt.datetime | None:
+        """When a forget of ``message``'s person, chat, person in the chat, or (``itself``) the
+        message itself was made after ``since`` (``None``: none was). Reads only."""
         if self.kept_s <= 0:
             return None
         stored = await self.memory.store.state_get(NAMESPACE, KEY_ENTRY)
@@ -91,8 +93,9 @@ class ForgetMarks:
             ("user", message.tenant, message.user_id),
             ("chat", message.tenant, message.chat_id),
             ("user_in_chat", message.tenant, message.chat_id, message.user_id),
-            ("message", message.tenant, message.chat_id, message.message_id),
         ]
+        if itself:
+            names.append(("message", message.tenant, message.chat_id, message.message_id))
         for name in names:
             value = await self.memory.store.state_get(NAMESPACE, _mark_key(key, name))
             at = None if value is None else _time_or_none(value)

@@ -338,13 +338,17 @@ class Memory(MemoryLifecycle):
             log.warning("expired forget marks could not be deleted now (%s)", type(exc).__name__)
 
     @while_open
-    async def forgotten_after(self, message: Message | dict[str, Any], since: datetime) -> bool:
-        """Whether ``message`` (its person, chat, person in that chat, or the message itself) was
-        forgotten after ``since``, in any process of the store, as far as forget marks are kept
-        (``[storage] forget_marks_kept_s``). A write that waited since then (a bot's backlog)
-        is dropped when this is true: made, it would store what the forget deleted. Reads only."""
+    async def forgotten_after(
+        self, message: Message | dict[str, Any], since: datetime, *, itself: bool = True
+    ) -> bool:
+        """Whether ``message`` (its person, chat, person in that chat, or, with ``itself``, the
+        message itself) was forgotten after ``since``, in any process of the store, as far as
+        forget marks are kept (``[storage] forget_marks_kept_s``). A write that waited since then
+        (a bot's backlog) is dropped when this is true: made, it would store what the forget
+        deleted. Reads only."""
         checked = as_message(message, index=None)
-        return await self.forget_marks.forgotten_by(checked, aware_time_argument(since, "since")) is not None
+        at = await self.forget_marks.forgotten_by(checked, aware_time_argument(since, "since"), itself=itself)
+        return at is not None
 
     @while_open
     async def stats(self) -> dict[str, Any]:

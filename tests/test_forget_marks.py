@@ -262,11 +262,11 @@ async def test_a_forget_that_comes_while_a_held_write_is_made_is_made_again_afte
         checks = {"n": 0}
         forgotten_by = memory.forget_marks.forgotten_by
 
-        async def away_once_after_the_write(message: Message, since: dt.datetime) -> Any:
+        async def away_once_after_the_write(message: Message, since: dt.datetime, **scopes: Any) -> Any:
             checks["n"] += 1
             if checks["n"] == 2:
                 raise StoreUnavailableError("away again")
-            return await forgotten_by(message, since)
+            return await forgotten_by(message, since, **scopes)
 
         monkeypatch.setattr(memory.forget_marks, "forgotten_by", away_once_after_the_write)
         await backlog.run("message", once, message_record("message", held))

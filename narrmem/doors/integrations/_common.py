@@ -189,6 +189,13 @@ def telegram_aliases(user_id: str) -> list[str]:
     return [f"user{user_id}"]
 
 
+def is_forward(message: TelegramMessage) -> bool:
+    """Whether ``message`` forwards someone else's: their words, not the sender's to remember
+    (stored as the forwarder's, "I was diagnosed with diabetes" forwarded by Bob became Bob's, and
+    its author's forget never reached it). The bot's answer to it still gets the sender's context."""
+    return message.forward_origin is not None or bool(message.is_automatic_forward)
+
+
 AS_THE_GROUP_REPLY = (
     "You are writing as the group (an anonymous admin): every anonymous admin is the group here, "
     "so this would be everyone's. Write as yourself to use this command."
@@ -209,10 +216,9 @@ def telegram_message(
     zone: tzinfo | None = None,
 ) -> Message | None:
     """The narrmem ``Message`` for a Telegram message from either library, or ``None`` when there is
-    nothing to remember (no text or caption, ``who`` is ``None``: sent by a bot, or a forward)."""
-    if who is None or message.forward_origin is not None or message.is_automatic_forward:
-        # A forward is someone else's words: stored as the forwarder's, "I was diagnosed with
-        # diabetes" forwarded by Bob became Bob's, and the author's forget never reached it.
+    nothing to remember (no text or caption, or ``who`` is ``None``: sent by a bot). A forward is
+    one (its context is the forwarder's), not to be stored: see :func:`is_forward`."""
+    if who is None:
         return None
     return build_message(
         text=message.text if message.text is not None else message.caption,

@@ -132,12 +132,23 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
                 chat_id=str(event.chat.id),
                 message_ids=[str(event.message_id)],
             )
-        if message is None or _common.is_own_command(message.text, self.skip_commands):
+        if message is None:
+            return await handler(event, data)
+        if _common.is_own_command(message.text, self.skip_commands):
+            if edited:  # a message edited into a command: what it said before goes
+                await _common.forget_messages(
+                    self.memory,
+                    tenant=message.tenant,
+                    chat_id=message.chat_id,
+                    message_ids=[message.message_id],
+                )
             return await handler(event, data)
         bot = data.get("bot")
         if isinstance(bot, Bot):
             self._bot = bot
-        if edited:
+        if _common.is_forward(event):
+            pass  # the sender's context for the answer, nothing stored
+        elif edited:
             await _common.edit(self.memory, message)
         else:
             await _common.ingest(self.memory, message, self.triggers, bot)

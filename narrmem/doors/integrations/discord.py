@@ -167,8 +167,16 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         # Discord also sends an update when it adds a link preview: same text, nothing to re-remember.
         if before is not None and before.content == message.content:
             return
-        # A command edited (a typo fixed) is still the bot's business, not the person's words.
-        if self._ignored(message) or await self._is_own_command(message):
+        if self._ignored(message):
+            return
+        if await self._is_own_command(message):
+            # Edited into a command (a typo fixed): the bot's business, and what it said before,
+            # stored as the person's words, goes.
+            guild_id = message.guild.id if message.guild is not None else None
+            tenant, chat_id = self.place(guild_id, message.channel.id)
+            await _common.forget_messages(
+                self.memory, tenant=tenant, chat_id=chat_id, message_ids=[str(message.id)]
+            )
             return
         converted = self.to_message(message)
         if converted is not None:
@@ -207,11 +215,19 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         """A channel, thread or forum post deleted: Discord sends no delete of its messages, and
         what they said stayed, recalled (with ``guild_as="chat"``, across the whole server)."""
         tenant, chat_id = self.place(guild_id, channel_id)
-        place = Scope(tenant=tenant, chat_id=chat_id)
+        if self.guild_as == "tenant":
+            # The channel is a chat of its own: its forget takes everything of it, in flight too.
+            try:
+                await self.memory.forget(chat_id=chat_id, tenant=tenant)
+            except Exception:
+                log.exception("narrmem could not forget a deleted channel")
+            return
         # With guild_as="chat" the server is the chat: its messages of that channel are named in meta.
-        held = None if self.guild_as == "tenant" else ("channel_id", str(channel_id))
+        place = Scope(tenant=tenant, chat_id=chat_id)
         try:
-            said = await self.memory.store.recent(place, kinds=["episode"], limit=2**62, meta_has=held)
+            said = await self.memory.store.recent(
+                place, kinds=["episode"], limit=2**62, meta_has=("channel_id", str(channel_id))
+            )
         except Exception:
             log.exception("narrmem could not read what a deleted channel's messages left")
             return

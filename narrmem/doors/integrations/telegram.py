@@ -133,9 +133,18 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
             if source is not None
             else None
         )
-        if message is None or _common.is_own_command(message.text, self.commands):
+        if message is None or source is None or _common.is_forward(source):
             return
         self._bot = context.bot
+        if _common.is_own_command(message.text, self.commands):
+            if edited:  # a message edited into a command: what it said before goes
+                await _common.forget_messages(
+                    self.memory,
+                    tenant=message.tenant,
+                    chat_id=message.chat_id,
+                    message_ids=[message.message_id],
+                )
+            return
         if edited:
             await _common.edit(self.memory, message)
         else:
