@@ -351,10 +351,10 @@ async def test_the_scheduled_pass_runs_once_an_interval_across_the_workers(
 
             monkeypatch.setattr(memory.store, "importance_states", counted)
         await memory.ingest(msg("1", "the allotment tomatoes ripened early", user="ann", ts=T0.isoformat()))
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(0.8)
         assert len(passes) == 1, passes  # the clock stood still: one interval
         clock.advance(minutes=1)
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(0.8)
         assert len(passes) == 2, passes
         assert (await memory.decay())["memories"] == 1  # asked for: runs
         assert len(passes) == 3

@@ -1249,3 +1249,20 @@ async def test_discord_an_edited_command_is_not_remembered(
     await discord_bot.settle()
     await memory.settle()
     assert await everything(memory) == []  # neither the command nor the typo it replaced
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+async def test_telegram_a_message_edited_into_a_command_leaves_nothing_of_it(
+    library: str, memory: Memory
+) -> None:
+    harness = await open_harness(library, memory)
+    assert isinstance(harness, TelegramHarness)
+    try:
+        await harness.send(1, "my locker code at the gym is 4417", user=ANN, chat=ANN, group=False)
+        await memory.settle()
+        assert [r.text for r in await everything(memory)] == ["my locker code at the gym is 4417"]
+        await harness.edit(1, "/memory", user=ANN, chat=ANN, group=False)
+        await memory.settle()
+        assert await everything(memory) == []
+    finally:
+        await harness.close()

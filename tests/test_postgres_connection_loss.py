@@ -190,7 +190,7 @@ async def test_a_claim_whose_session_went_without_a_word_is_taken_again(
     unsettled entries while it went on writing them. The connection is now asked every
     ``PROBE_EVERY_S`` whether it still holds the lock."""
     monkeypatch.setattr(advisory, "PROBE_EVERY_S", 0.3)
-    async with behind_proxy(tmp_path, timeout_s=2.0) as (memory, proxy):
+    async with behind_proxy(tmp_path, timeout_s=1.0) as (memory, proxy):
         dsn = memory.settings.storage.dsn
         assert dsn is not None
         database = dsn.get_secret_value().rsplit("/", 1)[1]
@@ -204,7 +204,7 @@ async def test_a_claim_whose_session_went_without_a_word_is_taken_again(
             assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", first)
         finally:
             await admin.close()
-        await held_anew(direct, key, first, seconds=20.0)  # two probes unanswered: about 5 s
+        await held_anew(direct, key, first, seconds=20.0)  # two probes unanswered: about 3 s
         # The other silent connections (the fence's, the pool's) each fail one call, then are new.
         for _ in range(4):
             with contextlib.suppress(StoreUnavailableError):

@@ -386,6 +386,14 @@ async def forget_messages(memory: Memory, *, tenant: str, chat_id: str, message_
     return 0 if counts is None else counts.get("memories", 0)
 
 
+async def retract(memory: Memory, message: Message) -> int:
+    """Forget what ``message`` said before (edited into one of the bot's commands, its text taken
+    away): :func:`forget_messages` of that one message."""
+    return await forget_messages(
+        memory, tenant=message.tenant, chat_id=message.chat_id, message_ids=[message.message_id]
+    )
+
+
 def scope_of(message: Message, scope: ContextScope, *, private: bool = False) -> Scope:
     if scope == "auto":
         scope = "user" if private else "user_in_chat"

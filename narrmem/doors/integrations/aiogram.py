@@ -136,12 +136,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
             return await handler(event, data)
         if _common.is_own_command(message.text, self.skip_commands):
             if edited:  # a message edited into a command: what it said before goes
-                await _common.forget_messages(
-                    self.memory,
-                    tenant=message.tenant,
-                    chat_id=message.chat_id,
-                    message_ids=[message.message_id],
-                )
+                await _common.retract(self.memory, message)
             return await handler(event, data)
         bot = data.get("bot")
         if isinstance(bot, Bot):

@@ -138,12 +138,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         self._bot = context.bot
         if _common.is_own_command(message.text, self.commands):
             if edited:  # a message edited into a command: what it said before goes
-                await _common.forget_messages(
-                    self.memory,
-                    tenant=message.tenant,
-                    chat_id=message.chat_id,
-                    message_ids=[message.message_id],
-                )
+                await _common.retract(self.memory, message)
             return
         if edited:
             await _common.edit(self.memory, message)
