@@ -8,12 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from _helpers import LONG_TESTS
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
 
 import ab
 
 pytestmark = pytest.mark.slow
+# The tool's other modes each start children that load the model: with NARRMEM_LONG_TESTS=1.
+long_only = pytest.mark.skipif(not LONG_TESTS, reason="a long variant: NARRMEM_LONG_TESTS=1")
 
 ROOT = Path(__file__).parent.parent
 
@@ -59,6 +62,7 @@ def test_a_child_runs_the_narrmem_of_its_tree(tmp_path: Path) -> None:
         ab.run_child(broken, tmp_path / "shim", "fill", str(tmp_path / "store"), "10", "7")
 
 
+@long_only
 def test_bulk_rounds_alone_compare_the_bulk_ratio(tmp_path: Path) -> None:
     out = tmp_path / "ab.json"
     code = ab.main(
@@ -79,6 +83,7 @@ def test_nothing_to_compare_is_refused() -> None:
     assert exc.value.code == 2
 
 
+@long_only
 def test_the_same_store_is_filled_once_and_copied(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ab.json"
     args = ["--a", str(ROOT), "--b", str(ROOT), "--size", "200", "--pairs", "1", "--samples", "3"]
@@ -89,6 +94,7 @@ def test_the_same_store_is_filled_once_and_copied(tmp_path: Path, capsys: pytest
     assert set(report["b_over_a"]) == set(ab.FIGURES)
 
 
+@long_only
 def test_read_only_rounds_read_one_store_filled_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import msg
+from _helpers import msg, variants
 from narrmem_plugins.embedder_onnx import OnnxEmbedder, default_cache_dir, weights_digest
 
 from narrmem.config import load_settings
@@ -96,7 +96,7 @@ async def test_a_memory_on_the_default_backend_shares_one_export(tmp_path: Path)
     assert not (tmp_path / "m1" / "onnx").exists()
 
 
-@pytest.mark.parametrize("variant", ["int7", "int8"])
+@pytest.mark.parametrize("variant", variants("int7", "int8"))
 async def test_quantized_weights_are_close_to_fp32_and_kept_apart_in_a_store(
     tmp_path: Path, variant: str
 ) -> None:
