@@ -10,7 +10,7 @@ post() { curl -sS --fail-with-body "${AUTH[@]}" -H "Content-Type: application/js
 
 echo "== ingest (ts left out: the server's now)"
 post /v1/ingest '{"text": "I decided to quit my job", "user_id": "u1", "chat_id": "c1", "message_id": "m1"}'
-echo "== ingest again: a duplicate, nothing stored"
+echo "== ingest again: a duplicate, nothing more stored (the answer names what the first call stored)"
 post /v1/ingest '{"text": "I decided to quit my job", "user_id": "u1", "chat_id": "c1", "message_id": "m1"}'
 echo "== recall with each hit's why"
 post /v1/recall '{"query": "what did I decide about work?", "scope": {"user_id": "u1"}, "k": 3, "explain": true}'

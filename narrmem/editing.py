@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from narrmem import logs
@@ -161,6 +162,9 @@ async def _replace(
             reason="the stored text is the same: nothing was edited",
             memory_ids=sorted(r.id for r in before if r.id is not None),
         )
+    stale = _older_edit(edited, before)
+    if stale is not None:
+        return stale
     edits = [e for r in before for e in _earlier_edits(r)]
     edits += [{"text": r.text, "replaced_at": memory.clock.now().isoformat()} for r in before]
     meta = {**edited.meta, "edits": edits} if edits else edited.meta
@@ -187,6 +191,35 @@ async def _replace(
         return _forgotten_meanwhile(edited)
     [result] = await steps.ingest([replacement], None, call=call, held=held)
     return result
+
+
+def _older_edit(edited: Message, before: list[MemoryRecord]) -> IngestResult | None:
+    """The answer to an edit older than the one stored, by ``meta.edited_at`` (the integrations
+    set it; an HTTP client may): a retry of an earlier edit that arrives after a later one would
+    replace the newer text with the older. ``None``: ``edited`` is newer, or either is undated."""
+    sent = _edited_at(edited.meta)
+    stored = [t for r in before if (t := _edited_at(r.meta)) is not None]
+    if sent is None or not stored or sent >= max(stored):
+        return None
+    return IngestResult(
+        message_id=edited.message_id,
+        layer="accumulate",
+        stored=False,
+        duplicate=True,
+        reason="an older edit than the one stored (meta.edited_at): nothing was changed",
+        memory_ids=sorted(r.id for r in before if r.id is not None),
+    )
+
+
+def _edited_at(meta: dict[str, Any]) -> datetime | None:
+    value = meta.get("edited_at")
+    if not isinstance(value, str):
+        return None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
 
 
 def _forgotten_since(edited: Message) -> IngestResult:

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from narrmem import logs
-from narrmem.errors import StoreError
+from narrmem.errors import StoreError, StoreUnavailableError
 from narrmem.models import IngestResult, Message, Scope
 
 if TYPE_CHECKING:
@@ -106,6 +106,17 @@ class ForgetMarks:
                 return at
         return None
 
+    async def marked_at(self, scope: Scope) -> dt.datetime | None:
+        """When ``scope`` itself (the person, the chat, or the person in the chat) was last
+        marked forgotten, if its mark is still kept. Reads only."""
+        if self.kept_s <= 0:
+            return None
+        stored = await self.memory.store.state_get(NAMESPACE, KEY_ENTRY)
+        if stored is None:
+            return None
+        value = await self.memory.store.state_get(NAMESPACE, _mark_key(_key_of(stored), _scope_name(scope)))
+        return None if value is None else _time_or_none(value)
+
     def outlived(self, since: dt.datetime) -> bool:
         """Whether a write waiting since ``since`` waited longer than marks are kept (a forget made
         after it may have left its mark and seen it deleted)."""
@@ -148,7 +159,8 @@ class ForgetMarks:
                 return
             if await store.state_put_if(NAMESPACE, entry, value, stored):
                 return
-        raise StoreError(f"the forget's mark could not be written in {CAS_TRIES} tries")
+        # Other workers kept changing it: worth trying again (503), not a refusal (409).
+        raise StoreUnavailableError(f"the forget's mark could not be written in {CAS_TRIES} tries")
 
     async def _hmac_key(self) -> bytes:
         if self._key is None:

@@ -110,6 +110,10 @@ class Forgetting:
         return await self._outlasting.run(work)
 
     async def _scope(self, scope: Scope, asked_at: datetime | None) -> dict[str, int]:
+        if asked_at is not None and await self._done_since(scope, asked_at):
+            # The same forget sent again (a client's retry after a timeout, a backlog's replay):
+            # run again, it deleted what the person said after asking, stored meanwhile.
+            return {"memories": 0, "keyword_rows": 0, "vectors": 0}
         from_hooks = inside_own_work()
         # What ingest calls under way hold of the scope and have not written is never written:
         # what they hold as the forget begins (on a shared store, once no other worker's forget
@@ -140,6 +144,18 @@ class Forgetting:
         if purge_after:
             await self.purge_owed()
         return counts
+
+    async def _done_since(self, scope: Scope, asked_at: datetime) -> bool:
+        """A forget of ``scope`` asked at ``asked_at`` or later has run to its end: its mark is
+        that late, and no job of the scope is left unfinished (a forget under way, or one that
+        failed midway, is run again as always)."""
+        marked = await self.memory.forget_marks.marked_at(scope)
+        if marked is None or marked < min(asked_at, self.memory.clock.now()):
+            return False
+        return not any(
+            job.messages is None and job.scope.key() == scope.key()
+            for job in await self.memory.store.pending_forgets()
+        )
 
     async def _finish_or_retry(self, job: ForgetJob, *, purge: bool = True) -> dict[str, int]:
         """``finish(job)``; failing, raised, and tried again in the background (see the module)."""

@@ -44,7 +44,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem import logs
-from narrmem.errors import InputError, StoreError
+from narrmem.errors import InputError, StoreUnavailableError
 from narrmem.ingest import Pending, stored_result
 from narrmem.models import ForgetJob, IngestResult, Message, Scope, TriageDecision
 from narrmem.settling import drop_forgotten, entry_message, forgotten_by, stopped_owners
@@ -149,7 +149,9 @@ class Inbox:
                 lambda: self._failed >= MAX_UNWRITTEN or len(self._unwritten) + self._failed < MAX_UNWRITTEN
             )
             if self._failed >= MAX_UNWRITTEN:
-                raise StoreError(
+                # A state that passes (503 and Retry-After over HTTP; a bot's backlog keeps the
+                # message): answered 409, a client took it for a refusal and dropped the message.
+                raise StoreUnavailableError(
                     f"{self._failed} received messages could not be written (see the log); they wait in "
                     "the store and are tried again, and no more are taken until some are written"
                 )

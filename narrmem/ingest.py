@@ -165,9 +165,29 @@ class IngestPipeline:
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         check_not_ahead(validated, self.memory.clock.now(), self.memory.settings.storage.max_ts_ahead_s)
         if call is not None:
-            return await self._run(validated, progress, acknowledge, call, held)
-        with self.calls.under_way(validated) as registered:
-            return await self._run(validated, progress, acknowledge, registered, held)
+            results = await self._run(validated, progress, acknowledge, call, held)
+        else:
+            with self.calls.under_way(validated) as registered:
+                results = await self._run(validated, progress, acknowledge, registered, held)
+        if len(validated) <= SHORT_TEXTS:
+            await self._name_duplicates_memories(validated, results)
+        return results
+
+    async def _name_duplicates_memories(self, messages: list[Message], results: list[IngestResult]) -> None:
+        """A duplicate's answer names the memories its message is in: a client whose first call
+        timed out after the write, and sends it again, gets the ids the first answer held (an
+        import sent again is not looked up: it needs no ids)."""
+        wanted: dict[tuple[str, str], list[int]] = {}
+        for n, result in enumerate(results):
+            if result.duplicate and not result.memory_ids:
+                wanted.setdefault((messages[n].tenant, messages[n].chat_id), []).append(n)
+        store = self.memory.store
+        for (tenant, chat_id), indexes in wanted.items():
+            ids = await store.from_messages(tenant, chat_id, [messages[n].message_id for n in indexes])
+            records = await store.get(ids, None) if ids else {}
+            for n in indexes:
+                found = sorted(i for i, r in records.items() if messages[n].message_id in r.message_ids)
+                results[n] = results[n].model_copy(update={"memory_ids": found})
 
     async def _run(
         self,

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self, TypedDict, cast
+from typing import Annotated, Any, Literal, Self, TypedDict, cast, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -17,6 +17,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic._internal._model_construction import ModelMetaclass
 from pydantic_core import PydanticCustomError
@@ -76,6 +77,39 @@ _set = object.__setattr__
 _FIELD_NAMES: dict[type[BaseModel], frozenset[str]] = {}
 
 
+class ClientInput(_Strict):
+    """What a caller hands in (a message, a scope, a recall's request, an HTTP body): a field sent
+    as ``null`` that cannot be null and has a default is taken as left out. Go encodes a nil slice
+    or map as ``null``, and a client's optional field is ``null`` when unset: ``"meta": null``,
+    ``"exclude_message_ids": null`` or ``"tenant": null`` were refused with a 422."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_left_out(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(value is None for value in data.values()):
+            defaulted = _defaulted_not_null(cls)
+            return {key: value for key, value in data.items() if value is not None or key not in defaulted}
+        return data
+
+
+_DEFAULTED_NOT_NULL: dict[type[BaseModel], frozenset[str]] = {}
+
+
+def _defaulted_not_null(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` that have a default and do not take ``None``."""
+    names = _DEFAULTED_NOT_NULL.get(model)
+    if names is None:
+        names = _DEFAULTED_NOT_NULL[model] = frozenset(
+            name
+            for name, field in model.model_fields.items()
+            if not field.is_required()
+            and field.default is not None
+            and field.annotation is not Any
+            and type(None) not in get_args(field.annotation)
+        )
+    return names
+
+
 class _Sent(_Strict):
     """A model narrmem answers with: every field is sent, a default one too, so the JSON schema
     of what is sent (``mode="serialization"``, the HTTP document's) has them all required: a
@@ -105,7 +139,7 @@ def no_nul(value: str | None) -> str | None:
     return value
 
 
-class Message(_Strict, metaclass=_InputErrors):
+class Message(ClientInput, metaclass=_InputErrors):
     """One chat message as a bot sees it. ``ts`` must carry a timezone."""
 
     # A Message handed in as an object is checked again: its fields may have been set after it
@@ -199,7 +233,7 @@ def json_object(value: dict[str, Any], limit: int = MAX_META_BYTES) -> dict[str,
     return value
 
 
-class Scope(_Strict):
+class Scope(ClientInput):
     """Whose memories a query may see. A user scope sees only that user; a chat scope only that chat."""
 
     # Strict: bytes are not taken for text (a caller's raw argument would then differ from the
@@ -567,7 +601,7 @@ class RecallOptions(TypedDict, total=False):
     asked_at: datetime | None
 
 
-class RecallRequest(_Strict):
+class RecallRequest(ClientInput):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
     scope: Scope
     k: int = Field(default=5, ge=1, le=200)

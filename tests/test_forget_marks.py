@@ -425,3 +425,36 @@ async def test_an_update_of_a_message_forgotten_since_it_was_said_stores_nothing
         assert [text for (text,) in await store_sql(memory, EPISODES)] == ["I grow tomatoes on my balcony"]
         # Another person's message edited is made as ever.
         assert (await memory.edit({**other, "text": "I grow tomatoes and basil on my balcony"})).stored
+
+
+async def test_a_forget_sent_again_keeps_what_the_person_said_after_asking(tmp_path: Path) -> None:
+    """A client's forget timed out after it ran, and the person went on talking (stored, as a
+    message sent after a forget is) before the client sent it again with the same ``asked_at``:
+    the second run deleted those messages too. A forget asked at or before the last finished
+    forget of its scope now deletes nothing; a later one, one without ``asked_at``, and one whose
+    scope has a forget unfinished (under way, or failed midway) run as always."""
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path, clock=clock) as memory:
+        asked = NOON - dt.timedelta(seconds=30)
+        await memory.ingest(msg("m1", "I adopted a greyhound named Pixel", ts=asked.isoformat()))
+        first = await memory.forget(user_id="u1", asked_at=asked)
+        assert first["memories"] == 1
+        clock.advance(seconds=60)
+        after = NOON + dt.timedelta(seconds=40)
+        await memory.ingest(msg("m2", "I moved to Lisbon in March", ts=after.isoformat()))
+        again = await memory.forget(user_id="u1", asked_at=asked)
+        assert again["memories"] == 0
+        assert await store_sql(memory, EPISODES) == [("I moved to Lisbon in March",)]
+        # Another scope's forget (the chat) is not the person's: it runs.
+        assert (await memory.forget(chat_id="c1", asked_at=asked))["memories"] == 1
+        await memory.ingest(msg("m3", "my sister is called Ana", ts=after.isoformat()))
+        # A forget of the person left unfinished is run again, whatever its mark says.
+        await memory.store.begin_forget(tenant="default", user_id="u1", chat_id=None)
+        assert (await memory.forget(user_id="u1", asked_at=asked))["memories"] == 1
+        await memory.ingest(msg("m4", "I play the cello", ts=after.isoformat()))
+        # Asked later than the last forget: a new forget.
+        later = await memory.forget(user_id="u1", asked_at=NOON + dt.timedelta(seconds=50))
+        assert later["memories"] == 1
+        await memory.ingest(msg("m5", "I run on Sundays", ts=after.isoformat()))
+        assert (await memory.forget(user_id="u1"))["memories"] == 1
+        assert await store_sql(memory, EPISODES) == []

@@ -201,7 +201,9 @@ async def test_an_import_waiting_for_another_importer_is_not_cut_by_the_time_lim
     from narrmem.models import MemoryRecord
 
     dsn = await fresh_database("import_waits")
-    store = PostgresStore(dsn, timeout_s=0.3)
+    # A limit the statements after the wait keep to on a loaded machine (the suite runs on two
+    # workers), and a wait well over it.
+    store = PostgresStore(dsn, timeout_s=0.6)
     await store.open(dim=4, model="m")
     try:
         other = await asyncpg.connect(dsn)  # another importer, holding the lock for a while
@@ -219,7 +221,7 @@ async def test_an_import_waiting_for_another_importer_is_not_cut_by_the_time_lim
                 created_at=datetime.now(UTC),
             )
             importing = asyncio.ensure_future(store.import_records([(record, vector)]))
-            await asyncio.sleep(1.0)  # over three times the limit
+            await asyncio.sleep(2.0)  # over three times the limit
             assert not importing.done()
             await taken.rollback()
         finally:

@@ -253,6 +253,12 @@ class Refused(HTTPException):
         self.field = field
 
 
+def _json_type(content_type: str | None) -> bool:
+    """``content_type`` is one a body is read as JSON by (``application/json``, ``.../...+json``)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _problem(status: int, detail: Any, *, field: str | None = None, **extra: Any) -> JSONResponse:
     body = {"detail": detail, **({} if field is None else {"field": field})}
     return JSONResponse(body, status_code=status, **extra)
@@ -310,6 +316,13 @@ def _errors(app: FastAPI) -> None:
         # that cuts a string mid-emoji, or Python's json.dumps, sends) cannot be written back as
         # JSON, so the answer was a 500; and an answer need not echo what was sent.
         errors = jsonable_encoder([_without_input(e) for e in exc.errors()])
+        sent_as = request.headers.get("content-type")
+        if not _json_type(sent_as) and any(tuple(e["loc"])[:1] == ("body",) for e in errors):
+            # The body was not read as JSON (strictly: a form a web page may post without a
+            # preflight is never taken for one), and the 422 said "not a valid dictionary".
+            return _problem(
+                415, f"the body must be JSON, sent with Content-Type: application/json (not {sent_as!r})"
+            )
         if any(e.get("type") == "json_invalid" for e in errors):
             return _problem(400, errors)  # its location is an offset in the text, not a field
         # The first error's field, as narrmem's own refusals name one (InputError.from_pydantic).
@@ -331,7 +344,8 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(ClosedError)
     async def closed(request: Request, exc: ClosedError) -> JSONResponse:
-        return _problem(503, str(exc))
+        # A worker stopping: another worker, or this one restarted, answers the same call.
+        return _problem(503, str(exc), headers={"Retry-After": str(RETRY_UNAVAILABLE_AFTER_S)})
 
     @app.exception_handler(StoreUnavailableError)
     async def store_unreachable(request: Request, exc: StoreUnavailableError) -> JSONResponse:
@@ -521,6 +535,7 @@ SHARED_ERRORS: dict[int | str, dict[str, Any]] = {
     403: _error("the key cannot reach this tenant (field: tenant), or the call needs a server without keys"),
     409: _error("the store refused: it is read-only, or a forget is unfinished"),
     413: _error("the body is over the server's --max-body, or the batch over --max-batch (field: messages)"),
+    415: _error("the body was not sent as JSON (Content-Type: application/json)"),
     422: _error("the request is not valid: detail lists the problems, field names the first one's field"),
     501: _error("no plugin this call needs is loaded (graph, rtm)"),
     503: {

@@ -94,7 +94,7 @@ MessageIdItem = Annotated[
 MemoryIdItem = Annotated[int, Field(json_schema_extra={"minimum": 1, "exclusiveMaximum": MEMORY_ID_LIMIT})]
 
 
-class _Strict(BaseModel):
+class _Strict(models.ClientInput):
     # Strict as the tools' arguments are: "5" is not a number, nor 1 a boolean.
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -171,6 +171,13 @@ class RecallBody(RecallRequest):
     model_config = ConfigDict(extra="forbid", strict=True)
     scope: Annotated[Scope, Field(json_schema_extra=needs_user_or_chat)]
     explain: bool = Field(default=False, description="include each hit's why")
+    # Strict bodies are checked as Python objects, where a datetime must already be one: the JSON
+    # string a client sends is read here as a message's ts is.
+    asked_at: ClientTime = Field(
+        default=None,
+        description="when the question was asked, with the asker's UTC offset: 'yesterday' and "
+        "'last Monday' are days of the asker's calendar (default: the memory's clock)",
+    )
 
 
 class ContextBody(Scope):
@@ -184,7 +191,7 @@ class ContextBody(Scope):
         default=True,
         description="the hits gain importance as a recall's do; false: a look that changes nothing",
     )
-    asked_at: AwareDatetime | None = Field(
+    asked_at: ClientTime = Field(
         default=None,
         description="when the message was sent, with the sender's UTC offset (its ts): 'yesterday' "
         "and 'last Monday' in it are days of the sender's calendar (default: the memory's clock)",
