@@ -40,6 +40,7 @@ class RecentOptions(TypedDict, total=False):
     """The keyword-only arguments of :meth:`Store.recent`."""
 
     since: datetime | None
+    until: datetime | None
     kinds: Sequence[str] | None
     limit: int
     meta_has: tuple[str, str] | None
@@ -126,7 +127,8 @@ class Store(Protocol):
         ...
 
     async def recent(self, scope: Scope, **options: Unpack[RecentOptions]) -> list[MemoryRecord]:
-        """In-scope records (of ``kinds``) created at or after ``since``, newest first, at most
+        """In-scope records (of ``kinds``) created at or after ``since`` and at or before ``until``
+        (each ``None``: unbounded), newest first, at most
         ``limit`` (100 unless given). ``meta_has=(key, value)`` keeps the records whose
         ``meta[key]`` is the string ``value`` or a list holding it, filtered in the query (a counter
         of one mood reads the few records that state it, not a heavy user's whole week); ``key``

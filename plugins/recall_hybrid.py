@@ -46,9 +46,14 @@ from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
 CHATS_KEPT = 10_000
-# Messages of a chat forgotten at once up to which each is looked up on its own (past it, one
-# read of the chat's episodes costs less: measured crossing at about 6 in a chat of 20,000).
+# Messages of a span of a chat forgotten at once up to which each is looked up on its own (past
+# it, one read of the span's episodes costs less: measured crossing at about 6 in 20,000 rows).
 LOOKUPS_PER_FORGET = 4
+# The widest context window (minutes) turns of this store were written with: a forget's scrub
+# reads the turns that close to each forgotten one, and the setting may have been wider before.
+WIDEST_WINDOW = (NAME, "widest_context_minutes")
+# The longest stretch of a chat a forget's scrub reads at once (see _spans).
+LONGEST_SPAN = timedelta(days=1)
 
 
 class HybridOptions(BaseModel):
@@ -92,6 +97,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         # Shared store: the turns a message's context took from this process's cache, by message;
         # checked against the store once it is written (see narrmem_after_store).
         self._from_cache: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
+        self._window_recorded = False
 
     def configured(self, settings: Settings) -> None:
         self.recall_weights = dict(settings.recall.weights)
@@ -124,32 +130,84 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
 
     @hookimpl
     async def narrmem_after_forget(
-        self, memory: MemoryView, tenant: str, sources: dict[str, list[str]]
+        self,
+        memory: MemoryView,
+        tenant: str,
+        sources: dict[str, list[str]],
+        removed: list[MemoryRecord],
     ) -> None:
-        """Scrub forgotten turns from the keyword context of the turns that followed them: other
-        speakers' rows in a group chat held those words too. The answer model's cache of texts
-        read goes too."""
+        """Scrub forgotten turns from the keyword context of the turns around them: other
+        speakers' rows in a group chat held those words too. Only the turns within the context
+        window of a forgotten one are read (a forget of a person in a busy channel read the whole
+        channel's history into memory). The answer model's cache of texts read goes too."""
         forget_cached_texts()
+        window = timedelta(minutes=await self._widest_window(memory))
+        said_at = {
+            (r.chat_id, mid): r.created_at for r in removed if r.kind == "episode" for mid in r.message_ids
+        }
         for chat_id, message_ids in sources.items():
             self._recent.pop((tenant, chat_id), None)
             self._unwritten.pop((tenant, chat_id), None)
             chat = Scope(tenant=tenant, chat_id=chat_id)
-            for record in await self._holding_words_of(memory, chat, set(message_ids)):
+            timed = {mid: said_at[(chat_id, mid)] for mid in message_ids if (chat_id, mid) in said_at}
+            timed |= await _episode_times(memory, chat, set(message_ids) - set(timed))
+            found: dict[int | None, MemoryRecord] = {}
+            for since, until, gone in _spans(timed, window):
+                for record in await self._holding_words_of(memory, chat, gone, since, until):
+                    found[record.id] = record
+            # A message with no episode, gone or stored (a forget finished after a crash): each
+            # looked up over the whole chat, the store filtering the rows (never all read here).
+            for message_id in sorted(set(message_ids) - set(timed)):
+                for record in await self._holding_words_of(memory, chat, {message_id}, None, None):
+                    found[record.id] = record
+            for record in found.values():
                 await memory.store.update(self._without_context(record))
 
-    async def _holding_words_of(self, memory: MemoryView, chat: Scope, gone: set[str]) -> list[MemoryRecord]:
-        """The chat's episodes whose keyword context holds words of the messages ``gone``. A few
-        are looked up by id, the store filtering the rows' meta: reading every episode of the
-        chat for each deleted message took 0.45 s in a chat of 20,000, growing with the chat."""
+    async def _holding_words_of(
+        self,
+        memory: MemoryView,
+        chat: Scope,
+        gone: set[str],
+        since: datetime | None,
+        until: datetime | None,
+    ) -> list[MemoryRecord]:
+        """The chat's episodes written from ``since`` to ``until`` whose keyword context holds
+        words of the messages ``gone``. A few are looked up by id, the store filtering the rows'
+        meta; more, the span's episodes are read once."""
+        store = memory.store
         if len(gone) > LOOKUPS_PER_FORGET:
-            every = await memory.store.recent(chat, kinds=["episode"], limit=2**62)
+            every = await store.recent(chat, since=since, until=until, kinds=["episode"], limit=2**62)
             return [r for r in every if gone & set(r.meta.get("context_message_ids", []))]
         found: dict[int | None, MemoryRecord] = {}
         for message_id in sorted(gone):
             held = ("context_message_ids", message_id)
-            for record in await memory.store.recent(chat, kinds=["episode"], limit=2**62, meta_has=held):
+            for record in await store.recent(
+                chat, since=since, until=until, kinds=["episode"], limit=2**62, meta_has=held
+            ):
                 found[record.id] = record
         return list(found.values())
+
+    async def _widest_window(self, memory: MemoryView) -> float:
+        """Minutes: the widest context window this store's turns were written with (as recorded
+        by :meth:`_record_window`), or this process's if wider."""
+        stored = await memory.store.state_get(*WIDEST_WINDOW)
+        known = stored.get("minutes") if stored is not None else None
+        widest = float(known) if isinstance(known, int | float) else 0.0
+        return max(widest, self.options.context_minutes)
+
+    async def _record_window(self, memory: MemoryView) -> None:
+        """Note this process's context window in the store if it is the widest yet (once a
+        process, with its first message written)."""
+        self._window_recorded = True
+        for _ in range(5):  # other workers may record theirs at once
+            stored = await memory.store.state_get(*WIDEST_WINDOW)
+            known = stored.get("minutes") if stored is not None else None
+            if isinstance(known, int | float) and known >= self.options.context_minutes:
+                return
+            if await memory.store.state_put_if(
+                *WIDEST_WINDOW, {"minutes": self.options.context_minutes}, stored
+            ):
+                return
 
     @hookimpl
     def narrmem_context_lines(self, records: list[MemoryRecord]) -> list[ContextLine] | None:
@@ -168,6 +226,8 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         """On a store several processes share, another worker may forget a turn after this
         message's context was read and before it was written, too late for that worker's scrub to
         see it: a context turn that is gone by now is scrubbed here."""
+        if not self._window_recorded and self.options.context_turns:
+            await self._record_window(memory)
         if not shared_by_processes(memory.store):
             return
         self._unwritten.get((message.tenant, message.chat_id), set()).discard(message.message_id)
@@ -268,6 +328,40 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         if not self.options.rank_answers:
             return fused
         return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k, weights)
+
+
+async def _episode_times(memory: MemoryView, chat: Scope, messages: set[str]) -> dict[str, datetime]:
+    """When each of ``messages`` that still has an episode in ``chat`` was said (another
+    speaker's turn that a forgotten scene cited, say)."""
+    if not messages:
+        return {}
+    assert chat.chat_id is not None
+    ids = await memory.store.from_messages(chat.tenant, chat.chat_id, sorted(messages))
+    records = await memory.store.get(ids, chat) if ids else {}
+    return {
+        mid: r.created_at
+        for r in records.values()
+        if r.kind == "episode"
+        for mid in r.message_ids
+        if mid in messages
+    }
+
+
+def _spans(said_at: Mapping[str, datetime], window: timedelta) -> list[tuple[datetime, datetime, set[str]]]:
+    """The times around each message (``window`` either side: the turns whose context it was in,
+    after it, and with ``replies_in_context`` before it), overlapping ones merged up to
+    :data:`LONGEST_SPAN`, with the messages each covers."""
+    spans: list[tuple[datetime, datetime, set[str]]] = []
+    for mid, at in sorted(said_at.items(), key=lambda item: item[1]):
+        since, until = at - window, at + window
+        # Merged up to a day long: a person who wrote every hour for months would make one span
+        # of the whole channel, all read at once.
+        if spans and since <= spans[-1][1] and until - spans[-1][0] <= LONGEST_SPAN + 2 * window:
+            first, _, gone = spans[-1]
+            spans[-1] = (first, until, gone | {mid})
+        else:
+            spans.append((since, until, {mid}))
+    return spans
 
 
 def _date_line(ts: datetime) -> str:

@@ -183,3 +183,73 @@ async def test_deleted_messages_leave_the_context_of_the_turns_around_them(
         assert not any(topics[n] in text for text in contexts.values()), topics[n]
     if deleted == 1:  # the turns whose context held none of it keep theirs
         assert topics[6] in contexts["t7"] and topics[5] in contexts["t6"]
+
+
+async def test_a_forget_reads_the_turns_around_what_it_forgets_not_the_whole_channel(tmp_path: Path) -> None:
+    """Forgetting a person who wrote a few times in a busy channel read every episode of the
+    channel into memory (more than four messages: "forget me" in a server of months). Now only
+    the turns within the context window of each forgotten message are read, and the words are
+    scrubbed all the same, on either side of them. A window set wider before is still covered."""
+    days = [f"2026-05-{day:02d}T{hour:02d}:00:00+00:00" for day in range(1, 11) for hour in (8, 14, 20)]
+    chatter = [
+        msg(
+            f"o{n}",
+            f"I cooked a big pot of lentil soup for my neighbours on day {n}",
+            user="u9",
+            chat="g",
+            ts=ts,
+        )
+        for n, ts in enumerate(days)
+    ]
+    ann = [
+        (
+            msg(
+                f"a{n}",
+                f"I adopted greyhound number {n}",
+                user="u1",
+                chat="g",
+                ts=f"2026-05-11T09:{2 * n:02d}:00+00:00",
+            )
+        )
+        for n in range(6)
+    ]
+    replies = [
+        msg(
+            f"r{n}",
+            "that is lovely news, I want to meet the dog at the park soon",
+            user="u2",
+            chat="g",
+            ts=f"2026-05-11T09:{2 * n + 1:02d}:00+00:00",
+        )
+        for n in range(6)
+    ]
+    late = msg(
+        "late",
+        "we should all go hiking together next weekend at the lake",
+        user="u2",
+        chat="g",
+        ts="2026-05-11T14:00:00+00:00",
+    )
+    wide: dict[str, Any] = {"recall_hybrid": {"context_minutes": 600}}
+    async with open_memory(tmp_path / "m", plugin=wide) as mem:
+        await mem.ingest_many(
+            [*chatter, *(turn for pair in zip(ann, replies, strict=True) for turn in pair), late]
+        )
+        assert "greyhound" in await context_of(mem, "late")  # five hours on, within ten
+        assert len(await mem.store.recent(Scope(chat_id="g"), kinds=["episode"], limit=100)) == 43
+    read: list[int] = []
+    async with open_memory(tmp_path / "m") as mem:  # the default window, 60 minutes
+        recent = mem.store.recent
+
+        async def counted(*args: Any, **options: Any) -> list[MemoryRecord]:
+            records = await recent(*args, **options)
+            read.append(len(records))
+            return records
+
+        mem.store.recent = counted  # type: ignore[method-assign]
+        assert (await mem.forget(user_id="u1"))["memories"] >= 6
+        for turn in ["r0", "r5", "late"]:
+            assert "greyhound" not in await context_of(mem, turn)
+    # The forget's own reads: the person's records, then the turns around theirs (the chatter of
+    # the ten days before is never read).
+    assert sum(read) < 6 + len(chatter), read

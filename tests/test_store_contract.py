@@ -110,6 +110,11 @@ async def test_add_sets_ids_and_get_and_recent_stay_in_scope(store: Any) -> None
     assert [r.text for r in await store.recent(Scope(user_id="u1"), limit=1)] == ["mine 2"]
     since = await store.recent(Scope(user_id="u1"), since=T0 + timedelta(minutes=1))
     assert [r.text for r in since] == ["mine 2", "mine 1"]
+    until = await store.recent(Scope(user_id="u1"), until=T0 + timedelta(minutes=1))
+    assert [r.text for r in until] == ["mine 1", "mine 0"]
+    between = T0 + timedelta(minutes=1)
+    only = await store.recent(Scope(user_id="u1"), since=between, until=between)
+    assert [r.text for r in only] == ["mine 1"]
     assert [r.text for r in await store.recent(Scope(tenant="t2", user_id="u1"))] == ["elsewhere"]
     assert await store.recent(Scope(user_id="u1"), kinds=["scene"]) == []
 

@@ -1166,6 +1166,7 @@ class PostgresStore(ForgetJournal):
         scope: Scope,
         *,
         since: datetime | None = None,
+        until: datetime | None = None,
         kinds: Sequence[str] | None = None,
         limit: int = 100,
         meta_has: tuple[str, str] | None = None,
@@ -1175,6 +1176,9 @@ class PostgresStore(ForgetJournal):
         if since is not None:
             values.append(since.timestamp())
             where += f" AND created_ts >= ${len(values) + 1}"
+        if until is not None:
+            values.append(until.timestamp())
+            where += f" AND created_ts <= ${len(values) + 1}"
         if kinds:
             values.append(list(kinds))
             where += f" AND kind = ANY(${len(values) + 1}::text[])"

@@ -837,6 +837,7 @@ class SQLiteStore(ForgetJournal):
         scope: Scope,
         *,
         since: datetime | None = None,
+        until: datetime | None = None,
         kinds: Sequence[str] | None = None,
         limit: int = 100,
         meta_has: tuple[str, str] | None = None,
@@ -846,6 +847,9 @@ class SQLiteStore(ForgetJournal):
         if since is not None:
             clauses.append("created_ts >= ?")
             values.append(since.timestamp())
+        if until is not None:
+            clauses.append("created_ts <= ?")
+            values.append(until.timestamp())
         if kinds:
             clauses.append(f"kind IN ({_marks(kinds)})")
             values.extend(kinds)
