@@ -135,6 +135,7 @@ class SQLiteStore(ForgetJournal):
         # is saved with SQLite's watermark: a saved watermark never counts a row the files lack.
         # The tantivy keyword index, when there is one, records its change count under it too.
         self._vectors_lock = asyncio.Lock()
+        self._index_save_owed = False  # deleted rows' vectors still in the index files
         self._jobs: dict[str, asyncio.Lock] = {}
         self._folder_lock = FolderLock(folder / f"{database}.lock")
         self.dim = 0
@@ -1013,7 +1014,11 @@ class SQLiteStore(ForgetJournal):
             ]
         )
         await self.index.remove(np.array(found, dtype=np.int64), {(r[1], r[2]) for r in rows})
-        await self._save_index()
+        # The files lose the vectors with the next purge (purge_deleted: at most
+        # purge_deleted_messages_after_s later, at a forget of a user or chat, at close; an open
+        # after a crash drops them itself): a save rewrites every bucket written since the last,
+        # which each deleted Discord message made a rewrite of nearly the whole index.
+        self._index_save_owed = True
         await self._mirror_keywords(removed=found)
         return len(found)
 
@@ -1323,6 +1328,14 @@ class SQLiteStore(ForgetJournal):
 
     async def purge_deleted(self) -> None:
         """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""
+        if self._index_save_owed and self._index is not None:
+            async with self._vectors_lock:
+                self._index_save_owed = False
+                try:
+                    await self._save_index()
+                except BaseException:
+                    self._index_save_owed = True
+                    raise
         if self._keywords is not None:
             await self._rebuild_keywords()
         async with self._holding_writer():
