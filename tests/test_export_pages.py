@@ -142,3 +142,34 @@ async def test_a_plugin_whose_section_fails_as_it_is_read_is_named(
             await export_store(memory, path)
     assert words in str(info.value)
     assert not path.exists()
+
+
+async def test_plugin_state_rows_that_go_before_a_page_do_not_make_the_export_skip_any(
+    tmp_path: Path,
+) -> None:
+    """The plugins' small state was read in pages by offset while the memory worked: the inbox's
+    and the settling's rows come and go with every message and sort before the plugins', so each
+    one gone before a page made the next page skip a row (a trigger's or a summary's state left
+    out of a nightly backup). Pages now follow the last key seen."""
+    async with open_memory(tmp_path / "m") as memory:
+        store = memory.store
+        for n in range(600):
+            await store.state_put("narrmem.aaa", f"passing {n:04d}", {"n": n})
+        for n in range(2500):
+            await store.state_put("zz_plugin", f"kept {n:04d}", {"n": n})
+        dump = store.dump_rows
+        pages = 0
+
+        async def churning(table: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+            nonlocal pages
+            rows: list[dict[str, Any]] = await dump(table, *args, **kwargs)
+            if table == "plugin_state":
+                pages += 1
+                if pages == 1:  # the passing rows go while the export is between pages
+                    await store.state_delete("narrmem.aaa", "passing")
+            return rows
+
+        store.dump_rows = churning
+        await export_store(memory, tmp_path / "backup.jsonl")
+    kept = [r["key"] for r in _sections(tmp_path / "backup.jsonl")["state"] if r["namespace"] == "zz_plugin"]
+    assert kept == [f"kept {n:04d}" for n in range(2500)]

@@ -155,14 +155,22 @@ async def _copy_memories(src: Memory, dst: Memory, total: int, progress: bool) -
 async def _copy_side(src: Memory, dst: Memory, table: str, total: int, progress: bool) -> dict[str, int]:
     copied = seen = 0
     after = 0
+    last_key: tuple[str, str] | None = None
     with tqdm(total=total, desc=table, unit="row", disable=not progress) as bar:
         while True:
-            rows = await src.store.dump_rows(table, after, BATCH)  # type: ignore[attr-defined]
+            # plugin_state by the last key seen (an offset skipped a row for each one deleted
+            # before it meanwhile), the others by id.
+            rows = await src.store.dump_rows(  # type: ignore[attr-defined]
+                table, after, BATCH, **({"after_key": last_key} if last_key is not None else {})
+            )
             if not rows:
                 break
             copied += await dst.store.load_rows(table, rows)  # type: ignore[attr-defined]
             seen += len(rows)
-            after = seen if table == "plugin_state" else int(rows[-1]["id"])
+            if table == "plugin_state":
+                last_key = (str(rows[-1]["namespace"]), str(rows[-1]["key"]))
+            else:
+                after = int(rows[-1]["id"])
             bar.update(len(rows))
     return {"copied": copied, "skipped": seen - copied}
 

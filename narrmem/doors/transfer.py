@@ -478,6 +478,10 @@ async def plugin_sections(memory: Memory) -> dict[str, Records]:
     return sections
 
 
+def _state_key(row: dict[str, Any]) -> tuple[str, str]:
+    return str(row["namespace"]), str(row["key"])
+
+
 async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]:
     """The plugins' small state (``Store.state_put``), by namespace and key. The store protocol has
     no listing of it, so it is read with the store's ``dump_rows`` (both built-in stores have it,
@@ -488,8 +492,11 @@ async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]
     if not callable(dump):
         log.warning("plugin state not exported: store %s cannot list it", type(memory.store).__name__)
         return []
-    rows: list[dict[str, Any]] = []
-    while page := await dump("plugin_state", len(rows), 1000):
+    # Paged by the last key seen, not by an offset: the inbox's and the settling's rows come and
+    # go with every message while the memory works, and each one gone before the page's place
+    # made the next page skip a row (a trigger's or a summary's state left out of a backup).
+    rows: list[dict[str, Any]] = await dump("plugin_state", 0, 1000)
+    while rows and (page := await dump("plugin_state", 0, 1000, after_key=_state_key(rows[-1]))):
         rows.extend(page)
     return [
         (

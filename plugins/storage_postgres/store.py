@@ -1014,10 +1014,22 @@ class PostgresStore(ForgetJournal):
                 yield _record(row), self._vector(row[15])
             last = rows[-1][0]
 
-    async def dump_rows(self, table: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    async def dump_rows(
+        self, table: str, after: int = 0, limit: int = 1000, *, after_key: tuple[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         """Rows of a side table (``memory_history``, ``plugin_state``, ``forget_jobs``) for migration,
-        in key order; ``after`` pages by id where the table has one."""
-        if table == "plugin_state":
+        in key order; ``after`` pages by id where the table has one (an offset for
+        ``plugin_state``, where ``after_key``, the last (namespace, key) seen, pages without
+        missing a row when rows before it come and go meanwhile)."""
+        if table == "plugin_state" and after_key is not None:
+            rows = await self.pool.fetch(
+                "SELECT namespace, key, value FROM plugin_state WHERE (namespace, key) > ($1, $2) "
+                "ORDER BY namespace, key LIMIT $3",
+                esc(after_key[0]),
+                esc(after_key[1]),
+                limit,
+            )
+        elif table == "plugin_state":
             rows = await self.pool.fetch(
                 "SELECT namespace, key, value FROM plugin_state ORDER BY namespace, key OFFSET $1 LIMIT $2",
                 after,

@@ -1197,12 +1197,22 @@ class SQLiteStore(ForgetJournal):
         async with lock:
             yield True
 
-    async def dump_rows(self, table: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    async def dump_rows(
+        self, table: str, after: int = 0, limit: int = 1000, *, after_key: tuple[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         """Rows of a side table (``memory_history``, ``plugin_state``, ``forget_jobs``) for migration,
-        in key order; ``after`` is the last id seen (an offset for ``plugin_state``)."""
-        if table == "plugin_state":
+        in key order; ``after`` is the last id seen (an offset for ``plugin_state``, where
+        ``after_key``, the last (namespace, key) seen, pages without missing a row when rows
+        before it come and go meanwhile, as a working memory's inbox rows do)."""
+        if table == "plugin_state" and after_key is not None:
+            sql = (
+                "SELECT namespace, key, value FROM plugin_state WHERE (namespace, key) > (?, ?) "
+                "ORDER BY namespace, key LIMIT ?"
+            )
+            params: tuple[Any, ...] = (*after_key, limit)
+        elif table == "plugin_state":
             sql = "SELECT namespace, key, value FROM plugin_state ORDER BY namespace, key LIMIT ? OFFSET ?"
-            params: tuple[Any, ...] = (limit, after)
+            params = (limit, after)
         elif table in ("memory_history", "forget_jobs"):
             sql, params = f"SELECT * FROM {table} WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
         else:
