@@ -649,3 +649,29 @@ async def test_a_keyword_row_filed_under_the_wrong_owner_never_leaves_its_scope(
             assert victim not in {i for i, _ in found}
         mine = await mem.store.search_keywords(Scope(user_id="u3"), "chess online evening", 10)
         assert victim not in {i for i, _ in mine}  # its own owner token is gone: not found at all
+
+
+async def test_the_decay_pass_reads_an_index_of_its_own_not_the_rows(tmp_path: Path) -> None:
+    """The hourly decay pass read every memory's row whole (its vector and text: the whole
+    database each hour); it reads the columns it needs from an index of their own, which a store
+    of an older schema gets at its next open."""
+    folder = tmp_path / "store"
+    async with open_memory(folder) as memory:
+        await memory.ingest(msg("m1", "I adopted a greyhound named Pixel"))
+        before = await memory.store.importance_states(0, 10)
+    con = sqlite3.connect(folder / "narrmem.sqlite3")
+    try:
+        con.execute("DROP INDEX memories_decay")
+        con.execute("PRAGMA user_version = 6")
+        con.commit()
+    finally:
+        con.close()
+    async with open_memory(folder) as memory:
+        assert await memory.store.importance_states(0, 10) == before
+    plan = sql(
+        folder,
+        "EXPLAIN QUERY PLAN SELECT id, importance, COALESCE(reinforced_at, created_at), current_importance "
+        "FROM memories WHERE id > ? ORDER BY id LIMIT ?",
+        (0, 1000),
+    )
+    assert "COVERING INDEX memories_decay" in plan[0][-1]

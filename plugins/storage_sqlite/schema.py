@@ -136,6 +136,12 @@ MIGRATIONS: list[str] = [
         UPDATE keyword_changes SET count = count + 1;
     END;
     """,
+    # 7: what the decay pass reads of every memory, in an index of its own: without it, the hourly
+    # pass read every row whole, vector and text (the whole database, 420 MB at 200,000 memories,
+    # 1.0 s warm); through the index it reads about 50 bytes a memory (10 MB, 0.3 s).
+    """
+    CREATE INDEX memories_decay ON memories (id, importance, created_at, reinforced_at, current_importance);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
