@@ -675,3 +675,11 @@ async def test_the_decay_pass_reads_an_index_of_its_own_not_the_rows(tmp_path: P
         (0, 1000),
     )
     assert "COVERING INDEX memories_decay" in plan[0][-1]
+
+
+async def test_the_write_ahead_log_is_cut_back_after_a_burst(tmp_path: Path) -> None:
+    """The log kept the size of its largest burst (an import) for as long as the process ran."""
+    from narrmem_plugins.storage_sqlite.store import WAL_KEPT_BYTES
+
+    async with open_memory(tmp_path / "store") as memory, memory.store.sql(write=True) as db:
+        assert await db.fetchall("PRAGMA journal_size_limit") == [(WAL_KEPT_BYTES,)]

@@ -75,6 +75,8 @@ KEYWORD_BATCH = 5000  # rows read per step of a keyword index rebuild
 APPLICATION_ID = 0x6E6D656D
 SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")  # files SQLite keeps beside a database
 DEFAULT_DATABASE, DEFAULT_INDEX = "narrmem.sqlite3", "vectors"  # [storage] database and index
+# What the write-ahead log keeps of its size once a checkpoint has emptied it.
+WAL_KEPT_BYTES = 64 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -164,6 +166,10 @@ class SQLiteStore(ForgetJournal):
         ):
             await db.execute(f"PRAGMA {pragma}")
         await db.execute("PRAGMA secure_delete=ON")
+        # The write-ahead log is cut back to this size when a checkpoint empties it: it kept the
+        # size of its largest burst (an import, a rewrite after a forget) for as long as the
+        # process ran.
+        await db.execute(f"PRAGMA journal_size_limit={WAL_KEPT_BYTES}")
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         if written_version == 0:
             await db.execute(f"PRAGMA application_id={APPLICATION_ID}")
