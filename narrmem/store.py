@@ -410,6 +410,19 @@ class CountsForgets(Protocol):
         ...
 
 
+@runtime_checkable
+class ReadsHistories(Protocol):
+    """A store that reads the importance history of a run of memories in one query (both
+    built-in stores): an export read it memory by memory, a round trip each (hours a night for a
+    store of tens of millions)."""
+
+    async def histories(self, first_id: int, last_id: int) -> dict[int, list[dict[str, Any]]]:
+        """The history rows of the memories whose id lies from ``first_id`` to ``last_id``, each
+        memory's as :meth:`Store.history` gives them (oldest first); a memory without any is
+        absent."""
+        ...
+
+
 class DecayedImportance(NamedTuple):
     """A memory's importance after decay at a pass, with what it was computed from: the stored
     ``importance`` and the ``cached`` value after decay (``None`` before the first pass) that the

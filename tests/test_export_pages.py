@@ -173,3 +173,38 @@ async def test_plugin_state_rows_that_go_before_a_page_do_not_make_the_export_sk
         await export_store(memory, tmp_path / "backup.jsonl")
     kept = [r["key"] for r in _sections(tmp_path / "backup.jsonl")["state"] if r["namespace"] == "zz_plugin"]
     assert kept == [f"kept {n:04d}" for n in range(2500)]
+
+
+async def test_the_importance_histories_are_read_a_page_at_a_time(tmp_path: Path) -> None:
+    """The export read each memory's history on its own, a round trip per memory (hours a night
+    for a store of tens of millions); it reads a page of them at once, the same rows."""
+    async with open_memory(tmp_path / "m", plugin={"hippocampus": {"reinforce": True}}) as memory:
+        results = await memory.ingest_many(
+            [
+                {
+                    **SCOPE,
+                    "text": f"I planted tree number {n} in the garden",
+                    "message_id": f"m{n}",
+                    "ts": "2026-05-04T09:12:00+00:00",
+                }
+                for n in range(30)
+            ]
+        )
+        ids = [r.memory_ids[0] for r in results if r.memory_ids]
+        await memory.mark_used(ids[::3], user_id="ann", chat_id="c1")
+        store = memory.store
+        one_by_one = 0
+        history = store.history
+
+        async def counted(memory_id: int) -> list[dict[str, Any]]:
+            nonlocal one_by_one
+            one_by_one += 1
+            rows: list[dict[str, Any]] = await history(memory_id)
+            return rows
+
+        store.history = counted
+        await export_store(memory, tmp_path / "backup.jsonl")
+        assert one_by_one == 0
+        exported = {r["memory_id"]: r["events"] for r in _sections(tmp_path / "backup.jsonl")["importance"]}
+        assert exported and exported == {i: await history(i) for i in exported}
+        assert set(ids[::3]) <= set(exported)

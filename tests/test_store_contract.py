@@ -542,6 +542,10 @@ async def test_importance_history_and_decay_state(store: Any) -> None:
     assert await store.count_below(0.1) == 1
     assert [h["why"] for h in await store.history(b)] == ["faded"]
     assert (await store.get([a], None))[a].importance == 0.6
+    # A run of memories' histories in one read, each as history() gives it.
+    assert await store.histories(a, b) == {a: await store.history(a), b: await store.history(b)}
+    assert await store.histories(b, b) == {b: await store.history(b)}
+    assert await store.histories(b + 1, b + 100) == {}
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])

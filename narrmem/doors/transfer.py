@@ -27,7 +27,7 @@ from narrmem.doors import export_files
 from narrmem.errors import InputError, PluginError, StoreError
 from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
 from narrmem.state_checks import NOT_IMPORTED
-from narrmem.store import CountsForgets
+from narrmem.store import CountsForgets, ReadsHistories
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -383,12 +383,18 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
         yield section, line
     in_file = np.sort(np.frombuffer(exported, dtype=np.int64))
     last = 0
-    while states := await memory.store.importance_states(last, 1000):
+    store = memory.store
+    while states := await store.importance_states(last, 1000):
         ids = np.fromiter((state[0] for state in states), dtype=np.int64, count=len(states))
+        # The page's histories in one read where the store can (a round trip per memory was
+        # hours a night for a store of tens of millions).
+        page = (
+            await store.histories(states[0][0], states[-1][0]) if isinstance(store, ReadsHistories) else None
+        )
         for (memory_id, _, _, current), held in zip(states, _held(in_file, ids), strict=True):
             if not held:
                 continue
-            events = await memory.store.history(memory_id)
+            events = page.get(memory_id, []) if page is not None else await store.history(memory_id)
             if events or current is not None:
                 yield IMPORTANCE, {"memory_id": memory_id, "current": current, "events": events}
         last = states[-1][0]

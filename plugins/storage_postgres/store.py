@@ -830,6 +830,20 @@ class PostgresStore(ForgetJournal):
         )
         return [{"at": r[0], "who": r[1], "why": r[2], "old": r[3], "new": r[4]} for r in rows]
 
+    async def histories(self, first_id: int, last_id: int) -> dict[int, list[dict[str, Any]]]:
+        rows = await self.pool.fetch(
+            "SELECT memory_id, at, who, why, old, new FROM memory_history "
+            "WHERE memory_id BETWEEN $1 AND $2 ORDER BY memory_id, id",
+            first_id,
+            last_id,
+        )
+        found: dict[int, list[dict[str, Any]]] = {}
+        for r in rows:
+            found.setdefault(int(r[0]), []).append(
+                {"at": r[1], "who": r[2], "why": r[3], "old": r[4], "new": r[5]}
+            )
+        return found
+
     async def count_below(self, threshold: float) -> int:
         return int(
             await self.pool.fetchval(
