@@ -675,6 +675,13 @@ async def test_the_decay_pass_reads_an_index_of_its_own_not_the_rows(tmp_path: P
         (0, 1000),
     )
     assert "COVERING INDEX memories_decay" in plan[0][-1]
+    # The counts of stats read indexes too, not the rows.
+    for query in (
+        "SELECT kind, COUNT(*) FROM memories GROUP BY kind",
+        "SELECT COUNT(*) FROM (SELECT DISTINCT tenant, user_id FROM memories)",
+        "SELECT COUNT(*) FROM (SELECT DISTINCT tenant, chat_id FROM memories)",
+    ):
+        assert any("COVERING INDEX" in step[-1] for step in sql(folder, f"EXPLAIN QUERY PLAN {query}")), query
 
 
 async def test_the_write_ahead_log_is_cut_back_after_a_burst(tmp_path: Path) -> None:

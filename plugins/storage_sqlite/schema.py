@@ -138,9 +138,11 @@ MIGRATIONS: list[str] = [
     """,
     # 7: what the decay pass reads of every memory, in an index of its own: without it, the hourly
     # pass read every row whole, vector and text (the whole database, 420 MB at 200,000 memories,
-    # 1.0 s warm); through the index it reads about 50 bytes a memory (10 MB, 0.3 s).
+    # 1.0 s warm); through the index it reads about 50 bytes a memory (10 MB, 0.3 s). The kind is
+    # in it for the counts of stats (a count by kind read every row whole too).
     """
-    CREATE INDEX memories_decay ON memories (id, importance, created_at, reinforced_at, current_importance);
+    CREATE INDEX memories_decay
+        ON memories (id, importance, created_at, reinforced_at, current_importance, kind);
     """,
 ]
 

@@ -1567,9 +1567,12 @@ class SQLiteStore(ForgetJournal):
 
     async def stats(self) -> dict[str, Any]:
         kinds = dict(await self._fetchall("SELECT kind, COUNT(*) FROM memories GROUP BY kind ORDER BY kind"))
+        # Each count reads an index, not the rows (vector and text: the whole database): the
+        # users' and the chats' scope indexes, the decay pass's for the kinds above.
         [(users, chats, tenants)] = await self._fetchall(
-            "SELECT COUNT(DISTINCT tenant || char(0) || user_id), "
-            "COUNT(DISTINCT tenant || char(0) || chat_id), COUNT(DISTINCT tenant) FROM memories"
+            "SELECT (SELECT COUNT(*) FROM (SELECT DISTINCT tenant, user_id FROM memories)), "
+            "(SELECT COUNT(*) FROM (SELECT DISTINCT tenant, chat_id FROM memories)), "
+            "(SELECT COUNT(*) FROM (SELECT DISTINCT tenant FROM memories))"
         )
         return {
             "memories": sum(kinds.values()),
