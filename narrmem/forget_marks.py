@@ -106,15 +106,29 @@ class ForgetMarks:
                 return at
         return None
 
-    async def marked_at(self, scope: Scope) -> dt.datetime | None:
-        """When ``scope`` itself (the person, the chat, or the person in the chat) was last
-        marked forgotten, if its mark is still kept. Reads only."""
+    async def finished(self, scope: Scope, asked_at: dt.datetime | None) -> None:
+        """Note that a forget of ``scope`` asked at ``asked_at`` (default: now) ran to its end (see
+        :meth:`finished_at`); kept as the marks are."""
+        if self.kept_s <= 0:
+            return
+        now = self.memory.clock.now()
+        key = await self._hmac_key()
+        await self._mark(
+            _mark_key(key, ("finished", *_scope_name(scope))), now if asked_at is None else min(asked_at, now)
+        )
+
+    async def finished_at(self, scope: Scope) -> dt.datetime | None:
+        """When the latest forget of ``scope`` itself (the person, the chat, or the person in the
+        chat) that ran to its end was asked, if that is still kept. A forget's mark is written
+        before anything is deleted, so it cannot say this: a forget that failed right after it
+        left one. Reads only."""
         if self.kept_s <= 0:
             return None
         stored = await self.memory.store.state_get(NAMESPACE, KEY_ENTRY)
         if stored is None:
             return None
-        value = await self.memory.store.state_get(NAMESPACE, _mark_key(_key_of(stored), _scope_name(scope)))
+        name = ("finished", *_scope_name(scope))
+        value = await self.memory.store.state_get(NAMESPACE, _mark_key(_key_of(stored), name))
         return None if value is None else _time_or_none(value)
 
     def outlived(self, since: dt.datetime) -> bool:

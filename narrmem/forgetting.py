@@ -130,6 +130,7 @@ class Forgetting:
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
                     counts = await self._finish_or_retry(job, purge=not purge_after)
+                    await self.memory.forget_marks.finished(scope, asked_at)
                 else:
                     # What may still write for the scope: the units under way with a message of
                     # it or of a chat it wrote in (a reply's keyword context), this one's
@@ -146,11 +147,11 @@ class Forgetting:
         return counts
 
     async def _done_since(self, scope: Scope, asked_at: datetime) -> bool:
-        """A forget of ``scope`` asked at ``asked_at`` or later has run to its end: its mark is
-        that late, and no job of the scope is left unfinished (a forget under way, or one that
-        failed midway, is run again as always)."""
-        marked = await self.memory.forget_marks.marked_at(scope)
-        if marked is None or marked < min(asked_at, self.memory.clock.now()):
+        """A forget of ``scope`` asked at ``asked_at`` or later has run to its end (noted once it
+        had, :meth:`ForgetMarks.finished`), and no job of the scope is left unfinished (a forget
+        under way, or one that failed midway, is run again as always)."""
+        finished = await self.memory.forget_marks.finished_at(scope)
+        if finished is None or finished < min(asked_at, self.memory.clock.now()):
             return False
         return not any(
             job.messages is None and job.scope.key() == scope.key()

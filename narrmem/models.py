@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self, TypedDict, cast, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, TypedDict, cast, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -80,14 +80,18 @@ _FIELD_NAMES: dict[type[BaseModel], frozenset[str]] = {}
 class ClientInput(_Strict):
     """What a caller hands in (a message, a scope, a recall's request, an HTTP body): a field sent
     as ``null`` that cannot be null and has a default is taken as left out. Go encodes a nil slice
-    or map as ``null``, and a client's optional field is ``null`` when unset: ``"meta": null``,
-    ``"exclude_message_ids": null`` or ``"tenant": null`` were refused with a 422."""
+    or map as ``null``, and a client's optional field is ``null`` when unset: ``"meta": null`` or
+    ``"exclude_message_ids": null`` were refused with a 422. Not ``tenant``, here: a bot whose
+    tenant came out ``None`` by mistake would read, or forget, in the default tenant; the HTTP
+    bodies take a ``null`` tenant as left out (the key's tenant), as they take one left out."""
+
+    null_refused: ClassVar[frozenset[str]] = frozenset({"tenant"})
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_left_out(cls, data: Any) -> Any:
         if isinstance(data, dict) and any(value is None for value in data.values()):
-            defaulted = _defaulted_not_null(cls)
+            defaulted = _defaulted_not_null(cls) - cls.null_refused
             return {key: value for key, value in data.items() if value is not None or key not in defaulted}
         return data
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 from narrmem_plugins.answer_ranking import AnswerWeights, answer_scores, forget_cached_texts
@@ -41,7 +42,7 @@ from narrmem.config import Settings, share
 from narrmem.configured import Configured
 from narrmem.models import Candidate, ContextLine, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
-from narrmem.store import shared_by_processes
+from narrmem.store import Store, shared_by_processes
 from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
@@ -54,6 +55,9 @@ LOOKUPS_PER_FORGET = 4
 WIDEST_WINDOW = (NAME, "widest_context_minutes")
 # The longest stretch of a chat a forget's scrub reads at once (see _spans).
 LONGEST_SPAN = timedelta(days=1)
+# The widest context window the setting allows (minutes), and a page of a chat read at once.
+WIDEST_ALLOWED = 10_080
+CHAT_PAGE = 5_000
 
 
 class HybridOptions(BaseModel):
@@ -69,7 +73,10 @@ class HybridOptions(BaseModel):
         "(a reply often names what they were about)",
     )
     context_minutes: float = Field(
-        default=60.0, gt=0, le=10_080, description="earlier turns older than this are another conversation"
+        default=60.0,
+        gt=0,
+        le=WIDEST_ALLOWED,
+        description="earlier turns older than this are another conversation",
     )
     dates_in_keywords: bool = Field(default=True, description="index the weekday and date of each message")
     context_weight: float = share(
@@ -141,7 +148,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         window of a forgotten one are read (a forget of a person in a busy channel read the whole
         channel's history into memory). The answer model's cache of texts read goes too."""
         forget_cached_texts()
-        window = timedelta(minutes=await self._widest_window(memory))
+        window = await self._windows(memory)
         said_at = {
             (r.chat_id, mid): r.created_at for r in removed if r.kind == "episode" for mid in r.message_ids
         }
@@ -155,10 +162,16 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             for since, until, gone in _spans(timed, window):
                 for record in await self._holding_words_of(memory, chat, gone, since, until):
                     found[record.id] = record
-            # A message with no episode, gone or stored (a forget finished after a crash): each
-            # looked up over the whole chat, the store filtering the rows (never all read here).
-            for message_id in sorted(set(message_ids) - set(timed)):
-                for record in await self._holding_words_of(memory, chat, {message_id}, None, None):
+            # Messages with no episode, gone or stored (a forget finished after a crash, or at an
+            # open): the whole chat, read a page at a time (never all of it at once).
+            untimed = set(message_ids) - set(timed)
+            if len(untimed) > LOOKUPS_PER_FORGET:
+                async for page in _chat_pages(memory, chat):
+                    for record in page:
+                        if untimed & set(record.meta.get("context_message_ids", [])):
+                            found[record.id] = record
+            elif untimed:
+                for record in await self._holding_words_of(memory, chat, untimed, None, None):
                     found[record.id] = record
             for record in found.values():
                 await memory.store.update(self._without_context(record))
@@ -176,38 +189,48 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         meta; more, the span's episodes are read once."""
         store = memory.store
         if len(gone) > LOOKUPS_PER_FORGET:
-            every = await store.recent(chat, since=since, until=until, kinds=["episode"], limit=2**62)
+            every = await _between(store, chat, since, until, kinds=["episode"], limit=2**62)
             return [r for r in every if gone & set(r.meta.get("context_message_ids", []))]
         found: dict[int | None, MemoryRecord] = {}
         for message_id in sorted(gone):
             held = ("context_message_ids", message_id)
-            for record in await store.recent(
-                chat, since=since, until=until, kinds=["episode"], limit=2**62, meta_has=held
+            for record in await _between(
+                store, chat, since, until, kinds=["episode"], limit=2**62, meta_has=held
             ):
                 found[record.id] = record
         return list(found.values())
 
-    async def _widest_window(self, memory: MemoryView) -> float:
-        """Minutes: the widest context window this store's turns were written with (as recorded
-        by :meth:`_record_window`), or this process's if wider."""
-        stored = await memory.store.state_get(*WIDEST_WINDOW)
-        known = stored.get("minutes") if stored is not None else None
-        widest = float(known) if isinstance(known, int | float) else 0.0
-        return max(widest, self.options.context_minutes)
+    async def _windows(self, memory: MemoryView) -> Callable[[datetime], timedelta]:
+        """The context window (either side) of a turn said at a given time: the widest this
+        store's turns were written with since it was first recorded (:meth:`_record_window`),
+        or this process's if wider; before then, the widest the setting allows (a store of an
+        earlier version says nothing of the windows it was written with)."""
+        known = _recorded(await memory.store.state_get(*WIDEST_WINDOW))
+        widest = timedelta(minutes=max(known[0] if known else 0.0, self.options.context_minutes))
+        recorded_since = known[1] if known else None
+        unknown = timedelta(minutes=WIDEST_ALLOWED)
+
+        def window(said_at: datetime) -> timedelta:
+            return widest if recorded_since is not None and said_at >= recorded_since else unknown
+
+        return window
 
     async def _record_window(self, memory: MemoryView) -> None:
         """Note this process's context window in the store if it is the widest yet (once a
-        process, with its first message written)."""
-        self._window_recorded = True
+        process, with its first message written), and from when on the record holds."""
         for _ in range(5):  # other workers may record theirs at once
             stored = await memory.store.state_get(*WIDEST_WINDOW)
-            known = stored.get("minutes") if stored is not None else None
-            if isinstance(known, int | float) and known >= self.options.context_minutes:
-                return
-            if await memory.store.state_put_if(
-                *WIDEST_WINDOW, {"minutes": self.options.context_minutes}, stored
-            ):
-                return
+            known = _recorded(stored)
+            if known is not None and known[0] >= self.options.context_minutes:
+                break
+            # Turns written before now by an earlier version may be dated a little ahead.
+            since = known[1] if known else memory.clock.now() + timedelta(days=1)
+            value = {"minutes": self.options.context_minutes, "since": since.isoformat()}
+            if await memory.store.state_put_if(*WIDEST_WINDOW, value, stored):
+                break
+        else:
+            return  # tried again with the next message
+        self._window_recorded = True
 
     @hookimpl
     def narrmem_context_lines(self, records: list[MemoryRecord]) -> list[ContextLine] | None:
@@ -330,6 +353,56 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         return answer_scores(fused, candidates, records, self.options.answer, self.options.rrf_k, weights)
 
 
+async def _between(
+    store: Store, chat: Scope, since: datetime | None, until: datetime | None, **options: Any
+) -> list[MemoryRecord]:
+    """``store.recent`` from ``since`` to ``until``; a store written before ``until`` was part of
+    the protocol is read from ``since`` on, and the rows after ``until`` are left out here."""
+    try:
+        return await store.recent(chat, since=since, until=until, **options)
+    except TypeError:
+        rows = await store.recent(chat, since=since, **options)
+        return [r for r in rows if until is None or r.created_at <= until]
+
+
+def _recorded(stored: dict[str, Any] | None) -> tuple[float, datetime] | None:
+    """The widest window recorded and since when, from the state entry (``None``: none)."""
+    if stored is None or not isinstance(stored.get("minutes"), int | float):
+        return None
+    try:
+        since = datetime.fromisoformat(str(stored.get("since")))
+    except ValueError:
+        return None
+    return (float(stored["minutes"]), since) if since.tzinfo is not None else None
+
+
+async def _chat_pages(memory: MemoryView, chat: Scope) -> AsyncIterator[list[MemoryRecord]]:
+    """The chat's episodes, newest first, a page at a time."""
+    store = memory.store
+    until: datetime | None = None
+    seen: set[int | None] = set()
+    while True:
+        try:
+            newest = await store.recent(chat, until=until, kinds=["episode"], limit=CHAT_PAGE)
+        except TypeError:  # a store written before ``until`` was part of the protocol: all at once
+            yield await store.recent(chat, kinds=["episode"], limit=2**62)
+            return
+        page = [r for r in newest if r.id not in seen]
+        if not page:
+            return
+        oldest = page[-1].created_at
+        # The rest of the page's oldest instant, which the next page (before it) leaves out.
+        held = {p.id for p in page}
+        page += [
+            r
+            for r in await store.recent(chat, since=oldest, until=oldest, kinds=["episode"], limit=2**62)
+            if r.id not in seen and r.id not in held
+        ]
+        seen = {r.id for r in page if r.created_at == oldest}
+        yield page
+        until = oldest - timedelta(microseconds=1)
+
+
 async def _episode_times(memory: MemoryView, chat: Scope, messages: set[str]) -> dict[str, datetime]:
     """When each of ``messages`` that still has an episode in ``chat`` was said (another
     speaker's turn that a forgotten scene cited, say)."""
@@ -347,12 +420,15 @@ async def _episode_times(memory: MemoryView, chat: Scope, messages: set[str]) ->
     }
 
 
-def _spans(said_at: Mapping[str, datetime], window: timedelta) -> list[tuple[datetime, datetime, set[str]]]:
-    """The times around each message (``window`` either side: the turns whose context it was in,
+def _spans(
+    said_at: Mapping[str, datetime], window_of: Callable[[datetime], timedelta]
+) -> list[tuple[datetime, datetime, set[str]]]:
+    """The times around each message (its window either side: the turns whose context it was in,
     after it, and with ``replies_in_context`` before it), overlapping ones merged up to
     :data:`LONGEST_SPAN`, with the messages each covers."""
     spans: list[tuple[datetime, datetime, set[str]]] = []
     for mid, at in sorted(said_at.items(), key=lambda item: item[1]):
+        window = window_of(at)
         since, until = at - window, at + window
         # Merged up to a day long: a person who wrote every hour for months would make one span
         # of the whole channel, all read at once.

@@ -361,7 +361,12 @@ async def test_import_of_a_conflicting_episode_names_its_line(tmp_path: Path) ->
     async with open_memory(tmp_path / "third") as mem:
         with pytest.raises(InputError) as info:
             await import_jsonl(mem, export)
-        assert (info.value.field, info.value.line) == ("message_ids", 3)
+        where = next(
+            n
+            for n, line in enumerate(export.read_text().splitlines(), 1)
+            if json.loads(line).get("id") == duplicate["id"]
+        )
+        assert (info.value.field, info.value.line) == ("message_ids", where)
         assert (await mem.stats())["memories"] == 0
 
 

@@ -437,6 +437,17 @@ async def test_a_forget_sent_again_keeps_what_the_person_said_after_asking(tmp_p
     async with open_memory(tmp_path, clock=clock) as memory:
         asked = NOON - dt.timedelta(seconds=30)
         await memory.ingest(msg("m1", "I adopted a greyhound named Pixel", ts=asked.isoformat()))
+        # A first try that failed once its mark was written, before its job was: nothing was
+        # deleted, and the retry runs (the mark alone took it for done).
+        begin = memory.store.begin_forget
+
+        async def unreachable(**what: Any) -> Any:
+            memory.store.begin_forget = begin
+            raise StoreUnavailableError("the store did not answer")
+
+        memory.store.begin_forget = unreachable
+        with pytest.raises(StoreUnavailableError):
+            await memory.forget(user_id="u1", asked_at=asked)
         first = await memory.forget(user_id="u1", asked_at=asked)
         assert first["memories"] == 1
         clock.advance(seconds=60)

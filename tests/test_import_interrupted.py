@@ -90,7 +90,8 @@ def open_store(folder: str | Path) -> Any:
 
 async def _export(folder: Path, path: Path) -> dict[str, int]:
     """A store with every kind of thing an export holds, exported to ``path``: a graph, an RTM tree,
-    history rows of several instants per memory, importance after decay, two fired triggers."""
+    history rows of several instants per memory, importance after decay, two fired triggers, the
+    context window the keyword context was written with."""
     clock = ManualClock(START)
     async with open_memory(folder, clock=clock, plugin=REINFORCE) as memory:
         await _fill(memory, clock)
@@ -162,7 +163,7 @@ STEPS = {
     "memories committed, no history": ("import_records+", 1),
     "history half written": ("set_current_importance", 12),
     "history written, no state": ("state_put", 1),
-    "one state entry of two": ("state_put", 2),
+    "one state entry of three": ("state_put", 2),
     "in the graph's transaction": ("insert_rows:graph_edges", 1),
     "between the graph and the trees": ("insert_rows:rtm_trees", 1),
 }
@@ -180,7 +181,7 @@ async def test_a_killed_import_run_again_ends_as_one_whole_import(tmp_path: Path
     async with open_store(killed):
         pass
     written = await _export(tmp_path / "source", path)
-    assert written["importance"] and written["state"] == 2 and written["rtm.trees"]
+    assert written["importance"] and written["state"] == 3 and written["rtm.trees"]
     async with open_store(clean) as memory:
         whole = await import_jsonl(memory, path)
     assert whole["importance"] > 12 and whole["imported"] == written["memories"]

@@ -5,6 +5,7 @@ purge that deleted messages' words wait for, at close, or at the next open after
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from _helpers import msg, sql
 from reliability.common import all_vectors, folder_files, occurrences, vector_windows
 
+from narrmem.models import Scope
 from narrmem.testing import open_memory
 
 pytestmark = pytest.mark.sqlite_only("the SQLite store's vector index files")
@@ -77,3 +79,21 @@ async def test_a_close_takes_the_deleted_vectors_out_of_the_files(tmp_path: Path
     async with open_memory(tmp_path, **LATER) as memory:
         await memory.forget_messages(chat_id="c0", message_ids=["m0"])
     assert found_in_files(tmp_path, vector) == set()
+
+
+async def test_a_delete_made_outside_a_forget_leaves_the_files_within_the_purge_delay(tmp_path: Path) -> None:
+    """A plugin's own delete (a tool that forgets one memory) schedules no purge of the memory:
+    the store's own save still takes the vector out of the files, that long after the delete."""
+    soon = {"storage": {"purge_deleted_messages_after_s": 0.2}}
+    async with open_memory(tmp_path, **soon) as memory:
+        [first] = await memory.ingest_many([said(0)])
+        await memory.ingest_many([said(1)])
+    [vector] = stored_vectors(tmp_path, first.memory_ids[:1]).values()
+    async with open_memory(tmp_path, **soon) as memory:
+        assert found_in_files(tmp_path, vector)
+        await memory.store.delete(first.memory_ids[:1], Scope(user_id="u0"))
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if not found_in_files(tmp_path, vector):
+                break
+        assert found_in_files(tmp_path, vector) == set()

@@ -5,13 +5,16 @@ conversation window only, and a forget of the reply takes them out again."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _helpers import msg, sql
+from narrmem_plugins.recall_hybrid import HybridRecall
 
 from narrmem import Memory, Message, hookimpl
+from narrmem.clock import ManualClock
 from narrmem.models import ContextLine, MemoryRecord, Scope
 from narrmem.testing import open_memory
 
@@ -22,6 +25,8 @@ def at(minute: int) -> str:
     return f"2026-05-04T09:{minute:02d}:00+00:00"
 
 
+# The memory's clock in the tests that record the context window: before the messages' dates.
+BEFORE = datetime(2026, 4, 1, tzinfo=UTC)
 NEWS = msg("m1", "I got it!! Starting in two weeks", user="u1", chat="g", ts=at(0))
 REPLY = msg("m2", "Congrats on the new job at the observatory!", user="u2", chat="g", ts=at(1))
 
@@ -231,14 +236,20 @@ async def test_a_forget_reads_the_turns_around_what_it_forgets_not_the_whole_cha
         ts="2026-05-11T14:00:00+00:00",
     )
     wide: dict[str, Any] = {"recall_hybrid": {"context_minutes": 600}}
-    async with open_memory(tmp_path / "m", plugin=wide) as mem:
+    clock = ManualClock(BEFORE)
+    async with open_memory(tmp_path / "m", plugin=wide, clock=clock) as mem:
+        # The first message written records the window, from the day after (the clock's).
+        await mem.ingest(
+            msg("w", "I started a new job at the bakery", user="u5", chat="w", ts=BEFORE.isoformat())
+        )
+        clock.set(datetime(2026, 5, 12, tzinfo=UTC))
         await mem.ingest_many(
             [*chatter, *(turn for pair in zip(ann, replies, strict=True) for turn in pair), late]
         )
         assert "greyhound" in await context_of(mem, "late")  # five hours on, within ten
         assert len(await mem.store.recent(Scope(chat_id="g"), kinds=["episode"], limit=100)) == 43
     read: list[int] = []
-    async with open_memory(tmp_path / "m") as mem:  # the default window, 60 minutes
+    async with open_memory(tmp_path / "m", clock=clock) as mem:  # the default window, 60 minutes
         recent = mem.store.recent
 
         async def counted(*args: Any, **options: Any) -> list[MemoryRecord]:
@@ -253,3 +264,76 @@ async def test_a_forget_reads_the_turns_around_what_it_forgets_not_the_whole_cha
     # The forget's own reads: the person's records, then the turns around theirs (the chatter of
     # the ten days before is never read).
     assert sum(read) < 6 + len(chatter), read
+
+
+def greyhound_chat() -> list[dict[str, Any]]:
+    ann = [
+        msg(f"a{n}", f"I adopted greyhound number {n}", user="u1", chat="g", ts=at(2 * n)) for n in range(6)
+    ]
+    replies = [
+        msg(
+            f"r{n}",
+            "that is lovely news, I want to meet the dog at the park soon",
+            user="u2",
+            chat="g",
+            ts=at(2 * n + 1),
+        )
+        for n in range(6)
+    ]
+    return [turn for pair in zip(ann, replies, strict=True) for turn in pair]
+
+
+async def test_turns_written_before_the_window_was_recorded_are_scrubbed_over_the_widest_window(
+    tmp_path: Path,
+) -> None:
+    """A store written by an earlier version records no window: its turns may have been written
+    with any, so a forget reads the widest the setting allows around them, not this process's."""
+    wide: dict[str, Any] = {"recall_hybrid": {"context_minutes": 600}}
+    late = msg(
+        "late",
+        "we should all go hiking together next weekend at the lake",
+        user="u2",
+        chat="g",
+        ts="2026-05-04T14:00:00+00:00",
+    )
+    async with open_memory(tmp_path / "m", plugin=wide) as mem:
+        await mem.ingest_many([*greyhound_chat(), late])
+        assert "greyhound" in await context_of(mem, "late")
+        await mem.store.state_delete(
+            "recall_hybrid", "widest_context_minutes"
+        )  # as an earlier version left it
+    async with open_memory(tmp_path / "m") as mem:  # 60 minutes now
+        recall_hybrid = mem.host.plugin(HybridRecall)
+        recall_hybrid._window_recorded = True  # this process writes nothing: the record stays absent
+        await mem.forget(user_id="u1")
+        assert "greyhound" not in await context_of(mem, "late")
+
+
+async def test_a_scrub_that_cannot_date_the_forgotten_messages_reads_the_chat_a_page_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forget finished at an open, or after a crash, has no record of what it deleted to date
+    the messages by: the chat is read a page at a time (pages of two here, with turns of one
+    instant across a page's end), and every turn holding their words is scrubbed."""
+    import narrmem_plugins.recall_hybrid as recall_hybrid_module
+
+    monkeypatch.setattr(recall_hybrid_module, "CHAT_PAGE", 2)
+    same = "2026-05-04T09:30:00+00:00"
+    echoes = [
+        msg(f"e{n}", f"still thinking about those dogs, story {n}", user="u3", chat="g", ts=same)
+        for n in range(3)
+    ]
+    async with open_memory(tmp_path / "m") as mem:
+        await mem.ingest_many([*greyhound_chat(), *echoes])
+        ann = [f"a{n}" for n in range(6)]
+        [*ids] = await mem.store.from_messages("default", "g", ann)
+        episodes = [
+            r.id
+            for r in (await mem.store.get(ids, None)).values()
+            if r.kind == "episode" and r.id is not None
+        ]
+        await mem.store.delete(episodes, Scope(user_id="u1"))  # gone before the scrub, as after a crash
+        recall_hybrid = mem.host.plugin(HybridRecall)
+        await recall_hybrid.narrmem_after_forget(memory=mem, tenant="default", sources={"g": ann}, removed=[])
+        for n in range(6):
+            assert "greyhound" not in await context_of(mem, f"r{n}")

@@ -16,6 +16,7 @@ from _helpers import msg, store_fingerprint
 from narrmem.clock import ManualClock
 from narrmem.doors.server import create_app
 from narrmem.doors.server.app import RETRY_UNAVAILABLE_AFTER_S
+from narrmem.errors import InputError
 from narrmem.memory import Memory
 from narrmem.models import Scope
 from narrmem.testing import open_memory
@@ -93,6 +94,12 @@ async def test_null_is_taken_as_left_out_where_a_field_has_a_default(
         "/v1/recall", json={"query": "greyhound", "scope": {"user_id": "u1", "tenant": None}, "kinds": None}
     )
     assert recall.status_code == 200 and len(recall.json()) == 1
+    # The Python API keeps a tenant of None an error: a bot whose tenant came out None by
+    # mistake must not read or forget in the default tenant.
+    with pytest.raises(InputError, match="tenant"):
+        await memory.recall("greyhound", user_id="u1", tenant=None)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="tenant"):
+        await memory.forget(user_id="u1", tenant=None)  # type: ignore[arg-type]
     # A field that has no default is still required: null is named, and nothing is written.
     before = await store_fingerprint(memory, keyword_tables=False)
     missing = await client.post("/v1/ingest", json={**msg("m2", "x"), "text": None})

@@ -502,8 +502,12 @@ async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]
     # go with every message while the memory works, and each one gone before the page's place
     # made the next page skip a row (a trigger's or a summary's state left out of a backup).
     rows: list[dict[str, Any]] = await dump("plugin_state", 0, 1000)
-    while rows and (page := await dump("plugin_state", 0, 1000, after_key=_state_key(rows[-1]))):
-        rows.extend(page)
+    try:
+        while rows and (page := await dump("plugin_state", 0, 1000, after_key=_state_key(rows[-1]))):
+            rows.extend(page)
+    except TypeError:  # a store whose dump_rows pages by offset only
+        while page := await dump("plugin_state", len(rows), 1000):
+            rows.extend(page)
     return [
         (
             str(r["namespace"]),

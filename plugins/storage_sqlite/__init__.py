@@ -31,6 +31,7 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
             keyword_threshold=storage.keyword_threshold,
             rewrite_on_forget=storage.forget_rewrites_file,
             history_kept=storage.history_kept_per_memory,
+            deleted_vectors_kept_s=storage.purge_deleted_messages_after_s,
         )
 
     register("sqlite", factory)

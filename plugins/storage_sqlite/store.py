@@ -110,8 +110,14 @@ class SQLiteStore(ForgetJournal):
         rewrite_on_forget: bool = True,
         clock: Clock | None = None,
         history_kept: int = 0,
+        deleted_vectors_kept_s: float = 300.0,
     ) -> None:
         self.read_only = read_only
+        # How long a deleted row's vector may stay in the index files (it is out of the index in
+        # memory at once): the save that takes it out runs this long after the first delete since
+        # the last save, however the delete came (a forget, a plugin's own delete).
+        self.deleted_vectors_kept_s = deleted_vectors_kept_s
+        self._index_saving: asyncio.Task[None] | None = None
         self.history_kept = history_kept  # importance history rows kept per memory (0: all)
         self.clock: Clock = clock or SystemClock()  # the memory's: when a forget was recorded
         self.rewrite_on_forget = rewrite_on_forget
@@ -507,6 +513,12 @@ class SQLiteStore(ForgetJournal):
 
     async def close(self) -> None:
         try:
+            if self._index_saving is not None:
+                # The save below (the index is dirty) takes the deleted vectors out of the files.
+                self._index_saving.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._index_saving
+                self._index_saving = None
             if self._keywords_starting is not None:
                 self._keywords_starting.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -1025,8 +1037,21 @@ class SQLiteStore(ForgetJournal):
         # after a crash drops them itself): a save rewrites every bucket written since the last,
         # which each deleted Discord message made a rewrite of nearly the whole index.
         self._index_save_owed = True
+        if self._index_saving is None or self._index_saving.done():
+            self._index_saving = asyncio.get_running_loop().create_task(self._save_deleted_later())
         await self._mirror_keywords(removed=found)
         return len(found)
+
+    async def _save_deleted_later(self) -> None:
+        await asyncio.sleep(self.deleted_vectors_kept_s)
+        try:
+            # Shielded: a close that cancels this mid-save waits for the lock the save holds,
+            # rather than saving beside it.
+            await asyncio.shield(self._save_owed_index())
+        except Exception:
+            log.exception(
+                "saving the vector index after deletes failed; tried again at the next purge or close"
+            )
 
     async def set_importance(self, changes: Sequence[ImportanceChange], at: datetime) -> list[int]:
         written: list[int] = []
@@ -1355,8 +1380,8 @@ class SQLiteStore(ForgetJournal):
             async with self._holding_writer():
                 await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    async def purge_deleted(self) -> None:
-        """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""
+    async def _save_owed_index(self) -> None:
+        """Save the index if deleted rows' vectors are still in its files."""
         if self._index_save_owed and self._index is not None:
             async with self._vectors_lock:
                 self._index_save_owed = False
@@ -1365,6 +1390,10 @@ class SQLiteStore(ForgetJournal):
                 except BaseException:
                     self._index_save_owed = True
                     raise
+
+    async def purge_deleted(self) -> None:
+        """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""
+        await self._save_owed_index()
         if self._keywords is not None:
             await self._rebuild_keywords()
         async with self._holding_writer():

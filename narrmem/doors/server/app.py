@@ -317,7 +317,7 @@ def _errors(app: FastAPI) -> None:
         # JSON, so the answer was a 500; and an answer need not echo what was sent.
         errors = jsonable_encoder([_without_input(e) for e in exc.errors()])
         sent_as = request.headers.get("content-type")
-        if not _json_type(sent_as) and any(tuple(e["loc"])[:1] == ("body",) for e in errors):
+        if not _json_type(sent_as) and any(tuple(e["loc"]) == ("body",) for e in errors):
             # The body was not read as JSON (strictly: a form a web page may post without a
             # preflight is never taken for one), and the 422 said "not a valid dictionary".
             return _problem(

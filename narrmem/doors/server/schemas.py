@@ -5,9 +5,17 @@ error the server sends (:class:`ErrorBody`)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 from narrmem import models
 from narrmem.checks import check_time_range
@@ -97,6 +105,13 @@ MemoryIdItem = Annotated[int, Field(json_schema_extra={"minimum": 1, "exclusiveM
 class _Strict(models.ClientInput):
     # Strict as the tools' arguments are: "5" is not a number, nor 1 a boolean.
     model_config = ConfigDict(extra="forbid", strict=True)
+    null_refused: ClassVar[frozenset[str]] = frozenset()  # a null tenant: the key's (_settled)
+
+
+class BodyScope(Scope):
+    """A scope in a body: a null ``tenant`` is left out (the key's), as in the bodies around it."""
+
+    null_refused: ClassVar[frozenset[str]] = frozenset()
 
 
 def _id(default: str | None = None) -> Any:
@@ -119,6 +134,8 @@ class IncomingMessage(models.IncomingMessage):
     """A message as a client sends it over HTTP (the document's name kept): ``ts`` may be left
     out (now, by the memory's clock), and it may be sent again after being held (``held_since``)."""
 
+    null_refused: ClassVar[frozenset[str]] = frozenset()  # a null tenant: the key's (_settled)
+
     held_since: ClientTime = Field(
         default=None,
         description="when the client first sent this message (or edit), if it held it and sends it "
@@ -138,7 +155,7 @@ class IncomingMessage(models.IncomingMessage):
         return self.sent(now)[0]
 
 
-class ForgetBody(Scope):
+class ForgetBody(BodyScope):
     """A forget of a user and/or a chat, perhaps sent late (see ``asked_at``)."""
 
     asked_at: ClientTime = Field(
@@ -169,8 +186,20 @@ class RecallBody(RecallRequest):
     as the recall tool's arguments are ("k": "5" or true is refused, not read as 5 or 1)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+    null_refused: ClassVar[frozenset[str]] = frozenset()
     scope: Annotated[Scope, Field(json_schema_extra=needs_user_or_chat)]
     explain: bool = Field(default=False, description="include each hit's why")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scope_tenant_null_is_left_out(cls, data: Any) -> Any:
+        # The scope is narrmem's own Scope (its name in the document kept), where a null tenant
+        # is refused; in a body it is left out, the key's, as in every other body.
+        scope = data.get("scope") if isinstance(data, dict) else None
+        if isinstance(scope, dict) and "tenant" in scope and scope["tenant"] is None:
+            return {**data, "scope": {k: v for k, v in scope.items() if k != "tenant"}}
+        return data
+
     # Strict bodies are checked as Python objects, where a datetime must already be one: the JSON
     # string a client sends is read here as a message's ts is.
     asked_at: ClientTime = Field(
@@ -180,7 +209,7 @@ class RecallBody(RecallRequest):
     )
 
 
-class ContextBody(Scope):
+class ContextBody(BodyScope):
     model_config = ConfigDict(json_schema_extra=NEEDS_USER_OR_CHAT)
 
     text: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the message being answered")
@@ -205,7 +234,7 @@ class TurnContextBody(_Strict):
     tenant: str = _id("default")
 
 
-class MarkUsedBody(Scope):
+class MarkUsedBody(BodyScope):
     model_config = ConfigDict(json_schema_extra=NEEDS_USER_OR_CHAT)
 
     memory_ids: list[MemoryIdItem] = Field(min_length=1, max_length=200)
