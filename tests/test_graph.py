@@ -1018,7 +1018,16 @@ async def test_idiom_chain_game(mem: Memory, clock: ManualClock) -> None:
 # --- auto tasks, forgetting, options ----------------------------------------------------------------
 
 
-async def test_auto_tasks_follow_the_topic(tmp_path: Path, storage: dict[str, Any]) -> None:
+@pytest.mark.parametrize("tasks_a_query", [None, 1])
+async def test_auto_tasks_follow_the_topic(
+    tmp_path: Path, storage: dict[str, Any], tasks_a_query: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with the chain read a task a query: a chain of thousands went past SQLite's
+    limit of bound values in one, and every message of the chat failed the graph's hook."""
+    if tasks_a_query is not None:
+        from narrmem_plugins.graph import tasks
+
+        monkeypatch.setattr(tasks, "TASKS_A_QUERY", tasks_a_query)
     options = {"graph": {"auto_tasks": True, "extract_facts": False}}
     async with open_memory(tmp_path / "m", plugin=options, **storage) as mem:
         talk = [

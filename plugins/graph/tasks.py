@@ -49,6 +49,9 @@ class TaskView:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "node"}
 
 
+TASKS_A_QUERY = 2_000
+
+
 async def load_tasks(
     db: GraphSQL, chat: GraphScope, *, state: str | None = None, limit: int | None = None
 ) -> list[TaskView]:
@@ -57,13 +60,24 @@ async def load_tasks(
     if not nodes:
         return []
     by_id = {n.id: n for n in nodes}
-    q = EdgeQuery().where("e.status = 'active'").names_in("e.relation", [HAS_STATE, CONTAINS_INFO, NEXT_TASK])
     ids = list(by_id)
-    q.where(f"e.subject_id IN ({marks(ids)}) OR e.object_id IN ({marks(ids)})", *ids, *ids)
+    # A chunk of tasks a query: a chain of thousands (auto_tasks over months) went past SQLite's
+    # limit of bound values, and every message of the chat failed the graph's hook.
+    found: dict[int, Any] = {}
+    for start in range(0, len(ids), TASKS_A_QUERY):
+        part = ids[start : start + TASKS_A_QUERY]
+        q = (
+            EdgeQuery()
+            .where("e.status = 'active'")
+            .names_in("e.relation", [HAS_STATE, CONTAINS_INFO, NEXT_TASK])
+        )
+        q.where(f"e.subject_id IN ({marks(part)}) OR e.object_id IN ({marks(part)})", *part, *part)
+        for edge in await select_edges(db, chat, q, order="e.id"):
+            found[edge.id] = edge
     states: dict[int, str] = {}
     info: dict[int, list[str]] = {}
     linked: set[int] = set()
-    for edge in await select_edges(db, chat, q, order="e.id"):
+    for edge in (found[i] for i in sorted(found)):
         linked.update((edge.subject_id, edge.object_id))
         if edge.relation == HAS_STATE:
             states[edge.subject_id] = edge.object.removeprefix(STATE_PREFIX)
