@@ -106,16 +106,13 @@ class ForgetMarks:
                 return at
         return None
 
-    async def finished(self, scope: Scope, asked_at: dt.datetime | None) -> None:
-        """Note that a forget of ``scope`` asked at ``asked_at`` (default: now) ran to its end (see
+    async def finished(self, scope: Scope, asked_at: dt.datetime) -> None:
+        """Note that a forget of ``scope`` asked at ``asked_at`` ran to its end (see
         :meth:`finished_at`); kept as the marks are."""
         if self.kept_s <= 0:
             return
-        now = self.memory.clock.now()
         key = await self._hmac_key()
-        await self._mark(
-            _mark_key(key, ("finished", *_scope_name(scope))), now if asked_at is None else min(asked_at, now)
-        )
+        await self._mark(_mark_key(key, ("finished", *_scope_name(scope))), asked_at)
 
     async def finished_at(self, scope: Scope) -> dt.datetime | None:
         """When the latest forget of ``scope`` itself (the person, the chat, or the person in the

@@ -123,6 +123,10 @@ class Forgetting:
         # for a large HNSW index) runs once the fence is open again: inside it, every worker's
         # writes waited at the gate for it.
         purge_after = not from_hooks and shared_by_processes(self.memory.store)
+        # What the forget covers: what was said up to when it was asked (or began). Messages
+        # held while it ran are written after it, not deleted by it.
+        begun = self.memory.clock.now()
+        covers = begun if asked_at is None else min(asked_at, begun)
         async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:
@@ -130,7 +134,7 @@ class Forgetting:
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
                     counts = await self._finish_or_retry(job, purge=not purge_after)
-                    await self.memory.forget_marks.finished(scope, asked_at)
+                    await self._note_finished(scope, covers)
                 else:
                     # What may still write for the scope: the units under way with a message of
                     # it or of a chat it wrote in (a reply's keyword context), this one's
@@ -145,6 +149,13 @@ class Forgetting:
         if purge_after:
             await self.purge_owed()
         return counts
+
+    async def _note_finished(self, scope: Scope, covers: datetime) -> None:
+        # Only what lets a retry be skipped: a failure here must not fail the finished forget.
+        try:
+            await self.memory.forget_marks.finished(scope, covers)
+        except Exception:
+            log.exception("noting a finished forget failed; a retry of it will run again")
 
     async def _done_since(self, scope: Scope, asked_at: datetime) -> bool:
         """A forget of ``scope`` asked at ``asked_at`` or later has run to its end (noted once it

@@ -225,7 +225,10 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
                 break
             # Turns written before now by an earlier version may be dated a little ahead.
             since = known[1] if known else memory.clock.now() + timedelta(days=1)
-            value = {"minutes": self.options.context_minutes, "since": since.isoformat()}
+            # A record without its time (an earlier version's) keeps its width all the same.
+            earlier = stored.get("minutes") if stored is not None else None
+            minutes = max(self.options.context_minutes, earlier if isinstance(earlier, int | float) else 0)
+            value = {"minutes": minutes, "since": since.isoformat()}
             if await memory.store.state_put_if(*WIDEST_WINDOW, value, stored):
                 break
         else:
@@ -433,8 +436,8 @@ def _spans(
         # Merged up to a day long: a person who wrote every hour for months would make one span
         # of the whole channel, all read at once.
         if spans and since <= spans[-1][1] and until - spans[-1][0] <= LONGEST_SPAN + 2 * window:
-            first, _, gone = spans[-1]
-            spans[-1] = (first, until, gone | {mid})
+            first, last, gone = spans[-1]
+            spans[-1] = (first, max(until, last), gone | {mid})
         else:
             spans.append((since, until, {mid}))
     return spans

@@ -20,7 +20,7 @@ from _helpers import msg, store_sql
 from _pgproxy import behind_proxy
 from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open_harness
 
-from narrmem import InputError, StoreUnavailableError
+from narrmem import InputError, StoreUnavailableError, hookimpl
 from narrmem.clock import ManualClock
 from narrmem.doors.integrations import backlog as backlog_module
 from narrmem.doors.integrations import spool as spool_module
@@ -471,4 +471,28 @@ async def test_a_forget_sent_again_keeps_what_the_person_said_after_asking(tmp_p
         assert later["memories"] == 1
         await memory.ingest(msg("m5", "I run on Sundays", ts=after.isoformat()))
         assert (await memory.forget(user_id="u1"))["memories"] == 1
+        assert await store_sql(memory, EPISODES) == []
+
+
+class SlowScrub:
+    """A plugin whose scrub takes a minute of the memory's clock (a VACUUM of a large store)."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    @hookimpl
+    async def narrmem_after_forget(self) -> None:
+        self.clock.advance(seconds=60)
+
+
+async def test_a_forget_asked_while_an_earlier_one_ran_is_not_taken_for_it(tmp_path: Path) -> None:
+    """A forget's note that it finished was dated when it ended: a forget of the person asked
+    while it ran (what they said meanwhile was held and written after it) was taken for done."""
+    clock = ManualClock(NOON)
+    async with open_memory(tmp_path, clock=clock, plugins=[SlowScrub(clock)]) as memory:
+        await memory.ingest(msg("m1", "I adopted a greyhound named Pixel", ts=NOON.isoformat()))
+        assert (await memory.forget(user_id="u1"))["memories"] == 1  # from noon to a minute past
+        meanwhile = NOON + dt.timedelta(seconds=30)
+        await memory.ingest(msg("m2", "I moved to Lisbon in March", ts=meanwhile.isoformat()))
+        assert (await memory.forget(user_id="u1", asked_at=meanwhile))["memories"] == 1
         assert await store_sql(memory, EPISODES) == []

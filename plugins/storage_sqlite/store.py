@@ -1045,9 +1045,9 @@ class SQLiteStore(ForgetJournal):
     async def _save_deleted_later(self) -> None:
         await asyncio.sleep(self.deleted_vectors_kept_s)
         try:
-            # Shielded: a close that cancels this mid-save waits for the lock the save holds,
-            # rather than saving beside it.
-            await asyncio.shield(self._save_owed_index())
+            # To its end: a close that cancels this mid-save waits for the save, rather than
+            # closing the database under it.
+            await to_the_end(self._save_owed_index())
         except Exception:
             log.exception(
                 "saving the vector index after deletes failed; tried again at the next purge or close"
@@ -1384,6 +1384,8 @@ class SQLiteStore(ForgetJournal):
         """Save the index if deleted rows' vectors are still in its files."""
         if self._index_save_owed and self._index is not None:
             async with self._vectors_lock:
+                if not self._index_save_owed:  # saved by another call meanwhile
+                    return
                 self._index_save_owed = False
                 try:
                     await self._save_index()
