@@ -154,14 +154,7 @@ async def _replace(
     if before and all(r.text == edited.text for r in before):
         # Not an edit: platforms send updates that keep the text (a pin, a link preview). Taken
         # as one, it dropped the memory's reinforcement and history for a copy of itself.
-        return IngestResult(
-            message_id=edited.message_id,
-            layer="accumulate",
-            stored=False,
-            duplicate=True,
-            reason="the stored text is the same: nothing was edited",
-            memory_ids=sorted(r.id for r in before if r.id is not None),
-        )
+        return _unchanged(edited, before, "the stored text is the same: nothing was edited")
     stale = _older_edit(edited, before)
     if stale is not None:
         return stale
@@ -201,12 +194,19 @@ def _older_edit(edited: Message, before: list[MemoryRecord]) -> IngestResult | N
     stored = [t for r in before if (t := _edited_at(r.meta)) is not None]
     if sent is None or not stored or sent >= max(stored):
         return None
+    return _unchanged(
+        edited, before, "an older edit than the one stored (meta.edited_at): nothing was changed"
+    )
+
+
+def _unchanged(edited: Message, before: list[MemoryRecord], reason: str) -> IngestResult:
+    """The answer to an edit that changes nothing: a duplicate, naming the stored memories."""
     return IngestResult(
         message_id=edited.message_id,
         layer="accumulate",
         stored=False,
         duplicate=True,
-        reason="an older edit than the one stored (meta.edited_at): nothing was changed",
+        reason=reason,
         memory_ids=sorted(r.id for r in before if r.id is not None),
     )
 

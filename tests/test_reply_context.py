@@ -190,6 +190,25 @@ async def test_deleted_messages_leave_the_context_of_the_turns_around_them(
         assert topics[6] in contexts["t7"] and topics[5] in contexts["t6"]
 
 
+def greyhound_chat(day: str = "2026-05-04") -> list[dict[str, Any]]:
+    """Ann's six messages about her greyhounds in chat g, each answered by u2, from 09:00 of
+    ``day``, a minute apart."""
+    turns = []
+    for n in range(6):
+        turns.append(
+            msg(
+                f"a{n}",
+                f"I adopted greyhound number {n}",
+                user="u1",
+                chat="g",
+                ts=f"{day}T09:{2 * n:02d}:00+00:00",
+            )
+        )
+        reply = "that is lovely news, I want to meet the dog at the park soon"
+        turns.append(msg(f"r{n}", reply, user="u2", chat="g", ts=f"{day}T09:{2 * n + 1:02d}:00+00:00"))
+    return turns
+
+
 async def test_a_forget_reads_the_turns_around_what_it_forgets_not_the_whole_channel(tmp_path: Path) -> None:
     """Forgetting a person who wrote a few times in a busy channel read every episode of the
     channel into memory (more than four messages: "forget me" in a server of months). Now only
@@ -206,28 +225,6 @@ async def test_a_forget_reads_the_turns_around_what_it_forgets_not_the_whole_cha
         )
         for n, ts in enumerate(days)
     ]
-    ann = [
-        (
-            msg(
-                f"a{n}",
-                f"I adopted greyhound number {n}",
-                user="u1",
-                chat="g",
-                ts=f"2026-05-11T09:{2 * n:02d}:00+00:00",
-            )
-        )
-        for n in range(6)
-    ]
-    replies = [
-        msg(
-            f"r{n}",
-            "that is lovely news, I want to meet the dog at the park soon",
-            user="u2",
-            chat="g",
-            ts=f"2026-05-11T09:{2 * n + 1:02d}:00+00:00",
-        )
-        for n in range(6)
-    ]
     late = msg(
         "late",
         "we should all go hiking together next weekend at the lake",
@@ -243,9 +240,7 @@ async def test_a_forget_reads_the_turns_around_what_it_forgets_not_the_whole_cha
             msg("w", "I started a new job at the bakery", user="u5", chat="w", ts=BEFORE.isoformat())
         )
         clock.set(datetime(2026, 5, 12, tzinfo=UTC))
-        await mem.ingest_many(
-            [*chatter, *(turn for pair in zip(ann, replies, strict=True) for turn in pair), late]
-        )
+        await mem.ingest_many([*chatter, *greyhound_chat("2026-05-11"), late])
         assert "greyhound" in await context_of(mem, "late")  # five hours on, within ten
         assert len(await mem.store.recent(Scope(chat_id="g"), kinds=["episode"], limit=100)) == 43
     read: list[int] = []
@@ -264,23 +259,6 @@ async def test_a_forget_reads_the_turns_around_what_it_forgets_not_the_whole_cha
     # The forget's own reads: the person's records, then the turns around theirs (the chatter of
     # the ten days before is never read).
     assert sum(read) < 6 + len(chatter), read
-
-
-def greyhound_chat() -> list[dict[str, Any]]:
-    ann = [
-        msg(f"a{n}", f"I adopted greyhound number {n}", user="u1", chat="g", ts=at(2 * n)) for n in range(6)
-    ]
-    replies = [
-        msg(
-            f"r{n}",
-            "that is lovely news, I want to meet the dog at the park soon",
-            user="u2",
-            chat="g",
-            ts=at(2 * n + 1),
-        )
-        for n in range(6)
-    ]
-    return [turn for pair in zip(ann, replies, strict=True) for turn in pair]
 
 
 async def test_turns_written_before_the_window_was_recorded_are_scrubbed_over_the_widest_window(
