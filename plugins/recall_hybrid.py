@@ -383,25 +383,22 @@ async def _chat_pages(memory: MemoryView, chat: Scope) -> AsyncIterator[list[Mem
     """The chat's episodes, newest first, a page at a time."""
     store = memory.store
     until: datetime | None = None
-    seen: set[int | None] = set()
     while True:
         try:
-            newest = await store.recent(chat, until=until, kinds=["episode"], limit=CHAT_PAGE)
+            page = await store.recent(chat, until=until, kinds=["episode"], limit=CHAT_PAGE)
         except TypeError:  # a store written before ``until`` was part of the protocol: all at once
             yield await store.recent(chat, kinds=["episode"], limit=2**62)
             return
-        page = [r for r in newest if r.id not in seen]
         if not page:
             return
         oldest = page[-1].created_at
-        # The rest of the page's oldest instant, which the next page (before it) leaves out.
-        held = {p.id for p in page}
+        # The rest of the page's oldest instant: the next page ends just before it.
+        held = {r.id for r in page}
         page += [
             r
             for r in await store.recent(chat, since=oldest, until=oldest, kinds=["episode"], limit=2**62)
-            if r.id not in seen and r.id not in held
+            if r.id not in held
         ]
-        seen = {r.id for r in page if r.created_at == oldest}
         yield page
         until = oldest - timedelta(microseconds=1)
 
