@@ -10,7 +10,7 @@ person's messages are deleted one by one, each timed, on the store without and w
 The ratio of the two medians says whether a deletion reads only its chat. The hash embedder of
 ``narrmem.testing`` stands in for the model, which no step timed here runs.
 
-Usage:  python bench/graph_forget.py [--others 400000] [--deletions 5]
+Usage:  python bench/graph_forget.py [--others 400000] [--deletions 5] [--same-chat]
                                      [--out bench/results/graph-forget.json]
 """
 
@@ -37,7 +37,7 @@ FACTS_EACH = 4
 FIRST_ID = 10_000_000  # above any id the real ingest writes here
 
 
-async def deletion_seconds(folder: Path, others: int, deletions: int) -> list[float]:
+async def deletion_seconds(folder: Path, others: int, deletions: int, same_chat: bool) -> list[float]:
     async with open_memory(folder) as memory:
         for n in range(deletions):
             await memory.ingest(
@@ -55,7 +55,7 @@ async def deletion_seconds(folder: Path, others: int, deletions: int) -> list[fl
     if not stated:
         raise SystemExit("the person's messages stated no fact in the graph: nothing to measure")
     if others:
-        _write_others(folder / "narrmem.sqlite3", others)
+        _write_others(folder / "narrmem.sqlite3", others, same_chat)
     seconds = []
     async with open_memory(folder) as memory:
         for n in range(deletions):
@@ -65,14 +65,15 @@ async def deletion_seconds(folder: Path, others: int, deletions: int) -> list[fl
     return seconds
 
 
-def _write_others(database: Path, others: int) -> None:
-    """``others`` people's graphs, each in a chat of their own, in the default tenant."""
+def _write_others(database: Path, others: int, same_chat: bool) -> None:
+    """``others`` people's graphs in the default tenant, each in a chat of their own, or with
+    ``same_chat`` all in the person's chat (a big group)."""
     at = SAID_AT.isoformat()
     nodes, edges = [], []
     for person in range(others):
         first = FIRST_ID + person * FACTS_EACH
         for n in range(FACTS_EACH):
-            scope = ("default", f"u{person}", f"c{person}")
+            scope = ("default", f"u{person}", "small" if same_chat else f"c{person}")
             nodes.append((first + n, *scope, f"thing {n}", "EntityNode", "{}", at, 0.0))
             status = "active" if n == 0 else "superseded"
             provenance = json.dumps([f"m{person}-{n}"])
@@ -109,11 +110,11 @@ def _write_others(database: Path, others: int) -> None:
         )
 
 
-async def run(others: int, deletions: int) -> dict[str, Any]:
+async def run(others: int, deletions: int, same_chat: bool) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="narrmem-graph-forget-") as work:
         for label, count in (("alone", 0), ("beside others", others)):
-            seconds = await deletion_seconds(Path(work) / label, count, deletions)
+            seconds = await deletion_seconds(Path(work) / label, count, deletions, same_chat)
             results[label] = {
                 "seconds": [round(s, 4) for s in seconds],
                 "median_s": statistics.median(seconds),
@@ -128,13 +129,19 @@ def main() -> int:
     )
     parser.add_argument("--others", type=int, default=400_000, help="other people's graphs beside the chat")
     parser.add_argument("--deletions", type=int, default=5, help="messages deleted one by one, each timed")
+    parser.add_argument(
+        "--same-chat",
+        action="store_true",
+        help="the others speak in the person's chat (a big group), not each in a chat of their own",
+    )
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args()
-    results = asyncio.run(run(args.others, args.deletions))
+    results = asyncio.run(run(args.others, args.deletions, args.same_chat))
     for label in ("alone", "beside others"):
         timed = ", ".join(f"{s:.3f}" for s in results[label]["seconds"])
         print(f"{label:14s} deletion seconds: {timed} (median {results[label]['median_s']:.3f})")
-    print(f"ratio beside {args.others:,} others' graphs / alone: {results['ratio']:.2f}")
+    where = "in the same chat" if args.same_chat else "in chats of their own"
+    print(f"ratio beside {args.others:,} others' graphs ({where}) / alone: {results['ratio']:.2f}")
     if args.out:
         report = {"benchmark": "graph_forget", "date": now_iso(), "machine": machine_info(), **results}
         write_json(args.out, report)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from narrmem_plugins.graph import history
+from narrmem_plugins.graph import citing, history
 from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import delete_edges
 from narrmem_plugins.graph.nodes import set_props, set_topic
@@ -66,15 +66,7 @@ async def forget_messages(
     # A task that stays, started from a deleted message, stands on the message it is described by
     # now: so do the automatic triplets that started it (its state, its link in the chain).
     restarted = dict(t.new_describer for t in tasks if t.new_describer is not None)
-    rows = await db.fetchall(
-        "SELECT id, user_id, relation, status, source, provenance, subject_id, object_id "
-        "FROM graph_edges WHERE tenant = ? AND chat_id = ?",
-        (tenant, chat_id),
-    )
-    edges = [
-        _EdgeRow(int(r[0]), r[1], r[2], r[3], r[4], list(json.loads(r[5])), int(r[6]), int(r[7]))
-        for r in rows
-    ]
+    edges = await _edges_concerned(db, tenant, chat_id, gone, doomed)
     relinked = _chain_around(edges, doomed)
     erased: list[_EdgeRow] = []
     for edge in edges:
@@ -107,13 +99,47 @@ async def forget_messages(
         messages=gone,
         chat_edges=[e.id for e in edges],
     )
-    if erased:
+    # Only an erased triplet's ends can have lost their last link.
+    ends = sorted({end for e in erased for end in (e.subject_id, e.object_id)} - doomed)
+    for part in chunks(ends):
         await db.execute(
-            "DELETE FROM graph_nodes WHERE tenant = ? AND chat_id = ? "
+            f"DELETE FROM graph_nodes WHERE id IN ({marks(part)}) "
             f"AND type NOT IN ({marks(KEPT_WHEN_UNLINKED)}) AND NOT EXISTS (SELECT 1 FROM graph_edges e "
             "WHERE e.subject_id = graph_nodes.id OR e.object_id = graph_nodes.id)",
-            (tenant, chat_id, *KEPT_WHEN_UNLINKED),
+            (*part, *KEPT_WHEN_UNLINKED),
         )
+
+
+_EDGE_COLUMNS = (
+    "SELECT id, user_id, relation, status, source, provenance, subject_id, object_id "
+    "FROM graph_edges WHERE tenant = ? AND chat_id = ?"
+)
+
+
+async def _edges_concerned(
+    db: GraphSQL, tenant: str, chat_id: str, gone: set[str], doomed: set[int]
+) -> list[_EdgeRow]:
+    """The chat's triplets that cite a message of ``gone`` or link a task of ``doomed``: the only
+    ones a forget of these messages changes (the chat's other triplets, in a group everyone's, are
+    not read). With a message id the text search could miss (:func:`.citing.searchable`), all the
+    chat's triplets."""
+    if not citing.searchable(gone):
+        rows = await db.fetchall(_EDGE_COLUMNS, (tenant, chat_id))
+    else:
+        rows = []
+        for clause, texts in citing.any_text("provenance", citing.quoted(gone)):
+            rows += await db.fetchall(f"{_EDGE_COLUMNS} AND {clause}", (tenant, chat_id, *texts))
+        for part in chunks(sorted(doomed)):
+            ids = tuple(part)
+            rows += await db.fetchall(
+                f"{_EDGE_COLUMNS} AND (subject_id IN ({marks(ids)}) OR object_id IN ({marks(ids)}))",
+                (tenant, chat_id, *ids, *ids),
+            )
+    found = {
+        int(r[0]): _EdgeRow(int(r[0]), r[1], r[2], r[3], r[4], list(json.loads(r[5])), int(r[6]), int(r[7]))
+        for r in rows
+    }
+    return [found[i] for i in sorted(found)]
 
 
 def _provenance_without(edge: _EdgeRow, gone: set[str], restarted: dict[str, str]) -> list[str]:

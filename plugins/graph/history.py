@@ -10,8 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from narrmem_plugins.graph.backend import GraphSQL
+from narrmem_plugins.graph.citing import any_text
 from narrmem_plugins.graph.edges import Edge
-from narrmem_plugins.graph.schema import marks
+from narrmem_plugins.graph.schema import chunks, marks
 from narrmem_plugins.graph.scope import GraphScope
 
 
@@ -74,12 +75,7 @@ async def forget_statements(
         return
     erased, chat_edges = set(erased), set(chat_edges)
     actors = {f"message:{mid}" for mid in messages}
-    # Two reads, not one with OR: SQLite then read every row of the tenant.
-    columns = "SELECT id, chat_id, actor, edges, new_edge_id FROM graph_purges WHERE tenant = ? AND "
-    rows = await db.fetchall(
-        f"{columns}chat_id = ? UNION ALL {columns}chat_id IS NULL AND user_id IN ({marks(list(users))})",
-        (tenant, chat_id, tenant, *users),
-    )
+    rows = await _records_naming(db, tenant, chat_id, sorted(users), sorted(erased), sorted(actors))
     for purge_id, row_chat, actor, edges, new_edge_id in rows:
         if new_edge_id is not None and int(new_edge_id) in erased:
             await db.execute("DELETE FROM graph_purges WHERE id = ?", (purge_id,))
@@ -99,3 +95,32 @@ async def forget_statements(
                 "UPDATE graph_purges SET actor = ?, edges = ? WHERE id = ?",
                 (by, json.dumps(kept, ensure_ascii=False), purge_id),
             )
+
+
+_RECORDS = "SELECT id, chat_id, actor, edges, new_edge_id FROM graph_purges WHERE tenant = ? AND "
+
+
+async def _records_naming(
+    db: GraphSQL, tenant: str, chat_id: str, users: list[str], erased: list[int], actors: list[str]
+) -> list[tuple[Any, ...]]:
+    """The records of the chat, and the chatless ones of ``users``, that one of ``actors`` wrote,
+    whose new triplet is ``erased`` or that may name an ``erased`` triplet (the database finds the
+    id's digits in the record's text; the caller reads the record to be sure). A group chat's
+    other records, everyone's supersessions, are not read."""
+    probes: list[tuple[str, tuple[Any, ...]]] = [
+        (f"actor IN ({marks(part)})", tuple(part)) for part in chunks(actors)
+    ]
+    probes += [(f"new_edge_id IN ({marks(part)})", tuple(part)) for part in chunks(erased)]
+    probes += list(any_text("edges", [str(edge_id) for edge_id in erased]))
+    found: dict[int, tuple[Any, ...]] = {}
+    for clause, values in probes:
+        for row in await db.fetchall(f"{_RECORDS}chat_id = ? AND {clause}", (tenant, chat_id, *values)):
+            found[int(row[0])] = row
+        # Two reads, not one with OR: SQLite then read every row of the tenant.
+        for part in chunks(users):
+            for row in await db.fetchall(
+                f"{_RECORDS}chat_id IS NULL AND user_id IN ({marks(part)}) AND {clause}",
+                (tenant, *part, *values),
+            ):
+                found[int(row[0])] = row
+    return [found[i] for i in sorted(found)]

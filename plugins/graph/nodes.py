@@ -4,7 +4,7 @@ writing functions (``db`` is the connection it yields)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -126,13 +126,22 @@ async def nodes_in_scope(db: GraphSQL, scope: GraphScope, *, node_type: str | No
     return [from_row(Node, r, _CONVERT) for r in rows]
 
 
-async def chat_nodes(db: GraphSQL, tenant: str, chat_id: str, *, node_type: str) -> list[Node]:
+async def chat_nodes(
+    db: GraphSQL,
+    tenant: str,
+    chat_id: str,
+    *,
+    node_type: str,
+    where: tuple[str, Sequence[Any]] | None = None,
+) -> list[Node]:
     """The nodes of ``node_type`` written in one chat, whoever's graph they are in (a forget of some
-    of the chat's messages knows the chat, not the users)."""
+    of the chat's messages knows the chat, not the users), that meet ``where`` (a condition and its
+    values) if given."""
+    condition, values = where or ("1 = 1", ())
     rows = await db.fetchall(
         f"SELECT {NODE_COLUMNS} FROM graph_nodes WHERE tenant = ? AND chat_id = ? AND type = ? "
-        "ORDER BY created_ts, id",
-        (tenant, chat_id, node_type),
+        f"AND {condition} ORDER BY created_ts, id",
+        (tenant, chat_id, node_type, *values),
     )
     return [from_row(Node, r, _CONVERT) for r in rows]
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from narrmem_plugins.graph import citing
 from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.nodes import Node, chat_nodes
 from narrmem_plugins.graph.vocabulary import HAS_STATE, label
@@ -72,12 +73,29 @@ async def tasks_citing(db: GraphSQL, tenant: str, chat_id: str, messages: Collec
     """The chat's tasks that followed any of ``messages``."""
     gone = set(messages)
     found = []
-    for node in await chat_nodes(db, tenant, chat_id, node_type="TaskNode"):
+    for node in await _tasks_naming(db, tenant, chat_id, gone):
         if "message_ids" not in node.props and "messages" in node.props:
             await _recorded_start(db, node)
         if gone.intersection(followed(node.props)):
             found.append(node)
     return found
+
+
+async def _tasks_naming(db: GraphSQL, tenant: str, chat_id: str, messages: set[str]) -> list[Node]:
+    """The chat's tasks whose props name one of ``messages``, and those ``auto_tasks`` started before
+    tasks recorded their messages (:func:`_recorded_start`); every task of the chat when a message
+    id is one the text search could miss (:func:`.citing.searchable`)."""
+    if not citing.searchable(messages):
+        return await chat_nodes(db, tenant, chat_id, node_type="TaskNode")
+    # A task from before tasks recorded their messages counts them ("messages") and names none.
+    unrecorded = "(instr(props, '\"messages\"') > 0 AND instr(props, '\"message_ids\"') = 0)"
+    found: dict[int, Node] = {}
+    for clause, texts in citing.any_text("props", citing.quoted(messages)):
+        for node in await chat_nodes(
+            db, tenant, chat_id, node_type="TaskNode", where=(f"({clause} OR {unrecorded})", texts)
+        ):
+            found[node.id] = node
+    return list(found.values())
 
 
 async def _recorded_start(db: GraphSQL, node: Node) -> None:
