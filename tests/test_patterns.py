@@ -4,6 +4,7 @@ and loses what is forgotten."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,25 @@ async def test_a_bots_own_emotions_in_meta_are_not_moods(tmp_path: Path) -> None
         found = await memory.store.get([first], Scope(tenant="default", user_id="ann"))
         assert found[first].meta["emotions"] == {"detected": "tired"}
     assert errors.seen == []
+
+
+async def test_the_topics_are_compared_off_the_event_loop(tmp_path: Path, monkeypatch: Any) -> None:
+    """Up to 2,000 episodes compared pairwise, with their words: on the event loop, an
+    inspector's readout held up every other request of the server meanwhile."""
+    from narrmem_plugins.triage.counters import Counters
+
+    compared_on: set[str] = set()
+    same_topic = Counters.same_topic
+
+    def watched(self: Counters, episode: Any, other: Any) -> bool:
+        compared_on.add(threading.current_thread().name)
+        return same_topic(self, episode, other)
+
+    monkeypatch.setattr(Counters, "same_topic", watched)
+    clock = ManualClock(START + timedelta(days=6))
+    async with Memory.open(tmp_path, clock=clock) as memory:
+        await memory.ingest_many(_messages())
+        compared_on.clear()
+        found = await memory.patterns(user_id="ann")
+    assert any(key[0] == "topic" for key in _by_label(found))
+    assert compared_on and threading.main_thread().name not in compared_on

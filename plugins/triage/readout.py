@@ -7,6 +7,7 @@ Reading only: nothing is written, and a forgotten message or user is simply no l
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -54,6 +55,12 @@ async def _topics(
     if len(kept) < 2:
         return []
     matrix = np.stack([stored[r.id] for r in kept if r.id is not None])
+    # Thousands of episodes compared pairwise, with their words: off the event loop, which serves
+    # every other request meanwhile.
+    return await asyncio.to_thread(_topic_counts, counters, kept, matrix)
+
+
+def _topic_counts(counters: Counters, kept: list[MemoryRecord], matrix: np.ndarray) -> list[PatternCount]:
     similarity = matrix @ matrix.T
     # As at ingest: each message counts the earlier ones on its topic; a topic's figure is the
     # count at its latest mention. Newest first, so a label's first appearance is its latest.
@@ -61,11 +68,8 @@ async def _topics(
     for i in range(len(kept) - 1, 0, -1):
         episode = kept[i]
         threshold = CJK_TOPIC_SIMILARITY if has_cjk(episode.text) else counters.options.topic_similarity
-        members = [
-            kept[j]
-            for j in range(i + 1)
-            if similarity[i, j] >= threshold and counters.same_topic(episode, kept[j])
-        ]
+        close = np.flatnonzero(similarity[i, : i + 1] >= threshold)
+        members = [kept[j] for j in close.tolist() if counters.same_topic(episode, kept[j])]
         shared = set.intersection(*(set(moods_of(r.meta)) for r in members))
         if len(members) < 2 or shared:
             continue  # messages alike because they state one mood are the mood counter's
