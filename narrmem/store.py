@@ -272,6 +272,22 @@ class Store(Protocol):
         ...
 
 
+def schema_mismatch(where: str, found: int, known: int) -> str:
+    """What a store opened read-only says of a schema version other than the one it reads: an
+    older one is migrated by a writable open; a newer one was written by a newer narrmem (a
+    rollback, or a process not yet upgraded), which only that version opens."""
+    if found > known:
+        return (
+            f"{where} has schema version {found}, written by a newer narrmem (this one reads "
+            f"{known}): run the newer narrmem; an older one cannot read it (a rollback needs the "
+            "backup taken before the upgrade)"
+        )
+    return (
+        f"{where} has schema version {found}, this narrmem reads {known}: open it once for writing "
+        "to migrate it"
+    )
+
+
 def shared_by_processes(store: object) -> bool:
     """Whether other processes may use ``store`` at the same time: a store says so with a class
     attribute ``shared = True`` (the PostgreSQL store does). Then what this process keeps of the

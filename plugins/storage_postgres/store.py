@@ -59,6 +59,7 @@ from narrmem.store import (
     forget_job_row,
     meta_filter,
     plain_value,
+    schema_mismatch,
     with_context_writes,
 )
 from narrmem.text import content_terms
@@ -358,10 +359,7 @@ class PostgresStore(ForgetJournal):
         if version is None:
             raise StoreError(f"no narrmem store at {self.where} (open it once for writing to create it)")
         if int(version) != SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.where} has schema version {version}, this narrmem reads {SCHEMA_VERSION}: "
-                "open it once for writing to migrate it"
-            )
+            raise StoreError(schema_mismatch(self.where, int(version), SCHEMA_VERSION))
 
     async def _check_model(self, conn: Any, dim: int, model: str) -> None:
         stored = {r["key"]: r["value"] for r in await conn.fetch("SELECT key, value FROM meta")}

@@ -53,6 +53,7 @@ from narrmem.store import (
     forget_job_row,
     meta_filter,
     plain_value,
+    schema_mismatch,
     with_context_writes,
 )
 from narrmem.text import STOPWORDS, fts_document, keyword_terms
@@ -287,10 +288,7 @@ class SQLiteStore(ForgetJournal):
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         [(version,)] = await self._fetchall("PRAGMA user_version")
         if int(version) != SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.db_path} has schema version {version}, this narrmem reads {SCHEMA_VERSION}: "
-                "open it once for writing to migrate it"
-            )
+            raise StoreError(schema_mismatch(str(self.db_path), int(version), SCHEMA_VERSION))
         await self._check_model(dim, model)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         if not await self._index.load(await self._consistency()):
