@@ -20,7 +20,7 @@ from narrmem.view import MemoryView
 
 Category = Literal["decision", "emotion_change", "milestone", "preference", "general"]
 DIRECT_CHAT = "_direct"  # the chat of a scene added without one
-LIST_WINDOW = 10_000  # the newest scenes that list reads, before its filters and its page
+LIST_WINDOW = 1_000  # the scenes list reads from the store at a time, before its filters
 
 # Which optional fields each action takes; any other given field is an error naming it.
 FIELDS = {
@@ -143,18 +143,7 @@ async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNa
         found = await memory.store.get([h.id for h in hits], scope)
         scenes = [found[h.id] for h in hits if h.id in found]
     elif args.action == "list":
-        recent = await memory.store.recent(scope, kinds=["scene"], limit=LIST_WINDOW)
-        if args.before_id is not None:
-            recent = await _after_cursor(memory, scope, recent, args.before_id)
-        now = await memory.importance_now(recent) if args.min_importance is not None else {}
-        matching = [
-            r
-            for r in recent
-            if (args.category is None or r.meta.get("category") == args.category)
-            and (args.min_importance is None or now.get(r.id or 0, r.importance) >= args.min_importance)
-            and (args.tag is None or args.tag in r.meta.get("tags", []))
-        ]
-        scenes, more = matching[: args.k], len(matching) > args.k
+        scenes, more = await _list(memory, scope, args)
     else:
         assert args.id is not None  # _check: get and forget require it
         found = await memory.store.get([args.id], scope)
@@ -170,16 +159,47 @@ async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNa
     )
 
 
-async def _after_cursor(
-    memory: MemoryView, scope: Scope, recent: list[MemoryRecord], before_id: int
-) -> list[MemoryRecord]:
-    """The scenes of ``recent`` (newest first) listed after scene ``before_id``: a keyset on the
-    list's own order, (created_at, id), so a page stays right when scenes are added meanwhile."""
-    found = (await memory.store.get([before_id], scope)).get(before_id)
-    if found is None or found.kind != "scene":
-        raise InputError("no scene with this id in this scope", field="before_id")
-    cursor = (found.created_at, before_id)
-    return [r for r in recent if (r.created_at, r.id or 0) < cursor]
+async def _list(
+    memory: MemoryView, scope: Scope, args: SoulNarrativeInput
+) -> tuple[list[MemoryRecord], bool]:
+    """A page of the scope's scenes, newest first, that meet the filters, and whether more follow.
+
+    Read from the store a window at a time, down the list's own order, (created_at, id), from the
+    scene ``before_id`` (a keyset, so a page stays right when scenes are added meanwhile), until a
+    page and one more are found or none is left: every scene can be listed, however many there are
+    (reading only the newest 10,000, a heavy user's older scenes could not). A tag, or else a
+    category, is matched by the store's query (``meta_has``)."""
+    cursor: tuple[datetime, int] | None = None
+    if args.before_id is not None:
+        found = (await memory.store.get([args.before_id], scope)).get(args.before_id)
+        if found is None or found.kind != "scene":
+            raise InputError("no scene with this id in this scope", field="before_id")
+        cursor = (found.created_at, args.before_id)
+    meta_has = ("tags", args.tag) if args.tag is not None else None
+    if meta_has is None and args.category is not None:
+        meta_has = ("category", args.category)
+    matching: list[MemoryRecord] = []
+    window = LIST_WINDOW
+    while len(matching) <= args.k:
+        recent = await memory.store.recent(
+            scope, kinds=["scene"], until=cursor[0] if cursor else None, limit=window, meta_has=meta_has
+        )
+        later = [r for r in recent if cursor is None or (r.created_at, r.id or 0) < cursor]
+        now = await memory.importance_now(later) if args.min_importance is not None else {}
+        matching += [
+            r
+            for r in later
+            if (args.category is None or r.meta.get("category") == args.category)
+            and (args.min_importance is None or now.get(r.id or 0, r.importance) >= args.min_importance)
+            and (args.tag is None or args.tag in r.meta.get("tags", []))
+        ]
+        if len(recent) < window:
+            break  # the scope's last scene was read
+        if later:
+            cursor = (later[-1].created_at, later[-1].id or 0)
+        else:
+            window *= 2  # the window held only scenes listed already, all of the cursor's instant
+    return matching[: args.k], len(matching) > args.k
 
 
 async def _add(memory: MemoryView, args: SoulNarrativeInput) -> MemoryRecord:
