@@ -235,8 +235,9 @@ class Store(Protocol):
         backend's files (freed pages, index segments, logs), so no byte of it stays."""
         ...
 
-    def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
-        """Every record with its vector, in id order."""
+    def export(self, tenant: str | None = None) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
+        """Every record with its vector (of ``tenant`` only, chosen by the query, when given), in
+        id order."""
         ...
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:

@@ -27,7 +27,7 @@ from narrmem.doors import export_files
 from narrmem.errors import InputError, PluginError, StoreError
 from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
 from narrmem.state_checks import NOT_IMPORTED
-from narrmem.store import CountsForgets, ReadsHistories
+from narrmem.store import CountsForgets, ReadsHistories, Store
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -50,6 +50,11 @@ class ExportHeader(BaseModel):
     version: int
     model: str
     dim: int
+    # A tenant's export: that tenant's memories and their importance history, and none of what
+    # the plugins keep (the graph, RTM trees, plugin state), which this says, so that the file is
+    # not taken for a whole store's. Left out of a whole store's header.
+    tenant: str | None = None
+    left_out: list[str] | None = None
 
 
 class EndLine(BaseModel):
@@ -272,24 +277,35 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
     return counts
 
 
-def export_header(memory: Memory) -> str:
-    """An export's first line: its format and version, and the model its vectors come from."""
+# What a tenant's export leaves out: what the plugins keep is not read by tenant.
+LEFT_OUT_OF_A_TENANTS = [STATE, "plugins' sections (graph, RTM trees)"]
+
+
+def export_header(memory: Memory, *, tenant: str | None = None) -> str:
+    """An export's first line: its format and version, the model its vectors come from, and for a
+    tenant's export, the tenant and what the file leaves out."""
     header = ExportHeader(
-        format=EXPORT_FORMAT, version=EXPORT_VERSION, model=memory.embedder.name, dim=memory.embedder.dim
+        format=EXPORT_FORMAT,
+        version=EXPORT_VERSION,
+        model=memory.embedder.name,
+        dim=memory.embedder.dim,
+        tenant=tenant,
+        left_out=None if tenant is None else LEFT_OUT_OF_A_TENANTS,
     )
-    return header.model_dump_json() + "\n"
+    return header.model_dump_json(exclude_none=True) + "\n"
 
 
 async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIterator[tuple[str, str]]:
     """Every line of an export after the header, as (section, JSON text with its newline). With
-    ``tenant``, only that tenant's memories: a partial export (importance history, plugin state,
-    the graph and RTM trees are left out), for a caller that may see one tenant only."""
+    ``tenant``, only that tenant's memories and their importance history, read by tenant: a
+    partial export (plugin state, the graph and RTM trees are left out, as its header says), for
+    a caller that may see one tenant only."""
     # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
     await memory.settle()
     await no_forget_pending(memory, tenant=tenant)
     forgets = await _forget_mark(memory)
     exported: array[int] = array("q")
-    lines = _export_lines(memory) if tenant is None else _memory_lines(memory, tenant, exported)
+    lines = _export_lines(memory) if tenant is None else _tenant_lines(memory, tenant, exported)
     counts: dict[str, int] = {}
     async for section, line in lines:
         counts[section] = counts.get(section, 0) + 1
@@ -364,7 +380,7 @@ async def _memory_lines(
     memory: Memory, tenant: str | None, exported: array[int] | None = None
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """The memories section; the id of each memory written is appended to ``exported``."""
-    async for record, vector in memory.store.export():
+    async for record, vector in _records(memory.store, tenant):
         if tenant is None or record.tenant == tenant:
             line = record.model_dump(mode="json")
             line["vector"] = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
@@ -373,14 +389,52 @@ async def _memory_lines(
             yield MEMORIES, line
 
 
+def _records(store: Store, tenant: str | None) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
+    """The store's records, of ``tenant`` only if given (chosen by the store's query)."""
+    if tenant is None:
+        return store.export()
+    try:
+        return store.export(tenant)
+    except TypeError:  # a store from before export took a tenant: the caller filters
+        return store.export()
+
+
+async def _tenant_lines(
+    memory: Memory, tenant: str, exported: array[int]
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The tenant's memories (each id appended to ``exported``), then their importance history."""
+    async for section, line in _memory_lines(memory, tenant, exported):
+        yield section, line
+    async for section, line in _importance_lines(memory, exported):
+        yield section, line
+
+
 async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    # The store is read a page at a time while the memory goes on working: the importance pass
-    # meets memories written after the memories section was read. Their lines are left out, so
-    # every line names only memories of the file (an import refuses any other, and with it the
-    # whole file). The ids, 8 bytes each, not a set of ints: a store of millions is exported.
+    # The ids, 8 bytes each, not a set of ints: a store of millions is exported.
     exported: array[int] = array("q")
     async for section, line in _memory_lines(memory, None, exported):
         yield section, line
+    async for section, line in _importance_lines(memory, exported):
+        yield section, line
+    for namespace, key, value in await _plugin_state(memory):
+        if namespace not in NOT_IMPORTED:
+            yield STATE, {"namespace": namespace, "key": key, "value": value}
+    for section, records in (await plugin_sections(memory)).items():
+        # Closed at once if the export stops: a section being read holds a connection of its own.
+        async with contextlib.aclosing(each_record(records)) as rows:
+            async for row in rows:
+                yield section, row
+
+
+async def _importance_lines(
+    memory: Memory, exported: array[int]
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The importance section of the memories ``exported``.
+
+    The store is read a page at a time while the memory goes on working: this pass meets
+    memories written after the memories section was read. Their lines are left out, so every
+    line names only memories of the file (an import refuses any other, and with it the whole
+    file)."""
     in_file = np.sort(np.frombuffer(exported, dtype=np.int64))
     last = 0
     store = memory.store
@@ -398,14 +452,6 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
             if events or current is not None:
                 yield IMPORTANCE, {"memory_id": memory_id, "current": current, "events": events}
         last = states[-1][0]
-    for namespace, key, value in await _plugin_state(memory):
-        if namespace not in NOT_IMPORTED:
-            yield STATE, {"namespace": namespace, "key": key, "value": value}
-    for section, records in (await plugin_sections(memory)).items():
-        # Closed at once if the export stops: a section being read holds a connection of its own.
-        async with contextlib.aclosing(each_record(records)) as rows:
-            async for row in rows:
-                yield section, row
 
 
 def _held(in_file: np.ndarray, ids: np.ndarray) -> list[bool]:

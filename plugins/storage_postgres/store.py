@@ -1014,12 +1014,20 @@ class PostgresStore(ForgetJournal):
         for definition in definitions:
             await conn.execute(definition, timeout=MAINTENANCE_S)
 
-    async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
+    async def export(self, tenant: str | None = None) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
         last = 0
         while True:
-            rows = await self.pool.fetch(
-                f"SELECT {COLUMNS}, vector FROM memories WHERE id > $1 ORDER BY id LIMIT 1000", last
-            )
+            if tenant is None:
+                rows = await self.pool.fetch(
+                    f"SELECT {COLUMNS}, vector FROM memories WHERE id > $1 ORDER BY id LIMIT 1000", last
+                )
+            else:
+                rows = await self.pool.fetch(
+                    f"SELECT {COLUMNS}, vector FROM memories WHERE tenant = $2 AND id > $1 ORDER BY id "
+                    "LIMIT 1000",
+                    last,
+                    tenant,
+                )
             if not rows:
                 return
             for row in rows:

@@ -1582,11 +1582,13 @@ class SQLiteStore(ForgetJournal):
             out.update((int(r[0]), _vector(r[1], self.dim)) for r in rows)
         return out
 
-    async def export(self) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
+    async def export(self, tenant: str | None = None) -> AsyncIterator[tuple[MemoryRecord, np.ndarray]]:
         last = 0
+        where, values = ("tenant = ? AND ", (tenant,)) if tenant is not None else ("", ())
         while True:
             rows = await self._fetchall(
-                f"SELECT {COLUMNS}, vector FROM memories WHERE id > ? ORDER BY id LIMIT 1000", (last,)
+                f"SELECT {COLUMNS}, vector FROM memories WHERE {where}id > ? ORDER BY id LIMIT 1000",
+                (*values, last),
             )
             if not rows:
                 return

@@ -809,7 +809,9 @@ def _tool_and_event_routes(r: APIRouter) -> None:
     async def export(caller: Caller, state: State, tenant: TenantParam = None) -> NDJSONStream:
         """narrmem's JSONL export (``narrmem import`` reads it). A server without keys asked for no
         ``tenant`` streams the whole store, lossless (graph, RTM trees, importance history, plugin
-        state); a tenant's export holds that tenant's memories with their vectors only."""
+        state); a tenant's export holds that tenant's memories with their vectors and importance
+        history, and its header names the tenant and what it leaves out (``tenant``,
+        ``left_out``)."""
         only = _tenant(caller, tenant) if (tenant is not None or caller.tenant is not None) else None
         # Checked before the answer starts: inside the stream, its refusal cut a 200 short.
         await state.memory.settle()
@@ -925,7 +927,7 @@ EXPORT_CHUNK_CHARS = 64 * 1024
 
 
 async def _export_lines(memory: Memory, tenant: str | None) -> AsyncIterator[str]:
-    lines = [export_header(memory)]
+    lines = [export_header(memory, tenant=tenant)]
     size = len(lines[0])
     async for _, text in export_text(memory, tenant=tenant):
         lines.append(text)
