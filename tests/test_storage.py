@@ -690,3 +690,32 @@ async def test_the_write_ahead_log_is_cut_back_after_a_burst(tmp_path: Path) -> 
 
     async with open_memory(tmp_path / "store") as memory, memory.store.sql(write=True) as db:
         assert await db.fetchall("PRAGMA journal_size_limit") == [(WAL_KEPT_BYTES,)]
+
+
+async def test_an_older_index_file_goes_even_when_the_open_that_migrated_the_store_failed(
+    tmp_path: Path,
+) -> None:
+    """The open that migrates an older store can fail after the migration committed (a model the
+    store refuses, a crash in the vacuum): the next open read the new schema version, no longer
+    took ``vectors.faiss`` for the store's older index, and left it, with the vectors of people
+    forgotten since, for good. The migrating open records the file as still to be cleared."""
+    folder = tmp_path / "store"
+    async with open_memory(folder):
+        pass
+    recorded = dict(sql(folder, "SELECT key, value FROM meta"))
+    _older_store(folder, [*{**recorded, "model": "another-model"}.items()])
+    old = folder / "vectors.faiss"
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(384))
+    index.add_with_ids(np.ones((3, 384), dtype=np.float32), np.array([1, 2, 3], dtype=np.int64))
+    faiss.write_index(index, str(old))
+    with pytest.raises(narrmem.StoreError, match="another-model"):
+        async with open_memory(folder):
+            pass
+    assert sql(folder, "PRAGMA user_version") == [(schema.SCHEMA_VERSION,)]  # migrated all the same
+    with closing(sqlite3.connect(folder / "narrmem.sqlite3")) as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'model'", (recorded["model"],))
+        db.commit()
+    async with open_memory(folder) as mem:
+        await mem.ingest_many(CORPUS)
+    assert not old.exists()
+    assert [key for (key,) in sql(folder, "SELECT key FROM meta")] == sorted(recorded)

@@ -78,6 +78,9 @@ SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")  # files SQLite keeps beside a 
 DEFAULT_DATABASE, DEFAULT_INDEX = "narrmem.sqlite3", "vectors"  # [storage] database and index
 # What the write-ahead log keeps of its size once a checkpoint has emptied it.
 WAL_KEPT_BYTES = 64 * 1024 * 1024
+# A meta row saying an older narrmem's single index file may still lie beside the database: set
+# by the open that migrates such a store, cleared once the file is claimed or removed.
+OLDER_INDEX_FILE = "older_index_file"
 
 T = TypeVar("T")
 
@@ -157,7 +160,7 @@ class SQLiteStore(ForgetJournal):
             await self._open_read_only(dim, model)
             return
         # Files narrmem cannot prove are its own are refused before the first file is written.
-        written_version = await asyncio.to_thread(self._check_files)
+        written_version, older_index_file = await asyncio.to_thread(self._check_files)
         # One writer per folder: a second process would see neither the other's vectors nor its
         # forgets, so it is refused here, before anything is read or written.
         self._folder_lock.acquire(self.folder)
@@ -180,19 +183,25 @@ class SQLiteStore(ForgetJournal):
         await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         if written_version == 0:
             await db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+        if index_folder.wrote_index_file(written_version):
+            # Recorded before the migration makes the version say otherwise: an open that fails
+            # after it (a model refused, a crash in the vacuum) left the file, holding the vectors
+            # of people forgotten since, to every later open, which took it for a stranger's.
+            await db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (OLDER_INDEX_FILE, "1")
+            )
         await migrate(db)
         await self._vacuum_mode()
         await self._check_model(dim, model)
         self._reader = await self._open_reader()
         self._lookups = await asyncio.to_thread(self._open_lookups)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
-        self._index.claim(older_index_file=index_folder.wrote_index_file(written_version))
-        if index_folder.wrote_index_file(written_version) and (self.db_path.name, self.index_path.name) == (
-            DEFAULT_DATABASE,
-            DEFAULT_INDEX,
-        ):
-            # Another store's database beside this one (a name of its own) may own the file.
-            await asyncio.to_thread(index_folder.remove_older_default_file, self.folder, dim)
+        self._index.claim(older_index_file=older_index_file)
+        if older_index_file:
+            if (self.db_path.name, self.index_path.name) == (DEFAULT_DATABASE, DEFAULT_INDEX):
+                # Another store's database beside this one (a name of its own) may own the file.
+                await asyncio.to_thread(index_folder.remove_older_default_file, self.folder, dim)
+            await self._write("DELETE FROM meta WHERE key = ?", (OLDER_INDEX_FILE,))
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
         else:
@@ -211,20 +220,22 @@ class SQLiteStore(ForgetJournal):
         ):
             await self._start_keywords()
 
-    def _check_files(self) -> int:
+    def _check_files(self) -> tuple[int, bool]:
         """Refuse a database, vector index or keyword index at this store's paths that narrmem
-        cannot prove it wrote; the database's schema version as found (0: none yet)."""
-        version = self._database_version()
-        index_folder.check(
-            self.index_path, index_manifest.FORMAT, older_index_file=index_folder.wrote_index_file(version)
-        )
+        cannot prove it wrote; the database's schema version as found (0: none yet), and whether
+        an older narrmem's single index file may still be beside it (:data:`OLDER_INDEX_FILE`)."""
+        version, pending = self._database_version()
+        older_file = index_folder.wrote_index_file(version) or pending
+        index_folder.check(self.index_path, index_manifest.FORMAT, older_index_file=older_file)
         if self.keyword_engine in ("tantivy", "auto"):
             keyword_index.check_folder(self.folder / KEYWORDS_FOLDER)
-        return version
+        return version, older_file
 
-    def _database_version(self) -> int:
-        """The schema version of the database file, read without writing; a StoreError for a
-        file that is neither empty nor a narrmem database (no narrmem table is ever added to it)."""
+    def _database_version(self) -> tuple[int, bool]:
+        """The schema version of the database file, read without writing, and whether it records
+        an older narrmem's index file still to be cleared (:data:`OLDER_INDEX_FILE`); a StoreError
+        for a file that is neither empty nor a narrmem database (no narrmem table is ever added to
+        it)."""
         path = self.db_path
         if not path.exists():
             # SQLite takes a -wal or -journal beside a database as its own: opening a new one
@@ -237,7 +248,7 @@ class SQLiteStore(ForgetJournal):
                     "narrmem does not delete a file it did not create; move it away or set "
                     "[storage] database to a name of its own"
                 )
-            return 0
+            return 0, False
         if not path.is_file():
             raise StoreError(f"{path} is not a file: set [storage] database to a name of its own")
         try:
@@ -247,6 +258,9 @@ class SQLiteStore(ForgetJournal):
                 tables = {
                     str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
                 }
+                pending = "meta" in tables and bool(
+                    db.execute("SELECT 1 FROM meta WHERE key = ?", (OLDER_INDEX_FILE,)).fetchall()
+                )
         except sqlite3.Error as exc:
             raise StoreError(
                 f"{path} cannot be opened as a narrmem store ({exc}): narrmem does not "
@@ -255,7 +269,7 @@ class SQLiteStore(ForgetJournal):
         empty = not tables and int(version) == 0
         older_store = int(application) == 0 and {"meta", "memories"} <= tables and int(version) >= 1
         if int(application) == APPLICATION_ID or (int(application) == 0 and empty) or older_store:
-            return int(version)
+            return int(version), pending
         named = ", ".join(sorted(tables)[:3]) or "none"
         raise StoreError(
             f"{path} is a database narrmem did not write (tables: {named}): "
@@ -379,7 +393,8 @@ class SQLiteStore(ForgetJournal):
         await self.index.save(await self._watermark())
 
     async def _check_model(self, dim: int, model: str) -> None:
-        stored = {k: v for k, v in await self._fetchall("SELECT key, value FROM meta")}
+        rows = await self._fetchall("SELECT key, value FROM meta")
+        stored = {k: v for k, v in rows if k != OLDER_INDEX_FILE}
         if not stored and self.read_only:
             raise StoreError(f"no narrmem store at {self.folder} (its database is empty)")
         if not stored:
