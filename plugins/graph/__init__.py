@@ -146,7 +146,7 @@ class GraphPlugin(GraphTransfer, ToolTable):
             async with self._graph.read() as db:
                 citing = await task_topics.tasks_citing(db, tenant, chat_id, messages)
             gone = set(messages)
-            tasks = [await task_topics.remake(memory, tenant, chat_id, node, gone) for node in citing]
+            tasks = [await task_topics.remake(memory, tenant, chat_id, task, gone) for task in citing]
             async with self._graph.transaction() as db:
                 await forget.forget_messages(db, tenant, chat_id, messages, tasks)
             return

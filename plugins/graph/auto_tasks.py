@@ -5,8 +5,8 @@ Each chat has one task per topic. A stored message whose embedding is within ``t
 messages); otherwise the closest paused task within reach is resumed, or a new ``Task_auto_<n>`` is
 started with the message's opening as its description. Either way the task that was in progress is
 paused. Tasks made by the tools take part too: their topic is their description's embedding.
-The task records the messages its topic and description come from (:mod:`.task_topics`), so that a
-deleted message leaves it.
+The task records the messages its topic and description come from (:mod:`.task_topics`, a row
+each), so that a deleted message leaves it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.nodes import set_props, set_topic
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.task_topics import continued, followed, opening, unit
+from narrmem_plugins.graph.task_topics import continued, follow, opening, unit
 from narrmem_plugins.graph.tasks import TaskView, create_task, load_tasks, set_state, task_key
 from narrmem_plugins.graph.vocabulary import label
 
@@ -69,8 +69,10 @@ async def follow_topic(
             assert node is not None
             topic, count = continued(topics[node.id], int(node.props.get("messages", 1)), v)
             await set_topic(db, node.id, topic)
-            following = [*followed(node.props), message.message_id]
-            await set_props(db, node, {**node.props, "messages": count, "message_ids": following})
+            # A row for the message: the list kept in the props was written whole again at each
+            # message (half a megabyte a message once a task had followed 20,000).
+            await follow(db, node, chat, [message.message_id])
+            await set_props(db, node, {**node.props, "messages": count})
             return []
         notes = []
         if current is not None:
@@ -95,8 +97,9 @@ async def follow_topic(
             source="auto",
             provenance=provenance,
             actor="auto_tasks",
-            props={"messages": 1, "message_ids": provenance, "described_by": message.message_id},
+            props={"messages": 1, "described_by": message.message_id},
         )
         assert task.node is not None
         await set_topic(db, task.node.id, v)
+        await follow(db, task.node, chat, provenance)
         return [*notes, f"task started: {task.task_id}"]

@@ -20,12 +20,13 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from narrmem_plugins.graph.schema import schema_for
+from narrmem_plugins.graph.schema import TABLES, schema_for
 from narrmem_plugins.graph.vectors import LabelVectors
 
 from narrmem.clock import Clock
 from narrmem.errors import StoreError
 from narrmem.store import SQLCapable, SQLConnection
+from narrmem.table_transfer import table_columns
 
 # A transaction-level advisory lock on PostgreSQL: graph writes of every worker, one at a time.
 WRITE_LOCK = 0x6E61_7272_6D67_7270  # "narrmgrp"
@@ -34,6 +35,7 @@ _ASCII_FOLD = r"translate(\1, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrs
 _FOLDED = re.compile(r"\b(?:nocase|lower)\(([^()]*)\)")
 _NOCASE = re.compile(r"\bnocase\(([^()]*)\)")
 _INDEX = re.compile(r"\s*CREATE\s+(UNIQUE\s+)?INDEX\b", re.I)
+_TABLE = re.compile(r"\s*CREATE TABLE IF NOT EXISTS (\w+)")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -82,6 +84,7 @@ class GraphBackend:
         self._clock = clock
         # Label embeddings a recall made: in this process only (a recall writes nothing).
         self.label_vectors = LabelVectors()
+        self.tables: list[str] = list(TABLES)  # the graph's tables the store holds
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[GraphSQL]:
@@ -99,10 +102,15 @@ class GraphBackend:
         return self._clock.now()
 
     async def setup(self, *, read_only: bool = False) -> None:
-        """Make the tables and indexes that are not there. Read-only, indexes are left to the next
-        writable open: a store from a version before an index was added is read without it."""
+        """Make the tables and indexes that are not there. Read-only, they are left to the next
+        writable open: a store from a version before an index or a table was added is read
+        without it (:attr:`tables` says which tables there are)."""
         async with self._store.sql(write=True) as db:
             graph = GraphSQL(db)
+            if read_only:
+                self.tables = [t for t in TABLES if await table_columns(db, t)]
             for statement in schema_for(graph.dialect):
-                if not (read_only and _INDEX.match(statement)):
-                    await graph.execute(statement)
+                made = _TABLE.match(statement)
+                if read_only and (_INDEX.match(statement) or (made and made.group(1) not in self.tables)):
+                    continue
+                await graph.execute(statement)

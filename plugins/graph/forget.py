@@ -21,7 +21,7 @@ from narrmem_plugins.graph.task_topics import TaskRemake
 from narrmem_plugins.graph.tasks import set_state
 from narrmem_plugins.graph.vocabulary import HAS_STATE, NEXT_TASK, state_node
 
-GRAPH_TABLES = ("graph_edges", "graph_nodes", "graph_purges")
+GRAPH_TABLES = ("graph_task_messages", "graph_edges", "graph_nodes", "graph_purges")
 # Nodes the task chain and persona keep on purpose, whether or not an edge links them.
 KEPT_WHEN_UNLINKED = ("PersonaNode", "TaskNode", "StateNode")
 
@@ -223,6 +223,13 @@ async def _pause_beside_current(db: GraphSQL, task_id: int) -> None:
 async def _remake_tasks(db: GraphSQL, tasks: Sequence[TaskRemake]) -> None:
     for task in tasks:
         await set_props(db, task.node, task.props)
+        # The messages it followed, less the deleted ones (its props name none any more).
+        await db.execute("DELETE FROM graph_task_messages WHERE task_id = ?", (task.node.id,))
+        await db.executemany(
+            "INSERT INTO graph_task_messages (tenant, user_id, chat_id, task_id, message_id) "
+            "SELECT tenant, user_id, chat_id, id, ? FROM graph_nodes WHERE id = ?",
+            [(mid, task.node.id) for mid in task.left],
+        )
         if task.topic is None:
             await db.execute("UPDATE graph_nodes SET topic_vector = NULL WHERE id = ?", (task.node.id,))
         else:

@@ -9,6 +9,8 @@
   status, validity interval, ``superseded_by``, and how often and when last the triplet was stated. At
   most one *active* row per (scope, subject, relation, object): stating it again confirms it.
 * ``graph_purges``: every purge and supersession, who asked, with which filters, and what it touched.
+* ``graph_task_messages``: the messages an automatic task followed, in order, a row each (kept in
+  the task's props until 2026-12-07, the whole list written again at each message).
 
 Both backends hold the same columns in the same order. What SQLite says in the table itself,
 PostgreSQL says otherwise (:data:`DIALECT`): the names' uniqueness is an index on the folded name,
@@ -98,6 +100,17 @@ _SCHEMA = [
     )""",
     "CREATE INDEX IF NOT EXISTS graph_purges_by_scope ON graph_purges (tenant, user_id, chat_id, at)",
     "CREATE INDEX IF NOT EXISTS graph_purges_by_chat ON graph_purges (tenant, chat_id)",
+    """CREATE TABLE IF NOT EXISTS graph_task_messages (
+        id INTEGER PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        user_id TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        task_id INTEGER NOT NULL REFERENCES graph_nodes (id) ON DELETE CASCADE{checked},
+        message_id TEXT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS graph_task_messages_by_task ON graph_task_messages (task_id, id)",
+    "CREATE INDEX IF NOT EXISTS graph_task_messages_by_message "
+    "ON graph_task_messages (tenant, chat_id, message_id)",
 ]
 # What each backend puts in the statements above, and the statements it adds.
 DIALECT: dict[str, tuple[dict[str, str], list[str]]] = {

@@ -158,6 +158,8 @@ async def renew_task_node(db: GraphSQL, node: Node, props: dict[str, Any], at: d
         "UPDATE graph_nodes SET props = ?, created_at = ?, created_ts = ? WHERE id = ?",
         (json.dumps(props, ensure_ascii=False, sort_keys=True), at.isoformat(), at.timestamp(), node.id),
     )
+    # The task made again follows no message yet: those of the one purged are not its.
+    await db.execute("DELETE FROM graph_task_messages WHERE task_id = ?", (node.id,))
 
 
 async def find_task(db: GraphSQL, chat: GraphScope, task_id: str) -> TaskView:

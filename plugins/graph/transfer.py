@@ -1,7 +1,8 @@
 """The graph in a full export (``narrmem export`` / ``narrmem import``): each of the plugin's tables is
-a section (``graph.nodes``, ``graph.edges``, ``graph.purges``), every column of every row, ids
-included, so that supersessions, provenance, validity intervals and the purge log come back as they
-were. Node vectors are exported as they are cached (base64), so an import re-embeds nothing.
+a section (``graph.nodes``, ``graph.edges``, ``graph.purges``, ``graph.task_messages``), every
+column of every row, ids included, so that supersessions, provenance, validity intervals and the
+purge log come back as they were. Node vectors are exported as they are cached (base64), so an
+import re-embeds nothing.
 
 Both backends export the same records, so a graph moves between SQLite and PostgreSQL with
 ``narrmem migrate`` (which uses these hooks) as it is.
@@ -42,7 +43,7 @@ TABLES = [
     )
     for name in GRAPH_TABLES
 ]
-NODES, EDGES = "graph.nodes", "graph.edges"
+NODES, EDGES, TASK_MESSAGES = "graph.nodes", "graph.edges", "graph.task_messages"
 VECTOR_COLUMNS = ("vector", "topic_vector")
 SCOPE = ("tenant", "user_id", "chat_id")
 
@@ -59,7 +60,8 @@ class GraphTransfer:
     ) -> dict[str, AsyncIterator[dict[str, Any]]] | None:
         if self._graph is None:
             return None
-        return await export_tables(memory.store, TABLES)
+        # A store opened read-only may predate a table (made at its next writable open).
+        return await export_tables(memory.store, [t for t in TABLES if t.table in self._graph.tables])
 
     @hookimpl
     async def narrmem_import_records(
@@ -98,14 +100,22 @@ def _check_node_vectors(sections: Mapping[str, Sequence[dict[str, Any]]], dim: i
                 )
 
 
+# The records that name nodes, and the fields they name them by: each is of its nodes' scope.
+NAMING_NODES = {EDGES: ("subject_id", "object_id"), TASK_MESSAGES: ("task_id",)}
+
+
 async def _check_edge_scopes(store: object, sections: Mapping[str, Sequence[dict[str, Any]]]) -> None:
-    """An edge's tenant, user and chat are its nodes': every read joins the nodes within the edge's
-    own scope, so an edge moved to another scope, still naming these nodes, was imported and then
-    read as another user's fact. Nodes are looked up in the file, then in the store; an edge whose
-    fields are of the wrong type, or that names a node neither holds, is left to the table checks."""
-    edges = sections.get(EDGES, [])
+    """An edge's tenant, user and chat are its nodes' (and a task's followed message's, its
+    task's): every read joins the nodes within the edge's own scope, so an edge moved to another
+    scope, still naming these nodes, was imported and then read as another user's fact. Nodes are
+    looked up in the file, then in the store; a record whose fields are of the wrong type, or that
+    names a node neither holds, is left to the table checks."""
     named = {
-        record.get(end) for record in edges if isinstance(record, dict) for end in ("subject_id", "object_id")
+        record.get(end)
+        for section, ends in NAMING_NODES.items()
+        for record in sections.get(section, [])
+        if isinstance(record, dict)
+        for end in ends
     }
     scopes = _node_scopes(sections.get(NODES, []))
     missing = [i for i in named if isinstance(i, int) and not isinstance(i, bool) and i not in scopes]
@@ -118,21 +128,22 @@ async def _check_edge_scopes(store: object, sections: Mapping[str, Sequence[dict
                     f"SELECT id, tenant, user_id, chat_id FROM graph_nodes WHERE id IN ({marks})", part
                 ):
                     scopes.setdefault(int(row[0]), tuple(row[1:]))
-    for index, edge in enumerate(edges):
-        if not isinstance(edge, dict):
-            continue
-        for end in ("subject_id", "object_id"):
-            node_id = edge.get(end)
-            node = scopes.get(node_id) if isinstance(node_id, int) else None
-            if node is None:
+    for section, ends in NAMING_NODES.items():
+        for index, edge in enumerate(sections.get(section, [])):
+            if not isinstance(edge, dict):
                 continue
-            for column, held in zip(SCOPE, node, strict=True):
-                if edge.get(column) != held:
-                    raise InputError(
-                        f"is {edge.get(column)!r}, but its {end.removesuffix('_id')} (node "
-                        f"{node_id}) has {held!r}: an edge belongs to its nodes' scope",
-                        field=f"{EDGES}[{index}].{column}",
-                    )
+            for end in ends:
+                node_id = edge.get(end)
+                node = scopes.get(node_id) if isinstance(node_id, int) else None
+                if node is None:
+                    continue
+                for column, held in zip(SCOPE, node, strict=True):
+                    if edge.get(column) != held:
+                        raise InputError(
+                            f"is {edge.get(column)!r}, but its {end.removesuffix('_id')} (node "
+                            f"{node_id}) has {held!r}: a record belongs to its nodes' scope",
+                            field=f"{section}[{index}].{column}",
+                        )
 
 
 def _node_scopes(nodes: Sequence[dict[str, Any]]) -> dict[int, tuple[Any, ...]]:
