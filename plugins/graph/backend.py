@@ -36,6 +36,8 @@ _FOLDED = re.compile(r"\b(?:nocase|lower)\(([^()]*)\)")
 _NOCASE = re.compile(r"\bnocase\(([^()]*)\)")
 _INDEX = re.compile(r"\s*CREATE\s+(UNIQUE\s+)?INDEX\b", re.I)
 _TABLE = re.compile(r"\s*CREATE TABLE IF NOT EXISTS (\w+)")
+# Tables added after the graph's first version: a store from before is read without them.
+ADDED_LATER = ("graph_task_messages",)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -109,6 +111,9 @@ class GraphBackend:
             graph = GraphSQL(db)
             if read_only:
                 self.tables = [t for t in TABLES if await table_columns(db, t)]
+                missing = sorted(set(TABLES) - set(self.tables) - set(ADDED_LATER))
+                if missing:
+                    raise StoreError(f"the store has no graph tables ({', '.join(missing)} missing)")
             for statement in schema_for(graph.dialect):
                 made = _TABLE.match(statement)
                 if read_only and (_INDEX.match(statement) or (made and made.group(1) not in self.tables)):
