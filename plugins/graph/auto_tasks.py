@@ -12,12 +12,19 @@ each), so that a deleted message leaves it.
 from __future__ import annotations
 
 import numpy as np
-from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.backend import GraphBackend, GraphSQL
 from narrmem_plugins.graph.nodes import set_props, set_topic
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.task_topics import continued, follow, opening, unit
-from narrmem_plugins.graph.tasks import TaskView, create_task, load_tasks, set_state, task_key
+from narrmem_plugins.graph.tasks import (
+    TaskView,
+    create_task,
+    linked_task_count,
+    move_task,
+    newest_tasks,
+    tasks_keyed,
+)
 from narrmem_plugins.graph.vocabulary import label
 
 from narrmem.models import Message
@@ -44,26 +51,41 @@ async def _topics(memory: MemoryView, tasks: list[TaskView]) -> dict[int, np.nda
     return topics
 
 
+async def _current(db: GraphSQL, chat: GraphScope) -> TaskView | None:
+    """The task in progress (the newest, if the tools put several in progress)."""
+    return next(iter(await newest_tasks(db, chat, state="in_progress")), None)
+
+
 async def follow_topic(
     memory: MemoryView, graph: GraphBackend, options: GraphOptions, message: Message, vector: np.ndarray
 ) -> list[str]:
-    """Move the chat's chain along with ``message``; returns notes for the ingest result."""
+    """Move the chat's chain along with ``message``; returns notes for the ingest result.
+
+    What is read of the chain is bounded, however long it grows: the task in progress, and only
+    when the message leaves its topic, the newest ``resume_window`` paused tasks (a chat of 2,000
+    tasks read whole cost each message 106 ms against 5 with none)."""
     chat = GraphScope(message.tenant, message.user_id, message.chat_id)
     v = unit(np.asarray(vector, dtype=np.float32))
+    topics: dict[int, np.ndarray] = {}
+
+    def similarity(task: TaskView) -> float:
+        assert task.node is not None
+        topic = topics.get(task.node.id)
+        return -1.0 if topic is None else float(topic @ v)
+
     # Embed outside the write transaction: it would hold every other writer up meanwhile.
     async with graph.read() as db:
-        known = await load_tasks(db, chat)
-    topics = await _topics(memory, known)
+        current = await _current(db, chat)
+    topics.update(await _topics(memory, [current] if current else []))
+    if current is None or similarity(current) < options.topic_similarity:
+        async with graph.read() as db:
+            paused = await newest_tasks(db, chat, state="paused", limit=options.resume_window)
+        topics.update(await _topics(memory, paused))
     at, provenance = message.ts, [message.message_id]
     async with graph.transaction() as db:
-        tasks = await load_tasks(db, chat)
-        current = next((t for t in tasks if t.state == "in_progress"), None)
-
-        def similarity(task: TaskView) -> float:
-            assert task.node is not None
-            topic = topics.get(task.node.id)
-            return -1.0 if topic is None else float(topic @ v)
-
+        # Read again: another worker may have moved the chain meanwhile (a task whose topic was
+        # not worked out above is not a match).
+        current = await _current(db, chat)
         if current is not None and similarity(current) >= options.topic_similarity:
             node = current.node
             assert node is not None
@@ -74,18 +96,19 @@ async def follow_topic(
             await follow(db, node, chat, [message.message_id])
             await set_props(db, node, {**node.props, "messages": count})
             return []
+        # The paused tasks as they were before this message paused the current one.
+        paused = await newest_tasks(db, chat, state="paused", limit=options.resume_window)
+        await _keep_topics(db, paused, topics)
         notes = []
         if current is not None:
-            await set_state(db, chat, current.task_id, "paused", at, source="auto", provenance=provenance)
+            await move_task(db, chat, current, "paused", at, source="auto", provenance=provenance)
             notes.append(f"task paused: {current.task_id}")
-        paused = [t for t in tasks if t.state == "paused" and t is not current]
         best = max(paused, key=similarity, default=None)
         if best is not None and similarity(best) >= options.topic_similarity:
-            await set_state(db, chat, best.task_id, "in_progress", at, source="auto", provenance=provenance)
+            await move_task(db, chat, best, "in_progress", at, source="auto", provenance=provenance)
             return [*notes, f"task resumed: {best.task_id}"]
-        number = len(tasks) + 1
-        names = {task_key(t.task_id) for t in tasks}
-        while f"task_auto_{number}" in names:
+        number = await linked_task_count(db, chat) + 1
+        while await tasks_keyed(db, chat, f"task_auto_{number}"):
             number += 1
         task, _ = await create_task(
             db,
@@ -103,3 +126,12 @@ async def follow_topic(
         await set_topic(db, task.node.id, v)
         await follow(db, task.node, chat, provenance)
         return [*notes, f"task started: {task.task_id}"]
+
+
+async def _keep_topics(db: GraphSQL, tasks: list[TaskView], topics: dict[int, np.ndarray]) -> None:
+    """Store the topics worked out from the labels of tasks that had none (made by the tools): each
+    was embedded again at every message that left the current topic."""
+    for task in tasks:
+        node = task.node
+        if node is not None and node.topic() is None and node.id in topics:
+            await set_topic(db, node.id, topics[node.id])

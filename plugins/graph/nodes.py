@@ -38,6 +38,16 @@ class Node:
         return None if self.topic_vector is None else np.frombuffer(self.topic_vector, dtype=np.float32)
 
 
+def node_columns(alias: str) -> str:
+    """:data:`NODE_COLUMNS` of table ``alias``."""
+    return ", ".join(f"{alias}.{column.strip()}" for column in NODE_COLUMNS.split(","))
+
+
+def node_from_row(row: Sequence[Any]) -> Node:
+    """A row of :data:`NODE_COLUMNS` as a node."""
+    return from_row(Node, row, _CONVERT)
+
+
 async def find_node(db: GraphSQL, scope: GraphScope, name: str) -> Node | None:
     """The node called ``name`` in the write chat of ``scope`` (names compare case-insensitively)."""
     row = await db.fetchone(

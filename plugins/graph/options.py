@@ -37,6 +37,13 @@ class GraphOptions(BaseModel):
     topic_similarity: float = Field(
         default=0.35, ge=0, le=1, description="auto_tasks: cosine at which a message stays on a task's topic"
     )
+    resume_window: int = Field(
+        default=200,
+        ge=1,
+        le=10_000,
+        description="auto_tasks: the newest paused tasks a message that leaves the current topic may "
+        "resume (older ones stay in the chain; a topic that comes back after them starts a new task)",
+    )
     functional_relations: list[str] = Field(
         default_factory=list,
         description="more relations that hold one value at a time (a new value supersedes the old), "

@@ -19,7 +19,14 @@ from typing import Any
 
 from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.edges import EdgeQuery, close_edges, select_edges
-from narrmem_plugins.graph.nodes import Node, ensure_node, find_node, nodes_in_scope
+from narrmem_plugins.graph.nodes import (
+    Node,
+    ensure_node,
+    find_node,
+    node_columns,
+    node_from_row,
+    nodes_in_scope,
+)
 from narrmem_plugins.graph.schema import marks
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import (
@@ -50,6 +57,15 @@ class TaskView:
 
 
 TASKS_A_QUERY = 2_000
+# A task purged whole keeps its node but no active triplet: it is not in the chain.
+_LINKED = (
+    "EXISTS (SELECT 1 FROM graph_edges e WHERE e.status = 'active' "
+    "AND (e.subject_id = n.id OR e.object_id = n.id))"
+)
+_HAS_STATE = (
+    "EXISTS (SELECT 1 FROM graph_edges e WHERE e.subject_id = n.id AND e.relation = 'HAS_STATE' "
+    "AND e.status = 'active'{state})"
+)
 
 
 async def load_tasks(
@@ -57,6 +73,39 @@ async def load_tasks(
 ) -> list[TaskView]:
     """The chat's chain, newest first, with each task's current state and info nodes."""
     nodes = list(reversed(await nodes_in_scope(db, chat, node_type="TaskNode")))
+    tasks = await task_views(db, chat, nodes)
+    if state is not None:
+        tasks = [t for t in tasks if t.state == state]
+    return tasks if limit is None else tasks[:limit]
+
+
+async def newest_tasks(
+    db: GraphSQL, chat: GraphScope, *, state: str | None = None, limit: int = 1
+) -> list[TaskView]:
+    """The chat's newest ``limit`` tasks (in ``state`` if given), newest first, found by the
+    database: what a message or a turn needs of a chain of thousands, without reading it whole. A
+    task without a state (one a purge took it from, before purges kept states) counts as in
+    progress, as :func:`load_tasks` shows it."""
+    where, params = chat.clause("n")
+    condition = _LINKED
+    if state is not None:
+        object_name = "(SELECT o.name FROM graph_nodes o WHERE o.id = e.object_id)"
+        in_state = _HAS_STATE.format(state=f" AND {object_name} = ?")
+        condition = in_state
+        params = (*params, state_node(state))
+        if state == "in_progress":
+            condition = f"({in_state} OR (NOT {_HAS_STATE.format(state='')} AND {_LINKED}))"
+    rows = await db.fetchall(
+        f"SELECT {node_columns('n')} FROM graph_nodes n WHERE {where} AND n.type = 'TaskNode' "
+        f"AND {condition} ORDER BY n.created_ts DESC, n.id DESC LIMIT ?",
+        (*params, limit),
+    )
+    return await task_views(db, chat, [node_from_row(r) for r in rows])
+
+
+async def task_views(db: GraphSQL, chat: GraphScope, nodes: Sequence[Node]) -> list[TaskView]:
+    """``nodes`` (TaskNodes, in the order given) as tasks, each with its current state and info
+    nodes; a task purged whole (no active triplet) is left out."""
     if not nodes:
         return []
     by_id = {n.id: n for n in nodes}
@@ -86,7 +135,7 @@ async def load_tasks(
     # A task purged whole (memory_purge with whole_tasks) keeps its node but no active triplet: it
     # is gone. One that lost only its state (a purge before purges kept states) still counts, in
     # progress, as it always showed.
-    tasks = [
+    return [
         TaskView(
             task_id=n.name,
             description=str(n.props.get("description", "")),
@@ -98,9 +147,35 @@ async def load_tasks(
         for n in nodes
         if n.id in linked
     ]
-    if state is not None:
-        tasks = [t for t in tasks if t.state == state]
-    return tasks if limit is None else tasks[:limit]
+
+
+async def linked_task_count(db: GraphSQL, chat: GraphScope) -> int:
+    """How many tasks the chat's chain holds."""
+    where, params = chat.clause("n")
+    row = await db.fetchone(
+        f"SELECT COUNT(*) FROM graph_nodes n WHERE {where} AND n.type = 'TaskNode' AND {_LINKED}", params
+    )
+    return int(row[0]) if row else 0
+
+
+async def tasks_keyed(db: GraphSQL, chat: GraphScope, task_id: str) -> list[TaskView]:
+    """The chain's tasks whose id is ``task_id`` as :func:`task_key` compares ids (the full Unicode
+    case fold, which SQL cannot do): the names alone are read, then the one or two that match."""
+    where, params = chat.clause()
+    rows = await db.fetchall(
+        f"SELECT id, name FROM graph_nodes WHERE {where} AND type = 'TaskNode' "
+        "ORDER BY created_ts DESC, id DESC",
+        params,
+    )
+    ids = tuple(int(r[0]) for r in rows if task_key(str(r[1])) == task_key(task_id))
+    if not ids:
+        return []
+    rows = await db.fetchall(
+        f"SELECT {node_columns('n')} FROM graph_nodes n WHERE n.id IN ({marks(ids)}) "
+        "ORDER BY n.created_ts DESC, n.id DESC",
+        ids,
+    )
+    return await task_views(db, chat, [node_from_row(r) for r in rows])
 
 
 async def create_task(
@@ -118,8 +193,7 @@ async def create_task(
 ) -> tuple[TaskView, str | None]:
     """Create ``task_id`` after the chat's newest task, in progress; returns it and its predecessor."""
     existing = await find_node(db, chat, task_id)
-    tasks = await load_tasks(db, chat)
-    same = [t for t in tasks if task_key(t.task_id) == task_key(task_id)]
+    same = await tasks_keyed(db, chat, task_id)
     if existing is None and same:
         existing = same[0].node
     purged = existing is not None and existing.type == "TaskNode" and not same
@@ -130,7 +204,8 @@ async def create_task(
         # A task purged whole keeps its node (and the history of its triplets): its id is free again,
         # and the task made with it is the newest of the chain.
         await renew_task_node(db, existing, {"description": description, **(props or {})}, at)
-    previous = tasks[0].task_id if tasks else None
+    newest = await newest_tasks(db, chat)
+    previous = newest[0].task_id if newest else None
     node = await ensure_node(
         db,
         chat,
@@ -158,15 +233,16 @@ async def renew_task_node(db: GraphSQL, node: Node, props: dict[str, Any], at: d
         "UPDATE graph_nodes SET props = ?, created_at = ?, created_ts = ? WHERE id = ?",
         (json.dumps(props, ensure_ascii=False, sort_keys=True), at.isoformat(), at.timestamp(), node.id),
     )
-    # The task made again follows no message yet: those of the one purged are not its.
+    # The task made again follows no message yet: those of the one purged are not its, nor is
+    # their topic.
     await db.execute("DELETE FROM graph_task_messages WHERE task_id = ?", (node.id,))
+    await db.execute("UPDATE graph_nodes SET topic_vector = NULL WHERE id = ?", (node.id,))
 
 
 async def find_task(db: GraphSQL, chat: GraphScope, task_id: str) -> TaskView:
     """The task ``task_id`` names in the chat (case-insensitively), or an InputError on ``task_id``."""
-    for task in await load_tasks(db, chat):
-        if task_key(task.task_id) == task_key(task_id):
-            return task
+    for task in await tasks_keyed(db, chat, task_id):
+        return task
     raise InputError(f"no task '{task_id}' in this chat", field="task_id")
 
 
@@ -187,6 +263,20 @@ async def set_state(
 ) -> tuple[TaskView, str, bool]:
     """Move exactly ``task_id`` to ``state``: the old HAS_STATE edge is superseded by the new one."""
     task = await find_task(db, chat, task_id)
+    return await move_task(db, chat, task, state, at, source=source, provenance=provenance)
+
+
+async def move_task(
+    db: GraphSQL,
+    chat: GraphScope,
+    task: TaskView,
+    state: str,
+    at: datetime,
+    *,
+    source: str = "tool",
+    provenance: Sequence[str] = ("tool",),
+) -> tuple[TaskView, str, bool]:
+    """:func:`set_state` of a task already read."""
     previous = task.state
     if previous == state:
         return task, previous, False

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from narrmem_plugins.graph.backend import GraphBackend
-from narrmem_plugins.graph.nodes import nodes_in_scope
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.persona import persona_for, set_persona
 from narrmem_plugins.graph.purge import purge
@@ -48,7 +47,7 @@ from narrmem_plugins.graph.schemas import (
     triplet_out,
 )
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.tasks import create_task, load_tasks, set_state
+from narrmem_plugins.graph.tasks import create_task, linked_task_count, load_tasks, newest_tasks, set_state
 from narrmem_plugins.graph.vocabulary import STRUCTURAL
 from narrmem_plugins.graph.writer import TripletDraft, write_triplet
 
@@ -205,12 +204,17 @@ async def task_chains_tool(ctx: GraphContext, memory: MemoryView, args: TaskChai
     async with ctx.backend().read() as db:
         # A chat's chain is found from its task nodes, not from the user's facts or memories: a
         # task may be all the user has in a chat.
-        chats = sorted({n.chat_id for n in await nodes_in_scope(db, scope, node_type="TaskNode")})
-        for chat in chats:
-            tasks = await load_tasks(db, GraphScope(scope.tenant, scope.user_id, chat))
+        where, params = scope.clause()
+        rows = await db.fetchall(
+            f"SELECT DISTINCT chat_id FROM graph_nodes WHERE {where} AND type = 'TaskNode'", params
+        )
+        for chat in sorted(str(r[0]) for r in rows):
+            # The newest of each chain, and its length, not the chain read whole.
+            chain = GraphScope(scope.tenant, scope.user_id, chat)
+            tasks = await newest_tasks(db, chain, limit=args.limit)
             if tasks:
-                out = [TaskOut(**t.as_dict()) for t in tasks[: args.limit]]
-                chains.append(TaskChainOut(chat_id=chat, tasks=out, total=len(tasks)))
+                out = [TaskOut(**t.as_dict()) for t in tasks]
+                chains.append(TaskChainOut(chat_id=chat, tasks=out, total=await linked_task_count(db, chain)))
     chains.sort(key=lambda c: c.tasks[0].created_at, reverse=True)
     return TaskChainsOutput(chains=chains)
 

@@ -24,7 +24,7 @@ from narrmem_plugins.graph.refer import asks_for_recap, refers_back
 from narrmem_plugins.graph.render import merged, persona_text, task_line, triplet_line
 from narrmem_plugins.graph.schemas import triplet_out
 from narrmem_plugins.graph.scope import GraphScope
-from narrmem_plugins.graph.tasks import TaskView, load_tasks
+from narrmem_plugins.graph.tasks import TaskView, newest_tasks
 from narrmem_plugins.graph.vocabulary import STRUCTURAL, USER
 
 from narrmem.models import MAX_QUERY_CHARS, Hit, Scope
@@ -82,12 +82,13 @@ async def build(
     back = refers_back(text, options.reference_phrases)
     async with graph.read() as db:
         persona = await persona_for(db, scope)
-        chain = await load_tasks(db, scope)
+        # The newest few, found by the database: a chain of months is not read whole each turn.
         if back:
-            tasks = chain[: options.chain_limit]
+            tasks = await newest_tasks(db, scope, limit=options.chain_limit)
         else:
             # Every task in progress (a resumed one too), in chain order: the chain runs oldest first.
-            tasks = list(reversed([t for t in chain if t.state == "in_progress"][: options.chain_limit]))
+            in_progress = await newest_tasks(db, scope, state="in_progress", limit=options.chain_limit)
+            tasks = list(reversed(in_progress))
         task_facts = await info_facts(db, scope, tasks, options)
         facts = await user_facts(db, scope, text, options)
     query = text.strip()[:MAX_QUERY_CHARS]
