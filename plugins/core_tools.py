@@ -29,6 +29,11 @@ class IngestOutput(BaseModel):
 class RecallInput(Scope):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="what to remember about")
     k: int = Field(default=5, ge=1, le=50, description="how many memories to return")
+    reinforce: bool = Field(
+        default=True,
+        description="strengthen the relevant hits, as a recall to answer does; false for a look that "
+        "changes nothing (an inspector's)",
+    )
 
 
 class RecallOutput(BaseModel):
@@ -45,7 +50,9 @@ async def ingest(memory: MemoryView, args: IncomingMessage) -> IngestOutput:
 async def recall(memory: MemoryView, args: RecallInput) -> RecallOutput:
     # An agent recalls to answer: the relevant hits may be reinforced, noted as the tool's doing.
     scope = args.model_dump(include=set(Scope.model_fields))
-    hits = await memory.recall(args.query, **scope, k=args.k, reinforce_reason="tool")
+    hits = await memory.recall(
+        args.query, **scope, k=args.k, reinforce=args.reinforce, reinforce_reason="tool"
+    )
     return RecallOutput(hits=hits)
 
 
@@ -67,8 +74,8 @@ TOOLS = [
         description=(
             "Find what memory holds that answers a question about a user or a chat, best first. "
             "Give query and user_id (that person's memories) and/or chat_id (that chat's); k is how "
-            "many memories to return. Each hit has text, kind, score, importance, created_at and "
-            "the message_ids it came from."
+            "many memories to return; reinforce=false only looks (nothing is strengthened). Each "
+            "hit has text, kind, score, importance, created_at and the message_ids it came from."
         ),
         input_model=RecallInput,
         output_model=RecallOutput,

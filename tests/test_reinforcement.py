@@ -205,6 +205,7 @@ READS = [
     ("task_query", {"user_id": "ann", "chat_id": "dm"}),
     ("task_chains", {"user_id": "ann"}),
     ("persona_get", {"user_id": "ann"}),
+    ("narrmem_recall", {"user_id": "ann", "query": "carpenter job", "reinforce": False}),
 ]
 
 
@@ -253,3 +254,15 @@ def test_cli_recall_reads_without_reinforcing(tmp_path: Path, capsys: pytest.Cap
             return await _history(mem)
 
     assert asyncio.run(history()) == []
+
+
+async def test_the_recall_tool_reinforces_unless_asked_only_to_look(life: tuple[Memory, ManualClock]) -> None:
+    """A bot's agent recalls to answer (its hits strengthen); an inspector over MCP or HTTP asks
+    ``reinforce: false`` and changes nothing."""
+    mem, clock = life
+    clock.set(clock.now() + timedelta(days=3))
+    ask = {"user_id": "ann", "query": "what does Ann do for a living, her carpenter job"}
+    await mem.call_tool("narrmem_recall", {**ask, "reinforce": False})
+    assert await _history(mem) == []
+    await mem.call_tool("narrmem_recall", ask)
+    assert [row[2] for row in await _history(mem)] and {row[2] for row in await _history(mem)} == {"tool"}
