@@ -194,6 +194,7 @@ def test_inspector_in_chromium(live: LiveServer, tmp_path: Path) -> None:
 MANY_USERS = 1000  # with ann, bob and carl: more than the server's page of 1000
 ALL_USERS = MANY_USERS + 3
 MANY_SCENES = 230  # more than the soul_narrative tool lists at once (200)
+MANY_FACTS = 520  # more than the facts table shows (500)
 
 
 async def crowd(mem: Memory) -> None:
@@ -212,6 +213,12 @@ async def crowd(mem: Memory) -> None:
     rows = [row(f"x{n:04d}", n) for n in range(MANY_USERS)]
     rows += [row("carl", n, "scene", category="general", source="message") for n in range(MANY_SCENES)]
     await mem.store.add(rows, await mem.embedder.embed([r.text for r in rows]))
+    for start in range(0, MANY_FACTS, 50):
+        triplets = [
+            {"subject": "user", "relation": "likes", "object": f"zqthing {n}"}
+            for n in range(start, min(start + 50, MANY_FACTS))
+        ]
+        await mem.call_tool("memory_commit", {"user_id": "carl", "chat_id": "c", "triplets": triplets})
     task = {"user_id": "ann", "chat_id": "work", "task_id": "draft_cv", "description": "write the CV"}
     await mem.call_tool("task_create", task)
     await mem.ingest(msg("o1", "I adopted a greyhound named Pixel", user="ann", chat="dm", tenant="other"))
@@ -339,6 +346,18 @@ def test_task_chains_of_chats_without_facts_are_shown(browser_page: Any) -> None
     page.click('#users button[data-user="ann"]')
     expect(page.locator("#facts")).to_contain_text("quit their job at the bank")  # in dm-ann
     expect(page.locator("#tasks")).to_contain_text("Task chain in work: draft_cv [in_progress] write the CV")
+
+
+def test_a_cut_facts_table_says_more_are_stored(browser_page: Any) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.click('#users button[data-user="carl"]')
+    expect(page.locator("#facts-cut")).to_contain_text("The first 500 facts about the user are shown")
+    expect(page.locator("#facts tbody tr")).to_have_count(501)
+    page.click('#users button[data-user="ann"]')
+    expect(page.locator("#facts")).to_contain_text("quit their job at the bank")
+    expect(page.locator("#facts-cut")).to_have_count(0)
 
 
 def test_the_patterns_caption_says_where_the_counts_come_from(browser_page: Any) -> None:
