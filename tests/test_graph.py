@@ -355,6 +355,10 @@ async def test_soft_and_hard_purge(mem: Memory) -> None:
     assert await rows(mem, "SELECT COUNT(*) FROM graph_nodes WHERE name = 'rock'") == [(0,)]
     [(touched,)] = await rows(mem, "SELECT edges FROM graph_purges WHERE mode = 'hard'")
     assert "rock" not in touched
+    # Nor does any other record keep the erased triplet's words: not the soft purge's before it,
+    # not the hard purge's own filters (before 2026-12-07 both did).
+    records = await rows(mem, "SELECT mode, filters, edges FROM graph_purges")
+    assert "rock" not in str(records) and [mode for mode, _, _ in records] == ["hard"]
 
 
 # --- memory_recall ------------------------------------------------------------------------------

@@ -113,3 +113,43 @@ async def test_an_id_the_search_could_miss_reads_the_group_and_forgets_all_the_s
         facts = await _facts(mem)
     assert "zqannton" not in facts
     assert graph_rows_read["graph_edges"] >= 2 * MEMBERS  # the whole chat, to miss nothing
+
+
+async def test_a_tool_made_task_auto_tasks_followed_survives_the_forget_of_what_paused_it(
+    tmp_path: Path,
+) -> None:
+    """A task the tools made, followed by a message and paused by another, both deleted: with no
+    message left it was taken for a task from before tasks recorded their messages, described by
+    the message that paused it, and deleted whole with it."""
+    from narrmem_plugins.graph.vocabulary import label
+
+    ask = {"user_id": "ann", "chat_id": "g"}
+    description = "plan the fjord kayak trip"
+    config = {"graph": {"auto_tasks": True, "extract_facts": False, "topic_similarity": 0.9}}
+    async with open_memory(tmp_path / "store", plugin=config) as mem:
+        await mem.call_tool("task_create", {**ask, "task_id": "Plan_trip", "description": description})
+        said = label("Plan_trip", {"description": description})
+        await mem.ingest(msg("m1", said, user="ann", chat="g", ts=at(1)))
+        assert await store_sql(mem, "SELECT message_id FROM graph_task_messages") == [("m1",)]
+        notes = (
+            await mem.ingest(msg("m2", "zqother zqwords entirely", user="ann", chat="g", ts=at(2)))
+        ).notes
+        assert "task paused: Plan_trip" in notes
+        await mem.forget_messages(chat_id="g", message_ids=["m1"])
+        await mem.forget_messages(chat_id="g", message_ids=["m2"])
+        tasks = (await mem.call_tool("task_query", ask))["tasks"]
+    assert [(t["task_id"], t["state"]) for t in tasks] == [("Plan_trip", "in_progress")]
+
+
+async def test_a_supersessions_record_goes_when_its_fact_is_purged_hard(tmp_path: Path) -> None:
+    """A hard purge erases: the record of the supersession that made the purged fact held its
+    words, and the id of the message that said it, after the message too was deleted."""
+    async with open_memory(tmp_path / "store") as mem:
+        await mem.ingest(msg("m1", "I live in Zqparisville", user="ann", chat="g", ts=at(1)))
+        await mem.ingest(msg("m2", "I live in Zqberlinton", user="ann", chat="g", ts=at(2)))
+        purge = {"user_id": "ann", "chat_id": "g", "filters": {"object": "Zqberlinton"}, "mode": "hard"}
+        assert (await mem.call_tool("memory_purge", purge))["matched"] == 1
+        await mem.forget_messages(chat_id="g", message_ids=["m2"])
+        actors = [actor for (actor,) in await store_sql(mem, "SELECT actor FROM graph_purges")]
+        text = str(await store_sql(mem, "SELECT filters, edges FROM graph_purges"))
+    assert actors == ["memory_purge"] and "zqberlinton" not in text.lower()

@@ -31,7 +31,12 @@ from narrmem.models import Message
 from narrmem.view import MemoryView
 
 
-async def _topics(memory: MemoryView, tasks: list[TaskView]) -> dict[int, np.ndarray]:
+def _label(task: TaskView) -> str:
+    return label(task.task_id, {"description": task.description})
+
+
+async def _topics(memory: MemoryView, tasks: list[TaskView], labels: dict[int, str]) -> dict[int, np.ndarray]:
+    """Each task's topic: stored, or its label's embedding (the label noted in ``labels``)."""
     topics: dict[int, np.ndarray] = {}
     missing = []
     for task in tasks:
@@ -42,12 +47,11 @@ async def _topics(memory: MemoryView, tasks: list[TaskView]) -> dict[int, np.nda
         else:
             missing.append(task)
     if missing:
-        vectors = await memory.embedder.embed(
-            [label(t.task_id, {"description": t.description}) for t in missing]
-        )
+        vectors = await memory.embedder.embed([_label(t) for t in missing])
         for task, vector in zip(missing, vectors, strict=True):
             assert task.node is not None
             topics[task.node.id] = unit(np.asarray(vector, dtype=np.float32))
+            labels[task.node.id] = _label(task)
     return topics
 
 
@@ -67,6 +71,7 @@ async def follow_topic(
     chat = GraphScope(message.tenant, message.user_id, message.chat_id)
     v = unit(np.asarray(vector, dtype=np.float32))
     topics: dict[int, np.ndarray] = {}
+    labels: dict[int, str] = {}  # of the topics worked out from labels
 
     def similarity(task: TaskView) -> float:
         assert task.node is not None
@@ -76,11 +81,11 @@ async def follow_topic(
     # Embed outside the write transaction: it would hold every other writer up meanwhile.
     async with graph.read() as db:
         current = await _current(db, chat)
-    topics.update(await _topics(memory, [current] if current else []))
+    topics.update(await _topics(memory, [current] if current else [], labels))
     if current is None or similarity(current) < options.topic_similarity:
         async with graph.read() as db:
             paused = await newest_tasks(db, chat, state="paused", limit=options.resume_window)
-        topics.update(await _topics(memory, paused))
+        topics.update(await _topics(memory, paused, labels))
     at, provenance = message.ts, [message.message_id]
     async with graph.transaction() as db:
         # Read again: another worker may have moved the chain meanwhile (a task whose topic was
@@ -98,7 +103,7 @@ async def follow_topic(
             return []
         # The paused tasks as they were before this message paused the current one.
         paused = await newest_tasks(db, chat, state="paused", limit=options.resume_window)
-        await _keep_topics(db, paused, topics)
+        await _keep_topics(db, paused, topics, labels)
         notes = []
         if current is not None:
             await move_task(db, chat, current, "paused", at, source="auto", provenance=provenance)
@@ -128,10 +133,13 @@ async def follow_topic(
         return [*notes, f"task started: {task.task_id}"]
 
 
-async def _keep_topics(db: GraphSQL, tasks: list[TaskView], topics: dict[int, np.ndarray]) -> None:
+async def _keep_topics(
+    db: GraphSQL, tasks: list[TaskView], topics: dict[int, np.ndarray], labels: dict[int, str]
+) -> None:
     """Store the topics worked out from the labels of tasks that had none (made by the tools): each
-    was embedded again at every message that left the current topic."""
+    was embedded again at every message that left the current topic. Not one whose label changed
+    since it was embedded (a forget remade the task meanwhile)."""
     for task in tasks:
         node = task.node
-        if node is not None and node.topic() is None and node.id in topics:
+        if node is not None and node.topic() is None and labels.get(node.id) == _label(task):
             await set_topic(db, node.id, topics[node.id])

@@ -8,8 +8,9 @@ provenance, a task's props, a purge record's triplets) for each message id as JS
 ``"<id>"``, and only those rows come back to be read and checked.
 
 An id JSON can write in more than one way (a letter outside ASCII, a quote, a backslash, a slash,
-a control character) could be missed by that search in text written by another JSON writer (an
-imported file): for such ids, :func:`searchable` says no and the caller reads the chat whole.
+``<``, ``>`` or ``&``, which some writers escape, a control character) could be missed by that
+search in text written by another JSON writer (an imported file): for such ids,
+:func:`searchable` says no and the caller reads the chat whole.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import json
 import re
 from collections.abc import Collection, Iterator, Sequence
 
-# The characters every JSON writer leaves as they are inside a string.
-_WRITTEN_ONE_WAY = re.compile(r"[\x20-\x7e]*")
-_ESCAPABLE = frozenset('"\\/')
+# Characters JSON writers leave as they are inside a string: some escape more than JSON asks
+# (a slash; Go's <, > and &; anything outside ASCII), so only these are taken as written one way.
+_WRITTEN_ONE_WAY = re.compile(r"[A-Za-z0-9 _.,:;@#$%*+=~!?()\[\]{}|^-]*")
 TEXTS_A_QUERY = 100  # search texts in one statement (two bound values each with the chat's)
 
 
@@ -30,7 +31,7 @@ def searchable(message_ids: Collection[str]) -> bool:
 
 
 def _written_one_way(mid: str) -> bool:
-    return _WRITTEN_ONE_WAY.fullmatch(mid) is not None and not _ESCAPABLE.intersection(mid)
+    return _WRITTEN_ONE_WAY.fullmatch(mid) is not None
 
 
 def quoted(message_ids: Collection[str]) -> list[str]:

@@ -87,7 +87,7 @@ async def forget_messages(
         await db.execute("UPDATE graph_edges SET subject_id = ? WHERE id = ?", (subject_id, edge_id))
     await delete_edges(db, [e.id for e in erased])
     await _restore_states(db, {e.subject_id for e in erased if _was_state(e)} - doomed)
-    await _remake_tasks(db, [t for t in tasks if not t.gone])
+    await _remake_tasks(db, [t for t in tasks if not t.gone], gone)
     for part in chunks(sorted(doomed)):
         await db.execute(f"DELETE FROM graph_nodes WHERE id IN ({marks(part)})", tuple(part))
     await history.forget_statements(
@@ -220,16 +220,26 @@ async def _pause_beside_current(db: GraphSQL, task_id: int) -> None:
     await set_state(db, chat, name, "paused", at, source="auto", provenance=json.loads(provenance))
 
 
-async def _remake_tasks(db: GraphSQL, tasks: Sequence[TaskRemake]) -> None:
+async def _remake_tasks(db: GraphSQL, tasks: Sequence[TaskRemake], gone: set[str]) -> None:
     for task in tasks:
+        listed = "message_ids" in task.node.props
         await set_props(db, task.node, task.props)
-        # The messages it followed, less the deleted ones (its props name none any more).
-        await db.execute("DELETE FROM graph_task_messages WHERE task_id = ?", (task.node.id,))
-        await db.executemany(
-            "INSERT INTO graph_task_messages (tenant, user_id, chat_id, task_id, message_id) "
-            "SELECT tenant, user_id, chat_id, id, ? FROM graph_nodes WHERE id = ?",
-            [(mid, task.node.id) for mid in task.left],
-        )
+        if listed:
+            # Its messages were a list in its props (a store from before the rows): the ones
+            # left become its rows (the props keep none).
+            await db.executemany(
+                "INSERT INTO graph_task_messages (tenant, user_id, chat_id, task_id, message_id) "
+                "SELECT tenant, user_id, chat_id, id, ? FROM graph_nodes WHERE id = ?",
+                [(mid, task.node.id) for mid in task.left],
+            )
+        else:
+            # Only the deleted messages' rows: a message another worker's task followed since the
+            # task was read keeps its row.
+            for part in chunks(sorted(gone)):
+                await db.execute(
+                    f"DELETE FROM graph_task_messages WHERE task_id = ? AND message_id IN ({marks(part)})",
+                    (task.node.id, *part),
+                )
         if task.topic is None:
             await db.execute("UPDATE graph_nodes SET topic_vector = NULL WHERE id = ?", (task.node.id,))
         else:

@@ -30,6 +30,8 @@ async def record(
     touched: list[Any]
     if mode == "hard":
         touched = [e.id for e in edges]
+        # The filters' values are the words erased ("object": "rock"): the record keeps their keys.
+        filters = dict.fromkeys(filters)
     else:
         touched = [
             {
@@ -71,30 +73,59 @@ async def forget_statements(
     """Take what deleted ``messages`` of ``chat_id`` stated out of the history: a supersession
     their triplet made goes (its filters are that triplet), the triplets ``erased`` leave the rows
     that name them (a row naming nothing else goes), and a row they wrote no longer names them."""
-    if not users:
-        return
+    # ``users`` may be none (no triplet names the messages any more, a hard purge took it): the
+    # chat's records they wrote still name them.
     erased, chat_edges = set(erased), set(chat_edges)
     actors = {f"message:{mid}" for mid in messages}
     rows = await _records_naming(db, tenant, chat_id, sorted(users), sorted(erased), sorted(actors))
     for purge_id, row_chat, actor, edges, new_edge_id in rows:
-        if new_edge_id is not None and int(new_edge_id) in erased:
-            await db.execute("DELETE FROM graph_purges WHERE id = ?", (purge_id,))
-            continue
-        touched = json.loads(edges)
-        # A hard purge's row holds bare ids: the triplets it erased, never these.
-        kept = [e for e in touched if not (isinstance(e, dict) and int(e.get("id", 0)) in erased)]
-        if touched and not kept:
-            await db.execute("DELETE FROM graph_purges WHERE id = ?", (purge_id,))
+        kept = await _without(db, purge_id, edges, new_edge_id, erased)
+        if kept is None:
             continue
         # A supersession across the user's chats is recorded without a chat: its new triplet says
         # whether the message it names is of this chat.
         ours = row_chat == chat_id or (new_edge_id is not None and int(new_edge_id) in chat_edges)
         by = "message" if actor in actors and ours else actor
-        if len(kept) != len(touched) or by != actor:
+        if kept != json.loads(edges) or by != actor:
             await db.execute(
                 "UPDATE graph_purges SET actor = ?, edges = ? WHERE id = ?",
                 (by, json.dumps(kept, ensure_ascii=False), purge_id),
             )
+
+
+async def forget_triplets(db: GraphSQL, tenant: str, user_id: str, erased: Collection[int]) -> None:
+    """Take the triplets a hard purge erased out of their user's history records: the supersession
+    that made one goes (its filters are that triplet's words), and the rows that name one no
+    longer do (a row naming nothing else goes). A hard purge is there to erase: before, the
+    records of earlier purges and supersessions kept the erased triplets' words."""
+    gone = sorted(set(erased))
+    probes = [(f"new_edge_id IN ({marks(part)})", tuple(part)) for part in chunks(gone)]
+    probes += list(any_text("edges", [str(edge_id) for edge_id in gone]))
+    found: dict[int, tuple[Any, ...]] = {}
+    for clause, values in probes:
+        for row in await db.fetchall(f"{_RECORDS}user_id = ? AND {clause}", (tenant, user_id, *values)):
+            found[int(row[0])] = row
+    for purge_id, _, _, edges, new_edge_id in (found[i] for i in sorted(found)):
+        kept = await _without(db, purge_id, edges, new_edge_id, set(gone))
+        if kept is not None and kept != json.loads(edges):
+            await db.execute(
+                "UPDATE graph_purges SET edges = ? WHERE id = ?",
+                (json.dumps(kept, ensure_ascii=False), purge_id),
+            )
+
+
+async def _without(
+    db: GraphSQL, purge_id: int, edges: str, new_edge_id: int | None, erased: set[int]
+) -> list[Any] | None:
+    """A record's triplets without ``erased``; ``None`` when the record went instead: its new
+    triplet is erased, or it named nothing else."""
+    touched = json.loads(edges)
+    # A hard purge's row holds bare ids: the triplets it erased, never these.
+    kept = [e for e in touched if not (isinstance(e, dict) and int(e.get("id", 0)) in erased)]
+    if (new_edge_id is not None and int(new_edge_id) in erased) or (touched and not kept):
+        await db.execute("DELETE FROM graph_purges WHERE id = ?", (purge_id,))
+        return None
+    return kept
 
 
 _RECORDS = "SELECT id, chat_id, actor, edges, new_edge_id FROM graph_purges WHERE tenant = ? AND "

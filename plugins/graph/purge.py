@@ -122,6 +122,7 @@ async def purge(
     elif mode == "hard":
         await delete_edges(db, ids)
         await delete_orphans(db, scope)
+        await history.forget_triplets(db, scope.tenant, scope.user_id, ids)
     else:
         assert new_triplet is not None
         await close_edges(db, ids, "superseded", at)

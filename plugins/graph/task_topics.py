@@ -67,7 +67,7 @@ async def follow(db: GraphSQL, node: Node, scope: GraphScope, message_ids: Seque
     """Record that the task ``node`` followed ``message_ids`` (after those it followed before): a
     row each. A list its props still hold moves into the rows first, once."""
     earlier = followed(node.props)
-    if earlier:
+    if "message_ids" in node.props:
         node.props = {k: v for k, v in node.props.items() if k != "message_ids"}
         await db.execute(
             "UPDATE graph_nodes SET props = ? WHERE id = ?",
@@ -117,7 +117,7 @@ async def tasks_citing(
     found = []
     for node in await _tasks_naming(db, tenant, chat_id, gone):
         every = await messages_followed(db, node)
-        if not every and "messages" in node.props:
+        if not every and "messages" in node.props and "message_ids" not in node.props:
             every = await _recorded_start(db, node)
         if gone.intersection(every):
             found.append(CitingTask(node, every))
@@ -200,6 +200,11 @@ async def remake(
             vector = unit(vectors[mid])
             topic, count = (vector, 1) if topic is None else continued(topic, count, vector)
     props["messages"] = max(count, 1)
+    if not left:
+        # Says the task's messages are recorded (none left), unlike one from before tasks recorded
+        # them, whose first message is looked up (:func:`_recorded_start`): a task the tools made
+        # and auto_tasks followed was taken for one, and a later forget deleted it whole.
+        props["message_ids"] = []
     if "described_by" in node.props and node.props["described_by"] in messages:
         describer = next((mid for mid in left if mid in texts), left[0] if left else None)
         props["described_by"] = describer

@@ -57,9 +57,11 @@ class TaskView:
 
 
 TASKS_A_QUERY = 2_000
-# A task purged whole keeps its node but no active triplet: it is not in the chain.
+# A task purged whole keeps its node but no active triplet of the chain: it is not in the chain
+# (as :func:`task_views` reads it).
 _LINKED = (
     "EXISTS (SELECT 1 FROM graph_edges e WHERE e.status = 'active' "
+    "AND e.relation IN ('HAS_STATE', 'CONTAINS_INFO', 'NEXT_TASK') "
     "AND (e.subject_id = n.id OR e.object_id = n.id))"
 )
 _HAS_STATE = (
