@@ -9,6 +9,7 @@ query filters by scope in the same statement.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from narrmem_plugins.storage_postgres.escape import unesc
@@ -196,14 +197,19 @@ MEMORY_WORDS = [
 ]
 
 
-async def count_keyword_tokens(conn: Any) -> None:
+# A pass over the memories: the connection, the id to go on after, and what to tell once the rows
+# up to an id are written.
+Progress = Callable[[int], Awaitable[None]]
+
+
+async def count_keyword_tokens(conn: Any, after: int, progress: Progress) -> None:
     """Fill ``keyword_tokens`` of rows that have none, from their texts (a batch at a time), and
     write their keyword documents again so that they move into the row."""
-    last = 0
+    last = after
     while True:
         rows = await conn.fetch(
             "SELECT id, COALESCE(embed_text, text), context_text FROM memories "
-            "WHERE keyword_tokens IS NULL AND id > $1 ORDER BY id LIMIT 5000",
+            "WHERE keyword_tokens IS NULL AND id > $1 ORDER BY id LIMIT 1000",
             last,
         )
         if not rows:
@@ -213,22 +219,23 @@ async def count_keyword_tokens(conn: Any) -> None:
             [(keyword_tokens(unesc(r[1]) or "", unesc(r[2])), r[0]) for r in rows],
         )
         last = rows[-1][0]
+        await progress(last)
 
 
 # A Latin letter with an accent, precomposed or as a combining mark: what folding may change.
 ACCENTED = "[\u00c0-\u024f\u1e00-\u1eff\u2c60-\u2c7f\ua720-\ua7ff\u0300-\u036f]"
 
 
-async def fold_keyword_accents(conn: Any) -> None:
+async def fold_keyword_accents(conn: Any, after: int, progress: Progress) -> None:
     """Write again the keyword documents of rows whose texts hold an accented Latin letter, with
     the accents folded (a batch at a time; the other rows' documents are already as folding
     makes them)."""
     config = await conn.fetchval("SELECT value FROM meta WHERE key = 'text_config'")
-    last = 0
+    last = after
     while config is not None:
         rows = await conn.fetch(
             "SELECT id, COALESCE(embed_text, text), context_text FROM memories "
-            "WHERE id > $1 AND (COALESCE(embed_text, text) ~ $2 OR context_text ~ $2) ORDER BY id LIMIT 5000",
+            "WHERE id > $1 AND (COALESCE(embed_text, text) ~ $2 OR context_text ~ $2) ORDER BY id LIMIT 1000",
             last,
             ACCENTED,
         )
@@ -242,6 +249,7 @@ async def fold_keyword_accents(conn: Any) -> None:
             ],
         )
         last = rows[-1][0]
+        await progress(last)
 
 
 # Relations another program may hold in the schema narrmem would use: tables, views, materialized
@@ -312,13 +320,23 @@ async def refuse_a_schema_in_use(conn: Any, where: str) -> None:
         )
 
 
-# Work in Python that follows a step of SQL, by the version the step brings the schema to.
-AFTER_STEP = {2: count_keyword_tokens, 6: fold_keyword_accents}
+# Work in Python that follows a step of SQL, by the version the step brings the schema to: it
+# writes rows again a batch at a time, each batch its own transaction, after the steps' one.
+AFTER_STEP: dict[int, Callable[[Any, int, Progress], Awaitable[None]]] = {
+    2: count_keyword_tokens,
+    6: fold_keyword_accents,
+}
+# A pass still to run (or to finish) is a row of meta, "pass_pending:<step>", written with its
+# step; its value is the id of the last row the pass wrote ('' before the first).
+PASS_PENDING = "pass_pending:"
+# Held (per session) by the worker running a pass: another worker opening meanwhile goes on.
+PASS_LOCK = MIGRATION_LOCK + 0x100
 
 
 async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int, where: str = "the database") -> int:
-    """Bring the schema to the latest version in one transaction, under a lock every worker takes.
-    A new store is made only in a schema of its own (:func:`refuse_a_schema_in_use`)."""
+    """Bring the schema to the latest version in one transaction, under a lock every worker takes,
+    then run what the steps left to :func:`run_pending_passes`. A new store is made only in a
+    schema of its own (:func:`refuse_a_schema_in_use`)."""
     steps = migrations(dim, m=m, ef_construction=ef_construction)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
@@ -335,10 +353,44 @@ async def migrate(conn: Any, dim: int, *, m: int, ef_construction: int, where: s
         for number in range(version, len(steps)):
             for statement in steps[number]:
                 await conn.execute(statement)
-            if number + 1 in AFTER_STEP:
-                await AFTER_STEP[number + 1](conn)
+            if number + 1 in AFTER_STEP and version > 0:  # a new store has no rows to write again
+                await conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ($1, '') ON CONFLICT (key) DO NOTHING",
+                    f"{PASS_PENDING}{number + 1}",
+                )
             await conn.execute("INSERT INTO narrmem_schema (version) VALUES ($1)", number + 1)
+    await run_pending_passes(conn)
     return len(steps)
+
+
+async def run_pending_passes(conn: Any) -> None:
+    """Run the passes migrations left (:data:`AFTER_STEP`), oldest step first, each row batch in a
+    transaction of its own: run inside the migration's transaction, a pass over a million rows held
+    the lock every worker's open waits for, and the locks of every row it wrote, for minutes, and a
+    worker killed meanwhile (a deploy's health check) lost it all. A pass is done again from where
+    its rows show it stopped (each pass writes only rows still to be written). One that another
+    worker is running is left to it; searches meanwhile meet rows not yet written again (a keyword
+    length of 0, an accent not folded)."""
+    rows = await conn.fetch("SELECT key FROM meta WHERE key LIKE $1", f"{PASS_PENDING}%")
+    for step in sorted(int(str(row["key"]).removeprefix(PASS_PENDING)) for row in rows):
+        key = f"{PASS_PENDING}{step}"
+        if step not in AFTER_STEP or not await conn.fetchval(
+            "SELECT pg_try_advisory_lock($1)", PASS_LOCK + step
+        ):
+            continue
+        try:
+            # Read under the lock: the worker that held it may have gone on meanwhile, or finished.
+            done = await conn.fetchval("SELECT value FROM meta WHERE key = $1", key)
+            if done is None:
+                continue
+
+            async def progress(last: int, key: str = key) -> None:
+                await conn.execute("UPDATE meta SET value = $1 WHERE key = $2", str(last), key)
+
+            await AFTER_STEP[step](conn, int(done or 0), progress)
+            await conn.execute("DELETE FROM meta WHERE key = $1", key)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", PASS_LOCK + step)
 
 
 SCHEMA_VERSION = len(migrations(1, m=16, ef_construction=64))
