@@ -31,12 +31,13 @@ async def _refused(folder: Path, **storage: object) -> list[str]:
 
 async def test_a_sqlite_store_of_a_newer_narrmem_is_refused_naming_the_newer(tmp_path: Path) -> None:
     folder = tmp_path / "store"
-    async with open_memory(folder) as memory:
+    storage = {"storage": {"backend": "sqlite"}}
+    async with open_memory(folder, **storage) as memory:
         await memory.ingest(msg("1", "My greyhound Pixel loves the beach", user="bob"))
     with closing(sqlite3.connect(folder / "narrmem.sqlite3")) as db:
         db.execute(f"PRAGMA user_version = {SQLITE_SCHEMA + 1}")
         db.commit()
-    writing, reading = await _refused(folder)
+    writing, reading = await _refused(folder, **storage)
     assert "newer than this narrmem" in writing and "upgrade narrmem" in writing
     assert "written by a newer narrmem" in reading and "migrate" not in reading
     with closing(sqlite3.connect(folder / "narrmem.sqlite3")) as db:
