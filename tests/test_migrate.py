@@ -11,6 +11,7 @@ from typing import Any
 
 from _postgres import fresh_database
 
+from narrmem import hookimpl
 from narrmem.config import load_settings
 from narrmem.doors.migrate import migrate
 from narrmem.doors.transfer import export_jsonl
@@ -146,3 +147,28 @@ async def test_folder_to_postgres_and_back_is_lossless_and_resumable(tmp_path: P
             },
         )
         assert out["created"] == 1 and out["triplets"][0]["id"] > graph["graph.edges"]
+
+
+class SourceOnlySection:
+    """A plugin whose data the target cannot take (its import side is not loaded there)."""
+
+    narrmem_name = "leftbehind"
+
+    @hookimpl
+    async def narrmem_export_records(self, memory: Any) -> dict[str, list[dict[str, Any]]] | None:
+        return {"leftbehind.rows": [{"n": 1}, {"n": 2}]} if memory.read_only else None
+
+
+async def test_plugin_data_left_behind_is_not_a_verified_migration(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    async with open_memory(source) as mem:
+        await mem.ingest(
+            {"text": TEXTS[0], "user_id": "ann", "chat_id": "c1", "message_id": "m1", "ts": T0.isoformat()}
+        )
+    plugins = [TestingPlugin(), SourceOnlySection()]
+    report = await migrate(
+        str(source), str(tmp_path / "target"), progress=False, settings=hashed(), plugins=plugins,
+        load_entrypoints=False, queries=0,
+    )  # fmt: skip
+    assert report["counts_match"] and report["not_migrated"] == {"leftbehind.rows": 2}
+    assert not report["verified"]

@@ -738,7 +738,12 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
             print(f"recall agreement (top {report['recall']['k']}): {report['recall']['agreement']}")
         for table, rows in report["not_migrated"].items():
             print(f"not migrated: {table} ({rows} rows; no plugin of the target holds them)")
-        print("verified" if report["verified"] else "NOT verified: counts or recall differ")
+        if report["verified"]:
+            print("verified")
+        elif report["not_migrated"]:
+            print("NOT verified: plugin data was left behind (load its plugin on the target and run again)")
+        else:
+            print("NOT verified: counts or recall differ")
     return 0 if report["verified"] else 1
 
 

@@ -130,8 +130,12 @@ async def migrate(
         report["counts"] = {table: {"source": before[table], "target": after[table]} for table in COUNTED}
         report["counts_match"] = all(before[t] == after[t] for t in COUNTED)
         report["recall"] = await _compare_recall(src, dst, queries, k) if queries > 0 else None
-    report["verified"] = bool(report["counts_match"]) and (
-        report["recall"] is None or report["recall"]["agreement"] >= 0.9
+    # A plugin's data left behind is not a finished migration: the run said "verified" and exited
+    # 0 while a plugin not loaded on the target kept its whole table at the source.
+    report["verified"] = (
+        bool(report["counts_match"])
+        and not report["not_migrated"]
+        and (report["recall"] is None or report["recall"]["agreement"] >= 0.9)
     )
     return report
 
