@@ -496,3 +496,38 @@ async def test_a_forget_asked_while_an_earlier_one_ran_is_not_taken_for_it(tmp_p
         await memory.ingest(msg("m2", "I moved to Lisbon in March", ts=meanwhile.isoformat()))
         assert (await memory.forget(user_id="u1", asked_at=meanwhile))["memories"] == 1
         assert await store_sql(memory, EPISODES) == []
+
+
+class SeesTriage:
+    """A plugin's triage that notes every text it is asked about."""
+
+    narrmem_name = "sees_triage"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    @hookimpl(tryfirst=True)
+    def narrmem_triage(self, memory: Any, message: Message) -> None:
+        self.texts.append(message.text)
+
+
+async def test_a_held_message_of_someone_forgotten_since_is_not_triaged(tmp_path: Path) -> None:
+    """Its refusal ran triage to name a layer: the message's text embedded (kept in the embedder's
+    recent texts) and every plugin's triage run, one that counts what it refuses writing state
+    about the forgotten person that no forget would take away."""
+    import httpx
+
+    from narrmem.doors.server import create_app
+
+    clock = ManualClock(NOON)
+    spy = SeesTriage()
+    async with open_memory(tmp_path / "m", clock=clock, plugins=[spy]) as memory:
+        transport = httpx.ASGITransport(create_app(memory))
+        async with httpx.AsyncClient(transport=transport, base_url="http://narrmem.test") as client:
+            await memory.forget(user_id="ann")
+            clock.advance(minutes=5)
+            before = (NOON - dt.timedelta(minutes=10)).isoformat()
+            held = msg("1", "My bank card PIN is on a note in my wallet", user="ann", held_since=before)
+            result = (await client.post("/v1/ingest", json=held)).json()
+    assert not result["stored"] and result["layer"] == "ignore" and "forgotten since" in result["reason"]
+    assert spy.texts == []
