@@ -143,8 +143,9 @@ def narrmem_triage(memory: MemoryView, message: Message) -> TriageDecision | Non
     cheap rules first, no embedding, no I/O for a message the plugin passes on (a plugin may
     write its own bookkeeping of a message it decides, as the spoiler example counts what it
     refuses). It runs for every message ingested, and for ``Memory.triage``, a dry run that
-    stores nothing; not for a held message refused because its person was forgotten since. If every implementation returns ``None`` or raises, the host
-    keeps the message as an episode (``accumulate``), so nothing is lost.
+    stores nothing; not for a held message refused because its person was forgotten since. If
+    every implementation returns ``None`` or raises, the host keeps the message as an episode
+    (``accumulate``), so nothing is lost.
     A decision may carry a ``gist``, the message without the small talk around what it says:
     the episode's vector is made of it, while the keyword index and recall keep the whole text.
     """
