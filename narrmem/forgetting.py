@@ -367,6 +367,25 @@ class Forgetting:
             self._purge_later()
         return {"memories": counts.get("memories", 0)}
 
+    async def memories(self, scope: Scope, memory_ids: Sequence[int]) -> int:
+        """Delete these memories of ``scope`` by id (not their messages): out of the store, the
+        embedder's recent texts and every plugin's keeping (``narrmem_after_delete``), and out of
+        the files at the next purge, as a deleted message's are. How many were deleted."""
+        store = self.memory.store
+        async with self.write_lock:
+            removed = list((await store.get(list(memory_ids), scope)).values())
+            deleted = await store.delete([r.id for r in removed if r.id is not None], scope)
+        embedder = self.memory.embedder
+        if isinstance(embedder, ForgetsRecentTexts):
+            embedder.forget_recent_texts()
+        if removed:
+            await self.memory.host.call_every(
+                "narrmem_after_delete", memory=self.memory, tenant=scope.tenant, removed=removed
+            )
+        if deleted:
+            self._purge_later()
+        return deleted
+
     async def _last_job(self) -> int:
         """The id of the last forget job begun (0 on a store that cannot tell: every job of the
         message recorded then counts)."""

@@ -415,6 +415,16 @@ def narrmem_turn_context(
 
 
 @hookspec
+def narrmem_after_delete(memory: MemoryView, tenant: str, removed: list[MemoryRecord]) -> None:
+    """Memories were deleted by id (``Memory.forget_memories``, as the ``soul_narrative`` tool's
+    ``forget`` of a scene does), not as a forget of their messages or scope: the messages they
+    came from, and what else was made of them, stay. A plugin that keeps anything keyed by these
+    memories' ids, or copied from their text, drops it here. Called once the store has deleted
+    them; a plugin that raises is reported (``narrmem_plugin_error``) and the others still run.
+    """
+
+
+@hookspec
 def narrmem_after_forget(
     memory: MemoryView,
     tenant: str,

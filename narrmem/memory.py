@@ -16,6 +16,7 @@ from narrmem import recall as recall_pipeline
 from narrmem.checks import aware_time_argument, sequence_argument
 from narrmem.config import Acknowledge
 from narrmem.errors import InputError
+from narrmem.importance import memory_id_list
 from narrmem.ingest import TriggerCallback, as_message, attributed, speaker_of
 from narrmem.lifecycle import MemoryLifecycle, while_open
 from narrmem.models import (
@@ -329,6 +330,23 @@ class Memory(MemoryLifecycle):
         counts = await self._forgetting.messages(scope_of(tenant, chat_id=chat_id), message_ids)
         await self._purge_marks()
         return counts
+
+    @while_open
+    async def forget_memories(
+        self,
+        memory_ids: Sequence[int],
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str = "default",
+    ) -> dict[str, int]:
+        """Delete these memories by id, within the scope given (ids outside it are left): a scene
+        a person asked to have forgotten. The messages they came from, and what else was made of
+        them, stay (:meth:`forget_messages` deletes by message). Their words leave the process at
+        once and the files at the next purge, as a deleted message's do."""
+        scope = scope_of(tenant, user_id, chat_id)
+        deleted = await self._forgetting.memories(scope, memory_id_list(memory_ids))
+        return {"memories": deleted}
 
     async def _purge_marks(self) -> None:
         # After the forget, outside its turn to write: the forget is done whatever this finds.

@@ -37,8 +37,9 @@ class MemoryView(Protocol):
       loaded model.
     - ``host``: the plugin host, to call other hooks (``call``, ``call_first``) and to find a
       plugin object by class (``plugin(cls)``).
-    - ``recall``, ``ingest`` (for derived memories), ``importance_now``, ``decay``: the public
-      API, as a bot calls it.
+    - ``recall``, ``ingest`` (for derived memories), ``importance_now``, ``decay``,
+      ``forget_memories`` (a memory deleted by id, with every plugin told): the public API, as a
+      bot calls it.
     """
 
     settings: Settings
@@ -62,3 +63,12 @@ class MemoryView(Protocol):
     async def importance_now(self, records: Sequence[MemoryRecord]) -> dict[int, float]: ...
 
     async def decay(self, now: datetime | None = None) -> dict[str, int]: ...
+
+    async def forget_memories(
+        self,
+        memory_ids: Sequence[int],
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        tenant: str = "default",
+    ) -> dict[str, int]: ...

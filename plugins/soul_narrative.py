@@ -152,7 +152,9 @@ async def soul_narrative(memory: MemoryView, args: SoulNarrativeInput) -> SoulNa
             raise InputError("no scene with this id in this scope", field="id")
         scenes = [record]
         if args.action == "forget":
-            await memory.store.delete([args.id], scope)
+            # As any forget: the plugins told, its words out of the process and, at the next
+            # purge, the files (a delete in the store alone did neither).
+            await memory.forget_memories([args.id], **scope.model_dump())
     now = await memory.importance_now(scenes)
     return SoulNarrativeOutput(
         action=args.action, scenes=[_out(r, now) for r in scenes], count=len(scenes), more=more
