@@ -530,8 +530,8 @@ class Why(_Sent):
     query words it contains; ``sources`` is each recall source's rank for it (0 = its best);
     ``fused`` is the ranker's score before importance (0 to 1; the built-in ranker's estimate that
     the memory answers); ``importance_now`` the importance after decay and ``importance_factor``
-    what it multiplied the fused score by; ``boosts`` any other plugin's factors; ``age_days`` how
-    old the memory is.
+    what every plugin's weights multiplied the fused score by; ``boosts`` each plugin's own weight
+    by its name (``{"hippocampus": 0.81}``); ``age_days`` how old the memory is.
     ``relevant`` says whether the hit cleared the relevance floor (``[recall] min_similarity`` or
     a keyword match); only relevant hits are returned, and only relevant ones can be reinforced.
     """

@@ -73,7 +73,7 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
     if ranking is None:
         weights = memory.settings.recall.weights
         ranking = reciprocal_rank_fusion(candidates, weights=weights or None, normalize=True)
-    factors = await _importance_factors(memory, request, records)
+    factors, boosts = await _importance_factors(memory, request, records)
     weighted = sorted(
         ((mid, min(1.0, max(0.0, score)) * factors.get(mid, 1.0)) for mid, score in ranking),
         key=lambda item: (-item[1], item[0]),
@@ -99,6 +99,7 @@ async def run(memory: Memory, request: RecallRequest) -> list[Hit]:
         why = explain(
             record, dense[mid], fused[mid], now_values.get(mid, record.importance), factors.get(mid, 1.0)
         )
+        why.boosts = boosts.get(mid, {})
         if not why.relevant:
             continue
         covered.append(origin)
@@ -170,15 +171,30 @@ async def _records_and_vectors(
 
 async def _importance_factors(
     memory: Memory, request: RecallRequest, records: dict[int, MemoryRecord]
-) -> dict[int, float]:
-    tables = await memory.host.call("narrmem_weigh", memory=memory, request=request, records=records)
+) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
+    """Each memory's weight (the product of every plugin's, at most 1), and each plugin's own by
+    its name (``Why.boosts``). A weight outside (0, 1] breaks the hook's contract: it is reported
+    as the plugin's error and left out (clamped, a weight of 2 cancelled another plugin's decay
+    unseen, and 0 or less sank the memory)."""
+    tables = await memory.host.call_named("narrmem_weigh", memory=memory, request=request, records=records)
     factors: dict[int, float] = {}
-    for memory_id in records:
-        factor = 1.0
-        for table in tables:
-            factor *= max(1e-6, float(table.get(memory_id, 1.0)))
-        factors[memory_id] = min(1.0, factor)
-    return factors
+    boosts: dict[int, dict[str, float]] = {}
+    for plugin, table in tables:
+        refused = []
+        for memory_id, weight in (table or {}).items():
+            if memory_id not in records:
+                continue
+            if not (isinstance(weight, int | float) and 0.0 < float(weight) <= 1.0):
+                refused.append(f"{weight!r} for memory {memory_id}")
+                continue
+            factors[memory_id] = factors.get(memory_id, 1.0) * float(weight)
+            boosts.setdefault(memory_id, {})[plugin] = round(float(weight), 4)
+        if refused:
+            error = PluginError(
+                f"plugin '{plugin}' gave weights outside (0, 1], left out: {', '.join(refused[:3])}"
+            )
+            await memory.host.report(plugin, "narrmem_weigh", error)
+    return {memory_id: min(1.0, factor) for memory_id, factor in factors.items()}, boosts
 
 
 async def _similarities(
