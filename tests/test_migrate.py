@@ -172,3 +172,50 @@ async def test_plugin_data_left_behind_is_not_a_verified_migration(tmp_path: Pat
     )  # fmt: skip
     assert report["counts_match"] and report["not_migrated"] == {"leftbehind.rows": 2}
     assert not report["verified"]
+
+
+class RoundTrip:
+    """A plugin whose section the target takes, noting what it was handed."""
+
+    narrmem_name = "roundtrip"
+
+    def __init__(self) -> None:
+        self.handed: list[Any] = []
+
+    @hookimpl
+    async def narrmem_export_records(self, memory: Any) -> dict[str, list[dict[str, Any]]] | None:
+        rows = [{"n": n, "text": f"row {n} é"} for n in range(1200)]
+        return {"roundtrip.rows": rows} if memory.read_only else None
+
+    @hookimpl
+    async def narrmem_import_records(
+        self, memory: Any, sections: dict[str, Any], dry_run: bool
+    ) -> dict[str, int] | None:
+        rows = sections.get("roundtrip.rows")
+        if rows is None:
+            return None
+        self.handed.append((type(rows), len(rows), rows[1199], list(rows)[:2]))
+        return {"roundtrip.rows": len(rows)}
+
+
+async def test_plugin_sections_are_spooled_to_a_file_not_held(tmp_path: Path) -> None:
+    """A plugin's section was read whole into a list before the target took it: a graph of
+    millions of rows took gigabytes at the migration of a store that outgrew one process."""
+    source = tmp_path / "source"
+    async with open_memory(source) as mem:
+        await mem.ingest(
+            {"text": TEXTS[0], "user_id": "ann", "chat_id": "c1", "message_id": "m1", "ts": T0.isoformat()}
+        )
+    plugin = RoundTrip()
+    report = await migrate(
+        str(source), str(tmp_path / "target"), progress=False, settings=hashed(),
+        plugins=[TestingPlugin(), plugin], load_entrypoints=False, queries=0,
+    )  # fmt: skip
+    assert report["verified"] and report["plugin_sections"]["roundtrip.rows"] == 1200
+    assert len(plugin.handed) == 2  # the dry run, then the import
+    kind, count, last, first = plugin.handed[-1]
+    assert kind is not list and count == 1200
+    assert last == {"n": 1199, "text": "row 1199 é"} and first == [
+        {"n": 0, "text": "row 0 é"},
+        {"n": 1, "text": "row 1 é"},
+    ]

@@ -11,12 +11,15 @@ The end check compares row counts per table and the top hits of a sample of reca
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
+import json
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from array import array
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from pydantic import SecretStr
@@ -197,25 +200,79 @@ async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int
     target by its plugins the way ``narrmem import`` does it (checked on a dry run first). Sections
     no plugin of the target takes (a plugin idle on that backend) are left out, with their row
     counts returned as not migrated and a warning."""
-    # Handed to the target's plugins whole, as an import does.
-    whole = {
-        name: [row async for row in each_record(rows)] for name, rows in (await plugin_sections(src)).items()
-    }
-    sections = {name: rows for name, rows in whole.items() if rows}
-    if not sections:
-        return {}, {}
-    claimed: dict[str, int] = {}
-    for dry_run in (True, False):
-        claimed = {}
-        parts = await dst.host.call(
-            "narrmem_import_records", isolate=False, memory=dst, sections=sections, dry_run=dry_run
-        )
-        for part in parts:
-            claimed.update(part or {})
+    with tempfile.TemporaryDirectory(prefix="narrmem-migrate-") as folder:
+        sections: dict[str, SpooledSection] = {}
+        for name, rows in (await plugin_sections(src)).items():
+            spooled = SpooledSection(Path(folder) / f"section-{len(sections)}.jsonl")
+            async with contextlib.aclosing(each_record(rows)) as records:
+                await spooled.fill(records)
+            if len(spooled):
+                sections[name] = spooled
+        if not sections:
+            return {}, {}
+        claimed: dict[str, int] = {}
+        for dry_run in (True, False):
+            claimed = {}
+            parts = await dst.host.call(
+                "narrmem_import_records", isolate=False, memory=dst, sections=sections, dry_run=dry_run
+            )
+            for part in parts:
+                claimed.update(part or {})
     left = {name: len(rows) for name, rows in sections.items() if name not in claimed}
     if left:
         log.warning("not migrated (no plugin of the target takes them): %s", left)
     return claimed, left
+
+
+class SpooledSection(Sequence[dict[str, Any]]):
+    """A plugin section of the source, written to a temporary file as it is read and read back
+    from it as the target's plugins ask (as ``narrmem import`` hands a file's sections over): held
+    whole, a graph of millions of rows took gigabytes at the migration a store outgrowing one
+    process needs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offsets: array[int] = array("q")
+
+    async def fill(self, records: AsyncIterator[dict[str, Any]]) -> None:
+        batch: list[dict[str, Any]] = []
+        async for record in records:
+            batch.append(record)
+            if len(batch) >= BATCH:
+                await asyncio.to_thread(self._append, batch)
+                batch = []
+        await asyncio.to_thread(self._append, batch)
+
+    def _append(self, records: list[dict[str, Any]]) -> None:
+        with self.path.open("ab") as out:
+            for record in records:
+                self.offsets.append(out.tell())
+                out.write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return list(self._read(range(len(self))[index]))
+        return next(self._read([range(len(self))[index]]))
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for start in range(0, len(self), BATCH):
+            yield from self._read(range(start, min(start + BATCH, len(self))))
+
+    def _read(self, indexes: Iterable[int]) -> Iterator[dict[str, Any]]:
+        with self.path.open("rb") as source:
+            for index in indexes:
+                source.seek(self.offsets[index])
+                record: dict[str, Any] = json.loads(source.readline())
+                yield record
 
 
 async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int) -> dict[str, Any]:
