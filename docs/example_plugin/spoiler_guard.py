@@ -48,8 +48,13 @@ class SpoilerGuard(Configured[SpoilerOptions], name=NAME, options=SpoilerOptions
         if not (len(text) > 2 * len(marker) and text.startswith(marker) and text.endswith(marker)):
             return None  # not ours: the next triage (the built-in one) decides
         key = _key(message.tenant, message.user_id)
-        state = await memory.store.state_get(NAME, key) or {"refused": 0}
-        await memory.store.state_put(NAME, key, {"refused": int(state["refused"]) + 1})
+        # Compare-and-set: workers sharing a store count the same user at once, and a read then
+        # a write would lose one another's counts.
+        while True:
+            state = await memory.store.state_get(NAME, key)
+            counted = {"refused": int(state["refused"]) + 1 if state else 1}
+            if await memory.store.state_put_if(NAME, key, counted, state):
+                break
         return TriageDecision(layer="ignore", reason="spoiler")
 
     @hookimpl
