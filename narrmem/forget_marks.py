@@ -227,13 +227,12 @@ async def write_held(
             await forget_written(memory, message)
             results[index] = _not_stored(results[index], FORGOTTEN_SINCE)
     for index, reason in refused.items():
-        # Not triaged: its text would be embedded (and kept in the embedder's recent texts) and
-        # every plugin's triage run for a message of someone forgotten since (a plugin counting
-        # what it refused wrote state about them that no forget would take away).
         message = sent[index][0]
-        results[index] = IngestResult(
-            message_id=message.message_id, layer="ignore", stored=False, reason=reason
-        )
+        # One of someone forgotten since is not triaged: its text would be embedded (and kept in
+        # the embedder's recent texts) and every plugin's triage run for it (a plugin counting
+        # what it refused wrote state about them that no forget would take away).
+        layer = "ignore" if reason == FORGOTTEN_SINCE else (await memory.triage(message)).layer
+        results[index] = IngestResult(message_id=message.message_id, layer=layer, stored=False, reason=reason)
     return [results[index] for index in range(len(sent))]
 
 

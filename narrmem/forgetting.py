@@ -371,19 +371,28 @@ class Forgetting:
         """Delete these memories of ``scope`` by id (not their messages): out of the store, the
         embedder's recent texts and every plugin's keeping (``narrmem_after_delete``), and out of
         the files at the next purge, as a deleted message's are. How many were deleted."""
+        return await self._to_the_end(self._memories(scope, memory_ids))
+
+    async def _memories(self, scope: Scope, memory_ids: Sequence[int]) -> int:
         store = self.memory.store
-        async with self.write_lock:
-            removed = list((await store.get(list(memory_ids), scope)).values())
-            deleted = await store.delete([r.id for r in removed if r.id is not None], scope)
+        # As a message's forget: what is being written and the hooks owed run first, so that no
+        # hook writes a copy of a memory after its plugin was told it is gone.
+        async with self.fence.forgetting():
+            await self._quiet()
+            async with self.write_lock:
+                removed = list((await store.get(list(memory_ids), scope)).values())
+                deleted = await store.delete([r.id for r in removed if r.id is not None], scope)
         embedder = self.memory.embedder
         if isinstance(embedder, ForgetsRecentTexts):
             embedder.forget_recent_texts()
-        if removed:
-            await self.memory.host.call_every(
-                "narrmem_after_delete", memory=self.memory, tenant=scope.tenant, removed=removed
-            )
         if deleted:
             self._purge_later()
+        if removed:
+            # Each plugin told though one fails (reported through narrmem_plugin_error): the
+            # memory is gone from the store whatever a plugin does.
+            await self.memory.host.call(
+                "narrmem_after_delete", memory=self.memory, tenant=scope.tenant, removed=removed
+            )
         return deleted
 
     async def _last_job(self) -> int:

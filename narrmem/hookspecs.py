@@ -289,8 +289,10 @@ def narrmem_weigh(
 ) -> dict[int, float] | None:
     """Multiplicative weights for ranked memories (importance after decay, say): each returned
     ``{memory_id: weight}`` multiplies that memory's fused score before the final cut to ``k``.
-    Weights must be in (0, 1] (the product is capped at 1, so scores stay in [0, 1]); a memory a
-    plugin does not mention keeps weight 1."""
+    Weights must be in [0, 1] (the product is capped at 1, so scores stay in [0, 1]; 0 sinks the
+    memory); a memory a plugin does not mention keeps weight 1. A weight outside, or not a
+    number, is reported as the plugin's error (``narrmem_plugin_error``) and left out. Each
+    plugin's weight is shown in ``Why.boosts`` under its name."""
 
 
 @hookspec
@@ -420,7 +422,8 @@ def narrmem_after_delete(memory: MemoryView, tenant: str, removed: list[MemoryRe
     ``forget`` of a scene does), not as a forget of their messages or scope: the messages they
     came from, and what else was made of them, stay. A plugin that keeps anything keyed by these
     memories' ids, or copied from their text, drops it here. Called once the store has deleted
-    them; a plugin that raises is reported (``narrmem_plugin_error``) and the others still run.
+    them; a plugin that raises is reported (``narrmem_plugin_error``) and the others still run
+    (the deletion stands, and is not tried again: keep nothing a failed call would leave).
     """
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from numbers import Real
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -173,9 +174,9 @@ async def _importance_factors(
     memory: Memory, request: RecallRequest, records: dict[int, MemoryRecord]
 ) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
     """Each memory's weight (the product of every plugin's, at most 1), and each plugin's own by
-    its name (``Why.boosts``). A weight outside (0, 1] breaks the hook's contract: it is reported
-    as the plugin's error and left out (clamped, a weight of 2 cancelled another plugin's decay
-    unseen, and 0 or less sank the memory)."""
+    its name (``Why.boosts``). A weight outside [0, 1] (or not a number) breaks the hook's
+    contract: it is reported as the plugin's error and left out (clamped, a weight of 2 cancelled
+    another plugin's decay unseen)."""
     tables = await memory.host.call_named("narrmem_weigh", memory=memory, request=request, records=records)
     factors: dict[int, float] = {}
     boosts: dict[int, dict[str, float]] = {}
@@ -184,14 +185,14 @@ async def _importance_factors(
         for memory_id, weight in (table or {}).items():
             if memory_id not in records:
                 continue
-            if not (isinstance(weight, int | float) and 0.0 < float(weight) <= 1.0):
+            if isinstance(weight, bool) or not (isinstance(weight, Real) and 0.0 <= float(weight) <= 1.0):
                 refused.append(f"{weight!r} for memory {memory_id}")
                 continue
             factors[memory_id] = factors.get(memory_id, 1.0) * float(weight)
             boosts.setdefault(memory_id, {})[plugin] = round(float(weight), 4)
         if refused:
             error = PluginError(
-                f"plugin '{plugin}' gave weights outside (0, 1], left out: {', '.join(refused[:3])}"
+                f"plugin '{plugin}' gave weights outside [0, 1], left out: {', '.join(refused[:3])}"
             )
             await memory.host.report(plugin, "narrmem_weigh", error)
     return {memory_id: min(1.0, factor) for memory_id, factor in factors.items()}, boosts

@@ -136,6 +136,11 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             self._unwritten[key] = (self._unwritten.get(key, set()) | {message.message_id}) & kept
 
     @hookimpl
+    def narrmem_after_delete(self) -> None:
+        """A memory deleted by id: the answer model's cache of texts read may hold its text."""
+        forget_cached_texts()
+
+    @hookimpl
     async def narrmem_after_forget(
         self,
         memory: MemoryView,

@@ -52,3 +52,24 @@ async def test_a_scene_forgotten_by_id_tells_the_plugins_and_leaves_the_files(tm
     assert any("Pixel" in text for text in texts)  # the message's memories stay
     if sqlite:
         assert _files_with(folder, MARKER) == []
+
+
+class FailsToHear:
+    narrmem_name = "fails_to_hear"
+
+    @hookimpl
+    def narrmem_after_delete(self) -> None:
+        raise RuntimeError("its own service is down")
+
+
+async def test_a_plugin_that_fails_to_hear_a_delete_holds_no_other_back(tmp_path: Path) -> None:
+    ear = HearsDeletes()
+    async with open_memory(tmp_path / "store", plugins=[FailsToHear(), ear]) as mem:
+        added = await mem.call_tool(
+            "soul_narrative", {"action": "add", "user_id": "ann", "event": "Ann sailed to Zqisland"}
+        )
+        scene = added["scenes"][0]["id"]
+        assert await mem.forget_memories([scene], user_id="ann") == {"memories": 1}
+        errors = [(plugin, hook) for plugin, hook, _ in mem.host.errors]
+    assert ear.heard == [("default", [scene])]
+    assert ("fails_to_hear", "narrmem_after_delete") in errors

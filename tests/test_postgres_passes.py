@@ -7,10 +7,17 @@ worker's open, and the row locks of everything it wrote, until it ended."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from _postgres import fresh_database
-from narrmem_plugins.storage_postgres.schema import PASS_LOCK, PASS_PENDING, SCHEMA_VERSION, migrations
+from narrmem_plugins.storage_postgres.schema import (
+    PASS_LOCK,
+    PASS_PENDING,
+    SCHEMA_VERSION,
+    fold_keyword_accents,
+    migrations,
+)
 from narrmem_plugins.storage_postgres.store import PostgresStore
 from test_store_contract import DIM, MODEL
 
@@ -91,3 +98,43 @@ async def test_an_open_leaves_a_pass_another_worker_runs_and_a_later_open_finish
         await other.close()
     found, pending = await _found(dsn, "cafe zurich creme")
     assert sorted(found) == [1, 2, 3] and pending == {}
+
+
+class EditedMeanwhile:
+    """A connection on which another worker edits the first row right after the pass reads it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.edited = False
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        rows = await self.conn.fetch(query, *args)
+        if not self.edited:
+            self.edited = True
+            await self.conn.execute(
+                "UPDATE memories SET text = 'We met at the bakery', "
+                "keywords = setweight(to_tsvector('english', 'We met at the bakery'), 'A') WHERE id = 1"
+            )
+        return rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+async def test_a_pass_leaves_a_row_another_worker_wrote_since_it_read_it(tmp_path: Path) -> None:
+    """Run beside other workers, a pass wrote back a document made of a row's old text over the
+    one an edit had just written."""
+    dsn = await _store_of_schema_5("passes")
+    conn = await asyncpg.connect(dsn)
+    try:
+
+        async def progress(last: int) -> None:
+            return None
+
+        await fold_keyword_accents(EditedMeanwhile(conn), 0, progress)
+        words = await conn.fetchval("SELECT keywords::text FROM memories WHERE id = 1")
+        folded = await conn.fetchval("SELECT keywords::text FROM memories WHERE id = 2")
+    finally:
+        await conn.close()
+    assert "bakeri" in words and "cafe" not in words and "café" not in words
+    assert "zurich" in folded

@@ -1,7 +1,6 @@
 """``narrmem_weigh``: each plugin's weight is shown in ``Why.boosts`` under its name, and a weight
-outside (0, 1], which the hook's contract forbids, is reported as that plugin's error and left out
-(before, it was clamped without a word: a weight of 2 cancelled another plugin's decay, and 0
-sank the memory)."""
+outside [0, 1], which the hook's contract forbids, is reported as that plugin's error and left out
+(before, it was clamped without a word: a weight of 2 cancelled another plugin's decay)."""
 
 from __future__ import annotations
 
@@ -40,8 +39,17 @@ async def test_each_plugins_weight_is_shown_by_name(tmp_path: Path) -> None:
     assert why.importance_factor == round(0.5 * why.boosts["hippocampus"], 4)
 
 
+async def test_a_weight_of_zero_sinks_the_memory(tmp_path: Path) -> None:
+    import numpy as np
+
+    why, errors = await _why(tmp_path, 0.0)
+    assert errors == [] and why.boosts["weighs"] == 0.0 and why.importance_factor == 0.0
+    why, errors = await _why(tmp_path / "np", np.float64(0.5))
+    assert errors == [] and why.boosts["weighs"] == 0.5
+
+
 async def test_a_weight_outside_the_contract_is_reported_and_left_out(tmp_path: Path) -> None:
-    for weight in (2.0, 0.0, -1.0):
+    for weight in (2.0, -1.0, float("nan")):
         why, errors = await _why(tmp_path, weight)
         assert errors == [("weighs", "narrmem_weigh")], weight
         assert "weighs" not in why.boosts

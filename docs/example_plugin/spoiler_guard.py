@@ -49,8 +49,9 @@ class SpoilerGuard(Configured[SpoilerOptions], name=NAME, options=SpoilerOptions
             return None  # not ours: the next triage (the built-in one) decides
         key = _key(message.tenant, message.user_id)
         # Compare-and-set: workers sharing a store count the same user at once, and a read then
-        # a write would lose one another's counts.
-        while True:
+        # a write would lose one another's counts. A few tries: a count is not worth holding the
+        # message up for.
+        for _ in range(8):
             state = await memory.store.state_get(NAME, key)
             counted = {"refused": int(state["refused"]) + 1 if state else 1}
             if await memory.store.state_put_if(NAME, key, counted, state):

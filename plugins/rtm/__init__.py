@@ -30,6 +30,7 @@ from narrmem_plugins.rtm.user import UserSummaries
 
 from narrmem import hookimpl
 from narrmem.configured import Configured
+from narrmem.models import MemoryRecord
 from narrmem.tools import ToolTable
 from narrmem.view import MemoryView
 
@@ -86,6 +87,12 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
     def narrmem_after_forget(self, tenant: str, user_id: str | None) -> None:
         # Tool trees belong to a tenant, not a user; only cached user retellings hold user content.
         self.users.forget(tenant, user_id)
+
+    @hookimpl
+    def narrmem_after_delete(self, tenant: str, removed: list[MemoryRecord]) -> None:
+        # A retelling cached in this process told the deleted memories (a scene forgotten by id).
+        for user_id in {r.user_id for r in removed if r.user_id is not None}:
+            self.users.forget(tenant, user_id)
 
 
 def plugin_of(memory: MemoryView) -> RTMPlugin:

@@ -214,8 +214,11 @@ async def count_keyword_tokens(conn: Any, after: int, progress: Progress) -> Non
         )
         if not rows:
             return
+        # Only a row still without its count: run beside other workers, a row they wrote since
+        # the read has its own.
         await conn.executemany(
-            "UPDATE memories SET keyword_tokens = $1, keywords = keywords || ''::tsvector WHERE id = $2",
+            "UPDATE memories SET keyword_tokens = $1, keywords = keywords || ''::tsvector "
+            "WHERE id = $2 AND keyword_tokens IS NULL",
             [(keyword_tokens(unesc(r[1]) or "", unesc(r[2])), r[0]) for r in rows],
         )
         last = rows[-1][0]
@@ -241,10 +244,20 @@ async def fold_keyword_accents(conn: Any, after: int, progress: Progress) -> Non
         )
         if not rows:
             return
+        # Only a row whose texts are still those read: run beside other workers, an edit or a
+        # context line written since the read made its own document, which this must not undo.
         await conn.executemany(
-            f"UPDATE memories SET keywords = {keywords_sql('$1', '$2', '$3')} WHERE id = $4",
+            f"UPDATE memories SET keywords = {keywords_sql('$1', '$2', '$3')} WHERE id = $4 "
+            "AND COALESCE(embed_text, text) = $5 AND context_text IS NOT DISTINCT FROM $6",
             [
-                (config, keyword_document(unesc(r[1]) or ""), keyword_document(unesc(r[2]) or ""), r[0])
+                (
+                    config,
+                    keyword_document(unesc(r[1]) or ""),
+                    keyword_document(unesc(r[2]) or ""),
+                    r[0],
+                    r[1],
+                    r[2],
+                )
                 for r in rows
             ],
         )
