@@ -157,17 +157,12 @@ class _Places:
             yield self.offsets[start : start + size], self.numbers[start : start + size]
 
 
-class FileRecords(Sequence[dict[str, Any]]):
-    """A plugin section of the file being imported, its records read from the file when they are
-    asked for (each without its ``section`` key): a section of millions of rows is taken without
-    holding it. Every line was checked as JSON already; a file changed since is refused."""
-
-    def __init__(self, scan: _Scan, section: str) -> None:
-        self.scan = scan
-        self.places = scan.sections[section]
+class ReadWhenAsked(Sequence[dict[str, Any]]):
+    """A plugin section handed to ``narrmem_import_records`` without being held: its records are
+    read (:meth:`_read`, by index) when they are asked for, a batch at a time when iterated."""
 
     def __len__(self) -> int:
-        return len(self.places)
+        raise NotImplementedError
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
@@ -183,6 +178,22 @@ class FileRecords(Sequence[dict[str, Any]]):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for start in range(0, len(self), BATCH):
             yield from self._read(range(start, min(start + BATCH, len(self))))
+
+    def _read(self, indexes: Sequence[int]) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+
+class FileRecords(ReadWhenAsked):
+    """A plugin section of the file being imported, its records read from the file when they are
+    asked for (each without its ``section`` key): a section of millions of rows is taken without
+    holding it. Every line was checked as JSON already; a file changed since is refused."""
+
+    def __init__(self, scan: _Scan, section: str) -> None:
+        self.scan = scan
+        self.places = scan.sections[section]
+
+    def __len__(self) -> int:
+        return len(self.places)
 
     def _read(self, indexes: Sequence[int]) -> Iterator[dict[str, Any]]:
         _unchanged(self.scan)

@@ -19,7 +19,7 @@ import tempfile
 from array import array
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 from pydantic import SecretStr
@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from narrmem import logs
 from narrmem.config import Settings, load_settings
+from narrmem.doors.importing import ReadWhenAsked
 from narrmem.doors.transfer import each_record, plugin_sections
 from narrmem.errors import InputError, StoreError
 from narrmem.memory import Memory
@@ -224,7 +225,7 @@ async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int
     return claimed, left
 
 
-class SpooledSection(Sequence[dict[str, Any]]):
+class SpooledSection(ReadWhenAsked):
     """A plugin section of the source, written to a temporary file as it is read and read back
     from it as the target's plugins ask (as ``narrmem import`` hands a file's sections over): held
     whole, a graph of millions of rows took gigabytes at the migration a store outgrowing one
@@ -252,22 +253,7 @@ class SpooledSection(Sequence[dict[str, Any]]):
     def __len__(self) -> int:
         return len(self.offsets)
 
-    @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return list(self._read(range(len(self))[index]))
-        return next(self._read([range(len(self))[index]]))
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        for start in range(0, len(self), BATCH):
-            yield from self._read(range(start, min(start + BATCH, len(self))))
-
-    def _read(self, indexes: Iterable[int]) -> Iterator[dict[str, Any]]:
+    def _read(self, indexes: Sequence[int]) -> Iterator[dict[str, Any]]:
         with self.path.open("rb") as source:
             for index in indexes:
                 source.seek(self.offsets[index])
