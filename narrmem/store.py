@@ -159,9 +159,10 @@ class Store(Protocol):
         ...
 
     async def importance_states(
-        self, after_id: int, limit: int
+        self, after_id: int, limit: int, *, tenant: str | None = None
     ) -> list[tuple[int, float, datetime, float | None]]:
-        """``(id, importance, decay clock start, importance after decay at the last pass)`` in id order."""
+        """``(id, importance, decay clock start, importance after decay at the last pass)`` in id
+        order; of ``tenant``'s memories only, chosen by the query, when given."""
         ...
 
     async def set_current_importance(
@@ -433,10 +434,12 @@ class ReadsHistories(Protocol):
     built-in stores): an export read it memory by memory, a round trip each (hours a night for a
     store of tens of millions)."""
 
-    async def histories(self, first_id: int, last_id: int) -> dict[int, list[dict[str, Any]]]:
-        """The history rows of the memories whose id lies from ``first_id`` to ``last_id``, each
-        memory's as :meth:`Store.history` gives them (oldest first); a memory without any is
-        absent."""
+    async def histories(
+        self, first_id: int, last_id: int, *, tenant: str | None = None
+    ) -> dict[int, list[dict[str, Any]]]:
+        """The history rows of the memories whose id lies from ``first_id`` to ``last_id`` (of
+        ``tenant``'s memories only, chosen by the query, when given), each memory's as
+        :meth:`Store.history` gives them (oldest first); a memory without any is absent."""
         ...
 
 

@@ -38,10 +38,25 @@ async def test_a_tenants_export_is_read_by_tenant_and_says_what_it_leaves_out(tm
         read: list[str] = []
         async for record, _ in mem.store.export("acme"):
             read.append(record.tenant)
+        acme = set((await mem.store.get(list(range(1, 100)), None)).keys())
+        acme = {i for i in acme if (await mem.store.get([i], None))[i].tenant == "acme"}
+        states = await mem.store.importance_states(0, 100, tenant="acme")
+        histories = await mem.store.histories(0, 100, tenant="acme")
+        asked: list[dict[str, Any]] = []
+        for name in ("importance_states", "histories"):
+            original = getattr(mem.store, name)
+
+            async def spied(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                asked.append(kwargs)
+                return await _original(*args, **kwargs)
+
+            setattr(mem.store, name, spied)
         text = await _tenant_file(mem, "acme")
     (tmp_path / "acme.jsonl").write_text(text, encoding="utf-8")
     lines = [json.loads(line) for line in text.splitlines()]
     assert read and set(read) == {"acme"}  # the store's query, not a filter after it
+    assert {memory_id for memory_id, *_ in states} == acme and set(histories) == {hit.id}
+    assert asked and all(kwargs == {"tenant": "acme"} for kwargs in asked)
     header, *body, end = lines
     assert header["tenant"] == "acme" and header["left_out"] == LEFT_OUT_OF_A_TENANTS
     memories = [line for line in body if line["section"] == "memories"]

@@ -405,7 +405,7 @@ async def _tenant_lines(
     """The tenant's memories (each id appended to ``exported``), then their importance history."""
     async for section, line in _memory_lines(memory, tenant, exported):
         yield section, line
-    async for section, line in _importance_lines(memory, exported):
+    async for section, line in _importance_lines(memory, exported, tenant):
         yield section, line
 
 
@@ -427,9 +427,10 @@ async def _export_lines(memory: Memory) -> AsyncIterator[tuple[str, dict[str, An
 
 
 async def _importance_lines(
-    memory: Memory, exported: array[int]
+    memory: Memory, exported: array[int], tenant: str | None = None
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """The importance section of the memories ``exported``.
+    """The importance section of the memories ``exported`` (of ``tenant``, read by the store's
+    queries, when given: no other tenant's importance or history is read).
 
     The store is read a page at a time while the memory goes on working: this pass meets
     memories written after the memories section was read. Their lines are left out, so every
@@ -438,13 +439,12 @@ async def _importance_lines(
     in_file = np.sort(np.frombuffer(exported, dtype=np.int64))
     last = 0
     store = memory.store
-    while states := await store.importance_states(last, 1000):
+    only = {"tenant": tenant} if tenant is not None else {}
+    while states := await _states(store, last, only):
         ids = np.fromiter((state[0] for state in states), dtype=np.int64, count=len(states))
         # The page's histories in one read where the store can (a round trip per memory was
         # hours a night for a store of tens of millions).
-        page = (
-            await store.histories(states[0][0], states[-1][0]) if isinstance(store, ReadsHistories) else None
-        )
+        page = await _histories(store, states[0][0], states[-1][0], only)
         for (memory_id, _, _, current), held in zip(states, _held(in_file, ids), strict=True):
             if not held:
                 continue
@@ -452,6 +452,31 @@ async def _importance_lines(
             if events or current is not None:
                 yield IMPORTANCE, {"memory_id": memory_id, "current": current, "events": events}
         last = states[-1][0]
+
+
+async def _states(
+    store: Store, after: int, only: dict[str, str]
+) -> list[tuple[int, float, datetime, float | None]]:
+    try:
+        return await store.importance_states(after, 1000, **only)
+    except TypeError:
+        if not only:
+            raise
+        # A store from before the tenant argument: every tenant's, the caller keeps the file's.
+        return await store.importance_states(after, 1000)
+
+
+async def _histories(
+    store: Store, first: int, last: int, only: dict[str, str]
+) -> dict[int, list[dict[str, Any]]] | None:
+    if not isinstance(store, ReadsHistories):
+        return None
+    try:
+        return await store.histories(first, last, **only)
+    except TypeError:
+        if not only:
+            raise
+        return await store.histories(first, last)  # a store from before the tenant argument
 
 
 def _held(in_file: np.ndarray, ids: np.ndarray) -> list[bool]:

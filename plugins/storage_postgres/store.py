@@ -764,13 +764,15 @@ class PostgresStore(ForgetJournal):
                 await write(conn, round_ids)
 
     async def importance_states(
-        self, after_id: int, limit: int
+        self, after_id: int, limit: int, *, tenant: str | None = None
     ) -> list[tuple[int, float, datetime, float | None]]:
+        only = "AND tenant = $3 " if tenant is not None else ""
         rows = await self.pool.fetch(
             "SELECT id, importance, COALESCE(reinforced_at, created_at), current_importance FROM memories "
-            "WHERE id > $1 ORDER BY id LIMIT $2",
+            f"WHERE id > $1 {only}ORDER BY id LIMIT $2",
             after_id,
             limit,
+            *((tenant,) if tenant is not None else ()),
         )
         return [(int(r[0]), float(r[1]), datetime.fromisoformat(r[2]), r[3]) for r in rows]
 
@@ -828,13 +830,25 @@ class PostgresStore(ForgetJournal):
         )
         return [{"at": r[0], "who": r[1], "why": r[2], "old": r[3], "new": r[4]} for r in rows]
 
-    async def histories(self, first_id: int, last_id: int) -> dict[int, list[dict[str, Any]]]:
-        rows = await self.pool.fetch(
-            "SELECT memory_id, at, who, why, old, new FROM memory_history "
-            "WHERE memory_id BETWEEN $1 AND $2 ORDER BY memory_id, id",
-            first_id,
-            last_id,
-        )
+    async def histories(
+        self, first_id: int, last_id: int, *, tenant: str | None = None
+    ) -> dict[int, list[dict[str, Any]]]:
+        if tenant is None:
+            rows = await self.pool.fetch(
+                "SELECT memory_id, at, who, why, old, new FROM memory_history "
+                "WHERE memory_id BETWEEN $1 AND $2 ORDER BY memory_id, id",
+                first_id,
+                last_id,
+            )
+        else:
+            rows = await self.pool.fetch(
+                "SELECT h.memory_id, h.at, h.who, h.why, h.old, h.new FROM memory_history h "
+                "JOIN memories m ON m.id = h.memory_id WHERE h.memory_id BETWEEN $1 AND $2 "
+                "AND m.tenant = $3 ORDER BY h.memory_id, h.id",
+                first_id,
+                last_id,
+                tenant,
+            )
         found: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
             found.setdefault(int(r[0]), []).append(

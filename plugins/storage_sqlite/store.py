@@ -1116,12 +1116,13 @@ class SQLiteStore(ForgetJournal):
             )
 
     async def importance_states(
-        self, after_id: int, limit: int
+        self, after_id: int, limit: int, *, tenant: str | None = None
     ) -> list[tuple[int, float, datetime, float | None]]:
+        only, values = ("AND tenant = ? ", (tenant,)) if tenant is not None else ("", ())
         rows = await self._fetchall(
             "SELECT id, importance, COALESCE(reinforced_at, created_at), current_importance FROM memories "
-            "WHERE id > ? ORDER BY id LIMIT ?",
-            (after_id, limit),
+            f"WHERE id > ? {only}ORDER BY id LIMIT ?",
+            (after_id, *values, limit),
         )
         return [(int(r[0]), float(r[1]), datetime.fromisoformat(r[2]), r[3]) for r in rows]
 
@@ -1180,12 +1181,22 @@ class SQLiteStore(ForgetJournal):
         )
         return [{"at": r[0], "who": r[1], "why": r[2], "old": r[3], "new": r[4]} for r in rows]
 
-    async def histories(self, first_id: int, last_id: int) -> dict[int, list[dict[str, Any]]]:
-        rows = await self._fetchall(
-            "SELECT memory_id, at, who, why, old, new FROM memory_history "
-            "WHERE memory_id BETWEEN ? AND ? ORDER BY memory_id, id",
-            (first_id, last_id),
-        )
+    async def histories(
+        self, first_id: int, last_id: int, *, tenant: str | None = None
+    ) -> dict[int, list[dict[str, Any]]]:
+        if tenant is None:
+            rows = await self._fetchall(
+                "SELECT memory_id, at, who, why, old, new FROM memory_history "
+                "WHERE memory_id BETWEEN ? AND ? ORDER BY memory_id, id",
+                (first_id, last_id),
+            )
+        else:
+            rows = await self._fetchall(
+                "SELECT h.memory_id, h.at, h.who, h.why, h.old, h.new FROM memory_history h "
+                "JOIN memories m ON m.id = h.memory_id WHERE h.memory_id BETWEEN ? AND ? AND m.tenant = ? "
+                "ORDER BY h.memory_id, h.id",
+                (first_id, last_id, tenant),
+            )
         found: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
             found.setdefault(int(r[0]), []).append(
