@@ -143,7 +143,14 @@ def main() -> int:
     where = "in the same chat" if args.same_chat else "in chats of their own"
     print(f"ratio beside {args.others:,} others' graphs ({where}) / alone: {results['ratio']:.2f}")
     if args.out:
-        report = {"benchmark": "graph_forget", "date": now_iso(), "machine": machine_info(), **results}
+        report = {
+            "benchmark": "graph_forget",
+            "date": now_iso(),
+            "machine": machine_info(),
+            "others": args.others,
+            "same_chat": args.same_chat,
+            **results,
+        }
         write_json(args.out, report)
         print(f"wrote {args.out}")
     return 0
