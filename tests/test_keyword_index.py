@@ -424,3 +424,44 @@ async def test_auto_without_the_package_keeps_fts5_and_says_why(
         assert memory.store._keywords is None
         assert await memory.store.search_keywords(Scope(user_id="u1"), "spicy ramen", 10)
     assert "pip install tantivy" in caplog.text
+
+
+async def test_writes_go_on_while_a_rebuild_reads_the_rows_and_reach_the_new_index(tmp_path: Path) -> None:
+    """A purge rebuilds the index from SQLite, and it held every write of the store back while it
+    read the rows (18 s for a million memories, after each batch of deleted messages). Writes made
+    meanwhile are kept aside and written into the new index at its end: a message said and one
+    deleted during the rebuild are as they should be in the index it leaves."""
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        store = memory.store
+        u1 = Scope(user_id="u1")
+        gate, reading = asyncio.Event(), asyncio.Event()
+        batches = store._keyword_batches
+
+        async def slow_batches() -> AsyncIterator[list[KeywordDoc]]:
+            async for docs in batches():
+                yield docs
+                reading.set()
+                await gate.wait()  # the rebuild has read the rows: writes come now
+
+        forgotten = set(await store.from_messages("default", "dm-u1", ["m2"]))
+        assert forgotten <= {i for i, _ in await store.search_keywords(u1, "spicy ramen egg", 10)}
+        store._keyword_batches = slow_batches
+        rebuild = asyncio.create_task(store._rebuild_keywords())
+        try:
+            await asyncio.wait_for(reading.wait(), 5)
+            said = await asyncio.wait_for(
+                memory.ingest(msg("m9", "we went kayaking near Lisbon at dawn", user="u1", chat="dm-u1")), 5
+            )
+            await asyncio.wait_for(memory.forget_messages(chat_id="dm-u1", message_ids=["m2"]), 5)
+            assert said.stored and not rebuild.done()  # neither waited for the rebuild
+        finally:
+            gate.set()
+            await rebuild
+        assert store._keywords is not None and store._keywords.changes == await store._keyword_changes()
+        kayak = [i for i, _ in await store.search_keywords(u1, "kayaking", 10)]
+        ramen = {i for i, _ in await store.search_keywords(u1, "spicy ramen egg", 10)}
+        assert set(said.memory_ids) <= set(kayak)  # its words, and the turns before it hold them too
+        assert forgotten and not ramen & forgotten
+        # The index answers, not FTS5 (its hits are the index's own).
+        assert store._mirrored()
