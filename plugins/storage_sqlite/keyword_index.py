@@ -122,20 +122,12 @@ class TantivyKeywords:
         # Writes the current searcher does not see yet, oldest first (queued or being committed):
         # a search reads them beside it. Changed with the searcher, under ``_queue_lock``.
         self._uncommitted: deque[tuple[list[KeywordDoc], list[int]]] = deque()
-        # Writes made while a rebuild reads the rows, for the new index (None: no rebuild).
-        self._kept_aside: list[tuple[list[KeywordDoc], list[int], int]] | None = None
         self._lengths = _RunningMean()  # words per document written: BM25's average, estimated
         self._owners = _RunningMean()  # scope tokens per document
         self._schema = self._build_schema()
         self._analyzer = self._build_analyzer()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-keywords")
         self._searching = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-keywords-search")
-
-    @property
-    def takes_writes(self) -> bool:
-        """Whether writes are to be given to it: it holds every one so far, or a rebuild keeps them
-        aside for the index it is making."""
-        return self.changes is not None or self._kept_aside is not None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -146,25 +138,10 @@ class TantivyKeywords:
         return state
 
     async def rebuild(self, batches: AsyncIterator[Sequence[KeywordDoc]], changes: int) -> None:
-        """Replace the index with ``batches`` (every memory), recording ``changes``
-        (:meth:`begin_rebuild`, then :meth:`finish_rebuild`)."""
-        await self.finish_rebuild(await self.begin_rebuild(), batches, changes)
-
-    async def begin_rebuild(self) -> Path:
-        """Start a new index in a folder of its own; until :meth:`finish_rebuild` ends, searches
-        go to FTS5 and writes (:meth:`apply`) are kept aside for the new index. The caller holds
-        its writes back only for this: its count of changes and this start make one instant."""
+        """Replace the index with ``batches`` (every memory), recording ``changes``. Built in a
+        new folder that takes the old one's place only once complete."""
         building = self.folder.with_name(f"{self.folder.name}{_BUILDING}{os.getpid()}")
         await self._run(self._start_building, building)
-        return building
-
-    async def finish_rebuild(
-        self, building: Path, batches: AsyncIterator[Sequence[KeywordDoc]], changes: int
-    ) -> None:
-        """Fill the new index with ``batches`` (every memory, read while writes go on), write into
-        it the writes kept aside meanwhile, and put it in the old one's place, recording
-        ``changes`` (or the last write's count). The writes no longer wait: a purge's rebuild held
-        every write of the store back for as long as it read, 18 s for a million memories."""
         try:
             async for docs in batches:
                 await self._run(self._add_all, docs)
@@ -198,9 +175,6 @@ class TantivyKeywords:
         coming, commits are ``COMMIT_INTERVAL`` apart: each costs a flush to the disk and CPU the
         next message's embedding could use, and no search waits for one."""
         with self._queue_lock:
-            if self._kept_aside is not None:  # a rebuild reads the rows: this goes in at its end
-                self._kept_aside.append((list(added), list(removed), changes))
-                return
             self._queue.append((list(added), list(removed), changes))
             self._uncommitted.append((list(added), list(removed)))
             if self._flush_queued:
@@ -293,8 +267,6 @@ class TantivyKeywords:
         self._close()
         # Until the new folder is complete, searches go to FTS5, not to a half-built index.
         self.changes = None
-        with self._queue_lock:
-            self._kept_aside = []
         if building.exists() and not _marked(building):
             raise StoreError(f"{building} is a folder narrmem did not write: move it away")
         shutil.rmtree(building, ignore_errors=True)
@@ -311,13 +283,6 @@ class TantivyKeywords:
                 self._owners.add(len(doc.owner))
 
     def _finish_building(self, building: Path, changes: int) -> None:
-        with self._queue_lock:
-            # From here writes are queued as ever: their flush runs on this thread, after this.
-            kept, self._kept_aside = self._kept_aside or [], None
-        for added, removed, counted in kept:
-            # A row read by a batch and written again since is replaced (staging deletes its id).
-            self._stage(added, removed)
-            changes = counted
         self._writer.commit()
         self._writer.wait_merging_threads()
         self._drop()
@@ -335,8 +300,6 @@ class TantivyKeywords:
         self.changes = changes
 
     def _abandon(self, building: Path) -> None:
-        with self._queue_lock:
-            self._kept_aside = None  # the old index missed them: it does not answer (changes None)
         self._close()
         shutil.rmtree(building, ignore_errors=True)
         try:

@@ -457,12 +457,8 @@ class SQLiteStore(ForgetJournal):
             await self._rebuild_keywords()
 
     async def _rebuild_keywords(self) -> None:
-        keywords = _while_open(self._keywords)
-        async with self._vectors_lock:  # the count and the start of the rebuild: one instant
-            changes = await self._keyword_changes()
-            building = await keywords.begin_rebuild()
-        # The rows are read with writes going on: those made meanwhile go in at the end.
-        await keywords.finish_rebuild(building, self._keyword_batches(), changes)
+        async with self._vectors_lock:  # no write between the count and the rows read
+            await _while_open(self._keywords).rebuild(self._keyword_batches(), await self._keyword_changes())
 
     async def _keyword_changes(self) -> int:
         [(count,)] = await self._fetchall("SELECT count FROM keyword_changes")
@@ -484,9 +480,8 @@ class SQLiteStore(ForgetJournal):
         return [KeywordDoc(int(r[0]), r[1], tuple(r[2].split()), r[3], r[4] or "") for r in rows]
 
     def _mirrored(self) -> bool:
-        """Whether writes go to a tantivy keyword index too (one that has not missed a write, or
-        one a rebuild is making)."""
-        return self._keywords is not None and self._keywords.takes_writes
+        """Whether writes go to a tantivy keyword index too (one that has not missed a write)."""
+        return self._keywords is not None and self._keywords.changes is not None
 
     async def _mirror_keywords(self, *, added: Sequence[int] = (), removed: Sequence[int] = ()) -> None:
         """Give the tantivy index what SQLite just committed, read back from FTS5; the caller
