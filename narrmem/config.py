@@ -216,8 +216,9 @@ class StorageSettings(_Section):
         le=86_400.0,
         description="a deleted message's words (forget_messages, an edit's old text) stay in the "
         "keyword index's pages, and on SQLite a deleted memory's vector in the vector index's files, "
-        "until a purge; one runs this many seconds after the first delete since the last purge, "
-        "and on close (a user's or chat's forget purges at once)",
+        "until a purge; one runs this many seconds after the first delete since the last purge "
+        "(or since the end of the one running when it was made), and on close (a user's or "
+        "chat's forget purges at once)",
     )
 
 

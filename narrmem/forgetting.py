@@ -33,7 +33,7 @@ from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
-from narrmem.store import CountsForgets, PurgesDeleted, shared_by_processes
+from narrmem.store import CountsForgets, PurgesAlongsideWrites, PurgesDeleted, shared_by_processes
 from narrmem.to_the_end import Outlasting
 from narrmem.trying_again import TryingAgain
 
@@ -405,16 +405,19 @@ class Forgetting:
         """A deleted message's words stay in the keyword index's segments and in freed pages
         until a purge, which costs time in proportion to the store (a second at 100,000
         memories): too much for every edit. The first delete since the last purge schedules one
-        ``purge_deleted_messages_after_s`` later; closing runs it at once."""
+        ``purge_deleted_messages_after_s`` later (a delete made while one runs, the next one that
+        long after it ends); closing runs it at once."""
         self._purge_owed = True
         if self._purge is None and isinstance(self.memory.store, PurgesDeleted):
             delay = self.memory.settings.storage.purge_deleted_messages_after_s
             self._purge = asyncio.get_running_loop().create_task(self._purge_after(delay))
 
     async def _purge_after(self, delay: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._purge_now.wait(), delay)
-        while self._purge_owed:  # deletes made while it purges are purged too
+        while self._purge_owed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._purge_now.wait(), delay)
+            # Deletes made while it purges are purged by the next, a delay later: with messages
+            # deleted every few seconds, purges ran back to back.
             self._purge_owed = False
             await self._run_purge()
         self._purge = None
@@ -423,8 +426,14 @@ class Forgetting:
         store = self.memory.store
         assert isinstance(store, PurgesDeleted)
         try:
-            async with self.write_lock:
-                await store.purge_deleted()
+            if isinstance(store, PurgesAlongsideWrites):
+                # The keyword index's rebuild lets writes go on; the file's rewrite takes the turn.
+                await store.purge_alongside_writes()
+                async with self.write_lock:
+                    await store.purge_in_turn()
+            else:
+                async with self.write_lock:
+                    await store.purge_deleted()
         except Exception:
             log.exception("purging what deleted messages left in the files failed")
 

@@ -416,6 +416,24 @@ class PurgesDeleted(Protocol):
 
 
 @runtime_checkable
+class PurgesAlongsideWrites(Protocol):
+    """A store part of whose purge can run while writes go on: SQLite's tantivy keyword index is
+    rebuilt from the rows in a folder of its own (18 s at a million memories), writes made
+    meanwhile kept for it. The purge of deleted messages runs that part before it takes the
+    write turn, and the rest (:meth:`purge_in_turn`) in it; a user's forget still runs
+    :meth:`PurgesDeleted.purge_deleted` whole, in its turn."""
+
+    async def purge_alongside_writes(self) -> None:
+        """What of the purge can run with writes going on, for the rows deleted before it began
+        (a row deleted meanwhile keeps bytes in it until the next purge)."""
+        ...
+
+    async def purge_in_turn(self) -> None:
+        """The rest of :meth:`PurgesDeleted.purge_deleted`, after :meth:`purge_alongside_writes`."""
+        ...
+
+
+@runtime_checkable
 class CountsForgets(Protocol):
     """A store that tells whether a forget began since a given moment (both built-in stores): a
     finished forget leaves no job behind, so :meth:`Store.pending_forgets` cannot tell. An export

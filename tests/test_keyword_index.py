@@ -316,13 +316,16 @@ async def test_searches_during_a_rebuild_are_answered_in_full(tmp_path: Path) ->
         complete = sorted(i for i, _ in await store.search_keywords(u1, "ramen Lisbon", 10))
         gate = asyncio.Event()
 
+        batches = store._keyword_batches
+
         async def slow_rows() -> AsyncIterator[list[KeywordDoc]]:
-            async for docs in store._keyword_batches():
+            async for docs in batches():
                 yield docs[:2]
                 await gate.wait()  # the rebuild stops here with two rows in its new folder
                 yield docs[2:]
 
-        rebuild = asyncio.create_task(store._keywords.rebuild(slow_rows(), await store._keyword_changes()))
+        store._keyword_batches = slow_rows
+        rebuild = asyncio.create_task(store._rebuild_keywords())
         await asyncio.sleep(0.3)
         assert not rebuild.done()
         during = sorted(i for i, _ in await store.search_keywords(u1, "ramen Lisbon", 10))

@@ -26,7 +26,16 @@ another count (a crash between SQLite's commit and this one, or a folder copied 
 rebuilds it from SQLite. A forget's purge rebuilds it too, in a new folder that replaces the old
 one, because tantivy only marks deleted documents and keeps their terms until a merge: after the
 purge no file holds a forgotten word. Writes and commits run on one thread of the index's own,
-searches on another, never on the event loop.
+searches on another, a rebuild on a third, never on the event loop.
+
+A rebuild reads every row (18 s at a million memories) with writes going on: the store holds its
+writes back only while the rebuild starts (:meth:`TantivyKeywords.begin_rebuild`, with SQLite's
+count of changes read in the same instant) and while the new index takes the old one's place
+(:meth:`TantivyKeywords.finish_rebuild`). In between, every write goes to the index in use, which
+keeps answering searches, and is kept aside for the new one, written into it at the end (a row
+the rebuild read and written again since is replaced: writing a row deletes its id first). A write
+the store could not give the index (:meth:`TantivyKeywords.missed`), or a count at the end other
+than the last kept write's, leaves the new index unused, FTS5 serving until the next rebuild.
 
 A search does not wait for a commit (10-20 ms, most of it the disk's flush; tantivy lets a search
 run meanwhile): it reads the last committed state and the writes not committed yet beside it. Those
@@ -122,6 +131,8 @@ class TantivyKeywords:
         # Writes the current searcher does not see yet, oldest first (queued or being committed):
         # a search reads them beside it. Changed with the searcher, under ``_queue_lock``.
         self._uncommitted: deque[tuple[list[KeywordDoc], list[int]]] = deque()
+        # The rebuild in progress (one at a time): writes are kept aside for it.
+        self._building: _Building | None = None
         self._lengths = _RunningMean()  # words per document written: BM25's average, estimated
         self._owners = _RunningMean()  # scope tokens per document
         self._schema = self._build_schema()
@@ -137,18 +148,84 @@ class TantivyKeywords:
         state: int | None = await self._run(self._open)
         return state
 
-    async def rebuild(self, batches: AsyncIterator[Sequence[KeywordDoc]], changes: int) -> None:
-        """Replace the index with ``batches`` (every memory), recording ``changes``. Built in a
-        new folder that takes the old one's place only once complete."""
-        building = self.folder.with_name(f"{self.folder.name}{_BUILDING}{os.getpid()}")
-        await self._run(self._start_building, building)
+    @property
+    def takes_writes(self) -> bool:
+        """Whether writes are to be given to it (:meth:`apply`): it holds every one so far, or a
+        rebuild keeps them for the index it is making."""
+        return self.changes is not None or self._building is not None
+
+    @property
+    def rebuilding(self) -> bool:
+        return self._building is not None
+
+    async def begin_rebuild(self, changes: int, *, current: bool) -> None:
+        """Start a new index in a folder of its own, ``changes`` being SQLite's count now; the
+        caller holds its writes back for this call only. From here every write :meth:`apply`
+        gets is kept for the new index too. ``current``: whether the index in use holds every
+        write so far; if not, searches go to FTS5 until the new one is in place."""
+        if self._building is not None:
+            raise StoreError(f"the keyword index {self.folder} is already being rebuilt")
+        folder = self.folder.with_name(f"{self.folder.name}{_BUILDING}{os.getpid()}")
+        building = _Building(folder, changes)
+        if not current:
+            self.changes = None
         try:
-            async for docs in batches:
-                await self._run(self._add_all, docs)
-            await self._run(self._finish_building, building, changes)
+            await building.run(self._start_building, building)
         except BaseException:
-            await self._run(self._abandon, building)
+            building.thread.shutdown(wait=True)
             raise
+        with self._queue_lock:
+            self._building = building
+
+    async def fill_rebuild(self, batches: AsyncIterator[Sequence[KeywordDoc]]) -> None:
+        """Write ``batches`` (every row, read with writes going on) into the new index, then what
+        was kept aside meanwhile, and commit it."""
+        building = self._being_built()
+        async for docs in batches:
+            await building.run(self._add_all, building.writer, building.lengths, building.owners, docs)
+        await building.run(self._write_kept, building)
+
+    async def finish_rebuild(self, changes: int) -> bool:
+        """Write the last kept writes into the new index and put it in the old one's place; the
+        caller holds its writes back for this call, ``changes`` being SQLite's count now. Whether
+        the new index answers: not if a write was missed meanwhile (FTS5 serves until the next
+        rebuild); the purge's end, no file of the old one left, holds either way."""
+        building = self._being_built()
+        if self._later is not None:
+            self._later.cancel()  # no write comes now: what is queued goes with the old index
+            self._later = None
+        try:
+            await building.run(self._write_kept, building)
+            await self._run(self._swap, building, changes)
+        finally:
+            if self._building is None:  # taken by the swap, even one that failed: no abandon follows
+                building.thread.shutdown(wait=True)
+        return self.changes is not None
+
+    async def abandon_rebuild(self) -> None:
+        """Drop the new index; the one in use goes on as it was (it took every write meanwhile)."""
+        building = self._building
+        if building is None:
+            return
+        with self._queue_lock:
+            self._building = None
+        try:
+            await building.run(self._discard, building)
+        finally:
+            building.thread.shutdown(wait=True)
+
+    def missed(self) -> None:
+        """A write the store committed and could not give the index: FTS5 serves until a rebuild
+        (one in progress now does not count, as it does not have the write either)."""
+        with self._queue_lock:
+            self.changes = None
+            if self._building is not None:
+                self._building.missed = True
+
+    def _being_built(self) -> _Building:
+        if self._building is None:
+            raise StoreError(f"the keyword index {self.folder} is not being rebuilt")
+        return self._building
 
     async def flush(self) -> None:
         """Commit what is queued now, without waiting for ``COMMIT_INTERVAL``."""
@@ -156,6 +233,7 @@ class TantivyKeywords:
 
     async def close(self) -> None:
         self._closed = True
+        await self.abandon_rebuild()
         if self._later is not None:
             self._later.cancel()
         try:
@@ -175,6 +253,8 @@ class TantivyKeywords:
         coming, commits are ``COMMIT_INTERVAL`` apart: each costs a flush to the disk and CPU the
         next message's embedding could use, and no search waits for one."""
         with self._queue_lock:
+            if self._building is not None:
+                self._building.kept.append((list(added), list(removed), changes))
             self._queue.append((list(added), list(removed), changes))
             self._uncommitted.append((list(added), list(removed)))
             if self._flush_queued:
@@ -263,57 +343,97 @@ class TantivyKeywords:
             self._queue.clear()
             self._uncommitted.clear()
 
-    def _start_building(self, building: Path) -> None:
-        self._close()
-        # Until the new folder is complete, searches go to FTS5, not to a half-built index.
-        self.changes = None
-        if building.exists() and not _marked(building):
-            raise StoreError(f"{building} is a folder narrmem did not write: move it away")
-        shutil.rmtree(building, ignore_errors=True)
-        _make_own(building)
-        self._load(building)
+    def _start_building(self, building: _Building) -> None:
+        folder = building.folder
+        if folder.exists() and not _marked(folder):
+            raise StoreError(f"{folder} is a folder narrmem did not write: move it away")
+        shutil.rmtree(folder, ignore_errors=True)
+        _make_own(folder)
+        index = self._tantivy.Index(self._schema, path=str(folder), reuse=True)
+        index.register_tokenizer("narrmem", self._analyzer)
+        building.writer = index.writer(WRITER_HEAP, 1)
 
-    def _add_all(self, docs: Sequence[KeywordDoc]) -> None:
+    def _add_all(
+        self, writer: Any, lengths: _RunningMean, owners: _RunningMean, docs: Sequence[KeywordDoc]
+    ) -> None:
         for doc in docs:
-            self._writer.add_document(self._document(doc))
+            writer.add_document(self._document(doc))
             # A sample is enough for a mean, and a rebuild of a million rows should not pay for
             # counting each (the analyzer itself stays on the search thread).
-            if self._lengths.count < LENGTHS_SAMPLED or doc.id % LENGTHS_SAMPLED == 0:
-                self._lengths.add(len(_TOKEN.findall(_words(doc))))
-                self._owners.add(len(doc.owner))
+            if lengths.count < LENGTHS_SAMPLED or doc.id % LENGTHS_SAMPLED == 0:
+                lengths.add(len(_TOKEN.findall(_words(doc))))
+                owners.add(len(doc.owner))
 
-    def _finish_building(self, building: Path, changes: int) -> None:
-        self._writer.commit()
-        self._writer.wait_merging_threads()
+    def _write_kept(self, building: _Building) -> None:
+        """Write the writes kept aside so far into the new index, in their order, and commit."""
+        with self._queue_lock:
+            kept, building.kept = building.kept, []
+        for added, removed, changes in kept:
+            self._stage(building.writer, building.lengths, building.owners, added, removed)
+            building.changes = changes
+        building.writer.commit()
+
+    def _swap(self, building: _Building, changes: int) -> None:
+        """Put the new index in the old one's place (no write comes meanwhile: the caller holds
+        them back, and the queue's last flush ran before this on the same thread)."""
+        with self._queue_lock:
+            self._building = None
+            self._queue.clear()  # in the new index already, as kept writes
+            self._uncommitted.clear()
+            self._flush_queued = False
+        missed = building.missed or building.changes != changes
+        if missed:
+            log.warning(
+                "the keyword index %s was rebuilt without a write made meanwhile: FTS5 serves until "
+                "it is rebuilt again",
+                self.folder,
+            )
+        building.writer.wait_merging_threads()
+        building.writer = None
+        if self._writer is not None:
+            self._writer.wait_merging_threads()  # no merge of the old one writes into a moved folder
         self._drop()
-        _write_state(building, changes)
+        self.changes = None
+        if not missed:  # no state: the next open rebuilds it
+            _write_state(building.folder, changes)
         retired = self.folder.with_name(f"{self.folder.name}{_RETIRED}{os.getpid()}")
         if self.folder.exists() and not _ours(self.folder):
-            shutil.rmtree(building, ignore_errors=True)
+            shutil.rmtree(building.folder, ignore_errors=True)
             check_folder(self.folder)
         if self.folder.exists():
             os.replace(self.folder, retired)
-        os.replace(building, self.folder)
+        os.replace(building.folder, self.folder)
         durable.sync_folder(self.folder.parent)  # the new folder's name on disk before the old goes
         shutil.rmtree(retired, ignore_errors=True)
-        self._load(self.folder)
-        self.changes = changes
-
-    def _abandon(self, building: Path) -> None:
-        self._close()
-        shutil.rmtree(building, ignore_errors=True)
+        self._lengths, self._owners = building.lengths, building.owners
         try:
             self._load(self.folder)
         except (ValueError, OSError):
+            log.exception("the rebuilt keyword index %s cannot be opened: FTS5 serves", self.folder)
             self._drop()
-        self.changes = None
+            return
+        self.changes = None if missed else changes
 
-    def _stage(self, added: list[KeywordDoc], removed: list[int]) -> None:
-        writer, query_type = self._writer, self._tantivy.Query
+    def _discard(self, building: _Building) -> None:
+        if building.writer is not None:
+            building.writer.wait_merging_threads()
+            building.writer = None
+        if _marked(building.folder):
+            shutil.rmtree(building.folder, ignore_errors=True)
+
+    def _stage(
+        self,
+        writer: Any,
+        lengths: _RunningMean,
+        owners: _RunningMean,
+        added: list[KeywordDoc],
+        removed: list[int],
+    ) -> None:
+        query_type = self._tantivy.Query
         for memory_id in {*removed, *(doc.id for doc in added)}:
             # By query: a delete by term does not match an unsigned field's terms.
             writer.delete_documents_by_query(query_type.term_query(self._schema, "id", memory_id))
-        self._add_all(added)
+        self._add_all(writer, lengths, owners, added)
 
     def _flush(self) -> None:
         """Write and commit every queued write, and record the last one's count; a failure leaves
@@ -333,7 +453,7 @@ class TantivyKeywords:
             return
         try:
             for added, removed, _ in batch:
-                self._stage(added, removed)
+                self._stage(self._writer, self._lengths, self._owners, added, removed)
             self._writer.commit()
             self._index.reload()
             searcher = self._index.searcher()
@@ -462,6 +582,24 @@ class _RunningMean:
     @property
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
+
+
+class _Building:
+    """A rebuild in progress: its folder, writer and thread, and the writes kept aside for it."""
+
+    def __init__(self, folder: Path, changes: int) -> None:
+        self.folder = folder
+        self.changes = changes  # SQLite's count the new index holds: at its start, then each kept write's
+        self.writer: Any = None
+        self.kept: list[tuple[list[KeywordDoc], list[int], int]] = []
+        self.missed = False
+        self.lengths = _RunningMean()
+        self.owners = _RunningMean()
+        # Its own thread: the index in use keeps committing writes on its own meanwhile.
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="narrmem-keywords-rebuild")
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.thread, fn, *args)
 
 
 def check_folder(folder: Path) -> None:

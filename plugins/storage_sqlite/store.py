@@ -147,6 +147,7 @@ class SQLiteStore(ForgetJournal):
         # is saved with SQLite's watermark: a saved watermark never counts a row the files lack.
         # The tantivy keyword index, when there is one, records its change count under it too.
         self._vectors_lock = asyncio.Lock()
+        self._keywords_rebuilding = asyncio.Lock()  # one rebuild of the tantivy index at a time
         self._index_save_owed = False  # deleted rows' vectors still in the index files
         self._jobs: dict[str, asyncio.Lock] = {}
         self._folder_lock = FolderLock(folder / f"{database}.lock")
@@ -432,7 +433,7 @@ class SQLiteStore(ForgetJournal):
 
     def _keywords_when_large(self, owners: Sequence[Owner]) -> None:
         """With ``keyword_index = "auto"``: once a user's memories reach the threshold, the tantivy
-        index is built (in the background: writes wait for it, once), kept, and searched from
+        index is built (in the background, writes going on), kept, and searched from
         then on. Until then FTS5 alone: a small store's searches are short, and FTS5 scores a
         write exactly at once (tantivy scores one it has not committed yet by estimate)."""
         if self.keyword_engine != "auto" or self._keywords is not None or self._keywords_starting:
@@ -454,11 +455,24 @@ class SQLiteStore(ForgetJournal):
         self._keywords = keywords
         if await keywords.open() != await self._keyword_changes():
             log.info("building the keyword index %s from SQLite", keywords.folder)
-            await self._rebuild_keywords()
+            await self._rebuild_keywords(current=False)
 
-    async def _rebuild_keywords(self) -> None:
-        async with self._vectors_lock:  # no write between the count and the rows read
-            await _while_open(self._keywords).rebuild(self._keyword_batches(), await self._keyword_changes())
+    async def _rebuild_keywords(self, *, current: bool = True) -> None:
+        """Rebuild the tantivy index from SQLite with writes going on: they wait only while it
+        starts and while the new index takes the old one's place (see ``keyword_index``).
+        ``current=False``: the index in use is behind SQLite (FTS5 answers meanwhile)."""
+        keywords = _while_open(self._keywords)
+        async with self._keywords_rebuilding:
+            current = current and keywords.changes is not None
+            async with self._vectors_lock:
+                await keywords.begin_rebuild(await self._keyword_changes(), current=current)
+            try:
+                await keywords.fill_rebuild(self._keyword_batches())
+                async with self._vectors_lock:
+                    await keywords.finish_rebuild(await self._keyword_changes())
+            except BaseException:
+                await keywords.abandon_rebuild()
+                raise
 
     async def _keyword_changes(self) -> int:
         [(count,)] = await self._fetchall("SELECT count FROM keyword_changes")
@@ -481,7 +495,7 @@ class SQLiteStore(ForgetJournal):
 
     def _mirrored(self) -> bool:
         """Whether writes go to a tantivy keyword index too (one that has not missed a write)."""
-        return self._keywords is not None and self._keywords.changes is not None
+        return self._keywords is not None and self._keywords.takes_writes
 
     async def _mirror_keywords(self, *, added: Sequence[int] = (), removed: Sequence[int] = ()) -> None:
         """Give the tantivy index what SQLite just committed, read back from FTS5; the caller
@@ -513,7 +527,7 @@ class SQLiteStore(ForgetJournal):
     def _keywords_missed(self) -> None:
         keywords = _while_open(self._keywords)
         log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", keywords.folder)
-        keywords.changes = None
+        keywords.missed()
 
     async def _vacuum_mode(self) -> None:
         """A database made before incremental vacuum was on is rewritten once to turn it on, so
@@ -1419,9 +1433,17 @@ class SQLiteStore(ForgetJournal):
 
     async def purge_deleted(self) -> None:
         """Overwrite what deletions left in the files (see :meth:`finish_forget`)."""
-        await self._save_owed_index()
+        await self.purge_alongside_writes()
+        await self.purge_in_turn()
+
+    async def purge_alongside_writes(self) -> None:
+        """The tantivy index rebuilt without the rows deleted so far, with writes going on."""
         if self._keywords is not None:
             await self._rebuild_keywords()
+
+    async def purge_in_turn(self) -> None:
+        """The vector index's files, FTS5 and the database file, purged of deleted rows."""
+        await self._save_owed_index()
         async with self._holding_writer():
             # Rebuilt from its own content, not merged ('optimize'): each optimize put the merged
             # segment one level higher, and past 2,000 levels (after about as many forgets) FTS5
@@ -1653,7 +1675,9 @@ class SQLiteStore(ForgetJournal):
             return "fts5 (read-only; the writer keeps tantivy)"
         if self._keywords is not None and self._keywords.changes is not None:
             return "tantivy"
-        if self._keywords_starting is not None and not self._keywords_starting.done():
+        if (self._keywords_starting is not None and not self._keywords_starting.done()) or (
+            self._keywords is not None and self._keywords.rebuilding
+        ):
             return "fts5 (tantivy building)"
         return "fts5"
 
