@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -425,17 +425,26 @@ class Forgetting:
     async def _run_purge(self) -> None:
         store = self.memory.store
         assert isinstance(store, PurgesDeleted)
-        try:
-            if isinstance(store, PurgesAlongsideWrites):
-                # The keyword index's rebuild lets writes go on; the file's rewrite takes the turn.
-                await store.purge_alongside_writes()
-                async with self.write_lock:
-                    await store.purge_in_turn()
-            else:
-                async with self.write_lock:
-                    await store.purge_deleted()
-        except Exception:
-            log.exception("purging what deleted messages left in the files failed")
+        if isinstance(store, PurgesAlongsideWrites):
+            # The keyword index's rebuild lets writes go on; the file's rewrite takes the turn.
+            # Each part is tried whatever the other did, and a failed one the next time.
+            parts = [store.purge_alongside_writes, self._in_turn(store.purge_in_turn)]
+        else:
+            parts = [self._in_turn(store.purge_deleted)]
+        for part in parts:
+            try:
+                await part()
+            except Exception:
+                log.exception("purging what deleted messages left in the files failed; tried again later")
+                # A delay later; closing tries once (the next purge covers them then).
+                self._purge_owed = self._purge_owed or not self._purge_now.is_set()
+
+    def _in_turn(self, purge: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        async def in_turn() -> None:
+            async with self.write_lock:
+                await purge()
+
+        return in_turn
 
     def again_later(self, scope: Scope, message_ids: Sequence[str], written: Sequence[int]) -> None:
         """:meth:`again`, tried in the background until it is done (its first try failed)."""

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _helpers import msg, sql
+from narrmem_plugins.storage_sqlite import store as store_module
 from narrmem_plugins.storage_sqlite.keyword_index import STATE_FILE, KeywordDoc
 from narrmem_plugins.storage_sqlite.store import user_token
 
@@ -62,7 +64,12 @@ async def ids_for(store: Any, words: str) -> set[int]:
     return {i for i, _ in await store.search_keywords(U1, words, 20)}
 
 
-async def test_writes_go_on_during_a_rebuild_and_reach_the_new_index(tmp_path: Path) -> None:
+async def test_writes_go_on_during_a_rebuild_and_reach_the_new_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two rows a batch: rows written meanwhile are read again by the batches after (and the
+    # writes kept aside replace them), or not (and the kept writes add them).
+    monkeypatch.setattr(store_module, "KEYWORD_BATCH", 2)
     async with open_memory(tmp_path / "m", **TANTIVY) as memory:
         await fill(memory)
         store = memory.store
@@ -122,6 +129,9 @@ async def test_a_write_missed_during_a_rebuild_keeps_the_new_index_from_answerin
         monkeypatch.setattr(store, "_keyword_docs", unreadable)
         await store.update(record)  # committed to SQLite, not read back for the index
         monkeypatch.setattr(store, "_keyword_docs", docs)
+        # A write given to the rebuild after it: the count the new index ends with is SQLite's,
+        # and yet it lacks the update.
+        await memory.ingest(msg("m9", "we went kayaking near Sintra at dawn", chat="dm-u1"))
         gate.set()
         await rebuild
         assert store._keywords.changes is None  # FTS5 answers, with the write
@@ -335,3 +345,137 @@ async def test_a_delete_made_while_a_purge_runs_is_purged_a_delay_later(
         assert len(runs) == 2
         (_, first_end), (second_start, _) = runs
         assert second_start - first_end >= delay * 0.8
+
+
+async def test_writes_made_after_the_rows_are_read_reach_the_new_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writes kept aside after the rows' last batch (until the store holds writes back for
+    the swap) are written into the new index at its last step."""
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        store = memory.store
+        keywords = store._keywords
+        gate, filled = asyncio.Event(), asyncio.Event()
+        fill_rebuild = keywords.fill_rebuild
+
+        async def then_wait(batches: Any) -> None:
+            await fill_rebuild(batches)
+            filled.set()
+            await gate.wait()
+
+        monkeypatch.setattr(keywords, "fill_rebuild", then_wait)
+        rebuild = asyncio.create_task(store._rebuild_keywords())
+        await asyncio.wait_for(filled.wait(), 5)
+        said = await memory.ingest(msg("m9", "we went kayaking near Sintra at dawn", chat="dm-u1"))
+        await memory.forget_messages(chat_id="dm-u1", message_ids=["m1"])
+        gate.set()
+        await rebuild
+        [(count,)] = sql(tmp_path / "m", "SELECT count FROM keyword_changes")
+        assert keywords.changes == count
+        owner = [user_token("default", "u1")]
+        assert set(said.memory_ids) <= {i for i, _ in await keywords.search(owner, ["kayaking"], 20) or []}
+        assert await keywords.search(owner, ["greyhound"], 20) == []
+
+
+async def test_a_failed_last_step_leaves_the_index_in_use_committing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        store = memory.store
+        keywords = store._keywords
+        gate, reading = pause_after_first_batch(store)
+        rebuild = asyncio.create_task(store._rebuild_keywords())
+        await asyncio.wait_for(reading.wait(), 5)
+        for n in range(3):  # close together: their commit waits for the interval
+            await memory.ingest(msg(f"k{n}", f"kayaking trip number {n} near Sintra", chat="dm-u1"))
+        write_kept = keywords._write_kept
+        calls = 0
+
+        def fails_at_the_end(building: Any) -> None:
+            nonlocal calls
+            calls += 1
+            if calls > 1:  # the last step's
+                raise OSError("disk full")
+            write_kept(building)
+
+        monkeypatch.setattr(keywords, "_write_kept", fails_at_the_end)
+        gate.set()
+        with pytest.raises(OSError, match="disk full"):
+            await rebuild
+        monkeypatch.undo()
+        later = await memory.ingest(msg("m10", "the ferry to Cacilhas was late", chat="dm-u1"))
+        for _ in range(40):  # committed by the index's own timer, not by a flush asked for
+            if not keywords._uncommitted:
+                break
+            await asyncio.sleep(0.05)
+        assert not keywords._uncommitted
+        [(count,)] = sql(tmp_path / "m", "SELECT count FROM keyword_changes")
+        assert keywords.changes == count
+        owner = [user_token("default", "u1")]
+        assert set(later.memory_ids) <= {i for i, _ in await keywords.search(owner, ["ferry"], 20) or []}
+
+
+async def test_a_miss_during_a_flush_under_way_is_not_undone_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush already past its check when the store reports a missed write set the index's
+    count back when it ended, and recorded it in the folder: the index answered without the
+    write, at once and after the next open."""
+    folder = tmp_path / "m"
+    async with open_memory(folder, **TANTIVY) as memory:
+        await fill(memory)
+        keywords = memory.store._keywords
+        entered, release = threading.Event(), threading.Event()
+        stage = keywords._stage
+
+        def held(*args: Any) -> None:
+            entered.set()
+            release.wait(10)
+            stage(*args)
+
+        monkeypatch.setattr(keywords, "_stage", held)
+        await memory.ingest(msg("m9", "we went kayaking near Sintra at dawn", chat="dm-u1"))
+        keywords._thread.submit(keywords._flush)
+        assert await asyncio.to_thread(entered.wait, 5)
+        keywords.missed()
+        release.set()
+        await keywords.flush()
+        assert keywords.changes is None
+        assert json.loads((folder / "keywords" / STATE_FILE).read_text())["changes"] == -1
+        monkeypatch.undo()
+    async with open_memory(folder, **TANTIVY) as memory:
+        [(count,)] = sql(folder, "SELECT count FROM keyword_changes")
+        assert memory.store._keywords.changes == count
+
+
+async def test_a_failed_part_of_a_purge_is_tried_again_and_the_other_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    soon = {"storage": {"keyword_index": "tantivy", "purge_deleted_messages_after_s": 0.1}}
+    async with open_memory(tmp_path / "m", **soon) as memory:
+        await fill(memory)
+        store = memory.store
+        calls: list[str] = []
+        alongside, in_turn = store.purge_alongside_writes, store.purge_in_turn
+
+        async def failing_once() -> None:
+            calls.append("alongside")
+            if calls.count("alongside") == 1:
+                raise OSError("disk read error")
+            await alongside()
+
+        async def counted() -> None:
+            calls.append("in turn")
+            await in_turn()
+
+        monkeypatch.setattr(store, "purge_alongside_writes", failing_once)
+        monkeypatch.setattr(store, "purge_in_turn", counted)
+        await memory.forget_messages(chat_id="dm-u1", message_ids=["m1"])
+        for _ in range(100):
+            if calls.count("alongside") == 2 and calls.count("in turn") == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert calls == ["alongside", "in turn", "alongside", "in turn"]
+        assert await store._keywords.search([user_token("default", "u1")], ["greyhound"], 20) == []

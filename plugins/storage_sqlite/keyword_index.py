@@ -128,6 +128,9 @@ class TantivyKeywords:
         self._committed_at = -math.inf  # time.monotonic() when the last commit started
         self._later: asyncio.TimerHandle | None = None  # a flush waiting for COMMIT_INTERVAL
         self._closed = False
+        # Set once the index in use missed a write (or is behind SQLite): it answers nothing and
+        # records no count again until it is rebuilt, whatever a flush already under way does.
+        self._stale = False
         # Writes the current searcher does not see yet, oldest first (queued or being committed):
         # a search reads them beside it. Changed with the searcher, under ``_queue_lock``.
         self._uncommitted: deque[tuple[list[KeywordDoc], list[int]]] = deque()
@@ -168,7 +171,7 @@ class TantivyKeywords:
         folder = self.folder.with_name(f"{self.folder.name}{_BUILDING}{os.getpid()}")
         building = _Building(folder, changes)
         if not current:
-            self.changes = None
+            self._go_stale()
         try:
             await building.run(self._start_building, building)
         except BaseException:
@@ -191,9 +194,6 @@ class TantivyKeywords:
         the new index answers: not if a write was missed meanwhile (FTS5 serves until the next
         rebuild); the purge's end, no file of the old one left, holds either way."""
         building = self._being_built()
-        if self._later is not None:
-            self._later.cancel()  # no write comes now: what is queued goes with the old index
-            self._later = None
         try:
             await building.run(self._write_kept, building)
             await self._run(self._swap, building, changes)
@@ -218,9 +218,18 @@ class TantivyKeywords:
         """A write the store committed and could not give the index: FTS5 serves until a rebuild
         (one in progress now does not count, as it does not have the write either)."""
         with self._queue_lock:
-            self.changes = None
             if self._building is not None:
                 self._building.missed = True
+        self._go_stale()
+
+    def _go_stale(self) -> None:
+        """The index in use stops answering, and its folder's count is spoiled on its thread (after
+        any flush under way, which may record a count of its own): the next open rebuilds it."""
+        with self._queue_lock:
+            self.changes = None
+            self._stale = True
+        if not self._closed:
+            self._thread.submit(_spoil_state, self.folder)
 
     def _being_built(self) -> _Building:
         if self._building is None:
@@ -375,12 +384,24 @@ class TantivyKeywords:
 
     def _swap(self, building: _Building, changes: int) -> None:
         """Put the new index in the old one's place (no write comes meanwhile: the caller holds
-        them back, and the queue's last flush ran before this on the same thread)."""
+        them back, and the queue's last flush ran before this on the same thread). Searches go to
+        FTS5 from its first step (the writes queued for the old index are in the new one only)
+        until the new one answers; if a step fails, until the next rebuild."""
         with self._queue_lock:
             self._building = None
             self._queue.clear()  # in the new index already, as kept writes
             self._uncommitted.clear()
-            self._flush_queued = False
+            self._flush_queued = False  # a flush timer still set finds nothing queued
+            self._searcher = None
+            self.changes = None
+        try:
+            self._replace(building, changes)
+        except BaseException:
+            self._drop()
+            self.changes = None
+            raise
+
+    def _replace(self, building: _Building, changes: int) -> None:
         missed = building.missed or building.changes != changes
         if missed:
             log.warning(
@@ -393,7 +414,6 @@ class TantivyKeywords:
         if self._writer is not None:
             self._writer.wait_merging_threads()  # no merge of the old one writes into a moved folder
         self._drop()
-        self.changes = None
         if not missed:  # no state: the next open rebuilds it
             _write_state(building.folder, changes)
         retired = self.folder.with_name(f"{self.folder.name}{_RETIRED}{os.getpid()}")
@@ -412,7 +432,9 @@ class TantivyKeywords:
             log.exception("the rebuilt keyword index %s cannot be opened: FTS5 serves", self.folder)
             self._drop()
             return
-        self.changes = None if missed else changes
+        with self._queue_lock:
+            self._stale = missed
+            self.changes = None if missed else changes
 
     def _discard(self, building: _Building) -> None:
         if building.writer is not None:
@@ -448,7 +470,7 @@ class TantivyKeywords:
                 self._committed_at = time.monotonic()
         if not batch:
             return
-        if self._writer is None or self.changes is None:
+        if self._writer is None or self.changes is None or self._stale:
             self._forget_uncommitted()  # FTS5 serves until a rebuild: nothing to read beside
             return
         try:
@@ -457,6 +479,9 @@ class TantivyKeywords:
             self._writer.commit()
             self._index.reload()
             searcher = self._index.searcher()
+            if self._stale:  # missed a write meanwhile: its count is spoiled next on this thread
+                self._forget_uncommitted()
+                return
             _write_state(self.folder, batch[-1][2])
         except Exception:
             log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", self.folder)
@@ -464,11 +489,14 @@ class TantivyKeywords:
             self._forget_uncommitted()
             return
         with self._queue_lock:
+            if self._stale:
+                self._uncommitted.clear()
+                return
             # The new searcher sees the batch: searches stop reading it beside the index.
             self._searcher = searcher
             for _ in batch:
                 self._uncommitted.popleft()
-        self.changes = batch[-1][2]
+            self.changes = batch[-1][2]
 
     def _forget_uncommitted(self) -> None:
         """An index that no longer answers keeps no writes for its searches (a bot may run for
@@ -637,6 +665,12 @@ def _read_state(folder: Path) -> int | None:
         return None
     changes = state.get("changes")
     return changes if isinstance(changes, int) and not isinstance(changes, bool) else None
+
+
+def _spoil_state(folder: Path) -> None:
+    """Record a count SQLite never reaches (-1) in ``folder``: its next open rebuilds it."""
+    if (folder / STATE_FILE).is_file():
+        _write_state(folder, -1)
 
 
 def _write_state(folder: Path, changes: int) -> None:

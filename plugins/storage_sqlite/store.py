@@ -524,6 +524,13 @@ class SQLiteStore(ForgetJournal):
         except Exception:
             self._keywords_missed()
 
+    def _unmirrored_write(self) -> None:
+        """After a write made without the lock because no tantivy index was kept: if one began
+        meanwhile ("auto" building it), it may not have the write, nor the count tell it."""
+        if self._keywords is not None:
+            log.warning("a write came as the keyword index began: FTS5 serves until it is rebuilt")
+            self._keywords.missed()
+
     def _keywords_missed(self) -> None:
         keywords = _while_open(self._keywords)
         log.exception("the keyword index %s missed a write: FTS5 serves until it is rebuilt", keywords.folder)
@@ -552,7 +559,10 @@ class SQLiteStore(ForgetJournal):
                     await self._keywords_starting
                 self._keywords_starting = None
             if self._keywords is not None:
-                await self._keywords.close()
+                # Not in the middle of a rebuild's last step (which holds the lock): a purge the
+                # close did not wait for (a forget whose caller gave up) may be in one.
+                async with self._vectors_lock:
+                    await self._keywords.close()
                 self._keywords = None
             if self._index is not None:
                 await self._index.stop_builds()
@@ -931,6 +941,7 @@ class SQLiteStore(ForgetJournal):
             raise StoreError("update needs a stored record (it has no id)")
         if self._keywords is None:
             await self._update(record, record.id)
+            self._unmirrored_write()
             return
         async with self._vectors_lock:
             await to_the_end(self._update_mirrored(record, record.id))
@@ -965,7 +976,9 @@ class SQLiteStore(ForgetJournal):
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, *, source: tuple[str, str]
     ) -> list[int]:
         if self._keywords is None:
-            return await self._add_context(tenant, chat_id, message_ids, text, source)
+            ids = await self._add_context(tenant, chat_id, message_ids, text, source)
+            self._unmirrored_write()
+            return ids
         async with self._vectors_lock:
             return await self._add_context(tenant, chat_id, message_ids, text, source)
 
