@@ -60,6 +60,9 @@ FINISH_ROUNDS = 20
 # A purge a forget finished outside its turn owes (on a store shared by processes its VACUUM runs
 # once the fence is open again): noted in the store, so a stop before it leaves it to the next open.
 PURGE_OWED = ("narrmem.purge_owed", "owed")
+# A failed purge of deleted messages is tried again this long after (at least the configured
+# delay), twice as long after each failure in a row, up to the second figure.
+PURGE_RETRY_FIRST_S, PURGE_RETRY_MAX_S = 30.0, 3600.0
 
 
 class Forgetting:
@@ -89,6 +92,7 @@ class Forgetting:
         # The purge owed for messages deleted since the last one (see _purge_later).
         self._purge: asyncio.Task[None] | None = None
         self._purge_owed = False
+        self._purge_failures = 0  # purges failed in a row: the next try waits longer each time
         self._purge_now = asyncio.Event()  # set by close: the purge runs without waiting
 
     async def _quiet(self) -> None:
@@ -415,12 +419,19 @@ class Forgetting:
     async def _purge_after(self, delay: float) -> None:
         while self._purge_owed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._purge_now.wait(), delay)
+                await asyncio.wait_for(self._purge_now.wait(), self._purge_wait(delay))
             # Deletes made while it purges are purged by the next, a delay later: with messages
             # deleted every few seconds, purges ran back to back.
             self._purge_owed = False
             await self._run_purge()
         self._purge = None
+
+    def _purge_wait(self, delay: float) -> float:
+        """The delay, and after failed purges a longer one (a full disk fails each try: each
+        costs a rebuild of the keyword index and a pass over the file), up to an hour."""
+        if not self._purge_failures:
+            return delay
+        return max(delay, min(PURGE_RETRY_FIRST_S * 2.0 ** (self._purge_failures - 1), PURGE_RETRY_MAX_S))
 
     async def _run_purge(self) -> None:
         store = self.memory.store
@@ -431,13 +442,17 @@ class Forgetting:
             parts = [store.purge_alongside_writes, self._in_turn(store.purge_in_turn)]
         else:
             parts = [self._in_turn(store.purge_deleted)]
+        failed = False
         for part in parts:
             try:
                 await part()
             except Exception:
                 log.exception("purging what deleted messages left in the files failed; tried again later")
-                # A delay later; closing tries once (the next purge covers them then).
-                self._purge_owed = self._purge_owed or not self._purge_now.is_set()
+                failed = True
+        self._purge_failures = self._purge_failures + 1 if failed else 0
+        # Tried again later; closing tries once (the next purge covers them then).
+        if failed and not self._purge_now.is_set():
+            self._purge_owed = True
 
     def _in_turn(self, purge: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
         async def in_turn() -> None:

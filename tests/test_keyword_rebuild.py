@@ -19,7 +19,7 @@ from narrmem_plugins.storage_sqlite import store as store_module
 from narrmem_plugins.storage_sqlite.keyword_index import STATE_FILE, KeywordDoc
 from narrmem_plugins.storage_sqlite.store import user_token
 
-from narrmem import StoreError
+from narrmem import StoreError, forgetting
 from narrmem.models import Scope
 from narrmem.testing import open_memory
 
@@ -453,7 +453,10 @@ async def test_a_miss_during_a_flush_under_way_is_not_undone_by_it(
 async def test_a_failed_part_of_a_purge_is_tried_again_and_the_other_still_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    soon = {"storage": {"keyword_index": "tantivy", "purge_deleted_messages_after_s": 0.1}}
+    # A failed purge is tried again a while later (30 s, then twice as long after each failure
+    # in a row): shortened here.
+    monkeypatch.setattr(forgetting, "PURGE_RETRY_FIRST_S", 0.2)
+    soon = {"storage": {"keyword_index": "tantivy", "purge_deleted_messages_after_s": 0}}
     async with open_memory(tmp_path / "m", **soon) as memory:
         await fill(memory)
         store = memory.store
@@ -479,3 +482,32 @@ async def test_a_failed_part_of_a_purge_is_tried_again_and_the_other_still_runs(
             await asyncio.sleep(0.05)
         assert calls == ["alongside", "in turn", "alongside", "in turn"]
         assert await store._keywords.search([user_token("default", "u1")], ["greyhound"], 20) == []
+
+
+async def test_searches_during_the_swap_go_to_fts5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the new index takes the old one's place (seconds at a million rows, waiting for
+    merges), the old one's searcher no longer has the writes queued for it: FTS5 answers."""
+    async with open_memory(tmp_path / "m", **TANTIVY) as memory:
+        await fill(memory)
+        store = memory.store
+        keywords = store._keywords
+        entered, release = threading.Event(), threading.Event()
+        replace = keywords._replace
+
+        def held(*args: Any) -> None:
+            entered.set()
+            release.wait(10)
+            replace(*args)
+
+        monkeypatch.setattr(keywords, "_replace", held)
+        rebuild = asyncio.create_task(store._rebuild_keywords())
+        try:
+            assert await asyncio.to_thread(entered.wait, 5)
+            owner = [user_token("default", "u1")]
+            assert await keywords.search(owner, ["greyhound"], 20) is None
+            assert await ids_for(store, "greyhound")  # FTS5's answer
+        finally:
+            release.set()
+            await rebuild
+        assert keywords.changes is not None
+        assert await keywords.search([user_token("default", "u1")], ["greyhound"], 20)

@@ -145,11 +145,11 @@ class TantivyKeywords:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def open(self) -> int | None:
-        """Open the folder's index (made empty if there is none); the change count it holds, or
-        None when it holds nothing usable and must be rebuilt."""
-        state: int | None = await self._run(self._open)
-        return state
+    async def open(self, changes: int) -> bool:
+        """Open the folder's index (made empty if there is none); whether it holds ``changes``,
+        SQLite's count now. If not, it answers nothing (and takes no write) until rebuilt."""
+        current: bool = await self._run(self._open, changes)
+        return current
 
     @property
     def takes_writes(self) -> bool:
@@ -168,6 +168,8 @@ class TantivyKeywords:
         write so far; if not, searches go to FTS5 until the new one is in place."""
         if self._building is not None:
             raise StoreError(f"the keyword index {self.folder} is already being rebuilt")
+        if self._closed:
+            raise StoreError(f"the keyword index {self.folder} is closed")
         folder = self.folder.with_name(f"{self.folder.name}{_BUILDING}{os.getpid()}")
         building = _Building(folder, changes)
         if not current:
@@ -330,7 +332,7 @@ class TantivyKeywords:
         self._index.reload()
         self._searcher = self._index.searcher()
 
-    def _open(self) -> int | None:
+    def _open(self, changes: int) -> bool:
         for stale in self.folder.parent.glob(f"{self.folder.name}.*-*"):
             if (_BUILDING in stale.name or _RETIRED in stale.name) and _marked(stale):
                 shutil.rmtree(stale, ignore_errors=True)  # ours, left by a crash mid-rebuild
@@ -342,9 +344,11 @@ class TantivyKeywords:
         except (ValueError, OSError) as exc:
             log.warning("keyword index %s cannot be opened (%s): it is rebuilt", self.folder, exc)
             self._drop()
-            return None
+            return False
+        if state != changes:  # behind SQLite (or ahead: another folder's): never answers as it is
+            return False
         self.changes = state
-        return state
+        return True
 
     def _drop(self) -> None:
         with self._queue_lock:
@@ -394,6 +398,7 @@ class TantivyKeywords:
             self._flush_queued = False  # a flush timer still set finds nothing queued
             self._searcher = None
             self.changes = None
+            self._stale = False  # from here, set by a miss reported during the swap
         try:
             self._replace(building, changes)
         except BaseException:
@@ -433,8 +438,8 @@ class TantivyKeywords:
             self._drop()
             return
         with self._queue_lock:
-            self._stale = missed
-            self.changes = None if missed else changes
+            self._stale = self._stale or missed
+            self.changes = None if self._stale else changes
 
     def _discard(self, building: _Building) -> None:
         if building.writer is not None:

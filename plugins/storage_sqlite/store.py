@@ -453,7 +453,7 @@ class SQLiteStore(ForgetJournal):
     async def _open_keywords(self) -> None:
         keywords = TantivyKeywords(self.folder / KEYWORDS_FOLDER)
         self._keywords = keywords
-        if await keywords.open() != await self._keyword_changes():
+        if not await keywords.open(await self._keyword_changes()):
             log.info("building the keyword index %s from SQLite", keywords.folder)
             await self._rebuild_keywords(current=False)
 
@@ -465,6 +465,8 @@ class SQLiteStore(ForgetJournal):
         async with self._keywords_rebuilding:
             current = current and keywords.changes is not None
             async with self._vectors_lock:
+                if self._keywords is not keywords:
+                    raise StoreError(f"the store {self.folder} was closed")
                 await keywords.begin_rebuild(await self._keyword_changes(), current=current)
             try:
                 await keywords.fill_rebuild(self._keyword_batches())
@@ -523,13 +525,6 @@ class SQLiteStore(ForgetJournal):
             _while_open(self._keywords).apply(docs, removed, changes)
         except Exception:
             self._keywords_missed()
-
-    def _unmirrored_write(self) -> None:
-        """After a write made without the lock because no tantivy index was kept: if one began
-        meanwhile ("auto" building it), it may not have the write, nor the count tell it."""
-        if self._keywords is not None:
-            log.warning("a write came as the keyword index began: FTS5 serves until it is rebuilt")
-            self._keywords.missed()
 
     def _keywords_missed(self) -> None:
         keywords = _while_open(self._keywords)
@@ -939,9 +934,8 @@ class SQLiteStore(ForgetJournal):
     async def update(self, record: MemoryRecord) -> None:
         if record.id is None:
             raise StoreError("update needs a stored record (it has no id)")
-        if self._keywords is None:
+        if self._keywords is None and self.keyword_engine == "fts5":
             await self._update(record, record.id)
-            self._unmirrored_write()
             return
         async with self._vectors_lock:
             await to_the_end(self._update_mirrored(record, record.id))
@@ -975,10 +969,9 @@ class SQLiteStore(ForgetJournal):
     async def add_context(
         self, tenant: str, chat_id: str, message_ids: Sequence[str], text: str, *, source: tuple[str, str]
     ) -> list[int]:
-        if self._keywords is None:
-            ids = await self._add_context(tenant, chat_id, message_ids, text, source)
-            self._unmirrored_write()
-            return ids
+        if self._keywords is None and self.keyword_engine == "fts5":
+            return await self._add_context(tenant, chat_id, message_ids, text, source)
+        # With an index (or one that may begin: "auto"), no write goes between its count and rows.
         async with self._vectors_lock:
             return await self._add_context(tenant, chat_id, message_ids, text, source)
 
