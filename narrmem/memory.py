@@ -151,7 +151,9 @@ class Memory(MemoryLifecycle):
         )
 
     def on_trigger(self, callback: TriggerCallback) -> None:
-        """Call ``await callback(event)`` for every trigger event; a raising callback is logged."""
+        """Call ``await callback(event)`` for every trigger event; a raising callback is logged. It
+        is awaited inside the hooks of the message that made the event, which the memory's writes
+        wait for: a callback that may wait (a rate-limited send) should send from a task of its own."""
         self._trigger_callbacks.append(callback)
 
     @while_open

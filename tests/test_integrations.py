@@ -237,6 +237,7 @@ class TelegramHarness(Harness):
 
     async def deliver(self, n: int, text: str, *, edited: bool, **sender: Any) -> None:
         await self.feed(telegram_payload(next(self.update_ids), n, text, edited=edited, **sender))
+        await self.settle()
 
 
 class AiogramHarness(TelegramHarness):
@@ -251,7 +252,9 @@ class AiogramHarness(TelegramHarness):
 
         self.bot = Bot("42:TEST", session=aiogram_session(self.replies))
         self.dispatcher = Dispatcher()
-        setup(self.dispatcher, memory, tenant=TG_TENANT, on_trigger=suggest_telegram, **options)
+        self.middleware = setup(
+            self.dispatcher, memory, tenant=TG_TENANT, on_trigger=suggest_telegram, **options
+        )
         contexts = self.contexts
 
         # The bot's own handler, registered after setup() as the integration asks.
@@ -267,6 +270,9 @@ class AiogramHarness(TelegramHarness):
         from aiogram.types import Update
 
         await self.dispatcher.feed_update(self.bot, Update.model_validate(payload))
+
+    async def settle(self) -> None:
+        await self.middleware.triggers.sent()  # suggestions are sent by tasks of their own
 
     async def close(self) -> None:
         await self.bot.session.close()
@@ -309,6 +315,9 @@ class PtbHarness(TelegramHarness):
     async def feed(self, payload: dict[str, Any]) -> None:
         update = self.update_class.de_json(payload, self.application.bot)
         await self.application.process_update(update)
+
+    async def settle(self) -> None:
+        await self.integration.triggers.sent()
 
     async def close(self) -> None:
         await self.application.shutdown()
@@ -454,9 +463,10 @@ class DiscordHarness(Harness):
             self.guild._add_channel(text_channel)
 
     async def settle(self) -> None:
-        while self.bot.pending:
+        while self.bot.pending or self.cog.triggers._sending:
             tasks, self.bot.pending = self.bot.pending, []
             await asyncio.gather(*tasks)
+            await self.cog.triggers.sent()
 
     async def deliver(self, n: int, text: str, *, edited: bool, **sender: Any) -> None:
         payload = self._payload(self._snowflake(n), text, **sender)

@@ -3,6 +3,8 @@ turn, and the texts of the ``forgetme`` and ``memory`` replies. Nothing here imp
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -54,6 +56,9 @@ DEFAULT_TOKEN_BUDGET = 400
 # MAX_UNSETTLED). The oldest goes first, so nothing grows unbounded; at 4,096 the routes of a long
 # outage's first messages went before those messages were made, and their events were not said.
 AWAITED_MESSAGES = MAX_WAITING + MAX_UNSETTLED
+# Trigger suggestions being sent at once, per integration: past it one is dropped (and logged), as
+# a platform that keeps every send waiting (rate limits) would otherwise pile them up.
+MAX_SENDING = 256
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -100,10 +105,15 @@ class TurnOptions(Generic[T]):
         if self.context_scope not in get_args(ContextScope):
             raise InputError(f"must be one of {', '.join(get_args(ContextScope))}", field="context_scope")
 
-    async def context(self, memory: Memory, message: Message, *, private: bool) -> ContextPack:
+    async def context(
+        self, memory: Memory, message: Message, *, private: bool, reinforce: bool = True
+    ) -> ContextPack:
         """The context for answering ``message``; ``private``: it came in a direct chat with the
-        bot (what ``"auto"`` scopes by)."""
-        return await turn_context(memory, message, k=self.k, scope=self.context_scope, private=private)
+        bot (what ``"auto"`` scopes by); ``reinforce=False``: a context made whether or not an
+        answer uses it (its hits are reinforced by :func:`mark_used`)."""
+        return await turn_context(
+            memory, message, k=self.k, scope=self.context_scope, private=private, reinforce=reinforce
+        )
 
     def render(self, pack: ContextPack | None) -> str:
         """``pack`` rendered to the token budget (``""`` when nothing is remembered)."""
@@ -262,6 +272,11 @@ class TriggerRoutes(Generic[T]):
     after with ``"after_write"`` or ``"on_receipt"``. Each event names the message that caused it
     (``cause_message_id``), so it reaches that message's chat whenever it comes, and only events of
     messages this integration ingested are said (not those of an import, nor another worker's).
+
+    ``on_trigger`` runs in a task of its own, one chat's in the order their events came: the hooks
+    that made the event are part of the memory's writes (a forget waits for them), and a send that
+    waits out a platform's rate limit held every write of the bot back meanwhile (a delete in
+    another server waited 4.5 s for a 5 s wait). :meth:`sent` waits for the sends under way.
     """
 
     def __init__(
@@ -275,6 +290,8 @@ class TriggerRoutes(Generic[T]):
         self._memory = memory
         self._on_trigger = on_trigger
         self._targets: OrderedDict[tuple[str, str, str], T] = OrderedDict()
+        self._sending: set[asyncio.Task[None]] = set()
+        self._last_send: dict[tuple[str, str], asyncio.Task[None]] = {}  # per chat: order kept
         # The integration's name in the backlog's file, and where a message it holds is answered
         # once a later start makes it (the target it was sent to is gone with the stopped process).
         self.by = by if target_of is not None else None
@@ -318,11 +335,36 @@ class TriggerRoutes(Generic[T]):
         target = self._targets.get((event.tenant, event.chat_id, event.cause_message_id))
         if target is None:
             return
+        if len(self._sending) >= MAX_SENDING:
+            log.warning(
+                "%d trigger suggestions are being sent: a %s trigger's is dropped", MAX_SENDING, event.kind
+            )
+            return
+        chat = (event.tenant, event.chat_id)
+        task = asyncio.get_running_loop().create_task(self._send(target, event, self._last_send.get(chat)))
+        self._sending.add(task)
+        self._last_send[chat] = task
+        task.add_done_callback(functools.partial(self._sent, chat))
+
+    async def _send(self, target: T, event: TriggerEvent, after: asyncio.Task[None] | None) -> None:
+        assert self._on_trigger is not None
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)  # the chat's earlier event first
         try:
             await self._on_trigger(target, event)
         except Exception:
             # No label, no id of a person: a log outlives a forget of them.
             log.exception("the trigger callback failed for a %s trigger", event.kind)
+
+    def _sent(self, chat: tuple[str, str], task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        if self._last_send.get(chat) is task:
+            del self._last_send[chat]
+
+    async def sent(self) -> None:
+        """Wait for the trigger suggestions being sent now (a bot's shutdown, a test)."""
+        while self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
 
 
 def _route(message: Message) -> tuple[str, str, str]:
@@ -405,7 +447,13 @@ def scope_of(message: Message, scope: ContextScope, *, private: bool = False) ->
 
 
 async def turn_context(
-    memory: Memory, message: Message, *, k: int, scope: ContextScope, private: bool = False
+    memory: Memory,
+    message: Message,
+    *,
+    k: int,
+    scope: ContextScope,
+    private: bool = False,
+    reinforce: bool = True,
 ) -> ContextPack:
     """What narrmem knows that fits the answer to ``message``, leaving out the message itself;
     ``private``: ``message`` came in a direct chat with the bot (see :data:`ContextScope`).
@@ -424,6 +472,7 @@ async def turn_context(
             k=k,
             exclude_message_ids=[message.message_id],
             asked_at=message.ts,  # "yesterday" in the question is a day of the asker's zone
+            reinforce=reinforce,
         )
     except Exception:
         log.exception("narrmem could not recall for a message")
@@ -480,13 +529,14 @@ class ForHandlers(Generic[U]):
 class TelegramSender(Protocol):
     """What aiogram's and python-telegram-bot's ``Bot`` both have."""
 
-    async def send_message(self, chat_id: int, text: str) -> Any: ...
+    async def send_message(self, chat_id: int, text: str, *, parse_mode: str | None = ...) -> Any: ...
 
 
 async def say_suggestion_on_telegram(bot: TelegramSender, event: TriggerEvent) -> None:
     """An ``on_trigger``: say the event's suggestion in the chat where the pattern came up."""
     if event.chat_id is not None and event.suggestion:
-        await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion)
+        # Plain text whatever the bot's default parse mode: the label is the person's words.
+        await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion, parse_mode=None)
 
 
 def forget_reply(counts: Mapping[str, int]) -> str:

@@ -118,6 +118,8 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         data["memory"] = self.memory
         data["memory_context"] = None
         data["memory_prompt"] = ""
+        # Every handler can take it, whatever came (a photo, a sticker): nothing to mark then.
+        data["memory_mark_used"] = _nothing_used
         if not isinstance(event, TgMessage):
             return await handler(event, data)
         message = to_message(event, tenant=self.options.tenant, time_zone=self.options.time_zone)
@@ -147,7 +149,11 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
             await _common.edit(self.memory, message)
         else:
             await _common.ingest(self.memory, message, self.triggers, bot)
-        pack = await self.options.context(self.memory, message, private=event.chat.type == "private")
+        # Made for every message, answered or not: what an answer uses is reinforced when the
+        # handler says so (memory_mark_used), not every time a message passes.
+        pack = await self.options.context(
+            self.memory, message, private=event.chat.type == "private", reinforce=False
+        )
         data["memory_context"] = pack
         data["memory_prompt"] = self.options.render(pack)
         data["memory_mark_used"] = functools.partial(_common.mark_used, self.memory, pack)
@@ -182,19 +188,19 @@ def register_commands(
         if who is None:
             return
         if _common.as_the_group(message):
-            await message.answer(_common.AS_THE_GROUP_REPLY)
+            await message.answer(_common.AS_THE_GROUP_REPLY, parse_mode=None)
             return
         reply = await _common.forget_user(
             memory, tenants=[tenant], user_id=who[0], aliases=_common.telegram_aliases(who[0])
         )
-        await message.answer(reply)
+        await message.answer(reply, parse_mode=None)
 
     async def show_memory(message: TgMessage) -> None:
         who = sender(message)
         if who is None:
             return
         if _common.as_the_group(message):
-            await message.answer(_common.AS_THE_GROUP_REPLY)
+            await message.answer(_common.AS_THE_GROUP_REPLY, parse_mode=None)
             return
         # Outside a private chat the reply is read by the whole group: only this chat's memories.
         chat_id = None if message.chat.type == "private" else str(message.chat.id)
@@ -206,7 +212,7 @@ def register_commands(
             token_budget=token_budget,
             max_chars=TELEGRAM_MAX_CHARS,
         )
-        await message.answer(text)
+        await message.answer(text, parse_mode=None)
 
     # Case as command_name reads it: "/ForgetMe" was not stored (a command) yet not answered either.
     router.message.register(forgetme, Command(forget_command, ignore_case=True))
@@ -247,3 +253,8 @@ async def _never(event: TelegramObject) -> bool:
 
 async def _never_called(event: TelegramObject) -> None:
     return None
+
+
+async def _nothing_used(used: object = None) -> list[int]:
+    """``memory_mark_used`` for an event with no context (no text): nothing to reinforce."""
+    return []

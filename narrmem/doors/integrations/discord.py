@@ -53,10 +53,24 @@ FINDER = "discord"  # the name this integration's forgets that wait give who rea
 AnyContext: TypeAlias = "commands.Context[Any]"
 
 
+# narrmem's own messages ping no one: a stored "@everyone" read back by `memory` or a trigger's label
+# would ping the whole server with the bot's rights.
+NO_MENTIONS = discord.AllowedMentions.none()
+
+
+def _guild_id(message: discord.Message) -> int | None:
+    """The server of ``message`` (None in a DM), whether or not the bot caches the server (without
+    the guilds intent it does not: the channel still says its server)."""
+    if message.guild is not None:
+        return message.guild.id
+    guild_id = getattr(message.channel, "guild_id", None)
+    return guild_id if isinstance(guild_id, int) else None
+
+
 async def say_suggestion(channel: discord.abc.Messageable, event: TriggerEvent) -> None:
     """An ``on_trigger``: say the event's suggestion in the channel where the pattern came up."""
     if event.suggestion:
-        await channel.send(event.suggestion)
+        await channel.send(event.suggestion, allowed_mentions=NO_MENTIONS)
 
 
 class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
@@ -95,7 +109,11 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         if not isinstance(channel_id, str) or not channel_id.isdigit():
             return None
         channel = self.bot.get_channel(int(channel_id))
-        return channel if isinstance(channel, discord.abc.Messageable) else None
+        if isinstance(channel, discord.abc.Messageable):
+            return channel
+        # Not cached (yet): a backlog made at a start comes before the guilds' channels, and a DM
+        # channel is cached only once one of its messages comes. Sending needs the id alone.
+        return self.bot.get_partial_messageable(int(channel_id))
 
     # --- mapping ---------------------------------------------------------------------------
 
@@ -111,12 +129,12 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         return self.to_message(source)
 
     def is_private(self, source: discord.Message) -> bool:
-        return source.guild is None
+        return _guild_id(source) is None
 
     def to_message(self, message: discord.Message) -> Message | None:
         """The narrmem ``Message`` for a Discord message, or ``None`` when there is nothing to
         remember (no text: an attachment alone, or the message content intent is off)."""
-        guild_id = message.guild.id if message.guild is not None else None
+        guild_id = _guild_id(message)
         tenant, chat_id = self.place(guild_id, message.channel.id)
         return _common.build_message(
             # Mentions as "@name", not "<@1234>": the id means nothing to an embedding or a reader.
@@ -172,7 +190,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         if await self._is_own_command(message):
             # Edited into a command (a typo fixed): the bot's business, and what it said before,
             # stored as the person's words, goes.
-            guild_id = message.guild.id if message.guild is not None else None
+            guild_id = _guild_id(message)
             tenant, chat_id = self.place(guild_id, message.channel.id)
             await _common.forget_messages(
                 self.memory, tenant=tenant, chat_id=chat_id, message_ids=[str(message.id)]
@@ -185,7 +203,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             # The text taken out of a message that keeps what it shows: what it said goes. (With
             # the message content intent off every text reads empty, and nothing shown is sent
             # either: that is not taken for a retraction.)
-            guild_id = message.guild.id if message.guild is not None else None
+            guild_id = _guild_id(message)
             tenant, chat_id = self.place(guild_id, message.channel.id)
             gone = [str(message.id)]
             await _common.forget_messages(self.memory, tenant=tenant, chat_id=chat_id, message_ids=gone)
@@ -269,11 +287,11 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         reply = await _common.forget_user(
             self.memory, tenants=functools.partial(self.tenants_of, user_id), user_id=user_id, by=FINDER
         )
-        await ctx.reply(reply, mention_author=False)
+        await ctx.reply(reply, mention_author=False, allowed_mentions=NO_MENTIONS)
 
     @commands.command(name="memory", help="Show what I remember about you.")
     async def show_memory(self, ctx: AnyContext) -> None:
-        guild_id = ctx.guild.id if ctx.guild is not None else None
+        guild_id = _guild_id(ctx.message)
         tenant, chat_id = self.place(guild_id, ctx.channel.id)
         text = await _common.describe_user(
             self.memory,
@@ -284,4 +302,4 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             token_budget=self.options.token_budget,
             max_chars=DISCORD_MAX_CHARS,
         )
-        await ctx.reply(text, mention_author=False)
+        await ctx.reply(text, mention_author=False, allowed_mentions=NO_MENTIONS)

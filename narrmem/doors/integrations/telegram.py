@@ -161,7 +161,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         if message is None or who is None:
             return
         if _common.as_the_group(message):
-            await message.reply_text(_common.AS_THE_GROUP_REPLY)
+            await message.reply_text(_common.AS_THE_GROUP_REPLY, parse_mode=None)
             return
         reply = await _common.forget_user(
             self.memory,
@@ -169,7 +169,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
             user_id=who[0],
             aliases=_common.telegram_aliases(who[0]),
         )
-        await message.reply_text(reply)
+        await message.reply_text(reply, parse_mode=None)
 
     async def show_memory(self, update: telegram.Update, context: AnyContext) -> None:
         message = update.effective_message
@@ -177,7 +177,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         if message is None or who is None:
             return
         if _common.as_the_group(message):
-            await message.reply_text(_common.AS_THE_GROUP_REPLY)
+            await message.reply_text(_common.AS_THE_GROUP_REPLY, parse_mode=None)
             return
         # Outside a private chat the reply is read by the whole group: only this chat's memories.
         chat_id = None if message.chat.type == "private" else str(message.chat.id)
@@ -189,7 +189,7 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
             token_budget=self.options.token_budget,
             max_chars=TELEGRAM_MAX_CHARS,
         )
-        await message.reply_text(text)
+        await message.reply_text(text, parse_mode=None)
 
 
 def install(
