@@ -25,7 +25,7 @@ from test_integrations import (
     when,
 )
 
-from narrmem import ManualClock, Memory, Scope, TriggerEvent
+from narrmem import ManualClock, Memory, Scope, StoreUnavailableError, TriggerEvent
 from narrmem.testing import open_memory
 
 DM = {"user": ANN, "chat": ANN, "group": False, "name": "Ann Lee"}
@@ -374,3 +374,45 @@ async def test_discord_narrmems_messages_ping_no_one(memory: Memory) -> None:
     finally:
         await bot.close()
     assert sent and all(body.get("allowed_mentions", {}).get("parse") == [] for body in sent)
+
+
+@pytest.mark.parametrize("guild_as", ["tenant", "chat"])
+async def test_discord_a_channel_deleted_while_the_store_is_away_is_forgotten_once_it_answers(
+    guild_as: str, memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deleted thread's forget was dropped (logged) when the store could not be reached, while a
+    deleted message's waited in the backlog: the thread's words stayed for good."""
+    from narrmem.doors.integrations import backlog
+
+    monkeypatch.setattr(backlog, "RETRY_DELAYS", (0.05,))
+    bot = await open_harness("discord.py", memory, guild_as=guild_as)
+    assert isinstance(bot, DiscordHarness)
+    try:
+        await bot.send(1, "my locker code at the gym is 4417", user=ANN, chat=77, group=True)
+        await bot.send(2, "my bank PIN is on a sticky note", user=ANN, chat=78, group=True)
+        await memory.settle()
+        saved = memory.forget, memory.forget_messages, memory.store.recent
+
+        async def away(*args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailableError("PostgreSQL restarting")
+
+        monkeypatch.setattr(memory, "forget", away)
+        monkeypatch.setattr(memory, "forget_messages", away)
+        monkeypatch.setattr(memory.store, "recent", away)
+        bot.bot._connection.parse_thread_delete(
+            {"id": "77", "guild_id": str(GUILD_ID), "parent_id": "7", "type": 11}
+        )
+        await bot.delete([2], chat=78, group=True)
+        await bot.settle()
+        assert [w.kind for w in backlog.backlog_of(memory)._waiting] == [
+            "forget of a chat",
+            "forget of deleted messages",
+        ]
+        monkeypatch.setattr(memory, "forget", saved[0])
+        monkeypatch.setattr(memory, "forget_messages", saved[1])
+        monkeypatch.setattr(memory.store, "recent", saved[2])
+        await asyncio.wait_for(backlog.backlog_of(memory).drained(), 30)
+        await memory.settle()
+        assert [r.text for r in await everything(memory)] == []
+    finally:
+        await bot.close()

@@ -48,7 +48,7 @@ from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
 from narrmem.errors import ClosedError, StoreUnavailableError
 from narrmem.forget_marks import aware_time_in, forget_written
 from narrmem.host import hookimpl
-from narrmem.models import Message
+from narrmem.models import Message, Scope
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -56,9 +56,9 @@ if TYPE_CHECKING:
 log = logs.logger("narrmem.doors.integrations")
 
 T = TypeVar("T")
-Kind = Literal["message", "edit", "forget of deleted messages", "forget of a person"]
+Kind = Literal["message", "edit", "forget of deleted messages", "forget of a person", "forget of a chat"]
 # Kept when the backlog is full, as long as anything else can go: what a person took back.
-FORGETS: frozenset[str] = frozenset({"forget of deleted messages", "forget of a person"})
+FORGETS: frozenset[str] = frozenset({"forget of deleted messages", "forget of a person", "forget of a chat"})
 # What a forget made meanwhile takes from the backlog: what would store the person's words.
 WRITES: frozenset[str] = frozenset({"message", "edit"})
 
@@ -449,6 +449,11 @@ class Backlog:
                     return {u["tenant"] for u in held if u["user_id"] in {user_id, *aliases}}
 
                 return kind, lambda: forget_person(memory, tenants, user_id, aliases)
+            if kind == "forget of a chat":
+                tenant, chat_id, channel = str(data["tenant"]), str(data["chat_id"]), data.get("channel_id")
+                if channel is not None and not isinstance(channel, str):
+                    raise TypeError("channel_id is not a string")
+                return kind, lambda: forget_chat(memory, tenant, chat_id, channel)
         except (KeyError, TypeError, ValueError, ValidationError) as exc:
             log.error("a waiting call in a bot backlog file is not as narrmem writes it (%s): left out", exc)
             return None
@@ -481,6 +486,11 @@ def _makes(
             and messages is None
             and (not isinstance(listed, list) or tenant in listed)
         )
+    if kind == "forget of a chat":
+        if data.get("tenant") != tenant or data.get("chat_id") != chat_id or user_id is not None:
+            return False
+        # The whole chat, or the messages of one channel of it (a server kept as one chat).
+        return (messages is None) == (data.get("channel_id") is None)
     if kind == "forget of deleted messages":
         return (
             data.get("tenant") == tenant
@@ -514,6 +524,31 @@ async def forget_person(
             for key, value in forgot.items():
                 total[key] = total.get(key, 0) + value
     return total
+
+
+async def forget_chat(memory: Memory, tenant: str, chat_id: str, channel_id: str | None) -> dict[str, int]:
+    """Forget a chat deleted on its platform (a Discord channel, thread or forum post); with
+    ``channel_id``, only the messages of that channel in ``chat_id`` (a Discord server kept as one
+    chat: they are read as the forget is made, so those stored after it was asked are taken too)."""
+    if channel_id is None:
+        return await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=asked_at())
+    said = await memory.store.recent(
+        Scope(tenant=tenant, chat_id=chat_id),
+        kinds=["episode"],
+        limit=2**62,
+        meta_has=("channel_id", channel_id),
+    )
+    ids = sorted({message_id for record in said for message_id in record.message_ids})
+    if not ids:
+        return {"memories": 0}
+    return await memory.forget_messages(chat_id=chat_id, message_ids=ids, tenant=tenant)
+
+
+def forget_chat_record(tenant: str, chat_id: str, channel_id: str | None) -> dict[str, Any]:
+    return {
+        "kind": "forget of a chat",
+        "data": {"tenant": tenant, "chat_id": chat_id, "channel_id": channel_id},
+    }
 
 
 def message_record(

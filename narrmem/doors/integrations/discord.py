@@ -32,9 +32,9 @@ from typing_extensions import Unpack
 from narrmem import logs
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations._common import TurnArgs, TurnOptions
-from narrmem.doors.integrations.backlog import backlog_of
+from narrmem.doors.integrations.backlog import backlog_of, forget_chat, forget_chat_record
 from narrmem.memory import Memory
-from narrmem.models import Message, Scope, TriggerEvent
+from narrmem.models import Message, TriggerEvent
 
 __all__ = ["GuildAs", "NarrmemCog", "TriggerHandler", "say_suggestion"]
 
@@ -233,24 +233,18 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         """A channel, thread or forum post deleted: Discord sends no delete of its messages, and
         what they said stayed, recalled (with ``guild_as="chat"``, across the whole server)."""
         tenant, chat_id = self.place(guild_id, channel_id)
-        if self.guild_as == "tenant":
-            # The channel is a chat of its own: its forget takes everything of it, in flight too.
-            try:
-                await self.memory.forget(chat_id=chat_id, tenant=tenant)
-            except Exception:
-                log.exception("narrmem could not forget a deleted channel")
-            return
-        # With guild_as="chat" the server is the chat: its messages of that channel are named in meta.
-        place = Scope(tenant=tenant, chat_id=chat_id)
+        # The channel is a chat of its own (its forget takes everything of it, in flight too), or,
+        # with guild_as="chat", part of the server's chat: its messages are named in meta. Made in
+        # order after what waits for the store, or made later itself when the store is away.
+        channel = None if self.guild_as == "tenant" else str(channel_id)
         try:
-            said = await self.memory.store.recent(
-                place, kinds=["episode"], limit=2**62, meta_has=("channel_id", str(channel_id))
+            await backlog_of(self.memory).run(
+                "forget of a chat",
+                functools.partial(forget_chat, self.memory, tenant, chat_id, channel),
+                forget_chat_record(tenant, chat_id, channel),
             )
         except Exception:
-            log.exception("narrmem could not read what a deleted channel's messages left")
-            return
-        ids = sorted({mid for record in said for mid in record.message_ids})
-        await _common.forget_messages(self.memory, tenant=tenant, chat_id=chat_id, message_ids=ids)
+            log.exception("narrmem could not forget a deleted channel")
 
     # --- commands (context_for, mark_used and prompt_for come from ForHandlers) ------------
 
