@@ -447,6 +447,17 @@ class CountsForgets(Protocol):
 
 
 @runtime_checkable
+class FindsUserTenants(Protocol):
+    """A store that tells which tenants hold a person (both built-in stores), by one seek of its
+    scope index per tenant: a Discord ``forgetme`` read every (tenant, user)'s counts of the whole
+    store for it (1.6 s for 500,000 of them, on the event loop)."""
+
+    async def user_tenants(self, user_ids: Sequence[str]) -> list[str]:
+        """The tenants holding a memory of any of ``user_ids``, in order."""
+        ...
+
+
+@runtime_checkable
 class ReadsHistories(Protocol):
     """A store that reads the importance history of a run of memories in one query (both
     built-in stores): an export read it memory by memory, a round trip each (hours a night for a

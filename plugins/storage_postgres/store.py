@@ -1282,6 +1282,22 @@ class PostgresStore(ForgetJournal):
         rows = await self.pool.fetch("SELECT DISTINCT tenant FROM memories ORDER BY tenant")
         return [str(r[0]) for r in rows]
 
+    async def user_tenants(self, user_ids: Sequence[str]) -> list[str]:
+        ids = list(dict.fromkeys(user_ids))
+        if not ids:
+            return []
+        # Each tenant the least one past the last (one seek of the scope index), each asked for a
+        # row of the person (a seek too): not every row of the store read.
+        rows = await self.pool.fetch(
+            "WITH RECURSIVE t(tenant) AS (SELECT MIN(tenant) FROM memories UNION ALL "
+            "SELECT (SELECT MIN(tenant) FROM memories WHERE tenant > t.tenant) FROM t "
+            "WHERE t.tenant IS NOT NULL) "
+            "SELECT tenant FROM t WHERE tenant IS NOT NULL AND EXISTS (SELECT 1 FROM memories m "
+            "WHERE m.tenant = t.tenant AND m.user_id = ANY($1::text[])) ORDER BY tenant",
+            ids,
+        )
+        return [str(r[0]) for r in rows]
+
     async def stats(self) -> dict[str, Any]:
         kinds = {
             r[0]: int(r[1])

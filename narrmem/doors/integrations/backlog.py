@@ -49,6 +49,7 @@ from narrmem.errors import ClosedError, StoreUnavailableError
 from narrmem.forget_marks import aware_time_in, forget_written
 from narrmem.host import hookimpl
 from narrmem.models import Message, Scope
+from narrmem.store import FindsUserTenants
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -445,8 +446,7 @@ class Backlog:
                         return await finder(user_id)
                     # The integration that queued it is not attached here: every tenant that
                     # holds the person's ids.
-                    held = await memory.store.users(None, limit=USERS_READ)
-                    return {u["tenant"] for u in held if u["user_id"] in {user_id, *aliases}}
+                    return await tenants_holding(memory, [user_id, *aliases])
 
                 return kind, lambda: forget_person(memory, tenants, user_id, aliases)
             if kind == "forget of a chat":
@@ -508,6 +508,16 @@ def _makes(
             and list(messages) == [message.get("message_id")]
         )
     return False
+
+
+async def tenants_holding(memory: Memory, user_ids: Sequence[str]) -> set[str]:
+    """The tenants where the store holds a memory of any of ``user_ids``: one seek per tenant on
+    a store that can (:class:`~narrmem.store.FindsUserTenants`), else every user's counts read."""
+    store = memory.store
+    if isinstance(store, FindsUserTenants):
+        return set(await store.user_tenants(user_ids))
+    held = await store.users(None, limit=USERS_READ)
+    return {u["tenant"] for u in held if u["user_id"] in set(user_ids)}
 
 
 async def forget_person(

@@ -32,7 +32,7 @@ from typing_extensions import Unpack
 from narrmem import logs
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations._common import TurnArgs, TurnOptions
-from narrmem.doors.integrations.backlog import backlog_of, forget_chat, forget_chat_record
+from narrmem.doors.integrations.backlog import backlog_of, forget_chat, forget_chat_record, tenants_holding
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
 
@@ -44,8 +44,6 @@ TriggerHandler = Callable[[discord.abc.Messageable, TriggerEvent], Awaitable[Non
 
 DISCORD_MAX_CHARS = 2000
 IMPORTED_PREFIX = "discord:"  # narrmem import-chat's tenant for a server: discord:<server id>
-# Every (tenant, user) the store holds, read once per forgetme (counts only, no text).
-USERS_READ = 10_000_000
 log = logs.logger("narrmem.doors.integrations")
 
 FINDER = "discord"  # the name this integration's forgets that wait give who reads their tenants
@@ -262,9 +260,8 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         imported history (``narrmem import-chat`` puts it in ``discord:<server id>``). A Discord
         id is the same person in every server."""
         tenants = self.tenants()
-        held = await self.memory.store.users(None, limit=USERS_READ)
-        tenants |= {u["tenant"] for u in held if u["user_id"] == user_id and self._discords(u["tenant"])}
-        return tenants
+        held = await tenants_holding(self.memory, [user_id])
+        return tenants | {tenant for tenant in held if self._discords(tenant)}
 
     def _discords(self, tenant: str) -> bool:
         """Whether ``tenant`` is one a Discord server's messages go to (live or imported)."""
