@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 
 from aiogram import Bot, Dispatcher
 from aiogram.types import Message as TgMessage
@@ -23,15 +24,18 @@ from narrmem import Memory
 from narrmem.integrations.aiogram import say_suggestion, setup
 
 TOKEN_BUDGET = 400
+MarkUsed = Callable[[], Awaitable[list[int]]]
 
 
-async def answer(message: TgMessage, memory_prompt: str) -> None:
+async def answer(message: TgMessage, memory_prompt: str, memory_mark_used: MarkUsed) -> None:
     # Answering every message in a group would be noise: this bot talks in private chats only.
     if message.chat.type != "private" or not message.text:
         return
     # memory_prompt: what narrmem knows that fits this message, cut to TOKEN_BUDGET.
     print(f"--- prompt for the LLM ---\n{memory_prompt}\n\nUser: {message.text}\n", flush=True)
     await message.answer("(An LLM would answer here. Try /memory or /forgetme.)")
+    # The memories the answer was given are strengthened (at most once a day each).
+    await memory_mark_used()
 
 
 async def main() -> None:
