@@ -450,7 +450,7 @@ class CountsForgets(Protocol):
 class FindsUserTenants(Protocol):
     """A store that tells which tenants hold a person (both built-in stores), by one seek of its
     scope index per tenant: a Discord ``forgetme`` read every (tenant, user)'s counts of the whole
-    store for it (1.6 s for 500,000 of them, on the event loop)."""
+    store for it (0.79 s against 5 ms at 200,000 memories of 50,000 people, ``bench/user_tenants.py``)."""
 
     async def user_tenants(self, user_ids: Sequence[str]) -> list[str]:
         """The tenants holding a memory of any of ``user_ids``, in order."""
