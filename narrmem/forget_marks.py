@@ -89,14 +89,7 @@ class ForgetMarks:
         if stored is None:
             return None  # no forget was ever marked here
         key = _key_of(stored)
-        names = [
-            ("user", message.tenant, message.user_id),
-            ("chat", message.tenant, message.chat_id),
-            ("user_in_chat", message.tenant, message.chat_id, message.user_id),
-        ]
-        if itself:
-            names.append(("message", message.tenant, message.chat_id, message.message_id))
-        for name in names:
+        for name in _names_of(message, itself=itself):
             value = await self.memory.store.state_get(NAMESPACE, _mark_key(key, name))
             at = None if value is None else _time_or_none(value)
             if value is not None and at is None:
@@ -105,6 +98,31 @@ class ForgetMarks:
             if at is not None and at > since:
                 return at
         return None
+
+    async def all_read(self) -> Callable[[Message], bool] | None:
+        """Whether a message was said before a forget of its person, chat, person in the chat or
+        itself, answered from every mark read once (an import of thousands of messages asks for
+        each); ``None`` when no forget was ever marked. Reads only."""
+        if self.kept_s <= 0:
+            return None
+        store = self.memory.store
+        stored = await store.state_get(NAMESPACE, KEY_ENTRY)
+        if stored is None:
+            return None
+        key = _key_of(stored)
+        marks: dict[str, dt.datetime] = {}
+        for name, value in await store.state_items(NAMESPACE):
+            if name.startswith(MARK):
+                marks[name] = _time_or_none(value) or UNREADABLE
+
+        def said_before_a_forget(message: Message) -> bool:
+            for name in _names_of(message, itself=True):
+                at = marks.get(_mark_key(key, name))
+                if at is not None and at > message.ts:
+                    return True
+            return False
+
+        return said_before_a_forget
 
     async def finished(self, scope: Scope, asked_at: dt.datetime) -> None:
         """Note that a forget of ``scope`` asked at ``asked_at`` ran to its end (see
@@ -258,6 +276,18 @@ async def forget_written(memory: Memory, message: Message) -> None:
     await memory.forget_messages(
         chat_id=message.chat_id, message_ids=[message.message_id], tenant=message.tenant
     )
+
+
+def _names_of(message: Message, *, itself: bool) -> list[tuple[str, ...]]:
+    """The scopes a forget of which took ``message``."""
+    names = [
+        ("user", message.tenant, message.user_id),
+        ("chat", message.tenant, message.chat_id),
+        ("user_in_chat", message.tenant, message.chat_id, message.user_id),
+    ]
+    if itself:
+        names.append(("message", message.tenant, message.chat_id, message.message_id))
+    return names
 
 
 def _scope_name(scope: Scope) -> tuple[str, ...]:

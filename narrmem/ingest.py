@@ -22,7 +22,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,6 +58,10 @@ log = logs.logger("narrmem")
 
 TriggerCallback = Callable[[TriggerEvent], Awaitable[None]]
 FALLBACK_DECISION = TriageDecision(layer="accumulate", reason="no triage plugin answered")
+# A message said longer ago than this is asked whether a forget took it since (an import, a
+# backfill): a live one is seconds old.
+LATE_AFTER_S = 600.0
+SAID_BEFORE_A_FORGET = "said before a forget of its person, chat or itself: not stored again"
 # Where bot libraries and chat exports put a person's display name in ``meta``.
 DISPLAY_NAME_KEYS = ("display_name", "name", "username", "first_name")
 
@@ -164,6 +168,10 @@ class IngestPipeline:
         first batch takes over."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         check_not_ahead(validated, self.memory.clock.now(), self.memory.settings.storage.max_ts_ahead_s)
+        if call is None and held is None and len(validated) > SHORT_TEXTS:
+            gone = await self._said_before_a_forget(validated)
+            if gone:
+                return await self._without(validated, gone, progress, acknowledge)
         if call is not None:
             results = await self._run(validated, progress, acknowledge, call, held)
         else:
@@ -172,6 +180,47 @@ class IngestPipeline:
         if len(validated) <= SHORT_TEXTS:
             await self._name_duplicates_memories(validated, results)
         return results
+
+    async def _said_before_a_forget(self, messages: list[Message]) -> set[int]:
+        """The places of messages said before a forget of their person, chat, person in the chat
+        or themselves (as far as forget marks are kept), in a call of more than
+        :data:`SHORT_TEXTS` messages (an import, a backfill): an export imported again after a
+        ``forgetme`` stored the person's words again. Only messages older than
+        :data:`LATE_AFTER_S` are asked about, every mark read once for them all. A bot's own
+        messages come a few at a time: what waited of them is checked where it waited (the
+        backlog, the messages received), and one sent again after a forget is new."""
+        late = self.memory.clock.now() - timedelta(seconds=LATE_AFTER_S)
+        old = [n for n, message in enumerate(messages) if message.ts < late]
+        if not old:
+            return set()
+        said_before = await self.memory.forget_marks.all_read()
+        if said_before is None:
+            return set()
+        return {n for n in old if said_before(messages[n])}
+
+    async def _without(
+        self,
+        messages: list[Message],
+        gone: set[int],
+        progress: Callable[[int], None] | None,
+        acknowledge: Acknowledge | None,
+    ) -> list[IngestResult]:
+        """:meth:`run` of ``messages`` but those at ``gone``, which are answered as not stored."""
+        rest = [message for n, message in enumerate(messages) if n not in gone]
+        if progress is not None:
+            progress(len(gone))
+        done = iter(await self.run(rest, progress, acknowledge) if rest else [])
+        return [
+            IngestResult(
+                message_id=message.message_id,
+                layer="ignore",
+                stored=False,
+                reason=SAID_BEFORE_A_FORGET,
+            )
+            if n in gone
+            else next(done)
+            for n, message in enumerate(messages)
+        ]
 
     async def _name_duplicates_memories(self, messages: list[Message], results: list[IngestResult]) -> None:
         """A duplicate's answer names the memories its message is in: a client whose first call

@@ -586,3 +586,32 @@ async def test_real_model_recalls_a_paraphrase(tmp_path: Path) -> None:
         assert hits[0].message_ids == ["105"], [(h.message_ids, h.text) for h in hits]
         hits = await mem.recall("Where did Carla live before?", chat_id=TG_CHAT, k=3)
         assert hits[0].message_ids == ["102"], [(h.message_ids, h.text) for h in hits]  # "moved from Madrid"
+
+
+def test_telegram_forwards_are_left_out_unless_asked_and_unsupported_messages_are_counted(
+    tmp_path: Path,
+) -> None:
+    """A forward was stored as the forwarder's words (Alice's diagnosis became Bob's "decision"
+    scene, out of reach of Alice's forget); Telegram Desktop writes ``"forwarded_from": null``
+    when it does not know the name, which dropped even the marker. A message Telegram Desktop
+    could not export (``"type": "unsupported"``) failed the whole import."""
+    data = _load(TELEGRAM)
+    base = data["messages"][-1]
+    data["messages"] += [
+        {
+            **base,
+            "id": 9001,
+            "text": "I was diagnosed with diabetes, I decided to quit sugar",
+            "forwarded_from": "Alice",
+        },
+        {**base, "id": 9002, "text": "a forward whose author's name is unknown", "forwarded_from": None},
+        {"id": 9003, "type": "unsupported"},
+    ]
+    path = _write(tmp_path / "result.json", data)
+    batch = read_chat(path, "telegram")
+    ids = {m.message_id for m in batch.messages}
+    assert not ids & {"9001", "9002", "9003"}
+    assert (batch.skipped_forwards, batch.skipped_unsupported) == (2, 1)
+    kept = _by_id(read_chat(path, "telegram", keep_forwards=True).messages)
+    assert kept["9001"].meta["forwarded_from"] == "Alice" and kept["9002"].meta["forwarded"] is True
+    assert "forwarded_from" not in kept["9002"].meta

@@ -80,6 +80,9 @@ class ImportBatch:
     skipped_service: int
     format: ChatFormat
     skipped_bots: int = 0
+    # Forwarded messages (someone else's words) and what Telegram Desktop could not export.
+    skipped_forwards: int = 0
+    skipped_unsupported: int = 0
     # Where each message's time is in the file (``messages[3].date_unixtime``), for errors found
     # once the messages are sorted by time (empty for JSONL, whose lines keep their order).
     time_fields: list[str] = field(default_factory=list)
@@ -113,10 +116,15 @@ def read_chat(
     tenant: str | None = None,
     user_map: Mapping[str, str] | None = None,
     keep_bots: bool = False,
+    keep_forwards: bool = False,
 ) -> ImportBatch:
     """Read a chat export of ``format`` (one of :data:`FORMATS`).
 
-    Bots' messages are left out (counted in ``skipped_bots``) unless ``keep_bots``.
+    Bots' messages are left out (counted in ``skipped_bots``) unless ``keep_bots``; forwarded
+    messages (``skipped_forwards``: someone else's words, stored as the forwarder's they were
+    theirs, and out of reach of their author's forget) unless ``keep_forwards``, as the live bot
+    integrations leave them out; a Telegram message Telegram Desktop could not export
+    (``"type": "unsupported"``) is counted in ``skipped_unsupported``.
 
     ``tenant`` defaults to ``"default"`` for Telegram and ``"discord:<guild id>"`` for Discord.
     ``user_map`` maps platform user ids (Telegram ``from_id`` such as ``"user123"``, Discord author
@@ -129,27 +137,30 @@ def read_chat(
             raise InputError("a JSONL file names its own tenant on each line", field="tenant")
         if user_map is not None:
             raise InputError("a JSONL file names its own user ids on each line", field="user_map")
-        return _without_bots(ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl"), keep_bots)
+        return _left_out(ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl"), keep_bots, True)
     users = check_user_map(user_map) if user_map is not None else {}
     if tenant is not None:
         _check_id(tenant, "tenant")
     if format == "telegram":
-        return _without_bots(_telegram(Path(path), tenant or "default", users), keep_bots)
+        return _left_out(_telegram(Path(path), tenant or "default", users), keep_bots, keep_forwards)
     if format == "discord":
-        return _without_bots(_discord(Path(path), tenant, users), keep_bots)
+        return _left_out(_discord(Path(path), tenant, users), keep_bots, keep_forwards)
     raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
 
 
-def _without_bots(batch: ImportBatch, keep_bots: bool) -> ImportBatch:
+def _left_out(batch: ImportBatch, keep_bots: bool, keep_forwards: bool) -> ImportBatch:
     one_message_per_id(batch.messages)
-    if keep_bots:
+    bots = [not keep_bots and m.meta.get("bot") is True for m in batch.messages]
+    forwards = [not keep_forwards and m.meta.get("forwarded") is True for m in batch.messages]
+    kept = [i for i in range(len(batch.messages)) if not (bots[i] or forwards[i])]
+    if len(kept) == len(batch.messages):
         return batch
-    kept = [i for i, m in enumerate(batch.messages) if m.meta.get("bot") is not True]
     return replace(
         batch,
         messages=[batch.messages[i] for i in kept],
         time_fields=[batch.time_fields[i] for i in kept] if batch.time_fields else [],
-        skipped_bots=len(batch.messages) - len(kept),
+        skipped_bots=sum(bots),
+        skipped_forwards=sum(f and not b for b, f in zip(bots, forwards, strict=True)),
     )
 
 
@@ -209,12 +220,14 @@ def check_user_map(data: object, *, source: str = "user map") -> dict[str, str]:
 def _telegram(path: Path, tenant: str, users: Mapping[str, str]) -> ImportBatch:
     data = _load_json(path)
     messages: list[tuple[Message, str]] = []
-    skipped = 0
+    skipped = unsupported = 0
     for prefix, chat in _telegram_chats(data, path):
-        chat_messages, chat_skipped = _telegram_chat(chat, prefix, tenant, users)
+        chat_messages, chat_skipped, chat_unsupported = _telegram_chat(chat, prefix, tenant, users)
         messages.extend(chat_messages)
         skipped += chat_skipped
-    return _sorted(messages, skipped, "telegram", into_fields=_TELEGRAM_FIELDS)
+        unsupported += chat_unsupported
+    batch = _sorted(messages, skipped, "telegram", into_fields=_TELEGRAM_FIELDS)
+    return replace(batch, skipped_unsupported=unsupported)
 
 
 def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
@@ -242,13 +255,15 @@ def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
 
 def _telegram_chat(
     chat: Json, prefix: str, tenant: str, users: Mapping[str, str]
-) -> tuple[list[tuple[Message, str]], int]:
-    """The chat's messages, each with its place in the file, and how many were service messages."""
+) -> tuple[list[tuple[Message, str]], int, int]:
+    """The chat's messages, each with its place in the file, and how many were service messages
+    and how many Telegram Desktop could not export (``"type": "unsupported"``: a media kind it
+    does not know, written as the id alone)."""
     chat_id = f"telegram:{_scalar_id(_required(chat, 'id', prefix), _join(prefix, 'id'))}"
     into = _Chat(tenant, chat_id, users, _TELEGRAM_FIELDS, {"chat_id": _join(prefix, "id")})
     name = chat.get("name") if isinstance(chat.get("name"), str) else None
     messages: list[tuple[Message, str]] = []
-    skipped = 0
+    skipped = unsupported = 0
     for i, item in enumerate(_array(chat, "messages", prefix)):
         where = _join(prefix, f"messages[{i}]")
         raw = _object(item, where)
@@ -256,12 +271,16 @@ def _telegram_chat(
         if kind == "service":
             skipped += 1
             continue
+        if kind == "unsupported":
+            unsupported += 1
+            continue
         if kind != "message":
             raise InputError(
-                f"unknown type {kind!r} (expected 'message' or 'service')", field=f"{where}.type"
+                f"unknown type {kind!r} (expected 'message', 'service' or 'unsupported')",
+                field=f"{where}.type",
             )
         messages.append((_telegram_message(raw, where, into, name), where))
-    return messages, skipped
+    return messages, skipped, unsupported
 
 
 def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None) -> Message:
@@ -293,9 +312,12 @@ def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None)
         meta["reply_to"] = _scalar_id(raw["reply_to_message_id"], f"{where}.reply_to_message_id")
     if raw.get("edited_unixtime") is not None:
         meta["edited"] = _unix(raw["edited_unixtime"], f"{where}.edited_unixtime").isoformat()
-    if isinstance(raw.get("forwarded_from"), str):
-        # The author of a forward is someone else: "Ann said ..." would misattribute it.
-        meta["forwarded_from"] = raw["forwarded_from"]
+    if "forwarded_from" in raw:
+        # The author of a forward is someone else: "Ann said ..." would misattribute it. Telegram
+        # Desktop writes null when it does not know the name: a forward all the same.
+        meta["forwarded"] = True
+        if isinstance(raw["forwarded_from"], str):
+            meta["forwarded_from"] = raw["forwarded_from"]
     return into.message(where, from_id, text=text, ts=ts, message_id=message_id, speaker=speaker, meta=meta)
 
 

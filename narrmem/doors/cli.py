@@ -68,6 +68,11 @@ def _add_input_commands(sub: Subparsers, common: Parents, as_json: Parents) -> N
     chat.add_argument(
         "--keep-bots", action="store_true", help="keep bots' messages (skipped by default, as live bots do)"
     )
+    chat.add_argument(
+        "--keep-forwards",
+        action="store_true",
+        help="keep forwarded messages, stored as the forwarder's (skipped by default, as live bots do)",
+    )
 
     triage = sub.add_parser(
         "triage", parents=[common, as_json], help="classify messages without storing anything (dry run)"
@@ -338,10 +343,18 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
     from narrmem.doors.chat_import import read_chat, read_user_map
+    from narrmem.ingest import SAID_BEFORE_A_FORGET
 
     # Validated whole before the store is touched (or the model loaded): nothing is half-imported.
     user_map = read_user_map(args.user_map) if args.user_map else None
-    batch = read_chat(args.file, args.format, tenant=args.tenant, user_map=user_map, keep_bots=args.keep_bots)
+    batch = read_chat(
+        args.file,
+        args.format,
+        tenant=args.tenant,
+        user_map=user_map,
+        keep_bots=args.keep_bots,
+        keep_forwards=args.keep_forwards,
+    )
     results = []
     if batch.messages:
         async with _open(settings) as memory:
@@ -359,6 +372,9 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
             "duplicates": sum(r.duplicate for r in results),
             "skipped_service": batch.skipped_service,
             "skipped_bots": batch.skipped_bots,
+            "skipped_forwards": batch.skipped_forwards,
+            "skipped_unsupported": batch.skipped_unsupported,
+            "said_before_a_forget": sum(r.reason == SAID_BEFORE_A_FORGET for r in results),
             **batch.scopes(),
         },
     )

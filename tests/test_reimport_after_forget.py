@@ -1,0 +1,58 @@
+"""An export imported again after a person asked to be forgotten stored their words again: ingest
+now leaves out a message said before a forget of its person, chat, person in the chat or itself
+(as far as forget marks are kept), whatever the door (an import, a backfill over HTTP)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from narrmem import ManualClock, Scope
+from narrmem.testing import open_memory
+
+NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
+
+
+def said(message_id: str, text: str, user: str, days_ago: float, chat: str = "group") -> dict[str, Any]:
+    return {
+        "text": text,
+        "user_id": user,
+        "chat_id": chat,
+        "message_id": message_id,
+        "ts": (NOW - timedelta(days=days_ago)).isoformat(),
+    }
+
+
+HISTORY = [
+    said("1", "my favourite food is spicy ramen with an egg", "ann", 30),
+    said("2", "I adopted a greyhound named Pixel from the shelter", "bob", 29),
+    said("3", "we moved to Lisbon last spring, the light is amazing", "ann", 28),
+    said("4", "I decided to quit my job at the bank", "bob", 27),
+    said("5", "the bakery shifts start at five and I am always tired", "cat", 26),
+    *(said(f"d{n}", f"day {n} of the pottery course was about glazes", "dan", 25 - n) for n in range(6)),
+]
+
+
+async def texts(memory: Any, user: str) -> list[str]:
+    hits = await memory.store.recent(Scope(user_id=user), kinds=["episode"], limit=100)
+    return sorted(r.text for r in hits)
+
+
+async def test_an_export_imported_again_after_a_forget_leaves_the_forgotten_out(tmp_path: Path) -> None:
+    clock = ManualClock(NOW)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.ingest_many(HISTORY)
+        assert await texts(memory, "ann")
+        await memory.forget(user_id="ann")
+        await memory.forget_messages(chat_id="group", message_ids=["4"])  # bob deleted one message
+        clock.advance(hours=1)
+        later = said("6", "back again: I now live in Porto by the river", "ann", -0.01)
+        results = await memory.ingest_many([*HISTORY, later])
+        by_id = {r.message_id: r for r in results}
+        assert not by_id["1"].stored and not by_id["3"].stored and not by_id["4"].stored
+        assert "before a forget" in by_id["1"].reason
+        assert by_id["6"].stored  # said after the forget: the person's new words
+        assert by_id["2"].duplicate and by_id["5"].duplicate
+        assert await texts(memory, "ann") == ["back again: I now live in Porto by the river"]
+        assert await texts(memory, "bob") == ["I adopted a greyhound named Pixel from the shelter"]
