@@ -324,13 +324,8 @@ async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     messages = read_messages(args.file)  # validated whole before the store is touched
     async with _open(settings) as memory:
         with tqdm(total=len(messages), unit="msg", desc="ingest", file=sys.stderr, disable=None) as bar:
-            results = await memory.ingest_many(messages, progress=bar.update)
-    summary = {
-        "messages": len(results),
-        "stored": sum(r.stored for r in results),
-        "ignored": sum(r.layer == "ignore" for r in results),
-        "duplicates": sum(r.duplicate for r in results),
-    }
+            counts = await _ingest_in_parts(memory, messages, bar.update)
+    summary = {key: counts[key] for key in ("messages", "stored", "ignored", "duplicates")}
     if args.json:
         _print_json(summary)
     else:
@@ -343,7 +338,6 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
     from narrmem.doors.chat_import import read_chat, read_user_map
-    from narrmem.ingest import SAID_BEFORE_A_FORGET
 
     # Validated whole before the store is touched (or the model loaded): nothing is half-imported.
     user_map = read_user_map(args.user_map) if args.user_map else None
@@ -355,30 +349,49 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
         keep_bots=args.keep_bots,
         keep_forwards=args.keep_forwards,
     )
-    results = []
+    counts = dict.fromkeys(("messages", "stored", "ignored", "duplicates", "said_before_a_forget"), 0)
     if batch.messages:
         async with _open(settings) as memory:
             batch.check_not_ahead(memory.clock.now(), settings.storage.max_ts_ahead_s)
             with tqdm(
                 total=len(batch.messages), unit="msg", desc="import", file=sys.stderr, disable=None
             ) as bar:
-                results = await memory.ingest_many(batch.messages, progress=bar.update)
+                counts = await _ingest_in_parts(memory, batch.messages, bar.update)
+    said_before_a_forget = counts.pop("said_before_a_forget")
     _report(
         args,
         {
-            "messages": len(results),
-            "stored": sum(r.stored for r in results),
-            "ignored": sum(r.layer == "ignore" for r in results),
-            "duplicates": sum(r.duplicate for r in results),
+            **counts,
             "skipped_service": batch.skipped_service,
             "skipped_bots": batch.skipped_bots,
             "skipped_forwards": batch.skipped_forwards,
             "skipped_unsupported": batch.skipped_unsupported,
-            "said_before_a_forget": sum(r.reason == SAID_BEFORE_A_FORGET for r in results),
+            "said_before_a_forget": said_before_a_forget,
             **batch.scopes(),
         },
     )
     return 0
+
+
+# Messages per ingest_many call of an import: each call's results are counted and let go (a call
+# of a whole export held one result per message to its end, and its memory grew with the file).
+IMPORT_PART = 5000
+
+
+async def _ingest_in_parts(
+    memory: Any, messages: Sequence[Any], progress: Callable[[int], Any]
+) -> dict[str, int]:
+    from narrmem.ingest import SAID_BEFORE_A_FORGET
+
+    counts = dict.fromkeys(("messages", "stored", "ignored", "duplicates", "said_before_a_forget"), 0)
+    for start in range(0, len(messages), IMPORT_PART):
+        for result in await memory.ingest_many(messages[start : start + IMPORT_PART], progress=progress):
+            counts["messages"] += 1
+            counts["stored"] += result.stored
+            counts["ignored"] += result.layer == "ignore" and result.reason != SAID_BEFORE_A_FORGET
+            counts["duplicates"] += result.duplicate
+            counts["said_before_a_forget"] += result.reason == SAID_BEFORE_A_FORGET
+    return counts
 
 
 def _scope_args(args: argparse.Namespace) -> dict[str, Any]:
