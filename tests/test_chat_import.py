@@ -615,3 +615,26 @@ def test_telegram_forwards_are_left_out_unless_asked_and_unsupported_messages_ar
     kept = _by_id(read_chat(path, "telegram", keep_forwards=True).messages)
     assert kept["9001"].meta["forwarded_from"] == "Alice" and kept["9002"].meta["forwarded"] is True
     assert "forwarded_from" not in kept["9002"].meta
+
+
+def test_as_bot_imports_under_the_ids_the_bot_integrations_use(tmp_path: Path) -> None:
+    """An export imported under its own ids (``telegram:<id>``, ``user1001``) was never recalled
+    by the live bot, whose chat is ``-100<id>`` and whose people are their bare Bot API ids."""
+    batch = read_chat(TELEGRAM, "telegram", tenant="telegram", as_bot=True)
+    assert {m.chat_id for m in batch.messages} == {"-1001765432109"}
+    assert {m.user_id for m in batch.messages} == {"1001", "1002", "1003"}
+    mapped = read_chat(TELEGRAM, "telegram", as_bot=True, user_map={"user1003": "carla"})
+    assert {m.user_id for m in mapped.messages} == {"1001", "1002", "carla"}
+    data = _load(TELEGRAM)
+    for kind, chat_id in [("private_group", "-1765432109"), ("public_channel", "-1001765432109")]:
+        data["type"] = kind
+        assert (
+            read_chat(_write(tmp_path / f"{kind}.json", data), "telegram", as_bot=True).messages[0].chat_id
+            == chat_id
+        )
+    data["type"] = "a_future_kind"
+    with pytest.raises(InputError) as caught:
+        read_chat(_write(tmp_path / "odd.json", data), "telegram", as_bot=True)
+    assert caught.value.field == "type"
+    discord = read_chat(DISCORD, "discord", as_bot=True)
+    assert {(m.tenant, m.chat_id) for m in discord.messages} == {("905123456789012345", "905123456789012399")}

@@ -416,3 +416,30 @@ async def test_discord_a_channel_deleted_while_the_store_is_away_is_forgotten_on
         assert [r.text for r in await everything(memory)] == []
     finally:
         await bot.close()
+
+
+async def test_history_imported_as_the_bot_is_in_the_live_bots_context(memory: Memory) -> None:
+    """``import-chat --as-bot``: the group's history is recalled for a live message of the same
+    person in the same group (imported under its own ids it never was)."""
+    from pathlib import Path
+
+    from narrmem.doors.chat_import import read_chat
+
+    export = Path(__file__).parent / "data" / "chat_exports" / "telegram_result.json"
+    batch = read_chat(export, "telegram", tenant=TG_TENANT, as_bot=True)
+    await memory.ingest_many(batch.messages)
+    bot = await open_harness("aiogram", memory)
+    try:
+        carla = int(next(m.user_id for m in batch.messages if "Carla" in m.text))
+        await bot.send(
+            900,
+            "what should I bring for my bee sting allergy on the hike?",
+            user=carla,
+            chat=-1001765432109,
+            group=True,
+            name="Carla",
+        )
+    finally:
+        await bot.close()
+    pack = bot.contexts["900"]
+    assert pack is not None and any("allergic to bee stings" in hit.text for hit in pack.hits)

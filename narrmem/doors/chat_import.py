@@ -117,8 +117,15 @@ def read_chat(
     user_map: Mapping[str, str] | None = None,
     keep_bots: bool = False,
     keep_forwards: bool = False,
+    as_bot: bool = False,
 ) -> ImportBatch:
     """Read a chat export of ``format`` (one of :data:`FORMATS`).
+
+    ``as_bot``: under the ids the bot integrations give the same chats and people, so that the
+    live bot recalls the history and a person's ``forgetme`` reaches it: on Telegram the Bot API's
+    chat id (``-100<id>`` for a supergroup or channel, ``-<id>`` for a basic group) and user id
+    (``user123`` is ``123``); on Discord the server as the tenant (discord.py's
+    ``guild_as="tenant"``) and the channel's id as the chat.
 
     Bots' messages are left out (counted in ``skipped_bots``) unless ``keep_bots``; forwarded
     messages (``skipped_forwards``: someone else's words, stored as the forwarder's they were
@@ -142,9 +149,10 @@ def read_chat(
     if tenant is not None:
         _check_id(tenant, "tenant")
     if format == "telegram":
-        return _left_out(_telegram(Path(path), tenant or "default", users), keep_bots, keep_forwards)
+        batch = _telegram(Path(path), tenant or "default", users, as_bot=as_bot)
+        return _left_out(batch, keep_bots, keep_forwards)
     if format == "discord":
-        return _left_out(_discord(Path(path), tenant, users), keep_bots, keep_forwards)
+        return _left_out(_discord(Path(path), tenant, users, as_bot=as_bot), keep_bots, keep_forwards)
     raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
 
 
@@ -217,12 +225,12 @@ def check_user_map(data: object, *, source: str = "user map") -> dict[str, str]:
 # --- Telegram ------------------------------------------------------------------------------------
 
 
-def _telegram(path: Path, tenant: str, users: Mapping[str, str]) -> ImportBatch:
+def _telegram(path: Path, tenant: str, users: Mapping[str, str], *, as_bot: bool = False) -> ImportBatch:
     data = _load_json(path)
     messages: list[tuple[Message, str]] = []
     skipped = unsupported = 0
     for prefix, chat in _telegram_chats(data, path):
-        chat_messages, chat_skipped, chat_unsupported = _telegram_chat(chat, prefix, tenant, users)
+        chat_messages, chat_skipped, chat_unsupported = _telegram_chat(chat, prefix, tenant, users, as_bot)
         messages.extend(chat_messages)
         skipped += chat_skipped
         unsupported += chat_unsupported
@@ -254,12 +262,17 @@ def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
 
 
 def _telegram_chat(
-    chat: Json, prefix: str, tenant: str, users: Mapping[str, str]
+    chat: Json, prefix: str, tenant: str, users: Mapping[str, str], as_bot: bool = False
 ) -> tuple[list[tuple[Message, str]], int, int]:
     """The chat's messages, each with its place in the file, and how many were service messages
     and how many Telegram Desktop could not export (``"type": "unsupported"``: a media kind it
     does not know, written as the id alone)."""
-    chat_id = f"telegram:{_scalar_id(_required(chat, 'id', prefix), _join(prefix, 'id'))}"
+    exported_id = _scalar_id(_required(chat, "id", prefix), _join(prefix, "id"))
+    if as_bot:
+        chat_id = _bot_api_chat_id(exported_id, chat.get("type"), _join(prefix, "type"))
+        users = _BotApiUsers(users)
+    else:
+        chat_id = f"telegram:{exported_id}"
     into = _Chat(tenant, chat_id, users, _TELEGRAM_FIELDS, {"chat_id": _join(prefix, "id")})
     name = chat.get("name") if isinstance(chat.get("name"), str) else None
     messages: list[tuple[Message, str]] = []
@@ -321,6 +334,46 @@ def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None)
     return into.message(where, from_id, text=text, ts=ts, message_id=message_id, speaker=speaker, meta=meta)
 
 
+# Telegram Desktop's chat types, and how the Bot API writes such a chat's id from the export's.
+_BOT_API_PREFIX = {
+    "personal_chat": "",
+    "bot_chat": "",
+    "saved_messages": "",
+    "private_group": "-",
+    "private_supergroup": "-100",
+    "public_supergroup": "-100",
+    "private_channel": "-100",
+    "public_channel": "-100",
+}
+
+
+def _bot_api_chat_id(exported: str, kind: object, field: str) -> str:
+    if not isinstance(kind, str) or kind not in _BOT_API_PREFIX:
+        raise InputError(
+            f"a chat of type {kind!r} has no Bot API id narrmem knows (expected one of: "
+            f"{', '.join(_BOT_API_PREFIX)}); import it without --as-bot",
+            field=field,
+        )
+    return _BOT_API_PREFIX[kind] + exported
+
+
+class _BotApiUsers(dict[str, str]):
+    """The user map, and past it a Telegram Desktop author id as the Bot API writes it: ``user123``
+    is ``123``, ``channel123`` (a channel or an anonymous admin writing as the chat) ``-100123``."""
+
+    def __init__(self, users: Mapping[str, str]) -> None:
+        super().__init__(users)
+
+    def get(self, key: str, default: str | None = None) -> str:  # type: ignore[override]
+        if key in self:
+            return self[key]
+        for prefix, bot_api in (("user", ""), ("channel", "-100")):
+            number = key.removeprefix(prefix)
+            if number != key and number.isdigit():
+                return bot_api + number
+        return key if default is None else default
+
+
 _TELEGRAM_FIELDS = {"user_id": "from_id", "speaker": "from", "message_id": "id", "ts": "date_unixtime"}
 
 
@@ -376,7 +429,9 @@ def _telegram_media(raw: Json) -> tuple[str | None, str | None]:
 # --- Discord -------------------------------------------------------------------------------------
 
 
-def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> ImportBatch:
+def _discord(
+    path: Path, tenant: str | None, users: Mapping[str, str], *, as_bot: bool = False
+) -> ImportBatch:
     data = _load_json(path)
     if not isinstance(data, dict):
         raise InputError(f"{path}: a DiscordChatExporter file is a JSON object, not {_kind(data)}")
@@ -393,7 +448,11 @@ def _discord(path: Path, tenant: str | None, users: Mapping[str, str]) -> Import
             context[key] = part["name"]
 
     places = {"chat_id": "channel.id", "tenant": "tenant" if tenant else "guild.id"}
-    into = _Chat(tenant or f"discord:{guild_id}", f"discord:{channel_id}", users, _DISCORD_FIELDS, places)
+    # As the bot writes them (discord.py's guild_as="tenant"): the server, the channel, by their ids.
+    server, channel_chat = (
+        (guild_id, channel_id) if as_bot else (f"discord:{guild_id}", f"discord:{channel_id}")
+    )
+    into = _Chat(tenant or server, channel_chat, users, _DISCORD_FIELDS, places)
     messages: list[tuple[Message, str]] = []
     skipped = 0
     for i, item in enumerate(_array(data, "messages", "")):

@@ -69,6 +69,12 @@ def _add_input_commands(sub: Subparsers, common: Parents, as_json: Parents) -> N
         "--keep-bots", action="store_true", help="keep bots' messages (skipped by default, as live bots do)"
     )
     chat.add_argument(
+        "--as-bot",
+        action="store_true",
+        help="the ids the bot integrations use (Telegram: Bot API chat and user ids; Discord: the "
+        "server as the tenant, the channel as the chat), so the live bot recalls the history",
+    )
+    chat.add_argument(
         "--keep-forwards",
         action="store_true",
         help="keep forwarded messages, stored as the forwarder's (skipped by default, as live bots do)",
@@ -348,6 +354,7 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
         user_map=user_map,
         keep_bots=args.keep_bots,
         keep_forwards=args.keep_forwards,
+        as_bot=args.as_bot,
     )
     counts = dict.fromkeys(("messages", "stored", "ignored", "duplicates", "said_before_a_forget"), 0)
     if batch.messages:
