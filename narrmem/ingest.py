@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -158,6 +158,7 @@ class IngestPipeline:
         *,
         call: Call | None = None,
         held: int | None = None,
+        history: bool = False,
     ) -> list[IngestResult]:
         """Ingest ``messages`` a batch at a time, as a pipeline: while one batch's before-store hooks
         and write run, the next batch is triaged and handed to the model, so the model embeds
@@ -168,7 +169,7 @@ class IngestPipeline:
         first batch takes over."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         check_not_ahead(validated, self.memory.clock.now(), self.memory.settings.storage.max_ts_ahead_s)
-        if call is None and held is None and len(validated) > SHORT_TEXTS:
+        if call is None and held is None and (history or len(validated) > SHORT_TEXTS):
             gone = await self._said_before_a_forget(validated)
             if gone:
                 return await self._without(validated, gone, progress, acknowledge)
@@ -209,7 +210,13 @@ class IngestPipeline:
         rest = [message for n, message in enumerate(messages) if n not in gone]
         if progress is not None:
             progress(len(gone))
-        done = iter(await self.run(rest, progress, acknowledge) if rest else [])
+        done: Iterator[IngestResult] = iter([])
+        if rest:
+            # As a call of the whole (not of the few left: that would take the short lane).
+            with self.calls.under_way(rest) as registered:
+                done = iter(
+                    await self._run(rest, progress, acknowledge, registered, None, whole=len(messages))
+                )
         return [
             IngestResult(
                 message_id=message.message_id,
@@ -245,11 +252,15 @@ class IngestPipeline:
         acknowledge: Acknowledge | None,
         call: Call,
         held: int | None = None,
+        *,
+        whole: int | None = None,
     ) -> list[IngestResult]:
+        """``whole``: the size of the call these messages are part of (the short lane is for
+        short calls, not for what is left of a long one)."""
         mode = acknowledge or self.memory.settings.storage.acknowledge
         deferred = mode != "after_hooks"
         await self.settling.claim()
-        if mode == "on_receipt" and len(validated) <= SHORT_TEXTS:
+        if mode == "on_receipt" and (whole or len(validated)) <= SHORT_TEXTS:
             results = await self._receive(validated, call, held)
             if progress is not None:
                 progress(len(validated))

@@ -69,14 +69,22 @@ class Memory(MemoryLifecycle):
         *,
         progress: Callable[[int], None] | None = None,
         acknowledge: Acknowledge | None = None,
+        history: bool = False,
     ) -> list[IngestResult]:
         """Ingest in order with batched embeddings and one transaction per batch. Every message is
         validated before anything is written: one bad message is an :class:`InputError` naming
         its index and field, and nothing from the call is stored. ``acknowledge`` as for
         :meth:`ingest`; ``"on_receipt"`` applies to calls of up to 8 messages, a larger one is
-        answered once written."""
+        answered once written. A message said before a forget of its person, chat, person in the
+        chat or itself is left out (answered as not stored, as far as forget marks are kept) in a
+        call of more than 8 messages, or in any with ``history=True`` (a chat's past brought in:
+        an export imported again after a ``forgetme`` stored the person's words again)."""
         mode = None if acknowledge is None else acknowledge_argument(acknowledge)
-        return await self._ingest.run(sequence_argument(messages, "messages"), progress, mode)
+        if not isinstance(history, bool):
+            raise InputError("must be true or false", field="history")
+        return await self._ingest.run(
+            sequence_argument(messages, "messages"), progress, mode, history=history
+        )
 
     async def settle(self) -> None:
         """Wait until the after-store hooks (counts, facts, triggers) of every message acknowledged

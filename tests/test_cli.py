@@ -65,7 +65,13 @@ def _stats(store: CliStore, data: Path | None = None) -> dict[str, Any]:
 
 
 def test_ingest_summary(store: CliStore) -> None:
-    assert store.summary == {"messages": len(MESSAGES), "stored": len(KEPT), "ignored": 1, "duplicates": 0}
+    assert store.summary == {
+        "messages": len(MESSAGES),
+        "stored": len(KEPT),
+        "ignored": 1,
+        "duplicates": 0,
+        "said_before_a_forget": 0,
+    }
     assert count_rows(store.data) == RECORDS
     assert not (store.work / "narrmem-data").exists()  # --data was honoured
 

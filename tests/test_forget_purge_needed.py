@@ -4,6 +4,7 @@ rewrite, 40 s at a million memories): a second forgetme, or a person forgotten i
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +60,26 @@ async def test_a_forget_that_only_a_plugin_deleted_for_still_purges(tmp_path: Pa
         gone = await memory.forget(user_id="u7")
         assert gone["memories"] == 0
         assert len(purges) == 1
+
+
+async def test_a_forget_interrupted_in_its_purge_is_purged_when_finished_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    """The next open finishes it by a forget job of its own, which finds the rows gone already:
+    nothing changed since that job began, yet the interrupted one's bytes are still in the files."""
+    secret = "zanzibarquokka"
+    async with open_memory(tmp_path / "m") as memory:
+        for i in range(20):
+            await memory.ingest(msg(f"m{i}", f"my secret word is {secret} number {i}", user="u1"))
+
+        async def killed() -> None:
+            raise asyncio.CancelledError  # the process stopped while it purged
+
+        memory.store.purge_deleted = killed
+        with pytest.raises(asyncio.CancelledError):
+            await memory.forget(user_id="u1")
+        assert await memory.store.pending_forgets()
+    async with open_memory(tmp_path / "m") as memory:
+        assert await memory.store.pending_forgets() == []
+    files = b"".join(p.read_bytes() for p in (tmp_path / "m").rglob("*") if p.is_file())
+    assert secret.encode() not in files

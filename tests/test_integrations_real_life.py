@@ -443,3 +443,41 @@ async def test_history_imported_as_the_bot_is_in_the_live_bots_context(memory: M
         await bot.close()
     pack = bot.contexts["900"]
     assert pack is not None and any("allergic to bee stings" in hit.text for hit in pack.hits)
+
+
+async def test_a_suggestion_waiting_to_be_sent_is_dropped_by_a_forget_of_the_person(memory: Memory) -> None:
+    """Sent by a task of its own, a suggestion waiting behind its chat's earlier send (a rate
+    limit) went out after the person's forgetme had deleted what it was about."""
+    bot = await open_harness("discord.py", memory, guild_as="tenant")
+    assert isinstance(bot, DiscordHarness)
+    gate = asyncio.Event()
+    said: list[str] = []
+    routes = bot.cog.triggers
+
+    async def rate_limited(channel: Any, event: TriggerEvent) -> None:
+        if event.user_id == str(BOB):
+            await gate.wait()  # the chat's first send waits out a rate limit
+        said.append(event.user_id)
+
+    routes._on_trigger = rate_limited
+    try:
+        for n, who in enumerate([BOB, ANN]):
+            routes._targets[(str(GUILD_ID), "7", f"m{n}")] = object()
+            event = TriggerEvent(
+                kind="topic",
+                label="product roadmap",
+                count=3,
+                tenant=str(GUILD_ID),
+                user_id=str(who),
+                chat_id="7",
+                cause_message_id=f"m{n}",
+                suggestion="the product roadmap again?",
+            )
+            await routes._say(event)
+        await asyncio.sleep(0.05)
+        await memory.forget(user_id=str(ANN), tenant=str(GUILD_ID))
+        gate.set()
+        await routes.sent()
+    finally:
+        await bot.close()
+    assert said == [str(BOB)]

@@ -4,11 +4,16 @@ now leaves out a message said before a forget of its person, chat, person in the
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from narrmem import ManualClock, Scope
+from narrmem.ingest import SAID_BEFORE_A_FORGET
 from narrmem.testing import open_memory
 
 NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
@@ -56,3 +61,42 @@ async def test_an_export_imported_again_after_a_forget_leaves_the_forgotten_out(
         assert by_id["2"].duplicate and by_id["5"].duplicate
         assert await texts(memory, "ann") == ["back again: I now live in Porto by the river"]
         assert await texts(memory, "bob") == ["I adopted a greyhound named Pixel from the shelter"]
+
+
+async def test_a_few_messages_of_history_are_asked_too(tmp_path: Path) -> None:
+    """A call of up to 8 messages is a bot's own traffic and is not asked (one sent again after a
+    forget is new); the last part of an import, or a small export, says it is history."""
+    clock = ManualClock(NOW)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.ingest_many(HISTORY[:3])
+        await memory.forget(user_id="ann")
+        clock.advance(hours=1)
+        results = await memory.ingest_many(HISTORY[:3], history=True)
+        assert [r.stored for r in results] == [False, False, False]  # bob's is a duplicate
+        assert [r.reason == SAID_BEFORE_A_FORGET for r in results] == [True, False, True]
+        assert await texts(memory, "ann") == []
+
+
+async def test_the_import_commands_check_every_part_and_the_whole_file_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from narrmem.doors import cli
+
+    monkeypatch.setattr(cli, "IMPORT_PART", 5)
+    data = tmp_path / "data"
+    export = tmp_path / "history.jsonl"
+    export.write_text("".join(json.dumps(m) + "\n" for m in HISTORY), encoding="utf-8")
+    assert await asyncio.to_thread(cli.main, ["ingest", str(export), "--data", str(data), "--json"]) == 0
+    async with open_memory(data, real_model=True) as memory:
+        await memory.forget(user_id="ann")
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, ["ingest", str(export), "--data", str(data), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["said_before_a_forget"] == 2 and summary["stored"] == 0
+    # A message dated a year ahead, in the last part: refused before the first part is written.
+    ahead = said("x", "a note from a phone whose clock ran a year ahead", "eve", -365)
+    export.write_text("".join(json.dumps(m) + "\n" for m in [*HISTORY, ahead]), encoding="utf-8")
+    fresh = tmp_path / "fresh"
+    assert await asyncio.to_thread(cli.main, ["ingest", str(export), "--data", str(fresh)]) == 2
+    async with open_memory(fresh, real_model=True) as memory:
+        assert await memory.store.stats() and (await memory.store.stats())["memories"] == 0

@@ -335,10 +335,8 @@ def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None)
 
 
 # Telegram Desktop's chat types, and how the Bot API writes such a chat's id from the export's.
+# A chat of the exporting account with one person (or a bot, or itself) is not the bot's with them.
 _BOT_API_PREFIX = {
-    "personal_chat": "",
-    "bot_chat": "",
-    "saved_messages": "",
     "private_group": "-",
     "private_supergroup": "-100",
     "public_supergroup": "-100",

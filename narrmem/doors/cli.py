@@ -326,12 +326,17 @@ async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
     from narrmem.doors.transfer import read_messages
+    from narrmem.ingest import check_not_ahead
 
     messages = read_messages(args.file)  # validated whole before the store is touched
     async with _open(settings) as memory:
+        # The whole file, before its first part is written (each part checks only itself).
+        check_not_ahead(messages, memory.clock.now(), settings.storage.max_ts_ahead_s)
         with tqdm(total=len(messages), unit="msg", desc="ingest", file=sys.stderr, disable=None) as bar:
             counts = await _ingest_in_parts(memory, messages, bar.update)
-    summary = {key: counts[key] for key in ("messages", "stored", "ignored", "duplicates")}
+    summary = {
+        key: counts[key] for key in ("messages", "stored", "ignored", "duplicates", "said_before_a_forget")
+    }
     if args.json:
         _print_json(summary)
     else:
@@ -392,7 +397,9 @@ async def _ingest_in_parts(
 
     counts = dict.fromkeys(("messages", "stored", "ignored", "duplicates", "said_before_a_forget"), 0)
     for start in range(0, len(messages), IMPORT_PART):
-        for result in await memory.ingest_many(messages[start : start + IMPORT_PART], progress=progress):
+        part = messages[start : start + IMPORT_PART]
+        # History: each part asked whether a forget took its messages since, a short one too.
+        for result in await memory.ingest_many(part, progress=progress, history=True):
             counts["messages"] += 1
             counts["stored"] += result.stored
             counts["ignored"] += result.layer == "ignore" and result.reason != SAID_BEFORE_A_FORGET

@@ -1746,7 +1746,7 @@ class SQLiteStore(ForgetJournal):
             "SELECT (SELECT MIN(tenant) FROM memories WHERE tenant > t.tenant) FROM t "
             "WHERE t.tenant IS NOT NULL) "
             "SELECT tenant FROM t WHERE tenant IS NOT NULL AND EXISTS (SELECT 1 FROM memories m "
-            f"WHERE m.tenant = t.tenant AND m.user_id IN ({_marks(ids)}))",
+            f"WHERE m.tenant = t.tenant AND m.user_id IN ({_marks(ids)})) ORDER BY tenant",
             ids,
         )
         return [str(r[0]) for r in rows]

@@ -8,7 +8,7 @@ import functools
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import UTC, datetime, tzinfo
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -59,6 +59,8 @@ AWAITED_MESSAGES = MAX_WAITING + MAX_UNSETTLED
 # Trigger suggestions being sent at once, per integration: past it one is dropped (and logged), as
 # a platform that keeps every send waiting (rate limits) would otherwise pile them up.
 MAX_SENDING = 256
+# A send that has not ended after this long is given up (logged): its chat's next ones wait for it.
+SEND_TIMEOUT_S = 120.0
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -341,17 +343,26 @@ class TriggerRoutes(Generic[T]):
             )
             return
         chat = (event.tenant, event.chat_id)
-        task = asyncio.get_running_loop().create_task(self._send(target, event, self._last_send.get(chat)))
+        made = self._memory.clock.now()
+        send = self._send(target, event, made, self._last_send.get(chat))
+        task = asyncio.get_running_loop().create_task(send)
         self._sending.add(task)
         self._last_send[chat] = task
         task.add_done_callback(functools.partial(self._sent, chat))
 
-    async def _send(self, target: T, event: TriggerEvent, after: asyncio.Task[None] | None) -> None:
+    async def _send(
+        self, target: T, event: TriggerEvent, made: datetime, after: asyncio.Task[None] | None
+    ) -> None:
         assert self._on_trigger is not None
         if after is not None:
-            await asyncio.gather(after, return_exceptions=True)  # the chat's earlier event first
+            await asyncio.wait([after])  # the chat's earlier event first (a cancel of this stays here)
         try:
-            await self._on_trigger(target, event)
+            # A forget of the person, the chat or the message since the event was made (a send
+            # waiting out a rate limit meanwhile) takes the suggestion too: it holds their words.
+            if await self._memory.forgotten_after(_cause_of(event), made):
+                return
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self._on_trigger(target, event)
         except Exception:
             # No label, no id of a person: a log outlives a forget of them.
             log.exception("the trigger callback failed for a %s trigger", event.kind)
@@ -365,6 +376,18 @@ class TriggerRoutes(Generic[T]):
         """Wait for the trigger suggestions being sent now (a bot's shutdown, a test)."""
         while self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+def _cause_of(event: TriggerEvent) -> dict[str, Any]:
+    """The message that caused ``event``, as far as a forget's marks name it."""
+    return {
+        "text": "-",
+        "tenant": event.tenant,
+        "user_id": event.user_id,
+        "chat_id": event.chat_id,
+        "message_id": event.cause_message_id,
+        "ts": datetime.now(UTC).isoformat(),
+    }
 
 
 def _route(message: Message) -> tuple[str, str, str]:
