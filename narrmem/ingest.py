@@ -169,15 +169,19 @@ class IngestPipeline:
         first batch takes over."""
         validated = [as_message(m, index=i if len(messages) > 1 else None) for i, m in enumerate(messages)]
         check_not_ahead(validated, self.memory.clock.now(), self.memory.settings.storage.max_ts_ahead_s)
-        if call is None and held is None and (history or len(validated) > SHORT_TEXTS):
-            gone = await self._said_before_a_forget(validated)
-            if gone:
-                return await self._without(validated, gone, progress, acknowledge)
         if call is not None:
             results = await self._run(validated, progress, acknowledge, call, held)
         else:
+            # Registered before the marks are read: a forget that begins meanwhile drops what it
+            # takes of these messages (its mark may come after the read).
             with self.calls.under_way(validated) as registered:
-                results = await self._run(validated, progress, acknowledge, registered, held)
+                gone = set()
+                if held is None and (history or len(validated) > SHORT_TEXTS):
+                    gone = await self._said_before_a_forget(validated)
+                if gone:
+                    results = await self._without(validated, gone, progress, acknowledge, registered)
+                else:
+                    results = await self._run(validated, progress, acknowledge, registered, held)
         if len(validated) <= SHORT_TEXTS:
             await self._name_duplicates_memories(validated, results)
         return results
@@ -205,6 +209,7 @@ class IngestPipeline:
         gone: set[int],
         progress: Callable[[int], None] | None,
         acknowledge: Acknowledge | None,
+        call: Call,
     ) -> list[IngestResult]:
         """:meth:`run` of ``messages`` but those at ``gone``, which are answered as not stored."""
         rest = [message for n, message in enumerate(messages) if n not in gone]
@@ -213,10 +218,7 @@ class IngestPipeline:
         done: Iterator[IngestResult] = iter([])
         if rest:
             # As a call of the whole (not of the few left: that would take the short lane).
-            with self.calls.under_way(rest) as registered:
-                done = iter(
-                    await self._run(rest, progress, acknowledge, registered, None, whole=len(messages))
-                )
+            done = iter(await self._run(rest, progress, acknowledge, call, None, whole=len(messages)))
         return [
             IngestResult(
                 message_id=message.message_id,

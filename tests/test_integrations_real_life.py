@@ -481,3 +481,53 @@ async def test_a_suggestion_waiting_to_be_sent_is_dropped_by_a_forget_of_the_per
     finally:
         await bot.close()
     assert said == [str(BOB)]
+
+
+async def test_a_waiting_suggestion_is_measured_from_when_its_message_was_said(tmp_path: Any) -> None:
+    """A forget at the very time the event was made (a clock that has not moved), or one replayed
+    from a bot's backlog and dated when it was asked, let a waiting suggestion through."""
+    from narrmem import Message
+
+    clock = ManualClock(when(5))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        bot = await open_harness("discord.py", memory, guild_as="tenant")
+        assert isinstance(bot, DiscordHarness)
+        routes = bot.cog.triggers
+        gate = asyncio.Event()
+        said: list[str] = []
+
+        async def rate_limited(channel: Any, event: TriggerEvent) -> None:
+            if event.user_id == str(BOB):
+                await gate.wait()
+            said.append(event.user_id)
+
+        routes._on_trigger = rate_limited
+        try:
+            for n, who in enumerate([BOB, ANN]):
+                message = Message(
+                    text="the product roadmap again",
+                    user_id=str(who),
+                    chat_id="7",
+                    tenant=str(GUILD_ID),
+                    message_id=f"m{n}",
+                    ts=when(n),
+                )
+                assert routes.expect(message, object())
+                event = TriggerEvent(
+                    kind="topic",
+                    label="product roadmap",
+                    count=3,
+                    tenant=str(GUILD_ID),
+                    user_id=str(who),
+                    chat_id="7",
+                    cause_message_id=f"m{n}",
+                    suggestion="again?",
+                )
+                await routes._say(event)
+            await asyncio.sleep(0.05)
+            await memory.forget(user_id=str(ANN), tenant=str(GUILD_ID))  # at the clock's same now
+            gate.set()
+            await routes.sent()
+        finally:
+            await bot.close()
+    assert said == [str(BOB)]

@@ -292,6 +292,7 @@ class TriggerRoutes(Generic[T]):
         self._memory = memory
         self._on_trigger = on_trigger
         self._targets: OrderedDict[tuple[str, str, str], T] = OrderedDict()
+        self._said_at: dict[tuple[str, str, str], datetime] = {}  # each routed message's time
         self._sending: set[asyncio.Task[None]] = set()
         self._last_send: dict[tuple[str, str], asyncio.Task[None]] = {}  # per chat: order kept
         # The integration's name in the backlog's file, and where a message it holds is answered
@@ -321,8 +322,10 @@ class TriggerRoutes(Generic[T]):
         if self._on_trigger is None or target is None or route in self._targets:
             return False
         self._targets[route] = target
+        self._said_at[route] = message.ts
         while len(self._targets) > AWAITED_MESSAGES:
-            self._targets.popitem(last=False)
+            oldest, _ = self._targets.popitem(last=False)
+            self._said_at.pop(oldest, None)
         return True
 
     def ingested(self, message: Message, result: IngestResult | None, *, expected: bool) -> None:
@@ -330,11 +333,13 @@ class TriggerRoutes(Generic[T]):
         stored; a copy's answer (``expected`` is ``False``) leaves the first copy's route."""
         if expected and (result is None or result.settled or not result.stored):
             self._targets.pop(_route(message), None)
+            self._said_at.pop(_route(message), None)
 
     async def _say(self, event: TriggerEvent) -> None:
         if self._on_trigger is None or event.chat_id is None or event.cause_message_id is None:
             return
-        target = self._targets.get((event.tenant, event.chat_id, event.cause_message_id))
+        route = (event.tenant, event.chat_id, event.cause_message_id)
+        target = self._targets.get(route)
         if target is None:
             return
         if len(self._sending) >= MAX_SENDING:
@@ -343,7 +348,10 @@ class TriggerRoutes(Generic[T]):
             )
             return
         chat = (event.tenant, event.chat_id)
-        made = self._memory.clock.now()
+        # Measured from when the message was said: a forget asked after it (one made late, from a
+        # bot's backlog, is dated when it was asked) takes the suggestion too.
+        said = self._said_at.get(route)
+        made = self._memory.clock.now() if said is None else min(said, self._memory.clock.now())
         send = self._send(target, event, made, self._last_send.get(chat))
         task = asyncio.get_running_loop().create_task(send)
         self._sending.add(task)
