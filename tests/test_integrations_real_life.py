@@ -531,3 +531,55 @@ async def test_a_waiting_suggestion_is_measured_from_when_its_message_was_said(t
         finally:
             await bot.close()
     assert said == [str(BOB)]
+
+
+async def test_closing_the_memory_ends_the_suggestions_being_sent(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send under way when the memory closes gets a while to end, then is cancelled: it went on
+    after the close and asked the closed memory about forgets (an error logged for each)."""
+    from narrmem import Message
+    from narrmem.doors.integrations import _common as common
+
+    monkeypatch.setattr(common, "CLOSE_WAIT_S", 0.2)
+    memory = await open_memory(tmp_path / "m")
+    bot = await open_harness("discord.py", memory, guild_as="tenant")
+    assert isinstance(bot, DiscordHarness)
+    routes = bot.cog.triggers
+    ended: list[str] = []
+
+    async def send(channel: Any, event: TriggerEvent) -> None:
+        try:
+            if event.user_id == str(BOB):
+                await asyncio.sleep(3600)  # a send that never ends
+        finally:
+            ended.append(event.user_id)
+
+    routes._on_trigger = send
+    try:
+        for n, who in enumerate([ANN, BOB]):
+            message = Message(
+                text="the product roadmap again",
+                user_id=str(who),
+                chat_id=f"c{n}",
+                tenant=str(GUILD_ID),
+                message_id=f"m{n}",
+                ts=when(n),
+            )
+            assert routes.expect(message, object())
+            event = TriggerEvent(
+                kind="topic",
+                label="product roadmap",
+                count=3,
+                tenant=str(GUILD_ID),
+                user_id=str(who),
+                chat_id=f"c{n}",
+                cause_message_id=f"m{n}",
+                suggestion="again?",
+            )
+            await routes._say(event)
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(memory.close(), 5)
+    finally:
+        await bot.close()
+    assert sorted(ended) == sorted([str(ANN), str(BOB)]) and not routes._sending

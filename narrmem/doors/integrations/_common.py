@@ -4,7 +4,9 @@ turn, and the texts of the ``forgetme`` and ``memory`` replies. Nothing here imp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from narrmem.doors.integrations.backlog import (
     message_record,
 )
 from narrmem.errors import InputError, NarrmemError
+from narrmem.host import hookimpl
 from narrmem.memory import Memory
 from narrmem.models import (
     MAX_ID_CHARS,
@@ -61,6 +64,8 @@ AWAITED_MESSAGES = MAX_WAITING + MAX_UNSETTLED
 MAX_SENDING = 256
 # A send that has not ended after this long is given up (logged): its chat's next ones wait for it.
 SEND_TIMEOUT_S = 120.0
+# How long a closing memory waits for the suggestions being sent.
+CLOSE_WAIT_S = 10.0
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -294,6 +299,8 @@ class TriggerRoutes(Generic[T]):
         self._targets: OrderedDict[tuple[str, str, str], T] = OrderedDict()
         self._said_at: dict[tuple[str, str, str], datetime] = {}  # each routed message's time
         self._sending: set[asyncio.Task[None]] = set()
+        if on_trigger is not None:
+            memory.host.register(_SendsAtShutdown(self), name=f"narrmem_bot_triggers_{id(self):x}")
         self._last_send: dict[tuple[str, str], asyncio.Task[None]] = {}  # per chat: order kept
         # The integration's name in the backlog's file, and where a message it holds is answered
         # once a later start makes it (the target it was sent to is gone with the stopped process).
@@ -384,6 +391,31 @@ class TriggerRoutes(Generic[T]):
         """Wait for the trigger suggestions being sent now (a bot's shutdown, a test)."""
         while self._sending:
             await asyncio.gather(*self._sending, return_exceptions=True)
+
+    async def close(self) -> None:
+        """The memory closes: the sends under way get :data:`CLOSE_WAIT_S` to end, then are
+        cancelled (they would ask the closed memory whether their person was forgotten since)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await self.sent()
+        if self._sending:
+            log.warning("%d trigger suggestions not sent: the memory closed", len(self._sending))
+            for task in list(self._sending):
+                task.cancel()
+            await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+class _SendsAtShutdown:
+    """Ends a :class:`TriggerRoutes`' sends when its memory closes."""
+
+    def __init__(self, routes: TriggerRoutes[Any]) -> None:
+        self._routes = weakref.ref(routes)
+
+    @hookimpl
+    async def narrmem_shutdown(self) -> None:
+        routes = self._routes()
+        if routes is not None:
+            await routes.close()
 
 
 def _cause_of(event: TriggerEvent) -> dict[str, Any]:
