@@ -200,9 +200,9 @@ def aiogram_session(replies: list[tuple[str, str]]) -> Any:
     return RecordingSession()
 
 
-def ptb_request(replies: list[tuple[str, str]]) -> Any:
+def ptb_request(replies: list[tuple[str, str]], sent: list[dict[str, Any]] | None = None) -> Any:
     """A python-telegram-bot transport answering the Bot API as Telegram would (PTB's supported seam
-    for a custom transport)."""
+    for a custom transport); ``sent``: each sendMessage's parameters as they went."""
     from telegram.request import BaseRequest, RequestData
 
     class RecordingRequest(BaseRequest):
@@ -220,6 +220,8 @@ def ptb_request(replies: list[tuple[str, str]]) -> Any:
             self, url: str, method: str, request_data: RequestData | None = None, **timeouts: Any
         ) -> tuple[int, bytes]:
             params = request_data.parameters if request_data is not None else {}
+            if sent is not None and url.endswith("sendMessage"):
+                sent.append(dict(params))
             return 200, bot_api(replies, url.rsplit("/", 1)[-1], params).encode()
 
     return RecordingRequest()

@@ -18,17 +18,43 @@ from test_integrations import (
     TG_TENANT,
     DiscordHarness,
     aiogram_session,
-    bot_api,
     everything,
     open_harness,
+    ptb_request,
     telegram_payload,
     when,
 )
 
-from narrmem import ManualClock, Memory, Scope, StoreUnavailableError, TriggerEvent
+from narrmem import ManualClock, Memory, Message, Scope, StoreUnavailableError, TriggerEvent
 from narrmem.testing import open_memory
 
 DM = {"user": ANN, "chat": ANN, "group": False, "name": "Ann Lee"}
+
+
+async def say_for(routes: Any, who: int, n: int, *, chat: str = "7", label: str = "product roadmap") -> None:
+    """A trigger event of message ``m<n>`` of ``who`` in ``chat``, routed as an ingest through the
+    integration routes it (said at ``when(n)``), then made by its hooks."""
+    message = Message(
+        text=f"the {label} again",
+        user_id=str(who),
+        chat_id=chat,
+        tenant=str(GUILD_ID),
+        message_id=f"m{n}",
+        ts=when(n),
+    )
+    assert routes.expect(message, object())
+    await routes._say(
+        TriggerEvent(
+            kind="topic",
+            label=label,
+            count=3,
+            tenant=str(GUILD_ID),
+            user_id=str(who),
+            chat_id=chat,
+            cause_message_id=f"m{n}",
+            suggestion=label,
+        )
+    )
 
 
 async def test_a_trigger_send_waiting_out_a_rate_limit_holds_no_write_back(memory: Memory) -> None:
@@ -96,19 +122,7 @@ async def test_one_chats_suggestions_are_sent_in_the_order_they_came(memory: Mem
     routes._on_trigger = send
     try:
         for n, label in enumerate(["first", "second", "third"]):
-            message_id = f"m{n}"
-            routes._targets[(str(GUILD_ID), "7", message_id)] = object()
-            event = TriggerEvent(
-                kind="topic",
-                label=label,
-                count=3,
-                tenant=str(GUILD_ID),
-                user_id=str(ANN),
-                chat_id="7",
-                cause_message_id=message_id,
-                suggestion=label,
-            )
-            await routes._say(event)
+            await say_for(routes, ANN, n, label=label)
         await routes.sent()
     finally:
         await bot.close()
@@ -155,34 +169,14 @@ async def test_telegram_replies_are_plain_text_whatever_the_bots_default_parse_m
         from telegram import Update
         from telegram.constants import ParseMode
         from telegram.ext import Application, Defaults
-        from telegram.request import BaseRequest, RequestData
 
         from narrmem.doors.integrations.telegram import install
-
-        class Recording(BaseRequest):
-            @property
-            def read_timeout(self) -> float | None:
-                return None
-
-            async def initialize(self) -> None:
-                return None
-
-            async def shutdown(self) -> None:
-                return None
-
-            async def do_request(
-                self, url: str, method: str, request_data: RequestData | None = None, **_: Any
-            ) -> tuple[int, bytes]:
-                params = request_data.parameters if request_data is not None else {}
-                if url.endswith("sendMessage"):
-                    sent.append({"parse_mode": params.get("parse_mode")})
-                return 200, bot_api([], url.rsplit("/", 1)[-1], params).encode()
 
         application = (
             Application.builder()
             .token("42:TEST")
-            .request(Recording())
-            .get_updates_request(Recording())
+            .request(ptb_request([], sent))
+            .get_updates_request(ptb_request([], sent))
             .updater(None)
             .defaults(Defaults(parse_mode=ParseMode.HTML))
             .build()
@@ -194,7 +188,7 @@ async def test_telegram_replies_are_plain_text_whatever_the_bots_default_parse_m
             await application.process_update(Update.de_json(payload, application.bot))
         await application.shutdown()
     assert len(sent) == 2
-    assert all(reply["parse_mode"] is None for reply in sent)
+    assert all(reply.get("parse_mode") is None for reply in sent)
 
 
 async def test_say_suggestion_on_telegram_is_plain_text() -> None:
@@ -462,18 +456,7 @@ async def test_a_suggestion_waiting_to_be_sent_is_dropped_by_a_forget_of_the_per
     routes._on_trigger = rate_limited
     try:
         for n, who in enumerate([BOB, ANN]):
-            routes._targets[(str(GUILD_ID), "7", f"m{n}")] = object()
-            event = TriggerEvent(
-                kind="topic",
-                label="product roadmap",
-                count=3,
-                tenant=str(GUILD_ID),
-                user_id=str(who),
-                chat_id="7",
-                cause_message_id=f"m{n}",
-                suggestion="the product roadmap again?",
-            )
-            await routes._say(event)
+            await say_for(routes, who, n)
         await asyncio.sleep(0.05)
         await memory.forget(user_id=str(ANN), tenant=str(GUILD_ID))
         gate.set()
@@ -486,8 +469,6 @@ async def test_a_suggestion_waiting_to_be_sent_is_dropped_by_a_forget_of_the_per
 async def test_a_waiting_suggestion_is_measured_from_when_its_message_was_said(tmp_path: Any) -> None:
     """A forget at the very time the event was made (a clock that has not moved), or one replayed
     from a bot's backlog and dated when it was asked, let a waiting suggestion through."""
-    from narrmem import Message
-
     clock = ManualClock(when(5))
     async with open_memory(tmp_path / "m", clock=clock) as memory:
         bot = await open_harness("discord.py", memory, guild_as="tenant")
@@ -504,26 +485,7 @@ async def test_a_waiting_suggestion_is_measured_from_when_its_message_was_said(t
         routes._on_trigger = rate_limited
         try:
             for n, who in enumerate([BOB, ANN]):
-                message = Message(
-                    text="the product roadmap again",
-                    user_id=str(who),
-                    chat_id="7",
-                    tenant=str(GUILD_ID),
-                    message_id=f"m{n}",
-                    ts=when(n),
-                )
-                assert routes.expect(message, object())
-                event = TriggerEvent(
-                    kind="topic",
-                    label="product roadmap",
-                    count=3,
-                    tenant=str(GUILD_ID),
-                    user_id=str(who),
-                    chat_id="7",
-                    cause_message_id=f"m{n}",
-                    suggestion="again?",
-                )
-                await routes._say(event)
+                await say_for(routes, who, n)
             await asyncio.sleep(0.05)
             await memory.forget(user_id=str(ANN), tenant=str(GUILD_ID))  # at the clock's same now
             gate.set()
@@ -538,7 +500,6 @@ async def test_closing_the_memory_ends_the_suggestions_being_sent(
 ) -> None:
     """A send under way when the memory closes gets a while to end, then is cancelled: it went on
     after the close and asked the closed memory about forgets (an error logged for each)."""
-    from narrmem import Message
     from narrmem.doors.integrations import _common as common
 
     monkeypatch.setattr(common, "CLOSE_WAIT_S", 0.2)
@@ -558,26 +519,7 @@ async def test_closing_the_memory_ends_the_suggestions_being_sent(
     routes._on_trigger = send
     try:
         for n, who in enumerate([ANN, BOB]):
-            message = Message(
-                text="the product roadmap again",
-                user_id=str(who),
-                chat_id=f"c{n}",
-                tenant=str(GUILD_ID),
-                message_id=f"m{n}",
-                ts=when(n),
-            )
-            assert routes.expect(message, object())
-            event = TriggerEvent(
-                kind="topic",
-                label="product roadmap",
-                count=3,
-                tenant=str(GUILD_ID),
-                user_id=str(who),
-                chat_id=f"c{n}",
-                cause_message_id=f"m{n}",
-                suggestion="again?",
-            )
-            await routes._say(event)
+            await say_for(routes, who, n, chat=f"c{n}")
         await asyncio.sleep(0.05)
         await asyncio.wait_for(memory.close(), 5)
     finally:
