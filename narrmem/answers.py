@@ -75,17 +75,17 @@ async def users(
     memory: MemoryView, tenant: str | None, limit: int, after: str | None = None
 ) -> list[dict[str, Any]]:
     if tenant is not None:
-        tenant = _id_argument(tenant, "tenant")
+        tenant = id_argument(tenant, "tenant")
     limit = int_argument(limit, "limit", high=100_000)
     if after is None:
         return await memory.store.users(tenant, limit=limit)
-    after = _id_argument(after, "after")
+    after = id_argument(after, "after")
     if tenant is None:
         raise InputError("pages through one tenant's users: give a tenant", field="after")
     return await memory.store.users(tenant, limit=limit, after=after)
 
 
-def _id_argument(value: Any, field: str) -> str:
+def id_argument(value: Any, field: str) -> str:
     text = text_argument(value, field, max_chars=MAX_ID_CHARS)
     if not text:
         raise InputError("must not be empty", field=field)

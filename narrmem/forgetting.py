@@ -103,7 +103,18 @@ class Forgetting:
         await self.settling.settle()
 
     async def scope(self, scope: Scope, asked_at: datetime | None = None) -> dict[str, int]:
-        return await self._to_the_end(self._scope(scope, asked_at))
+        counts = await self._to_the_end(self._scope(scope, asked_at))
+        assert counts is not None
+        return counts
+
+    async def scope_unless(
+        self, scope: Scope, unless: Callable[[], Awaitable[bool]]
+    ) -> dict[str, int] | None:
+        """Forget ``scope`` as :meth:`scope` does, unless ``unless()`` is true once every write of
+        this process has ended and no other worker writes (``None`` then, and nothing is done):
+        a person found inactive who has spoken since keeps what they said. A user's or chat's
+        purge is left owed (:meth:`purge_owed`, run once after many such forgets)."""
+        return await self._to_the_end(self._scope(scope, None, unless=unless, purge=False))
 
     async def _to_the_end(self, work: Coroutine[Any, Any, R]) -> R:
         """Run a forget to its end though its caller gives up (a timeout around the call, a
@@ -113,7 +124,14 @@ class Forgetting:
         worker's gate ends with the close, its job recorded for the next open, as before."""
         return await self._outlasting.run(work)
 
-    async def _scope(self, scope: Scope, asked_at: datetime | None) -> dict[str, int]:
+    async def _scope(
+        self,
+        scope: Scope,
+        asked_at: datetime | None,
+        *,
+        unless: Callable[[], Awaitable[bool]] | None = None,
+        purge: bool = True,
+    ) -> dict[str, int] | None:
         if asked_at is not None and await self._done_since(scope, asked_at):
             # The same forget sent again (a client's retry after a timeout, a backlog's replay):
             # run again, it deleted what the person said after asking, stored meanwhile.
@@ -122,11 +140,21 @@ class Forgetting:
         # What ingest calls under way hold of the scope and have not written is never written:
         # what they hold as the forget begins (on a shared store, once no other worker's forget
         # can come before its end).
-        drop = functools.partial(self.calls.drop_scope, scope.tenant, scope.user_id, scope.chat_id)
+        speaking = False
+
+        def drop() -> None:
+            nonlocal speaking
+            if unless is None:
+                self.calls.drop_scope(scope.tenant, scope.user_id, scope.chat_id)
+            else:
+                # Held messages of the scope mean the person is speaking: kept, not dropped.
+                speaking = self.calls.holds_scope(scope.tenant, scope.user_id, scope.chat_id)
+
         # On a store shared by processes the purge (PostgreSQL's VACUUM of the tables, minutes
         # for a large HNSW index) runs once the fence is open again: inside it, every worker's
         # writes waited at the gate for it.
         purge_after = not from_hooks and shared_by_processes(self.memory.store)
+        defer_purge = purge_after or not purge
         # What the forget covers: what was said up to when it was asked (or began). Messages
         # held while it ran are written after it, not deleted by it.
         begun = self.memory.clock.now()
@@ -134,10 +162,12 @@ class Forgetting:
         async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:
+                if unless is not None and (speaking or await unless()):
+                    return None
                 await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
-                    counts = await self._finish_or_retry(job, purge=not purge_after)
+                    counts = await self._finish_or_retry(job, purge=not defer_purge)
                     await self._note_finished(scope, covers)
                 else:
                     # What may still write for the scope: the units under way with a message of
@@ -150,7 +180,7 @@ class Forgetting:
                     counts = await self.finish(job, done=False)
                     self._finish_later(job, units)
                     return counts
-        if purge_after:
+        if purge_after and purge:
             await self.purge_owed()
         return counts
 
@@ -190,7 +220,13 @@ class Forgetting:
         if owed is None or not isinstance(store, PurgesDeleted):
             return
         try:
-            await store.purge_deleted()
+            if isinstance(store, PurgesAlongsideWrites):
+                # As a deleted message's purge: writes go on while the keyword index is rebuilt.
+                await store.purge_alongside_writes()
+                async with self.write_lock:
+                    await store.purge_in_turn()
+            else:
+                await store.purge_deleted()
         except Exception:
             log.exception("purging what a forget deleted failed; tried again later")
             self._again.keep_trying(self.purge_owed, "the purge a forget left owed")

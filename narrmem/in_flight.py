@@ -74,6 +74,20 @@ class CallsUnderWay:
     def drop_scope(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
         """Drop the messages of a user, a chat, or a user in a chat; returns how many."""
         dropped = 0
+        for call, message in self._of_scope(tenant, user_id, chat_id):
+            call.dropped.add(_key(message))
+            dropped += 1
+        return dropped
+
+    def holds_scope(self, tenant: str, user_id: str | None, chat_id: str | None) -> bool:
+        """Whether a call under way holds a message of the scope (one it has not dropped)."""
+        return any(
+            _key(message) not in call.dropped for call, message in self._of_scope(tenant, user_id, chat_id)
+        )
+
+    def _of_scope(
+        self, tenant: str, user_id: str | None, chat_id: str | None
+    ) -> Iterator[tuple[Call, Message]]:
         for call in self._calls.values():
             for message in call.messages:
                 if (
@@ -81,9 +95,7 @@ class CallsUnderWay:
                     and user_id in (None, message.user_id)
                     and chat_id in (None, message.chat_id)
                 ):
-                    call.dropped.add(_key(message))
-                    dropped += 1
-        return dropped
+                    yield call, message
 
     def drop_messages(
         self, tenant: str, chat_id: str, message_ids: Iterable[str], *, sparing: Call | None = None

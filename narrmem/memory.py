@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from narrmem import answers, editing, importance, logs, opening
+from narrmem import answers, editing, importance, logs, opening, retention
 from narrmem import recall as recall_pipeline
 from narrmem.checks import aware_time_argument, sequence_argument
 from narrmem.config import Acknowledge
@@ -357,6 +357,39 @@ class Memory(MemoryLifecycle):
         scope = scope_of(tenant, user_id, chat_id)
         deleted = await self._forgetting.memories(scope, memory_id_list(memory_ids))
         return {"memories": deleted}
+
+    @while_open
+    async def inactive_people(
+        self,
+        *,
+        before: datetime,
+        tenant: str | None = None,
+        limit: int = 1000,
+        after: tuple[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The people (of ``tenant``, or of every tenant) whose every memory was said before
+        ``before``: per person ``tenant``, ``user_id``, ``memories`` and ``last_said``, in tenant
+        and user id order, at most ``limit``; ``after``: the next page, after this (tenant, user
+        id). What :meth:`forget_inactive` would forget; it reads no memory's text and changes
+        nothing."""
+        return await retention.inactive_people(self.store, before, tenant=tenant, limit=limit, after=after)
+
+    @while_open
+    async def forget_inactive(
+        self, *, before: datetime, tenant: str | None = None, force: bool = False
+    ) -> dict[str, int]:
+        """Forget every person (of ``tenant``, or of every tenant) who has said nothing since
+        ``before``, each as :meth:`forget` forgets, the files purged once at the end; a person who
+        speaks as the pass reaches them is kept. ``before`` may not be later than the clock's now.
+        Counts: ``people``, ``memories``, ``spoke_since`` (kept: they had spoken by their turn)
+        and ``refused`` (1 when no one at all has spoken since ``before``, a clock that is wrong
+        or a bot down that long: nothing is forgotten unless ``force``). See
+        :mod:`narrmem.retention`."""
+        counts = await retention.forget_inactive(
+            self._forgetting, self.store, self.clock.now(), before, tenant=tenant, force=force
+        )
+        await self._purge_marks()
+        return counts
 
     async def _purge_marks(self) -> None:
         # After the forget, outside its turn to write: the forget is done whatever this finds.

@@ -457,6 +457,42 @@ class FindsUserTenants(Protocol):
         ...
 
 
+class InactivePerson(NamedTuple):
+    """A person (``tenant``, ``user_id``) whose newest memory was said at ``last_said``."""
+
+    tenant: str
+    user_id: str
+    memories: int
+    last_said: datetime
+
+
+@runtime_checkable
+class FindsInactivePeople(Protocol):
+    """A store that finds the people with nothing said since a time, and when one last said
+    something, in its queries (both built-in stores): what a retention policy forgets
+    (:mod:`narrmem.retention`)."""
+
+    async def inactive_people(
+        self,
+        before: datetime,
+        *,
+        tenant: str | None = None,
+        limit: int = 1000,
+        after: tuple[str, str] | None = None,
+    ) -> list[InactivePerson]:
+        """The people (of ``tenant``, or of every tenant when ``None``) whose every memory was
+        said before ``before``, ordered by tenant and user id, at most ``limit``; ``after``: the
+        next page, the people after this (tenant, user id), the last of the previous page.
+        Counts and times only: no text of any memory."""
+        ...
+
+    async def last_said(self, tenant: str | None = None, user_id: str | None = None) -> datetime | None:
+        """When the newest memory of ``user_id`` in ``tenant`` was said, by one seek of the scope
+        index; of the whole tenant, or of the whole store, when they are ``None`` (a pass over
+        the index). ``None``: no such memory."""
+        ...
+
+
 @runtime_checkable
 class ReadsHistories(Protocol):
     """A store that reads the importance history of a run of memories in one query (both

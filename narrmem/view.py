@@ -38,8 +38,8 @@ class MemoryView(Protocol):
     - ``host``: the plugin host, to call other hooks (``call``, ``call_first``) and to find a
       plugin object by class (``plugin(cls)``).
     - ``recall``, ``ingest`` (for derived memories), ``importance_now``, ``decay``,
-      ``forget_memories`` (a memory deleted by id, with every plugin told): the public API, as a
-      bot calls it.
+      ``forget_memories`` (a memory deleted by id, with every plugin told), ``forget_inactive``
+      (a retention policy's pass): the public API, as a bot calls it.
     """
 
     settings: Settings
@@ -71,4 +71,8 @@ class MemoryView(Protocol):
         user_id: str | None = None,
         chat_id: str | None = None,
         tenant: str = "default",
+    ) -> dict[str, int]: ...
+
+    async def forget_inactive(
+        self, *, before: datetime, tenant: str | None = None, force: bool = False
     ) -> dict[str, int]: ...

@@ -27,6 +27,7 @@ BUILTINS = {
     "recall_facts",
     "core_tools",
     "hippocampus",
+    "retention",
     "proactive",
     "soul_narrative",
     "rtm",

@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from narrmem import __version__
@@ -115,6 +115,23 @@ def _add_store_commands(sub: Subparsers, common: Parents, as_json: Parents) -> N
     """What changes the store as a whole: decay, import, forget, migration."""
     decay = sub.add_parser("decay", parents=[common, as_json], help="run the decay pass and report counts")
     decay.add_argument("--now", help="ISO-8601 time with timezone (default: now)")
+
+    keep = sub.add_parser(
+        "retention",
+        parents=[common, as_json],
+        help="forget the people who have said nothing for a while (--dry-run lists them)",
+    )
+    keep.add_argument(
+        "--days",
+        type=float,
+        help="nothing said for this many days (default: [plugin.retention] inactive_days)",
+    )
+    keep.add_argument("--before", help="or nothing said since this ISO-8601 time with timezone")
+    keep.add_argument("--tenant", help="only this tenant's people (default: every tenant)")
+    keep.add_argument("--dry-run", action="store_true", help="list who would be forgotten; change nothing")
+    keep.add_argument(
+        "--force", action="store_true", help="forget even when no one at all has spoken since (see the docs)"
+    )
 
     imp = sub.add_parser("import", parents=[common, as_json], help="import a JSONL export")
     imp.add_argument("file")
@@ -511,21 +528,80 @@ async def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def cmd_decay(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.errors import InputError
+def _time_option(value: str, option: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise InputError(f"not an ISO-8601 time: {value!r}", field=option) from exc
+    if at.tzinfo is None:
+        raise InputError("needs a timezone, e.g. 2026-05-01T12:00:00+00:00", field=option)
+    return at
 
-    now = None
-    if args.now:
-        try:
-            now = datetime.fromisoformat(args.now)
-        except ValueError as exc:
-            raise InputError(f"not an ISO-8601 time: {args.now!r}", field="--now") from exc
-        if now.tzinfo is None:
-            raise InputError("needs a timezone, e.g. 2026-05-01T12:00:00+00:00", field="--now")
+
+async def cmd_decay(args: argparse.Namespace, settings: Settings) -> int:
+    now = _time_option(args.now, "--now") if args.now else None
     async with _open(_existing_store(settings), warm=False) as memory:
         counts = await memory.decay(now)
     _report(args, counts)
     return 0
+
+
+async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
+    """``narrmem retention``: forget (or, ``--dry-run``, list) the people with nothing said for
+    ``--days`` (default ``[plugin.retention] inactive_days``) or since ``--before``."""
+    from narrmem import retention
+
+    if args.days is not None and args.before is not None:
+        raise InputError("give --days or --before, not both", field="--before")
+    given = _time_option(args.before, "--before") if args.before is not None else None
+    days = 0.0
+    if given is None:
+        days = float(args.days) if args.days is not None else _configured_inactive_days(settings)
+        if not 1 <= days <= 36_500:
+            raise InputError(
+                "a number of days from 1 to 36500 (or [plugin.retention] inactive_days set)", field="--days"
+            )
+    tenant = args.tenant
+    if args.dry_run:
+        # Reads only, beside a running bot: who would go, and nothing changed.
+        async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
+            before = given or memory.clock.now() - timedelta(days=days)
+            people = [person async for person in retention.all_inactive(memory.store, before, tenant=tenant)]
+        summary = {
+            "before": before.isoformat(),
+            "people": len(people),
+            "memories": sum(p["memories"] for p in people),
+        }
+        if args.json:
+            _print_json({**summary, "inactive": people})
+        else:
+            for person in people:
+                print(f"{person['tenant']}\t{person['user_id']}\t{person['memories']}\t{person['last_said']}")
+            print(
+                f"would forget {summary['people']} people, {summary['memories']} memories "
+                f"(nothing said since {before.isoformat()})"
+            )
+        return 0
+    async with _open(_existing_store(settings), warm=False) as memory:
+        before = given or memory.clock.now() - timedelta(days=days)
+        counts = await memory.forget_inactive(before=before, tenant=tenant, force=args.force)
+    _report(args, {"before": before.isoformat(), **counts})
+    if counts["refused"]:
+        print(
+            f"refused: no one has said anything since {before.isoformat()}; is the clock right? "
+            "(--force forgets them all)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _configured_inactive_days(settings: Settings) -> float:
+    from narrmem_plugins.retention import NAME, RetentionOptions
+
+    from narrmem.config import plugin_options
+
+    return plugin_options(settings, NAME, RetentionOptions).inactive_days
 
 
 async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -798,6 +874,7 @@ COMMANDS: dict[str, Handler] = {
     "triage": cmd_triage,
     "stats": cmd_stats,
     "decay": cmd_decay,
+    "retention": cmd_retention,
     "rtm": cmd_rtm,
     "mcp": cmd_mcp,
     "tools": cmd_tools,

@@ -53,6 +53,7 @@ from narrmem.store import (
     EpisodeContext,
     ForgetJournal,
     HistoryRow,
+    InactivePerson,
     MessageKey,
     StateEntry,
     context_writes,
@@ -1281,6 +1282,41 @@ class PostgresStore(ForgetJournal):
     async def tenants(self) -> list[str]:
         rows = await self.pool.fetch("SELECT DISTINCT tenant FROM memories ORDER BY tenant")
         return [str(r[0]) for r in rows]
+
+    async def inactive_people(
+        self,
+        before: datetime,
+        *,
+        tenant: str | None = None,
+        limit: int = 1000,
+        after: tuple[str, str] | None = None,
+    ) -> list[InactivePerson]:
+        where: list[str] = []
+        params: list[Any] = [before.timestamp(), limit]
+        if tenant is not None:
+            params.append(tenant)
+            where.append(f"tenant = ${len(params)}")
+        if after is not None:
+            params.extend(after)
+            where.append(f"(tenant, user_id) > (${len(params) - 1}, ${len(params)})")
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = await self.pool.fetch(
+            f"SELECT tenant, user_id, COUNT(*), MAX(created_ts) FROM memories {clause}"
+            "GROUP BY tenant, user_id HAVING MAX(created_ts) < $1 ORDER BY tenant, user_id LIMIT $2",
+            *params,
+        )
+        return [InactivePerson(r[0], r[1], int(r[2]), datetime.fromtimestamp(float(r[3]), UTC)) for r in rows]
+
+    async def last_said(self, tenant: str | None = None, user_id: str | None = None) -> datetime | None:
+        if user_id is not None and tenant is None:
+            raise InputError("a person is found within a tenant: give a tenant", field="tenant")
+        where, params = "", list[str | None]()
+        if tenant is not None:
+            where, params = "WHERE tenant = $1", [tenant]
+        if user_id is not None:
+            where, params = "WHERE tenant = $1 AND user_id = $2", [tenant, user_id]
+        last = await self.pool.fetchval(f"SELECT MAX(created_ts) FROM memories {where}", *params)
+        return None if last is None else datetime.fromtimestamp(float(last), UTC)
 
     async def user_tenants(self, user_ids: Sequence[str]) -> list[str]:
         ids = list(dict.fromkeys(user_ids))

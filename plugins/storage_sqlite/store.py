@@ -47,6 +47,7 @@ from narrmem.store import (
     EpisodeContext,
     ForgetJournal,
     HistoryRow,
+    InactivePerson,
     MessageKey,
     StateEntry,
     context_writes,
@@ -1736,6 +1737,42 @@ class SQLiteStore(ForgetJournal):
     async def tenants(self) -> list[str]:
         rows = await self._fetchall("SELECT DISTINCT tenant FROM memories ORDER BY tenant")
         return [str(r[0]) for r in rows]
+
+    async def inactive_people(
+        self,
+        before: datetime,
+        *,
+        tenant: str | None = None,
+        limit: int = 1000,
+        after: tuple[str, str] | None = None,
+    ) -> list[InactivePerson]:
+        where, params = [], []
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
+        if after is not None:
+            where.append("(tenant, user_id) > (?, ?)")
+            params.extend(after)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        # The scope index holds every column read: a pass over it, never over the rows' text.
+        rows = await self._fetchall(
+            f"SELECT tenant, user_id, COUNT(*), MAX(created_ts) FROM memories {clause}"
+            "GROUP BY tenant, user_id HAVING MAX(created_ts) < ? ORDER BY tenant, user_id LIMIT ?",
+            [*params, before.timestamp(), limit],
+        )
+        return [InactivePerson(t, u, n, datetime.fromtimestamp(last, UTC)) for t, u, n, last in rows]
+
+    async def last_said(self, tenant: str | None = None, user_id: str | None = None) -> datetime | None:
+        if user_id is not None and tenant is None:
+            raise InputError("a person is found within a tenant: give a tenant", field="tenant")
+        where, params = "", list[str | None]()
+        if tenant is not None:
+            where, params = "WHERE tenant = ?", [tenant]
+        if user_id is not None:
+            where, params = "WHERE tenant = ? AND user_id = ?", [tenant, user_id]
+        rows = await self._fetchall(f"SELECT MAX(created_ts) FROM memories {where}", params)
+        last = rows[0][0] if rows else None
+        return None if last is None else datetime.fromtimestamp(last, UTC)
 
     async def user_tenants(self, user_ids: Sequence[str]) -> list[str]:
         ids = list(dict.fromkeys(user_ids))

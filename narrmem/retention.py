@@ -1,0 +1,149 @@
+"""Retention: the people who have said nothing for a while are forgotten, when a bot's author
+asks for it (``Memory.forget_inactive``, ``narrmem retention``, or the ``retention`` plugin's
+schedule). A privacy policy that promises "your data goes after a year of silence" is kept by
+the store's own queries, not by a script reading every user.
+
+A person is inactive when every memory of theirs (in a tenant) was said before a time: what they
+said, not what others recalled of them (a departed member's memories brought back in a group's
+conversations do not keep them). Small talk the triage ignored leaves no memory, so a person who
+only says "ok" for a year is inactive too. An imported history counts by when it was said.
+
+Each person goes by the same forget as :meth:`Memory.forget` (rows, vectors, keyword index,
+every plugin's copies, a forget mark), one at a time, with the files' purge run once at the end.
+Whether they are still inactive is read again inside the forget's turn, once every write of the
+process has ended and no other worker writes: one who spoke as the pass reached them is kept.
+
+A pass finding that no one at all has said anything since the time is refused (``refused``): the
+clock is wrong (a machine that woke a year ahead), or the bot has been down that long; either
+way, forgetting everyone is not what the policy meant. ``force`` runs it anyway."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+from narrmem import logs
+from narrmem.answers import id_argument
+from narrmem.checks import aware_time_argument, int_argument
+from narrmem.errors import InputError, StoreError
+from narrmem.forgetting import Forgetting
+from narrmem.models import Scope
+from narrmem.store import FindsInactivePeople, InactivePerson, Store
+
+PAGE = 500
+log = logs.logger("narrmem.retention")
+
+
+def finder(store: Store) -> FindsInactivePeople:
+    if not isinstance(store, FindsInactivePeople):
+        raise StoreError(
+            f"the {type(store).__name__} store cannot find inactive people "
+            "(narrmem.store.FindsInactivePeople): retention needs a store that can"
+        )
+    return store
+
+
+async def inactive_people(
+    store: Store, before: object, *, tenant: object = None, limit: object = 1000, after: object = None
+) -> list[dict[str, Any]]:
+    """:meth:`Memory.inactive_people`, its arguments checked."""
+    found = await finder(store).inactive_people(
+        aware_time_argument(before, "before"),
+        tenant=None if tenant is None else id_argument(tenant, "tenant"),
+        limit=int_argument(limit, "limit", high=100_000),
+        after=None if after is None else _person_argument(after),
+    )
+    return [_as_dict(person) for person in found]
+
+
+async def all_inactive(
+    store: Store, before: object, *, tenant: object = None
+) -> AsyncIterator[dict[str, Any]]:
+    """Every person :func:`inactive_people` finds, page by page."""
+    after: tuple[str, str] | None = None
+    while page := await inactive_people(store, before, tenant=tenant, limit=PAGE, after=after):
+        for person in page:
+            yield person
+        after = (page[-1]["tenant"], page[-1]["user_id"])
+
+
+def _person_argument(value: object) -> tuple[str, str]:
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise InputError("must be a (tenant, user id) pair, the last of the previous page", field="after")
+    return id_argument(value[0], "after.tenant"), id_argument(value[1], "after.user_id")
+
+
+def _as_dict(person: InactivePerson) -> dict[str, Any]:
+    return {
+        "tenant": person.tenant,
+        "user_id": person.user_id,
+        "memories": person.memories,
+        "last_said": person.last_said.isoformat(),
+    }
+
+
+async def forget_inactive(
+    forgetting: Forgetting,
+    store: Store,
+    now: datetime,
+    before: object,
+    *,
+    tenant: object = None,
+    force: bool = False,
+) -> dict[str, int]:
+    """Forget every person (of ``tenant``, or of every tenant) with nothing said since ``before``
+    (no later than ``now``); counts: ``people`` forgotten, their ``memories``, ``spoke_since``
+    (found inactive, then not when their turn came) and ``refused`` (1: no one spoke since
+    ``before``; see the module)."""
+    people = finder(store)
+    before = aware_time_argument(before, "before")
+    if before > now:
+        raise InputError(
+            f"{before.isoformat()} is later than now: it would forget what people are saying", field="before"
+        )
+    tenant = None if tenant is None else id_argument(tenant, "tenant")
+    counts = {"people": 0, "memories": 0, "spoke_since": 0, "refused": 0}
+    newest = await people.last_said(tenant)
+    if newest is None:
+        return counts
+    if newest < before and not force:
+        log.warning(
+            "retention refused: no one%s has said anything since %s (the newest memory was said %s); "
+            "is the clock right? nothing is forgotten",
+            "" if tenant is None else " of this tenant",
+            before.isoformat(),
+            newest.isoformat(),
+        )
+        counts["refused"] = 1
+        return counts
+    after: tuple[str, str] | None = None
+    try:
+        while page := await people.inactive_people(before, tenant=tenant, limit=PAGE, after=after):
+            for person in page:
+                forgotten = await forgetting.scope_unless(
+                    Scope(tenant=person.tenant, user_id=person.user_id),
+                    _spoke_since(people, person, before),
+                )
+                if forgotten is None:
+                    counts["spoke_since"] += 1
+                else:
+                    counts["people"] += 1
+                    counts["memories"] += forgotten.get("memories", 0)
+            after = (page[-1].tenant, page[-1].user_id)
+    finally:
+        # Once for every person forgotten (each forget's own purge rewrote the whole file).
+        if counts["people"]:
+            await forgetting.purge_owed()
+    return counts
+
+
+def _spoke_since(
+    people: FindsInactivePeople, person: InactivePerson, before: datetime
+) -> Callable[[], Awaitable[bool]]:
+    async def spoke() -> bool:
+        last = await people.last_said(person.tenant, person.user_id)
+        # None: gone meanwhile (forgotten by someone else); nothing is left to forget.
+        return last is None or last >= before
+
+    return spoke

@@ -1,0 +1,126 @@
+"""Retention on a schedule: the people who have said nothing for ``inactive_days`` are forgotten,
+every ``interval_hours``, inside a long-lived ``Memory``. Off by default (``inactive_days = 0``):
+forgetting is the bot's author's promise to make, not narrmem's. The pass is
+:meth:`narrmem.memory.Memory.forget_inactive` (what it counts as inactive, and why it refuses a
+pass that would forget everyone, are in :mod:`narrmem.retention`); ``narrmem retention`` runs it
+by hand and lists who would go.
+
+Of the workers sharing a store, one runs each pass: each keeps its own timer, and the start of a
+pass is a compare-and-set of the store's note of the last one. A worker that starts after a pass
+was due (a bot restarted every night, whose timer never reached a day) runs one a minute after it
+opens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from narrmem import hookimpl, logs
+from narrmem.configured import Configured
+from narrmem.view import MemoryView
+
+NAME = "retention"
+LAST_PASS = "last_pass"  # plugin state: when a worker last began a pass
+FIRST_DELAY_S = 60.0  # a pass due at open waits this long: opening has work of its own
+log = logs.logger("narrmem.retention")
+
+
+class RetentionOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    inactive_days: float = Field(
+        default=0.0,
+        ge=0,
+        le=36_500,
+        description="people with nothing said for this many days are forgotten; 0 = off",
+    )
+    interval_hours: float = Field(default=24.0, ge=0.1, le=8_760, description="hours between passes")
+    tenants: list[str] = Field(
+        default_factory=list, description="the tenants the policy applies to; empty: every tenant"
+    )
+
+    @field_validator("inactive_days")
+    @classmethod
+    def _at_least_a_day(cls, value: float) -> float:
+        # A fraction typed for a number of days (0.3) would forget whoever was quiet since morning.
+        if 0 < value < 1:
+            raise ValueError("must be 0 (off) or at least 1 day")
+        return value
+
+
+class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOptions):
+    def __init__(self) -> None:
+        super().__init__()
+        self._task: asyncio.Task[None] | None = None
+
+    @hookimpl
+    async def narrmem_startup(self, memory: MemoryView) -> None:
+        if self.options.inactive_days > 0 and not memory.read_only:
+            first = await self._wait_before_first(memory)
+            self._task = asyncio.get_running_loop().create_task(self._every_interval(memory, first))
+
+    @hookimpl
+    async def narrmem_shutdown(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _wait_before_first(self, memory: MemoryView) -> float:
+        last = _time_of(await memory.store.state_get(NAME, LAST_PASS))
+        interval = self.options.interval_hours * 3600
+        if last is None:
+            return FIRST_DELAY_S
+        since = (memory.clock.now() - last).total_seconds()
+        return min(max(interval - since, FIRST_DELAY_S), interval)
+
+    async def _every_interval(self, memory: MemoryView, first: float) -> None:
+        await asyncio.sleep(first)
+        while True:
+            try:
+                await self.pass_if_due(memory)
+            except Exception:
+                log.exception("retention pass failed; trying again next interval")
+            await asyncio.sleep(self.options.interval_hours * 3600)
+
+    async def pass_if_due(self, memory: MemoryView) -> dict[str, int] | None:
+        """Run a pass unless one of the store's workers began one within the interval (``None``
+        then): forgets the people of each tenant of ``tenants`` (of every tenant when empty)
+        who have said nothing for ``inactive_days``."""
+        if self.options.inactive_days <= 0:
+            return None
+        now = memory.clock.now()
+        stored = await memory.store.state_get(NAME, LAST_PASS)
+        last = _time_of(stored)
+        # A little short of the interval: the worker whose start it was must not skip its next.
+        recent = timedelta(hours=0.9 * self.options.interval_hours)
+        if last is not None and timedelta(0) <= now - last < recent:
+            return None
+        if not await memory.store.state_put_if(NAME, LAST_PASS, {"at": now.isoformat()}, stored):
+            return None  # another worker's start came first
+        async with memory.store.exclusive(NAME) as mine:
+            if not mine:
+                return None
+            return await self._pass(memory, now - timedelta(days=self.options.inactive_days))
+
+    async def _pass(self, memory: MemoryView, before: datetime) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        tenants: list[str | None] = list(self.options.tenants) or [None]
+        for tenant in tenants:
+            counts = await memory.forget_inactive(before=before, tenant=tenant)
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0) + value
+        log.info("retention pass (nothing said since %s): %s", before.isoformat(), totals)
+        return totals
+
+
+def _time_of(stored: dict[str, Any] | None) -> datetime | None:
+    try:
+        at = datetime.fromisoformat(str((stored or {})["at"]))
+    except (KeyError, ValueError):
+        return None
+    return at if at.tzinfo is not None else None

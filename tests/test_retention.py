@@ -1,0 +1,222 @@
+"""Retention: the people who have said nothing for a while are forgotten, by the store's own
+queries, as a forget forgets (nothing of them stays), a person who speaks as the pass reaches them
+kept, and a pass that would forget everyone (a clock a year ahead) refused. The schedule runs one
+pass per interval across a store's workers; the CLI lists who would go without changing anything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from narrmem_plugins.retention import Retention
+
+from narrmem import ManualClock, Scope
+from narrmem.errors import ConfigError, InputError
+from narrmem.testing import open_memory
+
+NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
+YEAR_AGO = NOW - timedelta(days=365)
+
+
+def said(
+    message_id: str, text: str, user: str, days_ago: float, chat: str = "group", tenant: str = "default"
+) -> dict[str, Any]:
+    return {
+        "text": text,
+        "user_id": user,
+        "chat_id": chat,
+        "tenant": tenant,
+        "message_id": message_id,
+        "ts": (NOW - timedelta(days=days_ago)).isoformat(),
+    }
+
+
+HISTORY = [
+    said("1", "my favourite food is spicy ramen with a soft egg", "ann", 500),
+    said("2", "we moved to Lisbon last spring, the light there is amazing", "ann", 400),
+    said("3", "I adopted a greyhound named Pixel from the shelter", "bob", 420),
+    said("4", "I decided to quit my job at the bank and study pottery", "bob", 30),
+    said("5", "the bakery shifts start at five and I am always tired", "cat", 10),
+    said("6", "my sister is getting married in Porto this autumn", "ann", 600, chat="other", tenant="guild"),
+    said("7", "our band finally booked a gig at the harbour bar", "dan", 2, chat="other", tenant="guild"),
+]
+
+
+async def texts(memory: Any, user: str, tenant: str = "default") -> list[str]:
+    found = await memory.store.recent(Scope(tenant=tenant, user_id=user), kinds=["episode"], limit=100)
+    return sorted(r.text for r in found)
+
+
+async def test_the_people_silent_since_the_time_are_listed_without_a_change_then_forgotten(
+    tmp_path: Path,
+) -> None:
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        before_stats = await memory.stats()
+        listed = await memory.inactive_people(before=YEAR_AGO)
+        assert [(p["tenant"], p["user_id"]) for p in listed] == [("default", "ann"), ("guild", "ann")]
+        assert (
+            listed[0]["memories"] >= 2 and listed[0]["last_said"] == (NOW - timedelta(days=400)).isoformat()
+        )
+        # Paged, and a tenant of its own; the listing wrote nothing.
+        first = await memory.inactive_people(before=YEAR_AGO, limit=1)
+        assert (
+            await memory.inactive_people(before=YEAR_AGO, after=(first[0]["tenant"], first[0]["user_id"]))
+            == listed[1:]
+        )
+        assert [p["user_id"] for p in await memory.inactive_people(before=YEAR_AGO, tenant="guild")] == [
+            "ann"
+        ]
+        assert await memory.stats() == before_stats
+
+        counts = await memory.forget_inactive(before=YEAR_AGO)
+        assert counts["people"] == 2 and counts["memories"] >= 3 and counts["spoke_since"] == 0
+        assert counts["refused"] == 0
+        assert await texts(memory, "ann") == [] and await texts(memory, "ann", "guild") == []
+        # bob spoke within the year (his old memory stays with him), cat and dan too.
+        assert (
+            len(await texts(memory, "bob")) == 2
+            and await texts(memory, "cat")
+            and await texts(memory, "dan", "guild")
+        )
+        # As any forget: a late write of what was forgotten is not stored.
+        assert await memory.forgotten_after(HISTORY[0], NOW - timedelta(days=1))
+        [late] = await memory.ingest_many([said("1", HISTORY[0]["text"], "ann", 500)], history=True)
+        assert not late.stored
+        # Nothing left to find the second time.
+        assert (await memory.forget_inactive(before=YEAR_AGO))["people"] == 0
+
+
+@pytest.mark.sqlite_only("reads the SQLite file's bytes")
+async def test_no_byte_of_a_person_forgotten_for_silence_stays_in_the_files(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        await memory.forget_inactive(before=YEAR_AGO)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert b"ramen" not in data and b"Lisbon" not in data and b"married in Porto" not in data, path
+    assert b"greyhound" in (folder / "narrmem.sqlite3").read_bytes()  # bob's, who stays
+
+
+async def test_a_person_who_speaks_as_the_pass_reaches_them_is_kept(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        store = memory.store
+        listing = store.inactive_people
+
+        async def listed_then_ann_speaks(*args: Any, **kwargs: Any) -> Any:
+            page = await listing(*args, **kwargs)
+            if page and page[0].user_id == "ann" and page[0].tenant == "default":
+                await memory.ingest(said("9", "back from Lisbon, I missed this group so much", "ann", 0))
+            return page
+
+        store.inactive_people = listed_then_ann_speaks  # type: ignore[method-assign]
+        counts = await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        assert counts == {"people": 0, "memories": 0, "spoke_since": 1, "refused": 0}
+        assert len(await texts(memory, "ann")) == 3
+
+
+async def test_a_pass_that_would_forget_everyone_is_refused_unless_forced(tmp_path: Path) -> None:
+    # The machine's clock woke two years ahead: no one has spoken "in a year".
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW + timedelta(days=730))) as memory:
+        await memory.ingest_many(HISTORY)
+        later_year_ago = NOW + timedelta(days=365)
+        counts = await memory.forget_inactive(before=later_year_ago)
+        assert counts["refused"] == 1 and counts["people"] == 0
+        assert await texts(memory, "cat")
+        assert (await memory.forget_inactive(before=later_year_ago, tenant="default"))["refused"] == 1
+        forced = await memory.forget_inactive(before=later_year_ago, force=True)
+        assert forced["people"] == 5 and await texts(memory, "cat") == []
+
+
+async def test_bad_arguments_are_refused_naming_the_field(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        with pytest.raises(InputError) as later:
+            await memory.forget_inactive(before=NOW + timedelta(hours=1))
+        assert later.value.field == "before"
+        with pytest.raises(InputError) as naive:
+            await memory.forget_inactive(before=datetime(2025, 1, 1))
+        assert naive.value.field == "before"
+        with pytest.raises(InputError) as page:
+            await memory.inactive_people(before=YEAR_AGO, after=("default",))  # type: ignore[arg-type]
+        assert page.value.field == "after"
+        with pytest.raises(InputError) as limit:
+            await memory.inactive_people(before=YEAR_AGO, limit=0)
+        assert limit.value.field == "limit"
+        assert len(await texts(memory, "ann")) == 2
+
+
+async def test_the_schedule_runs_one_pass_an_interval_across_workers(tmp_path: Path) -> None:
+    clock = ManualClock(NOW)
+    options = {"retention": {"inactive_days": 365, "interval_hours": 24}}
+    async with open_memory(tmp_path / "m", clock=clock, plugin=options) as memory:
+        await memory.ingest_many(HISTORY)
+        plugin = memory.host.plugin(Retention)
+        assert plugin is not None
+        first = await plugin.pass_if_due(memory)
+        assert first is not None and first["people"] == 2
+        assert await plugin.pass_if_due(memory) is None  # within the interval
+        # A second worker of the store finds the pass begun within the interval.
+        other = Retention()
+        other.options = plugin.options
+        assert await other.pass_if_due(memory) is None
+        clock.advance(hours=25)
+        await memory.ingest(said("10", "I am learning to sail on the river this summer", "eve", 500))
+        again = await plugin.pass_if_due(memory)
+        assert again is not None and again["people"] == 1 and await texts(memory, "eve") == []
+
+
+async def test_the_policy_is_off_by_default_and_a_fraction_of_a_day_is_refused(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        plugin = memory.host.plugin(Retention)
+        assert plugin is not None and await plugin.pass_if_due(memory) is None
+        assert len(await texts(memory, "ann")) == 2
+    with pytest.raises(ConfigError, match="inactive_days"):
+        async with open_memory(tmp_path / "n", plugin={"retention": {"inactive_days": 0.3}}):
+            pass
+
+
+async def test_the_cli_lists_who_would_go_then_forgets_them(tmp_path: Path) -> None:
+    from narrmem.doors import cli
+
+    data = tmp_path / "data"
+    now = datetime.now(UTC)
+    recent = [{**m, "ts": (now - (NOW - datetime.fromisoformat(m["ts"]))).isoformat()} for m in HISTORY]
+    async with open_memory(data, real_model=True) as memory:
+        await memory.ingest_many(recent)
+    base = ["--data", str(data)]
+    file = data / "narrmem.sqlite3"
+    before = file.read_bytes() if file.exists() else None
+    assert await asyncio.to_thread(cli.main, ["retention", "--days", "365", "--dry-run", *base]) == 0
+    assert before is None or file.read_bytes() == before  # a dry run reads only
+    assert await asyncio.to_thread(cli.main, ["retention", "--before", "2026-01-01", *base]) == 2
+    assert await asyncio.to_thread(cli.main, ["retention", *base]) == 2  # no days, none configured
+    assert await asyncio.to_thread(cli.main, ["retention", "--days", "365", "--json", *base]) == 0
+    async with open_memory(data, real_model=True, read_only=True) as memory:
+        assert await texts(memory, "ann") == [] and len(await texts(memory, "bob")) == 2
+
+
+async def test_the_cli_dry_run_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from narrmem.doors import cli
+
+    data = tmp_path / "data"
+    now = datetime.now(UTC)
+    async with open_memory(data, real_model=True) as memory:
+        await memory.ingest_many(
+            [{**m, "ts": (now - (NOW - datetime.fromisoformat(m["ts"]))).isoformat()} for m in HISTORY]
+        )
+    capsys.readouterr()
+    arguments = ["retention", "--days", "365", "--dry-run", "--json", "--data", str(data)]
+    assert await asyncio.to_thread(cli.main, arguments) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["people"] == 2 and [p["user_id"] for p in report["inactive"]] == ["ann", "ann"]
+    async with open_memory(data, real_model=True, read_only=True) as memory:
+        assert len(await texts(memory, "ann")) == 2 and len(await texts(memory, "ann", "guild")) == 1
