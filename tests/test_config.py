@@ -227,6 +227,7 @@ def test_example_config_documents_every_key_with_its_default() -> None:
     from narrmem_plugins.proactive import ProactiveOptions
     from narrmem_plugins.recall_facts import FactsOptions
     from narrmem_plugins.recall_intent import IntentOptions
+    from narrmem_plugins.retention import RetentionOptions
     from narrmem_plugins.rtm.options import RTMOptions
 
     plugins = {
@@ -235,6 +236,7 @@ def test_example_config_documents_every_key_with_its_default() -> None:
         "recall_intent": IntentOptions,
         "recall_facts": FactsOptions,
         "hippocampus": HippocampusOptions,
+        "retention": RetentionOptions,
         "proactive": ProactiveOptions,
         "rtm": RTMOptions,
         "graph": GraphOptions,
