@@ -34,7 +34,7 @@ from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 from narrmem.store import CountsForgets, PurgesAlongsideWrites, PurgesDeleted, shared_by_processes
-from narrmem.to_the_end import Outlasting
+from narrmem.to_the_end import Outlasting, to_the_end
 from narrmem.trying_again import TryingAgain
 
 if TYPE_CHECKING:
@@ -110,11 +110,27 @@ class Forgetting:
     async def scope_unless(
         self, scope: Scope, unless: Callable[[], Awaitable[bool]]
     ) -> dict[str, int] | None:
-        """Forget ``scope`` as :meth:`scope` does, unless ``unless()`` is true once every write of
-        this process has ended and no other worker writes (``None`` then, and nothing is done):
-        a person found inactive who has spoken since keeps what they said. A user's or chat's
-        purge is left owed (:meth:`purge_owed`, run once after many such forgets)."""
+        """Forget ``scope`` as :meth:`scope` does, unless ``unless()`` is true, or a message of
+        the scope is received and not yet written (by an ingest call under way here, or waiting
+        in the store, by any process), once every write of this process has ended and no other
+        worker writes (``None`` then, and nothing is done): a person found inactive who has
+        spoken since keeps what they said. It leaves no forget mark (the person did not ask: a
+        late write of what they said is theirs, and a retention pass finds it again if it is
+        old), and a user's or chat's purge is left owed (:meth:`purge_owed_after_forgets`, run
+        once after many such forgets)."""
         return await self._to_the_end(self._scope(scope, None, unless=unless, purge=False))
+
+    async def purge_owed_after_forgets(self) -> None:
+        """:meth:`purge_owed`, once the forgets whose callers gave up have ended (one cancelled
+        midway goes on, and owes a purge when it ends), to its end though the caller is
+        cancelled (a close stops a retention pass): left owed, the bytes of what was forgotten
+        stayed in the files until the next open."""
+
+        async def after_forgets() -> None:
+            await self._outlasting.ended()
+            await self.purge_owed()
+
+        await to_the_end(after_forgets())
 
     async def _to_the_end(self, work: Coroutine[Any, Any, R]) -> R:
         """Run a forget to its end though its caller gives up (a timeout around the call, a
@@ -162,13 +178,16 @@ class Forgetting:
         async with self.fence.forgetting(begin=drop):
             await self._quiet()
             async with self.write_lock:
-                if unless is not None and (speaking or await unless()):
-                    return None
-                await self.memory.forget_marks.leave(scope, None, asked_at)
+                if unless is not None:
+                    if speaking or await self.inbox.holds(scope) or await unless():
+                        return None
+                else:
+                    await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
                     counts = await self._finish_or_retry(job, purge=not defer_purge)
-                    await self._note_finished(scope, covers)
+                    if unless is None:
+                        await self._note_finished(scope, covers)
                 else:
                     # What may still write for the scope: the units under way with a message of
                     # it or of a chat it wrote in (a reply's keyword context), this one's

@@ -526,6 +526,17 @@ class Inbox:
                     done += len(part)
         return done
 
+    async def holds(self, scope: Scope) -> bool:
+        """Whether a message of ``scope`` is received and not yet written, by any process (its
+        entry in the store) or waiting here for another try. Reads only."""
+        if any(_in_scope(r.item.message, scope) for _, r in self._retrying.values()):
+            return True
+        for _, value in await self.memory.store.state_items(NAMESPACE):
+            named = value.get("message")
+            if isinstance(named, dict) and _names_scope(named, scope):
+                return True
+        return False
+
     async def drop(self, job: ForgetJob) -> None:
         """Delete the entries of the messages a forget removes, whichever process received them."""
         self._written.clear()  # what was written a moment ago may be gone now, and come again
@@ -580,6 +591,15 @@ def _in_scope(message: Message, scope: Scope) -> bool:
         message.tenant == scope.tenant
         and scope.user_id in (None, message.user_id)
         and scope.chat_id in (None, message.chat_id)
+    )
+
+
+def _names_scope(named: dict[str, Any], scope: Scope) -> bool:
+    """Whether an entry's message (as stored, a dict) is of ``scope``."""
+    return (
+        named.get("tenant") == scope.tenant
+        and scope.user_id in (None, named.get("user_id"))
+        and scope.chat_id in (None, named.get("chat_id"))
     )
 
 

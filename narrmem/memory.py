@@ -381,10 +381,10 @@ class Memory(MemoryLifecycle):
         """Forget every person (of ``tenant``, or of every tenant) who has said nothing since
         ``before``, each as :meth:`forget` forgets, the files purged once at the end; a person who
         speaks as the pass reaches them is kept. ``before`` may not be later than the clock's now.
-        Counts: ``people``, ``memories``, ``spoke_since`` (kept: they had spoken by their turn)
-        and ``refused`` (1 when no one at all has spoken since ``before``, a clock that is wrong
-        or a bot down that long: nothing is forgotten unless ``force``). See
-        :mod:`narrmem.retention`."""
+        Counts: ``people``, ``memories``, ``spoke_since`` (kept: they had spoken by their turn),
+        ``refused`` (1 when no one in the store has spoken since ``before``, a clock that is
+        wrong or a bot down that long: nothing is forgotten unless ``force``) and ``busy`` (1:
+        another pass on the store is under way; nothing is done). See :mod:`narrmem.retention`."""
         counts = await retention.forget_inactive(
             self._forgetting, self.store, self.clock.now(), before, tenant=tenant, force=force
         )

@@ -9,13 +9,17 @@ conversations do not keep them). Small talk the triage ignored leaves no memory,
 only says "ok" for a year is inactive too. An imported history counts by when it was said.
 
 Each person goes by the same forget as :meth:`Memory.forget` (rows, vectors, keyword index,
-every plugin's copies, a forget mark), one at a time, with the files' purge run once at the end.
-Whether they are still inactive is read again inside the forget's turn, once every write of the
-process has ended and no other worker writes: one who spoke as the pass reached them is kept.
+every plugin's copies), one at a time, with the files' purge run once at the end (whatever stops
+the pass). Whether they are still inactive is read again inside the forget's turn, once every
+write of the process has ended and no other worker writes: one who has spoken by then, or whose
+message is received and not yet written by any process, is kept. It leaves no forget mark: the
+person did not ask, and a late write of what they said (a backlog, a backfill after downtime) is
+stored; the next pass finds it if it is old. One pass runs at a time on a store.
 
-A pass finding that no one at all has said anything since the time is refused (``refused``): the
-clock is wrong (a machine that woke a year ahead), or the bot has been down that long; either
-way, forgetting everyone is not what the policy meant. ``force`` runs it anyway."""
+A pass finding that no one in the store has said anything since the time is refused
+(``refused``): the clock is wrong (a machine that woke a year ahead), or the bot has been down
+that long; either way, forgetting everyone is not what the policy meant. ``force`` runs it anyway.
+A tenant gone silent on its own (a server that removed the bot) is forgotten as the policy says."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from narrmem.models import Scope
 from narrmem.store import FindsInactivePeople, InactivePerson, Store
 
 PAGE = 500
+NAME = "retention"  # the store's exclusive lock of a pass
 log = logs.logger("narrmem.retention")
 
 
@@ -94,8 +99,9 @@ async def forget_inactive(
 ) -> dict[str, int]:
     """Forget every person (of ``tenant``, or of every tenant) with nothing said since ``before``
     (no later than ``now``); counts: ``people`` forgotten, their ``memories``, ``spoke_since``
-    (found inactive, then not when their turn came) and ``refused`` (1: no one spoke since
-    ``before``; see the module)."""
+    (found inactive, then not when their turn came), ``refused`` (1: no one in the store spoke
+    since ``before``; see the module) and ``busy`` (1: another pass on the store is under way,
+    in this process or another; nothing is done)."""
     people = finder(store)
     before = aware_time_argument(before, "before")
     if before > now:
@@ -103,24 +109,53 @@ async def forget_inactive(
             f"{before.isoformat()} is later than now: it would forget what people are saying", field="before"
         )
     tenant = None if tenant is None else id_argument(tenant, "tenant")
-    counts = {"people": 0, "memories": 0, "spoke_since": 0, "refused": 0}
-    newest = await people.last_said(tenant)
-    if newest is None:
-        return counts
-    if newest < before and not force:
-        log.warning(
-            "retention refused: no one%s has said anything since %s (the newest memory was said %s); "
-            "is the clock right? nothing is forgotten",
-            "" if tenant is None else " of this tenant",
-            before.isoformat(),
-            newest.isoformat(),
-        )
+    if not isinstance(force, bool):
+        raise InputError(f"must be true or false, not {force!r}", field="force")
+    counts = {"people": 0, "memories": 0, "spoke_since": 0, "refused": 0, "busy": 0}
+    if await refused(people, before) and not force:
         counts["refused"] = 1
         return counts
+    exclusive = getattr(store, "exclusive", None)
+    if exclusive is None:  # a store older than the protocol's exclusive()
+        await _pass(forgetting, people, before, tenant, counts)
+        return counts
+    # One pass at a time across the store's workers (the schedule's, a command's, a call's).
+    async with exclusive(NAME) as mine:
+        if not mine:
+            counts["busy"] = 1
+            return counts
+        await _pass(forgetting, people, before, tenant, counts)
+    return counts
+
+
+async def refused(people: FindsInactivePeople, before: datetime) -> bool:
+    """Whether no one in the whole store has said anything since ``before`` (a tenant of its own
+    may well be silent: a server that removed the bot). Logged as a warning."""
+    newest = await people.last_said()
+    if newest is None or newest >= before:
+        return False
+    log.warning(
+        "retention refused: no one has said anything since %s (the newest memory was said %s); "
+        "is the clock right? nothing is forgotten",
+        before.isoformat(),
+        newest.isoformat(),
+    )
+    return True
+
+
+async def _pass(
+    forgetting: Forgetting,
+    people: FindsInactivePeople,
+    before: datetime,
+    tenant: str | None,
+    counts: dict[str, int],
+) -> None:
     after: tuple[str, str] | None = None
     try:
         while page := await people.inactive_people(before, tenant=tenant, limit=PAGE, after=after):
             for person in page:
+                if forgetting.memory.closed:
+                    return  # the rest wait for the next pass
                 forgotten = await forgetting.scope_unless(
                     Scope(tenant=person.tenant, user_id=person.user_id),
                     _spoke_since(people, person, before),
@@ -132,10 +167,9 @@ async def forget_inactive(
                     counts["memories"] += forgotten.get("memories", 0)
             after = (page[-1].tenant, page[-1].user_id)
     finally:
-        # Once for every person forgotten (each forget's own purge rewrote the whole file).
-        if counts["people"]:
-            await forgetting.purge_owed()
-    return counts
+        # Once for every person forgotten (each forget's own purge rewrote the whole file), and
+        # whatever stopped the pass (a forget it began goes on to its end, and owes one).
+        await forgetting.purge_owed_after_forgets()
 
 
 def _spoke_since(

@@ -102,10 +102,7 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
             return None
         if not await memory.store.state_put_if(NAME, LAST_PASS, {"at": now.isoformat()}, stored):
             return None  # another worker's start came first
-        async with memory.store.exclusive(NAME) as mine:
-            if not mine:
-                return None
-            return await self._pass(memory, now - timedelta(days=self.options.inactive_days))
+        return await self._pass(memory, now - timedelta(days=self.options.inactive_days))
 
     async def _pass(self, memory: MemoryView, before: datetime) -> dict[str, int]:
         totals: dict[str, int] = {}

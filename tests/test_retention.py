@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from narrmem_plugins.retention import Retention
 
 from narrmem import ManualClock, Scope
 from narrmem.errors import ConfigError, InputError
+from narrmem.forgetting import PURGE_OWED
 from narrmem.testing import open_memory
 
 NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
@@ -83,12 +85,18 @@ async def test_the_people_silent_since_the_time_are_listed_without_a_change_then
             and await texts(memory, "cat")
             and await texts(memory, "dan", "guild")
         )
-        # As any forget: a late write of what was forgotten is not stored.
-        assert await memory.forgotten_after(HISTORY[0], NOW - timedelta(days=1))
-        [late] = await memory.ingest_many([said("1", HISTORY[0]["text"], "ann", 500)], history=True)
-        assert not late.stored
         # Nothing left to find the second time.
         assert (await memory.forget_inactive(before=YEAR_AGO))["people"] == 0
+        # The person did not ask: no forget mark. A late write of what they said within the
+        # year (a bot's catch-up after downtime) is stored, and an old one goes at the next pass.
+        recent = said("50", "I finally opened my own ceramics studio in Lisbon", "ann", 2)
+        assert not await memory.forgotten_after(recent, NOW - timedelta(days=1))
+        [late, old] = await memory.ingest_many(
+            [recent, said("1", HISTORY[0]["text"], "ann", 500)], history=True
+        )
+        assert late.stored and old.stored
+        assert (await memory.forget_inactive(before=YEAR_AGO))["people"] == 0
+        assert len(await texts(memory, "ann")) == 2
 
 
 @pytest.mark.sqlite_only("reads the SQLite file's bytes")
@@ -118,8 +126,89 @@ async def test_a_person_who_speaks_as_the_pass_reaches_them_is_kept(tmp_path: Pa
 
         store.inactive_people = listed_then_ann_speaks  # type: ignore[method-assign]
         counts = await memory.forget_inactive(before=YEAR_AGO, tenant="default")
-        assert counts == {"people": 0, "memories": 0, "spoke_since": 1, "refused": 0}
+        assert counts == {"people": 0, "memories": 0, "spoke_since": 1, "refused": 0, "busy": 0}
         assert len(await texts(memory, "ann")) == 3
+
+
+async def test_a_message_received_and_waiting_for_its_write_keeps_the_person(tmp_path: Path) -> None:
+    # Acknowledged on receipt, its first write failed (a lock held a moment): it waits for its
+    # next try, a memory of no one's yet, as the pass reaches her.
+    async with open_memory(
+        tmp_path / "m", clock=ManualClock(NOW), storage={"acknowledge": "on_receipt"}
+    ) as memory:
+        await memory.ingest_many(HISTORY)
+        await memory.settle()
+        store = memory.store
+        failed: list[str] = []
+        for name in ("add_with_context", "add"):
+            write = getattr(store, name)
+
+            async def fails_once(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
+                if not failed:
+                    failed.append("once")
+                    raise sqlite3.OperationalError("database is locked")
+                return await _write(*args, **kwargs)
+
+            setattr(store, name, fails_once)
+        received = await memory.ingest(
+            said("9", "back from Lisbon, I opened a ceramics studio by the river", "ann", 0)
+        )
+        assert received.stored and not received.written
+        for _ in range(50):
+            if failed:
+                break
+            await asyncio.sleep(0.02)
+        assert failed
+        counts = await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        assert counts["people"] == 0 and counts["spoke_since"] == 1
+        for _ in range(100):
+            if len(await texts(memory, "ann")) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert len(await texts(memory, "ann")) == 3
+
+
+@pytest.mark.sqlite_only("reads the SQLite file's bytes")
+async def test_a_pass_cancelled_midway_leaves_no_byte_of_whom_it_forgot(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    async with open_memory(folder, clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        store = memory.store
+        begin = store.begin_forget
+        begun = asyncio.Event()
+
+        async def slow_begin(**scope: Any) -> Any:
+            job = await begin(**scope)
+            begun.set()
+            await asyncio.sleep(0.2)  # the first person's forget takes a moment
+            return job
+
+        store.begin_forget = slow_begin  # type: ignore[method-assign]
+        task = asyncio.create_task(memory.forget_inactive(before=YEAR_AGO, tenant="default"))
+        await begun.wait()
+        task.cancel()  # a timeout around the call, a bot's shutdown
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The forget it began went on to its end, and the purge it owed was run.
+        assert await texts(memory, "ann") == []
+        assert await store.state_get(*PURGE_OWED) is None
+    data = b"".join(path.read_bytes() for path in folder.rglob("*") if path.is_file())
+    assert b"ramen" not in data and b"Lisbon" not in data
+
+
+async def test_one_pass_at_a_time_and_a_silent_tenant_of_its_own_goes(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        await memory.ingest(said("60", "our guild raid night is every Thursday", "zed", 700, tenant="gone"))
+        first, second = await asyncio.gather(
+            memory.forget_inactive(before=YEAR_AGO, tenant="default"),
+            memory.forget_inactive(before=YEAR_AGO, tenant="default"),
+        )
+        assert sorted([first["busy"], second["busy"]]) == [0, 1]
+        assert first["people"] + second["people"] == 1
+        # Everyone of "gone" is silent, not everyone of the store: the clock is right.
+        counts = await memory.forget_inactive(before=YEAR_AGO, tenant="gone")
+        assert counts["refused"] == 0 and counts["people"] == 1 and await texts(memory, "zed", "gone") == []
 
 
 async def test_a_pass_that_would_forget_everyone_is_refused_unless_forced(tmp_path: Path) -> None:
@@ -144,6 +233,9 @@ async def test_bad_arguments_are_refused_naming_the_field(tmp_path: Path) -> Non
         with pytest.raises(InputError) as naive:
             await memory.forget_inactive(before=datetime(2025, 1, 1))
         assert naive.value.field == "before"
+        with pytest.raises(InputError) as force:
+            await memory.forget_inactive(before=YEAR_AGO, force="false")  # type: ignore[arg-type]
+        assert force.value.field == "force"
         with pytest.raises(InputError) as page:
             await memory.inactive_people(before=YEAR_AGO, after=("default",))  # type: ignore[arg-type]
         assert page.value.field == "after"
@@ -198,6 +290,11 @@ async def test_the_cli_lists_who_would_go_then_forgets_them(tmp_path: Path) -> N
     assert await asyncio.to_thread(cli.main, ["retention", "--days", "365", "--dry-run", *base]) == 0
     assert before is None or file.read_bytes() == before  # a dry run reads only
     assert await asyncio.to_thread(cli.main, ["retention", "--before", "2026-01-01", *base]) == 2
+    today = datetime.now(UTC).isoformat()
+    assert await asyncio.to_thread(cli.main, ["retention", "--before", today, *base]) == 2  # under a day
+    # No one has spoken for a day (the newest memory is two days old): refused, dry run or not.
+    assert await asyncio.to_thread(cli.main, ["retention", "--days", "1", "--dry-run", *base]) == 1
+    assert await asyncio.to_thread(cli.main, ["retention", "--days", "1", *base]) == 1
     assert await asyncio.to_thread(cli.main, ["retention", *base]) == 2  # no days, none configured
     assert await asyncio.to_thread(cli.main, ["retention", "--days", "365", "--json", *base]) == 0
     async with open_memory(data, real_model=True, read_only=True) as memory:

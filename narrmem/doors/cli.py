@@ -562,15 +562,27 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
                 "a number of days from 1 to 36500 (or [plugin.retention] inactive_days set)", field="--days"
             )
     tenant = args.tenant
+
+    def cutoff(now: datetime) -> datetime:
+        if given is None:
+            return now - timedelta(days=days)
+        if given > now - timedelta(days=1):
+            # As --days: a time typed for a date long past (today's) would forget whoever was
+            # quiet since the morning.
+            raise InputError("must be at least a day before now", field="--before")
+        return given
+
     if args.dry_run:
         # Reads only, beside a running bot: who would go, and nothing changed.
         async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
-            before = given or memory.clock.now() - timedelta(days=days)
+            before = cutoff(memory.clock.now())
+            refused = await retention.refused(retention.finder(memory.store), before)
             people = [person async for person in retention.all_inactive(memory.store, before, tenant=tenant)]
         summary = {
             "before": before.isoformat(),
             "people": len(people),
             "memories": sum(p["memories"] for p in people),
+            "refused": int(refused),
         }
         if args.json:
             _print_json({**summary, "inactive": people})
@@ -581,19 +593,26 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
                 f"would forget {summary['people']} people, {summary['memories']} memories "
                 f"(nothing said since {before.isoformat()})"
             )
-        return 0
+        return _retention_refused(before) if refused and not args.force else 0
     async with _open(_existing_store(settings), warm=False) as memory:
-        before = given or memory.clock.now() - timedelta(days=days)
+        before = cutoff(memory.clock.now())
         counts = await memory.forget_inactive(before=before, tenant=tenant, force=args.force)
     _report(args, {"before": before.isoformat(), **counts})
     if counts["refused"]:
-        print(
-            f"refused: no one has said anything since {before.isoformat()}; is the clock right? "
-            "(--force forgets them all)",
-            file=sys.stderr,
-        )
+        return _retention_refused(before)
+    if counts["busy"]:
+        print("another retention pass is under way on this store; nothing was done", file=sys.stderr)
         return 1
     return 0
+
+
+def _retention_refused(before: datetime) -> int:
+    print(
+        f"refused: no one in the store has said anything since {before.isoformat()}; is the clock "
+        "right? (--force forgets them all)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _configured_inactive_days(settings: Settings) -> float:
