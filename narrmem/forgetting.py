@@ -60,6 +60,9 @@ FINISH_ROUNDS = 20
 # A purge a forget finished outside its turn owes (on a store shared by processes its VACUUM runs
 # once the fence is open again): noted in the store, so a stop before it leaves it to the next open.
 PURGE_OWED = ("narrmem.purge_owed", "owed")
+# How long a retention pass's purge waits for the forgets still ending (one it began, cancelled):
+# a forget whose plugin hangs must not hold a close for ever; its own job owes the purge then.
+PURGE_WAIT_S = 10.0
 # A failed purge of deleted messages is tried again this long after (at least the configured
 # delay), twice as long after each failure in a row, up to the second figure.
 PURGE_RETRY_FIRST_S, PURGE_RETRY_MAX_S = 30.0, 3600.0
@@ -110,24 +113,27 @@ class Forgetting:
     async def scope_unless(
         self, scope: Scope, unless: Callable[[], Awaitable[bool]]
     ) -> dict[str, int] | None:
-        """Forget ``scope`` as :meth:`scope` does, unless ``unless()`` is true, or a message of
-        the scope is received and not yet written (by an ingest call under way here, or waiting
-        in the store, by any process), once every write of this process has ended and no other
-        worker writes (``None`` then, and nothing is done): a person found inactive who has
-        spoken since keeps what they said. It leaves no forget mark (the person did not ask: a
+        """Forget ``scope`` as :meth:`scope` does, unless ``unless()`` is true, or this process
+        holds a message of the scope not yet written (an ingest call under way, a message
+        received and being written or waiting for another try), once every write of this
+        process has ended and no other worker writes (``None`` then, and nothing is done): a
+        person found inactive who has spoken since keeps what they said (``unless`` answers for
+        other processes' received messages). It leaves no forget mark (the person did not ask: a
         late write of what they said is theirs, and a retention pass finds it again if it is
-        old), and a user's or chat's purge is left owed (:meth:`purge_owed_after_forgets`, run
-        once after many such forgets)."""
+        old), deletes no received entry (one received from here on is new), and a user's or
+        chat's purge is left owed (:meth:`purge_owed_after_forgets`, run once after many)."""
         return await self._to_the_end(self._scope(scope, None, unless=unless, purge=False))
 
     async def purge_owed_after_forgets(self) -> None:
         """:meth:`purge_owed`, once the forgets whose callers gave up have ended (one cancelled
-        midway goes on, and owes a purge when it ends), to its end though the caller is
-        cancelled (a close stops a retention pass): left owed, the bytes of what was forgotten
-        stayed in the files until the next open."""
+        midway goes on, and owes a purge when it ends; waited for :data:`PURGE_WAIT_S` at most),
+        to its end though the caller is cancelled (a close stops a retention pass): left owed,
+        the bytes of what was forgotten stayed in the files until the next open."""
 
         async def after_forgets() -> None:
-            await self._outlasting.ended()
+            with contextlib.suppress(TimeoutError):
+                # ended() only waits (asyncio.wait): its cancel leaves the forgets running.
+                await asyncio.wait_for(self._outlasting.ended(), PURGE_WAIT_S)
             await self.purge_owed()
 
         await to_the_end(after_forgets())
@@ -179,13 +185,15 @@ class Forgetting:
             await self._quiet()
             async with self.write_lock:
                 if unless is not None:
-                    if speaking or await self.inbox.holds(scope) or await unless():
+                    if speaking or self.inbox.holds_here(scope) or await unless():
                         return None
                 else:
                     await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
                 if not from_hooks:
-                    counts = await self._finish_or_retry(job, purge=not defer_purge)
+                    # A person found silent: what is received for them from here on (acknowledged
+                    # on receipt, which the forget does not hold back) is new, and theirs to keep.
+                    counts = await self._finish_or_retry(job, purge=not defer_purge, received=unless is None)
                     if unless is None:
                         await self._note_finished(scope, covers)
                 else:
@@ -222,12 +230,14 @@ class Forgetting:
             for job in await self.memory.store.pending_forgets()
         )
 
-    async def _finish_or_retry(self, job: ForgetJob, *, purge: bool = True) -> dict[str, int]:
+    async def _finish_or_retry(
+        self, job: ForgetJob, *, purge: bool = True, received: bool = True
+    ) -> dict[str, int]:
         """``finish(job)``; failing, raised, and tried again in the background (see the module)."""
         try:
-            return await self.finish(job, purge=purge)
+            return await self.finish(job, purge=purge, received=received)
         except Exception:
-            self._retry_later(job)
+            self._retry_later(job, received=received)
             raise
 
     async def purge_owed(self) -> None:

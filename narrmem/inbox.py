@@ -526,16 +526,21 @@ class Inbox:
                     done += len(part)
         return done
 
-    async def holds(self, scope: Scope) -> bool:
-        """Whether a message of ``scope`` is received and not yet written, by any process (its
-        entry in the store) or waiting here for another try. Reads only."""
-        if any(_in_scope(r.item.message, scope) for _, r in self._retrying.values()):
-            return True
+    def holds_here(self, scope: Scope) -> bool:
+        """Whether this process holds a message of ``scope`` received and not yet written (being
+        written, or waiting for another try)."""
+        waiting = itertools.chain(self._unfinished.values(), (r for _, r in self._retrying.values()))
+        return any(_in_scope(r.item.message, scope) for r in waiting)
+
+    async def holders(self) -> set[tuple[str, str]]:
+        """The (tenant, user id) of every message received and not yet written, by any process:
+        their entries in the store, read once (a retention pass asks per page, not per person)."""
+        found: set[tuple[str, str]] = set()
         for _, value in await self.memory.store.state_items(NAMESPACE):
             named = value.get("message")
-            if isinstance(named, dict) and _names_scope(named, scope):
-                return True
-        return False
+            if isinstance(named, dict):
+                found.add((str(named.get("tenant")), str(named.get("user_id"))))
+        return found
 
     async def drop(self, job: ForgetJob) -> None:
         """Delete the entries of the messages a forget removes, whichever process received them."""
@@ -591,15 +596,6 @@ def _in_scope(message: Message, scope: Scope) -> bool:
         message.tenant == scope.tenant
         and scope.user_id in (None, message.user_id)
         and scope.chat_id in (None, message.chat_id)
-    )
-
-
-def _names_scope(named: dict[str, Any], scope: Scope) -> bool:
-    """Whether an entry's message (as stored, a dict) is of ``scope``."""
-    return (
-        named.get("tenant") == scope.tenant
-        and scope.user_id in (None, named.get("user_id"))
-        and scope.chat_id in (None, named.get("chat_id"))
     )
 
 

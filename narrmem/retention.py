@@ -153,12 +153,15 @@ async def _pass(
     after: tuple[str, str] | None = None
     try:
         while page := await people.inactive_people(before, tenant=tenant, limit=PAGE, after=after):
+            # Received and not yet written by any process (acknowledged on receipt, waiting for
+            # a write or its retry): read once a page; what comes after is kept by the forget.
+            holders = await forgetting.inbox.holders()
             for person in page:
                 if forgetting.memory.closed:
                     return  # the rest wait for the next pass
                 forgotten = await forgetting.scope_unless(
                     Scope(tenant=person.tenant, user_id=person.user_id),
-                    _spoke_since(people, person, before),
+                    _spoke_since(people, person, before, holders),
                 )
                 if forgotten is None:
                     counts["spoke_since"] += 1
@@ -173,9 +176,11 @@ async def _pass(
 
 
 def _spoke_since(
-    people: FindsInactivePeople, person: InactivePerson, before: datetime
+    people: FindsInactivePeople, person: InactivePerson, before: datetime, holders: set[tuple[str, str]]
 ) -> Callable[[], Awaitable[bool]]:
     async def spoke() -> bool:
+        if (person.tenant, person.user_id) in holders:
+            return True
         last = await people.last_said(person.tenant, person.user_id)
         # None: gone meanwhile (forgotten by someone else); nothing is left to forget.
         return last is None or last >= before

@@ -26,6 +26,7 @@ from narrmem.view import MemoryView
 NAME = "retention"
 LAST_PASS = "last_pass"  # plugin state: when a worker last began a pass
 FIRST_DELAY_S = 60.0  # a pass due at open waits this long: opening has work of its own
+BUSY_RETRY_S = 600  # a pass that found another under way is tried again this much later
 log = logs.logger("narrmem.retention")
 
 
@@ -81,11 +82,14 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
     async def _every_interval(self, memory: MemoryView, first: float) -> None:
         await asyncio.sleep(first)
         while True:
+            wait = self.options.interval_hours * 3600
             try:
-                await self.pass_if_due(memory)
+                counts = await self.pass_if_due(memory)
+                if counts is not None and counts.get("busy"):
+                    wait = min(wait, BUSY_RETRY_S)
             except Exception:
                 log.exception("retention pass failed; trying again next interval")
-            await asyncio.sleep(self.options.interval_hours * 3600)
+            await asyncio.sleep(wait)
 
     async def pass_if_due(self, memory: MemoryView) -> dict[str, int] | None:
         """Run a pass unless one of the store's workers began one within the interval (``None``
@@ -100,9 +104,18 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
         recent = timedelta(hours=0.9 * self.options.interval_hours)
         if last is not None and timedelta(0) <= now - last < recent:
             return None
-        if not await memory.store.state_put_if(NAME, LAST_PASS, {"at": now.isoformat()}, stored):
+        began = {"at": now.isoformat()}
+        if not await memory.store.state_put_if(NAME, LAST_PASS, began, stored):
             return None  # another worker's start came first
-        return await self._pass(memory, now - timedelta(days=self.options.inactive_days))
+        counts = await self._pass(memory, now - timedelta(days=self.options.inactive_days))
+        if counts.get("busy"):
+            # Another pass held the store (a command's, a call's): this one is still due.
+            if stored is None:
+                await memory.store.state_delete_if(NAME, LAST_PASS, began)
+            else:
+                await memory.store.state_put_if(NAME, LAST_PASS, stored, began)
+            log.info("another retention pass is under way; trying again in %d minutes", BUSY_RETRY_S // 60)
+        return counts
 
     async def _pass(self, memory: MemoryView, before: datetime) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -111,7 +124,10 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
             counts = await memory.forget_inactive(before=before, tenant=tenant)
             for key, value in counts.items():
                 totals[key] = totals.get(key, 0) + value
-        log.info("retention pass (nothing said since %s): %s", before.isoformat(), totals)
+            if counts.get("busy") or counts.get("refused"):
+                break  # the other tenants would find the same
+        if not totals.get("busy"):
+            log.info("retention pass (nothing said since %s): %s", before.isoformat(), totals)
         return totals
 
 

@@ -131,8 +131,8 @@ async def test_a_person_who_speaks_as_the_pass_reaches_them_is_kept(tmp_path: Pa
 
 
 async def test_a_message_received_and_waiting_for_its_write_keeps_the_person(tmp_path: Path) -> None:
-    # Acknowledged on receipt, its first write failed (a lock held a moment): it waits for its
-    # next try, a memory of no one's yet, as the pass reaches her.
+    # Acknowledged on receipt, its write fails (a lock held a moment) until the pass has run: it
+    # waits for its next try, a memory of no one's yet, as the pass reaches her.
     async with open_memory(
         tmp_path / "m", clock=ManualClock(NOW), storage={"acknowledge": "on_receipt"}
     ) as memory:
@@ -140,32 +140,72 @@ async def test_a_message_received_and_waiting_for_its_write_keeps_the_person(tmp
         await memory.settle()
         store = memory.store
         failed: list[str] = []
+        passed = asyncio.Event()
         for name in ("add_with_context", "add"):
             write = getattr(store, name)
 
-            async def fails_once(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
-                if not failed:
-                    failed.append("once")
+            async def fails_until_passed(*args: Any, _write: Any = write, **kwargs: Any) -> Any:
+                if not passed.is_set():
+                    failed.append("locked")
                     raise sqlite3.OperationalError("database is locked")
                 return await _write(*args, **kwargs)
 
-            setattr(store, name, fails_once)
+            setattr(store, name, fails_until_passed)
         received = await memory.ingest(
             said("9", "back from Lisbon, I opened a ceramics studio by the river", "ann", 0)
         )
         assert received.stored and not received.written
-        for _ in range(50):
+        for _ in range(100):
             if failed:
                 break
             await asyncio.sleep(0.02)
         assert failed
         counts = await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        passed.set()
         assert counts["people"] == 0 and counts["spoke_since"] == 1
-        for _ in range(100):
+        for _ in range(100):  # its next try comes 2 s after the first failed
             if len(await texts(memory, "ann")) == 3:
                 break
             await asyncio.sleep(0.05)
         assert len(await texts(memory, "ann")) == 3
+
+
+async def test_a_message_another_worker_received_keeps_the_person(tmp_path: Path) -> None:
+    from narrmem.inbox import NAMESPACE
+
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        # Another worker's entry: received on receipt, its write not yet made.
+        message = {**said("9", "back from Lisbon at last", "ann", 0), "speaker": None, "meta": {}}
+        await memory.store.state_put(NAMESPACE, "other-worker:1", {"message": message, "decision": {}})
+        counts = await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        assert counts["people"] == 0 and counts["spoke_since"] == 1
+        assert len(await texts(memory, "ann")) == 2
+        await memory.store.state_delete(NAMESPACE, "other-worker:1")
+
+
+async def test_a_message_received_during_the_persons_forget_is_kept(tmp_path: Path) -> None:
+    async with open_memory(
+        tmp_path / "m", clock=ManualClock(NOW), storage={"acknowledge": "on_receipt"}
+    ) as memory:
+        await memory.ingest_many(HISTORY)
+        await memory.settle()
+        store = memory.store
+        begin = store.begin_forget
+        answers: list[Any] = []
+
+        async def she_speaks_as_it_begins(**scope: Any) -> Any:
+            job = await begin(**scope)
+            if scope.get("user_id") == "ann" and not answers:
+                new = said("9", "back from Lisbon, I opened a ceramics studio", "ann", 0)
+                answers.append(await asyncio.wait_for(memory.ingest(new), 5))
+            return job
+
+        store.begin_forget = she_speaks_as_it_begins  # type: ignore[method-assign]
+        counts = await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        assert counts["people"] == 1 and answers[0].stored
+        await memory.settle()
+        assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
 
 
 @pytest.mark.sqlite_only("reads the SQLite file's bytes")
@@ -261,6 +301,10 @@ async def test_the_schedule_runs_one_pass_an_interval_across_workers(tmp_path: P
         assert await other.pass_if_due(memory) is None
         clock.advance(hours=25)
         await memory.ingest(said("10", "I am learning to sail on the river this summer", "eve", 500))
+        # A command's pass holds the store: the scheduled one finds it busy, and stays due.
+        async with memory.store.exclusive("retention"):
+            busy = await plugin.pass_if_due(memory)
+        assert busy is not None and busy["busy"] == 1 and len(await texts(memory, "eve")) == 1
         again = await plugin.pass_if_due(memory)
         assert again is not None and again["people"] == 1 and await texts(memory, "eve") == []
 
