@@ -52,7 +52,10 @@ class PluginHost:
         self.memory = memory
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(hookspecs)
-        self.errors: list[tuple[str, str, BaseException]] = []
+        # (plugin, hook, the error's type name) of the last 100 failures: not the error itself,
+        # whose traceback held the failing hook's locals (a forget's every removed record, a
+        # batch's messages and vectors) in RAM for months, and whose words may quote a person.
+        self.errors: list[tuple[str, str, str]] = []
         self._returns: dict[str, tuple[Check, str] | None] = {}
 
     # --- loading ---------------------------------------------------------------------------
@@ -349,7 +352,7 @@ class PluginHost:
         # what a person said (a graph node's name), and a log outlives a forget of them.
         log.error("plugin %r failed in %s: %s", plugin_name, hook_name, type(error).__name__)
         log.debug("plugin %r failed in %s: %r", plugin_name, hook_name, error, exc_info=error)
-        self.errors.append((plugin_name, hook_name, error))
+        self.errors.append((plugin_name, hook_name, type(error).__name__))
         del self.errors[:-100]
         if hook_name == "narrmem_plugin_error":
             return

@@ -46,6 +46,9 @@ from narrmem.text import estimate_tokens
 _NAME = re.compile(r"(?<=[a-z,;] )[A-Z][a-z]+")
 NAMES_COUNTED = 3
 
+# Memory texts up to this long are kept in the signals' cache (8,192 of them).
+CACHED_CHARS = 2_000
+
 
 class AnswerWeights(BaseModel):
     """The model's weights (``[plugin.recall_hybrid.answer]``); all zero but ``fused`` ranks as
@@ -145,9 +148,18 @@ def answer_signals(
 
 
 # A heavy user's recalls keep meeting the same memories: what their text says is read once.
-@lru_cache(maxsize=8192)
 def text_signals(text: str) -> tuple[float, float, float]:
-    """The signals a memory's text alone gives: log(1 + tokens), whether it asks, its names (≤ 3)."""
+    """The signals a memory's text alone gives: log(1 + tokens), whether it asks, its names (≤ 3).
+    Cached for texts up to :data:`CACHED_CHARS` (a recall reads the same memories again)."""
+    return _signals(text) if len(text) > CACHED_CHARS else _signals_cached(text)
+
+
+@lru_cache(maxsize=8192)
+def _signals_cached(text: str) -> tuple[float, float, float]:
+    return _signals(text)
+
+
+def _signals(text: str) -> tuple[float, float, float]:
     return (
         math.log1p(estimate_tokens(text)),
         1.0 if "?" in text or "？" in text else 0.0,
@@ -157,7 +169,7 @@ def text_signals(text: str) -> tuple[float, float, float]:
 
 def forget_cached_texts() -> None:
     """Drop every cached memory text: a forgotten memory's words must not stay in this process."""
-    text_signals.cache_clear()
+    _signals_cached.cache_clear()
 
 
 def answer_scores(

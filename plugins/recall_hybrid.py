@@ -136,9 +136,14 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             self._unwritten[key] = (self._unwritten.get(key, set()) | {message.message_id}) & kept
 
     @hookimpl
-    def narrmem_after_delete(self) -> None:
-        """A memory deleted by id: the answer model's cache of texts read may hold its text."""
+    def narrmem_after_delete(self, tenant: str, removed: list[MemoryRecord]) -> None:
+        """A memory deleted by id: the answer model's cache of texts read may hold its text, and
+        the cached turns of its chat (the next message's keyword context would take its words
+        from them; read from the store, they are gone)."""
         forget_cached_texts()
+        for record in removed:
+            self._recent.pop((tenant, record.chat_id), None)
+            self._unwritten.pop((tenant, record.chat_id), None)
 
     @hookimpl
     async def narrmem_after_forget(

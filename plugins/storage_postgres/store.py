@@ -688,6 +688,8 @@ class PostgresStore(ForgetJournal):
         return sorted(int(r[0]) for r in await self._sources("memory_id", "", tenant, chat_id, message_ids))
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
+        # Query terms are what people asked, in their words: none outlives a deletion.
+        self._term_cache.clear()
         where, params = _scope_clause(scope, start=2)
         async with self.transaction() as conn:
             rows = await conn.fetch(
@@ -935,6 +937,8 @@ class PostgresStore(ForgetJournal):
     # --- forgetting -----------------------------------------------------------------------
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
+        # Query terms are what people asked, in their words: none outlives a deletion.
+        self._term_cache.clear()
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
         async with self.transaction() as conn:
             rows = await conn.fetch(

@@ -612,7 +612,15 @@ class VectorIndex:
             log.exception("copying the HNSW graph of a vector shard into memory failed")
         finally:
             shard.building = False
+        await self._run(self._drop_if_empty, shard)
         self._schedule_builds([shard.key])
+
+    def _drop_if_empty(self, shard: Shard) -> None:
+        """Drop a shard whose every row went while its graph was built (its person forgotten
+        meanwhile): kept, its (tenant, user id) stayed in RAM and in the manifest for good."""
+        if shard.live == 0 and not shard.building and self._shards.get(shard.key) is shard:
+            self._mark(shard.key)
+            del self._shards[shard.key]
 
     def _install_thawed(self, shard: Shard, graph: Any) -> None:
         if self._shards.get(shard.key) is not shard or shard.graph_mapped_from is None:
@@ -635,6 +643,7 @@ class VectorIndex:
         finally:
             shard.building = False
             shard.removed_since_snapshot = None
+        await self._run(self._drop_if_empty, shard)
         self._schedule_builds([shard.key])
 
     def _new_graph(self, vectors: np.ndarray) -> Any:
