@@ -31,6 +31,7 @@ from narrmem import logs, owed_forgets
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
+from narrmem.forget_notices import ForgetNotices
 from narrmem.models import MAX_ID_CHARS, ForgetJob, Scope
 from narrmem.recent_vectors import ForgetsRecentTexts
 from narrmem.store import CountsForgets, PurgesAlongsideWrites, PurgesDeleted, shared_by_processes
@@ -86,6 +87,7 @@ class Forgetting:
         self.inbox = inbox
         self.fence = fence
         self.calls = calls
+        self.notices = ForgetNotices(memory)  # to the other processes of a shared store
         self._finishing_later: set[asyncio.Task[None]] = set()
         self._again = TryingAgain()  # forgets whose finishing failed
         self._outlasting = Outlasting("a forget")
@@ -376,6 +378,7 @@ class Forgetting:
         of forgets that failed: their jobs stay recorded, and the next open finishes them.
         ``closing``: the task that closes the memory (see :meth:`TryingAgain.close`)."""
         await self._again.close(closing)
+        await self.notices.close()
         tasks = list(self._finishing_later)
         for task in tasks:
             task.cancel()
@@ -462,6 +465,8 @@ class Forgetting:
             await self.memory.host.call(
                 "narrmem_after_delete", memory=self.memory, tenant=scope.tenant, removed=removed
             )
+            for chat_id in sorted({r.chat_id for r in removed}):
+                await self.notices.send(Scope(tenant=scope.tenant, chat_id=chat_id))
         return deleted
 
     async def _last_job(self) -> int:
@@ -620,6 +625,7 @@ class Forgetting:
                 f"forget {job.id}: the store deleted what it holds, but {exc}; the forget stays "
                 "recorded and is finished again later (in this process, and at the next open)"
             ) from exc.__cause__
+        await self.notices.send(job.scope)
         if only is None:
             # Forgotten again (only), the messages' hooks in this worker have run, and what other
             # workers' hooks have still to run is of what they wrote since.

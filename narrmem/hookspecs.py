@@ -428,6 +428,23 @@ def narrmem_after_delete(memory: MemoryView, tenant: str, removed: list[MemoryRe
 
 
 @hookspec
+def narrmem_forgotten_elsewhere(
+    memory: MemoryView, tenant: str | None, user_id: str | None, chat_id: str | None
+) -> None:
+    """Another process sharing the store (a worker of the same PostgreSQL) forgot a user, a chat,
+    or messages or memories of a chat (``chat_id``): drop what this process keeps in RAM of that
+    scope (cached texts, summaries, label vectors). The store holds none of it any more, and
+    ``narrmem_after_forget`` ran in the process that forgot. ``tenant`` ``None``: notices may have
+    been missed (the connection that listens was lost), so drop every cache.
+
+    Told a moment after the forget, as the store carries it (``narrmem.store.Broadcasts``), and
+    not at all on a store that does not: a plugin never answers from a cache unchecked against
+    the store, and this only ends what a cache would keep until evicted. Called in the listening
+    task; a plugin that raises is reported and the others are still told.
+    """
+
+
+@hookspec
 def narrmem_after_forget(
     memory: MemoryView,
     tenant: str,

@@ -172,6 +172,7 @@ class MemoryLifecycle:
             # rewrite of it) is its work, which the writes queued behind it wait for.
             self._write_turn.limit_s = self.settings.storage.timeout_s
         await self.host.call("narrmem_startup", isolate=False, memory=self)
+        await self._forgetting.notices.start()
         await self._forgetting.resume()
         if not self.read_only:
             await owed_forgets.settle_at_open(self)

@@ -136,6 +136,15 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
             self._unwritten[key] = (self._unwritten.get(key, set()) | {message.message_id}) & kept
 
     @hookimpl
+    def narrmem_forgotten_elsewhere(self, tenant: str | None, chat_id: str | None) -> None:
+        """Another worker's forget: the texts the answer model read, and the cached turns of the
+        chat (of every chat of the tenant, for a person's: which chats they spoke in is not told)."""
+        forget_cached_texts()
+        for key in list(self._recent):
+            if tenant is None or (key[0] == tenant and chat_id in (None, key[1])):
+                del self._recent[key]
+
+    @hookimpl
     def narrmem_after_delete(self, tenant: str, removed: list[MemoryRecord]) -> None:
         """A memory deleted by id: the answer model's cache of texts read may hold its text, and
         the cached turns of its chat (the next message's keyword context would take its words

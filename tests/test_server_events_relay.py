@@ -151,7 +151,7 @@ async def test_a_stream_is_told_when_other_workers_events_were_missed(tmp_path: 
             )
         finally:
             await admin.close()
-        assert ended == 2  # A's and B's
+        assert ended == 4  # A's and B's: each listens for events and for forgets
         [reset] = await _frames(on_b, 1)
         assert reset.startswith("event: reset") and "other_workers_events_missed" in reset
         async with _client(app_a) as client_a:

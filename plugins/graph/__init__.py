@@ -127,6 +127,12 @@ class GraphPlugin(GraphTransfer, ToolTable):
         )
 
     @hookimpl
+    def narrmem_forgotten_elsewhere(self) -> None:
+        """Another worker's forget: labels are people's words, and this process's copies go."""
+        if self._graph is not None:
+            self._graph.label_vectors.clear()
+
+    @hookimpl
     async def narrmem_after_forget(
         self,
         memory: MemoryView,

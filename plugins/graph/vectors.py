@@ -23,8 +23,8 @@ LABELS_KEPT = 4096
 class LabelVectors:
     """Label embeddings made by recalls, the ``capacity`` used most recently. A label is a
     person's words: a forget in this process drops them all, and a recall that was embedding
-    while it ran keeps none of what it made (``generation``). Another worker's forget does not
-    reach this process's copy: its labels go as others are used."""
+    while it ran keeps none of what it made (``generation``). Another worker's forget clears
+    it when this process is told (``narrmem_forgotten_elsewhere``)."""
 
     def __init__(self, capacity: int = LABELS_KEPT) -> None:
         self.capacity = capacity

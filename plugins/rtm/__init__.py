@@ -89,6 +89,14 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         self.users.forget(tenant, user_id)
 
     @hookimpl
+    def narrmem_forgotten_elsewhere(self, tenant: str | None, user_id: str | None) -> None:
+        # Another worker's forget: the retellings cached here of whom it may have touched.
+        if tenant is None:
+            self.users.clear()
+        else:
+            self.users.forget(tenant, user_id)
+
+    @hookimpl
     def narrmem_after_delete(self, tenant: str, removed: list[MemoryRecord]) -> None:
         # A retelling cached in this process told the deleted memories (a scene forgotten by id).
         for user_id in {r.user_id for r in removed if r.user_id is not None}:

@@ -51,6 +51,9 @@ class UserSummaries:
         # Least recently asked first; bounded in ``_keep``.
         self._cache: OrderedDict[tuple[str, str], _Cached] = OrderedDict()
 
+    def clear(self) -> None:
+        self._cache.clear()
+
     def forget(self, tenant: str, user_id: str | None) -> None:
         """Drop cached trees a forget may have touched (a chat forget touches every user in it)."""
         for key in list(self._cache):

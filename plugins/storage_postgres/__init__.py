@@ -41,3 +41,11 @@ def narrmem_register_stores(register: Callable[[str, Callable[[Any], Any]], None
         )
 
     register("postgres", factory)
+
+
+@hookimpl
+def narrmem_forgotten_elsewhere(memory: MemoryView) -> None:
+    """Another worker forgot: the query terms cached here are what people asked, in their words."""
+    forget_terms = getattr(memory.store, "forget_cached_terms", None)
+    if forget_terms is not None:
+        forget_terms()

@@ -688,8 +688,7 @@ class PostgresStore(ForgetJournal):
         return sorted(int(r[0]) for r in await self._sources("memory_id", "", tenant, chat_id, message_ids))
 
     async def delete(self, ids: Sequence[int], scope: Scope) -> int:
-        # Query terms are what people asked, in their words: none outlives a deletion.
-        self._term_cache.clear()
+        self.forget_cached_terms()
         where, params = _scope_clause(scope, start=2)
         async with self.transaction() as conn:
             rows = await conn.fetch(
@@ -937,8 +936,7 @@ class PostgresStore(ForgetJournal):
     # --- forgetting -----------------------------------------------------------------------
 
     async def forget(self, *, tenant: str, user_id: str | None, chat_id: str | None) -> dict[str, int]:
-        # Query terms are what people asked, in their words: none outlives a deletion.
-        self._term_cache.clear()
+        self.forget_cached_terms()
         where, params = _scope_clause(Scope(tenant=tenant, user_id=user_id, chat_id=chat_id))
         async with self.transaction() as conn:
             rows = await conn.fetch(
@@ -1168,6 +1166,11 @@ class PostgresStore(ForgetJournal):
             *params,
         )
         return [(int(r[0]), float(r[1])) for r in rows]
+
+    def forget_cached_terms(self) -> None:
+        """Drop the query terms kept (what people asked, in their words): at every deletion here,
+        and at another worker's (``narrmem_forgotten_elsewhere``)."""
+        self._term_cache.clear()
 
     async def _term_queries(self, terms: Sequence[str]) -> list[str]:
         """Each term as the configuration reads it (a ``tsquery``), in order; terms it drops (its

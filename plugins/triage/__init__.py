@@ -251,6 +251,11 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         return await readout.patterns(memory, self.counters, user, now)
 
     @hookimpl
+    def narrmem_forgotten_elsewhere(self) -> None:
+        """Another worker's forget: its texts may be in the topic counter's cache here."""
+        forget_cached_words()
+
+    @hookimpl
     def narrmem_after_delete(self) -> None:
         """A memory deleted by id: the topic counter's cache of message words may hold its text."""
         forget_cached_words()
