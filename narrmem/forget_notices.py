@@ -44,7 +44,9 @@ class ForgetNotices:
 
     async def start(self) -> None:
         store = self.store
-        if store is None:
+        if store is None or self.memory.read_only:
+            # A read-only open is most often a command that reads and ends: a session for it
+            # (with a pooler, one of each worker's few) would cost more than its caches hold.
             return
         try:
             self._listening = await store.listen(CHANNEL, self._heard, self._lost)
@@ -63,7 +65,10 @@ class ForgetNotices:
     async def send(self, scope: Scope) -> None:
         """Tell the other processes that ``scope`` (a user, a chat, or messages of a chat: its
         chat) was forgotten here."""
-        store = self.store
+        try:
+            store = self.store
+        except Exception:  # closed meanwhile (a forget that outlived the close): no one to tell
+            return
         if store is None:
             return
         payload = json.dumps(

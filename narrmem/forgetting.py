@@ -616,6 +616,8 @@ class Forgetting:
         embedder = self.memory.embedder
         if isinstance(embedder, ForgetsRecentTexts):
             embedder.forget_recent_texts()
+        # Told whatever the plugins here do: the store holds none of it now.
+        await self.notices.send(job.scope)
         told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
         try:
             # Every plugin scrubs its copies though one fails; the job then stays recorded.
@@ -625,7 +627,6 @@ class Forgetting:
                 f"forget {job.id}: the store deleted what it holds, but {exc}; the forget stays "
                 "recorded and is finished again later (in this process, and at the next open)"
             ) from exc.__cause__
-        await self.notices.send(job.scope)
         if only is None:
             # Forgotten again (only), the messages' hooks in this worker have run, and what other
             # workers' hooks have still to run is of what they wrote since.

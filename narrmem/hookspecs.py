@@ -434,13 +434,15 @@ def narrmem_forgotten_elsewhere(
     """Another process sharing the store (a worker of the same PostgreSQL) forgot a user, a chat,
     or messages or memories of a chat (``chat_id``): drop what this process keeps in RAM of that
     scope (cached texts, summaries, label vectors). The store holds none of it any more, and
-    ``narrmem_after_forget`` ran in the process that forgot. ``tenant`` ``None``: notices may have
-    been missed (the connection that listens was lost), so drop every cache.
+    ``narrmem_after_forget`` (``narrmem_after_delete``, for memories deleted by id) ran in the
+    process that forgot. ``tenant`` ``None``: notices may have been missed (the connection that
+    listens was lost), so drop every cache.
 
     Told a moment after the forget, as the store carries it (``narrmem.store.Broadcasts``), and
     not at all on a store that does not: a plugin never answers from a cache unchecked against
-    the store, and this only ends what a cache would keep until evicted. Called in the listening
-    task; a plugin that raises is reported and the others are still told.
+    the store, and this only ends what a cache would keep until evicted. Called in a task of its
+    own for each notice (two may run at once); a plugin that raises is reported and the others are
+    still told.
     """
 
 

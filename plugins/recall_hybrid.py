@@ -143,6 +143,7 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         for key in list(self._recent):
             if tenant is None or (key[0] == tenant and chat_id in (None, key[1])):
                 del self._recent[key]
+                self._unwritten.pop(key, None)
 
     @hookimpl
     def narrmem_after_delete(self, tenant: str, removed: list[MemoryRecord]) -> None:

@@ -89,10 +89,15 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         self.users.forget(tenant, user_id)
 
     @hookimpl
-    def narrmem_forgotten_elsewhere(self, tenant: str | None, user_id: str | None) -> None:
-        # Another worker's forget: the retellings cached here of whom it may have touched.
+    def narrmem_forgotten_elsewhere(
+        self, tenant: str | None, user_id: str | None, chat_id: str | None
+    ) -> None:
+        # Another worker's forget: the retellings cached here of whom it may have touched (of a
+        # chat's deleted messages, only those telling that chat: an edit is one, every few seconds).
         if tenant is None:
             self.users.clear()
+        elif user_id is None and chat_id is not None:
+            self.users.forget_chat(tenant, chat_id)
         else:
             self.users.forget(tenant, user_id)
 

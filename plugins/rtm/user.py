@@ -54,6 +54,13 @@ class UserSummaries:
     def clear(self) -> None:
         self._cache.clear()
 
+    def forget_chat(self, tenant: str, chat_id: str) -> None:
+        """Drop the cached trees that tell a memory of ``chat_id`` (another worker deleted some of
+        its messages: the others' retellings stay, checked against the store when asked)."""
+        for key in list(self._cache):
+            if key[0] == tenant and any(r.chat_id == chat_id for r in self._cache[key].records):
+                del self._cache[key]
+
     def forget(self, tenant: str, user_id: str | None) -> None:
         """Drop cached trees a forget may have touched (a chat forget touches every user in it)."""
         for key in list(self._cache):

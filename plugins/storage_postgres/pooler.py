@@ -55,7 +55,7 @@ async def check_one_session_per_connection(
             raise StoreUnavailableError(
                 f"PostgreSQL at {where} answered one session but not a second within {timeout_s:g} s "
                 "(storage.timeout_s): a connection pooler in session mode with no free session makes a "
-                "connection wait so (each worker holds up to 8 sessions with the default pool_size = 4: "
+                "connection wait so (each worker holds up to 9 sessions with the default pool_size = 4: "
                 "give the pooler that many per worker)"
             ) from exc
         try:

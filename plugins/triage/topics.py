@@ -36,7 +36,7 @@ NOISE = frozenset(
 _DOUBLE_END = re.compile(r"([b-df-hj-np-tv-z])\1$")
 
 # Texts up to this long are kept in the caches below (a chat message almost always is).
-CACHED_CHARS = 600
+CACHED_CHARS = 2_000
 
 
 def stem(word: str) -> str:
