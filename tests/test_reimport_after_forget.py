@@ -95,8 +95,12 @@ async def test_the_import_commands_check_every_part_and_the_whole_file_first(
     assert summary["said_before_a_forget"] == 2 and summary["stored"] == 0
     # A message dated a year ahead, in the last part: refused before the first part is written.
     ahead = said("x", "a note from a phone whose clock ran a year ahead", "eve", -365)
-    export.write_text("".join(json.dumps(m) + "\n" for m in [*HISTORY, ahead]), encoding="utf-8")
+    # Named by its line (a blank line before it), as every other error of the file is.
+    lines = [json.dumps(m) for m in HISTORY]
+    export.write_text("\n".join([*lines, "", json.dumps(ahead)]) + "\n", encoding="utf-8")
     fresh = tmp_path / "fresh"
+    capsys.readouterr()
     assert await asyncio.to_thread(cli.main, ["ingest", str(export), "--data", str(fresh)]) == 2
+    assert f"line {len(HISTORY) + 2}" in capsys.readouterr().err
     async with open_memory(fresh, real_model=True) as memory:
         assert await memory.store.stats() and (await memory.store.stats())["memories"] == 0

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
@@ -342,13 +343,20 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from narrmem.doors.transfer import read_messages
+    from narrmem.doors.transfer import read_messages_and_lines
     from narrmem.ingest import check_not_ahead
 
-    messages = read_messages(args.file)  # validated whole before the store is touched
+    messages, lines = read_messages_and_lines(args.file)  # validated whole before the store is touched
     async with _open(settings) as memory:
         # The whole file, before its first part is written (each part checks only itself).
-        check_not_ahead(messages, memory.clock.now(), settings.storage.max_ts_ahead_s)
+        try:
+            check_not_ahead(messages, memory.clock.now(), settings.storage.max_ts_ahead_s)
+        except InputError as exc:
+            # Named by the file's line, as every other error of the file is (not the message's
+            # place in the list, counted from 0).
+            found = re.fullmatch(r"messages\[(\d+)\]\.ts", exc.field or "")
+            index = int(found.group(1)) if found else 0
+            raise InputError(exc.reason, field="ts", line=lines[index]) from exc
         with tqdm(total=len(messages), unit="msg", desc="ingest", file=sys.stderr, disable=None) as bar:
             counts = await _ingest_in_parts(memory, messages, bar.update)
     summary = {

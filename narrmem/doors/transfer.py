@@ -175,6 +175,11 @@ def parse_line(path: Path, number: int, data: bytes) -> Any:
 
 def read_messages(path: str | Path) -> list[Message]:
     """Every message of a JSONL file, validated; the first bad line raises naming line and field."""
+    return read_messages_and_lines(path)[0]
+
+
+def read_messages_and_lines(path: str | Path) -> tuple[list[Message], list[int]]:
+    """:func:`read_messages`, and each message's line in the file (for errors found later)."""
     path = Path(path)
     messages = []
     numbers = []
@@ -189,7 +194,7 @@ def read_messages(path: str | Path) -> list[Message]:
     # Two different messages under one id: ingest stored the first and took the second for a
     # duplicate, with exit code 0.
     one_message_per_id(messages, numbers)
-    return messages
+    return messages, numbers
 
 
 def one_message_per_id(messages: Sequence[Message], lines: Sequence[int] | None = None) -> None:
