@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from narrmem import edit_marks, forget_marks, inbox, owed_forgets, settling
 from narrmem.errors import InputError
 from narrmem.forgetting import AGAIN_NAMESPACE, PURGE_OWED
+from narrmem.store import STORE_NOTES
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -27,14 +28,17 @@ CORE: dict[str, Callable[[str, dict[str, Any]], None]] = {
 # The forgets owed to absent plugins likewise, and they hold the ids of forgotten people: a
 # backup would carry them out of the store. The marks forgets leave, too: keyed hashes of the
 # forgotten, under the key of the store they were made in.
-NOT_IMPORTED = frozenset({AGAIN_NAMESPACE, owed_forgets.NAMESPACE, forget_marks.NAMESPACE, PURGE_OWED[0]})
+# And a store's notes of its own tables (a plugin's schema version): the target's are its own.
+NOT_IMPORTED = frozenset(
+    {AGAIN_NAMESPACE, owed_forgets.NAMESPACE, forget_marks.NAMESPACE, PURGE_OWED[0], STORE_NOTES}
+)
 
 
 async def check_state(memory: Memory, namespace: str, key: str, value: dict[str, Any]) -> None:
     """Raise :class:`InputError` (field ``key`` or ``value.…``) for an entry not as its writer
     writes it."""
     if namespace in NOT_IMPORTED:
-        raise InputError(f"{namespace!r} is a forget's own record and is not imported", field="namespace")
+        raise InputError(f"{namespace!r} is a store's own record and is not imported", field="namespace")
     check = CORE.get(namespace)
     if check is not None:
         check(key, value)

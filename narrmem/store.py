@@ -446,6 +446,11 @@ class CountsForgets(Protocol):
         ...
 
 
+# Plugin state of notes about this store's own tables (a plugin's schema version, say), keyed by
+# the plugin's name: never exported nor imported, since another store's tables are another's.
+STORE_NOTES = "narrmem.store_notes"
+
+
 @runtime_checkable
 class FindsUserTenants(Protocol):
     """A store that tells which tenants hold a person (both built-in stores), by one seek of its

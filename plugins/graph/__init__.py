@@ -27,6 +27,7 @@ from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tools import TOOLS
 from narrmem_plugins.graph.transfer import GraphTransfer
 from narrmem_plugins.graph.values import FactValue, current_value, is_functional, value_history
+from narrmem_plugins.graph.version import check_graph_schema
 
 from narrmem import hookimpl, logs
 from narrmem.config import Settings, plugin_options
@@ -79,6 +80,7 @@ class GraphPlugin(GraphTransfer, ToolTable):
         if not isinstance(store, SQLCapable):
             log.warning("graph plugin idle: store %s lends no SQL tables (sql())", type(store).__name__)
             return
+        await check_graph_schema(memory.store, read_only=memory.read_only)
         graph = GraphBackend(store, memory.clock)
         try:
             await graph.setup(read_only=memory.read_only)
