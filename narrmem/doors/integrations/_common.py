@@ -522,25 +522,90 @@ async def turn_context(
     ``private``: ``message`` came in a direct chat with the bot (see :data:`ContextScope`).
 
     The message is usually stored already (ingest runs first, so it is kept even when no handler
-    asks for context), and it would otherwise be its own best match.
+    asks for context), and it would otherwise be its own best match. A chat that moved (a
+    Telegram group that became a supergroup, :func:`chat_moved`) is asked with the chats it was
+    before: the best ``k`` of them all.
     """
     where = scope_of(message, scope, private=private)
     query = message.text[:MAX_QUERY_CHARS]
     try:
-        hits = await memory.recall(
-            query,
-            user_id=where.user_id,
-            chat_id=where.chat_id,
-            tenant=where.tenant,
-            k=k,
-            exclude_message_ids=[message.message_id],
-            asked_at=message.ts,  # "yesterday" in the question is a day of the asker's zone
-            reinforce=reinforce,
-        )
+        chats: list[str | None] = [where.chat_id]
+        if where.chat_id is not None:
+            chats += await earlier_chats(memory, where.tenant, where.chat_id)
+        hits: list[Hit] = []
+        for chat_id in chats:
+            hits += await memory.recall(
+                query,
+                user_id=where.user_id,
+                chat_id=chat_id,
+                tenant=where.tenant,
+                k=k,
+                exclude_message_ids=[message.message_id],
+                asked_at=message.ts,  # "yesterday" in the question is a day of the asker's zone
+                reinforce=reinforce,
+            )
+        if len(chats) > 1:
+            hits = sorted(hits, key=lambda hit: hit.score, reverse=True)[:k]
     except Exception:
         log.exception("narrmem could not recall for a message")
         hits = []
     return ContextPack(query=query, scope=where, hits=hits)
+
+
+# Plugin state: the chats a chat was before, by (tenant, chat id) -- ids only.
+MOVED = "narrmem.chats_moved"
+
+
+def _moved_key(tenant: str, chat_id: str) -> str:
+    return f"{tenant}\0{chat_id}\0"
+
+
+async def chat_moved(memory: Memory, *, tenant: str, from_chat: str, to_chat: str) -> None:
+    """``from_chat`` goes on as ``to_chat`` (a Telegram group upgraded to a supergroup takes a new
+    id; its members and history stay): the context and ``memory`` of ``to_chat`` read what was
+    said in ``from_chat`` too. Kept in the store, for every worker and every restart; told twice
+    (Telegram sends the move in both chats), it is noted once."""
+    if from_chat == to_chat:
+        return
+    store = memory.store
+    key = _moved_key(tenant, to_chat)
+    for _ in range(5):  # a compare-and-set: another worker noting the same move at once
+        stored = await store.state_get(MOVED, key)
+        earlier = [str(c) for c in (stored or {}).get("from", []) if isinstance(c, str)]
+        if from_chat in earlier:
+            return
+        if await store.state_put_if(MOVED, key, {"from": [*earlier, from_chat]}, stored):
+            log.info("a chat moved to a new id: its earlier messages are read with it")
+            return
+
+
+async def telegram_moved(memory: Memory, tenant: str, message: Any) -> bool:
+    """Note a Telegram group's move to a supergroup from either of its service messages (aiogram's
+    and python-telegram-bot's alike: ``migrate_to_chat_id`` in the group, ``migrate_from_chat_id``
+    in the supergroup); whether ``message`` was one."""
+    chat = str(message.chat.id)
+    to_chat = getattr(message, "migrate_to_chat_id", None)
+    from_chat = getattr(message, "migrate_from_chat_id", None)
+    if to_chat is not None:
+        await chat_moved(memory, tenant=tenant, from_chat=chat, to_chat=str(to_chat))
+    elif from_chat is not None:
+        await chat_moved(memory, tenant=tenant, from_chat=str(from_chat), to_chat=chat)
+    else:
+        return False
+    return True
+
+
+async def earlier_chats(memory: Memory, tenant: str, chat_id: str) -> list[str]:
+    """The chats ``chat_id`` was before (see :func:`chat_moved`), and those they were, in turn."""
+    found: list[str] = []
+    todo = [chat_id]
+    while todo and len(found) < 16:
+        stored = await memory.store.state_get(MOVED, _moved_key(tenant, todo.pop()))
+        for earlier in (stored or {}).get("from", []):
+            if isinstance(earlier, str) and earlier != chat_id and earlier not in found:
+                found.append(earlier)
+                todo.append(earlier)
+    return found
 
 
 async def mark_used(memory: Memory, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
@@ -550,11 +615,21 @@ async def mark_used(memory: Memory, pack: ContextPack, used: Iterable[Hit | int]
     if not ids:
         return []
     where = pack.scope
+    # A hit of a chat this one was before (see chat_moved) is marked in its own chat.
+    chat_of = {hit.id: hit.chat_id for hit in pack.hits}
+    by_chat: dict[str | None, list[int]] = {}
+    for memory_id in ids:
+        chat = where.chat_id if where.chat_id is None else chat_of.get(memory_id, where.chat_id)
+        by_chat.setdefault(chat, []).append(memory_id)
+    marked: list[int] = []
     try:
-        return await memory.mark_used(ids, user_id=where.user_id, chat_id=where.chat_id, tenant=where.tenant)
+        for chat_id, chosen in by_chat.items():
+            marked += await memory.mark_used(
+                chosen, user_id=where.user_id, chat_id=chat_id, tenant=where.tenant
+            )
     except Exception:
         log.exception("narrmem could not mark memories used")
-        return []
+    return sorted(marked)
 
 
 class ForHandlers(Generic[U]):
@@ -675,6 +750,10 @@ async def _describe(
     # What the person said just before asking is part of the answer, even on its way to the store.
     await memory.written(**scope.model_dump())
     records = await memory.store.recent(scope, limit=50)
+    if chat_id is not None:  # and in the chats this one was before (see chat_moved)
+        for earlier in await earlier_chats(memory, tenant, chat_id):
+            records += await memory.store.recent(scope.model_copy(update={"chat_id": earlier}), limit=50)
+        records = sorted(records, key=lambda r: r.created_at, reverse=True)[:50]
     if not records:
         return "I don't remember anything about you yet."
     where = "" if chat_id is None else " in this chat"

@@ -122,6 +122,9 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         data["memory_mark_used"] = _nothing_used
         if not isinstance(event, TgMessage):
             return await handler(event, data)
+        # A group became a supergroup (a new chat id): its earlier messages are read with it.
+        if await _common.telegram_moved(self.memory, self.options.tenant, event):
+            return await handler(event, data)
         message = to_message(event, tenant=self.options.tenant, time_zone=self.options.time_zone)
         update = data.get("event_update")
         edited = isinstance(update, Update) and update.edited_message is not None

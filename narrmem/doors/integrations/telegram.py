@@ -108,7 +108,13 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         found.append(MessageHandler((filters.TEXT | filters.CAPTION) & messages, self.remember))
         retracted = filters.UpdateType.EDITED_MESSAGE & ~(filters.TEXT | filters.CAPTION)
         found.append(MessageHandler(retracted, self.retract))
+        found.append(MessageHandler(filters.StatusUpdate.MIGRATE, self.moved))
         return found
+
+    async def moved(self, update: telegram.Update, context: AnyContext) -> None:
+        """A group became a supergroup (a new chat id): its earlier messages are read with it."""
+        if update.effective_message is not None:
+            await _common.telegram_moved(self.memory, self.options.tenant, update.effective_message)
 
     async def retract(self, update: telegram.Update, context: AnyContext) -> None:
         """An edit that took a message's text or caption away: what it said goes."""

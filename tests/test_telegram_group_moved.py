@@ -1,0 +1,60 @@
+"""A Telegram group upgraded to a supergroup (more than 200 members, a public link, some settings)
+goes on under a new chat id. Before, the bot's context in the group and its ``/memory`` there read
+the new id alone: everything said in the group before the upgrade was out of reach, as if the bot
+had forgotten the group. Now the move (Telegram's service message in either chat) is noted in the
+store, and the new chat is read with the chats it was, by every worker and after a restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_integrations import ANN, TG_TENANT, open_harness, telegram_payload
+
+from narrmem import Memory
+from narrmem.doors.integrations import _common
+
+OLD, NEW = -4001, -1009001
+SAID = [
+    "my sister Lucia moved to Porto, she teaches violin at the conservatory",
+    "I adopted a greyhound named Pixel from the shelter last spring",
+]
+
+
+def service(update_id: int, n: int, chat: int, **moved: int) -> dict[str, Any]:
+    return telegram_payload(update_id, n, None, user=ANN, chat=chat, group=True, name="Ann Lee", extra=moved)
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+@pytest.mark.parametrize("told_in", ["old", "new"])
+async def test_a_group_that_became_a_supergroup_is_read_with_what_it_said_before(
+    library: str, told_in: str, memory: Memory
+) -> None:
+    bot = await open_harness(library, memory)
+    try:
+        for n, text in enumerate(SAID, start=1):
+            await bot.send(n, text, user=ANN, chat=OLD, group=True)
+        # Telegram tells the move in both chats; either is enough.
+        if told_in == "old":
+            await bot.feed(service(100, 10, OLD, migrate_to_chat_id=NEW))  # type: ignore[attr-defined]
+        else:
+            await bot.feed(service(100, 1, NEW, migrate_from_chat_id=OLD))  # type: ignore[attr-defined]
+        await bot.send(2, "where does my sister Lucia live these days?", user=ANN, chat=NEW, group=True)
+        pack = bot.contexts["2"]
+        assert pack is not None and any("Lucia" in hit.text for hit in pack.hits)
+        assert {hit.chat_id for hit in pack.hits} == {str(OLD)}
+        reply = await bot.command(3, "memory", user=ANN, chat=NEW, group=True)
+        assert "Lucia" in reply and "Pixel" in reply
+    finally:
+        await bot.close()
+    assert await _common.earlier_chats(memory, TG_TENANT, str(NEW)) == [str(OLD)]
+
+
+async def test_a_move_told_twice_is_noted_once_and_chains_are_followed(memory: Memory) -> None:
+    for _ in range(2):
+        await _common.chat_moved(memory, tenant="t", from_chat="a", to_chat="b")
+    await _common.chat_moved(memory, tenant="t", from_chat="b", to_chat="c")
+    await _common.chat_moved(memory, tenant="t", from_chat="c", to_chat="c")
+    assert await _common.earlier_chats(memory, "t", "b") == ["a"]
+    assert await _common.earlier_chats(memory, "t", "c") == ["b", "a"]
+    assert await _common.earlier_chats(memory, "other", "c") == []
