@@ -278,7 +278,7 @@ def test_jsonl_format(tmp_path: Path) -> None:
     path = tmp_path / "messages.jsonl"
     path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
     batch = read_chat(path, "jsonl")
-    assert batch == ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl")
+    assert batch == ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl", time_lines=[1, 2])
     assert [m.message_id for m in batch.messages] == ["1", "2"]
     # A JSONL line names its own tenant and user: the options would silently change them.
     with pytest.raises(InputError) as caught:

@@ -39,3 +39,24 @@ async def test_a_store_made_before_the_version_was_kept_is_version_1(tmp_path: P
     with pytest.raises(StoreError, match="not as narrmem writes it"):
         async with open_memory(folder):
             pass
+
+
+async def test_a_store_made_before_the_version_was_kept_migrates_verified(tmp_path: Path) -> None:
+    from narrmem.config import load_settings
+    from narrmem.doors.migrate import migrate
+    from narrmem.testing import HASH_EMBEDDER, TestingPlugin
+
+    async with open_memory(tmp_path / "src") as memory:
+        message = {"text": "I decided to quit my job at the bank", "user_id": "ann", "chat_id": "c1"}
+        await memory.ingest({**message, "message_id": "m1", "ts": "2025-01-06T20:00:00+00:00"})
+        await memory.store.state_delete(NAMESPACE, KEY)
+    report = await migrate(
+        str(tmp_path / "src"),
+        str(tmp_path / "dst"),
+        settings=load_settings(embedder={"backend": HASH_EMBEDDER}),
+        plugins=[TestingPlugin()],
+        load_entrypoints=False,
+        queries=0,
+        progress=False,
+    )
+    assert report["counts_match"] and report["verified"], report["counts"]

@@ -90,6 +90,40 @@ def test_a_message_dated_too_far_ahead_is_named_by_its_place_in_the_file(tmp_pat
     assert "field 'messages[0].date_unixtime'" in done.stderr and "hours past" in done.stderr
 
 
+def test_a_jsonl_message_dated_too_far_ahead_is_named_by_its_line(tmp_path: Path) -> None:
+    """A JSONL file's errors name lines: the place in the list (counted from 0, the bots' messages
+    left out) named another message."""
+    rows = [
+        {
+            "text": "beep",
+            "user_id": "b1",
+            "chat_id": "c",
+            "message_id": "1",
+            "ts": "2025-01-01T00:00:00+00:00",
+        },
+        {
+            "text": "hello there",
+            "user_id": "ann",
+            "chat_id": "c",
+            "message_id": "2",
+            "ts": "2025-01-01T00:01:00+00:00",
+        },
+        {
+            "text": "from the future",
+            "user_id": "ann",
+            "chat_id": "c",
+            "message_id": "3",
+            "ts": "2099-01-01T00:00:00+00:00",
+        },
+    ]
+    rows[0]["meta"] = {"bot": True}
+    path = tmp_path / "ahead.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    done = narrmem("import-chat", str(path), "--format", "jsonl", "--data", str(tmp_path / "d"))
+    assert done.returncode == 2, done.stderr
+    assert "line 3, field 'ts'" in done.stderr and "hours past" in done.stderr
+
+
 def test_a_bad_user_map_value_is_named_in_the_map(tmp_path: Path) -> None:
     users = tmp_path / "users.json"
     users.write_text(json.dumps({"user1001": "al\u0000ice"}), encoding="utf-8")

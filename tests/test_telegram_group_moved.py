@@ -21,8 +21,12 @@ SAID = [
 ]
 
 
-def service(update_id: int, n: int, chat: int, **moved: int) -> dict[str, Any]:
-    return telegram_payload(update_id, n, None, user=ANN, chat=chat, group=True, name="Ann Lee", extra=moved)
+def service(update_id: int, n: int, chat: int, kind: str, **moved: int) -> dict[str, Any]:
+    payload = telegram_payload(
+        update_id, n, None, user=ANN, chat=chat, group=True, name="Ann Lee", extra=moved
+    )
+    payload["message"]["chat"]["type"] = kind
+    return payload
 
 
 @pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
@@ -36,13 +40,17 @@ async def test_a_group_that_became_a_supergroup_is_read_with_what_it_said_before
             await bot.send(n, text, user=ANN, chat=OLD, group=True)
         # Telegram tells the move in both chats; either is enough.
         if told_in == "old":
-            await bot.feed(service(100, 10, OLD, migrate_to_chat_id=NEW))  # type: ignore[attr-defined]
+            await bot.feed(service(100, 10, OLD, "group", migrate_to_chat_id=NEW))  # type: ignore[attr-defined]
         else:
-            await bot.feed(service(100, 1, NEW, migrate_from_chat_id=OLD))  # type: ignore[attr-defined]
-        await bot.send(2, "where does my sister Lucia live these days?", user=ANN, chat=NEW, group=True)
-        pack = bot.contexts["2"]
+            await bot.feed(service(100, 1, NEW, "supergroup", migrate_from_chat_id=OLD))  # type: ignore[attr-defined]
+        await bot.send(1, "where does my sister Lucia live these days?", user=ANN, chat=NEW, group=True)
+        pack = bot.contexts["1"]
         assert pack is not None and any("Lucia" in hit.text for hit in pack.hits)
         assert {hit.chat_id for hit in pack.hits} == {str(OLD)}
+        # The supergroup numbers its messages anew: its message 2 hides nothing of the group's.
+        await bot.send(2, "how is Pixel the greyhound doing?", user=ANN, chat=NEW, group=True)
+        pack = bot.contexts["2"]
+        assert pack is not None and any("Pixel" in hit.text for hit in pack.hits)
         reply = await bot.command(3, "memory", user=ANN, chat=NEW, group=True)
         assert "Lucia" in reply and "Pixel" in reply
     finally:
@@ -58,3 +66,16 @@ async def test_a_move_told_twice_is_noted_once_and_chains_are_followed(memory: M
     assert await _common.earlier_chats(memory, "t", "b") == ["a"]
     assert await _common.earlier_chats(memory, "t", "c") == ["b", "a"]
     assert await _common.earlier_chats(memory, "other", "c") == []
+
+
+@pytest.mark.parametrize("library", ["aiogram", "python-telegram-bot"])
+async def test_a_move_not_as_telegram_tells_it_is_left(library: str, memory: Memory) -> None:
+    bot = await open_harness(library, memory)
+    try:
+        # A supergroup "moving" to another, and a group claiming to come from a supergroup.
+        await bot.feed(service(100, 10, NEW, "supergroup", migrate_to_chat_id=-1007777))  # type: ignore[attr-defined]
+        await bot.feed(service(101, 11, OLD, "group", migrate_from_chat_id=-1008888))  # type: ignore[attr-defined]
+    finally:
+        await bot.close()
+    assert await _common.earlier_chats(memory, TG_TENANT, "-1007777") == []
+    assert await _common.earlier_chats(memory, TG_TENANT, str(OLD)) == []

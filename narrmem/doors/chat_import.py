@@ -49,7 +49,7 @@ from typing import Any, Literal, get_args
 from pydantic import ValidationError
 
 from narrmem.checks import JsonShapeError, has_surrogate, loads_json
-from narrmem.doors.transfer import one_message_per_id, read_messages
+from narrmem.doors.transfer import one_message_per_id, read_messages, read_messages_and_lines
 from narrmem.errors import InputError
 from narrmem.ingest import check_not_ahead
 from narrmem.models import MAX_ID_CHARS, MAX_TEXT_CHARS, Message
@@ -86,6 +86,8 @@ class ImportBatch:
     # Where each message's time is in the file (``messages[3].date_unixtime``), for errors found
     # once the messages are sorted by time (empty for JSONL, whose lines keep their order).
     time_fields: list[str] = field(default_factory=list)
+    # Each message's line, for a JSONL file (whose errors name lines, not fields).
+    time_lines: list[int] = field(default_factory=list)
 
     def check_not_ahead(self, now: datetime, limit_s: float) -> None:
         """Refuse a message dated past ``now`` by more than ``limit_s`` (what ingest refuses),
@@ -95,6 +97,8 @@ class ImportBatch:
         except InputError as exc:
             found = re.fullmatch(r"messages\[(\d+)\]\.ts", exc.field or "")
             index = int(found.group(1)) if found else 0 if exc.field == "ts" else None
+            if index is not None and index < len(self.time_lines):
+                raise InputError(exc.reason, field="ts", line=self.time_lines[index]) from exc
             if index is None or index >= len(self.time_fields):
                 raise
             raise InputError(exc.reason, field=self.time_fields[index]) from exc
@@ -144,7 +148,9 @@ def read_chat(
             raise InputError("a JSONL file names its own tenant on each line", field="tenant")
         if user_map is not None:
             raise InputError("a JSONL file names its own user ids on each line", field="user_map")
-        return _left_out(ImportBatch(read_jsonl(path), skipped_service=0, format="jsonl"), keep_bots, True)
+        messages, lines = read_messages_and_lines(path)
+        batch = ImportBatch(messages, skipped_service=0, format="jsonl", time_lines=lines)
+        return _left_out(batch, keep_bots, True)
     users = check_user_map(user_map) if user_map is not None else {}
     if tenant is not None:
         _check_id(tenant, "tenant")
@@ -167,6 +173,7 @@ def _left_out(batch: ImportBatch, keep_bots: bool, keep_forwards: bool) -> Impor
         batch,
         messages=[batch.messages[i] for i in kept],
         time_fields=[batch.time_fields[i] for i in kept] if batch.time_fields else [],
+        time_lines=[batch.time_lines[i] for i in kept] if batch.time_lines else [],
         skipped_bots=sum(bots),
         skipped_forwards=sum(f and not b for b, f in zip(bots, forwards, strict=True)),
     )

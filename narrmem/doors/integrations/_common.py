@@ -524,7 +524,9 @@ async def turn_context(
     The message is usually stored already (ingest runs first, so it is kept even when no handler
     asks for context), and it would otherwise be its own best match. A chat that moved (a
     Telegram group that became a supergroup, :func:`chat_moved`) is asked with the chats it was
-    before: the best ``k`` of them all.
+    before, each recall's hits taken in turn, best first, to ``k`` (scores are of one recall's
+    ranking, not to be compared across recalls); those recalls reinforce nothing (what the answer
+    used is, by :func:`mark_used`).
     """
     where = scope_of(message, scope, private=private)
     query = message.text[:MAX_QUERY_CHARS]
@@ -532,20 +534,22 @@ async def turn_context(
         chats: list[str | None] = [where.chat_id]
         if where.chat_id is not None:
             chats += await earlier_chats(memory, where.tenant, where.chat_id)
-        hits: list[Hit] = []
+        found: list[list[Hit]] = []
         for chat_id in chats:
-            hits += await memory.recall(
-                query,
-                user_id=where.user_id,
-                chat_id=chat_id,
-                tenant=where.tenant,
-                k=k,
-                exclude_message_ids=[message.message_id],
-                asked_at=message.ts,  # "yesterday" in the question is a day of the asker's zone
-                reinforce=reinforce,
+            found.append(
+                await memory.recall(
+                    query,
+                    user_id=where.user_id,
+                    chat_id=chat_id,
+                    tenant=where.tenant,
+                    k=k,
+                    # Its own chat's only: a chat that moved numbers its messages anew.
+                    exclude_message_ids=[message.message_id] if chat_id == where.chat_id else [],
+                    asked_at=message.ts,  # "yesterday" in the question is a day of the asker's zone
+                    reinforce=reinforce and len(chats) == 1,
+                )
             )
-        if len(chats) > 1:
-            hits = sorted(hits, key=lambda hit: hit.score, reverse=True)[:k]
+        hits = [ranked[i] for i in range(k) for ranked in found if i < len(ranked)][:k]
     except Exception:
         log.exception("narrmem could not recall for a message")
         hits = []
@@ -554,6 +558,7 @@ async def turn_context(
 
 # Plugin state: the chats a chat was before, by (tenant, chat id) -- ids only.
 MOVED = "narrmem.chats_moved"
+MAX_EARLIER = 16  # chats read with one (each is a recall of its own)
 
 
 def _moved_key(tenant: str, chat_id: str) -> str:
@@ -571,12 +576,19 @@ async def chat_moved(memory: Memory, *, tenant: str, from_chat: str, to_chat: st
     key = _moved_key(tenant, to_chat)
     for _ in range(5):  # a compare-and-set: another worker noting the same move at once
         stored = await store.state_get(MOVED, key)
-        earlier = [str(c) for c in (stored or {}).get("from", []) if isinstance(c, str)]
+        earlier = _earlier_in(stored)
         if from_chat in earlier:
             return
         if await store.state_put_if(MOVED, key, {"from": [*earlier, from_chat]}, stored):
             log.info("a chat moved to a new id: its earlier messages are read with it")
             return
+    log.warning("a chat's move could not be noted: its earlier messages stay apart from it")
+
+
+def _earlier_in(stored: dict[str, Any] | None) -> list[str]:
+    """The chats a stored note names (at most :data:`MAX_EARLIER`; a note not as written, none)."""
+    named = (stored or {}).get("from", [])
+    return [c for c in named if isinstance(c, str)][:MAX_EARLIER] if isinstance(named, list) else []
 
 
 async def telegram_moved(memory: Memory, tenant: str, message: Any) -> bool:
@@ -584,14 +596,25 @@ async def telegram_moved(memory: Memory, tenant: str, message: Any) -> bool:
     and python-telegram-bot's alike: ``migrate_to_chat_id`` in the group, ``migrate_from_chat_id``
     in the supergroup); whether ``message`` was one."""
     chat = str(message.chat.id)
+    kind = getattr(message.chat, "type", None)
     to_chat = getattr(message, "migrate_to_chat_id", None)
     from_chat = getattr(message, "migrate_from_chat_id", None)
-    if to_chat is not None:
-        await chat_moved(memory, tenant=tenant, from_chat=chat, to_chat=str(to_chat))
-    elif from_chat is not None:
-        await chat_moved(memory, tenant=tenant, from_chat=str(from_chat), to_chat=chat)
-    else:
+    if to_chat is None and from_chat is None:
         return False
+    # As only Telegram writes them: from a basic group (its id not -100...) to a supergroup. A
+    # forged update (a webhook without its secret) would otherwise let one chat read another's.
+    if to_chat is not None and kind == "group" and str(to_chat).startswith("-100"):
+        moved = (chat, str(to_chat))
+    elif from_chat is not None and kind == "supergroup" and not str(from_chat).startswith("-100"):
+        moved = (str(from_chat), chat)
+    else:
+        log.warning("a chat's move not as Telegram tells it was left")
+        return True
+    try:
+        await chat_moved(memory, tenant=tenant, from_chat=moved[0], to_chat=moved[1])
+    except Exception:
+        # Never a reason for the bot to stop; Telegram tells the move in the other chat too.
+        log.exception("narrmem could not note a chat's move")
     return True
 
 
@@ -599,10 +622,10 @@ async def earlier_chats(memory: Memory, tenant: str, chat_id: str) -> list[str]:
     """The chats ``chat_id`` was before (see :func:`chat_moved`), and those they were, in turn."""
     found: list[str] = []
     todo = [chat_id]
-    while todo and len(found) < 16:
+    while todo and len(found) < MAX_EARLIER:
         stored = await memory.store.state_get(MOVED, _moved_key(tenant, todo.pop()))
-        for earlier in (stored or {}).get("from", []):
-            if isinstance(earlier, str) and earlier != chat_id and earlier not in found:
+        for earlier in _earlier_in(stored):
+            if earlier != chat_id and earlier not in found and len(found) < MAX_EARLIER:
                 found.append(earlier)
                 todo.append(earlier)
     return found
