@@ -13,14 +13,13 @@ opens."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from narrmem import hookimpl, logs
 from narrmem.configured import Configured
+from narrmem.scheduled import begin_if_due, give_back, stop, time_of
 from narrmem.view import MemoryView
 
 NAME = "retention"
@@ -66,13 +65,10 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
     @hookimpl
     async def narrmem_shutdown(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop(task)
 
     async def _wait_before_first(self, memory: MemoryView) -> float:
-        last = _time_of(await memory.store.state_get(NAME, LAST_PASS))
+        last = time_of(await memory.store.state_get(NAME, LAST_PASS))
         interval = self.options.interval_hours * 3600
         if last is None:
             return FIRST_DELAY_S
@@ -98,22 +94,14 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
         if self.options.inactive_days <= 0:
             return None
         now = memory.clock.now()
-        stored = await memory.store.state_get(NAME, LAST_PASS)
-        last = _time_of(stored)
-        # A little short of the interval: the worker whose start it was must not skip its next.
-        recent = timedelta(hours=0.9 * self.options.interval_hours)
-        if last is not None and timedelta(0) <= now - last < recent:
+        interval = timedelta(hours=self.options.interval_hours)
+        began = await begin_if_due(memory.store, NAME, LAST_PASS, now, interval)
+        if began is None:
             return None
-        began = {"at": now.isoformat()}
-        if not await memory.store.state_put_if(NAME, LAST_PASS, began, stored):
-            return None  # another worker's start came first
         counts = await self._pass(memory, now - timedelta(days=self.options.inactive_days))
         if counts.get("busy"):
             # Another pass held the store (a command's, a call's): this one is still due.
-            if stored is None:
-                await memory.store.state_delete_if(NAME, LAST_PASS, began)
-            else:
-                await memory.store.state_put_if(NAME, LAST_PASS, stored, began)
+            await give_back(memory.store, NAME, LAST_PASS, began)
             log.info("another retention pass is under way; trying again in %d minutes", BUSY_RETRY_S // 60)
         return counts
 
@@ -129,11 +117,3 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
         if not totals.get("busy"):
             log.info("retention pass (nothing said since %s): %s", before.isoformat(), totals)
         return totals
-
-
-def _time_of(stored: dict[str, Any] | None) -> datetime | None:
-    try:
-        at = datetime.fromisoformat(str((stored or {})["at"]))
-    except (KeyError, ValueError):
-        return None
-    return at if at.tzinfo is not None else None

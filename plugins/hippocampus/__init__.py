@@ -13,7 +13,6 @@ The curve is in ``curve.py``. The pass runs on a schedule inside a long-lived ``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +23,7 @@ from narrmem import hookimpl, logs
 from narrmem.config import share, similarity
 from narrmem.configured import Configured
 from narrmem.models import Hit, ImportanceChange, MemoryRecord, RecallRequest
+from narrmem.scheduled import begin_if_due, stop
 from narrmem.store import CachesDecayIfUnchanged, DecayedImportance, Store
 from narrmem.view import MemoryView
 
@@ -80,25 +80,16 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
     async def _pass_due(self, memory: MemoryView) -> bool:
         """Whether this worker runs the scheduled pass now: none of the store's workers began one
         within the interval (each keeps its own timer, and three workers each read every memory
-        every hour), and this one's compare-and-set of the start won. A pass asked for
+        every hour), and this one's start won (:mod:`narrmem.scheduled`). A pass asked for
         (``Memory.decay``, ``narrmem decay``) runs whenever asked."""
-        now = memory.clock.now()
-        stored = await memory.store.state_get(NAME, LAST_PASS)
-        last = _time_of(stored)
-        # A little short of the interval: the worker whose start it was must not skip its next.
-        recent = timedelta(minutes=0.9 * self.options.interval_minutes)
-        if last is not None and timedelta(0) <= now - last < recent:
-            return False
-        return await memory.store.state_put_if(NAME, LAST_PASS, {"at": now.isoformat()}, stored)
+        interval = timedelta(minutes=self.options.interval_minutes)
+        return await begin_if_due(memory.store, NAME, LAST_PASS, memory.clock.now(), interval) is not None
 
     @hookimpl
     async def narrmem_shutdown(self) -> None:
         # Taken off the plugin before the wait, so a second shutdown finds nothing to cancel.
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop(task)
 
     # --- the pass ---------------------------------------------------------------------------
 
@@ -258,12 +249,3 @@ async def _cache(store: Store, decayed: list[DecayedImportance], now: datetime) 
     ]
     await store.set_current_importance([(d.memory_id, d.value) for d in decayed], history, now)
     return len(decayed)
-
-
-def _time_of(stored: dict[str, Any] | None) -> datetime | None:
-    """The time a scheduled pass began; ``None`` for none, or one not as this plugin writes it."""
-    try:
-        at = datetime.fromisoformat(str((stored or {})["at"]))
-    except (KeyError, ValueError):
-        return None
-    return at if at.tzinfo is not None else None
