@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from narrmem import answers, editing, importance, logs, opening, retention
+from narrmem import answers, chat_moves, editing, importance, logs, opening, retention
 from narrmem import recall as recall_pipeline
 from narrmem.checks import aware_time_argument, sequence_argument
 from narrmem.config import Acknowledge
@@ -322,10 +322,21 @@ class Memory(MemoryLifecycle):
         The forget leaves a mark of its scope (:mod:`narrmem.forget_marks`) by which a write of it
         made before and arriving late, from another process, is not stored (see
         :meth:`forgotten_after`). ``asked_at``: when the forget was asked, for one made late (a
-        bot's backlog), so that what the person said after asking is not taken for before."""
+        bot's backlog), so that what the person said after asking is not taken for before.
+
+        A chat's forget takes the chats it was before too (:mod:`narrmem.chat_moves`: a Telegram
+        group that became a supergroup), and, forgotten whole, the note of its move."""
         scope = scope_of(tenant, user_id, chat_id)
         asked = None if asked_at is None else aware_time_argument(asked_at, "asked_at")
         counts = await self._forgetting.scope(scope, asked)
+        if scope.chat_id is not None:
+            # The chats it was before (a Telegram group became a supergroup) are the same chat.
+            earlier = await chat_moves.earlier_chats(self.store, scope.tenant, scope.chat_id)
+            for chat in earlier:
+                more = await self._forgetting.scope(scope.model_copy(update={"chat_id": chat}), asked)
+                counts = {key: counts.get(key, 0) + more.get(key, 0) for key in counts.keys() | more.keys()}
+            if scope.user_id is None:
+                await chat_moves.forget_moves(self.store, scope.tenant, [scope.chat_id, *earlier])
         await self._purge_marks()
         return counts
 

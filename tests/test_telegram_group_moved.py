@@ -79,3 +79,36 @@ async def test_a_move_not_as_telegram_tells_it_is_left(library: str, memory: Mem
         await bot.close()
     assert await _common.earlier_chats(memory, TG_TENANT, "-1007777") == []
     assert await _common.earlier_chats(memory, TG_TENANT, str(OLD)) == []
+
+
+async def test_a_chats_forget_takes_the_chats_it_was_and_the_note(memory: Memory) -> None:
+    from narrmem import Scope
+    from narrmem.chat_moves import MOVED
+
+    for n, text in enumerate(SAID, start=1):
+        await memory.ingest(
+            {
+                "text": text,
+                "user_id": str(ANN),
+                "chat_id": str(OLD),
+                "tenant": TG_TENANT,
+                "message_id": str(n),
+                "ts": "2026-05-01T10:00:00+00:00",
+            }
+        )
+    await memory.ingest(
+        {
+            "text": "the supergroup's first plan: a picnic by the river",
+            "user_id": str(ANN),
+            "chat_id": str(NEW),
+            "tenant": TG_TENANT,
+            "message_id": "1",
+            "ts": "2026-05-02T10:00:00+00:00",
+        }
+    )
+    await _common.chat_moved(memory, tenant=TG_TENANT, from_chat=str(OLD), to_chat=str(NEW))
+    counts = await memory.forget(chat_id=str(NEW), tenant=TG_TENANT)
+    assert counts["memories"] >= 3
+    for chat in (OLD, NEW):
+        assert await memory.store.recent(Scope(tenant=TG_TENANT, chat_id=str(chat)), limit=10) == []
+    assert await memory.store.state_items(MOVED) == []

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from narrmem import logs
+from narrmem import chat_moves, logs
 from narrmem.doors.integrations.backlog import (
     MAX_WAITING,
     backlog_of,
@@ -556,41 +556,6 @@ async def turn_context(
     return ContextPack(query=query, scope=where, hits=hits)
 
 
-# Plugin state: the chats a chat was before, by (tenant, chat id) -- ids only.
-MOVED = "narrmem.chats_moved"
-MAX_EARLIER = 16  # chats read with one (each is a recall of its own)
-
-
-def _moved_key(tenant: str, chat_id: str) -> str:
-    return f"{tenant}\0{chat_id}\0"
-
-
-async def chat_moved(memory: Memory, *, tenant: str, from_chat: str, to_chat: str) -> None:
-    """``from_chat`` goes on as ``to_chat`` (a Telegram group upgraded to a supergroup takes a new
-    id; its members and history stay): the context and ``memory`` of ``to_chat`` read what was
-    said in ``from_chat`` too. Kept in the store, for every worker and every restart; told twice
-    (Telegram sends the move in both chats), it is noted once."""
-    if from_chat == to_chat:
-        return
-    store = memory.store
-    key = _moved_key(tenant, to_chat)
-    for _ in range(5):  # a compare-and-set: another worker noting the same move at once
-        stored = await store.state_get(MOVED, key)
-        earlier = _earlier_in(stored)
-        if from_chat in earlier:
-            return
-        if await store.state_put_if(MOVED, key, {"from": [*earlier, from_chat]}, stored):
-            log.info("a chat moved to a new id: its earlier messages are read with it")
-            return
-    log.warning("a chat's move could not be noted: its earlier messages stay apart from it")
-
-
-def _earlier_in(stored: dict[str, Any] | None) -> list[str]:
-    """The chats a stored note names (at most :data:`MAX_EARLIER`; a note not as written, none)."""
-    named = (stored or {}).get("from", [])
-    return [c for c in named if isinstance(c, str)][:MAX_EARLIER] if isinstance(named, list) else []
-
-
 async def telegram_moved(memory: Memory, tenant: str, message: Any) -> bool:
     """Note a Telegram group's move to a supergroup from either of its service messages (aiogram's
     and python-telegram-bot's alike: ``migrate_to_chat_id`` in the group, ``migrate_from_chat_id``
@@ -618,17 +583,14 @@ async def telegram_moved(memory: Memory, tenant: str, message: Any) -> bool:
     return True
 
 
+async def chat_moved(memory: Memory, *, tenant: str, from_chat: str, to_chat: str) -> None:
+    """:func:`narrmem.chat_moves.chat_moved` in ``memory``'s store."""
+    await chat_moves.chat_moved(memory.store, tenant=tenant, from_chat=from_chat, to_chat=to_chat)
+
+
 async def earlier_chats(memory: Memory, tenant: str, chat_id: str) -> list[str]:
-    """The chats ``chat_id`` was before (see :func:`chat_moved`), and those they were, in turn."""
-    found: list[str] = []
-    todo = [chat_id]
-    while todo and len(found) < MAX_EARLIER:
-        stored = await memory.store.state_get(MOVED, _moved_key(tenant, todo.pop()))
-        for earlier in _earlier_in(stored):
-            if earlier != chat_id and earlier not in found and len(found) < MAX_EARLIER:
-                found.append(earlier)
-                todo.append(earlier)
-    return found
+    """:func:`narrmem.chat_moves.earlier_chats` in ``memory``'s store."""
+    return await chat_moves.earlier_chats(memory.store, tenant, chat_id)
 
 
 async def mark_used(memory: Memory, pack: ContextPack, used: Iterable[Hit | int] | None = None) -> list[int]:
