@@ -598,7 +598,8 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
             for person in people:
                 print(f"{person['tenant']}\t{person['user_id']}\t{person['memories']}\t{person['last_said']}")
             print(
-                f"would forget {summary['people']} people, {summary['memories']} memories "
+                f"would forget {_count(len(people), 'person', 'people')}, "
+                f"{_count(summary['memories'], 'memory', 'memories')} "
                 f"(nothing said since {before.isoformat()})"
             )
         return _retention_refused(before) if refused and not args.force else 0
@@ -612,6 +613,10 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
         print("another retention pass is under way on this store; nothing was done", file=sys.stderr)
         return 1
     return 0
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _retention_refused(before: datetime) -> int:
