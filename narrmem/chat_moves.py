@@ -60,6 +60,19 @@ async def earlier_chats(store: Store, tenant: str, chat_id: str) -> list[str]:
 
 
 async def forget_moves(store: Store, tenant: str, chat_ids: list[str]) -> None:
-    """Delete the notes of ``chat_ids`` (forgotten: no id of them stays)."""
+    """Delete the notes of ``chat_ids``, and their ids from the notes of the chats they became
+    (forgotten: no id of them stays)."""
+    gone = set(chat_ids)
     for chat_id in chat_ids:
         await store.state_delete(MOVED, _moved_key(tenant, chat_id))
+    for key, stored in await store.state_items(MOVED):
+        if not key.startswith(_moved_key(tenant, "")[:-1]):
+            continue
+        earlier = _earlier_in(stored)
+        kept = [c for c in earlier if c not in gone]
+        if kept == earlier:
+            continue
+        if kept:
+            await store.state_put_if(MOVED, key, {"from": kept}, stored)
+        else:
+            await store.state_delete_if(MOVED, key, stored)

@@ -108,8 +108,36 @@ class Forgetting:
         await self.settling.settle()
 
     async def scope(self, scope: Scope, asked_at: datetime | None = None) -> dict[str, int]:
-        counts = await self._to_the_end(self._scope(scope, asked_at))
-        assert counts is not None
+        return await self.scopes([scope], asked_at)
+
+    async def scopes(
+        self,
+        scopes: Sequence[Scope],
+        asked_at: datetime | None = None,
+        then: Callable[[], Awaitable[None]] | None = None,
+    ) -> dict[str, int]:
+        """Forget each of ``scopes`` (a chat and the chats it was before) as one forget: to its
+        end though its caller gives up, every scope though one fails (the first failure raised
+        once all were tried), and ``then`` once all were done."""
+        return await self._to_the_end(self._scopes(scopes, asked_at, then))
+
+    async def _scopes(
+        self, scopes: Sequence[Scope], asked_at: datetime | None, then: Callable[[], Awaitable[None]] | None
+    ) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        failure: Exception | None = None
+        for scope in scopes:
+            try:
+                done = await self._scope(scope, asked_at)
+            except Exception as exc:
+                failure = failure or exc
+                continue
+            assert done is not None
+            counts = {key: counts.get(key, 0) + done.get(key, 0) for key in counts.keys() | done.keys()}
+        if failure is not None:
+            raise failure
+        if then is not None:
+            await then()
         return counts
 
     async def scope_unless(

@@ -328,15 +328,18 @@ class Memory(MemoryLifecycle):
         group that became a supergroup), and, forgotten whole, the note of its move."""
         scope = scope_of(tenant, user_id, chat_id)
         asked = None if asked_at is None else aware_time_argument(asked_at, "asked_at")
-        counts = await self._forgetting.scope(scope, asked)
+        earlier: list[str] = []
         if scope.chat_id is not None:
             # The chats it was before (a Telegram group became a supergroup) are the same chat.
             earlier = await chat_moves.earlier_chats(self.store, scope.tenant, scope.chat_id)
-            for chat in earlier:
-                more = await self._forgetting.scope(scope.model_copy(update={"chat_id": chat}), asked)
-                counts = {key: counts.get(key, 0) + more.get(key, 0) for key in counts.keys() | more.keys()}
-            if scope.user_id is None:
-                await chat_moves.forget_moves(self.store, scope.tenant, [scope.chat_id, *earlier])
+        chats = [scope.chat_id, *earlier]
+
+        async def forget_notes() -> None:
+            if scope.chat_id is not None and scope.user_id is None:
+                await chat_moves.forget_moves(self.store, scope.tenant, [c for c in chats if c is not None])
+
+        scopes = [scope.model_copy(update={"chat_id": chat}) for chat in chats]
+        counts = await self._forgetting.scopes(scopes, asked, then=forget_notes)
         await self._purge_marks()
         return counts
 

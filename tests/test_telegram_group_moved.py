@@ -6,12 +6,15 @@ store, and the new chat is read with the chats it was, by every worker and after
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_integrations import ANN, TG_TENANT, open_harness, telegram_payload
 
-from narrmem import Memory
+from narrmem import Memory, PluginError, hookimpl
 from narrmem.doors.integrations import _common
 
 OLD, NEW = -4001, -1009001
@@ -112,3 +115,51 @@ async def test_a_chats_forget_takes_the_chats_it_was_and_the_note(memory: Memory
     for chat in (OLD, NEW):
         assert await memory.store.recent(Scope(tenant=TG_TENANT, chat_id=str(chat)), limit=10) == []
     assert await memory.store.state_items(MOVED) == []
+
+
+class FailsOnTheNewChat:
+    narrmem_name = "fails_on_the_new_chat"
+
+    @hookimpl(tryfirst=True)
+    def narrmem_after_forget(self, chat_id: str | None) -> None:
+        if chat_id == "new":
+            raise RuntimeError("scrub service down")
+
+
+class SlowOnTheNewChat:
+    narrmem_name = "slow_on_the_new_chat"
+
+    @hookimpl(tryfirst=True)
+    async def narrmem_after_forget(self, chat_id: str | None) -> None:
+        if chat_id == "new":
+            await asyncio.sleep(0.3)
+
+
+async def _seeded(memory: Memory) -> None:
+    from _helpers import msg
+
+    await memory.ingest(msg("1", "my locker code is zqold77 at the gym", user="ann", chat="old"))
+    await memory.ingest(msg("1", "hello everyone in the supergroup", user="ann", chat="new"))
+    await _common.chat_moved(memory, tenant="default", from_chat="old", to_chat="new")
+
+
+@pytest.mark.parametrize("stop", ["a plugin fails", "the caller gives up"])
+async def test_a_chats_forget_that_stops_midway_still_takes_the_chats_it_was(
+    stop: str, tmp_path: Path
+) -> None:
+    from narrmem import Scope
+    from narrmem.testing import open_memory
+
+    plugin = FailsOnTheNewChat() if stop == "a plugin fails" else SlowOnTheNewChat()
+    async with open_memory(tmp_path / "m", plugins=[plugin]) as memory:
+        await _seeded(memory)
+        with contextlib.suppress(PluginError, TimeoutError):
+            await asyncio.wait_for(memory.forget(chat_id="new"), 0.1 if stop != "a plugin fails" else 10)
+        await memory.settle()
+        assert await memory.store.recent(Scope(chat_id="old"), limit=10) == []
+
+
+async def test_a_forgotten_chats_id_leaves_the_note_of_the_chat_it_became(memory: Memory) -> None:
+    await _seeded(memory)
+    await memory.forget(chat_id="old")
+    assert await _common.earlier_chats(memory, "default", "new") == []
