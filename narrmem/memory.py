@@ -390,7 +390,12 @@ class Memory(MemoryLifecycle):
 
     @while_open
     async def forget_inactive(
-        self, *, before: datetime, tenant: str | None = None, force: bool = False
+        self,
+        *,
+        before: datetime,
+        tenant: str | None = None,
+        force: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> dict[str, int]:
         """Forget every person (of ``tenant``, or of every tenant) who has said nothing since
         ``before``, each as :meth:`forget` forgets, the files purged once at the end; a person who
@@ -398,9 +403,17 @@ class Memory(MemoryLifecycle):
         Counts: ``people``, ``memories``, ``spoke_since`` (kept: they had spoken by their turn),
         ``refused`` (1 when no one in the store has spoken since ``before``, a clock that is
         wrong or a bot down that long: nothing is forgotten unless ``force``) and ``busy`` (1:
-        another pass on the store is under way; nothing is done). See :mod:`narrmem.retention`."""
+        another pass on the store is under way; nothing is done). ``progress(n)`` is called as
+        people are done (a first pass over a large store takes minutes). See
+        :mod:`narrmem.retention`."""
         counts = await retention.forget_inactive(
-            self._forgetting, self.store, self.clock.now(), before, tenant=tenant, force=force
+            self._forgetting,
+            self.store,
+            self.clock.now(),
+            before,
+            tenant=tenant,
+            force=force,
+            progress=progress,
         )
         await self._purge_marks()
         return counts

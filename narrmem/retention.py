@@ -96,12 +96,14 @@ async def forget_inactive(
     *,
     tenant: object = None,
     force: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, int]:
     """Forget every person (of ``tenant``, or of every tenant) with nothing said since ``before``
-    (no later than ``now``); counts: ``people`` forgotten, their ``memories``, ``spoke_since``
-    (found inactive, then not when their turn came), ``refused`` (1: no one in the store spoke
-    since ``before``; see the module) and ``busy`` (1: another pass on the store is under way,
-    in this process or another; nothing is done)."""
+    (no later than ``now``), ``progress(1)`` after each (forgotten or kept); counts: ``people``
+    forgotten, their ``memories``, ``spoke_since`` (found inactive, then not when their turn
+    came), ``refused`` (1: no one in the store spoke since ``before``; see the module) and
+    ``busy`` (1: another pass on the store is under way, in this process or another; nothing is
+    done)."""
     people = finder(store)
     before = aware_time_argument(before, "before")
     if before > now:
@@ -111,21 +113,28 @@ async def forget_inactive(
     tenant = None if tenant is None else id_argument(tenant, "tenant")
     if not isinstance(force, bool):
         raise InputError(f"must be true or false, not {force!r}", field="force")
+    if progress is not None and not callable(progress):
+        raise InputError("must be a function taking the number of people done", field="progress")
+    told = progress or _nobody
     counts = {"people": 0, "memories": 0, "spoke_since": 0, "refused": 0, "busy": 0}
     if await refused(people, before) and not force:
         counts["refused"] = 1
         return counts
     exclusive = getattr(store, "exclusive", None)
     if exclusive is None:  # a store older than the protocol's exclusive()
-        await _pass(forgetting, people, before, tenant, counts)
+        await _pass(forgetting, people, before, tenant, counts, told)
         return counts
     # One pass at a time across the store's workers (the schedule's, a command's, a call's).
     async with exclusive(NAME) as mine:
         if not mine:
             counts["busy"] = 1
             return counts
-        await _pass(forgetting, people, before, tenant, counts)
+        await _pass(forgetting, people, before, tenant, counts, told)
     return counts
+
+
+def _nobody(done: int) -> None:
+    return None
 
 
 async def refused(people: FindsInactivePeople, before: datetime) -> bool:
@@ -149,6 +158,7 @@ async def _pass(
     before: datetime,
     tenant: str | None,
     counts: dict[str, int],
+    progress: Callable[[int], None],
 ) -> None:
     after: tuple[str, str] | None = None
     try:
@@ -168,7 +178,12 @@ async def _pass(
                 else:
                     counts["people"] += 1
                     counts["memories"] += forgotten.get("memories", 0)
+                progress(1)
             after = (page[-1].tenant, page[-1].user_id)
+            # A first pass over a large store takes minutes: said as it goes.
+            log.info(
+                "retention: %d people forgotten so far, %d kept", counts["people"], counts["spoke_since"]
+            )
     finally:
         # Once for every person forgotten (each forget's own purge rewrote the whole file), and
         # whatever stopped the pass (a forget it began goes on to its end, and owes one).

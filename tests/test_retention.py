@@ -264,6 +264,17 @@ async def test_a_pass_that_would_forget_everyone_is_refused_unless_forced(tmp_pa
         assert forced["people"] == 5 and await texts(memory, "cat") == []
 
 
+async def test_a_pass_tells_its_progress_person_by_person(tmp_path: Path) -> None:
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        await memory.ingest_many(HISTORY)
+        done: list[int] = []
+        counts = await memory.forget_inactive(before=YEAR_AGO, progress=done.append)
+        assert done == [1, 1] and counts["people"] == 2
+        with pytest.raises(InputError) as wrong:
+            await memory.forget_inactive(before=YEAR_AGO, progress="bar")  # type: ignore[arg-type]
+        assert wrong.value.field == "progress"
+
+
 async def test_bad_arguments_are_refused_naming_the_field(tmp_path: Path) -> None:
     async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
         await memory.ingest_many(HISTORY)

@@ -603,9 +603,16 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
                 f"(nothing said since {before.isoformat()})"
             )
         return _retention_refused(before) if refused and not args.force else 0
+    from tqdm import tqdm
+
     async with _open(_existing_store(settings), warm=False) as memory:
         before = cutoff(memory.clock.now())
-        counts = await memory.forget_inactive(before=before, tenant=tenant, force=args.force)
+        # Counted first (a read of the scope index), so the bar says how far the pass has gone.
+        total = sum([1 async for _ in retention.all_inactive(memory.store, before, tenant=tenant)])
+        with tqdm(total=total, unit="person", desc="retention", file=sys.stderr, disable=None) as bar:
+            counts = await memory.forget_inactive(
+                before=before, tenant=tenant, force=args.force, progress=bar.update
+            )
     _report(args, {"before": before.isoformat(), **counts})
     if counts["refused"]:
         return _retention_refused(before)
