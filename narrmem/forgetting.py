@@ -133,7 +133,8 @@ class Forgetting:
                 failure = failure or exc
                 continue
             assert done is not None
-            counts = {key: counts.get(key, 0) + done.get(key, 0) for key in counts.keys() | done.keys()}
+            for key, value in done.items():  # in the order the forget gives them (no set's order)
+                counts[key] = counts.get(key, 0) + value
         if failure is not None:
             raise failure
         if then is not None:
