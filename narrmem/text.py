@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
 
 # CJK Unified Ideographs (+ extension A), Hiragana/Katakana, Hangul syllables.
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\u3040-\u30ff\uac00-\ud7af"
@@ -90,3 +95,36 @@ def content_terms(text: str) -> list[str]:
 def fts_document(text: str) -> str:
     """The text as it is written into the full-text index (CJK runs become bigrams)."""
     return " ".join(keyword_terms(text))
+
+
+class ShortTextCache(Generic[R]):
+    """``fn(text, *rest)`` with its results kept (least recently used first out, ``maxsize`` of
+    them) for texts up to ``max_chars``; a longer text is worked out each time, since entries keyed
+    by whole texts are bounded in number, not in size (16,384 of 16,000 characters held
+    gigabytes). ``cache_clear`` drops every kept text (a forgotten one must not stay)."""
+
+    def __init__(self, fn: Callable[..., R], *, max_chars: int, maxsize: int) -> None:
+        self._fn = fn
+        self._cached = functools.lru_cache(maxsize=maxsize)(fn)
+        self.max_chars = max_chars
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, text: str, *rest: Hashable) -> R:
+        if len(text) > self.max_chars:
+            return self._fn(text, *rest)
+        return self._cached(text, *rest)
+
+    def cache_clear(self) -> None:
+        self._cached.cache_clear()
+
+    def cache_info(self) -> Any:
+        return self._cached.cache_info()
+
+
+def short_text_cache(*, max_chars: int, maxsize: int) -> Callable[[Callable[..., R]], ShortTextCache[R]]:
+    """Decorate ``fn(text, ...)`` as a :class:`ShortTextCache`."""
+
+    def wrap(fn: Callable[..., R]) -> ShortTextCache[R]:
+        return ShortTextCache(fn, max_chars=max_chars, maxsize=maxsize)
+
+    return wrap

@@ -34,13 +34,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from functools import lru_cache
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from narrmem.models import Candidate, MemoryRecord
-from narrmem.text import estimate_tokens
+from narrmem.text import estimate_tokens, short_text_cache
 
 # A capitalised word that follows a lower-case word or a comma: a name, not a sentence's start.
 _NAME = re.compile(r"(?<=[a-z,;] )[A-Z][a-z]+")
@@ -148,18 +147,10 @@ def answer_signals(
 
 
 # A heavy user's recalls keep meeting the same memories: what their text says is read once.
+@short_text_cache(max_chars=CACHED_CHARS, maxsize=8192)
 def text_signals(text: str) -> tuple[float, float, float]:
     """The signals a memory's text alone gives: log(1 + tokens), whether it asks, its names (≤ 3).
-    Cached for texts up to :data:`CACHED_CHARS` (a recall reads the same memories again)."""
-    return _signals(text) if len(text) > CACHED_CHARS else _signals_cached(text)
-
-
-@lru_cache(maxsize=8192)
-def _signals_cached(text: str) -> tuple[float, float, float]:
-    return _signals(text)
-
-
-def _signals(text: str) -> tuple[float, float, float]:
+    Cached (a recall reads the same memories again)."""
     return (
         math.log1p(estimate_tokens(text)),
         1.0 if "?" in text or "？" in text else 0.0,
@@ -169,7 +160,7 @@ def _signals(text: str) -> tuple[float, float, float]:
 
 def forget_cached_texts() -> None:
     """Drop every cached memory text: a forgotten memory's words must not stay in this process."""
-    _signals_cached.cache_clear()
+    text_signals.cache_clear()
 
 
 def answer_scores(

@@ -347,7 +347,7 @@ async def test_a_scene_is_read_and_written_through_its_model(tmp_path: Path) -> 
 
 
 async def test_forget_empties_the_topic_counters_cache_of_message_words(tmp_path: Path) -> None:
-    from narrmem_plugins.triage.topics import _analysed_cached as _analysed
+    from narrmem_plugins.triage.topics import _analysed
 
     async with open_memory(tmp_path / "m") as mem:
         for n in range(3):
@@ -360,7 +360,7 @@ async def test_forget_empties_the_topic_counters_cache_of_message_words(tmp_path
 
 
 async def test_forget_empties_the_topic_counters_cache_of_chinese_words(tmp_path: Path) -> None:
-    from narrmem_plugins.triage.topics import _bigrams_cached as content_bigrams
+    from narrmem_plugins.triage.topics import content_bigrams
 
     async with open_memory(tmp_path / "m") as mem:
         for n in range(3):
@@ -371,7 +371,7 @@ async def test_forget_empties_the_topic_counters_cache_of_chinese_words(tmp_path
 
 
 async def test_forget_empties_the_answer_models_cache_of_texts(tmp_path: Path) -> None:
-    from narrmem_plugins.answer_ranking import _signals_cached as text_signals
+    from narrmem_plugins.answer_ranking import text_signals
 
     async with open_memory(tmp_path / "m") as mem:
         await mem.ingest(msg("a1", "I keep bees on the roof of the Brixton flat", user="bob"))

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from _helpers import msg
 from _postgres import fresh_database
 from narrmem_plugins.graph import GraphPlugin
 from narrmem_plugins.recall_hybrid import HybridRecall
@@ -22,13 +23,7 @@ T0 = datetime(2026, 5, 1, 9, tzinfo=UTC)
 
 
 def said(message_id: str, text: str, user: str, minutes: float, chat: str = "g1") -> dict[str, Any]:
-    return {
-        "text": text,
-        "user_id": user,
-        "chat_id": chat,
-        "message_id": message_id,
-        "ts": (T0 + timedelta(minutes=minutes)).isoformat(),
-    }
+    return msg(message_id, text, user=user, chat=chat, ts=(T0 + timedelta(minutes=minutes)).isoformat())
 
 
 class Told:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import msg
 from narrmem_plugins import answer_ranking
 from narrmem_plugins.recall_hybrid import HybridRecall
 from narrmem_plugins.triage import topics
@@ -25,13 +26,7 @@ MARK = "zq" + "lighthouse"
 
 
 def said(message_id: str, text: str, user: str, minutes: float, chat: str = "g1") -> dict[str, Any]:
-    return {
-        "text": text,
-        "user_id": user,
-        "chat_id": chat,
-        "message_id": message_id,
-        "ts": (T0 + timedelta(minutes=minutes)).isoformat(),
-    }
+    return msg(message_id, text, user=user, chat=chat, ts=(T0 + timedelta(minutes=minutes)).isoformat())
 
 
 class FailsOnce:
@@ -93,7 +88,7 @@ async def test_a_memory_deleted_by_id_leaves_no_turn_or_cached_text(tmp_path: Pa
         await memory.forget_memories([r.id for r in ann if r.id is not None], user_id="ann")
         del ann
         assert ("default", "g1") not in hybrid._recent
-        assert topics._analysed_cached.cache_info().currsize == 0
+        assert topics._analysed.cache_info().currsize == 0
         await memory.ingest(said("b9", "I finally planted the tomatoes in the garden today", "bob", 20))
         [new] = await memory.store.recent(Scope(chat_id="g1"), kinds=["episode"], limit=1)
         assert new.message_ids == ["b9"] and MARK not in (new.context_text or "")
@@ -127,8 +122,8 @@ def test_long_texts_are_not_cached() -> None:
     topics.topic_words([long])
     topics.content_bigrams(long)
     answer_ranking.text_signals(long)
-    assert topics._analysed_cached.cache_info().currsize == 0
-    assert topics._bigrams_cached.cache_info().currsize == 0
-    assert answer_ranking._signals_cached.cache_info().currsize == 0
+    assert topics._analysed.cache_info().currsize == 0
+    assert topics.content_bigrams.cache_info().currsize == 0
+    assert answer_ranking.text_signals.cache_info().currsize == 0
     topics.topic_words(["the lighthouse keeper moved to Porto"])
-    assert topics._analysed_cached.cache_info().currsize == 1
+    assert topics._analysed.cache_info().currsize == 1

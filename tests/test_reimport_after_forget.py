@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import msg
 
 from narrmem import ManualClock, Scope
 from narrmem.ingest import SAID_BEFORE_A_FORGET
@@ -20,13 +21,7 @@ NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
 
 
 def said(message_id: str, text: str, user: str, days_ago: float, chat: str = "group") -> dict[str, Any]:
-    return {
-        "text": text,
-        "user_id": user,
-        "chat_id": chat,
-        "message_id": message_id,
-        "ts": (NOW - timedelta(days=days_ago)).isoformat(),
-    }
+    return msg(message_id, text, user=user, chat=chat, ts=(NOW - timedelta(days=days_ago)).isoformat())
 
 
 HISTORY = [

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import msg
 from narrmem_plugins.retention import Retention
 
 from narrmem import ManualClock, Scope
@@ -27,14 +28,9 @@ YEAR_AGO = NOW - timedelta(days=365)
 def said(
     message_id: str, text: str, user: str, days_ago: float, chat: str = "group", tenant: str = "default"
 ) -> dict[str, Any]:
-    return {
-        "text": text,
-        "user_id": user,
-        "chat_id": chat,
-        "tenant": tenant,
-        "message_id": message_id,
-        "ts": (NOW - timedelta(days=days_ago)).isoformat(),
-    }
+    return msg(
+        message_id, text, user=user, chat=chat, tenant=tenant, ts=(NOW - timedelta(days=days_ago)).isoformat()
+    )
 
 
 HISTORY = [

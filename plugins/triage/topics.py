@@ -18,7 +18,7 @@ from functools import lru_cache
 from narrmem_plugins.triage.ignore_rules import without_media
 from narrmem_plugins.triage.language import has_cjk
 
-from narrmem.text import STOPWORDS, keyword_terms
+from narrmem.text import STOPWORDS, keyword_terms, short_text_cache
 
 NOISE = frozenset(
     """hey hi hello hiya yo sup morning evening night afternoon good great nice thanks thank thx ty
@@ -90,22 +90,10 @@ def topic_words(
     return [_spelling(spellings[s]) for s in kept[:limit]]
 
 
+@short_text_cache(max_chars=CACHED_CHARS, maxsize=16_384)
 def _analysed(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``text``'s content words and their stems. Cached: the topic counter reads the same recent
-    messages again for every new one (a message's words are read once, not once per neighbour);
-    a text longer than :data:`CACHED_CHARS` is analysed each time (16,384 entries keyed by
-    16,000-character texts held gigabytes)."""
-    if len(text) > CACHED_CHARS:
-        return _analyse(text, names)
-    return _analysed_cached(text, names)
-
-
-@lru_cache(maxsize=16_384)
-def _analysed_cached(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return _analyse(text, names)
-
-
-def _analyse(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    messages again for every new one (a message's words are read once, not once per neighbour)."""
     skip = NOISE | names
     words = tuple(
         term
@@ -126,20 +114,10 @@ _COMMON_BIGRAMS = frozenset(
 )
 
 
+@short_text_cache(max_chars=CACHED_CHARS, maxsize=16_384)
 def content_bigrams(text: str) -> frozenset[str]:
     """The Chinese content bigrams of ``text`` (the common ones left out). Cached, as
     :func:`_analysed` is: a Chinese message is compared with up to 64 earlier ones."""
-    if len(text) > CACHED_CHARS:
-        return _bigrams(text)
-    return _bigrams_cached(text)
-
-
-@lru_cache(maxsize=16_384)
-def _bigrams_cached(text: str) -> frozenset[str]:
-    return _bigrams(text)
-
-
-def _bigrams(text: str) -> frozenset[str]:
     return frozenset(
         t for t in keyword_terms(text) if len(t) == 2 and has_cjk(t) and t not in _COMMON_BIGRAMS
     )
@@ -147,8 +125,8 @@ def _bigrams(text: str) -> frozenset[str]:
 
 def forget_cached_words() -> None:
     """Drop every cached message text: a forgotten message's words must not stay in memory."""
-    _analysed_cached.cache_clear()
-    _bigrams_cached.cache_clear()
+    _analysed.cache_clear()
+    content_bigrams.cache_clear()
 
 
 def _lowered(names: Iterable[str]) -> frozenset[str]:
