@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from narrmem import logs
 from narrmem.ingest import as_message, check_not_ahead
-from narrmem.models import IngestResult, MemoryRecord, Message, Scope
+from narrmem.models import MAX_META_BYTES, IngestResult, MemoryRecord, Message, Scope
 
 if TYPE_CHECKING:
     from narrmem.config import Acknowledge
@@ -160,7 +161,7 @@ async def _replace(
         return stale
     edits = [e for r in before for e in _earlier_edits(r)]
     edits += [{"text": r.text, "replaced_at": memory.clock.now().isoformat()} for r in before]
-    meta = {**edited.meta, "edits": edits} if edits else edited.meta
+    meta = {**edited.meta, "edits": kept_edits(edited.meta, edits)} if edits else edited.meta
     # Checked before the old message is forgotten: the earlier texts can take meta past its limit,
     # a date too far ahead is refused by ingest, and a refused edit must leave the old message as
     # it was (a date a day ahead forgot the old text and stored no new one).
@@ -245,6 +246,52 @@ async def _episodes(memory: Memory, message: Message, scope: Scope) -> list[Memo
     """The episodes stored for ``message``'s id in its chat."""
     ids = await memory.store.from_messages(message.tenant, message.chat_id, [message.message_id])
     return [r for r in (await memory.store.get(ids, scope)).values() if r.kind == "episode"]
+
+
+# The earlier texts an episode keeps: the latest, at most this many, within half of what meta
+# may hold. All of them were kept: a status message edited every day took its meta past its limit
+# within weeks (a 1,900-character text at its 33rd edit), and from then on every edit of it was
+# refused, the memory left on an old text.
+EDITS_KEPT = 20
+EDITS_BYTES = MAX_META_BYTES // 2
+
+
+def kept_edits(meta: dict[str, Any], edits: list[Any]) -> list[Any]:
+    """The latest of ``edits`` (oldest first) that an episode whose meta is otherwise ``meta``
+    keeps: at most :data:`EDITS_KEPT`, within :data:`EDITS_BYTES` and what ``meta`` leaves of
+    :data:`~narrmem.models.MAX_META_BYTES`; the newest always, cut to fit if it must be."""
+    budget = min(EDITS_BYTES, MAX_META_BYTES - _json_bytes({**meta, "edits": []}))
+    kept: list[Any] = []
+    used = 2  # the list's brackets
+    for edit in reversed(edits[-EDITS_KEPT:]):
+        size = _json_bytes(edit) + 1
+        if used + size > budget:
+            if not kept and isinstance(edit, dict) and isinstance(edit.get("text"), str):
+                cut = _cut(edit, budget - used)
+                if _json_bytes(cut) <= budget - used:
+                    kept.append(cut)
+            break
+        kept.append(edit)
+        used += size
+    kept.reverse()
+    return kept
+
+
+def _cut(edit: dict[str, Any], budget: int) -> dict[str, Any]:
+    """The edit with its text's longest start that fits ``budget`` bytes as JSON, marked cut."""
+    text = edit["text"]
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _json_bytes({**edit, "text": text[:middle], "cut": True}) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return {**edit, "text": text[:low], "cut": True}
+
+
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode())
 
 
 def _earlier_edits(record: MemoryRecord) -> list[Any]:

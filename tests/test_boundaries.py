@@ -18,7 +18,7 @@ from narrmem.checks import MAX_JSON_DEPTH, SQLITE_MAX_INT, check_plain_json, loa
 from narrmem.doors.chat_import import read_chat
 from narrmem.doors.importing import import_jsonl
 from narrmem.doors.transfer import export_jsonl, read_messages
-from narrmem.models import MAX_META_BYTES, ImportanceChange
+from narrmem.models import MAX_META_BYTES, ImportanceChange, Scope
 from narrmem.testing import open_memory
 
 DEEP = 10_000
@@ -471,6 +471,32 @@ async def test_an_edit_refused_for_its_size_keeps_the_old_message(mem: Memory) -
     assert await store_count(mem) == before
     hits = await mem.recall("bees", user_id="u1", reinforce=False)
     assert "m2" in {mid for hit in hits for mid in hit.message_ids}
+
+
+async def test_a_message_edited_every_day_keeps_taking_its_edits(mem: Memory) -> None:
+    """A pinned status or a to-do list edited daily: every earlier text was kept, and a long one
+    took meta past its limit at about its 33rd edit; every edit after that was refused and the
+    memory stayed on an old text. The latest earlier texts are kept, within a bound."""
+    from narrmem.editing import EDITS_BYTES, EDITS_KEPT
+
+    line = "Список дел на сегодня: купить хлеб, позвонить маме, записаться к врачу. "
+    await mem.ingest(msg("todo", f"day 0: {line * 25}"))
+    for day in range(1, 61):
+        result = await mem.edit(msg("todo", f"day {day}: {line * 25}"))
+        assert result.stored, (day, result.reason)
+    [record] = [r for r in await mem.store.recent(Scope(user_id="u1"), limit=10) if "todo" in r.message_ids]
+    assert record.text.startswith("day 60:")
+    earlier = [e["text"].split(":")[0] for e in record.meta["edits"]]
+    # The latest, newest last, as many as fit in the bound: no more.
+    assert earlier == [f"day {d}" for d in range(60 - len(earlier), 60)]
+    assert 0 < len(earlier) <= EDITS_KEPT
+    assert len(json.dumps(record.meta["edits"], ensure_ascii=False).encode()) <= EDITS_BYTES
+    # A short text keeps the last EDITS_KEPT of its earlier texts.
+    await mem.ingest(msg("mood", "mood: 0"))
+    for n in range(1, 30):
+        assert (await mem.edit(msg("mood", f"mood: {n}"))).stored
+    [short] = [r for r in await mem.store.recent(Scope(user_id="u1"), limit=10) if "mood" in r.message_ids]
+    assert [e["text"] for e in short.meta["edits"]] == [f"mood: {n}" for n in range(29 - EDITS_KEPT, 29)]
 
 
 async def test_an_edit_of_a_message_whose_own_meta_says_edits(mem: Memory) -> None:

@@ -1,9 +1,10 @@
 """Chat exports in: Telegram Desktop's ``result.json``, DiscordChatExporter's JSON, narrmem's JSONL.
 
-Pure functions: they read one file and return validated :class:`~narrmem.models.Message` objects,
-and touch no store. A file is parsed whole before anything is returned, so a bad message is an
-:class:`~narrmem.errors.InputError` whose ``field`` names it in the export (for example
-``messages[12].date_unixtime``) and nothing from that file is half-imported.
+They read one file and give validated :class:`~narrmem.models.Message` objects, and touch no
+store. A file is read through and checked before any message is given (:class:`ChatImport`), so a
+bad message is an :class:`~narrmem.errors.InputError` whose ``field`` names it in the export (for
+example ``messages[12].date_unixtime``) and nothing from that file is half-imported; it is then
+read again, part by part, and never held whole (:mod:`narrmem.doors.json_stream`).
 
 Choices, so that an import is predictable:
 
@@ -38,18 +39,22 @@ Choices, so that an import is predictable:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
 
+import numpy as np
 from pydantic import ValidationError
 
 from narrmem.checks import JsonShapeError, has_surrogate, loads_json
-from narrmem.doors.transfer import one_message_per_id, read_messages, read_messages_and_lines
+from narrmem.doors.json_stream import Hollow, NotStreamable, items, skeleton
+from narrmem.doors.transfer import messages_and_lines, read_messages
 from narrmem.errors import InputError
 from narrmem.ingest import check_not_ahead
 from narrmem.models import MAX_ID_CHARS, MAX_TEXT_CHARS, Message
@@ -123,60 +128,283 @@ def read_chat(
     keep_forwards: bool = False,
     as_bot: bool = False,
 ) -> ImportBatch:
-    """Read a chat export of ``format`` (one of :data:`FORMATS`).
+    """Read a chat export of ``format`` (one of :data:`FORMATS`) whole: :class:`ChatImport`'s
+    messages, all of them, in the order an import stores them (``narrmem import-chat`` takes them
+    part by part instead, never holding the file whole)."""
+    chat = ChatImport(
+        path,
+        format,
+        tenant=tenant,
+        user_map=user_map,
+        keep_bots=keep_bots,
+        keep_forwards=keep_forwards,
+        as_bot=as_bot,
+    )
+    chat.check()
+    placed = [pair for part in chat.parts(5000) for pair in part]
+    return ImportBatch(
+        [message for message, _ in placed],
+        skipped_service=chat.skipped["service"],
+        format=chat.format,
+        skipped_bots=chat.skipped["bots"],
+        skipped_forwards=chat.skipped["forwards"],
+        skipped_unsupported=chat.skipped["unsupported"],
+        time_fields=[] if chat.format == "jsonl" else [chat.time_field(read) for _, read in placed],
+        time_lines=[read.line for _, read in placed if read.line is not None],
+    )
+
+
+class ChatImport:
+    """A chat export of ``format`` (one of :data:`FORMATS`), read twice and never held whole.
+
+    :meth:`check` reads it through: every message is validated (an error names its place in the
+    file, as ``messages[12].date_unixtime`` or a JSONL line, before anything is stored), two
+    different messages under one id of a chat are refused, what is left out is counted, and each
+    kept message's time is noted (8 bytes; each message's ids' and words' digests, 24). :meth:`parts`
+    reads it again and gives the kept messages in the order an import stores them, a part at a
+    time: oldest first (a stable sort by time), so triage sees each person's history in the order
+    it happened, across the chats of a full export too; a JSONL file in its own order. A message
+    waits only for the older ones after it in the file: an export in time order (one chat's, as
+    Telegram Desktop and DiscordChatExporter write them) holds one part at a time, a full
+    Telegram export's chats, which overlap in time, what waits for an older chat's messages.
 
     ``as_bot``: under the ids the bot integrations give the same chats and people, so that the
-    live bot recalls the history and a person's ``forgetme`` reaches it: on Telegram the Bot API's
-    chat id (``-100<id>`` for a supergroup or channel, ``-<id>`` for a basic group) and user id
-    (``user123`` is ``123``); on Discord the server as the tenant (discord.py's
+    live bot recalls the history and a person's ``forgetme`` reaches it: on Telegram the Bot
+    API's chat id (``-100<id>`` for a supergroup or channel, ``-<id>`` for a basic group) and user
+    id (``user123`` is ``123``); on Discord the server as the tenant (discord.py's
     ``guild_as="tenant"``) and the channel's id as the chat.
 
-    Bots' messages are left out (counted in ``skipped_bots``) unless ``keep_bots``; forwarded
-    messages (``skipped_forwards``: someone else's words, stored as the forwarder's they were
+    Bots' messages are left out (counted in ``skipped["bots"]``) unless ``keep_bots``; forwarded
+    messages (``skipped["forwards"]``: someone else's words, stored as the forwarder's they were
     theirs, and out of reach of their author's forget) unless ``keep_forwards``, as the live bot
     integrations leave them out; a Telegram message Telegram Desktop could not export
-    (``"type": "unsupported"``) is counted in ``skipped_unsupported``.
+    (``"type": "unsupported"``) is counted in ``skipped["unsupported"]``, service messages in
+    ``skipped["service"]``.
 
     ``tenant`` defaults to ``"default"`` for Telegram and ``"discord:<guild id>"`` for Discord.
     ``user_map`` maps platform user ids (Telegram ``from_id`` such as ``"user123"``, Discord author
     ids) to narrmem user ids; unmapped authors keep their platform id. A JSONL file names its own
     tenant and user ids, so neither option is accepted with it.
     """
-    if format == "jsonl":
-        # Refused rather than ignored: silently dropping an option would import under the wrong ids.
+
+    def __init__(
+        self,
+        path: str | Path,
+        format: str,
+        *,
+        tenant: str | None = None,
+        user_map: Mapping[str, str] | None = None,
+        keep_bots: bool = False,
+        keep_forwards: bool = False,
+        as_bot: bool = False,
+    ) -> None:
+        if format not in FORMATS:
+            raise InputError(
+                f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format"
+            )
+        if format == "jsonl":
+            # Refused rather than ignored: silently dropping an option would import under the
+            # wrong ids.
+            if tenant is not None:
+                raise InputError("a JSONL file names its own tenant on each line", field="tenant")
+            if user_map is not None:
+                raise InputError("a JSONL file names its own user ids on each line", field="user_map")
+            keep_forwards = True
+        self.path = Path(path)
+        self.format: ChatFormat = format
+        self._users = check_user_map(user_map) if user_map is not None else {}
         if tenant is not None:
-            raise InputError("a JSONL file names its own tenant on each line", field="tenant")
-        if user_map is not None:
-            raise InputError("a JSONL file names its own user ids on each line", field="user_map")
-        messages, lines = read_messages_and_lines(path)
-        batch = ImportBatch(messages, skipped_service=0, format="jsonl", time_lines=lines)
-        return _left_out(batch, keep_bots, True)
-    users = check_user_map(user_map) if user_map is not None else {}
-    if tenant is not None:
-        _check_id(tenant, "tenant")
-    if format == "telegram":
-        batch = _telegram(Path(path), tenant or "default", users, as_bot=as_bot)
-        return _left_out(batch, keep_bots, keep_forwards)
-    if format == "discord":
-        return _left_out(_discord(Path(path), tenant, users, as_bot=as_bot), keep_bots, keep_forwards)
-    raise InputError(f"unknown format {format!r} (expected one of: {', '.join(FORMATS)})", field="format")
+            _check_id(tenant, "tenant")
+        self._tenant = tenant
+        self._keep_bots = keep_bots
+        self._keep_forwards = keep_forwards
+        self._as_bot = as_bot
+        self.skipped = dict.fromkeys(("service", "unsupported", "bots", "forwards"), 0)
+        self._times = array("q")  # each kept message's time, microseconds since the epoch
+        self._ids = bytearray()  # each message's (tenant, chat, id) digest, left-out ones too
+        self._words = bytearray()  # and its (text, author, time) digest
+        self._newest: tuple[Message, _Read] | None = None
+        self._scopes: dict[str, set[str]] = {"tenants": set(), "chat_ids": set(), "user_ids": set()}
+        self._checked = False
+
+    @property
+    def messages(self) -> int:
+        """How many messages an import of the file stores or counts (left-out ones not)."""
+        return len(self._times)
+
+    def check(self) -> None:
+        """Read the file through, validating and noting every message (see the class)."""
+        for read in self._read():
+            if read.message is None:
+                assert read.skipped is not None
+                self.skipped[read.skipped] += 1
+                continue
+            message = read.message
+            self._ids += _id_digest(message)
+            self._words += _words_digest(message)
+            left_out = self._left_out(message)
+            if left_out is not None:
+                self.skipped[left_out] += 1
+                continue
+            self._times.append(_microseconds(message.ts))
+            if self._newest is None or message.ts > self._newest[0].ts:
+                self._newest = (message, read)
+            self._scopes["tenants"].add(message.tenant)
+            self._scopes["chat_ids"].add(message.chat_id)
+            self._scopes["user_ids"].add(message.user_id)
+        self._one_message_per_id()
+        self._checked = True
+
+    def scopes(self) -> dict[str, list[str]]:
+        """The tenants, chat ids and user ids the messages are imported under (sorted), so that
+        the next ``recall`` can name them without guessing."""
+        return {name: sorted(values) for name, values in self._scopes.items()}
+
+    def check_not_ahead(self, now: datetime, limit_s: float) -> None:
+        """Refuse the file if a message is dated past ``now`` by more than ``limit_s`` (what
+        ingest refuses), naming the newest message's time by its place in the file."""
+        if self._newest is None:
+            return
+        message, read = self._newest
+        try:
+            check_not_ahead([message], now, limit_s)
+        except InputError as exc:
+            if read.line is not None:
+                raise InputError(exc.reason, field="ts", line=read.line) from exc
+            raise InputError(exc.reason, field=self.time_field(read)) from exc
+
+    def time_field(self, read: _Read) -> str:
+        """Where a message's time is in the file (``messages[3].date_unixtime``)."""
+        fields = _TELEGRAM_FIELDS if self.format == "telegram" else _DISCORD_FIELDS
+        return f"{read.where}.{fields['ts']}"
+
+    def parts(self, size: int) -> Iterator[list[tuple[Message, _Read]]]:
+        """The kept messages, each with its place in the file, in the order an import stores
+        them, ``size`` at a time (see the class). Raises :class:`InputError` if the file is not
+        what :meth:`check` read (changed since), after the parts given before."""
+        if not self._checked:
+            raise RuntimeError("check() reads the file first")
+        times = np.frombuffer(self._times, dtype=np.int64) if self._times else np.zeros(0, np.int64)
+        order = np.arange(len(times)) if self.format == "jsonl" else np.argsort(times, kind="stable")
+        in_file_order = bool(np.all(order == np.arange(len(order))))
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        waiting: dict[int, tuple[Message, _Read]] = {}
+        part: list[tuple[Message, _Read]] = []
+        next_rank = seen = kept = 0
+        for read in self._read():
+            if read.message is None:
+                continue
+            message = read.message
+            index, seen = seen, seen + 1
+            if self._ids[index * 16 : index * 16 + 16] != _id_digest(message) or self._words[
+                index * 8 : index * 8 + 8
+            ] != _words_digest(message):
+                raise InputError(f"{self.path}: changed while it was imported ({read.where})")
+            if self._left_out(message) is not None:
+                continue
+            position, kept = kept, kept + 1
+            if in_file_order:
+                part.append((message, read))
+            else:
+                waiting[int(rank[position])] = (message, read)
+                while next_rank in waiting:
+                    part.append(waiting.pop(next_rank))
+                    next_rank += 1
+            while len(part) >= size:
+                yield part[:size]
+                part = part[size:]
+        if seen * 16 != len(self._ids) or waiting:
+            raise InputError(f"{self.path}: changed while it was imported (messages missing)")
+        if part:
+            yield part
+
+    def _read(self) -> Iterator[_Read]:
+        if self.format == "jsonl":
+            for message, line in messages_and_lines(self.path):
+                yield _Read(message, f"line {line}", line=line)
+        elif self.format == "telegram":
+            yield from _telegram(self.path, self._tenant or "default", self._users, self._as_bot)
+        else:
+            yield from _discord(self.path, self._tenant, self._users, self._as_bot)
+
+    def _left_out(self, message: Message) -> Literal["bots", "forwards"] | None:
+        if not self._keep_bots and message.meta.get("bot") is True:
+            return "bots"
+        if not self._keep_forwards and message.meta.get("forwarded") is True:
+            return "forwards"
+        return None
+
+    def _one_message_per_id(self) -> None:
+        """Two messages of one chat under one id that differ (text, author or time): the store
+        keeps one message per id, so the second was dropped as a duplicate without a word.
+        Refused instead (the same message twice is a duplicate, as on a second import)."""
+        if not self._ids:
+            return
+        ids = np.frombuffer(self._ids, dtype=np.uint64).reshape(-1, 2)
+        words = np.frombuffer(self._words, dtype=np.uint64)
+        # Stable: within one id, the messages in file order, the first one first.
+        order = np.lexsort((ids[:, 1], ids[:, 0]))
+        sorted_ids = ids[order]
+        starts = np.ones(len(order), dtype=bool)
+        starts[1:] = np.any(sorted_ids[1:] != sorted_ids[:-1], axis=1)
+        first = order[np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))]
+        differ = words[order] != words[first]
+        if not differ.any():
+            return
+        # The earliest in the file of the messages that differ from their id's first.
+        at = int(np.argmin(np.where(differ, order, len(order))))
+        self._refuse_twice(int(first[at]), int(order[at]))
+
+    def _refuse_twice(self, first_at: int, second_at: int) -> None:
+        found: dict[int, _Read] = {}
+        index = 0
+        for read in self._read():
+            if read.message is not None:
+                if index in (first_at, second_at):
+                    found[index] = read
+                index += 1
+            if len(found) == 2:
+                break
+        first, second = found[first_at], found[second_at]
+        assert first.message is not None and second.message is not None
+        differ = [
+            name
+            for name, a, b in (
+                ("text", first.message.text, second.message.text),
+                ("author", first.message.user_id, second.message.user_id),
+                ("time", first.message.ts, second.message.ts),
+            )
+            if a != b
+        ]
+        where = (
+            f"the first is {first.where}"
+            if first.line is not None
+            else (f"the first is {first.where}, the second {second.where}")
+        )
+        raise InputError(
+            f"message {second.message.message_id!r} of chat {second.message.chat_id!r} appears twice "
+            f"with different {' and '.join(differ)} ({where})",
+            field="message_id",
+            line=second.line,
+        )
 
 
-def _left_out(batch: ImportBatch, keep_bots: bool, keep_forwards: bool) -> ImportBatch:
-    one_message_per_id(batch.messages)
-    bots = [not keep_bots and m.meta.get("bot") is True for m in batch.messages]
-    forwards = [not keep_forwards and m.meta.get("forwarded") is True for m in batch.messages]
-    kept = [i for i in range(len(batch.messages)) if not (bots[i] or forwards[i])]
-    if len(kept) == len(batch.messages):
-        return batch
-    return replace(
-        batch,
-        messages=[batch.messages[i] for i in kept],
-        time_fields=[batch.time_fields[i] for i in kept] if batch.time_fields else [],
-        time_lines=[batch.time_lines[i] for i in kept] if batch.time_lines else [],
-        skipped_bots=sum(bots),
-        skipped_forwards=sum(f and not b for b, f in zip(bots, forwards, strict=True)),
-    )
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _microseconds(ts: datetime) -> int:
+    return (ts - _EPOCH) // timedelta(microseconds=1)
+
+
+def _id_digest(message: Message) -> bytes:
+    said = "\0".join((message.tenant, message.chat_id, message.message_id))
+    return hashlib.blake2b(said.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _words_digest(message: Message) -> bytes:
+    said = "\0".join((message.text, message.user_id, str(_microseconds(message.ts))))
+    return hashlib.blake2b(said.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
 def read_telegram(
@@ -232,17 +460,17 @@ def check_user_map(data: object, *, source: str = "user map") -> dict[str, str]:
 # --- Telegram ------------------------------------------------------------------------------------
 
 
-def _telegram(path: Path, tenant: str, users: Mapping[str, str], *, as_bot: bool = False) -> ImportBatch:
-    data = _load_json(path)
-    messages: list[tuple[Message, str]] = []
-    skipped = unsupported = 0
-    for prefix, chat in _telegram_chats(data, path):
-        chat_messages, chat_skipped, chat_unsupported = _telegram_chat(chat, prefix, tenant, users, as_bot)
-        messages.extend(chat_messages)
-        skipped += chat_skipped
-        unsupported += chat_unsupported
-    batch = _sorted(messages, skipped, "telegram", into_fields=_TELEGRAM_FIELDS)
-    return replace(batch, skipped_unsupported=unsupported)
+_TELEGRAM_HOLLOW = frozenset({"messages", "chats.list.item.messages", "left_chats.list.item.messages"})
+
+
+def _telegram(path: Path, tenant: str, users: Mapping[str, str], as_bot: bool) -> Iterator[_Read]:
+    data, streamed = _document(path, _TELEGRAM_HOLLOW)
+    # Every chat's place is checked before any message is read.
+    sources = [
+        _telegram_source(chat, prefix, tenant, users, as_bot) for prefix, chat in _telegram_chats(data, path)
+    ]
+    for source, i, raw in _items_of(path, _TELEGRAM_HOLLOW, sources, streamed):
+        yield _telegram_item(raw, _join(source.prefix, f"messages[{i}]"), source)
 
 
 def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
@@ -268,12 +496,10 @@ def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
     )
 
 
-def _telegram_chat(
+def _telegram_source(
     chat: Json, prefix: str, tenant: str, users: Mapping[str, str], as_bot: bool = False
-) -> tuple[list[tuple[Message, str]], int, int]:
-    """The chat's messages, each with its place in the file, and how many were service messages
-    and how many Telegram Desktop could not export (``"type": "unsupported"``: a media kind it
-    does not know, written as the id alone)."""
+) -> _Source:
+    """Where a chat's messages go, and the array that holds them."""
     exported_id = _scalar_id(_required(chat, "id", prefix), _join(prefix, "id"))
     if as_bot:
         chat_id = _bot_api_chat_id(exported_id, chat.get("type"), _join(prefix, "type"))
@@ -282,28 +508,28 @@ def _telegram_chat(
         chat_id = f"telegram:{exported_id}"
     into = _Chat(tenant, chat_id, users, _TELEGRAM_FIELDS, {"chat_id": _join(prefix, "id")})
     name = chat.get("name") if isinstance(chat.get("name"), str) else None
-    messages: list[tuple[Message, str]] = []
-    skipped = unsupported = 0
-    for i, item in enumerate(_array(chat, "messages", prefix)):
-        where = _join(prefix, f"messages[{i}]")
-        raw = _object(item, where)
-        kind = _string(raw, "type", where)
-        if kind == "service":
-            skipped += 1
-            continue
-        if kind == "unsupported":
-            unsupported += 1
-            continue
-        if kind != "message":
-            raise InputError(
-                f"unknown type {kind!r} (expected 'message', 'service' or 'unsupported')",
-                field=f"{where}.type",
-            )
-        messages.append((_telegram_message(raw, where, into, name), where))
-    return messages, skipped, unsupported
+    context: Json = {"source": "telegram", **({"chat": name} if name else {})}
+    return _Source(prefix, into, context, _array(chat, "messages", prefix))
 
 
-def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None) -> Message:
+def _telegram_item(item: Any, where: str, source: _Source) -> _Read:
+    """A message, or a service message (joins, pins, renames) or one Telegram Desktop could not
+    export (``"type": "unsupported"``: a media kind it does not know, written as the id alone)."""
+    raw = _object(item, where)
+    kind = _string(raw, "type", where)
+    if kind == "service":
+        return _Read(None, where, skipped="service")
+    if kind == "unsupported":
+        return _Read(None, where, skipped="unsupported")
+    if kind != "message":
+        raise InputError(
+            f"unknown type {kind!r} (expected 'message', 'service' or 'unsupported')",
+            field=f"{where}.type",
+        )
+    return _Read(_telegram_message(raw, where, source.into, source.context), where)
+
+
+def _telegram_message(raw: Json, where: str, into: _Chat, context: Json) -> Message:
     message_id = _scalar_id(_required(raw, "id", where), f"{where}.id")
     if "date_unixtime" not in raw:
         hint = " ('date' is local time without a timezone)" if "date" in raw else ""
@@ -323,9 +549,7 @@ def _telegram_message(raw: Json, where: str, into: _Chat, chat_name: str | None)
         text = f"{placeholder} {text}" if text else placeholder
     _check_length(text, f"{where}.text")
 
-    meta: Json = {"source": "telegram"}
-    if chat_name:
-        meta["chat"] = chat_name
+    meta: Json = dict(context)
     if media:
         meta["media"] = media
     if raw.get("reply_to_message_id") is not None:
@@ -434,10 +658,11 @@ def _telegram_media(raw: Json) -> tuple[str | None, str | None]:
 # --- Discord -------------------------------------------------------------------------------------
 
 
-def _discord(
-    path: Path, tenant: str | None, users: Mapping[str, str], *, as_bot: bool = False
-) -> ImportBatch:
-    data = _load_json(path)
+_DISCORD_HOLLOW = frozenset({"messages"})
+
+
+def _discord(path: Path, tenant: str | None, users: Mapping[str, str], as_bot: bool) -> Iterator[_Read]:
+    data, streamed = _document(path, _DISCORD_HOLLOW)
     if not isinstance(data, dict):
         raise InputError(f"{path}: a DiscordChatExporter file is a JSON object, not {_kind(data)}")
     # A Telegram chat has "id" and "type" at the top; a Discord export never does.
@@ -458,16 +683,14 @@ def _discord(
         (guild_id, channel_id) if as_bot else (f"discord:{guild_id}", f"discord:{channel_id}")
     )
     into = _Chat(tenant or server, channel_chat, users, _DISCORD_FIELDS, places)
-    messages: list[tuple[Message, str]] = []
-    skipped = 0
-    for i, item in enumerate(_array(data, "messages", "")):
+    source = _Source("", into, context, _array(data, "messages", ""))
+    for _, i, item in _items_of(path, _DISCORD_HOLLOW, [source], streamed):
         where = f"messages[{i}]"
         raw = _object(item, where)
         if _string(raw, "type", where) not in DISCORD_MESSAGE_TYPES:
-            skipped += 1
-            continue
-        messages.append((_discord_message(raw, where, into, context), where))
-    return _sorted(messages, skipped, "discord", into_fields=_DISCORD_FIELDS)
+            yield _Read(None, where, skipped="service")
+        else:
+            yield _Read(_discord_message(raw, where, into, context), where)
 
 
 def _discord_message(raw: Json, where: str, into: _Chat, context: Json) -> Message:
@@ -514,17 +737,60 @@ _DISCORD_FIELDS = {
 # --- shared helpers ------------------------------------------------------------------------------
 
 
-def _sorted(
-    placed: list[tuple[Message, str]], skipped: int, format: ChatFormat, *, into_fields: Mapping[str, str]
-) -> ImportBatch:
-    """The batch of ``placed`` messages (each with its place in the file), oldest first."""
-    placed.sort(key=lambda pair: pair[0].ts)
-    return ImportBatch(
-        [message for message, _ in placed],
-        skipped_service=skipped,
-        format=format,
-        time_fields=[f"{where}.{into_fields['ts']}" for _, where in placed],
-    )
+@dataclass(frozen=True)
+class _Read:
+    """One item of an export's message arrays, as read: its message, or the kind of item it was
+    skipped as, with its place in the file (``messages[3]``; ``line`` for JSONL)."""
+
+    message: Message | None
+    where: str
+    skipped: Literal["service", "unsupported"] | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One chat of an export: where its messages go, the meta every one of them carries, and the
+    array that holds them (a :class:`~narrmem.doors.json_stream.Hollow` when streamed)."""
+
+    prefix: str
+    into: _Chat
+    context: Json
+    messages: list[Any]
+
+
+def _document(path: Path, hollow: frozenset[str]) -> tuple[Any, bool]:
+    """The export's document, its message arrays hollow when it can be streamed (``True``), else
+    the whole of it, read as before (which names a fault in it exactly)."""
+    try:
+        data = skeleton(path, hollow)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
+    if data is not None:
+        return data, True
+    return _load_json(path), False
+
+
+def _items_of(
+    path: Path, hollow: frozenset[str], sources: Sequence[_Source], streamed: bool
+) -> Iterator[tuple[_Source, int, Any]]:
+    """Each source's items, in file order, each with its index in its array."""
+    if not streamed:
+        for source in sources:
+            for i, item in enumerate(source.messages):
+                yield source, i, item
+        return
+    # A chat whose key came twice keeps the later array, as json.loads keeps it.
+    by_number = {s.messages.number: s for s in sources if isinstance(s.messages, Hollow)}
+    try:
+        for number, i, item in items(path, hollow):
+            found = by_number.get(number)
+            if found is not None:
+                yield found, i, item
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
+    except NotStreamable as exc:  # a file changed since its first reading
+        raise InputError(f"{path}: changed while it was read ({exc})") from exc
 
 
 def _load_json(path: Path) -> Any:

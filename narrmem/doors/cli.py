@@ -6,9 +6,8 @@ import argparse
 import asyncio
 import json
 import logging
-import re
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -343,22 +342,18 @@ async def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from narrmem.doors.transfer import read_messages_and_lines
-    from narrmem.ingest import check_not_ahead
+    from narrmem.doors.chat_import import ChatImport
 
-    messages, lines = read_messages_and_lines(args.file)  # validated whole before the store is touched
+    # Read through and checked before the store is touched, then stored part by part as it is
+    # read again: a file of millions of lines is never held whole.
+    lines = ChatImport(args.file, "jsonl", keep_bots=True)
+    lines.check()
     async with _open(settings) as memory:
         # The whole file, before its first part is written (each part checks only itself).
-        try:
-            check_not_ahead(messages, memory.clock.now(), settings.storage.max_ts_ahead_s)
-        except InputError as exc:
-            # Named by the file's line, as every other error of the file is (not the message's
-            # place in the list, counted from 0).
-            found = re.fullmatch(r"messages\[(\d+)\]\.ts", exc.field or "")
-            index = int(found.group(1)) if found else 0
-            raise InputError(exc.reason, field="ts", line=lines[index]) from exc
-        with tqdm(total=len(messages), unit="msg", desc="ingest", file=sys.stderr, disable=None) as bar:
-            counts = await _ingest_in_parts(memory, messages, bar.update)
+        lines.check_not_ahead(memory.clock.now(), settings.storage.max_ts_ahead_s)
+        with tqdm(total=lines.messages, unit="msg", desc="ingest", file=sys.stderr, disable=None) as bar:
+            parts = ([message for message, _ in part] for part in lines.parts(IMPORT_PART))
+            counts = await _ingest_in_parts(memory, parts, bar.update)
     summary = {
         key: counts[key] for key in ("messages", "stored", "ignored", "duplicates", "said_before_a_forget")
     }
@@ -370,14 +365,15 @@ async def cmd_ingest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
-    """``narrmem import-chat FILE --format telegram|discord|jsonl``: a chat export, parsed whole first."""
+    """``narrmem import-chat FILE --format telegram|discord|jsonl``: a chat export, read through
+    and checked first, then stored part by part as it is read again (never held whole)."""
     from tqdm import tqdm
 
-    from narrmem.doors.chat_import import read_chat, read_user_map
+    from narrmem.doors.chat_import import ChatImport, read_user_map
 
-    # Validated whole before the store is touched (or the model loaded): nothing is half-imported.
+    # Checked whole before the store is touched (or the model loaded): nothing is half-imported.
     user_map = read_user_map(args.user_map) if args.user_map else None
-    batch = read_chat(
+    chat = ChatImport(
         args.file,
         args.format,
         tenant=args.tenant,
@@ -386,25 +382,25 @@ async def cmd_import_chat(args: argparse.Namespace, settings: Settings) -> int:
         keep_forwards=args.keep_forwards,
         as_bot=args.as_bot,
     )
+    chat.check()
     counts = dict.fromkeys(("messages", "stored", "ignored", "duplicates", "said_before_a_forget"), 0)
-    if batch.messages:
+    if chat.messages:
         async with _open(settings) as memory:
-            batch.check_not_ahead(memory.clock.now(), settings.storage.max_ts_ahead_s)
-            with tqdm(
-                total=len(batch.messages), unit="msg", desc="import", file=sys.stderr, disable=None
-            ) as bar:
-                counts = await _ingest_in_parts(memory, batch.messages, bar.update)
+            chat.check_not_ahead(memory.clock.now(), settings.storage.max_ts_ahead_s)
+            with tqdm(total=chat.messages, unit="msg", desc="import", file=sys.stderr, disable=None) as bar:
+                parts = ([message for message, _ in part] for part in chat.parts(IMPORT_PART))
+                counts = await _ingest_in_parts(memory, parts, bar.update)
     said_before_a_forget = counts.pop("said_before_a_forget")
     _report(
         args,
         {
             **counts,
-            "skipped_service": batch.skipped_service,
-            "skipped_bots": batch.skipped_bots,
-            "skipped_forwards": batch.skipped_forwards,
-            "skipped_unsupported": batch.skipped_unsupported,
+            "skipped_service": chat.skipped["service"],
+            "skipped_bots": chat.skipped["bots"],
+            "skipped_forwards": chat.skipped["forwards"],
+            "skipped_unsupported": chat.skipped["unsupported"],
             "said_before_a_forget": said_before_a_forget,
-            **batch.scopes(),
+            **chat.scopes(),
         },
     )
     return 0
@@ -416,13 +412,12 @@ IMPORT_PART = 5000
 
 
 async def _ingest_in_parts(
-    memory: Any, messages: Sequence[Any], progress: Callable[[int], Any]
+    memory: Any, parts: Iterable[Sequence[Any]], progress: Callable[[int], Any]
 ) -> dict[str, int]:
     from narrmem.ingest import SAID_BEFORE_A_FORGET
 
     counts = dict.fromkeys(("messages", "stored", "ignored", "duplicates", "said_before_a_forget"), 0)
-    for start in range(0, len(messages), IMPORT_PART):
-        part = messages[start : start + IMPORT_PART]
+    for part in parts:
         # History: each part asked whether a forget took its messages since, a short one too.
         for result in await memory.ingest_many(part, progress=progress, history=True):
             counts["messages"] += 1

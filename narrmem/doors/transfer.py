@@ -180,21 +180,27 @@ def read_messages(path: str | Path) -> list[Message]:
 
 def read_messages_and_lines(path: str | Path) -> tuple[list[Message], list[int]]:
     """:func:`read_messages`, and each message's line in the file (for errors found later)."""
-    path = Path(path)
     messages = []
     numbers = []
-    for number, _, data in json_lines(path):
-        if not isinstance(data, dict):
-            raise InputError(f"{path}: a line must be a JSON object", line=number)
-        try:
-            messages.append(Message.model_validate(data))
-        except ValidationError as exc:
-            raise InputError.from_pydantic(exc, line=number) from exc
+    for message, number in messages_and_lines(path):
+        messages.append(message)
         numbers.append(number)
     # Two different messages under one id: ingest stored the first and took the second for a
     # duplicate, with exit code 0.
     one_message_per_id(messages, numbers)
     return messages, numbers
+
+
+def messages_and_lines(path: str | Path) -> Iterator[tuple[Message, int]]:
+    """Each message of a JSONL file, validated, with its line, read as they come."""
+    path = Path(path)
+    for number, _, data in json_lines(path):
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: a line must be a JSON object", line=number)
+        try:
+            yield Message.model_validate(data), number
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc, line=number) from exc
 
 
 def one_message_per_id(messages: Sequence[Message], lines: Sequence[int] | None = None) -> None:
