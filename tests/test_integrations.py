@@ -174,8 +174,9 @@ def bot_api(replies: list[tuple[str, str]], endpoint: str, params: dict[str, Any
     return json.dumps({"ok": True, "result": result})
 
 
-def aiogram_session(replies: list[tuple[str, str]]) -> Any:
-    """An aiogram session answering the Bot API as Telegram would (aiogram's own tests mock it so)."""
+def aiogram_session(replies: list[tuple[str, str]], sent: list[dict[str, Any]] | None = None) -> Any:
+    """An aiogram session answering the Bot API as Telegram would (aiogram's own tests mock it so);
+    ``sent``: each sendMessage's parameters as they went."""
     from aiogram import Bot
     from aiogram.client.session.base import BaseSession
     from aiogram.methods import TelegramMethod
@@ -187,7 +188,10 @@ def aiogram_session(replies: list[tuple[str, str]]) -> Any:
             method: TelegramMethod[Any],
             timeout: int | None = None,  # noqa: ASYNC109 (aiogram's signature)
         ) -> Any:
-            body = bot_api(replies, method.__api_method__, method.model_dump())
+            params = method.model_dump()
+            if sent is not None and method.__api_method__ == "sendMessage":
+                sent.append(params)
+            body = bot_api(replies, method.__api_method__, params)
             return self.check_response(bot=bot, method=method, status_code=200, content=body).result
 
         async def close(self) -> None:
@@ -233,6 +237,7 @@ class TelegramHarness(Harness):
     def __init__(self) -> None:
         super().__init__()
         self.update_ids = iter(range(1, 10**9))
+        self.sent: list[dict[str, Any]] = []  # each sendMessage's parameters (a topic's id among them)
 
     async def feed(self, payload: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -252,11 +257,10 @@ class AiogramHarness(TelegramHarness):
 
         from narrmem.doors.integrations.aiogram import setup
 
-        self.bot = Bot("42:TEST", session=aiogram_session(self.replies))
+        self.bot = Bot("42:TEST", session=aiogram_session(self.replies, self.sent))
         self.dispatcher = Dispatcher()
-        self.middleware = setup(
-            self.dispatcher, memory, tenant=TG_TENANT, on_trigger=suggest_telegram, **options
-        )
+        options.setdefault("on_trigger", suggest_telegram)
+        self.middleware = setup(self.dispatcher, memory, tenant=TG_TENANT, **options)
         contexts = self.contexts
 
         # The bot's own handler, registered after setup() as the integration asks.
@@ -293,14 +297,13 @@ class PtbHarness(TelegramHarness):
         self.application = (
             Application.builder()
             .token("42:TEST")
-            .request(ptb_request(self.replies))
+            .request(ptb_request(self.replies, self.sent))
             .get_updates_request(ptb_request(self.replies))
             .updater(None)
             .build()
         )
-        self.integration = install(
-            self.application, memory, tenant=TG_TENANT, on_trigger=suggest_telegram, **options
-        )
+        options.setdefault("on_trigger", suggest_telegram)
+        self.integration = install(self.application, memory, tenant=TG_TENANT, **options)
         contexts = self.contexts
 
         async def answer(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from typing import Any, Generic, Literal, Protocol, TypedDict, TypeVar, get_args
@@ -66,6 +66,9 @@ MAX_SENDING = 256
 SEND_TIMEOUT_S = 120.0
 # How long a closing memory waits for the suggestions being sent.
 CLOSE_WAIT_S = 10.0
+# A message's meta key for the forum topic it was written in (Telegram's message_thread_id of a
+# topic message): the backlog keeps the message whole, so a suggestion made after a restart finds it.
+TOPIC_KEY = "topic_id"
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -177,6 +180,13 @@ class _TelegramChat(Protocol):
     def type(self) -> str: ...
 
 
+class _TelegramEntity(Protocol):
+    @property
+    def type(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+
+
 class TelegramMessage(Protocol):
     """What aiogram's and python-telegram-bot's messages both have (read-only)."""
 
@@ -198,6 +208,18 @@ class TelegramMessage(Protocol):
     def is_automatic_forward(self) -> bool | None: ...
     @property
     def sender_chat(self) -> _TelegramChat | None: ...
+    @property
+    def is_topic_message(self) -> bool | None: ...
+    @property
+    def via_bot(self) -> object | None: ...
+    @property
+    def business_connection_id(self) -> str | None: ...
+    @property
+    def guest_query_id(self) -> str | None: ...
+    @property
+    def entities(self) -> Sequence[_TelegramEntity] | None: ...
+    @property
+    def caption_entities(self) -> Sequence[_TelegramEntity] | None: ...
 
 
 def telegram_aliases(user_id: str) -> list[str]:
@@ -213,8 +235,45 @@ def is_forward(message: TelegramMessage) -> bool:
     return message.forward_origin is not None or bool(message.is_automatic_forward)
 
 
+def is_relayed(message: TelegramMessage) -> bool:
+    """Whether ``message`` passes on words that are not the sender's: a forward (:func:`is_forward`)
+    or an inline bot's result sent via that bot (``via_bot``: a search result, a horoscope, this
+    bot's own inline answers), which were stored as what the sender said. Neither it nor an edit of
+    it is remembered; the bot's answer to it still gets the sender's context."""
+    return is_forward(message) or message.via_bot is not None
+
+
+def starts_with_command(message: TelegramMessage) -> bool:
+    """Whether ``message`` begins with a command (Telegram marks it ``bot_command``), to any bot:
+    ``/start`` with a deep link's token, ``/help``, ``/settings``, ``/start@other_bot`` are the
+    person working a bot, not something they said (each was stored as their words)."""
+    entities = message.entities if message.text is not None else message.caption_entities
+    return any(entity.type == "bot_command" and entity.offset == 0 for entity in entities or ())
+
+
+def outside_the_bots_chats(message: TelegramMessage) -> bool:
+    """Whether ``message`` is of a chat that is not the bot's though its type is ``"private"``: a
+    business account's chat with a customer (``business_connection_id``: the bot answers for the
+    account, its owner reads the answer) or a chat the bot was summoned to as a guest
+    (``guest_query_id``: the bot is no member, the others there read the answer). Such a chat's id
+    may be that of the bot's own chat with someone (a business chat's is the customer's), so
+    narrmem neither remembers it nor gives it a context: whatever ``context_scope`` says, what the
+    person told the bot in private would be read there by others."""
+    return bool(message.business_connection_id) or bool(message.guest_query_id)
+
+
+def in_a_direct_chat(message: TelegramMessage) -> bool:
+    """Whether ``message`` came in the bot's own direct chat with its sender (what the ``"auto"``
+    context scope and ``memory``'s whole answer are for): a private chat that is the bot's."""
+    return message.chat.type == "private" and not outside_the_bots_chats(message)
+
+
 AS_THE_GROUP_REPLY = (
     "You are writing as the group (an anonymous admin): every anonymous admin is the group here, "
+    "so this would be everyone's. Write as yourself to use this command."
+)
+AS_A_CHANNEL_REPLY = (
+    "You are writing as a channel: everyone who posts as it is that channel here, "
     "so this would be everyone's. Write as yourself to use this command."
 )
 
@@ -225,6 +284,16 @@ def as_the_group(message: TelegramMessage) -> bool:
     return message.sender_chat is not None and message.sender_chat.id == message.chat.id
 
 
+def shared_sender_refusal(message: TelegramMessage) -> str | None:
+    """The reply that refuses ``forgetme`` and ``memory`` to a sender several people are, or
+    ``None`` for a person: an anonymous admin (the group, :func:`as_the_group`) or anyone posting
+    as a chat (``sender_chat``: a channel, whose admins may all post as it). One of them showed, or
+    forgot, what all of them wrote."""
+    if message.sender_chat is None:
+        return None
+    return AS_THE_GROUP_REPLY if as_the_group(message) else AS_A_CHANNEL_REPLY
+
+
 def telegram_message(
     message: TelegramMessage,
     who: tuple[str, str] | None,
@@ -233,9 +302,11 @@ def telegram_message(
     zone: tzinfo | None = None,
 ) -> Message | None:
     """The narrmem ``Message`` for a Telegram message from either library, or ``None`` when there is
-    nothing to remember (no text or caption, or ``who`` is ``None``: sent by a bot). A forward is
-    one (its context is the forwarder's), not to be stored: see :func:`is_forward`."""
-    if who is None:
+    nothing to remember (no text or caption, ``who`` is ``None``: sent by a bot, or a chat that is
+    not the bot's: :func:`outside_the_bots_chats`). A forward, a message via an inline bot and a
+    command are one (their context is the sender's), not to be stored: see :func:`is_relayed` and
+    :func:`starts_with_command`."""
+    if who is None or outside_the_bots_chats(message):
         return None
     return build_message(
         text=message.text if message.text is not None else message.caption,
@@ -249,6 +320,9 @@ def telegram_message(
             "platform": "telegram",
             "chat_type": message.chat.type,
             "thread_id": message.message_thread_id,
+            # The forum topic, where a suggestion it raises is said; a thread of replies in a
+            # group that is no forum has an id too, but it is no place to send to.
+            TOPIC_KEY: message.message_thread_id if message.is_topic_message else None,
             "edited_at": edited_at.isoformat() if edited_at else None,
         },
         zone=zone,
@@ -267,6 +341,22 @@ def is_own_command(text: str | None, commands: Collection[str] = COMMANDS) -> bo
     """Our own commands are not remembered: "/memory" says nothing about the person, and a "/forgetme"
     stored just before the forget would be wasted work."""
     return command_name(text) in commands
+
+
+class TopicTriggerEvent(TriggerEvent):
+    """A trigger event of a message written in a forum topic (a Telegram forum's, or a bot's
+    private chat with topics): ``message_thread_id`` is that topic, for the suggestion to be said
+    there and not in the chat's General topic. ``on_trigger`` gets one instead of a plain
+    :class:`TriggerEvent` for such a message."""
+
+    message_thread_id: int
+
+
+def topic_of(message: Message) -> int | None:
+    """The forum topic ``message`` was written in (:data:`TOPIC_KEY`), ``None`` outside one (or a
+    message a backlog kept before topics were noted)."""
+    topic = message.meta.get(TOPIC_KEY)
+    return topic if isinstance(topic, int) and not isinstance(topic, bool) else None
 
 
 class TriggerRoutes(Generic[T]):
@@ -298,6 +388,7 @@ class TriggerRoutes(Generic[T]):
         self._on_trigger = on_trigger
         self._targets: OrderedDict[tuple[str, str, str], T] = OrderedDict()
         self._said_at: dict[tuple[str, str, str], datetime] = {}  # each routed message's time
+        self._topics: dict[tuple[str, str, str], int] = {}  # the forum topic of those written in one
         self._sending: set[asyncio.Task[None]] = set()
         if on_trigger is not None:
             memory.host.register(_SendsAtShutdown(self), name=f"narrmem_bot_triggers_{id(self):x}")
@@ -330,17 +421,24 @@ class TriggerRoutes(Generic[T]):
             return False
         self._targets[route] = target
         self._said_at[route] = message.ts
+        topic = topic_of(message)
+        if topic is not None:
+            self._topics[route] = topic
         while len(self._targets) > AWAITED_MESSAGES:
             oldest, _ = self._targets.popitem(last=False)
-            self._said_at.pop(oldest, None)
+            self._forget_route(oldest)
         return True
+
+    def _forget_route(self, route: tuple[str, str, str]) -> None:
+        self._said_at.pop(route, None)
+        self._topics.pop(route, None)
 
     def ingested(self, message: Message, result: IngestResult | None, *, expected: bool) -> None:
         """No event of ``message`` comes any more once its hooks have run, or when it was not
         stored; a copy's answer (``expected`` is ``False``) leaves the first copy's route."""
         if expected and (result is None or result.settled or not result.stored):
             self._targets.pop(_route(message), None)
-            self._said_at.pop(_route(message), None)
+            self._forget_route(_route(message))
 
     async def _say(self, event: TriggerEvent) -> None:
         if self._on_trigger is None or event.chat_id is None or event.cause_message_id is None:
@@ -359,6 +457,9 @@ class TriggerRoutes(Generic[T]):
         # bot's backlog, is dated when it was asked) takes the suggestion too.
         said = self._said_at.get(route)
         made = self._memory.clock.now() if said is None else min(said, self._memory.clock.now())
+        topic = self._topics.get(route)
+        if topic is not None:
+            event = TopicTriggerEvent(**event.model_dump(), message_thread_id=topic)
         send = self._send(target, event, made, self._last_send.get(chat))
         task = asyncio.get_running_loop().create_task(send)
         self._sending.add(task)
@@ -652,14 +753,24 @@ class ForHandlers(Generic[U]):
 class TelegramSender(Protocol):
     """What aiogram's and python-telegram-bot's ``Bot`` both have."""
 
-    async def send_message(self, chat_id: int, text: str, *, parse_mode: str | None = ...) -> Any: ...
+    async def send_message(
+        self, chat_id: int, text: str, *, parse_mode: str | None = ..., message_thread_id: int | None = ...
+    ) -> Any: ...
 
 
 async def say_suggestion_on_telegram(bot: TelegramSender, event: TriggerEvent) -> None:
-    """An ``on_trigger``: say the event's suggestion in the chat where the pattern came up."""
-    if event.chat_id is not None and event.suggestion:
-        # Plain text whatever the bot's default parse mode: the label is the person's words.
-        await bot.send_message(chat_id=int(event.chat_id), text=event.suggestion, parse_mode=None)
+    """An ``on_trigger``: say the event's suggestion in the chat where the pattern came up, in its
+    forum topic (a :class:`TopicTriggerEvent`'s) when it came up in one."""
+    if event.chat_id is None or not event.suggestion:
+        return
+    chat_id = int(event.chat_id)
+    # Plain text whatever the bot's default parse mode: the label is the person's words.
+    if isinstance(event, TopicTriggerEvent):
+        await bot.send_message(
+            chat_id=chat_id, text=event.suggestion, parse_mode=None, message_thread_id=event.message_thread_id
+        )
+    else:  # a sender that takes no topic (a bot's own, written before topics) still works
+        await bot.send_message(chat_id=chat_id, text=event.suggestion, parse_mode=None)
 
 
 def forget_reply(counts: Mapping[str, int]) -> str:

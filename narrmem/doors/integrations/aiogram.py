@@ -41,6 +41,7 @@ from narrmem.models import ContextPack, Message, TriggerEvent
 
 __all__ = [
     "NarrmemMiddleware",
+    "TopicTriggerEvent",
     "TriggerHandler",
     "register_commands",
     "say_suggestion",
@@ -50,13 +51,15 @@ __all__ = [
 ]
 
 TriggerHandler = Callable[[Bot, TriggerEvent], Awaitable[None]]
-"""``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from."""
+"""``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from;
+a :class:`TopicTriggerEvent`'s ``message_thread_id`` the forum topic in it."""
 
 TELEGRAM_MAX_CHARS = 4096
 Handler = Callable[[TelegramObject, dict[str, Any]], Awaitable[Any]]
 
 
 say_suggestion = _common.say_suggestion_on_telegram
+TopicTriggerEvent = _common.TopicTriggerEvent
 
 
 def sender(message: TgMessage) -> tuple[str, str] | None:
@@ -128,8 +131,10 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         message = to_message(event, tenant=self.options.tenant, time_zone=self.options.time_zone)
         update = data.get("event_update")
         edited = isinstance(update, Update) and update.edited_message is not None
-        # A live location is an edited message every few seconds, with no text to take back.
-        if message is None and edited and sender(event) is not None and event.location is None:
+        # A live location is an edited message every few seconds, with no text to take back; a
+        # relayed message was never stored.
+        took_back = edited and sender(event) is not None and not _common.is_relayed(event)
+        if message is None and took_back and event.location is None:
             # A caption taken off a photo (or a text off a message): what it said goes.
             await _common.forget_messages(
                 self.memory,
@@ -146,8 +151,11 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         bot = data.get("bot")
         if isinstance(bot, Bot):
             self._bot = bot
-        if _common.is_forward(event):
+        if _common.is_relayed(event):
             pass  # the sender's context for the answer, nothing stored
+        elif _common.starts_with_command(event):
+            if edited:  # a message edited into a command: what it said before goes
+                await _common.retract(self.memory, message)
         elif edited:
             await _common.edit(self.memory, message)
         else:
@@ -155,7 +163,7 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         # Made for every message, answered or not: what an answer uses is reinforced when the
         # handler says so (memory_mark_used), not every time a message passes.
         pack = await self.options.context(
-            self.memory, message, private=event.chat.type == "private", reinforce=False
+            self.memory, message, private=_common.in_a_direct_chat(event), reinforce=False
         )
         data["memory_context"] = pack
         data["memory_prompt"] = self.options.render(pack)
@@ -163,11 +171,13 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         return await handler(event, data)
 
     async def context(self, message: TgMessage) -> ContextPack | None:
-        """The context for a message outside a handler (the middleware already gives it inside)."""
+        """The context for a message outside a handler (the middleware already gives it inside);
+        ``None`` for one of a chat that is not the bot's, a business account's or one the bot is
+        a guest in (:func:`~narrmem.doors.integrations._common.outside_the_bots_chats`)."""
         converted = to_message(message, tenant=self.options.tenant, time_zone=self.options.time_zone)
         if converted is None:
             return None
-        return await self.options.context(self.memory, converted, private=message.chat.type == "private")
+        return await self.options.context(self.memory, converted, private=_common.in_a_direct_chat(message))
 
 
 def register_commands(
@@ -190,8 +200,9 @@ def register_commands(
         who = sender(message)
         if who is None:
             return
-        if _common.as_the_group(message):
-            await message.answer(_common.AS_THE_GROUP_REPLY, parse_mode=None)
+        refusal = _common.shared_sender_refusal(message)
+        if refusal is not None:
+            await message.answer(refusal, parse_mode=None)
             return
         reply = await _common.forget_user(
             memory, tenants=[tenant], user_id=who[0], aliases=_common.telegram_aliases(who[0])
@@ -202,11 +213,12 @@ def register_commands(
         who = sender(message)
         if who is None:
             return
-        if _common.as_the_group(message):
-            await message.answer(_common.AS_THE_GROUP_REPLY, parse_mode=None)
+        refusal = _common.shared_sender_refusal(message)
+        if refusal is not None:
+            await message.answer(refusal, parse_mode=None)
             return
         # Outside a private chat the reply is read by the whole group: only this chat's memories.
-        chat_id = None if message.chat.type == "private" else str(message.chat.id)
+        chat_id = None if _common.in_a_direct_chat(message) else str(message.chat.id)
         text = await _common.describe_user(
             memory,
             tenant=tenant,

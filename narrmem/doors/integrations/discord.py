@@ -13,7 +13,8 @@
         pack = await cog.context_for(message)
         ...
 
-The cog listens to ``on_message`` (bots, the bot itself and system messages are skipped),
+The cog listens to ``on_message`` (bots, the bot itself, system messages and a message that
+invokes one of the bot's commands are skipped),
 ``on_raw_message_edit`` and ``on_raw_message_delete`` / ``on_raw_bulk_message_delete`` (the raw
 events fire whether or not the message is in discord.py's cache; the cached ones would miss
 everything older than the cache), and adds the prefix commands ``forgetme`` and ``memory``.
@@ -161,16 +162,19 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             or message.is_system()
         )
 
-    async def _is_own_command(self, message: discord.Message) -> bool:
-        # Asking the bot (not a string test) follows whatever prefix and case rules it has.
+    async def _invokes_a_command(self, message: discord.Message) -> bool:
+        """Whether ``message`` invokes one of the bot's commands (``!help``, the bot's own, this
+        cog's): the person working the bot, not something they said (each was stored as their
+        words). A message that only begins with the prefix (``!!``, ``!memroy``) invokes none."""
+        # Asking the bot (not a string test) follows whatever prefixes and case rules it has.
         ctx: AnyContext = await self.bot.get_context(message)
-        return ctx.command is not None and ctx.command.cog is self
+        return ctx.valid
 
     # --- listeners ---------------------------------------------------------------------------
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
-        if self._ignored(message) or await self._is_own_command(message):
+        if self._ignored(message) or await self._invokes_a_command(message):
             return
         converted = self.to_message(message)
         if converted is not None:
@@ -185,7 +189,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             return
         if self._ignored(message):
             return
-        if await self._is_own_command(message):
+        if await self._invokes_a_command(message):
             # Edited into a command (a typo fixed): the bot's business, and what it said before,
             # stored as the person's words, goes.
             guild_id = _guild_id(message)

@@ -38,10 +38,19 @@ from narrmem.doors.integrations._common import COMMANDS, TurnArgs, TurnOptions
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
 
-__all__ = ["NarrmemTelegram", "TriggerHandler", "install", "say_suggestion", "sender", "to_message"]
+__all__ = [
+    "NarrmemTelegram",
+    "TopicTriggerEvent",
+    "TriggerHandler",
+    "install",
+    "say_suggestion",
+    "sender",
+    "to_message",
+]
 
 TriggerHandler = Callable[[telegram.Bot, TriggerEvent], Awaitable[None]]
-"""``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from."""
+"""``await on_trigger(bot, event)``: ``event.chat_id`` is the Telegram chat the trigger came from;
+a :class:`TopicTriggerEvent`'s ``message_thread_id`` the forum topic in it."""
 
 TELEGRAM_MAX_CHARS = 4096
 # Explicit aliases: they stay valid types for mypy even where the library is not installed.
@@ -50,6 +59,7 @@ AnyApplication: TypeAlias = "Application[Any, Any, Any, Any, Any, Any]"
 
 
 say_suggestion = _common.say_suggestion_on_telegram
+TopicTriggerEvent = _common.TopicTriggerEvent
 
 
 def sender(message: telegram.Message) -> tuple[str, str] | None:
@@ -123,6 +133,8 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
             # A live location is an edited message every few seconds, with no text to take back:
             # each one was a forget (a gate for every worker's writes, a mark) for nothing.
             return
+        if _common.is_relayed(source):  # never stored
+            return
         await _common.forget_messages(
             self.memory,
             tenant=self.options.tenant,
@@ -139,10 +151,10 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
             if source is not None
             else None
         )
-        if message is None or source is None or _common.is_forward(source):
+        if message is None or source is None or _common.is_relayed(source):
             return
         self._bot = context.bot
-        if _common.is_own_command(message.text, self.commands):
+        if _common.is_own_command(message.text, self.commands) or _common.starts_with_command(source):
             if edited:  # a message edited into a command: what it said before goes
                 await _common.retract(self.memory, message)
             return
@@ -158,16 +170,18 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         return to_message(message, tenant=self.options.tenant, time_zone=self.options.time_zone)
 
     def is_private(self, source: telegram.Update) -> bool:
-        chat = source.effective_chat
-        return chat is not None and chat.type == "private"
+        # Not a business account's chat, nor one the bot is a guest in, though they are "private".
+        message = source.effective_message
+        return message is not None and _common.in_a_direct_chat(message)
 
     async def forgetme(self, update: telegram.Update, context: AnyContext) -> None:
         message = update.effective_message
         who = sender(message) if message is not None else None
         if message is None or who is None:
             return
-        if _common.as_the_group(message):
-            await message.reply_text(_common.AS_THE_GROUP_REPLY, parse_mode=None)
+        refusal = _common.shared_sender_refusal(message)
+        if refusal is not None:
+            await message.reply_text(refusal, parse_mode=None)
             return
         reply = await _common.forget_user(
             self.memory,
@@ -182,11 +196,12 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         who = sender(message) if message is not None else None
         if message is None or who is None:
             return
-        if _common.as_the_group(message):
-            await message.reply_text(_common.AS_THE_GROUP_REPLY, parse_mode=None)
+        refusal = _common.shared_sender_refusal(message)
+        if refusal is not None:
+            await message.reply_text(refusal, parse_mode=None)
             return
         # Outside a private chat the reply is read by the whole group: only this chat's memories.
-        chat_id = None if message.chat.type == "private" else str(message.chat.id)
+        chat_id = None if _common.in_a_direct_chat(message) else str(message.chat.id)
         text = await _common.describe_user(
             self.memory,
             tenant=self.options.tenant,
