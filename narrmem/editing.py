@@ -161,7 +161,8 @@ async def _replace(
         return stale
     edits = [e for r in before for e in _earlier_edits(r)]
     edits += [{"text": r.text, "replaced_at": memory.clock.now().isoformat()} for r in before]
-    meta = {**edited.meta, "edits": kept_edits(edited.meta, edits)} if edits else edited.meta
+    kept = kept_edits(edited.meta, edits)
+    meta = {**edited.meta, "edits": kept} if kept else edited.meta
     # Checked before the old message is forgotten: the earlier texts can take meta past its limit,
     # a date too far ahead is refused by ingest, and a refused edit must leave the old message as
     # it was (a date a day ahead forgot the old text and stored no new one).
@@ -259,20 +260,24 @@ EDITS_BYTES = MAX_META_BYTES // 2
 def kept_edits(meta: dict[str, Any], edits: list[Any]) -> list[Any]:
     """The latest of ``edits`` (oldest first) that an episode whose meta is otherwise ``meta``
     keeps: at most :data:`EDITS_KEPT`, within :data:`EDITS_BYTES` and what ``meta`` leaves of
-    :data:`~narrmem.models.MAX_META_BYTES`; the newest always, cut to fit if it must be."""
-    budget = min(EDITS_BYTES, MAX_META_BYTES - _json_bytes({**meta, "edits": []}))
+    :data:`~narrmem.models.MAX_META_BYTES`; the newest, cut to fit if it must be, as long as
+    there is room for a start of it (none when ``meta`` itself is near its limit)."""
+    # The bytes the list may take as JSON, its brackets included ("edits": [] is counted in meta).
+    limit = min(EDITS_BYTES, MAX_META_BYTES - _json_bytes({**meta, "edits": []}) + 2)
     kept: list[Any] = []
-    used = 2  # the list's brackets
+    used = 2
     for edit in reversed(edits[-EDITS_KEPT:]):
-        size = _json_bytes(edit) + 1
-        if used + size > budget:
-            if not kept and isinstance(edit, dict) and isinstance(edit.get("text"), str):
-                cut = _cut(edit, budget - used)
-                if _json_bytes(cut) <= budget - used:
-                    kept.append(cut)
-            break
-        kept.append(edit)
-        used += size
+        # json.dumps writes ", " between items: 2 bytes more for each but the first.
+        size = _json_bytes(edit) + (2 if kept else 0)
+        if used + size <= limit:
+            kept.append(edit)
+            used += size
+            continue
+        if not kept and isinstance(edit, dict) and isinstance(edit.get("text"), str):
+            cut = _cut(edit, limit - 2)
+            if _json_bytes([cut]) <= limit:
+                kept.append(cut)
+        break
     kept.reverse()
     return kept
 

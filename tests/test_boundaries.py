@@ -457,20 +457,28 @@ def test_config_file_argument_of_the_wrong_kind() -> None:
 # --- 11. An edit refused after the old message was already forgotten -----------------------------
 
 
-async def test_an_edit_refused_for_its_size_keeps_the_old_message(mem: Memory) -> None:
-    """The earlier texts go into the new episode's meta: near the size limit that makes the
-    replacement too big, and that must be found before the old message is forgotten."""
+async def test_an_edit_whose_own_meta_leaves_no_room_for_the_earlier_text_is_taken(mem: Memory) -> None:
+    """The earlier texts go into the new episode's meta: near the size limit there is no room for
+    them, and the edit was refused (the memory left on its old text). It is taken, the earlier
+    text left out as far as it does not fit, and meta stays within its limit."""
     big = {"a": "x" * (MAX_META_BYTES - len('{"a": ""}') - 10)}  # 10 bytes under the limit
     assert len(json.dumps(big).encode()) == MAX_META_BYTES - 10
     # Kept: the episode adds narrmem's own keys beside the message's meta, within its own limit.
     assert (await mem.ingest(msg("m2", "I keep bees", meta=big))).stored
-    before = await store_count(mem)
-    with pytest.raises(InputError) as info:
-        await mem.edit(msg("m2", "I keep bees and wasps " * 100, meta=big))
-    assert info.value.field == "meta"
-    assert await store_count(mem) == before
-    hits = await mem.recall("bees", user_id="u1", reinforce=False)
-    assert "m2" in {mid for hit in hits for mid in hit.message_ids}
+    edited = await mem.edit(msg("m2", "I keep bees and wasps " * 100, meta=big))
+    assert edited.stored
+    [record] = [r for r in edited.records if "m2" in r.message_ids and r.kind == "episode"]
+    assert "edits" not in record.meta and record.text.startswith("I keep bees and wasps")
+    # A little more room: the earlier text's start, marked cut.
+    roomier = {"a": "x" * (MAX_META_BYTES - len('{"a": ""}') - 200)}
+    assert (await mem.ingest(msg("m3", "I keep bees " * 100, meta=roomier))).stored
+    edited = await mem.edit(msg("m3", "I keep wasps", meta=roomier))
+    [record] = [r for r in edited.records if "m3" in r.message_ids and r.kind == "episode"]
+    [earlier] = record.meta["edits"]
+    assert earlier["cut"] and "I keep bees".startswith(earlier["text"][:11]) and earlier["text"]
+    # The message's meta with its earlier texts (the episode adds its own keys within its own limit).
+    sent = {key: record.meta[key] for key in ("a", "edits")}
+    assert MAX_META_BYTES - 200 < len(json.dumps(sent, ensure_ascii=False).encode()) <= MAX_META_BYTES
 
 
 async def test_a_message_edited_every_day_keeps_taking_its_edits(mem: Memory) -> None:

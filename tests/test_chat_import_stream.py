@@ -9,6 +9,7 @@ import asyncio
 import copy
 import json
 import tracemalloc
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +273,90 @@ def test_the_cli_imports_a_full_export_part_by_part_in_time_order(
             return int((await memory.store.stats())["memories"])
 
     assert asyncio.run(stored()) > 0
+
+
+# --- what a review of the two readings found --------------------------------------------------
+
+
+def test_bytes_and_spaces_only_yajl_takes_are_refused_as_before(tmp_path: Path) -> None:
+    messages = [_telegram_message(i, 60 * i, f"text {i}") for i in range(3)]
+    text = json.dumps(_chat(8, messages)).encode("ascii")
+    # An encoded surrogate (CESU-8): yajl takes it for UTF-8, Python does not.
+    path = tmp_path / "cesu.json"
+    path.write_bytes(text.replace(b"text 1", b"text \xed\xa0\x80"))
+    with pytest.raises(InputError, match="not UTF-8"):
+        read_chat(path, "telegram")
+    # A vertical tab between two tokens: whitespace to yajl, not to JSON.
+    path.write_bytes(text.replace(b', "type"', b',\x0b"type"', 1))
+    with pytest.raises(InputError, match="not valid JSON"):
+        read_chat(path, "telegram")
+    # A byte order mark alone is streamed.
+    path.write_bytes(b"\xef\xbb\xbf" + text)
+    assert json_stream.skeleton(path, frozenset({"messages"})) is not None
+    assert len(read_chat(path, "telegram").messages) == 3
+
+
+def test_a_pipe_is_read_once_and_imported(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    messages = [_telegram_message(i, 60 * i, f"text {i}") for i in range(4)]
+    fifo = tmp_path / "export.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(json.dumps(_chat(9, messages)).encode()))
+    writer.start()
+    try:
+        batch = read_chat(fifo, "telegram")
+    finally:
+        writer.join(timeout=10)
+    assert [m.text for m in batch.messages] == [f"text {i}" for i in range(4)]
+
+
+def test_messages_of_one_time_keep_the_chats_before_the_left_chats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    left = _chat(30, [_telegram_message(1, 0, "said in a chat since left")])
+    kept = _chat(31, [_telegram_message(1, 0, "said in a chat still there")])
+    # The file writes its left chats first; a full export's chats still come first.
+    path = _write(tmp_path / "full.json", {"left_chats": {"list": [left]}, "chats": {"list": [kept]}})
+    streamed = read_chat(path, "telegram")
+    assert [m.text for m in streamed.messages] == ["said in a chat still there", "said in a chat since left"]
+    _same(streamed, _read_whole(monkeypatch, path, "telegram"))
+
+
+def test_a_message_left_out_then_kept_between_the_readings_is_a_change(tmp_path: Path) -> None:
+    messages = [_telegram_message(i, 60 * (5 - i), f"text {i}") for i in range(5)]
+    messages[1]["forwarded_from"] = "Someone"
+    path = _write(tmp_path / "export.json", _chat(4, messages))
+    chat = ChatImport(path, "telegram")
+    chat.check()
+    assert chat.skipped["forwards"] == 1 and chat.messages == 4
+    del messages[1]["forwarded_from"]
+    _write(path, _chat(4, messages))
+    with pytest.raises(InputError, match=r"changed while it was imported \(messages\[1\]\)"):
+        [part for part in chat.parts(2)]
+
+
+def test_a_message_too_far_ahead_is_named_as_an_import_meets_it(tmp_path: Path) -> None:
+    now = datetime.fromtimestamp(BASE + 3600, UTC)
+    year = 365 * 86400
+    messages = [_telegram_message(i, s, f"text {i}") for i, s in enumerate([0, 10 * year, 60, 2 * year])]
+    chat = ChatImport(_write(tmp_path / "ahead.json", _chat(5, messages)), "telegram")
+    chat.check()
+    with pytest.raises(InputError) as caught:
+        chat.check_not_ahead(now, 86400)
+    # The oldest of those ahead, which an import stores first; not the newest.
+    assert caught.value.field == "messages[3].date_unixtime"
+    lines = tmp_path / "ahead.jsonl"
+    lines.write_text(
+        "".join(
+            json.dumps({"user_id": "u", "chat_id": "c", "message_id": str(i), "text": "hi", "ts": ts}) + "\n"
+            for i, ts in enumerate(["2025-01-01T00:00:00Z", "2034-01-01T00:00:00Z", "2030-01-01T00:00:00Z"])
+        ),
+        encoding="utf-8",
+    )
+    jsonl = ChatImport(lines, "jsonl")
+    jsonl.check()
+    with pytest.raises(InputError) as caught:
+        jsonl.check_not_ahead(datetime(2026, 1, 1, tzinfo=UTC), 86400)
+    assert (caught.value.field, caught.value.line) == ("ts", 2)  # the first in the file

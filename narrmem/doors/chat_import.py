@@ -44,7 +44,7 @@ import json
 import re
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
@@ -53,7 +53,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem.checks import JsonShapeError, has_surrogate, loads_json
-from narrmem.doors.json_stream import Hollow, NotStreamable, items, skeleton
+from narrmem.doors.json_stream import Hollow, NotStreamable, Source, items, skeleton
 from narrmem.doors.transfer import messages_and_lines, read_messages
 from narrmem.errors import InputError
 from narrmem.ingest import check_not_ahead
@@ -215,15 +215,18 @@ class ChatImport:
         self._users = check_user_map(user_map) if user_map is not None else {}
         if tenant is not None:
             _check_id(tenant, "tenant")
+        self._source = _readable_twice(self.path)
         self._tenant = tenant
         self._keep_bots = keep_bots
         self._keep_forwards = keep_forwards
         self._as_bot = as_bot
         self.skipped = dict.fromkeys(("service", "unsupported", "bots", "forwards"), 0)
         self._times = array("q")  # each kept message's time, microseconds since the epoch
+        self._chats = array("I")  # and its chat's place among the export's chats
         self._ids = bytearray()  # each message's (tenant, chat, id) digest, left-out ones too
-        self._words = bytearray()  # and its (text, author, time) digest
-        self._newest: tuple[Message, _Read] | None = None
+        self._said = bytearray()  # its (text, author, time) digest, for one message per id
+        self._whole = bytearray()  # and its whole digest, left out or not: a file changed is found
+        self._newest: Message | None = None
         self._scopes: dict[str, set[str]] = {"tenants": set(), "chat_ids": set(), "user_ids": set()}
         self._checked = False
 
@@ -234,21 +237,25 @@ class ChatImport:
 
     def check(self) -> None:
         """Read the file through, validating and noting every message (see the class)."""
+        if self._checked:
+            raise RuntimeError("the file is checked once")
         for read in self._read():
             if read.message is None:
                 assert read.skipped is not None
                 self.skipped[read.skipped] += 1
                 continue
             message = read.message
-            self._ids += _id_digest(message)
-            self._words += _words_digest(message)
             left_out = self._left_out(message)
+            self._ids += _id_digest(message)
+            self._said += _said_digest(message)
+            self._whole += _whole_digest(message, left_out)
             if left_out is not None:
                 self.skipped[left_out] += 1
                 continue
             self._times.append(_microseconds(message.ts))
-            if self._newest is None or message.ts > self._newest[0].ts:
-                self._newest = (message, read)
+            self._chats.append(read.chat)
+            if self._newest is None or message.ts > self._newest.ts:
+                self._newest = message
             self._scopes["tenants"].add(message.tenant)
             self._scopes["chat_ids"].add(message.chat_id)
             self._scopes["user_ids"].add(message.user_id)
@@ -262,10 +269,30 @@ class ChatImport:
 
     def check_not_ahead(self, now: datetime, limit_s: float) -> None:
         """Refuse the file if a message is dated past ``now`` by more than ``limit_s`` (what
-        ingest refuses), naming the newest message's time by its place in the file."""
+        ingest refuses), naming the first such message an import would store by its place in the
+        file (a JSONL file's first in the file, an export's oldest)."""
         if self._newest is None:
             return
-        message, read = self._newest
+        try:
+            check_not_ahead([self._newest], now, limit_s)
+        except InputError:
+            pass
+        else:
+            return
+        # Read again to name the first of them: only a refused file pays for it.
+        first: tuple[tuple[int, int], Message, _Read] | None = None
+        for n, read in enumerate(self._read()):
+            message = read.message
+            if message is None or self._left_out(message) is not None:
+                continue
+            if (message.ts - now).total_seconds() <= limit_s:
+                continue
+            rank = (0, n) if self.format == "jsonl" else (_microseconds(message.ts), read.chat)
+            if first is None or rank < first[0]:
+                first = (rank, message, read)
+        if first is None:
+            raise InputError(f"{self.path}: changed while it was imported (a message's time)")
+        _, message, read = first
         try:
             check_not_ahead([message], now, limit_s)
         except InputError as exc:
@@ -284,8 +311,13 @@ class ChatImport:
         what :meth:`check` read (changed since), after the parts given before."""
         if not self._checked:
             raise RuntimeError("check() reads the file first")
+        if size < 1:
+            raise ValueError("a part holds one message at least")
         times = np.frombuffer(self._times, dtype=np.int64) if self._times else np.zeros(0, np.int64)
-        order = np.arange(len(times)) if self.format == "jsonl" else np.argsort(times, kind="stable")
+        chats = np.frombuffer(self._chats, dtype=np.uint32) if self._chats else np.zeros(0, np.uint32)
+        # By time, then the chat's place (a full export's chats before its left chats), then the
+        # file's order.
+        order = np.arange(len(times)) if self.format == "jsonl" else np.lexsort((chats, times))
         in_file_order = bool(np.all(order == np.arange(len(order))))
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
@@ -297,11 +329,10 @@ class ChatImport:
                 continue
             message = read.message
             index, seen = seen, seen + 1
-            if self._ids[index * 16 : index * 16 + 16] != _id_digest(message) or self._words[
-                index * 8 : index * 8 + 8
-            ] != _words_digest(message):
+            left_out = self._left_out(message)
+            if self._whole[index * 8 : index * 8 + 8] != _whole_digest(message, left_out):
                 raise InputError(f"{self.path}: changed while it was imported ({read.where})")
-            if self._left_out(message) is not None:
+            if left_out is not None:
                 continue
             position, kept = kept, kept + 1
             if in_file_order:
@@ -314,19 +345,21 @@ class ChatImport:
             while len(part) >= size:
                 yield part[:size]
                 part = part[size:]
-        if seen * 16 != len(self._ids) or waiting:
+        if seen * 8 != len(self._whole) or waiting:
             raise InputError(f"{self.path}: changed while it was imported (messages missing)")
         if part:
             yield part
 
     def _read(self) -> Iterator[_Read]:
         if self.format == "jsonl":
-            for message, line in messages_and_lines(self.path):
+            data = self._source if isinstance(self._source, bytes) else None
+            for message, line in messages_and_lines(self.path, data):
                 yield _Read(message, f"line {line}", line=line)
         elif self.format == "telegram":
-            yield from _telegram(self.path, self._tenant or "default", self._users, self._as_bot)
+            tenant = self._tenant or "default"
+            yield from _telegram(self.path, self._source, tenant, self._users, self._as_bot)
         else:
-            yield from _discord(self.path, self._tenant, self._users, self._as_bot)
+            yield from _discord(self.path, self._source, self._tenant, self._users, self._as_bot)
 
     def _left_out(self, message: Message) -> Literal["bots", "forwards"] | None:
         if not self._keep_bots and message.meta.get("bot") is True:
@@ -342,7 +375,7 @@ class ChatImport:
         if not self._ids:
             return
         ids = np.frombuffer(self._ids, dtype=np.uint64).reshape(-1, 2)
-        words = np.frombuffer(self._words, dtype=np.uint64)
+        words = np.frombuffer(self._said, dtype=np.uint64)
         # Stable: within one id, the messages in file order, the first one first.
         order = np.lexsort((ids[:, 1], ids[:, 0]))
         sorted_ids = ids[order]
@@ -366,6 +399,8 @@ class ChatImport:
                 index += 1
             if len(found) == 2:
                 break
+        if len(found) != 2:
+            raise InputError(f"{self.path}: changed while it was imported (messages missing)")
         first, second = found[first_at], found[second_at]
         assert first.message is not None and second.message is not None
         differ = [
@@ -402,9 +437,25 @@ def _id_digest(message: Message) -> bytes:
     return hashlib.blake2b(said.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _words_digest(message: Message) -> bytes:
+def _said_digest(message: Message) -> bytes:
     said = "\0".join((message.text, message.user_id, str(_microseconds(message.ts))))
     return hashlib.blake2b(said.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def _whole_digest(message: Message, left_out: str | None) -> bytes:
+    whole = f"{left_out}\0{message.model_dump_json()}"
+    return hashlib.blake2b(whole.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def _readable_twice(path: Path) -> Source:
+    """The file by its path, or its bytes when it cannot be read twice (a pipe, a device: a
+    command's output, ``<(zcat export.json.gz)``), read once and held as reading it whole did."""
+    try:
+        if path.is_file() or not path.exists():
+            return path  # a missing file is named by the first reading
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from exc
 
 
 def read_telegram(
@@ -463,14 +514,17 @@ def check_user_map(data: object, *, source: str = "user map") -> dict[str, str]:
 _TELEGRAM_HOLLOW = frozenset({"messages", "chats.list.item.messages", "left_chats.list.item.messages"})
 
 
-def _telegram(path: Path, tenant: str, users: Mapping[str, str], as_bot: bool) -> Iterator[_Read]:
-    data, streamed = _document(path, _TELEGRAM_HOLLOW)
+def _telegram(
+    path: Path, source: Source, tenant: str, users: Mapping[str, str], as_bot: bool
+) -> Iterator[_Read]:
+    data, streamed = _document(path, source, _TELEGRAM_HOLLOW)
     # Every chat's place is checked before any message is read.
-    sources = [
-        _telegram_source(chat, prefix, tenant, users, as_bot) for prefix, chat in _telegram_chats(data, path)
+    chats = [
+        replace(_telegram_source(chat, prefix, tenant, users, as_bot), rank=rank)
+        for rank, (prefix, chat) in enumerate(_telegram_chats(data, path))
     ]
-    for source, i, raw in _items_of(path, _TELEGRAM_HOLLOW, sources, streamed):
-        yield _telegram_item(raw, _join(source.prefix, f"messages[{i}]"), source)
+    for chat, i, raw in _items_of(path, source, _TELEGRAM_HOLLOW, chats, streamed):
+        yield _telegram_item(raw, _join(chat.prefix, f"messages[{i}]"), chat)
 
 
 def _telegram_chats(data: Any, path: Path) -> list[tuple[str, Json]]:
@@ -518,15 +572,15 @@ def _telegram_item(item: Any, where: str, source: _Source) -> _Read:
     raw = _object(item, where)
     kind = _string(raw, "type", where)
     if kind == "service":
-        return _Read(None, where, skipped="service")
+        return _Read(None, where, skipped="service", chat=source.rank)
     if kind == "unsupported":
-        return _Read(None, where, skipped="unsupported")
+        return _Read(None, where, skipped="unsupported", chat=source.rank)
     if kind != "message":
         raise InputError(
             f"unknown type {kind!r} (expected 'message', 'service' or 'unsupported')",
             field=f"{where}.type",
         )
-    return _Read(_telegram_message(raw, where, source.into, source.context), where)
+    return _Read(_telegram_message(raw, where, source.into, source.context), where, chat=source.rank)
 
 
 def _telegram_message(raw: Json, where: str, into: _Chat, context: Json) -> Message:
@@ -661,8 +715,10 @@ def _telegram_media(raw: Json) -> tuple[str | None, str | None]:
 _DISCORD_HOLLOW = frozenset({"messages"})
 
 
-def _discord(path: Path, tenant: str | None, users: Mapping[str, str], as_bot: bool) -> Iterator[_Read]:
-    data, streamed = _document(path, _DISCORD_HOLLOW)
+def _discord(
+    path: Path, source: Source, tenant: str | None, users: Mapping[str, str], as_bot: bool
+) -> Iterator[_Read]:
+    data, streamed = _document(path, source, _DISCORD_HOLLOW)
     if not isinstance(data, dict):
         raise InputError(f"{path}: a DiscordChatExporter file is a JSON object, not {_kind(data)}")
     # A Telegram chat has "id" and "type" at the top; a Discord export never does.
@@ -683,8 +739,8 @@ def _discord(path: Path, tenant: str | None, users: Mapping[str, str], as_bot: b
         (guild_id, channel_id) if as_bot else (f"discord:{guild_id}", f"discord:{channel_id}")
     )
     into = _Chat(tenant or server, channel_chat, users, _DISCORD_FIELDS, places)
-    source = _Source("", into, context, _array(data, "messages", ""))
-    for _, i, item in _items_of(path, _DISCORD_HOLLOW, [source], streamed):
+    channel_messages = _Source("", into, context, _array(data, "messages", ""))
+    for _, i, item in _items_of(path, source, _DISCORD_HOLLOW, [channel_messages], streamed):
         where = f"messages[{i}]"
         raw = _object(item, where)
         if _string(raw, "type", where) not in DISCORD_MESSAGE_TYPES:
@@ -746,6 +802,9 @@ class _Read:
     where: str
     skipped: Literal["service", "unsupported"] | None = None
     line: int | None = None
+    # The chat's place among the export's chats (a full export's "chats" before its
+    # "left_chats"): messages of one time are stored in that order, wherever the file puts them.
+    chat: int = 0
 
 
 @dataclass(frozen=True)
@@ -757,33 +816,34 @@ class _Source:
     into: _Chat
     context: Json
     messages: list[Any]
+    rank: int = 0
 
 
-def _document(path: Path, hollow: frozenset[str]) -> tuple[Any, bool]:
+def _document(path: Path, source: Source, hollow: frozenset[str]) -> tuple[Any, bool]:
     """The export's document, its message arrays hollow when it can be streamed (``True``), else
     the whole of it, read as before (which names a fault in it exactly)."""
     try:
-        data = skeleton(path, hollow)
+        data = skeleton(source, hollow)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from exc
     if data is not None:
         return data, True
-    return _load_json(path), False
+    return _load_json(path, source), False
 
 
 def _items_of(
-    path: Path, hollow: frozenset[str], sources: Sequence[_Source], streamed: bool
+    path: Path, source: Source, hollow: frozenset[str], sources: Sequence[_Source], streamed: bool
 ) -> Iterator[tuple[_Source, int, Any]]:
     """Each source's items, in file order, each with its index in its array."""
     if not streamed:
-        for source in sources:
-            for i, item in enumerate(source.messages):
-                yield source, i, item
+        for chat in sources:
+            for i, item in enumerate(chat.messages):
+                yield chat, i, item
         return
     # A chat whose key came twice keeps the later array, as json.loads keeps it.
     by_number = {s.messages.number: s for s in sources if isinstance(s.messages, Hollow)}
     try:
-        for number, i, item in items(path, hollow):
+        for number, i, item in items(source, hollow):
             found = by_number.get(number)
             if found is not None:
                 yield found, i, item
@@ -793,9 +853,9 @@ def _items_of(
         raise InputError(f"{path}: changed while it was read ({exc})") from exc
 
 
-def _load_json(path: Path) -> Any:
+def _load_json(path: Path, source: Source | None = None) -> Any:
     try:
-        raw = path.read_bytes()
+        raw = source if isinstance(source, bytes) else path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from exc
     try:

@@ -16,6 +16,8 @@ Python reads, and stops at a byte order mark.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +27,22 @@ import ijson
 
 from narrmem.checks import MAX_JSON_DEPTH
 
+try:
+    # The C backend by name: ijson falls back to others where it did not build, whose readings of
+    # the cases above are not the ones checked here (the file is then read whole).
+    _YAJL: Any = ijson.get_backend("yajl2_c")
+except ImportError:
+    _YAJL = None
+
 _BOM = b"\xef\xbb\xbf"
 # Any surrogate escape, a valid pair's too: a file that writes one is read whole (exports write
 # emoji as UTF-8; an escaped backslash before "ud8.." only costs the stream).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Whitespace to yajl, not to json.loads (which refuses the file).
+_NOT_WHITESPACE = re.compile(rb"[\x0b\x0c]")
 _CHUNK = 1 << 16
+# What is read: a file by its path, or the bytes of one that cannot be read twice (a pipe).
+Source = Path | bytes
 _OPEN = frozenset({"start_map", "start_array"})
 _CLOSE = frozenset({"end_map", "end_array"})
 
@@ -57,25 +70,35 @@ class _Checked:
 
     def read(self, size: int = _CHUNK) -> bytes:
         data = self._raw.read(size)
-        if self._first:
+        if self._first and data:
             self._first = False
             data = data.removeprefix(_BOM)  # harmless; Windows editors add one
         # The last bytes of the chunk before: an escape cut between two reads is still found.
         if _SURROGATE_ESCAPE.search(self._tail + data):
             raise NotStreamable("a surrogate escape")
+        if _NOT_WHITESPACE.search(data):
+            raise NotStreamable("a vertical tab or form feed")
         self._tail = data[-5:]
         return data
 
 
-def _events(path: Path) -> Iterator[tuple[str, str, Any]]:
-    with path.open("rb") as raw:
+def opened(source: Source) -> contextlib.AbstractContextManager[BinaryIO]:
+    """The file to read, from its start."""
+    return source.open("rb") if isinstance(source, Path) else io.BytesIO(source)
+
+
+def _events(source: Source) -> Iterator[tuple[str, str, Any]]:
+    if _YAJL is None:
+        raise NotStreamable("ijson's C backend is not installed")
+    with opened(source) as raw:
         try:
-            yield from ijson.parse(_Checked(raw), use_float=True, buf_size=_CHUNK)
-        except ijson.JSONError as exc:
+            yield from _YAJL.parse(_Checked(raw), use_float=True, buf_size=_CHUNK)
+        # Bytes yajl takes for UTF-8 and Python does not (an encoded surrogate, an overlong form).
+        except (ijson.JSONError, UnicodeDecodeError) as exc:
             raise NotStreamable(str(exc)) from exc
 
 
-def skeleton(path: Path, hollow: frozenset[str]) -> Any | None:
+def skeleton(path: Source, hollow: frozenset[str]) -> Any | None:
     """The document with every array at one of the ``hollow`` prefixes (ijson's dotted paths,
     ``chats.list.item.messages``) left a :class:`Hollow`; ``None`` if the file is not to be
     streamed (then read it whole). Syntax is checked to the end: a file cut short is found here,
@@ -120,14 +143,14 @@ def skeleton(path: Path, hollow: frozenset[str]) -> Any | None:
     return root[0] if root else None
 
 
-def items(path: Path, hollow: frozenset[str]) -> Iterator[tuple[int, int, Any]]:
+def items(path: Source, hollow: frozenset[str]) -> Iterator[tuple[int, int, Any]]:
     """``(array number, index, item)`` for every item of every hollow array, in document order;
     the numbers are :class:`Hollow`'s in :func:`skeleton` of the same file."""
     number = -1
     open_at: str | None = None
     item_prefix = ""
     index = 0
-    builder: ijson.ObjectBuilder | None = None
+    builder: Any = None
     depth = 0
     for prefix, event, value in _events(path):
         if builder is not None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import re
 from array import array
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from narrmem.memory import Memory
 
 EXPORT_FORMAT = "narrmem-export"
+# One person's own export (narrmem.doors.person_export): for reading, never imported.
+PERSON_FORMAT = "narrmem-person"
 # 1: memories with their vectors. 2: every line names its section: memories, their importance
 # history, the plugins' state, and each plugin's own sections (graph, RTM trees). 3: a last line
 # counts the lines of each section, so a file cut short at a line's end is known to be.
@@ -55,6 +58,8 @@ class ExportHeader(BaseModel):
     # not taken for a whole store's. Left out of a whole store's header.
     tenant: str | None = None
     left_out: list[str] | None = None
+    # A person's own export (narrmem.doors.person_export): what narrmem holds of them.
+    user_id: str | None = None
 
 
 class EndLine(BaseModel):
@@ -135,10 +140,11 @@ class StateLine(BaseModel):
     value: dict[str, Any]
 
 
-def json_lines(path: Path) -> Iterator[tuple[int, int, Any]]:
-    """Each line of a JSONL file that is not blank, as (line number, byte offset, value)."""
+def json_lines(path: Path, data: bytes | None = None) -> Iterator[tuple[int, int, Any]]:
+    """Each line of a JSONL file that is not blank, as (line number, byte offset, value); of
+    ``data`` when given (the file's bytes, read once from a pipe), named ``path``."""
     try:
-        handle = path.open("rb")
+        handle: BinaryIO = path.open("rb") if data is None else io.BytesIO(data)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from exc
     with handle:
@@ -191,14 +197,15 @@ def read_messages_and_lines(path: str | Path) -> tuple[list[Message], list[int]]
     return messages, numbers
 
 
-def messages_and_lines(path: str | Path) -> Iterator[tuple[Message, int]]:
-    """Each message of a JSONL file, validated, with its line, read as they come."""
+def messages_and_lines(path: str | Path, data: bytes | None = None) -> Iterator[tuple[Message, int]]:
+    """Each message of a JSONL file (or of its ``data``), validated, with its line, read as they
+    come."""
     path = Path(path)
-    for number, _, data in json_lines(path):
-        if not isinstance(data, dict):
+    for number, _, value in json_lines(path, data):
+        if not isinstance(value, dict):
             raise InputError(f"{path}: a line must be a JSON object", line=number)
         try:
-            yield Message.model_validate(data), number
+            yield Message.model_validate(value), number
         except ValidationError as exc:
             raise InputError.from_pydantic(exc, line=number) from exc
 

@@ -259,7 +259,11 @@ def outside_the_bots_chats(message: TelegramMessage) -> bool:
     may be that of the bot's own chat with someone (a business chat's is the customer's), so
     narrmem neither remembers it nor gives it a context: whatever ``context_scope`` says, what the
     person told the bot in private would be read there by others."""
-    return bool(message.business_connection_id) or bool(message.guest_query_id)
+    # Read with getattr: the library versions narrmem takes (aiogram 3.4, python-telegram-bot 22.0)
+    # predate these fields (a message of theirs has none).
+    return bool(getattr(message, "business_connection_id", None)) or bool(
+        getattr(message, "guest_query_id", None)
+    )
 
 
 def in_a_direct_chat(message: TelegramMessage) -> bool:
@@ -322,7 +326,7 @@ def telegram_message(
             "thread_id": message.message_thread_id,
             # The forum topic, where a suggestion it raises is said; a thread of replies in a
             # group that is no forum has an id too, but it is no place to send to.
-            TOPIC_KEY: message.message_thread_id if message.is_topic_message else None,
+            TOPIC_KEY: message.message_thread_id if getattr(message, "is_topic_message", None) else None,
             "edited_at": edited_at.isoformat() if edited_at else None,
         },
         zone=zone,

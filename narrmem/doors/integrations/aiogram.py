@@ -17,7 +17,8 @@
 ``/forgetme`` and ``/memory`` commands (:func:`register_commands`).
 
 In groups a bot sees every message only with privacy mode off (BotFather, ``/setprivacy``);
-otherwise Telegram sends it commands, replies to it and mentions only, and only those are remembered.
+otherwise Telegram sends it commands, replies to it and mentions only: the replies and mentions are
+remembered (a command is not: it is working a bot, not something said).
 """
 
 from __future__ import annotations
