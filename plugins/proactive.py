@@ -20,7 +20,9 @@ trigger events with a memory of what it already said:
 later count that counts one of them is that pattern again, whatever its label says (a topic is
 named by its latest mentions' words, "basil garden" one day and "garden tomatoes" three days on).
 What was fired is kept per person and kind in the store's plugin state (no words: memory ids),
-and forgetting a person forgets it.
+and forgetting a person forgets it. A firing names no deleted memory: a chat's forget, a forget of
+messages and a deletion of memories by id take the memories they delete out of the firings that
+counted them, and a firing left with none goes (with a chat's forget, the firings of that chat).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from narrmem import hookimpl
 from narrmem.config import share
 from narrmem.configured import Configured
-from narrmem.errors import InputError
+from narrmem.errors import InputError, StoreError
 from narrmem.models import IngestResult, MemoryRecord, Message, PatternCount, Scope, TriggerEvent
 from narrmem.view import MemoryView
 
@@ -42,6 +44,8 @@ NAME = "proactive"
 MAX_FIRINGS = 64
 MAX_MEMORIES = 32
 CAS_TRIES = 5
+# The kinds of pattern the triage plugin counts: a person's firings are kept under these.
+KINDS = ("topic", "emotion", "value", "habit")
 
 
 class ProactiveOptions(BaseModel):
@@ -177,9 +181,69 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
     async def narrmem_after_forget(
         self, memory: MemoryView, tenant: str, user_id: str | None, removed: list[MemoryRecord]
     ) -> None:
-        """Forgetting a user forgets what was said to them; deleting one message does not."""
+        """Forgetting a user forgets what was said to them; a chat's forget or a message's takes
+        the memories it deleted out of the firings of the people who said them."""
+        store = memory.store
         if user_id is not None:
-            await memory.store.state_delete(NAME, f"{tenant}\0{user_id}\0")
+            await store.state_delete(NAME, f"{tenant}\0{user_id}\0")
+            return
+        people = {r.user_id for r in removed}
+        if not removed:
+            # Finished after a crash, the rows gone before it: whose firings counted them is not
+            # known, every person's of the tenant is looked at (rare).
+            people = {
+                key.split("\0")[1]
+                for key, _ in await store.state_items(NAME)
+                if key.startswith(f"{tenant}\0")
+            }
+        for person in sorted(people):
+            await drop_deleted_memories(memory, tenant, person)
+
+    @hookimpl
+    async def narrmem_after_delete(
+        self, memory: MemoryView, tenant: str, removed: list[MemoryRecord]
+    ) -> None:
+        """Memories deleted by id: out of the firings that counted them."""
+        for person in sorted({r.user_id for r in removed}):
+            await drop_deleted_memories(memory, tenant, person)
+
+
+async def drop_deleted_memories(memory: MemoryView, tenant: str, user_id: str) -> None:
+    """Take the memories the store no longer holds out of ``user_id``'s firings; a firing left with
+    none goes, and the person's entry of a kind left with no firing. Compare-and-set, as a firing is
+    written: a worker firing meanwhile is not undone."""
+    store = memory.store
+    for kind in KINDS:
+        key = firings_key(tenant, user_id, kind)
+        for _ in range(CAS_TRIES):
+            stored = await store.state_get(NAME, key)
+            if stored is None:
+                break
+            firings = read_firings(stored)
+            named = sorted({m for firing in firings for m in _memory_ids(firing)})
+            held = set(await store.get(named, Scope(tenant=tenant, user_id=user_id))) if named else set()
+            kept = []
+            for firing in firings:
+                left = [m for m in _memory_ids(firing) if m in held]
+                if left:
+                    kept.append({**firing, "memories": left})
+            if kept == stored.get("firings"):
+                break
+            if kept:
+                done = await store.state_put_if(NAME, key, {"firings": kept}, stored)
+            else:
+                done = await store.state_delete_if(NAME, key, stored)
+            if done:
+                break
+        else:
+            raise StoreError(f"the {kind} firings of a person changed {CAS_TRIES} times while being read")
+
+
+def _memory_ids(firing: dict[str, Any]) -> list[int]:
+    memories = firing.get("memories")
+    if not isinstance(memories, list):
+        return []
+    return [m for m in memories if isinstance(m, int) and not isinstance(m, bool)]
 
 
 def check_entry(key: str, value: dict[str, Any]) -> None:

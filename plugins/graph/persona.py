@@ -4,7 +4,9 @@ description, traits and tone), with ``has_trait`` and ``has_tone`` edges from th
 Replacing a persona supersedes exactly the old persona's edges, found by node id: the ``AI`` node's
 ``HAS_PERSONA`` edge and the old persona node's own edges. No name matching is involved, so a subject
 such as "AI assistant fan" (or anything else "AI" says or is said about it) is never touched. Old
-persona nodes stay, with their superseded edges, as history.
+persona nodes stay, with their superseded edges, as history. A persona set again as it is (the same
+description, traits and tone, its edges whole) writes nothing: each call made a version of its own,
+a node, its edges and a record of the supersession, for good.
 
 A persona belongs to a chat; one set without a chat is the user's default, which a chat without its
 own persona falls back to.
@@ -84,9 +86,12 @@ async def set_persona(
     tone: str | None,
     at: datetime,
 ) -> tuple[PersonaView, PersonaView | None, int]:
-    """Write a new persona version; returns it, the one it replaced, and how many edges were superseded."""
+    """Write a new persona version; returns it, the one it replaced, and how many edges were
+    superseded. The current persona unchanged is returned as it is, replacing none."""
     chat = scope.writing()
     old = await current_persona(db, chat)
+    if old is not None and await _unchanged(db, chat, old, description, traits, tone):
+        return old, None, 0
     where, params = chat.clause()
     [(count,)] = await db.fetchall(
         f"SELECT COUNT(*) FROM graph_nodes WHERE {where} AND type = 'PersonaNode'", params
@@ -127,3 +132,23 @@ async def set_persona(
     current = await current_persona(db, chat)
     assert current is not None
     return current, old, superseded
+
+
+async def _unchanged(
+    db: GraphSQL,
+    chat: GraphScope,
+    current: PersonaView,
+    description: str,
+    traits: Sequence[str],
+    tone: str | None,
+) -> bool:
+    """Whether ``current`` is this persona, its trait and tone edges all active (one taken away by
+    a purge is written again by a new version)."""
+    if (current.description, current.traits, current.tone) != (description, list(traits), tone):
+        return False
+    q = EdgeQuery().where("e.status = 'active'").where("e.subject_id = ?", current.node_id)
+    have = {(e.relation, e.object.lower()) for e in await select_edges(db, chat, q)}
+    wanted = {(HAS_TRAIT, trait.lower()) for trait in traits}
+    if tone:
+        wanted.add((HAS_TONE, tone.lower()))
+    return have == wanted

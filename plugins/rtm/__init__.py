@@ -6,7 +6,8 @@ spans and recall it at any depth of abstraction.
 * :mod:`.summarize` writes node summaries (extractive, or a pluggable / hooked summarizer).
 * :mod:`.traverse` reads it: recall sequences, statistics, optimal depth, token budgets.
 * :mod:`.ensemble` and :mod:`.theory` model population variance and its exact expectation.
-* :mod:`.store` keeps trees in the plugin's ``rtm_trees`` table; :mod:`.tools` exposes four tools.
+* :mod:`.store` keeps trees in the plugin's ``rtm_trees`` table (each with whose words it holds,
+  gone with their forget, the newest ``trees_kept`` kept); :mod:`.tools` exposes four tools.
 * :mod:`.user` retells one user's memories (``user_summary``).
 
 Options live in ``[plugin.rtm]`` (:class:`~narrmem_plugins.rtm.options.RTMOptions`).
@@ -72,7 +73,7 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
 
     @hookimpl
     async def narrmem_startup(self, memory: MemoryView) -> None:
-        self.trees = open_tree_store(memory)
+        self.trees = open_tree_store(memory, self.options.trees_kept)
         await self.trees.setup()
 
     @hookimpl
@@ -84,16 +85,20 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         )
 
     @hookimpl
-    def narrmem_after_forget(self, tenant: str, user_id: str | None) -> None:
-        # Tool trees belong to a tenant, not a user; only cached user retellings hold user content.
+    async def narrmem_after_forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> None:
+        # The tools' trees that may hold the words forgotten (a person's, a chat's, a message's;
+        # any that names no one), and the cached retellings of the person.
         self.users.forget(tenant, user_id)
+        await self.trees.forget(tenant, user_id, chat_id)
 
     @hookimpl
     def narrmem_forgotten_elsewhere(
         self, tenant: str | None, user_id: str | None, chat_id: str | None
     ) -> None:
         # Another worker's forget: the retellings cached here of whom it may have touched (of a
-        # chat's deleted messages, only those telling that chat: an edit is one, every few seconds).
+        # chat's deleted messages, only those telling that chat: an edit is one, every few seconds),
+        # and the trees held parsed (it deleted the rows).
+        self.trees.forget_cached(tenant)
         if tenant is None:
             self.users.clear()
         elif user_id is None and chat_id is not None:
@@ -102,10 +107,13 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
             self.users.forget(tenant, user_id)
 
     @hookimpl
-    def narrmem_after_delete(self, tenant: str, removed: list[MemoryRecord]) -> None:
-        # A retelling cached in this process told the deleted memories (a scene forgotten by id).
+    async def narrmem_after_delete(self, tenant: str, removed: list[MemoryRecord]) -> None:
+        # A retelling cached in this process told the deleted memories (a scene forgotten by id);
+        # a tree of their person in their chat may hold their words.
         for user_id in {r.user_id for r in removed if r.user_id is not None}:
             self.users.forget(tenant, user_id)
+        for user_id, chat_id in sorted({(r.user_id, r.chat_id) for r in removed}):
+            await self.trees.forget(tenant, user_id, chat_id)
 
 
 def plugin_of(memory: MemoryView) -> RTMPlugin:

@@ -1,9 +1,10 @@
 """From text to a stored tree: segment, embed once, shape, summarise, store; or find it stored.
 
 A tree's id is ``rtm_`` + 12 hex digits of a sha256 over everything that decides the tree: the
-tenant, the title, the text, K, D (or "suggested"), the partition model and seed, the language
-and segmentation modes, who writes summaries, the embedder and the summary options. The id is
-known before any work is done, so asking for a tree that exists costs one indexed read.
+tenant, the user and chat whose words it holds (when named), the title, the text, K, D (or
+"suggested"), the partition model and seed, the language and segmentation modes, who writes
+summaries, the embedder and the summary options. The id is known before any work is done, so asking
+for a tree that exists costs one indexed read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from narrmem.errors import InputError
 from narrmem.view import MemoryView
 
 DEFAULT_SEED = 0  # the random model without a seed still builds the same tree every time
+# What of a tree's identity its row keeps in columns of their own, not in its parameters.
+STORED_APART = ("tenant", "title", "textSha", "userId", "chatId")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class TreeRequest:
     text: str
     title: str
     tenant: str = "default"
+    user_id: str | None = None
+    chat_id: str | None = None
     type: str = "story"
     branching: int | None = None
     max_depth: int | None = None
@@ -61,7 +66,15 @@ def text_sha(text: str) -> str:
 def identity(request: TreeRequest, options: RTMOptions, summarizer: str, embedder: str) -> dict[str, Any]:
     """Everything that decides the tree, with defaults resolved as far as they can be without the text."""
     partition = request.partition or "semantic"
+    # Whose words: the same text of two people is two trees, each going with its own forget. Left
+    # out when not named, so that the trees that name no one keep the ids they had before.
+    owner = {
+        key: value
+        for key, value in (("userId", request.user_id), ("chatId", request.chat_id))
+        if value is not None
+    }
     return {
+        **owner,
         "format": FORMAT_VERSION,
         "tenant": request.tenant,
         "title": request.title,
@@ -111,7 +124,7 @@ async def get_or_build(
     k = int(ident["maxBranchingFactor"])
     depth = request.max_depth or suggest_parameters(len(sections.clauses), 1 / k)[1]
     params = {
-        **{key: value for key, value in ident.items() if key not in ("tenant", "title", "textSha")},
+        **{key: value for key, value in ident.items() if key not in STORED_APART},
         "maxRecallDepth": depth,
         "depthSuggested": request.max_depth is None,
         "type": request.type,
@@ -139,6 +152,8 @@ async def get_or_build(
         params=params,
         tree=tree,
         created_at=memory.clock.now().astimezone(UTC).isoformat(),
+        user_id=request.user_id,
+        chat_id=request.chat_id,
     )
     written = await trees.put(row)
     if not written:  # built concurrently by another call: keep the one stored first

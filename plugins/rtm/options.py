@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from narrmem_plugins.rtm.partition import DEFAULT_BALANCE
+from narrmem_plugins.rtm.store import DEFAULT_KEPT
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -26,6 +27,13 @@ class RTMOptions(BaseModel):
         default=DEFAULT_BALANCE, ge=0, le=10, description="pull of the semantic split towards even parts"
     )
     max_clauses: int = Field(default=50_000, ge=1, le=1_000_000, description="longest text, in clauses")
+    trees_kept: int = Field(
+        default=DEFAULT_KEPT,
+        ge=1,
+        le=1_000_000,
+        description="narrative trees the tools' store keeps; the oldest written goes first (a tree is "
+        "built again from its text)",
+    )
     user_memory_limit: int = Field(
         default=1000, ge=1, le=100_000, description="newest memories a user summary covers"
     )

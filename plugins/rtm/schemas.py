@@ -47,6 +47,17 @@ Depth = Field(
 Seed = Field(default=None, ge=0, le=2**63 - 1, description="seed of the random partition")
 Tenant = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
 TenantId = Annotated[str, AfterValidator(no_nul)]  # PostgreSQL text cannot hold NUL
+OwnerId = Annotated[str | None, AfterValidator(no_nul)]
+
+
+def _owner_field(whose: str) -> Any:
+    return Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        description=f"the {whose} whose words the text holds: the tree goes with its forget (a tree of "
+        "no one named goes with any forget in its tenant); with treeId, the tree must be theirs",
+    )
 
 
 def _language_field() -> Any:
@@ -79,6 +90,8 @@ class _TreeOptions(_Input):
 
 class CreateTreeInput(_TreeOptions):
     tenant: TenantId = Tenant
+    user_id: OwnerId = _owner_field("user")
+    chat_id: OwnerId = _owner_field("chat")
     text: str = _text_field()
     title: str = _title_field()
     type: str = Field(
@@ -94,6 +107,8 @@ class TextOrTree(_TreeOptions):
     both or neither then names ``text``."""
 
     tenant: TenantId = Tenant
+    user_id: OwnerId = _owner_field("user")
+    chat_id: OwnerId = _owner_field("chat")
     treeId: str | None = Field(default=None, pattern=TREE_ID_PATTERN, description="a stored tree")
     text: str | None = Field(
         default=None,

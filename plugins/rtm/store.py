@@ -10,7 +10,15 @@ then live in this process only and are rebuilt after a restart (same ids, since 
 the inputs).
 
 Trees belong to a tenant: every read filters by it, so a tree id leaked from one tenant opens
-nothing in another.
+nothing in another. A tree also knows whose words it holds: the user and the chat the call that
+built it named (``user_id``, ``chat_id``; ``NULL``: not named). A forget deletes the trees whose
+text may hold what it forgets (:meth:`TreeStore.forget`): a tree of a person goes with that person,
+one of a chat with that chat, and a column left ``NULL`` matches every forget, so a tree that names
+no one (built without an owner, or stored before trees kept one) goes with any forget of its tenant.
+
+Trees are a cache of what their text makes (the same text, title and parameters build the same
+tree, under the same id): the table keeps the newest ``trees_kept`` trees written, the oldest going
+first.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from typing import Any, Protocol
 from narrmem_plugins.rtm.tree import Tree
 
 from narrmem.errors import StoreError
-from narrmem.store import SQLCapable
+from narrmem.store import SQLCapable, SQLConnection
+from narrmem.table_transfer import table_columns
 from narrmem.view import MemoryView
 
 SCHEMA = [
@@ -35,10 +44,17 @@ SCHEMA = [
         text_sha TEXT NOT NULL,
         params TEXT NOT NULL,
         tree TEXT NOT NULL,
-        created_at TEXT NOT NULL{order}
+        created_at TEXT NOT NULL{order},
+        user_id TEXT,
+        chat_id TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS rtm_trees_by_text ON rtm_trees (tenant, title, text_sha, created_at)",
 ]
+# Added on 2026-12-07, last in the table (where ALTER TABLE puts them in a store made before): a
+# store's rows from before keep NULL, whose words the tree holds not being known.
+OWNER_COLUMNS = ("user_id", "chat_id")
+OWNER_INDEX = "CREATE INDEX IF NOT EXISTS rtm_trees_by_owner ON rtm_trees (tenant, user_id, chat_id)"
+DEFAULT_KEPT = 256
 # Trees written in the same instant are told apart by the order they were written in: SQLite's
 # rowid, on PostgreSQL a column of its own.
 WRITE_ORDER = {
@@ -57,6 +73,8 @@ class StoredTree:
     params: dict[str, Any]
     tree: Tree
     created_at: str
+    user_id: str | None = None
+    chat_id: str | None = None
 
 
 class TreeStore(Protocol):
@@ -66,30 +84,68 @@ class TreeStore(Protocol):
 
     async def get(self, tenant: str, tree_id: str) -> StoredTree | None: ...
 
-    async def latest(self, tenant: str, title: str, text_sha: str) -> StoredTree | None:
-        """The newest tree built from this text under this title."""
+    async def latest(
+        self, tenant: str, title: str, text_sha: str, user_id: str | None = None, chat_id: str | None = None
+    ) -> StoredTree | None:
+        """The newest tree built from this text under this title, of this owner."""
         ...
 
     async def put(self, row: StoredTree) -> bool:
-        """Store ``row`` unless its id exists; ``True`` if it was written."""
+        """Store ``row`` unless its id exists; ``True`` if it was written. The oldest trees go
+        past the number kept."""
+        ...
+
+    async def forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
+        """Delete the trees of ``tenant`` that may hold the words of the user and/or chat
+        forgotten (``None``: any): those of that owner and those whose owner is not known."""
+        ...
+
+    def forget_cached(self, tenant: str | None) -> None:
+        """Drop the trees of ``tenant`` (``None``: every tenant) held parsed in this process."""
         ...
 
     async def count(self) -> int: ...
 
 
-def open_tree_store(memory: MemoryView) -> TreeStore:
+def open_tree_store(memory: MemoryView, kept: int = DEFAULT_KEPT) -> TreeStore:
     if isinstance(memory.store, SQLCapable):
-        return SQLTreeStore(memory)
-    return MemoryTreeStore()
+        return SQLTreeStore(memory, kept)
+    return MemoryTreeStore(kept)
+
+
+def _owner_clause(user_id: str | None, chat_id: str | None) -> tuple[str, list[str]]:
+    """The trees a forget of ``user_id`` and/or ``chat_id`` takes: a NULL owner column matches any."""
+    where, params = "", []
+    for column, value in zip(OWNER_COLUMNS, (user_id, chat_id), strict=True):
+        if value is not None:
+            where += f" AND ({column} IS NULL OR {column} = ?)"
+            params.append(value)
+    return where, params
+
+
+def _same_owner(user_id: str | None, chat_id: str | None) -> tuple[str, list[str]]:
+    """The trees of exactly this owner (a column ``NULL`` for an id not given)."""
+    where, params = "", []
+    for column, value in zip(OWNER_COLUMNS, (user_id, chat_id), strict=True):
+        if value is None:
+            where += f" AND {column} IS NULL"
+        else:
+            where += f" AND {column} = ?"
+            params.append(value)
+    return where, params
 
 
 class SQLTreeStore:
     persistent = True
 
-    def __init__(self, memory: MemoryView) -> None:
+    def __init__(self, memory: MemoryView, kept: int = DEFAULT_KEPT) -> None:
         self.memory = memory
+        self.kept = kept
         self._parsed: OrderedDict[str, StoredTree] = OrderedDict()
         self._order = "rowid"
+        # Whether the table has the owner columns: a store from before them, opened read-only,
+        # is read without them (nothing can be written, nor forgotten).
+        self._owners = True
 
     @property
     def _store(self) -> SQLCapable:
@@ -103,22 +159,42 @@ class SQLTreeStore:
             self._order, column = WRITE_ORDER.get(db.dialect, WRITE_ORDER["postgres"])
             for sql in SCHEMA:
                 await db.execute(sql.format(order=column))
+            have = {c.name for c in await table_columns(db, "rtm_trees")}
+            missing = [name for name in OWNER_COLUMNS if name not in have]
+            if missing and self.memory.read_only:
+                self._owners = False
+                return
+            # PostgreSQL: another worker may add them meanwhile (each worker of a store opens it).
+            exists = "" if db.dialect == "sqlite" else "IF NOT EXISTS "
+            for name in missing:
+                await db.execute(f"ALTER TABLE rtm_trees ADD COLUMN {exists}{name} TEXT")
+            await db.execute(OWNER_INDEX)
 
     async def get(self, tenant: str, tree_id: str) -> StoredTree | None:
         cached = self._parsed.get(tree_id)
         if cached is not None:
-            return cached if cached.tenant == tenant else None
+            if cached.tenant != tenant:
+                return None
+            # Forgotten since, maybe by another worker: the parsed copy is not answered unchecked.
+            async with self._store.sql() as db:
+                if await db.fetchone("SELECT 1 FROM rtm_trees WHERE tree_id = ?", (tree_id,)) is not None:
+                    return cached
+            self._parsed.pop(tree_id, None)
+            return None
         return await self._one("WHERE tree_id = ? AND tenant = ?", (tree_id, tenant))
 
-    async def latest(self, tenant: str, title: str, text_sha: str) -> StoredTree | None:
+    async def latest(
+        self, tenant: str, title: str, text_sha: str, user_id: str | None = None, chat_id: str | None = None
+    ) -> StoredTree | None:
         # Ordered by the times they stand for, not by their text: a tree built at 01:10-08:00
         # sorted before one built twenty minutes earlier at 01:50-07:00 (a clock in a zone that
         # left daylight saving time between, or trees imported from a store in another zone).
+        owner, params = _same_owner(user_id, chat_id) if self._owners else ("", [])
         async with self._store.sql() as db:
             rows = await db.fetchall(
                 f"SELECT tree_id, created_at, {self._order} FROM rtm_trees "
-                "WHERE tenant = ? AND title = ? AND text_sha = ?",
-                (tenant, title, text_sha),
+                f"WHERE tenant = ? AND title = ? AND text_sha = ?{owner}",
+                (tenant, title, text_sha, *params),
             )
         if not rows:
             return None
@@ -126,9 +202,11 @@ class SQLTreeStore:
         return await self.get(tenant, newest[0])
 
     async def _one(self, where: str, params: tuple[Any, ...]) -> StoredTree | None:
+        owners = ", ".join(OWNER_COLUMNS) if self._owners else "NULL, NULL"
         async with self._store.sql() as db:
             row = await db.fetchone(
-                f"SELECT tree_id, tenant, title, text_sha, params, tree, created_at FROM rtm_trees {where}",
+                "SELECT tree_id, tenant, title, text_sha, params, tree, created_at, "
+                f"{owners} FROM rtm_trees {where}",
                 params,
             )
         if row is None:
@@ -145,6 +223,8 @@ class SQLTreeStore:
             params=stored_params,
             tree=Tree.from_json(json.loads(row[5]), stored_params),
             created_at=row[6],
+            user_id=row[7],
+            chat_id=row[8],
         )
         self._remember(found)
         return found
@@ -152,8 +232,8 @@ class SQLTreeStore:
     async def put(self, row: StoredTree) -> bool:
         async with self._store.sql(write=True) as db:
             written = await db.execute(
-                "INSERT INTO rtm_trees (tree_id, tenant, title, text_sha, params, tree, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tree_id) DO NOTHING",
+                "INSERT INTO rtm_trees (tree_id, tenant, title, text_sha, params, tree, created_at, "
+                "user_id, chat_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tree_id) DO NOTHING",
                 (
                     row.tree_id,
                     row.tenant,
@@ -162,16 +242,45 @@ class SQLTreeStore:
                     json.dumps(row.params, ensure_ascii=False, sort_keys=True),
                     json.dumps(row.tree.to_json(), ensure_ascii=False, separators=(",", ":")),
                     row.created_at,
+                    row.user_id,
+                    row.chat_id,
                 ),
             )
+            # The oldest written go past the number kept: trees are built again from their text.
+            [(count,)] = await db.fetchall("SELECT COUNT(*) FROM rtm_trees")
+            over = int(count) - self.kept
+            if over > 0:
+                oldest = await db.fetchall(
+                    f"SELECT tree_id FROM rtm_trees ORDER BY {self._order} LIMIT ?", (over,)
+                )
+                await _delete(db, [r[0] for r in oldest])
+                self._drop([r[0] for r in oldest])
         if written:
             self._remember(row)
         return bool(written)
+
+    async def forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
+        owner, params = _owner_clause(user_id, chat_id)
+        async with self._store.sql(write=True) as db:
+            found = await db.fetchall(
+                f"SELECT tree_id FROM rtm_trees WHERE tenant = ?{owner}", (tenant, *params)
+            )
+            gone = [r[0] for r in found]
+            await _delete(db, gone)
+        self._drop(gone)
+        return len(gone)
+
+    def forget_cached(self, tenant: str | None) -> None:
+        self._drop([k for k, row in self._parsed.items() if tenant is None or row.tenant == tenant])
 
     async def count(self) -> int:
         async with self._store.sql() as db:
             row = await db.fetchone("SELECT COUNT(*) FROM rtm_trees")
         return int(row[0]) if row else 0
+
+    def _drop(self, tree_ids: list[str]) -> None:
+        for tree_id in tree_ids:
+            self._parsed.pop(tree_id, None)
 
     def _remember(self, row: StoredTree) -> None:
         self._parsed[row.tree_id] = row
@@ -180,12 +289,21 @@ class SQLTreeStore:
             self._parsed.popitem(last=False)
 
 
+async def _delete(db: SQLConnection, tree_ids: list[str]) -> None:
+    for start in range(0, len(tree_ids), 500):
+        part = tree_ids[start : start + 500]
+        await db.execute(
+            f"DELETE FROM rtm_trees WHERE tree_id IN ({', '.join('?' for _ in part)})", tuple(part)
+        )
+
+
 class MemoryTreeStore:
     """Trees in a dict, for store backends the plugin cannot add a table to (lost on close)."""
 
     persistent = False
 
-    def __init__(self) -> None:
+    def __init__(self, kept: int = DEFAULT_KEPT) -> None:
+        self.kept = kept
         self._rows: dict[str, StoredTree] = {}
 
     async def setup(self) -> None:
@@ -195,9 +313,12 @@ class MemoryTreeStore:
         row = self._rows.get(tree_id)
         return row if row is not None and row.tenant == tenant else None
 
-    async def latest(self, tenant: str, title: str, text_sha: str) -> StoredTree | None:
+    async def latest(
+        self, tenant: str, title: str, text_sha: str, user_id: str | None = None, chat_id: str | None = None
+    ) -> StoredTree | None:
+        wanted = (tenant, title, text_sha, user_id, chat_id)
         rows = [
-            r for r in self._rows.values() if (r.tenant, r.title, r.text_sha) == (tenant, title, text_sha)
+            r for r in self._rows.values() if (r.tenant, r.title, r.text_sha, r.user_id, r.chat_id) == wanted
         ]
         return rows[-1] if rows else None
 
@@ -205,7 +326,24 @@ class MemoryTreeStore:
         if row.tree_id in self._rows:
             return False
         self._rows[row.tree_id] = row
+        while len(self._rows) > self.kept:
+            del self._rows[next(iter(self._rows))]
         return True
+
+    async def forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
+        gone = [
+            key
+            for key, r in self._rows.items()
+            if r.tenant == tenant
+            and (user_id is None or r.user_id in (None, user_id))
+            and (chat_id is None or r.chat_id in (None, chat_id))
+        ]
+        for key in gone:
+            del self._rows[key]
+        return len(gone)
+
+    def forget_cached(self, tenant: str | None) -> None:
+        return None  # the trees themselves are in this process: forget deletes them
 
     async def count(self) -> int:
         return len(self._rows)

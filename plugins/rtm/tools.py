@@ -53,7 +53,9 @@ def _tree_request(
         type=type,
         branching=args.maxBranchingFactor,
         max_depth=args.maxRecallDepth,
-        **args.model_dump(include={"tenant", "partition", "seed", "language", "segmentation"}),
+        **args.model_dump(
+            include={"tenant", "user_id", "chat_id", "partition", "seed", "language", "segmentation"}
+        ),
     )
 
 
@@ -67,6 +69,12 @@ async def _by_id(ctx: RTMContext, args: TextOrTree, tree_id: str) -> StoredTree:
         raise InputError(f"no tree {tree_id} in tenant '{args.tenant}'", field="treeId")
     if args.title is not None and args.title != found.title:
         raise InputError(f"tree {tree_id} is titled {found.title!r}", field="title")
+    for field, asked, owner in (
+        ("user_id", args.user_id, found.user_id),
+        ("chat_id", args.chat_id, found.chat_id),
+    ):
+        if asked is not None and asked != owner:
+            raise InputError(f"tree {tree_id} is not of {field} {asked!r}", field=field)
     return found
 
 
@@ -77,7 +85,9 @@ async def _resolve(memory: MemoryView, ctx: RTMContext, args: TextOrTree) -> Sto
     request = _tree_request(args, args.text, args.title)
     if not request.pinned:
         # Same text and title, no parameters: whatever tree was built for it last.
-        latest = await ctx.trees.latest(args.tenant, args.title, text_sha(args.text))
+        latest = await ctx.trees.latest(
+            args.tenant, args.title, text_sha(args.text), args.user_id, args.chat_id
+        )
         if latest is not None:
             return latest
     stored, _ = await get_or_build(memory, ctx.trees, request, ctx.options, ctx.summarizer)
@@ -196,7 +206,7 @@ async def _stored_for_ensemble(ctx: RTMContext, args: EnsembleInput) -> StoredTr
     if args.tree_parameters_given():
         return None  # the request decides K, D or how the text is cut
     assert args.text is not None and args.title is not None
-    return await ctx.trees.latest(args.tenant, args.title, text_sha(args.text))
+    return await ctx.trees.latest(args.tenant, args.title, text_sha(args.text), args.user_id, args.chat_id)
 
 
 TOOLS: list[ToolSpec[RTMContext]] = [

@@ -2,15 +2,17 @@
 section ``rtm.trees``, every stored tree with its parameters, its text digest and the tree itself, in
 the order the trees were written (which tells apart trees built in the same instant), so that a
 stored tree id opens the same tree after an import. Cached user retellings are derived and stay out.
+A file exported before trees kept whose words they hold (no ``user_id``, ``chat_id``) imports its
+trees as naming no one: they go with any forget of their tenant.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
-from narrmem_plugins.rtm.store import WRITE_ORDER, TreeStore
+from narrmem_plugins.rtm.store import OWNER_COLUMNS, WRITE_ORDER, TreeStore
 from narrmem_plugins.rtm.tree import Tree
 
 from narrmem import InputError, hookimpl
@@ -63,8 +65,37 @@ class RTMTransfer:
     ) -> dict[str, int] | None:
         if SECTION not in sections or not self.trees.persistent:
             return None
-        _check_trees(sections[SECTION])
-        return await import_tables(memory.store, await _tables(memory), sections, dry_run=dry_run)
+        records = OwnedRecords(sections[SECTION])
+        _check_trees(records)
+        return await import_tables(memory.store, await _tables(memory), {SECTION: records}, dry_run=dry_run)
+
+
+class OwnedRecords(Sequence[Any]):
+    """The section's records, each with the owner columns (``None`` for a record of a file exported
+    before them), read as they are asked for."""
+
+    def __init__(self, records: Sequence[Any]) -> None:
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [_owned(record) for record in self._records[index]]
+        return _owned(self._records[index])
+
+
+def _owned(record: Any) -> Any:
+    if not isinstance(record, dict) or all(name in record for name in OWNER_COLUMNS):
+        return record
+    return {**record, **{name: record.get(name) for name in OWNER_COLUMNS}}
 
 
 def _check_trees(records: Sequence[Any]) -> None:

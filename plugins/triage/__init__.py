@@ -19,7 +19,7 @@ from narrmem_plugins.triage.counters import Counters
 from narrmem_plugins.triage.emotions import emotions_in, intensity
 from narrmem_plugins.triage.gist import gist
 from narrmem_plugins.triage.ignore_rules import ignore_reason, without_media
-from narrmem_plugins.triage.impacts import drop_impacts
+from narrmem_plugins.triage.impacts import drop_deleted, drop_impacts
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.prototypes import PROTOTYPES
 from narrmem_plugins.triage.scene import compose, scene_record
@@ -256,9 +256,13 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         forget_cached_words()
 
     @hookimpl
-    def narrmem_after_delete(self) -> None:
-        """A memory deleted by id: the topic counter's cache of message words may hold its text."""
+    async def narrmem_after_delete(
+        self, memory: MemoryView, tenant: str, removed: list[MemoryRecord]
+    ) -> None:
+        """A memory deleted by id: the topic counter's cache of message words may hold its text; a
+        deleted scene's quote goes from the scene it built on, and no entry names a deleted scene."""
         forget_cached_words()
+        await drop_deleted(memory, tenant, removed)
 
     @hookimpl
     async def narrmem_after_forget(

@@ -7,7 +7,9 @@ messages it came from (``meta["impact_sources"]``), and plugin state (:data:`NAM
 only) says which scenes quote a message: a forget of messages reads it by their ids, also when it
 is finished after a crash, when the deleted scenes themselves are no longer there to say which
 scene they built on. A person's or a chat's forget deletes the quoting scenes themselves (the same
-person's, in the same chat) and the state of what it forgets.
+person's, in the same chat) and the state of what it forgets. A scene deleted by id (not its
+message) takes its quote out of the scene it built on, and no entry names a deleted scene
+(:func:`drop_deleted`).
 """
 
 from __future__ import annotations
@@ -162,9 +164,12 @@ async def _forget_state(
     scenes = [r for r in removed if r.kind == "scene"]
     if scenes:
         # An entry is a later scene's message, and that scene is the person's, in the chat: it is
-        # among what this call deleted. (Reading every entry of every person took a person's
-        # forget a second per million linked messages.)
-        for key in sorted({_key(r.tenant, r.chat_id, m) for r in scenes for m in r.message_ids}):
+        # among what this call deleted, or, deleted by id before, still quoted by one that is
+        # (its sources). (Reading every entry of every person took a person's forget a second
+        # per million linked messages.)
+        keys = {_key(r.tenant, r.chat_id, m) for r in scenes for m in r.message_ids}
+        keys |= {_key(r.tenant, r.chat_id, m) for r in scenes for s in _sources(r) for m in s["messages"]}
+        for key in sorted(keys):
             await store.state_delete(NAMESPACE, key)
         return
     # Nothing deleted in this call (a forget finished after a crash, the rows gone before it):
@@ -173,6 +178,44 @@ async def _forget_state(
         key_tenant, key_chat, *_ = [*key.split("\0", 2), ""]
         if key_tenant == tenant and value.get("user") == user_id and chat_id in (None, key_chat):
             await store.state_delete(NAMESPACE, key)
+
+
+async def drop_deleted(memory: MemoryView, tenant: str, removed: Iterable[MemoryRecord]) -> int:
+    """Memories deleted by id (their messages stay): a deleted scene's quote goes from the scene it
+    built on, with the entry of its message; a deleted scene that quoted others leaves no entry
+    naming it. Returns how many scenes were rewritten."""
+    scenes = [r for r in removed if r.kind == "scene" and r.id is not None]
+    gone = {r.id for r in scenes}
+    rewritten = 0
+    for scene in scenes:
+        target_id = scene.meta.get("builds_on")
+        if not isinstance(target_id, int) or isinstance(target_id, bool) or target_id in gone:
+            continue
+        draft = SceneDraft.of(scene)
+        entry = impact_entry(scene, draft.core if draft is not None else scene.text)
+        scope = Scope(tenant=tenant, user_id=scene.user_id, chat_id=scene.chat_id)
+        target = (await memory.store.get([target_id], scope)).get(target_id)
+        still: set[str] = set()
+        if target is not None:
+            if _without(target, set(), [(entry, scene.id)]):
+                await memory.store.update(target)
+                rewritten += 1
+            still = {m for s in _sources(target) for m in s["messages"]}
+        for message_id in sorted(set(scene.message_ids) - still):
+            await _unquote(memory, _key(tenant, scene.chat_id, message_id), target_id)
+    for scene in scenes:
+        # The entries of what it quoted: its sources' messages, and those of the later scenes it
+        # names (quoted before sources were kept).
+        listed = scene.meta.get("impacts")
+        listed = listed if isinstance(listed, list) else []
+        later = [i for i in listed if isinstance(i, int) and not isinstance(i, bool)]
+        scope = Scope(tenant=tenant, user_id=scene.user_id, chat_id=scene.chat_id)
+        found = await memory.store.get(later, scope) if later else {}
+        messages = {m for s in _sources(scene) for m in s["messages"]}
+        messages |= {m for r in found.values() for m in r.message_ids}
+        for message_id in sorted(messages):
+            await _unquote(memory, _key(tenant, scene.chat_id, message_id), scene.id)
+    return rewritten
 
 
 def _scene_ids(listed: dict[str, Any]) -> list[int]:
@@ -191,7 +234,8 @@ def _without(target: MemoryRecord, forgotten: set[str], entries: list[tuple[str,
     if fields is None:
         return False
     sources = _sources(target)
-    dropped = [s for s in sources if forgotten & set(s["messages"])]
+    deleted = {sid for _, sid in entries if sid is not None}
+    dropped = [s for s in sources if forgotten & set(s["messages"]) or s.get("scene") in deleted]
     gone = {*(s["entry"] for s in dropped), *(entry for entry, _ in entries)}
     impact = "; ".join(part for part in fields.impact.split("; ") if part and part not in gone)
     # A quote whose own words hold "; " was split apart above: taken out whole instead.
