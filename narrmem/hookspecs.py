@@ -509,6 +509,25 @@ def narrmem_export_records(
 
 
 @hookspec
+def narrmem_person_records(
+    memory: MemoryView, tenant: str, user_id: str
+) -> dict[str, list[dict[str, Any]] | AsyncIterable[dict[str, Any]]] | None:
+    """This plugin's records of one person, for their own export (what narrmem holds of them:
+    :mod:`narrmem.doors.person_export`, ``narrmem export --user``): ``{section: records}`` as
+    :func:`narrmem_export_records` gives them, of the person only, read by queries on the person
+    (never a whole table filtered here).
+
+    * Everything the plugin keeps that a forget of the person (:func:`narrmem_after_forget` with
+      ``user_id``) deletes or changes is in it: the person's facts, summaries, counters, copies of
+      their words kept elsewhere. State under the person's key (``f"{tenant}\\0{user_id}\\0"``)
+      is exported by narrmem itself.
+    * Reading only: the memory may be open read-only, and nothing changes.
+
+    Return ``None`` when the plugin holds nothing of anyone (idle on this store, say).
+    """
+
+
+@hookspec
 def narrmem_import_records(
     memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool
 ) -> dict[str, int] | None:

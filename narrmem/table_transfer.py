@@ -142,14 +142,40 @@ async def table_columns(db: SQLConnection, table: str, exclude: Collection[str] 
     ]
 
 
+@dataclass(frozen=True)
+class RowsOf:
+    """Which rows of a table an export reads: those of one person (``user_id``) or of a tenant,
+    by the table's own columns of those names."""
+
+    tenant: str
+    user_id: str | None = None
+
+    def clause(self) -> tuple[list[str], list[Any]]:
+        clauses, params = ["tenant = ?"], [self.tenant]
+        if self.user_id is not None:
+            clauses.append("user_id = ?")
+            params.append(self.user_id)
+        return clauses, params
+
+
 async def export_page(
-    db: SQLConnection, spec: TableSpec, *, after: Any = None, limit: int | None = 1000
+    db: SQLConnection,
+    spec: TableSpec,
+    *,
+    after: Any = None,
+    limit: int | None = 1000,
+    rows_of: RowsOf | None = None,
 ) -> list[tuple[Any, dict[str, Any]]]:
     """Up to ``limit`` rows (``None``: all) of the spec's table past ``after`` in ``order_by``
-    (from the first when ``None``), each as (its ``order_by`` value, the row as a JSON object)."""
+    (from the first when ``None``), of ``rows_of`` only when given, each as (its ``order_by``
+    value, the row as a JSON object)."""
     columns = await table_columns(db, spec.table, spec.exclude)
     names = ", ".join(c.name for c in columns)
-    where, params = ("", []) if after is None else (f"WHERE {spec.order_by} > ? ", [after])
+    clauses, params = rows_of.clause() if rows_of is not None else ([], [])
+    if after is not None:
+        clauses.append(f"{spec.order_by} > ?")
+        params.append(after)
+    where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
     bound = "" if limit is None else " LIMIT ?"
     rows = await db.fetchall(
         f"SELECT {spec.order_by}, {names} FROM {spec.table} {where}ORDER BY {spec.order_by}{bound}",
@@ -353,7 +379,7 @@ class TableSpec:
 
 
 async def export_tables(
-    store: object, specs: Sequence[TableSpec]
+    store: object, specs: Sequence[TableSpec], *, rows_of: RowsOf | None = None
 ) -> dict[str, AsyncIterator[dict[str, Any]]] | None:
     """Each table as its section, read a page of :attr:`TableSpec.page_rows` at a time as the
     export writes it (``None`` on a store that lends no tables): a store of millions of rows is
@@ -367,13 +393,14 @@ async def export_tables(
     come, and are read, in the other order. The memory may write between two tables: read after
     the rows that name them, the rows named are all there (a node written after the edges were read
     has no edge in the file); read before, an edge written meanwhile named a node the file lacked,
-    and the import refused the whole file."""
+    and the import refused the whole file. ``rows_of``: only one person's or tenant's rows (a
+    person's own export), chosen by the query."""
     if not isinstance(store, SQLCapable):
         return None
-    return {spec.section: _pages(store, spec) for spec in reversed(specs)}
+    return {spec.section: _pages(store, spec, rows_of) for spec in reversed(specs)}
 
 
-async def _pages(store: SQLCapable, spec: TableSpec) -> AsyncIterator[dict[str, Any]]:
+async def _pages(store: SQLCapable, spec: TableSpec, rows_of: RowsOf | None) -> AsyncIterator[dict[str, Any]]:
     # A connection of its own for the table: the store's is shared with recalls, and an export's
     # reader may be a slow HTTP client.
     reading = store.snapshot() if isinstance(store, ReadsSnapshots) else store.sql()
@@ -381,7 +408,7 @@ async def _pages(store: SQLCapable, spec: TableSpec) -> AsyncIterator[dict[str, 
     async with reading as db:
         after = None
         while True:
-            page = await export_page(db, spec, after=after, limit=limit)
+            page = await export_page(db, spec, after=after, limit=limit, rows_of=rows_of)
             for _, record in page:
                 yield record
             if limit is None or len(page) < limit:

@@ -18,6 +18,7 @@ from _helpers import answer_status, msg, read_posted, store_fingerprint
 
 from narrmem.clock import ManualClock
 from narrmem.doors.cli import main
+from narrmem.doors.person_export import export_person
 from narrmem.doors.server import KeyFile, KeyRing, WebhookOptions, create_app
 from narrmem.doors.server.events import event_id
 from narrmem.doors.server.openapi import render
@@ -251,6 +252,22 @@ async def test_export_streams_jsonl(srv: Server) -> None:
     assert {line["section"] for line in memories} > {"memories"}
 
 
+async def test_a_persons_export_streams_what_is_held_of_them_alone(srv: Server) -> None:
+    await srv.client.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
+    await srv.client.post("/v1/ingest", json=msg("m2", "I adopted a cat named Pixel", user="u2"))
+    response = await srv.client.get("/v1/export/person", params={"user_id": "u1"})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/x-ndjson"
+    header, *lines, end = [json.loads(line) for line in response.text.splitlines()]
+    assert header["format"] == "narrmem-person" and (header["tenant"], header["user_id"]) == ("default", "u1")
+    assert {line["user_id"] for line in lines if line["section"] == "memories"} == {"u1"}
+    assert "Pixel" not in response.text and end["section"] == "end"
+    # The same file as the library writes.
+    await export_person(srv.memory, srv.folder / "u1.jsonl", tenant="default", user_id="u1")
+    assert response.text == (srv.folder / "u1.jsonl").read_text(encoding="utf-8")
+    await srv.refused(422, "GET", "/v1/export/person", params={"user_id": ""})
+    await srv.refused(422, "GET", "/v1/export/person")
+
+
 # --- errors ---------------------------------------------------------------------------------
 
 
@@ -352,6 +369,7 @@ async def test_a_key_reaches_only_its_tenant(tmp_path: Path) -> None:
             ),
             ("GET", "/v1/users", {"params": {"tenant": "B"}}),
             ("GET", "/v1/export", {"params": {"tenant": "B"}}),
+            ("GET", "/v1/export/person", {"params": {"tenant": "B", "user_id": "u1"}}),
             ("GET", f"/v1/memories/{scene}/history", {"params": {"tenant": "B"}}),
             ("POST", "/v1/decay", {}),
         ]:
@@ -366,6 +384,10 @@ async def test_a_key_reaches_only_its_tenant(tmp_path: Path) -> None:
         assert (await srv.client.get("/v1/stats", headers=a)).json()["memories"] == 0
         exported = (await srv.client.get("/v1/export", headers=a)).text.splitlines()
         assert len(exported) == 2 and json.loads(exported[1]) == {"section": "end", "lines": {}}  # nothing
+        person = (await srv.client.get("/v1/export/person", params={"user_id": "u1"}, headers=a)).text
+        assert [json.loads(line)["section"] for line in person.splitlines()[1:]] == ["end"]
+        theirs = (await srv.client.get("/v1/export/person", params={"user_id": "u1"}, headers=b)).text
+        assert "quit my job" in theirs and json.loads(theirs.splitlines()[0])["tenant"] == "B"
         # No key, a wrong key, a revoked key: 401.
         await srv.refused(401, "GET", "/v1/users")
         await srv.refused(401, "GET", "/v1/users", headers={"X-API-Key": key_b[:-1] + "x"})
@@ -957,7 +979,8 @@ async def test_the_document_declares_the_errors_sent_and_every_body_names_its_fi
 async def test_streams_are_declared_in_the_media_type_they_are_sent_in(srv: Server) -> None:
     """The export and the event stream were declared as application/json."""
     document = json.loads(render())
-    for path, media_type in (("/v1/export", "application/x-ndjson"), ("/v1/events", "text/event-stream")):
+    streams = [("/v1/export", "application/x-ndjson"), ("/v1/export/person", "application/x-ndjson")]
+    for path, media_type in [*streams, ("/v1/events", "text/event-stream")]:
         responses = document["paths"][path]["get"]["responses"]
         assert responses["200"]["content"] == {media_type: {"schema": {"type": "string"}}}, path
         assert "ErrorBody" in responses["403"]["content"]["application/json"]["schema"]["$ref"]
@@ -1113,7 +1136,7 @@ async def test_every_answer_is_typed_and_what_the_server_sends_fits_it(tmp_path:
     document = json.loads(render())
     components = document["components"]["schemas"]
     for method, path, _operation in _operations(document):
-        if (method, path) in UNTYPED_ANSWERS or path in {"/v1/export", "/v1/events"}:
+        if (method, path) in UNTYPED_ANSWERS or path in {"/v1/export", "/v1/export/person", "/v1/events"}:
             continue
         schema = _answer_schema(document, method, path)
         assert _typed(schema, components), (method, path, schema)
@@ -1195,7 +1218,7 @@ async def test_every_answer_is_typed_and_what_the_server_sends_fits_it(tmp_path:
         assert errors == [], (method, route, errors)
     assert {route for _, route, _ in sent} >= {
         path for method, path, _ in _operations(document) if method in {"get", "post"}
-    } - {"/v1/export", "/v1/events", "/v1/tools/{name}"}
+    } - {"/v1/export", "/v1/export/person", "/v1/events", "/v1/tools/{name}"}
 
 
 async def test_the_document_helps_generated_clients(srv: Server) -> None:

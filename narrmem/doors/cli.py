@@ -106,9 +106,13 @@ def _add_read_commands(sub: Subparsers, common: Parents, as_json: Parents) -> No
     export = sub.add_parser(
         "export",
         parents=[common, as_json],
-        help="export the whole store to JSONL (graph, trees, history too)",
+        help="export the whole store to JSONL (graph, trees, history too), or with --user one person's",
     )
     export.add_argument("file")
+    export.add_argument(
+        "--user", help="one person's own export: everything narrmem holds of them (not for import)"
+    )
+    export.add_argument("--tenant", help="the person's tenant (with --user; default: 'default')")
 
 
 def _add_store_commands(sub: Subparsers, common: Parents, as_json: Parents) -> None:
@@ -655,11 +659,27 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    from narrmem.doors.transfer import export_store
+    from pydantic import ValidationError
 
+    from narrmem.doors.person_export import export_person
+    from narrmem.doors.transfer import export_store
+    from narrmem.models import Scope
+
+    if args.tenant is not None and args.user is None:
+        raise InputError("--tenant names the person's tenant: give --user too", field="tenant")
+    if args.user is not None:
+        try:  # before the store opens: an empty id, or one with a NUL, names no one
+            Scope(tenant=args.tenant or "default", user_id=args.user)
+        except ValidationError as exc:
+            raise InputError.from_pydantic(exc) from exc
     async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
-        counts = await export_store(memory, args.file)
-    _report(args, {"exported": counts.pop("memories"), **counts, "file": args.file})
+        if args.user is None:
+            counts = await export_store(memory, args.file)
+        else:
+            counts = await export_person(
+                memory, args.file, tenant=args.tenant or "default", user_id=args.user
+            )
+    _report(args, {"exported": counts.pop("memories", 0), **counts, "file": args.file})
     return 0
 
 

@@ -33,6 +33,7 @@ from narrmem.doors.transfer import (
     EXPORT_FORMAT,
     IMPORTANCE,
     MEMORIES,
+    PERSON_FORMAT,
     PLUGIN_SECTION,
     READABLE_VERSIONS,
     STATE,
@@ -586,6 +587,13 @@ def _header(data: Any, path: Path, number: int, memory: Memory | None) -> Export
         header = ExportHeader.model_validate(data)
     except ValidationError as exc:
         raise InputError.from_pydantic(exc, line=number, prefix="header.") from exc
+    if header.format == PERSON_FORMAT:
+        raise InputError(
+            f"{path} is one person's own export (what narrmem holds of them, for reading): it is "
+            "not imported; a store is restored from its whole export or a tenant's",
+            line=number,
+            field="header.format",
+        )
     if header.format == EXPORT_FORMAT and header.version > max(READABLE_VERSIONS):
         raise InputError(
             f"{path} was written by a newer narrmem (format version {header.version}; this one reads "

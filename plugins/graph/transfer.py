@@ -21,7 +21,7 @@ from narrmem_plugins.graph.schema import TABLES as GRAPH_TABLES
 
 from narrmem import InputError, hookimpl
 from narrmem.store import SQLCapable
-from narrmem.table_transfer import TableSpec, TextFormat, export_tables, import_tables
+from narrmem.table_transfer import RowsOf, TableSpec, TextFormat, export_tables, import_tables
 from narrmem.view import MemoryView
 
 # What the graph's text columns hold, as the graph reads them back (props with json.loads, a
@@ -62,6 +62,16 @@ class GraphTransfer:
             return None
         # A store opened read-only may predate a table (made at its next writable open).
         return await export_tables(memory.store, [t for t in TABLES if t.table in self._graph.tables])
+
+    @hookimpl
+    async def narrmem_person_records(
+        self, memory: MemoryView, tenant: str, user_id: str
+    ) -> dict[str, AsyncIterator[dict[str, Any]]] | None:
+        """The person's graph: every row of every table under their id, as a forget of them deletes."""
+        if self._graph is None:
+            return None
+        mine = [t for t in TABLES if t.table in self._graph.tables]
+        return await export_tables(memory.store, mine, rows_of=RowsOf(tenant, user_id))
 
     @hookimpl
     async def narrmem_import_records(

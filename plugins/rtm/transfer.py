@@ -17,7 +17,7 @@ from narrmem_plugins.rtm.tree import Tree
 
 from narrmem import InputError, hookimpl
 from narrmem.store import SQLCapable
-from narrmem.table_transfer import TableSpec, export_tables, import_tables
+from narrmem.table_transfer import RowsOf, TableSpec, export_tables, import_tables
 from narrmem.view import MemoryView
 
 SECTION = "rtm.trees"
@@ -58,6 +58,16 @@ class RTMTransfer:
         if not self.trees.persistent:
             return None
         return await export_tables(memory.store, await _tables(memory))
+
+    @hookimpl
+    async def narrmem_person_records(
+        self, memory: MemoryView, tenant: str, user_id: str
+    ) -> dict[str, AsyncIterator[dict[str, Any]]] | None:
+        """The trees of the person's words (those a forget of them deletes by their name; a tree
+        that names no one may hold anyone's words, and is not given to one person)."""
+        if not self.trees.persistent:
+            return None
+        return await export_tables(memory.store, await _tables(memory), rows_of=RowsOf(tenant, user_id))
 
     @hookimpl
     async def narrmem_import_records(

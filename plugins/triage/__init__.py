@@ -251,6 +251,15 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         return await readout.patterns(memory, self.counters, user, now)
 
     @hookimpl
+    async def narrmem_person_records(
+        self, memory: MemoryView, tenant: str, user_id: str
+    ) -> dict[str, list[dict[str, Any]]] | None:
+        """The person's scenes quoted by later ones (``triage.impacts`` entries, keyed by the chat
+        and message rather than the person)."""
+        entries = await impacts.person_entries(memory, tenant, user_id)
+        return {"triage.impacts": entries} if entries else None
+
+    @hookimpl
     def narrmem_forgotten_elsewhere(self) -> None:
         """Another worker's forget: its texts may be in the topic counter's cache here."""
         forget_cached_words()

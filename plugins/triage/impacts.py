@@ -271,3 +271,13 @@ def _sources(target: MemoryRecord) -> list[dict[str, Any]]:
         for s in listed
         if isinstance(s, dict) and isinstance(s.get("entry"), str) and isinstance(s.get("messages"), list)
     ]
+
+
+async def person_entries(memory: MemoryView, tenant: str, user_id: str) -> list[dict[str, Any]]:
+    """The entries of the person's quoted scenes (what a forget of them deletes), as records of a
+    person's export: the namespace, the key and the value as stored."""
+    return [
+        {"namespace": NAMESPACE, "key": key, "value": value}
+        for key, value in await memory.store.state_items(NAMESPACE)
+        if key.startswith(f"{tenant}\0") and value.get("user") == user_id
+    ]

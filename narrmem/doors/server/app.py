@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 
 from narrmem import __version__, logs
 from narrmem.config import Acknowledge
+from narrmem.doors.person_export import person_header, person_text
 from narrmem.doors.server.commands import DEFAULT_BODY_TIMEOUT, DEFAULT_PORT
 from narrmem.doors.server.events import (
     LAST_EVENT_ID_CHARS,
@@ -819,6 +820,26 @@ def _tool_and_event_routes(r: APIRouter) -> None:
         return NDJSONStream(_export_lines(state.memory, only))
 
     @r.get(
+        "/export/person",
+        tags=["read"],
+        response_class=NDJSONStream,
+        responses=_stream_answers(NDJSONStream, "what narrmem holds of the person, one JSON object a line"),
+    )
+    async def export_person(
+        caller: Caller, state: State, user_id: UserParam, tenant: TenantParam = None
+    ) -> NDJSONStream:
+        """Everything narrmem holds of one person (their right to see it): their memories in every
+        chat of the tenant, with importance history, the plugins' state under their id and each
+        plugin's records of them (graph facts, RTM trees, quotes), read by queries on the person.
+        What a forget of the person deletes is what this holds. Its header's ``format`` is
+        ``narrmem-person``; ``narrmem import`` refuses it."""
+        only = _tenant(caller, tenant)
+        # Checked before the answer starts: inside the stream, its refusal cut a 200 short.
+        await state.memory.settle()
+        await no_forget_pending(state.memory, tenant=only)
+        return NDJSONStream(_person_lines(state.memory, only, user_id))
+
+    @r.get(
         "/events",
         tags=["events"],
         response_class=EventStream,
@@ -927,9 +948,20 @@ EXPORT_CHUNK_CHARS = 64 * 1024
 
 
 async def _export_lines(memory: Memory, tenant: str | None) -> AsyncIterator[str]:
-    lines = [export_header(memory, tenant=tenant)]
+    async for chunk in _chunked(export_header(memory, tenant=tenant), export_text(memory, tenant=tenant)):
+        yield chunk
+
+
+async def _person_lines(memory: Memory, tenant: str, user_id: str) -> AsyncIterator[str]:
+    header = person_header(memory, tenant, user_id)
+    async for chunk in _chunked(header, person_text(memory, tenant, user_id)):
+        yield chunk
+
+
+async def _chunked(header: str, texts: AsyncIterator[tuple[str, str]]) -> AsyncIterator[str]:
+    lines = [header]
     size = len(lines[0])
-    async for _, text in export_text(memory, tenant=tenant):
+    async for _, text in texts:
         lines.append(text)
         size += len(text)
         if size >= EXPORT_CHUNK_CHARS:

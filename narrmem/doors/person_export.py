@@ -1,0 +1,161 @@
+"""What narrmem holds of one person, as a file they may be given: their memories in every chat of
+the tenant (text, kind, times, importance, the messages they came from), the importance history
+of each, the plugins' state kept under their id, and each plugin's own records of them (graph
+facts, persona and tasks; RTM trees of their words; the scenes' quotes of them), read by queries
+on the person alone.
+
+It is the other half of forgetting: what ``Memory.forget(user_id=...)`` deletes of a person is
+what this file holds (``tests/test_person_export.py`` compares the two, row by row). Reading
+only: nothing is reinforced, and the memory may be open read-only. The file is a JSONL export
+whose header names the person (``format`` ``narrmem-person``); it is for reading, and
+``narrmem import`` refuses it (a whole store's or a tenant's export is what restores a store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from narrmem.doors import export_files
+from narrmem.doors.transfer import (
+    END,
+    IMPORTANCE,
+    MEMORIES,
+    PERSON_FORMAT,
+    PLUGIN_SECTION,
+    STATE,
+    EndLine,
+    ExportHeader,
+    Records,
+    _forget_mark,
+    _histories,
+    _line_text,
+    _read_checked,
+    _state_key,
+    each_record,
+    no_forget_pending,
+)
+from narrmem.errors import PluginError, StoreError
+from narrmem.memory import Memory
+from narrmem.models import Scope
+
+PERSON_VERSION = 1
+# Importance history is read for this many of the person's memories at a time.
+HISTORY_CHUNK = 500
+# Of a memory: the words said around it in its chat, by others too, kept beside it for keyword
+# search (a group's other members' words are theirs, not this person's to be given); its vector is
+# made from its text, which the file holds.
+LEFT_OUT = {"context_text"}
+LEFT_OUT_NOTE = ["memories' context_text (what others said around them)", "memories' vectors"]
+
+
+def person_header(memory: Memory, tenant: str, user_id: str) -> str:
+    header = ExportHeader(
+        format=PERSON_FORMAT,
+        version=PERSON_VERSION,
+        model=memory.embedder.name,
+        dim=memory.embedder.dim,
+        tenant=tenant,
+        user_id=user_id,
+        left_out=LEFT_OUT_NOTE,
+    )
+    return header.model_dump_json(exclude_none=True) + "\n"
+
+
+async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterator[tuple[str, str]]:
+    """Every line of a person's export after its header, as (section, JSON text with its newline),
+    the last one counting the others. Refused while a forget of the store is unfinished, and
+    stopped (:class:`StoreError`, before the last line) if one began while it was read."""
+    scope = Scope(tenant=tenant, user_id=user_id)
+    await memory.settle()
+    await no_forget_pending(memory, tenant=tenant)
+    forgets = await _forget_mark(memory)
+    counts: dict[str, int] = {}
+    async for section, line in _person_lines(memory, scope):
+        counts[section] = counts.get(section, 0) + 1
+        yield section, _line_text(section, line)
+    if await _forget_mark(memory) != forgets:
+        raise StoreError(
+            "a forget ran while the person's export was read, which may hold what it deleted: export again"
+        )
+    yield END, _line_text(END, EndLine(lines=counts).model_dump())
+
+
+async def export_person(memory: Memory, path: str | Path, *, tenant: str, user_id: str) -> dict[str, int]:
+    """Write what narrmem holds of the person to ``path`` (a new file of its own, renamed over
+    ``path`` once whole); returns the lines of each section."""
+    path = Path(path)
+    counts: dict[str, int] = {}
+    export_files.delete_stale_partials(path, PERSON_FORMAT)
+    with export_files.partial_file(path) as out:
+        out.write(person_header(memory, tenant, user_id))
+        async for section, text in person_text(memory, tenant, user_id):
+            out.write(text)
+            if section != END:
+                counts[section] = counts.get(section, 0) + 1
+    return counts
+
+
+async def _person_lines(memory: Memory, scope: Scope) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    assert scope.user_id is not None
+    records = sorted(await memory.store.recent(scope, limit=2**62), key=lambda r: r.id or 0)
+    ids = [r.id for r in records if r.id is not None]
+    for record in records:
+        yield MEMORIES, record.model_dump(mode="json", exclude=LEFT_OUT)
+    del records
+    for start in range(0, len(ids), HISTORY_CHUNK):
+        chunk = ids[start : start + HISTORY_CHUNK]
+        page = await _histories(memory.store, chunk[0], chunk[-1], {"tenant": scope.tenant})
+        for memory_id in chunk:
+            events = page.get(memory_id) if page is not None else await memory.store.history(memory_id)
+            if events:
+                yield IMPORTANCE, {"memory_id": memory_id, "events": events}
+    async for namespace, key, value in _person_state(memory, f"{scope.tenant}\0{scope.user_id}\0"):
+        yield STATE, {"namespace": namespace, "key": key, "value": value}
+    for section, records_of in (await _plugin_sections(memory, scope.tenant, scope.user_id)).items():
+        async with contextlib.aclosing(each_record(records_of)) as rows:
+            async for row in rows:
+                yield section, row
+
+
+async def _person_state(memory: Memory, prefix: str) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
+    """The plugins' state kept under the person's key (``f"{tenant}\\0{user_id}\\0"``, as the
+    hooks' contract asks per-user state to be keyed), in every namespace, read a page at a time."""
+    dump = getattr(memory.store, "dump_rows", None)
+    if not callable(dump):
+        return
+    rows: list[dict[str, Any]] = await dump("plugin_state", 0, 1000)
+    while rows:
+        for row in rows:
+            if str(row["key"]).startswith(prefix):
+                value = row["value"] if isinstance(row["value"], dict) else json.loads(row["value"])
+                yield str(row["namespace"]), str(row["key"]), value
+        rows = await dump("plugin_state", 0, 1000, after_key=_state_key(rows[-1]))
+
+
+async def _plugin_sections(memory: Memory, tenant: str, user_id: str) -> dict[str, Records]:
+    """Every plugin's records of the person (``narrmem_person_records``), by plugin name."""
+    sections: dict[str, Records] = {}
+    answers = await memory.host.call_named(
+        "narrmem_person_records", isolate=False, memory=memory, tenant=tenant, user_id=user_id
+    )
+    for plugin, answer in sorted(answers, key=lambda named: named[0]):
+        if answer is None:
+            continue
+        for section, records in answer.items():
+            if (
+                not section.startswith(f"{plugin}.")
+                or not PLUGIN_SECTION.fullmatch(section)
+                or section in sections
+            ):
+                raise PluginError(
+                    f"plugin '{plugin}' gives a person's section {section!r}: its names start with "
+                    f"the plugin's own name and a dot, and are its own"
+                )
+            sections[section] = (
+                records if isinstance(records, list) else _read_checked(plugin, section, records)
+            )
+    return sections

@@ -1,0 +1,227 @@
+"""What narrmem holds of one person, as a file they can be given (``narrmem export --user``,
+:mod:`narrmem.doors.person_export`): the other half of forgetting. Everything a forget of the
+person deletes or changes in the store's database is in their export, row by row, and nothing of
+anyone else is; reading it changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from _helpers import msg, on_sqlite, store_sql
+from narrmem_plugins.storage_postgres.escape import unesc
+
+from narrmem.clock import ManualClock
+from narrmem.doors.person_export import export_person
+from narrmem.testing import open_memory
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+ANN = [
+    ("dm-ann", "I live in Lisbon now, we moved in January"),
+    ("dm-ann", "My sister Maria is a nurse in Porto"),
+    ("dm-ann", "I decided to quit my job at the bank and start a bakery"),
+    ("dm-ann", "our roadmap for the product is a mess"),
+    ("dm-ann", "spent the whole afternoon on the product roadmap"),
+    ("dm-ann", "the product roadmap meeting went badly again"),
+    ("dm-ann", "so tired today"),
+    ("dm-ann", "so tired again today"),
+    ("dm-ann", "still so tired today"),
+    ("group", "I'll bring the cake to the team lunch on Friday"),
+    ("group", "I have been learning the cello for two years"),
+]
+BOB = [
+    ("dm-bob", "I live in Madrid and I play the drums"),
+    ("group", "I'll bring drinks to the team lunch on Friday"),
+    ("group", "my dog Rex is sick, I'm worried"),
+]
+# Kept by the store for itself, not of anyone: counters of changes, and the FTS5 index, whose
+# rows are the memories' own words (each deleted with its memory, which the file holds).
+NOT_A_PERSONS = ("keyword_changes", "vector_changes", "sqlite_sequence", "meta", "forget_jobs")
+
+
+def _said(person: str, n: int, chat: str, text: str) -> dict[str, Any]:
+    when = START + timedelta(days=n // 3, hours=n)
+    return msg(f"{person}-{n}", text, user=person, chat=chat, ts=when.isoformat())
+
+
+async def _a_month_of_ann_and_bob(memory: Any) -> None:
+    await memory.ingest_many(
+        [_said("ann", n, chat, text) for n, (chat, text) in enumerate(ANN)]
+        + [_said("bob", n, chat, text) for n, (chat, text) in enumerate(BOB)]
+    )
+    await memory.edit(_said("ann", 1, "dm-ann", "My sister Maria is a doctor in Porto"))
+    await memory.call_tool(
+        "memory_commit",
+        {
+            "user_id": "ann",
+            "chat_id": "dm-ann",
+            "triplets": [{"subject": "user", "relation": "likes", "object": "pastel de nata"}],
+        },
+    )
+    await memory.call_tool(
+        "memory_commit",
+        {
+            "user_id": "bob",
+            "chat_id": "dm-bob",
+            "triplets": [{"subject": "user", "relation": "likes", "object": "jazz"}],
+        },
+    )
+    # Trees of each one's words, and one of a text that names no one.
+    for person, chat, (_, said) in (("ann", "dm-ann", ANN[2]), ("bob", "dm-bob", BOB[0])):
+        story = f"{said}. Then the week went on. It rained, and I stayed at home reading. {said}."
+        await memory.call_tool(
+            "rtm_create_narrative_tree", {"text": story, "title": person, "user_id": person, "chat_id": chat}
+        )
+    await memory.call_tool(
+        "rtm_create_narrative_tree", {"text": "A story nobody owns. It ends.", "title": "x"}
+    )
+    # Used in an answer: reinforced, with its history.
+    for person in ("ann", "bob"):
+        hits = await memory.recall("where do you live", user_id=person, reinforce=False)
+        await memory.mark_used([hit.id for hit in hits[:2]], user_id=person)
+
+
+async def _tables(memory: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every row of every table of the store's database (either backend), by its values."""
+    if on_sqlite(memory):
+        names = [n for (n,) in await store_sql(memory, "SELECT name FROM sqlite_master WHERE type = 'table'")]
+    else:
+        names = [
+            n
+            for (n,) in await store_sql(
+                memory,
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'",
+            )
+        ]
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        if name in NOT_A_PERSONS or name.startswith("memories_fts"):
+            continue
+        if on_sqlite(memory):
+            columns = [c[1] for c in await store_sql(memory, f"PRAGMA table_info('{name}')")]
+        else:
+            columns = [
+                c
+                for (c,) in await store_sql(
+                    memory,
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
+                    [name],
+                )
+            ]
+        listed = ", ".join(f'"{c}"' for c in columns)
+        rows = await store_sql(memory, f'SELECT {listed} FROM "{name}"')
+        found[name] = {repr(row): dict(zip(columns, row, strict=True)) for row in rows}
+    return found
+
+
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    sections: dict[str, list[dict[str, Any]]] = {}
+    for line in lines[1:]:
+        sections.setdefault(line.pop("section"), []).append(line)
+    return lines[0], sections
+
+
+def _covers(table: str, row: dict[str, Any], sections: dict[str, list[dict[str, Any]]]) -> bool:
+    """Whether the export holds ``row`` of ``table``: by the memory it belongs to, by its state
+    key, or as one of a plugin's records (by its id)."""
+    memories = {m["id"] for m in sections.get("memories", [])}
+    if table in ("memories", "memory_words"):  # PostgreSQL's keyword rows are by the memory's id
+        return row["id"] in memories
+    if "memory_id" in row:
+        return row["memory_id"] in memories
+    held = [r for section, records in sections.items() if "." in section for r in records]
+    if table == "plugin_state":
+        state = {(s["namespace"], s["key"]) for s in [*sections.get("state", []), *held] if "namespace" in s}
+        return (row["namespace"], unesc(row["key"])) in state
+    if table == "rtm_trees" and row["user_id"] is None:
+        # A tree that names no one may hold anyone's words: any forget of its tenant takes it, and
+        # no one person is given it.
+        return True
+    # A plugin's row, by its key (graph rows by id, trees by tree_id), in the section of its table.
+    key = "tree_id" if "tree_id" in row else "id"
+    section = f"{table.split('_', 1)[0]}.{table.split('_', 1)[1]}" if "_" in table else table
+    return any(r.get(key) == row.get(key) for r in sections.get(section, []))
+
+
+async def test_everything_a_forget_takes_of_a_person_is_in_their_export(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    clock = ManualClock(START + timedelta(days=10))
+    # Reinforced when used (the tests' default leaves importance alone).
+    async with open_memory(data, clock=clock, plugin={"hippocampus": {"reinforce": True}}) as memory:
+        await _a_month_of_ann_and_bob(memory)
+        await memory.settle()
+        before = await _tables(memory)
+        counts = await export_person(memory, tmp_path / "ann.jsonl", tenant="default", user_id="ann")
+        # Reading changed nothing: no importance, no history, no state.
+        assert await _tables(memory) == before
+        await memory.forget(user_id="ann")
+        after = await _tables(memory)
+    header, sections = _read(tmp_path / "ann.jsonl")
+    assert header["format"] == "narrmem-person" and header["user_id"] == "ann"
+    assert counts["memories"] == len(sections["memories"]) > 0 and sections["end"]
+    # Nobody else's: every memory and every plugin record is ann's.
+    assert {m["user_id"] for m in sections["memories"]} == {"ann"}
+    assert all(r.get("user_id", "ann") == "ann" for s, rs in sections.items() if "." in s for r in rs)
+    texts = " ".join(m["text"] for m in sections["memories"])
+    assert "Lisbon" in texts and "Madrid" not in texts and "Rex" not in texts
+    # Her edit's earlier text, her reinforcement's history, her graph, her firings.
+    assert any("nurse" in json.dumps(m["meta"]) for m in sections["memories"])
+    assert sections.get("importance") and sections.get("graph.edges")
+    assert any(s["namespace"] == "proactive" for s in sections.get("state", []))
+    [tree] = sections["rtm.trees"]
+    assert tree["user_id"] == "ann" and "bakery" in json.dumps(tree["tree"])
+    # Every row the forget deleted or changed is in the file.
+    missing = [
+        (table, row)
+        for table, rows in before.items()
+        for key, row in rows.items()
+        if after.get(table, {}).get(key) != row and not _covers(table, row, sections)
+    ]
+    assert not missing, [(table, {k: str(v)[:40] for k, v in row.items()}) for table, row in missing]
+    # And the forget deleted something of each kind the file holds.
+    assert any(
+        table.startswith("graph_")
+        for table, rows in before.items()
+        if rows.keys() - after.get(table, {}).keys()
+    )
+
+
+def test_the_command_writes_a_persons_export_and_import_refuses_it(tmp_path: Path) -> None:
+    import asyncio
+
+    data = tmp_path / "data"
+
+    async def fill() -> None:
+        async with open_memory(data, real_model=True) as memory:
+            await _a_month_of_ann_and_bob(memory)
+
+    asyncio.run(fill())
+
+    def narrmem(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "narrmem.doors.cli", *args], capture_output=True, text=True, check=False
+        )
+
+    out = tmp_path / "bob.jsonl"
+    done = narrmem("export", str(out), "--user", "bob", "--data", str(data), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    header, sections = _read(out)
+    assert header["user_id"] == "bob" and report["exported"] == len(sections["memories"]) > 0
+    assert {m["user_id"] for m in sections["memories"]} == {"bob"}
+    refused = narrmem("import", str(out), "--data", str(tmp_path / "other"))
+    assert refused.returncode == 2 and "one person's own export" in refused.stderr
+    if os.environ.get("TESTS_STORE", "sqlite") == "sqlite":
+        assert not (tmp_path / "other").exists()  # no store made for a refused file
+    bad = narrmem("export", str(tmp_path / "x.jsonl"), "--user", "", "--data", str(data))
+    assert bad.returncode == 2 and "user_id" in bad.stderr and not (tmp_path / "x.jsonl").exists()
+    alone = narrmem("export", str(tmp_path / "y.jsonl"), "--tenant", "t", "--data", str(data))
+    assert alone.returncode == 2 and "--user" in alone.stderr
