@@ -187,17 +187,11 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
         if user_id is not None:
             await store.state_delete(NAME, f"{tenant}\0{user_id}\0")
             return
-        people = {r.user_id for r in removed}
-        if not removed:
-            # Finished after a crash, the rows gone before it: whose firings counted them is not
-            # known, every person's of the tenant is looked at (rare).
-            people = {
-                key.split("\0")[1]
-                for key, _ in await store.state_items(NAME)
-                if key.startswith(f"{tenant}\0")
-            }
-        for person in sorted(people):
-            await drop_deleted_memories(memory, tenant, person)
+        # Nothing removed: nothing to take out (an edit of a message that made no memory, an
+        # empty chat). A forget finished after a crash has no records either: its firings keep
+        # the ids of the memories it deleted (ids, no words) until the person's own forget.
+        for person in sorted({r.user_id for r in removed}):
+            await drop_deleted_memories(memory, tenant, person, {r.id for r in removed if r.id is not None})
 
     @hookimpl
     async def narrmem_after_delete(
@@ -205,12 +199,12 @@ class Proactive(Configured[ProactiveOptions], name=NAME, options=ProactiveOption
     ) -> None:
         """Memories deleted by id: out of the firings that counted them."""
         for person in sorted({r.user_id for r in removed}):
-            await drop_deleted_memories(memory, tenant, person)
+            await drop_deleted_memories(memory, tenant, person, {r.id for r in removed if r.id is not None})
 
 
-async def drop_deleted_memories(memory: MemoryView, tenant: str, user_id: str) -> None:
-    """Take the memories the store no longer holds out of ``user_id``'s firings; a firing left with
-    none goes, and the person's entry of a kind left with no firing. Compare-and-set, as a firing is
+async def drop_deleted_memories(memory: MemoryView, tenant: str, user_id: str, deleted: set[int]) -> None:
+    """Take the memories ``deleted`` out of ``user_id``'s firings; a firing left with none goes,
+    and the person's entry of a kind left with no firing. Compare-and-set, as a firing is
     written: a worker firing meanwhile is not undone."""
     store = memory.store
     for kind in KINDS:
@@ -220,11 +214,9 @@ async def drop_deleted_memories(memory: MemoryView, tenant: str, user_id: str) -
             if stored is None:
                 break
             firings = read_firings(stored)
-            named = sorted({m for firing in firings for m in _memory_ids(firing)})
-            held = set(await store.get(named, Scope(tenant=tenant, user_id=user_id))) if named else set()
             kept = []
             for firing in firings:
-                left = [m for m in _memory_ids(firing) if m in held]
+                left = [m for m in _memory_ids(firing) if m not in deleted]
                 if left:
                     kept.append({**firing, "memories": left})
             if kept == stored.get("firings"):

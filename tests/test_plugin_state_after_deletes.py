@@ -104,8 +104,8 @@ FORGETS: dict[str, Callable[[Memory, list[int]], Coroutine[Any, Any, None]]] = {
 }
 
 
-@pytest.mark.parametrize("how", list(FORGETS))
-async def test_a_tree_of_text_no_one_owns_goes_with_any_forget_of_its_tenant(
+@pytest.mark.parametrize("how", ["person", "chat", "retention"])
+async def test_a_tree_of_text_no_one_owns_goes_with_a_forget_of_a_person_or_a_chat_of_its_tenant(
     tmp_path: Path, how: str
 ) -> None:
     async with open_memory(tmp_path / "m", clock=ManualClock(START)) as mem:
@@ -125,6 +125,31 @@ async def test_a_tree_of_text_no_one_owns_goes_with_any_forget_of_its_tenant(
             await mem.call_tool(TRAVERSE, {"treeId": unowned, "traversalDepth": 1})
 
 
+@pytest.mark.parametrize("how", ["messages", "memories"])
+async def test_a_message_or_memory_deleted_takes_the_trees_of_its_person_alone(
+    tmp_path: Path, how: str
+) -> None:
+    """An edit or a delete comes every few seconds in a busy chat: it takes the trees its person's
+    words may be in (in that chat, or across their chats), not every tree of the tenant."""
+    async with open_memory(tmp_path / "m", clock=ManualClock(START)) as mem:
+        result = await mem.ingest(
+            msg("a1", "I planted basil in the garden", user="ann", ts=START.isoformat())
+        )
+        ids = [r.id for r in result.records if r.id is not None]
+        in_chat = await build(mem, "ann", user_id="ann", chat_id="c1")
+        across = await build(mem, "ann", user_id="ann")
+        elsewhere = await build(mem, "ann", user_id="ann", chat_id="c2")
+        bobs = await build(mem, "bob", user_id="bob", chat_id="c1")
+        unowned = await build(mem, "dan")
+        await FORGETS[how](mem, ids)
+        left = await trees(mem)
+        assert in_chat not in left and across not in left
+        assert {elsewhere, bobs, unowned} <= set(left)
+        # A delete of a message that made no memory takes nothing.
+        await mem.forget_messages(chat_id="c1", message_ids=["never-stored"])
+        assert set(await trees(mem)) == set(left)
+
+
 async def test_a_tree_goes_with_the_forget_of_whose_text_it_holds(tmp_path: Path) -> None:
     async with open_memory(tmp_path / "m", clock=ManualClock(START)) as mem:
         ann = await build(mem, "ann", user_id="ann", chat_id="c1")
@@ -141,6 +166,9 @@ async def test_a_tree_goes_with_the_forget_of_whose_text_it_holds(tmp_path: Path
         # A chat's tree holds anyone's words: it goes with any person's forget.
         assert group not in left
 
+        await mem.ingest(
+            msg("b9", "I moved to Porto last spring", user="bob", chat="c2", ts=START.isoformat())
+        )
         await mem.forget_messages(chat_id="c2", message_ids=["b9"])
         assert bob not in await trees(mem)
         await mem.forget(chat_id="c3")
@@ -187,6 +215,13 @@ async def test_the_trees_kept_are_bounded(tmp_path: Path) -> None:
         assert sorted(await trees(mem)) == sorted(made[-3:])
         with pytest.raises(InputError, match="no tree"):
             await mem.call_tool(TRAVERSE, {"treeId": made[0], "traversalDepth": 1})
+        # Kept per tenant: another tenant's trees push none of these out (they were counted
+        # together, and a caller of one tenant deleted every other tenant's by building trees).
+        for n in range(5):
+            clock.set(START + dt.timedelta(minutes=10 + n))
+            await build(mem, f"q{n}", seed=n, user_id=f"q{n}", tenant="other")
+        kept = await trees(mem)
+        assert set(made[-3:]) <= set(kept) and sum(t[0] == "other" for t in kept.values()) == 3
 
 
 async def test_a_tree_another_worker_forgot_is_not_read_from_this_ones_cache(tmp_path: Path) -> None:

@@ -85,11 +85,24 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         )
 
     @hookimpl
-    async def narrmem_after_forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> None:
-        # The tools' trees that may hold the words forgotten (a person's, a chat's, a message's;
-        # any that names no one), and the cached retellings of the person.
+    async def narrmem_after_forget(
+        self,
+        tenant: str,
+        user_id: str | None,
+        chat_id: str | None,
+        messages: list[str] | None,
+        removed: list[MemoryRecord],
+    ) -> None:
+        # The tools' trees that may hold the words forgotten, and the cached retellings of the
+        # person. A person's or a chat's forget takes any tree that names no one too; a message's
+        # (an edit, a delete: every few seconds in a busy chat) only the trees of whose words it
+        # deleted, in that chat or across their chats.
         self.users.forget(tenant, user_id)
-        await self.trees.forget(tenant, user_id, chat_id)
+        if messages is None:
+            await self.trees.forget(tenant, user_id, chat_id)
+            return
+        for person, chat in sorted({(r.user_id, r.chat_id) for r in removed}):
+            await self.trees.forget_owned(tenant, person, chat)
 
     @hookimpl
     def narrmem_forgotten_elsewhere(
@@ -113,7 +126,7 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         for user_id in {r.user_id for r in removed if r.user_id is not None}:
             self.users.forget(tenant, user_id)
         for user_id, chat_id in sorted({(r.user_id, r.chat_id) for r in removed}):
-            await self.trees.forget(tenant, user_id, chat_id)
+            await self.trees.forget_owned(tenant, user_id, chat_id)
 
 
 def plugin_of(memory: MemoryView) -> RTMPlugin:

@@ -31,8 +31,8 @@ class RTMOptions(BaseModel):
         default=DEFAULT_KEPT,
         ge=1,
         le=1_000_000,
-        description="narrative trees the tools' store keeps; the oldest written goes first (a tree is "
-        "built again from its text)",
+        description="narrative trees the tools' store keeps per tenant; the oldest written goes first "
+        "(a tree is built again from its text)",
     )
     user_memory_limit: int = Field(
         default=1000, ge=1, le=100_000, description="newest memories a user summary covers"

@@ -100,6 +100,11 @@ class TreeStore(Protocol):
         forgotten (``None``: any): those of that owner and those whose owner is not known."""
         ...
 
+    async def forget_owned(self, tenant: str, user_id: str, chat_id: str) -> int:
+        """Delete the trees of ``user_id``'s words in ``chat_id`` or across their chats (those a
+        message of theirs in the chat may be in; a tree that names no one is left)."""
+        ...
+
     def forget_cached(self, tenant: str | None) -> None:
         """Drop the trees of ``tenant`` (``None``: every tenant) held parsed in this process."""
         ...
@@ -247,17 +252,33 @@ class SQLTreeStore:
                 ),
             )
             # The oldest written go past the number kept: trees are built again from their text.
-            [(count,)] = await db.fetchall("SELECT COUNT(*) FROM rtm_trees")
+            # Counted per tenant: one tenant's trees never push out another's (a caller of one
+            # tenant deleted every other's by building trees).
+            [(count,)] = await db.fetchall("SELECT COUNT(*) FROM rtm_trees WHERE tenant = ?", (row.tenant,))
             over = int(count) - self.kept
             if over > 0:
                 oldest = await db.fetchall(
-                    f"SELECT tree_id FROM rtm_trees ORDER BY {self._order} LIMIT ?", (over,)
+                    f"SELECT tree_id FROM rtm_trees WHERE tenant = ? ORDER BY {self._order} LIMIT ?",
+                    (row.tenant, over),
                 )
                 await _delete(db, [r[0] for r in oldest])
                 self._drop([r[0] for r in oldest])
         if written:
             self._remember(row)
         return bool(written)
+
+    async def forget_owned(self, tenant: str, user_id: str, chat_id: str) -> int:
+        # A message's words are in the trees of its person in its chat, or across their chats.
+        async with self._store.sql(write=True) as db:
+            found = await db.fetchall(
+                "SELECT tree_id FROM rtm_trees WHERE tenant = ? AND user_id = ? "
+                "AND (chat_id IS NULL OR chat_id = ?)",
+                (tenant, user_id, chat_id),
+            )
+            gone = [r[0] for r in found]
+            await _delete(db, gone)
+        self._drop(gone)
+        return len(gone)
 
     async def forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
         owner, params = _owner_clause(user_id, chat_id)
@@ -326,9 +347,20 @@ class MemoryTreeStore:
         if row.tree_id in self._rows:
             return False
         self._rows[row.tree_id] = row
-        while len(self._rows) > self.kept:
-            del self._rows[next(iter(self._rows))]
+        tenants = [key for key, kept in self._rows.items() if kept.tenant == row.tenant]
+        for key in tenants[: max(0, len(tenants) - self.kept)]:
+            del self._rows[key]
         return True
+
+    async def forget_owned(self, tenant: str, user_id: str, chat_id: str) -> int:
+        gone = [
+            key
+            for key, r in self._rows.items()
+            if r.tenant == tenant and r.user_id == user_id and r.chat_id in (None, chat_id)
+        ]
+        for key in gone:
+            del self._rows[key]
+        return len(gone)
 
     async def forget(self, tenant: str, user_id: str | None, chat_id: str | None) -> int:
         gone = [
