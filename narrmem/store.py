@@ -12,7 +12,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
@@ -496,6 +496,37 @@ class FindsInactivePeople(Protocol):
         index; of the whole tenant, or of the whole store, when they are ``None`` (a pass over
         the index). ``None``: no such memory."""
         ...
+
+
+@runtime_checkable
+class ReadsStateByPrefix(Protocol):
+    """A store that reads plugin state by the start of its key in every namespace, by index (a
+    person's own export reads what is kept under their key, not the whole table)."""
+
+    async def state_by_prefix(self, key_prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every ``(namespace, key, value)`` whose key starts with ``key_prefix``."""
+        ...
+
+
+async def scope_pages(
+    store: Store, scope: Scope, *, kinds: Sequence[str] | None = None, page: int = 1000
+) -> AsyncIterator[list[MemoryRecord]]:
+    """The scope's memories (of ``kinds``), newest first, about ``page`` at a time: never all of a
+    heavy user's or a busy chat's at once. A page ends with every memory of its oldest instant."""
+    until: datetime | None = None
+    while True:
+        found = await store.recent(scope, until=until, kinds=kinds, limit=page)
+        if not found:
+            return
+        oldest = found[-1].created_at
+        held = {r.id for r in found}
+        found += [
+            r
+            for r in await store.recent(scope, since=oldest, until=oldest, kinds=kinds, limit=2**62)
+            if r.id not in held
+        ]
+        yield found
+        until = oldest - timedelta(microseconds=1)
 
 
 @runtime_checkable

@@ -42,7 +42,7 @@ from narrmem.config import Settings, share
 from narrmem.configured import Configured
 from narrmem.models import Candidate, ContextLine, MemoryRecord, Message, RecallRequest, Scope
 from narrmem.ranking import reciprocal_rank_fusion
-from narrmem.store import Store, shared_by_processes
+from narrmem.store import Store, scope_pages, shared_by_processes
 from narrmem.view import MemoryView
 
 NAME = "recall_hybrid"
@@ -195,6 +195,32 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
                     found[record.id] = record
             for record in found.values():
                 await memory.store.update(self._without_context(record))
+
+    @hookimpl
+    async def narrmem_person_records(
+        self, memory: MemoryView, tenant: str, user_id: str
+    ) -> dict[str, list[dict[str, Any]]] | None:
+        """Where the person's words are kept as keyword context of others' turns around them in
+        their chats (what their forget scrubs): each such memory's id and chat, and the person's
+        messages whose words it holds (the words themselves are the person's own episodes')."""
+        window = await self._windows(memory)
+        said: dict[str, dict[str, datetime]] = {}
+        async for page in scope_pages(memory.store, Scope(tenant=tenant, user_id=user_id), kinds=["episode"]):
+            for record in page:
+                for message_id in record.message_ids:
+                    said.setdefault(record.chat_id, {})[message_id] = record.created_at
+        copies: list[dict[str, Any]] = []
+        for chat_id, timed in sorted(said.items()):
+            chat = Scope(tenant=tenant, chat_id=chat_id)
+            holding: dict[int, MemoryRecord] = {}
+            for since, until, gone in _spans(timed, window):
+                for record in await self._holding_words_of(memory, chat, gone, since, until):
+                    if record.id is not None and record.user_id != user_id:
+                        holding[record.id] = record
+            for memory_id, record in sorted(holding.items()):
+                theirs = sorted(set(record.meta.get("context_message_ids", [])) & timed.keys())
+                copies.append({"memory_id": memory_id, "chat_id": chat_id, "message_ids": theirs})
+        return {f"{NAME}.context": copies} if copies else None
 
     async def _holding_words_of(
         self,
@@ -399,28 +425,9 @@ def _recorded(stored: dict[str, Any] | None) -> tuple[float, datetime] | None:
     return (float(stored["minutes"]), since) if since.tzinfo is not None else None
 
 
-async def _chat_pages(memory: MemoryView, chat: Scope) -> AsyncIterator[list[MemoryRecord]]:
+def _chat_pages(memory: MemoryView, chat: Scope) -> AsyncIterator[list[MemoryRecord]]:
     """The chat's episodes, newest first, a page at a time."""
-    store = memory.store
-    until: datetime | None = None
-    while True:
-        try:
-            page = await store.recent(chat, until=until, kinds=["episode"], limit=CHAT_PAGE)
-        except TypeError:  # a store written before ``until`` was part of the protocol: all at once
-            yield await store.recent(chat, kinds=["episode"], limit=2**62)
-            return
-        if not page:
-            return
-        oldest = page[-1].created_at
-        # The rest of the page's oldest instant: the next page ends just before it.
-        held = {r.id for r in page}
-        page += [
-            r
-            for r in await store.recent(chat, since=oldest, until=oldest, kinds=["episode"], limit=2**62)
-            if r.id not in held
-        ]
-        yield page
-        until = oldest - timedelta(microseconds=1)
+    return scope_pages(memory.store, chat, kinds=["episode"], page=CHAT_PAGE)
 
 
 async def _episode_times(memory: MemoryView, chat: Scope, messages: set[str]) -> dict[str, datetime]:

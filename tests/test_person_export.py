@@ -13,11 +13,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _helpers import msg, on_sqlite, store_sql
 from narrmem_plugins.storage_postgres.escape import unesc
 
+from narrmem import InputError
 from narrmem.clock import ManualClock
 from narrmem.doors.person_export import export_person
+from narrmem.doors.transfer import export_store
 from narrmem.testing import open_memory
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -50,10 +53,11 @@ def _said(person: str, n: int, chat: str, text: str) -> dict[str, Any]:
 
 
 async def _a_month_of_ann_and_bob(memory: Any) -> None:
-    await memory.ingest_many(
-        [_said("ann", n, chat, text) for n, (chat, text) in enumerate(ANN)]
-        + [_said("bob", n, chat, text) for n, (chat, text) in enumerate(BOB)]
-    )
+    ann = [_said("ann", n, chat, text) for n, (chat, text) in enumerate(ANN)]
+    bob = [_said("bob", n, chat, text) for n, (chat, text) in enumerate(BOB)]
+    # Bob answers in the group two minutes after Ann: his turn's keyword context holds her words.
+    bob[1]["ts"] = (datetime.fromisoformat(ann[9]["ts"]) + timedelta(minutes=2)).isoformat()
+    await memory.ingest_many(sorted(ann + bob, key=lambda m: m["ts"]))
     await memory.edit(_said("ann", 1, "dm-ann", "My sister Maria is a doctor in Porto"))
     await memory.call_tool(
         "memory_commit",
@@ -133,8 +137,10 @@ def _covers(table: str, row: dict[str, Any], sections: dict[str, list[dict[str, 
     """Whether the export holds ``row`` of ``table``: by the memory it belongs to, by its state
     key, or as one of a plugin's records (by its id)."""
     memories = {m["id"] for m in sections.get("memories", [])}
+    # Another's memory holding the person's words as keyword context, which their forget scrubs.
+    holding = {c["memory_id"] for c in sections.get("recall_hybrid.context", [])}
     if table in ("memories", "memory_words"):  # PostgreSQL's keyword rows are by the memory's id
-        return row["id"] in memories
+        return row["id"] in memories or row["id"] in holding
     if "memory_id" in row:
         return row["memory_id"] in memories
     held = [r for section, records in sections.items() if "." in section for r in records]
@@ -172,6 +178,13 @@ async def test_everything_a_forget_takes_of_a_person_is_in_their_export(tmp_path
     assert all(r.get("user_id", "ann") == "ann" for s, rs in sections.items() if "." in s for r in rs)
     texts = " ".join(m["text"] for m in sections["memories"])
     assert "Lisbon" in texts and "Madrid" not in texts and "Rex" not in texts
+    # Not what others said around her turns, nor their message ids; where her words are kept in
+    # Bob's turn, by id.
+    whole = (tmp_path / "ann.jsonl").read_text(encoding="utf-8")
+    assert "drinks" not in whole and "bob-" not in whole
+    assert not any("context_text" in m or "context_message_ids" in m["meta"] for m in sections["memories"])
+    [copy] = sections["recall_hybrid.context"]
+    assert copy["chat_id"] == "group" and "ann-9" in copy["message_ids"]
     # Her edit's earlier text, her reinforcement's history, her graph, her firings.
     assert any("nurse" in json.dumps(m["meta"]) for m in sections["memories"])
     assert sections.get("importance") and sections.get("graph.edges")
@@ -222,6 +235,66 @@ def test_the_command_writes_a_persons_export_and_import_refuses_it(tmp_path: Pat
     if os.environ.get("TESTS_STORE", "sqlite") == "sqlite":
         assert not (tmp_path / "other").exists()  # no store made for a refused file
     bad = narrmem("export", str(tmp_path / "x.jsonl"), "--user", "", "--data", str(data))
-    assert bad.returncode == 2 and "user_id" in bad.stderr and not (tmp_path / "x.jsonl").exists()
+    assert bad.returncode == 2 and "field 'user'" in bad.stderr and not (tmp_path / "x.jsonl").exists()
     alone = narrmem("export", str(tmp_path / "y.jsonl"), "--tenant", "t", "--data", str(data))
     assert alone.returncode == 2 and "--user" in alone.stderr
+    blank = narrmem("export", str(tmp_path / "z.jsonl"), "--user", "bob", "--tenant", "", "--data", str(data))
+    assert blank.returncode == 2 and "field 'tenant'" in blank.stderr
+
+
+async def test_what_waits_to_be_written_is_theirs_and_what_names_another_is_not(tmp_path: Path) -> None:
+    from narrmem.chat_moves import MOVED
+    from narrmem.inbox import NAMESPACE as INBOX
+    from narrmem.inbox import _entry
+    from narrmem.models import Message, TriageDecision
+
+    data = tmp_path / "data"
+    async with open_memory(data) as memory:
+        await memory.ingest(msg("ann-1", "I live in Lisbon", user="ann", chat="dm-ann"))
+        waiting = Message.model_validate(
+            msg("ann-2", "my test came back positive", user="ann", chat="dm-ann")
+        )
+        # As a process stopped before writing it leaves it, received and acknowledged.
+        await memory.store.state_put(
+            INBOX, "stopped:0001", _entry(waiting, TriageDecision(layer="accumulate"))
+        )
+        # Kept by a chat whose id is the person's: a chat's note, and an entry naming bob.
+        await memory.store.state_put(MOVED, "default\0ann\0", {"to": "-100ann"})
+        await memory.store.state_put("triage.impacts", "default\0ann\0m1\0", {"user": "bob", "scenes": [1]})
+    async with open_memory(data, read_only=True) as memory:
+        await export_person(memory, tmp_path / "ann.jsonl", tenant="default", user_id="ann")
+    _, sections = _read(tmp_path / "ann.jsonl")
+    state = {(s["namespace"], s["key"]) for s in sections["state"]}
+    assert (INBOX, "stopped:0001") in state
+    assert not {ns for ns, _ in state} & {MOVED, "triage.impacts"}
+
+
+async def test_a_forget_elsewhere_does_not_stop_it_and_no_other_file_is_replaced(tmp_path: Path) -> None:
+    from narrmem.doors.person_export import person_text
+
+    async with open_memory(tmp_path / "data") as memory:
+        for n in range(3):
+            await memory.ingest(msg(f"ann-{n}", f"I keep bees, hive number {n}", user="ann", chat="dm-ann"))
+        await memory.ingest(msg("zed-1", "I sail on weekends", user="zed", chat="dm-zed", tenant="other"))
+        await memory.ingest(msg("bob-1", "I sail too", user="bob", chat="dm-bob"))
+        lines = person_text(memory, "default", "ann")
+        first = await anext(lines)
+        # Another tenant's person, and another person of hers: nothing of the file goes.
+        await memory.forget(user_id="zed", tenant="other")
+        await memory.forget(user_id="bob")
+        rest = [section async for section, _ in lines]
+        assert first[0] == "memories" and rest[-1] == "end"
+        # Only a person's export written before is replaced, never another file.
+        precious = tmp_path / "notes.txt"
+        precious.write_text("mine", encoding="utf-8")
+        backup = tmp_path / "backup.jsonl"
+        await export_store(memory, backup)
+        for path in (precious, backup):
+            before = path.read_bytes()
+            with pytest.raises(InputError, match="replaces only files it wrote"):
+                await export_person(memory, path, tenant="default", user_id="ann")
+            assert path.read_bytes() == before
+        again = tmp_path / "ann.jsonl"
+        await export_person(memory, again, tenant="default", user_id="ann")
+        await export_person(memory, again, tenant="default", user_id="ann")
+        assert _read(again)[0]["user_id"] == "ann"

@@ -667,18 +667,21 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.tenant is not None and args.user is None:
         raise InputError("--tenant names the person's tenant: give --user too", field="tenant")
+    tenant = "default" if args.tenant is None else args.tenant
     if args.user is not None:
-        try:  # before the store opens: an empty id, or one with a NUL, names no one
-            Scope(tenant=args.tenant or "default", user_id=args.user)
-        except ValidationError as exc:
-            raise InputError.from_pydantic(exc) from exc
+        # Before the store opens: an empty id, or one with a NUL, names no one. Each checked as
+        # its option (a scope's own error named a chat_id no one gave).
+        for option, value, field in (("--user", args.user, "user_id"), ("--tenant", tenant, "tenant")):
+            try:
+                Scope.model_validate({field: value, **({"user_id": "x"} if field == "tenant" else {})})
+            except ValidationError as exc:
+                reason = exc.errors(include_url=False)[0]["msg"]
+                raise InputError(f"{option}: {reason}", field=option.removeprefix("--")) from exc
     async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
         if args.user is None:
             counts = await export_store(memory, args.file)
         else:
-            counts = await export_person(
-                memory, args.file, tenant=args.tenant or "default", user_id=args.user
-            )
+            counts = await export_person(memory, args.file, tenant=tenant, user_id=args.user)
     _report(args, {"exported": counts.pop("memories", 0), **counts, "file": args.file})
     return 0
 

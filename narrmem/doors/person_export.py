@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+from array import array
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from narrmem.chat_moves import MOVED as CHATS_MOVED
 from narrmem.doors import export_files
 from narrmem.doors.transfer import (
     END,
@@ -30,17 +32,22 @@ from narrmem.doors.transfer import (
     EndLine,
     ExportHeader,
     Records,
+    _all_still_stored,
     _forget_mark,
     _histories,
     _line_text,
     _read_checked,
     _state_key,
+    check_replaceable,
     each_record,
     no_forget_pending,
 )
+from narrmem.edit_marks import NAMESPACE as EDIT_MARKS
 from narrmem.errors import PluginError, StoreError
+from narrmem.inbox import NAMESPACE as INBOX
 from narrmem.memory import Memory
 from narrmem.models import Scope
+from narrmem.store import ReadsStateByPrefix, scope_pages
 
 PERSON_VERSION = 1
 # Importance history is read for this many of the person's memories at a time.
@@ -49,7 +56,18 @@ HISTORY_CHUNK = 500
 # search (a group's other members' words are theirs, not this person's to be given); its vector is
 # made from its text, which the file holds.
 LEFT_OUT = {"context_text"}
-LEFT_OUT_NOTE = ["memories' context_text (what others said around them)", "memories' vectors"]
+LEFT_OUT_OF_META = {"context_message_ids"}
+LEFT_OUT_NOTE = [
+    "memories' context_text and meta.context_message_ids (what others said around them)",
+    "memories' vectors",
+]
+# Memories are read this many at a time, newest first.
+PAGE = 1000
+# Core state kept by chat, whose key may begin as a person's does (a chat's id equal to a user's).
+CHAT_KEYED = {CHATS_MOVED}
+# Messages received and not yet written, and edits under way: kept by message, each naming its
+# person (in the store while the store was away, or a process stopped before writing them).
+WAITING = (INBOX, EDIT_MARKS)
 
 
 def person_header(memory: Memory, tenant: str, user_id: str) -> str:
@@ -67,17 +85,21 @@ def person_header(memory: Memory, tenant: str, user_id: str) -> str:
 
 async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterator[tuple[str, str]]:
     """Every line of a person's export after its header, as (section, JSON text with its newline),
-    the last one counting the others. Refused while a forget of the store is unfinished, and
-    stopped (:class:`StoreError`, before the last line) if one began while it was read."""
+    the last one counting the others. Refused while a forget of the tenant is unfinished, and
+    stopped (:class:`StoreError`, before the last line) if a forget that began while it was read
+    deleted any of what it holds."""
     scope = Scope(tenant=tenant, user_id=user_id)
     await memory.settle()
     await no_forget_pending(memory, tenant=tenant)
     forgets = await _forget_mark(memory)
+    exported: array[int] = array("q")
     counts: dict[str, int] = {}
-    async for section, line in _person_lines(memory, scope):
+    async for section, line in _person_lines(memory, scope, exported):
         counts[section] = counts.get(section, 0) + 1
         yield section, _line_text(section, line)
-    if await _forget_mark(memory) != forgets:
+    # Another person's forget, or another tenant's, deletes nothing of this one's: only a forget
+    # that took something of the file stops it.
+    if await _forget_mark(memory) != forgets and not await _all_still_stored(memory, tenant, exported):
         raise StoreError(
             "a forget ran while the person's export was read, which may hold what it deleted: export again"
         )
@@ -86,8 +108,10 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
 
 async def export_person(memory: Memory, path: str | Path, *, tenant: str, user_id: str) -> dict[str, int]:
     """Write what narrmem holds of the person to ``path`` (a new file of its own, renamed over
-    ``path`` once whole); returns the lines of each section."""
+    ``path`` once whole: only a person's export written before is ever replaced); returns the
+    lines of each section."""
     path = Path(path)
+    check_replaceable(path, PERSON_FORMAT)
     counts: dict[str, int] = {}
     export_files.delete_stale_partials(path, PERSON_FORMAT)
     with export_files.partial_file(path) as out:
@@ -99,21 +123,22 @@ async def export_person(memory: Memory, path: str | Path, *, tenant: str, user_i
     return counts
 
 
-async def _person_lines(memory: Memory, scope: Scope) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+async def _person_lines(
+    memory: Memory, scope: Scope, exported: array[int]
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     assert scope.user_id is not None
-    records = sorted(await memory.store.recent(scope, limit=2**62), key=lambda r: r.id or 0)
-    ids = [r.id for r in records if r.id is not None]
-    for record in records:
-        yield MEMORIES, record.model_dump(mode="json", exclude=LEFT_OUT)
-    del records
-    for start in range(0, len(ids), HISTORY_CHUNK):
-        chunk = ids[start : start + HISTORY_CHUNK]
-        page = await _histories(memory.store, chunk[0], chunk[-1], {"tenant": scope.tenant})
-        for memory_id in chunk:
-            events = page.get(memory_id) if page is not None else await memory.store.history(memory_id)
-            if events:
-                yield IMPORTANCE, {"memory_id": memory_id, "events": events}
-    async for namespace, key, value in _person_state(memory, f"{scope.tenant}\0{scope.user_id}\0"):
+    async for page in scope_pages(memory.store, scope, page=PAGE):
+        for record in page:
+            if record.id is not None:
+                exported.append(record.id)
+            line = record.model_dump(mode="json", exclude=LEFT_OUT)
+            # Others' message ids, as their words: the turns around it in its chat.
+            line["meta"] = {k: v for k, v in line["meta"].items() if k not in LEFT_OUT_OF_META}
+            yield MEMORIES, line
+    async for line in _history_lines(memory, scope.tenant, sorted(exported)):
+        yield IMPORTANCE, line
+    prefix = f"{scope.tenant}\0{scope.user_id}\0"
+    async for namespace, key, value in _person_state(memory, prefix, scope):
         yield STATE, {"namespace": namespace, "key": key, "value": value}
     for section, records_of in (await _plugin_sections(memory, scope.tenant, scope.user_id)).items():
         async with contextlib.aclosing(each_record(records_of)) as rows:
@@ -121,9 +146,49 @@ async def _person_lines(memory: Memory, scope: Scope) -> AsyncIterator[tuple[str
                 yield section, row
 
 
-async def _person_state(memory: Memory, prefix: str) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
-    """The plugins' state kept under the person's key (``f"{tenant}\\0{user_id}\\0"``, as the
-    hooks' contract asks per-user state to be keyed), in every namespace, read a page at a time."""
+async def _history_lines(memory: Memory, tenant: str, ids: list[int]) -> AsyncIterator[dict[str, Any]]:
+    """Each memory's importance history: by id ranges where the person's ids lie close together
+    (one read for many), one memory at a time where they are spread among others'."""
+    store = memory.store
+    for start in range(0, len(ids), HISTORY_CHUNK):
+        chunk = ids[start : start + HISTORY_CHUNK]
+        close = chunk[-1] - chunk[0] < 4 * len(chunk)
+        page = await _histories(store, chunk[0], chunk[-1], {"tenant": tenant}) if close else None
+        for memory_id in chunk:
+            events = page.get(memory_id) if page is not None else await store.history(memory_id)
+            if events:
+                yield {"memory_id": memory_id, "events": events}
+
+
+async def _person_state(
+    memory: Memory, prefix: str, scope: Scope
+) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
+    """The state kept under the person's key (``f"{tenant}\\0{user_id}\\0"``, as the hooks'
+    contract asks per-user state to be keyed) in every namespace, read by the key where the store
+    can; and their messages received and not yet written (or their edits under way), kept by
+    message. An entry that names another person (keyed by a chat whose id is the same) is not
+    theirs."""
+    store = memory.store
+    if isinstance(store, ReadsStateByPrefix):
+        entries = await store.state_by_prefix(prefix)
+    else:
+        entries = [entry async for entry in _state_scan(memory, prefix)]
+    for namespace, key, value in entries:
+        named = value.get("user", value.get("user_id"))
+        if namespace not in CHAT_KEYED and (not isinstance(named, str) or named == scope.user_id):
+            yield namespace, key, value
+    for namespace in WAITING:
+        for key, value in await store.state_items(namespace):
+            message = value.get("message")
+            if (
+                isinstance(message, dict)
+                and message.get("tenant", "default") == scope.tenant
+                and message.get("user_id") == scope.user_id
+            ):
+                yield namespace, key, value
+
+
+async def _state_scan(memory: Memory, prefix: str) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
     dump = getattr(memory.store, "dump_rows", None)
     if not callable(dump):
         return

@@ -608,6 +608,12 @@ async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]
 
 
 def _check_replaceable(path: Path) -> None:
+    check_replaceable(path, EXPORT_FORMAT)
+
+
+def check_replaceable(path: Path, export_format: str) -> None:
+    """Refuse ``path`` unless it may be written: no symbolic link, a folder that exists, and no
+    file there other than one narrmem wrote in ``export_format``."""
     if path.is_symlink():
         # The export is renamed over its target: over a link that replaced the link with a file
         # and left the export it pointed to as it was. Naming the file itself says which one.
@@ -627,7 +633,7 @@ def _check_replaceable(path: Path) -> None:
         header = json.loads(first)
     except ValueError:
         header = None
-    if not isinstance(header, dict) or header.get("format") != EXPORT_FORMAT:
+    if not isinstance(header, dict) or header.get("format") != export_format:
         raise InputError(
             f"{path} exists and is not a narrmem export: narrmem replaces only files it wrote", field="file"
         )

@@ -879,6 +879,22 @@ class PostgresStore(ForgetJournal):
         async with self.transaction() as conn:
             await conn.execute(STATE_PUT, esc(namespace), esc(key), _state_json(value))
 
+    async def state_by_prefix(self, key_prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
+        # Keys are kept escaped, a character at a time: the escaped prefix starts every escaped key
+        # it starts. A namespace at a time, each read by the primary key's order.
+        prefix = esc(key_prefix) or ""
+        found: list[tuple[str, str, dict[str, Any]]] = []
+        for (namespace,) in await self.pool.fetch("SELECT DISTINCT namespace FROM plugin_state"):
+            rows = await self.pool.fetch(
+                'SELECT key, value FROM plugin_state WHERE namespace = $1 AND key COLLATE "C" >= $2 '
+                'AND left(key, $3) = $2 ORDER BY key COLLATE "C"',
+                namespace,
+                prefix,
+                len(prefix),
+            )
+            found += [(str(unesc(namespace)), str(unesc(r[0])), dict(json.loads(r[1]))) for r in rows]
+        return found
+
     async def state_items(self, namespace: str) -> list[tuple[str, dict[str, Any]]]:
         rows = await self.pool.fetch(
             'SELECT key, value FROM plugin_state WHERE namespace = $1 ORDER BY key COLLATE "C"',

@@ -1243,6 +1243,25 @@ class SQLiteStore(ForgetJournal):
     async def state_put(self, namespace: str, key: str, value: dict[str, Any]) -> None:
         await self._write(STATE_PUT, _state_row((namespace, key, value)))
 
+    async def state_by_prefix(self, key_prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
+        # By the primary key, a namespace at a time: a range read each, not the whole table.
+        # Compared in Python too, as state_delete does (SQLite's string functions stop at a NUL).
+        end = prefix_end(key_prefix)
+        bounded = "" if end is None else " AND key < ?"
+        found: list[tuple[str, str, dict[str, Any]]] = []
+        for (namespace,) in await self._fetchall("SELECT DISTINCT namespace FROM plugin_state"):
+            params = (namespace, key_prefix) if end is None else (namespace, key_prefix, end)
+            rows = await self._fetchall(
+                f"SELECT key, value FROM plugin_state WHERE namespace = ? AND key >= ?{bounded} ORDER BY key",
+                params,
+            )
+            found += [
+                (str(namespace), str(key), dict(json.loads(value)))
+                for key, value in rows
+                if str(key).startswith(key_prefix)
+            ]
+        return found
+
     async def state_items(self, namespace: str) -> list[tuple[str, dict[str, Any]]]:
         rows = await self._fetchall(
             "SELECT key, value FROM plugin_state WHERE namespace = ? ORDER BY key", (namespace,)
