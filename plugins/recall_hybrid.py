@@ -203,23 +203,23 @@ class HybridRecall(Configured[HybridOptions], name=NAME, options=HybridOptions):
         """Where the person's words are kept as keyword context of others' turns around them in
         their chats (what their forget scrubs): each such memory's id and chat, and the person's
         messages whose words it holds (the words themselves are the person's own episodes')."""
-        window = await self._windows(memory)
-        said: dict[str, dict[str, datetime]] = {}
+        said: dict[str, set[str]] = {}
         async for page in scope_pages(memory.store, Scope(tenant=tenant, user_id=user_id), kinds=["episode"]):
             for record in page:
-                for message_id in record.message_ids:
-                    said.setdefault(record.chat_id, {})[message_id] = record.created_at
+                said.setdefault(record.chat_id, set()).update(record.message_ids)
         copies: list[dict[str, Any]] = []
-        for chat_id, timed in sorted(said.items()):
-            chat = Scope(tenant=tenant, chat_id=chat_id)
-            holding: dict[int, MemoryRecord] = {}
-            for since, until, gone in _spans(timed, window):
-                for record in await self._holding_words_of(memory, chat, gone, since, until):
-                    if record.id is not None and record.user_id != user_id:
-                        holding[record.id] = record
-            for memory_id, record in sorted(holding.items()):
-                theirs = sorted(set(record.meta.get("context_message_ids", [])) & timed.keys())
-                copies.append({"memory_id": memory_id, "chat_id": chat_id, "message_ids": theirs})
+        for chat_id, theirs in sorted(said.items()):
+            # Each of their chats read once, a page at a time (a forget reads only the turns
+            # around each message, which for a heavy person read a chat many times over).
+            holding: list[dict[str, Any]] = []
+            async for page in _chat_pages(memory, Scope(tenant=tenant, chat_id=chat_id)):
+                for record in page:
+                    held = theirs.intersection(record.meta.get("context_message_ids", []))
+                    if held and record.id is not None and record.user_id != user_id:
+                        holding.append(
+                            {"memory_id": record.id, "chat_id": chat_id, "message_ids": sorted(held)}
+                        )
+            copies += sorted(holding, key=lambda copy: copy["memory_id"])
         return {f"{NAME}.context": copies} if copies else None
 
     async def _holding_words_of(
