@@ -528,6 +528,17 @@ def narrmem_person_records(
 
 
 @hookspec
+def narrmem_people_held(memory: MemoryView, tenant: str | None) -> list[tuple[str, str, datetime]] | None:
+    """Every person this plugin keeps something of, as ``(tenant, user_id, last)``: ``last`` the
+    latest time it wrote of them (a fact stated, a tree built), of ``tenant`` (every tenant when
+    ``None``), read by one query a table (an aggregate, never the rows). Retention
+    (``Memory.forget_inactive``) forgets, besides the people whose every memory is old, those who
+    have no memory at all and nothing here newer than its time: a bot that writes what it learns
+    with tools alone (``memory_commit`` over MCP) had no one found. Reading only.
+    """
+
+
+@hookspec
 def narrmem_import_records(
     memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool
 ) -> dict[str, int] | None:

@@ -16,6 +16,10 @@ message is received and not yet written by any process, is kept. It leaves no fo
 person did not ask, and a late write of what they said (a backlog, a backfill after downtime) is
 stored; the next pass finds it if it is old. One pass runs at a time on a store.
 
+A person the store holds no memory of, whom a plugin keeps something of (facts a bot wrote with
+the graph's tools alone, over MCP; trees of their words), is inactive when nothing of theirs was
+written since the time (``narrmem_people_held``): such a bot had no one found before.
+
 A pass finding that no one in the store has said anything since the time is refused
 (``refused``): the clock is wrong (a machine that woke a year ahead), or the bot has been down
 that long; either way, forgetting everyone is not what the policy meant. ``force`` runs it anyway.
@@ -63,14 +67,38 @@ async def inactive_people(
 
 
 async def all_inactive(
-    store: Store, before: object, *, tenant: object = None
+    memory: Any, before: object, *, tenant: object = None
 ) -> AsyncIterator[dict[str, Any]]:
-    """Every person :func:`inactive_people` finds, page by page."""
+    """Every person :func:`forget_inactive` would forget: those :func:`inactive_people` finds,
+    page by page, then those only plugins keep something of (:func:`held_only`)."""
     after: tuple[str, str] | None = None
-    while page := await inactive_people(store, before, tenant=tenant, limit=PAGE, after=after):
+    while page := await inactive_people(memory.store, before, tenant=tenant, limit=PAGE, after=after):
         for person in page:
             yield person
         after = (page[-1]["tenant"], page[-1]["user_id"])
+    checked = aware_time_argument(before, "before")
+    for held in await held_only(
+        memory, finder(memory.store), checked, None if tenant is None else str(tenant)
+    ):
+        yield _as_dict(held)
+
+
+async def held_only(
+    memory: Any, people: FindsInactivePeople, before: datetime, tenant: str | None
+) -> list[InactivePerson]:
+    """The people of ``tenant`` (every tenant if ``None``) that plugins keep something of and the
+    store holds no memory of, with nothing kept of them newer than ``before``; their ``last_said``
+    is the plugins' latest write of them, ``memories`` 0."""
+    latest: dict[tuple[str, str], datetime] = {}
+    for answer in await memory.host.call("narrmem_people_held", isolate=False, memory=memory, tenant=tenant):
+        for held_tenant, user_id, last in answer:
+            key = (held_tenant, user_id)
+            latest[key] = max(last, latest.get(key, last))
+    found = []
+    for (held_tenant, user_id), last in sorted(latest.items()):
+        if last < before and await people.last_said(held_tenant, user_id) is None:
+            found.append(InactivePerson(held_tenant, user_id, 0, last))
+    return found
 
 
 def _person_argument(value: object) -> tuple[str, str]:
@@ -184,6 +212,17 @@ async def _pass(
             log.info(
                 "retention: %d people forgotten so far, %d kept", counts["people"], counts["spoke_since"]
             )
+        # Then those only plugins keep something of (no memory at all).
+        holders = await forgetting.inbox.holders()
+        for person in await held_only(forgetting.memory, people, before, tenant):
+            if forgetting.memory.closed:
+                return
+            forgotten = await forgetting.scope_unless(
+                Scope(tenant=person.tenant, user_id=person.user_id),
+                _spoke_since(people, person, before, holders, held=True),
+            )
+            counts["spoke_since" if forgotten is None else "people"] += 1
+            progress(1)
     finally:
         # Once for every person forgotten (each forget's own purge rewrote the whole file), and
         # whatever stopped the pass (a forget it began goes on to its end, and owes one).
@@ -191,12 +230,20 @@ async def _pass(
 
 
 def _spoke_since(
-    people: FindsInactivePeople, person: InactivePerson, before: datetime, holders: set[tuple[str, str]]
+    people: FindsInactivePeople,
+    person: InactivePerson,
+    before: datetime,
+    holders: set[tuple[str, str]],
+    *,
+    held: bool = False,
 ) -> Callable[[], Awaitable[bool]]:
     async def spoke() -> bool:
         if (person.tenant, person.user_id) in holders:
             return True
         last = await people.last_said(person.tenant, person.user_id)
+        if held:
+            # Known by what plugins keep: any memory since means they spoke.
+            return last is not None
         # None: gone meanwhile (forgotten by someone else); nothing is left to forget.
         return last is None or last >= before
 

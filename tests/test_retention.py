@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg
+from _helpers import msg, store_sql
 from narrmem_plugins.retention import Retention
 
-from narrmem import ManualClock, Scope
+from narrmem import ManualClock, Scope, retention
 from narrmem.errors import ConfigError, InputError
 from narrmem.forgetting import PURGE_OWED
 from narrmem.testing import open_memory
@@ -368,3 +368,47 @@ async def test_the_cli_dry_run_output(tmp_path: Path, capsys: pytest.CaptureFixt
     assert report["people"] == 2 and [p["user_id"] for p in report["inactive"]] == ["ann", "ann"]
     async with open_memory(data, real_model=True, read_only=True) as memory:
         assert len(await texts(memory, "ann")) == 2 and len(await texts(memory, "ann", "guild")) == 1
+
+
+async def test_people_known_only_by_what_the_tools_wrote_go_when_nothing_of_theirs_is_new(
+    tmp_path: Path,
+) -> None:
+    """A bot that writes what it learns with the graph's tools alone (over MCP) stores no memory:
+    retention found no one, and their facts and trees stayed for good."""
+    clock = ManualClock(YEAR_AGO - timedelta(days=30))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        for person in ("ann", "bob"):
+            await memory.call_tool(
+                "memory_commit",
+                {
+                    "user_id": person,
+                    "chat_id": f"dm-{person}",
+                    "triplets": [{"subject": "user", "relation": "likes", "object": f"jazz of {person}"}],
+                },
+            )
+        await memory.call_tool(
+            "rtm_create_narrative_tree",
+            {"text": "I moved to Lisbon. Then I found a job. It rained.", "title": "t", "user_id": "ann"},
+        )
+        clock.set(NOW - timedelta(days=3))  # bob is told of again lately
+        await memory.call_tool(
+            "memory_commit",
+            {
+                "user_id": "bob",
+                "chat_id": "dm-bob",
+                "triplets": [{"subject": "user", "relation": "likes", "object": "blues"}],
+            },
+        )
+        clock.set(NOW)
+        listed = [p async for p in retention.all_inactive(memory, YEAR_AGO)]
+        assert [(p["user_id"], p["memories"]) for p in listed] == [("ann", 0)]
+        counts = await memory.forget_inactive(before=YEAR_AGO)
+        assert (counts["people"], counts["memories"]) == (1, 0)
+        held = {
+            table: {r[0] for r in await store_sql(memory, f"SELECT DISTINCT user_id FROM {table}")}
+            for table in ("graph_nodes", "graph_edges", "rtm_trees")
+        }
+        assert held == {"graph_nodes": {"bob"}, "graph_edges": {"bob"}, "rtm_trees": set()}
+        # Someone with a memory since is theirs to keep, whatever the tools wrote long ago.
+        await memory.ingest(said("70", "I still listen to jazz every evening", "bob", 1, chat="dm-bob"))
+        assert [p async for p in retention.all_inactive(memory, YEAR_AGO)] == []

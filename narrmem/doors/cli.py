@@ -584,7 +584,7 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
         async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
             before = cutoff(memory.clock.now())
             refused = await retention.refused(retention.finder(memory.store), before)
-            people = [person async for person in retention.all_inactive(memory.store, before, tenant=tenant)]
+            people = [person async for person in retention.all_inactive(memory, before, tenant=tenant)]
         summary = {
             "before": before.isoformat(),
             "people": len(people),
@@ -607,7 +607,7 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
     async with _open(_existing_store(settings), warm=False) as memory:
         before = cutoff(memory.clock.now())
         # Counted first (a read of the scope index), so the bar says how far the pass has gone.
-        total = sum([1 async for _ in retention.all_inactive(memory.store, before, tenant=tenant)])
+        total = sum([1 async for _ in retention.all_inactive(memory, before, tenant=tenant)])
         with tqdm(total=total, unit="person", desc="retention", file=sys.stderr, disable=None) as bar:
             counts = await memory.forget_inactive(
                 before=before, tenant=tenant, force=args.force, progress=bar.update

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,25 @@ class GraphTransfer:
             return None
         mine = [t for t in TABLES if t.table in self._graph.tables]
         return await export_tables(memory.store, mine, rows_of=RowsOf(tenant, user_id))
+
+    @hookimpl
+    async def narrmem_people_held(
+        self, memory: MemoryView, tenant: str | None
+    ) -> list[tuple[str, str, datetime]] | None:
+        """Each person with a node or a fact, and when one was last made or stated again."""
+        if self._graph is None:
+            return None
+        only, params = ("AND tenant = ? ", [tenant, tenant]) if tenant is not None else ("", [])
+        async with self._graph.read() as db:
+            rows = await db.fetchall(
+                "SELECT tenant, user_id, MAX(at) FROM ("
+                f"SELECT tenant, user_id, created_ts AS at FROM graph_nodes WHERE user_id <> '' {only}"
+                "UNION ALL "
+                f"SELECT tenant, user_id, last_seen_ts AS at FROM graph_edges WHERE user_id <> '' {only}"
+                ") AS held GROUP BY tenant, user_id",
+                params,
+            )
+        return [(str(t), str(u), datetime.fromtimestamp(float(at), UTC)) for t, u, at in rows]
 
     @hookimpl
     async def narrmem_import_records(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, overload
 
 from narrmem_plugins.rtm.store import OWNER_COLUMNS, WRITE_ORDER, TreeStore
@@ -17,7 +18,7 @@ from narrmem_plugins.rtm.tree import Tree
 
 from narrmem import InputError, hookimpl
 from narrmem.store import SQLCapable
-from narrmem.table_transfer import RowsOf, TableSpec, export_tables, import_tables
+from narrmem.table_transfer import RowsOf, TableSpec, export_tables, import_tables, table_columns
 from narrmem.view import MemoryView
 
 SECTION = "rtm.trees"
@@ -68,6 +69,29 @@ class RTMTransfer:
         if not self.trees.persistent:
             return None
         return await export_tables(memory.store, await _tables(memory), rows_of=RowsOf(tenant, user_id))
+
+    @hookimpl
+    async def narrmem_people_held(
+        self, memory: MemoryView, tenant: str | None
+    ) -> list[tuple[str, str, datetime]] | None:
+        """Each person a tree of whose words is kept, and when the latest was built."""
+        if not self.trees.persistent or not isinstance(memory.store, SQLCapable):
+            return None
+        only, params = (" AND tenant = ?", [tenant]) if tenant is not None else ("", [])
+        async with memory.store.sql() as db:
+            columns = {c.name for c in await table_columns(db, "rtm_trees", ())}
+            if "user_id" not in columns:  # a store not migrated yet (opened read-only): no owners
+                return None
+            rows = await db.fetchall(
+                f"SELECT tenant, user_id, created_at FROM rtm_trees WHERE user_id IS NOT NULL{only}", params
+            )
+        latest: dict[tuple[str, str], datetime] = {}
+        for tenant_of, user_id, created_at in rows:
+            at = datetime.fromisoformat(str(created_at))
+            at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+            key = (str(tenant_of), str(user_id))
+            latest[key] = max(at, latest.get(key, at))
+        return [(t, u, at) for (t, u), at in sorted(latest.items())]
 
     @hookimpl
     async def narrmem_import_records(
