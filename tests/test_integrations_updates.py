@@ -28,7 +28,7 @@ from test_integrations import (
     telegram_payload,
 )
 
-from narrmem import ContextPack, ManualClock, Memory, StoreUnavailableError
+from narrmem import ContextPack, InputError, ManualClock, Memory, StoreUnavailableError
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations.backlog import backlog_of
 from narrmem.testing import open_memory
@@ -305,3 +305,59 @@ async def test_telegram_a_suggestion_made_at_the_next_start_is_said_in_its_topic
     [suggestion] = harness.sent
     assert (suggestion["chat_id"], suggestion.get("message_thread_id")) == (GROUP, 77)
     assert "3rd time" in suggestion["text"]
+
+
+@pytest.mark.parametrize("library", TELEGRAM)
+async def test_telegram_the_words_after_a_command_named_remembered_are_the_persons(
+    library: str, memory: Memory
+) -> None:
+    """A group bot with privacy mode on is sent commands, replies and mentions only: its people
+    talk to it with ``/ask ...``. The words after a command the author names are remembered,
+    without the command; any other command still is not."""
+    harness = await telegram_harness(library, memory, remembered_commands={"ask", "Note"})
+    group = {"user": ANN, "chat": GROUP, "group": True}
+    try:
+        await harness.send(1, "/ask should I take the job offer in Porto next spring?", **group)
+        await harness.send(2, "/note@test_bot my daughter starts school in September", **group)
+        await harness.send(3, "/ask", **group)  # nothing said
+        await harness.send(4, "/start c2hvcC1yZWY", **group)
+        await harness.send(5, "/memory", **group)
+        await harness.edit(1, "/ask should I take the job offer in Lisbon next spring?", **group)
+        await memory.settle()
+        assert sorted(texts(await everything(memory))) == [
+            "my daughter starts school in September",
+            "should I take the job offer in Lisbon next spring?",
+        ]
+    finally:
+        await harness.close()
+
+
+async def test_discord_the_words_after_a_command_named_remembered_are_the_persons(memory: Memory) -> None:
+    harness = await open_harness("discord.py", memory, guild_as="tenant", remembered_commands=["ask"])
+    assert isinstance(harness, DiscordHarness)
+
+    @harness.bot.command(name="ask")
+    async def ask(ctx: Any, *, question: str) -> None:  # the bot author's own command
+        return None
+
+    @harness.bot.command(name="remind")
+    async def remind(ctx: Any, *, what: str) -> None:
+        return None
+
+    place = {"user": ANN, "chat": 7, "group": True}
+    try:
+        await harness.send(1, "!ask should I adopt the greyhound from the shelter?", **place)
+        await harness.send(2, "!remind me to call the shelter tomorrow", **place)
+        await memory.settle()
+        assert texts(await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))) == [
+            "should I adopt the greyhound from the shelter?"
+        ]
+    finally:
+        await harness.close()
+
+
+async def test_a_remembered_command_is_named_as_a_word(memory: Memory) -> None:
+    for wrong in ("/ask", ["!ask"], "ask", ["two words"], [""]):
+        with pytest.raises(InputError) as raised:
+            _common.TurnOptions[Any](remembered_commands=wrong)
+        assert raised.value.field == "remembered_commands"

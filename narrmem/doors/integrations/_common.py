@@ -85,6 +85,7 @@ class TurnArgs(TypedDict, Generic[T], total=False):
     k: int
     context_scope: ContextScope
     time_zone: str | tzinfo | None
+    remembered_commands: Collection[str]
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,11 @@ class TurnOptions(Generic[T]):
     context holds and whose (``context_scope``). ``time_zone`` (an IANA name such as
     ``"Asia/Shanghai"``, or a ``tzinfo``) is where the bot's people live: the platforms date
     messages in UTC, so without it a scene's time, a weekly habit's day and "yesterday" in a
-    question are UTC's (a Monday 7am in Shanghai was "Sunday 11pm")."""
+    question are UTC's (a Monday 7am in Shanghai was "Sunday 11pm"). ``remembered_commands``
+    (``{"ask", "note"}``, names without the prefix) are the commands whose words after them are
+    the person's own (a group bot with Telegram's privacy mode on is sent commands, replies and
+    mentions only: ``/ask should I take the job in Porto?``): remembered without the command, as
+    a message would be; every other command is the person working a bot, and is not."""
 
     tenant: str = "default"
     token_budget: int = DEFAULT_TOKEN_BUDGET
@@ -103,9 +108,11 @@ class TurnOptions(Generic[T]):
     k: int = DEFAULT_K
     context_scope: ContextScope = "auto"
     time_zone: str | tzinfo | None = None
+    remembered_commands: Collection[str] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "time_zone", zone_of(self.time_zone))
+        object.__setattr__(self, "remembered_commands", _command_names(self.remembered_commands))
         if not isinstance(self.tenant, str) or not self.tenant:
             raise InputError("must be a non-empty string", field="tenant")
         for name in ("token_budget", "k"):
@@ -339,6 +346,39 @@ def command_name(text: str | None) -> str | None:
         return None
     head = text[1:].split(maxsplit=1)[0] if text[1:].strip() else ""
     return head.split("@", 1)[0].lower() or None
+
+
+def _command_names(names: object) -> frozenset[str]:
+    if isinstance(names, str) or not isinstance(names, Collection):
+        raise InputError(
+            "must be a collection of command names ('ask', not '/ask')", field="remembered_commands"
+        )
+    checked = set()
+    for name in names:
+        if not isinstance(name, str) or not name or name[0] in "/!" or any(c.isspace() for c in name):
+            raise InputError(
+                f"{name!r} is no command name (a word without its prefix: 'ask')", field="remembered_commands"
+            )
+        checked.add(name.lower())
+    return frozenset(checked)
+
+
+def words_after_command(
+    message: Message, commands: Collection[str], *, head: str | None = None, name: str | None = None
+) -> Message | None:
+    """``message`` as the person's words after its command, when the command is one of
+    ``commands`` (:attr:`TurnOptions.remembered_commands`) and words follow it; ``None``
+    otherwise (the command is not remembered). ``head`` and ``name``: the command's text and name
+    as the platform read them (a Discord bot's prefix and the word it invoked, ``"!ask"``, and
+    its command's name); by default the message's first word (``/ask@my_bot``) and its name."""
+    text = message.text
+    if head is None:
+        head = text.split(maxsplit=1)[0] if text.strip() else ""
+        name = command_name(head)
+    if not head or name is None or name.lower() not in commands or not text.startswith(head):
+        return None
+    words = text[len(head) :].strip()
+    return message.model_copy(update={"text": words}) if words else None
 
 
 def is_own_command(text: str | None, commands: Collection[str] = COMMANDS) -> bool:

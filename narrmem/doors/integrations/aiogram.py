@@ -152,15 +152,18 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
         bot = data.get("bot")
         if isinstance(bot, Bot):
             self._bot = bot
+        said: Message | None = message
+        if _common.starts_with_command(event):
+            said = _common.words_after_command(message, self.options.remembered_commands)
         if _common.is_relayed(event):
             pass  # the sender's context for the answer, nothing stored
-        elif _common.starts_with_command(event):
+        elif said is None:
             if edited:  # a message edited into a command: what it said before goes
                 await _common.retract(self.memory, message)
         elif edited:
-            await _common.edit(self.memory, message)
+            await _common.edit(self.memory, said)
         else:
-            await _common.ingest(self.memory, message, self.triggers, bot)
+            await _common.ingest(self.memory, said, self.triggers, bot)
         # Made for every message, answered or not: what an answer uses is reinforced when the
         # handler says so (memory_mark_used), not every time a message passes.
         pack = await self.options.context(

@@ -162,23 +162,37 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             or message.is_system()
         )
 
-    async def _invokes_a_command(self, message: discord.Message) -> bool:
-        """Whether ``message`` invokes one of the bot's commands (``!help``, the bot's own, this
-        cog's): the person working the bot, not something they said (each was stored as their
-        words). A message that only begins with the prefix (``!!``, ``!memroy``) invokes none."""
+    async def _command(self, message: discord.Message) -> AnyContext | None:
+        """The context of the bot's command ``message`` invokes (``!help``, the bot's own, this
+        cog's), or ``None``: a command is the person working the bot, not something they said
+        (each was stored as their words), but for :attr:`remembered_commands`' words after it. A
+        message that only begins with the prefix (``!!``, ``!memroy``) invokes none."""
         # Asking the bot (not a string test) follows whatever prefixes and case rules it has.
         ctx: AnyContext = await self.bot.get_context(message)
-        return ctx.valid
+        return ctx if ctx.valid else None
+
+    def _remembered(self, converted: Message | None, ctx: AnyContext | None) -> Message | None:
+        """What of a message is remembered: all of it, or of a command only the words after one
+        of :attr:`remembered_commands`."""
+        if converted is None or ctx is None:
+            return converted
+        assert ctx.command is not None and ctx.prefix is not None and ctx.invoked_with is not None
+        return _common.words_after_command(
+            converted,
+            self.options.remembered_commands,
+            head=f"{ctx.prefix}{ctx.invoked_with}",
+            name=ctx.command.name,
+        )
 
     # --- listeners ---------------------------------------------------------------------------
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
-        if self._ignored(message) or await self._invokes_a_command(message):
+        if self._ignored(message):
             return
-        converted = self.to_message(message)
-        if converted is not None:
-            await _common.ingest(self.memory, converted, self.triggers, message.channel)
+        said = self._remembered(self.to_message(message), await self._command(message))
+        if said is not None:
+            await _common.ingest(self.memory, said, self.triggers, message.channel)
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -189,7 +203,9 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             return
         if self._ignored(message):
             return
-        if await self._invokes_a_command(message):
+        command = await self._command(message)
+        converted = self._remembered(self.to_message(message), command)
+        if command is not None and converted is None:
             # Edited into a command (a typo fixed): the bot's business, and what it said before,
             # stored as the person's words, goes.
             guild_id = _guild_id(message)
@@ -198,7 +214,6 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
                 self.memory, tenant=tenant, chat_id=chat_id, message_ids=[str(message.id)]
             )
             return
-        converted = self.to_message(message)
         if converted is not None:
             await _common.edit(self.memory, converted)
         elif not message.content.strip() and (message.attachments or message.embeds or message.stickers):

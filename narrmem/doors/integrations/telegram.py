@@ -155,14 +155,19 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         if message is None or source is None or _common.is_relayed(source):
             return
         self._bot = context.bot
-        if _common.is_own_command(message.text, self.commands) or _common.starts_with_command(source):
+        said: Message | None = message
+        if _common.is_own_command(message.text, self.commands):
+            said = None
+        elif _common.starts_with_command(source):
+            said = _common.words_after_command(message, self.options.remembered_commands)
+        if said is None:
             if edited:  # a message edited into a command: what it said before goes
                 await _common.retract(self.memory, message)
             return
         if edited:
-            await _common.edit(self.memory, message)
+            await _common.edit(self.memory, said)
         else:
-            await _common.ingest(self.memory, message, self.triggers, context.bot)
+            await _common.ingest(self.memory, said, self.triggers, context.bot)
 
     def incoming(self, source: telegram.Update) -> Message | None:
         message = source.effective_message
