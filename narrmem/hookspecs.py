@@ -528,13 +528,17 @@ def narrmem_person_records(
 
 
 @hookspec
-def narrmem_people_held(memory: MemoryView, tenant: str | None) -> list[tuple[str, str, datetime]] | None:
+def narrmem_people_held(
+    memory: MemoryView, tenant: str | None, user_id: str | None
+) -> list[tuple[str, str, datetime]] | None:
     """Every person this plugin keeps something of, as ``(tenant, user_id, last)``: ``last`` the
-    latest time it wrote of them (a fact stated, a tree built), of ``tenant`` (every tenant when
-    ``None``), read by one query a table (an aggregate, never the rows). Retention
-    (``Memory.forget_inactive``) forgets, besides the people whose every memory is old, those who
-    have no memory at all and nothing here newer than its time: a bot that writes what it learns
-    with tools alone (``memory_commit`` over MCP) had no one found. Reading only.
+    latest time it wrote of them (a fact stated, a tree built; aware), of ``tenant`` (every tenant
+    when ``None``), of ``user_id`` alone when given, read by a query over the plugin's own rows
+    (an aggregate where it can). Retention (``Memory.forget_inactive``) forgets, besides the
+    people whose every memory is old, those who have no memory at all and nothing here newer
+    than its time (a bot that writes what it learns with tools alone, ``memory_commit`` over MCP,
+    had no one found), and keeps anyone written of here since (asked again, for the one person,
+    inside their forget's turn). Reading only.
     """
 
 

@@ -384,8 +384,10 @@ class Memory(MemoryLifecycle):
         """The people (of ``tenant``, or of every tenant) whose every memory was said before
         ``before``: per person ``tenant``, ``user_id``, ``memories`` and ``last_said``, in tenant
         and user id order, at most ``limit``; ``after``: the next page, after this (tenant, user
-        id). What :meth:`forget_inactive` would forget; it reads no memory's text and changes
-        nothing."""
+        id). It reads no memory's text and changes nothing. :meth:`forget_inactive` forgets them
+        but those a plugin wrote of since (a fact the bot stated with a tool lately), and the
+        people only plugins keep something of, with nothing of theirs newer:
+        :func:`narrmem.retention.all_inactive` lists all it would forget."""
         return await retention.inactive_people(self.store, before, tenant=tenant, limit=limit, after=after)
 
     @while_open

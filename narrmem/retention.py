@@ -69,36 +69,67 @@ async def inactive_people(
 async def all_inactive(
     memory: Any, before: object, *, tenant: object = None
 ) -> AsyncIterator[dict[str, Any]]:
-    """Every person :func:`forget_inactive` would forget: those :func:`inactive_people` finds,
-    page by page, then those only plugins keep something of (:func:`held_only`)."""
+    """Every person :func:`forget_inactive` would forget: those :func:`inactive_people` finds
+    (page by page) that no plugin has written of since, then those only plugins keep something of
+    (:func:`held_only`)."""
+    checked = aware_time_argument(before, "before")
     after: tuple[str, str] | None = None
     while page := await inactive_people(memory.store, before, tenant=tenant, limit=PAGE, after=after):
         for person in page:
-            yield person
+            if not await _written_of_since(memory, person["tenant"], person["user_id"], checked):
+                yield person
         after = (page[-1]["tenant"], page[-1]["user_id"])
-    checked = aware_time_argument(before, "before")
-    for held in await held_only(
-        memory, finder(memory.store), checked, None if tenant is None else str(tenant)
-    ):
+    only = None if tenant is None else id_argument(tenant, "tenant")
+    for held in await held_only(memory, finder(memory.store), checked, only):
         yield _as_dict(held)
 
 
+async def plugins_latest(
+    memory: Any, tenant: str | None = None, user_id: str | None = None
+) -> dict[tuple[str, str], datetime]:
+    """Each person's latest write by any plugin (``narrmem_people_held``), of ``tenant`` (every
+    tenant if ``None``), of ``user_id`` alone when given. A time that is not an aware datetime
+    says nothing (it cannot be compared)."""
+    latest: dict[tuple[str, str], datetime] = {}
+    answers = await memory.host.call(
+        "narrmem_people_held", isolate=False, memory=memory, tenant=tenant, user_id=user_id
+    )
+    for answer in answers:
+        for held_tenant, held_user, last in answer:
+            if not isinstance(last, datetime) or last.tzinfo is None:
+                continue
+            key = (str(held_tenant), str(held_user))
+            latest[key] = max(last, latest.get(key, last))
+    return latest
+
+
 async def held_only(
-    memory: Any, people: FindsInactivePeople, before: datetime, tenant: str | None
+    memory: Any,
+    people: FindsInactivePeople,
+    before: datetime,
+    tenant: str | None,
+    latest: dict[tuple[str, str], datetime] | None = None,
 ) -> list[InactivePerson]:
     """The people of ``tenant`` (every tenant if ``None``) that plugins keep something of and the
     store holds no memory of, with nothing kept of them newer than ``before``; their ``last_said``
-    is the plugins' latest write of them, ``memories`` 0."""
-    latest: dict[tuple[str, str], datetime] = {}
-    for answer in await memory.host.call("narrmem_people_held", isolate=False, memory=memory, tenant=tenant):
-        for held_tenant, user_id, last in answer:
-            key = (held_tenant, user_id)
-            latest[key] = max(last, latest.get(key, last))
+    is the plugins' latest write of them, ``memories`` 0. ``latest``: :func:`plugins_latest`,
+    when read already."""
+    if latest is None:
+        latest = await plugins_latest(memory, tenant)
     found = []
     for (held_tenant, user_id), last in sorted(latest.items()):
+        if tenant is not None and held_tenant != tenant:
+            continue
         if last < before and await people.last_said(held_tenant, user_id) is None:
             found.append(InactivePerson(held_tenant, user_id, 0, last))
     return found
+
+
+async def _written_of_since(memory: Any, tenant: str, user_id: str, before: datetime) -> bool:
+    """Whether a plugin wrote of the person at ``before`` or later (a fact the bot stated with a
+    tool lately, for a person whose messages are old): they are kept."""
+    last = (await plugins_latest(memory, tenant, user_id)).get((tenant, user_id))
+    return last is not None and last >= before
 
 
 def _person_argument(value: object) -> tuple[str, str]:
@@ -145,19 +176,22 @@ async def forget_inactive(
         raise InputError("must be a function taking the number of people done", field="progress")
     told = progress or _nobody
     counts = {"people": 0, "memories": 0, "spoke_since": 0, "refused": 0, "busy": 0}
-    if await refused(people, before) and not force:
+    # What plugins keep of whom, store-wide: for the refusal (a store of no memory, written with
+    # tools alone, has the plugins' times only) and for the people only they keep something of.
+    held = await plugins_latest(forgetting.memory)
+    if await refused(people, before, held) and not force:
         counts["refused"] = 1
         return counts
     exclusive = getattr(store, "exclusive", None)
     if exclusive is None:  # a store older than the protocol's exclusive()
-        await _pass(forgetting, people, before, tenant, counts, told)
+        await _pass(forgetting, people, before, tenant, counts, told, held)
         return counts
     # One pass at a time across the store's workers (the schedule's, a command's, a call's).
     async with exclusive(NAME) as mine:
         if not mine:
             counts["busy"] = 1
             return counts
-        await _pass(forgetting, people, before, tenant, counts, told)
+        await _pass(forgetting, people, before, tenant, counts, told, held)
     return counts
 
 
@@ -165,10 +199,14 @@ def _nobody(done: int) -> None:
     return None
 
 
-async def refused(people: FindsInactivePeople, before: datetime) -> bool:
-    """Whether no one in the whole store has said anything since ``before`` (a tenant of its own
-    may well be silent: a server that removed the bot). Logged as a warning."""
-    newest = await people.last_said()
+async def refused(
+    people: FindsInactivePeople, before: datetime, held: dict[tuple[str, str], datetime] | None = None
+) -> bool:
+    """Whether no one in the whole store has said anything since ``before``, nor has a plugin
+    written of anyone (``held``: :func:`plugins_latest`, store-wide), though something is kept (a
+    tenant of its own may well be silent: a server that removed the bot). Logged as a warning."""
+    times = [t for t in (await people.last_said(), *(held or {}).values()) if t is not None]
+    newest = max(times, default=None)
     if newest is None or newest >= before:
         return False
     log.warning(
@@ -187,7 +225,9 @@ async def _pass(
     tenant: str | None,
     counts: dict[str, int],
     progress: Callable[[int], None],
+    held: dict[tuple[str, str], datetime],
 ) -> None:
+    memory = forgetting.memory
     after: tuple[str, str] | None = None
     try:
         while page := await people.inactive_people(before, tenant=tenant, limit=PAGE, after=after):
@@ -199,7 +239,7 @@ async def _pass(
                     return  # the rest wait for the next pass
                 forgotten = await forgetting.scope_unless(
                     Scope(tenant=person.tenant, user_id=person.user_id),
-                    _spoke_since(people, person, before, holders),
+                    _spoke_since(memory, people, person, before, holders),
                 )
                 if forgotten is None:
                     counts["spoke_since"] += 1
@@ -214,12 +254,12 @@ async def _pass(
             )
         # Then those only plugins keep something of (no memory at all).
         holders = await forgetting.inbox.holders()
-        for person in await held_only(forgetting.memory, people, before, tenant):
-            if forgetting.memory.closed:
+        for person in await held_only(memory, people, before, tenant, held):
+            if memory.closed:
                 return
             forgotten = await forgetting.scope_unless(
                 Scope(tenant=person.tenant, user_id=person.user_id),
-                _spoke_since(people, person, before, holders, held=True),
+                _spoke_since(memory, people, person, before, holders, held=True),
             )
             counts["spoke_since" if forgotten is None else "people"] += 1
             progress(1)
@@ -230,6 +270,7 @@ async def _pass(
 
 
 def _spoke_since(
+    memory: Any,
     people: FindsInactivePeople,
     person: InactivePerson,
     before: datetime,
@@ -242,9 +283,13 @@ def _spoke_since(
             return True
         last = await people.last_said(person.tenant, person.user_id)
         if held:
-            # Known by what plugins keep: any memory since means they spoke.
-            return last is not None
-        # None: gone meanwhile (forgotten by someone else); nothing is left to forget.
-        return last is None or last >= before
+            # Known by what plugins keep: any memory means they spoke.
+            if last is not None:
+                return True
+        elif last is None or last >= before:
+            # None: gone meanwhile (forgotten by someone else); nothing is left to forget.
+            return True
+        # A fact the bot wrote of them lately (a tool's, during the pass too): kept.
+        return await _written_of_since(memory, person.tenant, person.user_id, before)
 
     return spoke

@@ -412,3 +412,50 @@ async def test_people_known_only_by_what_the_tools_wrote_go_when_nothing_of_thei
         # Someone with a memory since is theirs to keep, whatever the tools wrote long ago.
         await memory.ingest(said("70", "I still listen to jazz every evening", "bob", 1, chat="dm-bob"))
         assert [p async for p in retention.all_inactive(memory, YEAR_AGO)] == []
+
+
+async def commit(memory: Any, person: str, likes: str) -> None:
+    triplet = {"subject": "user", "relation": "likes", "object": likes}
+    await memory.call_tool(
+        "memory_commit", {"user_id": person, "chat_id": f"dm-{person}", "triplets": [triplet]}
+    )
+
+
+async def facts_of(memory: Any, person: str) -> int:
+    [(n,)] = await store_sql(memory, "SELECT COUNT(*) FROM graph_edges WHERE user_id = ?", [person])
+    return int(n)
+
+
+async def test_what_a_plugin_wrote_lately_keeps_a_person_and_a_silent_store_of_tools_is_refused(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(YEAR_AGO - timedelta(days=30))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        # ann: a memory of long ago, a fact the bot stated of her with a tool lately.
+        await memory.ingest(said("80", "I keep bees on the roof of our building", "ann", 500))
+        for person in ("ann", "bob", "cat"):
+            await commit(memory, person, f"old jazz of {person}")
+        # The clock woke 400 days ahead: no one said or was told of anything since, by its year.
+        clock.set(NOW + timedelta(days=400))
+        counts = await memory.forget_inactive(before=NOW + timedelta(days=35))
+        assert counts["refused"] == 1 and await facts_of(memory, "bob") == 1
+        clock.set(NOW - timedelta(days=3))
+        await commit(memory, "ann", "blues, told lately")
+        await commit(memory, "dan", "opera, told lately")
+        clock.set(NOW)
+        listed = {p["user_id"] async for p in retention.all_inactive(memory, YEAR_AGO)}
+        assert listed == {"bob", "cat"}
+
+        # A fact the bot states of cat while the pass goes on keeps her too.
+        def progress(done: int) -> None:
+            if done and not told:
+                told.append(
+                    asyncio.get_running_loop().create_task(commit(memory, "cat", "told during the pass"))
+                )
+
+        told: list[asyncio.Task[None]] = []
+        counts = await memory.forget_inactive(before=YEAR_AGO, progress=progress)
+        await asyncio.gather(*told)
+        assert (counts["people"], counts["spoke_since"]) == (1, 2)  # bob goes; ann and cat stay
+        assert [await facts_of(memory, p) for p in ("ann", "bob", "cat", "dan")] == [2, 0, 2, 1]
+        assert await texts(memory, "ann") == ["I keep bees on the roof of our building"]

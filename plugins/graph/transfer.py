@@ -76,12 +76,17 @@ class GraphTransfer:
 
     @hookimpl
     async def narrmem_people_held(
-        self, memory: MemoryView, tenant: str | None
+        self, memory: MemoryView, tenant: str | None, user_id: str | None
     ) -> list[tuple[str, str, datetime]] | None:
         """Each person with a node or a fact, and when one was last made or stated again."""
         if self._graph is None:
             return None
-        only, params = ("AND tenant = ? ", [tenant, tenant]) if tenant is not None else ("", [])
+        clauses, values = [], []
+        for column, value in (("tenant", tenant), ("user_id", user_id)):
+            if value is not None:
+                clauses.append(f"AND {column} = ? ")
+                values.append(value)
+        only, params = "".join(clauses), values * 2
         async with self._graph.read() as db:
             rows = await db.fetchall(
                 "SELECT tenant, user_id, MAX(at) FROM ("

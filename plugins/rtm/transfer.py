@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, overload
 
 from narrmem_plugins.rtm.store import OWNER_COLUMNS, WRITE_ORDER, TreeStore
@@ -72,12 +72,19 @@ class RTMTransfer:
 
     @hookimpl
     async def narrmem_people_held(
-        self, memory: MemoryView, tenant: str | None
+        self, memory: MemoryView, tenant: str | None, user_id: str | None
     ) -> list[tuple[str, str, datetime]] | None:
-        """Each person a tree of whose words is kept, and when the latest was built."""
+        """Each person a tree of whose words is kept, and when the latest was built (the trees are
+        few, at most ``trees_kept`` a tenant: their times are read and compared here, as the tree
+        store reads them; one it cannot read says nothing)."""
         if not self.trees.persistent or not isinstance(memory.store, SQLCapable):
             return None
-        only, params = (" AND tenant = ?", [tenant]) if tenant is not None else ("", [])
+        clauses, params = [], []
+        for column, value in (("tenant", tenant), ("user_id", user_id)):
+            if value is not None:
+                clauses.append(f" AND {column} = ?")
+                params.append(value)
+        only = "".join(clauses)
         async with memory.store.sql() as db:
             columns = {c.name for c in await table_columns(db, "rtm_trees", ())}
             if "user_id" not in columns:  # a store not migrated yet (opened read-only): no owners
@@ -86,10 +93,14 @@ class RTMTransfer:
                 f"SELECT tenant, user_id, created_at FROM rtm_trees WHERE user_id IS NOT NULL{only}", params
             )
         latest: dict[tuple[str, str], datetime] = {}
-        for tenant_of, user_id, created_at in rows:
-            at = datetime.fromisoformat(str(created_at))
-            at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-            key = (str(tenant_of), str(user_id))
+        for tenant_of, owner, created_at in rows:
+            try:
+                at = datetime.fromisoformat(str(created_at))
+            except ValueError:
+                continue
+            if at.tzinfo is None:
+                continue
+            key = (str(tenant_of), str(owner))
             latest[key] = max(at, latest.get(key, at))
         return [(t, u, at) for (t, u), at in sorted(latest.items())]
 
