@@ -12,7 +12,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, NamedTuple, NotRequired, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
@@ -512,10 +512,21 @@ async def scope_pages(
     store: Store, scope: Scope, *, kinds: Sequence[str] | None = None, page: int = 1000
 ) -> AsyncIterator[list[MemoryRecord]]:
     """The scope's memories (of ``kinds``), newest first, about ``page`` at a time: never all of a
-    heavy user's or a busy chat's at once. A page ends with every memory of its oldest instant."""
+    heavy user's or a busy chat's at once. A page ends with every memory stored at its oldest
+    instant (as the store compares times); the next is read up to that instant and leaves out the
+    memories given, by id (not a microsecond before it: past the 23rd century a float's
+    microsecond is lost, and the same page came back for ever). A store written before ``until``
+    was part of the protocol is read at once."""
     until: datetime | None = None
+    given: set[int | None] = set()
     while True:
-        found = await store.recent(scope, until=until, kinds=kinds, limit=page)
+        try:
+            found = await store.recent(scope, until=until, kinds=kinds, limit=page + len(given))
+        except TypeError:
+            if until is None:
+                yield await store.recent(scope, kinds=kinds, limit=2**62)
+            return
+        found = [r for r in found if r.id not in given]
         if not found:
             return
         oldest = found[-1].created_at
@@ -523,10 +534,11 @@ async def scope_pages(
         found += [
             r
             for r in await store.recent(scope, since=oldest, until=oldest, kinds=kinds, limit=2**62)
-            if r.id not in held
+            if r.id not in held and r.id not in given
         ]
         yield found
-        until = oldest - timedelta(microseconds=1)
+        until = oldest
+        given = {r.id for r in found if r.created_at.timestamp() == oldest.timestamp()}
 
 
 @runtime_checkable

@@ -244,9 +244,11 @@ def test_the_command_writes_a_persons_export_and_import_refuses_it(tmp_path: Pat
 
 async def test_what_waits_to_be_written_is_theirs_and_what_names_another_is_not(tmp_path: Path) -> None:
     from narrmem.chat_moves import MOVED
+    from narrmem.edit_marks import NAMESPACE as EDITS
     from narrmem.inbox import NAMESPACE as INBOX
     from narrmem.inbox import _entry
     from narrmem.models import Message, TriageDecision
+    from narrmem.settling import NAMESPACE as SETTLING
 
     data = tmp_path / "data"
     async with open_memory(data) as memory:
@@ -258,15 +260,20 @@ async def test_what_waits_to_be_written_is_theirs_and_what_names_another_is_not(
         await memory.store.state_put(
             INBOX, "stopped:0001", _entry(waiting, TriageDecision(layer="accumulate"))
         )
-        # Kept by a chat whose id is the person's: a chat's note, and an entry naming bob.
+        # Kept by a chat whose id is the person's: a chat's note. Under her key, a value naming her
+        # by another name is hers.
         await memory.store.state_put(MOVED, "default\0ann\0", {"to": "-100ann"})
-        await memory.store.state_put("triage.impacts", "default\0ann\0m1\0", {"user": "bob", "scenes": [1]})
+        await memory.store.state_put("a.plugin", "default\0ann\0x", {"user": "Ann Smith"})
+        # An edit of hers under way (its mark, ids only), hooks owed for a message of hers.
+        marked = {"tenant": "default", "user_id": "ann", "chat_id": "dm-ann", "message_id": "ann-1"}
+        await memory.store.state_put(EDITS, "mark:1", marked)
+        await memory.store.state_put(SETTLING, "batch:1", {**marked, "owed": ["proactive"]})
     async with open_memory(data, read_only=True) as memory:
         await export_person(memory, tmp_path / "ann.jsonl", tenant="default", user_id="ann")
     _, sections = _read(tmp_path / "ann.jsonl")
     state = {(s["namespace"], s["key"]) for s in sections["state"]}
-    assert (INBOX, "stopped:0001") in state
-    assert not {ns for ns, _ in state} & {MOVED, "triage.impacts"}
+    assert {(INBOX, "stopped:0001"), ("a.plugin", "default\0ann\0x"), (EDITS, "mark:1")} <= state
+    assert (SETTLING, "batch:1") in state and MOVED not in {ns for ns, _ in state}
 
 
 async def test_a_forget_elsewhere_does_not_stop_it_and_no_other_file_is_replaced(tmp_path: Path) -> None:
@@ -298,3 +305,30 @@ async def test_a_forget_elsewhere_does_not_stop_it_and_no_other_file_is_replaced
         await export_person(memory, again, tenant="default", user_id="ann")
         await export_person(memory, again, tenant="default", user_id="ann")
         assert _read(again)[0]["user_id"] == "ann"
+
+
+async def test_pages_of_a_scope_give_every_memory_once_in_any_century(tmp_path: Path) -> None:
+    """Pages end with every memory of their oldest instant, and the next leaves those out by id:
+    read up to a microsecond before it, a store's float time past the 23rd century gave the same
+    page for ever."""
+    from narrmem.models import Scope
+    from narrmem.store import scope_pages
+
+    for year in (2026, 2900):
+        async with open_memory(
+            tmp_path / str(year), clock=ManualClock(datetime(year, 1, 2, tzinfo=UTC))
+        ) as memory:
+            times = [f"{year}-01-01T00:00:00.{i:06d}+00:00" for i in (1, 2, 3, 3, 3, 4)]
+            await memory.ingest_many(
+                [msg(f"m{i}", f"a note on the garden, number {i}", ts=ts) for i, ts in enumerate(times)]
+            )
+            await memory.settle()
+            for size in (1, 2, 5):
+                given = [
+                    r.id
+                    async for page in scope_pages(
+                        memory.store, Scope(user_id="u1"), kinds=["episode"], page=size
+                    )
+                    for r in page
+                ]
+                assert sorted(given) == sorted(set(given)) and len(given) == len(times), (year, size, given)

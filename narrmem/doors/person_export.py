@@ -47,6 +47,7 @@ from narrmem.errors import PluginError, StoreError
 from narrmem.inbox import NAMESPACE as INBOX
 from narrmem.memory import Memory
 from narrmem.models import Scope
+from narrmem.settling import NAMESPACE as SETTLING
 from narrmem.store import ReadsStateByPrefix, scope_pages
 
 PERSON_VERSION = 1
@@ -65,9 +66,9 @@ LEFT_OUT_NOTE = [
 PAGE = 1000
 # Core state kept by chat, whose key may begin as a person's does (a chat's id equal to a user's).
 CHAT_KEYED = {CHATS_MOVED}
-# Messages received and not yet written, and edits under way: kept by message, each naming its
-# person (in the store while the store was away, or a process stopped before writing them).
-WAITING = (INBOX, EDIT_MARKS)
+# Messages received and not yet written, edits under way and hooks still owed for a written
+# message: kept by message, each naming its person (a process stopped before their end).
+WAITING = (INBOX, EDIT_MARKS, SETTLING)
 
 
 def person_header(memory: Memory, tenant: str, user_id: str) -> str:
@@ -165,26 +166,21 @@ async def _person_state(
 ) -> AsyncIterator[tuple[str, str, dict[str, Any]]]:
     """The state kept under the person's key (``f"{tenant}\\0{user_id}\\0"``, as the hooks'
     contract asks per-user state to be keyed) in every namespace, read by the key where the store
-    can; and their messages received and not yet written (or their edits under way), kept by
-    message. An entry that names another person (keyed by a chat whose id is the same) is not
-    theirs."""
+    can; and their messages received and not yet written (their edits under way, the hooks still
+    owed for a message of theirs), kept by message."""
     store = memory.store
     if isinstance(store, ReadsStateByPrefix):
         entries = await store.state_by_prefix(prefix)
     else:
         entries = [entry async for entry in _state_scan(memory, prefix)]
     for namespace, key, value in entries:
-        named = value.get("user", value.get("user_id"))
-        if namespace not in CHAT_KEYED and (not isinstance(named, str) or named == scope.user_id):
+        if namespace not in CHAT_KEYED:
             yield namespace, key, value
     for namespace in WAITING:
         for key, value in await store.state_items(namespace):
             message = value.get("message")
-            if (
-                isinstance(message, dict)
-                and message.get("tenant", "default") == scope.tenant
-                and message.get("user_id") == scope.user_id
-            ):
+            named = message if isinstance(message, dict) else value
+            if named.get("tenant", "default") == scope.tenant and named.get("user_id") == scope.user_id:
                 yield namespace, key, value
 
 

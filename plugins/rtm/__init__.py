@@ -101,6 +101,11 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         if messages is None:
             await self.trees.forget(tenant, user_id, chat_id)
             return
+        if not removed and chat_id is not None:
+            # No record (finished after a crash or retried, the records gone before it; or a
+            # message that made none, which cannot be told apart): whose words they were is not
+            # known, and every tree naming the chat goes.
+            await self.trees.forget_chat(tenant, chat_id)
         for person, chat in sorted({(r.user_id, r.chat_id) for r in removed}):
             await self.trees.forget_owned(tenant, person, chat)
 

@@ -105,6 +105,10 @@ class TreeStore(Protocol):
         message of theirs in the chat may be in; a tree that names no one is left)."""
         ...
 
+    async def forget_chat(self, tenant: str, chat_id: str) -> int:
+        """Delete every tree that names ``chat_id``, whoever's words it holds."""
+        ...
+
     def forget_cached(self, tenant: str | None) -> None:
         """Drop the trees of ``tenant`` (``None``: every tenant) held parsed in this process."""
         ...
@@ -267,6 +271,16 @@ class SQLTreeStore:
             self._remember(row)
         return bool(written)
 
+    async def forget_chat(self, tenant: str, chat_id: str) -> int:
+        async with self._store.sql(write=True) as db:
+            found = await db.fetchall(
+                "SELECT tree_id FROM rtm_trees WHERE tenant = ? AND chat_id = ?", (tenant, chat_id)
+            )
+            gone = [r[0] for r in found]
+            await _delete(db, gone)
+        self._drop(gone)
+        return len(gone)
+
     async def forget_owned(self, tenant: str, user_id: str, chat_id: str) -> int:
         # A message's words are in the trees of its person in its chat, or across their chats.
         async with self._store.sql(write=True) as db:
@@ -351,6 +365,12 @@ class MemoryTreeStore:
         for key in tenants[: max(0, len(tenants) - self.kept)]:
             del self._rows[key]
         return True
+
+    async def forget_chat(self, tenant: str, chat_id: str) -> int:
+        gone = [key for key, r in self._rows.items() if r.tenant == tenant and r.chat_id == chat_id]
+        for key in gone:
+            del self._rows[key]
+        return len(gone)
 
     async def forget_owned(self, tenant: str, user_id: str, chat_id: str) -> int:
         gone = [
