@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +268,20 @@ def narrmem_serve(folder: Path, port: int, *options: str) -> Iterator[subprocess
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def decision_scene(message_id: str, day: int, core: str, start: datetime) -> Any:
+    """A decision scene of ``val`` in ``dm``, said ``day`` days after ``start``, built by its
+    draft as triage builds one (for the tests of scenes that quote earlier ones)."""
+    from narrmem.models import MemoryRecord, SceneDraft
+
+    draft = SceneDraft(time=f"day {day}", scene="a talk", vibe="calm", core=core, category="decision")
+    return MemoryRecord(
+        kind="scene",
+        user_id="val",
+        chat_id="dm",
+        text=draft.render(),
+        created_at=start + timedelta(days=day),
+        message_ids=[message_id],
+        meta={**draft.stored(), "type": "decision"},
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import decision_scene
 from narrmem_plugins.triage.impacts import MAX_IMPACTS, NAMESPACE, QUOTED_KEPT, add_impact, drop_impacts
 
 from narrmem.models import MemoryRecord, SceneDraft, Scope
@@ -24,16 +25,8 @@ LINKS = QUOTED_KEPT + 6
 
 
 def _scene(message_id: str, day: int, core: str) -> MemoryRecord:
-    draft = SceneDraft(time=f"day {day}", scene="a talk", vibe="calm", core=core, category="decision")
-    return MemoryRecord(
-        kind="scene",
-        user_id="val",
-        chat_id="dm",
-        text=draft.render(),
-        created_at=START + dt.timedelta(days=day),
-        message_ids=[message_id],
-        meta={**draft.stored(), "type": "decision"},
-    )
+    scene: MemoryRecord = decision_scene(message_id, day, core, START)
+    return scene
 
 
 async def test_a_much_linked_scene_keeps_its_latest_quotes_and_no_more(tmp_path: Path) -> None:

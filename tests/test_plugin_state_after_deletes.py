@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import msg, store_fingerprint, store_sql
+from _helpers import decision_scene, msg, store_fingerprint, store_sql
 from narrmem_plugins.proactive import NAME as PROACTIVE
 from narrmem_plugins.proactive import firings_key
 from narrmem_plugins.rtm import plugin_of
@@ -300,16 +300,8 @@ async def test_trees_of_a_file_exported_before_owners_import_as_naming_no_one(tm
 
 
 def _scene(message_id: str, day: int, core: str) -> MemoryRecord:
-    draft = SceneDraft(time=f"day {day}", scene="a talk", vibe="calm", core=core, category="decision")
-    return MemoryRecord(
-        kind="scene",
-        user_id="val",
-        chat_id="dm",
-        text=draft.render(),
-        created_at=START + dt.timedelta(days=day),
-        message_ids=[message_id],
-        meta={**draft.stored(), "type": "decision"},
-    )
+    scene: MemoryRecord = decision_scene(message_id, day, core, START)
+    return scene
 
 
 async def _linked(memory: Memory) -> tuple[MemoryRecord, MemoryRecord]:
