@@ -275,7 +275,7 @@ def test_the_cli_imports_a_full_export_part_by_part_in_time_order(
     assert asyncio.run(stored()) > 0
 
 
-# --- what a review of the two readings found --------------------------------------------------
+# --- bytes, pipes, changes and ties between the two readings -----------------------------------
 
 
 def test_bytes_and_spaces_only_yajl_takes_are_refused_as_before(tmp_path: Path) -> None:
