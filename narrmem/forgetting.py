@@ -312,7 +312,7 @@ class Forgetting:
                 # As the next open would: what the scope wrote since is named too.
                 await self._finish_again(job, received=received)
             else:
-                await self.finish(job)
+                await self.finish(job, resumed=True)
         if job.messages is not None:
             self._purge_later()
 
@@ -614,6 +614,7 @@ class Forgetting:
         edits: bool = True,
         only: Sequence[int] | None = None,
         purge: bool = True,
+        resumed: bool = False,
     ) -> dict[str, int]:
         """Delete what ``job`` names and let every plugin scrub its copies; safe to run again.
         ``done``: delete the job's record (and purge the files) too; without ``purge``, the purge
@@ -647,7 +648,12 @@ class Forgetting:
             embedder.forget_recent_texts()
         # Told whatever the plugins here do: the store holds none of it now.
         await self.notices.send(job.scope)
-        told = {"memory": self.memory, "removed": removed, **job.model_dump(exclude={"id"})}
+        told = {
+            "memory": self.memory,
+            "removed": removed,
+            "resumed": resumed,
+            **job.model_dump(exclude={"id"}),
+        }
         try:
             # Every plugin scrubs its copies though one fails; the job then stays recorded.
             await self.memory.host.call_every("narrmem_after_forget", **told)
@@ -697,10 +703,13 @@ class Forgetting:
                     if again is None:
                         # An edit's own forget leaves its mark, which holds the new text: the
                         # edit is made again from it once the forgets are finished.
-                        await self.finish(job, edits=not await self.marks.own_forget(job, pending))
+                        await self.finish(
+                            job, edits=not await self.marks.own_forget(job, pending), resumed=True
+                        )
                         continue
                     # A forget again: what it deletes, as it would have, and nothing received.
-                    await self.finish(job, received=False, only=[int(mid) for mid in again["only"]])
+                    only = [int(mid) for mid in again["only"]]
+                    await self.finish(job, received=False, only=only, resumed=True)
                     await store.state_delete(AGAIN_NAMESPACE, again_key(job))
                 except PluginError:
                     # A plugin's service may be down: the bot still starts (the store holds

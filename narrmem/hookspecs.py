@@ -455,6 +455,7 @@ def narrmem_after_forget(
     removed: list[MemoryRecord],
     sources: dict[str, list[str]],
     messages: list[str] | None,
+    resumed: bool,
 ) -> None:
     """A forget deleted memories: everything of a user and/or chat (``user_id``/``chat_id``;
     ``messages`` is ``None``), or only what the messages ``messages`` of ``chat_id`` left (a
@@ -465,7 +466,9 @@ def narrmem_after_forget(
     ``sources`` are the message ids the forgotten memories came from, by chat id. ``removed`` are
     the records deleted in this call; it is empty when a forget interrupted by a crash is finished
     on the next open (the records went before the crash), so find copies by scope and ``sources``,
-    not by ``removed`` alone.
+    not by ``removed`` alone. ``resumed``: the forget is finished after a crash or tried again
+    (``removed`` may then be empty though memories went); a live forget with ``removed`` empty
+    deleted nothing (an edit of a message that made no memory).
 
     Implementations must be idempotent (a finished step may run again after a crash) and must
     raise rather than give up: the forget is reported done, and its job deleted, only once every

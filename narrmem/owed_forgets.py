@@ -66,7 +66,7 @@ async def settle_at_open(memory: MemoryLifecycle) -> int:
         if key == SCRUBBERS_KEY or plugin not in loaded:
             continue
         job = ForgetJob.model_validate(value)
-        told = {"memory": memory, "removed": [], **job.model_dump(exclude={"id"})}
+        told = {"memory": memory, "removed": [], "resumed": True, **job.model_dump(exclude={"id"})}
         try:
             await memory.host.call_every(HOOK, among=[plugin], **told)
         except PluginError:

@@ -322,6 +322,7 @@ async def test_telegram_the_words_after_a_command_named_remembered_are_the_perso
         await harness.send(3, "/ask", **group)  # nothing said
         await harness.send(4, "/start c2hvcC1yZWY", **group)
         await harness.send(5, "/memory", **group)
+        await harness.send(6, "/ask@other_bot my sister lives in Oslo now", **group)  # another bot's
         await harness.edit(1, "/ask should I take the job offer in Lisbon next spring?", **group)
         await memory.settle()
         assert sorted(texts(await everything(memory))) == [

@@ -459,3 +459,25 @@ async def test_what_a_plugin_wrote_lately_keeps_a_person_and_a_silent_store_of_t
         assert (counts["people"], counts["spoke_since"]) == (1, 2)  # bob goes; ann and cat stay
         assert [await facts_of(memory, p) for p in ("ann", "bob", "cat", "dan")] == [2, 0, 2, 1]
         assert await texts(memory, "ann") == ["I keep bees on the roof of our building"]
+
+
+async def test_the_cli_dry_run_refuses_a_silent_store_of_tools_as_the_pass_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from narrmem.doors import cli
+
+    data = tmp_path / "data"
+    now = datetime.now(UTC)
+    async with open_memory(data, real_model=True, clock=ManualClock(now - timedelta(days=400))) as memory:
+        await commit(memory, "ann", "jazz")
+        await commit(memory, "bob", "blues")
+    capsys.readouterr()
+    arguments = ["retention", "--days", "365", "--dry-run", "--json", "--data", str(data)]
+    assert await asyncio.to_thread(cli.main, arguments) == 1  # refused, as the pass would be
+    # Someone told of lately: the clock is right, and the others go.
+    async with open_memory(data, real_model=True, clock=ManualClock(now - timedelta(days=1))) as memory:
+        await commit(memory, "cat", "opera")
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, arguments) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [p["user_id"] for p in report["inactive"]] == ["ann", "bob"]

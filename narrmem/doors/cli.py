@@ -583,7 +583,8 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
         # Reads only, beside a running bot: who would go, and nothing changed.
         async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
             before = cutoff(memory.clock.now())
-            refused = await retention.refused(retention.finder(memory.store), before)
+            held = await retention.plugins_latest(memory)
+            refused = await retention.refused(retention.finder(memory.store), before, held)
             people = [person async for person in retention.all_inactive(memory, before, tenant=tenant)]
         summary = {
             "before": before.isoformat(),

@@ -64,8 +64,9 @@ LEFT_OUT_NOTE = [
 ]
 # Memories are read this many at a time, newest first.
 PAGE = 1000
-# Core state kept by chat, whose key may begin as a person's does (a chat's id equal to a user's).
-CHAT_KEYED = {CHATS_MOVED}
+# State kept by chat, whose key may begin as a person's does (a chat's id equal to a user's): the
+# chats moved, and the built-in triage plugin's quotes (which it gives of the person itself).
+CHAT_KEYED = {CHATS_MOVED, "triage.impacts"}
 # Messages received and not yet written, edits under way and hooks still owed for a written
 # message: kept by message, each naming its person (a process stopped before their end).
 WAITING = (INBOX, EDIT_MARKS, SETTLING)

@@ -92,6 +92,7 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         chat_id: str | None,
         messages: list[str] | None,
         removed: list[MemoryRecord],
+        resumed: bool,
     ) -> None:
         # The tools' trees that may hold the words forgotten, and the cached retellings of the
         # person. A person's or a chat's forget takes any tree that names no one too; a message's
@@ -101,10 +102,10 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         if messages is None:
             await self.trees.forget(tenant, user_id, chat_id)
             return
-        if not removed and chat_id is not None:
-            # No record (finished after a crash or retried, the records gone before it; or a
-            # message that made none, which cannot be told apart): whose words they were is not
-            # known, and every tree naming the chat goes.
+        if not removed and resumed and chat_id is not None:
+            # Finished after a crash or tried again, the records gone before it: whose words they
+            # were is not known, and every tree that may hold them goes (the chat's, and every
+            # person's across their chats). A live one that deleted nothing takes none.
             await self.trees.forget_chat(tenant, chat_id)
         for person, chat in sorted({(r.user_id, r.chat_id) for r in removed}):
             await self.trees.forget_owned(tenant, person, chat)

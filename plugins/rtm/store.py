@@ -106,7 +106,8 @@ class TreeStore(Protocol):
         ...
 
     async def forget_chat(self, tenant: str, chat_id: str) -> int:
-        """Delete every tree that names ``chat_id``, whoever's words it holds."""
+        """Delete every tree that names ``chat_id``, whoever's words it holds, and every tree of
+        a person across their chats (a message of the chat may be in any of them)."""
         ...
 
     def forget_cached(self, tenant: str | None) -> None:
@@ -274,7 +275,9 @@ class SQLTreeStore:
     async def forget_chat(self, tenant: str, chat_id: str) -> int:
         async with self._store.sql(write=True) as db:
             found = await db.fetchall(
-                "SELECT tree_id FROM rtm_trees WHERE tenant = ? AND chat_id = ?", (tenant, chat_id)
+                "SELECT tree_id FROM rtm_trees WHERE tenant = ? "
+                "AND (chat_id = ? OR (chat_id IS NULL AND user_id IS NOT NULL))",
+                (tenant, chat_id),
             )
             gone = [r[0] for r in found]
             await _delete(db, gone)
@@ -367,7 +370,11 @@ class MemoryTreeStore:
         return True
 
     async def forget_chat(self, tenant: str, chat_id: str) -> int:
-        gone = [key for key, r in self._rows.items() if r.tenant == tenant and r.chat_id == chat_id]
+        gone = [
+            key
+            for key, r in self._rows.items()
+            if r.tenant == tenant and (r.chat_id == chat_id or (r.chat_id is None and r.user_id is not None))
+        ]
         for key in gone:
             del self._rows[key]
         return len(gone)

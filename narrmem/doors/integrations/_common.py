@@ -364,17 +364,26 @@ def _command_names(names: object) -> frozenset[str]:
 
 
 def words_after_command(
-    message: Message, commands: Collection[str], *, head: str | None = None, name: str | None = None
+    message: Message,
+    commands: Collection[str],
+    *,
+    head: str | None = None,
+    name: str | None = None,
+    bot_username: str | None = None,
 ) -> Message | None:
     """``message`` as the person's words after its command, when the command is one of
     ``commands`` (:attr:`TurnOptions.remembered_commands`) and words follow it; ``None``
     otherwise (the command is not remembered). ``head`` and ``name``: the command's text and name
     as the platform read them (a Discord bot's prefix and the word it invoked, ``"!ask"``, and
-    its command's name); by default the message's first word (``/ask@my_bot``) and its name."""
+    its command's name); by default the message's first word (``/ask@my_bot``) and its name,
+    which is ours only if addressed to no bot or to ``bot_username``."""
     text = message.text
     if head is None:
         head = text.split(maxsplit=1)[0] if text.strip() else ""
         name = command_name(head)
+        addressed = head.partition("@")[2]
+        if addressed and addressed.lower() != (bot_username or "").lower():
+            return None  # a command to another bot (``/ask@other_bot``): its words are not ours
     if not head or name is None or name.lower() not in commands or not text.startswith(head):
         return None
     words = text[len(head) :].strip()

@@ -154,7 +154,11 @@ class NarrmemMiddleware(aiogram.BaseMiddleware):
             self._bot = bot
         said: Message | None = message
         if _common.starts_with_command(event):
-            said = _common.words_after_command(message, self.options.remembered_commands)
+            # aiogram asks Telegram once for the bot's name and keeps it (bot.me()).
+            me = await bot.me() if isinstance(bot, Bot) and self.options.remembered_commands else None
+            said = _common.words_after_command(
+                message, self.options.remembered_commands, bot_username=me.username if me else None
+            )
         if _common.is_relayed(event):
             pass  # the sender's context for the answer, nothing stored
         elif said is None:

@@ -176,13 +176,18 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         of :attr:`remembered_commands`."""
         if converted is None or ctx is None:
             return converted
-        assert ctx.command is not None and ctx.prefix is not None and ctx.invoked_with is not None
-        return _common.words_after_command(
-            converted,
-            self.options.remembered_commands,
-            head=f"{ctx.prefix}{ctx.invoked_with}",
-            name=ctx.command.name,
-        )
+        assert ctx.command is not None
+        if ctx.command.name.lower() not in self.options.remembered_commands:
+            return None
+        # The words after where discord.py's parser stopped (a mention prefix, a space after the
+        # prefix), read from the raw text; the people mentioned in them by name, as the stored
+        # text names them.
+        words = ctx.message.content[ctx.view.index :]
+        for user in ctx.message.mentions:
+            for mention in (f"<@{user.id}>", f"<@!{user.id}>"):
+                words = words.replace(mention, f"@{user.display_name}")
+        words = words.strip()
+        return converted.model_copy(update={"text": words}) if words else None
 
     # --- listeners ---------------------------------------------------------------------------
 

@@ -159,7 +159,9 @@ class NarrmemTelegram(_common.ForHandlers[telegram.Update]):
         if _common.is_own_command(message.text, self.commands):
             said = None
         elif _common.starts_with_command(source):
-            said = _common.words_after_command(message, self.options.remembered_commands)
+            said = _common.words_after_command(
+                message, self.options.remembered_commands, bot_username=context.bot.username
+            )
         if said is None:
             if edited:  # a message edited into a command: what it said before goes
                 await _common.retract(self.memory, message)
