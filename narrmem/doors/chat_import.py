@@ -160,13 +160,14 @@ class ChatImport:
     :meth:`check` reads it through: every message is validated (an error names its place in the
     file, as ``messages[12].date_unixtime`` or a JSONL line, before anything is stored), two
     different messages under one id of a chat are refused, what is left out is counted, and each
-    kept message's time is noted (8 bytes; each message's ids' and words' digests, 24). :meth:`parts`
-    reads it again and gives the kept messages in the order an import stores them, a part at a
-    time: oldest first (a stable sort by time), so triage sees each person's history in the order
-    it happened, across the chats of a full export too; a JSONL file in its own order. A message
-    waits only for the older ones after it in the file: an export in time order (one chat's, as
-    Telegram Desktop and DiscordChatExporter write them) holds one part at a time, a full
-    Telegram export's chats, which overlap in time, what waits for an older chat's messages.
+    kept message's time and its chat's place are noted (12 bytes; each message's ids', words' and
+    whole digests, 32). :meth:`parts` reads it again and gives the kept messages in the order an
+    import stores them, a part at a time: oldest first (a stable sort by time), so triage sees
+    each person's history in the order it happened, across the chats of a full export too; a
+    JSONL file in its own order. A message waits only for the older ones after it in the file: an
+    export in time order (one chat's, as Telegram Desktop and DiscordChatExporter write them)
+    holds one part at a time, a full Telegram export's chats, which overlap in time, what waits
+    for an older chat's messages.
 
     ``as_bot``: under the ids the bot integrations give the same chats and people, so that the
     live bot recalls the history and a person's ``forgetme`` reaches it: on Telegram the Bot
