@@ -47,7 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, Unpack, get_args
 
 import numpy as np
 from pydantic import ValidationError
@@ -118,28 +118,21 @@ class ImportBatch:
         }
 
 
-def read_chat(
-    path: str | Path,
-    format: str,
-    *,
-    tenant: str | None = None,
-    user_map: Mapping[str, str] | None = None,
-    keep_bots: bool = False,
-    keep_forwards: bool = False,
-    as_bot: bool = False,
-) -> ImportBatch:
+class ChatOptions(TypedDict, total=False):
+    """:class:`ChatImport`'s keyword options (their meaning there)."""
+
+    tenant: str | None
+    user_map: Mapping[str, str] | None
+    keep_bots: bool
+    keep_forwards: bool
+    as_bot: bool
+
+
+def read_chat(path: str | Path, format: str, **options: Unpack[ChatOptions]) -> ImportBatch:
     """Read a chat export of ``format`` (one of :data:`FORMATS`) whole: :class:`ChatImport`'s
     messages, all of them, in the order an import stores them (``narrmem import-chat`` takes them
     part by part instead, never holding the file whole)."""
-    chat = ChatImport(
-        path,
-        format,
-        tenant=tenant,
-        user_map=user_map,
-        keep_bots=keep_bots,
-        keep_forwards=keep_forwards,
-        as_bot=as_bot,
-    )
+    chat = ChatImport(path, format, **options)
     chat.check()
     placed = [pair for part in chat.parts(5000) for pair in part]
     return ImportBatch(

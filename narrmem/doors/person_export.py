@@ -21,29 +21,23 @@ from pathlib import Path
 from typing import Any
 
 from narrmem.chat_moves import MOVED as CHATS_MOVED
-from narrmem.doors import export_files
 from narrmem.doors.transfer import (
-    END,
     IMPORTANCE,
     MEMORIES,
     PERSON_FORMAT,
     PLUGIN_SECTION,
     STATE,
-    EndLine,
     ExportHeader,
     Records,
-    _all_still_stored,
-    _forget_mark,
     _histories,
-    _line_text,
     _read_checked,
     _state_key,
-    check_replaceable,
+    counted_text,
     each_record,
-    no_forget_pending,
+    write_export,
 )
 from narrmem.edit_marks import NAMESPACE as EDIT_MARKS
-from narrmem.errors import PluginError, StoreError
+from narrmem.errors import PluginError
 from narrmem.inbox import NAMESPACE as INBOX
 from narrmem.memory import Memory
 from narrmem.models import Scope
@@ -89,40 +83,19 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
     """Every line of a person's export after its header, as (section, JSON text with its newline),
     the last one counting the others. Refused while a forget of the tenant is unfinished, and
     stopped (:class:`StoreError`, before the last line) if a forget that began while it was read
-    deleted any of what it holds."""
-    scope = Scope(tenant=tenant, user_id=user_id)
-    await memory.settle()
-    await no_forget_pending(memory, tenant=tenant)
-    forgets = await _forget_mark(memory)
+    deleted any of what it holds (another person's, or another tenant's, does not)."""
     exported: array[int] = array("q")
-    counts: dict[str, int] = {}
-    async for section, line in _person_lines(memory, scope, exported):
-        counts[section] = counts.get(section, 0) + 1
-        yield section, _line_text(section, line)
-    # Another person's forget, or another tenant's, deletes nothing of this one's: only a forget
-    # that took something of the file stops it.
-    if await _forget_mark(memory) != forgets and not await _all_still_stored(memory, tenant, exported):
-        raise StoreError(
-            "a forget ran while the person's export was read, which may hold what it deleted: export again"
-        )
-    yield END, _line_text(END, EndLine(lines=counts).model_dump())
+    lines = _person_lines(memory, Scope(tenant=tenant, user_id=user_id), exported)
+    async for section, text in counted_text(memory, lines, tenant, exported):
+        yield section, text
 
 
 async def export_person(memory: Memory, path: str | Path, *, tenant: str, user_id: str) -> dict[str, int]:
     """Write what narrmem holds of the person to ``path`` (a new file of its own, renamed over
     ``path`` once whole: only a person's export written before is ever replaced); returns the
     lines of each section."""
-    path = Path(path)
-    check_replaceable(path, PERSON_FORMAT)
-    counts: dict[str, int] = {}
-    export_files.delete_stale_partials(path, PERSON_FORMAT)
-    with export_files.partial_file(path) as out:
-        out.write(person_header(memory, tenant, user_id))
-        async for section, text in person_text(memory, tenant, user_id):
-            out.write(text)
-            if section != END:
-                counts[section] = counts.get(section, 0) + 1
-    return counts
+    header = person_header(memory, tenant, user_id)
+    return await write_export(Path(path), PERSON_FORMAT, header, person_text(memory, tenant, user_id))
 
 
 async def _person_lines(

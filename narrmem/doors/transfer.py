@@ -281,14 +281,24 @@ async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
     Reading only. The file appears only when complete, and only a file that is itself a narrmem
     export is ever replaced. Exporting, importing into a fresh store and exporting again gives the
     same bytes."""
-    path = Path(path)
-    _check_replaceable(path)
-    counts: dict[str, int] = {MEMORIES: 0}
+    return {
+        MEMORIES: 0,
+        **await write_export(Path(path), EXPORT_FORMAT, export_header(memory), export_text(memory)),
+    }
+
+
+async def write_export(
+    path: Path, export_format: str, header: str, texts: AsyncIterator[tuple[str, str]]
+) -> dict[str, int]:
+    """Write an export of ``export_format`` (its header, then ``texts``) to ``path``, replacing
+    only a file of that format; returns the lines written per section."""
+    check_replaceable(path, export_format)
+    counts: dict[str, int] = {}
     # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
-    export_files.delete_stale_partials(path, EXPORT_FORMAT)
+    export_files.delete_stale_partials(path, export_format)
     with export_files.partial_file(path) as out:
-        out.write(export_header(memory))
-        async for section, text in export_text(memory):
+        out.write(header)
+        async for section, text in texts:
             out.write(text)
             if section != END:
                 counts[section] = counts.get(section, 0) + 1
@@ -318,12 +328,25 @@ async def export_text(memory: Memory, *, tenant: str | None = None) -> AsyncIter
     ``tenant``, only that tenant's memories and their importance history, read by tenant: a
     partial export (plugin state, the graph and RTM trees are left out, as its header says), for
     a caller that may see one tenant only."""
+    exported: array[int] = array("q")
+    lines = _export_lines(memory) if tenant is None else _tenant_lines(memory, tenant, exported)
+    async for section, text in counted_text(memory, lines, tenant, exported):
+        yield section, text
+
+
+async def counted_text(
+    memory: Memory,
+    lines: AsyncIterator[tuple[str, dict[str, Any]]],
+    tenant: str | None,
+    exported: array[int],
+) -> AsyncIterator[tuple[str, str]]:
+    """``lines`` as an export's text, then the end line counting them. Refused while a forget (of
+    ``tenant``, when given) is unfinished; a forget that began while they were read stops it,
+    unless ``tenant`` is given and every memory ``exported`` is still stored."""
     # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
     await memory.settle()
     await no_forget_pending(memory, tenant=tenant)
     forgets = await _forget_mark(memory)
-    exported: array[int] = array("q")
-    lines = _export_lines(memory) if tenant is None else _tenant_lines(memory, tenant, exported)
     counts: dict[str, int] = {}
     async for section, line in lines:
         counts[section] = counts.get(section, 0) + 1
@@ -605,10 +628,6 @@ async def _plugin_state(memory: Memory) -> list[tuple[str, str, dict[str, Any]]]
         )
         for r in rows
     ]
-
-
-def _check_replaceable(path: Path) -> None:
-    check_replaceable(path, EXPORT_FORMAT)
 
 
 def check_replaceable(path: Path, export_format: str) -> None:
