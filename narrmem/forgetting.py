@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from narrmem import logs, owed_forgets
+from narrmem import logs, owed_forgets, retention
 from narrmem.checks import has_surrogate
 from narrmem.errors import InputError, PluginError
 from narrmem.fence import ScopeKey, inside_own_work, not_own_work, own_work
@@ -52,6 +52,10 @@ R = TypeVar("R")
 
 # What a forget again (Forgetting.again) deletes, by its job: a resumed one deletes the same.
 AGAIN_NAMESPACE = "narrmem.forget_again"
+
+# A retention pass's forget, by its job: the time its person had said nothing since. Finished
+# later (it failed midway), once they have spoken, it takes only what they said before that time.
+SILENT_NAMESPACE = "narrmem.forget_silent"
 
 # How many times a forget run from hooks waits for messages of its scope begun since, before it
 # is finished without waiting.
@@ -142,7 +146,7 @@ class Forgetting:
         return counts
 
     async def scope_unless(
-        self, scope: Scope, unless: Callable[[], Awaitable[bool]]
+        self, scope: Scope, unless: Callable[[], Awaitable[bool]], *, silent_since: datetime
     ) -> dict[str, int] | None:
         """Forget ``scope`` as :meth:`scope` does, unless ``unless()`` is true, or this process
         holds a message of the scope not yet written (an ingest call under way, a message
@@ -152,8 +156,14 @@ class Forgetting:
         other processes' received messages). It leaves no forget mark (the person did not ask: a
         late write of what they said is theirs, and a retention pass finds it again if it is
         old), deletes no received entry (one received from here on is new), and a user's or
-        chat's purge is left owed (:meth:`purge_owed_after_forgets`, run once after many)."""
-        return await self._to_the_end(self._scope(scope, None, unless=unless, purge=False))
+        chat's purge is left owed (:meth:`purge_owed_after_forgets`, run once after many).
+
+        ``silent_since``: the time the person has said nothing since, noted beside the job. A
+        forget that fails midway is finished later (:meth:`_finish_silent`): by then the person
+        may have spoken, and what they said since is theirs to keep."""
+        return await self._to_the_end(
+            self._scope(scope, None, unless=unless, purge=False, silent_since=silent_since)
+        )
 
     async def purge_owed_after_forgets(self) -> None:
         """:meth:`purge_owed`, once the forgets whose callers gave up have ended (one cancelled
@@ -184,6 +194,7 @@ class Forgetting:
         *,
         unless: Callable[[], Awaitable[bool]] | None = None,
         purge: bool = True,
+        silent_since: datetime | None = None,
     ) -> dict[str, int] | None:
         if asked_at is not None and await self._done_since(scope, asked_at):
             # The same forget sent again (a client's retry after a timeout, a backlog's replay):
@@ -221,12 +232,18 @@ class Forgetting:
                 else:
                     await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
+                if silent_since is not None:
+                    await self.memory.store.state_put(
+                        SILENT_NAMESPACE, again_key(job), {"before": silent_since.isoformat()}
+                    )
                 if not from_hooks:
                     # A person found silent: what is received for them from here on (acknowledged
                     # on receipt, which the forget does not hold back) is new, and theirs to keep.
                     counts = await self._finish_or_retry(job, purge=not defer_purge, received=unless is None)
                     if unless is None:
                         await self._note_finished(scope, covers)
+                    if silent_since is not None:
+                        await self.memory.store.state_delete(SILENT_NAMESPACE, again_key(job))
                 else:
                     # What may still write for the scope: the units under way with a message of
                     # it or of a chat it wrote in (a reply's keyword context), this one's
@@ -308,12 +325,17 @@ class Forgetting:
         async with self.fence.forgetting(), self.write_lock:
             if job.id not in {pending.id for pending in await store.pending_forgets()}:
                 return  # finished by another worker's open meanwhile
-            if job.messages is None:
+            silent = await self._silent_since(job)
+            if silent is not None:
+                await self._finish_silent(job, silent)
+            elif job.messages is None:
                 # As the next open would: what the scope wrote since is named too.
                 await self._finish_again(job, received=received)
             else:
                 await self.finish(job, resumed=True)
-        if job.messages is not None:
+        if silent is not None:
+            await self.purge_owed()
+        elif job.messages is not None:
             self._purge_later()
 
     def _finish_later(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
@@ -386,6 +408,66 @@ class Forgetting:
                 await store.finish_forget(again, purge=False)
             raise
         await store.finish_forget(job, purge=False)
+
+    async def _silent_since(self, job: ForgetJob) -> datetime | None:
+        """The time the person of a retention pass's forget had said nothing since (see
+        :meth:`scope_unless`); ``None`` for any other forget."""
+        if job.messages is not None or job.user_id is None:
+            return None
+        noted = await self.memory.store.state_get(SILENT_NAMESPACE, again_key(job))
+        if noted is None:
+            return None
+        return datetime.fromisoformat(noted["before"])
+
+    async def _finish_silent(self, job: ForgetJob, before: datetime) -> None:
+        """Finish a retention pass's forget that failed midway (a plugin's service down, a
+        crash). Silent still, the person goes as the pass meant (what was written of them since
+        the job was recorded is old too: a late write of what they said long ago). Once they
+        have spoken (a memory, a message received, a plugin's write of them, at ``before`` or
+        later), only what they said before ``before`` goes, with the copies every plugin made
+        of those messages (told as a forget of those messages, chat by chat); what they said
+        since, what is received of them and what plugins keep of them by no message stay:
+        before, the forget took all of it, a year of silence ended by a message deleted with
+        it."""
+        store = self.memory.store
+        assert job.user_id is not None
+        if not await retention.spoke_since(self, job.tenant, job.user_id, before):
+            await self._finish_again(job)
+            await store.state_delete(SILENT_NAMESPACE, again_key(job))
+            return
+        log.info("forget %d: its person has spoken since; what they said before %s goes", job.id, before)
+        old = [r for r in await store.recent(job.scope, until=before, limit=2**62) if r.created_at < before]
+        said: dict[str, set[str]] = {chat: set(ids) for chat, ids in job.sources.items()}
+        for record in old:
+            said.setdefault(record.chat_id, set()).update(record.message_ids)
+        if old:
+            # Noted before the rows go: stopped in between, the next open purges.
+            await store.state_put(*PURGE_OWED, {"job": job.id})
+            await store.delete([r.id for r in old if r.id is not None], job.scope)
+        embedder = self.memory.embedder
+        if isinstance(embedder, ForgetsRecentTexts):
+            embedder.forget_recent_texts()
+        await self.notices.send(job.scope)
+        for part, (chat_id, message_ids) in enumerate(sorted(said.items())):
+            ids = sorted(message_ids)
+            of_chat = job.model_copy(
+                update={"user_id": None, "chat_id": chat_id, "messages": ids, "sources": {chat_id: ids}}
+            )
+            told = {
+                "memory": self.memory,
+                "removed": [r for r in old if r.chat_id == chat_id],
+                "resumed": True,
+                **of_chat.model_dump(exclude={"id"}),
+            }
+            try:
+                await self.memory.host.call_every("narrmem_after_forget", **told)
+            except PluginError as exc:
+                raise PluginError(
+                    f"forget {job.id}: {exc}; the forget stays recorded and is finished again later"
+                ) from exc.__cause__
+            await owed_forgets.owe(self.memory, of_chat, part=part)
+        await store.finish_forget(job, purge=False)
+        await store.state_delete(SILENT_NAMESPACE, again_key(job))
 
     async def finished_later(self) -> None:
         """Wait for the forgets run from hooks to be finished, but for those waiting for messages
@@ -685,13 +767,20 @@ class Forgetting:
         # pending then belongs to a forget again that finished (its process stopped before it
         # deleted the entry).
         agains = [key for key, _ in await store.state_items(AGAIN_NAMESPACE)]
+        silents = [key for key, _ in await store.state_items(SILENT_NAMESPACE)]
         pending = await store.pending_forgets()
         for key in set(agains) - {again_key(job) for job in pending}:
             await store.state_delete(AGAIN_NAMESPACE, key)
+        for key in set(silents) - {again_key(job) for job in pending}:
+            await store.state_delete(SILENT_NAMESPACE, key)
         for job in pending:
             log.warning("finishing a forget that was interrupted (job %d)", job.id)
             async with self.write_lock:
                 try:
+                    silent = await self._silent_since(job)
+                    if silent is not None:
+                        await self._finish_silent(job, silent)
+                        continue
                     if job.messages is None:
                         # What the scope wrote after the job was recorded (a forget run from
                         # hooks that was still to be finished) is named too. The received entries

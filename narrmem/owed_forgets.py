@@ -36,12 +36,13 @@ class Scrubbers(BaseModel):
     names: list[str] = Field(default_factory=list)
 
 
-async def owe(memory: MemoryLifecycle, job: ForgetJob) -> list[str]:
+async def owe(memory: MemoryLifecycle, job: ForgetJob, *, part: int = 0) -> list[str]:
     """Leave ``job`` to each plugin that scrubbed at an earlier open and is not loaded now;
-    return their names."""
+    return their names. ``part``: which of the forgets a job is told as (a retention forget
+    finished after its person spoke is told chat by chat), each owed on its own."""
     absent = sorted(set(await _scrubbers(memory)) - set(memory.host.implementers(HOOK)))
     for name in absent:
-        await memory.store.state_put(NAMESPACE, owed_key(name, job.id), job.model_dump(mode="json"))
+        await memory.store.state_put(NAMESPACE, owed_key(name, job.id, part), job.model_dump(mode="json"))
     if absent:
         log.warning(
             "forget %d: plugins %s are not loaded; they scrub what they hold of it at the next open "
@@ -116,8 +117,9 @@ async def drop(memory: MemoryLifecycle, plugin: str) -> int:
     return dropped
 
 
-def owed_key(plugin: str, job_id: int) -> str:
-    return f"{_owed_prefix(plugin)}{job_id:012d}"
+def owed_key(plugin: str, job_id: int, part: int = 0) -> str:
+    key = f"{_owed_prefix(plugin)}{job_id:012d}"
+    return f"{key}/{part}" if part else key
 
 
 def _owed_prefix(plugin: str) -> str:

@@ -14,7 +14,9 @@ the pass). Whether they are still inactive is read again inside the forget's tur
 write of the process has ended and no other worker writes: one who has spoken by then, or whose
 message is received and not yet written by any process, is kept. It leaves no forget mark: the
 person did not ask, and a late write of what they said (a backlog, a backfill after downtime) is
-stored; the next pass finds it if it is old. One pass runs at a time on a store.
+stored; the next pass finds it if it is old. A forget that fails midway is finished later,
+and takes only what they said before the time if they have spoken by then
+(:meth:`Forgetting.scope_unless`, :func:`spoke_since`). One pass runs at a time on a store.
 
 A person the store holds no memory of, whom a plugin keeps something of (facts a bot wrote with
 the graph's tools alone, over MCP; trees of their words), is inactive when nothing of theirs was
@@ -29,15 +31,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from narrmem import logs
 from narrmem.answers import id_argument
 from narrmem.checks import aware_time_argument, int_argument
 from narrmem.errors import InputError, StoreError
-from narrmem.forgetting import Forgetting
 from narrmem.models import Scope
 from narrmem.store import FindsInactivePeople, InactivePerson, Store
+
+if TYPE_CHECKING:
+    from narrmem.forgetting import Forgetting
 
 PAGE = 500
 NAME = "retention"  # the store's exclusive lock of a pass
@@ -240,6 +244,7 @@ async def _pass(
                 forgotten = await forgetting.scope_unless(
                     Scope(tenant=person.tenant, user_id=person.user_id),
                     _spoke_since(memory, people, person, before, holders),
+                    silent_since=before,
                 )
                 if forgotten is None:
                     counts["spoke_since"] += 1
@@ -260,6 +265,7 @@ async def _pass(
             forgotten = await forgetting.scope_unless(
                 Scope(tenant=person.tenant, user_id=person.user_id),
                 _spoke_since(memory, people, person, before, holders, held=True),
+                silent_since=before,
             )
             counts["spoke_since" if forgotten is None else "people"] += 1
             progress(1)
@@ -293,3 +299,17 @@ def _spoke_since(
         return await _written_of_since(memory, person.tenant, person.user_id, before)
 
     return spoke
+
+
+async def spoke_since(forgetting: Forgetting, tenant: str, user_id: str, before: datetime) -> bool:
+    """Whether the person has said something at ``before`` or later (a memory, or a message
+    received and not yet written by any process), or a plugin has written of them since: asked
+    when a forget of theirs that a pass began, and that failed midway, is finished later."""
+    scope = Scope(tenant=tenant, user_id=user_id)
+    memory = forgetting.memory
+    if forgetting.calls.holds_scope(tenant, user_id, None) or forgetting.inbox.holds_here(scope):
+        return True
+    if (tenant, user_id) in await forgetting.inbox.holders():
+        return True
+    last = await finder(memory.store).last_said(tenant, user_id)
+    return (last is not None and last >= before) or await _written_of_since(memory, tenant, user_id, before)

@@ -16,8 +16,8 @@ import pytest
 from _helpers import msg, store_sql
 from narrmem_plugins.retention import Retention
 
-from narrmem import ManualClock, Scope, retention
-from narrmem.errors import ConfigError, InputError
+from narrmem import ManualClock, Scope, forgetting, hookimpl, retention, trying_again
+from narrmem.errors import ConfigError, InputError, PluginError
 from narrmem.forgetting import PURGE_OWED
 from narrmem.testing import open_memory
 
@@ -481,3 +481,83 @@ async def test_the_cli_dry_run_refuses_a_silent_store_of_tools_as_the_pass_does(
     assert await asyncio.to_thread(cli.main, arguments) == 0
     report = json.loads(capsys.readouterr().out)
     assert [p["user_id"] for p in report["inactive"]] == ["ann", "bob"]
+
+
+class ScrubsOnceFailing:
+    """A plugin whose service is down at the first forget it is told of (its scrub fails): the
+    forget is tried again later, in the process and at the next open."""
+
+    def __init__(self) -> None:
+        self.told: list[dict[str, Any]] = []
+        self.down = True
+
+    @hookimpl
+    def narrmem_after_forget(
+        self, user_id: str | None, chat_id: str | None, messages: list[str] | None
+    ) -> None:
+        if self.down:
+            self.down = False
+            raise RuntimeError("the plugin's service is down")
+        self.told.append({"user_id": user_id, "chat_id": chat_id, "messages": messages})
+
+
+async def fails_midway_then_she_speaks(memory: Any, clock: ManualClock) -> None:
+    await told_long_ago(memory, clock)
+    with pytest.raises(PluginError, match="service is down"):
+        await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+    assert await texts(memory, "ann") == []  # the store's part was done
+    await memory.ingest(said("9", "back from Lisbon, I opened a ceramics studio", "ann", 0))
+    await commit(memory, "ann", "ceramics, told today")
+
+
+async def told_long_ago(memory: Any, clock: ManualClock) -> None:
+    await memory.ingest_many(HISTORY)
+    clock.set(YEAR_AGO - timedelta(days=30))
+    await commit(memory, "ann", "old jazz, told long ago")
+    clock.set(NOW)
+
+
+@pytest.mark.parametrize("finished", ["tried again in the process", "resumed at the next open"])
+async def test_a_silent_persons_forget_finished_after_they_spoke_keeps_what_they_said_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finished: str
+) -> None:
+    """A retention forget that fails midway (a plugin's service down) is finished later; when the
+    person has spoken meanwhile, it took what they said since too, as a forget they asked for."""
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.3,))
+    plugin = ScrubsOnceFailing()
+    again = finished == "tried again in the process"
+    clock = ManualClock(NOW)
+    async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
+        # The clock stands still: the one in the process waits until she has spoken.
+        monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.3 if again else 600,))
+        await fails_midway_then_she_speaks(memory, clock)
+        if again:
+            for _ in range(100):
+                if not await memory.store.pending_forgets():
+                    break
+                await asyncio.sleep(0.05)
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        assert await memory.store.pending_forgets() == []
+        assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
+        # What the tools wrote of her today stays; her old words' copies were scrubbed by their ids.
+        assert await facts_of(memory, "ann") >= 1
+        assert {"user_id": None, "chat_id": "group", "messages": ["1", "2"]} in plugin.told
+        assert all(told["user_id"] is None for told in plugin.told)
+        assert await memory.store.state_items(forgetting.SILENT_NAMESPACE) == []
+
+
+async def test_a_silent_persons_forget_finished_while_they_are_silent_still_takes_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (600,))
+    plugin = ScrubsOnceFailing()
+    clock = ManualClock(NOW)
+    async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
+        await told_long_ago(memory, clock)
+        with pytest.raises(PluginError):
+            await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        assert await memory.store.pending_forgets() == []
+        assert await texts(memory, "ann") == [] and await facts_of(memory, "ann") == 0
+        assert plugin.told == [{"user_id": "ann", "chat_id": None, "messages": None}]
+        assert await memory.store.state_items(forgetting.SILENT_NAMESPACE) == []
