@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from narrmem import logs
 from narrmem.errors import StoreError, StoreUnavailableError
-from narrmem.models import IngestResult, Message, Scope
+from narrmem.models import IngestResult, MemoryRecord, Message, Scope
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
@@ -103,26 +103,48 @@ class ForgetMarks:
         """Whether a message was said before a forget of its person, chat, person in the chat or
         itself, answered from every mark read once (an import of thousands of messages asks for
         each); ``None`` when no forget was ever marked. Reads only."""
+        read = await self._read_all()
+        if read is None:
+            return None
+        key, marks = read
+
+        def said_before_a_forget(message: Message) -> bool:
+            return _forgotten_after(key, marks, _names_of(message, itself=True), message.ts)
+
+        return said_before_a_forget
+
+    async def records_read(self) -> Callable[[MemoryRecord], bool] | None:
+        """:meth:`all_read` for memories (an export file's, imported again): whether a memory
+        was said (``created_at``) before a forget of its person, chat, person in the chat or one
+        of its messages. Reads only."""
+        read = await self._read_all()
+        if read is None:
+            return None
+        key, marks = read
+
+        def said_before_a_forget(record: MemoryRecord) -> bool:
+            names = [
+                ("user", record.tenant, record.user_id),
+                ("chat", record.tenant, record.chat_id),
+                ("user_in_chat", record.tenant, record.chat_id, record.user_id),
+                *(("message", record.tenant, record.chat_id, mid) for mid in record.message_ids),
+            ]
+            return _forgotten_after(key, marks, names, record.created_at)
+
+        return said_before_a_forget
+
+    async def _read_all(self) -> tuple[bytes, dict[str, dt.datetime]] | None:
         if self.kept_s <= 0:
             return None
         store = self.memory.store
         stored = await store.state_get(NAMESPACE, KEY_ENTRY)
         if stored is None:
             return None
-        key = _key_of(stored)
         marks: dict[str, dt.datetime] = {}
         for name, value in await store.state_items(NAMESPACE):
             if name.startswith(MARK):
                 marks[name] = _time_or_none(value) or UNREADABLE
-
-        def said_before_a_forget(message: Message) -> bool:
-            for name in _names_of(message, itself=True):
-                at = marks.get(_mark_key(key, name))
-                if at is not None and at > message.ts:
-                    return True
-            return False
-
-        return said_before_a_forget
+        return _key_of(stored), marks
 
     async def finished(self, scope: Scope, asked_at: dt.datetime) -> None:
         """Note that a forget of ``scope`` asked at ``asked_at`` ran to its end (see
@@ -288,6 +310,16 @@ def _names_of(message: Message, *, itself: bool) -> list[tuple[str, ...]]:
     if itself:
         names.append(("message", message.tenant, message.chat_id, message.message_id))
     return names
+
+
+def _forgotten_after(
+    key: bytes, marks: dict[str, dt.datetime], names: Sequence[tuple[str, ...]], said: dt.datetime
+) -> bool:
+    for name in names:
+        at = marks.get(_mark_key(key, name))
+        if at is not None and at > said:
+            return True
+    return False
 
 
 def _scope_name(scope: Scope) -> tuple[str, ...]:

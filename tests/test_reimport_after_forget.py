@@ -99,3 +99,34 @@ async def test_the_import_commands_check_every_part_and_the_whole_file_first(
     assert f"line {len(HISTORY) + 2}" in capsys.readouterr().err
     async with open_memory(fresh, real_model=True) as memory:
         assert await memory.store.stats() and (await memory.store.stats())["memories"] == 0
+
+
+async def test_a_backup_exported_before_a_forget_is_not_imported_back(tmp_path: Path) -> None:
+    """A store's export taken before someone was forgotten, imported into the store again (a
+    backup restored beside what is there), brought them back, facts and all: it is refused, while
+    the forget's marks are kept, naming no one."""
+    from narrmem.doors.importing import import_jsonl
+    from narrmem.doors.transfer import export_jsonl
+    from narrmem.errors import InputError
+
+    clock = ManualClock(NOW)
+    backup, after = tmp_path / "backup.jsonl", tmp_path / "after.jsonl"
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.ingest_many(HISTORY)
+        await export_jsonl(memory, backup)
+        clock.advance(hours=1)
+        await memory.forget(user_id="ann")
+        stats = await memory.stats()
+        with pytest.raises(InputError, match="said before a forget made since") as refused:
+            await import_jsonl(memory, backup)
+        assert refused.value.field == "memories" and "ann" not in str(refused.value)
+        assert await texts(memory, "ann") == [] and await memory.stats() == stats
+        # One deleted message's memory is enough; an export taken after the forgets imports.
+        await export_jsonl(memory, after)
+        await memory.forget_messages(chat_id="group", message_ids=["4"])
+        with pytest.raises(InputError, match="said before a forget"):
+            await import_jsonl(memory, after)
+    async with open_memory(tmp_path / "fresh", clock=clock) as memory:
+        # A store that never forgot anyone (a store lost and restored) has no marks to ask.
+        assert (await import_jsonl(memory, backup))["imported"] > 0
+        assert await texts(memory, "ann")

@@ -283,6 +283,8 @@ async def _scan(memory: Memory, path: Path, ledger: _Ledger) -> _Scan:
     """Check the whole file, against ``memory``'s model, store and plugins, writing nothing."""
     scan = _Scan(path)
     batch: list[tuple[MemoryRecord, int]] = []
+    said_before_a_forget = await memory.forget_marks.records_read()
+    forgotten: list[int] = []  # the lines of memories said before a forget made since
     for number, line in _scan_lines(memory, ledger, scan):
         if isinstance(line, StateLine):
             try:
@@ -290,12 +292,24 @@ async def _scan(memory: Memory, path: Path, ledger: _Ledger) -> _Scan:
             except InputError as exc:
                 raise InputError(exc.reason, field=exc.field, line=number) from exc
             continue
+        if said_before_a_forget is not None and said_before_a_forget(line):
+            forgotten.append(number)
         batch.append((line, number))
         if len(batch) >= BATCH:
             await _check_against_store(memory, batch, ledger)
             batch = []
     if batch:
         await _check_against_store(memory, batch, ledger)
+    if forgotten:
+        # Never named: who was forgotten is not for the error to say.
+        raise InputError(
+            f"{len(forgotten)} memories of the file were said before a forget made since it was "
+            "exported (of their person, chat, person in the chat or message): importing it would "
+            "bring back what was forgotten, plugins' copies included; nothing of it was imported. "
+            "Export the store again and import that",
+            field="memories",
+            line=forgotten[0],
+        )
     return scan
 
 
