@@ -232,7 +232,7 @@ class Forgetting:
                 else:
                     await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
-                if silent_since is not None:
+                if silent_since is not None and not from_hooks:
                     await self.memory.store.state_put(
                         SILENT_NAMESPACE, again_key(job), {"before": silent_since.isoformat()}
                     )
@@ -325,7 +325,7 @@ class Forgetting:
         async with self.fence.forgetting(), self.write_lock:
             if job.id not in {pending.id for pending in await store.pending_forgets()}:
                 return  # finished by another worker's open meanwhile
-            silent = await self._silent_since(job)
+            silent = await self._silent_note(job)
             if silent is not None:
                 await self._finish_silent(job, silent)
             elif job.messages is None:
@@ -409,47 +409,51 @@ class Forgetting:
             raise
         await store.finish_forget(job, purge=False)
 
-    async def _silent_since(self, job: ForgetJob) -> datetime | None:
-        """The time the person of a retention pass's forget had said nothing since (see
-        :meth:`scope_unless`); ``None`` for any other forget."""
+    async def _silent_note(self, job: ForgetJob) -> dict[str, Any] | None:
+        """What a retention pass's forget noted beside its job (see :meth:`scope_unless`):
+        ``before``, and once it was finished in part, ``said``; ``None`` for any other forget."""
         if job.messages is not None or job.user_id is None:
             return None
-        noted = await self.memory.store.state_get(SILENT_NAMESPACE, again_key(job))
-        if noted is None:
-            return None
-        return datetime.fromisoformat(noted["before"])
+        noted: dict[str, Any] | None = await self.memory.store.state_get(SILENT_NAMESPACE, again_key(job))
+        return noted
 
-    async def _finish_silent(self, job: ForgetJob, before: datetime) -> None:
+    async def _finish_silent(self, job: ForgetJob, noted: dict[str, Any]) -> None:
         """Finish a retention pass's forget that failed midway (a plugin's service down, a
         crash). Silent still, the person goes as the pass meant (what was written of them since
         the job was recorded is old too: a late write of what they said long ago). Once they
         have spoken (a memory, a message received, a plugin's write of them, at ``before`` or
         later), only what they said before ``before`` goes, with the copies every plugin made
-        of those messages (told as a forget of those messages, chat by chat); what they said
-        since, what is received of them and what plugins keep of them by no message stay:
-        before, the forget took all of it, a year of silence ended by a message deleted with
-        it."""
+        of those messages, each plugin told a forget of those messages chat by chat, said by
+        them (``said_by``); what they said since, what is received of them, and what plugins
+        keep of them by no message (a fact a tool stated) stay: before, the forget took all of
+        it, a year of silence ended by a message deleted with it."""
         store = self.memory.store
         assert job.user_id is not None
+        before = datetime.fromisoformat(noted["before"])
+        key = again_key(job)
         if not await retention.spoke_since(self, job.tenant, job.user_id, before):
             await self._finish_again(job)
-            await store.state_delete(SILENT_NAMESPACE, again_key(job))
+            await store.state_delete(SILENT_NAMESPACE, key)
             return
         log.info("forget %d: its person has spoken since; what they said before %s goes", job.id, before)
         old = [r for r in await store.recent(job.scope, until=before, limit=2**62) if r.created_at < before]
-        said: dict[str, set[str]] = {chat: set(ids) for chat, ids in job.sources.items()}
+        said: dict[str, set[str]] = {}
+        for chat_id, ids in [*job.sources.items(), *noted.get("said", {}).items()]:
+            said.setdefault(chat_id, set()).update(ids)
         for record in old:
             said.setdefault(record.chat_id, set()).update(record.message_ids)
+        named = {chat_id: sorted(ids) for chat_id, ids in sorted(said.items())}
+        # Before the rows go: stopped or failing after, the next try still names their messages
+        # to the plugins, and purges what the first try deleted (it never got to its purge).
+        await store.state_put(SILENT_NAMESPACE, key, {"before": noted["before"], "said": named})
+        await store.state_put(*PURGE_OWED, {"job": job.id})
         if old:
-            # Noted before the rows go: stopped in between, the next open purges.
-            await store.state_put(*PURGE_OWED, {"job": job.id})
             await store.delete([r.id for r in old if r.id is not None], job.scope)
         embedder = self.memory.embedder
         if isinstance(embedder, ForgetsRecentTexts):
             embedder.forget_recent_texts()
         await self.notices.send(job.scope)
-        for part, (chat_id, message_ids) in enumerate(sorted(said.items())):
-            ids = sorted(message_ids)
+        for chat_id, ids in named.items():
             of_chat = job.model_copy(
                 update={"user_id": None, "chat_id": chat_id, "messages": ids, "sources": {chat_id: ids}}
             )
@@ -457,6 +461,7 @@ class Forgetting:
                 "memory": self.memory,
                 "removed": [r for r in old if r.chat_id == chat_id],
                 "resumed": True,
+                "said_by": job.user_id,
                 **of_chat.model_dump(exclude={"id"}),
             }
             try:
@@ -465,9 +470,9 @@ class Forgetting:
                 raise PluginError(
                     f"forget {job.id}: {exc}; the forget stays recorded and is finished again later"
                 ) from exc.__cause__
-            await owed_forgets.owe(self.memory, of_chat, part=part)
+            await owed_forgets.owe(self.memory, of_chat, part=chat_id, said_by=job.user_id)
         await store.finish_forget(job, purge=False)
-        await store.state_delete(SILENT_NAMESPACE, again_key(job))
+        await store.state_delete(SILENT_NAMESPACE, key)
 
     async def finished_later(self) -> None:
         """Wait for the forgets run from hooks to be finished, but for those waiting for messages
@@ -734,6 +739,7 @@ class Forgetting:
             "memory": self.memory,
             "removed": removed,
             "resumed": resumed,
+            "said_by": None,
             **job.model_dump(exclude={"id"}),
         }
         try:
@@ -775,12 +781,18 @@ class Forgetting:
             await store.state_delete(SILENT_NAMESPACE, key)
         for job in pending:
             log.warning("finishing a forget that was interrupted (job %d)", job.id)
+            silent = await self._silent_note(job)
+            if silent is not None:
+                try:
+                    # Whether the person has spoken, asked with every worker's writes held
+                    # back: one written between the question and the deletion would go with it.
+                    async with self.fence.forgetting(), self.write_lock:
+                        await self._finish_silent(job, silent)
+                except PluginError:
+                    log.exception("forget %d is not finished: a plugin failed to scrub its copies", job.id)
+                continue
             async with self.write_lock:
                 try:
-                    silent = await self._silent_since(job)
-                    if silent is not None:
-                        await self._finish_silent(job, silent)
-                        continue
                     if job.messages is None:
                         # What the scope wrote after the job was recorded (a forget run from
                         # hooks that was still to be finished) is named too. The received entries

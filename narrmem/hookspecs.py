@@ -456,6 +456,7 @@ def narrmem_after_forget(
     sources: dict[str, list[str]],
     messages: list[str] | None,
     resumed: bool,
+    said_by: str | None,
 ) -> None:
     """A forget deleted memories: everything of a user and/or chat (``user_id``/``chat_id``;
     ``messages`` is ``None``), or only what the messages ``messages`` of ``chat_id`` left (a
@@ -468,7 +469,11 @@ def narrmem_after_forget(
     on the next open (the records went before the crash), so find copies by scope and ``sources``,
     not by ``removed`` alone. ``resumed``: the forget is finished after a crash or tried again
     (``removed`` may then be empty though memories went); a live forget with ``removed`` empty
-    deleted nothing (an edit of a message that made no memory).
+    deleted nothing (an edit of a message that made no memory). ``said_by``: of a forget of
+    messages, the person who said them when the forget knows it and ``removed`` may not say it
+    (a retention pass's forget of a person, finished after they spoke again, is told as a forget
+    of their old messages chat by chat: copies of those messages go, and what the person said
+    since stays); ``None`` otherwise.
 
     Implementations must be idempotent (a finished step may run again after a crash) and must
     raise rather than give up: the forget is reported done, and its job deleted, only once every

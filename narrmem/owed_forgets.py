@@ -29,6 +29,7 @@ log = logs.logger("narrmem")
 NAMESPACE = "narrmem.forgets_owed"
 SCRUBBERS_KEY = "scrubbers"
 HOOK = "narrmem_after_forget"
+SAID_BY = "said_by"  # beside a job's fields in an entry (see owe)
 
 
 class Scrubbers(BaseModel):
@@ -36,13 +37,19 @@ class Scrubbers(BaseModel):
     names: list[str] = Field(default_factory=list)
 
 
-async def owe(memory: MemoryLifecycle, job: ForgetJob, *, part: int = 0) -> list[str]:
+async def owe(
+    memory: MemoryLifecycle, job: ForgetJob, *, part: str | None = None, said_by: str | None = None
+) -> list[str]:
     """Leave ``job`` to each plugin that scrubbed at an earlier open and is not loaded now;
     return their names. ``part``: which of the forgets a job is told as (a retention forget
-    finished after its person spoke is told chat by chat), each owed on its own."""
+    finished after its person spoke is told chat by chat, each owed on its own, keyed by its
+    chat), and ``said_by`` the person it is told as said by (see ``narrmem_after_forget``)."""
     absent = sorted(set(await _scrubbers(memory)) - set(memory.host.implementers(HOOK)))
+    entry = job.model_dump(mode="json")
+    if said_by is not None:
+        entry[SAID_BY] = said_by
     for name in absent:
-        await memory.store.state_put(NAMESPACE, owed_key(name, job.id, part), job.model_dump(mode="json"))
+        await memory.store.state_put(NAMESPACE, owed_key(name, job.id, part), entry)
     if absent:
         log.warning(
             "forget %d: plugins %s are not loaded; they scrub what they hold of it at the next open "
@@ -66,8 +73,15 @@ async def settle_at_open(memory: MemoryLifecycle) -> int:
         plugin, _, _ = key.partition("\0")
         if key == SCRUBBERS_KEY or plugin not in loaded:
             continue
+        said_by = value.pop(SAID_BY, None)
         job = ForgetJob.model_validate(value)
-        told = {"memory": memory, "removed": [], "resumed": True, **job.model_dump(exclude={"id"})}
+        told = {
+            "memory": memory,
+            "removed": [],
+            "resumed": True,
+            "said_by": said_by,
+            **job.model_dump(exclude={"id"}),
+        }
         try:
             await memory.host.call_every(HOOK, among=[plugin], **told)
         except PluginError:
@@ -89,11 +103,14 @@ async def settle_at_open(memory: MemoryLifecycle) -> int:
 
 async def awaited(memory: MemoryLifecycle) -> dict[str, int]:
     """How many forgets each absent plugin is owed, by its name."""
-    counts: dict[str, int] = {}
+    forgets: set[tuple[str, str]] = set()
     for key, _ in await memory.store.state_items(NAMESPACE):
         if key != SCRUBBERS_KEY:
-            plugin = key.partition("\0")[0]
-            counts[plugin] = counts.get(plugin, 0) + 1
+            plugin, _, job = key.partition("\0")
+            forgets.add((plugin, job[:12]))  # a forget told chat by chat is one forget
+    counts: dict[str, int] = {}
+    for plugin, _ in forgets:
+        counts[plugin] = counts.get(plugin, 0) + 1
     return counts
 
 
@@ -117,9 +134,9 @@ async def drop(memory: MemoryLifecycle, plugin: str) -> int:
     return dropped
 
 
-def owed_key(plugin: str, job_id: int, part: int = 0) -> str:
+def owed_key(plugin: str, job_id: int, part: str | None = None) -> str:
     key = f"{_owed_prefix(plugin)}{job_id:012d}"
-    return f"{key}/{part}" if part else key
+    return key if part is None else f"{key}/{part}"
 
 
 def _owed_prefix(plugin: str) -> str:

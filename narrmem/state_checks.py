@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from narrmem import edit_marks, forget_marks, inbox, owed_forgets, settling
 from narrmem.errors import InputError
-from narrmem.forgetting import AGAIN_NAMESPACE, PURGE_OWED
+from narrmem.forgetting import AGAIN_NAMESPACE, PURGE_OWED, SILENT_NAMESPACE
 from narrmem.store import STORE_NOTES
 
 if TYPE_CHECKING:
@@ -30,7 +30,14 @@ CORE: dict[str, Callable[[str, dict[str, Any]], None]] = {
 # forgotten, under the key of the store they were made in.
 # And a store's notes of its own tables (a plugin's schema version): the target's are its own.
 NOT_IMPORTED = frozenset(
-    {AGAIN_NAMESPACE, owed_forgets.NAMESPACE, forget_marks.NAMESPACE, PURGE_OWED[0], STORE_NOTES}
+    {
+        AGAIN_NAMESPACE,
+        SILENT_NAMESPACE,
+        owed_forgets.NAMESPACE,
+        forget_marks.NAMESPACE,
+        PURGE_OWED[0],
+        STORE_NOTES,
+    }
 )
 
 

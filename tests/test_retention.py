@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import msg, store_sql
+from _helpers import msg, on_sqlite, store_sql
 from narrmem_plugins.retention import Retention
 
 from narrmem import ManualClock, Scope, forgetting, hookimpl, retention, trying_again
@@ -510,6 +510,13 @@ async def fails_midway_then_she_speaks(memory: Any, clock: ManualClock) -> None:
     await commit(memory, "ann", "ceramics, told today")
 
 
+STORY = (
+    "Once upon a time a wise king ruled a small kingdom in the green valley of Aster. He loved his "
+    "people and they loved him. One winter a dragon came down from the mountains. The king rode "
+    "out alone to meet it, and they talked for three days. In the end the dragon stayed."
+)
+
+
 async def told_long_ago(memory: Any, clock: ManualClock) -> None:
     await memory.ingest_many(HISTORY)
     clock.set(YEAR_AGO - timedelta(days=30))
@@ -527,23 +534,37 @@ async def test_a_silent_persons_forget_finished_after_they_spoke_keeps_what_they
     plugin = ScrubsOnceFailing()
     again = finished == "tried again in the process"
     clock = ManualClock(NOW)
-    async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
+    folder = tmp_path / "m"
+    async with open_memory(folder, clock=clock, plugins=[plugin]) as memory:
+        # Others' trees: a person's across their chats, one of the chat she spoke in.
+        for person, chat in (("bob", None), ("cat", "group")):
+            await memory.call_tool(
+                "rtm_create_narrative_tree",
+                {"text": STORY, "title": person, "user_id": person, **({"chat_id": chat} if chat else {})},
+            )
         # The clock stands still: the one in the process waits until she has spoken.
         monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.3 if again else 600,))
         await fails_midway_then_she_speaks(memory, clock)
         if again:
             for _ in range(100):
-                if not await memory.store.pending_forgets():
+                if not await memory.store.pending_forgets() and not await memory.store.state_get(*PURGE_OWED):
                     break
                 await asyncio.sleep(0.05)
-    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        sqlite = on_sqlite(memory)
+    async with open_memory(folder, clock=ManualClock(NOW), plugins=[plugin]) as memory:
         assert await memory.store.pending_forgets() == []
         assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
+        # Trees of the words of others stay: only hers could hold what was forgotten.
+        trees = await store_sql(memory, "SELECT user_id, chat_id FROM rtm_trees ORDER BY user_id")
+        assert [tuple(row) for row in trees] == [("bob", None), ("cat", "group")]
         # What the tools wrote of her today stays; her old words' copies were scrubbed by their ids.
         assert await facts_of(memory, "ann") >= 1
         assert {"user_id": None, "chat_id": "group", "messages": ["1", "2"]} in plugin.told
         assert all(told["user_id"] is None for told in plugin.told)
         assert await memory.store.state_items(forgetting.SILENT_NAMESPACE) == []
+    if sqlite:
+        # The first try deleted her old words and never got to its purge: the finish ran it.
+        assert not [path for path in folder.rglob("*") if path.is_file() and b"ramen" in path.read_bytes()]
 
 
 async def test_a_silent_persons_forget_finished_while_they_are_silent_still_takes_everything(
@@ -561,3 +582,37 @@ async def test_a_silent_persons_forget_finished_while_they_are_silent_still_take
         assert await texts(memory, "ann") == [] and await facts_of(memory, "ann") == 0
         assert plugin.told == [{"user_id": "ann", "chat_id": None, "messages": None}]
         assert await memory.store.state_items(forgetting.SILENT_NAMESPACE) == []
+
+
+class ScrubsFailingTwice(ScrubsOnceFailing):
+    @hookimpl
+    def narrmem_after_forget(
+        self, user_id: str | None, chat_id: str | None, messages: list[str] | None
+    ) -> None:
+        self.told.append({"user_id": user_id, "chat_id": chat_id, "messages": messages})
+        if len(self.told) <= 2:
+            raise RuntimeError("the plugin's service is down")
+
+
+async def test_a_silent_persons_forget_failing_again_after_its_rows_went_still_names_their_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finished after she spoke, the forget deletes what she said before the time (a late write
+    of an old message among it), then fails telling a plugin: the next try, which finds those
+    rows gone, still names their messages."""
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (600,))
+    plugin = ScrubsFailingTwice()
+    clock = ManualClock(NOW)
+    async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
+        await told_long_ago(memory, clock)
+        with pytest.raises(PluginError):
+            await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        old = said("77", "I once kept a tortoise called Gerald in the garden", "ann", 450, chat="zz")
+        await memory.ingest_many([old], history=True)  # a backlog of long ago, written late
+        await memory.ingest(said("9", "back from Lisbon, I opened a ceramics studio", "ann", 0))
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        assert len(await memory.store.pending_forgets()) == 1  # told "group" first, which failed
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        assert await memory.store.pending_forgets() == []
+        assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
+    assert {"user_id": None, "chat_id": "zz", "messages": ["77"]} in plugin.told[2:]

@@ -93,6 +93,7 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
         messages: list[str] | None,
         removed: list[MemoryRecord],
         resumed: bool,
+        said_by: str | None,
     ) -> None:
         # The tools' trees that may hold the words forgotten, and the cached retellings of the
         # person. A person's or a chat's forget takes any tree that names no one too; a message's
@@ -104,9 +105,12 @@ class RTMPlugin(Configured[RTMOptions], RTMTransfer, ToolTable, name=NAME, optio
             return
         if not removed and resumed and chat_id is not None:
             # Finished after a crash or tried again, the records gone before it: whose words they
-            # were is not known, and every tree that may hold them goes (the chat's, and every
-            # person's across their chats). A live one that deleted nothing takes none.
-            await self.trees.forget_chat(tenant, chat_id)
+            # were is not known unless told, and every tree that may hold them goes (the chat's,
+            # and every person's across their chats). A live one that deleted nothing takes none.
+            if said_by is not None:
+                await self.trees.forget_owned(tenant, said_by, chat_id)
+            else:
+                await self.trees.forget_chat(tenant, chat_id)
         for person, chat in sorted({(r.user_id, r.chat_id) for r in removed}):
             await self.trees.forget_owned(tenant, person, chat)
 
