@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import tempfile
 import tracemalloc
 from datetime import UTC, datetime
 from pathlib import Path
@@ -360,3 +361,44 @@ def test_a_message_too_far_ahead_is_named_as_an_import_meets_it(tmp_path: Path) 
     with pytest.raises(InputError) as caught:
         jsonl.check_not_ahead(datetime(2026, 1, 1, tzinfo=UTC), 86400)
     assert (caught.value.field, caught.value.line) == ("ts", 2)  # the first in the file
+
+
+def test_a_full_exports_chats_overlapping_in_time_wait_on_disk_beyond_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full Telegram export's chats each run from its first day to its last: what waits for an
+    older message of a later chat was held in memory, most of the export for a big account
+    (483 MB for three chats of 100,000 messages). Past a bound it waits in a temporary database,
+    gone once the parts are given, or their reader stops."""
+    chats = [
+        _chat(
+            30 + c,
+            [
+                _telegram_message(i, 60 * (3 * i + c), f"chat {c}: message {i} about my garden", c)
+                for i in range(120)
+            ],
+        )
+        for c in range(3)
+    ]
+    path = _write(tmp_path / "full.json", {"chats": {"list": chats}})
+    whole = ChatImport(path, "telegram")
+    whole.check()
+    expected = [[(m.chat_id, m.message_id) for m, _ in part] for part in whole.parts(25)]
+    assert whole.most_held > 200  # the first chat's waiting for the next two
+    monkeypatch.setattr(chat_import, "HELD_IN_RAM", 40)
+    monkeypatch.setattr(chat_import, "HELD_READ_BACK", 15)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    bounded = ChatImport(path, "telegram")
+    bounded.check()
+    parts = bounded.parts(25)
+    first = next(parts)
+    assert list((tmp_path / "temp").iterdir())  # the rest wait on disk
+    assert [(m.chat_id, m.message_id) for m, _ in first] == expected[0]
+    assert [[(m.chat_id, m.message_id) for m, _ in part] for part in parts] == expected[1:]
+    assert 0 < bounded.most_held <= 40 + 15
+    assert list((tmp_path / "temp").iterdir()) == []
+    stopped = bounded.parts(25)
+    next(stopped)
+    stopped.close()  # a reader that stops (an import failing midway)
+    assert list((tmp_path / "temp").iterdir()) == []

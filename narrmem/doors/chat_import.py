@@ -41,7 +41,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import re
+import sqlite3
+import tempfile
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -64,6 +67,10 @@ FORMATS: tuple[ChatFormat, ...] = get_args(ChatFormat)
 
 # DiscordChatExporter names message types after Discord's enum; only these two are people talking.
 DISCORD_MESSAGE_TYPES = frozenset({"Default", "Reply"})
+# The messages read ahead of their turn held in memory at most (a few MB of Message objects); the
+# rest wait on disk, and are read back so many at a time.
+HELD_IN_RAM = 20_000
+HELD_READ_BACK = 5_000
 
 # Telegram's media_type values, as the placeholder names them.
 _TELEGRAM_MEDIA = {
@@ -159,8 +166,9 @@ class ChatImport:
     each person's history in the order it happened, across the chats of a full export too; a
     JSONL file in its own order. A message waits only for the older ones after it in the file: an
     export in time order (one chat's, as Telegram Desktop and DiscordChatExporter write them)
-    holds one part at a time, a full Telegram export's chats, which overlap in time, what waits
-    for an older chat's messages.
+    holds one part at a time; a full Telegram export's chats overlap in time, and what waits for
+    an older chat's messages is held :data:`HELD_IN_RAM` at most in memory, the rest in a private
+    temporary database deleted once the parts are given (:class:`_Held`).
 
     ``as_bot``: under the ids the bot integrations give the same chats and people, so that the
     live bot recalls the history and a person's ``forgetme`` reaches it: on Telegram the Bot
@@ -223,6 +231,7 @@ class ChatImport:
         self._newest: Message | None = None
         self._scopes: dict[str, set[str]] = {"tenants": set(), "chat_ids": set(), "user_ids": set()}
         self._checked = False
+        self.most_held = 0  # the most messages :meth:`parts` held in memory ahead of their turn
 
     @property
     def messages(self) -> int:
@@ -315,7 +324,13 @@ class ChatImport:
         in_file_order = bool(np.all(order == np.arange(len(order))))
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-        waiting: dict[int, tuple[Message, _Read]] = {}
+        with _Held() as waiting:
+            yield from self._in_order(size, rank, in_file_order, waiting)
+            self.most_held = waiting.most
+
+    def _in_order(
+        self, size: int, rank: np.ndarray, in_file_order: bool, waiting: _Held
+    ) -> Iterator[list[tuple[Message, _Read]]]:
         part: list[tuple[Message, _Read]] = []
         next_rank = seen = kept = 0
         for read in self._read():
@@ -332,9 +347,10 @@ class ChatImport:
             if in_file_order:
                 part.append((message, read))
             else:
-                waiting[int(rank[position])] = (message, read)
-                while next_rank in waiting:
-                    part.append(waiting.pop(next_rank))
+                waiting.put(int(rank[position]), read)
+                while (ready := waiting.take(next_rank)) is not None:
+                    assert ready.message is not None
+                    part.append((ready.message, ready))
                     next_rank += 1
             while len(part) >= size:
                 yield part[:size]
@@ -799,6 +815,82 @@ class _Read:
     # The chat's place among the export's chats (a full export's "chats" before its
     # "left_chats"): messages of one time are stored in that order, wherever the file puts them.
     chat: int = 0
+
+
+class _Held:
+    """The messages read ahead of their turn, by rank: :data:`HELD_IN_RAM` at most in memory, the
+    rest pickled into a SQLite file of a private temporary folder (made at the first that does
+    not fit, deleted on leaving), read back :data:`HELD_READ_BACK` ranks at a time. A full
+    Telegram export of three chats of 100,000 messages each, overlapping in time, held most of
+    the first two in memory: 483 MB."""
+
+    def __init__(self) -> None:
+        self._ram: dict[int, _Read] = {}
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        self._db: sqlite3.Connection | None = None
+        self._on_disk = 0
+        self._to_disk: list[tuple[int, bytes]] = []  # written a batch at a time
+        self._disk_first: int | None = None  # the lowest rank on disk (or to be written)
+        self.most = 0  # the most held in memory at once
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._db is not None:
+            self._db.close()
+        if self._folder is not None:
+            self._folder.cleanup()
+
+    def __len__(self) -> int:
+        return len(self._ram) + self._on_disk
+
+    def put(self, rank: int, read: _Read) -> None:
+        if len(self._ram) < HELD_IN_RAM:
+            self._ram[rank] = read
+            self.most = max(self.most, len(self._ram))
+            return
+        self._to_disk.append((rank, pickle.dumps(read)))
+        self._on_disk += 1
+        self._disk_first = rank if self._disk_first is None else min(self._disk_first, rank)
+        if len(self._to_disk) >= HELD_READ_BACK:
+            self._write()
+
+    def take(self, rank: int) -> _Read | None:
+        """The message of ``rank``, no longer held; ``None`` if it is not read yet."""
+        # Most messages read find the next rank not read yet: the disk is asked only when it may
+        # hold that rank.
+        if rank not in self._ram and self._disk_first is not None and rank >= self._disk_first:
+            self._write()
+            db = self._disk()
+            last = rank + HELD_READ_BACK
+            rows = db.execute(
+                "SELECT rank, read FROM held WHERE rank >= ? AND rank < ?", (rank, last)
+            ).fetchall()
+            if rows:
+                db.execute("DELETE FROM held WHERE rank >= ? AND rank < ?", (rank, last))
+                self._on_disk -= len(rows)
+                # Ours, written by this process a moment ago: unpickling reads nothing else.
+                self._ram.update((int(r), pickle.loads(data)) for r, data in rows)
+                self.most = max(self.most, len(self._ram))
+            (self._disk_first,) = db.execute("SELECT MIN(rank) FROM held").fetchone()
+        return self._ram.pop(rank, None)
+
+    def _write(self) -> None:
+        if self._to_disk:
+            with self._disk() as db:  # one transaction
+                db.executemany("INSERT INTO held VALUES (?, ?)", self._to_disk)
+            self._to_disk = []
+
+    def _disk(self) -> sqlite3.Connection:
+        if self._db is None:
+            self._folder = tempfile.TemporaryDirectory(prefix="narrmem-import-")
+            self._db = sqlite3.connect(Path(self._folder.name) / "held.sqlite")
+            # A scratch file: lost with a crash, and the import checks the file again then.
+            self._db.execute("PRAGMA journal_mode = OFF")
+            self._db.execute("PRAGMA synchronous = OFF")
+            self._db.execute("CREATE TABLE held (rank INTEGER PRIMARY KEY, read BLOB NOT NULL)")
+        return self._db
 
 
 @dataclass(frozen=True)
