@@ -307,6 +307,26 @@ async def test_a_forget_elsewhere_does_not_stop_it_and_no_other_file_is_replaced
         assert _read(again)[0]["user_id"] == "ann"
 
 
+async def test_a_forget_of_a_person_known_by_tools_alone_stops_their_export(tmp_path: Path) -> None:
+    """A person of whom the store holds no memory (facts a bot wrote with the tools), forgotten
+    while their export was read: the export checked that its memories were still stored, none,
+    and finished with part of their facts."""
+    from narrmem.doors.person_export import person_text
+    from narrmem.errors import StoreError
+
+    async with open_memory(tmp_path / "data") as memory:
+        for n in range(3):
+            triplet = {"subject": "user", "relation": "likes", "object": f"thing {n}"}
+            await memory.call_tool(
+                "memory_commit", {"user_id": "zoe", "chat_id": "dm", "triplets": [triplet]}
+            )
+        lines = person_text(memory, "default", "zoe")
+        await anext(lines)
+        await memory.forget(user_id="zoe")
+        with pytest.raises(StoreError, match="a forget ran while the export was read"):
+            [section async for section, _ in lines]
+
+
 async def test_pages_of_a_scope_give_every_memory_once_in_any_century(tmp_path: Path) -> None:
     """Pages end with every memory of their oldest instant, and the next leaves those out by id:
     read up to a microsecond before it, a store's float time past the 23rd century gave the same

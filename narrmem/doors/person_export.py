@@ -86,7 +86,7 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
     deleted any of what it holds (another person's, or another tenant's, does not)."""
     exported: array[int] = array("q")
     lines = _person_lines(memory, Scope(tenant=tenant, user_id=user_id), exported)
-    async for section, text in counted_text(memory, lines, tenant, exported):
+    async for section, text in counted_text(memory, lines, tenant, exported, person=user_id):
         yield section, text
 
 

@@ -26,7 +26,7 @@ from narrmem import logs
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
 from narrmem.doors import export_files
 from narrmem.errors import InputError, PluginError, StoreError
-from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
+from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, Scope, no_nul
 from narrmem.state_checks import NOT_IMPORTED
 from narrmem.store import CountsForgets, ReadsHistories, Store
 
@@ -339,14 +339,20 @@ async def counted_text(
     lines: AsyncIterator[tuple[str, dict[str, Any]]],
     tenant: str | None,
     exported: array[int],
+    *,
+    person: str | None = None,
 ) -> AsyncIterator[tuple[str, str]]:
     """``lines`` as an export's text, then the end line counting them. Refused while a forget (of
     ``tenant``, when given) is unfinished; a forget that began while they were read stops it,
-    unless ``tenant`` is given and every memory ``exported`` is still stored."""
+    unless ``tenant`` is given and every memory ``exported`` is still stored, and, for the export
+    of ``person``, their forget mark is as it was (a forget of them marks it: what plugins alone
+    keep of them, the facts a tool stated, is no memory to find gone)."""
     # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
     await memory.settle()
     await no_forget_pending(memory, tenant=tenant)
     forgets = await _forget_mark(memory)
+    whose = None if person is None or tenant is None else Scope(tenant=tenant, user_id=person)
+    marked = None if whose is None else await memory.forget_marks.scope_mark(whose)
     counts: dict[str, int] = {}
     async for section, line in lines:
         counts[section] = counts.get(section, 0) + 1
@@ -355,7 +361,9 @@ async def counted_text(
     # meanwhile may have deleted what an earlier page holds, and an import would bring it back.
     # Raised before the end line, so that the file is deleted and a stream ends cut short.
     if await _forget_mark(memory) != forgets and not (
-        tenant is not None and await _all_still_stored(memory, tenant, exported)
+        tenant is not None
+        and await _all_still_stored(memory, tenant, exported)
+        and (whose is None or await memory.forget_marks.scope_mark(whose) == marked)
     ):
         raise StoreError(
             "a forget ran while the export was read, which may hold what it deleted: the export "
