@@ -548,11 +548,12 @@ class ReadsHistories(Protocol):
     store of tens of millions)."""
 
     async def histories(
-        self, first_id: int, last_id: int, *, tenant: str | None = None
+        self, first_id: int, last_id: int, *, tenant: str | None = None, user_id: str | None = None
     ) -> dict[int, list[dict[str, Any]]]:
         """The history rows of the memories whose id lies from ``first_id`` to ``last_id`` (of
-        ``tenant``'s memories only, chosen by the query, when given), each memory's as
-        :meth:`Store.history` gives them (oldest first); a memory without any is absent."""
+        ``tenant``'s memories only, of ``user_id``'s there when given too, chosen by the query),
+        each memory's as :meth:`Store.history` gives them (oldest first); a memory without any
+        is absent."""
         ...
 
 

@@ -21,6 +21,7 @@ from narrmem import InputError
 from narrmem.clock import ManualClock
 from narrmem.doors.person_export import export_person
 from narrmem.doors.transfer import export_store
+from narrmem.store import ImportanceChange
 from narrmem.testing import open_memory
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -325,6 +326,34 @@ async def test_a_forget_of_a_person_known_by_tools_alone_stops_their_export(tmp_
         await memory.forget(user_id="zoe")
         with pytest.raises(StoreError, match="a forget ran while the export was read"):
             [section async for section, _ in lines]
+
+
+async def test_a_persons_importance_history_is_read_by_a_query_on_them(tmp_path: Path) -> None:
+    """Read by tenant, the history of every memory of the id range came back, others' among
+    them, for the export to drop."""
+    async with open_memory(tmp_path / "data") as memory:
+        for n in range(3):
+            for person in ("ann", "bob"):
+                text = f"{person} says: my hive number {n} of bees swarmed today"
+                await memory.ingest(msg(f"{person}-{n}", text, user=person, chat="group"))
+        records = await memory.store.get(list(range(1, 50)), None)
+        ids = sorted(records)
+        at = datetime.now(UTC)
+        for memory_id, record in records.items():
+            change = ImportanceChange(
+                memory_id=memory_id,
+                importance=record.importance / 2,
+                reinforced_at=at,
+                old=record.importance,
+                who="test",
+                why="halved",
+            )
+            assert await memory.store.set_importance([change], at) == [memory_id]
+        owners = {i: r.user_id for i, r in records.items()}
+        history = await memory.store.histories(ids[0], ids[-1], tenant="default", user_id="ann")
+        assert history and {owners[i] for i in history} == {"ann"}
+        everyone = await memory.store.histories(ids[0], ids[-1], tenant="default")
+        assert {owners[i] for i in everyone} == {"ann", "bob"}
 
 
 async def test_pages_of_a_scope_give_every_memory_once_in_any_century(tmp_path: Path) -> None:

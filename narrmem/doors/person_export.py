@@ -110,7 +110,7 @@ async def _person_lines(
             # Others' message ids, as their words: the turns around it in its chat.
             line["meta"] = {k: v for k, v in line["meta"].items() if k not in LEFT_OUT_OF_META}
             yield MEMORIES, line
-    async for line in _history_lines(memory, scope.tenant, sorted(exported)):
+    async for line in _history_lines(memory, scope, sorted(exported)):
         yield IMPORTANCE, line
     prefix = f"{scope.tenant}\0{scope.user_id}\0"
     async for namespace, key, value in _person_state(memory, prefix, scope):
@@ -121,14 +121,16 @@ async def _person_lines(
                 yield section, row
 
 
-async def _history_lines(memory: Memory, tenant: str, ids: list[int]) -> AsyncIterator[dict[str, Any]]:
+async def _history_lines(memory: Memory, scope: Scope, ids: list[int]) -> AsyncIterator[dict[str, Any]]:
     """Each memory's importance history: by id ranges where the person's ids lie close together
-    (one read for many), one memory at a time where they are spread among others'."""
+    (one read for many, of the person's rows: the query picks them), one memory at a time where
+    they are spread among others'."""
     store = memory.store
+    only = {"tenant": scope.tenant, "user_id": str(scope.user_id)}
     for start in range(0, len(ids), HISTORY_CHUNK):
         chunk = ids[start : start + HISTORY_CHUNK]
         close = chunk[-1] - chunk[0] < 4 * len(chunk)
-        page = await _histories(store, chunk[0], chunk[-1], {"tenant": tenant}) if close else None
+        page = await _histories(store, chunk[0], chunk[-1], only) if close else None
         for memory_id in chunk:
             events = page.get(memory_id) if page is not None else await store.history(memory_id)
             if events:

@@ -523,6 +523,9 @@ async def _histories(
     try:
         return await store.histories(first, last, **only)
     except TypeError:
+        if "user_id" in only:
+            # A store from before the user argument: read by tenant (the caller takes its ids).
+            return await _histories(store, first, last, {"tenant": only["tenant"]})
         if not only:
             raise
         return await store.histories(first, last)  # a store from before the tenant argument

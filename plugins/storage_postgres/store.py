@@ -833,9 +833,11 @@ class PostgresStore(ForgetJournal):
         return [{"at": r[0], "who": r[1], "why": r[2], "old": r[3], "new": r[4]} for r in rows]
 
     async def histories(
-        self, first_id: int, last_id: int, *, tenant: str | None = None
+        self, first_id: int, last_id: int, *, tenant: str | None = None, user_id: str | None = None
     ) -> dict[int, list[dict[str, Any]]]:
         if tenant is None:
+            if user_id is not None:
+                raise StoreError("a user's histories need their tenant")
             rows = await self.pool.fetch(
                 "SELECT memory_id, at, who, why, old, new FROM memory_history "
                 "WHERE memory_id BETWEEN $1 AND $2 ORDER BY memory_id, id",
@@ -846,10 +848,11 @@ class PostgresStore(ForgetJournal):
             rows = await self.pool.fetch(
                 "SELECT h.memory_id, h.at, h.who, h.why, h.old, h.new FROM memory_history h "
                 "JOIN memories m ON m.id = h.memory_id WHERE h.memory_id BETWEEN $1 AND $2 "
-                "AND m.tenant = $3 ORDER BY h.memory_id, h.id",
+                "AND m.tenant = $3 AND ($4::text IS NULL OR m.user_id = $4) ORDER BY h.memory_id, h.id",
                 first_id,
                 last_id,
                 tenant,
+                user_id,
             )
         found: dict[int, list[dict[str, Any]]] = {}
         for r in rows:

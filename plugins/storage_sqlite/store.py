@@ -1205,20 +1205,23 @@ class SQLiteStore(ForgetJournal):
         return [{"at": r[0], "who": r[1], "why": r[2], "old": r[3], "new": r[4]} for r in rows]
 
     async def histories(
-        self, first_id: int, last_id: int, *, tenant: str | None = None
+        self, first_id: int, last_id: int, *, tenant: str | None = None, user_id: str | None = None
     ) -> dict[int, list[dict[str, Any]]]:
         if tenant is None:
+            if user_id is not None:
+                raise StoreError("a user's histories need their tenant")
             rows = await self._fetchall(
                 "SELECT memory_id, at, who, why, old, new FROM memory_history "
                 "WHERE memory_id BETWEEN ? AND ? ORDER BY memory_id, id",
                 (first_id, last_id),
             )
         else:
+            person = "" if user_id is None else " AND m.user_id = ?"
             rows = await self._fetchall(
                 "SELECT h.memory_id, h.at, h.who, h.why, h.old, h.new FROM memory_history h "
-                "JOIN memories m ON m.id = h.memory_id WHERE h.memory_id BETWEEN ? AND ? AND m.tenant = ? "
-                "ORDER BY h.memory_id, h.id",
-                (first_id, last_id, tenant),
+                "JOIN memories m ON m.id = h.memory_id WHERE h.memory_id BETWEEN ? AND ? AND m.tenant = ?"
+                f"{person} ORDER BY h.memory_id, h.id",
+                (first_id, last_id, tenant, *([] if user_id is None else [user_id])),
             )
         found: dict[int, list[dict[str, Any]]] = {}
         for r in rows:
