@@ -232,7 +232,7 @@ class Forgetting:
                 else:
                     await self.memory.forget_marks.leave(scope, None, asked_at)
                 job = await self.memory.store.begin_forget(**scope.model_dump())
-                if silent_since is not None and not from_hooks:
+                if silent_since is not None:
                     await self.memory.store.state_put(
                         SILENT_NAMESPACE, again_key(job), {"before": silent_since.isoformat()}
                     )
@@ -251,7 +251,9 @@ class Forgetting:
                     # be waited for here.
                     units = self.fence.under_way(lambda key: touches(job, key))
                     if not units and self.settling.scheduled() is None:
-                        return await self.finish(job)
+                        counts = await self.finish(job)
+                        await self.memory.store.state_delete(SILENT_NAMESPACE, again_key(job))
+                        return counts
                     counts = await self.finish(job, done=False)
                     self._finish_later(job, units)
                     return counts
@@ -379,6 +381,12 @@ class Forgetting:
                         # A message of the scope begun since and still under way would write
                         # after the deletion: the deletion waits for a moment without one.
                         later = self.fence.under_way(lambda key: touches(job, key))
+                        silent = await self._silent_note(job)
+                        if silent is not None:
+                            # A retention pass's, run from hooks: what the person said meanwhile
+                            # is theirs (their own messages under way are not waited for).
+                            await self._finish_silent(job, silent)
+                            return
                         if not later:
                             # Messages received meanwhile are not the forget's: their entries
                             # stay, and they are written after it as after any forget.
@@ -394,11 +402,17 @@ class Forgetting:
             log.exception("finishing a forget run from hooks failed; it is tried again")
             self._retry_later(job, received=False)
 
-    async def _finish_again(self, job: ForgetJob, *, received: bool = False) -> None:
+    async def _finish_again(
+        self, job: ForgetJob, *, received: bool = False, noted: dict[str, Any] | None = None
+    ) -> None:
         """Run a recorded scope forget again and finish it, naming what the scope wrote since (the
-        plugins scrub copies by it). ``received``: delete the scope's received entries too."""
+        plugins scrub copies by it). ``received``: delete the scope's received entries too.
+        ``noted``: a retention pass's note (see :meth:`scope_unless`), written beside the new
+        job too: left unfinished, it is finished as the pass's."""
         store = self.memory.store
         again = await store.begin_forget(**job.scope.model_dump())
+        if noted is not None:
+            await store.state_put(SILENT_NAMESPACE, again_key(again), noted)
         try:
             await self.finish(with_sources_of(again, job), received=received)
         except PluginError:
@@ -406,7 +420,10 @@ class Forgetting:
                 # The earlier job names all this one does: one record of what is owed, not one
                 # more for every open while a plugin's service is down.
                 await store.finish_forget(again, purge=False)
+                await store.state_delete(SILENT_NAMESPACE, again_key(again))
             raise
+        if noted is not None:
+            await store.state_delete(SILENT_NAMESPACE, again_key(again))
         await store.finish_forget(job, purge=False)
 
     async def _silent_note(self, job: ForgetJob) -> dict[str, Any] | None:
@@ -432,7 +449,9 @@ class Forgetting:
         before = datetime.fromisoformat(noted["before"])
         key = again_key(job)
         if not await retention.spoke_since(self, job.tenant, job.user_id, before):
-            await self._finish_again(job)
+            # What a try that failed named (late writes of old messages, their rows gone) too.
+            earlier = with_sources_of(job, job.model_copy(update={"sources": noted.get("said", {})}))
+            await self._finish_again(earlier, noted=noted)
             await store.state_delete(SILENT_NAMESPACE, key)
             return
         log.info("forget %d: its person has spoken since; what they said before %s goes", job.id, before)
@@ -787,7 +806,9 @@ class Forgetting:
                     # Whether the person has spoken, asked with every worker's writes held
                     # back: one written between the question and the deletion would go with it.
                     async with self.fence.forgetting(), self.write_lock:
-                        await self._finish_silent(job, silent)
+                        # Another worker's open may have finished it while this one waited.
+                        if job.id in {other.id for other in await store.pending_forgets()}:
+                            await self._finish_silent(job, silent)
                 except PluginError:
                     log.exception("forget %d is not finished: a plugin failed to scrub its copies", job.id)
                 continue

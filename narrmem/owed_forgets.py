@@ -127,7 +127,8 @@ async def drop(memory: MemoryLifecycle, plugin: str) -> int:
             f"{plugin!r} never scrubbed at a forget here (known: {', '.join(names) or 'none'})",
             field="plugin",
         )
-    dropped = await memory.store.state_delete(NAMESPACE, _owed_prefix(plugin))
+    dropped = (await awaited(memory)).get(plugin, 0)  # forgets, as awaited counts them
+    await memory.store.state_delete(NAMESPACE, _owed_prefix(plugin))
     await memory.store.state_put(
         NAMESPACE, SCRUBBERS_KEY, Scrubbers(names=[n for n in names if n != plugin]).model_dump()
     )

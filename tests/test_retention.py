@@ -616,3 +616,49 @@ async def test_a_silent_persons_forget_failing_again_after_its_rows_went_still_n
         assert await memory.store.pending_forgets() == []
         assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
     assert {"user_id": None, "chat_id": "zz", "messages": ["77"]} in plugin.told[2:]
+
+
+async def test_a_silent_persons_forget_left_twice_unfinished_keeps_what_they_said_since(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finished while she was silent still (an old message of hers written late meanwhile), the
+    forget recorded a second job naming it, which failed too and was later finished as any
+    forget, after she had spoken: the second job is the pass's as the first is."""
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (600,))
+    plugin = ScrubsFailingTwice()
+    clock = ManualClock(NOW)
+    async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
+        await told_long_ago(memory, clock)
+        with pytest.raises(PluginError):
+            await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        old = said("77", "I once kept a tortoise called Gerald in the garden", "ann", 450, chat="zz")
+        await memory.ingest_many([old], history=True)
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        # The first, and the second naming "77", both the pass's.
+        pending = await memory.store.pending_forgets()
+        assert [job.sources for job in pending] == [{"group": ["1", "2"]}, {"zz": ["77"]}]
+        assert len(await memory.store.state_items(forgetting.SILENT_NAMESPACE)) == 2
+        await memory.ingest(said("9", "back from Lisbon, I opened a ceramics studio", "ann", 0))
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        assert await memory.store.pending_forgets() == []
+        assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
+        assert await memory.store.state_items(forgetting.SILENT_NAMESPACE) == []
+    assert {"user_id": None, "chat_id": "zz", "messages": ["77"]} in plugin.told[2:]
+
+
+async def test_a_pass_run_from_hooks_keeps_what_a_person_said_after_their_forget_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from narrmem.fence import own_work
+
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (600,))
+    plugin = ScrubsOnceFailing()
+    clock = ManualClock(NOW)
+    async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
+        await told_long_ago(memory, clock)
+        with own_work(), pytest.raises(PluginError):  # as a trigger callback would run it
+            await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        await memory.ingest(said("9", "back from Lisbon, I opened a ceramics studio", "ann", 0))
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
+        assert await memory.store.pending_forgets() == []
+        assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
