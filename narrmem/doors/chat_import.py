@@ -40,11 +40,11 @@ Choices, so that an import is predictable:
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import pickle
 import re
 import sqlite3
-import tempfile
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -818,15 +818,16 @@ class _Read:
 
 
 class _Held:
-    """The messages read ahead of their turn, by rank: :data:`HELD_IN_RAM` at most in memory, the
-    rest pickled into a SQLite file of a private temporary folder (made at the first that does
-    not fit, deleted on leaving), read back :data:`HELD_READ_BACK` ranks at a time. A full
-    Telegram export of three chats of 100,000 messages each, overlapping in time, held most of
-    the first two in memory: 483 MB."""
+    """The messages read ahead of their turn, by rank: :data:`HELD_IN_RAM` at most in memory (the
+    soonest due: past the bound, the latest due goes), the rest pickled into SQLite's private
+    temporary database (a file the library removes from the folder as it makes it, gone with the
+    connection, or with the process however it ends), written and read back
+    :data:`HELD_READ_BACK` at a time. A full Telegram export of three chats of 100,000 messages
+    each, overlapping in time, held most of the first two in memory: 483 MB."""
 
     def __init__(self) -> None:
         self._ram: dict[int, _Read] = {}
-        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        self._latest: list[int] = []  # the ranks in memory, negated: a heap of the latest due
         self._db: sqlite3.Connection | None = None
         self._on_disk = 0
         self._to_disk: list[tuple[int, bytes]] = []  # written a batch at a time
@@ -839,22 +840,14 @@ class _Held:
     def __exit__(self, *exc: object) -> None:
         if self._db is not None:
             self._db.close()
-        if self._folder is not None:
-            self._folder.cleanup()
 
     def __len__(self) -> int:
         return len(self._ram) + self._on_disk
 
     def put(self, rank: int, read: _Read) -> None:
-        if len(self._ram) < HELD_IN_RAM:
-            self._ram[rank] = read
-            self.most = max(self.most, len(self._ram))
-            return
-        self._to_disk.append((rank, pickle.dumps(read)))
-        self._on_disk += 1
-        self._disk_first = rank if self._disk_first is None else min(self._disk_first, rank)
-        if len(self._to_disk) >= HELD_READ_BACK:
-            self._write()
+        self._ram[rank] = read
+        heapq.heappush(self._latest, -rank)
+        self._bound()
 
     def take(self, rank: int) -> _Read | None:
         """The message of ``rank``, no longer held; ``None`` if it is not read yet."""
@@ -870,11 +863,30 @@ class _Held:
             if rows:
                 db.execute("DELETE FROM held WHERE rank >= ? AND rank < ?", (rank, last))
                 self._on_disk -= len(rows)
-                # Ours, written by this process a moment ago: unpickling reads nothing else.
-                self._ram.update((int(r), pickle.loads(data)) for r, data in rows)
-                self.most = max(self.most, len(self._ram))
+                for number, data in rows:
+                    # Ours, written by this process a moment ago: unpickling reads nothing else.
+                    self._ram[int(number)] = pickle.loads(data)
+                    heapq.heappush(self._latest, -int(number))
             (self._disk_first,) = db.execute("SELECT MIN(rank) FROM held").fetchone()
+            self._bound()
         return self._ram.pop(rank, None)
+
+    def _bound(self) -> None:
+        while len(self._ram) > HELD_IN_RAM:
+            latest = -heapq.heappop(self._latest)
+            read = self._ram.pop(latest, None)
+            if read is None:
+                continue  # taken since it was pushed
+            self._to_disk.append((latest, pickle.dumps(read)))
+            self._on_disk += 1
+            self._disk_first = latest if self._disk_first is None else min(self._disk_first, latest)
+            if len(self._to_disk) >= HELD_READ_BACK:
+                self._write()
+        self.most = max(self.most, len(self._ram))
+        if len(self._latest) > 2 * len(self._ram) + HELD_READ_BACK:
+            # The ranks taken since they were pushed: dropped, so the heap stays as small as memory.
+            self._latest = [-r for r in self._ram]
+            heapq.heapify(self._latest)
 
     def _write(self) -> None:
         if self._to_disk:
@@ -884,11 +896,8 @@ class _Held:
 
     def _disk(self) -> sqlite3.Connection:
         if self._db is None:
-            self._folder = tempfile.TemporaryDirectory(prefix="narrmem-import-")
-            self._db = sqlite3.connect(Path(self._folder.name) / "held.sqlite")
-            # A scratch file: lost with a crash, and the import checks the file again then.
-            self._db.execute("PRAGMA journal_mode = OFF")
-            self._db.execute("PRAGMA synchronous = OFF")
+            # "": a private temporary database, which no other connection or process opens.
+            self._db = sqlite3.connect("", check_same_thread=False)
             self._db.execute("CREATE TABLE held (rank INTEGER PRIMARY KEY, read BLOB NOT NULL)")
         return self._db
 
