@@ -129,12 +129,22 @@ class ForgetMarks:
 
     async def records_read(self) -> Callable[[MemoryRecord], bool] | None:
         """:meth:`all_read` for memories (an export file's, imported again): whether a memory
-        was said (``created_at``) before a forget of its person, chat, person in the chat or one
-        of its messages. Reads only."""
+        was said (``created_at``) and stored (``stored_at``, when known) before a forget of its
+        person, chat, person in the chat or one of its messages, the forget of which deleted it
+        (one stored after, a message sent again or said a moment before the forget and written
+        after it, is not one). ``None`` when no mark is kept. Reads only."""
         read = await self._read_all()
         if read is None:
             return None
         key, marks = read
+        scopes: dict[tuple[str, ...], dt.datetime | None] = {}  # a person's, a chat's: asked often
+
+        def mark_of(name: tuple[str, ...]) -> dt.datetime | None:
+            if name[0] == "message":
+                return marks.get(_mark_key(key, name))
+            if name not in scopes:
+                scopes[name] = marks.get(_mark_key(key, name))
+            return scopes[name]
 
         def said_before_a_forget(record: MemoryRecord) -> bool:
             names = [
@@ -143,7 +153,12 @@ class ForgetMarks:
                 ("user_in_chat", record.tenant, record.chat_id, record.user_id),
                 *(("message", record.tenant, record.chat_id, mid) for mid in record.message_ids),
             ]
-            return _forgotten_after(key, marks, names, record.created_at)
+            stored = record.stored_at
+            for name in names:
+                at = mark_of(name)
+                if at is not None and at > record.created_at and (stored is None or stored < at):
+                    return True
+            return False
 
         return said_before_a_forget
 
@@ -158,6 +173,8 @@ class ForgetMarks:
         for name, value in await store.state_items(NAMESPACE):
             if name.startswith(MARK):
                 marks[name] = _time_or_none(value) or UNREADABLE
+        if not marks:
+            return None  # every mark expired: nothing to ask
         return _key_of(stored), marks
 
     async def finished(self, scope: Scope, asked_at: dt.datetime) -> None:

@@ -117,15 +117,27 @@ async def test_a_backup_exported_before_a_forget_is_not_imported_back(tmp_path: 
         clock.advance(hours=1)
         await memory.forget(user_id="ann")
         stats = await memory.stats()
-        with pytest.raises(InputError, match="said before a forget made since") as refused:
+        with pytest.raises(InputError, match="said and stored before a forget made since") as refused:
             await import_jsonl(memory, backup)
         assert refused.value.field == "memories" and "ann" not in str(refused.value)
         assert await texts(memory, "ann") == [] and await memory.stats() == stats
         # One deleted message's memory is enough; an export taken after the forgets imports.
         await export_jsonl(memory, after)
         await memory.forget_messages(chat_id="group", message_ids=["4"])
-        with pytest.raises(InputError, match="said before a forget"):
+        with pytest.raises(InputError, match="before a forget"):
             await import_jsonl(memory, after)
+        # Stored after the forgets, though said before them (the message sent again, and hers
+        # dated in the second of her forget): theirs now, and an export of them imports.
+        clock.advance(minutes=1)
+        await memory.ingest(HISTORY[3])
+        in_her_forgets_second = -1 / 24 + 0.4 / 86400  # said 0.4 s before it: days ago, negative
+        await memory.ingest(
+            said("7", "hello again, I am back in town for good", "ann", in_her_forgets_second)
+        )
+        latest = tmp_path / "latest.jsonl"
+        await export_jsonl(memory, latest)
+        assert (await import_jsonl(memory, latest))["imported"] == 0
+        assert await texts(memory, "ann") == ["hello again, I am back in town for good"]
     async with open_memory(tmp_path / "fresh", clock=clock) as memory:
         # A store that never forgot anyone (a store lost and restored) has no marks to ask.
         assert (await import_jsonl(memory, backup))["imported"] > 0

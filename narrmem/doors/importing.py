@@ -284,7 +284,7 @@ async def _scan(memory: Memory, path: Path, ledger: _Ledger) -> _Scan:
     scan = _Scan(path)
     batch: list[tuple[MemoryRecord, int]] = []
     said_before_a_forget = await memory.forget_marks.records_read()
-    forgotten: list[int] = []  # the lines of memories said before a forget made since
+    forgotten = 0  # memories said and stored before a forget made since
     for number, line in _scan_lines(memory, ledger, scan):
         if isinstance(line, StateLine):
             try:
@@ -293,7 +293,7 @@ async def _scan(memory: Memory, path: Path, ledger: _Ledger) -> _Scan:
                 raise InputError(exc.reason, field=exc.field, line=number) from exc
             continue
         if said_before_a_forget is not None and said_before_a_forget(line):
-            forgotten.append(number)
+            forgotten += 1
         batch.append((line, number))
         if len(batch) >= BATCH:
             await _check_against_store(memory, batch, ledger)
@@ -301,14 +301,13 @@ async def _scan(memory: Memory, path: Path, ledger: _Ledger) -> _Scan:
     if batch:
         await _check_against_store(memory, batch, ledger)
     if forgotten:
-        # Never named: who was forgotten is not for the error to say.
+        # Never named, nor their lines: who was forgotten is not for the error to say.
         raise InputError(
-            f"{len(forgotten)} memories of the file were said before a forget made since it was "
-            "exported (of their person, chat, person in the chat or message): importing it would "
-            "bring back what was forgotten, plugins' copies included; nothing of it was imported. "
-            "Export the store again and import that",
+            f"{forgotten} memories of the file were said and stored before a forget made since "
+            "(of their person, chat, person in the chat or message): the file was exported "
+            "before it, and importing it would bring back what was forgotten, plugins' copies "
+            "included; nothing of it was imported. Export the store again and import that",
             field="memories",
-            line=forgotten[0],
         )
     return scan
 
