@@ -88,6 +88,20 @@ async def all_inactive(
         yield _as_dict(held)
 
 
+async def pass_size(memory: Any, before: object, *, tenant: object = None) -> int:
+    """How many people a pass visits, each told to its ``progress``: those the store finds
+    inactive and those only plugins keep something of, before each is asked again in their turn
+    (no plugin is asked person by person here, as :func:`all_inactive` does)."""
+    checked = aware_time_argument(before, "before")
+    only = None if tenant is None else id_argument(tenant, "tenant")
+    people = finder(memory.store)
+    count, after = 0, None
+    while page := await people.inactive_people(checked, tenant=only, limit=PAGE, after=after):
+        count += len(page)
+        after = (page[-1].tenant, page[-1].user_id)
+    return count + len(await held_only(memory, people, checked, only))
+
+
 async def plugins_latest(
     memory: Any, tenant: str | None = None, user_id: str | None = None
 ) -> dict[tuple[str, str], datetime]:

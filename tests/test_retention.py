@@ -445,6 +445,8 @@ async def test_what_a_plugin_wrote_lately_keeps_a_person_and_a_silent_store_of_t
         clock.set(NOW)
         listed = {p["user_id"] async for p in retention.all_inactive(memory, YEAR_AGO)}
         assert listed == {"bob", "cat"}
+        # The pass visits ann too (kept in her turn): a progress bar's total counts her.
+        assert await retention.pass_size(memory, YEAR_AGO) == 3
 
         # A fact the bot states of cat while the pass goes on keeps her too.
         def progress(done: int) -> None:

@@ -608,7 +608,7 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
     async with _open(_existing_store(settings), warm=False) as memory:
         before = cutoff(memory.clock.now())
         # Counted first (a read of the scope index), so the bar says how far the pass has gone.
-        total = sum([1 async for _ in retention.all_inactive(memory, before, tenant=tenant)])
+        total = await retention.pass_size(memory, before, tenant=tenant)
         with tqdm(total=total, unit="person", desc="retention", file=sys.stderr, disable=None) as bar:
             counts = await memory.forget_inactive(
                 before=before, tenant=tenant, force=args.force, progress=bar.update
