@@ -453,19 +453,41 @@ class DiscordHarness(Harness):
             data["member"] = member
         return data
 
-    def _ensure_channel(self, chat: int) -> None:
-        if self.guild.get_channel(chat) is None:
+    def know_thread(self, thread_id: int, parent_id: int, *, forum: bool = False) -> Any:
+        """A thread of ``parent_id`` (a post of a forum channel), active: in the bot's cache."""
+        self._ensure_channel(parent_id, forum=forum)
+        data = {
+            "id": str(thread_id),
+            "guild_id": str(GUILD_ID),
+            "parent_id": str(parent_id),
+            "owner_id": str(ANN),
+            "name": f"t{thread_id}",
+            "type": 11,
+            "message_count": 0,
+            "member_count": 1,
+            "thread_metadata": {
+                "archived": False,
+                "auto_archive_duration": 1440,
+                "archive_timestamp": T0.isoformat(),
+                "locked": False,
+            },
+        }
+        thread = self.discord.Thread(guild=self.guild, state=self.bot._connection, data=data)  # type: ignore[arg-type]
+        self.guild._add_thread(thread)
+        return thread
+
+    def _ensure_channel(self, chat: int, *, forum: bool = False) -> None:
+        if self.guild.get_channel_or_thread(chat) is None:
             channel = {
                 "id": str(chat),
-                "type": 0,
+                "type": 15 if forum else 0,
                 "name": f"c{chat}",
                 "position": 0,
                 "permission_overwrites": [],
             }
-            text_channel = self.discord.TextChannel(
-                state=self.bot._connection, guild=self.guild, data=channel
-            )  # type: ignore[arg-type]
-            self.guild._add_channel(text_channel)
+            kind = self.discord.ForumChannel if forum else self.discord.TextChannel
+            made = kind(state=self.bot._connection, guild=self.guild, data=channel)  # type: ignore[arg-type]
+            self.guild._add_channel(made)
 
     async def settle(self) -> None:
         while self.bot.pending or self.cog.triggers._sending:
@@ -1249,6 +1271,42 @@ async def test_discord_a_deleted_thread_takes_what_was_said_in_it(memory: Memory
         await harness.settle()
         await memory.settle()
         assert [r.text for r in await everything(memory)] == ["I keep bees on the roof"]
+    finally:
+        await harness.close()
+
+
+@pytest.mark.parametrize("guild_as", ["tenant", "chat"])
+async def test_discord_a_deleted_forum_takes_its_posts_archived_ones_too(
+    memory: Memory, guild_as: str
+) -> None:
+    """A forum's posts are threads, most of them archived, which the bot's cache does not hold;
+    Discord deletes them with the forum and sends no delete of any: what was said in them stayed,
+    recalled, out of reach (the cached ones' too)."""
+    harness = await open_harness("discord.py", memory, guild_as=guild_as)
+    assert isinstance(harness, DiscordHarness)
+    try:
+        for thread in (71, 72):
+            harness.know_thread(thread, 7, forum=True)
+        harness.know_thread(81, 8)  # another channel's thread
+        await harness.send(1, "my locker code at the gym is 4417", user=ANN, chat=71, group=True)
+        await harness.send(2, "I am training for the Porto marathon", user=BOB, chat=72, group=True)
+        await harness.send(3, "I keep bees on the roof", user=ANN, chat=81, group=True)
+        await harness.send(4, "the summer party is at the harbour bar", user=BOB, chat=9, group=True)
+        await memory.settle()
+        assert len(await everything(memory)) == 4
+        archived = harness.guild.get_thread(71)
+        harness.guild._remove_thread(archived)  # archived: out of the cache
+        forum = {"id": "7", "guild_id": str(GUILD_ID), "type": 15, "name": "c7", "position": 0}
+        harness.bot._connection.parse_channel_delete(forum)  # type: ignore[arg-type]
+        await harness.settle()
+        await memory.settle()
+        left = sorted(r.text for r in await everything(memory))
+        assert left == ["I keep bees on the roof", "the summer party is at the harbour bar"]
+        from narrmem.doors.integrations.backlog import THREADS_NAMESPACE
+
+        # The notes of the forum's threads went with it (ids only, kept where a thread is a chat).
+        noted = [key.split("\0")[1:3] for key, _ in await memory.store.state_items(THREADS_NAMESPACE)]
+        assert noted == ([["8", "81"]] if guild_as == "tenant" else [])
     finally:
         await harness.close()
 

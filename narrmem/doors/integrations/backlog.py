@@ -49,7 +49,7 @@ from narrmem.errors import ClosedError, StoreUnavailableError
 from narrmem.forget_marks import aware_time_in, forget_written
 from narrmem.host import hookimpl
 from narrmem.models import Message, Scope
-from narrmem.store import FindsUserTenants
+from narrmem.store import FindsUserTenants, ReadsStateByPrefix
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -68,6 +68,10 @@ MAX_WAITING = 10_000
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0)
 RETRY_EVERY = 30.0
 USERS_READ = 10_000_000
+# A Discord thread's message names its channel under this key (see forget_chat); where each thread
+# is a chat of its own, the store notes the threads of a channel (ids only) in THREADS_NAMESPACE.
+PARENT_KEY = "parent_id"
+THREADS_NAMESPACE = "narrmem.discord_threads"
 
 # Who reads the tenants a person is forgotten in when the forget is made: the integration's name,
 # and what it calls with the person's id.
@@ -537,21 +541,58 @@ async def forget_person(
 
 
 async def forget_chat(memory: Memory, tenant: str, chat_id: str, channel_id: str | None) -> dict[str, int]:
-    """Forget a chat deleted on its platform (a Discord channel, thread or forum post); with
-    ``channel_id``, only the messages of that channel in ``chat_id`` (a Discord server kept as one
-    chat: they are read as the forget is made, so those stored after it was asked are taken too)."""
+    """Forget a chat deleted on its platform (a Discord channel, thread or forum post), and the
+    threads of a channel (a forum's posts): Discord deletes them with it and tells nothing of
+    those its cache lacks (the archived ones, most of a forum's). Each thread a chat of its own,
+    they are the ones noted under the channel (:func:`note_thread`); with ``channel_id``, only the
+    messages of that channel and of its threads (:data:`PARENT_KEY`) in ``chat_id`` (a Discord
+    server kept as one chat: they are read as the forget is made, so those stored after it was
+    asked are taken too)."""
     if channel_id is None:
-        return await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=asked_at())
+        counts = await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=asked_at())
+        for thread in await threads_of(memory, tenant, chat_id):
+            await memory.forget(chat_id=thread, tenant=tenant, asked_at=asked_at())
+        await memory.store.state_delete(THREADS_NAMESPACE, _threads_key(tenant, chat_id))
+        return counts
+    scope = Scope(tenant=tenant, chat_id=chat_id)
     said = await memory.store.recent(
-        Scope(tenant=tenant, chat_id=chat_id),
-        kinds=["episode"],
-        limit=2**62,
-        meta_has=("channel_id", channel_id),
+        scope, kinds=["episode"], limit=2**62, meta_has=("channel_id", channel_id)
+    )
+    said += await memory.store.recent(
+        scope, kinds=["episode"], limit=2**62, meta_has=(PARENT_KEY, channel_id)
     )
     ids = sorted({message_id for record in said for message_id in record.message_ids})
     if not ids:
         return {"memories": 0}
     return await memory.forget_messages(chat_id=chat_id, message_ids=ids, tenant=tenant)
+
+
+async def note_thread(memory: Memory, tenant: str, channel_id: str, thread_id: str) -> None:
+    """Note that the chat ``thread_id`` is a thread of the channel ``channel_id`` (ids only)."""
+    await memory.store.state_put(THREADS_NAMESPACE, f"{_threads_key(tenant, channel_id)}{thread_id}\0", {})
+
+
+async def forget_thread_note(memory: Memory, tenant: str, channel_id: str, thread_id: str) -> None:
+    await memory.store.state_delete(THREADS_NAMESPACE, f"{_threads_key(tenant, channel_id)}{thread_id}\0")
+
+
+async def threads_of(memory: Memory, tenant: str, channel_id: str) -> list[str]:
+    """The threads noted under the channel ``channel_id`` of ``tenant``, read by their key where
+    the store can."""
+    prefix = _threads_key(tenant, channel_id)
+    store = memory.store
+    if isinstance(store, ReadsStateByPrefix):
+        keys = [
+            key for namespace, key, _ in await store.state_by_prefix(prefix) if namespace == THREADS_NAMESPACE
+        ]
+    else:
+        keys = [key for key, _ in await store.state_items(THREADS_NAMESPACE) if key.startswith(prefix)]
+    return sorted(key[len(prefix) :].rstrip("\0") for key in keys)
+
+
+def _threads_key(tenant: str, channel_id: str) -> str:
+    # Each id ended by a NUL, which no id holds: one channel's threads are never another's.
+    return f"{tenant}\0{channel_id}\0"
 
 
 def forget_chat_record(tenant: str, chat_id: str, channel_id: str | None) -> dict[str, Any]:

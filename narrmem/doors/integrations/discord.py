@@ -33,7 +33,15 @@ from typing_extensions import Unpack
 from narrmem import logs
 from narrmem.doors.integrations import _common
 from narrmem.doors.integrations._common import TurnArgs, TurnOptions
-from narrmem.doors.integrations.backlog import backlog_of, forget_chat, forget_chat_record, tenants_holding
+from narrmem.doors.integrations.backlog import (
+    PARENT_KEY,
+    backlog_of,
+    forget_chat,
+    forget_chat_record,
+    forget_thread_note,
+    note_thread,
+    tenants_holding,
+)
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
 
@@ -100,6 +108,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         )
         # A forgetme that waits for the store, past a restart too, reads the servers as this does.
         backlog_of(memory).finds_tenants(FINDER, self.tenants_of)
+        self._threads_noted: set[int] = set()  # by this process, under their channel (see on_message)
 
     def _channel_of(self, message: Message) -> discord.abc.Messageable | None:
         """The channel a message was sent in, found by its id (the bot's cache: one the bot no
@@ -150,6 +159,13 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
                 "guild_id": str(guild_id) if guild_id is not None else None,
                 "channel_id": str(message.channel.id),
                 "edited_at": message.edited_at.isoformat() if message.edited_at else None,
+                # A thread's (a forum post's) channel: deleted, it takes its threads, archived
+                # ones too, which the bot's cache does not hold (see backlog.forget_chat).
+                **(
+                    {PARENT_KEY: str(message.channel.parent_id)}
+                    if isinstance(message.channel, discord.Thread)
+                    else {}
+                ),
             },
         )
 
@@ -197,7 +213,25 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             return
         said = self._remembered(self.to_message(message), await self._command(message))
         if said is not None:
+            await self._note_thread(message.channel)
             await _common.ingest(self.memory, said, self.triggers, message.channel)
+
+    async def _note_thread(self, channel: object) -> None:
+        """A thread's (a forum post's) place under its channel, noted in the store once a
+        process: deleted, the channel takes its threads with it, the archived ones too, which the
+        bot's cache does not hold and Discord tells nothing of (see ``backlog.forget_chat``)."""
+        if self.guild_as != "tenant" or not isinstance(channel, discord.Thread):
+            return  # one chat for the server: its messages name their channel (PARENT_KEY)
+        if channel.id in self._threads_noted:
+            return
+        tenant, _ = self.place(channel.guild.id, channel.id)
+        try:
+            await note_thread(self.memory, tenant, str(channel.parent_id), str(channel.id))
+        except Exception as exc:
+            # The message still goes (it waits for the store if need be): noted with a later one.
+            log.warning("a thread could not be noted under its channel now (%s)", type(exc).__name__)
+            return
+        self._threads_noted.add(channel.id)
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -246,6 +280,13 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
     @commands.Cog.listener()
     async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
         await self._forget_channel(payload.guild_id, payload.thread_id)
+        if self.guild_as == "tenant":
+            tenant, _ = self.place(payload.guild_id, payload.thread_id)
+            try:
+                await forget_thread_note(self.memory, tenant, str(payload.parent_id), str(payload.thread_id))
+            except Exception as exc:
+                # Left, it names a chat with nothing in it: the channel's forget finds it empty.
+                log.warning("a deleted thread's note could not be deleted now (%s)", type(exc).__name__)
 
     @commands.Cog.listener()
     async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
