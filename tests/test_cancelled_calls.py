@@ -249,6 +249,8 @@ async def test_a_delete_cancelled_after_its_commit_takes_the_vectors_out_too(tmp
             await asyncio.gather(forgetting, return_exceptions=True)
         finally:
             index.remove = original
+        # The forget runs on to its end though its caller gave up: settled, it has.
+        await memory.settle()
         stats = await memory.stats()
         assert stats["vectors_indexed"] == stats["memories"]
         assert not await memory.store.get([scene], None)
