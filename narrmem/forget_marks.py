@@ -99,20 +99,6 @@ class ForgetMarks:
                 return at
         return None
 
-    async def scope_mark(self, scope: Scope) -> dict[str, Any] | None:
-        """The mark of ``scope`` (a person, a chat, a person in a chat) as stored, ``None`` if
-        there is none (or none is kept): read before and after something, a change says a forget
-        of the scope was made in between. Reads only."""
-        if self.kept_s <= 0:
-            return None
-        stored = await self.memory.store.state_get(NAMESPACE, KEY_ENTRY)
-        if stored is None:
-            return None  # no forget was ever marked here
-        mark: dict[str, Any] | None = await self.memory.store.state_get(
-            NAMESPACE, _mark_key(_key_of(stored), _scope_name(scope))
-        )
-        return mark
-
     async def all_read(self) -> Callable[[Message], bool] | None:
         """Whether a message was said before a forget of its person, chat, person in the chat or
         itself, answered from every mark read once (an import of thousands of messages asks for

@@ -247,6 +247,9 @@ async def _pass(
 ) -> None:
     memory = forgetting.memory
     after: tuple[str, str] | None = None
+    # The people visited: one whose memories went in their turn holds none after it, and was
+    # visited again among those only plugins keep something of (counted twice, forgotten twice).
+    visited: set[tuple[str, str]] = set()
     try:
         while page := await people.inactive_people(before, tenant=tenant, limit=PAGE, after=after):
             # Received and not yet written by any process (acknowledged on receipt, waiting for
@@ -255,6 +258,7 @@ async def _pass(
             for person in page:
                 if forgetting.memory.closed:
                     return  # the rest wait for the next pass
+                visited.add((person.tenant, person.user_id))
                 forgotten = await forgetting.scope_unless(
                     Scope(tenant=person.tenant, user_id=person.user_id),
                     _spoke_since(memory, people, person, before, holders),
@@ -274,6 +278,8 @@ async def _pass(
         # Then those only plugins keep something of (no memory at all).
         holders = await forgetting.inbox.holders()
         for person in await held_only(memory, people, before, tenant, held):
+            if (person.tenant, person.user_id) in visited:
+                continue
             if memory.closed:
                 return
             forgotten = await forgetting.scope_unless(

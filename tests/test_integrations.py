@@ -1339,3 +1339,82 @@ async def test_telegram_a_message_edited_into_a_command_leaves_nothing_of_it(
         assert await everything(memory) == []
     finally:
         await harness.close()
+
+
+async def test_discord_a_thread_that_fails_to_be_forgotten_leaves_the_others_to_go(memory: Memory) -> None:
+    """One thread's forget failing (a plugin that cannot scrub) stopped the channel's: the
+    threads after it stayed, and nothing tried them again."""
+    harness = await open_harness("discord.py", memory, guild_as="tenant")
+    assert isinstance(harness, DiscordHarness)
+    forget = memory.forget
+
+    async def fails_for_one(**scope: Any) -> Any:
+        if scope.get("chat_id") == "71":
+            raise RuntimeError("a plugin could not scrub")
+        return await forget(**scope)
+
+    try:
+        for thread in (71, 72, 73):
+            harness.know_thread(thread, 7, forum=True)
+            await harness.send(
+                thread, f"a secret of post {thread}: my code is {thread}17", user=ANN, chat=thread, group=True
+            )
+        await memory.settle()
+        memory.forget = fails_for_one  # type: ignore[method-assign]
+        for thread in (71, 72, 73):
+            harness.guild._remove_thread(harness.guild.get_thread(thread))  # archived
+        harness.bot._connection.parse_channel_delete(
+            {"id": "7", "guild_id": str(GUILD_ID), "type": 15, "name": "c7", "position": 0}
+        )  # type: ignore[arg-type]
+        await harness.settle()
+        await memory.settle()
+        assert [r.chat_id for r in await everything(memory)] == ["71"]
+        from narrmem.doors.integrations.backlog import THREADS_NAMESPACE
+
+        # Its note stays for the channel's forget made again (a restart's replay, a retry).
+        noted = [key.split("\0")[2] for key, _ in await memory.store.state_items(THREADS_NAMESPACE)]
+        assert noted == ["71"]
+    finally:
+        memory.forget = forget  # type: ignore[method-assign]
+        await harness.close()
+
+
+async def test_discord_a_thread_noted_when_the_store_could_not_take_it_at_first(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The note of a thread failed with its first message (a store's blip) and was tried with a
+    later one only: a forum post of one message was never noted, and outlived its forum."""
+    from narrmem import trying_again
+    from narrmem.doors.integrations.backlog import THREADS_NAMESPACE
+
+    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.05,))
+    harness = await open_harness("discord.py", memory, guild_as="tenant")
+    assert isinstance(harness, DiscordHarness)
+    put = memory.store.state_put
+    failed: list[str] = []
+
+    async def blips_once(namespace: str, key: str, value: dict[str, Any]) -> None:
+        if namespace == THREADS_NAMESPACE and not failed:
+            failed.append(key)
+            raise OSError("the store blinked")
+        await put(namespace, key, value)
+
+    monkeypatch.setattr(memory.store, "state_put", blips_once)
+    try:
+        harness.know_thread(71, 7, forum=True)
+        await harness.send(1, "my passport number is X1234567", user=ANN, chat=71, group=True)
+        await memory.settle()
+        for _ in range(100):
+            if await memory.store.state_items(THREADS_NAMESPACE):
+                break
+            await asyncio.sleep(0.02)
+        assert failed and len(await memory.store.state_items(THREADS_NAMESPACE)) == 1
+        harness.guild._remove_thread(harness.guild.get_thread(71))
+        harness.bot._connection.parse_channel_delete(
+            {"id": "7", "guild_id": str(GUILD_ID), "type": 15, "name": "c7", "position": 0}
+        )  # type: ignore[arg-type]
+        await harness.settle()
+        await memory.settle()
+        assert await everything(memory) == []
+    finally:
+        await harness.close()

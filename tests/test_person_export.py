@@ -308,24 +308,38 @@ async def test_a_forget_elsewhere_does_not_stop_it_and_no_other_file_is_replaced
         assert _read(again)[0]["user_id"] == "ann"
 
 
-async def test_a_forget_of_a_person_known_by_tools_alone_stops_their_export(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("forgotten", "marks_kept"),
+    [({"user_id": "zoe"}, 604800), ({"chat_id": "dm"}, 604800), ({"user_id": "zoe"}, 0)],
+)
+async def test_a_forget_of_a_person_known_by_tools_alone_stops_their_export(
+    tmp_path: Path, forgotten: dict[str, str], marks_kept: int
+) -> None:
     """A person of whom the store holds no memory (facts a bot wrote with the tools), forgotten
-    while their export was read: the export checked that its memories were still stored, none,
-    and finished with part of their facts."""
+    (or their chat) while their export was read: the export checked that its memories were
+    still stored, none, and finished with part of their facts."""
     from narrmem.doors.person_export import person_text
     from narrmem.errors import StoreError
 
-    async with open_memory(tmp_path / "data") as memory:
+    async def commit(person: str, chat: str, thing: str) -> None:
+        triplet = {"subject": "user", "relation": "likes", "object": thing}
+        await memory.call_tool("memory_commit", {"user_id": person, "chat_id": chat, "triplets": [triplet]})
+
+    async with open_memory(tmp_path / "data", storage={"forget_marks_kept_s": marks_kept}) as memory:
         for n in range(3):
-            triplet = {"subject": "user", "relation": "likes", "object": f"thing {n}"}
-            await memory.call_tool(
-                "memory_commit", {"user_id": "zoe", "chat_id": "dm", "triplets": [triplet]}
-            )
+            await commit("zoe", "dm", f"thing {n}")
         lines = person_text(memory, "default", "zoe")
         await anext(lines)
-        await memory.forget(user_id="zoe")
+        await memory.forget(**forgotten)
         with pytest.raises(StoreError, match="a forget ran while the export was read"):
             [section async for section, _ in lines]
+        # Another person's forget meanwhile does not stop it.
+        await commit("zoe", "dm", "thing again")
+        await commit("bob", "dm-bob", "blues")
+        lines = person_text(memory, "default", "zoe")
+        await anext(lines)
+        await memory.forget(user_id="bob")
+        assert [section async for section, _ in lines][-1] == "end"
 
 
 async def test_a_persons_importance_history_is_read_by_a_query_on_them(tmp_path: Path) -> None:

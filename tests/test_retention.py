@@ -664,3 +664,23 @@ async def test_a_pass_run_from_hooks_keeps_what_a_person_said_after_their_forget
     async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
         assert await memory.store.pending_forgets() == []
         assert await texts(memory, "ann") == ["back from Lisbon, I opened a ceramics studio"]
+
+
+async def test_a_person_with_old_memories_and_old_facts_is_visited_once(tmp_path: Path) -> None:
+    """Forgotten in their turn, they held no memory after it and were visited again among those
+    only plugins keep something of: counted twice (``people`` 3 for two), forgotten twice, and
+    told to a progress bar one more time than the pass's size."""
+    clock = ManualClock(YEAR_AGO - timedelta(days=30))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.ingest(said("80", "I keep bees on the roof of our building", "ann", 500))
+        await commit(memory, "ann", "old jazz")
+        await commit(memory, "bob", "old blues")  # bob: what the tools wrote alone
+        clock.set(NOW - timedelta(days=1))
+        await memory.ingest(said("81", "the bakery shifts start at five", "eve", 1))
+        clock.set(NOW)
+        size = await retention.pass_size(memory, YEAR_AGO)
+        told: list[int] = []
+        counts = await memory.forget_inactive(before=YEAR_AGO, progress=told.append)
+        assert (counts["people"], counts["spoke_since"]) == (2, 0)
+        assert size == len(told) == 2
+        assert [await facts_of(memory, p) for p in ("ann", "bob")] == [0, 0]

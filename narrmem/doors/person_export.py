@@ -14,6 +14,7 @@ whose header names the person (``format`` ``narrmem-person``); it is for reading
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from array import array
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from narrmem.chat_moves import MOVED as CHATS_MOVED
+from narrmem.doors.integrations.backlog import THREADS_NAMESPACE
 from narrmem.doors.transfer import (
     IMPORTANCE,
     MEMORIES,
@@ -60,7 +62,7 @@ LEFT_OUT_NOTE = [
 PAGE = 1000
 # State kept by chat, whose key may begin as a person's does (a chat's id equal to a user's): the
 # chats moved, and the built-in triage plugin's quotes (which it gives of the person itself).
-CHAT_KEYED = {CHATS_MOVED, "triage.impacts"}
+CHAT_KEYED = {CHATS_MOVED, "triage.impacts", THREADS_NAMESPACE}
 # Messages received and not yet written, edits under way and hooks still owed for a written
 # message: kept by message, each naming its person (a process stopped before their end).
 WAITING = (INBOX, EDIT_MARKS, SETTLING)
@@ -85,8 +87,18 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
     stopped (:class:`StoreError`, before the last line) if a forget that began while it was read
     deleted any of what it holds (another person's, or another tenant's, does not)."""
     exported: array[int] = array("q")
-    lines = _person_lines(memory, Scope(tenant=tenant, user_id=user_id), exported)
-    async for section, text in counted_text(memory, lines, tenant, exported, person=user_id):
+    kept: set[bytes] = set()  # digests of the lines other than memories and their history
+    scope = Scope(tenant=tenant, user_id=user_id)
+    lines = _person_lines(memory, scope, exported, kept)
+
+    async def still_whole() -> bool:
+        # A forget began meanwhile: what the file holds besides memories is still kept (of a
+        # person known by what the tools wrote alone, no memory goes; a chat's forget takes
+        # facts of theirs there).
+        now = {_digest(section, line) async for section, line in _held_of(memory, scope)}
+        return kept <= now
+
+    async for section, text in counted_text(memory, lines, tenant, exported, still_whole=still_whole):
         yield section, text
 
 
@@ -99,7 +111,7 @@ async def export_person(memory: Memory, path: str | Path, *, tenant: str, user_i
 
 
 async def _person_lines(
-    memory: Memory, scope: Scope, exported: array[int]
+    memory: Memory, scope: Scope, exported: array[int], kept: set[bytes]
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     assert scope.user_id is not None
     async for page in scope_pages(memory.store, scope, page=PAGE):
@@ -112,6 +124,15 @@ async def _person_lines(
             yield MEMORIES, line
     async for line in _history_lines(memory, scope, sorted(exported)):
         yield IMPORTANCE, line
+    async for section, line in _held_of(memory, scope):
+        kept.add(_digest(section, line))
+        yield section, line
+
+
+async def _held_of(memory: Memory, scope: Scope) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """What is kept of the person besides their memories: the state under their key, their
+    messages waiting to be written, each plugin's records of them."""
+    assert scope.user_id is not None
     prefix = f"{scope.tenant}\0{scope.user_id}\0"
     async for namespace, key, value in _person_state(memory, prefix, scope):
         yield STATE, {"namespace": namespace, "key": key, "value": value}
@@ -119,6 +140,11 @@ async def _person_lines(
         async with contextlib.aclosing(each_record(records_of)) as rows:
             async for row in rows:
                 yield section, row
+
+
+def _digest(section: str, line: dict[str, Any]) -> bytes:
+    text = json.dumps([section, line], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 async def _history_lines(memory: Memory, scope: Scope, ids: list[int]) -> AsyncIterator[dict[str, Any]]:

@@ -14,7 +14,15 @@ import io
 import json
 import re
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Sequence,
+)
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
@@ -26,7 +34,7 @@ from narrmem import logs
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
 from narrmem.doors import export_files
 from narrmem.errors import InputError, PluginError, StoreError
-from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, Scope, no_nul
+from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
 from narrmem.state_checks import NOT_IMPORTED
 from narrmem.store import CountsForgets, ReadsHistories, Store
 
@@ -340,19 +348,16 @@ async def counted_text(
     tenant: str | None,
     exported: array[int],
     *,
-    person: str | None = None,
+    still_whole: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[tuple[str, str]]:
     """``lines`` as an export's text, then the end line counting them. Refused while a forget (of
     ``tenant``, when given) is unfinished; a forget that began while they were read stops it,
-    unless ``tenant`` is given and every memory ``exported`` is still stored, and, for the export
-    of ``person``, their forget mark is as it was (a forget of them marks it: what plugins alone
-    keep of them, the facts a tool stated, is no memory to find gone)."""
+    unless ``tenant`` is given, every memory ``exported`` is still stored, and ``still_whole()``
+    (when given: what else the lines hold is still kept, a person's plugin records, say)."""
     # What this process acknowledged is in it, with what its hooks made (on receipt or once written).
     await memory.settle()
     await no_forget_pending(memory, tenant=tenant)
     forgets = await _forget_mark(memory)
-    whose = None if person is None or tenant is None else Scope(tenant=tenant, user_id=person)
-    marked = None if whose is None else await memory.forget_marks.scope_mark(whose)
     counts: dict[str, int] = {}
     async for section, line in lines:
         counts[section] = counts.get(section, 0) + 1
@@ -363,7 +368,7 @@ async def counted_text(
     if await _forget_mark(memory) != forgets and not (
         tenant is not None
         and await _all_still_stored(memory, tenant, exported)
-        and (whose is None or await memory.forget_marks.scope_mark(whose) == marked)
+        and (still_whole is None or await still_whole())
     ):
         raise StoreError(
             "a forget ran while the export was read, which may hold what it deleted: the export "

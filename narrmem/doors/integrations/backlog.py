@@ -550,9 +550,19 @@ async def forget_chat(memory: Memory, tenant: str, chat_id: str, channel_id: str
     asked are taken too)."""
     if channel_id is None:
         counts = await memory.forget(chat_id=chat_id, tenant=tenant, asked_at=asked_at())
+        failure: Exception | None = None
         for thread in await threads_of(memory, tenant, chat_id):
-            await memory.forget(chat_id=thread, tenant=tenant, asked_at=asked_at())
-        await memory.store.state_delete(THREADS_NAMESPACE, _threads_key(tenant, chat_id))
+            # A thread the bot had in its cache was told deleted too, and may be forgotten by now.
+            if await memory.store.recent(Scope(tenant=tenant, chat_id=thread), limit=1):
+                try:
+                    await memory.forget(chat_id=thread, tenant=tenant, asked_at=asked_at())
+                except Exception as exc:
+                    # The others still go (a failed forget is finished later, its job recorded).
+                    failure = failure or exc
+                    continue
+            await forget_thread_note(memory, tenant, chat_id, thread)
+        if failure is not None:
+            raise failure
         return counts
     scope = Scope(tenant=tenant, chat_id=chat_id)
     said = await memory.store.recent(

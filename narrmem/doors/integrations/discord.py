@@ -22,6 +22,7 @@ everything older than the cache), and adds the prefix commands ``forgetme`` and 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeAlias
@@ -42,8 +43,10 @@ from narrmem.doors.integrations.backlog import (
     note_thread,
     tenants_holding,
 )
+from narrmem.errors import ClosedError
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
+from narrmem.trying_again import TryingAgain
 
 __all__ = ["GuildAs", "NarrmemCog", "TriggerHandler", "say_suggestion"]
 
@@ -109,6 +112,8 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         # A forgetme that waits for the store, past a restart too, reads the servers as this does.
         backlog_of(memory).finds_tenants(FINDER, self.tenants_of)
         self._threads_noted: set[int] = set()  # by this process, under their channel (see on_message)
+        self._noting: set[asyncio.Task[None]] = set()  # the first tries of those notes
+        self._noting_again = TryingAgain()  # the notes whose first try failed
 
     def _channel_of(self, message: Message) -> discord.abc.Messageable | None:
         """The channel a message was sent in, found by its id (the bot's cache: one the bot no
@@ -213,25 +218,37 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             return
         said = self._remembered(self.to_message(message), await self._command(message))
         if said is not None:
-            await self._note_thread(message.channel)
+            self._note_thread(message.channel)
             await _common.ingest(self.memory, said, self.triggers, message.channel)
 
-    async def _note_thread(self, channel: object) -> None:
+    def _note_thread(self, channel: object) -> None:
         """A thread's (a forum post's) place under its channel, noted in the store once a
         process: deleted, the channel takes its threads with it, the archived ones too, which the
-        bot's cache does not hold and Discord tells nothing of (see ``backlog.forget_chat``)."""
+        bot's cache does not hold and Discord tells nothing of (see ``backlog.forget_chat``).
+        Beside the message, not before it (a store that hangs holds the note, not the message),
+        and tried again in the background until it is written."""
         if self.guild_as != "tenant" or not isinstance(channel, discord.Thread):
             return  # one chat for the server: its messages name their channel (PARENT_KEY)
         if channel.id in self._threads_noted:
             return
-        tenant, _ = self.place(channel.guild.id, channel.id)
-        try:
-            await note_thread(self.memory, tenant, str(channel.parent_id), str(channel.id))
-        except Exception as exc:
-            # The message still goes (it waits for the store if need be): noted with a later one.
-            log.warning("a thread could not be noted under its channel now (%s)", type(exc).__name__)
-            return
         self._threads_noted.add(channel.id)
+        tenant, _ = self.place(channel.guild.id, channel.id)
+        work = functools.partial(note_thread, self.memory, tenant, str(channel.parent_id), str(channel.id))
+        task = asyncio.get_running_loop().create_task(self._note(work))
+        self._noting.add(task)
+        task.add_done_callback(self._noting.discard)
+
+    async def _note(self, work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except ClosedError:
+            return
+        except Exception as exc:
+            log.warning("a thread could not be noted under its channel now (%s)", type(exc).__name__)
+            self._noting_again.keep_trying(work, "noting a thread under its channel")
+
+    async def cog_unload(self) -> None:
+        await self._noting_again.close()
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -296,6 +313,8 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         """A channel, thread or forum post deleted: Discord sends no delete of its messages, and
         what they said stayed, recalled (with ``guild_as="chat"``, across the whole server)."""
         tenant, chat_id = self.place(guild_id, channel_id)
+        # The notes of threads begun a moment ago are written first: the forget reads them.
+        await asyncio.gather(*self._noting, return_exceptions=True)
         # The channel is a chat of its own (its forget takes everything of it, in flight too), or,
         # with guild_as="chat", part of the server's chat: its messages are named in meta. Made in
         # order after what waits for the store, or made later itself when the store is away.
