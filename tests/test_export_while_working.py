@@ -317,3 +317,39 @@ async def test_a_tenant_export_fails_when_its_own_exported_person_is_forgotten_m
         with pytest.raises(StoreError, match="forget ran while the export was read"):
             async for _ in export_text(memory, tenant="B"):
                 pass
+
+
+@pytest.mark.sqlite_only("reads the SQLite log's bytes")
+async def test_a_forget_while_an_export_reads_leaves_no_byte_in_the_log_once_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export reads a plugin's tables on a snapshot, which holds the log back: the forget's
+    truncation of the log waited the writers' whole busy timeout in the write turn (every write
+    held ten seconds), gave up without a word, and the forgotten words stayed in the log until
+    the store was closed, weeks later for a bot that runs for weeks."""
+    import asyncio
+
+    from narrmem_plugins.storage_sqlite import store as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "LOG_RETRY_S", 0.05, raising=False)
+    folder = tmp_path / "m"
+
+    def holding(needle: bytes) -> list[str]:
+        return [path.name for path in folder.rglob("*") if path.is_file() and needle in path.read_bytes()]
+
+    async with open_memory(folder) as memory:
+        triplet = {"subject": "user", "relation": "likes", "object": "sailing boats"}
+        await memory.call_tool("memory_commit", {"user_id": "bob", "chat_id": "g", "triplets": [triplet]})
+        await memory.ingest(msg("a1", "my secret word is zanzibarquux forever", user="ann", chat="g"))
+        await memory.settle()
+        lines = export_text(memory)
+        async for section, _ in lines:
+            if section.startswith("graph."):
+                break  # the export's reader waits, its snapshot held
+        await memory.forget(user_id="ann")
+        await lines.aclose()
+        for _ in range(100):
+            if not holding(b"zanzibarquux"):
+                break
+            await asyncio.sleep(0.05)
+        assert holding(b"zanzibarquux") == []  # the memory still open

@@ -37,7 +37,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 
 from narrmem import jsonio, logs
 from narrmem.clock import Clock, SystemClock
-from narrmem.errors import InputError, StoreError
+from narrmem.errors import ClosedError, InputError, StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
 from narrmem.store import (
     FORGET_JOB_COLUMNS,
@@ -82,6 +82,11 @@ WAL_KEPT_BYTES = 64 * 1024 * 1024
 # A meta row saying an older narrmem's single index file may still lie beside the database: set
 # by the open that migrates such a store, cleared once the file is claimed or removed.
 OLDER_INDEX_FILE = "older_index_file"
+# The log's truncation after a purge waits so long for readers (an export's snapshot holds the
+# log back for as long as its client reads), then is tried again every LOG_RETRY_S until it is
+# done: the log still holds what the forget deleted until then.
+LOG_WAIT_MS = 200
+LOG_RETRY_S = 5.0
 
 T = TypeVar("T")
 
@@ -152,6 +157,9 @@ class SQLiteStore(ForgetJournal):
         # Each forget job begun here: the write connection's total changes just after its record.
         self._changes_at_forget: dict[int, int] = {}
         self._index_save_owed = False  # deleted rows' vectors still in the index files
+        self._log_owed: asyncio.Task[None] | None = (
+            None  # a purge's truncation of the log, waiting for a reader
+        )
         self._jobs: dict[str, asyncio.Lock] = {}
         self._folder_lock = FolderLock(folder / f"{database}.lock")
         self.dim = 0
@@ -545,6 +553,12 @@ class SQLiteStore(ForgetJournal):
 
     async def close(self) -> None:
         try:
+            if self._log_owed is not None:
+                # The close's own checkpoint empties the log, once the readers are gone.
+                self._log_owed.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._log_owed
+                self._log_owed = None
             if self._index_saving is not None:
                 # The save below (the index is dirty) takes the deleted vectors out of the files.
                 self._index_saving.cancel()
@@ -1464,7 +1478,40 @@ class SQLiteStore(ForgetJournal):
         await self._write("DELETE FROM forget_jobs WHERE id = ?", (job.id,))
         if purge:
             async with self._holding_writer():
-                await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
+                await self._truncate_log()
+
+    async def _truncate_log(self) -> None:
+        """Empty the write-ahead log into the database file and truncate it (what a forget deleted
+        is in the log's earlier frames), the writer held. A reader in a transaction (an export's
+        snapshot, a read-only process) keeps the frames after its state: the truncation then
+        waits :data:`LOG_WAIT_MS`, not the writers' whole busy timeout (ten seconds in the write
+        turn, every worker's writes held), and is tried again in the background until it is
+        done. Before, it gave up silently after the wait, and the forgotten words stayed in the
+        log until the store was closed."""
+        if not await self._log_truncated() and self._log_owed is None:
+            log.info("a reader holds the log back: its truncation is tried again every %s s", LOG_RETRY_S)
+            self._log_owed = asyncio.get_running_loop().create_task(self._truncate_log_later())
+
+    async def _log_truncated(self) -> bool:
+        db = self.db
+        await db.execute(f"PRAGMA busy_timeout={LOG_WAIT_MS}")
+        try:
+            rows = await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        return not rows or int(rows[0][0]) == 0  # its first column: 1 when a reader blocked it
+
+    async def _truncate_log_later(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(LOG_RETRY_S)
+                async with self._holding_writer():
+                    if await self._log_truncated():
+                        return
+        except (ClosedError, StoreError):
+            return  # the close empties it
+        finally:
+            self._log_owed = None
 
     async def _save_owed_index(self) -> None:
         """Save the index if deleted rows' vectors are still in its files."""
@@ -1508,7 +1555,7 @@ class SQLiteStore(ForgetJournal):
             else:
                 # Both pragmas work one row (one page) per step: read them to the end.
                 await self._fetchall("PRAGMA incremental_vacuum")
-            await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
+            await self._truncate_log()
 
     async def import_records(self, items: Sequence[tuple[MemoryRecord, np.ndarray]]) -> dict[str, int]:
         async with self._vectors_lock:
