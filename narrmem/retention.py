@@ -247,8 +247,9 @@ async def _pass(
 ) -> None:
     memory = forgetting.memory
     after: tuple[str, str] | None = None
-    # The people visited: one whose memories went in their turn holds none after it, and was
-    # visited again among those only plugins keep something of (counted twice, forgotten twice).
+    # The people visited that plugins keep something of: one whose memories went in their turn
+    # holds none after it, and was visited again among those only plugins keep something of
+    # (counted twice, forgotten twice). Of those only: as many as ``held`` holds already.
     visited: set[tuple[str, str]] = set()
     try:
         while page := await people.inactive_people(before, tenant=tenant, limit=PAGE, after=after):
@@ -258,7 +259,8 @@ async def _pass(
             for person in page:
                 if forgetting.memory.closed:
                     return  # the rest wait for the next pass
-                visited.add((person.tenant, person.user_id))
+                if (person.tenant, person.user_id) in held:
+                    visited.add((person.tenant, person.user_id))
                 forgotten = await forgetting.scope_unless(
                     Scope(tenant=person.tenant, user_id=person.user_id),
                     _spoke_since(memory, people, person, before, holders),

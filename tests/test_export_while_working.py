@@ -353,3 +353,22 @@ async def test_a_forget_while_an_export_reads_leaves_no_byte_in_the_log_once_it_
                 break
             await asyncio.sleep(0.05)
         assert holding(b"zanzibarquux") == []  # the memory still open
+
+
+@pytest.mark.sqlite_only("reads the SQLite log's bytes")
+async def test_a_log_a_reader_held_through_the_close_is_truncated_at_the_next_open(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+
+    def holding(needle: bytes) -> list[str]:
+        return [path.name for path in folder.rglob("*") if path.is_file() and needle in path.read_bytes()]
+
+    async with open_memory(folder) as memory:
+        await memory.ingest(msg("a1", "my secret word is zanzibarquux forever", user="ann", chat="g"))
+        await memory.settle()
+        reading = memory.store.snapshot()
+        await reading.__aenter__()  # a reader that outlives the store's close
+        await memory.forget(user_id="ann")
+    await reading.__aexit__(None, None, None)
+    assert holding(b"zanzibarquux") == ["narrmem.sqlite3-wal"]  # the close could not empty it
+    async with open_memory(folder):
+        assert holding(b"zanzibarquux") == []

@@ -1384,10 +1384,10 @@ async def test_discord_a_thread_noted_when_the_store_could_not_take_it_at_first(
 ) -> None:
     """The note of a thread failed with its first message (a store's blip) and was tried with a
     later one only: a forum post of one message was never noted, and outlived its forum."""
-    from narrmem import trying_again
+    from narrmem.doors.integrations import discord as discord_integration
     from narrmem.doors.integrations.backlog import THREADS_NAMESPACE
 
-    monkeypatch.setattr(trying_again, "RETRY_DELAYS", (0.05,))
+    monkeypatch.setattr(discord_integration, "RETRY_DELAYS", (0.05,))
     harness = await open_harness("discord.py", memory, guild_as="tenant")
     assert isinstance(harness, DiscordHarness)
     put = memory.store.state_put

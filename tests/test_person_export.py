@@ -342,6 +342,28 @@ async def test_a_forget_of_a_person_known_by_tools_alone_stops_their_export(
         assert [section async for section, _ in lines][-1] == "end"
 
 
+async def test_a_persons_export_goes_on_while_another_of_their_chat_is_forgotten(tmp_path: Path) -> None:
+    """Read again when a forget ran meanwhile, what the file holds of the person must still be
+    kept by its name, not word for word: another's forget took the keyword context of theirs
+    that held her words, and a fact she stated again counted one more, and failed her export."""
+    from narrmem.doors.person_export import person_text
+
+    async with open_memory(tmp_path / "data") as memory:
+        for n in range(4):
+            await memory.ingest(msg(f"z{n}", f"I decided to study pottery, week {n}", user="zoe", chat="g"))
+            await memory.ingest(msg(f"b{n}", f"bob sails the harbour boats, week {n}", user="bob", chat="g"))
+        triplet = {"subject": "user", "relation": "likes", "object": "pottery"}
+        await memory.call_tool("memory_commit", {"user_id": "zoe", "chat_id": "g", "triplets": [triplet]})
+        await memory.settle()
+        lines = person_text(memory, "default", "zoe")
+        async for section, _ in lines:
+            if section.startswith("graph."):
+                break  # her facts are being read (a slow client)
+        await memory.call_tool("memory_commit", {"user_id": "zoe", "chat_id": "g", "triplets": [triplet]})
+        await memory.forget(user_id="bob")
+        assert [section async for section, _ in lines][-1] == "end"
+
+
 async def test_a_persons_importance_history_is_read_by_a_query_on_them(tmp_path: Path) -> None:
     """Read by tenant, the history of every memory of the id range came back, others' among
     them, for the export to drop."""

@@ -66,6 +66,10 @@ CHAT_KEYED = {CHATS_MOVED, "triage.impacts", THREADS_NAMESPACE}
 # Messages received and not yet written, edits under way and hooks still owed for a written
 # message: kept by message, each naming its person (a process stopped before their end).
 WAITING = (INBOX, EDIT_MARKS, SETTLING)
+# What names a plugin's record of the person, the first of these fields it has; the sections kept
+# by others' memories (their turns' keyword context holding the person's words, by id).
+IDENTITY = ("id", "tree_id", "key")
+OTHERS_KEEP = frozenset({"recall_hybrid.context"})
 
 
 def person_header(memory: Memory, tenant: str, user_id: str) -> str:
@@ -96,7 +100,7 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
         # person known by what the tools wrote alone, no memory goes; a chat's forget takes
         # facts of theirs there).
         now = {_digest(section, line) async for section, line in _held_of(memory, scope)}
-        return kept <= now
+        return kept <= now  # what was added meanwhile, or changed, is no forget
 
     async for section, text in counted_text(memory, lines, tenant, exported, still_whole=still_whole):
         yield section, text
@@ -125,7 +129,9 @@ async def _person_lines(
     async for line in _history_lines(memory, scope, sorted(exported)):
         yield IMPORTANCE, line
     async for section, line in _held_of(memory, scope):
-        kept.add(_digest(section, line))
+        digest = _digest(section, line)
+        if digest is not None:
+            kept.add(digest)
         yield section, line
 
 
@@ -142,8 +148,20 @@ async def _held_of(memory: Memory, scope: Scope) -> AsyncIterator[tuple[str, dic
                 yield section, row
 
 
-def _digest(section: str, line: dict[str, Any]) -> bytes:
-    text = json.dumps([section, line], sort_keys=True, ensure_ascii=False, default=str)
+def _digest(section: str, line: dict[str, Any]) -> bytes | None:
+    """What names a line of the person's that a forget of them, or of a chat of theirs, deletes:
+    its section and its key or id (its content may change on its own meanwhile: a fact stated
+    again counts one more). ``None`` for what comes and goes of itself (a message waiting to be
+    written) or is kept by another's memory (their turn's keyword context, gone with them)."""
+    if section == STATE:
+        if line.get("namespace") in WAITING:
+            return None
+        name: Any = [line.get("namespace"), line.get("key")]
+    elif section in OTHERS_KEEP:
+        return None
+    else:
+        name = next((line[field] for field in IDENTITY if field in line), line)
+    text = json.dumps([section, name], sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 

@@ -204,6 +204,10 @@ class SQLiteStore(ForgetJournal):
             )
         await migrate(db)
         await self._vacuum_mode()
+        # A log a purge could not truncate (a reader held it until the process stopped) may still
+        # hold what a forget deleted.
+        async with self._holding_writer():
+            await self._truncate_log()
         await self._check_model(dim, model)
         self._reader = await self._open_reader()
         self._lookups = await asyncio.to_thread(self._open_lookups)
@@ -554,11 +558,14 @@ class SQLiteStore(ForgetJournal):
     async def close(self) -> None:
         try:
             if self._log_owed is not None:
-                # The close's own checkpoint empties the log, once the readers are gone.
                 self._log_owed.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self._log_owed
                 self._log_owed = None
+                # Once more: a reader still there (another process's) leaves it to the next open.
+                with contextlib.suppress(Exception):
+                    async with self._holding_writer():
+                        await self._log_truncated()
             if self._index_saving is not None:
                 # The save below (the index is dirty) takes the deleted vectors out of the files.
                 self._index_saving.cancel()
@@ -1484,19 +1491,22 @@ class SQLiteStore(ForgetJournal):
         """Empty the write-ahead log into the database file and truncate it (what a forget deleted
         is in the log's earlier frames), the writer held. A reader in a transaction (an export's
         snapshot, a read-only process) keeps the frames after its state: the truncation then
-        waits :data:`LOG_WAIT_MS`, not the writers' whole busy timeout (ten seconds in the write
+        waits :data:`LOG_WAIT_MS`, not the writers' whole busy timeout (twice, in the write
         turn, every worker's writes held), and is tried again in the background until it is
-        done. Before, it gave up silently after the wait, and the forgotten words stayed in the
-        log until the store was closed."""
-        if not await self._log_truncated() and self._log_owed is None:
+        done, at the close, and at the next writable open. Before, it gave up silently after the
+        wait, and the forgotten words stayed in the log until a close found no reader."""
+        if self._log_owed is not None:
+            return  # tried again already: its truncation empties all of the log
+        if not await self._log_truncated():
             log.info("a reader holds the log back: its truncation is tried again every %s s", LOG_RETRY_S)
             self._log_owed = asyncio.get_running_loop().create_task(self._truncate_log_later())
 
     async def _log_truncated(self) -> bool:
+        """One try, on the write connection (the caller holds it)."""
         db = self.db
         await db.execute(f"PRAGMA busy_timeout={LOG_WAIT_MS}")
         try:
-            rows = await self._fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
+            rows = list(await db.execute_fetchall("PRAGMA wal_checkpoint(TRUNCATE)"))
         finally:
             await db.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
         return not rows or int(rows[0][0]) == 0  # its first column: 1 when a reader blocked it
@@ -1505,11 +1515,14 @@ class SQLiteStore(ForgetJournal):
         try:
             while True:
                 await asyncio.sleep(LOG_RETRY_S)
-                async with self._holding_writer():
-                    if await self._log_truncated():
-                        return
-        except (ClosedError, StoreError):
-            return  # the close empties it
+                try:
+                    async with self._holding_writer():
+                        if await self._log_truncated():
+                            return
+                except (ClosedError, StoreError):
+                    return  # closed: the next open truncates it
+                except Exception:
+                    log.exception("truncating the log failed; tried again")
         finally:
             self._log_owed = None
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeAlias
 
@@ -46,7 +47,7 @@ from narrmem.doors.integrations.backlog import (
 from narrmem.errors import ClosedError
 from narrmem.memory import Memory
 from narrmem.models import Message, TriggerEvent
-from narrmem.trying_again import TryingAgain
+from narrmem.trying_again import RETRY_DELAYS
 
 __all__ = ["GuildAs", "NarrmemCog", "TriggerHandler", "say_suggestion"]
 
@@ -59,6 +60,8 @@ IMPORTED_PREFIX = "discord:"  # narrmem import-chat's tenant for a server: disco
 log = logs.logger("narrmem.doors.integrations")
 
 FINDER = "discord"  # the name this integration's forgets that wait give who reads their tenants
+# How long a deleted channel's forget waits for the notes of its threads being written.
+NOTES_WAIT_S = 10.0
 # Explicit alias: it stays a valid type for mypy even where discord.py is not installed.
 AnyContext: TypeAlias = "commands.Context[Any]"
 
@@ -112,8 +115,7 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         # A forgetme that waits for the store, past a restart too, reads the servers as this does.
         backlog_of(memory).finds_tenants(FINDER, self.tenants_of)
         self._threads_noted: set[int] = set()  # by this process, under their channel (see on_message)
-        self._noting: set[asyncio.Task[None]] = set()  # the first tries of those notes
-        self._noting_again = TryingAgain()  # the notes whose first try failed
+        self._noting: set[asyncio.Task[None]] = set()  # those notes being written (tried until they are)
 
     def _channel_of(self, message: Message) -> discord.abc.Messageable | None:
         """The channel a message was sent in, found by its id (the bot's cache: one the bot no
@@ -239,16 +241,19 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         task.add_done_callback(self._noting.discard)
 
     async def _note(self, work: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await work()
-        except ClosedError:
-            return
-        except Exception as exc:
-            log.warning("a thread could not be noted under its channel now (%s)", type(exc).__name__)
-            self._noting_again.keep_trying(work, "noting a thread under its channel")
+        for attempt in itertools.count():
+            try:
+                await work()
+                return
+            except ClosedError:
+                return
+            except Exception as exc:
+                log.warning("a thread could not be noted under its channel now (%s)", type(exc).__name__)
+            await asyncio.sleep(RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)])
 
     async def cog_unload(self) -> None:
-        await self._noting_again.close()
+        for task in self._noting:
+            task.cancel()
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
@@ -313,8 +318,10 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         """A channel, thread or forum post deleted: Discord sends no delete of its messages, and
         what they said stayed, recalled (with ``guild_as="chat"``, across the whole server)."""
         tenant, chat_id = self.place(guild_id, channel_id)
-        # The notes of threads begun a moment ago are written first: the forget reads them.
-        await asyncio.gather(*self._noting, return_exceptions=True)
+        # The notes of threads begun a moment ago are written first (or tried a while, the store
+        # away): the forget reads them.
+        if self._noting:
+            await asyncio.wait(set(self._noting), timeout=NOTES_WAIT_S)
         # The channel is a chat of its own (its forget takes everything of it, in flight too), or,
         # with guild_as="chat", part of the server's chat: its messages are named in meta. Made in
         # order after what waits for the store, or made later itself when the store is away.
