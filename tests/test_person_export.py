@@ -342,6 +342,31 @@ async def test_a_forget_of_a_person_known_by_tools_alone_stops_their_export(
         assert [section async for section, _ in lines][-1] == "end"
 
 
+async def test_a_forget_is_told_though_an_id_is_given_again_to_a_new_fact(tmp_path: Path) -> None:
+    """The graph's ids may be given again once their rows are deleted: a chat's forget took her
+    facts, new ones took their ids, and the check by id alone let the export finish holding the
+    forgotten facts."""
+    from narrmem.doors.person_export import person_text
+    from narrmem.errors import StoreError
+
+    async def commit(chat: str, thing: str) -> None:
+        triplet = {"subject": "user", "relation": "likes", "object": thing}
+        await memory.call_tool("memory_commit", {"user_id": "zoe", "chat_id": chat, "triplets": [triplet]})
+
+    async with open_memory(tmp_path / "data") as memory:
+        for n in range(3):
+            await commit("dm", f"thing {n}")
+        lines = person_text(memory, "default", "zoe")
+        async for section, _ in lines:
+            if section.startswith("graph."):
+                break
+        await memory.forget(chat_id="dm")
+        for n in range(3):
+            await commit("dm2", f"other {n}")
+        with pytest.raises(StoreError, match="a forget ran while the export was read"):
+            [section async for section, _ in lines]
+
+
 async def test_a_persons_export_goes_on_while_another_of_their_chat_is_forgotten(tmp_path: Path) -> None:
     """Read again when a forget ran meanwhile, what the file holds of the person must still be
     kept by its name, not word for word: another's forget took the keyword context of theirs
@@ -417,3 +442,43 @@ async def test_pages_of_a_scope_give_every_memory_once_in_any_century(tmp_path: 
                     for r in page
                 ]
                 assert sorted(given) == sorted(set(given)) and len(given) == len(times), (year, size, given)
+
+
+@pytest.mark.sqlite_only("makes the SQLite store fail one message's write")
+async def test_a_waiting_message_forgotten_while_the_export_is_read_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message of hers waiting to be written is in her export; the forget of its chat while
+    the export was read deleted it, and the check, which let what waits come and go, finished."""
+    import asyncio
+    import sqlite3
+
+    from narrmem_plugins.storage_sqlite.store import SQLiteStore
+
+    from narrmem.doors.person_export import person_text
+    from narrmem.errors import StoreError
+
+    async with open_memory(tmp_path / "data", storage={"acknowledge": "on_receipt"}) as memory:
+        await memory.ingest(msg("z0", "I decided to study pottery this year", user="zoe", chat="g"))
+        await memory.settle()
+        for name in ("add_with_context", "add_while_embedding", "add"):
+            written = getattr(SQLiteStore, name)
+
+            def failing_for_one(written: Any) -> Any:
+                async def write(self: Any, records: Any, *args: Any, **kwargs: Any) -> Any:
+                    if any("zanzibarquux" in r.text for r in records):
+                        raise sqlite3.OperationalError("database is locked")
+                    return await written(self, records, *args, **kwargs)
+
+                return write
+
+            monkeypatch.setattr(SQLiteStore, name, failing_for_one(written))
+        await memory.ingest(msg("z1", "my secret word is zanzibarquux", user="zoe", chat="dm"))
+        await asyncio.sleep(0.3)
+        lines = person_text(memory, "default", "zoe")
+        async for _, text in lines:
+            if "zanzibarquux" in text:
+                break  # the waiting message is in the file
+        await memory.forget(chat_id="dm")
+        with pytest.raises(StoreError, match="a forget ran while the export was read"):
+            [section async for section, _ in lines]

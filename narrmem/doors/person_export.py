@@ -69,6 +69,10 @@ WAITING = (INBOX, EDIT_MARKS, SETTLING)
 # What names a plugin's record of the person, the first of these fields it has; the sections kept
 # by others' memories (their turns' keyword context holding the person's words, by id).
 IDENTITY = ("id", "tree_id", "key")
+STABLE = frozenset(
+    {"tenant", "user_id", "chat_id", "created_at", "created_ts", "name", "subject_id", "object_id"}
+    | {"relation", "title", "text_sha", "message_id", "memory_id"}
+)
 OTHERS_KEEP = frozenset({"recall_hybrid.context"})
 
 
@@ -92,15 +96,24 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
     deleted any of what it holds (another person's, or another tenant's, does not)."""
     exported: array[int] = array("q")
     kept: set[bytes] = set()  # digests of the lines other than memories and their history
+    waiting: dict[bytes, tuple[str, str, str]] = {}  # of those, the messages waiting to be written
     scope = Scope(tenant=tenant, user_id=user_id)
-    lines = _person_lines(memory, scope, exported, kept)
+    lines = _person_lines(memory, scope, exported, kept, waiting)
 
     async def still_whole() -> bool:
         # A forget began meanwhile: what the file holds besides memories is still kept (of a
         # person known by what the tools wrote alone, no memory goes; a chat's forget takes
-        # facts of theirs there).
+        # facts of theirs there); what was added meanwhile, or changed, is no forget, and a
+        # message that waited is gone from the queue once written.
         now = {_digest(section, line) async for section, line in _held_of(memory, scope)}
-        return kept <= now  # what was added meanwhile, or changed, is no forget
+        for digest in kept - now:
+            message = waiting.get(digest)
+            if message is None:
+                return False
+            tenant_of, chat_id, message_id = message
+            if not await memory.store.stored_message_ids(tenant_of, chat_id, [message_id]):
+                return False
+        return True
 
     async for section, text in counted_text(memory, lines, tenant, exported, still_whole=still_whole):
         yield section, text
@@ -115,7 +128,11 @@ async def export_person(memory: Memory, path: str | Path, *, tenant: str, user_i
 
 
 async def _person_lines(
-    memory: Memory, scope: Scope, exported: array[int], kept: set[bytes]
+    memory: Memory,
+    scope: Scope,
+    exported: array[int],
+    kept: set[bytes],
+    waiting: dict[bytes, tuple[str, str, str]],
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     assert scope.user_id is not None
     async for page in scope_pages(memory.store, scope, page=PAGE):
@@ -132,6 +149,9 @@ async def _person_lines(
         digest = _digest(section, line)
         if digest is not None:
             kept.add(digest)
+            message = _waiting_message(line) if section == STATE else None
+            if message is not None:
+                waiting[digest] = message
         yield section, line
 
 
@@ -150,19 +170,32 @@ async def _held_of(memory: Memory, scope: Scope) -> AsyncIterator[tuple[str, dic
 
 def _digest(section: str, line: dict[str, Any]) -> bytes | None:
     """What names a line of the person's that a forget of them, or of a chat of theirs, deletes:
-    its section and its key or id (its content may change on its own meanwhile: a fact stated
-    again counts one more). ``None`` for what comes and goes of itself (a message waiting to be
-    written) or is kept by another's memory (their turn's keyword context, gone with them)."""
+    its section, its key or id, and the fields a record never changes (an id may be given again
+    to another row once its own is deleted); its other content may change meanwhile (a fact
+    stated again counts one more). ``None`` for what is kept by another's memory (their turn's
+    keyword context, gone with them)."""
     if section == STATE:
-        if line.get("namespace") in WAITING:
-            return None
         name: Any = [line.get("namespace"), line.get("key")]
     elif section in OTHERS_KEEP:
         return None
+    elif any(field in line for field in IDENTITY):
+        name = {field: value for field, value in line.items() if field in IDENTITY or field in STABLE}
     else:
-        name = next((line[field] for field in IDENTITY if field in line), line)
+        name = line
     text = json.dumps([section, name], sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def _waiting_message(line: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The (tenant, chat, message id) of a message waiting to be written, from its state line."""
+    if line.get("namespace") not in WAITING or not isinstance(line.get("value"), dict):
+        return None
+    value = line["value"]
+    named = value.get("message") if isinstance(value.get("message"), dict) else value
+    chat, message_id = named.get("chat_id"), named.get("message_id")
+    if not isinstance(chat, str) or not isinstance(message_id, str):
+        return None
+    return str(named.get("tenant", "default")), chat, message_id
 
 
 async def _history_lines(memory: Memory, scope: Scope, ids: list[int]) -> AsyncIterator[dict[str, Any]]:

@@ -248,7 +248,8 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
             except ClosedError:
                 return
             except Exception as exc:
-                log.warning("a thread could not be noted under its channel now (%s)", type(exc).__name__)
+                if attempt == 0:  # once a thread: a long outage would say it every minute
+                    log.warning("a thread could not be noted under its channel now (%s)", type(exc).__name__)
             await asyncio.sleep(RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)])
 
     async def cog_unload(self) -> None:
