@@ -212,11 +212,17 @@ class PluginHost:
         return [value for _, value in answers]
 
     async def call_named(
-        self, hook_name: str, *, isolate: bool = True, errors: list[str] | None = None, **kwargs: Any
+        self,
+        hook_name: str,
+        *,
+        isolate: bool = True,
+        errors: list[str] | None = None,
+        among: Collection[str] | None = None,
+        **kwargs: Any,
     ) -> list[tuple[str, Any]]:
         """``call``, each result with the name of the plugin that returned it: for a caller that
         checks answers against each other (two plugins exporting one section) and must say whose."""
-        return await self._call(hook_name, lambda _: kwargs, isolate, errors)
+        return await self._call(hook_name, lambda _: kwargs, isolate, errors, among)
 
     async def call_each(self, hook_name: str, arguments: Callable[[str], dict[str, Any]]) -> list[Any]:
         """``call(hook_name, isolate=False, ...)`` with the arguments made for each plugin by its

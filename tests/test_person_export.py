@@ -445,11 +445,13 @@ async def test_pages_of_a_scope_give_every_memory_once_in_any_century(tmp_path: 
 
 
 @pytest.mark.sqlite_only("makes the SQLite store fail one message's write")
+@pytest.mark.parametrize("forget", ["the chat's forget", "her edit of it, written"])
 async def test_a_waiting_message_forgotten_while_the_export_is_read_stops_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forget: str
 ) -> None:
     """A message of hers waiting to be written is in her export; the forget of its chat while
-    the export was read deleted it, and the check, which let what waits come and go, finished."""
+    the export was read deleted it (or her edit of it, its new words stored under its id), and
+    the check, which let what waits come and go, finished."""
     import asyncio
     import sqlite3
 
@@ -479,6 +481,33 @@ async def test_a_waiting_message_forgotten_while_the_export_is_read_stops_it(
         async for _, text in lines:
             if "zanzibarquux" in text:
                 break  # the waiting message is in the file
-        await memory.forget(chat_id="dm")
+        if forget == "the chat's forget":
+            await memory.forget(chat_id="dm")
+        else:
+            assert (await memory.edit(msg("z1", "my secret word is gone now", user="zoe", chat="dm"))).stored
         with pytest.raises(StoreError, match="a forget ran while the export was read"):
             [section async for section, _ in lines]
+
+
+async def test_trees_and_quotes_that_come_and_go_do_not_stop_an_export(tmp_path: Path) -> None:
+    """A tenant keeps its newest trees: another's new trees evicted hers while her export was
+    read, an unrelated forget ran, and the export failed as if she had been forgotten."""
+    from narrmem.doors.person_export import person_text
+
+    async def tree(person: str, chat: str, text: str) -> None:
+        arguments = {"text": text, "title": person, "user_id": person, "chat_id": chat}
+        await memory.call_tool("rtm_create_narrative_tree", arguments)
+
+    async with open_memory(tmp_path / "data", plugin={"rtm": {"trees_kept": 2}}) as memory:
+        await memory.ingest(msg("z1", "I love jazz and I live in Lisbon", user="zoe", chat="dm"))
+        await memory.ingest(msg("e1", "the bakery opens at five", user="eve", chat="h"))
+        await memory.settle()
+        await tree("zoe", "dm", "I went to Lisbon. It rained all week. I stayed home reading.")
+        lines = person_text(memory, "default", "zoe")
+        async for section, _ in lines:
+            if section == "rtm.trees":
+                break
+        await tree("bob", "b", "Bob went to Madrid. He played drums. It was loud.")
+        await tree("bob", "b", "Bob went to Rome. He ate pasta. It was good.")
+        await memory.forget_messages(chat_id="h", message_ids=["e1"])
+        assert [section async for section, _ in lines][-1] == "end"

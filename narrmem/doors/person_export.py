@@ -69,11 +69,18 @@ WAITING = (INBOX, EDIT_MARKS, SETTLING)
 # What names a plugin's record of the person, the first of these fields it has; the sections kept
 # by others' memories (their turns' keyword context holding the person's words, by id).
 IDENTITY = ("id", "tree_id", "key")
+# What is not asked again when a forget ran while the export was read: what comes and goes of
+# itself (the RTM tools' trees, the newest trees_kept of a tenant, a cache the tools build again;
+# triage's quotes of a scene, the newest three of it), and what others' memories keep (their
+# turns' keyword context, gone with them). The person's memories are asked, which a forget of
+# them or their chat takes first. Those plugins give no other section: they are not called then.
+UNCHECKED_SECTIONS = frozenset({"recall_hybrid.context", "rtm.trees", "triage.impacts"})
+UNCHECKED_STATE = frozenset({"triage.impacts"})
+UNCHECKED_PLUGINS = frozenset(section.partition(".")[0] for section in UNCHECKED_SECTIONS)
 STABLE = frozenset(
     {"tenant", "user_id", "chat_id", "created_at", "created_ts", "name", "subject_id", "object_id"}
     | {"relation", "title", "text_sha", "message_id", "memory_id"}
 )
-OTHERS_KEEP = frozenset({"recall_hybrid.context"})
 
 
 def person_header(memory: Memory, tenant: str, user_id: str) -> str:
@@ -96,7 +103,7 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
     deleted any of what it holds (another person's, or another tenant's, does not)."""
     exported: array[int] = array("q")
     kept: set[bytes] = set()  # digests of the lines other than memories and their history
-    waiting: dict[bytes, tuple[str, str, str]] = {}  # of those, the messages waiting to be written
+    waiting: dict[bytes, tuple[str, str, str, str]] = {}  # of those, the messages waiting to be written
     scope = Scope(tenant=tenant, user_id=user_id)
     lines = _person_lines(memory, scope, exported, kept, waiting)
 
@@ -105,13 +112,17 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
         # person known by what the tools wrote alone, no memory goes; a chat's forget takes
         # facts of theirs there); what was added meanwhile, or changed, is no forget, and a
         # message that waited is gone from the queue once written.
-        now = {_digest(section, line) async for section, line in _held_of(memory, scope)}
+        now = {
+            _digest(section, line) async for section, line in _held_of(memory, scope, skip=UNCHECKED_PLUGINS)
+        }
         for digest in kept - now:
             message = waiting.get(digest)
             if message is None:
                 return False
-            tenant_of, chat_id, message_id = message
-            if not await memory.store.stored_message_ids(tenant_of, chat_id, [message_id]):
+            # Written, with the words the file holds (an edit of it meanwhile is a forget of them).
+            tenant_of, chat_id, message_id, text = message
+            ids = await memory.store.from_messages(tenant_of, chat_id, [message_id])
+            if not any(text in record.text for record in (await memory.store.get(ids, None)).values()):
                 return False
         return True
 
@@ -132,7 +143,7 @@ async def _person_lines(
     scope: Scope,
     exported: array[int],
     kept: set[bytes],
-    waiting: dict[bytes, tuple[str, str, str]],
+    waiting: dict[bytes, tuple[str, str, str, str]],
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     assert scope.user_id is not None
     async for page in scope_pages(memory.store, scope, page=PAGE):
@@ -155,14 +166,17 @@ async def _person_lines(
         yield section, line
 
 
-async def _held_of(memory: Memory, scope: Scope) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+async def _held_of(
+    memory: Memory, scope: Scope, *, skip: frozenset[str] = frozenset()
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """What is kept of the person besides their memories: the state under their key, their
-    messages waiting to be written, each plugin's records of them."""
+    messages waiting to be written, each plugin's records of them (but of the plugins ``skip``)."""
     assert scope.user_id is not None
     prefix = f"{scope.tenant}\0{scope.user_id}\0"
     async for namespace, key, value in _person_state(memory, prefix, scope):
         yield STATE, {"namespace": namespace, "key": key, "value": value}
-    for section, records_of in (await _plugin_sections(memory, scope.tenant, scope.user_id)).items():
+    sections = await _plugin_sections(memory, scope.tenant, scope.user_id, skip=skip)
+    for section, records_of in sections.items():
         async with contextlib.aclosing(each_record(records_of)) as rows:
             async for row in rows:
                 yield section, row
@@ -175,8 +189,10 @@ def _digest(section: str, line: dict[str, Any]) -> bytes | None:
     stated again counts one more). ``None`` for what is kept by another's memory (their turn's
     keyword context, gone with them)."""
     if section == STATE:
+        if line.get("namespace") in UNCHECKED_STATE:
+            return None
         name: Any = [line.get("namespace"), line.get("key")]
-    elif section in OTHERS_KEEP:
+    elif section in UNCHECKED_SECTIONS:
         return None
     elif any(field in line for field in IDENTITY):
         name = {field: value for field, value in line.items() if field in IDENTITY or field in STABLE}
@@ -186,16 +202,16 @@ def _digest(section: str, line: dict[str, Any]) -> bytes | None:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def _waiting_message(line: dict[str, Any]) -> tuple[str, str, str] | None:
-    """The (tenant, chat, message id) of a message waiting to be written, from its state line."""
+def _waiting_message(line: dict[str, Any]) -> tuple[str, str, str, str] | None:
+    """The (tenant, chat, message id, text) of a message waiting to be written, from its line."""
     if line.get("namespace") not in WAITING or not isinstance(line.get("value"), dict):
         return None
     value = line["value"]
     named = value.get("message") if isinstance(value.get("message"), dict) else value
-    chat, message_id = named.get("chat_id"), named.get("message_id")
-    if not isinstance(chat, str) or not isinstance(message_id, str):
+    chat, message_id, text = named.get("chat_id"), named.get("message_id"), named.get("text")
+    if not isinstance(chat, str) or not isinstance(message_id, str) or not isinstance(text, str):
         return None
-    return str(named.get("tenant", "default")), chat, message_id
+    return str(named.get("tenant", "default")), chat, message_id, text
 
 
 async def _history_lines(memory: Memory, scope: Scope, ids: list[int]) -> AsyncIterator[dict[str, Any]]:
@@ -250,11 +266,15 @@ async def _state_scan(memory: Memory, prefix: str) -> AsyncIterator[tuple[str, s
         rows = await dump("plugin_state", 0, 1000, after_key=_state_key(rows[-1]))
 
 
-async def _plugin_sections(memory: Memory, tenant: str, user_id: str) -> dict[str, Records]:
-    """Every plugin's records of the person (``narrmem_person_records``), by plugin name."""
+async def _plugin_sections(
+    memory: Memory, tenant: str, user_id: str, *, skip: frozenset[str] = frozenset()
+) -> dict[str, Records]:
+    """Every plugin's records of the person (``narrmem_person_records``), by plugin name (but
+    the plugins ``skip``, not called)."""
     sections: dict[str, Records] = {}
+    among = [name for name in memory.host.implementers("narrmem_person_records") if name not in skip]
     answers = await memory.host.call_named(
-        "narrmem_person_records", isolate=False, memory=memory, tenant=tenant, user_id=user_id
+        "narrmem_person_records", isolate=False, among=among, memory=memory, tenant=tenant, user_id=user_id
     )
     for plugin, answer in sorted(answers, key=lambda named: named[0]):
         if answer is None:
