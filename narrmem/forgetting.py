@@ -252,10 +252,11 @@ class Forgetting:
                     units = self.fence.under_way(lambda key: touches(job, key))
                     if not units and self.settling.scheduled() is None:
                         counts = await self.finish(job)
-                        await self.memory.store.state_delete(SILENT_NAMESPACE, again_key(job))
+                        if silent_since is not None:
+                            await self.memory.store.state_delete(SILENT_NAMESPACE, again_key(job))
                         return counts
                     counts = await self.finish(job, done=False)
-                    self._finish_later(job, units)
+                    self._finish_later(job, units, silent=silent_since is not None)
                     return counts
         if purge_after and purge:
             await self.purge_owed()
@@ -340,8 +341,10 @@ class Forgetting:
         elif job.messages is not None:
             self._purge_later()
 
-    def _finish_later(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
-        task = asyncio.get_running_loop().create_task(self._finish_after(job, units))
+    def _finish_later(
+        self, job: ForgetJob, units: list[asyncio.Future[None]], *, silent: bool = False
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(self._finish_after(job, units, silent=silent))
         self._finishing_later.add(task)
         task.add_done_callback(self._finished)
 
@@ -363,7 +366,9 @@ class Forgetting:
         finally:
             self._waiting_for.pop(task, None)
 
-    async def _finish_after(self, job: ForgetJob, units: list[asyncio.Future[None]]) -> None:
+    async def _finish_after(
+        self, job: ForgetJob, units: list[asyncio.Future[None]], *, silent: bool = False
+    ) -> None:
         # Waits holding nothing back, and holds new units back only while it deletes, waiting for
         # none there: a unit under way may be waiting for a message an ordinary forget would hold
         # back. The job stays recorded until then, so a crash leaves it to the next open.
@@ -381,11 +386,11 @@ class Forgetting:
                         # A message of the scope begun since and still under way would write
                         # after the deletion: the deletion waits for a moment without one.
                         later = self.fence.under_way(lambda key: touches(job, key))
-                        silent = await self._silent_note(job)
-                        if silent is not None:
+                        noted = await self._silent_note(job) if silent else None
+                        if noted is not None:
                             # A retention pass's, run from hooks: what the person said meanwhile
                             # is theirs (their own messages under way are not waited for).
-                            await self._finish_silent(job, silent)
+                            await self._finish_silent(job, noted)
                             return
                         if not later:
                             # Messages received meanwhile are not the forget's: their entries

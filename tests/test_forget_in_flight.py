@@ -739,7 +739,10 @@ async def test_a_task_that_hooks_left_running_is_fenced_once_they_have_ended(tmp
         assert later.task is not None
         await asyncio.wait_for(asyncio.gather(first, forget, later.task), WAIT)
         await memory.settle()
-        assert later.order == ["forget", "ingest"]
+        # Ann's "2" is kept: stored after her forget (before it, the forget took it). Which call
+        # returns first says nothing: on a store shared by processes the forget's purge runs once
+        # the fence is open again, and under load the ingest it let in returned before it.
+        assert sorted(later.order) == ["forget", "ingest"]
         assert sorted(r.message_ids[0] for r in await everything(memory) if r.kind == "episode") == [
             "2",
             "b1",
