@@ -489,25 +489,82 @@ async def test_a_waiting_message_forgotten_while_the_export_is_read_stops_it(
             [section async for section, _ in lines]
 
 
-async def test_trees_and_quotes_that_come_and_go_do_not_stop_an_export(tmp_path: Path) -> None:
-    """A tenant keeps its newest trees: another's new trees evicted hers while her export was
-    read, an unrelated forget ran, and the export failed as if she had been forgotten."""
+async def test_quotes_that_come_and_go_do_not_stop_an_export_and_a_tree_forgotten_does(
+    tmp_path: Path,
+) -> None:
+    """A scene keeps its newest three quotes: a fourth link took her oldest quote's entry while
+    her export was read, an unrelated forget ran, and the export failed as if she had been
+    forgotten. A tree of hers that a forget took, her only trace, still stops it."""
+    import datetime as dt
+
+    import numpy as np
+    from _helpers import decision_scene
+    from narrmem_plugins.triage.impacts import add_impact
+
     from narrmem.doors.person_export import person_text
+    from narrmem.errors import StoreError
+    from narrmem.models import SceneDraft
 
-    async def tree(person: str, chat: str, text: str) -> None:
-        arguments = {"text": text, "title": person, "user_id": person, "chat_id": chat}
-        await memory.call_tool("rtm_create_narrative_tree", arguments)
-
-    async with open_memory(tmp_path / "data", plugin={"rtm": {"trees_kept": 2}}) as memory:
-        await memory.ingest(msg("z1", "I love jazz and I live in Lisbon", user="zoe", chat="dm"))
+    start = dt.datetime(2026, 8, 1, 20, tzinfo=dt.UTC)
+    async with open_memory(tmp_path / "data") as memory:
+        store = memory.store
         await memory.ingest(msg("e1", "the bakery opens at five", user="eve", chat="h"))
         await memory.settle()
-        await tree("zoe", "dm", "I went to Lisbon. It rained all week. I stayed home reading.")
+
+        async def added(record: Any) -> Any:
+            [memory_id] = await store.add([record], np.ones((1, memory.embedder.dim), dtype=np.float32))
+            return (await store.get([memory_id], None))[memory_id]
+
+        target = await added(decision_scene("v0", 0, "Friends matter more than a salary", start))
+
+        async def link(n: int) -> None:
+            nonlocal target
+            scene = await added(decision_scene(f"v{n}", n, f"Decision number {n} for friends", start))
+            target = (await store.get([target.id], None))[target.id]
+            await add_impact(memory, target, SceneDraft.of(target), scene, f"Decision number {n} for friends")
+
+        for n in range(1, 4):
+            await link(n)
+        lines = person_text(memory, "default", "val")
+        async for section, _ in lines:
+            if section == "triage.impacts":
+                break
+        await link(4)
+        await memory.forget_messages(chat_id="h", message_ids=["e1"])
+        assert [section async for section, _ in lines][-1] == "end"
+
+        tree = {
+            "text": "I went to Lisbon. It rained all week.",
+            "title": "t",
+            "user_id": "zoe",
+            "chat_id": "dm",
+        }
+        await memory.call_tool("rtm_create_narrative_tree", tree)
         lines = person_text(memory, "default", "zoe")
         async for section, _ in lines:
             if section == "rtm.trees":
                 break
-        await tree("bob", "b", "Bob went to Madrid. He played drums. It was loud.")
-        await tree("bob", "b", "Bob went to Rome. He ate pasta. It was good.")
-        await memory.forget_messages(chat_id="h", message_ids=["e1"])
+        await memory.forget(user_id="zoe")
+        with pytest.raises(StoreError, match="a forget ran while the export was read"):
+            [section async for section, _ in lines]
+
+
+async def test_hooks_owed_for_her_written_message_may_end_while_the_export_is_read(tmp_path: Path) -> None:
+    """An entry of hooks owed holds no words: ended meanwhile (the hooks ran) beside another's
+    forget, it was taken for a forget of her waiting message."""
+    from narrmem.doors.person_export import person_text
+    from narrmem.settling import NAMESPACE as SETTLING
+
+    async with open_memory(tmp_path / "data") as memory:
+        await memory.ingest(msg("z1", "I love jazz and I live in Lisbon", user="zoe", chat="dm"))
+        await memory.ingest(msg("b1", "I sail on weekends", user="bob", chat="dm-bob"))
+        await memory.settle()
+        owed = {"tenant": "default", "user_id": "zoe", "chat_id": "dm", "message_id": "z1"}
+        await memory.store.state_put(SETTLING, "batch:1", {**owed, "owed": ["proactive"]})
+        lines = person_text(memory, "default", "zoe")
+        async for section, _ in lines:
+            if section == "state":
+                break
+        await memory.store.state_delete(SETTLING, "batch:1")  # the owed hooks ran
+        await memory.forget(user_id="bob")
         assert [section async for section, _ in lines][-1] == "end"

@@ -70,11 +70,12 @@ WAITING = (INBOX, EDIT_MARKS, SETTLING)
 # by others' memories (their turns' keyword context holding the person's words, by id).
 IDENTITY = ("id", "tree_id", "key")
 # What is not asked again when a forget ran while the export was read: what comes and goes of
-# itself (the RTM tools' trees, the newest trees_kept of a tenant, a cache the tools build again;
-# triage's quotes of a scene, the newest three of it), and what others' memories keep (their
-# turns' keyword context, gone with them). The person's memories are asked, which a forget of
-# them or their chat takes first. Those plugins give no other section: they are not called then.
-UNCHECKED_SECTIONS = frozenset({"recall_hybrid.context", "rtm.trees", "triage.impacts"})
+# itself with the person's scenes (triage's quotes of a scene, the newest three of it), and what
+# others' memories keep (their turns' keyword context, gone with them); the scenes and memories
+# they name are asked, which a forget of the person or their chat takes. Those plugins give no
+# other section: they are not called then. (The RTM trees a tenant's newest evict are asked: an
+# eviction beside a forget fails the export, which is made again.)
+UNCHECKED_SECTIONS = frozenset({"recall_hybrid.context", "triage.impacts"})
 UNCHECKED_STATE = frozenset({"triage.impacts"})
 UNCHECKED_PLUGINS = frozenset(section.partition(".")[0] for section in UNCHECKED_SECTIONS)
 STABLE = frozenset(
@@ -103,7 +104,9 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
     deleted any of what it holds (another person's, or another tenant's, does not)."""
     exported: array[int] = array("q")
     kept: set[bytes] = set()  # digests of the lines other than memories and their history
-    waiting: dict[bytes, tuple[str, str, str, str]] = {}  # of those, the messages waiting to be written
+    waiting: dict[
+        bytes, tuple[str, str, str, str | None]
+    ] = {}  # of those, the messages waiting to be written
     scope = Scope(tenant=tenant, user_id=user_id)
     lines = _person_lines(memory, scope, exported, kept, waiting)
 
@@ -119,8 +122,13 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
             message = waiting.get(digest)
             if message is None:
                 return False
-            # Written, with the words the file holds (an edit of it meanwhile is a forget of them).
+            # Written, with the words the file holds (an edit of it meanwhile is a forget of them);
+            # an entry that holds no words (hooks owed for a written message) only written.
             tenant_of, chat_id, message_id, text = message
+            if text is None:
+                if not await memory.store.stored_message_ids(tenant_of, chat_id, [message_id]):
+                    return False
+                continue
             ids = await memory.store.from_messages(tenant_of, chat_id, [message_id])
             if not any(text in record.text for record in (await memory.store.get(ids, None)).values()):
                 return False
@@ -143,7 +151,7 @@ async def _person_lines(
     scope: Scope,
     exported: array[int],
     kept: set[bytes],
-    waiting: dict[bytes, tuple[str, str, str, str]],
+    waiting: dict[bytes, tuple[str, str, str, str | None]],
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     assert scope.user_id is not None
     async for page in scope_pages(memory.store, scope, page=PAGE):
@@ -202,16 +210,17 @@ def _digest(section: str, line: dict[str, Any]) -> bytes | None:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def _waiting_message(line: dict[str, Any]) -> tuple[str, str, str, str] | None:
-    """The (tenant, chat, message id, text) of a message waiting to be written, from its line."""
+def _waiting_message(line: dict[str, Any]) -> tuple[str, str, str, str | None] | None:
+    """The (tenant, chat, message id, text) of a message waiting to be written, from its line
+    (``None`` for the text of an entry that holds none: hooks owed for a written message)."""
     if line.get("namespace") not in WAITING or not isinstance(line.get("value"), dict):
         return None
     value = line["value"]
     named = value.get("message") if isinstance(value.get("message"), dict) else value
     chat, message_id, text = named.get("chat_id"), named.get("message_id"), named.get("text")
-    if not isinstance(chat, str) or not isinstance(message_id, str) or not isinstance(text, str):
+    if not isinstance(chat, str) or not isinstance(message_id, str):
         return None
-    return str(named.get("tenant", "default")), chat, message_id, text
+    return str(named.get("tenant", "default")), chat, message_id, text if isinstance(text, str) else None
 
 
 async def _history_lines(memory: Memory, scope: Scope, ids: list[int]) -> AsyncIterator[dict[str, Any]]:
