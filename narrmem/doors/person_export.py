@@ -76,7 +76,6 @@ IDENTITY = ("id", "tree_id", "key")
 # other section: they are not called then. (The RTM trees a tenant's newest evict are asked: an
 # eviction beside a forget fails the export, which is made again.)
 UNCHECKED_SECTIONS = frozenset({"recall_hybrid.context", "triage.impacts"})
-UNCHECKED_STATE = frozenset({"triage.impacts"})
 UNCHECKED_PLUGINS = frozenset(section.partition(".")[0] for section in UNCHECKED_SECTIONS)
 STABLE = frozenset(
     {"tenant", "user_id", "chat_id", "created_at", "created_ts", "name", "subject_id", "object_id"}
@@ -197,8 +196,6 @@ def _digest(section: str, line: dict[str, Any]) -> bytes | None:
     stated again counts one more). ``None`` for what is kept by another's memory (their turn's
     keyword context, gone with them)."""
     if section == STATE:
-        if line.get("namespace") in UNCHECKED_STATE:
-            return None
         name: Any = [line.get("namespace"), line.get("key")]
     elif section in UNCHECKED_SECTIONS:
         return None
