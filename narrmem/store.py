@@ -519,24 +519,32 @@ async def scope_pages(
     was part of the protocol is read at once."""
     until: datetime | None = None
     given: set[int | None] = set()
+    seen: set[int | None] = set()  # every memory given: none is given twice, and the pages end
     while True:
         try:
-            found = await store.recent(scope, until=until, kinds=kinds, limit=page + len(given))
+            raw = await store.recent(scope, until=until, kinds=kinds, limit=page + len(given))
         except TypeError:
             if until is None:
                 yield await store.recent(scope, kinds=kinds, limit=2**62)
             return
-        found = [r for r in found if r.id not in given]
+        found = [r for r in raw if r.id not in seen]
         if not found:
+            if len(raw) >= page + len(given):
+                # A page of memories given already: times the store orders otherwise than their
+                # records say (a page came back for ever). The rest, read at once.
+                rest = await store.recent(scope, until=until, kinds=kinds, limit=2**62)
+                if rest := [r for r in rest if r.id not in seen]:
+                    yield rest
             return
         oldest = found[-1].created_at
         held = {r.id for r in found}
         found += [
             r
             for r in await store.recent(scope, since=oldest, until=oldest, kinds=kinds, limit=2**62)
-            if r.id not in held and r.id not in given
+            if r.id not in held and r.id not in seen
         ]
         yield found
+        seen.update(r.id for r in found)
         until = oldest
         given = {r.id for r in found if r.created_at.timestamp() == oldest.timestamp()}
 

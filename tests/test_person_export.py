@@ -568,3 +568,41 @@ async def test_hooks_owed_for_her_written_message_may_end_while_the_export_is_re
         await memory.store.state_delete(SETTLING, "batch:1")  # the owed hooks ran
         await memory.forget(user_id="bob")
         assert [section async for section, _ in lines][-1] == "end"
+
+
+async def test_pages_of_a_scope_end_though_the_store_orders_times_otherwise_than_the_records() -> None:
+    """A store whose kept time of a memory orders otherwise than the memory's own ``created_at``
+    gave two pages in turn for ever (a person's export hung in a busy run)."""
+    from narrmem.models import MemoryRecord, Scope
+    from narrmem.store import scope_pages
+
+    def at(seconds: float) -> datetime:
+        return datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
+
+    # The store's own times (its index), and the records' (what they say): in the other order.
+    kept = {1: 1.0, 2: 3.0}
+    records = {
+        1: MemoryRecord(id=1, user_id="ann", chat_id="c", text="one", created_at=at(10)),
+        2: MemoryRecord(id=2, user_id="ann", chat_id="c", text="two", created_at=at(5)),
+    }
+
+    class Store:
+        async def recent(
+            self,
+            scope: Scope,
+            *,
+            since: datetime | None = None,
+            until: datetime | None = None,
+            kinds: Any = None,
+            limit: int = 100,
+        ) -> list[MemoryRecord]:
+            lowest = -1e18 if since is None else (since - at(0)).total_seconds()
+            highest = 1e18 if until is None else (until - at(0)).total_seconds()
+            ids = sorted((i for i, t in kept.items() if lowest <= t <= highest), key=lambda i: -kept[i])
+            return [records[i] for i in ids[:limit]]
+
+    pages = []
+    async for found in scope_pages(Store(), Scope(user_id="ann"), page=1):  # type: ignore[arg-type]
+        pages.append([r.id for r in found])
+        assert len(pages) < 10
+    assert sorted(i for found in pages for i in found) == [1, 2]
