@@ -503,10 +503,15 @@ class ScrubsOnceFailing:
         self.told.append({"user_id": user_id, "chat_id": chat_id, "messages": messages})
 
 
-async def fails_midway_then_she_speaks(memory: Any, clock: ManualClock) -> None:
+async def a_pass_fails_midway(memory: Any, clock: ManualClock) -> None:
+    """Ann silent for a year, her forget by the pass failing at a plugin's scrub."""
     await told_long_ago(memory, clock)
     with pytest.raises(PluginError, match="service is down"):
         await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+
+
+async def fails_midway_then_she_speaks(memory: Any, clock: ManualClock) -> None:
+    await a_pass_fails_midway(memory, clock)
     assert await texts(memory, "ann") == []  # the store's part was done
     await memory.ingest(said("9", "back from Lisbon, I opened a ceramics studio", "ann", 0))
     await commit(memory, "ann", "ceramics, told today")
@@ -576,9 +581,7 @@ async def test_a_silent_persons_forget_finished_while_they_are_silent_still_take
     plugin = ScrubsOnceFailing()
     clock = ManualClock(NOW)
     async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
-        await told_long_ago(memory, clock)
-        with pytest.raises(PluginError):
-            await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        await a_pass_fails_midway(memory, clock)
     async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
         assert await memory.store.pending_forgets() == []
         assert await texts(memory, "ann") == [] and await facts_of(memory, "ann") == 0
@@ -606,9 +609,7 @@ async def test_a_silent_persons_forget_failing_again_after_its_rows_went_still_n
     plugin = ScrubsFailingTwice()
     clock = ManualClock(NOW)
     async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
-        await told_long_ago(memory, clock)
-        with pytest.raises(PluginError):
-            await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        await a_pass_fails_midway(memory, clock)
         old = said("77", "I once kept a tortoise called Gerald in the garden", "ann", 450, chat="zz")
         await memory.ingest_many([old], history=True)  # a backlog of long ago, written late
         await memory.ingest(said("9", "back from Lisbon, I opened a ceramics studio", "ann", 0))
@@ -630,9 +631,7 @@ async def test_a_silent_persons_forget_left_twice_unfinished_keeps_what_they_sai
     plugin = ScrubsFailingTwice()
     clock = ManualClock(NOW)
     async with open_memory(tmp_path / "m", clock=clock, plugins=[plugin]) as memory:
-        await told_long_ago(memory, clock)
-        with pytest.raises(PluginError):
-            await memory.forget_inactive(before=YEAR_AGO, tenant="default")
+        await a_pass_fails_midway(memory, clock)
         old = said("77", "I once kept a tortoise called Gerald in the garden", "ann", 450, chat="zz")
         await memory.ingest_many([old], history=True)
     async with open_memory(tmp_path / "m", clock=ManualClock(NOW), plugins=[plugin]) as memory:
