@@ -23,14 +23,15 @@ the graph's tools alone, over MCP; trees of their words), is inactive when nothi
 written since the time (``narrmem_people_held``): such a bot had no one found before.
 
 A pass finding that no one in the store has said anything since the time is refused
-(``refused``): the clock is wrong (a machine that woke a year ahead), or the bot has been down
-that long; either way, forgetting everyone is not what the policy meant. ``force`` runs it anyway.
+(``refused``; what was written in the last day not counted, see :func:`trusted_until`): the
+clock is wrong (a machine that woke a year ahead), or the bot has been down that long; either
+way, forgetting everyone is not what the policy meant. ``force`` runs it anyway.
 A tenant gone silent on its own (a server that removed the bot) is forgotten as the policy says."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from narrmem import logs
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from narrmem.forgetting import Forgetting
 
 PAGE = 500
+RECENT_UNTRUSTED = timedelta(days=1)  # see trusted_until
 NAME = "retention"  # the store's exclusive lock of a pass
 log = logs.logger("narrmem.retention")
 
@@ -197,7 +199,7 @@ async def forget_inactive(
     # What plugins keep of whom, store-wide: for the refusal (a store of no memory, written with
     # tools alone, has the plugins' times only) and for the people only they keep something of.
     held = await plugins_latest(forgetting.memory)
-    if await refused(people, before, held) and not force:
+    if await refused(people, before, held, now=now) and not force:
         counts["refused"] = 1
         return counts
     exclusive = getattr(store, "exclusive", None)
@@ -217,21 +219,39 @@ def _nobody(done: int) -> None:
     return None
 
 
+def trusted_until(before: datetime, now: datetime) -> datetime:
+    """The end of what the refusal takes as said since ``before``: what was written in the last
+    day (or the last half of a shorter wait) may be dated by the clock that is wrong. A machine
+    that woke a year ahead dates by it every message it is given without a time and every fact a
+    tool states, and one such write, a minute after the start, was someone who had spoken since
+    the cut-off: everyone else was forgotten."""
+    return now - min(RECENT_UNTRUSTED, (now - before) / 2)
+
+
 async def refused(
-    people: FindsInactivePeople, before: datetime, held: dict[tuple[str, str], datetime] | None = None
+    people: FindsInactivePeople,
+    before: datetime,
+    held: dict[tuple[str, str], datetime] | None = None,
+    *,
+    now: datetime,
 ) -> bool:
-    """Whether no one in the whole store has said anything since ``before``, nor has a plugin
-    written of anyone (``held``: :func:`plugins_latest`, store-wide), though something is kept (a
-    tenant of its own may well be silent: a server that removed the bot). Logged as a warning."""
-    times = [t for t in (await people.last_said(), *(held or {}).values()) if t is not None]
+    """Whether no one in the whole store said anything between ``before`` and
+    :func:`trusted_until`, nor did a plugin write of anyone then (``held``: :func:`plugins_latest`,
+    store-wide), though something is kept (a tenant of its own may well be silent: a server that
+    removed the bot). Logged as a warning."""
+    until = trusted_until(before, now)
+    said = await people.last_said(until=until)
+    times = [t for t in (said, *(held or {}).values()) if t is not None and t < until]
     newest = max(times, default=None)
-    if newest is None or newest >= before:
+    if newest is not None and newest >= before:
         return False
     log.warning(
-        "retention refused: no one has said anything since %s (the newest memory was said %s); "
-        "is the clock right? nothing is forgotten",
+        "retention refused: no one said anything between %s and %s (the newest memory before was "
+        "said %s; what was written since may be dated by this clock); is the clock right? nothing "
+        "is forgotten",
         before.isoformat(),
-        newest.isoformat(),
+        until.isoformat(),
+        "never" if newest is None else newest.isoformat(),
     )
     return True
 

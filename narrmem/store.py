@@ -491,10 +491,13 @@ class FindsInactivePeople(Protocol):
         Counts and times only: no text of any memory."""
         ...
 
-    async def last_said(self, tenant: str | None = None, user_id: str | None = None) -> datetime | None:
+    async def last_said(
+        self, tenant: str | None = None, user_id: str | None = None, *, until: datetime | None = None
+    ) -> datetime | None:
         """When the newest memory of ``user_id`` in ``tenant`` was said, by one seek of the scope
         index; of the whole tenant, or of the whole store, when they are ``None`` (a pass over
-        the index). ``None``: no such memory."""
+        the index). ``until``: of the memories said before that time only. ``None``: no such
+        memory."""
         ...
 
 

@@ -260,6 +260,37 @@ async def test_a_pass_that_would_forget_everyone_is_refused_unless_forced(tmp_pa
         assert forced["people"] == 5 and await texts(memory, "cat") == []
 
 
+async def test_a_write_dated_by_a_clock_a_year_ahead_does_not_let_the_pass_forget_everyone(
+    tmp_path: Path,
+) -> None:
+    # The machine woke 400 days ahead; a minute later a message came over the ingest tool without
+    # a time (dated by that clock), then the schedule's pass ran: that one write was someone who
+    # had spoken since the cut-off, and everyone else went, cat who spoke ten days before.
+    clock = ManualClock(NOW)
+    policy = {"retention": {"inactive_days": 365}}
+    async with open_memory(tmp_path / "m", clock=clock, plugin=policy) as memory:
+        await memory.ingest_many(HISTORY)
+        clock.set(NOW + timedelta(days=400))
+        stated = await memory.call_tool(
+            "narrmem_ingest",
+            {"text": "I decided to open a bakery", "user_id": "eve", "chat_id": "c-eve", "message_id": "e1"},
+        )
+        assert stated["memory_ids"]
+        plugin = memory.host.plugin(Retention)
+        assert plugin is not None
+        counts = await plugin.pass_if_due(memory)
+        assert counts is not None and counts["refused"] == 1 and counts["people"] == 0
+        assert await texts(memory, "cat") and await texts(memory, "bob")
+        # An hour on, asked by hand: still refused (the writes of the last day are not counted).
+        clock.set(NOW + timedelta(days=400, hours=1))
+        assert (await memory.forget_inactive(before=NOW + timedelta(days=35)))["refused"] == 1
+        # The clock put right: the pass forgets whom the policy names, and no one else.
+        clock.set(NOW)
+        counts = await memory.forget_inactive(before=YEAR_AGO)
+        assert counts["refused"] == 0 and counts["people"] == 2  # ann, in both tenants
+        assert await texts(memory, "cat") and await texts(memory, "ann") == []
+
+
 async def test_a_pass_tells_its_progress_person_by_person(tmp_path: Path) -> None:
     async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
         await memory.ingest_many(HISTORY)
@@ -674,8 +705,8 @@ async def test_a_person_with_old_memories_and_old_facts_is_visited_once(tmp_path
         await memory.ingest(said("80", "I keep bees on the roof of our building", "ann", 500))
         await commit(memory, "ann", "old jazz")
         await commit(memory, "bob", "old blues")  # bob: what the tools wrote alone
-        clock.set(NOW - timedelta(days=1))
-        await memory.ingest(said("81", "the bakery shifts start at five", "eve", 1))
+        clock.set(NOW - timedelta(days=2))
+        await memory.ingest(said("81", "the bakery shifts start at five", "eve", 2))
         clock.set(NOW)
         size = await retention.pass_size(memory, YEAR_AGO)
         told: list[int] = []

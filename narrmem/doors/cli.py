@@ -584,7 +584,9 @@ async def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
         async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
             before = cutoff(memory.clock.now())
             held = await retention.plugins_latest(memory)
-            refused = await retention.refused(retention.finder(memory.store), before, held)
+            refused = await retention.refused(
+                retention.finder(memory.store), before, held, now=memory.clock.now()
+            )
             people = [person async for person in retention.all_inactive(memory, before, tenant=tenant)]
         summary = {
             "before": before.isoformat(),
@@ -628,8 +630,9 @@ def _count(n: int, one: str, many: str) -> str:
 
 def _retention_refused(before: datetime) -> int:
     print(
-        f"refused: no one in the store has said anything since {before.isoformat()}; is the clock "
-        "right? (--force forgets them all)",
+        f"refused: no one in the store said anything between {before.isoformat()} and a day ago "
+        "(what was written since may be dated by a wrong clock); is the clock right? (--force "
+        "forgets them all)",
         file=sys.stderr,
     )
     return 1

@@ -1333,7 +1333,9 @@ class PostgresStore(ForgetJournal):
         )
         return [InactivePerson(r[0], r[1], int(r[2]), datetime.fromtimestamp(float(r[3]), UTC)) for r in rows]
 
-    async def last_said(self, tenant: str | None = None, user_id: str | None = None) -> datetime | None:
+    async def last_said(
+        self, tenant: str | None = None, user_id: str | None = None, *, until: datetime | None = None
+    ) -> datetime | None:
         if user_id is not None and tenant is None:
             raise InputError("a person is found within a tenant: give a tenant", field="tenant")
         where, params = "", list[str | None]()
@@ -1341,7 +1343,12 @@ class PostgresStore(ForgetJournal):
             where, params = "WHERE tenant = $1", [tenant]
         if user_id is not None:
             where, params = "WHERE tenant = $1 AND user_id = $2", [tenant, user_id]
-        last = await self.pool.fetchval(f"SELECT MAX(created_ts) FROM memories {where}", *params)
+        bound: list[float] = []
+        if until is not None:
+            mark = f"${len(params) + 1}"
+            where = f"{where} AND created_ts < {mark}" if where else f"WHERE created_ts < {mark}"
+            bound = [until.timestamp()]
+        last = await self.pool.fetchval(f"SELECT MAX(created_ts) FROM memories {where}", *params, *bound)
         return None if last is None else datetime.fromtimestamp(float(last), UTC)
 
     async def user_tenants(self, user_ids: Sequence[str]) -> list[str]:

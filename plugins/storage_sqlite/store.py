@@ -1844,14 +1844,19 @@ class SQLiteStore(ForgetJournal):
         )
         return [InactivePerson(t, u, n, datetime.fromtimestamp(last, UTC)) for t, u, n, last in rows]
 
-    async def last_said(self, tenant: str | None = None, user_id: str | None = None) -> datetime | None:
+    async def last_said(
+        self, tenant: str | None = None, user_id: str | None = None, *, until: datetime | None = None
+    ) -> datetime | None:
         if user_id is not None and tenant is None:
             raise InputError("a person is found within a tenant: give a tenant", field="tenant")
-        where, params = "", list[str | None]()
+        where, params = "", list[str | float | None]()
         if tenant is not None:
             where, params = "WHERE tenant = ?", [tenant]
         if user_id is not None:
             where, params = "WHERE tenant = ? AND user_id = ?", [tenant, user_id]
+        if until is not None:
+            where = f"{where} AND created_ts < ?" if where else "WHERE created_ts < ?"
+            params.append(until.timestamp())
         rows = await self._fetchall(f"SELECT MAX(created_ts) FROM memories {where}", params)
         last = rows[0][0] if rows else None
         return None if last is None else datetime.fromtimestamp(last, UTC)
