@@ -170,6 +170,22 @@ async def test_recall_reinforces_and_restarts_the_clock(tmp_path: Path) -> None:
         assert [(e["who"], e["old"], e["new"]) for e in events] == [("recall", 0.4, 0.45)]
 
 
+async def test_a_use_dated_by_a_clock_that_ran_ahead_does_not_block_the_uses_after_it(tmp_path: Path) -> None:
+    """Reinforced while the clock was a year ahead, a memory's clock of use was in the future once
+    the clock was put right: every use after it, for a year, was taken for one within the day."""
+    clock = ManualClock(T0)
+    async with await _memory(tmp_path, clock) as mem:
+        memory_id = await _one(mem, 0.40)
+        clock.set(T0 + timedelta(days=365))
+        assert await mem.mark_used([memory_id], user_id="u1") == [memory_id]
+        clock.set(T0 + timedelta(days=2))
+        assert await mem.mark_used([memory_id], user_id="u1") == [memory_id]
+        assert await mem.mark_used([memory_id], user_id="u1") == []  # the same day: spaced as ever
+        query = "SELECT reinforced_at FROM memories WHERE id = ?"
+        [(reinforced_at,)] = await store_sql(mem, query, [memory_id])
+        assert datetime.fromisoformat(reinforced_at) == T0 + timedelta(days=2)
+
+
 async def test_reinforced_to_core_becomes_permanent_and_caps_at_one(tmp_path: Path) -> None:
     clock = ManualClock(T0)
     async with await _memory(tmp_path, clock) as mem:

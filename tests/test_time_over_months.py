@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from _helpers import msg
 
-from narrmem import InputError, Message, TriageDecision, hookimpl
+from narrmem import InputError, Message, Scope, TriageDecision, hookimpl
 from narrmem.clock import ManualClock
 from narrmem.memory import Memory
 from narrmem.testing import open_memory
@@ -171,3 +171,33 @@ async def test_a_backfill_of_old_chat_is_counted_and_fires_nothing(tmp_path: Pat
             result = await memory.ingest(msg(f"h{n}", f"{ROADMAP} {n}", ts=at(n / 10)))
             fired += [t.kind for t in result.triggers]
         assert fired == ["topic"]
+
+
+async def test_a_history_imported_after_this_weeks_messages_is_counted_as_of_its_own_time(
+    tmp_path: Path,
+) -> None:
+    """Counted as of the clock's now, a 'tired' of last year imported after this week's two
+    counted them: a "said 'tired' 3 times this week" scene dated a year ago, quoting messages a
+    year apart, and a topic mention 'back' after minus 298 quiet days."""
+    clock = ManualClock(T0 + timedelta(days=400))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        for n in (1, 2):
+            await memory.ingest(msg(f"live{n}", "so tired after work today, exhausted", ts=at(400 - n)))
+        for n in (3, 2):
+            await memory.ingest(msg(f"g{n}", "my vegetable garden tomatoes are growing", ts=at(400 - n)))
+        old = [
+            msg("o1", "we went hiking in the mountains with the kids", ts=at(10)),
+            msg("o2", "so tired after the hike, exhausted", ts=at(11)),
+            msg("o3", "my vegetable garden tomatoes are growing", ts=at(100)),
+        ]
+        results = await memory.ingest_many(old, history=True)
+        counts = {(c.kind, c.label): c for r in results for c in r.counts}
+        tired = [c for (kind, _), c in counts.items() if kind == "emotion"]
+        assert [c.count for c in tired] == [1]
+        assert all(t <= T0 + timedelta(days=11) for t in tired[0].times)
+        garden = [c for (kind, _), c in counts.items() if kind == "topic"]
+        assert all(c.count == 1 and (c.quiet_days_before or 0) >= 0 for c in garden)
+        patterns = await memory.store.recent(
+            Scope(tenant="default", user_id="u1"), kinds=["scene"], limit=100, meta_has=("type", "pattern")
+        )
+        assert patterns == []

@@ -174,8 +174,10 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
         for record in records:
             assert record.id is not None
             last = record.reinforced_at
-            if last is not None and now - last < spacing:
-                continue  # spaced repetition: recalling twice in a day is not learning twice
+            # Spaced repetition: recalling twice in a day is not learning twice. A use dated
+            # after now was dated by a clock that ran ahead: it blocked every use for as long.
+            if last is not None and timedelta(0) <= now - last < spacing:
+                continue
             since = last or record.created_at
             new = round(reinforced(record.importance, since, now), 6)
             if record.importance >= PERMANENT and new <= record.importance:

@@ -122,13 +122,14 @@ class Counters:
         moods = moods_of(episode.meta)
         if not moods:
             return
-        since = message.ts - timedelta(days=self.options.emotion_window_days)
+        window = timedelta(days=self.options.emotion_window_days)
+        since = message.ts - window
+        bound = _as_of(message, memory.clock.now(), window)
         for mood in moods:
             # Only the records that state this mood: a heavy user's week is thousands of messages.
             stated = await memory.store.recent(
                 user, since=since, kinds=["episode"], limit=10_000, meta_has=("emotions", mood)
             )
-            bound = max(memory.clock.now(), message.ts)
             said = [r for r in stated if _before(r, episode, bound) and mood in moods_of(r.meta)]
             # The message itself always counts, even when it is older than what `recent` returned.
             said = [*sorted(said, key=lambda r: r.id or 0), episode]
@@ -207,8 +208,9 @@ class Counters:
             # Itself, even when the nearest are all earlier copies of it (equal vectors, and ties
             # go to the older): someone who says the very same thing often.
             found.setdefault(episode.id, episode)
-        since = message.ts - timedelta(days=self.options.topic_window_days)
-        bound = max(memory.clock.now(), message.ts)
+        window = timedelta(days=self.options.topic_window_days)
+        since = message.ts - window
+        bound = _as_of(message, memory.clock.now(), window)
         earlier = [
             r
             for r in found.values()
@@ -216,7 +218,11 @@ class Counters:
         ]
         # The mention before this one however long ago (the window counts, a return measures
         # the silence: a topic back after 91 quiet days had no earlier mention in a 90-day window).
-        previous = max(earlier, key=lambda r: (r.created_at, r.id or 0), default=None)
+        previous = max(
+            (r for r in earlier if r.created_at <= episode.created_at),
+            key=lambda r: (r.created_at, r.id or 0),
+            default=None,
+        )
         quiet = (
             None if previous is None else (episode.created_at - previous.created_at).total_seconds() / 86_400
         )
@@ -411,10 +417,19 @@ def _not_after(record: MemoryRecord, reference: MemoryRecord) -> bool:
     return (record.id or 0) <= (reference.id or 0)
 
 
+def _as_of(message: Message, now: datetime, window: timedelta) -> datetime:
+    """The latest time a mention counted with ``message`` may be dated: the clock's now, or the
+    message's time if later (a mention dated ahead, a device clock running ahead, is not counted
+    before its time, as the patterns' readout has it), and no later than the counting window
+    after the message (one that arrives late counts the week it was said in, whose days after
+    it the readout counts too). Up to now alone, a message of last year imported after this
+    week's counted this week's: a "said 'tired' 3 times this week" scene dated a year ago quoted
+    messages a year apart."""
+    return min(max(now, message.ts), message.ts + window)
+
+
 def _before(record: MemoryRecord, reference: MemoryRecord, bound: datetime) -> bool:
-    """Written before ``reference``, and dated no later than ``bound`` (the clock's now, or the
-    message's time if later): a mention dated ahead (a device clock running ahead) is not counted
-    before its time, as the patterns' readout has it."""
+    """Written before ``reference``, and dated no later than ``bound`` (:func:`_as_of`)."""
     return _not_after(record, reference) and record.id != reference.id and record.created_at <= bound
 
 
