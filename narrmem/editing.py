@@ -8,12 +8,12 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from narrmem import logs
 from narrmem.ingest import as_message, check_not_ahead
-from narrmem.models import MAX_META_BYTES, IngestResult, MemoryRecord, Message, Scope
+from narrmem.models import MAX_META_BYTES, IngestResult, MemoryRecord, Message, Scope, edit_time
 
 if TYPE_CHECKING:
     from narrmem.config import Acknowledge
@@ -156,7 +156,8 @@ async def _replace(
         # Not an edit: platforms send updates that keep the text (a pin, a link preview). Taken
         # as one, it dropped the memory's reinforcement and history for a copy of itself.
         return _unchanged(edited, before, "the stored text is the same: nothing was edited")
-    stale = _older_edit(edited, before)
+    latest = memory.clock.now() + timedelta(seconds=memory.settings.storage.max_ts_ahead_s)
+    stale = _older_edit(edited, before, latest)
     if stale is not None:
         return stale
     edits = [e for r in before for e in _earlier_edits(r)]
@@ -188,12 +189,14 @@ async def _replace(
     return result
 
 
-def _older_edit(edited: Message, before: list[MemoryRecord]) -> IngestResult | None:
+def _older_edit(edited: Message, before: list[MemoryRecord], latest: datetime) -> IngestResult | None:
     """The answer to an edit older than the one stored, by ``meta.edited_at`` (the integrations
     set it; an HTTP client may): a retry of an earlier edit that arrives after a later one would
-    replace the newer text with the older. ``None``: ``edited`` is newer, or either is undated."""
+    replace the newer text with the older. ``None``: ``edited`` is newer, or either is undated. A
+    stored date past ``latest`` (the clock's now and the time ahead taken) is none: stored before
+    such dates were refused, it would refuse every edit after it."""
     sent = _edited_at(edited.meta)
-    stored = [t for r in before if (t := _edited_at(r.meta)) is not None]
+    stored = [t for r in before if (t := _edited_at(r.meta)) is not None and t <= latest]
     if sent is None or not stored or sent >= max(stored):
         return None
     return _unchanged(
@@ -214,14 +217,11 @@ def _unchanged(edited: Message, before: list[MemoryRecord], reason: str) -> Inge
 
 
 def _edited_at(meta: dict[str, Any]) -> datetime | None:
-    value = meta.get("edited_at")
-    if not isinstance(value, str):
-        return None
+    # A stored memory's meta may predate the check a message's meta now gets (edit_time).
     try:
-        at = datetime.fromisoformat(value)
+        return edit_time(meta)
     except ValueError:
         return None
-    return at if at.tzinfo is not None else None
 
 
 def _forgotten_since(edited: Message) -> IngestResult:

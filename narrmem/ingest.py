@@ -41,6 +41,7 @@ from narrmem.models import (
     Message,
     TriageDecision,
     TriggerEvent,
+    edit_time,
 )
 from narrmem.store import FindsStoredMessages, MessageKey, WritesContext, WritesWhileEmbedding
 from narrmem.text import cjk_count
@@ -901,14 +902,17 @@ def check_not_ahead(messages: Sequence[Message], now: datetime, limit_s: float) 
     ran a year ahead stored a mood a year ahead, which every later week then counted, and a
     trigger that fired on it held the real one back until that date."""
     for index, message in enumerate(messages):
-        ahead = (message.ts - now).total_seconds()
-        if ahead > limit_s:
-            field = "ts" if len(messages) == 1 else f"messages[{index}].ts"
-            raise InputError(
-                f"is {ahead / 3600:.1f} hours past the memory's clock ({now.isoformat()}); at most "
-                f"{limit_s / 3600:g} hours ahead is taken ([storage] max_ts_ahead_s)",
-                field=field,
-            )
+        # An edit dated far ahead was the newest for ever: every later edit was refused as older.
+        edited = edit_time(message.meta)
+        for name, at in (("ts", message.ts), ("meta.edited_at", edited)):
+            ahead = 0.0 if at is None else (at - now).total_seconds()
+            if ahead > limit_s:
+                field = name if len(messages) == 1 else f"messages[{index}].{name}"
+                raise InputError(
+                    f"is {ahead / 3600:.1f} hours past the memory's clock ({now.isoformat()}); at most "
+                    f"{limit_s / 3600:g} hours ahead is taken ([storage] max_ts_ahead_s)",
+                    field=field,
+                )
 
 
 def as_message(message: Message | dict[str, Any], index: int | None) -> Message:

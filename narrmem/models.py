@@ -41,6 +41,7 @@ NO_NUL_SCHEMA: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
 IdStr = Field(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA)
 KIND_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 _TIME_TEXT: TypeAdapter[datetime] = TypeAdapter(datetime)
+EDITED_AT = "edited_at"  # the key of meta an edit's date is in
 _NUMBER = re.compile(r"[+-]?\d+(\.\d*)?([eE][+-]?\d+)?")
 
 Layer = Literal["ignore", "accumulate", "scene"]
@@ -164,7 +165,9 @@ class Message(ClientInput, metaclass=_InputErrors):
     @field_validator("meta")
     @classmethod
     def _meta_is_json(cls, meta: dict[str, Any]) -> dict[str, Any]:
-        return json_object(meta)
+        meta = json_object(meta)
+        edit_time(meta)
+        return meta
 
     @field_validator("ts", mode="before")
     @classmethod
@@ -177,6 +180,24 @@ class Message(ClientInput, metaclass=_InputErrors):
         return check_time_range(ts)
 
     _ids_without_nul = field_validator("user_id", "chat_id", "message_id", "tenant", "speaker")(no_nul)
+
+
+def edit_time(meta: dict[str, Any]) -> datetime | None:
+    """``meta.edited_at``, when an edit was made (``None`` or left out: undated), held to what
+    ``ts`` is: an edit's date decides which of two edits is the newer, and one that could not be
+    read (Telegram's ``edit_date`` as a number, a time without its offset) was taken as undated,
+    so a late retry of an earlier edit replaced the newer text without a word to the client."""
+    value = meta.get(EDITED_AT)
+    if value is None:
+        return None
+    try:
+        read = a_time(value)
+        if not isinstance(read, datetime) or read.tzinfo is None or read.utcoffset() is None:
+            raise ValueError("must carry a timezone")
+        return check_time_range(read)
+    except (ValueError, PydanticCustomError) as exc:
+        reason = exc.message() if isinstance(exc, PydanticCustomError) else str(exc)
+        raise ValueError(f"{EDITED_AT}: {reason}") from None
 
 
 def a_time(value: object) -> object:

@@ -165,6 +165,37 @@ async def test_a_closed_memory_is_503_with_retry_after(tmp_path: Path) -> None:
         assert answer.headers["retry-after"] == str(RETRY_UNAVAILABLE_AFTER_S)
 
 
+async def test_an_edit_date_that_cannot_be_compared_is_refused_naming_it(
+    served: tuple[Memory, httpx.AsyncClient],
+) -> None:
+    """Telegram's ``edit_date`` is a number: sent as it came, it was taken as no date (200), and a
+    late retry of an earlier edit replaced the newer text; an edit dated 2999 was the newest for
+    ever, every later one refused as older. Both are a 422 naming ``meta.edited_at`` now, and the
+    stored text stays."""
+    memory, client = served
+    await client.post("/v1/ingest", json=msg("m1", "I adopted a greyhound named Pixel"))
+    before = await store_fingerprint(memory)
+    undated = ("2026-06-01T11:02:00", "yesterday", {"at": 1})
+    for bad in (1780315320, "1780315320", *undated, "2999-01-01T00:00:00Z"):
+        body = {**msg("m1", "I adopted a greyhound named Rex"), "meta": {"edited_at": bad}}
+        for path in ("/v1/edit", "/v1/ingest"):
+            answer = await client.post(path, json=body)
+            assert answer.status_code == 422, (path, bad, answer.text)
+            assert "edited_at" in answer.text
+    assert await store_fingerprint(memory) == before
+    with pytest.raises(InputError) as error:
+        await memory.edit({**msg("m1", "I adopted a greyhound named Rex"), "meta": {"edited_at": 1780315320}})
+    assert error.value.field == "meta" and "edited_at" in str(error.value)
+    later = await memory.edit(
+        {**msg("m1", "I adopted a greyhound named Rex"), "meta": {"edited_at": "2026-06-02T11:02:00Z"}}
+    )
+    assert later.stored is True  # a day ahead at most, as ts
+    too_far = {**msg("m1", "I adopted a greyhound named Max"), "meta": {"edited_at": "2026-06-05T11:02:00Z"}}
+    with pytest.raises(InputError) as error:
+        await memory.edit(too_far)
+    assert error.value.field == "meta.edited_at"
+
+
 async def test_an_older_edit_arriving_after_a_newer_one_changes_nothing(
     served: tuple[Memory, httpx.AsyncClient],
 ) -> None:
