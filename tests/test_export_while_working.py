@@ -16,6 +16,7 @@ import pytest
 from _helpers import msg
 
 from narrmem import hookimpl
+from narrmem.doors import transfer
 from narrmem.doors.importing import import_jsonl
 from narrmem.doors.server import KeyFile, KeyRing, create_app
 from narrmem.doors.transfer import (
@@ -200,9 +201,13 @@ async def _tenant_a_forget_pending(memory: Memory) -> None:
     assert [job.tenant for job in await memory.store.pending_forgets()] == ["A"]
 
 
-async def test_a_tenant_export_is_neither_blocked_nor_told_of_another_tenant_forget(tmp_path: Path) -> None:
+async def test_a_tenant_export_is_neither_blocked_nor_told_of_another_tenant_forget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Tenant A's unfinished forget deletes nothing of tenant B's: B's export goes on, and no
     error shows B's caller A's scope. A's own export (and the whole store's) is refused."""
+    # A forget left unfinished on purpose: the export need not wait for it to end.
+    monkeypatch.setattr(transfer, "FORGETS_WAIT_S", 0.2)
     async with open_memory(tmp_path / "m", plugins=[_FailingScrub()]) as memory:
         await _tenant_a_forget_pending(memory)
         lines = [json.loads(text) async for _, text in export_text(memory, tenant="B")]
@@ -218,9 +223,13 @@ async def test_a_tenant_export_is_neither_blocked_nor_told_of_another_tenant_for
         assert "alice-secret-id" in str(refused.value)  # tenant A's own caller is told its scope
 
 
-async def test_a_tenant_key_export_over_http_ignores_another_tenant_forget(tmp_path: Path) -> None:
+async def test_a_tenant_key_export_over_http_ignores_another_tenant_forget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Tenant B's key asks ``/v1/export`` while tenant A's forget is not finished: 200 with B's
     memories, and nothing of A's (its user's id above all) in the answer."""
+    # A forget left unfinished on purpose: the export need not wait for it to end.
+    monkeypatch.setattr(transfer, "FORGETS_WAIT_S", 0.2)
     folder = tmp_path / "m"
     folder.mkdir()
     _, key_a = KeyFile(folder).create("A")

@@ -17,6 +17,7 @@ from _helpers import msg, on_sqlite, sql, store_sql
 
 import narrmem
 from narrmem import hookimpl
+from narrmem.doors import transfer
 from narrmem.doors.transfer import export_store
 from narrmem.errors import PluginError, StoreError
 from narrmem.testing import open_memory
@@ -502,9 +503,13 @@ async def test_a_forget_finished_at_the_next_open_drops_what_the_stopped_process
         assert await mem.store.recent(narrmem.Scope(tenant="t", user_id="ann"), limit=100) == []
 
 
-async def test_an_export_refuses_a_store_whose_forget_is_not_finished(tmp_path: Path) -> None:
+async def test_an_export_refuses_a_store_whose_forget_is_not_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A process stopped in the middle of forgetting Bob; then an export, which opens the folder
     read-only and so finishes nothing: it held Bob, and an import of it brought him back."""
+    # A forget left unfinished on purpose: the export need not wait for it to end.
+    monkeypatch.setattr(transfer, "FORGETS_WAIT_S", 0.2)
     folder = tmp_path / "store"
     async with open_memory(folder) as mem:
         await mem.ingest_many(_group_chat())
@@ -526,10 +531,14 @@ async def test_an_export_refuses_a_store_whose_forget_is_not_finished(tmp_path: 
     assert not any(marker.decode() in text for marker in BOB_MARKERS) and "ann" in text
 
 
-async def test_an_export_refuses_a_forget_whose_plugins_have_not_scrubbed(tmp_path: Path) -> None:
+async def test_an_export_refuses_a_forget_whose_plugins_have_not_scrubbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The store deleted Bob's memories, then a plugin failed to scrub (its service down) and the
     job stayed: the graph still holds his facts. An export then would carry them, and an import of
     it bring them back with no job to remove them; it is refused until the forget is finished."""
+    # A forget left unfinished on purpose: the export need not wait for it to end.
+    monkeypatch.setattr(transfer, "FORGETS_WAIT_S", 0.2)
     folder = tmp_path / "store"
     scrubber = _CrashingScrubber()
     async with open_memory(folder, plugins=[scrubber]) as mem:

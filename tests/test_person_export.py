@@ -5,6 +5,7 @@ anyone else is; reading it changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from _helpers import msg, on_sqlite, store_sql
 from narrmem_plugins.storage_postgres.escape import unesc
 
-from narrmem import InputError
+from narrmem import InputError, hookimpl
 from narrmem.clock import ManualClock
 from narrmem.doors.person_export import export_person
 from narrmem.doors.transfer import export_store
@@ -606,3 +607,51 @@ async def test_pages_of_a_scope_end_though_the_store_orders_times_otherwise_than
         pages.append([r.id for r in found])
         assert len(pages) < 10
     assert sorted(i for found in pages for i in found) == [1, 2]
+
+
+class _SlowForgetOf:
+    """A plugin whose part of one person's forget takes a while (a service of its own to tell)."""
+
+    narrmem_name = "slow_forget"
+
+    def __init__(self, user_id: str) -> None:
+        self.user_id = user_id
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    @hookimpl
+    async def narrmem_after_forget(self, user_id: str | None) -> None:
+        if user_id == self.user_id:
+            self.started.set()
+            await self.release.wait()
+
+
+async def test_another_persons_forget_under_way_waits_and_does_not_stop_the_export(tmp_path: Path) -> None:
+    """A forget of another person still under way when a person's export began, or when it
+    ended, failed the export (a data-access request answered at random while others asked to be
+    forgotten): the export waits for it to end, then goes on."""
+    from narrmem.doors.person_export import person_text
+
+    slow = _SlowForgetOf("bob")
+    async with open_memory(tmp_path / "data", plugins=[slow]) as memory:
+        for n in range(3):
+            await memory.ingest(msg(f"z{n}", f"I decided to study pottery, week {n}", user="zoe", chat="g"))
+            await memory.ingest(msg(f"b{n}", f"bob sails the harbour boats, week {n}", user="bob", chat="g"))
+        await memory.settle()
+        lines = person_text(memory, "default", "zoe")
+        await anext(lines)
+        forget = asyncio.create_task(memory.forget(user_id="bob"))
+        await slow.started.wait()  # under way as her export ends
+        asyncio.get_running_loop().call_later(0.3, slow.release.set)
+        assert [section async for section, _ in lines][-1] == "end"
+        assert (await forget)["memories"] >= 3
+        # Under way as it begins: the same.
+        slow.started.clear()
+        slow.release.clear()
+        slow.user_id = "zoe2"
+        await memory.ingest(msg("x1", "zoe2 keeps bees on the roof", user="zoe2", chat="h"))
+        forget = asyncio.create_task(memory.forget(user_id="zoe2"))
+        await slow.started.wait()
+        asyncio.get_running_loop().call_later(0.3, slow.release.set)
+        assert [section async for section, _ in person_text(memory, "default", "zoe")][-1] == "end"
+        await forget

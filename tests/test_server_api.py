@@ -17,6 +17,7 @@ import pytest
 from _helpers import answer_status, msg, read_posted, store_fingerprint
 
 from narrmem.clock import ManualClock
+from narrmem.doors import transfer
 from narrmem.doors.cli import main
 from narrmem.doors.person_export import export_person
 from narrmem.doors.server import KeyFile, KeyRing, WebhookOptions, create_app
@@ -663,8 +664,12 @@ def test_an_address_it_cannot_listen_on_is_an_error_naming_the_option(
     assert "field '--queries'" in capsys.readouterr().err
 
 
-async def test_an_export_refused_for_an_unfinished_forget_is_a_409_not_a_cut_stream(srv: Server) -> None:
+async def test_an_export_refused_for_an_unfinished_forget_is_a_409_not_a_cut_stream(
+    srv: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The refusal came from inside the stream: a 200 whose body stopped after its header."""
+    # A forget left unfinished on purpose: the export need not wait for it to end.
+    monkeypatch.setattr(transfer, "FORGETS_WAIT_S", 0.2)
     await srv.client.post("/v1/ingest", json=msg("m1", "I decided to learn the cello"))
     await srv.memory.store.begin_forget(tenant="default", user_id="u1", chat_id=None)
     answer = await srv.client.get("/v1/export")

@@ -8,11 +8,13 @@ line and field, and nothing from that file is half-written.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import io
 import json
 import re
+import time
 from array import array
 from collections.abc import (
     AsyncGenerator,
@@ -34,7 +36,7 @@ from narrmem import logs
 from narrmem.checks import SQLITE_MAX_INT, JsonShapeError, check_time_range, has_surrogate, loads_json
 from narrmem.doors import export_files
 from narrmem.errors import InputError, PluginError, StoreError
-from narrmem.models import MAX_ID_CHARS, MemoryRecord, Message, no_nul
+from narrmem.models import MAX_ID_CHARS, ForgetJob, MemoryRecord, Message, no_nul
 from narrmem.state_checks import NOT_IMPORTED
 from narrmem.store import CountsForgets, ReadsHistories, Store
 
@@ -50,6 +52,8 @@ PERSON_FORMAT = "narrmem-person"
 EXPORT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 MEMORIES, IMPORTANCE, STATE, END = "memories", "importance", "state", "end"
+FORGETS_WAIT_S = 10.0  # how long an export waits for a forget under way to end, see _forgets_under_way
+FORGETS_POLL_S = 0.05
 PLUGIN_SECTION = re.compile(r"[A-Za-z0-9_]+\.[A-Za-z0-9_.]+")  # "<plugin>.<name>"
 log = logs.logger("narrmem.transfer")
 V = TypeVar("V", bound=BaseModel)
@@ -390,7 +394,7 @@ async def no_forget_pending(memory: Memory, *, tenant: str | None = None) -> Non
 
     With ``tenant`` (a tenant's export), only that tenant's forgets count: another tenant's deletes
     nothing the export holds, and its scope is not this caller's to read."""
-    pending = [job for job in await memory.store.pending_forgets() if tenant is None or job.tenant == tenant]
+    pending = await _forgets_under_way(memory, tenant)
     if pending:
         scopes = "; ".join(
             f"job {job.id}: tenant {job.tenant!r}"
@@ -405,12 +409,27 @@ async def no_forget_pending(memory: Memory, *, tenant: str | None = None) -> Non
         )
 
 
+async def _forgets_under_way(memory: Memory, tenant: str | None) -> list[ForgetJob]:
+    """The forgets (of ``tenant``, when given) not finished after waiting up to
+    :data:`FORGETS_WAIT_S` for them to end: one under way (another person's, a second or two)
+    failed a person's export at random, begun or ending while it ran; one left by a stopped
+    process or a plugin that failed is still there after the wait."""
+    deadline = time.monotonic() + FORGETS_WAIT_S
+    while True:
+        jobs = await memory.store.pending_forgets()
+        pending = [job for job in jobs if tenant is None or job.tenant == tenant]
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        await asyncio.sleep(FORGETS_POLL_S)
+
+
 async def _all_still_stored(memory: Memory, tenant: str, ids: array[int]) -> bool:
     """Whether a tenant's export is whole though forgets began while it was read: none of the
-    tenant's is unfinished, and every memory exported is still stored (a forget deleted none of
-    them). Forgets of other tenants delete nothing such an export holds: one failed it (a tenant's
-    backup failed whenever another tenant's user was forgotten meanwhile), and told it so."""
-    if any(job.tenant == tenant for job in await memory.store.pending_forgets()):
+    tenant's is unfinished (once those under way have ended), and every memory exported is still
+    stored (a forget deleted none of them). Forgets of other tenants delete nothing such an export
+    holds: one failed it (a tenant's backup failed whenever another tenant's user was forgotten
+    meanwhile), and told it so."""
+    if await _forgets_under_way(memory, tenant):
         return False
     for start in range(0, len(ids), 1000):
         part = ids[start : start + 1000].tolist()
