@@ -866,16 +866,16 @@ def touches(job: ForgetJob, key: ScopeKey) -> bool:
     return (job.user_id in (None, user_id) and job.chat_id in (None, chat_id)) or chat_id in job.sources
 
 
-def message_id_list(message_ids: Sequence[str]) -> list[str]:
+def message_id_list(message_ids: Sequence[str], field: str = "message_ids") -> list[str]:
     if isinstance(message_ids, str) or not isinstance(message_ids, Sequence):
-        raise InputError("must be a list of message ids", field="message_ids")
+        raise InputError("must be a list of message ids", field=field)
     for i, mid in enumerate(message_ids):
         if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID_CHARS:
-            raise InputError(f"must be a string of 1 to {MAX_ID_CHARS} characters", field=f"message_ids[{i}]")
+            raise InputError(f"must be a string of 1 to {MAX_ID_CHARS} characters", field=f"{field}[{i}]")
         if has_surrogate(mid):
-            raise InputError("holds a lone surrogate (not valid Unicode)", field=f"message_ids[{i}]")
+            raise InputError("holds a lone surrogate (not valid Unicode)", field=f"{field}[{i}]")
         if "\x00" in mid:
             # No message is stored under it (ingest refuses one); on PostgreSQL the forget job
             # recorded for it failed every later open.
-            raise InputError("must not hold a NUL character", field=f"message_ids[{i}]")
+            raise InputError("must not hold a NUL character", field=f"{field}[{i}]")
     return list(message_ids)

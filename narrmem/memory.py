@@ -16,6 +16,7 @@ from narrmem import recall as recall_pipeline
 from narrmem.checks import aware_time_argument, sequence_argument
 from narrmem.config import Acknowledge
 from narrmem.errors import InputError
+from narrmem.forgetting import message_id_list
 from narrmem.importance import memory_id_list
 from narrmem.ingest import TriggerCallback, as_message, attributed, speaker_of
 from narrmem.lifecycle import MemoryLifecycle, while_open
@@ -126,9 +127,8 @@ class Memory(MemoryLifecycle):
         but for ``exclude_message_ids``. Recall waits for its scope's by itself, but for the
         messages it leaves out (the one being answered)."""
         scope = None if tenant is None else scope_of(tenant, user_id, chat_id)
-        if isinstance(exclude_message_ids, str):
-            raise InputError("must be a list of message ids, not one string", field="exclude_message_ids")
-        await self._inbox.written(scope, frozenset(exclude_message_ids))
+        left_out = message_id_list(exclude_message_ids, "exclude_message_ids")
+        await self._inbox.written(scope, frozenset(left_out))
 
     @while_open
     async def triage(self, message: Message | dict[str, Any]) -> TriageDecision:
@@ -196,7 +196,9 @@ class Memory(MemoryLifecycle):
             snippet_tokens=snippet_tokens,
             reinforce=reinforce and not self.read_only,
             reason=reinforce_reason,
-            exclude_message_ids=list(exclude_message_ids),
+            # Checked as a forget's are: an id no message can have (NUL, a lone surrogate) is a
+            # client's bug to tell, not a filter that never matches.
+            exclude_message_ids=message_id_list(exclude_message_ids, "exclude_message_ids"),
             asked_at=asked_at,
         )
         return await recall_pipeline.run(self, request)

@@ -86,6 +86,7 @@ class SceneOut(BaseModel):
     base_importance: float = Field(description="the stored importance decay starts from")
     tags: list[str]
     created_at: datetime
+    chat_id: str = Field(description="the chat the scene was said in (its messages' chat)")
     message_ids: list[str]
     source: str
 
@@ -122,6 +123,7 @@ def _out(record: MemoryRecord, now: dict[int, float]) -> SceneOut:
         base_importance=record.importance,
         tags=[str(t) for t in record.meta.get("tags", [])],
         created_at=record.created_at,
+        chat_id=record.chat_id,
         message_ids=record.message_ids,
         source=str(record.meta.get("source", "message")),
     )

@@ -638,6 +638,16 @@ async def test_persona_falls_back_to_the_users_default(mem: Memory) -> None:
     assert await described(user_id="u1", chat_id="c9") == "chat self"
     assert await described(user_id="u1", chat_id="c1") == "default self"
     assert await described(user_id="u2") is None
+    # Asked without a chat: the default, and each chat's own (an inspector showed "none set" for
+    # a user whose persona was set for one chat, which the bot was given there).
+    await mem.call_tool("persona_set", {"user_id": "u2", "chat_id": "c2", "description": "only here"})
+    await mem.call_tool("persona_set", {"user_id": "u2", "chat_id": "c2", "description": "only here, v2"})
+    everywhere = await mem.call_tool("persona_get", {"user_id": "u2"})
+    assert everywhere["persona"] is None
+    assert [(p["chat_id"], p["description"]) for p in everywhere["chats"]] == [("c2", "only here, v2")]
+    both = await mem.call_tool("persona_get", {"user_id": "u1"})
+    assert [(p["chat_id"], p["description"]) for p in both["chats"]] == [("c9", "chat self")]
+    assert (await mem.call_tool("persona_get", {"user_id": "u1", "chat_id": "c9"}))["chats"] == []
 
 
 # --- context_rewrite ----------------------------------------------------------------------------

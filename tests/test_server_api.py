@@ -24,7 +24,7 @@ from narrmem.doors.server import KeyFile, KeyRing, WebhookOptions, create_app
 from narrmem.doors.server.events import event_id
 from narrmem.doors.server.openapi import render
 from narrmem.doors.transfer import export_store
-from narrmem.errors import InputError
+from narrmem.errors import ConfigError, InputError
 from narrmem.memory import Memory
 from narrmem.models import TriggerEvent
 from narrmem.testing import open_memory
@@ -230,7 +230,7 @@ async def test_reads_context_turn_summary_history_users_tools(srv: Server) -> No
     assert [s["id"] for s in listed["scenes"]] == [scene]
     used = (await c.post("/v1/mark-used", json={"user_id": "u1", "memory_ids": [scene]})).json()
     assert "reinforced" in used
-    assert (await c.post("/v1/decay")).status_code == 200
+    assert (await c.post("/v1/decay", json={})).status_code == 200
 
 
 async def test_export_streams_jsonl(srv: Server) -> None:
@@ -372,7 +372,7 @@ async def test_a_key_reaches_only_its_tenant(tmp_path: Path) -> None:
             ("GET", "/v1/export", {"params": {"tenant": "B"}}),
             ("GET", "/v1/export/person", {"params": {"tenant": "B", "user_id": "u1"}}),
             ("GET", f"/v1/memories/{scene}/history", {"params": {"tenant": "B"}}),
-            ("POST", "/v1/decay", {}),
+            ("POST", "/v1/decay", {"json": {}}),
         ]:
             response = await srv.refused(403, method, path, headers=a, **kwargs)
             assert "tenant" in response.json()["detail"]
@@ -416,7 +416,7 @@ async def test_a_key_file_that_goes_away_does_not_open_the_server(tmp_path: Path
             ("GET", "/v1/users", {"params": {"tenant": "B"}}),
             ("GET", "/v1/export", {}),
             ("POST", "/v1/recall", {"json": {"query": "job", "scope": {"tenant": "B", "user_id": "u1"}}}),
-            ("POST", "/v1/decay", {}),
+            ("POST", "/v1/decay", {"json": {}}),
         ]:
             await srv.refused(401, method, path, **kwargs)
             await srv.refused(401, method, path, headers=b, **kwargs)
@@ -544,6 +544,22 @@ async def test_cors_is_off_by_default(tmp_path: Path) -> None:
     async for srv in _server(tmp_path / "b", cors_origins=["http://elsewhere.test"]):
         response = await srv.client.options("/v1/recall", headers=preflight)
         assert response.headers["access-control-allow-origin"] == "http://elsewhere.test"
+
+
+async def test_any_origin_is_refused_on_a_server_without_keys(tmp_path: Path) -> None:
+    """``--cors-origin '*'`` let every web page read the export and pass the preflight of a forget
+    on a server without keys; with keys, a page still needs one."""
+    async with open_memory(tmp_path / "m") as memory:
+        with pytest.raises(ConfigError, match="cors-origin"):
+            create_app(memory, cors_origins=["*"])
+        with pytest.raises(ConfigError, match="cors-origin"):
+            create_app(
+                memory, cors_origins=["https://mine.example", "*"], keys=KeyRing.in_folder(tmp_path / "m")
+            )
+        KeyFile(tmp_path / "m").create("A")
+        create_app(memory, cors_origins=["*"], keys=KeyRing.in_folder(tmp_path / "m", reload_seconds=0))
+    serve = ["serve", "--data", str(tmp_path / "n"), "--cors-origin", "*", "--port", "0"]
+    assert await asyncio.wait_for(asyncio.to_thread(main, serve), 60) == 2
 
 
 def test_checked_in_openapi_schema_matches_the_app() -> None:
@@ -1212,7 +1228,7 @@ async def test_every_answer_is_typed_and_what_the_server_sends_fits_it(tmp_path:
         await srv.client.post("/v1/ingest", json=msg("m1", "I adopted a cat"))
         stats = await answered(srv, "GET", "/v1/stats", "/v1/stats")
         assert "narrmem.server.forgets" in stats["plugins"]  # a name that stays the same after a restart
-        await answered(srv, "POST", "/v1/decay", "/v1/decay")
+        await answered(srv, "POST", "/v1/decay", "/v1/decay", json={})
     for method, route, body in sent:
         errors = [
             e.message

@@ -131,6 +131,55 @@ async def test_a_body_not_sent_as_json_is_415_naming_the_content_type(
     assert bad_query.status_code == 422
 
 
+async def test_a_page_of_another_site_cannot_start_the_decay_pass(
+    served: tuple[Memory, httpx.AsyncClient],
+) -> None:
+    """A form, or an empty body, is posted by any page without the browser asking first: with no
+    body to check, ``/v1/decay`` ran the store-wide pass for it on a server without keys."""
+    memory, client = served
+    await client.post("/v1/ingest", json=msg("m1", "I adopted a greyhound named Pixel"))
+    before = await store_fingerprint(memory, keyword_tables=False)
+    site = {"origin": "https://elsewhere.example"}
+    for headers, content in [
+        ({"content-type": "application/x-www-form-urlencoded"}, b"a=1"),
+        ({"content-type": "text/plain"}, b""),
+        ({"content-type": "multipart/form-data; boundary=x"}, b"--x--"),
+        ({}, b""),
+    ]:
+        refused = await client.post("/v1/decay", content=content, headers={**site, **headers})
+        assert refused.status_code in (415, 422), (headers, refused.text)
+    assert await store_fingerprint(memory, keyword_tables=False) == before  # no pass ran
+    ran = await client.post("/v1/decay", json={})
+    assert ran.status_code == 200 and ran.json()["memories"] >= 1
+    assert (await client.post("/v1/decay", json={"now": "2027-01-01T00:00:00Z"})).status_code == 422
+
+
+async def test_ids_left_out_of_a_context_are_checked_as_a_deletes_are(
+    served: tuple[Memory, httpx.AsyncClient],
+) -> None:
+    """NUL, a lone surrogate, an empty or a 5,000-character id in ``exclude_message_ids`` were
+    taken (200, a filter that matches nothing), where ``/v1/messages/delete`` refuses them."""
+    _, client = served
+    await client.post("/v1/ingest", json=msg("m1", "I adopted a greyhound named Pixel"))
+    for bad in ("a\\u0000b", "\\ud800", "", "x" * 5000):
+        body = f'{{"text": "my dog?", "user_id": "u1", "exclude_message_ids": ["m1", "{bad}"]}}'
+        for path in ("/v1/context", "/v1/recall"):
+            sent = (
+                body
+                if path == "/v1/context"
+                else body.replace('"text"', '"query"').replace(
+                    '"user_id": "u1"', '"scope": {"user_id": "u1"}'
+                )
+            )
+            answer = await client.post(path, content=sent, headers={"content-type": "application/json"})
+            assert answer.status_code == 422, (path, bad, answer.text)
+            assert answer.json()["field"] == "exclude_message_ids[1]", answer.text
+    good = await client.post(
+        "/v1/context", json={"text": "my dog?", "user_id": "u1", "exclude_message_ids": ["m2"]}
+    )
+    assert good.status_code == 200
+
+
 async def test_an_ingest_sent_again_names_the_memories_the_first_call_stored(
     served: tuple[Memory, httpx.AsyncClient],
 ) -> None:

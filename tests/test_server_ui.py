@@ -222,6 +222,11 @@ async def crowd(mem: Memory) -> None:
     task = {"user_id": "ann", "chat_id": "work", "task_id": "draft_cv", "description": "write the CV"}
     await mem.call_tool("task_create", task)
     await mem.ingest(msg("o1", "I adopted a greyhound named Pixel", user="ann", chat="dm", tenant="other"))
+    # bob: a persona of one chat's own, and a stranger's word of 3,000 letters.
+    await mem.call_tool(
+        "persona_set", {"user_id": "bob", "chat_id": "pc", "description": "a pirate who rhymes"}
+    )
+    await mem.ingest(msg("b2", "I decided to name my boat " + "A" * 3000, user="bob", chat="dm-bob"))
 
 
 @pytest.fixture
@@ -330,6 +335,7 @@ def test_forgetting_a_scene_refreshes_the_users_counts(browser_page: Any) -> Non
     assert before["user_id"] == "ann" and before["scenes"] == count
     expect(page.locator("#user-meta")).to_contain_text(f"{before['memories']} memories, {count} scenes")
     page.locator("#scenes li", has_text="marathon").locator(".forget-scene").click()
+    page.uncheck("#confirm-also")  # the scene alone: its message stays
     page.click("#confirm-ok")
     expect(scenes).to_have_count(count - 1)
     fresh = f"{before['memories'] - 1} memories, {count - 1} scenes"
@@ -367,3 +373,50 @@ def test_the_patterns_caption_says_where_the_counts_come_from(browser_page: Any)
     page.click('#users button[data-user="ann"]')
     expect(page.locator("#patterns-panel")).to_contain_text("Read from the store")
     expect(page.locator("#patterns-panel")).not_to_contain_text("since it started")
+
+
+def test_forgetting_a_scene_with_its_messages_leaves_the_bot_nothing_of_it(
+    crowded: LiveServer, browser_page: Any
+) -> None:
+    """The dialog said the scene would be "deleted for good"; the message it came from, and the
+    fact drawn from it, stayed, and the bot was still given them."""
+    from playwright.sync_api import expect
+
+    def context() -> str:
+        ask = {"text": "what about my job at the bank?", "user_id": "ann", "reinforce": False}
+        return str(httpx.post(crowded.url + "/v1/context", json=ask).json()["rendered"])
+
+    page = browser_page
+    assert "quit my job at the bank" in context()
+    page.click('#users button[data-user="ann"]')
+    expect(page.locator("#facts")).to_contain_text("quit their job at the bank")
+    page.locator("#scenes li", has_text="quit my job").locator(".forget-scene").click()
+    expect(page.locator("#confirm-also-text")).to_contain_text("Also forget the message of chat dm-ann")
+    expect(page.locator("#confirm-also")).to_be_checked()
+    page.click("#confirm-ok")
+    expect(page.locator("#scenes li", has_text="quit my job")).to_have_count(0)
+    expect(page.locator("#facts")).not_to_contain_text("quit their job at the bank")
+    assert "bank" not in context()
+    # Unticked, the scene alone goes, as before.
+    page.locator("#scenes li", has_text="marathon").locator(".forget-scene").click()
+    page.uncheck("#confirm-also")
+    page.click("#confirm-ok")
+    expect(page.locator("#scenes li", has_text="marathon")).to_have_count(0)
+    ask = {"text": "did I run a marathon?", "user_id": "ann", "reinforce": False}
+    assert "marathon" in httpx.post(crowded.url + "/v1/context", json=ask).json()["rendered"]
+
+
+def test_a_chats_own_persona_is_shown_and_a_long_word_keeps_the_page_in_its_window(
+    browser_page: Any,
+) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.click('#users button[data-user="bob"]')
+    expect(page.locator("#persona")).to_contain_text("Persona in pc: a pirate who rhymes")
+    expect(page.locator("#persona")).to_contain_text("Persona (default): none set")
+    expect(page.locator("#scenes li", has_text="AAAA")).to_have_count(1)
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 1400, width  # the window's width: it was about 31,000 px
+    buttons = page.locator("#scenes li", has_text="AAAA").locator(".forget-scene").bounding_box()
+    assert buttons is not None and buttons["x"] < 1400

@@ -70,6 +70,28 @@ async def current_persona(db: GraphSQL, chat: GraphScope) -> PersonaView | None:
     )
 
 
+CHAT_PERSONAS_SHOWN = 100  # of a user's chats with a persona of their own, see chat_personas
+
+
+async def chat_personas(db: GraphSQL, scope: GraphScope) -> list[PersonaView]:
+    """The personas set for particular chats of ``scope``'s user (their default left out), by
+    chat, at most :data:`CHAT_PERSONAS_SHOWN`: what the bot is given there instead of the default."""
+    q = (
+        EdgeQuery()
+        .where("e.status = 'active'")
+        .where("e.relation = ?", HAS_PERSONA)
+        .where("nocase(s.name) = nocase(?)", AI)
+        .where("e.chat_id <> ?", DIRECT_CHAT)
+    )
+    edges = await select_edges(db, scope.user_wide(), q, order="e.chat_id, e.id", limit=CHAT_PERSONAS_SHOWN)
+    found = []
+    for chat_id in dict.fromkeys(edge.chat_id for edge in edges):
+        persona = await current_persona(db, GraphScope(scope.tenant, scope.user_id, chat_id))
+        if persona is not None:
+            found.append(persona)
+    return found
+
+
 async def persona_for(db: GraphSQL, scope: GraphScope) -> PersonaView | None:
     """The chat's own persona, else the user's default (set without a chat)."""
     found = await current_persona(db, scope.writing())

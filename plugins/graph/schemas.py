@@ -329,6 +329,11 @@ class PersonaGetInput(ScopeArgs):
 class PersonaGetOutput(_Strict):
     persona: PersonaOut | None
     rendered: str
+    chats: list[PersonaOut] = Field(
+        default_factory=list,
+        description="asked without chat_id: the personas set for particular chats of the user, which "
+        "the bot is given there instead of the default above (at most 100, by chat)",
+    )
 
 
 # --- context rewrite --------------------------------------------------------------------------

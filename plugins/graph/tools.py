@@ -11,7 +11,7 @@ from typing import Protocol
 
 from narrmem_plugins.graph.backend import GraphBackend
 from narrmem_plugins.graph.options import GraphOptions
-from narrmem_plugins.graph.persona import persona_for, set_persona
+from narrmem_plugins.graph.persona import chat_personas, persona_for, set_persona
 from narrmem_plugins.graph.purge import purge
 from narrmem_plugins.graph.recall import RecallParams, recall_graph
 from narrmem_plugins.graph.render import persona_text, recall_text
@@ -235,8 +235,11 @@ async def persona_set_tool(ctx: GraphContext, memory: MemoryView, args: PersonaS
 async def persona_get_tool(ctx: GraphContext, memory: MemoryView, args: PersonaGetInput) -> PersonaGetOutput:
     async with ctx.backend().read() as db:
         found = await persona_for(db, _scope(args))
+        chats = [] if args.chat_id is not None else await chat_personas(db, _scope(args))
     return PersonaGetOutput(
-        persona=PersonaOut(**found.as_dict()) if found else None, rendered=persona_text(found)
+        persona=PersonaOut(**found.as_dict()) if found else None,
+        rendered=persona_text(found),
+        chats=[PersonaOut(**persona.as_dict()) for persona in chats],
     )
 
 

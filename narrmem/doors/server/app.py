@@ -57,6 +57,7 @@ from narrmem.doors.server.replies import (
 )
 from narrmem.doors.server.schemas import (
     ContextBody,
+    DecayBody,
     DeleteMessages,
     ErrorBody,
     ForgetBody,
@@ -71,6 +72,7 @@ from narrmem.doors.server.schemas import (
 from narrmem.doors.transfer import export_header, export_text, no_forget_pending
 from narrmem.errors import (
     ClosedError,
+    ConfigError,
     InputError,
     NarrmemError,
     PluginError,
@@ -153,6 +155,13 @@ def create_app(
     ``body_timeout``: seconds a request body has to come whole (408 after; ``None``: no limit);
     ``metrics``: where the app counts its requests and ingests (see :mod:`narrmem.doors.server.metrics`);
     ``max_requests``: requests served at once, one more answered 503 (``None``: no limit)."""
+    if cors_origins and "*" in cors_origins and (keys is None or not keys.required):
+        # Any site's page could read every export and forget anyone: what a server without keys
+        # on an address others reach is refused for.
+        raise ConfigError(
+            "--cors-origin '*' lets every web page read and forget everything on a server without "
+            "keys: name the origins allowed, or create a key (`narrmem keys create --tenant TENANT`)"
+        )
     hub = TriggerHub(webhook, StillStored(memory))
     if shared_by_processes(memory.store) and isinstance(memory.store, Broadcasts):
         hub.relay_with(memory.store)  # every worker's streams carry every worker's events
@@ -648,8 +657,9 @@ def _write_routes(r: APIRouter) -> None:
         return {"reinforced": ids}
 
     @r.post("/decay", tags=["write"])
-    async def decay(caller: Caller, state: State) -> dict[str, int]:
-        """Run the decay pass now (every tenant: needs a server without keys)."""
+    async def decay(body: DecayBody, caller: Caller, state: State) -> dict[str, int]:
+        """Run the decay pass now (every tenant: needs a server without keys). The body is ``{}``,
+        sent as JSON: a form or an empty body, which any web page may post, is refused."""
         if caller.tenant is not None:
             raise HTTPException(403, "decay runs over every tenant: not with a tenant's key")
         return await state.memory.decay()

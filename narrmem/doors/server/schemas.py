@@ -214,7 +214,7 @@ class ContextBody(BodyScope):
 
     text: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the message being answered")
     k: int = Field(default=8, ge=1, le=200)
-    exclude_message_ids: list[str] = Field(default_factory=list, max_length=200)
+    exclude_message_ids: list[MessageIdItem] = Field(default_factory=list, max_length=200)
     token_budget: int | None = Field(default=None, ge=1, le=100_000, description="cut the rendered block")
     reinforce: bool = Field(
         default=True,
@@ -232,6 +232,12 @@ class TurnContextBody(_Strict):
     user_id: str = _id()
     chat_id: str = _id()
     tenant: str = _id("default")
+
+
+class DecayBody(_Strict):
+    """``{}``: the pass takes nothing. A JSON body is asked for all the same: a page of any site
+    may post a form, or nothing, without the browser asking first, and with no body to check
+    the store-wide pass ran for it on a server without keys."""
 
 
 class MarkUsedBody(BodyScope):

@@ -419,8 +419,16 @@ async function loadGraph() {
     tool("task_chains", { user_id: user, limit: TASKS_PER_CHAIN }),
   ]);
   if (!still()) return;
-  $("persona").replaceChildren(h("p", {}, h("b", {}, "Persona: "),
-    persona.persona ? persona.rendered : h("span", { class: "muted" }, "none set")));
+  // The default, then each chat's own (asked without a chat, the tool gives both): a persona
+  // set for one chat was shown as "none set" while the bot was given it there.
+  const personas = [h("p", {}, h("b", {}, persona.chats.length ? "Persona (default): " : "Persona: "),
+    persona.persona ? persona.rendered : h("span", { class: "muted" }, "none set"))];
+  for (const p of persona.chats) {
+    personas.push(h("p", { "data-chat": p.chat_id }, h("b", {}, `Persona in ${p.chat_id}: `),
+      p.description + (p.traits.length ? ` · traits: ${p.traits.join(", ")}` : "") +
+      (p.tone ? ` · tone: ${p.tone}` : "")));
+  }
+  $("persona").replaceChildren(...personas);
   const rows = graph.edges.map((e) => h("tr", {},
     h("td", {}, e.subject), h("td", {}, e.relation + (e.speculative ? " (speculative)" : "")),
     h("td", {}, e.object), h("td", {}, fmt(e.confidence)), h("td", {}, `${e.count}×`)));
@@ -456,10 +464,14 @@ async function loadPatterns() {
 
 // --- forgetting, with a confirmation step -----------------------------------------------------
 
-function confirmStep(title, text, expected) {
+// ``also``: the text of a choice offered beside it (ticked at first), read after with alsoChosen().
+function confirmStep(title, text, expected, also) {
   return new Promise((resolve) => {
     $("confirm-title").textContent = title;
     $("confirm-text").textContent = text;
+    $("confirm-also-box").hidden = !also;
+    $("confirm-also-text").textContent = also || "";
+    $("confirm-also").checked = true;
     $("confirm-type-box").hidden = !expected;
     $("confirm-expected").textContent = expected || "";
     $("confirm-typed").value = "";
@@ -476,17 +488,32 @@ function confirmStep(title, text, expected) {
   });
 }
 
+const alsoChosen = () => !$("confirm-also-box").hidden && $("confirm-also").checked;
+
+// The scene alone leaves the messages it came from, and what else was made of them (their words
+// as the bot is given them, facts): said "deleted for good", it left all that to the bot.
 async function forgetScene(scene) {
   if (!state.user) return;
   const { tenant, view } = state;
   const user = state.user.user_id;
   const core = sceneField(scene.text, ["Core: ", "核心："]) || scene.text;
-  if (!await confirmStep("Forget this scene?", `“${core}” will be deleted for good.`)) return;
+  const sources = scene.message_ids.length;
+  const also = sources
+    ? `Also forget the ${sources === 1 ? "message" : `${sources} messages`} of chat ${scene.chat_id} ` +
+      "it came from, with everything made of them (their words, facts drawn from them). " +
+      "Unticked, those stay, and the bot is still given them."
+    : "";
+  if (!await confirmStep("Forget this scene?", `“${core}” will be deleted for good.`, undefined, also)) return;
+  const sourcesToo = alsoChosen();
   if (view !== state.view) return;  // another tenant or user came up meanwhile
   try {
     await api("POST", "/tools/soul_narrative", { action: "forget", user_id: user, id: scene.id, tenant });
-    status(`scene ${scene.id} forgotten`);
+    if (sourcesToo) {
+      await api("POST", "/messages/delete", { chat_id: scene.chat_id, message_ids: scene.message_ids, tenant });
+    }
+    status(`scene ${scene.id} forgotten` + (sourcesToo ? ", with the messages it came from" : ""));
     if (state.selected === scene.id) $("importance-panel").hidden = true;
+    $("recall-results").replaceChildren();  // what it found may be gone
     await refreshUser();
   } catch (e) { status(e.message, true); }
 }
@@ -506,7 +533,9 @@ async function refreshUser() {
   state.user = fresh;
   drawUsers();
   drawHeader(fresh);
-  await loadScenes();
+  // What the scene's messages left may be gone from every panel, not the timeline alone.
+  await Promise.all([loadScenes(), loadSummary(), loadGraph(), loadPatterns()].map(
+    (p) => p.catch((e) => status(e.message, true))));
 }
 
 async function forgetUser() {
