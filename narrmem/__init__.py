@@ -3,6 +3,7 @@
 from narrmem.clock import Clock, ManualClock, SystemClock
 from narrmem.config import Settings, load_settings, plugin_options
 from narrmem.errors import (
+    ClockBehindError,
     ClosedError,
     ConfigError,
     InputError,
@@ -35,6 +36,7 @@ from narrmem.tools import Tool
 __all__ = [
     "Candidate",
     "Clock",
+    "ClockBehindError",
     "ClosedError",
     "ConfigError",
     "ContextLine",

@@ -41,6 +41,13 @@ class ConfigError(NarrmemError):
     """A config file, environment variable or plugin table is wrong."""
 
 
+class ClockBehindError(InputError):
+    """A message dated further past the memory's clock than it takes (``[storage]
+    max_ts_ahead_s``). From a client, its clock is ahead; from a source whose time is right (a
+    platform's: Telegram's, Discord's), the machine's clock is behind, and the bot integrations
+    keep the message until it agrees (:mod:`narrmem.doors.integrations.backlog`)."""
+
+
 class UnknownToolError(InputError):
     """A tool call names a tool nobody registered."""
 

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from narrmem import logs
-from narrmem.errors import InputError
+from narrmem.errors import ClockBehindError, InputError
 from narrmem.fence import ScopeKey, own_work
 from narrmem.in_flight import Call, CallsUnderWay
 from narrmem.model_child import SHORT_TEXTS
@@ -908,7 +908,7 @@ def check_not_ahead(messages: Sequence[Message], now: datetime, limit_s: float) 
             ahead = 0.0 if at is None else (at - now).total_seconds()
             if ahead > limit_s:
                 field = name if len(messages) == 1 else f"messages[{index}].{name}"
-                raise InputError(
+                raise ClockBehindError(
                     f"is {ahead / 3600:.1f} hours past the memory's clock ({now.isoformat()}); at most "
                     f"{limit_s / 3600:g} hours ahead is taken ([storage] max_ts_ahead_s)",
                     field=field,

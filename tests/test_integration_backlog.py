@@ -10,7 +10,7 @@ import asyncio
 import fcntl
 import json
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from _helpers import msg, store_sql
 from _pgproxy import behind_proxy
 from test_integrations import ANN, BOB, GUILD_ID, LIBRARIES, ROADMAP, DiscordHarness, episodes, open_harness
 
-from narrmem import ManualClock, Message, StoreUnavailableError, TriggerEvent
+from narrmem import ManualClock, Message, Scope, StoreUnavailableError, TriggerEvent
 from narrmem.doors.integrations import backlog as backlog_module
 from narrmem.doors.integrations import spool as spool_module
 from narrmem.doors.integrations._common import TriggerRoutes
@@ -414,3 +414,33 @@ async def test_the_suggestions_of_what_a_stopped_bot_left_waiting_are_said_at_it
             await bot.close()
     [(said_in, suggestion)] = bot.replies
     assert said_in == str(chat) and "3rd time" in suggestion
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+async def test_a_message_dated_past_a_clock_that_is_behind_waits_until_the_clock_agrees(
+    tmp_path: Path, library: str
+) -> None:
+    """A VM resumed three days late, its clock not set yet: every message the platform dated was
+    refused as too far ahead of the clock, logged, and lost for good."""
+    from test_integrations import T0
+
+    clock = ManualClock(T0 - timedelta(days=3))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        bot = await open_harness(library, memory)
+        try:
+            await bot.send(11, "I play the violin in an orchestra", user=ANN, chat=7, group=True)
+            await bot.send(12, "I moved to Lisbon in March", user=ANN, chat=7, group=True)
+            backlog = backlog_of(memory)
+            assert len(backlog) == 2
+            tenant, chat = bot.where(7, True)
+            assert not await memory.store.recent(Scope(tenant=tenant, chat_id=chat), limit=10)
+            clock.set(T0 + timedelta(minutes=1))  # the clock set right
+            await asyncio.wait_for(backlog.drained(), 30)
+            await memory.settle()
+            stored = await memory.store.recent(Scope(tenant=tenant, chat_id=chat), limit=10)
+        finally:
+            await bot.close()
+    assert {r.text for r in stored if r.kind == "episode"} == {
+        "I play the violin in an orchestra",
+        "I moved to Lisbon in March",
+    }
