@@ -35,7 +35,10 @@ async def begin_if_due(
     ``None`` then."""
     stored = await store.state_get(namespace, key)
     last = time_of(stored)
-    if last is not None and timedelta(0) <= now - last < DUE_AFTER * interval:
+    # A start noted a little ahead is another worker's whose clock runs ahead of this one's (by
+    # half an hour, both ran every pass); one noted further ahead than the interval was noted by
+    # a clock that was wrong, and is none (the schedule would stop until that time came).
+    if last is not None and -interval < now - last < DUE_AFTER * interval:
         return None
     note = {"at": now.isoformat()}
     if not await store.state_put_if(namespace, key, note, stored):

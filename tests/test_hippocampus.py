@@ -337,6 +337,23 @@ def test_decay_and_history_commands(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--now" in bad.stderr
 
 
+async def test_a_start_noted_by_a_clock_a_little_ahead_is_the_intervals_and_one_far_ahead_is_none(
+    tmp_path: Path,
+) -> None:
+    """A worker whose clock ran half an hour ahead noted a start "in the future": the other took
+    it for none, and both ran every pass. One noted a year ahead (a wrong clock) must not stop
+    the schedule for that year."""
+    from narrmem.scheduled import begin_if_due
+
+    hour = timedelta(hours=1)
+    async with await _memory(tmp_path, ManualClock(T0)) as mem:
+        assert await begin_if_due(mem.store, "test", "pass", T0 + timedelta(minutes=30), hour) is not None
+        assert await begin_if_due(mem.store, "test", "pass", T0, hour) is None  # the interval's
+        assert await begin_if_due(mem.store, "test", "pass", T0 + timedelta(minutes=85), hour) is not None
+        assert await begin_if_due(mem.store, "test", "pass", T0 + timedelta(days=365), hour) is not None
+        assert await begin_if_due(mem.store, "test", "pass", T0 + timedelta(hours=2), hour) is not None
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_the_scheduled_pass_runs_once_an_interval_across_the_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
