@@ -153,7 +153,11 @@ def narrmem_triage(memory: MemoryView, message: Message) -> TriageDecision | Non
 
 @hookspec
 def narrmem_before_store(
-    memory: MemoryView, message: Message, decision: TriageDecision, records: list[MemoryRecord]
+    memory: MemoryView,
+    message: Message,
+    decision: TriageDecision,
+    records: list[MemoryRecord],
+    unwritten: list[MemoryRecord],
 ) -> None:
     """Shape what is about to be written for a message triage did not ignore.
 
@@ -162,7 +166,13 @@ def narrmem_before_store(
     (a scene, a fact) that are written in the same transaction. Nothing is stored yet. The
     episode's text is already being embedded while this hook runs; a text a plugin changes or
     adds is embedded after it, so every record is stored with the vector of its own text.
+    ``unwritten``: the episodes of the same speaker in the same chat that came earlier in the
+    same call (a batch, an import), at most the last :data:`UNWRITTEN_KEPT`, oldest first: not
+    in the store yet, and what a look at the chat's recent messages must add to what it reads.
     """
+
+
+UNWRITTEN_KEPT = 12  # see narrmem_before_store
 
 
 @hookspec

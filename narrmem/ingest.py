@@ -19,6 +19,7 @@ returns once they are triaged and kept as they came, and :mod:`narrmem.inbox` ha
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from pydantic import ValidationError
 from narrmem import logs
 from narrmem.errors import ClockBehindError, InputError
 from narrmem.fence import ScopeKey, own_work
+from narrmem.hookspecs import UNWRITTEN_KEPT
 from narrmem.in_flight import Call, CallsUnderWay
 from narrmem.model_child import SHORT_TEXTS
 from narrmem.models import (
@@ -530,9 +532,19 @@ class IngestPipeline:
         writing: list[Pending] = []
         try:
             with self.fence.covering(prepared.held):
+                # The speaker's earlier episodes of the call by chat: a scene's window of the chat's
+                # recent messages read the store alone, and an import's scenes were each made as if
+                # the speaker had said nothing before them.
+                earlier: dict[tuple[str, str, str], collections.deque[MemoryRecord]] = {}
                 for n, item in enumerate(kept):
                     await yield_every(n)
-                    await self.memory.host.call("narrmem_before_store", **item.hook_arguments(self.memory))
+                    message = item.message
+                    speaker = (message.tenant, message.user_id, message.chat_id)
+                    said = earlier.setdefault(speaker, collections.deque(maxlen=UNWRITTEN_KEPT))
+                    await self.memory.host.call(
+                        "narrmem_before_store", **item.hook_arguments(self.memory), unwritten=list(said)
+                    )
+                    said.append(item.records[0])
                     item.context_lines = await self.context_lines(item)
             texts = [item.vector_text(r) for item in kept for r in item.records]
             embedded = set(prepared.texts)

@@ -201,3 +201,42 @@ async def test_a_history_imported_after_this_weeks_messages_is_counted_as_of_its
             Scope(tenant="default", user_id="u1"), kinds=["scene"], limit=100, meta_has=("type", "pattern")
         )
         assert patterns == []
+
+
+@pytest.mark.parametrize("how", ["one by one", "in one call", "after today's"])
+async def test_a_scene_of_an_imported_history_is_told_with_what_was_said_just_before_it(
+    tmp_path: Path, how: str
+) -> None:
+    """A scene's vibe comes from the speaker's messages of the two hours before it. Imported in
+    one call, the messages before it were not written yet; imported after today's messages, the
+    window read today's twelve newest and dropped them as later: either way the scene was told
+    as if nothing had been said before it."""
+    clock = ManualClock(T0 + timedelta(days=400))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        if how == "after today's":
+            today = [
+                msg(
+                    f"t{n}",
+                    f"went climbing with Tom at the gym, route {n} was hard",
+                    ts=at(400 - (60 - n) / 1440),
+                )
+                for n in range(15)
+            ]
+            await memory.ingest_many(today)
+        history = [
+            msg("h1", "I'm so stressed and anxious about work, I can't sleep", ts=at(35)),
+            msg("h2", "I decided to quit my job at the bank and start a bakery", ts=at(35 + 5 / 1440)),
+        ]
+        if how == "in one call":
+            await memory.ingest_many(history, history=True)
+        else:
+            for message in history:
+                await memory.ingest(message)
+        [scene] = [
+            r
+            for r in await memory.store.recent(
+                Scope(tenant="default", user_id="u1"), kinds=["scene"], limit=100
+            )
+            if "bakery" in r.text
+        ]
+        assert "stressed" in scene.text.split("Vibe:")[1].split("\n")[0], scene.text

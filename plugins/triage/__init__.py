@@ -35,6 +35,7 @@ from narrmem.products import inner_products
 from narrmem.view import MemoryView
 
 NAME = "triage"
+WINDOW_MESSAGES = 12  # the most a scene's window of the chat's recent messages holds
 
 BASE_IMPORTANCE = {
     "decision": 0.55,
@@ -192,7 +193,12 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
 
     @hookimpl
     async def narrmem_before_store(
-        self, memory: MemoryView, message: Message, decision: TriageDecision, records: list[MemoryRecord]
+        self,
+        memory: MemoryView,
+        message: Message,
+        decision: TriageDecision,
+        records: list[MemoryRecord],
+        unwritten: list[MemoryRecord],
     ) -> None:
         episode = records[0]
         moods = emotions_in(message.text)
@@ -200,7 +206,7 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
             episode.meta["emotions"] = moods
         if decision.layer != "scene":
             return
-        window = await self._window(memory, message)
+        window = await self._window(memory, message, unwritten)
         draft = await memory.host.call_first(
             "narrmem_compose_scene", memory=memory, message=message, decision=decision, window=window
         )
@@ -219,22 +225,32 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
         )
         records[-1].meta["explicit"] = bool(decision.signals.get("explicit"))
 
-    async def _window(self, memory: MemoryView, message: Message) -> list[MemoryRecord]:
-        """The speaker's own recent messages in this chat. Only theirs: a scene is the speaker's
-        memory, and other people's words in it would be shown to the speaker and outlive those
-        people's forget."""
+    async def _window(
+        self, memory: MemoryView, message: Message, unwritten: list[MemoryRecord]
+    ) -> list[MemoryRecord]:
+        """The speaker's own messages in this chat said in the window before this one, oldest
+        first: those stored, and those earlier in the same call (``unwritten``). Only theirs: a
+        scene is the speaker's memory, and other people's words in it would be shown to the
+        speaker and outlive those people's forget. Read up to the message's own time: an old
+        message imported after today's was given today's as its window, cut to nothing."""
         since = message.ts - timedelta(minutes=self.options.window_minutes)
         recent = await memory.store.recent(
             Scope(tenant=message.tenant, user_id=message.user_id, chat_id=message.chat_id),
             since=since,
+            until=message.ts,
             kinds=["episode"],
-            limit=12,
+            limit=WINDOW_MESSAGES,
         )
-        return [
+        found = {tuple(r.message_ids): r for r in reversed(recent)}
+        for record in unwritten:
+            if since <= record.created_at:
+                found.setdefault(tuple(record.message_ids), record)
+        window = [
             r
-            for r in reversed(recent)
+            for r in found.values()
             if message.message_id not in r.message_ids and r.created_at <= message.ts
         ]
+        return sorted(window, key=lambda r: r.created_at)[-WINDOW_MESSAGES:]
 
     @hookimpl(trylast=True)
     def narrmem_compose_scene(
