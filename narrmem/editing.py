@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from narrmem import logs
 from narrmem.ingest import as_message, check_not_ahead
-from narrmem.models import MAX_META_BYTES, IngestResult, MemoryRecord, Message, Scope, edit_time
+from narrmem.models import MAX_META_BYTES, IngestResult, MemoryRecord, Message, Scope, edit_time_or_none
 
 if TYPE_CHECKING:
     from narrmem.config import Acknowledge
@@ -217,11 +217,8 @@ def _unchanged(edited: Message, before: list[MemoryRecord], reason: str) -> Inge
 
 
 def _edited_at(meta: dict[str, Any]) -> datetime | None:
-    # A stored memory's meta may predate the check a message's meta now gets (edit_time).
-    try:
-        return edit_time(meta)
-    except ValueError:
-        return None
+    # A stored memory's meta may predate the check a message's meta now gets (as_message).
+    return edit_time_or_none(meta)
 
 
 def _forgotten_since(edited: Message) -> IngestResult:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence, Set
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -866,9 +866,11 @@ def touches(job: ForgetJob, key: ScopeKey) -> bool:
     return (job.user_id in (None, user_id) and job.chat_id in (None, chat_id)) or chat_id in job.sources
 
 
-def message_id_list(message_ids: Sequence[str], field: str = "message_ids") -> list[str]:
-    if isinstance(message_ids, str) or not isinstance(message_ids, Sequence):
+def message_id_list(message_ids: Collection[str], field: str = "message_ids") -> list[str]:
+    # A set as well as a list: the calls that leave ids out took one before they were checked.
+    if isinstance(message_ids, str | bytes) or not isinstance(message_ids, Sequence | Set):
         raise InputError("must be a list of message ids", field=field)
+    message_ids = list(message_ids) if isinstance(message_ids, Sequence) else sorted(message_ids, key=str)
     for i, mid in enumerate(message_ids):
         if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID_CHARS:
             raise InputError(f"must be a string of 1 to {MAX_ID_CHARS} characters", field=f"{field}[{i}]")

@@ -44,6 +44,7 @@ from narrmem.models import (
     TriageDecision,
     TriggerEvent,
     edit_time,
+    edit_time_or_none,
 )
 from narrmem.store import FindsStoredMessages, MessageKey, WritesContext, WritesWhileEmbedding
 from narrmem.text import cjk_count
@@ -915,7 +916,7 @@ def check_not_ahead(messages: Sequence[Message], now: datetime, limit_s: float) 
     trigger that fired on it held the real one back until that date."""
     for index, message in enumerate(messages):
         # An edit dated far ahead was the newest for ever: every later edit was refused as older.
-        edited = edit_time(message.meta)
+        edited = edit_time_or_none(message.meta)
         for name, at in (("ts", message.ts), ("meta.edited_at", edited)):
             ahead = 0.0 if at is None else (at - now).total_seconds()
             if ahead > limit_s:
@@ -928,8 +929,13 @@ def check_not_ahead(messages: Sequence[Message], now: datetime, limit_s: float) 
 
 
 def as_message(message: Message | dict[str, Any], index: int | None) -> Message:
+    prefix = f"messages[{index}]." if index is not None else ""
     try:
-        return Message.model_validate(message)
+        validated = Message.model_validate(message)
     except ValidationError as exc:
-        prefix = f"messages[{index}]." if index is not None else ""
         raise InputError.from_pydantic(exc, prefix=prefix) from exc
+    try:
+        edit_time(validated.meta)
+    except ValueError as exc:
+        raise InputError(str(exc), field=f"{prefix}meta.edited_at") from None
+    return validated

@@ -165,9 +165,7 @@ class Message(ClientInput, metaclass=_InputErrors):
     @field_validator("meta")
     @classmethod
     def _meta_is_json(cls, meta: dict[str, Any]) -> dict[str, Any]:
-        meta = json_object(meta)
-        edit_time(meta)
-        return meta
+        return json_object(meta)
 
     @field_validator("ts", mode="before")
     @classmethod
@@ -184,9 +182,11 @@ class Message(ClientInput, metaclass=_InputErrors):
 
 def edit_time(meta: dict[str, Any]) -> datetime | None:
     """``meta.edited_at``, when an edit was made (``None`` or left out: undated), held to what
-    ``ts`` is: an edit's date decides which of two edits is the newer, and one that could not be
-    read (Telegram's ``edit_date`` as a number, a time without its offset) was taken as undated,
-    so a late retry of an earlier edit replaced the newer text without a word to the client."""
+    ``ts`` is; ``ValueError`` saying why not. An edit's date decides which of two edits is the
+    newer, and one that could not be read (Telegram's ``edit_date`` as a number, a time without
+    its offset) was taken as undated, so a late retry of an earlier edit replaced the newer text
+    without a word to the client. Checked of what a caller hands in (``as_message``); what was
+    stored before the check (a message held, an owed hook's) is read with :func:`edit_time_or_none`."""
     value = meta.get(EDITED_AT)
     if value is None:
         return None
@@ -195,9 +195,16 @@ def edit_time(meta: dict[str, Any]) -> datetime | None:
         if not isinstance(read, datetime) or read.tzinfo is None or read.utcoffset() is None:
             raise ValueError("must carry a timezone")
         return check_time_range(read)
-    except (ValueError, PydanticCustomError) as exc:
-        reason = exc.message() if isinstance(exc, PydanticCustomError) else str(exc)
-        raise ValueError(f"{EDITED_AT}: {reason}") from None
+    except PydanticCustomError as exc:
+        raise ValueError(exc.message()) from None
+
+
+def edit_time_or_none(meta: dict[str, Any]) -> datetime | None:
+    """:func:`edit_time`, ``None`` for a date that cannot be read (see there)."""
+    try:
+        return edit_time(meta)
+    except ValueError:
+        return None
 
 
 def a_time(value: object) -> object:

@@ -243,7 +243,9 @@ async def refused(
     said = await people.last_said(until=until)
     times = [t for t in (said, *(held or {}).values()) if t is not None and t < until]
     newest = max(times, default=None)
-    if newest is not None and newest >= before:
+    if newest is None or newest >= before:
+        # None: nothing was said before the last day, so no one can be found silent (an empty
+        # store, a bot started today): nothing to refuse.
         return False
     log.warning(
         "retention refused: no one said anything between %s and %s (the newest memory before was "
@@ -251,7 +253,7 @@ async def refused(
         "is forgotten",
         before.isoformat(),
         until.isoformat(),
-        "never" if newest is None else newest.isoformat(),
+        newest.isoformat(),
     )
     return True
 

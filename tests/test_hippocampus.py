@@ -184,6 +184,11 @@ async def test_a_use_dated_by_a_clock_that_ran_ahead_does_not_block_the_uses_aft
         query = "SELECT reinforced_at FROM memories WHERE id = ?"
         [(reinforced_at,)] = await store_sql(mem, query, [memory_id])
         assert datetime.fromisoformat(reinforced_at) == T0 + timedelta(days=2)
+        # Noted by a worker whose clock is a second ahead: spaced all the same.
+        clock.set(T0 + timedelta(days=4))
+        assert await mem.mark_used([memory_id], user_id="u1") == [memory_id]
+        clock.set(T0 + timedelta(days=4) - timedelta(seconds=1))
+        assert await mem.mark_used([memory_id], user_id="u1") == []
 
 
 async def test_reinforced_to_core_becomes_permanent_and_caps_at_one(tmp_path: Path) -> None:

@@ -63,6 +63,11 @@ async def test_a_subset_of_tools_resources_and_the_guide_over_stdio(tmp_path: Pa
         assert templates == {"narrmem://users/{user_id}/persona", "narrmem://users/{user_id}/summary"}
         persona_text = (await client.read_resource(resource_uri(USER, "persona"))).contents[0].text
         assert "cheerful librarian" in persona_text
+        # A chat's own persona too: one set for a single chat read "(no persona set)".
+        pirate = {"description": "a pirate who rhymes", "user_id": USER, "chat_id": "c7"}
+        assert not (await client.call_tool("persona_set", pirate)).is_error
+        persona_text = (await client.read_resource(resource_uri(USER, "persona"))).contents[0].text
+        assert "cheerful librarian" in persona_text and "In chat c7: a pirate who rhymes" in persona_text
         summary_text = (await client.read_resource(resource_uri(USER, "summary"))).contents[0].text
         assert "greyhound" in summary_text.lower()
         with pytest.raises(MCPError, match="unknown resource"):

@@ -291,6 +291,16 @@ async def test_a_write_dated_by_a_clock_a_year_ahead_does_not_let_the_pass_forge
         assert await texts(memory, "cat") and await texts(memory, "ann") == []
 
 
+async def test_a_pass_over_an_empty_store_or_a_bot_started_today_is_not_refused(tmp_path: Path) -> None:
+    """Nothing said before the last day: no one can be found silent, and the pass is not refused
+    (it was, with a warning that the clock was wrong, on every fresh install for a day)."""
+    async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
+        assert (await memory.forget_inactive(before=YEAR_AGO))["refused"] == 0
+        await memory.ingest(said("1", "I adopted a greyhound named Pixel", "ann", 0.25))
+        counts = await memory.forget_inactive(before=NOW - timedelta(days=1))
+        assert counts["refused"] == 0 and counts["people"] == 0 and await texts(memory, "ann")
+
+
 async def test_a_pass_tells_its_progress_person_by_person(tmp_path: Path) -> None:
     async with open_memory(tmp_path / "m", clock=ManualClock(NOW)) as memory:
         await memory.ingest_many(HISTORY)

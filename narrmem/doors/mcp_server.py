@@ -234,7 +234,11 @@ class _Resources:
     async def _text(self, user_id: str, kind: str) -> str:
         if kind == "persona":
             persona = await self.memory.call_tool("persona_get", {"user_id": user_id, "tenant": self.tenant})
-            return str(persona["rendered"]) or "(no persona set)"
+            # Each chat's own too: a persona set for one chat alone read "(no persona set)".
+            parts = [str(persona["rendered"]) or "(no default persona set)"] if persona["chats"] else []
+            for chat in persona["chats"]:
+                parts.append(f"In chat {chat['chat_id']}: {chat['description']}")
+            return "\n".join(parts) if parts else str(persona["rendered"]) or "(no persona set)"
         summary = await self.memory.summary(user_id=user_id, tenant=self.tenant)
         return str(summary.get("retelling") or "") or "(nothing remembered yet)"
 

@@ -174,9 +174,10 @@ class Hippocampus(Configured[HippocampusOptions], name=NAME, options=Hippocampus
         for record in records:
             assert record.id is not None
             last = record.reinforced_at
-            # Spaced repetition: recalling twice in a day is not learning twice. A use dated
-            # after now was dated by a clock that ran ahead: it blocked every use for as long.
-            if last is not None and timedelta(0) <= now - last < spacing:
+            # Spaced repetition: recalling twice in a day is not learning twice, though the use
+            # before was noted by a worker whose clock is a little ahead. One noted further ahead
+            # than the spacing was noted by a clock that was wrong: it blocked every use for as long.
+            if last is not None and -spacing < now - last < spacing:
                 continue
             since = last or record.created_at
             new = round(reinforced(record.importance, since, now), 6)

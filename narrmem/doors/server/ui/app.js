@@ -464,14 +464,15 @@ async function loadPatterns() {
 
 // --- forgetting, with a confirmation step -----------------------------------------------------
 
-// ``also``: the text of a choice offered beside it (ticked at first), read after with alsoChosen().
-function confirmStep(title, text, expected, also) {
+// ``also``: the text of a choice offered beside it (ticked at first when ``alsoTicked``), read
+// after with alsoChosen().
+function confirmStep(title, text, expected, also, alsoTicked = false) {
   return new Promise((resolve) => {
     $("confirm-title").textContent = title;
     $("confirm-text").textContent = text;
     $("confirm-also-box").hidden = !also;
     $("confirm-also-text").textContent = also || "";
-    $("confirm-also").checked = true;
+    $("confirm-also").checked = alsoTicked;
     $("confirm-type-box").hidden = !expected;
     $("confirm-expected").textContent = expected || "";
     $("confirm-typed").value = "";
@@ -503,13 +504,22 @@ async function forgetScene(scene) {
       "it came from, with everything made of them (their words, facts drawn from them). " +
       "Unticked, those stay, and the bot is still given them."
     : "";
-  if (!await confirmStep("Forget this scene?", `“${core}” will be deleted for good.`, undefined, also)) return;
+  // Ticked for a scene of one message (the scene is that message told); a pattern's cites
+  // several, each a message of its own the person may want kept.
+  const asked = confirmStep("Forget this scene?", `“${core}” will be deleted for good.`, undefined, also, sources === 1);
+  if (!await asked) return;
   const sourcesToo = alsoChosen();
   if (view !== state.view) return;  // another tenant or user came up meanwhile
   try {
-    await api("POST", "/tools/soul_narrative", { action: "forget", user_id: user, id: scene.id, tenant });
     if (sourcesToo) {
+      // First: it takes the scene with them, and should it fail, the scene is still there to
+      // try again from.
       await api("POST", "/messages/delete", { chat_id: scene.chat_id, message_ids: scene.message_ids, tenant });
+    }
+    try {
+      await api("POST", "/tools/soul_narrative", { action: "forget", user_id: user, id: scene.id, tenant });
+    } catch (e) {
+      if (!sourcesToo) throw e;  // gone with its messages already
     }
     status(`scene ${scene.id} forgotten` + (sourcesToo ? ", with the messages it came from" : ""));
     if (state.selected === scene.id) $("importance-panel").hidden = true;
