@@ -4,6 +4,7 @@ plugin runs: a plugin's own refusal would be isolated by the host and read as no
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -77,12 +78,54 @@ async def users(
     if tenant is not None:
         tenant = id_argument(tenant, "tenant")
     limit = int_argument(limit, "limit", high=100_000)
-    if after is None:
-        return await memory.store.users(tenant, limit=limit)
-    after = id_argument(after, "after")
-    if tenant is None:
-        raise InputError("pages through one tenant's users: give a tenant", field="after")
-    return await memory.store.users(tenant, limit=limit, after=after)
+    if after is not None:
+        after = id_argument(after, "after")
+        if tenant is None:
+            raise InputError("pages through one tenant's users: give a tenant", field="after")
+    rows = await memory.store.users(tenant, limit=limit, after=after)
+    return _with_plugins_only(rows, await _plugin_people(memory, tenant), tenant, limit, after)
+
+
+async def _plugin_people(memory: MemoryView, tenant: str | None) -> dict[tuple[str, str], datetime]:
+    # Imported here: retention reads the ids of its arguments with this module's checks.
+    from narrmem.retention import plugins_latest
+
+    return await plugins_latest(memory, tenant)
+
+
+def _with_plugins_only(
+    rows: list[dict[str, Any]],
+    held: dict[tuple[str, str], datetime],
+    tenant: str | None,
+    limit: int,
+    after: str | None,
+) -> list[dict[str, Any]]:
+    """The store's page of users with, in their place, the people plugins alone keep something
+    of (a persona, facts and tasks a bot wrote with tools; no memory): they were listed nowhere,
+    though the bot was given all of it. A page the store filled ends at its last user: a person
+    before it and not in it holds no memory (the store's page has every one who does); past it,
+    they wait for the next page. ``first_at`` and ``last_at`` are then their plugins' latest write."""
+    listed = {(r["tenant"], r["user_id"]) for r in rows}
+    end = (rows[-1]["tenant"], rows[-1]["user_id"]) if len(rows) >= limit else None
+    start = (tenant, after) if after is not None and tenant is not None else None
+    extra = [
+        {
+            "tenant": key[0],
+            "user_id": key[1],
+            "memories": 0,
+            "scenes": 0,
+            "chats": 0,
+            "first_at": last.isoformat(),
+            "last_at": last.isoformat(),
+            "plugins_only": True,
+        }
+        for key, last in held.items()
+        if key not in listed and (start is None or key > start) and (end is None or key < end)
+    ]
+    if not extra:
+        return rows
+    merged = sorted([*rows, *extra], key=lambda r: (r["tenant"], r["user_id"]))
+    return merged[:limit]
 
 
 def id_argument(value: Any, field: str) -> str:
@@ -101,8 +144,11 @@ TENANTS_FROM_USERS = 100_000
 async def tenants(memory: MemoryView) -> list[str]:
     distinct = getattr(memory.store, "tenants", None)
     if distinct is not None:
-        return list(await distinct())
-    return sorted({u["tenant"] for u in await memory.store.users(None, limit=TENANTS_FROM_USERS)})
+        found = set(await distinct())
+    else:
+        found = {u["tenant"] for u in await memory.store.users(None, limit=TENANTS_FROM_USERS)}
+    # A tenant whose people plugins alone keep something of (a bot of tools alone) is one too.
+    return sorted(found | {tenant for tenant, _ in await _plugin_people(memory, None)})
 
 
 async def call_tool(

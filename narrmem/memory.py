@@ -454,10 +454,13 @@ class Memory(MemoryLifecycle):
         """Who has memories: per user of ``tenant`` (every tenant if ``None``) how many memories and
         scenes, in how many chats, and the time of the oldest and newest, in user id order. For
         inspection; it reads no memory's text and changes nothing. ``after`` (with a ``tenant``)
-        gives the next page: the users after this id, the last of the previous page."""
+        gives the next page: the users after this id, the last of the previous page. A person no
+        memory is kept of, whom plugins keep something of (a persona, facts a tool wrote), is a
+        row with ``plugins_only`` and no counts."""
         return await answers.users(self, tenant, limit, after)
 
     @while_open
     async def tenants(self) -> list[str]:
-        """Every tenant with memories, in order. Changes nothing."""
+        """Every tenant with memories, or with people plugins keep something of, in order.
+        Changes nothing."""
         return await answers.tenants(self)

@@ -233,6 +233,37 @@ async def test_reads_context_turn_summary_history_users_tools(srv: Server) -> No
     assert (await c.post("/v1/decay", json={})).status_code == 200
 
 
+async def test_people_kept_by_plugins_alone_are_listed_with_their_tenant(srv: Server) -> None:
+    """A person the bot wrote a persona and facts of with tools, and of whom no message was
+    kept, was in no list (nor their tenant), though the bot was given all of it."""
+    c = srv.client
+    for user in ("ann", "cat", "eve"):
+        await c.post("/v1/ingest", json=msg(f"{user}1", f"I adopted a greyhound, says {user}", user=user))
+    likes = {"subject": "user", "relation": "likes", "object": "jazz"}
+    for user, tenant in (("bob", "default"), ("dan", "default"), ("zed", "tools")):
+        commit = {"user_id": user, "chat_id": "c1", "tenant": tenant, "triplets": [likes]}
+        assert (await c.post("/v1/tools/memory_commit", json=commit)).status_code == 200
+    persona = {"user_id": "fay", "chat_id": "c2", "description": "a pirate who rhymes"}
+    assert (await c.post("/v1/tools/persona_set", json=persona)).status_code == 200
+    assert (await c.get("/v1/tenants")).json() == ["default", "tools"]
+    listed = (await c.get("/v1/users", params={"tenant": "default"})).json()
+    assert [(u["user_id"], u["plugins_only"], u["memories"]) for u in listed] == [
+        ("ann", False, 1), ("bob", True, 0), ("cat", False, 1), ("dan", True, 0), ("eve", False, 1), ("fay", True, 0)
+    ]  # fmt: skip
+    # Page by page, each once.
+    paged: list[str] = []
+    after: str | None = None
+    while True:
+        params = {"tenant": "default", "limit": 2, **({"after": after} if after else {})}
+        page = (await c.get("/v1/users", params=params)).json()
+        if not page:
+            break
+        paged += [u["user_id"] for u in page]
+        after = page[-1]["user_id"]
+    assert paged == ["ann", "bob", "cat", "dan", "eve", "fay"]
+    assert [u["user_id"] for u in (await c.get("/v1/users", params={"tenant": "tools"})).json()] == ["zed"]
+
+
 async def test_export_streams_jsonl(srv: Server) -> None:
     await srv.client.post("/v1/ingest", json=msg("m1", "I decided to quit my job"))
     await srv.client.post("/v1/ingest", json=msg("m2", "I adopted a cat", tenant="other"))

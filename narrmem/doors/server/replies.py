@@ -46,6 +46,11 @@ class UserRow(_Reply):
     chats: int
     first_at: AwareDatetime = Field(description="when their oldest memory was made")
     last_at: AwareDatetime = Field(description="when their newest memory was made")
+    plugins_only: bool = Field(
+        default=False,
+        description="no memory: plugins alone keep something of them (a persona, facts or tasks a "
+        "tool wrote); first_at and last_at are the plugins' latest write of them",
+    )
 
 
 class PatternFiring(_PluginReply):

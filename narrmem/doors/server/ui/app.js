@@ -143,7 +143,8 @@ function drawUsers() {
   $("users").replaceChildren(...state.users.map((u) => h("li", {},
     h("button", { "data-user": u.user_id, class: u.user_id === picked ? "selected" : undefined,
       onclick: () => pickUser(u) },
-      u.user_id, h("small", {}, `${u.memories} memories · ${u.scenes} scenes`)))));
+      u.user_id, h("small", {}, u.plugins_only ? "no memories · facts, persona or tasks kept"
+        : `${u.memories} memories · ${u.scenes} scenes`)))));
   const n = state.users.length;
   const told = state.usersMore ? `${n} users shown in ${state.tenant}; more exist` : `${n} users in ${state.tenant}`;
   $("users-count").textContent = told;
