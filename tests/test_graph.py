@@ -627,6 +627,42 @@ async def test_replacing_the_persona_touches_only_its_own_edges(mem: Memory) -> 
     assert ("AI", "HAS_PERSONA", "persona:v1") not in said(found)
 
 
+async def test_every_fact_is_listed_newest_first_page_by_page(mem: Memory) -> None:
+    """A walk from "user" reaches what is linked to it within its hops: the facts of the user's
+    graph linked to nothing of theirs were in no list an inspector could show."""
+    await commit(
+        mem, ("user", "likes", "jazz"), ("sister", "lives_in", "Paris"), ("bob", "owes_money_to", "mallory")
+    )
+    await mem.call_tool(
+        "memory_commit",
+        {
+            **U1,
+            "triplets": [{"subject": "user", "relation": "plans", "object": "a trip"}],
+            "speculative": True,
+        },
+    )
+    await mem.call_tool("persona_set", {**U1, "description": "a calm butler", "traits": ["polite"]})
+    seen: list[str] = []
+    before: int | None = None
+    while True:
+        page = await mem.call_tool(
+            "memory_facts", {**U1, "limit": 2, **({"before_id": before} if before else {})}
+        )
+        seen += [f"{f['subject']} {f['relation']} {f['object']}" for f in page["facts"]]
+        if not page["more"]:
+            break
+        before = page["facts"][-1]["id"]
+    assert seen == [
+        "user plans a trip",
+        "bob owes_money_to mallory",
+        "sister lives_in Paris",
+        "user likes jazz",
+    ]
+    said = await mem.call_tool("memory_facts", {**U1, "include_speculative": False})
+    assert [f["object"] for f in said["facts"]] == ["mallory", "Paris", "jazz"] and said["more"] is False
+    assert (await mem.call_tool("memory_facts", {"user_id": "u2"}))["facts"] == []
+
+
 async def test_persona_falls_back_to_the_users_default(mem: Memory) -> None:
     async def described(**scope: str) -> str | None:
         persona = (await mem.call_tool("persona_get", scope))["persona"]

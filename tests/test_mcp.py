@@ -61,6 +61,7 @@ VALID: dict[str, dict[str, Any]] = {
         **SCOPE,
     },
     "memory_recall": {"query_intent": "idiom_chain_current,content", "depth": 2, **SCOPE},
+    "memory_facts": {"limit": 5, **SCOPE},
     "memory_purge": {"filters": {"subject": "nothing_like_this"}, "mode": "soft", "dry_run": True, **SCOPE},
     "task_create": {
         "task_id": "Task_idiom_chain",

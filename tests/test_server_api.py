@@ -248,7 +248,8 @@ async def test_people_kept_by_plugins_alone_are_listed_with_their_tenant(srv: Se
     assert (await c.get("/v1/tenants")).json() == ["default", "tools"]
     listed = (await c.get("/v1/users", params={"tenant": "default"})).json()
     assert [(u["user_id"], u["plugins_only"], u["memories"]) for u in listed] == [
-        ("ann", False, 1), ("bob", True, 0), ("cat", False, 1), ("dan", True, 0), ("eve", False, 1), ("fay", True, 0)
+        ("ann", False, 1), ("bob", True, 0), ("cat", False, 1),
+        ("dan", True, 0), ("eve", False, 1), ("fay", True, 0),
     ]  # fmt: skip
     # Page by page, each once.
     paged: list[str] = []

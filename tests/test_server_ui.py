@@ -222,6 +222,9 @@ async def crowd(mem: Memory) -> None:
     task = {"user_id": "ann", "chat_id": "work", "task_id": "draft_cv", "description": "write the CV"}
     await mem.call_tool("task_create", task)
     await mem.ingest(msg("o1", "I adopted a greyhound named Pixel", user="ann", chat="dm", tenant="other"))
+    # ann: a fact linked to nothing of hers, which a walk from "user" never reached.
+    owes = {"subject": "bob", "relation": "owes_money_to", "object": "mallory"}
+    await mem.call_tool("memory_commit", {"user_id": "ann", "chat_id": "dm-ann", "triplets": [owes]})
     # bob: a persona of one chat's own, and a stranger's word of 3,000 letters.
     await mem.call_tool(
         "persona_set", {"user_id": "bob", "chat_id": "pc", "description": "a pirate who rhymes"}
@@ -363,6 +366,7 @@ def test_a_cut_facts_table_says_more_are_stored(browser_page: Any) -> None:
     expect(page.locator("#facts tbody tr")).to_have_count(501)
     page.click('#users button[data-user="ann"]')
     expect(page.locator("#facts")).to_contain_text("quit their job at the bank")
+    expect(page.locator("#facts")).to_contain_text("owes_money_to")  # linked to nothing of hers
     expect(page.locator("#facts-cut")).to_have_count(0)
 
 

@@ -34,7 +34,7 @@ log = logs.logger("narrmem.mcp")
 # by "all", by its own name, or by "other" (every tool in no group).
 TOOL_GROUPS: dict[str, tuple[str, ...]] = {
     "core": ("narrmem_ingest", "narrmem_recall"),
-    "graph": ("memory_commit", "memory_recall", "memory_purge", "context_rewrite"),
+    "graph": ("memory_commit", "memory_recall", "memory_facts", "memory_purge", "context_rewrite"),
     "tasks": ("task_create", "task_set_state", "task_query", "task_chains"),
     "persona": ("persona_set", "persona_get"),
     "narrative": ("soul_narrative",),

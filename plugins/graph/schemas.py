@@ -284,6 +284,19 @@ class TaskQueryOutput(_Strict):
     tasks: list[TaskOut]
 
 
+class FactsInput(ScopeArgs):
+    before_id: int | None = Field(
+        default=None, ge=1, description="the next page: the facts older than this id (the last one given)"
+    )
+    limit: int = Field(default=100, ge=1, le=1000, description="at most this many facts")
+    include_speculative: bool = True
+
+
+class FactsOutput(_Strict):
+    facts: list[TripletOut] = Field(description="active facts, newest first (by id)")
+    more: bool = Field(description="older facts follow (read them with before_id)")
+
+
 class TaskChainsInput(ScopeArgs):
     limit: int = Field(default=20, ge=1, le=200, description="at most this many tasks of each chain")
 

@@ -10,15 +10,19 @@ from __future__ import annotations
 from typing import Protocol
 
 from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.edges import EdgeQuery, select_edges
 from narrmem_plugins.graph.options import GraphOptions
 from narrmem_plugins.graph.persona import chat_personas, persona_for, set_persona
 from narrmem_plugins.graph.purge import purge
 from narrmem_plugins.graph.recall import RecallParams, recall_graph
 from narrmem_plugins.graph.render import persona_text, recall_text
 from narrmem_plugins.graph.rewrite import rewrite
+from narrmem_plugins.graph.schema import marks
 from narrmem_plugins.graph.schemas import (
     CommitInput,
     CommitOutput,
+    FactsInput,
+    FactsOutput,
     NodeOut,
     PersonaGetInput,
     PersonaGetOutput,
@@ -48,7 +52,7 @@ from narrmem_plugins.graph.schemas import (
 )
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tasks import create_task, linked_task_count, load_tasks, newest_tasks, set_state
-from narrmem_plugins.graph.vocabulary import STRUCTURAL
+from narrmem_plugins.graph.vocabulary import HAS_TONE, HAS_TRAIT, STRUCTURAL
 from narrmem_plugins.graph.writer import TripletDraft, write_triplet
 
 from narrmem.errors import InputError
@@ -174,6 +178,25 @@ async def recall(ctx: GraphContext, memory: MemoryView, args: RecallInput) -> Re
     )
 
 
+# The persona's and the tasks' own links: shown by persona_get and task_chains, not facts.
+NOT_FACTS = sorted(STRUCTURAL | {HAS_TRAIT, HAS_TONE})
+
+
+async def facts_tool(ctx: GraphContext, memory: MemoryView, args: FactsInput) -> FactsOutput:
+    """Every active fact of the scope, newest first, paged: what memory_recall walks to from the
+    words asked, here whole (an inspector showed those within three hops of "user" alone, and
+    called the list whole)."""
+    q = EdgeQuery().where("e.status = 'active'")
+    q.where(f"e.relation NOT IN ({marks(NOT_FACTS)})", *NOT_FACTS)
+    if args.before_id is not None:
+        q.where("e.id < ?", args.before_id)
+    if not args.include_speculative:
+        q.where("e.speculative = 0")
+    async with ctx.backend().read() as db:
+        edges = await select_edges(db, _scope(args), q, order="e.id DESC", limit=args.limit + 1)
+    return FactsOutput(facts=[triplet_out(e) for e in edges[: args.limit]], more=len(edges) > args.limit)
+
+
 async def task_create_tool(ctx: GraphContext, memory: MemoryView, args: TaskCreateInput) -> TaskCreateOutput:
     graph = ctx.backend()
     async with graph.transaction() as db:
@@ -297,6 +320,17 @@ TOOLS: list[ToolSpec[GraphContext]] = [
         input_model=RecallInput,
         output_model=RecallOutput,
         handler=recall,
+    ),
+    ToolSpec(
+        name="memory_facts",
+        description=(
+            "Every active fact (triplet) of the memory graph, newest first: at most limit, and more "
+            "says older ones follow (before_id: the last id given). The persona's and the tasks' own "
+            "links are left out (persona_get, task_chains). Reads only." + SCOPE_NOTE
+        ),
+        input_model=FactsInput,
+        output_model=FactsOutput,
+        handler=facts_tool,
     ),
     ToolSpec(
         name="task_create",

@@ -415,7 +415,9 @@ async function loadGraph() {
   const user = state.user.user_id;
   const [persona, graph, chains] = await Promise.all([
     tool("persona_get", { user_id: user }),
-    tool("memory_recall", { user_id: user, query_intent: "user", depth: 3, limit: FACTS_SHOWN }),
+    // Every fact of the user's graph, not a walk from "user": one further than its hops, or
+    // linked to nothing of the user's ("sister lives_in Paris"), was left out of a list called whole.
+    tool("memory_facts", { user_id: user, limit: FACTS_SHOWN }),
     // Every chat with tasks, those without facts too (the chats of the facts missed them).
     tool("task_chains", { user_id: user, limit: TASKS_PER_CHAIN }),
   ]);
@@ -430,15 +432,15 @@ async function loadGraph() {
       (p.tone ? ` · tone: ${p.tone}` : "")));
   }
   $("persona").replaceChildren(...personas);
-  const rows = graph.edges.map((e) => h("tr", {},
+  const rows = graph.facts.map((e) => h("tr", {},
     h("td", {}, e.subject), h("td", {}, e.relation + (e.speculative ? " (speculative)" : "")),
     h("td", {}, e.object), h("td", {}, fmt(e.confidence)), h("td", {}, `${e.count}×`)));
   if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No facts about the user.")));
   // A cut list says so: the facts table showed the first 100 and nothing of the rest.
-  if (graph.truncated) {
+  if (graph.more) {
     rows.push(h("tr", {}, h("td", { colspan: 5, class: "muted", id: "facts-cut" },
-      `The first ${graph.edges.length} facts about the user are shown; more are stored ` +
-      "(memory_recall with other keywords, or an export, has them).")));
+      `The first ${graph.facts.length} facts about the user are shown (the newest); more are stored ` +
+      "(memory_facts with before_id, or an export, has them).")));
   }
   $("facts").tBodies[0].replaceChildren(...rows);
   const parts = chains.chains.map((chain) => h("p", { "data-chat": chain.chat_id },
