@@ -15,7 +15,8 @@ A mark is an HMAC-SHA256 of the scope's ids under a random key of the store (nam
 :data:`NAMESPACE`), and the time of the forget: not the ids themselves, yet, with the key, a test of
 whether a given id was forgotten, as a suppression list is. Marks are kept ``[storage]
 forget_marks_kept_s`` (7 days by default; 0 leaves none) and then deleted, after a forget (at most
-an hour late) or at an open; a backlog's write that waited longer than that is dropped rather than
+an hour late) or at an open, once two purges a day apart have found them expired (a clock a year
+ahead once took them all); a backlog's write that waited longer than that is dropped rather than
 made unchecked. Exports leave the namespace out. A mark's time is the clock of the process that
 made the forget, a write's the clock of the one that held it: workers' clocks should agree
 (NTP), as for every other time narrmem keeps.
@@ -47,6 +48,9 @@ MARK = "m:"
 PURGE_EVERY_S = 3600.0
 # Tries of a compare-and-set against other workers marking the same scope at once.
 CAS_TRIES = 20
+# A mark found expired goes at a purge at least this long after the first that found it so.
+EXPIRY_CONFIRMED_AFTER_S = 86_400.0
+SEEN_EXPIRED = "expired_seen"  # the key of a mark's value noting when a purge first found it expired
 # The time an unreadable mark is taken for: later than any write (it cannot be told apart from one).
 UNREADABLE = dt.datetime.max.replace(tzinfo=dt.UTC)
 
@@ -193,7 +197,12 @@ class ForgetMarks:
         return (self.memory.clock.now() - since).total_seconds() > self.kept_s
 
     async def purge_expired(self) -> int:
-        """Delete the marks older than they are kept (and any not as narrmem writes them); how many."""
+        """Delete the marks older than they are kept, once a purge at least
+        :data:`EXPIRY_CONFIRMED_AFTER_S` before found them so too (and any not as narrmem writes
+        them, at once); how many. A process opened once with its clock a year ahead took every
+        mark: an old export imported after the clock was put right brought the forgotten back.
+        The first purge that finds a mark expired notes when (``expired_seen``); a clock put back
+        before that time, or before the mark's expiry, takes the note away."""
         now = self.memory.clock.now()
         self._purged_at = now
         store = self.memory.store
@@ -202,14 +211,33 @@ class ForgetMarks:
         # A store of a version before compare-and-delete: read again just before the delete.
         delete_if = getattr(store, "state_delete_if", None)
         for entry, value in await store.state_items(NAMESPACE):
-            if not entry.startswith(MARK) or not _expired(value, cutoff):
+            if not entry.startswith(MARK):
                 continue
+            seen = aware_time_in(value, SEEN_EXPIRED)
+            if _time_or_none(value) is not None:
+                if not _expired(value, cutoff) or seen is None or seen > now:
+                    await self._note_expiry(entry, value, seen, now if _expired(value, cutoff) else None)
+                    continue
+                if (now - seen).total_seconds() < EXPIRY_CONFIRMED_AFTER_S:
+                    continue
             # Deleted only as read: a mark another worker renewed since the list was read stays.
             if delete_if is not None:
                 gone += await delete_if(NAMESPACE, entry, value)
-            elif (again := await store.state_get(NAMESPACE, entry)) is not None and _expired(again, cutoff):
+            elif (again := await store.state_get(NAMESPACE, entry)) is not None and again == value:
                 gone += await store.state_delete(NAMESPACE, entry)
         return gone
+
+    async def _note_expiry(
+        self, entry: str, value: dict[str, Any], seen: dt.datetime | None, now: dt.datetime | None
+    ) -> None:
+        """Note (``now``) or take away (``None``) when a purge first found ``entry`` expired, as
+        read: a mark renewed meanwhile is left as it is."""
+        if seen is None and now is None:
+            return
+        noted = {key: v for key, v in value.items() if key != SEEN_EXPIRED}
+        if now is not None:
+            noted[SEEN_EXPIRED] = now.isoformat()
+        await self.memory.store.state_put_if(NAMESPACE, entry, noted, value)
 
     async def purge_if_due(self) -> None:
         """:meth:`purge_expired` if this process has not looked for expired marks in an hour."""

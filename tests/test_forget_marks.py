@@ -22,6 +22,7 @@ from test_integrations import ANN, BOB, GUILD_ID, DiscordHarness, episodes, open
 
 from narrmem import InputError, StoreUnavailableError, hookimpl
 from narrmem.clock import ManualClock
+from narrmem.doors.importing import import_jsonl
 from narrmem.doors.integrations import backlog as backlog_module
 from narrmem.doors.integrations import spool as spool_module
 from narrmem.doors.integrations.backlog import backlog_of, forget_person, forget_person_record, message_record
@@ -189,6 +190,12 @@ async def test_marks_cover_each_forgets_scope_and_no_edit_leaves_one(tmp_path: P
 
     clock.advance(days=7, minutes=1)
     async with open_memory(tmp_path / "m", clock=clock) as memory:
+        # Expired: found so at this open, and kept a day more (a clock a year ahead, once, took
+        # them all), yet still answering for the forget.
+        assert len(await memory.store.state_items(NAMESPACE)) == 6
+        assert await memory.forgotten_after(ann, before)
+    clock.advance(days=1)
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
         assert [key for key, _ in await memory.store.state_items(NAMESPACE)] == ["key"]  # marks expired
         assert not await memory.forgotten_after(ann, before)
 
@@ -204,6 +211,8 @@ async def test_a_mark_renewed_by_another_worker_as_it_expires_is_kept(
         await memory.ingest(ann)
         await memory.forget(user_id="ann")
         clock.advance(days=7, minutes=1)
+        assert await memory.forget_marks.purge_expired() == 0  # found expired: gone a day later
+        clock.advance(days=1)
         store = memory.store
         renewed: list[str] = []
 
@@ -224,7 +233,36 @@ async def test_a_mark_renewed_by_another_worker_as_it_expires_is_kept(
         assert await memory.forgotten_after(ann, NOON + dt.timedelta(days=7))
         monkeypatch.undo()
         clock.advance(days=7, minutes=1)
+        assert await memory.forget_marks.purge_expired() == 0
+        clock.advance(days=1)
         assert await memory.forget_marks.purge_expired() == 1  # expired in its turn, it goes
+
+
+async def test_a_clock_a_year_ahead_once_does_not_take_the_marks_with_it(tmp_path: Path) -> None:
+    """A process opened once with its clock a year ahead deleted every mark (expired by its
+    clock); the clock put right, an old export imported brought the forgotten person back."""
+    clock = ManualClock(NOON)
+    ann = Message(**msg("1", "I adopted a greyhound named Pixel", user="ann"))
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        await memory.ingest(ann)
+        await export_store(memory, tmp_path / "backup.jsonl")
+        clock.advance(minutes=1)
+        await memory.forget(user_id="ann")
+    clock.advance(days=1)
+    marks = 0
+    for hours in (0, 12):  # opened twice on the wrong clock, half a day apart: within the day's grace
+        clock.set(NOON + dt.timedelta(days=365, hours=hours))
+        async with open_memory(tmp_path / "m", clock=clock) as memory:
+            marks = len(await memory.store.state_items(NAMESPACE))
+    assert marks > 1
+    clock.set(NOON + dt.timedelta(days=2))  # put right
+    async with open_memory(tmp_path / "m", clock=clock) as memory:
+        assert await memory.forgotten_after(ann, NOON - dt.timedelta(hours=1))
+        noted = [v for k, v in await memory.store.state_items(NAMESPACE) if k.startswith("m:")]
+        assert noted and all("expired_seen" not in v for v in noted)  # the note taken away
+        with pytest.raises(InputError):
+            await import_jsonl(memory, tmp_path / "backup.jsonl")  # it would bring ann back
+        assert not await memory.store.recent(Scope(user_id="ann"), limit=10)
 
 
 async def test_no_marks_when_they_are_kept_for_no_time(tmp_path: Path) -> None:
