@@ -230,6 +230,7 @@ async def crowd(mem: Memory) -> None:
         "persona_set", {"user_id": "bob", "chat_id": "pc", "description": "a pirate who rhymes"}
     )
     await mem.ingest(msg("b2", "I decided to name my boat " + "A" * 3000, user="bob", chat="dm-bob"))
+    await mem.ingest(msg("b3", "I decided to call my shop \u202egnp.exe, really", user="bob", chat="dm-bob"))
 
 
 @pytest.fixture
@@ -419,6 +420,8 @@ def test_a_chats_own_persona_is_shown_and_a_long_word_keeps_the_page_in_its_wind
     page.click('#users button[data-user="bob"]')
     expect(page.locator("#persona")).to_contain_text("Persona in pc: a pirate who rhymes")
     expect(page.locator("#persona")).to_contain_text("Persona (default): none set")
+    # A direction override in a stranger's words is shown as what it is, not obeyed.
+    expect(page.locator("#scenes li", has_text="call my shop").first).to_contain_text("shop ⟦U+202E⟧gnp")
     expect(page.locator("#scenes li", has_text="AAAA")).to_have_count(1)
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 1400, width  # the window's width: it was about 31,000 px

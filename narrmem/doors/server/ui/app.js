@@ -24,6 +24,12 @@ function pageSize(name, most) {
   return Number.isInteger(asked) && asked > 0 ? Math.min(asked, most) : most;
 }
 
+// Explicit direction controls shown as what they are: a stranger's "admin\u202Egnp.exe" read
+// backwards as another name, and one inside a line reversed the rest of it (a dialog's words).
+const BIDI_CONTROLS = /[\u202A-\u202E\u2066-\u2069]/g;
+const shown = (text) => String(text).replace(BIDI_CONTROLS,
+  (c) => `⟦U+${c.codePointAt(0).toString(16).toUpperCase()}⟧`);
+
 function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -31,19 +37,19 @@ function h(tag, attrs = {}, ...children) {
     else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else if (v !== undefined && v !== null) el.setAttribute(k, v);
   }
-  for (const c of children.flat()) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  for (const c of children.flat()) el.append(c instanceof Node ? c : document.createTextNode(shown(c)));
   return el;
 }
 
 function s(tag, attrs = {}, text) {
   const el = document.createElementNS(SVG, tag);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  if (text !== undefined) el.textContent = text;
+  if (text !== undefined) el.textContent = shown(text);
   return el;
 }
 
 function status(text, isError = false) {
-  $("status").textContent = text;
+  $("status").textContent = shown(text);
   $("status").className = isError ? "error" : "";
 }
 
@@ -152,7 +158,7 @@ function drawUsers() {
 }
 
 function drawHeader(u) {
-  $("user-title").textContent = u.user_id;
+  $("user-title").textContent = shown(u.user_id);
   $("user-meta").textContent = `${u.memories} memories, ${u.scenes} scenes, ${u.chats} chats · ` +
     `first ${u.first_at.slice(0, 10)} · last ${u.last_at.slice(0, 10)}`;
 }
@@ -401,9 +407,9 @@ async function loadSummary() {
     const out = await api("GET", "/summary" + q({ tenant: state.tenant, user_id: state.user.user_id, depth }));
     if (!still()) return;
     $("summary-depth").max = Math.max(1, out.maxDepth || 1);
-    $("summary").textContent = out.retelling || "(nothing to tell yet)";
+    $("summary").textContent = shown(out.retelling || "(nothing to tell yet)");
   } catch (e) {
-    if (still()) $("summary").textContent = e.message;
+    if (still()) $("summary").textContent = shown(e.message);
   }
 }
 
@@ -471,13 +477,13 @@ async function loadPatterns() {
 // after with alsoChosen().
 function confirmStep(title, text, expected, also, alsoTicked = false) {
   return new Promise((resolve) => {
-    $("confirm-title").textContent = title;
-    $("confirm-text").textContent = text;
+    $("confirm-title").textContent = shown(title);
+    $("confirm-text").textContent = shown(text);
     $("confirm-also-box").hidden = !also;
-    $("confirm-also-text").textContent = also || "";
+    $("confirm-also-text").textContent = shown(also || "");
     $("confirm-also").checked = alsoTicked;
     $("confirm-type-box").hidden = !expected;
-    $("confirm-expected").textContent = expected || "";
+    $("confirm-expected").textContent = shown(expected || "");
     $("confirm-typed").value = "";
     $("confirm-ok").disabled = Boolean(expected);
     $("confirm").hidden = false;
