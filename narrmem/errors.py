@@ -43,9 +43,9 @@ class ConfigError(NarrmemError):
 
 class ClockBehindError(InputError):
     """A message dated further past the memory's clock than it takes (``[storage]
-    max_ts_ahead_s``). From a client, its clock is ahead; from a source whose time is right (a
-    platform's: Telegram's, Discord's), the machine's clock is behind, and the bot integrations
-    keep the message until it agrees (:mod:`narrmem.doors.integrations.backlog`)."""
+    max_ts_ahead_s``): the sender's clock is ahead, or this machine's is behind. The bot
+    integrations' messages, dated by their platform, are stored as dated instead
+    (:func:`narrmem.ingest.dated_by_platform`)."""
 
 
 class UnknownToolError(InputError):

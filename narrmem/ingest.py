@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import functools
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -910,16 +913,59 @@ async def yield_every(n: int, every: int = 8) -> None:
         await asyncio.sleep(0)
 
 
+@contextlib.contextmanager
+def dated_by_platform() -> Iterator[None]:
+    """Within it, the messages' times are a platform's (Telegram's, Discord's: the bot
+    integrations), right whatever this machine's clock says: one dated past the clock by more
+    than it takes is stored as dated, with a warning that the clock is behind (a VM resumed
+    before its clock was set), not refused. Refused, each was logged and lost for good."""
+    token = _PLATFORM_DATED.set(True)
+    try:
+        yield
+    finally:
+        _PLATFORM_DATED.reset(token)
+
+
+async def platform_dated(call: Awaitable[R]) -> R:
+    """``call`` (a call's coroutine) awaited within :func:`dated_by_platform`."""
+    with dated_by_platform():
+        return await call
+
+
+R = TypeVar("R")
+_PLATFORM_DATED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "narrmem_platform_dated", default=False
+)
+CLOCK_WARNED_EVERY_S = 600.0  # the clock behind a platform's dates is said at most this often
+_clock_warned_at: list[float] = []
+
+
+def _clock_behind(ahead_s: float, now: datetime) -> None:
+    last = _clock_warned_at[-1] if _clock_warned_at else None
+    if last is not None and time.monotonic() - last < CLOCK_WARNED_EVERY_S:
+        return
+    _clock_warned_at[:] = [time.monotonic()]
+    log.warning(
+        "a message the platform dated %.1f hours past this machine's clock (%s) was stored as dated: "
+        "is the clock right (NTP)?",
+        ahead_s / 3600,
+        now.isoformat(),
+    )
+
+
 def check_not_ahead(messages: Sequence[Message], now: datetime, limit_s: float) -> None:
     """Refuse a message dated further past the clock's now than ``limit_s``: a device whose clock
     ran a year ahead stored a mood a year ahead, which every later week then counted, and a
-    trigger that fired on it held the real one back until that date."""
+    trigger that fired on it held the real one back until that date. Within
+    :func:`dated_by_platform`, the clock is the one that is wrong: warned of, not refused."""
     for index, message in enumerate(messages):
         # An edit dated far ahead was the newest for ever: every later edit was refused as older.
         edited = edit_time_or_none(message.meta)
         for name, at in (("ts", message.ts), ("meta.edited_at", edited)):
             ahead = 0.0 if at is None else (at - now).total_seconds()
-            if ahead > limit_s:
+            if ahead > limit_s and _PLATFORM_DATED.get():
+                _clock_behind(ahead, now)
+            elif ahead > limit_s:
                 field = name if len(messages) == 1 else f"messages[{index}].{name}"
                 raise ClockBehindError(
                     f"is {ahead / 3600:.1f} hours past the memory's clock ({now.isoformat()}); at most "

@@ -25,6 +25,7 @@ from narrmem.doors.integrations.backlog import (
 )
 from narrmem.errors import InputError, NarrmemError
 from narrmem.host import hookimpl
+from narrmem.ingest import platform_dated
 from narrmem.memory import Memory
 from narrmem.models import (
     MAX_ID_CHARS,
@@ -461,7 +462,7 @@ class TriggerRoutes(Generic[T]):
         expected = self.expect(message, target)
         result: IngestResult | None = None
         try:
-            result = await self._memory.ingest(message)
+            result = await platform_dated(self._memory.ingest(message))
             return result
         finally:
             self.ingested(message, result, expected=expected)
@@ -601,7 +602,7 @@ async def ingest(
     expected = triggers is not None and triggers.expect(message, target)
 
     async def once() -> IngestResult:
-        result = await memory.ingest(message)
+        result = await platform_dated(memory.ingest(message))
         if triggers is not None:
             triggers.ingested(message, result, expected=expected)
         return result
@@ -621,7 +622,7 @@ async def edit(memory: Memory, message: Message) -> IngestResult | None:
     made later, in order, when the store cannot be reached now."""
     try:
         record = message_record("edit", message)
-        return await backlog_of(memory).run("edit", lambda: memory.edit(message), record)
+        return await backlog_of(memory).run("edit", lambda: platform_dated(memory.edit(message)), record)
     except Exception:
         log.exception("narrmem could not apply the edit of a message")
         return None

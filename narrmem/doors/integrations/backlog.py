@@ -11,9 +11,7 @@ stored for good), and an edit lands on the message it edits.
 At most :data:`MAX_WAITING` calls wait, for one memory; when full, the oldest message or edit
 goes to make room (a forget goes only when nothing else is left to drop), logged with a count.
 A call that fails in another way once the store answers (a refusal) is logged and dropped, as it
-would have been at once. A message or edit dated past what the memory's clock takes
-(:class:`~narrmem.errors.ClockBehindError`: the platform dated it, so the machine's clock is
-behind) waits the same way, until the clock agrees.
+would have been at once.
 
 On disk too (:mod:`narrmem.doors.integrations.spool`): what waits is kept in a file of the data
 folder, so a bot stopped or restarted during the outage makes it at its next start, after the
@@ -47,9 +45,10 @@ from pydantic import ValidationError
 
 from narrmem import logs
 from narrmem.doors.integrations.spool import REWRITE_EVERY, Spool
-from narrmem.errors import ClockBehindError, ClosedError, StoreUnavailableError
+from narrmem.errors import ClosedError, StoreUnavailableError
 from narrmem.forget_marks import aware_time_in, forget_written
 from narrmem.host import hookimpl
+from narrmem.ingest import platform_dated
 from narrmem.models import Message, Scope
 from narrmem.store import FindsUserTenants, ReadsStateByPrefix
 
@@ -161,18 +160,6 @@ class Backlog:
             return await self._make(call, record)
         except StoreUnavailableError as exc:
             log.warning("the store cannot be reached; the %s waits (%s)", kind, type(exc).__name__)
-            await self._keep(kind, call, record, since)
-            return None
-        except ClockBehindError as exc:
-            # Dated by the platform, whose time is right: the machine's clock is behind (a VM
-            # resumed before its clock was set). Refused and logged, the message was lost.
-            log.warning(
-                "the %s is dated past this machine's clock (%s: %s): is the clock right (NTP)? "
-                "It waits until the clock agrees",
-                kind,
-                exc.field,
-                exc,
-            )
             await self._keep(kind, call, record, since)
             return None
 
@@ -302,7 +289,7 @@ class Backlog:
                     first = self._waiting[0]
                     try:
                         await self._make_waiting(first)
-                    except (StoreUnavailableError, ClockBehindError):
+                    except StoreUnavailableError:
                         failures += 1
                         break
                     except ClosedError:
@@ -446,8 +433,8 @@ class Backlog:
                     remake = self._remakers.get(str(data.get("by")))
                     if remake is not None:
                         return "message", lambda: remake(message)
-                    return "message", lambda: memory.ingest(message)
-                return "edit", lambda: memory.edit(message)
+                    return "message", lambda: platform_dated(memory.ingest(message))
+                return "edit", lambda: platform_dated(memory.edit(message))
             if kind == "forget of deleted messages":
                 tenant, chat_id = str(data["tenant"]), str(data["chat_id"])
                 ids = [str(i) for i in data["message_ids"]]
