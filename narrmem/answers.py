@@ -83,14 +83,22 @@ async def users(
         if tenant is None:
             raise InputError("pages through one tenant's users: give a tenant", field="after")
     rows = await memory.store.users(tenant, limit=limit, after=after)
-    return _with_plugins_only(rows, await _plugin_people(memory, tenant), tenant, limit, after)
+    # The plugins asked of this page's range alone (with a tenant): asked whole, a graph of 50,000
+    # people was read whole for every page (0.7 s against 3 ms).
+    through = rows[-1]["user_id"] if tenant is not None and len(rows) >= limit else None
+    held = await _plugin_people(memory, tenant, after=after, through=through)
+    return _with_plugins_only(rows, held, tenant, limit, after)
 
 
-async def _plugin_people(memory: MemoryView, tenant: str | None) -> dict[tuple[str, str], datetime]:
+async def _plugin_people(
+    memory: MemoryView, tenant: str | None, *, after: str | None = None, through: str | None = None
+) -> dict[tuple[str, str], datetime]:
     # Imported here: retention reads the ids of its arguments with this module's checks.
     from narrmem.retention import plugins_latest
 
-    return await plugins_latest(memory, tenant)
+    found = await plugins_latest(memory, tenant, after=after, through=through)
+    # Of the tenant asked alone, whatever a plugin answered (a tenant's key lists its own).
+    return found if tenant is None else {key: at for key, at in found.items() if key[0] == tenant}
 
 
 def _with_plugins_only(

@@ -105,14 +105,26 @@ async def pass_size(memory: Any, before: object, *, tenant: object = None) -> in
 
 
 async def plugins_latest(
-    memory: Any, tenant: str | None = None, user_id: str | None = None
+    memory: Any,
+    tenant: str | None = None,
+    user_id: str | None = None,
+    *,
+    after: str | None = None,
+    through: str | None = None,
 ) -> dict[tuple[str, str], datetime]:
     """Each person's latest write by any plugin (``narrmem_people_held``), of ``tenant`` (every
-    tenant if ``None``), of ``user_id`` alone when given. A time that is not an aware datetime
-    says nothing (it cannot be compared)."""
+    tenant if ``None``), of ``user_id`` alone when given, of the user ids after ``after`` and up
+    to ``through`` when given (asked of the plugins, which may answer more). A time that is not
+    an aware datetime says nothing (it cannot be compared)."""
     latest: dict[tuple[str, str], datetime] = {}
     answers = await memory.host.call(
-        "narrmem_people_held", isolate=False, memory=memory, tenant=tenant, user_id=user_id
+        "narrmem_people_held",
+        isolate=False,
+        memory=memory,
+        tenant=tenant,
+        user_id=user_id,
+        after=after,
+        through=through,
     )
     for answer in answers:
         for held_tenant, held_user, last in answer:

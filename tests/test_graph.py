@@ -631,7 +631,11 @@ async def test_every_fact_is_listed_newest_first_page_by_page(mem: Memory) -> No
     """A walk from "user" reaches what is linked to it within its hops: the facts of the user's
     graph linked to nothing of theirs were in no list an inspector could show."""
     await commit(
-        mem, ("user", "likes", "jazz"), ("sister", "lives_in", "Paris"), ("bob", "owes_money_to", "mallory")
+        mem,
+        ("user", "likes", "jazz"),
+        ("sister", "lives_in", "Paris"),
+        ("bob", "owes_money_to", "mallory"),
+        ("user", "has_trait", "patient"),
     )
     await mem.call_tool(
         "memory_commit",
@@ -654,12 +658,14 @@ async def test_every_fact_is_listed_newest_first_page_by_page(mem: Memory) -> No
         before = page["facts"][-1]["id"]
     assert seen == [
         "user plans a trip",
+        "user has_trait patient",  # the user's, not the persona's
         "bob owes_money_to mallory",
         "sister lives_in Paris",
         "user likes jazz",
     ]
     said = await mem.call_tool("memory_facts", {**U1, "include_speculative": False})
-    assert [f["object"] for f in said["facts"]] == ["mallory", "Paris", "jazz"] and said["more"] is False
+    assert [f["object"] for f in said["facts"]] == ["patient", "mallory", "Paris", "jazz"]
+    assert said["more"] is False
     assert (await mem.call_tool("memory_facts", {"user_id": "u2"}))["facts"] == []
 
 

@@ -52,7 +52,7 @@ from narrmem_plugins.graph.schemas import (
 )
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tasks import create_task, linked_task_count, load_tasks, newest_tasks, set_state
-from narrmem_plugins.graph.vocabulary import HAS_TONE, HAS_TRAIT, STRUCTURAL
+from narrmem_plugins.graph.vocabulary import STRUCTURAL
 from narrmem_plugins.graph.writer import TripletDraft, write_triplet
 
 from narrmem.errors import InputError
@@ -178,8 +178,9 @@ async def recall(ctx: GraphContext, memory: MemoryView, args: RecallInput) -> Re
     )
 
 
-# The persona's and the tasks' own links: shown by persona_get and task_chains, not facts.
-NOT_FACTS = sorted(STRUCTURAL | {HAS_TRAIT, HAS_TONE})
+# The tasks' and the persona's own links (shown by task_chains and persona_get), not facts: by
+# their relation, or by their subject, a persona's node (a "has_trait" of the user is a fact).
+NOT_FACTS = sorted(STRUCTURAL)
 
 
 async def facts_tool(ctx: GraphContext, memory: MemoryView, args: FactsInput) -> FactsOutput:
@@ -187,7 +188,7 @@ async def facts_tool(ctx: GraphContext, memory: MemoryView, args: FactsInput) ->
     words asked, here whole (an inspector showed those within three hops of "user" alone, and
     called the list whole)."""
     q = EdgeQuery().where("e.status = 'active'")
-    q.where(f"e.relation NOT IN ({marks(NOT_FACTS)})", *NOT_FACTS)
+    q.where(f"e.relation NOT IN ({marks(NOT_FACTS)})", *NOT_FACTS).where("s.type <> 'PersonaNode'")
     if args.before_id is not None:
         q.where("e.id < ?", args.before_id)
     if not args.include_speculative:

@@ -76,15 +76,25 @@ class GraphTransfer:
 
     @hookimpl
     async def narrmem_people_held(
-        self, memory: MemoryView, tenant: str | None, user_id: str | None
+        self,
+        memory: MemoryView,
+        tenant: str | None,
+        user_id: str | None,
+        after: str | None = None,
+        through: str | None = None,
     ) -> list[tuple[str, str, datetime]] | None:
         """Each person with a node or a fact, and when one was last made or stated again."""
         if self._graph is None:
             return None
         clauses, values = [], []
-        for column, value in (("tenant", tenant), ("user_id", user_id)):
+        for condition, value in (
+            ("tenant = ?", tenant),
+            ("user_id = ?", user_id),
+            ("user_id > ?", after),
+            ("user_id <= ?", through),
+        ):
             if value is not None:
-                clauses.append(f"AND {column} = ? ")
+                clauses.append(f"AND {condition} ")
                 values.append(value)
         only, params = "".join(clauses), values * 2
         async with self._graph.read() as db:

@@ -72,7 +72,12 @@ class RTMTransfer:
 
     @hookimpl
     async def narrmem_people_held(
-        self, memory: MemoryView, tenant: str | None, user_id: str | None
+        self,
+        memory: MemoryView,
+        tenant: str | None,
+        user_id: str | None,
+        after: str | None = None,
+        through: str | None = None,
     ) -> list[tuple[str, str, datetime]] | None:
         """Each person a tree of whose words is kept, and when the latest was built (the trees are
         few, at most ``trees_kept`` a tenant: their times are read and compared here, as the tree
@@ -80,9 +85,14 @@ class RTMTransfer:
         if not self.trees.persistent or not isinstance(memory.store, SQLCapable):
             return None
         clauses, params = [], []
-        for column, value in (("tenant", tenant), ("user_id", user_id)):
+        for condition, value in (
+            ("tenant = ?", tenant),
+            ("user_id = ?", user_id),
+            ("user_id > ?", after),
+            ("user_id <= ?", through),
+        ):
             if value is not None:
-                clauses.append(f" AND {column} = ?")
+                clauses.append(f" AND {condition}")
                 params.append(value)
         only = "".join(clauses)
         async with memory.store.sql() as db:
