@@ -86,17 +86,23 @@ async def users(
     # The plugins asked of this page's range alone (with a tenant): asked whole, a graph of 50,000
     # people was read whole for every page (0.7 s against 3 ms).
     through = rows[-1]["user_id"] if tenant is not None and len(rows) >= limit else None
-    held = await _plugin_people(memory, tenant, after=after, through=through)
+    held = await _plugin_people(memory, tenant, after=after, through=through, limit=limit)
     return _with_plugins_only(rows, held, tenant, limit, after)
 
 
 async def _plugin_people(
-    memory: MemoryView, tenant: str | None, *, after: str | None = None, through: str | None = None
+    memory: MemoryView,
+    tenant: str | None,
+    *,
+    after: str | None = None,
+    through: str | None = None,
+    limit: int | None = None,
 ) -> dict[tuple[str, str], datetime]:
     # Imported here: retention reads the ids of its arguments with this module's checks.
     from narrmem.retention import plugins_latest
 
-    found = await plugins_latest(memory, tenant, after=after, through=through)
+    # The first `limit` of each plugin's are enough: the page holds `limit` rows in all.
+    found = await plugins_latest(memory, tenant, after=after, through=through, limit=limit)
     # Of the tenant asked alone, whatever a plugin answered (a tenant's key lists its own).
     return found if tenant is None else {key: at for key, at in found.items() if key[0] == tenant}
 

@@ -547,14 +547,20 @@ def narrmem_person_records(
 
 @hookspec
 def narrmem_people_held(
-    memory: MemoryView, tenant: str | None, user_id: str | None, after: str | None, through: str | None
+    memory: MemoryView,
+    tenant: str | None,
+    user_id: str | None,
+    after: str | None,
+    through: str | None,
+    limit: int | None,
 ) -> list[tuple[str, str, datetime]] | None:
     """Every person this plugin keeps something of, as ``(tenant, user_id, last)``: ``last`` the
     latest time it wrote of them (a fact stated, a tree built; aware), of ``tenant`` (every tenant
     when ``None``), of ``user_id`` alone when given, of the user ids after ``after`` and up to
     ``through`` when given (each ``None``: unbounded; a page of the users list asks its own
-    range), read by a query over the plugin's own rows (an aggregate where it can). Those outside
-    the range given may be answered too: the caller keeps its range. Retention
+    range), the first ``limit`` of them in (tenant, user id) order when given, read by a query
+    over the plugin's own rows (an aggregate where it can). Those outside the range or past the
+    limit may be answered too: the caller keeps its own. Retention
     (``Memory.forget_inactive``) forgets, besides the people whose every memory is old, those who
     have no memory at all and nothing here newer than its time (a bot that writes what it learns
     with tools alone, ``memory_commit`` over MCP, had no one found), and keeps anyone written of

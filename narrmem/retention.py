@@ -111,10 +111,12 @@ async def plugins_latest(
     *,
     after: str | None = None,
     through: str | None = None,
+    limit: int | None = None,
 ) -> dict[tuple[str, str], datetime]:
     """Each person's latest write by any plugin (``narrmem_people_held``), of ``tenant`` (every
     tenant if ``None``), of ``user_id`` alone when given, of the user ids after ``after`` and up
-    to ``through`` when given (asked of the plugins, which may answer more). A time that is not
+    to ``through``, the first ``limit`` of them, when given (asked of the plugins, which may
+    answer more). A time that is not
     an aware datetime says nothing (it cannot be compared)."""
     latest: dict[tuple[str, str], datetime] = {}
     answers = await memory.host.call(
@@ -125,6 +127,7 @@ async def plugins_latest(
         user_id=user_id,
         after=after,
         through=through,
+        limit=limit,
     )
     for answer in answers:
         for held_tenant, held_user, last in answer:

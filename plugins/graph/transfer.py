@@ -80,8 +80,9 @@ class GraphTransfer:
         memory: MemoryView,
         tenant: str | None,
         user_id: str | None,
-        after: str | None = None,
-        through: str | None = None,
+        after: str | None,
+        through: str | None,
+        limit: int | None,
     ) -> list[tuple[str, str, datetime]] | None:
         """Each person with a node or a fact, and when one was last made or stated again."""
         if self._graph is None:
@@ -96,8 +97,21 @@ class GraphTransfer:
             if value is not None:
                 clauses.append(f"AND {condition} ")
                 values.append(value)
-        only, params = "".join(clauses), values * 2
         async with self._graph.read() as db:
+            if limit is not None and tenant is not None and user_id is None:
+                # The first of the range by the nodes' scope index (whoever has a fact has a node),
+                # then their times alone: a page of the users list read a graph of 50,000 people
+                # whole (0.85 s a page).
+                firsts = await db.fetchall(
+                    "SELECT DISTINCT user_id FROM graph_nodes WHERE user_id <> '' "
+                    f"{''.join(clauses)}ORDER BY user_id LIMIT ?",
+                    [*values, limit],
+                )
+                if not firsts:
+                    return []
+                clauses = [f"AND tenant = ? AND user_id IN ({', '.join('?' * len(firsts))}) "]
+                values = [tenant, *(str(r[0]) for r in firsts)]
+            only, params = "".join(clauses), values * 2
             rows = await db.fetchall(
                 "SELECT tenant, user_id, MAX(at) FROM ("
                 f"SELECT tenant, user_id, created_ts AS at FROM graph_nodes WHERE user_id <> '' {only}"

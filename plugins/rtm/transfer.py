@@ -76,8 +76,9 @@ class RTMTransfer:
         memory: MemoryView,
         tenant: str | None,
         user_id: str | None,
-        after: str | None = None,
-        through: str | None = None,
+        after: str | None,
+        through: str | None,
+        limit: int | None,  # the trees are few (trees_kept a tenant): read whole
     ) -> list[tuple[str, str, datetime]] | None:
         """Each person a tree of whose words is kept, and when the latest was built (the trees are
         few, at most ``trees_kept`` a tenant: their times are read and compared here, as the tree
