@@ -24,6 +24,7 @@ import pytest_asyncio
 
 from narrmem import ContextPack, InputError, Memory, MemoryRecord, Scope, TriggerEvent, forget_marks
 from narrmem.doors.integrations import _common
+from narrmem.testing import open_memory
 
 if TYPE_CHECKING:
     import discord
@@ -1418,3 +1419,27 @@ async def test_discord_a_thread_noted_when_the_store_could_not_take_it_at_first(
         assert await everything(memory) == []
     finally:
         await harness.close()
+
+
+async def test_a_forgetme_after_guild_as_was_switched_reaches_what_was_stored_before(tmp_path: Path) -> None:
+    """A bot run with ``guild_as="tenant"``, switched to ``"chat"`` and restarted: ``!forgetme``
+    said "Done" and left everything stored under the server's tenant."""
+    folder = tmp_path / "m"
+    async with open_memory(folder) as memory:
+        bot = DiscordHarness(memory, guild_as="tenant")
+        await bot.start()
+        try:
+            await bot.send(1, "I decided to quit my job at the bank", user=ANN, chat=GROUP, group=True)
+            await bot.settle()
+        finally:
+            await bot.close()
+        assert await episodes(memory, tenant=str(GUILD_ID), user_id=str(ANN))
+    async with open_memory(folder) as memory:
+        bot = DiscordHarness(memory, guild_as="chat")
+        await bot.start()
+        try:
+            await bot.command(11, "forgetme", user=ANN, chat=ANN, group=False)
+            await bot.settle()
+        finally:
+            await bot.close()
+        assert [r for r in await everything(memory) if r.user_id == str(ANN)] == []

@@ -356,11 +356,10 @@ class NarrmemCog(commands.Cog, _common.ForHandlers[discord.Message]):
         return tenants | {tenant for tenant in held if self._discords(tenant)}
 
     def _discords(self, tenant: str) -> bool:
-        """Whether ``tenant`` is one a Discord server's messages go to (live or imported)."""
-        imported = tenant.removeprefix(IMPORTED_PREFIX)
-        if imported != tenant:
-            return imported.isdigit()
-        return self.guild_as == "tenant" and tenant.isdigit()
+        """Whether ``tenant`` is one a Discord server's messages go to (live or imported), with
+        ``guild_as="tenant"`` now or before: a bot switched to ``"chat"`` left what it had stored
+        under each server, and a ``forgetme`` after the switch said "Done" and left it."""
+        return tenant.removeprefix(IMPORTED_PREFIX).isdigit()
 
     @commands.command(name="forgetme", help="Forget everything I remember about you, in every server.")
     async def forgetme(self, ctx: AnyContext) -> None:
