@@ -210,6 +210,29 @@ async def test_a_folder_of_someone_elses_files_is_not_replaced(tmp_path: Path) -
     assert (keyword_folder(folder) / "notes.txt").read_text() == "mine"
 
 
+async def test_an_index_left_by_a_run_with_it_goes_when_the_store_runs_without_it(tmp_path: Path) -> None:
+    """A store that ran with the tantivy index, opened with keyword_index = "fts5": the index was
+    neither kept nor purged, and a forget made then left the forgotten words in it. Someone
+    else's folder of that name stays, as ever."""
+    folder = tmp_path / "m"
+    async with open_memory(folder, **TANTIVY) as memory:
+        await fill(memory)
+    assert (keyword_folder(folder) / STATE_FILE).is_file()
+    fts5 = {"storage": {"keyword_index": "fts5"}}
+    async with open_memory(folder, **fts5) as memory:
+        assert not keyword_folder(folder).exists()
+        await memory.forget(user_id="u1")
+    assert not keyword_folder(folder).exists()  # nothing of u1's words in an index left aside
+    async with open_memory(folder, **TANTIVY) as memory:  # back: built again from SQLite
+        assert [i for i, _ in await memory.store.search_keywords(Scope(user_id="u2"), "ramen", 10)] == [5]
+    theirs = tmp_path / "n"
+    keyword_folder(theirs).mkdir(parents=True)
+    (keyword_folder(theirs) / "notes.txt").write_text("mine")
+    async with open_memory(theirs, **fts5):
+        pass
+    assert (keyword_folder(theirs) / "notes.txt").read_text() == "mine"
+
+
 class CountingWriter:
     """Stands in for the index's writer, counting commits."""
 

@@ -635,6 +635,15 @@ class _Building:
         return await asyncio.get_running_loop().run_in_executor(self.thread, fn, *args)
 
 
+def remove_own(folder: Path) -> bool:
+    """Delete ``folder`` if it is a keyword index narrmem wrote (marked as its own); whether it did.
+    A folder narrmem cannot prove is its own is left as it is."""
+    if not (folder.is_dir() and _marked(folder)):
+        return False
+    shutil.rmtree(folder)
+    return True
+
+
 def check_folder(folder: Path) -> None:
     """Refuse a keyword index folder narrmem cannot prove is its own, before anything is written."""
     if folder.exists() and not (folder.is_dir() and _ours(folder)):

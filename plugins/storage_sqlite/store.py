@@ -229,7 +229,13 @@ class SQLiteStore(ForgetJournal):
                 async with self._vectors_lock:
                     await self._save_index()
         # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
-        if self.keyword_engine == "tantivy":
+        if self.keyword_engine == "fts5" and not self.read_only:
+            # Not kept with FTS5 alone, a tantivy index left by a run with it kept the words of
+            # everyone forgotten since, in no file a forget purged; it is rebuilt from SQLite
+            # should the setting come back.
+            if await asyncio.to_thread(keyword_index.remove_own, self.folder / KEYWORDS_FOLDER):
+                log.info("the keyword index is not kept with storage.keyword_index = 'fts5': removed")
+        elif self.keyword_engine == "tantivy":
             await self._open_keywords()
         elif self.keyword_engine == "auto" and (
             (self.folder / KEYWORDS_FOLDER).exists() or self.index.largest_scope() >= self.keyword_threshold
