@@ -293,3 +293,27 @@ async def test_rows_outside_a_mapped_graph_are_taken_in_by_a_background_copy(
         assert again._shards[("t", "big")].graph is None or again._shards[("t", "big")].outside_graph == 0
     finally:
         await again.close()
+
+
+async def test_an_index_folder_renamed_in_the_settings_leaves_no_copy_behind(tmp_path: Path) -> None:
+    """``[storage] index`` renamed on a store: the old folder, narrmem's, stayed beside the new
+    one with every vector and chat id, those of the people forgotten since too. Someone else's
+    folder of the old name is left as it is."""
+    folder = tmp_path / "m"
+    async with open_memory(folder) as memory:
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="alice", chat="chat-alice"))
+        await memory.ingest(msg("2", "we moved to Lisbon last spring", user="bob", chat="chat-bob"))
+    assert b"chat-alice" in (folder / "vectors" / "manifest.json").read_bytes()
+    async with open_memory(folder, storage={"index": "vec2"}) as memory:
+        assert not (folder / "vectors").exists()
+        await memory.forget(user_id="alice")
+        assert len(await memory.recall("greyhound Lisbon", user_id="bob")) == 1
+    holding = [p for p in folder.rglob("*") if p.is_file() and b"chat-alice" in p.read_bytes()]
+    assert holding == []
+    # Back to the first name: the renamed folder goes in its turn; a stranger's folder stays.
+    (folder / "notes").mkdir()
+    (folder / "notes" / "mine.txt").write_text("mine")
+    async with open_memory(folder, storage={"index": "vectors"}) as memory:
+        assert not (folder / "vec2").exists()
+        assert len(await memory.recall("Lisbon", user_id="bob")) == 1
+    assert (folder / "notes" / "mine.txt").read_text() == "mine"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -64,6 +65,14 @@ def claim(path: Path, index_format: int, *, older_index_file: bool = False) -> N
     marker = path / MARKER
     if not marker.exists():
         marker.write_text(json.dumps({"narrmem": "vector index", "format": index_format}) + "\n")
+
+
+def remove_own(path: Path) -> bool:
+    """Delete the index folder ``path`` if narrmem marked it as its own; whether it did."""
+    if not (path.is_dir() and (path / MARKER).is_file()):
+        return False
+    shutil.rmtree(path)
+    return True
 
 
 def remove_older_default_file(folder: Path, dim: int) -> bool:

@@ -82,6 +82,7 @@ WAL_KEPT_BYTES = 64 * 1024 * 1024
 # A meta row saying an older narrmem's single index file may still lie beside the database: set
 # by the open that migrates such a store, cleared once the file is claimed or removed.
 OLDER_INDEX_FILE = "older_index_file"
+INDEX_NAME = "index"  # meta: the [storage] index this database's vectors were last kept under
 # The log's truncation after a purge waits so long for readers (an export's snapshot holds the
 # log back for as long as its client reads), then is tried again every LOG_RETRY_S until it is
 # done: the log still holds what the forget deleted until then.
@@ -218,6 +219,7 @@ class SQLiteStore(ForgetJournal):
                 # Another store's database beside this one (a name of its own) may own the file.
                 await asyncio.to_thread(index_folder.remove_older_default_file, self.folder, dim)
             await self._write("DELETE FROM meta WHERE key = ?", (OLDER_INDEX_FILE,))
+        await self._retire_renamed_index()
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index()
         else:
@@ -241,6 +243,26 @@ class SQLiteStore(ForgetJournal):
             (self.folder / KEYWORDS_FOLDER).exists() or self.index.largest_scope() >= self.keyword_threshold
         ):
             await self._start_keywords()
+
+    async def _retire_renamed_index(self) -> None:
+        """Delete the index folder this database last kept its vectors in, if ``[storage] index``
+        names another now and narrmem marked that one as its own: left aside, it kept every
+        vector and chat id of the store, those of the people forgotten since too."""
+        rows = await self._fetchall("SELECT value FROM meta WHERE key = ?", (INDEX_NAME,))
+        named = (
+            self.index_path.relative_to(self.folder).as_posix()
+            if self.index_path.is_relative_to(self.folder)
+            else str(self.index_path)
+        )
+        before = str(rows[0][0]) if rows else None
+        if before is not None and before != named:
+            old = (self.folder / before).resolve()
+            # Only a folder inside the data folder, and not another's index named now.
+            if old.is_relative_to(self.folder.resolve()) and old != self.index_path.resolve():
+                if await asyncio.to_thread(index_folder.remove_own, old):
+                    log.warning("the vector index was %s, %s now: the old folder is deleted", before, named)
+        if before != named:
+            await self._write("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (INDEX_NAME, named))
 
     def _check_files(self) -> tuple[int, bool]:
         """Refuse a database, vector index or keyword index at this store's paths that narrmem
