@@ -272,3 +272,16 @@ def test_export_import_round_trip(store: CliStore, tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "line 4" in done.stderr and "vector" in done.stderr
     assert not fresh.exists()  # checked before a store was made for it
+    # Refused once the store is made (a plugin section no plugin takes: the graph off): what the
+    # command made goes, and what was in the folder stays; it left an empty store tied to the
+    # refused settings, and the import tried again with the right ones was refused for it.
+    fresh.mkdir()
+    (fresh / "mine.txt").write_text("mine")
+    done = run_narrmem(
+        "import", str(first), "--data", str(fresh), cwd=store.work,
+        env={**ENV, "NARRMEM_PLUGINS__DISABLED": '["graph"]'}, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert sorted(p.name for p in fresh.iterdir()) == ["mine.txt"]
+    done = narrmem("import", str(first), "--json", "--data", str(fresh), cwd=store.work)
+    assert done.returncode == 0, done.stderr

@@ -6,9 +6,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import shutil
 import sys
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from narrmem import __version__
@@ -693,13 +696,46 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.doors.importing import check_export_file, export_model, import_jsonl
 
-    if not _store_exists(settings):
+    new_store = not _store_exists(settings)
+    if new_store:
         # A file the import refuses must not leave a new, empty store behind.
         check_export_file(args.file)
-    async with _open(settings, warm=False, new_store_model=export_model(args.file)) as memory:
-        counts = await import_jsonl(memory, args.file)
+    made = _NewFiles(settings.data_dir) if new_store and settings.storage.backend == "sqlite" else None
+    try:
+        async with _open(settings, warm=False, new_store_model=export_model(args.file)) as memory:
+            counts = await import_jsonl(memory, args.file)
+    except NarrmemError:
+        # Refused once the store was made (a model or a plugin section the file cannot be
+        # imported with): what this command made goes, and nothing else. Left, the empty store
+        # was tied to the refused settings, and the import tried again with the right ones was
+        # refused for it.
+        if made is not None:
+            made.remove()
+        raise
     _report(args, counts)
     return 0
+
+
+class _NewFiles:
+    """What a command makes in the data folder, told from what was there before it began."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.folder = Path(data_dir)
+        self.folder_was_there = self.folder.exists()
+        self.before = {p.name for p in self.folder.iterdir()} if self.folder.is_dir() else set()
+
+    def remove(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.iterdir():
+            if path.name in self.before:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if not self.folder_was_there and not any(self.folder.iterdir()):
+            self.folder.rmdir()
 
 
 async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
