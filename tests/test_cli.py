@@ -282,6 +282,22 @@ def test_export_import_round_trip(store: CliStore, tmp_path: Path) -> None:
         env={**ENV, "NARRMEM_PLUGINS__DISABLED": '["graph"]'}, timeout=600,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert sorted(p.name for p in fresh.iterdir()) == ["mine.txt"]
+    assert sorted(p.name for p in fresh.iterdir()) == ["mine.txt", "narrmem.sqlite3.lock"]
     done = narrmem("import", str(first), "--json", "--data", str(fresh), cwd=store.work)
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_refused_import_leaves_a_store_another_process_opened_meanwhile(tmp_path: Path) -> None:
+    """The import looks at a new folder, then a bot opens a store in it and the import is refused
+    (the folder is in use): what the import would remove is the bot's, and it stays."""
+    from narrmem.config import load_settings
+    from narrmem.doors.cli import _NewStore
+    from narrmem.testing import open_memory
+
+    data = tmp_path / "data"
+    made = _NewStore(load_settings(None, data_dir=str(data)))
+    async with open_memory(data) as bot:
+        await bot.ingest(msg("b1", "I adopted a greyhound named Pixel", user="carol"))
+        made.remove()
+        assert (data / "narrmem.sqlite3").is_file() and (data / "vectors").is_dir()
+        assert len(await bot.recall("greyhound", user_id="carol")) == 1

@@ -317,3 +317,23 @@ async def test_an_index_folder_renamed_in_the_settings_leaves_no_copy_behind(tmp
         assert not (folder / "vec2").exists()
         assert len(await memory.recall("Lisbon", user_id="bob")) == 1
     assert (folder / "notes" / "mine.txt").read_text() == "mine"
+
+
+async def test_a_copy_of_the_database_under_another_name_leaves_the_first_stores_index(
+    tmp_path: Path,
+) -> None:
+    """The database copied beside itself and opened under its own name with its own index: the
+    name its meta recorded travelled with it, and the first store's index was deleted."""
+    import shutil
+
+    folder = tmp_path / "m"
+    async with open_memory(folder) as memory:
+        await memory.ingest(msg("1", "I adopted a greyhound named Pixel", user="alice", chat="chat-alice"))
+    shutil.copy(folder / "narrmem.sqlite3", folder / "staging.sqlite3")
+    async with open_memory(
+        folder, storage={"database": "staging.sqlite3", "index": "staging-vectors"}
+    ) as staging:
+        assert len(await staging.recall("greyhound", user_id="alice")) == 1
+    assert (folder / "vectors" / "manifest.json").is_file()
+    async with open_memory(folder) as memory:
+        assert len(await memory.recall("greyhound", user_id="alice")) == 1

@@ -227,6 +227,15 @@ async def test_an_index_left_by_a_run_with_it_goes_when_the_store_runs_without_i
     assert not keyword_folder(folder).exists()  # nothing of u1's words in an index left aside
     async with open_memory(folder, **TANTIVY) as memory:  # back: built again from SQLite
         assert [i for i, _ in await memory.store.search_keywords(Scope(user_id="u2"), "ramen", 10)] == [5]
+    # Another store of the same folder (a database of its own name) keeps the index it runs with.
+    async with open_memory(
+        folder, storage={"keyword_index": "tantivy", "database": "a.sqlite3", "index": "a-vec"}
+    ):
+        pass
+    async with open_memory(
+        folder, storage={"keyword_index": "fts5", "database": "b.sqlite3", "index": "b-vec"}
+    ):
+        assert (keyword_folder(folder) / STATE_FILE).is_file()
     theirs = tmp_path / "n"
     keyword_folder(theirs).mkdir(parents=True)
     (keyword_folder(theirs) / "notes.txt").write_text("mine")

@@ -18,7 +18,7 @@ from narrmem import __version__
 from narrmem.checks import folder_problem
 from narrmem.config import Settings, load_settings
 from narrmem.doors.server.commands import SERVER_COMMANDS, add_server_commands
-from narrmem.errors import ConfigError, InputError, NarrmemError, StoreUnavailableError
+from narrmem.errors import ConfigError, InputError, NarrmemError, StoreError, StoreUnavailableError
 
 Handler = Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]]
 
@@ -700,7 +700,7 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     if new_store:
         # A file the import refuses must not leave a new, empty store behind.
         check_export_file(args.file)
-    made = _NewFiles(settings.data_dir) if new_store and settings.storage.backend == "sqlite" else None
+    made = _NewStore(settings) if new_store and settings.storage.backend == "sqlite" else None
     try:
         async with _open(settings, warm=False, new_store_model=export_model(args.file)) as memory:
             counts = await import_jsonl(memory, args.file)
@@ -716,26 +716,39 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-class _NewFiles:
-    """What a command makes in the data folder, told from what was there before it began."""
+class _NewStore:
+    """The files a new embedded store is made of (its database and SQLite's files beside it, its
+    vector and keyword index folders), those of them not there before the command began: what a
+    refused import removes, and nothing else of the folder (its lock file stays)."""
 
-    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
-        self.folder = Path(data_dir)
-        self.folder_was_there = self.folder.exists()
-        self.before = {p.name for p in self.folder.iterdir()} if self.folder.is_dir() else set()
+    def __init__(self, settings: Settings) -> None:
+        self.folder = Path(settings.data_dir)
+        database = settings.storage.database
+        self.lock = self.folder / f"{database}.lock"
+        names = [database, *(database + s for s in ("-wal", "-shm", "-journal")), settings.storage.index]
+        names.append("keywords")
+        self.new = [self.folder / name for name in names if not os.path.lexists(self.folder / name)]
 
     def remove(self) -> None:
-        if not self.folder.is_dir():
+        from narrmem_plugins.storage_sqlite.folder_lock import FolderLock
+
+        # Taken first: a refusal because another process opened the store (a bot started on the
+        # same new folder a moment before) must leave it its files.
+        lock = FolderLock(self.lock)
+        try:
+            lock.acquire(self.folder)
+        except (StoreError, OSError):
             return
-        for path in self.folder.iterdir():
-            if path.name in self.before:
-                continue
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        if not self.folder_was_there and not any(self.folder.iterdir()):
-            self.folder.rmdir()
+        try:
+            for path in self.new:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    path.unlink()
+        finally:
+            # The lock file stays (see folder_lock): a process waiting on it would lock a file
+            # no longer in the folder while a third locked a new one.
+            lock.release()
 
 
 async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:

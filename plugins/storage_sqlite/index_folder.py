@@ -67,12 +67,30 @@ def claim(path: Path, index_format: int, *, older_index_file: bool = False) -> N
         marker.write_text(json.dumps({"narrmem": "vector index", "format": index_format}) + "\n")
 
 
-def remove_own(path: Path) -> bool:
-    """Delete the index folder ``path`` if narrmem marked it as its own; whether it did."""
-    if not (path.is_dir() and (path / MARKER).is_file()):
+def stamp(path: Path, database: str) -> None:
+    """Name in the index folder's marker the database whose index it is, if none is named yet (a
+    folder two stores of one data folder share by mistake keeps the first's name)."""
+    marked = _marker(path)
+    if marked is not None and "database" not in marked:
+        (path / MARKER).write_text(json.dumps({**marked, "database": database}) + "\n")
+
+
+def remove_own(path: Path, database: str) -> bool:
+    """Delete the index folder ``path`` if narrmem marked it as the index of ``database``; whether
+    it did. Another database's (a store beside this one, or the one this was copied from) stays."""
+    marked = _marker(path)
+    if marked is None or marked.get("database") != database:
         return False
     shutil.rmtree(path)
     return True
+
+
+def _marker(path: Path) -> dict[str, object] | None:
+    try:
+        marked = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marked if isinstance(marked, dict) else None
 
 
 def remove_older_default_file(folder: Path, dim: int) -> bool:

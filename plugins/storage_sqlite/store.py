@@ -82,7 +82,10 @@ WAL_KEPT_BYTES = 64 * 1024 * 1024
 # A meta row saying an older narrmem's single index file may still lie beside the database: set
 # by the open that migrates such a store, cleared once the file is claimed or removed.
 OLDER_INDEX_FILE = "older_index_file"
-INDEX_NAME = "index"  # meta: the [storage] index this database's vectors were last kept under
+# meta: the [storage] index this database's vectors were last kept under, by the database's own
+# name (a copy of the file opened under another name has none of its own yet)
+INDEX_NAME = "index_of:"
+KEYWORDS_OF = "keywords_of:"  # meta, by the database's name: it kept a tantivy index
 # The log's truncation after a purge waits so long for readers (an export's snapshot holds the
 # log back for as long as its client reads), then is tried again every LOG_RETRY_S until it is
 # done: the log still holds what the forget deleted until then.
@@ -232,11 +235,7 @@ class SQLiteStore(ForgetJournal):
                     await self._save_index()
         # A reader beside the writer keeps to FTS5, which SQLite's snapshot keeps current.
         if self.keyword_engine == "fts5" and not self.read_only:
-            # Not kept with FTS5 alone, a tantivy index left by a run with it kept the words of
-            # everyone forgotten since, in no file a forget purged; it is rebuilt from SQLite
-            # should the setting come back.
-            if await asyncio.to_thread(keyword_index.remove_own, self.folder / KEYWORDS_FOLDER):
-                log.info("the keyword index is not kept with storage.keyword_index = 'fts5': removed")
+            await self._remove_kept_keywords()
         elif self.keyword_engine == "tantivy":
             await self._open_keywords()
         elif self.keyword_engine == "auto" and (
@@ -244,11 +243,25 @@ class SQLiteStore(ForgetJournal):
         ):
             await self._start_keywords()
 
+    async def _remove_kept_keywords(self) -> None:
+        """Not kept with FTS5 alone, a tantivy index this database kept in a run with it held the
+        words of everyone forgotten since, in no file a forget purged: deleted (built again from
+        SQLite should the setting come back). Only when this database noted it as its own: a
+        store beside this one in the folder, or the one this file was copied from, keeps its."""
+        key = KEYWORDS_OF + self.db_path.name
+        if not await self._fetchall("SELECT 1 FROM meta WHERE key = ?", (key,)):
+            return
+        if await asyncio.to_thread(keyword_index.remove_own, self.folder / KEYWORDS_FOLDER):
+            log.info("the keyword index is not kept with storage.keyword_index = 'fts5': removed")
+        await self._write("DELETE FROM meta WHERE key = ?", (key,))
+
     async def _retire_renamed_index(self) -> None:
         """Delete the index folder this database last kept its vectors in, if ``[storage] index``
-        names another now and narrmem marked that one as its own: left aside, it kept every
-        vector and chat id of the store, those of the people forgotten since too."""
-        rows = await self._fetchall("SELECT value FROM meta WHERE key = ?", (INDEX_NAME,))
+        names another now and narrmem marked that one as this database's: left aside, it kept
+        every vector and chat id of the store, those of the people forgotten since too."""
+        key = INDEX_NAME + self.db_path.name
+        await asyncio.to_thread(index_folder.stamp, self.index_path, self.db_path.name)
+        rows = await self._fetchall("SELECT value FROM meta WHERE key = ?", (key,))
         named = (
             self.index_path.relative_to(self.folder).as_posix()
             if self.index_path.is_relative_to(self.folder)
@@ -259,10 +272,10 @@ class SQLiteStore(ForgetJournal):
             old = (self.folder / before).resolve()
             # Only a folder inside the data folder, and not another's index named now.
             if old.is_relative_to(self.folder.resolve()) and old != self.index_path.resolve():
-                if await asyncio.to_thread(index_folder.remove_own, old):
+                if await asyncio.to_thread(index_folder.remove_own, old, self.db_path.name):
                     log.warning("the vector index was %s, %s now: the old folder is deleted", before, named)
         if before != named:
-            await self._write("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (INDEX_NAME, named))
+            await self._write("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, named))
 
     def _check_files(self) -> tuple[int, bool]:
         """Refuse a database, vector index or keyword index at this store's paths that narrmem
@@ -496,6 +509,10 @@ class SQLiteStore(ForgetJournal):
     async def _open_keywords(self) -> None:
         keywords = TantivyKeywords(self.folder / KEYWORDS_FOLDER)
         self._keywords = keywords
+        if not self.read_only:
+            # Noted, so that a later open with FTS5 alone knows the folder for this database's.
+            noted = (KEYWORDS_OF + self.db_path.name, "1")
+            await self._write("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", noted)
         if not await keywords.open(await self._keyword_changes()):
             log.info("building the keyword index %s from SQLite", keywords.folder)
             await self._rebuild_keywords(current=False)
