@@ -8,6 +8,7 @@ query) does not wait behind a long one (an import's batch).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,47 @@ def resolve_model(model_path: str | None) -> tuple[str, str]:
         raise ConfigError(f"embedder.model_path: {folder} is not a folder")
     name = "all-MiniLM-L6-v2" if model_path is None else os.path.basename(folder.rstrip("/"))
     return folder, name
+
+
+POOLING_MODES = (
+    "pooling_mode_cls_token",
+    "pooling_mode_mean_tokens",
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens",
+    "pooling_mode_lasttoken",
+)
+
+
+def model_width(folder: str, *, transformer_only: bool = False) -> int | None:
+    """The width of the vectors the model folder ``folder`` makes, read from its files before it
+    loads (``None``: they do not say): a store is opened while the model loads, and one of
+    another width was recorded with the default's, every write after failing with a bare shape
+    error. As sentence-transformers runs it (its modules: the pooling's modes, a dense layer),
+    or, with ``transformer_only``, the transformer's hidden size (what a mean of its tokens is)."""
+
+    def read(name: str) -> dict[str, Any]:
+        with open(os.path.join(folder, name), encoding="utf-8") as fh:
+            loaded = json.load(fh)
+        return loaded if isinstance(loaded, dict) else {}
+
+    try:
+        width = int(read("config.json")["hidden_size"])
+        if transformer_only or not os.path.exists(os.path.join(folder, "modules.json")):
+            return width
+        with open(os.path.join(folder, "modules.json"), encoding="utf-8") as fh:
+            modules = json.load(fh)
+        for module in modules:
+            kind, path = str(module.get("type", "")), str(module.get("path", ""))
+            if kind.endswith(".Pooling"):
+                config = read(os.path.join(path, "config.json"))
+                modes = sum(bool(config.get(mode)) for mode in POOLING_MODES)
+                width = int(config.get("word_embedding_dimension", width)) * max(modes, 1)
+            elif kind.endswith(".Dense"):
+                width = int(read(os.path.join(path, "config.json"))["out_features"])
+        return width
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def model_runs_in_process(runs_in: str) -> bool:
@@ -189,6 +231,7 @@ class SentenceTransformerEmbedder(ThreadedEmbedder):
         runs_in: str = "thread",
     ) -> None:
         self.model_path, self.name = resolve_model(model_path)
+        self.dim = model_width(self.model_path) or self.dim
         self.threads = threads
         self.batch_size = batch_size
         self.device = device

@@ -35,7 +35,7 @@ from narrmem_plugins.onnx_runner import OnnxModelFiles
 
 from narrmem import hookimpl, logs
 from narrmem.config import Settings
-from narrmem.embed import ThreadedEmbedder, resolve_model
+from narrmem.embed import ThreadedEmbedder, model_width, resolve_model
 from narrmem.errors import ConfigError
 
 log = logs.logger("narrmem.onnx")
@@ -65,6 +65,8 @@ class OnnxEmbedder(ThreadedEmbedder):
             _require_packaged_weights()
         self.model_path, self.base_name = resolve_model(model_path)
         check_model_folder(Path(self.model_path))
+        # Its runner takes the mean of the transformer's tokens: their width.
+        self.dim = model_width(self.model_path, transformer_only=True) or self.dim
         self.requested = quantize
         # "auto" runs int7 unless the store already holds another model's vectors (see choose_model).
         self._use(NEW_STORES if quantize == "auto" else quantize)
