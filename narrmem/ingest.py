@@ -763,13 +763,19 @@ class IngestPipeline:
         )
 
     async def deliver(self, events: list[TriggerEvent]) -> None:
-        for event in events:
-            await self.memory.host.call("narrmem_on_trigger", memory=self.memory, event=event)
-            for callback in self.callbacks:
-                try:
-                    await callback(event)
-                except Exception:
-                    log.exception("trigger callback %r failed", callback)
+        # What a trigger's hook or callback ingests is not the platform's message: whoever dated
+        # it, it is checked as any caller's (the platform's context does not pass on to them).
+        token = _PLATFORM_DATED.set(False)
+        try:
+            for event in events:
+                await self.memory.host.call("narrmem_on_trigger", memory=self.memory, event=event)
+                for callback in self.callbacks:
+                    try:
+                        await callback(event)
+                    except Exception:
+                        log.exception("trigger callback %r failed", callback)
+        finally:
+            _PLATFORM_DATED.reset(token)
 
 
 def caused_by(message: Message, event: TriggerEvent) -> TriggerEvent:

@@ -240,3 +240,30 @@ async def test_a_scene_of_an_imported_history_is_told_with_what_was_said_just_be
             if "bakery" in r.text
         ]
         assert "stressed" in scene.text.split("Vibe:")[1].split("\n")[0], scene.text
+
+
+async def test_what_a_trigger_callback_ingests_is_checked_as_any_callers(tmp_path: Path) -> None:
+    """Within the integrations' platform dating, a callback of a trigger that ingested a message
+    of its own dated days ahead had it stored: the context passed on to it."""
+    from narrmem import ClockBehindError
+    from narrmem.ingest import dated_by_platform
+
+    clock = ManualClock(T0 + timedelta(days=10))
+    refused: list[str] = []
+    default: Any = {"proactive": {"fire_within_hours": 24}}
+    async with open_memory(tmp_path / "m", clock=clock, plugin=default) as memory:
+
+        async def callback(event: Any) -> None:
+            try:
+                await memory.ingest(msg("cb1", "a note dated ahead", user="bot", ts=at(15)))
+            except ClockBehindError as exc:
+                refused.append(exc.field or "")
+
+        memory.on_trigger(callback)
+        with dated_by_platform():
+            for n in range(3):
+                await memory.ingest(
+                    msg(f"t{n}", "so tired today", ts=at(10 - (2 - n) / 24)), acknowledge="after_hooks"
+                )
+        assert refused == ["ts"]
+        assert not await memory.store.recent(Scope(tenant="default", user_id="bot"), limit=5)
