@@ -640,8 +640,11 @@ async def test_reopen_with_another_model_is_refused(backend: str, tmp_path: Path
     await first.open(dim=DIM, model=MODEL)
     await first.close()
     second = await make_store(backend, tmp_path, dsn)
-    with pytest.raises(StoreError, match="holds vectors of model"):
+    with pytest.raises(StoreError, match="holds vectors of model") as refused:
         await second.open(dim=DIM, model="another-model")
+    # What it advises can be done: no export and import into a store of another model (its
+    # vectors are this model's, refused there).
+    assert "open it with the model it was written with" in str(refused.value)
     await second.close()
 
 

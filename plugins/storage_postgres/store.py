@@ -378,7 +378,10 @@ class PostgresStore(ForgetJournal):
         if stored.get("model") != model or stored.get("dim") != str(dim):
             raise StoreError(
                 f"{self.where} holds vectors of model {stored.get('model')} ({stored.get('dim')} dims), "
-                f"not {model} ({dim} dims): export the text and re-import it into a new database"
+                f"not {model} ({dim} dims): open it with the model it was written with "
+                "([embedder] settings as they were); a store of another model starts in a new "
+                "database (an export's vectors are of this model, and an import into a store of "
+                "another refuses them)"
             )
         # The stored documents were made with this configuration: queries must use the same.
         self.text_config = stored.get("text_config", self.text_config)

@@ -463,7 +463,10 @@ class SQLiteStore(ForgetJournal):
         elif stored.get("model") != model or stored.get("dim") != str(dim):
             raise StoreError(
                 f"{self.db_path} holds vectors of model {stored.get('model')} ({stored.get('dim')} dims), "
-                f"not {model} ({dim} dims): export the text and re-import it into a new folder"
+                f"not {model} ({dim} dims): open it with the model it was written with "
+                "([embedder] settings as they were); a store of another model starts in a new "
+                "folder (an export's vectors are of this model, and an import into a store of "
+                "another refuses them)"
             )
 
     async def _rebuild_index(self, *, save: bool = True) -> None:
