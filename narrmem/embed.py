@@ -8,6 +8,7 @@ query) does not wait behind a long one (an import's batch).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -77,6 +78,27 @@ def resolve_model(model_path: str | None) -> tuple[str, str]:
         raise ConfigError(f"embedder.model_path: {folder} is not a folder")
     name = "all-MiniLM-L6-v2" if model_path is None else os.path.basename(folder.rstrip("/"))
     return folder, name
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def weights_digest(model_path: str) -> str | None:
+    """The first 16 hex digits of the SHA-256 of a model folder's weights (``None`` for the
+    packaged model, whose package pins them, or a folder without such a file). A store keeps the
+    folder's last name with its vectors: weights replaced in place under the same name (another
+    model copied into ``.../model``) gave other vectors, mixed with the old without a word."""
+    if os.path.realpath(model_path) == os.path.realpath(packaged_model_path()):
+        return None
+    for name in WEIGHT_FILES:
+        path = os.path.join(model_path, name)
+        if os.path.isfile(path):
+            digest = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            return digest.hexdigest()[:16]
+    return None
 
 
 POOLING_MODES = (

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from narrmem.embed import ModelChooser
+from narrmem.embed import ModelChooser, weights_digest
 from narrmem.errors import ConfigError, InputError, PluginError, StoreError
 from narrmem.models import Scope
-from narrmem.store import RecordsModel
+from narrmem.store import STORE_NOTES, RecordsModel
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
@@ -63,6 +63,33 @@ async def start(
         raise
     if loading is not None:
         await loading
+    await _check_weights(memory, embedder)
+
+
+WEIGHTS_NOTE = "embedder.weights"  # STORE_NOTES key: the digest of a model folder's weights
+
+
+async def _check_weights(memory: MemoryLifecycle, embedder: Any) -> None:
+    """Refuse a model folder whose weights are not those the store's vectors were made with (see
+    :func:`narrmem.embed.weights_digest`); recorded at the first open that knows them."""
+    model_path = getattr(embedder, "model_path", None)
+    if not isinstance(model_path, str):
+        return  # an embedder of no model folder (a plugin's): nothing to compare
+    digest = await asyncio.to_thread(weights_digest, model_path)
+    if digest is None:
+        return
+    store = memory.store
+    noted = await store.state_get(STORE_NOTES, WEIGHTS_NOTE)
+    if noted is None:
+        if not memory.read_only:
+            await store.state_put(STORE_NOTES, WEIGHTS_NOTE, {"sha256": digest, "folder": model_path})
+        return
+    if noted.get("sha256") != digest:
+        raise ConfigError(
+            f"embedder.model_path: the weights in {model_path} (digest {digest}) are not those this "
+            f"store's vectors were made with (digest {noted.get('sha256')}): another model's vectors "
+            "would be mixed with them. Put that model back, or give the new one a data folder of its own"
+        )
 
 
 def _make_store(memory: MemoryLifecycle, stores: dict[str, Callable[..., Any]]) -> Any:

@@ -71,3 +71,38 @@ async def test_a_store_of_a_narrower_model_is_made_with_its_width(tmp_path: Path
     with pytest.raises(StoreError, match="128 dims"):
         async with open_memory(folder, real_model=True, embedder={"backend": "sentence-transformers"}):
             pass
+
+
+@pytest.mark.slow
+async def test_weights_replaced_under_the_same_folder_name_are_refused(tmp_path: Path) -> None:
+    """Another model copied into the folder a store was written with (``.../model``): the store
+    keeps the folder's last name, and took the new weights' vectors beside the old without a word
+    (the old memory's own text scored -0.04 against itself, and recall ranked another first)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from narrmem.errors import ConfigError
+
+    model = tmp_path / "models" / "model"
+    shutil.copytree(packaged_model_path(), model)
+    embedder = {"backend": "sentence-transformers", "model_path": str(model), "runs_in": "thread"}
+    folder = tmp_path / "store"
+    said = {"text": "I adopted a cat named Pepper last week", "user_id": "alice", "chat_id": "c",
+            "ts": "2026-05-01T10:00:00+00:00", "message_id": "m1"}  # fmt: skip
+    async with open_memory(folder, real_model=True, embedder=embedder) as memory:
+        await memory.ingest(said)
+    original = (model / "model.safetensors").read_bytes()
+    weights = load_file(str(model / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    changed = {
+        k: (a + rng.normal(0, 0.05, a.shape).astype(a.dtype) if a.dtype.kind == "f" else a)
+        for k, a in weights.items()
+    }
+    save_file(changed, str(model / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"embedder\.model_path"):
+        async with open_memory(folder, real_model=True, embedder=embedder):
+            pass
+    (model / "model.safetensors").write_bytes(original)  # put back: it opens as ever
+    async with open_memory(folder, real_model=True, embedder=embedder) as memory:
+        [hit] = await memory.recall("cat Pepper", user_id="alice")
+        assert "Pepper" in hit.text
