@@ -88,7 +88,11 @@ def weights_digest(model_path: str) -> str | None:
     packaged model, whose package pins them, or a folder without such a file). A store keeps the
     folder's last name with its vectors: weights replaced in place under the same name (another
     model copied into ``.../model``) gave other vectors, mixed with the old without a word."""
-    if os.path.realpath(model_path) == os.path.realpath(packaged_model_path()):
+    try:
+        packaged = packaged_model_path()
+    except ConfigError:  # a lean install with a model folder of its own: no package to compare
+        packaged = None
+    if packaged is not None and os.path.realpath(model_path) == os.path.realpath(packaged):
         return None
     for name in WEIGHT_FILES:
         path = os.path.join(model_path, name)
@@ -124,7 +128,9 @@ def model_width(folder: str, *, transformer_only: bool = False) -> int | None:
         return loaded if isinstance(loaded, dict) else {}
 
     try:
-        width = int(read("config.json")["hidden_size"])
+        config = read("config.json")
+        hidden = next((config[key] for key in ("hidden_size", "dim", "d_model") if key in config), None)
+        width = None if hidden is None else int(hidden)
         if transformer_only or not os.path.exists(os.path.join(folder, "modules.json")):
             return width
         with open(os.path.join(folder, "modules.json"), encoding="utf-8") as fh:
@@ -132,9 +138,18 @@ def model_width(folder: str, *, transformer_only: bool = False) -> int | None:
         for module in modules:
             kind, path = str(module.get("type", "")), str(module.get("path", ""))
             if kind.endswith(".Pooling"):
-                config = read(os.path.join(path, "config.json"))
-                modes = sum(bool(config.get(mode)) for mode in POOLING_MODES)
-                width = int(config.get("word_embedding_dimension", width)) * max(modes, 1)
+                pooling = read(os.path.join(path, "config.json"))
+                # Older sentence-transformers wrote a flag a mode; newer, the modes by name.
+                named = pooling.get("pooling_mode")
+                modes = (
+                    len(named)
+                    if isinstance(named, list)
+                    else 1
+                    if isinstance(named, str)
+                    else sum(bool(pooling.get(mode)) for mode in POOLING_MODES)
+                )
+                base = pooling.get("word_embedding_dimension", pooling.get("embedding_dimension", width))
+                width = None if base is None else int(base) * max(modes, 1)
             elif kind.endswith(".Dense"):
                 width = int(read(os.path.join(path, "config.json"))["out_features"])
         return width

@@ -81,9 +81,12 @@ async def _check_weights(memory: MemoryLifecycle, embedder: Any) -> None:
     store = memory.store
     noted = await store.state_get(STORE_NOTES, WEIGHTS_NOTE)
     if noted is None:
-        if not memory.read_only:
-            await store.state_put(STORE_NOTES, WEIGHTS_NOTE, {"sha256": digest, "folder": model_path})
-        return
+        mine = {"sha256": digest, "folder": model_path}
+        # Put only where none is: two workers opening at once with other weights, the second
+        # compares with the first's note.
+        if memory.read_only or await store.state_put_if(STORE_NOTES, WEIGHTS_NOTE, mine, None):
+            return
+        noted = await store.state_get(STORE_NOTES, WEIGHTS_NOTE) or mine
     if noted.get("sha256") != digest:
         raise ConfigError(
             f"embedder.model_path: the weights in {model_path} (digest {digest}) are not those this "

