@@ -175,6 +175,18 @@ def narrmem_before_store(
 UNWRITTEN_KEPT = 12  # see narrmem_before_store
 
 
+@hookspec(firstresult=True)
+def narrmem_episode_gist(memory: MemoryView, text: str) -> str | None:
+    """The gist of a stored episode's ``text`` (its message's words), when its vector is made
+    again with another model (``narrmem migrate --reembed``).
+
+    The plugin whose ``narrmem_triage`` decisions carry a ``gist`` answers with the gist it gives
+    a message of this text, so the episode's new vector is of the same words as its first was
+    (and as a new episode's is). ``None``: no gist, the whole message is embedded.
+    firstresult. Must not write or depend on what is stored (it runs for every episode moved).
+    """
+
+
 @hookspec
 def narrmem_context_lines(
     memory: MemoryView, message: Message, decision: TriageDecision, records: list[MemoryRecord]
@@ -571,7 +583,7 @@ def narrmem_people_held(
 
 @hookspec
 def narrmem_import_records(
-    memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool
+    memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool, vectors_of: str
 ) -> dict[str, int] | None:
     """Take this plugin's sections of a file being imported (``narrmem import``).
 
@@ -589,6 +601,11 @@ def narrmem_import_records(
     2. ``dry_run=False``, after the memories are written: write the records in one transaction,
        keeping their ids. A record already stored with identical content is skipped (importing a
        file twice changes nothing); one stored with other content is a conflict.
+
+    ``vectors_of``: the name of the model the sections' vectors (if a plugin keeps any) were made
+    with. It is ``memory.embedder.name`` but for ``narrmem migrate --reembed``, which moves a store
+    to another model: a plugin then drops or remakes the vectors it exported rather than mix two
+    models' vectors.
 
     A section no loaded plugin takes is an error naming it, so an import never drops data silently.
     Errors are not isolated. :mod:`narrmem.table_transfer` checks and writes a table's records.

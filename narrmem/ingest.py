@@ -832,7 +832,7 @@ def duplicate(message: Message, decision: TriageDecision) -> IngestResult:
     )
 
 
-def speaker_of(message: Message) -> str:
+def speaker_of(message: Message | MemoryRecord) -> str:
     """Who said it: ``speaker``, else a display name from ``meta``, else the user id. Recall needs
     the attribution (questions name people), so a message never goes without one."""
     if message.speaker:
@@ -849,9 +849,10 @@ def vector_text(message: Message, decision: TriageDecision) -> str:
     return attributed(message, decision.gist)
 
 
-def attributed(message: Message, text: str | None = None) -> str:
+def attributed(message: Message | MemoryRecord, text: str | None = None) -> str:
     """The message (or ``text``, a part of it) as reported speech ("Ann said, "…""): who said it
-    is part of what it means, and questions name people ("what did Ann decide?")."""
+    is part of what it means, and questions name people ("what did Ann decide?"). An episode
+    (a :class:`MemoryRecord` of the message) gives what its message gave."""
     speaker = speaker_of(message)
     said = message.text if text is None else text
     if cjk_count(said) * 2 > len(said):

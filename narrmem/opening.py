@@ -91,7 +91,8 @@ async def _check_weights(memory: MemoryLifecycle, embedder: Any) -> None:
         raise ConfigError(
             f"embedder.model_path: the weights in {model_path} (digest {digest}) are not those this "
             f"store's vectors were made with (digest {noted.get('sha256')}): another model's vectors "
-            "would be mixed with them. Put that model back, or give the new one a data folder of its own"
+            "would be mixed with them. Put that model back, or move the memory to a data folder of the "
+            "new one's (narrmem migrate --reembed, with the old model in the config, the new in --to-config)"
         )
 
 

@@ -160,6 +160,16 @@ def _add_store_commands(sub: Subparsers, common: Parents, as_json: Parents) -> N
     move.add_argument("--from", dest="source", required=True, metavar="DATA_DIR|DSN")
     move.add_argument("--to", dest="target", required=True, metavar="DATA_DIR|DSN")
     move.add_argument("--queries", type=int, default=20, help="recalls compared at the end (0: none)")
+    move.add_argument(
+        "--reembed",
+        action="store_true",
+        help="make every vector again with the target's model (move a memory to another model)",
+    )
+    move.add_argument(
+        "--to-config",
+        metavar="FILE",
+        help="TOML config file the target is opened with (its [embedder]: the model re-embedded to)",
+    )
 
 
 def _add_rtm_command(sub: Subparsers, common: Parents, as_json: Parents) -> None:
@@ -957,14 +967,25 @@ async def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.queries < 0:
         raise InputError("must be 0 or more (0: no recall compared)", field="--queries")
-    report = await migrate(args.source, args.target, settings=settings, queries=args.queries)
+    target_settings = load_settings(args.to_config) if args.to_config is not None else None
+    report = await migrate(
+        args.source,
+        args.target,
+        settings=settings,
+        queries=args.queries,
+        reembed=args.reembed,
+        target_settings=target_settings,
+    )
     if args.json:
         _print_json(report)
     else:
         for table, counts in report["counts"].items():
             print(f"{table}: {counts['source']} -> {counts['target']}")
+        if report["reembedded"]:
+            print(f"re-embedded: {report['models']['source']} -> {report['models']['target']}")
         if report["recall"]:
-            print(f"recall agreement (top {report['recall']['k']}): {report['recall']['agreement']}")
+            recall = report["recall"]
+            print(f"recall, {recall['measure']} (top {recall['k']}): {recall['agreement']}")
         for table, rows in report["not_migrated"].items():
             print(f"not migrated: {table} ({rows} rows; no plugin of the target holds them)")
         if report["verified"]:

@@ -516,6 +516,8 @@ async def _plugin_import(memory: Memory, parsed: _Scan, *, dry_run: bool) -> dic
             memory=memory,
             sections={name: FileRecords(parsed, name) for name in parsed.sections},
             dry_run=dry_run,
+            # A file of another model's vectors is refused before (``_check_header``).
+            vectors_of=memory.embedder.name,
         )
     except InputError as exc:
         line = _record_line(parsed, exc.field)

@@ -7,6 +7,12 @@ that the target's plugins can hold (the graph and RTM trees, on both backends). 
 what the target already holds (records by id with identical content, side rows by key), so an
 interrupted migration is finished by running it again.
 The end check compares row counts per table and the top hits of a sample of recalls.
+
+``reembed``: the target is a store of the model its own settings give (``target_settings``), and
+every memory's vector is made again with it from the text it was first made of
+(:mod:`narrmem.reembedding`), so a memory can move to another model; the plugins' cached vectors
+of the old model stay behind (a plugin remakes them). The end check is then that the sampled
+memories find themselves on the target (the two models' top hits need not agree).
 """
 
 from __future__ import annotations
@@ -29,14 +35,16 @@ from narrmem import logs
 from narrmem.config import Settings, load_settings
 from narrmem.doors.importing import ReadWhenAsked
 from narrmem.doors.transfer import each_record, plugin_sections
-from narrmem.errors import InputError, StoreError
+from narrmem.errors import ConfigError, InputError, StoreError
 from narrmem.memory import Memory
 from narrmem.models import MemoryRecord
+from narrmem.reembedding import vectors
 from narrmem.store import STORE_NOTES
 
 log = logs.logger("narrmem.doors.migrate")
 
 BATCH = 500
+RECALL_AGREEMENT = 0.9  # the share of the sample that must agree (or find itself) to verify
 SIDE_TABLES = ("memory_history", "plugin_state", "forget_jobs")
 # Tables of the memories themselves, compared after the copy.
 COUNTED = ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs", "vectors")
@@ -101,23 +109,39 @@ async def migrate(
     queries: int = 20,
     k: int = 5,
     progress: bool = True,
+    reembed: bool = False,
+    target_settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Copy everything from ``source`` to ``target`` and check it; return a report (counts per
     table on both sides, what was copied and skipped, the recall comparison, what was left out).
-    The source is opened read-only and never changed."""
+    The source is opened read-only and never changed. ``target_settings`` open the target
+    (default: ``settings``); ``reembed`` makes every vector again with the target's model."""
     if source == target:
         raise InputError("source and target are the same", field="to")
     settings = settings or load_settings(config_file)
     plugins = list(plugins)
-    report: dict[str, Any] = {"source": _shown(source), "target": _shown(target)}
-    opening = functools.partial(
-        _open, settings=settings, plugins=plugins, load_entrypoints=load_entrypoints, warm=queries > 0
-    )
+    report: dict[str, Any] = {"source": _shown(source), "target": _shown(target), "reembedded": reembed}
+    opening = functools.partial(_open, plugins=plugins, load_entrypoints=load_entrypoints)
     async with (
-        opening(source, read_only=True) as src,
-        # A target created here holds the source's vectors, which are copied as they are.
-        opening(target, read_only=False, new_store_model=src.embedder.name) as dst,
+        # Re-embedding, the source's model is never run: its store is only read.
+        opening(source, settings, read_only=True, warm=queries > 0 and not reembed) as src,
+        # A target created here holds the source's vectors, copied as they are, or, re-embedding,
+        # its own model's.
+        opening(
+            target,
+            target_settings or settings,
+            read_only=False,
+            warm=True,
+            new_store_model=None if reembed else src.embedder.name,
+        ) as dst,
     ):
+        report["models"] = {"source": src.embedder.name, "target": dst.embedder.name}
+        if not reembed and dst.embedder.name != src.embedder.name:
+            raise ConfigError(
+                f"embedder: the target's model is {dst.embedder.name}, the source's vectors are "
+                f"{src.embedder.name}'s: copied, they would be searched with another model's "
+                "(re-embed them: --reembed)"
+            )
         for side in (src, dst):
             for method in ("dump_rows", "load_rows", "table_counts"):
                 if not callable(getattr(side.store, method, None)):
@@ -125,7 +149,7 @@ async def migrate(
                         f"the {side.settings.storage.backend} store cannot be migrated ({method})"
                     )
         before = await src.store.table_counts()  # type: ignore[attr-defined]
-        report["memories"] = await _copy_memories(src, dst, before["memories"], progress)
+        report["memories"] = await _copy_memories(src, dst, before["memories"], progress, reembed)
         report["side_tables"] = {
             table: await _copy_side(src, dst, table, before[table], progress) for table in SIDE_TABLES
         }
@@ -137,31 +161,49 @@ async def migrate(
         after["plugin_state"] -= len(await _own_notes(dst) - await _own_notes(src))
         report["counts"] = {table: {"source": before[table], "target": after[table]} for table in COUNTED}
         report["counts_match"] = all(before[t] == after[t] for t in COUNTED)
-        report["recall"] = await _compare_recall(src, dst, queries, k) if queries > 0 else None
+        report["recall"] = await _compare_recall(src, dst, queries, k, reembed) if queries > 0 else None
     # A plugin's data left behind is not a finished migration: the run said "verified" and exited
     # 0 while a plugin not loaded on the target kept its whole table at the source.
     report["verified"] = (
         bool(report["counts_match"])
         and not report["not_migrated"]
-        and (report["recall"] is None or report["recall"]["agreement"] >= 0.9)
+        and (report["recall"] is None or report["recall"]["agreement"] >= RECALL_AGREEMENT)
     )
     return report
 
 
-async def _copy_memories(src: Memory, dst: Memory, total: int, progress: bool) -> dict[str, int]:
+async def _copy_memories(
+    src: Memory, dst: Memory, total: int, progress: bool, reembed: bool
+) -> dict[str, int]:
     done = {"imported": 0, "skipped": 0}
     batch: list[tuple[MemoryRecord, np.ndarray]] = []
+
+    async def write() -> None:
+        items = await _made_again(dst, batch) if reembed else batch
+        _add(done, await dst.store.import_records(items))
+        bar.update(len(batch))
+        batch.clear()
+
     with tqdm(total=total, desc="memories", unit="rec", disable=not progress) as bar:
         async for item in src.store.export():
             batch.append(item)
             if len(batch) >= BATCH:
-                _add(done, await dst.store.import_records(batch))
-                bar.update(len(batch))
-                batch = []
+                await write()
         if batch:
-            _add(done, await dst.store.import_records(batch))
-            bar.update(len(batch))
+            await write()
     return done
+
+
+async def _made_again(
+    dst: Memory, batch: Sequence[tuple[MemoryRecord, np.ndarray]]
+) -> list[tuple[MemoryRecord, np.ndarray]]:
+    """``batch`` with the vectors of ``dst``'s model. What the target holds already (a migration
+    run again) is not embedded again: the import only checks it is the same record."""
+    held = await dst.store.get([record.id for record, _ in batch if record.id is not None], None)
+    new = [record for record, _ in batch if record.id not in held]
+    made = iter(await vectors(dst, new)) if new else iter(())
+    unused = np.zeros(dst.embedder.dim, dtype=np.float32)
+    return [(record, unused if record.id in held else next(made)) for record, _ in batch]
 
 
 async def _own_notes(memory: Memory) -> set[str]:
@@ -223,7 +265,12 @@ async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int
         for dry_run in (True, False):
             claimed = {}
             parts = await dst.host.call(
-                "narrmem_import_records", isolate=False, memory=dst, sections=sections, dry_run=dry_run
+                "narrmem_import_records",
+                isolate=False,
+                memory=dst,
+                sections=sections,
+                dry_run=dry_run,
+                vectors_of=src.embedder.name,
             )
             for part in parts:
                 claimed.update(part or {})
@@ -269,9 +316,11 @@ class SpooledSection(ReadWhenAsked):
                 yield record
 
 
-async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int) -> dict[str, Any]:
+async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int, reembed: bool) -> dict[str, Any]:
     """Recall the same sample of queries (texts of evenly spaced memories, in their user's scope)
-    from both sides: the share of top-k ids that agree."""
+    from both sides: the share of top-k ids that agree. Re-embedded, the two models' hits need
+    not agree: the share of the sampled memories the target finds in its top k from their own
+    text (:func:`_finds_itself`; ``agreement`` too, so one bar judges both)."""
     # Counted, then read again for the picks: not every memory held at once (4.7 GB at 1.5M, after
     # a copy that succeeded, killed the migration before it said "verified").
     count = 0
@@ -289,10 +338,28 @@ async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int) -> dic
     agree = total = 0
     for record in picks:
         query = record.text[:500]
+        if reembed:
+            agree += await _finds_itself(dst, query, record, k)
+            total += 1
+            continue
         left, right = await _top(src, query, record, k), await _top(dst, query, record, k)
         agree += len(set(left) & set(right))
         total += max(len(left), len(right))
-    return {"queries": len(picks), "k": k, "agreement": round(agree / total, 4) if total else 1.0}
+    measure = "found themselves" if reembed else "top hits agree"
+    return {
+        "queries": len(picks),
+        "k": k,
+        "measure": measure,
+        "agreement": round(agree / total, 4) if total else 1.0,
+    }
+
+
+async def _finds_itself(memory: Memory, query: str, record: MemoryRecord, k: int) -> bool:
+    """Whether ``record`` is in the top ``k`` of a recall of its own text, or a memory of the same
+    message (a scene stands for the episode it was written from)."""
+    hits = await memory.recall(query, user_id=record.user_id, tenant=record.tenant, k=k, reinforce=False)
+    said = set(record.message_ids)
+    return any(hit.id == record.id or (said and said & set(hit.message_ids)) for hit in hits)
 
 
 async def _top(memory: Memory, query: str, record: MemoryRecord, k: int) -> list[int]:

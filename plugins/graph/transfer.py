@@ -2,7 +2,8 @@
 a section (``graph.nodes``, ``graph.edges``, ``graph.purges``, ``graph.task_messages``), every
 column of every row, ids included, so that supersessions, provenance, validity intervals and the
 purge log come back as they were. Node vectors are exported as they are cached (base64), so an
-import re-embeds nothing.
+import re-embeds nothing; those of another model (a migration that re-embeds) are left out, a
+label's made again when a recall needs it and a task's topic from its label.
 
 Both backends export the same records, so a graph moves between SQLite and PostgreSQL with
 ``narrmem migrate`` (which uses these hooks) as it is.
@@ -14,7 +15,7 @@ import base64
 import binascii
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from narrmem_plugins.graph.backend import GraphBackend
@@ -124,16 +125,50 @@ class GraphTransfer:
 
     @hookimpl
     async def narrmem_import_records(
-        self, memory: MemoryView, sections: Mapping[str, Sequence[dict[str, Any]]], dry_run: bool
+        self,
+        memory: MemoryView,
+        sections: Mapping[str, Sequence[dict[str, Any]]],
+        dry_run: bool,
+        vectors_of: str,
     ) -> dict[str, int] | None:
         if self._graph is None:
             return None
+        if vectors_of != memory.embedder.name and NODES in sections:
+            sections = {**sections, NODES: WithoutVectors(sections[NODES])}
         await _check_edge_scopes(memory.store, sections)
         _check_node_vectors(sections, memory.embedder.dim)
         counts = await import_tables(memory.store, TABLES, sections, dry_run=dry_run)
         if counts and not dry_run:
             await _continue_ids(self._graph)
         return counts
+
+
+class WithoutVectors(Sequence[dict[str, Any]]):
+    """Node records read without their vectors, which another model made: kept, every recall
+    that met such a node scored a label against vectors of another model's space."""
+
+    def __init__(self, records: Sequence[dict[str, Any]]) -> None:
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [_without_vectors(record) for record in self._records[index]]
+        return _without_vectors(self._records[index])
+
+
+def _without_vectors(record: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        return record  # left to the table checks, which name it
+    return {**record, **dict.fromkeys((*VECTOR_COLUMNS, "vector_text"))}
 
 
 def _check_node_vectors(sections: Mapping[str, Sequence[dict[str, Any]]], dim: int) -> None:

@@ -379,9 +379,9 @@ class PostgresStore(ForgetJournal):
             raise StoreError(
                 f"{self.where} holds vectors of model {stored.get('model')} ({stored.get('dim')} dims), "
                 f"not {model} ({dim} dims): open it with the model it was written with "
-                "([embedder] settings as they were); a store of another model starts in a new "
-                "database (an export's vectors are of this model, and an import into a store of "
-                "another refuses them)"
+                "([embedder] settings as they were); to move it to another model, copy it into a "
+                "new database with narrmem migrate --reembed (an export's vectors are of this model, "
+                "and an import into a store of another refuses them)"
             )
         # The stored documents were made with this configuration: queries must use the same.
         self.text_config = stored.get("text_config", self.text_config)

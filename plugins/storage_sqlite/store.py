@@ -464,9 +464,9 @@ class SQLiteStore(ForgetJournal):
             raise StoreError(
                 f"{self.db_path} holds vectors of model {stored.get('model')} ({stored.get('dim')} dims), "
                 f"not {model} ({dim} dims): open it with the model it was written with "
-                "([embedder] settings as they were); a store of another model starts in a new "
-                "folder (an export's vectors are of this model, and an import into a store of "
-                "another refuses them)"
+                "([embedder] settings as they were); to move it to another model, copy it into a "
+                "new folder with narrmem migrate --reembed (an export's vectors are of this model, "
+                "and an import into a store of another refuses them)"
             )
 
     async def _rebuild_index(self, *, save: bool = True) -> None:

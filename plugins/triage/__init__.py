@@ -111,6 +111,10 @@ class Triage(Configured[TriageOptions], name=NAME, options=TriageOptions):
             decision.gist = gist(message.text)
         return decision
 
+    @hookimpl(trylast=True)
+    def narrmem_episode_gist(self, memory: MemoryView, text: str) -> str | None:
+        return gist(text) if self.options.gist_vectors else None
+
     async def _scene_decision(
         self, memory: MemoryView, message: Message, found: list[Signal]
     ) -> TriageDecision:

@@ -1,0 +1,158 @@
+"""``narrmem migrate --reembed``: a memory moved to another model holds, for every message, the
+vector a store of that model writes for it (the gist's, attributed, as ingest made it); the graph's
+vectors of the old model stay behind; a second run embeds nothing again; a copy to another model
+without re-embedding is refused before anything is copied."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _helpers import run_narrmem
+
+from narrmem.config import load_settings
+from narrmem.doors.migrate import migrate
+from narrmem.errors import ConfigError
+from narrmem.store import SQLCapable
+from narrmem.testing import open_memory
+
+T0 = datetime(2025, 1, 6, 20, 0, tzinfo=UTC)
+TEXTS = [
+    "Hey! I decided to quit my job at the bank. Thanks a lot!",  # its vector is of its gist
+    "so tired today after the long shift",
+    "我决定下个月去云南旅行",
+    "Haha. We adopted a puppy called Biscuit last weekend.",
+    "I'm training for the Berlin marathon in April, wish me luck",
+    "my sister finally got her driving licence",
+]
+FLOAT32, INT8 = {"quantize": "none"}, {"quantize": "int8"}
+AUTO_TASKS = {"graph": {"auto_tasks": True}}
+
+
+async def fill(folder: Path, embedder: dict[str, str]) -> str:
+    async with open_memory(folder, real_model=True, embedder=embedder, plugin=AUTO_TASKS) as mem:
+        # A task the messages then follow: its topic is stored, a vector of this model.
+        await mem.call_tool(
+            "task_create",
+            {"user_id": "ann", "chat_id": "c1", "task_id": "Trip", "description": "plan the trip to Yunnan"},
+        )
+        for n, text in enumerate(TEXTS * 2):
+            await mem.ingest(
+                {
+                    "text": f"{text} ({n})",
+                    "user_id": ["ann", "bo"][n % 2],
+                    "chat_id": "c1",
+                    "message_id": f"m{n}",
+                    "ts": (T0 + timedelta(hours=n)).isoformat(),
+                    "speaker": ["Ann", "Bo"][n % 2],
+                }
+            )
+        name: str = mem.embedder.name
+    return name
+
+
+async def vectors_by_record(folder: Path, embedder: dict[str, str]) -> tuple[str, dict[Any, np.ndarray]]:
+    async with open_memory(folder, real_model=True, embedder=embedder, read_only=True) as mem:
+        held = {
+            (record.kind, tuple(record.message_ids), record.text): vector
+            async for record, vector in mem.store.export()
+        }
+        return mem.embedder.name, held
+
+
+async def node_vectors(folder: Path) -> list[tuple[Any, ...]]:
+    async with open_memory(folder, real_model=True, read_only=True) as mem:
+        assert isinstance(mem.store, SQLCapable)
+        async with mem.store.sql() as db:
+            rows = await db.fetchall(
+                "SELECT name, vector IS NOT NULL, topic_vector IS NOT NULL FROM graph_nodes ORDER BY id"
+            )
+        return [tuple(row) for row in rows]
+
+
+async def test_a_memory_moved_to_another_model_holds_the_vectors_that_model_writes(tmp_path: Path) -> None:
+    source, target, fresh = tmp_path / "float32", tmp_path / "int8", tmp_path / "fresh-int8"
+    assert await fill(source, FLOAT32) == "all-MiniLM-L6-v2"
+    assert await fill(fresh, INT8) == "all-MiniLM-L6-v2-int8"
+    assert any(topic for _, _, topic in await node_vectors(source))  # the task's topic, float32's
+
+    report = await migrate(
+        str(source),
+        str(target),
+        settings=load_settings(embedder=FLOAT32),
+        target_settings=load_settings(embedder=INT8),
+        reembed=True,
+        progress=False,
+    )
+    assert report["verified"] and report["counts_match"], json.dumps(report, default=str)
+    assert report["models"] == {"source": "all-MiniLM-L6-v2", "target": "all-MiniLM-L6-v2-int8"}
+    assert report["recall"]["measure"] == "found themselves"
+
+    model, moved = await vectors_by_record(target, INT8)
+    _, written = await vectors_by_record(fresh, INT8)
+    _, old = await vectors_by_record(source, FLOAT32)
+    assert model == "all-MiniLM-L6-v2-int8"
+    assert moved.keys() == written.keys() and any(kind == "scene" for kind, _, _ in moved)
+    for key, vector in moved.items():
+        # The vector a store of the new model wrote for the same message: the gist's for the
+        # first text (the whole message's gave 0.93 against it), the record's own for a scene.
+        assert float(vector @ written[key]) > 0.9999, key
+    # And not the old model's vectors copied (int8 and float32 differ by up to 0.03 in cosine).
+    assert min(float(moved[key] @ old[key]) for key in moved) < 0.999
+    # The graph's nodes keep no vector of the old model: a task's topic is made from its label.
+    assert not any(vector or topic for _, vector, topic in await node_vectors(target))
+
+    again = await migrate(
+        str(source),
+        str(target),
+        settings=load_settings(embedder=FLOAT32),
+        target_settings=load_settings(embedder=INT8),
+        reembed=True,
+        progress=False,
+        queries=0,
+    )
+    assert again["memories"] == {"imported": 0, "skipped": len(moved)} and again["verified"]
+    assert (await vectors_by_record(target, INT8))[1].keys() == moved.keys()
+
+
+async def test_another_model_without_reembedding_is_refused_and_copies_nothing(tmp_path: Path) -> None:
+    source, target = tmp_path / "float32", tmp_path / "int8"
+    await fill(source, FLOAT32)
+    with pytest.raises(ConfigError, match="--reembed"):
+        await migrate(
+            str(source),
+            str(target),
+            settings=load_settings(embedder=FLOAT32),
+            target_settings=load_settings(embedder=INT8),
+            progress=False,
+        )
+    async with open_memory(target, real_model=True, embedder=INT8, read_only=True) as mem:
+        assert [item async for item in mem.store.export()] == []
+
+
+def test_the_command_moves_a_data_folder_to_the_model_of_another_config(tmp_path: Path) -> None:
+    source, target = tmp_path / "old", tmp_path / "new"
+    (tmp_path / "old.toml").write_text(f'data_dir = "{source}"\n[embedder]\nquantize = "none"\n')
+    (tmp_path / "new.toml").write_text('[embedder]\nquantize = "int8"\n')
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    lines = [
+        {"text": text, "user_id": "ann", "chat_id": "c1", "message_id": f"m{n}", "ts": T0.isoformat()}
+        for n, text in enumerate(TEXTS)
+    ]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = run_narrmem("ingest", str(tmp_path / "in.jsonl"), "--config", "old.toml", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    move = ["migrate", "--config", "old.toml", "--from", str(source), "--to", str(target)]
+    refused = run_narrmem(*move, "--to-config", "new.toml", cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and "--reembed" in refused.stderr, refused.stderr
+    done = run_narrmem(*move, "--to-config", "new.toml", "--reembed", "--json", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["verified"] and report["models"]["target"] == "all-MiniLM-L6-v2-int8"
+    vectors = report["counts"]["vectors"]
+    assert vectors["source"] == vectors["target"] > len(TEXTS)  # the messages' and the scenes'
