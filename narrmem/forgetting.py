@@ -513,6 +513,21 @@ class Forgetting:
         hooks or a unit, which they may be waiting for."""
         await self._outlasting.ended()
 
+    async def outlasted_before_close(self) -> None:
+        """:meth:`outlasted`, for :data:`PURGE_WAIT_S` at most: a forget that has not recorded its
+        job by then (held at another worker's gate, or behind a plugin that hangs) is named in the
+        log, as the close cuts it and it is not done."""
+        with contextlib.suppress(TimeoutError):
+            # ended() only waits (asyncio.wait): its cancel leaves the forgets running.
+            await asyncio.wait_for(self._outlasting.ended(), PURGE_WAIT_S)
+        if self._outlasting.running():
+            log.warning(
+                "closing with %d forget(s) whose callers gave up still under way: one whose job "
+                "is recorded is finished at the next open; one still waiting to begin is not done "
+                "(its error follows): ask for it again",
+                self._outlasting.running(),
+            )
+
     async def close(self, closing: asyncio.Task[Any] | None = None) -> None:
         """Stop the forgets from hooks still waiting for messages under way, and the tries again
         of forgets that failed: their jobs stay recorded, and the next open finishes them.

@@ -240,6 +240,11 @@ class MemoryLifecycle:
             if self._started:
                 # An edit whose caller gave up ends first: it found the store shut half way.
                 await self._edits_outlasting.ended()
+                # So does a forget whose caller gave up (a bot's shutdown cancels its tasks):
+                # shut while it waited for the messages under way, before its job was recorded,
+                # it was lost, and the person's words kept. Bounded: one held at another worker's
+                # gate ends with the close, as before.
+                await self._forgetting.outlasted_before_close()
                 await self._inbox.drained()
                 await self._inbox.close()
                 # A forget run from hooks is finished once the messages under way have ended.

@@ -66,6 +66,10 @@ class Outlasting:
             task.add_done_callback(self._log_failure)
             raise
 
+    def running(self) -> int:
+        """How many are still under way."""
+        return len(self._tasks)
+
     async def ended(self) -> None:
         """Wait for the work whose callers gave up; at once inside hooks or a unit of
         :mod:`narrmem.fence`, which that work may be waiting for."""

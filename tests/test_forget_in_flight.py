@@ -835,3 +835,23 @@ async def test_an_edit_under_way_when_its_person_is_forgotten_leaves_nothing(
         assert not result.stored
         assert [r.user_id for r in await everything(memory)] == ["bob"]
         assert await memory.recall("dentist Tuesday", user_id="ann", tenant="t") == []
+
+
+@pytest.mark.parametrize("acknowledge", MODES[1:])
+async def test_a_forget_whose_caller_gave_up_is_done_though_the_memory_closes_at_once(
+    tmp_path: Path, acknowledge: str
+) -> None:
+    """A bot's shutdown: the forget's caller is cancelled (its timeout, Ctrl-C) while the forget
+    waits for a message's hooks, and the memory is closed next. The close shut the store under the
+    forget before its job was recorded: nothing was owed, and the person's words were all kept."""
+    release = asyncio.Event()
+    facts = SlowFacts(release=release)
+    async with open_memory(tmp_path / "m", storage={"acknowledge": acknowledge}, plugins=[facts]) as memory:
+        await memory.ingest(ann("1", "I work at a bank downtown and I love it"))
+        await asyncio.wait_for(facts.started.wait(), WAIT)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(memory.forget(user_id="ann", tenant="t"), 0.05)
+        asyncio.get_running_loop().call_later(0.3, release.set)
+    async with open_memory(tmp_path / "m", plugins=[SlowFacts()]) as memory:
+        await nothing_left(memory)
+        assert await memory.store.pending_forgets() == []
