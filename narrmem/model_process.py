@@ -37,6 +37,7 @@ from narrmem import model_child
 from narrmem.errors import ModelProcessError
 from narrmem.model_child import HEADER, frame
 from narrmem.model_thread import SLICE_TEXTS
+from narrmem.to_the_end import to_the_end
 
 __all__ = ["ModelProcess", "ModelProcessError", "ModelSpec"]
 # The child loads narrmem/model_child.py from its path, without the narrmem package (see there).
@@ -156,6 +157,13 @@ class ModelProcess:
             code = await child.wait()
             ended = f"{self.name}: the model's process ended while loading (exit code {code})"
             raise ModelProcessError(ended) from exc
+        except BaseException:
+            # Cancelled while it loads (an open under a timeout, a Ctrl-C at start-up): not this
+            # embedder's yet, so no close would end it, and each such open left one behind, its
+            # model loaded (100 MiB), until the bot's process ended.
+            child.kill()
+            await to_the_end(child.wait())
+            raise
         if kind != "ready":
             await child.wait()
             raise ModelProcessError(f"{self.name}: the model did not load: {rest[0]}")

@@ -20,10 +20,12 @@ class LengthModel:
     log: str | None = None
     fail_on: str | None = None
     print_on_load: bool = False
+    load_seconds: float = 0.0
 
     def load(self) -> Callable[[list[str]], np.ndarray]:
         if self.print_on_load:
             print("a library that prints while it loads")
+        time.sleep(self.load_seconds)
 
         def encode(texts: list[str]) -> np.ndarray:
             if self.fail_on is not None and self.fail_on in texts:

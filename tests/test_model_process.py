@@ -324,3 +324,29 @@ def test_one_shot_commands_keep_the_model_on_a_thread_and_imports_give_it_a_proc
     monkeypatch.setenv("NARRMEM_EMBEDDER__RUNS_IN", "process")
     assert main(["recall", "--data", data, "--user", "ana", "where do I live?"]) == 0
     assert len(spawned) >= 1 and "Lisbon" in capsys.readouterr().out
+
+
+def _children() -> set[int]:
+    """This process's living children."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+async def test_a_start_cancelled_while_the_model_loads_leaves_no_process() -> None:
+    """An open under a timeout, or a Ctrl-C at start-up, cancels the start while the child loads
+    its model: the child was not the embedder's yet, so no close ended it, and each such open
+    left one (a loaded model, 100 MiB) until the bot's process ended."""
+    before = _children()
+    for _ in range(3):
+        model = ModelProcess("test-model", LengthModel(load_seconds=2.0))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(model.embed(["text"]), 0.3)
+        await model.close()
+    assert _children() - before == set()
