@@ -3,7 +3,7 @@ query and not for the rest of a long message (the whole text stays in ``Hit.deta
 
 from __future__ import annotations
 
-from narrmem.text import estimate_tokens, keyword_terms, sentences
+from narrmem.text import character_end, estimate_tokens, keyword_terms, sentences
 
 _FUNCTION_WORDS = frozenset(
     "a an the and or but of to in on at for with is are was were be been i you he she it we they my your "
@@ -43,7 +43,7 @@ def _cut(sentence: str, budget: int) -> str:
             low = middle
         else:
             high = middle - 1
-    cut = sentence[:low]
+    cut = sentence[: character_end(sentence, low)]
     if " " in cut.strip():  # do not split a word
         cut = cut[: cut.rstrip().rfind(" ")]
     return cut.rstrip() + "…"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -12,10 +13,36 @@ R = TypeVar("R")
 
 # CJK Unified Ideographs (+ extension A), Hiragana/Katakana, Hangul syllables.
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\u3040-\u30ff\uac00-\ud7af"
-_CJK_RUN = re.compile(f"[{_CJK}]+")
-_WORD = re.compile(rf"[^\W_{_CJK}]+", re.UNICODE)
 _CJK_CHAR = re.compile(f"[{_CJK}]")
-_ASCII_WORD = re.compile(r"[A-Za-z0-9]+")  # what _WORD matches in ASCII text, found faster
+# Indexed as overlapping bigrams: CJK, and the scripts written without spaces between words (Thai,
+# Lao, Myanmar, Khmer), whose runs were one word each: a word inside a sentence was never found.
+# Hangul jamo too, the letters of a syllable not composed into one.
+_BIGRAMMED = _CJK + r"\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u1100-\u11ff\u3130-\u318f"
+_BIGRAMMED_RUN = re.compile(f"[{_BIGRAMMED}]+")
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+")  # what a word is in ASCII text, found faster
+# The accents of a Latin letter once decomposed (NFD), folded away as FTS5's remove_diacritics
+# does; other scripts' marks (Devanagari's vowel signs, Cyrillic's breve) are part of their words.
+_LATIN_ACCENTS = re.compile(
+    r"(?<=[a-z\u00c0-\u024f\u1e00-\u1eff\u2c60-\u2c7f\ua720-\ua7ff])[\u0300-\u036f\u1dc0-\u1dff]+"
+)
+
+
+@functools.cache
+def _word() -> re.Pattern[str]:
+    """A word: letters and digits, with the combining marks inside them. ``\\w`` takes no mark, so
+    a Hindi word fell into its consonants (प्रिया into प र य) and a decomposed "Jürgen" into two
+    words. Built at the first text that is not ASCII (the marks' ranges, 10 ms)."""
+    ranges: list[str] = []
+    start = end = None
+    for code in range(0x300, 0x10000):
+        if unicodedata.category(chr(code))[0] == "M":
+            if start is None:
+                start = code
+            end = code
+        elif start is not None:
+            ranges.append(f"\\u{start:04x}-\\u{end:04x}")
+            start = None
+    return re.compile(rf"(?:[^\W_{_BIGRAMMED}]|[{''.join(ranges)}])+")
 
 
 # After . ! ? … followed by a space, or after a CJK full stop (no space follows it): "3.5" and
@@ -52,17 +79,74 @@ def cjk_bigrams(run: str) -> list[str]:
     return [run[i : i + 2] for i in range(len(run) - 1)]
 
 
+def in_bigrams(text: str) -> bool:
+    """Whether ``text`` holds a character of a script indexed as bigrams (CJK, kana, Hangul,
+    Thai and its neighbours): its words are those bigrams."""
+    return not text.isascii() and _BIGRAMMED_RUN.search(text) is not None
+
+
+def _continues(before: str, after: str) -> bool:
+    """Whether ``after`` belongs to the character ``before`` ends: a combining mark, a variation
+    selector, an emoji's skin tone or tag, a joined emoji (either side of the zero-width joiner),
+    the vowel or final of a Hangul syllable spelt as its letters, the consonant a virama joins
+    to the one before it (प्र is one character to a Hindi reader)."""
+    code = ord(after)
+    return (
+        before == "\u200d"
+        or (unicodedata.combining(before) == 9 and after.isalpha())
+        or code == 0x200D
+        or unicodedata.category(after)[0] == "M"
+        or 0xFE00 <= code <= 0xFE0F
+        or 0x1F3FB <= code <= 0x1F3FF
+        or 0xE0020 <= code <= 0xE01EF
+        or 0x1160 <= code <= 0x11FF
+    )
+
+
+def _regional(char: str) -> bool:
+    return 0x1F1E6 <= ord(char) <= 0x1F1FF
+
+
+def character_end(text: str, end: int) -> int:
+    """The largest index at most ``end`` that cuts ``text`` between two characters as a reader
+    sees them: a cut at a code point took an accent off its letter (ぐ came back く), a family
+    emoji apart at its joiners, a flag in half."""
+    end = max(0, min(end, len(text)))
+    while 0 < end < len(text) and _continues(text[end - 1], text[end]):
+        end -= 1
+    if 0 < end < len(text) and _regional(text[end]):
+        flags = 0
+        while flags < end and _regional(text[end - 1 - flags]):
+            flags += 1
+        end -= flags % 2  # an odd count before: the last one is half of the flag that goes on
+    return end
+
+
+def folded(text: str) -> str:
+    """``text`` as keywords compare it: composed (NFC: a macOS client sends "é" as "e" and an
+    accent, which matched nothing typed elsewhere), case-folded (ß as ss, İ as i) and without
+    the accents of Latin letters, so that FTS5, tantivy and PostgreSQL, each handed these words,
+    find the same rows."""
+    text = unicodedata.normalize("NFC", text).casefold()
+    decomposed = unicodedata.normalize("NFD", text)
+    bare = _LATIN_ACCENTS.sub("", decomposed)
+    return text if bare == decomposed else unicodedata.normalize("NFC", bare)
+
+
 def keyword_terms(text: str) -> list[str]:
-    """Lower-cased word tokens plus CJK bigrams, in order."""
+    """The words of ``text`` (:func:`folded`) plus the bigrams of its CJK and unspaced runs, in
+    order."""
     if text.isascii():
         return _ASCII_WORD.findall(text.lower())
+    text = folded(text)
+    word = _word()
     terms: list[str] = []
     pos = 0
-    for match in _CJK_RUN.finditer(text):
-        terms.extend(w.lower() for w in _WORD.findall(text[pos : match.start()]))
+    for match in _BIGRAMMED_RUN.finditer(text):
+        terms.extend(word.findall(text[pos : match.start()]))
         terms.extend(cjk_bigrams(match.group()))
         pos = match.end()
-    terms.extend(w.lower() for w in _WORD.findall(text[pos:]))
+    terms.extend(word.findall(text[pos:]))
     return terms
 
 

@@ -75,8 +75,9 @@ async def test_a_pass_interrupted_goes_on_where_it_stopped(tmp_path: Path) -> No
     dsn = await _store_of_schema_5("passes")
     conn = await asyncpg.connect(dsn)
     try:
-        # The migration to 6 committed, and its pass wrote the first row before the process died.
-        await conn.execute("INSERT INTO narrmem_schema VALUES (6)")
+        # The migration to 6 committed, and its pass wrote the first row before the process died
+        # (the migration to 7 as well, its pass done: it would write the first row again).
+        await conn.execute("INSERT INTO narrmem_schema VALUES (6), (7)")
         await conn.execute("INSERT INTO meta VALUES ($1, '1')", f"{PASS_PENDING}6")
     finally:
         await conn.close()
@@ -90,10 +91,12 @@ async def test_an_open_leaves_a_pass_another_worker_runs_and_a_later_open_finish
     dsn = await _store_of_schema_5("passes")
     other = await asyncpg.connect(dsn)
     try:
-        await other.execute("SELECT pg_advisory_lock($1)", PASS_LOCK + 6)
+        for step in (6, 7):
+            await other.execute("SELECT pg_advisory_lock($1)", PASS_LOCK + step)
         found, pending = await _found(dsn, "cafe zurich")  # migrated, and open: the pass is not its
-        assert found == [] and pending == {f"{PASS_PENDING}6": ""}
-        await other.execute("SELECT pg_advisory_unlock($1)", PASS_LOCK + 6)
+        assert found == [] and pending == {f"{PASS_PENDING}6": "", f"{PASS_PENDING}7": ""}
+        for step in (6, 7):
+            await other.execute("SELECT pg_advisory_unlock($1)", PASS_LOCK + step)
     finally:
         await other.close()
     found, pending = await _found(dsn, "cafe zurich creme")
@@ -138,3 +141,27 @@ async def test_a_pass_leaves_a_row_another_worker_wrote_since_it_read_it(tmp_pat
         await conn.close()
     assert "bakeri" in words and "cafe" not in words and "café" not in words
     assert "zurich" in folded
+
+
+async def test_the_keyword_documents_of_other_scripts_are_written_again(tmp_path: Path) -> None:
+    """Schema 7: a decomposed name (as macOS clients send it) and a Hindi word, their documents
+    made of the words found before (halves, consonants), are found by the name typed composed and
+    by the word once the pass has run."""
+    dsn = await _store_of_schema_5("passes")
+    conn = await asyncpg.connect(dsn)
+    try:
+        for n, text in enumerate(["Ju\u0308rgen kommt am Freitag", "प्रिया ने कहा", "राम ने मित्र से बात की"]):
+            await conn.execute(
+                "INSERT INTO memories (kind, tenant, user_id, chat_id, text, importance, created_at, "
+                "created_ts, message_ids, meta, keywords, keyword_tokens) VALUES ('episode', 'default', "
+                "'u1', 'c1', $1, 0.5, '2025-01-01T00:00:00+00:00', $2, '[]', '{}', "
+                "setweight(to_tsvector('english', $3), 'A'), 6)",
+                text,
+                float(10 + n),
+                ["ju rgen kommt am freitag", "प र य न कह", "र म न म त र स ब त क"][n],
+            )
+    finally:
+        await conn.close()
+    found, pending = await _found(dsn, "Jürgen")
+    assert found == [4] and pending == {}
+    assert (await _found(dsn, "प्रिया"))[0] == [5]

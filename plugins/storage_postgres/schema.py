@@ -133,6 +133,11 @@ def migrations(dim: int, *, m: int, ef_construction: int) -> list[list[str]]:
         # (keywords.folded): the rows whose texts hold one are written again by
         # :func:`fold_keyword_accents`, which runs right after this step.
         [],
+        # 7: keyword documents and lengths of the words narrmem.text.keyword_terms finds since
+        # 2026-12-07 (composed, case-folded, marks kept inside words, Thai and its neighbours as
+        # bigrams): the rows whose texts are not all ASCII are written again by
+        # :func:`write_keywords_again`, which runs right after this step.
+        [],
     ]
 
 
@@ -265,6 +270,45 @@ async def fold_keyword_accents(conn: Any, after: int, progress: Progress) -> Non
         await progress(last)
 
 
+async def write_keywords_again(conn: Any, after: int, progress: Progress) -> None:
+    """Write again the keyword documents and lengths of rows whose texts are not all ASCII, as
+    the keyword terms are found now (a batch at a time; an ASCII text's words are what they
+    were)."""
+    config = await conn.fetchval("SELECT value FROM meta WHERE key = 'text_config'")
+    last = after
+    while config is not None:
+        rows = await conn.fetch(
+            "SELECT id, COALESCE(embed_text, text), context_text FROM memories "
+            "WHERE id > $1 AND (COALESCE(embed_text, text) ~ $2 OR context_text ~ $2) ORDER BY id LIMIT 1000",
+            last,
+            NOT_ASCII,
+        )
+        if not rows:
+            return
+        # Only a row whose texts are still those read (see fold_keyword_accents).
+        await conn.executemany(
+            f"UPDATE memories SET keywords = {keywords_sql('$1', '$2', '$3')}, keyword_tokens = $4 "
+            "WHERE id = $5 AND COALESCE(embed_text, text) = $6 AND context_text IS NOT DISTINCT FROM $7",
+            [
+                (
+                    config,
+                    keyword_document(unesc(r[1]) or ""),
+                    keyword_document(unesc(r[2]) or ""),
+                    keyword_tokens(unesc(r[1]) or "", unesc(r[2])),
+                    r[0],
+                    r[1],
+                    r[2],
+                )
+                for r in rows
+            ],
+        )
+        last = rows[-1][0]
+        await progress(last)
+
+
+NOT_ASCII = "[^\\x01-\\x7f]"
+
+
 # Relations another program may hold in the schema narrmem would use: tables, views, materialized
 # views, foreign and partitioned tables (an extension's own, such as PostGIS's, are left aside).
 _OTHERS_RELATIONS = """
@@ -338,6 +382,7 @@ async def refuse_a_schema_in_use(conn: Any, where: str) -> None:
 AFTER_STEP: dict[int, Callable[[Any, int, Progress], Awaitable[None]]] = {
     2: count_keyword_tokens,
     6: fold_keyword_accents,
+    7: write_keywords_again,
 }
 # A pass still to run (or to finish) is a row of meta, "pass_pending:<step>", written with its
 # step; its value is the id of the last row the pass wrote ('' before the first).

@@ -144,6 +144,15 @@ MIGRATIONS: list[str] = [
     CREATE INDEX memories_decay
         ON memories (id, importance, created_at, reinforced_at, current_importance, kind);
     """,
+    # 8: keyword documents of the words narrmem.text.keyword_terms finds since 2026-12-07
+    # (composed, case-folded, marks kept inside words, Thai and its neighbours as bigrams): the
+    # rows whose texts are not all ASCII are written again by the open that migrates, from the
+    # id this note holds (store.KEYWORDS_AGAIN), a batch at a time. A store of no memories (a new
+    # one) has nothing to write again, and its meta stays empty until its model is recorded.
+    """
+    INSERT OR REPLACE INTO meta (key, value)
+        SELECT 'keywords_again', '0' WHERE EXISTS (SELECT 1 FROM memories);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -85,6 +85,7 @@ OLDER_INDEX_FILE = "older_index_file"
 # meta: the [storage] index this database's vectors were last kept under, by the database's own
 # name (a copy of the file opened under another name has none of its own yet)
 INDEX_NAME = "index_of:"
+KEYWORDS_AGAIN = "keywords_again"  # meta: how far schema 8's pass has come (see _write_keywords_again)
 KEYWORDS_OF = "keywords_of:"  # meta, by the database's name: it kept a tantivy index
 # The log's truncation after a purge waits so long for readers (an export's snapshot holds the
 # log back for as long as its client reads), then is tried again every LOG_RETRY_S until it is
@@ -214,6 +215,7 @@ class SQLiteStore(ForgetJournal):
             await self._truncate_log()
         await self._check_model(dim, model)
         self._reader = await self._open_reader()
+        await self._write_keywords_again()
         self._lookups = await asyncio.to_thread(self._open_lookups)
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         self._index.claim(older_index_file=older_index_file)
@@ -451,7 +453,8 @@ class SQLiteStore(ForgetJournal):
 
     async def _check_model(self, dim: int, model: str) -> None:
         rows = await self._fetchall("SELECT key, value FROM meta")
-        stored = {k: v for k, v in rows if k != OLDER_INDEX_FILE}
+        # Notes of work an open has to do are not the model's record.
+        stored = {k: v for k, v in rows if k not in (OLDER_INDEX_FILE, KEYWORDS_AGAIN)}
         if not stored and self.read_only:
             raise StoreError(f"no narrmem store at {self.folder} (its database is empty)")
         if not stored:
@@ -538,6 +541,39 @@ class SQLiteStore(ForgetJournal):
             except BaseException:
                 await keywords.abandon_rebuild()
                 raise
+
+    async def _write_keywords_again(self) -> None:
+        """Write again the keyword documents of the rows whose texts are not all ASCII, as
+        :func:`narrmem.text.keyword_terms` finds their words now (schema 8): a batch a
+        transaction, each noting how far it came, so an open killed midway goes on from there.
+        A tantivy index is then built again (its documents are the old words)."""
+        found = await self._fetchall("SELECT value FROM meta WHERE key = ?", (KEYWORDS_AGAIN,))
+        if not found:
+            return
+        last, written = int(found[0][0]), 0
+        while batch := await self._fetchall(
+            "SELECT m.id, COALESCE(m.embed_text, m.text), m.context_text, f.body, f.context "
+            "FROM memories m JOIN memories_fts f ON f.rowid = m.id WHERE m.id > ? ORDER BY m.id LIMIT ?",
+            (last, KEYWORD_BATCH),
+        ):
+            statements: list[tuple[str, Sequence[Any]]] = []
+            for memory_id, body, context, old_body, old_context in batch:
+                if str(body).isascii() and str(context or "").isascii():
+                    continue  # an ASCII text's words are what they were
+                words = (fts_document(str(body)), fts_document(str(context or "")))
+                if words != (old_body, old_context):
+                    statements.append(
+                        ("UPDATE memories_fts SET body = ?, context = ? WHERE rowid = ?", (*words, memory_id))
+                    )
+            last = int(batch[-1][0])
+            if statements:
+                statements.append(("UPDATE keyword_changes SET count = count + 1", ()))
+                written += len(statements) - 1
+            statements.append(("UPDATE meta SET value = ? WHERE key = ?", (str(last), KEYWORDS_AGAIN)))
+            await self._write_many(statements)
+        await self._write("DELETE FROM meta WHERE key = ?", (KEYWORDS_AGAIN,))
+        if written:
+            log.info("keyword documents of %d memories written again (words of other scripts)", written)
 
     async def _keyword_changes(self) -> int:
         [(count,)] = await self._fetchall("SELECT count FROM keyword_changes")

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from narrmem_plugins.triage.emotions import moods_of
 from narrmem_plugins.triage.impacts import add_impact
-from narrmem_plugins.triage.language import has_cjk
 from narrmem_plugins.triage.options import TriageOptions
 from narrmem_plugins.triage.scene import describe_time, scene_record
 from narrmem_plugins.triage.topics import content_bigrams, shares_words, topic_words
@@ -31,6 +30,7 @@ from narrmem.models import (
     SceneDraft,
     Scope,
 )
+from narrmem.text import character_end, in_bigrams
 from narrmem.view import MemoryView
 
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
@@ -198,7 +198,7 @@ class Counters:
         when it was counted (a heavy user's topic has dozens of mentions: named once)."""
         nearest = await self._neighbours(memory, user, vector, episode)
         # For Chinese the (English) model's cosine is weak evidence: shared words decide instead.
-        threshold = CJK_TOPIC_SIMILARITY if has_cjk(episode.text) else self.options.topic_similarity
+        threshold = CJK_TOPIC_SIMILARITY if in_bigrams(episode.text) else self.options.topic_similarity
         close = [mid for mid, score in nearest if score >= threshold]
         # Every memory the count read is close: there may be more beyond them, and reading them
         # all would make a heavy user's favourite topic cost a record read per mention.
@@ -278,8 +278,8 @@ class Counters:
         greetings, the bot's name and media placeholders never make a topic."""
         if other.id == episode.id:
             return True
-        if has_cjk(episode.text) or has_cjk(other.text):
-            return _same_words_if_chinese(episode.text, other.text)
+        if in_bigrams(episode.text) or in_bigrams(other.text):
+            return _same_bigrams(episode.text, other.text)
         return shares_words(episode.text, other.text, self.options.names)
 
     def _habit(
@@ -433,10 +433,10 @@ def _before(record: MemoryRecord, reference: MemoryRecord, bound: datetime) -> b
     return _not_after(record, reference) and record.id != reference.id and record.created_at <= bound
 
 
-def _same_words_if_chinese(a: str, b: str) -> bool:
-    """The embedding model reads English; for Chinese, a shared topic must also share words."""
-    if not (has_cjk(a) or has_cjk(b)):
-        return True
+def _same_bigrams(a: str, b: str) -> bool:
+    """The embedding model reads English; for Chinese, Japanese, Korean and Thai, a shared topic
+    must also share words, which are bigrams there (Korean and Japanese kana alone were compared
+    by English words, none, and never made a topic)."""
     return a == b or len(content_bigrams(a) & content_bigrams(b)) >= 2
 
 
@@ -451,4 +451,13 @@ def topic_label(texts: list[str], names: frozenset[str] = frozenset()) -> str:
         for bigram in content_bigrams(text):
             counts[bigram] = counts.get(bigram, 0) + 1
     shared = sorted(counts, key=lambda b: (-counts[b], b))[:2]
-    return "".join(shared) if shared else texts[0][:8]
+    if not shared:
+        return texts[0][: character_end(texts[0], 8)]
+    # Two bigrams make a label when they overlap (公园, 园跑: 公园跑); side by side, two unrelated
+    # ones read as nonsense (公园又在).
+    first, *rest = shared
+    if rest and first[1] == rest[0][0]:
+        return first + rest[0][1]
+    if rest and rest[0][1] == first[0]:
+        return rest[0] + first[1]
+    return first

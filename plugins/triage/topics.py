@@ -16,9 +16,8 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from narrmem_plugins.triage.ignore_rules import without_media
-from narrmem_plugins.triage.language import has_cjk
 
-from narrmem.text import STOPWORDS, keyword_terms, short_text_cache
+from narrmem.text import STOPWORDS, in_bigrams, keyword_terms, short_text_cache
 
 NOISE = frozenset(
     """hey hi hello hiya yo sup morning evening night afternoon good great nice thanks thank thx ty
@@ -33,6 +32,27 @@ NOISE = frozenset(
     don didn isn wasn aren weren couldn wouldn shouldn hasn haven doesn won ain
     """.split()
 )
+# The function words of the other languages bots most often hear, as keyword_terms spells them
+# (accents of Latin letters folded): "ich bin" named a German user's topics. Words that are also
+# English content words (German "hat", French "son") are left out.
+_OTHER_FUNCTION_WORDS = """
+    und der das ist nicht mit auf für ein eine einen einem dem den des sich auch wie wir ihr sie
+    mein meine dein deine noch nur habe haben sind aber oder wenn dann schon heute mal doch jetzt
+    sehr bei nach von zum zur aus über weil dass kann wird werden wieder immer hier ich bist bin
+    les des une est pas que qui dans pour avec sur mais ont ses mes tes nous vous ils elle elles
+    suis était très tout aussi cette ces aux leur aujourd'hui hier demain
+    los las una uno por para con pero muy está esta este estoy como más hoy ayer mañana también
+    tengo tiene del sus mis nos
+    não com mas muito ontem amanhã estou você meu minha dos das
+    che non per sono della anche molto oggi ieri domani questo questa
+    bir için ile çok ama gibi daha ben sen biz siz onlar bugün dün yarın şimdi var yok değil
+    что это как так все она они его мне меня был была было уже еще ещё вот тут там когда если или
+    для без под над только очень тоже просто сегодня вчера завтра мой моя мое моё мои твой наш
+    нас вас него неё нее сейчас потом даже снова опять
+    मैं मेरा मेरी मेरे हूँ हैं था थी थे बहुत फिर और भी आज यह वह कुछ नहीं
+    أنا أنت هذا هذه التي الذي على إلى مرة جدا اليوم أخرى كان كانت لكن
+"""
+NOISE = NOISE | frozenset(term for word in _OTHER_FUNCTION_WORDS.split() for term in keyword_terms(word))
 _DOUBLE_END = re.compile(r"([b-df-hj-np-tv-z])\1$")
 
 # Texts up to this long are kept in the caches below (a chat message almost always is).
@@ -99,7 +119,7 @@ def _analysed(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[
         term
         for term in keyword_terms(without_media(text))
         if len(term) > 2
-        and term.isascii()
+        and not in_bigrams(term)  # CJK and Thai: their bigrams, compared by their own rule
         and not term[0].isdigit()  # "14k", "6x800m", "2024": amounts, not topics
         and term not in STOPWORDS
         and term not in skip
@@ -114,12 +134,20 @@ _COMMON_BIGRAMS = frozenset(
 )
 
 
+# Japanese writes its grammar in hiragana: a bigram that holds one (た公, で走) is a particle
+# against a word, not what the message is about.
+_HIRAGANA = re.compile("[\u3041-\u309f]")
+
+
 @short_text_cache(max_chars=CACHED_CHARS, maxsize=16_384)
 def content_bigrams(text: str) -> frozenset[str]:
-    """The Chinese content bigrams of ``text`` (the common ones left out). Cached, as
-    :func:`_analysed` is: a Chinese message is compared with up to 64 earlier ones."""
+    """The content bigrams of ``text``'s CJK, Korean and Thai runs (the common ones and those
+    holding Japanese grammar left out). Cached, as :func:`_analysed` is: a message is compared
+    with up to 64 earlier ones."""
     return frozenset(
-        t for t in keyword_terms(text) if len(t) == 2 and has_cjk(t) and t not in _COMMON_BIGRAMS
+        t
+        for t in keyword_terms(text)
+        if len(t) == 2 and in_bigrams(t) and t not in _COMMON_BIGRAMS and not _HIRAGANA.search(t)
     )
 
 

@@ -40,7 +40,7 @@ from narrmem.models import (
     TriggerEvent,
 )
 from narrmem.settling import MAX_UNSETTLED
-from narrmem.text import estimate_tokens
+from narrmem.text import character_end, estimate_tokens
 
 log = logs.logger("narrmem.doors.integrations")
 
@@ -938,5 +938,16 @@ def _listing(records: list[MemoryRecord], token_budget: int) -> str:
 
 
 def clip(text: str, max_chars: int) -> str:
-    """Platforms reject longer messages outright (Telegram 4096 characters, Discord 2000)."""
-    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
+    """Platforms reject longer messages outright (Telegram 4096 characters, Discord 2000).
+    Counted in UTF-16 code units, as Telegram counts them (an emoji is two: a reply of emoji and
+    accents that fit by code points was refused), and cut between characters as a reader sees
+    them (:func:`narrmem.text.character_end`)."""
+    if len(text.encode("utf-16-le")) // 2 <= max_chars:
+        return text
+    units = end = 0
+    for index, char in enumerate(text):
+        units += 2 if ord(char) > 0xFFFF else 1
+        if units > max_chars - 1:
+            break
+        end = index + 1
+    return text[: character_end(text, end)].rstrip() + "…"

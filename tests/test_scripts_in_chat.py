@@ -1,0 +1,87 @@
+"""A bot's users who write in other scripts: their repeated topics are counted as an English
+speaker's are (Russian, Korean, Japanese kana, Arabic, Hindi, German), labelled with words rather
+than two bigrams glued together, and a text shortened for a budget or a platform's limit is cut
+between characters as a reader sees them (an accent stays on its letter, an emoji whole)."""
+
+from __future__ import annotations
+
+import unicodedata
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from narrmem_plugins.triage.counters import topic_label
+
+from narrmem.doors.integrations._common import clip
+from narrmem.snippets import snippet
+from narrmem.testing import open_memory
+from narrmem.text import character_end
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+SAID_AGAIN = {
+    "en": "Went running in the park again.",
+    "ru": "Снова бегал в парке.",
+    "ko": "또 공원에서 달렸어.",
+    "ja": "また公園で走った。",
+    "ar": "ركضت في الحديقة مرة أخرى.",
+    "hi": "फिर से पार्क में दौड़ा।",
+    "de": "Ich bin heute wieder im Park gelaufen.",
+}
+
+
+@pytest.mark.parametrize("language", sorted(SAID_AGAIN))
+async def test_a_topic_said_again_is_counted_in_every_script(tmp_path: Path, language: str) -> None:
+    """Before, only English, Chinese, Japanese (by its kanji) and Turkish ever made a topic: a
+    word that was not ASCII never counted, and Korean or kana were compared by English words."""
+    fired = []
+    async with open_memory(tmp_path / "m") as memory:
+        for n in range(4):
+            result = await memory.ingest(
+                {
+                    "text": SAID_AGAIN[language],
+                    "user_id": "u1",
+                    "chat_id": "c1",
+                    "message_id": f"m{n}",
+                    "ts": (T0 + timedelta(hours=n)).isoformat(),
+                }
+            )
+            fired += [(event.kind, event.label) for event in result.triggers]
+    topics = [label for kind, label in fired if kind == "topic"]
+    assert topics, fired
+    # Named by what it is about, not by "ich bin" or "again".
+    assert not {"ich", "bin", "снова", "फिर"} & set(topics[0].split())
+
+
+def test_a_label_of_bigrams_is_a_word_not_two_glued() -> None:
+    assert topic_label(["我们周末去公园跑步", "公园跑步很舒服"]) in {"公园跑", "园跑步", "公园", "跑步"}
+    label = topic_label(["また公園で走った。", "公園で走るのが好き"])
+    assert not any("\u3041" <= char <= "\u309f" for char in label), label  # no particle in it
+
+
+def test_a_cut_falls_between_characters() -> None:
+    family = "👨\u200d👩\u200d👧\u200d👦"
+    text = "ab" + family + "cd"
+    assert [character_end(text, i) for i in range(len(text) + 1)][2:10] == [2, 2, 2, 2, 2, 2, 2, 9]
+    flags = "🇯🇵🇫🇷"
+    assert [character_end(flags, i) for i in range(5)] == [0, 0, 2, 2, 4]
+    decomposed = unicodedata.normalize("NFD", "ぐぐ")
+    assert character_end(decomposed, 1) == 0 and character_end(decomposed, 2) == 2
+    assert character_end("प्रिया", 2) == 0  # प्र: the virama joins the two consonants
+    assert character_end("प्रिया", 5) == 4
+
+
+def test_a_snippet_keeps_a_letter_with_its_mark_and_an_emoji_whole() -> None:
+    family, kana = "👨\u200d👩\u200d👧\u200d👦", unicodedata.normalize("NFD", "ぐ")
+    for filler, tail in ((family, "\u200d"), (kana, "く")):
+        text = filler * 200
+        cut = snippet(text, "nothing in common", 48)
+        assert cut.endswith("…") and not cut[:-1].endswith(tail), cut[-6:]
+
+
+def test_a_reply_fits_telegrams_limit_in_its_own_units() -> None:
+    """Telegram counts UTF-16 code units: 3,000 emoji fit 4,096 characters by code points, and the
+    reply was refused as too long."""
+    reply = clip("😀" * 3000, 4096)
+    assert len(reply.encode("utf-16-le")) // 2 <= 4096 and reply.endswith("…")
+    assert clip("x" * 5000, 4096) == "x" * 4095 + "…"
+    assert clip("short", 2000) == "short"
