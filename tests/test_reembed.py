@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import run_narrmem
+from _helpers import DB_NAME, run_narrmem
 
 from narrmem.config import load_settings
+from narrmem.doors import migrate as migration
 from narrmem.doors.migrate import migrate
+from narrmem.embed import packaged_model_path
 from narrmem.errors import ConfigError
 from narrmem.store import SQLCapable
 from narrmem.testing import open_memory
@@ -65,21 +69,23 @@ async def vectors_by_record(folder: Path, embedder: dict[str, str]) -> tuple[str
         return mem.embedder.name, held
 
 
-async def node_vectors(folder: Path) -> list[tuple[Any, ...]]:
-    async with open_memory(folder, real_model=True, read_only=True) as mem:
+async def node_vectors(folder: Path, embedder: dict[str, str] = FLOAT32) -> list[tuple[Any, ...]]:
+    async with open_memory(folder, real_model=True, embedder=embedder, read_only=True) as mem:
         assert isinstance(mem.store, SQLCapable)
         async with mem.store.sql() as db:
-            rows = await db.fetchall(
-                "SELECT name, vector IS NOT NULL, topic_vector IS NOT NULL FROM graph_nodes ORDER BY id"
-            )
+            rows = await db.fetchall("SELECT name, vector, topic_vector FROM graph_nodes ORDER BY id")
         return [tuple(row) for row in rows]
+
+
+def topics(rows: list[tuple[Any, ...]]) -> dict[str, np.ndarray]:
+    return {name: np.frombuffer(topic, dtype=np.float32) for name, _, topic in rows if topic is not None}
 
 
 async def test_a_memory_moved_to_another_model_holds_the_vectors_that_model_writes(tmp_path: Path) -> None:
     source, target, fresh = tmp_path / "float32", tmp_path / "int8", tmp_path / "fresh-int8"
     assert await fill(source, FLOAT32) == "all-MiniLM-L6-v2"
     assert await fill(fresh, INT8) == "all-MiniLM-L6-v2-int8"
-    assert any(topic for _, _, topic in await node_vectors(source))  # the task's topic, float32's
+    assert topics(await node_vectors(source))  # the tasks' topics, float32's
 
     report = await migrate(
         str(source),
@@ -91,7 +97,8 @@ async def test_a_memory_moved_to_another_model_holds_the_vectors_that_model_writ
     )
     assert report["verified"] and report["counts_match"], json.dumps(report, default=str)
     assert report["models"] == {"source": "all-MiniLM-L6-v2", "target": "all-MiniLM-L6-v2-int8"}
-    assert report["recall"]["measure"] == "found themselves"
+    assert report["recall"]["measure"] == "vectors made again agree"
+    assert report["recall"]["agreement"] == 1.0
 
     model, moved = await vectors_by_record(target, INT8)
     _, written = await vectors_by_record(fresh, INT8)
@@ -104,8 +111,14 @@ async def test_a_memory_moved_to_another_model_holds_the_vectors_that_model_writ
         assert float(vector @ written[key]) > 0.9999, key
     # And not the old model's vectors copied (int8 and float32 differ by up to 0.03 in cosine).
     assert min(float(moved[key] @ old[key]) for key in moved) < 0.999
-    # The graph's nodes keep no vector of the old model: a task's topic is made from its label.
-    assert not any(vector or topic for _, vector, topic in await node_vectors(target))
+    # The graph's nodes keep no vector of the old model: a task's topic is replayed from its
+    # messages' new vectors, the one a store of the new model holds.
+    moved_nodes, fresh_topics = await node_vectors(target, INT8), topics(await node_vectors(fresh, INT8))
+    assert not any(vector for _, vector, _ in moved_nodes)
+    moved_topics = topics(moved_nodes)
+    assert moved_topics.keys() == fresh_topics.keys() and len(moved_topics) >= 2, moved_topics.keys()
+    for name, topic in moved_topics.items():
+        assert float(topic @ fresh_topics[name]) > 0.999, name
 
     again = await migrate(
         str(source),
@@ -156,3 +169,100 @@ def test_the_command_moves_a_data_folder_to_the_model_of_another_config(tmp_path
     assert report["verified"] and report["models"]["target"] == "all-MiniLM-L6-v2-int8"
     vectors = report["counts"]["vectors"]
     assert vectors["source"] == vectors["target"] > len(TEXTS)  # the messages' and the scenes'
+
+
+async def test_vectors_that_are_not_the_target_models_are_not_a_verified_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check recalled each sampled memory's own text, which found it by its words whatever its
+    vector was: random vectors, or another model's, were verified."""
+    source = tmp_path / "float32"
+    await fill(source, FLOAT32)
+
+    async def random_vectors(dst: Any, batch: Any) -> list[tuple[Any, np.ndarray]]:
+        rows = np.random.default_rng(0).standard_normal((len(batch), dst.embedder.dim)).astype(np.float32)
+        return [(record, row / np.linalg.norm(row)) for (record, _), row in zip(batch, rows, strict=True)]
+
+    monkeypatch.setattr(migration, "_made_again", random_vectors)
+    report = await migrate(
+        str(source),
+        str(tmp_path / "int8"),
+        settings=load_settings(embedder=FLOAT32),
+        target_settings=load_settings(embedder=INT8),
+        reembed=True,
+        progress=False,
+    )
+    assert not report["verified"] and report["recall"]["agreement"] == 0.0
+
+
+async def test_an_episode_stored_before_attribution_is_embedded_as_a_new_one(tmp_path: Path) -> None:
+    """Episodes written before 2026-11-29 have no embed_text: re-embedded from their bare text,
+    their vectors were 0.77 (median) of a new store's."""
+    source, target, fresh = tmp_path / "float32", tmp_path / "int8", tmp_path / "fresh-int8"
+    await fill(source, FLOAT32)
+    await fill(fresh, INT8)
+    with sqlite3.connect(source / DB_NAME) as db:
+        assert db.execute("UPDATE memories SET embed_text = NULL WHERE kind = 'episode'").rowcount > 0
+    report = await migrate(
+        str(source),
+        str(target),
+        settings=load_settings(embedder=FLOAT32),
+        target_settings=load_settings(embedder=INT8),
+        reembed=True,
+        progress=False,
+    )
+    assert report["verified"], report["recall"]
+    _, moved = await vectors_by_record(target, INT8)
+    _, written = await vectors_by_record(fresh, INT8)
+    assert min(float(vector @ written[key]) for key, vector in moved.items()) > 0.9999
+
+
+def other_weights(model: Path, seed: int) -> None:
+    """Change the weights of a model folder (another model under the same name)."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(model / "model.safetensors"))
+    rng = np.random.default_rng(seed)
+    changed = {}
+    for key, array in weights.items():
+        noise = rng.normal(0, 0.05, array.shape).astype(array.dtype) if array.dtype.kind == "f" else 0
+        changed[key] = array + noise
+    save_file(changed, str(model / "model.safetensors"))
+
+
+async def test_two_model_folders_of_one_name_are_two_models(tmp_path: Path) -> None:
+    """A store keeps its model folder's last name: a copy into a store of another folder of the
+    same name (other weights) was taken for the same model, its old vectors copied as they were,
+    and re-embedded, the graph's task topics of the old model were kept; the source's note of its
+    weights was copied too, and refused the target's own model at its next open."""
+    old_model, new_model = tmp_path / "a" / "mymodel", tmp_path / "b" / "mymodel"
+    shutil.copytree(packaged_model_path(), old_model)
+    shutil.copytree(packaged_model_path(), new_model)
+    other_weights(new_model, seed=3)
+    old = {"backend": "sentence-transformers", "model_path": str(old_model), "runs_in": "thread"}
+    new = {**old, "model_path": str(new_model)}
+    source, target = tmp_path / "old", tmp_path / "new"
+    await fill(source, old)
+    with pytest.raises(ConfigError, match="--reembed"):
+        await migrate(
+            str(source),
+            str(tmp_path / "refused"),
+            settings=load_settings(embedder=old),
+            target_settings=load_settings(embedder=new),
+            progress=False,
+        )
+    report = await migrate(
+        str(source),
+        str(target),
+        settings=load_settings(embedder=old),
+        target_settings=load_settings(embedder=new),
+        reembed=True,
+        progress=False,
+    )
+    assert report["verified"], report["recall"]
+    old_topics, new_topics = topics(await node_vectors(source, old)), topics(await node_vectors(target, new))
+    assert new_topics.keys() == old_topics.keys()
+    assert all(float(new_topics[name] @ old_topics[name]) < 0.99 for name in new_topics)
+    # Its own model opens it (the source's note of its weights, copied, refused it).
+    async with open_memory(target, real_model=True, embedder=new) as memory:
+        assert await memory.recall("Berlin marathon", user_id="ann", k=1)

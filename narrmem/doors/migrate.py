@@ -12,7 +12,8 @@ The end check compares row counts per table and the top hits of a sample of reca
 every memory's vector is made again with it from the text it was first made of
 (:mod:`narrmem.reembedding`), so a memory can move to another model; the plugins' cached vectors
 of the old model stay behind (a plugin remakes them). The end check is then that the sampled
-memories find themselves on the target (the two models' top hits need not agree).
+memories hold on the target the vectors its model makes of them (the two models' top hits need not
+agree). A model is its name and, for a folder of its own, its weights' digest.
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ from narrmem.doors.importing import ReadWhenAsked
 from narrmem.doors.transfer import each_record, plugin_sections
 from narrmem.errors import ConfigError, InputError, StoreError
 from narrmem.memory import Memory
-from narrmem.models import MemoryRecord
-from narrmem.reembedding import vectors
+from narrmem.models import MemoryRecord, Scope
+from narrmem.reembedding import model_identity, vectors
 from narrmem.store import STORE_NOTES
 
 log = logs.logger("narrmem.doors.migrate")
 
 BATCH = 500
-RECALL_AGREEMENT = 0.9  # the share of the sample that must agree (or find itself) to verify
+RECALL_AGREEMENT = 0.9  # the share of the sample that must agree (or hold its vector) to verify
+SAME_VECTOR = 0.999  # cosine of a vector made again to the one held: one model, one text
 SIDE_TABLES = ("memory_history", "plugin_state", "forget_jobs")
 # Tables of the memories themselves, compared after the copy.
 COUNTED = ("memories", "memory_sources", "memory_history", "plugin_state", "forget_jobs", "vectors")
@@ -135,11 +137,12 @@ async def migrate(
             new_store_model=None if reembed else src.embedder.name,
         ) as dst,
     ):
-        report["models"] = {"source": src.embedder.name, "target": dst.embedder.name}
-        if not reembed and dst.embedder.name != src.embedder.name:
+        models = {"source": await model_identity(src.embedder), "target": await model_identity(dst.embedder)}
+        report["models"] = models
+        if not reembed and models["target"] != models["source"]:
             raise ConfigError(
-                f"embedder: the target's model is {dst.embedder.name}, the source's vectors are "
-                f"{src.embedder.name}'s: copied, they would be searched with another model's "
+                f"embedder: the target's model is {models['target']}, the source's vectors are "
+                f"{models['source']}'s: copied, they would be searched with another model's "
                 "(re-embed them: --reembed)"
             )
         for side in (src, dst):
@@ -154,11 +157,16 @@ async def migrate(
             table: await _copy_side(src, dst, table, before[table], progress) for table in SIDE_TABLES
         }
         report["current_importance"] = await _copy_current_importance(src, dst)
-        report["plugin_sections"], report["not_migrated"] = await _copy_plugin_sections(src, dst)
+        # Re-embedding, the plugins are told the vectors are another model's (a folder of the same
+        # name as the target's too): what they cached of the old model goes.
+        vectors_of = models["source"] if reembed else dst.embedder.name
+        report["plugin_sections"], report["not_migrated"] = await _copy_plugin_sections(src, dst, vectors_of)
         after = await dst.store.table_counts()  # type: ignore[attr-defined]
-        # The target's own notes of its tables (a plugin's schema version, written as it opened)
-        # that a store made before such notes were kept does not have.
-        after["plugin_state"] -= len(await _own_notes(dst) - await _own_notes(src))
+        # Each store's notes of itself (its tables' versions, its model's weights) are its own, not
+        # copied (the source's weights note refused the target's own model folder): the rest of
+        # plugin state is compared.
+        before["plugin_state"] -= len(await _own_notes(src))
+        after["plugin_state"] -= len(await _own_notes(dst))
         report["counts"] = {table: {"source": before[table], "target": after[table]} for table in COUNTED}
         report["counts_match"] = all(before[t] == after[t] for t in COUNTED)
         report["recall"] = await _compare_recall(src, dst, queries, k, reembed) if queries > 0 else None
@@ -223,11 +231,12 @@ async def _copy_side(src: Memory, dst: Memory, table: str, total: int, progress:
             )
             if not rows:
                 break
-            copied += await dst.store.load_rows(table, rows)  # type: ignore[attr-defined]
             seen += len(rows)
             if table == "plugin_state":
                 last_key = (str(rows[-1]["namespace"]), str(rows[-1]["key"]))
-            else:
+                rows = [row for row in rows if row["namespace"] != STORE_NOTES]
+            copied += await dst.store.load_rows(table, rows) if rows else 0  # type: ignore[attr-defined]
+            if table != "plugin_state":
                 after = int(rows[-1]["id"])
             bar.update(len(rows))
     return {"copied": copied, "skipped": seen - copied}
@@ -246,7 +255,9 @@ async def _copy_current_importance(src: Memory, dst: Memory) -> int:
     return copied
 
 
-async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int], dict[str, int]]:
+async def _copy_plugin_sections(
+    src: Memory, dst: Memory, vectors_of: str
+) -> tuple[dict[str, int], dict[str, int]]:
     """Every plugin's own data (``narrmem_export_records``: graph, RTM trees), imported into the
     target by its plugins the way ``narrmem import`` does it (checked on a dry run first). Sections
     no plugin of the target takes (a plugin idle on that backend) are left out, with their row
@@ -270,7 +281,7 @@ async def _copy_plugin_sections(src: Memory, dst: Memory) -> tuple[dict[str, int
                 memory=dst,
                 sections=sections,
                 dry_run=dry_run,
-                vectors_of=src.embedder.name,
+                vectors_of=vectors_of,
             )
             for part in parts:
                 claimed.update(part or {})
@@ -319,8 +330,8 @@ class SpooledSection(ReadWhenAsked):
 async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int, reembed: bool) -> dict[str, Any]:
     """Recall the same sample of queries (texts of evenly spaced memories, in their user's scope)
     from both sides: the share of top-k ids that agree. Re-embedded, the two models' hits need
-    not agree: the share of the sampled memories the target finds in its top k from their own
-    text (:func:`_finds_itself`; ``agreement`` too, so one bar judges both)."""
+    not agree: the share of the sampled memories whose vector on the target is the one its model
+    makes of them (:func:`_holds_its_vector`; ``agreement`` too, so one bar judges both)."""
     # Counted, then read again for the picks: not every memory held at once (4.7 GB at 1.5M, after
     # a copy that succeeded, killed the migration before it said "verified").
     count = 0
@@ -339,13 +350,13 @@ async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int, reembe
     for record in picks:
         query = record.text[:500]
         if reembed:
-            agree += await _finds_itself(dst, query, record, k)
+            agree += await _holds_its_vector(dst, record)
             total += 1
             continue
         left, right = await _top(src, query, record, k), await _top(dst, query, record, k)
         agree += len(set(left) & set(right))
         total += max(len(left), len(right))
-    measure = "found themselves" if reembed else "top hits agree"
+    measure = "vectors made again agree" if reembed else "top hits agree"
     return {
         "queries": len(picks),
         "k": k,
@@ -354,12 +365,16 @@ async def _compare_recall(src: Memory, dst: Memory, queries: int, k: int, reembe
     }
 
 
-async def _finds_itself(memory: Memory, query: str, record: MemoryRecord, k: int) -> bool:
-    """Whether ``record`` is in the top ``k`` of a recall of its own text, or a memory of the same
-    message (a scene stands for the episode it was written from)."""
-    hits = await memory.recall(query, user_id=record.user_id, tenant=record.tenant, k=k, reinforce=False)
-    said = set(record.message_ids)
-    return any(hit.id == record.id or (said and said & set(hit.message_ids)) for hit in hits)
+async def _holds_its_vector(memory: Memory, record: MemoryRecord) -> bool:
+    """Whether the target holds, for ``record``, the vector its model makes of the record's text
+    (made again here): a recall of the record's own text found it by its words whatever its
+    vector was, random or another model's."""
+    assert record.id is not None
+    held = await memory.store.vectors([record.id], Scope(tenant=record.tenant, user_id=record.user_id))
+    if record.id not in held:
+        return False
+    [made] = await vectors(memory, [record])
+    return float(np.dot(held[record.id], made)) >= SAME_VECTOR
 
 
 async def _top(memory: Memory, query: str, record: MemoryRecord, k: int) -> list[int]:

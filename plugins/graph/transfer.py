@@ -3,7 +3,8 @@ a section (``graph.nodes``, ``graph.edges``, ``graph.purges``, ``graph.task_mess
 column of every row, ids included, so that supersessions, provenance, validity intervals and the
 purge log come back as they were. Node vectors are exported as they are cached (base64), so an
 import re-embeds nothing; those of another model (a migration that re-embeds) are left out, a
-label's made again when a recall needs it and a task's topic from its label.
+label's made again when a recall needs it and a task's topic replayed from its messages' new
+vectors.
 
 Both backends export the same records, so a graph moves between SQLite and PostgreSQL with
 ``narrmem migrate`` (which uses these hooks) as it is.
@@ -19,7 +20,9 @@ from typing import Any, overload
 
 import numpy as np
 from narrmem_plugins.graph.backend import GraphBackend
+from narrmem_plugins.graph.nodes import chat_nodes, set_topic
 from narrmem_plugins.graph.schema import TABLES as GRAPH_TABLES
+from narrmem_plugins.graph.task_topics import CitingTask, messages_followed, remake
 
 from narrmem import InputError, hookimpl
 from narrmem.store import SQLCapable
@@ -35,12 +38,13 @@ _FORMATS: dict[str, dict[str, TextFormat]] = {
 }
 # Every table the schema creates, in creation order: a table others refer to comes first. A node's
 # label vector is a cache (stores written before 2026-12-05 filled it when a recall first needed
-# it): a later import does not conflict on it.
+# it), and a task's topic is made from its messages' vectors (a migration that re-embeds replays
+# it): a later import does not conflict on either.
 TABLES = [
     TableSpec(
         section=f"graph.{name.removeprefix('graph_')}",
         table=name,
-        derived=("vector", "vector_text") if name == "graph_nodes" else (),
+        derived=("vector", "vector_text", "topic_vector") if name == "graph_nodes" else (),
         formats=_FORMATS.get(name, {}),
     )
     for name in GRAPH_TABLES
@@ -133,14 +137,41 @@ class GraphTransfer:
     ) -> dict[str, int] | None:
         if self._graph is None:
             return None
-        if vectors_of != memory.embedder.name and NODES in sections:
+        another_model = vectors_of != memory.embedder.name and NODES in sections
+        if another_model:
             sections = {**sections, NODES: WithoutVectors(sections[NODES])}
         await _check_edge_scopes(memory.store, sections)
         _check_node_vectors(sections, memory.embedder.dim)
         counts = await import_tables(memory.store, TABLES, sections, dry_run=dry_run)
         if counts and not dry_run:
             await _continue_ids(self._graph)
+            if another_model:
+                await _replay_topics(self._graph, memory, sections[NODES])
         return counts
+
+
+async def _replay_topics(graph: GraphBackend, memory: MemoryView, nodes: Sequence[dict[str, Any]]) -> None:
+    """Each imported task's topic made again from the vectors of the messages it followed, as the
+    memory's model made them (a task the tools made starts from its description's, as it began):
+    left to its label, a task of eight messages matched the next message by the label alone,
+    weighted as eight."""
+    chats = {
+        (str(record["tenant"]), str(record["chat_id"])): True
+        for record in nodes
+        if isinstance(record, dict) and record.get("type") == "TaskNode"
+    }
+    for tenant, chat_id in chats:
+        async with graph.read() as db:
+            tasks = [
+                CitingTask(node, await messages_followed(db, node))
+                for node in await chat_nodes(db, tenant, chat_id, node_type="TaskNode")
+                if node.topic() is None
+            ]
+        remade = [await remake(memory, tenant, chat_id, task, ()) for task in tasks]
+        async with graph.transaction() as db:
+            for task in remade:
+                if task.topic is not None:
+                    await set_topic(db, task.node.id, task.topic)
 
 
 class WithoutVectors(Sequence[dict[str, Any]]):
