@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from narrmem.checks import int_argument, optional_int_argument, text_argument
 from narrmem.errors import InputError, NarrmemError, PluginError
 from narrmem.models import MAX_ID_CHARS, MAX_QUERY_CHARS, Scope
+from narrmem.store import IMPORT_UNDER_WAY, STORE_NOTES
 from narrmem.tools import ToolRegistry
 from narrmem.view import MemoryView
 
@@ -62,9 +63,11 @@ async def stats(memory: MemoryView, tools: ToolRegistry) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     for part in await memory.host.call("narrmem_stats", memory=memory):
         extra.update(part)
+    cut = await memory.store.state_get(STORE_NOTES, IMPORT_UNDER_WAY)
     return {
         **(await memory.store.stats()),
         **extra,
+        **({"import_cut_short": cut} if cut is not None else {}),
         "data_dir": str(memory.data_dir),
         "embedder": {"backend": memory.settings.embedder.backend, "model": memory.embedder.name},
         "plugins": memory.host.plugin_names(),

@@ -11,14 +11,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from narrmem import logs
 from narrmem.embed import ModelChooser, weights_digest
 from narrmem.errors import ConfigError, InputError, PluginError, StoreError
 from narrmem.models import Scope
-from narrmem.store import STORE_NOTES, RecordsModel
+from narrmem.store import IMPORT_UNDER_WAY, STORE_NOTES, RecordsModel
 
 if TYPE_CHECKING:
     from narrmem.lifecycle import MemoryLifecycle
 
+log = logs.logger("narrmem")
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T", bound="MemoryLifecycle")
 
@@ -64,6 +66,19 @@ async def start(
     if loading is not None:
         await loading
     await _check_weights(memory, embedder)
+    await _tell_of_a_cut_import(memory)
+
+
+async def _tell_of_a_cut_import(memory: MemoryLifecycle) -> None:
+    cut = await memory.store.state_get(STORE_NOTES, IMPORT_UNDER_WAY)
+    if cut is not None:
+        log.warning(
+            "an import of %s begun at %s did not end: run it again before anything is written here "
+            "(its plugins' data, the graph, is not in yet, and what is written meanwhile may take the "
+            "ids the file keeps, which then refuse it)",
+            cut.get("file"),
+            cut.get("began"),
+        )
 
 
 WEIGHTS_NOTE = "embedder.weights"  # STORE_NOTES key: the digest of a model folder's weights

@@ -449,6 +449,7 @@ class CountsForgets(Protocol):
 # Plugin state of notes about this store's own tables (a plugin's schema version, say), keyed by
 # the plugin's name: never exported nor imported, since another store's tables are another's.
 STORE_NOTES = "narrmem.store_notes"
+IMPORT_UNDER_WAY = "import.under_way"  # a STORE_NOTES key: an import begun and not ended
 
 
 @runtime_checkable

@@ -198,3 +198,27 @@ async def test_a_killed_import_run_again_ends_as_one_whole_import(tmp_path: Path
         again = await import_jsonl(memory, path)
     assert again["imported"] == 0 and not any(n for section, n in again.items() if section != "skipped")
     assert await _dump(killed) == expected
+
+
+async def test_an_open_after_a_cut_import_says_so_until_it_is_run_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed after its memories, before the graph, the store opened as if whole: a bot wrote in
+    it, took the ids the file's graph keeps, and every later run of the import was refused."""
+    path, killed = tmp_path / "export.jsonl", tmp_path / "killed"
+    async with open_store(killed):
+        pass
+    await _export(tmp_path / "source", path)
+    _killed_import(killed, path, *STEPS["in the graph's transaction"])
+    with caplog.at_level("WARNING", logger="narrmem"):
+        async with open_store(killed) as memory:
+            cut = (await memory.stats())["import_cut_short"]
+            assert cut["file"] == str(path.resolve())
+            await import_jsonl(memory, path)
+            assert "import_cut_short" not in await memory.stats()
+    assert any("did not end: run it again" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="narrmem"):
+        async with open_store(killed):
+            pass
+    assert not any("did not end" in record.getMessage() for record in caplog.records)

@@ -49,6 +49,7 @@ from narrmem.doors.transfer import (
 from narrmem.errors import InputError
 from narrmem.models import MemoryRecord
 from narrmem.state_checks import check_state
+from narrmem.store import IMPORT_UNDER_WAY, STORE_NOTES
 
 if TYPE_CHECKING:
     from narrmem.memory import Memory
@@ -92,6 +93,12 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
                 field="section",
                 line=line,
             )
+    # Noted until the plugins' sections are written: cut short between (killed, cancelled), the
+    # store opened as if whole, a bot wrote in it, and the file's graph ids taken since made every
+    # later run refused. An open now says so (see IMPORT_UNDER_WAY).
+    await memory.store.state_put(
+        STORE_NOTES, IMPORT_UNDER_WAY, {"file": str(path.resolve()), "began": memory.clock.now().isoformat()}
+    )
     counts = {"imported": 0, "skipped": 0}
     for batch in _memory_batches(scan):
         for key, value in (await memory.store.import_records(batch)).items():
@@ -102,6 +109,7 @@ async def import_jsonl(memory: Memory, path: str | Path) -> dict[str, int]:
     if scan.state_lines:
         counts[STATE] = state
     counts.update(await _plugin_import(memory, scan, dry_run=False))
+    await memory.store.state_delete(STORE_NOTES, IMPORT_UNDER_WAY)
     return counts
 
 
