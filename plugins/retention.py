@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from narrmem import hookimpl, logs
 from narrmem.configured import Configured
 from narrmem.scheduled import begin_if_due, give_back, stop, time_of
+from narrmem.to_the_end import to_the_end
 from narrmem.view import MemoryView
 
 NAME = "retention"
@@ -98,7 +99,13 @@ class Retention(Configured[RetentionOptions], name=NAME, options=RetentionOption
         began = await begin_if_due(memory.store, NAME, LAST_PASS, now, interval)
         if began is None:
             return None
-        counts = await self._pass(memory, now - timedelta(days=self.options.inactive_days))
+        try:
+            counts = await self._pass(memory, now - timedelta(days=self.options.inactive_days))
+        except asyncio.CancelledError:
+            # Cut short (a close, a restart while it ran): the people it had not reached were left
+            # a whole interval (a day) before the next pass looked at them again.
+            await to_the_end(give_back(memory.store, NAME, LAST_PASS, began))
+            raise
         if counts.get("busy"):
             # Another pass held the store (a command's, a call's): this one is still due.
             await give_back(memory.store, NAME, LAST_PASS, began)

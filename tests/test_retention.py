@@ -724,3 +724,31 @@ async def test_a_person_with_old_memories_and_old_facts_is_visited_once(tmp_path
         assert (counts["people"], counts["spoke_since"]) == (2, 0)
         assert size == len(told) == 2
         assert [await facts_of(memory, p) for p in ("ann", "bob")] == [0, 0]
+
+
+async def test_a_pass_cut_short_by_a_close_is_due_again_at_the_next_start(tmp_path: Path) -> None:
+    """A close (a restart) while the schedule's pass ran left its start noted: the people it had
+    not reached waited a whole interval, a day by default, for the next."""
+    clock = ManualClock(NOW)
+    options = {"retention": {"inactive_days": 365, "interval_hours": 24}}
+    async with open_memory(tmp_path / "m", clock=clock, plugin=options) as memory:
+        await memory.ingest_many(HISTORY)
+        plugin = memory.host.plugin(Retention)
+        assert plugin is not None
+        entered, held = asyncio.Event(), asyncio.Event()
+        forget_inactive = memory.forget_inactive
+
+        async def slow(**kwargs: Any) -> Any:
+            entered.set()
+            await held.wait()
+            return await forget_inactive(**kwargs)
+
+        memory.forget_inactive = slow  # type: ignore[method-assign]
+        running = asyncio.ensure_future(plugin.pass_if_due(memory))
+        await asyncio.wait_for(entered.wait(), 10)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        memory.forget_inactive = forget_inactive  # type: ignore[method-assign]
+        again = await plugin.pass_if_due(memory)
+        assert again is not None and again["people"] == 2
