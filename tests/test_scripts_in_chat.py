@@ -85,3 +85,23 @@ def test_a_reply_fits_telegrams_limit_in_its_own_units() -> None:
     assert len(reply.encode("utf-16-le")) // 2 <= 4096 and reply.endswith("…")
     assert clip("x" * 5000, 4096) == "x" * 4095 + "…"
     assert clip("short", 2000) == "short"
+
+
+async def test_a_name_in_another_script_is_one_node_whatever_its_case_or_form(tmp_path: Path) -> None:
+    """SQLite's NOCASE folds ASCII alone: "Маша" and "маша", a composed and a decomposed "Jürgen",
+    were two people of one chat's graph."""
+    pairs = [("Маша", "маша"), ("Ωμέγα", "ωμέγα"), ("Jürgen", unicodedata.normalize("NFD", "Jürgen")),
+             ("Jürgen", "JÜRGEN"), ("Masha", "masha")]  # fmt: skip
+    async with open_memory(tmp_path / "m") as memory:
+        for n, pair in enumerate(pairs):
+            for name in pair:
+                triplet = {"subject": "user", "relation": "knows", "object": name}
+                await memory.call_tool(
+                    "memory_commit", {"user_id": "u", "chat_id": f"c{n}", "triplets": [triplet]}
+                )
+            async with memory.store.sql() as db:
+                rows = await db.fetchall(
+                    "SELECT name FROM graph_nodes WHERE chat_id = ? AND name <> 'user'",
+                    (f"c{n}",),
+                )
+            assert [row[0] for row in rows] == [pair[0]], pair

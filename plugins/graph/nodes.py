@@ -4,6 +4,7 @@ writing functions (``db`` is the connection it yields)."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,13 +50,30 @@ def node_from_row(row: Sequence[Any]) -> Node:
 
 
 async def find_node(db: GraphSQL, scope: GraphScope, name: str) -> Node | None:
-    """The node called ``name`` in the write chat of ``scope`` (names compare case-insensitively)."""
+    """The node called ``name`` in the write chat of ``scope`` (names compare case-insensitively,
+    in every script, and composed: "Маша" is "маша", a decomposed "Jürgen" is "Jürgen")."""
+    name = unicodedata.normalize("NFC", name)
     row = await db.fetchone(
         f"SELECT {NODE_COLUMNS} FROM graph_nodes "
         "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND nocase(name) = nocase(?)",
         (scope.tenant, scope.user_id, scope.write_chat, name),
     )
+    if row is None and not name.isascii():
+        # SQLite's NOCASE folds ASCII alone: "Маша" and "маша" were two people. The chat's names of
+        # the same length are compared folded here (few: no scan of the chat's nodes).
+        folded = _folded(name)
+        rows = await db.fetchall(
+            f"SELECT {NODE_COLUMNS} FROM graph_nodes "
+            "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND length(name) = ?",
+            (scope.tenant, scope.user_id, scope.write_chat, len(name)),
+        )
+        row = next((r for r in rows if _folded(str(r[2])) == folded), None)
     return from_row(Node, row, _CONVERT) if row else None
+
+
+def _folded(name: str) -> str:
+    # Turkish İ folds to i and a dot above: İpek is ipek.
+    return unicodedata.normalize("NFC", name).casefold().replace("i\u0307", "i")
 
 
 async def ensure_node(
@@ -73,6 +91,7 @@ async def ensure_node(
     An explicit type refines a node still typed ``EntityNode``; any other disagreement is an
     :class:`InputError` on ``field_name`` (a node has one type, or edges would mean different things).
     """
+    name = unicodedata.normalize("NFC", name)
     found = await find_node(db, scope, name)
     if found is not None:
         if node_type is None or node_type == found.type:
