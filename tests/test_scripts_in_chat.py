@@ -105,3 +105,30 @@ async def test_a_name_in_another_script_is_one_node_whatever_its_case_or_form(tm
                     (f"c{n}",),
                 )
             assert [row[0] for row in rows] == [pair[0]], pair
+
+
+ASKED_TO_REMEMBER = [
+    "Запомни: у меня аллергия на орехи.",
+    "Merk dir: mein Geburtstag ist am 3. Mai.",
+    "N'oublie pas que je suis végétarienne.",
+    "No olvides que mi hija se llama Lucía.",
+    "Não se esqueça: sou alérgica a amendoim.",
+    "Ricordati che domani parto per Roma.",
+    "Unutma, yarın önemli bir sınavım var.",
+    "覚えておいて、私の誕生日は5月3日です。",
+    "내 생일은 5월 3일이야, 기억해줘.",
+    "याद रखना, मेरा जन्मदिन 3 मई को है।",
+    "لا تنسى أن عيد ميلادي في مايو",
+]
+
+
+async def test_a_request_to_remember_is_one_in_every_language(tmp_path: Path) -> None:
+    """ "Запомни: …" was kept as any message, at 0.30, where "remember: …" is a moment of at least
+    0.9; a question ("ты помнишь?") is not a request."""
+    async with open_memory(tmp_path / "m") as memory:
+        for n, text in enumerate([*ASKED_TO_REMEMBER, "Ты помнишь, что я говорил вчера?"]):
+            decision = await memory.triage(
+                {"text": text, "user_id": "u", "chat_id": "c", "message_id": f"m{n}", "ts": T0.isoformat()}
+            )
+            asked = text in ASKED_TO_REMEMBER
+            assert (decision.layer == "scene" and decision.importance >= 0.9) == asked, (text, decision)

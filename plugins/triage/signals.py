@@ -217,10 +217,31 @@ class Signal:
     reason: str
 
 
+# The same request in the other languages bots most often hear (Russian, Ukrainian, German,
+# French, Spanish, Portuguese, Italian, Turkish, Japanese, Korean, Arabic, Hindi): "Запомни: …"
+# was kept as any message, at 0.30, where "remember: …" is a moment at 0.9 or more. Forms that are
+# also a statement ("she recalls", "ricorda") are left out; a question is never a request.
+_EXPLICIT_OTHER = re.compile(
+    r"(?<!\w)(?:запомни(?:те)?|не забудь(?:те)?|имей(?:те)? в виду|запам'ятай(?:те)?|"
+    r"merk (?:dir|euch)|merken sie sich|vergiss nicht|vergessen sie nicht|denk(?: bitte)? daran|"
+    r"souviens-toi|souvenez-vous|rappelle-toi|n'oublie pas|n'oubliez pas|retiens (?:que|bien)|"
+    r"acuérdate|recuerda que|no (?:te )?olvides|ten en cuenta|"
+    r"lembre-se|lembra-te|não (?:se )?esqueça|não te esqueças|"
+    r"ricordati|ricordatevi|non dimenticare|tieni a mente|"
+    r"unutma(?:yın)?|aklında tut|"
+    r"لا تنس(?:ى|ي)?|"
+    r"याद रख(?:ना|ो|िए|ें)|भूलना मत)(?!\w)|"
+    r"覚えておいて|覚えといて|忘れないで|기억해\s?줘|기억해\s?주세요|잊지\s?마"
+)
+_QUESTION_END = ("?", "？", "؟")
+
+
 def explicit_request(text: str) -> str | None:
     """The sentence that asks the bot to remember something, if any."""
     for sentence in sentences(normalize(text)):
         if _EXPLICIT.search(sentence) and not _NOT_EXPLICIT.search(sentence):
+            return str(sentence)
+        if _EXPLICIT_OTHER.search(sentence) and not sentence.rstrip().endswith(_QUESTION_END):
             return str(sentence)
     return None
 
