@@ -28,10 +28,11 @@ _LATIN_ACCENTS = re.compile(
 
 
 @functools.cache
-def _word() -> re.Pattern[str]:
-    """A word: letters and digits, with the combining marks inside them. ``\\w`` takes no mark, so
-    a Hindi word fell into its consonants (प्रिया into प र य) and a decomposed "Jürgen" into two
-    words. Built at the first text that is not ASCII (the marks' ranges, 10 ms)."""
+def marks() -> str:
+    """The combining marks of the Basic Multilingual Plane (Mn, Mc, Me), as the inside of a
+    regular expression's ``[...]``: ``\\w`` takes no mark, so a Hindi word fell into its
+    consonants (प्रिया into प र य) and a decomposed "Jürgen" into two words. Built when first
+    asked (10 ms)."""
     ranges: list[str] = []
     start = end = None
     for code in range(0x300, 0x10000):
@@ -42,7 +43,13 @@ def _word() -> re.Pattern[str]:
         elif start is not None:
             ranges.append(f"\\u{start:04x}-\\u{end:04x}")
             start = None
-    return re.compile(rf"(?:[^\W_{_BIGRAMMED}]|[{''.join(ranges)}])+")
+    return "".join(ranges)
+
+
+@functools.cache
+def _word() -> re.Pattern[str]:
+    """A word: letters and digits, with the combining marks inside them (:func:`marks`)."""
+    return re.compile(rf"(?:[^\W_{_BIGRAMMED}]|[{marks()}])+")
 
 
 # After . ! ? … followed by a space, or after a CJK full stop (no space follows it): "3.5" and

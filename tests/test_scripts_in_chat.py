@@ -132,3 +132,20 @@ async def test_a_request_to_remember_is_one_in_every_language(tmp_path: Path) ->
             )
             asked = text in ASKED_TO_REMEMBER
             assert (decision.layer == "scene" and decision.importance >= 0.9) == asked, (text, decision)
+
+
+SMALL_TALK = ["Спасибо!", "ага, понятно", "ахахаха", "ㅋㅋㅋㅋ", "ㅇㅋ", "jajaja", "kkkkk", "Danke!",
+              "Alles klar", "merci beaucoup", "ありがとう", "www", "ههههه", "ठीक है", "Sağ ol",
+              "Valeu!"]  # fmt: skip
+SAID_OF_THEMSELVES = ["Я купила новую машину", "मैं कल दिल्ली जा रहा हूँ", "Ich habe morgen eine Prüfung",
+                      "우리 딸이 오늘 처음 걸었어", "Mañana empiezo un trabajo nuevo"]  # fmt: skip
+
+
+async def test_small_talk_in_other_languages_is_ignored_and_news_kept(tmp_path: Path) -> None:
+    """ "спасибо", "ㅋㅋㅋ", "ठीक है" were kept as memories (the ignore layer knew English and
+    Chinese small talk alone, and took a Hindi word's vowel signs for punctuation)."""
+    async with open_memory(tmp_path / "m") as memory:
+        for n, text in enumerate([*SMALL_TALK, *SAID_OF_THEMSELVES]):
+            said = {"text": text, "user_id": "u", "chat_id": "c", "message_id": f"m{n}", "ts": T0.isoformat()}
+            decision = await memory.triage(said)
+            assert (decision.layer == "ignore") == (text in SMALL_TALK), (text, decision)

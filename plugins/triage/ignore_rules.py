@@ -25,7 +25,7 @@ from narrmem_plugins.triage.lexicon import (
     WEATHER_ZH,
 )
 
-from narrmem.text import STOPWORDS
+from narrmem.text import STOPWORDS, marks
 
 _TOKEN = re.compile(r"[^\s,.!?;:~…。，！？；：、]+")
 _NO_WORDS = re.compile(r"^[\W_\d]*$")
@@ -34,8 +34,12 @@ _ONE_GREETING = rf"(?:(?:{GREETINGS_EN})(?: {BOT_NAMES})?|(?:{GREETINGS_ZH})(?:�
 _GREETING = re.compile(
     rf"^{_ONE_GREETING}(?:[ ,]+{_ONE_GREETING})*(?: (?:today|tonight|this morning|lately|these days))?$"
 )
-_LAUGHTER = re.compile(r"^(?:(?:ha|he|hi|ah|lo+l|lmf?ao|xd|呵|哈|嘿|嘻|233+)+)$")
-_SYMBOLS = re.compile(r"[^\w\s'一-鿿]+")
+# Laughter in the languages bots most often hear too: ахаха, jajaja, kkkk, rsrs, ㅋㅋㅋ, ㅎㅎ, www, 笑, ههههه.
+_LAUGHTER = re.compile(
+    r"^[aа]?(?:(?:ha|he|hi|ah|lo+l|lmf?ao|xd|呵|哈|嘿|嘻|233+|ха|хе|ах|хи|ja|je|ji|kk+|rs|ㅋ|ㅎ|w|笑|ه)+)$"
+)
+# Not a symbol: a letter's mark (Hindi's vowel signs; taken off, "ठीक है" was not "ok").
+_SYMBOLS = re.compile(rf"[^\w\s'一-鿿{marks()}]+")
 _SMALL_TALK = re.compile(
     r"^(?:(?:hey|hi|hello|yo|ok|okay|so|sorry|and)[ ,]+)?"
     r"(?:not much|nothing much|not a lot|same here|me too|you too|same to you|just chilling|nm|nmu|not bad|"

@@ -12,7 +12,19 @@ ACKNOWLEDGEMENTS = frozenset(
     好 好的 好滴 好嘞 嗯 嗯嗯 嗯呢 收到 哦 噢 喔 行 行吧 可以 对 对的 是 是的 谢谢 多谢 谢啦 哈哈 哈哈哈 呵呵
     知道了 明白 明白了 了解 懂了 没问题 ok的 好吧 记住了 离谱 无语 绝了 服了 醉了 晕 哎 唉 天哪 我去
     好哦 好呀 好啊 嗯呢 嗯啊 对对 对对对 是啊 是呀 可以可以 行行 笑死 笑死我了 牛 厉害 棒 太棒了 酷
-    辛苦了 辛苦啦 谢了 嗯哼 好笑 感谢 那就这样 就这样 知道啦""".split()
+    辛苦了 辛苦啦 谢了 嗯哼 好笑 感谢 那就这样 就这样 知道啦
+    ок окей ага угу да нет спасибо спс пасиб хорошо ладно понял поняла понятно ясно класс круто супер
+    отлично норм пон лол дякую добре
+    ja nein danke jo jep gut klar genau stimmt prima
+    oui non merci ouais d'accord dac génial parfait mdr ptdr
+    sí si gracias vale bueno claro genial perfecto dale
+    sim não obrigado obrigada valeu beleza blz massa
+    grazie certo perfetto bene
+    evet hayır tamam teşekkürler sağol eyvallah harika
+    はい うん ありがとう 了解 りょうかい おけ わかった なるほど 笑 草
+    네 응 ㅇㅇ ㅇㅋ 고마워 감사합니다 알겠어 좋아
+    نعم لا شكرا تمام حسنا اوكي
+    हाँ हां नहीं धन्यवाद शुक्रिया अच्छा ओके""".split()
 )
 
 ACKNOWLEDGEMENT_PHRASES = frozenset(
@@ -42,6 +54,17 @@ ACKNOWLEDGEMENT_PHRASES = frozenset(
         "知道啦",
         "明白啦",
         "i see",
+        "alles klar",
+        "danke schön",
+        "vielen dank",
+        "merci beaucoup",
+        "muchas gracias",
+        "muito obrigado",
+        "muito obrigada",
+        "большое спасибо",
+        "ну ладно",
+        "sağ ol",
+        "ठीक है",
         "i know",
         "of course",
         "sure thing",
