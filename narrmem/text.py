@@ -68,10 +68,32 @@ def cjk_count(text: str) -> int:
     return len(_CJK_CHAR.findall(text))
 
 
+# Characters a token of a current model's tokenizer (o200k) holds, by script, rounded down so that
+# a budget is not overrun (measured on one sentence in each: Greek 2.6, Hebrew 2.5, Arabic and
+# Persian 2.8, Thai 2.3, Hindi 3.5, Russian 3.7, against English's 4.5).
+_CHARS_PER_TOKEN = (
+    (re.compile("[\u0370-\u03ff\u1f00-\u1fff\u0590-\u05ff\ufb1d-\ufb4f]"), 2.3),
+    (re.compile("[\u0600-\u08ff\ufb50-\ufdff\ufe70-\ufeff]"), 2.5),
+    (re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]"), 2.0),
+    (re.compile("[\u0900-\u0dff]"), 3.0),
+    (re.compile("[\u0400-\u052f]"), 3.5),
+)
+
+
 def estimate_tokens(text: str) -> int:
-    """A model-agnostic token estimate: one per CJK character, one per four other characters."""
+    """A model-agnostic token estimate: one per CJK character, one per four characters of Latin
+    text, and as many as a current tokenizer spends on the other scripts (two and a half
+    characters a token of Arabic, two of Thai): counted at four, a Thai, Greek or Hebrew memory
+    took up to 1.6 times its share of a budget."""
+    if text.isascii():
+        return math.ceil(len(text) / 4)
     cjk = cjk_count(text)
-    return cjk + math.ceil((len(text) - cjk) / 4)
+    rest, tokens = len(text) - cjk, 0.0
+    for script, chars in _CHARS_PER_TOKEN:
+        found = len(script.findall(text))
+        rest -= found
+        tokens += found / chars
+    return cjk + math.ceil(tokens + rest / 4)
 
 
 def cjk_bigrams(run: str) -> list[str]:

@@ -15,7 +15,7 @@ from narrmem_plugins.triage.counters import topic_label
 from narrmem.doors.integrations._common import clip
 from narrmem.snippets import snippet
 from narrmem.testing import open_memory
-from narrmem.text import character_end
+from narrmem.text import character_end, estimate_tokens
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 SAID_AGAIN = {
@@ -149,3 +149,23 @@ async def test_small_talk_in_other_languages_is_ignored_and_news_kept(tmp_path: 
             said = {"text": text, "user_id": "u", "chat_id": "c", "message_id": f"m{n}", "ts": T0.isoformat()}
             decision = await memory.triage(said)
             assert (decision.layer == "ignore") == (text in SMALL_TALK), (text, decision)
+
+
+# One sentence in each script, with the tokens o200k (a current model's tokenizer) gives it.
+TOKENIZED = {
+    "I went running in the park again this morning and my knee hurts a little bit now.": 18,
+    "Сегодня утром я снова бегал в парке, и теперь у меня немного болит колено.": 20,
+    "आज सुबह मैं फिर से पार्क में दौड़ा और अब मेरे घुटने में थोड़ा दर्द है।": 20,
+    "เช้านี้ฉันไปวิ่งที่สวนอีกครั้งและตอนนี้เข่าของฉันเจ็บนิดหน่อย": 26,
+    "ركضت في الحديقة مرة أخرى هذا الصباح والآن ركبتي تؤلمني قليلا.": 22,
+    "הבוקר שוב רצתי בפארק ועכשיו הברך שלי קצת כואבת.": 19,
+    "Σήμερα το πρωί έτρεξα ξανά στο πάρκο και τώρα πονάει λίγο το γόνατό μου.": 29,
+    "今天早上我又去公园跑步了，现在膝盖有点疼。": 19,
+}
+
+
+def test_the_token_estimate_does_not_undercount_other_scripts() -> None:
+    """Counted at four characters a token, Thai, Greek and Hebrew came to 0.6 of their tokens: a
+    budget of them held 1.6 times what it was set to."""
+    for text, tokens in TOKENIZED.items():
+        assert tokens <= estimate_tokens(text) <= 1.3 * tokens, text
