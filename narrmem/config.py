@@ -403,6 +403,11 @@ def _toml_too_deep(text: str) -> bool:
     return json_text_too_deep(_TOML_NOT_NESTING.sub("", text))
 
 
+# narrmem's own variables that are no setting (its test suite's long variants): set, they are
+# no typo, and warned of at every start they would be noise.
+NOT_SETTINGS = frozenset({"NARRMEM_LONG_TESTS", "NARRMEM_RELIABILITY_LONG"})
+
+
 def environment_setting(name: str) -> str | None:
     """Why ``name`` (a ``NARRMEM_`` variable) is not read as a setting, or ``None`` if it is one.
 
@@ -410,6 +415,8 @@ def environment_setting(name: str) -> str | None:
     ``NARRMEM_<SECTION>__<KEY>`` for a key of a section (``NARRMEM_EMBEDDER__THREADS``), and
     ``NARRMEM_PLUGIN__<NAME>__<KEY>`` for a plugin's option. A whole section as one JSON value
     (``NARRMEM_STORAGE='{...}'``) is not one of them."""
+    if name in NOT_SETTINGS:
+        return None
     parts = name[len(ENV_PREFIX) :].lower().split("__")
     top, fields = parts[0], Settings.model_fields
     if top not in fields:

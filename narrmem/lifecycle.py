@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
@@ -144,7 +145,18 @@ class MemoryLifecycle:
         opening.check_open_arguments(settings, clock, plugins, Settings)
         settings = settings or load_settings(config_file)
         if data_dir is not None:
-            settings = settings.model_copy(update={"data_dir": folder_argument(data_dir, "data_dir")})
+            folder = folder_argument(data_dir, "data_dir")
+            if folder != settings.data_dir and os.environ.get("NARRMEM_DATA_DIR"):
+                # A deployment that sets the folder in the environment (a service, a container's
+                # volume) and runs code that names one: the bot wrote one folder, the CLI read the
+                # other, and neither said so.
+                log.warning(
+                    "data folder %s given to Memory.open, not NARRMEM_DATA_DIR's %s: call "
+                    "Memory.open() without one to follow the settings",
+                    folder,
+                    settings.data_dir,
+                )
+            settings = settings.model_copy(update={"data_dir": folder})
         memory = cls(
             settings,
             clock=clock,

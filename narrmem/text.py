@@ -48,8 +48,11 @@ def marks() -> str:
 
 @functools.cache
 def _word() -> re.Pattern[str]:
-    """A word: letters and digits, with the combining marks inside them (:func:`marks`)."""
-    return re.compile(rf"(?:[^\W_{_BIGRAMMED}]|[{marks()}])+")
+    """A word: a letter or digit, then letters, digits and the combining marks inside them
+    (:func:`marks`). A mark alone is no word: the variation selector after ❤️ made one, shared by
+    every memory with that emoji, and found them by it."""
+    letter = rf"[^\W_{_BIGRAMMED}]"
+    return re.compile(rf"{letter}(?:{letter}|[{marks()}])*")
 
 
 # After . ! ? … followed by a space, or after a CJK full stop (no space follows it): "3.5" and
@@ -122,6 +125,7 @@ def _continues(before: str, after: str) -> bool:
     code = ord(after)
     return (
         before == "\u200d"
+        or code in _EXTENDS
         or (unicodedata.combining(before) == 9 and after.isalpha())
         or code == 0x200D
         or unicodedata.category(after)[0] == "M"
@@ -130,6 +134,11 @@ def _continues(before: str, after: str) -> bool:
         or 0xE0020 <= code <= 0xE01EF
         or 0x1160 <= code <= 0x11FF
     )
+
+
+# What Unicode's segmentation keeps with the character before beyond the marks: the halfwidth
+# kana's voicing marks (ｶﾞ), Thai and Lao SARA AM (น้ำ), the zero-width non-joiner.
+_EXTENDS = frozenset({0xFF9E, 0xFF9F, 0x0E33, 0x0EB3, 0x200C})
 
 
 def _regional(char: str) -> bool:
@@ -151,12 +160,19 @@ def character_end(text: str, end: int) -> int:
     return end
 
 
+# Latin letters no decomposition takes the accent off, folded as tantivy's ascii_fold would.
+_LATIN_LETTERS = str.maketrans(
+    {"ı": "i", "ø": "o", "æ": "ae", "œ": "oe", "ł": "l", "đ": "d", "ħ": "h", "þ": "th"}
+)
+
+
 def folded(text: str) -> str:
-    """``text`` as keywords compare it: composed (NFC: a macOS client sends "é" as "e" and an
-    accent, which matched nothing typed elsewhere), case-folded (ß as ss, İ as i) and without
-    the accents of Latin letters, so that FTS5, tantivy and PostgreSQL, each handed these words,
-    find the same rows."""
-    text = unicodedata.normalize("NFC", text).casefold()
+    """``text`` as keywords compare it: composed and compatible forms made one (NFKC: a macOS
+    client sends "é" as "e" and an accent, a Japanese keyboard fullwidth letters, which matched
+    nothing typed elsewhere), case-folded (ß as ss, İ as i) and without the accents of Latin
+    letters (ø as o, đ as d), so that FTS5, tantivy and PostgreSQL, each handed these words, find
+    the same rows."""
+    text = unicodedata.normalize("NFKC", text).casefold().translate(_LATIN_LETTERS)
     decomposed = unicodedata.normalize("NFD", text)
     bare = _LATIN_ACCENTS.sub("", decomposed)
     return text if bare == decomposed else unicodedata.normalize("NFC", bare)

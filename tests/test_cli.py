@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,33 @@ async def test_a_refused_import_leaves_a_store_another_process_opened_meanwhile(
         made.remove()
         assert (data / "narrmem.sqlite3").is_file() and (data / "vectors").is_dir()
         assert len(await bot.recall("greyhound", user_id="carol")) == 1
+
+
+def test_output_to_a_reader_that_stops_early_is_no_error(store: CliStore) -> None:
+    """`narrmem tools --format mcp | head -c 1` (127 kB, more than a pipe holds): the reader went
+    away, and narrmem said "internal error: BrokenPipeError" and exited 1."""
+    for _ in range(3):
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", '"$PY" -m narrmem.doors.cli tools --format mcp | head -c 1'],
+            capture_output=True,
+            text=True,
+            env={**ENV, "PY": sys.executable},
+            cwd=store.work,
+            timeout=120,
+            check=False,
+        )
+        assert done.stderr == "" and done.returncode in (0, 141), (done.returncode, done.stderr)
+
+
+def test_recall_names_the_tenants_a_person_has_memories_in(store: CliStore) -> None:
+    """The bot libraries keep a person under a tenant of their own ("telegram", a server's id):
+    asked in "default", a person with memories was answered "nothing remembered" and no more."""
+    lines = [msg("t1", "I adopted a greyhound named Pixel", user="tina", tenant="telegram")]
+    folder = store.work / "tenants"
+    done = narrmem(
+        "ingest", str(_jsonl(store.work / "tina.jsonl", lines)), "--data", str(folder), cwd=store.work
+    )
+    assert done.returncode == 0, done.stderr
+    done = narrmem("recall", "my dog", "--user", "tina", "--data", str(folder), cwd=store.work)
+    assert done.returncode == 0 and "nothing remembered" in done.stdout
+    assert "tina has memories in tenant 'telegram': ask with --tenant" in done.stdout

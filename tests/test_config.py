@@ -85,7 +85,7 @@ def test_bad_environment_value_is_a_config_error(monkeypatch: pytest.MonkeyPatch
     ("name", "words"),
     [
         ("NARRMEM_BOGUS", "not a setting"),
-        ("NARRMEM_RELIABILITY_LONG", "not a setting"),
+        ("NARRMEM_URL", "not a setting"),
         ("NARRMEM_DATADIR", "did you mean NARRMEM_DATA_DIR"),
         ("NARRMEM_STORAGES__BATCH_SIZE", "did you mean NARRMEM_STORAGE"),
         ("NARRMEM_STORAGE__BATCHSIZE", "did you mean NARRMEM_STORAGE__BATCH_SIZE"),

@@ -242,3 +242,23 @@ async def test_every_plugins_number_option_refuses_a_boolean(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match=re.escape("plugin.recall_hybrid.answer.bias: must be a number")):
         async with open_memory(tmp_path / "n", plugin={"recall_hybrid": {"answer": {"bias": False}}}):
             pass
+
+
+async def test_a_folder_given_in_code_over_the_environments_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service sets NARRMEM_DATA_DIR and runs a bot that names its folder (as the examples did):
+    the bot wrote one folder and `narrmem stats` read the other, and nothing said so."""
+    from narrmem.memory import Memory
+    from narrmem.testing import HASH_EMBEDDER, TestingPlugin
+
+    monkeypatch.setenv("NARRMEM_DATA_DIR", str(tmp_path / "service"))
+    settings = load_settings(embedder={"backend": HASH_EMBEDDER})
+    with caplog.at_level("WARNING", logger="narrmem"):
+        async with Memory.open(str(tmp_path / "code"), settings=settings, plugins=[TestingPlugin()]):
+            pass
+        async with Memory.open(settings=settings, plugins=[TestingPlugin()]) as memory:
+            assert memory.data_dir == tmp_path / "service"
+    named = [r.getMessage() for r in caplog.records if "NARRMEM_DATA_DIR" in r.getMessage()]
+    assert len(named) == 1 and str(tmp_path / "code") in named[0]
+    assert not (tmp_path / "service" / "code").exists()

@@ -32,10 +32,14 @@ SAID = [
     ("İbrahim İSTANBUL'A taşındı", "ibrahim istanbul"),
     ("Wir wohnen jetzt in der Hauptstraße", "HAUPTSTRASSE"),
     (nfd("Hélène a adopté un chat"), "Hélène"),
+    ("Søren købte en båd i går", "Soren"),
+    ("Được rồi, mai gặp nhé", "duoc"),
+    ("ｶﾞﾝﾀﾞﾑのプラモを買った", "ガンダム"),
+    ("राम कल दिल्ली जाएगा", "राम"),
 ]
 # Messages that share letters with those above but not their words.
 OTHERS = [
-    "राम ने मित्र से बात की, पर यह राय अलग है",
+    "मुझे प्रेम है, प्यार में हूँ, पर यह राय अलग है",
     "ฉันชอบกินข้าวผัดกับน้ำพริก",
     "Juri und Gerda gehen ins Kino",
     "Ibo ist in Ankara",
@@ -51,6 +55,8 @@ def test_the_terms_of_other_scripts_are_their_words() -> None:
     assert "จั" in keyword_terms("มาลีซื้อจักรยาน")  # bigrams, as Chinese
     assert keyword_terms(nfd("ガンダム")) == keyword_terms("ガンダム")
     assert keyword_terms("I love ramen") == ["i", "love", "ramen"]
+    assert keyword_terms("I ❤️ pizza") == ["i", "pizza"]  # the emoji's variation selector is no word
+    assert keyword_terms("Søren, ISIRGAN, được, ＡＢＣ") == ["soren", "isirgan", "duoc", "abc"]
 
 
 async def said_and_found(memory: Any) -> list[tuple[str, bool]]:
@@ -73,8 +79,9 @@ async def found(memory: Any, ids: dict[str, int]) -> list[tuple[str, bool]]:
 
 @pytest.mark.parametrize("engine", ["fts5", "tantivy"])
 async def test_each_is_found_first_by_its_word(tmp_path: Path, engine: str) -> None:
-    """Before, FTS5 found 3 of these 8 first and tantivy 4 (the decomposed names, the Hindi and
-    Thai words, and İ or ß, by one engine or the other, were missed)."""
+    """Before, FTS5 found 3 of the first 8 first and tantivy 4 (the decomposed names, the Hindi
+    and Thai words, and İ or ß, by one engine or the other, were missed); ø, đ and halfwidth kana
+    were folded by tantivy alone, and FTS5 ranked a word sharing consonants with राम above it."""
     async with open_memory(tmp_path / "m", storage={"keyword_index": engine}) as memory:
         answers = await said_and_found(memory)
     assert [asked for asked, first in answers if not first] == []
@@ -105,3 +112,6 @@ async def test_a_store_written_before_has_its_documents_written_again_at_its_ope
     # An ASCII text's words are what they were: not written again.
     assert sql(folder, "SELECT body FROM memories_fts WHERE rowid = ?", (english,)) == english_words
     assert "greyhound" in english_words[0][0]
+    # The tokenizer keeps a word's marks in it.
+    [(made,)] = sql(folder, "SELECT sql FROM sqlite_master WHERE name = 'memories_fts'")
+    assert "categories 'L* N* Co M*'" in made

@@ -57,7 +57,7 @@ def test_rest_client_script_round_trip_against_a_live_server(tmp_path: Path) -> 
         _wait_until_up(base, server)
         run = subprocess.run(
             ["bash", str(SCRIPT)],
-            env={**os.environ, "NARRMEM_URL": base},
+            env={**os.environ, "NM_URL": base},
             capture_output=True,
             text=True,
             timeout=120,

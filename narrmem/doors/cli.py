@@ -96,7 +96,12 @@ def _add_read_commands(sub: Subparsers, common: Parents, as_json: Parents) -> No
     recall.add_argument("query")
     recall.add_argument("--user", help="user id (user scope)")
     recall.add_argument("--chat", help="chat id (chat scope)")
-    recall.add_argument("--tenant", default="default")
+    recall.add_argument(
+        "--tenant",
+        default="default",
+        help="the person's tenant (default: 'default'; the bot libraries use a Discord server's id, "
+        "'telegram' for Telegram)",
+    )
     recall.add_argument("--k", type=int, default=5)
     recall.add_argument("--explain", action="store_true", help="print why each hit ranked")
     recall.add_argument(
@@ -277,6 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except BrokenPipeError:
+        # The reader of the output has gone (`narrmem history 1 | head -1`): not narrmem's error.
+        # Standard output goes nowhere from here, or its flush at exit says the same again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         logging.getLogger("narrmem").debug("internal error", exc_info=exc)
         print(f"narrmem: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -445,6 +455,15 @@ async def _ingest_in_parts(
     return counts
 
 
+async def _tenants_elsewhere(memory: Any, args: argparse.Namespace) -> list[str]:
+    """The other tenants than the one asked that hold memories of ``--user``."""
+    from narrmem.store import FindsUserTenants
+
+    if args.user is None or not isinstance(memory.store, FindsUserTenants):
+        return []
+    return [t for t in await memory.store.user_tenants([args.user]) if t != args.tenant][:10]
+
+
 def _scope_args(args: argparse.Namespace) -> dict[str, Any]:
     """The scope a command's ``--user``, ``--chat`` and ``--tenant`` name, as keyword arguments."""
     return {"user_id": args.user, "chat_id": args.chat, "tenant": args.tenant}
@@ -455,11 +474,16 @@ async def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
     # path instead (it needs the folder for writing).
     async with _open(_existing_store(settings), read_only=not args.reinforce) as memory:
         hits = await memory.recall(args.query, **_scope_args(args), k=args.k, reinforce=args.reinforce)
+        elsewhere = await _tenants_elsewhere(memory, args) if not hits else []
     if args.json:
         _print_json([h.model_dump(mode="json") for h in hits])
         return 0
     if not hits:
         print("nothing remembered for that")
+        if elsewhere:
+            # The bot libraries keep a person under a tenant of their own (a Discord server's id,
+            # "telegram"): asked in "default", a person with memories was answered "nothing".
+            print(f"{args.user} has memories in tenant {', '.join(map(repr, elsewhere))}: ask with --tenant")
     for hit in hits:
         print(
             f"{hit.score:.4f}  {hit.created_at:%Y-%m-%d %H:%M}  [{hit.kind}] {hit.text}  <- {hit.message_ids}"

@@ -36,7 +36,6 @@ SQLite found it.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 
 from narrmem.text import fts_document, keyword_terms
@@ -86,19 +85,9 @@ def keywords_sql(config: str, body: str, context: str) -> str:
 
 
 def keyword_tokens(index_text: str, context_text: str | None) -> int:
-    """How many tokens a row's keyword document has (body and context), as BM25's length: as
-    FTS5 counts them, which cuts a word at each combining mark (a Hindi word is its consonants'
-    tokens there, found as a phrase of them), so that both stores score a row alike."""
-    return _fts5_tokens(index_text) + _fts5_tokens(context_text or "")
-
-
-_FTS5_TOKEN = re.compile(r"[^\W_]+")  # letters and digits: FTS5's unicode61 takes no mark
-
-
-def _fts5_tokens(text: str) -> int:
-    if text.isascii():
-        return len(keyword_terms(text))
-    return sum(len(_FTS5_TOKEN.findall(term)) for term in keyword_terms(text))
+    """How many tokens a row's keyword document has (body and context), as BM25's length: its
+    keyword terms, as FTS5 counts them too (since schema 8 it keeps a word's marks in it)."""
+    return len(keyword_terms(index_text)) + len(keyword_terms(context_text or ""))
 
 
 def bm25_sql(terms: int, where: str, kinds: str, scope_words: str) -> str:

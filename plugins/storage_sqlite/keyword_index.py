@@ -52,7 +52,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import shutil
 import threading
 import time
@@ -70,7 +69,7 @@ from narrmem.errors import StoreError
 
 log = logs.logger("narrmem.keywords")
 
-FORMAT = 2
+FORMAT = 3  # 3: words split at spaces alone, nothing folded (2026-12-07)
 # A context word counts two thirds of a text word: the text is written three times, the context twice.
 TEXT_COPIES, CONTEXT_COPIES = 3, 2
 CONTEXT_WEIGHT = CONTEXT_COPIES / TEXT_COPIES
@@ -88,7 +87,6 @@ BM25_K1 = 1.2  # tantivy's BM25 constants, for the documents scored before their
 BM25_B = 0.75
 COMMIT_INTERVAL = 0.25  # seconds between two commits while writes keep coming (one fsync each)
 LENGTHS_SAMPLED = 4096  # documents whose length is counted for the average, then one in this many
-_TOKEN = re.compile(r"[^\W_]+")  # what tantivy's simple tokenizer keeps: runs of letters and digits
 _BUILDING = ".building-"  # suffix of a folder being rebuilt (per process), replaced once complete
 _RETIRED = ".retired-"  # suffix of a replaced folder on its way out
 
@@ -314,13 +312,14 @@ class TantivyKeywords:
         return builder.build()
 
     def _build_analyzer(self) -> Any:
-        # FTS5's "porter unicode61 remove_diacritics 2" on text the store has already split into
-        # words and CJK bigrams: split on anything but letters and digits, fold accents, stem.
+        # FTS5's "porter unicode61 ... categories 'L* N* Co M*'" on text the store has already
+        # split into words and bigrams, folded (narrmem.text.keyword_terms): split at the spaces
+        # alone and stem. The simple tokenizer split a Hindi word at its virama (प्रिया as प and
+        # रिया, found by any word starting with प), and ascii_fold folded letters FTS5 kept.
         tv = self._tantivy
         return (
-            tv.TextAnalyzerBuilder(tv.Tokenizer.simple())
+            tv.TextAnalyzerBuilder(tv.Tokenizer.whitespace())
             .filter(tv.Filter.lowercase())
-            .filter(tv.Filter.ascii_fold())
             .filter(tv.Filter.stemmer("english"))
             .build()
         )
@@ -374,7 +373,7 @@ class TantivyKeywords:
             # A sample is enough for a mean, and a rebuild of a million rows should not pay for
             # counting each (the analyzer itself stays on the search thread).
             if lengths.count < LENGTHS_SAMPLED or doc.id % LENGTHS_SAMPLED == 0:
-                lengths.add(len(_TOKEN.findall(_words(doc))))
+                lengths.add(len(_words(doc).split()))  # the analyzer splits at spaces alone
                 owners.add(len(doc.owner))
 
     def _write_kept(self, building: _Building) -> None:

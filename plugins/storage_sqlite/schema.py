@@ -145,11 +145,20 @@ MIGRATIONS: list[str] = [
         ON memories (id, importance, created_at, reinforced_at, current_importance, kind);
     """,
     # 8: keyword documents of the words narrmem.text.keyword_terms finds since 2026-12-07
-    # (composed, case-folded, marks kept inside words, Thai and its neighbours as bigrams): the
-    # rows whose texts are not all ASCII are written again by the open that migrates, from the
-    # id this note holds (store.KEYWORDS_AGAIN), a batch at a time. A store of no memories (a new
-    # one) has nothing to write again, and its meta stays empty until its model is recorded.
+    # (composed, case-folded, marks kept inside words, Thai and its neighbours as bigrams), and an
+    # FTS5 tokenizer that keeps a word's marks in it (categories M*: it cut a Hindi word into its
+    # consonants, and ranked "प्यार" above the row that said "राम" for राम). The rows whose texts are
+    # not all ASCII are written again by the open that migrates, from the id this note holds
+    # (store.KEYWORDS_AGAIN), a batch at a time. A store of no memories (a new one) has nothing to
+    # write again, and its meta stays empty until its model is recorded.
     """
+    CREATE VIRTUAL TABLE memories_fts_marks USING fts5 (
+        body, context, owner, tokenize = "porter unicode61 remove_diacritics 2 categories 'L* N* Co M*'"
+    );
+    INSERT INTO memories_fts_marks (rowid, body, context, owner)
+        SELECT rowid, body, context, owner FROM memories_fts;
+    DROP TABLE memories_fts;
+    ALTER TABLE memories_fts_marks RENAME TO memories_fts;
     INSERT OR REPLACE INTO meta (key, value)
         SELECT 'keywords_again', '0' WHERE EXISTS (SELECT 1 FROM memories);
     """,

@@ -30,7 +30,7 @@ from narrmem.models import (
     SceneDraft,
     Scope,
 )
-from narrmem.text import character_end, in_bigrams
+from narrmem.text import character_end, cjk_count
 from narrmem.view import MemoryView
 
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
@@ -198,7 +198,7 @@ class Counters:
         when it was counted (a heavy user's topic has dozens of mentions: named once)."""
         nearest = await self._neighbours(memory, user, vector, episode)
         # For Chinese the (English) model's cosine is weak evidence: shared words decide instead.
-        threshold = CJK_TOPIC_SIMILARITY if in_bigrams(episode.text) else self.options.topic_similarity
+        threshold = CJK_TOPIC_SIMILARITY if cjk_count(episode.text) else self.options.topic_similarity
         close = [mid for mid, score in nearest if score >= threshold]
         # Every memory the count read is close: there may be more beyond them, and reading them
         # all would make a heavy user's favourite topic cost a record read per mention.
@@ -278,7 +278,10 @@ class Counters:
         greetings, the bot's name and media placeholders never make a topic."""
         if other.id == episode.id:
             return True
-        if in_bigrams(episode.text) or in_bigrams(other.text):
+        # Chinese, Japanese and Korean by their bigrams. Thai and its neighbours make no topic:
+        # the model reads every Thai sentence as the same (cosine 1.0), and their shared bigrams
+        # (มา, "come") made one topic of unrelated messages.
+        if cjk_count(episode.text) or cjk_count(other.text):
             return _same_bigrams(episode.text, other.text)
         return shares_words(episode.text, other.text, self.options.names)
 
@@ -434,9 +437,9 @@ def _before(record: MemoryRecord, reference: MemoryRecord, bound: datetime) -> b
 
 
 def _same_bigrams(a: str, b: str) -> bool:
-    """The embedding model reads English; for Chinese, Japanese, Korean and Thai, a shared topic
-    must also share words, which are bigrams there (Korean and Japanese kana alone were compared
-    by English words, none, and never made a topic)."""
+    """The embedding model reads English; for Chinese, Japanese and Korean, a shared topic must
+    also share words, which are bigrams there (Korean and Japanese kana alone were compared by
+    English words, none, and never made a topic)."""
     return a == b or len(content_bigrams(a) & content_bigrams(b)) >= 2
 
 

@@ -11,6 +11,7 @@ are alike to an embedding model, but they are not about the same thing. Chinese 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable
 from functools import lru_cache
@@ -34,18 +35,17 @@ NOISE = frozenset(
 )
 # The function words of the other languages bots most often hear, as keyword_terms spells them
 # (accents of Latin letters folded): "ich bin" named a German user's topics. Words that are also
-# English content words (German "hat", French "son") are left out.
+# English words or names, or parts of them, are left out ("ben", "bin", "var", "con", "los",
+# "uber", "mit"): the lists apply to every message, English too.
 _OTHER_FUNCTION_WORDS = """
-    und der das ist nicht mit auf für ein eine einen einem dem den des sich auch wie wir ihr sie
-    mein meine dein deine noch nur habe haben sind aber oder wenn dann schon heute mal doch jetzt
-    sehr bei nach von zum zur aus über weil dass kann wird werden wieder immer hier ich bist bin
-    les des une est pas que qui dans pour avec sur mais ont ses mes tes nous vous ils elle elles
-    suis était très tout aussi cette ces aux leur aujourd'hui hier demain
-    los las una uno por para con pero muy está esta este estoy como más hoy ayer mañana también
-    tengo tiene del sus mis nos
-    não com mas muito ontem amanhã estou você meu minha dos das
-    che non per sono della anche molto oggi ieri domani questo questa
-    bir için ile çok ama gibi daha ben sen biz siz onlar bugün dün yarın şimdi var yok değil
+    und der ist nicht auf ein eine einen einem sich auch wie wir ihr sie mein meine dein deine
+    noch nur habe haben sind aber oder wenn dann schon heute doch jetzt sehr bei nach zum zur weil
+    dass kann wird werden wieder immer ich bist
+    une que dans pour avec mais ses nous vous ils suis était aussi cette leur aujourd'hui demain
+    una pero muy está este estoy hoy ayer mañana también tengo tiene
+    não muito ontem amanhã estou você meu minha
+    sono anche molto oggi ieri domani questo questa
+    için ile çok gibi daha siz onlar bugün dün yarın şimdi yok değil
     что это как так все она они его мне меня был была было уже еще ещё вот тут там когда если или
     для без под над только очень тоже просто сегодня вчера завтра мой моя мое моё мои твой наш
     нас вас него неё нее сейчас потом даже снова опять
@@ -127,16 +127,23 @@ def _analysed(text: str, names: frozenset[str]) -> tuple[tuple[str, ...], tuple[
     return words, tuple(stem(word) for word in words)
 
 
-# Two-character sequences too common in Chinese chat to say what a message is about.
+# Two-character sequences too common in Chinese, Korean and Thai chat to say what a message is
+# about: Korean's polite and formal endings (습니다, 어요, 했어) and Thai's particles (ครับ, ค่ะ,
+# นะ) end nearly every sentence, and made one topic of five unrelated ones.
 _COMMON_BIGRAMS = frozenset(
     "我的 我们 一个 今天 昨天 明天 现在 还是 就是 什么 怎么 这个 那个 "
-    "因为 所以 但是 觉得 真的 有点 已经 一下".split()
+    "因为 所以 但是 觉得 真的 有点 已经 一下 "
+    "습니 니다 합니 입니 있습 했습 어요 아요 해요 세요 예요 에요 이에 였어 했어 었어 았어 어서 "
+    "는데 은데 에서 으로 이야 거야 있어 없어 같아 너무 정말 진짜 오늘 어제 내일 그리고 그래 "
+    "คร รั ับ ค่ ่ะ คะ นะ จ้ ้า ๆ ฉั ัน ผม วั ันน นี้ ที่ และ ไม ม่ ได ด้".split()
 )
 
 
 # Japanese writes its grammar in hiragana: a bigram that holds one (た公, で走) is a particle
 # against a word, not what the message is about.
 _HIRAGANA = re.compile("[\u3041-\u309f]")
+# Thai's leading vowels, written before the consonant they follow in speech (เ แ โ ใ ไ).
+_THAI_MARK = re.compile("[\u0e40-\u0e44]")
 
 
 @short_text_cache(max_chars=CACHED_CHARS, maxsize=16_384)
@@ -147,7 +154,13 @@ def content_bigrams(text: str) -> frozenset[str]:
     return frozenset(
         t
         for t in keyword_terms(text)
-        if len(t) == 2 and in_bigrams(t) and t not in _COMMON_BIGRAMS and not _HIRAGANA.search(t)
+        if len(t) == 2
+        and in_bigrams(t)
+        and t not in _COMMON_BIGRAMS
+        and not _HIRAGANA.search(t)
+        # Thai vowel and tone marks are no letters: a bigram that begins or ends with one is
+        # half a syllable (ครั).
+        and not (unicodedata.combining(t[0]) or unicodedata.combining(t[1]) or _THAI_MARK.match(t[0]))
     )
 
 
