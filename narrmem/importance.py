@@ -33,6 +33,10 @@ async def mark_used(memory: MemoryView, memory_ids: Sequence[int], scope: Scope)
 
 async def decay(memory: MemoryView, now: datetime | None) -> dict[str, int]:
     when = memory.clock.now() if now is None else aware_time_argument(now, "now")
+    if memory.read_only:
+        # The pass writes each memory's importance after decay; read-only, the plugins skipped it
+        # and the caller was answered {} as if it had run.
+        raise StoreError(f"{memory.data_dir} is open read-only: a decay pass writes")
     counts: dict[str, int] = {}
     for part in await memory.host.call("narrmem_decay", memory=memory, now=when):
         counts.update(part)

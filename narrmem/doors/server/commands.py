@@ -77,6 +77,12 @@ def add_server_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "passing the request on: the schema page (/docs) and the OpenAPI document name it",
     )
     serve.add_argument(
+        "--read-only",
+        action="store_true",
+        help="serve the inspector and the read endpoints beside the process that writes the store "
+        "(a running bot on the SQLite default); every write is refused with 409",
+    )
+    serve.add_argument(
         "--allowed-host",
         action="append",
         default=[],
@@ -173,7 +179,7 @@ async def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     webhook = WebhookOptions(url=args.webhook) if args.webhook else None
     metrics = _metrics(args.metrics)
-    async with Memory.open(settings=settings) as memory:
+    async with Memory.open(settings=settings, read_only=args.read_only) as memory:
         app = create_app(
             memory,
             keys=ring,
