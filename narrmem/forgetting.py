@@ -517,15 +517,13 @@ class Forgetting:
         """:meth:`outlasted`, for :data:`PURGE_WAIT_S` at most: a forget that has not recorded its
         job by then (held at another worker's gate, or behind a plugin that hangs) is named in the
         log, as the close cuts it and it is not done."""
-        with contextlib.suppress(TimeoutError):
-            # ended() only waits (asyncio.wait): its cancel leaves the forgets running.
-            await asyncio.wait_for(self._outlasting.ended(), PURGE_WAIT_S)
-        if self._outlasting.running():
+        left = await self._outlasting.ended_within(PURGE_WAIT_S)
+        if left:
             log.warning(
                 "closing with %d forget(s) whose callers gave up still under way: one whose job "
                 "is recorded is finished at the next open; one still waiting to begin is not done "
-                "(its error follows): ask for it again",
-                self._outlasting.running(),
+                "(its error is logged if it fails): ask for it again",
+                left,
             )
 
     async def close(self, closing: asyncio.Task[Any] | None = None) -> None:

@@ -24,7 +24,7 @@ from narrmem.embed import Embedder
 from narrmem.errors import ClosedError, PluginError
 from narrmem.fence import Fence
 from narrmem.forget_marks import ForgetMarks
-from narrmem.forgetting import Forgetting
+from narrmem.forgetting import PURGE_WAIT_S, Forgetting
 from narrmem.host import PluginHost
 from narrmem.in_flight import CallsUnderWay
 from narrmem.inbox import Inbox
@@ -146,7 +146,7 @@ class MemoryLifecycle:
         settings = settings or load_settings(config_file)
         if data_dir is not None:
             folder = folder_argument(data_dir, "data_dir")
-            if folder != settings.data_dir and os.environ.get("NARRMEM_DATA_DIR"):
+            if os.environ.get("NARRMEM_DATA_DIR") and _place(folder) != _place(settings.data_dir):
                 # A deployment that sets the folder in the environment (a service, a container's
                 # volume) and runs code that names one: the bot wrote one folder, the CLI read the
                 # other, and neither said so.
@@ -251,7 +251,15 @@ class MemoryLifecycle:
         try:
             if self._started:
                 # An edit whose caller gave up ends first: it found the store shut half way.
-                await self._edits_outlasting.ended()
+                # Bounded as the forgets are: one held by a plugin that hangs held the close for
+                # ever, and no cancel could end it.
+                left = await self._edits_outlasting.ended_within(PURGE_WAIT_S)
+                if left:
+                    log.warning(
+                        "closing with %d edit(s) whose callers gave up still under way (a plugin "
+                        "that does not return): cut short, an edit may not be done; send it again",
+                        left,
+                    )
                 # So does a forget whose caller gave up (a bot's shutdown cancels its tasks):
                 # shut while it waited for the messages under way, before its job was recorded,
                 # it was lost, and the person's words kept. Bounded: one held at another worker's
@@ -296,3 +304,8 @@ class MemoryLifecycle:
         if self._embedder is None:
             raise PluginError("the memory is not open")
         return self._embedder
+
+
+def _place(folder: str) -> str:
+    """Where a folder setting points (``dd``, ``./dd/`` and its absolute path are one)."""
+    return os.path.realpath(os.path.expanduser(folder))

@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from narrmem.checks import JsonShapeError, check_plain_json, check_time_range
 from narrmem.errors import InputError
-from narrmem.text import estimate_tokens
+from narrmem.text import added, token_counts, tokens_of
 
 MAX_TEXT_CHARS = 16_000
 # A record's keyword context: a few turns around it and a date line, each at most a message long.
@@ -672,13 +672,17 @@ class ContextPack(_Strict):
     def render(self, token_budget: int | None = None) -> str:
         """A prompt block, best hits first, cut to ``token_budget`` (estimated tokens) if given."""
         lines = ["What you remember about this conversation:"]
+        # Counted as the joined text would be, a line at a time (measuring the whole block again at
+        # every line took 0.1 s for 100 Russian hits).
+        used = token_counts(lines[0])
         for hit in self.hits:
             when = hit.created_at.strftime("%Y-%m-%d")
             who = f"{hit.speaker}: " if hit.speaker else ""
             text = " | ".join(part.strip() for part in hit.text.splitlines() if part.strip())
             line = f"- [{when}, {hit.kind}] {who}{text}"
-            # Measured on the joined text: the estimate is not additive across line breaks.
-            if token_budget is not None and estimate_tokens("\n".join([*lines, line])) > token_budget:
+            with_line = added(used, token_counts("\n" + line))
+            if token_budget is not None and tokens_of(with_line) > token_budget:
                 break
             lines.append(line)
+            used = with_line
         return "\n".join(lines) if len(lines) > 1 else ""

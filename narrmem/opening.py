@@ -75,7 +75,7 @@ async def _tell_of_a_cut_import(memory: MemoryLifecycle) -> None:
         log.warning(
             "an import of %s begun at %s did not end: run it again before anything is written here "
             "(its plugins' data, the graph, is not in yet, and what is written meanwhile may take the "
-            "ids the file keeps, which then refuse it)",
+            "ids the file keeps, which then refuse it; refused, import the file into a new store)",
             cut.get("file"),
             cut.get("began"),
         )

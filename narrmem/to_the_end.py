@@ -10,6 +10,7 @@ step left the data folder locked and threads that kept the process from exiting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -69,6 +70,14 @@ class Outlasting:
     def running(self) -> int:
         """How many are still under way."""
         return len(self._tasks)
+
+    async def ended_within(self, seconds: float) -> int:
+        """:meth:`ended`, for ``seconds`` at most (a close must not wait for ever for work a
+        plugin holds); how many are still under way then."""
+        with contextlib.suppress(TimeoutError):
+            # ended() only waits (asyncio.wait): its cancel leaves the work running.
+            await asyncio.wait_for(self.ended(), seconds)
+        return self.running()
 
     async def ended(self) -> None:
         """Wait for the work whose callers gave up; at once inside hooks or a unit of

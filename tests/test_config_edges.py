@@ -259,6 +259,9 @@ async def test_a_folder_given_in_code_over_the_environments_is_named(
             pass
         async with Memory.open(settings=settings, plugins=[TestingPlugin()]) as memory:
             assert memory.data_dir == tmp_path / "service"
+        # The same folder spelled otherwise is no other folder.
+        async with Memory.open(f"{tmp_path / 'service'}/", settings=settings, plugins=[TestingPlugin()]):
+            pass
     named = [r.getMessage() for r in caplog.records if "NARRMEM_DATA_DIR" in r.getMessage()]
     assert len(named) == 1 and str(tmp_path / "code") in named[0]
     assert not (tmp_path / "service" / "code").exists()

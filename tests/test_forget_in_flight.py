@@ -855,3 +855,34 @@ async def test_a_forget_whose_caller_gave_up_is_done_though_the_memory_closes_at
     async with open_memory(tmp_path / "m", plugins=[SlowFacts()]) as memory:
         await nothing_left(memory)
         assert await memory.store.pending_forgets() == []
+
+
+class HangsOn:
+    """A plugin whose before-store hook never returns for a text that says so."""
+
+    narrmem_name = "hangs_on"
+
+    def __init__(self) -> None:
+        self.never = asyncio.Event()
+
+    @hookimpl
+    async def narrmem_before_store(self, message: Message) -> None:
+        if "HANG" in message.text:
+            await self.never.wait()
+
+
+async def test_a_close_behind_an_edit_a_plugin_holds_ends_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An edit whose caller gave up, held by a plugin that never returns: the close waited for it
+    for ever, silently, and no cancel could end it."""
+    from narrmem import lifecycle
+
+    monkeypatch.setattr(lifecycle, "PURGE_WAIT_S", 0.3)
+    async with open_memory(tmp_path / "m", plugins=[HangsOn()]) as memory:
+        await memory.ingest(ann("1", "I adopted a greyhound named Rex"))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(memory.edit(ann("1", "HANG I adopted a whippet")), 0.3)
+        with caplog.at_level("WARNING", logger="narrmem"):
+            await asyncio.wait_for(memory.close(), WAIT)
+    assert any("edit(s) whose callers gave up" in r.getMessage() for r in caplog.records)

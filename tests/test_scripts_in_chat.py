@@ -107,6 +107,10 @@ async def test_a_name_in_another_script_is_one_node_whatever_its_case_or_form(tm
                     (f"c{n}",),
                 )
             assert [row[0] for row in rows] == [pair[0]], pair
+            # A purge names it as it is written anywhere else.
+            dry = {"user_id": "u", "chat_id": f"c{n}", "mode": "soft", "dry_run": True}
+            purged = await memory.call_tool("memory_purge", {**dry, "filters": {"object": pair[1]}})
+            assert purged["matched"] == 1, pair
 
 
 ASKED_TO_REMEMBER = [
@@ -124,15 +128,29 @@ ASKED_TO_REMEMBER = [
 ]
 
 
+NOT_ASKED = [
+    "Ты помнишь, что я говорил вчера?",  # a question
+    "기억해 줘서 고마워",  # thanks for remembering
+    "覚えておいてくれてありがとう",
+    "أمي لا تنسى أبدا عيد ميلادي",  # my mother never forgets my birthday
+    "Mi abuela recuerda que vivíamos en Madrid",
+    "Ich denk daran, nach Berlin zu ziehen",
+    "My favorite song is Vergiss nicht",
+    "Bu unutma sorunu beni korkutuyor",
+    "Je retiens bien les noms des gens",
+]
+
+
 async def test_a_request_to_remember_is_one_in_every_language(tmp_path: Path) -> None:
-    """ "Запомни: …" was kept as any message, at 0.30, where "remember: …" is a moment of at least
-    0.9; a question ("ты помнишь?") is not a request."""
+    """A request to remember ("Запомни: …") was kept as any message, at 0.30, where "remember:
+    …" is a moment of at least 0.9; a question, a quote, a title or a statement ("ich denk daran,
+    …") is not a request."""
     async with open_memory(tmp_path / "m") as memory:
-        for n, text in enumerate([*ASKED_TO_REMEMBER, "Ты помнишь, что я говорил вчера?"]):
+        for n, text in enumerate([*ASKED_TO_REMEMBER, "Nori, запомни: я не ем мясо.", *NOT_ASKED]):
             decision = await memory.triage(
                 {"text": text, "user_id": "u", "chat_id": "c", "message_id": f"m{n}", "ts": T0.isoformat()}
             )
-            asked = text in ASKED_TO_REMEMBER
+            asked = text not in NOT_ASKED
             assert (decision.layer == "scene" and decision.importance >= 0.9) == asked, (text, decision)
 
 
@@ -140,7 +158,9 @@ SMALL_TALK = ["Спасибо!", "ага, понятно", "ахахаха", "�
               "Alles klar", "merci beaucoup", "ありがとう", "www", "ههههه", "ठीक है", "Sağ ol",
               "Valeu!"]  # fmt: skip
 SAID_OF_THEMSELVES = ["Я купила новую машину", "मैं कल दिल्ली जा रहा हूँ", "Ich habe morgen eine Prüfung",
-                      "우리 딸이 오늘 처음 걸었어", "Mañana empiezo un trabajo nuevo"]  # fmt: skip
+                      "우리 딸이 오늘 처음 걸었어", "Mañana empiezo un trabajo nuevo",
+                      # Names, answering "what is your son called?", and words of their own.
+                      "Dale", "Claro", "Sim", "Jo", "Gut", "笑笑", "草草"]  # fmt: skip
 
 
 async def test_small_talk_in_other_languages_is_ignored_and_news_kept(tmp_path: Path) -> None:

@@ -59,16 +59,32 @@ async def find_node(db: GraphSQL, scope: GraphScope, name: str) -> Node | None:
         (scope.tenant, scope.user_id, scope.write_chat, name),
     )
     if row is None and not name.isascii():
-        # SQLite's NOCASE folds ASCII alone: "Маша" and "маша" were two people. The chat's names of
-        # the same length are compared folded here (few: no scan of the chat's nodes).
-        folded = _folded(name)
-        rows = await db.fetchall(
-            f"SELECT {NODE_COLUMNS} FROM graph_nodes "
-            "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND length(name) = ?",
-            (scope.tenant, scope.user_id, scope.write_chat, len(name)),
-        )
-        row = next((r for r in rows if _folded(str(r[2])) == folded), None)
+        # SQLite's NOCASE (and the graph's SQL on PostgreSQL) folds ASCII alone: "Маша" and
+        # "маша" were two people. The chat's names of the same length, read alone (no vector),
+        # are compared folded here: a scan of the chat's nodes' names, 3 ms at 10,000.
+        alike = await spelled_alike(db, scope.tenant, scope.user_id, name, chat_id=scope.write_chat)
+        if alike:
+            row = await db.fetchone(
+                f"SELECT {NODE_COLUMNS} FROM graph_nodes "
+                "WHERE tenant = ? AND user_id = ? AND chat_id = ? AND name = ?",
+                (scope.tenant, scope.user_id, scope.write_chat, alike[0]),
+            )
     return from_row(Node, row, _CONVERT) if row else None
+
+
+async def spelled_alike(
+    db: GraphSQL, tenant: str, user_id: str, name: str, *, chat_id: str | None = None
+) -> list[str]:
+    """The node names of a person's graph (of one chat, given ``chat_id``) that are ``name``
+    written otherwise: other capitals in any script, composed or not."""
+    folded = _folded(name)
+    clause, values = ("AND chat_id = ? ", [chat_id]) if chat_id is not None else ("", [])
+    rows = await db.fetchall(
+        "SELECT DISTINCT name FROM graph_nodes "
+        f"WHERE tenant = ? AND user_id = ? {clause}AND length(name) = ?",
+        (tenant, user_id, *values, len(unicodedata.normalize("NFC", name))),
+    )
+    return sorted(str(r[0]) for r in rows if _folded(str(r[0])) == folded)
 
 
 def _folded(name: str) -> str:

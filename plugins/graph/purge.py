@@ -32,7 +32,7 @@ from narrmem_plugins.graph.edges import (
     select_edges,
     set_superseded_by,
 )
-from narrmem_plugins.graph.nodes import delete_orphans
+from narrmem_plugins.graph.nodes import delete_orphans, spelled_alike
 from narrmem_plugins.graph.schema import marks
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.vocabulary import FUNCTIONAL, HAS_STATE, NEXT_TASK, canonical_name
@@ -50,7 +50,12 @@ class PurgeResult:
     refused: str | None = None  # a dry run's answer where the purge itself would be refused
 
 
-def filter_query(scope: GraphScope, filters: dict[str, Any], mode: str) -> EdgeQuery:
+def filter_query(
+    scope: GraphScope, filters: dict[str, Any], mode: str, alike: dict[str, list[str]] | None = None
+) -> EdgeQuery:
+    """The edges ``filters`` name. ``alike``: for a subject or object filter, the stored names it
+    matches written otherwise (:func:`purge` finds them): a node written "Маша" is the filter
+    "маша", as it is when a fact is written."""
     if not filters:
         raise InputError("give at least one filter; a purge without filters is refused", field="filters")
     q = EdgeQuery()
@@ -58,7 +63,8 @@ def filter_query(scope: GraphScope, filters: dict[str, Any], mode: str) -> EdgeQ
         q.where("e.status = 'active'")
     for key, column in (("subject", "s.name"), ("object", "o.name")):
         if key in filters:
-            q.where(f"nocase({column}) = nocase(?)", canonical_name(filters[key], scope.user_id))
+            name = canonical_name(filters[key], scope.user_id)
+            q.node_names_in(column, [name, *(alike or {}).get(key, ())])
     if "relation" in filters:
         q.where("e.relation = ?", filters["relation"])
     for key, column in (
@@ -93,7 +99,12 @@ async def purge(
         )
     if mode != "supersede" and new_triplet is not None:
         raise InputError(f"is only used by mode 'supersede', not '{mode}'", field="new_triplet")
-    query = filter_query(scope, filters, mode)
+    alike = {
+        key: await spelled_alike(db, scope.tenant, scope.user_id, canonical_name(filters[key], scope.user_id))
+        for key in ("subject", "object")
+        if isinstance(filters.get(key), str) and not filters[key].isascii()
+    }
+    query = filter_query(scope, filters, mode, alike)
     matched = await select_edges(db, scope, query, order="e.id", limit=max_affected + 1)
     tasks = {e.subject_id: e.subject for e in matched if e.relation == HAS_STATE and e.status == "active"}
     refused = None

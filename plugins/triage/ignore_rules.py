@@ -35,8 +35,10 @@ _GREETING = re.compile(
     rf"^{_ONE_GREETING}(?:[ ,]+{_ONE_GREETING})*(?: (?:today|tonight|this morning|lately|these days))?$"
 )
 # Laughter in the languages bots most often hear too: ахаха, jajaja, kkkk, rsrs, ㅋㅋㅋ, ㅎㅎ, www, 笑, ههههه.
+# One syllable of them is a word (ji, je, w): two at least.
 _LAUGHTER = re.compile(
-    r"^[aа]?(?:(?:ha|he|hi|ah|lo+l|lmf?ao|xd|呵|哈|嘿|嘻|233+|ха|хе|ах|хи|ja|je|ji|kk+|rs|ㅋ|ㅎ|w|笑|ه)+)$"
+    r"^(?:[aа]?(?:ha|he|hi|ah|lo+l|lmf?ao|xd|呵|哈|嘿|嘻|233+|ха|хе|ах|хи|kk+|rs|ㅋ|ㅎ|ه)+"
+    r"|(?:ja|je|ji){2,}|w{2,})$"
 )
 # Not a symbol: a letter's mark (Hindi's vowel signs; taken off, "ठीक है" was not "ok").
 _SYMBOLS = re.compile(rf"[^\w\s'一-鿿{marks()}]+")

@@ -1,5 +1,6 @@
-"""Word lists the triage rules use, English and Chinese. Kept apart from the rules so they can be
-read and extended without reading regular expressions."""
+"""Word lists the triage rules use, English and Chinese, and the commonest of other languages
+(none that is also a first name, "Dale", "Claro", "Sim", or another word on its own, "gut"). Kept
+apart from the rules so they can be read and extended without reading regular expressions."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ ACKNOWLEDGEMENTS = frozenset(
     辛苦了 辛苦啦 谢了 嗯哼 好笑 感谢 那就这样 就这样 知道啦
     ок окей ага угу да нет спасибо спс пасиб хорошо ладно понял поняла понятно ясно класс круто супер
     отлично норм пон лол дякую добре
-    ja nein danke jo jep gut klar genau stimmt prima
-    oui non merci ouais d'accord dac génial parfait mdr ptdr
-    sí si gracias vale bueno claro genial perfecto dale
-    sim não obrigado obrigada valeu beleza blz massa
-    grazie certo perfetto bene
+    ja nein danke jep klar genau stimmt
+    oui merci ouais d'accord dac parfait mdr ptdr
+    sí si gracias bueno perfecto
+    não obrigado obrigada valeu beleza blz
+    grazie perfetto
     evet hayır tamam teşekkürler sağol eyvallah harika
-    はい うん ありがとう 了解 りょうかい おけ わかった なるほど 笑 草
+    はい うん ありがとう 了解 りょうかい おけ わかった なるほど
     네 응 ㅇㅇ ㅇㅋ 고마워 감사합니다 알겠어 좋아
     نعم لا شكرا تمام حسنا اوكي
     हाँ हां नहीं धन्यवाद शुक्रिया अच्छा ओके""".split()

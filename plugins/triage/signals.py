@@ -219,19 +219,29 @@ class Signal:
 
 # The same request in the other languages bots most often hear (Russian, Ukrainian, German,
 # French, Spanish, Portuguese, Italian, Turkish, Japanese, Korean, Arabic, Hindi): "Запомни: …"
-# was kept as any message, at 0.30, where "remember: …" is a moment at 0.9 or more. Forms that are
-# also a statement ("she recalls", "ricorda") are left out; a question is never a request.
+# was kept as any message, at 0.30, where "remember: …" is a moment at 0.9 or more. As in
+# English, the request opens its sentence (after a "please", a name and a comma): inside one it is
+# a quote, a title or a statement ("mi abuela recuerda que…", "ich denk daran, …"). Japanese and
+# Korean end a sentence with it, and "thanks for remembering" (覚えておいてくれて, 기억해 줘서)
+# is none. A question is never a request.
+_PLEASE_OTHER = (
+    r"(?:(?:пожалуйста|будь добр|bitte|s'il te plaît|s'il vous plaît|por favor|per favore|lütfen|"
+    r"ну|и|а|ok|okay|hey),?\s+|[^\W\d_]{2,20},\s+)"  # a please, or a name and its comma
+)
 _EXPLICIT_OTHER = re.compile(
-    r"(?<!\w)(?:запомни(?:те)?|не забудь(?:те)?|имей(?:те)? в виду|запам'ятай(?:те)?|"
-    r"merk (?:dir|euch)|merken sie sich|vergiss nicht|vergessen sie nicht|denk(?: bitte)? daran|"
+    rf"^(?:{_PLEASE_OTHER})?(?:запомни(?:те)?|не забудь(?:те)?|имей(?:те)? в виду|запам'ятай(?:те)?|"
+    r"merk (?:dir|euch)|merken sie sich|vergiss (?:das )?nicht|vergessen sie nicht|denk(?: bitte)? daran|"
     r"souviens-toi|souvenez-vous|rappelle-toi|n'oublie pas|n'oubliez pas|retiens (?:que|bien)|"
     r"acuérdate|recuerda que|no (?:te )?olvides|ten en cuenta|"
     r"lembre-se|lembra-te|não (?:se )?esqueça|não te esqueças|"
     r"ricordati|ricordatevi|non dimenticare|tieni a mente|"
-    r"unutma(?:yın)?|aklında tut|"
+    r"unutma(?:yın)?\b[,!:]|aklında tut|"
     r"لا تنس(?:ى|ي)?|"
     r"याद रख(?:ना|ो|िए|ें)|भूलना मत)(?!\w)|"
-    r"覚えておいて|覚えといて|忘れないで|기억해\s?줘|기억해\s?주세요|잊지\s?마"
+    r"(?:覚えておいて|覚えといて|忘れないで)(?:ね|よ|ください|下さい)?[。！!]*$|"
+    r"^(?:覚えておいて|覚えといて|忘れないで)(?:ね|よ|ください|下さい)?[、，,]|"
+    r"(?:기억해\s?줘|기억해\s?주세요|잊지\s?마(?:세요)?)[.!~]*$|"
+    r"^(?:기억해\s?줘|기억해\s?주세요|잊지\s?마(?:세요)?)[,，]"
 )
 _QUESTION_END = ("?", "？", "؟")
 

@@ -40,7 +40,7 @@ from narrmem.models import (
     TriggerEvent,
 )
 from narrmem.settling import MAX_UNSETTLED
-from narrmem.text import character_end, estimate_tokens
+from narrmem.text import added, character_end, token_counts, tokens_of
 
 log = logs.logger("narrmem.doors.integrations")
 
@@ -928,12 +928,15 @@ async def _retelling(memory: Memory, *, tenant: str, user_id: str, token_budget:
 
 def _listing(records: list[MemoryRecord], token_budget: int) -> str:
     lines: list[str] = []
+    used = token_counts("")
     for record in records:
         text = " | ".join(part.strip() for part in record.text.splitlines() if part.strip())
         line = f"- [{record.created_at:%Y-%m-%d}, {record.kind}] {text}"
-        if lines and estimate_tokens("\n".join([*lines, line])) > token_budget:
+        with_line = added(used, token_counts(f"\n{line}" if lines else line))
+        if lines and tokens_of(with_line) > token_budget:
             break
         lines.append(line)
+        used = with_line
     return "\n".join(lines)
 
 
