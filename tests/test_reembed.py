@@ -38,6 +38,24 @@ FLOAT32, INT8 = {"quantize": "none"}, {"quantize": "int8"}
 AUTO_TASKS = {"graph": {"auto_tasks": True}}
 
 
+async def move(
+    source: Path,
+    target: Path,
+    old: dict[str, str] = FLOAT32,
+    new: dict[str, str] = INT8,
+    **options: Any,
+) -> dict[str, Any]:
+    """``migrate`` from a store of model ``old`` to one of model ``new`` (re-embedding unless told)."""
+    options = {"reembed": True, "progress": False, **options}
+    return await migrate(
+        str(source),
+        str(target),
+        settings=load_settings(embedder=old),
+        target_settings=load_settings(embedder=new),
+        **options,
+    )
+
+
 async def fill(folder: Path, embedder: dict[str, str]) -> str:
     async with open_memory(folder, real_model=True, embedder=embedder, plugin=AUTO_TASKS) as mem:
         # A task the messages then follow: its topic is stored, a vector of this model.
@@ -87,14 +105,7 @@ async def test_a_memory_moved_to_another_model_holds_the_vectors_that_model_writ
     assert await fill(fresh, INT8) == "all-MiniLM-L6-v2-int8"
     assert topics(await node_vectors(source))  # the tasks' topics, float32's
 
-    report = await migrate(
-        str(source),
-        str(target),
-        settings=load_settings(embedder=FLOAT32),
-        target_settings=load_settings(embedder=INT8),
-        reembed=True,
-        progress=False,
-    )
+    report = await move(source, target)
     assert report["verified"] and report["counts_match"], json.dumps(report, default=str)
     assert report["models"] == {"source": "all-MiniLM-L6-v2", "target": "all-MiniLM-L6-v2-int8"}
     assert report["recall"]["measure"] == "vectors made again agree"
@@ -120,15 +131,7 @@ async def test_a_memory_moved_to_another_model_holds_the_vectors_that_model_writ
     for name, topic in moved_topics.items():
         assert float(topic @ fresh_topics[name]) > 0.999, name
 
-    again = await migrate(
-        str(source),
-        str(target),
-        settings=load_settings(embedder=FLOAT32),
-        target_settings=load_settings(embedder=INT8),
-        reembed=True,
-        progress=False,
-        queries=0,
-    )
+    again = await move(source, target, queries=0)
     assert again["memories"] == {"imported": 0, "skipped": len(moved)} and again["verified"]
     assert (await vectors_by_record(target, INT8))[1].keys() == moved.keys()
 
@@ -137,13 +140,7 @@ async def test_another_model_without_reembedding_is_refused_and_copies_nothing(t
     source, target = tmp_path / "float32", tmp_path / "int8"
     await fill(source, FLOAT32)
     with pytest.raises(ConfigError, match="--reembed"):
-        await migrate(
-            str(source),
-            str(target),
-            settings=load_settings(embedder=FLOAT32),
-            target_settings=load_settings(embedder=INT8),
-            progress=False,
-        )
+        await move(source, target, reembed=False)
     async with open_memory(target, real_model=True, embedder=INT8, read_only=True) as mem:
         assert [item async for item in mem.store.export()] == []
 
@@ -184,14 +181,7 @@ async def test_vectors_that_are_not_the_target_models_are_not_a_verified_move(
         return [(record, row / np.linalg.norm(row)) for (record, _), row in zip(batch, rows, strict=True)]
 
     monkeypatch.setattr(migration, "_made_again", random_vectors)
-    report = await migrate(
-        str(source),
-        str(tmp_path / "int8"),
-        settings=load_settings(embedder=FLOAT32),
-        target_settings=load_settings(embedder=INT8),
-        reembed=True,
-        progress=False,
-    )
+    report = await move(source, tmp_path / "int8")
     assert not report["verified"] and report["recall"]["agreement"] == 0.0
 
 
@@ -203,14 +193,7 @@ async def test_an_episode_stored_before_attribution_is_embedded_as_a_new_one(tmp
     await fill(fresh, INT8)
     with sqlite3.connect(source / DB_NAME) as db:
         assert db.execute("UPDATE memories SET embed_text = NULL WHERE kind = 'episode'").rowcount > 0
-    report = await migrate(
-        str(source),
-        str(target),
-        settings=load_settings(embedder=FLOAT32),
-        target_settings=load_settings(embedder=INT8),
-        reembed=True,
-        progress=False,
-    )
+    report = await move(source, target)
     assert report["verified"], report["recall"]
     _, moved = await vectors_by_record(target, INT8)
     _, written = await vectors_by_record(fresh, INT8)
@@ -244,21 +227,8 @@ async def test_two_model_folders_of_one_name_are_two_models(tmp_path: Path) -> N
     source, target = tmp_path / "old", tmp_path / "new"
     await fill(source, old)
     with pytest.raises(ConfigError, match="--reembed"):
-        await migrate(
-            str(source),
-            str(tmp_path / "refused"),
-            settings=load_settings(embedder=old),
-            target_settings=load_settings(embedder=new),
-            progress=False,
-        )
-    report = await migrate(
-        str(source),
-        str(target),
-        settings=load_settings(embedder=old),
-        target_settings=load_settings(embedder=new),
-        reembed=True,
-        progress=False,
-    )
+        await move(source, tmp_path / "refused", old, new, reembed=False)
+    report = await move(source, target, old, new)
     assert report["verified"], report["recall"]
     old_topics, new_topics = topics(await node_vectors(source, old)), topics(await node_vectors(target, new))
     assert new_topics.keys() == old_topics.keys()

@@ -236,8 +236,19 @@ ACCENTED = "[\u00c0-\u024f\u1e00-\u1eff\u2c60-\u2c7f\ua720-\ua7ff\u0300-\u036f]"
 
 async def fold_keyword_accents(conn: Any, after: int, progress: Progress) -> None:
     """Write again the keyword documents of rows whose texts hold an accented Latin letter, with
-    the accents folded (a batch at a time; the other rows' documents are already as folding
-    makes them)."""
+    the accents folded (the other rows' documents are already as folding makes them)."""
+    await _write_again(conn, after, progress, ACCENTED)
+
+
+async def write_keywords_again(conn: Any, after: int, progress: Progress) -> None:
+    """Write again the keyword documents and lengths of rows whose texts are not all ASCII, as
+    the keyword terms are found now (an ASCII text's words are what they were)."""
+    await _write_again(conn, after, progress, NOT_ASCII)
+
+
+async def _write_again(conn: Any, after: int, progress: Progress, texts: str) -> None:
+    """Write again, a batch at a time, the keyword documents and lengths of the rows whose texts
+    match the pattern ``texts``, as the keyword terms are found now."""
     config = await conn.fetchval("SELECT value FROM meta WHERE key = 'text_config'")
     last = after
     while config is not None:
@@ -245,47 +256,12 @@ async def fold_keyword_accents(conn: Any, after: int, progress: Progress) -> Non
             "SELECT id, COALESCE(embed_text, text), context_text FROM memories "
             "WHERE id > $1 AND (COALESCE(embed_text, text) ~ $2 OR context_text ~ $2) ORDER BY id LIMIT 1000",
             last,
-            ACCENTED,
+            texts,
         )
         if not rows:
             return
         # Only a row whose texts are still those read: run beside other workers, an edit or a
         # context line written since the read made its own document, which this must not undo.
-        await conn.executemany(
-            f"UPDATE memories SET keywords = {keywords_sql('$1', '$2', '$3')} WHERE id = $4 "
-            "AND COALESCE(embed_text, text) = $5 AND context_text IS NOT DISTINCT FROM $6",
-            [
-                (
-                    config,
-                    keyword_document(unesc(r[1]) or ""),
-                    keyword_document(unesc(r[2]) or ""),
-                    r[0],
-                    r[1],
-                    r[2],
-                )
-                for r in rows
-            ],
-        )
-        last = rows[-1][0]
-        await progress(last)
-
-
-async def write_keywords_again(conn: Any, after: int, progress: Progress) -> None:
-    """Write again the keyword documents and lengths of rows whose texts are not all ASCII, as
-    the keyword terms are found now (a batch at a time; an ASCII text's words are what they
-    were)."""
-    config = await conn.fetchval("SELECT value FROM meta WHERE key = 'text_config'")
-    last = after
-    while config is not None:
-        rows = await conn.fetch(
-            "SELECT id, COALESCE(embed_text, text), context_text FROM memories "
-            "WHERE id > $1 AND (COALESCE(embed_text, text) ~ $2 OR context_text ~ $2) ORDER BY id LIMIT 1000",
-            last,
-            NOT_ASCII,
-        )
-        if not rows:
-            return
-        # Only a row whose texts are still those read (see fold_keyword_accents).
         await conn.executemany(
             f"UPDATE memories SET keywords = {keywords_sql('$1', '$2', '$3')}, keyword_tokens = $4 "
             "WHERE id = $5 AND COALESCE(embed_text, text) = $6 AND context_text IS NOT DISTINCT FROM $7",
