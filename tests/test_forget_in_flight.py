@@ -827,7 +827,10 @@ async def test_an_edit_under_way_when_its_person_is_forgotten_leaves_nothing(
         edit = asyncio.ensure_future(memory.edit(ann("1", "My dentist appointment moved to Tuesday at ten.")))
         await asyncio.sleep(0.05)
         forget = asyncio.ensure_future(memory.forget(user_id="ann", tenant="t"))
-        await asyncio.sleep(0.05)
+        # Time for the forget to reach the fence (on PostgreSQL, to wait at the gate between
+        # workers the edit's own forget holds): 0.05 s was too short once with a whole suite
+        # beside it, and the edit was written before the forget was asked.
+        await asyncio.sleep(0.3)
         release.set()
         result = await asyncio.wait_for(edit, WAIT)
         await asyncio.wait_for(asyncio.gather(first, forget), WAIT)
