@@ -288,6 +288,29 @@ def test_export_import_round_trip(store: CliStore, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_export_to_standard_output(store: CliStore, tmp_path: Path) -> None:
+    """`narrmem export -` writes the export itself to standard output (a pipe to gzip or ssh) and
+    its report to standard error; before, it wrote a file named "-" in the working folder."""
+    for person in ([], ["--user", "alice"]):
+        on_file = tmp_path / f"export{len(person)}.jsonl"
+        done = narrmem("export", str(on_file), *person, "--data", str(store.data), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        done = narrmem("export", "-", *person, "--json", "--data", str(store.data), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == on_file.read_text(encoding="utf-8")
+        report = json.loads(done.stderr)
+        assert report["file"] == "-" and 0 < report["exported"] <= RECORDS
+    assert not (tmp_path / "-").exists()
+    # An import reads its file twice (checked whole first): standard input is refused, by name.
+    done = subprocess.run(
+        [sys.executable, "-m", "narrmem.doors.cli", "import", "-", "--data", str(tmp_path / "target")],
+        input=(tmp_path / "export0.jsonl").read_text(encoding="utf-8"),
+        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "file" in done.stderr and "standard input" in done.stderr
+    assert not (tmp_path / "target").exists()
+
+
 async def test_a_refused_import_leaves_a_store_another_process_opened_meanwhile(tmp_path: Path) -> None:
     """The import looks at a new folder, then a bot opens a store in it and the import is refused
     (the folder is in use): what the import would remove is the bot's, and it stays."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from narrmem import __version__
 from narrmem.checks import folder_problem
@@ -116,7 +117,7 @@ def _add_read_commands(sub: Subparsers, common: Parents, as_json: Parents) -> No
         parents=[common, as_json],
         help="export the whole store to JSONL (graph, trees, history too), or with --user one person's",
     )
-    export.add_argument("file")
+    export.add_argument("file", help="the file to write ('-' writes standard output)")
     export.add_argument(
         "--user", help="one person's own export: everything narrmem holds of them (not for import)"
     )
@@ -718,18 +719,32 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
             except ValidationError as exc:
                 reason = exc.errors(include_url=False)[0]["msg"]
                 raise InputError(f"{option}: {reason}", field=option.removeprefix("--")) from exc
+    # "-" is standard output (a pipe to gzip, ssh or another store's import): the report goes to
+    # standard error, out of the export's way.
+    target: str | TextIO = sys.stdout if args.file == "-" else args.file
     async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
         if args.user is None:
-            counts = await export_store(memory, args.file)
+            counts = await export_store(memory, target)
         else:
-            counts = await export_person(memory, args.file, tenant=tenant, user_id=args.user)
-    _report(args, {"exported": counts.pop("memories", 0), **counts, "file": args.file})
+            counts = await export_person(memory, target, tenant=tenant, user_id=args.user)
+    report = {"exported": counts.pop("memories", 0), **counts, "file": args.file}
+    if args.file == "-":
+        with contextlib.redirect_stdout(sys.stderr):
+            _report(args, report)
+    else:
+        _report(args, report)
     return 0
 
 
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     from narrmem.doors.importing import check_export_file, export_model, import_jsonl
 
+    if args.file == "-":
+        # An import reads its file twice (checked whole before a memory is written, so that a
+        # refused file leaves the store as it was): a pipe can be read once.
+        raise InputError(
+            "an import reads a file, not standard input: save the export to a file first", field="file"
+        )
     new_store = not _store_exists(settings)
     if new_store:
         # A file the import refuses must not leave a new, empty store behind.

@@ -19,7 +19,7 @@ import json
 from array import array
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from narrmem.chat_moves import MOVED as CHATS_MOVED
 from narrmem.doors.integrations.backlog import THREADS_NAMESPACE
@@ -36,6 +36,7 @@ from narrmem.doors.transfer import (
     _state_key,
     counted_text,
     each_record,
+    export_target,
     write_export,
 )
 from narrmem.edit_marks import NAMESPACE as EDIT_MARKS
@@ -137,12 +138,15 @@ async def person_text(memory: Memory, tenant: str, user_id: str) -> AsyncIterato
         yield section, text
 
 
-async def export_person(memory: Memory, path: str | Path, *, tenant: str, user_id: str) -> dict[str, int]:
+async def export_person(
+    memory: Memory, path: str | Path | TextIO, *, tenant: str, user_id: str
+) -> dict[str, int]:
     """Write what narrmem holds of the person to ``path`` (a new file of its own, renamed over
-    ``path`` once whole: only a person's export written before is ever replaced); returns the
-    lines of each section."""
+    ``path`` once whole: only a person's export written before is ever replaced), or to an open
+    text stream; returns the lines of each section."""
     header = person_header(memory, tenant, user_id)
-    return await write_export(Path(path), PERSON_FORMAT, header, person_text(memory, tenant, user_id))
+    texts = person_text(memory, tenant, user_id)
+    return await write_export(export_target(path), PERSON_FORMAT, header, texts)
 
 
 async def _person_lines(

@@ -27,7 +27,7 @@ from collections.abc import (
 )
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -285,35 +285,48 @@ async def export_jsonl(memory: Memory, path: str | Path) -> int:
     return (await export_store(memory, path))["memories"]
 
 
-async def export_store(memory: Memory, path: str | Path) -> dict[str, int]:
+async def export_store(memory: Memory, path: str | Path | TextIO) -> dict[str, int]:
     """Everything the memory keeps, as JSONL: a header, then each memory with its vector, each
     memory's importance history, the plugins' small state, and every plugin's own sections (the
     graph, RTM trees; ``narrmem_export_records``). Returns the lines written per section.
 
     Reading only. The file appears only when complete, and only a file that is itself a narrmem
     export is ever replaced. Exporting, importing into a fresh store and exporting again gives the
-    same bytes."""
+    same bytes. ``path`` may be an open text stream instead (standard output), written as it is read."""
     return {
         MEMORIES: 0,
-        **await write_export(Path(path), EXPORT_FORMAT, export_header(memory), export_text(memory)),
+        **await write_export(export_target(path), EXPORT_FORMAT, export_header(memory), export_text(memory)),
     }
 
 
+def export_target(path: str | Path | TextIO) -> Path | TextIO:
+    """A file's name as a :class:`Path`; an open stream as it is."""
+    return Path(path) if isinstance(path, str) else path
+
+
 async def write_export(
-    path: Path, export_format: str, header: str, texts: AsyncIterator[tuple[str, str]]
+    target: Path | TextIO, export_format: str, header: str, texts: AsyncIterator[tuple[str, str]]
 ) -> dict[str, int]:
-    """Write an export of ``export_format`` (its header, then ``texts``) to ``path``, replacing
-    only a file of that format; returns the lines written per section."""
-    check_replaceable(path, export_format)
-    counts: dict[str, int] = {}
+    """Write an export of ``export_format`` (its header, then ``texts``) to ``target``: a file,
+    replacing only a file of that format, or an open text stream; returns the lines written per
+    section."""
+    if not isinstance(target, Path):
+        return await _write_lines(target, header, texts)
+    check_replaceable(target, export_format)
     # A fresh name of our own beside the target (never an existing file's), renamed over it at the end.
-    export_files.delete_stale_partials(path, export_format)
-    with export_files.partial_file(path) as out:
-        out.write(header)
-        async for section, text in texts:
-            out.write(text)
-            if section != END:
-                counts[section] = counts.get(section, 0) + 1
+    export_files.delete_stale_partials(target, export_format)
+    with export_files.partial_file(target) as out:
+        return await _write_lines(out, header, texts)
+
+
+async def _write_lines(out: TextIO, header: str, texts: AsyncIterator[tuple[str, str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    out.write(header)
+    async for section, text in texts:
+        out.write(text)
+        if section != END:
+            counts[section] = counts.get(section, 0) + 1
+    out.flush()
     return counts
 
 
