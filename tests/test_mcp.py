@@ -157,6 +157,58 @@ async def test_stdio_server_with_the_sdk_client(tmp_path: Path) -> None:
     assert sorted((r.kind, tuple(r.message_ids)) for r in stored) == [("episode", ("m1",)), ("scene", ())]
 
 
+@pytest.mark.sqlite_only("a data folder held by the writing process")
+async def test_read_only_beside_a_running_bot(tmp_path: Path) -> None:
+    """`narrmem mcp --read-only` beside a bot that holds the store (a desktop assistant looking at
+    the bot's memory): reads answer, with what the bot writes meanwhile, and every write is a tool
+    error naming read-only that changes nothing. Before, the only way was a writable open, refused
+    "in use"; a graph write failed quoting its SQL ("INSERT INTO graph_nodes ...")."""
+    from narrmem.doors.mcp_server import resource_uri
+
+    folder = tmp_path / "bot"
+    ours = {k: v for k, v in os.environ.items() if k.startswith("NARRMEM_")}
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "narrmem.doors.cli", "mcp", "--read-only", "--data", str(folder)],
+        env={**get_default_environment(), **ours},
+    )
+    async with open_memory(folder, real_model=True) as bot:
+        await bot.ingest_many([_said("m1", "I adopted a greyhound named Pixel")])
+        await bot.call_tool("memory_commit", {**SCOPE, "triplets": [_LIKES_TEA]})
+        pixel = (await bot.recall("greyhound", user_id="u1", reinforce=False))[0].id
+        events = (await bot.history(pixel))["events"]
+        async with Client(params) as client:
+            # What the bot writes while the server runs is read.
+            await bot.ingest_many([_said("m2", "I decided to quit my job at the bank")])
+            before = await bot.store.table_counts()
+            found = await client.call_tool("narrmem_recall", {"query": "did I quit my job?", **SCOPE})
+            assert not found.is_error and "quit my job" in found.structured_content["hits"][0]["text"]
+            pet = await client.call_tool("narrmem_recall", {"query": "what pet do I have?", **SCOPE})
+            assert pet.structured_content["hits"][0]["id"] == pixel
+            facts = await client.call_tool("memory_facts", SCOPE)
+            assert {"tea", "quit their job at the bank"} == {
+                f["object"] for f in facts.structured_content["facts"]
+            }
+            summary = await client.read_resource(resource_uri("u1", "summary"))
+            assert "greyhound" in summary.contents[0].text
+            for name in ("narrmem_ingest", "memory_commit", "soul_narrative", "rtm_create_narrative_tree"):
+                refused = await client.call_tool(name, {**VALID[name], **_NEW.get(name, {})})
+                assert refused.is_error and "read-only" in refused.content[0].text, (name, refused.content)
+            assert await bot.store.table_counts() == before
+        # The recalls reinforced nothing.
+        assert (await bot.history(pixel))["events"] == events
+
+
+_NEW = {"narrmem_ingest": {"message_id": "m9", "text": "I moved to Porto"}}
+_LIKES_TEA = {"subject": "u1", "relation": "likes", "object": "tea"}
+
+
+def _said(message_id: str, text: str) -> Any:
+    from narrmem import Message
+
+    return Message(text=text, ts="2026-05-01T10:00:00+00:00", message_id=message_id, **SCOPE)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -212,6 +212,12 @@ def _add_serving_commands(sub: Subparsers, common: Parents) -> None:
         "--http", metavar="[HOST:]PORT", help="streamable HTTP instead of stdio (host 127.0.0.1)"
     )
     serve.add_argument("--tenant", default="default", help="the one tenant this server serves")
+    serve.add_argument(
+        "--read-only",
+        action="store_true",
+        help="open the store read-only, beside the process that writes it (a running bot on the "
+        "SQLite default): reads answer, with what it writes meanwhile; every write is a tool error",
+    )
 
     tools = sub.add_parser(
         "tools", parents=[common, tool_choice], help="print the tool schemas for function calling"
@@ -834,8 +840,10 @@ async def cmd_mcp(args: argparse.Namespace, settings: Settings) -> int:
         check_port(int(port), "--http")
     import mcp  # noqa: F401 - missing, it is named before a store is made (see EXTRA_OF_MODULE)
 
-    # stdout is the protocol on stdio: logs go to stderr only.
-    async with _open(settings) as memory:
+    # stdout is the protocol on stdio: logs go to stderr only. Read-only, an existing store alone
+    # (nothing is made for it) and no reinforcement by what the tools read.
+    opened = _open(_existing_store(settings), read_only=True) if args.read_only else _open(settings)
+    async with opened as memory:
         tools = _served_tools(args, settings, memory)
         if args.http:
             await serve_http(

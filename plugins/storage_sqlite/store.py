@@ -722,9 +722,13 @@ class SQLiteStore(ForgetJournal):
             try:
                 yield db
                 await db.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
+            except (sqlite3.OperationalError, StoreError) as exc:
                 await _roll_back(db)
-                if self.read_only and "readonly" in str(exc):
+                # A plugin's own statement fails as a StoreError quoting it (see sql.py): the
+                # reason a reader can act on is the same.
+                cause = exc.__cause__ if isinstance(exc, StoreError) else exc
+                refused = isinstance(cause, sqlite3.OperationalError) and "readonly" in str(cause)
+                if self.read_only and refused:
                     raise StoreError(f"{self.folder} is open read-only: nothing can be written") from exc
                 raise
             except BaseException:
