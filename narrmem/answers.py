@@ -17,7 +17,9 @@ from narrmem.tools import ToolRegistry
 from narrmem.view import MemoryView
 
 
-async def turn_context(memory: MemoryView, scope: Scope, text: str) -> dict[str, Any]:
+async def turn_context(
+    memory: MemoryView, scope: Scope, text: str, *, private: bool = False
+) -> dict[str, Any]:
     text = text_argument(text, "text", max_chars=MAX_QUERY_CHARS)
     errors: list[str] = []
     answer = await memory.host.call_first(
@@ -28,6 +30,7 @@ async def turn_context(memory: MemoryView, scope: Scope, text: str) -> dict[str,
         user_id=scope.user_id,
         chat_id=scope.chat_id,
         text=text,
+        private=private,
     )
     if answer is None:
         raise PluginError(

@@ -422,7 +422,7 @@ def narrmem_extract_facts(
 
 @hookspec(firstresult=True)
 def narrmem_turn_context(
-    memory: MemoryView, tenant: str, user_id: str, chat_id: str, text: str
+    memory: MemoryView, tenant: str, user_id: str, chat_id: str, text: str, private: bool
 ) -> dict[str, Any] | None:
     """What the bot must know before it answers ``text`` in this chat: the per-turn flow as one dict,
     ``{"persona", "refers_back", "tasks", "task_facts", "facts", "memories", "rendered"}``: 1 the
@@ -430,6 +430,11 @@ def narrmem_turn_context(
     message refers back: "just now", "last time", 刚才, 上次…), 3 the user's facts and recalled memories
     (for a recap question, "What did we talk about?", 我们聊过什么: the chat's recent memories, oldest
     first); ``rendered`` is the prompt block.
+
+    The user's facts and memories are those said in ``chat_id`` (everyone in it may read the
+    answer), unless ``private``: ``chat_id`` is a direct chat with the bot, and they come from every
+    chat of the user's. An implementation that does not take ``private`` must answer as for
+    ``False``.
 
     firstresult: the first non-``None`` answer wins (the graph plugin answers).
     """

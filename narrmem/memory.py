@@ -233,13 +233,18 @@ class Memory(MemoryLifecycle):
 
     @while_open
     async def turn_context(
-        self, text: str, *, user_id: str, chat_id: str, tenant: str = "default"
+        self, text: str, *, user_id: str, chat_id: str, tenant: str = "default", private: bool = False
     ) -> dict[str, Any]:
         """What to know before answering ``text``: the persona, the working memory chain and the
         relevant facts and memories (the per-turn flow), from the graph plugin or whichever answers
         ``narrmem_turn_context``. ``result["rendered"]`` is the prompt block. The memories it
-        recalls are reinforced as a recall's are: it is the bot's own turn, not an inspection."""
-        return await answers.turn_context(self, scope_of(tenant, user_id, chat_id), text)
+        recalls are reinforced as a recall's are: it is the bot's own turn, not an inspection.
+
+        The person's facts and memories are those said in ``chat_id``: the answer may be read by
+        everyone in it. ``private=True`` says ``chat_id`` is a direct chat with the bot, read by the
+        person alone: then they come from every chat of the person's (as the integrations'
+        ``context_scope="auto"`` does)."""
+        return await answers.turn_context(self, scope_of(tenant, user_id, chat_id), text, private=private)
 
     @while_open
     async def summary(

@@ -975,7 +975,13 @@ async def test_turn_context(mem: Memory) -> None:
 async def test_turn_context_through_the_hook(mem: Memory) -> None:
     await mem.call_tool("task_create", {**U1, "task_id": "Task_x", "description": "x"})
     answer = await mem.host.call_first(
-        "narrmem_turn_context", memory=mem, tenant="default", user_id="u1", chat_id="c1", text="hi"
+        "narrmem_turn_context",
+        memory=mem,
+        tenant="default",
+        user_id="u1",
+        chat_id="c1",
+        text="hi",
+        private=False,
     )
     assert [t["task_id"] for t in answer["tasks"]] == ["Task_x"] and isinstance(answer["rendered"], str)
 

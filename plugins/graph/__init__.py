@@ -120,12 +120,19 @@ class GraphPlugin(GraphTransfer, ToolTable):
     # Optional until narrmem/hookspecs.py declares it; then it is an ordinary firstresult hook.
     @hookimpl
     async def narrmem_turn_context(
-        self, memory: MemoryView, tenant: str, user_id: str, chat_id: str, text: str
+        self, memory: MemoryView, tenant: str, user_id: str, chat_id: str, text: str, private: bool
     ) -> dict[str, Any] | None:
         if self._graph is None:
             return None
         return await turn.build(
-            memory, self._graph, self.options, tenant=tenant, user_id=user_id, chat_id=chat_id, text=text
+            memory,
+            self._graph,
+            self.options,
+            tenant=tenant,
+            user_id=user_id,
+            chat_id=chat_id,
+            text=text,
+            private=private,
         )
 
     @hookimpl

@@ -43,12 +43,12 @@ def _facts_query(include_speculative: bool) -> EdgeQuery:
 
 
 async def user_facts(db: GraphSQL, scope: GraphScope, text: str, options: GraphOptions) -> list[Edge]:
-    """The user's facts from every chat, those sharing words with ``text`` first, then the most
-    confirmed, then the newest."""
+    """The user's facts in ``scope`` (a chat, or every chat of theirs), those sharing words with
+    ``text`` first, then the most confirmed, then the newest."""
     if options.context_facts == 0:
         return []
     q = _facts_query(options.context_speculative).where("nocase(s.name) = nocase(?)", USER)
-    edges = merged(await select_edges(db, scope.user_wide(), q, limit=5000))
+    edges = merged(await select_edges(db, scope, q, limit=5000))
     words = set(keyword_terms(text))
 
     def rank(edge: Edge) -> tuple[int, int, int, float]:
@@ -77,8 +77,12 @@ async def build(
     user_id: str,
     chat_id: str,
     text: str,
+    private: bool = False,
 ) -> dict[str, Any]:
     scope = GraphScope(tenant, user_id, chat_id)
+    # What the person said elsewhere (a direct chat, another group) only in their own direct chat:
+    # a group's answer is read by everyone in it.
+    said = scope.user_wide() if private else scope
     back = refers_back(text, options.reference_phrases)
     async with graph.read() as db:
         persona = await persona_for(db, scope)
@@ -90,7 +94,7 @@ async def build(
             in_progress = await newest_tasks(db, scope, state="in_progress", limit=options.chain_limit)
             tasks = list(reversed(in_progress))
         task_facts = await info_facts(db, scope, tasks, options)
-        facts = await user_facts(db, scope, text, options)
+        facts = await user_facts(db, said, text, options)
     query = text.strip()[:MAX_QUERY_CHARS]
     hits: list[Hit] = []
     recap = asks_for_recap(text)
@@ -98,7 +102,7 @@ async def build(
         hits = await recent_narrative(memory, scope, query, options.context_memories)
     elif options.context_memories and query:
         hits = await memory.recall(
-            query, user_id=user_id, chat_id=chat_id, tenant=tenant, k=options.context_memories
+            query, user_id=user_id, chat_id=said.chat_id, tenant=tenant, k=options.context_memories
         )
     return {
         "persona": persona.as_dict() if persona else None,

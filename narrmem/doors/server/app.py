@@ -700,7 +700,7 @@ def _read_routes(r: APIRouter) -> None:
         """Persona, task chain, facts and memories for this turn (``rendered`` is the block)."""
         body = _settled(caller, body)
         return await state.memory.turn_context(
-            body.text, user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant
+            body.text, user_id=body.user_id, chat_id=body.chat_id, tenant=body.tenant, private=body.private
         )
 
     @r.get("/summary", tags=["read"], **_declared(SummaryReply))

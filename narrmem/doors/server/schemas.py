@@ -232,6 +232,11 @@ class TurnContextBody(_Strict):
     user_id: str = _id()
     chat_id: str = _id()
     tenant: str = _id("default")
+    private: bool = Field(
+        default=False,
+        description="chat_id is a direct chat with the bot: the person's facts and memories from every "
+        "chat of theirs; otherwise only those said in chat_id (everyone in it may read the answer)",
+    )
 
 
 class DecayBody(_Strict):
