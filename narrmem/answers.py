@@ -172,9 +172,14 @@ async def tenants(memory: MemoryView) -> list[str]:
 
 
 async def call_tool(
-    memory: MemoryView, tools: ToolRegistry, name: str, arguments: dict[str, Any] | str | None
+    memory: MemoryView,
+    tools: ToolRegistry,
+    name: str,
+    arguments: dict[str, Any] | str | None,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
-    tool, args = tools.validate(name, arguments)
+    bound = None if scope is None else scope.model_dump(exclude_none=True)
+    tool, args = tools.validate(name, arguments, bound=bound)
     # Past validation, a failure is the tool's, not the caller's: it is a PluginError naming the
     # tool and its plugin (a raw exception named neither, and read as a bug of narrmem's).
     plugin = tools.plugin_of(tool.name)

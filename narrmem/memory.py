@@ -27,6 +27,7 @@ from narrmem.models import (
     MemoryRecord,
     Message,
     RecallRequest,
+    Scope,
     TriageDecision,
 )
 
@@ -297,9 +298,17 @@ class Memory(MemoryLifecycle):
         return await importance.history(self, memory_id)
 
     @while_open
-    async def call_tool(self, name: str, arguments: dict[str, Any] | str | None = None) -> dict[str, Any]:
-        """Run a registered tool with JSON arguments; returns its typed result as a JSON-ready dict."""
-        return await answers.call_tool(self, self.tools, name, arguments)
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | str | None = None, *, scope: Scope | None = None
+    ) -> dict[str, Any]:
+        """Run a registered tool with JSON arguments; returns its typed result as a JSON-ready dict.
+
+        ``scope``: whom the call acts for, when a model wrote the arguments (the person whose turn
+        it is, and the chat): the tool's ``tenant``, ``user_id`` and ``chat_id`` are set to the
+        scope's (those it gives), and a call that names another is refused with an
+        :class:`InputError` naming the field, so words in the conversation cannot turn the model
+        to another person's memory."""
+        return await answers.call_tool(self, self.tools, name, arguments, scope)
 
     @while_open
     async def forget(

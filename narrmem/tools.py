@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
@@ -142,7 +142,12 @@ class ToolRegistry:
             known = ", ".join(self.names()) or "none"
             raise UnknownToolError(f"unknown tool '{name}' (known: {known})", field="name") from None
 
-    def validate(self, name: str, arguments: dict[str, Any] | str | None) -> tuple[Tool, BaseModel]:
+    def validate(
+        self, name: str, arguments: dict[str, Any] | str | None, *, bound: Mapping[str, str] | None = None
+    ) -> tuple[Tool, BaseModel]:
+        """The tool and its arguments, checked. ``bound``: the ids (``tenant``, ``user_id``,
+        ``chat_id``) the call acts for, given to the tool in those of its fields it has; a call that
+        names another is refused, naming the field (one that gives none, or null, gets them)."""
         tool = self.get(name)
         if isinstance(arguments, str | bytes):
             if len(arguments) > MAX_ARGUMENT_BYTES:
@@ -162,7 +167,24 @@ class ToolRegistry:
             check_plain_json(arguments)
         except JsonShapeError as exc:
             raise _not_plain(exc) from exc
+        if bound:
+            arguments = _bound(tool, arguments, bound)
         return tool, strict_input(tool.input_model, arguments)
+
+
+def _bound(tool: Tool, arguments: dict[str, Any], bound: Mapping[str, str]) -> dict[str, Any]:
+    # A model's arguments follow whatever words it read (another person's message in a group
+    # included): the ids it acts for are the caller's to say, not the model's.
+    fields = tool.input_model.model_fields
+    arguments = dict(arguments)
+    for field, value in bound.items():
+        if field not in fields:
+            continue
+        given = arguments.get(field)
+        if given is not None and given != value:
+            raise InputError(f"this call acts for {field} {value!r}, not {given!r}", field=field)
+        arguments[field] = value
+    return arguments
 
 
 def _plugin_phrase(plugin: str | None) -> str:

@@ -83,7 +83,7 @@ from narrmem.errors import (
 from narrmem.forget_marks import write_held
 from narrmem.ingest import check_not_ahead
 from narrmem.memory import Memory
-from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IngestResult, Message, no_nul
+from narrmem.models import MAX_ID_CHARS, NO_NUL_SCHEMA, Hit, IngestResult, Message, Scope, no_nul
 from narrmem.store import Broadcasts, shared_by_processes
 
 if TYPE_CHECKING:
@@ -108,6 +108,11 @@ AcknowledgeParam = Annotated[
         "embedding: only this server process recalls the message before it is written, a few ms "
         "later); default [storage] acknowledge",
     ),
+]
+ScopeIdParam = Annotated[
+    str | None,
+    Query(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA),
+    AfterValidator(no_nul),
 ]
 UserParam = Annotated[
     str, Query(min_length=1, max_length=MAX_ID_CHARS, json_schema_extra=NO_NUL_SCHEMA), AfterValidator(no_nul)
@@ -799,17 +804,30 @@ def _tool_and_event_routes(r: APIRouter) -> None:
 
     @r.post("/tools/{name}", tags=["tools"], responses={404: _error("no tool of this name (field: name)")})
     async def call_tool(
-        name: str, caller: Caller, state: State, arguments: Annotated[dict[str, Any], Body()]
+        name: str,
+        caller: Caller,
+        state: State,
+        arguments: Annotated[dict[str, Any], Body()],
+        user_id: ScopeIdParam = None,
+        chat_id: ScopeIdParam = None,
     ) -> dict[str, Any]:
         """Run a registered tool with JSON arguments (the same registry and validation as
-        ``Memory.call_tool``). A tool that takes ``tenant`` gets the key's when it is left out."""
+        ``Memory.call_tool``). A tool that takes ``tenant`` gets the key's when it is left out.
+        ``user_id`` / ``chat_id`` in the query: whom the call acts for, when a model wrote the
+        arguments (``Memory.call_tool(..., scope=)``): the tool's ids are set to them, and a call
+        naming another is refused (422, naming the field)."""
         tool = state.memory.tools.get(name)
+        tenant: str | None = None
         if "tenant" in tool.input_model.model_fields:
             given = arguments.get("tenant")
             if given is not None and not isinstance(given, str):
                 raise InputError("must be a string", field="tenant")
-            arguments = {**arguments, "tenant": _tenant(caller, given)}
-        return await state.memory.call_tool(name, arguments)
+            tenant = _tenant(caller, given)
+            arguments = {**arguments, "tenant": tenant}
+        scope = None
+        if user_id is not None or chat_id is not None:
+            scope = Scope(tenant=tenant or _tenant(caller, None), user_id=user_id, chat_id=chat_id)
+        return await state.memory.call_tool(name, arguments, scope=scope)
 
     @r.get(
         "/export",
