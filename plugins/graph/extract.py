@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from narrmem_plugins.graph.vocabulary import USER, is_node_name
 from narrmem_plugins.triage.language import has_cjk, is_question, sentences, third_person_start
+from narrmem_plugins.triage.relayed import without_relayed
 
 from narrmem.person import third_person
 
@@ -306,7 +307,9 @@ _ZH_QUESTION = re.compile(
 )
 
 _CLAUSES = re.compile(
-    r"[,;，；:：]\s*|\s+(?:but|because|and\s+then|although|though|while)\s+|但是|可是|因为|不过|而且",
+    r"[,;，；:：]\s*|\s+(?:but|because|and\s+then|although|though|while)\s+|但是|可是|因为|不过|而且|"
+    # "I work at the Ministry and I'm dating Jordan": two facts, not a ministry that dates.
+    r"\s+and\s+(?=(?:i|i'm|im|i've|ive|my)\b)",
     re.IGNORECASE,
 )
 _APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "＇": "'"})
@@ -326,7 +329,8 @@ def extract(text: str) -> list[Fact]:
     """The facts ``text`` states about its author, in order, each once."""
     facts: list[Fact] = []
     seen: set[tuple[str, str]] = set()
-    for sentence in sentences(text.translate(_APOSTROPHES)):
+    # What the author quotes or relays ("Alice told me: I moved to Berlin") is someone else's life.
+    for sentence in sentences(without_relayed(text.translate(_APOSTROPHES))):
         clauses = _CLAUSES.split(sentence)
         if asks(clauses[0]):
             continue  # "Do you think I like rock, or not?": the whole sentence asks
@@ -358,7 +362,7 @@ def _clause_fact(clause: str) -> Fact | None:
             continue
         raw = match.group("obj") or (match.groupdict().get("obj2") or "")
         obj = _clean_zh(raw, rule.relation) if chinese else _clean_en(raw, rule.relation)
-        if obj is None:
+        if obj is None or not _fits(rule.relation, obj, body[: match.end()], chinese):
             return None
         prefix = body[: match.start("obj") if match.group("obj") else match.start("obj2")]
         inside = (_ZH_HEDGE_INSIDE if chinese else _EN_HEDGE_INSIDE).search(prefix) is not None
@@ -366,6 +370,33 @@ def _clause_fact(clause: str) -> Fact | None:
         confidence = INFERRED if rule.inferred else HEDGED if speculative else EXPLICIT
         return Fact(rule.relation, obj, speculative, confidence, rule.name)
     return None
+
+
+# A partner is someone named ("my girlfriend is Sam", "I'm married to Ana Lima"), not what they
+# do or are ("my girlfriend is moving to Berlin", "my wife is sick", "my husband is 45", "I'm dating
+# someone who…"): the relation holds one value, and those replaced the name.
+_NAME_WORD = re.compile(r"^(?:[A-Z][\w'.-]*|de|da|del|van|von|der|la|le|di|bin|al)$")
+_NAMED = re.compile(r"(?:name\s+is|叫)\s*\S*$", re.IGNORECASE)
+_ZH_NOT_A_NAME = re.compile(r"[师员生家手工的人]$|^(?:一个|个|在|很|挺|太|有)")
+# "my job is killing me / so boring / fine": how the job feels, not what it is.
+_EN_NOT_A_JOB = frozenset(
+    "me us him her them you so too very really pretty super kinda quite such boring fine ok okay great good "
+    "bad hard tough awful terrible crazy insane fun exhausting tiring amazing horrible stressful annoying "
+    "easy busy demanding hell rough chill cool nice weird lame draining killing done over gone".split()
+)
+
+
+def _fits(relation: str, obj: str, said: str, chinese: bool) -> bool:
+    if relation == "partner":
+        if chinese:
+            return len(obj) <= 4 and _ZH_NOT_A_NAME.search(obj) is None
+        words = obj.split()
+        if _NAMED.search(said) and len(words) == 1 and words[0].isalpha():
+            return True  # "my girlfriend's name is sam": chat is typed in lower case
+        return len(words) <= 3 and words[0][:1].isupper() and all(_NAME_WORD.match(w) for w in words)
+    if relation == "job" and not chinese:
+        return not any(word.lower() in _EN_NOT_A_JOB for word in obj.split()[:2])
+    return True
 
 
 def _strip_lead(clause: str) -> tuple[str, bool]:

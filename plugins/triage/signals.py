@@ -22,6 +22,7 @@ from narrmem_plugins.triage.language import (
     sentences,
     third_person_start,
 )
+from narrmem_plugins.triage.relayed import without_relayed
 
 SCENE_TYPES = ("decision", "value", "emotional_turn", "milestone", "first_time", "regret")
 
@@ -299,9 +300,11 @@ def candidates(text: str) -> list[Signal]:
     """Every scene signal in ``text`` that survives the subject, mood and negation checks, one per
     type (its strongest), strongest first; an explicit request with no typed signal gives a
     ``type=None`` signal."""
+    explicit = explicit_request(text) is not None
+    # A quoted or relayed "I decided to quit my job" is someone else's moment.
+    text = without_relayed(text)
     original = sentences(text.strip())
     normalized = [normalize(s) for s in original]
-    explicit = explicit_request(text) is not None
     best: dict[str, Signal] = {}
     # Said with a wink, a scene word is no moment; an explicit "remember this" still counts.
     sarcastic = bool(_SARCASM.search(normalize(text)))

@@ -1,0 +1,119 @@
+"""What a message's author quotes or relays is not the author's life: a reply quoting "> I decided
+to quit my job" with "lol no you didn't", "Alice told me: I moved to Berlin", "he said, I like
+rock", 小明说：我住在北京, a pasted "@bob: I work at Google". Before, each made a scene or a fact of
+the author's own (a move relayed from a friend replaced where the author lives), and a sentence
+about a partner replaced the partner's name ("my girlfriend is moving to Berlin" → partner
+"moving to Berlin")."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from _helpers import msg
+from narrmem_plugins.graph.extract import extract
+from narrmem_plugins.triage.relayed import without_relayed
+from narrmem_plugins.triage.signals import candidates
+
+from narrmem.models import Scope
+from narrmem.testing import open_memory
+
+T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
+
+
+def _facts(text: str) -> list[tuple[str, str]]:
+    return [(f.relation, f.object) for f in extract(text)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Alice told me: I moved to Berlin last week",
+        "Alice said: I moved to Berlin",
+        "he said, I like rock",
+        "my sister said, I hate cats",
+        "Bob wrote - I moved to Lisbon",
+        "@Alice: I live in Berlin",
+        "<@123456789>: I work at Google",
+        "Alice (quoting Bob): I love sushi",
+        "> I live in Paris\nlol no",
+        ">>> I live in Paris\nI love jazz",
+        "Bob: hey\nAlice: I live in Berlin",
+        "小明说：我住在北京",
+        "她说：我喜欢寿司",
+        "my girlfriend is moving to Berlin",
+        "my wife is sick",
+        "my husband is 45",
+        "my wife is a doctor",
+        "I'm dating someone who lives in Paris",
+        "my boyfriend is cheating on me",
+        "my job is killing me",
+        "my job is so boring",
+        "我老公是医生",
+    ],
+)
+def test_nothing_of_the_authors_is_read_from_others_words_or_from_what_a_partner_does(text: str) -> None:
+    assert _facts(text) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "facts"),
+    [
+        # The author's own, around or beside what is relayed.
+        ("I live in Lisbon but Alice told me: I moved to Berlin", [("lives_in", "Lisbon")]),
+        ('she texted "I\'m moving to Berlin" and I love jazz', [("likes", "jazz")]),
+        ("Alice told me: I love sushi. I love ramen though", [("likes", "ramen")]),
+        # Indirect speech: "I" is the author ("Bob said that I…" states nothing either way).
+        ("I said, I like rock", [("likes", "rock")]),
+        ("I just told him: I'm married to Ana Lima", [("partner", "Ana Lima")]),
+        ("Update: I moved to Porto", [("lives_in", "Porto")]),
+        ("Alice: I live in Berlin", [("lives_in", "Berlin")]),  # one "Name:" line is a heading
+        ("我喜欢看小说，我住在北京", [("likes", "看小说"), ("lives_in", "北京")]),
+        ("我说：我喜欢摇滚", [("likes", "摇滚")]),
+        # Partners by name; two facts joined by "and".
+        ("my girlfriend is Sam", [("partner", "Sam")]),
+        ("my girlfriend's name is sam", [("partner", "sam")]),
+        ("I work at the Ministry and I'm dating Jordan", [("works_at", "Ministry"), ("partner", "Jordan")]),
+        ("我女朋友叫小红", [("partner", "小红")]),
+        ("my job is nursing", [("job", "nursing")]),
+        ("I like rock and roll", [("likes", "rock and roll")]),
+    ],
+)  # fmt: skip
+def test_the_authors_own_words_still_state_their_facts(text: str, facts: list[tuple[str, str]]) -> None:
+    assert _facts(text) == facts
+
+
+def test_a_quote_or_relayed_moment_makes_no_scene_of_the_authors() -> None:
+    for text in (
+        "> I decided to quit my job\nlol no you didn't",
+        "> I got my PhD today\ncongrats Alice!",
+        "Alice told me: I decided to quit my job at the bank",
+        "小明说：我决定辞职了",
+    ):
+        assert candidates(text) == [], text
+    own = candidates("Mom told me I'm adopted, so I decided to find my birth parents")
+    assert [c.type for c in own] == ["decision"]
+    assert without_relayed("> quoted\nmine") == "mine"
+
+
+@pytest.mark.slow
+async def test_a_friend_s_relayed_move_does_not_replace_where_the_author_lives(tmp_path: Path) -> None:
+    """End to end on the real model: Bob's own city holds, the quoted decision is no scene of his."""
+    said = [
+        ("b1", "I live in Lisbon, been here five years"),
+        ("b2", "Alice told me: I moved to Berlin last week"),
+        ("b3", "小明说：我住在北京"),
+        ("b4", "> I decided to quit my job\nlol no you didn't"),
+        ("b5", "my girlfriend is Sam"),
+        ("b6", "my girlfriend is moving to Berlin next month"),
+    ]
+    async with open_memory(tmp_path / "m", real_model=True) as mem:
+        for minutes, (message_id, text) in enumerate(said):
+            ts = (T0 + timedelta(minutes=minutes)).isoformat()
+            await mem.ingest(msg(message_id, text, user="bob", chat="general", ts=ts))
+        facts = (await mem.call_tool("memory_facts", {"user_id": "bob"}))["facts"]
+        active = {(f["relation"], f["object"]) for f in facts if f["status"] == "active"}
+        assert active == {("lives_in", "Lisbon"), ("partner", "Sam")}, facts
+        scenes = [r for r in await mem.store.recent(Scope(user_id="bob"), limit=50) if r.kind == "scene"]
+        assert scenes == [], [s.text for s in scenes]
