@@ -195,9 +195,13 @@ def intent_factors(
     factors: dict[int, float] = {}
     speakers = {r.speaker for r in records.values() if r.speaker}
     named = named_speakers(query, speakers)
-    if unnamed_speaker_factor < 1 and named and named != speakers:
+    # By person, not by name: someone renamed ("Bob", now "Robert") is asked about under either,
+    # and their memories under the other name are theirs all the same.
+    people = {_person(r) for r in records.values() if r.speaker}
+    named_people = {_person(r) for r in records.values() if r.speaker in named}
+    if unnamed_speaker_factor < 1 and named_people and named_people != people:
         for memory_id, record in records.items():
-            if record.speaker not in named:
+            if _person(record) not in named_people:
                 factors[memory_id] = unnamed_speaker_factor
     if nameless_answer_factor < 1 and asks_for_a_name(query) and not has_cjk(query):
         known = set(words(query)) | {w for s in speakers for w in words(s)}
@@ -220,6 +224,10 @@ def intent_factors(
             if not within(when.date(), span, dated_window):
                 factors[memory_id] = factors.get(memory_id, 1.0) * dated_factor
     return factors
+
+
+def _person(record: MemoryRecord) -> str | None:
+    return record.user_id or record.speaker
 
 
 def asks_about_feelings(query: str) -> bool:
