@@ -659,7 +659,7 @@ async def test_memory_and_forgetme_commands(bot: Harness, memory: Memory) -> Non
     anns = await memory.store.recent(Scope(tenant=tenant, user_id=str(ANN)), limit=100)
     assert len(anns) == 3  # the decision is an episode and a scene, the hike an episode
     reply = await bot.command(12, "forgetme", user=ANN, chat=GROUP, group=True)
-    assert reply.startswith("Done: I forgot 3 memories about you")
+    assert reply.startswith("Done: I forgot what you told me, 3 memories")
     assert await memory.store.recent(Scope(tenant=tenant, user_id=str(ANN)), limit=100) == []
     assert [r.text for r in await everything(memory)] == ["I adopted a cat named Miso last spring"]
 
@@ -667,8 +667,7 @@ async def test_memory_and_forgetme_commands(bot: Harness, memory: Memory) -> Non
         "I don't remember anything about you yet."
     )
     assert (
-        await bot.command(14, "forgetme", user=ANN, chat=ANN, group=False)
-        == "I had nothing stored about you."
+        await bot.command(14, "forgetme", user=ANN, chat=ANN, group=False) == "I had nothing stored from you."
     )
     # The commands themselves were never remembered.
     assert [r.text for r in await everything(memory)] == ["I adopted a cat named Miso last spring"]
@@ -898,7 +897,7 @@ async def test_discord_maps_guilds_to_tenants_and_forgets_everywhere(
     assert pack is not None and all(h.tenant == DC_TENANT for h in pack.hits)
 
     reply = await discord_bot.command(4, "forgetme", user=ANN, chat=ANN, group=False)
-    assert reply.startswith("Done: I forgot 4 memories about you")
+    assert reply.startswith("Done: I forgot what you told me, 4 memories")
     assert await everything(memory) == []
 
 
@@ -1085,8 +1084,11 @@ def test_command_name(text: str | None, name: str | None) -> None:
 
 def test_forget_reply_counts_by_kind() -> None:
     counts = {"memories": 3, "keyword_rows": 3, "vectors": 3, "episode": 2, "scene": 1}
-    assert _common.forget_reply(counts) == "Done: I forgot 3 memories about you (2 episodes, 1 scene)."
-    assert _common.forget_reply({"memories": 0}) == "I had nothing stored about you."
+    assert _common.forget_reply(counts) == (
+        "Done: I forgot what you told me, 3 memories (2 episodes, 1 scene). "
+        "What others wrote that mentions you is theirs, and stays."
+    )
+    assert _common.forget_reply({"memories": 0}) == "I had nothing stored from you."
 
 
 def test_clip_keeps_replies_within_the_platform_limit() -> None:

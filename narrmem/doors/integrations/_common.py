@@ -828,14 +828,20 @@ async def say_suggestion_on_telegram(bot: TelegramSender, event: TriggerEvent) -
 
 
 def forget_reply(counts: Mapping[str, int]) -> str:
-    """The answer to ``forgetme``: what was deleted, by kind."""
+    """The answer to ``forgetme``: what was deleted, by kind. It says what a forget is: what the
+    person said, not what others wrote about them (their messages are theirs, and a mention in
+    them is kept as the name it showed)."""
     total = counts.get("memories", 0)
     if not total:
-        return "I had nothing stored about you."
+        return "I had nothing stored from you."
     kinds = {k: v for k, v in counts.items() if k not in ("memories", "keyword_rows", "vectors") and v}
     detail = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in sorted(kinds.items()))
     noun = "memory" if total == 1 else "memories"
-    return f"Done: I forgot {total} {noun} about you" + (f" ({detail})." if detail else ".")
+    return (
+        f"Done: I forgot what you told me, {total} {noun}"
+        + (f" ({detail})." if detail else ".")
+        + " What others wrote that mentions you is theirs, and stays."
+    )
 
 
 async def forget_user(
