@@ -46,6 +46,8 @@ _ZH_I = re.compile(r"我")
 def _english(match: re.Match[str]) -> str:
     """The third-person word, capitalised where the original was for its own sake ("My", not "I")."""
     original = match.group()
+    if original in ("US", "ME", "MY"):  # the US, Maine, Malaysia: names, not the speaker
+        return original
     word = _EN[original.lower().replace("’", "'")]
     capital = original[0].isupper() and (match.start() == 0 or not original.lower().startswith("i"))
     return word.capitalize() if capital else word

@@ -1,4 +1,5 @@
-"""What a message's author quotes or relays is not the author's life: a reply quoting "> I decided
+"""What a message's author quotes or relays is not the author's life, and what is not a place or
+a name does not replace where someone lives or whom they love: a reply quoting "> I decided
 to quit my job" with "lol no you didn't", "Alice told me: I moved to Berlin", "he said, I like
 rock", 小明说：我住在北京, a pasted "@bob: I work at Google". Before, each made a scene or a fact of
 the author's own (a move relayed from a friend replaced where the author lives), and a sentence
@@ -51,6 +52,15 @@ def _facts(text: str) -> list[tuple[str, str]]:
         "my job is killing me",
         "my job is so boring",
         "我老公是医生",
+        # Not places: a one-value relation (where they live, work, are) replaced the true one.
+        "I moved to a new team",
+        "I moved to the couch",
+        "I moved to Python 3",
+        "I live in fear",
+        "I work at home",
+        "I'm in trouble now",
+        "I'm in a meeting right now",
+        "I like to think so",
     ],
 )
 def test_nothing_of_the_authors_is_read_from_others_words_or_from_what_a_partner_does(text: str) -> None:
@@ -78,6 +88,11 @@ def test_nothing_of_the_authors_is_read_from_others_words_or_from_what_a_partner
         ("我女朋友叫小红", [("partner", "小红")]),
         ("my job is nursing", [("job", "nursing")]),
         ("I like rock and roll", [("likes", "rock and roll")]),
+        ("I moved to the US", [("lives_in", "US")]),
+        ("I moved to New York last year", [("lives_in", "New York")]),
+        ("i moved to berlin", [("lives_in", "berlin")]),  # all lower case: a name cannot be told
+        ("I'm at home right now", [("located_at", "home")]),
+        ("I work at the hospital", [("works_at", "hospital")]),
     ],
 )  # fmt: skip
 def test_the_authors_own_words_still_state_their_facts(text: str, facts: list[tuple[str, str]]) -> None:

@@ -199,7 +199,8 @@ _EN_TAIL = re.compile(
     r"(?:\s+(?:anymore|any\s+more|now|right\s+now|these\s+days|nowadays|lately|recently|currently|"
     r"at\s+the\s+moment|today|tonight|a\s+lot|so\s+much|very\s+much|too|as\s+well|either|haha|lol|still|"
     r"again|really|next\s+(?:week|month|year|weekend)|this\s+(?:week|month|year|weekend)|tomorrow|soon|"
-    r"someday|one\s+day|later))+$",
+    r"someday|one\s+day|later|last\s+(?:week|month|year|weekend|night|summer|spring|fall|autumn|winter)|"
+    r"(?:a|an|one|two|three|a\s+few|\d+)\s+(?:days?|weeks?|months?|years?)\s+ago))+$",
     re.IGNORECASE,
 )
 _EN_LEAD = re.compile(r"^(?:the|a|an|my|our|some)\s+", re.IGNORECASE)
@@ -362,7 +363,7 @@ def _clause_fact(clause: str) -> Fact | None:
             continue
         raw = match.group("obj") or (match.groupdict().get("obj2") or "")
         obj = _clean_zh(raw, rule.relation) if chinese else _clean_en(raw, rule.relation)
-        if obj is None or not _fits(rule.relation, obj, body[: match.end()], chinese):
+        if obj is None or not _fits(rule.relation, obj, body[: match.end()], chinese, raw):
             return None
         prefix = body[: match.start("obj") if match.group("obj") else match.start("obj2")]
         inside = (_ZH_HEDGE_INSIDE if chinese else _EN_HEDGE_INSIDE).search(prefix) is not None
@@ -386,7 +387,40 @@ _EN_NOT_A_JOB = frozenset(
 )
 
 
-def _fits(relation: str, obj: str, said: str, chinese: bool) -> bool:
+# Where someone lives or works holds one value at a time, so what is not a place must not replace
+# it: "I moved to a new team / the couch / Python 3", "I live in fear", "I work at home", "I'm in
+# trouble now", "I'm in a meeting right now".
+_EN_NOT_A_STATE = frozenset(
+    "fear peace denial hope hell heaven harmony poverty luxury trouble love pain shock hurry luck charge "
+    "debt danger doubt tears awe moment past present future mood zone process middle".split()
+)
+_EN_NOT_A_PLACE = {
+    "located_at": _EN_NOT_A_STATE,
+    "left": _EN_NOT_A_STATE,
+    "lives_in": _EN_NOT_A_STATE | frozenset("team couch bed floor sofa chair desk computer room".split()),
+    "works_at": _EN_NOT_A_STATE | frozenset("home night nights weekends weekend desk computer".split()),
+}
+_EN_SOME = re.compile(r"^(?:a|an|my|our|your|his|her|their|another|some)\s", re.IGNORECASE)
+_EN_CAPITALISED = re.compile(r"[A-Z]")
+
+
+def _place(obj: str, raw: str, said: str, relation: str) -> bool:
+    if _EN_SOME.match(raw.strip()) or any(w.lower() in _EN_NOT_A_PLACE[relation] for w in obj.split()):
+        return False
+    if relation == "lives_in" and any(ch.isdigit() for ch in obj):
+        return False
+    # A writer who capitalises ("I moved to…") names a city with a capital: "I moved to the new
+    # office" is no move of home. All in lower case, a name cannot be told from a word.
+    return relation != "lives_in" or not _EN_CAPITALISED.search(said) or obj[:1].isupper()
+
+
+# "I like to think so", "I'd hate to say it": a way of speaking, not a liking.
+_EN_MANNER = re.compile(r"^to\s+(?:think|say|believe|imagine|hope|know|see|admit|be\s+honest)\b", re.I)
+
+
+def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "") -> bool:
+    if relation in PLACES and not chinese:
+        return _place(obj, raw, said, relation)
     if relation == "partner":
         if chinese:
             return len(obj) <= 4 and _ZH_NOT_A_NAME.search(obj) is None
@@ -396,6 +430,8 @@ def _fits(relation: str, obj: str, said: str, chinese: bool) -> bool:
         return len(words) <= 3 and words[0][:1].isupper() and all(_NAME_WORD.match(w) for w in words)
     if relation == "job" and not chinese:
         return not any(word.lower() in _EN_NOT_A_JOB for word in obj.split()[:2])
+    if relation in ("likes", "dislikes") and not chinese:
+        return _EN_MANNER.match(obj) is None
     return True
 
 
@@ -431,7 +467,8 @@ def _clean_en(raw: str, relation: str) -> str | None:
     if not words or len(words) > MAX_WORDS or "?" in obj:
         return None
     first = words[0].lower()
-    if first in _EN_PRONOUNS or first in _EN_BAD_START:
+    # "US", "IT" are names, not pronouns.
+    if (first in _EN_PRONOUNS and not (len(words[0]) > 1 and words[0].isupper())) or first in _EN_BAD_START:
         return None
     return third_person(obj)
 
