@@ -22,8 +22,16 @@ _BIGRAMMED_RUN = re.compile(f"[{_BIGRAMMED}]+")
 _ASCII_WORD = re.compile(r"[A-Za-z0-9]+")  # what a word is in ASCII text, found faster
 # The accents of a Latin letter once decomposed (NFD), folded away as FTS5's remove_diacritics
 # does; other scripts' marks (Devanagari's vowel signs, Cyrillic's breve) are part of their words.
-_LATIN_ACCENTS = re.compile(
+# Marks people type or leave out as they please, so a word is found either way: the accents of
+# Latin letters, Greek accents and breathings ("Καλημέρα" typed "καλημερα"), Arabic vowel marks
+# and tatweel (as Lucene's Arabic normalizer), Hebrew points. A mark that makes another letter of
+# a script (Cyrillic й, Devanagari's vowel signs) is part of its word.
+_OPTIONAL_MARKS = re.compile(
     r"(?<=[a-z\u00c0-\u024f\u1e00-\u1eff\u2c60-\u2c7f\ua720-\ua7ff])[\u0300-\u036f\u1dc0-\u1dff]+"
+    r"|(?<=[\u0370-\u03ff\u1f00-\u1fff])[\u0300-\u036f]+"
+    r"|(?<=[\u0400-\u04ff])[\u0300\u0301]"
+    r"|[\u0610-\u061a\u064b-\u065f\u0670\u06d6-\u06dc\u06df-\u06e8\u06ea-\u06ed\u0640]"
+    r"|[\u0591-\u05bd\u05bf\u05c1\u05c2\u05c4\u05c5\u05c7]"
 )
 
 
@@ -190,18 +198,22 @@ def character_end(text: str, end: int) -> int:
 # Latin letters no decomposition takes the accent off, folded as tantivy's ascii_fold would.
 _LATIN_LETTERS = str.maketrans(
     {"ı": "i", "ø": "o", "æ": "ae", "œ": "oe", "ł": "l", "đ": "d", "ħ": "h", "þ": "th"}
+    # Letters typed for one another: Russian ё written е, Arabic alef maqsura and ya, ta marbuta
+    # and ha, and the Arabic and Persian forms of ya and kaf (as Lucene's normalizers fold them).
+    | {"ё": "е", "ى": "ی", "ي": "ی", "ة": "ه", "ك": "ک"}
 )
 
 
 def folded(text: str) -> str:
     """``text`` as keywords compare it: composed and compatible forms made one (NFKC: a macOS
     client sends "é" as "e" and an accent, a Japanese keyboard fullwidth letters, which matched
-    nothing typed elsewhere), case-folded (ß as ss, İ as i) and without the accents of Latin
-    letters (ø as o, đ as d), so that FTS5, tantivy and PostgreSQL, each handed these words, find
-    the same rows."""
+    nothing typed elsewhere), case-folded (ß as ss, İ as i), without the accents of Latin letters
+    (ø as o, đ as d) and the marks people leave out in other scripts (ё as е, Greek accents,
+    Arabic vowel marks, Hebrew points), so that FTS5, tantivy and PostgreSQL, each handed these
+    words, find the same rows."""
     text = unicodedata.normalize("NFKC", text).casefold().translate(_LATIN_LETTERS)
     decomposed = unicodedata.normalize("NFD", text)
-    bare = _LATIN_ACCENTS.sub("", decomposed)
+    bare = _OPTIONAL_MARKS.sub("", decomposed)
     return text if bare == decomposed else unicodedata.normalize("NFC", bare)
 
 

@@ -118,7 +118,7 @@ async def test_a_database_of_schema_1_gets_keyword_lengths_when_opened(tmp_path:
         lengths = await store.pool.fetch("SELECT keyword_tokens FROM memories ORDER BY id")
         # Counted from the texts as stored: the escaped NUL is one separator, not a token "0".
         assert [r[0] for r in lengths] == [5, 10, 4]
-        assert (await store.stats())["schema_version"] == SCHEMA_VERSION == 7
+        assert (await store.stats())["schema_version"] == SCHEMA_VERSION == 8
         # Step 5: pages keep room for a row's next version (importance is written in place).
         options = await store.pool.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'memories'")
         assert options == ["fillfactor=75"]

@@ -165,3 +165,29 @@ async def test_the_keyword_documents_of_other_scripts_are_written_again(tmp_path
     found, pending = await _found(dsn, "Jürgen")
     assert found == [4] and pending == {}
     assert (await _found(dsn, "प्रिया"))[0] == [5]
+
+
+async def test_the_keyword_documents_of_words_typed_with_marks_are_written_again(tmp_path: Path) -> None:
+    """Schema 8: a store of schema 7 holds "пётр" and "ελένη" as they were said; once the pass has
+    run, the words typed without their marks find them (an ASCII row is not read)."""
+    dsn = await _store_of_schema_5("passes")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("INSERT INTO narrmem_schema VALUES (6), (7)")
+        for n, (text, words) in enumerate(
+            [("Пётр приедет завтра", "пётр приедет завтра"), ("Η Ελένη έφτασε", "η ελένη έφτασε")]
+        ):
+            await conn.execute(
+                "INSERT INTO memories (kind, tenant, user_id, chat_id, text, importance, created_at, "
+                "created_ts, message_ids, meta, keywords, keyword_tokens) VALUES ('episode', 'default', "
+                "'u1', 'c1', $1, 0.5, '2025-01-01T00:00:00+00:00', $2, '[]', '{}', "
+                "setweight(to_tsvector('simple', $3), 'A'), 3)",
+                text,
+                float(10 + n),
+                words,
+            )
+    finally:
+        await conn.close()
+    found, pending = await _found(dsn, "Петр")
+    assert found == [4] and pending == {}
+    assert (await _found(dsn, "ελενη"))[0] == [5]

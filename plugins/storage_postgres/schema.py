@@ -138,6 +138,10 @@ def migrations(dim: int, *, m: int, ef_construction: int) -> list[list[str]]:
         # bigrams): the rows whose texts are not all ASCII are written again by
         # :func:`write_keywords_again`, which runs right after this step.
         [],
+        # 8: keyword documents without the marks people leave out in other scripts (ё as е, Greek
+        # accents, Arabic vowel marks, Hebrew points; 2026-12-08): the rows whose texts hold one of
+        # those scripts are written again by :func:`write_keywords_without_marks`.
+        [],
     ]
 
 
@@ -244,6 +248,16 @@ async def write_keywords_again(conn: Any, after: int, progress: Progress) -> Non
     """Write again the keyword documents and lengths of rows whose texts are not all ASCII, as
     the keyword terms are found now (an ASCII text's words are what they were)."""
     await _write_again(conn, after, progress, NOT_ASCII)
+
+
+# Cyrillic, Greek, Hebrew and Arabic, and combining marks: the texts whose words schema 8 changed.
+MARKS_LEFT_OUT = "[\u0300-\u036f\u0370-\u03ff\u0400-\u04ff\u0590-\u06ff\u1f00-\u1fff]"
+
+
+async def write_keywords_without_marks(conn: Any, after: int, progress: Progress) -> None:
+    """Write again the keyword documents and lengths of rows whose texts hold Cyrillic, Greek,
+    Hebrew, Arabic or a combining mark, without the marks people leave out (narrmem.text.folded)."""
+    await _write_again(conn, after, progress, MARKS_LEFT_OUT)
 
 
 async def _write_again(conn: Any, after: int, progress: Progress, texts: str) -> None:
@@ -359,6 +373,7 @@ AFTER_STEP: dict[int, Callable[[Any, int, Progress], Awaitable[None]]] = {
     2: count_keyword_tokens,
     6: fold_keyword_accents,
     7: write_keywords_again,
+    8: write_keywords_without_marks,
 }
 # A pass still to run (or to finish) is a row of meta, "pass_pending:<step>", written with its
 # step; its value is the id of the last row the pass wrote ('' before the first).

@@ -69,7 +69,7 @@ from narrmem.errors import StoreError
 
 log = logs.logger("narrmem.keywords")
 
-FORMAT = 3  # 3: words split at spaces alone, nothing folded (2026-12-07)
+FORMAT = 4  # 3: words split at spaces alone, nothing folded (2026-12-07); 4: documents of schema 9
 # A context word counts two thirds of a text word: the text is written three times, the context twice.
 TEXT_COPIES, CONTEXT_COPIES = 3, 2
 CONTEXT_WEIGHT = CONTEXT_COPIES / TEXT_COPIES

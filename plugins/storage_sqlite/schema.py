@@ -162,6 +162,13 @@ MIGRATIONS: list[str] = [
     INSERT OR REPLACE INTO meta (key, value)
         SELECT 'keywords_again', '0' WHERE EXISTS (SELECT 1 FROM memories);
     """,
+    # 9: keyword words without the marks people leave out in other scripts since 2026-12-08 (ё as
+    # е, Greek accents, Arabic vowel marks, Hebrew points: narrmem.text.folded); the same pass as
+    # schema 8's writes the rows that are not all ASCII again.
+    """
+    INSERT OR REPLACE INTO meta (key, value)
+        SELECT 'keywords_again', '0' WHERE EXISTS (SELECT 1 FROM memories);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
