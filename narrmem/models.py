@@ -516,19 +516,17 @@ class SceneDraft(_Strict):
 def speaker_labels(hits: Sequence[Hit]) -> list[str | None]:
     """How each hit names its speaker in a prompt: by person (``user_id``), not by name. Each person
     goes by the name of their newest hit, with the one a hit was said under when it differs
-    ("Robert (then Bob)"); two people of one name are told apart ("Alice", "Alice #2": the one
-    whose earliest hit is older keeps the name). A display name is anyone's to take: printed as
-    given, an impersonator's words read as Alice's, and a renamed person as two people."""
+    ("Robert (then Bob)"); people who share a name are each told by the end of their id, which no
+    one chooses ("Alice (id …1111)", "Alice (id …9999)"). A display name is anyone's to take:
+    printed as given, an impersonator's words read as Alice's, and a renamed person as two."""
     newest: dict[str, Hit] = {}
     for hit in hits:
         person = hit.user_id or hit.speaker
-        if hit.speaker and person and (person not in newest or hit.created_at > newest[person].created_at):
+        if hit.speaker and person and (person not in newest or _when(hit) > _when(newest[person])):
             newest[person] = hit
-    by_name: dict[str, list[str]] = {}
-    for hit in sorted(hits, key=lambda h: h.created_at):
-        person = hit.user_id or hit.speaker
-        if person in newest and person not in by_name.setdefault(str(newest[person].speaker), []):
-            by_name[str(newest[person].speaker)].append(person)
+    sharing: dict[str, set[str]] = {}
+    for person, hit in newest.items():
+        sharing.setdefault(str(hit.speaker), set()).add(person)
     labels: list[str | None] = []
     for hit in hits:
         person = hit.user_id or hit.speaker
@@ -536,10 +534,22 @@ def speaker_labels(hits: Sequence[Hit]) -> list[str | None]:
             labels.append(hit.speaker)
             continue
         name = str(newest[person].speaker)
-        place = by_name[name].index(person)
-        label = name if place == 0 else f"{name} #{place + 1}"
+        label = name if len(sharing[name]) == 1 else f"{name} (id …{_id_end(person, sharing[name])})"
         labels.append(label if hit.speaker == name else f"{label} (then {hit.speaker})")
     return labels
+
+
+def _when(hit: Hit) -> tuple[datetime, int]:
+    return hit.created_at, hit.id or 0
+
+
+def _id_end(person: str, people: set[str]) -> str:
+    """The shortest end of ``person`` (four characters at least) that no other of ``people`` has."""
+    for length in range(4, len(person)):
+        end = person[-length:]
+        if not any(other != person and other.endswith(end) for other in people):
+            return end
+    return person
 
 
 class IngestResult(_Sent):

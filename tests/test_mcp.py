@@ -178,11 +178,19 @@ async def test_read_only_beside_a_running_bot(tmp_path: Path) -> None:
         pixel = (await bot.recall("greyhound", user_id="u1", reinforce=False))[0].id
         events = (await bot.history(pixel))["events"]
         async with Client(params) as client:
-            # What the bot writes while the server runs is read.
+            # What the bot writes while the server runs is read, by its meaning too (the reader's
+            # vector index was the one it opened with: a question sharing no word with the new
+            # message did not find it).
             await bot.ingest_many([_said("m2", "I decided to quit my job at the bank")])
+            await bot.ingest_many([_said("m3", "My sister moved to Lisbon")])
             before = await bot.store.table_counts()
             found = await client.call_tool("narrmem_recall", {"query": "did I quit my job?", **SCOPE})
             assert not found.is_error and "quit my job" in found.structured_content["hits"][0]["text"]
+            family = await client.call_tool(
+                "narrmem_recall", {"query": "where does her sibling live?", **SCOPE}
+            )
+            assert family.structured_content["hits"][0]["text"] == "My sister moved to Lisbon"
+            assert family.structured_content["hits"][0]["sources"].get("vector") is not None
             pet = await client.call_tool("narrmem_recall", {"query": "what pet do I have?", **SCOPE})
             assert pet.structured_content["hits"][0]["id"] == pixel
             facts = await client.call_tool("memory_facts", SCOPE)

@@ -35,8 +35,8 @@ def _facts(text: str) -> list[tuple[str, str]]:
         "he said, I like rock",
         "my sister said, I hate cats",
         "Bob wrote - I moved to Lisbon",
-        "@Alice: I live in Berlin",
-        "<@123456789>: I work at Google",
+        "@bob: hey\n@alice: I live in Berlin",
+        "<@123456789>: hi\n<@987654321>: I work at Google",
         "Alice (quoting Bob): I love sushi",
         "> I live in Paris\nlol no",
         ">>> I live in Paris\nI love jazz",
@@ -49,6 +49,8 @@ def _facts(text: str) -> list[tuple[str, str]]:
         "my wife is a doctor",
         "I'm dating someone who lives in Paris",
         "my boyfriend is cheating on me",
+        "my girlfriend is so sweet",
+        "my wife is pregnant",
         "my job is killing me",
         "my job is so boring",
         "我老公是医生",
@@ -79,11 +81,21 @@ def test_nothing_of_the_authors_is_read_from_others_words_or_from_what_a_partner
         ("I just told him: I'm married to Ana Lima", [("partner", "Ana Lima")]),
         ("Update: I moved to Porto", [("lives_in", "Porto")]),
         ("Alice: I live in Berlin", [("lives_in", "Berlin")]),  # one "Name:" line is a heading
+        ("@team: I moved to Porto", [("lives_in", "Porto")]),  # addressed, not quoted
+        ("Update: I moved to Porto\nEdit: I work at Google", [("lives_in", "Porto"), ("works_at", "Google")]),
+        ("Me: I moved to Porto\nBoss: ok", [("lives_in", "Porto")]),
+        # The author's own speech, whatever comes between them and the verb.
+        ("I finally told him: I moved to Berlin", [("lives_in", "Berlin")]),
+        ("I stood up and said: I live in Porto now", [("lives_in", "Porto")]),
         ("我喜欢看小说，我住在北京", [("likes", "看小说"), ("lives_in", "北京")]),
         ("我说：我喜欢摇滚", [("likes", "摇滚")]),
         # Partners by name; two facts joined by "and".
         ("my girlfriend is Sam", [("partner", "Sam")]),
         ("my girlfriend's name is sam", [("partner", "sam")]),
+        ("my girlfriend is sam", [("partner", "sam")]),  # chat is typed in lower case
+        ("My wife is Élodie", [("partner", "Élodie")]),
+        ("I'm married to Łukasz", [("partner", "Łukasz")]),
+        ("我老公叫张德生", [("partner", "张德生")]),
         ("I work at the Ministry and I'm dating Jordan", [("works_at", "Ministry"), ("partner", "Jordan")]),
         ("我女朋友叫小红", [("partner", "小红")]),
         ("my job is nursing", [("job", "nursing")]),
@@ -105,8 +117,11 @@ def test_a_quote_or_relayed_moment_makes_no_scene_of_the_authors() -> None:
         "> I got my PhD today\ncongrats Alice!",
         "Alice told me: I decided to quit my job at the bank",
         "小明说：我决定辞职了",
+        "> please remember that I'm allergic to peanuts\nlol ok",
     ):
         assert candidates(text) == [], text
+    for text in ("I looked at my boss and said, I decided to quit my job.", "@team: I got promoted today!"):
+        assert candidates(text), text
     own = candidates("Mom told me I'm adopted, so I decided to find my birth parents")
     assert [c.type for c in own] == ["decision"]
     assert without_relayed("> quoted\nmine") == "mine"

@@ -41,7 +41,10 @@ def test_labels_follow_the_person() -> None:
         _hit("111", "Alice", 0),
         _hit("222", "Robert", 90),
     ]
-    assert speaker_labels(hits) == ["Alice #2", "Robert (then Bob)", "Alice", "Robert"]
+    assert speaker_labels(hits) == ["Alice (id …999)", "Robert (then Bob)", "Alice (id …111)", "Robert"]
+    # Told apart by what no one chooses: a display name "Alice #2" is a name like any other.
+    long_ids = [_hit("900000001111", "Alice", 1), _hit("900000002222", "Alice", 2), _hit("7", "Alice #2", 3)]
+    assert speaker_labels(long_ids) == ["Alice (id …1111)", "Alice (id …2222)", "Alice #2"]
     # One person, one name: as before.
     assert speaker_labels([_hit("1", "Ann", 1), _hit("1", "Ann", 2)]) == ["Ann", "Ann"]
     assert speaker_labels([Hit(**{**_hit("1", "Ann", 1).model_dump(), "speaker": None})]) == [None]
@@ -68,8 +71,8 @@ async def test_a_chats_context_knows_a_renamed_person_and_tells_two_alices_apart
             )  # fmt: skip
         allergic = await mem.context("is Alice allergic to peanuts?", chat_id="general", tenant="guild1")
         rendered = allergic.render()
-        assert "Alice: I'm allergic to peanuts" in rendered
-        assert "Alice #2: I'm not allergic to anything" in rendered
+        assert "Alice (id …111): I'm allergic to peanuts" in rendered
+        assert "Alice (id …999): I'm not allergic to anything" in rendered
         lives = await mem.context(
             "where does Robert live?", chat_id="general", tenant="guild1", reinforce=False
         )

@@ -72,13 +72,14 @@ async def test_a_bound_call_cannot_reach_another_person(tmp_path: Path) -> None:
 
         app = create_app(mem)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            bound = {"user_id": BOB, "chat_id": "general"}
-            refused = await c.post(
-                "/v1/tools/narrmem_recall",
-                params=bound,
-                json={"query": "secret", "user_id": ALICE, "tenant": GUILD},
-            )
-            assert refused.status_code == 422 and refused.json()["field"] == "user_id", refused.text
+            bound = {"user_id": BOB, "chat_id": "general", "tenant": GUILD}
+            for arguments, field in (
+                ({"query": "secret", "user_id": ALICE, "tenant": GUILD}, "user_id"),
+                # The tenant is the query's (or the key's), never the model's.
+                ({"query": "secret", "tenant": "default"}, "tenant"),
+            ):
+                refused = await c.post("/v1/tools/narrmem_recall", params=bound, json=arguments)
+                assert refused.status_code == 422 and refused.json()["field"] == field, refused.text
             found = await c.post(
                 "/v1/tools/narrmem_recall", params=bound, json={"query": "secret", "tenant": GUILD}
             )

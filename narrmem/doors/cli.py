@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import os
@@ -726,13 +727,22 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
                 reason = exc.errors(include_url=False)[0]["msg"]
                 raise InputError(f"{option}: {reason}", field=option.removeprefix("--")) from exc
     # "-" is standard output (a pipe to gzip, ssh or another store's import): the report goes to
-    # standard error, out of the export's way.
-    target: str | TextIO = sys.stdout if args.file == "-" else args.file
-    async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
-        if args.user is None:
-            counts = await export_store(memory, target)
-        else:
-            counts = await export_person(memory, target, tenant=tenant, user_id=args.user)
+    # standard error, out of the export's way. UTF-8 and "\n" whatever the console's encoding (a
+    # Windows pipe's cp1252 failed on the first name it could not write, and wrote "\r\n").
+    target: str | TextIO = args.file
+    if args.file == "-":
+        sys.stdout.flush()
+        target = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+    try:
+        async with _open(_existing_store(settings), warm=False, read_only=True) as memory:
+            if args.user is None:
+                counts = await export_store(memory, target)
+            else:
+                counts = await export_person(memory, target, tenant=tenant, user_id=args.user)
+    finally:
+        if isinstance(target, io.TextIOWrapper):
+            target.flush()
+            target.detach()  # standard output stays open for what follows
     report = {"exported": counts.pop("memories", 0), **counts, "file": args.file}
     if args.file == "-":
         with contextlib.redirect_stdout(sys.stderr):

@@ -376,7 +376,16 @@ def _clause_fact(clause: str) -> Fact | None:
 # A partner is someone named ("my girlfriend is Sam", "I'm married to Ana Lima"), not what they
 # do or are ("my girlfriend is moving to Berlin", "my wife is sick", "my husband is 45", "I'm dating
 # someone who…"): the relation holds one value, and those replaced the name.
-_NAME_WORD = re.compile(r"^(?:[A-Z][\w'.-]*|de|da|del|van|von|der|la|le|di|bin|al)$")
+_NAME_PARTICLES = frozenset("de da del dos van von der la le di bin al".split())
+# What follows "my girlfriend is" when it is not a name: chat is typed in lower case, so a name
+# is told from these, not by its capital.
+_EN_NOT_A_NAME = frozenset(
+    "someone somebody nobody anyone sick ill pregnant amazing awesome great busy tired away here there home "
+    "back mad angry upset sad happy fine ok okay cute beautiful pretty smart funny crazy annoying late out "
+    "gone asleep best lovely perfect sweet nice kind jealous depressed gorgeous weird boring older younger "
+    "taller shorter cool wonderful mine so very really too such not also still always never just the a an "
+    "hot cold hungry sleepy drunk ready right wrong single married lucky done".split()
+)
 _NAMED = re.compile(r"(?:name\s+is|叫)\s*\S*$", re.IGNORECASE)
 _ZH_NOT_A_NAME = re.compile(r"[师员生家手工的人]$|^(?:一个|个|在|很|挺|太|有)")
 # "my job is killing me / so boring / fine": how the job feels, not what it is.
@@ -422,12 +431,20 @@ def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "") -> b
     if relation in PLACES and not chinese:
         return _place(obj, raw, said, relation)
     if relation == "partner":
+        named = _NAMED.search(said) is not None  # "my girlfriend's name is…", 我女朋友叫…
         if chinese:
-            return len(obj) <= 4 and _ZH_NOT_A_NAME.search(obj) is None
+            return len(obj) <= 4 and (named or _ZH_NOT_A_NAME.search(obj) is None)
+        if re.match(r"(?:a|an|the|my|our|another|some)\s", raw.strip(), re.IGNORECASE):
+            return False  # "my wife is a doctor", "… is the best"
         words = obj.split()
-        if _NAMED.search(said) and len(words) == 1 and words[0].isalpha():
-            return True  # "my girlfriend's name is sam": chat is typed in lower case
-        return len(words) <= 3 and words[0][:1].isupper() and all(_NAME_WORD.match(w) for w in words)
+        if not 1 <= len(words) <= 3 or any(not w.replace("-", "").replace("'", "").isalpha() for w in words):
+            return False  # "45", "moving to Berlin next month"
+        if words[0][0].isupper():
+            return all(w[0].isupper() or w in _NAME_PARTICLES for w in words)
+        return named or (
+            len(words) <= 2
+            and not any(w.lower() in _EN_NOT_A_NAME or w.endswith(("ing", "ed", "ly")) for w in words)
+        )
     if relation == "job" and not chinese:
         return not any(word.lower() in _EN_NOT_A_JOB for word in obj.split()[:2])
     if relation in ("likes", "dislikes") and not chinese:

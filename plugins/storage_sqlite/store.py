@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
@@ -85,6 +86,7 @@ OLDER_INDEX_FILE = "older_index_file"
 # meta: the [storage] index this database's vectors were last kept under, by the database's own
 # name (a copy of the file opened under another name has none of its own yet)
 INDEX_NAME = "index_of:"
+REBUILD_READ_ONLY_S = 30.0  # a read-only open builds its index again at most this often
 KEYWORDS_AGAIN = "keywords_again"  # meta: how far schema 8's pass has come (see _write_keywords_again)
 KEYWORDS_OF = "keywords_of:"  # meta, by the database's name: it kept a tantivy index
 # The log's truncation after a purge waits so long for readers (an export's snapshot holds the
@@ -159,6 +161,11 @@ class SQLiteStore(ForgetJournal):
         # The tantivy keyword index, when there is one, records its change count under it too.
         self._vectors_lock = asyncio.Lock()
         self._keywords_rebuilding = asyncio.Lock()  # one rebuild of the tantivy index at a time
+        # Read-only beside the writer: the vector changes this reader's index holds (see
+        # _catch_up), and when it was last built whole.
+        self._seen: dict[str, int] | None = None
+        self._catching_up = asyncio.Lock()
+        self._built_at = 0.0
         # Each forget job begun here: the write connection's total changes just after its record.
         self._changes_at_forget: dict[int, int] = {}
         self._index_save_owed = False  # deleted rows' vectors still in the index files
@@ -363,9 +370,46 @@ class SQLiteStore(ForgetJournal):
         if int(version) != SCHEMA_VERSION:
             raise StoreError(schema_mismatch(str(self.db_path), int(version), SCHEMA_VERSION))
         await self._check_model(dim, model)
+        self._seen = await self._watermark()
         self._index = VectorIndex(self.index_path, dim, self.index_options)
         if not await self._index.load(await self._consistency()):
             await self._rebuild_index(save=False)
+        self._built_at = time.monotonic()
+
+    async def _catch_up(self) -> None:
+        """Read-only, before a vector search: the rows the writer added since this reader looked
+        are added to its index (the vector changes the triggers count tell); other changes (a
+        forget, an edit's new vector) have the index built again, at most every
+        :data:`REBUILD_READ_ONLY_S` (a forgotten row is not found meanwhile: its row is gone).
+        Before, a reader's index was the one it opened with: what the bot stored since was found
+        by its words alone."""
+        async with self._catching_up:
+            now, seen = await self._watermark(), self._seen
+            if now is None or seen is None or now == seen:
+                return
+            added = 0
+            if now["last_id"] > seen["last_id"]:
+                rows = await self._fetchall(
+                    "SELECT id, vector, tenant, user_id, chat_id FROM memories "
+                    "WHERE vector IS NOT NULL AND id > ? AND id <= ? ORDER BY id",
+                    (seen["last_id"], now["last_id"]),
+                )
+                if rows:
+                    ids = np.array([r[0] for r in rows], dtype=np.int64)
+                    owners = [Owner(r[2], r[3], r[4]) for r in rows]
+                    await self.index.add(ids, np.vstack([_vector(r[1], self.dim) for r in rows]), owners)
+                added = len(rows)
+            others = now["changes"] - seen["changes"] - added
+            self._seen = {"changes": seen["changes"] + added, "last_id": now["last_id"]}
+            if others and time.monotonic() - self._built_at >= REBUILD_READ_ONLY_S:
+                fresh = VectorIndex(self.index_path, self.dim, self.index_options)
+                previous, self._index = self._index, fresh
+                try:
+                    await self._rebuild_index(save=False)
+                except BaseException:
+                    self._index = previous
+                    raise
+                self._seen, self._built_at = now, time.monotonic()
 
     async def _connect(self, target: str | Path, *, uri: bool = False) -> aiosqlite.Connection:
         try:
@@ -1690,6 +1734,8 @@ class SQLiteStore(ForgetJournal):
     async def search_vectors(
         self, scope: Scope, vector: np.ndarray, k: int, *, kinds: Sequence[str] | None = None
     ) -> list[tuple[int, float]]:
+        if self.read_only:
+            await self._catch_up()
         allowed = None
         if kinds:
             where, params = _scope_clause(scope)

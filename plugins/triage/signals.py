@@ -300,9 +300,10 @@ def candidates(text: str) -> list[Signal]:
     """Every scene signal in ``text`` that survives the subject, mood and negation checks, one per
     type (its strongest), strongest first; an explicit request with no typed signal gives a
     ``type=None`` signal."""
-    explicit = explicit_request(text) is not None
-    # A quoted or relayed "I decided to quit my job" is someone else's moment.
+    # A quoted or relayed "I decided to quit my job" is someone else's moment, and a quoted
+    # "please remember that…" someone else's request.
     text = without_relayed(text)
+    explicit = explicit_request(text) is not None
     original = sentences(text.strip())
     normalized = [normalize(s) for s in original]
     best: dict[str, Signal] = {}

@@ -810,24 +810,28 @@ def _tool_and_event_routes(r: APIRouter) -> None:
         arguments: Annotated[dict[str, Any], Body()],
         user_id: ScopeIdParam = None,
         chat_id: ScopeIdParam = None,
+        tenant: TenantParam = None,
     ) -> dict[str, Any]:
         """Run a registered tool with JSON arguments (the same registry and validation as
         ``Memory.call_tool``). A tool that takes ``tenant`` gets the key's when it is left out.
-        ``user_id`` / ``chat_id`` in the query: whom the call acts for, when a model wrote the
-        arguments (``Memory.call_tool(..., scope=)``): the tool's ids are set to them, and a call
-        naming another is refused (422, naming the field)."""
+        ``user_id`` / ``chat_id`` (and ``tenant``) in the query: whom the call acts for, when a
+        model wrote the arguments (``Memory.call_tool(..., scope=)``): the tool's ids are set to
+        them (the tenant to the query's, else the key's, never the arguments'), and a call naming
+        another is refused (422, naming the field)."""
         tool = state.memory.tools.get(name)
-        tenant: str | None = None
+        if user_id is not None or chat_id is not None:
+            scope = Scope(tenant=_tenant(caller, tenant), user_id=user_id, chat_id=chat_id)
+            return await state.memory.call_tool(name, arguments, scope=scope)
+        if tenant is not None:
+            raise InputError(
+                "a tenant in the query binds a call: give user_id or chat_id too", field="tenant"
+            )
         if "tenant" in tool.input_model.model_fields:
             given = arguments.get("tenant")
             if given is not None and not isinstance(given, str):
                 raise InputError("must be a string", field="tenant")
-            tenant = _tenant(caller, given)
-            arguments = {**arguments, "tenant": tenant}
-        scope = None
-        if user_id is not None or chat_id is not None:
-            scope = Scope(tenant=tenant or _tenant(caller, None), user_id=user_id, chat_id=chat_id)
-        return await state.memory.call_tool(name, arguments, scope=scope)
+            arguments = {**arguments, "tenant": _tenant(caller, given)}
+        return await state.memory.call_tool(name, arguments)
 
     @r.get(
         "/export",
