@@ -191,11 +191,24 @@ def plugin_of(memory: MemoryView) -> GraphPlugin:
 
 
 async def turn_context(
-    memory: MemoryView, text: str, *, user_id: str, chat_id: str, tenant: str = "default"
+    memory: MemoryView,
+    text: str,
+    *,
+    user_id: str,
+    chat_id: str,
+    tenant: str = "default",
+    private: bool = False,
 ) -> dict[str, Any]:
     """The per-turn context (persona, working memory chain, facts, ``rendered``) straight from the
-    plugin, for code that cannot wait for ``Memory.turn_context``."""
+    plugin, for code that cannot wait for ``Memory.turn_context`` (``private`` as there)."""
     plugin = plugin_of(memory)
     return await turn.build(
-        memory, plugin.backend(), plugin.options, tenant=tenant, user_id=user_id, chat_id=chat_id, text=text
+        memory,
+        plugin.backend(),
+        plugin.options,
+        tenant=tenant,
+        user_id=user_id,
+        chat_id=chat_id,
+        text=text,
+        private=private,
     )
