@@ -24,8 +24,12 @@ Relations: ``likes``/``dislikes``, ``works_on``/``stopped_working_on``, ``plans`
 我现在在X), ``lives_in`` ("I live in X", "I moved to X", 我住在X), ``works_at`` ("I work at X", 我在X工作),
 ``job`` ("I work as a X", "my job is X", 我是一名X), ``partner`` ("my girlfriend is X", "I'm dating
 X", 我男朋友叫X) and ``age`` ("I'm 30", "I just turned 30", 我今年30岁); these five and ``located_at``
-hold one value at a time (see :mod:`.vocabulary`). Inferred, never said: going to a
-concert of X ("I went to a Coldplay concert", 我去了周杰伦的演唱会) gives a speculative ``likes``.
+hold one value at a time (see :mod:`.vocabulary`). Leaving retires them: ``no_longer_works_at`` ("I
+quit my job at X", "I don't work at X anymore", 我从X离职了), ``moved_away_from`` ("I don't live in X
+anymore", 我不住在X了) and ``broke_up_with`` ("X and I broke up", 我和X分手了). A one-value fact told as
+the past of a life ("I moved to Berlin 10 years ago", "when I was 8", 小时候) is none.
+Inferred, never said: going to a concert of X ("I went to a Coldplay concert",
+我去了周杰伦的演唱会) gives a speculative ``likes``.
 The subject of every fact is ``user``, the message's author.
 """
 
@@ -45,7 +49,8 @@ HEDGED = 0.5
 INFERRED = 0.4
 MAX_WORDS = 8
 MAX_ZH_CHARS = 20
-PLACES = ("located_at", "left", "lives_in", "works_at")  # objects are places: cut at "for", "with"…
+# Objects are places: cut at "for", "with"…
+PLACES = ("located_at", "left", "lives_in", "works_at", "moved_away_from", "no_longer_works_at")
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,27 @@ EN_RULES = [
         rf"(?:{_IM}\s+{_ADV}(?:not|no\s+longer)\s+(?:working\s+on|building|developing)|i\s+{_ADV}(?:stopped|quit|"
         rf"have\s+stopped|'ve\s+stopped)\s+(?:working\s+on|building|developing)|i\s+{_ADV}(?:don't|do\s+not|"
         rf"no\s+longer)\s+work\s+on)\s+{_OBJ}",
+    ),
+    # Leaving a job, a home, a partner: the fact that held is retired (vocabulary.OPPOSITES), not
+    # left standing beside what came next. Before the positive rules, as the other negations are.
+    _en(
+        "en_left_job",
+        "no_longer_works_at",
+        rf"(?:i\s+{_ADV}(?:quit|left)\s+(?:my\s+(?:job|position|role)\s+(?:at|with)\s+|(?-i:(?=[A-Z])))|"
+        rf"i\s+{_ADV}(?:don't|do\s+not|dont|no\s+longer)\s+work\s+(?:at|for)\s+|{_IM}\s+{_ADV}(?:not|no\s+longer)\s+"
+        rf"working\s+(?:at|for)\s+|i\s+{_ADV}got\s+(?:fired|laid\s+off)\s+(?:from|by)\s+){_OBJ}",
+    ),
+    _en(
+        "en_moved_away",
+        "moved_away_from",
+        rf"(?:i\s+{_ADV}(?:don't|do\s+not|dont|no\s+longer)\s+live\s+in|{_IM}\s+{_ADV}(?:not|no\s+longer)\s+living\s+in|"
+        rf"i\s+{_ADV}moved\s+(?:out\s+of|away\s+from))\s+{_OBJ}",
+    ),
+    _en(
+        "en_broke_up",
+        "broke_up_with",
+        rf"(?:i\s+{_ADV}(?:broke\s+up|split\s+up|separated)\s+with|{_IM}\s+{_ADV}(?:not|no\s+longer)\s+"
+        rf"(?:dating|seeing|married\s+to|with)|i\s+{_ADV}(?:divorced|dumped))\s+{_OBJ}",
     ),
     _en(
         "en_works_at",
@@ -228,6 +254,17 @@ def _zh(name: str, relation: str, body: str, *, inferred: bool = False) -> Rule:
 
 ZH_RULES = [
     _zh(
+        "zh_left_job",
+        "no_longer_works_at",
+        rf"我{_ZADV}(?:已经)?(?:从(?P<obj>.+?)离职了?$|不(?:再)?在(?P<obj2>.+?)(?:工作|上班)了$)",
+    ),
+    _zh(
+        "zh_moved_away",
+        "moved_away_from",
+        rf"我{_ZADV}(?:已经)?(?:不(?:再)?住在(?P<obj>.+?)了$|搬离了?(?P<obj2>.+?)了?$)",
+    ),
+    _zh("zh_broke_up", "broke_up_with", rf"我{_ZADV}(?:和|跟)(?P<obj>.+?)分手了?$"),
+    _zh(
         "zh_not_like",
         "dislikes",
         rf"我{_ZADV}(?:(?:已经|现在)?(?:不再|没那么|没有那么|再也不|不是很|不太|不怎么|不)(?:喜欢|爱)|讨厌|厌恶|受不了|"
@@ -285,6 +322,12 @@ OWN_RULES = [
         rf"my\s+(?:new\s+|current\s+)?(?:job|profession|occupation)\s+is\s+(?:an?\s+)?{_OBJ}",
     ),
     _en("en_my_age", "age", r"my\s+age\s+is\s+(?P<obj>\d{1,3})$"),
+    # "Sam and I broke up": the speaker, though the clause opens with a name.
+    _en(
+        "en_we_broke_up",
+        "broke_up_with",
+        r"(?P<obj>\S+(?:\s\S+)?)\s+and\s+i\s+(?:just\s+|finally\s+)?(?:broke|split)\s+up\b(?!\s+(?:the|a|an)\b).*$",
+    ),
     _zh(
         "zh_partner",
         "partner",
@@ -316,6 +359,20 @@ _CLAUSES = re.compile(
 _APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "＇": "'"})
 
 
+def _clauses(sentence: str) -> list[str]:
+    """The sentence cut at :data:`_CLAUSES`; at "and I…" only after a clause of three words or more
+    ("I work at the Ministry and I'm dating Jordan"), not in a subject ("Sam and I broke up")."""
+    clauses, start = [], 0
+    for match in _CLAUSES.finditer(sentence):
+        before = sentence[start : match.start()]
+        if match.group().strip().lower() == "and" and len(before.split()) < 3:
+            continue
+        clauses.append(before)
+        start = match.end()
+    clauses.append(sentence[start:])
+    return clauses
+
+
 def asks(sentence: str) -> bool:
     """Whether the sentence is a question (it then states no fact)."""
     stripped = sentence.strip()
@@ -332,7 +389,7 @@ def extract(text: str) -> list[Fact]:
     seen: set[tuple[str, str]] = set()
     # What the author quotes or relays ("Alice told me: I moved to Berlin") is someone else's life.
     for sentence in sentences(without_relayed(text.translate(_APOSTROPHES))):
-        clauses = _CLAUSES.split(sentence)
+        clauses = _clauses(sentence)
         if asks(clauses[0]):
             continue  # "Do you think I like rock, or not?": the whole sentence asks
         for clause in clauses:
@@ -349,8 +406,13 @@ def extract(text: str) -> list[Fact]:
     return facts
 
 
+# A clause's closing punctuation and emoji: rules that end at the clause's end ("I'm 30", "I'm in
+# Osaka now", 我在阿里巴巴工作) read nothing of "I'm 30." or 我在阿里巴巴工作。 otherwise.
+_CLOSING = re.compile(r"[\s.!?~…。！？:;)(\-\u2600-\u27bf\U0001f000-\U0001faff\ufe0f]+$")
+
+
 def _clause_fact(clause: str) -> Fact | None:
-    body, hedged = _strip_lead(clause.strip())
+    body, hedged = _strip_lead(_CLOSING.sub("", clause.strip()))
     if not body:
         return None
     chinese = has_cjk(body[:2]) or body.startswith("我")
@@ -406,6 +468,8 @@ _EN_NOT_A_STATE = frozenset(
 _EN_NOT_A_PLACE = {
     "located_at": _EN_NOT_A_STATE,
     "left": _EN_NOT_A_STATE,
+    "moved_away_from": _EN_NOT_A_STATE,
+    "no_longer_works_at": _EN_NOT_A_STATE | frozenset("home night nights weekends weekend".split()),
     "lives_in": _EN_NOT_A_STATE | frozenset("team couch bed floor sofa chair desk computer room".split()),
     "works_at": _EN_NOT_A_STATE | frozenset("home night nights weekends weekend desk computer".split()),
 }
@@ -427,10 +491,24 @@ def _place(obj: str, raw: str, said: str, relation: str) -> bool:
 _EN_MANNER = re.compile(r"^to\s+(?:think|say|believe|imagine|hope|know|see|admit|be\s+honest)\b", re.I)
 
 
+# A move told as the past of a life ("I moved to Berlin 10 years ago", "… when I was 8", "back in
+# 2010"): a one-value relation written as of the message replaced where someone lives now.
+_EN_LONG_AGO = re.compile(
+    r"\b(?:(?:[2-9]|\d{2,}|two|three|four|five|six|seven|eight|nine|ten|many|several|a\s+few|some)\s+"
+    r"(?:years|decades)\s+ago|when\s+i\s+was|as\s+a\s+(?:kid|child|teen(?:ager)?|baby|student)|back\s+(?:in|then|when)|"
+    r"in\s+(?:19|20)\d\d|growing\s+up|at\s+the\s+time|years\s+back)\b",
+    re.IGNORECASE,
+)
+_ZH_LONG_AGO = re.compile(r"(?:\d+|[两三四五六七八九十几多])年前|小时候|那时候|当时|以前|(?:19|20)\d\d年")
+_ONE_VALUE = ("lives_in", "works_at", "job", "partner", "located_at")
+
+
 def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "") -> bool:
+    if relation in _ONE_VALUE and (_ZH_LONG_AGO if chinese else _EN_LONG_AGO).search(said + " " + raw):
+        return False
     if relation in PLACES and not chinese:
         return _place(obj, raw, said, relation)
-    if relation == "partner":
+    if relation in ("partner", "broke_up_with"):
         named = _NAMED.search(said) is not None  # "my girlfriend's name is…", 我女朋友叫…
         if chinese:
             return len(obj) <= 4 and (named or _ZH_NOT_A_NAME.search(obj) is None)

@@ -52,6 +52,12 @@ OPPOSITES = {
     "dropped_plan": "plans",
     "located_at": "left",
     "left": "located_at",
+    "works_at": "no_longer_works_at",
+    "no_longer_works_at": "works_at",
+    "lives_in": "moved_away_from",
+    "moved_away_from": "lives_in",
+    "partner": "broke_up_with",
+    "broke_up_with": "partner",
 }
 FUNCTIONAL = frozenset({"located_at", "lives_in", "works_at", "job", "partner", "age"})
 

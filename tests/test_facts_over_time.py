@@ -1,0 +1,86 @@
+"""What a bot is told about someone stays true as their life changes: an update said with a full
+stop is read ("I'm in Osaka now.", "I just turned 31!", 我在阿里巴巴工作。), leaving a job, a home or
+a partner retires the fact that held ("I quit my job at Google", "Sam and I broke up", 我不住在北京了),
+and a move told as the past of a life ("I moved to Berlin 10 years ago") does not replace where
+someone lives now. Before, each of these left the old value as the current one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from _helpers import msg
+from narrmem_plugins.graph.extract import extract
+
+from narrmem.clock import ManualClock
+from narrmem.testing import open_memory
+
+T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "facts"),
+    [
+        ("I'm in Osaka now.", [("located_at", "Osaka")]),
+        ("I'm not in Tokyo anymore.", [("left", "Tokyo")]),
+        ("I just turned 31!", [("age", "31")]),
+        ("My age is 31.", [("age", "31")]),
+        ("I'm 30 :-)", [("age", "30")]),
+        ("我在阿里巴巴工作。", [("works_at", "阿里巴巴")]),
+        ("我今年31岁了！", [("age", "31")]),
+        ("我是一名医生。", [("job", "医生")]),
+        ("I live in Porto 😊", [("lives_in", "Porto")]),
+        ("I quit my job at Google last week", [("no_longer_works_at", "Google")]),
+        ("I don't work at Google anymore.", [("no_longer_works_at", "Google")]),
+        ("I got laid off from Meta", [("no_longer_works_at", "Meta")]),
+        ("I left Google", [("no_longer_works_at", "Google")]),
+        ("Sam and I broke up last week.", [("broke_up_with", "Sam")]),
+        ("I'm not dating Sam anymore.", [("broke_up_with", "Sam")]),
+        ("I don't live in Lisbon anymore.", [("moved_away_from", "Lisbon")]),
+        ("我从腾讯离职了", [("no_longer_works_at", "腾讯")]),
+        ("我和小红分手了", [("broke_up_with", "小红")]),
+        ("我不住在北京了", [("moved_away_from", "北京")]),
+        # Not a job, a partner or a home left, and not now.
+        ("I left my keys at home", []),
+        ("I quit smoking", []),
+        ("the kids and I broke up the fight", []),
+        ("Funny, I moved to Berlin 10 years ago for a girl", []),
+        ("I moved to Berlin with my parents when I was 8", []),
+        ("I worked at Google back in 2015", []),
+        ("我十年前搬到了北京", []),
+        ("I moved to Porto a few months ago", [("lives_in", "Porto")]),
+    ],
+)
+def test_what_changes_a_life_is_read(text: str, facts: list[tuple[str, str]]) -> None:
+    assert [(f.relation, f.object) for f in extract(text)] == facts
+
+
+@pytest.mark.slow
+async def test_the_facts_a_bot_is_told_follow_the_changes(tmp_path: Path) -> None:
+    said = [
+        (0, "I live in Porto and I work at Google."),
+        (1, "I'm currently in Tokyo for a conference"),
+        (2, "My girlfriend is Sam."),
+        (3, "I'm 30."),
+        (90, "I quit my job at Google last week"),
+        (91, "I'm in Osaka now."),
+        (92, "Sam and I broke up."),
+        (200, "Funny, I moved to Berlin 10 years ago for a girl"),
+        (380, "I just turned 31!"),
+    ]
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", real_model=True, clock=clock) as mem:
+        for n, (day, text) in enumerate(said):
+            clock.set(T0 + timedelta(days=day))
+            await mem.ingest(msg(f"m{n}", text, user="erin", chat="dm", ts=clock.now().isoformat()))
+        facts = (await mem.call_tool("memory_facts", {"user_id": "erin"}))["facts"]
+        active = {(f["relation"], f["object"]) for f in facts if f["status"] == "active"}
+        assert {("lives_in", "Porto"), ("located_at", "Osaka"), ("age", "31")} <= active
+        assert (
+            not {("works_at", "Google"), ("partner", "Sam"), ("lives_in", "Berlin"), ("age", "30")} & active
+        )
+        block = (await mem.turn_context("hi", user_id="erin", chat_id="dm", private=True))["rendered"]
+        lines = block.splitlines()
+        assert "- user works_at Google" not in lines and "- user partner Sam" not in lines
+        assert "- user lives_in Porto" in lines and "- user no_longer_works_at Google" in lines
