@@ -480,8 +480,8 @@ _EN_CAPITALISED = re.compile(r"[A-Z]")
 def _place(obj: str, raw: str, said: str, relation: str) -> bool:
     if _EN_SOME.match(raw.strip()) or any(w.lower() in _EN_NOT_A_PLACE[relation] for w in obj.split()):
         return False
-    if relation == "lives_in" and any(ch.isdigit() for ch in obj):
-        return False
+    if relation == "lives_in" and any(word.isdigit() for word in obj.split()):
+        return False  # "I moved to Python 3"
     # A writer who capitalises ("I moved to…") names a city with a capital: "I moved to the new
     # office" is no move of home. All in lower case, a name cannot be told from a word.
     return relation != "lives_in" or not _EN_CAPITALISED.search(said) or obj[:1].isupper()
