@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from narrmem import hookimpl
 from narrmem.configured import Configured
 from narrmem.errors import PluginError
-from narrmem.models import Candidate, RecallRequest, Scope
+from narrmem.models import Candidate, MemoryRecord, RecallRequest, Scope
 from narrmem.view import MemoryView
 
 NAME = "recall_facts"
@@ -42,7 +42,24 @@ RELATION_WORDS: dict[str, re.Pattern[str]] = {
     "lives_in": re.compile(
         r"\b(?:live|lives|living|lived|reside|resides|home|hometown|moved?)\b|住|搬", re.I
     ),
-    "located_at": re.compile(r"\bwhere\b.*\b(?:now|currently|these days|at the moment)\b|现在在哪", re.I),
+    "located_at": re.compile(
+        r"\bwhere\b(?!.*\b(?:work|works|working|live|lives|living)\b)"
+        r".*\b(?:now|currently|these days|at the moment)\b|现在在哪",
+        re.I,
+    ),
+    # "Where does she work now?" is a workplace, not where she is; "working on" a project.
+    "works_at": re.compile(
+        r"\b(?:works?|working)\b(?!\s+on\b)|\b(?:company|employer|employed|workplace)\b"
+        r"|在哪(?:工作|上班)|公司",
+        re.I,
+    ),
+    "job": re.compile(r"\b(?:job|profession|occupation|for a living|work as)\b|职业|做什么工作", re.I),
+    "partner": re.compile(
+        r"\b(?:dating|partner|boyfriend|girlfriend|husband|wife|spouse|married|fianc[ée]e?|relationship)\b"
+        r"|男朋友|女朋友|对象|老公|老婆",
+        re.I,
+    ),
+    "age": re.compile(r"\bhow old\b|\bage\b|多大|几岁", re.I),
     "likes": re.compile(r"\b(?:like|likes|love|loves|enjoys?|favou?rite|prefers?|fan of)\b|喜欢|爱", re.I),
     "works_on": re.compile(r"\b(?:projects?|working on|works on|work on)\b|项目|在做", re.I),
     "plans": re.compile(r"\b(?:plans?|planning|going to)\b|打算|计划", re.I),
@@ -53,6 +70,13 @@ class FactsOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     candidates: int = Field(default=5, ge=1, le=100, description="memories proposed per question")
     facts: int = Field(default=50, ge=1, le=10_000, description="active facts read per user and question")
+    superseded_factor: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="score factor, for a question about the present, of a memory that stated a value "
+        "since replaced (the job before, the city before) and no value that holds",
+    )
 
 
 # Words of the present state, the progressive included ("what is she working on?", 在做/正在).
@@ -95,20 +119,47 @@ class RecallFacts(Configured[FactsOptions], name=NAME, options=FactsOptions):
             Candidate(memory_id=mid, source=SOURCE, rank=rank, score=1.0) for rank, mid in enumerate(ranked)
         ]
 
+    @hookimpl
+    async def narrmem_weigh(
+        self, memory: MemoryView, request: RecallRequest, records: dict[int, MemoryRecord]
+    ) -> dict[int, float]:
+        """For a question about the present of a one-value relation ("where does she work now?"):
+        the memories that said a value since replaced are lowered. Proposing the current one was
+        not enough: "I work at Google as an engineer…" matched the question's words and ranked
+        above "I started a new job at Meta" a year later."""
+        relations = [r for r in relations_asked(request.query) if r in FUNCTIONAL]
+        if not relations or self.options.superseded_factor >= 1 or not records:
+            return {}
+        try:
+            graph = memory.host.plugin(GraphPlugin).backend()
+        except PluginError:
+            return {}
+        async with graph.read() as db:
+            active = await _facts(db, request.scope, relations, self.options.facts, status="active")
+            replaced = await _facts(db, request.scope, relations, self.options.facts, status="superseded")
+        holding = {mid for ids in (await _memories_of(memory, request.scope, active)).values() for mid in ids}
+        stale = {mid for ids in (await _memories_of(memory, request.scope, replaced)).values() for mid in ids}
+        return {mid: self.options.superseded_factor for mid in records if mid in stale - holding}
+
 
 async def _active_facts(db: GraphSQL, scope: Scope, relations: list[str], limit: int) -> list[Edge]:
     """The active facts of these relations in the scope, newest statement first."""
+    return await _facts(db, scope, relations, limit, status="active")
+
+
+async def _facts(db: GraphSQL, scope: Scope, relations: list[str], limit: int, *, status: str) -> list[Edge]:
+    """The facts of these relations in the scope with this status, newest statement first."""
     if scope.user_id is not None:
         users = [scope.user_id]
     else:
         rows = await db.fetchall(
-            "SELECT DISTINCT user_id FROM graph_edges WHERE tenant = ? AND chat_id = ? AND status = 'active'",
-            (scope.tenant, scope.chat_id),
+            "SELECT DISTINCT user_id FROM graph_edges WHERE tenant = ? AND chat_id = ? AND status = ?",
+            (scope.tenant, scope.chat_id, status),
         )
         users = [str(row[0]) for row in rows]
     found: list[Edge] = []
     for user in users:
-        query = EdgeQuery().where("e.status = 'active'").names_in("e.relation", relations)
+        query = EdgeQuery().where("e.status = ?", status).names_in("e.relation", relations)
         found.extend(
             await select_edges(db, GraphScope(scope.tenant, user, scope.chat_id), query, limit=limit)
         )

@@ -84,3 +84,28 @@ async def test_the_facts_a_bot_is_told_follow_the_changes(tmp_path: Path) -> Non
         lines = block.splitlines()
         assert "- user works_at Google" not in lines and "- user partner Sam" not in lines
         assert "- user lives_in Porto" in lines and "- user no_longer_works_at Google" in lines
+
+
+@pytest.mark.slow
+async def test_a_question_about_now_puts_the_value_that_holds_before_the_one_replaced(tmp_path: Path) -> None:
+    """ "Who is Kim dating now?" a year on: the earlier partner's message matched the question's
+    word ("dating") and came first; the job the same ("work")."""
+    said = [
+        (0, "I work at Google as an engineer, I work at the Google campus in Zurich."),
+        (1, "I'm dating Alex, we met at a climbing gym."),
+        (200, "I started a new job at Meta, first week done!"),
+        (210, "My boyfriend is Jordan, we moved in together."),
+    ]
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", real_model=True, clock=clock) as mem:
+        for n, (day, text) in enumerate(said):
+            clock.set(T0 + timedelta(days=day))
+            await mem.ingest(msg(f"k{n}", text, user="kim", chat="dm", ts=clock.now().isoformat()))
+        clock.set(T0 + timedelta(days=360))
+        dating = await mem.recall("Who is Kim dating now?", user_id="kim", k=3, reinforce=False)
+        assert dating[0].text.startswith("My boyfriend is Jordan")
+        work = await mem.recall("Where does Kim work now?", user_id="kim", k=3, reinforce=False)
+        texts = [hit.text for hit in work]
+        assert texts.index("I started a new job at Meta, first week done!") < next(
+            i for i, t in enumerate([*texts, "I work at Google"]) if t.startswith("I work at Google")
+        )

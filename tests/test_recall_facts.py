@@ -23,7 +23,12 @@ CHAT = [
 
 
 def test_only_present_state_questions_ask_for_facts() -> None:
-    assert relations_asked("Where does Alice live now?") == ["lives_in", "located_at"]
+    # Where someone lives, not where they are this minute (a trip's "located_at" came first).
+    assert relations_asked("Where does Alice live now?") == ["lives_in"]
+    assert relations_asked("Where is Alice now?") == ["located_at"]
+    assert relations_asked("Where does Kim work now?") == ["works_at"]
+    assert relations_asked("Who is Kim dating now?") == ["partner"]
+    assert relations_asked("How old is Ann?") == ["age"]
     assert relations_asked("Where does Alice live?") == ["lives_in"]  # one place at a time: always now
     assert relations_asked("What is Bob working on?") == ["works_on"]
     assert relations_asked("伟在做什么项目？") == ["works_on"]
