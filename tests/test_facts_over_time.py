@@ -81,9 +81,12 @@ async def test_the_facts_a_bot_is_told_follow_the_changes(tmp_path: Path) -> Non
             not {("works_at", "Google"), ("partner", "Sam"), ("lives_in", "Berlin"), ("age", "30")} & active
         )
         block = (await mem.turn_context("hi", user_id="erin", chat_id="dm", private=True))["rendered"]
-        lines = block.splitlines()
+        lines = [line.split(" (said ")[0] for line in block.splitlines()]
         assert "- user works_at Google" not in lines and "- user partner Sam" not in lines
         assert "- user lives_in Porto" in lines and "- user no_longer_works_at Google" in lines
+        # Where she was a year ago is not where she is; each fact says when it was said.
+        assert "- user located_at Osaka" not in lines
+        assert "- user age 31 (said 2027-01-20)" in block.splitlines()
 
 
 @pytest.mark.slow
@@ -109,3 +112,51 @@ async def test_a_question_about_now_puts_the_value_that_holds_before_the_one_rep
         assert texts.index("I started a new job at Meta, first week done!") < next(
             i for i, t in enumerate([*texts, "I work at Google"]) if t.startswith("I work at Google")
         )
+
+
+@pytest.mark.slow
+async def test_a_new_home_job_and_partner_are_not_crowded_out_by_likes(tmp_path: Path) -> None:
+    """Twenty-two likes said twice each, then a move, a job and a partner: the block held twenty
+    likes and none of the three (ranked by how often a fact was said before how recent)."""
+    likes = [
+        "techno",
+        "sushi",
+        "chess",
+        "hiking",
+        "jazz",
+        "ramen",
+        "tennis",
+        "poetry",
+        "cycling",
+        "tea",
+        "yoga",
+    ]
+    likes += [
+        "opera",
+        "pottery",
+        "surfing",
+        "sailing",
+        "anime",
+        "baking",
+        "karaoke",
+        "salsa",
+        "golf",
+        "rugby",
+        "ska",
+    ]
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", real_model=True, clock=clock) as mem:
+        n = 0
+        for _ in range(2):
+            for thing in likes:
+                n += 1
+                await mem.ingest(
+                    msg(f"l{n}", f"I love {thing}", user="ivy", chat="dm", ts=clock.now().isoformat())
+                )
+        clock.set(T0 + timedelta(days=300))
+        for text in ("I moved to Porto", "I work at Meta now", "My boyfriend is Jordan"):
+            n += 1
+            await mem.ingest(msg(f"l{n}", text, user="ivy", chat="dm", ts=clock.now().isoformat()))
+        block = (await mem.turn_context("hey", user_id="ivy", chat_id="dm", private=True))["rendered"]
+        for fact in ("lives_in Porto", "works_at Meta", "partner Jordan"):
+            assert f"- user {fact} (said " in block, block

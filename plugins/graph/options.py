@@ -15,6 +15,12 @@ class GraphOptions(BaseModel):
     )
     seed_limit: int = Field(default=8, ge=0, le=200, description="most nodes seeded by meaning per recall")
     context_facts: int = Field(default=20, ge=0, le=500, description="user facts in a turn context")
+    located_days: float = Field(
+        default=3.0,
+        ge=0,
+        le=3650,
+        description="days a 'located_at' fact ('I'm at the airport right now') stays in a turn context",
+    )
     context_memories: int = Field(
         default=5, ge=0, le=50, description="recalled memories in a turn context (0: none)"
     )

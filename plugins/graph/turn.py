@@ -25,13 +25,15 @@ from narrmem_plugins.graph.render import merged, persona_text, task_line, triple
 from narrmem_plugins.graph.schemas import triplet_out
 from narrmem_plugins.graph.scope import GraphScope
 from narrmem_plugins.graph.tasks import TaskView, newest_tasks
-from narrmem_plugins.graph.vocabulary import STRUCTURAL, USER
+from narrmem_plugins.graph.vocabulary import FUNCTIONAL, STRUCTURAL, USER
 
 from narrmem.models import MAX_QUERY_CHARS, Hit, Scope
 from narrmem.text import keyword_terms
 from narrmem.view import MemoryView
 
 NO_PERSONA = "No persona is set: answer as your default identity."
+# Where someone is, or has just left: true for a day or two, not for the rest of the year.
+PASSING = frozenset({"located_at", "left"})
 
 
 def _facts_query(include_speculative: bool) -> EdgeQuery:
@@ -42,18 +44,34 @@ def _facts_query(include_speculative: bool) -> EdgeQuery:
     return q
 
 
-async def user_facts(db: GraphSQL, scope: GraphScope, text: str, options: GraphOptions) -> list[Edge]:
-    """The user's facts in ``scope`` (a chat, or every chat of theirs), those sharing words with
-    ``text`` first, then the most confirmed, then the newest."""
+async def user_facts(
+    db: GraphSQL, scope: GraphScope, text: str, options: GraphOptions, now: float | None = None
+) -> list[Edge]:
+    """The user's facts in ``scope`` (a chat, or every chat of theirs): where they live, work, who
+    their partner is (one value each) first, then those sharing words with ``text``, then the
+    newest, then the most confirmed. Where someone *is* ("I'm at the airport right now") holds for
+    ``options.located_days`` after it was last said (``now``: the clock's, as a timestamp).
+
+    Before 2026-12-08 twenty likes said twice each pushed a new city, job and partner out of the
+    block, and "at the airport" was the user's place a year later."""
     if options.context_facts == 0:
         return []
     q = _facts_query(options.context_speculative).where("nocase(s.name) = nocase(?)", USER)
     edges = merged(await select_edges(db, scope, q, limit=5000))
+    if now is not None:
+        horizon = now - options.located_days * 86_400
+        edges = [e for e in edges if e.relation not in PASSING or e.last_seen_ts >= horizon]
     words = set(keyword_terms(text))
 
-    def rank(edge: Edge) -> tuple[int, int, int, float]:
+    def rank(edge: Edge) -> tuple[bool, int, int, float, int]:
         overlap = len(words & set(keyword_terms(edge.object)))
-        return (-overlap, int(edge.speculative), -edge.count, -edge.last_seen_ts)
+        return (
+            edge.relation not in FUNCTIONAL,
+            -overlap,
+            int(edge.speculative),
+            -edge.last_seen_ts,
+            -edge.count,
+        )
 
     return sorted(edges, key=rank)[: options.context_facts]
 
@@ -94,7 +112,7 @@ async def build(
             in_progress = await newest_tasks(db, scope, state="in_progress", limit=options.chain_limit)
             tasks = list(reversed(in_progress))
         task_facts = await info_facts(db, scope, tasks, options)
-        facts = await user_facts(db, said, text, options)
+        facts = await user_facts(db, said, text, options, memory.clock.now().timestamp())
     query = text.strip()[:MAX_QUERY_CHARS]
     hits: list[Hit] = []
     recap = asks_for_recap(text)
@@ -155,7 +173,9 @@ def render(
     else:
         sections.append("[Working memory]\nNo task in progress.")
     if facts:
-        sections.append("[About the user]\n" + "\n".join(f"- {triplet_line(e)}" for e in facts))
+        # Dated as the memories are: "age 30" said two years ago, a plan for a May gone by.
+        lines = [f"- {triplet_line(e)} (said {e.last_seen[:10]})" for e in facts]
+        sections.append("[About the user]\n" + "\n".join(lines))
     if hits:
         lines = []
         for hit in hits:
