@@ -50,6 +50,10 @@ T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
         ("I worked at Google back in 2015", []),
         ("我十年前搬到了北京", []),
         ("I moved to Porto a few months ago", [("lives_in", "Porto")]),
+        # The place, not what follows it ("Google as an engineer" and "Google" were two employers).
+        ("I work at Google as an engineer", [("works_at", "Google")]),
+        ("I'm in Tokyo right now for a conference", [("located_at", "Tokyo")]),
+        ("I live in Lisbon until June", [("lives_in", "Lisbon")]),
     ],
 )
 def test_what_changes_a_life_is_read(text: str, facts: list[tuple[str, str]]) -> None:

@@ -185,7 +185,8 @@ EN_RULES = [
     _en(
         "en_at_now",
         "located_at",
-        rf"{_IM}\s+(?:at|in)\s+(?P<obj>.+?)\s+(?:right\s+now|now|at\s+the\s+moment|currently)$",
+        rf"{_IM}\s+(?:at|in)\s+(?P<obj>.+?)\s+(?:right\s+now|now|at\s+the\s+moment|currently)"
+        r"(?:\s+(?:for|with|on)\b.*)?$",
     ),
     _en(
         "en_live",
@@ -220,7 +221,10 @@ _EN_CUT = re.compile(
     r"and\s+then|while|as\s+well\s+as|like\s+i\s+said)\b.*$",
     re.IGNORECASE,
 )
-_EN_CUT_PLACE = re.compile(r"\s+(?:for|with|waiting|doing|to|on\s+(?:a|my|the)\s+\w+)\b.*$", re.IGNORECASE)
+# "Google as an engineer", "Lisbon until June", "Porto alone": the place, not what follows it.
+_EN_CUT_PLACE = re.compile(
+    r"\s+(?:for|with|waiting|doing|to|as|until|till|since|alone|on\s+(?:a|my|the)\s+\w+)\b.*$", re.IGNORECASE
+)
 _EN_TAIL = re.compile(
     r"(?:\s+(?:anymore|any\s+more|now|right\s+now|these\s+days|nowadays|lately|recently|currently|"
     r"at\s+the\s+moment|today|tonight|a\s+lot|so\s+much|very\s+much|too|as\s+well|either|haha|lol|still|"
