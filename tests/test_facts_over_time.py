@@ -164,3 +164,34 @@ async def test_a_new_home_job_and_partner_are_not_crowded_out_by_likes(tmp_path:
         block = (await mem.turn_context("hey", user_id="ivy", chat_id="dm", private=True))["rendered"]
         for fact in ("lives_in Porto", "works_at Meta", "partner Jordan"):
             assert f"- user {fact} (said " in block, block
+
+
+@pytest.mark.slow
+async def test_a_summary_dates_what_it_tells_and_ends_with_the_latest(tmp_path: Path) -> None:
+    """Nine months after a move, the most abstract summary told the old life alone, undated, as
+    the present: "I live in Lisbon… I work at Banco Azul"."""
+    old = [
+        "I live in Lisbon, in a small flat in Alfama.",
+        "Lisbon trams are my daily commute to the bank.",
+        "I work at Banco Azul as an analyst in Lisbon.",
+        "Weekend in Lisbon: custard tarts and fado again.",
+        "My girlfriend Sam and I walked along the Lisbon riverside.",
+        "Sam and I adopted a cat in our Lisbon flat.",
+        "Another long day at Banco Azul, spreadsheets forever.",
+        "Lisbon is so hilly, my legs hurt from the walk home.",
+        "Sam cooked bacalhau tonight in our Lisbon kitchen.",
+        "The bank promoted me to senior analyst at Banco Azul.",
+        "Lisbon summer heat is brutal in the flat.",
+        "Sam and I are planning our anniversary dinner in Lisbon.",
+    ]
+    new = ["Sam and I broke up, I moved to Porto alone last week.", "Porto feels like home already."]
+    clock = ManualClock(T0)
+    async with open_memory(tmp_path / "m", real_model=True, clock=clock) as mem:
+        for n, text in enumerate(old + new):
+            await mem.ingest(msg(f"s{n}", text, user="mia", chat="dm", ts=clock.now().isoformat()))
+            clock.advance(days=20)
+        top = await mem.summary(user_id="mia", depth=1)
+        assert top["retelling"].startswith("[2026-01 – 2026-09] ")
+        assert top["retelling"].endswith('"Porto feels like home already."')
+        assert top["retelling"].count("Porto feels like home") == 1
+        assert "Latest: [2026-09-22] " in top["retelling"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from narrmem_plugins.rtm.build import build_tree
 from narrmem_plugins.rtm.options import RTMOptions
-from narrmem_plugins.rtm.segment import detect_language
+from narrmem_plugins.rtm.segment import detect_language, joiner
 from narrmem_plugins.rtm.summarize import Summarizer
 from narrmem_plugins.rtm.theory import suggest_parameters
 from narrmem_plugins.rtm.traverse import (
@@ -25,7 +25,6 @@ from narrmem_plugins.rtm.traverse import (
     depth_for_budget,
     recall_sequence,
     recall_units,
-    retelling,
 )
 from narrmem_plugins.rtm.tree import Tree
 from pydantic import ValidationError
@@ -90,10 +89,15 @@ class UserSummaries:
         if cached is None:
             return _empty(tenant, user_id)
         tree = cached.tree
-        chosen = _choose_depth(tree, depth, token_budget, options)
-        text = retelling(tree, chosen)
-        units = recall_units(tree.shape, chosen).tolist()
         records = cached.records
+        chosen = _choose_depth(tree, depth, token_budget, options)
+        text = _dated_retelling(tree, chosen, records)
+        budget = options.user_token_budget if token_budget is None and depth is None else token_budget
+        # The dates cost a few tokens a unit: a shallower telling when they take it past the budget.
+        while budget is not None and chosen > 1 and estimate_tokens(text) > budget:
+            chosen -= 1
+            text = _dated_retelling(tree, chosen, records)
+        units = recall_units(tree.shape, chosen).tolist()
         return {
             "tenant": tenant,
             "user_id": user_id,
@@ -175,6 +179,31 @@ def _distinct(records: list[MemoryRecord]) -> list[MemoryRecord]:
         for r in records
         if r.kind == "scene" or not r.message_ids or not any(set(r.message_ids) <= s for s in told)
     ]
+
+
+def _dated_retelling(tree: Tree, depth: int, records: list[MemoryRecord]) -> str:
+    """The retelling at ``depth``, each unit with the days of the memories it tells ("[2026-01-05]",
+    "[2026-01 – 2026-06]"), and the newest memory after it when the last unit's summary does not
+    tell it ("Latest: [2026-09-12] …"): undated and without it, a life told in the present ("I
+    live in Lisbon… I work at Banco Azul") read as the present months after a move and a new job."""
+    parts = []
+    units = recall_units(tree.shape, depth).tolist()
+    for i in units:
+        first = records[int(tree.shape.start[i])].created_at
+        last = records[int(tree.shape.end[i]) - 1].created_at
+        if first.date() == last.date():
+            when = f"{first:%Y-%m-%d}"
+        elif (first.year, first.month) == (last.year, last.month):
+            when = f"{first:%Y-%m}"
+        else:
+            when = f"{first:%Y-%m} – {last:%Y-%m}"
+        parts.append(f"[{when}] {tree.summaries[i]}")
+    newest = len(records) - 1
+    final = units[-1] if units else None
+    if final is not None and tree.clauses[newest].casefold() not in tree.summaries[final].casefold():
+        latest = "最近：" if tree.language == "zh" else "Latest: "
+        parts.append(f"{latest}[{records[newest].created_at:%Y-%m-%d}] {tree.clauses[newest]}")
+    return str(joiner(tree.language).join(parts))
 
 
 def _choose_depth(tree: Tree, depth: int | None, token_budget: int | None, options: RTMOptions) -> int:
