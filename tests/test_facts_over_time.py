@@ -54,6 +54,7 @@ T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
         ("I work at Google as an engineer", [("works_at", "Google")]),
         ("I'm in Tokyo right now for a conference", [("located_at", "Tokyo")]),
         ("I live in Lisbon until June", [("lives_in", "Lisbon")]),
+        ("I started a new job at a Porto startup as a designer.", [("works_at", "Porto startup")]),
     ],
 )
 def test_what_changes_a_life_is_read(text: str, facts: list[tuple[str, str]]) -> None:

@@ -482,7 +482,11 @@ _EN_CAPITALISED = re.compile(r"[A-Z]")
 
 
 def _place(obj: str, raw: str, said: str, relation: str) -> bool:
-    if _EN_SOME.match(raw.strip()) or any(w.lower() in _EN_NOT_A_PLACE[relation] for w in obj.split()):
+    if any(w.lower() in _EN_NOT_A_PLACE[relation] for w in obj.split()):
+        return False
+    # "a new team", "my parents' place": no city; but a workplace may be told so ("I started a new
+    # job at a Porto startup" is where they work now).
+    if relation != "works_at" and _EN_SOME.match(raw.strip()):
         return False
     if relation == "lives_in" and any(word.isdigit() for word in obj.split()):
         return False  # "I moved to Python 3"
