@@ -49,7 +49,8 @@ RELATION_WORDS: dict[str, re.Pattern[str]] = {
     ),
     # "Where does she work now?" is a workplace, not where she is; "working on" a project.
     "works_at": re.compile(
-        r"\b(?:works?|working)\b(?!\s+on\b)|\b(?:company|employer|employed|workplace)\b"
+        r"\bwhere\b.*\b(?:works?|working)\b(?!\s+on\b)|\bwork(?:s|ing)?\s+(?:at|for)\b"
+        r"|\b(?:company|employer|employed|workplace)\b"
         r"|在哪(?:工作|上班)|公司",
         re.I,
     ),
@@ -70,6 +71,9 @@ class FactsOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     candidates: int = Field(default=5, ge=1, le=100, description="memories proposed per question")
     facts: int = Field(default=50, ge=1, le=10_000, description="active facts read per user and question")
+    located_days: float = Field(
+        default=3.0, ge=0, le=3650, description="days a 'located_at' fact answers where someone is now"
+    )
     superseded_factor: float = Field(
         default=0.5,
         ge=0.0,
@@ -83,6 +87,13 @@ class FactsOptions(BaseModel):
 NOW = re.compile(
     r"\b(?:now|currently|current|these days|at the moment|still|anymore|any more|latest|working on)\b"
     r"|现在|目前|最近|正在|在做",
+    re.I,
+)
+
+
+PAST = re.compile(
+    r"\b(?:before|previous|previously|used to|former|formerly|ex|did|was|were|ago|last year|back then)\b"
+    r"|以前|之前|原来|过去",
     re.I,
 )
 
@@ -107,6 +118,9 @@ class RecallFacts(Configured[FactsOptions], name=NAME, options=FactsOptions):
             return []
         async with graph.read() as db:
             edges = await _active_facts(db, request.scope, relations, self.options.facts)
+        # Where someone is holds for a day or two: "at the hospital" is not where they are a year on.
+        horizon = memory.clock.now().timestamp() - self.options.located_days * 86_400
+        edges = [e for e in edges if e.relation != "located_at" or e.last_seen_ts >= horizon]
         ids = await _memories_of(memory, request.scope, edges)
         now = [mid for edge in edges if edge.relation in FUNCTIONAL for mid in ids.get(edge.id, [])]
         rest = [mid for edge in edges if edge.relation not in FUNCTIONAL for mid in ids.get(edge.id, [])]
@@ -127,6 +141,10 @@ class RecallFacts(Configured[FactsOptions], name=NAME, options=FactsOptions):
         the memories that said a value since replaced are lowered. Proposing the current one was
         not enough: "I work at Google as an engineer…" matched the question's words and ranked
         above "I started a new job at Meta" a year later."""
+        # Only a question that says "now" (currently, these days…), and none about the past: "Where
+        # did I work before Meta?" is answered by the job replaced.
+        if not NOW.search(request.query) or PAST.search(request.query):
+            return {}
         relations = [r for r in relations_asked(request.query) if r in FUNCTIONAL]
         if not relations or self.options.superseded_factor >= 1 or not records:
             return {}

@@ -51,6 +51,13 @@ def _facts(text: str) -> list[tuple[str, str]]:
         "my boyfriend is cheating on me",
         "my girlfriend is so sweet",
         "my wife is pregnant",
+        # In lower case no name but one said to be, or whom one dates (everyday "seeing"s).
+        "I'm seeing friends tonight.",
+        "i'm seeing things",
+        "I'm dating apps again",
+        "my wife is abroad",
+        "my girlfriend is sam",
+        "I'm dating myself lol",
         "my job is killing me",
         "my job is so boring",
         "我老公是医生",
@@ -92,7 +99,7 @@ def test_nothing_of_the_authors_is_read_from_others_words_or_from_what_a_partner
         # Partners by name; two facts joined by "and".
         ("my girlfriend is Sam", [("partner", "Sam")]),
         ("my girlfriend's name is sam", [("partner", "sam")]),
-        ("my girlfriend is sam", [("partner", "sam")]),  # chat is typed in lower case
+        ("i'm dating sam", [("partner", "sam")]),  # chat is typed in lower case
         ("My wife is Élodie", [("partner", "Élodie")]),
         ("I'm married to Łukasz", [("partner", "Łukasz")]),
         ("我老公叫张德生", [("partner", "张德生")]),

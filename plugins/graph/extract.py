@@ -122,7 +122,7 @@ EN_RULES = [
     _en(
         "en_left_job",
         "no_longer_works_at",
-        rf"(?:i\s+{_ADV}(?:quit|left)\s+(?:my\s+(?:job|position|role)\s+(?:at|with)\s+|(?-i:(?=[A-Z])))|"
+        rf"(?:i\s+{_ADV}(?:quit|left)\s+my\s+(?:job|position|role)\s+(?:at|with)\s+|"
         rf"i\s+{_ADV}(?:don't|do\s+not|dont|no\s+longer)\s+work\s+(?:at|for)\s+|{_IM}\s+{_ADV}(?:not|no\s+longer)\s+"
         rf"working\s+(?:at|for)\s+|i\s+{_ADV}got\s+(?:fired|laid\s+off)\s+(?:from|by)\s+){_OBJ}",
     ),
@@ -136,7 +136,7 @@ EN_RULES = [
         "en_broke_up",
         "broke_up_with",
         rf"(?:i\s+{_ADV}(?:broke\s+up|split\s+up|separated)\s+with|{_IM}\s+{_ADV}(?:not|no\s+longer)\s+"
-        rf"(?:dating|seeing|married\s+to|with)|i\s+{_ADV}(?:divorced|dumped))\s+{_OBJ}",
+        rf"(?:dating|seeing|married\s+to)|i\s+{_ADV}(?:divorced|dumped))\s+{_OBJ}",
     ),
     _en(
         "en_works_at",
@@ -223,7 +223,8 @@ _EN_CUT = re.compile(
 )
 # "Google as an engineer", "Lisbon until June", "Porto alone": the place, not what follows it.
 _EN_CUT_PLACE = re.compile(
-    r"\s+(?:for|with|waiting|doing|to|as|until|till|since|alone|on\s+(?:a|my|the)\s+\w+)\b.*$", re.IGNORECASE
+    r"\s*\(.*$|\s+(?:for|with|waiting|doing|to|as|until|till|since|alone|after|and|on\s+(?:a|my|the)\s+\w+)\b.*$",
+    re.IGNORECASE,
 )
 _EN_TAIL = re.compile(
     r"(?:\s+(?:anymore|any\s+more|now|right\s+now|these\s+days|nowadays|lately|recently|currently|"
@@ -363,13 +364,16 @@ _CLAUSES = re.compile(
 _APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "＇": "'"})
 
 
+_BROKE_UP_NEXT = re.compile(r"i\s+(?:just\s+|finally\s+)?(?:broke|split)\s+up\b", re.IGNORECASE)
+
+
 def _clauses(sentence: str) -> list[str]:
-    """The sentence cut at :data:`_CLAUSES`; at "and I…" only after a clause of three words or more
-    ("I work at the Ministry and I'm dating Jordan"), not in a subject ("Sam and I broke up")."""
+    """The sentence cut at :data:`_CLAUSES`, at "and I…" too ("I'm 30 and I live in Paris"), but
+    for "Sam and I broke up", where the name is whom the speaker left."""
     clauses, start = [], 0
     for match in _CLAUSES.finditer(sentence):
         before = sentence[start : match.start()]
-        if match.group().strip().lower() == "and" and len(before.split()) < 3:
+        if match.group().strip().lower() == "and" and _BROKE_UP_NEXT.match(sentence, match.end()):
             continue
         clauses.append(before)
         start = match.end()
@@ -412,7 +416,7 @@ def extract(text: str) -> list[Fact]:
 
 # A clause's closing punctuation and emoji: rules that end at the clause's end ("I'm 30", "I'm in
 # Osaka now", 我在阿里巴巴工作) read nothing of "I'm 30." or 我在阿里巴巴工作。 otherwise.
-_CLOSING = re.compile(r"[\s.!?~…。！？:;)(\-\u2600-\u27bf\U0001f000-\U0001faff\ufe0f]+$")
+_CLOSING = re.compile(r"[\s.!?~…。！？:;\-\u2600-\u27bf\U0001f000-\U0001faff\ufe0f]+$")
 
 
 def _clause_fact(clause: str) -> Fact | None:
@@ -433,7 +437,9 @@ def _clause_fact(clause: str) -> Fact | None:
             return None
         prefix = body[: match.start("obj") if match.group("obj") else match.start("obj2")]
         inside = (_ZH_HEDGE_INSIDE if chinese else _EN_HEDGE_INSIDE).search(prefix) is not None
-        speculative = rule.inferred or hedged or inside
+        speculative = (
+            rule.inferred or hedged or inside or _long_ago(rule.relation, body[: match.end()], raw, chinese)
+        )
         confidence = INFERRED if rule.inferred else HEDGED if speculative else EXPLICIT
         return Fact(rule.relation, obj, speculative, confidence, rule.name)
     return None
@@ -450,9 +456,13 @@ _EN_NOT_A_NAME = frozenset(
     "back mad angry upset sad happy fine ok okay cute beautiful pretty smart funny crazy annoying late out "
     "gone asleep best lovely perfect sweet nice kind jealous depressed gorgeous weird boring older younger "
     "taller shorter cool wonderful mine so very really too such not also still always never just the a an "
-    "hot cold hungry sleepy drunk ready right wrong single married lucky done".split()
+    "hot cold hungry sleepy drunk ready right wrong single married lucky done he she they him her them it "
+    "myself yourself himself herself themselves again any abroad overseas downstairs upstairs vegan".split()
 )
 _NAMED = re.compile(r"(?:name\s+is|叫)\s*\S*$", re.IGNORECASE)
+_PAIRED = re.compile(
+    r"\b(?:dating|married\s+to|engaged\s+to|broke\s+up\s+with|divorced)\s+\S*$", re.IGNORECASE
+)
 _ZH_NOT_A_NAME = re.compile(r"[师员生家手工的人]$|^(?:一个|个|在|很|挺|太|有)")
 # "my job is killing me / so boring / fine": how the job feels, not what it is.
 _EN_NOT_A_JOB = frozenset(
@@ -473,7 +483,8 @@ _EN_NOT_A_PLACE = {
     "located_at": _EN_NOT_A_STATE,
     "left": _EN_NOT_A_STATE,
     "moved_away_from": _EN_NOT_A_STATE,
-    "no_longer_works_at": _EN_NOT_A_STATE | frozenset("home night nights weekends weekend".split()),
+    "no_longer_works_at": _EN_NOT_A_STATE
+    | frozenset("home night nights weekends weekend free money".split()),
     "lives_in": _EN_NOT_A_STATE | frozenset("team couch bed floor sofa chair desk computer room".split()),
     "works_at": _EN_NOT_A_STATE | frozenset("home night nights weekends weekend desk computer".split()),
 }
@@ -511,9 +522,16 @@ _ZH_LONG_AGO = re.compile(r"(?:\d+|[两三四五六七八九十几多])年前|�
 _ONE_VALUE = ("lives_in", "works_at", "job", "partner", "located_at")
 
 
+def _long_ago(relation: str, said: str, raw: str, chinese: bool) -> bool:
+    """A one-value fact told as the past of a life: written as a guess, which never replaces what
+    the user said ("I moved to Berlin 10 years ago" is where they lived, or still live)."""
+    return (
+        relation in _ONE_VALUE
+        and (_ZH_LONG_AGO if chinese else _EN_LONG_AGO).search(said + " " + raw) is not None
+    )
+
+
 def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "") -> bool:
-    if relation in _ONE_VALUE and (_ZH_LONG_AGO if chinese else _EN_LONG_AGO).search(said + " " + raw):
-        return False
     if relation in PLACES and not chinese:
         return _place(obj, raw, said, relation)
     if relation in ("partner", "broke_up_with"):
@@ -525,11 +543,16 @@ def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "") -> b
         words = obj.split()
         if not 1 <= len(words) <= 3 or any(not w.replace("-", "").replace("'", "").isalpha() for w in words):
             return False  # "45", "moving to Berlin next month"
+        if words[0].lower() in _EN_NOT_A_NAME:
+            return False  # "He and I broke up", "I'm dating myself lol"
         if words[0][0].isupper():
             return all(w[0].isupper() or w in _NAME_PARTICLES for w in words)
+        # In lower case only a name said to be one, or whom one dates or married: "my wife is
+        # abroad", "I'm seeing friends tonight", "I'm dating apps again" name no one.
         return named or (
-            len(words) <= 2
-            and not any(w.lower() in _EN_NOT_A_NAME or w.endswith(("ing", "ed", "ly")) for w in words)
+            _PAIRED.search(said) is not None
+            and len(words) == 1
+            and not words[0].endswith(("s", "ing", "ed", "ly"))
         )
     if relation == "job" and not chinese:
         return not any(word.lower() in _EN_NOT_A_JOB for word in obj.split()[:2])
@@ -557,6 +580,8 @@ def _strip_lead(clause: str) -> tuple[str, bool]:
 
 
 def _clean_en(raw: str, relation: str) -> str | None:
+    if len(raw.split()) > 4 * MAX_WORDS:
+        return None  # far past what an object may be; the loops below are not for thousands of words
     obj = raw.strip().rstrip(".!?~… ")
     obj = _EN_CUT.sub("", obj)
     if relation in PLACES:
