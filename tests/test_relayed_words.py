@@ -36,6 +36,7 @@ def _facts(text: str) -> list[tuple[str, str]]:
         "my sister said, I hate cats",
         "Bob wrote - I moved to Lisbon",
         "@bob: hey\n@alice: I live in Berlin",
+        "Mom: I moved to Berlin!\nMe: wow that's great",  # someone's line, and the author's reply
         "<@123456789>: hi\n<@987654321>: I work at Google",
         "Alice (quoting Bob): I love sushi",
         "> I live in Paris\nlol no",
@@ -91,6 +92,7 @@ def test_nothing_of_the_authors_is_read_from_others_words_or_from_what_a_partner
         ("@team: I moved to Porto", [("lives_in", "Porto")]),  # addressed, not quoted
         ("Update: I moved to Porto\nEdit: I work at Google", [("lives_in", "Porto"), ("works_at", "Google")]),
         ("Me: I moved to Porto\nBoss: ok", [("lives_in", "Porto")]),
+        ("Monday: I moved to Porto\nTuesday: I work at Meta", [("lives_in", "Porto"), ("works_at", "Meta")]),
         # The author's own speech, whatever comes between them and the verb.
         ("I finally told him: I moved to Berlin", [("lives_in", "Berlin")]),
         ("I stood up and said: I live in Porto now", [("lives_in", "Porto")]),

@@ -27,11 +27,13 @@ _LABEL = re.compile(
     rf"[{_CAPITAL}][\w'.-]{{0,30}}(?:[ ][{_CAPITAL}][\w'.-]{{0,30}})?)"
     r"[ \t]*(?:\([^)\n]{0,40}\))?[ \t]*:[ \t]+\S"
 )
-# Labels a writer gives their own lines.
-_OWN_LABELS = frozenset(
-    "me i myself update edit note ps p.s pps fyi btw tldr pros cons todo reminder question answer summary "
-    "context goal goals status result results plan step warning spoiler news today yesterday tomorrow "
-    "morning evening day week breakfast lunch dinner mood".split()
+# Labels a writer gives their own lines: themselves, or headings (a diary's days too).
+_ME = frozenset("me i myself".split())
+_HEADINGS = frozenset(
+    "update edit note ps p.s pps fyi btw tldr pros cons todo reminder question answer summary context goal "
+    "goals status result results plan step warning spoiler news today yesterday tomorrow morning evening "
+    "day week breakfast lunch dinner mood monday tuesday wednesday thursday friday saturday sunday january "
+    "february march april may june july august september october november december option".split()
 )
 
 _NOT_A_SPEAKER = r"(?!(?:I|And|Then|So|But|Or|Finally|Honestly|Also|Just|Literally|Actually|Even|Always|Once|It|This|That|There|We|What|Which|Who|Me|Still|Later)\b)"  # noqa: E501
@@ -64,24 +66,28 @@ def without_relayed(text: str) -> str:
     pasted chat log, and each relayed first-person sentence from where it is introduced ("Alice
     told me: …") to its end, or to the end of its quotation."""
     lines = text.split("\n")
-    labels = [_others_label(line) for line in lines]
-    logged = sum(1 for label in labels if label) >= 2 and len({label for label in labels if label}) >= 2
+    labels = [_label(line) for line in lines]
+    others = {label for label in labels if label and label not in _ME}
+    # A log: two labelled lines or more, someone else's among them ("Mom: I moved to Berlin!" /
+    # "Me: wow"); only the others' lines go.
+    logged = bool(others) and sum(1 for label in labels if label) >= 2 and len(set(labels) - {None}) >= 2
     kept: list[str] = []
     for line, label in zip(lines, labels, strict=True):
         if _QUOTED_REST.match(line):
             break
-        if _QUOTED_LINE.match(line) or (logged and label):
+        if _QUOTED_LINE.match(line) or (logged and label in others):
             continue
         kept.append(_without_relayed_speech(line))
     return "\n".join(kept)
 
 
-def _others_label(line: str) -> str | None:
+def _label(line: str) -> str | None:
+    """Whose line this is, by its label: a name, a mention, "me"; a heading is none."""
     match = _LABEL.match(line)
     if match is None:
         return None
     who = match.group("who").lower()
-    return None if who in _OWN_LABELS else who
+    return None if who in _HEADINGS or who.split()[0] in _HEADINGS else who
 
 
 def _without_relayed_speech(line: str) -> str:
