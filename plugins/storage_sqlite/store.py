@@ -37,6 +37,7 @@ from narrmem_plugins.storage_sqlite.vector_index import (
 )
 
 from narrmem import jsonio, logs
+from narrmem.checks import SQLITE_MAX_INT
 from narrmem.clock import Clock, SystemClock
 from narrmem.errors import ClosedError, InputError, StoreError
 from narrmem.models import ContextLine, ForgetJob, ImportanceChange, MemoryRecord, Scope
@@ -370,10 +371,14 @@ class SQLiteStore(ForgetJournal):
         if int(version) != SCHEMA_VERSION:
             raise StoreError(schema_mismatch(str(self.db_path), int(version), SCHEMA_VERSION))
         await self._check_model(dim, model)
-        self._seen = await self._watermark()
+        consistency = await self._consistency()
+        # What the index holds from here on: the files loaded are checked against this mark, and
+        # a rebuild reads no row past it (a row committed meanwhile is the first catch-up's).
+        self._seen = consistency.watermark
         self._index = VectorIndex(self.index_path, dim, self.index_options)
-        if not await self._index.load(await self._consistency()):
-            await self._rebuild_index(save=False)
+        if not await self._index.load(consistency):
+            last_id = None if self._seen is None else self._seen["last_id"]
+            await self._rebuild_index(save=False, up_to=last_id)
         self._built_at = time.monotonic()
 
     async def _catch_up(self) -> None:
@@ -402,14 +407,15 @@ class SQLiteStore(ForgetJournal):
             others = now["changes"] - seen["changes"] - added
             self._seen = {"changes": seen["changes"] + added, "last_id": now["last_id"]}
             if others and time.monotonic() - self._built_at >= REBUILD_READ_ONLY_S:
+                # Built aside and swapped in whole: a search meanwhile uses the index it had.
                 fresh = VectorIndex(self.index_path, self.dim, self.index_options)
-                previous, self._index = self._index, fresh
-                try:
-                    await self._rebuild_index(save=False)
-                except BaseException:
-                    self._index = previous
-                    raise
-                self._seen, self._built_at = now, time.monotonic()
+                mark = await self._watermark()
+                if mark is None:
+                    return
+                await self._rebuild_index(save=False, into=fresh, up_to=mark["last_id"])
+                # The old one is dropped, not closed: a search under way may still be reading it
+                # (its threads end once it is collected).
+                self._index, self._seen, self._built_at = fresh, mark, time.monotonic()
 
     async def _connect(self, target: str | Path, *, uri: bool = False) -> aiosqlite.Connection:
         try:
@@ -516,14 +522,19 @@ class SQLiteStore(ForgetJournal):
                 "and an import into a store of another refuses them)"
             )
 
-    async def _rebuild_index(self, *, save: bool = True) -> None:
-        index = self.index
+    async def _rebuild_index(
+        self, *, save: bool = True, into: VectorIndex | None = None, up_to: int | None = None
+    ) -> None:
+        """Every row's vector into the index (``into``, else the store's), those of ids up to
+        ``up_to`` if given (what a watermark read before counts: later rows are added after it)."""
+        index = self.index if into is None else into
         last = 0
+        bound = SQLITE_MAX_INT if up_to is None else up_to
         while True:
             rows = await self._fetchall(
                 "SELECT id, vector, tenant, user_id, chat_id FROM memories "
-                "WHERE vector IS NOT NULL AND id > ? ORDER BY id LIMIT 10000",
-                (last,),
+                "WHERE vector IS NOT NULL AND id > ? AND id <= ? ORDER BY id LIMIT 10000",
+                (last, bound),
             )
             if not rows:
                 break
