@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -516,9 +517,10 @@ class SceneDraft(_Strict):
 def speaker_labels(hits: Sequence[Hit]) -> list[str | None]:
     """How each hit names its speaker in a prompt: by person (``user_id``), not by name. Each person
     goes by the name of their newest hit, with the one a hit was said under when it differs
-    ("Robert (then Bob)"); people who share a name are each told by the end of their id, which no
-    one chooses ("Alice (id …1111)", "Alice (id …9999)"). A display name is anyone's to take:
-    printed as given, an impersonator's words read as Alice's, and a renamed person as two."""
+    ("Robert (then Bob)"); people who share a name are each told by a tag made from their id, which
+    no one chooses and which shows nothing of it (an id may be an e-mail address or a phone number):
+    "Alice (#3f2a)", "Alice (#9c01)". A display name is anyone's to take: printed as given, an
+    impersonator's words read as Alice's, and a renamed person as two."""
     newest: dict[str, Hit] = {}
     for hit in hits:
         person = hit.user_id or hit.speaker
@@ -534,7 +536,7 @@ def speaker_labels(hits: Sequence[Hit]) -> list[str | None]:
             labels.append(hit.speaker)
             continue
         name = str(newest[person].speaker)
-        label = name if len(sharing[name]) == 1 else f"{name} (id …{_id_end(person, sharing[name])})"
+        label = name if len(sharing[name]) == 1 else f"{name} (#{_tag(person, sharing[name])})"
         labels.append(label if hit.speaker == name else f"{label} (then {hit.speaker})")
     return labels
 
@@ -543,13 +545,15 @@ def _when(hit: Hit) -> tuple[datetime, int]:
     return hit.created_at, hit.id or 0
 
 
-def _id_end(person: str, people: set[str]) -> str:
-    """The shortest end of ``person`` (four characters at least) that no other of ``people`` has."""
-    for length in range(4, len(person)):
-        end = person[-length:]
-        if not any(other != person and other.endswith(end) for other in people):
-            return end
-    return person
+def _tag(person: str, people: set[str]) -> str:
+    """The shortest start (four characters at least) of ``person``'s id digest that no other of
+    ``people`` shares."""
+    digests = {who: hashlib.sha256(who.encode()).hexdigest() for who in people}
+    mine = digests[person]
+    for length in range(4, len(mine)):
+        if not any(who != person and digest.startswith(mine[:length]) for who, digest in digests.items()):
+            return mine[:length]
+    return mine
 
 
 class IngestResult(_Sent):
