@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import msg
@@ -82,6 +83,13 @@ def test_a_one_value_fact_told_as_the_past_is_a_guess(text: str, fact: tuple[str
     assert (found.relation, found.object) == fact and found.speculative
 
 
+async def _tell(mem: Any, clock: ManualClock, user: str, said: list[tuple[int, str]]) -> None:
+    """Each message on its day (days after T0), in a direct chat."""
+    for n, (day, text) in enumerate(said):
+        clock.set(T0 + timedelta(days=day))
+        await mem.ingest(msg(f"{user}{n}", text, user=user, chat="dm", ts=clock.now().isoformat()))
+
+
 @pytest.mark.slow
 async def test_the_facts_a_bot_is_told_follow_the_changes(tmp_path: Path) -> None:
     said = [
@@ -97,9 +105,7 @@ async def test_the_facts_a_bot_is_told_follow_the_changes(tmp_path: Path) -> Non
     ]
     clock = ManualClock(T0)
     async with open_memory(tmp_path / "m", real_model=True, clock=clock) as mem:
-        for n, (day, text) in enumerate(said):
-            clock.set(T0 + timedelta(days=day))
-            await mem.ingest(msg(f"m{n}", text, user="erin", chat="dm", ts=clock.now().isoformat()))
+        await _tell(mem, clock, "erin", said)
         facts = (await mem.call_tool("memory_facts", {"user_id": "erin"}))["facts"]
         said = {
             (f["relation"], f["object"]) for f in facts if f["status"] == "active" and not f["speculative"]
@@ -132,9 +138,7 @@ async def test_a_question_about_now_puts_the_value_that_holds_before_the_one_rep
     ]
     clock = ManualClock(T0)
     async with open_memory(tmp_path / "m", real_model=True, clock=clock) as mem:
-        for n, (day, text) in enumerate(said):
-            clock.set(T0 + timedelta(days=day))
-            await mem.ingest(msg(f"k{n}", text, user="kim", chat="dm", ts=clock.now().isoformat()))
+        await _tell(mem, clock, "kim", said)
         clock.set(T0 + timedelta(days=360))
         dating = await mem.recall("Who is Kim dating now?", user_id="kim", k=3, reinforce=False)
         assert dating[0].text.startswith("My boyfriend is Jordan")
