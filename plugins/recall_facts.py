@@ -91,8 +91,11 @@ NOW = re.compile(
 )
 
 
+# A question about what held before, read from its own verb ("Where did Kim work before Meta?"),
+# not from any "was" in it ("Where does she work now that she was promoted?").
 PAST = re.compile(
-    r"\b(?:before|previous|previously|used to|former|formerly|ex|did|was|were|ago|last year|back then)\b"
+    r"\b(?:before|previous|previously|used to|former|formerly|back then)\b|\b(?:where|when|who)\s+did\b"
+    r"|\bdid\s+\w+\s+(?:work|live|date|move)\b|\b(?:was|were)\s+\w+\s+(?:working|living|dating)\b"
     r"|以前|之前|原来|过去",
     re.I,
 )

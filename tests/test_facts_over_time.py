@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from _helpers import msg
+from narrmem_plugins.graph import value_history
 from narrmem_plugins.graph.extract import extract
 
 from narrmem.clock import ManualClock
@@ -42,7 +43,14 @@ T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
         ("我从腾讯离职了", [("no_longer_works_at", "腾讯")]),
         ("我和小红分手了", [("broke_up_with", "小红")]),
         ("我不住在北京了", [("moved_away_from", "北京")]),
-        # Not a job, a partner or a home left, and not now.
+        # Not a job, a partner or a home left, and not now; not workplaces.
+        ("I work for a living", []),
+        ("I'm working for a promotion", []),
+        ("He and I work at the same company", []),
+        ("I work at Procter and Gamble", [("works_at", "Procter and Gamble")]),
+        ("i'm dating sam now", [("partner", "sam")]),
+        ("sam and i broke up", [("broke_up_with", "sam")]),
+        ("I'm not dating mark anymore", [("broke_up_with", "mark")]),
         ("I left my keys at home", []),
         ("I left Tom a message.", []),
         ("I left Paris last week.", []),
@@ -69,18 +77,25 @@ def test_what_changes_a_life_is_read(text: str, facts: list[tuple[str, str]]) ->
 
 
 @pytest.mark.parametrize(
-    ("text", "fact"),
+    ("text", "fact", "years"),
     [
-        ("Funny, I moved to Berlin 10 years ago for a girl", ("lives_in", "Berlin")),
-        ("I moved to Berlin with my parents when I was 8", ("lives_in", "Berlin")),
-        ("I started a new job at Meta two years ago.", ("works_at", "Meta")),
+        ("Funny, I moved to Berlin 10 years ago for a girl", ("lives_in", "Berlin"), 10),
+        ("I moved to the US two decades ago", ("lives_in", "US"), 20),
+        ("I moved to Berlin with my parents when I was 8", ("lives_in", "Berlin"), 10),
+        ("I got a job at Google back in 2015", ("works_at", "Google"), 10),
+        ("I started a new job at Meta two years ago.", ("works_at", "Meta"), 2),
+        ("I live in Paris - moved here as a student", ("lives_in", "Paris"), 0),
+        ("I started a new job at Meta in 2025", ("works_at", "Meta"), 0),
     ],
 )
-def test_a_one_value_fact_told_as_the_past_is_a_guess(text: str, fact: tuple[str, str]) -> None:
-    """A guess never replaces what the user said: the move of ten years ago is where they lived,
-    or still live, and does not take the place of the city they named since."""
+def test_a_one_value_fact_told_as_the_past_is_dated_then(
+    text: str, fact: tuple[str, str], years: float
+) -> None:
+    """Written as of when it held, it replaces nothing said since (the writer keeps a value said
+    before a later one as history): the move of ten years ago is where they lived, or still live
+    when nothing else was said. As a guess it named "Google back in 2015" and replaced guesses."""
     [found] = extract(text)
-    assert (found.relation, found.object) == fact and found.speculative
+    assert (found.relation, found.object, found.years_ago) == (*fact, years) and not found.speculative
 
 
 async def _tell(mem: Any, clock: ManualClock, user: str, said: list[tuple[int, str]]) -> None:
@@ -112,11 +127,9 @@ async def test_the_facts_a_bot_is_told_follow_the_changes(tmp_path: Path) -> Non
         }
         assert {("lives_in", "Porto"), ("located_at", "Osaka"), ("age", "31")} <= said
         assert not {("works_at", "Google"), ("partner", "Sam"), ("lives_in", "Berlin"), ("age", "30")} & said
-        # The move of ten years ago is kept as a guess beside the home she named.
-        guesses = {
-            (f["relation"], f["object"]) for f in facts if f["status"] == "active" and f["speculative"]
-        }
-        assert guesses == {("lives_in", "Berlin")}
+        # The move of ten years ago is history from the start: dated then, before Porto was said.
+        homes = await value_history(mem, user_id="erin", relation="lives_in")
+        assert [(h.object, h.current) for h in homes] == [("Porto", True), ("Berlin", False)]
         block = (await mem.turn_context("hi", user_id="erin", chat_id="dm", private=True))["rendered"]
         lines = [line.split(" (said ")[0] for line in block.splitlines()]
         assert "- user works_at Google" not in lines and "- user partner Sam" not in lines

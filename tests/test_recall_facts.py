@@ -22,6 +22,14 @@ CHAT = [
 ]
 
 
+def test_a_question_about_what_held_before_is_read_from_its_verb() -> None:
+    from narrmem_plugins.recall_facts import PAST
+
+    assert PAST.search("Where did Kim work before Meta?") and PAST.search("Who was I dating before Jordan?")
+    assert not PAST.search("Where does she work now that she was promoted?")
+    assert not PAST.search("Where does Kim live now? I was wondering")
+
+
 def test_only_present_state_questions_ask_for_facts() -> None:
     # Where someone lives, not where they are this minute (a trip's "located_at" came first).
     assert relations_asked("Where does Alice live now?") == ["lives_in"]

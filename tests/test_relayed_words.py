@@ -37,6 +37,7 @@ def _facts(text: str) -> list[tuple[str, str]]:
         "Bob wrote - I moved to Lisbon",
         "@bob: hey\n@alice: I live in Berlin",
         "Mom: I moved to Berlin!\nMe: wow that's great",  # someone's line, and the author's reply
+        "May: I moved to Berlin!\nBob: nice",  # beside a name, a month's name is someone's
         "<@123456789>: hi\n<@987654321>: I work at Google",
         "Alice (quoting Bob): I love sushi",
         "> I live in Paris\nlol no",

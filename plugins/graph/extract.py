@@ -61,6 +61,10 @@ class Fact:
     confidence: float
     rule: str
     subject: str = USER
+    # A one-value fact told as the past of a life ("I moved to Berlin 10 years ago"): about how
+    # many years before the message it was so. Written as said then, it replaces nothing said
+    # since (the writer stores it as history when a later value holds).
+    years_ago: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -218,12 +222,15 @@ _EN_HEDGE = re.compile(
 _EN_HEDGE_INSIDE = re.compile(r"\b(?:probably|might|may|kinda|kind\s+of|sort\s+of)\b", re.IGNORECASE)
 _EN_CUT = re.compile(
     r"\s+(?:because|cause|since|but|although|though|which|who|when|whenever|if|unless|so\s+that|so|"
-    r"and\s+then|while|as\s+well\s+as|like\s+i\s+said)\b.*$",
+    r"and\s+then|while|as\s+well\s+as|like\s+i\s+said|back\s+(?:in|then|when)|at\s+the\s+time|"
+    r"growing\s+up|in\s+(?:19|20)\d\d|-\s)\b.*$",
     re.IGNORECASE,
 )
 # "Google as an engineer", "Lisbon until June", "Porto alone": the place, not what follows it.
 _EN_CUT_PLACE = re.compile(
-    r"\s*\(.*$|\s+(?:for|with|waiting|doing|to|as|until|till|since|alone|after|and|on\s+(?:a|my|the)\s+\w+)\b.*$",
+    r"\s*\(.*$|\s+(?:for|with|waiting|doing|to|as|until|till|since|alone|after|on\s+(?:a|my|the)\s+\w+)\b.*$"
+    # "and moved to Leeds", "and I love it"; not "Procter and Gamble", "Trinidad and Tobago"
+    r"|\s+and\s+(?-i:(?=[a-z]|I\b)).*$",
     re.IGNORECASE,
 )
 _EN_TAIL = re.compile(
@@ -231,7 +238,7 @@ _EN_TAIL = re.compile(
     r"at\s+the\s+moment|today|tonight|a\s+lot|so\s+much|very\s+much|too|as\s+well|either|haha|lol|still|"
     r"again|really|next\s+(?:week|month|year|weekend)|this\s+(?:week|month|year|weekend)|tomorrow|soon|"
     r"someday|one\s+day|later|last\s+(?:week|month|year|weekend|night|summer|spring|fall|autumn|winter)|"
-    r"(?:a|an|one|two|three|a\s+few|\d+)\s+(?:days?|weeks?|months?|years?)\s+ago))+$",
+    r"(?:a|an|one|two|three|a\s+few|\d+)\s+(?:days?|weeks?|months?|years?|decades?)\s+ago))+$",
     re.IGNORECASE,
 )
 _EN_LEAD = re.compile(r"^(?:the|a|an|my|our|some)\s+", re.IGNORECASE)
@@ -356,11 +363,12 @@ _ZH_QUESTION = re.compile(
 )
 
 _CLAUSES = re.compile(
-    r"[,;，；:：]\s*|\s+(?:but|because|and\s+then|although|though|while)\s+|但是|可是|因为|不过|而且|"
+    r"[,;，；:：]\s*|\s[-–—]\s|\s+(?:but|because|and\s+then|although|though|while)\s+|但是|可是|因为|不过|而且|"
     # "I work at the Ministry and I'm dating Jordan": two facts, not a ministry that dates.
     r"\s+and\s+(?=(?:i|i'm|im|i've|ive|my)\b)",
     re.IGNORECASE,
 )
+_SPACE_RUNS = re.compile(r"[ \t\u00a0\u3000]{2,}")
 _APOSTROPHES = str.maketrans({"’": "'", "‘": "'", "＇": "'"})
 
 
@@ -396,7 +404,9 @@ def extract(text: str) -> list[Fact]:
     facts: list[Fact] = []
     seen: set[tuple[str, str]] = set()
     # What the author quotes or relays ("Alice told me: I moved to Berlin") is someone else's life.
-    for sentence in sentences(without_relayed(text.translate(_APOSTROPHES))):
+    # Runs of spaces are one: the rules' patterns take time with the square of such a run.
+    text = _SPACE_RUNS.sub(" ", text.translate(_APOSTROPHES))
+    for sentence in sentences(without_relayed(text)):
         clauses = _clauses(sentence)
         if asks(clauses[0]):
             continue  # "Do you think I like rock, or not?": the whole sentence asks
@@ -433,15 +443,14 @@ def _clause_fact(clause: str) -> Fact | None:
             continue
         raw = match.group("obj") or (match.groupdict().get("obj2") or "")
         obj = _clean_zh(raw, rule.relation) if chinese else _clean_en(raw, rule.relation)
-        if obj is None or not _fits(rule.relation, obj, body[: match.end()], chinese, raw):
-            return None
         prefix = body[: match.start("obj") if match.group("obj") else match.start("obj2")]
+        if obj is None or not _fits(rule.relation, obj, prefix, chinese, raw, rule.name):
+            return None
         inside = (_ZH_HEDGE_INSIDE if chinese else _EN_HEDGE_INSIDE).search(prefix) is not None
-        speculative = (
-            rule.inferred or hedged or inside or _long_ago(rule.relation, body[: match.end()], raw, chinese)
-        )
+        speculative = rule.inferred or hedged or inside
         confidence = INFERRED if rule.inferred else HEDGED if speculative else EXPLICIT
-        return Fact(rule.relation, obj, speculative, confidence, rule.name)
+        ago = _years_ago(rule.relation, body, chinese)
+        return Fact(rule.relation, obj, speculative, confidence, rule.name, years_ago=ago)
     return None
 
 
@@ -459,9 +468,13 @@ _EN_NOT_A_NAME = frozenset(
     "hot cold hungry sleepy drunk ready right wrong single married lucky done he she they him her them it "
     "myself yourself himself herself themselves again any abroad overseas downstairs upstairs vegan".split()
 )
-_NAMED = re.compile(r"(?:name\s+is|叫)\s*\S*$", re.IGNORECASE)
+_NAMED = re.compile(r"(?:name\s+is|叫)\s*$", re.IGNORECASE)
+# Many, not someone: "I'm dating apps again", "I broke up with friends".
+_EN_PLURALS = frozenset(
+    "friends apps guys girls people things clients results stars kids folks others men women".split()
+)
 _PAIRED = re.compile(
-    r"\b(?:dating|married\s+to|engaged\s+to|broke\s+up\s+with|divorced)\s+\S*$", re.IGNORECASE
+    r"\b(?:dating|married\s+to|engaged\s+to|(?:broke|split)\s+up\s+with|divorced)\s*$", re.IGNORECASE
 )
 _ZH_NOT_A_NAME = re.compile(r"[师员生家手工的人]$|^(?:一个|个|在|很|挺|太|有)")
 # "my job is killing me / so boring / fine": how the job feels, not what it is.
@@ -486,10 +499,19 @@ _EN_NOT_A_PLACE = {
     "no_longer_works_at": _EN_NOT_A_STATE
     | frozenset("home night nights weekends weekend free money".split()),
     "lives_in": _EN_NOT_A_STATE | frozenset("team couch bed floor sofa chair desk computer room".split()),
-    "works_at": _EN_NOT_A_STATE | frozenset("home night nights weekends weekend desk computer".split()),
+    "works_at": _EN_NOT_A_STATE
+    | frozenset(
+        "home night nights weekends weekend desk computer living pace loss reason change promotion age hour "
+        "hours while bit cause".split()
+    ),
 }
 _EN_SOME = re.compile(r"^(?:a|an|my|our|your|his|her|their|another|some)\s", re.IGNORECASE)
 _EN_CAPITALISED = re.compile(r"[A-Z]")
+
+
+_NEW_JOB = re.compile(
+    r"\b(?:got|started|took|found|landed)\s+(?:a|my)\s+(?:new\s+)?job\s+(?:at|with)\s*$", re.I
+)
 
 
 def _place(obj: str, raw: str, said: str, relation: str) -> bool:
@@ -497,8 +519,10 @@ def _place(obj: str, raw: str, said: str, relation: str) -> bool:
         return False
     # "a new team", "my parents' place": no city; but a workplace may be told so ("I started a new
     # job at a Porto startup" is where they work now).
-    if relation != "works_at" and _EN_SOME.match(raw.strip()):
+    if _EN_SOME.match(raw.strip()) and not (relation == "works_at" and _NEW_JOB.search(said)):
         return False
+    if obj.split()[0].lower() in ("same", "different", "other", "another"):
+        return False  # "He and I work at the same company"
     if relation == "lives_in" and any(word.isdigit() for word in obj.split()):
         return False  # "I moved to Python 3"
     # A writer who capitalises ("I moved to…") names a city with a capital: "I moved to the new
@@ -512,30 +536,55 @@ _EN_MANNER = re.compile(r"^to\s+(?:think|say|believe|imagine|hope|know|see|admit
 
 # A move told as the past of a life ("I moved to Berlin 10 years ago", "… when I was 8", "back in
 # 2010"): a one-value relation written as of the message replaced where someone lives now.
-_EN_LONG_AGO = re.compile(
-    r"\b(?:(?:[2-9]|\d{2,}|two|three|four|five|six|seven|eight|nine|ten|many|several|a\s+few|some)\s+"
-    r"(?:years|decades)\s+ago|when\s+i\s+was|as\s+a\s+(?:kid|child|teen(?:ager)?|baby|student)|back\s+(?:in|then|when)|"
-    r"in\s+(?:19|20)\d\d|growing\s+up|at\s+the\s+time|years\s+back)\b",
+_EN_YEARS_AGO = re.compile(
+    r"\b(?P<n>[2-9]|\d{2,}|two|three|four|five|six|seven|eight|nine|ten|many|several|a\s+few|some)\s+"
+    r"(?P<unit>years|decades)\s+ago\b",
     re.IGNORECASE,
 )
-_ZH_LONG_AGO = re.compile(r"(?:\d+|[两三四五六七八九十几多])年前|小时候|那时候|当时|以前|(?:19|20)\d\d年")
+_EN_LONG_AGO = re.compile(
+    r"\b(?:when\s+i\s+was|as\s+a\s+(?:kid|child|teen(?:ager)?|baby|student)|back\s+(?:in|then|when)|"
+    r"growing\s+up|at\s+the\s+time|years\s+back)\b",
+    re.IGNORECASE,
+)
+_ZH_YEARS_AGO = re.compile(r"(?P<n>\d+|[两三四五六七八九十几多])年前")
+_ZH_LONG_AGO = re.compile(r"小时候|那时候|当时|以前")
+_NUMBERS = {
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+}
+_NUMBERS |= {"两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9, "十": 10}
+LONG_AGO_YEARS = (
+    10.0  # "when I was 8", "back in the day", 小时候: long enough to be before any value said since
+)
 _ONE_VALUE = ("lives_in", "works_at", "job", "partner", "located_at")
 
 
-def _long_ago(relation: str, said: str, raw: str, chinese: bool) -> bool:
-    """A one-value fact told as the past of a life: written as a guess, which never replaces what
-    the user said ("I moved to Berlin 10 years ago" is where they lived, or still live)."""
-    return (
-        relation in _ONE_VALUE
-        and (_ZH_LONG_AGO if chinese else _EN_LONG_AGO).search(said + " " + raw) is not None
-    )
+def _years_ago(relation: str, clause: str, chinese: bool) -> float:
+    """How many years before the message a one-value fact was told as holding (0: now)."""
+    if relation not in _ONE_VALUE:
+        return 0.0
+    counted = (_ZH_YEARS_AGO if chinese else _EN_YEARS_AGO).search(clause)
+    if counted is not None:
+        n = counted.group("n").lower()
+        years = float(n) if n.isdigit() else float(_NUMBERS.get(n, 3))
+        return years * (10 if counted.groupdict().get("unit", "").lower() == "decades" else 1)
+    return LONG_AGO_YEARS if (_ZH_LONG_AGO if chinese else _EN_LONG_AGO).search(clause) else 0.0
 
 
-def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "") -> bool:
+def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "", rule: str = "") -> bool:
+    """Whether ``obj`` can be a value of ``relation``; ``said`` is the clause before the object."""
     if relation in PLACES and not chinese:
         return _place(obj, raw, said, relation)
     if relation in ("partner", "broke_up_with"):
         named = _NAMED.search(said) is not None  # "my girlfriend's name is…", 我女朋友叫…
+        paired = _PAIRED.search(said) is not None or rule == "en_we_broke_up"
         if chinese:
             return len(obj) <= 4 and (named or _ZH_NOT_A_NAME.search(obj) is None)
         if re.match(r"(?:a|an|the|my|our|another|some)\s", raw.strip(), re.IGNORECASE):
@@ -550,9 +599,10 @@ def _fits(relation: str, obj: str, said: str, chinese: bool, raw: str = "") -> b
         # In lower case only a name said to be one, or whom one dates or married: "my wife is
         # abroad", "I'm seeing friends tonight", "I'm dating apps again" name no one.
         return named or (
-            _PAIRED.search(said) is not None
+            paired
             and len(words) == 1
-            and not words[0].endswith(("s", "ing", "ed", "ly"))
+            and words[0].lower() not in _EN_PLURALS
+            and not words[0].endswith(("ing", "ed", "ly"))
         )
     if relation == "job" and not chinese:
         return not any(word.lower() in _EN_NOT_A_JOB for word in obj.split()[:2])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
 
 from narrmem_plugins.graph.backend import GraphSQL
 from narrmem_plugins.graph.extract import extract
@@ -53,7 +54,14 @@ async def drafts_for(
         answer = await memory.host.call_first(HOOK, memory=memory, message=message, decision=decision)
     if answer is None:
         return [
-            TripletDraft(f.subject, f.relation, f.object, confidence=f.confidence, speculative=f.speculative)
+            TripletDraft(
+                f.subject,
+                f.relation,
+                f.object,
+                confidence=f.confidence,
+                speculative=f.speculative,
+                said_at=message.ts - timedelta(days=365.25 * f.years_ago) if f.years_ago else None,
+            )
             for f in extract(message.text)
         ]
     if not isinstance(answer, list | tuple):
@@ -104,7 +112,7 @@ async def store_facts(
                 draft,
                 source="message",
                 provenance=[message.message_id],
-                at=message.ts,
+                at=draft.said_at or message.ts,
                 actor=f"message:{message.message_id}",
                 functional=functional,
             )

@@ -47,6 +47,9 @@ class TripletDraft:
     object_type: str | None = None
     confidence: float | None = None
     speculative: bool = False
+    # When the message said it held, when not at the message's own time ("I moved to Berlin 10
+    # years ago"): written as of then, it replaces nothing said since.
+    said_at: datetime | None = None
 
 
 @dataclass

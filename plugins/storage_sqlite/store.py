@@ -1759,6 +1759,13 @@ class SQLiteStore(ForgetJournal):
         found: list[tuple[int, float]] = await self.index.search(
             vector, k, tenant=scope.tenant, user_id=scope.user_id, chat_id=scope.chat_id, allowed=allowed
         )
+        if self.read_only:
+            # A row the writer committed while this reader's open caught its index files up can
+            # be added again by the first catch-up: each memory once, at its best.
+            once: dict[int, float] = {}
+            for memory_id, score in found:  # best first
+                once.setdefault(memory_id, score)
+            found = list(once.items())
         return found
 
     async def search_keywords(

@@ -32,8 +32,11 @@ _ME = frozenset("me i myself".split())
 _HEADINGS = frozenset(
     "update edit note ps p.s pps fyi btw tldr pros cons todo reminder question answer summary context goal "
     "goals status result results plan step warning spoiler news today yesterday tomorrow morning evening "
-    "day week breakfast lunch dinner mood monday tuesday wednesday thursday friday saturday sunday january "
-    "february march april may june july august september october november december option".split()
+    "day week breakfast lunch dinner mood option".split()
+)
+_CALENDAR = frozenset(
+    "monday tuesday wednesday thursday friday saturday sunday january february march april may june july "
+    "august september october november december".split()
 )
 
 _NOT_A_SPEAKER = r"(?!(?:I|And|Then|So|But|Or|Finally|Honestly|Also|Just|Literally|Actually|Even|Always|Once|It|This|That|There|We|What|Which|Who|Me|Still|Later)\b)"  # noqa: E501
@@ -67,6 +70,12 @@ def without_relayed(text: str) -> str:
     told me: …") to its end, or to the end of its quotation."""
     lines = text.split("\n")
     labels = [_label(line) for line in lines]
+    if any(label and label not in _ME and label not in _CALENDAR for label in labels):
+        # Beside someone's name, "May:" and "April:" are people too ("May: I moved to Berlin!" /
+        # "Bob: nice"); alone they head a diary's days.
+        labels = [_label(line, calendar_names=True) for line in lines]
+    else:
+        labels = [None if label in _CALENDAR else label for label in labels]
     others = {label for label in labels if label and label not in _ME}
     # A log: two labelled lines or more, someone else's among them ("Mom: I moved to Berlin!" /
     # "Me: wow"); only the others' lines go.
@@ -81,12 +90,15 @@ def without_relayed(text: str) -> str:
     return "\n".join(kept)
 
 
-def _label(line: str) -> str | None:
-    """Whose line this is, by its label: a name, a mention, "me"; a heading is none."""
+def _label(line: str, *, calendar_names: bool = False) -> str | None:
+    """Whose line this is, by its label: a name, a mention, "me"; a heading is none (a day or a
+    month is left to the caller, as a name or a heading)."""
     match = _LABEL.match(line)
     if match is None:
         return None
     who = match.group("who").lower()
+    if who in _CALENDAR or who.split()[0] in _CALENDAR:
+        return who if calendar_names or who in _CALENDAR else None
     return None if who in _HEADINGS or who.split()[0] in _HEADINGS else who
 
 
